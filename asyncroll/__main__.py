@@ -1,0 +1,3 @@
+from asyncroll.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Model backends: where a trajectory's next action comes from."""

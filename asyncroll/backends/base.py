@@ -1,0 +1,45 @@
+"""The backend interface: one model request in, one validated action out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from asyncroll.workload import Action, Problem
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    trajectory_id: str
+    problem: Problem
+    turn: int
+    messages: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    action: Action
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def describe(self) -> dict[str, object]:
+        """Fields of the ``model_finished`` event."""
+        return {
+            "action": self.action.type,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+class Backend(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def warmup(self, requests: int) -> int:
+        """Send untimed warm-up requests before the measurement clock starts; returns how many were sent."""
+        ...
+
+    async def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,40 @@
+"""The scripted backend: turn *i* of a problem returns ``script[i]``; no network.
+
+Each action may carry ``latency_ms``, which the backend waits on the run's clock, so realistic model time
+can be modelled without a server (and exactly, on a virtual clock). Actions were validated when the
+workload was scanned; running past the end of a script is a model failure of that trajectory.
+"""
+
+from __future__ import annotations
+
+from asyncroll.backends.base import ModelRequest, ModelResponse
+from asyncroll.clock import Clock
+from asyncroll.errors import ModelError
+
+
+class ScriptedBackend:
+    name = "scripted"
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+
+    async def start(self) -> None:
+        return None
+
+    async def warmup(self, requests: int) -> int:
+        # Nothing to warm: a script needs no server. Reported as 0 warm-up requests sent.
+        return 0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        script = request.problem.script or []
+        if request.turn >= len(script):
+            raise ModelError(
+                "script_exhausted", f"script has {len(script)} actions; turn {request.turn} asked for another"
+            )
+        action = script[request.turn]
+        if action.latency_ms:
+            await self._clock.sleep(action.latency_ms / 1000.0)
+        return ModelResponse(action=action)
+
+    async def aclose(self) -> None:
+        return None

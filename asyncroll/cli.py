@@ -1,0 +1,226 @@
+"""The command line: ``asyncroll …`` or ``python -m asyncroll.cli …``. The only ``asyncio.run``.
+
+Imports stay light at module level so that ``asyncroll --help`` starts fast; each command imports what
+it needs. Exit codes: 0 run complete, 1 run failed, 2 usage or validation error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="asyncroll",
+    help="Run agentic rollouts with bounded trajectories, model requests and warm CPU workers; measure them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+Opt = typer.Option
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@app.command()
+def run(
+    workload: Annotated[Path | None, Opt("--workload", help="Workload JSONL (required).")] = None,
+    output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
+    backend: Annotated[str | None, Opt(help="scripted | vllm | openai")] = None,
+    policy: Annotated[
+        str | None, Opt(help="sync | fifo | tool_first | gpu_first (deprecated) | asyncroll")
+    ] = None,
+    tool_root: Annotated[
+        Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
+    ] = None,
+    model: Annotated[str | None, Opt(help="Model name (HTTP backends).")] = None,
+    endpoint: Annotated[str | None, Opt(help="Server URL (default http://localhost:8000).")] = None,
+    limit: Annotated[int | None, Opt(help="Run only the first N problems.")] = None,
+    cpu_workers: Annotated[int | None, Opt(help="Persistent tool worker processes (default 2).")] = None,
+    max_active_trajectories: Annotated[int | None, Opt(help="Admission bound (default 16).")] = None,
+    max_inflight_model_requests: Annotated[
+        int | None, Opt("--max-inflight-model-requests", help="Concurrent model requests (default 4).")
+    ] = None,
+    gpu_slots: Annotated[
+        int | None, Opt("--gpu-slots", help="Deprecated alias of --max-inflight-model-requests.", hidden=True)
+    ] = None,
+    max_turns: Annotated[int | None, Opt(help="Turns per trajectory (default 8).")] = None,
+    max_tokens: Annotated[int | None, Opt(help="Tokens per model request (default 512).")] = None,
+    warmup_requests: Annotated[int | None, Opt(help="Untimed warm-up requests (default 2).")] = None,
+    tool_timeout: Annotated[
+        float | None, Opt(help="Seconds per tool job before the worker is killed (60).")
+    ] = None,
+    worker_startup_timeout: Annotated[
+        float | None, Opt(help="Seconds for a worker to get ready (120).")
+    ] = None,
+    request_timeout: Annotated[float | None, Opt(help="Seconds per model request (120).")] = None,
+    structured_output: Annotated[bool | None, Opt("--structured-output/--no-structured-output")] = None,
+    metrics_url: Annotated[str | None, Opt(help="Prometheus metrics URL of the server.")] = None,
+    telemetry: Annotated[bool | None, Opt("--telemetry/--no-telemetry")] = None,
+    nvml_device: Annotated[int | None, Opt(help="Physical GPU index for NVML sampling.")] = None,
+    telemetry_interval: Annotated[float | None, Opt(help="Seconds between telemetry samples (0.2).")] = None,
+    seed: Annotated[int | None, Opt(help="Seed (default 0).")] = None,
+    starvation_threshold: Annotated[
+        int | None, Opt(help="Pressure trigger (default: inflight limit).")
+    ] = None,
+    aging_seconds: Annotated[float | None, Opt(help="Hard aging bound for the pressure policy (30).")] = None,
+    aging_weight: Annotated[
+        float | None, Opt(help="Soft aging weight for the pressure policy (0.02).")
+    ] = None,
+    nvtx: Annotated[bool | None, Opt("--nvtx", help="Emit NVTX ranges.")] = None,
+    dedicated_gpu: Annotated[bool | None, Opt("--dedicated-gpu", help="Declare one dedicated GPU.")] = None,
+    progress: Annotated[bool | None, Opt("--progress/--no-progress")] = None,
+    tool_errors: Annotated[
+        str | None,
+        Opt(help="fail (default) | observe: a tool error ends the trajectory or is returned to the model."),
+    ] = None,
+    config: Annotated[
+        Path | None, Opt("--config", help="JSON/TOML file of these settings; flags override.")
+    ] = None,
+) -> None:
+    """Run a workload: writes run.json, events, results, summary.json, trace.json and timeline.html."""
+    flags = {k: v for k, v in locals().items() if k != "config" and v is not None}
+    from asyncroll.config import build_config, load_config_file
+    from asyncroll.errors import UsageError
+
+    if "gpu_slots" in flags:
+        warnings.warn(
+            "--gpu-slots is deprecated; use --max-inflight-model-requests", DeprecationWarning, stacklevel=1
+        )
+        typer.echo("warning: --gpu-slots is deprecated; use --max-inflight-model-requests", err=True)
+        if "max_inflight_model_requests" in flags:
+            raise _fail("--gpu-slots and --max-inflight-model-requests both given; use only the latter")
+        flags["max_inflight_model_requests"] = flags.pop("gpu_slots")
+    try:
+        values: dict[str, Any] = load_config_file(config) if config is not None else {}
+        values.update(flags)
+        missing = [f"--{k}" for k in ("workload", "output") if k not in values]
+        if missing:
+            raise UsageError(f"missing required option(s): {', '.join(missing)}")
+        cfg = build_config(values)
+    except UsageError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+    if cfg.policy == "gpu_first":
+        typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
+    raise typer.Exit(_run(cfg))
+
+
+def _run(cfg: Any) -> int:
+    import asyncio
+
+    from asyncroll.clock import SystemClock
+    from asyncroll.errors import UsageError
+    from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, prepare
+
+    try:
+        prepared = prepare(cfg)
+    except UsageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    clock = SystemClock()
+    runner = Run(prepared, clock)
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+
+        def interrupt(name: str) -> None:
+            if runner.interrupt_reason is None:
+                runner.interrupt_reason = name
+                task.cancel(f"{name} received")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt, sig.name)
+        try:
+            outcome = await runner.execute()
+        except asyncio.CancelledError:
+            if runner.interrupt_reason is None:
+                raise
+            typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True)
+            return EXIT_INTERRUPTED
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        _print_summary(outcome.summary, cfg.output)
+        if outcome.error:
+            typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
+        return outcome.exit_code
+
+    return asyncio.run(main())
+
+
+def _print_summary(summary: dict[str, Any] | None, output: Path) -> None:
+    if not summary:
+        return
+    c, acc, sch = summary["counts"], summary["accuracy"], summary["scheduler"]
+    tput = summary["throughput"]["completed_per_wall_hour"]
+    exact = "n/a" if acc["exact"] is None else f"{acc['exact']:.3f}"
+    typer.echo(
+        f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
+        f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']} | "
+        f"exact accuracy {exact} (n={acc['denominator']}) | makespan {summary['makespan_s']:.3f}s | "
+        f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {sch['policy']}: "
+        f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
+        f"{summary['workers']['restarts']}\noutputs: {output}"
+    )
+
+
+@app.command()
+def validate(
+    workload: Annotated[Path, typer.Argument(help="Workload JSONL to check.")],
+    tool_root: Annotated[
+        Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
+    ] = None,
+    backend: Annotated[
+        str, Opt(help="Backend the workload is meant for (scripted needs scripts).")
+    ] = "scripted",
+) -> None:
+    """Check a workload without running it; reports every problem, not just the first."""
+    from asyncroll.workload import scan_workload
+
+    root = (tool_root or workload.parent).resolve()
+    scan = scan_workload(workload, root, scripted=backend == "scripted")
+    if scan.problems:
+        for line in scan.problems:
+            typer.echo(line, err=True)
+        if scan.truncated:
+            typer.echo(f"... and {scan.truncated} more problems", err=True)
+        typer.echo(
+            f"{workload}: {len(scan.problems) + scan.truncated} problem(s) in {scan.count} lines", err=True
+        )
+        raise typer.Exit(2)
+    typer.echo(
+        f"{workload}: ok, {scan.count} problems, {len(scan.tools)} distinct tools, sha256 {scan.sha256}"
+    )
+
+
+@app.command()
+def schema(
+    which: Annotated[str, typer.Argument(help="workload | events | run | summary | config | all")] = "all",
+) -> None:
+    """Print JSON Schemas of workload lines, events, run.json, summary.json and the run config."""
+    from asyncroll.schemas import schemas
+
+    all_schemas = schemas()
+    if which != "all" and which not in all_schemas:
+        raise _fail(f"unknown schema {which!r}; choose from {', '.join(['all', *all_schemas])}")
+    chosen = all_schemas if which == "all" else all_schemas[which]
+    typer.echo(json.dumps(chosen, indent=2))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

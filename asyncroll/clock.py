@@ -1,0 +1,132 @@
+"""The one place that reads time or sleeps.
+
+Everything in the runtime asks a :class:`Clock` for ``now()`` and ``sleep()``. Two clocks exist:
+
+* :class:`SystemClock`: ``time.monotonic`` (the clock the event loop and the worker processes share on
+  Linux, so worker-reported start/finish times are comparable with the runtime's).
+* :class:`VirtualClock`: virtual time driven by its own event loop. Whenever the loop has nothing ready
+  and would block until its next timer, time jumps to that timer instead. A ten-minute scripted workload
+  runs in milliseconds and every timestamp is exact and repeatable, which is what scheduling tests and
+  the simulator need. Real I/O still works (it is polled), but a virtual loop must not wait on real
+  processes: their time does not jump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import time
+from collections.abc import Coroutine
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Clock(Protocol):
+    """Reads time and sleeps; the runtime's only seam to time."""
+
+    virtual: bool
+
+    def now(self) -> float:
+        """Monotonic seconds."""
+        ...
+
+    def wall(self) -> float:
+        """Seconds since the epoch (for receipts only, never for durations)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        """Run ``main`` to completion on an event loop that keeps this clock's time."""
+        ...
+
+
+class SystemClock:
+    """Real monotonic time."""
+
+    virtual = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run(main)
+
+
+class VirtualClock:
+    """Virtual time that jumps to the next timer whenever the event loop would block."""
+
+    virtual = True
+
+    def __init__(self, start: float = 0.0, wall_start: float | None = None) -> None:
+        self._now = float(start)
+        self._wall_offset = (time.time() if wall_start is None else wall_start) - self._now
+
+    def now(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._wall_offset + self._now
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def advance(self, seconds: float) -> None:
+        if seconds > 0:
+            self._now += seconds
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _VirtualTimeLoop(self)
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        with asyncio.Runner(loop_factory=self.new_event_loop) as runner:
+            return runner.run(main)
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Polls real file descriptors without blocking; turns a timed wait into a jump of virtual time."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self._clock = clock
+        self._inner = selectors.DefaultSelector()
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = self._inner.select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:
+            # Nothing is scheduled: only real I/O (or another thread) can wake the loop.
+            return self._inner.select(None)
+        self._clock.advance(timeout)
+        return []
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def get_map(self) -> Any:
+        return self._inner.get_map()
+
+
+class _VirtualTimeLoop(asyncio.SelectorEventLoop):
+    def __init__(self, clock: VirtualClock) -> None:
+        self._virtual_clock = clock
+        super().__init__(selector=_VirtualSelector(clock))
+
+    def time(self) -> float:
+        return self._virtual_clock.now()

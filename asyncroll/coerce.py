@@ -1,0 +1,128 @@
+"""Strict coercion of tool arguments to their declared input types.
+
+Strict means: an ``int`` is never a ``bool``, a string is never a number, a float with a fractional part
+is never an ``int``. The only conversions are the lossless ones JSON forces on us (an ``int`` where a
+``float`` is declared; integer-literal string keys for ``dict[int, int]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+TYPE_NAMES = (
+    "str",
+    "int",
+    "float",
+    "bool",
+    "number",
+    "dict[int, int]",
+    "list[int]",
+    "List[int]",
+    "list[float]",
+    "List[float]",
+)
+
+
+class CoercionError(ValueError):
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}")
+
+
+def check_type_name(arg: str, type_name: str) -> None:
+    if type_name.replace(" ", "") not in {t.replace(" ", "") for t in TYPE_NAMES}:
+        raise ValueError(
+            f"input {arg!r} has unsupported type {type_name!r}; supported: {', '.join(TYPE_NAMES)}"
+        )
+
+
+def _int(v: Any, path: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise CoercionError(path, f"expected int, got {type(v).__name__} {v!r}"[:200])
+    return v
+
+
+def _float(v: Any, path: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise CoercionError(path, f"expected float, got {type(v).__name__} {v!r}"[:200])
+    return float(v)
+
+
+def _number(v: Any, path: str) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise CoercionError(path, f"expected number, got {type(v).__name__} {v!r}"[:200])
+    return v
+
+
+def _str(v: Any, path: str) -> str:
+    if not isinstance(v, str):
+        raise CoercionError(path, f"expected str, got {type(v).__name__}")
+    return v
+
+
+def _bool(v: Any, path: str) -> bool:
+    if not isinstance(v, bool):
+        raise CoercionError(path, f"expected bool, got {type(v).__name__} {v!r}"[:200])
+    return v
+
+
+def _list_of(item: Callable[[Any, str], Any]) -> Callable[[Any, str], list[Any]]:
+    def convert(v: Any, path: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise CoercionError(path, f"expected a list, got {type(v).__name__}")
+        return [item(x, f"{path}[{i}]") for i, x in enumerate(v)]
+
+    return convert
+
+
+def _int_key(k: Any, path: str) -> int:
+    if isinstance(k, str):
+        try:
+            return int(k.strip())
+        except ValueError:
+            raise CoercionError(path, f"key {k!r} is not an integer") from None
+    return _int(k, path)
+
+
+def _dict_int_int(v: Any, path: str) -> dict[int, int]:
+    if not isinstance(v, dict):
+        raise CoercionError(path, f"expected a dict, got {type(v).__name__}")
+    return {_int_key(k, f"{path}[{k!r}]"): _int(x, f"{path}[{k!r}]") for k, x in v.items()}
+
+
+_CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
+    "str": _str,
+    "int": _int,
+    "float": _float,
+    "bool": _bool,
+    "number": _number,
+    "dict[int,int]": _dict_int_int,
+    "list[int]": _list_of(_int),
+    "List[int]": _list_of(_int),
+    "list[float]": _list_of(_float),
+    "List[float]": _list_of(_float),
+}
+
+
+def coerce_value(value: Any, type_name: str, path: str = "") -> Any:
+    return _CONVERTERS[type_name.replace(" ", "")](value, path)
+
+
+def coerce_arguments(
+    arguments: Mapping[str, Any], inputs: Mapping[str, str], bound: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Check ``arguments`` name exactly the declared inputs not already bound, and coerce each."""
+    bound = bound or {}
+    expected = set(inputs) - set(bound)
+    given = set(arguments)
+    if given - expected:
+        raise CoercionError(
+            "", f"unexpected arguments {sorted(given - expected)}; expected {sorted(expected)}"
+        )
+    if expected - given:
+        raise CoercionError("", f"missing arguments {sorted(expected - given)}")
+    out = {name: coerce_value(v, inputs[name], f".{name}") for name, v in arguments.items()}
+    out.update(bound)
+    return out

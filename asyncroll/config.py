@@ -1,0 +1,160 @@
+"""RunConfig: every knob of a run, validated once, before anything starts.
+
+The three independent limits live in :class:`Limits` and nowhere else; each is enforced by exactly one
+limiter built from it (admission, the model gate, the worker pool). ``sync`` forces one active trajectory
+here, so no other module special-cases it.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from asyncroll.errors import UsageError
+
+PolicyName = Literal["sync", "fifo", "tool_first", "gpu_first", "asyncroll"]
+BackendName = Literal["scripted", "vllm", "openai"]
+
+#: Policy names whose implementation has landed. The others are accepted by the parser and refused with
+#: a clear message, so that no flag pretends to work.
+AVAILABLE_POLICIES = ("sync", "fifo", "tool_first", "gpu_first")
+AVAILABLE_BACKENDS = ("scripted",)
+DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
+
+
+class Limits(BaseModel):
+    """The three independent bounds of a run."""
+
+    model_config = ConfigDict(frozen=True)
+    max_active_trajectories: int = Field(ge=1)
+    max_inflight_model_requests: int = Field(ge=1)
+    cpu_workers: int = Field(ge=1)
+
+
+class RunConfig(BaseModel):
+    """Everything ``asyncroll run`` needs; the same fields may come from ``--config FILE``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workload: Path
+    output: Path
+    backend: BackendName = "scripted"
+    policy: PolicyName = "fifo"
+    tool_root: Path | None = None
+    model: str | None = None
+    endpoint: str = "http://localhost:8000"
+    limit: int | None = Field(default=None, ge=1)
+    cpu_workers: int = Field(default=2, ge=1)
+    max_active_trajectories: int = Field(default=16, ge=1)
+    max_inflight_model_requests: int = Field(default=4, ge=1)
+    max_turns: int = Field(default=8, ge=1)
+    max_tokens: int = Field(default=512, ge=1)
+    warmup_requests: int = Field(default=2, ge=0)
+    tool_timeout: float = Field(default=60.0, gt=0)
+    worker_startup_timeout: float = Field(default=120.0, gt=0)
+    request_timeout: float = Field(default=120.0, gt=0)
+    structured_output: bool = True
+    metrics_url: str | None = None
+    telemetry: bool = True
+    nvml_device: int | None = Field(default=None, ge=0)
+    telemetry_interval: float = Field(default=0.2, gt=0)
+    seed: int = 0
+    starvation_threshold: int | None = Field(default=None, ge=1)
+    aging_seconds: float = Field(default=30.0, gt=0)
+    aging_weight: float = Field(default=0.02, ge=0)
+    nvtx: bool = False
+    dedicated_gpu: bool = False
+    progress: bool | None = None
+    tool_errors: Literal["fail", "observe"] = "fail"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        problems: list[str] = []
+        if self.backend != "scripted" and not self.model:
+            problems.append(f"--model is required with --backend {self.backend}")
+        if not self.telemetry and (self.metrics_url or self.nvml_device is not None):
+            problems.append("--no-telemetry conflicts with --metrics-url/--nvml-device")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def policy_name(self) -> str:
+        """The canonical policy name (deprecated aliases resolved)."""
+        return DEPRECATED_ALIASES.get(self.policy, self.policy)
+
+    @property
+    def limits(self) -> Limits:
+        active = 1 if self.policy == "sync" else self.max_active_trajectories
+        return Limits(
+            max_active_trajectories=active,
+            max_inflight_model_requests=self.max_inflight_model_requests,
+            cpu_workers=self.cpu_workers,
+        )
+
+    @property
+    def effective_starvation_threshold(self) -> int:
+        return self.starvation_threshold or self.max_inflight_model_requests
+
+    @property
+    def resolved_tool_root(self) -> Path:
+        return (self.tool_root or self.workload.parent).resolve()
+
+    def unavailable_features(self) -> list[str]:
+        """Flags that parse but whose feature has not landed yet: each refused with its reason."""
+        out: list[str] = []
+        if self.backend not in AVAILABLE_BACKENDS:
+            out.append(f"--backend {self.backend} is not available yet (the HTTP backend has not landed)")
+        if self.policy not in AVAILABLE_POLICIES:
+            out.append(
+                f"--policy {self.policy} is not available yet (the pressure-aware policy has not landed)"
+            )
+        if self.metrics_url is not None:
+            out.append("--metrics-url is not available yet (vLLM metrics telemetry has not landed)")
+        if self.nvml_device is not None:
+            out.append("--nvml-device is not available yet (NVML telemetry has not landed)")
+        if self.nvtx:
+            out.append("--nvtx is not available yet (NVTX ranges have not landed)")
+        if self.dedicated_gpu:
+            out.append("--dedicated-gpu is not available yet (GPU-hour accounting has not landed)")
+        return out
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a JSON or TOML file of RunConfig fields (dashes or underscores both accepted)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--config {path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"--config {path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: must hold an object of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build_config(values: dict[str, Any]) -> RunConfig:
+    """Validate settings into a RunConfig, turning every problem into one clear line."""
+    try:
+        return RunConfig.model_validate(values)
+    except ValidationError as exc:
+        raise UsageError("\n".join(_describe(err) for err in exc.errors())) from exc
+
+
+def _describe(err: Any) -> str:
+    loc = [str(p) for p in err.get("loc", ())]
+    msg = str(err.get("msg", "invalid"))
+    if msg.startswith("Value error, "):
+        msg = msg.removeprefix("Value error, ")
+    if not loc:
+        return msg
+    flag = "--" + loc[0].replace("_", "-")
+    if err.get("type") == "extra_forbidden":
+        return f"{flag}: unknown setting"
+    return f"{flag}: {msg}"

@@ -1,0 +1,73 @@
+"""The whole exception tree of asyncroll.
+
+    AsyncrollError
+    ├── UsageError                 bad flags or config; exit code 2
+    │   ├── WorkloadError          a workload file is malformed (carries file:line: field: message)
+    │   └── OutputExistsError      --output already exists; nothing is touched
+    ├── WorkerError                a tool worker could not do its job
+    │   ├── WorkerStartupError     a worker did not become ready within its deadline
+    │   ├── WorkerTimeout          a job ran past --tool-timeout; the worker tree was killed
+    │   └── WorkerDied             the worker process exited while it held a job
+    └── ModelError                 a model call failed; isolated to its trajectory
+        └── InvalidActionError     the model answered with an action that does not validate
+
+CLI-facing errors carry ``exit_code``. Foreign errors are mapped at the boundary and chained
+with ``from exc``.
+"""
+
+from __future__ import annotations
+
+
+class AsyncrollError(Exception):
+    """Base class of every error asyncroll raises on purpose."""
+
+    exit_code: int = 1
+
+
+class UsageError(AsyncrollError):
+    """Invalid flags, config or inputs, found before anything started."""
+
+    exit_code = 2
+
+
+class WorkloadError(UsageError):
+    """One or more problems in a workload file, each formatted ``FILE:LINE: field: message``."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class OutputExistsError(UsageError):
+    """The output directory exists; asyncroll never overwrites a run."""
+
+
+class WorkerError(AsyncrollError):
+    """A tool worker failed to do its job."""
+
+
+class WorkerStartupError(WorkerError):
+    """A worker failed to import its tools or answer the dummy call in time."""
+
+
+class WorkerTimeout(WorkerError):
+    """A job exceeded the tool timeout; the worker's process tree was killed."""
+
+
+class WorkerDied(WorkerError):
+    """The worker process exited while it held a job (or was found dead)."""
+
+
+class ModelError(AsyncrollError):
+    """A model request failed (transport, timeout, HTTP status or invalid action)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class InvalidActionError(ModelError):
+    """The model's response did not parse or validate as an action."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_action", message)

@@ -1,0 +1,297 @@
+"""Typed event records and the JSONL writer.
+
+Every event is a frozen pydantic record with an ``event`` tag. On disk each line is one JSON object with
+the envelope ``v`` (schema version), ``t`` (seconds since ``measurement_started``; negative for the few
+events before it), ``event`` and ``id`` (the trajectory id, or null for run-level events). Payloads that
+may be large or secret (prompts, code, tests, tool arguments) are logged as sizes, never verbatim.
+
+:class:`EventLog` is the one writer: a whole line per ``write`` on an unbuffered file, so a run killed at
+any instant leaves a file whose every line is valid JSON. Subscribers (the summary, tests) see each event
+as it is written; nothing keeps the whole stream in memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from asyncroll.clock import Clock
+
+SCHEMA_VERSION = 1
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    v: int = SCHEMA_VERSION
+    t: float = 0.0
+    event: str
+    id: str | None = None
+
+
+# --- run lifecycle -------------------------------------------------------------------------------------
+
+
+class MeasurementStarted(Event):
+    event: Literal["measurement_started"] = "measurement_started"
+    wall_time: float
+    policy: str
+    max_active_trajectories: int
+    max_inflight_model_requests: int
+    cpu_workers: int
+
+
+class MeasurementFinished(Event):
+    event: Literal["measurement_finished"] = "measurement_finished"
+    status: Literal["complete", "failed", "interrupted"]
+    makespan_s: float
+    reason: str | None = None
+
+
+class WorkerReady(Event):
+    event: Literal["worker_ready"] = "worker_ready"
+    worker: int
+    pid: int | None
+    generation: int
+    startup_s: float
+
+
+class WorkerRestarting(Event):
+    event: Literal["worker_restarting"] = "worker_restarting"
+    worker: int
+    old_pid: int | None
+    generation: int
+    reason: Literal["timeout", "died", "startup_failed"]
+    restarts: int
+
+
+# --- trajectories --------------------------------------------------------------------------------------
+
+TrajectoryStatus = Literal["completed", "failed", "max_turns", "cancelled"]
+
+
+class TrajectoryStarted(Event):
+    event: Literal["trajectory_started"] = "trajectory_started"
+    index: int
+    prompt_chars: int
+    active: int
+
+
+class TrajectoryFinished(Event):
+    event: Literal["trajectory_finished"] = "trajectory_finished"
+    status: TrajectoryStatus
+    turns: int
+    tool_calls: int
+    duration_s: float
+    correct: bool | None = None
+    error: str | None = None
+
+
+# --- model requests ------------------------------------------------------------------------------------
+
+
+class ModelEnqueued(Event):
+    event: Literal["model_enqueued"] = "model_enqueued"
+    request_id: int
+    turn: int
+    outstanding: int
+
+
+class ModelStarted(Event):
+    event: Literal["model_started"] = "model_started"
+    request_id: int
+    turn: int
+    inflight: int
+    queued_s: float
+
+
+class ModelFinished(Event):
+    event: Literal["model_finished"] = "model_finished"
+    request_id: int
+    turn: int
+    latency_s: float
+    action: Literal["tool", "final", "submit"]
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class ModelFailed(Event):
+    event: Literal["model_failed"] = "model_failed"
+    request_id: int
+    turn: int
+    latency_s: float
+    kind: str
+    error: str
+
+
+# --- CPU jobs ------------------------------------------------------------------------------------------
+
+JobKind = Literal["tool", "grade", "evaluate"]
+
+
+class CpuEnqueued(Event):
+    event: Literal["cpu_enqueued"] = "cpu_enqueued"
+    job_id: int
+    kind: JobKind
+    tool: str
+    turn: int
+    arg_bytes: int
+    queue_depth: int
+
+
+class CpuSelected(Event):
+    event: Literal["cpu_selected"] = "cpu_selected"
+    job_id: int
+    worker: int
+    policy: str
+    reason: str
+    queue_depth: int
+    model_outstanding: int
+    waited_s: float
+    oldest_job_id: int
+    reordered: bool
+    eligible: bool = False
+
+
+class CpuStarted(Event):
+    event: Literal["cpu_started"] = "cpu_started"
+    job_id: int
+    worker: int
+    pid: int | None
+    generation: int
+
+
+class CpuFinished(Event):
+    event: Literal["cpu_finished"] = "cpu_finished"
+    job_id: int
+    worker: int
+    kind: JobKind
+    tool: str
+    ok: bool
+    execute_s: float
+    cpu_s: float | None
+    roundtrip_s: float
+    serialize_s: float | None = None
+    started: float | None = Field(default=None, description="child start, seconds since measurement start")
+    finished: float | None = Field(default=None, description="child finish, seconds since measurement start")
+    error: str | None = None
+
+
+class CpuFailed(Event):
+    event: Literal["cpu_failed"] = "cpu_failed"
+    job_id: int
+    worker: int
+    kind: JobKind
+    tool: str
+    reason: Literal["timeout", "worker_died", "cancelled"]
+    roundtrip_s: float
+    error: str
+
+
+AnyEvent = Annotated[
+    MeasurementStarted
+    | MeasurementFinished
+    | WorkerReady
+    | WorkerRestarting
+    | TrajectoryStarted
+    | TrajectoryFinished
+    | ModelEnqueued
+    | ModelStarted
+    | ModelFinished
+    | ModelFailed
+    | CpuEnqueued
+    | CpuSelected
+    | CpuStarted
+    | CpuFinished
+    | CpuFailed,
+    Field(discriminator="event"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyEvent)
+
+
+def parse_event(line: str | bytes) -> Event:
+    """Parse and validate one line of ``events.jsonl``."""
+    event: Event = EVENT_ADAPTER.validate_json(line)
+    return event
+
+
+Subscriber = Callable[[Event], None]
+
+
+class EventLog:
+    """The single writer of ``events.jsonl`` (or of nothing, for tests), with synchronous subscribers."""
+
+    _MAX_PENDING: ClassVar[int] = 10_000
+
+    def __init__(self, clock: Clock, path: Path | None = None) -> None:
+        self._clock = clock
+        self._origin: float | None = None
+        self._pending: list[Event] = []
+        self._subscribers: list[Subscriber] = []
+        self._fd: int | None = None
+        if path is not None:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+
+    @property
+    def origin(self) -> float | None:
+        """Monotonic time of ``measurement_started``, once it happened."""
+        return self._origin
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def rel(self, monotonic: float) -> float:
+        """Seconds since measurement start of a monotonic time (relative to now if not started yet)."""
+        origin = self._origin if self._origin is not None else self._clock.now()
+        return round(monotonic - origin, 6)
+
+    def start_measurement(self) -> float:
+        """Fix the time origin; events emitted earlier are written now with negative ``t``."""
+        self._origin = self._clock.now()
+        pending, self._pending = self._pending, []
+        for event in pending:
+            self._write(event.model_copy(update={"t": round(event.t - self._origin, 6)}))
+        return self._origin
+
+    def emit(self, event: Event) -> None:
+        now = self._clock.now()
+        if self._origin is None:
+            # Hold the few pre-measurement events with their absolute time; written at start or close.
+            if len(self._pending) < self._MAX_PENDING:
+                self._pending.append(event.model_copy(update={"t": now}))
+            return
+        self._write(event.model_copy(update={"t": round(now - self._origin, 6)}))
+
+    def _write(self, event: Event) -> None:
+        if self._fd is not None:
+            os.write(self._fd, event.model_dump_json().encode() + b"\n")
+        for subscriber in self._subscribers:
+            subscriber(event)
+
+    def close(self) -> None:
+        """Write anything still pending (relative to now) and close the file. Idempotent."""
+        if self._pending:
+            origin = self._clock.now()
+            pending, self._pending = self._pending, []
+            for event in pending:
+                self._write(event.model_copy(update={"t": round(event.t - origin, 6)}))
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class EventCapture:
+    """An in-memory subscriber for tests: assert on data, not on log text."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[Event]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]

@@ -1,0 +1,96 @@
+"""``run.json``: the run's receipt, rewritten atomically at every status change.
+
+``preparing → running → complete | failed | interrupted``. It names everything needed to judge or repeat
+the run: the config, versions, host, the workload's SHA-256, a hash of every trusted tool file, and the
+isolation in force. Writes go to a temporary file in the same directory and are renamed over the old one,
+so a reader never sees half a receipt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+
+from asyncroll import __version__
+
+Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
+RECEIPT_SCHEMA_VERSION = 1
+_PACKAGES = ("anyio", "httpx", "pydantic", "typer", "psutil", "prometheus-client", "scikit-learn")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=False, default=str)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _iso(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds")
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"asyncroll": __version__, "python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def host() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "python_executable": sys.executable,
+    }
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Receipt:
+    """The one writer of ``run.json``."""
+
+    def __init__(self, path: Path, body: dict[str, Any], wall: float) -> None:
+        self._path = path
+        self._data: dict[str, Any] = {
+            "schema_version": RECEIPT_SCHEMA_VERSION,
+            "status": "preparing",
+            "created_at": _iso(wall),
+            **body,
+            "error": None,
+        }
+        write_json_atomic(self._path, self._data)
+
+    @property
+    def status(self) -> Status:
+        status: Status = self._data["status"]
+        return status
+
+    def update(self, **fields: Any) -> None:
+        self._data.update(fields)
+        write_json_atomic(self._path, self._data)
+
+    def transition(self, status: Status, wall: float, **fields: Any) -> None:
+        self._data["status"] = status
+        self._data[f"{status}_at"] = _iso(wall)
+        self.update(**fields)

@@ -1,0 +1,212 @@
+"""``summary.json``: built incrementally from the event stream, so no run keeps its events in memory.
+
+:class:`SummaryBuilder` subscribes to the :class:`~asyncroll.events.EventLog`; at the end
+:meth:`SummaryBuilder.build` turns its counters and samples into counts, rates, latency distributions
+(min/p50/p95/max), the phase breakdown and scheduler diagnostics. A value that could not be measured is
+``null`` with a reason, never zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from asyncroll.events import (
+    CpuFailed,
+    CpuFinished,
+    CpuSelected,
+    Event,
+    ModelFailed,
+    ModelFinished,
+    ModelStarted,
+    TrajectoryFinished,
+    TrajectoryStarted,
+    WorkerRestarting,
+)
+
+SUMMARY_SCHEMA_VERSION = 1
+
+
+def distribution(samples: list[float]) -> dict[str, float | int | None]:
+    """count, mean, min, p50, p95, max (linear interpolation between ranks); nulls when empty."""
+    if not samples:
+        return {"count": 0, "mean": None, "min": None, "p50": None, "p95": None, "max": None}
+    xs = sorted(samples)
+
+    def q(p: float) -> float:
+        pos = p * (len(xs) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return {
+        "count": len(xs),
+        "mean": round(sum(xs) / len(xs), 6),
+        "min": xs[0],
+        "p50": round(q(0.5), 6),
+        "p95": round(q(0.95), 6),
+        "max": xs[-1],
+    }
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return None if den == 0 else round(num / den, 6)
+
+
+class SummaryBuilder:
+    def __init__(self) -> None:
+        self.started = 0
+        self.status: Counter[str] = Counter()
+        self.graded = 0
+        self.correct = 0
+        self.model_finished = 0
+        self.model_failed: Counter[str] = Counter()
+        self.tool_calls = 0
+        self.tool_errors = 0
+        self.cpu_failures: Counter[str] = Counter()
+        self.jobs_by_kind: Counter[str] = Counter()
+        self.decisions = 0
+        self.eligible = 0
+        self.reorders = 0
+        self.reasons: Counter[str] = Counter()
+        self.restarts: Counter[str] = Counter()
+        self.samples: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "trajectory_s",
+                "model_latency_s",
+                "model_queue_s",
+                "cpu_queue_s",
+                "cpu_execute_s",
+                "cpu_roundtrip_s",
+                "cpu_dispatch_overhead_s",
+                "turns_per_trajectory",
+            )
+        }
+
+    def __call__(self, event: Event) -> None:
+        s = self.samples
+        if isinstance(event, ModelStarted):
+            s["model_queue_s"].append(event.queued_s)
+        elif isinstance(event, ModelFinished):
+            self.model_finished += 1
+            s["model_latency_s"].append(event.latency_s)
+        elif isinstance(event, ModelFailed):
+            self.model_failed[event.kind] += 1
+        elif isinstance(event, CpuSelected):
+            self.decisions += 1
+            self.eligible += event.eligible
+            self.reorders += event.reordered
+            self.reasons[event.reason] += 1
+            s["cpu_queue_s"].append(event.waited_s)
+        elif isinstance(event, CpuFinished):
+            self.jobs_by_kind[event.kind] += 1
+            if event.kind == "tool":
+                self.tool_calls += 1
+                self.tool_errors += not event.ok
+            s["cpu_execute_s"].append(event.execute_s)
+            s["cpu_roundtrip_s"].append(event.roundtrip_s)
+            s["cpu_dispatch_overhead_s"].append(max(0.0, round(event.roundtrip_s - event.execute_s, 6)))
+        elif isinstance(event, CpuFailed):
+            self.jobs_by_kind[event.kind] += 1
+            self.tool_calls += event.kind == "tool"
+            self.cpu_failures[event.reason] += 1
+        elif isinstance(event, TrajectoryStarted):
+            self.started += 1
+        elif isinstance(event, TrajectoryFinished):
+            self.status[event.status] += 1
+            s["trajectory_s"].append(event.duration_s)
+            s["turns_per_trajectory"].append(float(event.turns))
+            if event.correct is not None:
+                self.graded += 1
+                self.correct += event.correct
+        elif isinstance(event, WorkerRestarting):
+            self.restarts[event.reason] += 1
+
+    def build(
+        self,
+        *,
+        makespan_s: float,
+        policy: str,
+        limits: dict[str, int],
+        cpu_cost: dict[str, Any],
+        peaks: dict[str, int],
+        status: str,
+    ) -> dict[str, Any]:
+        finished = sum(self.status.values())
+        completed = self.status["completed"]
+        s = self.samples
+        invalid = self.model_failed["invalid_action"]
+        responses = self.model_finished + invalid
+        hours = makespan_s / 3600.0
+        phase_totals = {
+            "model_queue_s": round(sum(s["model_queue_s"]), 6),
+            "model_service_s": round(sum(s["model_latency_s"]), 6),
+            "cpu_queue_s": round(sum(s["cpu_queue_s"]), 6),
+            "cpu_execute_s": round(sum(s["cpu_execute_s"]), 6),
+        }
+        trajectory_total = sum(s["trajectory_s"])
+        return {
+            "schema_version": SUMMARY_SCHEMA_VERSION,
+            "status": status,
+            "policy": policy,
+            "limits": limits,
+            "makespan_s": round(makespan_s, 6),
+            "counts": {
+                "trajectories": self.started,
+                "finished": finished,
+                "completed": completed,
+                "failed": self.status["failed"],
+                "max_turns": self.status["max_turns"],
+                "unfinished": self.started - finished,
+            },
+            "rates": {
+                "success_rate": _ratio(completed, self.started),
+                "validity_rate": _ratio(self.model_finished, responses),
+                "validity_denominator": responses,
+            },
+            "throughput": {
+                "completed_per_wall_hour": _ratio(completed, hours),
+                "trajectories_per_wall_hour": _ratio(finished, hours),
+                "completed_per_gpu_hour": None,
+                "completed_per_gpu_hour_reason": "only computed with --dedicated-gpu",
+            },
+            "accuracy": {
+                "exact": _ratio(self.correct, self.graded),
+                "correct": self.correct,
+                "denominator": self.graded,
+                "ungraded": finished - self.graded,
+            },
+            "model": {
+                "requests": self.model_finished + sum(self.model_failed.values()),
+                "finished": self.model_finished,
+                "failed": dict(self.model_failed),
+            },
+            "tools": {
+                "calls": self.tool_calls,
+                "errors": self.tool_errors,
+                "calls_per_trajectory": _ratio(self.tool_calls, finished),
+                "error_rate": _ratio(self.tool_errors + self.cpu_failures.total(), self.tool_calls),
+                "failures": dict(self.cpu_failures),
+                "jobs_by_kind": dict(self.jobs_by_kind),
+            },
+            "latency": {name: distribution(values) for name, values in s.items()},
+            "phases": {
+                **phase_totals,
+                "trajectory_total_s": round(trajectory_total, 6),
+                "fractions_of_trajectory_time": {
+                    k: _ratio(v, trajectory_total) for k, v in phase_totals.items()
+                },
+            },
+            "scheduler": {
+                "policy": policy,
+                "decisions": self.decisions,
+                "eligible_decisions": self.eligible,
+                "reorders": self.reorders,
+                "activation_rate": _ratio(self.reorders, self.eligible),
+                "reasons": dict(self.reasons),
+            },
+            "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
+            "peaks": peaks,
+            "cpu_cost": cpu_cost,
+        }

@@ -1,0 +1,41 @@
+"""Admission: the one limiter of active trajectories (``max_active_trajectories``).
+
+Problems are pulled from the workload stream only when a slot is free, so memory stays bounded by the
+number of active trajectories however long the workload is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from asyncroll.runtime.limiter import FifoLimiter, LimiterSnapshot
+
+P = TypeVar("P")
+
+
+class Admission:
+    def __init__(self, limit: int) -> None:
+        self._limiter = FifoLimiter(limit)
+
+    @property
+    def active(self) -> int:
+        return self._limiter.holding
+
+    def snapshot(self) -> LimiterSnapshot:
+        return self._limiter.snapshot()
+
+    async def run(
+        self, tg: asyncio.TaskGroup, stream: Iterable[P], start: Callable[[int, P], Awaitable[None]]
+    ) -> None:
+        """Run ``start(index, item)`` for each item of ``stream`` as a task of ``tg``, ``limit`` at once."""
+        for index, item in enumerate(stream):
+            await self._limiter.acquire()
+            tg.create_task(self._hold(start(index, item)))
+
+    async def _hold(self, trajectory: Awaitable[None]) -> None:
+        try:
+            await trajectory
+        finally:
+            self._limiter.release()

@@ -1,0 +1,224 @@
+"""The CPU dispatcher: a queue of CPU jobs, a policy that picks the next one, and the worker pool.
+
+Dispatch happens synchronously whenever a job arrives or a worker becomes available: the policy sees a
+frozen :class:`~asyncroll.policies.QueueSnapshot` (queue oldest first plus the model gate's outstanding
+count) and returns a decision, which is logged as ``cpu_selected``. Jobs are never preempted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncroll.clock import Clock
+from asyncroll.errors import WorkerDied, WorkerTimeout
+from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted, EventLog
+from asyncroll.policies import JobView, Policy, QueueSnapshot
+from asyncroll.policies.base import JobKind
+from asyncroll.runtime.model_gate import ModelGate
+from asyncroll.runtime.pool import WorkerPool
+from asyncroll.workers.protocol import JobRequest
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A CPU job a trajectory wants run."""
+
+    trajectory_id: str
+    kind: JobKind
+    tool: str
+    arguments: dict[str, Any]
+    turn: int
+    arg_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    failure: str | None = None  # "timeout" | "worker_died" when the job did not run to completion
+    execute_s: float | None = None
+
+
+@dataclass(slots=True)
+class _Queued:
+    view: JobView
+    spec: JobSpec
+    future: asyncio.Future[JobOutcome] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherSnapshot:
+    queued: int
+    decisions: int
+    reorders: int
+    peak_queued: int
+
+
+class CpuDispatcher:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        policy: Policy,
+        gate: ModelGate,
+        clock: Clock,
+        events: EventLog,
+        tool_timeout: float,
+        tool_keys: Mapping[str, str] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._policy = policy
+        self._gate = gate
+        self._clock = clock
+        self._events = events
+        self._timeout = tool_timeout
+        self._tool_keys = dict(tool_keys or {})
+        self._queue: dict[int, _Queued] = {}
+        self._next_id = 0
+        self._decisions = 0
+        self._reorders = 0
+        self._peak_queued = 0
+        self._tg: asyncio.TaskGroup | None = None
+        pool.on_available = self._dispatch
+
+    def bind(self, tg: asyncio.TaskGroup) -> None:
+        """Job executions run as tasks of this group."""
+        self._tg = tg
+
+    def snapshot(self) -> DispatcherSnapshot:
+        return DispatcherSnapshot(len(self._queue), self._decisions, self._reorders, self._peak_queued)
+
+    async def run(self, spec: JobSpec) -> JobOutcome:
+        """Queue a job and wait for its outcome."""
+        self._next_id += 1
+        job_id = self._next_id
+        loop = asyncio.get_running_loop()
+        view = JobView(
+            job_id, spec.trajectory_id, spec.kind, spec.tool, spec.turn, self._clock.now(), spec.arg_bytes
+        )
+        queued = _Queued(view, spec, loop.create_future())
+        self._queue[job_id] = queued
+        self._peak_queued = max(self._peak_queued, len(self._queue))
+        self._events.emit(
+            CpuEnqueued(
+                id=spec.trajectory_id,
+                job_id=job_id,
+                kind=spec.kind,
+                tool=spec.tool,
+                turn=spec.turn,
+                arg_bytes=spec.arg_bytes,
+                queue_depth=len(self._queue),
+            )
+        )
+        self._dispatch()
+        try:
+            return await queued.future
+        finally:
+            # A cancelled waiter leaves the queue; a job already running completes (non-preemptive).
+            self._queue.pop(job_id, None)
+
+    def _dispatch(self) -> None:
+        while self._queue:
+            slot = self._pool.take_idle()
+            if slot is None:
+                return
+            now = self._clock.now()
+            jobs = tuple(q.view for q in self._queue.values())
+            snapshot = QueueSnapshot(
+                now, jobs, self._gate.outstanding, self._gate.snapshot().limit, self._pool.snapshot().idle + 1
+            )
+            decision = self._policy.choose(snapshot)
+            chosen = self._queue.pop(decision.job_id)
+            oldest = jobs[0]
+            reordered = chosen.view.job_id != oldest.job_id
+            self._decisions += 1
+            self._reorders += reordered
+            self._events.emit(
+                CpuSelected(
+                    id=chosen.spec.trajectory_id,
+                    job_id=decision.job_id,
+                    worker=slot,
+                    policy=self._policy.name,
+                    reason=decision.reason,
+                    queue_depth=len(jobs),
+                    model_outstanding=snapshot.model_outstanding,
+                    waited_s=round(now - chosen.view.enqueued_at, 6),
+                    oldest_job_id=oldest.job_id,
+                    reordered=reordered,
+                    eligible=decision.eligible,
+                )
+            )
+            worker = self._pool.worker(slot)
+            self._events.emit(
+                CpuStarted(
+                    id=chosen.spec.trajectory_id,
+                    job_id=decision.job_id,
+                    worker=slot,
+                    pid=worker.pid,
+                    generation=worker.generation,
+                )
+            )
+            assert self._tg is not None, "dispatcher used before bind()"
+            self._tg.create_task(self._execute(slot, chosen))
+
+    async def _execute(self, slot: int, job: _Queued) -> None:
+        worker = self._pool.worker(slot)
+        spec, view = job.spec, job.view
+        tool = self._tool_keys.get(spec.tool, spec.tool)
+        request = JobRequest(job_id=view.job_id, tool=tool, arguments=spec.arguments)
+        sent = self._clock.now()
+        restart: str | None = None
+        try:
+            result = await worker.call(request, self._timeout)
+        except (WorkerTimeout, WorkerDied) as exc:
+            failure = "timeout" if isinstance(exc, WorkerTimeout) else "worker_died"
+            restart = "timeout" if failure == "timeout" else "died"
+            self._events.emit(
+                CpuFailed(
+                    id=spec.trajectory_id,
+                    job_id=view.job_id,
+                    worker=slot,
+                    kind=spec.kind,
+                    tool=spec.tool,
+                    reason=failure,  # type: ignore[arg-type]
+                    roundtrip_s=round(self._clock.now() - sent, 6),
+                    error=str(exc)[:1000],
+                )
+            )
+            _settle(job.future, JobOutcome(ok=False, error=str(exc), failure=failure))
+        else:
+            reply = result.reply
+            rel = self._events.rel
+            self._events.emit(
+                CpuFinished(
+                    id=spec.trajectory_id,
+                    job_id=view.job_id,
+                    worker=slot,
+                    kind=spec.kind,
+                    tool=spec.tool,
+                    ok=reply.ok,
+                    execute_s=round(reply.execute_s, 6),
+                    cpu_s=round(reply.cpu_s, 6),
+                    roundtrip_s=round(result.received - result.sent, 6),
+                    serialize_s=round(reply.serialize_s, 6),
+                    started=rel(reply.started),
+                    finished=rel(reply.finished),
+                    error=None if reply.error is None else reply.error[:1000],
+                )
+            )
+            _settle(
+                job.future,
+                JobOutcome(ok=reply.ok, value=reply.value, error=reply.error, execute_s=reply.execute_s),
+            )
+        if restart is not None:
+            await self._pool.replace(slot, restart)  # type: ignore[arg-type]
+        else:
+            self._pool.release(slot)
+
+
+def _settle(future: asyncio.Future[JobOutcome], outcome: JobOutcome) -> None:
+    if not future.done():
+        future.set_result(outcome)

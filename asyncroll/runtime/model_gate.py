@@ -1,0 +1,104 @@
+"""The model gate: the one limiter of concurrent model requests (``max_inflight_model_requests``).
+
+Its snapshot gives the supply signal policies read: *model outstanding* = requests queued for a slot plus
+requests in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from asyncroll.clock import Clock
+from asyncroll.errors import ModelError
+from asyncroll.events import EventLog, ModelEnqueued, ModelFailed, ModelFinished, ModelStarted
+from asyncroll.runtime.limiter import FifoLimiter
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelGateSnapshot:
+    limit: int
+    inflight: int
+    queued: int
+    peak_inflight: int
+    requests: int
+    failures: int
+
+    @property
+    def outstanding(self) -> int:
+        return self.inflight + self.queued
+
+
+class ModelGate:
+    def __init__(self, limit: int, clock: Clock, events: EventLog) -> None:
+        self._limiter = FifoLimiter(limit)
+        self._clock = clock
+        self._events = events
+        self._next_id = 0
+        self._failures = 0
+
+    @property
+    def outstanding(self) -> int:
+        return self._limiter.holding + self._limiter.waiting
+
+    def snapshot(self) -> ModelGateSnapshot:
+        s = self._limiter.snapshot()
+        return ModelGateSnapshot(s.limit, s.holding, s.waiting, s.peak_holding, self._next_id, self._failures)
+
+    async def call(
+        self,
+        trajectory_id: str,
+        turn: int,
+        request: Callable[[], Awaitable[R]],
+        describe: Callable[[R], dict[str, object]],
+    ) -> R:
+        """Run one model request under the limit, emitting enqueued/started/finished-or-failed."""
+        self._next_id += 1
+        rid = self._next_id
+        clock, events = self._clock, self._events
+        events.emit(
+            ModelEnqueued(id=trajectory_id, request_id=rid, turn=turn, outstanding=self.outstanding + 1)
+        )
+        queued_at = clock.now()
+        await self._limiter.acquire()
+        try:
+            started = clock.now()
+            events.emit(
+                ModelStarted(
+                    id=trajectory_id,
+                    request_id=rid,
+                    turn=turn,
+                    inflight=self._limiter.holding,
+                    queued_s=round(started - queued_at, 6),
+                )
+            )
+            try:
+                response = await request()
+            except ModelError as exc:
+                self._failures += 1
+                events.emit(
+                    ModelFailed(
+                        id=trajectory_id,
+                        request_id=rid,
+                        turn=turn,
+                        latency_s=round(clock.now() - started, 6),
+                        kind=exc.kind,
+                        error=str(exc)[:1000],
+                    )
+                )
+                raise
+            events.emit(
+                ModelFinished(
+                    id=trajectory_id,
+                    request_id=rid,
+                    turn=turn,
+                    latency_s=round(clock.now() - started, 6),
+                    **describe(response),
+                )
+            )  # type: ignore[arg-type]
+            return response
+        finally:
+            self._limiter.release()

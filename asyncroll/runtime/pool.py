@@ -1,0 +1,207 @@
+"""The worker pool: the one limiter of CPU concurrency (``cpu_workers``).
+
+It owns N worker slots. A slot is *idle* (ready for a job), *busy* (holding a job) or *restarting*. A
+worker that timed out, died holding a job, or was found dead while idle is killed with its whole process
+tree and replaced by a fresh one of the next generation, preloaded and warmed before the slot takes work
+again. Every replacement is a ``worker_restarting`` event and is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from asyncroll.clock import Clock
+from asyncroll.errors import WorkerStartupError
+from asyncroll.events import EventLog, WorkerReady, WorkerRestarting
+from asyncroll.workers.process import CallResult
+from asyncroll.workers.protocol import JobRequest
+
+RestartReason = Literal["timeout", "died", "startup_failed"]
+MAX_RESTART_ATTEMPTS = 3
+
+
+class Worker(Protocol):
+    """What the pool needs of a worker: a real process (:mod:`asyncroll.workers`) or a virtual one."""
+
+    index: int
+    generation: int
+    startup_s: float
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def start(self) -> None: ...
+
+    async def call(self, request: JobRequest, timeout: float) -> CallResult: ...  # noqa: ASYNC109 - expiry kills the worker tree
+
+    async def kill(self) -> None: ...
+
+    async def wait_exit(self) -> int: ...
+
+    def cpu_seconds(self) -> float | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+WorkerFactory = Callable[[int, int], Worker]  # (slot index, generation) -> unstarted worker
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    size: int
+    idle: int
+    busy: int
+    restarting: int
+    peak_busy: int
+    restarts: int
+
+
+class WorkerPool:
+    def __init__(self, size: int, factory: WorkerFactory, clock: Clock, events: EventLog) -> None:
+        self._size = size
+        self._factory = factory
+        self._clock = clock
+        self._events = events
+        self._workers: list[Worker | None] = [None] * size
+        self._idle: list[int] = []
+        self._busy: set[int] = set()
+        self._restarting: set[int] = set()
+        self._peak_busy = 0
+        self._restarts = 0
+        self._replaced = False
+        self._closing = False
+        self._tg: asyncio.TaskGroup | None = None
+        self.on_available: Callable[[], None] = lambda: None
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        return PoolSnapshot(
+            self._size,
+            len(self._idle),
+            len(self._busy),
+            len(self._restarting),
+            self._peak_busy,
+            self._restarts,
+        )
+
+    @property
+    def replaced_any(self) -> bool:
+        """True once any worker was replaced (its CPU time before death is then unknown)."""
+        return self._replaced
+
+    def worker(self, slot: int) -> Worker:
+        worker = self._workers[slot]
+        assert worker is not None
+        return worker
+
+    def take_idle(self) -> int | None:
+        """Claim an idle slot (lowest index first), or None if every slot is busy or restarting."""
+        if not self._idle:
+            return None
+        slot = self._idle.pop(0)
+        self._busy.add(slot)
+        self._peak_busy = max(self._peak_busy, len(self._busy))
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Return a healthy slot after its job."""
+        self._busy.discard(slot)
+        self._idle.append(slot)
+        self._idle.sort()
+        self.on_available()
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        """Start every worker concurrently; all must be ready, or all are killed and the error raised."""
+        self._tg = tg
+        try:
+            async with asyncio.TaskGroup() as starting:
+                for slot in range(self._size):
+                    starting.create_task(self._start_slot(slot, 0))
+        except BaseExceptionGroup as group:
+            await self.aclose()
+            startup = [e for e in group.exceptions if isinstance(e, WorkerStartupError)]
+            if startup:
+                raise startup[0] from group
+            raise
+        self._idle = list(range(self._size))
+        for slot in range(self._size):
+            tg.create_task(self._watch(slot, self.worker(slot)))
+
+    async def _start_slot(self, slot: int, generation: int) -> Worker:
+        worker = self._factory(slot, generation)
+        self._workers[slot] = worker
+        await worker.start()
+        self._events.emit(
+            WorkerReady(
+                worker=slot, pid=worker.pid, generation=generation, startup_s=round(worker.startup_s, 6)
+            )
+        )
+        return worker
+
+    async def replace(self, slot: int, reason: RestartReason) -> None:
+        """Kill the slot's worker tree and start the next generation; the slot is idle again afterwards."""
+        self._busy.discard(slot)
+        if slot in self._idle:
+            self._idle.remove(slot)
+        self._restarting.add(slot)
+        self._replaced = True
+        old = self.worker(slot)
+        await old.kill()
+        generation = old.generation
+        last_error: Exception | None = None
+        for _attempt in range(MAX_RESTART_ATTEMPTS):
+            generation += 1
+            self._restarts += 1
+            self._events.emit(
+                WorkerRestarting(
+                    worker=slot,
+                    old_pid=old.pid,
+                    generation=generation,
+                    reason=reason,
+                    restarts=self._restarts,
+                )
+            )
+            try:
+                new = await self._start_slot(slot, generation)
+            except WorkerStartupError as exc:
+                last_error, reason = exc, "startup_failed"
+                continue
+            self._restarting.discard(slot)
+            assert self._tg is not None
+            self._tg.create_task(self._watch(slot, new))
+            self.release(slot)
+            return
+        raise WorkerStartupError(
+            f"worker {slot} could not be replaced after {MAX_RESTART_ATTEMPTS} attempts: {last_error}"
+        ) from last_error
+
+    async def _watch(self, slot: int, worker: Worker) -> None:
+        """Notice a worker that dies while idle (killed from outside) and replace it at once."""
+        await worker.wait_exit()
+        if not self._closing and self._workers[slot] is worker and slot in self._idle:
+            await self.replace(slot, "died")
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds of the current workers (None if any reading is unavailable)."""
+        total = 0.0
+        for worker in self._workers:
+            value = worker.cpu_seconds() if worker is not None else None
+            if value is None:
+                return None
+            total += value
+        return total
+
+    async def aclose(self) -> None:
+        """Stop every worker and its tree. Safe to call more than once and after a failed start."""
+        self._closing = True
+        for worker in self._workers:
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    await worker.aclose()

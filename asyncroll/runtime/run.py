@@ -1,0 +1,357 @@
+"""One run, start to finish: the lifecycle of SPEC §3.
+
+validate (before this module: :func:`prepare`) → receipt ``preparing`` → start workers (preload + dummy
+call) → untimed model warm-up → ``measurement_started`` → trajectories → ``measurement_finished`` →
+CPU-cost readings → summary → exports (trace, timeline) outside the timed window → receipt final.
+
+Cancellation (SIGINT/SIGTERM at the CLI edge) propagates; cleanup — killing worker trees, closing files,
+writing the summary and the receipt marked ``interrupted`` — runs shielded from a second cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from asyncroll.backends.base import Backend
+from asyncroll.backends.scripted import ScriptedBackend
+from asyncroll.clock import Clock
+from asyncroll.config import RunConfig
+from asyncroll.errors import AsyncrollError, OutputExistsError, UsageError
+from asyncroll.events import EventLog, MeasurementFinished, MeasurementStarted, Subscriber
+from asyncroll.outputs.receipt import Receipt, file_sha256, host, versions
+from asyncroll.outputs.summary import SummaryBuilder
+from asyncroll.policies import get_policy
+from asyncroll.runtime.admission import Admission
+from asyncroll.runtime.dispatcher import CpuDispatcher
+from asyncroll.runtime.model_gate import ModelGate
+from asyncroll.runtime.pool import WorkerFactory, WorkerPool
+from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
+from asyncroll.workers.builtin import BUILTIN_TOOLS
+from asyncroll.workers.protocol import ToolSpec
+from asyncroll.workload import Problem, WorkloadScan, iter_problems, scan_workload
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    config: RunConfig
+    scan: WorkloadScan
+    argv: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunOutcome:
+    status: str
+    exit_code: int
+    summary: dict[str, Any] | None
+    error: str | None = None
+
+
+def prepare(config: RunConfig, argv: list[str] | None = None) -> PreparedRun:
+    """Validate everything before anything starts; creates the output directory last."""
+    problems = config.unavailable_features()
+    if problems:
+        raise UsageError("\n".join(problems))
+    if config.output.exists():
+        raise OutputExistsError(
+            f"--output {config.output} already exists; asyncroll never overwrites a run "
+            f"(choose a new directory)"
+        )
+    tool_root = config.resolved_tool_root
+    if not tool_root.is_dir():
+        raise UsageError(f"--tool-root {tool_root}: not a directory")
+    scan = scan_workload(
+        config.workload, tool_root, scripted=config.backend == "scripted", limit=config.limit
+    )
+    scan.raise_if_invalid()
+    try:
+        config.output.mkdir(parents=True, exist_ok=False)
+    except FileExistsError as exc:
+        raise OutputExistsError(f"--output {config.output} already exists") from exc
+    except OSError as exc:
+        raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
+    return PreparedRun(config, scan, list(argv or sys.argv))
+
+
+class Run:
+    """Executes a prepared run. Collaborators can be swapped (virtual workers, other backends) for tests."""
+
+    def __init__(
+        self,
+        prepared: PreparedRun,
+        clock: Clock,
+        *,
+        worker_factory: WorkerFactory | None = None,
+        backend: Backend | None = None,
+        subscribers: tuple[Subscriber, ...] = (),
+    ) -> None:
+        self.config = prepared.config
+        self.scan = prepared.scan
+        self.argv = prepared.argv
+        self.clock = clock
+        self.out = prepared.config.output
+        self._factory = worker_factory or _process_worker_factory(prepared.config, prepared.scan)
+        self._backend = backend or ScriptedBackend(clock)
+        self._subscribers = subscribers
+        self.interrupt_reason: str | None = None
+
+    def _receipt_body(self) -> dict[str, Any]:
+        cfg = self.config
+        tools = {
+            key: (None if src.path is None else {"path": str(src.path), "sha256": file_sha256(src.path)})
+            for key, src in sorted(self.scan.tools.items())
+        }
+        return {
+            "command": self.argv,
+            "config": {
+                **cfg.model_dump(mode="json"),
+                "policy_canonical": cfg.policy_name,
+                "limits": cfg.limits.model_dump(),
+                "starvation_threshold_effective": cfg.effective_starvation_threshold,
+            },
+            "simulated": self.clock.virtual,
+            "versions": versions(),
+            "host": host(),
+            "workload": {
+                "path": str(cfg.workload.resolve()),
+                "sha256": self.scan.sha256,
+                "problems": self.scan.count,
+            },
+            "tools": tools,
+            "isolation": {
+                "tool_workers": "one OS process per worker, each leading its own session and process group; "
+                "workload tools are trusted code",
+                "untrusted_code": None,
+            },
+            "telemetry": {
+                "requested": cfg.telemetry,
+                "sources": [],
+                "note": "no telemetry source is implemented yet (vLLM metrics, NVML): none probed",
+            },
+        }
+
+    async def execute(self) -> RunOutcome:
+        cfg, clock = self.config, self.clock
+        receipt = Receipt(self.out / "run.json", self._receipt_body(), clock.wall())
+        events = EventLog(clock, self.out / "events.jsonl")
+        summary = SummaryBuilder()
+        events.subscribe(summary)
+        for subscriber in self._subscribers:
+            events.subscribe(subscriber)
+        results_fd = os.open(self.out / "results.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        limits = cfg.limits
+        pool = WorkerPool(limits.cpu_workers, self._factory, clock, events)
+        gate = ModelGate(limits.max_inflight_model_requests, clock, events)
+        admission = Admission(limits.max_active_trajectories)
+        dispatcher = CpuDispatcher(
+            pool,
+            get_policy(cfg.policy_name),
+            gate,
+            clock,
+            events,
+            cfg.tool_timeout,
+            worker_tool_keys(self.scan),
+        )
+        trajectories = TrajectoryRunner(
+            self._backend,
+            gate,
+            dispatcher,
+            clock,
+            events,
+            max_turns=cfg.max_turns,
+            tool_errors=cfg.tool_errors,
+        )
+        status, error = "failed", None
+        origin: float | None = None
+        cpu_start: tuple[float, float | None] | None = None
+
+        async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
+            _line, traj_id, problem = item
+            result: TrajectoryResult = await trajectories.run(index, traj_id, problem, admission.active)
+            os.write(results_fd, (json.dumps(result.to_json(), default=str) + "\n").encode())
+
+        try:
+            async with asyncio.TaskGroup() as outer:
+                await pool.start(outer)
+                try:
+                    await self._backend.start()
+                    warm = await self._backend.warmup(cfg.warmup_requests)
+                    receipt.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
+                    origin = events.start_measurement()
+                    cpu_start = (_client_cpu(), pool.cpu_seconds())
+                    events.emit(
+                        MeasurementStarted(
+                            wall_time=clock.wall(),
+                            policy=cfg.policy_name,
+                            max_active_trajectories=limits.max_active_trajectories,
+                            max_inflight_model_requests=limits.max_inflight_model_requests,
+                            cpu_workers=limits.cpu_workers,
+                        )
+                    )
+                    receipt.transition("running", clock.wall())
+                    async with asyncio.TaskGroup() as tg:
+                        dispatcher.bind(tg)
+                        await admission.run(tg, iter_problems(cfg.workload, cfg.limit), trajectory)
+                    status = "complete"
+                finally:
+                    await _shielded(pool.aclose())
+                    await _shielded(self._backend.aclose())
+        except asyncio.CancelledError:
+            status, error = "interrupted", f"interrupted by {self.interrupt_reason or 'cancellation'}"
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
+            status, error = "failed", _describe(exc)
+        finally:
+            makespan = 0.0 if origin is None else clock.now() - origin
+            cpu_cost = _cpu_cost(cpu_start, pool, summary.status["completed"])
+            if origin is not None:
+                events.emit(
+                    MeasurementFinished(
+                        status=status,
+                        makespan_s=round(makespan, 6),  # type: ignore[arg-type]
+                        reason=error,
+                    )
+                )
+            peaks = {
+                "active_trajectories": admission.snapshot().peak_holding,
+                "inflight_model_requests": gate.snapshot().peak_inflight,
+                "busy_workers": pool.snapshot().peak_busy,
+                "queued_cpu_jobs": dispatcher.snapshot().peak_queued,
+            }
+            result = summary.build(
+                makespan_s=makespan,
+                policy=cfg.policy_name,
+                limits=limits.model_dump(),
+                cpu_cost=cpu_cost,
+                peaks=peaks,
+                status=status,
+            )
+            events.close()
+            os.close(results_fd)
+            from asyncroll.outputs.receipt import write_json_atomic
+
+            write_json_atomic(self.out / "summary.json", result)
+            exports = _export(self.out)
+            receipt.transition(
+                status,
+                clock.wall(),
+                error=error,
+                exports=exports,  # type: ignore[arg-type]
+                exit_code=_exit_code(status),
+            )
+        return RunOutcome(status, _exit_code(status), result, error)
+
+
+def _exit_code(status: str) -> int:
+    return {"complete": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAILED)
+
+
+async def _shielded(coro: Any) -> None:
+    """Await cleanup even if the caller is being cancelled again."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await task
+        raise
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, AsyncrollError) else str(exc)
+
+
+def _client_cpu() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+def _cpu_cost(start: tuple[float, float | None] | None, pool: WorkerPool, completed: int) -> dict[str, Any]:
+    """Client + worker CPU core-seconds during measurement; unknown if a worker was replaced."""
+    if start is None:
+        return {
+            "client_cpu_s": None,
+            "workers_cpu_s": None,
+            "total_cpu_s": None,
+            "per_completion_s": None,
+            "reason": "measurement never started",
+        }
+    client = round(_client_cpu() - start[0], 6)
+    end_workers = pool.cpu_seconds()
+    reason = None
+    if pool.replaced_any:
+        workers, reason = None, "a worker was replaced during the run; its CPU time before death is unknown"
+    elif start[1] is None or end_workers is None:
+        workers, reason = None, "worker CPU time unavailable (virtual workers or psutil could not read it)"
+    else:
+        workers = round(end_workers - start[1], 6)
+    total = None if workers is None else round(client + workers, 6)
+    per = None if total is None or completed == 0 else round(total / completed, 6)
+    if total is not None and completed == 0:
+        reason = "no trajectory completed"
+    return {
+        "client_cpu_s": client,
+        "workers_cpu_s": workers,
+        "total_cpu_s": total,
+        "per_completion_s": per,
+        "reason": reason,
+    }
+
+
+def _export(out: Path) -> dict[str, Any]:
+    """trace.json and timeline.html, outside the timed window; a failed export is recorded, not fatal."""
+    exports: dict[str, Any] = {}
+    for name, module, function in (
+        ("trace.json", "trace", "write_trace"),
+        ("timeline.html", "timeline", "write_timeline"),
+    ):
+        began = time.perf_counter()
+        try:
+            writer: Callable[[Path], Path] = getattr(
+                importlib.import_module(f"asyncroll.outputs.{module}"), function
+            )
+            writer(out)
+            exports[name] = {"ok": True, "seconds": round(time.perf_counter() - began, 4)}
+        except Exception as exc:  # noqa: BLE001 - an export must never lose the run's data
+            exports[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return exports
+
+
+def worker_tool_keys(scan: WorkloadScan) -> dict[str, str]:
+    """Workload tool key → the key a worker serves it under (absolute path for trusted files)."""
+    return {src.key: ToolSpec(src.name, src.path).key for src in scan.tools.values()}
+
+
+def _process_worker_factory(config: RunConfig, scan: WorkloadScan) -> WorkerFactory:
+    from asyncroll.workers.process import ProcessWorker
+
+    specs = [ToolSpec(name) for name in BUILTIN_TOOLS]
+    specs += [ToolSpec(src.name, src.path) for src in scan.tools.values() if src.path is not None]
+    logs = config.output / "workers"
+    logs.mkdir(exist_ok=True)
+
+    def factory(index: int, generation: int) -> ProcessWorker:
+        return ProcessWorker(
+            index,
+            specs,
+            generation=generation,
+            log_path=logs / f"worker-{index}.log",
+            startup_timeout=config.worker_startup_timeout,
+        )
+
+    return factory

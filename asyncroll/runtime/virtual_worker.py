@@ -1,0 +1,97 @@
+"""A worker that runs no process: each job takes a known duration on the run's clock.
+
+On a :class:`~asyncroll.clock.VirtualClock` this makes the whole runtime — admission, model gate,
+dispatcher, policies, pool, restarts — run deterministically in virtual time, which is how scheduling
+is tested and how the simulator reuses the real runtime. Built-in tools compute their real value;
+``spin_ms``/``sleep_ms`` take their argument as duration. A job longer than the tool timeout behaves as a
+real one does: the worker "dies" and is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from asyncroll.clock import Clock
+from asyncroll.errors import WorkerTimeout
+from asyncroll.grading import grade
+from asyncroll.workers.builtin import BUILTIN_TOOLS
+from asyncroll.workers.process import CallResult
+from asyncroll.workers.protocol import JobReply, JobRequest
+
+Duration = Callable[[JobRequest], float]
+
+
+def builtin_duration(request: JobRequest) -> float:
+    """Seconds a job takes: the milliseconds of ``spin_ms``/``sleep_ms``, zero for anything else."""
+    if request.tool in ("spin_ms", "sleep_ms"):
+        return float(request.arguments.get("milliseconds", 0)) / 1000.0
+    return 0.0
+
+
+class VirtualWorker:
+    def __init__(
+        self, index: int, generation: int, clock: Clock, duration: Duration = builtin_duration
+    ) -> None:
+        self.index = index
+        self.generation = generation
+        self.startup_s = 0.0
+        self._clock = clock
+        self._duration = duration
+        self._exited = asyncio.Event()
+        self.jobs = 0
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
+        sent = self._clock.now()
+        seconds = self._duration(request)
+        if seconds > timeout:
+            await self._clock.sleep(timeout)
+            self._exited.set()
+            raise WorkerTimeout(
+                f"job {request.job_id} ({request.tool}) exceeded the {timeout:g}s tool timeout"
+            )
+        await self._clock.sleep(seconds)
+        finished = self._clock.now()
+        ok, value, error = _evaluate(request)
+        self.jobs += 1
+        reply = JobReply(request.job_id, ok, value, error, sent, finished, seconds, seconds, 0.0)
+        return CallResult(reply, sent, finished)
+
+    async def kill(self) -> None:
+        self._exited.set()
+
+    async def wait_exit(self) -> int:
+        await self._exited.wait()
+        return -9
+
+    def cpu_seconds(self) -> float | None:
+        return None
+
+    async def aclose(self) -> None:
+        self._exited.set()
+
+
+def _evaluate(request: JobRequest) -> tuple[bool, Any, str | None]:
+    fn = grade if request.tool == "__grade__" else BUILTIN_TOOLS.get(request.tool)
+    if request.tool in ("spin_ms", "sleep_ms"):
+        return True, request.arguments.get("milliseconds"), None
+    if fn is None:
+        return False, None, f"virtual worker cannot execute {request.tool!r} (not a built-in)"
+    try:
+        return True, fn(**request.arguments), None
+    except Exception as exc:  # noqa: BLE001 - a tool error is data, as in a real worker
+        return False, None, f"{type(exc).__name__}: {exc}"
+
+
+def virtual_factory(
+    clock: Clock, duration: Duration = builtin_duration
+) -> Callable[[int, int], VirtualWorker]:
+    return lambda index, generation: VirtualWorker(index, generation, clock, duration)

@@ -1,0 +1,99 @@
+"""JSON Schemas of everything asyncroll reads or writes, and models that validate the written files.
+
+``RunReceiptModel`` and ``SummaryModel`` describe ``run.json`` and ``summary.json``; tests validate real
+outputs against them, so the printed schema cannot drift from what runs write.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Distribution(BaseModel):
+    count: int
+    mean: float | None
+    min: float | None
+    p50: float | None
+    p95: float | None
+    max: float | None
+
+
+class RunReceiptModel(_Open):
+    schema_version: int
+    status: Literal["preparing", "running", "complete", "failed", "interrupted"]
+    created_at: str
+    command: list[str]
+    config: dict[str, Any]
+    simulated: bool
+    versions: dict[str, str | None]
+    host: dict[str, Any]
+    workload: dict[str, Any]
+    tools: dict[str, dict[str, str] | None]
+    isolation: dict[str, Any]
+    telemetry: dict[str, Any]
+    error: str | None
+
+
+class Counts(BaseModel):
+    trajectories: int
+    finished: int
+    completed: int
+    failed: int
+    max_turns: int
+    unfinished: int
+
+
+class Accuracy(BaseModel):
+    exact: float | None
+    correct: int
+    denominator: int
+    ungraded: int
+
+
+class Scheduler(BaseModel):
+    policy: str
+    decisions: int
+    eligible_decisions: int
+    reorders: int
+    activation_rate: float | None
+    reasons: dict[str, int]
+
+
+class SummaryModel(_Open):
+    schema_version: int
+    status: Literal["complete", "failed", "interrupted"]
+    policy: str
+    limits: dict[str, int]
+    makespan_s: float
+    counts: Counts
+    rates: dict[str, float | int | None]
+    throughput: dict[str, float | str | None]
+    accuracy: Accuracy
+    model: dict[str, Any]
+    tools: dict[str, Any]
+    latency: dict[str, Distribution]
+    phases: dict[str, Any]
+    scheduler: Scheduler
+    workers: dict[str, Any]
+    peaks: dict[str, int]
+    cpu_cost: dict[str, float | str | None]
+
+
+def schemas() -> dict[str, Any]:
+    from asyncroll.config import RunConfig
+    from asyncroll.events import EVENT_ADAPTER
+    from asyncroll.workload import Problem
+
+    return {
+        "workload": Problem.model_json_schema(),
+        "events": EVENT_ADAPTER.json_schema(),
+        "run": RunReceiptModel.model_json_schema(),
+        "summary": SummaryModel.model_json_schema(),
+        "config": RunConfig.model_json_schema(),
+    }

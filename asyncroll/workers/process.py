@@ -1,0 +1,297 @@
+"""One warm tool worker process, owned directly by the runtime (no executor in between).
+
+:class:`ProcessWorker` spawns ``python -m asyncroll.workers.child`` in its own session, waits for its
+ready handshake and a dummy call under a start-up deadline, then runs one job at a time over two
+dedicated pipes. A job that overruns its timeout, or a call that is cancelled, kills the worker's whole
+process tree (its process group plus every descendant psutil can see, including ones that called
+``setsid``); a killed worker is never reused. Owning the process directly keeps a tool round trip near
+the cost of two pipe writes and makes kill, reap and CPU accounting exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from asyncroll.errors import WorkerDied, WorkerStartupError, WorkerTimeout
+from asyncroll.workers import tree
+from asyncroll.workers.protocol import (
+    HEADER,
+    JobReply,
+    JobRequest,
+    Message,
+    ProtocolError,
+    Ready,
+    StartupFailed,
+    ToolSpec,
+    decode,
+    encode,
+    payload_length,
+)
+from asyncroll.workers.spawn import log_tail, spawn
+
+_PING_JOB_ID = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """A worker's reply plus when the runtime sent the job and had the reply (``time.monotonic``)."""
+
+    reply: JobReply
+    sent: float
+    received: float
+
+    @property
+    def round_trip_s(self) -> float:
+        return self.received - self.sent
+
+
+class ProcessWorker:
+    """A persistent tool worker: preload + dummy call at start, one job at a time, tree kill on timeout."""
+
+    def __init__(
+        self,
+        index: int,
+        tools: Sequence[ToolSpec],
+        *,
+        generation: int = 0,
+        log_path: Path | None = None,
+        startup_timeout: float,
+    ) -> None:
+        self.index = index
+        self.generation = generation
+        self.tools = tuple(tools)
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.pid: int | None = None
+        self.startup_s: float | None = None
+        self.preload_s: float | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._read_transport: asyncio.ReadTransport | None = None
+        self._write_transport: asyncio.WriteTransport | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._exit: asyncio.Task[int] | None = None
+        self._killer: asyncio.Task[None] | None = None
+        self._pending: asyncio.Future[tuple[Message, float]] | None = None
+        self._broken: str | None = None
+        self._busy = False
+        self._log_offset = 0
+        self._pipes: list[IO[bytes]] = []
+        self._doomed: list[psutil.Process] = []  # descendants already signalled
+
+    def __repr__(self) -> str:
+        return f"<ProcessWorker {self.index} gen {self.generation} pid {self.pid} rc {self.returncode}>"
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status (negative: killed by that signal); ``None`` while running or never started."""
+        return None if self._proc is None else self._proc.returncode
+
+    @property
+    def alive(self) -> bool:
+        """Started, running, not being killed and its channel intact."""
+        return (
+            self._proc is not None and self.returncode is None and self._killer is None and not self._broken
+        )
+
+    async def start(self) -> None:
+        """Spawn the worker and wait for its handshake and its answer to the dummy call, all within
+        ``startup_timeout``; otherwise raise :class:`WorkerStartupError` with nothing left running."""
+        if self._proc is not None:
+            raise RuntimeError("a ProcessWorker is started once; make a new one to replace it")
+        loop = asyncio.get_running_loop()
+        t0, deadline = time.monotonic(), loop.time() + self.startup_timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                spawned = await spawn(self.tools, self.log_path)
+        except (OSError, TimeoutError) as exc:
+            raise WorkerStartupError(f"worker {self.index}: could not spawn: {exc!r}") from exc
+        self._proc, self._log_offset = spawned.process, spawned.log_offset
+        self._pipes = [spawned.replies, spawned.jobs]
+        self.pid = self._proc.pid
+        self._exit = loop.create_task(self._proc.wait(), name=f"worker-{self.index}-exit")
+        self._exit.add_done_callback(self._on_exit)
+        self._reader = asyncio.StreamReader()
+        reader_protocol = asyncio.StreamReaderProtocol(self._reader)
+        self._pending = loop.create_future()  # the handshake is the first frame
+        try:
+            self._read_transport, _ = await loop.connect_read_pipe(lambda: reader_protocol, self._pipes[0])
+            self._write_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, self._pipes[1])
+            self._pump = loop.create_task(self._pump_frames(), name=f"worker-{self.index}-reader")
+            async with asyncio.timeout_at(deadline):
+                await self._handshake()
+        except TimeoutError:
+            await self.kill()
+            raise WorkerStartupError(
+                f"worker {self.index} (pid {self.pid}) was not ready within {self.startup_timeout:g}s"
+                + log_tail(self.log_path, self._log_offset)
+            ) from None
+        except WorkerDied as exc:
+            await self.kill()
+            raise WorkerStartupError(
+                f"worker {self.index} died during start-up: {exc}{log_tail(self.log_path, self._log_offset)}"
+            ) from exc
+        except BaseException:
+            await self.kill()
+            raise
+        self.startup_s = time.monotonic() - t0
+
+    async def _handshake(self) -> None:
+        assert self._pending is not None
+        message, _ = await self._pending
+        if isinstance(message, StartupFailed):
+            raise WorkerStartupError(f"worker {self.index} could not load its tools: {message.error}")
+        if not isinstance(message, Ready) or message.pid != self.pid:
+            raise WorkerDied(f"bad handshake {message!r}")
+        self.preload_s = message.preload_s
+        result = await self._exchange(JobRequest(_PING_JOB_ID, "__ping__", {}))
+        if not result.reply.ok or result.reply.value != self.pid:
+            raise WorkerDied(f"dummy call answered {result.reply!r}")
+
+    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109
+        """Run one job. Raises :class:`WorkerTimeout` (tree killed) past ``timeout`` seconds and
+        :class:`WorkerDied` if the worker exits or its channel breaks; a tool's own exception is a
+        reply with ``ok=False``. Cancelling the call kills the worker's tree before re-raising.
+
+        ``timeout`` is a parameter, not the caller's scope, because its expiry must kill the tree.
+        """
+        assert not self._busy, "a ProcessWorker runs one job at a time"
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._exchange(request)
+        except TimeoutError:
+            await self.kill()
+            raise WorkerTimeout(
+                f"worker {self.index} (pid {self.pid}) job {request.job_id} ({request.tool}) ran past "
+                f"{timeout:g}s; its process tree was killed"
+            ) from None
+        except asyncio.CancelledError:
+            # The job was sent (nothing awaits before the write): the worker is mid-job, unusable.
+            self._broken = self._broken or "was cancelled during a job"
+            if self.pid is not None and self.returncode is None:
+                self._doomed += tree.descendants(self.pid)
+                tree.signal_tree(self.pid, signal.SIGKILL, self._doomed)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.kill(grace=0.0)
+            raise
+
+    async def _exchange(self, request: JobRequest) -> CallResult:
+        if not self.alive or self._write_transport is None or self._write_transport.is_closing():
+            raise WorkerDied(self._death_reason())
+        future: asyncio.Future[tuple[Message, float]] = asyncio.get_running_loop().create_future()
+        self._pending = future
+        self._busy = True
+        try:
+            data = encode(request)
+            sent = time.monotonic()
+            self._write_transport.write(data)
+            message, received = await future
+        finally:
+            self._busy = False
+            self._pending = None
+        if not isinstance(message, JobReply) or message.job_id != request.job_id:
+            await self.kill()
+            raise WorkerDied(f"worker {self.index} answered job {request.job_id} with {message!r}")
+        return CallResult(message, sent, received)
+
+    async def _pump_frames(self) -> None:
+        """Read frames for as long as the worker writes them; hand each to the waiting call."""
+        assert self._reader is not None and self._exit is not None
+        reader = self._reader
+        try:
+            while True:
+                payload = await reader.readexactly(payload_length(await reader.readexactly(HEADER.size)))
+                received = time.monotonic()
+                message = decode(payload)
+                future = self._pending
+                if future is None or future.done():
+                    raise ProtocolError(f"unsolicited {type(message).__name__}")
+                future.set_result((message, received))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            reason = "closed its reply pipe"
+        except Exception as exc:  # noqa: BLE001 - a corrupt frame means the channel is unusable
+            reason = f"broke the protocol ({type(exc).__name__}: {exc})"
+        with contextlib.suppress(TimeoutError):  # wait briefly to report how it exited
+            await asyncio.wait_for(asyncio.shield(self._exit), 1.0)
+        self._fail(reason)
+
+    def _on_exit(self, task: asyncio.Task[int]) -> None:
+        # A descendant that inherited the reply pipe can hold it open; do not wait for end of stream
+        # forever, but give the reader a moment to deliver a reply written just before the exit.
+        if self._pending is not None and not self._pending.done():
+            asyncio.get_running_loop().call_later(0.1, self._fail, "exited")
+
+    def _fail(self, reason: str) -> None:
+        self._broken = self._broken or reason
+        future = self._pending
+        if future is not None and not future.done():
+            future.set_exception(WorkerDied(self._death_reason()))
+
+    def _death_reason(self) -> str:
+        what = self._broken or ("is being killed" if self._killer else "is not running")
+        status = self.returncode
+        if status is not None:
+            how = f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
+            what = f"{what}, {how}"
+        return f"worker {self.index} (pid {self.pid}) {what}"
+
+    async def wait_exit(self) -> int:
+        """Resolve with the exit status once the worker process has exited (for whatever reason)."""
+        if self._exit is None:
+            raise RuntimeError("worker not started")
+        return await asyncio.shield(self._exit)
+
+    async def kill(self, grace: float = 0.2) -> None:
+        """Kill the worker and its whole process tree, reap it and close the channel. Idempotent.
+
+        SIGTERM goes to the process group and every descendant; whatever has not exited after
+        ``grace`` seconds (or once the worker itself is gone) gets SIGKILL. Runs as a shielded task,
+        so a cancelled caller cannot leave a half-killed worker behind.
+        """
+        if self._killer is None:
+            self._killer = asyncio.get_running_loop().create_task(self._kill(grace))
+        await asyncio.shield(self._killer)
+
+    async def _kill(self, grace: float) -> None:
+        if self._proc is not None and self._exit is not None:
+            pid = self._proc.pid
+            if self._proc.returncode is None:
+                self._doomed += tree.descendants(pid)
+            tree.signal_tree(pid, signal.SIGTERM, self._doomed)
+            if grace > 0:
+                await asyncio.wait({self._exit}, timeout=grace)
+            if self._proc.returncode is None:
+                self._doomed += tree.descendants(pid)  # started while we waited
+            tree.signal_tree(pid, signal.SIGKILL, self._doomed)
+            await asyncio.wait({self._exit})
+        for transport in (self._write_transport, self._read_transport):
+            if transport is not None:
+                transport.close()
+        for pipe in self._pipes:
+            pipe.close()  # a no-op for the ones a transport took over
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.wait({self._pump})
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU of the worker and its reaped children; ``None`` unless it is running."""
+        if self.pid is None or self.returncode is not None:
+            return None
+        return tree.cpu_seconds(self.pid)
+
+    async def aclose(self, exit_grace: float = 1.0) -> None:
+        """Polite shutdown: close the job pipe so the worker exits at end of stream; kill it if it lingers."""
+        if self._proc is not None and self._killer is None and self._write_transport is not None:
+            self._write_transport.close()
+            assert self._exit is not None
+            await asyncio.wait({self._exit}, timeout=exit_grace)
+        await self.kill()

@@ -1,0 +1,212 @@
+"""The wire protocol between the runtime and a tool worker process.
+
+Each message is one frame: a 4-byte big-endian length, then a pickle (protocol 5) of a plain tuple
+``(tag, *fields)``. Only builtin values ever cross the channel (tool values are made JSON-safe in the
+worker first), so both ends decode with an unpickler that refuses every global: a frame can carry
+data, never a callable. Messages are frozen dataclasses; the tuple form keeps encode/decode a few
+microseconds, which matters because a tool round trip is budgeted at ~300 µs.
+
+The frames travel on two dedicated pipes, never on the worker's stdout/stderr, so a tool that prints
+cannot corrupt the channel. Stdlib only: the worker process imports this module at start-up.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, BinaryIO
+
+HEADER = struct.Struct(">I")
+"""Frame header: payload length, 4 bytes big-endian."""
+MAX_FRAME = 1 << 30
+PICKLE_PROTOCOL = 5
+
+
+class ProtocolError(Exception):
+    """A frame could not be decoded (corrupt channel or a peer speaking another protocol)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool a worker must preload: a built-in (``path is None``) or a callable ``name`` in ``path``."""
+
+    name: str
+    path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.path is not None and not self.path.is_absolute():  # keys must not depend on the cwd
+            object.__setattr__(self, "path", self.path.absolute())
+
+    @property
+    def key(self) -> str:
+        """Unique name of this tool in a worker: ``name`` for a built-in, ``PATH::name`` for a file tool.
+
+        Two problems may define different tools under one name; a request may always use the key, and
+        the bare name when only one loaded tool has it.
+        """
+        return self.name if self.path is None else f"{self.path}::{self.name}"
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"name": self.name, "path": None if self.path is None else str(self.path)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ToolSpec:
+        path = data.get("path")
+        return cls(name=str(data["name"]), path=None if path is None else Path(path))
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """Run ``tool(**arguments)``. The tool name ``__ping__`` answers the worker's pid (the dummy call)."""
+
+    job_id: int
+    tool: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobReply:
+    """The outcome of one job, timed inside the worker.
+
+    ``started``/``finished`` are ``time.monotonic()`` in the worker, the same clock as the runtime's
+    on Linux. ``execute_s`` is the tool call's wall time, ``cpu_s`` the worker's CPU time during the
+    call (``time.process_time``, plus child processes the tool reaped, at clock-tick resolution) and
+    ``serialize_s`` the worker's time to decode the request and encode the reply value.
+    """
+
+    job_id: int
+    ok: bool
+    value: Any
+    error: str | None
+    started: float
+    finished: float
+    execute_s: float
+    cpu_s: float
+    serialize_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Handshake: the worker imported every tool in ``preload_s`` seconds and serves ``tools``."""
+
+    pid: int
+    tools: list[str]
+    preload_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StartupFailed:
+    """Handshake: the worker could not load its tools; ``error`` says which and why."""
+
+    error: str
+
+
+Message = JobRequest | JobReply | Ready | StartupFailed
+
+_TAGS: dict[type[Any], str] = {JobRequest: "job", JobReply: "reply", Ready: "ready", StartupFailed: "failed"}
+_CLASSES: dict[str, type[Any]] = {tag: cls for cls, tag in _TAGS.items()}
+_ARITY: dict[str, int] = {tag: len(fields(cls)) for cls, tag in _TAGS.items()}
+
+
+def _field_getter(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    names = tuple(f.name for f in fields(cls))
+    if len(names) == 1:  # attrgetter of one name returns the value, not a 1-tuple
+        name = names[0]
+        return lambda message: (getattr(message, name),)
+    return attrgetter(*names)
+
+
+_GETTERS = {cls: _field_getter(cls) for cls in _TAGS}
+
+
+class _DataOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise ProtocolError(f"frame refers to a global ({module}.{name}); only plain data is allowed")
+
+
+def loads(payload: bytes) -> Any:
+    """Unpickle plain data; any reference to a class or function is refused."""
+    try:
+        return _DataOnlyUnpickler(io.BytesIO(payload)).load()
+    except ProtocolError:
+        raise
+    except Exception as exc:  # any unpickling failure means a corrupt frame
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
+
+
+def dumps(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
+
+
+def frame(payload: bytes) -> bytes:
+    """Prefix ``payload`` with its length header."""
+    if len(payload) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return HEADER.pack(len(payload)) + payload
+
+
+def encode(message: Message, *, value_blob: bytes | None = None) -> bytes:
+    """One complete frame (header included) for ``message``.
+
+    A reply's value travels pickled on its own inside the frame, so that the worker can time that
+    (possibly large) encoding and still report the time in the same reply; ``value_blob`` passes the
+    already pickled value (``message.value`` is then ignored).
+    """
+    cls = type(message)
+    values = _GETTERS[cls](message)
+    if cls is JobReply:
+        blob = dumps(values[2]) if value_blob is None else value_blob
+        values = (*values[:2], blob, *values[3:])
+    return frame(dumps((_TAGS[cls], *values)))
+
+
+def decode(payload: bytes) -> Message:
+    """The message in one frame's payload (header already stripped)."""
+    data = loads(payload)
+    if not isinstance(data, tuple) or not data or data[0] not in _CLASSES:
+        raise ProtocolError(f"not a protocol message: {type(data).__name__}")
+    tag = data[0]
+    if len(data) - 1 != _ARITY[tag]:
+        raise ProtocolError(f"{tag!r} message has {len(data) - 1} fields, expected {_ARITY[tag]}")
+    if tag == "reply":
+        if not isinstance(data[3], bytes):
+            raise ProtocolError("reply value is not a pickled blob")
+        data = (*data[:3], loads(data[3]), *data[4:])
+    message: Message = _CLASSES[tag](*data[1:])
+    return message
+
+
+def payload_length(header: bytes) -> int:
+    """The payload length announced by a 4-byte header."""
+    (length,) = HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"announced frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    return int(length)
+
+
+def read_payload(stream: BinaryIO) -> bytes | None:
+    """Blocking read of one frame's payload; ``None`` on a clean end of stream (worker side)."""
+    header = stream.read(HEADER.size)
+    if not header:
+        return None
+    if len(header) < HEADER.size:
+        raise ProtocolError("end of stream inside a frame header")
+    length = payload_length(header)
+    payload = stream.read(length)
+    if len(payload) < length:
+        raise ProtocolError("end of stream inside a frame")
+    return payload
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Blocking write of a whole frame to ``fd`` (worker side)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

@@ -1,0 +1,92 @@
+"""Launching a worker process: command line, environment, log file and the two IPC pipes.
+
+The worker runs ``python -m asyncroll.workers.child`` in a new session (so it leads its own process
+group and a terminal's Ctrl-C reaches only the runtime, which then shuts workers down in order). Its
+stdin is /dev/null and its stdout/stderr go to a log file (appended) or /dev/null; jobs and replies use
+two dedicated pipes passed with ``pass_fds``, so nothing a tool prints can reach the channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from asyncroll.workers.protocol import ToolSpec
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+LOG_TAIL_BYTES = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Spawned:
+    """A started worker process and the runtime's ends of its pipes (unbuffered, owning their fds)."""
+
+    process: asyncio.subprocess.Process
+    replies: IO[bytes]
+    jobs: IO[bytes]
+    log_offset: int
+
+
+async def spawn(tools: Sequence[ToolSpec], log_path: Path | None) -> Spawned:
+    """Start a worker for ``tools``; raises ``OSError`` (with no fd left open) if it cannot start."""
+    job_r, job_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    try:
+        log, log_offset = _open_log(log_path)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "asyncroll.workers.child",
+                "--in-fd", str(job_r), "--out-fd", str(reply_w),
+                "--tools-json", json.dumps([tool.to_json() for tool in tools]),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log or asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.STDOUT if log else asyncio.subprocess.DEVNULL,
+                pass_fds=(job_r, reply_w), close_fds=True, start_new_session=True, env=_environment(),
+            )  # fmt: skip
+        finally:
+            if log is not None:
+                log.close()
+    except BaseException:
+        for fd in (job_r, job_w, reply_r, reply_w):
+            os.close(fd)
+        raise
+    os.close(job_r)
+    os.close(reply_w)
+    return Spawned(process, _pipe_file(reply_r, "rb"), _pipe_file(job_w, "wb"), log_offset)
+
+
+def log_tail(log_path: Path | None, offset: int) -> str:
+    """The end of what this worker wrote to its log (not earlier generations'), as a message suffix."""
+    if log_path is None:
+        return ""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(offset, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            tail = log.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return f"\n--- worker log ({log_path}) ---\n{tail}" if tail else ""
+
+
+def _open_log(log_path: Path | None) -> tuple[IO[bytes] | None, int]:
+    if log_path is None:
+        return None, 0
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed right after spawn
+    return log, log.tell()
+
+
+def _environment() -> dict[str, str]:
+    # The worker must import this very asyncroll, whatever the installation or working directory.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _pipe_file(fd: int, mode: str) -> IO[bytes]:
+    return open(fd, mode, buffering=0)

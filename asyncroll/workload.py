@@ -1,0 +1,294 @@
+"""Workload lines (pydantic models) and a streaming loader whose errors say ``FILE:LINE: field: message``.
+
+A workload is JSONL, one problem per line. :func:`scan_workload` reads the whole file once, line by line,
+and collects *every* problem it finds (so ``asyncroll validate`` can report them all) while keeping only
+what a run needs in memory: the ids seen, the tools to preload and the file's SHA-256.
+:func:`iter_problems` streams validated problems for admission, so a 100k-line workload never sits in
+memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from asyncroll.coerce import CoercionError, check_type_name, coerce_arguments
+from asyncroll.errors import WorkloadError
+
+#: Built-in tools (no ``implementation``) and their declared inputs.
+BUILTIN_TOOLS: dict[str, dict[str, str]] = {
+    "add": {"a": "number", "b": "number"},
+    "sleep_ms": {"milliseconds": "number"},
+    "spin_ms": {"milliseconds": "number"},
+}
+#: Built-ins named by the spec whose implementation has not landed yet.
+PENDING_BUILTINS = {"lcb_evaluate": "the sandboxed code evaluator has not landed yet"}
+MAX_REPORTED_PROBLEMS = 200
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolAction(_Strict):
+    type: Literal["tool"]
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    latency_ms: float | None = Field(default=None, ge=0)
+
+
+class FinalAction(_Strict):
+    type: Literal["final"]
+    answer: Any
+    latency_ms: float | None = Field(default=None, ge=0)
+
+
+class SubmitAction(_Strict):
+    type: Literal["submit"]
+    code: str
+    latency_ms: float | None = Field(default=None, ge=0)
+
+
+Action = Annotated[ToolAction | FinalAction | SubmitAction, Field(discriminator="type")]
+
+
+class Tool(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    inputs: dict[str, str] = Field(default_factory=dict)
+    implementation: str | None = None
+    bound_arguments: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("inputs")
+    @classmethod
+    def _known_types(cls, inputs: dict[str, str]) -> dict[str, str]:
+        for arg, type_name in inputs.items():
+            check_type_name(arg, type_name)
+        return inputs
+
+    @property
+    def key(self) -> str:
+        """How workers know this tool: its name for built-ins, ``path:name`` for trusted files."""
+        return self.name if self.implementation is None else f"{self.implementation}:{self.name}"
+
+    @property
+    def declared_inputs(self) -> dict[str, str]:
+        if self.implementation is None and not self.inputs:
+            return BUILTIN_TOOLS.get(self.name, {})
+        return self.inputs
+
+
+class Problem(_Strict):
+    id: str | int | None = None
+    prompt: str
+    tools: list[Tool] = Field(default_factory=list)
+    reference_answer: str | None = None
+    script: list[Action] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def protocol(self) -> str | None:
+        meta = self.metadata.get("prompt_metadata")
+        return meta.get("protocol") if isinstance(meta, dict) else None
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSource:
+    """A trusted tool file to preload in every worker."""
+
+    key: str
+    name: str
+    path: Path | None
+
+
+@dataclass(slots=True)
+class WorkloadScan:
+    """What one pass over a workload learned: enough to start a run, never the problems themselves."""
+
+    path: Path
+    count: int = 0
+    sha256: str = ""
+    tools: dict[str, ToolSource] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    truncated: int = 0
+
+    def add_problem(self, message: str) -> None:
+        if len(self.problems) < MAX_REPORTED_PROBLEMS:
+            self.problems.append(message)
+        else:
+            self.truncated += 1
+
+    def raise_if_invalid(self) -> None:
+        if self.problems:
+            extra = [f"... and {self.truncated} more problems"] if self.truncated else []
+            raise WorkloadError(self.problems + extra)
+
+
+def problem_id(problem: Problem, line_no: int) -> str:
+    """The trajectory id: the problem's own id, or its 1-based line number."""
+    return str(problem.id) if problem.id is not None else str(line_no)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "line"
+
+
+def _check_problem(problem: Problem, tool_root: Path, scripted: bool) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot express; returns (field, message) pairs."""
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(problem.tools):
+        where = f"tools[{i}]"
+        if tool.name in seen:
+            out.append((f"{where}.name", f"duplicate tool name {tool.name!r}"))
+        seen.add(tool.name)
+        if tool.implementation is None:
+            if tool.name in PENDING_BUILTINS:
+                out.append(
+                    (
+                        f"{where}.name",
+                        f"built-in {tool.name!r} is not available yet: {PENDING_BUILTINS[tool.name]}",
+                    )
+                )
+            elif tool.name not in BUILTIN_TOOLS:
+                out.append(
+                    (
+                        f"{where}.name",
+                        f"unknown tool {tool.name!r}: not a built-in "
+                        f"({', '.join(sorted(BUILTIN_TOOLS))}) and no implementation given",
+                    )
+                )
+            elif tool.inputs and tool.inputs != BUILTIN_TOOLS[tool.name]:
+                out.append((f"{where}.inputs", f"built-in {tool.name!r} takes {BUILTIN_TOOLS[tool.name]}"))
+        else:
+            problem_msg = _check_implementation(tool.implementation, tool_root)
+            if problem_msg:
+                out.append((f"{where}.implementation", problem_msg))
+        unknown_bound = set(tool.bound_arguments) - set(tool.declared_inputs)
+        if unknown_bound:
+            out.append((f"{where}.bound_arguments", f"not declared in inputs: {sorted(unknown_bound)}"))
+    if problem.script is None:
+        if scripted:
+            out.append(("script", "required by the scripted backend"))
+        return out
+    if not problem.script:
+        out.append(("script", "must hold at least one action"))
+    for i, action in enumerate(problem.script):
+        where = f"script[{i}]"
+        if isinstance(action, ToolAction):
+            tool = problem.tool(action.name)
+            if tool is None:
+                out.append(
+                    (
+                        f"{where}.name",
+                        f"unknown tool {action.name!r}; this problem declares "
+                        f"{[t.name for t in problem.tools]}",
+                    )
+                )
+                continue
+            try:
+                coerce_arguments(action.arguments, tool.declared_inputs, tool.bound_arguments)
+            except CoercionError as exc:
+                out.append((f"{where}.arguments{exc.path}", exc.message))
+        elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":
+            out.append((f"{where}.type", "'submit' needs metadata.prompt_metadata.protocol == 'one_repair'"))
+    if problem.protocol == "one_repair":
+        out.append(
+            (
+                "metadata.prompt_metadata.protocol",
+                "the one-repair protocol is not available yet (the code evaluator has not landed)",
+            )
+        )
+    return out
+
+
+def _check_implementation(implementation: str, tool_root: Path) -> str | None:
+    rel = Path(implementation)
+    if rel.is_absolute():
+        return f"must be relative to the tool root {tool_root}"
+    resolved = (tool_root / rel).resolve()
+    if not resolved.is_relative_to(tool_root):
+        return f"{implementation!r} escapes the tool root {tool_root}"
+    if resolved.suffix != ".py":
+        return f"{implementation!r} is not a .py file"
+    if not resolved.is_file():
+        return f"{implementation!r} does not exist under the tool root {tool_root}"
+    return None
+
+
+def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return None, [("line", f"not valid JSON: {exc}")]
+    if not isinstance(data, dict):
+        return None, [("line", f"expected a JSON object, got {type(data).__name__}")]
+    try:
+        return Problem.model_validate(data), []
+    except ValidationError as exc:
+        return None, [(_location(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)]
+
+
+def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | None = None) -> WorkloadScan:
+    """Validate every line (up to ``limit`` problems); collect every problem instead of stopping."""
+    scan = WorkloadScan(path=path)
+    digest = hashlib.sha256()
+    ids: dict[str, int] = {}
+    tool_root = tool_root.resolve()
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise WorkloadError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    with handle:
+        for line_no, raw in enumerate(handle, start=1):
+            digest.update(raw)
+            if not raw.strip() or (limit is not None and scan.count >= limit):
+                continue
+            problem, issues = _parse_line(raw)
+            if problem is not None:
+                issues = _check_problem(problem, tool_root, scripted)
+                pid = problem_id(problem, line_no)
+                if pid in ids:
+                    issues.append(("id", f"duplicate id {pid!r} (first on line {ids[pid]})"))
+                else:
+                    ids[pid] = line_no
+                for tool in problem.tools if not issues else ():
+                    impl = (
+                        None if tool.implementation is None else (tool_root / tool.implementation).resolve()
+                    )
+                    scan.tools.setdefault(tool.key, ToolSource(tool.key, tool.name, impl))
+            for fld, message in issues:
+                scan.add_problem(f"{path}:{line_no}: {fld}: {message}")
+            scan.count += 1
+    scan.sha256 = digest.hexdigest()
+    if scan.count == 0 and not scan.problems:
+        scan.add_problem(f"{path}:1: line: the workload holds no problems")
+    return scan
+
+
+def iter_problems(path: Path, limit: int | None = None) -> Iterator[tuple[int, str, Problem]]:
+    """Stream ``(line number, id, problem)`` from a workload that :func:`scan_workload` accepted."""
+    count = 0
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            if limit is not None and count >= limit:
+                return
+            problem, issues = _parse_line(raw)
+            if problem is None:
+                raise WorkloadError([f"{path}:{line_no}: {f}: {m}" for f, m in issues])
+            count += 1
+            yield line_no, problem_id(problem, line_no), problem

@@ -1,0 +1,70 @@
+"""Shared test helpers: workloads written to real files, runs on a virtual clock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.clock import VirtualClock
+from asyncroll.config import build_config
+from asyncroll.events import EventCapture
+from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.virtual_worker import Duration, builtin_duration, virtual_factory
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_workload(path: Path, problems: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems), encoding="utf-8")
+    return path
+
+
+def tool_problem(
+    pid: str,
+    *,
+    model_ms: float,
+    cpu_ms: float,
+    turns: int = 1,
+    final_ms: float | None = None,
+    tool: str = "sleep_ms",
+) -> dict[str, Any]:
+    """A problem with ``turns`` tool calls of ``cpu_ms`` each, model turns of ``model_ms``, then a final."""
+    script: list[dict[str, Any]] = [
+        {"type": "tool", "name": tool, "arguments": {"milliseconds": cpu_ms}, "latency_ms": model_ms}
+        for _ in range(turns)
+    ]
+    script.append({"type": "final", "answer": "ok", "latency_ms": model_ms if final_ms is None else final_ms})
+    return {"id": pid, "prompt": f"problem {pid}", "tools": [{"name": tool}], "script": script}
+
+
+VirtualRun = Callable[..., tuple[RunOutcome, EventCapture, Path]]
+
+
+@pytest.fixture
+def virtual_run(tmp_path: Path) -> VirtualRun:
+    """Run a workload through the real runtime on a virtual clock with virtual workers."""
+    counter = iter(range(1_000_000))
+
+    def go(
+        problems: list[dict[str, Any]], duration: Duration = builtin_duration, **settings: Any
+    ) -> tuple[RunOutcome, EventCapture, Path]:
+        n = next(counter)
+        workload = write_workload(tmp_path / f"w{n}.jsonl", problems)
+        out = tmp_path / f"run{n}"
+        cfg = build_config({"workload": workload, "output": out, **settings})
+        clock = VirtualClock()
+        capture = EventCapture()
+        run = Run(
+            prepare(cfg, ["test"]),
+            clock,
+            worker_factory=virtual_factory(clock, duration),
+            subscribers=(capture,),
+        )
+        outcome = clock.run(run.execute())
+        return outcome, capture, out
+
+    return go

@@ -1,0 +1,209 @@
+"""The real runtime (admission, model gate, dispatcher, pool, policies) on a virtual clock.
+
+Every timing here is exact: scripted model latencies and job durations run in virtual time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.events import (
+    CpuFinished,
+    CpuSelected,
+    CpuStarted,
+    Event,
+    ModelFinished,
+    ModelStarted,
+    TrajectoryFinished,
+    TrajectoryStarted,
+    WorkerRestarting,
+)
+from tests.conftest import VirtualRun, tool_problem
+
+
+def _peak(events: list[Event], up: type[Event], down: type[Event]) -> int:
+    level = peak = 0
+    for e in events:
+        if isinstance(e, up):
+            level += 1
+        elif isinstance(e, down):
+            level -= 1
+        peak = max(peak, level)
+    return peak
+
+
+def _problems(n: int, **kw: Any) -> list[dict[str, Any]]:
+    return [tool_problem(f"p{i}", **kw) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("limits", "bound"),
+    [
+        ({"max_active_trajectories": 2, "max_inflight_model_requests": 64, "cpu_workers": 8}, "active"),
+        ({"max_active_trajectories": 64, "max_inflight_model_requests": 3, "cpu_workers": 8}, "inflight"),
+        ({"max_active_trajectories": 64, "max_inflight_model_requests": 64, "cpu_workers": 2}, "workers"),
+    ],
+)
+def test_each_limit_bounds_concurrency_on_its_own(
+    virtual_run: VirtualRun, limits: dict[str, int], bound: str
+) -> None:
+    outcome, cap, _ = virtual_run(_problems(20, model_ms=10, cpu_ms=10, turns=2), **limits)
+    assert outcome.status == "complete"
+    assert outcome.summary is not None
+    assert outcome.summary["counts"]["completed"] == 20
+    peaks = outcome.summary["peaks"]
+    active = _peak(cap.events, TrajectoryStarted, TrajectoryFinished)
+    inflight = _peak(cap.events, ModelStarted, ModelFinished)
+    busy = _peak(cap.events, CpuStarted, CpuFinished)
+    observed = {"active": active, "inflight": inflight, "workers": busy}
+    limit_of = {
+        "active": limits["max_active_trajectories"],
+        "inflight": limits["max_inflight_model_requests"],
+        "workers": limits["cpu_workers"],
+    }
+    # the bound under test is reached exactly, as seen both in events and in the limiters' snapshots
+    assert observed[bound] == limit_of[bound]
+    assert peaks == {
+        "active_trajectories": active,
+        "inflight_model_requests": inflight,
+        "busy_workers": busy,
+        "queued_cpu_jobs": peaks["queued_cpu_jobs"],
+    }
+    for name, value in observed.items():
+        assert value <= limit_of[name]
+
+
+def test_exact_virtual_timings_for_one_trajectory(virtual_run: VirtualRun) -> None:
+    outcome, cap, _ = virtual_run([tool_problem("a", model_ms=100, cpu_ms=50, turns=2)])
+    assert outcome.summary is not None
+    assert outcome.summary["makespan_s"] == pytest.approx(0.4, abs=1e-9)  # 3 model turns + 2 jobs
+    finished = cap.of(CpuFinished)
+    assert [round(e.t, 6) for e in finished] == [0.15, 0.3]
+    assert cap.of(TrajectoryFinished)[0].duration_s == pytest.approx(0.4)
+
+
+def test_sync_runs_one_trajectory_at_a_time(virtual_run: VirtualRun) -> None:
+    outcome, cap, _ = virtual_run(
+        _problems(3, model_ms=10, cpu_ms=20), policy="sync", max_active_trajectories=16
+    )
+    assert outcome.summary is not None
+    assert outcome.summary["makespan_s"] == pytest.approx(3 * 0.04)
+    assert _peak(cap.events, TrajectoryStarted, TrajectoryFinished) == 1
+    assert outcome.summary["limits"]["max_active_trajectories"] == 1
+
+
+def _queueing_workload() -> list[dict[str, Any]]:
+    """One worker. ``hog`` holds it 0–110 ms; a grade job (``grader``) queues at 20 ms, a tool job
+    (``tooler``) at 30 ms. FIFO then runs the grade first; tool_first runs the tool first."""
+    return [
+        tool_problem("hog", model_ms=10, cpu_ms=100, final_ms=1),
+        {
+            "id": "grader",
+            "prompt": "p",
+            "reference_answer": "42",
+            "script": [{"type": "final", "answer": "42", "latency_ms": 20}],
+        },
+        tool_problem("tooler", model_ms=30, cpu_ms=5, final_ms=1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "first", "reason", "reordered"),
+    [
+        ("fifo", "grader", "fifo", False),
+        ("tool_first", "tooler", "tool_before_grade", True),
+        ("gpu_first", "tooler", "tool_before_grade", True),
+    ],
+)
+def test_dispatch_order_by_policy(
+    virtual_run: VirtualRun, policy: str, first: str, reason: str, reordered: bool
+) -> None:
+    outcome, cap, _ = virtual_run(_queueing_workload(), policy=policy, cpu_workers=1)
+    assert outcome.status == "complete"
+    selected = cap.of(CpuSelected)
+    # the decision taken when the hog's job ends at t = 0.110, with two jobs waiting
+    contested = next(e for e in selected if e.queue_depth == 2)
+    assert contested.t == pytest.approx(0.11)
+    assert contested.id == first
+    assert contested.reason == reason
+    assert contested.reordered is reordered
+    assert outcome.summary is not None
+    assert outcome.summary["accuracy"] == {"exact": 1.0, "correct": 1, "denominator": 1, "ungraded": 2}
+    assert outcome.summary["scheduler"]["reorders"] == int(reordered)
+
+
+def test_fifo_serves_jobs_in_arrival_order(virtual_run: VirtualRun) -> None:
+    problems = [tool_problem(f"p{i}", model_ms=1 + i, cpu_ms=50) for i in range(6)]
+    _, cap, _ = virtual_run(problems, policy="fifo", cpu_workers=1)
+    order = [e.job_id for e in cap.of(CpuSelected)]
+    assert order == sorted(order)
+    assert all(not e.reordered for e in cap.of(CpuSelected))
+
+
+def test_timeout_replaces_worker_and_next_job_succeeds(virtual_run: VirtualRun) -> None:
+    problems = [tool_problem("slow", model_ms=1, cpu_ms=5000), tool_problem("next", model_ms=2, cpu_ms=10)]
+    outcome, cap, _ = virtual_run(problems, cpu_workers=1, tool_timeout=1.0)
+    assert outcome.status == "complete"
+    restarts = cap.of(WorkerRestarting)
+    assert [(r.reason, r.generation) for r in restarts] == [("timeout", 1)]
+    finished = {e.id: e for e in cap.of(TrajectoryFinished)}
+    assert finished["slow"].status == "failed" and "timeout" in (finished["slow"].error or "")
+    assert finished["next"].status == "completed"
+    started = [e for e in cap.of(CpuStarted) if e.id == "next"]
+    assert started[0].generation == 1
+    assert outcome.summary is not None
+    assert outcome.summary["workers"]["restarts"] == 1
+    assert outcome.summary["tools"]["failures"] == {"timeout": 1}
+
+
+@pytest.mark.parametrize(("mode", "status"), [("fail", "failed"), ("observe", "completed")])
+def test_tool_error_fails_trajectory_or_is_observed(
+    virtual_run: VirtualRun, tmp_path: Path, mode: str, status: str
+) -> None:
+    # A virtual worker cannot execute a trusted file tool: its reply is a tool error, as a raise would be.
+    (tmp_path / "tool.py").write_text("def boom(x):\n    raise ValueError(x)\n")
+    bad = {
+        "id": "bad",
+        "prompt": "p",
+        "tools": [{"name": "boom", "inputs": {"x": "int"}, "implementation": "tool.py"}],
+        "script": [{"type": "tool", "name": "boom", "arguments": {"x": 1}}, {"type": "final", "answer": "x"}],
+    }
+    outcome, cap, _ = virtual_run([bad], tool_errors=mode)
+    finished = cap.of(TrajectoryFinished)[0]
+    assert finished.status == status
+    assert cap.of(CpuFinished)[0].ok is False
+    assert outcome.summary is not None and outcome.summary["tools"]["errors"] == 1
+    if mode == "fail":
+        assert "boom" in (finished.error or "")
+
+
+def test_model_failure_is_isolated_to_its_trajectory(virtual_run: VirtualRun) -> None:
+    short = {
+        "id": "short",
+        "prompt": "p",
+        "tools": [{"name": "add"}],
+        "script": [{"type": "tool", "name": "add", "arguments": {"a": 1, "b": 2}}],
+    }
+    outcome, cap, _ = virtual_run([short, tool_problem("ok", model_ms=1, cpu_ms=1)])
+    assert outcome.status == "complete" and outcome.exit_code == 0
+    finished = {e.id: e for e in cap.of(TrajectoryFinished)}
+    assert finished["short"].status == "failed"
+    assert "script_exhausted" in (finished["short"].error or "")
+    assert finished["ok"].status == "completed"
+    assert outcome.summary is not None and outcome.summary["model"]["failed"] == {"script_exhausted": 1}
+
+
+def test_max_turns(virtual_run: VirtualRun) -> None:
+    outcome, cap, _ = virtual_run([tool_problem("long", model_ms=1, cpu_ms=1, turns=5)], max_turns=3)
+    assert cap.of(TrajectoryFinished)[0].status == "max_turns"
+    assert cap.of(TrajectoryFinished)[0].turns == 3
+    assert outcome.summary is not None and outcome.summary["counts"]["max_turns"] == 1
+
+
+def test_admission_streams_and_keeps_order(virtual_run: VirtualRun) -> None:
+    outcome, cap, _ = virtual_run(_problems(50, model_ms=3, cpu_ms=2), max_active_trajectories=4)
+    assert [e.index for e in cap.of(TrajectoryStarted)] == list(range(50))
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 50

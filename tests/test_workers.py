@@ -1,0 +1,443 @@
+"""Tool workers with real processes: handshake, jobs, state, errors, timeouts, deaths and tree kills."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+
+from asyncroll.errors import WorkerDied, WorkerStartupError, WorkerTimeout
+from asyncroll.workers import (
+    JobReply,
+    JobRequest,
+    ProcessWorker,
+    ProtocolError,
+    Ready,
+    StartupFailed,
+    ToolSpec,
+)
+from asyncroll.workers.child import to_jsonable
+from asyncroll.workers.protocol import Message, decode, encode, frame
+
+T = TypeVar("T")
+TOOLS = Path(__file__).parent / "fixtures" / "tools"
+COUNTER = TOOLS / "counter.py"
+real_process = pytest.mark.timeout(30)
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run one test coroutine under a hard deadline (the worker tests must never hang)."""
+
+    async def bounded() -> T:
+        async with asyncio.timeout(20):
+            return await main
+
+    return asyncio.run(bounded())
+
+
+def gone(pid: int, within: float = 5.0) -> bool:
+    """True once ``pid`` no longer runs (a zombie awaiting its reaper counts as gone)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+async def started(*tools: ToolSpec, **kwargs: Any) -> ProcessWorker:
+    worker = ProcessWorker(0, tools or (ToolSpec("add"),), startup_timeout=10, **kwargs)
+    await worker.start()
+    return worker
+
+
+def job(job_id: int, tool: str, **arguments: Any) -> JobRequest:
+    return JobRequest(job_id, tool, arguments)
+
+
+# --- protocol and conversion (no process) -------------------------------------------------------------
+
+
+def test_messages_round_trip_through_frames() -> None:
+    messages: list[Message] = [
+        JobRequest(7, "add", {"a": 1, "b": 2.5}),
+        JobReply(7, True, {"x": [1, 2], 3: None}, None, 1.0, 2.0, 1.0, 0.5, 1e-5),
+        Ready(123, ["add", "/x.py::f"], 0.25),
+        StartupFailed("boom"),
+    ]
+    for message in messages:
+        data = encode(message)
+        assert int.from_bytes(data[:4], "big") == len(data) - 4
+        assert decode(data[4:]) == message
+
+
+def test_decode_refuses_globals_and_garbage() -> None:
+    with pytest.raises(ProtocolError, match="global"):
+        decode(pickle.dumps(("reply", Path("/etc"))))
+    with pytest.raises(ProtocolError):
+        decode(b"not a pickle")
+    with pytest.raises(ProtocolError, match="fields"):
+        decode(frame(pickle.dumps(("failed", "a", "b")))[4:])
+
+
+def test_to_jsonable_converts_python_and_numpy_like_values() -> None:
+    class Array:
+        def tolist(self) -> list[int]:
+            return [1, 2]
+
+    class Scalar:
+        def item(self) -> float:
+            return 0.5
+
+    value = {"t": (1, (2, 3)), "s": {3, 1, 2}, 5: "int key", (1, 2): "tuple key", "a": Array(), "x": Scalar()}
+    assert to_jsonable(value) == {
+        "t": [1, [2, 3]],
+        "s": [1, 2, 3],
+        5: "int key",
+        "(1, 2)": "tuple key",
+        "a": [1, 2],
+        "x": 0.5,
+    }
+    assert to_jsonable(True) is True
+    assert to_jsonable({1, "a"}) == ["a", 1]  # unorderable: sorted by repr
+    assert to_jsonable(b"\x00").startswith("b'")
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    assert isinstance(to_jsonable(cyclic), list)
+
+
+def test_child_module_imports_stay_light() -> None:
+    code = (
+        "import sys, asyncroll.workers.child; "
+        "print(sorted(m for m in ('asyncio', 'psutil', 'pydantic', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30)
+    assert out.stdout.strip() == "[]"
+
+
+# --- real worker processes -----------------------------------------------------------------------------
+
+
+@real_process
+def test_ready_handshake_ping_and_polite_close() -> None:
+    async def main() -> None:
+        worker = await started()
+        assert worker.alive and worker.pid is not None and worker.returncode is None
+        assert worker.startup_s is not None and worker.startup_s > 0
+        assert worker.preload_s is not None and worker.preload_s >= 0
+        result = await worker.call(job(1, "__ping__"), timeout=5)
+        assert result.reply.ok and result.reply.value == worker.pid
+        await worker.aclose()
+        assert worker.returncode == 0 and not worker.alive
+        assert gone(worker.pid)
+        await worker.kill()  # idempotent
+
+    run(main())
+
+
+@real_process
+def test_add_returns_value_and_timings_on_the_shared_clock() -> None:
+    async def main() -> None:
+        worker = await started()
+        result = await worker.call(job(5, "add", a=2, b=3), timeout=5)
+        reply = result.reply
+        assert (reply.job_id, reply.ok, reply.value, reply.error) == (5, True, 5, None)
+        assert result.sent <= reply.started <= reply.finished <= result.received
+        assert reply.execute_s == pytest.approx(reply.finished - reply.started)
+        assert reply.cpu_s >= 0 and reply.serialize_s > 0
+        assert 0 < result.round_trip_s < 5
+        await worker.aclose()
+
+    run(main())
+
+
+@real_process
+def test_module_state_persists_and_pid_is_stable_across_jobs() -> None:
+    async def main() -> None:
+        worker = await started(
+            ToolSpec("count", COUNTER),
+            ToolSpec("pid", COUNTER),
+            ToolSpec("hypotenuse", TOOLS / "toolmath_style.py"),
+            ToolSpec("circle_area", TOOLS / "toolmath_style.py"),
+        )
+        for expected in range(1, 51):
+            assert (await worker.call(job(expected, "count"), 5)).reply.value == expected
+            assert (await worker.call(job(expected, "pid"), 5)).reply.value == worker.pid
+        assert (await worker.call(job(99, "hypotenuse", a=3, b=4), 5)).reply.value == 5.0
+        assert (await worker.call(job(100, "circle_area", r=1.0), 5)).reply.value == pytest.approx(3.14159265)
+        # The key form always works, too.
+        assert (await worker.call(job(101, ToolSpec("count", COUNTER).key), 5)).reply.value == 51
+        await worker.aclose()
+
+    run(main())
+
+
+@real_process
+def test_same_name_in_two_files_is_served_by_key_only() -> None:
+    mine, other = ToolSpec("count", COUNTER), ToolSpec("count", TOOLS / "other_counter.py")
+
+    async def main() -> None:
+        worker = await started(mine, other, ToolSpec("add"))
+        assert (await worker.call(job(1, mine.key), 5)).reply.value == 1
+        assert (await worker.call(job(2, other.key), 5)).reply.value == "other"
+        ambiguous = (await worker.call(job(3, "count"), 5)).reply
+        assert not ambiguous.ok and ambiguous.error is not None and "ambiguous" in ambiguous.error
+        await worker.aclose()
+
+    run(main())
+
+
+@real_process
+def test_tool_exception_is_a_reply_and_the_worker_keeps_serving() -> None:
+    async def main() -> None:
+        worker = await started(
+            ToolSpec("fail", COUNTER), ToolSpec("count", COUNTER), ToolSpec("shapes", COUNTER)
+        )
+        reply = (await worker.call(job(1, "fail", message="boom"), 5)).reply
+        assert (reply.ok, reply.value, reply.error) == (False, None, "ValueError: boom")
+        long = (await worker.call(job(2, "fail", message="x" * 10_000), 5)).reply
+        assert long.error is not None and len(long.error) == 2000
+        unknown = (await worker.call(job(3, "nope"), 5)).reply
+        assert not unknown.ok and unknown.error is not None and unknown.error.startswith("KeyError")
+        bad_args = (await worker.call(job(4, "count", extra=1), 5)).reply
+        assert not bad_args.ok and bad_args.error is not None and bad_args.error.startswith("TypeError")
+        assert (await worker.call(job(5, "count"), 5)).reply.value == 1
+        shapes = (await worker.call(job(6, "shapes"), 5)).reply.value
+        assert shapes == {
+            "tuple": [1, 2],
+            "set": [1, 2, 3],
+            5: "int key",
+            "(1, 2)": "tuple key",
+            "obj": "object",
+        }
+        assert worker.alive
+        await worker.aclose()
+
+    run(main())
+
+
+@real_process
+@pytest.mark.parametrize("with_log", [True, False])
+def test_printing_tool_does_not_corrupt_the_channel(tmp_path: Path, with_log: bool) -> None:
+    log = tmp_path / "worker-0.log" if with_log else None
+
+    async def main() -> None:
+        worker = await started(ToolSpec("shout", COUNTER), ToolSpec("add"), log_path=log)
+        assert (await worker.call(job(1, "shout", lines=5000), 10)).reply.value == 5000
+        assert (await worker.call(job(2, "add", a=1, b=1), 5)).reply.value == 2
+        await worker.aclose()
+
+    run(main())
+    if log is not None:
+        text = log.read_text()
+        assert "line 4999" in text and "err 4999" in text
+
+
+@real_process
+def test_timeout_kills_the_worker_and_its_setsid_grandchild(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "grandchild.pid"
+    monkeypatch.setenv("ASYNCROLL_TEST_GRANDCHILD_FILE", str(marker))
+
+    async def main() -> tuple[int, int]:
+        worker = await started(ToolSpec("spawn_and_sleep", COUNTER))
+        with pytest.raises(WorkerTimeout, match="process tree was killed"):
+            await worker.call(job(1, "spawn_and_sleep", seconds=30), timeout=1.0)
+        assert not worker.alive and worker.returncode is not None
+        with pytest.raises(WorkerDied):
+            await worker.call(job(2, "spawn_and_sleep", seconds=0), timeout=1.0)
+        assert worker.pid is not None
+        return worker.pid, int(marker.read_text())
+
+    worker_pid, grandchild_pid = run(main())
+    assert gone(worker_pid)
+    assert gone(grandchild_pid)
+
+
+@real_process
+def test_external_sigkill_while_idle_is_detected() -> None:
+    async def main() -> None:
+        worker = await started()
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        assert await worker.wait_exit() == -signal.SIGKILL
+        assert not worker.alive
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            await worker.call(job(1, "add", a=1, b=2), timeout=5)
+        await worker.kill()
+
+    run(main())
+
+
+@real_process
+def test_death_during_a_job_raises_worker_died() -> None:
+    async def main() -> None:
+        worker = await started(ToolSpec("sleep_ms"))
+        assert worker.pid is not None
+        asyncio.get_running_loop().call_later(0.2, os.kill, worker.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            await worker.call(job(1, "sleep_ms", milliseconds=10_000), timeout=15)
+        assert time.monotonic() - t0 < 5
+        await worker.kill()
+
+    run(main())
+
+
+@real_process
+def test_death_is_detected_while_a_forked_descendant_holds_the_reply_pipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "forked.pid"
+    monkeypatch.setenv("ASYNCROLL_TEST_GRANDCHILD_FILE", str(marker))
+
+    async def main() -> int:
+        worker = await started(ToolSpec("fork_and_sleep", COUNTER))
+        assert worker.pid is not None
+        call = asyncio.create_task(worker.call(job(1, "fork_and_sleep", seconds=30), timeout=15))
+        while not marker.exists() or not marker.read_text():  # noqa: ASYNC110 - another process writes it
+            await asyncio.sleep(0.01)
+        os.kill(worker.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            await call
+        assert time.monotonic() - t0 < 2  # no waiting for the pipe's end of stream
+        await worker.kill()  # the fork stayed in the worker's process group
+        return int(marker.read_text())
+
+    assert gone(run(main()))
+
+
+@real_process
+def test_no_fds_or_children_left_behind() -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def main() -> None:
+        for i in range(4):
+            worker = await started(ToolSpec("sleep_ms"))
+            if i % 2:
+                with pytest.raises(WorkerTimeout):
+                    await worker.call(job(1, "sleep_ms", milliseconds=5_000), timeout=0.2)
+            else:
+                await worker.call(job(1, "sleep_ms", milliseconds=1), timeout=5)
+                await worker.aclose()
+        assert psutil.Process().children() == []
+
+    before = open_fds()
+    run(main())
+    assert open_fds() == before
+
+
+@real_process
+def test_cancelling_a_call_kills_the_worker_and_propagates() -> None:
+    async def main() -> None:
+        worker = await started(ToolSpec("sleep_ms"))
+        task = asyncio.create_task(worker.call(job(1, "sleep_ms", milliseconds=10_000), timeout=15))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not worker.alive and worker.returncode == -signal.SIGKILL
+        assert worker.pid is not None and gone(worker.pid)
+
+    run(main())
+
+
+@real_process
+@pytest.mark.parametrize(
+    ("tools", "timeout", "message"),
+    [
+        ((ToolSpec("nope", COUNTER),), 10, "no callable named 'nope'"),
+        ((ToolSpec("whatever", TOOLS / "broken_import.py"),), 10, "broken on purpose"),
+        ((ToolSpec("f", TOOLS / "missing.py"),), 10, "FileNotFoundError"),
+        ((ToolSpec("lcb_nonexistent"),), 10, "unknown built-in tool"),
+        ((ToolSpec("ready", TOOLS / "slow_import.py"),), 0.5, "not ready within 0.5s"),
+    ],
+    ids=["missing-function", "raises-on-import", "missing-file", "unknown-builtin", "startup-timeout"],
+)
+def test_startup_failures_raise_and_leave_no_process(
+    tmp_path: Path, tools: tuple[ToolSpec, ...], timeout: float, message: str
+) -> None:
+    worker = ProcessWorker(3, tools, startup_timeout=timeout)
+    with pytest.raises(WorkerStartupError, match=message) as failure:
+        run(worker.start())
+    if timeout > 1:  # the worker itself reported the failure (not read from a log: there is none)
+        assert "could not load its tools" in str(failure.value)
+    assert worker.pid is not None and gone(worker.pid, within=1.0)
+    assert worker.returncode is not None and not worker.alive
+
+
+@real_process
+def test_cpu_seconds_grow_with_cpu_work() -> None:
+    async def main() -> None:
+        worker = await started(ToolSpec("spin_ms"))
+        before = worker.cpu_seconds()
+        reply = (await worker.call(job(1, "spin_ms", milliseconds=100), 5)).reply
+        after = worker.cpu_seconds()
+        assert before is not None and after is not None and after > before
+        assert reply.ok and reply.value == 100 and reply.execute_s >= 0.1 and reply.cpu_s > 0
+        await worker.aclose()
+        assert worker.cpu_seconds() is None
+
+    run(main())
+
+
+@real_process
+def test_round_trip_micro_check(capsys: pytest.CaptureFixture[str]) -> None:
+    async def main() -> list[float]:
+        worker = await started()
+        trips = []
+        for i in range(100):
+            trips.append((await worker.call(job(i, "add", a=i, b=1), 5)).round_trip_s)
+        await worker.aclose()
+        return trips
+
+    trips = run(main())
+    with capsys.disabled():
+        print(f"\n[workers] add round trip over 100 calls: median {statistics.median(trips) * 1e6:.0f} µs")
+
+
+@real_process
+def test_death_during_startup_reports_status_and_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    log.write_text("output of an earlier generation\n")
+    worker = ProcessWorker(1, [ToolSpec("f", TOOLS / "exits_on_import.py")], startup_timeout=10, log_path=log)
+    with pytest.raises(WorkerStartupError, match="exit status 3") as failure:
+        run(worker.start())
+    assert "about to exit from tool import" in str(failure.value)
+    assert "earlier generation" not in str(failure.value)
+    assert worker.pid is not None and gone(worker.pid, within=1.0)
+
+
+def test_unstarted_worker_is_safe_to_close_and_refuses_calls() -> None:
+    async def main() -> None:
+        worker = ProcessWorker(0, [ToolSpec("add")], generation=2, startup_timeout=1)
+        assert (worker.generation, worker.alive, worker.returncode, worker.cpu_seconds()) == (
+            2,
+            False,
+            None,
+            None,
+        )
+        with pytest.raises(WorkerDied):
+            await worker.call(job(1, "add", a=1, b=2), timeout=1)
+        await worker.aclose()
+        await worker.kill()
+
+    run(main())
