@@ -207,3 +207,25 @@ def test_admission_streams_and_keeps_order(virtual_run: VirtualRun) -> None:
     outcome, cap, _ = virtual_run(_problems(50, model_ms=3, cpu_ms=2), max_active_trajectories=4)
     assert [e.index for e in cap.of(TrajectoryStarted)] == list(range(50))
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 50
+
+
+def test_limiter_survives_cancelled_waiters() -> None:
+    import asyncio
+
+    from asyncroll.clock import VirtualClock
+    from asyncroll.runtime.limiter import FifoLimiter
+
+    async def main() -> tuple[int, int]:
+        limiter = FifoLimiter(1)
+        await limiter.acquire()
+        waiters = [asyncio.ensure_future(limiter.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        waiters[0].cancel()
+        waiters[1].cancel()
+        limiter.release()  # drops the cancelled waiters, grants the third
+        await asyncio.gather(*waiters, return_exceptions=True)
+        granted = limiter.snapshot()
+        limiter.release()
+        return granted.holding, limiter.snapshot().holding
+
+    assert VirtualClock().run(main()) == (1, 0)

@@ -58,7 +58,7 @@ class FifoLimiter:
             if waiter.done() and not waiter.cancelled():
                 # Granted and cancelled in the same step: hand the slot on.
                 self.release()
-            else:
+            elif waiter in self._waiters:  # release() may already have dropped a cancelled waiter
                 self._waiters.remove(waiter)
             raise
 

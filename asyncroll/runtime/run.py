@@ -177,6 +177,8 @@ class Run:
         status, error = "failed", None
         origin: float | None = None
         cpu_start: tuple[float, float | None] | None = None
+        cpu_end: tuple[float, float | None] | None = None
+        finished_at: float | None = None
 
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
@@ -207,6 +209,9 @@ class Run:
                         await admission.run(tg, iter_problems(cfg.workload, cfg.limit), trajectory)
                     status = "complete"
                 finally:
+                    # The measured window ends here, before any cleanup; read CPU while workers live.
+                    finished_at = clock.now()
+                    cpu_end = (_client_cpu(), pool.cpu_seconds())
                     await _shielded(pool.aclose())
                     await _shielded(self._backend.aclose())
         except asyncio.CancelledError:
@@ -215,8 +220,8 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
             status, error = "failed", _describe(exc)
         finally:
-            makespan = 0.0 if origin is None else clock.now() - origin
-            cpu_cost = _cpu_cost(cpu_start, pool, summary.status["completed"])
+            makespan = 0.0 if origin is None else (finished_at or clock.now()) - origin
+            cpu_cost = _cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"])
             if origin is not None:
                 events.emit(
                     MeasurementFinished(
@@ -281,25 +286,30 @@ def _client_cpu() -> float:
     return times.user + times.system
 
 
-def _cpu_cost(start: tuple[float, float | None] | None, pool: WorkerPool, completed: int) -> dict[str, Any]:
+def _cpu_cost(
+    start: tuple[float, float | None] | None,
+    end: tuple[float, float | None] | None,
+    replaced: bool,
+    completed: int,
+) -> dict[str, Any]:
     """Client + worker CPU core-seconds during measurement; unknown if a worker was replaced."""
-    if start is None:
+    if start is None or end is None:
         return {
             "client_cpu_s": None,
             "workers_cpu_s": None,
             "total_cpu_s": None,
             "per_completion_s": None,
-            "reason": "measurement never started",
+            "reason": "the measured window never started or never ended",
         }
-    client = round(_client_cpu() - start[0], 6)
-    end_workers = pool.cpu_seconds()
+    client = round(end[0] - start[0], 6)
     reason = None
-    if pool.replaced_any:
+    workers: float | None
+    if replaced:
         workers, reason = None, "a worker was replaced during the run; its CPU time before death is unknown"
-    elif start[1] is None or end_workers is None:
-        workers, reason = None, "worker CPU time unavailable (virtual workers or psutil could not read it)"
+    elif start[1] is None or end[1] is None:
+        workers, reason = None, "worker CPU time unavailable (virtual workers, or psutil could not read it)"
     else:
-        workers = round(end_workers - start[1], 6)
+        workers = round(end[1] - start[1], 6)
     total = None if workers is None else round(client + workers, 6)
     per = None if total is None or completed == 0 else round(total / completed, 6)
     if total is not None and completed == 0:

@@ -1,0 +1,246 @@
+"""The command line as a user meets it: real subprocesses, real worker processes, real files, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from asyncroll.events import parse_event
+from asyncroll.schemas import RunReceiptModel, SummaryModel
+from tests.conftest import REPO, tool_problem, write_workload
+
+SMOKE = REPO / "examples" / "smoke.jsonl"
+OUTPUT_FILES = {"run.json", "events.jsonl", "results.jsonl", "summary.json", "trace.json", "timeline.html"}
+
+
+def cli(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def load_run(out: Path) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    receipt = json.loads((out / "run.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    events = [parse_event(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    RunReceiptModel.model_validate(receipt)
+    SummaryModel.model_validate(summary)
+    return receipt, summary, events
+
+
+def worker_pids(events: list[Any]) -> set[int]:
+    return {e.pid for e in events if e.event == "worker_ready" and e.pid is not None}
+
+
+def assert_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        alive = {
+            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        }
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker processes left behind: {alive}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["fifo", "sync", "tool_first", "gpu_first"])
+def test_smoke_run_under_every_policy(tmp_path: Path, policy: str) -> None:
+    out = tmp_path / "run"
+    result = cli("run", "--workload", SMOKE, "--output", out, "--policy", policy)
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in out.iterdir()} >= OUTPUT_FILES
+    receipt, summary, events = load_run(out)
+    assert receipt["status"] == "complete" and receipt["error"] is None
+    assert receipt["workload"]["sha256"] and receipt["config"]["policy"] == policy
+    assert summary["counts"]["completed"] == 3
+    assert summary["tools"]["calls"] == 2
+    assert summary["accuracy"]["exact"] == 1.0 and summary["accuracy"]["denominator"] == 3
+    assert summary["policy"] == ("tool_first" if policy == "gpu_first" else policy)
+    assert "completed" in result.stdout and "exact accuracy 1.000" in result.stdout
+    assert ("deprecated alias of tool_first" in result.stderr) == (policy == "gpu_first")
+    kinds = [e.event for e in events]
+    assert kinds.index("measurement_started") < kinds.index("trajectory_started")
+    assert kinds[-1] == "measurement_finished"
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    # known (no worker replaced); CPU clocks tick at 10 ms, so a 60 ms run may honestly read 0
+    assert summary["cpu_cost"]["total_cpu_s"] is not None and summary["cpu_cost"]["per_completion_s"] >= 0
+    json.loads((out / "trace.json").read_text())
+    assert_gone(worker_pids(events))
+
+
+def test_existing_output_is_refused_and_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = cli("run", "--workload", SMOKE, "--output", out)
+    assert result.returncode == 2
+    assert "already exists" in result.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: Path) -> None:
+    workload = tmp_path / "bad.jsonl"
+    workload.write_text(
+        SMOKE.read_text() + '{"id": "x", "prompt": "p", "tools": [{"name": "nope"}], "script": []}\n'
+    )
+    out = tmp_path / "run"
+    result = cli("run", "--workload", workload, "--output", out)
+    assert result.returncode == 2
+    assert f"{workload}:4: tools[0].name: unknown tool 'nope'" in result.stderr
+    assert f"{workload}:4: script: must hold at least one action" in result.stderr
+    assert not out.exists()
+    validate = cli("validate", workload)
+    assert validate.returncode == 2 and "2 problem(s)" in validate.stderr
+    assert cli("validate", SMOKE).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cpu-workers", "0"], "--cpu-workers: Input should be greater than or equal to 1"),
+        (["--max-active-trajectories", "-1"], "--max-active-trajectories"),
+        (["--backend", "vllm"], "--model is required with --backend vllm"),
+        (["--backend", "vllm", "--model", "m"], "--backend vllm is not available yet"),
+        (["--policy", "asyncroll"], "--policy asyncroll is not available yet"),
+        (["--policy", "lifo"], "--policy: Input should be"),
+        (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),
+        (["--nvtx"], "--nvtx is not available yet"),
+    ],
+)
+def test_invalid_settings_are_refused_before_anything_starts(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "run"
+    result = cli("run", "--workload", SMOKE, "--output", out, *args)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr
+    assert not out.exists()
+
+
+def test_config_file_with_flag_override(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'workload = "{SMOKE}"\npolicy = "tool_first"\ncpu-workers = 1\nmax_turns = 4\n')
+    out = tmp_path / "run"
+    result = cli("run", "--config", config, "--output", out, "--policy", "fifo")
+    assert result.returncode == 0, result.stderr
+    receipt, summary, _ = load_run(out)
+    assert receipt["config"]["policy"] == "fifo" and receipt["config"]["cpu_workers"] == 1
+    assert receipt["config"]["max_turns"] == 4 and summary["limits"]["cpu_workers"] == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"cpu_workers": 2, "turbo": true}')
+    refused = cli("run", "--config", bad, "--workload", SMOKE, "--output", tmp_path / "r2")
+    assert refused.returncode == 2 and "--turbo: unknown setting" in refused.stderr
+
+
+def test_schema_command_prints_every_schema() -> None:
+    result = cli("schema")
+    assert result.returncode == 0
+    schemas = json.loads(result.stdout)
+    assert set(schemas) == {"workload", "events", "run", "summary", "config"}
+    assert "cpu_selected" in json.dumps(schemas["events"])
+
+
+def test_help_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, asyncroll.cli; heavy = ('pydantic', 'sklearn', 'httpx', 'psutil', 'numpy', 'asyncio');"
+        "print(','.join(m for m in heavy if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == ""
+    assert cli("--help").returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_tool_timeout_kills_and_replaces_the_worker(tmp_path: Path) -> None:
+    workload = write_workload(
+        tmp_path / "w.jsonl",
+        [
+            tool_problem("slow", model_ms=1, cpu_ms=30_000, tool="spin_ms"),
+            tool_problem("after", model_ms=300, cpu_ms=5, tool="spin_ms"),
+        ],
+    )
+    out = tmp_path / "run"
+    result = cli(
+        "run", "--workload", workload, "--output", out, "--cpu-workers", "1", "--tool-timeout", "0.5"
+    )
+    assert result.returncode == 0, result.stderr
+    _, summary, events = load_run(out)
+    restarts = [e for e in events if e.event == "worker_restarting"]
+    assert [(r.reason, r.generation) for r in restarts] == [("timeout", 1)]
+    ready = [e for e in events if e.event == "worker_ready"]
+    assert [r.generation for r in ready] == [0, 1] and ready[0].pid != ready[1].pid
+    assert restarts[0].old_pid == ready[0].pid
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    status = {row["id"]: row["status"] for row in rows}
+    assert status == {"slow": "failed", "after": "completed"}
+    started_after = [e for e in events if e.event == "cpu_started" and e.id == "after"]
+    assert started_after[0].pid == ready[1].pid and started_after[0].generation == 1
+    assert summary["workers"]["restarts"] == 1
+    assert summary["cpu_cost"]["workers_cpu_s"] is None and "replaced" in summary["cpu_cost"]["reason"]
+    assert_gone(worker_pids(events))
+
+
+def _wait_for(path: Path, needle: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and needle in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_run_leaves_valid_files_and_no_processes(tmp_path: Path, sig: signal.Signals) -> None:
+    problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=500, turns=3) for i in range(40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "asyncroll.cli",
+            "run",
+            "--workload",
+            str(workload),
+            "--output",
+            str(out),
+            "--cpu-workers",
+            "2",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        os.kill(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert f"interrupted by {sig.name}" in stderr
+    receipt, summary, events = load_run(out)
+    assert receipt["status"] == "interrupted" and sig.name in receipt["error"]
+    assert summary["status"] == "interrupted"
+    assert events[-1].event == "measurement_finished" and events[-1].status == "interrupted"
+    assert summary["counts"]["unfinished"] > 0
+    assert_gone(worker_pids(events))
