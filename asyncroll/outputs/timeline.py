@@ -1,0 +1,425 @@
+"""``timeline.html``: one self-contained page that draws a run's trajectories, workers and counters.
+
+The page needs no network (inline script and style, a Content-Security-Policy that forbids fetching
+anything) so it can be mailed or archived with the run. It draws the same spans as ``trace.json`` (both come
+from :func:`asyncroll.outputs.trace.collect_activity`) on a ``<canvas>`` with wheel zoom and drag pan. The
+data sits in a ``<script type="application/json">`` block with ``<``, ``>`` and ``&`` escaped, so no value
+(a trajectory id such as ``</script>``) can end the block early. Large runs are down-sampled, never silently
+truncated: past ``MAX_SPANS`` the trajectory spans and failed/incomplete spans stay individual, the rest are
+merged per row into bars (spans closer than about a pixel at full view), and the page says how many spans it
+drew individually of how many.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from asyncroll.outputs.trace import COUNTER_LABELS, Activity, Span, Track, collect_activity, write_atomic
+
+MAX_SPANS = 20_000
+MAX_INSTANTS = 20_000
+MAX_TRAJECTORY_ROWS = 4_000
+MAX_COUNTER_POINTS = 4_000
+MAX_BARS = 30_000
+BUCKETS = 1_000  # at full view, spans closer than 1/BUCKETS of the run merge when down-sampled
+CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute")
+STATES = ("ok", "failed", "incomplete", "unmatched")
+_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _sub(d: Any, key: str) -> dict[str, Any]:
+    value = d.get(key) if isinstance(d, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "unknown"
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".") + unit
+    return (f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)) + unit
+
+
+def _header(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> list[list[str]]:
+    """Label/value pairs for the page header; every field is optional (summaries evolve separately)."""
+    config, counts, sched = _sub(run, "config"), _sub(summary, "counts"), _sub(summary, "scheduler")
+
+    def pick(key: str) -> Any:
+        for source in (config, _sub(summary, "limits"), a.run):
+            if source.get(key) is not None:
+                return source[key]
+        return None
+
+    status = run.get("status")  # exports run before the receipt is final: then the events know better
+    if status in (None, "preparing", "running") and a.run.get("status"):
+        status = a.run["status"]
+    error = str(run["error"])[:300] if run.get("error") else None
+    makespan = summary.get("makespan_s", a.run.get("makespan_s"))
+    limits = (
+        f"active {_fmt(pick('max_active_trajectories'))}"
+        f" · inflight {_fmt(pick('max_inflight_model_requests'))}"
+        f" · CPU workers {_fmt(pick('cpu_workers'))}"
+    )
+    return [
+        ["status", _fmt(status) + (f" ({error})" if error else "")],
+        ["policy", _fmt(config.get("policy") or summary.get("policy") or a.run.get("policy"))],
+        ["limits", limits],
+        [
+            "completions",
+            f"{_fmt(counts.get('completed'))} of {_fmt(counts.get('trajectories'))} completed, "
+            f"{_fmt(counts.get('failed'))} failed",
+        ],
+        [
+            "throughput",
+            _fmt(_sub(summary, "throughput").get("completed_per_wall_hour"), " completed / wall hour"),
+        ],
+        ["makespan", _fmt(makespan, " s")],
+        ["reorders", f"{_fmt(sched.get('reorders'))} of {_fmt(sched.get('decisions'))} scheduler decisions"],
+    ]
+
+
+def _telemetry(summary: dict[str, Any]) -> list[list[str]] | None:
+    """Flattened telemetry entries, or None when the run had no telemetry source."""
+    tele = summary.get("telemetry")
+    sources = tele.get("sources", True) if isinstance(tele, dict) else None
+    if not isinstance(tele, dict) or not tele or not sources or tele.get("enabled") is False:
+        return None
+    out: list[list[str]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), sub)
+        else:
+            out.append([prefix, _fmt(value) if not isinstance(value, list) else json.dumps(value)[:200]])
+
+    walk("", tele)
+    return out[:80]
+
+
+def _rows(a: Activity) -> tuple[list[list[Any]], dict[Track, int], int]:
+    """Row labels (label, group) and the row of every track; huge runs put several trajectories per row."""
+    per = max(1, math.ceil(len(a.trajectories) / MAX_TRAJECTORY_ROWS))
+    rows: list[list[Any]] = []
+    index: dict[Track, int] = {}
+    for i, tid in enumerate(a.trajectories):
+        if i % per == 0:
+            last = min(i + per, len(a.trajectories))
+            label = "(no trajectory)" if tid is None else str(tid)
+            rows.append([label if per == 1 else f"trajectories {i + 1}-{last}", 0])
+        index[("trajectory", tid)] = len(rows) - 1
+    tracks = [("worker", w) for w in sorted(a.workers)] + [("model", n) for n in range(a.model_lanes)]
+    for kind, key in [*tracks, ("scheduler", 0)]:
+        index[(kind, key)] = len(rows)
+        label = {"worker": f"worker {key}", "model": f"request slot {key}"}.get(kind, "scheduler")
+        rows.append([label, {"worker": 1, "model": 2}.get(kind, 3)])
+    return rows, index, per
+
+
+def _aggregate(
+    spans: list[Span], index: dict[Track, int], t0: float, gap: float
+) -> tuple[list[list[int]], float]:
+    """Merge spans of one row and kind that lie closer than ``gap`` into bars; widen ``gap`` until few enough.
+
+    A bar is ``[row, start µs, end µs, kind, worst state, spans merged, % of the bar busy]``. Merging (rather
+    than fixed buckets) keeps a long queue wait one bar however many buckets it crosses.
+    """
+    groups: dict[tuple[int, int], list[Span]] = defaultdict(list)
+    for s in spans:
+        groups[(index[s.track], CATS.index(s.cat))].append(s)
+    for items in groups.values():
+        items.sort(key=lambda s: s.start)
+    while True:
+        bars: list[list[int]] = []
+        for (row, cat), items in groups.items():
+            lo, hi, busy, worst, n = items[0].start, items[0].end, 0.0, 0, 0
+            for item in [*items, None]:
+                if item is not None and item.start <= hi + gap:
+                    hi, busy, n = max(hi, item.end), busy + item.end - item.start, n + 1
+                    worst = max(worst, STATES.index(item.state))
+                    continue
+                pct = 100 if hi <= lo else min(100, max(1, round(100 * busy / (hi - lo))))
+                bars.append([row, round((lo - t0) * 1e6), round((hi - t0) * 1e6), cat, worst, n, pct])
+                if item is not None:
+                    lo, hi, busy, n = item.start, item.end, item.end - item.start, 1
+                    worst = STATES.index(item.state)
+        if len(bars) <= MAX_BARS or len(bars) == len(groups):  # one bar per row and kind is the floor
+            return bars, gap
+        gap *= 2
+
+
+def _thin(series: list[tuple[float, int]], t0: float) -> list[list[int]]:
+    """Counter points in µs since ``t0``; long series keep each bucket's maximum and its last value."""
+    us = [[round((t - t0) * 1e6), v] for t, v in series]
+    if len(us) <= MAX_COUNTER_POINTS:
+        return us
+    step, out = math.ceil(len(us) / (MAX_COUNTER_POINTS // 2)), []
+    for i in range(0, len(us), step):
+        chunk = us[i : i + step]
+        out += [[chunk[0][0], max(v for _, v in chunk)], chunk[-1]]
+    return out
+
+
+def timeline_data(run_dir: Path) -> dict[str, Any]:
+    """Everything the page draws, as plain JSON: header, rows, spans, cells, instants, counters, notes."""
+    a = collect_activity(run_dir / "events.jsonl")
+    run, summary = _read_json(run_dir / "run.json"), _read_json(run_dir / "summary.json")
+    rows, index, per = _rows(a)
+    t0 = a.t_min
+    strings: dict[str, int] = {}
+
+    def s_id(text: Any) -> int:
+        return strings.setdefault(str(text), len(strings))
+
+    spans, rest = a.spans, []
+    if len(spans) > MAX_SPANS:
+        spans = [s for s in a.spans if s.cat == "trajectory"]
+        spans = spans if len(spans) <= MAX_SPANS else []
+        others = [s for s in a.spans if s.cat != "trajectory" or not spans]
+        bad = [s for s in others if s.state != "ok"][: MAX_SPANS - len(spans)]
+        spans += bad
+        kept = {id(s) for s in bad}
+        rest = [s for s in others if id(s) not in kept]
+    bars, gap = _aggregate(rest, index, t0, max(a.t_max - t0, 1e-6) / BUCKETS) if rest else ([], 0.0)
+    spans = sorted(spans, key=lambda s: s.cat != "trajectory")
+    instants = sorted(a.instants, key=lambda s: s.cat == "reorder")[:MAX_INSTANTS]
+    notes = [f"{len(spans):,} of {len(a.spans):,} spans drawn individually."]
+    if rest:
+        notes.append(
+            f"Down-sampled: the other {len(rest):,} spans are merged into {len(bars):,} bars (same row and"
+            f" kind, gaps under {gap * 1e3:.3g} ms; shade = share of the bar busy). Trajectory spans and"
+            " failed/incomplete spans stay exact."
+        )
+    if per > 1:
+        notes.append(f"{len(a.trajectories):,} trajectories: {per} per row, in order of start.")
+    if len(instants) < len(a.instants):
+        notes.append(f"{len(instants):,} of {len(a.instants):,} markers drawn (scheduler reorders thinned).")
+    if a.unknown or a.invalid_lines:
+        kinds = ", ".join(f"{k} ({n})" for k, n in a.unknown.items()) or "none"
+        notes.append(f"Skipped lines: unknown event types: {kinds}; invalid lines: {a.invalid_lines}.")
+    if a.run.get("events_file") == "missing":
+        notes.append("events.jsonl is missing: nothing to draw.")
+    return {
+        "header": _header(a, run, summary),
+        "notes": notes,
+        "telemetry": _telemetry(summary),
+        "t0": t0,
+        "t1": a.t_max,
+        "cats": CATS,
+        "states": STATES,
+        "groups": ["trajectories", "workers", "model request slots", "scheduler"],
+        "rows": rows,
+        "spans": [
+            [
+                index[s.track],
+                round((s.start - t0) * 1e6),
+                round((s.end - s.start) * 1e6),
+                CATS.index(s.cat),
+                STATES.index(s.state),
+                s_id(s.label),
+                s_id(s.args["error"]) if s.args.get("error") else -1,
+            ]
+            for s in spans
+        ],
+        "bars": bars,
+        "instants": [
+            [index[s.track], round((s.start - t0) * 1e6), s_id(s.cat), STATES.index(s.state), s_id(s.label)]
+            for s in instants
+        ],
+        "counters": [[COUNTER_LABELS[k], _thin(v, t0)] for k, v in a.counters.items()],
+        "strings": list(strings),
+        "total_spans": len(a.spans),
+    }
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The page for :func:`timeline_data`'s output, with the data escaped for an inline script block."""
+    payload = json.dumps(data, separators=(",", ":"), default=str).translate(_ESCAPES)
+    return _PAGE.replace("__DATA__", payload)
+
+
+def write_timeline(run_dir: Path) -> Path:
+    """Write ``run_dir/timeline.html`` from the run's events, ``run.json`` and ``summary.json``."""
+    path = run_dir / "timeline.html"
+    write_atomic(path, render_html(timeline_data(run_dir)))
+    return path
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'">
+<title>asyncroll timeline</title>
+<style>
+body{font:13px system-ui,sans-serif;margin:12px;color:#222}h1{font-size:18px;margin:0 0 6px}h2{font-size:14px}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0}dt{font-weight:600}dd{margin:0}
+#notes p{margin:2px 0;color:#555}#legend{margin:8px 0}.sw{display:inline-block;width:12px;height:10px;
+margin:0 4px 0 12px;border:1px solid #888}#wrap{max-height:70vh;overflow-y:auto;border:1px solid #ccc}
+canvas{display:block;cursor:grab}#cwrap{border:1px solid #ccc;border-top:0}.muted{color:#777}
+#tip{position:fixed;pointer-events:none;background:#fff;border:1px solid #999;padding:4px 6px;white-space:pre;
+display:none;font-size:12px;box-shadow:0 1px 4px #0003}td,th{text-align:left;padding:0 10px 0 0}
+</style></head><body>
+<h1>asyncroll timeline</h1><dl id="hdr"></dl><div id="notes"></div>
+<div id="legend"></div><p class="muted">wheel: zoom · drag: pan · double-click: reset · hover: details</p>
+<div id="wrap"><canvas id="tl"></canvas></div><div id="cwrap"><canvas id="ct"></canvas></div>
+<h2>Telemetry</h2><div id="tele"></div><div id="tip"></div>
+<script type="application/json" id="data">__DATA__</script>
+<script>
+"use strict";
+(() => {
+const D = JSON.parse(document.getElementById("data").textContent), $ = (i) => document.getElementById(i);
+const el = (tag, text, cls) => {
+  const e = document.createElement(tag); if (text !== undefined) e.textContent = text;
+  if (cls) e.className = cls; return e; };
+for (const [k, v] of D.header) $("hdr").append(el("dt", k), el("dd", v));
+for (const n of D.notes) $("notes").append(el("p", n));
+if (D.telemetry === null) $("tele").append(el("p", "no telemetry sources in this run", "muted"));
+else { const t = el("table"); $("tele").append(t);
+  for (const [k, v] of D.telemetry) { const r = el("tr"); r.append(el("th", k), el("td", v)); t.append(r); } }
+const CAT = {trajectory: "#cde6cd", model_queue: "#f2cf8c", model: "#4c78a8", cpu_queue: "#d9b3e6",
+  cpu: "#59a14f", execute: "#1f5f1a"};
+const ST = {failed: "#d62728", incomplete: "#ff7f0e", unmatched: "#c000c0"};
+const TRAJ = {ok: "#cde6cd", failed: "#f4b6b6", incomplete: "#ffd9a8", unmatched: "#c000c0"};
+const INST = {worker: "#8c564b", reorder: "#7b3fbf", measurement: "#000"};
+const COUNTER = ["#ff7f0e", "#4c78a8", "#59a14f"];
+const add = (color, label) => { const s = el("span", "", "sw"); s.style.background = color;
+  $("legend").append(s, el("span", label)); };
+for (const c of D.cats.slice(1)) add(CAT[c], c.replace("_", " "));
+[[TRAJ.ok, "trajectory finished"], [TRAJ.failed, "trajectory failed"], [ST.failed, "failed span"],
+ [ST.incomplete, "incomplete (no end)"], [ST.unmatched, "unmatched end"],
+ [INST.worker, "worker ready/restart"], [INST.reorder, "scheduler reorder"]].forEach(([c, l]) => add(c, l));
+D.counters.forEach(([l], k) => add(COUNTER[k % 3], l));
+const cv = $("tl"), cc = $("ct"), tip = $("tip"), LW = 180, NR = D.rows.length, TI = 0;
+const RH = Math.max(2, Math.min(16, Math.floor(8000 / Math.max(1, NR)))), SPAN = Math.max(D.t1 - D.t0, 1e-6);
+let v0 = 0, v1 = SPAN, drag = null, raf = 0;
+const byRow = Array.from({length: NR}, () => []), barsByRow = Array.from({length: NR}, () => []);
+D.spans.forEach((s) => byRow[s[0]].push(s));
+D.bars.forEach((c) => barsByRow[c[0]].push(c));
+const setup = (c, h) => { // size the backing store once per size change, capped at ~32 Mpx
+  const w = c.parentElement.clientWidth || 1000, g = c.getContext("2d");
+  const dpr = Math.min(window.devicePixelRatio || 1, Math.sqrt(3.2e7 / (w * h)));
+  const bw = Math.round(w * dpr), bh = Math.round(h * dpr);
+  if (c.width !== bw || c.height !== bh) {
+    c.style.width = w + "px"; c.style.height = h + "px"; c.width = bw; c.height = bh; }
+  g.setTransform(dpr, 0, 0, dpr, 0, 0); g.clearRect(0, 0, w, h);
+  g.font = "11px sans-serif"; g.textAlign = "left";
+  return [g, w]; };
+const X = (t, w) => LW + (t - v0) / (v1 - v0) * (w - LW);
+function draw() {
+  const H = NR * RH + 2, [g, w] = setup(cv, H); let drawn = 0;
+  const rect = (a, b, y, h, color) => { const x0 = Math.max(LW, X(a, w)), x1 = Math.min(w, X(b, w));
+    g.fillStyle = color; g.fillRect(x0, y, Math.max(1, x1 - x0), h); return [x0, Math.max(1, x1 - x0)]; };
+  const ih = Math.max(1, (RH - 1) * 0.7), off = (RH - 1 - ih) / 2;
+  for (const pass of [0, 1]) {
+    for (const s of D.spans) {
+      if ((s[3] === TI) !== (pass === 0)) continue;
+      const a = s[1] / 1e6, b = a + s[2] / 1e6, st = D.states[s[4]], y = s[0] * RH;
+      if (b < v0 || a > v1) continue;
+      drawn++;
+      if (pass === 0) { rect(a, b, y, RH - 1, TRAJ[st]); continue; }
+      const [x0, ww] = rect(a, b, y + off, ih, st === "ok" ? CAT[D.cats[s[3]]] : ST[st]);
+      if (st !== "incomplete") continue;
+      g.setLineDash([3, 2]); g.strokeStyle = "#000"; g.strokeRect(x0, y + off, ww, ih); g.setLineDash([]);
+    }
+    if (pass === 0) for (const c of D.bars) {
+      const a = c[1] / 1e6, b = c[2] / 1e6; if (b < v0 || a > v1) continue;
+      g.globalAlpha = 0.25 + 0.75 * c[6] / 100;
+      rect(a, b, c[0] * RH + off, ih, c[4] ? ST[D.states[c[4]]] : CAT[D.cats[c[3]]]); g.globalAlpha = 1;
+    }
+  }
+  for (const m of D.instants) {
+    const t = m[1] / 1e6; if (t < v0 || t > v1) continue;
+    const x = X(t, w), kind = D.strings[m[2]], y = m[0] * RH;
+    g.fillStyle = g.strokeStyle = D.states[m[3]] === "unmatched" ? ST.unmatched : (INST[kind] || "#333");
+    if (kind === "measurement") {
+      g.setLineDash([4, 4]); g.beginPath(); g.moveTo(x, 0); g.lineTo(x, H); g.stroke(); g.setLineDash([]);
+      continue; }
+    g.beginPath(); g.moveTo(x, y); g.lineTo(x - 4, y + RH - 1); g.lineTo(x + 4, y + RH - 1); g.fill();
+  }
+  g.fillStyle = "#fff"; g.fillRect(0, 0, LW, H); g.textBaseline = "middle";
+  D.rows.forEach(([label, grp], r) => {
+    const first = r === 0 || D.rows[r - 1][1] !== grp;
+    if (first) { g.fillStyle = "#888"; g.fillRect(0, r * RH, w, 1); }
+    g.fillStyle = "#222";
+    if (RH >= 9) g.fillText(label.slice(0, 28), 4, r * RH + RH / 2);
+    else if (first) g.fillText(D.groups[grp], 4, r * RH + 6);
+  });
+  document.body.dataset.rendered = String(drawn);
+  counters();
+}
+function counters() {
+  const H = 170, top = 8, bot = H - 22, [g, w] = setup(cc, H);
+  g.fillStyle = "#222"; g.textBaseline = "middle";
+  D.counters.forEach(([label, pts], k) => {
+    let mx = 1; for (const p of pts) mx = Math.max(mx, p[1]);
+    g.fillStyle = COUNTER[k % 3]; g.fillText(label + " (max " + mx + ")", 4, top + 8 + k * 16);
+    g.save(); g.beginPath(); g.rect(LW, 0, w - LW, H); g.clip();
+    g.strokeStyle = COUNTER[k % 3]; g.beginPath(); g.moveTo(LW, bot); let py = bot;
+    for (const [us, v] of pts) {
+      const x = Math.max(LW - 5, Math.min(w + 5, X(us / 1e6, w))), y = bot - v / mx * (bot - top);
+      g.lineTo(x, py); g.lineTo(x, y); py = y; }
+    g.lineTo(w, py); g.stroke(); g.restore();
+  });
+  const span = v1 - v0; let step = Math.pow(10, Math.floor(Math.log10(span / 8)));
+  if (span / step > 40) step *= 5; else if (span / step > 16) step *= 2;
+  g.fillStyle = "#222"; g.textAlign = "center";
+  for (let t = Math.ceil((v0 + D.t0) / step) * step; t <= v1 + D.t0; t += step) {
+    const x = X(t - D.t0, w); if (x < LW) continue;
+    g.fillRect(x, bot, 1, 4); g.fillText(+t.toFixed(6) + " s", x, H - 8);
+  }
+}
+const redraw = () => { if (!raf) raf = requestAnimationFrame(() => { raf = 0; draw(); }); };
+const tAt = (e, c) => { const r = c.getBoundingClientRect();
+  return v0 + (e.clientX - r.left - LW) / (r.width - LW) * (v1 - v0); };
+for (const c of [cv, cc]) {
+  c.addEventListener("wheel", (e) => { e.preventDefault(); const tc = Math.min(v1, Math.max(v0, tAt(e, c)));
+    const f = Math.exp(Math.sign(e.deltaY) * Math.min(Math.abs(e.deltaY), 200) * 0.002);
+    if ((v1 - v0) * f < 1e-6) return;
+    v0 = tc - (tc - v0) * f; v1 = tc + (v1 - tc) * f; redraw(); }, {passive: false});
+  c.addEventListener("mousedown", (e) => {
+    drag = {x: e.clientX, v0, v1, w: c.getBoundingClientRect().width}; });
+  c.addEventListener("dblclick", () => { v0 = 0; v1 = SPAN; redraw(); });
+}
+window.addEventListener("mousemove", (e) => { if (!drag) return; tip.style.display = "none";
+  const dt = (e.clientX - drag.x) / (drag.w - LW) * (drag.v1 - drag.v0);
+  v0 = drag.v0 - dt; v1 = drag.v1 - dt; redraw(); });
+window.addEventListener("mouseup", () => { drag = null; });
+window.addEventListener("resize", redraw);
+cv.addEventListener("mousemove", (e) => {
+  if (drag) return;
+  const r = cv.getBoundingClientRect(), row = Math.floor((e.clientY - r.top) / RH), t = tAt(e, cv);
+  const tol = 3 / (r.width - LW) * (v1 - v0), near = (a, b) => a - tol <= t && t <= b + tol;
+  const at = (us) => +(D.t0 + us / 1e6).toFixed(6) + " s", kind = (i) => D.cats[i].replace("_", " ");
+  let best = null, text = null;
+  for (const s of byRow[row] || []) {
+    if (near(s[1] / 1e6, (s[1] + s[2]) / 1e6) && (!best || s[2] < best[2])) best = s; }
+  const onBar = (c) => near(c[1] / 1e6, c[2] / 1e6);
+  const bar = best && best[3] !== TI ? null : (barsByRow[row] || []).find(onBar);
+  if (best && !bar) {
+    text = D.strings[best[5]] + " (" + kind(best[3]) + ")\\nstart " + at(best[1]) + ", duration " +
+      best[2] / 1e3 + " ms" + (best[6] >= 0 ? "\\nerror: " + D.strings[best[6]].slice(0, 300) : "");
+  } else if (bar) { // aggregated bars sit on top of their trajectory span
+    text = bar[5] + " " + kind(bar[3]) + " spans merged, " + bar[6] + "% busy\\n" + at(bar[1]) + " to " +
+      at(bar[2]);
+  }
+  if (!text) { tip.style.display = "none"; return; }
+  tip.textContent = D.rows[row][0] + "\\n" + text;
+  tip.style.display = "block"; tip.style.left = e.clientX + 12 + "px"; tip.style.top = e.clientY + 12 + "px";
+});
+cv.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+draw();
+})();
+</script></body></html>
+"""

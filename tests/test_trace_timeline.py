@@ -1,0 +1,425 @@
+"""trace.json and timeline.html from synthetic, schema-valid run directories.
+
+trace.json is checked against the Trace Event Format rules Perfetto relies on (fields, integer times,
+proper nesting per thread, metadata naming every track, sorted events); timeline.html for being one
+self-contained file whose embedded data parses back and cannot be broken out of. Where Node or Chromium is
+installed the page's script is also executed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll import events as ev
+from asyncroll.outputs import timeline
+from asyncroll.outputs.timeline import timeline_data, write_timeline
+from asyncroll.outputs.trace import write_trace
+
+DATA_RE = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
+
+
+def make_run(tmp_path: Path, events: list[ev.Event], extra_lines: tuple[str, ...] = (), **files: Any) -> Path:
+    """A run directory with ``events.jsonl`` (sorted by t, like the writer) plus the given JSON files."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [e.model_dump_json() for e in sorted(events, key=lambda e: e.t)]
+    (run / "events.jsonl").write_text("\n".join([*lines, *extra_lines]) + "\n")
+    for name, body in files.items():
+        (run / f"{name}.json").write_text(json.dumps(body))
+    return run
+
+
+def trajectory(tid: str, i: int, base: float, worker: int, reordered: bool = False) -> list[ev.Event]:
+    """One completed trajectory: model turn → tool job → model turn → final."""
+    r1, r2, job = 2 * i, 2 * i + 1, i
+    return [
+        ev.TrajectoryStarted(t=base, id=tid, index=i, prompt_chars=10, active=1),
+        ev.ModelEnqueued(t=base, id=tid, request_id=r1, turn=0, outstanding=1),
+        ev.ModelStarted(t=base + 0.01, id=tid, request_id=r1, turn=0, inflight=1, queued_s=0.01),
+        ev.ModelFinished(t=base + 0.05, id=tid, request_id=r1, turn=0, latency_s=0.04, action="tool"),
+        ev.CpuEnqueued(
+            t=base + 0.05, id=tid, job_id=job, kind="tool", tool="add", turn=0, arg_bytes=8, queue_depth=1
+        ),
+        ev.CpuSelected(
+            t=base + 0.06,
+            id=tid,
+            job_id=job,
+            worker=worker,
+            policy="asyncroll",
+            reason="fifo",
+            queue_depth=1,
+            model_outstanding=0,
+            waited_s=0.01,
+            oldest_job_id=job,
+            reordered=reordered,
+        ),
+        ev.CpuStarted(t=base + 0.06, id=tid, job_id=job, worker=worker, pid=100 + worker, generation=0),
+        ev.CpuFinished(
+            t=base + 0.09,
+            id=tid,
+            job_id=job,
+            worker=worker,
+            kind="tool",
+            tool="add",
+            ok=True,
+            execute_s=0.02,
+            cpu_s=0.02,
+            roundtrip_s=0.03,
+            started=base + 0.065,
+            finished=base + 0.085,
+        ),
+        ev.ModelEnqueued(t=base + 0.09, id=tid, request_id=r2, turn=1, outstanding=1),
+        ev.ModelStarted(t=base + 0.09, id=tid, request_id=r2, turn=1, inflight=1, queued_s=0.0),
+        ev.ModelFinished(t=base + 0.12, id=tid, request_id=r2, turn=1, latency_s=0.03, action="final"),
+        ev.TrajectoryFinished(
+            t=base + 0.12, id=tid, status="completed", turns=2, tool_calls=1, duration_s=0.12
+        ),
+    ]
+
+
+def normal_events() -> list[ev.Event]:
+    out: list[ev.Event] = [
+        ev.WorkerReady(t=-0.5, worker=0, pid=100, generation=0, startup_s=0.2),
+        ev.WorkerReady(t=-0.4, worker=1, pid=101, generation=0, startup_s=0.2),
+        ev.MeasurementStarted(
+            t=0.0,
+            wall_time=1.7e9,
+            policy="asyncroll",
+            max_active_trajectories=3,
+            max_inflight_model_requests=2,
+            cpu_workers=2,
+        ),
+    ]
+    for i, tid in enumerate(["a", "b", "c"]):
+        out += trajectory(tid, i, 0.2 * i, worker=i % 2, reordered=i == 2)
+    out.append(ev.MeasurementFinished(t=0.6, status="complete", makespan_s=0.6))
+    return out
+
+
+def timeout_events() -> list[ev.Event]:
+    """A tool that times out: the job fails, the worker is replaced, the trajectory fails."""
+    return [
+        ev.TrajectoryStarted(t=0.0, id="slow", index=0, prompt_chars=5, active=1),
+        ev.CpuEnqueued(
+            t=0.0, id="slow", job_id=7, kind="tool", tool="spin_ms", turn=0, arg_bytes=4, queue_depth=1
+        ),
+        ev.CpuSelected(
+            t=0.0,
+            id="slow",
+            job_id=7,
+            worker=0,
+            policy="fifo",
+            reason="fifo",
+            queue_depth=1,
+            model_outstanding=0,
+            waited_s=0.0,
+            oldest_job_id=7,
+            reordered=False,
+        ),
+        ev.CpuStarted(t=0.01, id="slow", job_id=7, worker=0, pid=100, generation=0),
+        ev.CpuFailed(
+            t=1.01,
+            id="slow",
+            job_id=7,
+            worker=0,
+            kind="tool",
+            tool="spin_ms",
+            reason="timeout",
+            roundtrip_s=1.0,
+            error="tool exceeded 1 s",
+        ),
+        ev.WorkerRestarting(t=1.01, worker=0, old_pid=100, generation=1, reason="timeout", restarts=1),
+        ev.WorkerReady(t=1.3, worker=0, pid=102, generation=1, startup_s=0.29),
+        ev.TrajectoryFinished(
+            t=1.02, id="slow", status="failed", turns=1, tool_calls=1, duration_s=1.02, error="tool timeout"
+        ),
+    ]
+
+
+def broken_events() -> list[ev.Event]:
+    """A model request that never ends and a CPU finish that never started."""
+    return [
+        ev.TrajectoryStarted(t=0.0, id="x", index=0, prompt_chars=5, active=1),
+        ev.ModelEnqueued(t=0.0, id="x", request_id=1, turn=0, outstanding=1),
+        ev.ModelStarted(t=0.1, id="x", request_id=1, turn=0, inflight=1, queued_s=0.1),
+        ev.CpuFinished(
+            t=0.5,
+            id="y",
+            job_id=99,
+            worker=1,
+            kind="tool",
+            tool="add",
+            ok=True,
+            execute_s=0.1,
+            cpu_s=None,
+            roundtrip_s=0.1,
+        ),
+        ev.MeasurementFinished(t=0.8, status="interrupted", makespan_s=0.8),
+    ]
+
+
+UNKNOWN_LINE = '{"v":1,"t":0.3,"event":"resource_sample","id":null,"gpu_util":50}'
+TRUNCATED_LINE = '{"v":1,"t":0.4,"event":"model_sta'
+
+
+def check_trace_format(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Assert the Trace Event Format rules; returns the non-metadata events."""
+    assert set(trace) >= {"traceEvents", "displayTimeUnit", "metadata"}
+    events = trace["traceEvents"]
+    phases = [e["ph"] for e in events]
+    first_other = next((i for i, p in enumerate(phases) if p != "M"), len(phases))
+    assert "M" not in phases[first_other:], "metadata events come first"
+    processes, threads = set(), set()
+    for e in events:
+        assert {"name", "ph", "pid", "tid"} <= set(e), e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] == "M" and e["name"] == "process_name":
+            processes.add(e["pid"])
+        if e["ph"] == "M" and e["name"] == "thread_name":
+            threads.add((e["pid"], e["tid"]))
+    body = events[first_other:]
+    for e in body:
+        assert isinstance(e["ts"], int) and e["ts"] >= 0, e
+        assert e["pid"] in processes, e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int) and e["dur"] >= 0, e
+        if e["ph"] in ("X", "i"):
+            assert (e["pid"], e["tid"]) in threads, e
+        if e["ph"] == "i":
+            assert e["s"] in ("t", "p", "g")
+        if e["ph"] == "C":
+            assert e["args"] and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in e["args"].values()
+            )
+    assert [e["ts"] for e in body] == sorted(e["ts"] for e in body)
+    stacks: dict[tuple[int, int], list[int]] = defaultdict(list)  # X spans nest properly on each thread
+    for e in (e for e in body if e["ph"] == "X"):
+        stack = stacks[(e["pid"], e["tid"])]
+        while stack and stack[-1] <= e["ts"]:
+            stack.pop()
+        assert not stack or e["ts"] + e["dur"] <= stack[-1], f"overlapping spans on one track: {e}"
+        stack.append(e["ts"] + e["dur"])
+    return body
+
+
+def load_trace(run: Path) -> dict[str, Any]:
+    path = write_trace(run)
+    assert path == run / "trace.json"
+    trace: dict[str, Any] = json.loads(path.read_text())
+    return trace
+
+
+def thread_names(trace: dict[str, Any], pid: int) -> list[str]:
+    named = [e for e in trace["traceEvents"] if e["name"] == "thread_name" and e["pid"] == pid]
+    return [e["args"]["name"] for e in sorted(named, key=lambda e: e["tid"])]
+
+
+def test_normal_run_trace(tmp_path: Path) -> None:
+    trace = load_trace(make_run(tmp_path, normal_events()))
+    body = check_trace_format(trace)
+    procs = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert procs == {"trajectories", "workers", "model", "scheduler"}
+    assert thread_names(trace, 1) == ["trajectory a", "trajectory b", "trajectory c"]
+    assert thread_names(trace, 2) == ["worker 0", "worker 1"]
+    spans = [e for e in body if e["ph"] == "X"]
+    assert [e["name"] for e in spans if e["cat"] == "trajectory"] == ["completed"] * 3
+    jobs = [e for e in spans if e["cat"] == "cpu" and e["pid"] == 2]
+    assert len(jobs) == 3 and all(e["args"]["ok"] is True and e["args"]["tool"] == "add" for e in jobs)
+    assert {"job_id", "kind"} <= set(jobs[0]["args"])
+    execute = [e for e in spans if e["cat"] == "execute"]
+    assert len(execute) == 3 and execute[0]["dur"] == 20_000
+    assert sum(e["cat"] == "model" for e in spans) == 12  # 6 requests, on the trajectory and a request slot
+    assert not any(e["name"].endswith(")") for e in spans)  # nothing failed, incomplete or unmatched
+    first_traj = next(e for e in spans if e["cat"] == "trajectory")
+    assert first_traj["ts"] == 500_000  # shifted: the earliest event (worker_ready at -0.5 s) is ts 0
+    counters = defaultdict(list)
+    for e in body:
+        if e["ph"] == "C":
+            counters[e["name"]].append(e["args"]["value"])
+    assert counters["CPU queue depth"] == [1, 0] * 3
+    assert (
+        max(counters["model requests outstanding"]) == 1 and counters["model requests outstanding"][-1] == 0
+    )
+    assert counters["active trajectories"][-1] == 0
+    reorders = [e for e in body if e["ph"] == "i" and e["cat"] == "reorder"]
+    assert len(reorders) == 1 and reorders[0]["args"]["reason"] == "fifo" and reorders[0]["pid"] == 4
+    assert trace["metadata"]["policy"] == "asyncroll" and trace["metadata"]["unknown_events"] == {}
+
+
+def test_worker_timeout_trace(tmp_path: Path) -> None:
+    body = check_trace_format(load_trace(make_run(tmp_path, timeout_events())))
+    failed = [e for e in body if e["ph"] == "X" and e["cat"] == "cpu"]
+    assert {e["name"] for e in failed} == {"spin_ms (failed)"}
+    assert all(e["args"]["error"].startswith("timeout:") and e["args"]["ok"] is False for e in failed)
+    restart = next(e for e in body if e["ph"] == "i" and e["name"].startswith("worker restart"))
+    assert restart["args"]["reason"] == "timeout" and restart["args"]["generation"] == 1
+    assert restart["pid"] == 2 and restart["s"] == "t"
+    traj = next(e for e in body if e["cat"] == "trajectory")
+    assert traj["name"] == "failed" and traj["args"]["error"] == "tool timeout"
+
+
+def test_incomplete_unmatched_and_unknown_lines(tmp_path: Path) -> None:
+    run = make_run(tmp_path, broken_events(), (UNKNOWN_LINE, TRUNCATED_LINE, ""))
+    trace = load_trace(run)
+    body = check_trace_format(trace)
+    last = max(e["ts"] for e in body)
+    incomplete = [e for e in body if e["ph"] == "X" and e["name"].endswith("(incomplete)")]
+    assert {e["name"] for e in incomplete} == {"model turn 0 (incomplete)", "running (incomplete)"}
+    assert all(e["ts"] + e["dur"] == last and e["args"]["state"] == "incomplete" for e in incomplete)
+    unmatched = [e for e in body if e["name"] == "add (unmatched end)"]
+    assert len(unmatched) == 2 and all(e["ph"] == "i" for e in unmatched)  # trajectory y and worker 1
+    assert trace["metadata"]["unknown_events"] == {"resource_sample": 1}
+    assert trace["metadata"]["invalid_lines"] == 1
+
+
+def test_missing_events_file_gives_an_empty_valid_trace(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    trace = load_trace(tmp_path / "run")
+    assert check_trace_format(trace) == [] and trace["metadata"]["events_file"] == "missing"
+
+
+SUMMARY = {
+    "counts": {"trajectories": 3, "completed": 3, "failed": 0},
+    "throughput": {"completed_per_wall_hour": 18000.0},
+    "scheduler": {"decisions": 3, "reorders": 1},
+    "makespan_s": 0.6,
+}
+RUN = {
+    "status": "complete",
+    "config": {
+        "policy": "asyncroll",
+        "max_active_trajectories": 3,
+        "max_inflight_model_requests": 2,
+        "cpu_workers": 2,
+    },
+}
+
+
+def page_data(html: str) -> dict[str, Any]:
+    match = DATA_RE.search(html)
+    assert match, "embedded data block"
+    data: dict[str, Any] = json.loads(match.group(1))
+    return data
+
+
+def test_timeline_is_self_contained(tmp_path: Path) -> None:
+    run = make_run(tmp_path, normal_events() + timeout_events(), summary=SUMMARY, run=RUN)
+    html = write_timeline(run).read_text()
+    assert html.startswith("<!doctype html>") and html.rstrip().endswith("</html>")
+    assert html.count("<canvas") == 2 and html.count("<script") == 2 and html.count("</script>") == 2
+    for remote in ("http://", "https://", "src=", "<link", "@import", "url("):
+        assert remote not in html
+    data = page_data(html)
+    assert data == json.loads(json.dumps(timeline_data(run)))
+    header = dict(data["header"])
+    assert header["policy"] == "asyncroll" and header["makespan"] == "0.6 s"
+    assert header["reorders"] == "1 of 3 scheduler decisions" and "18,000" in header["throughput"]
+    assert data["telemetry"] is None and "no telemetry sources in this run" in html
+    assert [r[0] for r in data["rows"]][:4] == ["a", "slow", "b", "c"]  # in order of start
+    states = {data["states"][s[4]] for s in data["spans"]}
+    assert states == {"ok", "failed"} and data["bars"] == []
+    assert data["notes"][0] == f"{len(data['spans'])} of {len(data['spans'])} spans drawn individually."
+
+
+def test_timeline_escapes_script_breakout(tmp_path: Path) -> None:
+    nasty = "</script><script>alert(1)</script>&<!--"
+    run = make_run(tmp_path, trajectory(nasty, 0, 0.0, worker=0))
+    html = write_timeline(run).read_text()
+    assert html.count("</script>") == 2 and "alert(1)</" not in html and "<!--" not in html
+    assert page_data(html)["rows"][0][0] == nasty
+
+
+def test_timeline_with_telemetry_and_no_summary(tmp_path: Path) -> None:
+    run = make_run(tmp_path, broken_events(), summary={"telemetry": {"sources": ["vllm"], "coverage": 0.9}})
+    data = timeline_data(run)
+    assert data["telemetry"] == [["sources", '["vllm"]'], ["coverage", "0.9"]]
+    header = dict(data["header"])
+    assert header["completions"] == "unknown of unknown completed, unknown failed"
+    assert header["status"] == "interrupted"  # no run.json: the measurement_finished event says it
+    assert {data["states"][s[4]] for s in data["spans"]} == {"ok", "incomplete"}
+    assert [data["strings"][i[4]] for i in data["instants"]].count("add (unmatched end)") == 2
+
+
+def test_timeline_downsamples_large_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "MAX_SPANS", 10)
+    events = [e for i in range(6) for e in trajectory(f"t{i}", i, 0.2 * i, worker=i % 2)]
+    data = timeline_data(make_run(tmp_path, [*events, *timeout_events()]))
+    cats = [data["cats"][s[3]] for s in data["spans"]]
+    assert cats == ["trajectory"] * 7 + ["cpu"] * 2  # every trajectory span, then the failed ones
+    assert data["total_spans"] > 10 and data["bars"]
+    bars = data["bars"]
+    assert sum(c[5] for c in bars) == data["total_spans"] - 9  # every other span is in exactly one bar
+    assert all(0 <= c[1] <= c[2] and 1 <= c[6] <= 100 and data["states"][c[4]] == "ok" for c in bars)
+    monkeypatch.setattr(timeline, "MAX_BARS", 1)  # cannot be met: stops at one bar per row and kind
+    merged = timeline_data(tmp_path / "run")["bars"]
+    assert len(merged) == len({(c[0], c[3]) for c in bars}) < len(bars)
+    assert any(n.startswith("Down-sampled:") for n in data["notes"])
+    assert data["notes"][0] == f"9 of {data['total_spans']} spans drawn individually."
+
+
+NODE_HARNESS = r"""
+const html = require("fs").readFileSync(process.argv[2], "utf8");
+const data = html.match(/<script type="application\/json" id="data">([\s\S]*?)<\/script>/)[1];
+const code = html.match(/<script>([\s\S]*?)<\/script>/)[1];
+const ctx = new Proxy({}, {get: (t, k) => (k in t ? t[k] : () => undefined),
+  set: (t, k, v) => ((t[k] = v), true)});
+const els = {};
+const mk = (id) => ({id, textContent: id === "data" ? data : "", style: {}, dataset: {}, kids: [], on: {},
+  append(...c) { this.kids.push(...c); }, addEventListener(type, f) { this.on[type] = f; },
+  getContext: () => ctx,
+  getBoundingClientRect: () => ({left: 0, top: 0, width: 1200}), parentElement: {clientWidth: 1200}});
+global.document = {getElementById: (id) => (els[id] ||= mk(id)), createElement: mk, body: mk("body")};
+global.window = mk("window");
+global.window.devicePixelRatio = 2;
+global.requestAnimationFrame = (f) => f();
+new Function(code)();
+const text = (e) => e.textContent + e.kids.map(text).join("");
+const D = JSON.parse(data), out = {rendered: document.body.dataset.rendered};
+out.tele = text(els.tele);
+out.hdr = text(els.hdr);
+const s = D.spans.find((s) => s[3] !== 0), mid = (s[1] + s[2] / 2) / 1e6;  // hover an inner span (rows 16 px)
+const x = 180 + (mid / (D.t1 - D.t0)) * 1020;
+els.tl.on.mousemove({clientX: x, clientY: s[0] * 16 + 8});
+out.tip = els.tip.textContent;
+for (let i = 0; i < 10; i++) els.tl.on.wheel({deltaY: -200, clientX: x, preventDefault() {}});
+out.zoomed = document.body.dataset.rendered;
+els.ct.on.mousedown({clientX: 600}); window.on.mousemove({clientX: 500}); window.on.mouseup();
+els.tl.on.dblclick();
+out.reset = document.body.dataset.rendered;
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_timeline_script_runs(tmp_path: Path) -> None:
+    """Runs the page's script in Node against a minimal DOM/canvas stand-in, then zooms, hovers and pans."""
+    run = make_run(tmp_path, normal_events() + broken_events(), summary=SUMMARY, run=RUN)
+    page = write_timeline(run)
+    harness = tmp_path / "harness.js"
+    harness.write_text(NODE_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    data = page_data(page.read_text())
+    assert out["rendered"] == out["reset"] == str(len(data["spans"]))
+    assert 0 < int(out["zoomed"]) < len(data["spans"])
+    assert out["tip"].startswith("a\nmodel queue (model queue)\nstart ")
+    assert out["tele"] == "no telemetry sources in this run" and "asyncroll" in out["hdr"]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (not installed here)")
+def test_timeline_renders_in_headless_chromium(tmp_path: Path) -> None:
+    page = write_timeline(make_run(tmp_path, normal_events(), summary=SUMMARY, run=RUN))
+    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    match = re.search(r'<body[^>]*data-rendered="(\d+)"', proc.stdout)
+    assert match, proc.stderr[-2000:]
+    assert int(match.group(1)) == len(page_data(page.read_text())["spans"])
