@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from asyncroll.clock import Clock
@@ -222,6 +223,13 @@ def parse_event(line: str | bytes) -> Event:
 Subscriber = Callable[[Event], None]
 
 
+def _stamp(event: Event, t: float) -> None:
+    """Set ``t`` on a record the writer owns. Events are frozen for everyone else: the writer stamps the
+    time once, before the record is written or any subscriber sees it (a copy would double the cost of
+    every event on the hot path)."""
+    event.__dict__["t"] = t
+
+
 class EventLog:
     """The single writer of ``events.jsonl`` (or of nothing, for tests), with synchronous subscribers."""
 
@@ -254,21 +262,27 @@ class EventLog:
         self._origin = self._clock.now()
         pending, self._pending = self._pending, []
         for event in pending:
-            self._write(event.model_copy(update={"t": round(event.t - self._origin, 6)}))
+            _stamp(event, round(event.t - self._origin, 6))
+            self._write(event)
         return self._origin
 
     def emit(self, event: Event) -> None:
+        """Stamp ``t`` on a freshly built event, write it as one line and hand it to the subscribers."""
         now = self._clock.now()
         if self._origin is None:
             # Hold the few pre-measurement events with their absolute time; written at start or close.
             if len(self._pending) < self._MAX_PENDING:
-                self._pending.append(event.model_copy(update={"t": now}))
+                _stamp(event, now)
+                self._pending.append(event)
             return
-        self._write(event.model_copy(update={"t": round(now - self._origin, 6)}))
+        _stamp(event, round(now - self._origin, 6))
+        self._write(event)
 
     def _write(self, event: Event) -> None:
         if self._fd is not None:
-            os.write(self._fd, event.model_dump_json().encode() + b"\n")
+            # A pydantic record's __dict__ holds exactly its fields, in order, all JSON-native values;
+            # orjson encodes it several times faster than model_dump_json, on the hot path of every run.
+            os.write(self._fd, orjson.dumps(event.__dict__, option=orjson.OPT_APPEND_NEWLINE))
         for subscriber in self._subscribers:
             subscriber(event)
 
@@ -278,7 +292,8 @@ class EventLog:
             origin = self._clock.now()
             pending, self._pending = self._pending, []
             for event in pending:
-                self._write(event.model_copy(update={"t": round(event.t - origin, 6)}))
+                _stamp(event, round(event.t - origin, 6))
+                self._write(event)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

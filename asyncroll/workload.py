@@ -230,6 +230,11 @@ def _check_implementation(implementation: str, tool_root: Path) -> str | None:
 
 def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
     try:
+        return Problem.model_validate_json(raw), []  # the fast path: one pass in pydantic-core
+    except ValidationError:
+        pass
+    # Slow path, only for a bad line: separate JSON errors from field errors for clear messages.
+    try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return None, [("line", f"not valid JSON: {exc}")]

@@ -229,3 +229,14 @@ def test_limiter_survives_cancelled_waiters() -> None:
         return granted.holding, limiter.snapshot().holding
 
     assert VirtualClock().run(main()) == (1, 0)
+
+
+def test_results_keep_answers_of_any_size(virtual_run: VirtualRun) -> None:
+    import json
+
+    huge = 10**40
+    problem = {"id": "big", "prompt": "p", "script": [{"type": "final", "answer": huge}]}
+    outcome, _, out = virtual_run([problem])
+    assert outcome.status == "complete"
+    row = json.loads((out / "results.jsonl").read_text())
+    assert row["answer"] == huge and row["status"] == "completed"

@@ -10,6 +10,10 @@ from asyncroll.workload import Action, Problem
 
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
+    """One model turn. ``messages`` is the conversation so far in asyncroll's own form: the user prompt,
+    then ``{"role": "assistant", "action": Action}`` and ``{"role": "tool", "content": str}`` entries.
+    A backend renders it for its server (the scripted backend needs only ``turn``)."""
+
     trajectory_id: str
     problem: Problem
     turn: int

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from asyncroll.events import (
@@ -83,45 +84,68 @@ class SummaryBuilder:
                 "turns_per_trajectory",
             )
         }
+        self._handlers: dict[type[Event], Callable[[Any], None]] = {
+            ModelStarted: self._model_started,
+            ModelFinished: self._model_finished,
+            ModelFailed: self._model_failed,
+            CpuSelected: self._cpu_selected,
+            CpuFinished: self._cpu_finished,
+            CpuFailed: self._cpu_failed,
+            TrajectoryStarted: self._trajectory_started,
+            TrajectoryFinished: self._trajectory_finished,
+            WorkerRestarting: self._worker_restarting,
+        }
 
     def __call__(self, event: Event) -> None:
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def _model_started(self, event: ModelStarted) -> None:
+        self.samples["model_queue_s"].append(event.queued_s)
+
+    def _model_finished(self, event: ModelFinished) -> None:
+        self.model_finished += 1
+        self.samples["model_latency_s"].append(event.latency_s)
+
+    def _model_failed(self, event: ModelFailed) -> None:
+        self.model_failed[event.kind] += 1
+
+    def _cpu_selected(self, event: CpuSelected) -> None:
+        self.decisions += 1
+        self.eligible += event.eligible
+        self.reorders += event.reordered
+        self.reasons[event.reason] += 1
+        self.samples["cpu_queue_s"].append(event.waited_s)
+
+    def _cpu_finished(self, event: CpuFinished) -> None:
         s = self.samples
-        if isinstance(event, ModelStarted):
-            s["model_queue_s"].append(event.queued_s)
-        elif isinstance(event, ModelFinished):
-            self.model_finished += 1
-            s["model_latency_s"].append(event.latency_s)
-        elif isinstance(event, ModelFailed):
-            self.model_failed[event.kind] += 1
-        elif isinstance(event, CpuSelected):
-            self.decisions += 1
-            self.eligible += event.eligible
-            self.reorders += event.reordered
-            self.reasons[event.reason] += 1
-            s["cpu_queue_s"].append(event.waited_s)
-        elif isinstance(event, CpuFinished):
-            self.jobs_by_kind[event.kind] += 1
-            if event.kind == "tool":
-                self.tool_calls += 1
-                self.tool_errors += not event.ok
-            s["cpu_execute_s"].append(event.execute_s)
-            s["cpu_roundtrip_s"].append(event.roundtrip_s)
-            s["cpu_dispatch_overhead_s"].append(max(0.0, round(event.roundtrip_s - event.execute_s, 6)))
-        elif isinstance(event, CpuFailed):
-            self.jobs_by_kind[event.kind] += 1
-            self.tool_calls += event.kind == "tool"
-            self.cpu_failures[event.reason] += 1
-        elif isinstance(event, TrajectoryStarted):
-            self.started += 1
-        elif isinstance(event, TrajectoryFinished):
-            self.status[event.status] += 1
-            s["trajectory_s"].append(event.duration_s)
-            s["turns_per_trajectory"].append(float(event.turns))
-            if event.correct is not None:
-                self.graded += 1
-                self.correct += event.correct
-        elif isinstance(event, WorkerRestarting):
-            self.restarts[event.reason] += 1
+        self.jobs_by_kind[event.kind] += 1
+        if event.kind == "tool":
+            self.tool_calls += 1
+            self.tool_errors += not event.ok
+        s["cpu_execute_s"].append(event.execute_s)
+        s["cpu_roundtrip_s"].append(event.roundtrip_s)
+        s["cpu_dispatch_overhead_s"].append(max(0.0, round(event.roundtrip_s - event.execute_s, 6)))
+
+    def _cpu_failed(self, event: CpuFailed) -> None:
+        self.jobs_by_kind[event.kind] += 1
+        self.tool_calls += event.kind == "tool"
+        self.cpu_failures[event.reason] += 1
+
+    def _trajectory_started(self, event: TrajectoryStarted) -> None:
+        self.started += 1
+
+    def _trajectory_finished(self, event: TrajectoryFinished) -> None:
+        self.status[event.status] += 1
+        self.samples["trajectory_s"].append(event.duration_s)
+        self.samples["turns_per_trajectory"].append(float(event.turns))
+        if event.correct is not None:
+            self.graded += 1
+            self.correct += event.correct
+
+    def _worker_restarting(self, event: WorkerRestarting) -> None:
+        self.restarts[event.reason] += 1
 
     def build(
         self,

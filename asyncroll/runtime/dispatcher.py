@@ -47,7 +47,7 @@ class JobOutcome:
 class _Queued:
     view: JobView
     spec: JobSpec
-    future: asyncio.Future[JobOutcome] = field(repr=False)
+    future: asyncio.Future[int] = field(repr=False)  # resolves to the worker slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +92,18 @@ class CpuDispatcher:
         return DispatcherSnapshot(len(self._queue), self._decisions, self._reorders, self._peak_queued)
 
     async def run(self, spec: JobSpec) -> JobOutcome:
-        """Queue a job and wait for its outcome."""
+        """Queue a job, wait until the policy gives it a worker, run it there and return its outcome.
+
+        The job runs in the caller's task (no task per job, no extra hand-off): the policy only decides
+        *when*. A caller cancelled while queued leaves the queue; one cancelled while its job runs takes
+        the worker down with it (the worker tree is killed), which only happens when the run is stopping.
+        """
         self._next_id += 1
         job_id = self._next_id
-        loop = asyncio.get_running_loop()
         view = JobView(
             job_id, spec.trajectory_id, spec.kind, spec.tool, spec.turn, self._clock.now(), spec.arg_bytes
         )
-        queued = _Queued(view, spec, loop.create_future())
+        queued = _Queued(view, spec, asyncio.get_running_loop().create_future())
         self._queue[job_id] = queued
         self._peak_queued = max(self._peak_queued, len(self._queue))
         self._events.emit(
@@ -114,11 +118,14 @@ class CpuDispatcher:
             )
         )
         self._dispatch()
-        try:
-            return await queued.future
-        finally:
-            # A cancelled waiter leaves the queue; a job already running completes (non-preemptive).
-            self._queue.pop(job_id, None)
+        if queued.future.done():
+            slot = queued.future.result()
+        else:
+            try:
+                slot = await queued.future
+            finally:
+                self._queue.pop(job_id, None)
+        return await self._execute(slot, queued)
 
     def _dispatch(self) -> None:
         while self._queue:
@@ -127,9 +134,7 @@ class CpuDispatcher:
                 return
             now = self._clock.now()
             jobs = tuple(q.view for q in self._queue.values())
-            snapshot = QueueSnapshot(
-                now, jobs, self._gate.outstanding, self._gate.snapshot().limit, self._pool.snapshot().idle + 1
-            )
+            snapshot = QueueSnapshot(now, jobs, self._gate.outstanding, self._gate.limit, self._pool.idle + 1)
             decision = self._policy.choose(snapshot)
             chosen = self._queue.pop(decision.job_id)
             oldest = jobs[0]
@@ -161,21 +166,18 @@ class CpuDispatcher:
                     generation=worker.generation,
                 )
             )
-            assert self._tg is not None, "dispatcher used before bind()"
-            self._tg.create_task(self._execute(slot, chosen))
+            chosen.future.set_result(slot)
 
-    async def _execute(self, slot: int, job: _Queued) -> None:
+    async def _execute(self, slot: int, job: _Queued) -> JobOutcome:
         worker = self._pool.worker(slot)
         spec, view = job.spec, job.view
         tool = self._tool_keys.get(spec.tool, spec.tool)
         request = JobRequest(job_id=view.job_id, tool=tool, arguments=spec.arguments)
         sent = self._clock.now()
-        restart: str | None = None
         try:
             result = await worker.call(request, self._timeout)
         except (WorkerTimeout, WorkerDied) as exc:
             failure = "timeout" if isinstance(exc, WorkerTimeout) else "worker_died"
-            restart = "timeout" if failure == "timeout" else "died"
             self._events.emit(
                 CpuFailed(
                     id=spec.trajectory_id,
@@ -188,37 +190,28 @@ class CpuDispatcher:
                     error=str(exc)[:1000],
                 )
             )
-            _settle(job.future, JobOutcome(ok=False, error=str(exc), failure=failure))
-        else:
-            reply = result.reply
-            rel = self._events.rel
-            self._events.emit(
-                CpuFinished(
-                    id=spec.trajectory_id,
-                    job_id=view.job_id,
-                    worker=slot,
-                    kind=spec.kind,
-                    tool=spec.tool,
-                    ok=reply.ok,
-                    execute_s=round(reply.execute_s, 6),
-                    cpu_s=round(reply.cpu_s, 6),
-                    roundtrip_s=round(result.received - result.sent, 6),
-                    serialize_s=round(reply.serialize_s, 6),
-                    started=rel(reply.started),
-                    finished=rel(reply.finished),
-                    error=None if reply.error is None else reply.error[:1000],
-                )
+            # The replacement starts now, owned by the run's task group; the caller gets its answer at once.
+            assert self._tg is not None, "dispatcher used before bind()"
+            self._tg.create_task(self._pool.replace(slot, "timeout" if failure == "timeout" else "died"))
+            return JobOutcome(ok=False, error=str(exc), failure=failure)
+        reply = result.reply
+        rel = self._events.rel
+        self._events.emit(
+            CpuFinished(
+                id=spec.trajectory_id,
+                job_id=view.job_id,
+                worker=slot,
+                kind=spec.kind,
+                tool=spec.tool,
+                ok=reply.ok,
+                execute_s=round(reply.execute_s, 6),
+                cpu_s=round(reply.cpu_s, 6),
+                roundtrip_s=round(result.received - result.sent, 6),
+                serialize_s=round(reply.serialize_s, 6),
+                started=rel(reply.started),
+                finished=rel(reply.finished),
+                error=None if reply.error is None else reply.error[:1000],
             )
-            _settle(
-                job.future,
-                JobOutcome(ok=reply.ok, value=reply.value, error=reply.error, execute_s=reply.execute_s),
-            )
-        if restart is not None:
-            await self._pool.replace(slot, restart)  # type: ignore[arg-type]
-        else:
-            self._pool.release(slot)
-
-
-def _settle(future: asyncio.Future[JobOutcome], outcome: JobOutcome) -> None:
-    if not future.done():
-        future.set_result(outcome)
+        )
+        self._pool.release(slot)
+        return JobOutcome(ok=reply.ok, value=reply.value, error=reply.error, execute_s=reply.execute_s)

@@ -41,6 +41,10 @@ class ModelGate:
         self._failures = 0
 
     @property
+    def limit(self) -> int:
+        return self._limiter.snapshot().limit
+
+    @property
     def outstanding(self) -> int:
         return self._limiter.holding + self._limiter.waiting
 

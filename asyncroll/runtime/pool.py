@@ -94,6 +94,10 @@ class WorkerPool:
         """True once any worker was replaced (its CPU time before death is then unknown)."""
         return self._replaced
 
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
     def worker(self, slot: int) -> Worker:
         worker = self._workers[slot]
         assert worker is not None

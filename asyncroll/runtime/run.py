@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 
 from asyncroll.backends.base import Backend
@@ -183,7 +184,7 @@ class Run:
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
             result: TrajectoryResult = await trajectories.run(index, traj_id, problem, admission.active)
-            os.write(results_fd, (json.dumps(result.to_json(), default=str) + "\n").encode())
+            os.write(results_fd, _json_line(result.to_json()))
 
         try:
             async with asyncio.TaskGroup() as outer:
@@ -258,6 +259,13 @@ class Run:
                 exit_code=_exit_code(status),
             )
         return RunOutcome(status, _exit_code(status), result, error)
+
+
+def _json_line(data: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(data, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # e.g. an integer answer beyond 64 bits: the stdlib encoder handles any size
+        return (json.dumps(data, default=str) + "\n").encode()
 
 
 def _exit_code(status: str) -> int:

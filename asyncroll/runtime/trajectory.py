@@ -103,7 +103,7 @@ class TrajectoryRunner:
                 state.id, turn, lambda r=request: self._backend.complete(r), ModelResponse.describe
             )
             action = response.action
-            messages.append({"role": "assistant", "content": action.model_dump_json(exclude={"latency_ms"})})
+            messages.append({"role": "assistant", "action": action})
             if isinstance(action, ToolAction):
                 observation, error = await self._tool(state, problem, action, turn)
                 if error is not None and self._tool_errors == "fail":

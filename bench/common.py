@@ -1,0 +1,87 @@
+"""Shared helpers for the benchmarks: the machine they ran on, workloads, one run in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncroll.clock import Clock, SystemClock, VirtualClock
+from asyncroll.config import build_config
+from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.virtual_worker import virtual_factory
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{platform.node()}: {cpu}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    )
+
+
+def write_workload(path: Path, problems: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    return path
+
+
+def final_only(n: int, latency_ms: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"p{i}",
+            "prompt": "answer",
+            "script": [{"type": "final", "answer": i, "latency_ms": latency_ms}],
+        }
+        for i in range(n)
+    ]
+
+
+def tool_chain(
+    n: int, calls: int, model_ms: float, tool: str = "add", cpu_ms: float = 0
+) -> list[dict[str, Any]]:
+    args = {"a": 1, "b": 2} if tool == "add" else {"milliseconds": cpu_ms}
+    step = {"type": "tool", "name": tool, "arguments": args, "latency_ms": model_ms}
+    return [
+        {
+            "id": f"p{i}",
+            "prompt": "work",
+            "tools": [{"name": tool}],
+            "script": [step] * calls + [{"type": "final", "answer": i, "latency_ms": model_ms}],
+        }
+        for i in range(n)
+    ]
+
+
+def run_once(
+    problems: list[dict[str, Any]], *, virtual: bool = False, **settings: Any
+) -> tuple[RunOutcome, Path, float]:
+    """Run a workload through the real runtime (real event files); returns outcome, run dir, wall seconds."""
+    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-bench-"))
+    workload = write_workload(tmp / "workload.jsonl", problems)
+    cfg = build_config({"workload": workload, "output": tmp / "run", "warmup_requests": 0, **settings})
+    clock: Clock = VirtualClock() if virtual else SystemClock()
+    factory = virtual_factory(clock) if isinstance(clock, VirtualClock) else None
+    run = Run(prepare(cfg, ["bench"]), clock, worker_factory=factory)
+    began = time.perf_counter()
+    outcome = clock.run(run.execute())
+    return outcome, tmp / "run", time.perf_counter() - began
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def quantiles(xs: list[float]) -> tuple[float, float, float]:
+    s = sorted(xs)
+    return s[0], s[len(s) // 2], s[-1]
