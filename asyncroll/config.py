@@ -119,6 +119,8 @@ class RunConfig(BaseModel):
             out.append("--nvml-device is not available yet (NVML telemetry has not landed)")
         if self.nvtx:
             out.append("--nvtx is not available yet (NVTX ranges have not landed)")
+        if self.progress:
+            out.append("--progress is not available yet (the live progress line has not landed)")
         if self.dedicated_gpu:
             out.append("--dedicated-gpu is not available yet (GPU-hour accounting has not landed)")
         return out

@@ -78,6 +78,8 @@ class TrajectoryRunner:
         messages: list[dict[str, Any]] = [{"role": "user", "content": problem.prompt}]
         try:
             result = await self._loop(state, problem, messages)
+        except _Failed as exc:
+            result = state.finish(self._clock.now(), "failed", error=str(exc))
         except ModelError as exc:
             result = state.finish(self._clock.now(), "failed", error=f"model {exc.kind}: {exc}")
         self._events.emit(
@@ -145,8 +147,12 @@ class TrajectoryRunner:
             JobSpec(state.id, "grade", GRADE_TOOL, arguments, turn, len(answer))
         )
         if not outcome.ok:
-            raise ModelError("grade_failed", f"grading failed: {outcome.error}")
+            raise _Failed(f"grading failed: {outcome.error}")
         return bool(outcome.value)
+
+
+class _Failed(Exception):
+    """Ends this trajectory as ``failed`` with the message (a failed grade job, for one)."""
 
 
 @dataclass(slots=True)

@@ -1,0 +1,38 @@
+"""CLI start-up: wall time of ``asyncroll --help`` (target < 0.3 s), min/median/max over repeats.
+
+Heavy imports (pydantic, psutil, httpx, scikit-learn, the runtime) load only inside commands; this
+measures what a user waits for before any command runs. Run: ``python -m bench.startup [--repeats 15]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+
+from bench.common import machine, quantiles
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    exe = shutil.which("asyncroll")
+    commands = {"asyncroll --help": [exe, "--help"]} if exe else {}
+    commands["python -m asyncroll.cli --help"] = [sys.executable, "-m", "asyncroll.cli", "--help"]
+    print(f"machine: {machine()}")
+    print(f"| command | min s | median s | max s | repeats |\n|---|---:|---:|---:|---:|")
+    for name, argv in commands.items():
+        times = []
+        for _ in range(args.repeats):
+            began = time.perf_counter()
+            subprocess.run(argv, check=True, capture_output=True)
+            times.append(time.perf_counter() - began)
+        lo, mid, hi = quantiles(times)
+        print(f"| `{name}` | {lo:.3f} | {mid:.3f} | {hi:.3f} | {args.repeats} |")
+
+
+if __name__ == "__main__":
+    main()
