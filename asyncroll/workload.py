@@ -188,8 +188,8 @@ def _check_problem(problem: Problem, tool_root: Path, scripted: bool) -> list[tu
     for i, action in enumerate(problem.script):
         where = f"script[{i}]"
         if isinstance(action, ToolAction):
-            tool = problem.tool(action.name)
-            if tool is None:
+            declared = problem.tool(action.name)
+            if declared is None:
                 out.append(
                     (
                         f"{where}.name",
@@ -199,7 +199,7 @@ def _check_problem(problem: Problem, tool_root: Path, scripted: bool) -> list[tu
                 )
                 continue
             try:
-                coerce_arguments(action.arguments, tool.declared_inputs, tool.bound_arguments)
+                coerce_arguments(action.arguments, declared.declared_inputs, declared.bound_arguments)
             except CoercionError as exc:
                 out.append((f"{where}.arguments{exc.path}", exc.message))
         elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":

@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.common import events, machine, run_once, tool_chain
 
-CASES: list[tuple[str, dict[str, int]]] = [
+CASES: list[tuple[str, dict[str, Any]]] = [
     ("active tight", {"max_active_trajectories": 3, "max_inflight_model_requests": 64, "cpu_workers": 8}),
     ("inflight tight", {"max_active_trajectories": 64, "max_inflight_model_requests": 3, "cpu_workers": 8}),
     ("workers tight", {"max_active_trajectories": 64, "max_inflight_model_requests": 64, "cpu_workers": 3}),

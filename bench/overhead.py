@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from asyncroll.backends.base import ModelRequest, ModelResponse
+from asyncroll.backends.base import ModelRequest
 from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import SystemClock
 from asyncroll.events import EventLog
@@ -67,9 +67,7 @@ async def model_turn(calls: int) -> float:
     gate = ModelGate(4, clock, log)
     backend = ScriptedBackend(clock)
     request = ModelRequest("p", PROBLEM, 0, [])
-    samples = await _per_call(
-        calls, lambda _: gate.call("p", 0, lambda: backend.complete(request), ModelResponse.describe)
-    )
+    samples = await _per_call(calls, lambda _: gate.call("p", 0, lambda: backend.complete(request)))
     log.close()
     return statistics.median(samples)
 

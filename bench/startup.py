@@ -23,7 +23,7 @@ def main() -> None:
     commands = {"asyncroll --help": [exe, "--help"]} if exe else {}
     commands["python -m asyncroll.cli --help"] = [sys.executable, "-m", "asyncroll.cli", "--help"]
     print(f"machine: {machine()}")
-    print(f"| command | min s | median s | max s | repeats |\n|---|---:|---:|---:|---:|")
+    print("| command | min s | median s | max s | repeats |\n|---|---:|---:|---:|---:|")
     for name, argv in commands.items():
         times = []
         for _ in range(args.repeats):

@@ -26,14 +26,6 @@ class ModelResponse:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
-    def describe(self) -> dict[str, object]:
-        """Fields of the ``model_finished`` event."""
-        return {
-            "action": self.action.type,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
-
 
 class Backend(Protocol):
     name: str

@@ -50,6 +50,7 @@ class Decision:
 
 
 class Policy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def choose(self, snapshot: QueueSnapshot) -> Decision: ...

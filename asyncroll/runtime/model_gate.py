@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
+from asyncroll.backends.base import ModelResponse
 from asyncroll.clock import Clock
 from asyncroll.errors import ModelError
 from asyncroll.events import EventLog, ModelEnqueued, ModelFailed, ModelFinished, ModelStarted
 from asyncroll.runtime.limiter import FifoLimiter
-
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +54,8 @@ class ModelGate:
         self,
         trajectory_id: str,
         turn: int,
-        request: Callable[[], Awaitable[R]],
-        describe: Callable[[R], dict[str, object]],
-    ) -> R:
+        request: Callable[[], Awaitable[ModelResponse]],
+    ) -> ModelResponse:
         """Run one model request under the limit, emitting enqueued/started/finished-or-failed."""
         self._next_id += 1
         rid = self._next_id
@@ -100,9 +97,11 @@ class ModelGate:
                     request_id=rid,
                     turn=turn,
                     latency_s=round(clock.now() - started, 6),
-                    **describe(response),
+                    action=response.action.type,
+                    prompt_tokens=response.prompt_tokens,
+                    completion_tokens=response.completion_tokens,
                 )
-            )  # type: ignore[arg-type]
+            )
             return response
         finally:
             self._limiter.release()

@@ -29,10 +29,12 @@ class Worker(Protocol):
 
     index: int
     generation: int
-    startup_s: float
 
     @property
     def pid(self) -> int | None: ...
+
+    @property
+    def startup_s(self) -> float | None: ...
 
     async def start(self) -> None: ...
 
@@ -144,7 +146,10 @@ class WorkerPool:
         await worker.start()
         self._events.emit(
             WorkerReady(
-                worker=slot, pid=worker.pid, generation=generation, startup_s=round(worker.startup_s, 6)
+                worker=slot,
+                pid=worker.pid,
+                generation=generation,
+                startup_s=round(worker.startup_s or 0.0, 6),
             )
         )
         return worker

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import psutil
@@ -37,13 +37,14 @@ from asyncroll.policies import get_policy
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.dispatcher import CpuDispatcher
 from asyncroll.runtime.model_gate import ModelGate
-from asyncroll.runtime.pool import WorkerFactory, WorkerPool
+from asyncroll.runtime.pool import Worker, WorkerFactory, WorkerPool
 from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.protocol import ToolSpec
 from asyncroll.workload import Problem, WorkloadScan, iter_problems, scan_workload
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+Status = Literal["complete", "failed", "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ class Run:
             max_turns=cfg.max_turns,
             tool_errors=cfg.tool_errors,
         )
-        status, error = "failed", None
+        status: Status = "failed"
+        error: str | None = None
         origin: float | None = None
         cpu_start: tuple[float, float | None] | None = None
         cpu_end: tuple[float, float | None] | None = None
@@ -227,7 +229,7 @@ class Run:
                 events.emit(
                     MeasurementFinished(
                         status=status,
-                        makespan_s=round(makespan, 6),  # type: ignore[arg-type]
+                        makespan_s=round(makespan, 6),
                         reason=error,
                     )
                 )
@@ -255,7 +257,7 @@ class Run:
                 status,
                 clock.wall(),
                 error=error,
-                exports=exports,  # type: ignore[arg-type]
+                exports=exports,
                 exit_code=_exit_code(status),
             )
         return RunOutcome(status, _exit_code(status), result, error)
@@ -268,7 +270,7 @@ def _json_line(data: dict[str, Any]) -> bytes:
         return (json.dumps(data, default=str) + "\n").encode()
 
 
-def _exit_code(status: str) -> int:
+def _exit_code(status: Status) -> int:
     return {"complete": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAILED)
 
 
@@ -363,7 +365,7 @@ def _process_worker_factory(config: RunConfig, scan: WorkloadScan) -> WorkerFact
     logs = config.output / "workers"
     logs.mkdir(exist_ok=True)
 
-    def factory(index: int, generation: int) -> ProcessWorker:
+    def factory(index: int, generation: int) -> Worker:
         return ProcessWorker(
             index,
             specs,

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
-from asyncroll.backends.base import Backend, ModelRequest, ModelResponse
+from asyncroll.backends.base import Backend, ModelRequest
 from asyncroll.clock import Clock
 from asyncroll.coerce import CoercionError, coerce_arguments
 from asyncroll.errors import InvalidActionError, ModelError
@@ -101,9 +102,7 @@ class TrajectoryRunner:
         for turn in range(self._max_turns):
             state.turns = turn + 1
             request = ModelRequest(state.id, problem, turn, messages)
-            response = await self._gate.call(
-                state.id, turn, lambda r=request: self._backend.complete(r), ModelResponse.describe
-            )
+            response = await self._gate.call(state.id, turn, partial(self._backend.complete, request))
             action = response.action
             messages.append({"role": "assistant", "action": action})
             if isinstance(action, ToolAction):
