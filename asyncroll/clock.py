@@ -9,6 +9,9 @@ Everything in the runtime asks a :class:`Clock` for ``now()`` and ``sleep()``. T
   runs in milliseconds and every timestamp is exact and repeatable, which is what scheduling tests and
   the simulator need. Real I/O still works (it is polled), but a virtual loop must not wait on real
   processes: their time does not jump.
+
+Real worker processes (``asyncroll.workers``) stamp their IPC and execution times with ``time.monotonic``
+directly: they only ever run beside a :class:`SystemClock`, which is that same clock.
 """
 
 from __future__ import annotations

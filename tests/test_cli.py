@@ -244,3 +244,53 @@ def test_signal_mid_run_leaves_valid_files_and_no_processes(tmp_path: Path, sig:
     assert events[-1].event == "measurement_finished" and events[-1].status == "interrupted"
     assert summary["counts"]["unfinished"] > 0
     assert_gone(worker_pids(events))
+
+
+def test_gpu_slots_is_a_deprecated_alias(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = cli("run", "--workload", SMOKE, "--output", out, "--gpu-slots", "3")
+    assert result.returncode == 0, result.stderr
+    assert "--gpu-slots is deprecated" in result.stderr
+    receipt, summary, _ = load_run(out)
+    assert (
+        receipt["config"]["max_inflight_model_requests"] == 3
+        and summary["limits"]["max_inflight_model_requests"] == 3
+    )
+    both = cli(
+        "run",
+        "--workload",
+        SMOKE,
+        "--output",
+        tmp_path / "r2",
+        "--gpu-slots",
+        "3",
+        "--max-inflight-model-requests",
+        "2",
+    )
+    assert both.returncode == 2 and not (tmp_path / "r2").exists()
+
+
+@pytest.mark.timeout(60)
+def test_worker_that_cannot_start_fails_the_run_with_its_reason(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no database here')\ndef t(x):\n    return x\n")
+    workload = write_workload(
+        tmp_path / "w.jsonl",
+        [
+            {
+                "id": 1,
+                "prompt": "p",
+                "tools": [{"name": "t", "inputs": {"x": "int"}, "implementation": "broken.py"}],
+                "script": [
+                    {"type": "tool", "name": "t", "arguments": {"x": 1}},
+                    {"type": "final", "answer": 1},
+                ],
+            },
+        ],
+    )
+    out = tmp_path / "run"
+    result = cli("run", "--workload", workload, "--output", out)
+    assert result.returncode == 1
+    assert "no database here" in result.stderr
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and "no database here" in receipt["error"]
+    assert "measurement_started" not in (out / "events.jsonl").read_text()
