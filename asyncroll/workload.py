@@ -41,18 +41,22 @@ class ToolAction(_Strict):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     latency_ms: float | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=1)
+    cpu_ms: float | None = Field(default=None, ge=0, description="declared CPU time (simulation only)")
 
 
 class FinalAction(_Strict):
     type: Literal["final"]
     answer: Any
     latency_ms: float | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=1)
 
 
 class SubmitAction(_Strict):
     type: Literal["submit"]
     code: str
     latency_ms: float | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=1)
 
 
 Action = Annotated[ToolAction | FinalAction | SubmitAction, Field(discriminator="type")]

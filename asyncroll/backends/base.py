@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,7 +31,9 @@ class ModelResponse:
 class Backend(Protocol):
     name: str
 
-    async def start(self) -> None: ...
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        """Start anything the backend runs in the background (as tasks of the run's group)."""
+        ...
 
     async def warmup(self, requests: int) -> int:
         """Send untimed warm-up requests before the measurement clock starts; returns how many were sent."""

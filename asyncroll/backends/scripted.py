@@ -7,6 +7,8 @@ workload was scanned; running past the end of a script is a model failure of tha
 
 from __future__ import annotations
 
+import asyncio
+
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.clock import Clock
 from asyncroll.errors import ModelError
@@ -18,7 +20,7 @@ class ScriptedBackend:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
 
-    async def start(self) -> None:
+    async def start(self, tg: asyncio.TaskGroup) -> None:
         return None
 
     async def warmup(self, requests: int) -> int:

@@ -71,6 +71,12 @@ class SummaryBuilder:
         self.reorders = 0
         self.reasons: Counter[str] = Counter()
         self.restarts: Counter[str] = Counter()
+        # Work (model service + CPU execution) per active trajectory, folded into totals when it ends.
+        self._work: dict[str | None, float] = {}
+        self.model_work = 0.0
+        self.cpu_work = 0.0
+        self.trajectory_work = 0.0
+        self.longest_work = 0.0
         self.samples: dict[str, list[float]] = {
             k: []
             for k in (
@@ -104,11 +110,20 @@ class SummaryBuilder:
     def _model_started(self, event: ModelStarted) -> None:
         self.samples["model_queue_s"].append(event.queued_s)
 
+    def _add_work(self, trajectory: str | None, seconds: float, model: bool) -> None:
+        if model:
+            self.model_work += seconds
+        else:
+            self.cpu_work += seconds
+        self._work[trajectory] = self._work.get(trajectory, 0.0) + seconds
+
     def _model_finished(self, event: ModelFinished) -> None:
+        self._add_work(event.id, event.latency_s, model=True)
         self.model_finished += 1
         self.samples["model_latency_s"].append(event.latency_s)
 
     def _model_failed(self, event: ModelFailed) -> None:
+        self._add_work(event.id, event.latency_s, model=True)
         self.model_failed[event.kind] += 1
 
     def _cpu_selected(self, event: CpuSelected) -> None:
@@ -119,6 +134,7 @@ class SummaryBuilder:
         self.samples["cpu_queue_s"].append(event.waited_s)
 
     def _cpu_finished(self, event: CpuFinished) -> None:
+        self._add_work(event.id, event.execute_s, model=False)
         s = self.samples
         self.jobs_by_kind[event.kind] += 1
         if event.kind == "tool":
@@ -129,6 +145,7 @@ class SummaryBuilder:
         s["cpu_dispatch_overhead_s"].append(max(0.0, round(event.roundtrip_s - event.execute_s, 6)))
 
     def _cpu_failed(self, event: CpuFailed) -> None:
+        self._add_work(event.id, event.roundtrip_s, model=False)
         self.jobs_by_kind[event.kind] += 1
         self.tool_calls += event.kind == "tool"
         self.cpu_failures[event.reason] += 1
@@ -137,6 +154,9 @@ class SummaryBuilder:
         self.started += 1
 
     def _trajectory_finished(self, event: TrajectoryFinished) -> None:
+        work = self._work.pop(event.id, 0.0)
+        self.trajectory_work += work
+        self.longest_work = max(self.longest_work, work)
         self.status[event.status] += 1
         self.samples["trajectory_s"].append(event.duration_s)
         self.samples["turns_per_trajectory"].append(float(event.turns))
@@ -147,6 +167,42 @@ class SummaryBuilder:
     def _worker_restarting(self, event: WorkerRestarting) -> None:
         self.restarts[event.reason] += 1
 
+    def bounds(
+        self, makespan_s: float, limits: dict[str, int], model_capacity: int | None = None
+    ) -> dict[str, Any]:
+        """The makespan lower bound from the run's own work, and efficiency = bound ÷ makespan.
+
+        Each term is a duration no schedule of *this* work could beat: model service spread over the
+        model capacity (inflight limit, active limit and the server's batch limit where known), CPU
+        execution over the workers, each trajectory's own work over the active slots, and the longest
+        single trajectory (its model turns and jobs are sequential). Computed from measured durations,
+        each term is at most the makespan (at most ``capacity`` requests are ever in flight, and so on);
+        it assumes a request or job would not have been faster at another concurrency.
+        """
+        active = limits["max_active_trajectories"]
+        capacity = min(limits["max_inflight_model_requests"], active, model_capacity or active)
+        unfinished = sum(self._work.values())
+        longest = max([self.longest_work, *self._work.values()])
+        terms = {
+            "model_service_s": round(self.model_work / capacity, 6),
+            "cpu_execute_s": round(self.cpu_work / limits["cpu_workers"], 6),
+            "trajectory_work_s": round((self.trajectory_work + unfinished) / active, 6),
+            "longest_trajectory_s": round(longest, 6),
+        }
+        binding = max(terms, key=lambda k: terms[k])
+        bound = terms[binding]
+        return {
+            "lower_bound_s": bound,
+            "binding": binding,
+            "efficiency": _ratio(bound, makespan_s),
+            "terms": terms,
+            "model_capacity": capacity,
+            "totals": {
+                "model_service_s": round(self.model_work, 6),
+                "cpu_execute_s": round(self.cpu_work, 6),
+            },
+        }
+
     def build(
         self,
         *,
@@ -156,6 +212,7 @@ class SummaryBuilder:
         cpu_cost: dict[str, Any],
         peaks: dict[str, int],
         status: str,
+        model_capacity: int | None = None,
     ) -> dict[str, Any]:
         finished = sum(self.status.values())
         completed = self.status["completed"]
@@ -231,6 +288,7 @@ class SummaryBuilder:
                 "reasons": dict(self.reasons),
             },
             "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
+            "bounds": self.bounds(makespan_s, limits, model_capacity),
             "peaks": peaks,
             "cpu_cost": cpu_cost,
         }

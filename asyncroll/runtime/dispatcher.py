@@ -32,6 +32,7 @@ class JobSpec:
     arguments: dict[str, Any]
     turn: int
     arg_bytes: int = 0
+    cost_s: float | None = None  # declared duration, for simulated workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +173,7 @@ class CpuDispatcher:
         worker = self._pool.worker(slot)
         spec, view = job.spec, job.view
         tool = self._tool_keys.get(spec.tool, spec.tool)
-        request = JobRequest(job_id=view.job_id, tool=tool, arguments=spec.arguments)
+        request = JobRequest(view.job_id, tool, spec.arguments, spec.cost_s)
         sent = self._clock.now()
         try:
             result = await worker.call(request, self._timeout)

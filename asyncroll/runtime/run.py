@@ -62,12 +62,15 @@ class RunOutcome:
     error: str | None = None
 
 
-def prepare(config: RunConfig, argv: list[str] | None = None) -> PreparedRun:
-    """Validate everything before anything starts; creates the output directory last."""
+def prepare(config: RunConfig, argv: list[str] | None = None, *, output_ready: bool = False) -> PreparedRun:
+    """Validate everything before anything starts; creates the output directory last.
+
+    ``output_ready``: the caller already created the (new, empty but for its own inputs) directory.
+    """
     problems = config.unavailable_features()
     if problems:
         raise UsageError("\n".join(problems))
-    if config.output.exists():
+    if not output_ready and config.output.exists():
         raise OutputExistsError(
             f"--output {config.output} already exists; asyncroll never overwrites a run "
             f"(choose a new directory)"
@@ -79,6 +82,8 @@ def prepare(config: RunConfig, argv: list[str] | None = None) -> PreparedRun:
         config.workload, tool_root, scripted=config.backend == "scripted", limit=config.limit
     )
     scan.raise_if_invalid()
+    if output_ready:
+        return PreparedRun(config, scan, list(argv or sys.argv))
     try:
         config.output.mkdir(parents=True, exist_ok=False)
     except FileExistsError as exc:
@@ -99,7 +104,11 @@ class Run:
         worker_factory: WorkerFactory | None = None,
         backend: Backend | None = None,
         subscribers: tuple[Subscriber, ...] = (),
+        receipt_extra: dict[str, Any] | None = None,
+        model_capacity: int | None = None,
     ) -> None:
+        """``receipt_extra`` adds sections to run.json (the simulator's settings); ``model_capacity`` is
+        the server's own concurrency limit where known (a simulated batch size), for the lower bound."""
         self.config = prepared.config
         self.scan = prepared.scan
         self.argv = prepared.argv
@@ -109,6 +118,8 @@ class Run:
         self._backend = backend or ScriptedBackend(clock)
         self._subscribers = subscribers
         self.interrupt_reason: str | None = None
+        self._receipt_extra = receipt_extra or {}
+        self._model_capacity = model_capacity
 
     def _receipt_body(self) -> dict[str, Any]:
         cfg = self.config
@@ -143,6 +154,7 @@ class Run:
                 "sources": [],
                 "note": "no telemetry source is implemented yet (vLLM metrics, NVML): none probed",
             },
+            **self._receipt_extra,
         }
 
     async def execute(self) -> RunOutcome:
@@ -192,7 +204,7 @@ class Run:
             async with asyncio.TaskGroup() as outer:
                 await pool.start(outer)
                 try:
-                    await self._backend.start()
+                    await self._backend.start(outer)
                     warm = await self._backend.warmup(cfg.warmup_requests)
                     receipt.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
                     origin = events.start_measurement()
@@ -246,6 +258,7 @@ class Run:
                 cpu_cost=cpu_cost,
                 peaks=peaks,
                 status=status,
+                model_capacity=self._model_capacity,
             )
             events.close()
             os.close(results_fd)

@@ -130,7 +130,9 @@ class TrajectoryRunner:
         except CoercionError as exc:
             raise InvalidActionError(f"tool {action.name!r} arguments{exc.path}: {exc.message}") from exc
         arg_bytes = len(json.dumps(action.arguments, default=str))
-        outcome = await self._dispatcher.run(JobSpec(state.id, "tool", tool.key, arguments, turn, arg_bytes))
+        cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
+        spec = JobSpec(state.id, "tool", tool.key, arguments, turn, arg_bytes, cost_s)
+        outcome = await self._dispatcher.run(spec)
         state.tool_calls += 1
         if outcome.ok:
             return json.dumps(outcome.value, default=str), None

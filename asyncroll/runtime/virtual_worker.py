@@ -24,7 +24,10 @@ Duration = Callable[[JobRequest], float]
 
 
 def builtin_duration(request: JobRequest) -> float:
-    """Seconds a job takes: the milliseconds of ``spin_ms``/``sleep_ms``, zero for anything else."""
+    """Seconds a job takes: its declared cost if any, else the milliseconds of ``spin_ms``/``sleep_ms``,
+    else zero."""
+    if request.cost_s is not None:
+        return request.cost_s
     if request.tool in ("spin_ms", "sleep_ms"):
         return float(request.arguments.get("milliseconds", 0)) / 1000.0
     return 0.0
@@ -32,13 +35,21 @@ def builtin_duration(request: JobRequest) -> float:
 
 class VirtualWorker:
     def __init__(
-        self, index: int, generation: int, clock: Clock, duration: Duration = builtin_duration
+        self,
+        index: int,
+        generation: int,
+        clock: Clock,
+        duration: Duration = builtin_duration,
+        simulate_tools: bool = False,
     ) -> None:
+        """``simulate_tools``: a trusted file tool (which a virtual worker cannot run) succeeds with a
+        null value instead of failing — what a simulation of scripted actions wants."""
         self.index = index
         self.generation = generation
         self.startup_s = 0.0
         self._clock = clock
         self._duration = duration
+        self._simulate_tools = simulate_tools
         self._exited = asyncio.Event()
         self.jobs = 0
 
@@ -60,7 +71,7 @@ class VirtualWorker:
             )
         await self._clock.sleep(seconds)
         finished = self._clock.now()
-        ok, value, error = _evaluate(request)
+        ok, value, error = _evaluate(request, self._simulate_tools)
         self.jobs += 1
         reply = JobReply(request.job_id, ok, value, error, sent, finished, seconds, seconds, 0.0)
         return CallResult(reply, sent, finished)
@@ -79,10 +90,12 @@ class VirtualWorker:
         self._exited.set()
 
 
-def _evaluate(request: JobRequest) -> tuple[bool, Any, str | None]:
+def _evaluate(request: JobRequest, simulate_tools: bool) -> tuple[bool, Any, str | None]:
     fn = grade if request.tool == "__grade__" else BUILTIN_TOOLS.get(request.tool)
     if request.tool in ("spin_ms", "sleep_ms"):
         return True, request.arguments.get("milliseconds"), None
+    if fn is None and simulate_tools:
+        return True, None, None
     if fn is None:
         return False, None, f"virtual worker cannot execute {request.tool!r} (not a built-in)"
     try:
@@ -92,6 +105,6 @@ def _evaluate(request: JobRequest) -> tuple[bool, Any, str | None]:
 
 
 def virtual_factory(
-    clock: Clock, duration: Duration = builtin_duration
+    clock: Clock, duration: Duration = builtin_duration, *, simulate_tools: bool = False
 ) -> Callable[[int, int], VirtualWorker]:
-    return lambda index, generation: VirtualWorker(index, generation, clock, duration)
+    return lambda index, generation: VirtualWorker(index, generation, clock, duration, simulate_tools)

@@ -1,0 +1,56 @@
+"""The simulated-server backend: actions come from the script, model time from a batching server model.
+
+Prompt tokens are estimated from the conversation so far (characters ÷ ``chars_per_token``), output
+tokens from the action's ``output_tokens`` or from the size of the action itself. The engine loop runs
+as a task of the run's task group and stops at :meth:`aclose`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+from asyncroll.backends.base import ModelRequest, ModelResponse
+from asyncroll.backends.server_model import BatchingServer
+from asyncroll.errors import ModelError
+
+
+def _chars(message: dict[str, Any]) -> int:
+    action = message.get("action")
+    if action is not None:
+        return len(action.model_dump_json())
+    return len(str(message.get("content", "")))
+
+
+class SimulatedServerBackend:
+    name = "simulated"
+
+    def __init__(self, server: BatchingServer, chars_per_token: float = 4.0) -> None:
+        self.server = server
+        self._chars_per_token = chars_per_token
+
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        tg.create_task(self.server.serve())
+
+    async def warmup(self, requests: int) -> int:
+        return 0
+
+    def _tokens(self, chars: int) -> int:
+        return max(1, math.ceil(chars / self._chars_per_token))
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        script = request.problem.script or []
+        if request.turn >= len(script):
+            raise ModelError(
+                "script_exhausted", f"script has {len(script)} actions; turn {request.turn} asked for another"
+            )
+        action = script[request.turn]
+        prompt = self._tokens(sum(_chars(m) for m in request.messages))
+        output = action.output_tokens or self._tokens(len(json.dumps(action.model_dump(exclude_none=True))))
+        generation = await self.server.generate(prompt, output)
+        return ModelResponse(action=action, prompt_tokens=prompt, completion_tokens=generation.output_tokens)
+
+    async def aclose(self) -> None:
+        self.server.close()

@@ -1,0 +1,1 @@
+"""Simulation: the real runtime and policies on a virtual clock, against a model of the inference server."""
