@@ -65,6 +65,15 @@ class Scheduler(BaseModel):
     reasons: dict[str, int]
 
 
+class Bounds(BaseModel):
+    lower_bound_s: float
+    binding: str
+    efficiency: float | None
+    terms: dict[str, float]
+    model_capacity: int
+    totals: dict[str, float]
+
+
 class SummaryModel(_Open):
     schema_version: int
     status: Literal["complete", "failed", "interrupted"]
@@ -81,6 +90,7 @@ class SummaryModel(_Open):
     phases: dict[str, Any]
     scheduler: Scheduler
     workers: dict[str, Any]
+    bounds: Bounds
     peaks: dict[str, int]
     cpu_cost: dict[str, float | str | None]
 

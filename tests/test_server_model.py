@@ -1,0 +1,67 @@
+"""The continuous-batching server model, on a virtual clock: exact step arithmetic."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncroll.backends.server_model import BatchingServer, Generation, ServerModelConfig
+from asyncroll.clock import VirtualClock
+
+CFG = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, prefill_ms_per_token=0.1)
+
+
+def _serve(requests: list[tuple[float, int, int]], cfg: ServerModelConfig = CFG) -> list[Generation]:
+    """Submit (arrival s, prompt tokens, output tokens) requests; return their generations in order."""
+    clock = VirtualClock()
+
+    async def main() -> list[Generation]:
+        server = BatchingServer(cfg, clock)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(server.serve())
+
+            async def one(at: float, prompt: int, out: int) -> Generation:
+                await asyncio.sleep(at)
+                return await server.generate(prompt, out)
+
+            tasks = [tg.create_task(one(*r)) for r in requests]
+            results = [await t for t in tasks]
+            server.close()
+        return results
+
+    return clock.run(main())
+
+
+def test_single_request_prefill_then_decode() -> None:
+    (g,) = _serve([(0.0, 100, 3)])
+    # step 1: 10 + 1×1 + 0.1×100 = 21 ms (first token); steps 2, 3: 11 ms each
+    assert g.ttft_s == pytest.approx(0.021)
+    assert g.latency_s == pytest.approx(0.043)
+    assert g.queued_s == 0 and g.output_tokens == 3
+
+
+def test_batching_slows_each_step_but_raises_throughput() -> None:
+    alone = _serve([(0.0, 0, 10)])[0].latency_s
+    pair = _serve([(0.0, 0, 10), (0.0, 0, 10)])
+    assert alone == pytest.approx(10 * 0.011)
+    assert [g.latency_s for g in pair] == pytest.approx([10 * 0.012] * 2)  # both finish together
+
+
+def test_max_num_seqs_queues_the_rest_fcfs() -> None:
+    gens = _serve([(0.0, 0, 2), (0.0, 0, 2), (0.0, 0, 1)])
+    # two run (12 ms steps), the third waits for both to finish at 24 ms, then one 11 ms step
+    assert gens[2].queued_s == pytest.approx(0.024)
+    assert gens[2].latency_s == pytest.approx(0.035)
+
+
+def test_arrival_mid_step_waits_for_the_next_step() -> None:
+    gens = _serve([(0.0, 0, 3), (0.005, 0, 1)])
+    assert gens[1].queued_s == pytest.approx(0.006)  # admitted when the first 11 ms step ends
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        ServerModelConfig(max_num_seqs=0)
+    with pytest.raises(ValueError):
+        ServerModelConfig(step_base_ms=0, step_per_seq_ms=0)
