@@ -151,3 +151,23 @@ def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
     assert refused.returncode == 2 and list(exists.iterdir()) == []
     bad_server = cli("simulate", "--workload", SMOKE, "--output", tmp_path / "d", "--server", "quantum")
     assert bad_server.returncode == 2 and not (tmp_path / "d").exists()
+
+
+def test_client_cpu_blocked_time_is_exact(virtual_run: VirtualRun) -> None:
+    # One trajectory: 100 ms model, 50 ms job (blocked: nothing for the model), 100 ms model.
+    outcome, _, _ = virtual_run([tool_problem("a", model_ms=100, cpu_ms=50)])
+    assert outcome.summary is not None
+    blocked = outcome.summary["client_cpu_blocked"]
+    assert blocked["seconds"] == pytest.approx(0.05) and blocked["intervals"] == 1
+    # b's model turns (0-120, 170-290) leave 120-150 with both trajectories in CPU jobs: 30 ms blocked.
+    outcome, _, _ = virtual_run(
+        [tool_problem("a", model_ms=100, cpu_ms=50), tool_problem("b", model_ms=120, cpu_ms=50)]
+    )
+    assert outcome.summary is not None
+    assert outcome.summary["client_cpu_blocked"]["seconds"] == pytest.approx(0.03)
+    # b's model turns (0-160, 210-370) cover a's job and a's (150-250) cover b's: never blocked.
+    outcome, _, _ = virtual_run(
+        [tool_problem("a", model_ms=100, cpu_ms=50), tool_problem("b", model_ms=160, cpu_ms=50)]
+    )
+    assert outcome.summary is not None
+    assert outcome.summary["client_cpu_blocked"]["seconds"] == pytest.approx(0.0)

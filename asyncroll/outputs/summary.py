@@ -25,6 +25,7 @@ from asyncroll.events import (
     TrajectoryStarted,
     WorkerRestarting,
 )
+from asyncroll.outputs.blocked import BlockedMeter
 
 SUMMARY_SCHEMA_VERSION = 1
 
@@ -71,6 +72,7 @@ class SummaryBuilder:
         self.reorders = 0
         self.reasons: Counter[str] = Counter()
         self.restarts: Counter[str] = Counter()
+        self.blocked = BlockedMeter()
         # Work (model service + CPU execution) per active trajectory, folded into totals when it ends.
         self._work: dict[str | None, float] = {}
         self.model_work = 0.0
@@ -103,6 +105,7 @@ class SummaryBuilder:
         }
 
     def __call__(self, event: Event) -> None:
+        self.blocked(event)
         handler = self._handlers.get(type(event))
         if handler is not None:
             handler(event)
@@ -289,6 +292,12 @@ class SummaryBuilder:
             },
             "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
             "bounds": self.bounds(makespan_s, limits, model_capacity),
+            "client_cpu_blocked": {
+                "seconds": self.blocked.total(makespan_s),
+                "fraction_of_makespan": _ratio(self.blocked.total(makespan_s), makespan_s),
+                "intervals": self.blocked.intervals,
+                "definition": "≥1 active trajectory, 0 model requests outstanding, ≥1 CPU job pending",
+            },
             "peaks": peaks,
             "cpu_cost": cpu_cost,
         }

@@ -1,0 +1,68 @@
+"""Client CPU-blocked time: how long the client had work only for the CPU and none for the model.
+
+Blocked means, at the same instant: at least one active trajectory, zero model requests outstanding
+(queued or in flight) and at least one CPU job pending (queued or running). During such an interval the
+inference server gets nothing from this client: it is the client-side half of "model starvation"
+(MEASUREMENT.md). Integrated exactly over the event stream's own timestamps.
+"""
+
+from __future__ import annotations
+
+from asyncroll.events import (
+    CpuEnqueued,
+    CpuFailed,
+    CpuFinished,
+    Event,
+    ModelEnqueued,
+    ModelFailed,
+    ModelFinished,
+    TrajectoryFinished,
+    TrajectoryStarted,
+)
+
+_DELTAS: dict[type[Event], tuple[int, int, int]] = {
+    # (active trajectories, model outstanding, CPU jobs pending)
+    TrajectoryStarted: (1, 0, 0),
+    TrajectoryFinished: (-1, 0, 0),
+    ModelEnqueued: (0, 1, 0),
+    ModelFinished: (0, -1, 0),
+    ModelFailed: (0, -1, 0),
+    CpuEnqueued: (0, 0, 1),
+    CpuFinished: (0, 0, -1),
+    CpuFailed: (0, 0, -1),
+}
+
+
+class BlockedMeter:
+    def __init__(self) -> None:
+        self.active = 0
+        self.outstanding = 0
+        self.pending = 0
+        self.blocked_s = 0.0
+        self.intervals = 0
+        self._since: float | None = None
+
+    @property
+    def blocked(self) -> bool:
+        return self.active > 0 and self.outstanding == 0 and self.pending > 0
+
+    def __call__(self, event: Event) -> None:
+        delta = _DELTAS.get(type(event))
+        if delta is None:
+            return
+        was = self.blocked
+        self.active += delta[0]
+        self.outstanding += delta[1]
+        self.pending += delta[2]
+        now = self.blocked
+        if now and not was:
+            self._since = event.t
+            self.intervals += 1
+        elif was and not now and self._since is not None:
+            self.blocked_s += event.t - self._since
+            self._since = None
+
+    def total(self, end: float) -> float:
+        """Blocked seconds up to ``end`` (an interval still open is closed there)."""
+        open_s = end - self._since if self._since is not None else 0.0
+        return round(self.blocked_s + max(0.0, open_s), 6)
