@@ -12,14 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
-import os
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -31,7 +26,8 @@ from asyncroll.clock import Clock
 from asyncroll.config import RunConfig
 from asyncroll.errors import AsyncrollError, OutputExistsError, UsageError
 from asyncroll.events import EventLog, MeasurementFinished, MeasurementStarted, Subscriber
-from asyncroll.outputs.receipt import Receipt, file_sha256, host, versions
+from asyncroll.outputs.receipt import file_sha256, host, versions
+from asyncroll.outputs.rundir import RunDirectory
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
 from asyncroll.runtime.admission import Admission
@@ -106,9 +102,11 @@ class Run:
         subscribers: tuple[Subscriber, ...] = (),
         receipt_extra: dict[str, Any] | None = None,
         model_capacity: int | None = None,
+        record: bool = True,
     ) -> None:
         """``receipt_extra`` adds sections to run.json (the simulator's settings); ``model_capacity`` is
-        the server's own concurrency limit where known (a simulated batch size), for the lower bound."""
+        the server's own concurrency limit where known (a simulated batch size), for the lower bound;
+        ``record=False`` writes no files at all (a sweep cell needs only the returned summary)."""
         self.config = prepared.config
         self.scan = prepared.scan
         self.argv = prepared.argv
@@ -120,6 +118,7 @@ class Run:
         self.interrupt_reason: str | None = None
         self._receipt_extra = receipt_extra or {}
         self._model_capacity = model_capacity
+        self._record = record
 
     def _receipt_body(self) -> dict[str, Any]:
         cfg = self.config
@@ -159,13 +158,12 @@ class Run:
 
     async def execute(self) -> RunOutcome:
         cfg, clock = self.config, self.clock
-        receipt = Receipt(self.out / "run.json", self._receipt_body(), clock.wall())
-        events = EventLog(clock, self.out / "events.jsonl")
+        files = RunDirectory(self.out if self._record else None, self._receipt_body(), clock.wall())
+        events = EventLog(clock, files.events_path)
         summary = SummaryBuilder()
         events.subscribe(summary)
         for subscriber in self._subscribers:
             events.subscribe(subscriber)
-        results_fd = os.open(self.out / "results.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         limits = cfg.limits
         pool = WorkerPool(limits.cpu_workers, self._factory, clock, events)
         gate = ModelGate(limits.max_inflight_model_requests, clock, events)
@@ -198,7 +196,7 @@ class Run:
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
             result: TrajectoryResult = await trajectories.run(index, traj_id, problem, admission.active)
-            os.write(results_fd, _json_line(result.to_json()))
+            files.write_result(_json_line(result.to_json()))
 
         try:
             async with asyncio.TaskGroup() as outer:
@@ -206,7 +204,7 @@ class Run:
                 try:
                     await self._backend.start(outer)
                     warm = await self._backend.warmup(cfg.warmup_requests)
-                    receipt.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
+                    files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
                     origin = events.start_measurement()
                     cpu_start = (_client_cpu(), pool.cpu_seconds())
                     events.emit(
@@ -218,7 +216,7 @@ class Run:
                             cpu_workers=limits.cpu_workers,
                         )
                     )
-                    receipt.transition("running", clock.wall())
+                    files.transition("running", clock.wall())
                     async with asyncio.TaskGroup() as tg:
                         dispatcher.bind(tg)
                         await admission.run(tg, iter_problems(cfg.workload, cfg.limit), trajectory)
@@ -261,18 +259,7 @@ class Run:
                 model_capacity=self._model_capacity,
             )
             events.close()
-            os.close(results_fd)
-            from asyncroll.outputs.receipt import write_json_atomic
-
-            write_json_atomic(self.out / "summary.json", result)
-            exports = _export(self.out)
-            receipt.transition(
-                status,
-                clock.wall(),
-                error=error,
-                exports=exports,
-                exit_code=_exit_code(status),
-            )
+            files.finish(result, status, clock.wall(), error=error, exit_code=_exit_code(status))
         return RunOutcome(status, _exit_code(status), result, error)
 
 
@@ -344,25 +331,6 @@ def _cpu_cost(
         "per_completion_s": per,
         "reason": reason,
     }
-
-
-def _export(out: Path) -> dict[str, Any]:
-    """trace.json and timeline.html, outside the timed window; a failed export is recorded, not fatal."""
-    exports: dict[str, Any] = {}
-    for name, module, function in (
-        ("trace.json", "trace", "write_trace"),
-        ("timeline.html", "timeline", "write_timeline"),
-    ):
-        began = time.perf_counter()
-        try:
-            writer: Callable[[Path], Path] = getattr(
-                importlib.import_module(f"asyncroll.outputs.{module}"), function
-            )
-            writer(out)
-            exports[name] = {"ok": True, "seconds": round(time.perf_counter() - began, 4)}
-        except Exception as exc:  # noqa: BLE001 - an export must never lose the run's data
-            exports[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    return exports
 
 
 def worker_tool_keys(scan: WorkloadScan) -> dict[str, str]:

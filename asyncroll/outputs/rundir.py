@@ -1,0 +1,72 @@
+"""The files of one run directory, written in the order a run produces them.
+
+``run.json`` first (``preparing``), then ``events.jsonl`` and ``results.jsonl`` as the run goes,
+``summary.json`` at the end, then the exports (``trace.json``, ``timeline.html``) outside the measured
+window, and ``run.json`` last with the final status. With ``out=None`` nothing is written (a sweep cell
+needs only its summary), through the same calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from asyncroll.outputs.receipt import Receipt, Status, write_json_atomic
+
+EXPORTS = (("trace.json", "trace", "write_trace"), ("timeline.html", "timeline", "write_timeline"))
+
+
+class RunDirectory:
+    def __init__(self, out: Path | None, receipt_body: dict[str, Any], wall: float) -> None:
+        self.out = out
+        self._receipt = None if out is None else Receipt(out / "run.json", receipt_body, wall)
+        self._results: int | None = None
+        if out is not None:
+            self._results = os.open(out / "results.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    @property
+    def events_path(self) -> Path | None:
+        return None if self.out is None else self.out / "events.jsonl"
+
+    def update(self, **fields: Any) -> None:
+        if self._receipt is not None:
+            self._receipt.update(**fields)
+
+    def transition(self, status: Status, wall: float, **fields: Any) -> None:
+        if self._receipt is not None:
+            self._receipt.transition(status, wall, **fields)
+
+    def write_result(self, line: bytes) -> None:
+        if self._results is not None:
+            os.write(self._results, line)
+
+    def finish(self, summary: dict[str, Any], status: Status, wall: float, **fields: Any) -> None:
+        """Close results, write the summary and the exports, then the final receipt."""
+        if self._results is not None:
+            os.close(self._results)
+            self._results = None
+        if self.out is None:
+            return
+        write_json_atomic(self.out / "summary.json", summary)
+        exports = export(self.out)
+        self.transition(status, wall, exports=exports, **fields)
+
+
+def export(out: Path) -> dict[str, Any]:
+    """trace.json and timeline.html; a failed export is recorded, never fatal: the run's data is safe."""
+    exports: dict[str, Any] = {}
+    for name, module, function in EXPORTS:
+        began = time.perf_counter()
+        try:
+            writer: Callable[[Path], Path] = getattr(
+                importlib.import_module(f"asyncroll.outputs.{module}"), function
+            )
+            writer(out)
+            exports[name] = {"ok": True, "seconds": round(time.perf_counter() - began, 4)}
+        except Exception as exc:  # noqa: BLE001 - an export must never lose the run's data
+            exports[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return exports
