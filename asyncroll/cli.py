@@ -202,6 +202,15 @@ def simulate(
     ] = 0.08,
     prefill_ms_per_token: Annotated[float, Opt(help="batching: prefill cost per prompt token (ms).")] = 0.03,
     chars_per_token: Annotated[float, Opt(help="batching: characters per token for size estimates.")] = 4.0,
+    sweep: Annotated[bool, Opt("--sweep", help="Sweep policies × operating points × seeds instead.")] = False,
+    policies: Annotated[str, Opt(help="sweep: comma-separated policies.")] = "fifo,tool_first,sync",
+    active: Annotated[
+        str | None, Opt(help="sweep: comma-separated active limits (default: the one given).")
+    ] = None,
+    inflight: Annotated[str | None, Opt(help="sweep: comma-separated inflight limits.")] = None,
+    workers: Annotated[str | None, Opt(help="sweep: comma-separated worker counts.")] = None,
+    seeds: Annotated[int, Opt(help="sweep: seeds per cell (timings jittered per seed).")] = 5,
+    jitter: Annotated[float, Opt(help="sweep: sigma of the mean-one lognormal timing jitter.")] = 0.25,
 ) -> None:
     """Simulate a workload on a virtual clock: the real runtime and policies, no processes, no server.
 
@@ -219,6 +228,13 @@ def simulate(
     from asyncroll.simulation.engine import simulate as run_simulation
 
     sim_keys = {
+        "sweep",
+        "policies",
+        "active",
+        "inflight",
+        "workers",
+        "seeds",
+        "jitter",
         "from_run",
         "server",
         "chars_per_token",
@@ -241,6 +257,29 @@ def simulate(
             raise UsageError("give exactly one of --workload and --from-run")
         if output is None:
             raise UsageError("missing required option: --output")
+        if sweep:
+            if workload is None:
+                raise UsageError("--sweep needs --workload")
+            from asyncroll.simulation.sweep import SweepSpec, aggregate, markdown, run_sweep
+
+            cfg0 = build_config({**values, "output": output / "unused"})
+            spec = SweepSpec(
+                tuple(_csv(policies, str, "--policies")),
+                tuple(_csv(active, int, "--active") if active else [cfg0.max_active_trajectories]),
+                tuple(_csv(inflight, int, "--inflight") if inflight else [cfg0.max_inflight_model_requests]),
+                tuple(_csv(workers, int, "--workers") if workers else [cfg0.cpu_workers]),
+                seeds,
+                jitter,
+            )
+            if seeds < 1 or jitter < 0:
+                raise UsageError("--seeds must be >= 1 and --jitter >= 0")
+            for name in spec.policies:
+                build_config({**values, "output": output, "policy": name})
+            if output.exists():
+                raise UsageError(f"--output {output} already exists; asyncroll never overwrites a run")
+            rows = run_sweep(cfg0.workload, cfg0.resolved_tool_root, values, spec, settings, output)
+            typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
+            raise typer.Exit(0)
         if from_run is not None:
             if limit is not None or tool_root is not None:
                 raise UsageError("--limit and --tool-root come from the recorded run with --from-run")
@@ -280,6 +319,20 @@ def simulate(
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
         typer.echo(f"lower bound {b['lower_bound_s']:.3f}s ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
+
+
+def _csv(text: str, kind: type, flag: str) -> list[Any]:
+    from asyncroll.errors import UsageError
+
+    try:
+        values = [kind(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(
+            f"{flag}: expected a comma-separated list of {kind.__name__}, got {text!r}"
+        ) from None
+    if not values:
+        raise UsageError(f"{flag}: empty list")
+    return values
 
 
 @app.command()

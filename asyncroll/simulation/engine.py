@@ -49,13 +49,7 @@ def simulate(
     """Validate, then run on a virtual clock; the output directory is the same as ``asyncroll run``'s."""
     prepared = prepare(config, argv, output_ready=derived is not None)
     clock = VirtualClock()
-    backend: Backend
-    capacity = None
-    if settings.server == "batching":
-        backend = SimulatedServerBackend(BatchingServer(settings.model, clock), settings.chars_per_token)
-        capacity = settings.model.max_num_seqs
-    else:
-        backend = ScriptedBackend(clock)
+    backend, capacity = backend_for(settings, clock)
     extra = {
         "simulation": {
             **settings.describe(),
@@ -80,6 +74,14 @@ def simulate(
         model_capacity=capacity,
     )
     return clock.run(run.execute())
+
+
+def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Backend, int | None]:
+    """The model side of a simulation and its own concurrency limit (None when unbounded)."""
+    if settings.server == "batching":
+        server = BatchingServer(settings.model, clock)
+        return SimulatedServerBackend(server, settings.chars_per_token), settings.model.max_num_seqs
+    return ScriptedBackend(clock), None
 
 
 def prepare_from_run(run_dir: Path, output: Path) -> DerivedRun:

@@ -1,0 +1,49 @@
+"""Seeded jitter of a workload's timings, for sweeps with a spread over seeds.
+
+Every model latency and every CPU cost is multiplied by a mean-one lognormal factor drawn from a
+generator keyed by (seed, problem id, turn, kind) — never from global random state — so the same seed
+gives the same durations to every policy and operating point: sweep cells are paired comparisons on
+common random numbers. A ``spin_ms``/``sleep_ms`` call without ``cpu_ms`` gets ``cpu_ms`` from its
+argument first. ``sigma = 0`` copies the timings unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+from asyncroll.workload import ToolAction, iter_problems
+
+
+def factor(seed: int, problem: str, turn: int, kind: str, sigma: float) -> float:
+    """A mean-one lognormal multiplier, a pure function of its arguments."""
+    if sigma <= 0:
+        return 1.0
+    digest = hashlib.sha256(f"{seed}\0{problem}\0{turn}\0{kind}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    return math.exp(rng.gauss(-sigma * sigma / 2.0, sigma))
+
+
+def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -> int:
+    """Write ``source`` with jittered timings to ``destination``; returns the number of problems."""
+    count = 0
+    with destination.open("w", encoding="utf-8") as out:
+        for _, pid, problem in iter_problems(source):
+            script = []
+            for turn, action in enumerate(problem.script or []):
+                update: dict[str, Any] = {}
+                if action.latency_ms is not None:
+                    update["latency_ms"] = action.latency_ms * factor(seed, pid, turn, "model", sigma)
+                if isinstance(action, ToolAction):
+                    cost = action.cpu_ms
+                    if cost is None and action.name in ("spin_ms", "sleep_ms"):
+                        cost = float(action.arguments.get("milliseconds", 0))
+                    if cost is not None:
+                        update["cpu_ms"] = cost * factor(seed, pid, turn, "cpu", sigma)
+                script.append(action.model_copy(update=update))
+            out.write(problem.model_copy(update={"id": pid, "script": script}).model_dump_json() + "\n")
+            count += 1
+    return count

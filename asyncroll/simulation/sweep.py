@@ -1,0 +1,204 @@
+"""Sweeps: policies × operating points (active, inflight, workers) × seeds, one simulation per cell.
+
+Each seed jitters the workload's timings once (:mod:`asyncroll.simulation.perturb`), so every policy and
+operating point of a seed sees the same durations. Each cell runs the real runtime on a virtual clock
+without writing files; the sweep writes ``sweep.csv`` (one row per cell and seed), ``sweep.md`` (one row
+per cell: min/median/max over seeds and the paired change against ``fifo``) and ``sweep.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncroll.clock import VirtualClock
+from asyncroll.config import build_config
+from asyncroll.runtime.run import PreparedRun, Run
+from asyncroll.runtime.virtual_worker import virtual_factory
+from asyncroll.simulation.engine import SimulationSettings, backend_for
+from asyncroll.simulation.perturb import perturb_workload
+from asyncroll.workload import scan_workload
+
+COLUMNS = (
+    "policy",
+    "active",
+    "inflight",
+    "workers",
+    "seed",
+    "makespan_s",
+    "completed",
+    "failed",
+    "completed_per_hour",
+    "lower_bound_s",
+    "efficiency",
+    "binding",
+    "cpu_blocked_s",
+    "reorders",
+    "decisions",
+)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    policies: tuple[str, ...]
+    active: tuple[int, ...]
+    inflight: tuple[int, ...]
+    workers: tuple[int, ...]
+    seeds: int
+    jitter: float
+
+    def points(self) -> list[tuple[int, int, int]]:
+        return list(itertools.product(self.active, self.inflight, self.workers))
+
+
+def run_sweep(
+    workload: Path,
+    tool_root: Path,
+    base: dict[str, Any],
+    spec: SweepSpec,
+    settings: SimulationSettings,
+    output: Path,
+) -> list[dict[str, Any]]:
+    """Run every cell; ``output`` must be a new directory (created here)."""
+    output.mkdir(parents=True)
+    (output / "workloads").mkdir()
+    rows: list[dict[str, Any]] = []
+    for seed in range(spec.seeds):
+        seeded = output / "workloads" / f"seed-{seed}.jsonl"
+        perturb_workload(workload, seeded, seed, spec.jitter)
+        scan = scan_workload(seeded, tool_root, scripted=True, limit=base.get("limit"))
+        scan.raise_if_invalid()
+        for policy, (active, inflight, workers) in itertools.product(spec.policies, spec.points()):
+            config = build_config(
+                {
+                    **base,
+                    "workload": seeded,
+                    "output": output / "unused",
+                    "policy": policy,
+                    "tool_root": tool_root,
+                    "max_active_trajectories": active,
+                    "max_inflight_model_requests": inflight,
+                    "cpu_workers": workers,
+                }
+            )
+            clock = VirtualClock()
+            backend, capacity = backend_for(settings, clock)
+            run = Run(
+                PreparedRun(config, scan, ["sweep"]),
+                clock,
+                backend=backend,
+                model_capacity=capacity,
+                worker_factory=virtual_factory(clock, simulate_tools=True),
+                record=False,
+            )
+            outcome = clock.run(run.execute())
+            s = outcome.summary or {}
+            rows.append(
+                {
+                    "policy": policy,
+                    "active": active,
+                    "inflight": inflight,
+                    "workers": workers,
+                    "seed": seed,
+                    "makespan_s": s.get("makespan_s"),
+                    "completed": s["counts"]["completed"],
+                    "failed": s["counts"]["failed"],
+                    "completed_per_hour": s["throughput"]["completed_per_wall_hour"],
+                    "lower_bound_s": s["bounds"]["lower_bound_s"],
+                    "efficiency": s["bounds"]["efficiency"],
+                    "binding": s["bounds"]["binding"],
+                    "cpu_blocked_s": s["client_cpu_blocked"]["seconds"],
+                    "reorders": s["scheduler"]["reorders"],
+                    "decisions": s["scheduler"]["decisions"],
+                }
+            )
+    _write(output, rows, spec, settings, workload)
+    return rows
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (policy, point) with spreads over seeds and the paired change against fifo."""
+    fifo = {
+        (r["active"], r["inflight"], r["workers"], r["seed"]): r["makespan_s"]
+        for r in rows
+        if r["policy"] == "fifo"
+    }
+    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["policy"], r["active"], r["inflight"], r["workers"]), []).append(r)
+    out = []
+    for (policy, active, inflight, workers), group in cells.items():
+        paired = [
+            r["makespan_s"] / fifo[(active, inflight, workers, r["seed"])] - 1.0
+            for r in group
+            if (active, inflight, workers, r["seed"]) in fifo and fifo[(active, inflight, workers, r["seed"])]
+        ]
+        out.append(
+            {
+                "policy": policy,
+                "active": active,
+                "inflight": inflight,
+                "workers": workers,
+                "seeds": len(group),
+                "makespan_s": _spread([r["makespan_s"] for r in group]),
+                "efficiency": _spread([r["efficiency"] for r in group if r["efficiency"] is not None]),
+                "cpu_blocked_s": _spread([r["cpu_blocked_s"] for r in group]),
+                "reorders": _spread([float(r["reorders"]) for r in group]),
+                "vs_fifo": "n/a"
+                if not paired or policy == "fifo"
+                else f"{100 * min(paired):+.1f}% / {100 * statistics.median(paired):+.1f}% / "
+                f"{100 * max(paired):+.1f}%",
+                "completed_per_hour_median": statistics.median(
+                    [r["completed_per_hour"] or 0.0 for r in group]
+                ),
+            }
+        )
+    return out
+
+
+def markdown(agg: list[dict[str, Any]]) -> str:
+    lines = [
+        "| policy | active | inflight | workers | makespan s (min / med / max) | efficiency "
+        "(min / med / max) | CPU-blocked s | reorders | makespan vs fifo, paired (min / med / max) |",
+        "|---|---:|---:|---:|---|---|---|---|---|",
+    ]
+    for c in sorted(agg, key=lambda c: (c["active"], c["inflight"], c["workers"], c["policy"])):
+        lines.append(
+            f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} | {c['makespan_s']} "
+            f"| {c['efficiency']} | {c['cpu_blocked_s']} | {c['reorders']} | {c['vs_fifo']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _write(
+    output: Path, rows: list[dict[str, Any]], spec: SweepSpec, settings: SimulationSettings, workload: Path
+) -> None:
+    with (output / "sweep.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    agg = aggregate(rows)
+    (output / "sweep.md").write_text(markdown(agg))
+    (output / "sweep.json").write_text(
+        json.dumps(
+            {
+                "workload": str(workload.resolve()),
+                "spec": asdict(spec),
+                "simulation": settings.describe(),
+                "rows": rows,
+                "cells": agg,
+            },
+            indent=2,
+        )
+    )
