@@ -275,6 +275,11 @@ def simulate(
                 raise UsageError("--seeds must be >= 1 and --jitter >= 0")
             for name in spec.policies:
                 build_config({**values, "output": output, "policy": name})
+            from asyncroll.workload import scan_workload
+
+            scan_workload(
+                cfg0.workload, cfg0.resolved_tool_root, scripted=True, limit=cfg0.limit
+            ).raise_if_invalid()
             if output.exists():
                 raise UsageError(f"--output {output} already exists; asyncroll never overwrites a run")
             rows = run_sweep(cfg0.workload, cfg0.resolved_tool_root, values, spec, settings, output)

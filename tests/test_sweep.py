@@ -1,0 +1,90 @@
+"""Sweeps and the seeded timing jitter they rest on."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from asyncroll.simulation.perturb import factor, perturb_workload
+from tests.conftest import tool_problem, write_workload
+from tests.test_cli import SMOKE, cli
+
+
+def test_jitter_is_deterministic_mean_one_and_keyed() -> None:
+    draws = [factor(3, f"p{i}", 0, "cpu", 0.5) for i in range(4000)]
+    assert statistics.fmean(draws) == pytest.approx(1.0, abs=0.03)
+    assert draws == [factor(3, f"p{i}", 0, "cpu", 0.5) for i in range(4000)]
+    assert factor(3, "p0", 0, "cpu", 0.5) != factor(4, "p0", 0, "cpu", 0.5)
+    assert factor(3, "p0", 0, "cpu", 0.5) != factor(3, "p0", 0, "model", 0.5)
+    assert factor(9, "anything", 2, "cpu", 0.0) == 1.0
+
+
+def test_perturbed_workload_keeps_actions_and_sets_costs(tmp_path: Path) -> None:
+    source = write_workload(tmp_path / "w.jsonl", [tool_problem("a", model_ms=100, cpu_ms=50, turns=2)])
+    same = tmp_path / "same.jsonl"
+    perturb_workload(source, same, seed=0, sigma=0.0)
+    row = json.loads(same.read_text())
+    assert [a["latency_ms"] for a in row["script"]] == [100, 100, 100]
+    assert [a.get("cpu_ms") for a in row["script"]] == [50, 50, None]  # sleep_ms argument → cpu_ms
+    jittered = tmp_path / "j.jsonl"
+    perturb_workload(source, jittered, seed=1, sigma=0.5)
+    row = json.loads(jittered.read_text())
+    assert row["script"][0]["arguments"] == {"milliseconds": 50}
+    assert row["script"][0]["latency_ms"] != 100 and row["script"][0]["cpu_ms"] != 50
+
+
+def test_sweep_writes_every_cell_with_paired_comparisons(tmp_path: Path) -> None:
+    problems = [tool_problem(f"p{i}", model_ms=30 + i, cpu_ms=40, turns=2) for i in range(10)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sweep"
+    result = cli(
+        "simulate",
+        "--sweep",
+        "--workload",
+        workload,
+        "--output",
+        out,
+        "--policies",
+        "fifo,sync",
+        "--active",
+        "2,8",
+        "--workers",
+        "1,2",
+        "--seeds",
+        "3",
+        "--jitter",
+        "0.3",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader((out / "sweep.csv").read_text().splitlines()))
+    assert len(rows) == 2 * 4 * 3
+    assert {r["policy"] for r in rows} == {"fifo", "sync"}
+    assert all(int(r["completed"]) == 10 for r in rows)
+    # bound and makespan are each rounded to the microsecond
+    assert all(float(r["lower_bound_s"]) <= float(r["makespan_s"]) + 2e-6 for r in rows)
+    # seeds change the timings; the same seed gives the same timings to every policy (paired)
+    fifo = {
+        (r["active"], r["workers"], r["seed"]): float(r["makespan_s"]) for r in rows if r["policy"] == "fifo"
+    }
+    assert len({v for k, v in fifo.items() if k[:2] == ("8", "2")}) == 3
+    sync = [r for r in rows if r["policy"] == "sync"]
+    assert all(float(r["makespan_s"]) >= fifo[(r["active"], r["workers"], r["seed"])] - 1e-9 for r in sync)
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["spec"]["seeds"] == 3 and len(summary["cells"]) == 8
+    table = (out / "sweep.md").read_text()
+    assert table.count("\n| sync |") == 4 and "+" in table
+
+
+def test_sweep_refuses_bad_lists_and_workloads(tmp_path: Path) -> None:
+    missing = cli("simulate", "--sweep", "--workload", tmp_path / "nope.jsonl", "--output", tmp_path / "m")
+    assert missing.returncode == 2 and "cannot read" in missing.stderr and not (tmp_path / "m").exists()
+    bad = cli("simulate", "--sweep", "--workload", SMOKE, "--output", tmp_path / "s", "--active", "2,x")
+    assert bad.returncode == 2 and "--active" in bad.stderr and not (tmp_path / "s").exists()
+    policy = cli(
+        "simulate", "--sweep", "--workload", SMOKE, "--output", tmp_path / "t", "--policies", "fifo,lifo"
+    )
+    assert policy.returncode == 2 and not (tmp_path / "t").exists()
