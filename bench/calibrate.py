@@ -54,7 +54,8 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g} seed=1; "
           f"{args.repeats} real repeats")
-    print("| active / inflight / workers | policy | real makespan s (min / med / max) | simulated s | error |")
+    print("| active / inflight / workers | policy | real makespan s (min / med / max) | simulated s "
+          "| error |")
     print("|---|---|---|---:|---:|")
     rankings = []
     for point in POINTS:

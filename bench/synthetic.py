@@ -33,7 +33,8 @@ def make(n: int, model_ms: float, cpu_ms: float, seed: int) -> list[dict[str, An
             spin = min(_lognormal(rng, cpu_ms, 1.0), 20 * cpu_ms)
             script.append({"type": "tool", "name": "spin_ms", "arguments": {"milliseconds": round(spin, 3)},
                            "latency_ms": round(_lognormal(rng, model_ms, 0.5), 3)})
-        script.append({"type": "final", "answer": str(i), "latency_ms": round(_lognormal(rng, model_ms, 0.5), 3)})
+        final_ms = round(_lognormal(rng, model_ms, 0.5), 3)
+        script.append({"type": "final", "answer": str(i), "latency_ms": final_ms})
         problems.append({"id": f"syn-{i}", "prompt": f"synthetic task {i}", "tools": [{"name": "spin_ms"}],
                          "reference_answer": str(i), "script": script})
     return problems

@@ -1,0 +1,75 @@
+"""Simulation speed and memory: trajectories simulated per CPU-second, and peak memory, as the workload
+grows. Each size runs in a fresh subprocess (so peak RSS is its own), on a virtual clock with virtual
+workers: ``summary only`` writes no files (what a sweep cell does); ``full outputs`` writes the run
+directory (events, results, summary) without the trace/timeline exports.
+
+Workload: ``bench.synthetic`` (1–2 tool calls and a graded answer per trajectory), 64 active,
+16 inflight, 4 workers. Run: ``python -m bench.simspeed [--sizes 1000,10000,30000] [--repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from bench.common import machine, quantiles
+
+CHILD = r"""
+import json, resource, sys, tempfile, time
+from pathlib import Path
+import asyncroll.outputs.rundir as rundir
+from asyncroll.clock import VirtualClock
+from asyncroll.config import build_config
+from asyncroll.runtime.run import Run, prepare
+from asyncroll.runtime.virtual_worker import virtual_factory
+from bench.common import write_workload
+from bench.synthetic import make
+n, record = int(sys.argv[1]), sys.argv[2] == "1"
+rundir.export = lambda out: {}
+tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
+workload = write_workload(tmp / "w.jsonl", make(n, 400.0, 300.0, 0))
+cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
+                    "max_inflight_model_requests": 16, "cpu_workers": 4})
+clock = VirtualClock()
+run = Run(prepare(cfg, ["simspeed"]), clock, worker_factory=virtual_factory(clock), record=record)
+c0 = time.process_time()
+outcome = clock.run(run.execute())
+cpu = time.process_time() - c0
+assert outcome.summary["counts"]["completed"] == n
+print(json.dumps({"cpu_s": cpu, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "virtual_makespan_s": outcome.summary["makespan_s"]}))
+"""
+
+
+def one(n: int, record: bool) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(n), "1" if record else "0"], capture_output=True,
+                         text=True, check=True)
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="1000,10000,30000")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"machine: {machine()}")
+    print("| trajectories | mode | trajectories per CPU-second (min / med / max) | peak RSS MB (max) "
+          "| virtual makespan s |")
+    print("|---:|---|---|---:|---:|")
+    for n in sizes:
+        for record in (False, True):
+            runs = [one(n, record) for _ in range(args.repeats)]
+            rates = [n / r["cpu_s"] for r in runs]
+            lo, mid, hi = quantiles(rates)
+            mode = "full outputs" if record else "summary only"
+            rss = max(r["rss_mb"] for r in runs)
+            print(f"| {n} | {mode} | {lo:,.0f} / {mid:,.0f} / {hi:,.0f} | {rss:.0f} "
+                  f"| {runs[0]['virtual_makespan_s']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
