@@ -13,7 +13,10 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+from bench import synthetic
 from bench.common import machine, quantiles
 
 CHILD = r"""
@@ -24,12 +27,9 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
-from bench.common import write_workload
-from bench.synthetic import make
-n, record = int(sys.argv[1]), sys.argv[2] == "1"
+n, record, workload = int(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
 rundir.export = lambda out: {}
 tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
-workload = write_workload(tmp / "w.jsonl", make(n, 400.0, 300.0, 0))
 cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
                     "max_inflight_model_requests": 16, "cpu_workers": 4})
 clock = VirtualClock()
@@ -43,9 +43,9 @@ print(json.dumps({"cpu_s": cpu, "rss_mb": resource.getrusage(resource.RUSAGE_SEL
 """
 
 
-def one(n: int, record: bool) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n), "1" if record else "0"], capture_output=True,
-                         text=True, check=True)
+def one(n: int, record: bool, workload: Path) -> dict[str, float]:
+    argv = [sys.executable, "-c", CHILD, str(n), "1" if record else "0", str(workload)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -60,9 +60,12 @@ def main() -> None:
     print("| trajectories | mode | trajectories per CPU-second (min / med / max) | peak RSS MB (max) "
           "| virtual makespan s |")
     print("|---:|---|---|---:|---:|")
+    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
     for n in sizes:
+        # written here, so that the child's peak memory is the simulation's, not the generator's
+        workload = synthetic.write(tmp / f"w{n}.jsonl", n, 400.0, 300.0, 0)
         for record in (False, True):
-            runs = [one(n, record) for _ in range(args.repeats)]
+            runs = [one(n, record, workload) for _ in range(args.repeats)]
             rates = [n / r["cpu_s"] for r in runs]
             lo, mid, hi = quantiles(rates)
             mode = "full outputs" if record else "summary only"
