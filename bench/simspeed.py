@@ -1,7 +1,8 @@
-"""Simulation speed and memory: trajectories simulated per CPU-second, and peak memory, as the workload
-grows. Each size runs in a fresh subprocess (so peak RSS is its own), on a virtual clock with virtual
-workers: ``summary only`` writes no files (what a sweep cell does); ``full outputs`` writes the run
-directory (events, results, summary) without the trace/timeline exports.
+"""Simulation speed and memory as the workload grows: trajectories simulated per CPU-second, the peak
+RSS of the process, and the RSS growth between ``measurement_started`` and ``measurement_finished``
+(what the simulation itself accumulates). Each size runs in a fresh subprocess on a virtual clock with
+virtual workers. ``summary only`` writes no files (what a sweep cell does); ``full outputs`` writes the
+run directory (events, results, summary) without the trace/timeline exports.
 
 Workload: ``bench.synthetic`` (1–2 tool calls and a graded answer per trajectory), 64 active,
 16 inflight, 4 workers. Run: ``python -m bench.simspeed [--sizes 1000,10000,30000] [--repeats 3]``.
@@ -33,12 +34,20 @@ tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
 cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
                     "max_inflight_model_requests": 16, "cpu_workers": 4})
 clock = VirtualClock()
-run = Run(prepare(cfg, ["simspeed"]), clock, worker_factory=virtual_factory(clock), record=record)
+import psutil
+from asyncroll.events import MeasurementFinished, MeasurementStarted
+rss = {}
+def probe(event):
+    if isinstance(event, (MeasurementStarted, MeasurementFinished)):
+        rss[event.event] = psutil.Process().memory_info().rss / 2**20
+run = Run(prepare(cfg, ["simspeed"]), clock, worker_factory=virtual_factory(clock), record=record,
+          subscribers=(probe,))
 c0 = time.process_time()
 outcome = clock.run(run.execute())
 cpu = time.process_time() - c0
 assert outcome.summary["counts"]["completed"] == n
 print(json.dumps({"cpu_s": cpu, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "growth_mb": rss["measurement_finished"] - rss["measurement_started"],
                   "virtual_makespan_s": outcome.summary["makespan_s"]}))
 """
 
@@ -58,8 +67,8 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"machine: {machine()}")
     print("| trajectories | mode | trajectories per CPU-second (min / med / max) | peak RSS MB (max) "
-          "| virtual makespan s |")
-    print("|---:|---|---|---:|---:|")
+          "| RSS growth during the run MB (max) | virtual makespan s |")
+    print("|---:|---|---|---:|---:|---:|")
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
     for n in sizes:
         # written here, so that the child's peak memory is the simulation's, not the generator's
@@ -70,7 +79,8 @@ def main() -> None:
             lo, mid, hi = quantiles(rates)
             mode = "full outputs" if record else "summary only"
             rss = max(r["rss_mb"] for r in runs)
-            print(f"| {n} | {mode} | {lo:,.0f} / {mid:,.0f} / {hi:,.0f} | {rss:.0f} "
+            growth = max(r["growth_mb"] for r in runs)
+            print(f"| {n} | {mode} | {lo:,.0f} / {mid:,.0f} / {hi:,.0f} | {rss:.0f} | {growth:.1f} "
                   f"| {runs[0]['virtual_makespan_s']:.0f} |")
 
 
