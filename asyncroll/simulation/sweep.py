@@ -121,10 +121,10 @@ def run_sweep(
     return rows
 
 
-def _spread(values: list[float]) -> str:
+def _spread(values: list[float], digits: int = 3) -> str:
     if not values:
         return "n/a"
-    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
+    return f"{min(values):.{digits}f} / {statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
