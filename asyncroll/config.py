@@ -16,12 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from asyncroll.errors import UsageError
 
-PolicyName = Literal["sync", "fifo", "tool_first", "gpu_first", "asyncroll"]
+PolicyName = Literal[
+    "sync", "fifo", "tool_first", "gpu_first", "asyncroll", "asyncroll_seed", "asyncroll_guarded"
+]
 BackendName = Literal["scripted", "vllm", "openai"]
 
-#: Policy names whose implementation has landed. The others are accepted by the parser and refused with
-#: a clear message, so that no flag pretends to work.
-AVAILABLE_POLICIES = ("sync", "fifo", "tool_first", "gpu_first")
+#: Backends whose implementation has landed. The others are accepted by the parser and refused with a
+#: clear message, so that no flag pretends to work.
 AVAILABLE_BACKENDS = ("scripted",)
 DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
 
@@ -109,10 +110,6 @@ class RunConfig(BaseModel):
         out: list[str] = []
         if self.backend not in AVAILABLE_BACKENDS:
             out.append(f"--backend {self.backend} is not available yet (the HTTP backend has not landed)")
-        if self.policy not in AVAILABLE_POLICIES:
-            out.append(
-                f"--policy {self.policy} is not available yet (the pressure-aware policy has not landed)"
-            )
         if self.metrics_url is not None:
             out.append("--metrics-url is not available yet (vLLM metrics telemetry has not landed)")
         if self.nvml_device is not None:

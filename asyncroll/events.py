@@ -141,6 +141,17 @@ class CpuEnqueued(Event):
     turn: int
     arg_bytes: int
     queue_depth: int
+    resubmission: bool = False
+
+
+class Candidate(BaseModel):
+    """A queued job as the policy saw it at one decision."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    job_id: int
+    predicted_s: float
+    source: str
+    waited_s: float
 
 
 class CpuSelected(Event):
@@ -155,6 +166,11 @@ class CpuSelected(Event):
     oldest_job_id: int
     reordered: bool
     eligible: bool = False
+    threshold: int | None = None
+    predicted_s: float | None = None
+    prediction_source: str | None = None
+    observations: int = 0
+    candidates: list[Candidate] = Field(default_factory=list)
 
 
 class CpuStarted(Event):
@@ -223,6 +239,13 @@ def parse_event(line: str | bytes) -> Event:
 Subscriber = Callable[[Event], None]
 
 
+def _fields(value: Any) -> Any:
+    """orjson's fallback for nested records (a decision's candidates)."""
+    if isinstance(value, BaseModel):
+        return value.__dict__
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
 def _stamp(event: Event, t: float) -> None:
     """Set ``t`` on a record the writer owns. Events are frozen for everyone else: the writer stamps the
     time once, before the record is written or any subscriber sees it (a copy would double the cost of
@@ -282,7 +305,9 @@ class EventLog:
         if self._fd is not None:
             # A pydantic record's __dict__ holds exactly its fields, in order, all JSON-native values;
             # orjson encodes it several times faster than model_dump_json, on the hot path of every run.
-            os.write(self._fd, orjson.dumps(event.__dict__, option=orjson.OPT_APPEND_NEWLINE))
+            os.write(
+                self._fd, orjson.dumps(event.__dict__, default=_fields, option=orjson.OPT_APPEND_NEWLINE)
+            )
         for subscriber in self._subscribers:
             subscriber(event)
 

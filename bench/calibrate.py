@@ -33,9 +33,16 @@ def simulated(problems: list[dict], policy: str, point: tuple[int, int, int]) ->
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-cal-"))
     workload = write_workload(tmp / "w.jsonl", problems)
     active, inflight, workers = point
-    cfg = build_config({"workload": workload, "output": tmp / "sim", "policy": policy,
-                        "max_active_trajectories": active, "max_inflight_model_requests": inflight,
-                        "cpu_workers": workers})
+    cfg = build_config(
+        {
+            "workload": workload,
+            "output": tmp / "sim",
+            "policy": policy,
+            "max_active_trajectories": active,
+            "max_inflight_model_requests": inflight,
+            "cpu_workers": workers,
+        }
+    )
     clock = VirtualClock()
     run = Run(prepare(cfg, ["calibrate"]), clock, worker_factory=virtual_factory(clock), record=False)
     outcome = clock.run(run.execute())
@@ -52,10 +59,13 @@ def main() -> None:
     args = parser.parse_args()
     problems = make(args.n, args.model_ms, args.cpu_ms, seed=1)
     print(f"machine: {machine()}")
-    print(f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g} seed=1; "
-          f"{args.repeats} real repeats")
-    print("| active / inflight / workers | policy | real makespan s (min / med / max) | simulated s "
-          "| error |")
+    print(
+        f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g} seed=1; "
+        f"{args.repeats} real repeats"
+    )
+    print(
+        "| active / inflight / workers | policy | real makespan s (min / med / max) | simulated s | error |"
+    )
     print("|---|---|---|---:|---:|")
     rankings = []
     for point in POINTS:
@@ -63,16 +73,23 @@ def main() -> None:
         for policy in POLICIES:
             reals = []
             for _ in range(args.repeats):
-                outcome, _, _ = run_once(problems, policy=policy, max_active_trajectories=point[0],
-                                         max_inflight_model_requests=point[1], cpu_workers=point[2])
+                outcome, _, _ = run_once(
+                    problems,
+                    policy=policy,
+                    max_active_trajectories=point[0],
+                    max_inflight_model_requests=point[1],
+                    cpu_workers=point[2],
+                )
                 assert outcome.summary is not None
                 reals.append(outcome.summary["makespan_s"])
             lo, mid, hi = quantiles(reals)
             real_med[policy] = statistics.median(reals)
             sim[policy] = simulated(problems, policy, point)
             error = sim[policy] / real_med[policy] - 1
-            print(f"| {point[0]} / {point[1]} / {point[2]} | {policy} | {lo:.3f} / {mid:.3f} / {hi:.3f} "
-                  f"| {sim[policy]:.3f} | {100 * error:+.1f}% |")
+            print(
+                f"| {point[0]} / {point[1]} / {point[2]} | {policy} | {lo:.3f} / {mid:.3f} / {hi:.3f} "
+                f"| {sim[policy]:.3f} | {100 * error:+.1f}% |"
+            )
         real_rank = sorted(POLICIES, key=lambda p: real_med[p])
         sim_rank = sorted(POLICIES, key=lambda p: sim[p])
         rankings.append((point, real_rank, sim_rank))

@@ -67,8 +67,10 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"machine: {machine()}")
-    print("| trajectories | mode | trajectories per CPU-second (min / med / max) | RSS at end MB (max) "
-          "| RSS growth during the run MB (max) | virtual makespan s |")
+    print(
+        "| trajectories | mode | trajectories per CPU-second (min / med / max) | RSS at end MB (max) "
+        "| RSS growth during the run MB (max) | virtual makespan s |"
+    )
     print("|---:|---|---|---:|---:|---:|")
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
     for n in sizes:
@@ -81,8 +83,10 @@ def main() -> None:
             mode = "full outputs" if record else "summary only"
             rss = max(r["rss_mb"] for r in runs)
             growth = max(r["growth_mb"] for r in runs)
-            print(f"| {n} | {mode} | {lo:,.0f} / {mid:,.0f} / {hi:,.0f} | {rss:.0f} | {growth:.1f} "
-                  f"| {runs[0]['virtual_makespan_s']:.0f} |")
+            print(
+                f"| {n} | {mode} | {lo:,.0f} / {mid:,.0f} / {hi:,.0f} | {rss:.0f} | {growth:.1f} "
+                f"| {runs[0]['virtual_makespan_s']:.0f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""A seeded synthetic agentic workload with realistic shape, runnable for real and in simulation.
+"""A seeded synthetic agentic workload whose CPU cost depends on the job's features.
 
-Each trajectory makes 1 tool call (40%) or 2 (60%: a first attempt and a "repair"), then answers; the
-answer is graded (a grade job). Model turns take a lognormal ``latency_ms`` around ``--model-ms``
-(sigma 0.5); tool calls are ``spin_ms`` busy loops with heavy-tailed lognormal lengths around
-``--cpu-ms`` (sigma 1.0, capped at 20×). The same file runs with ``asyncroll run`` (real workers spin)
-and ``asyncroll simulate`` (the spin argument is the job's duration).
+Each trajectory: an optional cheap ``lookup`` call (50%), a ``crunch`` call (the "first evaluation"),
+a second ``crunch`` of nearly the same input on ``--repair-fraction`` of trajectories (the "repair"),
+then a graded answer. ``crunch(data, factor)`` busy-loops on the worker for
+``len(data) / 1024 × ms_per_kb × factor`` milliseconds: its cost follows its input size (heavy-tailed,
+lognormal σ = ``--cpu-sigma``), which a predictor can see (argument bytes), times a noise ``factor``
+(lognormal σ = ``--noise``) it cannot. Model turns take lognormal ``latency_ms`` around ``--model-ms``
+(σ 0.5). Every tool action also declares ``cpu_ms`` (its true cost) so ``asyncroll simulate`` reproduces
+what ``asyncroll run`` does for real. The tools live in ``synthetic_tools.py`` beside the workload.
 
 Run: ``python -m bench.synthetic --n 200 --model-ms 400 --cpu-ms 300 --seed 0 --output W.jsonl``.
 """
@@ -18,43 +21,140 @@ import random
 from pathlib import Path
 from typing import Any
 
+MS_PER_KB = 20.0
+TOOLS_FILE = "synthetic_tools.py"
+TOOLS_SOURCE = '''"""Tools of the bench.synthetic workload: real CPU work that follows the input size."""
+
+import time
+
+
+def crunch(data: str, factor: float, ms_per_kb: float) -> int:
+    """Busy-loop for len(data) / 1024 × ms_per_kb × factor milliseconds; return the input length."""
+    deadline = time.perf_counter() + len(data) / 1024 * ms_per_kb * factor / 1000
+    while time.perf_counter() < deadline:
+        pass
+    return len(data)
+
+
+def lookup(key: str) -> str:
+    """A cheap tool: about 2 ms of CPU."""
+    deadline = time.perf_counter() + 0.002
+    while time.perf_counter() < deadline:
+        pass
+    return key[::-1]
+'''
+TOOLS = [
+    {
+        "name": "crunch",
+        "description": "Check a candidate against the data.",
+        "inputs": {"data": "str", "factor": "float", "ms_per_kb": "float"},
+        "implementation": TOOLS_FILE,
+        "bound_arguments": {"ms_per_kb": MS_PER_KB},
+    },
+    {
+        "name": "lookup",
+        "description": "Look a key up.",
+        "inputs": {"key": "str"},
+        "implementation": TOOLS_FILE,
+    },
+]
+
 
 def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     return mean * math.exp(rng.gauss(-sigma * sigma / 2, sigma))
 
 
-def make(n: int, model_ms: float, cpu_ms: float, seed: int) -> list[dict[str, Any]]:
+def make(
+    n: int,
+    model_ms: float,
+    cpu_ms: float,
+    seed: int,
+    *,
+    cpu_sigma: float = 1.0,
+    noise: float = 0.3,
+    repair_fraction: float = 0.6,
+) -> list[dict[str, Any]]:
     rng = random.Random(seed)
+
+    def model() -> float:
+        return round(_lognormal(rng, model_ms, 0.5), 3)
+
+    def crunch(size: int) -> dict[str, Any]:
+        factor = round(_lognormal(rng, 1.0, noise), 4)
+        cost = size / 1024 * MS_PER_KB * factor
+        return {
+            "type": "tool",
+            "name": "crunch",
+            "arguments": {"data": "x" * size, "factor": factor},
+            "latency_ms": model(),
+            "cpu_ms": round(cost, 3),
+        }
+
     problems = []
     for i in range(n):
-        calls = 2 if rng.random() < 0.6 else 1
         script: list[dict[str, Any]] = []
-        for _ in range(calls):
-            spin = min(_lognormal(rng, cpu_ms, 1.0), 20 * cpu_ms)
-            script.append({"type": "tool", "name": "spin_ms", "arguments": {"milliseconds": round(spin, 3)},
-                           "latency_ms": round(_lognormal(rng, model_ms, 0.5), 3)})
-        final_ms = round(_lognormal(rng, model_ms, 0.5), 3)
-        script.append({"type": "final", "answer": str(i), "latency_ms": final_ms})
-        problems.append({"id": f"syn-{i}", "prompt": f"synthetic task {i}", "tools": [{"name": "spin_ms"}],
-                         "reference_answer": str(i), "script": script})
+        if rng.random() < 0.5:
+            script.append(
+                {
+                    "type": "tool",
+                    "name": "lookup",
+                    "arguments": {"key": f"k{i}"},
+                    "latency_ms": model(),
+                    "cpu_ms": 2.0,
+                }
+            )
+        mean_size = cpu_ms / MS_PER_KB * 1024
+        size = max(16, min(int(_lognormal(rng, mean_size, cpu_sigma)), int(20 * mean_size)))
+        script.append(crunch(size))
+        if rng.random() < repair_fraction:
+            script.append(crunch(max(16, int(size * rng.uniform(0.8, 1.2)))))
+        script.append({"type": "final", "answer": str(i), "latency_ms": model()})
+        problems.append(
+            {
+                "id": f"syn-{i}",
+                "prompt": f"synthetic task {i}",
+                "tools": TOOLS,
+                "reference_answer": str(i),
+                "script": script,
+            }
+        )
     return problems
 
 
-def write(path: Path, n: int, model_ms: float, cpu_ms: float, seed: int) -> Path:
-    path.write_text("".join(json.dumps(p) + "\n" for p in make(n, model_ms, cpu_ms, seed)))
+def write(path: Path, n: int, model_ms: float, cpu_ms: float, seed: int, **kw: Any) -> Path:
+    """Write the workload to ``path`` and its tools file beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / TOOLS_FILE).write_text(TOOLS_SOURCE)
+    with path.open("w") as handle:
+        for problem in make(n, model_ms, cpu_ms, seed, **kw):
+            handle.write(json.dumps(problem) + "\n")
     return path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=200)
-    parser.add_argument("--model-ms", type=float, default=400.0)
-    parser.add_argument("--cpu-ms", type=float, default=300.0)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=200, help="trajectories")
+    parser.add_argument("--model-ms", type=float, default=400.0, help="mean model latency per turn")
+    parser.add_argument("--cpu-ms", type=float, default=300.0, help="mean cost of a crunch job")
+    parser.add_argument("--cpu-sigma", type=float, default=1.0, help="lognormal sigma of crunch input sizes")
+    parser.add_argument("--noise", type=float, default=0.3, help="lognormal sigma of the hidden cost factor")
+    parser.add_argument("--repair-fraction", type=float, default=0.6, help="trajectories with a repair")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
-    write(args.output, args.n, args.model_ms, args.cpu_ms, args.seed)
-    print(f"wrote {args.n} problems to {args.output}")
+    write(
+        args.output,
+        args.n,
+        args.model_ms,
+        args.cpu_ms,
+        args.seed,
+        cpu_sigma=args.cpu_sigma,
+        noise=args.noise,
+        repair_fraction=args.repair_fraction,
+    )
+    print(f"wrote {args.n} problems to {args.output} and {args.output.parent / TOOLS_FILE}")
 
 
 if __name__ == "__main__":

@@ -50,9 +50,16 @@ def virtual_run(tmp_path: Path) -> VirtualRun:
     counter = iter(range(1_000_000))
 
     def go(
-        problems: list[dict[str, Any]], duration: Duration = builtin_duration, **settings: Any
+        problems: list[dict[str, Any]],
+        duration: Duration = builtin_duration,
+        *,
+        simulate_tools: bool = False,
+        tool_files: dict[str, str] | None = None,
+        **settings: Any,
     ) -> tuple[RunOutcome, EventCapture, Path]:
         n = next(counter)
+        for name, source in (tool_files or {}).items():
+            (tmp_path / name).write_text(source)
         workload = write_workload(tmp_path / f"w{n}.jsonl", problems)
         out = tmp_path / f"run{n}"
         cfg = build_config({"workload": workload, "output": out, **settings})
@@ -61,7 +68,7 @@ def virtual_run(tmp_path: Path) -> VirtualRun:
         run = Run(
             prepare(cfg, ["test"]),
             clock,
-            worker_factory=virtual_factory(clock, duration),
+            worker_factory=virtual_factory(clock, duration, simulate_tools=simulate_tools),
             subscribers=(capture,),
         )
         outcome = clock.run(run.execute())

@@ -117,7 +117,6 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
         (["--max-active-trajectories", "-1"], "--max-active-trajectories"),
         (["--backend", "vllm"], "--model is required with --backend vllm"),
         (["--backend", "vllm", "--model", "m"], "--backend vllm is not available yet"),
-        (["--policy", "asyncroll"], "--policy asyncroll is not available yet"),
         (["--policy", "lifo"], "--policy: Input should be"),
         (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),
         (["--nvtx"], "--nvtx is not available yet"),

@@ -38,4 +38,4 @@ def test_policies_are_pure() -> None:
 
 def test_unknown_policy() -> None:
     with pytest.raises(ValueError, match="unknown"):
-        get_policy("asyncroll")
+        get_policy("lifo")

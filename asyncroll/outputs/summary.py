@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from asyncroll.events import (
+    CpuEnqueued,
     CpuFailed,
     CpuFinished,
     CpuSelected,
@@ -54,6 +55,20 @@ def distribution(samples: Sequence[float]) -> dict[str, float | int | None]:
     }
 
 
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson correlation; None with fewer than 3 pairs or no variance."""
+    n = len(xs)
+    if n < 3:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx <= 0 or syy <= 0:
+        return None
+    return round(sxy / math.sqrt(sxx * syy), 4)
+
+
 def _ratio(num: float, den: float) -> float | None:
     return None if den == 0 else round(num / den, 6)
 
@@ -76,6 +91,13 @@ class SummaryBuilder:
         self.reasons: Counter[str] = Counter()
         self.restarts: Counter[str] = Counter()
         self.blocked = BlockedMeter()
+        # Predictions joined to actual execute times by job id (entries live only while a job does).
+        self._resubmission: dict[int, bool] = {}
+        self._predicted: dict[int, tuple[float, bool]] = {}
+        self.prediction_sources: Counter[str] = Counter()
+        self.pairs: dict[str, tuple[array[float], array[float]]] = {
+            k: (array("d"), array("d")) for k in ("all", "repairs", "first")
+        }
         # Work (model service + CPU execution) per active trajectory, folded into totals when it ends.
         self._work: dict[str | None, float] = {}
         self.model_work = 0.0
@@ -99,6 +121,7 @@ class SummaryBuilder:
             ModelStarted: self._model_started,
             ModelFinished: self._model_finished,
             ModelFailed: self._model_failed,
+            CpuEnqueued: self._cpu_enqueued,
             CpuSelected: self._cpu_selected,
             CpuFinished: self._cpu_finished,
             CpuFailed: self._cpu_failed,
@@ -132,7 +155,15 @@ class SummaryBuilder:
         self._add_work(event.id, event.latency_s, model=True)
         self.model_failed[event.kind] += 1
 
+    def _cpu_enqueued(self, event: CpuEnqueued) -> None:
+        self._resubmission[event.job_id] = event.resubmission
+
     def _cpu_selected(self, event: CpuSelected) -> None:
+        resubmission = self._resubmission.pop(event.job_id, False)
+        if event.predicted_s is not None:
+            self._predicted[event.job_id] = (event.predicted_s, resubmission)
+        if event.prediction_source is not None:
+            self.prediction_sources[event.prediction_source] += 1
         self.decisions += 1
         self.eligible += event.eligible
         self.reorders += event.reordered
@@ -140,6 +171,12 @@ class SummaryBuilder:
         self.samples["cpu_queue_s"].append(event.waited_s)
 
     def _cpu_finished(self, event: CpuFinished) -> None:
+        predicted = self._predicted.pop(event.job_id, None)
+        if predicted is not None and event.ok and event.execute_s > 0:
+            log_pred, log_actual = math.log(predicted[0]), math.log(event.execute_s)
+            for key in ("all", "repairs" if predicted[1] else "first"):
+                self.pairs[key][0].append(log_pred)
+                self.pairs[key][1].append(log_actual)
         self._add_work(event.id, event.execute_s, model=False)
         s = self.samples
         self.jobs_by_kind[event.kind] += 1
@@ -151,6 +188,7 @@ class SummaryBuilder:
         s["cpu_dispatch_overhead_s"].append(max(0.0, round(event.roundtrip_s - event.execute_s, 6)))
 
     def _cpu_failed(self, event: CpuFailed) -> None:
+        self._predicted.pop(event.job_id, None)
         self._add_work(event.id, event.roundtrip_s, model=False)
         self.jobs_by_kind[event.kind] += 1
         self.tool_calls += event.kind == "tool"
@@ -292,6 +330,15 @@ class SummaryBuilder:
                 "reorders": self.reorders,
                 "activation_rate": _ratio(self.reorders, self.eligible),
                 "reasons": dict(self.reasons),
+                "max_queue_depth": peaks.get("queued_cpu_jobs"),
+                "prediction": {
+                    "sources": dict(self.prediction_sources),
+                    "pairs": len(self.pairs["all"][0]),
+                    "pearson_log": pearson(*self.pairs["all"]),
+                    "pearson_log_repairs": pearson(*self.pairs["repairs"]),
+                    "pearson_log_first": pearson(*self.pairs["first"]),
+                    "note": "log predicted vs log actual execute time, jobs that finished ok",
+                },
             },
             "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
             "bounds": self.bounds(makespan_s, limits, model_capacity),

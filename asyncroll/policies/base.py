@@ -23,6 +23,19 @@ class JobView:
     turn: int
     enqueued_at: float
     arg_bytes: int = 0
+    resubmission: bool = False  # the trajectory already ran this tool: a repair / retry
+    n_tests: int = 0  # evaluation jobs: tests the program will run
+    test_bytes: int = 0  # evaluation jobs: bytes of test inputs
+    code_bytes: int = 0  # evaluation jobs: bytes of submitted code
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A job's predicted execute time and where it came from (``prior``, ``ridge``,
+    ``same_problem_first_evaluation``)."""
+
+    seconds: float
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +47,9 @@ class QueueSnapshot:
     model_outstanding: int
     inflight_capacity: int
     free_workers: int
+    predictions: tuple[Prediction, ...] = ()  # aligned with ``jobs``
+    starvation_threshold: int = 1
+    admission_pending: bool = True  # a problem waits for an active slot (False: the batch's tail)
 
     @property
     def oldest(self) -> JobView:

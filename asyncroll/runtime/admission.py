@@ -18,10 +18,16 @@ P = TypeVar("P")
 class Admission:
     def __init__(self, limit: int) -> None:
         self._limiter = FifoLimiter(limit)
+        self._blocked = False
 
     @property
     def active(self) -> int:
         return self._limiter.holding
+
+    @property
+    def pending(self) -> bool:
+        """A problem has been read and waits for an active slot (False in the batch's tail)."""
+        return self._blocked
 
     def snapshot(self) -> LimiterSnapshot:
         return self._limiter.snapshot()
@@ -31,7 +37,11 @@ class Admission:
     ) -> None:
         """Run ``start(index, item)`` for each item of ``stream`` as a task of ``tg``, ``limit`` at once."""
         for index, item in enumerate(stream):
-            await self._limiter.acquire()
+            self._blocked = True
+            try:
+                await self._limiter.acquire()
+            finally:
+                self._blocked = False
             tg.create_task(self._hold(start(index, item)))
 
     async def _hold(self, trajectory: Awaitable[None]) -> None:

@@ -8,18 +8,21 @@ count) and returns a decision, which is logged as ``cpu_selected``. Jobs are nev
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncroll.clock import Clock
 from asyncroll.errors import WorkerDied, WorkerTimeout
-from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted, EventLog
+from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted, EventLog
 from asyncroll.policies import JobView, Policy, QueueSnapshot
 from asyncroll.policies.base import JobKind
+from asyncroll.policies.predictor import DurationPredictor
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers.protocol import JobRequest
+
+MAX_CANDIDATES = 8  # candidates logged per decision (oldest first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,7 @@ class JobSpec:
     turn: int
     arg_bytes: int = 0
     cost_s: float | None = None  # declared duration, for simulated workers
+    resubmission: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +73,13 @@ class CpuDispatcher:
         events: EventLog,
         tool_timeout: float,
         tool_keys: Mapping[str, str] | None = None,
+        *,
+        predictor: DurationPredictor | None = None,
+        starvation_threshold: int = 1,
+        admission_pending: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``predictor`` (one per run) predicts every queued job at each dispatch, whatever the policy,
+        so predictions are logged and comparable under FIFO too; it learns from every finished job."""
         self._pool = pool
         self._policy = policy
         self._gate = gate
@@ -77,6 +87,9 @@ class CpuDispatcher:
         self._events = events
         self._timeout = tool_timeout
         self._tool_keys = dict(tool_keys or {})
+        self._predictor = predictor or DurationPredictor()
+        self._threshold = starvation_threshold
+        self._admission_pending = admission_pending
         self._queue: dict[int, _Queued] = {}
         self._next_id = 0
         self._decisions = 0
@@ -102,7 +115,14 @@ class CpuDispatcher:
         self._next_id += 1
         job_id = self._next_id
         view = JobView(
-            job_id, spec.trajectory_id, spec.kind, spec.tool, spec.turn, self._clock.now(), spec.arg_bytes
+            job_id,
+            spec.trajectory_id,
+            spec.kind,
+            spec.tool,
+            spec.turn,
+            self._clock.now(),
+            spec.arg_bytes,
+            spec.resubmission,
         )
         queued = _Queued(view, spec, asyncio.get_running_loop().create_future())
         self._queue[job_id] = queued
@@ -116,6 +136,7 @@ class CpuDispatcher:
                 turn=spec.turn,
                 arg_bytes=spec.arg_bytes,
                 queue_depth=len(self._queue),
+                resubmission=spec.resubmission,
             )
         )
         self._dispatch()
@@ -125,7 +146,8 @@ class CpuDispatcher:
             try:
                 slot = await queued.future
             finally:
-                self._queue.pop(job_id, None)
+                if self._queue.pop(job_id, None) is not None:
+                    self._predictor.forget(view)
         return await self._execute(slot, queued)
 
     def _dispatch(self) -> None:
@@ -135,9 +157,20 @@ class CpuDispatcher:
                 return
             now = self._clock.now()
             jobs = tuple(q.view for q in self._queue.values())
-            snapshot = QueueSnapshot(now, jobs, self._gate.outstanding, self._gate.limit, self._pool.idle + 1)
+            predictions = self._predictor.predict(jobs)
+            snapshot = QueueSnapshot(
+                now,
+                jobs,
+                self._gate.outstanding,
+                self._gate.limit,
+                self._pool.idle + 1,
+                predictions,
+                self._threshold,
+                self._admission_pending(),
+            )
             decision = self._policy.choose(snapshot)
             chosen = self._queue.pop(decision.job_id)
+            index = next(i for i, j in enumerate(jobs) if j.job_id == decision.job_id)
             oldest = jobs[0]
             reordered = chosen.view.job_id != oldest.job_id
             self._decisions += 1
@@ -155,6 +188,19 @@ class CpuDispatcher:
                     oldest_job_id=oldest.job_id,
                     reordered=reordered,
                     eligible=decision.eligible,
+                    threshold=self._threshold,
+                    predicted_s=round(predictions[index].seconds, 6),
+                    prediction_source=predictions[index].source,
+                    observations=self._predictor.observations,
+                    candidates=[
+                        Candidate(
+                            job_id=j.job_id,
+                            predicted_s=round(p.seconds, 6),
+                            source=p.source,
+                            waited_s=round(now - j.enqueued_at, 6),
+                        )
+                        for j, p in zip(jobs[:MAX_CANDIDATES], predictions[:MAX_CANDIDATES], strict=True)
+                    ],
                 )
             )
             worker = self._pool.worker(slot)
@@ -191,6 +237,10 @@ class CpuDispatcher:
                     error=str(exc)[:1000],
                 )
             )
+            if failure == "timeout":  # censored at the timeout: the slowest jobs must not vanish
+                self._predictor.observe(view, self._timeout, censored=True)
+            else:
+                self._predictor.forget(view)
             # The replacement starts now, owned by the run's task group; the caller gets its answer at once.
             assert self._tg is not None, "dispatcher used before bind()"
             self._tg.create_task(self._pool.replace(slot, "timeout" if failure == "timeout" else "died"))
@@ -214,5 +264,6 @@ class CpuDispatcher:
                 error=None if reply.error is None else reply.error[:1000],
             )
         )
+        self._predictor.observe(view, reply.execute_s)
         self._pool.release(slot)
         return JobOutcome(ok=reply.ok, value=reply.value, error=reply.error, execute_s=reply.execute_s)

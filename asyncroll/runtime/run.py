@@ -30,6 +30,7 @@ from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.outputs.rundir import RunDirectory
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
+from asyncroll.policies.predictor import DurationPredictor, warm_import
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.dispatcher import CpuDispatcher
 from asyncroll.runtime.model_gate import ModelGate
@@ -170,12 +171,15 @@ class Run:
         admission = Admission(limits.max_active_trajectories)
         dispatcher = CpuDispatcher(
             pool,
-            get_policy(cfg.policy_name),
+            get_policy(cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight),
             gate,
             clock,
             events,
             cfg.tool_timeout,
             worker_tool_keys(self.scan),
+            predictor=DurationPredictor(),
+            starvation_threshold=cfg.effective_starvation_threshold,
+            admission_pending=lambda: admission.pending,
         )
         trajectories = TrajectoryRunner(
             self._backend,
@@ -200,7 +204,10 @@ class Run:
 
         try:
             async with asyncio.TaskGroup() as outer:
+                # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
+                importing = outer.create_task(asyncio.to_thread(warm_import))
                 await pool.start(outer)
+                await importing
                 try:
                     await self._backend.start(outer)
                     warm = await self._backend.warmup(cfg.warmup_requests)

@@ -7,7 +7,7 @@ goes on. Errors that are not asyncroll's own (bugs) are not swallowed here.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -131,7 +131,9 @@ class TrajectoryRunner:
             raise InvalidActionError(f"tool {action.name!r} arguments{exc.path}: {exc.message}") from exc
         arg_bytes = len(json.dumps(action.arguments, default=str))
         cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
-        spec = JobSpec(state.id, "tool", tool.key, arguments, turn, arg_bytes, cost_s)
+        resubmission = tool.key in state.tools_run
+        state.tools_run.add(tool.key)
+        spec = JobSpec(state.id, "tool", tool.key, arguments, turn, arg_bytes, cost_s, resubmission)
         outcome = await self._dispatcher.run(spec)
         state.tool_calls += 1
         if outcome.ok:
@@ -163,6 +165,7 @@ class _State:
     started: float
     turns: int = 0
     tool_calls: int = 0
+    tools_run: set[str] = field(default_factory=set)
 
     def finish(
         self,
