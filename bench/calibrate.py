@@ -1,13 +1,12 @@
 """Calibration: the same scripted workload run for real and simulated, at a few operating points.
 
-Real: ``asyncroll run`` machinery on the system clock with real worker processes busy-looping
-(``spin_ms``). Simulated: ``simulate`` with fixed latencies (each action's ``latency_ms``) and virtual
-workers whose jobs last their ``spin_ms`` argument. Reports, per policy and operating point, the real
-makespan (min/median/max over repeats), the simulated one, the error of the simulation against the real
-median, and whether the two rank the policies the same way.
+Real: ``asyncroll run`` machinery on the system clock with real worker processes busy-looping (the
+``crunch`` tool of ``bench.synthetic``). Simulated: ``simulate`` with fixed latencies (each action's
+``latency_ms``) and virtual workers whose jobs last their declared ``cpu_ms``. Reports, per policy and
+operating point, the real makespan (min/median/max over repeats), the simulated one, the error of the
+simulation against the real median, and whether the two rank the policies the same way.
 
-Run: ``python -m bench.calibrate [--repeats 3] [--n 40]``.
-"""
+Run: ``python -m bench.calibrate [--repeats 3] [--n 40]``."""
 
 from __future__ import annotations
 
@@ -20,18 +19,15 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
+from bench import synthetic
 from bench.common import machine, quantiles, run_once
-from bench.synthetic import make
 
 POINTS = ((4, 2, 1), (8, 4, 1), (16, 8, 2))
-POLICIES = ("fifo", "tool_first")
+POLICIES = ("fifo", "tool_first", "asyncroll")
 
 
-def simulated(problems: list[dict], policy: str, point: tuple[int, int, int]) -> float:
-    from bench.common import write_workload
-
+def simulated(workload: Path, policy: str, point: tuple[int, int, int]) -> float:
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-cal-"))
-    workload = write_workload(tmp / "w.jsonl", problems)
     active, inflight, workers = point
     cfg = build_config(
         {
@@ -57,7 +53,13 @@ def main() -> None:
     parser.add_argument("--model-ms", type=float, default=40.0)
     parser.add_argument("--cpu-ms", type=float, default=25.0)
     args = parser.parse_args()
-    problems = make(args.n, args.model_ms, args.cpu_ms, seed=1)
+    workload = synthetic.write(
+        Path(tempfile.mkdtemp(prefix="asyncroll-cal-")) / "w.jsonl",
+        args.n,
+        args.model_ms,
+        args.cpu_ms,
+        seed=1,
+    )
     print(f"machine: {machine()}")
     print(
         f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g} seed=1; "
@@ -74,17 +76,18 @@ def main() -> None:
             reals = []
             for _ in range(args.repeats):
                 outcome, _, _ = run_once(
-                    problems,
+                    workload,
                     policy=policy,
                     max_active_trajectories=point[0],
                     max_inflight_model_requests=point[1],
                     cpu_workers=point[2],
+                    max_turns=6,
                 )
                 assert outcome.summary is not None
                 reals.append(outcome.summary["makespan_s"])
             lo, mid, hi = quantiles(reals)
             real_med[policy] = statistics.median(reals)
-            sim[policy] = simulated(problems, policy, point)
+            sim[policy] = simulated(workload, policy, point)
             error = sim[policy] / real_med[policy] - 1
             print(
                 f"| {point[0]} / {point[1]} / {point[2]} | {policy} | {lo:.3f} / {mid:.3f} / {hi:.3f} "

@@ -64,14 +64,15 @@ def tool_chain(
 
 
 def run_once(
-    problems: list[dict[str, Any]], *, virtual: bool = False, **settings: Any
+    problems: list[dict[str, Any]] | Path, *, virtual: bool = False, **settings: Any
 ) -> tuple[RunOutcome, Path, float]:
-    """Run a workload through the real runtime (real event files); returns outcome, run dir, wall seconds."""
+    """Run a workload (problems, or a workload file) through the real runtime, writing real run files;
+    returns the outcome, the run directory and the wall seconds."""
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-bench-"))
-    workload = write_workload(tmp / "workload.jsonl", problems)
+    workload = problems if isinstance(problems, Path) else write_workload(tmp / "workload.jsonl", problems)
     cfg = build_config({"workload": workload, "output": tmp / "run", "warmup_requests": 0, **settings})
     clock: Clock = VirtualClock() if virtual else SystemClock()
-    factory = virtual_factory(clock) if isinstance(clock, VirtualClock) else None
+    factory = virtual_factory(clock, simulate_tools=True) if isinstance(clock, VirtualClock) else None
     run = Run(prepare(cfg, ["bench"]), clock, worker_factory=factory)
     began = time.perf_counter()
     outcome = clock.run(run.execute())

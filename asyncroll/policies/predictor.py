@@ -1,18 +1,18 @@
 """Online prediction of CPU-job execute time: ridge regression on log seconds, plus a repair prior.
 
-Features are computed before execution from the job alone (never from its outputs): a bias, log bytes
-of tool arguments, whether the job is a resubmission (the trajectory already ran this tool), whether it
-is a grade job, the number of test cases, log bytes of test inputs, log bytes of submitted code, and the
+Features are computed before execution from the job alone (never from its outputs): a bias, log bytes of
+tool arguments, whether the job is a resubmission (the trajectory already ran this tool), whether it is
+a grade job, the number of test cases, log bytes of test inputs, log bytes of submitted code, and the
 tool's identity hashed into a few one-hot buckets so that multi-tool workloads are told apart.
 
 The target is ``log(seconds) − log(prior)``, fitted by scikit-learn's ``Ridge`` without a separate
 intercept, so the penalty pulls every coefficient — the bias included — toward the prior (~100 ms): a
-weak prior that a handful of observations overrides. A resubmission uses the same trajectory's first
-run of that tool when it is known (``same_problem_first_evaluation``). Timed-out jobs are observed
+weak prior that a handful of observations overrides. A resubmission uses the same trajectory's first run
+of that tool when it is known (``same_problem_first_evaluation``). Timed-out jobs are observed
 *censored* at the timeout, never dropped. The model refits lazily, once, at the first prediction after
-new observations, on a bounded window; predicting the whole queue is one matrix product. Predictions
-are clamped to [1 ms, 60 s]. One instance per run: state never leaks between runs.
-"""
+new observations (after each of the first 32, then after every ~3% more), on a bounded window;
+predicting the whole queue is one matrix product. Predictions are clamped to [1 ms, 60 s]. One instance
+per run: state never leaks between runs."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ class DurationPredictor:
         self._y: deque[float] = deque(maxlen=window)
         self._coef: np.ndarray[Any, np.dtype[np.float64]] | None = None
         self._dirty = False
+        self._pending = 0  # observations since the last refit
         self._first: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._rows: dict[int, list[float]] = {}  # feature rows of queued jobs, computed once
         self._remember = remember
@@ -71,6 +72,7 @@ class DurationPredictor:
         self._x.append(row if row is not None else features(job))
         self._y.append(math.log(seconds) - self._log_prior)
         self._dirty = True
+        self._pending += 1
         self.observations += 1
         self.censored += censored
         if not job.resubmission:
@@ -87,6 +89,7 @@ class DurationPredictor:
         model.fit(np.asarray(self._x, dtype=np.float64), np.asarray(self._y, dtype=np.float64))
         self._coef = np.asarray(model.coef_, dtype=np.float64)
         self._dirty = False
+        self._pending = 0
         self.refits += 1
 
     def forget(self, job: JobView) -> None:
@@ -96,7 +99,9 @@ class DurationPredictor:
     def predict(self, jobs: Sequence[JobView]) -> tuple[Prediction, ...]:
         if not jobs:
             return ()
-        if self._dirty:
+        # Refit once per batch of new observations: after every one while data is scarce, then after
+        # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more).
+        if self._dirty and self._pending >= max(1, self.observations // 32):
             self._refit()
         if self._coef is None:
             base = [Prediction(self.prior_s, "prior")] * len(jobs)

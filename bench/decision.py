@@ -1,0 +1,79 @@
+"""Decision overhead of the pressure-aware policy: one ``choose()`` with 64 queued jobs (predictions for
+the whole queue included, as the dispatcher computes them) and one predictor refit, with a predictor
+warmed on 500 observations. Median over many calls; min/median/max over repeats.
+
+Run: ``python -m bench.decision [--repeats 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from asyncroll.policies import JobView, QueueSnapshot
+from asyncroll.policies.predictor import DurationPredictor, warm_import
+from asyncroll.policies.pressure import PressurePolicy
+from bench.common import machine, quantiles
+
+
+def one_repeat(seed: int, calls: int = 2000) -> tuple[float, float, float]:
+    rng = random.Random(seed)
+    predictor = DurationPredictor()
+    tools = ["crunch", "lookup", "grade_tool", "search"]
+    for i in range(500):
+        job = JobView(i, f"t{i}", "tool", rng.choice(tools), 0, 0.0, arg_bytes=rng.randint(10, 50_000))
+        predictor.observe(job, rng.lognormvariate(-2, 1))
+    queue = tuple(
+        JobView(
+            1000 + i,
+            f"q{i}",
+            "tool",
+            rng.choice(tools),
+            0,
+            float(i),
+            arg_bytes=rng.randint(10, 50_000),
+            resubmission=i % 3 == 0,
+        )
+        for i in range(64)
+    )
+    policy = PressurePolicy()
+    predictor.predict(queue)  # fit once, cache the queue's feature rows
+    choose, predict_only = [], []
+    for _ in range(calls):
+        began = time.perf_counter()
+        predictions = predictor.predict(queue)
+        mid = time.perf_counter()
+        policy.choose(QueueSnapshot(100.0, queue, 0, 4, 1, predictions, 4, True))
+        done = time.perf_counter()
+        predict_only.append((mid - began) * 1e6)
+        choose.append((done - began) * 1e6)
+    refits = []
+    for i in range(50):
+        predictor.observe(JobView(5000 + i, "r", "tool", "crunch", 0, 0.0, arg_bytes=100), 0.1)
+        began = time.perf_counter()
+        predictor._refit()  # the refit alone is what this measures
+        refits.append((time.perf_counter() - began) * 1e6)
+    return statistics.median(choose), statistics.median(predict_only), statistics.median(refits)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    warm_import()
+    runs = [one_repeat(seed) for seed in range(args.repeats)]
+    print(f"machine: {machine()}")
+    print("| measure (µs, median of calls) | min | median | max | target |\n|---|---:|---:|---:|---:|")
+    for name, index, target in (
+        ("predict 64 jobs + choose()", 0, "≤ 100"),
+        ("predict 64 jobs alone", 1, ""),
+        ("predictor refit (window of 550 observations)", 2, ""),
+    ):
+        lo, mid, hi = quantiles([r[index] for r in runs])
+        print(f"| {name} | {lo:.1f} | {mid:.1f} | {hi:.1f} | {target} |")
+
+
+if __name__ == "__main__":
+    main()
