@@ -1,0 +1,130 @@
+"""Paired measurement on this machine: ``fifo`` vs ``tool_first`` vs ``asyncroll``, real runs.
+
+For each operating point and seed, one ``bench.synthetic`` workload is generated (the seed changes the
+workload), and every policy runs it for real (system clock, real worker processes doing the work), in an
+order that rotates with the seed so that no policy always runs first. Reported per policy: completions
+per hour, client CPU-blocked seconds, CPU-queue wait p95 (min / median / max over seeds), and the paired
+change of completions per hour against ``fifo`` (min / median / max, mean with a 95% t interval).
+
+Run: ``python -m bench.paired [--seeds 5] [--n 40]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench import synthetic
+from bench.common import machine, quantiles, run_once
+
+POINTS = ((8, 4, 2), (8, 4, 1))
+POLICIES = ("fifo", "tool_first", "asyncroll")
+# two-sided 95% Student t quantiles by degrees of freedom
+T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
+
+
+def t95(df: int) -> float:
+    return T95.get(df) or T95[max(k for k in T95 if k <= df)] if df < 30 else 1.96
+
+
+def interval(xs: list[float]) -> str:
+    if len(xs) < 2:
+        return "n/a"
+    mean = statistics.fmean(xs)
+    half = t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return f"{100 * mean:+.1f}% [{100 * (mean - half):+.1f}%, {100 * (mean + half):+.1f}%]"
+
+
+def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
+    lo, mid, hi = quantiles(xs)
+    return " / ".join(fmt.format(v) for v in (lo, mid, hi))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--n", type=int, default=40)
+    parser.add_argument("--model-ms", type=float, default=40.0)
+    parser.add_argument("--cpu-ms", type=float, default=50.0)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-paired-"))
+    print(f"machine: {machine()}")
+    print(
+        f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g}, "
+        f"seeds 0..{args.seeds - 1}; real runs, order rotating per seed"
+    )
+    for point in POINTS:
+        rows: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
+        for seed in range(args.seeds):
+            workload = synthetic.write(
+                tmp / f"p{point}-s{seed}" / "w.jsonl", args.n, args.model_ms, args.cpu_ms, seed
+            )
+            order = POLICIES[seed % len(POLICIES) :] + POLICIES[: seed % len(POLICIES)]
+            for policy in order:
+                outcome, _, _ = run_once(
+                    workload,
+                    policy=policy,
+                    max_active_trajectories=point[0],
+                    max_inflight_model_requests=point[1],
+                    cpu_workers=point[2],
+                    max_turns=6,
+                )
+                s = outcome.summary
+                assert s is not None and s["counts"]["completed"] == args.n
+                rows[policy].append(
+                    {
+                        "per_hour": s["throughput"]["completed_per_wall_hour"],
+                        "blocked": s["client_cpu_blocked"]["seconds"],
+                        "queue_p95_ms": 1000 * (s["latency"]["cpu_queue_s"]["p95"] or 0.0),
+                        "eligible": s["scheduler"]["eligible_decisions"],
+                        "decisions": s["scheduler"]["decisions"],
+                        "reorders": s["scheduler"]["reorders"],
+                        "efficiency": s["bounds"]["efficiency"],
+                    }
+                )
+        print(f"\n### {point[0]} active / {point[1]} inflight / {point[2]} workers\n")
+        print(
+            "| policy | completions per hour (min / med / max) | CPU-blocked s | CPU-queue p95 ms "
+            "| efficiency | eligible / decisions, reorders (median) "
+            "| paired change in completions/h vs fifo: min / med / max | mean [95% t interval] |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        fifo = [r["per_hour"] for r in rows["fifo"]]
+        for policy in POLICIES:
+            rs = rows[policy]
+            change = [r["per_hour"] / f - 1 for r, f in zip(rs, fifo, strict=True)]
+            paired = "n/a" if policy == "fifo" else spread(change, "{:+.1%}")
+            mean = "n/a" if policy == "fifo" else interval(change)
+            elig = (
+                f"{statistics.median(r['eligible'] for r in rs):.0f} / "
+                f"{statistics.median(r['decisions'] for r in rs):.0f}, "
+                f"{statistics.median(r['reorders'] for r in rs):.0f}"
+            )
+            print(
+                f"| {policy} | {spread([r['per_hour'] for r in rs], '{:.0f}')} "
+                f"| {spread([r['blocked'] for r in rs], '{:.2f}')} "
+                f"| {spread([r['queue_p95_ms'] for r in rs])} "
+                f"| {spread([r['efficiency'] for r in rs], '{:.3f}')} | {elig} | {paired} | {mean} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
