@@ -37,12 +37,14 @@ def simulated(workload: Path, policy: str, point: tuple[int, int, int]) -> float
             "max_active_trajectories": active,
             "max_inflight_model_requests": inflight,
             "cpu_workers": workers,
+            "max_turns": 6,
         }
     )
     clock = VirtualClock()
-    run = Run(prepare(cfg, ["calibrate"]), clock, worker_factory=virtual_factory(clock), record=False)
+    factory = virtual_factory(clock, simulate_tools=True)
+    run = Run(prepare(cfg, ["calibrate"]), clock, worker_factory=factory, record=False)
     outcome = clock.run(run.execute())
-    assert outcome.summary is not None
+    assert outcome.summary is not None and outcome.summary["counts"]["failed"] == 0
     return float(outcome.summary["makespan_s"])
 
 
