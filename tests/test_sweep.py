@@ -76,7 +76,7 @@ def test_sweep_writes_every_cell_with_paired_comparisons(tmp_path: Path) -> None
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["spec"]["seeds"] == 3 and len(summary["cells"]) == 8
     table = (out / "sweep.md").read_text()
-    assert table.count("\n| sync |") == 4 and "+" in table
+    assert table.count("\n| sync |") == 4 and "+" in table and "completed per hour" in table
 
 
 def test_sweep_refuses_bad_lists_and_workloads(tmp_path: Path) -> None:

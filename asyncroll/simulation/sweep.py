@@ -159,8 +159,8 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if not paired or policy == "fifo"
                 else f"{100 * min(paired):+.1f}% / {100 * statistics.median(paired):+.1f}% / "
                 f"{100 * max(paired):+.1f}%",
-                "completed_per_hour_median": statistics.median(
-                    [r["completed_per_hour"] or 0.0 for r in group]
+                "completed_per_hour": _spread(
+                    [r["completed_per_hour"] for r in group if r["completed_per_hour"]], 0
                 ),
             }
         )
@@ -169,14 +169,16 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(agg: list[dict[str, Any]]) -> str:
     lines = [
-        "| policy | active | inflight | workers | makespan s (min / med / max) | efficiency "
-        "(min / med / max) | CPU-blocked s | reorders | makespan vs fifo, paired (min / med / max) |",
-        "|---|---:|---:|---:|---|---|---|---|---|",
+        "| policy | active | inflight | workers | makespan s (min / med / max) | completed per hour "
+        "| efficiency (min / med / max) | CPU-blocked s | reorders "
+        "| makespan vs fifo, paired (min / med / max) |",
+        "|---|---:|---:|---:|---|---|---|---|---|---|",
     ]
     for c in sorted(agg, key=lambda c: (c["active"], c["inflight"], c["workers"], c["policy"])):
         lines.append(
             f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} | {c['makespan_s']} "
-            f"| {c['efficiency']} | {c['cpu_blocked_s']} | {c['reorders']} | {c['vs_fifo']} |"
+            f"| {c['completed_per_hour']} | {c['efficiency']} | {c['cpu_blocked_s']} | {c['reorders']} "
+            f"| {c['vs_fifo']} |"
         )
     return "\n".join(lines) + "\n"
 
