@@ -12,6 +12,17 @@ import asyncio
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.clock import Clock
 from asyncroll.errors import ModelError
+from asyncroll.workload import Action
+
+
+def scripted_action(request: ModelRequest) -> Action:
+    """The action a problem's script gives for this turn; running past its end is a model failure."""
+    script = request.problem.script or []
+    if request.turn >= len(script):
+        raise ModelError(
+            "script_exhausted", f"script has {len(script)} actions; turn {request.turn} asked for another"
+        )
+    return script[request.turn]
 
 
 class ScriptedBackend:
@@ -28,12 +39,7 @@ class ScriptedBackend:
         return 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        script = request.problem.script or []
-        if request.turn >= len(script):
-            raise ModelError(
-                "script_exhausted", f"script has {len(script)} actions; turn {request.turn} asked for another"
-            )
-        action = script[request.turn]
+        action = scripted_action(request)
         if action.latency_ms:
             await self._clock.sleep(action.latency_ms / 1000.0)
         return ModelResponse(action=action)

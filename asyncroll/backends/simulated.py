@@ -13,8 +13,8 @@ import math
 from typing import Any
 
 from asyncroll.backends.base import ModelRequest, ModelResponse
+from asyncroll.backends.scripted import scripted_action
 from asyncroll.backends.server_model import BatchingServer
-from asyncroll.errors import ModelError
 
 
 def _chars(message: dict[str, Any]) -> int:
@@ -41,12 +41,7 @@ class SimulatedServerBackend:
         return max(1, math.ceil(chars / self._chars_per_token))
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        script = request.problem.script or []
-        if request.turn >= len(script):
-            raise ModelError(
-                "script_exhausted", f"script has {len(script)} actions; turn {request.turn} asked for another"
-            )
-        action = script[request.turn]
+        action = scripted_action(request)
         prompt = self._tokens(sum(_chars(m) for m in request.messages))
         output = action.output_tokens or self._tokens(len(json.dumps(action.model_dump(exclude_none=True))))
         generation = await self.server.generate(prompt, output)
