@@ -243,6 +243,10 @@ def test_signal_mid_run_leaves_valid_files_and_no_processes(tmp_path: Path, sig:
     assert summary["status"] == "interrupted"
     assert events[-1].event == "measurement_finished" and events[-1].status == "interrupted"
     assert summary["counts"]["unfinished"] > 0
+    # every job that started has an end: finished, or failed as "cancelled" when the run stopped under it
+    started = {e.job_id for e in events if e.event == "cpu_started"}
+    ended = {e.job_id for e in events if e.event in ("cpu_finished", "cpu_failed")}
+    assert started <= ended
     assert_gone(worker_pids(events))
 
 

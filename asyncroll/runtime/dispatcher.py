@@ -145,9 +145,14 @@ class CpuDispatcher:
         else:
             try:
                 slot = await queued.future
-            finally:
-                if self._queue.pop(job_id, None) is not None:
+            except BaseException:
+                if queued.future.done() and not queued.future.cancelled():
+                    # Given a worker in the same step as the cancellation: hand the worker back.
+                    self._cancelled(queued, queued.future.result(), self._clock.now())
+                    self._pool.release(queued.future.result())
+                elif self._queue.pop(job_id, None) is not None:
                     self._predictor.forget(view)
+                raise
         return await self._execute(slot, queued)
 
     def _dispatch(self) -> None:
@@ -215,6 +220,21 @@ class CpuDispatcher:
             )
             chosen.future.set_result(slot)
 
+    def _cancelled(self, job: _Queued, slot: int, since: float) -> None:
+        self._predictor.forget(job.view)
+        self._events.emit(
+            CpuFailed(
+                id=job.spec.trajectory_id,
+                job_id=job.view.job_id,
+                worker=slot,
+                kind=job.spec.kind,
+                tool=job.spec.tool,
+                reason="cancelled",
+                roundtrip_s=round(self._clock.now() - since, 6),
+                error="the run was stopped while this job held a worker",
+            )
+        )
+
     async def _execute(self, slot: int, job: _Queued) -> JobOutcome:
         worker = self._pool.worker(slot)
         spec, view = job.spec, job.view
@@ -223,6 +243,10 @@ class CpuDispatcher:
         sent = self._clock.now()
         try:
             result = await worker.call(request, self._timeout)
+        except asyncio.CancelledError:
+            # The run is stopping: the worker's tree was killed under the job. Say so, then propagate.
+            self._cancelled(job, slot, sent)
+            raise
         except (WorkerTimeout, WorkerDied) as exc:
             failure = "timeout" if isinstance(exc, WorkerTimeout) else "worker_died"
             self._events.emit(
