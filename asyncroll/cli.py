@@ -202,6 +202,8 @@ def simulate(
     ] = 0.08,
     prefill_ms_per_token: Annotated[float, Opt(help="batching: prefill cost per prompt token (ms).")] = 0.03,
     chars_per_token: Annotated[float, Opt(help="batching: characters per token for size estimates.")] = 4.0,
+    turn_overhead_ms: Annotated[float, Opt(help="Client cost added to every model turn (ms).")] = 0.0,
+    job_overhead_ms: Annotated[float, Opt(help="Dispatch + IPC cost added to every CPU job (ms).")] = 0.0,
     sweep: Annotated[bool, Opt("--sweep", help="Sweep policies × operating points × seeds instead.")] = False,
     policies: Annotated[str, Opt(help="sweep: comma-separated policies.")] = "fifo,tool_first,sync",
     active: Annotated[
@@ -228,6 +230,8 @@ def simulate(
     from asyncroll.simulation.engine import simulate as run_simulation
 
     sim_keys = {
+        "turn_overhead_ms",
+        "job_overhead_ms",
         "sweep",
         "policies",
         "active",
@@ -252,7 +256,11 @@ def simulate(
             "batching" if server == "batching" else "fixed",
             ServerModelConfig(max_num_seqs, step_base_ms, step_per_seq_ms, prefill_ms_per_token),
             chars_per_token,
+            turn_overhead_ms,
+            job_overhead_ms,
         )
+        if turn_overhead_ms < 0 or job_overhead_ms < 0:
+            raise UsageError("--turn-overhead-ms and --job-overhead-ms must be >= 0")
         if (workload is None) == (from_run is None):
             raise UsageError("give exactly one of --workload and --from-run")
         if output is None:

@@ -1,16 +1,20 @@
 """Calibration: the same scripted workload run for real and simulated, at a few operating points.
 
-Real: ``asyncroll run`` machinery on the system clock with real worker processes busy-looping (the
-``crunch`` tool of ``bench.synthetic``). Simulated: ``simulate`` with fixed latencies (each action's
-``latency_ms``) and virtual workers whose jobs last their declared ``cpu_ms``. Reports, per policy and
-operating point, the real makespan (min/median/max over repeats), the simulated one, the error of the
-simulation against the real median, and whether the two rank the policies the same way.
+Real: the runtime on the system clock with real worker processes busy-looping (the ``crunch`` tool of
+``bench.synthetic``). Simulated twice with fixed latencies (each action's ``latency_ms``) and virtual
+workers whose jobs last their declared ``cpu_ms``: once as a pure model, and once with the per-turn and
+per-job overheads *measured in the real runs' own events* (model latency beyond the scripted one; CPU
+dispatch → result beyond the execute time), passed as ``--turn-overhead-ms`` / ``--job-overhead-ms``.
+Reports per policy and operating point the real makespan (min/median/max over repeats), both simulated
+makespans with their error against the real median, and whether each ranks the policies like reality.
 
-Run: ``python -m bench.calibrate [--repeats 3] [--n 40]``."""
+Run: ``python -m bench.calibrate [--repeats 3] [--n 40]``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -18,21 +22,36 @@ from pathlib import Path
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
-from asyncroll.runtime.virtual_worker import virtual_factory
+from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from bench import synthetic
-from bench.common import machine, quantiles, run_once
+from bench.common import events, machine, quantiles, run_once
 
 POINTS = ((4, 2, 1), (8, 4, 1), (16, 8, 2))
 POLICIES = ("fifo", "tool_first", "asyncroll")
 
 
-def simulated(workload: Path, policy: str, point: tuple[int, int, int]) -> float:
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-cal-"))
+def overheads(run_dir: Path, workload: Path) -> tuple[float, float]:
+    """Median (model latency − scripted latency) and (dispatch → result − execute) in ms, from events."""
+    scripts = {p["id"]: p["script"] for p in map(json.loads, workload.read_text().splitlines())}
+    evs = events(run_dir)
+    turn = [
+        e["latency_s"] - scripts[e["id"]][e["turn"]]["latency_ms"] / 1000
+        for e in evs
+        if e["event"] == "model_finished"
+    ]
+    selected = {e["job_id"]: e["t"] for e in evs if e["event"] == "cpu_selected"}
+    job = [e["t"] - selected[e["job_id"]] - e["execute_s"] for e in evs if e["event"] == "cpu_finished"]
+    return 1000 * statistics.median(turn), 1000 * statistics.median(job)
+
+
+def simulated(
+    workload: Path, policy: str, point: tuple[int, int, int], settings: SimulationSettings
+) -> float:
     active, inflight, workers = point
     cfg = build_config(
         {
             "workload": workload,
-            "output": tmp / "sim",
+            "output": Path(tempfile.mkdtemp()) / "sim",
             "policy": policy,
             "max_active_trajectories": active,
             "max_inflight_model_requests": inflight,
@@ -41,8 +60,15 @@ def simulated(workload: Path, policy: str, point: tuple[int, int, int]) -> float
         }
     )
     clock = VirtualClock()
-    factory = virtual_factory(clock, simulate_tools=True)
-    run = Run(prepare(cfg, ["calibrate"]), clock, worker_factory=factory, record=False)
+    backend, capacity = backend_for(settings, clock)
+    run = Run(
+        prepare(cfg, ["calibrate"]),
+        clock,
+        worker_factory=workers_for(settings, clock),
+        backend=backend,
+        model_capacity=capacity,
+        record=False,
+    )
     outcome = clock.run(run.execute())
     assert outcome.summary is not None and outcome.summary["counts"]["failed"] == 0
     return float(outcome.summary["makespan_s"])
@@ -68,16 +94,21 @@ def main() -> None:
         f"{args.repeats} real repeats"
     )
     print(
-        "| active / inflight / workers | policy | real makespan s (min / med / max) | simulated s | error |"
+        "| active / inflight / workers | policy | real makespan s (min / med / max) | simulated s (error) "
+        "| measured overheads turn / job ms | simulated with them s (error) |"
     )
-    print("|---|---|---|---:|---:|")
-    rankings = []
+    print("|---|---|---|---|---|---|")
+    rankings: list[tuple[tuple[int, int, int], list[str], list[str], list[str]]] = []
     for point in POINTS:
-        real_med, sim = {}, {}
+        real: dict[str, float] = {}
+        pure: dict[str, float] = {}
+        tuned: dict[str, float] = {}
         for policy in POLICIES:
-            reals = []
+            reals: list[float] = []
+            turn_ms: list[float] = []
+            job_ms: list[float] = []
             for _ in range(args.repeats):
-                outcome, _, _ = run_once(
+                outcome, run_dir, _ = run_once(
                     workload,
                     policy=policy,
                     max_active_trajectories=point[0],
@@ -85,23 +116,33 @@ def main() -> None:
                     cpu_workers=point[2],
                     max_turns=6,
                 )
-                assert outcome.summary is not None
+                assert outcome.summary is not None and outcome.summary["counts"]["completed"] == args.n
                 reals.append(outcome.summary["makespan_s"])
+                t, j = overheads(run_dir, workload)
+                turn_ms.append(t)
+                job_ms.append(j)
             lo, mid, hi = quantiles(reals)
-            real_med[policy] = statistics.median(reals)
-            sim[policy] = simulated(workload, policy, point)
-            error = sim[policy] / real_med[policy] - 1
+            real[policy] = mid
+            pure[policy] = simulated(workload, policy, point, SimulationSettings())
+            t, j = statistics.median(turn_ms), statistics.median(job_ms)
+            tuned[policy] = simulated(
+                workload, policy, point, SimulationSettings(turn_overhead_ms=t, job_overhead_ms=j)
+            )
             print(
                 f"| {point[0]} / {point[1]} / {point[2]} | {policy} | {lo:.3f} / {mid:.3f} / {hi:.3f} "
-                f"| {sim[policy]:.3f} | {100 * error:+.1f}% |"
+                f"| {pure[policy]:.3f} ({100 * (pure[policy] / mid - 1):+.1f}%) | {t:.2f} / {j:.2f} "
+                f"| {tuned[policy]:.3f} ({100 * (tuned[policy] / mid - 1):+.1f}%) |"
             )
-        real_rank = sorted(POLICIES, key=lambda p: real_med[p])
-        sim_rank = sorted(POLICIES, key=lambda p: sim[p])
-        rankings.append((point, real_rank, sim_rank))
+        ordered = [sorted(POLICIES, key=d.__getitem__) for d in (real, pure, tuned)]
+        rankings.append((point, ordered[0], ordered[1], ordered[2]))
+
     print()
-    for point, real_rank, sim_rank in rankings:
-        same = "same" if real_rank == sim_rank else "DIFFERENT"
-        print(f"- {point}: real ranking {' < '.join(real_rank)}; simulated {' < '.join(sim_rank)} ({same})")
+    for point, real_rank, pure_rank, tuned_rank in rankings:
+        print(
+            f"- {point}: real {' < '.join(real_rank)}; simulated {' < '.join(pure_rank)} "
+            f"({'same' if pure_rank == real_rank else 'different'}); with overheads {' < '.join(tuned_rank)} "
+            f"({'same' if tuned_rank == real_rank else 'different'})"
+        )
 
 
 if __name__ == "__main__":

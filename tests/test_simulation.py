@@ -171,3 +171,26 @@ def test_client_cpu_blocked_time_is_exact(virtual_run: VirtualRun) -> None:
     )
     assert outcome.summary is not None
     assert outcome.summary["client_cpu_blocked"]["seconds"] == pytest.approx(0.0)
+
+
+def test_overheads_add_to_every_turn_and_job(tmp_path: Path) -> None:
+    problems = [tool_problem("a", model_ms=100, cpu_ms=50, turns=2)]  # 3 model turns, 2 jobs
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sim"
+    result = cli(
+        "simulate",
+        "--workload",
+        workload,
+        "--output",
+        out,
+        "--turn-overhead-ms",
+        "2",
+        "--job-overhead-ms",
+        "5",
+    )
+    assert result.returncode == 0, result.stderr
+    receipt, summary, _ = load_run(out)
+    assert summary["makespan_s"] == pytest.approx(0.4 + 3 * 0.002 + 2 * 0.005)
+    assert receipt["simulation"]["turn_overhead_ms"] == 2 and receipt["simulation"]["job_overhead_ms"] == 5
+    bad = cli("simulate", "--workload", workload, "--output", tmp_path / "x", "--job-overhead-ms", "-1")
+    assert bad.returncode == 2 and not (tmp_path / "x").exists()

@@ -28,8 +28,11 @@ def scripted_action(request: ModelRequest) -> Action:
 class ScriptedBackend:
     name = "scripted"
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, overhead_s: float = 0.0) -> None:
+        """``overhead_s`` is added to every turn: a simulation's stand-in for what a real client pays
+        beyond the model time (timer overshoot, request handling)."""
         self._clock = clock
+        self._overhead = overhead_s
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         return None
@@ -40,8 +43,9 @@ class ScriptedBackend:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         action = scripted_action(request)
-        if action.latency_ms:
-            await self._clock.sleep(action.latency_ms / 1000.0)
+        seconds = (action.latency_ms or 0.0) / 1000.0 + self._overhead
+        if seconds:
+            await self._clock.sleep(seconds)
         return ModelResponse(action=action)
 
     async def aclose(self) -> None:

@@ -75,6 +75,7 @@ class _Sequence:
 class BatchingServer:
     def __init__(self, config: ServerModelConfig, clock: Clock) -> None:
         self.config = config
+        self.clock = clock
         self._clock = clock
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []

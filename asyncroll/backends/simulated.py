@@ -27,9 +27,10 @@ def _chars(message: dict[str, Any]) -> int:
 class SimulatedServerBackend:
     name = "simulated"
 
-    def __init__(self, server: BatchingServer, chars_per_token: float = 4.0) -> None:
+    def __init__(self, server: BatchingServer, chars_per_token: float = 4.0, overhead_s: float = 0.0) -> None:
         self.server = server
         self._chars_per_token = chars_per_token
+        self._overhead = overhead_s
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         tg.create_task(self.server.serve())
@@ -45,6 +46,8 @@ class SimulatedServerBackend:
         prompt = self._tokens(sum(_chars(m) for m in request.messages))
         output = action.output_tokens or self._tokens(len(json.dumps(action.model_dump(exclude_none=True))))
         generation = await self.server.generate(prompt, output)
+        if self._overhead:
+            await self.server.clock.sleep(self._overhead)
         return ModelResponse(action=action, prompt_tokens=prompt, completion_tokens=generation.output_tokens)
 
     async def aclose(self) -> None:

@@ -15,9 +15,11 @@ from asyncroll.backends.simulated import SimulatedServerBackend
 from asyncroll.clock import VirtualClock
 from asyncroll.config import RunConfig
 from asyncroll.errors import OutputExistsError, UsageError
+from asyncroll.runtime.pool import WorkerFactory
 from asyncroll.runtime.run import Run, RunOutcome, prepare
-from asyncroll.runtime.virtual_worker import virtual_factory
+from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.simulation.from_run import DerivedRun
+from asyncroll.workers.protocol import JobRequest
 
 ServerKind = Literal["fixed", "batching"]
 
@@ -27,9 +29,15 @@ class SimulationSettings:
     server: ServerKind = "fixed"
     model: ServerModelConfig = field(default_factory=ServerModelConfig)
     chars_per_token: float = 4.0
+    turn_overhead_ms: float = 0.0  # added to every model turn (client-side cost a real run pays)
+    job_overhead_ms: float = 0.0  # added to every CPU job, holding its worker (dispatch + IPC)
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"server": self.server}
+        out: dict[str, Any] = {
+            "server": self.server,
+            "turn_overhead_ms": self.turn_overhead_ms,
+            "job_overhead_ms": self.job_overhead_ms,
+        }
         if self.server == "batching":
             out["server_model"] = asdict(self.model)
             out["chars_per_token"] = self.chars_per_token
@@ -68,7 +76,7 @@ def simulate(
     run = Run(
         prepared,
         clock,
-        worker_factory=virtual_factory(clock, simulate_tools=True),
+        worker_factory=workers_for(settings, clock),
         backend=backend,
         receipt_extra=extra,
         model_capacity=capacity,
@@ -80,8 +88,19 @@ def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Back
     """The model side of a simulation and its own concurrency limit (None when unbounded)."""
     if settings.server == "batching":
         server = BatchingServer(settings.model, clock)
-        return SimulatedServerBackend(server, settings.chars_per_token), settings.model.max_num_seqs
-    return ScriptedBackend(clock), None
+        backend = SimulatedServerBackend(server, settings.chars_per_token, settings.turn_overhead_ms / 1000)
+        return backend, settings.model.max_num_seqs
+    return ScriptedBackend(clock, settings.turn_overhead_ms / 1000), None
+
+
+def workers_for(settings: SimulationSettings, clock: VirtualClock) -> WorkerFactory:
+    """Virtual workers whose jobs take their declared cost plus the per-job overhead."""
+    extra = settings.job_overhead_ms / 1000
+
+    def duration(request: JobRequest) -> float:
+        return builtin_duration(request) + extra
+
+    return virtual_factory(clock, duration, simulate_tools=True)
 
 
 def prepare_from_run(run_dir: Path, output: Path) -> DerivedRun:

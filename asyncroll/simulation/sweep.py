@@ -19,8 +19,7 @@ from typing import Any
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import PreparedRun, Run
-from asyncroll.runtime.virtual_worker import virtual_factory
-from asyncroll.simulation.engine import SimulationSettings, backend_for
+from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
 from asyncroll.workload import scan_workload
 
@@ -93,7 +92,7 @@ def run_sweep(
                 clock,
                 backend=backend,
                 model_capacity=capacity,
-                worker_factory=virtual_factory(clock, simulate_tools=True),
+                worker_factory=workers_for(settings, clock),
                 record=False,
             )
             outcome = clock.run(run.execute())
