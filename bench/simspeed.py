@@ -5,7 +5,8 @@ and the RSS growth between ``measurement_started`` and ``measurement_finished``
 virtual workers. ``summary only`` writes no files (what a sweep cell does); ``full outputs`` writes the
 run directory (events, results, summary) without the trace/timeline exports.
 
-Workload: ``bench.synthetic`` (1–2 tool calls and a graded answer per trajectory), 64 active,
+Workload: seeded, small arguments (so that the runtime, not JSON parsing of large payloads, is measured):
+1 or 2 ``spin_ms`` calls (60% two) with lognormal model latency and CPU cost, then a graded answer; 64 active,
 16 inflight, 4 workers. Run: ``python -m bench.simspeed [--sizes 1000,10000,30000] [--repeats 3]``.
 """
 
@@ -13,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from bench import synthetic
-from bench.common import machine, quantiles
+from bench.common import machine, quantiles, write_workload
 
 CHILD = r"""
 import json, sys, tempfile, time
@@ -33,7 +36,7 @@ n, record, workload = int(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
 rundir.export = lambda out: {}
 tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
 cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
-                    "max_inflight_model_requests": 16, "cpu_workers": 4})
+                    "max_inflight_model_requests": 16, "cpu_workers": 4, "max_turns": 6})
 clock = VirtualClock()
 import psutil
 from asyncroll.events import MeasurementFinished, MeasurementStarted
@@ -41,7 +44,8 @@ rss = {}
 def probe(event):
     if isinstance(event, (MeasurementStarted, MeasurementFinished)):
         rss[event.event] = psutil.Process().memory_info().rss / 2**20
-run = Run(prepare(cfg, ["simspeed"]), clock, worker_factory=virtual_factory(clock), record=record,
+factory = virtual_factory(clock, simulate_tools=True)
+run = Run(prepare(cfg, ["simspeed"]), clock, worker_factory=factory, record=record,
           subscribers=(probe,))
 c0 = time.process_time()
 outcome = clock.run(run.execute())
@@ -51,6 +55,37 @@ print(json.dumps({"cpu_s": cpu, "rss_mb": rss["measurement_finished"],
                   "growth_mb": rss["measurement_finished"] - rss["measurement_started"],
                   "virtual_makespan_s": outcome.summary["makespan_s"]}))
 """
+
+
+def small_workload(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+
+    def ms(mean: float, sigma: float) -> float:
+        return round(mean * math.exp(rng.gauss(-sigma * sigma / 2, sigma)), 3)
+
+    problems = []
+    for i in range(n):
+        calls = 2 if rng.random() < 0.6 else 1
+        script: list[dict[str, Any]] = [
+            {
+                "type": "tool",
+                "name": "spin_ms",
+                "arguments": {"milliseconds": ms(300, 1.0)},
+                "latency_ms": ms(400, 0.5),
+            }
+            for _ in range(calls)
+        ]
+        script.append({"type": "final", "answer": str(i), "latency_ms": ms(400, 0.5)})
+        problems.append(
+            {
+                "id": f"s{i}",
+                "prompt": "p",
+                "tools": [{"name": "spin_ms"}],
+                "reference_answer": str(i),
+                "script": script,
+            }
+        )
+    return problems
 
 
 def one(n: int, record: bool, workload: Path) -> dict[str, float]:
@@ -75,7 +110,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
     for n in sizes:
         # written here, so that the child's peak memory is the simulation's, not the generator's
-        workload = synthetic.write(tmp / f"w{n}.jsonl", n, 400.0, 300.0, 0)
+        workload = write_workload(tmp / f"w{n}.jsonl", small_workload(n, seed=0))
         for record in (False, True):
             runs = [one(n, record, workload) for _ in range(args.repeats)]
             rates = [n / r["cpu_s"] for r in runs]

@@ -60,6 +60,7 @@ class DurationPredictor:
         self._pending = 0  # observations since the last refit
         self._first: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._rows: dict[int, list[float]] = {}  # feature rows of queued jobs, computed once
+        self._cache: dict[int, tuple[int, Prediction]] = {}  # job id → (model version, prediction)
         self._remember = remember
         self.observations = 0
         self.censored = 0
@@ -68,6 +69,7 @@ class DurationPredictor:
     def observe(self, job: JobView, seconds: float, *, censored: bool = False) -> None:
         """Learn from a finished job (``censored``: it hit the timeout; ``seconds`` is the timeout)."""
         seconds = min(max(seconds, MIN_S / 10), MAX_S * 10)
+        self._cache.pop(job.job_id, None)
         row = self._rows.pop(job.job_id, None)
         self._x.append(row if row is not None else features(job))
         self._y.append(math.log(seconds) - self._log_prior)
@@ -95,6 +97,7 @@ class DurationPredictor:
     def forget(self, job: JobView) -> None:
         """A queued job that will never be observed (its caller gave up)."""
         self._rows.pop(job.job_id, None)
+        self._cache.pop(job.job_id, None)
 
     def predict(self, jobs: Sequence[JobView]) -> tuple[Prediction, ...]:
         if not jobs:
@@ -103,6 +106,15 @@ class DurationPredictor:
         # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more).
         if self._dirty and self._pending >= max(1, self.observations // 32):
             self._refit()
+        # A queued job's prediction changes only when the model does: compute each once per model.
+        cache, version = self._cache, self.refits
+        missing = [j for j in jobs if (hit := cache.get(j.job_id)) is None or hit[0] != version]
+        if missing:
+            for job, prediction in zip(missing, self._compute(missing), strict=True):
+                cache[job.job_id] = (version, prediction)
+        return tuple(cache[j.job_id][1] for j in jobs)
+
+    def _compute(self, jobs: Sequence[JobView]) -> list[Prediction]:
         if self._coef is None:
             base = [Prediction(self.prior_s, "prior")] * len(jobs)
         else:
@@ -111,8 +123,7 @@ class DurationPredictor:
                 if job.job_id not in rows:
                     rows[job.job_id] = features(job)
             matrix = np.asarray([rows[j.job_id] for j in jobs], dtype=np.float64)
-            logs = matrix @ self._coef + self._log_prior
-            seconds = np.clip(np.exp(logs), MIN_S, MAX_S)
+            seconds = np.clip(np.exp(matrix @ self._coef + self._log_prior), MIN_S, MAX_S)
             base = [Prediction(float(s), "ridge") for s in seconds]
         out = []
         for job, prediction in zip(jobs, base, strict=True):
@@ -120,7 +131,7 @@ class DurationPredictor:
             if first is not None:
                 prediction = Prediction(min(max(first, MIN_S), MAX_S), "same_problem_first_evaluation")
             out.append(prediction)
-        return tuple(out)
+        return out
 
 
 def warm_import() -> None:
