@@ -48,7 +48,7 @@ def features(job: JobView) -> list[float]:
 
 class DurationPredictor:
     def __init__(
-        self, prior_s: float = 0.1, alpha: float = 1.0, window: int = 1024, remember: int = 100_000
+        self, prior_s: float = 0.1, alpha: float = 1.0, window: int = 1024, remember: int = 10_000
     ) -> None:
         self.prior_s = prior_s
         self._log_prior = math.log(prior_s)
@@ -135,5 +135,8 @@ class DurationPredictor:
 
 
 def warm_import() -> None:
-    """Import scikit-learn now (≈ 1 s), before a measured window, not in the middle of one."""
-    import sklearn.linear_model  # noqa: F401
+    """Import scikit-learn now (≈ 1 s), before a measured window, not in the middle of one; one tiny fit
+    also loads the modules the first real fit would import lazily."""
+    from sklearn.linear_model import Ridge
+
+    Ridge(alpha=1.0, fit_intercept=False).fit(np.eye(2), np.zeros(2))
