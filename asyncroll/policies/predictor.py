@@ -12,7 +12,8 @@ of that tool when it is known (``same_problem_first_evaluation``). Timed-out job
 *censored* at the timeout, never dropped. The model refits lazily, once, at the first prediction after
 new observations (after each of the first 32, then after every ~3% more), on a bounded window;
 predicting the whole queue is one matrix product. Predictions are clamped to [1 ms, 60 s]. One instance
-per run: state never leaks between runs."""
+per run: state never leaks between runs.
+"""
 
 from __future__ import annotations
 
