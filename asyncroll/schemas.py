@@ -56,6 +56,15 @@ class Accuracy(BaseModel):
     ungraded: int
 
 
+class PredictionQuality(BaseModel):
+    sources: dict[str, int]
+    pairs: int
+    pearson_log: float | None
+    pearson_log_repairs: float | None
+    pearson_log_first: float | None
+    note: str
+
+
 class Scheduler(BaseModel):
     policy: str
     decisions: int
@@ -63,6 +72,8 @@ class Scheduler(BaseModel):
     reorders: int
     activation_rate: float | None
     reasons: dict[str, int]
+    max_queue_depth: int | None
+    prediction: PredictionQuality
 
 
 class Bounds(BaseModel):
@@ -91,6 +102,7 @@ class SummaryModel(_Open):
     scheduler: Scheduler
     workers: dict[str, Any]
     bounds: Bounds
+    client_cpu_blocked: dict[str, float | int | str | None]
     peaks: dict[str, int]
     cpu_cost: dict[str, float | str | None]
 
