@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from asyncroll.clock import Clock
 from asyncroll.errors import WorkerDied, WorkerTimeout
@@ -23,6 +23,7 @@ from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers.protocol import JobRequest
 
 MAX_CANDIDATES = 8  # candidates logged per decision (oldest first)
+FailureReason = Literal["timeout", "worker_died", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +221,7 @@ class CpuDispatcher:
             )
             chosen.future.set_result(slot)
 
-    def _cancelled(self, job: _Queued, slot: int, since: float) -> None:
-        self._predictor.forget(job.view)
+    def _failed(self, job: _Queued, slot: int, since: float, reason: FailureReason, error: str) -> None:
         self._events.emit(
             CpuFailed(
                 id=job.spec.trajectory_id,
@@ -229,11 +229,15 @@ class CpuDispatcher:
                 worker=slot,
                 kind=job.spec.kind,
                 tool=job.spec.tool,
-                reason="cancelled",
+                reason=reason,
                 roundtrip_s=round(self._clock.now() - since, 6),
-                error="the run was stopped while this job held a worker",
+                error=error[:1000],
             )
         )
+
+    def _cancelled(self, job: _Queued, slot: int, since: float) -> None:
+        self._predictor.forget(job.view)
+        self._failed(job, slot, since, "cancelled", "the run was stopped while this job held a worker")
 
     async def _execute(self, slot: int, job: _Queued) -> JobOutcome:
         worker = self._pool.worker(slot)
@@ -248,19 +252,8 @@ class CpuDispatcher:
             self._cancelled(job, slot, sent)
             raise
         except (WorkerTimeout, WorkerDied) as exc:
-            failure = "timeout" if isinstance(exc, WorkerTimeout) else "worker_died"
-            self._events.emit(
-                CpuFailed(
-                    id=spec.trajectory_id,
-                    job_id=view.job_id,
-                    worker=slot,
-                    kind=spec.kind,
-                    tool=spec.tool,
-                    reason=failure,  # type: ignore[arg-type]
-                    roundtrip_s=round(self._clock.now() - sent, 6),
-                    error=str(exc)[:1000],
-                )
-            )
+            failure: FailureReason = "timeout" if isinstance(exc, WorkerTimeout) else "worker_died"
+            self._failed(job, slot, sent, failure, str(exc))
             if failure == "timeout":  # censored at the timeout: the slowest jobs must not vanish
                 self._predictor.observe(view, self._timeout, censored=True)
             else:
