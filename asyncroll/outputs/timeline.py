@@ -172,9 +172,9 @@ def _thin(series: list[tuple[float, int]], t0: float) -> list[list[int]]:
     return out
 
 
-def timeline_data(run_dir: Path) -> dict[str, Any]:
+def timeline_data(run_dir: Path, activity: Activity | None = None) -> dict[str, Any]:
     """Everything the page draws, as plain JSON: header, rows, spans, cells, instants, counters, notes."""
-    a = collect_activity(run_dir / "events.jsonl")
+    a = activity or collect_activity(run_dir / "events.jsonl")
     run, summary = _read_json(run_dir / "run.json"), _read_json(run_dir / "summary.json")
     rows, index, per = _rows(a)
     t0 = a.t_min
@@ -250,10 +250,11 @@ def render_html(data: dict[str, Any]) -> str:
     return _PAGE.replace("__DATA__", payload)
 
 
-def write_timeline(run_dir: Path) -> Path:
-    """Write ``run_dir/timeline.html`` from the run's events, ``run.json`` and ``summary.json``."""
+def write_timeline(run_dir: Path, activity: Activity | None = None) -> Path:
+    """Write ``run_dir/timeline.html`` from the run's events (or their collected ``activity``),
+    ``run.json`` and ``summary.json``."""
     path = run_dir / "timeline.html"
-    write_atomic(path, render_html(timeline_data(run_dir)))
+    write_atomic(path, render_html(timeline_data(run_dir, activity)))
     return path
 
 

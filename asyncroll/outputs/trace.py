@@ -372,9 +372,10 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_trace(run_dir: Path) -> Path:
-    """Write ``run_dir/trace.json`` from ``run_dir/events.jsonl``; returns its path."""
+def write_trace(run_dir: Path, activity: Activity | None = None) -> Path:
+    """Write ``run_dir/trace.json`` from ``run_dir/events.jsonl`` (or its already collected
+    ``activity``); returns its path."""
     path = run_dir / "trace.json"
-    trace = chrome_trace(collect_activity(run_dir / "events.jsonl"))
+    trace = chrome_trace(activity or collect_activity(run_dir / "events.jsonl"))
     write_atomic(path, json.dumps(trace, separators=(",", ":"), default=str))
     return path
