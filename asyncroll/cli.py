@@ -42,7 +42,9 @@ def run(
         Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
     ] = None,
     model: Annotated[str | None, Opt(help="Model name (HTTP backends).")] = None,
-    endpoint: Annotated[str | None, Opt(help="Server URL (default http://localhost:8000).")] = None,
+    endpoint: Annotated[
+        str | None, Opt(help="HTTP backends: server URL (default http://localhost:8000).")
+    ] = None,
     limit: Annotated[int | None, Opt(help="Run only the first N problems.")] = None,
     cpu_workers: Annotated[int | None, Opt(help="Persistent tool worker processes (default 2).")] = None,
     max_active_trajectories: Annotated[int | None, Opt(help="Admission bound (default 16).")] = None,
@@ -53,21 +55,32 @@ def run(
         int | None, Opt("--gpu-slots", help="Deprecated alias of --max-inflight-model-requests.", hidden=True)
     ] = None,
     max_turns: Annotated[int | None, Opt(help="Turns per trajectory (default 8).")] = None,
-    max_tokens: Annotated[int | None, Opt(help="Tokens per model request (default 512).")] = None,
-    warmup_requests: Annotated[int | None, Opt(help="Untimed warm-up requests (default 2).")] = None,
+    max_tokens: Annotated[int | None, Opt(help="HTTP backends: tokens per model request (512).")] = None,
+    warmup_requests: Annotated[
+        int | None, Opt(help="Untimed warm-up requests (2; the scripted backend needs none).")
+    ] = None,
     tool_timeout: Annotated[
         float | None, Opt(help="Seconds per tool job before the worker is killed (60).")
     ] = None,
     worker_startup_timeout: Annotated[
         float | None, Opt(help="Seconds for a worker to get ready (120).")
     ] = None,
-    request_timeout: Annotated[float | None, Opt(help="Seconds per model request (120).")] = None,
-    structured_output: Annotated[bool | None, Opt("--structured-output/--no-structured-output")] = None,
+    request_timeout: Annotated[
+        float | None, Opt(help="HTTP backends: seconds per model request (120).")
+    ] = None,
+    structured_output: Annotated[
+        bool | None,
+        Opt("--structured-output/--no-structured-output", help="HTTP backends: JSON-schema actions."),
+    ] = None,
     metrics_url: Annotated[str | None, Opt(help="Prometheus metrics URL of the server.")] = None,
-    telemetry: Annotated[bool | None, Opt("--telemetry/--no-telemetry")] = None,
+    telemetry: Annotated[
+        bool | None, Opt("--telemetry/--no-telemetry", help="Probe telemetry sources (none implemented yet).")
+    ] = None,
     nvml_device: Annotated[int | None, Opt(help="Physical GPU index for NVML sampling.")] = None,
-    telemetry_interval: Annotated[float | None, Opt(help="Seconds between telemetry samples (0.2).")] = None,
-    seed: Annotated[int | None, Opt(help="Seed (default 0).")] = None,
+    telemetry_interval: Annotated[
+        float | None, Opt(help="Telemetry sample interval, s (0.2; no source yet).")
+    ] = None,
+    seed: Annotated[int | None, Opt(help="HTTP backends: request seed (default 0); recorded.")] = None,
     starvation_threshold: Annotated[
         int | None, Opt(help="Pressure trigger (default: inflight limit).")
     ] = None,
