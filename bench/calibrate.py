@@ -8,6 +8,12 @@ dispatch → result beyond the execute time), passed as ``--turn-overhead-ms`` /
 Reports per policy and operating point the real makespan (min/median/max over repeats), both simulated
 makespans with their error against the real median, and whether each ranks the policies like reality.
 
+Ranking is judged pair by pair, with the real noise taken into account: a real pair is *decided* when
+the two policies' real makespan ranges (min–max over repeats) do not overlap, otherwise it is a tie
+within noise. The simulator *contradicts* reality when it orders a decided pair the other way; it agrees
+on a decided pair when it orders it the same way. Ties are reported, not scored: no simulator can be
+right or wrong about a difference that reality itself does not resolve.
+
 Run: ``python -m bench.calibrate [--repeats 3] [--n 40]``.
 """
 
@@ -26,8 +32,37 @@ from asyncroll.simulation.engine import SimulationSettings, backend_for, workers
 from bench import synthetic
 from bench.common import events, machine, quantiles, run_once
 
-POINTS = ((4, 2, 1), (8, 4, 1), (16, 8, 2))
+Point = tuple[int, int, int]
+POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2), (32, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
+
+
+def verdicts(real: dict[str, list[float]], simulated: dict[str, float]) -> tuple[list[str], int, int, int]:
+    """Pairwise comparison of a simulated ranking with the real one (see the module docstring).
+    Returns a line per pair and the counts of (agreeing decided, contradicting decided, tied) pairs."""
+    lines: list[str] = []
+    agree = contradict = ties = 0
+    names = list(real)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if max(real[a]) < min(real[b]):
+                truth = "<"
+            elif max(real[b]) < min(real[a]):
+                truth = ">"
+            else:
+                truth = "~"
+            sim = "<" if simulated[a] < simulated[b] else ">" if simulated[a] > simulated[b] else "="
+            if truth == "~":
+                ties += 1
+                word = "tie within real noise"
+            elif sim == truth:
+                agree += 1
+                word = "agrees"
+            else:
+                contradict += 1
+                word = "CONTRADICTS"
+            lines.append(f"{a} {truth} {b} real; {a} {sim} {b} simulated: {word}")
+    return lines, agree, contradict, ties
 
 
 def overheads(run_dir: Path, workload: Path) -> tuple[float, float]:
@@ -98,9 +133,9 @@ def main() -> None:
         "| measured overheads turn / job ms | simulated with them s (error) |"
     )
     print("|---|---|---|---|---|---|")
-    rankings: list[tuple[tuple[int, int, int], list[str], list[str], list[str]]] = []
+    rankings: list[tuple[Point, dict[str, list[float]], dict[str, float], dict[str, float]]] = []
     for point in POINTS:
-        real: dict[str, float] = {}
+        real: dict[str, list[float]] = {}
         pure: dict[str, float] = {}
         tuned: dict[str, float] = {}
         for policy in POLICIES:
@@ -122,7 +157,7 @@ def main() -> None:
                 turn_ms.append(t)
                 job_ms.append(j)
             lo, mid, hi = quantiles(reals)
-            real[policy] = mid
+            real[policy] = reals
             pure[policy] = simulated(workload, policy, point, SimulationSettings())
             t, j = statistics.median(turn_ms), statistics.median(job_ms)
             tuned[policy] = simulated(
@@ -133,15 +168,21 @@ def main() -> None:
                 f"| {pure[policy]:.3f} ({100 * (pure[policy] / mid - 1):+.1f}%) | {t:.2f} / {j:.2f} "
                 f"| {tuned[policy]:.3f} ({100 * (tuned[policy] / mid - 1):+.1f}%) |"
             )
-        ordered = [sorted(POLICIES, key=d.__getitem__) for d in (real, pure, tuned)]
-        rankings.append((point, ordered[0], ordered[1], ordered[2]))
+        rankings.append((point, real, pure, tuned))
 
+    totals = {"pure model": [0, 0, 0], "with overheads": [0, 0, 0]}
+    for point, real, pure, tuned in rankings:
+        print(f"\n{point[0]} / {point[1]} / {point[2]}:")
+        for label, sim in (("pure model", pure), ("with overheads", tuned)):
+            lines, agree, contradict, ties = verdicts(real, sim)
+            for k, v in enumerate((agree, contradict, ties)):
+                totals[label][k] += v
+            print(f"- {label}: " + "; ".join(lines))
     print()
-    for point, real_rank, pure_rank, tuned_rank in rankings:
+    for label, (agree, contradict, ties) in totals.items():
         print(
-            f"- {point}: real {' < '.join(real_rank)}; simulated {' < '.join(pure_rank)} "
-            f"({'same' if pure_rank == real_rank else 'different'}); with overheads {' < '.join(tuned_rank)} "
-            f"({'same' if tuned_rank == real_rank else 'different'})"
+            f"- {label}: of the real pairwise differences outside noise, {agree} ordered the same, "
+            f"{contradict} the other way; {ties} pairs tied within the real spread"
         )
 
 

@@ -3,6 +3,9 @@ a virtual clock."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from asyncroll.events import CpuSelected
@@ -97,6 +100,24 @@ def test_predictor_prior_learning_and_clamping() -> None:
     p.observe(_job(2000, size=10**9), 10**6)
     extreme = p.predict([_job(2001, size=10**9), _job(2002, size=1)])
     assert all(MIN_S <= x.seconds <= MAX_S for x in extreme)
+
+
+def test_predictor_fit_equals_sklearn_ridge_on_its_window() -> None:
+    from sklearn.linear_model import Ridge
+
+    from asyncroll.policies.predictor import features
+
+    p = DurationPredictor(window=64, alpha=1.0)
+    jobs = [_job(i, size=10 + 37 * i % 900, tool=("a", "b", "c")[i % 3]) for i in range(100)]
+    for i, job in enumerate(jobs):
+        p.observe(job, 0.002 * (1 + (7 * i) % 13))
+    p.predict([_job(5000)])  # refits
+    kept = range(100 - 64, 100)  # the ring buffer holds the newest 64 observations
+    x = np.array([features(jobs[i]) for i in kept])
+    y = np.array([math.log(0.002 * (1 + (7 * i) % 13)) - math.log(p.prior_s) for i in kept])
+    reference = Ridge(alpha=1.0, fit_intercept=False).fit(x, y).coef_
+    assert p._coef is not None
+    np.testing.assert_allclose(p._coef, reference, rtol=1e-9, atol=1e-12)
 
 
 def test_predictor_uses_first_evaluation_for_repairs_and_tools_apart() -> None:
