@@ -1,0 +1,14 @@
+"""Converters from public benchmark releases to asyncroll workloads (SPEC §8).
+
+    toolmath        ToolMATH tool records → one problem per source problem with all its tools
+    livecodebench   LiveCodeBench code_generation rows → one-repair code problems with hidden tests
+    lcb_tests       the rows' test-case wire format (JSON, or base64 → zlib → pickle → JSON), decoded safely
+    rows            LiveCodeBench source files: JSON array, object, or JSONL streamed in two passes
+    boxed           the ``\\boxed{…}`` answer of a MATH solution (``--answers-from-solution``)
+    selection       the seeded, order-independent selection both converters share
+    output          destination checks and the atomic, byte-deterministic JSONL writer
+
+Every converter validates its whole input before it writes anything and raises
+:class:`~asyncroll.errors.UsageError` (exit code 2) with messages that name the file, the record and the
+field. The same source and seed always give byte-identical output.
+"""

@@ -1,0 +1,86 @@
+"""Where converted workloads go: destination checks and an atomic, byte-deterministic JSONL writer.
+
+A conversion never overwrites anything: the destination must not exist and must not be the source.
+The file appears whole or not at all (written to a temporary file in the same folder, flushed to disk,
+then linked into place, which fails rather than clobbers if something appeared there meanwhile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from asyncroll.errors import UsageError
+
+
+def check_destination(source: Path, output: Path) -> None:
+    """Refuse an output that is the source or that already exists; both are checked before any work."""
+    if source.resolve() == output.resolve() or (
+        output.exists() and source.exists() and os.path.samefile(source, output)
+    ):
+        raise UsageError(f"--output {output} is the source file; choose a new file")
+    if output.exists() or output.is_symlink():
+        raise UsageError(f"--output {output} already exists; conversions never overwrite a file")
+    if output.name in ("", ".", ".."):
+        raise UsageError(f"--output {output} is not a file name")
+
+
+def read_source(source: Path) -> bytes:
+    """The source's bytes, or a usage error naming the file."""
+    try:
+        return source.read_bytes()
+    except IsADirectoryError:
+        raise UsageError(f"--source {source} is a directory, not a file") from None
+    except OSError as exc:
+        raise UsageError(f"--source {source}: cannot read: {exc.strerror or exc}") from exc
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def dump_line(obj: Any) -> str:
+    """One workload line: compact JSON, UTF-8 kept as is, keys in the order the converter built them."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
+    """Write one JSON line per object to ``output`` atomically; return the number of lines.
+
+    The parent folder is created if needed. If ``output`` appears while we write, the write fails
+    with a usage error and the temporary file is removed: nothing is ever clobbered.
+    """
+    parent = output.parent if str(output.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot create its folder: {exc.strerror or exc}") from exc
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
+    tmp = Path(tmp_name)
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            for obj in objects:
+                handle.write(dump_line(obj))
+                count += 1
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, output)  # no-clobber publish: fails if output exists
+        except FileExistsError:
+            raise UsageError(f"--output {output} appeared while converting; not overwritten") from None
+        except OSError:  # a filesystem without hard links: re-check, then rename
+            if output.exists():
+                raise UsageError(f"--output {output} appeared while converting; not overwritten") from None
+            os.replace(tmp, output)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return count

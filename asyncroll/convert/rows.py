@@ -1,0 +1,123 @@
+"""Reading LiveCodeBench source files: a JSON array, one JSON object, or JSONL streamed in two passes.
+
+The release's JSONL files are large (the private tests dominate), so a JSONL source is never held in
+memory: the first pass parses and validates one line at a time and keeps only a reference (byte offset,
+length and SHA-256 of the line); after selection the chosen lines are read again and their hashes
+checked, so a source that changes between the passes is an error, not a silently mixed output. A JSON
+array or a single (pretty-printed) object is parsed whole. The file's SHA-256 is computed on the way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncroll.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class RowRef:
+    """Where a row lives: a JSONL line (``offset``/``length``/``sha256``) or, for whole files, the row."""
+
+    where: str
+    offset: int = -1
+    length: int = 0
+    sha256: bytes = b""
+    row: Any = None
+
+
+class RowSource:
+    """One pass over the rows of ``path`` (:meth:`scan`), then random access to chosen rows (:meth:`load`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sha256 = ""
+        self.problems: list[str] = []
+        """Lines that are not JSON, found by :meth:`scan` (reported with the rows' own problems)."""
+
+    def scan(self) -> Iterator[tuple[Any, RowRef]]:
+        """Every row with its reference, in file order; sets :attr:`sha256` when exhausted."""
+        try:
+            handle = self.path.open("rb")
+        except IsADirectoryError:
+            raise UsageError(f"--source {self.path} is a directory, not a file") from None
+        except OSError as exc:
+            raise UsageError(f"--source {self.path}: cannot read: {exc.strerror or exc}") from exc
+        with handle:
+            first = _first_non_empty_line(handle)
+            handle.seek(0)
+            if first is None:
+                raise UsageError(f"{self.path}: empty file")
+            if first.lstrip().startswith(b"[") or not _is_object(first):
+                yield from self._whole(handle.read())
+            else:
+                yield from self._jsonl(handle)
+
+    def load(self, ref: RowRef) -> Any:
+        """The row ``ref`` points at (read again for JSONL, after checking the line is unchanged)."""
+        if ref.offset < 0:
+            return ref.row
+        with self.path.open("rb") as handle:
+            handle.seek(ref.offset)
+            raw = handle.read(ref.length)
+        if hashlib.sha256(raw).digest() != ref.sha256:
+            raise UsageError(f"{ref.where}: the source changed while it was being converted")
+        return json.loads(raw)
+
+    def _whole(self, data: bytes) -> Iterator[tuple[Any, RowRef]]:
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        try:
+            whole = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{self.path}: not UTF-8 text: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{self.path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+        if isinstance(whole, dict):
+            yield whole, RowRef(str(self.path), row=whole)
+        elif isinstance(whole, list):
+            if not whole:
+                raise UsageError(f"{self.path}: the array holds no rows")
+            for i, row in enumerate(whole):
+                where = f"{self.path}: row [{i}]"
+                yield row, RowRef(where, row=row)
+        else:
+            kind = type(whole).__name__
+            raise UsageError(f"{self.path}: expected rows (a JSON array, object or JSONL), got a {kind}")
+
+    def _jsonl(self, handle: Any) -> Iterator[tuple[Any, RowRef]]:
+        digest = hashlib.sha256()
+        offset = 0
+        for line_no, raw in enumerate(handle, start=1):
+            digest.update(raw)
+            start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            where = f"{self.path}:{line_no}"
+            try:
+                row = json.loads(raw)
+            except UnicodeDecodeError as exc:
+                self.problems.append(f"{where}: invalid line: not UTF-8: {exc}")
+                continue
+            except json.JSONDecodeError as exc:
+                self.problems.append(f"{where}: invalid line: not valid JSON: {exc.msg} (column {exc.colno})")
+                continue
+            yield row, RowRef(where, start, len(raw), hashlib.sha256(raw).digest())
+        self.sha256 = digest.hexdigest()
+
+
+def _first_non_empty_line(handle: Any) -> bytes | None:
+    for raw in handle:
+        if raw.strip():
+            return bytes(raw)
+    return None
+
+
+def _is_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False

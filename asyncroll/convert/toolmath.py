@@ -1,0 +1,300 @@
+"""``convert-toolmath``: ToolMATH tool records → one workload problem per source problem (SPEC §8.1).
+
+ToolMATH ships a flat JSON list of *tool records* ``{name, description, inputs, function, source_problem,
+source_solution, level, type}``; a benchmark problem is every record that shares a (whitespace-normalised)
+``source_problem``, so each output problem carries **all** its tools. ``function`` names the tool's file,
+which the release ships as ``function_ToolMATH/<function>``: it is looked up as ``DIR/<function>`` and
+then ``DIR/function_ToolMATH/<function>`` for ``--functions-dir DIR``; the ``implementation`` written is
+relative to ``DIR``, must stay inside it and must define the tool as a top-level function. Run the result
+with ``--tool-root DIR`` (the default tool root is the workload's folder, so a workload written into
+``DIR`` needs no flag).
+
+Selection is seeded and order-independent (:mod:`asyncroll.convert.selection`). Because a problem's id,
+``toolmath-<first source index>``, moves when records are reordered, the rank key is the problem's
+normalised text instead: the same seed selects the same problems from a shuffled release. No reference
+answer is invented by default; ``--answers-from-solution`` takes the last ``\\boxed{…}`` of the solution
+and labels it as derived in ``metadata.reference_answer_source``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import keyword
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncroll.coerce import check_type_name
+from asyncroll.convert.boxed import BoxedError, last_boxed
+from asyncroll.convert.output import check_destination, read_source, sha256_hex, write_jsonl_atomic
+from asyncroll.convert.selection import check_limit, select
+from asyncroll.errors import UsageError
+
+FUNCTIONS_SUBDIR = "function_ToolMATH"
+STRING_FIELDS = ("name", "description", "function", "source_problem", "source_solution", "level", "type")
+MAX_REPORTED = 50
+DERIVED_LABEL = "derived: last \\boxed{} of source_solution (--answers-from-solution)"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRecord:
+    """One validated source record; ``implementation`` is relative to the functions directory."""
+
+    index: int
+    name: str
+    description: str
+    inputs: dict[str, str]
+    implementation: str
+    problem: str
+    solution: str
+    level: str
+    type: str
+
+    @property
+    def problem_key(self) -> str:
+        return normalise(self.problem)
+
+
+@dataclass(slots=True)
+class ConversionReport:
+    """What a conversion did, for the command's one-line summary."""
+
+    output: Path
+    records: int = 0
+    problems: int = 0
+    written: int = 0
+    skipped: int = 0
+    without_answer: list[str] = field(default_factory=list)
+
+
+def normalise(text: str) -> str:
+    """Whitespace-normalised text: runs of whitespace become one space, ends stripped."""
+    return " ".join(text.split())
+
+
+def convert_toolmath(
+    source: Path,
+    functions_dir: Path,
+    output: Path,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    answers_from_solution: bool = False,
+) -> ConversionReport:
+    """Convert ``source`` to the workload ``output``; validate everything first, write atomically."""
+    check_limit(limit)
+    check_destination(source, output)
+    if not functions_dir.is_dir():
+        raise UsageError(f"--functions-dir {functions_dir} is not a directory")
+    data = read_source(source)
+    records = parse_records(data, source, functions_dir)
+    problems = group_problems(records, source)
+    chosen = select(problems, key=lambda group: group[0].problem_key, seed=seed, limit=limit)
+    report = ConversionReport(output, records=len(records), problems=len(problems))
+    digest = sha256_hex(data)
+    lines = [_problem(group, seed, digest, answers_from_solution, report) for group in chosen]
+    _check_loadable(lines)
+    report.written = write_jsonl_atomic(output, lines)
+    return report
+
+
+def parse_records(data: bytes, source: Path, functions_dir: Path) -> list[ToolRecord]:
+    """Every record of the source, validated; all problems are reported together."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{source}: not UTF-8 text: {exc}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(raw, list):
+        raise UsageError(f"{source}: expected a JSON list of tool records, got a {type(raw).__name__}")
+    if not raw:
+        raise UsageError(f"{source}: the list holds no tool records")
+    root = functions_dir.resolve()
+    files = _FunctionFiles(root)
+    records: list[ToolRecord] = []
+    problems: list[str] = []
+    for index, item in enumerate(raw):
+        record, issues = _record(index, item, files)
+        problems.extend(f"{source}: record [{index}]{_named(item)}: {issue}" for issue in issues)
+        if record is not None:
+            records.append(record)
+    _raise(problems)
+    return records
+
+
+def group_problems(records: list[ToolRecord], source: Path) -> list[list[ToolRecord]]:
+    """Records grouped by normalised problem text, groups in order of their first record."""
+    groups: dict[str, list[ToolRecord]] = {}
+    for record in records:
+        groups.setdefault(record.problem_key, []).append(record)
+    problems: list[str] = []
+    for group in groups.values():
+        seen: dict[str, int] = {}
+        for record in group:
+            if record.name in seen:
+                problems.append(
+                    f"{source}: record [{record.index}]: name: tool {record.name!r} appears twice in one "
+                    f"problem (also record [{seen[record.name]}]); tool names must be unique per problem"
+                )
+            seen.setdefault(record.name, record.index)
+    _raise(problems)
+    return list(groups.values())
+
+
+def _problem(
+    group: list[ToolRecord], seed: int, digest: str, answers: bool, report: ConversionReport
+) -> dict[str, Any]:
+    first = group[0]
+    pid = f"toolmath-{first.index}"
+    tools = [
+        {
+            "name": r.name,
+            "description": r.description,
+            "inputs": r.inputs,
+            "implementation": r.implementation,
+        }
+        for r in group
+    ]
+    metadata: dict[str, Any] = {
+        "source": "ToolMATH",
+        "source_indices": [r.index for r in group],
+        "level": first.level,
+        "type": first.type,
+        "sample_seed": seed,
+        "source_sha256": digest,
+    }
+    problem: dict[str, Any] = {"id": pid, "prompt": first.problem, "tools": tools}
+    if answers:
+        try:
+            answer = last_boxed(first.solution)
+            reason = DERIVED_LABEL if answer is not None else "none: source_solution has no \\boxed{}"
+        except BoxedError as exc:
+            answer, reason = None, f"none: {exc}"
+        problem["reference_answer"] = answer
+        metadata["reference_answer_source"] = reason
+        if answer is None:
+            report.without_answer.append(pid)
+    problem["metadata"] = metadata
+    return problem
+
+
+def _check_loadable(lines: list[dict[str, Any]]) -> None:
+    """Every line must validate as a workload :class:`~asyncroll.workload.Problem` (else a bug here)."""
+    from asyncroll.workload import Problem
+
+    for line in lines:
+        Problem.model_validate(line)
+
+
+def _named(item: Any) -> str:
+    name = item.get("name") if isinstance(item, dict) else None
+    return f" ({name!r})" if isinstance(name, str) else ""
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        extra = [f"... and {len(problems) - MAX_REPORTED} more"] if len(problems) > MAX_REPORTED else []
+        raise UsageError("\n".join(problems[:MAX_REPORTED] + extra))
+
+
+def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | None, list[str]]:
+    if not isinstance(item, dict):
+        return None, [f"expected a tool record object, got {type(item).__name__}"]
+    issues: list[str] = []
+    for name in (*STRING_FIELDS, "inputs"):
+        if name not in item:
+            issues.append(f"{name}: missing")
+    for name in STRING_FIELDS:
+        if name in item and not isinstance(item[name], str):
+            issues.append(f"{name}: expected a string, got {type(item[name]).__name__}")
+    if issues:
+        return None, issues
+    tool_name, problem = item["name"], item["source_problem"]
+    if not tool_name.isidentifier() or keyword.iskeyword(tool_name):
+        issues.append(f"name: {tool_name!r} is not a Python function name")
+    if not problem.strip():
+        issues.append("source_problem: empty")
+    inputs = item["inputs"]
+    if not isinstance(inputs, dict):
+        issues.append(f"inputs: expected an object of argument → type, got {type(inputs).__name__}")
+    else:
+        for arg, type_name in inputs.items():
+            if not isinstance(type_name, str):
+                issues.append(f"inputs.{arg}: expected a type string, got {type(type_name).__name__}")
+                continue
+            try:
+                check_type_name(arg, type_name)
+            except ValueError as exc:
+                issues.append(f"inputs.{arg}: {exc}")
+    implementation, issue = files.resolve(item["function"], tool_name)
+    if issue:
+        issues.append(f"function: {issue}")
+    if issues or implementation is None:
+        return None, issues
+    record = ToolRecord(
+        index,
+        tool_name,
+        item["description"],
+        dict(inputs),
+        implementation,
+        problem,
+        item["source_solution"],
+        item["level"],
+        item["type"],
+    )
+    return record, []
+
+
+class _FunctionFiles:
+    """Finds tool files under the functions directory and checks each defines its function (parsed once)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._defs: dict[Path, set[str] | str] = {}
+
+    def resolve(self, function: str, name: str) -> tuple[str | None, str | None]:
+        """``(implementation relative to the root, None)`` or ``(None, what is wrong)``."""
+        if not function.strip():
+            return None, "empty file name"
+        if Path(function).is_absolute():
+            return None, f"{function!r} is absolute; it must be a file under --functions-dir"
+        if not function.endswith(".py"):
+            return None, f"{function!r} is not a .py file"
+        for candidate in (function, f"{FUNCTIONS_SUBDIR}/{function}"):
+            path = (self.root / candidate).resolve()
+            if not path.is_relative_to(self.root):
+                return None, f"{function!r} escapes --functions-dir {self.root}"
+            if path.is_file():
+                problem = self._defines(path, name)
+                return (None, problem) if problem else (path.relative_to(self.root).as_posix(), None)
+        return None, (
+            f"{function!r} not found in --functions-dir {self.root} "
+            f"(looked for {function} and {FUNCTIONS_SUBDIR}/{function})"
+        )
+
+    def _defines(self, path: Path, name: str) -> str | None:
+        defs = self._defs.get(path)
+        if defs is None:
+            defs = self._defs[path] = _top_level_functions(path)
+        rel = path.relative_to(self.root).as_posix()
+        if isinstance(defs, str):
+            return f"{rel}: {defs}"
+        if name not in defs:
+            found = ", ".join(sorted(defs)) or "none"
+            return f"{rel} defines no top-level function {name!r} (it defines: {found})"
+        return None
+
+
+def _top_level_functions(path: Path) -> set[str] | str:
+    """Names of the file's top-level functions, or why the file cannot be read as Python."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as exc:
+        return f"not valid Python: line {exc.lineno}: {exc.msg}"
+    except (OSError, ValueError) as exc:
+        return f"cannot read: {exc}"
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}

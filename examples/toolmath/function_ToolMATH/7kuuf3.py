@@ -1,0 +1,2 @@
+def absolute_value_b(number: int) -> int:
+    return abs(number)

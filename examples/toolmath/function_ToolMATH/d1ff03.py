@@ -1,0 +1,2 @@
+def difference_of_numbers(a, b):
+    return a - b

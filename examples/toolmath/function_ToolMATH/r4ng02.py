@@ -1,0 +1,2 @@
+def min_and_max(values: list[int]) -> tuple:
+    return (min(values), max(values))
