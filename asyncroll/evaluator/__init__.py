@@ -1,0 +1,8 @@
+"""Untrusted-code execution: the sandbox, LiveCodeBench's comparison and the ``lcb_evaluate`` tool.
+
+Modules: :mod:`~.isolation` (which layers work here, probed once), :mod:`~.sandbox` (one program on one
+input, whole tree killed after), :mod:`~.cgroups` (per-test memory/pids groups), :mod:`~.harness` (the
+code that runs inside the sandbox), :mod:`~.compare` (LiveCodeBench's comparison) and
+:mod:`~.evaluate` (``lcb_evaluate``). Nothing is imported here eagerly: a tool worker imports the
+evaluator only on its first ``lcb_evaluate`` call.
+"""

@@ -1,0 +1,254 @@
+"""``lcb_evaluate``: run a model-written program against a problem's hidden tests, LiveCodeBench-style.
+
+Contract with the runtime (SPEC §5, §8.2, §9). The model supplies only ``code`` (the tool's declared
+input is ``{"code": "str"}``); the runtime adds the problem's hidden tests as *bound* arguments when it
+calls the tool, so they never appear in a prompt, an event or a result:
+
+* ``tests``: ``[{"input": str, "output": str, "testtype": "stdin" | "functional"}, ...]`` — exactly
+  LiveCodeBench's test records (``testtype`` optional);
+* ``func_name``: the LeetCode method name for functional problems (``metadata.func_name``), else absent;
+* optional ``time_limit_s`` (per test, default 6 s as LiveCodeBench), ``total_time_limit_s`` (the
+  budget for the whole evaluation), ``memory_limit_mb`` (address space, default 768) and
+  ``allow_weak_isolation`` (default false: refuse to run unless every isolation layer works).
+
+The evaluation runs test by test in a fresh temporary directory and stops at the first failing test.
+The result is ``{"passed", "tests_run", "tests_total", "feedback", "timed_out"}``; ``feedback`` is
+``None`` on a pass, otherwise the first failing case only — ``test`` (its index), ``verdict``
+(``wrong_answer``, ``runtime_error``, ``time_limit_exceeded``, ``output_limit_exceeded``), ``input``,
+``expected``, and ``got`` plus ``detail`` (wrong answer) or ``error`` — every text field cut to 1000
+characters, which is what the one-repair protocol shows the model. Bad arguments raise ``ValueError``
+naming the field.
+
+Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/testing_util.py``), and why:
+
+* each test runs in a fresh sandboxed process (LiveCodeBench runs all tests in one process), so the
+  wall deadline also covers interpreter start-up and the prelude imports (tens of milliseconds);
+* stdin is a real file, so ``sys.stdin.buffer`` and ``open(0)`` work (LiveCodeBench patches
+  ``sys.stdin`` with a ``StringIO``, on which ``sys.stdin.buffer`` fails);
+* a functional result is compared after a JSON round trip; a value that is not plain JSON data
+  (besides a top-level tuple) is judged wrong — exact for nested tuples, sets, non-string dict keys
+  and objects, which never equal a JSON value under ``==``, but a numpy scalar that LiveCodeBench's
+  ``==`` would accept is also judged wrong;
+* memory: 768 MiB of address space per process by default plus a cgroup cap on the whole tree
+  (LiveCodeBench's ``run_test`` calls its guard without a memory limit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncroll.evaluator.compare import compare_stdout, compare_value, parse_expected
+from asyncroll.evaluator.isolation import IsolationReport, require
+from asyncroll.evaluator.sandbox import Execution, Limits, MiB, Sandbox
+
+FIELD_LIMIT = 1000
+DEFAULT_TIME_LIMIT_S = 6.0
+DEFAULT_TOTAL_TIME_LIMIT_S = 50.0
+"""Below the runtime's default tool timeout (60 s), so a slow program gets a verdict, not a killed
+worker."""
+_CUT = "…[cut]"
+SCRATCH_PREFIX = "asyncroll-eval-"
+
+_sandboxes: dict[int, Sandbox] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One validated test: stdin bytes and the expected stdout text, or the expected JSON value."""
+
+    input: str
+    output: str
+    expected_value: Any = None
+
+
+def cut(text: str, keep_tail: bool = False) -> str:
+    """``text`` cut to :data:`FIELD_LIMIT` characters (the end kept for tracebacks, else the start)."""
+    if len(text) <= FIELD_LIMIT:
+        return text
+    room = FIELD_LIMIT - len(_CUT)
+    return _CUT + text[-room:] if keep_tail else text[:room] + _CUT
+
+
+def _validate(
+    code: Any, tests: Any, func_name: Any, time_limit_s: Any, total: Any, memory_limit_mb: Any
+) -> list[Case]:
+    if not isinstance(code, str):
+        raise ValueError(f"code must be a string, got {type(code).__name__}")
+    if func_name is not None and (not isinstance(func_name, str) or not func_name.isidentifier()):
+        raise ValueError(f"func_name must be a Python identifier or None, got {func_name!r}")
+    for name, value in (("time_limit_s", time_limit_s), ("total_time_limit_s", total)):
+        if value is None and name == "total_time_limit_s":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 3600:
+            raise ValueError(f"{name} must be a number of seconds in (0, 3600), got {value!r}")
+    if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
+        raise ValueError(f"memory_limit_mb must be an integer >= 64, got {memory_limit_mb!r}")
+    if not isinstance(tests, list) or not tests:
+        raise ValueError("tests must be a non-empty list of {input, output} records")
+    cases = []
+    for i, test in enumerate(tests):
+        if not isinstance(test, dict):
+            raise ValueError(f"tests[{i}] must be an object, got {type(test).__name__}")
+        for key in ("input", "output"):
+            if not isinstance(test.get(key), str):
+                raise ValueError(f"tests[{i}].{key} must be a string")
+        testtype = test.get("testtype")
+        if testtype not in (None, "stdin", "functional"):
+            raise ValueError(f"tests[{i}].testtype must be 'stdin' or 'functional', got {testtype!r}")
+        if testtype == "functional" and func_name is None:
+            raise ValueError(f"tests[{i}] is functional but no func_name was given")
+        if testtype == "stdin" and func_name is not None:
+            raise ValueError(f"tests[{i}] is a stdin test but func_name {func_name!r} was given")
+        expected = None
+        if func_name is not None:
+            for n, line in enumerate(test["input"].split("\n"), start=1):
+                if line.strip():
+                    try:
+                        json.loads(line)
+                    except ValueError as exc:
+                        raise ValueError(f"tests[{i}].input line {n} is not a JSON value: {exc}") from None
+            try:
+                expected = parse_expected(test["output"])
+            except ValueError as exc:
+                raise ValueError(f"tests[{i}].output is not a JSON value: {exc}") from None
+        cases.append(Case(test["input"], test["output"], expected))
+    return cases
+
+
+def _sandbox(report: IsolationReport) -> Sandbox:
+    sandbox = _sandboxes.get(id(report))
+    if sandbox is None:
+        remove_stale_scratch()
+        sandbox = _sandboxes[id(report)] = Sandbox(report.config)
+    return sandbox
+
+
+def scratch_prefix(pid: int | None = None) -> str:
+    """The name prefix of an evaluation's temporary directory: it names the worker that owns it."""
+    return f"{SCRATCH_PREFIX}{os.getpid() if pid is None else pid}-"
+
+
+def remove_stale_scratch(base: Path | None = None) -> None:
+    """Remove evaluation directories whose worker is dead (a worker killed mid-evaluation by the
+    runtime's tool timeout cannot remove its own)."""
+    base = Path(tempfile.gettempdir()) if base is None else base
+    for path in base.glob(f"{SCRATCH_PREFIX}*-*"):
+        owner = path.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def lcb_evaluate(
+    code: str,
+    tests: list[dict[str, Any]],
+    func_name: str | None = None,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    total_time_limit_s: float | None = None,
+    memory_limit_mb: int = 768,
+    allow_weak_isolation: bool = False,
+) -> dict[str, Any]:
+    """Evaluate ``code`` on ``tests``; see the module docstring for the contract and the result."""
+    cases = _validate(code, tests, func_name, time_limit_s, total_time_limit_s, memory_limit_mb)
+    report = require(allow_weak_isolation)
+    sandbox = _sandbox(report)
+    limits = Limits(time_limit_s=float(time_limit_s), address_space_bytes=memory_limit_mb * MiB)
+    budget = DEFAULT_TOTAL_TIME_LIMIT_S if total_time_limit_s is None else float(total_time_limit_s)
+    budget_deadline = time.monotonic() + budget
+    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix()))
+    tests_run, feedback, timed_out = 0, None, False
+    try:
+        if not report.config.private_root and report.config.uid is not None:
+            scratch.chmod(0o711)  # the per-test work directories inside belong to the sandbox uid
+        code_path = scratch / "solution.py"
+        code_path.write_text(code, encoding="utf-8")  # 0600: the harness reads it before dropping root
+        for index, case in enumerate(cases):
+            remaining = budget_deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                feedback = _feedback(index, case, "time_limit_exceeded")
+                feedback["error"] = f"the evaluation's total time budget of {budget:g}s was used up"
+                break
+            wall = min(limits.time_limit_s, remaining)
+            stdin = case.input.encode("utf-8")
+            execution = sandbox.run(
+                code_path, stdin, scratch, func_name=func_name, wall_s=wall, limits=limits
+            )
+            tests_run += 1
+            cut_short = budget if wall < limits.time_limit_s else None
+            feedback = _judge(index, case, execution, func_name, limits, cut_short)
+            if feedback is not None:
+                timed_out = feedback["verdict"] == "time_limit_exceeded"
+                break
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "passed": feedback is None,
+        "tests_run": tests_run,
+        "tests_total": len(cases),
+        "feedback": feedback,
+        "timed_out": timed_out,
+    }
+
+
+def _feedback(index: int, case: Case, verdict: str) -> dict[str, Any]:
+    return {"test": index, "verdict": verdict, "input": cut(case.input), "expected": cut(case.output)}
+
+
+def _judge(
+    index: int,
+    case: Case,
+    execution: Execution,
+    func_name: str | None,
+    limits: Limits,
+    budget: float | None,
+) -> dict[str, Any] | None:
+    """``None`` when the test passed; otherwise its feedback record."""
+    functional = func_name is not None
+
+    def fail(verdict: str, **fields: str) -> dict[str, Any]:
+        out = _feedback(index, case, verdict)
+        for key, value in fields.items():
+            out[key] = cut(value, keep_tail=key == "error")
+        return out
+
+    got_text = execution.stdout.decode("utf-8", "replace")
+    if execution.output_exceeded:
+        return fail(
+            "output_limit_exceeded",
+            got=got_text,
+            error=f"the program wrote more than {limits.output_bytes} bytes to stdout",
+        )
+    if execution.timed_out:
+        limit = (
+            f"the evaluation's total time budget of {budget:g}s" if budget else f"{limits.time_limit_s:g}s"
+        )
+        return fail("time_limit_exceeded", error=f"the program ran past {limit} (wall clock) and was killed")
+    done = execution.done
+    memory = " (memory limit exceeded)" if execution.memory_limit_hit else ""
+    if done is None:
+        stderr = execution.stderr.strip()
+        detail = f"\n{stderr}" if stderr else ""
+        how = execution.describe_exit()
+        return fail("runtime_error", error=f"the program {how} before finishing normally{memory}{detail}")
+    if not done.get("ok"):
+        return fail("runtime_error", error=f"{done.get('error', '')}".rstrip() + memory)
+    if functional:
+        if "unrepresentable" in done:
+            return fail(
+                "wrong_answer",
+                got=str(done["unrepresentable"]),
+                detail="the returned value can never equal a JSON value under == "
+                "(a nested tuple, set, non-string dict key or object)",
+            )
+        got_value = done.get("result")
+        why = compare_value(got_value, case.expected_value)
+        return None if why is None else fail("wrong_answer", got=json.dumps(got_value), detail=why)
+    why = compare_stdout(got_text, case.output)
+    return None if why is None else fail("wrong_answer", got=got_text, detail=why)

@@ -1,0 +1,267 @@
+"""The harness that runs inside the sandbox: one program on one test, verdict facts on a status pipe.
+
+Not imported by asyncroll: :mod:`asyncroll.evaluator.sandbox` passes this file's *source* to
+``python -I -c`` with one JSON argument, so the sandboxed interpreter needs no access to the package
+(which may live where the unprivileged user cannot read) and imports nothing from it. Stdlib only; it
+must run on the sandbox's interpreter, which may be a different 3.x than the runtime's.
+
+Steps, in order:
+
+1. read the program (still root when the sandbox switches uid, so the file can stay private);
+2. in a fresh mount namespace, build a private root (a tmpfs with read-only system directories, a
+   fresh ``/proc``, a minimal ``/dev``, a writable ``/tmp``) and ``chroot`` into it, working in
+   ``/tmp/work``: the program sees no host file outside the system directories, can write only to
+   its tmpfs, and whatever it writes vanishes with the namespace;
+3. drop to the unprivileged uid/gid (supplementary groups cleared);
+4. fork the program's process and wait for it. In a PID namespace the harness is PID 1, so the
+   program cannot kill it, and when the harness exits the kernel kills every process left in the
+   namespace — descendants that called ``setsid`` included;
+5. the program's process runs the code as ``__main__`` with the modules LiveCodeBench's harness
+   pre-imports in scope and reports one ``done`` record; the harness adds an ``exit`` record with the
+   program process's wait status. Records are JSON lines on the status fd, never on stdout, because
+   stdout is the program's answer.
+
+A ``done`` record is ``{"kind": "done", "ok": true}`` (stdin mode), ``{"kind": "done", "ok": true,
+"result": <JSON>}`` (functional mode), ``{"kind": "done", "ok": false, "error": "<traceback>"}`` or,
+for a functional result that LiveCodeBench's ``==`` can never match against a JSON value (a nested
+tuple, a set, an int-keyed dict, an object), ``{"kind": "done", "ok": true, "unrepresentable":
+"<repr>"}``. The program can write to the status fd too; that can only claim an answer it could have
+produced honestly, so the runtime treats the records as facts about the program, not about the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+# The names LiveCodeBench's harness puts in scope before running a solution (its ``import_string``).
+PRELUDE_MODULES = (
+    "string",
+    "re",
+    "datetime",
+    "collections",
+    "heapq",
+    "bisect",
+    "copy",
+    "math",
+    "random",
+    "statistics",
+    "itertools",
+    "functools",
+    "operator",
+    "io",
+    "sys",
+    "json",
+    "builtins",
+    "typing",
+)
+RECURSION_LIMIT = 50000
+ERROR_LIMIT = 4000
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+PR_SET_PDEATHSIG = 1
+
+
+def _prelude(namespace: dict[str, Any]) -> None:
+    """``from m import *`` then ``import m`` for each prelude module, as LiveCodeBench does."""
+    import importlib
+
+    for name in PRELUDE_MODULES:
+        module = importlib.import_module(name)
+        public = getattr(module, "__all__", None)
+        if public is None:
+            public = [n for n in vars(module) if not n.startswith("_")]
+        for attr in public:
+            if hasattr(module, attr):
+                namespace[attr] = getattr(module, attr)
+    for name in PRELUDE_MODULES:
+        if name != "builtins":
+            namespace[name] = sys.modules[name]
+    sys.setrecursionlimit(RECURSION_LIMIT)
+
+
+def _write(fd: int, record: dict[str, object]) -> None:
+    data = (json.dumps(record) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _mount(
+    libc: Any, source: str | None, target: str, fstype: str | None, flags: int, data: str = ""
+) -> None:
+    import ctypes
+
+    encoded = [x.encode() if x is not None else None for x in (source, target, fstype)]
+    if libc.mount(encoded[0], encoded[1], encoded[2], flags, data.encode() or None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+
+
+def _private_root(size: int, uid: int | None, gid: int | None) -> None:
+    """Build a fresh root in a tmpfs and ``chroot`` into it (we are root in a private mount namespace).
+
+    The new root holds read-only binds of the system directories the interpreter needs (and of its
+    prefix when it lives elsewhere), a fresh ``/proc`` of the PID namespace, a minimal ``/dev`` and a
+    writable ``/tmp`` with the work directory. Nothing else of the host — repositories, workloads with
+    hidden tests, home directories, sockets under ``/run`` — is reachable once the uid is dropped
+    (leaving a ``chroot`` needs a privilege the program does not have).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    new = "/tmp"
+    _mount(libc, "tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=755")
+    binds = [d for d in SYSTEM_DIRS if os.path.lexists(d)]
+    for prefix in {sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}:
+        real = os.path.realpath(prefix)
+        if not any(real == d or real.startswith(d + "/") for d in binds):
+            binds.append(real)
+    for path in binds:
+        target = new + path
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), target)
+            continue
+        os.makedirs(target, exist_ok=True)
+        _mount(libc, path, target, None, MS_BIND | MS_REC)
+        _mount(libc, None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.mkdir(new + "/proc")
+    _mount(libc, "proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(new + "/dev")
+    for device in ("null", "zero", "full", "random", "urandom"):
+        with open(f"{new}/dev/{device}", "w"):
+            pass
+        _mount(libc, f"/dev/{device}", f"{new}/dev/{device}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):  # fmt: skip
+        os.symlink(target, f"{new}/dev/{name}")
+    for path in ("/tmp", "/dev/shm", "/var/tmp"):
+        os.makedirs(new + path, exist_ok=True)
+        os.chmod(new + path, 0o1777)
+    os.mkdir(new + "/tmp/work", 0o700)
+    if uid is not None and gid is not None:
+        os.chown(new + "/tmp/work", uid, gid)
+    os.chroot(new)
+    os.chdir("/tmp/work")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON if it can equal a JSON-decoded value under ``==``; else raise ``TypeError``."""
+    kind = type(value)
+    if value is None or kind in (bool, str, int, float):
+        return value
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if kind is list:
+        return [_plain(v) for v in value]
+    if kind is dict and all(type(k) is str for k in value):
+        return {k: _plain(v) for k, v in value.items()}
+    raise TypeError(kind.__name__)
+
+
+def _error(exc: BaseException) -> str:
+    """The traceback without the harness's own frames (its code has the file name ``<string>``)."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return text[-ERROR_LIMIT:]
+
+
+def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    sys.argv = ["solution.py"]
+    func_name = config.get("func_name")
+    record: dict[str, object]
+    try:
+        args = None
+        if func_name:
+            lines = sys.stdin.read().split("\n")
+            args = [json.loads(line) for line in lines if line.strip()]
+        _prelude(namespace)
+        compiled = compile(code, "solution.py", "exec")
+        if func_name:
+            exec(compiled, namespace)
+            solution = namespace.get("Solution")
+            if solution is None:
+                raise NameError("the program defines no class Solution")
+            method = getattr(solution(), str(func_name))
+            result = method(*(args or []))
+            if isinstance(result, tuple):
+                result = list(result)  # LiveCodeBench forgives a top-level tuple
+            sys.stdout.flush()
+            try:
+                record = {"kind": "done", "ok": True, "result": _plain(result)}
+            except (TypeError, RecursionError):
+                record = {"kind": "done", "ok": True, "unrepresentable": repr(result)[:ERROR_LIMIT]}
+        else:
+            # LiveCodeBench swallows SystemExit: exit(…) after printing is a normal end. (No
+            # contextlib here: every import is paid once per test.)
+            try:  # noqa: SIM105
+                exec(compiled, namespace)
+            except SystemExit:
+                pass
+            sys.stdout.flush()
+            record = {"kind": "done", "ok": True}
+    except BaseException as exc:  # noqa: BLE001 - every failure of the program is its verdict
+        record = {"kind": "done", "ok": False, "error": _error(exc)}
+    _write(status_fd, record)
+
+
+def _stay_tied(lifeline_fd: int) -> None:
+    """Die with the launcher: (re-)arm ``PR_SET_PDEATHSIG`` — changing uid cleared the one ``unshare
+    --kill-child`` set — then exit if the worker already went away (its end of the lifeline pipe is
+    closed), which closes the window before the signal was armed. The program never sees the fd."""
+    import ctypes
+    import select
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    poller = select.poll()
+    poller.register(lifeline_fd, select.POLLIN)
+    if poller.poll(0):  # readable means end of file: the worker closed its end or died
+        os._exit(1)
+    os.close(lifeline_fd)
+
+
+def main(argv: list[str]) -> int:
+    config = json.loads(argv[1])
+    status_fd = int(config["status_fd"])
+    with open(str(config["code_path"]), encoding="utf-8") as source:
+        code = source.read()
+    uid = config.get("uid")
+    gid = config.get("gid")
+    if config.get("private_root"):
+        _private_root(int(config["tmpfs_bytes"]), uid, gid)
+    if uid is not None and gid is not None:
+        os.setgroups([])
+        os.setgid(int(gid))
+        os.setuid(int(uid))
+    _stay_tied(int(config["lifeline_fd"]))
+    sys.stdout.flush()
+    child = os.fork()
+    if child == 0:
+        try:
+            _run_program(code, config, status_fd)
+        finally:
+            os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as PID 1, a default disposition ignores the program
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)  # as PID 1 also reap re-parented orphans
+        except ChildProcessError:
+            return 0
+        if pid == child:
+            _write(status_fd, {"kind": "exit", "status": status})
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

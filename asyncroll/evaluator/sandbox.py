@@ -1,0 +1,453 @@
+"""Run one untrusted program on one test input in a sandboxed child, and leave nothing running after.
+
+Per test the sandbox starts ``[unshare --pid --fork --kill-child --mount-proc [--net] --] python -I -c
+<harness> <config>`` (see :mod:`asyncroll.evaluator.harness`) with:
+
+* an explicit allow-listed environment (``PATH``, ``LANG``, ``LC_ALL``, ``HOME``, ``TMPDIR``): never the
+  runtime's, which may carry secrets and ``PYTHONUNBUFFERED=1`` (a variable that can change a verdict);
+* a new session (own process group), ``PR_SET_PDEATHSIG`` so it dies with the worker, rlimits (address
+  space, CPU seconds, file size, open files, processes, no core files), and membership of a fresh
+  per-test cgroup-v1 ``memory`` + ``pids`` group, all set between ``fork`` and ``exec``;
+* the harness building a private root (tmpfs, read-only system directories; see the harness) and
+  dropping to the unprivileged uid (``nobody``) when the worker is root — rlimits do not bind root, so
+  the uid switch is what makes them real — then re-arming its death signal (the uid change cleared
+  it) and checking a lifeline pipe only the worker holds, so it cannot outlive a killed worker;
+* stdin from a file, stdout/stderr/status on pipes read with a deadline (``selectors`` plus a pidfd for
+  the exit), never a blocking read that waits for an end of file a descendant could withhold.
+
+After every test — passed, failed, timed out or over the output cap — the *whole* tree is killed: the
+PID namespace dies with its init (the harness), every member of the cgroup gets SIGKILL until the group
+is empty, and a psutil sweep kills the launcher's descendants and any orphan that was re-parented to
+the worker (the worker is a child subreaper while it evaluates). If something survives all of that
+within the clean-up deadline, :class:`SandboxError` is raised rather than carrying on silently.
+
+The pre-exec hook runs Python between ``fork`` and ``exec``; that is safe here because tool workers are
+single-threaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import json
+import math
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from asyncroll.errors import AsyncrollError
+from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
+
+MiB = 1 << 20
+HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")
+CLEANUP_S = 5.0
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_READ_CHUNK = 1 << 16
+_RUNS = itertools.count(1)  # process-wide: file names in a scratch directory never collide
+
+
+class SandboxError(AsyncrollError):
+    """The sandbox could not start a test or could not clean up after one (a process survived)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-test resource limits. Sizes in bytes, times in seconds."""
+
+    time_limit_s: float = 6.0
+    address_space_bytes: int = 768 * MiB
+    file_size_bytes: int = 16 * MiB
+    open_files: int = 64
+    processes: int = 64
+    output_bytes: int = 8 * MiB
+    stderr_bytes: int = 64 * 1024
+    tmpfs_bytes: int = 64 * MiB
+    #: ``RLIMIT_NPROC`` counts every process of the sandbox uid on the host, so with a per-test ``pids``
+    #: cgroup it is only an aggregate back-stop set this many times higher (concurrent tests on other
+    #: workers must not run out of processes because one of them forks a bomb).
+    nproc_headroom: int = 16
+
+    @property
+    def memory_bytes(self) -> int:
+        """The cgroup memory cap of a whole test: one process's address space, the private tmpfs (its
+        files are memory) and 64 MiB for the harness and launcher. A single process meets its
+        ``RLIMIT_AS`` first (a clean ``MemoryError``, as in LiveCodeBench); the cap binds a tree."""
+        return self.address_space_bytes + self.tmpfs_bytes + 64 * MiB
+
+    def __post_init__(self) -> None:
+        for name in ("time_limit_s", "address_space_bytes", "file_size_bytes", "open_files", "processes"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"sandbox limit {name} must be a positive number, got {value!r}")
+        if self.open_files < 16:
+            raise ValueError(f"sandbox limit open_files must be at least 16, got {self.open_files}")
+        if self.address_space_bytes < 64 * MiB:
+            raise ValueError("sandbox limit address_space_bytes must be at least 64 MiB")
+
+
+@dataclass(frozen=True, slots=True)
+class Layers:
+    """Which isolation layers a :class:`Sandbox` uses (decided once by :mod:`~.isolation`)."""
+
+    python: str
+    uid: int | None = None
+    gid: int | None = None
+    pid_namespace: bool = False
+    net_namespace: bool = False
+    private_root: bool = False
+    memory_cgroup: Path | None = None
+    pids_cgroup: Path | None = None
+    unshare: str = "unshare"
+
+
+@dataclass(slots=True)
+class Execution:
+    """What one test run produced, as facts; :mod:`~.evaluate` turns them into a verdict."""
+
+    stdout: bytes = b""
+    stderr: str = ""
+    done: dict[str, object] | None = None
+    exit_status: int | None = None
+    launcher_status: int | None = None
+    wall_s: float = 0.0
+    timed_out: bool = False
+    output_exceeded: bool = False
+    memory_limit_hit: bool = False
+    status_garbled: bool = False
+    records: list[dict[str, object]] = field(default_factory=list)
+
+    def describe_exit(self) -> str:
+        """How the program's process ended, in words (``exited with status 3``, ``killed by SIGKILL``)."""
+        status = self.exit_status
+        if status is None:
+            return "stopped without a report from the harness"
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            try:
+                return f"killed by {signal.Signals(sig).name}"
+            except ValueError:
+                return f"killed by signal {sig}"
+        return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _read(selector: selectors.BaseSelector, fd: int, buffer: bytearray, cap: int | None) -> None:
+    """Append what ``fd`` has to ``buffer`` (up to ``cap`` bytes); unregister it at end of file."""
+    try:
+        chunk = os.read(fd, _READ_CHUNK)
+    except BlockingIOError:
+        return
+    if not chunk:
+        selector.unregister(fd)
+    elif cap is None or len(buffer) < cap:
+        buffer += chunk
+
+
+def _children() -> set[int]:
+    """Pids of this process's children, zombies included (from /proc, without psutil's filtering)."""
+    pids: set[int] = set()
+    try:
+        for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in (task / "children").read_text().split())
+    except OSError:
+        return {p.pid for p in psutil.Process().children()}
+    return pids
+
+
+def _set_subreaper(on: bool) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
+class Sandbox:
+    """Runs programs test by test under :class:`Layers` and :class:`Limits`; one per worker process."""
+
+    def __init__(self, layers: Layers, limits: Limits | None = None) -> None:
+        self.layers = layers
+        self.limits = limits or Limits()
+        self._cgroups = (
+            CgroupFactory(layers.memory_cgroup, layers.pids_cgroup)
+            if layers.memory_cgroup is not None or layers.pids_cgroup is not None
+            else None
+        )
+        self._env_home = "/tmp/work" if layers.private_root else None
+        self._baseline: set[int] = set()
+
+    def command(self, config: dict[str, object]) -> list[str]:
+        prefix: list[str] = []
+        if self.layers.pid_namespace:
+            prefix = [self.layers.unshare, "--pid", "--fork", "--kill-child", "--mount-proc"]
+            if self.layers.net_namespace:
+                prefix.append("--net")
+            prefix.append("--")
+        elif self.layers.net_namespace:
+            prefix = [self.layers.unshare, "--net", "--"]
+        return [*prefix, self.layers.python, "-I", "-c", HARNESS_SOURCE, json.dumps(config)]
+
+    def run(
+        self,
+        code_path: Path,
+        stdin_bytes: bytes,
+        scratch: Path,
+        *,
+        func_name: str | None = None,
+        wall_s: float | None = None,
+        limits: Limits | None = None,
+    ) -> Execution:
+        """Run the program at ``code_path`` on ``stdin_bytes`` within ``wall_s`` (default: the time
+        limit); ``scratch`` is this evaluation's private directory. Always returns with nothing left
+        running, or raises :class:`SandboxError`."""
+        limits = limits or self.limits
+        wall = limits.time_limit_s if wall_s is None else wall_s
+        run = next(_RUNS)
+        input_path = scratch / f"input-{run}"
+        input_path.write_bytes(stdin_bytes)
+        work = self._work_dir(scratch, run)
+        group = self._cgroups.create(limits.memory_bytes, limits.processes) if self._cgroups else None
+        status_r, status_w = os.pipe()
+        lifeline_r, lifeline_w = os.pipe()  # held by this worker only; end of file = the worker is gone
+        os.set_inheritable(lifeline_w, False)
+        config: dict[str, object] = {
+            "status_fd": status_w,
+            "lifeline_fd": lifeline_r,
+            "code_path": str(code_path),
+            "func_name": func_name,
+            "uid": self.layers.uid,
+            "gid": self.layers.gid,
+            "private_root": self.layers.private_root,
+            "tmpfs_bytes": limits.tmpfs_bytes,
+        }
+        result = Execution()
+        self._baseline = _children()
+        _set_subreaper(True)
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            try:
+                with open(input_path, "rb") as stdin:
+                    proc = subprocess.Popen(
+                        self.command(config),
+                        stdin=stdin,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        pass_fds=(status_w, lifeline_r),
+                        cwd=work,
+                        env=self._environment(work),
+                        start_new_session=True,
+                        preexec_fn=_PreExec(limits, group),
+                    )
+            except OSError as exc:
+                if group is not None:
+                    group.remove(time.monotonic() + CLEANUP_S)
+                raise SandboxError(f"could not start the sandboxed program: {exc}") from exc
+            finally:
+                os.close(status_w)
+                os.close(lifeline_r)
+            started = time.monotonic()
+            self._collect(proc, group, status_r, started + wall, limits, result)
+            result.wall_s = time.monotonic() - started
+        finally:
+            try:
+                if proc is not None:
+                    self._clean_up(proc, group, result)
+            finally:
+                _set_subreaper(False)
+                os.close(status_r)
+                os.close(lifeline_w)
+        return result
+
+    def _work_dir(self, scratch: Path, index: int) -> Path:
+        if self.layers.private_root:
+            return scratch  # the harness works in a private tmpfs; scratch stays root-only
+        work = scratch / f"work-{index}"
+        work.mkdir(mode=0o700)
+        if self.layers.uid is not None and self.layers.gid is not None:
+            os.chown(work, self.layers.uid, self.layers.gid)
+        return work
+
+    def _environment(self, work: Path) -> dict[str, str]:
+        home = self._env_home or str(work)
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "HOME": home,
+            "TMPDIR": home,
+        }
+
+    def _collect(
+        self,
+        proc: subprocess.Popen[bytes],
+        group: TestGroup | None,
+        status_r: int,
+        deadline: float,
+        limits: Limits,
+        out: Execution,
+    ) -> None:
+        """Read the three pipes until the launcher exits, the deadline passes or stdout overflows; then
+        kill the whole tree and drain what the pipes still hold (bounded in time and size)."""
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout, stderr, status = bytearray(), bytearray(), bytearray()
+        buffers = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr, status_r: status}
+        status_cap = 2 * limits.output_bytes
+        caps = {proc.stdout.fileno(): None, proc.stderr.fileno(): None, status_r: status_cap}
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            with selectors.DefaultSelector() as selector:
+                for fd in buffers:
+                    os.set_blocking(fd, False)
+                    selector.register(fd, selectors.EVENT_READ)
+                selector.register(pidfd, selectors.EVENT_READ)
+                exited = False
+                while not exited:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        out.timed_out = True
+                        break
+                    for key, _ in selector.select(remaining):
+                        if key.fd == pidfd:
+                            exited = True
+                        else:
+                            _read(selector, key.fd, buffers[key.fd], caps[key.fd])
+                    if len(stdout) > limits.output_bytes:
+                        out.output_exceeded = True
+                        break
+                    if len(stderr) > 2 * limits.stderr_bytes:
+                        del stderr[: len(stderr) - limits.stderr_bytes]
+                selector.unregister(pidfd)
+                self._kill_everything(proc, group)
+                drain_until = time.monotonic() + 1.0
+                while selector.get_map() and not out.output_exceeded:
+                    remaining = drain_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    for key, _ in selector.select(remaining):
+                        _read(selector, key.fd, buffers[key.fd], caps[key.fd])
+                    out.output_exceeded = len(stdout) > limits.output_bytes
+        finally:
+            os.close(pidfd)
+        out.stdout = bytes(stdout[: limits.output_bytes])
+        out.stderr = bytes(stderr[-limits.stderr_bytes :]).decode("utf-8", "replace")
+        self._parse_status(bytes(status), out)
+
+    def _kill_everything(self, proc: subprocess.Popen[bytes], group: TestGroup | None) -> None:
+        """SIGKILL the launcher's tree (the PID namespace dies with its init), every orphan re-parented
+        to this worker, and every member of the test's cgroup."""
+        self._stop(proc)
+        self._sweep_orphans()
+        if group is not None:
+            group.kill_all(time.monotonic() + CLEANUP_S)
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill the launcher and its descendants (the PID namespace dies with its init)."""
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in [*tree]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+    def _clean_up(self, proc: subprocess.Popen[bytes], group: TestGroup | None, out: Execution) -> None:
+        """Kill (again) and reap everything of this test, empty and remove its cgroup; raise
+        :class:`SandboxError` if anything survives :data:`CLEANUP_S` seconds."""
+        deadline = time.monotonic() + CLEANUP_S
+        if proc.poll() is None:  # normally already killed by _collect
+            self._stop(proc)
+        try:
+            out.launcher_status = proc.wait(timeout=CLEANUP_S)
+        except subprocess.TimeoutExpired as exc:
+            raise SandboxError(f"the sandbox launcher (pid {proc.pid}) survived SIGKILL") from exc
+        finally:
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        orphans = self._sweep_orphans()
+        if group is not None:
+            out.memory_limit_hit = group.memory_limit_hit()
+            group.kill_all(deadline)
+            group.remove(deadline)
+        while orphans:
+            for pid in list(orphans):
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        continue
+                orphans.remove(pid)
+            if orphans and time.monotonic() > deadline:
+                raise SandboxError(f"sandboxed processes {sorted(orphans)} survived SIGKILL")
+            if orphans:
+                time.sleep(0.001)
+
+    def _sweep_orphans(self) -> list[int]:
+        """SIGKILL every child of this worker that was not its child before the test started: an
+        orphan of the sandbox re-parented to the worker (a child subreaper while it evaluates).
+        Returns their pids, for the caller to reap."""
+        found = []
+        for pid in _children() - self._baseline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            found.append(pid)
+        return found
+
+    @staticmethod
+    def _parse_status(data: bytes, out: Execution) -> None:
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                out.status_garbled = True
+                continue
+            if not isinstance(record, dict):
+                out.status_garbled = True
+                continue
+            out.records.append(record)
+            if record.get("kind") == "done" and out.done is None:
+                out.done = record
+            elif record.get("kind") == "exit" and isinstance(record.get("status"), int):
+                out.exit_status = record["status"]
+
+
+class _PreExec:
+    """Runs in the forked child before ``exec``: death signal, cgroup membership, rlimits."""
+
+    def __init__(self, limits: Limits, group: TestGroup | None) -> None:
+        cpu = math.ceil(limits.time_limit_s) + 1
+        nproc = limits.processes * (limits.nproc_headroom if group is not None else 1)
+        self.rlimits = [
+            (resource.RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
+            (resource.RLIMIT_CPU, cpu, cpu + 1),
+            (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
+            (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
+            (resource.RLIMIT_NPROC, nproc, nproc),
+            (resource.RLIMIT_CORE, 0, 0),
+        ]
+        self.join_files = group.join_files if group is not None else ()
+        self.libc = _libc()
+
+    def __call__(self) -> None:
+        self.libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        pid = str(os.getpid()).encode()
+        for path in self.join_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        for which, soft, hard in self.rlimits:
+            resource.setrlimit(which, (soft, hard))

@@ -1,0 +1,604 @@
+"""The sandboxed ``lcb_evaluate`` evaluator with real programs: verdicts, LiveCodeBench comparison,
+isolation layers, a hostile set, and a real worker that survives a hostile program.
+
+Every test that runs a program checks afterwards that nothing it started is left: no process of the
+sandbox uid started since the test began, no descendant of this process, no per-test cgroup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from asyncroll.errors import WorkerTimeout
+from asyncroll.evaluator import isolation
+from asyncroll.evaluator.cgroups import PREFIX, CgroupFactory, controller_root
+from asyncroll.evaluator.compare import compare_stdout, stripped_lines
+from asyncroll.evaluator.evaluate import FIELD_LIMIT, cut, lcb_evaluate, remove_stale_scratch, scratch_prefix
+from asyncroll.evaluator.isolation import IsolationError, IsolationReport, Layer
+from asyncroll.evaluator.sandbox import Layers, Sandbox
+from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROW_1873_A = FIXTURES / "livecodebench_code_generation_lite_1873_A.jsonl"
+FRAGMENT_3708 = FIXTURES / "livecodebench_functional_fragment_3708.json"
+ADD = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
+ADD_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
+SLACK_S = 3.0
+HOST_ROOT_LINKS = [
+    d for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32") if os.path.lexists(f"/{d}")
+]  # start-up, kill and clean-up on a loaded 2-core machine
+
+requires_isolation = pytest.mark.skipif(
+    os.geteuid() != 0, reason="full isolation needs root (uid switch, namespaces, cgroups)"
+)
+real_process = pytest.mark.timeout(60)
+
+
+class _RefuseGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing global {module}.{name}")
+
+
+def real_1873_a() -> tuple[list[dict[str, str]], str]:
+    """The real Codeforces row's public + private tests, decoded safely, and its statement."""
+    row = json.loads(ROW_1873_A.read_text().splitlines()[0])
+    private = _RefuseGlobals(io.BytesIO(zlib.decompress(base64.b64decode(row["private_test_cases"])))).load()
+    return json.loads(row["public_test_cases"]) + json.loads(private), row["question_content"]
+
+
+def fragment_3708() -> tuple[list[dict[str, str]], str]:
+    fragment = json.loads(FRAGMENT_3708.read_text())
+    return json.loads(fragment["public_test_cases"]), json.loads(fragment["metadata"])["func_name"]
+
+
+SHORT_SORT = """
+t = int(input())
+for _ in range(t):
+    s = input().strip()
+    wrong = sum(1 for x, y in zip(s, "abc") if x != y)
+    print("YES" if wrong in (0, 2) else "NO")
+"""
+ZIGZAG = """
+class Solution:
+    def zigzagTraversal(self, grid: List[List[int]]) -> List[int]:
+        cells = []
+        for i, row in enumerate(grid):
+            cells.extend(row if i % 2 == 0 else reversed(row))
+        return cells[::2]
+"""
+
+
+# --- leftovers ---------------------------------------------------------------------------------------
+
+
+def _orphaned(proc: psutil.Process, uid: int) -> bool:
+    """True when the first ancestor of ``proc`` not running as ``uid`` is init or this process: a
+    sandboxed process that outlived its launcher. (A live sandbox of another session on this machine
+    has that session's ``unshare`` or worker as its first privileged ancestor.)"""
+    current = proc
+    while True:
+        parent = current.parent()
+        if parent is None or parent.pid == 1:
+            return True
+        if parent.uids().real != uid:
+            return parent.pid == os.getpid()
+        current = parent
+
+
+def leftovers(since: float, *owners: int) -> list[str]:
+    """What an evaluation that started at ``since`` (``time.time()``) left behind: orphaned processes of
+    the sandbox uid, descendants of this process, per-test cgroups of this process or of ``owners``
+    (workers)."""
+    uid = isolation.detect().config.uid
+    found = []
+    for proc in psutil.process_iter(["pid", "uids", "create_time", "cmdline", "status"]):
+        info = proc.info
+        if uid is None or not info["uids"] or info["uids"].real != uid or info["create_time"] < since - 1:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if _orphaned(proc, uid):
+                found.append(f"pid {info['pid']} ({info['status']}): {(info['cmdline'] or [''])[:3]}")
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.create_time() >= since - 1:
+                found.append(f"descendant {child.pid}: {child.cmdline()[:3]}")
+    for controller in ("memory", "pids"):
+        root = controller_root(controller)
+        if root is not None and root.exists():
+            prefixes = tuple(f"{PREFIX}{pid}-" for pid in (os.getpid(), *owners))
+            mine = [d.name for d in root.iterdir() if d.name.startswith(prefixes)]
+            found += [f"cgroup {controller}/{name}" for name in mine]
+    return found
+
+
+def evaluate(
+    code: str, tests: list[dict[str, Any]] | None = None, **kwargs: Any
+) -> tuple[dict[str, Any], float]:
+    """Run ``lcb_evaluate`` and assert it left nothing behind; return its result and wall seconds."""
+    since = time.time()
+    began = time.monotonic()
+    result = lcb_evaluate(code, ADD if tests is None else tests, **kwargs)
+    elapsed = time.monotonic() - began
+    assert leftovers(since) == []
+    assert set(result) == {"passed", "tests_run", "tests_total", "feedback", "timed_out"}
+    return result, elapsed
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    return None if result["feedback"] is None else result["feedback"]["verdict"]
+
+
+# --- comparison and arguments (no process) -----------------------------------------------------------
+
+
+def test_stdout_comparison_follows_livecodebench() -> None:
+    assert stripped_lines("  a \r\n b\n\n") == ["a", "b"]
+    assert compare_stdout("YES\nNO\n", "YES\nNO") is None
+    assert compare_stdout("  1.50  2e0 \n", "1.5 2\n") is None  # numeric fallback on tokens
+    assert compare_stdout("1000\n", "1e3") is None
+    assert compare_stdout("0.333", "0.3333") is not None  # Decimal equality: no tolerance
+    assert compare_stdout("1 2", "1 2 3") is not None
+    assert compare_stdout("YES\nNO", "YES") == "mismatched output length: got 2 lines, expected 1"
+    assert compare_stdout("yes", "YES") == "line 1: 'yes' != 'YES'"
+    assert compare_stdout("sNaN", "sNaN") is None  # identical text matches before any number parsing
+    assert compare_stdout("sNaN 1", "sNaN  1") is not None  # a signalling NaN refuses comparison
+
+
+def test_feedback_fields_are_cut_to_1000_characters() -> None:
+    assert cut("x" * FIELD_LIMIT) == "x" * FIELD_LIMIT
+    head = cut("a" * 600 + "b" * 600)
+    tail = cut("a" * 600 + "b" * 600, keep_tail=True)
+    assert len(head) == len(tail) == FIELD_LIMIT
+    assert head.startswith("a") and tail.endswith("b")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"code": 3}, "code must be a string"),
+        ({"tests": []}, "tests must be a non-empty list"),
+        ({"tests": [{"input": "1"}]}, "tests[0].output must be a string"),
+        ({"tests": [{"input": "1", "output": "2", "testtype": "x"}]}, "tests[0].testtype must be"),
+        ({"tests": [{"input": "1", "output": "2", "testtype": "functional"}]}, "no func_name was given"),
+        ({"func_name": "not an id"}, "func_name must be a Python identifier"),
+        ({"func_name": "f", "tests": [{"input": "[1]\nnope", "output": "1"}]}, "tests[0].input line 2"),
+        ({"func_name": "f", "tests": [{"input": "[1]", "output": "{"}]}, "tests[0].output is not a JSON"),
+        ({"time_limit_s": 0}, "time_limit_s must be a number"),
+        ({"total_time_limit_s": -1}, "total_time_limit_s must be a number"),
+        ({"memory_limit_mb": 8}, "memory_limit_mb must be an integer >= 64"),
+    ],
+)
+def test_bad_arguments_raise_errors_naming_the_field(kwargs: dict[str, Any], message: str) -> None:
+    arguments: dict[str, Any] = {"code": ADD_PROGRAM, "tests": [{"input": "1 2", "output": "3"}], **kwargs}
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        lcb_evaluate(**arguments)
+
+
+def test_missing_layers_are_refused_unless_weak_isolation_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    layers = tuple(Layer(name, name != "cgroup_pids", "probe said so") for name in isolation.REQUIRED)
+    weak = IsolationReport(layers, Layers(python="/usr/bin/python3"), root=True)
+    monkeypatch.setattr(isolation, "detect", lambda: weak)
+    with pytest.raises(IsolationError, match="cgroup_pids: probe said so") as caught:
+        isolation.require()
+    assert "allow_weak_isolation=True" in str(caught.value)
+    assert isolation.require(allow_weak=True) is weak
+    recorded = isolation.isolation_report(allow_weak=True)
+    assert recorded["weak"] is True and recorded["missing"] == ["cgroup_pids"] and recorded["allowed_weak"]
+
+
+# --- isolation on this machine -----------------------------------------------------------------------
+
+
+@requires_isolation
+@real_process
+def test_the_isolation_report_prints_from_the_command_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncroll.evaluator.isolation"], capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["missing"] == []
+
+
+@requires_isolation
+@real_process
+def test_every_layer_is_detected_and_the_report_is_json() -> None:
+    report = isolation.isolation_report()
+    assert json.loads(json.dumps(report)) == report
+    assert report["weak"] is False and report["missing"] == []
+    for name in isolation.REQUIRED:
+        assert report["layers"][name]["active"], (name, report["layers"][name])
+    assert report["uid"] not in (None, 0)
+    assert "bubblewrap" in report["layers"]
+
+
+@requires_isolation
+@real_process
+def test_the_program_sees_an_unprivileged_empty_world() -> None:
+    probe = """
+import json, os, socket
+print(json.dumps([os.getuid(), os.getpid(), os.getppid(), sorted(os.environ), os.listdir("/tmp"),
+                  [name for _, name in socket.if_nameindex()],
+                  sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), sorted(os.listdir("/"))]))
+"""
+    result, _ = evaluate(probe, [{"input": "", "output": "?"}])
+    seen = json.loads(result["feedback"]["got"])
+    assert seen[0] == isolation.detect().config.uid
+    assert seen[1:3] == [2, 1]  # the program's process is PID 2 under the harness as PID 1
+    assert seen[3] == ["HOME", "LANG", "LC_ALL", "PATH", "TMPDIR"]
+    assert seen[4] == ["work"] and seen[5] == ["lo"]
+    assert seen[7] == sorted(["dev", "proc", "tmp", "usr", "var", *HOST_ROOT_LINKS])
+    assert seen[6] == [1, 2]  # /proc shows the namespace only: no host process, no secret to read
+
+
+# --- verdicts with real programs ---------------------------------------------------------------------
+
+
+@real_process
+def test_a_correct_program_passes_the_real_codeforces_tests() -> None:
+    tests, statement = real_1873_a()
+    assert len(tests) == 5 and "abc" in statement
+    result, _ = evaluate(SHORT_SORT, tests)
+    assert result == {"passed": True, "tests_run": 5, "tests_total": 5, "feedback": None, "timed_out": False}
+
+
+@real_process
+def test_a_wrong_answer_stops_at_the_first_failing_test_with_its_feedback() -> None:
+    tests, _ = real_1873_a()
+    wrong = SHORT_SORT.replace("(0, 2)", "(0,)")
+    result, _ = evaluate(wrong, tests)
+    assert not result["passed"] and result["tests_run"] == 1 and result["tests_total"] == 5
+    feedback = result["feedback"]
+    assert feedback["verdict"] == "wrong_answer" and feedback["test"] == 0
+    assert feedback["input"] == tests[0]["input"] and feedback["expected"] == tests[0]["output"]
+    assert feedback["got"].split() == ["YES", "NO", "NO", "NO", "NO", "NO"]
+    assert feedback["detail"] == "line 2: 'NO' != 'YES'"
+
+
+@real_process
+def test_a_runtime_error_reports_the_programs_traceback_only() -> None:
+    result, _ = evaluate("def f(x):\n    return 1 // x\nprint(f(0))\n")
+    assert verdict(result) == "runtime_error" and result["tests_run"] == 1
+    error = result["feedback"]["error"]
+    assert 'File "solution.py", line 2, in f' in error
+    assert error.splitlines()[-1].startswith("ZeroDivisionError: integer division")
+    assert "<string>" not in error  # no harness frames
+
+
+@real_process
+def test_long_feedback_fields_are_cut() -> None:
+    result, _ = evaluate("print('y' * 5000)", [{"input": "z" * 3000, "output": "x" * 3000}])
+    feedback = result["feedback"]
+    assert all(len(feedback[key]) == FIELD_LIMIT for key in ("input", "expected", "got"))
+
+
+@real_process
+def test_numbers_compare_as_decimals_like_livecodebench() -> None:
+    tests = [{"input": "", "output": "1.5 2\n1000\n"}]
+    assert evaluate("print('1.50', '2.0')\nprint('1e3')", tests)[0]["passed"]
+    result, _ = evaluate("print(1.5, 2)\nprint(999.9999999)", tests)
+    assert verdict(result) == "wrong_answer" and result["feedback"]["detail"].startswith("line 2")
+
+
+@real_process
+def test_exit_codes_are_not_trusted() -> None:
+    # sys.exit(256) is status 0, and LiveCodeBench swallows SystemExit: the printed answer counts.
+    assert evaluate("print(3)\nimport sys\nsys.exit(256)")[0]["passed"]
+    assert evaluate("print(3)\nraise SystemExit(1)")[0]["passed"]
+    # os._exit(0) skips the flush: status 0, yet the program never finished normally.
+    result, _ = evaluate("print(3)\nimport os\nos._exit(0)")
+    assert verdict(result) == "runtime_error"
+    assert "exited with status 0 before finishing normally" in result["feedback"]["error"]
+
+
+@real_process
+def test_the_runtimes_environment_cannot_change_a_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    program = "print(3)\nimport os\nos._exit(0)"  # passes only if stdout is unbuffered
+    before, _ = evaluate(program)
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    after, _ = evaluate(program)
+    assert verdict(before) == verdict(after) == "runtime_error"
+
+
+@real_process
+def test_a_time_limit_kills_the_program_within_its_deadline() -> None:
+    result, elapsed = evaluate("while True:\n    pass\n", time_limit_s=1.0)
+    assert verdict(result) == "time_limit_exceeded" and result["timed_out"] is True
+    assert 1.0 <= elapsed < 1.0 + SLACK_S
+
+
+@real_process
+def test_the_total_budget_bounds_the_whole_evaluation() -> None:
+    tests = [{"input": "", "output": "1"}] * 4
+    result, elapsed = evaluate(
+        "import time\ntime.sleep(0.6)\nprint(1)", tests, time_limit_s=1.0, total_time_limit_s=1.5
+    )
+    # 0.6 s per test plus start-up: the budget runs out during the 3rd test or just before it starts
+    assert result["timed_out"] is True and result["tests_run"] in (2, 3) and not result["passed"]
+    assert "total time budget of 1.5s" in result["feedback"]["error"]
+    assert elapsed < 1.5 + SLACK_S
+
+
+@real_process
+def test_a_functional_problem_calls_solution_with_json_arguments() -> None:
+    tests, func_name = fragment_3708()
+    assert func_name == "zigzagTraversal" and len(tests) == 2
+    result, _ = evaluate(ZIGZAG, tests, func_name=func_name)
+    assert result == {"passed": True, "tests_run": 2, "tests_total": 2, "feedback": None, "timed_out": False}
+    wrong, _ = evaluate(ZIGZAG.replace("[::2]", "[1::2]"), tests, func_name=func_name)
+    assert verdict(wrong) == "wrong_answer" and wrong["feedback"]["got"] == "[2, 3]"
+    assert wrong["feedback"]["input"] == "[[1, 2], [3, 4]]" and wrong["feedback"]["expected"] == "[1, 4]"
+
+
+@real_process
+def test_functional_results_compare_like_livecodebench() -> None:
+    tests = [{"input": "2\n3", "output": "[2, 3]", "testtype": "functional"}]
+    program = "class Solution:\n    def pair(self, a, b):\n        return {}\n"
+    assert evaluate(program.format("(a, b)"), tests, func_name="pair")[0]["passed"]  # top-level tuple
+    assert evaluate(program.format("[a, b]"), tests, func_name="pair")[0]["passed"]
+    nested = [{"input": "2\n3", "output": "[[2, 3]]", "testtype": "functional"}]
+    result, _ = evaluate(program.format("[(a, b)]"), nested, func_name="pair")
+    assert verdict(result) == "wrong_answer" and result["feedback"]["got"] == "[(2, 3)]"
+    result, _ = evaluate("class Nope:\n    pass\n", tests, func_name="pair")
+    assert verdict(result) == "runtime_error" and "no class Solution" in result["feedback"]["error"]
+
+
+# --- hostile programs --------------------------------------------------------------------------------
+
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+SETSID_ESCAPE = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(1000)
+    os._exit(0)
+print(3)
+"""
+IGNORES_SIGTERM = """
+import signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    pass
+"""
+HOLDS_STDOUT = """
+import subprocess
+subprocess.Popen(["sleep", "1000"], start_new_session=True)  # inherits stdout and never exits
+print(3)
+"""
+AGGREGATE_MEMORY = """
+import os
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(150 * 1024 * 1024)  # each process stays under its address-space limit
+        os._exit(0)
+    children.append(pid)
+killed = sum(os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in children)
+print(3 if killed == 0 else f"{killed} killed")
+"""
+
+
+@real_process
+@pytest.mark.parametrize(
+    ("name", "program", "expected"),
+    [
+        ("infinite loop", "while True:\n    pass\n", "time_limit_exceeded"),
+        ("fork bomb", FORK_BOMB, "time_limit_exceeded"),
+        ("ignores SIGTERM", IGNORES_SIGTERM, "time_limit_exceeded"),
+        ("memory bomb", "x = bytearray(4 * 1024**3)\nprint(3)\n", "runtime_error"),
+        ("stdout flood", "while True:\n    print('x' * 4096)\n", "output_limit_exceeded"),
+        (
+            "sleeps after answering",
+            "print(3, flush=True)\nimport time\ntime.sleep(1000)\n",
+            "time_limit_exceeded",
+        ),
+    ],
+    ids=["loop", "fork-bomb", "ignores-sigterm", "memory-bomb", "stdout-flood", "sleeps"],
+)
+def test_hostile_programs_end_with_a_verdict_and_leave_nothing(
+    name: str, program: str, expected: str
+) -> None:
+    result, elapsed = evaluate(program, time_limit_s=1.0)
+    assert verdict(result) == expected, (name, result)
+    assert elapsed < 1.0 + SLACK_S, name
+    if expected == "runtime_error":
+        assert "MemoryError" in result["feedback"]["error"]
+
+
+@requires_isolation
+@real_process
+@pytest.mark.parametrize(
+    ("name", "program"),
+    [("setsid escape", SETSID_ESCAPE), ("holds stdout open", HOLDS_STDOUT)],
+    ids=["setsid", "stdout-holder"],
+)
+def test_descendants_that_escape_the_process_group_are_killed(name: str, program: str) -> None:
+    result, elapsed = evaluate(program, time_limit_s=2.0)
+    assert result["passed"], (name, result)  # the answer counts; the escaped descendant dies with the test
+    assert elapsed < 2.0, name  # no waiting for an end of file the descendant withholds
+
+
+@requires_isolation
+@real_process
+def test_the_memory_cgroup_caps_a_tree_of_processes() -> None:
+    # 4 x 150 MiB under a 256 MiB address space: no single process hits RLIMIT_AS, the tree hits the
+    # cgroup (256 + 64 tmpfs + 64 MiB) and the kernel kills some children.
+    result, _ = evaluate(AGGREGATE_MEMORY, time_limit_s=10.0, memory_limit_mb=256)
+    assert verdict(result) == "wrong_answer", result
+    assert result["feedback"]["got"].strip().endswith("killed")
+
+
+@requires_isolation
+@real_process
+def test_the_runtimes_secrets_are_out_of_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the runtime's environment nor files with hidden tests (this repository's fixtures, a
+    workload) can be read by the program."""
+    monkeypatch.setenv("ASYNCROLL_TEST_SECRET", "s3cr3t-token")
+    program = f"""
+import glob, os
+leaks = [k for k, v in os.environ.items() if "s3cr3t" in v]
+for path in [{str(ROW_1873_A)!r}, {str(Path(__file__).resolve())!r}, "/proc/1/root/{ROW_1873_A.name}"]:
+    try:
+        open(path).read()
+        leaks.append(path)
+    except OSError:
+        pass
+for path in glob.glob("/proc/*/environ"):
+    try:
+        if b"s3cr3t" in open(path, "rb").read():
+            leaks.append(path)
+    except OSError:
+        pass
+try:
+    leaks += ["parent"] if b"s3cr3t" in open(f"/proc/{{os.getppid()}}/environ", "rb").read() else []
+except OSError:
+    pass
+print(leaks)
+"""
+    result, _ = evaluate(program, [{"input": "", "output": "[]"}])
+    assert result["passed"], result
+
+
+@requires_isolation
+@real_process
+def test_writes_outside_the_private_directory_fail_or_vanish(tmp_path: Path) -> None:
+    target = tmp_path / "escape.txt"
+    shared_tmp = Path("/tmp") / f"asyncroll-escape-{os.getpid()}"
+    repo_file = Path(__file__).parent / "escape.txt"
+    program = f"""
+results = []
+for path in [{str(target)!r}, {str(repo_file)!r}, {str(shared_tmp)!r}, "../../escape.txt", "scratch.txt"]:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        results.append("wrote")
+    except OSError as exc:
+        results.append(type(exc).__name__)
+print(results)
+"""
+    result, _ = evaluate(program, [{"input": "", "output": "?"}])
+    seen = json.loads(result["feedback"]["got"].replace("'", '"'))
+    # Host paths do not exist in the program's private root; "/" is read-only to it; its /tmp is its own.
+    assert seen == ["FileNotFoundError", "FileNotFoundError", "wrote", "PermissionError", "wrote"]
+    assert not target.exists() and not repo_file.exists() and not shared_tmp.exists()
+
+
+# --- through a real worker ---------------------------------------------------------------------------
+
+
+@real_process
+def test_a_worker_survives_a_hostile_program_and_keeps_evaluating() -> None:
+    tests, func_name = fragment_3708()
+
+    async def main(worker_pids: list[int]) -> None:
+        worker = ProcessWorker(0, (ToolSpec("lcb_evaluate"),), startup_timeout=20)
+        await worker.start()
+        try:
+            pid = worker.pid
+            assert pid is not None
+            worker_pids.append(pid)
+            hostile = {"code": FORK_BOMB, "tests": ADD, "time_limit_s": 1.0}
+            bomb = (await worker.call(JobRequest(1, "lcb_evaluate", hostile), timeout=30)).reply
+            assert bomb.ok, bomb.error
+            assert bomb.value["feedback"]["verdict"] == "time_limit_exceeded"
+            good = {"code": ZIGZAG, "tests": tests, "func_name": func_name}
+            after = (await worker.call(JobRequest(2, "lcb_evaluate", good), timeout=30)).reply
+            assert after.ok and after.value["passed"] and after.value["tests_run"] == 2
+            bad = (
+                await worker.call(JobRequest(3, "lcb_evaluate", {"code": "x", "tests": []}), timeout=30)
+            ).reply
+            assert not bad.ok and "tests must be a non-empty list" in (bad.error or "")
+            assert worker.alive and worker.pid == pid
+            assert psutil.Process(pid).children(recursive=True) == []
+        finally:
+            await worker.aclose()
+
+    since = time.time()
+    worker_pids: list[int] = []
+    asyncio.run(asyncio.wait_for(main(worker_pids), 50))
+    assert leftovers(since, *worker_pids) == []
+
+
+@requires_isolation
+@real_process
+def test_killing_a_worker_mid_evaluation_leaves_nothing_after_the_next_start() -> None:
+    """The runtime's tool timeout kills the worker's tree; the sandbox dies with it, and the next
+    sandbox to start removes the dead worker's empty per-test cgroups."""
+    isolation.detect()  # probe now: a probe's own start-up would remove the stale groups checked below
+    worker_pids: list[int] = []
+
+    async def main() -> None:
+        worker = ProcessWorker(0, (ToolSpec("lcb_evaluate"),), startup_timeout=20)
+        await worker.start()
+        assert worker.pid is not None
+        worker_pids.append(worker.pid)
+        warm = {"code": ADD_PROGRAM, "tests": ADD}  # the first call runs the isolation probe
+        assert (await worker.call(JobRequest(1, "lcb_evaluate", warm), timeout=30)).reply.value["passed"]
+        forever = {"code": "while True:\n    pass\n", "tests": ADD, "time_limit_s": 30.0}
+        try:
+            with pytest.raises(WorkerTimeout):
+                await worker.call(JobRequest(2, "lcb_evaluate", forever), timeout=3.0)
+        finally:
+            await worker.kill()
+
+    since = time.time()
+    asyncio.run(asyncio.wait_for(main(), 40))
+    deadline = time.monotonic() + 10
+    while [x for x in leftovers(since) if not x.startswith("cgroup")] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the kernel tears the namespace down asynchronously after the kill
+    assert [x for x in leftovers(since) if not x.startswith("cgroup")] == []
+    stale = leftovers(since, *worker_pids)
+    assert stale and all(x.startswith("cgroup") for x in stale)  # the killed worker could not clean up
+    CgroupFactory(controller_root("memory"), controller_root("pids"))  # removes stale groups
+    assert leftovers(since, *worker_pids) == []
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{scratch_prefix(worker_pids[0])}*"))
+    assert len(scratch) == 1  # the killed worker's evaluation directory, with the program in it
+    remove_stale_scratch()
+    assert not scratch[0].exists()
+
+
+@requires_isolation
+@real_process
+@pytest.mark.parametrize("program", [SETSID_ESCAPE, HOLDS_STDOUT], ids=["setsid", "stdout-holder"])
+def test_without_namespaces_or_cgroups_the_subreaper_sweep_still_kills_escapees(
+    program: str, tmp_path: Path
+) -> None:
+    """The last-resort layer alone (uid switch, rlimits, worker as child subreaper, psutil sweep): an
+    escaped descendant is re-parented to this process and killed, and the read does not hang."""
+    full = isolation.detect().config
+    weak = Layers(python=full.python, uid=full.uid, gid=full.gid)
+    scratch = tmp_path / "eval"
+    scratch.mkdir(mode=0o711)
+    code = scratch / "solution.py"
+    code.write_text(program)
+    since = time.time()
+    began = time.monotonic()
+    execution = Sandbox(weak).run(code, b"", scratch, wall_s=2.0)
+    assert time.monotonic() - began < 2.0
+    assert execution.done == {"kind": "done", "ok": True} and execution.stdout == b"3\n"
+    assert leftovers(since) == []
