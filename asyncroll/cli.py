@@ -72,14 +72,16 @@ def run(
         bool | None,
         Opt("--structured-output/--no-structured-output", help="HTTP backends: JSON-schema actions."),
     ] = None,
-    metrics_url: Annotated[str | None, Opt(help="Prometheus metrics URL of the server.")] = None,
+    metrics_url: Annotated[
+        str | None,
+        Opt(help="Server /metrics URL (vLLM or SGLang names; default ENDPOINT/metrics for --backend vllm)."),
+    ] = None,
     telemetry: Annotated[
-        bool | None, Opt("--telemetry/--no-telemetry", help="Probe telemetry sources (none implemented yet).")
+        bool | None,
+        Opt("--telemetry/--no-telemetry", help="Sample server metrics / NVML when asked for (on)."),
     ] = None,
     nvml_device: Annotated[int | None, Opt(help="Physical GPU index for NVML sampling.")] = None,
-    telemetry_interval: Annotated[
-        float | None, Opt(help="Telemetry sample interval, s (0.2; no source yet).")
-    ] = None,
+    telemetry_interval: Annotated[float | None, Opt(help="Telemetry sample interval, s (0.2).")] = None,
     seed: Annotated[int | None, Opt(help="HTTP backends: request seed (default 0); recorded.")] = None,
     starvation_threshold: Annotated[
         int | None, Opt(help="Pressure trigger (default: inflight limit).")
@@ -90,10 +92,51 @@ def run(
     ] = None,
     nvtx: Annotated[bool | None, Opt("--nvtx", help="Emit NVTX ranges.")] = None,
     dedicated_gpu: Annotated[bool | None, Opt("--dedicated-gpu", help="Declare one dedicated GPU.")] = None,
-    progress: Annotated[bool | None, Opt("--progress/--no-progress")] = None,
+    progress: Annotated[
+        bool | None,
+        Opt("--progress/--no-progress", help="Live progress line on stderr (default: on when a terminal)."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        Opt(help="Serve the runtime's gauges and counters for Prometheus on this port (0: any free port)."),
+    ] = None,
+    metrics_host: Annotated[str | None, Opt(help="Address for --metrics-port (default 127.0.0.1).")] = None,
     tool_errors: Annotated[
         str | None,
         Opt(help="fail (default) | observe: a tool error ends the trajectory or is returned to the model."),
+    ] = None,
+    allow_weak_isolation: Annotated[
+        bool | None,
+        Opt(
+            "--allow-weak-isolation",
+            help="Run untrusted code (lcb_evaluate) even when a sandbox layer is missing (recorded).",
+        ),
+    ] = None,
+    replay: Annotated[
+        bool | None,
+        Opt(
+            "--replay", help="HTTP backends: actions from the workload script; the server decodes their size."
+        ),
+    ] = None,
+    server_kind: Annotated[
+        str | None,
+        Opt(
+            help="HTTP backends: vllm | sglang | transformers | generic (default: vllm for --backend vllm, "
+            "probed for openai)."
+        ),
+    ] = None,
+    max_retries: Annotated[
+        int | None, Opt(help="HTTP backends: retries of a retryable failure (0 = off, the default).")
+    ] = None,
+    retry_max_delay: Annotated[
+        float | None, Opt(help="HTTP backends: cap on a retry delay or retry-after, s (8).")
+    ] = None,
+    circuit_failures: Annotated[
+        int | None,
+        Opt(help="HTTP backends: consecutive unavailable failures that pause admission (5; 0 off)."),
+    ] = None,
+    server_down_timeout: Annotated[
+        float | None, Opt(help="HTTP backends: seconds paused on a down server before the run fails (120).")
     ] = None,
     config: Annotated[
         Path | None, Opt("--config", help="JSON/TOML file of these settings; flags override.")
@@ -134,7 +177,7 @@ def _run(cfg: Any) -> int:
     from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, prepare
 
     try:
-        prepared = prepare(cfg)
+        prepared = prepare(cfg, probe_isolation=True)
     except UsageError as exc:
         typer.echo(f"error: {exc}", err=True)
         return exc.exit_code
@@ -169,6 +212,28 @@ def _run(cfg: Any) -> int:
         return outcome.exit_code
 
     return asyncio.run(main())
+
+
+@app.command()
+def timeline(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory holding events.jsonl.")],
+) -> None:
+    """Regenerate trace.json and timeline.html of a finished (or interrupted) run from its events."""
+    if not run_dir.is_dir():
+        raise _fail(f"{run_dir}: not a directory")
+    if not (run_dir / "events.jsonl").is_file():
+        raise _fail(f"{run_dir}: no events.jsonl (not a run directory?)")
+    from asyncroll.outputs.rundir import export
+
+    exports = export(run_dir)
+    failed = [
+        f"{name}: {info['error']}"
+        for name, info in exports.items()
+        if isinstance(info, dict) and not info.get("ok")
+    ]
+    if failed:
+        raise _fail("export failed: " + "; ".join(failed), 1)
+    typer.echo(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
 
 
 def _print_summary(summary: dict[str, Any] | None, output: Path) -> None:
@@ -402,6 +467,232 @@ def schema(
         raise _fail(f"unknown schema {which!r}; choose from {', '.join(['all', *all_schemas])}")
     chosen = all_schemas if which == "all" else all_schemas[which]
     typer.echo(json.dumps(chosen, indent=2))
+
+
+@app.command("convert-toolmath")
+def convert_toolmath(
+    source: Annotated[Path, Opt("--source", help="ToolMATH.json: a JSON list of tool records.")],
+    functions_dir: Annotated[
+        Path,
+        Opt("--functions-dir", help="Folder of the tool files (DIR/<function> or DIR/function_ToolMATH/…)."),
+    ],
+    output: Annotated[Path, Opt("--output", help="Workload JSONL to create; must not exist.")],
+    limit: Annotated[int | None, Opt(help="Keep the first N problems in seeded order.")] = None,
+    seed: Annotated[int, Opt(help="Seed of the order-independent selection.")] = 0,
+    answers_from_solution: Annotated[
+        bool,
+        Opt(
+            "--answers-from-solution",
+            help="Derive reference_answer from the solution's last \\boxed{…} (labelled in metadata).",
+        ),
+    ] = False,
+) -> None:
+    """Convert ToolMATH tool records: one problem per source problem, with all its tools."""
+    from asyncroll.convert.toolmath import convert_toolmath as convert
+    from asyncroll.errors import UsageError
+
+    try:
+        report = convert(
+            source, functions_dir, output, limit=limit, seed=seed, answers_from_solution=answers_from_solution
+        )
+    except UsageError as exc:
+        raise _fail(str(exc)) from None
+    hint = (
+        ""
+        if output.parent.resolve() == functions_dir.resolve()
+        else f"; run with --tool-root {functions_dir}"
+    )
+    typer.echo(
+        f"{output}: {report.written} of {report.problems} problems ({report.records} tool records), "
+        f"seed {seed}{hint}"
+    )
+    if report.without_answer:
+        typer.echo(
+            f"note: {len(report.without_answer)} problem(s) have no \\boxed{{}} answer and no "
+            f"reference_answer: {', '.join(report.without_answer[:10])}",
+            err=True,
+        )
+
+
+@app.command("convert-livecodebench")
+def convert_livecodebench(
+    source: Annotated[Path, Opt("--source", help="LiveCodeBench rows: JSON array, object or JSONL.")],
+    output: Annotated[Path, Opt("--output", help="Workload JSONL to create; must not exist.")],
+    limit: Annotated[int | None, Opt(help="Keep the first N problems in seeded order.")] = None,
+    seed: Annotated[int, Opt(help="Seed of the order-independent selection.")] = 0,
+    stdin_only: Annotated[bool, Opt("--stdin-only", help="Drop functional (LeetCode) problems.")] = False,
+) -> None:
+    """Convert LiveCodeBench code-generation rows to one-repair problems evaluated by lcb_evaluate."""
+    from asyncroll.convert.livecodebench import convert_livecodebench as convert
+    from asyncroll.errors import UsageError
+
+    try:
+        report = convert(source, output, limit=limit, seed=seed, stdin_only=stdin_only)
+    except UsageError as exc:
+        raise _fail(str(exc)) from None
+    kept = report.rows - report.skipped
+    dropped = f"; {report.skipped} functional rows dropped by --stdin-only" if report.skipped else ""
+    typer.echo(
+        f"{output}: {report.written} of {kept} problems ({report.functional} functional rows{dropped}), "
+        f"seed {seed}"
+    )
+
+
+@app.command("serve-sim")
+def serve_sim(
+    host: Annotated[str, Opt(help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, Opt(help="Port; 0 picks a free one (printed on the first line).")] = 8000,
+    model: Annotated[str, Opt(help="The served model name requests must use.")] = "sim",
+    max_num_seqs: Annotated[int, Opt(help="Running-batch limit.")] = 256,
+    step_base_ms: Annotated[float, Opt(help="Decode step time at batch 1 (ms).")] = 12.0,
+    step_per_seq_ms: Annotated[float, Opt(help="Added step time per running sequence (ms).")] = 0.08,
+    prefill_ms_per_token: Annotated[float, Opt(help="Prefill cost per prompt token (ms).")] = 0.03,
+    chars_per_token: Annotated[float, Opt(help="Characters per token for size estimates.")] = 4.0,
+    kv_cache_tokens: Annotated[int, Opt(help="KV-cache capacity in tokens (for the usage gauge).")] = 262_144,
+    max_model_len: Annotated[int, Opt(help="Context length (prompt + completion) in tokens.")] = 32_768,
+    metrics_flavor: Annotated[
+        str, Opt(help="vllm | sglang: /metrics names and /v1/models owned_by.")
+    ] = "vllm",
+    enforce_schema: Annotated[
+        bool, Opt("--enforce-schema/--no-enforce-schema", help="Replies always match a json_schema.")
+    ] = True,
+    seed: Annotated[int, Opt(help="Seed of the reply policy and the fault draws.")] = 0,
+    rate_429: Annotated[float, Opt("--rate-429", help="Fraction of requests answered 429.")] = 0.0,
+    rate_500: Annotated[float, Opt("--rate-500", help="Fraction answered 500.")] = 0.0,
+    rate_503: Annotated[float, Opt("--rate-503", help="Fraction answered 503.")] = 0.0,
+    retry_after: Annotated[float, Opt(help="retry-after of a 429, s (negative: none).")] = 1.0,
+    reset_rate: Annotated[float, Opt(help="Fraction whose connection is reset before a response.")] = 0.0,
+    truncate_rate: Annotated[float, Opt(help="Fraction whose body is cut off mid-way.")] = 0.0,
+    malformed_rate: Annotated[float, Opt(help="Fraction answered 200 with a body that is not JSON.")] = 0.0,
+    invalid_action_rate: Annotated[
+        float, Opt(help="With --no-enforce-schema: fraction answered with prose, not an action.")
+    ] = 0.0,
+    slow_rate: Annotated[float, Opt(help="Fraction delayed by --slow-s before the engine.")] = 0.0,
+    slow_s: Annotated[float, Opt(help="Delay of a slow request, s.")] = 1.0,
+    reject_schema: Annotated[
+        bool, Opt("--reject-schema", help="Refuse every json_schema request with 400 (as vLLM does).")
+    ] = False,
+    log_level: Annotated[str, Opt(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve an OpenAI-compatible inference-server simulator (batching engine in real time, faults, metrics).
+
+    Endpoints: POST /v1/chat/completions, GET /health, GET /v1/models, GET /metrics, GET /sim/stats.
+    The first line printed is "serve-sim listening on http://HOST:PORT ...".
+    """
+    from asyncroll.backends.server_model import ServerModelConfig
+    from asyncroll.serve_sim.config import FaultConfig, SimConfig
+    from asyncroll.serve_sim.server import serve_forever
+
+    try:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {port}")
+        sim = SimConfig(
+            model=model,
+            engine=ServerModelConfig(max_num_seqs, step_base_ms, step_per_seq_ms, prefill_ms_per_token),
+            chars_per_token=chars_per_token,
+            kv_cache_tokens=kv_cache_tokens,
+            max_model_len=max_model_len,
+            metrics_flavor=metrics_flavor,  # type: ignore[arg-type]  # validated by SimConfig
+            enforce_schema=enforce_schema,
+            seed=seed,
+            faults=FaultConfig(
+                rate_429=rate_429,
+                rate_500=rate_500,
+                rate_503=rate_503,
+                reset_rate=reset_rate,
+                truncate_rate=truncate_rate,
+                malformed_rate=malformed_rate,
+                invalid_action_rate=invalid_action_rate,
+                slow_rate=slow_rate,
+                slow_s=slow_s,
+                retry_after_s=None if retry_after < 0 else retry_after,
+                reject_schema=reject_schema,
+            ),
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if invalid_action_rate and enforce_schema:
+        raise _fail("--invalid-action-rate needs --no-enforce-schema (an enforcing server never sends one)")
+    try:
+        code = serve_forever(sim, host, port, log_level=log_level)
+    except OSError as exc:
+        raise _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1) from None
+    raise typer.Exit(code)
+
+
+experiment_app = typer.Typer(
+    help="Paired policy experiments: a fresh inference server per arm, staged gates, receipts, resume.",
+    no_args_is_help=True,
+)
+app.add_typer(experiment_app, name="experiment")
+
+
+def _experiment_config(config: Path, overrides: dict[str, Any] | None = None) -> Any:
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.config import load_experiment_config
+
+    try:
+        return load_experiment_config(config, overrides)
+    except UsageError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+
+
+@experiment_app.command("run")
+def experiment_run(
+    config: Annotated[Path, Opt("--config", help="Experiment config (JSON; see `experiment schema`).")],
+    output: Annotated[Path, Opt("--output", help="Experiment directory to create (or resume).")],
+    resume: Annotated[
+        bool, Opt("--resume", help="Continue an interrupted experiment; finished arms are not re-run.")
+    ] = False,
+) -> None:
+    """Run an experiment: qualification → opportunity → activation gates, then the paired comparison."""
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.runner import ExperimentRunner
+
+    cfg = _experiment_config(config)
+    runner = ExperimentRunner(cfg, output, resume=resume, config_path=config, echo=typer.echo)
+    try:
+        outcome = runner.run()
+    except UsageError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+    typer.echo(outcome.message, err=outcome.exit_code != 0)
+    raise typer.Exit(outcome.exit_code)
+
+
+@experiment_app.command("plan")
+def experiment_plan(
+    config: Annotated[Path, Opt("--config", help="Experiment config (JSON).")],
+    output: Annotated[Path | None, Opt("--output", help="Shown in the client commands.")] = None,
+) -> None:
+    """Validate a config and print every server and client command, in order; starts nothing."""
+    from asyncroll.experiment.plan import render_plan
+
+    typer.echo(render_plan(_experiment_config(config), output))
+
+
+@experiment_app.command("schema")
+def experiment_schema() -> None:
+    """Print the JSON Schema of an experiment config."""
+    from asyncroll.experiment.config import ExperimentConfig
+
+    typer.echo(json.dumps(ExperimentConfig.model_json_schema(), indent=2))
+
+
+@app.command()
+def report(
+    comparison: Annotated[Path, Opt("--comparison", help="comparison.json of an experiment.")],
+    output: Annotated[Path, Opt("--output", help="Folder for REPORT.md, aggregate.json and the figure.")],
+    figure: Annotated[bool, Opt("--figure", help="Also draw the three-panel figure (PNG and PDF).")] = False,
+) -> None:
+    """Report an experiment: medians, paired ratios, % change with t and bootstrap intervals, figure."""
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.report import write_report
+
+    try:
+        files = write_report(comparison, output, figure=figure)
+    except UsageError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+    typer.echo("wrote " + ", ".join(str(f) for f in files))
 
 
 def main() -> None:

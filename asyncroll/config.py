@@ -17,13 +17,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from asyncroll.errors import UsageError
 
 PolicyName = Literal[
-    "sync", "fifo", "tool_first", "gpu_first", "asyncroll", "asyncroll_seed", "asyncroll_guarded"
+    "sync",
+    "fifo",
+    "tool_first",
+    "gpu_first",
+    "asyncroll",
+    "asyncroll_seed",
+    "asyncroll_guarded",
+    "asyncroll_unlock",
 ]
 BackendName = Literal["scripted", "vllm", "openai"]
+ServerKind = Literal["vllm", "sglang", "transformers", "generic"]
 
 #: Backends whose implementation has landed. The others are accepted by the parser and refused with a
 #: clear message, so that no flag pretends to work.
-AVAILABLE_BACKENDS = ("scripted",)
+AVAILABLE_BACKENDS = ("scripted", "vllm", "openai")
 DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
 
 
@@ -69,16 +77,37 @@ class RunConfig(BaseModel):
     aging_weight: float = Field(default=0.02, ge=0)
     nvtx: bool = False
     dedicated_gpu: bool = False
-    progress: bool | None = None
+    progress: bool | None = None  # None: on when stderr is a terminal; False: off (--no-progress)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # 0: any free port (see run.json)
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
     tool_errors: Literal["fail", "observe"] = "fail"
+    allow_weak_isolation: bool = False
+    # HTTP backends (SPEC §7). server_kind None: vllm for --backend vllm, probed for --backend openai.
+    replay: bool = False
+    server_kind: ServerKind | None = None
+    max_retries: int = Field(default=0, ge=0, le=20)
+    retry_max_delay: float = Field(default=8.0, gt=0)
+    circuit_failures: int = Field(default=5, ge=0)
+    server_down_timeout: float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         problems: list[str] = []
         if self.backend != "scripted" and not self.model:
             problems.append(f"--model is required with --backend {self.backend}")
+        if self.backend == "scripted":
+            http_only = {
+                "--replay": self.replay,
+                "--server-kind": self.server_kind is not None,
+                "--max-retries": self.max_retries > 0,
+            }
+            given = [flag for flag, used in http_only.items() if used]
+            if given:
+                problems.append(f"{', '.join(given)} only apply to HTTP backends (--backend vllm|openai)")
         if not self.telemetry and (self.metrics_url or self.nvml_device is not None):
             problems.append("--no-telemetry conflicts with --metrics-url/--nvml-device")
+        if self.metrics_url is not None and not self.metrics_url.startswith(("http://", "https://")):
+            problems.append(f"--metrics-url {self.metrics_url!r}: must be an http:// or https:// URL")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -108,18 +137,12 @@ class RunConfig(BaseModel):
     def unavailable_features(self) -> list[str]:
         """Flags that parse but whose feature has not landed yet: each refused with its reason."""
         out: list[str] = []
-        if self.backend not in AVAILABLE_BACKENDS:
-            out.append(f"--backend {self.backend} is not available yet (the HTTP backend has not landed)")
-        if self.metrics_url is not None:
-            out.append("--metrics-url is not available yet (vLLM metrics telemetry has not landed)")
-        if self.nvml_device is not None:
-            out.append("--nvml-device is not available yet (NVML telemetry has not landed)")
         if self.nvtx:
-            out.append("--nvtx is not available yet (NVTX ranges have not landed)")
-        if self.progress:
-            out.append("--progress is not available yet (the live progress line has not landed)")
-        if self.dedicated_gpu:
-            out.append("--dedicated-gpu is not available yet (GPU-hour accounting has not landed)")
+            from asyncroll.telemetry.nvtx import nvtx_missing
+
+            missing = nvtx_missing()
+            if missing is not None:
+                out.append(missing)
         return out
 
 

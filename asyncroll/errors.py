@@ -61,13 +61,32 @@ class WorkerDied(WorkerError):
 class ModelError(AsyncrollError):
     """A model request failed (transport, timeout, HTTP status or invalid action)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        response_received: bool | None = None,
+        parse_s: float | None = None,
+        attempts: int = 1,
+    ) -> None:
+        """``kind`` classifies the failure (``transport``, ``timeout``, ``http_status``, ``bad_response``,
+        ``schema_rejected``, ``invalid_action``, ...). HTTP backends also say what they saw: the status
+        code, whether a complete response arrived, the seconds spent parsing it, and how many attempts
+        were made (retries included)."""
         self.kind = kind
+        self.status = status
+        self.response_received = response_received
+        self.parse_s = parse_s
+        self.attempts = attempts
         super().__init__(message)
 
 
 class InvalidActionError(ModelError):
     """The model's response did not parse or validate as an action."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__("invalid_action", message)
+    def __init__(self, message: str, *, status: int | None = None, parse_s: float | None = None) -> None:
+        super().__init__(
+            "invalid_action", message, status=status, response_received=status is not None, parse_s=parse_s
+        )

@@ -89,6 +89,7 @@ class TrajectoryFinished(Event):
     duration_s: float
     correct: bool | None = None
     error: str | None = None
+    generations: int | None = None  # one-repair problems: programs evaluated (2 = a repair was tried)
 
 
 # --- model requests ------------------------------------------------------------------------------------
@@ -125,6 +126,22 @@ class ModelFailed(Event):
     turn: int
     latency_s: float
     kind: str
+    error: str
+    status: int | None = None
+    response_received: bool | None = None
+    parse_s: float | None = None
+    attempts: int = 1
+
+
+class ModelRetrying(Event):
+    """An HTTP model request attempt failed with a retryable error; another follows after ``delay_s``."""
+
+    event: Literal["model_retrying"] = "model_retrying"
+    turn: int
+    attempt: int
+    kind: str
+    status: int | None = None
+    delay_s: float
     error: str
 
 
@@ -208,6 +225,52 @@ class CpuFailed(Event):
     error: str
 
 
+# --- telemetry -----------------------------------------------------------------------------------------
+
+TelemetrySource = Literal["server_metrics", "nvml"]
+
+
+class SourceStatus(BaseModel):
+    """One telemetry source as the probe found it: usable or not, and why not."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    source: TelemetrySource
+    available: bool
+    reason: str | None = None
+    collection_s: float | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResourceProbe(Event):
+    """Which telemetry sources answered before the measurement clock started (``t`` < 0)."""
+
+    event: Literal["resource_probe"] = "resource_probe"
+    interval_s: float
+    sources: list[SourceStatus]
+
+
+class ResourceSample(Event):
+    """One telemetry sample. A value a source did not give is null, and ``nulls`` says why
+    (``missing``, ``invalid`` or ``error``); ``collection_s`` is each source's read time."""
+
+    event: Literal["resource_sample"] = "resource_sample"
+    seq: int
+    server_running: float | None = None
+    server_waiting: float | None = None
+    kv_cache_usage: float | None = None
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    counter_resets: int = 0
+    gpu_util_pct: float | None = None
+    gpu_mem_util_pct: float | None = None
+    gpu_mem_used_bytes: int | None = None
+    gpu_mem_total_bytes: int | None = None
+    collection_s: dict[str, float] = Field(default_factory=dict)
+    nulls: dict[str, str] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+    late_s: float = 0.0
+
+
 AnyEvent = Annotated[
     MeasurementStarted
     | MeasurementFinished
@@ -219,11 +282,14 @@ AnyEvent = Annotated[
     | ModelStarted
     | ModelFinished
     | ModelFailed
+    | ModelRetrying
     | CpuEnqueued
     | CpuSelected
     | CpuStarted
     | CpuFinished
-    | CpuFailed,
+    | CpuFailed
+    | ResourceProbe
+    | ResourceSample,
     Field(discriminator="event"),
 ]
 

@@ -49,11 +49,22 @@ class Counts(BaseModel):
     unfinished: int
 
 
+class OneRepair(BaseModel):
+    evaluated: int
+    passed_first: int
+    repairs_attempted: int
+    passed_after_repair: int
+    pass_rate_first: float | None
+    pass_rate_final: float | None
+    repair_success_rate: float | None
+
+
 class Accuracy(BaseModel):
     exact: float | None
     correct: int
     denominator: int
     ungraded: int
+    one_repair: OneRepair | None = None
 
 
 class PredictionQuality(BaseModel):
@@ -85,6 +96,30 @@ class Bounds(BaseModel):
     totals: dict[str, float]
 
 
+class Resources(BaseModel):
+    """Coverage-aware resource metrics (MEASUREMENT.md): every estimate with its coverage, null if none."""
+
+    interval_s: float | None
+    max_gap_s: float | None
+    windows: dict[str, int]
+    server_coverage_s: float
+    server_coverage_fraction: float | None
+    gpu_coverage_s: float
+    joint_coverage_s: float
+    joint_coverage_fraction: float | None
+    client_cpu_blocked_s: float
+    blocked_in_server_coverage_s: float
+    blocked_in_joint_coverage_s: float
+    sampled_starvation_s: float | None
+    sampled_starvation_fraction_of_coverage: float | None
+    sampled_starvation_coverage_s: float
+    sampled_starvation_reason: str | None
+    cpu_idle_candidate_s: float | None
+    cpu_idle_candidate_fraction_of_coverage: float | None
+    cpu_idle_candidate_coverage_s: float
+    cpu_idle_candidate_reason: str | None
+
+
 class SummaryModel(_Open):
     schema_version: int
     status: Literal["complete", "failed", "interrupted"]
@@ -105,6 +140,8 @@ class SummaryModel(_Open):
     client_cpu_blocked: dict[str, float | int | str | None]
     peaks: dict[str, int]
     cpu_cost: dict[str, float | str | None]
+    telemetry: dict[str, Any]
+    resources: Resources
 
 
 def schemas() -> dict[str, Any]:

@@ -26,10 +26,18 @@ BUILTIN_TOOLS: dict[str, dict[str, str]] = {
     "add": {"a": "number", "b": "number"},
     "sleep_ms": {"milliseconds": "number"},
     "spin_ms": {"milliseconds": "number"},
+    # The model supplies only ``code``; the runtime binds ``tests``/``func_name`` from hidden metadata.
+    "lcb_evaluate": {"code": "str"},
 }
 #: Built-ins named by the spec whose implementation has not landed yet.
-PENDING_BUILTINS = {"lcb_evaluate": "the sandboxed code evaluator has not landed yet"}
+PENDING_BUILTINS: dict[str, str] = {}
 MAX_REPORTED_PROBLEMS = 200
+#: The built-in evaluator of the one-repair protocol, and the default text of its repair turn.
+EVALUATOR_TOOL = "lcb_evaluate"
+DEFAULT_REPAIR_INSTRUCTION = (
+    "Your program did not pass the tests; the first failing test is shown below. Return a corrected, "
+    "complete Python 3 program."
+)
 
 
 class _Strict(BaseModel):
@@ -57,6 +65,8 @@ class SubmitAction(_Strict):
     code: str
     latency_ms: float | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=1)
+    cpu_ms: float | None = Field(default=None, ge=0, description="declared evaluation time (simulation only)")
+    passes: bool | None = Field(default=None, description="declared verdict (simulation only)")
 
 
 Action = Annotated[ToolAction | FinalAction | SubmitAction, Field(discriminator="type")]
@@ -103,6 +113,36 @@ class Problem(_Strict):
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    @property
+    def one_repair(self) -> OneRepair | None:
+        """The code-evaluation protocol's settings (validated by the loader), or None."""
+        if self.protocol != "one_repair":
+            return None
+        meta = self.metadata
+        prompt_meta = meta["prompt_metadata"]
+        return OneRepair(
+            tests=meta["reference_tests"],
+            func_name=meta.get("func_name"),
+            max_generations=prompt_meta.get("max_generations", 2),
+            repair_instruction=prompt_meta.get("repair_instruction", DEFAULT_REPAIR_INSTRUCTION),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OneRepair:
+    """Submit → evaluate → on failure one repair turn with the feedback → evaluate (SPEC §2, §5).
+
+    ``tests`` are hidden: they go to the evaluator as bound arguments, never into a prompt or a result."""
+
+    tests: list[dict[str, Any]]
+    func_name: str | None
+    max_generations: int
+    repair_instruction: str
+
+    @property
+    def test_bytes(self) -> int:
+        return sum(len(t.get("input", "")) for t in self.tests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +249,35 @@ def _check_problem(problem: Problem, tool_root: Path, scripted: bool) -> list[tu
         elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":
             out.append((f"{where}.type", "'submit' needs metadata.prompt_metadata.protocol == 'one_repair'"))
     if problem.protocol == "one_repair":
-        out.append(
-            (
-                "metadata.prompt_metadata.protocol",
-                "the one-repair protocol is not available yet (the code evaluator has not landed)",
-            )
-        )
+        out.extend(_check_one_repair(problem))
+    return out
+
+
+def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    evaluator = problem.tool(EVALUATOR_TOOL)
+    if evaluator is None or evaluator.implementation is not None:
+        out.append(("tools", f"the one-repair protocol needs the built-in tool {EVALUATOR_TOOL!r}"))
+    meta = problem.metadata
+    tests = meta.get("reference_tests")
+    if not isinstance(tests, list) or not tests:
+        out.append(("metadata.reference_tests", "the one-repair protocol needs a non-empty list of tests"))
+    else:
+        for i, test in enumerate(tests):
+            if not (isinstance(test, dict) and isinstance(test.get("input"), str)):
+                out.append((f"metadata.reference_tests[{i}]", "must be an object with a string 'input'"))
+            elif not isinstance(test.get("output"), str):
+                out.append((f"metadata.reference_tests[{i}].output", "must be a string"))
+    func_name = meta.get("func_name")
+    if func_name is not None and not (isinstance(func_name, str) and func_name.isidentifier()):
+        out.append(("metadata.func_name", "must be a Python identifier (the Solution method to call)"))
+    prompt_meta = meta["prompt_metadata"]
+    generations = prompt_meta.get("max_generations", 2)
+    if not isinstance(generations, int) or isinstance(generations, bool) or not 1 <= generations <= 10:
+        out.append(("metadata.prompt_metadata.max_generations", "must be an integer from 1 to 10"))
+    instruction = prompt_meta.get("repair_instruction", DEFAULT_REPAIR_INSTRUCTION)
+    if not isinstance(instruction, str):
+        out.append(("metadata.prompt_metadata.repair_instruction", "must be a string"))
     return out
 
 

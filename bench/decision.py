@@ -1,6 +1,6 @@
 """Decision overhead of the pressure-aware policy: one ``choose()`` with 64 queued jobs (predictions for
 the whole queue included, as the dispatcher computes them, in the worst case: none cached, as right
-after a refit) and one predictor refit, with a predictor
+after a refit) of the default rule (`asyncroll`) and one predictor refit, with a predictor
 warmed on 500 observations. Median over many calls; min/median/max over repeats.
 
 Run: ``python -m bench.decision [--repeats 5]``.
@@ -13,9 +13,8 @@ import random
 import statistics
 import time
 
-from asyncroll.policies import JobView, QueueSnapshot
+from asyncroll.policies import JobView, QueueSnapshot, get_policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
-from asyncroll.policies.pressure import PressurePolicy
 from bench.common import machine, quantiles
 
 
@@ -39,7 +38,7 @@ def one_repeat(seed: int, calls: int = 2000) -> tuple[float, float, float, float
         )
         for i in range(64)
     )
-    policy = PressurePolicy()
+    policy = get_policy("asyncroll")  # the default rule
     predictor.predict(queue)  # fit once, cache the queue's feature rows
     choose, predict_only = [], []
     for _ in range(calls):

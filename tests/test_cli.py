@@ -116,10 +116,10 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
         (["--cpu-workers", "0"], "--cpu-workers: Input should be greater than or equal to 1"),
         (["--max-active-trajectories", "-1"], "--max-active-trajectories"),
         (["--backend", "vllm"], "--model is required with --backend vllm"),
-        (["--backend", "vllm", "--model", "m"], "--backend vllm is not available yet"),
+        (["--max-retries", "1"], "--max-retries only apply to HTTP backends"),
         (["--policy", "lifo"], "--policy: Input should be"),
         (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),
-        (["--nvtx"], "--nvtx is not available yet"),
+        (["--metrics-url", "localhost:8000/metrics"], "must be an http:// or https:// URL"),
     ],
 )
 def test_invalid_settings_are_refused_before_anything_starts(

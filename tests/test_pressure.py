@@ -18,6 +18,7 @@ from tests.conftest import VirtualRun
 
 SEED = PressurePolicy("asyncroll_seed")
 GUARDED = PressurePolicy("asyncroll_guarded", tail_guard=True)
+UNLOCK = PressurePolicy("asyncroll_unlock", unlock=True)
 
 
 def snap(
@@ -26,6 +27,7 @@ def snap(
     threshold: int = 4,
     now: float = 100.0,
     pending: bool = True,
+    workers: int = 1,
 ) -> QueueSnapshot:
     """Jobs as (kind, predicted seconds, waited seconds), oldest first."""
     views = tuple(
@@ -33,7 +35,7 @@ def snap(
         for i, (kind, _, waited) in enumerate(jobs)
     )
     predictions = tuple(Prediction(pred, "ridge") for _, pred, _ in jobs)
-    return QueueSnapshot(now, views, outstanding, 4, 1, predictions, threshold, pending)
+    return QueueSnapshot(now, views, outstanding, 4, 1, predictions, threshold, pending, workers)
 
 
 def test_hard_aging_wins_over_everything() -> None:
@@ -75,8 +77,31 @@ def test_tail_guard_prefers_the_longest_job_only_in_the_tail() -> None:
     assert SEED.choose(snap(*jobs, pending=False)).job_id == 1
 
 
+def test_unlock_ranks_grade_jobs_by_time_while_admission_waits_and_last_in_the_tail() -> None:
+    jobs = (("tool", 2.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
+    pending = UNLOCK.choose(snap(*jobs, pending=True))
+    assert (pending.job_id, pending.reason, pending.eligible) == (
+        2,
+        "low_model_supply_predicted_unlock",
+        True,
+    )
+    assert UNLOCK.choose(snap(*jobs, pending=False)).job_id == 3  # the grade frees a slot nobody needs
+    assert SEED.choose(snap(*jobs, pending=True)).job_id == 3  # the seed ranks grades last always
+
+
+def test_unlock_hard_ages_relative_to_the_predicted_queue_drain() -> None:
+    # Queue drains in (4 + 1 + 1) ÷ 2 workers = 3 s; twice that is 6 s < the absolute 30 s.
+    jobs = (("tool", 4.0, 6.5), ("tool", 1.0, 1), ("tool", 1.0, 0.5))
+    aged = UNLOCK.choose(snap(*jobs, workers=2))
+    assert (aged.job_id, aged.reason, aged.eligible) == (1, "hard_starvation_fifo", False)
+    fresh = UNLOCK.choose(snap(("tool", 4.0, 5.5), *jobs[1:], workers=2))
+    assert fresh.job_id == 2 and fresh.eligible
+    assert SEED.choose(snap(*jobs, workers=2)).job_id == 2  # the seed ages only at 30 s
+
+
 def test_registry_names() -> None:
-    assert get_policy("asyncroll").name == "asyncroll_seed"
+    assert get_policy("asyncroll").name == "asyncroll_unlock"
+    assert get_policy("asyncroll_seed") == SEED
     policy = get_policy("asyncroll_guarded", aging_seconds=5, aging_weight=0.1)
     assert isinstance(policy, PressurePolicy) and policy.tail_guard and policy.aging_seconds == 5
 
@@ -191,7 +216,7 @@ def test_hard_aging_in_the_runtime(virtual_run: VirtualRun) -> None:
         problems,
         simulate_tools=True,
         tool_files=files,
-        policy="asyncroll",
+        policy="asyncroll_seed",  # absolute aging only (the unlock rule also ages relative to the queue)
         aging_seconds=0.5,
         max_active_trajectories=16,
         cpu_workers=1,
@@ -204,7 +229,7 @@ def test_hard_aging_in_the_runtime(virtual_run: VirtualRun) -> None:
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 60
 
 
-@pytest.mark.parametrize("policy", ["asyncroll_seed", "asyncroll_guarded"])
+@pytest.mark.parametrize("policy", ["asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock"])
 def test_pressure_policies_complete_everything(virtual_run: VirtualRun, policy: str) -> None:
     problems, files = _synthetic(40)
     outcome, _, _ = virtual_run(problems, simulate_tools=True, tool_files=files, policy=policy, max_turns=6)

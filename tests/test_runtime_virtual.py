@@ -131,7 +131,13 @@ def test_dispatch_order_by_policy(
     assert contested.reason == reason
     assert contested.reordered is reordered
     assert outcome.summary is not None
-    assert outcome.summary["accuracy"] == {"exact": 1.0, "correct": 1, "denominator": 1, "ungraded": 2}
+    assert outcome.summary["accuracy"] == {
+        "exact": 1.0,
+        "correct": 1,
+        "denominator": 1,
+        "ungraded": 2,
+        "one_repair": None,
+    }
     assert outcome.summary["scheduler"]["reorders"] == int(reordered)
 
 

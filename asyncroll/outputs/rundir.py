@@ -55,7 +55,8 @@ class RunDirectory:
 
 def export(out: Path) -> dict[str, Any]:
     """trace.json and timeline.html from one pass over events.jsonl; a failed export is recorded, never
-    fatal: the run's data is safe."""
+    fatal: the run's data is safe. ``asyncroll timeline RUN_DIR`` calls this again after the fact (an
+    interrupted run, or a run written by an older version). ``bench/export.py`` times it."""
     exports: dict[str, Any] = {}
     began = time.perf_counter()
     try:

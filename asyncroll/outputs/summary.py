@@ -25,11 +25,14 @@ from asyncroll.events import (
     ModelFailed,
     ModelFinished,
     ModelStarted,
+    ResourceProbe,
+    ResourceSample,
     TrajectoryFinished,
     TrajectoryStarted,
     WorkerRestarting,
 )
 from asyncroll.outputs.blocked import BlockedMeter
+from asyncroll.outputs.resources import ResourceMeter, gpu_hour
 
 SUMMARY_SCHEMA_VERSION = 1
 
@@ -79,6 +82,7 @@ class SummaryBuilder:
         self.status: Counter[str] = Counter()
         self.graded = 0
         self.correct = 0
+        self.code: Counter[str] = Counter()  # one-repair outcomes: passed/failed after 1 or 2 programs
         self.model_finished = 0
         self.model_failed: Counter[str] = Counter()
         self.tool_calls = 0
@@ -91,6 +95,7 @@ class SummaryBuilder:
         self.reasons: Counter[str] = Counter()
         self.restarts: Counter[str] = Counter()
         self.blocked = BlockedMeter()
+        self.resources = ResourceMeter(self.blocked)  # telemetry samples × blocked intervals
         # Predictions joined to actual execute times by job id (entries live only while a job does).
         self._resubmission: dict[int, bool] = {}
         self._predicted: dict[int, tuple[float, bool]] = {}
@@ -128,6 +133,8 @@ class SummaryBuilder:
             TrajectoryStarted: self._trajectory_started,
             TrajectoryFinished: self._trajectory_finished,
             WorkerRestarting: self._worker_restarting,
+            ResourceProbe: self.resources.on_probe,
+            ResourceSample: self.resources.on_sample,
         }
 
     def __call__(self, event: Event) -> None:
@@ -207,6 +214,28 @@ class SummaryBuilder:
         if event.correct is not None:
             self.graded += 1
             self.correct += event.correct
+        if event.generations is not None:
+            self.code[f"{'passed' if event.correct else 'failed'}_after_{min(event.generations, 2)}"] += 1
+
+    def _one_repair(self) -> dict[str, Any] | None:
+        """Code problems: pass rate on the first program and after the one repair (denominator: every
+        evaluated code trajectory; a trajectory that failed before any verdict is not in it)."""
+        code = self.code
+        evaluated = sum(code.values())
+        if not evaluated:
+            return None
+        first = code["passed_after_1"]
+        repaired = code["passed_after_2"]
+        attempted = repaired + code["failed_after_2"]
+        return {
+            "evaluated": evaluated,
+            "passed_first": first,
+            "repairs_attempted": attempted,
+            "passed_after_repair": repaired,
+            "pass_rate_first": _ratio(first, evaluated),
+            "pass_rate_final": _ratio(first + repaired, evaluated),
+            "repair_success_rate": _ratio(repaired, attempted),
+        }
 
     def _worker_restarting(self, event: WorkerRestarting) -> None:
         self.restarts[event.reason] += 1
@@ -257,7 +286,9 @@ class SummaryBuilder:
         peaks: dict[str, int],
         status: str,
         model_capacity: int | None = None,
+        dedicated_gpu: bool = False,
     ) -> dict[str, Any]:
+        """``dedicated_gpu``: the user declared one GPU allocated to this run (``completed_per_gpu_hour``)."""
         finished = sum(self.status.values())
         completed = self.status["completed"]
         s = self.samples
@@ -293,14 +324,14 @@ class SummaryBuilder:
             "throughput": {
                 "completed_per_wall_hour": _ratio(completed, hours),
                 "trajectories_per_wall_hour": _ratio(finished, hours),
-                "completed_per_gpu_hour": None,
-                "completed_per_gpu_hour_reason": "only computed with --dedicated-gpu",
+                **gpu_hour(completed, makespan_s, dedicated_gpu),
             },
             "accuracy": {
                 "exact": _ratio(self.correct, self.graded),
                 "correct": self.correct,
                 "denominator": self.graded,
                 "ungraded": finished - self.graded,
+                "one_repair": self._one_repair(),
             },
             "model": {
                 "requests": self.model_finished + sum(self.model_failed.values()),
@@ -350,4 +381,6 @@ class SummaryBuilder:
             },
             "peaks": peaks,
             "cpu_cost": cpu_cost,
+            "telemetry": self.resources.telemetry(),
+            "resources": self.resources.build(makespan_s),
         }

@@ -18,11 +18,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from asyncroll.outputs.trace import COUNTER_LABELS, Activity, Span, Track, collect_activity, write_atomic
+from asyncroll.outputs.trace import (
+    COUNTER_LABELS,
+    RESOURCE_LABELS,
+    Activity,
+    Span,
+    Track,
+    collect_activity,
+    write_atomic,
+)
 
 MAX_SPANS = 20_000
 MAX_INSTANTS = 20_000
 MAX_TRAJECTORY_ROWS = 4_000
+SHARED_FIRST_ABOVE = 200  # trajectory rows beyond which workers and request slots are drawn on top
 MAX_COUNTER_POINTS = 4_000
 MAX_BARS = 30_000
 BUCKETS = 1_000  # at full view, spans closer than 1/BUCKETS of the run merge when down-sampled
@@ -87,45 +96,103 @@ def _header(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> list[l
         ],
         ["makespan", _fmt(makespan, " s")],
         ["reorders", f"{_fmt(sched.get('reorders'))} of {_fmt(sched.get('decisions'))} scheduler decisions"],
+        ["sampled starvation", _starvation(_sub(summary, "resources"), makespan)],
     ]
 
 
-def _telemetry(summary: dict[str, Any]) -> list[list[str]] | None:
-    """Flattened telemetry entries, or None when the run had no telemetry source."""
-    tele = summary.get("telemetry")
-    sources = tele.get("sources", True) if isinstance(tele, dict) else None
-    if not isinstance(tele, dict) or not tele or not sources or tele.get("enabled") is False:
-        return None
-    out: list[list[str]] = []
+def _pct(x: Any) -> str:
+    return "unknown" if not isinstance(x, int | float) else f"{100 * x:.1f}%"
 
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and value:
-            for key, sub in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), sub)
-        else:
-            out.append([prefix, _fmt(value) if not isinstance(value, list) else json.dumps(value)[:200]])
 
-    walk("", tele)
-    return out[:80]
+def _starvation(res: dict[str, Any], makespan: Any) -> str:
+    """Sampled model starvation with the coverage it was measured on, or why it is unknown."""
+    if not res:
+        return "unknown (no resources section in summary.json)"
+    seconds = res.get("sampled_starvation_s")
+    if seconds is None:
+        return f"unknown: {res.get('sampled_starvation_reason') or 'no covered server window'}"
+    covered = res.get("sampled_starvation_coverage_s")
+    return (
+        f"{_fmt(seconds, ' s')} = {_pct(res.get('sampled_starvation_fraction_of_coverage'))} of"
+        f" {_fmt(covered, ' s')} covered by server samples"
+        f" (coverage {_pct(res.get('server_coverage_fraction'))} of the {_fmt(makespan, ' s')} makespan)"
+    )
+
+
+def _telemetry(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """Which telemetry sources were available, and why not: from the run's ``resource_probe`` event (or the
+    receipt's copy), plus the sample counts and null reasons of ``summary.json``."""
+    receipt, tele = _sub(run, "telemetry"), _sub(summary, "telemetry")
+    probed = a.telemetry_sources
+    if probed is None and isinstance(receipt.get("sources"), list):
+        probed = [s for s in receipt["sources"] if isinstance(s, dict)]
+    sources = [
+        [
+            str(s.get("source")),
+            "available" if s.get("available") else "unavailable",
+            "" if s.get("available") else str(s.get("reason") or "no reason recorded"),
+        ]
+        for s in probed or []
+    ]
+    note = receipt.get("note") or tele.get("note")
+    if not sources and not note:
+        note = "no telemetry probe recorded in this run (an older run, or it stopped before the probe)"
+    if receipt.get("requested") is False:
+        note = "telemetry off (--no-telemetry)"
+    lines = [["samples", _fmt(tele.get("samples", a.resource_samples))]]
+    if tele.get("interval_s") is not None:
+        lines.append(["interval", _fmt(tele["interval_s"], " s")])
+    for name, detail in _sub(tele, "sources").items():  # what the probe learned of each source
+        for key, value in (detail if isinstance(detail, dict) else {}).items():
+            if value is None:  # e.g. no reason for an available source
+                continue
+            text = json.dumps(value)[:200] if isinstance(value, list | dict) else _fmt(value)
+            lines.append([f"{name}.{key}", text])
+    for name, value in _sub(tele, "values").items():
+        lines.append([f"mean {name}", json.dumps(value)[:200] if isinstance(value, dict) else _fmt(value)])
+    if tele.get("counter_resets"):
+        lines.append(["counter resets", _fmt(tele["counter_resets"])])
+    nulls = tele.get("nulls")
+    if isinstance(nulls, dict) and nulls:
+        lines.append(
+            ["null values", "; ".join(f"{k}: {json.dumps(v)}" for k, v in list(nulls.items())[:12])[:400]]
+        )
+    if tele.get("errors"):
+        lines.append(["sampling errors", _fmt(tele["errors"])])
+    drawn = [RESOURCE_LABELS[k] for k in RESOURCE_LABELS if a.counters.get(k)]
+    lines.append(["drawn as counters", ", ".join(drawn) or "none (no sample carried a value)"])
+    return {"sources": sources, "note": note, "lines": lines[:60]}
 
 
 def _rows(a: Activity) -> tuple[list[list[Any]], dict[Track, int], int]:
-    """Row labels (label, group) and the row of every track; huge runs put several trajectories per row."""
+    """Row labels (label, group) and the row of every track; huge runs put several trajectories per row.
+
+    Trajectories come first, then workers, request slots and the scheduler; past ``SHARED_FIRST_ABOVE``
+    trajectory rows the shared tracks go on top, where they are seen without scrolling past thousands of rows.
+    """
     per = max(1, math.ceil(len(a.trajectories) / MAX_TRAJECTORY_ROWS))
-    rows: list[list[Any]] = []
-    index: dict[Track, int] = {}
+    traj_rows: list[list[Any]] = []
+    traj_index: dict[Track, int] = {}
     for i, tid in enumerate(a.trajectories):
         if i % per == 0:
             last = min(i + per, len(a.trajectories))
             label = "(no trajectory)" if tid is None else str(tid)
-            rows.append([label if per == 1 else f"trajectories {i + 1}-{last}", 0])
-        index[("trajectory", tid)] = len(rows) - 1
+            traj_rows.append([label if per == 1 else f"trajectories {i + 1}-{last}", 0])
+        traj_index[("trajectory", tid)] = len(traj_rows) - 1
     tracks = [("worker", w) for w in sorted(a.workers)] + [("model", n) for n in range(a.model_lanes)]
+    shared_rows: list[list[Any]] = []
+    shared_index: dict[Track, int] = {}
     for kind, key in [*tracks, ("scheduler", 0)]:
-        index[(kind, key)] = len(rows)
+        shared_index[(kind, key)] = len(shared_rows)
         label = {"worker": f"worker {key}", "model": f"request slot {key}"}.get(kind, "scheduler")
-        rows.append([label, {"worker": 1, "model": 2}.get(kind, 3)])
-    return rows, index, per
+        shared_rows.append([label, {"worker": 1, "model": 2}.get(kind, 3)])
+    if len(traj_rows) > SHARED_FIRST_ABOVE:
+        first, then = (shared_rows, shared_index), (traj_rows, traj_index)
+    else:
+        first, then = (traj_rows, traj_index), (shared_rows, shared_index)
+    offset = len(first[0])
+    index = first[1] | {track: row + offset for track, row in then[1].items()}
+    return first[0] + then[0], index, per
 
 
 def _aggregate(
@@ -160,9 +227,9 @@ def _aggregate(
         gap *= 2
 
 
-def _thin(series: list[tuple[float, int]], t0: float) -> list[list[int]]:
+def _thin(series: list[tuple[float, float]], t0: float) -> list[list[float]]:
     """Counter points in µs since ``t0``; long series keep each bucket's maximum and its last value."""
-    us = [[round((t - t0) * 1e6), v] for t, v in series]
+    us: list[list[float]] = [[round((t - t0) * 1e6), v] for t, v in series]
     if len(us) <= MAX_COUNTER_POINTS:
         return us
     step, out = math.ceil(len(us) / (MAX_COUNTER_POINTS // 2)), []
@@ -170,6 +237,19 @@ def _thin(series: list[tuple[float, int]], t0: float) -> list[list[int]]:
         chunk = us[i : i + step]
         out += [[chunk[0][0], max(v for _, v in chunk)], chunk[-1]]
     return out
+
+
+def _window(a: Activity) -> list[float]:
+    """The measured window in seconds after ``t_min``: the page opens on it (worker start-up before the
+    clock can be seconds long and would squeeze the run into a sliver); the whole run is a click away."""
+    starts = [s.start for s in a.instants if s.name == "measurement started"]
+    lo = starts[0] if starts else a.t_min
+    makespan = a.run.get("makespan_s")  # measurement_finished comes after cleanup; the makespan does not
+    hi = lo + makespan if isinstance(makespan, int | float) and makespan > 0 else a.t_max
+    hi = min(a.t_max, hi + 0.02 * (hi - lo))  # a little air after the last span
+    if hi <= lo:
+        lo, hi = a.t_min, a.t_max
+    return [round(lo - a.t_min, 6), round(max(hi - a.t_min, lo - a.t_min + 1e-6), 6)]
 
 
 def timeline_data(run_dir: Path, activity: Activity | None = None) -> dict[str, Any]:
@@ -214,9 +294,10 @@ def timeline_data(run_dir: Path, activity: Activity | None = None) -> dict[str, 
     return {
         "header": _header(a, run, summary),
         "notes": notes,
-        "telemetry": _telemetry(summary),
+        "telemetry": _telemetry(a, run, summary),
         "t0": t0,
         "t1": a.t_max,
+        "window": _window(a),
         "cats": CATS,
         "states": STATES,
         "groups": ["trajectories", "workers", "model request slots", "scheduler"],
@@ -238,7 +319,9 @@ def timeline_data(run_dir: Path, activity: Activity | None = None) -> dict[str, 
             [index[s.track], round((s.start - t0) * 1e6), s_id(s.cat), STATES.index(s.state), s_id(s.label)]
             for s in instants
         ],
-        "counters": [[COUNTER_LABELS[k], _thin(v, t0)] for k, v in a.counters.items()],
+        "counters": [
+            [COUNTER_LABELS.get(k) or RESOURCE_LABELS[k], _thin(v, t0)] for k, v in a.counters.items() if v
+        ],
         "strings": list(strings),
         "total_spans": len(a.spans),
     }
@@ -269,16 +352,21 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0}dt{f
 #notes p{margin:2px 0;color:#555}#legend{margin:8px 0}.sw{display:inline-block;width:12px;height:10px;
 margin:0 4px 0 12px;border:1px solid #888}#wrap{max-height:70vh;overflow-y:auto;border:1px solid #ccc}
 canvas{display:block;cursor:grab}#cwrap{border:1px solid #ccc;border-top:0}.muted{color:#777}
+.ok{color:#2a7d2a}.bad{color:#b00}
 #tip{position:fixed;pointer-events:none;background:#fff;border:1px solid #999;padding:4px 6px;white-space:pre;
 display:none;font-size:12px;box-shadow:0 1px 4px #0003}td,th{text-align:left;padding:0 10px 0 0}
 </style></head><body>
 <h1>asyncroll timeline</h1><dl id="hdr"></dl><div id="notes"></div>
-<div id="legend"></div><p class="muted">wheel: zoom · drag: pan · double-click: reset · hover: details</p>
+<div id="legend"></div>
+<p class="muted"><button id="bwin" type="button">measured window</button>
+<button id="ball" type="button">whole run</button>
+wheel: zoom · drag: pan · double-click: measured window · hover: details</p>
 <div id="wrap"><canvas id="tl"></canvas></div><div id="cwrap"><canvas id="ct"></canvas></div>
-<h2>Telemetry</h2><div id="tele"></div><div id="tip"></div>
+<h2>Telemetry sources</h2><div id="tele"></div><div id="tip"></div>
 <script type="application/json" id="data">__DATA__</script>
 <script>
 "use strict";
+window.addEventListener("error", (e) => { document.body.dataset.error = String(e.message); });
 (() => {
 const D = JSON.parse(document.getElementById("data").textContent), $ = (i) => document.getElementById(i);
 const el = (tag, text, cls) => {
@@ -286,25 +374,34 @@ const el = (tag, text, cls) => {
   if (cls) e.className = cls; return e; };
 for (const [k, v] of D.header) $("hdr").append(el("dt", k), el("dd", v));
 for (const n of D.notes) $("notes").append(el("p", n));
-if (D.telemetry === null) $("tele").append(el("p", "no telemetry sources in this run", "muted"));
-else { const t = el("table"); $("tele").append(t);
-  for (const [k, v] of D.telemetry) { const r = el("tr"); r.append(el("th", k), el("td", v)); t.append(r); } }
+{ const T = D.telemetry, t = el("table");
+  if (T.note) $("tele").append(el("p", T.note, "muted"));
+  for (const [src, state, why] of T.sources) { const r = el("tr");
+    r.append(el("th", src), el("td", state, state === "available" ? "ok" : "bad"), el("td", why));
+    t.append(r); }
+  for (const [k, v] of T.lines) { const r = el("tr"); r.append(el("th", k), el("td", v)); t.append(r); }
+  $("tele").append(t); }
 const CAT = {trajectory: "#cde6cd", model_queue: "#f2cf8c", model: "#4c78a8", cpu_queue: "#d9b3e6",
   cpu: "#59a14f", execute: "#1f5f1a"};
 const ST = {failed: "#d62728", incomplete: "#ff7f0e", unmatched: "#c000c0"};
 const TRAJ = {ok: "#cde6cd", failed: "#f4b6b6", incomplete: "#ffd9a8", unmatched: "#c000c0"};
-const INST = {worker: "#8c564b", reorder: "#7b3fbf", measurement: "#000"};
-const COUNTER = ["#ff7f0e", "#4c78a8", "#59a14f"];
+const INST = {worker: "#8c564b", reorder: "#7b3fbf", measurement: "#000", retry: "#e377c2",
+  telemetry: "#17becf"};
+const COUNTER = ["#ff7f0e", "#4c78a8", "#59a14f", "#e15759", "#76b7b2", "#b07aa1", "#9c755f", "#edc948",
+  "#bab0ac", "#17becf"];
 const add = (color, label) => { const s = el("span", "", "sw"); s.style.background = color;
   $("legend").append(s, el("span", label)); };
 for (const c of D.cats.slice(1)) add(CAT[c], c.replace("_", " "));
-[[TRAJ.ok, "trajectory finished"], [TRAJ.failed, "trajectory failed"], [ST.failed, "failed span"],
+[[TRAJ.ok, "trajectory finished"], [TRAJ.failed, "trajectory failed"],
+ [TRAJ.incomplete, "trajectory incomplete"], [ST.failed, "failed span"],
  [ST.incomplete, "incomplete (no end)"], [ST.unmatched, "unmatched end"],
- [INST.worker, "worker ready/restart"], [INST.reorder, "scheduler reorder"]].forEach(([c, l]) => add(c, l));
-D.counters.forEach(([l], k) => add(COUNTER[k % 3], l));
+ [INST.worker, "worker ready/restart"], [INST.reorder, "scheduler reorder"], [INST.retry, "model retry"],
+ [INST.telemetry, "telemetry probe"]].forEach(([c, l]) => add(c, l));
+D.counters.forEach(([l], k) => add(COUNTER[k % COUNTER.length], l));
 const cv = $("tl"), cc = $("ct"), tip = $("tip"), LW = 180, NR = D.rows.length, TI = 0;
 const RH = Math.max(2, Math.min(16, Math.floor(8000 / Math.max(1, NR)))), SPAN = Math.max(D.t1 - D.t0, 1e-6);
-let v0 = 0, v1 = SPAN, drag = null, raf = 0;
+const W0 = D.window[0], W1 = D.window[1];
+let v0 = W0, v1 = W1, drag = null, raf = 0;
 const byRow = Array.from({length: NR}, () => []), barsByRow = Array.from({length: NR}, () => []);
 D.spans.forEach((s) => byRow[s[0]].push(s));
 D.bars.forEach((c) => barsByRow[c[0]].push(c));
@@ -319,7 +416,7 @@ const setup = (c, h) => { // size the backing store once per size change, capped
   return [g, w]; };
 const X = (t, w) => LW + (t - v0) / (v1 - v0) * (w - LW);
 function draw() {
-  const H = NR * RH + 2, [g, w] = setup(cv, H); let drawn = 0;
+  const began = performance.now(), H = NR * RH + 2, [g, w] = setup(cv, H); let drawn = 0;
   const rect = (a, b, y, h, color) => { const x0 = Math.max(LW, X(a, w)), x1 = Math.min(w, X(b, w));
     g.fillStyle = color; g.fillRect(x0, y, Math.max(1, x1 - x0), h); return [x0, Math.max(1, x1 - x0)]; };
   const ih = Math.max(1, (RH - 1) * 0.7), off = (RH - 1 - ih) / 2;
@@ -350,28 +447,37 @@ function draw() {
     g.beginPath(); g.moveTo(x, y); g.lineTo(x - 4, y + RH - 1); g.lineTo(x + 4, y + RH - 1); g.fill();
   }
   g.fillStyle = "#fff"; g.fillRect(0, 0, LW, H); g.textBaseline = "middle";
+  let lastLabel = -99; // thin rows: one label per group, skipped where it would overlap the previous one
   D.rows.forEach(([label, grp], r) => {
     const first = r === 0 || D.rows[r - 1][1] !== grp;
     if (first) { g.fillStyle = "#888"; g.fillRect(0, r * RH, w, 1); }
     g.fillStyle = "#222";
     if (RH >= 9) g.fillText(label.slice(0, 28), 4, r * RH + RH / 2);
-    else if (first) g.fillText(D.groups[grp], 4, r * RH + 6);
+    else if (first && r * RH - lastLabel >= 12) {
+      g.fillText(D.groups[grp], 4, r * RH + 6); lastLabel = r * RH; }
   });
-  document.body.dataset.rendered = String(drawn);
-  counters();
+  const ds = document.body.dataset;
+  ds.rendered = String(drawn); ds.rows = String(NR); ds.counters = String(counters());
+  ds.view = v0.toFixed(6) + "-" + v1.toFixed(6);
+  ds.drawms = (performance.now() - began).toFixed(1); // one frame's cost: the 100k-event budget
 }
-function counters() {
-  const H = 170, top = 8, bot = H - 22, [g, w] = setup(cc, H);
+function counters() { // one lane per counter, each scaled to its own maximum (stated in its label)
+  const LH = 34, top = 4, H = LH * D.counters.length + 26, bot = H - 22, [g, w] = setup(cc, H);
   g.fillStyle = "#222"; g.textBaseline = "middle";
   D.counters.forEach(([label, pts], k) => {
-    let mx = 1; for (const p of pts) mx = Math.max(mx, p[1]);
-    g.fillStyle = COUNTER[k % 3]; g.fillText(label + " (max " + mx + ")", 4, top + 8 + k * 16);
+    const color = COUNTER[k % COUNTER.length], y0 = top + k * LH, y1 = y0 + LH - 6;
+    let mx = 0; for (const p of pts) mx = Math.max(mx, p[1]);
+    g.fillStyle = "#eee"; g.fillRect(LW, y1, w - LW, 1);
+    g.fillStyle = color; g.fillText(label.slice(0, 30), 4, y0 + 9);
+    g.fillStyle = "#777"; g.fillText("max " + (+mx.toFixed(3)), 4, y0 + 21);
+    const sc = mx > 0 ? mx : 1;
     g.save(); g.beginPath(); g.rect(LW, 0, w - LW, H); g.clip();
-    g.strokeStyle = COUNTER[k % 3]; g.beginPath(); g.moveTo(LW, bot); let py = bot;
+    g.strokeStyle = color; g.beginPath(); let py = y1, started = false;
     for (const [us, v] of pts) {
-      const x = Math.max(LW - 5, Math.min(w + 5, X(us / 1e6, w))), y = bot - v / mx * (bot - top);
-      g.lineTo(x, py); g.lineTo(x, y); py = y; }
-    g.lineTo(w, py); g.stroke(); g.restore();
+      const x = Math.max(LW - 5, Math.min(w + 5, X(us / 1e6, w))), y = y1 - v / sc * (y1 - y0);
+      if (!started) { g.moveTo(x, y); started = true; } else { g.lineTo(x, py); g.lineTo(x, y); } py = y; }
+    if (started) { g.lineTo(w, py); g.stroke(); }
+    g.restore();
   });
   const span = v1 - v0; let step = Math.pow(10, Math.floor(Math.log10(span / 8)));
   if (span / step > 40) step *= 5; else if (span / step > 16) step *= 2;
@@ -380,6 +486,7 @@ function counters() {
     const x = X(t - D.t0, w); if (x < LW) continue;
     g.fillRect(x, bot, 1, 4); g.fillText(+t.toFixed(6) + " s", x, H - 8);
   }
+  return D.counters.length;
 }
 const redraw = () => { if (!raf) raf = requestAnimationFrame(() => { raf = 0; draw(); }); };
 const tAt = (e, c) => { const r = c.getBoundingClientRect();
@@ -391,13 +498,15 @@ for (const c of [cv, cc]) {
     v0 = tc - (tc - v0) * f; v1 = tc + (v1 - tc) * f; redraw(); }, {passive: false});
   c.addEventListener("mousedown", (e) => {
     drag = {x: e.clientX, v0, v1, w: c.getBoundingClientRect().width}; });
-  c.addEventListener("dblclick", () => { v0 = 0; v1 = SPAN; redraw(); });
+  c.addEventListener("dblclick", () => { v0 = W0; v1 = W1; redraw(); });
 }
 window.addEventListener("mousemove", (e) => { if (!drag) return; tip.style.display = "none";
   const dt = (e.clientX - drag.x) / (drag.w - LW) * (drag.v1 - drag.v0);
   v0 = drag.v0 - dt; v1 = drag.v1 - dt; redraw(); });
 window.addEventListener("mouseup", () => { drag = null; });
 window.addEventListener("resize", redraw);
+$("bwin").addEventListener("click", () => { v0 = W0; v1 = W1; redraw(); });
+$("ball").addEventListener("click", () => { v0 = 0; v1 = SPAN; redraw(); });
 cv.addEventListener("mousemove", (e) => {
   if (drag) return;
   const r = cv.getBoundingClientRect(), row = Math.floor((e.clientY - r.top) / RH), t = tAt(e, cv);
@@ -421,6 +530,10 @@ cv.addEventListener("mousemove", (e) => {
 });
 cv.addEventListener("mouseleave", () => { tip.style.display = "none"; });
 draw();
+document.body.dataset.firstdrawms = document.body.dataset.drawms;
+if (location.hash === "#redraws") { // a diagnostic for bench/export.py: the median of 9 more full redraws
+  const ms = []; for (let i = 0; i < 9; i++) { draw(); ms.push(+document.body.dataset.drawms); }
+  document.body.dataset.redrawms = String(ms.sort((a, b) => a - b)[4]); }
 })();
 </script></body></html>
 """

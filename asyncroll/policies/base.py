@@ -50,6 +50,7 @@ class QueueSnapshot:
     predictions: tuple[Prediction, ...] = ()  # aligned with ``jobs``
     starvation_threshold: int = 1
     admission_pending: bool = True  # a problem waits for an active slot (False: the batch's tail)
+    workers: int = 1  # the pool's size
 
     @property
     def oldest(self) -> JobView:

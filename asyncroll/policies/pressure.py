@@ -16,6 +16,20 @@ finite batch's tail, where shortest-first leaves the long jobs to run last with 
 it prefers the *longest* predicted job (longest-processing-time first, the critical-path proxy a policy
 can know without reading the future).
 
+**Unlock** (``asyncroll_unlock``, what ``--policy asyncroll`` means; chosen by the simulated map in
+RESULTS.md) keeps the seed's trigger and score but fixes two things the map showed:
+
+- A grade job also unlocks model work when a problem waits for admission: it ends its trajectory,
+  frees an active slot, and the next problem's first model request follows. So while admission is
+  pending, grade jobs compete on predicted time like every other job (the seed ranks them last, which
+  keeps finished trajectories holding slots — the reason ``tool_first`` and the seed's rule lose to
+  FIFO where CPU dominates). In the tail, when no problem waits, a grade job unlocks nothing and ranks
+  last.
+- Hard aging is relative as well as absolute: a job is also taken oldest-first once it has waited
+  ``drain_multiple`` × the predicted time to drain the whole queue on the pool (Σ predicted ÷ workers),
+  so shortest-first cannot starve long jobs into a pile at the end of a finite batch — the loss the
+  issue warned about where CPU dominates. ``aging_seconds`` stays the absolute cap.
+
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """
 
@@ -32,28 +46,35 @@ class PressurePolicy:
     aging_seconds: float = 30.0
     aging_weight: float = 0.02
     tail_guard: bool = False
+    unlock: bool = False
+    drain_multiple: float = 2.0
 
     def choose(self, snapshot: QueueSnapshot) -> Decision:
         jobs, now = snapshot.jobs, snapshot.now
         oldest = jobs[0]
+        limit = self.aging_seconds
+        predictions = snapshot.predictions
+        if self.unlock and len(predictions) == len(jobs):
+            drain_s = sum(p.seconds for p in predictions) / max(1, snapshot.workers)
+            limit = min(limit, self.drain_multiple * drain_s)
         for job in jobs:  # oldest first: the first aged job is the oldest aged job
-            if now - job.enqueued_at >= self.aging_seconds:
+            if now - job.enqueued_at >= limit:
                 return Decision(job.job_id, "hard_starvation_fifo")
         if len(jobs) < 2:
             return Decision(oldest.job_id, "not_eligible_single_job")
         if snapshot.model_outstanding >= snapshot.starvation_threshold:
             return Decision(oldest.job_id, "not_eligible_model_supply_ok")
-        predictions = snapshot.predictions
         if len(predictions) != len(jobs):
             return Decision(oldest.job_id, "not_eligible_no_predictions")
         if self.tail_guard and not snapshot.admission_pending:
             best = min(range(len(jobs)), key=lambda i: (jobs[i].kind == "grade", -predictions[i].seconds, i))
             return Decision(jobs[best].job_id, "tail_guard_longest_predicted", eligible=True)
         weight = self.aging_weight
+        grade_last = not (self.unlock and snapshot.admission_pending)
         best = min(
             range(len(jobs)),
             key=lambda i: (
-                jobs[i].kind == "grade",
+                grade_last and jobs[i].kind == "grade",
                 predictions[i].seconds - weight * (now - jobs[i].enqueued_at),
                 i,
             ),

@@ -6,16 +6,24 @@ from asyncroll.policies.base import Policy
 from asyncroll.policies.baseline import Fifo, ToolFirst
 from asyncroll.policies.pressure import PressurePolicy
 
-#: What ``--policy asyncroll`` means: the seed's rule, unless measurements make the tail guard default.
-DEFAULT_PRESSURE = "asyncroll_seed"
+#: What ``--policy asyncroll`` means: the unlock rule, which the simulated map in RESULTS.md chose over
+#: the seed's rule and the tail guard (both kept, unchanged, for comparison).
+DEFAULT_PRESSURE = "asyncroll_unlock"
+PRESSURE_POLICIES = ("asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock")
 
 
 def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 0.02) -> Policy:
     """Build a policy by its name (``gpu_first`` is the deprecated alias of ``tool_first``)."""
     if name == "asyncroll":
         name = DEFAULT_PRESSURE
-    if name in ("asyncroll_seed", "asyncroll_guarded"):
-        return PressurePolicy(name, aging_seconds, aging_weight, tail_guard=name == "asyncroll_guarded")
+    if name in PRESSURE_POLICIES:
+        return PressurePolicy(
+            name,
+            aging_seconds,
+            aging_weight,
+            tail_guard=name == "asyncroll_guarded",
+            unlock=name == "asyncroll_unlock",
+        )
     if name == "sync":
         return Fifo(name="sync")
     if name == "fifo":

@@ -16,9 +16,12 @@ P = TypeVar("P")
 
 
 class Admission:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, ready: Callable[[], Awaitable[None]] | None = None) -> None:
+        """``ready`` (optional) is awaited before each admission: an HTTP backend whose server is down
+        pauses admission this way instead of failing every new trajectory."""
         self._limiter = FifoLimiter(limit)
         self._blocked = False
+        self._ready = ready
 
     @property
     def active(self) -> int:
@@ -40,6 +43,14 @@ class Admission:
             self._blocked = True
             try:
                 await self._limiter.acquire()
+                if self._ready is not None:
+                    # Checked with the slot held, so a server that went down while we waited for the
+                    # slot is seen before the next trajectory starts.
+                    try:
+                        await self._ready()
+                    except BaseException:
+                        self._limiter.release()
+                        raise
             finally:
                 self._blocked = False
             tg.create_task(self._hold(start(index, item)))

@@ -20,6 +20,7 @@ from asyncroll.policies.base import JobKind
 from asyncroll.policies.predictor import DurationPredictor
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
+from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
 from asyncroll.workers.protocol import JobRequest
 
 MAX_CANDIDATES = 8  # candidates logged per decision (oldest first)
@@ -38,6 +39,10 @@ class JobSpec:
     arg_bytes: int = 0
     cost_s: float | None = None  # declared duration, for simulated workers
     resubmission: bool = False
+    n_tests: int = 0  # evaluation jobs: features the predictor may use (never the tests themselves)
+    test_bytes: int = 0
+    code_bytes: int = 0
+    declared: Any = None  # a declared result, returned by simulated workers (see JobRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +83,7 @@ class CpuDispatcher:
         predictor: DurationPredictor | None = None,
         starvation_threshold: int = 1,
         admission_pending: Callable[[], bool] = lambda: True,
+        ranges: Ranges = NO_RANGES,
     ) -> None:
         """``predictor`` (one per run) predicts every queued job at each dispatch, whatever the policy,
         so predictions are logged and comparable under FIFO too; it learns from every finished job."""
@@ -91,8 +97,10 @@ class CpuDispatcher:
         self._predictor = predictor or DurationPredictor()
         self._threshold = starvation_threshold
         self._admission_pending = admission_pending
+        self._ranges = ranges  # NVTX ranges (--nvtx) for each job's queue wait and execution
         self._queue: dict[int, _Queued] = {}
         self._next_id = 0
+        self._workers = pool.snapshot().size
         self._decisions = 0
         self._reorders = 0
         self._peak_queued = 0
@@ -124,6 +132,9 @@ class CpuDispatcher:
             self._clock.now(),
             spec.arg_bytes,
             spec.resubmission,
+            spec.n_tests,
+            spec.test_bytes,
+            spec.code_bytes,
         )
         queued = _Queued(view, spec, asyncio.get_running_loop().create_future())
         self._queue[job_id] = queued
@@ -140,6 +151,7 @@ class CpuDispatcher:
                 resubmission=spec.resubmission,
             )
         )
+        queue_range = self._ranges.start("cpu queue", job_id)
         self._dispatch()
         if queued.future.done():
             slot = queued.future.result()
@@ -147,6 +159,7 @@ class CpuDispatcher:
             try:
                 slot = await queued.future
             except BaseException:
+                self._ranges.end(queue_range)
                 if queued.future.done() and not queued.future.cancelled():
                     # Given a worker in the same step as the cancellation: hand the worker back.
                     self._cancelled(queued, queued.future.result(), self._clock.now())
@@ -154,6 +167,7 @@ class CpuDispatcher:
                 elif self._queue.pop(job_id, None) is not None:
                     self._predictor.forget(view)
                 raise
+        self._ranges.end(queue_range)
         return await self._execute(slot, queued)
 
     def _dispatch(self) -> None:
@@ -173,6 +187,7 @@ class CpuDispatcher:
                 predictions,
                 self._threshold,
                 self._admission_pending(),
+                self._workers,
             )
             decision = self._policy.choose(snapshot)
             chosen = self._queue.pop(decision.job_id)
@@ -243,8 +258,9 @@ class CpuDispatcher:
         worker = self._pool.worker(slot)
         spec, view = job.spec, job.view
         tool = self._tool_keys.get(spec.tool, spec.tool)
-        request = JobRequest(view.job_id, tool, spec.arguments, spec.cost_s)
+        request = JobRequest(view.job_id, tool, spec.arguments, spec.cost_s, spec.declared)
         sent = self._clock.now()
+        execution = self._ranges.start("cpu execution", view.job_id)
         try:
             result = await worker.call(request, self._timeout)
         except asyncio.CancelledError:
@@ -262,6 +278,8 @@ class CpuDispatcher:
             assert self._tg is not None, "dispatcher used before bind()"
             self._tg.create_task(self._pool.replace(slot, "timeout" if failure == "timeout" else "died"))
             return JobOutcome(ok=False, error=str(exc), failure=failure)
+        finally:
+            self._ranges.end(execution)
         reply = result.reply
         rel = self._events.rel
         self._events.emit(

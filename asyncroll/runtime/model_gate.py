@@ -14,6 +14,7 @@ from asyncroll.clock import Clock
 from asyncroll.errors import ModelError
 from asyncroll.events import EventLog, ModelEnqueued, ModelFailed, ModelFinished, ModelStarted
 from asyncroll.runtime.limiter import FifoLimiter
+from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +32,12 @@ class ModelGateSnapshot:
 
 
 class ModelGate:
-    def __init__(self, limit: int, clock: Clock, events: EventLog) -> None:
+    def __init__(self, limit: int, clock: Clock, events: EventLog, *, ranges: Ranges = NO_RANGES) -> None:
+        """``ranges``: NVTX ranges (``--nvtx``) for each request's wait and service; no-ops by default."""
         self._limiter = FifoLimiter(limit)
         self._clock = clock
         self._events = events
+        self._ranges = ranges
         self._next_id = 0
         self._failures = 0
 
@@ -64,7 +67,12 @@ class ModelGate:
             ModelEnqueued(id=trajectory_id, request_id=rid, turn=turn, outstanding=self.outstanding + 1)
         )
         queued_at = clock.now()
-        await self._limiter.acquire()
+        waiting = self._ranges.start("model wait", rid)
+        try:
+            await self._limiter.acquire()
+        finally:
+            self._ranges.end(waiting)
+        serving = self._ranges.start("model request", rid)
         try:
             started = clock.now()
             events.emit(
@@ -88,6 +96,10 @@ class ModelGate:
                         latency_s=round(clock.now() - started, 6),
                         kind=exc.kind,
                         error=str(exc)[:1000],
+                        status=exc.status,
+                        response_received=exc.response_received,
+                        parse_s=exc.parse_s,
+                        attempts=exc.attempts,
                     )
                 )
                 raise
@@ -104,4 +116,5 @@ class ModelGate:
             )
             return response
         finally:
+            self._ranges.end(serving)
             self._limiter.release()

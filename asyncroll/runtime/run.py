@@ -35,10 +35,13 @@ from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.dispatcher import CpuDispatcher
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import Worker, WorkerFactory, WorkerPool
+from asyncroll.runtime.progress import LiveView, RunView
 from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
+from asyncroll.telemetry.nvtx import Ranges, make_ranges
+from asyncroll.telemetry.sampler import TelemetrySampler
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.protocol import ToolSpec
-from asyncroll.workload import Problem, WorkloadScan, iter_problems, scan_workload
+from asyncroll.workload import EVALUATOR_TOOL, Problem, WorkloadScan, iter_problems, scan_workload
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 Status = Literal["complete", "failed", "interrupted"]
@@ -49,6 +52,7 @@ class PreparedRun:
     config: RunConfig
     scan: WorkloadScan
     argv: list[str] = field(default_factory=list)
+    isolation: dict[str, Any] | None = None  # the evaluator's isolation report, when code will run
 
 
 @dataclass
@@ -59,10 +63,19 @@ class RunOutcome:
     error: str | None = None
 
 
-def prepare(config: RunConfig, argv: list[str] | None = None, *, output_ready: bool = False) -> PreparedRun:
+def prepare(
+    config: RunConfig,
+    argv: list[str] | None = None,
+    *,
+    output_ready: bool = False,
+    probe_isolation: bool = False,
+) -> PreparedRun:
     """Validate everything before anything starts; creates the output directory last.
 
     ``output_ready``: the caller already created the (new, empty but for its own inputs) directory.
+    ``probe_isolation``: real workers will run untrusted code (``lcb_evaluate``): detect the sandbox's
+    isolation layers now — in the main thread, before any thread exists, since the probe forks — and
+    refuse to start when a required one is missing, unless ``--allow-weak-isolation``.
     """
     problems = config.unavailable_features()
     if problems:
@@ -76,18 +89,29 @@ def prepare(config: RunConfig, argv: list[str] | None = None, *, output_ready: b
     if not tool_root.is_dir():
         raise UsageError(f"--tool-root {tool_root}: not a directory")
     scan = scan_workload(
-        config.workload, tool_root, scripted=config.backend == "scripted", limit=config.limit
+        config.workload, tool_root, scripted=config.backend == "scripted" or config.replay, limit=config.limit
     )
     scan.raise_if_invalid()
+    isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
     if output_ready:
-        return PreparedRun(config, scan, list(argv or sys.argv))
+        return PreparedRun(config, scan, list(argv or sys.argv), isolation)
     try:
         config.output.mkdir(parents=True, exist_ok=False)
     except FileExistsError as exc:
         raise OutputExistsError(f"--output {config.output} already exists") from exc
     except OSError as exc:
         raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
-    return PreparedRun(config, scan, list(argv or sys.argv))
+    return PreparedRun(config, scan, list(argv or sys.argv), isolation)
+
+
+def _isolation(config: RunConfig) -> dict[str, Any]:
+    from asyncroll.evaluator.isolation import IsolationError, isolation_report, require
+
+    try:
+        require(config.allow_weak_isolation)
+    except IsolationError as exc:
+        raise UsageError(f"{exc}") from exc
+    return isolation_report(config.allow_weak_isolation)
 
 
 class Run:
@@ -104,6 +128,7 @@ class Run:
         receipt_extra: dict[str, Any] | None = None,
         model_capacity: int | None = None,
         record: bool = True,
+        ranges: Ranges | None = None,
     ) -> None:
         """``receipt_extra`` adds sections to run.json (the simulator's settings); ``model_capacity`` is
         the server's own concurrency limit where known (a simulated batch size), for the lower bound;
@@ -111,15 +136,17 @@ class Run:
         self.config = prepared.config
         self.scan = prepared.scan
         self.argv = prepared.argv
+        self._isolation = prepared.isolation
         self.clock = clock
         self.out = prepared.config.output
         self._factory = worker_factory or _process_worker_factory(prepared.config, prepared.scan)
-        self._backend = backend or ScriptedBackend(clock)
+        self._backend = backend or _default_backend(prepared.config, clock)
         self._subscribers = subscribers
         self.interrupt_reason: str | None = None
         self._receipt_extra = receipt_extra or {}
         self._model_capacity = model_capacity
         self._record = record
+        self._ranges = ranges  # NVTX ranges; None: real ones with --nvtx, else no-ops
 
     def _receipt_body(self) -> dict[str, Any]:
         cfg = self.config
@@ -147,15 +174,23 @@ class Run:
             "isolation": {
                 "tool_workers": "one OS process per worker, each leading its own session and process group; "
                 "workload tools are trusted code",
-                "untrusted_code": None,
+                "untrusted_code": self._untrusted_code(),
             },
             "telemetry": {
                 "requested": cfg.telemetry,
                 "sources": [],
-                "note": "no telemetry source is implemented yet (vLLM metrics, NVML): none probed",
+                "note": "not probed yet (the probe runs after the model warm-up, before the clock)",
             },
             **self._receipt_extra,
         }
+
+    def _untrusted_code(self) -> dict[str, Any] | None:
+        """The sandbox in force for ``lcb_evaluate`` (None: the workload runs no untrusted code)."""
+        if EVALUATOR_TOOL not in self.scan.tools:
+            return None
+        if self._isolation is not None:
+            return self._isolation
+        return {"note": "not probed: these workers do not run the code (simulated or virtual workers)"}
 
     async def execute(self) -> RunOutcome:
         cfg, clock = self.config, self.clock
@@ -166,9 +201,14 @@ class Run:
         for subscriber in self._subscribers:
             events.subscribe(subscriber)
         limits = cfg.limits
+        ranges = self._ranges or make_ranges(cfg.nvtx)
+        sampler = TelemetrySampler.from_config(cfg, clock, events)
         pool = WorkerPool(limits.cpu_workers, self._factory, clock, events)
-        gate = ModelGate(limits.max_inflight_model_requests, clock, events)
-        admission = Admission(limits.max_active_trajectories)
+        gate = ModelGate(limits.max_inflight_model_requests, clock, events, ranges=ranges)
+        admission = Admission(limits.max_active_trajectories, getattr(self._backend, "wait_available", None))
+        bind_events = getattr(self._backend, "bind_events", None)
+        if bind_events is not None:
+            bind_events(events)
         dispatcher = CpuDispatcher(
             pool,
             get_policy(cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight),
@@ -180,6 +220,7 @@ class Run:
             predictor=DurationPredictor(),
             starvation_threshold=cfg.effective_starvation_threshold,
             admission_pending=lambda: admission.pending,
+            ranges=ranges,
         )
         trajectories = TrajectoryRunner(
             self._backend,
@@ -189,6 +230,7 @@ class Run:
             events,
             max_turns=cfg.max_turns,
             tool_errors=cfg.tool_errors,
+            evaluator_options={"allow_weak_isolation": True} if cfg.allow_weak_isolation else None,
         )
         status: Status = "failed"
         error: str | None = None
@@ -196,6 +238,30 @@ class Run:
         cpu_start: tuple[float, float | None] | None = None
         cpu_end: tuple[float, float | None] | None = None
         finished_at: float | None = None
+        run_range: Any = None
+
+        # The live view (progress line, --metrics-port) reads the limiters' snapshots; real time only.
+        view = RunView(
+            total=self.scan.count,
+            clock=clock,
+            admission=admission,
+            gate=gate,
+            dispatcher=dispatcher,
+            pool=pool,
+            finished=summary.status,
+            origin=lambda: origin,
+            ended=lambda: finished_at,
+        )
+        live = None
+        if not clock.virtual and self._record:
+            info = {"policy": cfg.policy_name, "backend": cfg.backend, "output": str(self.out)}
+            live = LiveView(
+                view,
+                progress=cfg.progress,
+                metrics_port=cfg.metrics_port,
+                metrics_host=cfg.metrics_host,
+                info=info,
+            )
 
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
@@ -204,6 +270,8 @@ class Run:
 
         try:
             async with asyncio.TaskGroup() as outer:
+                if live is not None and (metrics := live.start(outer)) is not None:
+                    files.update(metrics=metrics)
                 # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
                 importing = outer.create_task(asyncio.to_thread(warm_import))
                 await pool.start(outer)
@@ -212,7 +280,13 @@ class Run:
                     await self._backend.start(outer)
                     warm = await self._backend.warmup(cfg.warmup_requests)
                     files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
+                    describe = getattr(self._backend, "describe", None)
+                    if describe is not None:
+                        files.update(backend=describe())
+                    await sampler.probe()
+                    files.update(telemetry=sampler.receipt())
                     origin = events.start_measurement()
+                    run_range = ranges.start("run")
                     cpu_start = (_client_cpu(), pool.cpu_seconds())
                     events.emit(
                         MeasurementStarted(
@@ -224,6 +298,7 @@ class Run:
                         )
                     )
                     files.transition("running", clock.wall())
+                    outer.create_task(sampler.run())
                     async with asyncio.TaskGroup() as tg:
                         dispatcher.bind(tg)
                         await admission.run(tg, iter_problems(cfg.workload, cfg.limit), trajectory)
@@ -232,6 +307,10 @@ class Run:
                     # The measured window ends here, before any cleanup; read CPU while workers live.
                     finished_at = clock.now()
                     cpu_end = (_client_cpu(), pool.cpu_seconds())
+                    ranges.end(run_range)
+                    if live is not None:
+                        await _shielded(live.aclose())
+                    await _shielded(sampler.stop())
                     await _shielded(pool.aclose())
                     await _shielded(self._backend.aclose())
         except asyncio.CancelledError:
@@ -240,6 +319,8 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
             status, error = "failed", _describe(exc)
         finally:
+            if live is not None:  # idempotent; here for a failure before the inner cleanup ran
+                await _shielded(live.aclose())
             makespan = 0.0 if origin is None else (finished_at or clock.now()) - origin
             cpu_cost = _cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"])
             if origin is not None:
@@ -264,6 +345,7 @@ class Run:
                 peaks=peaks,
                 status=status,
                 model_capacity=self._model_capacity,
+                dedicated_gpu=cfg.dedicated_gpu,
             )
             events.close()
             files.finish(result, status, clock.wall(), error=error, exit_code=_exit_code(status))
@@ -343,6 +425,15 @@ def _cpu_cost(
 def worker_tool_keys(scan: WorkloadScan) -> dict[str, str]:
     """Workload tool key → the key a worker serves it under (absolute path for trusted files)."""
     return {src.key: ToolSpec(src.name, src.path).key for src in scan.tools.values()}
+
+
+def _default_backend(config: RunConfig, clock: Clock) -> Backend:
+    """The backend ``--backend`` names: scripted, or the OpenAI-compatible HTTP client."""
+    if config.backend == "scripted":
+        return ScriptedBackend(clock)
+    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+
+    return OpenAIBackend(HttpSettings.from_config(config), clock)
 
 
 def _process_worker_factory(config: RunConfig, scan: WorkloadScan) -> WorkerFactory:

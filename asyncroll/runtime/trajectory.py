@@ -18,7 +18,7 @@ from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, TrajectoryFinished, TrajectoryStarted
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
-from asyncroll.workload import FinalAction, Problem, SubmitAction, ToolAction
+from asyncroll.workload import EVALUATOR_TOOL, FinalAction, OneRepair, Problem, SubmitAction, ToolAction
 
 GRADE_TOOL = "__grade__"
 Status = Literal["completed", "failed", "max_turns"]
@@ -35,9 +35,10 @@ class TrajectoryResult:
     answer: Any = None
     correct: bool | None = None
     error: str | None = None
+    evaluation: Evaluation | None = None  # one-repair problems only
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "index": self.index,
             "status": self.status,
@@ -47,6 +48,31 @@ class TrajectoryResult:
             "answer": self.answer,
             "correct": self.correct,
             "error": self.error,
+        }
+        if self.evaluation is not None:
+            out.update(self.evaluation.to_json())
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What a one-repair trajectory's results record (counts only: never the hidden tests or feedback)."""
+
+    passed: bool
+    repair_attempted: bool
+    generations: int
+    tests_run: int
+    tests_total: int
+    timed_out: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "repair_attempted": self.repair_attempted,
+            "generations": self.generations,
+            "tests_run": self.tests_run,
+            "tests_total": self.tests_total,
+            "timed_out": self.timed_out,
         }
 
 
@@ -61,7 +87,10 @@ class TrajectoryRunner:
         *,
         max_turns: int,
         tool_errors: Literal["fail", "observe"],
+        evaluator_options: dict[str, Any] | None = None,
     ) -> None:
+        """``evaluator_options``: extra arguments of every ``lcb_evaluate`` call (the run's settings,
+        e.g. ``allow_weak_isolation``), bound like the hidden tests."""
         self._backend = backend
         self._gate = gate
         self._dispatcher = dispatcher
@@ -69,6 +98,7 @@ class TrajectoryRunner:
         self._events = events
         self._max_turns = max_turns
         self._tool_errors = tool_errors
+        self._evaluator_options = dict(evaluator_options or {})
 
     async def run(self, index: int, traj_id: str, problem: Problem, active: int) -> TrajectoryResult:
         started = self._clock.now()
@@ -92,6 +122,7 @@ class TrajectoryRunner:
                 duration_s=result.duration_s,
                 correct=result.correct,
                 error=result.error,
+                generations=None if result.evaluation is None else result.evaluation.generations,
             )
         )
         return result
@@ -114,10 +145,55 @@ class TrajectoryRunner:
                 correct = await self._grade(state, problem, action, turn)
                 return state.finish(self._clock.now(), "completed", answer=action.answer, correct=correct)
             elif isinstance(action, SubmitAction):
-                raise InvalidActionError(
-                    "'submit' actions need the one-repair protocol, which has not landed"
-                )
+                protocol = problem.one_repair
+                if protocol is None:
+                    raise InvalidActionError("'submit' is only valid under the one-repair protocol")
+                verdict = await self._evaluate(state, protocol, action, turn)
+                state.generations += 1
+                passed = verdict.get("passed") is True
+                if passed or state.generations >= protocol.max_generations:
+                    evaluation = Evaluation(
+                        passed,
+                        state.generations > 1,
+                        state.generations,
+                        int(verdict.get("tests_run", 0)),
+                        int(verdict.get("tests_total", len(protocol.tests))),
+                        bool(verdict.get("timed_out", False)),
+                    )
+                    return state.finish(self._clock.now(), "completed", correct=passed, evaluation=evaluation)
+                feedback = str(verdict.get("feedback") or "")
+                messages.append({"role": "user", "content": f"{protocol.repair_instruction}\n\n{feedback}"})
         return state.finish(self._clock.now(), "max_turns")
+
+    async def _evaluate(
+        self, state: _State, protocol: OneRepair, action: SubmitAction, turn: int
+    ) -> dict[str, Any]:
+        """One evaluation of submitted code on the problem's hidden tests, as a CPU job."""
+        arguments: dict[str, Any] = {"code": action.code, "tests": protocol.tests, **self._evaluator_options}
+        if protocol.func_name is not None:
+            arguments["func_name"] = protocol.func_name
+        cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
+        spec = JobSpec(
+            state.id,
+            "evaluate",
+            EVALUATOR_TOOL,
+            arguments,
+            turn,
+            len(action.code),
+            cost_s,
+            resubmission=state.generations > 0,
+            n_tests=len(protocol.tests),
+            test_bytes=protocol.test_bytes,
+            code_bytes=len(action.code.encode()),
+            declared=None if action.passes is None else _declared_verdict(action.passes, len(protocol.tests)),
+        )
+        outcome = await self._dispatcher.run(spec)
+        state.tool_calls += 1
+        if not outcome.ok:
+            raise _Failed(f"evaluation failed: {outcome.error}")
+        if not isinstance(outcome.value, dict):
+            raise _Failed(f"evaluation returned {type(outcome.value).__name__}, not a verdict")
+        return outcome.value
 
     async def _tool(
         self, state: _State, problem: Problem, action: ToolAction, turn: int
@@ -154,6 +230,17 @@ class TrajectoryRunner:
         return bool(outcome.value)
 
 
+def _declared_verdict(passes: bool, tests: int) -> dict[str, Any]:
+    """The verdict a simulated worker returns for a submission whose script declares ``passes``."""
+    return {
+        "passed": passes,
+        "tests_run": tests if passes else 1,
+        "tests_total": tests,
+        "feedback": None if passes else "(simulated) the declared verdict of this submission is a failure",
+        "timed_out": False,
+    }
+
+
 class _Failed(Exception):
     """Ends this trajectory as ``failed`` with the message (a failed grade job, for one)."""
 
@@ -166,6 +253,7 @@ class _State:
     turns: int = 0
     tool_calls: int = 0
     tools_run: set[str] = field(default_factory=set)
+    generations: int = 0  # one-repair: programs evaluated so far
 
     def finish(
         self,
@@ -175,6 +263,7 @@ class _State:
         answer: Any = None,
         correct: bool | None = None,
         error: str | None = None,
+        evaluation: Evaluation | None = None,
     ) -> TrajectoryResult:
         return TrajectoryResult(
             self.id,
@@ -186,4 +275,5 @@ class _State:
             answer,
             correct,
             error,
+            evaluation,
         )

@@ -5,7 +5,9 @@ latency the run measured for it and each tool action's ``cpu_ms`` set to the job
 (or, for a job that timed out or whose worker died, the time until that happened). Simulating that
 workload under another policy answers "what would policy X have done on exactly this run?". Grade jobs
 run in virtual time at zero cost (real ones take microseconds); a tool that raised in the run succeeds in
-the replay (the scripted actions do not depend on it).
+the replay (the scripted actions do not depend on it). A code submission keeps its measured evaluation
+time and the verdict the run reached (from ``results.jsonl``: every program before the last failed, the
+last one passed or not), so the replay repairs exactly where the run did — no code runs in the replay.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.outputs.receipt import file_sha256
-from asyncroll.workload import ToolAction, iter_problems
+from asyncroll.workload import SubmitAction, ToolAction, iter_problems
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,20 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"--from-run {run_dir}: cannot read run.json: {exc}") from exc
     return receipt
+
+
+def _verdicts(run_dir: Path) -> dict[str, tuple[int, bool]]:
+    """Per code trajectory: (programs evaluated, whether the last one passed), from ``results.jsonl``."""
+    out: dict[str, tuple[int, bool]] = {}
+    try:
+        lines = (run_dir / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(f"--from-run {run_dir}: cannot read results.jsonl: {exc}") from exc
+    for line in lines:
+        row = json.loads(line)
+        if row.get("generations"):
+            out[str(row["id"])] = (int(row["generations"]), bool(row.get("passed")))
+    return out
 
 
 def derive_workload(run_dir: Path, destination: Path) -> DerivedRun:
@@ -66,12 +82,13 @@ def derive_workload(run_dir: Path, destination: Path) -> DerivedRun:
                 model[(tid, event["turn"])] = event["latency_s"]
             elif kind == "cpu_enqueued":
                 job_turn[event["job_id"]] = event["turn"]
-            elif kind == "cpu_finished" and event["kind"] == "tool":
+            elif kind == "cpu_finished" and event["kind"] in ("tool", "evaluate"):
                 cpu[(tid, job_turn.pop(event["job_id"]))] = event["execute_s"]
-            elif kind == "cpu_failed" and event["kind"] == "tool":
+            elif kind == "cpu_failed" and event["kind"] in ("tool", "evaluate"):
                 cpu[(tid, job_turn.pop(event["job_id"]))] = event["roundtrip_s"]
     if not started:
         raise UsageError(f"--from-run {run_dir}: the run started no trajectory; nothing to replay")
+    verdicts = _verdicts(run_dir)
     tool_root = Path(config.get("tool_root") or workload.parent).resolve()
     count = 0
     with destination.open("w", encoding="utf-8") as out:
@@ -79,12 +96,17 @@ def derive_workload(run_dir: Path, destination: Path) -> DerivedRun:
             if pid not in started:
                 continue
             script = []
+            submitted = 0
             for turn, action in enumerate(problem.script or []):
                 update: dict[str, Any] = {}
                 if (pid, turn) in model:
                     update["latency_ms"] = round(model[(pid, turn)] * 1000.0, 6)
-                if isinstance(action, ToolAction) and (pid, turn) in cpu:
+                if isinstance(action, ToolAction | SubmitAction) and (pid, turn) in cpu:
                     update["cpu_ms"] = round(cpu[(pid, turn)] * 1000.0, 6)
+                if isinstance(action, SubmitAction) and pid in verdicts:
+                    submitted += 1
+                    generations, passed = verdicts[pid]
+                    update["passes"] = passed if submitted >= generations else False
                 script.append(action.model_copy(update=update))
             replay = problem.model_copy(update={"id": pid, "script": script})
             out.write(replay.model_dump_json() + "\n")

@@ -66,13 +66,16 @@ class JobRequest:
     """Run ``tool(**arguments)``. The tool name ``__ping__`` answers the worker's pid (the dummy call).
 
     ``cost_s`` is the job's declared duration (a workload's ``cpu_ms``, or one recorded in a trace): a
-    simulated worker takes exactly that long; a real worker ignores it.
+    simulated worker takes exactly that long; a real worker ignores it. ``declared`` is a declared
+    result (a scripted submission's verdict): a simulated worker returns it instead of running the
+    tool; a real worker ignores it.
     """
 
     job_id: int
     tool: str
     arguments: dict[str, Any]
     cost_s: float | None = None
+    declared: Any = None
 
 
 @dataclass(frozen=True, slots=True)

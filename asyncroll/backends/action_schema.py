@@ -1,0 +1,184 @@
+"""Per-turn action schemas (SPEC §7), the chat rendering of a conversation, and parsing of model output.
+
+The schema a turn asks the server to enforce:
+
+* code workloads (``protocol == "one_repair"``) → ``{"type": "submit", "code": str}``;
+* turn 0 of a problem with tools → ``anyOf`` of one branch per tool:
+  ``{"type": "tool", "name": <const>, "arguments": {<typed inputs not bound by the workload>}}``;
+* otherwise → ``{"type": "final", "answer": str}``.
+
+Every object is closed (``additionalProperties: false``) and lists every property as required, which is
+what OpenAI's ``strict: true`` and vLLM's guided decoding need. Parsing checks the model's text against the
+same schema before it becomes an :data:`~asyncroll.workload.Action`, so a server that does not enforce the
+schema (``transformers serve``) fails the request visibly with :class:`InvalidActionError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+from pydantic import TypeAdapter, ValidationError
+
+from asyncroll.errors import InvalidActionError
+from asyncroll.workload import Action, Problem, SubmitAction, Tool
+
+SCHEMA_NAME = "agent_action"
+
+#: Declared input type (``asyncroll.coerce.TYPE_NAMES``) → JSON Schema.
+_INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
+    "str": {"type": "string"},
+    "int": {"type": "integer"},
+    "float": {"type": "number"},
+    "number": {"type": "number"},
+    "bool": {"type": "boolean"},
+    "dict[int,int]": {
+        "type": "object",
+        "propertyNames": {"pattern": "^-?[0-9]+$"},
+        "additionalProperties": {"type": "integer"},
+    },
+    "list[int]": {"type": "array", "items": {"type": "integer"}},
+    "List[int]": {"type": "array", "items": {"type": "integer"}},
+    "list[float]": {"type": "array", "items": {"type": "number"}},
+    "List[float]": {"type": "array", "items": {"type": "number"}},
+}
+_ACTION: TypeAdapter[Any] = TypeAdapter(Action)
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+#: Fields of a scripted action that describe the simulation, never what a model writes.
+SCRIPT_ONLY_FIELDS = ("latency_ms", "output_tokens", "cpu_ms")
+
+
+def _closed(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def tool_schema(tool: Tool) -> dict[str, Any]:
+    """One ``anyOf`` branch: a call of ``tool`` with its typed, unbound arguments."""
+    inputs = {
+        name: dict(_INPUT_SCHEMAS[type_name.replace(" ", "")])
+        for name, type_name in tool.declared_inputs.items()
+        if name not in tool.bound_arguments
+    }
+    return _closed({"type": {"const": "tool"}, "name": {"const": tool.name}, "arguments": _closed(inputs)})
+
+
+def is_code_workload(problem: Problem) -> bool:
+    return problem.protocol == "one_repair"
+
+
+def turn_schema(problem: Problem, turn: int) -> dict[str, Any]:
+    """The JSON Schema of the one action this turn may produce (see the module docstring)."""
+    if is_code_workload(problem):
+        return _closed({"type": {"const": "submit"}, "code": {"type": "string"}})
+    if turn == 0 and problem.tools:
+        return {"anyOf": [tool_schema(tool) for tool in problem.tools]}
+    return _closed({"type": {"const": "final"}, "answer": {"type": "string"}})
+
+
+def response_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI ``response_format`` field asking for ``schema`` (SPEC §7)."""
+    return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": schema}}
+
+
+def model_view(action: Any) -> dict[str, Any]:
+    """What a model would have written for ``action``: no simulation-only fields, no nulls."""
+    data: dict[str, Any] = action.model_dump(exclude_none=True)
+    for key in SCRIPT_ONLY_FIELDS:
+        data.pop(key, None)
+    return data
+
+
+def system_prompt(problem: Problem, turn_schema_: dict[str, Any]) -> str:
+    """Instructions that tell a model the action format (needed when the server does not enforce it)."""
+    lines = [
+        "You are an agent. Reply with exactly one JSON object and nothing else, matching this JSON Schema:",
+        json.dumps(turn_schema_, separators=(",", ":")),
+    ]
+    if problem.tools:
+        lines.append("Tools:")
+        lines += [f"- {t.name}: {t.description or 'no description'}" for t in problem.tools]
+    return "\n".join(lines)
+
+
+def render_messages(problem: Problem, messages: list[dict[str, Any]], turn: int) -> list[dict[str, str]]:
+    """asyncroll's conversation → OpenAI chat messages.
+
+    Assistant turns become their action as JSON (what the model wrote); tool observations become user
+    messages prefixed ``Tool result:`` (no native tool calling: the action protocol is JSON text, which
+    every OpenAI-compatible server supports)."""
+    code = is_code_workload(problem)
+    out: list[dict[str, str]] = []
+    if not code:
+        out.append({"role": "system", "content": system_prompt(problem, turn_schema(problem, turn))})
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            action = message["action"]
+            if isinstance(action, SubmitAction) and code:
+                out.append({"role": "assistant", "content": action.code})
+            else:
+                out.append({"role": "assistant", "content": json.dumps(model_view(action))})
+        elif role == "tool":
+            out.append({"role": "user", "content": f"Tool result: {message.get('content', '')}"})
+        else:
+            out.append({"role": str(role or "user"), "content": str(message.get("content", ""))})
+    return out
+
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema)
+
+
+def schema_errors(instance: Any, schema: dict[str, Any]) -> list[str]:
+    """Every way ``instance`` violates ``schema`` (empty when it conforms), best match first."""
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    errors = sorted(validator.iter_errors(instance), key=jsonschema.exceptions.relevance)
+    out = []
+    for err in errors[:5]:
+        path = "".join(f"[{p!r}]" for p in err.absolute_path) or "(root)"
+        out.append(f"{path}: {err.message}"[:300])
+    return out
+
+
+def strip_fence(text: str) -> str:
+    """Remove one Markdown code fence around the whole text, if there is exactly that."""
+    match = _FENCE.match(text)
+    return match.group(1) if match else text
+
+
+def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, code: bool) -> Action:
+    """Turn a model's reply into an action, or raise :class:`InvalidActionError` saying why.
+
+    ``structured=False`` with a code workload accepts plain source (one surrounding fence stripped) as a
+    ``submit``; every other case requires one JSON object that conforms to the turn's ``schema``."""
+    if text is None:
+        raise InvalidActionError("the response has no message content")
+    if code and not structured:
+        source = strip_fence(text)
+        if not source.strip():
+            raise InvalidActionError("the response holds no source code")
+        return SubmitAction(type="submit", code=source)
+    body = text if structured else strip_fence(text)
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InvalidActionError(f"the response is not JSON ({exc}): {text[:200]!r}") from exc
+    problems = schema_errors(data, schema)
+    if problems:
+        raise InvalidActionError("the action does not match the turn's schema: " + "; ".join(problems))
+    try:
+        action: Action = _ACTION.validate_python(data)
+    except ValidationError as exc:
+        raise InvalidActionError(f"the action does not validate: {exc.errors(include_url=False)}") from exc
+    return action

@@ -1,0 +1,407 @@
+"""The OpenAI-compatible HTTP backend (``--backend vllm|openai``, SPEC §7).
+
+One persistent :class:`httpx.AsyncClient` per run, its connection pool sized to the inflight limit, sends
+``POST {endpoint}/v1/chat/completions``. Two modes:
+
+* **agent** (default): the server's reply *is* the action. With structured output (the default) the
+  request carries the turn's JSON schema (:mod:`asyncroll.backends.action_schema`); with
+  ``--no-structured-output`` it does not, code workloads may answer with plain source, and everything
+  else must still be a JSON action. A reply that does not parse or validate fails the request
+  (``invalid_action``), whatever the server claims to enforce: never a silent fallback.
+* **replay** (``--replay``): the action comes from the workload's script, while the server does real
+  work of the scripted size: ``max_tokens`` = the action's ``output_tokens`` (else ``--max-tokens``), plus
+  ``min_tokens``/``ignore_eos`` on vLLM and SGLang, or a fixed length in ``generation_config`` on
+  ``transformers serve``. The scripted action also travels in the ``X-Asyncroll-Action`` header (up to
+  8 KiB), which ``asyncroll serve-sim`` echoes and every other server ignores.
+
+Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (status, whether a complete
+response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
+and ``schema_rejected`` (a response), ``bad_response`` (a 200 whose body is not an OpenAI completion) and
+``invalid_action`` (a completion whose content is not a valid action). Retries and the server circuit
+are in :mod:`asyncroll.backends.retry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from asyncroll.backends.action_schema import (
+    is_code_workload,
+    model_view,
+    parse_action,
+    render_messages,
+    response_format,
+    turn_schema,
+)
+from asyncroll.backends.base import ModelRequest, ModelResponse
+from asyncroll.backends.retry import Circuit, RetryPolicy, is_retryable, means_unavailable
+from asyncroll.backends.scripted import scripted_action
+from asyncroll.clock import Clock
+from asyncroll.config import RunConfig, ServerKind
+from asyncroll.errors import InvalidActionError, ModelError
+from asyncroll.events import EventLog, ModelRetrying
+from asyncroll.workload import Action
+
+ACTION_HEADER = "x-asyncroll-action"
+#: Larger scripted actions (long code) are not echoed: the reply's content is unused in replay anyway.
+MAX_ACTION_HEADER = 8192
+#: Words in a 400 body that mean the server refused the structured-output request itself.
+_SCHEMA_WORDS = ("schema", "response_format", "grammar", "guided", "json_object", "structured")
+KIND_FROM_OWNER = {"vllm": "vllm", "sglang": "sglang"}
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """What the HTTP backend needs from a run's config (kept separate so tests and benches build it)."""
+
+    endpoint: str
+    model: str
+    inflight: int
+    max_tokens: int = 512
+    seed: int = 0
+    structured: bool = True
+    replay: bool = False
+    server_kind: ServerKind | None = None
+    request_timeout: float = 120.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    circuit_failures: int = 5
+    server_down_timeout: float = 120.0
+    probe_interval: float = 0.5
+    backend_name: str = "openai"
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> HttpSettings:
+        assert cfg.model is not None  # RunConfig requires --model for HTTP backends
+        kind = cfg.server_kind or ("vllm" if cfg.backend == "vllm" else None)
+        return cls(
+            endpoint=cfg.endpoint.rstrip("/"),
+            model=cfg.model,
+            inflight=cfg.max_inflight_model_requests,
+            max_tokens=cfg.max_tokens,
+            seed=cfg.seed,
+            structured=cfg.structured_output,
+            replay=cfg.replay,
+            server_kind=kind,
+            request_timeout=cfg.request_timeout,
+            retry=RetryPolicy(cfg.max_retries, max_delay=cfg.retry_max_delay),
+            circuit_failures=cfg.circuit_failures,
+            server_down_timeout=cfg.server_down_timeout,
+            backend_name=cfg.backend,
+        )
+
+
+class _AttemptFailed(Exception):
+    def __init__(
+        self, kind: str, message: str, status: int | None, headers: httpx.Headers | None, received: bool
+    ) -> None:
+        super().__init__(message)
+        self.kind, self.status, self.headers, self.received = kind, status, headers, received
+
+
+class OpenAIBackend:
+    """``--backend vllm|openai``: see the module docstring."""
+
+    def __init__(
+        self, settings: HttpSettings, clock: Clock, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.settings = settings
+        self.name = settings.backend_name
+        self._clock = clock
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._events: EventLog | None = None
+        self._rng = random.Random(settings.seed)
+        self.circuit = Circuit(settings.circuit_failures)
+        self._kind: ServerKind | None = settings.server_kind
+        self._kind_source = "declared" if settings.server_kind else "unknown"
+        self._watch: asyncio.Task[None] | None = None
+        self.retries = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def server_kind(self) -> ServerKind | None:
+        return self._kind
+
+    def bind_events(self, events: EventLog) -> None:
+        """Where retry attempts are recorded (the run's event log)."""
+        self._events = events
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            n = self.settings.inflight
+            self._client = httpx.AsyncClient(
+                base_url=self.settings.endpoint,
+                timeout=httpx.Timeout(self.settings.request_timeout),
+                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                transport=self._transport,
+            )
+        return self._client
+
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        """Open the client, learn the server kind (declared, else probed) and start the circuit watch."""
+        client = self._http()
+        if self._kind is None:
+            self._kind, self._kind_source = await self._probe_kind(client)
+        self._watch = tg.create_task(self._watch_circuit())
+
+    async def _probe_kind(self, client: httpx.AsyncClient) -> tuple[ServerKind, str]:
+        """``GET /v1/models``: vLLM and SGLang name themselves in ``owned_by``; anything else is generic.
+
+        Only an unreachable server is an error here; a server without a usable model list is generic,
+        and the receipt says why."""
+        try:
+            response = await client.get("/v1/models", timeout=min(10.0, self.settings.request_timeout))
+        except httpx.HTTPError as exc:
+            raise ModelError(
+                "transport",
+                f"cannot probe the server kind at {self.settings.endpoint}/v1/models "
+                f"({type(exc).__name__}: {exc}); "
+                "declare it with --server-kind vllm|sglang|transformers|generic",
+            ) from exc
+        try:
+            owners = {str(m.get("owned_by", "")) for m in response.json()["data"]}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "generic", f"probed: /v1/models answered HTTP {response.status_code} without a model list"
+        for owner, kind in KIND_FROM_OWNER.items():
+            if owner in owners:
+                return kind, f"probed: /v1/models owned_by={owner!r}"  # type: ignore[return-value]
+        return "generic", f"probed: /v1/models owned_by={sorted(owners)!r} is not vllm or sglang"
+
+    def describe(self) -> dict[str, Any]:
+        """The backend's settings for run.json: what was declared, probed and sent."""
+        s = self.settings
+        fixed = {
+            "vllm": "min_tokens + ignore_eos",
+            "sglang": "min_tokens + ignore_eos",
+            "transformers": "generation_config min_new_tokens/max_new_tokens",
+            "generic": "none: max_tokens is an upper bound only",
+        }
+        return {
+            "name": self.name,
+            "endpoint": s.endpoint,
+            "model": s.model,
+            "mode": "replay" if s.replay else "agent",
+            "structured_output": s.structured,
+            "server_kind": self._kind,
+            "server_kind_source": self._kind_source,
+            "replay_fixed_length": fixed.get(self._kind or "") if s.replay else None,
+            "pool_connections": s.inflight,
+            "max_retries": s.retry.max_retries,
+            "circuit_failures": s.circuit_failures,
+            "server_down_timeout_s": s.server_down_timeout,
+        }
+
+    async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def wait_available(self) -> None:
+        """Admission awaits this before admitting a trajectory: returns at once unless the server is down."""
+        await self.circuit.wait_closed()
+
+    async def _watch_circuit(self) -> None:
+        """While the circuit is open, probe ``/health``; fail the run if the server stays down too long."""
+        while True:
+            await self.circuit.wait_opened()
+            opened = self._clock.now()
+            while self.circuit.is_open:
+                if await self._healthy():
+                    self.circuit.close()
+                    break
+                down = self._clock.now() - opened
+                if down >= self.settings.server_down_timeout:
+                    raise ModelError(
+                        "server_down",
+                        f"the server at {self.settings.endpoint} stayed unavailable for {down:.1f}s "
+                        f"(--server-down-timeout {self.settings.server_down_timeout:g}); "
+                        "admission was paused meanwhile",
+                    )
+                await self._clock.sleep(self.settings.probe_interval)
+
+    async def _healthy(self) -> bool:
+        try:
+            response = await self._http().get("/health", timeout=min(5.0, self.settings.request_timeout))
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    # --- requests ----------------------------------------------------------------------------------
+
+    async def warmup(self, requests: int) -> int:
+        """Send ``requests`` small untimed requests; any failure fails the run before the clock starts."""
+        schema = {
+            "type": "object",
+            "properties": {"type": {"const": "final"}, "answer": {"type": "string"}},
+            "required": ["type", "answer"],
+            "additionalProperties": False,
+        }
+        body: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": [{"role": "user", "content": 'Reply with {"type": "final", "answer": "ok"}.'}],
+            "temperature": 0,
+            "max_tokens": min(16, self.settings.max_tokens),
+            "seed": self.settings.seed,
+        }
+        if self.settings.structured:
+            body["response_format"] = response_format(schema)
+        for i in range(requests):
+            try:
+                await self._attempt(body, {})
+            except _AttemptFailed as exc:
+                raise ModelError(
+                    exc.kind, f"warm-up request {i + 1}/{requests} failed: {exc}", status=exc.status
+                ) from exc
+        return requests
+
+    def build_body(self, request: ModelRequest, scripted: Action | None) -> dict[str, Any]:
+        """The ``/v1/chat/completions`` body for one turn (public so tests can pin the exact payload)."""
+        s = self.settings
+        schema = turn_schema(request.problem, request.turn)
+        body: dict[str, Any] = {
+            "model": s.model,
+            "messages": render_messages(request.problem, request.messages, request.turn),
+            "temperature": 0,
+            "max_tokens": s.max_tokens,
+            "seed": s.seed,
+        }
+        if scripted is not None:
+            budget = scripted.output_tokens or s.max_tokens
+            body["max_tokens"] = budget
+            if self._kind in ("vllm", "sglang"):
+                body["min_tokens"] = budget
+                body["ignore_eos"] = True
+            elif self._kind == "transformers":
+                body["generation_config"] = json.dumps({"max_new_tokens": budget, "min_new_tokens": budget})
+        elif s.structured:
+            body["response_format"] = response_format(schema)
+        return body
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        s = self.settings
+        scripted = scripted_action(request) if s.replay else None
+        body = self.build_body(request, scripted)
+        headers: dict[str, str] = {}
+        if scripted is not None:
+            echo = json.dumps(model_view(scripted))
+            if len(echo) <= MAX_ACTION_HEADER:  # servers cap header sizes (h11: 16 KiB in all)
+                headers[ACTION_HEADER] = echo
+        attempt = 0
+        while True:
+            attempt += 1
+            await self.circuit.wait_closed()
+            try:
+                status, payload = await self._attempt(body, headers)
+                break
+            except _AttemptFailed as exc:
+                if means_unavailable(exc.kind, exc.status):
+                    self.circuit.record_unavailable(self._clock.now())
+                if attempt <= s.retry.max_retries and is_retryable(exc.kind, exc.status):
+                    delay = s.retry.delay(attempt, self._rng, exc.headers)
+                    self.retries += 1
+                    if self._events is not None:
+                        self._events.emit(
+                            ModelRetrying(
+                                id=request.trajectory_id,
+                                turn=request.turn,
+                                attempt=attempt,
+                                kind=exc.kind,
+                                status=exc.status,
+                                delay_s=round(delay, 6),
+                                error=str(exc)[:500],
+                            )
+                        )
+                    await self._clock.sleep(delay)
+                    continue
+                raise ModelError(
+                    exc.kind, str(exc), status=exc.status, response_received=exc.received, attempts=attempt
+                ) from exc
+        self.circuit.record_success()
+        return self._parse(request, scripted, status, payload, attempt)
+
+    def _parse(
+        self, request: ModelRequest, scripted: Action | None, status: int, payload: bytes, attempts: int
+    ) -> ModelResponse:
+        parse_start = self._clock.now()
+        try:
+            data = orjson.loads(payload)
+            choice = data["choices"][0]
+            content = choice["message"].get("content")
+            usage = data.get("usage") or {}
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ModelError(
+                "bad_response",
+                f"HTTP {status} body is not an OpenAI chat completion ({type(exc).__name__}: {exc}): "
+                f"{payload[:200]!r}",
+                status=status,
+                response_received=True,
+                parse_s=round(self._clock.now() - parse_start, 6),
+                attempts=attempts,
+            ) from exc
+        if scripted is not None:
+            action: Action = scripted
+        else:
+            try:
+                action = parse_action(
+                    content,
+                    turn_schema(request.problem, request.turn),
+                    structured=self.settings.structured,
+                    code=is_code_workload(request.problem),
+                )
+            except InvalidActionError as exc:
+                finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+                note = " (finish_reason=length: max_tokens cut it short)" if finish == "length" else ""
+                err = InvalidActionError(
+                    f"{exc}{note}", status=status, parse_s=round(self._clock.now() - parse_start, 6)
+                )
+                err.attempts = attempts
+                raise err from exc
+        return ModelResponse(
+            action=action,
+            prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
+            completion_tokens=_int_or_none(usage.get("completion_tokens")),
+        )
+
+    async def _attempt(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
+        """One HTTP exchange under the request timeout; failures raised as :class:`_AttemptFailed`."""
+        client = self._http()
+        try:
+            async with asyncio.timeout(self.settings.request_timeout):
+                response = await client.post(
+                    "/v1/chat/completions",
+                    content=orjson.dumps(body),
+                    headers={"content-type": "application/json", **headers},
+                )
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise _AttemptFailed(
+                "timeout", f"no response within {self.settings.request_timeout:g}s", None, None, False
+            ) from exc
+        except httpx.TransportError as exc:
+            raise _AttemptFailed(
+                "transport", f"{type(exc).__name__}: {exc or 'connection failed'}", None, None, False
+            ) from exc
+        status = response.status_code
+        if status != 200:
+            text = response.text[:500]
+            kind = "http_status"
+            if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):
+                kind = "schema_rejected"
+            raise _AttemptFailed(kind, f"HTTP {status}: {text}", status, response.headers, True)
+        return status, response.content
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

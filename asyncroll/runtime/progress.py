@@ -1,0 +1,256 @@
+"""The live view of a run: a frozen :class:`RunSnapshot` of every limiter, and the progress line.
+
+Nothing here is called from the hot path. :class:`RunView` only *reads* the limiters' own ``snapshot()``
+methods (admission, model gate, CPU dispatcher, worker pool) and the finished-trajectory counts the summary
+builder already keeps, whenever a reader asks: the progress line twice a second, the Prometheus exporter
+(:mod:`asyncroll.telemetry.exporter`) at scrape time. :func:`render_progress` is a pure function of one
+snapshot, so what the line says is tested without a terminal.
+
+The line is drawn on stderr and only when stderr is a terminal: ``asyncroll run … > out.txt`` or a pipe
+gets no control characters (``\\r`` redraws, a final newline), and ``--no-progress`` turns it off anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from asyncroll.clock import Clock
+from asyncroll.runtime.admission import Admission
+from asyncroll.runtime.dispatcher import CpuDispatcher, DispatcherSnapshot
+from asyncroll.runtime.limiter import LimiterSnapshot
+from asyncroll.runtime.model_gate import ModelGate, ModelGateSnapshot
+from asyncroll.runtime.pool import PoolSnapshot, WorkerPool
+
+#: Redraw period of the progress line, seconds (about twice a second: readable, and costs nothing).
+REDRAW_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """Every limiter of a run at one instant, plus finished-trajectory counts by status.
+
+    ``elapsed_s`` is None before the measurement clock started (workers starting, warm-up).
+    """
+
+    total: int
+    elapsed_s: float | None
+    admission: LimiterSnapshot
+    model: ModelGateSnapshot
+    cpu: DispatcherSnapshot
+    pool: PoolSnapshot
+    finished: Mapping[str, int]
+
+    @property
+    def completed(self) -> int:
+        return self.finished.get("completed", 0)
+
+    @property
+    def failed(self) -> int:
+        return self.finished.get("failed", 0)
+
+    @property
+    def done(self) -> int:
+        """Trajectories that ended, whatever their status (completed, failed, max_turns, …)."""
+        return sum(self.finished.values())
+
+
+class RunView:
+    """Reads a consistent :class:`RunSnapshot` of a running run; holds references, changes nothing."""
+
+    def __init__(
+        self,
+        *,
+        total: int,
+        clock: Clock,
+        admission: Admission,
+        gate: ModelGate,
+        dispatcher: CpuDispatcher,
+        pool: WorkerPool,
+        finished: Mapping[str, int],
+        origin: Callable[[], float | None],
+        ended: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        """``finished``: the status counter the summary builder keeps (read, never written);
+        ``origin``/``ended``: the clock readings at measurement start and end, or None before them (the
+        elapsed time stops at the end, so the final line shows the makespan, not cleanup too)."""
+        self.total = total
+        self._clock = clock
+        self._admission = admission
+        self._gate = gate
+        self._dispatcher = dispatcher
+        self._pool = pool
+        self._finished = finished
+        self._origin = origin
+        self._ended = ended
+
+    def snapshot(self) -> RunSnapshot:
+        origin, ended = self._origin(), self._ended()
+        now = self._clock.now() if ended is None else ended
+        return RunSnapshot(
+            total=self.total,
+            elapsed_s=None if origin is None else max(0.0, now - origin),
+            admission=self._admission.snapshot(),
+            model=self._gate.snapshot(),
+            cpu=self._dispatcher.snapshot(),
+            pool=self._pool.snapshot(),
+            # a copy: callers (the exporter) take snapshots on the event loop's thread, never beside it
+            finished={k: int(self._finished.get(k, 0)) for k in tuple(self._finished)},
+        )
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def render_progress(snap: RunSnapshot, width: int = 120) -> str:
+    """The progress line for one snapshot: ASCII, at most ``width`` characters, no control characters.
+
+    ``done/total`` counts every ended trajectory; the rate is ended trajectories per second of measured
+    time and the ETA extrapolates it (unknown until one has ended). Queue depths: model requests waiting
+    for a slot, CPU jobs waiting for a worker, and busy workers of the pool.
+    """
+    done, total = snap.done, snap.total
+    pct = f" {100 * done / total:3.0f}%" if total else ""
+    parts = [f"{done}/{total}{pct}"]
+    if snap.elapsed_s is None:
+        parts.append("starting (workers, warm-up)")
+    else:
+        rate = done / snap.elapsed_s if snap.elapsed_s > 0 else 0.0
+        parts.append(f"{rate:.2f}/s")
+        if done >= total and total:
+            parts.append(f"done in {_duration(snap.elapsed_s)}")
+        elif rate > 0:
+            parts.append(f"ETA {_duration((total - done) / rate)}")
+        else:
+            parts.append("ETA unknown")
+    parts.append(f"failed {snap.failed}")
+    parts.append(f"active {snap.admission.holding}/{snap.admission.limit}")
+    parts.append(f"model {snap.model.inflight}/{snap.model.limit} +{snap.model.queued} queued")
+    parts.append(f"cpu queue {snap.cpu.queued}")
+    parts.append(f"workers busy {snap.pool.busy}/{snap.pool.size}")
+    if snap.pool.restarts:
+        parts.append(f"restarts {snap.pool.restarts}")
+    line = " | ".join(parts)
+    return line if len(line) <= width else line[: max(1, width - 3)] + "..."  # ASCII: any terminal
+
+
+def progress_enabled(setting: bool | None, stream: TextIO) -> bool:
+    """On when asked or by default, and only if ``stream`` is a terminal (never into a pipe or a file)."""
+    if setting is False:
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):  # a closed or exotic stream: no line
+        return False
+
+
+class ProgressLine:
+    """Redraws :func:`render_progress` in place with ``\\r`` about twice a second until :meth:`stop`."""
+
+    def __init__(self, view: RunView, stream: TextIO | None = None, period: float = REDRAW_S) -> None:
+        self._view = view
+        self._stream = stream or sys.stderr
+        self._period = period
+        self._stop = asyncio.Event()
+        self._drawn = 0  # length of the last line drawn, to blank its tail on a shorter redraw
+        self.redraws = 0
+
+    def _width(self) -> int:
+        """One less than the terminal's columns (a full-width line would wrap); 120 when unknown."""
+        columns = 0
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            columns = os.get_terminal_size(self._stream.fileno()).columns
+        return max(20, columns - 1) if columns > 0 else 120
+
+    def draw(self) -> None:
+        """Draw the line once, overwriting the previous one."""
+        line = render_progress(self._view.snapshot(), self._width())
+        pad = " " * max(0, self._drawn - len(line))
+        self._stream.write("\r" + line + pad)
+        self._stream.flush()
+        self._drawn = len(line)
+        self.redraws += 1
+
+    async def run(self) -> None:
+        """Redraw until :meth:`stop`; a failing stream (closed terminal) ends the line, never the run."""
+        try:
+            while not self._stop.is_set():
+                self.draw()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self._period)
+        except (OSError, ValueError):
+            return
+
+    def stop(self) -> None:
+        """Stop redrawing; draw the final state and end the line with a newline."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with contextlib.suppress(OSError, ValueError):
+            self.draw()
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+class LiveView:
+    """The progress line and the ``--metrics-port`` exporter of one real-time run, started and stopped
+    together. A virtual-clock run (simulation) has none: a redraw timer would be part of its schedule."""
+
+    def __init__(
+        self,
+        view: RunView,
+        *,
+        progress: bool | None,
+        metrics_port: int | None,
+        metrics_host: str = "127.0.0.1",
+        info: dict[str, str] | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        self._view = view
+        self._stream = stream or sys.stderr
+        self._line = ProgressLine(view, self._stream) if progress_enabled(progress, self._stream) else None
+        self._metrics = (metrics_port, metrics_host, info)
+        self._exporter: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def progress(self) -> ProgressLine | None:
+        return self._line
+
+    def start(self, tg: asyncio.TaskGroup) -> dict[str, Any] | None:
+        """Listen on the metrics port (if asked; raises a clear error when it cannot) and start the line.
+        Returns the ``metrics`` section for ``run.json``, or None without ``--metrics-port``."""
+        described = None
+        port, host, info = self._metrics
+        if port is not None:
+            from asyncroll.telemetry.exporter import MetricsExporter, RuntimeCollector
+
+            collector = RuntimeCollector(self._view, asyncio.get_running_loop(), info)
+            self._exporter = MetricsExporter(collector, port, host).start()
+            described = self._exporter.describe()
+            with contextlib.suppress(OSError, ValueError):
+                self._stream.write(f"metrics: {self._exporter.url}\n")
+                self._stream.flush()
+        if self._line is not None:
+            self._task = tg.create_task(self._line.run())
+        return described
+
+    async def aclose(self) -> None:
+        """Final progress line, then release the metrics port (off the loop: a scrape in flight may be
+        waiting for the loop to take its snapshot)."""
+        if self._line is not None:
+            self._line.stop()
+        if self._task is not None and not self._task.done():  # done: cancelled with its task group
+            await self._task
+        if self._exporter is not None:
+            await asyncio.to_thread(self._exporter.stop)

@@ -1,0 +1,394 @@
+"""The serve-sim ASGI app: OpenAI chat completions served by the batching engine in real time.
+
+Request flow of ``POST /v1/chat/completions``: validate the body (400/404 with an OpenAI error object,
+as vLLM answers) → draw this request's faults → optional slow-down → choose the reply → run a sequence of
+the reply's size through :class:`~asyncroll.backends.server_model.BatchingServer` → answer with the
+OpenAI response shape, ``usage`` included.
+
+**The reply.** If the request carries ``X-Asyncroll-Action`` (asyncroll's replay mode puts the scripted
+action there), that action is echoed. Otherwise, with a ``json_schema`` response format, a schema-valid
+instance is drawn from a seeded policy (:mod:`asyncroll.serve_sim.policy`); with no schema the simulated
+model still speaks asyncroll's protocol and answers ``{"type": "final", "answer": ...}`` as text. With
+enforcement on (the default, like vLLM's guided decoding) an echoed action that violates the request's
+schema is refused with 400; with ``--no-enforce-schema`` (like ``transformers serve``) it is sent as is,
+and ``--invalid-action-rate`` makes some replies plain prose.
+
+**Sizes.** Prompt tokens = characters of all message contents ÷ ``chars_per_token`` (rounded up). The
+reply's tokens are its characters ÷ ``chars_per_token``; ``min_tokens`` raises that, ``ignore_eos``
+makes it exactly ``max_tokens``; a reply longer than ``max_tokens`` is cut there with
+``finish_reason: "length"``, as a real server cuts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import random
+import socket
+import struct
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+import jsonschema
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from asyncroll.backends.server_model import BatchingServer, ServerSnapshot
+from asyncroll.clock import Clock, SystemClock
+from asyncroll.serve_sim.config import SimConfig
+from asyncroll.serve_sim.faults import FaultPlan
+from asyncroll.serve_sim.metrics import EngineCollector, exposition, registry_for
+from asyncroll.serve_sim.policy import UnsupportedSchema, draw
+
+ACTION_HEADER = "x-asyncroll-action"
+PROSE = "Let me think about this step by step. The answer is probably 42."
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def abort_connection(transport: asyncio.BaseTransport | None, *, reset: bool = True) -> None:
+    """End the TCP connection: with RST (SO_LINGER 0), as a crashed peer or a proxy reset does, or
+    (``reset=False``) with a plain FIN after what was written, as a server that died mid-body does."""
+    if transport is None:
+        return
+    if not reset:
+        transport.close()
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()  # type: ignore[attr-defined]
+
+
+class _Abort(Response):
+    """Resets the connection at once, or sends headers and part of the body and then closes it."""
+
+    def __init__(self, sim: SimApp, headers_and_part: tuple[int, dict[str, str], bytes] | None) -> None:
+        super().__init__()
+        self._sim = sim
+        self._part = headers_and_part
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._part is not None:
+            status, headers, part = self._part
+            raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+            await send({"type": "http.response.start", "status": status, "headers": raw})
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        client = scope.get("client")
+        transport = self._sim.transports.get(tuple(client)) if client else None
+        abort_connection(transport, reset=self._part is None)
+        await asyncio.sleep(0)  # let the server see the connection is lost before the app returns
+
+
+class SimApp:
+    """State of one simulated server; ``.app`` is the ASGI application."""
+
+    def __init__(self, config: SimConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.engine = BatchingServer(config.engine, clock or SystemClock())
+        self.faults = FaultPlan(config.faults, config.seed, enforce_schema=config.enforce_schema)
+        self._rng = random.Random(config.seed + 1)
+        #: client (host, port) → its connection's transport; filled by the tracking protocol (server.py).
+        self.transports: dict[tuple[Any, ...], asyncio.BaseTransport] = {}
+        self.inflight = 0
+        self.peak_inflight = 0
+        self.requests = 0
+        self.statuses: Counter[int] = Counter()
+        self._seq = 0
+        #: The last chat request bodies with the scripted-action header, for tests and debugging.
+        self.recent_requests: deque[dict[str, Any]] = deque(maxlen=64)
+        self._in_engine: dict[int, int] = {}  # arrival-ordered: request seq → reserved KV tokens
+        self._registry = registry_for(EngineCollector(config.metrics_flavor, config.model, self._read))
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+                Route("/sim/stats", self.stats, methods=["GET"]),
+                Route("/sim/reset-stats", self.reset_stats, methods=["POST"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        engine = asyncio.create_task(self.engine.serve())
+        try:
+            yield
+        finally:
+            self.engine.close()
+            engine.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await engine
+
+    def _read(self) -> tuple[ServerSnapshot, float]:
+        """The engine snapshot and KV use: prompt + output tokens reserved by the running sequences.
+
+        Admission is FCFS, so the running sequences are the oldest ones still in the engine."""
+        snap = self.engine.snapshot()
+        reserved = sum(list(self._in_engine.values())[: snap.running])
+        return snap, min(1.0, reserved / self.config.kv_cache_tokens)
+
+    # --- small endpoints ---------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(self, request: Request) -> Response:
+        card = {
+            "id": self.config.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": self.config.metrics_flavor,
+            "root": self.config.model,
+            "max_model_len": self.config.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(exposition(self._registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def stats_dict(self) -> dict[str, Any]:
+        snap, kv = self._read()
+        return {
+            "inflight": self.inflight,
+            "peak_inflight": self.peak_inflight,
+            "requests": self.requests,
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "faults": dict(self.faults.injected),
+            "engine": asdict(snap),
+            "kv_cache_usage": kv,
+        }
+
+    async def stats(self, request: Request) -> Response:
+        return JSONResponse(self.stats_dict())
+
+    async def reset_stats(self, request: Request) -> Response:
+        """Zero the counters (the peak restarts from the requests in flight now)."""
+        self.peak_inflight = self.inflight
+        self.requests = 0
+        self.statuses.clear()
+        self.faults.injected.clear()
+        self.recent_requests.clear()
+        return JSONResponse(self.stats_dict())
+
+    # --- chat completions --------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+        self.requests += 1
+        try:
+            response = await self._chat(request)
+        except BadRequest as exc:
+            response = JSONResponse(error_body(str(exc), exc.status, exc.kind), status_code=exc.status)
+        finally:
+            self.inflight -= 1
+        self.statuses[response.status_code] += 1
+        return response
+
+    async def _chat(self, request: Request) -> Response:
+        cfg = self.config
+        body = _parse_body(await request.body())
+        self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
+        if body.get("model") != cfg.model:
+            raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
+        prompt_chars = _message_chars(body.get("messages"))
+        prompt_tokens = max(1, math.ceil(prompt_chars / cfg.chars_per_token))
+        max_tokens, min_tokens, ignore_eos = _lengths(body, cfg.max_model_len - prompt_tokens)
+        if prompt_tokens + max_tokens > cfg.max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
+                "the completion)."
+            )
+        schema = _schema(body.get("response_format"))
+        if schema is not None and cfg.faults.reject_schema:
+            raise BadRequest(
+                "The provided JSON schema contains features not supported by the structured-output backend "
+                "(serve-sim --reject-schema)."
+            )
+        fault, slow = self.faults.draw()
+        if slow:
+            await asyncio.sleep(cfg.faults.slow_s)
+        if fault in ("http_429", "http_500", "http_503"):
+            return self._status_fault(int(fault.removeprefix("http_")))
+        if fault == "reset":
+            return _Abort(self, None)
+        content = self._reply(request.headers.get(ACTION_HEADER), schema)
+        if fault == "invalid_action":
+            content = PROSE
+        content_tokens = max(1, math.ceil(len(content) / cfg.chars_per_token))
+        tokens = max_tokens if ignore_eos else min(max(content_tokens, min_tokens), max_tokens)
+        finish = "stop"
+        if content_tokens > max_tokens:
+            content, finish = content[: int(max_tokens * cfg.chars_per_token)], "length"
+        elif tokens > content_tokens:
+            finish = "length"
+        self._seq += 1
+        seq = self._seq
+        self._in_engine[seq] = prompt_tokens + tokens
+        try:
+            generation = await self.engine.generate(prompt_tokens, tokens)
+        finally:
+            self._in_engine.pop(seq, None)
+        payload = orjson.dumps(
+            {
+                "id": f"chatcmpl-sim-{seq}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": cfg.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": generation.output_tokens,
+                    "total_tokens": prompt_tokens + generation.output_tokens,
+                },
+            }
+        )
+        headers = {"content-type": "application/json"}
+        if fault == "malformed":
+            return Response(payload[: len(payload) // 2] + b"<!-- upstream error -->", 200, headers)
+        if fault == "truncate":
+            full = {**headers, "content-length": str(len(payload))}
+            return _Abort(self, (200, full, payload[: len(payload) // 2]))
+        return Response(payload, 200, headers)
+
+    def _status_fault(self, status: int) -> Response:
+        names = {429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+        headers: dict[str, str] = {}
+        retry_after = self.config.faults.retry_after_s
+        if status == 429 and retry_after is not None:
+            headers = {
+                "retry-after": str(math.ceil(retry_after)),
+                "retry-after-ms": str(round(retry_after * 1000)),
+            }
+        message = f"injected fault: HTTP {status} (serve-sim fault injection)"
+        return JSONResponse(error_body(message, status, names[status]), status, headers)
+
+    def _reply(self, scripted: str | None, schema: dict[str, Any] | None) -> str:
+        if scripted is not None:
+            try:
+                action = json.loads(scripted)
+            except json.JSONDecodeError as exc:
+                raise BadRequest(f"{ACTION_HEADER} is not JSON: {exc}") from exc
+            if schema is not None and self.config.enforce_schema:
+                errors = list(_validator(schema).iter_errors(action))
+                if errors:
+                    raise BadRequest(
+                        f"the scripted action in {ACTION_HEADER} violates the request's schema under "
+                        f"enforcement: {errors[0].message}"
+                    )
+            return json.dumps(action)
+        if schema is not None:
+            try:
+                return json.dumps(draw(schema, self._rng))
+            except UnsupportedSchema as exc:
+                raise BadRequest(f"unsupported JSON schema: {exc}") from exc
+        return json.dumps({"type": "final", "answer": f"answer-{self._rng.randrange(1000)}"})
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    return _cached_validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_validator(schema_json: bytes) -> jsonschema.protocols.Validator:
+    """Agents send the same few schemas over and over: check each against its metaschema once."""
+    schema = orjson.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _message_chars(messages: Any) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    total = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+        elif content is not None:
+            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
+    return total
+
+
+def _lengths(body: dict[str, Any], room: int) -> tuple[int, int, bool]:
+    def positive(name: str, default: int | None, minimum: int) -> int | None:
+        value = body.get(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise BadRequest(f"'{name}' must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    max_tokens = positive("max_tokens", None, 1) or positive("max_completion_tokens", None, 1)
+    max_tokens = max_tokens if max_tokens is not None else max(1, room)
+    min_tokens = positive("min_tokens", 0, 0) or 0
+    if min_tokens > max_tokens:
+        raise BadRequest(f"'min_tokens' ({min_tokens}) must be <= 'max_tokens' ({max_tokens})")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest(f"'ignore_eos' must be a boolean, got {ignore_eos!r}")
+    return max_tokens, min_tokens, ignore_eos
+
+
+def _schema(fmt: Any) -> dict[str, Any] | None:
+    """The JSON schema a ``response_format`` asks for (None for text/json_object); 400 if malformed."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise BadRequest("'response_format.type' must be text, json_object or json_schema")
+    if fmt["type"] != "json_schema":
+        return None
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise BadRequest("'response_format.json_schema.schema' must be a JSON object")
+    schema: dict[str, Any] = spec["schema"]
+    try:
+        _validator(schema)
+    except jsonschema.SchemaError as exc:
+        raise BadRequest(f"'response_format' holds an invalid JSON schema: {exc.message}") from exc
+    return schema

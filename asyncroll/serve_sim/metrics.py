@@ -1,0 +1,87 @@
+"""``GET /metrics`` of serve-sim in vLLM's or SGLang's exact Prometheus names, via ``prometheus_client``.
+
+Values are read at scrape time from one frozen :class:`~asyncroll.backends.server_model.ServerSnapshot`
+(plus the KV estimate), never from the engine's internals, so a scrape is consistent with itself.
+
+=========================  =================================  =============================
+quantity                   vLLM                               SGLang
+=========================  =================================  =============================
+running sequences          ``vllm:num_requests_running``      ``sglang:num_running_reqs``
+waiting sequences          ``vllm:num_requests_waiting``      ``sglang:num_queue_reqs``
+KV-cache use (0..1)        ``vllm:kv_cache_usage_perc``       ``sglang:token_usage``
+prompt tokens (counter)    ``vllm:prompt_tokens_total``       ``sglang:prompt_tokens_total``
+generated tokens (ctr)     ``vllm:generation_tokens_total``   ``sglang:generation_tokens_total``
+=========================  =================================  =============================
+
+Every series carries a ``model_name`` label, as both servers do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from asyncroll.backends.server_model import ServerSnapshot
+from asyncroll.serve_sim.config import MetricsFlavor
+
+NAMES: dict[MetricsFlavor, dict[str, str]] = {
+    "vllm": {
+        "running": "vllm:num_requests_running",
+        "waiting": "vllm:num_requests_waiting",
+        "kv": "vllm:kv_cache_usage_perc",
+        "prompt": "vllm:prompt_tokens",
+        "generation": "vllm:generation_tokens",
+    },
+    "sglang": {
+        "running": "sglang:num_running_reqs",
+        "waiting": "sglang:num_queue_reqs",
+        "kv": "sglang:token_usage",
+        "prompt": "sglang:prompt_tokens",
+        "generation": "sglang:generation_tokens",
+    },
+}
+
+
+class EngineCollector(Collector):
+    def __init__(
+        self, flavor: MetricsFlavor, model: str, read: Callable[[], tuple[ServerSnapshot, float]]
+    ) -> None:
+        """``read`` returns the engine snapshot and the KV-cache usage fraction, taken together."""
+        self._names = NAMES[flavor]
+        self._model = model
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        snap, kv = self._read()
+        n, labels = self._names, [self._model]
+
+        def gauge(key: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(n[key], doc, labels=["model_name"])
+            family.add_metric(labels, value)
+            return family
+
+        def counter(key: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(n[key], doc, labels=["model_name"])
+            family.add_metric(labels, value)
+            return family
+
+        yield gauge("running", "Number of requests in the running batch.", snap.running)
+        yield gauge("waiting", "Number of requests waiting to be scheduled.", snap.waiting)
+        yield gauge("kv", "KV-cache usage; 1 means 100 percent.", kv)
+        yield counter("prompt", "Number of prefill tokens processed.", snap.prompt_tokens)
+        yield counter("generation", "Number of generation tokens processed.", snap.generated_tokens)
+
+
+def registry_for(collector: EngineCollector) -> CollectorRegistry:
+    """A registry holding only the engine's series (no process or GC metrics of the simulator)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The text exposition format of one scrape."""
+    return generate_latest(registry)

@@ -1,0 +1,180 @@
+"""Running serve-sim on uvicorn: in the foreground (the CLI) or on a background thread (tests, benches).
+
+The listening socket is bound (and listening) *before* uvicorn starts, so the port is known at once, even
+with ``--port 0``, and a client that connects early waits in the backlog instead of being refused: no
+readiness polling anywhere. uvicorn's h11 protocol is subclassed only to remember each connection's
+transport, which the fault injector needs to reset a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from asyncroll.serve_sim.app import SimApp
+from asyncroll.serve_sim.config import SimConfig
+
+
+def tracking_protocol(sim: SimApp) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, registering each connection's transport in ``sim.transports``."""
+
+    class TrackingH11(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if self.client is not None:
+                sim.transports[tuple(self.client)] = transport
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.client is not None:
+                sim.transports.pop(tuple(self.client), None)
+            super().connection_lost(exc)
+
+    return TrackingH11
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; ``port`` 0 picks a free one (read it back with ``getsockname``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
+    # accepted sockets inherit it; without it Nagle + delayed ACK add ~40 ms to every response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(sim: SimApp, *, log_level: str = "warning") -> uvicorn.Server:
+    config = uvicorn.Config(
+        sim.app,
+        http=tracking_protocol(sim),
+        lifespan="on",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=2,
+        timeout_keep_alive=30,
+    )
+    return uvicorn.Server(config)
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass
+class RunningSim:
+    """A serve-sim on a background thread; ``sim`` is its state (read ``sim.stats_dict()``)."""
+
+    url: str
+    sim: SimApp
+    server: uvicorn.Server
+    thread: threading.Thread
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the server's loop and return its result (thread-safe state reads)."""
+        assert self.loop is not None
+
+        async def run() -> Any:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.call(self.sim.stats_dict))
+
+
+def start_thread(
+    sock: socket.socket, sim: SimApp, server: uvicorn.Server, *, done: threading.Event | None = None
+) -> RunningSim:
+    """Serve on a daemon thread with its own event loop (uvicorn installs no signal handlers off the main
+    thread); ``done`` is set when the server stops, for whatever reason."""
+    started = threading.Event()
+    running = RunningSim(url_of(sock), sim, server, threading.Thread())
+
+    def main() -> None:
+        async def serve() -> None:
+            running.loop = asyncio.get_running_loop()
+            started.set()
+            await server.serve(sockets=[sock])
+
+        try:
+            asyncio.run(serve())
+        finally:
+            started.set()
+            if done is not None:
+                done.set()
+
+    running.thread = threading.Thread(target=main, name=f"serve-sim {running.url}", daemon=True)
+    running.thread.start()
+    started.wait()
+    return running
+
+
+def stop(running: RunningSim, timeout: float) -> None:
+    running.server.should_exit = True
+    running.thread.join(timeout)
+    if running.thread.is_alive():
+        raise RuntimeError(f"serve-sim at {running.url} did not stop within {timeout}s")
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    config: SimConfig, host: str = "127.0.0.1", port: int = 0, *, stop_timeout: float = 10.0
+) -> Iterator[RunningSim]:
+    """Serve ``config`` on ``host``:``port`` (0: a free port) from a daemon thread for the ``with`` block."""
+    sock = bind(host, port)
+    sim = SimApp(config)
+    try:
+        running = start_thread(sock, sim, make_server(sim))
+        try:
+            yield running
+        finally:
+            stop(running, stop_timeout)
+    finally:
+        sock.close()
+
+
+def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "warning") -> int:
+    """The CLI: bind, print the URL (and the port, for ``--port 0``), serve until SIGINT/SIGTERM, then
+    shut down gracefully and return 0 (1 if the server stopped on its own, e.g. a failed start-up)."""
+    sock = bind(host, port)
+    sim = SimApp(config)
+    server = make_server(sim, log_level=log_level)
+    done = threading.Event()
+    signalled: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signalled.append(signum)
+        done.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        running = start_thread(sock, sim, server, done=done)
+        print(
+            f"serve-sim listening on {running.url} (model {config.model!r}, "
+            f"metrics {config.metrics_flavor}, port {sock.getsockname()[1]})",
+            flush=True,
+        )
+        done.wait()
+        stop(running, 30.0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+    return 0 if signalled else 1

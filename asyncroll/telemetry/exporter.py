@@ -1,0 +1,159 @@
+"""``--metrics-port``: the runtime's own gauges and counters for Prometheus, read at scrape time.
+
+A custom collector (:class:`RuntimeCollector`) turns one :class:`~asyncroll.runtime.progress.RunSnapshot`
+into metric families each time Prometheus scrapes; nothing is incremented in the hot path, so a run with
+the exporter on schedules exactly as one without it. The snapshot is taken on the event loop's own thread
+(the HTTP server answers on a thread of ``prometheus_client``), so one scrape sees one consistent instant
+of every limiter.
+
+The server binds ``127.0.0.1`` unless ``--metrics-host`` says otherwise (the numbers describe the client's
+workload, not for the open network). Port 0 picks a free port; the bound address is written to
+``run.json`` (``metrics``) and announced on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from asyncroll.errors import AsyncrollError
+from asyncroll.runtime.progress import RunSnapshot, RunView
+
+#: How long a scrape waits for the event loop to take the snapshot before it answers 500.
+SNAPSHOT_TIMEOUT_S = 5.0
+PREFIX = "asyncroll"
+
+
+class RuntimeCollector(Collector):
+    """Yields the run's gauges and counters from a fresh snapshot at every scrape."""
+
+    def __init__(
+        self,
+        view: RunView,
+        loop: asyncio.AbstractEventLoop | None = None,
+        info: dict[str, str] | None = None,
+    ) -> None:
+        """``loop``: the run's event loop; snapshots are taken on it (None: read on the caller's thread).
+        ``info``: static labels of the run (policy, backend) for ``asyncroll_run_info``."""
+        self._view = view
+        self._loop = loop
+        self._info = dict(info or {})
+
+    def snapshot(self) -> RunSnapshot:
+        loop = self._loop
+        if loop is None or loop.is_closed() or _on_loop_thread(loop):
+            return self._view.snapshot()
+        result: concurrent.futures.Future[RunSnapshot] = concurrent.futures.Future()
+
+        def take() -> None:
+            try:
+                result.set_result(self._view.snapshot())
+            except Exception as exc:  # noqa: BLE001 - handed to the scraping thread, which re-raises it
+                result.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(take)
+        except RuntimeError:  # the loop closed between the check and the call
+            return self._view.snapshot()
+        return result.result(timeout=SNAPSHOT_TIMEOUT_S)
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot()
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+        if self._info:
+            yield InfoMetricFamily(f"{PREFIX}_run", "Static facts of this run.", value=self._info)
+        yield gauge("trajectories_total", "Trajectories in the workload (after --limit).", snap.total)
+        yield gauge("active_trajectories", "Trajectories holding an admission slot.", snap.admission.holding)
+        yield gauge("active_trajectories_limit", "--max-active-trajectories.", snap.admission.limit)
+        yield gauge("model_requests_inflight", "Model requests holding a slot.", snap.model.inflight)
+        yield gauge("model_requests_queued", "Model requests waiting for a slot.", snap.model.queued)
+        yield gauge("model_requests_limit", "--max-inflight-model-requests.", snap.model.limit)
+        yield gauge("cpu_queue_depth", "CPU jobs waiting for a worker.", snap.cpu.queued)
+        yield gauge("workers_busy", "Tool workers running a job.", snap.pool.busy)
+        yield gauge("workers_idle", "Tool workers ready for a job.", snap.pool.idle)
+        yield gauge("workers_restarting", "Tool workers being replaced.", snap.pool.restarting)
+        yield gauge("workers", "Size of the tool worker pool (--cpu-workers).", snap.pool.size)
+        elapsed = -1.0 if snap.elapsed_s is None else snap.elapsed_s
+        yield gauge("measurement_elapsed_seconds", "Seconds since measurement start (-1: before).", elapsed)
+        finished = CounterMetricFamily(
+            f"{PREFIX}_trajectories_finished", "Trajectories that ended, by status.", labels=["status"]
+        )
+        for status in sorted({"completed", "failed", *snap.finished}):
+            finished.add_metric([status], snap.finished.get(status, 0))
+        yield finished
+        yield counter("trajectories_completed", "Trajectories that completed.", snap.completed)
+        yield counter("trajectories_failed", "Trajectories that failed.", snap.failed)
+        yield counter("trajectories_started", "Trajectories admitted.", snap.admission.total_acquired)
+        yield counter("model_requests", "Model requests that took a slot.", snap.model.requests)
+        yield counter("model_request_failures", "Model requests that failed.", snap.model.failures)
+        yield counter("scheduler_decisions", "CPU dispatch decisions of the policy.", snap.cpu.decisions)
+        yield counter("scheduler_reorders", "Decisions that skipped the oldest CPU job.", snap.cpu.reorders)
+        yield counter("worker_restarts", "Tool workers killed and replaced.", snap.pool.restarts)
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+class MetricsExporter:
+    """An HTTP ``/metrics`` endpoint for one run, on its own registry (never the process-global one)."""
+
+    def __init__(self, collector: RuntimeCollector, port: int, host: str = "127.0.0.1") -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._requested = (host, port)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None
+
+    @property
+    def host(self) -> str:
+        return self._requested[0]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def start(self) -> MetricsExporter:
+        """Listen now; a port in use or a bad host is a clear error naming the flag."""
+        from prometheus_client import start_http_server
+
+        host, port = self._requested
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise AsyncrollError(
+                f"--metrics-port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        self.port = int(self._server.server_port)
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        """The ``metrics`` section of ``run.json``."""
+        return {"host": self.host, "port": self.port, "url": self.url, "requested_port": self._requested[1]}
+
+    def stop(self) -> None:
+        """Stop serving and release the port (blocks briefly for the server thread)."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

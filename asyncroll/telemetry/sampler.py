@@ -1,0 +1,293 @@
+"""The telemetry sampler: a probe before the measurement clock, then a sample every interval.
+
+Lifecycle inside a run (``asyncroll/runtime/run.py``)::
+
+    probe()   before measurement_started: one read of each requested source → ``resource_probe``
+              (available or not, and why not); sources that failed are not sampled again
+    run()     a task of the run's task group: a ``resource_sample`` at once, then every
+              ``--telemetry-interval`` on a fixed grid (a late sample does not shift the next ones;
+              missed slots are skipped and show up as a longer gap)
+    stop()    after the measured window closed: one last sample, so the tail of the run is covered,
+              then the sources are closed
+
+It never crashes a run: every exception while sampling is caught, written into that sample's
+``errors`` and counted; the sampler goes on. Cancellation always propagates.
+
+Sources: the server's ``/metrics`` (``--metrics-url``; with ``--backend vllm`` or a declared vLLM/SGLang
+``--server-kind`` it defaults to ``<endpoint>/metrics``; the names are those of the declared kind, else
+detected from the text) and NVML (``--nvml-device``). On a virtual clock (simulation) no source is read:
+real readings would not line up with virtual time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from asyncroll.clock import Clock
+from asyncroll.events import EventLog, ResourceProbe, ResourceSample, SourceStatus
+from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
+from asyncroll.telemetry.server_metrics import FlavorSetting, MetricsUnavailable, ServerMetricsSource
+
+if TYPE_CHECKING:
+    from asyncroll.config import RunConfig
+
+#: ``ServerSample`` null keys → ``ResourceSample`` field names.
+SERVER_FIELDS = {
+    "running": "server_running",
+    "waiting": "server_waiting",
+    "kv_cache_usage": "kv_cache_usage",
+    "prompt_tokens": "prompt_tokens_per_s",
+    "generation_tokens": "generation_tokens_per_s",
+}
+GPU_FIELDS = ("gpu_util_pct", "gpu_mem_util_pct", "gpu_mem_used_bytes", "gpu_mem_total_bytes")
+PROBE_TIMEOUT_S = 5.0
+
+
+def metrics_url(cfg: RunConfig) -> str | None:
+    """``--metrics-url``; else ``<endpoint>/metrics`` for ``--backend vllm`` (SPEC §4.1) or a declared
+    vLLM/SGLang ``--server-kind``; else None (nothing is assumed of another server)."""
+    if not cfg.telemetry:
+        return None
+    if cfg.metrics_url is not None:
+        return cfg.metrics_url
+    if cfg.backend == "vllm" or metrics_flavor(cfg) != "auto":
+        return cfg.endpoint.rstrip("/") + "/metrics"
+    return None
+
+
+def metrics_flavor(cfg: RunConfig) -> FlavorSetting:
+    """The metric names to read: those of a declared ``--server-kind vllm|sglang``, else detected."""
+    kind = getattr(cfg, "server_kind", None)
+    return "vllm" if kind == "vllm" else "sglang" if kind == "sglang" else "auto"
+
+
+class TelemetrySampler:
+    """Probes and samples the requested sources, emitting ``resource_probe``/``resource_sample``."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        events: EventLog,
+        *,
+        interval: float,
+        server: ServerMetricsSource | None = None,
+        nvml: NvmlSource | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self._clock = clock
+        self._events = events
+        self.interval = interval
+        self.enabled = enabled
+        self._server = server
+        self._nvml = nvml
+        self._server_on = False
+        self._nvml_on = False
+        self._statuses: list[SourceStatus] = []
+        self._seq = 0
+        self.samples = 0
+        self.errors = 0
+        self.skipped_slots = 0
+        self.failed = False  # the sampling loop itself broke (a bug): no further samples
+        self._stop = asyncio.Event()
+        self._running = False
+        self._finished = asyncio.Event()
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, clock: Clock, events: EventLog) -> TelemetrySampler:
+        url = metrics_url(cfg)
+        server = None
+        if url is not None:
+            timeout = max(1.0, 3 * cfg.telemetry_interval)
+            server = ServerMetricsSource(url, flavor=metrics_flavor(cfg), model=cfg.model, timeout=timeout)
+        nvml = NvmlSource(cfg.nvml_device) if cfg.telemetry and cfg.nvml_device is not None else None
+        return cls(
+            clock, events, interval=cfg.telemetry_interval, server=server, nvml=nvml, enabled=cfg.telemetry
+        )
+
+    @property
+    def sampling(self) -> bool:
+        """Whether any source answered the probe (and so samples will be taken)."""
+        return self._server_on or self._nvml_on
+
+    @property
+    def statuses(self) -> list[SourceStatus]:
+        return list(self._statuses)
+
+    async def probe(self) -> None:
+        """Read each requested source once, before the clock starts; emit ``resource_probe`` (only when
+        a source was requested: a run without telemetry sources carries no telemetry events)."""
+        if not self.enabled or (self._server is None and self._nvml is None):
+            return
+        statuses: list[SourceStatus] = []
+        virtual = "not read on a virtual clock (simulation): real readings would not line up with its time"
+        if self._server is not None:
+            began = self._clock.now()
+            reason: str | None = virtual if self._clock.virtual else None
+            detail: dict[str, Any] = {"url": self._server.url}
+            if reason is None:
+                try:
+                    detail = await self._server.probe(max(self._server.timeout, PROBE_TIMEOUT_S))
+                    self._server_on = True
+                except MetricsUnavailable as exc:
+                    reason = str(exc)
+                except Exception as exc:  # noqa: BLE001 - telemetry never crashes a run; reported instead
+                    reason = f"{type(exc).__name__}: {exc}"
+            statuses.append(
+                SourceStatus(
+                    source="server_metrics",
+                    available=self._server_on,
+                    reason=reason,
+                    collection_s=round(self._clock.now() - began, 6),
+                    detail=detail,
+                )
+            )
+        if self._nvml is not None:
+            began = self._clock.now()
+            reason = virtual if self._clock.virtual else None
+            detail = {"index": self._nvml.index}
+            if reason is None:
+                try:
+                    detail = self._nvml.probe()
+                    self._nvml_on = True
+                except NvmlUnavailable as exc:
+                    reason = str(exc)
+                except Exception as exc:  # noqa: BLE001 - telemetry never crashes a run; reported instead
+                    reason = f"{type(exc).__name__}: {exc}"
+            statuses.append(
+                SourceStatus(
+                    source="nvml",
+                    available=self._nvml_on,
+                    reason=reason,
+                    collection_s=round(self._clock.now() - began, 6),
+                    detail=detail,
+                )
+            )
+        self._statuses = statuses
+        self._events.emit(ResourceProbe(interval_s=self.interval, sources=statuses))
+
+    def receipt(self) -> dict[str, Any]:
+        """The ``telemetry`` section of ``run.json``."""
+        return {
+            "requested": self.enabled,
+            "interval_s": self.interval,
+            "sources": [s.model_dump(mode="json") for s in self._statuses],
+            "note": None if self._statuses else self._no_source_note(),
+        }
+
+    def _no_source_note(self) -> str:
+        if not self.enabled:
+            return "telemetry off (--no-telemetry)"
+        return "no telemetry source requested (--metrics-url, or --backend vllm; --nvml-device)"
+
+    async def run(self) -> None:
+        """Sample on a fixed grid until :meth:`stop`. Never raises, except on cancellation: a failure
+        of a source is recorded in its sample; a failure of the loop itself (a bug) is counted in
+        ``errors``, sets ``failed`` and ends sampling, not the run."""
+        if not self.sampling:
+            return
+        self._running = True
+        try:
+            await self._loop()
+        except Exception:  # noqa: BLE001 - telemetry never crashes a run
+            self.errors += 1
+            self.failed = True
+        finally:
+            self._finished.set()
+
+    async def _loop(self) -> None:
+        clock = self._clock
+        start = clock.now()
+        slot = 0
+        while not self._stop.is_set():
+            await self._sample(late=max(0.0, clock.now() - (start + slot * self.interval)))
+            slot += 1
+            now = clock.now()
+            due = start + slot * self.interval
+            if now > due:  # the sample overran its slot: skip to the next grid point still ahead
+                missed = int((now - due) // self.interval) + 1
+                self.skipped_slots += missed
+                slot += missed
+                due = start + slot * self.interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, due - now))
+
+    async def stop(self) -> None:
+        """End sampling: wait for the loop to leave, take one last sample, close the sources."""
+        self._stop.set()
+        if self._running:
+            await self._finished.wait()
+            await self._sample(late=0.0)
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._nvml is not None:
+            self._nvml.close()
+        if self._server is not None:
+            await self._server.aclose()
+
+    async def _sample(self, late: float) -> None:
+        """Collect one sample from every available source and emit it; count and record any failure."""
+        self._seq += 1
+        values: dict[str, Any] = {}
+        nulls: dict[str, str] = {}
+        errors: list[str] = []
+        timing: dict[str, float] = {}
+        clock = self._clock
+        if self._server_on and self._server is not None:
+            began = clock.now()
+            try:
+                got = await self._server.read(clock.now)
+                values.update(
+                    server_running=got.running,
+                    server_waiting=got.waiting,
+                    kv_cache_usage=got.kv_cache_usage,
+                    prompt_tokens_per_s=got.prompt_tokens_per_s,
+                    generation_tokens_per_s=got.generation_tokens_per_s,
+                    counter_resets=got.counter_resets,
+                )
+                nulls.update({SERVER_FIELDS[k]: v for k, v in got.nulls.items()})
+                if got.error is not None:
+                    nulls.update(dict.fromkeys(SERVER_FIELDS.values(), "error"))
+                    errors.append(f"server_metrics: {got.error}")
+            except Exception as exc:  # noqa: BLE001 - a sampler bug must not end the run; recorded
+                nulls.update(dict.fromkeys(SERVER_FIELDS.values(), "error"))
+                errors.append(f"server_metrics: {type(exc).__name__}: {exc}")
+            timing["server_metrics"] = round(clock.now() - began, 6)
+        if self._nvml_on and self._nvml is not None:
+            began = clock.now()
+            try:
+                gpu = self._nvml.read()
+                values.update(
+                    gpu_util_pct=gpu.util_pct,
+                    gpu_mem_util_pct=gpu.mem_util_pct,
+                    gpu_mem_used_bytes=gpu.mem_used_bytes,
+                    gpu_mem_total_bytes=gpu.mem_total_bytes,
+                )
+                nulls.update(gpu.nulls)
+                if gpu.error is not None:
+                    errors.append(f"nvml: {gpu.error}")
+            except Exception as exc:  # noqa: BLE001 - a sampler bug must not end the run; recorded
+                nulls.update(dict.fromkeys(GPU_FIELDS, "error"))
+                errors.append(f"nvml: {type(exc).__name__}: {exc}")
+            timing["nvml"] = round(clock.now() - began, 6)
+        self.errors += len(errors)
+        try:
+            self._events.emit(
+                ResourceSample(
+                    seq=self._seq,
+                    collection_s=timing,
+                    nulls=nulls,
+                    errors=[e[:500] for e in errors],
+                    late_s=round(late, 6),
+                    **values,
+                )
+            )
+            self.samples += 1
+        except Exception:  # noqa: BLE001 - e.g. a subscriber failed: counted, and sampling goes on
+            self.errors += 1

@@ -1,0 +1,341 @@
+"""The inference server's own view of its load: vLLM or SGLang ``/metrics`` in Prometheus text format.
+
+What is read (SPEC §10), per flavour:
+
+============================  ==============================  ===========================
+quantity                      vLLM                            SGLang
+============================  ==============================  ===========================
+requests running (Σ series)   ``vllm:num_requests_running``   ``sglang:num_running_reqs``
+requests waiting (Σ series)   ``vllm:num_requests_waiting``   ``sglang:num_queue_reqs``
+KV-cache usage (max series)   ``vllm:kv_cache_usage_perc``,   ``sglang:token_usage``
+                              else legacy
+                              ``vllm:gpu_cache_usage_perc``
+prompt tokens (counter)       ``vllm:prompt_tokens_total``    ``sglang:prompt_tokens_total``
+generated tokens (counter)    ``vllm:generation_tokens_total`` ``sglang:generation_tokens_total``
+============================  ==============================  ===========================
+
+Series whose ``model_name`` label names another model are ignored (one server may serve several);
+series without the label are kept. A quantity with no series is *missing*; one with a non-finite or
+negative value is *invalid*; both are ``None`` and reported by name, never replaced by zero. Counters are
+turned into per-second rates between two readings by :class:`CounterRate`, which detects resets (a
+restarted server's counter falls back towards zero).
+
+Only the lines of the wanted metrics are handed to ``prometheus_client``'s parser: a vLLM exposition is
+mostly histogram buckets, and parsing all of it on every sample would cost the client's event loop far
+more than the few lines it needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    import httpx
+
+Flavor = Literal["vllm", "sglang"]
+FlavorSetting = Literal["auto", "vllm", "sglang"]
+SeriesKey = tuple[tuple[str, str], ...]
+NullReason = Literal["missing", "invalid"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricNames:
+    """The Prometheus sample names one server flavour uses for the quantities asyncroll reads."""
+
+    flavor: Flavor
+    running: str
+    waiting: str
+    kv_cache: tuple[str, ...]  # preferred first; later names are legacy fallbacks
+    prompt_tokens: str
+    generation_tokens: str
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (self.running, self.waiting, *self.kv_cache, self.prompt_tokens, self.generation_tokens)
+
+
+VLLM = MetricNames(
+    "vllm",
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    kv_cache=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    prompt_tokens="vllm:prompt_tokens_total",
+    generation_tokens="vllm:generation_tokens_total",
+)
+SGLANG = MetricNames(
+    "sglang",
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+    kv_cache=("sglang:token_usage",),
+    prompt_tokens="sglang:prompt_tokens_total",
+    generation_tokens="sglang:generation_tokens_total",
+)
+NAMES: dict[Flavor, MetricNames] = {"vllm": VLLM, "sglang": SGLANG}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerReading:
+    """One parsed exposition. Counters stay per series so that resets are detected series by series."""
+
+    flavor: Flavor
+    running: float | None
+    waiting: float | None
+    kv_cache_usage: float | None
+    kv_cache_metric: str | None  # which name supplied it (the legacy fallback is visible)
+    prompt_tokens: dict[SeriesKey, float]
+    generation_tokens: dict[SeriesKey, float]
+    nulls: dict[str, NullReason] = field(default_factory=dict)
+    other_models: tuple[str, ...] = ()
+
+
+def _sample_name(line: str) -> str:
+    """The metric name a sample line starts with (up to ``{`` or whitespace)."""
+    end = len(line)
+    for stop in ("{", " ", "\t"):
+        i = line.find(stop)
+        if 0 <= i < end:
+            end = i
+    return line[:end]
+
+
+def detect_flavor(text: str) -> Flavor | None:
+    """vLLM or SGLang, from which running-requests gauge the exposition has a sample of (vLLM first)."""
+    for names in (VLLM, SGLANG):
+        for line in text.splitlines():
+            if line.startswith(names.running) and _sample_name(line) == names.running:
+                return names.flavor
+    return None
+
+
+def _wanted_samples(text: str, names: Iterable[str]) -> Iterable[tuple[str, Any]]:
+    """(name, prometheus_client Sample or the ValueError a malformed line raised), wanted lines only."""
+    wanted = tuple(names)
+    exact = set(wanted)
+    for line in text.splitlines():
+        if not line.startswith(wanted):
+            continue
+        name = _sample_name(line)
+        if name not in exact:
+            continue
+        try:
+            for family in text_string_to_metric_families(line + "\n"):
+                for sample in family.samples:
+                    yield name, sample
+        except ValueError as exc:  # one malformed line spoils only its own quantity
+            yield name, exc
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value) and value >= 0
+
+
+def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> ServerReading:
+    """Parse one exposition for the quantities in ``names``, keeping only ``model``'s series."""
+    series: dict[str, list[tuple[SeriesKey, float]]] = {n: [] for n in names.all}
+    broken: set[str] = set()
+    others: set[str] = set()
+    for name, sample in _wanted_samples(text, names.all):
+        if isinstance(sample, ValueError):
+            broken.add(name)
+            continue
+        labels: dict[str, str] = sample.labels
+        served = labels.get("model_name")
+        if model is not None and served is not None and served != model:
+            others.add(served)
+            continue
+        series[name].append((tuple(sorted(labels.items())), float(sample.value)))
+    nulls: dict[str, NullReason] = {}
+
+    def gauge(key: str, name: str, combine: Any) -> float | None:
+        values = [v for _, v in series[name]]
+        if name in broken or any(not _finite(v) for v in values):
+            nulls[key] = "invalid"
+            return None
+        if not values:
+            nulls[key] = "missing"
+            return None
+        return float(combine(values))
+
+    running = gauge("running", names.running, sum)
+    waiting = gauge("waiting", names.waiting, sum)
+    kv_metric = next((n for n in names.kv_cache if series[n] or n in broken), None)
+    if kv_metric is None:
+        kv, nulls["kv_cache_usage"] = None, "missing"
+    else:
+        kv = gauge("kv_cache_usage", kv_metric, max)
+
+    def counter(key: str, name: str) -> dict[SeriesKey, float]:
+        good = {k: v for k, v in series[name] if _finite(v)}
+        if name in broken or len(good) < len(series[name]):
+            nulls[key] = "invalid"
+        elif not good:
+            nulls[key] = "missing"
+        return good
+
+    return ServerReading(
+        names.flavor,
+        running,
+        waiting,
+        kv,
+        kv_metric if kv is not None else None,
+        counter("prompt_tokens", names.prompt_tokens),
+        counter("generation_tokens", names.generation_tokens),
+        nulls,
+        tuple(sorted(others)),
+    )
+
+
+class CounterRate:
+    """Per-second rate of a (multi-series) Prometheus counter between consecutive readings.
+
+    A series whose value fell since the last reading was reset (the server restarted): its increase is
+    taken as its new value, as Prometheus' ``rate()`` does. Series seen for the first time contribute
+    nothing until their second reading. A reading with no valid series gives ``None`` and keeps the last
+    good one, so the next rate spans the gap.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[SeriesKey, float] | None = None
+        self._at = 0.0
+        self.resets = 0
+
+    def update(self, values: dict[SeriesKey, float], at: float) -> tuple[float | None, int]:
+        """Returns (tokens per second or None, resets detected in this reading)."""
+        if not values:
+            return None, 0
+        last, since = self._last, self._at
+        self._last, self._at = dict(values), at
+        if last is None or at <= since:
+            return None, 0
+        increase, common, resets = 0.0, 0, 0
+        for key, value in values.items():
+            prev = last.get(key)
+            if prev is None:
+                continue
+            common += 1
+            if value < prev:
+                resets += 1
+                increase += value
+            else:
+                increase += value - prev
+        self.resets += resets
+        return (round(increase / (at - since), 6) if common else None), resets
+
+
+@dataclass(slots=True)
+class ServerSample:
+    """What one ``/metrics`` read contributes to a ``resource_sample``."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    counter_resets: int = 0
+    nulls: dict[str, NullReason] = field(default_factory=dict)
+    error: str | None = None
+
+
+class MetricsUnavailable(Exception):
+    """The metrics source cannot be used; the message says why (for the probe's ``reason``)."""
+
+
+class ServerMetricsSource:
+    """``GET`` a Prometheus endpoint of a vLLM or SGLang server and read it (see the module docstring)."""
+
+    name = "server_metrics"
+
+    def __init__(
+        self, url: str, *, flavor: FlavorSetting = "auto", model: str | None, timeout: float
+    ) -> None:
+        self.url = url
+        self.setting = flavor
+        self.model = model
+        self.timeout = timeout
+        self.names: MetricNames | None = None if flavor == "auto" else NAMES[flavor]
+        self._client: httpx.AsyncClient | None = None
+        self._prompt = CounterRate()
+        self._generation = CounterRate()
+
+    async def _get(self, limit_s: float) -> str:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient()
+        try:
+            response = await self._client.get(self.url, timeout=limit_s)
+        except httpx.TimeoutException as exc:
+            raise MetricsUnavailable(f"GET {self.url}: no response within {limit_s:g} s") from exc
+        except httpx.HTTPError as exc:
+            raise MetricsUnavailable(f"GET {self.url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 404:
+            raise MetricsUnavailable(
+                f"GET {self.url}: HTTP 404: the server exposes no Prometheus metrics there "
+                "(transformers serve has none; SGLang needs --enable-metrics)"
+            )
+        if response.status_code != 200:
+            raise MetricsUnavailable(f"GET {self.url}: HTTP {response.status_code}")
+        return response.text
+
+    async def probe(self, limit_s: float) -> dict[str, Any]:
+        """Fetch once before the clock starts (``limit_s`` per request); fixes the flavour.
+        Raises :class:`MetricsUnavailable`."""
+        text = await self._get(limit_s)
+        found = detect_flavor(text)
+        if self.names is None:
+            if found is None:
+                raise MetricsUnavailable(
+                    f"GET {self.url}: no vLLM ({VLLM.running}) or SGLang ({SGLANG.running}) metrics in the "
+                    "response"
+                )
+            self.names = NAMES[found]
+        elif not any(_sample_name(line) == self.names.running for line in text.splitlines()):
+            raise MetricsUnavailable(f"GET {self.url}: no {self.names.running} in the response")
+        reading = parse_metrics(text, self.names, self.model)
+        if "running" in reading.nulls and reading.other_models:
+            raise MetricsUnavailable(
+                f"GET {self.url}: no series for model_name={self.model!r}; the server reports "
+                f"{', '.join(repr(m) for m in reading.other_models)} (check --model)"
+            )
+        detail: dict[str, Any] = {
+            "url": self.url,
+            "flavor": self.names.flavor,
+            "flavor_setting": self.setting,
+            "model_filter": self.model,
+            "kv_cache_metric": reading.kv_cache_metric,
+            "missing_at_probe": sorted(reading.nulls),
+        }
+        if reading.other_models:
+            detail["other_models"] = list(reading.other_models)
+        return detail
+
+    async def read(self, now: Callable[[], float]) -> ServerSample:
+        """One sample: fetch, parse, turn counters into rates. Never raises for a bad server."""
+        try:
+            text = await self._get(self.timeout)
+        except MetricsUnavailable as exc:
+            return ServerSample(error=str(exc))
+        at = now()
+        assert self.names is not None, "read() before a successful probe()"
+        reading = parse_metrics(text, self.names, self.model)
+        prompt, r1 = self._prompt.update(reading.prompt_tokens, at)
+        generation, r2 = self._generation.update(reading.generation_tokens, at)
+        return ServerSample(
+            running=reading.running,
+            waiting=reading.waiting,
+            kv_cache_usage=reading.kv_cache_usage,
+            prompt_tokens_per_s=prompt,
+            generation_tokens_per_s=generation,
+            counter_resets=r1 + r2,
+            nulls=dict(reading.nulls),
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()

@@ -1,0 +1,111 @@
+"""The pressure policy's goal, checked in simulation cell by cell, as a ratio to the makespan lower bound.
+
+For three CPU:model mixes of ``bench.synthetic`` (200 trajectories; model turns ~400 ms; ``crunch`` jobs
+~300, ~500 or ~600 ms, heavy-tailed; 60% repair) and the operating points active ∈ {4, 8, 16, 32} ×
+workers ∈ {1, 2, 4} at 4 inflight, plus 16 active / 8 inflight / 2 workers, every policy runs on the
+same 5 jitter seeds (common random numbers: the comparison is paired). Per cell and policy: FIFO ÷
+bound, policy ÷ bound (median over seeds), the paired makespan change against FIFO (min / median / max,
+and the mean with a 95% t interval), the share of FIFO's gap to the bound the policy closes, and the
+goal's verdict: *never worse than FIFO beyond noise* (the interval's lower end ≤ 0) and, where FIFO is
+more than 5% above the bound, *at least half of the gap closed*.
+
+Run: ``python -m bench.pressure_map [--policies asyncroll,asyncroll_seed] [--seeds 5]`` (≈ 10 minutes
+on a 2-vCPU VM for the default two policies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from asyncroll.simulation.engine import SimulationSettings
+from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from bench import synthetic
+from bench.common import machine
+from bench.paired import interval
+
+MIXES = (300.0, 500.0, 600.0)  # crunch ms; model ms is 400 throughout
+# (active, inflight, workers) grids: the main one, and 16 / 8 / 2
+GRIDS: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...] = (
+    ((4, 8, 16, 32), (4,), (1, 2, 4)),
+    ((16,), (8,), (2,)),
+)
+
+
+def cells(rows: list[dict[str, Any]], policy: str, seeds: int) -> list[dict[str, Any]]:
+    by = {(r["policy"], r["active"], r["inflight"], r["workers"], r["seed"]): r for r in rows}
+    points = sorted({(r["active"], r["inflight"], r["workers"]) for r in rows})
+    out = []
+    for a, i, w in points:
+        fifo = [by["fifo", a, i, w, s] for s in range(seeds)]
+        mine = [by[policy, a, i, w, s] for s in range(seeds)]
+        change = [m["makespan_s"] / f["makespan_s"] - 1 for m, f in zip(mine, fifo, strict=True)]
+        fifo_ratio = statistics.median(f["makespan_s"] / f["lower_bound_s"] for f in fifo)
+        mine_ratio = statistics.median(m["makespan_s"] / m["lower_bound_s"] for m in mine)
+        gap = fifo_ratio - 1
+        closed = (fifo_ratio - mine_ratio) / gap if gap > 0 else None
+        mean = statistics.fmean(change)
+        half = interval_half(change)
+        not_worse = mean - half <= 0
+        verdict = "ok" if not_worse else "WORSE"
+        if gap > 0.05:
+            verdict += ", half closed" if closed is not None and closed >= 0.5 else ", < half closed"
+        out.append(
+            {
+                "point": f"{a} / {i} / {w}",
+                "fifo_ratio": fifo_ratio,
+                "ratio": mine_ratio,
+                "change": change,
+                "closed": closed,
+                "verdict": verdict,
+            }
+        )
+    return out
+
+
+def interval_half(xs: list[float]) -> float:
+    from bench.paired import t95
+
+    return t95(len(xs) - 1) * statistics.stdev(xs) / len(xs) ** 0.5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--policies", default="asyncroll,asyncroll_seed")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--n", type=int, default=200)
+    args = parser.parse_args()
+    policies = tuple(args.policies.split(","))
+    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-map-"))
+    print(f"machine: {machine()}")
+    print(f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6")
+    for cpu_ms in MIXES:
+        workload = synthetic.write(tmp / f"syn{cpu_ms:g}.jsonl", args.n, 400.0, cpu_ms, 0)
+        base = {"max_turns": 6}
+        rows: list[dict[str, Any]] = []
+        for n, (active, inflight, workers) in enumerate(GRIDS):
+            spec = SweepSpec(("fifo", *policies), active, inflight, workers, args.seeds, 0.25)
+            out = tmp / f"cpu{cpu_ms:g}-{n}"
+            rows += run_sweep(workload, workload.parent, base, spec, SimulationSettings(), out)
+        for policy in policies:
+            print(f"\ncrunch ~{cpu_ms:g} ms, model ~400 ms — {policy} vs fifo")
+            print(
+                "| active / inflight / workers | fifo ÷ bound | policy ÷ bound | makespan change "
+                "(min / med / max) | mean [95% t interval] | gap closed | goal |"
+            )
+            print("|---|---:|---:|---|---|---:|---|")
+            for c in cells(rows, policy, args.seeds):
+                lo, mid, hi = min(c["change"]), statistics.median(c["change"]), max(c["change"])
+                closed = "n/a" if c["closed"] is None else f"{100 * c['closed']:.0f}%"
+                print(
+                    f"| {c['point']} | {c['fifo_ratio']:.3f} | {c['ratio']:.3f} "
+                    f"| {100 * lo:+.1f}% / {100 * mid:+.1f}% / {100 * hi:+.1f}% | {interval(c['change'])} "
+                    f"| {closed} | {c['verdict']} |"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""A real engine nobody here wrote: Hugging Face ``transformers serve`` on CPU, driven in replay mode.
+
+Builds a tiny random-weight Llama (``scripts/make_tiny_llama.py``; offline), starts
+``transformers serve MODEL --device cpu --continuous-batching`` with a sized KV cache in its own process
+group, waits for ``/health``, then runs a scripted workload with ``asyncroll run --backend openai
+--server-kind transformers --replay`` at each inflight limit (real HTTP, real decoding of the scripted
+token budgets) and reports per setting: wall time, completed trajectories, model requests/s, median and
+p95 model latency, and completion tokens per request. The server is stopped (its whole group) at the end.
+
+Needs a Python environment with the engine: ``python3 -m venv .venv-hf && .venv-hf/bin/pip install
+torch==2.13.0 'transformers[serving]'`` (pin torch: its CPU wheel; an unpinned one pulls a CUDA build).
+Run: ``python -m bench.transformers_serve --hf-python .venv-hf/bin/python [--inflight 1,4,16] [--n 32]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import machine, write_workload
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Engine:
+    url: str
+    model: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        """TERM the server's whole process group, then KILL after a grace period."""
+        if self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_model(hf_python: Path, out: Path) -> Path:
+    subprocess.run(
+        [str(hf_python), str(REPO / "scripts" / "make_tiny_llama.py"), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def start_engine(hf_python: Path, model: Path, log: Path, ready_timeout: float = 180.0) -> Engine:
+    """Start ``transformers serve`` (offline, CPU, continuous batching, a small sized KV cache)."""
+    port = free_port()
+    cli = hf_python.parent / "transformers"
+    argv = [str(cli), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    argv += ["--continuous-batching", "--cb-num-blocks", "128", "--cb-block-size", "32"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    engine = Engine(f"http://127.0.0.1:{port}", str(model), process, log)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"transformers serve exited ({process.returncode}); log: {log.read_text()[-2000:]}"
+            )
+        try:
+            if httpx.get(f"{engine.url}/health", timeout=2).status_code == 200:
+                return engine
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    engine.stop()
+    raise RuntimeError(
+        f"transformers serve not ready within {ready_timeout:g}s; log: {log.read_text()[-2000:]}"
+    )
+
+
+def workload(n: int, tool_tokens: int = 24, final_tokens: int = 16) -> list[dict[str, Any]]:
+    """Each trajectory: a tool call (``add``) then a final answer; the budgets are what the server decodes."""
+    return [
+        {
+            "id": f"t{i}",
+            "prompt": f"Add {i} and {i + 1}, then answer.",
+            "tools": [{"name": "add"}],
+            "script": [
+                {
+                    "type": "tool",
+                    "name": "add",
+                    "arguments": {"a": i, "b": i + 1},
+                    "output_tokens": tool_tokens,
+                },
+                {"type": "final", "answer": str(2 * i + 1), "output_tokens": final_tokens},
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+def run_client(engine: Engine, workload_path: Path, out: Path, inflight: int, *extra: str) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        "-m",
+        "asyncroll.cli",
+        "run",
+        "--workload",
+        str(workload_path),
+        "--output",
+        str(out),
+    ]
+    argv += ["--backend", "openai", "--server-kind", "transformers", "--model", engine.model]
+    argv += ["--endpoint", engine.url, "--max-inflight-model-requests", str(inflight)]
+    argv += ["--max-active-trajectories", str(max(inflight, 1) * 2), "--cpu-workers", "2", "--no-progress"]
+    argv += ["--request-timeout", "120", *extra]
+    began = time.perf_counter()
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - began
+    if not (out / "summary.json").exists():
+        raise RuntimeError(f"client failed ({result.returncode}): {result.stderr[-2000:]}")
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    finished = [e for e in events if e["event"] == "model_finished"]
+    summary = json.loads((out / "summary.json").read_text())
+    latencies = sorted(e["latency_s"] for e in finished)
+    tokens = [e["completion_tokens"] for e in finished if e.get("completion_tokens") is not None]
+    makespan = summary["makespan_s"]
+    return {
+        "returncode": result.returncode,
+        "stderr": result.stderr,
+        "wall_s": wall,
+        "summary": summary,
+        "events": events,
+        "requests": len(finished),
+        "requests_per_s": len(finished) / makespan if makespan else None,
+        "latency_p50_s": statistics.median(latencies) if latencies else None,
+        "latency_p95_s": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None,
+        "completion_tokens": tokens,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hf-python", type=Path, required=True)
+    parser.add_argument("--inflight", default="1,4,16")
+    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-hf-"))
+    model = build_model(args.hf_python, tmp / "tiny-llama")
+    path = write_workload(tmp / "workload.jsonl", workload(args.n))
+    engine = start_engine(args.hf_python, model, tmp / "server.log")
+    print(f"machine: {machine()}")
+    print(
+        f"transformers serve (tiny random Llama, CPU, continuous batching); {args.n} trajectories × 2 turns"
+    )
+    print("| inflight | completed | requests/s (min / med / max) | latency p50 s (median) | p95 s (median) |")
+    print("|---:|---:|---|---:|---:|")
+    try:
+        for inflight in (int(x) for x in args.inflight.split(",")):
+            rows = [
+                run_client(engine, path, tmp / f"run-{inflight}-{r}", inflight, "--replay")
+                for r in range(args.repeats)
+            ]
+            rates = sorted(r["requests_per_s"] for r in rows)
+            done = statistics.median(r["summary"]["counts"]["completed"] for r in rows)
+            p50 = statistics.median(r["latency_p50_s"] for r in rows)
+            p95 = statistics.median(r["latency_p95_s"] for r in rows)
+            print(
+                f"| {inflight} | {done:g} / {args.n} "
+                f"| {rates[0]:.1f} / {rates[len(rates) // 2]:.1f} / {rates[-1]:.1f} | {p50:.3f} | {p95:.3f} |"
+            )
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    main()

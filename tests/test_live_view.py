@@ -1,0 +1,263 @@
+"""The live view of a run: the progress line (a pure function of snapshots, then a real run on a real
+pseudo-terminal) and ``--metrics-port`` (scraped over real HTTP while a real run with real workers runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import io
+import json
+import os
+import pty
+import select
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from asyncroll.config import build_config
+from asyncroll.errors import UsageError
+from asyncroll.runtime.dispatcher import DispatcherSnapshot
+from asyncroll.runtime.limiter import LimiterSnapshot
+from asyncroll.runtime.model_gate import ModelGateSnapshot
+from asyncroll.runtime.pool import PoolSnapshot
+from asyncroll.runtime.progress import ProgressLine, RunSnapshot, progress_enabled, render_progress
+from tests.conftest import REPO, tool_problem, write_workload
+
+SMOKE = REPO / "examples" / "smoke.jsonl"
+
+
+def snap(
+    done: dict[str, int], elapsed: float | None, *, total: int = 10, queued_cpu: int = 2, restarts: int = 0
+) -> RunSnapshot:
+    return RunSnapshot(
+        total=total,
+        elapsed_s=elapsed,
+        admission=LimiterSnapshot(limit=4, holding=3, waiting=0, peak_holding=4, total_acquired=7),
+        model=ModelGateSnapshot(limit=2, inflight=2, queued=1, peak_inflight=2, requests=9, failures=0),
+        cpu=DispatcherSnapshot(queued=queued_cpu, decisions=5, reorders=1, peak_queued=3),
+        pool=PoolSnapshot(size=2, idle=0, busy=2, restarting=0, peak_busy=2, restarts=restarts),
+        finished=done,
+    )
+
+
+def test_progress_line_is_a_function_of_the_snapshot() -> None:
+    line = render_progress(snap({"completed": 3, "failed": 1}, 8.0))
+    assert line == (
+        "4/10  40% | 0.50/s | ETA 0:12 | failed 1 | active 3/4 | model 2/2 +1 queued | cpu queue 2 | "
+        "workers busy 2/2"
+    )
+    assert "starting (workers, warm-up)" in render_progress(snap({}, None))
+    assert "ETA unknown" in render_progress(snap({}, 5.0))
+    done = render_progress(snap({"completed": 9, "max_turns": 1}, 4000.0, restarts=2), width=200)
+    assert done.startswith("10/10 100% | 0.00/s | done in 1:06:40 | failed 0") and done.endswith("restarts 2")
+    short = render_progress(snap({"completed": 3}, 8.0), width=30)
+    assert len(short) == 30 and short.endswith("...") and short.isascii()
+    assert "\r" not in line and "\n" not in line
+
+
+class _View:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def snapshot(self) -> RunSnapshot:
+        self.calls += 1
+        return snap({"completed": self.calls}, float(self.calls))
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.timeout(10)
+def test_progress_line_redraws_in_place_and_ends_with_a_newline() -> None:
+    stream = _Tty()
+    line = ProgressLine(_View(), stream, period=0.01)  # type: ignore[arg-type]
+
+    async def three_redraws() -> None:
+        task = asyncio.create_task(line.run())
+        while line.redraws < 3:  # noqa: ASYNC110 - polls a plain counter the redraw loop bumps
+            await asyncio.sleep(0.005)
+        line.stop()
+        line.stop()  # idempotent: one final line, one newline
+        await task
+
+    asyncio.run(three_redraws())
+    text = stream.getvalue()
+    assert text.count("\r") == line.redraws >= 4 and text.endswith("\n") and text.count("\n") == 1
+    assert text.split("\r")[-1].startswith(f"{line.redraws}/10")  # the final state, drawn by stop()
+    assert progress_enabled(None, stream) and progress_enabled(True, stream)
+    assert not progress_enabled(False, stream) and not progress_enabled(None, io.StringIO())
+
+
+def test_progress_is_no_longer_refused_and_metrics_port_is_validated(tmp_path: Path) -> None:
+    base = {"workload": SMOKE, "output": tmp_path / "o"}
+    assert build_config({**base, "progress": True}).unavailable_features() == []
+    assert build_config({**base, "metrics_port": 0}).metrics_host == "127.0.0.1"
+    for bad in (-1, 65536):
+        with pytest.raises(UsageError, match="--metrics-port"):
+            build_config({**base, "metrics_port": bad})
+
+
+def _run_on_pty(args: list[str], timeout: float) -> tuple[int, str, str]:
+    """Run the CLI with stderr on a pseudo-terminal and stdout on a pipe; returns (code, stdout, tty)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))  # 200 columns
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    os.close(follower)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.2)
+            if ready:
+                try:
+                    data = os.read(leader, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        assert proc.stdout is not None
+        out = proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        os.close(leader)
+    return code, out, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.timeout(60)
+def test_progress_line_on_a_real_terminal(tmp_path: Path) -> None:
+    code, out, tty = _run_on_pty(["run", "--workload", str(SMOKE), "--output", str(tmp_path / "a")], 50)
+    assert code == 0, tty
+    lines = tty.replace("\r\n", "\n").split("\n")
+    progress = next(line for line in lines if "\r" in line)
+    final = progress.split("\r")[-1].strip()
+    assert final.startswith("3/3 100% |") and "done in" in final and "failed 0" in final
+    assert "\r" not in out and out.startswith("complete: 3/3 completed")  # stdout stays clean
+    code, out, tty = _run_on_pty(
+        ["run", "--workload", str(SMOKE), "--output", str(tmp_path / "b"), "--no-progress"], 50
+    )
+    assert code == 0 and "\r" not in tty.replace("\r\n", "\n") and "| active" not in tty
+
+
+def _scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            key = sample.name + (f"{{{labels}}}" if labels else "")
+            values[key] = sample.value
+    return values
+
+
+def _metrics_port(run_json: Path, proc: subprocess.Popen[str], deadline: float) -> int:
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it reported its metrics port"
+        try:
+            port = json.loads(run_json.read_text()).get("metrics", {}).get("port")
+        except (OSError, ValueError):  # not written yet
+            port = None
+        if port:
+            return int(port)
+        time.sleep(0.05)
+    raise AssertionError("run.json never reported the metrics port")
+
+
+@pytest.mark.timeout(60)
+def test_metrics_port_scraped_during_a_real_run(tmp_path: Path) -> None:
+    # One worker, four 600 ms tool jobs arriving together: the CPU queue stays non-empty for ~1.8 s.
+    problems = [tool_problem(f"p{i}", model_ms=200, cpu_ms=600) for i in range(4)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    args = ["run", "--workload", workload, "--output", out, "--cpu-workers", "1", "--metrics-port", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 45
+        port = _metrics_port(out / "run.json", proc, deadline)
+        url = f"http://127.0.0.1:{port}/metrics"
+        scrapes: list[dict[str, float]] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                scrapes.append(_scrape(url))
+            except (urllib.error.URLError, ConnectionError):  # the run ended between poll and scrape
+                break
+            if scrapes[-1]["asyncroll_cpu_queue_depth"] >= 1:
+                break
+            time.sleep(0.05)
+        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    mid = scrapes[-1]
+    assert mid["asyncroll_cpu_queue_depth"] >= 1, scrapes  # caught mid-run, with work queued
+    assert mid["asyncroll_measurement_elapsed_seconds"] > 0
+    assert mid["asyncroll_trajectories_total"] == 4 and mid["asyncroll_workers"] == 1
+    assert mid["asyncroll_workers_busy"] == 1 and mid["asyncroll_worker_restarts_total"] == 0
+    assert 1 <= mid["asyncroll_active_trajectories"] <= mid["asyncroll_active_trajectories_limit"] == 16
+    assert 0 <= mid["asyncroll_model_requests_inflight"] <= mid["asyncroll_model_requests_limit"] == 4
+    assert mid["asyncroll_trajectories_completed_total"] < 4 and mid["asyncroll_model_requests_total"] >= 4
+    assert mid["asyncroll_scheduler_decisions_total"] >= 1
+    assert mid["asyncroll_run_info{backend=scripted,output=" + str(out) + ",policy=fifo}"] == 1
+    for name in ("asyncroll_trajectories_started_total", "asyncroll_scheduler_decisions_total"):
+        series = [s[name] for s in scrapes]
+        assert series == sorted(series), f"{name} went backwards: {series}"
+    assert f"metrics: {url}" in stderr and "\r" not in stderr  # not a terminal: no progress line
+    assert stdout.startswith("complete: 4/4 completed")
+    with pytest.raises(urllib.error.URLError):  # the port is released when the run ends
+        _scrape(url)
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["metrics"] == {"host": "127.0.0.1", "port": port, "url": url, "requested_port": 0}
+
+
+@pytest.mark.timeout(60)
+def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["run", "--workload", SMOKE, "--output", tmp_path / "r", "--metrics-port", str(port)]
+        proc = subprocess.run(
+            [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            cwd=REPO,
+        )
+    assert proc.returncode == 1
+    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in proc.stderr
+    receipt: dict[str, Any] = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert receipt["status"] == "failed" and "--metrics-port" in receipt["error"]

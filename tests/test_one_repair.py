@@ -1,0 +1,153 @@
+"""The one-repair protocol (SPEC §2, §5) on a virtual clock: submit → evaluate → on failure one repair
+turn with the feedback → evaluate. Verdicts are declared by the script (``passes``), so no untrusted
+code runs here; the real evaluator end to end is in ``tests/test_cli.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.backends.base import ModelRequest
+from asyncroll.events import CpuEnqueued, CpuSelected, TrajectoryFinished
+from asyncroll.workload import scan_workload
+from tests.conftest import VirtualRun, write_workload
+
+SECRET_INPUT = "hidden-input-7fd3"
+
+
+def _code_problem(pid: str, verdicts: list[bool | None], **meta: Any) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "prompt": f"write a program for {pid}",
+        "tools": [{"name": "lcb_evaluate"}],
+        "script": [
+            {"type": "submit", "code": f"print({i})", "latency_ms": 10, "cpu_ms": 40, "passes": v}
+            for i, v in enumerate(verdicts)
+        ],
+        "metadata": {
+            "reference_tests": [
+                {"input": SECRET_INPUT, "output": "1", "testtype": "stdin"},
+                {"input": "2", "output": "2", "testtype": "stdin"},
+            ],
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2, **meta},
+        },
+    }
+
+
+def _results(out: Path) -> dict[str, dict[str, Any]]:
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {r["id"]: r for r in rows}
+
+
+def test_failed_submission_gets_one_repair_then_passes(virtual_run: VirtualRun) -> None:
+    outcome, cap, out = virtual_run(
+        [
+            _code_problem("fixed", [False, True]),
+            _code_problem("first", [True]),
+            _code_problem("bad", [False, False]),
+        ]
+    )
+    assert outcome.status == "complete"
+    results = _results(out)
+    assert results["fixed"]["passed"] is True and results["fixed"]["repair_attempted"] is True
+    assert results["fixed"]["generations"] == 2 and results["fixed"]["correct"] is True
+    assert results["first"]["passed"] is True and results["first"]["repair_attempted"] is False
+    assert results["bad"]["passed"] is False and results["bad"]["generations"] == 2
+    assert results["bad"]["status"] == "completed" and results["bad"]["correct"] is False
+    assert results["fixed"]["tests_total"] == 2
+    # Evaluations are CPU jobs of kind "evaluate"; the repair's is a resubmission (the predictor's feature).
+    evaluations = [e for e in cap.of(CpuEnqueued) if e.id == "fixed"]
+    assert [(e.kind, e.resubmission) for e in evaluations] == [("evaluate", False), ("evaluate", True)]
+    assert outcome.summary is not None and outcome.summary["accuracy"]["correct"] == 2
+    one_repair = outcome.summary["accuracy"]["one_repair"]
+    assert one_repair["evaluated"] == 3 and one_repair["passed_first"] == 1
+    assert one_repair["repairs_attempted"] == 2 and one_repair["passed_after_repair"] == 1
+    assert one_repair["pass_rate_final"] == pytest.approx(2 / 3)
+    # Exact virtual timing: 10 ms model, 40 ms evaluation, 10 ms repair, 40 ms evaluation.
+    finished = {e.id: e for e in cap.of(TrajectoryFinished)}
+    assert finished["fixed"].turns == 2
+
+
+def test_hidden_tests_never_reach_results_summary_or_events(virtual_run: VirtualRun) -> None:
+    _, cap, out = virtual_run([_code_problem("fixed", [False, True])])
+    for name in ("results.jsonl", "summary.json", "events.jsonl"):
+        assert SECRET_INPUT not in (out / name).read_text(), name
+    assert all(SECRET_INPUT not in e.model_dump_json() for e in cap.of(CpuSelected))
+
+
+def test_repair_turn_carries_instruction_and_feedback(virtual_run: VirtualRun) -> None:
+    from asyncroll.backends import scripted
+
+    seen: list[list[dict[str, Any]]] = []
+    original = scripted.scripted_action
+
+    def spy(request: ModelRequest) -> Any:
+        seen.append(list(request.messages))
+        return original(request)
+
+    scripted.scripted_action = spy
+    try:
+        virtual_run([_code_problem("fixed", [False, True], repair_instruction="FIX IT")])
+    finally:
+        scripted.scripted_action = original
+    repair_turn = seen[-1]
+    assert repair_turn[-1]["role"] == "user"
+    assert repair_turn[-1]["content"].startswith("FIX IT\n\n(simulated)")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda p: p["metadata"].pop("reference_tests"), "metadata.reference_tests"),
+        (lambda p: p.update(tools=[]), "tools"),
+        (lambda p: p["metadata"]["prompt_metadata"].update(max_generations=0), "max_generations"),
+        (lambda p: p["metadata"].update(func_name="not an identifier"), "metadata.func_name"),
+        (lambda p: p["metadata"]["reference_tests"].append({"input": 3}), "reference_tests[2]"),
+    ],
+)
+def test_loader_rejects_broken_one_repair_problems(tmp_path: Path, change: Any, field: str) -> None:
+    problem = _code_problem("x", [True])
+    change(problem)
+    workload = write_workload(tmp_path / "w.jsonl", [problem])
+    scan = scan_workload(workload, tmp_path, scripted=True)
+    assert any(field in p and ":1:" in p for p in scan.problems), scan.problems
+
+
+@pytest.mark.timeout(180)
+def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
+    """The scripted example end to end: real workers, the real sandboxed evaluator, one repair each."""
+    from tests.conftest import REPO
+    from tests.test_cli import cli
+
+    workload = REPO / "examples" / "livecodebench" / "workload.jsonl"
+    out = tmp_path / "run"
+    result = cli("run", "--workload", workload, "--output", out, "--policy", "asyncroll", timeout=150)
+    assert result.returncode == 0, result.stderr
+    rows = _results(out)
+    assert len(rows) == 4
+    assert all(r["passed"] and r["repair_attempted"] and r["generations"] == 2 for r in rows.values())
+    assert all(r["tests_run"] == r["tests_total"] > 0 for r in rows.values())
+    hidden = [
+        t["input"]
+        for line in workload.read_text().splitlines()
+        for t in json.loads(line)["metadata"]["reference_tests"]
+        if len(t["input"]) > 8
+    ]
+    names = ("results.jsonl", "summary.json", "events.jsonl")
+    published = "".join((out / name).read_text() for name in names)
+    assert hidden and not any(h in published for h in hidden)
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "complete"
+    sandbox = receipt["isolation"]["untrusted_code"]  # which isolation was in force, as probed
+    assert sandbox["weak"] is False and sandbox["layers"]["unprivileged_uid"]["active"] is True
+    # Replaying the run in simulation repairs exactly where the run did, with no code executed.
+    replay = tmp_path / "replay"
+    result = cli("simulate", "--from-run", out, "--output", replay, "--policy", "fifo", timeout=120)
+    assert result.returncode == 0, result.stderr
+    replayed = _results(replay)
+    assert {k: (r["generations"], r["passed"]) for k, r in replayed.items()} == {
+        k: (r["generations"], r["passed"]) for k, r in rows.items()
+    }

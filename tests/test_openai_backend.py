@@ -1,0 +1,641 @@
+"""The OpenAI-compatible backend driven through the real runtime against a real serve-sim on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.backends.action_schema import parse_action, turn_schema
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+from asyncroll.backends.retry import RetryPolicy, retry_after_s
+from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.clock import SystemClock
+from asyncroll.config import build_config
+from asyncroll.errors import InvalidActionError, ModelError, UsageError
+from asyncroll.events import (
+    EventCapture,
+    ModelFailed,
+    ModelFinished,
+    ModelRetrying,
+    TrajectoryFinished,
+    TrajectoryStarted,
+)
+from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
+from asyncroll.serve_sim.config import FaultConfig, SimConfig
+from asyncroll.serve_sim.server import RunningSim, serve_in_thread
+from asyncroll.workload import FinalAction, Problem, SubmitAction
+from tests.conftest import REPO, write_workload
+
+FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+ADD = {"name": "add", "description": "Add two numbers.", "inputs": {"a": "number", "b": "number"}}
+
+
+def final_problems(n: int) -> list[dict[str, Any]]:
+    return [{"id": f"p{i}", "prompt": f"Answer question {i}."} for i in range(n)]
+
+
+def http_run(
+    tmp_path: Path,
+    problems: list[dict[str, Any]],
+    url: str,
+    client: OpenAIBackend | None = None,
+    **settings: Any,
+) -> tuple[RunOutcome, EventCapture, Path]:
+    """One run of the real runtime (system clock, virtual tool workers) against ``url``."""
+    name = f"run{len(list(tmp_path.glob('run*')))}"
+    workload = write_workload(tmp_path / f"{name}.jsonl", problems)
+    values = {
+        "workload": workload,
+        "output": tmp_path / name,
+        "backend": "vllm",
+        "model": "sim",
+        "endpoint": url,
+        "warmup_requests": 0,
+        "circuit_failures": 0,
+        **settings,
+    }
+    cfg = build_config(values)
+    clock = SystemClock()
+    capture = EventCapture()
+    run = Run(
+        prepare(cfg, ["test"]),
+        clock,
+        worker_factory=virtual_factory(clock, builtin_duration),
+        backend=client,
+        subscribers=(capture,),
+    )
+    return asyncio.run(run.execute()), capture, tmp_path / name
+
+
+def serve(**settings: Any) -> contextlib.AbstractContextManager[RunningSim]:
+    faults = settings.pop("faults", FaultConfig())
+    return serve_in_thread(SimConfig(engine=settings.pop("engine", FAST), faults=faults, **settings))
+
+
+def requests_of(running: RunningSim) -> list[dict[str, Any]]:
+    return list(running.call(lambda: list(running.sim.recent_requests)))
+
+
+# --- payloads ------------------------------------------------------------------------------------------
+
+
+def _closed(props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+FINAL_SCHEMA = _closed({"type": {"const": "final"}, "answer": {"type": "string"}})
+
+
+@pytest.mark.timeout(60)
+def test_agent_requests_carry_the_spec_schemas_exactly(tmp_path: Path) -> None:
+    problem = {"id": "t", "prompt": "What is 2 + 3?", "tools": [ADD]}
+    with serve(seed=1) as running:
+        outcome, capture, _ = http_run(tmp_path, [problem], running.url, max_tokens=64, seed=7)
+        bodies = [r["body"] for r in requests_of(running)]
+    assert outcome.status == "complete"
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed"]
+    first, second = bodies
+    add_branch = _closed(
+        {
+            "type": {"const": "tool"},
+            "name": {"const": "add"},
+            "arguments": _closed({"a": {"type": "number"}, "b": {"type": "number"}}),
+        }
+    )
+    assert first["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "agent_action", "strict": True, "schema": {"anyOf": [add_branch]}},
+    }
+    assert {k: first[k] for k in ("model", "temperature", "max_tokens", "seed")} == {
+        "model": "sim",
+        "temperature": 0,
+        "max_tokens": 64,
+        "seed": 7,
+    }
+    assert "min_tokens" not in first and "ignore_eos" not in first  # agent mode: the model decides
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert first["messages"][1]["content"] == "What is 2 + 3?"
+    assert second["response_format"]["json_schema"]["schema"] == FINAL_SCHEMA
+    roles = [m["role"] for m in second["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    tool_call = json.loads(second["messages"][2]["content"])
+    assert tool_call["type"] == "tool" and tool_call["name"] == "add"
+    expected = tool_call["arguments"]["a"] + tool_call["arguments"]["b"]
+    assert json.loads(second["messages"][3]["content"].removeprefix("Tool result: ")) == expected
+    finished = capture.of(ModelFinished)
+    assert all(e.prompt_tokens and e.completion_tokens for e in finished)  # usage recorded
+
+
+def test_typed_arguments_bound_inputs_and_code_schema() -> None:
+    problem = Problem.model_validate(
+        {
+            "prompt": "p",
+            "tools": [
+                {
+                    "name": "f",
+                    "implementation": "tools.py",
+                    "inputs": {
+                        "n": "int",
+                        "xs": "list[float]",
+                        "m": "dict[int, int]",
+                        "flag": "bool",
+                        "s": "str",
+                        "secret": "str",
+                    },
+                    "bound_arguments": {"secret": "k"},
+                },
+                ADD,
+            ],
+        }
+    )
+    schema = turn_schema(problem, 0)
+    f_args = schema["anyOf"][0]["properties"]["arguments"]
+    assert f_args["properties"] == {
+        "n": {"type": "integer"},
+        "xs": {"type": "array", "items": {"type": "number"}},
+        "m": {
+            "type": "object",
+            "propertyNames": {"pattern": "^-?[0-9]+$"},
+            "additionalProperties": {"type": "integer"},
+        },
+        "flag": {"type": "boolean"},
+        "s": {"type": "string"},
+    }
+    assert f_args["required"] == ["n", "xs", "m", "flag", "s"] and f_args["additionalProperties"] is False
+    assert [b["properties"]["name"] for b in schema["anyOf"]] == [{"const": "f"}, {"const": "add"}]
+    assert turn_schema(problem, 1) == FINAL_SCHEMA
+    code = Problem.model_validate(
+        {"prompt": "p", "metadata": {"prompt_metadata": {"protocol": "one_repair"}}}
+    )
+    assert turn_schema(code, 0) == _closed({"type": {"const": "submit"}, "code": {"type": "string"}})
+
+
+def test_parsing_is_strict_in_both_modes() -> None:
+    final = FINAL_SCHEMA
+    assert parse_action(
+        '{"type": "final", "answer": "7"}', final, structured=True, code=False
+    ) == FinalAction(type="final", answer="7")
+    for bad, needle in (
+        ("The answer is 7.", "not JSON"),
+        ('{"type": "final", "answer": 7}', "does not match the turn's schema"),
+        ('{"type": "final", "answer": "7", "why": "x"}', "does not match"),
+        ('{"type": "tool", "name": "add", "arguments": {}}', "does not match"),
+        (None, "no message content"),
+    ):
+        with pytest.raises(InvalidActionError, match=needle):
+            parse_action(bad, final, structured=True, code=False)
+    # --no-structured-output: JSON still required outside code workloads (one fence may surround it) ...
+    fenced = '```json\n{"type": "final", "answer": "7"}\n```'
+    assert parse_action(fenced, final, structured=False, code=False).type == "final"
+    with pytest.raises(InvalidActionError, match="not JSON"):
+        parse_action("seven", final, structured=False, code=False)
+    # ... while code workloads take plain source, one surrounding fence stripped.
+    source = parse_action("```python\nprint(input())\n```", {}, structured=False, code=True)
+    assert source == SubmitAction(type="submit", code="print(input())")
+    assert parse_action("x = 1\n", {}, structured=False, code=True).code == "x = 1\n"
+    with pytest.raises(InvalidActionError, match="no source"):
+        parse_action("```\n\n```", {}, structured=False, code=True)
+
+
+@pytest.mark.timeout(60)
+def test_no_structured_output_sends_no_schema(tmp_path: Path) -> None:
+    with serve() as running:
+        outcome, capture, _ = http_run(tmp_path, final_problems(2), running.url, structured_output=False)
+        bodies = [r["body"] for r in requests_of(running)]
+    assert outcome.status == "complete" and len(bodies) == 2
+    assert all("response_format" not in b for b in bodies)
+    assert all(b["messages"][0]["role"] == "system" for b in bodies)  # the format is told, not enforced
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed", "completed"]
+
+
+# --- errors --------------------------------------------------------------------------------------------
+
+ERROR_CASES = {
+    "reset": ({"faults": FaultConfig(reset_rate=0.5)}, {}, "transport", None, False, False),
+    "truncated": ({"faults": FaultConfig(truncate_rate=0.5)}, {}, "transport", None, False, False),
+    "timeout": (
+        {"faults": FaultConfig(slow_rate=0.5, slow_s=1.0)},
+        {"request_timeout": 0.3},
+        "timeout",
+        None,
+        False,
+        False,
+    ),
+    "429": ({"faults": FaultConfig(rate_429=0.5)}, {}, "http_status", 429, True, False),
+    "500": ({"faults": FaultConfig(rate_500=0.5)}, {}, "http_status", 500, True, False),
+    "503": ({"faults": FaultConfig(rate_503=0.5)}, {}, "http_status", 503, True, False),
+    "malformed": ({"faults": FaultConfig(malformed_rate=0.5)}, {}, "bad_response", 200, True, True),
+    "invalid_action": (
+        {"enforce_schema": False, "faults": FaultConfig(invalid_action_rate=0.5)},
+        {},
+        "invalid_action",
+        200,
+        True,
+        True,
+    ),
+    "schema_rejected": ({"faults": FaultConfig(reject_schema=True)}, {}, "schema_rejected", 400, True, False),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_each_error_class_is_recorded_and_isolated(tmp_path: Path, case: str) -> None:
+    sim_settings, run_settings, kind, status, received, parsed = ERROR_CASES[case]
+    with serve(seed=2, **sim_settings) as running:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(8), running.url, max_active_trajectories=1, **run_settings
+        )
+    assert outcome.status == "complete"  # a model failure ends its trajectory, never the run
+    failed = capture.of(ModelFailed)
+    finished = {e.id: e for e in capture.of(TrajectoryFinished)}
+    assert len(finished) == 8
+    assert failed, "the seeded faults should have hit at least one request"
+    for event in failed:
+        assert (event.kind, event.status, event.response_received, event.attempts) == (
+            kind,
+            status,
+            received,
+            1,
+        )
+        assert (event.parse_s is not None) == parsed
+        assert event.latency_s > 0
+        assert finished[event.id].status == "failed"
+        assert finished[event.id].error.startswith(f"model {kind}: ")
+    failed_ids = {e.id for e in failed}
+    assert len(failed_ids) == len(failed)  # one failure per failed trajectory, no retries by default
+    others = [e for i, e in finished.items() if i not in failed_ids]
+    assert all(e.status == "completed" for e in others)
+    if case != "schema_rejected":
+        assert others, "the other trajectories completed"
+    if case == "timeout":
+        assert all(0.3 <= e.latency_s < 0.9 for e in failed)
+
+
+# --- retries, inflight, replay, warm-up, server kind ---------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_retries_are_counted_and_honour_retry_after(tmp_path: Path) -> None:
+    faults = FaultConfig(rate_429=0.3, rate_503=0.3, retry_after_s=0.05)
+    with serve(seed=4, faults=faults) as running:
+        outcome, capture, _ = http_run(
+            tmp_path,
+            final_problems(6),
+            running.url,
+            max_retries=8,
+            retry_max_delay=0.2,
+            max_active_trajectories=1,  # one request at a time: the seeded fault sequence is exact
+        )
+        injected = running.stats()["faults"]
+    assert outcome.status == "complete"
+    retries = capture.of(ModelRetrying)
+    assert not capture.of(ModelFailed)
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed"] * 6
+    assert len(retries) == injected.get("http_429", 0) + injected.get("http_503", 0) > 0
+    for event in retries:
+        assert event.kind == "http_status" and event.status in (429, 503)
+        if event.status == 429:
+            assert event.delay_s == 0.05  # the server's retry-after-ms, honoured exactly
+        else:
+            assert 0.75 * min(0.5 * 2 ** (event.attempt - 1), 0.2) <= event.delay_s <= 0.2
+
+
+@pytest.mark.timeout(60)
+def test_exhausted_retries_fail_with_the_attempt_count(tmp_path: Path) -> None:
+    with serve(faults=FaultConfig(rate_500=1.0)) as running:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(2), running.url, max_retries=2, retry_max_delay=0.02
+        )
+    assert outcome.status == "complete"
+    assert [(e.kind, e.status, e.attempts) for e in capture.of(ModelFailed)] == [("http_status", 500, 3)] * 2
+    assert sorted(e.attempt for e in capture.of(ModelRetrying)) == [1, 1, 2, 2]
+
+
+def test_retry_policy_units() -> None:
+    import random
+
+    policy = RetryPolicy(max_retries=3, base_delay=0.5, max_delay=8.0)
+    rng = random.Random(0)
+    assert 0.375 <= policy.delay(1, rng) <= 0.5 and 3.0 <= policy.delay(4, rng) <= 4.0
+    assert policy.delay(10, rng) <= 8.0
+    assert policy.delay(1, rng, {"retry-after-ms": "1500"}) == 1.5
+    assert policy.delay(1, rng, {"retry-after": "60"}) == 8.0  # capped
+    assert retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, now_epoch=1445412470) == 10.0
+    assert retry_after_s({"retry-after": "soon"}) is None
+
+
+@pytest.mark.timeout(60)
+def test_inflight_limit_is_respected_at_the_server(tmp_path: Path) -> None:
+    engine = ServerModelConfig(
+        max_num_seqs=64, step_base_ms=2.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
+    with serve(engine=engine) as running:
+        outcome, _, _ = http_run(
+            tmp_path,
+            final_problems(30),
+            running.url,
+            max_active_trajectories=16,
+            max_inflight_model_requests=3,
+        )
+        stats = running.stats()
+    assert outcome.status == "complete" and stats["requests"] == 30
+    assert stats["peak_inflight"] == 3  # the simulator's own counter: never more, and the limit was reached
+    assert outcome.summary is not None
+    assert outcome.summary["peaks"]["inflight_model_requests"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_replay_sends_the_scripted_budgets(tmp_path: Path) -> None:
+    problem = {
+        "id": "r",
+        "prompt": "What is 2 + 3?",
+        "tools": [ADD],
+        "reference_answer": "5",
+        "script": [
+            {"type": "tool", "name": "add", "arguments": {"a": 2, "b": 3}, "output_tokens": 7},
+            {"type": "final", "answer": "5", "output_tokens": 13, "latency_ms": 1},
+        ],
+    }
+    with serve() as running:
+        outcome, capture, out = http_run(tmp_path, [problem], running.url, replay=True, max_tokens=99)
+        seen = requests_of(running)
+    assert outcome.status == "complete"
+    assert [(s["body"]["max_tokens"], s["body"]["min_tokens"], s["body"]["ignore_eos"]) for s in seen] == [
+        (7, 7, True),
+        (13, 13, True),
+    ]
+    assert all("response_format" not in s["body"] for s in seen)
+    assert json.loads(seen[0]["action_header"]) == {
+        "type": "tool",
+        "name": "add",
+        "arguments": {"a": 2, "b": 3},
+    }
+    assert json.loads(seen[1]["action_header"]) == {"type": "final", "answer": "5"}
+    assert [e.completion_tokens for e in capture.of(ModelFinished)] == [7, 13]
+    finished = capture.of(TrajectoryFinished)[0]
+    assert finished.status == "completed" and finished.correct is True
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["backend"]["mode"] == "replay"
+    assert receipt["backend"]["replay_fixed_length"] == "min_tokens + ignore_eos"
+
+
+def test_replay_body_per_server_kind() -> None:
+    problem = Problem.model_validate(
+        {"prompt": "p", "script": [{"type": "final", "answer": "a", "output_tokens": 5}]}
+    )
+    from asyncroll.backends.base import ModelRequest
+
+    request = ModelRequest("t", problem, 0, [{"role": "user", "content": "p"}])
+    action = FinalAction(type="final", answer="a", output_tokens=5)
+    bodies = {}
+    for kind in ("vllm", "sglang", "transformers", "generic"):
+        settings = HttpSettings(endpoint="http://x", model="m", inflight=1, replay=True, server_kind=kind)  # type: ignore[arg-type]
+        bodies[kind] = OpenAIBackend(settings, SystemClock()).build_body(request, action)
+    assert bodies["vllm"]["min_tokens"] == 5 and bodies["sglang"]["ignore_eos"] is True
+    assert "min_tokens" not in bodies["transformers"] and "ignore_eos" not in bodies["transformers"]
+    assert json.loads(bodies["transformers"]["generation_config"]) == {
+        "max_new_tokens": 5,
+        "min_new_tokens": 5,
+    }
+    assert set(bodies["generic"]) == {"model", "messages", "temperature", "max_tokens", "seed"}
+    assert all(b["max_tokens"] == 5 for b in bodies.values())
+
+
+@pytest.mark.timeout(60)
+def test_warmup_and_probed_server_kind(tmp_path: Path) -> None:
+    with serve(metrics_flavor="sglang") as running:
+        outcome, _, out = http_run(
+            tmp_path, final_problems(2), running.url, backend="openai", warmup_requests=3
+        )
+        stats = running.stats()
+    assert outcome.status == "complete" and stats["requests"] == 5
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["warmup"] == {"requested": 3, "sent": 3}
+    assert receipt["backend"]["server_kind"] == "sglang"
+    assert receipt["backend"]["server_kind_source"].startswith("probed")
+
+
+# --- a server that is down -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def down_backend(tmp_path: Path, port: int, **settings: Any) -> OpenAIBackend:
+    cfg = build_config(
+        {
+            "workload": tmp_path / "unused.jsonl",
+            "output": tmp_path / "unused",
+            "backend": "vllm",
+            "model": "sim",
+            "endpoint": f"http://127.0.0.1:{port}",
+            "max_active_trajectories": 2,
+            **settings,
+        }
+    )
+    return OpenAIBackend(HttpSettings.from_config(cfg), SystemClock())
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_stays_down_pauses_admission_then_fails_the_run(tmp_path: Path) -> None:
+    port = free_port()
+    backend = down_backend(tmp_path, port, circuit_failures=2, server_down_timeout=0.5)
+    outcome, capture, _ = http_run(
+        tmp_path,
+        final_problems(10),
+        f"http://127.0.0.1:{port}",
+        client=backend,
+        max_active_trajectories=2,
+        circuit_failures=2,
+        server_down_timeout=0.5,
+    )
+    assert outcome.status == "failed" and outcome.exit_code == 1
+    assert outcome.error is not None and "stayed unavailable" in outcome.error
+    # Two failures open the circuit. At most one more trajectory was admitted in between (when the first
+    # failure freed its slot before the second failure); the other seven were never admitted.
+    started, failed = capture.of(TrajectoryStarted), capture.of(ModelFailed)
+    assert len(started) in (2, 3) and 2 <= len(failed) <= len(started)
+    assert {e.kind for e in failed} == {"transport"}
+
+
+@pytest.mark.timeout(60)
+def test_admission_resumes_when_the_server_comes_back(tmp_path: Path) -> None:
+    port = free_port()
+    backend = down_backend(tmp_path, port, circuit_failures=2, server_down_timeout=30)
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        with contextlib.ExitStack() as stack:
+
+            async def bring_up() -> None:
+                await backend.circuit.wait_opened()
+                await asyncio.to_thread(
+                    stack.enter_context, serve_in_thread(SimConfig(engine=FAST), port=port)
+                )
+
+            helper = asyncio.create_task(bring_up())
+            workload = write_workload(tmp_path / "w.jsonl", final_problems(6))
+            cfg = build_config(
+                {
+                    "workload": workload,
+                    "output": tmp_path / "run",
+                    "backend": "vllm",
+                    "model": "sim",
+                    "endpoint": f"http://127.0.0.1:{port}",
+                    "warmup_requests": 0,
+                    "max_active_trajectories": 2,
+                    "circuit_failures": 2,
+                }
+            )
+            clock = SystemClock()
+            capture = EventCapture()
+            run = Run(
+                prepare(cfg, ["test"]),
+                clock,
+                worker_factory=virtual_factory(clock, builtin_duration),
+                backend=backend,
+                subscribers=(capture,),
+            )
+            result["outcome"] = await run.execute()
+            await helper
+            result["capture"] = capture
+
+    asyncio.run(main())
+    outcome, capture = result["outcome"], result["capture"]
+    assert outcome.status == "complete"
+    statuses = [e.status for e in capture.of(TrajectoryFinished)]
+    # The two that met the refused connections failed (a third, if it slipped in before the circuit
+    # opened); every later one waited for the server and completed.
+    assert len(statuses) == 6 and statuses.count("failed") in (2, 3)
+    assert statuses.count("completed") == 6 - statuses.count("failed")
+    assert backend.circuit.snapshot().opened == 1 and not backend.circuit.is_open
+
+
+# --- validation and the end-to-end subprocess ----------------------------------------------------------
+
+
+def test_http_only_flags_and_replay_needs_scripts(tmp_path: Path) -> None:
+    workload = write_workload(tmp_path / "w.jsonl", final_problems(1))
+    with pytest.raises(UsageError, match="--replay, --max-retries only apply to HTTP backends"):
+        build_config({"workload": workload, "output": tmp_path / "o", "replay": True, "max_retries": 1})
+    cfg = build_config(
+        {"workload": workload, "output": tmp_path / "o", "backend": "vllm", "model": "m", "replay": True}
+    )
+    with pytest.raises(UsageError, match="script: required"):
+        prepare(cfg)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(90)
+def test_end_to_end_run_against_a_serve_sim_subprocess(tmp_path: Path) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0", "--step-base-ms", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[3]
+        out = tmp_path / "run"
+        run = subprocess.run(
+            [
+                sys.executable, "-m", "asyncroll.cli", "run",
+                "--workload", REPO / "examples" / "smoke.jsonl", "--output", out,
+                "--backend", "vllm", "--model", "sim", "--endpoint", url,
+                "--replay", "--max-tokens", "32", "--cpu-workers", "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert "complete: 3/3 completed" in run.stdout
+        for name in (
+            "run.json",
+            "events.jsonl",
+            "results.jsonl",
+            "summary.json",
+            "trace.json",
+            "timeline.html",
+        ):
+            assert (out / name).stat().st_size > 0, name
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["counts"]["completed"] == 3 and summary["accuracy"]["exact"] == 1.0
+        receipt = json.loads((out / "run.json").read_text())
+        assert receipt["status"] == "complete" and receipt["backend"]["server_kind"] == "vllm"
+        events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        tokens = [e["completion_tokens"] for e in events if e["event"] == "model_finished"]
+        assert tokens == [32] * 5  # smoke actions carry no output_tokens: --max-tokens is the budget
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_a_wrong_model_fails_the_warmup_before_the_clock(tmp_path: Path) -> None:
+    with serve() as running:
+        outcome, capture, out = http_run(
+            tmp_path, final_problems(2), running.url, model="gpt-9", warmup_requests=1
+        )
+    assert outcome.status == "failed"
+    assert outcome.error is not None and "warm-up request 1/1 failed: HTTP 404" in outcome.error
+    assert "The model `gpt-9` does not exist" in outcome.error
+    assert not capture.of(TrajectoryStarted)
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
+def test_server_kind_probe_without_a_model_list() -> None:
+    """Pure protocol cases of the probe (``httpx.MockTransport``): no list → generic; no server → error."""
+    import httpx
+
+    async def probe(handler: Any) -> tuple[str | None, str]:
+        settings = HttpSettings(endpoint="http://server", model="m", inflight=1)
+        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(handler))
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await backend.start(tg)
+            finally:
+                await backend.aclose()
+        return backend.server_kind, backend.describe()["server_kind_source"]
+
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(404, text="Not Found")))
+    assert kind == "generic" and "HTTP 404 without a model list" in source
+    listed = {"data": [{"id": "m", "owned_by": "huggingface"}]}
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=listed)))
+    assert kind == "generic" and "huggingface" in source
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(ExceptionGroup) as raised:  # raised inside the run's task group
+        asyncio.run(probe(refuse))
+    assert raised.group_contains(ModelError, match="declare it with --server-kind")
+
+
+@pytest.mark.timeout(60)
+def test_replay_of_a_large_action_skips_the_echo_header(tmp_path: Path) -> None:
+    answer = "x" * 10_000  # larger than servers accept in headers
+    problem = {
+        "id": "big",
+        "prompt": "p",
+        "script": [{"type": "final", "answer": answer, "output_tokens": 3}],
+    }
+    with serve() as running:
+        outcome, capture, _ = http_run(tmp_path, [problem], running.url, replay=True)
+        seen = requests_of(running)
+    assert outcome.status == "complete" and seen[0]["action_header"] is None
+    assert seen[0]["body"]["max_tokens"] == 3
+    assert [e.completion_tokens for e in capture.of(ModelFinished)] == [3]

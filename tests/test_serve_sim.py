@@ -1,0 +1,371 @@
+"""serve-sim as a real server on loopback: response shapes, sizes, metrics, faults, the CLI subprocess."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.serve_sim.config import FaultConfig, SimConfig
+from asyncroll.serve_sim.server import RunningSim, serve_in_thread
+
+FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+TOOL_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "tool"},
+                "name": {"const": "add"},
+                "arguments": {
+                    "type": "object",
+                    "properties": {
+                        "a": {"type": "integer"},
+                        "xs": {"type": "array", "items": {"type": "number"}},
+                    },
+                    "required": ["a", "xs"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["type", "name", "arguments"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"type": {"const": "final"}, "answer": {"type": "string"}},
+            "required": ["type", "answer"],
+            "additionalProperties": False,
+        },
+    ]
+}
+
+
+def fmt(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "agent_action", "strict": True, "schema": schema}}
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": "sim", "messages": [{"role": "user", "content": "x" * 40}], **extra}
+
+
+@contextmanager
+def sim(**settings: Any) -> Iterator[tuple[RunningSim, httpx.Client]]:
+    faults = settings.pop("faults", FaultConfig())
+    config = SimConfig(engine=settings.pop("engine", FAST), faults=faults, **settings)
+    with serve_in_thread(config) as running, httpx.Client(base_url=running.url, timeout=20) as client:
+        yield running, client
+
+
+@pytest.mark.timeout(30)
+def test_schema_replies_are_valid_and_usage_counts_tokens() -> None:
+    with sim(seed=3) as (running, client):
+        kinds = set()
+        for _ in range(12):
+            r = client.post(
+                "/v1/chat/completions", json=body(max_tokens=200, response_format=fmt(TOOL_SCHEMA))
+            )
+            assert r.status_code == 200
+            data = r.json()
+            assert data["object"] == "chat.completion" and data["model"] == "sim"
+            choice = data["choices"][0]
+            assert choice["message"]["role"] == "assistant" and choice["finish_reason"] == "stop"
+            action = json.loads(choice["message"]["content"])
+            jsonschema.validate(action, TOOL_SCHEMA)
+            kinds.add(action["type"])
+            usage = data["usage"]
+            assert usage["prompt_tokens"] == 10  # 40 characters / 4 per token
+            assert usage["completion_tokens"] == math.ceil(len(choice["message"]["content"]) / 4)
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert kinds == {"tool", "final"}  # the seeded policy draws both branches of anyOf
+        stats = running.stats()
+        assert stats["engine"]["prompt_tokens"] == 120 and stats["requests"] == 12
+
+
+@pytest.mark.timeout(30)
+def test_same_seed_same_replies() -> None:
+    replies = []
+    for _ in range(2):
+        with sim(seed=11) as (_, client):
+            replies.append(
+                [
+                    client.post("/v1/chat/completions", json=body(response_format=fmt(TOOL_SCHEMA))).json()[
+                        "choices"
+                    ][0]["message"]["content"]
+                    for _ in range(5)
+                ]
+            )
+    assert replies[0] == replies[1]
+
+
+@pytest.mark.timeout(30)
+def test_scripted_echo_and_exact_decode_lengths() -> None:
+    action = {"type": "final", "answer": "42"}
+    header = {"x-asyncroll-action": json.dumps(action)}
+    with sim() as (running, client):
+        r = client.post("/v1/chat/completions", json=body(max_tokens=30, ignore_eos=True), headers=header)
+        data = r.json()
+        assert json.loads(data["choices"][0]["message"]["content"]) == action
+        assert data["usage"]["completion_tokens"] == 30 and data["choices"][0]["finish_reason"] == "length"
+        r = client.post("/v1/chat/completions", json=body(max_tokens=30, min_tokens=17), headers=header)
+        assert r.json()["usage"]["completion_tokens"] == 17
+        # Longer than max_tokens: cut there, finish_reason "length", as a real server does.
+        r = client.post("/v1/chat/completions", json=body(max_tokens=3), headers=header)
+        data = r.json()
+        assert data["usage"]["completion_tokens"] == 3 and data["choices"][0]["finish_reason"] == "length"
+        assert data["choices"][0]["message"]["content"] == json.dumps(action)[:12]
+        assert running.stats()["engine"]["generated_tokens"] == 30 + 17 + 3
+
+
+@pytest.mark.timeout(30)
+def test_enforcement_refuses_an_echo_that_violates_the_schema() -> None:
+    wrong = {"x-asyncroll-action": json.dumps({"type": "submit", "code": "print(1)"})}
+    request = body(response_format=fmt(TOOL_SCHEMA))
+    with sim() as (_, client):
+        r = client.post("/v1/chat/completions", json=request, headers=wrong)
+        assert r.status_code == 400 and "violates the request's schema" in r.json()["error"]["message"]
+    with sim(enforce_schema=False) as (_, client):
+        r = client.post("/v1/chat/completions", json=request, headers=wrong)
+        assert r.status_code == 200
+        assert json.loads(r.json()["choices"][0]["message"]["content"])["type"] == "submit"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("payload", "status", "needle"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "must be a JSON object"),
+        (json.dumps(body(model="gpt-9")).encode(), 404, "The model `gpt-9` does not exist"),
+        (json.dumps(body(messages=[])).encode(), 400, "'messages' must be a non-empty list"),
+        (json.dumps(body(max_tokens=0)).encode(), 400, "'max_tokens' must be an integer >= 1"),
+        (json.dumps(body(max_tokens=5, min_tokens=9)).encode(), 400, "'min_tokens' (9) must be <="),
+        (json.dumps(body(max_tokens=40_000)).encode(), 400, "maximum context length is 32768"),
+        (json.dumps(body(response_format={"type": "xml"})).encode(), 400, "response_format.type"),
+        (
+            json.dumps(body(response_format=fmt({"type": "object", "required": 5}))).encode(),
+            400,
+            "invalid JSON schema",
+        ),
+    ],
+)
+def test_bad_requests_get_openai_errors(payload: bytes, status: int, needle: str) -> None:
+    with sim() as (_, client):
+        r = client.post("/v1/chat/completions", content=payload, headers={"content-type": "application/json"})
+        assert r.status_code == status
+        assert needle in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == status
+
+
+@pytest.mark.timeout(30)
+def test_health_and_models() -> None:
+    with sim(model="my/model", metrics_flavor="sglang") as (_, client):
+        assert client.get("/health").status_code == 200
+        card = client.get("/v1/models").json()["data"][0]
+        assert card["id"] == "my/model" and card["owned_by"] == "sglang"
+
+
+def scrape(client: httpx.Client) -> dict[str, tuple[dict[str, str], float]]:
+    out = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            out[sample.name] = (sample.labels, sample.value)
+    return out
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("flavor", "names"),
+    [
+        (
+            "vllm",
+            (
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc",
+                "vllm:prompt_tokens_total",
+                "vllm:generation_tokens_total",
+            ),
+        ),
+        (
+            "sglang",
+            (
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+                "sglang:token_usage",
+                "sglang:prompt_tokens_total",
+                "sglang:generation_tokens_total",
+            ),
+        ),
+    ],
+)
+def test_metrics_use_the_servers_exact_names_under_load(flavor: str, names: tuple[str, ...]) -> None:
+    """Five requests against a batch of two: the scrape shows 2 running, 3 waiting and KV in use."""
+    engine = ServerModelConfig(
+        max_num_seqs=2, step_base_ms=30.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
+    with sim(engine=engine, metrics_flavor=flavor, kv_cache_tokens=1000) as (_, client):
+        running_name, waiting_name, kv_name, prompt_name, gen_name = names
+        idle = scrape(client)
+        assert set(names) <= set(idle)
+        assert all(idle[n][0] == {"model_name": "sim"} for n in names)
+        assert idle[running_name][1] == 0 and idle[prompt_name][1] == 0
+        with ThreadPoolExecutor(5) as pool:
+            futures = [
+                pool.submit(client.post, "/v1/chat/completions", json=body(max_tokens=20, ignore_eos=True))
+                for _ in range(5)
+            ]
+            # Scrape until all five are in the engine (bounded by the test timeout): two admitted, three
+            # queued. The KV gauge of that same scrape counts the two running sequences' reservations.
+            while True:
+                busy = scrape(client)
+                if busy[running_name][1] + busy[waiting_name][1] == 5 and busy[running_name][1] == 2:
+                    break
+                # The window lasts one batch (20 steps of 30 ms); missing it is a failure, not a hang.
+                assert not futures[0].done(), "the first batch finished before all five requests arrived"
+            assert all(f.result().status_code == 200 for f in futures)
+        assert busy[waiting_name][1] == 3
+        assert busy[kv_name][1] == pytest.approx(2 * (10 + 20) / 1000)
+        done = scrape(client)
+        assert done[prompt_name][1] == 50 and done[gen_name][1] == 100
+        assert done[running_name][1] == 0 and done[kv_name][1] == 0
+
+
+@pytest.mark.timeout(30)
+def test_peak_concurrency_counter() -> None:
+    engine = ServerModelConfig(
+        max_num_seqs=64, step_base_ms=5.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
+    with sim(engine=engine) as (running, client):
+        with ThreadPoolExecutor(6) as pool:
+            futures = [
+                pool.submit(client.post, "/v1/chat/completions", json=body(max_tokens=40, ignore_eos=True))
+                for _ in range(6)
+            ]
+            assert all(f.result().status_code == 200 for f in futures)
+        stats = running.stats()
+        assert stats["peak_inflight"] == 6 and stats["inflight"] == 0 and stats["statuses"] == {"200": 6}
+        assert client.post("/sim/reset-stats").json()["peak_inflight"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_status_faults_and_retry_after() -> None:
+    with sim(faults=FaultConfig(rate_429=1.0, retry_after_s=0.25)) as (_, client):
+        r = client.post("/v1/chat/completions", json=body())
+        assert r.status_code == 429 and r.json()["error"]["type"] == "RateLimitError"
+        assert r.headers["retry-after-ms"] == "250" and r.headers["retry-after"] == "1"
+    for status in (500, 503):
+        with sim(faults=FaultConfig(**{f"rate_{status}": 1.0})) as (running, client):
+            assert client.post("/v1/chat/completions", json=body()).status_code == status
+            assert running.stats()["faults"] == {f"http_{status}": 1}
+
+
+@pytest.mark.timeout(30)
+def test_connection_faults_and_bad_bodies() -> None:
+    with sim(faults=FaultConfig(reset_rate=1.0)) as (_, client):
+        with pytest.raises(httpx.TransportError):
+            client.post("/v1/chat/completions", json=body())
+        assert client.get("/health").status_code == 200  # the server itself is fine
+    with sim(faults=FaultConfig(truncate_rate=1.0)) as (_, client), pytest.raises(httpx.RemoteProtocolError):
+        client.post("/v1/chat/completions", json=body())
+    with sim(faults=FaultConfig(malformed_rate=1.0)) as (_, client):
+        r = client.post("/v1/chat/completions", json=body())
+        assert r.status_code == 200
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(r.content)
+    with sim(faults=FaultConfig(reject_schema=True)) as (_, client):
+        r = client.post("/v1/chat/completions", json=body(response_format=fmt(TOOL_SCHEMA)))
+        assert r.status_code == 400 and "JSON schema" in r.json()["error"]["message"]
+        assert client.post("/v1/chat/completions", json=body()).status_code == 200  # no schema: fine
+    with sim(enforce_schema=False, faults=FaultConfig(invalid_action_rate=1.0)) as (_, client):
+        r = client.post("/v1/chat/completions", json=body(response_format=fmt(TOOL_SCHEMA)))
+        content = r.json()["choices"][0]["message"]["content"]
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(content)
+
+
+@pytest.mark.timeout(30)
+def test_fault_draws_are_seeded() -> None:
+    faults = FaultConfig(rate_500=0.3, rate_503=0.3)
+    runs = []
+    for _ in range(2):
+        with sim(seed=5, faults=faults) as (_, client):
+            runs.append([client.post("/v1/chat/completions", json=body()).status_code for _ in range(20)])
+    assert runs[0] == runs[1]
+    assert {200, 500, 503} <= set(runs[0])
+
+
+def test_fault_rates_are_validated() -> None:
+    with pytest.raises(ValueError, match=r"--rate-503 must be in \[0, 1\]"):
+        FaultConfig(rate_503=1.5)
+    with pytest.raises(ValueError, match="--metrics-flavor"):
+        SimConfig(metrics_flavor="tgi")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncroll.cli",
+        "serve-sim",
+        "--port",
+        "0",
+        "--model",
+        "m",
+        "--step-base-ms",
+        "1",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serve-sim listening on http://127.0.0.1:"), line
+        url = line.split()[3]
+        port = int(url.rsplit(":", 1)[1])
+        assert port > 0 and f"port {port}" in line
+        with httpx.Client(base_url=url, timeout=10) as client:
+            assert client.get("/health").status_code == 200
+            r = client.post(
+                "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            )
+            assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 1
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=15)
+        assert proc.returncode == 0, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.timeout(30)
+def test_cli_refuses_bad_settings() -> None:
+    env = {**os.environ}
+    for args, needle in (
+        (["--rate-429", "2"], "--rate-429 must be in [0, 1]"),
+        (["--invalid-action-rate", "0.5"], "needs --no-enforce-schema"),
+        (["--metrics-flavor", "tgi"], "--metrics-flavor must be vllm or sglang"),
+        (["--step-base-ms", "0", "--step-per-seq-ms", "0"], "a step must take some time"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0", *args],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env=env,
+        )
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert needle in result.stderr
