@@ -555,7 +555,7 @@ def test_end_to_end_run_against_a_serve_sim_subprocess(tmp_path: Path) -> None:
                 sys.executable, "-m", "asyncroll.cli", "run",
                 "--workload", REPO / "examples" / "smoke.jsonl", "--output", out,
                 "--backend", "vllm", "--model", "sim", "--endpoint", url,
-                "--replay", "--max-tokens", "32", "--cpu-workers", "1",
+                "--replay", "--max-tokens", "32", "--cpu-workers", "1", "--telemetry-interval", "0.02",
             ],
             capture_output=True,
             text=True,
@@ -579,6 +579,13 @@ def test_end_to_end_run_against_a_serve_sim_subprocess(tmp_path: Path) -> None:
         events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
         tokens = [e["completion_tokens"] for e in events if e["event"] == "model_finished"]
         assert tokens == [32] * 5  # smoke actions carry no output_tokens: --max-tokens is the budget
+        # telemetry is on by default with --backend vllm: serve-sim's /metrics sampled, estimates covered
+        assert receipt["telemetry"]["sources"][0]["available"] is True
+        assert sum(e["event"] == "resource_sample" for e in events) >= 3
+        resources = summary["resources"]
+        assert resources["server_coverage_fraction"] > 0.5
+        assert resources["sampled_starvation_s"] is not None
+        assert resources["sampled_starvation_coverage_s"] > 0
     finally:
         server.terminate()
         server.communicate(timeout=30)
