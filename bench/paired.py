@@ -12,45 +12,29 @@ Run: ``python -m bench.paired [--seeds 5] [--n 40]``.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import tempfile
 from pathlib import Path
 
+from asyncroll.experiment.stats import t_interval, t_ppf
 from bench import synthetic
 from bench.common import machine, quantiles, run_once
 
 POINTS = ((8, 4, 2), (8, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
-# two-sided 95% Student t quantiles by degrees of freedom
-T95 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    12: 2.179,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-}
 
 
 def t95(df: int) -> float:
-    return T95.get(df) or T95[max(k for k in T95 if k <= df)] if df < 30 else 1.96
+    """Two-sided 95% Student t quantile for ``df`` degrees of freedom (exact, not a table)."""
+    return t_ppf(0.975, df)
 
 
 def interval(xs: list[float]) -> str:
-    if len(xs) < 2:
+    """Mean paired change with its 95% Student t interval (``asyncroll.experiment.stats``)."""
+    ci = t_interval(xs)
+    if ci.low is None or ci.high is None or ci.mean is None:
         return "n/a"
-    mean = statistics.fmean(xs)
-    half = t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return f"{100 * mean:+.1f}% [{100 * (mean - half):+.1f}%, {100 * (mean + half):+.1f}%]"
+    return f"{100 * ci.mean:+.1f}% [{100 * ci.low:+.1f}%, {100 * ci.high:+.1f}%]"
 
 
 def spread(xs: list[float], fmt: str = "{:.1f}") -> str:

@@ -1,0 +1,165 @@
+"""``comparison.json``: the experiment's measured values, pair by pair, that ``asyncroll report`` reads.
+
+Each arm's summary.json is read through ``SummaryModel`` (so a schema drift fails loudly) and reduced to
+the metrics below; a value the run could not measure stays ``null`` ("unknown" in the report), never 0.
+Failed arms appear with their error; a pair is complete only when every arm in it completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncroll.outputs.receipt import write_json_atomic
+
+COMPARISON_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    key: str
+    path: str
+    label: str
+    higher_is_better: bool | None
+
+
+#: The compared metrics: key, dotted path in summary.json, label, direction (None: neither).
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        "completed_per_gpu_hour",
+        "throughput.completed_per_gpu_hour",
+        "completions per allocated GPU-hour",
+        True,
+    ),
+    Metric(
+        "completed_per_wall_hour", "throughput.completed_per_wall_hour", "completions per wall hour", True
+    ),
+    Metric(
+        "sampled_starvation_fraction",
+        "resources.sampled_starvation_fraction_of_coverage",
+        "sampled model starvation (fraction of covered time)",
+        False,
+    ),
+    Metric("sampled_starvation_s", "resources.sampled_starvation_s", "sampled model starvation, s", False),
+    Metric("client_cpu_blocked_s", "resources.client_cpu_blocked_s", "client CPU-blocked, s", False),
+    Metric("cpu_s_per_completion", "cpu_cost.per_completion_s", "client+worker CPU-s per completion", False),
+    Metric("makespan_s", "makespan_s", "makespan, s", False),
+    Metric("accuracy_exact", "accuracy.exact", "exact accuracy", True),
+    Metric("pass_rate_final", "accuracy.one_repair.pass_rate_final", "one-repair final pass rate", True),
+    Metric("activation_rate", "scheduler.activation_rate", "activation rate (reorders / eligible)", None),
+    Metric(
+        "server_coverage_fraction", "resources.server_coverage_fraction", "server telemetry coverage", None
+    ),
+)
+#: Counts pooled across pairs (sums), for pooled rates.
+COUNTS: tuple[tuple[str, str], ...] = (
+    ("trajectories", "counts.trajectories"),
+    ("completed", "counts.completed"),
+    ("failed", "counts.failed"),
+    ("max_turns", "counts.max_turns"),
+    ("correct", "accuracy.correct"),
+    ("graded", "accuracy.denominator"),
+    ("evaluated", "accuracy.one_repair.evaluated"),
+    ("passed_first", "accuracy.one_repair.passed_first"),
+    ("passed_final_repairs", "accuracy.one_repair.passed_after_repair"),
+    ("decisions", "scheduler.decisions"),
+    ("eligible_decisions", "scheduler.eligible_decisions"),
+    ("reorders", "scheduler.reorders"),
+    ("worker_restarts", "workers.restarts"),
+    ("model_requests", "model.requests"),
+    ("allocated_gpu_hours", "throughput.allocated_gpu_hours"),
+    ("total_cpu_s", "cpu_cost.total_cpu_s"),
+)
+
+
+def dig(data: Any, path: str) -> Any:
+    """``data[a][b]…`` for ``path = "a.b…"``; None when any step is missing."""
+    node = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def arm_values(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The metrics and counts of one arm's summary (all None without a summary)."""
+    metrics = {m.key: None if summary is None else _number(dig(summary, m.path)) for m in METRICS}
+    counts = {k: None if summary is None else _number(dig(summary, p)) for k, p in COUNTS}
+    model_failed = None if summary is None else dig(summary, "model.failed")
+    counts["model_failures"] = float(sum(model_failed.values())) if isinstance(model_failed, dict) else None
+    return {"metrics": metrics, "counts": counts}
+
+
+def build_comparison(
+    experiment: dict[str, Any], summaries: Mapping[str, dict[str, Any] | None]
+) -> dict[str, Any]:
+    """comparison.json from experiment.json's data and each comparison arm's summary (None if absent)."""
+    config = experiment["config"]
+    arm_names = [a["name"] for a in config["arms"]]
+    policies = {a["name"]: a["policy"] for a in config["arms"]}
+    pairs: dict[int, dict[str, Any]] = {}
+    failed: list[dict[str, Any]] = []
+    for plan in experiment["plan"]:
+        record = experiment["arms"][plan["id"]]
+        if record.get("status") == "failed":
+            failed.append(
+                {"id": plan["id"], "stage": plan["stage"], "arm": plan["arm"], "error": record.get("error")}
+            )
+        if plan["pair"] is None:
+            continue
+        pair = pairs.setdefault(
+            plan["pair"], {"pair": plan["pair"] + 1, "seed": plan["seed"], "order": [], "arms": {}}
+        )
+        pair["order"].append(plan["arm"])
+        pair["arms"][plan["arm"]] = {
+            "id": plan["id"],
+            "policy": plan["policy"],
+            "status": record.get("status", "not_run"),
+            "error": record.get("error"),
+            "run_dir": record.get("run_dir"),
+            **arm_values(summaries.get(plan["id"])),
+        }
+    versions: dict[str, list[str]] = {}
+    for record in experiment["arms"].values():
+        for key, values in (record.get("server_evidence") or {}).items():
+            if key.endswith("_version"):
+                versions.setdefault(key, [])
+                versions[key] += [v for v in values if v not in versions[key]]
+    for pair in pairs.values():
+        pair["complete"] = all(
+            pair["arms"][n]["status"] == "complete" for n in arm_names if n in pair["arms"]
+        )
+    return {
+        "schema_version": COMPARISON_SCHEMA_VERSION,
+        "kind": "asyncroll.comparison",
+        "experiment": config["name"],
+        "experiment_status": experiment["status"],
+        "stop_reason": experiment.get("stop_reason"),
+        "fingerprint": experiment["fingerprint"]["sha256"],
+        "baseline": config.get("baseline") or arm_names[0],
+        "arms": arm_names,
+        "policies": policies,
+        "seed": config["seed"],
+        "bootstrap_resamples": config["bootstrap_resamples"],
+        "stages": experiment["stages"],
+        "metrics": [
+            {"key": m.key, "path": m.path, "label": m.label, "higher_is_better": m.higher_is_better}
+            for m in METRICS
+        ],
+        "pairs": [pairs[k] for k in sorted(pairs)],
+        "failed_arms": failed,
+        "server_versions": versions,
+    }
+
+
+def write_comparison(path: Path, comparison: dict[str, Any]) -> None:
+    write_json_atomic(path, comparison)

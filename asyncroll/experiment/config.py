@@ -1,0 +1,249 @@
+"""ExperimentConfig: everything a paired experiment needs, validated before any process starts.
+
+One JSON file names the server command template (vLLM by default; ``serve-sim``, SGLang or any command),
+the model, the workload and its expected SHA-256, the client's limits, the arms (policies), the pairs and
+their order, the seeds, the stages with their gates, and every deadline. ``asyncroll experiment schema``
+prints its JSON Schema. Paths in the file are relative to the file's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from asyncroll.errors import UsageError
+
+#: Placeholders every server command template may use; ``server.vars`` adds more.
+BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
+STAGES = ("qualification", "opportunity", "activation")
+GateOp = Literal[">=", "<=", ">", "<", "==", "!="]
+
+DEFAULT_VLLM_COMMAND = [
+    "vllm",
+    "serve",
+    "{model_path}",
+    "--revision",
+    "{revision}",
+    "--served-model-name",
+    "{served_model_name}",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--seed",
+    "0",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSpec(_Strict):
+    """How to start (and judge the readiness of) one fresh inference server per arm."""
+
+    command: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_COMMAND), min_length=1)
+    kind: Literal["vllm", "sglang", "transformers", "generic"] = "vllm"
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8000, ge=0, le=65535, description="0: pick a free port for each arm.")
+    env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
+    vars: dict[str, str] = Field(default_factory=dict, description="Extra {placeholders} of the command.")
+    readiness_paths: list[str] = Field(default_factory=lambda: ["/health", "/v1/models"], min_length=1)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    stop_grace_s: float = Field(default=30.0, ge=0)
+    metrics_path: str | None = Field(default="/metrics", description="null: no server telemetry.")
+
+    @field_validator("readiness_paths")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        bad = [p for p in value if not p.startswith("/")]
+        if bad:
+            raise ValueError(f"readiness paths must start with '/': {bad}")
+        return value
+
+
+class ModelSpec(_Strict):
+    path: str = Field(min_length=1, description="Model path or hub id handed to the server.")
+    revision: str = Field(default="main", min_length=1, description="Pin a commit for a real experiment.")
+    served_name: str = Field(min_length=1, description="The name requests use (--served-model-name).")
+
+
+class WorkloadSpec(_Strict):
+    path: Path
+    sha256: str | None = Field(default=None, description="Expected SHA-256; a mismatch refuses to run.")
+    tool_root: Path | None = None
+    description: str = ""
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError("sha256 must be 64 lowercase hex digits")
+        return value
+
+
+class ClientSpec(_Strict):
+    """The ``asyncroll run`` flags shared by every arm (the policy comes from the arm)."""
+
+    backend: Literal["vllm", "openai"] = "vllm"
+    replay: bool = False
+    max_active_trajectories: int = Field(default=8, ge=1)
+    max_inflight_model_requests: int = Field(default=4, ge=1)
+    cpu_workers: int = Field(default=2, ge=1)
+    max_turns: int = Field(default=8, ge=1)
+    max_tokens: int = Field(default=2048, ge=1)
+    warmup_requests: int = Field(default=2, ge=0)
+    limit: int | None = Field(default=None, ge=1)
+    request_timeout: float = Field(default=600.0, gt=0)
+    tool_timeout: float = Field(default=60.0, gt=0)
+    dedicated_gpu: bool = True
+    telemetry_interval: float = Field(default=0.2, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+    deadline_s: float = Field(default=7200.0, gt=0, description="Client wall deadline per arm.")
+
+
+class GpuSpec(_Strict):
+    """A declared GPU: checked before every arm (identity and idleness), via NVML or nvidia-smi."""
+
+    index: int = Field(default=0, ge=0)
+    name_contains: str | None = None
+    uuid: str | None = None
+    max_memory_used_mib: float = Field(default=1024.0, ge=0)
+    max_utilization_pct: float = Field(default=10.0, ge=0, le=100)
+    idle_wait_s: float = Field(
+        default=60.0, ge=0, description="How long to wait for the previous arm's memory to be released."
+    )
+
+
+class ArmSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    policy: str = Field(min_length=1)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class Gate(_Strict):
+    """One threshold: ``summary[metric] op value`` on the named arm (every arm of the stage if null)."""
+
+    metric: str = Field(min_length=1, description="Dotted path into summary.json, e.g. counts.completed.")
+    op: GateOp
+    value: float
+    arm: str | None = None
+
+
+class StageSpec(_Strict):
+    arms: list[str] = Field(min_length=1, description="Arm names run once in this stage, in order.")
+    gates: list[Gate] = Field(default_factory=list)
+
+
+class Stages(_Strict):
+    qualification: StageSpec | None = None
+    opportunity: StageSpec | None = None
+    activation: StageSpec | None = None
+
+
+class ExperimentConfig(_Strict):
+    """A paired policy comparison on one inference server (SPEC §10)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    model: ModelSpec
+    workload: WorkloadSpec
+    client: ClientSpec = Field(default_factory=ClientSpec)
+    gpu: GpuSpec | None = Field(default=None, description="null: no GPU declared (recorded as such).")
+    arms: list[ArmSpec] = Field(min_length=2)
+    baseline: str | None = Field(default=None, description="Arm the others are compared to (first arm).")
+    pairs: int = Field(default=3, ge=1)
+    order: Literal["alternating", "balanced", "fixed"] = "alternating"
+    seed: int = Field(default=0, description="Client --seed of pair i is seed + i; the bootstrap's seed.")
+    stages: Stages = Field(default_factory=Stages)
+    deadline_s: float | None = Field(default=None, gt=0, description="Whole-experiment wall deadline.")
+    bootstrap_resamples: int = Field(default=10_000, ge=100)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        problems: list[str] = []
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            problems.append(f"arms: duplicate arm names in {names}")
+        if self.baseline is not None and self.baseline not in names:
+            problems.append(f"baseline: {self.baseline!r} is not an arm ({names})")
+        from asyncroll.config import PolicyName
+
+        policies = set(PolicyName.__args__)  # type: ignore[attr-defined]
+        for arm in self.arms:
+            if arm.policy not in policies:
+                problems.append(f"arms[{arm.name}].policy: unknown policy {arm.policy!r}")
+        for stage in STAGES:
+            spec: StageSpec | None = getattr(self.stages, stage)
+            if spec is None:
+                continue
+            for name in spec.arms:
+                if name not in names:
+                    problems.append(f"stages.{stage}.arms: {name!r} is not an arm ({names})")
+            for i, gate in enumerate(spec.gates):
+                if gate.arm is not None and gate.arm not in spec.arms:
+                    problems.append(f"stages.{stage}.gates[{i}].arm: {gate.arm!r} does not run in {stage}")
+        known = set(BUILTIN_PLACEHOLDERS) | set(self.server.vars)
+        for i, token in enumerate(self.server.command):
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(token) if f is not None]
+            except ValueError as exc:
+                problems.append(f"server.command[{i}] {token!r}: {exc}")
+                continue
+            unknown = [f for f in fields if f not in known]
+            if unknown:
+                problems.append(
+                    f"server.command[{i}] {token!r}: unknown placeholder(s) {unknown}; known: {sorted(known)}"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def baseline_arm(self) -> str:
+        return self.baseline or self.arms[0].name
+
+    def arm(self, name: str) -> ArmSpec:
+        return next(a for a in self.arms if a.name == name)
+
+
+def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read, override (dotted keys such as ``model.path``) and validate; relative paths → the file's folder.
+
+    Raises UsageError with one line per problem, naming the file and the field.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: an experiment config is a JSON object")
+    data.pop("$schema", None)
+    for key, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    base = path.resolve().parent
+    workload = data.get("workload")
+    if isinstance(workload, dict):
+        for key in ("path", "tool_root"):
+            if isinstance(workload.get(key), str) and not Path(workload[key]).is_absolute():
+                workload[key] = str(base / workload[key])
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in err["loc"]) or "config"
+            lines.append(f"{path}: {where}: {err['msg']}")
+        raise UsageError("\n".join(lines)) from None

@@ -1,0 +1,97 @@
+"""The experiment's one figure: three panels, a line per pair, medians marked; PNG and PDF.
+
+Panels: completions per allocated GPU-hour, sampled model starvation (fraction of covered time), and
+client + worker CPU-seconds per completion. The x axis is the arm (baseline first); each complete pair
+is one grey line joining its arms' values, and each arm's median is a black bar. A panel whose metric is
+unknown for every pair says "unknown" instead of drawing nothing. matplotlib is the ``figures`` extra,
+imported only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asyncroll.errors import UsageError
+
+PANELS = (
+    ("completed_per_gpu_hour", "completions per allocated GPU-hour", "higher is better"),
+    (
+        "sampled_starvation_fraction",
+        "sampled model starvation\n(fraction of covered time)",
+        "lower is better",
+    ),
+    ("cpu_s_per_completion", "client + worker CPU-s per completion", "lower is better"),
+)
+
+
+def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Path]:
+    """Write ``stem``.png and ``stem``.pdf; returns both paths."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("the figure needs matplotlib: pip install 'asyncroll[figures]'") from None
+    arms: list[str] = [agg["baseline"], *[a for a in agg["arms"] if a != agg["baseline"]]]
+    complete = [p for p in comparison["pairs"] if p.get("complete")]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), constrained_layout=True)
+    xs = list(range(len(arms)))
+    for ax, (key, label, direction) in zip(axes, PANELS, strict=True):
+        drawn = False
+        for k, pair in enumerate(complete):
+            ys = [pair["arms"][a]["metrics"].get(key) for a in arms]
+            if any(y is None for y in ys):
+                continue
+            ax.plot(xs, ys, "-o", color="0.55", lw=1.2, ms=4, zorder=2)
+            ax.annotate(
+                f"p{pair['pair']}",
+                (xs[-1], ys[-1]),
+                xytext=(5, 5 if k % 2 else -5),
+                textcoords="offset points",
+                fontsize=7,
+                color="0.4",
+                va="center",
+            )
+            drawn = True
+        for x, arm in zip(xs, arms, strict=True):
+            med = agg["medians"][arm].get(key)
+            if med is not None:
+                ax.hlines(
+                    med,
+                    x - 0.18,
+                    x + 0.18,
+                    colors="black",
+                    lw=2.5,
+                    zorder=3,
+                    label="median" if x == 0 else None,
+                )
+        if not drawn:
+            ax.text(
+                0.5,
+                0.5,
+                "unknown\n(not measured in any complete pair)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=10,
+                color="firebrick",
+            )
+            ax.set_yticks([])
+        ax.set_xticks(xs, [f"{a}\n({agg['policies'][a]})" for a in arms])
+        ax.set_xlim(-0.5, len(arms) - 0.5)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel(direction, fontsize=8, color="0.35")
+        ax.grid(axis="y", color="0.9")
+        if drawn:
+            ax.legend(loc="best", fontsize=7, frameon=False)
+    fig.suptitle(
+        f"{agg['experiment']}: {agg['pairs_complete']} complete pair(s), one line per pair, bars = medians",
+        fontsize=11,
+    )
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return paths

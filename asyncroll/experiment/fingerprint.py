@@ -1,0 +1,82 @@
+"""The protocol fingerprint: what must not change between the stages and resumes of one experiment.
+
+Components: the config (canonical JSON), the workload's SHA-256, a hash of every trusted tool file it
+names, the code version (``git describe`` of the checkout asyncroll runs from, else the package version)
+and the software versions. Each is hashed separately so that a refusal names what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import asyncroll
+from asyncroll.errors import UsageError
+from asyncroll.experiment.config import ExperimentConfig
+from asyncroll.outputs.receipt import file_sha256, versions
+
+
+class FingerprintMismatch(UsageError):
+    """A resume or a later stage found a different protocol than the one the experiment started with."""
+
+
+def code_version() -> dict[str, str | None]:
+    """``git describe --always --dirty`` and the commit of the checkout holding the package, if any."""
+    root = Path(asyncroll.__file__).resolve().parent.parent
+    out: dict[str, str | None] = {"package": asyncroll.__version__, "describe": None, "commit": None}
+    for key, args in (
+        ("describe", ["describe", "--always", "--dirty", "--tags"]),
+        ("commit", ["rev-parse", "HEAD"]),
+    ):
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            break
+        if done.returncode == 0:
+            out[key] = done.stdout.strip()
+    return out
+
+
+def _sha(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fingerprint(cfg: ExperimentConfig, workload_sha256: str, tools: dict[str, Path | None]) -> dict[str, Any]:
+    """Every component with its own hash, and ``sha256`` over all of them."""
+    tool_hashes = {key: None if path is None else file_sha256(path) for key, path in sorted(tools.items())}
+    software = versions()
+    components = {
+        "config": _sha(cfg.model_dump(mode="json")),
+        "workload": workload_sha256,
+        "tools": _sha(tool_hashes),
+        "code": _sha(code_version()),
+        "software": _sha(software),
+    }
+    return {
+        "sha256": _sha(components),
+        "components": components,
+        "detail": {"tools": tool_hashes, "code": code_version(), "software": software},
+    }
+
+
+def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -> None:
+    """Refuse (FingerprintMismatch naming each changed component) unless both fingerprints agree."""
+    if recorded.get("sha256") == current.get("sha256"):
+        return
+    old, new = recorded.get("components", {}), current.get("components", {})
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    detail = []
+    for key in changed:
+        if key in ("code", "software"):
+            detail.append(f"{key}: {recorded.get('detail', {}).get(key)} → {current['detail'].get(key)}")
+        else:
+            detail.append(f"{key}: {old.get(key)} → {new.get(key)}")
+    raise FingerprintMismatch(
+        f"{what}: the protocol changed since the experiment started ({'; '.join(detail)}); "
+        "start a new experiment in a new output directory instead of mixing protocols"
+    )

@@ -1,0 +1,133 @@
+"""The declared GPU's identity and idleness, checked before every arm (NVML first, ``nvidia-smi`` second).
+
+An arm that shares its GPU with a leftover server or another job measures the wrong thing, so a declared
+GPU that is busy, unreadable or not the declared model fails the arm (kept and reported, not retried).
+Without a declared GPU nothing is read and the receipt says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from typing import Any
+
+from asyncroll.experiment.config import GpuSpec
+
+
+class GpuCheckError(RuntimeError):
+    """The declared GPU cannot be read, is not the declared one, or is not idle."""
+
+
+def _read_nvml(index: int) -> dict[str, Any]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return {
+            "source": "nvml",
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+            "name": _text(name),
+            "uuid": _text(uuid),
+            "memory_used_mib": mem.used / 2**20,
+            "memory_total_mib": mem.total / 2**20,
+            "utilization_pct": float(util.gpu),
+            "compute_pids": [int(p.pid) for p in procs],
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _read_smi(index: int) -> dict[str, Any]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise GpuCheckError("nvidia-smi not found")
+    fields = "name,uuid,memory.used,memory.total,utilization.gpu,driver_version"
+    out = subprocess.run(
+        [exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", str(index)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise GpuCheckError(f"nvidia-smi exited {out.returncode}: {out.stderr.strip()[:300]}")
+    name, uuid, used, total, util, driver = (v.strip() for v in out.stdout.strip().split(","))
+    apps = subprocess.run(
+        [exe, "--query-compute-apps=pid", "--format=csv,noheader", "-i", str(index)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    pids = [int(p) for p in apps.stdout.split() if p.strip().isdigit()]
+    return {
+        "source": "nvidia-smi",
+        "driver": driver,
+        "name": name,
+        "uuid": uuid,
+        "memory_used_mib": float(used),
+        "memory_total_mib": float(total),
+        "utilization_pct": float(util),
+        "compute_pids": pids,
+    }
+
+
+def read_gpu(index: int) -> dict[str, Any]:
+    """Read the GPU through NVML, falling back to nvidia-smi; GpuCheckError naming both failures."""
+    errors = []
+    try:
+        return _read_nvml(index)
+    except Exception as exc:  # noqa: BLE001 - pynvml raises its own NVMLError tree (or ImportError)
+        errors.append(f"NVML: {type(exc).__name__}: {exc}")
+    try:
+        return _read_smi(index)
+    except (GpuCheckError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        errors.append(f"nvidia-smi: {exc}")
+    raise GpuCheckError(f"GPU {index} declared but unreadable ({'; '.join(errors)})")
+
+
+def check_gpu(spec: GpuSpec | None) -> dict[str, Any]:
+    """The receipt's ``gpu`` record; raises GpuCheckError when a declared GPU is wrong or stays busy.
+
+    A busy GPU is polled for up to ``idle_wait_s`` (a stopped server's memory can take a moment to be
+    released); a wrong identity or an unreadable GPU fails at once.
+    """
+    if spec is None:
+        return {
+            "declared": False,
+            "checked": False,
+            "note": "no GPU declared; identity and idleness not checked",
+        }
+    deadline = time.monotonic() + spec.idle_wait_s
+    while True:
+        reading = read_gpu(spec.index)
+        wrong = []
+        if spec.name_contains and spec.name_contains.lower() not in reading["name"].lower():
+            wrong.append(f"name {reading['name']!r} does not contain {spec.name_contains!r}")
+        if spec.uuid and spec.uuid != reading["uuid"]:
+            wrong.append(f"uuid {reading['uuid']} is not the declared {spec.uuid}")
+        if wrong:
+            raise GpuCheckError(f"GPU {spec.index}: " + "; ".join(wrong))
+        busy = []
+        if reading["memory_used_mib"] > spec.max_memory_used_mib:
+            busy.append(f"{reading['memory_used_mib']:.0f} MiB in use (> {spec.max_memory_used_mib:g} MiB)")
+        if reading["utilization_pct"] > spec.max_utilization_pct:
+            busy.append(f"utilisation {reading['utilization_pct']:g}% (> {spec.max_utilization_pct:g}%)")
+        if reading["compute_pids"]:
+            busy.append(f"compute processes already running: {reading['compute_pids']}")
+        if not busy:
+            return {"declared": True, "checked": True, "index": spec.index, **reading}
+        if time.monotonic() >= deadline:
+            raise GpuCheckError(f"GPU {spec.index} not idle after {spec.idle_wait_s:g}s: " + "; ".join(busy))
+        time.sleep(1.0)

@@ -1,0 +1,183 @@
+"""The experiment's plan: every arm in run order, and the exact server and client command of each.
+
+Pure functions of the config (no process, no network, no GPU), so ``asyncroll experiment plan`` prints
+exactly what ``run`` will start, and resume can check that the plan did not change.
+
+Pair order: ``fixed`` runs the arms as listed; ``alternating`` rotates them by the pair index (AB, BA,
+AB, …) so no arm always runs first; ``balanced`` also reverses every other block of k pairs (AB, BA, BA,
+AB for two arms), which balances both the first position and the carry-over between consecutive pairs.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from asyncroll.experiment.config import STAGES, ExperimentConfig
+
+COMPARISON = "comparison"
+
+
+@dataclass(frozen=True, slots=True)
+class ArmPlan:
+    """One arm to run: which stage, which pair and position, which policy, which seed."""
+
+    id: str
+    stage: str
+    pair: int | None
+    position: int
+    arm: str
+    policy: str
+    seed: int
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def pair_order(names: list[str], pair: int, order: str) -> list[str]:
+    """Arm order of pair ``pair`` (0-based) under the ``fixed``, ``alternating`` or ``balanced`` rule."""
+    k = len(names)
+    if order == "fixed":
+        return list(names)
+    rotated = names[pair % k :] + names[: pair % k]
+    if order == "balanced" and (pair // k) % 2 == 1:
+        rotated.reverse()
+    return rotated
+
+
+def build_plan(cfg: ExperimentConfig) -> list[ArmPlan]:
+    """Stages first (qualification → opportunity → activation), then the comparison pairs."""
+    plan: list[ArmPlan] = []
+    for stage in STAGES:
+        spec = getattr(cfg.stages, stage)
+        if spec is None:
+            continue
+        for j, name in enumerate(spec.arms):
+            arm = cfg.arm(name)
+            plan.append(ArmPlan(f"{stage}-{j + 1}-{name}", stage, None, j, name, arm.policy, cfg.seed))
+    names = [a.name for a in cfg.arms]
+    for pair in range(cfg.pairs):
+        for position, name in enumerate(pair_order(names, pair, cfg.order)):
+            arm = cfg.arm(name)
+            plan.append(
+                ArmPlan(
+                    f"pair{pair + 1}-{name}", COMPARISON, pair, position, name, arm.policy, cfg.seed + pair
+                )
+            )
+    return plan
+
+
+def server_command(cfg: ExperimentConfig, port: int | str) -> list[str]:
+    """The server command with every placeholder filled (``port`` may be a label in a printed plan)."""
+    values = {
+        "python": sys.executable,
+        "host": cfg.server.host,
+        "port": str(port),
+        "model_path": cfg.model.path,
+        "served_model_name": cfg.model.served_name,
+        "revision": cfg.model.revision,
+        **cfg.server.vars,
+    }
+    return [token.format(**values) for token in cfg.server.command]
+
+
+def endpoint(cfg: ExperimentConfig, port: int | str) -> str:
+    host = cfg.server.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir: Path) -> list[str]:
+    """``asyncroll run …`` for one arm: the shared client flags, the arm's policy and seed, its run dir."""
+    c = cfg.client
+    url = endpoint(cfg, port)
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncroll.cli",
+        "run",
+        "--workload",
+        str(cfg.workload.path),
+        "--output",
+        str(run_dir),
+        "--backend",
+        c.backend,
+        "--server-kind",
+        cfg.server.kind,
+        "--model",
+        cfg.model.served_name,
+        "--endpoint",
+        url,
+        "--policy",
+        arm.policy,
+        "--max-active-trajectories",
+        str(c.max_active_trajectories),
+        "--max-inflight-model-requests",
+        str(c.max_inflight_model_requests),
+        "--cpu-workers",
+        str(c.cpu_workers),
+        "--max-turns",
+        str(c.max_turns),
+        "--max-tokens",
+        str(c.max_tokens),
+        "--warmup-requests",
+        str(c.warmup_requests),
+        "--request-timeout",
+        str(c.request_timeout),
+        "--tool-timeout",
+        str(c.tool_timeout),
+        "--telemetry-interval",
+        str(c.telemetry_interval),
+        "--seed",
+        str(arm.seed),
+        "--no-progress",
+    ]
+    if cfg.workload.tool_root is not None:
+        cmd += ["--tool-root", str(cfg.workload.tool_root)]
+    if c.limit is not None:
+        cmd += ["--limit", str(c.limit)]
+    if c.replay:
+        cmd.append("--replay")
+    if c.dedicated_gpu:
+        cmd.append("--dedicated-gpu")
+    if cfg.gpu is not None:
+        cmd += ["--nvml-device", str(cfg.gpu.index)]
+    if cfg.server.metrics_path is not None:
+        cmd += ["--metrics-url", url + cfg.server.metrics_path]
+    elif cfg.gpu is None:
+        cmd.append("--no-telemetry")
+    return cmd + list(c.extra_args) + list(cfg.arm(arm.arm).extra_args)
+
+
+def render_plan(cfg: ExperimentConfig, output: Path | None) -> str:
+    """Human-readable plan: every arm with its exact server and client command (nothing is started)."""
+    import shlex
+
+    out = output or Path("OUTPUT")
+    port: int | str = cfg.server.port if cfg.server.port else "PORT"
+    arms = ", ".join(f"{a.name}={a.policy}" for a in cfg.arms)
+    lines = [
+        f"experiment {cfg.name}: {len(cfg.arms)} arms ({arms}), "
+        f"baseline {cfg.baseline_arm}, {cfg.pairs} pairs, order {cfg.order}",
+        f"workload {cfg.workload.path} (expected sha256 {cfg.workload.sha256 or 'not declared'})",
+        "gpu: "
+        + (
+            "not declared (no identity or idle check)"
+            if cfg.gpu is None
+            else f"index {cfg.gpu.index}, idle check before each arm"
+        ),
+    ]
+    if not cfg.server.port:
+        lines.append("PORT: a free port chosen when each arm starts")
+    for arm in build_plan(cfg):
+        where = arm.stage if arm.pair is None else f"pair {arm.pair + 1} position {arm.position + 1}"
+        lines.append(f"\n[{arm.id}] {where}: policy {arm.policy}, seed {arm.seed}")
+        lines.append("  server: " + shlex.join(server_command(cfg, port)))
+        lines.append("  client: " + shlex.join(client_command(cfg, arm, port, out / "arms" / arm.id / "run")))
+    for stage in STAGES:
+        spec = getattr(cfg.stages, stage)
+        for gate in [] if spec is None else spec.gates:
+            lines.append(f"gate {stage}: {gate.metric} {gate.op} {gate.value:g} on {gate.arm or 'every arm'}")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""``experiment.json`` and per-arm ``arm.json``: the experiment's receipts, rewritten atomically.
+
+Each arm moves ``pending → checking_gpu → starting_server → running_client → stopping_server →
+complete | failed | interrupted``; every transition is timestamped and written at once (temporary file
++ rename, the run receipt's helper), so an interrupted experiment leaves receipts that say exactly how far
+each arm got. ``experiment.json`` holds the fingerprint, the plan, each stage's gate verdicts and each
+arm's outcome; it is what resume reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from asyncroll.outputs.receipt import write_json_atomic
+
+SCHEMA_VERSION = 1
+ArmStatus = Literal[
+    "pending",
+    "checking_gpu",
+    "starting_server",
+    "running_client",
+    "stopping_server",
+    "complete",
+    "failed",
+    "interrupted",
+]
+TERMINAL = ("complete", "failed")
+ExperimentStatus = Literal["running", "complete", "stopped", "interrupted", "failed"]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
+class ArmReceipt:
+    """The one writer of an arm's ``arm.json``."""
+
+    def __init__(self, path: Path, body: dict[str, Any]) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "asyncroll.experiment.arm",
+            "status": "pending",
+            "created_at": now_iso(),
+            "created_wall": time.time(),
+            "transitions": [],
+            **body,
+            "error": None,
+        }
+        self.transition("pending")
+
+    @property
+    def status(self) -> str:
+        return str(self.data["status"])
+
+    def update(self, **fields: Any) -> None:
+        self.data.update(fields)
+        write_json_atomic(self.path, self.data)
+
+    def transition(self, status: ArmStatus, **fields: Any) -> None:
+        self.data["status"] = status
+        self.data["transitions"].append({"status": status, "at": now_iso()})
+        self.update(**fields)
+
+
+class ExperimentReceipt:
+    """The one writer of ``experiment.json``."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self.write()
+
+    @classmethod
+    def create(cls, path: Path, body: dict[str, Any]) -> ExperimentReceipt:
+        data = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "asyncroll.experiment",
+            "status": "running",
+            "created_at": now_iso(),
+            "created_wall": time.time(),
+            **body,
+            "resumes": [],
+            "stop_reason": None,
+            "error": None,
+        }
+        return cls(path, data)
+
+    @classmethod
+    def load(cls, path: Path) -> ExperimentReceipt:
+        return cls(path, read_json(path))
+
+    def write(self) -> None:
+        self.data["updated_at"] = now_iso()
+        write_json_atomic(self.path, self.data)
+
+    def set_status(self, status: ExperimentStatus, **fields: Any) -> None:
+        self.data["status"] = status
+        self.data[f"{status}_at"] = now_iso()
+        self.data.update(fields)
+        self.write()
+
+    def arm(self, arm_id: str) -> dict[str, Any]:
+        arms: dict[str, dict[str, Any]] = self.data["arms"]
+        return arms[arm_id]
+
+    def set_arm(self, arm_id: str, **fields: Any) -> None:
+        self.data["arms"][arm_id].update(fields)
+        self.write()
+
+    def set_stage(self, stage: str, **fields: Any) -> None:
+        self.data["stages"][stage].update(fields)
+        self.write()

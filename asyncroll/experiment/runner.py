@@ -1,0 +1,298 @@
+"""The experiment runner: stages with gates, then the paired comparison; receipts, resume, fingerprint.
+
+Order: qualification → opportunity screen → activation gate → comparison. A stage runs its arms once
+and passes when every gate holds on their summaries (a metric that is unknown, or an arm that failed,
+fails the gate: a stop rule never passes on missing evidence). A failed gate stops the experiment with
+the reason recorded; the comparison then runs no arm. Comparison arms run in the planned, alternating
+order; a failed arm is kept and reported, never retried.
+
+Resume (``--resume`` on an existing output) re-reads ``experiment.json``, refuses unless the protocol
+fingerprint and the plan are unchanged, kills any process group a killed runner left behind, moves the
+unfinished arms' directories aside (``<id>.interrupted-N``, kept and listed) and runs only the arms that
+have not finished. Finished arms (complete or failed) are never run again.
+"""
+
+from __future__ import annotations
+
+import operator
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from asyncroll.errors import UsageError
+from asyncroll.experiment.arms import ExperimentInterrupted, load_summary, run_arm
+from asyncroll.experiment.comparison import build_comparison, dig, write_comparison
+from asyncroll.experiment.config import STAGES, ExperimentConfig, Gate
+from asyncroll.experiment.fingerprint import fingerprint, require_same
+from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
+from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, read_json
+from asyncroll.experiment.server import sweep_orphan
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str
+    exit_code: int
+    message: str
+
+
+def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
+    """Validate the workload as the client will read it; its SHA-256 must match the declared one."""
+    from asyncroll.workload import scan_workload
+
+    root = (cfg.workload.tool_root or cfg.workload.path.parent).resolve()
+    scan = scan_workload(cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit)
+    scan.raise_if_invalid()
+    if cfg.workload.sha256 is not None and scan.sha256 != cfg.workload.sha256:
+        raise UsageError(
+            f"{cfg.workload.path}: sha256 {scan.sha256} is not the config's workload.sha256 "
+            f"{cfg.workload.sha256}; wrong file or a changed workload"
+        )
+    return scan.sha256, {key: tool.path for key, tool in scan.tools.items()}
+
+
+def evaluate_gates(
+    gates: list[Gate], stage_arms: list[str], values: dict[str, dict[str, Any] | None]
+) -> list[dict[str, Any]]:
+    """Each gate on each arm it names: observed value (None if unknown) and the verdict."""
+    verdicts = []
+    for gate in gates:
+        for arm in [gate.arm] if gate.arm else stage_arms:
+            summary = values.get(arm)
+            raw = None if summary is None else dig(summary, gate.metric)
+            observed = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
+            passed = observed is not None and OPS[gate.op](observed, gate.value)
+            verdicts.append(
+                {
+                    "metric": gate.metric,
+                    "op": gate.op,
+                    "value": gate.value,
+                    "arm": arm,
+                    "observed": observed,
+                    "passed": passed,
+                    "note": None if observed is not None else "unknown (arm failed or metric not measured)",
+                }
+            )
+    return verdicts
+
+
+class ExperimentRunner:
+    """Runs (or resumes) one experiment into ``output``."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        output: Path,
+        *,
+        resume: bool = False,
+        config_path: Path | None = None,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg = cfg
+        self.output = output
+        self.resume = resume
+        self.config_path = config_path
+        self.echo = echo
+        self.plan = build_plan(cfg)
+
+    def run(self) -> Outcome:
+        """Validate, create or resume, run every unfinished arm, write comparison.json."""
+        sha, tools = check_workload(self.cfg)
+        if self.cfg.workload.sha256 is None:
+            self.echo(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
+        fp = fingerprint(self.cfg, sha, tools)
+        receipt = self._open(fp)
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def interrupt(signum: int, _frame: FrameType | None) -> None:
+            raise ExperimentInterrupted(signal.Signals(signum).name)
+
+        for sig in previous:
+            signal.signal(sig, interrupt)
+        try:
+            outcome = self._run_all(receipt, sha, fp)
+        except ExperimentInterrupted as exc:
+            receipt.set_status("interrupted", error=f"interrupted by {exc}")
+            self._write_comparison(receipt)
+            return Outcome("interrupted", EXIT_INTERRUPTED, f"interrupted by {exc}; resume with --resume")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return outcome
+
+    def _open(self, fp: dict[str, Any]) -> ExperimentReceipt:
+        path = self.output / "experiment.json"
+        plan = [a.to_dict() for a in self.plan]
+        if path.exists():
+            if not self.resume:
+                raise UsageError(
+                    f"--output {self.output} already holds an experiment; pass --resume to continue it "
+                    "(finished arms are kept) or choose a new directory"
+                )
+            receipt = ExperimentReceipt.load(path)
+            require_same(receipt.data["fingerprint"], fp, f"resume of {self.output}")
+            if receipt.data["plan"] != plan:
+                raise UsageError(f"resume of {self.output}: the plan changed (arms, pairs, order or seeds)")
+            self._recover(receipt)
+            return receipt
+        if self.resume:
+            raise UsageError(f"--resume: {path} does not exist; nothing to resume")
+        if self.output.exists() and any(self.output.iterdir()):
+            raise UsageError(f"--output {self.output} exists and is not empty; asyncroll never overwrites")
+        (self.output / "arms").mkdir(parents=True, exist_ok=True)
+        stages = {s: {"status": "pending", "arms": [], "gates": []} for s in (*STAGES, COMPARISON)}
+        for stage in STAGES:
+            if getattr(self.cfg.stages, stage) is None:
+                stages[stage]["status"] = "not_configured"
+        return ExperimentReceipt.create(
+            path,
+            {
+                "name": self.cfg.name,
+                "config_path": None if self.config_path is None else str(self.config_path.resolve()),
+                "config": self.cfg.model_dump(mode="json"),
+                "fingerprint": fp,
+                "plan": plan,
+                "stages": stages,
+                "arms": {a.id: {"status": "pending", "attempts_interrupted": []} for a in self.plan},
+            },
+        )
+
+    def _recover(self, receipt: ExperimentReceipt) -> None:
+        """Kill what a dead runner left running; set unfinished arms aside (kept) to run them afresh."""
+        moved = []
+        for arm in self.plan:
+            record = receipt.arm(arm.id)
+            if record["status"] in TERMINAL or (
+                record["status"] == "pending" and not self._arm_dir(arm).exists()
+            ):
+                continue
+            arm_dir = self._arm_dir(arm)
+            swept = {}
+            if (arm_dir / "arm.json").is_file():
+                data = read_json(arm_dir / "arm.json")
+                for role in ("client", "server"):
+                    swept[role] = sweep_orphan(data.get(role, {}).get("process"))
+            n = len(record["attempts_interrupted"]) + 1
+            aside = arm_dir.with_name(f"{arm.id}.interrupted-{n}")
+            if arm_dir.exists():
+                arm_dir.rename(aside)
+            record["attempts_interrupted"].append(
+                {"dir": str(aside), "status_seen": record["status"], "orphans": swept}
+            )
+            record["status"] = "pending"
+            moved.append(arm.id)
+        receipt.data["resumes"].append({"at": receipt.data["updated_at"], "unfinished_arms_set_aside": moved})
+        receipt.set_status("running", error=None)
+        self.echo(f"resuming {self.output}: {len(moved)} unfinished arm(s) set aside: {moved or 'none'}")
+
+    def _arm_dir(self, arm: ArmPlan) -> Path:
+        return self.output / "arms" / arm.id
+
+    def _deadline_left(self, receipt: ExperimentReceipt) -> float:
+        if self.cfg.deadline_s is None:
+            return float("inf")
+        return self.cfg.deadline_s - (time.time() - float(receipt.data["created_wall"]))
+
+    def _run_all(self, receipt: ExperimentReceipt, sha: str, fp: dict[str, Any]) -> Outcome:
+        for stage in (*STAGES, COMPARISON):
+            state = receipt.data["stages"][stage]
+            if state["status"] in ("passed", "not_configured", "complete"):
+                continue
+            if state["status"] == "failed":
+                return self._finish(receipt, "stopped", f"stopped earlier at {stage}")
+            require_same(receipt.data["fingerprint"], fp, f"stage {stage}")
+            arms = [a for a in self.plan if a.stage == stage]
+            receipt.set_stage(stage, status="running", arms=[a.id for a in arms])
+            for arm in arms:
+                if receipt.arm(arm.id)["status"] in TERMINAL:
+                    continue
+                left = self._deadline_left(receipt)
+                if left <= 0:
+                    receipt.set_stage(stage, status="deadline")
+                    return self._finish(receipt, "stopped", f"experiment deadline passed before {arm.id}")
+                self._run_one(receipt, arm, sha, min(left, self.cfg.client.deadline_s))
+            if stage == COMPARISON:
+                receipt.set_stage(stage, status="complete")
+                continue
+            spec = getattr(self.cfg.stages, stage)
+            values = {
+                a.arm: load_summary(self._arm_dir(a))
+                for a in arms
+                if receipt.arm(a.id)["status"] == "complete"
+            }
+            verdicts = evaluate_gates(spec.gates, spec.arms, values)
+            failed_arms = [a.id for a in arms if receipt.arm(a.id)["status"] != "complete"]
+            ok = all(v["passed"] for v in verdicts) and not failed_arms
+            receipt.set_stage(
+                stage, status="passed" if ok else "failed", gates=verdicts, failed_arms=failed_arms
+            )
+            self.echo(f"stage {stage}: {'passed' if ok else 'FAILED'}" + _gate_text(verdicts, failed_arms))
+            if not ok:
+                return self._finish(receipt, "stopped", f"stage {stage} failed its gate")
+        return self._finish(receipt, "complete", None)
+
+    def _run_one(self, receipt: ExperimentReceipt, arm: ArmPlan, sha: str, deadline_s: float) -> None:
+        arm_dir = self._arm_dir(arm)
+        receipt.set_arm(arm.id, status="running", dir=str(arm_dir), started_at=time.time())
+        self.echo(f"[{arm.id}] policy {arm.policy}, seed {arm.seed}: starting")
+        try:
+            result = run_arm(self.cfg, arm, arm_dir, sha, deadline_s)
+        except ExperimentInterrupted:
+            receipt.set_arm(arm.id, status="interrupted")
+            raise
+        status = result.status
+        receipt.set_arm(
+            arm.id,
+            status=status,
+            error=result.data.get("error"),
+            failed_step=result.data.get("failed_step"),
+            run_dir=str(arm_dir / "run"),
+            finished_at=time.time(),
+            server_evidence=result.data.get("server", {}).get("startup_evidence"),
+        )
+        self.echo(
+            f"[{arm.id}] {status}"
+            + (f": {result.data['error'].splitlines()[0]}" if result.data.get("error") else "")
+        )
+
+    def _finish(self, receipt: ExperimentReceipt, status: str, reason: str | None) -> Outcome:
+        receipt.set_status(status, stop_reason=reason)  # type: ignore[arg-type]
+        self._write_comparison(receipt)
+        failed = [k for k, v in receipt.data["arms"].items() if v["status"] == "failed"]
+        message = f"experiment {status}" + (f": {reason}" if reason else "")
+        if failed:
+            message += f"; failed arms kept and reported: {', '.join(failed)}"
+        code = EXIT_OK if status == "complete" and not failed else EXIT_INCOMPLETE
+        return Outcome(status, code, message + f"\ncomparison: {self.output / 'comparison.json'}")
+
+    def _write_comparison(self, receipt: ExperimentReceipt) -> None:
+        summaries = {}
+        for arm in self.plan:
+            if arm.stage == COMPARISON and receipt.arm(arm.id)["status"] == "complete":
+                summaries[arm.id] = load_summary(self._arm_dir(arm))
+        write_comparison(self.output / "comparison.json", build_comparison(receipt.data, summaries))
+
+
+def _gate_text(verdicts: list[dict[str, Any]], failed_arms: list[str]) -> str:
+    parts = [
+        f"{v['metric']}[{v['arm']}] = {'unknown' if v['observed'] is None else format(v['observed'], 'g')} "
+        f"{v['op']} {v['value']:g}: {'ok' if v['passed'] else 'no'}"
+        for v in verdicts
+    ]
+    if failed_arms:
+        parts.append(f"failed arms: {', '.join(failed_arms)}")
+    return (" (" + "; ".join(parts) + ")") if parts else ""

@@ -1,0 +1,251 @@
+"""One inference server per arm: its own process group, its log captured, readiness within a deadline,
+startup evidence parsed from the log, and a stop that reaches the whole group (TERM → grace → KILL).
+
+Also the subprocess helpers the client side shares (``ManagedProcess``) and the orphan sweep that resume
+uses after a runner was killed: every started process is recorded with its pid, process group and
+creation time, so a later process reusing the pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from asyncroll.workers.tree import all_gone, descendants, signal_tree
+
+#: Startup evidence: (key, pattern). The first group, if any, is the value; else the whole line is kept.
+EVIDENCE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("vllm_version", re.compile(r"vLLM API server version ([\w.+-]+)", re.I)),
+    ("sglang_version", re.compile(r"sglang(?: version)?[ =:]+v?(\d+\.\d+[\w.+-]*)", re.I)),
+    ("attention_backend", re.compile(r"Using ([\w-]+) (?:attention )?backend", re.I)),
+    ("attention_backend", re.compile(r"attention[_ ]backend[=: ]+'?([\w-]+)", re.I)),
+    ("cuda_graph", re.compile(r"(Graph capturing finished in [\d.]+ secs?.*)", re.I)),
+    ("cuda_graph", re.compile(r"(Capturing (?:CUDA |cuda)?graphs?.*)", re.I)),
+    ("cuda_graph_disabled", re.compile(r"(enforce_eager=True|CUDA graph is turned off.*)", re.I)),
+    ("compile", re.compile(r"(torch\.compile takes [\d.]+ s.*)", re.I)),
+    ("compile", re.compile(r"(Compiling a graph for .*)", re.I)),
+    ("weights_loaded", re.compile(r"(Model loading took .*|Loading weights took .*)", re.I)),
+    ("kv_cache", re.compile(r"(GPU KV cache size: .*|# GPU blocks: .*)", re.I)),
+    ("listening", re.compile(r"(serve-sim listening on \S+.*|Uvicorn running on \S+)", re.I)),
+)
+_MAX_EVIDENCE = 8
+
+
+class ServerStartError(RuntimeError):
+    """The server exited, or never became ready, within its deadline."""
+
+
+def free_port(host: str) -> int:
+    """A port the kernel says is free now (there is a short race until the server binds it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already accepts connections there (a stale server would answer readiness)."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def startup_evidence(log_text: str) -> dict[str, list[str]]:
+    """Lines of the server log that show how it started (versions, attention backend, graphs, compile)."""
+    found: dict[str, list[str]] = {}
+    for line in log_text.splitlines():
+        for key, pattern in EVIDENCE_PATTERNS:
+            match = pattern.search(line)
+            if match:
+                values = found.setdefault(key, [])
+                value = match.group(1).strip()[:300]
+                if value not in values and len(values) < _MAX_EVIDENCE:
+                    values.append(value)
+    return found
+
+
+def tail(path: Path, limit: int = 2000) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class ManagedProcess:
+    """A subprocess leading its own session and process group, stdout+stderr to a log file."""
+
+    command: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+    started_wall: float | None = None
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as handle:
+            self.popen = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+        self.started_wall = time.time()
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def record(self) -> dict[str, Any]:
+        """What an orphan sweep needs to find this process again, and nothing it could confuse."""
+        create_time = None
+        with contextlib.suppress(psutil.Error):
+            create_time = psutil.Process(self.pid).create_time()
+        return {"pid": self.pid, "pgid": self.pid, "create_time": create_time, "log": str(self.log)}
+
+    def poll(self) -> int | None:
+        assert self.popen is not None
+        return self.popen.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        assert self.popen is not None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace_s: float) -> dict[str, Any]:
+        """TERM the whole group and every descendant, wait ``grace_s``, then KILL what is left."""
+        assert self.popen is not None
+        began = time.monotonic()
+        tree = descendants(self.pid)
+        already = self.popen.poll()
+        signal_tree(self.pid, signal.SIGTERM, tree)
+        code = self.wait(grace_s)
+        how = "exited" if already is not None else "term"
+        deadline = time.monotonic() + grace_s
+        while not all_gone(tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if code is None or not all_gone(tree):
+            tree = list({p.pid: p for p in [*tree, *descendants(self.pid)]}.values())
+            signal_tree(self.pid, signal.SIGKILL, tree)
+            code = self.wait(10.0)
+            how = "kill"
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)  # anything left in the group (normally nothing)
+        return {
+            "how": how,
+            "exit_code": code,
+            "seconds": round(time.monotonic() - began, 3),
+            "leftover": [p.pid for p in tree if not all_gone([p])],
+        }
+
+
+def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
+    """Kill a process group recorded by a runner that died, if its leader is still the same process."""
+    if not record or record.get("pid") is None:
+        return "none recorded"
+    pid = int(record["pid"])
+    try:
+        proc = psutil.Process(pid)
+        same = record.get("create_time") is None or abs(proc.create_time() - record["create_time"]) < 0.01
+    except psutil.Error:
+        same = False
+    if not same:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(record.get("pgid", pid)), signal.SIGKILL)  # group members outliving the leader
+        return "gone"
+    tree = [proc, *descendants(pid)]
+    signal_tree(pid, signal.SIGTERM, tree)
+    deadline = time.monotonic() + grace_s
+    while not all_gone(tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    signal_tree(pid, signal.SIGKILL, tree)
+    with contextlib.suppress(psutil.Error):
+        proc.wait(5.0)  # reaps it only if we are its parent; otherwise init does
+    return "killed"
+
+
+class InferenceServer:
+    """A fresh server for one arm. ``start`` → ``wait_ready`` → ``stop``; every step leaves evidence."""
+
+    def __init__(
+        self, command: list[str], base_url: str, log: Path, env: dict[str, str], served_name: str
+    ) -> None:
+        self.process = ManagedProcess(command, log, env)
+        self.base_url = base_url
+        self.served_name = served_name
+
+    def start(self) -> None:
+        self.process.start()
+
+    def wait_ready(self, paths: list[str], deadline_s: float) -> dict[str, Any]:
+        """Poll ``paths`` until one answers 200 and the served model is listed; fail early if it exits."""
+        import httpx
+
+        began = time.monotonic()
+        last_error = "no answer yet"
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        f"server exited with code {code} before it was ready; log tail:\n"
+                        + (tail(self.process.log) or "(empty log)")
+                    )
+                elapsed = time.monotonic() - began
+                if elapsed > deadline_s:
+                    raise ServerStartError(
+                        f"server not ready within {deadline_s:g}s (last: {last_error}); log tail:\n"
+                        + (tail(self.process.log) or "(empty log)")
+                    )
+                for path in paths:
+                    try:
+                        response = client.get(self.base_url + path)
+                    except httpx.HTTPError as exc:
+                        last_error = f"{path}: {type(exc).__name__}"
+                        continue
+                    if response.status_code == 200:
+                        models = self._models(client)
+                        return {"ready_s": round(time.monotonic() - began, 3), "via": path, "models": models}
+                    last_error = f"{path}: HTTP {response.status_code}"
+                time.sleep(0.1)
+
+    def _models(self, client: Any) -> list[str]:
+        """The served model ids; the configured served name must be one of them."""
+        response = client.get(self.base_url + "/v1/models")
+        if response.status_code != 200:
+            raise ServerStartError(f"/v1/models answered HTTP {response.status_code}")
+        ids = [str(m.get("id")) for m in response.json().get("data", [])]
+        if self.served_name not in ids:
+            raise ServerStartError(f"server serves {ids}, not the configured model {self.served_name!r}")
+        return ids
+
+    def evidence(self) -> dict[str, list[str]]:
+        try:
+            text = self.process.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return {}
+        return startup_evidence(text)
+
+    def stop(self, grace_s: float) -> dict[str, Any]:
+        return self.process.stop(grace_s)

@@ -1,0 +1,163 @@
+"""Paired statistics for the report: ratios, mean % change, a Student t interval and a seeded bootstrap.
+
+The t quantile is computed here (regularised incomplete beta by Lentz's continued fraction, inverted by
+bisection) so that the report needs no SciPy; the tests check it against ``scipy.stats.t``. The bootstrap
+resamples pairs with replacement from ``numpy.random.default_rng(seed)``: the same data and seed give the
+same interval on every machine.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    tiny, eps = 1e-300, 3e-16
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student t cumulative distribution function."""
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_ppf(q: float, df: float) -> float:
+    """Student t quantile (inverse CDF) for 0 < q < 1, accurate to ~1e-12."""
+    if not 0.0 < q < 1.0 or df <= 0:
+        raise ValueError(f"t_ppf needs 0 < q < 1 and df > 0, got q={q}, df={df}")
+    if q < 0.5:
+        return -t_ppf(1.0 - q, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < q:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-13 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A mean with its interval; ``low``/``high`` None when it cannot be computed (and ``note`` says why)."""
+
+    n: int
+    mean: float | None
+    low: float | None
+    high: float | None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, float | int | str | None]:
+        return asdict(self)
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Mean ± t(1 − α/2, n − 1) · s / √n; needs at least two values."""
+    n = len(values)
+    if n == 0:
+        return Interval(0, None, None, None, "no pair with a known value")
+    mean = statistics.fmean(values)
+    if n < 2:
+        return Interval(n, mean, None, None, "an interval needs at least 2 pairs")
+    half = t_ppf(0.5 + confidence / 2.0, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return Interval(n, mean, mean - half, mean + half)
+
+
+def bootstrap_interval(
+    values: Sequence[float], *, seed: int, resamples: int = 10_000, confidence: float = 0.95
+) -> Interval:
+    """Percentile bootstrap of the mean: ``resamples`` resamples of the pairs, seeded."""
+    n = len(values)
+    if n == 0:
+        return Interval(0, None, None, None, "no pair with a known value")
+    data = np.asarray(values, dtype=float)
+    mean = float(data.mean())
+    if n < 2:
+        return Interval(n, mean, None, None, "an interval needs at least 2 pairs")
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    note = f"{n} pairs: only {n**n} distinct resamples" if n**n < resamples else None
+    return Interval(n, mean, float(low), float(high), note)
+
+
+def paired_ratios(baseline: Sequence[float | None], treatment: Sequence[float | None]) -> list[float | None]:
+    """treatment / baseline per pair; None where either is unknown or the baseline is not positive."""
+    out: list[float | None] = []
+    for b, t in zip(baseline, treatment, strict=True):
+        out.append(None if b is None or t is None or b <= 0 else t / b)
+    return out
+
+
+def paired_change(
+    baseline: Sequence[float | None],
+    treatment: Sequence[float | None],
+    *,
+    seed: int,
+    resamples: int = 10_000,
+) -> dict[str, object]:
+    """Paired % change (100·(t/b − 1)) per pair, its mean with a t and a bootstrap interval."""
+    ratios = paired_ratios(baseline, treatment)
+    changes = [100.0 * (r - 1.0) for r in ratios if r is not None]
+    diffs = [t - b for b, t in zip(baseline, treatment, strict=True) if b is not None and t is not None]
+    return {
+        "ratios": ratios,
+        "unknown_pairs": sum(r is None for r in ratios),
+        "percent_change": [None if r is None else 100.0 * (r - 1.0) for r in ratios],
+        "mean_percent_change_t95": t_interval(changes).to_dict(),
+        "mean_percent_change_bootstrap95": bootstrap_interval(
+            changes, seed=seed, resamples=resamples
+        ).to_dict(),
+        "mean_difference_t95": t_interval(diffs).to_dict(),
+    }
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None

@@ -1,0 +1,57 @@
+"""Run the bounded LiveCodeBench experiment on one GPU: a thin entry point over the experiment runner.
+
+    python scripts/run_lcb_bounded_single_gpu.py --config experiments/livecodebench_bounded_8x4.json \
+        --model-path /models/Qwen2.5-Coder-7B-Instruct --workload data/lcb_stdin_219_seed20260927.jsonl \
+        --output runs/lcb-8x4 [--workload-sha256 HEX] [--revision COMMIT] [--plan] [--resume]
+
+Everything else (the vLLM command, the limits, the stages, the pairs) comes from the config; this script
+only fills in where the model and the workload live on this machine, then does what ``asyncroll
+experiment run`` (or ``plan``) does. See PROTOCOL_LIVECODEBENCH.md and docs/SINGLE_GPU.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from asyncroll.errors import UsageError
+from asyncroll.experiment.config import load_experiment_config
+from asyncroll.experiment.plan import render_plan
+from asyncroll.experiment.runner import ExperimentRunner
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--model-path", required=True, help="Local model folder or hub id for the server.")
+    parser.add_argument("--workload", type=Path, required=True, help="The converted workload JSONL.")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--workload-sha256", help="Expected SHA-256 of the workload (recommended).")
+    parser.add_argument("--revision", help="Model revision to record and pass to the server.")
+    parser.add_argument("--plan", action="store_true", help="Print every command; start nothing.")
+    parser.add_argument("--resume", action="store_true", help="Continue an interrupted experiment.")
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {"model.path": args.model_path, "workload.path": str(args.workload.resolve())}
+    if args.workload_sha256:
+        overrides["workload.sha256"] = args.workload_sha256
+    if args.revision:
+        overrides["model.revision"] = args.revision
+    try:
+        cfg = load_experiment_config(args.config, overrides)
+        if args.plan:
+            print(render_plan(cfg, args.output))
+            return 0
+        outcome = ExperimentRunner(cfg, args.output, resume=args.resume, config_path=args.config).run()
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

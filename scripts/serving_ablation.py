@@ -1,0 +1,184 @@
+"""Model-only serving measurement: requests/s, output tokens/s and latency percentiles at a fixed
+concurrency against any OpenAI-compatible endpoint (no tools, no CPU work), for comparing serving stacks.
+
+    python scripts/serving_ablation.py --endpoint http://127.0.0.1:8000 --model NAME \
+        --workload data/lcb_stdin_219_seed20260927.jsonl --concurrency 4 --requests 64 \
+        --max-tokens 512 [--fixed-length] [--repeats 3] [--warmup 4] [--output result.json]
+
+Prompts are the workload's ``prompt`` fields in file order (cycled when more requests than problems), so
+the same workload gives the same request sequence on every stack. ``--fixed-length`` asks every
+request for exactly ``--max-tokens`` tokens (``min_tokens`` + ``ignore_eos``, vLLM/SGLang), which
+removes the model's own stopping decisions from a comparison of stacks. Each repeat is reported; the
+summary gives min / median / max over repeats. See SERVING_ABLATION.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def load_prompts(path: Path, count: int) -> list[str]:
+    """The first ``count`` prompts of the workload, cycled; errors name the file and line."""
+    prompts: list[str] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                prompt = json.loads(line)["prompt"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise SystemExit(f"{path}:{line_no}: not a workload line with a 'prompt'") from None
+            if not isinstance(prompt, str) or not prompt:
+                raise SystemExit(f"{path}:{line_no}: prompt must be a non-empty string")
+            prompts.append(prompt)
+    if not prompts:
+        raise SystemExit(f"{path}: no prompts")
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile of an already sorted list (numpy's default method)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q / 100 * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+async def one_pass(args: argparse.Namespace, prompts: list[str], client: httpx.AsyncClient) -> dict[str, Any]:
+    """Send every prompt with at most ``concurrency`` in flight; time each request and the whole pass."""
+    semaphore = asyncio.Semaphore(args.concurrency)
+    latencies: list[float] = []
+    tokens: list[int] = []
+    errors: dict[str, int] = {}
+
+    async def request(prompt: str) -> None:
+        body: dict[str, Any] = {
+            "model": args.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+            "seed": args.seed,
+        }
+        if args.fixed_length:
+            body.update(min_tokens=args.max_tokens, ignore_eos=True)
+        async with semaphore:
+            began = time.perf_counter()
+            try:
+                response = await client.post("/v1/chat/completions", json=body)
+            except httpx.HTTPError as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                return
+            elapsed = time.perf_counter() - began
+        if response.status_code != 200:
+            errors[f"http_{response.status_code}"] = errors.get(f"http_{response.status_code}", 0) + 1
+            return
+        usage = response.json().get("usage") or {}
+        latencies.append(elapsed)
+        tokens.append(int(usage.get("completion_tokens") or 0))
+
+    began = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for prompt in prompts:
+            group.create_task(request(prompt))
+    wall = time.perf_counter() - began
+    ordered = sorted(latencies)
+    return {
+        "wall_s": wall,
+        "ok": len(latencies),
+        "errors": errors,
+        "requests_per_s": len(latencies) / wall,
+        "output_tokens_per_s": sum(tokens) / wall,
+        "output_tokens": sum(tokens),
+        "latency_s": {f"p{q}": percentile(ordered, q) if ordered else None for q in (50, 90, 99)}
+        | {"min": ordered[0] if ordered else None, "max": ordered[-1] if ordered else None},
+    }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    prompts = load_prompts(args.workload, args.requests)
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+    timeout = httpx.Timeout(args.request_timeout)
+    async with httpx.AsyncClient(
+        base_url=args.endpoint, limits=limits, timeout=timeout, trust_env=False
+    ) as client:
+        if args.warmup:
+            await one_pass(args, prompts[: args.warmup], client)
+        passes = [await one_pass(args, prompts, client) for _ in range(args.repeats)]
+    return {
+        "endpoint": args.endpoint,
+        "model": args.model,
+        "workload": str(args.workload),
+        "concurrency": args.concurrency,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "fixed_length": args.fixed_length,
+        "repeats": passes,
+        "summary": {
+            key: spread([p[key] for p in passes]) for key in ("requests_per_s", "output_tokens_per_s")
+        }
+        | {
+            f"latency_{q}_s": spread([p["latency_s"][q] for p in passes if p["latency_s"][q] is not None])
+            for q in ("p50", "p90", "p99")
+            if any(p["latency_s"][q] is not None for p in passes)
+        },
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--endpoint", required=True, help="Server base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", required=True, help="The served model name.")
+    parser.add_argument("--workload", type=Path, required=True, help="Workload JSONL (prompts).")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=64, help="Requests per repeat.")
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--fixed-length", action="store_true", help="min_tokens = max_tokens, ignore_eos.")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=4, help="Untimed requests first.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument("--output", type=Path, help="Write the full result as JSON here.")
+    args = parser.parse_args(argv)
+    for name in ("concurrency", "requests", "max_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    result = asyncio.run(measure(args))
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+    s = result["summary"]
+    print(
+        f"{args.endpoint} model {args.model}: concurrency {args.concurrency}, {args.requests} requests x "
+        f"{args.repeats} repeats, max_tokens {args.max_tokens}{' fixed' if args.fixed_length else ''}"
+    )
+    print("| metric | min | median | max |\n|---|---|---|---|")
+    for key, v in s.items():
+        print(f"| {key} | {v['min']:.4g} | {v['median']:.4g} | {v['max']:.4g} |")
+    failed = sum(sum(p["errors"].values()) for p in result["repeats"])
+    if failed:
+        print(f"errors: {[p['errors'] for p in result['repeats']]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

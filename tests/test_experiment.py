@@ -1,0 +1,633 @@
+"""Paired experiments end to end on CPU: serve-sim per arm, stages, a killed and resumed runner, failing
+arms kept, the report and its figure; statistics against SciPy; ``plan`` on the LiveCodeBench config."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from asyncroll.experiment.comparison import build_comparison
+from asyncroll.experiment.config import Gate, load_experiment_config
+from asyncroll.experiment.plan import build_plan, pair_order
+from asyncroll.experiment.report import aggregate, markdown
+from asyncroll.experiment.runner import evaluate_gates
+from asyncroll.experiment.server import startup_evidence
+from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_cdf, t_interval, t_ppf
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "experiments" / "serve_sim_smoke.json"
+CLI = [sys.executable, "-m", "asyncroll.cli"]
+
+
+def cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False
+    )
+
+
+def read(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def recorded_processes(out: Path) -> list[dict[str, Any]]:
+    found = []
+    for arm_json in out.glob("arms/*/arm.json"):
+        data = read(arm_json)
+        for role in ("server", "client"):
+            process = data.get(role, {}).get("process")
+            if process:
+                found.append(process)
+    return found
+
+
+def alive(record: dict[str, Any]) -> bool:
+    try:
+        proc = psutil.Process(record["pid"])
+        return (
+            abs(proc.create_time() - record["create_time"]) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.Error:
+        return False
+
+
+def kill_recorded(out: Path) -> None:
+    for record in recorded_processes(out):
+        if alive(record):
+            os.killpg(record["pgid"], signal.SIGKILL)
+
+
+def write_config(tmp: Path, **changes: Any) -> Path:
+    data = json.loads(SMOKE.read_text())
+    data["workload"]["path"] = str(ROOT / "examples" / "smoke.jsonl")
+    for key, value in changes.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    path = tmp / "experiment.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The smoke experiment, SIGKILLed while its second arm's client runs, then resumed to the end."""
+    tmp = tmp_path_factory.mktemp("exp")
+    out = tmp / "out"
+    log = (tmp / "runner.log").open("wb")
+    runner = subprocess.Popen(
+        [*CLI, "experiment", "run", "--config", str(SMOKE), "--output", str(out)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    second = out / "arms" / "opportunity-1-fifo" / "arm.json"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # synchronise on the receipt, not on a guessed delay
+            assert runner.poll() is None, (tmp / "runner.log").read_text()
+            assert time.monotonic() < deadline, "second arm never reached its client"
+            try:
+                if read(second)["status"] == "running_client":
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        first_before = read(out / "arms" / "qualification-1-fifo" / "arm.json")
+        orphans = [p for p in recorded_processes(out) if alive(p)]
+        runner.kill()  # SIGKILL: no cleanup runs; the arm's server and client are left behind
+        runner.wait(10)
+        killed = read(out / "experiment.json")
+        resumed = cli("experiment", "run", "--config", SMOKE, "--output", out, "--resume", timeout=150)
+        return {
+            "out": out,
+            "first_before": first_before,
+            "orphans": orphans,
+            "killed": killed,
+            "resumed": resumed,
+        }
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+        kill_recorded(out)
+
+
+@pytest.mark.timeout(180)
+def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
+    out: Path = experiment["out"]
+    resumed = experiment["resumed"]
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming" in resumed.stdout and "1 unfinished arm(s) set aside" in resumed.stdout
+    # at the kill, the first arm was complete and the second was running
+    killed = experiment["killed"]
+    assert killed["status"] == "running"
+    assert killed["arms"]["qualification-1-fifo"]["status"] == "complete"
+    assert killed["arms"]["opportunity-1-fifo"]["status"] == "running"
+    # the killed runner's server and client were alive, and the resume killed them
+    assert len(experiment["orphans"]) == 2
+    assert not any(alive(p) for p in experiment["orphans"])
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "complete"
+    assert [exp["stages"][s]["status"] for s in ("qualification", "opportunity", "activation")] == [
+        "passed"
+    ] * 3
+    assert exp["stages"]["comparison"]["status"] == "complete"
+    assert all(a["status"] == "complete" for a in exp["arms"].values())
+    # the finished arm was not run again: same receipt, same creation time, run only once
+    first_after = read(out / "arms" / "qualification-1-fifo" / "arm.json")
+    assert first_after == experiment["first_before"]
+    assert "qualification-1-fifo" not in resumed.stdout
+    # the interrupted arm was set aside (kept) and run afresh
+    attempt = exp["arms"]["opportunity-1-fifo"]["attempts_interrupted"]
+    assert len(attempt) == 1 and Path(attempt[0]["dir"]).is_dir()
+    assert read(Path(attempt[0]["dir"]) / "arm.json")["status"] == "running_client"
+    assert attempt[0]["orphans"] == {"client": "killed", "server": "killed"}
+    # pairs alternate: AB then BA
+    order = [a["id"] for a in exp["plan"] if a["stage"] == "comparison"]
+    assert order == ["pair1-fifo", "pair1-asyncroll", "pair2-asyncroll", "pair2-fifo"]
+    started = {k: v["started_at"] for k, v in exp["arms"].items()}
+    assert sorted(order, key=started.__getitem__) == order
+    # every arm: fresh server, readiness, evidence, whole group stopped, nothing left running
+    ports = set()
+    for arm_id in order:
+        arm = read(out / "arms" / arm_id / "arm.json")
+        assert [t["status"] for t in arm["transitions"]] == [
+            "pending",
+            "checking_gpu",
+            "starting_server",
+            "running_client",
+            "stopping_server",
+            "complete",
+        ]
+        assert arm["gpu"]["declared"] is False
+        assert arm["server"]["via"] == "/health" and arm["server"]["models"] == ["sim"]
+        assert arm["server"]["startup_evidence"]["listening"]
+        assert arm["server"]["stop"]["how"] == "term" and arm["server"]["stop"]["leftover"] == []
+        assert arm["client"]["exit_code"] == 0
+        ports.add(arm["server"]["url"])
+    assert len(ports) == len(order)  # one fresh server per arm
+    assert not any(alive(p) for p in recorded_processes(out))
+    comparison = read(out / "comparison.json")
+    assert [p["complete"] for p in comparison["pairs"]] == [True, True]
+    assert comparison["failed_arms"] == []
+    for pair in comparison["pairs"]:
+        for arm in pair["arms"].values():
+            assert arm["counts"]["completed"] == 3
+            assert arm["metrics"]["completed_per_gpu_hour"] > 0
+
+
+@pytest.mark.timeout(180)
+def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
+    out: Path = experiment["out"]
+    done = cli("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r", "--figure")
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "r" / "REPORT.md").read_text()
+    agg = read(tmp_path / "r" / "aggregate.json")
+    assert agg["pairs_complete"] == 2
+    change = agg["paired"]["asyncroll"]["completed_per_gpu_hour"]
+    assert len(change["ratios"]) == 2 and all(r > 0 for r in change["ratios"])
+    assert change["mean_percent_change_t95"]["low"] is not None
+    assert "## Paired: asyncroll vs fifo" in text and "mean % change [95% t]" in text
+    for name in ("figure.png", "figure.pdf"):
+        assert (tmp_path / "r" / name).stat().st_size > 5000
+    assert (tmp_path / "r" / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the module entry point is the same command
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asyncroll.report",
+            "--comparison",
+            str(out / "comparison.json"),
+            "--output",
+            str(tmp_path / "r2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert read(tmp_path / "r2" / "aggregate.json") == agg
+
+
+@pytest.mark.timeout(90)
+def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
+    """A server that exits at once: every arm fails at its step, is kept, and the rest still run."""
+    config = write_config(
+        tmp_path,
+        **{
+            "server.command": ["{python}", "-c", "import sys; print('boom'); sys.exit(3)"],
+            "stages": {},
+            "pairs": 1,
+        },
+    )
+    out = tmp_path / "out"
+    done = cli("experiment", "run", "--config", config, "--output", out)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed arms kept and reported: pair1-fifo, pair1-asyncroll" in done.stderr
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "complete"
+    for arm_id in ("pair1-fifo", "pair1-asyncroll"):
+        arm = read(out / "arms" / arm_id / "arm.json")
+        assert arm["status"] == "failed" and arm["failed_step"] == "starting_server"
+        assert "exited with code 3" in arm["error"] and "boom" in arm["error"]
+        assert "client" not in arm
+    comparison = read(out / "comparison.json")
+    assert len(comparison["failed_arms"]) == 2 and comparison["pairs"][0]["complete"] is False
+    # resume: nothing is retried
+    again = cli("experiment", "run", "--config", config, "--output", out, "--resume")
+    assert again.returncode == 1 and "0 unfinished arm(s)" in again.stdout
+    assert read(out / "arms" / "pair1-fifo" / "arm.json") == read(out / "arms" / "pair1-fifo" / "arm.json")
+    # a changed protocol refuses to resume, naming what changed
+    changed = write_config(
+        tmp_path,
+        **{"server.command": ["{python}", "-c", "import sys; sys.exit(3)"], "stages": {}, "pairs": 1},
+    )
+    refused = cli("experiment", "run", "--config", changed, "--output", out, "--resume")
+    assert refused.returncode == 2 and "protocol changed" in refused.stderr and "config:" in refused.stderr
+    # without --resume an existing experiment is never overwritten
+    exists = cli("experiment", "run", "--config", config, "--output", out)
+    assert exists.returncode == 2 and "--resume" in exists.stderr
+    # the report of an experiment without a complete pair says unknown, and still draws the figure
+    rep = cli("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r", "--figure")
+    assert rep.returncode == 0, rep.stderr
+    text = (tmp_path / "r" / "REPORT.md").read_text()
+    assert (
+        "unknown (no pair with a known value)" in text and "`pair1-fifo`: server exited with code 3" in text
+    )
+
+
+@pytest.mark.timeout(60)
+def test_declared_gpu_is_checked_before_the_server_starts(tmp_path: Path) -> None:
+    config = write_config(tmp_path, gpu={"index": 0, "name_contains": "H100"}, stages={}, pairs=1)
+    out = tmp_path / "out"
+    done = cli("experiment", "run", "--config", config, "--output", out)
+    arm = read(out / "arms" / "pair1-fifo" / "arm.json")
+    if arm["status"] == "failed":  # a machine without that idle GPU
+        assert arm["failed_step"] == "checking_gpu" and "GPU 0" in arm["error"]
+        assert "server" not in arm and done.returncode == 1
+    else:  # an idle H100 really is here
+        assert arm["gpu"]["checked"] and "H100" in arm["gpu"]["name"]
+    kill_recorded(out)
+
+
+@pytest.mark.timeout(30)
+def test_workload_sha256_mismatch_refuses_before_anything_starts(tmp_path: Path) -> None:
+    config = write_config(tmp_path, **{"workload.sha256": "0" * 64})
+    done = cli("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    assert done.returncode == 2 and "is not the config's workload.sha256" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(30)
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    config = write_config(tmp_path, **{"client.max_active_trajectories": 0, "pairs": "two"})
+    done = cli("experiment", "plan", "--config", config)
+    assert done.returncode == 2
+    assert (
+        f"{config}: client.max_active_trajectories: Input should be greater than or equal to 1" in done.stderr
+    )
+    assert f"{config}: pairs: Input should be a valid integer" in done.stderr
+    config = write_config(tmp_path, **{"server.command": ["serve", "{nope}"], "baseline": "zzz"})
+    done = cli("experiment", "plan", "--config", config)
+    assert done.returncode == 2
+    assert "unknown placeholder(s) ['nope']" in done.stderr and "baseline: 'zzz' is not an arm" in done.stderr
+
+
+@pytest.mark.timeout(30)
+def test_plan_livecodebench_prints_exact_commands_without_a_gpu() -> None:
+    done = cli(
+        "experiment",
+        "plan",
+        "--config",
+        ROOT / "experiments" / "livecodebench_bounded_8x4.json",
+        "--output",
+        "/runs/lcb",
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    servers = [ln for ln in lines if ln.startswith("  server: ")]
+    clients = [ln for ln in lines if ln.startswith("  client: ")]
+    assert len(servers) == len(clients) == 6 + sum(ln.startswith("[") and "pair" not in ln for ln in lines)
+    assert servers[0].startswith("  server: vllm serve Qwen/Qwen2.5-Coder-7B-Instruct ")
+    assert "--served-model-name qwen2.5-coder-7b-instruct" in servers[0] and "--port 8000" in servers[0]
+    first_pair = [ln for ln in clients if "/runs/lcb/arms/pair1-" in ln]
+    assert len(first_pair) == 2
+    for flag in (
+        "--max-active-trajectories 8",
+        "--max-inflight-model-requests 4",
+        "--cpu-workers 2",
+        "--max-tokens 2048",
+        "--backend vllm",
+        "--dedicated-gpu",
+        "--nvml-device 0",
+    ):
+        assert flag in first_pair[0]
+    assert "--policy fifo" in first_pair[0] and "--policy asyncroll" in first_pair[1]
+    assert "index 0, idle check before each arm" in done.stdout
+
+
+def test_pair_orders() -> None:
+    names = ["a", "b"]
+    assert [pair_order(names, i, "alternating") for i in range(4)] == [
+        ["a", "b"],
+        ["b", "a"],
+        ["a", "b"],
+        ["b", "a"],
+    ]
+    assert [pair_order(names, i, "balanced") for i in range(4)] == [
+        ["a", "b"],
+        ["b", "a"],
+        ["b", "a"],
+        ["a", "b"],
+    ]
+    three = ["a", "b", "c"]
+    firsts = [pair_order(three, i, "alternating")[0] for i in range(3)]
+    assert sorted(firsts) == three
+    cfg = load_experiment_config(SMOKE)
+    ids = [a.id for a in build_plan(cfg)]
+    assert ids[:3] == ["qualification-1-fifo", "opportunity-1-fifo", "activation-1-asyncroll"]
+
+
+def test_startup_evidence_from_a_vllm_log() -> None:
+    log = "\n".join(
+        [
+            "INFO 11-29 api_server.py:712] vLLM API server version 0.8.5",
+            "INFO cuda.py:240] Using Flash Attention backend.",
+            "INFO backends.py:430] Using FLASH_ATTN backend.",
+            "INFO backends.py:132] torch.compile takes 21.3 s in total",
+            "INFO gpu_model_runner.py:1700] Graph capturing finished in 14 secs, took 0.51 GiB",
+            "INFO loader.py:458] Loading weights took 3.20 seconds",
+        ]
+    )
+    ev = startup_evidence(log)
+    assert ev["vllm_version"] == ["0.8.5"]
+    assert "FLASH_ATTN" in ev["attention_backend"]
+    assert ev["compile"] == ["torch.compile takes 21.3 s in total"]
+    assert ev["cuda_graph"][0].startswith("Graph capturing finished in 14 secs")
+
+
+# --- statistics against SciPy -------------------------------------------------------------------------
+
+DATA = [2.1, -0.4, 3.3, 1.7, 0.2, 4.0, -1.2]
+
+
+def test_t_quantile_and_interval_match_scipy() -> None:
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 5, 9, 30, 200):
+        for q in (0.6, 0.9, 0.975, 0.995):
+            assert t_ppf(q, df) == pytest.approx(scipy_stats.t.ppf(q, df), rel=1e-9, abs=1e-9)
+        assert t_cdf(1.3, df) == pytest.approx(scipy_stats.t.cdf(1.3, df), rel=1e-10)
+    ours = t_interval(DATA)
+    mean = sum(DATA) / len(DATA)
+    low, high = scipy_stats.t.interval(0.95, len(DATA) - 1, loc=mean, scale=scipy_stats.sem(DATA))
+    assert ours.mean == pytest.approx(mean) and ours.low == pytest.approx(low, rel=1e-9)
+    assert ours.high == pytest.approx(high, rel=1e-9)
+    assert t_interval([1.0]).low is None and t_interval([]).mean is None
+
+
+def test_bootstrap_is_seeded_and_agrees_with_scipy() -> None:
+    scipy_stats = pytest.importorskip("scipy.stats")
+    a = bootstrap_interval(DATA, seed=7, resamples=20_000)
+    assert a == bootstrap_interval(DATA, seed=7, resamples=20_000)
+    assert a != bootstrap_interval(DATA, seed=8, resamples=20_000)
+    assert a.low is not None and a.high is not None and a.low < a.mean < a.high  # type: ignore[operator]
+    ref = scipy_stats.bootstrap(
+        (DATA,),
+        lambda x, axis: x.mean(axis=axis),
+        n_resamples=20_000,
+        method="percentile",
+        confidence_level=0.95,
+        rng=7,
+    ).confidence_interval
+    assert a.low == pytest.approx(ref.low, abs=0.08) and a.high == pytest.approx(ref.high, abs=0.08)
+
+
+def test_paired_change_handles_unknown_and_zero_baselines() -> None:
+    out = paired_change([100.0, 200.0, None, 0.0], [110.0, 190.0, 5.0, 1.0], seed=0, resamples=500)
+    assert out["ratios"] == [1.1, 0.95, None, None] and out["unknown_pairs"] == 2
+    t = out["mean_percent_change_t95"]
+    assert isinstance(t, dict) and t["mean"] == pytest.approx(2.5) and t["n"] == 2
+    half = t_ppf(0.975, 1) * math.sqrt(((10 - 2.5) ** 2 + (-5 - 2.5) ** 2) / 1) / math.sqrt(2)
+    assert t["high"] == pytest.approx(2.5 + half)
+
+
+def test_report_marks_unknown_metrics() -> None:
+    experiment = {
+        "config": {
+            "name": "x",
+            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
+            "baseline": "a",
+            "seed": 0,
+            "bootstrap_resamples": 200,
+        },
+        "status": "complete",
+        "fingerprint": {"sha256": "f" * 64},
+        "stages": {},
+        "plan": [
+            {"id": f"pair{p + 1}-{n}", "stage": "comparison", "pair": p, "arm": n, "policy": n, "seed": p}
+            for p in range(2)
+            for n in ("a", "b")
+        ],
+        "arms": {f"pair{p + 1}-{n}": {"status": "complete"} for p in range(2) for n in ("a", "b")},
+    }
+
+    def summary(gpu_hour: float | None, completed: int) -> dict[str, Any]:
+        return {
+            "throughput": {"completed_per_gpu_hour": gpu_hour, "allocated_gpu_hours": None},
+            "counts": {"completed": completed, "trajectories": 4},
+            "cpu_cost": {"per_completion_s": None},
+        }
+
+    summaries = {
+        "pair1-a": summary(None, 4),
+        "pair1-b": summary(None, 3),
+        "pair2-a": summary(None, 4),
+        "pair2-b": summary(None, 4),
+    }
+    agg = aggregate(build_comparison(experiment, summaries))
+    assert agg["medians"]["a"]["completed_per_gpu_hour"] is None
+    assert agg["pooled"]["b"]["completion_rate"] == pytest.approx(7 / 8)
+    assert agg["pooled"]["a"]["completed_per_gpu_hour"] is None
+    text = markdown(agg)
+    assert "| completions per allocated GPU-hour | unknown | unknown |" in text
+
+
+@pytest.mark.timeout(60)
+def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
+    """The model-only measurement against a real loopback server: counts, tokens and percentiles agree."""
+    log = (tmp_path / "sim.log").open("wb")
+    server = subprocess.Popen(
+        [*CLI, "serve-sim", "--port", "0", "--model", "sim", "--step-base-ms", "1", "--step-per-seq-ms", "0"],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    try:
+        deadline = time.monotonic() + 30
+        while not (text := (tmp_path / "sim.log").read_text()).startswith("serve-sim listening on "):
+            assert server.poll() is None and time.monotonic() < deadline, text
+            time.sleep(0.02)
+        url = text.split()[3]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "scripts/serving_ablation.py",
+                "--endpoint",
+                url,
+                "--model",
+                "sim",
+                "--workload",
+                "examples/toolmath/workload.jsonl",
+                "--concurrency",
+                "3",
+                "--requests",
+                "10",
+                "--max-tokens",
+                "8",
+                "--fixed-length",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--output",
+                str(tmp_path / "r.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=45,
+            cwd=ROOT,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        result = read(tmp_path / "r.json")
+        assert len(result["repeats"]) == 2
+        for rep in result["repeats"]:
+            assert rep["ok"] == 10 and rep["errors"] == {} and rep["output_tokens"] == 80
+            lat = rep["latency_s"]
+            assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+            assert rep["requests_per_s"] == pytest.approx(10 / rep["wall_s"])
+        assert "| requests_per_s |" in done.stdout
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
+    """SIGTERM to the runner: the client and the server's group are stopped, the arm is interrupted."""
+    config = write_config(tmp_path, stages={}, pairs=1)
+    out = tmp_path / "out"
+    log = (tmp_path / "runner.log").open("wb")
+    runner = subprocess.Popen(
+        [*CLI, "experiment", "run", "--config", str(config), "--output", str(out)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    arm_json = out / "arms" / "pair1-fifo" / "arm.json"
+    try:
+        deadline = time.monotonic() + 40
+        while True:
+            assert runner.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "runner.log"
+            ).read_text()
+            try:
+                if read(arm_json)["status"] == "running_client":
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(40) == 130
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+        kill_recorded(out)
+    arm = read(arm_json)
+    assert arm["status"] == "interrupted" and arm["error"] == "interrupted while running_client"
+    assert arm["server"]["stop"]["leftover"] == [] and "stop" in arm["client"]
+    assert not any(alive(p) for p in recorded_processes(out))
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "interrupted" and exp["arms"]["pair1-fifo"]["status"] == "interrupted"
+    assert exp["arms"]["pair1-asyncroll"]["status"] == "pending"
+    assert "resume with --resume" in (tmp_path / "runner.log").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_fixed_port_fails_the_arm_instead_of_measuring_a_stale_server(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as stale:
+        stale.bind(("127.0.0.1", 0))
+        stale.listen()
+        port = stale.getsockname()[1]
+        config = write_config(tmp_path, **{"server.port": port, "stages": {}, "pairs": 1})
+        done = cli("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    assert done.returncode == 1
+    arm = read(tmp_path / "out" / "arms" / "pair1-fifo" / "arm.json")
+    assert arm["failed_step"] == "starting_server" and "already accepts connections" in arm["error"]
+    assert "process" not in arm.get("server", {})
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_stage_stops_the_experiment_before_the_comparison(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        **{
+            "server.command": ["{python}", "-c", "import sys; sys.exit(4)"],
+            "stages": {"qualification": {"arms": ["fifo"], "gates": []}},
+        },
+    )
+    out = tmp_path / "out"
+    done = cli("experiment", "run", "--config", config, "--output", out)
+    assert done.returncode == 1 and "stage qualification failed its gate" in done.stderr
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "stopped" and exp["stages"]["qualification"]["status"] == "failed"
+    assert exp["stages"]["qualification"]["failed_arms"] == ["qualification-1-fifo"]
+    assert exp["stages"]["comparison"]["status"] == "pending"
+    assert {k for k, v in exp["arms"].items() if v["status"] != "pending"} == {"qualification-1-fifo"}
+    assert not (out / "arms" / "pair1-fifo").exists()
+    again = cli("experiment", "run", "--config", config, "--output", out, "--resume")
+    assert again.returncode == 1 and "stopped earlier at qualification" in again.stderr
+
+
+def test_gates_fail_on_unknown_and_on_the_threshold() -> None:
+    gates = [
+        Gate(metric="counts.completed", op=">=", value=3),
+        Gate(metric="resources.sampled_starvation_s", op=">", value=0.5, arm="b"),
+    ]
+    summaries: dict[str, dict[str, Any] | None] = {
+        "a": {"counts": {"completed": 3}},
+        "b": {"counts": {"completed": 2}, "resources": {"sampled_starvation_s": None}},
+    }
+    verdicts = evaluate_gates(gates, ["a", "b"], summaries)
+    assert [(v["arm"], v["observed"], v["passed"]) for v in verdicts] == [
+        ("a", 3.0, True),
+        ("b", 2.0, False),
+        ("b", None, False),
+    ]
+    assert verdicts[2]["note"].startswith("unknown")
+    assert evaluate_gates(gates[:1], ["a"], {"a": None})[0]["passed"] is False  # failed arm
