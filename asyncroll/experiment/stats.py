@@ -1,7 +1,6 @@
 """Paired statistics for the report: ratios, mean % change, a Student t interval and a seeded bootstrap.
 
-The t quantile is computed here (regularised incomplete beta by Lentz's continued fraction, inverted by
-bisection) so that the report needs no SciPy; the tests check it against ``scipy.stats.t``. The bootstrap
+The t quantile is SciPy's (``scipy.stats.t``; SciPy comes with scikit-learn). The bootstrap
 resamples pairs with replacement from ``numpy.random.default_rng(seed)``: the same data and seed give the
 same interval on every machine.
 """
@@ -16,70 +15,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 1000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """Student t cumulative distribution function."""
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
 def t_ppf(q: float, df: float) -> float:
-    """Student t quantile (inverse CDF) for 0 < q < 1, accurate to ~1e-12."""
+    """Student t quantile (inverse CDF) for 0 < q < 1: SciPy's (a dependency of scikit-learn, always
+    installed), imported here only, so that ``asyncroll --help`` never loads it."""
     if not 0.0 < q < 1.0 or df <= 0:
         raise ValueError(f"t_ppf needs 0 < q < 1 and df > 0, got q={q}, df={df}")
-    if q < 0.5:
-        return -t_ppf(1.0 - q, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < q:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-13 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+    from scipy.stats import t
+
+    return float(t.ppf(q, df))
 
 
 @dataclass(frozen=True, slots=True)
