@@ -301,6 +301,8 @@ def test_retries_are_counted_and_honour_retry_after(tmp_path: Path) -> None:
     assert not capture.of(ModelFailed)
     assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed"] * 6
     assert len(retries) == injected.get("http_429", 0) + injected.get("http_503", 0) > 0
+    assert outcome.summary is not None
+    assert outcome.summary["model"]["retries"] == {"http_status": len(retries)}
     for event in retries:
         assert event.kind == "http_status" and event.status in (429, 503)
         if event.status == 429:

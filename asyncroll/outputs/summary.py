@@ -24,6 +24,7 @@ from asyncroll.events import (
     Event,
     ModelFailed,
     ModelFinished,
+    ModelRetrying,
     ModelStarted,
     ResourceProbe,
     ResourceSample,
@@ -85,6 +86,7 @@ class SummaryBuilder:
         self.code: Counter[str] = Counter()  # one-repair outcomes: passed/failed after 1 or 2 programs
         self.model_finished = 0
         self.model_failed: Counter[str] = Counter()
+        self.model_retries: Counter[str] = Counter()  # failed attempts that were retried, by error kind
         self.tool_calls = 0
         self.tool_errors = 0
         self.cpu_failures: Counter[str] = Counter()
@@ -126,6 +128,7 @@ class SummaryBuilder:
             ModelStarted: self._model_started,
             ModelFinished: self._model_finished,
             ModelFailed: self._model_failed,
+            ModelRetrying: self._model_retrying,
             CpuEnqueued: self._cpu_enqueued,
             CpuSelected: self._cpu_selected,
             CpuFinished: self._cpu_finished,
@@ -161,6 +164,9 @@ class SummaryBuilder:
     def _model_failed(self, event: ModelFailed) -> None:
         self._add_work(event.id, event.latency_s, model=True)
         self.model_failed[event.kind] += 1
+
+    def _model_retrying(self, event: ModelRetrying) -> None:
+        self.model_retries[event.kind] += 1
 
     def _cpu_enqueued(self, event: CpuEnqueued) -> None:
         self._resubmission[event.job_id] = event.resubmission
@@ -337,6 +343,7 @@ class SummaryBuilder:
                 "requests": self.model_finished + sum(self.model_failed.values()),
                 "finished": self.model_finished,
                 "failed": dict(self.model_failed),
+                "retries": dict(self.model_retries),
             },
             "tools": {
                 "calls": self.tool_calls,
