@@ -1,0 +1,34 @@
+"""What every command shares: the option shorthand, a usage error, and the compact summary line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+Opt = typer.Option
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` on stderr and return the exit to raise (2: a usage error)."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
+    if not summary:
+        return
+    c, acc, sch = summary["counts"], summary["accuracy"], summary["scheduler"]
+    tput = summary["throughput"]["completed_per_wall_hour"]
+    exact = "n/a" if acc["exact"] is None else f"{acc['exact']:.3f}"
+    evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)
+    evaluations = f", code evaluations {evaluated}" if evaluated else ""
+    typer.echo(
+        f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
+        f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']}{evaluations} | "
+        f"exact accuracy {exact} (n={acc['denominator']}) | makespan {summary['makespan_s']:.3f}s | "
+        f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {sch['policy']}: "
+        f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
+        f"{summary['workers']['restarts']}\noutputs: {output}"
+    )

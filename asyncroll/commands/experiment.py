@@ -1,0 +1,83 @@
+"""`asyncroll experiment run|plan|schema` and `asyncroll report`: paired experiments and their report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from asyncroll.commands.common import Opt, fail
+
+experiment_app = typer.Typer(
+    help="Paired policy experiments: a fresh inference server per arm, staged gates, receipts, resume.",
+    no_args_is_help=True,
+)
+
+
+def _experiment_config(config: Path, overrides: dict[str, Any] | None = None) -> Any:
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.config import load_experiment_config
+
+    try:
+        return load_experiment_config(config, overrides)
+    except UsageError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+
+
+@experiment_app.command("run")
+def experiment_run(
+    config: Annotated[Path, Opt("--config", help="Experiment config (JSON; see `experiment schema`).")],
+    output: Annotated[Path, Opt("--output", help="Experiment directory to create (or resume).")],
+    resume: Annotated[
+        bool, Opt("--resume", help="Continue an interrupted experiment; finished arms are not re-run.")
+    ] = False,
+) -> None:
+    """Run an experiment: qualification → opportunity → activation gates, then the paired comparison."""
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.runner import ExperimentRunner
+
+    cfg = _experiment_config(config)
+    runner = ExperimentRunner(cfg, output, resume=resume, config_path=config, echo=typer.echo)
+    try:
+        outcome = runner.run()
+    except UsageError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    typer.echo(outcome.message, err=outcome.exit_code != 0)
+    raise typer.Exit(outcome.exit_code)
+
+
+@experiment_app.command("plan")
+def experiment_plan(
+    config: Annotated[Path, Opt("--config", help="Experiment config (JSON).")],
+    output: Annotated[Path | None, Opt("--output", help="Shown in the client commands.")] = None,
+) -> None:
+    """Validate a config and print every server and client command, in order; starts nothing."""
+    from asyncroll.experiment.plan import render_plan
+
+    typer.echo(render_plan(_experiment_config(config), output))
+
+
+@experiment_app.command("schema")
+def experiment_schema() -> None:
+    """Print the JSON Schema of an experiment config."""
+    from asyncroll.experiment.config import ExperimentConfig
+
+    typer.echo(json.dumps(ExperimentConfig.model_json_schema(), indent=2))
+
+
+def report(
+    comparison: Annotated[Path, Opt("--comparison", help="comparison.json of an experiment.")],
+    output: Annotated[Path, Opt("--output", help="Folder for REPORT.md, aggregate.json and the figure.")],
+    figure: Annotated[bool, Opt("--figure", help="Also draw the three-panel figure (PNG and PDF).")] = False,
+) -> None:
+    """Report an experiment: medians, paired ratios, % change with t and bootstrap intervals, figure."""
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.report import write_report
+
+    try:
+        files = write_report(comparison, output, figure=figure)
+    except UsageError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    typer.echo("wrote " + ", ".join(str(f) for f in files))

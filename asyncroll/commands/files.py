@@ -1,0 +1,73 @@
+"""Commands about files: `validate` a workload, print output `schema`s, regenerate a run's `timeline`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from asyncroll.commands.common import Opt, fail
+
+
+def validate(
+    workload: Annotated[Path, typer.Argument(help="Workload JSONL to check.")],
+    tool_root: Annotated[
+        Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
+    ] = None,
+    backend: Annotated[
+        str, Opt(help="Backend the workload is meant for (scripted needs scripts).")
+    ] = "scripted",
+) -> None:
+    """Check a workload without running it; reports every problem, not just the first."""
+    from asyncroll.workload import scan_workload
+
+    root = (tool_root or workload.parent).resolve()
+    scan = scan_workload(workload, root, scripted=backend == "scripted")
+    if scan.problems:
+        for line in scan.problems:
+            typer.echo(line, err=True)
+        if scan.truncated:
+            typer.echo(f"... and {scan.truncated} more problems", err=True)
+        typer.echo(
+            f"{workload}: {len(scan.problems) + scan.truncated} problem(s) in {scan.count} lines", err=True
+        )
+        raise typer.Exit(2)
+    typer.echo(
+        f"{workload}: ok, {scan.count} problems, {len(scan.tools)} distinct tools, sha256 {scan.sha256}"
+    )
+
+
+def schema(
+    which: Annotated[str, typer.Argument(help="workload | events | run | summary | config | all")] = "all",
+) -> None:
+    """Print JSON Schemas of workload lines, events, run.json, summary.json and the run config."""
+    from asyncroll.schemas import schemas
+
+    all_schemas = schemas()
+    if which != "all" and which not in all_schemas:
+        raise fail(f"unknown schema {which!r}; choose from {', '.join(['all', *all_schemas])}")
+    chosen = all_schemas if which == "all" else all_schemas[which]
+    typer.echo(json.dumps(chosen, indent=2))
+
+
+def timeline(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory holding events.jsonl.")],
+) -> None:
+    """Regenerate trace.json and timeline.html of a finished (or interrupted) run from its events."""
+    if not run_dir.is_dir():
+        raise fail(f"{run_dir}: not a directory")
+    if not (run_dir / "events.jsonl").is_file():
+        raise fail(f"{run_dir}: no events.jsonl (not a run directory?)")
+    from asyncroll.outputs.rundir import export
+
+    exports = export(run_dir)
+    failed = [
+        f"{name}: {info['error']}"
+        for name, info in exports.items()
+        if isinstance(info, dict) and not info.get("ok")
+    ]
+    if failed:
+        raise fail("export failed: " + "; ".join(failed), 1)
+    typer.echo(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")

@@ -1,0 +1,195 @@
+"""`asyncroll run`: every §4.1 flag, a config file, the run itself and its exit code."""
+
+from __future__ import annotations
+
+import signal
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from asyncroll.commands.common import Opt, fail, print_summary
+
+
+def run(
+    workload: Annotated[Path | None, Opt("--workload", help="Workload JSONL (required).")] = None,
+    output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
+    backend: Annotated[str | None, Opt(help="scripted | vllm | openai")] = None,
+    policy: Annotated[
+        str | None, Opt(help="sync | fifo | tool_first | gpu_first (deprecated) | asyncroll")
+    ] = None,
+    tool_root: Annotated[
+        Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
+    ] = None,
+    model: Annotated[str | None, Opt(help="Model name (HTTP backends).")] = None,
+    endpoint: Annotated[
+        str | None, Opt(help="HTTP backends: server URL (default http://localhost:8000).")
+    ] = None,
+    limit: Annotated[int | None, Opt(help="Run only the first N problems.")] = None,
+    cpu_workers: Annotated[int | None, Opt(help="Persistent tool worker processes (default 2).")] = None,
+    max_active_trajectories: Annotated[int | None, Opt(help="Admission bound (default 16).")] = None,
+    max_inflight_model_requests: Annotated[
+        int | None, Opt("--max-inflight-model-requests", help="Concurrent model requests (default 4).")
+    ] = None,
+    gpu_slots: Annotated[
+        int | None, Opt("--gpu-slots", help="Deprecated alias of --max-inflight-model-requests.", hidden=True)
+    ] = None,
+    max_turns: Annotated[int | None, Opt(help="Turns per trajectory (default 8).")] = None,
+    max_tokens: Annotated[int | None, Opt(help="HTTP backends: tokens per model request (512).")] = None,
+    warmup_requests: Annotated[
+        int | None, Opt(help="Untimed warm-up requests (2; the scripted backend needs none).")
+    ] = None,
+    tool_timeout: Annotated[
+        float | None, Opt(help="Seconds per tool job before the worker is killed (60).")
+    ] = None,
+    worker_startup_timeout: Annotated[
+        float | None, Opt(help="Seconds for a worker to get ready (120).")
+    ] = None,
+    request_timeout: Annotated[
+        float | None, Opt(help="HTTP backends: seconds per model request (120).")
+    ] = None,
+    structured_output: Annotated[
+        bool | None,
+        Opt("--structured-output/--no-structured-output", help="HTTP backends: JSON-schema actions."),
+    ] = None,
+    metrics_url: Annotated[
+        str | None,
+        Opt(help="Server /metrics URL (vLLM or SGLang names; default ENDPOINT/metrics for --backend vllm)."),
+    ] = None,
+    telemetry: Annotated[
+        bool | None,
+        Opt("--telemetry/--no-telemetry", help="Sample server metrics / NVML when asked for (on)."),
+    ] = None,
+    nvml_device: Annotated[int | None, Opt(help="Physical GPU index for NVML sampling.")] = None,
+    telemetry_interval: Annotated[float | None, Opt(help="Telemetry sample interval, s (0.2).")] = None,
+    seed: Annotated[int | None, Opt(help="HTTP backends: request seed (default 0); recorded.")] = None,
+    starvation_threshold: Annotated[
+        int | None, Opt(help="Pressure trigger (default: inflight limit).")
+    ] = None,
+    aging_seconds: Annotated[float | None, Opt(help="Hard aging bound for the pressure policy (30).")] = None,
+    aging_weight: Annotated[
+        float | None, Opt(help="Soft aging weight for the pressure policy (0.02).")
+    ] = None,
+    nvtx: Annotated[bool | None, Opt("--nvtx", help="Emit NVTX ranges.")] = None,
+    dedicated_gpu: Annotated[bool | None, Opt("--dedicated-gpu", help="Declare one dedicated GPU.")] = None,
+    progress: Annotated[
+        bool | None,
+        Opt("--progress/--no-progress", help="Live progress line on stderr (default: on when a terminal)."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        Opt(help="Serve the runtime's gauges and counters for Prometheus on this port (0: any free port)."),
+    ] = None,
+    metrics_host: Annotated[str | None, Opt(help="Address for --metrics-port (default 127.0.0.1).")] = None,
+    tool_errors: Annotated[
+        str | None,
+        Opt(help="fail (default) | observe: a tool error ends the trajectory or is returned to the model."),
+    ] = None,
+    allow_weak_isolation: Annotated[
+        bool | None,
+        Opt(
+            "--allow-weak-isolation",
+            help="Run untrusted code (lcb_evaluate) even when a sandbox layer is missing (recorded).",
+        ),
+    ] = None,
+    replay: Annotated[
+        bool | None,
+        Opt(
+            "--replay", help="HTTP backends: actions from the workload script; the server decodes their size."
+        ),
+    ] = None,
+    server_kind: Annotated[
+        str | None,
+        Opt(
+            help="HTTP backends: vllm | sglang | transformers | generic (default: vllm for --backend vllm, "
+            "probed for openai)."
+        ),
+    ] = None,
+    max_retries: Annotated[
+        int | None, Opt(help="HTTP backends: retries of a retryable failure (0 = off, the default).")
+    ] = None,
+    retry_max_delay: Annotated[
+        float | None, Opt(help="HTTP backends: cap on a retry delay or retry-after, s (8).")
+    ] = None,
+    circuit_failures: Annotated[
+        int | None,
+        Opt(help="HTTP backends: consecutive unavailable failures that pause admission (5; 0 off)."),
+    ] = None,
+    server_down_timeout: Annotated[
+        float | None, Opt(help="HTTP backends: seconds paused on a down server before the run fails (120).")
+    ] = None,
+    config: Annotated[
+        Path | None, Opt("--config", help="JSON/TOML file of these settings; flags override.")
+    ] = None,
+) -> None:
+    """Run a workload: writes run.json, events, results, summary.json, trace.json and timeline.html."""
+    flags = {k: v for k, v in locals().items() if k != "config" and v is not None}
+    from asyncroll.config import build_config, load_config_file
+    from asyncroll.errors import UsageError
+
+    if "gpu_slots" in flags:
+        warnings.warn(
+            "--gpu-slots is deprecated; use --max-inflight-model-requests", DeprecationWarning, stacklevel=1
+        )
+        typer.echo("warning: --gpu-slots is deprecated; use --max-inflight-model-requests", err=True)
+        if "max_inflight_model_requests" in flags:
+            raise fail("--gpu-slots and --max-inflight-model-requests both given; use only the latter")
+        flags["max_inflight_model_requests"] = flags.pop("gpu_slots")
+    try:
+        values: dict[str, Any] = load_config_file(config) if config is not None else {}
+        values.update(flags)
+        missing = [f"--{k}" for k in ("workload", "output") if k not in values]
+        if missing:
+            raise UsageError(f"missing required option(s): {', '.join(missing)}")
+        cfg = build_config(values)
+    except UsageError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    if cfg.policy == "gpu_first":
+        typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
+    raise typer.Exit(_run(cfg))
+
+
+def _run(cfg: Any) -> int:
+    import asyncio
+
+    from asyncroll.clock import SystemClock
+    from asyncroll.errors import UsageError
+    from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, prepare
+
+    try:
+        prepared = prepare(cfg, probe_isolation=True)
+    except UsageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    clock = SystemClock()
+    runner = Run(prepared, clock)
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+
+        def interrupt(name: str) -> None:
+            if runner.interrupt_reason is None:
+                runner.interrupt_reason = name
+                task.cancel(f"{name} received")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt, sig.name)
+        try:
+            outcome = await runner.execute()
+        except asyncio.CancelledError:
+            if runner.interrupt_reason is None:
+                raise
+            typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True)
+            return EXIT_INTERRUPTED
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        print_summary(outcome.summary, cfg.output)
+        if outcome.error:
+            typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
+        return outcome.exit_code
+
+    return asyncio.run(main())
