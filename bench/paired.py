@@ -16,17 +16,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from asyncroll.experiment.stats import t_interval, t_ppf
+from asyncroll.experiment.stats import t_interval
 from bench import synthetic
 from bench.common import machine, quantiles, run_once
 
 POINTS = ((8, 4, 2), (8, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
-
-
-def t95(df: int) -> float:
-    """Two-sided 95% Student t quantile for ``df`` degrees of freedom (exact, not a table)."""
-    return t_ppf(0.975, df)
 
 
 def interval(xs: list[float]) -> str:

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep
 from bench import synthetic
@@ -47,9 +48,8 @@ def cells(rows: list[dict[str, Any]], policy: str, seeds: int) -> list[dict[str,
         mine_ratio = statistics.median(m["makespan_s"] / m["lower_bound_s"] for m in mine)
         gap = fifo_ratio - 1
         closed = (fifo_ratio - mine_ratio) / gap if gap > 0 else None
-        mean = statistics.fmean(change)
-        half = interval_half(change)
-        not_worse = mean - half <= 0
+        ci = t_interval(change)
+        not_worse = ci.low is not None and ci.low <= 0
         verdict = "ok" if not_worse else "WORSE"
         if gap > 0.05:
             verdict += ", half closed" if closed is not None and closed >= 0.5 else ", < half closed"
@@ -64,12 +64,6 @@ def cells(rows: list[dict[str, Any]], policy: str, seeds: int) -> list[dict[str,
             }
         )
     return out
-
-
-def interval_half(xs: list[float]) -> float:
-    from bench.paired import t95
-
-    return t95(len(xs) - 1) * statistics.stdev(xs) / len(xs) ** 0.5
 
 
 def main() -> None:

@@ -78,7 +78,9 @@ def test_hidden_tests_never_reach_results_summary_or_events(virtual_run: Virtual
     assert all(SECRET_INPUT not in e.model_dump_json() for e in cap.of(CpuSelected))
 
 
-def test_repair_turn_carries_instruction_and_feedback(virtual_run: VirtualRun) -> None:
+def test_repair_turn_carries_instruction_and_feedback(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from asyncroll.backends import scripted
 
     seen: list[list[dict[str, Any]]] = []
@@ -88,11 +90,9 @@ def test_repair_turn_carries_instruction_and_feedback(virtual_run: VirtualRun) -
         seen.append(list(request.messages))
         return original(request)
 
-    scripted.scripted_action = spy
-    try:
-        virtual_run([_code_problem("fixed", [False, True], repair_instruction="FIX IT")])
-    finally:
-        scripted.scripted_action = original
+    monkeypatch.setattr(scripted, "scripted_action", spy)
+    virtual_run([_code_problem("fixed", [False, True], repair_instruction="FIX IT")])
+    assert len(seen) == 2  # the first submission and the repair
     repair_turn = seen[-1]
     assert repair_turn[-1]["role"] == "user"
     assert repair_turn[-1]["content"].startswith("FIX IT\n\n(simulated)")
