@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from asyncroll.commands import convert, experiment, files, run, serve, simulate
+from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
 
 app = typer.Typer(
     name="asyncroll",
@@ -24,6 +24,7 @@ app = typer.Typer(
 app.command()(run.run)
 app.command()(files.timeline)
 app.command()(simulate.simulate)
+app.command()(optimum.optimum)
 app.command()(files.validate)
 app.command()(files.schema)
 app.command("convert-toolmath")(convert.convert_toolmath)

@@ -1,0 +1,50 @@
+"""`asyncroll optimum RUN_DIR`: the clairvoyant optimum of a recorded run's exact work (CP-SAT)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from asyncroll.commands.common import Opt, fail
+
+
+def optimum(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (real or simulated).")],
+    time_limit: Annotated[float, Opt(help="Solver time limit in seconds.")] = 60.0,
+    threads: Annotated[int, Opt(help="Solver threads.")] = 2,
+    as_json: Annotated[bool, Opt("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """How short could exactly this run's work have been? Solves the schedule of its recorded durations
+    under its limits (CP-SAT; needs the ``optimum`` extra) and reports a proven lower bound on the makespan,
+    the best schedule found, and how far the run was from both. Exact for a few dozen trajectories."""
+    from asyncroll.errors import UsageError
+    from asyncroll.simulation.optimum import instance_from_run, solve
+
+    if not run_dir.is_dir():
+        raise fail(f"{run_dir}: not a directory")
+    if time_limit <= 0 or threads < 1:
+        raise fail("--time-limit must be > 0 and --threads ≥ 1")
+    try:
+        instance = instance_from_run(run_dir)
+        result = solve(instance, time_limit_s=time_limit, threads=threads).describe(instance)
+    except UsageError as exc:
+        raise fail(str(exc)) from exc
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+
+    def fmt(value: float | None, unit: str = "s") -> str:
+        return "n/a" if value is None else f"{value:.3f}{unit}"
+
+    typer.echo(
+        f"{result['status']}: {result['trajectories']} trajectories, {result['steps']} steps, "
+        f"solved in {result['solve_wall_s']:.1f}s\n"
+        f"makespan {fmt(result['makespan_s'])} | analytic bound {fmt(result['analytic_bound_s'])} | "
+        f"proven lower bound {fmt(result['lower_bound_s'])} | "
+        f"best schedule {fmt(result['best_schedule_s'])}\n"
+        f"makespan ÷ proven bound {fmt(result['makespan_over_lower_bound'], '')} | "
+        f"makespan ÷ best schedule {fmt(result['makespan_over_best_schedule'], '')}"
+    )

@@ -1,0 +1,213 @@
+"""The clairvoyant optimum of a recorded run: how short could *exactly this work* have been?
+
+The analytic lower bound in ``summary.json`` (largest of model service ÷ capacity, CPU ÷ workers,
+trajectory work ÷ active slots, longest trajectory) is cheap and always valid, but it treats the three
+limits one at a time. With few active slots, each trajectory's chain (model → CPU → model …) leaves
+resources idle whatever the dispatch order, and the true optimum can lie well above that bound. This
+module solves the scheduling problem itself with CP-SAT (OR-Tools, the ``optimum`` extra):
+
+- every trajectory's model turns and CPU jobs, in their recorded order, each starting after the
+  previous one ends, with their measured durations (floored to ``resolution_s``);
+- trajectories start in workload order (asyncroll admits them that way) and each holds one of the
+  ``max_active_trajectories`` slots from its start until its last step ends;
+- at most ``model_capacity`` model requests at once (the inflight limit, the active limit and the
+  server's batch limit where known) and at most ``cpu_workers`` CPU jobs at once.
+
+Everything else a real run pays (client overheads, admission latency, dispatch) is left out, and the
+scheduler is clairvoyant (it knows every duration in advance) and may leave a worker idle on purpose.
+So the model is a *relaxation* of what any asyncroll policy can do: its optimum, and CP-SAT's proven
+bound on it, are valid lower bounds on the run's makespan, under the same assumption as the analytic
+bound (a request or job would not have been faster at another concurrency). The best schedule found is
+what a clairvoyant dispatcher could reach on the same work.
+
+Exact optima are found in seconds for a few dozen trajectories; beyond that the solver returns its best
+schedule and a proven bound that may be no better than the analytic one (``status`` says which).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from asyncroll.errors import UsageError
+
+StepKind = Literal["model", "cpu"]
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: StepKind
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One run's work: each trajectory's steps in order, trajectories in admission order."""
+
+    chains: tuple[tuple[Step, ...], ...]
+    active: int
+    model_capacity: int
+    workers: int
+    makespan_s: float | None = None  # the recorded run's, when there is one
+    analytic_bound_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Optimum:
+    status: Literal["optimal", "feasible", "unknown", "infeasible"]
+    best_schedule_s: float | None  # a schedule reaching this exists (upper bound on the optimum)
+    lower_bound_s: float  # proven: no schedule of this work is shorter
+    solver_bound_s: float  # CP-SAT's own proven bound (before taking the analytic bound into account)
+    wall_s: float
+
+    def describe(self, instance: Instance) -> dict[str, Any]:
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return None if a is None or not b else round(a / b, 4)
+
+        return {
+            "status": self.status,
+            "trajectories": len(instance.chains),
+            "steps": sum(len(c) for c in instance.chains),
+            "limits": {
+                "max_active_trajectories": instance.active,
+                "model_capacity": instance.model_capacity,
+                "cpu_workers": instance.workers,
+            },
+            "makespan_s": instance.makespan_s,
+            "analytic_bound_s": instance.analytic_bound_s,
+            "lower_bound_s": round(self.lower_bound_s, 6),
+            "solver_bound_s": round(self.solver_bound_s, 6),
+            "best_schedule_s": None if self.best_schedule_s is None else round(self.best_schedule_s, 6),
+            "makespan_over_lower_bound": ratio(instance.makespan_s, self.lower_bound_s),
+            "makespan_over_best_schedule": ratio(instance.makespan_s, self.best_schedule_s),
+            "lower_bound_over_analytic": ratio(self.lower_bound_s, instance.analytic_bound_s),
+            "solve_wall_s": round(self.wall_s, 3),
+        }
+
+
+def instance_from_run(run_dir: Path) -> Instance:
+    """Read a run directory's ``events.jsonl`` and ``summary.json`` (a real or a simulated run)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
+    limits, bounds = summary["limits"], summary["bounds"]
+    chains: dict[str, list[Step]] = {}
+    order: list[str] = []
+    try:
+        handle = (run_dir / "events.jsonl").open("rb")
+    except OSError as exc:
+        raise UsageError(f"{run_dir}: cannot read events.jsonl: {exc}") from exc
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                event = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{run_dir}/events.jsonl line {number}: not JSON: {exc}") from exc
+            kind, tid = event.get("event"), event.get("id")
+            if kind == "trajectory_started":
+                order.append(tid)
+                chains[tid] = []
+            elif kind in ("model_finished", "model_failed"):
+                chains[tid].append(Step("model", event["latency_s"]))
+            elif kind == "cpu_finished":
+                chains[tid].append(Step("cpu", event["execute_s"]))
+            elif kind == "cpu_failed":  # the worker was held until the timeout or the crash
+                chains[tid].append(Step("cpu", event["roundtrip_s"]))
+    if not order:
+        raise UsageError(f"{run_dir}: the run started no trajectory")
+    return Instance(
+        chains=tuple(tuple(chains[t]) for t in order),
+        active=limits["max_active_trajectories"],
+        model_capacity=bounds["model_capacity"],
+        workers=limits["cpu_workers"],
+        makespan_s=summary["makespan_s"],
+        analytic_bound_s=bounds["lower_bound_s"],
+    )
+
+
+def analytic_bound(instance: Instance) -> float:
+    """The summary's bound, recomputed from the instance (the same four terms)."""
+    model = sum(s.seconds for c in instance.chains for s in c if s.kind == "model")
+    cpu = sum(s.seconds for c in instance.chains for s in c if s.kind == "cpu")
+    lengths = [sum(s.seconds for s in c) for c in instance.chains]
+    return max(
+        model / instance.model_capacity, cpu / instance.workers, sum(lengths) / instance.active, max(lengths)
+    )
+
+
+def solve(
+    instance: Instance, *, time_limit_s: float = 60.0, threads: int = 2, resolution_s: float = 0.001
+) -> Optimum:
+    """Minimise the makespan of ``instance`` with CP-SAT within ``time_limit_s``."""
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as exc:
+        raise UsageError(
+            "the optimum needs OR-Tools: pip install 'asyncroll[optimum]' (or pip install ortools)"
+        ) from exc
+
+    def ticks(seconds: float) -> int:  # floored, so the relaxation stays a relaxation
+        return max(0, math.floor(seconds / resolution_s + 1e-9))
+
+    total = sum(ticks(s.seconds) for c in instance.chains for s in c)
+    horizon = total + 1
+    model = cp_model.CpModel()
+    model_steps: list[Any] = []
+    cpu_steps: list[Any] = []
+    slots: list[Any] = []
+    starts: list[Any] = []
+    ends: list[Any] = []
+    for i, chain in enumerate(instance.chains):
+        begin = model.new_int_var(0, horizon, f"begin{i}")
+        previous_end: Any = begin
+        for k, step in enumerate(chain):
+            start = model.new_int_var(0, horizon, f"s{i}_{k}")
+            interval = model.new_fixed_size_interval_var(start, ticks(step.seconds), f"i{i}_{k}")
+            (model_steps if step.kind == "model" else cpu_steps).append(interval)
+            model.add(start >= previous_end)
+            previous_end = start + ticks(step.seconds)
+        end = model.new_int_var(0, horizon, f"end{i}")
+        model.add(end >= previous_end)
+        size = model.new_int_var(0, horizon, f"held{i}")
+        slots.append(model.new_interval_var(begin, size, end, f"slot{i}"))
+        starts.append(begin)
+        ends.append(end)
+    for earlier, later in itertools.pairwise(starts):
+        model.add(earlier <= later)  # admission in workload order
+    if model_steps:
+        model.add_cumulative(model_steps, [1] * len(model_steps), instance.model_capacity)
+    if cpu_steps:
+        model.add_cumulative(cpu_steps, [1] * len(cpu_steps), instance.workers)
+    if len(slots) > instance.active:
+        model.add_cumulative(slots, [1] * len(slots), instance.active)
+    makespan = model.new_int_var(0, horizon, "makespan")
+    model.add_max_equality(makespan, ends)
+    model.minimize(makespan)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = threads
+    result = solver.solve(model)
+    names = {
+        cp_model.OPTIMAL: "optimal",
+        cp_model.FEASIBLE: "feasible",
+        cp_model.INFEASIBLE: "infeasible",
+    }
+    status = names.get(result, "unknown")
+    found = status in ("optimal", "feasible")
+    best = solver.objective_value * resolution_s if found else None
+    solver_bound = solver.best_objective_bound * resolution_s if found else 0.0
+    if status == "optimal":
+        solver_bound = solver.objective_value * resolution_s
+    return Optimum(
+        status=status,  # type: ignore[arg-type]
+        best_schedule_s=best,
+        lower_bound_s=max(solver_bound, ticks(analytic_bound(instance)) * resolution_s),
+        solver_bound_s=solver_bound,
+        wall_s=solver.wall_time,
+    )

@@ -1,0 +1,90 @@
+"""The clairvoyant optimum (CP-SAT): hand-made instances whose optimum is known, and recorded runs —
+the proven bound is never above a run's makespan and never below the analytic bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncroll.simulation.optimum import Instance, Step, analytic_bound, instance_from_run, solve
+from tests.conftest import tool_problem, write_workload
+from tests.test_cli import cli
+
+
+def chain(*steps: tuple[str, float]) -> tuple[Step, ...]:
+    return tuple(Step("model" if kind == "m" else "cpu", seconds) for kind, seconds in steps)
+
+
+@pytest.mark.parametrize(
+    ("chains", "limits", "optimal"),
+    [
+        # Two model turns overlap; the single worker then serialises the two 2 s jobs: 1 + 2 + 2.
+        # The analytic bound says 4 (CPU ÷ 1 worker): no schedule reaches it.
+        ([chain(("m", 1), ("c", 2))] * 2, (2, 2, 1), 5.0),
+        # One active slot: trajectories run one after the other, whatever the workers.
+        ([chain(("c", 1)), chain(("m", 2)), chain(("m", 1), ("c", 1))], (1, 4, 4), 5.0),
+        # Admission in workload order: the long trajectory comes last and cannot be started first.
+        ([chain(("c", 1)), chain(("c", 1)), chain(("c", 3))], (2, 1, 2), 4.0),
+        # A chain's own order: CPU then model, model then CPU, one of each resource: 3 (not 4).
+        ([chain(("c", 1), ("m", 2)), chain(("m", 1), ("c", 2))], (2, 1, 1), 3.0),
+    ],
+)
+def test_exact_optimum_of_hand_made_instances(
+    chains: list[tuple[Step, ...]], limits: tuple[int, int, int], optimal: float
+) -> None:
+    active, capacity, workers = limits
+    instance = Instance(tuple(chains), active, capacity, workers)
+    result = solve(instance, time_limit_s=20, threads=1)
+    assert result.status == "optimal"
+    assert result.best_schedule_s == pytest.approx(optimal)
+    assert result.lower_bound_s == pytest.approx(optimal)
+    assert result.lower_bound_s >= analytic_bound(instance) - 1e-9
+
+
+def test_the_bound_stays_a_relaxation_below_the_resolution() -> None:
+    # 0.4 ms steps floor to zero ticks: the solver bound is 0, the analytic bound still holds.
+    instance = Instance((chain(("c", 0.0004)),) * 5, 5, 1, 1)
+    result = solve(instance, time_limit_s=10, threads=1)
+    assert result.solver_bound_s == 0.0
+    assert result.lower_bound_s == pytest.approx(0.002)  # floor(5 × 0.4 ms) in whole milliseconds
+    assert result.lower_bound_s <= analytic_bound(instance)
+
+
+@pytest.mark.timeout(120)
+def test_optimum_of_a_recorded_run(tmp_path: Path) -> None:
+    # Four slots, one worker, jobs of different lengths: FIFO leaves the worker idle at times.
+    problems = [
+        tool_problem(f"p{i}", model_ms=40 + 10 * (i % 3), cpu_ms=[10, 80, 30, 120, 20][i % 5], turns=2)
+        for i in range(10)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    run = tmp_path / "run"
+    args = ["--workload", workload, "--output", run, "--max-active-trajectories", "4", "--cpu-workers", "1"]
+    assert cli("simulate", *args).returncode == 0
+    instance = instance_from_run(run)
+    assert len(instance.chains) == 10
+    assert [s.kind for s in instance.chains[0]] == ["model", "cpu", "model", "cpu", "model"]
+    assert (instance.active, instance.workers) == (4, 1)
+    result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    summary = json.loads((run / "summary.json").read_text())
+    assert report["makespan_s"] == summary["makespan_s"]
+    assert report["analytic_bound_s"] == summary["bounds"]["lower_bound_s"]
+    assert report["analytic_bound_s"] - 1e-3 <= report["lower_bound_s"] <= summary["makespan_s"]
+    # Small enough to be solved exactly: 1.12 s, above the analytic 1.04 s and below FIFO's 1.19 s.
+    assert report["status"] == "optimal"
+    assert report["lower_bound_s"] == report["best_schedule_s"] == pytest.approx(1.12)
+    assert report["analytic_bound_s"] < report["lower_bound_s"] < report["makespan_s"]
+    plain = cli("optimum", run, "--time-limit", "30", "--threads", "1")
+    assert "proven lower bound" in plain.stdout and "makespan ÷ best schedule" in plain.stdout
+
+
+def test_optimum_refuses_what_is_not_a_run(tmp_path: Path) -> None:
+    result = cli("optimum", tmp_path)
+    assert result.returncode == 2
+    assert "cannot read summary.json" in result.stderr
+    result = cli("optimum", tmp_path / "missing")
+    assert result.returncode == 2 and "not a directory" in result.stderr
