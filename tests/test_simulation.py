@@ -194,3 +194,47 @@ def test_overheads_add_to_every_turn_and_job(tmp_path: Path) -> None:
     assert receipt["simulation"]["turn_overhead_ms"] == 2 and receipt["simulation"]["job_overhead_ms"] == 5
     bad = cli("simulate", "--workload", workload, "--output", tmp_path / "x", "--job-overhead-ms", "-1")
     assert bad.returncode == 2 and not (tmp_path / "x").exists()
+
+
+def test_a_summary_only_run_summarises_exactly_as_a_recorded_one(tmp_path: Path) -> None:
+    """``record=False`` (a sweep cell) skips the decision's candidate list, which only events.jsonl
+    shows; every number of the summary stays the same, bit for bit."""
+    from asyncroll.clock import VirtualClock
+    from asyncroll.config import build_config
+    from asyncroll.events import CpuSelected, EventCapture
+    from asyncroll.runtime.run import Run, prepare
+    from asyncroll.runtime.virtual_worker import virtual_factory
+    from bench import synthetic
+
+    workload = synthetic.write(tmp_path / "w.jsonl", 40, 40.0, 60.0, seed=3)
+    summaries, captures = [], []
+    for record in (True, False):
+        cfg = build_config(
+            {
+                "workload": workload,
+                "output": tmp_path / f"run-{record}",
+                "policy": "asyncroll",
+                "max_active_trajectories": 8,
+                "max_inflight_model_requests": 2,
+                "cpu_workers": 2,
+            }
+        )
+        clock = VirtualClock()
+        capture = EventCapture()
+        run = Run(
+            prepare(cfg, ["test"]),
+            clock,
+            worker_factory=virtual_factory(clock, simulate_tools=True),
+            subscribers=(capture,),
+            record=record,
+        )
+        outcome = clock.run(run.execute())
+        assert outcome.summary is not None
+        summaries.append({k: v for k, v in outcome.summary.items() if k != "cpu_cost"})
+        captures.append(capture.of(CpuSelected))
+    assert summaries[0] == summaries[1]
+    assert summaries[0]["scheduler"]["reorders"] > 0
+    recorded, summary_only = captures
+    assert any(e.candidates for e in recorded) and not any(e.candidates for e in summary_only)
+    strip = [e.model_copy(update={"candidates": []}) for e in recorded]
+    assert strip == summary_only

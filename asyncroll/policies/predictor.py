@@ -68,7 +68,7 @@ class DurationPredictor:
         self._pending = 0  # observations since the last refit
         self._first: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._rows: dict[int, list[float]] = {}  # feature rows of queued jobs, computed once
-        self._cache: dict[int, tuple[int, Prediction]] = {}  # job id → (model version, prediction)
+        self._cache: dict[int, Prediction] = {}  # job id → prediction by the current model
         self._remember = remember
         self.observations = 0
         self.censored = 0
@@ -104,6 +104,7 @@ class DurationPredictor:
         self._dirty = False
         self._pending = 0
         self.refits += 1
+        self._cache.clear()  # every prediction was the old model's
 
     def forget(self, job: JobView) -> None:
         """A queued job that will never be observed (its caller gave up)."""
@@ -113,17 +114,23 @@ class DurationPredictor:
     def predict(self, jobs: Sequence[JobView]) -> tuple[Prediction, ...]:
         if not jobs:
             return ()
+        self.refresh()
+        # A queued job's prediction changes only when the model does: compute each once per model.
+        cache = self._cache
+        missing = [j for j in jobs if j.job_id not in cache]
+        if missing:
+            for job, prediction in zip(missing, self._compute(missing), strict=True):
+                cache[job.job_id] = prediction
+        return tuple(cache[j.job_id] for j in jobs)
+
+    def refresh(self) -> int:
+        """Refit if due (``predict`` does this first) and return the model's version (``refits``): a
+        prediction made by one version stays valid until the next."""
         # Refit once per batch of new observations: after every one while data is scarce, then after
         # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more).
         if self._dirty and self._pending >= max(1, self.observations // 32):
             self._refit()
-        # A queued job's prediction changes only when the model does: compute each once per model.
-        cache, version = self._cache, self.refits
-        missing = [j for j in jobs if (hit := cache.get(j.job_id)) is None or hit[0] != version]
-        if missing:
-            for job, prediction in zip(missing, self._compute(missing), strict=True):
-                cache[job.job_id] = (version, prediction)
-        return tuple(cache[j.job_id][1] for j in jobs)
+        return self.refits
 
     def _compute(self, jobs: Sequence[JobView]) -> list[Prediction]:
         if self._coef is None:

@@ -31,6 +31,10 @@ class FifoLimiter:
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
     def holding(self) -> int:
         return self._holding
 

@@ -43,7 +43,7 @@ class ModelGate:
 
     @property
     def limit(self) -> int:
-        return self._limiter.snapshot().limit
+        return self._limiter.limit
 
     @property
     def outstanding(self) -> int:

@@ -132,7 +132,8 @@ class Run:
     ) -> None:
         """``receipt_extra`` adds sections to run.json (the simulator's settings); ``model_capacity`` is
         the server's own concurrency limit where known (a simulated batch size), for the lower bound;
-        ``record=False`` writes no files at all (a sweep cell needs only the returned summary)."""
+        ``record=False`` writes no files at all (a sweep cell needs only the returned summary), and its
+        ``cpu_selected`` events, which only the summary and ``subscribers`` see, list no candidates."""
         self.config = prepared.config
         self.scan = prepared.scan
         self.argv = prepared.argv
@@ -221,6 +222,7 @@ class Run:
             starvation_threshold=cfg.effective_starvation_threshold,
             admission_pending=lambda: admission.pending,
             ranges=ranges,
+            log_candidates=self._record,
         )
         trajectories = TrajectoryRunner(
             self._backend,

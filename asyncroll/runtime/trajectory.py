@@ -21,6 +21,7 @@ from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.workload import EVALUATOR_TOOL, FinalAction, OneRepair, Problem, SubmitAction, ToolAction
 
 GRADE_TOOL = "__grade__"
+_JSON = json.JSONEncoder(default=str)  # json.dumps(value, default=str), without a new encoder per call
 Status = Literal["completed", "failed", "max_turns"]
 
 
@@ -205,7 +206,7 @@ class TrajectoryRunner:
             arguments = coerce_arguments(action.arguments, tool.declared_inputs, tool.bound_arguments)
         except CoercionError as exc:
             raise InvalidActionError(f"tool {action.name!r} arguments{exc.path}: {exc.message}") from exc
-        arg_bytes = len(json.dumps(action.arguments, default=str))
+        arg_bytes = len(_JSON.encode(action.arguments))
         cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
         resubmission = tool.key in state.tools_run
         state.tools_run.add(tool.key)
@@ -213,7 +214,7 @@ class TrajectoryRunner:
         outcome = await self._dispatcher.run(spec)
         state.tool_calls += 1
         if outcome.ok:
-            return json.dumps(outcome.value, default=str), None
+            return _JSON.encode(outcome.value), None
         error = f"tool {action.name!r} failed: {outcome.error}"
         return error, error
 
