@@ -390,12 +390,13 @@ subprocess.Popen(["sleep", "1000"], start_new_session=True)  # inherits stdout a
 print(3)
 """
 AGGREGATE_MEMORY = """
-import os
+import os, time
 children = []
 for _ in range(4):
     pid = os.fork()
     if pid == 0:
         block = bytearray(150 * 1024 * 1024)  # each process stays under its address-space limit
+        time.sleep(3)  # held until all four have allocated, however slowly a loaded machine forks
         os._exit(0)
     children.append(pid)
 killed = sum(os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in children)
