@@ -33,6 +33,7 @@ from asyncroll.events import (
     WorkerRestarting,
 )
 from asyncroll.outputs.blocked import BlockedMeter
+from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -111,6 +112,9 @@ class SummaryBuilder:
         self.cpu_work = 0.0
         self.trajectory_work = 0.0
         self.longest_work = 0.0
+        # Each trajectory's work in admission order (packed doubles), for the admission-order slot term.
+        self._admitted_work = array("d")
+        self._admitted_at: dict[str | None, int] = {}  # active trajectory → its position there
         self.samples: dict[str, array[float]] = {
             k: array("d")
             for k in (
@@ -209,9 +213,14 @@ class SummaryBuilder:
 
     def _trajectory_started(self, event: TrajectoryStarted) -> None:
         self.started += 1
+        self._admitted_at[event.id] = len(self._admitted_work)
+        self._admitted_work.append(0.0)
 
     def _trajectory_finished(self, event: TrajectoryFinished) -> None:
         work = self._work.pop(event.id, 0.0)
+        position = self._admitted_at.pop(event.id, None)
+        if position is not None:
+            self._admitted_work[position] = work
         self.trajectory_work += work
         self.longest_work = max(self.longest_work, work)
         self.status[event.status] += 1
@@ -253,20 +262,27 @@ class SummaryBuilder:
 
         Each term is a duration no schedule of *this* work could beat: model service spread over the
         model capacity (inflight limit, active limit and the server's batch limit where known), CPU
-        execution over the workers, each trajectory's own work over the active slots, and the longest
-        single trajectory (its model turns and jobs are sequential). Computed from measured durations,
-        each term is at most the makespan (at most ``capacity`` requests are ever in flight, and so on);
-        it assumes a request or job would not have been faster at another concurrency.
+        execution over the workers, each trajectory's own work over the active slots, the longest
+        single trajectory (its model turns and jobs are sequential), and each trajectory's work placed
+        on the active slots in admission order (``outputs/bounds.py``: sees the batch's tail). Computed
+        from measured durations, each term is at most the makespan (at most ``capacity`` requests are
+        ever in flight, and so on); it assumes a request or job would not have been faster at another
+        concurrency.
         """
         active = limits["max_active_trajectories"]
         capacity = min(limits["max_inflight_model_requests"], active, model_capacity or active)
         unfinished = sum(self._work.values())
         longest = max([self.longest_work, *self._work.values()])
+        admitted = array("d", self._admitted_work)
+        for trajectory, position in self._admitted_at.items():
+            admitted[position] = self._work.get(trajectory, 0.0)
         terms = {
             "model_service_s": round(self.model_work / capacity, 6),
             "cpu_execute_s": round(self.cpu_work / limits["cpu_workers"], 6),
             "trajectory_work_s": round((self.trajectory_work + unfinished) / active, 6),
             "longest_trajectory_s": round(longest, 6),
+            # last, so that a tie keeps the plainer term's name
+            "admission_order_s": round(admission_order_makespan(admitted, active), 6),
         }
         binding = max(terms, key=lambda k: terms[k])
         bound = terms[binding]

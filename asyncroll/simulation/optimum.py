@@ -1,9 +1,10 @@
 """The clairvoyant optimum of a recorded run: how short could *exactly this work* have been?
 
 The analytic lower bound in ``summary.json`` (largest of model service ÷ capacity, CPU ÷ workers,
-trajectory work ÷ active slots, longest trajectory) is cheap and always valid, but it treats the three
-limits one at a time. With few active slots, each trajectory's chain (model → CPU → model …) leaves
-resources idle whatever the dispatch order, and the true optimum can lie well above that bound. This
+trajectory work ÷ active slots, longest trajectory, trajectories list-scheduled on the slots in admission
+order) is cheap and always valid, but it treats the three limits one at a time. With few active slots,
+each trajectory's chain (model → CPU → model …) leaves resources idle whatever the dispatch order, and
+the true optimum can lie well above that bound. This
 module solves the scheduling problem itself with CP-SAT (OR-Tools, the ``optimum`` extra):
 
 - every trajectory's model turns and CPU jobs, in their recorded order, each starting after the
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncroll.errors import UsageError
+from asyncroll.outputs.bounds import admission_order_makespan
 
 StepKind = Literal["model", "cpu"]
 
@@ -131,12 +133,14 @@ def instance_from_run(run_dir: Path) -> Instance:
 
 
 def analytic_bound(instance: Instance) -> float:
-    """The summary's bound, recomputed from the instance (the same four terms)."""
+    """The summary's bound, recomputed from the instance (the same terms)."""
     model = sum(s.seconds for c in instance.chains for s in c if s.kind == "model")
     cpu = sum(s.seconds for c in instance.chains for s in c if s.kind == "cpu")
     lengths = [sum(s.seconds for s in c) for c in instance.chains]
     return max(
-        model / instance.model_capacity, cpu / instance.workers, sum(lengths) / instance.active, max(lengths)
+        model / instance.model_capacity,
+        cpu / instance.workers,
+        admission_order_makespan(lengths, instance.active),  # ≥ work ÷ slots and the longest chain
     )
 
 
