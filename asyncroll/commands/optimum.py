@@ -19,7 +19,7 @@ def optimum(
 ) -> None:
     """How short could exactly this run's work have been? Solves the schedule of its recorded durations
     under its limits (CP-SAT; needs the ``optimum`` extra) and reports a proven lower bound on the makespan,
-    the best schedule found, and how far the run was from both. Exact for a few dozen trajectories."""
+    the best schedule found, and how far the run was from both. Proves optimality only on small runs."""
     from asyncroll.errors import UsageError
     from asyncroll.simulation.optimum import instance_from_run, solve
 

@@ -21,8 +21,9 @@ bound on it, are valid lower bounds on the run's makespan, under the same assump
 bound (a request or job would not have been faster at another concurrency). The best schedule found is
 what a clairvoyant dispatcher could reach on the same work.
 
-Exact optima are found in seconds for a few dozen trajectories; beyond that the solver returns its best
-schedule and a proven bound that may be no better than the analytic one (``status`` says which).
+Optimality is proved only for small runs (20 trajectories at 4 active slots: often within 30 s; rarely
+at 8 or more active); otherwise the solver returns its best schedule and its proven bound at the time
+limit, still valid but possibly no better than the analytic one (``status`` says which).
 """
 
 from __future__ import annotations
