@@ -88,3 +88,23 @@ def test_optimum_refuses_what_is_not_a_run(tmp_path: Path) -> None:
     assert "cannot read summary.json" in result.stderr
     result = cli("optimum", tmp_path / "missing")
     assert result.returncode == 2 and "not a directory" in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_optimum_of_a_real_run_is_below_its_makespan(tmp_path: Path) -> None:
+    # Real worker processes sleeping, scripted model latencies: the run's own schedule is one the solver
+    # may choose, so the proven optimum can only be at or below the measured makespan.
+    problems = [
+        tool_problem(f"p{i}", model_ms=20 + 10 * (i % 2), cpu_ms=(15, 60, 30)[i % 3], turns=2)
+        for i in range(6)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    run = tmp_path / "run"
+    args = ["--workload", workload, "--output", run, "--max-active-trajectories", "3", "--cpu-workers", "1"]
+    assert cli("run", *args).returncode == 0
+    result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == "optimal" and report["trajectories"] == 6
+    assert report["analytic_bound_s"] - 1e-3 <= report["lower_bound_s"] <= report["makespan_s"]
+    assert report["best_schedule_s"] <= report["makespan_s"]
