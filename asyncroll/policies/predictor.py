@@ -114,7 +114,10 @@ class DurationPredictor:
     def predict(self, jobs: Sequence[JobView]) -> tuple[Prediction, ...]:
         if not jobs:
             return ()
-        self.refresh()
+        # Refit once per batch of new observations: after every one while data is scarce, then after
+        # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more).
+        if self._dirty and self._pending >= max(1, self.observations // 32):
+            self._refit()
         # A queued job's prediction changes only when the model does: compute each once per model.
         cache = self._cache
         missing = [j for j in jobs if j.job_id not in cache]
@@ -122,15 +125,6 @@ class DurationPredictor:
             for job, prediction in zip(missing, self._compute(missing), strict=True):
                 cache[job.job_id] = prediction
         return tuple(cache[j.job_id] for j in jobs)
-
-    def refresh(self) -> int:
-        """Refit if due (``predict`` does this first) and return the model's version (``refits``): a
-        prediction made by one version stays valid until the next."""
-        # Refit once per batch of new observations: after every one while data is scarce, then after
-        # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more).
-        if self._dirty and self._pending >= max(1, self.observations // 32):
-            self._refit()
-        return self.refits
 
     def _compute(self, jobs: Sequence[JobView]) -> list[Prediction]:
         if self._coef is None:

@@ -16,7 +16,7 @@ from asyncroll.clock import Clock
 from asyncroll.errors import WorkerDied, WorkerTimeout
 from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted, EventLog
 from asyncroll.policies import JobView, Policy, QueueSnapshot
-from asyncroll.policies.base import JobKind, Prediction
+from asyncroll.policies.base import JobKind
 from asyncroll.policies.predictor import DurationPredictor
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
@@ -103,12 +103,6 @@ class CpuDispatcher:
         self._admission_pending = admission_pending
         self._ranges = ranges  # NVTX ranges (--nvtx) for each job's queue wait and execution
         self._queue: dict[int, _Queued] = {}
-        self._views: dict[int, JobView] = {}  # the queue's views, same keys and order (oldest first)
-        # The queue's predictions (same keys and order) by model version ``_version``, and the jobs
-        # queued since the last decision, not predicted yet.
-        self._predictions: dict[int, Prediction] = {}
-        self._version = -1
-        self._fresh: list[JobView] = []
         self._log_candidates = log_candidates
         self._next_id = 0
         self._workers = pool.snapshot().size
@@ -149,8 +143,6 @@ class CpuDispatcher:
         )
         queued = _Queued(view, spec, asyncio.get_running_loop().create_future())
         self._queue[job_id] = queued
-        self._views[job_id] = view
-        self._fresh.append(view)
         self._peak_queued = max(self._peak_queued, len(self._queue))
         self._events.emit(
             CpuEnqueued(
@@ -178,8 +170,6 @@ class CpuDispatcher:
                     self._cancelled(queued, queued.future.result(), self._clock.now())
                     self._pool.release(queued.future.result())
                 elif self._queue.pop(job_id, None) is not None:
-                    del self._views[job_id]
-                    self._predictions.pop(job_id, None)
                     self._predictor.forget(view)
                 raise
         self._ranges.end(queue_range)
@@ -191,8 +181,8 @@ class CpuDispatcher:
             if slot is None:
                 return
             now = self._clock.now()
-            jobs = tuple(self._views.values())
-            predictions = self._predict(jobs)
+            jobs = tuple(q.view for q in self._queue.values())
+            predictions = self._predictor.predict(jobs)  # cached per job until the next refit
             snapshot = QueueSnapshot(
                 now,
                 jobs,
@@ -206,8 +196,7 @@ class CpuDispatcher:
             )
             decision = self._policy.choose(snapshot)
             chosen = self._queue.pop(decision.job_id)
-            del self._views[decision.job_id]
-            prediction = self._predictions.pop(decision.job_id)
+            index = next(i for i, j in enumerate(jobs) if j.job_id == decision.job_id)
             oldest = jobs[0]
             reordered = chosen.view.job_id != oldest.job_id
             self._decisions += 1
@@ -226,8 +215,8 @@ class CpuDispatcher:
                     reordered=reordered,
                     eligible=decision.eligible,
                     threshold=self._threshold,
-                    predicted_s=round(prediction.seconds, 6),
-                    prediction_source=prediction.source,
+                    predicted_s=round(predictions[index].seconds, 6),
+                    prediction_source=predictions[index].source,
                     observations=self._predictor.observations,
                     candidates=[
                         Candidate(
@@ -253,23 +242,6 @@ class CpuDispatcher:
                 )
             )
             chosen.future.set_result(slot)
-
-    def _predict(self, jobs: tuple[JobView, ...]) -> tuple[Prediction, ...]:
-        """``predictor.predict(jobs)`` of the whole queue, without touching every queued job at every
-        decision: only jobs queued since the last decision are new to the current model, unless it was
-        refitted (then all are, as one batch, as before)."""
-        version = self._predictor.refresh()
-        if version != self._version:
-            self._version = version
-            self._predictions = dict(zip(self._views, self._predictor.predict(jobs), strict=True))
-        else:
-            fresh = [v for v in self._fresh if v.job_id in self._views]
-            if fresh:
-                self._predictions.update(
-                    zip((v.job_id for v in fresh), self._predictor.predict(fresh), strict=True)
-                )
-        self._fresh.clear()
-        return tuple(self._predictions.values())
 
     def _failed(self, job: _Queued, slot: int, since: float, reason: FailureReason, error: str) -> None:
         self._events.emit(
