@@ -12,9 +12,11 @@ drew individually of how many.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import defaultdict
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -330,7 +332,14 @@ def timeline_data(run_dir: Path, activity: Activity | None = None) -> dict[str, 
 def render_html(data: dict[str, Any]) -> str:
     """The page for :func:`timeline_data`'s output, with the data escaped for an inline script block."""
     payload = json.dumps(data, separators=(",", ":"), default=str).translate(_ESCAPES)
-    return _PAGE.replace("__DATA__", payload)
+    return _page().replace("__DATA__", payload)
+
+
+@functools.cache
+def _page() -> str:
+    """The page template (``timeline.html`` beside this module, package data): HTML, CSS and the script
+    that draws the data, with ``__DATA__`` where the JSON goes."""
+    return resources.files("asyncroll.outputs").joinpath("timeline.html").read_text(encoding="utf-8")
 
 
 def write_timeline(run_dir: Path, activity: Activity | None = None) -> Path:
@@ -339,201 +348,3 @@ def write_timeline(run_dir: Path, activity: Activity | None = None) -> Path:
     path = run_dir / "timeline.html"
     write_atomic(path, render_html(timeline_data(run_dir, activity)))
     return path
-
-
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy"
- content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'">
-<title>asyncroll timeline</title>
-<style>
-body{font:13px system-ui,sans-serif;margin:12px;color:#222}h1{font-size:18px;margin:0 0 6px}h2{font-size:14px}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0}dt{font-weight:600}dd{margin:0}
-#notes p{margin:2px 0;color:#555}#legend{margin:8px 0}.sw{display:inline-block;width:12px;height:10px;
-margin:0 4px 0 12px;border:1px solid #888}#wrap{max-height:70vh;overflow-y:auto;border:1px solid #ccc}
-canvas{display:block;cursor:grab}#cwrap{border:1px solid #ccc;border-top:0}.muted{color:#777}
-.ok{color:#2a7d2a}.bad{color:#b00}
-#tip{position:fixed;pointer-events:none;background:#fff;border:1px solid #999;padding:4px 6px;white-space:pre;
-display:none;font-size:12px;box-shadow:0 1px 4px #0003}td,th{text-align:left;padding:0 10px 0 0}
-</style></head><body>
-<h1>asyncroll timeline</h1><dl id="hdr"></dl><div id="notes"></div>
-<div id="legend"></div>
-<p class="muted"><button id="bwin" type="button">measured window</button>
-<button id="ball" type="button">whole run</button>
-wheel: zoom · drag: pan · double-click: measured window · hover: details</p>
-<div id="wrap"><canvas id="tl"></canvas></div><div id="cwrap"><canvas id="ct"></canvas></div>
-<h2>Telemetry sources</h2><div id="tele"></div><div id="tip"></div>
-<script type="application/json" id="data">__DATA__</script>
-<script>
-"use strict";
-window.addEventListener("error", (e) => { document.body.dataset.error = String(e.message); });
-(() => {
-const D = JSON.parse(document.getElementById("data").textContent), $ = (i) => document.getElementById(i);
-const el = (tag, text, cls) => {
-  const e = document.createElement(tag); if (text !== undefined) e.textContent = text;
-  if (cls) e.className = cls; return e; };
-for (const [k, v] of D.header) $("hdr").append(el("dt", k), el("dd", v));
-for (const n of D.notes) $("notes").append(el("p", n));
-{ const T = D.telemetry, t = el("table");
-  if (T.note) $("tele").append(el("p", T.note, "muted"));
-  for (const [src, state, why] of T.sources) { const r = el("tr");
-    r.append(el("th", src), el("td", state, state === "available" ? "ok" : "bad"), el("td", why));
-    t.append(r); }
-  for (const [k, v] of T.lines) { const r = el("tr"); r.append(el("th", k), el("td", v)); t.append(r); }
-  $("tele").append(t); }
-const CAT = {trajectory: "#cde6cd", model_queue: "#f2cf8c", model: "#4c78a8", cpu_queue: "#d9b3e6",
-  cpu: "#59a14f", execute: "#1f5f1a"};
-const ST = {failed: "#d62728", incomplete: "#ff7f0e", unmatched: "#c000c0"};
-const TRAJ = {ok: "#cde6cd", failed: "#f4b6b6", incomplete: "#ffd9a8", unmatched: "#c000c0"};
-const INST = {worker: "#8c564b", reorder: "#7b3fbf", measurement: "#000", retry: "#e377c2",
-  telemetry: "#17becf"};
-const COUNTER = ["#ff7f0e", "#4c78a8", "#59a14f", "#e15759", "#76b7b2", "#b07aa1", "#9c755f", "#edc948",
-  "#bab0ac", "#17becf"];
-const add = (color, label) => { const s = el("span", "", "sw"); s.style.background = color;
-  $("legend").append(s, el("span", label)); };
-for (const c of D.cats.slice(1)) add(CAT[c], c.replace("_", " "));
-[[TRAJ.ok, "trajectory finished"], [TRAJ.failed, "trajectory failed"],
- [TRAJ.incomplete, "trajectory incomplete"], [ST.failed, "failed span"],
- [ST.incomplete, "incomplete (no end)"], [ST.unmatched, "unmatched end"],
- [INST.worker, "worker ready/restart"], [INST.reorder, "scheduler reorder"], [INST.retry, "model retry"],
- [INST.telemetry, "telemetry probe"]].forEach(([c, l]) => add(c, l));
-D.counters.forEach(([l], k) => add(COUNTER[k % COUNTER.length], l));
-const cv = $("tl"), cc = $("ct"), tip = $("tip"), LW = 180, NR = D.rows.length, TI = 0;
-const RH = Math.max(2, Math.min(16, Math.floor(8000 / Math.max(1, NR)))), SPAN = Math.max(D.t1 - D.t0, 1e-6);
-const W0 = D.window[0], W1 = D.window[1];
-let v0 = W0, v1 = W1, drag = null, raf = 0;
-const byRow = Array.from({length: NR}, () => []), barsByRow = Array.from({length: NR}, () => []);
-D.spans.forEach((s) => byRow[s[0]].push(s));
-D.bars.forEach((c) => barsByRow[c[0]].push(c));
-const setup = (c, h) => { // size the backing store once per size change, capped at ~32 Mpx
-  const w = c.parentElement.clientWidth || 1000, g = c.getContext("2d");
-  const dpr = Math.min(window.devicePixelRatio || 1, Math.sqrt(3.2e7 / (w * h)));
-  const bw = Math.round(w * dpr), bh = Math.round(h * dpr);
-  if (c.width !== bw || c.height !== bh) {
-    c.style.width = w + "px"; c.style.height = h + "px"; c.width = bw; c.height = bh; }
-  g.setTransform(dpr, 0, 0, dpr, 0, 0); g.clearRect(0, 0, w, h);
-  g.font = "11px sans-serif"; g.textAlign = "left";
-  return [g, w]; };
-const X = (t, w) => LW + (t - v0) / (v1 - v0) * (w - LW);
-function draw() {
-  const began = performance.now(), H = NR * RH + 2, [g, w] = setup(cv, H); let drawn = 0;
-  const rect = (a, b, y, h, color) => { const x0 = Math.max(LW, X(a, w)), x1 = Math.min(w, X(b, w));
-    g.fillStyle = color; g.fillRect(x0, y, Math.max(1, x1 - x0), h); return [x0, Math.max(1, x1 - x0)]; };
-  const ih = Math.max(1, (RH - 1) * 0.7), off = (RH - 1 - ih) / 2;
-  for (const pass of [0, 1]) {
-    for (const s of D.spans) {
-      if ((s[3] === TI) !== (pass === 0)) continue;
-      const a = s[1] / 1e6, b = a + s[2] / 1e6, st = D.states[s[4]], y = s[0] * RH;
-      if (b < v0 || a > v1) continue;
-      drawn++;
-      if (pass === 0) { rect(a, b, y, RH - 1, TRAJ[st]); continue; }
-      const [x0, ww] = rect(a, b, y + off, ih, st === "ok" ? CAT[D.cats[s[3]]] : ST[st]);
-      if (st !== "incomplete") continue;
-      g.setLineDash([3, 2]); g.strokeStyle = "#000"; g.strokeRect(x0, y + off, ww, ih); g.setLineDash([]);
-    }
-    if (pass === 0) for (const c of D.bars) {
-      const a = c[1] / 1e6, b = c[2] / 1e6; if (b < v0 || a > v1) continue;
-      g.globalAlpha = 0.25 + 0.75 * c[6] / 100;
-      rect(a, b, c[0] * RH + off, ih, c[4] ? ST[D.states[c[4]]] : CAT[D.cats[c[3]]]); g.globalAlpha = 1;
-    }
-  }
-  for (const m of D.instants) {
-    const t = m[1] / 1e6; if (t < v0 || t > v1) continue;
-    const x = X(t, w), kind = D.strings[m[2]], y = m[0] * RH;
-    g.fillStyle = g.strokeStyle = D.states[m[3]] === "unmatched" ? ST.unmatched : (INST[kind] || "#333");
-    if (kind === "measurement") {
-      g.setLineDash([4, 4]); g.beginPath(); g.moveTo(x, 0); g.lineTo(x, H); g.stroke(); g.setLineDash([]);
-      continue; }
-    g.beginPath(); g.moveTo(x, y); g.lineTo(x - 4, y + RH - 1); g.lineTo(x + 4, y + RH - 1); g.fill();
-  }
-  g.fillStyle = "#fff"; g.fillRect(0, 0, LW, H); g.textBaseline = "middle";
-  let lastLabel = -99; // thin rows: one label per group, skipped where it would overlap the previous one
-  D.rows.forEach(([label, grp], r) => {
-    const first = r === 0 || D.rows[r - 1][1] !== grp;
-    if (first) { g.fillStyle = "#888"; g.fillRect(0, r * RH, w, 1); }
-    g.fillStyle = "#222";
-    if (RH >= 9) g.fillText(label.slice(0, 28), 4, r * RH + RH / 2);
-    else if (first && r * RH - lastLabel >= 12) {
-      g.fillText(D.groups[grp], 4, r * RH + 6); lastLabel = r * RH; }
-  });
-  const ds = document.body.dataset;
-  ds.rendered = String(drawn); ds.rows = String(NR); ds.counters = String(counters());
-  ds.view = v0.toFixed(6) + "-" + v1.toFixed(6);
-  ds.drawms = (performance.now() - began).toFixed(1); // one frame's cost: the 100k-event budget
-}
-function counters() { // one lane per counter, each scaled to its own maximum (stated in its label)
-  const LH = 34, top = 4, H = LH * D.counters.length + 26, bot = H - 22, [g, w] = setup(cc, H);
-  g.fillStyle = "#222"; g.textBaseline = "middle";
-  D.counters.forEach(([label, pts], k) => {
-    const color = COUNTER[k % COUNTER.length], y0 = top + k * LH, y1 = y0 + LH - 6;
-    let mx = 0; for (const p of pts) mx = Math.max(mx, p[1]);
-    g.fillStyle = "#eee"; g.fillRect(LW, y1, w - LW, 1);
-    g.fillStyle = color; g.fillText(label.slice(0, 30), 4, y0 + 9);
-    g.fillStyle = "#777"; g.fillText("max " + (+mx.toFixed(3)), 4, y0 + 21);
-    const sc = mx > 0 ? mx : 1;
-    g.save(); g.beginPath(); g.rect(LW, 0, w - LW, H); g.clip();
-    g.strokeStyle = color; g.beginPath(); let py = y1, started = false;
-    for (const [us, v] of pts) {
-      const x = Math.max(LW - 5, Math.min(w + 5, X(us / 1e6, w))), y = y1 - v / sc * (y1 - y0);
-      if (!started) { g.moveTo(x, y); started = true; } else { g.lineTo(x, py); g.lineTo(x, y); } py = y; }
-    if (started) { g.lineTo(w, py); g.stroke(); }
-    g.restore();
-  });
-  const span = v1 - v0; let step = Math.pow(10, Math.floor(Math.log10(span / 8)));
-  if (span / step > 40) step *= 5; else if (span / step > 16) step *= 2;
-  g.fillStyle = "#222"; g.textAlign = "center";
-  for (let t = Math.ceil((v0 + D.t0) / step) * step; t <= v1 + D.t0; t += step) {
-    const x = X(t - D.t0, w); if (x < LW) continue;
-    g.fillRect(x, bot, 1, 4); g.fillText(+t.toFixed(6) + " s", x, H - 8);
-  }
-  return D.counters.length;
-}
-const redraw = () => { if (!raf) raf = requestAnimationFrame(() => { raf = 0; draw(); }); };
-const tAt = (e, c) => { const r = c.getBoundingClientRect();
-  return v0 + (e.clientX - r.left - LW) / (r.width - LW) * (v1 - v0); };
-for (const c of [cv, cc]) {
-  c.addEventListener("wheel", (e) => { e.preventDefault(); const tc = Math.min(v1, Math.max(v0, tAt(e, c)));
-    const f = Math.exp(Math.sign(e.deltaY) * Math.min(Math.abs(e.deltaY), 200) * 0.002);
-    if ((v1 - v0) * f < 1e-6) return;
-    v0 = tc - (tc - v0) * f; v1 = tc + (v1 - tc) * f; redraw(); }, {passive: false});
-  c.addEventListener("mousedown", (e) => {
-    drag = {x: e.clientX, v0, v1, w: c.getBoundingClientRect().width}; });
-  c.addEventListener("dblclick", () => { v0 = W0; v1 = W1; redraw(); });
-}
-window.addEventListener("mousemove", (e) => { if (!drag) return; tip.style.display = "none";
-  const dt = (e.clientX - drag.x) / (drag.w - LW) * (drag.v1 - drag.v0);
-  v0 = drag.v0 - dt; v1 = drag.v1 - dt; redraw(); });
-window.addEventListener("mouseup", () => { drag = null; });
-window.addEventListener("resize", redraw);
-$("bwin").addEventListener("click", () => { v0 = W0; v1 = W1; redraw(); });
-$("ball").addEventListener("click", () => { v0 = 0; v1 = SPAN; redraw(); });
-cv.addEventListener("mousemove", (e) => {
-  if (drag) return;
-  const r = cv.getBoundingClientRect(), row = Math.floor((e.clientY - r.top) / RH), t = tAt(e, cv);
-  const tol = 3 / (r.width - LW) * (v1 - v0), near = (a, b) => a - tol <= t && t <= b + tol;
-  const at = (us) => +(D.t0 + us / 1e6).toFixed(6) + " s", kind = (i) => D.cats[i].replace("_", " ");
-  let best = null, text = null;
-  for (const s of byRow[row] || []) {
-    if (near(s[1] / 1e6, (s[1] + s[2]) / 1e6) && (!best || s[2] < best[2])) best = s; }
-  const onBar = (c) => near(c[1] / 1e6, c[2] / 1e6);
-  const bar = best && best[3] !== TI ? null : (barsByRow[row] || []).find(onBar);
-  if (best && !bar) {
-    text = D.strings[best[5]] + " (" + kind(best[3]) + ")\\nstart " + at(best[1]) + ", duration " +
-      best[2] / 1e3 + " ms" + (best[6] >= 0 ? "\\nerror: " + D.strings[best[6]].slice(0, 300) : "");
-  } else if (bar) { // aggregated bars sit on top of their trajectory span
-    text = bar[5] + " " + kind(bar[3]) + " spans merged, " + bar[6] + "% busy\\n" + at(bar[1]) + " to " +
-      at(bar[2]);
-  }
-  if (!text) { tip.style.display = "none"; return; }
-  tip.textContent = D.rows[row][0] + "\\n" + text;
-  tip.style.display = "block"; tip.style.left = e.clientX + 12 + "px"; tip.style.top = e.clientY + 12 + "px";
-});
-cv.addEventListener("mouseleave", () => { tip.style.display = "none"; });
-draw();
-document.body.dataset.firstdrawms = document.body.dataset.drawms;
-if (location.hash === "#redraws") { // a diagnostic for bench/export.py: the median of 9 more full redraws
-  const ms = []; for (let i = 0; i < 9; i++) { draw(); ms.push(+document.body.dataset.drawms); }
-  document.body.dataset.redrawms = String(ms.sort((a, b) => a - b)[4]); }
-})();
-</script></body></html>
-"""
