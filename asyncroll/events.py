@@ -364,7 +364,7 @@ class EventLog:
                 _stamp(event, now)
                 self._pending.append(event)
             return
-        event.__dict__["t"] = round(now - self._origin, 6)  # _stamp, inlined: once per event
+        _stamp(event, round(now - self._origin, 6))
         self._write(event)
 
     def _write(self, event: Event) -> None:

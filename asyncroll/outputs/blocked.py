@@ -50,12 +50,11 @@ class BlockedMeter:
         delta = _DELTAS.get(type(event))
         if delta is None:
             return
-        # self.blocked before and after, spelled out: this runs for most events of every run
-        was = self.active > 0 and self.outstanding == 0 and self.pending > 0
+        was = self.blocked
         self.active += delta[0]
         self.outstanding += delta[1]
         self.pending += delta[2]
-        now = self.active > 0 and self.outstanding == 0 and self.pending > 0
+        now = self.blocked
         if now and not was:
             self._since = event.t
             self.intervals += 1

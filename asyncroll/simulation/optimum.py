@@ -4,8 +4,8 @@ The analytic lower bound in ``summary.json`` (largest of model service ÷ capaci
 trajectory work ÷ active slots, longest trajectory, trajectories list-scheduled on the slots in admission
 order) is cheap and always valid, but it treats the three limits one at a time. With few active slots,
 each trajectory's chain (model → CPU → model …) leaves resources idle whatever the dispatch order, and
-the true optimum can lie well above that bound. This
-module solves the scheduling problem itself with CP-SAT (OR-Tools, the ``optimum`` extra):
+the true optimum can lie well above that bound. This module solves the scheduling problem itself with
+CP-SAT (OR-Tools, the ``optimum`` extra):
 
 - every trajectory's model turns and CPU jobs, in their recorded order, each starting after the
   previous one ends, with their measured durations (floored to ``resolution_s``);
