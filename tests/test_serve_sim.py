@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -294,6 +295,32 @@ def test_connection_faults_and_bad_bodies() -> None:
         content = r.json()["choices"][0]["message"]["content"]
         with pytest.raises(json.JSONDecodeError):
             json.loads(content)
+
+
+@pytest.mark.timeout(30)
+def test_a_client_that_disconnects_stops_costing_decode_steps() -> None:
+    """Like vLLM, a request whose client went away is aborted: its sequence leaves the running batch at
+    once instead of decoding to the end (here 20,000 tokens × 5 ms = 100 s), and the engine goes idle."""
+    engine = ServerModelConfig(max_num_seqs=8, step_base_ms=5.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+    with sim(engine=engine) as (running, client):
+        with (
+            httpx.Client(base_url=running.url, timeout=0.3) as impatient,
+            pytest.raises(httpx.ReadTimeout),
+        ):
+            impatient.post("/v1/chat/completions", json=body(max_tokens=20_000, ignore_eos=True))
+        # the impatient client closed its connection; wait (bounded) for the server to notice
+        deadline = time.monotonic() + 10
+        while (stats := running.stats())["inflight"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stats["inflight"] == 0 and stats["statuses"] == {"499": 1}
+        assert stats["engine"]["running"] == 0 and stats["engine"]["waiting"] == 0
+        generated = stats["engine"]["generated_tokens"]
+        assert 0 < generated < 2_000  # stopped after about a 0.3 s timeout, nowhere near 20,000
+        time.sleep(0.1)
+        assert running.stats()["engine"]["generated_tokens"] == generated  # nothing decodes any more
+        # the server is fine and serves the next request in full
+        r = client.post("/v1/chat/completions", json=body(max_tokens=3, ignore_eos=True))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
 @pytest.mark.timeout(30)

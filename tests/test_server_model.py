@@ -65,3 +65,32 @@ def test_config_is_validated() -> None:
         ServerModelConfig(max_num_seqs=0)
     with pytest.raises(ValueError):
         ServerModelConfig(step_base_ms=0, step_per_seq_ms=0)
+
+
+def test_cancelling_a_request_withdraws_its_sequence() -> None:
+    """A cancelled request (its client went away) leaves the running batch or the waiting queue at once:
+    the engine stops decoding it and admits the next one."""
+    cfg = ServerModelConfig(max_num_seqs=1, step_base_ms=10.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+    clock = VirtualClock()
+
+    async def main() -> tuple[Generation, int, int]:
+        server = BatchingServer(cfg, clock)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(server.serve())
+            long = tg.create_task(server.generate(0, 1_000))  # would take 10 s
+            await asyncio.sleep(0)
+            queued = tg.create_task(server.generate(0, 1_000))  # waits behind it
+            short = tg.create_task(server.generate(0, 2))
+            await asyncio.sleep(0.055)
+            long.cancel()
+            queued.cancel()
+            result = await short
+            server.close()
+        snap = server.snapshot()
+        return result, snap.generated_tokens, snap.running + snap.waiting
+
+    short, generated, left = clock.run(main())
+    # the long one decodes 5 tokens; the step it leaves during (50–60 ms) is wasted, as on a GPU; then the
+    # short one runs alone: 2 steps, done at 80 ms
+    assert short.queued_s == pytest.approx(0.06) and short.latency_s == pytest.approx(0.08)
+    assert generated == 5 + 2 and left == 0

@@ -112,12 +112,12 @@ class BatchingServer:
         self._wake.set()
         try:
             return await seq.future
-        finally:
-            if not seq.future.done():
-                if seq in self._waiting:
-                    self._waiting.remove(seq)
-                elif seq in self._running:
-                    self._running.remove(seq)
+        except asyncio.CancelledError:  # awaiting cancels the future too: withdraw the sequence here
+            if seq in self._waiting:
+                self._waiting.remove(seq)
+            elif seq in self._running:
+                self._running.remove(seq)
+            raise
 
     def close(self) -> None:
         self._closed = True

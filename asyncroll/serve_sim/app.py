@@ -3,7 +3,9 @@
 Request flow of ``POST /v1/chat/completions``: validate the body (400/404 with an OpenAI error object,
 as vLLM answers) → draw this request's faults → optional slow-down → choose the reply → run a sequence of
 the reply's size through :class:`~asyncroll.backends.server_model.BatchingServer` → answer with the
-OpenAI response shape, ``usage`` included.
+OpenAI response shape, ``usage`` included. A client that disconnects first (a timeout, a cancelled
+trajectory, Ctrl-C) aborts its request as vLLM does: the sequence leaves the batch at once and the request
+is counted under status 499 in ``/sim/stats``.
 
 **The reply.** If the request carries ``X-Asyncroll-Action`` (asyncroll's replay mode puts the scripted
 action there), that action is echoed. Otherwise, with a ``json_schema`` response format, a schema-valid
@@ -31,7 +33,7 @@ import socket
 import struct
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import asdict
 from typing import Any
 
@@ -199,7 +201,8 @@ class SimApp:
         self.peak_inflight = max(self.peak_inflight, self.inflight)
         self.requests += 1
         try:
-            response = await self._chat(request)
+            raw = await request.body()
+            response = await _unless_disconnected(request, self._chat(request, raw))
         except BadRequest as exc:
             response = JSONResponse(error_body(str(exc), exc.status, exc.kind), status_code=exc.status)
         finally:
@@ -207,9 +210,9 @@ class SimApp:
         self.statuses[response.status_code] += 1
         return response
 
-    async def _chat(self, request: Request) -> Response:
+    async def _chat(self, request: Request, raw: bytes) -> Response:
         cfg = self.config
-        body = _parse_body(await request.body())
+        body = _parse_body(raw)
         self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
         if body.get("model") != cfg.model:
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
@@ -313,6 +316,35 @@ class SimApp:
             except UnsupportedSchema as exc:
                 raise BadRequest(f"unsupported JSON schema: {exc}") from exc
         return json.dumps({"type": "final", "answer": f"answer-{self._rng.randrange(1000)}"})
+
+
+CLIENT_CLOSED = 499  # nginx's "client closed request"; never sent: nobody is left to read it
+
+
+async def _unless_disconnected(request: Request, handler: Coroutine[Any, Any, Response]) -> Response:
+    """Run ``handler`` until it answers or the client goes away, as vLLM aborts a request whose client
+    disconnected: the handler is cancelled, which withdraws its sequence from the engine's running batch
+    or waiting queue, so a dropped request stops costing decode steps at once.
+
+    The request body must already be read: after it, the ASGI ``receive`` returns only when the
+    connection is lost (``http.disconnect``)."""
+    task = asyncio.ensure_future(handler)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled():
+        return Response(status_code=CLIENT_CLOSED)
+    return task.result()
 
 
 def _validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
