@@ -301,7 +301,9 @@ def test_connection_faults_and_bad_bodies() -> None:
 def test_a_client_that_disconnects_stops_costing_decode_steps() -> None:
     """Like vLLM, a request whose client went away is aborted: its sequence leaves the running batch at
     once instead of decoding to the end (here 20,000 tokens × 5 ms = 100 s), and the engine goes idle."""
-    engine = ServerModelConfig(max_num_seqs=8, step_base_ms=5.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+    engine = ServerModelConfig(
+        max_num_seqs=8, step_base_ms=5.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
     with sim(engine=engine) as (running, client):
         with (
             httpx.Client(base_url=running.url, timeout=0.3) as impatient,
