@@ -9,6 +9,11 @@ lognormal σ = ``--cpu-sigma``), which a predictor can see (argument bytes), tim
 (σ 0.5). Every tool action also declares ``cpu_ms`` (its true cost) so ``asyncroll simulate`` reproduces
 what ``asyncroll run`` does for real. The tools live in ``synthetic_tools.py`` beside the workload.
 
+Every action also declares ``output_tokens``: its latency divided by the batching server model's default
+decode step at batch 1 (``step_base_ms + step_per_seq_ms`` ≈ 12.1 ms), so that ``--server batching``
+decodes each turn for about its scripted latency when alone and slower in a full batch. (Without it the
+batching model would count the action's size, multi-KB ``data`` arguments included, as output tokens.)
+
 Run: ``python -m bench.synthetic --n 200 --model-ms 400 --cpu-ms 300 --seed 0 --output W.jsonl``.
 """
 
@@ -21,7 +26,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+from asyncroll.backends.server_model import ServerModelConfig
+
 MS_PER_KB = 20.0
+_DEFAULT_SERVER = ServerModelConfig()
+DECODE_STEP_MS = _DEFAULT_SERVER.step_base_ms + _DEFAULT_SERVER.step_per_seq_ms
 TOOLS_FILE = "synthetic_tools.py"
 TOOLS_SOURCE = '''"""Tools of the bench.synthetic workload: real CPU work that follows the input size."""
 
@@ -76,8 +85,9 @@ def make(
 ) -> list[dict[str, Any]]:
     rng = random.Random(seed)
 
-    def model() -> float:
-        return round(_lognormal(rng, model_ms, 0.5), 3)
+    def model() -> dict[str, Any]:
+        latency = round(_lognormal(rng, model_ms, 0.5), 3)
+        return {"latency_ms": latency, "output_tokens": max(1, round(latency / DECODE_STEP_MS))}
 
     def crunch(size: int) -> dict[str, Any]:
         factor = round(_lognormal(rng, 1.0, noise), 4)
@@ -86,7 +96,7 @@ def make(
             "type": "tool",
             "name": "crunch",
             "arguments": {"data": "x" * size, "factor": factor},
-            "latency_ms": model(),
+            **model(),
             "cpu_ms": round(cost, 3),
         }
 
@@ -99,7 +109,7 @@ def make(
                     "type": "tool",
                     "name": "lookup",
                     "arguments": {"key": f"k{i}"},
-                    "latency_ms": model(),
+                    **model(),
                     "cpu_ms": 2.0,
                 }
             )
@@ -108,7 +118,7 @@ def make(
         script.append(crunch(size))
         if rng.random() < repair_fraction:
             script.append(crunch(max(16, int(size * rng.uniform(0.8, 1.2)))))
-        script.append({"type": "final", "answer": str(i), "latency_ms": model()})
+        script.append({"type": "final", "answer": str(i), **model()})
         problems.append(
             {
                 "id": f"syn-{i}",

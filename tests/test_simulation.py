@@ -238,3 +238,23 @@ def test_a_summary_only_run_summarises_exactly_as_a_recorded_one(tmp_path: Path)
     assert any(e.candidates for e in recorded) and not any(e.candidates for e in summary_only)
     strip = [e.model_copy(update={"candidates": []}) for e in recorded]
     assert strip == summary_only
+
+
+def test_synthetic_turns_decode_for_their_scripted_latency_on_the_batching_server(tmp_path: Path) -> None:
+    """bench.synthetic declares output_tokens = latency ÷ the default decode step, so a turn alone on the
+    batching server takes its scripted latency plus its prefill, not its multi-KB arguments' size."""
+    from bench import synthetic
+
+    workload = synthetic.write(tmp_path / "w.jsonl", 4, 400.0, 300.0, seed=1)
+    out = tmp_path / "sim"
+    args = ("--server", "batching", "--max-active-trajectories", "1", "--max-inflight-model-requests", "1")
+    assert cli("simulate", "--workload", workload, "--output", out, *args).returncode == 0
+    scripted = {
+        p["id"]: [a["latency_ms"] / 1000 for a in p["script"]]
+        for p in map(json.loads, workload.read_text().splitlines())
+    }
+    finished = [e for e in load_run(out)[2] if e.event == "model_finished"]
+    assert len(finished) == sum(map(len, scripted.values()))
+    for e in finished:
+        decode = e.latency_s - e.prompt_tokens * 0.03 / 1000  # the default prefill cost
+        assert decode == pytest.approx(scripted[e.id][e.turn], abs=0.007)  # within half a decode step
