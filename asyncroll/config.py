@@ -25,6 +25,7 @@ PolicyName = Literal[
     "asyncroll_seed",
     "asyncroll_guarded",
     "asyncroll_unlock",
+    "asyncroll_critical",
 ]
 BackendName = Literal["scripted", "vllm", "openai"]
 ServerKind = Literal["vllm", "sglang", "transformers", "generic"]

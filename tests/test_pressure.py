@@ -4,6 +4,7 @@ a virtual clock."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from tests.conftest import VirtualRun
 SEED = PressurePolicy("asyncroll_seed")
 GUARDED = PressurePolicy("asyncroll_guarded", tail_guard=True)
 UNLOCK = PressurePolicy("asyncroll_unlock", unlock=True)
+CRITICAL = PressurePolicy("asyncroll_critical", unlock=True, drain_multiple=None, critical_path=True)
 
 
 def snap(
@@ -28,6 +30,7 @@ def snap(
     now: float = 100.0,
     pending: bool = True,
     workers: int = 1,
+    remaining: tuple[float | None, ...] = (),
 ) -> QueueSnapshot:
     """Jobs as (kind, predicted seconds, waited seconds), oldest first."""
     views = tuple(
@@ -35,7 +38,7 @@ def snap(
         for i, (kind, _, waited) in enumerate(jobs)
     )
     predictions = tuple(Prediction(pred, "ridge") for _, pred, _ in jobs)
-    return QueueSnapshot(now, views, outstanding, 4, 1, predictions, threshold, pending, workers)
+    return QueueSnapshot(now, views, outstanding, 4, 1, predictions, threshold, pending, workers, remaining)
 
 
 def test_hard_aging_wins_over_everything() -> None:
@@ -99,8 +102,70 @@ def test_unlock_hard_ages_relative_to_the_predicted_queue_drain() -> None:
     assert SEED.choose(snap(*jobs, workers=2)).job_id == 2  # the seed ages only at 30 s
 
 
+def test_critical_path_in_the_tail_runs_the_job_with_the_most_work_after_it() -> None:
+    """In the tail, when eligible, the critical rule starts the job whose trajectory has the most work
+    left after it (largest delivery time first): its own predicted time does not count, unknown = 0 s."""
+    jobs = (("tool", 0.2, 1), ("tool", 5.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
+    rest = (3.0, 0.5, 0.0, None)
+    tail = CRITICAL.choose(snap(*jobs, pending=False, remaining=rest))
+    assert (tail.job_id, tail.reason, tail.eligible) == (1, "tail_critical_path", True)
+    # without the first: 0.5 s left after the 5 s job (now job 1) beats 0 s and unknown
+    assert CRITICAL.choose(snap(*jobs[1:], pending=False, remaining=rest[1:])).job_id == 1
+    # model supply fine: not eligible, FIFO as in every pressure rule
+    supplied = CRITICAL.choose(snap(*jobs[::-1], pending=False, remaining=rest[::-1], outstanding=4))
+    assert (supplied.job_id, supplied.reason) == (1, "not_eligible_model_supply_ok")
+    # while problems wait for admission (no estimates in the snapshot): the unlock rule, no drain aging
+    assert CRITICAL.choose(snap(*jobs)).job_id == 3
+    long_wait = (("tool", 4.0, 6.5), ("tool", 1.0, 1), ("tool", 1.0, 0.5))
+    assert CRITICAL.choose(snap(*long_wait, workers=2)).job_id == 2  # UNLOCK would age job 1 here
+    assert CRITICAL.choose(snap(("tool", 4.0, 31), ("tool", 1.0, 1))).reason == "hard_starvation_fifo"
+
+
+def test_remaining_work_learns_the_service_left_after_each_job() -> None:
+    """Per job key, the mean service (model latency + CPU execute) its trajectory still had after it."""
+    from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, ModelFinished, TrajectoryFinished
+    from asyncroll.policies.remaining import RemainingWork
+
+    work = RemainingWork()
+    first = JobView(1, "a", "tool", "crunch", 0, 0.0)
+    assert work.estimate(first) is None
+
+    def trajectory(tid: str, base: int, repair: bool) -> None:
+        def model(turn: int, s: float) -> None:
+            work(ModelFinished(id=tid, request_id=base + turn, turn=turn, latency_s=s, action="tool"))
+
+        def job(jid: int, turn: int, s: float, resub: bool = False, failed: bool = False) -> None:
+            kind: JobKind = "grade" if turn == 2 else "tool"
+            tool = "__grade__" if kind == "grade" else "crunch"
+            fields: dict[str, Any] = {"id": tid, "job_id": jid, "kind": kind, "tool": tool}
+            work(CpuEnqueued(**fields, turn=turn, arg_bytes=1, queue_depth=1, resubmission=resub))
+            if failed:  # a timed-out job counts at its round trip
+                work(CpuFailed(**fields, worker=0, reason="timeout", roundtrip_s=s, error="timed out"))
+            else:
+                work(CpuFinished(**fields, worker=0, ok=True, execute_s=s, cpu_s=None, roundtrip_s=s))
+
+        model(0, 0.4)
+        job(base + 1, 0, 0.3)  # first evaluation: 0.3 s
+        if repair:
+            model(1, 0.4)
+            job(base + 2, 1, 1.0, resub=True, failed=True)
+        model(2, 0.2)
+        job(base + 3, 2, 0.0)  # the grade
+        work(TrajectoryFinished(id=tid, status="completed", turns=3, tool_calls=2, duration_s=9.0))
+
+    trajectory("a", 100, repair=True)  # after the first evaluation: 0.4 + 1.0 + 0.2 + 0 = 1.6 s
+    trajectory("b", 200, repair=False)  # after it: 0.2 s
+    assert work.estimate(first) == pytest.approx((1.6 + 0.2) / 2)
+    repair = JobView(9, "c", "tool", "crunch", 1, 0.0, resubmission=True)
+    assert work.estimate(repair) == pytest.approx(0.2)
+    assert work.estimate(JobView(9, "c", "grade", "__grade__", 2, 0.0)) == 0.0
+    assert work.estimate(JobView(9, "c", "tool", "other", 0, 0.0)) is None  # another tool: unknown
+    assert work.observations == 5 and not work._running and not work._queued
+
+
 def test_registry_names() -> None:
-    assert get_policy("asyncroll").name == "asyncroll_unlock"
+    assert get_policy("asyncroll") == CRITICAL
+    assert get_policy("asyncroll_unlock") == UNLOCK
     assert get_policy("asyncroll_seed") == SEED
     policy = get_policy("asyncroll_guarded", aging_seconds=5, aging_weight=0.1)
     assert isinstance(policy, PressurePolicy) and policy.tail_guard and policy.aging_seconds == 5
@@ -229,8 +294,33 @@ def test_hard_aging_in_the_runtime(virtual_run: VirtualRun) -> None:
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 60
 
 
-@pytest.mark.parametrize("policy", ["asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock"])
+@pytest.mark.parametrize(
+    "policy", ["asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock", "asyncroll_critical"]
+)
 def test_pressure_policies_complete_everything(virtual_run: VirtualRun, policy: str) -> None:
     problems, files = _synthetic(40)
     outcome, _, _ = virtual_run(problems, simulate_tools=True, tool_files=files, policy=policy, max_turns=6)
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 40
+
+
+def test_the_critical_rule_takes_over_in_the_runtime_tail(virtual_run: VirtualRun) -> None:
+    """In a real (virtual-clock) run the tail's decisions use the remaining-work estimates the run learned
+    from its own events; before the tail none does."""
+    problems, files = _synthetic(60)
+    outcome, cap, _ = virtual_run(
+        problems,
+        simulate_tools=True,
+        tool_files=files,
+        policy="asyncroll_critical",
+        max_active_trajectories=16,
+        cpu_workers=1,
+        max_turns=6,
+    )
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 60
+    selected = cap.of(CpuSelected)
+    tail = [e for e in selected if e.reason == "tail_critical_path"]
+    assert tail and all(e.eligible for e in tail)
+    assert any(e.reordered for e in tail)
+    first_tail = selected.index(tail[0])
+    assert all(e.reason != "tail_critical_path" for e in selected[:first_tail])
+    assert outcome.summary["scheduler"]["reasons"]["tail_critical_path"] == len(tail)

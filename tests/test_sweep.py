@@ -88,3 +88,64 @@ def test_sweep_refuses_bad_lists_and_workloads(tmp_path: Path) -> None:
         "simulate", "--sweep", "--workload", SMOKE, "--output", tmp_path / "t", "--policies", "fifo,lifo"
     )
     assert policy.returncode == 2 and not (tmp_path / "t").exists()
+
+
+def test_custom_arms_run_their_own_policy_objects(tmp_path: Path) -> None:
+    """A bench's arm (an oracle rule) is a policy object built per seed from the jittered workload; the
+    runtime uses it instead of the configured policy and its rows carry the arm's label."""
+    from dataclasses import dataclass
+
+    from asyncroll.policies.base import Decision, QueueSnapshot
+    from asyncroll.policies.baseline import Fifo
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+
+    @dataclass(frozen=True)
+    class Newest:
+        name: str = "newest"
+
+        def choose(self, snapshot: QueueSnapshot) -> Decision:
+            return Decision(snapshot.jobs[-1].job_id, "newest")
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30 + 7 * i, turns=2) for i in range(8)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    seen: list[str] = []
+
+    def newest(seeded: Path) -> Newest:
+        seen.append(seeded.name)
+        return Newest()
+
+    spec = SweepSpec(("fifo",), (8,), (4,), (1,), 2, 0.2)
+    custom = {"fifo object": lambda _: Fifo(), "newest": newest}
+    rows = run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), tmp_path / "s", custom)
+    assert seen == ["seed-0.jsonl", "seed-1.jsonl"]
+    by = {(r["policy"], r["seed"]): r for r in rows}
+    assert len(rows) == 6
+    for seed in (0, 1):
+        assert by["fifo object", seed]["makespan_s"] == by["fifo", seed]["makespan_s"]
+        assert by["fifo object", seed]["reorders"] == 0 and by["newest", seed]["reorders"] > 0
+        assert by["newest", seed]["completed"] == 8
+
+
+def test_the_oracle_bench_rules_know_every_job_they_see(tmp_path: Path) -> None:
+    """bench.oracle_map's clairvoyant rules look every queued job up by (problem, turn, kind): each is
+    found, and the work left after a job is every later model turn and CPU job."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+    from bench import oracle_map, synthetic
+
+    workload = synthetic.write(tmp_path / "w.jsonl", 12, 100.0, 80.0, seed=2)
+    durations = oracle_map.true_durations(workload)
+    first = json.loads(workload.read_text().splitlines()[0])
+    script = first["script"]
+    cpu0, rest0 = durations[first["id"], 0, "tool"]
+    assert cpu0 == pytest.approx(script[0]["cpu_ms"] / 1000)
+    later = sum(a["latency_ms"] + a.get("cpu_ms", 0) for a in script[1:]) / 1000
+    assert rest0 == pytest.approx(later)
+    assert durations[first["id"], len(script) - 1, "grade"] == (0.0, 0.0)
+    spec = SweepSpec(("fifo",), (4,), (4,), (1,), 1, 0.25)
+    rows = run_sweep(
+        workload, tmp_path, {"max_turns": 6}, spec, SimulationSettings(), tmp_path / "s", oracle_map.ARMS
+    )
+    assert {r["policy"] for r in rows} == {"fifo", *oracle_map.ARMS}
+    assert all(r["completed"] == 12 for r in rows)

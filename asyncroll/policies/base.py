@@ -51,6 +51,9 @@ class QueueSnapshot:
     starvation_threshold: int = 1
     admission_pending: bool = True  # a problem waits for an active slot (False: the batch's tail)
     workers: int = 1  # the pool's size
+    # aligned with ``jobs``: mean remaining service of the job's trajectory after jobs like it (None:
+    # none seen yet); filled only in the batch's tail, where the critical-path rule reads it
+    remaining: tuple[float | None, ...] = ()
 
     @property
     def oldest(self) -> JobView:

@@ -16,8 +16,8 @@ finite batch's tail, where shortest-first leaves the long jobs to run last with 
 it prefers the *longest* predicted job (longest-processing-time first, the critical-path proxy a policy
 can know without reading the future).
 
-**Unlock** (``asyncroll_unlock``, what ``--policy asyncroll`` means; chosen by the simulated map in
-RESULTS.md) keeps the seed's trigger and score but fixes two things the map showed:
+**Unlock** (``asyncroll_unlock``, the previous default) keeps the seed's trigger and score but fixes two
+things the map showed:
 
 - A grade job also unlocks model work when a problem waits for admission: it ends its trajectory,
   frees an active slot, and the next problem's first model request follows. So while admission is
@@ -29,6 +29,17 @@ RESULTS.md) keeps the seed's trigger and score but fixes two things the map show
   ``drain_multiple`` × the predicted time to drain the whole queue on the pool (Σ predicted ÷ workers),
   so shortest-first cannot starve long jobs into a pile at the end of a finite batch — the loss the
   issue warned about where CPU dominates. ``aging_seconds`` stays the absolute cap.
+
+**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` means; chosen by the simulated
+map in RESULTS.md) is the unlock rule without the relative aging, plus the tail rule the relative aging
+stood in for. In the tail (no problem waits for admission), when the rule is eligible, step 3 starts the
+job whose trajectory has the most work left after it — the mean remaining service of trajectories after
+jobs like it (:mod:`asyncroll.policies.remaining`, learned from the run's own events; unknown counts as
+0) — as Schrage's largest-delivery-time rule does for one bottleneck machine. The trajectories with the
+longest road ahead get moving first instead of waiting behind short jobs, so the batch does not end on
+one long chain; the relative aging that guarded against that end also cost most of shortest-first's gain
+where few trajectories share few workers (8 active / 4 inflight / 1–2 workers). Only the absolute
+``aging_seconds`` cap remains.
 
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """
@@ -47,14 +58,15 @@ class PressurePolicy:
     aging_weight: float = 0.02
     tail_guard: bool = False
     unlock: bool = False
-    drain_multiple: float = 2.0
+    drain_multiple: float | None = 2.0
+    critical_path: bool = False
 
     def choose(self, snapshot: QueueSnapshot) -> Decision:
         jobs, now = snapshot.jobs, snapshot.now
         oldest = jobs[0]
         limit = self.aging_seconds
         predictions = snapshot.predictions
-        if self.unlock and len(predictions) == len(jobs):
+        if self.unlock and self.drain_multiple is not None and len(predictions) == len(jobs):
             drain_s = sum(p.seconds for p in predictions) / max(1, snapshot.workers)
             limit = min(limit, self.drain_multiple * drain_s)
         for job in jobs:  # oldest first: the first aged job is the oldest aged job
@@ -66,6 +78,12 @@ class PressurePolicy:
             return Decision(oldest.job_id, "not_eligible_model_supply_ok")
         if len(predictions) != len(jobs):
             return Decision(oldest.job_id, "not_eligible_no_predictions")
+        remaining = snapshot.remaining
+        if self.critical_path and len(remaining) == len(jobs):
+            # the tail (the dispatcher fills ``remaining`` only there): the job whose trajectory has the
+            # most work left after it goes first (Schrage's largest-delivery-time rule); unknown = 0
+            best = max(range(len(jobs)), key=lambda i: (remaining[i] or 0.0, -i))
+            return Decision(jobs[best].job_id, "tail_critical_path", eligible=True)
         if self.tail_guard and not snapshot.admission_pending:
             best = min(range(len(jobs)), key=lambda i: (jobs[i].kind == "grade", -predictions[i].seconds, i))
             return Decision(jobs[best].job_id, "tail_guard_longest_predicted", eligible=True)

@@ -6,10 +6,11 @@ from asyncroll.policies.base import Policy
 from asyncroll.policies.baseline import Fifo, ToolFirst
 from asyncroll.policies.pressure import PressurePolicy
 
-#: What ``--policy asyncroll`` means: the unlock rule, which the simulated map in RESULTS.md chose over
-#: the seed's rule and the tail guard (both kept, unchanged, for comparison).
-DEFAULT_PRESSURE = "asyncroll_unlock"
-PRESSURE_POLICIES = ("asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock")
+#: What ``--policy asyncroll`` means: the critical-path rule, which the simulated map in RESULTS.md chose
+#: over the unlock rule (the previous default), the seed's rule and the tail guard (all kept, unchanged,
+#: for comparison).
+DEFAULT_PRESSURE = "asyncroll_critical"
+PRESSURE_POLICIES = ("asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock", "asyncroll_critical")
 
 
 def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 0.02) -> Policy:
@@ -22,7 +23,9 @@ def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 
             aging_seconds,
             aging_weight,
             tail_guard=name == "asyncroll_guarded",
-            unlock=name == "asyncroll_unlock",
+            unlock=name in ("asyncroll_unlock", "asyncroll_critical"),
+            drain_multiple=None if name == "asyncroll_critical" else 2.0,
+            critical_path=name == "asyncroll_critical",
         )
     if name == "sync":
         return Fifo(name="sync")

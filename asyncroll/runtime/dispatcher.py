@@ -18,6 +18,7 @@ from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, Cpu
 from asyncroll.policies import JobView, Policy, QueueSnapshot
 from asyncroll.policies.base import JobKind
 from asyncroll.policies.predictor import DurationPredictor
+from asyncroll.policies.remaining import RemainingWork
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
@@ -81,6 +82,7 @@ class CpuDispatcher:
         tool_keys: Mapping[str, str] | None = None,
         *,
         predictor: DurationPredictor | None = None,
+        remaining: RemainingWork | None = None,
         starvation_threshold: int = 1,
         admission_pending: Callable[[], bool] = lambda: True,
         ranges: Ranges = NO_RANGES,
@@ -88,6 +90,8 @@ class CpuDispatcher:
     ) -> None:
         """``predictor`` (one per run) predicts every queued job at each dispatch, whatever the policy,
         so predictions are logged and comparable under FIFO too; it learns from every finished job.
+        ``remaining`` (one per run, subscribed to the run's events) estimates the work each queued job
+        unlocks; it is read only in the batch's tail (no problem waits for admission).
         ``log_candidates=False`` leaves each ``cpu_selected`` event's candidate list empty: a run that
         writes no events file (a sweep cell) has no reader for it, and building it costs CPU at every
         decision."""
@@ -99,6 +103,7 @@ class CpuDispatcher:
         self._timeout = tool_timeout
         self._tool_keys = dict(tool_keys or {})
         self._predictor = predictor or DurationPredictor()
+        self._remaining = remaining
         self._threshold = starvation_threshold
         self._admission_pending = admission_pending
         self._ranges = ranges  # NVTX ranges (--nvtx) for each job's queue wait and execution
@@ -183,6 +188,9 @@ class CpuDispatcher:
             now = self._clock.now()
             jobs = tuple(q.view for q in self._queue.values())
             predictions = self._predictor.predict(jobs)  # cached per job until the next refit
+            pending = self._admission_pending()
+            estimate = None if pending or self._remaining is None else self._remaining.estimate
+            remaining = () if estimate is None else tuple(map(estimate, jobs))
             snapshot = QueueSnapshot(
                 now,
                 jobs,
@@ -191,8 +199,9 @@ class CpuDispatcher:
                 self._pool.idle + 1,
                 predictions,
                 self._threshold,
-                self._admission_pending(),
+                pending,
                 self._workers,
+                remaining,
             )
             decision = self._policy.choose(snapshot)
             chosen = self._queue.pop(decision.job_id)

@@ -30,7 +30,9 @@ from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.outputs.rundir import RunDirectory
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
+from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
+from asyncroll.policies.remaining import RemainingWork
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.dispatcher import CpuDispatcher
 from asyncroll.runtime.model_gate import ModelGate
@@ -129,11 +131,14 @@ class Run:
         model_capacity: int | None = None,
         record: bool = True,
         ranges: Ranges | None = None,
+        policy: Policy | None = None,
     ) -> None:
         """``receipt_extra`` adds sections to run.json (the simulator's settings); ``model_capacity`` is
         the server's own concurrency limit where known (a simulated batch size), for the lower bound;
         ``record=False`` writes no files at all (a sweep cell needs only the returned summary), and its
-        ``cpu_selected`` events, which only the summary and ``subscribers`` see, list no candidates."""
+        ``cpu_selected`` events, which only the summary and ``subscribers`` see, list no candidates;
+        ``policy`` replaces the configured one (a bench's oracle rule that reads the scripted future; the
+        receipt and summary still name the configured policy)."""
         self.config = prepared.config
         self.scan = prepared.scan
         self.argv = prepared.argv
@@ -143,6 +148,7 @@ class Run:
         self._factory = worker_factory or _process_worker_factory(prepared.config, prepared.scan)
         self._backend = backend or _default_backend(prepared.config, clock)
         self._subscribers = subscribers
+        self._policy = policy
         self.interrupt_reason: str | None = None
         self._receipt_extra = receipt_extra or {}
         self._model_capacity = model_capacity
@@ -210,15 +216,19 @@ class Run:
         bind_events = getattr(self._backend, "bind_events", None)
         if bind_events is not None:
             bind_events(events)
+        remaining = RemainingWork()
+        events.subscribe(remaining)
         dispatcher = CpuDispatcher(
             pool,
-            get_policy(cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight),
+            self._policy
+            or get_policy(cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight),
             gate,
             clock,
             events,
             cfg.tool_timeout,
             worker_tool_keys(self.scan),
             predictor=DurationPredictor(),
+            remaining=remaining,
             starvation_threshold=cfg.effective_starvation_threshold,
             admission_pending=lambda: admission.pending,
             ranges=ranges,

@@ -12,12 +12,14 @@ import csv
 import itertools
 import json
 import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
+from asyncroll.policies.base import Policy
 from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
@@ -62,8 +64,12 @@ def run_sweep(
     spec: SweepSpec,
     settings: SimulationSettings,
     output: Path,
+    custom: Mapping[str, Callable[[Path], Policy]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every cell; ``output`` must be a new directory (created here)."""
+    """Run every cell; ``output`` must be a new directory (created here).
+
+    ``custom`` adds arms by label, each a policy object built from the seed's jittered workload (a
+    bench's oracle rule that reads the scripted durations); their rows carry the label."""
     output.mkdir(parents=True)
     (output / "workloads").mkdir()
     rows: list[dict[str, Any]] = []
@@ -72,13 +78,15 @@ def run_sweep(
         perturb_workload(workload, seeded, seed, spec.jitter)
         scan = scan_workload(seeded, tool_root, scripted=True, limit=base.get("limit"))
         scan.raise_if_invalid()
-        for policy, (active, inflight, workers) in itertools.product(spec.policies, spec.points()):
+        arms: list[tuple[str, Policy | None]] = [(policy, None) for policy in spec.policies]
+        arms += [(label, make(seeded)) for label, make in (custom or {}).items()]
+        for (policy, rule), (active, inflight, workers) in itertools.product(arms, spec.points()):
             config = build_config(
                 {
                     **base,
                     "workload": seeded,
                     "output": output / "unused",
-                    "policy": policy,
+                    "policy": policy if rule is None else "fifo",
                     "tool_root": tool_root,
                     "max_active_trajectories": active,
                     "max_inflight_model_requests": inflight,
@@ -94,6 +102,7 @@ def run_sweep(
                 model_capacity=capacity,
                 worker_factory=workers_for(settings, clock),
                 record=False,
+                policy=rule,
             )
             outcome = clock.run(run.execute())
             s = outcome.summary or {}
