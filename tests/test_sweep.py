@@ -149,3 +149,4 @@ def test_the_oracle_bench_rules_know_every_job_they_see(tmp_path: Path) -> None:
     )
     assert {r["policy"] for r in rows} == {"fifo", *oracle_map.ARMS}
     assert all(r["completed"] == 12 for r in rows)
+    assert all(r["reorders"] > 0 for r in rows if r["policy"] in oracle_map.ARMS)  # the oracles decided
