@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
-import psutil
 
 from asyncroll.backends.base import Backend
 from asyncroll.backends.scripted import ScriptedBackend
@@ -26,6 +25,7 @@ from asyncroll.clock import Clock
 from asyncroll.config import RunConfig
 from asyncroll.errors import AsyncrollError, OutputExistsError, UsageError
 from asyncroll.events import EventLog, MeasurementFinished, MeasurementStarted, Subscriber
+from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.outputs.rundir import RunDirectory
 from asyncroll.outputs.summary import SummaryBuilder
@@ -299,7 +299,7 @@ class Run:
                     files.update(telemetry=sampler.receipt())
                     origin = events.start_measurement()
                     run_range = ranges.start("run")
-                    cpu_start = (_client_cpu(), pool.cpu_seconds())
+                    cpu_start = (client_cpu(), pool.cpu_seconds())
                     events.emit(
                         MeasurementStarted(
                             wall_time=clock.wall(),
@@ -318,7 +318,7 @@ class Run:
                 finally:
                     # The measured window ends here, before any cleanup; read CPU while workers live.
                     finished_at = clock.now()
-                    cpu_end = (_client_cpu(), pool.cpu_seconds())
+                    cpu_end = (client_cpu(), pool.cpu_seconds())
                     ranges.end(run_range)
                     if live is not None:
                         await _shielded(live.aclose())
@@ -334,7 +334,7 @@ class Run:
             if live is not None:  # idempotent; here for a failure before the inner cleanup ran
                 await _shielded(live.aclose())
             makespan = 0.0 if origin is None else (finished_at or clock.now()) - origin
-            cpu_cost = _cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"])
+            cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"])
             if origin is not None:
                 events.emit(
                     MeasurementFinished(
@@ -353,7 +353,7 @@ class Run:
                 makespan_s=makespan,
                 policy=cfg.policy_name,
                 limits=limits.model_dump(),
-                cpu_cost=cpu_cost,
+                cpu_cost=cost,
                 peaks=peaks,
                 status=status,
                 model_capacity=self._model_capacity,
@@ -390,48 +390,6 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, AsyncrollError) else str(exc)
-
-
-def _client_cpu() -> float:
-    times = psutil.Process().cpu_times()
-    return times.user + times.system
-
-
-def _cpu_cost(
-    start: tuple[float, float | None] | None,
-    end: tuple[float, float | None] | None,
-    replaced: bool,
-    completed: int,
-) -> dict[str, Any]:
-    """Client + worker CPU core-seconds during measurement; unknown if a worker was replaced."""
-    if start is None or end is None:
-        return {
-            "client_cpu_s": None,
-            "workers_cpu_s": None,
-            "total_cpu_s": None,
-            "per_completion_s": None,
-            "reason": "the measured window never started or never ended",
-        }
-    client = round(end[0] - start[0], 6)
-    reason = None
-    workers: float | None
-    if replaced:
-        workers, reason = None, "a worker was replaced during the run; its CPU time before death is unknown"
-    elif start[1] is None or end[1] is None:
-        workers, reason = None, "worker CPU time unavailable (virtual workers, or psutil could not read it)"
-    else:
-        workers = round(end[1] - start[1], 6)
-    total = None if workers is None else round(client + workers, 6)
-    per = None if total is None or completed == 0 else round(total / completed, 6)
-    if total is not None and completed == 0:
-        reason = "no trajectory completed"
-    return {
-        "client_cpu_s": client,
-        "workers_cpu_s": workers,
-        "total_cpu_s": total,
-        "per_completion_s": per,
-        "reason": reason,
-    }
 
 
 def worker_tool_keys(scan: WorkloadScan) -> dict[str, str]:
