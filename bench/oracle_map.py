@@ -36,7 +36,7 @@ from typing import Any
 from asyncroll.experiment.stats import t_interval
 from asyncroll.policies.base import Decision, Policy, QueueSnapshot
 from asyncroll.simulation.engine import SimulationSettings
-from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from asyncroll.workload import ToolAction, iter_problems
 from bench import synthetic
 from bench.common import machine
@@ -99,6 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-oracle-"))
     print(f"machine: {machine()}")
@@ -114,7 +115,14 @@ def main() -> None:
             spec = SweepSpec(("fifo", *policies), (a,), (i,), (w,), args.seeds, 0.25)
             out = tmp / f"cpu{cpu_ms:g}-{a}-{i}-{w}"
             rows = run_sweep(
-                workload, workload.parent, {"max_turns": 6}, spec, SimulationSettings(), out, ARMS
+                workload,
+                workload.parent,
+                {"max_turns": 6},
+                spec,
+                SimulationSettings(),
+                out,
+                ARMS,
+                jobs=args.jobs,
             )
             by = {
                 label: sorted((r for r in rows if r["policy"] == label), key=lambda r: r["seed"])

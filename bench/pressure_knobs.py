@@ -10,12 +10,13 @@ Run: ``python -m bench.pressure_knobs`` (≈ 3 minutes).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 from pathlib import Path
 
 from asyncroll.simulation.engine import SimulationSettings
-from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
 from bench.common import machine
 
@@ -23,6 +24,9 @@ POINTS = ((8, 1), (8, 2), (32, 1), (32, 2))
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
+    args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-knobs-"))
     workload = synthetic.write(tmp / "syn.jsonl", 200, 400.0, 500.0, 0)
     print(f"machine: {machine()}")
@@ -34,7 +38,7 @@ def main() -> None:
             spec = SweepSpec(("fifo", "asyncroll_seed"), (8, 32), (4,), (1, 2), 3, 0.25)
             base = {"max_turns": 6, "aging_weight": weight, "starvation_threshold": threshold}
             out = tmp / f"w{weight}-t{threshold}"
-            rows = run_sweep(workload, workload.parent, base, spec, SimulationSettings(), out)
+            rows = run_sweep(workload, workload.parent, base, spec, SimulationSettings(), out, jobs=args.jobs)
             fifo = {
                 (r["active"], r["workers"], r["seed"]): r["makespan_s"] for r in rows if r["policy"] == "fifo"
             }

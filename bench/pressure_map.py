@@ -23,7 +23,7 @@ from typing import Any
 
 from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
-from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
 from bench.common import machine
 from bench.paired import interval
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--policies", default="asyncroll,asyncroll_seed")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
     args = parser.parse_args()
     policies = tuple(args.policies.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-map-"))
@@ -83,7 +84,9 @@ def main() -> None:
         for n, (active, inflight, workers) in enumerate(GRIDS):
             spec = SweepSpec(("fifo", *policies), active, inflight, workers, args.seeds, 0.25)
             out = tmp / f"cpu{cpu_ms:g}-{n}"
-            rows += run_sweep(workload, workload.parent, base, spec, SimulationSettings(), out)
+            rows += run_sweep(
+                workload, workload.parent, base, spec, SimulationSettings(), out, jobs=args.jobs
+            )
         for policy in policies:
             print(f"\ncrunch ~{cpu_ms:g} ms, model ~400 ms — {policy} vs fifo")
             print(

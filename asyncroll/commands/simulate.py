@@ -48,6 +48,9 @@ def simulate(
     workers: Annotated[str | None, Opt(help="sweep: comma-separated worker counts.")] = None,
     seeds: Annotated[int, Opt(help="sweep: seeds per cell (timings jittered per seed).")] = 5,
     jitter: Annotated[float, Opt(help="sweep: sigma of the mean-one lognormal timing jitter.")] = 0.25,
+    jobs: Annotated[
+        int, Opt(help="sweep: processes running cells at once (0: every CPU this process may use).")
+    ] = 0,
 ) -> None:
     """Simulate a workload on a virtual clock: the real runtime and policies, no processes, no server.
 
@@ -74,6 +77,7 @@ def simulate(
         "workers",
         "seeds",
         "jitter",
+        "jobs",
         "from_run",
         "server",
         "chars_per_token",
@@ -103,7 +107,7 @@ def simulate(
         if sweep:
             if workload is None:
                 raise UsageError("--sweep needs --workload")
-            from asyncroll.simulation.sweep import SweepSpec, aggregate, markdown, run_sweep
+            from asyncroll.simulation.sweep import SweepSpec, aggregate, markdown, run_sweep, usable_cpus
 
             cfg0 = build_config({**values, "output": output / "unused"})
             spec = SweepSpec(
@@ -114,8 +118,8 @@ def simulate(
                 seeds,
                 jitter,
             )
-            if seeds < 1 or jitter < 0:
-                raise UsageError("--seeds must be >= 1 and --jitter >= 0")
+            if seeds < 1 or jitter < 0 or jobs < 0:
+                raise UsageError("--seeds must be >= 1, --jitter >= 0 and --jobs >= 0")
             for name in spec.policies:
                 build_config({**values, "output": output, "policy": name})
             from asyncroll.workload import scan_workload
@@ -125,7 +129,15 @@ def simulate(
             ).raise_if_invalid()
             if output.exists():
                 raise UsageError(f"--output {output} already exists; asyncroll never overwrites a run")
-            rows = run_sweep(cfg0.workload, cfg0.resolved_tool_root, values, spec, settings, output)
+            rows = run_sweep(
+                cfg0.workload,
+                cfg0.resolved_tool_root,
+                values,
+                spec,
+                settings,
+                output,
+                jobs=jobs or usable_cpus(),
+            )
             typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             raise typer.Exit(0)
         if from_run is not None:

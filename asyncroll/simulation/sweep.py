@@ -9,10 +9,15 @@ per cell: min/median/max over seeds and the paired change against ``fifo``) and 
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
+import multiprocessing
+import os
+import signal
 import statistics
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ from asyncroll.policies.base import Policy
 from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
-from asyncroll.workload import scan_workload
+from asyncroll.workload import WorkloadScan, scan_workload
 
 COLUMNS = (
     "policy",
@@ -65,68 +70,116 @@ def run_sweep(
     settings: SimulationSettings,
     output: Path,
     custom: Mapping[str, Callable[[Path], Policy]] | None = None,
+    jobs: int = 1,
 ) -> list[dict[str, Any]]:
     """Run every cell; ``output`` must be a new directory (created here).
 
     ``custom`` adds arms by label, each a policy object built from the seed's jittered workload (a
-    bench's oracle rule that reads the scripted durations); their rows carry the label."""
+    bench's oracle rule that reads the scripted durations); their rows carry the label.
+
+    ``jobs`` > 1 runs cells in that many fresh processes. Each cell is a deterministic function of its
+    inputs, so the rows are the same, in the same order, for any ``jobs`` (tested); a custom arm's
+    policy object must then be picklable."""
     output.mkdir(parents=True)
     (output / "workloads").mkdir()
-    rows: list[dict[str, Any]] = []
+    cells: list[Cell] = []
     for seed in range(spec.seeds):
         seeded = output / "workloads" / f"seed-{seed}.jsonl"
         perturb_workload(workload, seeded, seed, spec.jitter)
-        scan = scan_workload(seeded, tool_root, scripted=True, limit=base.get("limit"))
-        scan.raise_if_invalid()
+        scan_workload(seeded, tool_root, scripted=True, limit=base.get("limit")).raise_if_invalid()
         arms: list[tuple[str, Policy | None]] = [(policy, None) for policy in spec.policies]
         arms += [(label, make(seeded)) for label, make in (custom or {}).items()]
-        for (policy, rule), (active, inflight, workers) in itertools.product(arms, spec.points()):
-            config = build_config(
-                {
-                    **base,
-                    "workload": seeded,
-                    "output": output / "unused",
-                    "policy": policy if rule is None else "fifo",
-                    "tool_root": tool_root,
-                    "max_active_trajectories": active,
-                    "max_inflight_model_requests": inflight,
-                    "cpu_workers": workers,
-                }
-            )
-            clock = VirtualClock()
-            backend, capacity = backend_for(settings, clock)
-            run = Run(
-                PreparedRun(config, scan, ["sweep"]),
-                clock,
-                backend=backend,
-                model_capacity=capacity,
-                worker_factory=workers_for(settings, clock),
-                record=False,
-                policy=rule,
-            )
-            outcome = clock.run(run.execute())
-            s = outcome.summary or {}
-            rows.append(
-                {
-                    "policy": policy,
-                    "active": active,
-                    "inflight": inflight,
-                    "workers": workers,
-                    "seed": seed,
-                    "makespan_s": s.get("makespan_s"),
-                    "completed": s["counts"]["completed"],
-                    "failed": s["counts"]["failed"],
-                    "completed_per_hour": s["throughput"]["completed_per_wall_hour"],
-                    "lower_bound_s": s["bounds"]["lower_bound_s"],
-                    "efficiency": s["bounds"]["efficiency"],
-                    "binding": s["bounds"]["binding"],
-                    "cpu_blocked_s": s["client_cpu_blocked"]["seconds"],
-                    "reorders": s["scheduler"]["reorders"],
-                    "decisions": s["scheduler"]["decisions"],
-                }
-            )
+        for (label, rule), point in itertools.product(arms, spec.points()):
+            cells.append(Cell(seeded, tool_root, base, settings, label, rule, point, seed))
+    if jobs <= 1 or len(cells) <= 1:
+        rows = [run_cell(cell) for cell in cells]
+    else:
+        context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
+        pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _ignore_sigint)
+        try:
+            rows = list(pool.map(run_cell, cells))
+        finally:  # on Ctrl-C or a failed cell: drop the cells not started, wait for the running ones
+            pool.shutdown(cancel_futures=True)
     _write(output, rows, spec, settings, workload)
     return rows
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One simulation of a sweep: a seed's jittered workload, an arm, an operating point."""
+
+    workload: Path
+    tool_root: Path
+    base: dict[str, Any]
+    settings: SimulationSettings
+    label: str  # a policy name, or a custom arm's label
+    rule: Policy | None  # a custom arm's policy object (the config then names fifo)
+    point: tuple[int, int, int]  # active, inflight, workers
+    seed: int
+
+
+@functools.lru_cache(maxsize=4)
+def _scan(workload: Path, tool_root: Path, limit: int | None) -> WorkloadScan:
+    return scan_workload(workload, tool_root, scripted=True, limit=limit)
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    """Simulate one cell without writing files; its row of ``sweep.csv``."""
+    active, inflight, workers = cell.point
+    config = build_config(
+        {
+            **cell.base,
+            "workload": cell.workload,
+            "output": cell.workload.parent / "unused",
+            "policy": cell.label if cell.rule is None else "fifo",
+            "tool_root": cell.tool_root,
+            "max_active_trajectories": active,
+            "max_inflight_model_requests": inflight,
+            "cpu_workers": workers,
+        }
+    )
+    clock = VirtualClock()
+    backend, capacity = backend_for(cell.settings, clock)
+    run = Run(
+        PreparedRun(config, _scan(cell.workload, cell.tool_root, cell.base.get("limit")), ["sweep"]),
+        clock,
+        backend=backend,
+        model_capacity=capacity,
+        worker_factory=workers_for(cell.settings, clock),
+        record=False,
+        policy=cell.rule,
+    )
+    outcome = clock.run(run.execute())
+    s = outcome.summary or {}
+    return {
+        "policy": cell.label,
+        "active": active,
+        "inflight": inflight,
+        "workers": workers,
+        "seed": cell.seed,
+        "makespan_s": s.get("makespan_s"),
+        "completed": s["counts"]["completed"],
+        "failed": s["counts"]["failed"],
+        "completed_per_hour": s["throughput"]["completed_per_wall_hour"],
+        "lower_bound_s": s["bounds"]["lower_bound_s"],
+        "efficiency": s["bounds"]["efficiency"],
+        "binding": s["bounds"]["binding"],
+        "cpu_blocked_s": s["client_cpu_blocked"]["seconds"],
+        "reorders": s["scheduler"]["reorders"],
+        "decisions": s["scheduler"]["decisions"],
+    }
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _ignore_sigint() -> None:
+    """Cell processes leave Ctrl-C to the sweep, which stops them when it unwinds."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _spread(values: list[float], digits: int = 3) -> str:
