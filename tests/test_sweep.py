@@ -167,7 +167,9 @@ def test_a_sweep_in_worker_processes_gives_the_same_rows_in_the_same_order(tmp_p
     tables = []
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        run_sweep(workload, tmp_path, {"max_turns": 6}, spec, SimulationSettings(), out, oracle_map.ARMS, jobs)
+        run_sweep(
+            workload, tmp_path, {"max_turns": 6}, spec, SimulationSettings(), out, oracle_map.ARMS, jobs
+        )
         tables.append((out / "sweep.csv").read_text())
     assert tables[0] == tables[1]
     rows = list(csv.DictReader(tables[0].splitlines()))
