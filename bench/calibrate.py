@@ -3,8 +3,9 @@
 Real: the runtime on the system clock with real worker processes busy-looping (the ``crunch`` tool of
 ``bench.synthetic``). Simulated twice with fixed latencies (each action's ``latency_ms``) and virtual
 workers whose jobs last their declared ``cpu_ms``: once as a pure model, and once with the per-turn and
-per-job overheads *measured in the real runs' own events* (model latency beyond the scripted one; CPU
-dispatch → result beyond the execute time), passed as ``--turn-overhead-ms`` / ``--job-overhead-ms``.
+per-job overheads *measured in the real runs' own events* (model latency beyond the scripted one; the
+time a CPU job holds its worker beyond its execute time, from the moment it could have started — queued,
+worker free — to its result), passed as ``--turn-overhead-ms`` / ``--job-overhead-ms``.
 Reports per policy and operating point the real makespan (min/median/max over repeats), both simulated
 makespans with their error against the real median, and whether each ranks the policies like reality.
 
@@ -66,7 +67,12 @@ def verdicts(real: dict[str, list[float]], simulated: dict[str, float]) -> tuple
 
 
 def overheads(run_dir: Path, workload: Path) -> tuple[float, float]:
-    """Median (model latency − scripted latency) and (dispatch → result − execute) in ms, from events."""
+    """Median (model latency − scripted latency) and median time a CPU job holds its worker beyond its
+    execute time, in ms, from events.
+
+    A job could start once it was queued and its worker had finished the previous job; everything from
+    then to its result beyond the execute time is the runtime's: the dispatch decision (a predictor
+    refit included), the hand-off to the job's task, two pipes and the worker's wake-up."""
     scripts = {p["id"]: p["script"] for p in map(json.loads, workload.read_text().splitlines())}
     evs = events(run_dir)
     turn = [
@@ -74,8 +80,15 @@ def overheads(run_dir: Path, workload: Path) -> tuple[float, float]:
         for e in evs
         if e["event"] == "model_finished"
     ]
-    selected = {e["job_id"]: e["t"] for e in evs if e["event"] == "cpu_selected"}
-    job = [e["t"] - selected[e["job_id"]] - e["execute_s"] for e in evs if e["event"] == "cpu_finished"]
+    queued = {e["job_id"]: e["t"] for e in evs if e["event"] == "cpu_enqueued"}
+    worker = {e["job_id"]: e["worker"] for e in evs if e["event"] == "cpu_selected"}
+    free: dict[int, float] = {}  # worker → when it finished its previous job
+    job = []
+    for e in evs:
+        if e["event"] == "cpu_finished":
+            ready = max(queued[e["job_id"]], free.get(worker[e["job_id"]], 0.0))
+            job.append(e["t"] - ready - e["execute_s"])
+            free[worker[e["job_id"]]] = e["t"]
     return 1000 * statistics.median(turn), 1000 * statistics.median(job)
 
 
@@ -130,19 +143,19 @@ def main() -> None:
     )
     print(
         "| active / inflight / workers | policy | real makespan s (min / med / max) | simulated s (error) "
-        "| measured overheads turn / job ms | simulated with them s (error) |"
+        "| overheads turn / job ms (median of the point's runs) | simulated with them s (error) |"
     )
     print("|---|---|---|---|---|---|")
     rankings: list[tuple[Point, dict[str, list[float]], dict[str, float], dict[str, float]]] = []
     for point in POINTS:
-        real: dict[str, list[float]] = {}
         pure: dict[str, float] = {}
         tuned: dict[str, float] = {}
-        for policy in POLICIES:
-            reals: list[float] = []
-            turn_ms: list[float] = []
-            job_ms: list[float] = []
-            for _ in range(args.repeats):
+        turn_ms: list[float] = []
+        job_ms: list[float] = []
+        real: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+        for repeat in range(args.repeats):  # repeat by repeat, each starting with the next policy
+            for k in range(len(POLICIES)):
+                policy = POLICIES[(repeat + k) % len(POLICIES)]
                 outcome, run_dir, _ = run_once(
                     workload,
                     policy=policy,
@@ -152,21 +165,24 @@ def main() -> None:
                     max_turns=6,
                 )
                 assert outcome.summary is not None and outcome.summary["counts"]["completed"] == args.n
-                reals.append(outcome.summary["makespan_s"])
+                real[policy].append(outcome.summary["makespan_s"])
                 t, j = overheads(run_dir, workload)
                 turn_ms.append(t)
                 job_ms.append(j)
-            lo, mid, hi = quantiles(reals)
-            real[policy] = reals
+        # The overheads are the runtime's on this machine, not a policy's: one pair per operating point,
+        # the median over every run there, so that per-arm measurement noise cannot reorder the arms.
+        t, j = statistics.median(turn_ms), statistics.median(job_ms)
+        for policy in POLICIES:
+            lo, mid, hi = quantiles(real[policy])
             pure[policy] = simulated(workload, policy, point, SimulationSettings())
-            t, j = statistics.median(turn_ms), statistics.median(job_ms)
             tuned[policy] = simulated(
                 workload, policy, point, SimulationSettings(turn_overhead_ms=t, job_overhead_ms=j)
             )
             print(
                 f"| {point[0]} / {point[1]} / {point[2]} | {policy} | {lo:.3f} / {mid:.3f} / {hi:.3f} "
                 f"| {pure[policy]:.3f} ({100 * (pure[policy] / mid - 1):+.1f}%) | {t:.2f} / {j:.2f} "
-                f"| {tuned[policy]:.3f} ({100 * (tuned[policy] / mid - 1):+.1f}%) |"
+                f"| {tuned[policy]:.3f} ({100 * (tuned[policy] / mid - 1):+.1f}%) |",
+                flush=True,
             )
         rankings.append((point, real, pure, tuned))
 
