@@ -58,10 +58,14 @@ def test_sweep_writes_every_cell_with_paired_comparisons(tmp_path: Path) -> None
         "3",
         "--jitter",
         "0.3",
+        "--progress",
     )
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader((out / "sweep.csv").read_text().splitlines()))
     assert len(rows) == 2 * 4 * 3
+    lines = result.stderr.splitlines()  # --progress off a terminal: one plain line per cell, in order
+    assert [line.split("]")[0] for line in lines] == [f"[{k}/24" for k in range(1, 25)]
+    assert lines[0].startswith("[1/24] fifo 2 / 4 / 1 seed 0: makespan ")
     assert {r["policy"] for r in rows} == {"fifo", "sync"}
     assert all(int(r["completed"]) == 10 for r in rows)
     # bound and makespan are each rounded to the microsecond

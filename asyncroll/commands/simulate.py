@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,6 +53,10 @@ def simulate(
     jobs: Annotated[
         int, Opt(help="sweep: processes running cells at once (0: every CPU this process may use).")
     ] = 0,
+    progress: Annotated[
+        bool | None,
+        Opt("--progress/--no-progress", help="sweep: cells done, on stderr (default: on when a terminal)."),
+    ] = None,
 ) -> None:
     """Simulate a workload on a virtual clock: the real runtime and policies, no processes, no server.
 
@@ -59,8 +65,6 @@ def simulate(
     times under another policy or limits: "what would policy X have done on exactly this run?".
     """
     flags = {k: v for k, v in locals().items() if v is not None}
-    import sys
-
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.config import build_config
     from asyncroll.errors import UsageError
@@ -78,6 +82,7 @@ def simulate(
         "seeds",
         "jitter",
         "jobs",
+        "progress",
         "from_run",
         "server",
         "chars_per_token",
@@ -137,6 +142,7 @@ def simulate(
                 settings,
                 output,
                 jobs=jobs or usable_cpus(),
+                progress=_sweep_progress(progress),
             )
             typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             raise typer.Exit(0)
@@ -193,3 +199,23 @@ def _csv(text: str, kind: type, flag: str) -> list[Any]:
     if not values:
         raise UsageError(f"{flag}: empty list")
     return values
+
+
+def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:
+    """A line on stderr redrawn after each cell (``--progress``; by default only on a terminal)."""
+    stream = sys.stderr
+    if not (stream.isatty() if wanted is None else wanted):
+        return None
+    tty = stream.isatty()
+
+    def report(done: int, total: int, row: dict[str, Any]) -> None:
+        line = (
+            f"[{done}/{total}] {row['policy']} {row['active']} / {row['inflight']} / {row['workers']} "
+            f"seed {row['seed']}: makespan {row['makespan_s']:.3f} s"
+        )
+        stream.write(
+            ("\r" + line.ljust(79) if tty else line + "\n") + ("\n" if tty and done == total else "")
+        )
+        stream.flush()
+
+    return report

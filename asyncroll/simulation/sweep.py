@@ -71,6 +71,7 @@ def run_sweep(
     output: Path,
     custom: Mapping[str, Callable[[Path], Policy]] | None = None,
     jobs: int = 1,
+    progress: Callable[[int, int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every cell; ``output`` must be a new directory (created here).
 
@@ -79,7 +80,8 @@ def run_sweep(
 
     ``jobs`` > 1 runs cells in that many fresh processes. Each cell is a deterministic function of its
     inputs, so the rows are the same, in the same order, for any ``jobs`` (tested); a custom arm's
-    policy object must then be picklable."""
+    policy object must then be picklable. ``progress(done, total, row)`` is called after each row, in
+    order."""
     output.mkdir(parents=True)
     (output / "workloads").mkdir()
     cells: list[Cell] = []
@@ -91,14 +93,18 @@ def run_sweep(
         arms += [(label, make(seeded)) for label, make in (custom or {}).items()]
         for (label, rule), point in itertools.product(arms, spec.points()):
             cells.append(Cell(seeded, tool_root, base, settings, label, rule, point, seed))
-    if jobs <= 1 or len(cells) <= 1:
-        rows = [run_cell(cell) for cell in cells]
-    else:
+    rows: list[dict[str, Any]] = []
+    pool = None
+    if jobs > 1 and len(cells) > 1:
         context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
         pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _ignore_sigint)
-        try:
-            rows = list(pool.map(run_cell, cells))
-        finally:  # on Ctrl-C or a failed cell: drop the cells not started, wait for the running ones
+    try:
+        for row in map(run_cell, cells) if pool is None else pool.map(run_cell, cells):
+            rows.append(row)
+            if progress is not None:
+                progress(len(rows), len(cells), row)
+    finally:  # on Ctrl-C or a failed cell: drop the cells not started, wait for the running ones
+        if pool is not None:
             pool.shutdown(cancel_futures=True)
     _write(output, rows, spec, settings, workload)
     return rows
