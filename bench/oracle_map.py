@@ -20,7 +20,8 @@ simulation-only instruments, not policies. Per cell: FIFO ÷ bound and each arm'
 seeds) with the share of FIFO's gap it closes; ``*`` marks an arm worse than FIFO beyond noise (the
 paired 95% interval lies above 0).
 
-Run: ``python -m bench.oracle_map [--seeds 5]`` (≈ 7 minutes on a 2-vCPU VM).
+Run: ``python -m bench.oracle_map [--seeds 5] [--jobs N]`` (240 s on a 2-vCPU VM with the default
+``--jobs``: every usable CPU; rows identical for any ``--jobs``).
 """
 
 from __future__ import annotations
