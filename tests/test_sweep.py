@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from asyncroll.simulation.perturb import factor, perturb_workload
-from tests.conftest import tool_problem, write_workload
+from tests.conftest import REPO, tool_problem, write_workload
 from tests.test_cli import SMOKE, cli
 
 
@@ -158,23 +161,45 @@ def test_the_oracle_bench_rules_know_every_job_they_see(tmp_path: Path) -> None:
     assert all(r["reorders"] > 0 for r in rows if r["policy"] in oracle_map.ARMS)  # the oracles decided
 
 
-@pytest.mark.timeout(90)
+PARALLEL = """
+import sys
+from pathlib import Path
+
+from asyncroll.simulation.engine import SimulationSettings
+from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from bench import oracle_map, synthetic
+
+if __name__ == "__main__":
+    tmp, jobs = Path(sys.argv[1]), int(sys.argv[2])
+    workload = synthetic.write(tmp / f"w{jobs}.jsonl", 16, 100.0, 80.0, seed=3)
+    spec = SweepSpec(("fifo", "asyncroll"), (4, 8), (4,), (1,), 2, 0.25)
+    settings = SimulationSettings()
+    run_sweep(workload, tmp, {"max_turns": 6}, spec, settings, tmp / f"jobs{jobs}", oracle_map.ARMS, jobs)
+"""
+
+
+@pytest.mark.timeout(120)
 def test_a_sweep_in_worker_processes_gives_the_same_rows_in_the_same_order(tmp_path: Path) -> None:
     """``jobs`` only spreads cells over fresh processes: every row — the pressure rule's learned state,
-    a custom (pickled) oracle arm, the paired seeds — is the same as in one process."""
-    from asyncroll.simulation.engine import SimulationSettings
-    from asyncroll.simulation.sweep import SweepSpec, run_sweep
-    from bench import oracle_map, synthetic
+    a custom (pickled) oracle arm, the paired seeds — is the same as in one process. (Each sweep runs in
+    its own interpreter: a process pool leaves multiprocessing's resource tracker running until its
+    parent exits.)"""
+    from bench import oracle_map
 
-    workload = synthetic.write(tmp_path / "w.jsonl", 16, 100.0, 80.0, seed=3)
-    spec = SweepSpec(("fifo", "asyncroll"), (4, 8), (4,), (1,), 2, 0.25)
+    script = tmp_path / "parallel.py"
+    script.write_text(PARALLEL)
     tables = []
     for jobs in (1, 2):
-        out = tmp_path / f"jobs{jobs}"
-        run_sweep(
-            workload, tmp_path, {"max_turns": 6}, spec, SimulationSettings(), out, oracle_map.ARMS, jobs
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), str(jobs)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=100,
         )
-        tables.append((out / "sweep.csv").read_text())
+        assert done.returncode == 0, done.stderr
+        tables.append((tmp_path / f"jobs{jobs}" / "sweep.csv").read_text())
     assert tables[0] == tables[1]
     rows = list(csv.DictReader(tables[0].splitlines()))
     assert len(rows) == 2 * (2 + len(oracle_map.ARMS)) * 2
