@@ -99,6 +99,16 @@ def test_sweep_refuses_bad_lists_and_workloads(tmp_path: Path) -> None:
     assert jobs.returncode == 2 and "--jobs" in jobs.stderr and not (tmp_path / "j").exists()
 
 
+def test_options_of_one_mode_are_refused_outside_it(tmp_path: Path) -> None:
+    """A sweep option without --sweep, or a batching-server option with the fixed-latency server, would
+    be silently ignored: it is an error that names the options, and nothing runs."""
+    single = cli("simulate", "--workload", SMOKE, "--output", tmp_path / "a", "--seeds", "3", "--jobs", "2")
+    assert single.returncode == 2 and "--seeds, --jobs apply only with --sweep" in single.stderr
+    fixed = cli("simulate", "--workload", SMOKE, "--output", tmp_path / "b", "--max-num-seqs", "8")
+    assert fixed.returncode == 2 and "--max-num-seqs applies only with --server batching" in fixed.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_custom_arms_run_their_own_policy_objects(tmp_path: Path) -> None:
     """A bench's arm (an oracle rule) is a policy object built per seed from the jittered workload; the
     runtime uses it instead of the configured policy and its rows carry the arm's label."""

@@ -9,6 +9,12 @@ import typer
 
 Opt = typer.Option
 
+#: ``--policy`` help, shared by ``run`` and ``simulate`` (the registry in asyncroll.policies is the truth).
+POLICY_HELP = (
+    "sync | fifo | tool_first | gpu_first (deprecated alias) | asyncroll (the pressure-aware default); "
+    "for comparison: asyncroll_seed, asyncroll_unlock, asyncroll_guarded"
+)
+
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` on stderr and return the exit to raise (2: a usage error)."""

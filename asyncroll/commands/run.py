@@ -9,16 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import Opt, fail, print_summary
+from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary
 
 
 def run(
     workload: Annotated[Path | None, Opt("--workload", help="Workload JSONL (required).")] = None,
     output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
     backend: Annotated[str | None, Opt(help="scripted | vllm | openai")] = None,
-    policy: Annotated[
-        str | None, Opt(help="sync | fifo | tool_first | gpu_first (deprecated) | asyncroll")
-    ] = None,
+    policy: Annotated[str | None, Opt(help=POLICY_HELP)] = None,
     tool_root: Annotated[
         Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
     ] = None,

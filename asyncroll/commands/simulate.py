@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import Opt, fail, print_summary
+from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary
 
 
 def simulate(
     workload: Annotated[Path | None, Opt("--workload", help="Workload JSONL to simulate.")] = None,
     from_run: Annotated[Path | None, Opt("--from-run", help="Replay a recorded run's exact timings.")] = None,
     output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
-    policy: Annotated[str | None, Opt(help="sync | fifo | tool_first | gpu_first")] = None,
+    policy: Annotated[str | None, Opt(help=POLICY_HELP)] = None,
     max_active_trajectories: Annotated[int | None, Opt(help="Admission bound (default 16).")] = None,
     max_inflight_model_requests: Annotated[int | None, Opt(help="Concurrent model requests (4).")] = None,
     cpu_workers: Annotated[int | None, Opt(help="Simulated tool workers (default 2).")] = None,
@@ -32,27 +32,36 @@ def simulate(
     server: Annotated[
         str, Opt(help="fixed: each action's latency_ms | batching: a continuous-batching server model")
     ] = "fixed",
-    max_num_seqs: Annotated[int, Opt(help="batching: running-batch limit.")] = 256,
-    step_base_ms: Annotated[float, Opt(help="batching: decode step time at batch 1 (ms).")] = 12.0,
+    max_num_seqs: Annotated[int | None, Opt(help="batching: running-batch limit (256).")] = None,
+    step_base_ms: Annotated[float | None, Opt(help="batching: decode step time at batch 1 (12 ms).")] = None,
     step_per_seq_ms: Annotated[
-        float, Opt(help="batching: added step time per running sequence (ms).")
-    ] = 0.08,
-    prefill_ms_per_token: Annotated[float, Opt(help="batching: prefill cost per prompt token (ms).")] = 0.03,
-    chars_per_token: Annotated[float, Opt(help="batching: characters per token for size estimates.")] = 4.0,
+        float | None, Opt(help="batching: added step time per running sequence (0.08 ms).")
+    ] = None,
+    prefill_ms_per_token: Annotated[
+        float | None, Opt(help="batching: prefill cost per prompt token (0.03 ms).")
+    ] = None,
+    chars_per_token: Annotated[
+        float | None, Opt(help="batching: characters per token for size estimates (4).")
+    ] = None,
     turn_overhead_ms: Annotated[float, Opt(help="Client cost added to every model turn (ms).")] = 0.0,
     job_overhead_ms: Annotated[float, Opt(help="Dispatch + IPC cost added to every CPU job (ms).")] = 0.0,
     sweep: Annotated[bool, Opt("--sweep", help="Sweep policies × operating points × seeds instead.")] = False,
-    policies: Annotated[str, Opt(help="sweep: comma-separated policies.")] = "fifo,tool_first,sync",
+    policies: Annotated[
+        str | None, Opt(help="sweep: comma-separated policies (fifo,tool_first,sync).")
+    ] = None,
     active: Annotated[
         str | None, Opt(help="sweep: comma-separated active limits (default: the one given).")
     ] = None,
     inflight: Annotated[str | None, Opt(help="sweep: comma-separated inflight limits.")] = None,
     workers: Annotated[str | None, Opt(help="sweep: comma-separated worker counts.")] = None,
-    seeds: Annotated[int, Opt(help="sweep: seeds per cell (timings jittered per seed).")] = 5,
-    jitter: Annotated[float, Opt(help="sweep: sigma of the mean-one lognormal timing jitter.")] = 0.25,
+    seeds: Annotated[int | None, Opt(help="sweep: seeds per cell, timings jittered per seed (5).")] = None,
+    jitter: Annotated[
+        float | None, Opt(help="sweep: sigma of the mean-one lognormal timing jitter (0.25).")
+    ] = None,
     jobs: Annotated[
-        int, Opt(help="sweep: processes running cells at once (0: every CPU this process may use).")
-    ] = 0,
+        int | None,
+        Opt(help="sweep: processes running cells at once (default: every CPU this process may use)."),
+    ] = None,
     progress: Annotated[
         bool | None,
         Opt("--progress/--no-progress", help="sweep: cells done, on stderr (default: on when a terminal)."),
@@ -96,10 +105,35 @@ def simulate(
     try:
         if server not in ("fixed", "batching"):
             raise UsageError(f"--server: must be fixed or batching, not {server!r}")
+        batching = {
+            "--max-num-seqs": max_num_seqs,
+            "--step-base-ms": step_base_ms,
+            "--step-per-seq-ms": step_per_seq_ms,
+            "--prefill-ms-per-token": prefill_ms_per_token,
+            "--chars-per-token": chars_per_token,
+        }
+        _only_with(batching, server == "batching", "--server batching")
+        sweeping = {
+            "--policies": policies,
+            "--active": active,
+            "--inflight": inflight,
+            "--workers": workers,
+            "--seeds": seeds,
+            "--jitter": jitter,
+            "--jobs": jobs,
+            "--progress": progress,
+        }
+        _only_with(sweeping, sweep, "--sweep")
+        model = ServerModelConfig()
         settings = SimulationSettings(
             "batching" if server == "batching" else "fixed",
-            ServerModelConfig(max_num_seqs, step_base_ms, step_per_seq_ms, prefill_ms_per_token),
-            chars_per_token,
+            ServerModelConfig(
+                model.max_num_seqs if max_num_seqs is None else max_num_seqs,
+                model.step_base_ms if step_base_ms is None else step_base_ms,
+                model.step_per_seq_ms if step_per_seq_ms is None else step_per_seq_ms,
+                model.prefill_ms_per_token if prefill_ms_per_token is None else prefill_ms_per_token,
+            ),
+            SimulationSettings.chars_per_token if chars_per_token is None else chars_per_token,
             turn_overhead_ms,
             job_overhead_ms,
         )
@@ -115,16 +149,19 @@ def simulate(
             from asyncroll.simulation.sweep import SweepSpec, aggregate, markdown, run_sweep, usable_cpus
 
             cfg0 = build_config({**values, "output": output / "unused"})
+            seeds = 5 if seeds is None else seeds
+            jitter = 0.25 if jitter is None else jitter
+            jobs = jobs or usable_cpus()
             spec = SweepSpec(
-                tuple(_csv(policies, str, "--policies")),
+                tuple(_csv(policies or "fifo,tool_first,sync", str, "--policies")),
                 tuple(_csv(active, int, "--active") if active else [cfg0.max_active_trajectories]),
                 tuple(_csv(inflight, int, "--inflight") if inflight else [cfg0.max_inflight_model_requests]),
                 tuple(_csv(workers, int, "--workers") if workers else [cfg0.cpu_workers]),
                 seeds,
                 jitter,
             )
-            if seeds < 1 or jitter < 0 or jobs < 0:
-                raise UsageError("--seeds must be >= 1, --jitter >= 0 and --jobs >= 0")
+            if seeds < 1 or jitter < 0 or jobs < 1:
+                raise UsageError("--seeds must be >= 1, --jitter >= 0 and --jobs >= 1")
             for name in spec.policies:
                 build_config({**values, "output": output, "policy": name})
             from asyncroll.workload import scan_workload
@@ -141,7 +178,7 @@ def simulate(
                 spec,
                 settings,
                 output,
-                jobs=jobs or usable_cpus(),
+                jobs=jobs,
                 progress=_sweep_progress(progress),
             )
             typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
@@ -185,6 +222,16 @@ def simulate(
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
         typer.echo(f"lower bound {b['lower_bound_s']:.3f}s ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
+
+
+def _only_with(flags: Mapping[str, object], applies: bool, mode: str) -> None:
+    """Options that mean something only in one mode are refused outside it, not silently ignored."""
+    from asyncroll.errors import UsageError
+
+    given = [flag for flag, value in flags.items() if value is not None]
+    if given and not applies:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise UsageError(f"{', '.join(given)} {verb} only with {mode}")
 
 
 def _csv(text: str, kind: type, flag: str) -> list[Any]:
