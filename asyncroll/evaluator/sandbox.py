@@ -28,7 +28,6 @@ single-threaded.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import json
 import math
@@ -45,12 +44,12 @@ import psutil
 
 from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
+from asyncroll.evaluator.proctree import children, libc, set_subreaper
 
 MiB = 1 << 20
 HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")
 CLEANUP_S = 5.0
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _READ_CHUNK = 1 << 16
 _RUNS = itertools.count(1)  # process-wide: file names in a scratch directory never collide
 
@@ -139,10 +138,6 @@ class Execution:
         return f"exited with status {os.WEXITSTATUS(status)}"
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _read(selector: selectors.BaseSelector, fd: int, buffer: bytearray, cap: int | None) -> None:
     """Append what ``fd`` has to ``buffer`` (up to ``cap`` bytes); unregister it at end of file."""
     try:
@@ -153,23 +148,6 @@ def _read(selector: selectors.BaseSelector, fd: int, buffer: bytearray, cap: int
         selector.unregister(fd)
     elif cap is None or len(buffer) < cap:
         buffer += chunk
-
-
-def _children() -> set[int]:
-    """Pids of this process's children, zombies included (from /proc, without psutil's filtering)."""
-    pids: set[int] = set()
-    try:
-        for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-            with contextlib.suppress(OSError):
-                pids.update(int(p) for p in (task / "children").read_text().split())
-    except OSError:
-        return {p.pid for p in psutil.Process().children()}
-    return pids
-
-
-def _set_subreaper(on: bool) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        _libc().prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
 class Sandbox:
@@ -231,8 +209,8 @@ class Sandbox:
             "tmpfs_bytes": limits.tmpfs_bytes,
         }
         result = Execution()
-        self._baseline = _children()
-        _set_subreaper(True)
+        self._baseline = children()
+        set_subreaper(True)
         proc: subprocess.Popen[bytes] | None = None
         try:
             try:
@@ -263,7 +241,7 @@ class Sandbox:
                 if proc is not None:
                     self._clean_up(proc, group, result)
             finally:
-                _set_subreaper(False)
+                set_subreaper(False)
                 os.close(status_r)
                 os.close(lifeline_w)
         return result
@@ -399,7 +377,7 @@ class Sandbox:
         orphan of the sandbox re-parented to the worker (a child subreaper while it evaluates).
         Returns their pids, for the caller to reap."""
         found = []
-        for pid in _children() - self._baseline:
+        for pid in children() - self._baseline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             found.append(pid)
@@ -438,7 +416,7 @@ class _PreExec:
             (resource.RLIMIT_CORE, 0, 0),
         ]
         self.join_files = group.join_files if group is not None else ()
-        self.libc = _libc()
+        self.libc = libc()
 
     def __call__(self) -> None:
         self.libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
