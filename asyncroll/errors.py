@@ -8,8 +8,9 @@
     │   ├── WorkerStartupError     a worker did not become ready within its deadline
     │   ├── WorkerTimeout          a job ran past --tool-timeout; the worker tree was killed
     │   └── WorkerDied             the worker process exited while it held a job
-    └── ModelError                 a model call failed; isolated to its trajectory
-        └── InvalidActionError     the model answered with an action that does not validate
+    ├── ModelError                 a model call failed; isolated to its trajectory
+    │   └── InvalidActionError     the model answered with an action that does not validate
+    └── SimulationError            a sweep's simulated run did not complete (e.g. its policy raised)
 
 CLI-facing errors carry ``exit_code``. Foreign errors are mapped at the boundary and chained
 with ``from exc``.
@@ -90,3 +91,8 @@ class InvalidActionError(ModelError):
         super().__init__(
             "invalid_action", message, status=status, response_received=status is not None, parse_s=parse_s
         )
+
+
+class SimulationError(AsyncrollError):
+    """A simulated run inside a sweep ended ``failed``: its numbers would mean nothing, so the sweep
+    stops and names the cell."""

@@ -214,3 +214,30 @@ def test_a_sweep_in_worker_processes_gives_the_same_rows_in_the_same_order(tmp_p
     rows = list(csv.DictReader(tables[0].splitlines()))
     assert len(rows) == 2 * (2 + len(oracle_map.ARMS)) * 2
     assert any(int(r["reorders"]) > 0 for r in rows if r["policy"] == "asyncroll")
+
+
+def test_a_cell_whose_run_fails_stops_the_sweep_and_names_the_cell(tmp_path: Path) -> None:
+    """A run that fails (here its policy raises) has no meaningful makespan: the sweep must not record
+    one as if it were a result."""
+    from dataclasses import dataclass
+
+    from asyncroll.errors import SimulationError
+    from asyncroll.policies.base import Decision, QueueSnapshot
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+
+    @dataclass(frozen=True)
+    class Broken:
+        name: str = "broken"
+
+        def choose(self, snapshot: QueueSnapshot) -> Decision:
+            raise RuntimeError("this policy is broken on purpose")
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo",), (4,), (4,), (1,), 1, 0.2)
+    with pytest.raises(SimulationError, match=r"sweep cell broken at 4 / 4 / 1, seed 0: .*ended failed.*"):
+        run_sweep(
+            workload, tmp_path, {}, spec, SimulationSettings(), tmp_path / "s", {"broken": lambda _: Broken()}
+        )
+    assert not (tmp_path / "s" / "sweep.csv").exists()

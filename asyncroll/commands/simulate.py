@@ -76,7 +76,7 @@ def simulate(
     flags = {k: v for k, v in locals().items() if v is not None}
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.config import build_config
-    from asyncroll.errors import UsageError
+    from asyncroll.errors import SimulationError, UsageError
     from asyncroll.simulation.engine import SimulationSettings, prepare_from_run
     from asyncroll.simulation.engine import simulate as run_simulation
 
@@ -207,7 +207,7 @@ def simulate(
             derived=derived,
             source=None if from_run is None else str(from_run.resolve()),
         )
-    except (UsageError, ValueError) as exc:
+    except (UsageError, SimulationError, ValueError) as exc:
         if derived is not None and output is not None and not (output / "run.json").exists():
             import shutil
 

@@ -53,10 +53,18 @@ class Admission:
                         raise
             finally:
                 self._blocked = False
-            tg.create_task(self._hold(start(index, item)))
+            held = self._hold(start, index, item)
+            try:
+                tg.create_task(held)
+            except RuntimeError:  # the group is shutting down (a task failed): nothing starts
+                held.close()
+                self._limiter.release()
+                raise
 
-    async def _hold(self, trajectory: Awaitable[None]) -> None:
+    async def _hold(self, start: Callable[[int, P], Awaitable[None]], index: int, item: P) -> None:
+        # The trajectory's coroutine is made here, inside its task: a task cancelled before it ever ran
+        # leaves no coroutine behind that nobody awaited.
         try:
-            await trajectory
+            await start(index, item)
         finally:
             self._limiter.release()

@@ -24,6 +24,7 @@ from typing import Any
 
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
+from asyncroll.errors import SimulationError
 from asyncroll.policies.base import Policy
 from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
@@ -156,7 +157,14 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         policy=cell.rule,
     )
     outcome = clock.run(run.execute())
-    s = outcome.summary or {}
+    if outcome.status == "interrupted":
+        raise KeyboardInterrupt
+    if outcome.status != "complete" or outcome.summary is None:
+        raise SimulationError(
+            f"sweep cell {cell.label} at {active} / {inflight} / {workers}, seed {cell.seed}: the simulated "
+            f"run ended {outcome.status}: {outcome.error}"
+        )
+    s = outcome.summary
     return {
         "policy": cell.label,
         "active": active,
