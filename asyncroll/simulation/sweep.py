@@ -85,6 +85,7 @@ def run_sweep(
     order."""
     output.mkdir(parents=True)
     (output / "workloads").mkdir()
+    _scan.cache_clear()  # a scan is cached by path: a later sweep may reuse a deleted output's paths
     cells: list[Cell] = []
     for seed in range(spec.seeds):
         seeded = output / "workloads" / f"seed-{seed}.jsonl"
