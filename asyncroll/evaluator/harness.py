@@ -60,6 +60,7 @@ PRELUDE_MODULES = (
 )
 RECURSION_LIMIT = 50000
 ERROR_LIMIT = 4000
+TRACE_FRAMES = 64  # innermost frames formatted: a runaway recursion has ~RECURSION_LIMIT of them
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 PR_SET_PDEATHSIG = 1
@@ -166,14 +167,29 @@ def _plain(value: Any) -> Any:
 
 
 def _error(exc: BaseException) -> str:
-    """The traceback without the harness's own frames (its code has the file name ``<string>``)."""
+    """The traceback without the harness's own frames (its code has the file name ``<string>``), its
+    innermost :data:`TRACE_FRAMES` frames only: formatting the ~50,000 frames of a runaway recursion took
+    seconds, enough to turn a runtime error into a time-limit verdict."""
     import traceback
 
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
         tb = tb.tb_next
+    depth, node = 0, tb
+    while node is not None:
+        depth, node = depth + 1, node.tb_next
+    for _ in range(depth - TRACE_FRAMES):  # skipped here: the traceback module inspects every frame
+        tb = tb.tb_next if tb is not None else None
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return text[-ERROR_LIMIT:]
+
+
+def _register_source(code: str) -> None:
+    """Let tracebacks show the program's lines: ``solution.py`` is not a file inside the sandbox, and a
+    missing file was also searched for along ``sys.path`` once per frame."""
+    import linecache
+
+    linecache.cache["solution.py"] = (len(code), None, code.splitlines(True), "solution.py")
 
 
 def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
@@ -188,6 +204,7 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             args = [json.loads(line) for line in lines if line.strip()]
         _prelude(namespace)
         compiled = compile(code, "solution.py", "exec")
+        _register_source(code)
         if func_name:
             exec(compiled, namespace)
             solution = namespace.get("Solution")
