@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -278,6 +279,20 @@ def test_a_runtime_error_reports_the_programs_traceback_only() -> None:
     assert 'File "solution.py", line 2, in f' in error
     assert error.splitlines()[-1].startswith("ZeroDivisionError: integer division")
     assert "<string>" not in error  # no harness frames
+
+
+@real_process
+def test_a_runaway_recursion_is_a_runtime_error_with_its_innermost_frames() -> None:
+    """~50,000 frames deep: only the innermost few are formatted (formatting them all took seconds and
+    could turn the verdict into a time-out), with the program's own source lines."""
+    result, _ = evaluate("def f(n):\n    return f(n + 1)\nf(0)\n")
+    assert verdict(result) == "runtime_error"
+    error = result["feedback"]["error"]
+    assert error.splitlines()[-1] == "RecursionError: maximum recursion depth exceeded"
+    assert "    return f(n + 1)" in error  # the line itself: the source is known inside the sandbox
+    shown = error.count('File "solution.py"')
+    repeated = re.search(r"Previous line repeated (\d+) more times", error)
+    assert repeated is not None and shown + int(repeated.group(1)) <= 64
 
 
 @real_process
@@ -603,3 +618,38 @@ def test_without_namespaces_or_cgroups_the_subreaper_sweep_still_kills_escapees(
     assert time.monotonic() - began < 2.0
     assert execution.done == {"kind": "done", "ok": True} and execution.stdout == b"3\n"
     assert leftovers(since) == []
+
+
+@requires_isolation
+@pytest.mark.timeout(150)
+def test_a_run_removes_what_a_worker_killed_mid_evaluation_left(tmp_path: Path) -> None:
+    """The tool timeout kills a worker mid-evaluation; when the run ends, its evaluation directory
+    (the program, a hidden test input) and its per-test cgroups are gone, though no later evaluation
+    started to remove them."""
+    from tests.test_cli import cli
+
+    problem = {
+        "id": "spins",
+        "prompt": "write a program",
+        "tools": [{"name": "lcb_evaluate"}],
+        "script": [{"type": "submit", "code": "while True:\n    pass\n", "latency_ms": 5}],
+        "metadata": {
+            "reference_tests": ADD,
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 1},
+        },
+    }
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps(problem) + "\n")
+    out = tmp_path / "run"
+    since = time.time()
+    result = cli("run", "--workload", workload, "--output", out, "--tool-timeout", "3", timeout=120)
+    assert result.returncode == 0, result.stderr
+    restarts = [
+        json.loads(line)
+        for line in (out / "events.jsonl").read_text().splitlines()
+        if '"worker_restarting"' in line
+    ]
+    killed = [e["old_pid"] for e in restarts if e["reason"] == "timeout"]
+    assert len(killed) == 1
+    assert list(Path(tempfile.gettempdir()).glob(f"{scratch_prefix(killed[0])}*")) == []
+    assert leftovers(since, *killed) == []

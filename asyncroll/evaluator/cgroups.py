@@ -171,6 +171,15 @@ class CgroupFactory:
         return TestGroup(tuple(made))
 
 
+def remove_stale_groups() -> None:
+    """Remove the empty groups dead workers of this process left under its own ``memory`` and ``pids``
+    groups (a worker's groups live under its cgroup, which it inherits from the runtime)."""
+    for controller in ("memory", "pids"):
+        root = controller_root(controller)
+        if root is not None:
+            _remove_stale(root)
+
+
 def _remove_stale(root: Path) -> None:
     """Remove empty groups a dead worker left behind (name ``asyncroll-<pid>-<n>``, pid not running)."""
     with contextlib.suppress(OSError):

@@ -145,6 +145,17 @@ def remove_stale_scratch(base: Path | None = None) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_dead_workers_leftovers() -> None:
+    """What workers killed mid-evaluation left behind — their evaluation directories (the program and a
+    hidden test input in them) and their empty per-test cgroups. A replacement worker removes them when
+    it starts its first evaluation; the runtime calls this when a run's pool has closed, for the last
+    ones."""
+    from asyncroll.evaluator.cgroups import remove_stale_groups
+
+    remove_stale_scratch()
+    remove_stale_groups()
+
+
 def lcb_evaluate(
     code: str,
     tests: list[dict[str, Any]],

@@ -324,6 +324,10 @@ class Run:
                         await _shielded(live.aclose())
                     await _shielded(sampler.stop())
                     await _shielded(pool.aclose())
+                    if self._isolation is not None:  # real workers ran untrusted code
+                        from asyncroll.evaluator.evaluate import remove_dead_workers_leftovers
+
+                        remove_dead_workers_leftovers()
                     await _shielded(self._backend.aclose())
         except asyncio.CancelledError:
             status, error = "interrupted", f"interrupted by {self.interrupt_reason or 'cancellation'}"
