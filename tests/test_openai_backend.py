@@ -426,6 +426,37 @@ def test_warmup_and_probed_server_kind(tmp_path: Path) -> None:
     assert receipt["backend"]["server_kind_source"].startswith("probed")
 
 
+@pytest.mark.timeout(60)
+def test_warmup_requests_are_retried_like_turns(tmp_path: Path) -> None:
+    """A transient 429/503 during the untimed warm-up is retried under ``--max-retries`` (counted in
+    run.json, no events: the clock has not started); only a request that still fails fails the run."""
+    faults = FaultConfig(rate_429=0.3, rate_503=0.3, retry_after_s=0.01)
+    with serve(seed=4, faults=faults) as running:
+        outcome, capture, out = http_run(
+            tmp_path, final_problems(1), running.url, max_retries=20, retry_max_delay=0.05, warmup_requests=6
+        )
+        injected = running.stats()["faults"]
+    assert outcome.status == "complete", outcome.error
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["warmup"] == {"requested": 6, "sent": 6}
+    turn_retries = len(capture.of(ModelRetrying))
+    warmup_retries = receipt["backend"]["warmup_retries"]
+    assert warmup_retries > 0 and warmup_retries + turn_retries == sum(injected.values())
+    with serve(faults=FaultConfig(rate_500=1.0)) as running:
+        outcome, capture, _ = http_run(
+            tmp_path,
+            final_problems(1),
+            running.url,
+            max_retries=2,
+            retry_max_delay=0.02,
+            warmup_requests=1,
+        )
+    assert outcome.status == "failed" and not capture.of(TrajectoryStarted)
+    assert (
+        outcome.error is not None and "warm-up request 1/1 failed after 3 attempts: HTTP 500" in outcome.error
+    )
+
+
 # --- a server that is down -----------------------------------------------------------------------------
 
 

@@ -124,6 +124,7 @@ class OpenAIBackend:
         self._kind_source = "declared" if settings.server_kind else "unknown"
         self._watch: asyncio.Task[None] | None = None
         self.retries = 0
+        self.warmup_retries = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -196,6 +197,7 @@ class OpenAIBackend:
             "replay_fixed_length": fixed.get(self._kind or "") if s.replay else None,
             "pool_connections": s.inflight,
             "max_retries": s.retry.max_retries,
+            "warmup_retries": self.warmup_retries,
             "circuit_failures": s.circuit_failures,
             "server_down_timeout_s": s.server_down_timeout,
         }
@@ -242,7 +244,8 @@ class OpenAIBackend:
     # --- requests ----------------------------------------------------------------------------------
 
     async def warmup(self, requests: int) -> int:
-        """Send ``requests`` small untimed requests; any failure fails the run before the clock starts."""
+        """Send ``requests`` small untimed requests, each retried like a turn (``--max-retries``); a
+        request that still fails fails the run before the clock starts."""
         schema = {
             "type": "object",
             "properties": {"type": {"const": "final"}, "answer": {"type": "string"}},
@@ -258,13 +261,25 @@ class OpenAIBackend:
         }
         if self.settings.structured:
             body["response_format"] = response_format(schema)
+        retry = self.settings.retry
         for i in range(requests):
-            try:
-                await self._attempt(body, {})
-            except _AttemptFailed as exc:
-                raise ModelError(
-                    exc.kind, f"warm-up request {i + 1}/{requests} failed: {exc}", status=exc.status
-                ) from exc
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    await self._attempt(body, {})
+                    break
+                except _AttemptFailed as exc:
+                    if attempt <= retry.max_retries and is_retryable(exc.kind, exc.status):
+                        self.warmup_retries += 1  # before the clock: counted in run.json, not as events
+                        await self._clock.sleep(retry.delay(attempt, self._rng, exc.headers))
+                        continue
+                    tries = f" after {attempt} attempts" if attempt > 1 else ""
+                    raise ModelError(
+                        exc.kind,
+                        f"warm-up request {i + 1}/{requests} failed{tries}: {exc}",
+                        status=exc.status,
+                    ) from exc
         return requests
 
     def build_body(self, request: ModelRequest, scripted: Action | None) -> dict[str, Any]:
