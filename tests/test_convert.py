@@ -689,6 +689,15 @@ def test_lcb_file_level_errors(tmp_path: Path) -> None:
         convert_livecodebench(tmp_path / "empty.jsonl", out)
     with pytest.raises(UsageError, match="cannot read"):
         convert_livecodebench(tmp_path / "missing.jsonl", out)
+    broken_first = tmp_path / "broken-first.jsonl"
+    broken_first.write_text('{"question_id": broken\n' + good + "\ngarbage\n" + good + "\n", encoding="utf-8")
+    with pytest.raises(UsageError) as caught:  # JSONL with a broken first line: every bad line named
+        convert_livecodebench(broken_first, out)
+    assert f"{broken_first}:1: invalid line" in str(caught.value)
+    assert f"{broken_first}:3: invalid line" in str(caught.value)
+    too_long = tmp_path / ("a" * 300 + ".jsonl")
+    with pytest.raises(UsageError, match="cannot write there: File name too long"):
+        convert_livecodebench(LCB_ROW, too_long)
     out.write_text("keep")
     with pytest.raises(UsageError, match="already exists"):
         convert_livecodebench(LCB_ROW, out)

@@ -21,6 +21,13 @@ from asyncroll.errors import UsageError
 
 def check_destination(source: Path, output: Path) -> None:
     """Refuse an output that is the source or that already exists; both are checked before any work."""
+    try:
+        _check_destination(source, output)
+    except OSError as exc:  # e.g. a name too long for the filesystem
+        raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}") from exc
+
+
+def _check_destination(source: Path, output: Path) -> None:
     if source.resolve() == output.resolve() or (
         output.exists() and source.exists() and os.path.samefile(source, output)
     ):
@@ -61,7 +68,10 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create its folder: {exc.strerror or exc}") from exc
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}") from exc
     tmp = Path(tmp_name)
     count = 0
     try:
@@ -80,6 +90,10 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
             if output.exists():
                 raise UsageError(f"--output {output} appeared while converting; not overwritten") from None
             os.replace(tmp, output)
+    except UsageError:
+        raise
+    except OSError as exc:  # e.g. the disk filled up: nothing was published
+        raise UsageError(f"--output {output}: cannot write: {exc.strerror or exc}") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

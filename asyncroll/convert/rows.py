@@ -53,7 +53,12 @@ class RowSource:
             if first is None:
                 raise UsageError(f"{self.path}: empty file")
             if first.lstrip().startswith(b"[") or not _is_object(first):
-                yield from self._whole(handle.read())
+                data = handle.read()
+                if _broken_jsonl(first, data):
+                    handle.seek(0)
+                    yield from self._jsonl(handle)  # every bad line named, not only the first
+                else:
+                    yield from self._whole(data)
             else:
                 yield from self._jsonl(handle)
 
@@ -114,6 +119,17 @@ def _first_non_empty_line(handle: Any) -> bytes | None:
         if raw.strip():
             return bytes(raw)
     return None
+
+
+def _broken_jsonl(first: bytes, data: bytes) -> bool:
+    """JSONL whose first line is broken: not one JSON document, but a later line is a whole object."""
+    if not first.lstrip().startswith(b"{"):
+        return False
+    try:
+        json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return any(_is_object(line) for line in data.splitlines()[1:] if line.strip())
+    return False
 
 
 def _is_object(line: bytes) -> bool:
