@@ -225,6 +225,12 @@ def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr
     assert read(tmp_path / "r2" / "aggregate.json") == agg
+    # written again without --figure: the report's own files are replaced, the old figure removed
+    (tmp_path / "r" / "notes.txt").write_text("mine")
+    redone = cli("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r")
+    assert redone.returncode == 0, redone.stderr
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["REPORT.md", "aggregate.json", "notes.txt"]
+    assert "figure.png" not in (tmp_path / "r" / "REPORT.md").read_text()
 
 
 @pytest.mark.timeout(90)

@@ -246,7 +246,11 @@ def markdown(agg: dict[str, Any]) -> str:
 
 
 def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[Path]:
-    """Write REPORT.md and aggregate.json (and the figure) into ``output``; returns the files written."""
+    """Write REPORT.md and aggregate.json (and the figure) into ``output``; returns the files written.
+
+    A report is derived from ``comparison.json`` alone, so writing it again (after ``--resume`` added
+    pairs) replaces its own files, and removes a figure an earlier call drew that this one does not: a
+    folder never pairs a new report with an old figure. Nothing else in ``output`` is touched."""
     comparison = load_comparison(comparison_path)
     agg = aggregate(comparison)
     output.mkdir(parents=True, exist_ok=True)
@@ -260,4 +264,7 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
         written += files
         text += f"\n![three panels]({files[0].name})\n"
     written[1].write_text(text, encoding="utf-8")
+    for stale in (output / "figure.png", output / "figure.pdf"):
+        if stale not in written:
+            stale.unlink(missing_ok=True)
     return written
