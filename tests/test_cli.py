@@ -250,6 +250,47 @@ def test_signal_mid_run_leaves_valid_files_and_no_processes(tmp_path: Path, sig:
     assert_gone(worker_pids(events))
 
 
+@pytest.mark.timeout(90)
+def test_ctrl_c_while_workers_start_kills_them_and_exits_promptly(tmp_path: Path) -> None:
+    """Interrupted before the clock starts (the workers are still importing their tools): every worker is
+    killed, the receipt says interrupted, and the exit does not wait for the scikit-learn import."""
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(60)\ndef t(x):\n    return x\n")
+    problem = {
+        "id": "p",
+        "prompt": "p",
+        "tools": [{"name": "t", "inputs": {"x": "int"}, "implementation": "slow.py"}],
+        "script": [{"type": "tool", "name": "t", "arguments": {"x": 1}}, {"type": "final", "answer": 1}],
+    }
+    workload = write_workload(tmp_path / "w.jsonl", [problem])
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncroll.cli", "run", "--workload", str(workload), "--output", str(out)]
+    proc = subprocess.Popen([*argv, "--cpu-workers", "2"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        workers: list[psutil.Process] = []
+        while len(workers) < 2 and time.monotonic() < deadline:  # both spawned, stuck in the preload
+            workers = [c for c in psutil.Process(proc.pid).children() if "asyncroll" in " ".join(c.cmdline())]
+            time.sleep(0.05)
+        assert len(workers) == 2
+        os.kill(proc.pid, signal.SIGINT)
+        signalled = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+        exit_s = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    # a hang check, not a timing target: ~1 s here; before the fix the run left the workers in their
+    # preload and waited for the scikit-learn import thread, and exited ~7 s after the signal
+    assert exit_s < 5, f"exit took {exit_s:.1f} s after SIGINT"
+    assert "never retrieved" not in stderr and "Traceback" not in stderr
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "interrupted"
+    assert "measurement_started" not in (out / "events.jsonl").read_text()
+    assert_gone({w.pid for w in workers})
+
+
 def test_gpu_slots_is_a_deprecated_alias(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = cli("run", "--workload", SMOKE, "--output", out, "--gpu-slots", "3")

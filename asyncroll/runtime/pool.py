@@ -9,7 +9,6 @@ again. Every replacement is a ``worker_restarting`` event and is counted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -131,10 +130,13 @@ class WorkerPool:
                 for slot in range(self._size):
                     starting.create_task(self._start_slot(slot, 0))
         except BaseExceptionGroup as group:
-            await self.aclose()
+            await asyncio.shield(self.aclose())
             startup = [e for e in group.exceptions if isinstance(e, WorkerStartupError)]
             if startup:
                 raise startup[0] from group
+            raise
+        except asyncio.CancelledError:  # Ctrl-C while workers start: none may outlive the run
+            await asyncio.shield(self.kill())
             raise
         self._idle = list(range(self._size))
         for slot in range(self._size):
@@ -210,7 +212,14 @@ class WorkerPool:
     async def aclose(self) -> None:
         """Stop every worker and its tree. Safe to call more than once and after a failed start."""
         self._closing = True
-        for worker in self._workers:
-            if worker is not None:
-                with contextlib.suppress(Exception):
-                    await worker.aclose()
+        await asyncio.gather(
+            *(worker.aclose() for worker in self._workers if worker is not None), return_exceptions=True
+        )
+
+    async def kill(self) -> None:
+        """Kill every worker tree at once, without the polite end-of-stream wait (an interrupted start:
+        a worker still importing its tools would not read it)."""
+        self._closing = True
+        await asyncio.gather(
+            *(worker.kill() for worker in self._workers if worker is not None), return_exceptions=True
+        )

@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import json
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -285,7 +287,7 @@ class Run:
                 if live is not None and (metrics := live.start(outer)) is not None:
                     files.update(metrics=metrics)
                 # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
-                importing = outer.create_task(asyncio.to_thread(warm_import))
+                importing = outer.create_task(_in_daemon_thread(warm_import))
                 await pool.start(outer)
                 await importing
                 try:
@@ -377,6 +379,32 @@ def _json_line(data: dict[str, Any]) -> bytes:
 
 def _exit_code(status: Status) -> int:
     return {"complete": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAILED)
+
+
+async def _in_daemon_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in a daemon thread and await it. Unlike ``asyncio.to_thread``, an interrupted run does
+    not wait for it at exit (importing scikit-learn takes seconds; Ctrl-C during start-up should not)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if not done.done():
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+    def target() -> None:
+        error: BaseException | None = None
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=target, name=f"asyncroll-{fn.__name__}", daemon=True).start()
+    await done
 
 
 async def _shielded(coro: Any) -> None:

@@ -140,8 +140,13 @@ class ProcessWorker:
             raise WorkerStartupError(
                 f"worker {self.index} died during start-up: {exc}{log_tail(self.log_path, self._log_offset)}"
             ) from exc
-        except BaseException:
+        except BaseException:  # cancelled (Ctrl-C during start-up): nobody will await the handshake
             await self.kill()
+            if self._pending is not None:  # else its WorkerDied would be logged as never retrieved
+                if not self._pending.done():
+                    self._pending.cancel()
+                elif not self._pending.cancelled():
+                    self._pending.exception()
             raise
         self.startup_s = time.monotonic() - t0
 
