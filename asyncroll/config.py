@@ -34,6 +34,21 @@ ServerKind = Literal["vllm", "sglang", "transformers", "generic"]
 #: clear message, so that no flag pretends to work.
 AVAILABLE_BACKENDS = ("scripted", "vllm", "openai")
 DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
+#: Settings only an HTTP backend reads: given with ``--backend scripted`` they are refused, not ignored.
+HTTP_ONLY = (
+    "model",
+    "endpoint",
+    "max_tokens",
+    "request_timeout",
+    "structured_output",
+    "seed",
+    "replay",
+    "server_kind",
+    "max_retries",
+    "retry_max_delay",
+    "circuit_failures",
+    "server_down_timeout",
+)
 
 
 class Limits(BaseModel):
@@ -97,12 +112,7 @@ class RunConfig(BaseModel):
         if self.backend != "scripted" and not self.model:
             problems.append(f"--model is required with --backend {self.backend}")
         if self.backend == "scripted":
-            http_only = {
-                "--replay": self.replay,
-                "--server-kind": self.server_kind is not None,
-                "--max-retries": self.max_retries > 0,
-            }
-            given = [flag for flag, used in http_only.items() if used]
+            given = ["--" + name.replace("_", "-") for name in HTTP_ONLY if name in self.model_fields_set]
             if given:
                 problems.append(f"{', '.join(given)} only apply to HTTP backends (--backend vllm|openai)")
         if not self.telemetry and (self.metrics_url or self.nvml_device is not None):

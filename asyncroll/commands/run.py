@@ -73,7 +73,11 @@ def run(
     dedicated_gpu: Annotated[bool | None, Opt("--dedicated-gpu", help="Declare one dedicated GPU.")] = None,
     progress: Annotated[
         bool | None,
-        Opt("--progress/--no-progress", help="Live progress line on stderr (default: on when a terminal)."),
+        Opt(
+            "--progress/--no-progress",
+            help="Live progress line on stderr, drawn only when stderr is a terminal (a line redrawn with "
+            "\\r would garble a file or pipe); on by default, --no-progress turns it off.",
+        ),
     ] = None,
     metrics_port: Annotated[
         int | None,
