@@ -2,19 +2,26 @@
 
 A workload is JSONL, one problem per line. :func:`scan_workload` reads the whole file once, line by line,
 and collects *every* problem it finds (so ``asyncroll validate`` can report them all) while keeping only
-what a run needs in memory: the ids seen, the tools to preload and the file's SHA-256.
+what a run needs in memory: the ids seen, the tools to preload, the file's SHA-256 and its identity.
 :func:`iter_problems` streams validated problems for admission, so a 100k-line workload never sits in
-memory.
+memory; given the scan's identity it refuses to read a file that changed since it was validated.
+
+Because a workload is read twice, it must be a regular file: a pipe would be drained by the scan.
+Trusted tool files are checked by parsing them (never by running them): each must compile and bind the
+tool's name at top level.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -32,6 +39,11 @@ BUILTIN_TOOLS: dict[str, dict[str, str]] = {
 #: Built-ins named by the spec whose implementation has not landed yet.
 PENDING_BUILTINS: dict[str, str] = {}
 MAX_REPORTED_PROBLEMS = 200
+#: Upper bound of a scripted duration (``latency_ms``, ``cpu_ms``): one day. A larger one is a typo, and
+#: would stall a run (or a simulation) for ever.
+MAX_DURATION_MS = 86_400_000
+#: Upper bound of a scripted ``output_tokens``: the simulated server decodes one token per step.
+MAX_OUTPUT_TOKENS = 1_000_000
 #: The built-in evaluator of the one-repair protocol, and the default text of its repair turn.
 EVALUATOR_TOOL = "lcb_evaluate"
 DEFAULT_REPAIR_INSTRUCTION = (
@@ -41,31 +53,38 @@ DEFAULT_REPAIR_INSTRUCTION = (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no lax coercion ("5" is not 5, true is not 1), as the published JSON Schema says; an int is
+    # still a valid float.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+#: A declared duration in milliseconds: finite, from 0 to one day.
+DurationMs = Annotated[float, Field(ge=0, le=MAX_DURATION_MS, allow_inf_nan=False)]
+OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
 
 
 class ToolAction(_Strict):
     type: Literal["tool"]
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
-    latency_ms: float | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=1)
-    cpu_ms: float | None = Field(default=None, ge=0, description="declared CPU time (simulation only)")
+    latency_ms: DurationMs | None = None
+    output_tokens: OutputTokens | None = None
+    cpu_ms: DurationMs | None = Field(default=None, description="declared CPU time (simulation only)")
 
 
 class FinalAction(_Strict):
     type: Literal["final"]
     answer: Any
-    latency_ms: float | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=1)
+    latency_ms: DurationMs | None = None
+    output_tokens: OutputTokens | None = None
 
 
 class SubmitAction(_Strict):
     type: Literal["submit"]
     code: str
-    latency_ms: float | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=1)
-    cpu_ms: float | None = Field(default=None, ge=0, description="declared evaluation time (simulation only)")
+    latency_ms: DurationMs | None = None
+    output_tokens: OutputTokens | None = None
+    cpu_ms: DurationMs | None = Field(default=None, description="declared evaluation time (simulation only)")
     passes: bool | None = Field(default=None, description="declared verdict (simulation only)")
 
 
@@ -154,13 +173,33 @@ class ToolSource:
     path: Path | None
 
 
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """Which file, with which content, was read: device, inode, size and modification time.
+
+    A rewrite in place changes the size or the modification time; a replacement changes the inode."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @dataclass(slots=True)
 class WorkloadScan:
-    """What one pass over a workload learned: enough to start a run, never the problems themselves."""
+    """What one pass over a workload learned: enough to start a run, never the problems themselves.
+
+    ``identity`` is the file's when it was validated (None if it could not be read); pass it to
+    :func:`iter_problems` so that the run reads exactly what was validated."""
 
     path: Path
     count: int = 0
     sha256: str = ""
+    identity: FileIdentity | None = None
     tools: dict[str, ToolSource] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     truncated: int = 0
@@ -189,8 +228,13 @@ def _location(loc: tuple[Any, ...]) -> str:
     return out or "line"
 
 
-def _check_problem(problem: Problem, tool_root: Path, scripted: bool) -> list[tuple[str, str]]:
-    """Cross-field checks pydantic cannot express; returns (field, message) pairs."""
+def _check_problem(
+    problem: Problem, tool_root: Path, scripted: bool, tool_files: dict[Path, _ToolFile] | None = None
+) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot express; returns (field, message) pairs.
+
+    ``tool_files`` caches what each trusted tool file's syntax tree says, across the problems of a scan."""
+    tool_files = {} if tool_files is None else tool_files
     out: list[tuple[str, str]] = []
     seen: set[str] = set()
     for i, tool in enumerate(problem.tools):
@@ -217,7 +261,7 @@ def _check_problem(problem: Problem, tool_root: Path, scripted: bool) -> list[tu
             elif tool.inputs and tool.inputs != BUILTIN_TOOLS[tool.name]:
                 out.append((f"{where}.inputs", f"built-in {tool.name!r} takes {BUILTIN_TOOLS[tool.name]}"))
         else:
-            problem_msg = _check_implementation(tool.implementation, tool_root)
+            problem_msg = _check_implementation(tool.implementation, tool.name, tool_root, tool_files)
             if problem_msg:
                 out.append((f"{where}.implementation", problem_msg))
         unknown_bound = set(tool.bound_arguments) - set(tool.declared_inputs)
@@ -281,7 +325,9 @@ def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
     return out
 
 
-def _check_implementation(implementation: str, tool_root: Path) -> str | None:
+def _check_implementation(
+    implementation: str, name: str, tool_root: Path, tool_files: dict[Path, _ToolFile]
+) -> str | None:
     rel = Path(implementation)
     if rel.is_absolute():
         return f"must be relative to the tool root {tool_root}"
@@ -292,17 +338,109 @@ def _check_implementation(implementation: str, tool_root: Path) -> str | None:
         return f"{implementation!r} is not a .py file"
     if not resolved.is_file():
         return f"{implementation!r} does not exist under the tool root {tool_root}"
+    parsed = tool_files.get(resolved)
+    if parsed is None:
+        parsed = tool_files[resolved] = _ToolFile.parse(resolved)
+    if parsed.error is not None:
+        return f"{implementation!r} {parsed.error}"
+    if not parsed.binds(name):
+        return (
+            f"{implementation!r} defines no top-level {name!r} "
+            "(no def, class, assignment or import at module level binds that name)"
+        )
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _ToolFile:
+    """What a trusted tool file's source says, learned without running it: the names its module level
+    binds (``dynamic``: a star import or a module ``__getattr__`` may bind any), or why it cannot load."""
+
+    names: frozenset[str] = frozenset()
+    dynamic: bool = False
+    error: str | None = None
+
+    def binds(self, name: str) -> bool:
+        return self.dynamic or name in self.names
+
+    @classmethod
+    def parse(cls, path: Path) -> _ToolFile:
+        try:
+            source = path.read_bytes()
+        except OSError as exc:
+            return cls(error=f"cannot be read: {exc.strerror or exc}")
+        try:
+            tree = ast.parse(source, filename=str(path))
+            # Compiling (never executing) also finds what the parser lets through ('return' outside a
+            # function, a misplaced 'nonlocal'...), which the worker's import would hit.
+            compile(tree, str(path), "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            where = f" at line {exc.lineno}" if exc.lineno else ""
+            return cls(error=f"has a syntax error{where}: {exc.msg}")
+        except (ValueError, RecursionError) as exc:  # a null byte in the source; nesting too deep
+            return cls(error=f"is not valid Python source: {exc}")
+        names, dynamic = _module_bindings(tree)
+        return cls(frozenset(names), dynamic)
+
+
+def _module_bindings(tree: ast.Module) -> tuple[set[str], bool]:
+    """Names bound at module level (in any branch of an if/try/with/loop), without entering functions,
+    classes or lambdas; and whether the module may bind names this cannot see."""
+    names: set[str] = set()
+    dynamic = False
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    dynamic = True
+                else:
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        todo.extend(ast.iter_child_nodes(node))
+    # A function may bind a module-level name through ``global`` when it is called at import.
+    names.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
+    return names, dynamic or "__getattr__" in names
+
+
+#: Constants Python's and pydantic-core's JSON parsers accept but JSON does not have.
+_NON_STANDARD_CONSTANTS = (b"NaN", b"Infinity")
+
+
+class _NonStandardConstant(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NonStandardConstant(name)
+
+
 def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
+    # The fast path, one pass in pydantic-core, unless the line may hold NaN or Infinity, which
+    # pydantic-core would accept (a string that merely mentions them takes the slow path and passes).
+    if not any(constant in raw for constant in _NON_STANDARD_CONSTANTS):
+        try:
+            return Problem.model_validate_json(raw), []
+        except ValidationError:
+            pass
+    # Slow path: separate JSON errors from field errors for clear messages.
     try:
-        return Problem.model_validate_json(raw), []  # the fast path: one pass in pydantic-core
-    except ValidationError:
-        pass
-    # Slow path, only for a bad line: separate JSON errors from field errors for clear messages.
-    try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except _NonStandardConstant as exc:
+        return None, [
+            ("line", f"not valid JSON: {exc} is not a JSON value (write a finite number or a string)")
+        ]
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return None, [("line", f"not valid JSON: {exc}")]
     if not isinstance(data, dict):
@@ -313,16 +451,56 @@ def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
         return None, [(_location(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)]
 
 
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _open_regular(path: Path) -> tuple[BinaryIO, FileIdentity]:
+    """Open a workload for reading, or raise :class:`WorkloadError` unless it is a regular file (after
+    symlinks): a run reads its workload twice, and a pipe would be empty the second time."""
+    try:
+        # O_NONBLOCK: opening a pipe nobody writes to must not hang (it changes nothing for a file).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkloadError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise WorkloadError([f"{path}: is a directory, not a workload file"])
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _FILE_KINDS if test(st.st_mode)), "a special file")
+            raise WorkloadError(
+                [
+                    f"{path}: not a regular file ({kind}): a workload is read twice, to validate it and "
+                    "then to run it; save it to a file first (e.g. `cat ... > workload.jsonl`)"
+                ]
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), FileIdentity.of(st)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | None = None) -> WorkloadScan:
-    """Validate every line (up to ``limit`` problems); collect every problem instead of stopping."""
+    """Validate every line (up to ``limit`` problems); collect every problem instead of stopping.
+
+    A workload that cannot be read or is not a regular file is one problem of the scan, like any other."""
     scan = WorkloadScan(path=path)
     digest = hashlib.sha256()
     ids: dict[str, int] = {}
+    tool_files: dict[Path, _ToolFile] = {}
     tool_root = tool_root.resolve()
     try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise WorkloadError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+        handle, identity = _open_regular(path)
+    except WorkloadError as exc:
+        for message in exc.problems:
+            scan.add_problem(message)
+        return scan
     with handle:
         for line_no, raw in enumerate(handle, start=1):
             digest.update(raw)
@@ -330,7 +508,7 @@ def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | N
                 continue
             problem, issues = _parse_line(raw)
             if problem is not None:
-                issues = _check_problem(problem, tool_root, scripted)
+                issues = _check_problem(problem, tool_root, scripted, tool_files)
                 pid = problem_id(problem, line_no)
                 if pid in ids:
                     issues.append(("id", f"duplicate id {pid!r} (first on line {ids[pid]})"))
@@ -344,21 +522,48 @@ def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | N
             for fld, message in issues:
                 scan.add_problem(f"{path}:{line_no}: {fld}: {message}")
             scan.count += 1
+        if FileIdentity.of(os.fstat(handle.fileno())) != identity:
+            scan.add_problem(f"{path}: changed while it was being validated; validate it again when stable")
     scan.sha256 = digest.hexdigest()
+    scan.identity = identity
     if scan.count == 0 and not scan.problems:
         scan.add_problem(f"{path}:1: line: the workload holds no problems")
     return scan
 
 
-def iter_problems(path: Path, limit: int | None = None) -> Iterator[tuple[int, str, Problem]]:
-    """Stream ``(line number, id, problem)`` from a workload that :func:`scan_workload` accepted."""
+def iter_problems(
+    path: Path, limit: int | None = None, *, identity: FileIdentity | None = None
+) -> Iterator[tuple[int, str, Problem]]:
+    """Stream ``(line number, id, problem)`` from a workload that :func:`scan_workload` accepted.
+
+    With ``identity`` (the scan's), raise :class:`WorkloadError` instead of reading a file that is not
+    the one validated (replaced, or rewritten in place). Without it, a regular file is still checked
+    against itself as first opened, so a rewrite in place during the stream is an error, not new lines.
+    A file replaced by rename once open is harmless: the open handle keeps reading the old one."""
+    handle: BinaryIO
+    if identity is None:
+        handle = path.open("rb")
+        st = os.fstat(handle.fileno())
+        expected = FileIdentity.of(st) if stat.S_ISREG(st.st_mode) else None
+        why = "changed while it was being read (rewritten in place)"
+    else:
+        handle, _ = _open_regular(path)
+        expected, why = identity, "changed since it was validated (replaced, or rewritten in place)"
+
+    def check(line_no: int) -> None:
+        # About a microsecond; done after a line is read and before it is used.
+        if expected is not None and FileIdentity.of(os.fstat(handle.fileno())) != expected:
+            raise WorkloadError([f"{path}: {why}; stopped before line {line_no}"])
+
     count = 0
-    with path.open("rb") as handle:
+    with handle:
+        check(1)
         for line_no, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
             if limit is not None and count >= limit:
                 return
+            check(line_no)
             problem, issues = _parse_line(raw)
             if problem is None:
                 raise WorkloadError([f"{path}:{line_no}: {f}: {m}" for f, m in issues])

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 
+from asyncroll import workload
 from asyncroll.coerce import CoercionError, coerce_arguments
 from asyncroll.errors import WorkloadError
+from asyncroll.schemas import schemas
 from asyncroll.workload import iter_problems, scan_workload
 from tests.conftest import REPO
 
@@ -188,3 +195,321 @@ def test_arguments_must_match_declared_inputs_exactly() -> None:
     with pytest.raises(CoercionError, match="unexpected"):
         coerce_arguments({"a": 1, "c": 2}, {"a": "int"})
     assert coerce_arguments({"a": 1}, {"a": "int", "b": "int"}, {"b": 5}) == {"a": 1, "b": 5}
+
+
+# --- the workload file itself: a regular file, read twice, unchanged in between --------------------------
+
+
+def _smoke_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "w.jsonl"
+    path.write_bytes((REPO / "examples" / "smoke.jsonl").read_bytes())
+    return path
+
+
+@pytest.mark.timeout(10)
+def test_a_pipe_is_refused_without_reading_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes to it: opening it must not block
+    problems = scan_workload(fifo, tmp_path, scripted=True).problems
+    assert len(problems) == 1 and problems[0].startswith(f"{fifo}: not a regular file (a pipe)")
+    assert "save it to a file first" in problems[0]
+    read, write = os.pipe()
+    try:
+        os.write(write, (REPO / "examples" / "smoke.jsonl").read_bytes())
+        os.close(write)
+        piped = Path(f"/dev/fd/{read}")
+        scan = scan_workload(piped, tmp_path, scripted=True)
+        assert scan.count == 0 and "not a regular file (a pipe)" in scan.problems[0]
+        with pytest.raises(WorkloadError, match="not a regular file"):
+            scan.raise_if_invalid()
+        assert os.read(read, 10) == b'{"id": "sm'  # the scan left the pipe's content unread
+    finally:
+        os.close(read)
+    assert scan_workload(tmp_path, tmp_path, scripted=True).problems == [
+        f"{tmp_path}: is a directory, not a workload file"
+    ]
+
+
+def test_a_symlink_to_a_regular_file_is_accepted(tmp_path: Path) -> None:
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(_smoke_copy(tmp_path))
+    scan = scan_workload(link, REPO / "examples", scripted=True)
+    assert scan.problems == [] and scan.count == 3
+    assert [pid for _, pid, _ in iter_problems(link, identity=scan.identity)][-1] == "smoke-answer"
+
+
+@pytest.mark.timeout(60)
+def test_run_from_a_pipe_is_a_usage_error_and_creates_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", "run", "--workload", "/dev/stdin", "--output", str(out)],
+        input=(REPO / "examples" / "smoke.jsonl").read_bytes(),
+        capture_output=True,
+        timeout=50,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert b"/dev/stdin: not a regular file (a pipe)" in result.stderr and not out.exists()
+
+
+def test_a_file_rewritten_in_place_after_validation_is_not_read(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    assert scan.problems == [] and scan.identity is not None
+    inode = path.stat().st_ino
+    with path.open("r+b") as handle:  # same inode, new (never validated) content
+        handle.write(b'{"id": "evil", "prompt": "p", "script": [{"type": "final", "answer": 1}]}\n')
+        handle.truncate()
+    assert path.stat().st_ino == inode
+    with pytest.raises(WorkloadError, match="changed since it was validated") as info:
+        next(iter_problems(path, identity=scan.identity))
+    assert info.value.problems[0].startswith(f"{path}: ")
+
+
+def test_a_same_size_rewrite_is_caught_by_its_modification_time(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    assert scan.identity is not None
+    path.write_bytes(path.read_bytes().replace(b"smoke-add", b"smoke-ADD"))
+    os.utime(path, ns=(scan.identity.mtime_ns + 1_000, scan.identity.mtime_ns + 1_000))
+    assert path.stat().st_size == scan.identity.size
+    with pytest.raises(WorkloadError, match="changed since it was validated"):
+        next(iter_problems(path, identity=scan.identity))
+
+
+def test_a_rewrite_in_place_during_the_stream_stops_it(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    for identity in (scan.identity, None):  # without the scan's identity: checked against the first open
+        stream = iter_problems(path, identity=identity)
+        assert next(stream)[1] == "smoke-add"
+        with path.open("ab") as handle:
+            handle.write(b'{"id": "late", "prompt": "p", "script": [{"type": "final", "answer": 1}]}\n')
+        with pytest.raises(WorkloadError, match="stopped before line 2"):
+            next(stream)
+        path.write_bytes((REPO / "examples" / "smoke.jsonl").read_bytes())
+        scan = scan_workload(path, REPO / "examples", scripted=True)
+
+
+def test_a_file_that_changes_while_it_is_scanned_is_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _smoke_copy(tmp_path)
+    original = workload._check_problem
+
+    def check_then_append(*args: Any) -> list[tuple[str, str]]:
+        with path.open("ab") as handle:
+            handle.write(b"\n")
+        return original(*args)
+
+    monkeypatch.setattr(workload, "_check_problem", check_then_append)
+    problems = scan_workload(path, REPO / "examples", scripted=True).problems
+    assert problems == [f"{path}: changed while it was being validated; validate it again when stable"]
+
+
+def test_a_file_replaced_by_rename_during_the_stream_is_harmless(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    stream = iter_problems(path, identity=scan.identity)
+    assert next(stream)[1] == "smoke-add"
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps(GOOD) + "\n")
+    os.replace(other, path)  # the open handle keeps the validated file
+    assert [pid for _, pid, _ in stream] == ["smoke-sleep", "smoke-answer"]
+    # ... but a run that had not opened it yet refuses the replacement
+    with pytest.raises(WorkloadError, match="changed since it was validated"):
+        next(iter_problems(path, identity=scan.identity))
+
+
+# --- trusted tool files: parsed, never run -----------------------------------------------------------------
+
+
+def _tool_line(pid: int, impl: str, name: str = "f") -> str:
+    return json.dumps(
+        {
+            "id": pid,
+            "prompt": "p",
+            "tools": [{"name": name, "inputs": {"x": "int"}, "implementation": impl}],
+            "script": [{"type": "final", "answer": 1}],
+        }
+    )
+
+
+def test_tool_file_with_a_syntax_error_or_without_the_tool_fails_validation(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    (tmp_path / "broken.py").write_text(f"open({str(marker)!r}, 'w').close()\n\ndef f(x):\n    return x +\n")
+    (tmp_path / "other.py").write_text(f"open({str(marker)!r}, 'w').close()\n\ndef g(x):\n    return x\n")
+    (tmp_path / "outside.py").write_text("def g():\n    return 1\nreturn 2\n")
+    lines = [_tool_line(1, "broken.py"), _tool_line(2, "other.py"), _tool_line(3, "outside.py")]
+    path = _write(tmp_path, lines)
+    problems = scan_workload(path, tmp_path, scripted=True).problems
+    assert problems == [
+        f"{path}:1: tools[0].implementation: 'broken.py' has a syntax error at line 4: invalid syntax",
+        f"{path}:2: tools[0].implementation: 'other.py' defines no top-level 'f' "
+        "(no def, class, assignment or import at module level binds that name)",
+        f"{path}:3: tools[0].implementation: 'outside.py' has a syntax error at line 3: "
+        "'return' outside function",
+    ]
+    assert not marker.exists()  # validation never runs a tool file
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(x):\n    return x\n",
+        "async def f(x):\n    return x\n",
+        "class f:\n    def __init__(self, x):\n        self.x = x\n",
+        "f = abs\n",
+        "f: object = abs\n",
+        "g = f = abs\n",
+        "(f, g) = (abs, abs)\n",
+        "from math import floor as f\n",
+        "from math import *\n",
+        "import math as f\n",
+        "try:\n    from fastlib import f\nexcept ImportError:\n    def f(x):\n        return x\n",
+        "if True:\n    f = abs\n",
+        "def __getattr__(name):\n    return abs\n",
+        "def _setup():\n    global f\n    f = abs\n_setup()\n",
+    ],
+)
+def test_every_top_level_binding_of_the_tool_name_counts(tmp_path: Path, source: str) -> None:
+    (tmp_path / "t.py").write_text(source)
+    assert _problems(tmp_path, [_tool_line(1, "t.py")]) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["def g():\n    f = 1\n", "class C:\n    def f(self):\n        pass\n", "g = lambda f: f\n", "# f\n"],
+)
+def test_bindings_inside_functions_and_classes_do_not_count(tmp_path: Path, source: str) -> None:
+    (tmp_path / "t.py").write_text(source)
+    assert "defines no top-level 'f'" in _problems(tmp_path, [_tool_line(1, "t.py")])[0]
+
+
+def test_each_tool_file_is_parsed_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "t.py").write_text("def f(x):\n    return x\n\ndef g(x):\n    return x\n")
+    parsed: list[Path] = []
+    original = workload._ToolFile.parse
+
+    def counting(path: Path) -> workload._ToolFile:
+        parsed.append(path)
+        return original(path)
+
+    monkeypatch.setattr(workload._ToolFile, "parse", counting)
+    lines = [_tool_line(i, "t.py", "f" if i % 2 else "g") for i in range(1, 21)]
+    assert _problems(tmp_path, lines) == []
+    assert parsed == [(tmp_path / "t.py").resolve()]
+
+
+# --- values: standard JSON, strict types, bounded durations -----------------------------------------------
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_standard_json_constants_are_rejected(tmp_path: Path, constant: str) -> None:
+    final = '{"type": "final", "answer": 1}'
+    lines = [
+        f'{{"id": "a", "prompt": "p", "script": [{{"type": "final", "answer": {constant}}}]}}',
+        f'{{"id": "b", "prompt": "p", "script": [{{"type": "final", "answer": 1, '
+        f'"latency_ms": {constant}}}]}}',
+        f'{{"id": "c", "prompt": "p", "metadata": {{"x": [{constant}]}}, "script": [{final}]}}',
+        # the words themselves, inside strings, are fine
+        '{"id": "d", "prompt": "NaN or Infinity?", "script": [{"type": "final", "answer": "NaN"}]}',
+    ]
+    path = _write(tmp_path, lines)
+    problems = scan_workload(path, tmp_path, scripted=True).problems
+    message = f"line: not valid JSON: {constant} is not a JSON value"
+    assert [p.split(": ", 1)[0] for p in problems] == [f"{path}:1", f"{path}:2", f"{path}:3"]
+    assert all(message in p for p in problems), problems
+    with pytest.raises(WorkloadError, match=f"{path}:1: line: not valid JSON"):
+        next(iter_problems(path))
+
+
+@pytest.mark.parametrize(
+    ("action", "field", "ok"),
+    [
+        ({"latency_ms": 86_400_000}, "latency_ms", True),
+        ({"latency_ms": 86_400_000.5}, "latency_ms", False),
+        ({"latency_ms": 1e300}, "latency_ms", False),
+        ({"latency_ms": -1}, "latency_ms", False),
+        ({"cpu_ms": 1e300}, "cpu_ms", False),
+        ({"output_tokens": 10**12}, "output_tokens", False),
+        ({"output_tokens": 1_000_000}, "output_tokens", True),
+    ],
+)
+def test_scripted_durations_are_bounded(tmp_path: Path, action: dict[str, Any], field: str, ok: bool) -> None:
+    tool = {"type": "tool", "name": "sleep_ms", "arguments": {"milliseconds": 1}, **action}
+    submit = {"type": "submit", "code": "print(1)", **action}
+    meta = {"prompt_metadata": {"protocol": "one_repair"}, "reference_tests": [{"input": "", "output": "1"}]}
+    lines = [
+        json.dumps({"id": 1, "prompt": "p", "tools": [{"name": "sleep_ms"}], "script": [tool]}),
+        json.dumps({"id": 2, "prompt": "p", "script": [{"type": "final", "answer": 1, **action}]}),
+        json.dumps(
+            {
+                "id": 3,
+                "prompt": "p",
+                "tools": [{"name": "lcb_evaluate"}],
+                "metadata": meta,
+                "script": [submit],
+            }
+        ),
+    ]
+    if field == "cpu_ms":
+        lines.pop(1)  # a final action has no cpu_ms
+    problems = _problems(tmp_path, lines)
+    if ok:
+        assert problems == []
+    else:
+        assert len(problems) == len(lines) and all(f".{field}: Input should be" in p for p in problems), (
+            problems
+        )
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "schema_rejects"),
+    [
+        ({"id": True}, "id", True),
+        ({"script": [{"type": "final", "answer": 1, "latency_ms": "5"}]}, "latency_ms", True),
+        ({"script": [{"type": "final", "answer": 1, "latency_ms": True}]}, "latency_ms", True),
+        ({"script": [{"type": "final", "answer": 1, "output_tokens": "5"}]}, "output_tokens", True),
+        ({"script": [{"type": "submit", "code": "print(1)", "passes": 1}]}, "passes", True),
+        ({"prompt": 5}, "prompt", True),
+        # JSON Schema's "integer" admits 1.0; the loader does not turn a float into an int either
+        ({"id": 1.0}, "id", False),
+        ({"script": [{"type": "final", "answer": 1, "output_tokens": 5.0}]}, "output_tokens", False),
+    ],
+)
+def test_no_lax_coercion(tmp_path: Path, change: dict[str, Any], field: str, schema_rejects: bool) -> None:
+    line = {"id": "a", "prompt": "p", "script": [{"type": "final", "answer": 1}]} | change
+    validator = jsonschema.Draft202012Validator(schemas()["workload"])
+    assert validator.is_valid(line) is not schema_rejects
+    problems = _problems(tmp_path, [json.dumps(line)])
+    assert problems and all(f"{field}" in p.split(": ")[1] for p in problems), problems
+
+
+def test_ints_are_still_numbers_and_ids(tmp_path: Path) -> None:
+    line = {
+        "id": 7,
+        "prompt": "p",
+        "script": [{"type": "final", "answer": 1, "latency_ms": 5, "output_tokens": 3}],
+    }
+    validator = jsonschema.Draft202012Validator(schemas()["workload"])
+    assert validator.is_valid(line)
+    path = _write(tmp_path, [json.dumps(line)])
+    assert scan_workload(path, tmp_path, scripted=True).problems == []
+    [(_, pid, problem)] = list(iter_problems(path))
+    assert pid == "7" and problem.script is not None and problem.script[0].latency_ms == 5.0
+
+
+def test_every_field_error_of_a_line_is_reported(tmp_path: Path) -> None:
+    action = {"type": "final", "answer": 1, "latency_ms": "5", "output_tokens": 0}
+    path = _write(tmp_path, [json.dumps({"id": True, "script": [action], "colour": "red"})])
+    problems = scan_workload(path, tmp_path, scripted=True).problems
+    for fld in (
+        "id.str",
+        "id.int",
+        "prompt",
+        "script[0].final.latency_ms",
+        "script[0].final.output_tokens",
+        "colour",
+    ):
+        assert any(p.startswith(f"{path}:1: {fld}: ") for p in problems), (fld, problems)

@@ -315,7 +315,8 @@ class Run:
                     outer.create_task(sampler.run())
                     async with asyncio.TaskGroup() as tg:
                         dispatcher.bind(tg)
-                        await admission.run(tg, iter_problems(cfg.workload, cfg.limit), trajectory)
+                        problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
+                        await admission.run(tg, problems, trajectory)
                     status = "complete"
                 finally:
                     # The measured window ends here, before any cleanup; read CPU while workers live.
@@ -363,6 +364,7 @@ class Run:
                 peaks=peaks,
                 status=status,
                 model_capacity=self._model_capacity,
+                server_batch_s=getattr(self._backend, "batch_seconds", None),
                 dedicated_gpu=cfg.dedicated_gpu,
             )
             events.close()
