@@ -92,7 +92,9 @@ class Bounds(BaseModel):
     binding: str
     efficiency: float | None
     terms: dict[str, float]
-    model_capacity: int
+    model_capacity: int  # requests the client can have in flight (inflight and active limits)
+    server_batch_capacity: int | None  # a simulated server's max_num_seqs; None when unknown
+    rounding_clamped: bool  # the bound exceeded the makespan by no more than its durations' rounding
     totals: dict[str, float]
 
 

@@ -35,3 +35,18 @@ def test_the_summary_bound_reaches_a_tail_only_it_sees(virtual_run: VirtualRun) 
     assert bounds["terms"]["trajectory_work_s"] == pytest.approx(0.25)
     assert bounds["terms"]["admission_order_s"] == pytest.approx(0.4)
     assert bounds["binding"] == "admission_order_s" and bounds["efficiency"] == pytest.approx(1.0)
+
+
+def test_a_bound_above_the_makespan_by_its_rounding_only_is_clamped() -> None:
+    """Durations are recorded to 1 µs; on an exactly critical trajectory their sum can pass the clock's
+    makespan by a few µs. That excess is clamped (efficiency exactly 1); a real excess stays visible."""
+    from asyncroll.outputs.summary import SummaryBuilder
+
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    summary = SummaryBuilder()
+    for _ in range(10):
+        summary._add_work("t", 0.1000005, model=True)  # ten µs-rounded durations: ≤ 5 µs of rounding
+    near = summary.bounds(1.000003, limits)
+    assert near["rounding_clamped"] and near["lower_bound_s"] == 1.000003 and near["efficiency"] == 1.0
+    far = summary.bounds(0.99, limits)
+    assert not far["rounding_clamped"] and far["efficiency"] is not None and far["efficiency"] > 1

@@ -108,7 +108,13 @@ def test_simulate_with_batching_server(tmp_path: Path) -> None:
     finished = [e for e in events if e.event == "model_finished"]
     assert all(e.completion_tokens and e.prompt_tokens for e in finished)
     assert summary["bounds"]["model_capacity"] == 16
-    assert outs[1][1]["bounds"]["model_capacity"] == 1
+    single = outs[1][1]["bounds"]
+    assert single["model_capacity"] == 16 and single["server_batch_capacity"] == 1
+    # one batch slot: the requests' time in it, back to back, is the whole makespan; their latencies
+    # (which include the wait for that slot) over the one slot would be far above it
+    assert single["terms"]["model_service_s"] == single["totals"]["server_batch_s"]
+    assert single["totals"]["model_service_s"] > 4 * outs[1][1]["makespan_s"]
+    assert single["binding"] == "model_service_s" and 0.99 < single["efficiency"] <= 1
     # a batch of one serialises the model: far slower than letting the server batch
     assert outs[1][1]["makespan_s"] > 3 * summary["makespan_s"]
 

@@ -86,6 +86,7 @@ class BatchingServer:
         self._busy = 0.0
         self._generated = 0
         self._prompt = 0
+        self.batch_seconds = 0.0  # Σ over finished requests of their time in the running batch
 
     def snapshot(self) -> ServerSnapshot:
         return ServerSnapshot(
@@ -159,6 +160,7 @@ class BatchingServer:
                     still.append(seq)
                 elif not seq.future.done():
                     assert seq.admitted is not None
+                    self.batch_seconds += now - seq.admitted
                     seq.future.set_result(
                         Generation(
                             round(seq.admitted - seq.arrived, 9),

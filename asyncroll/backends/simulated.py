@@ -50,5 +50,11 @@ class SimulatedServerBackend:
             await self.server.clock.sleep(self._overhead)
         return ModelResponse(action=action, prompt_tokens=prompt, completion_tokens=generation.output_tokens)
 
+    @property
+    def batch_seconds(self) -> float:
+        """Σ of the requests' time in the server's running batch, without their wait to join it: the
+        work the ``max_num_seqs`` batch slots did (the lower bound's server term)."""
+        return self.server.batch_seconds
+
     async def aclose(self) -> None:
         self.server.close()

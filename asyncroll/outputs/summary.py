@@ -110,6 +110,7 @@ class SummaryBuilder:
         self._work: dict[str | None, float] = {}
         self.model_work = 0.0
         self.cpu_work = 0.0
+        self.durations = 0  # how many (µs-rounded) durations the work sums hold: their rounding error
         self.trajectory_work = 0.0
         self.longest_work = 0.0
         # Each trajectory's work in admission order (packed doubles), for the admission-order slot term.
@@ -154,6 +155,7 @@ class SummaryBuilder:
         self.samples["model_queue_s"].append(event.queued_s)
 
     def _add_work(self, trajectory: str | None, seconds: float, model: bool) -> None:
+        self.durations += 1
         if model:
             self.model_work += seconds
         else:
@@ -256,28 +258,38 @@ class SummaryBuilder:
         self.restarts[event.reason] += 1
 
     def bounds(
-        self, makespan_s: float, limits: dict[str, int], model_capacity: int | None = None
+        self,
+        makespan_s: float,
+        limits: dict[str, int],
+        model_capacity: int | None = None,
+        server_batch_s: float | None = None,
     ) -> dict[str, Any]:
         """The makespan lower bound from the run's own work, and efficiency = bound ÷ makespan.
 
-        Each term is a duration no schedule of *this* work could beat: model service spread over the
-        model capacity (inflight limit, active limit and the server's batch limit where known), CPU
-        execution over the workers, each trajectory's own work over the active slots, the longest
-        single trajectory (its model turns and jobs are sequential), and each trajectory's work placed
-        on the active slots in admission order (``outputs/bounds.py``: sees the batch's tail). Computed
-        from measured durations, each term is at most the makespan (at most ``capacity`` requests are
-        ever in flight, and so on); it assumes a request or job would not have been faster at another
-        concurrency.
-        """
+        Each term is a duration no schedule of *this* work could beat: model latency spread over the
+        requests the client can have in flight (inflight and active limits), CPU execution over the
+        workers, each trajectory's own work over the active slots, the longest single trajectory (its
+        model turns and jobs are sequential), and each trajectory's work placed on the active slots in
+        admission order (``outputs/bounds.py``: sees the batch's tail). Where the server's batch limit
+        is known (``model_capacity``, a simulated server's ``max_num_seqs``) the model term is also at
+        least the requests' time *in* the batch (``server_batch_s``, without their wait to join it) over
+        that limit — never their latency over it: a latency includes the wait, so with fewer batch slots
+        than requests in flight that quotient could exceed the makespan. Computed from measured
+        durations, each term is at most the makespan; it assumes a request or job would not have been
+        faster at another concurrency. Durations are rounded to 1 µs, so a term may exceed the makespan
+        by their summed rounding; such an excess is clamped to the makespan (``rounding_clamped``)."""
         active = limits["max_active_trajectories"]
-        capacity = min(limits["max_inflight_model_requests"], active, model_capacity or active)
+        capacity = min(limits["max_inflight_model_requests"], active)
         unfinished = sum(self._work.values())
         longest = max([self.longest_work, *self._work.values()])
         admitted = array("d", self._admitted_work)
         for trajectory, position in self._admitted_at.items():
             admitted[position] = self._work.get(trajectory, 0.0)
+        model_term = self.model_work / capacity
+        if model_capacity is not None and server_batch_s is not None:
+            model_term = max(model_term, server_batch_s / model_capacity)
         terms = {
-            "model_service_s": round(self.model_work / capacity, 6),
+            "model_service_s": round(model_term, 6),
             "cpu_execute_s": round(self.cpu_work / limits["cpu_workers"], 6),
             "trajectory_work_s": round((self.trajectory_work + unfinished) / active, 6),
             "longest_trajectory_s": round(longest, 6),
@@ -286,16 +298,25 @@ class SummaryBuilder:
         }
         binding = max(terms, key=lambda k: terms[k])
         bound = terms[binding]
+        shown = round(makespan_s, 6)
+        clamped = shown < bound <= shown + 5e-7 * self.durations + 1e-6
+        if clamped:
+            bound = shown
+        totals = {"model_service_s": round(self.model_work, 6), "cpu_execute_s": round(self.cpu_work, 6)}
+        if server_batch_s is not None:
+            totals["server_batch_s"] = round(server_batch_s, 6)
+        efficiency = _ratio(bound, makespan_s)
+        if clamped and efficiency is not None:
+            efficiency = min(1.0, efficiency)
         return {
             "lower_bound_s": bound,
             "binding": binding,
-            "efficiency": _ratio(bound, makespan_s),
+            "efficiency": efficiency,
             "terms": terms,
             "model_capacity": capacity,
-            "totals": {
-                "model_service_s": round(self.model_work, 6),
-                "cpu_execute_s": round(self.cpu_work, 6),
-            },
+            "server_batch_capacity": model_capacity,
+            "rounding_clamped": clamped,
+            "totals": totals,
         }
 
     def build(
@@ -308,9 +329,12 @@ class SummaryBuilder:
         peaks: dict[str, int],
         status: str,
         model_capacity: int | None = None,
+        server_batch_s: float | None = None,
         dedicated_gpu: bool = False,
     ) -> dict[str, Any]:
-        """``dedicated_gpu``: the user declared one GPU allocated to this run (``completed_per_gpu_hour``)."""
+        """``dedicated_gpu``: the user declared one GPU allocated to this run (``completed_per_gpu_hour``);
+        ``model_capacity`` and ``server_batch_s``: a simulated server's batch limit and the requests' time
+        in its batch (see :meth:`bounds`)."""
         finished = sum(self.status.values())
         completed = self.status["completed"]
         s = self.samples
@@ -395,7 +419,7 @@ class SummaryBuilder:
                 },
             },
             "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
-            "bounds": self.bounds(makespan_s, limits, model_capacity),
+            "bounds": self.bounds(makespan_s, limits, model_capacity, server_batch_s),
             "client_cpu_blocked": {
                 "seconds": self.blocked.total(makespan_s),
                 "fraction_of_makespan": _ratio(self.blocked.total(makespan_s), makespan_s),

@@ -11,8 +11,9 @@ CP-SAT (OR-Tools, the ``optimum`` extra):
   previous one ends, with their measured durations (floored to ``resolution_s``);
 - trajectories start in workload order (asyncroll admits them that way) and each holds one of the
   ``max_active_trajectories`` slots from its start until its last step ends;
-- at most ``model_capacity`` model requests at once (the inflight limit, the active limit and the
-  server's batch limit where known) and at most ``cpu_workers`` CPU jobs at once.
+- at most ``model_capacity`` model requests at once (the inflight and active limits: a request's
+  recorded latency includes any wait inside the server, so the server's own batch limit is not a
+  valid capacity for it) and at most ``cpu_workers`` CPU jobs at once.
 
 Everything else a real run pays (client overheads, admission latency, dispatch) is left out, and the
 scheduler is clairvoyant (it knows every duration in advance) and may leave a worker idle on purpose.
