@@ -34,6 +34,9 @@ ServerKind = Literal["vllm", "sglang", "transformers", "generic"]
 #: clear message, so that no flag pretends to work.
 AVAILABLE_BACKENDS = ("scripted", "vllm", "openai")
 DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
+#: At most this many worker *processes* (``asyncroll run``; virtual workers are not capped): each holds
+#: tens of MB, and 100,000 were once accepted until the kernel's OOM killer ended the run.
+MAX_PROCESS_WORKERS = 1024
 #: Settings only an HTTP backend reads: given with ``--backend scripted`` they are refused, not ignored.
 HTTP_ONLY = (
     "model",

@@ -127,7 +127,7 @@ class SummaryModel(_Open):
     status: Literal["complete", "failed", "interrupted"]
     policy: str
     limits: dict[str, int]
-    makespan_s: float
+    makespan_s: float | None  # None: the measured window never opened
     counts: Counts
     rates: dict[str, float | int | None]
     throughput: dict[str, float | str | None]
@@ -138,7 +138,7 @@ class SummaryModel(_Open):
     phases: dict[str, Any]
     scheduler: Scheduler
     workers: dict[str, Any]
-    bounds: Bounds
+    bounds: Bounds | None
     client_cpu_blocked: dict[str, float | int | str | None]
     peaks: dict[str, int]
     cpu_cost: dict[str, float | str | None]

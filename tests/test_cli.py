@@ -247,6 +247,12 @@ def test_signal_mid_run_leaves_valid_files_and_no_processes(tmp_path: Path, sig:
     started = {e.job_id for e in events if e.event == "cpu_started"}
     ended = {e.job_id for e in events if e.event in ("cpu_finished", "cpu_failed")}
     assert started <= ended
+    # jobs the stop cancelled are counted as such, not as tool errors
+    tools = summary["tools"]
+    assert tools["errors"] == 0 and tools["error_rate"] == 0.0
+    assert tools["failures"].get("cancelled", 0) == len(started) - sum(
+        e.event == "cpu_finished" for e in events
+    )
     assert_gone(worker_pids(events))
 
 
@@ -339,3 +345,16 @@ def test_worker_that_cannot_start_fails_the_run_with_its_reason(tmp_path: Path) 
     receipt = json.loads((out / "run.json").read_text())
     assert receipt["status"] == "failed" and "no database here" in receipt["error"]
     assert "measurement_started" not in (out / "events.jsonl").read_text()
+    # nothing was measured: what depends on the window is null, never zero
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["makespan_s"] is None and summary["bounds"] is None
+    assert summary["client_cpu_blocked"]["seconds"] is None
+    assert summary["throughput"]["completed_per_wall_hour"] is None
+    SummaryModel.model_validate(summary)
+
+
+@pytest.mark.timeout(30)
+def test_more_worker_processes_than_the_cap_are_refused(tmp_path: Path) -> None:
+    result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--cpu-workers", "5000")
+    assert result.returncode == 2 and "at most 1024 worker processes" in result.stderr
+    assert not (tmp_path / "run").exists()

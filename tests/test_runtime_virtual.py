@@ -246,3 +246,53 @@ def test_results_keep_answers_of_any_size(virtual_run: VirtualRun) -> None:
     assert outcome.status == "complete"
     row = json.loads((out / "results.jsonl").read_text())
     assert row["answer"] == huge and row["status"] == "completed"
+
+
+def test_a_jobs_queue_wait_includes_the_dispatch_decision(tmp_path: Path) -> None:
+    """``waited_s`` runs from ``cpu_enqueued`` to the selection itself: a slow decision (here a policy
+    that takes 0.25 virtual seconds to choose) is part of the job's wait, as the events' times say."""
+    from asyncroll.clock import VirtualClock
+    from asyncroll.config import build_config
+    from asyncroll.events import CpuEnqueued, EventCapture
+    from asyncroll.policies.base import Decision, QueueSnapshot
+    from asyncroll.runtime.run import Run, prepare
+    from asyncroll.runtime.virtual_worker import virtual_factory
+    from tests.conftest import write_workload
+
+    clock = VirtualClock()
+
+    class SlowFifo:
+        name = "fifo"
+
+        def choose(self, snapshot: QueueSnapshot) -> Decision:
+            clock.advance(0.25)
+            return Decision(snapshot.jobs[0].job_id, "fifo")
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=100, turns=2) for i in range(3)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", "cpu_workers": 1})
+    capture = EventCapture()
+    run = Run(
+        prepare(cfg, ["test"]),
+        clock,
+        worker_factory=virtual_factory(clock),
+        subscribers=(capture,),
+        policy=SlowFifo(),
+    )
+    assert clock.run(run.execute()).status == "complete"
+    enqueued = {e.job_id: e.t for e in capture.of(CpuEnqueued)}
+    selected = capture.of(CpuSelected)
+    assert len(selected) == 6  # two tool calls each (no reference answer: nothing to grade)
+    for event in selected:
+        assert event.waited_s >= 0.25
+        assert event.waited_s == pytest.approx(event.t - enqueued[event.job_id], abs=2e-6)
+
+
+def test_a_simulated_runs_cpu_cost_is_unknown_not_the_simulators_own(virtual_run: VirtualRun) -> None:
+    """The simulator's host CPU is not a cost of the run it models (and made two identical simulations'
+    summaries differ): null, with the reason."""
+    outcome, _, _ = virtual_run([tool_problem("p", model_ms=10, cpu_ms=20)])
+    assert outcome.summary is not None
+    cost = outcome.summary["cpu_cost"]
+    assert cost["client_cpu_s"] is None and cost["total_cpu_s"] is None
+    assert "simulated" in cost["reason"]

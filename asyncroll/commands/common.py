@@ -29,12 +29,13 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
     c, acc, sch = summary["counts"], summary["accuracy"], summary["scheduler"]
     tput = summary["throughput"]["completed_per_wall_hour"]
     exact = "n/a" if acc["exact"] is None else f"{acc['exact']:.3f}"
+    makespan = "n/a" if summary["makespan_s"] is None else f"{summary['makespan_s']:.3f}s"
     evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)
     evaluations = f", code evaluations {evaluated}" if evaluated else ""
     typer.echo(
         f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
         f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']}{evaluations} | "
-        f"exact accuracy {exact} (n={acc['denominator']}) | makespan {summary['makespan_s']:.3f}s | "
+        f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "
         f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {sch['policy']}: "
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
         f"{summary['workers']['restarts']}\noutputs: {output}"

@@ -156,9 +156,17 @@ def _run(cfg: Any) -> int:
     import asyncio
 
     from asyncroll.clock import SystemClock
+    from asyncroll.config import MAX_PROCESS_WORKERS
     from asyncroll.errors import UsageError
     from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, prepare
 
+    if cfg.cpu_workers > MAX_PROCESS_WORKERS:
+        typer.echo(
+            f"error: --cpu-workers {cfg.cpu_workers}: at most {MAX_PROCESS_WORKERS} worker processes "
+            "(each is a Python process holding tens of MB)",
+            err=True,
+        )
+        return 2
     try:
         prepared = prepare(cfg, probe_isolation=True)
     except UsageError as exc:

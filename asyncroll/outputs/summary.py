@@ -322,7 +322,7 @@ class SummaryBuilder:
     def build(
         self,
         *,
-        makespan_s: float,
+        makespan_s: float | None,
         policy: str,
         limits: dict[str, int],
         cpu_cost: dict[str, Any],
@@ -334,7 +334,10 @@ class SummaryBuilder:
     ) -> dict[str, Any]:
         """``dedicated_gpu``: the user declared one GPU allocated to this run (``completed_per_gpu_hour``);
         ``model_capacity`` and ``server_batch_s``: a simulated server's batch limit and the requests' time
-        in its batch (see :meth:`bounds`)."""
+        in its batch (see :meth:`bounds`). ``makespan_s`` None: the measured window never opened (the run
+        failed or was interrupted while starting); whatever depends on it is null, never zero."""
+        measured = makespan_s is not None
+        makespan_s = makespan_s or 0.0
         finished = sum(self.status.values())
         completed = self.status["completed"]
         s = self.samples
@@ -342,18 +345,19 @@ class SummaryBuilder:
         responses = self.model_finished + invalid
         hours = makespan_s / 3600.0
         phase_totals = {
-            "model_queue_s": round(sum(s["model_queue_s"]), 6),
-            "model_service_s": round(sum(s["model_latency_s"]), 6),
-            "cpu_queue_s": round(sum(s["cpu_queue_s"]), 6),
-            "cpu_execute_s": round(sum(s["cpu_execute_s"]), 6),
+            "model_queue_s": round(float(sum(s["model_queue_s"])), 6),
+            "model_service_s": round(float(sum(s["model_latency_s"])), 6),
+            "cpu_queue_s": round(float(sum(s["cpu_queue_s"])), 6),
+            "cpu_execute_s": round(float(sum(s["cpu_execute_s"])), 6),
         }
+        blocked = self.blocked.total(makespan_s) if measured else None
         trajectory_total = sum(s["trajectory_s"])
         return {
             "schema_version": SUMMARY_SCHEMA_VERSION,
             "status": status,
             "policy": policy,
             "limits": limits,
-            "makespan_s": round(makespan_s, 6),
+            "makespan_s": round(makespan_s, 6) if measured else None,
             "counts": {
                 "trajectories": self.started,
                 "finished": finished,
@@ -389,14 +393,18 @@ class SummaryBuilder:
                 "calls": self.tool_calls,
                 "errors": self.tool_errors,
                 "calls_per_trajectory": _ratio(self.tool_calls, finished),
-                "error_rate": _ratio(self.tool_errors + self.cpu_failures.total(), self.tool_calls),
+                # a job cancelled because the run stopped under it is not the tool's error
+                "error_rate": _ratio(
+                    self.tool_errors + self.cpu_failures.total() - self.cpu_failures["cancelled"],
+                    self.tool_calls,
+                ),
                 "failures": dict(self.cpu_failures),
                 "jobs_by_kind": dict(self.jobs_by_kind),
             },
             "latency": {name: distribution(values) for name, values in s.items()},
             "phases": {
                 **phase_totals,
-                "trajectory_total_s": round(trajectory_total, 6),
+                "trajectory_total_s": round(float(trajectory_total), 6),
                 "fractions_of_trajectory_time": {
                     k: _ratio(v, trajectory_total) for k, v in phase_totals.items()
                 },
@@ -419,10 +427,10 @@ class SummaryBuilder:
                 },
             },
             "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
-            "bounds": self.bounds(makespan_s, limits, model_capacity, server_batch_s),
+            "bounds": self.bounds(makespan_s, limits, model_capacity, server_batch_s) if measured else None,
             "client_cpu_blocked": {
-                "seconds": self.blocked.total(makespan_s),
-                "fraction_of_makespan": _ratio(self.blocked.total(makespan_s), makespan_s),
+                "seconds": blocked,
+                "fraction_of_makespan": None if blocked is None else _ratio(blocked, makespan_s),
                 "intervals": self.blocked.intervals,
                 "definition": "≥1 active trajectory, 0 model requests outstanding, ≥1 CPU job pending",
             },

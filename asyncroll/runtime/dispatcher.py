@@ -210,6 +210,9 @@ class CpuDispatcher:
             reordered = chosen.view.job_id != oldest.job_id
             self._decisions += 1
             self._reorders += reordered
+            # The wait runs to the selection itself, so it includes the prediction and the decision (the
+            # snapshot's ``now``, before them, is what the policy and the candidates saw).
+            selected_at = self._clock.now()
             self._events.emit(
                 CpuSelected(
                     id=chosen.spec.trajectory_id,
@@ -219,7 +222,7 @@ class CpuDispatcher:
                     reason=decision.reason,
                     queue_depth=len(jobs),
                     model_outstanding=snapshot.model_outstanding,
-                    waited_s=round(now - chosen.view.enqueued_at, 6),
+                    waited_s=round(selected_at - chosen.view.enqueued_at, 6),
                     oldest_job_id=oldest.job_id,
                     reordered=reordered,
                     eligible=decision.eligible,

@@ -340,9 +340,9 @@ class Run:
         finally:
             if live is not None:  # idempotent; here for a failure before the inner cleanup ran
                 await _shielded(live.aclose())
-            makespan = 0.0 if origin is None else (finished_at or clock.now()) - origin
-            cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"])
-            if origin is not None:
+            makespan = None if origin is None else (finished_at or clock.now()) - origin
+            cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"], clock.virtual)
+            if makespan is not None:
                 events.emit(
                     MeasurementFinished(
                         status=status,
