@@ -38,8 +38,8 @@ DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
 #: tens of MB, and 100,000 were once accepted until the kernel's OOM killer ended the run.
 MAX_PROCESS_WORKERS = 1024
 #: Settings only an HTTP backend reads: given with ``--backend scripted`` they are refused, not ignored.
+#: (``--model`` is not one: it also filters a scraped server's metrics, ``--metrics-url``.)
 HTTP_ONLY = (
-    "model",
     "endpoint",
     "max_tokens",
     "request_timeout",
