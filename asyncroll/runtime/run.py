@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -165,6 +166,7 @@ class Run:
         }
         return {
             "command": self.argv,
+            "cwd": os.getcwd(),  # where relative paths in the command (and config) were resolved
             "config": {
                 **cfg.model_dump(mode="json"),
                 "policy_canonical": cfg.policy_name,
