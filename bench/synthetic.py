@@ -23,12 +23,20 @@ import argparse
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.workload import MAX_DURATION_MS
 
 MS_PER_KB = 20.0
+#: The largest mean crunch cost: its input is len = cpu_ms / MS_PER_KB KB of text (a minute: 3 MB per job).
+MAX_CPU_MS = 60_000.0
+#: The largest mean model latency: a workload's bound on one declared duration (one day).
+MAX_MODEL_MS = float(MAX_DURATION_MS)
+#: The largest lognormal sigma (beyond it nearly every draw is ~0 and a few overflow).
+MAX_SIGMA = 5.0
 _DEFAULT_SERVER = ServerModelConfig()
 DECODE_STEP_MS = _DEFAULT_SERVER.step_base_ms + _DEFAULT_SERVER.step_per_seq_ms
 TOOLS_FILE = "synthetic_tools.py"
@@ -132,38 +140,93 @@ def make(
 
 
 def write(path: Path, n: int, model_ms: float, cpu_ms: float, seed: int, **kw: Any) -> Path:
-    """Write the workload to ``path`` and its tools file beside it."""
+    """Write the workload to ``path`` and its tools file beside it.
+
+    An existing tools file is left alone if it is exactly this one and refused (``FileExistsError``,
+    before anything is written) if it is not: it may be another workload's."""
+    tools = path.parent / TOOLS_FILE
+    if tools.exists() and (not tools.is_file() or tools.read_bytes() != TOOLS_SOURCE.encode()):
+        raise FileExistsError(
+            f"{tools} exists and is not this generator's tools file; choose another output folder"
+        )
+    problems = make(n, model_ms, cpu_ms, seed, **kw)
+    longest = max(a.get(k, 0.0) for p in problems for a in p["script"] for k in ("latency_ms", "cpu_ms"))
+    if longest > MAX_DURATION_MS:
+        raise ValueError(
+            f"these parameters draw a duration of {longest:.0f} ms, over a workload's one-day limit; "
+            "lower --model-ms, --cpu-ms, --cpu-sigma or --noise"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
-    (path.parent / TOOLS_FILE).write_text(TOOLS_SOURCE)
+    if not tools.exists():
+        tools.write_text(TOOLS_SOURCE)
     with path.open("w") as handle:
-        for problem in make(n, model_ms, cpu_ms, seed, **kw):
+        for problem in problems:
             handle.write(json.dumps(problem) + "\n")
     return path
 
 
-def main() -> None:
+def _number(kind: type, low: float, high: float, *, low_open: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a finite ``kind`` in [low, high] (or (low, high] with ``low_open``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not {'an integer' if kind is int else 'a number'}: {text!r}"
+            ) from None
+        too_low = value <= low if low_open else value < low
+        if not math.isfinite(value) or too_low or value > high:
+            what = "an integer" if kind is int else "a finite number"
+            bounds = f"{'>' if low_open else '>='} {low:.10g} and <= {high:.10g}"
+            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text}")
+        return value
+
+    return parse
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--n", type=int, default=200, help="trajectories")
-    parser.add_argument("--model-ms", type=float, default=400.0, help="mean model latency per turn")
-    parser.add_argument("--cpu-ms", type=float, default=300.0, help="mean cost of a crunch job")
-    parser.add_argument("--cpu-sigma", type=float, default=1.0, help="lognormal sigma of crunch input sizes")
-    parser.add_argument("--noise", type=float, default=0.3, help="lognormal sigma of the hidden cost factor")
-    parser.add_argument("--repair-fraction", type=float, default=0.6, help="trajectories with a repair")
+    parser.add_argument("--n", type=_number(int, 1, 10_000_000), default=200, help="trajectories (>= 1)")
+    parser.add_argument(
+        "--model-ms",
+        type=_number(float, 0, MAX_MODEL_MS),
+        default=400.0,
+        help="mean model latency per turn (>= 0)",
+    )
+    parser.add_argument(
+        "--cpu-ms",
+        type=_number(float, 0, MAX_CPU_MS, low_open=True),
+        default=300.0,
+        help=f"mean cost of a crunch job (> 0, at most {MAX_CPU_MS:g}: its input is 51 bytes per ms)",
+    )
+    sigma = _number(float, 0, MAX_SIGMA)
+    parser.add_argument("--cpu-sigma", type=sigma, default=1.0, help="lognormal sigma of crunch input sizes")
+    parser.add_argument("--noise", type=sigma, default=0.3, help="lognormal sigma of the hidden cost factor")
+    parser.add_argument(
+        "--repair-fraction",
+        type=_number(float, 0, 1),
+        default=0.6,
+        help="trajectories with a repair (0 to 1)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args()
-    write(
-        args.output,
-        args.n,
-        args.model_ms,
-        args.cpu_ms,
-        args.seed,
-        cpu_sigma=args.cpu_sigma,
-        noise=args.noise,
-        repair_fraction=args.repair_fraction,
-    )
+    args = parser.parse_args(argv)
+    try:
+        write(
+            args.output,
+            args.n,
+            args.model_ms,
+            args.cpu_ms,
+            args.seed,
+            cpu_sigma=args.cpu_sigma,
+            noise=args.noise,
+            repair_fraction=args.repair_fraction,
+        )
+    except (FileExistsError, ValueError) as exc:
+        parser.error(str(exc))
     print(f"wrote {args.n} problems to {args.output} and {args.output.parent / TOOLS_FILE}")
 
 

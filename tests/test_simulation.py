@@ -4,13 +4,86 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner, Result
 
-from tests.conftest import VirtualRun, tool_problem, write_workload
+from tests.conftest import REPO, VirtualRun, tool_problem, write_workload
 from tests.test_cli import SMOKE, cli, load_run
+
+
+def simulate_here(*args: str | Path) -> Result:
+    """``asyncroll simulate ARGS`` in this process: the refusals need no interpreter of their own."""
+    from asyncroll.cli import app
+
+    return CliRunner().invoke(app, ["simulate", *map(str, args)])
+
+
+#: The CLI with every virtual job also taking 50 ms of real time (in a sweep's spawned cell processes
+#: too, which import this module), so that a signal reliably lands while simulations are running.
+SLOW_CLI = """
+import sys
+import time
+
+from asyncroll.simulation import engine
+
+_duration = engine.builtin_duration
+
+
+def slow(request):
+    time.sleep(0.05)
+    return _duration(request)
+
+
+engine.builtin_duration = slow
+
+if __name__ == "__main__":
+    from asyncroll.cli import app
+
+    sys.argv[0] = "asyncroll"
+    app()
+"""
+
+
+def start_slow_cli(tmp_path: Path, *args: str | Path) -> subprocess.Popen[str]:
+    script = tmp_path / "slow_cli.py"
+    script.write_text(SLOW_CLI)
+    return subprocess.Popen(
+        [sys.executable, str(script), *map(str, args)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(ready: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} never happened")
+
+
+def signal_and_wait(proc: subprocess.Popen[str], sig: signal.Signals) -> str:
+    """Send ``sig``; the process's stderr once it exited (killed after 30 s: a hang fails the test)."""
+    try:
+        os.kill(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return stderr
 
 
 def _final(pid: str, ms: float) -> dict[str, Any]:
@@ -289,3 +362,315 @@ def test_cpu_cost_is_unknown_rather_than_zero_when_it_cannot_be_measured() -> No
     nothing = cpu_cost((1.0, 10.0), (3.0, 16.0), replaced=False, completed=0)
     assert nothing["total_cpu_s"] == 8.0 and nothing["per_completion_s"] is None
     assert nothing["reason"] == "no trajectory completed"
+
+
+# --- refusals: bad input is one line on stderr, exit 2, and nothing created ---------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--server", "batching", "--chars-per-token", "0"], "--chars-per-token: must be >= 0.01"),
+        (["--server", "batching", "--chars-per-token", "-1"], "--chars-per-token: must be >= 0.01"),
+        (["--turn-overhead-ms", "nan"], "--turn-overhead-ms: must be a finite number"),
+        (["--job-overhead-ms", "inf"], "--job-overhead-ms: must be a finite number"),
+        (["--job-overhead-ms", "1e9"], "--job-overhead-ms: must be at most 86400000 ms (one day)"),
+        (["--server", "batching", "--step-base-ms", "nan"], "--step-base-ms: must be a finite number"),
+        (["--server", "batching", "--step-base-ms", "inf"], "--step-base-ms: must be a finite number"),
+        (["--server", "batching", "--step-base-ms", "1e308"], "--step-base-ms: must be at most"),
+        (["--server", "batching", "--step-per-seq-ms", "inf"], "--step-per-seq-ms: must be a finite"),
+        (["--server", "batching", "--prefill-ms-per-token", "inf"], "--prefill-ms-per-token: must be a"),
+        (["--server", "batching", "--max-num-seqs", "0"], "--max-num-seqs: must be >= 1"),
+        (["--tool-timeout", "inf"], "--tool-timeout: must be a finite number"),
+        (["--tool-timeout", "nan"], "--tool-timeout: must be a finite number"),
+        (["--sweep", "--jitter", "nan"], "--jitter: must be a finite number"),
+        (["--sweep", "--jitter", "50"], "--jitter: must be at most 5"),
+    ],
+)
+def test_non_finite_and_out_of_range_numbers_are_refused_before_anything_exists(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """NaN would silently corrupt every duration it touches; infinity or a cost near float's limit would
+    stop virtual time (the run never ends); chars-per-token 0 divided by zero mid-run."""
+    out = tmp_path / "out"
+    result = simulate_here("--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert not out.exists()
+
+
+def test_simulation_settings_refuse_what_the_cli_refuses() -> None:
+    from asyncroll.backends.server_model import ServerModelConfig
+    from asyncroll.simulation.engine import SimulationSettings
+
+    for bad in (
+        {"chars_per_token": 0.0},
+        {"turn_overhead_ms": float("nan")},
+        {"job_overhead_ms": float("inf")},
+        {"model": ServerModelConfig(step_base_ms=float("inf"))},
+        {"model": ServerModelConfig(prefill_ms_per_token=1e308)},
+    ):
+        with pytest.raises(ValueError, match="must be a finite number"):
+            SimulationSettings(**bad)  # type: ignore[arg-type]
+
+
+# --- replays of recorded runs ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A completed (simulated) run to replay: eight trajectories, two of them failed by a tool timeout."""
+    from bench import synthetic
+
+    tmp = tmp_path_factory.mktemp("recorded")
+    workload = synthetic.write(tmp / "w.jsonl", 8, 20.0, 15.0, seed=0)
+    run = tmp / "run"
+    result = simulate_here("--workload", workload, "--output", run, "--tool-timeout", "0.015")
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def _statuses(run: Path) -> dict[str, str]:
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    return {row["id"]: row["status"] for row in rows}
+
+
+@pytest.mark.timeout(60)
+def test_a_replay_of_a_run_with_tool_timeouts_reproduces_every_trajectorys_outcome(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """A timed-out job's only measurement is its round trip, which equals the timeout; replayed as that,
+    it no longer exceeded the timeout and its trajectory completed. It is replayed just over it."""
+    statuses = _statuses(recorded)
+    assert sorted(statuses.values()).count("failed") >= 1  # the timeout did bite
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert _statuses(replay) == statuses
+    _, source, source_events = load_run(recorded)
+    _, summary, _ = load_run(replay)
+    assert summary["counts"] == source["counts"]
+    assert summary["workers"]["restarts"] == source["workers"]["restarts"]
+    timeouts = sum(e.event == "cpu_failed" and e.reason == "timeout" for e in source_events)
+    replayed = [
+        a
+        for line in (replay / "replay-workload.jsonl").read_text().splitlines()
+        for a in json.loads(line)["script"]
+    ]
+    assert timeouts and sum(a.get("cpu_ms") == 15.001 for a in replayed) == timeouts  # 1 µs over
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status", ["interrupted", "failed", "running", "preparing"])
+def test_from_run_refuses_a_run_that_did_not_complete(recorded: Path, tmp_path: Path, status: str) -> None:
+    """Only part of such a run's turns were measured; the rest would silently take scripted timings."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(recorded, source)
+    receipt = json.loads((source / "run.json").read_text())
+    (source / "run.json").write_text(json.dumps({**receipt, "status": status}))
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", source, "--output", out)
+    assert result.exit_code == 2
+    assert f"the run's status is {status!r}, not 'complete'" in result.stderr
+    assert not out.exists()
+
+
+def _edit_json(path: Path, edit: Any) -> None:
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+def _edit_lines(path: Path, edit: Any) -> None:
+    path.write_text("".join(edit(path.read_text().splitlines(keepends=True))))
+
+
+def _drop_first_turn(lines: list[str]) -> list[str]:
+    out, dropped = [], False
+    for line in lines:
+        event = json.loads(line)
+        if event["event"] == "model_finished" and not dropped:
+            del event["turn"]
+            line, dropped = json.dumps(event) + "\n", True
+        out.append(line)
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "run.json").write_text("[1, 2]"), r"run\.json: not a run receipt \(a JSON list\)"),
+        (lambda d: (d / "run.json").write_text("{"), "cannot read run.json"),
+        (
+            lambda d: _edit_json(d / "run.json", lambda r: {**r, "schema_version": 99}),
+            r"run\.json: schema_version 99; this asyncroll reads run\.json version 1 only",
+        ),
+        (
+            lambda d: _edit_json(d / "run.json", lambda r: {**r, "workload": "w.jsonl"}),
+            r"run\.json: 'workload' is missing or not an object",
+        ),
+        (
+            lambda d: _edit_json(
+                d / "run.json", lambda r: {**r, "config": {**r["config"], "tool_timeout": "x"}}
+            ),
+            "config.tool_timeout is not a positive number",
+        ),
+        (
+            lambda d: _edit_lines(d / "events.jsonl", _drop_first_turn),
+            r"events\.jsonl:\d+: 'model_finished' lacks a valid 'turn'",
+        ),
+        (
+            lambda d: _edit_lines(d / "events.jsonl", lambda lines: [*lines[:-1], lines[-1][:25]]),
+            r"events\.jsonl:\d+: not valid JSON",
+        ),
+        (
+            lambda d: _edit_lines(
+                d / "events.jsonl", lambda lines: [ln.replace('"v":1,', '"v":99,') for ln in lines]
+            ),
+            r"events\.jsonl:1: event schema version 99; this asyncroll reads version 1 only",
+        ),
+        (
+            lambda d: _edit_lines(d / "events.jsonl", lambda lines: ["[]\n", *lines]),
+            r"events\.jsonl:1: not a JSON object",
+        ),
+        (
+            lambda d: _edit_lines(
+                d / "results.jsonl", lambda lines: [*lines, '{"id": "x", "generations": "2"}\n']
+            ),
+            r"results\.jsonl:9: 'generations' or 'id' is not valid",
+        ),
+        (lambda d: (d / "events.jsonl").unlink(), r"cannot read .*events\.jsonl"),
+    ],
+)
+def test_from_run_refuses_damaged_or_other_version_run_dirs_naming_the_file(
+    recorded: Path, tmp_path: Path, damage: Any, message: str
+) -> None:
+    import re
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(recorded, source)
+    damage(source)
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", source, "--output", out)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: --from-run ") and re.search(message, result.stderr), result.stderr
+    assert "Traceback" not in result.output and not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_from_run_resolves_a_relative_tool_root_without_the_original_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json keeps --tool-root as typed; a relative one is recovered from the tool files it records
+    (absolute) or from its cwd, so the replay does not depend on where it is started. Where nothing pins
+    it down (an older run.json without cwd), the user is told to pass --tool-root, which then overrides
+    it."""
+    from bench import synthetic
+
+    project = tmp_path / "project"
+    synthetic.write(project / "tools" / "w.jsonl", 3, 20.0, 10.0, seed=1)
+    monkeypatch.chdir(project)
+    assert (
+        simulate_here("--workload", "tools/w.jsonl", "--output", "run", "--tool-root", "tools").exit_code == 0
+    )
+    assert json.loads((project / "run" / "run.json").read_text())["config"]["tool_root"] == "tools"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = simulate_here("--from-run", project / "run", "--output", "replay")
+    assert result.exit_code == 0, result.output
+    receipt = json.loads((elsewhere / "replay" / "run.json").read_text())
+    assert receipt["config"]["tool_root"] == str(project / "tools")
+
+    # built-in tools only: run.json's cwd says what "sub" was relative to
+    (project / "sub").mkdir()
+    monkeypatch.chdir(project)
+    assert simulate_here("--workload", SMOKE, "--output", "smoke", "--tool-root", "sub").exit_code == 0
+    monkeypatch.chdir(elsewhere)
+    found = simulate_here("--from-run", project / "smoke", "--output", "r1")
+    assert found.exit_code == 0, found.output
+    assert json.loads((elsewhere / "r1" / "run.json").read_text())["config"]["tool_root"] == str(
+        project / "sub"
+    )
+    # a run directory from before run.json recorded its cwd: nothing says what "sub" was relative to
+    receipt_path = project / "smoke" / "run.json"
+    receipt = json.loads(receipt_path.read_text())
+    del receipt["cwd"]
+    receipt_path.write_text(json.dumps(receipt))
+    refused = simulate_here("--from-run", project / "smoke", "--output", "r2")
+    assert refused.exit_code == 2 and "pass --tool-root" in refused.stderr and not Path("r2").exists()
+    given = simulate_here("--from-run", project / "smoke", "--output", "r2", "--tool-root", project / "sub")
+    assert given.exit_code == 0, given.output
+
+
+# --- signals --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_interrupts_a_simulation_as_it_does_a_run(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM, like SIGINT, stops the simulation: exit 130, run.json and summary.json say interrupted and
+    by which signal (SIGTERM used to kill the process and leave run.json ``running``)."""
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=10, turns=2) for i in range(100)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sim"
+    proc = start_slow_cli(tmp_path, "simulate", "--workload", workload, "--output", out)
+    receipt = out / "run.json"
+    wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the simulation start")
+    stderr = signal_and_wait(proc, sig)
+    assert proc.returncode == 130, stderr
+    assert f"interrupted by {sig.name}; partial outputs in {out}" in stderr and "Traceback" not in stderr
+    receipt_data, summary, events = load_run(out)
+    assert receipt_data["status"] == "interrupted" and receipt_data["error"] == f"interrupted by {sig.name}"
+    assert summary["status"] == "interrupted" and summary["counts"]["unfinished"] > 0
+    assert events[-1].event == "measurement_finished" and events[-1].status == "interrupted"
+
+
+# --- bench.synthetic ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n", "-5"], "--n: must be an integer >= 1"),
+        (["--n", "0"], "--n: must be an integer >= 1"),
+        (["--model-ms", "-1"], "--model-ms: must be a finite number >= 0"),
+        (["--cpu-ms", "0"], "--cpu-ms: must be a finite number > 0"),
+        (["--cpu-ms", "inf"], "--cpu-ms: must be a finite number"),
+        (["--repair-fraction", "2"], "--repair-fraction: must be a finite number >= 0 and <= 1"),
+        (["--repair-fraction", "-1"], "--repair-fraction: must be a finite number >= 0 and <= 1"),
+        (["--cpu-sigma", "-1"], "--cpu-sigma: must be a finite number >= 0"),
+        (["--noise", "-0.5"], "--noise: must be a finite number >= 0"),
+        (["--noise", "nan"], "--noise: must be a finite number"),
+        (["--model-ms", "80000000"], "over a workload's one-day limit"),
+    ],
+)
+def test_synthetic_refuses_parameters_outside_their_documented_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    from bench import synthetic
+
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic.main([*args, "--output", str(tmp_path / "w.jsonl")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_synthetic_never_overwrites_another_tools_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import synthetic
+
+    synthetic.main(["--n", "3", "--output", str(tmp_path / "a.jsonl")])
+    synthetic.main(["--n", "3", "--output", str(tmp_path / "b.jsonl")])  # the same tools file: fine
+    assert (tmp_path / synthetic.TOOLS_FILE).read_text() == synthetic.TOOLS_SOURCE
+    mine = "def crunch(data):\n    return 0\n"
+    (tmp_path / synthetic.TOOLS_FILE).write_text(mine)
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic.main(["--n", "3", "--output", str(tmp_path / "c.jsonl")])
+    assert exit_info.value.code == 2 and "is not this generator's tools file" in capsys.readouterr().err
+    assert (tmp_path / synthetic.TOOLS_FILE).read_text() == mine and not (tmp_path / "c.jsonl").exists()

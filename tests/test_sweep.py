@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from asyncroll.simulation.perturb import factor, perturb_workload
 from tests.conftest import REPO, tool_problem, write_workload
 from tests.test_cli import SMOKE, cli
+from tests.test_simulation import signal_and_wait, simulate_here, start_slow_cli, wait_until
 
 
 def test_jitter_is_deterministic_mean_one_and_keyed() -> None:
@@ -241,3 +243,110 @@ def test_a_cell_whose_run_fails_stops_the_sweep_and_names_the_cell(tmp_path: Pat
             workload, tmp_path, {}, spec, SimulationSettings(), tmp_path / "s", {"broken": lambda _: Broken()}
         )
     assert not (tmp_path / "s" / "sweep.csv").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "tool_first"], "--policy does not apply with --sweep (use --policies"),
+        (
+            ["--max-active-trajectories", "8"],
+            "--max-active-trajectories does not apply with --sweep (use --active",
+        ),
+        (["--max-inflight-model-requests", "2"], "does not apply with --sweep (use --inflight"),
+        (
+            ["--cpu-workers", "2", "--workers", "1"],
+            "--cpu-workers does not apply with --sweep (use --workers",
+        ),
+        (["--active", "0", "--seeds", "1", "--jobs", "1"], "--active: every value must be an integer >= 1"),
+        (["--inflight", "-1"], "--inflight: every value must be an integer >= 1"),
+        (["--workers", "0,2"], "--workers: every value must be an integer >= 1"),
+        (["--active", "8,,4"], "--active: empty item in '8,,4'"),
+        (["--active", ",8"], "--active: empty item"),
+        (["--workers", "2,"], "--workers: empty item"),
+        (["--policies", ""], "--policies: empty item"),
+        (["--policies", "fifo,fifo", "--seeds", "2"], "--policies: fifo given more than once"),
+        (["--active", "4,4"], "--active: 4 given more than once"),
+        (["--policies", "fifo,lifo"], "--policies: 'lifo': Input should be"),
+        (["--jobs", "0"], "--jobs: must be >= 1"),
+        (["--jobs", "-1"], "--jobs: must be >= 1"),
+        (["--seeds", "0"], "--seeds: must be >= 1"),
+    ],
+)
+def test_sweep_refuses_bad_lists_and_single_run_forms_before_anything_exists(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """A single-run flag would be ignored (the sweep takes its lists); a bad list value used to fail in
+    the first cell, naming the single-run flag, after the seeds' workloads were written; an empty item
+    was skipped and a repeated value ran its cells twice, counted as more seeds."""
+    out = tmp_path / "sweep"
+    result = simulate_here("--sweep", "--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and result.stderr.startswith("error: ")
+    assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_sweep_json_records_what_produced_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncroll.outputs.receipt import file_sha256, versions
+
+    (tmp_path / "tools").mkdir()
+    out = tmp_path / "sweep"
+    args = ["--policies", "fifo", "--seeds", "1", "--jobs", "1", "--max-turns", "5", "--limit", "2"]
+    args += ["--tool-timeout", "9", "--tool-errors", "observe", "--tool-root", str(tmp_path / "tools")]
+    argv = ["asyncroll", "simulate", "--sweep", "--workload", str(SMOKE), "--output", str(out), *args]
+    monkeypatch.setattr(sys, "argv", argv)  # what the CLI would see (in this process: pytest's)
+    result = simulate_here(*argv[2:])
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["workload"] == str(SMOKE) and record["workload_sha256"] == file_sha256(SMOKE)
+    assert record["run_settings"] == {
+        "max_turns": 5,
+        "limit": 2,
+        "tool_timeout": 9.0,
+        "tool_errors": "observe",
+        "tool_root": str((tmp_path / "tools").resolve()),
+    }
+    assert record["versions"] == versions() and record["host"]["cpu_count"] == os.cpu_count()
+    assert record["command"] == argv
+    assert [r["completed"] for r in record["rows"]] == [2]
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM used to kill the sweep outright; now, as on Ctrl-C, the running cell is cancelled, the
+    rest never start, no table is written and the exit code is 130."""
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=10, turns=2) for i in range(40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sweep"
+    args: list[str | Path] = ["--workload", workload, "--output", out, "--policies", "fifo,sync"]
+    args += ["--seeds", "2", "--jobs", "1"]
+    proc = start_slow_cli(tmp_path, "simulate", "--sweep", *args, "--progress")
+    wait_until(lambda: (out / "workloads" / "seed-1.jsonl").exists(), "the sweep start")
+    stderr = signal_and_wait(proc, signal.SIGTERM)
+    assert proc.returncode == 130, stderr
+    assert f"interrupted by SIGTERM; partial outputs in {out}" in stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr
+    assert not (out / "sweep.csv").exists()
+
+
+def test_jitter_scales_declared_output_tokens_with_the_model_latency(tmp_path: Path) -> None:
+    """The batching server model times a turn by its tokens: jittering only latency_ms left it the same
+    turns on every seed."""
+    problem = tool_problem("a", model_ms=100, cpu_ms=50, turns=2)
+    for action, tokens in zip(problem["script"], (40, 3, 1), strict=True):
+        action["output_tokens"] = tokens
+    problem["script"].append({"type": "final", "answer": 1})  # neither latency nor tokens: untouched
+    source = write_workload(tmp_path / "w.jsonl", [problem])
+    same = tmp_path / "same.jsonl"
+    perturb_workload(source, same, seed=0, sigma=0.0)
+    assert [a.get("output_tokens") for a in json.loads(same.read_text())["script"]] == [40, 3, 1, None]
+    jittered = tmp_path / "j.jsonl"
+    perturb_workload(source, jittered, seed=2, sigma=0.8)
+    script = json.loads(jittered.read_text())["script"]
+    for turn, (tokens, action) in enumerate(zip((40, 3, 1), script[:3], strict=True)):
+        f = factor(2, "a", turn, "model", 0.8)
+        assert action["latency_ms"] == pytest.approx(100 * f)
+        assert action["output_tokens"] == max(1, round(tokens * f))
+    assert script[3].get("output_tokens") is None and script[3].get("latency_ms") is None

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -16,10 +20,16 @@ def simulate(
     workload: Annotated[Path | None, Opt("--workload", help="Workload JSONL to simulate.")] = None,
     from_run: Annotated[Path | None, Opt("--from-run", help="Replay a recorded run's exact timings.")] = None,
     output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
-    policy: Annotated[str | None, Opt(help=POLICY_HELP)] = None,
-    max_active_trajectories: Annotated[int | None, Opt(help="Admission bound (default 16).")] = None,
-    max_inflight_model_requests: Annotated[int | None, Opt(help="Concurrent model requests (4).")] = None,
-    cpu_workers: Annotated[int | None, Opt(help="Simulated tool workers (default 2).")] = None,
+    policy: Annotated[str | None, Opt(help=POLICY_HELP + " (a sweep: --policies)")] = None,
+    max_active_trajectories: Annotated[
+        int | None, Opt(help="Admission bound (default 16; a sweep: --active).")
+    ] = None,
+    max_inflight_model_requests: Annotated[
+        int | None, Opt(help="Concurrent model requests (4; a sweep: --inflight).")
+    ] = None,
+    cpu_workers: Annotated[
+        int | None, Opt(help="Simulated tool workers (default 2; a sweep: --workers).")
+    ] = None,
     max_turns: Annotated[int | None, Opt(help="Turns per trajectory (default 8).")] = None,
     tool_timeout: Annotated[
         float | None, Opt(help="Seconds per tool job before the worker is replaced.")
@@ -27,7 +37,11 @@ def simulate(
     tool_errors: Annotated[str | None, Opt(help="fail | observe")] = None,
     limit: Annotated[int | None, Opt(help="Simulate only the first N problems.")] = None,
     tool_root: Annotated[
-        Path | None, Opt(help="Root of trusted tool files (validated, not executed).")
+        Path | None,
+        Opt(
+            help="Root of trusted tool files (validated, not executed); with --from-run, overrides the "
+            "recorded run's (needed when it was relative and run.json cannot say to what)."
+        ),
     ] = None,
     server: Annotated[
         str, Opt(help="fixed: each action's latency_ms | batching: a continuous-batching server model")
@@ -41,22 +55,26 @@ def simulate(
         float | None, Opt(help="batching: prefill cost per prompt token (0.03 ms).")
     ] = None,
     chars_per_token: Annotated[
-        float | None, Opt(help="batching: characters per token for size estimates (4).")
+        float | None, Opt(help="batching: characters per token for size estimates (4; at least 0.01).")
     ] = None,
-    turn_overhead_ms: Annotated[float, Opt(help="Client cost added to every model turn (ms).")] = 0.0,
-    job_overhead_ms: Annotated[float, Opt(help="Dispatch + IPC cost added to every CPU job (ms).")] = 0.0,
+    turn_overhead_ms: Annotated[
+        float, Opt(help="Client cost added to every model turn (ms, 0 to one day).")
+    ] = 0.0,
+    job_overhead_ms: Annotated[
+        float, Opt(help="Dispatch + IPC cost added to every CPU job (ms, 0 to one day).")
+    ] = 0.0,
     sweep: Annotated[bool, Opt("--sweep", help="Sweep policies × operating points × seeds instead.")] = False,
     policies: Annotated[
         str | None, Opt(help="sweep: comma-separated policies (fifo,tool_first,sync).")
     ] = None,
     active: Annotated[
-        str | None, Opt(help="sweep: comma-separated active limits (default: the one given).")
+        str | None, Opt(help="sweep: comma-separated active limits, each >= 1 (default 16).")
     ] = None,
-    inflight: Annotated[str | None, Opt(help="sweep: comma-separated inflight limits.")] = None,
-    workers: Annotated[str | None, Opt(help="sweep: comma-separated worker counts.")] = None,
+    inflight: Annotated[str | None, Opt(help="sweep: comma-separated inflight limits (default 4).")] = None,
+    workers: Annotated[str | None, Opt(help="sweep: comma-separated worker counts (default 2).")] = None,
     seeds: Annotated[int | None, Opt(help="sweep: seeds per cell, timings jittered per seed (5).")] = None,
     jitter: Annotated[
-        float | None, Opt(help="sweep: sigma of the mean-one lognormal timing jitter (0.25).")
+        float | None, Opt(help="sweep: sigma of the mean-one lognormal timing jitter (0.25; at most 5).")
     ] = None,
     jobs: Annotated[
         int | None,
@@ -102,6 +120,7 @@ def simulate(
     }
     values = {k: v for k, v in flags.items() if k not in sim_keys}
     derived = None
+    signals = _TerminateAsInterrupt()
     try:
         if server not in ("fixed", "batching"):
             raise UsageError(f"--server: must be fixed or batching, not {server!r}")
@@ -124,6 +143,27 @@ def simulate(
             "--progress": progress,
         }
         _only_with(sweeping, sweep, "--sweep")
+        if sweep:
+            _refuse_single_run_forms(
+                {
+                    "--policy": (policy, "--policies"),
+                    "--max-active-trajectories": (max_active_trajectories, "--active"),
+                    "--max-inflight-model-requests": (max_inflight_model_requests, "--inflight"),
+                    "--cpu-workers": (cpu_workers, "--workers"),
+                }
+            )
+        _check_numbers(
+            tool_timeout=tool_timeout,
+            step_base_ms=step_base_ms,
+            step_per_seq_ms=step_per_seq_ms,
+            prefill_ms_per_token=prefill_ms_per_token,
+            chars_per_token=chars_per_token,
+            turn_overhead_ms=turn_overhead_ms,
+            job_overhead_ms=job_overhead_ms,
+            jitter=jitter,
+        )
+        if max_num_seqs is not None and max_num_seqs < 1:
+            raise UsageError(f"--max-num-seqs: must be >= 1, got {max_num_seqs}")
         model = ServerModelConfig()
         settings = SimulationSettings(
             "batching" if server == "batching" else "fixed",
@@ -137,8 +177,6 @@ def simulate(
             turn_overhead_ms,
             job_overhead_ms,
         )
-        if turn_overhead_ms < 0 or job_overhead_ms < 0:
-            raise UsageError("--turn-overhead-ms and --job-overhead-ms must be >= 0")
         if (workload is None) == (from_run is None):
             raise UsageError("give exactly one of --workload and --from-run")
         if output is None:
@@ -149,21 +187,25 @@ def simulate(
             from asyncroll.simulation.sweep import SweepSpec, aggregate, markdown, run_sweep, usable_cpus
 
             cfg0 = build_config({**values, "output": output / "unused"})
-            seeds = 5 if seeds is None else seeds
-            jitter = 0.25 if jitter is None else jitter
-            jobs = jobs or usable_cpus()
+            if seeds is not None and seeds < 1:
+                raise UsageError(f"--seeds: must be >= 1, got {seeds}")
+            if jobs is not None and jobs < 1:
+                raise UsageError(f"--jobs: must be >= 1, got {jobs}")
             spec = SweepSpec(
-                tuple(_csv(policies or "fifo,tool_first,sync", str, "--policies")),
-                tuple(_csv(active, int, "--active") if active else [cfg0.max_active_trajectories]),
-                tuple(_csv(inflight, int, "--inflight") if inflight else [cfg0.max_inflight_model_requests]),
-                tuple(_csv(workers, int, "--workers") if workers else [cfg0.cpu_workers]),
-                seeds,
-                jitter,
+                _csv("fifo,tool_first,sync" if policies is None else policies, str, "--policies"),
+                _csv(active, int, "--active") if active is not None else (cfg0.max_active_trajectories,),
+                _csv(inflight, int, "--inflight")
+                if inflight is not None
+                else (cfg0.max_inflight_model_requests,),
+                _csv(workers, int, "--workers") if workers is not None else (cfg0.cpu_workers,),
+                5 if seeds is None else seeds,
+                DEFAULT_JITTER if jitter is None else jitter,
             )
-            if seeds < 1 or jitter < 0 or jobs < 1:
-                raise UsageError("--seeds must be >= 1, --jitter >= 0 and --jobs >= 1")
             for name in spec.policies:
-                build_config({**values, "output": output, "policy": name})
+                try:
+                    build_config({**values, "output": output, "policy": name})
+                except UsageError as exc:
+                    raise UsageError(str(exc).replace("--policy:", f"--policies: {name!r}:", 1)) from None
             from asyncroll.workload import scan_workload
 
             scan_workload(
@@ -178,16 +220,17 @@ def simulate(
                 spec,
                 settings,
                 output,
-                jobs=jobs,
+                jobs=usable_cpus() if jobs is None else jobs,
                 progress=_sweep_progress(progress),
+                argv=list(sys.argv),
             )
             typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             raise typer.Exit(0)
         if from_run is not None:
-            if limit is not None or tool_root is not None:
-                raise UsageError("--limit and --tool-root come from the recorded run with --from-run")
+            if limit is not None:
+                raise UsageError("--limit comes from the recorded run with --from-run")
             build_config({**values, "workload": output / "replay-workload.jsonl"})  # flags checked first
-            derived = prepare_from_run(from_run, output)
+            derived = prepare_from_run(from_run, output, tool_root)
             keep = (
                 "policy",
                 "max_active_trajectories",
@@ -206,6 +249,7 @@ def simulate(
             sys.argv,
             derived=derived,
             source=None if from_run is None else str(from_run.resolve()),
+            signals=True,
         )
     except (UsageError, SimulationError, ValueError) as exc:
         if derived is not None and output is not None and not (output / "run.json").exists():
@@ -213,12 +257,20 @@ def simulate(
 
             shutil.rmtree(output, ignore_errors=True)
         raise fail(str(exc), getattr(exc, "exit_code", 2)) from None
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted; partial outputs in {output}", err=True)
+    except KeyboardInterrupt as exc:  # outside a run (a run itself returns an interrupted outcome)
+        where = (
+            f"partial outputs in {output}" if output is not None and output.exists() else "nothing written"
+        )
+        typer.echo(f"interrupted by {signals.received or str(exc) or 'SIGINT'}; {where}", err=True)
         raise typer.Exit(130) from None
+    finally:
+        signals.restore()
+    if outcome.status == "interrupted" and outcome.summary is None:
+        typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
+        raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, cfg.output)
-    if outcome.summary:
-        b = outcome.summary["bounds"]
+    b = outcome.summary.get("bounds") if outcome.summary else None
+    if b:
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
         typer.echo(f"lower bound {b['lower_bound_s']:.3f}s ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
@@ -234,18 +286,102 @@ def _only_with(flags: Mapping[str, object], applies: bool, mode: str) -> None:
         raise UsageError(f"{', '.join(given)} {verb} only with {mode}")
 
 
-def _csv(text: str, kind: type, flag: str) -> list[Any]:
+def _refuse_single_run_forms(flags: Mapping[str, tuple[object, str]]) -> None:
+    """A sweep takes its policies and limits from its list flags; a single-run form would be ignored."""
     from asyncroll.errors import UsageError
 
+    given = [(flag, use) for flag, (value, use) in flags.items() if value is not None]
+    if given:
+        raise UsageError(
+            "; ".join(
+                f"{flag} does not apply with --sweep (use {use}, a comma-separated list)"
+                for flag, use in given
+            )
+        )
+
+
+#: Jitter sigma by default, and the largest accepted (beyond it nearly every duration becomes ~0).
+DEFAULT_JITTER, MAX_JITTER = 0.25, 5.0
+
+
+def _check_numbers(**given: float | None) -> None:
+    """Every float option is finite and in a range where the simulation means something and ends.
+
+    NaN would silently corrupt every duration it touches and infinity (or a cost near float's limit)
+    would stop virtual time; a per-turn, per-job, per-step or per-token cost over one day is refused."""
+    from asyncroll.errors import UsageError
+    from asyncroll.simulation.engine import MAX_COST_MS, MIN_CHARS_PER_TOKEN
+
+    ranges = {
+        "tool_timeout": (0.0, math.inf, False),
+        "step_base_ms": (0.0, MAX_COST_MS, True),
+        "step_per_seq_ms": (0.0, MAX_COST_MS, True),
+        "prefill_ms_per_token": (0.0, MAX_COST_MS, True),
+        "chars_per_token": (MIN_CHARS_PER_TOKEN, math.inf, True),
+        "turn_overhead_ms": (0.0, MAX_COST_MS, True),
+        "job_overhead_ms": (0.0, MAX_COST_MS, True),
+        "jitter": (0.0, MAX_JITTER, True),
+    }
+    for name, value in given.items():
+        if value is None:
+            continue
+        low, high, inclusive = ranges[name]
+        flag = "--" + name.replace("_", "-")
+        if not math.isfinite(value):
+            raise UsageError(f"{flag}: must be a finite number, got {value}")
+        if value < low or (value == low and not inclusive):
+            raise UsageError(f"{flag}: must be {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+        if value > high:
+            limit = f"{high:.0f} ms (one day)" if high == MAX_COST_MS else f"{high:g}"
+            raise UsageError(f"{flag}: must be at most {limit}, got {value:g}")
+
+
+def _csv(text: str, kind: type[str] | type[int], flag: str) -> tuple[Any, ...]:
+    """A comma-separated list: no empty items, no duplicates, integers >= 1."""
+    from asyncroll.errors import UsageError
+
+    parts = [part.strip() for part in text.split(",")]
+    if any(not part for part in parts):
+        example = "4,8,16" if kind is int else "fifo,tool_first"
+        raise UsageError(f"{flag}: empty item in {text!r} (expected a comma-separated list, e.g. {example})")
     try:
-        values = [kind(part.strip()) for part in text.split(",") if part.strip()]
+        values: list[Any] = [kind(part) for part in parts]
     except ValueError:
         raise UsageError(
             f"{flag}: expected a comma-separated list of {kind.__name__}, got {text!r}"
         ) from None
-    if not values:
-        raise UsageError(f"{flag}: empty list")
-    return values
+    if kind is int and any(v < 1 for v in values):
+        raise UsageError(f"{flag}: every value must be an integer >= 1, got {text!r}")
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise UsageError(
+            f"{flag}: {', '.join(repeated)} given more than once; each value is one cell of the sweep"
+        )
+    return tuple(values)
+
+
+class _TerminateAsInterrupt:
+    """While installed, SIGTERM does what SIGINT does (a KeyboardInterrupt, or the asyncio runner's
+    cancellation inside a run), so ``simulate`` stops as cleanly on either and exits 130. Inside a
+    single simulation the engine's own handlers take over and record which signal it was."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = "SIGTERM"
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):  # SIGINT ignored or left to the OS: interrupt all the same
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)  # Python's raises KeyboardInterrupt; asyncio's cancels the run
+
+    def restore(self) -> None:
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:

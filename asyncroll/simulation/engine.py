@@ -3,7 +3,10 @@ workers and either the scripted latencies (``fixed``) or a batching server model
 
 from __future__ import annotations
 
+import asyncio
+import math
 import shutil
+import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,12 +19,17 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import RunConfig
 from asyncroll.errors import OutputExistsError, UsageError
 from asyncroll.runtime.pool import WorkerFactory
-from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.simulation.from_run import DerivedRun
 from asyncroll.workers.protocol import JobRequest
 
 ServerKind = Literal["fixed", "batching"]
+#: The largest per-turn, per-job, per-step or per-token cost a simulation accepts: one day, in ms (as a
+#: workload's declared durations). Above it a run is nonsense; near float's limit virtual time stops.
+MAX_COST_MS = 86_400_000.0
+#: Fewer characters per token would turn a prompt into more tokens than a float can count.
+MIN_CHARS_PER_TOKEN = 0.01
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,20 @@ class SimulationSettings:
     chars_per_token: float = 4.0
     turn_overhead_ms: float = 0.0  # added to every model turn (client-side cost a real run pays)
     job_overhead_ms: float = 0.0  # added to every CPU job, holding its worker (dispatch + IPC)
+
+    def __post_init__(self) -> None:
+        costs = {
+            "step_base_ms": self.model.step_base_ms,
+            "step_per_seq_ms": self.model.step_per_seq_ms,
+            "prefill_ms_per_token": self.model.prefill_ms_per_token,
+            "turn_overhead_ms": self.turn_overhead_ms,
+            "job_overhead_ms": self.job_overhead_ms,
+        }
+        for name, value in costs.items():
+            if not (math.isfinite(value) and 0 <= value <= MAX_COST_MS):
+                raise ValueError(f"{name} must be a finite number from 0 to {MAX_COST_MS:.0f} (one day)")
+        if not (math.isfinite(self.chars_per_token) and self.chars_per_token >= MIN_CHARS_PER_TOKEN):
+            raise ValueError(f"chars_per_token must be a finite number >= {MIN_CHARS_PER_TOKEN}")
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -53,8 +75,12 @@ def simulate(
     *,
     derived: DerivedRun | None = None,
     source: str | None = None,
+    signals: bool = False,
 ) -> RunOutcome:
-    """Validate, then run on a virtual clock; the output directory is the same as ``asyncroll run``'s."""
+    """Validate, then run on a virtual clock; the output directory is the same as ``asyncroll run``'s.
+
+    ``signals``: SIGINT and SIGTERM interrupt the run as they do ``asyncroll run`` — run.json records
+    ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a summary."""
     prepared = prepare(config, argv, output_ready=derived is not None)
     clock = VirtualClock()
     backend, capacity = backend_for(settings, clock)
@@ -81,7 +107,44 @@ def simulate(
         receipt_extra=extra,
         model_capacity=capacity,
     )
-    return clock.run(run.execute())
+    return clock.run(interruptible(run) if signals else run.execute())
+
+
+async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
+    """``run.execute()`` with SIGINT and SIGTERM cancelling it and the signal recorded as the reason, as
+    in ``asyncroll run``; an interrupted run returns an ``interrupted`` outcome (exit code 130, no
+    summary) instead of raising. ``keep_ignored``: a signal this process ignores (a sweep's cell
+    processes ignore both) stays ignored. The handlers in place before are put back afterwards."""
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    assert task is not None
+
+    def interrupt(name: str) -> None:
+        if run.interrupt_reason is None:
+            run.interrupt_reason = name
+            task.cancel(f"{name} received")
+
+    installed: list[tuple[signal.Signals, Any]] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if keep_ignored and previous == signal.SIG_IGN:
+            continue
+        try:
+            loop.add_signal_handler(sig, interrupt, sig.name)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+            continue
+        installed.append((sig, previous))
+    try:
+        return await run.execute()
+    except asyncio.CancelledError:
+        if run.interrupt_reason is None:
+            raise
+        return RunOutcome("interrupted", EXIT_INTERRUPTED, None, f"interrupted by {run.interrupt_reason}")
+    finally:
+        for sig, previous in installed:
+            loop.remove_signal_handler(sig)
+            if previous is not None:
+                signal.signal(sig, previous)
 
 
 def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Backend, int | None]:
@@ -103,15 +166,26 @@ def workers_for(settings: SimulationSettings, clock: VirtualClock) -> WorkerFact
     return virtual_factory(clock, duration, simulate_tools=True)
 
 
-def prepare_from_run(run_dir: Path, output: Path) -> DerivedRun:
-    """Create ``output`` and write the replay workload into it (removed again if that fails)."""
+def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None) -> DerivedRun:
+    """Create ``output`` and write the replay workload into it (removed again if that fails or is
+    interrupted). Whatever the run directory holds, a failure to read it is a :class:`UsageError`."""
     from asyncroll.simulation.from_run import derive_workload
 
     if output.exists():
         raise OutputExistsError(f"--output {output} already exists; asyncroll never overwrites a run")
-    output.mkdir(parents=True)
     try:
-        return derive_workload(run_dir, output / "replay-workload.jsonl")
-    except (UsageError, OSError, ValueError):
+        output.mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
+    try:
+        return derive_workload(run_dir, output / "replay-workload.jsonl", tool_root)
+    except UsageError:
+        shutil.rmtree(output, ignore_errors=True)
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # a run directory this code cannot read (another version, or damaged) is bad input, not a crash
+        shutil.rmtree(output, ignore_errors=True)
+        raise UsageError(f"--from-run {run_dir}: cannot replay it: {type(exc).__name__}: {exc}") from exc
+    except BaseException:
         shutil.rmtree(output, ignore_errors=True)
         raise

@@ -5,6 +5,11 @@ generator keyed by (seed, problem id, turn, kind) — never from global random s
 gives the same durations to every policy and operating point: sweep cells are paired comparisons on
 common random numbers. A ``spin_ms``/``sleep_ms`` call without ``cpu_ms`` gets ``cpu_ms`` from its
 argument first. ``sigma = 0`` copies the timings unchanged.
+
+A declared ``output_tokens`` is scaled by the same factor as its turn's ``latency_ms`` (rounded, at least
+one token): the batching server model (``--server batching``) times a turn by its tokens, not its
+latency, and would otherwise see the same turns on every seed. A turn without ``output_tokens`` (the
+batching model then counts the action's size) is not jittered there.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from asyncroll.workload import ToolAction, iter_problems
+from asyncroll.workload import MAX_OUTPUT_TOKENS, ToolAction, iter_problems
 
 
 def factor(seed: int, problem: str, turn: int, kind: str, sigma: float) -> float:
@@ -35,8 +40,13 @@ def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -
             script = []
             for turn, action in enumerate(problem.script or []):
                 update: dict[str, Any] = {}
+                model = factor(seed, pid, turn, "model", sigma)
                 if action.latency_ms is not None:
-                    update["latency_ms"] = action.latency_ms * factor(seed, pid, turn, "model", sigma)
+                    update["latency_ms"] = action.latency_ms * model
+                if action.output_tokens is not None and model != 1.0:
+                    update["output_tokens"] = min(
+                        MAX_OUTPUT_TOKENS, max(1, round(action.output_tokens * model))
+                    )
                 if isinstance(action, ToolAction):
                     cost = action.cpu_ms
                     if cost is None and action.name in ("spin_ms", "sleep_ms"):

@@ -3,7 +3,9 @@
 Each seed jitters the workload's timings once (:mod:`asyncroll.simulation.perturb`), so every policy and
 operating point of a seed sees the same durations. Each cell runs the real runtime on a virtual clock
 without writing files; the sweep writes ``sweep.csv`` (one row per cell and seed), ``sweep.md`` (one row
-per cell: min/median/max over seeds and the paired change against ``fifo``) and ``sweep.json``.
+per cell: min/median/max over seeds and the paired change against ``fifo``) and ``sweep.json`` (the
+rows and cells again, with everything that produced them: the spec, the simulation and run settings, the
+workload's SHA-256, the versions, the host and the command line).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import multiprocessing
 import os
 import signal
 import statistics
+import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -25,9 +28,10 @@ from typing import Any
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.errors import SimulationError
+from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.runtime.run import PreparedRun, Run
-from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
+from asyncroll.simulation.engine import SimulationSettings, backend_for, interruptible, workers_for
 from asyncroll.simulation.perturb import perturb_workload
 from asyncroll.workload import WorkloadScan, scan_workload
 
@@ -73,6 +77,7 @@ def run_sweep(
     custom: Mapping[str, Callable[[Path], Policy]] | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+    argv: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every cell; ``output`` must be a new directory (created here).
 
@@ -82,7 +87,8 @@ def run_sweep(
     ``jobs`` > 1 runs cells in that many fresh processes. Each cell is a deterministic function of its
     inputs, so the rows are the same, in the same order, for any ``jobs`` (tested); a custom arm's
     policy object must then be picklable. ``progress(done, total, row)`` is called after each row, in
-    order."""
+    order. ``argv`` is the command line recorded in ``sweep.json`` (default: this process's)."""
+    record = _record(workload, tool_root, base, sys.argv if argv is None else argv)
     output.mkdir(parents=True)
     (output / "workloads").mkdir()
     _scan.cache_clear()  # a scan is cached by path: a later sweep may reuse a deleted output's paths
@@ -108,7 +114,7 @@ def run_sweep(
     finally:  # on Ctrl-C or a failed cell: drop the cells not started, wait for the running ones
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    _write(output, rows, spec, settings, workload)
+    _write(output, rows, spec, settings, record)
     return rows
 
 
@@ -157,9 +163,9 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         record=False,
         policy=cell.rule,
     )
-    outcome = clock.run(run.execute())
+    outcome = clock.run(interruptible(run, keep_ignored=True))
     if outcome.status == "interrupted":
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt(run.interrupt_reason or "")
     if outcome.status != "complete" or outcome.summary is None:
         raise SimulationError(
             f"sweep cell {cell.label} at {active} / {inflight} / {workers}, seed {cell.seed}: the simulated "
@@ -193,8 +199,10 @@ def usable_cpus() -> int:
 
 
 def _ignore_sigint() -> None:
-    """Cell processes leave Ctrl-C to the sweep, which stops them when it unwinds."""
+    """Cell processes leave Ctrl-C and SIGTERM (sent to the whole process group, say) to the sweep, which
+    stops them when it unwinds."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _spread(values: list[float], digits: int = 3) -> str:
@@ -259,8 +267,31 @@ def markdown(agg: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _record(workload: Path, tool_root: Path, base: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """What ``sweep.json`` says produced the rows, besides the spec and the simulation settings."""
+    config = build_config({**base, "workload": workload, "output": workload.parent / "unused"})
+    return {
+        "workload": str(workload.resolve()),
+        "workload_sha256": file_sha256(workload),
+        "run_settings": {
+            "max_turns": config.max_turns,
+            "limit": config.limit,
+            "tool_timeout": config.tool_timeout,
+            "tool_errors": config.tool_errors,
+            "tool_root": str(tool_root.resolve()),
+        },
+        "command": list(argv),
+        "versions": versions(),
+        "host": host(),
+    }
+
+
 def _write(
-    output: Path, rows: list[dict[str, Any]], spec: SweepSpec, settings: SimulationSettings, workload: Path
+    output: Path,
+    rows: list[dict[str, Any]],
+    spec: SweepSpec,
+    settings: SimulationSettings,
+    record: dict[str, Any],
 ) -> None:
     with (output / "sweep.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
@@ -271,9 +302,10 @@ def _write(
     (output / "sweep.json").write_text(
         json.dumps(
             {
-                "workload": str(workload.resolve()),
+                "workload": record["workload"],
                 "spec": asdict(spec),
                 "simulation": settings.describe(),
+                **{k: v for k, v in record.items() if k != "workload"},
                 "rows": rows,
                 "cells": agg,
             },
