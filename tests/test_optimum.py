@@ -108,3 +108,35 @@ def test_optimum_of_a_real_run_is_below_its_makespan(tmp_path: Path) -> None:
     assert report["status"] == "optimal" and report["trajectories"] == 6
     assert report["analytic_bound_s"] - 1e-3 <= report["lower_bound_s"] <= report["makespan_s"]
     assert report["best_schedule_s"] <= report["makespan_s"]
+
+
+@pytest.mark.timeout(120)
+def test_optimum_reports_damage_clearly_and_never_a_schedule_below_its_bound(tmp_path: Path) -> None:
+    """Many sub-millisecond steps floor to nothing in the solver: its schedule can look shorter than the
+    analytic bound; the reported best schedule never is. A damaged run directory is a usage error naming
+    the file (and line); a NaN time limit is refused; an interrupted run is solved with a warning."""
+    problems = [tool_problem(f"p{i}", model_ms=1.9, cpu_ms=0.9, turns=10) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    run = tmp_path / "run"
+    assert (
+        cli("simulate", "--workload", workload, "--output", run, "--max-active-trajectories", "2").returncode
+        == 0
+    )
+    result = cli("optimum", run, "--time-limit", "20", "--threads", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["best_schedule_s"] >= report["lower_bound_s"] >= report["analytic_bound_s"] - 1e-9
+    assert report["lower_bound_s"] <= report["makespan_s"]
+    nan = cli("optimum", run, "--time-limit", "nan")
+    assert nan.returncode == 2 and "finite" in nan.stderr
+    receipt = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**receipt, "status": "interrupted"}))
+    warned = cli("optimum", run, "--time-limit", "5", "--threads", "1")
+    assert warned.returncode == 0 and "warning: the run ended interrupted" in warned.stderr
+    events = (run / "events.jsonl").read_text().splitlines()
+    (run / "events.jsonl").write_text("\n".join([events[0], "[1, 2]", *events[1:]]) + "\n")
+    damaged = cli("optimum", run)
+    assert damaged.returncode == 2 and "events.jsonl line 2: not a JSON object" in damaged.stderr
+    (run / "summary.json").write_text("{}")
+    empty = cli("optimum", run)
+    assert empty.returncode == 2 and "summary.json: not an asyncroll summary" in empty.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -25,8 +27,17 @@ def optimum(
 
     if not run_dir.is_dir():
         raise fail(f"{run_dir}: not a directory")
-    if time_limit <= 0 or threads < 1:
-        raise fail("--time-limit must be > 0 and --threads ≥ 1")
+    if not (0 < time_limit < math.inf) or threads < 1:  # (NaN fails the first test)
+        raise fail("--time-limit must be a finite number > 0 and --threads ≥ 1")
+    status = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        status = json.loads((run_dir / "run.json").read_text()).get("status")
+    if status is not None and status != "complete":
+        typer.echo(
+            f"warning: the run ended {status}: only the work it recorded is solved (steps still running "
+            "when it stopped, and trajectories never started, are left out)",
+            err=True,
+        )
     try:
         instance = instance_from_run(run_dir)
         result = solve(instance, time_limit_s=time_limit, threads=threads).describe(instance)

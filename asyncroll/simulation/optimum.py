@@ -20,7 +20,9 @@ scheduler is clairvoyant (it knows every duration in advance) and may leave a wo
 So the model is a *relaxation* of what any asyncroll policy can do: its optimum, and CP-SAT's proven
 bound on it, are valid lower bounds on the run's makespan, under the same assumption as the analytic
 bound (a request or job would not have been faster at another concurrency). The best schedule found is
-what a clairvoyant dispatcher could reach on the same work.
+what a clairvoyant dispatcher could reach on the same work — of the floored durations, so it can
+understate a real schedule by up to ``resolution_s`` per step on its critical path; it is never reported
+below the proven bound.
 
 Optimality is proved only for small runs (20 trajectories at 4 active slots: often within 30 s; rarely
 at 8 or more active); otherwise the solver returns its best schedule and its proven bound at the time
@@ -95,11 +97,23 @@ class Optimum:
 
 def instance_from_run(run_dir: Path) -> Instance:
     """Read a run directory's ``events.jsonl`` and ``summary.json`` (a real or a simulated run)."""
+    path = run_dir / "summary.json"
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
-    limits, bounds = summary["limits"], summary["bounds"]
+    try:
+        limits, bounds = summary["limits"], summary["bounds"]
+        if bounds is None or summary["makespan_s"] is None:
+            raise UsageError(f"{path}: the run never opened its measured window: there is no work to solve")
+        active, workers = int(limits["max_active_trajectories"]), int(limits["cpu_workers"])
+        capacity, makespan, analytic = (
+            int(bounds["model_capacity"]),
+            float(summary["makespan_s"]),
+            float(bounds["lower_bound_s"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"{path}: not an asyncroll summary (missing or malformed {exc})") from exc
     chains: dict[str, list[Step]] = {}
     order: list[str] = []
     try:
@@ -108,29 +122,37 @@ def instance_from_run(run_dir: Path) -> Instance:
         raise UsageError(f"{run_dir}: cannot read events.jsonl: {exc}") from exc
     with handle:
         for number, raw in enumerate(handle, 1):
+            where = f"{run_dir}/events.jsonl line {number}"
             try:
                 event = json.loads(raw)
             except json.JSONDecodeError as exc:
-                raise UsageError(f"{run_dir}/events.jsonl line {number}: not JSON: {exc}") from exc
-            kind, tid = event.get("event"), event.get("id")
-            if kind == "trajectory_started":
-                order.append(tid)
-                chains[tid] = []
-            elif kind in ("model_finished", "model_failed"):
-                chains[tid].append(Step("model", event["latency_s"]))
-            elif kind == "cpu_finished":
-                chains[tid].append(Step("cpu", event["execute_s"]))
-            elif kind == "cpu_failed":  # the worker was held until the timeout or the crash
-                chains[tid].append(Step("cpu", event["roundtrip_s"]))
+                raise UsageError(f"{where}: not JSON: {exc}") from exc
+            if not isinstance(event, dict):
+                raise UsageError(f"{where}: not a JSON object")
+            try:
+                kind, tid = event.get("event"), str(event.get("id"))
+                if kind == "trajectory_started":
+                    order.append(tid)
+                    chains[tid] = []
+                elif kind in ("model_finished", "model_failed"):
+                    chains[tid].append(Step("model", float(event["latency_s"])))
+                elif kind == "cpu_finished":
+                    chains[tid].append(Step("cpu", float(event["execute_s"])))
+                elif kind == "cpu_failed":  # the worker was held until the timeout or the crash
+                    chains[tid].append(Step("cpu", float(event["roundtrip_s"])))
+            except KeyError as exc:
+                raise UsageError(f"{where}: {kind} without {exc} (or of a trajectory never started)") from exc
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"{where}: malformed {kind}: {exc}") from exc
     if not order:
         raise UsageError(f"{run_dir}: the run started no trajectory")
     return Instance(
         chains=tuple(tuple(chains[t]) for t in order),
-        active=limits["max_active_trajectories"],
-        model_capacity=bounds["model_capacity"],
-        workers=limits["cpu_workers"],
-        makespan_s=summary["makespan_s"],
-        analytic_bound_s=bounds["lower_bound_s"],
+        active=active,
+        model_capacity=capacity,
+        workers=workers,
+        makespan_s=makespan,
+        analytic_bound_s=analytic,
     )
 
 
@@ -210,10 +232,15 @@ def solve(
     solver_bound = solver.best_objective_bound * resolution_s if found else 0.0
     if status == "optimal":
         solver_bound = solver.objective_value * resolution_s
+    lower = max(solver_bound, analytic_bound(instance))
+    if best is not None:
+        # The schedule is of the floored durations: on many sub-resolution steps it can fall below
+        # what the real durations allow, even below the analytic bound. No schedule beats a proven bound.
+        best = max(best, lower)
     return Optimum(
         status=status,  # type: ignore[arg-type]
         best_schedule_s=best,
-        lower_bound_s=max(solver_bound, ticks(analytic_bound(instance)) * resolution_s),
+        lower_bound_s=lower,
         solver_bound_s=solver_bound,
         wall_s=solver.wall_time,
     )
