@@ -108,6 +108,11 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
     validate = cli("validate", workload)
     assert validate.returncode == 2 and "2 problem(s)" in validate.stderr
     assert cli("validate", SMOKE).returncode == 0
+    # validate refuses the options run refuses
+    bogus = cli("validate", SMOKE, "--backend", "bogus")
+    assert bogus.returncode == 2 and "choose from scripted, vllm, openai" in bogus.stderr
+    nowhere = cli("validate", SMOKE, "--tool-root", tmp_path / "missing")
+    assert nowhere.returncode == 2 and "not a directory" in nowhere.stderr
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,15 @@ def validate(
     ] = "scripted",
 ) -> None:
     """Check a workload without running it; reports every problem, not just the first."""
+    from typing import get_args
+
+    from asyncroll.config import BackendName
     from asyncroll.workload import scan_workload
 
+    if backend not in get_args(BackendName):  # the same choices `run` accepts
+        raise fail(f"--backend {backend!r}: choose from {', '.join(get_args(BackendName))}")
+    if tool_root is not None and not tool_root.is_dir():
+        raise fail(f"--tool-root {tool_root}: not a directory")
     root = (tool_root or workload.parent).resolve()
     scan = scan_workload(workload, root, scripted=backend == "scripted")
     if scan.problems:
