@@ -118,6 +118,8 @@ class RunConfig(BaseModel):
             given = ["--" + name.replace("_", "-") for name in HTTP_ONLY if name in self.model_fields_set]
             if given:
                 problems.append(f"{', '.join(given)} only apply to HTTP backends (--backend vllm|openai)")
+        if "metrics_host" in self.model_fields_set and self.metrics_port is None:
+            problems.append("--metrics-host only applies with --metrics-port")
         if not self.telemetry and (self.metrics_url or self.nvml_device is not None):
             problems.append("--no-telemetry conflicts with --metrics-url/--nvml-device")
         if self.metrics_url is not None and not self.metrics_url.startswith(("http://", "https://")):

@@ -19,7 +19,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -107,6 +106,8 @@ def test_progress_is_no_longer_refused_and_metrics_port_is_validated(tmp_path: P
     for bad in (-1, 65536):
         with pytest.raises(UsageError, match="--metrics-port"):
             build_config({**base, "metrics_port": bad})
+    with pytest.raises(UsageError, match="--metrics-host only applies with --metrics-port"):
+        build_config({**base, "metrics_host": "0.0.0.0"})
 
 
 def _run_on_pty(args: list[str], timeout: float) -> tuple[int, str, str]:
@@ -257,7 +258,7 @@ def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
             timeout=50,
             cwd=REPO,
         )
-    assert proc.returncode == 1
-    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in proc.stderr
-    receipt: dict[str, Any] = json.loads((tmp_path / "r" / "run.json").read_text())
-    assert receipt["status"] == "failed" and "--metrics-port" in receipt["error"]
+    # a usage error, found before anything starts: exit 2 and no run directory
+    assert proc.returncode == 2
+    assert f"--metrics-port {port} on 127.0.0.1: cannot listen" in proc.stderr
+    assert not (tmp_path / "r").exists()

@@ -167,6 +167,19 @@ def _run(cfg: Any) -> int:
             err=True,
         )
         return 2
+    if cfg.metrics_port:  # a busy or foreign address is a usage error, before any output exists
+        import socket
+
+        try:
+            with socket.create_server((cfg.metrics_host, cfg.metrics_port)):
+                pass
+        except OSError as exc:
+            typer.echo(
+                f"error: --metrics-port {cfg.metrics_port} on {cfg.metrics_host}: cannot listen: "
+                f"{exc.strerror or exc}",
+                err=True,
+            )
+            return 2
     try:
         prepared = prepare(cfg, probe_isolation=True)
     except UsageError as exc:
