@@ -171,22 +171,28 @@ class CgroupFactory:
         return TestGroup(tuple(made))
 
 
-def remove_stale_groups() -> None:
-    """Remove the empty groups dead workers of this process left under its own ``memory`` and ``pids``
-    groups (a worker's groups live under its cgroup, which it inherits from the runtime)."""
-    for controller in ("memory", "pids"):
-        root = controller_root(controller)
-        if root is not None:
-            _remove_stale(root)
+def remove_stale_groups(wait_s: float = 2.0) -> None:
+    """Remove the groups dead workers of this process left under its own ``memory`` and ``pids`` groups
+    (a worker's groups live under its cgroup, which it inherits from the runtime). A group still busy
+    (the kernel is reaping a killed program) is retried for up to ``wait_s``."""
+    roots = [r for r in (controller_root(c) for c in ("memory", "pids")) if r is not None]
+    deadline = time.monotonic() + wait_s
+    while sum(_remove_stale(root) for root in roots) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
-def _remove_stale(root: Path) -> None:
-    """Remove empty groups a dead worker left behind (name ``asyncroll-<pid>-<n>``, pid not running)."""
+def _remove_stale(root: Path) -> int:
+    """Remove empty groups a dead worker left behind (name ``asyncroll-<pid>-<n>``, pid not running);
+    returns how many could not be removed yet."""
+    left = 0
     with contextlib.suppress(OSError):
         for d in root.iterdir():
             if not d.name.startswith(PREFIX) or not d.is_dir():
                 continue
             owner = d.name[len(PREFIX) :].split("-", 1)[0]
             if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-                with contextlib.suppress(OSError):
+                try:
                     d.rmdir()
+                except OSError:
+                    left += 1
+    return left
