@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +89,32 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
 def quantiles(xs: list[float]) -> tuple[float, float, float]:
     s = sorted(xs)
     return s[0], s[len(s) // 2], s[-1]
+
+
+def number_arg(kind: type, low: float, high: float, *, low_open: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a finite ``kind`` in [low, high] (or (low, high] with ``low_open``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not {'an integer' if kind is int else 'a number'}: {text!r}"
+            ) from None
+        too_low = value <= low if low_open else value < low
+        if not math.isfinite(value) or too_low or value > high:
+            what = "an integer" if kind is int else "a finite number"
+            bounds = f"{'>' if low_open else '>='} {low:.10g} and <= {high:.10g}"
+            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text}")
+        return value
+
+    return parse
+
+
+def sizes_arg(text: str) -> list[int]:
+    """An argparse type: a comma-separated list of positive integers."""
+    parse = number_arg(int, 1, 10_000_000)
+    items = text.split(",")
+    if any(not item.strip() for item in items):
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}")
+    return [parse(item.strip()) for item in items]

@@ -15,7 +15,7 @@ import time
 
 from asyncroll.policies import JobView, QueueSnapshot, get_policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
-from bench.common import machine, quantiles
+from bench.common import machine, number_arg, quantiles
 
 
 def one_repeat(seed: int, calls: int = 2000) -> tuple[float, float, float, float]:
@@ -71,7 +71,7 @@ def one_repeat(seed: int, calls: int = 2000) -> tuple[float, float, float, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1000), default=5)
     args = parser.parse_args()
     warm_import()
     runs = [one_repeat(seed) for seed in range(args.repeats)]

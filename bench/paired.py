@@ -18,7 +18,7 @@ from pathlib import Path
 
 from asyncroll.experiment.stats import t_interval
 from bench import synthetic
-from bench.common import machine, quantiles, run_once
+from bench.common import machine, number_arg, quantiles, run_once
 
 POINTS = ((8, 4, 2), (8, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
@@ -39,10 +39,10 @@ def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--n", type=int, default=40)
-    parser.add_argument("--model-ms", type=float, default=40.0)
-    parser.add_argument("--cpu-ms", type=float, default=50.0)
+    parser.add_argument("--seeds", type=number_arg(int, 1, 1000), default=5)
+    parser.add_argument("--n", type=number_arg(int, 1, 100_000), default=40)
+    parser.add_argument("--model-ms", type=number_arg(float, 0, 60_000), default=40.0)
+    parser.add_argument("--cpu-ms", type=number_arg(float, 0, 60_000, low_open=True), default=50.0)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-paired-"))
     print(f"machine: {machine()}")

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, quantiles, write_workload
+from bench.common import machine, number_arg, quantiles, sizes_arg, write_workload
 
 CHILD = r"""
 import json, sys, tempfile, time
@@ -101,10 +101,10 @@ def one(n: int, record: bool, workload: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", default="1000,10000,30000")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=sizes_arg, default=[1000, 10000, 30000])
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1000), default=3)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes: list[int] = args.sizes
     print(f"machine: {machine()}")
     print(
         "| trajectories | mode | trajectories per CPU-second in the run (min / med / max) "

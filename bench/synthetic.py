@@ -23,12 +23,12 @@ import argparse
 import json
 import math
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.workload import MAX_DURATION_MS
+from bench.common import number_arg
 
 MS_PER_KB = 20.0
 #: The largest mean crunch cost: its input is len = cpu_ms / MS_PER_KB KB of text (a minute: 3 MB per job).
@@ -165,55 +165,37 @@ def write(path: Path, n: int, model_ms: float, cpu_ms: float, seed: int, **kw: A
     return path
 
 
-def _number(kind: type, low: float, high: float, *, low_open: bool = False) -> Callable[[str], Any]:
-    """An argparse type: a finite ``kind`` in [low, high] (or (low, high] with ``low_open``)."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"not {'an integer' if kind is int else 'a number'}: {text!r}"
-            ) from None
-        too_low = value <= low if low_open else value < low
-        if not math.isfinite(value) or too_low or value > high:
-            what = "an integer" if kind is int else "a finite number"
-            bounds = f"{'>' if low_open else '>='} {low:.10g} and <= {high:.10g}"
-            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text}")
-        return value
-
-    return parse
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--n", type=_number(int, 1, 10_000_000), default=200, help="trajectories (>= 1)")
+    parser.add_argument("--n", type=number_arg(int, 1, 10_000_000), default=200, help="trajectories (>= 1)")
     parser.add_argument(
         "--model-ms",
-        type=_number(float, 0, MAX_MODEL_MS),
+        type=number_arg(float, 0, MAX_MODEL_MS),
         default=400.0,
         help="mean model latency per turn (>= 0)",
     )
     parser.add_argument(
         "--cpu-ms",
-        type=_number(float, 0, MAX_CPU_MS, low_open=True),
+        type=number_arg(float, 0, MAX_CPU_MS, low_open=True),
         default=300.0,
         help=f"mean cost of a crunch job (> 0, at most {MAX_CPU_MS:g}: its input is 51 bytes per ms)",
     )
-    sigma = _number(float, 0, MAX_SIGMA)
+    sigma = number_arg(float, 0, MAX_SIGMA)
     parser.add_argument("--cpu-sigma", type=sigma, default=1.0, help="lognormal sigma of crunch input sizes")
     parser.add_argument("--noise", type=sigma, default=0.3, help="lognormal sigma of the hidden cost factor")
     parser.add_argument(
         "--repair-fraction",
-        type=_number(float, 0, 1),
+        type=number_arg(float, 0, 1),
         default=0.6,
         help="trajectories with a repair (0 to 1)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.output.exists() or args.output.is_symlink():
+        parser.error(f"--output {args.output} already exists; choose a new file (nothing is overwritten)")
     try:
         write(
             args.output,

@@ -674,3 +674,8 @@ def test_synthetic_never_overwrites_another_tools_file(
         synthetic.main(["--n", "3", "--output", str(tmp_path / "c.jsonl")])
     assert exit_info.value.code == 2 and "is not this generator's tools file" in capsys.readouterr().err
     assert (tmp_path / synthetic.TOOLS_FILE).read_text() == mine and not (tmp_path / "c.jsonl").exists()
+    before = (tmp_path / "a.jsonl").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:  # nor an existing workload
+        synthetic.main(["--n", "4", "--output", str(tmp_path / "a.jsonl")])
+    assert exit_info.value.code == 2 and "already exists" in capsys.readouterr().err
+    assert (tmp_path / "a.jsonl").read_bytes() == before
