@@ -140,3 +140,31 @@ def test_optimum_reports_damage_clearly_and_never_a_schedule_below_its_bound(tmp
     (run / "summary.json").write_text("{}")
     empty = cli("optimum", run)
     assert empty.returncode == 2 and "summary.json: not an asyncroll summary" in empty.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_runs_own_schedule_seeds_the_solver(tmp_path: Path) -> None:
+    """Too large to solve in a second, the best schedule found is still no worse than the run: the
+    run's own start times are the solver's hint (floored, they stay feasible)."""
+    from bench import synthetic
+
+    workload = synthetic.write(tmp_path / "w.jsonl", 60, 100.0, 50.0, seed=1)
+    run = tmp_path / "run"
+    args = [
+        "--workload",
+        workload,
+        "--output",
+        run,
+        "--max-active-trajectories",
+        "8",
+        "--policy",
+        "asyncroll",
+    ]
+    assert cli("simulate", *args).returncode == 0
+    instance = instance_from_run(run)
+    assert instance.begins is not None and all(s.start is not None for c in instance.chains for s in c)
+    result = cli("optimum", run, "--time-limit", "1", "--threads", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] in ("feasible", "optimal")
+    assert report["lower_bound_s"] <= report["best_schedule_s"] <= report["makespan_s"]

@@ -48,6 +48,7 @@ StepKind = Literal["model", "cpu"]
 class Step:
     kind: StepKind
     seconds: float
+    start: float | None = None  # when the recorded run started it (a hint for the solver)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Instance:
     workers: int
     makespan_s: float | None = None  # the recorded run's, when there is one
     analytic_bound_s: float | None = None
+    begins: tuple[float, ...] | None = None  # when the recorded run admitted each trajectory
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ def instance_from_run(run_dir: Path) -> Instance:
         raise UsageError(f"{path}: not an asyncroll summary (missing or malformed {exc})") from exc
     chains: dict[str, list[Step]] = {}
     order: list[str] = []
+    begins: list[float] = []
     try:
         handle = (run_dir / "events.jsonl").open("rb")
     except OSError as exc:
@@ -131,15 +134,20 @@ def instance_from_run(run_dir: Path) -> Instance:
                 raise UsageError(f"{where}: not a JSON object")
             try:
                 kind, tid = event.get("event"), str(event.get("id"))
+                # Each step as the run placed it: ending at its event, starting its duration before.
                 if kind == "trajectory_started":
                     order.append(tid)
                     chains[tid] = []
+                    begins.append(float(event["t"]))
                 elif kind in ("model_finished", "model_failed"):
-                    chains[tid].append(Step("model", float(event["latency_s"])))
+                    seconds = float(event["latency_s"])
+                    chains[tid].append(Step("model", seconds, float(event["t"]) - seconds))
                 elif kind == "cpu_finished":
-                    chains[tid].append(Step("cpu", float(event["execute_s"])))
+                    seconds = float(event["execute_s"])
+                    chains[tid].append(Step("cpu", seconds, float(event["t"]) - seconds))
                 elif kind == "cpu_failed":  # the worker was held until the timeout or the crash
-                    chains[tid].append(Step("cpu", float(event["roundtrip_s"])))
+                    seconds = float(event["roundtrip_s"])
+                    chains[tid].append(Step("cpu", seconds, float(event["t"]) - seconds))
             except KeyError as exc:
                 raise UsageError(f"{where}: {kind} without {exc} (or of a trajectory never started)") from exc
             except (TypeError, ValueError) as exc:
@@ -153,6 +161,7 @@ def instance_from_run(run_dir: Path) -> Instance:
         workers=workers,
         makespan_s=makespan,
         analytic_bound_s=analytic,
+        begins=tuple(begins),
     )
 
 
@@ -190,17 +199,32 @@ def solve(
     slots: list[Any] = []
     starts: list[Any] = []
     ends: list[Any] = []
+    # The recorded run's own schedule, as a hint: with floored times and durations it stays feasible
+    # (every interval only shrinks), so the best schedule found is never worse than the run itself.
+    hinted = instance.begins is not None and all(s.start is not None for c in instance.chains for s in c)
+    hint_ends: list[int] = []
     for i, chain in enumerate(instance.chains):
         begin = model.new_int_var(0, horizon, f"begin{i}")
         previous_end: Any = begin
+        hint_end = 0
+        if hinted and instance.begins is not None:
+            hint_end = min(horizon, ticks(max(0.0, instance.begins[i])))
+            model.add_hint(begin, hint_end)
         for k, step in enumerate(chain):
             start = model.new_int_var(0, horizon, f"s{i}_{k}")
             interval = model.new_fixed_size_interval_var(start, ticks(step.seconds), f"i{i}_{k}")
             (model_steps if step.kind == "model" else cpu_steps).append(interval)
             model.add(start >= previous_end)
             previous_end = start + ticks(step.seconds)
+            if hinted and step.start is not None:
+                at = min(horizon, ticks(max(0.0, step.start)))
+                model.add_hint(start, at)
+                hint_end = max(hint_end, at + ticks(step.seconds))
         end = model.new_int_var(0, horizon, f"end{i}")
         model.add(end >= previous_end)
+        if hinted:
+            model.add_hint(end, min(horizon, hint_end))
+            hint_ends.append(min(horizon, hint_end))
         size = model.new_int_var(0, horizon, f"held{i}")
         slots.append(model.new_interval_var(begin, size, end, f"slot{i}"))
         starts.append(begin)
@@ -215,6 +239,8 @@ def solve(
         model.add_cumulative(slots, [1] * len(slots), instance.active)
     makespan = model.new_int_var(0, horizon, "makespan")
     model.add_max_equality(makespan, ends)
+    if hint_ends:
+        model.add_hint(makespan, max(hint_ends))
     model.minimize(makespan)
 
     solver = cp_model.CpSolver()
