@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -159,6 +158,7 @@ def _run(cfg: Any) -> int:
     from asyncroll.config import MAX_PROCESS_WORKERS
     from asyncroll.errors import UsageError
     from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, prepare
+    from asyncroll.runtime.signals import interruptible
 
     if cfg.cpu_workers > MAX_PROCESS_WORKERS:
         typer.echo(
@@ -189,27 +189,10 @@ def _run(cfg: Any) -> int:
     runner = Run(prepared, clock)
 
     async def main() -> int:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        assert task is not None
-
-        def interrupt(name: str) -> None:
-            if runner.interrupt_reason is None:
-                runner.interrupt_reason = name
-                task.cancel(f"{name} received")
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, interrupt, sig.name)
-        try:
-            outcome = await runner.execute()
-        except asyncio.CancelledError:
-            if runner.interrupt_reason is None:
-                raise
+        outcome = await interruptible(runner)
+        if runner.interrupt_reason is not None and outcome.status == "interrupted":
             typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True)
             return EXIT_INTERRUPTED
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
         print_summary(outcome.summary, cfg.output)
         if outcome.error:
             typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)

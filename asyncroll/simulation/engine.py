@@ -3,10 +3,8 @@ workers and either the scripted latencies (``fixed``) or a batching server model
 
 from __future__ import annotations
 
-import asyncio
 import math
 import shutil
-import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +17,8 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import RunConfig
 from asyncroll.errors import OutputExistsError, UsageError
 from asyncroll.runtime.pool import WorkerFactory
-from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, RunOutcome, prepare
+from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.signals import interruptible
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.simulation.from_run import DerivedRun
 from asyncroll.workers.protocol import JobRequest
@@ -108,43 +107,6 @@ def simulate(
         model_capacity=capacity,
     )
     return clock.run(interruptible(run) if signals else run.execute())
-
-
-async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
-    """``run.execute()`` with SIGINT and SIGTERM cancelling it and the signal recorded as the reason, as
-    in ``asyncroll run``; an interrupted run returns an ``interrupted`` outcome (exit code 130, no
-    summary) instead of raising. ``keep_ignored``: a signal this process ignores (a sweep's cell
-    processes ignore both) stays ignored. The handlers in place before are put back afterwards."""
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    assert task is not None
-
-    def interrupt(name: str) -> None:
-        if run.interrupt_reason is None:
-            run.interrupt_reason = name
-            task.cancel(f"{name} received")
-
-    installed: list[tuple[signal.Signals, Any]] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(sig)
-        if keep_ignored and previous == signal.SIG_IGN:
-            continue
-        try:
-            loop.add_signal_handler(sig, interrupt, sig.name)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
-            continue
-        installed.append((sig, previous))
-    try:
-        return await run.execute()
-    except asyncio.CancelledError:
-        if run.interrupt_reason is None:
-            raise
-        return RunOutcome("interrupted", EXIT_INTERRUPTED, None, f"interrupted by {run.interrupt_reason}")
-    finally:
-        for sig, previous in installed:
-            loop.remove_signal_handler(sig)
-            if previous is not None:
-                signal.signal(sig, previous)
 
 
 def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Backend, int | None]:

@@ -31,7 +31,8 @@ from asyncroll.errors import SimulationError
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.runtime.run import PreparedRun, Run
-from asyncroll.simulation.engine import SimulationSettings, backend_for, interruptible, workers_for
+from asyncroll.runtime.signals import interruptible
+from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
 from asyncroll.workload import WorkloadScan, scan_workload
 
