@@ -13,7 +13,6 @@ tool's name at top level.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from asyncroll.coerce import CoercionError, check_type_name, coerce_arguments
 from asyncroll.errors import WorkloadError
+from asyncroll.tool_files import ToolFile
 
 #: Built-in tools (no ``implementation``) and their declared inputs.
 BUILTIN_TOOLS: dict[str, dict[str, str]] = {
@@ -229,7 +229,7 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 
 def _check_problem(
-    problem: Problem, tool_root: Path, scripted: bool, tool_files: dict[Path, _ToolFile] | None = None
+    problem: Problem, tool_root: Path, scripted: bool, tool_files: dict[Path, ToolFile] | None = None
 ) -> list[tuple[str, str]]:
     """Cross-field checks pydantic cannot express; returns (field, message) pairs.
 
@@ -326,7 +326,7 @@ def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
 
 
 def _check_implementation(
-    implementation: str, name: str, tool_root: Path, tool_files: dict[Path, _ToolFile]
+    implementation: str, name: str, tool_root: Path, tool_files: dict[Path, ToolFile]
 ) -> str | None:
     rel = Path(implementation)
     if rel.is_absolute():
@@ -340,7 +340,7 @@ def _check_implementation(
         return f"{implementation!r} does not exist under the tool root {tool_root}"
     parsed = tool_files.get(resolved)
     if parsed is None:
-        parsed = tool_files[resolved] = _ToolFile.parse(resolved)
+        parsed = tool_files[resolved] = ToolFile.parse(resolved)
     if parsed.error is not None:
         return f"{implementation!r} {parsed.error}"
     if not parsed.binds(name):
@@ -349,69 +349,6 @@ def _check_implementation(
             "(no def, class, assignment or import at module level binds that name)"
         )
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class _ToolFile:
-    """What a trusted tool file's source says, learned without running it: the names its module level
-    binds (``dynamic``: a star import or a module ``__getattr__`` may bind any), or why it cannot load."""
-
-    names: frozenset[str] = frozenset()
-    dynamic: bool = False
-    error: str | None = None
-
-    def binds(self, name: str) -> bool:
-        return self.dynamic or name in self.names
-
-    @classmethod
-    def parse(cls, path: Path) -> _ToolFile:
-        try:
-            source = path.read_bytes()
-        except OSError as exc:
-            return cls(error=f"cannot be read: {exc.strerror or exc}")
-        try:
-            tree = ast.parse(source, filename=str(path))
-            # Compiling (never executing) also finds what the parser lets through ('return' outside a
-            # function, a misplaced 'nonlocal'...), which the worker's import would hit.
-            compile(tree, str(path), "exec", dont_inherit=True)
-        except SyntaxError as exc:
-            where = f" at line {exc.lineno}" if exc.lineno else ""
-            return cls(error=f"has a syntax error{where}: {exc.msg}")
-        except (ValueError, RecursionError) as exc:  # a null byte in the source; nesting too deep
-            return cls(error=f"is not valid Python source: {exc}")
-        names, dynamic = _module_bindings(tree)
-        return cls(frozenset(names), dynamic)
-
-
-def _module_bindings(tree: ast.Module) -> tuple[set[str], bool]:
-    """Names bound at module level (in any branch of an if/try/with/loop), without entering functions,
-    classes or lambdas; and whether the module may bind names this cannot see."""
-    names: set[str] = set()
-    dynamic = False
-    todo: list[ast.AST] = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-            continue
-        if isinstance(node, ast.Lambda):
-            continue
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                if alias.name == "*":
-                    dynamic = True
-                else:
-                    names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
-            names.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            names.add(node.rest)
-        todo.extend(ast.iter_child_nodes(node))
-    # A function may bind a module-level name through ``global`` when it is called at import.
-    names.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
-    return names, dynamic or "__getattr__" in names
 
 
 #: Constants Python's and pydantic-core's JSON parsers accept but JSON does not have.
@@ -493,7 +430,7 @@ def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | N
     scan = WorkloadScan(path=path)
     digest = hashlib.sha256()
     ids: dict[str, int] = {}
-    tool_files: dict[Path, _ToolFile] = {}
+    tool_files: dict[Path, ToolFile] = {}
     tool_root = tool_root.resolve()
     try:
         handle, identity = _open_regular(path)

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from asyncroll import workload
+from asyncroll import tool_files, workload
 from asyncroll.coerce import CoercionError, coerce_arguments
 from asyncroll.errors import WorkloadError
 from asyncroll.schemas import schemas
@@ -389,13 +389,13 @@ def test_bindings_inside_functions_and_classes_do_not_count(tmp_path: Path, sour
 def test_each_tool_file_is_parsed_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "t.py").write_text("def f(x):\n    return x\n\ndef g(x):\n    return x\n")
     parsed: list[Path] = []
-    original = workload._ToolFile.parse
+    original = tool_files.ToolFile.parse
 
-    def counting(path: Path) -> workload._ToolFile:
+    def counting(path: Path) -> tool_files.ToolFile:
         parsed.append(path)
         return original(path)
 
-    monkeypatch.setattr(workload._ToolFile, "parse", counting)
+    monkeypatch.setattr(tool_files.ToolFile, "parse", counting)
     lines = [_tool_line(i, "t.py", "f" if i % 2 else "g") for i in range(1, 21)]
     assert _problems(tmp_path, lines) == []
     assert parsed == [(tmp_path / "t.py").resolve()]
