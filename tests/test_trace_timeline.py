@@ -637,6 +637,18 @@ def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -
     (tmp_path / "empty").mkdir()
     empty = cli("timeline", tmp_path / "empty")
     assert empty.returncode == 2 and "no events.jsonl" in empty.stderr
+    # a receipt that says running, of a process that is alive (this one): the run's own exports will
+    # follow, so none are written under it; once that process is gone (killed outright), they are
+    receipt = json.loads((run / "run.json").read_text())
+    receipt.update(status="running", pid=os.getpid())
+    (run / "run.json").write_text(json.dumps(receipt))
+    going = cli("timeline", run)
+    assert going.returncode == 2 and "the run is still going" in going.stderr
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    (run / "run.json").write_text(json.dumps({**receipt, "pid": int(dead.stdout)}))
+    assert cli("timeline", run).returncode == 0
 
 
 def trace_processor_shell() -> str | None:

@@ -67,6 +67,9 @@ def timeline(
         raise fail(f"{run_dir}: not a directory")
     if not (run_dir / "events.jsonl").is_file():
         raise fail(f"{run_dir}: no events.jsonl (not a run directory?)")
+    still = _still_running(run_dir)
+    if still is not None:
+        raise fail(f"{run_dir}: the run is still going ({still}); its own exports follow when it ends")
     from asyncroll.outputs.rundir import export
 
     exports = export(run_dir)
@@ -78,3 +81,29 @@ def timeline(
     if failed:
         raise fail("export failed: " + "; ".join(failed), 1)
     typer.echo(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
+
+
+def _still_running(run_dir: Path) -> str | None:
+    """Why ``run_dir`` belongs to a run in progress (its receipt says so and its process, on this host,
+    is alive), else None. A run killed outright keeps ``running`` in its receipt; it can be exported."""
+    import socket
+    from datetime import datetime
+
+    import psutil
+
+    try:
+        receipt = json.loads((run_dir / "run.json").read_text())
+        status, pid = receipt["status"], receipt["pid"]
+        hostname = receipt["host"]["hostname"]
+        created = datetime.fromisoformat(receipt["created_at"]).timestamp()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if status not in ("preparing", "running") or not isinstance(pid, int) or hostname != socket.gethostname():
+        return None
+    try:
+        process = psutil.Process(pid)
+        # the same process, not a later one given a reused pid: it started before the receipt was written
+        alive = process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= created + 1
+    except psutil.Error:
+        return None
+    return f"status {status!r}, process {pid} alive" if alive else None

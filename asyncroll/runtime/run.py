@@ -167,6 +167,7 @@ class Run:
         return {
             "command": self.argv,
             "cwd": os.getcwd(),  # where relative paths in the command (and config) were resolved
+            "pid": os.getpid(),  # while the status says running: is the run still going?
             "config": {
                 **cfg.model_dump(mode="json"),
                 "policy_canonical": cfg.policy_name,
