@@ -22,11 +22,12 @@ from asyncroll.runtime.signals import interruptible
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.simulation.from_run import DerivedRun
 from asyncroll.workers.protocol import JobRequest
+from asyncroll.workload import MAX_DURATION_MS
 
 ServerKind = Literal["fixed", "batching"]
-#: The largest per-turn, per-job, per-step or per-token cost a simulation accepts: one day, in ms (as a
-#: workload's declared durations). Above it a run is nonsense; near float's limit virtual time stops.
-MAX_COST_MS = 86_400_000.0
+#: The largest per-turn, per-job, per-step or per-token cost a simulation accepts: the limit of a
+#: workload's declared durations (one day). Above it a run is nonsense; near float's limit time stops.
+MAX_COST_MS = float(MAX_DURATION_MS)
 #: Fewer characters per token would turn a prompt into more tokens than a float can count.
 MIN_CHARS_PER_TOKEN = 0.01
 
