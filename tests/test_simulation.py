@@ -478,6 +478,62 @@ def test_from_run_refuses_a_run_that_did_not_complete(recorded: Path, tmp_path: 
     assert not out.exists()
 
 
+@pytest.mark.timeout(60)
+def test_a_timed_out_job_is_replayed_just_over_the_timeout_not_at_its_round_trip(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """A real timed-out job's round trip also holds the kill (here 6 ms more): only "past the timeout" is
+    known of the job, so it is replayed 1 µs over the timeout, a lower bound under a longer timeout."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(recorded, source)
+
+    def slow_kill(lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            event = json.loads(line)
+            if event["event"] == "cpu_failed" and event["reason"] == "timeout":
+                line = json.dumps({**event, "roundtrip_s": 0.021}) + "\n"
+            out.append(line)
+        return out
+
+    _edit_lines(source / "events.jsonl", slow_kill)
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", source, "--output", replay, "--tool-timeout", "10")
+    assert result.exit_code == 0, result.output
+    cpu_ms = [
+        a.get("cpu_ms")
+        for line in (replay / "replay-workload.jsonl").read_text().splitlines()
+        for a in json.loads(line)["script"]
+    ]
+    assert 15.001 in cpu_ms and 21.0 not in cpu_ms
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("replay", [False, True])
+def test_from_run_refuses_an_agent_mode_http_run_whose_actions_the_model_chose(
+    recorded: Path, tmp_path: Path, replay: bool
+) -> None:
+    """An agent-mode run's timings belong to the model's actions, not to the workload's script; an HTTP
+    run with --replay took its actions from the script and can be replayed."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(recorded, source)
+    _edit_json(
+        source / "run.json", lambda r: {**r, "config": {**r["config"], "backend": "vllm", "replay": replay}}
+    )
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", source, "--output", out)
+    if replay:
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == 2, result.output
+        assert "the run's actions came from the model (--backend vllm without --replay)" in result.stderr
+        assert not out.exists()
+
+
 def _edit_json(path: Path, edit: Any) -> None:
     path.write_text(json.dumps(edit(json.loads(path.read_text()))))
 

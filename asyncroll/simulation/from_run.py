@@ -14,7 +14,9 @@ program before the last failed, the last one passed or not), so the replay repai
 run did — no code runs in the replay.
 
 Only a run that completed is replayed: an interrupted or failed run measured only some of its turns and
-jobs, and the rest would silently take the workload's scripted timings. Everything read from the run
+jobs, and the rest would silently take the workload's scripted timings. Its actions must be the
+workload's script (the scripted backend, or an HTTP backend with ``--replay``): an agent-mode run's
+actions came from the model, and its timings belong to those, not to the script. Everything read from the run
 directory is checked; a file this version cannot read is a :class:`UsageError` naming it (and the line,
 for the JSONL files), never a traceback.
 """
@@ -70,6 +72,14 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
     for key in ("config", "workload"):
         if not isinstance(receipt.get(key), dict):
             raise UsageError(f"--from-run {path}: {key!r} is missing or not an object")
+    config = receipt["config"]
+    if config.get("backend", "scripted") != "scripted" and config.get("replay") is not True:
+        raise UsageError(
+            f"--from-run {run_dir}: the run's actions came from the model (--backend "
+            f"{config.get('backend')} without --replay), not from the workload's script; a replay would put "
+            "its measured timings on the script's actions, which are not what the run did. Replay a run of "
+            "the scripted backend or an HTTP run with --replay"
+        )
     workload = receipt["workload"]
     if not isinstance(workload.get("path"), str) or not isinstance(workload.get("sha256"), str):
         raise UsageError(f"--from-run {path}: 'workload' lacks its path or sha256")
@@ -162,7 +172,9 @@ def _measurements(run_dir: Path, tool_timeout_s: float) -> _Measured:
             else:
                 ms = round(float(_field(event, "roundtrip_s", number, where)) * 1000.0, 6)
                 if event.get("reason") == "timeout":
-                    ms = max(ms, timeout_ms)  # strictly over the timeout: it times out again
+                    # The round trip also holds the kill; all that is known of the job is that it ran past
+                    # the timeout. Just over it: it times out again, and a longer timeout gets a lower bound.
+                    ms = timeout_ms
             measured.cpu[key] = ms
     return measured
 
