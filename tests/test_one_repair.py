@@ -69,6 +69,10 @@ def test_failed_submission_gets_one_repair_then_passes(virtual_run: VirtualRun) 
     # Exact virtual timing: 10 ms model, 40 ms evaluation, 10 ms repair, 40 ms evaluation.
     finished = {e.id: e for e in cap.of(TrajectoryFinished)}
     assert finished["fixed"].turns == 2
+    # A submission is not a tool call: results, events and the summary agree (generations count them).
+    assert {r["tool_calls"] for r in results.values()} == {0} and finished["fixed"].tool_calls == 0
+    tools = outcome.summary["tools"]
+    assert tools["calls"] == 0 and tools["jobs_by_kind"]["evaluate"] == 5
 
 
 def test_hidden_tests_never_reach_results_summary_or_events(virtual_run: VirtualRun) -> None:

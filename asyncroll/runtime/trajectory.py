@@ -188,8 +188,7 @@ class TrajectoryRunner:
             code_bytes=len(action.code.encode()),
             declared=None if action.passes is None else _declared_verdict(action.passes, len(protocol.tests)),
         )
-        outcome = await self._dispatcher.run(spec)
-        state.tool_calls += 1
+        outcome = await self._dispatcher.run(spec)  # a submission, not a tool call: ``generations`` counts it
         if not outcome.ok:
             raise _Failed(f"evaluation failed: {outcome.error}")
         if not isinstance(outcome.value, dict):
