@@ -7,6 +7,7 @@ is never an ``int``. The only conversions are the lossless ones JSON forces on u
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,8 +32,16 @@ class CoercionError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
+#: The declared input types as one pattern (spaces allowed around each token), printed in the workload's
+#: JSON Schema so that the schema is exactly as strict as validation.
+TYPE_PATTERN = (
+    r"^ *(?:str|int|float|bool|number|dict *\[ *int *, *int *\]|(?:list|List) *\[ *(?:int|float) *\]) *$"
+)
+_TYPE = re.compile(TYPE_PATTERN)
+
+
 def check_type_name(arg: str, type_name: str) -> None:
-    if type_name.replace(" ", "") not in {t.replace(" ", "") for t in TYPE_NAMES}:
+    if _TYPE.fullmatch(type_name) is None:
         raise ValueError(
             f"input {arg!r} has unsupported type {type_name!r}; supported: {', '.join(TYPE_NAMES)}"
         )

@@ -24,7 +24,7 @@ from typing import Annotated, Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from asyncroll.coerce import CoercionError, check_type_name, coerce_arguments
+from asyncroll.coerce import TYPE_PATTERN, CoercionError, check_type_name, coerce_arguments
 from asyncroll.errors import WorkloadError
 from asyncroll.tool_files import ToolFile
 
@@ -94,7 +94,10 @@ Action = Annotated[ToolAction | FinalAction | SubmitAction, Field(discriminator=
 class Tool(_Strict):
     name: str = Field(min_length=1)
     description: str = ""
-    inputs: dict[str, str] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={"additionalProperties": {"type": "string", "pattern": TYPE_PATTERN}},
+    )
     implementation: str | None = None
     bound_arguments: dict[str, Any] = Field(default_factory=dict)
 
@@ -269,7 +272,8 @@ def _check_problem(
             out.append((f"{where}.bound_arguments", f"not declared in inputs: {sorted(unknown_bound)}"))
     if problem.script is None:
         if scripted:
-            out.append(("script", "required by the scripted backend"))
+            hint = "a workload for a model server: --backend vllm or openai"
+            out.append(("script", f"required by the scripted backend ({hint})"))
         return out
     if not problem.script:
         out.append(("script", "must hold at least one action"))

@@ -513,3 +513,29 @@ def test_every_field_error_of_a_line_is_reported(tmp_path: Path) -> None:
         "colour",
     ):
         assert any(p.startswith(f"{path}:1: {fld}: ") for p in problems), (fld, problems)
+
+
+@pytest.mark.parametrize(
+    "type_name",
+    [
+        "int",
+        "dict[int, int]",
+        "dict[int,int]",
+        " List[ float ] ",
+        "number",
+        "tuple",
+        "list[str]",
+        "s tr",
+        "Dict[int, int]",
+    ],
+)
+def test_the_printed_schema_accepts_exactly_the_input_types_validation_accepts(
+    tmp_path: Path, type_name: str
+) -> None:
+    """`asyncroll schema workload` is as strict as `validate` about a tool's declared input types."""
+    tool = {"name": "f", "implementation": "f.py", "inputs": {"a": type_name}}
+    line = {"id": "a", "prompt": "p", "tools": [tool], "script": [{"type": "final", "answer": 1}]}
+    (tmp_path / "f.py").write_text("def f(a):\n    return a\n")
+    schema_ok = jsonschema.Draft202012Validator(schemas()["workload"]).is_valid(line)
+    problems = _problems(tmp_path, [json.dumps(line)])
+    assert schema_ok is (problems == []), problems
