@@ -1,5 +1,6 @@
-"""The command line: ``asyncroll …`` or ``python -m asyncroll.cli …``. The only ``asyncio.run`` (in
-``commands/run.py``). The commands live in ``asyncroll/commands/``, one module per family; this module
+"""The command line: ``asyncroll …`` or ``python -m asyncroll.cli …``. Each command starts its one event
+loop at its edge (``asyncio.run`` in ``commands/run.py``; the virtual clock's loop for simulations;
+serve-sim's server). The commands live in ``asyncroll/commands/``, one module per family; this module
 assembles them into one app.
 
 Imports stay light at module level so that ``asyncroll --help`` starts fast; each command imports what
