@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -87,8 +88,10 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def quantiles(xs: list[float]) -> tuple[float, float, float]:
+    """Min, median, max. The median is the true one (the mean of the two middle values for an even
+    count), not the upper middle value, which for two seeds is the max."""
     s = sorted(xs)
-    return s[0], s[len(s) // 2], s[-1]
+    return s[0], statistics.median(s), s[-1]
 
 
 def number_arg(kind: type, low: float, high: float, *, low_open: bool = False) -> Callable[[str], Any]:

@@ -25,14 +25,15 @@ POLICIES = ("fifo", "tool_first", "asyncroll")
 
 
 def interval(xs: list[float]) -> str:
-    """Mean paired change with its 95% Student t interval (``asyncroll.experiment.stats``)."""
+    """Mean paired change with its 95% Student t interval (``asyncroll.experiment.stats``) and n."""
     ci = t_interval(xs)
     if ci.low is None or ci.high is None or ci.mean is None:
-        return "n/a"
-    return f"{100 * ci.mean:+.1f}% [{100 * ci.low:+.1f}%, {100 * ci.high:+.1f}%]"
+        return f"n/a (n={ci.n})"
+    return f"{100 * ci.mean:+.1f}% [{100 * ci.low:+.1f}%, {100 * ci.high:+.1f}%] (n={ci.n})"
 
 
 def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
+    """min / median / max (the true median: the mean of the middle two for an even count)."""
     lo, mid, hi = quantiles(xs)
     return " / ".join(fmt.format(v) for v in (lo, mid, hi))
 

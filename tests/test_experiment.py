@@ -191,6 +191,44 @@ def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
             assert arm["metrics"]["completed_per_gpu_hour"] > 0
 
 
+def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_path: Path) -> None:
+    """After each arm, the client's run.json must show the plan's policy and seed and the experiment's
+    pinned tool hashes and software versions, not only its workload (extra_args could once override)."""
+    from asyncroll.experiment.arms import ArmFailed, Expected, _check_client
+
+    out: Path = experiment["out"]
+    exp = read(out / "experiment.json")
+    plan = next(a for a in build_plan(load_experiment_config(SMOKE)) if a.id == "pair1-fifo")
+    expected = Expected.from_fingerprint(exp["fingerprint"])
+
+    def check(run_changes: dict[str, Any], summary_changes: dict[str, Any]) -> str:
+        run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        run_dir.mkdir()
+        run, summary = (read(out / "arms" / "pair1-fifo" / "run" / n) for n in ("run.json", "summary.json"))
+        for key, value in run_changes.items():
+            node = run
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        summary.update(summary_changes)
+        (run_dir / "run.json").write_text(json.dumps(run))
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return _check_client(run_dir, 0, tmp_path / "client.log", plan, expected).status
+
+    assert check({}, {}) == "complete"
+    with pytest.raises(ArmFailed, match=r"seed 99, not the plan's 20260927"):
+        check({"config.seed": 99}, {})
+    with pytest.raises(
+        ArmFailed, match=r"policy 'tool_first' \(summary: 'tool_first'\), not the plan's 'fifo'"
+    ):
+        check({"config.policy": "tool_first"}, {"policy": "tool_first"})
+    with pytest.raises(ArmFailed, match=r"tool file add: ran 0{64}, the experiment pinned None"):
+        check({"tools.add": {"path": "/elsewhere/add.py", "sha256": "0" * 64}}, {})
+    with pytest.raises(ArmFailed, match=r"software version httpx: ran 0\.0, the experiment pinned"):
+        check({"versions.httpx": "0.0"}, {})
+
+
 @pytest.mark.timeout(180)
 def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
     out: Path = experiment["out"]
@@ -248,6 +286,8 @@ def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
     done = cli("experiment", "run", "--config", config, "--output", out)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "failed arms kept and reported: pair1-fifo, pair1-asyncroll" in done.stderr
+    # the console shows the cause from the log tail, not only "…; log tail:"
+    assert "[pair1-fifo] failed: server exited with code 3 before it was ready: boom" in done.stdout
     exp = read(out / "experiment.json")
     assert exp["status"] == "complete"
     for arm_id in ("pair1-fifo", "pair1-asyncroll"):
@@ -275,9 +315,8 @@ def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
     rep = cli("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r", "--figure")
     assert rep.returncode == 0, rep.stderr
     text = (tmp_path / "r" / "REPORT.md").read_text()
-    assert (
-        "unknown (no pair with a known value)" in text and "`pair1-fifo`: server exited with code 3" in text
-    )
+    assert "unknown (no pair with a known value)" in text
+    assert "- `pair1-fifo`: server exited with code 3 before it was ready: boom" in text
 
 
 @pytest.mark.timeout(60)
@@ -427,12 +466,25 @@ def test_bootstrap_is_seeded_and_agrees_with_scipy() -> None:
 
 
 def test_paired_change_handles_unknown_and_zero_baselines() -> None:
-    out = paired_change([100.0, 200.0, None, 0.0], [110.0, 190.0, 5.0, 1.0], seed=0, resamples=500)
-    assert out["ratios"] == [1.1, 0.95, None, None] and out["unknown_pairs"] == 2
+    out = paired_change([100.0, 200.0, None], [110.0, 190.0, 5.0], seed=0, resamples=500)
+    assert out["ratios"] == [1.1, 0.95, None] and out["unknown_pairs"] == 1 and out["undefined_pairs"] == 0
+    assert out["pair_notes"] == [None, None, "unknown (not measured)"]
     t = out["mean_percent_change_t95"]
     assert isinstance(t, dict) and t["mean"] == pytest.approx(2.5) and t["n"] == 2
+    assert t["note"] == "1 of 3 pairs left out (pair 3: a value not measured)"  # said, never silent
     half = t_ppf(0.975, 1) * math.sqrt(((10 - 2.5) ** 2 + (-5 - 2.5) ** 2) / 1) / math.sqrt(2)
     assert t["high"] == pytest.approx(2.5 + half)
+    # a measured baseline of 0: no ratio, so that pair's % change and the mean % change are undefined
+    # (leaving the pair out would bias the mean); the mean difference still covers every pair
+    zero = paired_change([100.0, 200.0, 0.0], [110.0, 190.0, 1.0], seed=0, resamples=500)
+    assert zero["ratios"] == [1.1, 0.95, None] and zero["undefined_pairs"] == 1
+    assert zero["pair_notes"] == [None, None, "undefined (baseline 0, treatment 1)"]
+    for key in ("mean_percent_change_t95", "mean_percent_change_bootstrap95"):
+        d = zero[key]
+        assert isinstance(d, dict) and d["mean"] is None
+        assert d["note"].startswith("undefined: baseline 0 in pair 3")
+    diff = zero["mean_difference_t95"]
+    assert isinstance(diff, dict) and diff["n"] == 3 and diff["mean"] == pytest.approx(1 / 3)
 
 
 def test_report_marks_unknown_metrics() -> None:
@@ -540,8 +592,14 @@ def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
-    """SIGTERM to the runner: the client and the server's group are stopped, the arm is interrupted."""
-    config = write_config(tmp_path, stages={}, pairs=1)
+    """A second runner on the directory is refused while the first runs; then SIGTERM to the runner: the
+    client and the server's group are stopped, the arm is interrupted."""
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.runner import ExperimentRunner
+
+    command = json.loads(SMOKE.read_text())["server"]["command"]
+    command[command.index("--step-base-ms") + 1] = "150"  # a client that runs long enough to be refused
+    config = write_config(tmp_path, stages={}, pairs=1, **{"server.command": command})
     out = tmp_path / "out"
     log = (tmp_path / "runner.log").open("wb")
     runner = subprocess.Popen(
@@ -565,6 +623,14 @@ def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
             except (OSError, ValueError):
                 pass
             time.sleep(0.02)
+        live = read(arm_json)
+        # a --resume (or a new run) on a directory a live runner uses is refused; nothing is touched
+        for resume in (True, False):
+            second = ExperimentRunner(load_experiment_config(config), out, resume=resume, echo=lambda _: None)
+            with pytest.raises(UsageError, match=f"being run by pid {runner.pid} "):
+                second.run()
+        assert read(arm_json)["status"] == "running_client" and not list(out.glob("arms/*.interrupted-*"))
+        assert all(alive(p) for p in (live["server"]["process"], live["client"]["process"]))
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(40) == 130
     finally:

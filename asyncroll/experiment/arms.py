@@ -1,13 +1,25 @@
-"""One arm, start to finish: GPU check → fresh server → readiness → client subprocess → stop the server.
+"""One arm, start to finish: GPU check → fresh server → readiness → client subprocess → checks → stop.
 
-Nothing is retried: a failure at any step is written to ``arm.json`` with the step, the error and the log
-tails, the server is stopped anyway, and the runner moves on. An interrupt (``ExperimentInterrupted``)
-stops the client and the server's whole group in a ``finally`` before it propagates.
+Nothing is retried. A failure at any step is written to ``arm.json`` with the step and the error (with
+the log tail it carries), the server is stopped anyway, and the runner moves on. An unexpected error (a
+bug, a server answering something nobody planned for) fails the arm the same way, at the step it
+happened in, with its type and message; it is never mistaken for an interrupt.
+
+An interrupt (``ExperimentInterrupted``) stops the client, then the server's whole group, each in its own
+``finally`` (a failure stopping the client never leaves the server running), and ends the arm
+``interrupted`` before it propagates. The runner ignores further signals while this runs.
+
+When the client has exited, the protocol fingerprint is computed again (``protocol_check``; a file
+changed while the arm ran does not show in the check before it), then the client's outputs are checked
+against the plan: the run complete, and its ``run.json`` naming the experiment's workload SHA-256, tool
+file hashes and software versions, and the arm's policy and seed.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +41,8 @@ from asyncroll.schemas import RunReceiptModel, SummaryModel
 
 #: Seconds the client gets to finish its receipt after TERM at its deadline or on an interrupt.
 CLIENT_GRACE_S = 20.0
+#: ``failed_step`` of an arm during which the protocol fingerprint changed: the runner stops there.
+PROTOCOL_STEP = "checking_protocol"
 
 
 class ExperimentInterrupted(BaseException):
@@ -43,88 +57,172 @@ class ArmFailed(RuntimeError):
         self.step = step
 
 
-def run_arm(
-    cfg: ExperimentConfig, plan: ArmPlan, arm_dir: Path, workload_sha256: str, deadline_s: float
-) -> ArmReceipt:
-    """Run one arm in ``arm_dir`` (created here); returns its receipt, status complete or failed."""
-    arm_dir.mkdir(parents=True)
-    receipt = ArmReceipt(arm_dir / "arm.json", {"plan": plan.to_dict(), "dir": str(arm_dir)})
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What every client's ``run.json`` must show: the experiment's pinned inputs (its fingerprint)."""
+
+    workload_sha256: str
+    tools: dict[str, str | None]
+    software: dict[str, str | None]
+
+    @classmethod
+    def from_fingerprint(cls, fp: dict[str, Any]) -> Expected:
+        detail = fp.get("detail", {})
+        return cls(
+            fp["components"]["workload"], dict(detail.get("tools", {})), dict(detail.get("software", {}))
+        )
+
+
+@dataclass
+class _Live:
+    """The arm's processes that are still running (set once started, cleared once stopped)."""
+
     server: InferenceServer | None = None
     client: ManagedProcess | None = None
+
+
+def run_arm(
+    cfg: ExperimentConfig,
+    plan: ArmPlan,
+    arm_dir: Path,
+    expected: Expected,
+    deadline_s: float,
+    protocol_check: Callable[[], str | None] | None = None,
+) -> ArmReceipt:
+    """Run one arm in ``arm_dir`` (created here); returns its receipt, status complete or failed.
+
+    ``protocol_check`` returns why the protocol changed (None: unchanged); it runs when the client exits.
+    """
+    arm_dir.mkdir(parents=True)
+    receipt = ArmReceipt(arm_dir / "arm.json", {"plan": plan.to_dict(), "dir": str(arm_dir)})
+    live = _Live()
     try:
-        receipt.transition("checking_gpu")
         try:
-            gpu = check_gpu(cfg.gpu)
-        except GpuCheckError as exc:
-            receipt.update(gpu={"declared": True, "checked": True, "error": str(exc)})
-            raise ArmFailed("checking_gpu", str(exc)) from None
-        receipt.update(gpu=gpu)
-
-        port = cfg.server.port or free_port(cfg.server.host)
-        if port_in_use(cfg.server.host, port):
-            raise ArmFailed(
-                "starting_server",
-                f"{cfg.server.host}:{port} already accepts connections: another server is running there",
-            )
-        command = server_command(cfg, port)
-        url = endpoint(cfg, port)
-        server = InferenceServer(command, url, arm_dir / "server.log", cfg.server.env, cfg.model.served_name)
-        receipt.transition("starting_server", server={"command": command, "url": url})
-        try:
-            server.start()
-        except OSError as exc:
-            raise ArmFailed("starting_server", f"cannot start {command[0]!r}: {exc}") from None
-        receipt.update(server={**receipt.data["server"], "process": server.process.record()})
-        try:
-            ready = server.wait_ready(cfg.server.readiness_paths, cfg.server.startup_timeout_s)
-        except ServerStartError as exc:
-            raise ArmFailed("starting_server", str(exc)) from None
-        receipt.update(server={**receipt.data["server"], **ready, "startup_evidence": server.evidence()})
-
-        run_dir = arm_dir / "run"
-        command = client_command(cfg, plan, port, run_dir)
-        client = ManagedProcess(command, arm_dir / "client.log")
-        client.start()
-        receipt.transition(
-            "running_client", client={"command": command, "run_dir": str(run_dir), "process": client.record()}
-        )
-        began = time.monotonic()
-        code = client.wait(deadline_s)
-        timed_out = code is None
-        if timed_out:
-            stop = client.stop(CLIENT_GRACE_S)
-            code = stop["exit_code"]
-        wall = round(time.monotonic() - began, 3)
-        receipt.update(client={**receipt.data["client"], "exit_code": code, "wall_s": wall})
-        client = None
-        if timed_out:
-            raise ArmFailed(
-                "running_client", f"client passed its deadline of {deadline_s:g}s and was stopped"
-            )
-        summary = _check_client(run_dir, code, workload_sha256, arm_dir / "client.log")
-        receipt.update(summary_status=summary.status)
-    except ArmFailed as exc:
-        receipt.update(error=str(exc), failed_step=exc.step)
-    except BaseException:
-        if client is not None:
-            receipt.update(client={**receipt.data.get("client", {}), "stop": client.stop(CLIENT_GRACE_S)})
-        if server is not None:
-            receipt.update(server={**receipt.data["server"], "stop": server.stop(cfg.server.stop_grace_s)})
-        receipt.transition("interrupted", error="interrupted while " + receipt.status)
+            _steps(cfg, plan, arm_dir, expected, deadline_s, protocol_check, receipt, live)
+        except ArmFailed as exc:
+            receipt.update(error=str(exc), failed_step=exc.step)
+        except Exception as exc:  # noqa: BLE001 - any error fails this arm at its step, never the runner
+            receipt.update(error=_unexpected(receipt.status, exc), failed_step=receipt.status)
+        if live.client is not None:
+            _stop_client(receipt, live)
+        if live.server is not None:
+            receipt.transition("stopping_server")
+            _stop_server(cfg, receipt, live)
+    except BaseException as exc:
+        _abort(cfg, receipt, live, exc)
         raise
-    if server is not None:
-        receipt.transition("stopping_server")
-        stop = server.stop(cfg.server.stop_grace_s)
-        receipt.update(server={**receipt.data["server"], "stop": stop, "startup_evidence": server.evidence()})
-    if receipt.data["error"] is None:
-        receipt.transition("complete")
-    else:
-        receipt.transition("failed")
+    receipt.transition("complete" if receipt.data["error"] is None else "failed")
     return receipt
 
 
-def _check_client(run_dir: Path, code: int | None, workload_sha256: str, log: Path) -> SummaryModel:
-    """The client's run must be complete, its receipt must name the expected workload, its summary valid."""
+def _steps(
+    cfg: ExperimentConfig,
+    plan: ArmPlan,
+    arm_dir: Path,
+    expected: Expected,
+    deadline_s: float,
+    protocol_check: Callable[[], str | None] | None,
+    receipt: ArmReceipt,
+    live: _Live,
+) -> None:
+    receipt.transition("checking_gpu")
+    try:
+        gpu = check_gpu(cfg.gpu)
+    except GpuCheckError as exc:
+        receipt.update(gpu={"declared": True, "checked": True, "error": str(exc)})
+        raise ArmFailed("checking_gpu", str(exc)) from None
+    receipt.update(gpu=gpu)
+
+    port = cfg.server.port or free_port(cfg.server.host)
+    if port_in_use(cfg.server.host, port):
+        raise ArmFailed(
+            "starting_server",
+            f"{cfg.server.host}:{port} already accepts connections: another server is running there",
+        )
+    command = server_command(cfg, port)
+    url = endpoint(cfg, port)
+    server = InferenceServer(command, url, arm_dir / "server.log", cfg.server.env, cfg.model.served_name)
+    receipt.transition("starting_server", server={"command": command, "url": url})
+    try:
+        server.start()
+    except OSError as exc:
+        raise ArmFailed("starting_server", f"cannot start {command[0]!r}: {exc}") from None
+    live.server = server
+    receipt.update(server={**receipt.data["server"], "process": server.process.record()})
+    try:
+        ready = server.wait_ready(cfg.server.readiness_paths, cfg.server.startup_timeout_s)
+    except ServerStartError as exc:
+        raise ArmFailed("starting_server", str(exc)) from None
+    receipt.update(server={**receipt.data["server"], **ready, "startup_evidence": server.evidence()})
+
+    run_dir = arm_dir / "run"
+    command = client_command(cfg, plan, port, run_dir)
+    client = ManagedProcess(command, arm_dir / "client.log")
+    client.start()
+    live.client = client
+    receipt.transition(
+        "running_client", client={"command": command, "run_dir": str(run_dir), "process": client.record()}
+    )
+    began = time.monotonic()
+    code = client.wait(deadline_s)
+    timed_out = code is None
+    if timed_out:
+        stop = client.stop(CLIENT_GRACE_S)
+        code = stop["exit_code"]
+    live.client = None
+    wall = round(time.monotonic() - began, 3)
+    receipt.update(client={**receipt.data["client"], "exit_code": code, "wall_s": wall})
+    if timed_out:
+        raise ArmFailed("running_client", f"client passed its deadline of {deadline_s:g}s and was stopped")
+    problem = None if protocol_check is None else protocol_check()
+    if problem is not None:
+        raise ArmFailed(PROTOCOL_STEP, problem)
+    summary = _check_client(run_dir, code, arm_dir / "client.log", plan, expected)
+    receipt.update(summary_status=summary.status)
+
+
+def _unexpected(step: str, exc: BaseException) -> str:
+    return f"unexpected error while {step}: {type(exc).__name__}: {exc}"
+
+
+def _stop_client(receipt: ArmReceipt, live: _Live) -> None:
+    if live.client is None:
+        return
+    stop = live.client.stop(CLIENT_GRACE_S)
+    live.client = None
+    receipt.update(client={**receipt.data.get("client", {}), "stop": stop})
+
+
+def _stop_server(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live) -> None:
+    if live.server is None:
+        return
+    stop = live.server.stop(cfg.server.stop_grace_s)
+    evidence = live.server.evidence()
+    live.server = None
+    receipt.update(server={**receipt.data["server"], "stop": stop, "startup_evidence": evidence})
+
+
+def _abort(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live, exc: BaseException) -> None:
+    """An interrupt (or an error while stopping): stop whatever still runs, and end the receipt."""
+    where = receipt.status
+    try:
+        _stop_client(receipt, live)
+    finally:
+        try:
+            _stop_server(cfg, receipt, live)
+        finally:
+            if isinstance(exc, ExperimentInterrupted | KeyboardInterrupt):
+                receipt.transition("interrupted", error="interrupted while " + where)
+            else:
+                receipt.transition("failed", error=_unexpected(where, exc), failed_step=where)
+
+
+def _check_client(
+    run_dir: Path, code: int | None, log: Path, plan: ArmPlan, expected: Expected
+) -> SummaryModel:
+    """The client's run must be complete, and its receipt must show the experiment's inputs and the plan."""
+    from asyncroll.config import DEPRECATED_ALIASES
+
     if code != 0:
         raise ArmFailed("running_client", f"client exited with code {code}; log tail:\n{tail(log)}")
     try:
@@ -132,15 +230,33 @@ def _check_client(run_dir: Path, code: int | None, workload_sha256: str, log: Pa
         summary = SummaryModel.model_validate(read_json(run_dir / "summary.json"))
     except (OSError, ValueError, ValidationError) as exc:
         raise ArmFailed("running_client", f"client outputs unreadable: {exc}") from None
-    if run.workload.get("sha256") != workload_sha256:
-        raise ArmFailed(
-            "running_client",
-            f"client ran workload sha256 {run.workload.get('sha256')}, "
-            f"not the experiment's {workload_sha256}",
+    problems = []
+    if run.workload.get("sha256") != expected.workload_sha256:
+        problems.append(
+            f"workload sha256 {run.workload.get('sha256')}, not the experiment's {expected.workload_sha256}"
         )
+    tools = {key: None if entry is None else entry.get("sha256") for key, entry in run.tools.items()}
+    problems += _differences("tool file", tools, expected.tools)
+    problems += _differences("software version", run.versions, expected.software)
+    policies = {plan.policy, DEPRECATED_ALIASES.get(plan.policy, plan.policy)}
+    if run.config.get("policy") != plan.policy or summary.policy not in policies:
+        ran = f"{run.config.get('policy')!r} (summary: {summary.policy!r})"
+        problems.append(f"policy {ran}, not the plan's {plan.policy!r}")
+    if run.config.get("seed") != plan.seed:
+        problems.append(f"seed {run.config.get('seed')!r}, not the plan's {plan.seed}")
+    if problems:
+        raise ArmFailed("running_client", "the client's run does not match the plan: " + "; ".join(problems))
     if summary.status != "complete":
         raise ArmFailed("running_client", f"client run ended {summary.status}")
     return summary
+
+
+def _differences(what: str, ran: dict[str, Any], pinned: dict[str, Any]) -> list[str]:
+    return [
+        f"{what} {key}: ran {ran.get(key)}, the experiment pinned {pinned.get(key)}"
+        for key in sorted(set(ran) | set(pinned))
+        if ran.get(key) != pinned.get(key)
+    ]
 
 
 def load_summary(arm_dir: Path) -> dict[str, Any] | None:

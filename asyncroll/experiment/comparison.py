@@ -3,6 +3,8 @@
 Each arm's summary.json is read through ``SummaryModel`` (so a schema drift fails loudly) and reduced to
 the metrics below; a value the run could not measure stays ``null`` ("unknown" in the report), never 0.
 Failed arms appear with their error; a pair is complete only when every arm in it completed.
+``validate_comparison`` is the reader's side: ``asyncroll report`` refuses a file that is damaged,
+inconsistent or of another schema version, naming what is wrong, instead of computing from it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from asyncroll.outputs.receipt import write_json_atomic
 
@@ -163,3 +167,121 @@ def build_comparison(
 
 def write_comparison(path: Path, comparison: dict[str, Any]) -> None:
     write_json_atomic(path, comparison)
+
+
+class _Read(BaseModel):
+    """The fields ``asyncroll report`` reads, strictly typed (a number is never a bool or a string, and
+    never NaN); other fields are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+class _ArmEntry(_Read):
+    id: str
+    status: str
+    error: str | None = None
+    metrics: dict[str, float | None]
+    counts: dict[str, float | None]
+
+
+class _PairEntry(_Read):
+    pair: int = Field(ge=1)
+    complete: bool
+    arms: dict[str, _ArmEntry]
+
+
+class _MetricEntry(_Read):
+    key: str
+    label: str
+
+
+class _Gate(_Read):
+    metric: str
+    op: str
+    value: float
+    arm: str | None = None
+    observed: float | None = None
+    passed: bool
+
+
+class _Stage(_Read):
+    status: str
+    gates: list[_Gate] = Field(default_factory=list)
+
+
+class _FailedArm(_Read):
+    id: str
+    error: str | None = None
+
+
+class ComparisonFile(_Read):
+    """comparison.json as ``asyncroll report`` needs it: the types and the cross-references."""
+
+    schema_version: int
+    kind: Literal["asyncroll.comparison"]
+    arms: list[str] = Field(min_length=2)
+    baseline: str
+    policies: dict[str, str]
+    seed: int = Field(default=0, ge=0)
+    bootstrap_resamples: int = Field(default=10_000, ge=1)
+    metrics: list[_MetricEntry]
+    pairs: list[_PairEntry]
+    failed_arms: list[_FailedArm] = Field(default_factory=list)
+    stages: dict[str, _Stage] = Field(default_factory=dict)
+    server_versions: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value != COMPARISON_SCHEMA_VERSION:
+            raise ValueError(
+                f"{value} is not supported (this asyncroll reads schema_version {COMPARISON_SCHEMA_VERSION})"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ComparisonFile:
+        problems = []
+        if len(set(self.arms)) != len(self.arms):
+            problems.append(f"arms: duplicate names in {self.arms}")
+        if self.baseline not in self.arms:
+            problems.append(f"baseline: {self.baseline!r} is not an arm ({self.arms})")
+        missing = [a for a in self.arms if a not in self.policies]
+        if missing:
+            problems.append(f"policies: no policy for {missing}")
+        keys = [m.key for m in self.metrics]
+        if len(set(keys)) != len(keys):
+            problems.append("metrics: duplicate keys")
+        for i, pair in enumerate(self.pairs):
+            where = f"pairs[{i}] (pair {pair.pair})"
+            absent = [a for a in self.arms if a not in pair.arms]
+            extra = [a for a in pair.arms if a not in self.arms]
+            if absent:
+                problems.append(f"{where}: no entry for arm(s) {absent}")
+            if extra:
+                problems.append(f"{where}: arm(s) {extra} are not in arms {self.arms}")
+            complete = all(entry.status == "complete" for entry in pair.arms.values())
+            if pair.complete != complete and not absent:
+                problems.append(
+                    f"{where}: complete is {pair.complete}, but its arms' statuses say {complete}"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def validate_comparison(data: Any) -> None:
+    """Raise ValueError, one line naming what is wrong, unless ``data`` is a comparison.json to report."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    try:
+        ComparisonFile.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        parts = []
+        for err in errors[:3]:
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+            message = str(err["msg"]).removeprefix("Value error, ")
+            parts.append(f"{where}: {message}" if where else message)
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise ValueError("; ".join(parts) + more) from None

@@ -21,6 +21,42 @@ from asyncroll.errors import UsageError
 #: Placeholders every server command template may use; ``server.vars`` adds more.
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
 STAGES = ("qualification", "opportunity", "activation")
+#: ``asyncroll run`` flags the plan sets for every arm (``plan.client_command``), with their negations.
+#: ``extra_args`` may not repeat them: the client keeps the last value given, so an arm's extra flag would
+#: silently replace its policy, seed, workload or output. ``--config`` is refused too: a run config file
+#: could carry any setting, and its content is not part of the protocol fingerprint.
+MANAGED_CLIENT_FLAGS = frozenset(
+    {
+        "--workload",
+        "--output",
+        "--backend",
+        "--server-kind",
+        "--model",
+        "--endpoint",
+        "--policy",
+        "--max-active-trajectories",
+        "--max-inflight-model-requests",
+        "--cpu-workers",
+        "--max-turns",
+        "--max-tokens",
+        "--warmup-requests",
+        "--request-timeout",
+        "--tool-timeout",
+        "--telemetry-interval",
+        "--seed",
+        "--progress",
+        "--no-progress",
+        "--tool-root",
+        "--limit",
+        "--replay",
+        "--dedicated-gpu",
+        "--nvml-device",
+        "--metrics-url",
+        "--telemetry",
+        "--no-telemetry",
+        "--config",
+    }
+)
 GateOp = Literal[">=", "<=", ">", "<", "==", "!="]
 
 DEFAULT_VLLM_COMMAND = [
@@ -87,6 +123,17 @@ class WorkloadSpec(_Strict):
         return value
 
 
+def _unmanaged(args: list[str]) -> list[str]:
+    """Refuse extra arguments that name a flag the plan sets (``--flag`` or ``--flag=value``)."""
+    clash = sorted({a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in MANAGED_CLIENT_FLAGS})
+    if clash:
+        raise ValueError(
+            f"extra_args may not repeat a flag the experiment sets: {', '.join(clash)} (the plan sets it "
+            "from the config's arms, seed, client, model, workload, server and gpu)"
+        )
+    return args
+
+
 class ClientSpec(_Strict):
     """The ``asyncroll run`` flags shared by every arm (the policy comes from the arm)."""
 
@@ -103,8 +150,12 @@ class ClientSpec(_Strict):
     tool_timeout: float = Field(default=60.0, gt=0)
     dedicated_gpu: bool = True
     telemetry_interval: float = Field(default=0.2, gt=0)
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(
+        default_factory=list, description="More `asyncroll run` flags; never one the plan sets."
+    )
     deadline_s: float = Field(default=7200.0, gt=0, description="Client wall deadline per arm.")
+
+    _extra = field_validator("extra_args")(_unmanaged)
 
 
 class GpuSpec(_Strict):
@@ -123,7 +174,11 @@ class GpuSpec(_Strict):
 class ArmSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     policy: str = Field(min_length=1)
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(
+        default_factory=list, description="This arm's extra `asyncroll run` flags; never one the plan sets."
+    )
+
+    _extra = field_validator("extra_args")(_unmanaged)
 
 
 class Gate(_Strict):
@@ -160,7 +215,9 @@ class ExperimentConfig(_Strict):
     baseline: str | None = Field(default=None, description="Arm the others are compared to (first arm).")
     pairs: int = Field(default=3, ge=1)
     order: Literal["alternating", "balanced", "fixed"] = "alternating"
-    seed: int = Field(default=0, description="Client --seed of pair i is seed + i; the bootstrap's seed.")
+    seed: int = Field(
+        default=0, ge=0, description="Client --seed of pair i is seed + i; the bootstrap's seed (>= 0)."
+    )
     stages: Stages = Field(default_factory=Stages)
     deadline_s: float | None = Field(default=None, gt=0, description="Whole-experiment wall deadline.")
     bootstrap_resamples: int = Field(default=10_000, ge=100)
@@ -245,5 +302,5 @@ def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) 
         lines = []
         for err in exc.errors(include_url=False):
             where = ".".join(str(p) for p in err["loc"]) or "config"
-            lines.append(f"{path}: {where}: {err['msg']}")
+            lines.append(f"{path}: {where}: {str(err['msg']).removeprefix('Value error, ')}")
         raise UsageError("\n".join(lines)) from None

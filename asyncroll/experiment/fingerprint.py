@@ -1,8 +1,10 @@
 """The protocol fingerprint: what must not change between the stages and resumes of one experiment.
 
 Components: the config (canonical JSON), the workload's SHA-256, a hash of every trusted tool file it
-names, the code version (``git describe`` of the checkout asyncroll runs from, else the package version)
-and the software versions. Each is hashed separately so that a refusal names what changed.
+names, the code version (``git describe`` of the checkout asyncroll runs from, else the package version,
+and a digest of the package's own files) and the software versions. Each is hashed separately so that a
+refusal names what changed. The runner computes it afresh before and after every arm (every arm starts a
+fresh client, which reads the files as they are then), not only at start-up.
 """
 
 from __future__ import annotations
@@ -23,10 +25,31 @@ class FingerprintMismatch(UsageError):
     """A resume or a later stage found a different protocol than the one the experiment started with."""
 
 
+def source_digest() -> str:
+    """SHA-256 over every file of the asyncroll package (relative path and content; no bytecode caches).
+
+    ``git describe --dirty`` does not change when a checkout that is already dirty is edited again, and
+    an installed package has no git at all; this does, for every edit the next client would import."""
+    package = Path(asyncroll.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+            continue
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
 def code_version() -> dict[str, str | None]:
-    """``git describe --always --dirty`` and the commit of the checkout holding the package, if any."""
+    """``git describe --always --dirty`` and the commit of the checkout holding the package, if any, and
+    the digest of the package's files."""
     root = Path(asyncroll.__file__).resolve().parent.parent
-    out: dict[str, str | None] = {"package": asyncroll.__version__, "describe": None, "commit": None}
+    out: dict[str, str | None] = {
+        "package": asyncroll.__version__,
+        "describe": None,
+        "commit": None,
+        "source_sha256": source_digest(),
+    }
     for key, args in (
         ("describe", ["describe", "--always", "--dirty", "--tags"]),
         ("commit", ["rev-parse", "HEAD"]),
@@ -50,18 +73,26 @@ def fingerprint(cfg: ExperimentConfig, workload_sha256: str, tools: dict[str, Pa
     """Every component with its own hash, and ``sha256`` over all of them."""
     tool_hashes = {key: None if path is None else file_sha256(path) for key, path in sorted(tools.items())}
     software = versions()
+    code = code_version()
     components = {
         "config": _sha(cfg.model_dump(mode="json")),
         "workload": workload_sha256,
         "tools": _sha(tool_hashes),
-        "code": _sha(code_version()),
+        "code": _sha(code),
         "software": _sha(software),
     }
     return {
         "sha256": _sha(components),
         "components": components,
-        "detail": {"tools": tool_hashes, "code": code_version(), "software": software},
+        "detail": {"tools": tool_hashes, "code": code, "software": software},
     }
+
+
+def _short(value: Any) -> Any:
+    """A hex digest cut to 12 digits (enough to tell two apart in a message); anything else as it is."""
+    if isinstance(value, str) and len(value) >= 40 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    return value
 
 
 def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -> None:
@@ -72,10 +103,13 @@ def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     detail = []
     for key in changed:
-        if key in ("code", "software"):
-            detail.append(f"{key}: {recorded.get('detail', {}).get(key)} → {current['detail'].get(key)}")
+        if key in ("code", "software", "tools"):
+            before, after = recorded.get("detail", {}).get(key) or {}, current["detail"].get(key) or {}
+            diff = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))}
+            parts = [f"{k} {_short(b)} → {_short(a)}" for k, (b, a) in diff.items() if b != a]
+            detail.append(f"{key}: {', '.join(parts) or f'{_short(old.get(key))} → {_short(new.get(key))}'}")
         else:
-            detail.append(f"{key}: {old.get(key)} → {new.get(key)}")
+            detail.append(f"{key}: {_short(old.get(key))} → {_short(new.get(key))}")
     raise FingerprintMismatch(
         f"{what}: the protocol changed since the experiment started ({'; '.join(detail)}); "
         "start a new experiment in a new output directory instead of mixing protocols"

@@ -10,6 +10,7 @@ arm's outcome; it is what resume reads.
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +35,26 @@ ExperimentStatus = Literal["running", "complete", "stopped", "interrupted", "fai
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b")
+
+
+def one_line(error: str | None, limit: int = 400) -> str:
+    """A recorded failure in one line, for the console and REPORT.md: its first line and, when the rest
+    is a log tail ("client exited with code 1; log tail:" says nothing by itself), the cause found there:
+    the tail's last ``error:`` line (what ``asyncroll run`` prints when it fails), else its last exception
+    line (``SomeError: …``), else its last non-empty line."""
+    if not error or not error.strip():
+        return "unknown"
+    lines = [line.strip() for line in error.strip().splitlines()]
+    head = lines[0].removesuffix("; log tail:").removesuffix(" log tail:").rstrip(";: ")
+    rest = [line for line in lines[1:] if line]
+    cause = next((line for line in reversed(rest) if line.lower().startswith("error:")), None)
+    cause = cause or next((line for line in reversed(rest) if _EXCEPTION_LINE.match(line)), None)
+    cause = cause or (rest[-1] if rest else None)
+    text = f"{head}: {cause}" if cause else head
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def read_json(path: Path) -> dict[str, Any]:

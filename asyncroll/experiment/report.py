@@ -3,7 +3,9 @@
 Writes ``aggregate.json`` (machine-readable) and ``REPORT.md``: the stages and their gate verdicts,
 per-policy medians, paired ratios, the paired mean % change with a t and a seeded bootstrap interval,
 pooled rates, quality and failure tables. A value that was not measured is written "unknown", never 0.
-``--figure`` adds the three-panel figure (``figure.py``).
+``--figure`` adds the three-panel figure (``figure.py``). A measured value that has no ratio (a baseline
+of 0, a rate over 0 events) is written "undefined" with the reason, never "unknown", and every paired
+statistic says how many pairs it rests on (``n``) and which it left out.
 """
 
 from __future__ import annotations
@@ -13,27 +15,70 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.experiment.comparison import validate_comparison
+from asyncroll.experiment.receipts import one_line
 from asyncroll.experiment.stats import median, paired_change
 from asyncroll.outputs.receipt import write_json_atomic
 
+#: Pooled rates: name → (numerator count, denominator count), both summed over the complete pairs.
+POOLED_RATES: dict[str, tuple[str, str]] = {
+    "completion_rate": ("completed", "trajectories"),
+    "accuracy_exact": ("correct", "graded"),
+    "pass_rate_first": ("passed_first", "evaluated"),
+    "activation_rate": ("reorders", "eligible_decisions"),
+    "completed_per_gpu_hour": ("completed", "allocated_gpu_hours"),
+    "cpu_s_per_completion": ("total_cpu_s", "completed"),
+}
+
 
 def load_comparison(path: Path) -> dict[str, Any]:
+    """comparison.json, checked (types, cross-references, schema version); UsageError in one line."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(data, dict) or data.get("kind") != "asyncroll.comparison":
-        raise UsageError(f"{path}: not a comparison.json (kind asyncroll.comparison expected)")
-    for key in ("arms", "baseline", "pairs", "metrics", "policies"):
-        if key not in data:
-            raise UsageError(f"{path}: missing field {key!r}")
-    return data
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not a valid comparison.json: not UTF-8 text ({exc.reason})") from None
+    try:
+        validate_comparison(data)
+    except ValueError as exc:
+        raise UsageError(f"{path}: not a valid comparison.json: {exc}") from None
+    return dict(data)
 
 
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den > 0 else None
+def pooled_totals(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each count summed over ``rows`` (one arm's entries in the complete pairs); a count that is unknown
+    (null or absent) in any of them is left out: a sum with a gap in it is not a total."""
+    names = {name for row in rows for name in row["counts"]}
+    totals: dict[str, float] = {}
+    for name in sorted(names):
+        values = [row["counts"].get(name) for row in rows]
+        if all(v is not None for v in values):
+            totals[name] = float(sum(values))
+    return totals
+
+
+def pooled_rates(totals: dict[str, float], pairs: int) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Every pooled rate (None when it cannot be computed) and, for each None, why: no complete pair, a
+    count that was not measured ("unknown"), or a denominator of 0 ("undefined")."""
+    rates: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    for rate, (num, den) in POOLED_RATES.items():
+        missing = [name for name in (num, den) if name not in totals]
+        if pairs == 0:
+            rates[rate] = None
+            notes[rate] = "unknown (no complete pair)"
+        elif missing:
+            rates[rate] = None
+            notes[rate] = f"unknown ({' and '.join(missing)} not measured)"
+        elif totals[den] <= 0:
+            rates[rate] = None
+            notes[rate] = f"undefined ({den} = 0)"
+        else:
+            rates[rate] = totals[num] / totals[den]
+    return rates, notes
 
 
 def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
@@ -50,6 +95,7 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         return [p["arms"].get(arm, {}).get("metrics", {}).get(key) for p in rows]
 
     medians = {arm: {k: median(values(arm, k, complete)) for k in keys} for arm in arms}
+    median_n = {arm: {k: sum(v is not None for v in values(arm, k, complete)) for k in keys} for arm in arms}
     paired: dict[str, dict[str, Any]] = {}
     for arm in arms:
         if arm == baseline:
@@ -62,31 +108,9 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         }
     pooled: dict[str, dict[str, Any]] = {}
     for arm in arms:
-        totals: dict[str, float] = {}
-        unknown: set[str] = set()
-        for p in complete:
-            for name, value in p["arms"][arm]["counts"].items():
-                if value is None:
-                    unknown.add(name)
-                else:
-                    totals[name] = totals.get(name, 0.0) + value
-        for name in unknown:
-            totals.pop(name, None)
-        t = totals.get
-        pooled[arm] = {
-            "pairs": len(complete),
-            "totals": totals,
-            "completion_rate": _ratio(t("completed", 0.0), t("trajectories", 0.0)),
-            "accuracy_exact": _ratio(t("correct", 0.0), t("graded", 0.0)),
-            "pass_rate_first": _ratio(t("passed_first", 0.0), t("evaluated", 0.0)),
-            "activation_rate": _ratio(t("reorders", 0.0), t("eligible_decisions", 0.0)),
-            "completed_per_gpu_hour": None
-            if "allocated_gpu_hours" not in totals
-            else _ratio(t("completed", 0.0), t("allocated_gpu_hours", 0.0)),
-            "cpu_s_per_completion": None
-            if "total_cpu_s" not in totals
-            else _ratio(t("total_cpu_s", 0.0), t("completed", 0.0)),
-        }
+        totals = pooled_totals([p["arms"][arm] for p in complete])
+        rates, notes = pooled_rates(totals, len(complete))
+        pooled[arm] = {"pairs": len(complete), "totals": totals, **rates, "notes": notes}
     failures = [
         {"pair": p["pair"], "arm": arm, "id": a["id"], "status": a["status"], "error": a.get("error")}
         for p in pairs
@@ -105,6 +129,7 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "pairs_complete": len(complete),
         "bootstrap": {"seed": seed, "resamples": resamples, "method": "percentile, pairs resampled"},
         "medians": medians,
+        "median_n": median_n,
         "paired": paired,
         "pooled": pooled,
         "failures": failures,
@@ -123,13 +148,33 @@ def fmt(value: Any, spec: str = ".4g") -> str:
     return str(value)
 
 
-def _interval(d: dict[str, Any]) -> str:
+def _interval(d: dict[str, Any], percent: bool = True) -> str:
+    """A mean with its interval and ``n`` (the pairs it rests on), or why there is none."""
+
+    def num(x: float) -> str:
+        return f"{x:+.2f}%" if percent else f"{x:+.4g}"
+
+    note = d.get("note")
     if d["mean"] is None:
-        return f"unknown ({d['note']})"
+        return note if note and note.startswith("undefined") else f"unknown ({note})"
     if d["low"] is None:
-        return f"{d['mean']:+.2f}% (no interval: {d['note']})"
-    note = f" ({d['note']})" if d.get("note") else ""
-    return f"{d['mean']:+.2f}% [{d['low']:+.2f}%, {d['high']:+.2f}%]{note}"
+        return f"{num(d['mean'])} (n={d['n']}; no interval: {note})"
+    return f"{num(d['mean'])} [{num(d['low'])}, {num(d['high'])}] (n={d['n']}" + (
+        f"; {note})" if note else ")"
+    )
+
+
+def _per_pair(d: dict[str, Any]) -> str:
+    notes = d.get("pair_notes") or [None] * len(d["ratios"])
+    cells = [
+        fmt(r, ".4f") if r is not None else (n or "unknown") for r, n in zip(d["ratios"], notes, strict=True)
+    ]
+    return ", ".join(cells) or "none"
+
+
+def _rate(pooled: dict[str, Any], rate: str) -> str:
+    value = pooled.get(rate)
+    return fmt(value) if value is not None else pooled.get("notes", {}).get(rate, "unknown")
 
 
 def markdown(agg: dict[str, Any]) -> str:
@@ -145,8 +190,10 @@ def markdown(agg: dict[str, Any]) -> str:
         f"({agg['policies'][base]}). Protocol fingerprint `{(agg['fingerprint'] or 'unknown')[:16]}`.",
         "",
         'Every number below is computed by `asyncroll report` from `comparison.json`; "unknown" marks a '
-        "metric the run could not measure (never a zero). Only complete pairs enter medians and paired "
-        "statistics.",
+        'metric the run could not measure (never a zero), "undefined" a ratio of measured values whose '
+        "denominator is 0 (a baseline of 0: the % change is undefined, the difference is not). Only "
+        "complete pairs enter medians and paired statistics; n is the number of pairs a statistic rests "
+        "on, and any pair it leaves out is named.",
         "",
         "Server versions seen in the arms' logs: "
         + (
@@ -177,21 +224,30 @@ def markdown(agg: dict[str, Any]) -> str:
         "| metric | " + " | ".join(f"{a} ({agg['policies'][a]})" for a in arms) + " |",
         "|---|" + "---|" * len(arms),
     ]
+    complete = agg["pairs_complete"]
     for key, label in labels.items():
-        out.append(f"| {label} | " + " | ".join(fmt(agg["medians"][a][key]) for a in arms) + " |")
+        cells = []
+        for a in arms:
+            n = agg.get("median_n", {}).get(a, {}).get(key, complete)
+            value = agg["medians"][a][key]
+            cells.append(
+                fmt(value) + (f" (n={n} of {complete})" if value is not None and n < complete else "")
+            )
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
     for arm, per_metric in agg["paired"].items():
         out += [
             "",
             f"## Paired: {arm} vs {base}",
             "",
-            "| metric | ratio per pair | mean % change [95% t] | mean % change [95% bootstrap] |",
-            "|---|---|---|---|",
+            "| metric | ratio per pair | mean % change [95% t] | mean % change [95% bootstrap] "
+            f"| mean difference, {arm} − {base} [95% t] |",
+            "|---|---|---|---|---|",
         ]
         for key, d in per_metric.items():
-            ratios = ", ".join(fmt(r, ".4f") for r in d["ratios"]) or "none"
             out.append(
-                f"| {labels[key]} | {ratios} | {_interval(d['mean_percent_change_t95'])} "
-                f"| {_interval(d['mean_percent_change_bootstrap95'])} |"
+                f"| {labels[key]} | {_per_pair(d)} | {_interval(d['mean_percent_change_t95'])} "
+                f"| {_interval(d['mean_percent_change_bootstrap95'])} "
+                f"| {_interval(d['mean_difference_t95'], percent=False)} |"
             )
     out += [
         "",
@@ -203,8 +259,8 @@ def markdown(agg: dict[str, Any]) -> str:
     for arm in arms:
         p = agg["pooled"][arm]
         out.append(
-            f"| {arm} | {fmt(p['completion_rate'])} | {fmt(p['completed_per_gpu_hour'])} "
-            f"| {fmt(p['cpu_s_per_completion'])} | {fmt(p['activation_rate'])} |"
+            f"| {arm} | {_rate(p, 'completion_rate')} | {_rate(p, 'completed_per_gpu_hour')} "
+            f"| {_rate(p, 'cpu_s_per_completion')} | {_rate(p, 'activation_rate')} |"
         )
     out += [
         "",
@@ -216,9 +272,9 @@ def markdown(agg: dict[str, Any]) -> str:
     for arm in arms:
         p, t = agg["pooled"][arm], agg["pooled"][arm]["totals"]
         out.append(
-            f"| {arm} | {fmt(p['accuracy_exact'])} ({fmt(t.get('correct'), '.0f')} / "
+            f"| {arm} | {_rate(p, 'accuracy_exact')} ({fmt(t.get('correct'), '.0f')} / "
             f"{fmt(t.get('graded'), '.0f')}) "
-            f"| {fmt(p['pass_rate_first'])} ({fmt(t.get('passed_first'), '.0f')} / "
+            f"| {_rate(p, 'pass_rate_first')} ({fmt(t.get('passed_first'), '.0f')} / "
             f"{fmt(t.get('evaluated'), '.0f')}) |"
         )
     out += [
@@ -239,8 +295,7 @@ def markdown(agg: dict[str, Any]) -> str:
     if not rows:
         out.append("- none")
     for f in rows:
-        error = (f.get("error") or f.get("status") or "").splitlines()
-        out.append(f"- `{f['id']}`: {error[0] if error else 'unknown'}")
+        out.append(f"- `{f['id']}`: {one_line(f.get('error') or f.get('status'))}")
     out.append("")
     return "\n".join(out)
 
@@ -251,9 +306,14 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
     A report is derived from ``comparison.json`` alone, so writing it again (after ``--resume`` added
     pairs) replaces its own files, and removes a figure an earlier call drew that this one does not: a
     folder never pairs a new report with an old figure. Nothing else in ``output`` is touched."""
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output} is a file, not a directory")
     comparison = load_comparison(comparison_path)
     agg = aggregate(comparison)
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from None
     written = [output / "aggregate.json", output / "REPORT.md"]
     write_json_atomic(written[0], agg)
     text = markdown(agg)

@@ -6,10 +6,20 @@ fails the gate: a stop rule never passes on missing evidence). A failed gate sto
 the reason recorded; the comparison then runs no arm. Comparison arms run in the planned, alternating
 order; a failed arm is kept and reported, never retried.
 
-Resume (``--resume`` on an existing output) re-reads ``experiment.json``, refuses unless the protocol
-fingerprint and the plan are unchanged, kills any process group a killed runner left behind, moves the
-unfinished arms' directories aside (``<id>.interrupted-N``, kept and listed) and runs only the arms that
-have not finished. Finished arms (complete or failed) are never run again.
+The protocol fingerprint is computed afresh before every arm and again when its client exits: every arm
+starts a fresh server and client that read the config's files, the tools and the code as they are then,
+so a change mid-experiment stops it there, with the reason (what changed) recorded.
+
+One runner per output directory: ``experiment.lock`` (``lock.py``) is held for the runner's lifetime, so
+a second ``run`` or ``--resume`` on a directory a live runner uses is refused. Resume (``--resume`` on an
+existing output) re-reads ``experiment.json``, refuses unless the protocol fingerprint and the plan are
+unchanged, kills any process group a killed runner left behind, moves the unfinished arms' directories
+aside (``<id>.interrupted-N``, kept and listed) and runs only the arms that have not finished. Finished
+arms (complete or failed) are never run again.
+
+SIGINT/SIGTERM interrupt the arm (its processes are stopped, it is marked interrupted); further signals
+while that cleanup runs are counted and ignored, so a second Ctrl-C never leaves a server running. An
+unexpected error ends the experiment ``failed`` with the error recorded in ``experiment.json``.
 """
 
 from __future__ import annotations
@@ -17,19 +27,27 @@ from __future__ import annotations
 import operator
 import signal
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from asyncroll.errors import UsageError
-from asyncroll.experiment.arms import ExperimentInterrupted, load_summary, run_arm
+from asyncroll.experiment.arms import (
+    PROTOCOL_STEP,
+    Expected,
+    ExperimentInterrupted,
+    load_summary,
+    run_arm,
+)
 from asyncroll.experiment.comparison import build_comparison, dig, write_comparison
 from asyncroll.experiment.config import STAGES, ExperimentConfig, Gate
 from asyncroll.experiment.fingerprint import fingerprint, require_same
+from asyncroll.experiment.lock import LOCK_NAME, OutputLock
 from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
-from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, read_json
+from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
 from asyncroll.experiment.server import sweep_orphan
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -90,6 +108,43 @@ def evaluate_gates(
     return verdicts
 
 
+class SignalGuard:
+    """SIGINT/SIGTERM → ``ExperimentInterrupted``, once. A later signal (a second Ctrl-C while the arm's
+    server and client are being stopped) is counted and otherwise ignored, so that cleanup always runs
+    to its end; nothing is printed from the handler (it may land in the middle of a write)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.ignored = 0
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def __enter__(self) -> SignalGuard:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def hold(self) -> None:
+        """From now on every signal is counted and ignored (the runner is already winding down)."""
+        if self.received is None:
+            self.received = "none (winding down)"
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is not None:
+            self.ignored += 1
+            return
+        self.received = signal.Signals(signum).name
+        raise ExperimentInterrupted(self.received)
+
+
 class ExperimentRunner:
     """Runs (or resumes) one experiment into ``output``."""
 
@@ -108,36 +163,68 @@ class ExperimentRunner:
         self.config_path = config_path
         self.echo = echo
         self.plan = build_plan(cfg)
+        self._lock: OutputLock | None = None
 
     def run(self) -> Outcome:
-        """Validate, create or resume, run every unfinished arm, write comparison.json."""
+        """Validate, lock, create or resume, run every unfinished arm, write comparison.json."""
         sha, tools = check_workload(self.cfg)
         if self.cfg.workload.sha256 is None:
             self.echo(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
         fp = fingerprint(self.cfg, sha, tools)
-        receipt = self._open(fp)
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def interrupt(signum: int, _frame: FrameType | None) -> None:
-            raise ExperimentInterrupted(signal.Signals(signum).name)
-
-        for sig in previous:
-            signal.signal(sig, interrupt)
         try:
-            outcome = self._run_all(receipt, sha, fp)
-        except ExperimentInterrupted as exc:
-            receipt.set_status("interrupted", error=f"interrupted by {exc}")
-            self._write_comparison(receipt)
-            return Outcome("interrupted", EXIT_INTERRUPTED, f"interrupted by {exc}; resume with --resume")
+            receipt = self._open(fp)
+            with SignalGuard() as guard:
+                try:
+                    return self._run_all(receipt)
+                except ExperimentInterrupted as exc:
+                    receipt.set_status("interrupted", error=f"interrupted by {exc}")
+                    self._write_comparison(receipt)
+                    ignored = (
+                        f" ({guard.ignored} more signal(s) ignored while stopping)" if guard.ignored else ""
+                    )
+                    return Outcome(
+                        "interrupted",
+                        EXIT_INTERRUPTED,
+                        f"interrupted by {exc}{ignored}; resume with --resume",
+                    )
+                except Exception as exc:  # noqa: BLE001 - recorded in experiment.json and reported, not lost
+                    guard.hold()
+                    return self._crashed(receipt, exc)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return outcome
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _crashed(self, receipt: ExperimentReceipt, exc: Exception) -> Outcome:
+        """An unexpected error outside any arm: the experiment ends ``failed``, the error recorded."""
+        error = f"unexpected error: {type(exc).__name__}: {exc}"
+        receipt.set_status("failed", error=error, error_traceback=traceback.format_exc())
+        try:
+            self._write_comparison(receipt)
+        except Exception as again:  # noqa: BLE001 - the first error is the one to report
+            error += f" (comparison.json not written: {type(again).__name__}: {again})"
+        return Outcome(
+            "failed", EXIT_INCOMPLETE, f"experiment failed: {error}; see {self.output / 'experiment.json'}"
+        )
 
     def _open(self, fp: dict[str, Any]) -> ExperimentReceipt:
         path = self.output / "experiment.json"
+        if self.output.exists() and not self.output.is_dir():
+            raise UsageError(f"--output {self.output} is a file, not a directory")
+        if not path.exists():
+            if self.resume:
+                raise UsageError(f"--resume: {path} does not exist; nothing to resume")
+            try:
+                if self.output.exists() and any(p.name != LOCK_NAME for p in self.output.iterdir()):
+                    raise UsageError(
+                        f"--output {self.output} exists and is not empty; asyncroll never overwrites"
+                    )
+                self.output.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"--output {self.output}: {exc.strerror or exc}") from None
+        self._lock = OutputLock.acquire(self.output)
         plan = [a.to_dict() for a in self.plan]
-        if path.exists():
+        if path.exists():  # read again under the lock: another runner may have created it meanwhile
             if not self.resume:
                 raise UsageError(
                     f"--output {self.output} already holds an experiment; pass --resume to continue it "
@@ -149,10 +236,6 @@ class ExperimentRunner:
                 raise UsageError(f"resume of {self.output}: the plan changed (arms, pairs, order or seeds)")
             self._recover(receipt)
             return receipt
-        if self.resume:
-            raise UsageError(f"--resume: {path} does not exist; nothing to resume")
-        if self.output.exists() and any(self.output.iterdir()):
-            raise UsageError(f"--output {self.output} exists and is not empty; asyncroll never overwrites")
         (self.output / "arms").mkdir(parents=True, exist_ok=True)
         stages = {s: {"status": "pending", "arms": [], "gates": []} for s in (*STAGES, COMPARISON)}
         for stage in STAGES:
@@ -172,7 +255,9 @@ class ExperimentRunner:
         )
 
     def _recover(self, receipt: ExperimentReceipt) -> None:
-        """Kill what a dead runner left running; set unfinished arms aside (kept) to run them afresh."""
+        """Kill what a dead runner left running; set unfinished arms aside (kept) to run them afresh.
+
+        Called under the lock: no live runner owns these arms."""
         moved = []
         for arm in self.plan:
             record = receipt.arm(arm.id)
@@ -196,7 +281,7 @@ class ExperimentRunner:
             record["status"] = "pending"
             moved.append(arm.id)
         receipt.data["resumes"].append({"at": receipt.data["updated_at"], "unfinished_arms_set_aside": moved})
-        receipt.set_status("running", error=None)
+        receipt.set_status("running", error=None, error_traceback=None)
         self.echo(f"resuming {self.output}: {len(moved)} unfinished arm(s) set aside: {moved or 'none'}")
 
     def _arm_dir(self, arm: ArmPlan) -> Path:
@@ -207,14 +292,22 @@ class ExperimentRunner:
             return float("inf")
         return self.cfg.deadline_s - (time.time() - float(receipt.data["created_wall"]))
 
-    def _run_all(self, receipt: ExperimentReceipt, sha: str, fp: dict[str, Any]) -> Outcome:
+    def _protocol_change(self, receipt: ExperimentReceipt, when: str) -> str | None:
+        """Why the protocol is no longer the one the experiment started with (None: it is the same)."""
+        try:
+            sha, tools = check_workload(self.cfg)
+            require_same(receipt.data["fingerprint"], fingerprint(self.cfg, sha, tools), when)
+        except UsageError as exc:
+            return str(exc)
+        return None
+
+    def _run_all(self, receipt: ExperimentReceipt) -> Outcome:
         for stage in (*STAGES, COMPARISON):
             state = receipt.data["stages"][stage]
             if state["status"] in ("passed", "not_configured", "complete"):
                 continue
             if state["status"] == "failed":
                 return self._finish(receipt, "stopped", f"stopped earlier at {stage}")
-            require_same(receipt.data["fingerprint"], fp, f"stage {stage}")
             arms = [a for a in self.plan if a.stage == stage]
             receipt.set_stage(stage, status="running", arms=[a.id for a in arms])
             for arm in arms:
@@ -224,7 +317,13 @@ class ExperimentRunner:
                 if left <= 0:
                     receipt.set_stage(stage, status="deadline")
                     return self._finish(receipt, "stopped", f"experiment deadline passed before {arm.id}")
-                self._run_one(receipt, arm, sha, min(left, self.cfg.client.deadline_s))
+                changed = self._protocol_change(receipt, f"before {arm.id}")
+                if changed is not None:
+                    return self._finish(receipt, "stopped", changed)
+                self._run_one(receipt, arm, min(left, self.cfg.client.deadline_s))
+                record = receipt.arm(arm.id)
+                if record.get("failed_step") == PROTOCOL_STEP:
+                    return self._finish(receipt, "stopped", record["error"])
             if stage == COMPARISON:
                 receipt.set_stage(stage, status="complete")
                 continue
@@ -245,14 +344,26 @@ class ExperimentRunner:
                 return self._finish(receipt, "stopped", f"stage {stage} failed its gate")
         return self._finish(receipt, "complete", None)
 
-    def _run_one(self, receipt: ExperimentReceipt, arm: ArmPlan, sha: str, deadline_s: float) -> None:
+    def _run_one(self, receipt: ExperimentReceipt, arm: ArmPlan, deadline_s: float) -> None:
         arm_dir = self._arm_dir(arm)
         receipt.set_arm(arm.id, status="running", dir=str(arm_dir), started_at=time.time())
         self.echo(f"[{arm.id}] policy {arm.policy}, seed {arm.seed}: starting")
         try:
-            result = run_arm(self.cfg, arm, arm_dir, sha, deadline_s)
+            result = run_arm(
+                self.cfg,
+                arm,
+                arm_dir,
+                Expected.from_fingerprint(receipt.data["fingerprint"]),
+                deadline_s,
+                protocol_check=lambda: self._protocol_change(receipt, f"after {arm.id} ran"),
+            )
         except ExperimentInterrupted:
             receipt.set_arm(arm.id, status="interrupted")
+            raise
+        except Exception as exc:
+            receipt.set_arm(
+                arm.id, status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time()
+            )
             raise
         status = result.status
         receipt.set_arm(
@@ -264,10 +375,8 @@ class ExperimentRunner:
             finished_at=time.time(),
             server_evidence=result.data.get("server", {}).get("startup_evidence"),
         )
-        self.echo(
-            f"[{arm.id}] {status}"
-            + (f": {result.data['error'].splitlines()[0]}" if result.data.get("error") else "")
-        )
+        error = result.data.get("error")
+        self.echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
 
     def _finish(self, receipt: ExperimentReceipt, status: str, reason: str | None) -> Outcome:
         receipt.set_status(status, stop_reason=reason)  # type: ignore[arg-type]

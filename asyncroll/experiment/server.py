@@ -232,10 +232,26 @@ class InferenceServer:
 
     def _models(self, client: Any) -> list[str]:
         """The served model ids; the configured served name must be one of them."""
-        response = client.get(self.base_url + "/v1/models")
+        import httpx
+
+        try:
+            response = client.get(self.base_url + "/v1/models")
+        except httpx.HTTPError as exc:
+            raise ServerStartError(f"/v1/models: {type(exc).__name__}: {exc}") from None
         if response.status_code != 200:
             raise ServerStartError(f"/v1/models answered HTTP {response.status_code}")
-        ids = [str(m.get("id")) for m in response.json().get("data", [])]
+        try:
+            body = response.json()
+        except ValueError:
+            raise ServerStartError(
+                f"/v1/models did not return JSON (it answered {response.text[:200]!r})"
+            ) from None
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+            raise ServerStartError(
+                f"/v1/models did not return an OpenAI model list ({{'data': [{{'id': ...}}]}}): {body!r:.200}"
+            )
+        ids = [str(m.get("id")) for m in data]
         if self.served_name not in ids:
             raise ServerStartError(f"server serves {ids}, not the configured model {self.served_name!r}")
         return ids

@@ -1,8 +1,13 @@
-"""Paired statistics for the report: ratios, mean % change, a Student t interval and a seeded bootstrap.
+"""Paired statistics for the report: ratios, mean % change, mean difference, t and bootstrap intervals.
 
 The t quantile is SciPy's (``scipy.stats.t``; SciPy comes with scikit-learn). The bootstrap
 resamples pairs with replacement from ``numpy.random.default_rng(seed)``: the same data and seed give the
 same interval on every machine.
+
+No pair leaves a statistic silently: every interval carries ``n`` (the pairs it rests on), and a note
+when pairs were left out (a value not measured) and why. A pair whose baseline is 0 has no ratio: its %
+change is *undefined* (not unknown: both values were measured), and so is the mean % change over the
+pairs, since leaving the pair out would bias it; the mean difference (treatment − baseline) covers it.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -66,8 +71,20 @@ def bootstrap_interval(
     means = data[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
     alpha = (1.0 - confidence) / 2.0
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    note = f"{n} pairs: only {n**n} distinct resamples" if n**n < resamples else None
+    distinct = distinct_resamples(n)
+    note = f"{n} pairs: only {distinct} distinct resamples" if distinct < resamples else None
     return Interval(n, mean, float(low), float(high), note)
+
+
+def distinct_resamples(n: int) -> int:
+    """How many different resamples (multisets of n of n pairs) a bootstrap can draw: C(2n − 1, n).
+
+    The mean does not depend on the order of the draws, so n**n ordered draws collapse to these."""
+    return math.comb(2 * n - 1, n)
+
+
+def _pairs(numbers: list[int]) -> str:
+    return ("pair " if len(numbers) == 1 else "pairs ") + ", ".join(map(str, numbers))
 
 
 def paired_ratios(baseline: Sequence[float | None], treatment: Sequence[float | None]) -> list[float | None]:
@@ -78,6 +95,25 @@ def paired_ratios(baseline: Sequence[float | None], treatment: Sequence[float | 
     return out
 
 
+def pair_notes(baseline: Sequence[float | None], treatment: Sequence[float | None]) -> list[str | None]:
+    """Why a pair has no ratio: a value not measured, or a baseline of 0 (None: it has one)."""
+    notes: list[str | None] = []
+    for b, t in zip(baseline, treatment, strict=True):
+        if b is None or t is None:
+            notes.append("unknown (not measured)")
+        elif b <= 0:
+            notes.append(f"undefined (baseline {b:g}, treatment {t:g})")
+        else:
+            notes.append(None)
+    return notes
+
+
+def _left_out(interval: Interval, note: str | None) -> Interval:
+    if note is None or interval.n == 0:
+        return interval
+    return replace(interval, note="; ".join(x for x in (note, interval.note) if x))
+
+
 def paired_change(
     baseline: Sequence[float | None],
     treatment: Sequence[float | None],
@@ -85,19 +121,39 @@ def paired_change(
     seed: int,
     resamples: int = 10_000,
 ) -> dict[str, object]:
-    """Paired % change (100·(t/b − 1)) per pair, its mean with a t and a bootstrap interval."""
+    """Per pair the ratio and % change (100·(t/b − 1)); over the pairs, the mean % change with a t and a
+    bootstrap interval, and the mean difference (t − b) with a t interval.
+
+    Pairs with a value not measured are left out of all three, and each says so. A measured baseline of 0
+    makes that pair's ratio, and the mean % change, undefined; the mean difference still includes it."""
     ratios = paired_ratios(baseline, treatment)
+    notes = pair_notes(baseline, treatment)
+    unknown = [i + 1 for i, n in enumerate(notes) if n is not None and n.startswith("unknown")]
+    undefined = [i + 1 for i, n in enumerate(notes) if n is not None and n.startswith("undefined")]
+    left_out = (
+        f"{len(unknown)} of {len(ratios)} pairs left out ({_pairs(unknown)}: a value not measured)"
+        if unknown
+        else None
+    )
     changes = [100.0 * (r - 1.0) for r in ratios if r is not None]
     diffs = [t - b for b, t in zip(baseline, treatment, strict=True) if b is not None and t is not None]
+    if undefined:
+        zero = "0" if all(baseline[i - 1] == 0 for i in undefined) else "≤ 0"
+        why = f"undefined: baseline {zero} in {_pairs(undefined)} (no ratio); see the mean difference"
+        t95 = boot95 = Interval(0, None, None, None, why)
+    else:
+        t95 = _left_out(t_interval(changes), left_out)
+        boot95 = _left_out(bootstrap_interval(changes, seed=seed, resamples=resamples), left_out)
     return {
+        "pairs": len(ratios),
         "ratios": ratios,
-        "unknown_pairs": sum(r is None for r in ratios),
+        "pair_notes": notes,
+        "unknown_pairs": len(unknown),
+        "undefined_pairs": len(undefined),
         "percent_change": [None if r is None else 100.0 * (r - 1.0) for r in ratios],
-        "mean_percent_change_t95": t_interval(changes).to_dict(),
-        "mean_percent_change_bootstrap95": bootstrap_interval(
-            changes, seed=seed, resamples=resamples
-        ).to_dict(),
-        "mean_difference_t95": t_interval(diffs).to_dict(),
+        "mean_percent_change_t95": t95.to_dict(),
+        "mean_percent_change_bootstrap95": boot95.to_dict(),
+        "mean_difference_t95": _left_out(t_interval(diffs), left_out).to_dict(),
     }
 
 

@@ -1,0 +1,77 @@
+"""One runner per experiment directory: an exclusive ``flock`` on ``OUTPUT/experiment.lock``.
+
+The runner takes the lock before it reads or creates ``experiment.json`` and holds it until it returns,
+so a second ``run`` or ``--resume`` on a directory a live runner is using is refused: without the lock,
+the resume would take the live arm for an orphan, kill its server and client and move its directory away.
+
+Why ``flock`` rather than a recorded pid and process start time: the kernel drops the lock when its
+holder exits, however it exits (SIGKILL and crashes included), so a dead runner never leaves a stale
+lock, and a reused pid can never pass for a live runner. The descriptor is not inherited by the arms'
+servers and clients (Python opens files non-inheritable and ``subprocess`` closes other descriptors), so
+a server a killed runner left behind does not hold the lock, and ``--resume`` can take over and sweep it.
+The file records the holder's pid, host and start time only to name it in the refusal; it is never
+deleted (unlinking a lock file lets two processes lock two different files). ``flock`` is local to one
+machine: on a network filesystem two machines may not see each other's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+from asyncroll.errors import UsageError
+from asyncroll.experiment.receipts import now_iso
+
+LOCK_NAME = "experiment.lock"
+
+
+class OutputLock:
+    """The held lock; ``release`` (or the process's exit) frees it."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, directory: Path) -> OutputLock:
+        """Lock ``directory`` for this process, or raise UsageError naming the runner that holds it."""
+        path = directory / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot open the runner's lock: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise UsageError(
+                f"--output {directory}: the experiment is being run by {holder}; wait for it to end, or "
+                "stop it (SIGINT or SIGTERM) and then --resume"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            raise UsageError(f"{path}: cannot lock: {exc.strerror or exc}") from None
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        return cls(fd, path)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from what it wrote (it may not have written yet)."""
+    try:
+        data = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+        return f"pid {int(data['pid'])} on {data['host']} (since {data['since']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"

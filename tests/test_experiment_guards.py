@@ -1,0 +1,616 @@
+"""The experiment's guards: a protocol change mid-experiment, one runner per directory, managed client
+flags, signals during cleanup, unexpected errors, a damaged comparison.json, undefined ratios, and the
+report's numbers (pooled rates, the failure cause, the bootstrap's resample count, bench medians)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import asyncroll.experiment.arms as arms_module
+import asyncroll.experiment.runner as runner_module
+from asyncroll.errors import UsageError
+from asyncroll.experiment.comparison import build_comparison
+from asyncroll.experiment.config import (
+    MANAGED_CLIENT_FLAGS,
+    ExperimentConfig,
+    load_experiment_config,
+)
+from asyncroll.experiment.lock import OutputLock
+from asyncroll.experiment.plan import build_plan, client_command
+from asyncroll.experiment.receipts import one_line
+from asyncroll.experiment.report import aggregate, load_comparison, markdown
+from asyncroll.experiment.runner import ExperimentRunner
+from asyncroll.experiment.server import ManagedProcess
+from asyncroll.experiment.stats import bootstrap_interval, distinct_resamples
+from tests.test_experiment import ROOT, alive, kill_recorded, read, recorded_processes, write_config
+
+
+def lean(tmp: Path, **changes: Any) -> ExperimentConfig:
+    """The smoke experiment without stages, one pair unless ``changes`` say otherwise."""
+    return load_experiment_config(write_config(tmp, **{"stages": {}, "pairs": 1, **changes}))
+
+
+def invoke(*args: str | Path) -> Any:
+    from asyncroll.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def is_client(process: ManagedProcess) -> bool:
+    return process.command[1:4] == ["-m", "asyncroll.cli", "run"]
+
+
+# --- 1. the protocol fingerprint, before and after every arm ------------------------------------------
+
+
+def tool_workload(tmp: Path) -> tuple[Path, Path]:
+    """A one-problem workload whose tool is a trusted file (hashed into the fingerprint)."""
+    tool = tmp / "tools" / "sub.py"
+    tool.parent.mkdir()
+    tool.write_text("def sub(a, b):\n    return a - b\n")
+    problem = {
+        "id": "sub",
+        "prompt": "What is 5 - 3?",
+        "tools": [
+            {
+                "name": "sub",
+                "description": "a - b",
+                "inputs": {"a": "number", "b": "number"},
+                "implementation": "tools/sub.py",
+            }
+        ],
+        "reference_answer": "2",
+        "script": [
+            {"type": "tool", "name": "sub", "arguments": {"a": 5, "b": 3}, "latency_ms": 1},
+            {"type": "final", "answer": "2", "latency_ms": 1},
+        ],
+    }
+    workload = tmp / "workload.jsonl"
+    workload.write_text(json.dumps(problem) + "\n")
+    return workload, tool
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_file_changed_during_an_arm_fails_it_and_stops_the_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pair1-fifo: its tool file differs only while its client runs, so only the client's run.json shows
+    it (the tools check). pair1-asyncroll: the file changes for good while its client runs, so the
+    fingerprint computed when the client exits differs: the arm fails and the experiment stops there."""
+    workload, tool = tool_workload(tmp_path)
+    cfg = lean(tmp_path, pairs=2, workload={"path": str(workload)})
+    out = tmp_path / "out"
+    original = tool.read_text()
+    real_start, real_wait = ManagedProcess.start, ManagedProcess.wait
+
+    def start(self: ManagedProcess) -> None:
+        if is_client(self) and "pair1-fifo" in str(self.log):
+            tool.write_text(original + "# while pair1-fifo's client runs\n")
+        real_start(self)
+
+    def wait(self: ManagedProcess, timeout: float) -> int | None:
+        code = real_wait(self, timeout)
+        if is_client(self) and "pair1-fifo" in str(self.log):
+            tool.write_text(original)
+        elif is_client(self) and "pair1-asyncroll" in str(self.log):
+            tool.write_text(original + "# for good\n")
+        return code
+
+    monkeypatch.setattr(ManagedProcess, "start", start)
+    monkeypatch.setattr(ManagedProcess, "wait", wait)
+    lines: list[str] = []
+    try:
+        outcome = ExperimentRunner(cfg, out, echo=lines.append).run()
+    finally:
+        kill_recorded(out)
+    assert outcome.status == "stopped" and outcome.exit_code == 1, lines
+    first = read(out / "arms" / "pair1-fifo" / "arm.json")
+    assert first["status"] == "failed" and first["failed_step"] == "running_client"
+    assert "the client's run does not match the plan: tool file tools/sub.py:sub: ran " in first["error"]
+    second = read(out / "arms" / "pair1-asyncroll" / "arm.json")
+    assert second["status"] == "failed" and second["failed_step"] == "checking_protocol"
+    assert second["error"].startswith("after pair1-asyncroll ran: the protocol changed")
+    assert "tools: tools/sub.py:sub " in second["error"]
+    assert second["server"]["stop"]["leftover"] == []
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "stopped" and exp["stop_reason"] == second["error"]
+    assert [exp["arms"][a]["status"] for a in ("pair2-asyncroll", "pair2-fifo")] == ["pending", "pending"]
+    assert not (out / "arms" / "pair2-asyncroll").exists()
+    assert not any(alive(p) for p in recorded_processes(out))
+
+
+def fake_arm(status: str = "failed", error: str | None = "fake arm") -> Any:
+    """A stand-in for run_arm that starts nothing."""
+
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        arm_dir.mkdir(parents=True)
+        return SimpleNamespace(status=status, data={"error": error, "failed_step": "running_client"})
+
+    return run_arm
+
+
+def test_the_protocol_is_computed_again_before_every_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workload = tmp_path / "workload.jsonl"
+    workload.write_text((ROOT / "examples" / "smoke.jsonl").read_text())
+    cfg = lean(tmp_path, workload={"path": str(workload)})
+    ran: list[str] = []
+    inner = fake_arm()
+
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        ran.append(plan.id)
+        workload.write_text(workload.read_text() + "\n")  # a changed workload, after the first arm
+        return inner(cfg, plan, arm_dir)
+
+    monkeypatch.setattr(runner_module, "run_arm", run_arm)
+    out = tmp_path / "out"
+    outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    assert ran == ["pair1-fifo"] and outcome.status == "stopped"
+    exp = read(out / "experiment.json")
+    assert exp["stop_reason"].startswith("before pair1-asyncroll: the protocol changed")
+    assert "workload: " in exp["stop_reason"] and exp["arms"]["pair1-asyncroll"]["status"] == "pending"
+
+
+# --- 2. one runner per output directory ---------------------------------------------------------------
+
+
+def test_one_runner_per_output_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = OutputLock.acquire(tmp_path)
+    with pytest.raises(UsageError, match=f"being run by pid {os.getpid()} on "):
+        OutputLock.acquire(tmp_path)
+    held.release()
+    OutputLock.acquire(tmp_path).release()
+    # a resume started while the runner is inside an arm is refused, and touches nothing
+    cfg = lean(tmp_path)
+    out = tmp_path / "out"
+    refusals: list[str] = []
+    inner = fake_arm()
+
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        result = inner(cfg, plan, arm_dir)
+        try:
+            ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+        except UsageError as exc:
+            refusals.append(str(exc))
+        return result
+
+    monkeypatch.setattr(runner_module, "run_arm", run_arm)
+    ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    assert len(refusals) == 2 and all(f"being run by pid {os.getpid()}" in r for r in refusals)
+    assert sorted(p.name for p in (out / "arms").iterdir()) == ["pair1-asyncroll", "pair1-fifo"]
+    # once the runner has returned, the directory is free again
+    lines: list[str] = []
+    ExperimentRunner(cfg, out, resume=True, echo=lines.append).run()
+    assert any("resuming" in line for line in lines)
+
+
+@pytest.mark.timeout(30)
+def test_a_killed_runner_leaves_no_lock_behind(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from asyncroll.experiment.lock import OutputLock; "
+            "OutputLock.acquire(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(UsageError, match=f"being run by pid {holder.pid} "):
+            OutputLock.acquire(tmp_path)
+        holder.kill()  # SIGKILL: no cleanup runs; the kernel drops the lock
+        holder.wait(10)
+        OutputLock.acquire(tmp_path).release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+# --- 3. managed client flags; 7. the seed ----------------------------------------------------------------
+
+
+def test_extra_args_may_not_repeat_a_flag_the_plan_sets(tmp_path: Path) -> None:
+    arms = [
+        {"name": "fifo", "policy": "fifo"},
+        {
+            "name": "asyncroll",
+            "policy": "asyncroll",
+            "extra_args": ["--policy", "tool_first", "--seed", "99"],
+        },
+    ]
+    with pytest.raises(
+        UsageError, match=r"arms\.1\.extra_args: extra_args may not repeat .*: --policy, --seed"
+    ):
+        lean(tmp_path, arms=arms)
+    with pytest.raises(UsageError, match=r"client\.extra_args: .*: --output"):
+        lean(tmp_path, **{"client.extra_args": ["--output=/elsewhere"]})
+    with pytest.raises(UsageError, match="--config"):
+        lean(tmp_path, **{"client.extra_args": ["--config", "run.toml"]})
+    assert lean(tmp_path, **{"client.extra_args": ["--nvtx"]}).client.extra_args == ["--nvtx"]
+
+
+def test_the_managed_flags_cover_every_flag_the_plan_sets() -> None:
+    """Every flag of every client command the plan can build, and each such option's other spellings
+    (``--progress/--no-progress``), is refused in extra_args."""
+    import typer.main
+
+    from asyncroll.cli import app
+    from asyncroll.experiment.config import GpuSpec
+
+    smoke = load_experiment_config(ROOT / "experiments" / "serve_sim_smoke.json")
+    full = smoke.model_copy(
+        update={
+            "gpu": GpuSpec(),
+            "client": smoke.client.model_copy(update={"limit": 2, "dedicated_gpu": True, "replay": True}),
+            "workload": smoke.workload.model_copy(update={"tool_root": ROOT / "examples"}),
+        }
+    )
+    bare = smoke.model_copy(update={"server": smoke.server.model_copy(update={"metrics_path": None})})
+    flags: set[str] = set()
+    for cfg in (full, bare):
+        for arm in build_plan(cfg):
+            flags |= {t for t in client_command(cfg, arm, 8000, Path("run")) if t.startswith("--")}
+    assert {"--nvml-device", "--no-telemetry", "--tool-root", "--limit", "--metrics-url"} <= flags
+    assert flags <= MANAGED_CLIENT_FLAGS
+    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    for param in run.params:
+        spellings = set(param.opts) | set(param.secondary_opts)
+        if spellings & MANAGED_CLIENT_FLAGS:
+            assert spellings <= MANAGED_CLIENT_FLAGS, spellings
+
+
+def test_a_negative_seed_is_refused_by_the_config_plan_and_report(tmp_path: Path) -> None:
+    config = write_config(tmp_path, seed=-3)
+    with pytest.raises(UsageError, match="seed: Input should be greater than or equal to 0"):
+        load_experiment_config(config)
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2 and "seed: Input should be greater than or equal to 0" in done.stderr
+
+
+# --- 5. signals during cleanup; 6. unexpected errors --------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_signals_during_cleanup_never_leave_the_server_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the client runs, then another Ctrl-C and a SIGTERM while it is being stopped: the
+    further signals are ignored, the server is stopped all the same, the arm ends interrupted."""
+    real_wait, real_stop = ManagedProcess.wait, ManagedProcess.stop
+    waits: list[float] = []
+
+    def wait(self: ManagedProcess, timeout: float) -> int | None:
+        if is_client(self) and not waits:  # the runner's wait for the client, not stop()'s
+            waits.append(timeout)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_wait(self, timeout)
+
+    def stop(self: ManagedProcess, grace_s: float) -> dict[str, Any]:
+        if is_client(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_stop(self, grace_s)
+
+    monkeypatch.setattr(ManagedProcess, "wait", wait)
+    monkeypatch.setattr(ManagedProcess, "stop", stop)
+    out = tmp_path / "out"
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        outcome = ExperimentRunner(lean(tmp_path), out, echo=lambda _: None).run()
+        left_running = [p for p in recorded_processes(out) if alive(p)]  # before the test's own cleanup
+    finally:
+        kill_recorded(out)
+    assert recorded_processes(out) and left_running == []
+    arm = read(out / "arms" / "pair1-fifo" / "arm.json")
+    assert arm["status"] == "interrupted" and arm["error"] == "interrupted while running_client"
+    assert "stop" in arm["client"] and arm["server"]["stop"]["leftover"] == []
+    assert signal.getsignal(signal.SIGINT) is previous  # the runner's handlers are gone
+    assert outcome.exit_code == 130 and "2 more signal(s) ignored while stopping" in outcome.message
+    assert read(out / "experiment.json")["status"] == "interrupted"
+
+
+@pytest.mark.timeout(60)
+def test_a_server_answering_non_json_fails_its_arm_at_starting_server(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "v1").mkdir(parents=True)
+    (site / "health").write_text("ok")
+    (site / "v1" / "models").write_text("not json")
+    command = ["{python}", "-m", "http.server", "--bind", "{host}", "--directory", str(site), "{port}"]
+    cfg = lean(tmp_path, server={"command": command, "kind": "generic", "port": 0, "startup_timeout_s": 20})
+    out = tmp_path / "out"
+    lines: list[str] = []
+    try:
+        outcome = ExperimentRunner(cfg, out, echo=lines.append).run()
+    finally:
+        kill_recorded(out)
+    assert outcome.status == "complete" and outcome.exit_code == 1
+    for arm_id in ("pair1-fifo", "pair1-asyncroll"):
+        arm = read(out / "arms" / arm_id / "arm.json")
+        assert arm["status"] == "failed" and arm["failed_step"] == "starting_server"
+        assert arm["error"].startswith("/v1/models did not return JSON")
+    assert any(line.startswith("[pair1-fifo] failed: /v1/models did not return JSON") for line in lines)
+    assert not any(alive(p) for p in recorded_processes(out))
+
+
+def test_an_unexpected_error_in_an_arm_fails_it_at_its_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(_spec: Any) -> dict[str, Any]:
+        raise ValueError("a reading nobody planned for")
+
+    monkeypatch.setattr(arms_module, "check_gpu", broken)
+    out = tmp_path / "out"
+    outcome = ExperimentRunner(lean(tmp_path), out, echo=lambda _: None).run()
+    assert outcome.status == "complete" and outcome.exit_code == 1  # the runner moved on to the next arm
+    for arm_id in ("pair1-fifo", "pair1-asyncroll"):
+        arm = read(out / "arms" / arm_id / "arm.json")
+        assert arm["status"] == "failed" and arm["failed_step"] == "checking_gpu"
+        assert arm["error"] == "unexpected error while checking_gpu: ValueError: a reading nobody planned for"
+
+
+def test_an_unexpected_error_outside_an_arm_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(runner_module, "run_arm", broken)
+    out = tmp_path / "out"
+    outcome = ExperimentRunner(lean(tmp_path), out, echo=lambda _: None).run()
+    assert outcome.status == "failed" and outcome.exit_code == 1
+    assert "unexpected error: RuntimeError: boom" in outcome.message
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "failed" and exp["error"] == "unexpected error: RuntimeError: boom"
+    assert "RuntimeError: boom" in exp["error_traceback"]
+    assert exp["arms"]["pair1-fifo"]["status"] == "failed" and (out / "comparison.json").is_file()
+
+
+# --- 4, 8, 11, 12: the report ---------------------------------------------------------------------------
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def comparison(
+    rows: list[tuple[dict[str, Any], dict[str, Any]]], errors: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """comparison.json of a two-arm experiment (a = fifo, the baseline; b = asyncroll), from each pair's
+    (a, b) summary values given as dotted paths; ``errors`` fails the named arms."""
+    n = len(rows)
+    experiment = {
+        "config": {
+            "name": "x",
+            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
+            "baseline": "a",
+            "seed": 0,
+            "bootstrap_resamples": 200,
+        },
+        "status": "complete",
+        "fingerprint": {"sha256": "f" * 64},
+        "stages": {},
+        "plan": [
+            {"id": f"pair{p + 1}-{a}", "stage": "comparison", "pair": p, "arm": a, "policy": a, "seed": p}
+            for p in range(n)
+            for a in ("a", "b")
+        ],
+        "arms": {
+            f"pair{p + 1}-{a}": {"status": "failed", "error": (errors or {})[f"pair{p + 1}-{a}"]}
+            if f"pair{p + 1}-{a}" in (errors or {})
+            else {"status": "complete"}
+            for p in range(n)
+            for a in ("a", "b")
+        },
+    }
+    base = {
+        "counts.trajectories": 3,
+        "counts.completed": 3,
+        "accuracy.correct": 3,
+        "accuracy.denominator": 3,
+        "scheduler.reorders": 0,
+        "scheduler.eligible_decisions": 0,
+        "throughput.allocated_gpu_hours": 0.001,
+        "cpu_cost.total_cpu_s": 0.3,
+    }
+    summaries = {}
+    for p, (a, b) in enumerate(rows):
+        summaries[f"pair{p + 1}-a"] = nest({**base, **a})
+        summaries[f"pair{p + 1}-b"] = nest({**base, **b})
+    return build_comparison(experiment, summaries)
+
+
+STARVATION = "resources.sampled_starvation_fraction_of_coverage"
+
+
+def test_a_zero_baseline_is_undefined_never_unknown_and_no_pair_is_dropped_silently() -> None:
+    """The QA example: 0.10→0.05, 0.10→0.05, 0→0.50. Leaving pair 3 out showed a confident −50%."""
+    rows = [({STARVATION: 0.1}, {STARVATION: 0.05}), ({STARVATION: 0.1}, {STARVATION: 0.05})]
+    rows.append(({STARVATION: 0.0}, {STARVATION: 0.5}))
+    for a, b in rows[:2]:
+        a["makespan_s"], b["makespan_s"] = 2.0, 1.0
+    rows[2][0]["makespan_s"], rows[2][1]["makespan_s"] = None, 1.0  # pair 3: not measured
+    agg = aggregate(comparison(rows))
+    d = agg["paired"]["b"]["sampled_starvation_fraction"]
+    assert d["pair_notes"] == [None, None, "undefined (baseline 0, treatment 0.5)"]
+    assert d["mean_percent_change_t95"]["mean"] is None
+    assert d["mean_difference_t95"]["n"] == 3 and d["mean_difference_t95"]["mean"] == pytest.approx(0.4 / 3)
+    m = agg["paired"]["b"]["makespan_s"]["mean_percent_change_t95"]
+    assert m["n"] == 2 and m["note"] == "1 of 3 pairs left out (pair 3: a value not measured)"
+    text = markdown(agg)
+    paired = text[text.index("## Paired") :].splitlines()
+    row = next(line for line in paired if line.startswith("| sampled model starvation (fraction"))
+    assert "0.5000, 0.5000, undefined (baseline 0, treatment 0.5)" in row
+    assert "undefined: baseline 0 in pair 3 (no ratio); see the mean difference" in row
+    assert "+0.1333 [" in row and "(n=3)" in row and "unknown" not in row and "-50.00%" not in row
+    makespan = next(line for line in paired if line.startswith("| makespan, s |"))
+    assert "(n=2; 1 of 3 pairs left out (pair 3: a value not measured))" in makespan
+    assert "| makespan, s | 2 | 1 |" in text.replace(" (n=2 of 3)", "")
+    assert "2 (n=2 of 3)" in text  # the baseline's median rests on the 2 pairs that measured it
+
+
+def write(tmp: Path, data: dict[str, Any], name: str = "comparison.json") -> Path:
+    path = tmp / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+DAMAGE = {
+    "bad_baseline": (lambda c: c.update(baseline="zzz"), "baseline: 'zzz' is not an arm"),
+    "missing_arm": (lambda c: c["pairs"][0]["arms"].pop("b"), "pairs[0] (pair 1): no entry for arm(s) ['b']"),
+    "no_counts": (
+        lambda c: c["pairs"][0]["arms"]["a"].pop("counts"),
+        "pairs[0].arms.a.counts: Field required",
+    ),
+    "neg_seed": (lambda c: c.update(seed=-3), "seed: Input should be greater than or equal to 0"),
+    "schema99": (lambda c: c.update(schema_version=99), "schema_version: 99 is not supported"),
+    "text_metric": (
+        lambda c: c["pairs"][0]["arms"]["a"]["metrics"].update(makespan_s="fast"),
+        "pairs[0].arms.a.metrics.makespan_s: Input should be a valid number",
+    ),
+    "complete_lies": (
+        lambda c: c["pairs"][0].update(complete=False),
+        "complete is False, but its arms' statuses",
+    ),
+    "kind": (lambda c: c.update(kind="asyncroll.run"), "kind: Input should be 'asyncroll.comparison'"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_comparison_is_refused_in_one_line(tmp_path: Path, damage: str) -> None:
+    data = comparison([({}, {}), ({}, {})])
+    load_comparison(write(tmp_path, data))  # the undamaged file is fine
+    change, message = DAMAGE[damage]
+    broken = copy.deepcopy(data)
+    change(broken)
+    path = write(tmp_path, broken, "broken.json")
+    with pytest.raises(UsageError) as info:
+        load_comparison(path)
+    assert str(info.value).startswith(f"{path}: not a valid comparison.json: ") and "\n" not in str(
+        info.value
+    )
+    assert message in str(info.value)
+    if damage == "missing_arm":
+        done = invoke("report", "--comparison", path, "--output", tmp_path / "r")
+        assert done.exit_code == 2 and done.stderr.count("\n") == 1
+        assert done.stderr.startswith("error: ") and not (tmp_path / "r").exists()
+
+
+def test_pooled_rates_are_unknown_when_a_count_is_unknown_never_zero() -> None:
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = [({}, {}), ({}, {})]
+    rows[1][0].update({"counts.completed": None, "accuracy.correct": None, "scheduler.reorders": None})
+    rows[1][1]["scheduler.eligible_decisions"] = 4
+    rows[0][1]["scheduler.eligible_decisions"] = 4
+    rows[1][1]["scheduler.reorders"] = 2
+    data = comparison(rows)
+    del data["pairs"][0]["arms"]["b"]["counts"]["total_cpu_s"]  # an older file without the count
+    agg = aggregate(data)
+    a, b = agg["pooled"]["a"], agg["pooled"]["b"]
+    for rate in ("completion_rate", "completed_per_gpu_hour", "accuracy_exact", "activation_rate"):
+        assert a[rate] is None, rate
+    assert (
+        a["cpu_s_per_completion"] is None
+        and a["notes"]["completion_rate"] == "unknown (completed not measured)"
+    )
+    assert b["completion_rate"] == 1.0 and b["activation_rate"] == pytest.approx(2 / 8)
+    assert b["cpu_s_per_completion"] is None and "total_cpu_s" not in b["totals"]  # never a partial sum
+    assert b["notes"]["cpu_s_per_completion"] == "unknown (total_cpu_s not measured)"
+    text = markdown(agg)
+    assert "| a | unknown (correct not measured) (unknown / 6) |" in text
+    assert "| a | unknown (completed not measured) | unknown (completed not measured) |" in text
+    undefined = aggregate(comparison([({}, {})]))["pooled"]["a"]
+    assert undefined["activation_rate"] is None
+    assert undefined["notes"]["activation_rate"] == "undefined (eligible_decisions = 0)"
+
+
+@pytest.mark.timeout(30)
+def test_an_output_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    done = invoke(
+        "experiment", "run", "--config", write_config(tmp_path, stages={}, pairs=1), "--output", afile
+    )
+    assert done.exit_code == 2 and f"error: --output {afile} is a file, not a directory" in done.stderr
+    path = write(tmp_path, comparison([({}, {})]))
+    done = invoke("report", "--comparison", path, "--output", afile)
+    assert done.exit_code == 2 and f"error: --output {afile} is a file, not a directory" in done.stderr
+    done = invoke("report", "--comparison", path, "--output", afile / "sub")
+    assert done.exit_code == 2 and "cannot create" in done.stderr
+    assert afile.read_text() == ""
+
+
+def test_a_failed_arms_cause_is_shown() -> None:
+    tail = (
+        "client exited with code 1; log tail:\n"
+        "failed: 0/0 completed, 0 failed | policy fifo: 0 decisions\n"
+        "outputs: /x/run\n"
+        "error: run failed: warm-up request 1/1 failed: ConnectError: All connection attempts failed\n"
+    )
+    cause = "error: run failed: warm-up request 1/1 failed: ConnectError: All connection attempts failed"
+    assert one_line(tail) == f"client exited with code 1: {cause}"
+    traceback_tail = (
+        "client exited with code 1; log tail:\nTraceback (most recent call last):\n  x\nKeyError: 'k'\n"
+    )
+    assert one_line(traceback_tail) == "client exited with code 1: KeyError: 'k'"
+    assert one_line("server exited with code 3 before it was ready; log tail:\nboom\n\n") == (
+        "server exited with code 3 before it was ready: boom"
+    )
+    assert one_line("client passed its deadline of 5s and was stopped") == (
+        "client passed its deadline of 5s and was stopped"
+    )
+    assert one_line(None) == "unknown"
+    text = markdown(aggregate(comparison([({}, {})], errors={"pair1-a": tail})))
+    assert f"- `pair1-a`: client exited with code 1: {cause}" in text
+
+
+def test_the_bootstrap_counts_distinct_resamples() -> None:
+    for n in range(1, 6):
+        multisets = sum(1 for _ in itertools.combinations_with_replacement(range(n), n))
+        assert distinct_resamples(n) == multisets
+    assert [distinct_resamples(n) for n in (2, 3, 4)] == [3, 10, 35]
+    assert bootstrap_interval([1.0, 2.0], seed=0, resamples=200).note == "2 pairs: only 3 distinct resamples"
+    assert (
+        bootstrap_interval([1.0, 2.0, 4.0], seed=0, resamples=200).note
+        == "3 pairs: only 10 distinct resamples"
+    )
+    assert bootstrap_interval([1.0, 2.0, 4.0, 5.0, 7.0], seed=0, resamples=100).note is None  # 126 ≥ 100
+
+
+# --- 10. bench medians ----------------------------------------------------------------------------------
+
+
+def test_bench_min_median_max_uses_the_true_median() -> None:
+    from bench.common import quantiles
+    from bench.paired import interval, spread
+
+    assert quantiles([3.0, 1.0]) == (1.0, 2.0, 3.0)  # for 2 seeds the median was the max
+    assert quantiles([5.0, 1.0, 3.0]) == (1.0, 3.0, 5.0)
+    assert quantiles([4.0, 1.0, 3.0, 2.0]) == (1.0, 2.5, 4.0)
+    assert spread([-0.330, 0.466], "{:+.1%}") == "-33.0% / +6.8% / +46.6%"
+    assert interval([0.1, 0.2, 0.3]).endswith("(n=3)")
