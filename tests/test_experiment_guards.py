@@ -614,3 +614,15 @@ def test_bench_min_median_max_uses_the_true_median() -> None:
     assert quantiles([4.0, 1.0, 3.0, 2.0]) == (1.0, 2.5, 4.0)
     assert spread([-0.330, 0.466], "{:+.1%}") == "-33.0% / +6.8% / +46.6%"
     assert interval([0.1, 0.2, 0.3]).endswith("(n=3)")
+
+
+@pytest.mark.timeout(30)
+def test_a_figure_without_matplotlib_writes_no_part_of_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report --figure` without the figures extra is refused before anything is written."""
+    path = write(tmp_path, comparison([({}, {})]))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
+    done = invoke("report", "--comparison", path, "--output", tmp_path / "r", "--figure")
+    assert done.exit_code == 2 and "pip install 'asyncroll[figures]'" in done.stderr
+    assert not (tmp_path / "r").exists()

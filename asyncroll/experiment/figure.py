@@ -25,15 +25,23 @@ PANELS = (
 )
 
 
-def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Path]:
-    """Write ``stem``.png and ``stem``.pdf; returns both paths."""
+def require_matplotlib() -> None:
+    """Refuse (UsageError naming the extra) unless matplotlib can be imported: checked before anything
+    of a report is written, so a missing extra leaves no half-written report behind."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("the figure needs matplotlib: pip install 'asyncroll[figures]'") from None
+
+
+def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Path]:
+    """Write ``stem``.png and ``stem``.pdf; returns both paths."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     arms: list[str] = [agg["baseline"], *[a for a in agg["arms"] if a != agg["baseline"]]]
     complete = [p for p in comparison["pairs"] if p.get("complete")]
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), constrained_layout=True)

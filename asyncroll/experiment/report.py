@@ -310,6 +310,10 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
         raise UsageError(f"--output {output} is a file, not a directory")
     comparison = load_comparison(comparison_path)
     agg = aggregate(comparison)
+    if figure:
+        from asyncroll.experiment.figure import require_matplotlib
+
+        require_matplotlib()
     try:
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
