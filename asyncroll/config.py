@@ -11,6 +11,7 @@ import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -122,8 +123,10 @@ class RunConfig(BaseModel):
             problems.append("--metrics-host only applies with --metrics-port")
         if not self.telemetry and (self.metrics_url or self.nvml_device is not None):
             problems.append("--no-telemetry conflicts with --metrics-url/--nvml-device")
-        if self.metrics_url is not None and not self.metrics_url.startswith(("http://", "https://")):
-            problems.append(f"--metrics-url {self.metrics_url!r}: must be an http:// or https:// URL")
+        for flag, url in (("--endpoint", self.endpoint), ("--metrics-url", self.metrics_url)):
+            problem = None if url is None else http_url_problem(url)
+            if problem is not None:
+                problems.append(f"{flag} {url!r}: {problem}")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -160,6 +163,23 @@ class RunConfig(BaseModel):
             if missing is not None:
                 out.append(missing)
         return out
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a usable http(s) URL of a server (None: it is). ``127.0.0.1:8000`` without a
+    scheme would otherwise get as far as the first request and fail there with a misleading error."""
+    if url != url.strip():
+        return "has leading or trailing whitespace"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+    except ValueError as exc:
+        return f"not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "must be an http:// or https:// URL (e.g. http://127.0.0.1:8000)"
+    if not parts.hostname:
+        return "names no host (e.g. http://127.0.0.1:8000)"
+    return None
 
 
 def load_config_file(path: Path) -> dict[str, Any]:

@@ -145,6 +145,39 @@ class ModelRetrying(Event):
     error: str
 
 
+class ModelPaused(Event):
+    """An HTTP model request waited ``waited_s`` for the server circuit to close before attempt
+    ``attempt`` (the server was unavailable). The wait is inside the request's ``latency_s``."""
+
+    event: Literal["model_paused"] = "model_paused"
+    turn: int
+    attempt: int
+    waited_s: float
+
+
+# --- the inference server's availability (HTTP backends) ----------------------------------------------
+
+
+class ServerUnavailable(Event):
+    """The HTTP backend's circuit opened after ``failures`` consecutive unavailable failures (no
+    connection, a reset, 502/503/504; ``reason`` is the last one): admission is paused and requests wait
+    before their next attempt until ``GET /health`` answers. ``opened`` counts openings in this run."""
+
+    event: Literal["server_unavailable"] = "server_unavailable"
+    failures: int
+    reason: str
+    opened: int
+
+
+class ServerAvailable(Event):
+    """The circuit closed again (``/health`` answered 200): admission resumes. ``paused_s`` is how long
+    it was open, ``probes`` how many health probes that took."""
+
+    event: Literal["server_available"] = "server_available"
+    paused_s: float
+    probes: int
+
+
 # --- CPU jobs ------------------------------------------------------------------------------------------
 
 JobKind = Literal["tool", "grade", "evaluate"]
@@ -283,6 +316,9 @@ AnyEvent = Annotated[
     | ModelFinished
     | ModelFailed
     | ModelRetrying
+    | ModelPaused
+    | ServerUnavailable
+    | ServerAvailable
     | CpuEnqueued
     | CpuSelected
     | CpuStarted

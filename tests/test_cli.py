@@ -125,6 +125,18 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
         (["--policy", "lifo"], "--policy: Input should be"),
         (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),
         (["--metrics-url", "localhost:8000/metrics"], "must be an http:// or https:// URL"),
+        (
+            ["--backend", "openai", "--model", "sim", "--endpoint", "127.0.0.1:18101"],
+            "--endpoint '127.0.0.1:18101': must be an http:// or https:// URL",
+        ),
+        (
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "localhost:18101"],
+            "--endpoint 'localhost:18101': must be an http:// or https:// URL",
+        ),
+        (
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://"],
+            "--endpoint 'http://': names no host",
+        ),
     ],
 )
 def test_invalid_settings_are_refused_before_anything_starts(

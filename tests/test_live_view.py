@@ -262,3 +262,77 @@ def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert f"--metrics-port {port} on 127.0.0.1: cannot listen" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_exporter_counts_requests_that_took_a_slot_and_server_outages() -> None:
+    """``asyncroll_model_requests_total`` counts what its help says (requests that took a slot), apart
+    from requests enqueued; the server circuit is a gauge and two counters, followed from the events."""
+    from asyncroll.backends.base import ModelResponse
+    from asyncroll.clock import SystemClock
+    from asyncroll.events import EventLog, ServerAvailable, ServerUnavailable
+    from asyncroll.runtime.model_gate import ModelGate
+    from asyncroll.telemetry.exporter import RuntimeCollector
+    from asyncroll.workload import FinalAction
+
+    def scrape(gate: ModelGate) -> dict[str, float]:
+        class View:
+            def snapshot(self) -> RunSnapshot:
+                return RunSnapshot(
+                    total=3,
+                    elapsed_s=1.0,
+                    admission=LimiterSnapshot(
+                        limit=4, holding=3, waiting=0, peak_holding=3, total_acquired=3
+                    ),
+                    model=gate.snapshot(),
+                    cpu=DispatcherSnapshot(queued=0, decisions=0, reorders=0, peak_queued=0),
+                    pool=PoolSnapshot(size=1, idle=1, busy=0, restarting=0, peak_busy=0, restarts=0),
+                    finished={},
+                )
+
+        collector = RuntimeCollector(View())  # type: ignore[arg-type]
+        return {s.name: s.value for family in collector.collect() for s in family.samples}
+
+    async def main() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        clock = SystemClock()
+        events = EventLog(clock)
+        events.start_measurement()
+        gate = ModelGate(1, clock, events)
+        release, serving = asyncio.Event(), asyncio.Event()
+
+        async def request() -> ModelResponse:
+            serving.set()
+            await release.wait()
+            return ModelResponse(FinalAction(type="final", answer="x"))
+
+        calls = [asyncio.create_task(gate.call(f"t{i}", 0, request)) for i in range(3)]
+        await serving.wait()  # the first holds the slot; the other two ran up to their wait for it
+        assert gate.snapshot().outstanding == 3
+        events.emit(ServerUnavailable(failures=5, reason="transport: ConnectError", opened=1))
+        await asyncio.sleep(0.05)
+        during = scrape(gate)
+        events.emit(ServerAvailable(paused_s=0.05, probes=1))
+        after = scrape(gate)
+        release.set()
+        await asyncio.gather(*calls)
+        return during, after, scrape(gate)
+
+    during, after, done = asyncio.run(main())
+    # inflight limit 1: 3 enqueued, 1 took a slot (the help text's count), 2 still queued
+    assert (
+        during["asyncroll_model_requests_total"] == 1
+        and during["asyncroll_model_requests_enqueued_total"] == 3
+    )
+    assert during["asyncroll_model_requests_queued"] == 2
+    assert (
+        during["asyncroll_server_unavailable"] == 1
+        and during["asyncroll_server_unavailable_events_total"] == 1
+    )
+    assert during["asyncroll_server_unavailable_seconds_total"] >= 0.04
+    assert (
+        after["asyncroll_server_unavailable"] == 0 and after["asyncroll_server_unavailable_events_total"] == 1
+    )
+    assert (
+        after["asyncroll_server_unavailable_seconds_total"]
+        >= during["asyncroll_server_unavailable_seconds_total"]
+    )
+    assert done["asyncroll_model_requests_total"] == done["asyncroll_model_requests_enqueued_total"] == 3

@@ -8,13 +8,22 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from asyncroll.backends.action_schema import parse_action, turn_schema
-from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.openai import (
+    HttpSettings,
+    NotACompletion,
+    OpenAIBackend,
+    message_text,
+    read_completion,
+)
 from asyncroll.backends.retry import RetryPolicy, retry_after_s
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.clock import SystemClock
@@ -22,12 +31,18 @@ from asyncroll.config import build_config
 from asyncroll.errors import InvalidActionError, ModelError, UsageError
 from asyncroll.events import (
     EventCapture,
+    ModelEnqueued,
     ModelFailed,
     ModelFinished,
+    ModelPaused,
     ModelRetrying,
+    ModelStarted,
+    ServerAvailable,
+    ServerUnavailable,
     TrajectoryFinished,
     TrajectoryStarted,
 )
+from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.serve_sim.config import FaultConfig, SimConfig
@@ -268,6 +283,7 @@ def test_each_error_class_is_recorded_and_isolated(tmp_path: Path, case: str) ->
         )
         assert (event.parse_s is not None) == parsed
         assert event.latency_s > 0
+        assert not event.error.rstrip().endswith(":"), event.error  # never "ReadError: " and nothing else
         assert finished[event.id].status == "failed"
         assert finished[event.id].error.startswith(f"model {kind}: ")
     failed_ids = {e.id for e in failed}
@@ -278,6 +294,12 @@ def test_each_error_class_is_recorded_and_isolated(tmp_path: Path, case: str) ->
         assert others, "the other trajectories completed"
     if case == "timeout":
         assert all(0.3 <= e.latency_s < 0.9 for e in failed)
+    # validity: a 200 that is not a valid action (garbled body or invalid action) is a response received
+    assert outcome.summary is not None
+    valid = len(capture.of(ModelFinished))
+    responses = valid + (len(failed) if parsed else 0)
+    assert outcome.summary["rates"]["validity_denominator"] == responses
+    assert outcome.summary["rates"]["validity_rate"] == (round(valid / responses, 6) if responses else None)
 
 
 # --- retries, inflight, replay, warm-up, server kind ---------------------------------------------------
@@ -656,13 +678,16 @@ def test_server_kind_probe_without_a_model_list() -> None:
     listed = {"data": [{"id": "m", "owned_by": "huggingface"}]}
     kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=listed)))
     assert kind == "generic" and "huggingface" in source
+    deep = b'{"data": ' + b"[" * 100_000  # json raises RecursionError here, not a ValueError
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, content=deep)))
+    assert kind == "generic" and "HTTP 200 without a model list" in source
 
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
     with pytest.raises(ExceptionGroup) as raised:  # raised inside the run's task group
         asyncio.run(probe(refuse))
-    assert raised.group_contains(ModelError, match="declare it with --server-kind")
+    assert raised.group_contains(ModelError, match="or declare its kind with --server-kind")
 
 
 @pytest.mark.timeout(60)
@@ -679,3 +704,347 @@ def test_replay_of_a_large_action_skips_the_echo_header(tmp_path: Path) -> None:
     assert outcome.status == "complete" and seen[0]["action_header"] is None
     assert seen[0]["body"]["max_tokens"] == 3
     assert [e.completion_tokens for e in capture.of(ModelFinished)] == [3]
+
+
+# --- odd 200 bodies, interrupted requests, the server circuit ------------------------------------------
+
+FINAL = json.dumps({"type": "final", "answer": "1"})
+
+
+def completion(content: Any, usage: Any = None) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content}
+    body = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+    }
+    return body | {"usage": {"prompt_tokens": 5, "completion_tokens": 3} if usage is None else usage}
+
+
+#: One reply per request, in order (served one request at a time): (body, ending kind, tokens recorded).
+ODD_BODIES: list[tuple[Any, str, int | None]] = [
+    (completion([{"type": "text", "text": FINAL[:10]}, {"type": "text", "text": FINAL[10:]}]), "final", 3),
+    (completion(5), "bad_response", None),
+    (completion({"type": "final", "answer": "1"}), "bad_response", None),
+    (completion([{"type": "image_url", "image_url": {"url": "x"}}]), "bad_response", None),
+    (completion(FINAL, usage=[1, 2]), "final", None),  # usage that is not an object is ignored
+    (completion(FINAL, usage="n/a"), "final", None),
+    ({"choices": []}, "bad_response", None),
+    ({"choices": {"0": {}}}, "bad_response", None),
+    ({"choices": [{"index": 0}]}, "bad_response", None),
+    ({"choices": ["text"]}, "bad_response", None),
+    ([1, 2, 3], "bad_response", None),
+    ({"error": {"message": "overloaded"}}, "bad_response", None),
+    (completion("1" * 5000), "invalid_action", None),  # past Python's integer digit limit
+    (completion(FINAL), "final", 3),
+]
+
+
+class FakeOpenAI:
+    """A real loopback HTTP server answering ``/v1/chat/completions`` with ``bodies`` in turn (then the
+    last one again); ``/v1/models`` names vLLM, ``/health`` is 200."""
+
+    def __init__(self, bodies: list[Any]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        served = iter(bodies)
+        last = [bodies[-1]]
+
+        class Handler(BaseHTTPRequestHandler):
+            def send(self, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self.send({"data": [{"id": "sim", "owned_by": "vllm"}]} if self.path == "/v1/models" else {})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                last[0] = next(served, last[0])
+                self.send(last[0])
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> FakeOpenAI:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+@pytest.mark.timeout(60)
+def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
+    """A 200 whose content is a list of text parts is read as their text; one whose content, choices or
+    message is any other shape is ``bad_response``; a ``usage`` that is not an object is ignored. None of
+    them may escape as a TypeError/AttributeError and stop the run."""
+    with FakeOpenAI([body for body, _, _ in ODD_BODIES]) as server:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(len(ODD_BODIES)), server.url, max_active_trajectories=1
+        )
+    assert outcome.status == "complete", outcome.error
+    ends = sorted(capture.of(ModelFinished) + capture.of(ModelFailed), key=lambda e: e.request_id)
+    got = [
+        (e.action if isinstance(e, ModelFinished) else e.kind, getattr(e, "completion_tokens", None))
+        for e in ends
+    ]
+    assert got == [(kind, tokens) for _, kind, tokens in ODD_BODIES]
+    for event in capture.of(ModelFailed):
+        assert event.response_received is True and event.status == 200 and event.parse_s is not None
+    bad = [e.error for e in capture.of(ModelFailed) if e.kind == "bad_response"]
+    assert "content is a JSON number" in bad[0] and "content[0] is not a text part" in bad[2]
+    assert "choices is empty" in bad[3] and "choices[0].message is missing" in bad[5]
+    assert outcome.summary is not None
+    assert outcome.summary["counts"]["completed"] == 4 and outcome.summary["counts"]["failed"] == 10
+    # every 200 is a response received: 4 valid of 14 (garbled bodies are invalid responses, not absent)
+    assert outcome.summary["rates"]["validity_denominator"] == 14
+    assert outcome.summary["rates"]["validity_rate"] == round(4 / 14, 6)
+
+
+def test_read_completion_never_raises_anything_but_not_a_completion() -> None:
+    for payload in (b"", b"null", b"[]", b'"x"', b"{}", b'{"choices": null}', b'{"choices": [null]}'):
+        with pytest.raises(NotACompletion):
+            read_completion(payload)
+    assert message_text([]) == "" and message_text(None) is None
+    got = read_completion(
+        orjson.dumps(completion(FINAL, usage={"prompt_tokens": 5.0, "completion_tokens": 3}))
+    )
+    assert (got.content, got.prompt_tokens, got.completion_tokens) == (FINAL, None, 3)
+    deep = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError, not JSONDecodeError
+    for text in (deep, "1" * 5000):  # ... and ValueError past the integer digit limit
+        with pytest.raises(InvalidActionError, match="not JSON"):
+            parse_action(text, FINAL_SCHEMA, structured=True, code=False)
+
+
+def test_validity_rate_counts_garbled_200s_as_received_invalid_responses() -> None:
+    def failed(kind: str, received: bool | None) -> ModelFailed:
+        return ModelFailed(
+            request_id=1, turn=0, latency_s=0.1, kind=kind, error="x", response_received=received
+        )
+
+    def rates(events: list[Any]) -> dict[str, Any]:
+        builder = SummaryBuilder()
+        for event in events:
+            builder(event)
+        summary = builder.build(
+            makespan_s=1.0, policy="fifo", limits=LIMITS, cpu_cost={}, peaks={}, status="complete"
+        )
+        return dict(summary["rates"])
+
+    ok = [ModelFinished(request_id=i, turn=0, latency_s=0.1, action="final") for i in range(9)]
+    got = rates([*ok, failed("bad_response", True), failed("transport", False), failed("cancelled", False)])
+    assert (got["validity_rate"], got["validity_denominator"]) == (0.9, 10)
+    got = rates([failed("bad_response", True), failed("invalid_action", True), failed("http_status", True)])
+    assert (got["validity_rate"], got["validity_denominator"]) == (0.0, 2)
+
+
+LIMITS = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+
+
+def test_transport_errors_without_text_still_say_what_happened() -> None:
+    import httpx
+
+    assert describe_transport_error(httpx.ReadError("")) == (
+        "ReadError: the connection was closed or reset while reading the response"
+    )
+    assert describe_transport_error(httpx.ReadTimeout("")) == "ReadTimeout: no response within the timeout"
+    assert describe_transport_error(httpx.ConnectError("[Errno 111] refused")) == (
+        "ConnectError: [Errno 111] refused"
+    )
+    try:
+        try:
+            raise OSError("socket closed")
+        except OSError as inner:
+            raise httpx.ReadError("") from inner
+    except httpx.ReadError as exc:
+        assert describe_transport_error(exc) == "ReadError: socket closed"  # the cause's text first
+
+    def hang(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("", request=request)
+
+    async def probe() -> None:
+        settings = HttpSettings(endpoint="http://server", model="m", inflight=1)
+        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(hang))
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await backend.start(tg)
+            finally:
+                await backend.aclose()
+
+    with pytest.raises(ExceptionGroup) as raised:
+        asyncio.run(probe())
+    assert raised.group_contains(ModelError, match=r"\(ReadTimeout: no response within the timeout\)")
+
+
+@pytest.mark.timeout(60)
+def test_requests_in_flight_when_the_run_is_stopped_end_as_cancelled(tmp_path: Path) -> None:
+    """Interrupting a run ends every request holding a slot with ``model_failed`` kind ``cancelled`` (as a
+    CPU job holding a worker gets ``cpu_failed`` reason ``cancelled``); a request still queued for a slot
+    was never sent and ends with nothing. They are counted, but are neither errors nor responses."""
+    workload = write_workload(tmp_path / "w.jsonl", final_problems(4))
+    capture = EventCapture()
+
+    async def main(url: str) -> None:
+        ready = asyncio.Event()  # two requests in flight and two queued behind them
+
+        def watch(event: Any) -> None:
+            if len(capture.of(ModelStarted)) == 2 and len(capture.of(ModelEnqueued)) == 4:
+                ready.set()
+
+        cfg = build_config(
+            {
+                "workload": workload,
+                "output": tmp_path / "run",
+                "backend": "vllm",
+                "model": "sim",
+                "endpoint": url,
+                "warmup_requests": 0,
+                "max_inflight_model_requests": 2,
+                "telemetry": False,
+            }
+        )
+        clock = SystemClock()
+        run = Run(
+            prepare(cfg, ["test"]),
+            clock,
+            worker_factory=virtual_factory(clock, builtin_duration),
+            subscribers=(capture, watch),
+        )
+        task = asyncio.create_task(run.execute())
+        async with asyncio.timeout(20):
+            await ready.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with serve(faults=FaultConfig(slow_rate=1.0, slow_s=30.0)) as running:
+        asyncio.run(main(running.url))
+    cancelled = capture.of(ModelFailed)
+    assert sorted(e.request_id for e in cancelled) == sorted(e.request_id for e in capture.of(ModelStarted))
+    assert len(cancelled) == 2 and {(e.kind, e.response_received) for e in cancelled} == {
+        ("cancelled", False)
+    }
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["model"]["requests"] == 2 and summary["model"]["failed"] == {"cancelled": 2}
+    assert summary["rates"]["validity_denominator"] == 0
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    assert trace["metadata"]["unknown_events"] == {}
+
+
+def down_run(tmp_path: Path, port: int, bring_up: bool, **settings: Any) -> tuple[Any, EventCapture, Path]:
+    """A run against ``port`` where nothing listens; with ``bring_up`` a serve-sim starts there as soon as
+    the circuit opens."""
+    backend = down_backend(tmp_path, port, circuit_failures=2, **settings)
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        with contextlib.ExitStack() as stack:
+
+            async def start_server() -> None:
+                await backend.circuit.wait_opened()
+                await asyncio.sleep(0.3)  # a measurable outage
+                await asyncio.to_thread(
+                    stack.enter_context, serve_in_thread(SimConfig(engine=FAST), port=port)
+                )
+
+            helper = asyncio.create_task(start_server()) if bring_up else None
+            workload = write_workload(tmp_path / "w.jsonl", final_problems(6))
+            cfg = build_config(
+                {
+                    "workload": workload,
+                    "output": tmp_path / "run",
+                    "backend": "vllm",
+                    "model": "sim",
+                    "endpoint": f"http://127.0.0.1:{port}",
+                    "warmup_requests": 0,
+                    "max_active_trajectories": 2,
+                    "circuit_failures": 2,
+                    "telemetry": False,
+                    **settings,
+                }
+            )
+            clock = SystemClock()
+            capture = EventCapture()
+            run = Run(
+                prepare(cfg, ["test"]),
+                clock,
+                worker_factory=virtual_factory(clock, builtin_duration),
+                backend=backend,
+                subscribers=(capture,),
+            )
+            result["outcome"] = await run.execute()
+            if helper is not None:
+                await helper
+            result["capture"] = capture
+            result["backend"] = backend
+
+    asyncio.run(main())
+    return result["outcome"], result["capture"], tmp_path / "run"
+
+
+@pytest.mark.timeout(60)
+def test_a_server_outage_is_recorded_counted_and_drawn(tmp_path: Path) -> None:
+    """The circuit's opening and closing are events; summary.json counts the openings, the seconds
+    admission was paused and the requests that waited for the server (inside their latency), and the
+    trace draws the outage on the scheduler track."""
+    outcome, capture, out = down_run(tmp_path, free_port(), True, max_retries=5, retry_max_delay=0.05)
+    assert outcome.status == "complete", outcome.error
+    [opened] = capture.of(ServerUnavailable)
+    [closed] = capture.of(ServerAvailable)
+    assert opened.failures == 2 and opened.opened == 1 and opened.reason.startswith("transport: ConnectError")
+    assert closed.t > opened.t and closed.paused_s >= 0.3 and closed.probes >= 1
+    waits = capture.of(ModelPaused)
+    assert waits and all(w.waited_s > 0 for w in waits)  # retried requests waited for the server
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed"] * 6
+    assert outcome.summary is not None
+    circuit = outcome.summary["model"]["circuit"]
+    assert circuit["opened"] == 1 and not circuit["open_at_end"]
+    assert circuit["paused_s"] == pytest.approx(closed.t - opened.t, abs=1e-5)
+    assert circuit["requests_waited"] == len(waits)
+    assert circuit["request_wait_s"] == pytest.approx(sum(w.waited_s for w in waits), abs=1e-5)
+    trace = json.loads((out / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e.get("cat") == "circuit"]
+    outage = [e for e in spans if e["name"] == "server unavailable: admission paused"]
+    assert len(outage) == 1 and outage[0]["args"]["paused_s"] == closed.paused_s
+    assert sum(e["name"] == "waiting for the server" for e in spans) == len(waits)
+    assert trace["metadata"]["unknown_events"] == {}
+
+
+@pytest.mark.timeout(60)
+def test_server_down_timeout_fails_once_and_closes_the_client(tmp_path: Path) -> None:
+    outcome, capture, _ = down_run(tmp_path, free_port(), False, server_down_timeout=0.5)
+    assert outcome.status == "failed" and outcome.error is not None
+    assert outcome.error.count("stayed unavailable") == 1, outcome.error  # not repeated by aclose()
+    assert len(capture.of(ServerUnavailable)) == 1 and not capture.of(ServerAvailable)
+    assert outcome.summary is not None
+    circuit = outcome.summary["model"]["circuit"]
+    assert circuit["opened"] == 1 and circuit["open_at_end"] and circuit["paused_s"] >= 0.5
+
+
+def test_aclose_closes_the_client_even_when_the_watch_failed() -> None:
+    async def main() -> OpenAIBackend:
+        settings = HttpSettings(endpoint="http://127.0.0.1:9", model="m", inflight=1, server_kind="vllm")
+        backend = OpenAIBackend(settings, SystemClock())
+
+        async def failed_watch() -> None:
+            raise ModelError("server_down", "stayed unavailable")
+
+        backend._http()
+        backend._watch = asyncio.ensure_future(failed_watch())
+        await asyncio.sleep(0)
+        await backend.aclose()  # does not raise the watch's error again
+        return backend
+
+    backend = asyncio.run(main())
+    assert backend._client is None and backend._watch is None

@@ -275,12 +275,16 @@ def test_status_faults_and_retry_after() -> None:
 
 @pytest.mark.timeout(30)
 def test_connection_faults_and_bad_bodies() -> None:
-    with sim(faults=FaultConfig(reset_rate=1.0)) as (_, client):
+    with sim(faults=FaultConfig(reset_rate=1.0)) as (running, client):
         with pytest.raises(httpx.TransportError):
             client.post("/v1/chat/completions", json=body())
         assert client.get("/health").status_code == 200  # the server itself is fine
-    with sim(faults=FaultConfig(truncate_rate=1.0)) as (_, client), pytest.raises(httpx.RemoteProtocolError):
-        client.post("/v1/chat/completions", json=body())
+        # no response was sent: counted as a reset, never as the 200 it never answered
+        assert running.stats()["statuses"] == {"reset": 1}
+    with sim(faults=FaultConfig(truncate_rate=1.0)) as (running, client):
+        with pytest.raises(httpx.RemoteProtocolError):
+            client.post("/v1/chat/completions", json=body())
+        assert running.stats()["statuses"] == {"truncated": 1}
     with sim(faults=FaultConfig(malformed_rate=1.0)) as (_, client):
         r = client.post("/v1/chat/completions", json=body())
         assert r.status_code == 200

@@ -51,6 +51,8 @@ from asyncroll.telemetry.server_metrics import (
     SGLANG,
     VLLM,
     CounterRate,
+    ServerMetricsSource,
+    ServerSample,
     detect_flavor,
     parse_metrics,
 )
@@ -262,6 +264,79 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def read_samples(url: str, reads: int) -> list[ServerSample]:
+    """Probe ``url`` once, then take ``reads`` samples 1 s apart on a made-up clock (exact rates)."""
+    times = iter(float(i) for i in range(reads))
+
+    async def go() -> list[ServerSample]:
+        source = ServerMetricsSource(url, flavor="vllm", model="sim", timeout=5.0)
+        try:
+            await source.probe(5.0)
+            return [await source.read(lambda: next(times)) for _ in range(reads)]
+        finally:
+            await source.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.timeout(30)
+def test_an_invalid_series_nulls_its_rate_and_keeps_its_last_good_reading(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    """Two engines, +10 and +100 tokens per scrape; engine 1's counter reads NaN on scrapes 4 and 6. The
+    rate is null (never engine 0's alone) while a series is invalid, and the next rate spans the gap."""
+
+    def partial_nan(n: int) -> tuple[int, str]:
+        engine1 = "NaN" if n in (4, 6) else str(100.0 * n)
+        return 200, (
+            'vllm:num_requests_running{engine="0",model_name="sim"} 1\n'
+            'vllm:num_requests_waiting{engine="0",model_name="sim"} 0\n'
+            f'vllm:generation_tokens_total{{engine="0",model_name="sim"}} {10.0 * n}\n'
+            f'vllm:generation_tokens_total{{engine="1",model_name="sim"}} {engine1}\n'
+        )
+
+    samples = read_samples(metrics_server(partial_nan).url, 6)  # scrapes 2..7 (1 was the probe)
+    assert [s.generation_tokens_per_s for s in samples] == [None, 110.0, None, 110.0, None, 110.0]
+    assert [s.nulls.get("generation_tokens") for s in samples] == [
+        None,
+        None,
+        "invalid",
+        None,
+        "invalid",
+        None,
+    ]
+    assert all(s.counter_resets == 0 for s in samples)
+
+
+@pytest.mark.timeout(30)
+def test_duplicate_series_are_invalid_and_make_no_bogus_resets(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    def duplicated(n: int) -> tuple[int, str]:
+        return 200, (
+            'vllm:num_requests_running{model_name="sim"} 1\nvllm:num_requests_running{model_name="sim"} 1\n'
+            'vllm:num_requests_waiting{model_name="sim"} 0\n'
+            f'vllm:generation_tokens_total{{model_name="sim"}} {10 * n}\n'
+            f'vllm:generation_tokens_total{{model_name="sim"}} {1000 - n}\n'
+        )
+
+    samples = read_samples(metrics_server(duplicated).url, 4)
+    assert [(s.running, s.generation_tokens_per_s, s.counter_resets) for s in samples] == [
+        (None, None, 0)
+    ] * 4
+    assert all(
+        s.nulls
+        == {
+            "running": "invalid",
+            "generation_tokens": "invalid",
+            "kv_cache_usage": "missing",
+            "prompt_tokens": "missing",
+        }
+        for s in samples
+    )
+    assert samples[0].waiting == 0.0  # other quantities still read
 
 
 def idle_vllm(n: int) -> tuple[int, str]:

@@ -725,9 +725,17 @@ def test_telemetry_samples_become_counters_and_the_panel_says_why_not(tmp_path: 
             series[e["name"]].append(e["args"]["value"])
     assert series == {
         "server requests running": [0.0, 1.0, 2.0, 0.0],
-        "server requests waiting": [1.0],  # one null sample adds no point; equal values are not repeated
+        # equal values are not repeated, except after a null sample: the value is drawn anew past the gap
+        "server requests waiting": [1.0, 1.0],
         "server KV-cache usage": [0.0, 0.25, 0.5, 0.75],
     }
+    [gap] = [e for e in body if e["ph"] == "X" and e["pid"] == 5]  # the null sample is a "no data" slice
+    assert gap["name"] == "no data (missing)" and gap["args"] == {
+        "field": "server_waiting",
+        "samples": 1,
+        "reasons": ["missing"],
+    }
+    assert (gap["ts"], gap["dur"]) == (300_000, 100_000)  # from the null sample to the next value
     probe = next(e for e in body if e["name"] == "telemetry probe")
     assert probe["args"]["available"] == ["server_metrics"] and probe["args"]["nvml"].startswith(
         "unavailable: NVML"
@@ -758,3 +766,105 @@ def test_many_trajectories_put_shared_tracks_on_top(tmp_path: Path, monkeypatch:
     traj_rows = {s[0] for s in data["spans"] if data["cats"][s[3]] == "trajectory"}
     assert traj_rows == {4, 5, 6}  # spans follow their rows
     assert {i[0] for i in data["instants"] if data["strings"][i[2]] == "reorder"} == {3}
+
+
+def outage_events() -> list[ev.Event]:
+    """A server that dies at 0.3 s (metrics unreadable, circuit open) and is back at 0.7 s; a request of
+    trajectory "a" waited for it."""
+    error = "server_metrics: GET http://127.0.0.1:1/metrics: ConnectError: [Errno 111] Connection refused"
+    samples = []
+    for i in range(10):
+        t = round(0.1 * i, 6)
+        if 3 <= i < 7:
+            nulls = dict.fromkeys(("server_running", "server_waiting", "generation_tokens_per_s"), "error")
+            samples.append(ev.ResourceSample(t=t, seq=i, nulls=nulls, errors=[error]))
+        else:
+            samples.append(
+                ev.ResourceSample(
+                    t=t, seq=i, server_running=4.0, server_waiting=0.0, generation_tokens_per_s=160.0
+                )
+            )
+    request = [
+        ev.TrajectoryStarted(t=0.25, id="a", index=0, prompt_chars=5, active=1),
+        ev.ModelEnqueued(t=0.25, id="a", request_id=1, turn=0, outstanding=1),
+        ev.ModelStarted(t=0.25, id="a", request_id=1, turn=0, inflight=1, queued_s=0.0),
+        ev.ModelRetrying(t=0.3, id="a", turn=0, attempt=1, kind="transport", delay_s=0.01, error="x"),
+        ev.ServerUnavailable(t=0.3, failures=2, reason="transport: ConnectError: refused", opened=1),
+        ev.ModelPaused(t=0.7, id="a", turn=0, attempt=2, waited_s=0.39),
+        ev.ServerAvailable(t=0.7, paused_s=0.4, probes=8),
+        ev.ModelFinished(t=0.8, id="a", request_id=1, turn=0, latency_s=0.55, action="final"),
+        ev.TrajectoryFinished(t=0.8, id="a", status="completed", turns=1, tool_calls=0, duration_s=0.55),
+    ]
+    probe = ev.ResourceProbe(
+        t=-0.1, interval_s=0.1, sources=[ev.SourceStatus(source="server_metrics", available=True)]
+    )
+    return [probe, *samples, *request]
+
+
+OUTAGE_SUMMARY = {
+    "makespan_s": 0.9,
+    "model": {
+        "circuit": {
+            "opened": 1,
+            "paused_s": 0.4,
+            "open_at_end": False,
+            "requests_waited": 1,
+            "request_wait_s": 0.39,
+        }
+    },
+}
+
+
+def test_null_samples_are_gaps_never_the_last_value_and_an_outage_is_drawn(tmp_path: Path) -> None:
+    run = make_run(tmp_path, outage_events(), summary=OUTAGE_SUMMARY)
+    trace = load_trace(run)
+    body = check_trace_format(trace)  # the wait nests inside its request; the gaps on their own threads
+    assert trace["metadata"]["unknown_events"] == {}
+    points = [(e["ts"], e["args"]["value"]) for e in body if e["name"] == "server requests running"]
+    assert points == [(100_000, 4.0), (800_000, 4.0)]  # nothing between 0.3 s and 0.7 s claims 4 requests
+    gaps = {named_threads(trace)[(5, e["tid"])]: e for e in body if e["ph"] == "X" and e["pid"] == 5}
+    assert set(gaps) == {
+        "no data: server requests running",
+        "no data: server requests waiting",
+        "no data: server generation tokens/s",
+    }
+    gap = gaps["no data: server requests running"]
+    assert gap["name"] == "no data (error)" and (gap["ts"], gap["dur"]) == (400_000, 400_000)
+    assert gap["args"]["samples"] == 4 and "Connection refused" in gap["args"]["error"]
+    outage = next(e for e in body if e["name"] == "server unavailable: admission paused")
+    assert (outage["pid"], outage["ts"], outage["dur"]) == (4, 400_000, 400_000)
+    assert outage["args"].items() >= {"failures": 2, "paused_s": 0.4, "probes": 8}.items()
+    wait = next(e for e in body if e["name"] == "waiting for the server")
+    request = next(e for e in body if e["name"] == "model turn 0" and e["pid"] == 1)
+    assert wait["tid"] == request["tid"] and (wait["ts"], wait["dur"]) == (410_000, 390_000)
+
+    data = timeline_data(run)
+    running = dict(data["counters"])["server requests running"]
+    assert running == [[100_000, 4.0], [400_000, None], [800_000, 4.0]]  # the line breaks at 0.3 s
+    lines = dict(data["telemetry"]["lines"])
+    assert lines["gaps (lines broken)"].startswith("server requests running: 1 (0.4 s; error)")
+    assert dict(data["header"])["server unavailable"] == (
+        "once, admission paused 0.4 s in the measured window; 1 request waited 0.39 s for it"
+        " (inside model latency)"
+    )
+    assert {data["cats"][s[3]] for s in data["spans"]} >= {"circuit"}
+
+
+def test_thinning_a_long_counter_keeps_its_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "MAX_COUNTER_POINTS", 8)
+    series: list[tuple[float, float | None]] = [(i / 10, float(i % 5)) for i in range(40)]
+    series[20] = (2.0, None)
+    out = timeline._thin(series, 0.0)
+    assert len(out) < len(series) and [2_000_000, None] in out
+    assert out[out.index([2_000_000, None]) + 1][0] > 2_000_000  # the next point comes after the gap
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (.ci/run installs it)"
+)
+def test_a_page_with_gaps_and_an_outage_draws_in_headless_chromium(tmp_path: Path) -> None:
+    page = write_timeline(make_run(tmp_path, outage_events(), summary=OUTAGE_SUMMARY))
+    attrs, console = chromium_page(page, tmp_path)
+    assert console == [] and "error" not in attrs, attrs
+    assert attrs["counters"] == str(len(page_data(page.read_text())["counters"]))

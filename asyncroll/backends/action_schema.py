@@ -164,6 +164,8 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
     ``submit``; every other case requires one JSON object that conforms to the turn's ``schema``."""
     if text is None:
         raise InvalidActionError("the response has no message content")
+    if not isinstance(text, str):  # the HTTP backend reads text parts; a caller passing anything else
+        raise InvalidActionError(f"the response's content is {type(text).__name__}, not text")
     if code and not structured:
         source = strip_fence(text)
         if not source.strip():
@@ -172,13 +174,17 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
     body = text if structured else strip_fence(text)
     try:
         data = json.loads(body)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int past the digit limit, deep nesting
         raise InvalidActionError(f"the response is not JSON ({exc}): {text[:200]!r}") from exc
-    problems = schema_errors(data, schema)
+    try:
+        problems = schema_errors(data, schema)
+    except RecursionError as exc:
+        raise InvalidActionError("the action is nested too deeply to check against the schema") from exc
     if problems:
         raise InvalidActionError("the action does not match the turn's schema: " + "; ".join(problems))
     try:
         action: Action = _ACTION.validate_python(data)
-    except ValidationError as exc:
-        raise InvalidActionError(f"the action does not validate: {exc.errors(include_url=False)}") from exc
+    except (ValidationError, RecursionError) as exc:
+        detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else "nested too deeply"
+        raise InvalidActionError(f"the action does not validate: {detail}") from exc
     return action

@@ -17,14 +17,17 @@ One persistent :class:`httpx.AsyncClient` per run, its connection pool sized to 
 Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (status, whether a complete
 response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
 and ``schema_rejected`` (a response), ``bad_response`` (a 200 whose body is not an OpenAI completion) and
-``invalid_action`` (a completion whose content is not a valid action). Retries and the server circuit
-are in :mod:`asyncroll.backends.retry`.
+``invalid_action`` (a completion whose content is not a valid action). Whatever a 200 body holds, reading
+it never raises anything else (:func:`read_completion`): a message ``content`` given as a list of text
+parts is joined, as OpenAI-compatible servers mean it; any other shape is ``bad_response``; a ``usage``
+that is not an object is ignored (token counts ``null``). Retries and the server circuit are in
+:mod:`asyncroll.backends.retry`; the circuit's openings and closings are events (``server_unavailable``,
+``server_available``), and a request that waited for it says so (``model_paused``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -42,12 +45,13 @@ from asyncroll.backends.action_schema import (
     turn_schema,
 )
 from asyncroll.backends.base import ModelRequest, ModelResponse
+from asyncroll.backends.http_errors import describe_transport_error
 from asyncroll.backends.retry import Circuit, RetryPolicy, is_retryable, means_unavailable
 from asyncroll.backends.scripted import scripted_action
 from asyncroll.clock import Clock
 from asyncroll.config import RunConfig, ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
-from asyncroll.events import EventLog, ModelRetrying
+from asyncroll.events import EventLog, ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
 from asyncroll.workload import Action
 
 ACTION_HEADER = "x-asyncroll-action"
@@ -165,12 +169,12 @@ class OpenAIBackend:
             raise ModelError(
                 "transport",
                 f"cannot probe the server kind at {self.settings.endpoint}/v1/models "
-                f"({type(exc).__name__}: {exc}); "
-                "declare it with --server-kind vllm|sglang|transformers|generic",
+                f"({describe_transport_error(exc)}); check that the server runs at --endpoint, or "
+                "declare its kind with --server-kind vllm|sglang|transformers|generic to skip the probe",
             ) from exc
         try:
             owners = {str(m.get("owned_by", "")) for m in response.json()["data"]}
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return "generic", f"probed: /v1/models answered HTTP {response.status_code} without a model list"
         for owner, kind in KIND_FROM_OWNER.items():
             if owner in owners:
@@ -203,13 +207,21 @@ class OpenAIBackend:
         }
 
     async def aclose(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        """Stop the circuit watch and close the HTTP client (always, whatever the watch did).
+
+        A watch that failed (``--server-down-timeout``) already failed the run through the task group
+        that owns it: its error is consumed here, not raised a second time."""
+        watch, self._watch = self._watch, None
+        try:
+            if watch is not None:
+                watch.cancel()
+                await asyncio.wait((watch,))  # never raises the watch's own error; our cancellation does
+                if not watch.cancelled():
+                    watch.exception()  # retrieved: reported once, by the task group
+        finally:
+            if self._client is not None:
+                client, self._client = self._client, None
+                await client.aclose()
 
     async def wait_available(self) -> None:
         """Admission awaits this before admitting a trajectory: returns at once unless the server is down."""
@@ -219,10 +231,17 @@ class OpenAIBackend:
         """While the circuit is open, probe ``/health``; fail the run if the server stays down too long."""
         while True:
             await self.circuit.wait_opened()
-            opened = self._clock.now()
+            opened = self.circuit.snapshot().open_since
+            if opened is None:  # closed again meanwhile
+                continue
+            probes = 0
             while self.circuit.is_open:
+                probes += 1
                 if await self._healthy():
                     self.circuit.close()
+                    if self._events is not None:
+                        paused = round(self._clock.now() - opened, 6)
+                        self._events.emit(ServerAvailable(paused_s=paused, probes=probes))
                     break
                 down = self._clock.now() - opened
                 if down >= self.settings.server_down_timeout:
@@ -317,13 +336,16 @@ class OpenAIBackend:
         attempt = 0
         while True:
             attempt += 1
-            await self.circuit.wait_closed()
+            if self.circuit.is_open:
+                await self._wait_for_server(request, attempt)
             try:
                 status, payload = await self._attempt(body, headers)
                 break
             except _AttemptFailed as exc:
-                if means_unavailable(exc.kind, exc.status):
-                    self.circuit.record_unavailable(self._clock.now())
+                if means_unavailable(exc.kind, exc.status) and self.circuit.record_unavailable(
+                    self._clock.now()
+                ):
+                    self._opened(exc)
                 if attempt <= s.retry.max_retries and is_retryable(exc.kind, exc.status):
                     delay = s.retry.delay(attempt, self._rng, exc.headers)
                     self.retries += 1
@@ -347,20 +369,36 @@ class OpenAIBackend:
         self.circuit.record_success()
         return self._parse(request, scripted, status, payload, attempt)
 
+    def _opened(self, exc: _AttemptFailed) -> None:
+        """The circuit just opened on ``exc``: record it (admission pauses from now on)."""
+        if self._events is not None:
+            snap = self.circuit.snapshot()
+            self._events.emit(
+                ServerUnavailable(
+                    failures=snap.consecutive_failures, reason=f"{exc.kind}: {exc}"[:500], opened=snap.opened
+                )
+            )
+
+    async def _wait_for_server(self, request: ModelRequest, attempt: int) -> None:
+        """Wait for the open circuit to close before an attempt, and record how long that took."""
+        began = self._clock.now()
+        await self.circuit.wait_closed()
+        if self._events is not None:
+            waited = round(self._clock.now() - began, 6)
+            self._events.emit(
+                ModelPaused(id=request.trajectory_id, turn=request.turn, attempt=attempt, waited_s=waited)
+            )
+
     def _parse(
         self, request: ModelRequest, scripted: Action | None, status: int, payload: bytes, attempts: int
     ) -> ModelResponse:
         parse_start = self._clock.now()
         try:
-            data = orjson.loads(payload)
-            choice = data["choices"][0]
-            content = choice["message"].get("content")
-            usage = data.get("usage") or {}
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            completion = read_completion(payload)
+        except NotACompletion as exc:
             raise ModelError(
                 "bad_response",
-                f"HTTP {status} body is not an OpenAI chat completion ({type(exc).__name__}: {exc}): "
-                f"{payload[:200]!r}",
+                f"HTTP {status} body is not an OpenAI chat completion ({exc}): {payload[:200]!r}",
                 status=status,
                 response_received=True,
                 parse_s=round(self._clock.now() - parse_start, 6),
@@ -371,14 +409,14 @@ class OpenAIBackend:
         else:
             try:
                 action = parse_action(
-                    content,
+                    completion.content,
                     turn_schema(request.problem, request.turn),
                     structured=self.settings.structured,
                     code=is_code_workload(request.problem),
                 )
             except InvalidActionError as exc:
-                finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-                note = " (finish_reason=length: max_tokens cut it short)" if finish == "length" else ""
+                length = completion.finish_reason == "length"
+                note = " (finish_reason=length: max_tokens cut it short)" if length else ""
                 err = InvalidActionError(
                     f"{exc}{note}", status=status, parse_s=round(self._clock.now() - parse_start, 6)
                 )
@@ -386,8 +424,8 @@ class OpenAIBackend:
                 raise err from exc
         return ModelResponse(
             action=action,
-            prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
-            completion_tokens=_int_or_none(usage.get("completion_tokens")),
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
         )
 
     async def _attempt(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
@@ -405,9 +443,7 @@ class OpenAIBackend:
                 "timeout", f"no response within {self.settings.request_timeout:g}s", None, None, False
             ) from exc
         except httpx.TransportError as exc:
-            raise _AttemptFailed(
-                "transport", f"{type(exc).__name__}: {exc or 'connection failed'}", None, None, False
-            ) from exc
+            raise _AttemptFailed("transport", describe_transport_error(exc), None, None, False) from exc
         status = response.status_code
         if status != 200:
             text = response.text[:500]
@@ -420,3 +456,79 @@ class OpenAIBackend:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class NotACompletion(ValueError):
+    """A 200 body that is not an OpenAI chat completion; the message says what is wrong with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What asyncroll reads of a chat completion: the first choice's text and the token usage."""
+
+    content: str | None
+    finish_reason: Any
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+def _json_kind(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def message_text(content: Any) -> str | None:
+    """A message's ``content`` as text: a string as is, ``null`` as None, a list of text parts
+    (``[{"type": "text", "text": ...}, ...]``, as some OpenAI-compatible servers send) joined in order.
+    Anything else raises :class:`NotACompletion`."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        kind = _json_kind(content)
+        raise NotACompletion(
+            f"choices[0].message.content is a JSON {kind}, not a string or a list of text parts"
+        )
+    texts: list[str] = []
+    for i, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            what = repr(part.get("type")) if isinstance(part, dict) else f"a JSON {_json_kind(part)}"
+            raise NotACompletion(f"choices[0].message.content[{i}] is not a text part (type {what})")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def read_completion(payload: bytes) -> Completion:
+    """The parts of a 200 body asyncroll uses. Raises :class:`NotACompletion` (and nothing else) when
+    the body is not a chat completion: not JSON, not an object, no ``choices`` list, a first choice
+    without a ``message`` object, or a ``content`` that is neither text nor text parts. A ``usage``
+    that is not an object, or token counts that are not integers, give ``None`` counts."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise NotACompletion(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise NotACompletion(f"a JSON {_json_kind(data)}, not an object")
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        raise NotACompletion(
+            "no choices list" if choices is None else f"choices is a JSON {_json_kind(choices)}"
+        )
+    if not choices:
+        raise NotACompletion("choices is empty")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise NotACompletion(f"choices[0] is a JSON {_json_kind(choice)}, not an object")
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        what = "missing" if message is None else f"a JSON {_json_kind(message)}"
+        raise NotACompletion(f"choices[0].message is {what}, not an object")
+    content = message_text(message.get("content"))
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    return Completion(
+        content,
+        choice.get("finish_reason"),
+        _int_or_none(usage.get("prompt_tokens")),
+        _int_or_none(usage.get("completion_tokens")),
+    )

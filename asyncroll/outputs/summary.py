@@ -24,10 +24,13 @@ from asyncroll.events import (
     Event,
     ModelFailed,
     ModelFinished,
+    ModelPaused,
     ModelRetrying,
     ModelStarted,
     ResourceProbe,
     ResourceSample,
+    ServerAvailable,
+    ServerUnavailable,
     TrajectoryFinished,
     TrajectoryStarted,
     WorkerRestarting,
@@ -37,6 +40,9 @@ from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
 
 SUMMARY_SCHEMA_VERSION = 1
+#: ``model_failed`` kinds that are a response the server sent (HTTP 200) but not a valid action: they
+#: are in ``validity_rate``'s denominator. Transport failures, timeouts and error statuses are not.
+RECEIVED_INVALID = ("invalid_action", "bad_response")
 
 
 def distribution(samples: Sequence[float]) -> dict[str, float | int | None]:
@@ -88,6 +94,11 @@ class SummaryBuilder:
         self.model_finished = 0
         self.model_failed: Counter[str] = Counter()
         self.model_retries: Counter[str] = Counter()  # failed attempts that were retried, by error kind
+        # The HTTP backend's server circuit: (opened at, closed at or None) per opening, and the waits
+        # of requests that found it open (inside their latency).
+        self.circuit_spans: list[list[float | None]] = []
+        self.circuit_waits = 0
+        self.circuit_wait_s = 0.0
         self.tool_calls = 0
         self.tool_errors = 0
         self.cpu_failures: Counter[str] = Counter()
@@ -134,6 +145,9 @@ class SummaryBuilder:
             ModelFinished: self._model_finished,
             ModelFailed: self._model_failed,
             ModelRetrying: self._model_retrying,
+            ModelPaused: self._model_paused,
+            ServerUnavailable: self._server_unavailable,
+            ServerAvailable: self._server_available,
             CpuEnqueued: self._cpu_enqueued,
             CpuSelected: self._cpu_selected,
             CpuFinished: self._cpu_finished,
@@ -173,6 +187,35 @@ class SummaryBuilder:
 
     def _model_retrying(self, event: ModelRetrying) -> None:
         self.model_retries[event.kind] += 1
+
+    def _model_paused(self, event: ModelPaused) -> None:
+        self.circuit_waits += 1
+        self.circuit_wait_s += event.waited_s
+
+    def _server_unavailable(self, event: ServerUnavailable) -> None:
+        self.circuit_spans.append([event.t, None])
+
+    def _server_available(self, event: ServerAvailable) -> None:
+        if self.circuit_spans and self.circuit_spans[-1][1] is None:
+            self.circuit_spans[-1][1] = event.t
+
+    def _circuit(self, makespan_s: float | None) -> dict[str, Any]:
+        """How often the server circuit opened and how long admission was paused inside the measured
+        window (an opening still open at the end counts up to the end of the window)."""
+        paused: float | None = None
+        if makespan_s is not None:
+            paused = 0.0
+            for opened, closed in self.circuit_spans:
+                assert opened is not None
+                end = makespan_s if closed is None else min(closed, makespan_s)
+                paused += max(0.0, end - max(opened, 0.0))
+        return {
+            "opened": len(self.circuit_spans),
+            "paused_s": None if paused is None else round(paused, 6),
+            "open_at_end": bool(self.circuit_spans) and self.circuit_spans[-1][1] is None,
+            "requests_waited": self.circuit_waits,
+            "request_wait_s": round(self.circuit_wait_s, 6),
+        }
 
     def _cpu_enqueued(self, event: CpuEnqueued) -> None:
         self._resubmission[event.job_id] = event.resubmission
@@ -341,7 +384,7 @@ class SummaryBuilder:
         finished = sum(self.status.values())
         completed = self.status["completed"]
         s = self.samples
-        invalid = self.model_failed["invalid_action"]
+        invalid = sum(self.model_failed[kind] for kind in RECEIVED_INVALID)
         responses = self.model_finished + invalid
         hours = makespan_s / 3600.0
         phase_totals = {
@@ -388,6 +431,7 @@ class SummaryBuilder:
                 "finished": self.model_finished,
                 "failed": dict(self.model_failed),
                 "retries": dict(self.model_retries),
+                "circuit": self._circuit(makespan_s if measured else None),
             },
             "tools": {
                 "calls": self.tool_calls,

@@ -7,7 +7,8 @@ data sits in a ``<script type="application/json">`` block with ``<``, ``>`` and 
 (a trajectory id such as ``</script>``) can end the block early. Large runs are down-sampled, never silently
 truncated: past ``MAX_SPANS`` the trajectory spans and failed/incomplete spans stay individual, the rest are
 merged per row into bars (spans closer than about a pixel at full view), and the page says how many spans it
-drew individually of how many.
+drew individually of how many. A telemetry counter's line is broken wherever its samples were null (the
+page never holds the last good value across a gap), and the telemetry section lists those gaps.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ SHARED_FIRST_ABOVE = 200  # trajectory rows beyond which workers and request slo
 MAX_COUNTER_POINTS = 4_000
 MAX_BARS = 30_000
 BUCKETS = 1_000  # at full view, spans closer than 1/BUCKETS of the run merge when down-sampled
-CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute")
+CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute", "circuit")
 STATES = ("ok", "failed", "incomplete", "unmatched")
 _ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
 
@@ -99,7 +100,30 @@ def _header(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> list[l
         ["makespan", _fmt(makespan, " s")],
         ["reorders", f"{_fmt(sched.get('reorders'))} of {_fmt(sched.get('decisions'))} scheduler decisions"],
         ["sampled starvation", _starvation(_sub(summary, "resources"), makespan)],
+        *_circuit(_sub(_sub(summary, "model"), "circuit"), a),
     ]
+
+
+def _circuit(circuit: dict[str, Any], a: Activity) -> list[list[str]]:
+    """A header line when the inference server was unavailable (the HTTP backend's circuit opened)."""
+    opened = circuit.get("opened")
+    if not isinstance(opened, int) or not opened:
+        drawn = sum(1 for s in a.spans if s.cat == "circuit" and s.track == ("scheduler", 0))
+        return [["server unavailable", f"{_times(drawn)} (scheduler row)"]] if drawn else []
+    text = f"{_times(opened)}, admission paused {_fmt(circuit.get('paused_s'), ' s')} in the measured window"
+    if circuit.get("open_at_end"):
+        text += " (still unavailable at its end)"
+    waited = circuit.get("requests_waited")
+    if waited:
+        text += (
+            f"; {_fmt(waited)} request{'s' if waited != 1 else ''} waited"
+            f" {_fmt(circuit.get('request_wait_s'), ' s')} for it (inside model latency)"
+        )
+    return [["server unavailable", text]]
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n:,} times"
 
 
 def _pct(x: Any) -> str:
@@ -163,6 +187,15 @@ def _telemetry(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> dic
         lines.append(["sampling errors", _fmt(tele["errors"])])
     drawn = [RESOURCE_LABELS[k] for k in RESOURCE_LABELS if a.counters.get(k)]
     lines.append(["drawn as counters", ", ".join(drawn) or "none (no sample carried a value)"])
+    if a.counter_gaps:
+        parts = []
+        for name in RESOURCE_LABELS:
+            gaps = [g for g in a.counter_gaps if g.name == name]
+            if gaps:
+                seconds = sum(g.end - g.start for g in gaps)
+                reasons = sorted({r for g in gaps for r in g.reasons})
+                parts.append(f"{RESOURCE_LABELS[name]}: {len(gaps)} ({seconds:.3g} s; {', '.join(reasons)})")
+        lines.append(["gaps (lines broken)", "; ".join(parts)[:400]])
     return {"sources": sources, "note": note, "lines": lines[:60]}
 
 
@@ -229,15 +262,24 @@ def _aggregate(
         gap *= 2
 
 
-def _thin(series: list[tuple[float, float]], t0: float) -> list[list[float]]:
-    """Counter points in µs since ``t0``; long series keep each bucket's maximum and its last value."""
-    us: list[list[float]] = [[round((t - t0) * 1e6), v] for t, v in series]
+def _thin(series: list[tuple[float, float | None]], t0: float) -> list[list[Any]]:
+    """Counter points in µs since ``t0``; long series keep each bucket's maximum and its last value.
+    A ``None`` point (the value unknown from there on) is always kept, so a gap never closes."""
+    us: list[list[Any]] = [[round((t - t0) * 1e6), v] for t, v in series]
     if len(us) <= MAX_COUNTER_POINTS:
         return us
     step, out = math.ceil(len(us) / (MAX_COUNTER_POINTS // 2)), []
     for i in range(0, len(us), step):
-        chunk = us[i : i + step]
-        out += [[chunk[0][0], max(v for _, v in chunk)], chunk[-1]]
+        run: list[list[Any]] = []
+        for point in [*us[i : i + step], None]:
+            if point is not None and point[1] is not None:
+                run.append(point)
+                continue
+            if run:  # a run of known values: its maximum at its start, then its last value
+                out += [[run[0][0], max(v for _, v in run)], run[-1]]
+                run = []
+            if point is not None:
+                out.append(point)
     return out
 
 

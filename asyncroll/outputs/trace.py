@@ -9,6 +9,15 @@ line, keeps only the open begins and the finished spans, and never crashes on a 
 of unknown event types (a newer schema) and invalid lines are skipped and counted. Pairing is robust by
 design: a failed end labels its span, a begin without an end is drawn to the last timestamp of the run as
 "(incomplete)", and an end without a begin becomes an "(unmatched end)" instant; nothing is dropped.
+
+A telemetry value that a sample did not give (``null``) is never drawn as the last good value: its
+counter series gets a ``None`` point where the value stops being known (``timeline.html`` breaks its line
+there) and the run of null samples becomes a :class:`CounterGap`. Chrome's trace format has no way to
+say a counter is unknown (a counter track holds its last value until the next point), so ``trace.json``
+emits counter points only where known and draws each gap as a "no data" slice on a thread of its own
+under the telemetry process, spanning the null samples. The HTTP backend's server circuit
+(``server_unavailable`` → ``server_available``) is a "server unavailable" span on the scheduler track, and
+a request's wait for it (``model_paused``) a span inside that request on its trajectory.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from pydantic import ValidationError
 from asyncroll import events as ev
 
 Track = tuple[str, Any]  # ("trajectory", id) | ("worker", n) | ("model", lane) | ("scheduler", 0)
+# | ("telemetry", resource field): the gaps of that field's counter
 KNOWN_EVENTS: frozenset[str] = frozenset(
     cls.model_fields["event"].default for cls in typing.get_args(typing.get_args(ev.AnyEvent)[0])
 )
@@ -73,6 +83,23 @@ class Span:
 
 
 @dataclass(slots=True)
+class CounterGap:
+    """A run of samples in which a telemetry counter had no value, after it had one: from the first
+    null sample to the next sample with a value (or the last sample of the run)."""
+
+    name: str
+    start: float
+    end: float
+    samples: int = 0
+    reasons: list[str] = field(default_factory=list)  # the samples' null reasons, each once
+    error: str | None = None  # the first sampling error inside the gap, if any
+
+    @property
+    def label(self) -> str:
+        return f"no data ({', '.join(self.reasons) or 'null'})"
+
+
+@dataclass(slots=True)
 class _Open:
     tracks: tuple[Track, ...]
     cat: str
@@ -87,9 +114,11 @@ class Activity:
 
     spans: list[Span] = field(default_factory=list)
     instants: list[Span] = field(default_factory=list)
-    counters: dict[str, list[tuple[float, float]]] = field(
+    #: (t, value) steps; a ``None`` value: unknown from t until the next point (telemetry only)
+    counters: dict[str, list[tuple[float, float | None]]] = field(
         default_factory=lambda: {k: [] for k in COUNTER_LABELS}
     )
+    counter_gaps: list[CounterGap] = field(default_factory=list)
     trajectories: list[Any] = field(default_factory=list)
     workers: set[int] = field(default_factory=set)
     model_lanes: int = 0
@@ -102,6 +131,7 @@ class Activity:
     #: the ``resource_probe`` sources as found before the clock started (None: no probe event in the run)
     telemetry_sources: list[dict[str, Any]] | None = None
     resource_samples: int = 0
+    last_sample_t: float | None = None
 
 
 def _pick(e: ev.Event, *names: str) -> dict[str, Any]:
@@ -124,6 +154,8 @@ class _Pairer:
         self.active = 0
         self.free_lanes: list[int] = []
         self.lane_of: dict[int, int] = {}
+        self.gaps: dict[str, CounterGap] = {}  # telemetry counters without a value now
+        self.model_began: dict[Any, float] = {}  # trajectory → start of its latest model request
 
     def traj(self, tid: Any) -> Track:
         if tid not in self.seen_traj:
@@ -135,7 +167,7 @@ class _Pairer:
         self.a.workers.add(n)
         return ("worker", n)
 
-    def count(self, name: str, t: float, value: float) -> None:
+    def count(self, name: str, t: float, value: float | None) -> None:
         series = self.a.counters.setdefault(name, [])
         if not series or series[-1][1] != value:
             series.append((t, value))
@@ -236,6 +268,7 @@ class _Pairer:
         self.a.model_lanes = max(self.a.model_lanes, lane + 1)
         self.lane_of[e.request_id] = lane
         args["trajectory"] = e.id
+        self.model_began[e.id] = e.t
         self.begin("model", e.request_id, (track, ("model", lane)), f"model turn {e.turn}", e.t, args)
         self.outstanding.add(e.request_id)
         self.count("model_outstanding", e.t, len(self.outstanding))
@@ -307,6 +340,22 @@ class _Pairer:
         args = _pick(e, "attempt", "kind", "status", "delay_s", "error")
         self.instant(self.traj(e.id), "retry", f"model retry {e.attempt}: {e.kind}", e.t, args)
 
+    def on_model_paused(self, e: ev.ModelPaused) -> None:
+        # inside its request's span (clamped there: both ends are rounded to the microsecond)
+        start = min(e.t, max(e.t - e.waited_s, self.model_began.get(e.id, e.t - e.waited_s)))
+        args = _pick(e, "turn", "attempt", "waited_s")
+        self.a.spans.append(
+            Span(self.traj(e.id), "circuit", "waiting for the server", start, e.t, "ok", args)
+        )
+
+    def on_server_unavailable(self, e: ev.ServerUnavailable) -> None:
+        args = _pick(e, "failures", "reason", "opened")
+        name = "server unavailable: admission paused"
+        self.begin("circuit", 0, (("scheduler", 0),), name, e.t, args)
+
+    def on_server_available(self, e: ev.ServerAvailable) -> None:
+        self.end("circuit", 0, e.t, "ok", (("scheduler", 0),), None, _pick(e, "paused_s", "probes"))
+
     def on_resource_probe(self, e: ev.ResourceProbe) -> None:
         sources = [s.model_dump(mode="json", exclude={"detail"}) for s in e.sources]
         self.a.telemetry_sources = sources
@@ -317,16 +366,39 @@ class _Pairer:
         self.instant(("scheduler", 0), "telemetry", "telemetry probe", e.t, args)
 
     def on_resource_sample(self, e: ev.ResourceSample) -> None:
-        self.a.resource_samples += 1
+        a = self.a
+        a.resource_samples += 1
+        a.last_sample_t = e.t
         for name in RESOURCE_LABELS:
             value = getattr(e, name)
             if value is not None and math.isfinite(value):
+                gap = self.gaps.pop(name, None)
+                if gap is not None:
+                    gap.end = e.t
+                    a.counter_gaps.append(gap)
                 self.count(name, e.t, round(value, 6))
+                continue
+            if not a.counters.get(name):
+                continue  # never known yet: nothing is drawn that could be held over
+            gap = self.gaps.get(name)
+            if gap is None:
+                gap = self.gaps[name] = CounterGap(name, e.t, e.t)
+                self.count(name, e.t, None)  # the value stops being known here
+            gap.samples += 1
+            reason = e.nulls.get(name) or ("missing" if value is None else "invalid")
+            if reason not in gap.reasons:
+                gap.reasons.append(reason)
+            if gap.error is None and e.errors:
+                gap.error = e.errors[0][:300]
 
     def finish(self) -> Activity:
         for entry in self.open.values():
             self.close(entry, self.a.t_max, "incomplete", {})
         self.open.clear()
+        for gap in self.gaps.values():  # still without a value at the last sample
+            gap.end = max(gap.start, self.a.last_sample_t or gap.start)
+            self.a.counter_gaps.append(gap)
+        self.gaps.clear()
         return self.a
 
 
@@ -365,6 +437,8 @@ def _ev(ph: str, name: str, pid: int, tid: int, **fields: Any) -> dict[str, Any]
 def _thread_label(kind: str, key: Any) -> str:
     if kind == "trajectory":
         return "(no trajectory)" if key is None else f"trajectory {key}"
+    if kind == "telemetry":
+        return f"no data: {RESOURCE_LABELS.get(key, key)}"
     return {"worker": f"worker {key}", "model": f"request slot {key}"}.get(kind, "scheduler")
 
 
@@ -376,6 +450,9 @@ def chrome_trace(a: Activity) -> dict[str, Any]:
     tids: dict[Track, int] = {("trajectory", x): i + 1 for i, x in enumerate(a.trajectories)}
     tids |= {("worker", w): i + 1 for i, w in enumerate(sorted(a.workers))}
     tids |= {("model", n): n + 1 for n in range(a.model_lanes)} | {("scheduler", 0): 1}
+    if "telemetry" in pids:  # one thread per counter with gaps, below the counters
+        gapped = [k for k in RESOURCE_LABELS if any(g.name == k for g in a.counter_gaps)]
+        tids |= {("telemetry", k): i + 1 for i, k in enumerate(gapped)}
     meta: list[dict[str, Any]] = []
     for kind, pid in pids.items():
         label = {"trajectory": "trajectories", "worker": "workers", "model": "model requests"}.get(kind, kind)
@@ -398,7 +475,14 @@ def chrome_trace(a: Activity) -> dict[str, Any]:
         body.append(_ev("i", s.label, pid, tid, cat=s.cat, s=scope, ts=ts, args=args))
     for name, series in a.counters.items():
         label, pid = COUNTER_LABELS.get(name) or RESOURCE_LABELS[name], COUNTER_PID[name]
-        body += [_ev("C", label, pid, 0, ts=_us(t, o), args={"value": v}) for t, v in series]
+        body += [_ev("C", label, pid, 0, ts=_us(t, o), args={"value": v}) for t, v in series if v is not None]
+    for gap in a.counter_gaps:
+        ts, tid = _us(gap.start, o), tids[("telemetry", gap.name)]
+        args = {"field": gap.name, "samples": gap.samples, "reasons": gap.reasons}
+        if gap.error is not None:
+            args["error"] = gap.error
+        dur = max(0, _us(gap.end, o) - ts)
+        body.append(_ev("X", gap.label, pids["telemetry"], tid, cat="telemetry", ts=ts, dur=dur, args=args))
     body.sort(key=lambda x: (x["ts"], -x.get("dur", 0)))  # stable: parents before children, counters in order
     info = {
         "events": a.events,

@@ -1,30 +1,56 @@
 """The model gate: the one limiter of concurrent model requests (``max_inflight_model_requests``).
 
 Its snapshot gives the supply signal policies read: *model outstanding* = requests queued for a slot plus
-requests in flight.
+requests in flight. Every request that took a slot ends with ``model_finished`` or ``model_failed``; one
+still in flight when the run is stopped ends with ``model_failed`` of kind ``cancelled`` (as a CPU job
+holding a worker gets ``cpu_failed`` reason ``cancelled``), and one still queued for a slot, never sent,
+leaves the queue without an ending event (as a queued CPU job does).
+
+On a real clock the gate also follows the HTTP backend's server circuit from the event stream
+(``server_unavailable``/``server_available``), so that the live view (``--metrics-port``) can say when
+admission is paused because the server is down, how often that happened and for how long.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from asyncroll.backends.base import ModelResponse
 from asyncroll.clock import Clock
 from asyncroll.errors import ModelError
-from asyncroll.events import EventLog, ModelEnqueued, ModelFailed, ModelFinished, ModelStarted
+from asyncroll.events import (
+    Event,
+    EventLog,
+    ModelEnqueued,
+    ModelFailed,
+    ModelFinished,
+    ModelStarted,
+    ServerAvailable,
+    ServerUnavailable,
+)
 from asyncroll.runtime.limiter import FifoLimiter
 from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
 
 
 @dataclass(frozen=True, slots=True)
 class ModelGateSnapshot:
+    """``requests``: enqueued so far; ``started``: those that took a slot; ``failures``: ended in
+    ``model_failed`` (not counting ``cancelled``); ``server_*``: the HTTP backend's circuit (open now,
+    times opened, seconds open so far, the current opening included)."""
+
     limit: int
     inflight: int
     queued: int
     peak_inflight: int
     requests: int
     failures: int
+    started: int = 0
+    cancelled: int = 0
+    server_unavailable: bool = False
+    server_unavailable_count: int = 0
+    server_unavailable_s: float = 0.0
 
     @property
     def outstanding(self) -> int:
@@ -39,7 +65,22 @@ class ModelGate:
         self._events = events
         self._ranges = ranges
         self._next_id = 0
+        self._started = 0
         self._failures = 0
+        self._cancelled = 0
+        self._down_since: float | None = None  # when the server circuit opened (clock time), while open
+        self._down_count = 0
+        self._down_s = 0.0
+        if not clock.virtual:  # only an HTTP backend opens a circuit; a simulation pays nothing for this
+            events.subscribe(self._follow_server)
+
+    def _follow_server(self, event: Event) -> None:
+        if type(event) is ServerUnavailable:
+            self._down_count += 1
+            self._down_since = self._clock.now()
+        elif type(event) is ServerAvailable and self._down_since is not None:
+            self._down_s += self._clock.now() - self._down_since
+            self._down_since = None
 
     @property
     def limit(self) -> int:
@@ -51,7 +92,21 @@ class ModelGate:
 
     def snapshot(self) -> ModelGateSnapshot:
         s = self._limiter.snapshot()
-        return ModelGateSnapshot(s.limit, s.holding, s.waiting, s.peak_holding, self._next_id, self._failures)
+        since = self._down_since
+        down_s = self._down_s + (0.0 if since is None else max(0.0, self._clock.now() - since))
+        return ModelGateSnapshot(
+            s.limit,
+            s.holding,
+            s.waiting,
+            s.peak_holding,
+            self._next_id,
+            self._failures,
+            started=self._started,
+            cancelled=self._cancelled,
+            server_unavailable=since is not None,
+            server_unavailable_count=self._down_count,
+            server_unavailable_s=down_s,
+        )
 
     async def call(
         self,
@@ -73,6 +128,7 @@ class ModelGate:
         finally:
             self._ranges.end(waiting)
         serving = self._ranges.start("model request", rid)
+        self._started += 1
         try:
             started = clock.now()
             events.emit(
@@ -100,6 +156,21 @@ class ModelGate:
                         response_received=exc.response_received,
                         parse_s=exc.parse_s,
                         attempts=exc.attempts,
+                    )
+                )
+                raise
+            except asyncio.CancelledError:
+                # The run is stopping under this request (the server may still be working on it): say so.
+                self._cancelled += 1
+                events.emit(
+                    ModelFailed(
+                        id=trajectory_id,
+                        request_id=rid,
+                        turn=turn,
+                        latency_s=round(clock.now() - started, 6),
+                        kind="cancelled",
+                        error="the run was stopped while this request was in flight",
+                        response_received=False,
                     )
                 )
                 raise

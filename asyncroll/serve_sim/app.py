@@ -5,7 +5,9 @@ as vLLM answers) → draw this request's faults → optional slow-down → choos
 the reply's size through :class:`~asyncroll.backends.server_model.BatchingServer` → answer with the
 OpenAI response shape, ``usage`` included. A client that disconnects first (a timeout, a cancelled
 trajectory, Ctrl-C) aborts its request as vLLM does: the sequence leaves the batch at once and the request
-is counted under status 499 in ``/sim/stats``.
+is counted under status 499 in ``/sim/stats``. A connection the server itself drops (``--reset-rate``,
+``--truncate-rate``) sent no complete response: it is counted under ``reset`` or ``truncated``, never
+under the status line a truncated reply began with.
 
 **The reply.** If the request carries ``X-Asyncroll-Action`` (asyncroll's replay mode puts the scripted
 action there), that action is echoed. Otherwise, with a ``json_schema`` response format, a schema-valid
@@ -89,6 +91,11 @@ class _Abort(Response):
         self._sim = sim
         self._part = headers_and_part
 
+    @property
+    def outcome(self) -> str:
+        """The ``/sim/stats`` key of this fault: no complete response was sent, so no status."""
+        return "reset" if self._part is None else "truncated"
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._part is not None:
             status, headers, part = self._part
@@ -114,7 +121,8 @@ class SimApp:
         self.inflight = 0
         self.peak_inflight = 0
         self.requests = 0
-        self.statuses: Counter[int] = Counter()
+        #: HTTP status (or ``reset``/``truncated``: no complete response sent) → requests
+        self.statuses: Counter[int | str] = Counter()
         self._seq = 0
         #: The last chat request bodies with the scripted-action header, for tests and debugging.
         self.recent_requests: deque[dict[str, Any]] = deque(maxlen=64)
@@ -176,7 +184,7 @@ class SimApp:
             "inflight": self.inflight,
             "peak_inflight": self.peak_inflight,
             "requests": self.requests,
-            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items(), key=lambda kv: str(kv[0]))},
             "faults": dict(self.faults.injected),
             "engine": asdict(snap),
             "kv_cache_usage": kv,
@@ -207,7 +215,7 @@ class SimApp:
             response = JSONResponse(error_body(str(exc), exc.status, exc.kind), status_code=exc.status)
         finally:
             self.inflight -= 1
-        self.statuses[response.status_code] += 1
+        self.statuses[response.outcome if isinstance(response, _Abort) else response.status_code] += 1
         return response
 
     async def _chat(self, request: Request, raw: bytes) -> Response:

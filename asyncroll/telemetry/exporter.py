@@ -96,8 +96,32 @@ class RuntimeCollector(Collector):
         yield counter("trajectories_completed", "Trajectories that completed.", snap.completed)
         yield counter("trajectories_failed", "Trajectories that failed.", snap.failed)
         yield counter("trajectories_started", "Trajectories admitted.", snap.admission.total_acquired)
-        yield counter("model_requests", "Model requests that took a slot.", snap.model.requests)
-        yield counter("model_request_failures", "Model requests that failed.", snap.model.failures)
+        yield counter("model_requests", "Model requests that took a slot.", snap.model.started)
+        yield counter(
+            "model_requests_enqueued",
+            "Model requests enqueued (waiting for a slot or beyond).",
+            snap.model.requests,
+        )
+        yield counter(
+            "model_request_failures",
+            "Model requests that failed (not counting those cancelled when the run stopped).",
+            snap.model.failures,
+        )
+        yield gauge(
+            "server_unavailable",
+            "1 while the inference server is unavailable (HTTP circuit open, admission paused), else 0.",
+            float(snap.model.server_unavailable),
+        )
+        yield counter(
+            "server_unavailable_events",
+            "Times the inference server became unavailable (the HTTP circuit opened).",
+            snap.model.server_unavailable_count,
+        )
+        yield counter(
+            "server_unavailable_seconds",
+            "Seconds the inference server was unavailable (admission paused), the current outage included.",
+            snap.model.server_unavailable_s,
+        )
         yield counter("scheduler_decisions", "CPU dispatch decisions of the policy.", snap.cpu.decisions)
         yield counter("scheduler_reorders", "Decisions that skipped the oldest CPU job.", snap.cpu.reorders)
         yield counter("worker_restarts", "Tool workers killed and replaced.", snap.pool.restarts)

@@ -16,9 +16,11 @@ generated tokens (counter)    ``vllm:generation_tokens_total`` ``sglang:generati
 
 Series whose ``model_name`` label names another model are ignored (one server may serve several);
 series without the label are kept. A quantity with no series is *missing*; one with a non-finite or
-negative value is *invalid*; both are ``None`` and reported by name, never replaced by zero. Counters are
-turned into per-second rates between two readings by :class:`CounterRate`, which detects resets (a
-restarted server's counter falls back towards zero).
+negative value, a line the parser rejects, or two series with the same labels is *invalid*; both are
+``None`` and reported by name, never replaced by zero (nor by the sum of the good series). Counters are
+turned into per-second rates by :class:`CounterRate`, series by series: each good series advances, and a
+series that was invalid or absent keeps its last good reading, so its next increase spans the gap. Resets
+(a restarted server's counter falls back towards zero) are detected per series.
 
 Only the lines of the wanted metrics are handed to ``prometheus_client``'s parser: a vLLM exposition is
 mostly histogram buckets, and parsing all of it on every sample would cost the client's event loop far
@@ -139,6 +141,8 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
     series: dict[str, list[tuple[SeriesKey, float]]] = {n: [] for n in names.all}
     broken: set[str] = set()
     others: set[str] = set()
+    seen: set[tuple[str, SeriesKey]] = set()
+    duplicated: dict[str, set[SeriesKey]] = {}  # the same labels twice: which value is right is unknown
     for name, sample in _wanted_samples(text, names.all):
         if isinstance(sample, ValueError):
             broken.add(name)
@@ -148,12 +152,16 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
         if model is not None and served is not None and served != model:
             others.add(served)
             continue
-        series[name].append((tuple(sorted(labels.items())), float(sample.value)))
+        key = tuple(sorted(labels.items()))
+        if (name, key) in seen:
+            duplicated.setdefault(name, set()).add(key)
+        seen.add((name, key))
+        series[name].append((key, float(sample.value)))
     nulls: dict[str, NullReason] = {}
 
     def gauge(key: str, name: str, combine: Any) -> float | None:
         values = [v for _, v in series[name]]
-        if name in broken or any(not _finite(v) for v in values):
+        if name in broken or name in duplicated or any(not _finite(v) for v in values):
             nulls[key] = "invalid"
             return None
         if not values:
@@ -170,7 +178,9 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
         kv = gauge("kv_cache_usage", kv_metric, max)
 
     def counter(key: str, name: str) -> dict[SeriesKey, float]:
-        good = {k: v for k, v in series[name] if _finite(v)}
+        """The good series (the quantity itself is null when any series is not good: see ``nulls``)."""
+        twice = duplicated.get(name, set())
+        good = {k: v for k, v in series[name] if _finite(v) and k not in twice}
         if name in broken or len(good) < len(series[name]):
             nulls[key] = "invalid"
         elif not good:
@@ -191,40 +201,43 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
 
 
 class CounterRate:
-    """Per-second rate of a (multi-series) Prometheus counter between consecutive readings.
+    """Per-second rate of a (multi-series) Prometheus counter: the sum of each series' own rate since
+    its last good reading (``sum(rate(...))`` in Prometheus terms).
 
-    A series whose value fell since the last reading was reset (the server restarted): its increase is
-    taken as its new value, as Prometheus' ``rate()`` does. Series seen for the first time contribute
-    nothing until their second reading. A reading with no valid series gives ``None`` and keeps the last
-    good one, so the next rate spans the gap.
+    Each series keeps its last good reading and when it was taken. A series absent from a reading, or
+    invalid in it (the caller leaves it out), keeps its previous reading, so its next increase spans the
+    gap instead of being lost; when every series was read at the same times this is Σ increases ÷ Δt. A
+    series whose value fell was reset (the server restarted): its increase is its new value, as
+    Prometheus' ``rate()`` takes it. A series seen for the first time contributes from its second
+    reading. ``complete=False`` (the quantity is invalid in this reading: some series are missing from
+    ``values``) advances the good series but gives no rate: a sum over part of the series is not the
+    quantity.
     """
 
     def __init__(self) -> None:
-        self._last: dict[SeriesKey, float] | None = None
-        self._at = 0.0
+        self._last: dict[SeriesKey, tuple[float, float]] = {}  # series → (value, when read)
         self.resets = 0
 
-    def update(self, values: dict[SeriesKey, float], at: float) -> tuple[float | None, int]:
+    def update(
+        self, values: dict[SeriesKey, float], at: float, *, complete: bool = True
+    ) -> tuple[float | None, int]:
         """Returns (tokens per second or None, resets detected in this reading)."""
-        if not values:
-            return None, 0
-        last, since = self._last, self._at
-        self._last, self._at = dict(values), at
-        if last is None or at <= since:
-            return None, 0
-        increase, common, resets = 0.0, 0, 0
+        rate, common, resets = 0.0, 0, 0
         for key, value in values.items():
-            prev = last.get(key)
+            prev = self._last.get(key)
+            if prev is not None and at <= prev[1]:
+                continue  # not after its last reading: nothing to measure, and keep that reading
+            self._last[key] = (value, at)
             if prev is None:
                 continue
             common += 1
-            if value < prev:
+            if value < prev[0]:
                 resets += 1
-                increase += value
+                rate += value / (at - prev[1])
             else:
-                increase += value - prev
+                rate += (value - prev[0]) / (at - prev[1])
         self.resets += resets
-        return (round(increase / (at - since), 6) if common else None), resets
+        return (round(rate, 6) if common and complete else None), resets
 
 
 @dataclass(slots=True)
@@ -323,8 +336,11 @@ class ServerMetricsSource:
         at = now()
         assert self.names is not None, "read() before a successful probe()"
         reading = parse_metrics(text, self.names, self.model)
-        prompt, r1 = self._prompt.update(reading.prompt_tokens, at)
-        generation, r2 = self._generation.update(reading.generation_tokens, at)
+        nulls = reading.nulls
+        prompt, r1 = self._prompt.update(reading.prompt_tokens, at, complete="prompt_tokens" not in nulls)
+        generation, r2 = self._generation.update(
+            reading.generation_tokens, at, complete="generation_tokens" not in nulls
+        )
         return ServerSample(
             running=reading.running,
             waiting=reading.waiting,

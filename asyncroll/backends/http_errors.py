@@ -1,0 +1,40 @@
+"""One readable line for an ``httpx`` transport error, whatever its text.
+
+Many of httpx's transport errors carry no text at all (``str(ReadError())`` is ``""``: the socket was
+reset, or the server closed the connection mid-response), so ``f"{name}: {exc}"`` printed ``ReadError: ``.
+:func:`describe_transport_error` names the exception type and falls back, in order, on the text of the
+error it was raised from (httpcore's), then on what that type of failure means. Looked up by class name
+along the exception's MRO, so this module imports nothing heavy (``--help`` stays fast).
+"""
+
+from __future__ import annotations
+
+#: What an httpx exception class means, for one that carries no text (most specific names first).
+_MEANING = {
+    "ConnectTimeout": "no connection within the timeout",
+    "ReadTimeout": "no response within the timeout",
+    "WriteTimeout": "the request could not be sent within the timeout",
+    "PoolTimeout": "no free connection in the pool within the timeout",
+    "ConnectError": "cannot connect to the server",
+    "ReadError": "the connection was closed or reset while reading the response",
+    "WriteError": "the connection was closed or reset while sending the request",
+    "RemoteProtocolError": "the server broke the HTTP protocol (e.g. closed the connection mid-response)",
+    "LocalProtocolError": "the request broke the HTTP protocol",
+    "UnsupportedProtocol": "the URL's scheme is not http:// or https://",
+    "ProxyError": "the proxy refused or failed the request",
+    "TimeoutException": "timed out",
+    "NetworkError": "the network connection failed",
+    "TransportError": "the connection failed",
+}
+
+
+def describe_transport_error(exc: BaseException) -> str:
+    """``"ReadError: the connection was closed or reset while reading the response"``, or the error's
+    own text where it has one (``"ConnectError: [Errno 111] Connection refused"``)."""
+    text = str(exc).strip()
+    cause = exc.__cause__ or exc.__context__
+    if not text and cause is not None:
+        text = str(cause).strip()
+    if not text:
+        text = next((_MEANING[c.__name__] for c in type(exc).__mro__ if c.__name__ in _MEANING), "")
+    return f"{type(exc).__name__}: {text or 'the connection failed'}"
