@@ -52,6 +52,7 @@ HTTP_ONLY = (
     "retry_max_delay",
     "circuit_failures",
     "server_down_timeout",
+    "warmup_requests",
 )
 
 
@@ -118,7 +119,8 @@ class RunConfig(BaseModel):
         if self.backend == "scripted":
             given = ["--" + name.replace("_", "-") for name in HTTP_ONLY if name in self.model_fields_set]
             if given:
-                problems.append(f"{', '.join(given)} only apply to HTTP backends (--backend vllm|openai)")
+                verb = "applies" if len(given) == 1 else "apply"
+                problems.append(f"{', '.join(given)} only {verb} to HTTP backends (--backend vllm|openai)")
         if "metrics_host" in self.model_fields_set and self.metrics_port is None:
             problems.append("--metrics-host only applies with --metrics-port")
         if not self.telemetry and (self.metrics_url or self.nvml_device is not None):

@@ -50,3 +50,16 @@ def test_a_bound_above_the_makespan_by_its_rounding_only_is_clamped() -> None:
     assert near["rounding_clamped"] and near["lower_bound_s"] == 1.000003 and near["efficiency"] == 1.0
     far = summary.bounds(0.99, limits)
     assert not far["rounding_clamped"] and far["efficiency"] is not None and far["efficiency"] > 1
+
+
+def test_a_bound_equal_to_the_reported_makespan_is_efficiency_one() -> None:
+    """The makespan is reported to 1 µs; a bound equal to that rounded value is efficiency 1, not
+    1.000016 against the clock's unrounded reading (seen on a 25 ms simulated run)."""
+    from asyncroll.outputs.summary import SummaryBuilder
+
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    summary = SummaryBuilder()
+    summary._add_work("t", 0.024808, model=True)
+    bounds = summary.bounds(0.0248076, limits)
+    assert bounds["lower_bound_s"] == 0.024808 and not bounds["rounding_clamped"]
+    assert bounds["efficiency"] == 1.0

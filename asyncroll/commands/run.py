@@ -34,9 +34,7 @@ def run(
     ] = None,
     max_turns: Annotated[int | None, Opt(help="Turns per trajectory (default 8).")] = None,
     max_tokens: Annotated[int | None, Opt(help="HTTP backends: tokens per model request (512).")] = None,
-    warmup_requests: Annotated[
-        int | None, Opt(help="Untimed warm-up requests (2; the scripted backend needs none).")
-    ] = None,
+    warmup_requests: Annotated[int | None, Opt(help="HTTP backends: untimed warm-up requests (2).")] = None,
     tool_timeout: Annotated[
         float | None, Opt(help="Seconds per tool job before the worker is killed (60).")
     ] = None,
@@ -97,7 +95,9 @@ def run(
     replay: Annotated[
         bool | None,
         Opt(
-            "--replay", help="HTTP backends: actions from the workload script; the server decodes their size."
+            "--replay",
+            help="HTTP backends: actions from the workload script; the server decodes each action's "
+            "output_tokens (else --max-tokens).",
         ),
     ] = None,
     server_kind: Annotated[

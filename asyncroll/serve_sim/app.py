@@ -194,7 +194,9 @@ class SimApp:
         return JSONResponse(self.stats_dict())
 
     async def reset_stats(self, request: Request) -> Response:
-        """Zero the counters (the peak restarts from the requests in flight now)."""
+        """Zero the request, status and fault counters (the peak restarts from the requests in flight now).
+        The engine's counters stay cumulative: ``/metrics`` exports them as Prometheus counters, which a
+        scraper would read as a reset."""
         self.peak_inflight = self.inflight
         self.requests = 0
         self.statuses.clear()
