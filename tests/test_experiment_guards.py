@@ -626,3 +626,11 @@ def test_a_figure_without_matplotlib_writes_no_part_of_the_report(
     done = invoke("report", "--comparison", path, "--output", tmp_path / "r", "--figure")
     assert done.exit_code == 2 and "pip install 'asyncroll[figures]'" in done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_requests_cancelled_by_a_stop_are_not_model_failures() -> None:
+    from asyncroll.experiment.comparison import arm_values
+
+    summary = {"model": {"failed": {"transport": 2, "cancelled": 4}}}
+    assert arm_values(summary)["counts"]["model_failures"] == 2.0
+    assert arm_values(None)["counts"]["model_failures"] is None

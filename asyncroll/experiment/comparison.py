@@ -99,7 +99,12 @@ def arm_values(summary: dict[str, Any] | None) -> dict[str, Any]:
     metrics = {m.key: None if summary is None else _number(dig(summary, m.path)) for m in METRICS}
     counts = {k: None if summary is None else _number(dig(summary, p)) for k, p in COUNTS}
     model_failed = None if summary is None else dig(summary, "model.failed")
-    counts["model_failures"] = float(sum(model_failed.values())) if isinstance(model_failed, dict) else None
+    # a request the stop cancelled did not fail: the run was interrupted under it
+    counts["model_failures"] = (
+        float(sum(v for k, v in model_failed.items() if k != "cancelled"))
+        if isinstance(model_failed, dict)
+        else None
+    )
     return {"metrics": metrics, "counts": counts}
 
 
