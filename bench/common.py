@@ -74,7 +74,7 @@ def run_once(
     returns the outcome, the run directory and the wall seconds."""
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-bench-"))
     workload = problems if isinstance(problems, Path) else write_workload(tmp / "workload.jsonl", problems)
-    cfg = build_config({"workload": workload, "output": tmp / "run", "warmup_requests": 0, **settings})
+    cfg = build_config({"workload": workload, "output": tmp / "run", **settings})
     clock: Clock = VirtualClock() if virtual else SystemClock()
     factory = virtual_factory(clock, simulate_tools=True) if isinstance(clock, VirtualClock) else None
     run = Run(prepare(cfg, ["bench"]), clock, worker_factory=factory)

@@ -31,3 +31,13 @@ def test_bench_arguments_are_checked_before_anything_runs(
     finally:
         sys.argv = saved
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_the_benches_shared_run_helper_runs_a_scripted_workload() -> None:
+    """bench.limits, paired, scaling and calibrate all run through ``run_once`` (scripted backend)."""
+    from bench.common import run_once, tool_chain
+
+    outcome, run_dir, _ = run_once(tool_chain(3, 1, 5.0), virtual=True)
+    assert outcome.status == "complete" and (run_dir / "events.jsonl").exists()
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 3

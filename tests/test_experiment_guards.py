@@ -634,3 +634,64 @@ def test_requests_cancelled_by_a_stop_are_not_model_failures() -> None:
     summary = {"model": {"failed": {"transport": 2, "cancelled": 4}}}
     assert arm_values(summary)["counts"]["model_failures"] == 2.0
     assert arm_values(None)["counts"]["model_failures"] is None
+
+
+def test_the_code_digest_counts_the_packages_sources_not_editor_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a module in an editor mid-experiment (a swap or backup file) must not stop it; an edit
+    to a module or to the package data must."""
+    import asyncroll
+    from asyncroll.experiment.fingerprint import source_digest
+
+    package = tmp_path / "asyncroll"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "runner.py").write_text("x = 1\n")
+    monkeypatch.setattr(asyncroll, "__file__", str(package / "__init__.py"))
+    before = source_digest()
+    (package / "sub" / ".runner.py.swp").write_bytes(b"\0vim")
+    (package / "sub" / "runner.py~").write_text("x = 0\n")
+    (package / "sub" / "__pycache__").mkdir()
+    (package / "sub" / "__pycache__" / "runner.cpython-311.pyc").write_bytes(b"\0")
+    assert source_digest() == before
+    (package / "sub" / "page.html").write_text("<p>")
+    with_page = source_digest()
+    assert with_page != before
+    (package / "sub" / "runner.py").write_text("x = 2\n")
+    assert source_digest() not in (before, with_page)
+
+
+def test_an_activation_rate_over_no_eligible_decision_is_undefined_in_every_table() -> None:
+    """A FIFO arm makes no eligible decision: its activation rate (reorders ÷ eligible) is 0/0 —
+    undefined, as the pooled table says, never "unknown (not measured)" in the medians or pairs."""
+    fifo = {"scheduler.activation_rate": None, "scheduler.eligible_decisions": 0}
+    mine = {"scheduler.activation_rate": 0.5, "scheduler.eligible_decisions": 4, "scheduler.reorders": 2}
+    agg = aggregate(comparison([(fifo, mine), (fifo, mine)]))
+    d = agg["paired"]["b"]["activation_rate"]
+    assert d["pair_notes"] == ["undefined (eligible_decisions = 0)"] * 2
+    assert d["mean_percent_change_t95"]["mean"] is None and d["mean_difference_t95"]["mean"] is None
+    assert (
+        d["mean_difference_t95"]["note"]
+        == "undefined in every pair: a value undefined (eligible_decisions = 0)"
+    )
+    text = markdown(agg)
+    rows = [line for line in text.splitlines() if line.startswith("| activation rate")]
+    assert rows and all("unknown" not in row for row in rows), rows
+    assert "| activation rate (reorders / eligible) | undefined (eligible_decisions = 0) | 0.5 |" in text
+    # an arm whose summary lacks the counts stays unknown
+    lost = {"scheduler.activation_rate": None, "scheduler.eligible_decisions": None}
+    agg = aggregate(comparison([(lost, mine), (lost, mine)]))
+    assert agg["paired"]["b"]["activation_rate"]["pair_notes"] == ["unknown (not measured)"] * 2
+
+
+def test_pairs_with_an_undefined_value_are_left_out_and_named() -> None:
+    fifo = {"scheduler.activation_rate": None, "scheduler.eligible_decisions": 0}
+    one = {"scheduler.activation_rate": 0.5, "scheduler.eligible_decisions": 4}
+    two = {"scheduler.activation_rate": 0.25, "scheduler.eligible_decisions": 4}
+    agg = aggregate(comparison([(fifo, one), (one, two), (one, one)]))
+    d = agg["paired"]["b"]["activation_rate"]
+    assert d["pair_notes"] == ["undefined (eligible_decisions = 0)", None, None]
+    t95 = d["mean_percent_change_t95"]
+    assert t95["n"] == 2 and t95["mean"] == pytest.approx(-25.0)
+    assert "1 of 3 pairs left out (pair 1: a value undefined (eligible_decisions = 0))" in t95["note"]

@@ -1032,6 +1032,19 @@ def test_server_down_timeout_fails_once_and_closes_the_client(tmp_path: Path) ->
     assert circuit["opened"] == 1 and circuit["open_at_end"] and circuit["paused_s"] >= 0.5
 
 
+@pytest.mark.timeout(60)
+def test_a_wait_for_the_server_that_the_run_ends_is_still_recorded(tmp_path: Path) -> None:
+    """Requests waiting for the server when it stays down too long: their waits are events and counted."""
+    outcome, capture, _ = down_run(
+        tmp_path, free_port(), False, server_down_timeout=0.5, max_retries=5, retry_max_delay=0.05
+    )
+    assert outcome.status == "failed"
+    waits = capture.of(ModelPaused)
+    assert waits and all(w.waited_s > 0 for w in waits)
+    assert outcome.summary is not None
+    assert outcome.summary["model"]["circuit"]["requests_waited"] == len(waits)
+
+
 def test_aclose_closes_the_client_even_when_the_watch_failed() -> None:
     async def main() -> OpenAIBackend:
         settings = HttpSettings(endpoint="http://127.0.0.1:9", model="m", inflight=1, server_kind="vllm")

@@ -380,14 +380,17 @@ class OpenAIBackend:
             )
 
     async def _wait_for_server(self, request: ModelRequest, attempt: int) -> None:
-        """Wait for the open circuit to close before an attempt, and record how long that took."""
+        """Wait for the open circuit to close before an attempt, and record how long that took — also
+        when the wait ends otherwise (the run stops, or the server stays down too long)."""
         began = self._clock.now()
-        await self.circuit.wait_closed()
-        if self._events is not None:
-            waited = round(self._clock.now() - began, 6)
-            self._events.emit(
-                ModelPaused(id=request.trajectory_id, turn=request.turn, attempt=attempt, waited_s=waited)
-            )
+        try:
+            await self.circuit.wait_closed()
+        finally:
+            if self._events is not None:
+                waited = round(self._clock.now() - began, 6)
+                self._events.emit(
+                    ModelPaused(id=request.trajectory_id, turn=request.turn, attempt=attempt, waited_s=waited)
+                )
 
     def _parse(
         self, request: ModelRequest, scripted: Action | None, status: int, payload: bytes, attempts: int

@@ -25,15 +25,27 @@ class FingerprintMismatch(UsageError):
     """A resume or a later stage found a different protocol than the one the experiment started with."""
 
 
+#: What the package is made of (its modules and its package data, ``timeline.html``): nothing else in its
+#: folder — an editor's swap or backup file, a bytecode cache — is code a client runs.
+SOURCE_SUFFIXES = (".py", ".html")
+
+
 def source_digest() -> str:
-    """SHA-256 over every file of the asyncroll package (relative path and content; no bytecode caches).
+    """SHA-256 over the asyncroll package's source files (relative path and content).
 
     ``git describe --dirty`` does not change when a checkout that is already dirty is edited again, and
-    an installed package has no git at all; this does, for every edit the next client would import."""
+    an installed package has no git at all; this does, for every edit the next client would import. Only
+    the package's own kinds of file count (``SOURCE_SUFFIXES``, not hidden): opening a module in an editor
+    (``.runner.py.swp``, ``runner.py~``) must not stop an experiment."""
     package = Path(asyncroll.__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*")):
-        if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+        if (
+            "__pycache__" in path.parts
+            or path.suffix not in SOURCE_SUFFIXES
+            or path.name.startswith(".")
+            or not path.is_file()
+        ):
             continue
         digest.update(path.relative_to(package).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())

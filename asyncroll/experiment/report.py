@@ -81,6 +81,11 @@ def pooled_rates(totals: dict[str, float], pairs: int) -> tuple[dict[str, float 
     return rates, notes
 
 
+#: A metric that is a ratio over a count: null in a summary where that count is 0 is *undefined*, not
+#: unknown (the activation rate of a run with no eligible decision, e.g. every FIFO arm).
+UNDEFINED_WHEN_ZERO = {"activation_rate": "eligible_decisions"}
+
+
 def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
     """Medians, paired statistics, pooled rates, quality and failures from comparison.json alone."""
     arms: list[str] = comparison["arms"]
@@ -94,15 +99,41 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
     def values(arm: str, key: str, rows: list[dict[str, Any]]) -> list[float | None]:
         return [p["arms"].get(arm, {}).get("metrics", {}).get(key) for p in rows]
 
+    def undefined(key: str, rows: list[dict[str, Any]], *of: str) -> list[str | None]:
+        """Per pair, why a null value of ``key`` in one of the arms ``of`` is a ratio over a measured 0."""
+        count = UNDEFINED_WHEN_ZERO.get(key)
+        out: list[str | None] = []
+        for p in rows:
+            why = None
+            for arm in of:
+                a = p["arms"].get(arm, {})
+                measured_zero = count is not None and a.get("counts", {}).get(count) == 0
+                if measured_zero and a.get("metrics", {}).get(key) is None:
+                    why = f"{count} = 0"
+            out.append(why)
+        return out
+
     medians = {arm: {k: median(values(arm, k, complete)) for k in keys} for arm in arms}
     median_n = {arm: {k: sum(v is not None for v in values(arm, k, complete)) for k in keys} for arm in arms}
+    median_notes = {
+        arm: {
+            k: f"undefined ({UNDEFINED_WHEN_ZERO[k]} = 0)"
+            for k in keys
+            if medians[arm][k] is None and complete and all(undefined(k, complete, arm))
+        }
+        for arm in arms
+    }
     paired: dict[str, dict[str, Any]] = {}
     for arm in arms:
         if arm == baseline:
             continue
         paired[arm] = {
             k: paired_change(
-                values(baseline, k, complete), values(arm, k, complete), seed=seed, resamples=resamples
+                values(baseline, k, complete),
+                values(arm, k, complete),
+                seed=seed,
+                resamples=resamples,
+                undefined_values=undefined(k, complete, baseline, arm),
             )
             for k in keys
         }
@@ -130,6 +161,7 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "bootstrap": {"seed": seed, "resamples": resamples, "method": "percentile, pairs resampled"},
         "medians": medians,
         "median_n": median_n,
+        "median_notes": median_notes,
         "paired": paired,
         "pooled": pooled,
         "failures": failures,
@@ -230,8 +262,10 @@ def markdown(agg: dict[str, Any]) -> str:
         for a in arms:
             n = agg.get("median_n", {}).get(a, {}).get(key, complete)
             value = agg["medians"][a][key]
+            note = agg.get("median_notes", {}).get(a, {}).get(key)
             cells.append(
-                fmt(value) + (f" (n={n} of {complete})" if value is not None and n < complete else "")
+                (note if value is None and note else fmt(value))
+                + (f" (n={n} of {complete})" if value is not None and n < complete else "")
             )
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     for arm, per_metric in agg["paired"].items():

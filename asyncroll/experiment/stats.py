@@ -95,11 +95,19 @@ def paired_ratios(baseline: Sequence[float | None], treatment: Sequence[float | 
     return out
 
 
-def pair_notes(baseline: Sequence[float | None], treatment: Sequence[float | None]) -> list[str | None]:
-    """Why a pair has no ratio: a value not measured, or a baseline of 0 (None: it has one)."""
+def pair_notes(
+    baseline: Sequence[float | None],
+    treatment: Sequence[float | None],
+    undefined: Sequence[str | None] | None = None,
+) -> list[str | None]:
+    """Why a pair has no ratio: a value not measured, a value that is itself undefined (``undefined``:
+    per pair, why an arm's null value is a ratio over a measured 0, e.g. ``eligible_decisions = 0``), or
+    a baseline of 0 (None: it has one)."""
     notes: list[str | None] = []
-    for b, t in zip(baseline, treatment, strict=True):
-        if b is None or t is None:
+    for i, (b, t) in enumerate(zip(baseline, treatment, strict=True)):
+        if (b is None or t is None) and undefined is not None and undefined[i] is not None:
+            notes.append(f"undefined ({undefined[i]})")
+        elif b is None or t is None:
             notes.append("unknown (not measured)")
         elif b <= 0:
             notes.append(f"undefined (baseline {b:g}, treatment {t:g})")
@@ -120,24 +128,43 @@ def paired_change(
     *,
     seed: int,
     resamples: int = 10_000,
+    undefined_values: Sequence[str | None] | None = None,
 ) -> dict[str, object]:
     """Per pair the ratio and % change (100·(t/b − 1)); over the pairs, the mean % change with a t and a
     bootstrap interval, and the mean difference (t − b) with a t interval.
 
     Pairs with a value not measured are left out of all three, and each says so. A measured baseline of 0
-    makes that pair's ratio, and the mean % change, undefined; the mean difference still includes it."""
+    makes that pair's ratio, and the mean % change, undefined; the mean difference still includes it.
+    ``undefined_values`` (per pair) names why a null value is undefined rather than unmeasured: such a
+    pair is left out of all three as undefined, never called unknown."""
     ratios = paired_ratios(baseline, treatment)
-    notes = pair_notes(baseline, treatment)
+    notes = pair_notes(baseline, treatment, undefined_values)
     unknown = [i + 1 for i, n in enumerate(notes) if n is not None and n.startswith("unknown")]
-    undefined = [i + 1 for i, n in enumerate(notes) if n is not None and n.startswith("undefined")]
-    left_out = (
-        f"{len(unknown)} of {len(ratios)} pairs left out ({_pairs(unknown)}: a value not measured)"
-        if unknown
-        else None
-    )
+    valueless = [
+        i + 1
+        for i, (b, t) in enumerate(zip(baseline, treatment, strict=True))
+        if (b is None or t is None) and undefined_values is not None and undefined_values[i] is not None
+    ]
+    undefined = [
+        i + 1
+        for i, n in enumerate(notes)
+        if n is not None and n.startswith("undefined") and i + 1 not in valueless
+    ]
+    reasons = []
+    if unknown:
+        reasons.append(f"{_pairs(unknown)}: a value not measured")
+    if valueless:
+        reasons.append(f"{_pairs(valueless)}: a value {notes[valueless[0] - 1]}")
+    out = len(unknown) + len(valueless)
+    left_out = f"{out} of {len(ratios)} pairs left out ({'; '.join(reasons)})" if out else None
     changes = [100.0 * (r - 1.0) for r in ratios if r is not None]
     diffs = [t - b for b, t in zip(baseline, treatment, strict=True) if b is not None and t is not None]
-    if undefined:
+    difference = _left_out(t_interval(diffs), left_out)
+    if valueless and len(valueless) == len(ratios):
+        t95 = boot95 = difference = Interval(
+            0, None, None, None, f"undefined in every pair: a value {notes[0]}"
+        )
+    elif undefined:
         zero = "0" if all(baseline[i - 1] == 0 for i in undefined) else "≤ 0"
         why = f"undefined: baseline {zero} in {_pairs(undefined)} (no ratio); see the mean difference"
         t95 = boot95 = Interval(0, None, None, None, why)
@@ -149,11 +176,11 @@ def paired_change(
         "ratios": ratios,
         "pair_notes": notes,
         "unknown_pairs": len(unknown),
-        "undefined_pairs": len(undefined),
+        "undefined_pairs": len(undefined) + len(valueless),
         "percent_change": [None if r is None else 100.0 * (r - 1.0) for r in ratios],
         "mean_percent_change_t95": t95.to_dict(),
         "mean_percent_change_bootstrap95": boot95.to_dict(),
-        "mean_difference_t95": _left_out(t_interval(diffs), left_out).to_dict(),
+        "mean_difference_t95": difference.to_dict(),
     }
 
 
