@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -329,6 +330,53 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path: Path) -> None:
     assert f"interrupted by SIGTERM; partial outputs in {out}" in stderr
     assert "Traceback" not in stderr and "never retrieved" not in stderr
     assert not (out / "sweep.csv").exists()
+
+
+@pytest.mark.timeout(90)
+def test_cell_processes_end_when_the_sweep_is_killed_outright(tmp_path: Path) -> None:
+    """Cell processes ignore SIGTERM (the sweep stops them) and hold both ends of their task queue, so a
+    sweep killed outright (SIGKILL, the OOM killer) used to leave them running forever. They watch the
+    sweep and end with it."""
+    import psutil
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=10, turns=2) for i in range(40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    args: list[str | Path] = [
+        "--workload",
+        workload,
+        "--output",
+        tmp_path / "sweep",
+        "--policies",
+        "fifo,sync",
+    ]
+    proc = start_slow_cli(tmp_path, "simulate", "--sweep", *args, "--seeds", "2", "--jobs", "2")
+    sweep = psutil.Process(proc.pid)
+
+    def cells() -> list[psutil.Process]:
+        found = []
+        for child in sweep.children():
+            try:
+                if "spawn_main" in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:
+                pass
+        return found
+
+    children: list[psutil.Process] = []
+    try:
+        wait_until(lambda: len(cells()) >= 2, "two cell processes")
+        children = sweep.children(recursive=True)
+        proc.kill()
+        proc.communicate(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=20)
+        assert not alive, [c.pid for c in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 def test_jitter_scales_declared_output_tokens_with_the_model_latency(tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ import os
 import signal
 import statistics
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -106,7 +108,7 @@ def run_sweep(
     pool = None
     if jobs > 1 and len(cells) > 1:
         context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
-        pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _ignore_sigint)
+        pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
     try:
         for row in map(run_cell, cells) if pool is None else pool.map(run_cell, cells):
             rows.append(row)
@@ -199,11 +201,20 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _ignore_sigint() -> None:
-    """Cell processes leave Ctrl-C and SIGTERM (sent to the whole process group, say) to the sweep, which
-    stops them when it unwinds."""
+def _cell_process(sweep_pid: int) -> None:
+    """Set up a cell process. It leaves Ctrl-C and SIGTERM (sent to the whole process group, say) to the
+    sweep, which stops it when it unwinds; and it ends itself as soon as the sweep is gone however that
+    happened (SIGKILL, the OOM killer, a SIGTERM to a script that installed no handler): it ignores
+    SIGTERM and holds both ends of its task queue, so nothing else would ever end it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(sweep_pid,), name="sweep-watch", daemon=True).start()
+
+
+def _exit_with(sweep_pid: int, every_s: float = 0.5) -> None:
+    while os.getppid() == sweep_pid:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def _spread(values: list[float], digits: int = 3) -> str:
