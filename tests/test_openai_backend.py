@@ -16,14 +16,9 @@ import orjson
 import pytest
 
 from asyncroll.backends.action_schema import parse_action, turn_schema
+from asyncroll.backends.completion import NotACompletion, message_text, read_completion
 from asyncroll.backends.http_errors import describe_transport_error
-from asyncroll.backends.openai import (
-    HttpSettings,
-    NotACompletion,
-    OpenAIBackend,
-    message_text,
-    read_completion,
-)
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.backends.retry import RetryPolicy, retry_after_s
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.clock import SystemClock

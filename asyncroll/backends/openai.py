@@ -18,9 +18,9 @@ Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (st
 response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
 and ``schema_rejected`` (a response), ``bad_response`` (a 200 whose body is not an OpenAI completion) and
 ``invalid_action`` (a completion whose content is not a valid action). Whatever a 200 body holds, reading
-it never raises anything else (:func:`read_completion`): a message ``content`` given as a list of text
-parts is joined, as OpenAI-compatible servers mean it; any other shape is ``bad_response``; a ``usage``
-that is not an object is ignored (token counts ``null``). Retries and the server circuit are in
+it (:mod:`asyncroll.backends.completion`) never raises anything else: a message ``content`` given as a
+list of text parts is joined, as OpenAI-compatible servers mean it; any other shape is ``bad_response``;
+a ``usage`` that is not an object is ignored (token counts ``null``). Retries and the server circuit are in
 :mod:`asyncroll.backends.retry`; the circuit's openings and closings are events (``server_unavailable``,
 ``server_available``), and a request that waited for it says so (``model_paused``).
 """
@@ -45,6 +45,7 @@ from asyncroll.backends.action_schema import (
     turn_schema,
 )
 from asyncroll.backends.base import ModelRequest, ModelResponse
+from asyncroll.backends.completion import NotACompletion, read_completion
 from asyncroll.backends.http_errors import describe_transport_error
 from asyncroll.backends.retry import Circuit, RetryPolicy, is_retryable, means_unavailable
 from asyncroll.backends.scripted import scripted_action
@@ -455,83 +456,3 @@ class OpenAIBackend:
                 kind = "schema_rejected"
             raise _AttemptFailed(kind, f"HTTP {status}: {text}", status, response.headers, True)
         return status, response.content
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-class NotACompletion(ValueError):
-    """A 200 body that is not an OpenAI chat completion; the message says what is wrong with it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """What asyncroll reads of a chat completion: the first choice's text and the token usage."""
-
-    content: str | None
-    finish_reason: Any
-    prompt_tokens: int | None
-    completion_tokens: int | None
-
-
-def _json_kind(value: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
-    return names.get(type(value), "number")
-
-
-def message_text(content: Any) -> str | None:
-    """A message's ``content`` as text: a string as is, ``null`` as None, a list of text parts
-    (``[{"type": "text", "text": ...}, ...]``, as some OpenAI-compatible servers send) joined in order.
-    Anything else raises :class:`NotACompletion`."""
-    if content is None or isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        kind = _json_kind(content)
-        raise NotACompletion(
-            f"choices[0].message.content is a JSON {kind}, not a string or a list of text parts"
-        )
-    texts: list[str] = []
-    for i, part in enumerate(content):
-        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-            what = repr(part.get("type")) if isinstance(part, dict) else f"a JSON {_json_kind(part)}"
-            raise NotACompletion(f"choices[0].message.content[{i}] is not a text part (type {what})")
-        texts.append(part["text"])
-    return "".join(texts)
-
-
-def read_completion(payload: bytes) -> Completion:
-    """The parts of a 200 body asyncroll uses. Raises :class:`NotACompletion` (and nothing else) when
-    the body is not a chat completion: not JSON, not an object, no ``choices`` list, a first choice
-    without a ``message`` object, or a ``content`` that is neither text nor text parts. A ``usage``
-    that is not an object, or token counts that are not integers, give ``None`` counts."""
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError as exc:
-        raise NotACompletion(f"not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise NotACompletion(f"a JSON {_json_kind(data)}, not an object")
-    choices = data.get("choices")
-    if not isinstance(choices, list):
-        raise NotACompletion(
-            "no choices list" if choices is None else f"choices is a JSON {_json_kind(choices)}"
-        )
-    if not choices:
-        raise NotACompletion("choices is empty")
-    choice = choices[0]
-    if not isinstance(choice, dict):
-        raise NotACompletion(f"choices[0] is a JSON {_json_kind(choice)}, not an object")
-    message = choice.get("message")
-    if not isinstance(message, dict):
-        what = "missing" if message is None else f"a JSON {_json_kind(message)}"
-        raise NotACompletion(f"choices[0].message is {what}, not an object")
-    content = message_text(message.get("content"))
-    usage = data.get("usage")
-    if not isinstance(usage, dict):
-        usage = {}
-    return Completion(
-        content,
-        choice.get("finish_reason"),
-        _int_or_none(usage.get("prompt_tokens")),
-        _int_or_none(usage.get("completion_tokens")),
-    )

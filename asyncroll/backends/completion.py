@@ -1,0 +1,94 @@
+"""Reading the body of an HTTP 200 chat completion: what asyncroll uses of it, and nothing else raised.
+
+Whatever a 200 body holds, :func:`read_completion` returns a :class:`Completion` or raises
+:class:`NotACompletion` naming what is wrong (the backend records it as ``bad_response`` for that request
+only). A message ``content`` given as a list of text parts is joined, as OpenAI-compatible servers mean
+it; a ``usage`` that is not an object, or token counts that are not integers, give ``None`` counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class NotACompletion(ValueError):
+    """A 200 body that is not an OpenAI chat completion; the message says what is wrong with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What asyncroll reads of a chat completion: the first choice's text and the token usage."""
+
+    content: str | None
+    finish_reason: Any
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+def _json_kind(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def message_text(content: Any) -> str | None:
+    """A message's ``content`` as text: a string as is, ``null`` as None, a list of text parts
+    (``[{"type": "text", "text": ...}, ...]``, as some OpenAI-compatible servers send) joined in order.
+    Anything else raises :class:`NotACompletion`."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        kind = _json_kind(content)
+        raise NotACompletion(
+            f"choices[0].message.content is a JSON {kind}, not a string or a list of text parts"
+        )
+    texts: list[str] = []
+    for i, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            what = repr(part.get("type")) if isinstance(part, dict) else f"a JSON {_json_kind(part)}"
+            raise NotACompletion(f"choices[0].message.content[{i}] is not a text part (type {what})")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def read_completion(payload: bytes) -> Completion:
+    """The parts of a 200 body asyncroll uses. Raises :class:`NotACompletion` (and nothing else) when
+    the body is not a chat completion: not JSON, not an object, no ``choices`` list, a first choice
+    without a ``message`` object, or a ``content`` that is neither text nor text parts. A ``usage``
+    that is not an object, or token counts that are not integers, give ``None`` counts."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise NotACompletion(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise NotACompletion(f"a JSON {_json_kind(data)}, not an object")
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        raise NotACompletion(
+            "no choices list" if choices is None else f"choices is a JSON {_json_kind(choices)}"
+        )
+    if not choices:
+        raise NotACompletion("choices is empty")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise NotACompletion(f"choices[0] is a JSON {_json_kind(choice)}, not an object")
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        what = "missing" if message is None else f"a JSON {_json_kind(message)}"
+        raise NotACompletion(f"choices[0].message is {what}, not an object")
+    content = message_text(message.get("content"))
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    return Completion(
+        content,
+        choice.get("finish_reason"),
+        _int_or_none(usage.get("prompt_tokens")),
+        _int_or_none(usage.get("completion_tokens")),
+    )
