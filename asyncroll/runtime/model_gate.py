@@ -33,6 +33,11 @@ from asyncroll.events import (
 from asyncroll.runtime.limiter import FifoLimiter
 from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
 
+#: How a request in flight when the run is stopped is recorded (never raised: the cancellation is).
+_CANCELLED = ModelError(
+    "cancelled", "the run was stopped while this request was in flight", response_received=False
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelGateSnapshot:
@@ -142,35 +147,25 @@ class ModelGate:
             )
             try:
                 response = await request()
-            except ModelError as exc:
-                self._failures += 1
+            except (ModelError, asyncio.CancelledError) as exc:
+                # A request the stopping run cancelled (the server may still be working on it) ends too.
+                failure = exc if isinstance(exc, ModelError) else _CANCELLED
+                if failure is exc:
+                    self._failures += 1
+                else:
+                    self._cancelled += 1
                 events.emit(
                     ModelFailed(
                         id=trajectory_id,
                         request_id=rid,
                         turn=turn,
                         latency_s=round(clock.now() - started, 6),
-                        kind=exc.kind,
-                        error=str(exc)[:1000],
-                        status=exc.status,
-                        response_received=exc.response_received,
-                        parse_s=exc.parse_s,
-                        attempts=exc.attempts,
-                    )
-                )
-                raise
-            except asyncio.CancelledError:
-                # The run is stopping under this request (the server may still be working on it): say so.
-                self._cancelled += 1
-                events.emit(
-                    ModelFailed(
-                        id=trajectory_id,
-                        request_id=rid,
-                        turn=turn,
-                        latency_s=round(clock.now() - started, 6),
-                        kind="cancelled",
-                        error="the run was stopped while this request was in flight",
-                        response_received=False,
+                        kind=failure.kind,
+                        error=str(failure)[:1000],
+                        status=failure.status,
+                        response_received=failure.response_received,
+                        parse_s=failure.parse_s,
+                        attempts=failure.attempts,
                     )
                 )
                 raise
