@@ -60,7 +60,7 @@ def export(out: Path) -> dict[str, Any]:
     exports: dict[str, Any] = {}
     began = time.perf_counter()
     try:
-        from asyncroll.outputs.trace import collect_activity
+        from asyncroll.outputs.activity import collect_activity
 
         activity = collect_activity(out / "events.jsonl")
     except Exception as exc:  # noqa: BLE001 - an export must never lose the run's data

@@ -2,7 +2,7 @@
 
 The page needs no network (inline script and style, a Content-Security-Policy that forbids fetching
 anything) so it can be mailed or archived with the run. It draws the same spans as ``trace.json`` (both come
-from :func:`asyncroll.outputs.trace.collect_activity`) on a ``<canvas>`` with wheel zoom and drag pan. The
+from :func:`asyncroll.outputs.activity.collect_activity`) on a ``<canvas>`` with wheel zoom and drag pan. The
 data sits in a ``<script type="application/json">`` block with ``<``, ``>`` and ``&`` escaped, so no value
 (a trajectory id such as ``</script>``) can end the block early. Large runs are down-sampled, never silently
 truncated: past ``MAX_SPANS`` the trajectory spans and failed/incomplete spans stay individual, the rest are
@@ -21,15 +21,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from asyncroll.outputs.trace import (
+from asyncroll.outputs.activity import (
     COUNTER_LABELS,
     RESOURCE_LABELS,
     Activity,
     Span,
     Track,
     collect_activity,
-    write_atomic,
 )
+from asyncroll.outputs.trace import write_atomic
 
 MAX_SPANS = 20_000
 MAX_INSTANTS = 20_000
