@@ -522,55 +522,16 @@ def test_a_server_that_stays_down_pauses_admission_then_fails_the_run(tmp_path: 
 
 @pytest.mark.timeout(60)
 def test_admission_resumes_when_the_server_comes_back(tmp_path: Path) -> None:
-    port = free_port()
-    backend = down_backend(tmp_path, port, circuit_failures=2, server_down_timeout=30)
-    result: dict[str, Any] = {}
-
-    async def main() -> None:
-        with contextlib.ExitStack() as stack:
-
-            async def bring_up() -> None:
-                await backend.circuit.wait_opened()
-                await asyncio.to_thread(
-                    stack.enter_context, serve_in_thread(SimConfig(engine=FAST), port=port)
-                )
-
-            helper = asyncio.create_task(bring_up())
-            workload = write_workload(tmp_path / "w.jsonl", final_problems(6))
-            cfg = build_config(
-                {
-                    "workload": workload,
-                    "output": tmp_path / "run",
-                    "backend": "vllm",
-                    "model": "sim",
-                    "endpoint": f"http://127.0.0.1:{port}",
-                    "warmup_requests": 0,
-                    "max_active_trajectories": 2,
-                    "circuit_failures": 2,
-                }
-            )
-            clock = SystemClock()
-            capture = EventCapture()
-            run = Run(
-                prepare(cfg, ["test"]),
-                clock,
-                worker_factory=virtual_factory(clock, builtin_duration),
-                backend=backend,
-                subscribers=(capture,),
-            )
-            result["outcome"] = await run.execute()
-            await helper
-            result["capture"] = capture
-
-    asyncio.run(main())
-    outcome, capture = result["outcome"], result["capture"]
+    outcome, capture, _ = down_run(tmp_path, free_port(), True, server_down_timeout=30)
     assert outcome.status == "complete"
     statuses = [e.status for e in capture.of(TrajectoryFinished)]
     # The two that met the refused connections failed (a third, if it slipped in before the circuit
     # opened); every later one waited for the server and completed.
     assert len(statuses) == 6 and statuses.count("failed") in (2, 3)
     assert statuses.count("completed") == 6 - statuses.count("failed")
-    assert backend.circuit.snapshot().opened == 1 and not backend.circuit.is_open
+    assert outcome.summary is not None
+    circuit = outcome.summary["model"]["circuit"]
+    assert circuit["opened"] == 1 and not circuit["open_at_end"]
 
 
 # --- validation and the end-to-end subprocess ----------------------------------------------------------
