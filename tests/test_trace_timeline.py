@@ -617,6 +617,17 @@ def test_real_run_timeline_in_headless_chromium(smoke_run: Path, timeout_run: Pa
 
 
 @pytest.mark.timeout(120)
+def test_a_run_that_fails_before_measurement_shows_its_final_status(tmp_path: Path) -> None:
+    """The exports are written before the final receipt: the page must not say "preparing"."""
+    out = tmp_path / "run"
+    args = ("--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:9", "--replay")
+    result = cli("run", "--workload", SMOKE, "--output", out, *args)
+    assert result.returncode == 1, result.stderr
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    status = dict(page_data((out / "timeline.html").read_text())["header"])["status"]
+    assert status.startswith("failed (") and "warm-up request 1/2 failed" in status
+
+
 def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "copy"
     shutil.copytree(smoke_run, run)

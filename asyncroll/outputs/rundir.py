@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +50,18 @@ class RunDirectory:
         if self.out is None:
             return
         write_json_atomic(self.out / "summary.json", summary)
-        exports = export(self.out)
+        # The exports are written before the final receipt (whose ``exports`` records them), so they are
+        # told the final status: run.json still says "preparing" if the run never started.
+        final = {"status": status, **({"error": fields["error"]} if fields.get("error") else {})}
+        exports = export(self.out, final)
         self.transition(status, wall, exports=exports, **fields)
 
 
-def export(out: Path) -> dict[str, Any]:
+def export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """trace.json and timeline.html from one pass over events.jsonl; a failed export is recorded, never
     fatal: the run's data is safe. ``asyncroll timeline RUN_DIR`` calls this again after the fact (an
-    interrupted run, or a run written by an older version). ``bench/export.py`` times it."""
+    interrupted run, or a run written by an older version). ``bench/export.py`` times it. ``final``:
+    receipt fields (status, error) about to be written, which override run.json's."""
     exports: dict[str, Any] = {}
     began = time.perf_counter()
     try:
@@ -67,14 +72,14 @@ def export(out: Path) -> dict[str, Any]:
         error = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {"trace.json": error, "timeline.html": error}
     parse_s = time.perf_counter() - began
-    for name, module, function in (
-        ("trace.json", "trace", "write_trace"),
-        ("timeline.html", "timeline", "write_timeline"),
+    for name, module, function, extra in (
+        ("trace.json", "trace", "write_trace", ()),
+        ("timeline.html", "timeline", "write_timeline", (final,)),  # the page shows the run's status
     ):
         began = time.perf_counter()
         try:
             writer = getattr(importlib.import_module(f"asyncroll.outputs.{module}"), function)
-            writer(out, activity)
+            writer(out, activity, *extra)
             exports[name] = {"ok": True, "seconds": round(time.perf_counter() - began, 4)}
         except Exception as exc:  # noqa: BLE001 - an export must never lose the run's data
             exports[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

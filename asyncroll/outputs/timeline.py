@@ -17,6 +17,7 @@ import functools
 import json
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -296,10 +297,15 @@ def _window(a: Activity) -> list[float]:
     return [round(lo - a.t_min, 6), round(max(hi - a.t_min, lo - a.t_min + 1e-6), 6)]
 
 
-def timeline_data(run_dir: Path, activity: Activity | None = None) -> dict[str, Any]:
-    """Everything the page draws, as plain JSON: header, rows, spans, cells, instants, counters, notes."""
+def timeline_data(
+    run_dir: Path, activity: Activity | None = None, final: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Everything the page draws, as plain JSON: header, rows, spans, cells, instants, counters, notes.
+    ``final``: receipt fields about to be written (the run's final status), overriding run.json's."""
     a = activity or collect_activity(run_dir / "events.jsonl")
     run, summary = _read_json(run_dir / "run.json"), _read_json(run_dir / "summary.json")
+    if final:
+        run = {**run, **final}
     rows, index, per = _rows(a)
     t0 = a.t_min
     strings: dict[str, int] = {}
@@ -384,9 +390,11 @@ def _page() -> str:
     return resources.files("asyncroll.outputs").joinpath("timeline.html").read_text(encoding="utf-8")
 
 
-def write_timeline(run_dir: Path, activity: Activity | None = None) -> Path:
+def write_timeline(
+    run_dir: Path, activity: Activity | None = None, final: Mapping[str, Any] | None = None
+) -> Path:
     """Write ``run_dir/timeline.html`` from the run's events (or their collected ``activity``),
-    ``run.json`` and ``summary.json``."""
+    ``run.json`` (or the ``final`` status about to be written to it) and ``summary.json``."""
     path = run_dir / "timeline.html"
-    write_atomic(path, render_html(timeline_data(run_dir, activity)))
+    write_atomic(path, render_html(timeline_data(run_dir, activity, final)))
     return path
