@@ -68,7 +68,7 @@ class Limits(BaseModel):
 class RunConfig(BaseModel):
     """Everything ``asyncroll run`` needs; the same fields may come from ``--config FILE``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # inf: never meant
 
     workload: Path
     output: Path

@@ -202,6 +202,8 @@ class Candidate(BaseModel):
     predicted_s: float
     source: str
     waited_s: float
+    # mean remaining service after jobs like this one, where the decision had it (the batch's tail)
+    remaining_s: float | None = None
 
 
 class CpuSelected(Event):
@@ -220,6 +222,8 @@ class CpuSelected(Event):
     predicted_s: float | None = None
     prediction_source: str | None = None
     observations: int = 0
+    # the chosen job's remaining-work estimate, when the decision had them (the batch's tail)
+    remaining_s: float | None = None
     candidates: list[Candidate] = Field(default_factory=list)
 
 

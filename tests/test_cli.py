@@ -124,6 +124,8 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
         (["--max-retries", "1"], "--max-retries only applies to HTTP backends"),
         (["--warmup-requests", "3"], "--warmup-requests only applies to HTTP backends"),
         (["--policy", "lifo"], "--policy: Input should be"),
+        (["--aging-weight", "inf"], "--aging-weight: Input should be a finite number"),
+        (["--tool-timeout", "inf"], "--tool-timeout: Input should be a finite number"),
         (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),
         (["--metrics-url", "localhost:8000/metrics"], "must be an http:// or https:// URL"),
         (

@@ -111,6 +111,11 @@ def test_critical_path_in_the_tail_runs_the_job_with_the_most_work_after_it() ->
     assert (tail.job_id, tail.reason, tail.eligible) == (1, "tail_critical_path", True)
     # without the first: 0.5 s left after the 5 s job (now job 1) beats 0 s and unknown
     assert CRITICAL.choose(snap(*jobs[1:], pending=False, remaining=rest[1:])).job_id == 1
+    # a grade job ends its trajectory: it goes last, even before a tool job of a kind not yet seen to end
+    older_grade = CRITICAL.choose(
+        snap(("grade", 0.01, 2), ("tool", 0.3, 1), pending=False, remaining=(0.0, None))
+    )
+    assert (older_grade.job_id, older_grade.reason) == (2, "tail_critical_path")
     # model supply fine: not eligible, FIFO as in every pressure rule
     supplied = CRITICAL.choose(snap(*jobs[::-1], pending=False, remaining=rest[::-1], outstanding=4))
     assert (supplied.job_id, supplied.reason) == (1, "not_eligible_model_supply_ok")
@@ -323,4 +328,12 @@ def test_the_critical_rule_takes_over_in_the_runtime_tail(virtual_run: VirtualRu
     assert any(e.reordered for e in tail)
     first_tail = selected.index(tail[0])
     assert all(e.reason != "tail_critical_path" for e in selected[:first_tail])
+    # the estimates the tail decided on are logged, for the chosen job and every candidate; none before
+    assert all(e.remaining_s is None for e in selected[:first_tail])
+    assert all(c.remaining_s is None for e in selected[:first_tail] for c in e.candidates)
+    assert all(e.candidates and e.candidates[0].remaining_s is not None for e in tail if e.remaining_s)
+    chosen = [e for e in tail if e.reordered and e.remaining_s is not None]
+    assert chosen and all(
+        e.remaining_s >= max(c.remaining_s or 0.0 for c in e.candidates) for e in chosen
+    )  # the critical pick has the most work after it among the logged candidates
     assert outcome.summary["scheduler"]["reasons"]["tail_critical_path"] == len(tail)

@@ -30,16 +30,16 @@ things the map showed:
   so shortest-first cannot starve long jobs into a pile at the end of a finite batch — the loss the
   issue warned about where CPU dominates. ``aging_seconds`` stays the absolute cap.
 
-**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` means; chosen by the simulated
-map in RESULTS.md) is the unlock rule without the relative aging, plus the tail rule the relative aging
-stood in for. In the tail (no problem waits for admission), when the rule is eligible, step 3 starts the
-job whose trajectory has the most work left after it — the mean remaining service of trajectories after
-jobs like it (:mod:`asyncroll.policies.remaining`, learned from the run's own events; unknown counts as
-0) — as Schrage's largest-delivery-time rule does for one bottleneck machine. The trajectories with the
-longest road ahead get moving first instead of waiting behind short jobs, so the batch does not end on
-one long chain; the relative aging that guarded against that end also cost most of shortest-first's gain
-where few trajectories share few workers (8 active / 4 inflight / 1–2 workers). Only the absolute
-``aging_seconds`` cap remains.
+**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` means; chosen by the simulated map in
+RESULTS.md) is the unlock rule without the relative aging, plus the tail rule the relative aging stood in for.
+In the tail (no problem waits for admission), when the rule is eligible, step 3 starts the job whose
+trajectory has the most work left after it — the mean remaining service of trajectories after jobs like it
+(:mod:`asyncroll.policies.remaining`, learned from the run's own events; unknown counts as 0; grade jobs,
+which end their trajectory, last) — as Schrage's largest-delivery-time rule does for one bottleneck machine.
+The trajectories with the longest road ahead get moving first instead of waiting behind short jobs, so the
+batch does not end on one long chain; the relative aging that guarded against that end also cost most of
+shortest-first's gain where few trajectories share few workers (8 active / 4 inflight / 1–2 workers). Only the
+absolute ``aging_seconds`` cap remains.
 
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """
@@ -81,8 +81,10 @@ class PressurePolicy:
         remaining = snapshot.remaining
         if self.critical_path and len(remaining) == len(jobs):
             # the tail (the dispatcher fills ``remaining`` only there): the job whose trajectory has the
-            # most work left after it goes first (Schrage's largest-delivery-time rule); unknown = 0
-            best = max(range(len(jobs)), key=lambda i: (remaining[i] or 0.0, -i))
+            # most work left after it goes first (Schrage's largest-delivery-time rule); unknown = 0. A
+            # grade job ends its trajectory (nothing after it) and goes last, even against a tool job of
+            # a kind not seen to finish yet.
+            best = max(range(len(jobs)), key=lambda i: (jobs[i].kind != "grade", remaining[i] or 0.0, -i))
             return Decision(jobs[best].job_id, "tail_critical_path", eligible=True)
         if self.tail_guard and not snapshot.admission_pending:
             best = min(range(len(jobs)), key=lambda i: (jobs[i].kind == "grade", -predictions[i].seconds, i))

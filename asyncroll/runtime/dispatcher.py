@@ -230,14 +230,18 @@ class CpuDispatcher:
                     predicted_s=round(predictions[index].seconds, 6),
                     prediction_source=predictions[index].source,
                     observations=self._predictor.observations,
+                    remaining_s=_rounded(remaining[index]) if remaining else None,
                     candidates=[
                         Candidate(
                             job_id=j.job_id,
                             predicted_s=round(p.seconds, 6),
                             source=p.source,
                             waited_s=round(now - j.enqueued_at, 6),
+                            remaining_s=_rounded(remaining[i]) if remaining else None,
                         )
-                        for j, p in zip(jobs[:MAX_CANDIDATES], predictions[:MAX_CANDIDATES], strict=True)
+                        for i, (j, p) in enumerate(
+                            zip(jobs[:MAX_CANDIDATES], predictions[:MAX_CANDIDATES], strict=True)
+                        )
                     ]
                     if self._log_candidates
                     else [],
@@ -321,3 +325,7 @@ class CpuDispatcher:
         self._predictor.observe(view, reply.execute_s)
         self._pool.release(slot)
         return JobOutcome(ok=reply.ok, value=reply.value, error=reply.error, execute_s=reply.execute_s)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 6)
