@@ -158,7 +158,7 @@ def _run(cfg: Any) -> int:
     from asyncroll.config import MAX_PROCESS_WORKERS
     from asyncroll.errors import UsageError
     from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, prepare
-    from asyncroll.runtime.signals import interruptible
+    from asyncroll.runtime.signals import interruptible, late_signal_note
 
     if cfg.cpu_workers > MAX_PROCESS_WORKERS:
         typer.echo(
@@ -194,6 +194,8 @@ def _run(cfg: Any) -> int:
             typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True)
             return EXIT_INTERRUPTED
         print_summary(outcome.summary, cfg.output)
+        if outcome.late_signal:
+            typer.echo(late_signal_note(outcome.late_signal), err=True)
         if outcome.error:
             typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
         return outcome.exit_code

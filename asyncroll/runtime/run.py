@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,6 +66,7 @@ class RunOutcome:
     exit_code: int
     summary: dict[str, Any] | None
     error: str | None = None
+    late_signal: str | None = None  # SIGINT/SIGTERM that came after every trajectory had finished
 
 
 def prepare(
@@ -326,18 +327,30 @@ class Run:
                     finished_at = clock.now()
                     cpu_end = (client_cpu(), pool.cpu_seconds())
                     ranges.end(run_range)
-                    if live is not None:
-                        await _shielded(live.aclose())
-                    await _shielded(sampler.stop())
-                    await _shielded(pool.aclose())
-                    if self._isolation is not None:  # real workers ran untrusted code
-                        from asyncroll.evaluator.evaluate import remove_dead_workers_leftovers
 
-                        remove_dead_workers_leftovers()
-                    await _shielded(self._backend.aclose())
+                    async def leftovers() -> None:
+                        if self._isolation is not None:  # real workers ran untrusted code
+                            from asyncroll.evaluator.evaluate import remove_dead_workers_leftovers
+
+                            remove_dead_workers_leftovers()
+
+                    await _cleanup(
+                        None if live is None else live.aclose,
+                        sampler.stop,
+                        pool.aclose,
+                        leftovers,
+                        self._backend.aclose,
+                    )
         except asyncio.CancelledError:
-            status, error = "interrupted", f"interrupted by {self.interrupt_reason or 'cancellation'}"
-            raise
+            if status == "complete" and self.interrupt_reason is not None:
+                # The signal came after every trajectory had finished (the cleanup ran to its end anyway):
+                # the measurement is whole, so the run stays complete; the caller reports the signal.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+            else:
+                status, error = "interrupted", f"interrupted by {self.interrupt_reason or 'cancellation'}"
+                raise
         except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
             status, error = "failed", _describe(exc)
         finally:
@@ -410,6 +423,21 @@ async def _in_daemon_thread(fn: Callable[[], None]) -> None:
 
     threading.Thread(target=target, name=f"asyncroll-{fn.__name__}", daemon=True).start()
     await done
+
+
+async def _cleanup(*steps: Callable[[], Awaitable[Any]] | None) -> None:
+    """Run every cleanup step to its end, in order, even if the caller is cancelled during one (a
+    cancellation used to skip the steps after it); the cancellation is raised once all have run."""
+    cancelled: asyncio.CancelledError | None = None
+    for step in steps:
+        if step is None:
+            continue
+        try:
+            await _shielded(step())
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _shielded(coro: Any) -> None:

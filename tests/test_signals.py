@@ -1,0 +1,116 @@
+"""SIGINT/SIGTERM around the end of a run, on a virtual clock: a signal is never lost, a signal mid-run
+interrupts, and one that comes after every trajectory has finished leaves a complete run complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from asyncroll.backends.scripted import ScriptedBackend
+from asyncroll.clock import VirtualClock
+from asyncroll.config import build_config
+from asyncroll.events import Event, MeasurementFinished, TrajectoryFinished
+from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.signals import interruptible
+from asyncroll.runtime.virtual_worker import VirtualWorker
+from tests.conftest import tool_problem, write_workload
+
+
+class ClosingBackend(ScriptedBackend):
+    """Records its close; can send a signal to this process while it closes (the last cleanup step)."""
+
+    def __init__(self, clock: VirtualClock, signal_on_close: bool = False) -> None:
+        super().__init__(clock)
+        self.signal_on_close = signal_on_close
+        self.closed = False
+
+    async def aclose(self) -> None:
+        if self.signal_on_close:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(3):  # the loop delivers the cancellation at one of these
+                await self._clock.sleep(0)
+        self.closed = True
+
+
+def run_with(
+    tmp_path: Path,
+    *,
+    on_event: type[Event] | None = None,
+    signal_on_close: bool = False,
+    signal_in_worker_close: bool = False,
+) -> tuple[RunOutcome, ClosingBackend, Path]:
+    """Two short trajectories; SIGINT sent to this process from a subscriber when ``on_event`` is
+    emitted (synchronously, as the runtime emits it), or from the cleanup."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    problems = [tool_problem(f"p{i}", model_ms=100, cpu_ms=50) for i in range(2)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    cfg = build_config({"workload": workload, "output": out, "cpu_workers": 1})
+    clock = VirtualClock()
+    backend = ClosingBackend(clock, signal_on_close)
+    sent: list[bool] = []
+
+    def subscriber(event: Event) -> None:
+        if on_event is not None and isinstance(event, on_event) and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    class SignallingWorker(VirtualWorker):
+        async def aclose(self) -> None:
+            if signal_in_worker_close and not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)
+                await clock.sleep(0)
+            await super().aclose()
+
+    run = Run(
+        prepare(cfg, ["test"]),
+        clock,
+        worker_factory=lambda index, generation: SignallingWorker(index, generation, clock),
+        backend=backend,
+        subscribers=(subscriber,),
+    )
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        outcome = clock.run(interruptible(run))
+    finally:
+        assert signal.getsignal(signal.SIGINT) is previous  # the handlers in place before are back
+    return outcome, backend, out
+
+
+def status(out: Path) -> str:
+    receipt: dict[str, str] = json.loads((out / "run.json").read_text())
+    return receipt["status"]
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_mid_run_interrupts(tmp_path: Path) -> None:
+    outcome, backend, out = run_with(tmp_path, on_event=TrajectoryFinished)
+    assert (outcome.status, outcome.exit_code, outcome.late_signal) == ("interrupted", 130, None)
+    assert status(out) == "interrupted" and backend.closed
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_during_the_synchronous_tail_is_not_lost(tmp_path: Path) -> None:
+    """``measurement_finished`` is emitted while the summary is built, with no await until the run ends:
+    a loop-level handler saw such a signal only after it had been removed."""
+    outcome, _, out = run_with(tmp_path, on_event=MeasurementFinished)
+    assert (outcome.status, outcome.exit_code, outcome.late_signal) == ("complete", 0, "SIGINT")
+    assert status(out) == "complete" and outcome.summary is not None
+    assert outcome.summary["counts"]["completed"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_during_cleanup_keeps_a_complete_run_complete_and_runs_every_step(tmp_path: Path) -> None:
+    # from the last cleanup step: the cancellation arrives there
+    outcome, backend, out = run_with(tmp_path, signal_on_close=True)
+    assert (outcome.status, outcome.late_signal) == ("complete", "SIGINT") and backend.closed
+    assert status(out) == "complete"
+    # from an earlier step (the pool closing its workers): the steps after it still run
+    outcome, backend, out = run_with(tmp_path / "again", signal_in_worker_close=True)
+    assert (outcome.status, outcome.late_signal) == ("complete", "SIGINT") and backend.closed
+    assert status(out) == "complete"
