@@ -879,3 +879,18 @@ def test_a_page_with_gaps_and_an_outage_draws_in_headless_chromium(tmp_path: Pat
     attrs, console = chromium_page(page, tmp_path)
     assert console == [] and "error" not in attrs, attrs
     assert attrs["counters"] == str(len(page_data(page.read_text())["counters"]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (.ci/run installs it)"
+)
+def test_thin_rows_label_every_group_even_right_below_a_one_row_group(tmp_path: Path) -> None:
+    """With ~1,000 rows (3 px each) the shared tracks sit on top and the one-row scheduler group is
+    followed at once by the trajectories: that label used to be skipped as overlapping."""
+    events = [e for i in range(1000) for e in trajectory(f"t{i}", i, i * 0.01, worker=i % 2)]
+    page = write_timeline(make_run(tmp_path, events))
+    attrs, console = chromium_page(page, tmp_path)
+    assert console == [] and "error" not in attrs, attrs
+    assert int(attrs["rows"]) > 888  # thin rows: group labels, not row labels
+    assert "trajectories" in attrs["labels"].split("|"), attrs["labels"]
