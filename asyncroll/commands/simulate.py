@@ -35,6 +35,14 @@ def simulate(
         float | None, Opt(help="Seconds per tool job before the worker is replaced.")
     ] = None,
     tool_errors: Annotated[str | None, Opt(help="fail | observe")] = None,
+    starvation_threshold: Annotated[
+        int | None,
+        Opt(help="Pressure trigger (default: the inflight limit; a sweep: the same in every cell)."),
+    ] = None,
+    aging_seconds: Annotated[float | None, Opt(help="Hard aging bound for the pressure policy (30).")] = None,
+    aging_weight: Annotated[
+        float | None, Opt(help="Soft aging weight for the pressure policy (0.02).")
+    ] = None,
     limit: Annotated[int | None, Opt(help="Simulate only the first N problems.")] = None,
     tool_root: Annotated[
         Path | None,
@@ -239,6 +247,9 @@ def simulate(
                 "max_turns",
                 "tool_timeout",
                 "tool_errors",
+                "starvation_threshold",
+                "aging_seconds",
+                "aging_weight",
             )
             base = {k: derived.source_config[k] for k in keep if k in derived.source_config}
             values = {**base, **values, "workload": derived.workload, "tool_root": derived.tool_root}
@@ -269,6 +280,10 @@ def simulate(
         typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, cfg.output)
+    if outcome.late_signal:
+        from asyncroll.runtime.signals import late_signal_note
+
+        typer.echo(late_signal_note(outcome.late_signal), err=True)
     b = outcome.summary.get("bounds") if outcome.summary else None
     if b:
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"

@@ -4,13 +4,17 @@ On a :class:`~asyncroll.clock.VirtualClock` this makes the whole runtime — adm
 dispatcher, policies, pool, restarts — run deterministically in virtual time, which is how scheduling
 is tested and how the simulator reuses the real runtime. Built-in tools compute their real value;
 ``spin_ms``/``sleep_ms`` take their argument as duration. A job longer than the tool timeout behaves as a
-real one does: the worker "dies" and is replaced.
+real one does: the worker "dies" and is replaced. A replacement may take a start-up time (a replay's
+measured ones), during which its slot takes no job, as a real replacement's does while it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import itertools
+import math
+import statistics
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asyncroll.clock import Clock
@@ -41,12 +45,16 @@ class VirtualWorker:
         clock: Clock,
         duration: Duration = builtin_duration,
         simulate_tools: bool = False,
+        startup_s: float = 0.0,
     ) -> None:
         """``simulate_tools``: a trusted file tool (which a virtual worker cannot run) succeeds with a
-        null value instead of failing — what a simulation of scripted actions wants."""
+        null value instead of failing — what a simulation of scripted actions wants. ``startup_s``: the
+        seconds :meth:`start` takes on the clock (reported in ``worker_ready``)."""
+        if not (math.isfinite(startup_s) and startup_s >= 0):
+            raise ValueError(f"startup_s must be a finite number >= 0, got {startup_s}")
         self.index = index
         self.generation = generation
-        self.startup_s = 0.0
+        self.startup_s = startup_s
         self._clock = clock
         self._duration = duration
         self._simulate_tools = simulate_tools
@@ -58,7 +66,8 @@ class VirtualWorker:
         return None
 
     async def start(self) -> None:
-        return None
+        if self.startup_s:
+            await self._clock.sleep(self.startup_s)
 
     async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
         sent = self._clock.now()
@@ -112,6 +121,24 @@ def _evaluate(request: JobRequest, simulate_tools: bool) -> tuple[bool, Any, str
 
 
 def virtual_factory(
-    clock: Clock, duration: Duration = builtin_duration, *, simulate_tools: bool = False
+    clock: Clock,
+    duration: Duration = builtin_duration,
+    *,
+    simulate_tools: bool = False,
+    replacement_startup: Sequence[float] = (),
 ) -> Callable[[int, int], VirtualWorker]:
-    return lambda index, generation: VirtualWorker(index, generation, clock, duration, simulate_tools)
+    """Virtual workers on ``clock``. The initial ones (generation 0) are ready at once: they start before
+    the measured window. The k-th replacement (generation > 0, in the order replacements start) takes
+    ``replacement_startup[k]`` seconds to start; any beyond those take their median (none given: 0)."""
+    startups = tuple(replacement_startup)
+    beyond = statistics.median(startups) if startups else 0.0
+    replacements = itertools.count()
+
+    def factory(index: int, generation: int) -> VirtualWorker:
+        startup = 0.0
+        if generation > 0:
+            k = next(replacements)
+            startup = startups[k] if k < len(startups) else beyond
+        return VirtualWorker(index, generation, clock, duration, simulate_tools, startup)
+
+    return factory

@@ -102,7 +102,7 @@ def simulate(
     run = Run(
         prepared,
         clock,
-        worker_factory=workers_for(settings, clock),
+        worker_factory=workers_for(settings, clock, () if derived is None else derived.replacement_startup_s),
         backend=backend,
         receipt_extra=extra,
         model_capacity=capacity,
@@ -119,14 +119,17 @@ def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Back
     return ScriptedBackend(clock, settings.turn_overhead_ms / 1000), None
 
 
-def workers_for(settings: SimulationSettings, clock: VirtualClock) -> WorkerFactory:
-    """Virtual workers whose jobs take their declared cost plus the per-job overhead."""
+def workers_for(
+    settings: SimulationSettings, clock: VirtualClock, replacement_startup: tuple[float, ...] = ()
+) -> WorkerFactory:
+    """Virtual workers whose jobs take their declared cost plus the per-job overhead; replacements take
+    ``replacement_startup`` to start (a replay's measured ones; see :func:`virtual_factory`)."""
     extra = settings.job_overhead_ms / 1000
 
     def duration(request: JobRequest) -> float:
         return builtin_duration(request) + extra
 
-    return virtual_factory(clock, duration, simulate_tools=True)
+    return virtual_factory(clock, duration, simulate_tools=True, replacement_startup=replacement_startup)
 
 
 def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None) -> DerivedRun:

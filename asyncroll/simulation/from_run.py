@@ -13,6 +13,14 @@ keeps its measured evaluation time and the verdict the run reached (from ``resul
 program before the last failed, the last one passed or not), so the replay repairs exactly where the
 run did — no code runs in the replay.
 
+A worker replaced in the run (after a timeout or a death) took a measured time to start, its
+``worker_ready`` ``startup_s``, during which its slot took no job. The replay's replacements take those
+times: the k-th replacement the replay starts takes the start-up of the k-th one the run started (the
+order of ``worker_restarting``; exact when the replay replaces workers as the run did); any replacement
+beyond the run's count takes their median, and where the run replaced none, the median start-up of its
+initial workers (the only measurement there is). A start attempt that failed in the run is not replayed.
+The initial workers start before the measured window, in the replay at once.
+
 Only a run that completed is replayed: an interrupted or failed run measured only some of its turns and
 jobs, and the rest would silently take the workload's scripted timings. Its actions must be the
 workload's script (the scripted backend, or an HTTP backend with ``--replay``): an agent-mode run's
@@ -24,7 +32,9 @@ for the JSONL files), never a traceback.
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +57,8 @@ class DerivedRun:
     trajectories: int
     model_turns: int
     cpu_jobs: int
+    #: seconds each replacement worker takes to start, in the order they start (see the module docstring)
+    replacement_startup_s: tuple[float, ...] = ()
 
 
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
@@ -133,10 +145,21 @@ class _Measured:
     model: dict[tuple[str, int], float]
     cpu: dict[tuple[str, int], float]
     started: set[str]
+    restarts: list[tuple[int, int]]  # (worker, generation) of each replacement, in the order it started
+    ready: dict[tuple[int, int], float]  # (worker, generation) -> start-up seconds
+
+    def replacement_startup(self) -> tuple[float, ...]:
+        """The start-up of each replacement in the order they started (failed attempts have none); where
+        none was replaced, the median of the initial workers' as the one value every replacement takes."""
+        replaced = tuple(self.ready[key] for key in self.restarts if key in self.ready)
+        if replaced:
+            return replaced
+        initial = [seconds for (_, generation), seconds in self.ready.items() if generation == 0]
+        return (statistics.median(initial),) if initial else ()
 
 
 def _measurements(run_dir: Path, tool_timeout_s: float) -> _Measured:
-    measured = _Measured({}, {}, set())
+    measured = _Measured({}, {}, set(), [], {})
     job_turn: dict[int, int] = {}
     path = run_dir / "events.jsonl"
     timeout_ms = round(tool_timeout_s * 1000.0 + TIMEOUT_MARGIN_MS, 6)
@@ -149,6 +172,16 @@ def _measurements(run_dir: Path, tool_timeout_s: float) -> _Measured:
                 f"version {EVENTS_SCHEMA_VERSION} only"
             )
         kind, tid = event.get("event"), event.get("id")
+        if kind in ("worker_restarting", "worker_ready"):
+            key = (_field(event, "worker", int, where), _field(event, "generation", int, where))
+            if kind == "worker_restarting":
+                measured.restarts.append(key)
+            else:
+                startup = float(_field(event, "startup_s", number, where))
+                if not (math.isfinite(startup) and startup >= 0):
+                    raise UsageError(f"--from-run {where}: 'worker_ready' lacks a valid 'startup_s'")
+                measured.ready[key] = startup
+            continue
         if kind not in ("trajectory_started", "model_finished", "model_failed", "cpu_enqueued") and not (
             kind in ("cpu_finished", "cpu_failed") and event.get("kind") in ("tool", "evaluate")
         ):
@@ -260,7 +293,15 @@ def derive_workload(run_dir: Path, destination: Path, tool_root: Path | None = N
             if pid in measured.started:
                 out.write(_replay(problem, pid, measured, verdicts).model_dump_json() + "\n")
                 count += 1
-    return DerivedRun(destination, root, config, count, len(measured.model), len(measured.cpu))
+    return DerivedRun(
+        destination,
+        root,
+        config,
+        count,
+        len(measured.model),
+        len(measured.cpu),
+        measured.replacement_startup(),
+    )
 
 
 def _replay(

@@ -4,8 +4,8 @@ Each seed jitters the workload's timings once (:mod:`asyncroll.simulation.pertur
 operating point of a seed sees the same durations. Each cell runs the real runtime on a virtual clock
 without writing files; the sweep writes ``sweep.csv`` (one row per cell and seed), ``sweep.md`` (one row
 per cell: min/median/max over seeds and the paired change against ``fifo``) and ``sweep.json`` (the
-rows and cells again, with everything that produced them: the spec, the simulation and run settings, the
-workload's SHA-256, the versions, the host and the command line).
+rows and cells again, with everything that produced them: the spec, the simulation, run and policy
+settings, the workload's SHA-256, the versions, the host and the command line).
 """
 
 from __future__ import annotations
@@ -291,6 +291,12 @@ def _record(workload: Path, tool_root: Path, base: dict[str, Any], argv: list[st
             "tool_timeout": config.tool_timeout,
             "tool_errors": config.tool_errors,
             "tool_root": str(tool_root.resolve()),
+        },
+        # the pressure policy's knobs, the same in every cell (threshold None: each cell's inflight limit)
+        "policy_settings": {
+            "starvation_threshold": config.starvation_threshold,
+            "aging_seconds": config.aging_seconds,
+            "aging_weight": config.aging_weight,
         },
         "command": list(argv),
         "versions": versions(),

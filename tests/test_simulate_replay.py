@@ -1,0 +1,311 @@
+"""What a replay (``simulate --from-run``) keeps of the recorded run besides its timings: the pressure
+policy's knobs (``--starvation-threshold``, ``--aging-seconds``, ``--aging-weight``, which ``simulate``
+accepts as ``run`` does) and the start-up time of every worker replaced during the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.clock import VirtualClock
+from asyncroll.config import build_config
+from asyncroll.runtime.run import Run, prepare
+from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
+from tests.conftest import tool_problem, write_workload
+from tests.test_cli import SMOKE, cli, load_run
+from tests.test_simulation import _edit_lines, simulate_here
+
+KNOBS = ["--starvation-threshold", "1", "--aging-seconds", "0.4", "--aging-weight", "0.5"]
+LIMITS = ["--policy", "asyncroll", "--max-active-trajectories", "8", "--cpu-workers", "2"]
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 synthetic problems on which the pressure policy decides differently with ``KNOBS``."""
+    from bench import synthetic
+
+    tmp = tmp_path_factory.mktemp("knobs")
+    return synthetic.write(tmp / "w.jsonl", 20, 150.0, 120.0, seed=1)
+
+
+@pytest.fixture(scope="module")
+def knobbed(synthetic: Path) -> Path:
+    """A completed (simulated) run of the pressure policy with non-default knobs, to replay."""
+    run = synthetic.parent / "knobbed"
+    result = simulate_here("--workload", synthetic, "--output", run, *LIMITS, *KNOBS)
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def _selections(run: Path) -> list[tuple[int, str, int]]:
+    events = (json.loads(line) for line in (run / "events.jsonl").read_text().splitlines())
+    return [(e["job_id"], e["reason"], e["threshold"]) for e in events if e["event"] == "cpu_selected"]
+
+
+def _knobs(run: Path) -> dict[str, Any]:
+    config = json.loads((run / "run.json").read_text())["config"]
+    names = ("starvation_threshold", "starvation_threshold_effective", "aging_seconds", "aging_weight")
+    return {name: config[name] for name in names}
+
+
+# --- the pressure policy's knobs ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_replay_keeps_the_runs_pressure_knobs_and_makes_its_decisions(
+    knobbed: Path, synthetic: Path, tmp_path: Path
+) -> None:
+    """The replay used to run with the default knobs (threshold = inflight limit, aging 30 s / 0.02):
+    every ``cpu_selected`` logged threshold 4 where the run had 1, and the decisions differed."""
+    assert _knobs(knobbed) == {
+        "starvation_threshold": 1,
+        "starvation_threshold_effective": 1,
+        "aging_seconds": 0.4,
+        "aging_weight": 0.5,
+    }
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", knobbed, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert _knobs(replay) == _knobs(knobbed)
+    decisions = _selections(replay)
+    assert decisions and {threshold for _, _, threshold in decisions} == {1}
+    # a replay of a simulated run is exact: the same job chosen for the same reason, decision by decision
+    assert decisions == _selections(knobbed)
+    defaults = tmp_path / "defaults"
+    assert simulate_here("--workload", synthetic, "--output", defaults, *LIMITS).exit_code == 0
+    assert [d[:2] for d in _selections(defaults)] != [d[:2] for d in decisions]  # the knobs matter here
+
+
+@pytest.mark.timeout(60)
+def test_flags_override_the_recorded_knobs_one_by_one(knobbed: Path, tmp_path: Path) -> None:
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", knobbed, "--output", replay, "--starvation-threshold", "3")
+    assert result.exit_code == 0, result.output
+    assert _knobs(replay) == {
+        "starvation_threshold": 3,
+        "starvation_threshold_effective": 3,
+        "aging_seconds": 0.4,
+        "aging_weight": 0.5,
+    }
+    assert {threshold for _, _, threshold in _selections(replay)} == {3}
+    other = tmp_path / "other"
+    args = ["--aging-seconds", "5", "--aging-weight", "0", "--max-inflight-model-requests", "2"]
+    result = simulate_here("--from-run", knobbed, "--output", other, *args)
+    assert result.exit_code == 0, result.output
+    assert _knobs(other) == {
+        "starvation_threshold": 1,
+        "starvation_threshold_effective": 1,
+        "aging_seconds": 5.0,
+        "aging_weight": 0.0,
+    }
+
+
+@pytest.mark.timeout(60)
+def test_a_run_without_a_threshold_replays_without_one(synthetic: Path, tmp_path: Path) -> None:
+    """The default threshold follows the inflight limit, in the replay too (it is not frozen at the
+    run's limit)."""
+    source = tmp_path / "source"
+    assert simulate_here("--workload", synthetic, "--output", source, *LIMITS).exit_code == 0
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", source, "--output", replay, "--max-inflight-model-requests", "2")
+    assert result.exit_code == 0, result.output
+    assert _knobs(replay)["starvation_threshold"] is None
+    assert _knobs(replay)["starvation_threshold_effective"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--starvation-threshold", "0"],
+            "--starvation-threshold: Input should be greater than or equal to 1",
+        ),
+        (["--aging-seconds", "0"], "--aging-seconds: Input should be greater than 0"),
+        (["--aging-seconds", "nan"], "--aging-seconds: Input should be a finite number"),
+        (["--aging-weight", "-1"], "--aging-weight: Input should be greater than or equal to 0"),
+        (["--aging-weight", "inf"], "--aging-weight: Input should be a finite number"),
+    ],
+)
+@pytest.mark.parametrize("mode", ["workload", "from_run", "sweep"])
+def test_bad_knobs_are_refused_as_run_refuses_them_before_anything_exists(
+    knobbed: Path, tmp_path: Path, args: list[str], message: str, mode: str
+) -> None:
+    out = tmp_path / "out"
+    modes: dict[str, list[str | Path]] = {
+        "workload": ["--workload", SMOKE],
+        "from_run": ["--from-run", knobbed],
+        "sweep": ["--sweep", "--workload", SMOKE],
+    }
+    given = modes[mode]
+    result = simulate_here(*given, "--output", out, *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {message}\n"
+    assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_sweep_applies_the_knobs_to_every_cell_and_records_them(synthetic: Path, tmp_path: Path) -> None:
+    """With no jitter, a sweep cell is the single simulation of the same settings, knobs included."""
+    single = tmp_path / "single"
+    result = simulate_here("--workload", synthetic, "--output", single, *LIMITS, *KNOBS)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "sweep"
+    args = ["--policies", "asyncroll", "--active", "8", "--workers", "2", "--seeds", "1", "--jitter", "0"]
+    result = simulate_here("--sweep", "--workload", synthetic, "--output", out, *args, "--jobs", "1", *KNOBS)
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["policy_settings"] == {"starvation_threshold": 1, "aging_seconds": 0.4, "aging_weight": 0.5}
+    [row] = record["rows"]
+    summary = json.loads((single / "summary.json").read_text())
+    assert row["makespan_s"] == summary["makespan_s"]
+    assert row["reorders"] == summary["scheduler"]["reorders"]
+
+
+# --- replacement workers' start-up time --------------------------------------------------------------
+
+
+def test_virtual_replacements_take_their_start_up_in_order_then_the_median() -> None:
+    factory = virtual_factory(VirtualClock(), replacement_startup=(0.4, 0.1, 0.3))
+    assert [factory(slot, 0).startup_s for slot in range(2)] == [0.0, 0.0]  # before the measured window
+    assert [factory(k % 2, 1 + k // 2).startup_s for k in range(5)] == [0.4, 0.1, 0.3, 0.3, 0.3]
+    assert virtual_factory(VirtualClock())(0, 1).startup_s == 0.0
+    with pytest.raises(ValueError, match="startup_s"):
+        virtual_factory(VirtualClock(), replacement_startup=(float("nan"),))(0, 1)
+
+
+def _timeouts_workload(path: Path, n: int = 12, long_ms: float = 1500) -> Path:
+    """Every third problem calls a tool that runs past a 1 s tool timeout, so its worker is replaced."""
+    problems = [
+        tool_problem(f"p{i}", model_ms=50, cpu_ms=long_ms if i % 3 == 0 else 100, tool="spin_ms")
+        for i in range(n)
+    ]
+    return write_workload(path, problems)
+
+
+STARTUPS = (0.25, 0.28, 0.18, 0.18)
+
+
+def _record_on_a_virtual_clock(tmp_path: Path, startups: tuple[float, ...], long_ms: float = 1500) -> Path:
+    """A recorded run whose replacement workers took ``startups`` to start, as real ones take time."""
+    tmp_path.mkdir(exist_ok=True)
+    workload = _timeouts_workload(tmp_path / "w.jsonl", long_ms=long_ms)
+    out = tmp_path / "recorded"
+    settings = {"cpu_workers": 2, "tool_timeout": 1.0, "tool_errors": "observe"}
+    cfg = build_config({"workload": workload, "output": out, **settings})
+    clock = VirtualClock()
+    factory = virtual_factory(clock, builtin_duration, replacement_startup=startups)
+    outcome = clock.run(Run(prepare(cfg, ["test"]), clock, worker_factory=factory).execute())
+    assert outcome.status == "complete", outcome.error
+    return out
+
+
+def _replacement_startups(run: Path) -> list[float]:
+    _, _, events = load_run(run)
+    return [e.startup_s for e in events if e.event == "worker_ready" and e.generation > 0]
+
+
+@pytest.mark.timeout(60)
+def test_a_replay_takes_each_replacements_recorded_start_up_time(tmp_path: Path) -> None:
+    """Replacements used to be ready at the instant of the restart: the replay finished earlier than the
+    run by about their start-up times. On a virtual clock the replay now reproduces the run exactly."""
+    recorded = _record_on_a_virtual_clock(tmp_path, STARTUPS)
+    assert _replacement_startups(recorded) == list(STARTUPS)
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert _replacement_startups(replay) == list(STARTUPS)
+    _, source, _ = load_run(recorded)
+    _, summary, events = load_run(replay)
+    assert summary["workers"]["restarts"] == source["workers"]["restarts"] == len(STARTUPS)
+    assert summary["makespan_s"] == pytest.approx(source["makespan_s"], abs=1e-5)
+    # each replacement is ready its start-up after it began to start
+    began = {(e.worker, e.generation): e.t for e in events if e.event == "worker_restarting"}
+    ready = {(e.worker, e.generation): (e.t, e.startup_s) for e in events if e.event == "worker_ready"}
+    assert all(ready[key][0] - t == pytest.approx(ready[key][1], abs=1e-6) for key, t in began.items())
+    instant = _record_on_a_virtual_clock(tmp_path / "instant", ())
+    _, without, _ = load_run(instant)
+    assert without["makespan_s"] < source["makespan_s"] - min(STARTUPS)  # what the replay used to say
+
+
+@pytest.mark.timeout(60)
+def test_replacements_beyond_the_runs_take_the_median_or_the_initial_workers_start_up(
+    tmp_path: Path,
+) -> None:
+    """At a shorter --tool-timeout the replay replaces more workers than the run did."""
+    recorded = _record_on_a_virtual_clock(tmp_path / "four", STARTUPS)
+    more = tmp_path / "more"
+    result = simulate_here("--from-run", recorded, "--output", more, "--tool-timeout", "0.09")
+    assert result.exit_code == 0, result.output
+    assert _replacement_startups(more) == [*STARTUPS, *[0.215] * 8]  # then the median of the four
+    # a run that replaced no worker: its initial workers' start-ups are the one measurement there is
+    quiet = _record_on_a_virtual_clock(tmp_path / "quiet", (), long_ms=500)
+    assert _replacement_startups(quiet) == []
+    _edit_lines(quiet / "events.jsonl", _initial_startups(0.2, 0.5))
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", quiet, "--output", replay, "--tool-timeout", "0.09")
+    assert result.exit_code == 0, result.output
+    assert _replacement_startups(replay) == [0.35] * 12
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad", [-0.1, "0.2", None])
+def test_a_damaged_start_up_time_is_refused_naming_the_line(tmp_path: Path, bad: Any) -> None:
+    recorded = _record_on_a_virtual_clock(tmp_path, STARTUPS)
+
+    def damage(lines: list[str]) -> list[str]:
+        return [
+            json.dumps({**event, "startup_s": bad}) + "\n"
+            if (event := json.loads(line))["event"] == "worker_ready" and event["generation"] == 2
+            else line
+            for line in lines
+        ]
+
+    _edit_lines(recorded / "events.jsonl", damage)
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", recorded, "--output", out)
+    assert result.exit_code == 2, result.output
+    assert "events.jsonl:" in result.stderr and "'worker_ready' lacks a valid 'startup_s'" in result.stderr
+    assert not out.exists()
+
+
+def _initial_startups(*seconds: float) -> Any:
+    def edit(lines: list[str]) -> list[str]:
+        out, given = [], iter(seconds)
+        for line in lines:
+            event = json.loads(line)
+            if event["event"] == "worker_ready" and event["generation"] == 0:
+                line = json.dumps({**event, "startup_s": next(given)}) + "\n"
+            out.append(line)
+        return out
+
+    return edit
+
+
+@pytest.mark.timeout(90)
+def test_a_replay_of_a_real_run_takes_its_measured_replacement_start_ups(tmp_path: Path) -> None:
+    """Real worker processes: each replacement took a measured time to start; the replay takes each of
+    them (it used to be ready at once and finish earlier than the run by about their sum)."""
+    problems = [
+        tool_problem(f"p{i}", model_ms=20, cpu_ms=600, tool="spin_ms")
+        if i % 3 == 0
+        else tool_problem(f"p{i}", model_ms=20, cpu_ms=30, tool="sleep_ms")
+        for i in range(6)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    real = tmp_path / "real"
+    args = ["--cpu-workers", "2", "--tool-timeout", "0.3", "--tool-errors", "observe", "--no-progress"]
+    result = cli("run", "--workload", workload, "--output", real, *args)
+    assert result.returncode == 0, result.stderr
+    measured = _replacement_startups(real)
+    assert len(measured) == 2 and all(s > 0 for s in measured)
+    replay = tmp_path / "replay"
+    result = cli("simulate", "--from-run", real, "--output", replay)
+    assert result.returncode == 0, result.stderr
+    assert _replacement_startups(replay) == measured
+    _, real_summary, _ = load_run(real)
+    _, summary, _ = load_run(replay)
+    # still only the runtime's own overhead left out: a little faster than the run, never slower
+    assert summary["makespan_s"] <= real_summary["makespan_s"] * 1.05
