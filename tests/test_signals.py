@@ -3,6 +3,7 @@ interrupts, and one that comes after every trajectory has finished leaves a comp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,7 +14,21 @@ import pytest
 from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
-from asyncroll.events import Event, MeasurementFinished, TrajectoryFinished
+from asyncroll.events import (
+    CpuEnqueued,
+    CpuFinished,
+    CpuSelected,
+    CpuStarted,
+    Event,
+    EventCapture,
+    EventLog,
+    MeasurementFinished,
+    TrajectoryFinished,
+)
+from asyncroll.policies import get_policy
+from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
+from asyncroll.runtime.model_gate import ModelGate
+from asyncroll.runtime.pool import WorkerPool
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.signals import interruptible
 from asyncroll.runtime.virtual_worker import VirtualWorker
@@ -114,3 +129,72 @@ def test_a_signal_during_cleanup_keeps_a_complete_run_complete_and_runs_every_st
     outcome, backend, out = run_with(tmp_path / "again", signal_in_worker_close=True)
     assert (outcome.status, outcome.late_signal) == ("complete", "SIGINT") and backend.closed
     assert status(out) == "complete"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth", [2, 5])
+def test_a_signal_with_jobs_queued_interrupts_and_never_fails_the_run(tmp_path: Path, depth: int) -> None:
+    """The stop cancels every queued job's wait; a worker freed meanwhile must not hand its slot to one of
+    them (that raised InvalidStateError and marked the run failed instead of interrupted)."""
+    problems = [tool_problem(f"p{i}", model_ms=1, cpu_ms=30, turns=4) for i in range(40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    cfg = build_config({"workload": workload, "output": out, "cpu_workers": 2, "max_active_trajectories": 16})
+    clock = VirtualClock()
+    sent: list[bool] = []
+
+    def subscriber(event: Event) -> None:
+        if isinstance(event, CpuEnqueued) and event.queue_depth >= depth and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    run = Run(
+        prepare(cfg, ["test"]),
+        clock,
+        worker_factory=lambda index, generation: VirtualWorker(index, generation, clock),
+        subscribers=(subscriber,),
+    )
+    outcome = clock.run(interruptible(run))
+    assert sent and (outcome.status, outcome.exit_code) == ("interrupted", 130), outcome.error
+    assert status(out) == "interrupted"
+
+
+@pytest.mark.timeout(60)
+def test_a_freed_worker_never_goes_to_a_job_whose_wait_was_cancelled() -> None:
+    """A stop cancels each queued job's wait at once, but the job leaves the queue only when its task
+    runs again. A worker freed in between (here: the job that just finished, whose event comes before
+    its slot is released) must skip it, not hand it the slot (InvalidStateError: the run failed)."""
+    clock = VirtualClock()
+    capture = EventCapture()
+
+    async def main() -> None:
+        events = EventLog(clock)
+        events.subscribe(capture)
+        pool = WorkerPool(1, lambda index, generation: VirtualWorker(index, generation, clock), clock, events)
+        dispatcher = CpuDispatcher(pool, get_policy("fifo"), ModelGate(1, clock, events), clock, events, 30)
+        events.start_measurement()
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            dispatcher.bind(tg)
+
+            def job(ms: float) -> asyncio.Task[JobOutcome]:
+                return tg.create_task(
+                    dispatcher.run(JobSpec("t", "tool", "sleep_ms", {"milliseconds": ms}, 0))
+                )
+
+            first = job(100)
+            await clock.sleep(0)
+            doomed, last = job(50), job(20)
+            await clock.sleep(0.01)
+            events.subscribe(
+                lambda e: doomed.cancel() if isinstance(e, CpuFinished) and e.job_id == 1 else None
+            )
+            assert (await first).ok and (await last).ok
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            await pool.aclose()
+
+    clock.run(main())
+    started = [e.job_id for e in capture.of(CpuStarted)]
+    assert started == [1, 3]  # the cancelled job 2 never got the worker
+    assert [e.queue_depth for e in capture.of(CpuSelected)] == [1, 1]  # job 3 was alone once 2 left

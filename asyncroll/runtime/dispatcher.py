@@ -181,6 +181,11 @@ class CpuDispatcher:
         return await self._execute(slot, queued)
 
     def _dispatch(self) -> None:
+        # A stop cancels a queued job's wait at once, but the job leaves the queue only when its task runs
+        # again: one freed worker in between must not be handed to it. (Nothing below awaits, so no wait
+        # is cancelled while this runs.)
+        for job_id in [k for k, q in self._queue.items() if q.future.cancelled()]:
+            self._predictor.forget(self._queue.pop(job_id).view)
         while self._queue:
             slot = self._pool.take_idle()
             if slot is None:
