@@ -109,9 +109,9 @@ class Resources(BaseModel):
     gpu_coverage_s: float
     joint_coverage_s: float
     joint_coverage_fraction: float | None
-    client_cpu_blocked_s: float
-    blocked_in_server_coverage_s: float
-    blocked_in_joint_coverage_s: float
+    client_cpu_blocked_s: float | None  # None: the measured window never opened
+    blocked_in_server_coverage_s: float | None
+    blocked_in_joint_coverage_s: float | None
     sampled_starvation_s: float | None
     sampled_starvation_fraction_of_coverage: float | None
     sampled_starvation_coverage_s: float

@@ -369,6 +369,8 @@ def test_worker_that_cannot_start_fails_the_run_with_its_reason(tmp_path: Path) 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["makespan_s"] is None and summary["bounds"] is None
     assert summary["client_cpu_blocked"]["seconds"] is None
+    assert summary["resources"]["client_cpu_blocked_s"] is None
+    assert summary["resources"]["blocked_in_server_coverage_s"] is None
     assert summary["throughput"]["completed_per_wall_hour"] is None
     SummaryModel.model_validate(summary)
 

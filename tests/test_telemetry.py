@@ -686,6 +686,23 @@ def test_nvtx_without_the_package_is_a_clear_error(tmp_path: Path, monkeypatch: 
     assert not (tmp_path / "run").exists()  # refused before anything started
 
 
+def test_nvtx_found_but_broken_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package that exists but fails to import (a broken install) is refused at validation too, not
+    with a traceback after the run directory exists."""
+    broken = tmp_path / "site"
+    broken.mkdir()
+    (broken / "nvtx.py").write_text("raise ImportError('libnvToolsExt missing')\n")
+    monkeypatch.syspath_prepend(str(broken))
+    monkeypatch.delitem(sys.modules, "nvtx", raising=False)
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p1", model_ms=1, cpu_ms=1)])
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", "nvtx": True})
+    with pytest.raises(UsageError, match=r"asyncroll\[profiling\]' \(import failed: libnvToolsExt missing\)"):
+        prepare(cfg, ["test"])
+    assert not (tmp_path / "run").exists()
+
+
 def test_telemetry_flags_validate() -> None:
     base = {"workload": "w.jsonl", "output": "out"}
     with pytest.raises(UsageError, match="--metrics-url 'localhost:8000/metrics': must be an http"):

@@ -224,8 +224,9 @@ class ResourceMeter:
             f"{MAX_GAP_INTERVALS} intervals apart)"
         )
 
-    def build(self, makespan_s: float) -> dict[str, Any]:
-        """The ``resources`` section of ``summary.json``."""
+    def build(self, makespan_s: float, measured: bool = True) -> dict[str, Any]:
+        """The ``resources`` section of ``summary.json``. ``measured`` False: the measured window never
+        opened, so the client's blocked time is unknown (null), not 0."""
         self._finish(makespan_s)
         sec, win = self.seconds, self.windows
         server_s, joint_s = sec["server"], sec["joint"]
@@ -252,9 +253,9 @@ class ResourceMeter:
             "gpu_coverage_s": round(sec["gpu"], 6),
             "joint_coverage_s": round(joint_s, 6),
             "joint_coverage_fraction": _ratio(joint_s, makespan_s),
-            "client_cpu_blocked_s": self._blocked.total(makespan_s),
-            "blocked_in_server_coverage_s": round(sec["blocked_in_server"], 6),
-            "blocked_in_joint_coverage_s": round(sec["blocked_in_joint"], 6),
+            "client_cpu_blocked_s": self._blocked.total(makespan_s) if measured else None,
+            "blocked_in_server_coverage_s": round(sec["blocked_in_server"], 6) if measured else None,
+            "blocked_in_joint_coverage_s": round(sec["blocked_in_joint"], 6) if measured else None,
             "sampled_starvation_s": starvation,
             "sampled_starvation_fraction_of_coverage": _ratio(starvation, server_s),
             "sampled_starvation_coverage_s": round(server_s, 6),

@@ -481,5 +481,5 @@ class SummaryBuilder:
             "peaks": peaks,
             "cpu_cost": cpu_cost,
             "telemetry": self.resources.telemetry(),
-            "resources": self.resources.build(makespan_s),
+            "resources": self.resources.build(makespan_s, measured),
         }

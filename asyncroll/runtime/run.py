@@ -207,6 +207,7 @@ class Run:
 
     async def execute(self) -> RunOutcome:
         cfg, clock = self.config, self.clock
+        ranges = self._ranges or make_ranges(cfg.nvtx)  # before any output exists: it can refuse
         files = RunDirectory(self.out if self._record else None, self._receipt_body(), clock.wall())
         events = EventLog(clock, files.events_path)
         summary = SummaryBuilder()
@@ -214,7 +215,6 @@ class Run:
         for subscriber in self._subscribers:
             events.subscribe(subscriber)
         limits = cfg.limits
-        ranges = self._ranges or make_ranges(cfg.nvtx)
         sampler = TelemetrySampler.from_config(cfg, clock, events)
         pool = WorkerPool(limits.cpu_workers, self._factory, clock, events)
         gate = ModelGate(limits.max_inflight_model_requests, clock, events, ranges=ranges)

@@ -99,11 +99,11 @@ def make_ranges(enabled: bool) -> Ranges:
 
 
 def nvtx_missing() -> str | None:
-    """Why ``--nvtx`` cannot work here (the package is not importable), or None. Cheap: no import."""
-    import importlib.util
-
-    return (
-        None
-        if importlib.util.find_spec("nvtx") is not None
-        else f"--nvtx needs the nvtx package: {EXTRA_HINT}"
-    )
+    """Why ``--nvtx`` cannot work here, or None. Imports the package (only asked with ``--nvtx``): a
+    package that is found but fails to import must be refused at validation, not after the run's
+    directory exists."""
+    try:
+        import nvtx  # noqa: F401
+    except ImportError as exc:
+        return f"--nvtx needs the nvtx package: {EXTRA_HINT} (import failed: {exc})"
+    return None
