@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 
 def libc() -> ctypes.CDLL:
@@ -33,3 +34,11 @@ def set_subreaper(on: bool) -> None:
     """Make this process adopt its descendants' orphans (Linux ``prctl``; a no-op elsewhere)."""
     with contextlib.suppress(OSError, AttributeError):
         libc().prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
+def is_subreaper() -> bool:
+    """Whether this process adopts its descendants' orphans (a tool worker always does, on Linux)."""
+    flag = ctypes.c_int(0)
+    with contextlib.suppress(OSError, AttributeError):
+        libc().prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return bool(flag.value)

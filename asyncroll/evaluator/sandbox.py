@@ -44,7 +44,7 @@ import psutil
 
 from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
-from asyncroll.evaluator.proctree import children, libc, set_subreaper
+from asyncroll.evaluator.proctree import children, is_subreaper, libc, set_subreaper
 
 MiB = 1 << 20
 HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")
@@ -210,6 +210,7 @@ class Sandbox:
         }
         result = Execution()
         self._baseline = children()
+        was_subreaper = is_subreaper()  # a tool worker stays one for its whole life
         set_subreaper(True)
         proc: subprocess.Popen[bytes] | None = None
         try:
@@ -241,7 +242,8 @@ class Sandbox:
                 if proc is not None:
                     self._clean_up(proc, group, result)
             finally:
-                set_subreaper(False)
+                if not was_subreaper:
+                    set_subreaper(False)
                 os.close(status_r)
                 os.close(lifeline_w)
         return result

@@ -5,6 +5,13 @@ only the stdlib and :mod:`asyncroll.workers.protocol`/:mod:`~asyncroll.workers.b
 (replacement) worker is ready in tens of milliseconds. Jobs arrive on ``--in-fd`` and replies leave on
 ``--out-fd``; the process's own stdout/stderr are a log file (or /dev/null), so a tool that prints
 cannot corrupt the channel. Module state persists across jobs: a worker is a warm, long-lived process.
+
+On Linux the worker is a child subreaper: a descendant orphaned by a double fork (``setsid -f``, a
+daemon) is re-parented to the worker, not to init, so it stays in the tree the runtime kills. The worker
+reaps such orphans once they exit, between jobs (never a child a tool started in the worker's own
+process group: that one the tool may still wait for); a background process a tool leaves running lives
+on with the worker (like module state) until the worker is killed, or it closes: then it ends every
+descendant itself.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.protocol import (
@@ -37,10 +44,19 @@ from asyncroll.workers.protocol import (
     write_all,
 )
 
+if TYPE_CHECKING:
+    import psutil
+
 PING = "__ping__"
 """The dummy call's tool name: answers the worker's pid."""
 ERROR_LIMIT = 2000
 MAX_DEPTH = 64
+CLOSE_GRACE_S = 0.2
+"""At close, descendants still running this long after SIGTERM get SIGKILL."""
+CLOSE_LIMIT_S = 0.6
+"""At close, stop trying after this long (inside the runtime's 1 s wait; it then kills the tree)."""
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36  # Linux >= 3.4
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -197,18 +213,118 @@ def serve(stream: BinaryIO, out_fd: int, tools: dict[str, Callable[..., Any]]) -
         if payload is None:
             return 0
         write_all(out_fd, run_job(tools, payload))
+        reap_orphans()  # after the reply: off the job's round trip
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when the runtime dies, so a runaway tool cannot outlive it."""
+def reap_orphans() -> None:
+    """Between jobs: reap the exited children that left this worker's process group — orphans adopted
+    after a ``setsid``/daemon double fork, which would otherwise stay zombies for the worker's life.
+
+    A child in the worker's own group is left alone: it may be one a tool started and will wait for in a
+    later job (module state), and reaping it would steal its exit status (``Popen`` would report 0). An
+    orphan that stayed in the group (a double fork without ``setsid``) is reaped when the worker closes.
+    Reads ``/proc`` (Linux: the thread's ``children`` list and each child's ``stat``); elsewhere nothing
+    is adopted, so there is nothing to reap."""
+    own = os.getpgrp()
+    for pid in _children():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+            if fields[0] == b"Z" and int(fields[2]) != own:
+                os.waitpid(pid, os.WNOHANG)
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not our child any more
+            continue
+
+
+def _children() -> list[int]:
+    """PIDs of this process's children, from ``/proc/self/task/*/children`` (empty if unavailable)."""
+    pids: list[int] = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(pid) for pid in f.read().split()]
+    except (OSError, ValueError):
+        return []
+    return pids
+
+
+def reap_children() -> bool:
+    """Reap every child that has exited; return whether any child is left (running or not yet reaped).
+    Only when the worker closes: it would steal the exit status of a child a tool still waits for."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def end_descendants(grace: float = CLOSE_GRACE_S, limit: float = CLOSE_LIMIT_S) -> None:
+    """SIGTERM every descendant, SIGKILL whatever still runs after ``grace`` seconds, reap them; give up
+    after ``limit`` seconds. Orphans made meanwhile are adopted (subreaper) and found on the next pass."""
+    if not reap_children():
+        return  # no child, so no descendant: the common case costs one system call
+    import psutil  # only when something is left: a worker must start without it
+
+    terminated: set[psutil.Process] = set()
+    t0 = time.monotonic()
+    while (elapsed := time.monotonic() - t0) < limit:
+        live = _running_descendants()
+        if not live:
+            break
+        for process in live:
+            try:
+                if elapsed >= grace:
+                    process.kill()
+                elif process not in terminated:
+                    process.terminate()
+                    terminated.add(process)
+            except psutil.Error:
+                pass
+        time.sleep(0.005)
+        reap_children()
+    reap_children()
+
+
+def _running_descendants() -> list[psutil.Process]:
+    import psutil
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    try:
+        return [p for p in psutil.Process().children(recursive=True) if running(p)]
+    except psutil.Error:
+        return []
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux ``prctl(option, value)``; nothing elsewhere, or where the C library lacks it."""
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the runtime dies, so a runaway tool cannot outlive it."""
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
+def _adopt_orphans() -> None:
+    """Become a child subreaper (Linux >= 3.4): descendants orphaned by a double fork or ``setsid -f``
+    are re-parented to this worker instead of init, so the tree kill finds them. Elsewhere such an
+    orphan leaves the tree, and only the process group reaches it."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools-json", required=True)
     args = parser.parse_args(argv)
     _die_with_parent()
+    _adopt_orphans()
+    try:
+        return _run(args)
+    finally:
+        end_descendants()  # leaving normally (end of stream, start-up failure, broken pipe)
+
+
+def _run(args: argparse.Namespace) -> int:
     # Descendants that exec must not hold the channel open: the runtime detects death by end of stream.
     os.set_inheritable(args.in_fd, False)
     os.set_inheritable(args.out_fd, False)

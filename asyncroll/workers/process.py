@@ -4,7 +4,8 @@
 ready handshake and a dummy call under a start-up deadline, then runs one job at a time over two
 dedicated pipes. A job that overruns its timeout, or a call that is cancelled, kills the worker's whole
 process tree (its process group plus every descendant psutil can see, including ones that called
-``setsid``); a killed worker is never reused. Owning the process directly keeps a tool round trip near
+``setsid`` or were orphaned by a double fork: the worker adopts those as a child subreaper); a killed
+worker is never reused. Owning the process directly keeps a tool round trip near
 the cost of two pipe writes and makes kill, reap and CPU accounting exact.
 """
 

@@ -2,8 +2,10 @@
 
 A worker leads its own process group, but a tool (or the code evaluator) may start descendants that
 call ``setsid`` and leave the group. Signalling the group *and* every descendant psutil finds reaches
-both. Descendants can only be found while the worker lives (once it exits they are re-parented), so a
-tree is always signalled before the worker is reaped.
+both. On Linux the worker is a child subreaper (:mod:`asyncroll.workers.child`), so a descendant whose
+parent exited (a double fork, ``setsid -f``) is re-parented to the worker and still found. Descendants
+can only be found while the worker lives (once it exits they are re-parented to init), so a tree is
+always signalled before the worker is reaped.
 """
 
 from __future__ import annotations
