@@ -9,6 +9,12 @@ run directory (events, results, summary) without the trace/timeline exports.
 Workload: seeded, small arguments (so that the runtime, not JSON parsing of large payloads, is measured):
 1 or 2 ``spin_ms`` calls (60% two) with lognormal model latency and CPU cost, then a graded answer; 64 active,
 16 inflight, 4 workers. Run: ``python -m bench.simspeed [--sizes 1000,10000,30000] [--repeats 3]``.
+
+``--parts`` adds a second table: the CPU that the policy code itself takes per trajectory — the duration
+predictor (predict with its refits, observe) and the remaining-work estimator (an event subscriber and its
+lookups) — under the default policy and under ``fifo`` (which logs predictions too). Each call is timed
+with the thread's CPU clock, in separate runs (the timers add their own cost to the rate). Whatever engine
+runs this policy code pays at least that much per trajectory, so ``10⁶ ÷ µs`` is a ceiling on its rate.
 """
 
 from __future__ import annotations
@@ -35,10 +41,37 @@ from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
 n, record, workload = int(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
-rundir.export = lambda out: {}
+policy, parts = sys.argv[4], sys.argv[5] == "1"
+rundir.export = lambda out, final=None: {}
+spent, calls = {}, {}
+def timed(cls, name):
+    inner = getattr(cls, name)
+    def call(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.thread_time() - t0
+            calls[name] = calls.get(name, 0) + 1
+    setattr(cls, name, call)
+class Empty:
+    def nothing(self): pass
+timed(Empty, "nothing")
+empty = Empty()
+for _ in range(20000):
+    empty.nothing()
+timer_s = spent.pop("nothing") / calls.pop("nothing")  # what the timing itself adds to one call
+if parts:
+    from asyncroll.policies.predictor import DurationPredictor
+    from asyncroll.policies.remaining import RemainingWork
+    for name in ("predict", "observe"):
+        timed(DurationPredictor, name)
+    for name in ("__call__", "estimate"):
+        timed(RemainingWork, name)
 tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
 cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
-                    "max_inflight_model_requests": 16, "cpu_workers": 4, "max_turns": 6})
+                    "max_inflight_model_requests": 16, "cpu_workers": 4, "max_turns": 6,
+                    "policy": policy})
 clock = VirtualClock()
 import psutil
 from asyncroll.events import MeasurementFinished, MeasurementStarted
@@ -57,7 +90,8 @@ assert outcome.summary["counts"]["completed"] == n
 window = rss["measurement_finished_cpu"] - rss["measurement_started_cpu"]
 print(json.dumps({"cpu_s": cpu, "window_cpu_s": window, "rss_mb": rss["measurement_finished"],
                   "growth_mb": rss["measurement_finished"] - rss["measurement_started"],
-                  "virtual_makespan_s": outcome.summary["makespan_s"]}))
+                  "virtual_makespan_s": outcome.summary["makespan_s"],
+                  "policy_s": max(0.0, sum(spent.values()) - timer_s * sum(calls.values()))}))
 """
 
 
@@ -92,8 +126,19 @@ def small_workload(n: int, seed: int) -> list[dict[str, Any]]:
     return problems
 
 
-def one(n: int, record: bool, workload: Path) -> dict[str, float]:
-    argv = [sys.executable, "-c", CHILD, str(n), "1" if record else "0", str(workload)]
+def one(
+    n: int, record: bool, workload: Path, policy: str = "asyncroll", parts: bool = False
+) -> dict[str, float]:
+    argv = [
+        sys.executable,
+        "-c",
+        CHILD,
+        str(n),
+        "1" if record else "0",
+        str(workload),
+        policy,
+        "1" if parts else "0",
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -103,6 +148,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=sizes_arg, default=[1000, 10000, 30000])
     parser.add_argument("--repeats", type=number_arg(int, 1, 1000), default=3)
+    parser.add_argument(
+        "--parts", action="store_true", help="also measure the policy code's own CPU per trajectory"
+    )
     args = parser.parse_args()
     sizes: list[int] = args.sizes
     print(f"machine: {machine()}")
@@ -129,6 +177,23 @@ def main() -> None:
                 f"| {growth:.1f} "
                 f"| {runs[0]['virtual_makespan_s']:.0f} |"
             )
+    if args.parts:
+        print()
+        print(
+            "| trajectories | policy | policy code CPU per trajectory µs (min / med / max) "
+            "| share of the run's CPU (median) | ceiling on trajectories per CPU-second (median) |"
+        )
+        print("|---:|---|---|---:|---:|")
+        for n in sizes:
+            workload = tmp / f"w{n}.jsonl"
+            for policy in ("asyncroll", "fifo"):
+                runs = [one(n, False, workload, policy, parts=True) for _ in range(args.repeats)]
+                per = [r["policy_s"] / n * 1e6 for r in runs]
+                lo, mid, hi = quantiles(per)
+                share = statistics.median(r["policy_s"] / r["window_cpu_s"] for r in runs)
+                print(
+                    f"| {n} | {policy} | {lo:.0f} / {mid:.0f} / {hi:.0f} | {share:.0%} | {1e6 / mid:,.0f} |"
+                )
 
 
 if __name__ == "__main__":
