@@ -8,7 +8,10 @@ median / max seconds of each step and the files' sizes. Where ``chromium`` is in
 opened headless (``#redraws``) and the page times itself with ``performance.now()``: its first draw
 (``data-firstdrawms``, includes warm-up) and the median of nine further full redraws (``data-redrawms``,
 what one zoom or pan step costs), each min / median / max over the repeats. Headless Chromium here draws
-in software (``--disable-gpu``), so a desktop browser is likely faster, not slower.
+in software (``--disable-gpu``), so a desktop browser is likely faster, not slower. Memory: the export once
+more in a fresh process (``python -c``), which reports its peak RSS (``ru_maxrss``) and its RSS after the
+imports (``VmHWM`` of ``/proc/self/status``), so the difference is what the export itself needed (SPEC §3:
+it must not grow with the run).
 
 Run: ``python -m bench.export [--events 1000,10000,100000] [--repeats 5]``.
 """
@@ -19,8 +22,10 @@ import argparse
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +57,11 @@ def make_run(target_events: int, tmp: Path) -> Path:
     )
     clock = VirtualClock()
     real_export = rundir.export
-    rundir.export = lambda out: {}  # the run's own export is what we time below, separately
+
+    def no_export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return {}  # the run's own export is what we time below, separately
+
+    rundir.export = no_export
     try:
         outcome = clock.run(
             Run(
@@ -91,6 +100,30 @@ def draw_ms(page: Path, profile: Path) -> tuple[float, float] | None:
 
 
 NO_CHROMIUM = "chromium not installed"
+PEAK_RSS = """
+import sys
+from pathlib import Path
+import asyncroll.outputs.rundir, asyncroll.outputs.timeline, asyncroll.outputs.trace
+
+def kb(field):  # this process's own figures: ru_maxrss would count the forking parent's pages
+    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith(field + ":"))
+
+base = kb("VmHWM")
+exports = asyncroll.outputs.rundir.export(Path(sys.argv[1]))
+assert exports["trace.json"]["ok"] and exports["timeline.html"]["ok"], exports
+print(base, kb("VmHWM"))
+"""
+
+
+def peak_rss_mb(out: Path) -> tuple[float, float] | None:
+    """(peak RSS, RSS after imports) in MB of a fresh process that exports ``out`` once (Linux only)."""
+    if not Path("/proc/self/status").exists():
+        return None
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, str(out)], capture_output=True, text=True, timeout=3600, check=True
+    )
+    base, peak = (int(x) / 1024 for x in proc.stdout.split())
+    return peak, base
 
 
 def fmt(xs: list[float], digits: int = 3) -> str:
@@ -107,9 +140,10 @@ def main() -> None:
     print(f"command: python -m bench.export --events {args.events} --repeats {args.repeats}")
     print(
         "| events | trajectories | parse events.jsonl s | write trace.json s | write timeline.html s "
-        "| trace.json MB | timeline.html MB | page | first draw ms | one redraw (zoom/pan step) ms |"
+        "| trace.json MB | timeline.html MB | export peak RSS MB (after imports) | page "
+        "| first draw ms | one redraw (zoom/pan step) ms |"
     )
-    print("|---:|---:|---|---|---|---:|---:|---|---|---|")
+    print("|---:|---:|---|---|---|---:|---:|---:|---|---|---|")
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-export-"))
     try:
         for target in (int(x) for x in args.events.split(",")):
@@ -137,9 +171,11 @@ def main() -> None:
             note = f"{data.group(1)} of {data.group(2)} spans individual"
             note += ", rest merged into bars (says so)" if "Down-sampled:" in html else ""
             mb = [(out / name).stat().st_size / 1e6 for name in ("trace.json", "timeline.html")]
+            rss = peak_rss_mb(out)
+            memory = f"{rss[0]:.0f} ({rss[1]:.0f})" if rss else "n/a"
             print(
                 f"| {events:,} | {trajectories:,} | {fmt(timings['parse'])} | {fmt(timings['trace'])} "
-                f"| {fmt(timings['timeline'])} | {mb[0]:.2f} | {mb[1]:.2f} | {note} "
+                f"| {fmt(timings['timeline'])} | {mb[0]:.2f} | {mb[1]:.2f} | {memory} | {note} "
                 f"| {fmt(first, 1) if first else NO_CHROMIUM} "
                 f"| {fmt(redraw, 1) if redraw else NO_CHROMIUM} |",
                 flush=True,

@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tracemalloc
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from typing import Any
 import pytest
 
 from asyncroll import events as ev
-from asyncroll.outputs import timeline
+from asyncroll.outputs import rundir, timeline
+from asyncroll.outputs import trace as trace_export
 from asyncroll.outputs.timeline import timeline_data, write_timeline
 from asyncroll.outputs.trace import write_trace
 from tests.conftest import REPO, tool_problem, write_workload
@@ -894,3 +896,36 @@ def test_thin_rows_label_every_group_even_right_below_a_one_row_group(tmp_path: 
     assert console == [] and "error" not in attrs, attrs
     assert int(attrs["rows"]) > 888  # thin rows: group labels, not row labels
     assert "trajectories" in attrs["labels"].split("|"), attrs["labels"]
+
+
+def export_peak_bytes(tmp_path: Path, n: int) -> int:
+    """tracemalloc's peak while exporting a run of ``n`` trajectories (as a run does: one pass, two files)."""
+    events = [
+        e for i in range(n) for e in trajectory(f"t{i}", i, 0.01 * i, worker=i % 4, reordered=i % 3 == 0)
+    ]
+    run = make_run(tmp_path / str(n), events)
+    tracemalloc.start()
+    try:
+        exports = rundir.export(run)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exports["trace.json"]["ok"] and exports["timeline.html"]["ok"], exports
+    return peak
+
+
+@pytest.mark.timeout(120)
+def test_export_memory_does_not_grow_with_the_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §3: spans wait on disk, trace.json is sorted in bounded chunks and the page holds at most
+    MAX_SPANS spans, so what an export holds per trajectory is a few small numbers (its id, its spans'
+    starts and ends for the bars, counter steps): ~1.6 KB here, where holding every span and building the
+    whole trace took ~24 KB. Limits scaled down so that these small runs cross them all."""
+    monkeypatch.setattr(trace_export, "SORT_CHUNK", 2_000)
+    monkeypatch.setattr(timeline, "MAX_SPANS", 1_000)
+    monkeypatch.setattr(timeline, "MAX_INSTANTS", 200)
+    monkeypatch.setattr(timeline, "MAX_TRAJECTORY_ROWS", 100)
+    (tmp_path / "400").mkdir()
+    (tmp_path / "1600").mkdir()
+    small, large = export_peak_bytes(tmp_path, 400), export_peak_bytes(tmp_path, 1_600)
+    per_trajectory = (large - small) / 1_200
+    assert per_trajectory < 3_000, f"{per_trajectory:.0f} bytes per trajectory ({small:,} → {large:,})"

@@ -5,11 +5,13 @@ queue and request, CPU queue and job, child execution), instants (worker restart
 and counters (CPU queue depth, model requests outstanding, active trajectories, and the telemetry samples
 of ``resource_sample`` events when a source was available). ``trace.json`` (:mod:`asyncroll.outputs.trace`)
 and ``timeline.html`` (:mod:`asyncroll.outputs.timeline`) both draw from it, so the two views can never
-disagree. It streams ``events.jsonl`` line by line, keeps only the open begins and the finished spans, and
-never crashes on a line it cannot read: lines of unknown event types (a newer schema) and invalid lines are
-skipped and counted. Pairing is robust by design: a failed end labels its span, a begin without an end is
-drawn to the last timestamp of the run as "(incomplete)", and an end without a begin becomes an
-"(unmatched end)" instant; nothing is dropped.
+disagree. It streams ``events.jsonl`` line by line and keeps in memory only the open begins, the trajectory
+ids and compact counter series: finished spans and instants go to a :class:`SpanLog`, an anonymous temporary
+file beside the events that each view reads back in order, so that the export's memory does not grow with
+the run's spans (SPEC §3). It never crashes on a line it cannot read: lines of unknown event types (a newer
+schema) and invalid lines are skipped and counted. Pairing is robust by design: a failed end labels its span,
+a begin without an end is drawn to the last timestamp of the run as "(incomplete)", and an end without a
+begin becomes an "(unmatched end)" instant; nothing is dropped.
 
 A telemetry value that a sample did not give (``null``) is never drawn as the last good value: its
 counter series gets a ``None`` point where the value stops being known (``timeline.html`` breaks its line
@@ -23,8 +25,14 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import os
+import pickle
+import tempfile
 import typing
+import weakref
+from array import array
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +82,87 @@ class Span:
         return self.name if self.name == self.state else self.name + SUFFIX.get(self.state, "")
 
 
+class SpanLog:
+    """Spans (or instants) appended once and read back in order, any number of times, from an anonymous
+    temporary file: pickled batches of ``batch`` plain tuples (the file is deleted when the log is collected).
+    Also holds any other tuples (``trace.json``'s sort runs); ``dir``: where the file goes (None: tmp).
+    The file is unlinked as soon as it is made, so nothing is left behind even if the process is killed."""
+
+    def __init__(self, dir: Path | None = None, batch: int = 2048, spans: bool = True) -> None:
+        self.dir, self.batch, self.spans = dir, batch, spans
+        self._fd: int | None = None
+        self._closer: weakref.finalize[Any, Any] | None = None
+        self._chunks: list[tuple[int, int]] = []  # (offset, size) of each pickled batch
+        self._size = 0
+        self._pending: list[tuple[Any, ...]] = []
+        self._count = 0
+        self.trajectory_spans = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, item: Any) -> None:
+        if self.spans:
+            self.trajectory_spans += item.cat == "trajectory"
+            item = (item.track, item.cat, item.name, item.start, item.end, item.state, item.args)
+        self._pending.append(item)
+        self._count += 1
+        if len(self._pending) >= self.batch:
+            self._flush()
+
+    def extend(self, items: Iterable[Any]) -> None:
+        for item in items:
+            self.append(item)
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        if self._fd is None:
+            self._fd, name = tempfile.mkstemp(dir=self.dir, prefix=".asyncroll-export-")
+            os.unlink(name)
+            self._closer = weakref.finalize(self, os.close, self._fd)  # when closed or collected
+        data = pickle.dumps(self._pending, protocol=pickle.HIGHEST_PROTOCOL)
+        os.pwrite(self._fd, data, self._size)
+        self._chunks.append((self._size, len(data)))
+        self._size += len(data)
+        self._pending = []
+
+    def __iter__(self) -> Iterator[Any]:
+        self._flush()  # later appends go to new batches: a reader sees what was there when it began
+        chunks, fd = list(self._chunks), self._fd
+        for offset, size in chunks:
+            assert fd is not None
+            batch = pickle.loads(os.pread(fd, size, offset))
+            yield from (Span(*item) for item in batch) if self.spans else batch
+
+    def close(self) -> None:
+        """Delete the file now (otherwise: when the log is collected); the log is empty afterwards."""
+        if self._closer is not None:
+            self._closer()
+        self._fd, self._closer, self._chunks, self._pending, self._count = None, None, [], [], 0
+
+
+class Series:
+    """A counter's ``(t, value)`` steps, compactly: times in a float array, values as given (ints, floats,
+    ``None``), so that both views draw exactly the numbers the events carried."""
+
+    __slots__ = ("t", "values")
+
+    def __init__(self) -> None:
+        self.t = array("d")
+        self.values: list[float | None] = []
+
+    def append(self, t: float, value: float | None) -> None:
+        self.t.append(t)
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[tuple[float, float | None]]:
+        return zip(self.t, self.values, strict=True)
+
+
 @dataclass(slots=True)
 class CounterGap:
     """A run of samples in which a telemetry counter had no value, after it had one: from the first
@@ -104,12 +193,10 @@ class _Open:
 class Activity:
     """Everything both exporters draw, in seconds since measurement start (``t_min`` may be negative)."""
 
-    spans: list[Span] = field(default_factory=list)
-    instants: list[Span] = field(default_factory=list)
+    spans: SpanLog = field(default_factory=SpanLog)
+    instants: SpanLog = field(default_factory=SpanLog)
     #: (t, value) steps; a ``None`` value: unknown from t until the next point (telemetry only)
-    counters: dict[str, list[tuple[float, float | None]]] = field(
-        default_factory=lambda: {k: [] for k in COUNTER_LABELS}
-    )
+    counters: dict[str, Series] = field(default_factory=lambda: {k: Series() for k in COUNTER_LABELS})
     counter_gaps: list[CounterGap] = field(default_factory=list)
     trajectories: list[Any] = field(default_factory=list)
     workers: set[int] = field(default_factory=set)
@@ -135,8 +222,8 @@ def _pick(e: ev.Event, *names: str) -> dict[str, Any]:
 class _Pairer:
     """Turns the event stream into an :class:`Activity`, one event at a time."""
 
-    def __init__(self) -> None:
-        self.a = Activity()
+    def __init__(self, spool: Path | None = None) -> None:
+        self.a = Activity(spans=SpanLog(spool), instants=SpanLog(spool))
         self.open: dict[tuple[str, Any], _Open] = {}
         self.seen_traj: set[Any] = set()
         # job_id -> (trajectory id, tool, kind), from enqueue until the job ends
@@ -160,9 +247,9 @@ class _Pairer:
         return ("worker", n)
 
     def count(self, name: str, t: float, value: float | None) -> None:
-        series = self.a.counters.setdefault(name, [])
-        if not series or series[-1][1] != value:
-            series.append((t, value))
+        series = self.a.counters.setdefault(name, Series())
+        if not series or series.values[-1] != value:
+            series.append(t, value)
 
     def instant(
         self, track: Track, cat: str, name: str, t: float, args: dict[str, Any], state: str = "ok"
@@ -396,7 +483,7 @@ class _Pairer:
 
 def collect_activity(events_path: Path) -> Activity:
     """Stream ``events.jsonl`` into spans, instants and counters (a missing file gives an empty activity)."""
-    pairer = _Pairer()
+    pairer = _Pairer(events_path.parent if events_path.parent.is_dir() else None)
     if not events_path.exists():
         pairer.a.run["events_file"] = "missing"
         return pairer.a
