@@ -287,6 +287,13 @@ def test_a_negative_seed_is_refused_by_the_config_plan_and_report(tmp_path: Path
     assert done.exit_code == 2 and "seed: Input should be greater than or equal to 0" in done.stderr
 
 
+def test_an_infinite_setting_is_refused_by_the_config(tmp_path: Path) -> None:
+    """JSON allows Infinity; an arm's client would refuse it only after the server had started."""
+    config = write_config(tmp_path, **{"client.tool_timeout": float("inf")})
+    with pytest.raises(UsageError, match="tool_timeout: Input should be a finite number"):
+        load_experiment_config(config)
+
+
 # --- 5. signals during cleanup; 6. unexpected errors --------------------------------------------------
 
 

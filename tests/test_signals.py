@@ -7,10 +7,13 @@ import asyncio
 import json
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+import asyncroll.runtime.run as run_module
 from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
@@ -29,7 +32,7 @@ from asyncroll.policies import get_policy
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
-from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.run import Run, RunOutcome, _cleanup, prepare
 from asyncroll.runtime.signals import interruptible
 from asyncroll.runtime.virtual_worker import VirtualWorker
 from tests.conftest import tool_problem, write_workload
@@ -198,3 +201,81 @@ def test_a_freed_worker_never_goes_to_a_job_whose_wait_was_cancelled() -> None:
     started = [e.job_id for e in capture.of(CpuStarted)]
     assert started == [1, 3]  # the cancelled job 2 never got the worker
     assert [e.queue_depth for e in capture.of(CpuSelected)] == [1, 1]  # job 3 was alone once 2 left
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_while_the_predictor_imports_still_closes_the_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the pool's start and the measured window the runtime waits for scikit-learn's import
+    (~1 s for real, here too). A stop there must close the workers like any other (the cleanup used to
+    begin only after that import, so real worker processes outlived the run)."""
+    importing = threading.Event()
+
+    def slow_import() -> None:
+        importing.set()
+        time.sleep(1.0)
+
+    monkeypatch.setattr(run_module, "warm_import", slow_import)
+    closed: list[int] = []
+    clock = VirtualClock()
+
+    class Recording(VirtualWorker):
+        async def aclose(self) -> None:
+            closed.append(self.index)
+            await super().aclose()
+
+    problems = [tool_problem("p0", model_ms=1, cpu_ms=1)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", "cpu_workers": 2})
+    ready: list[bool] = []
+
+    def send_when_ready() -> None:  # the workers are up (virtual: at once); the import still sleeps
+        if importing.wait(10):
+            time.sleep(0.05)
+            ready.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    run = Run(
+        prepare(cfg, ["test"]),
+        clock,
+        worker_factory=lambda index, generation: Recording(index, generation, clock),
+    )
+    sender = threading.Thread(target=send_when_ready, daemon=True)
+    sender.start()
+    outcome = clock.run(interruptible(run))
+    sender.join(5)
+    assert ready and outcome.status == "interrupted"
+    assert sorted(closed) == [0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_or_cancelled_cleanup_step_does_not_skip_the_next() -> None:
+    ran: list[str] = []
+
+    async def fails() -> None:
+        ran.append("fails")
+        raise RuntimeError("cannot close")
+
+    async def closes() -> None:
+        ran.append("closes")
+
+    with pytest.raises(RuntimeError, match="cannot close"):
+        asyncio.run(_cleanup(fails, None, closes))
+    assert ran == ["fails", "closes"]
+
+    async def cancelled_during_the_first() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def slow() -> None:
+            ran.append("slow")
+            task.cancel()  # the caller is cancelled while this step runs (shielded: it finishes)
+            await asyncio.sleep(0.01)
+
+        await _cleanup(slow, fails, closes)
+
+    ran.clear()
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cancelled_during_the_first())
+    assert ran == ["slow", "fails", "closes"]  # the cancellation wins over the failure, after all ran

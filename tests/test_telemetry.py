@@ -693,7 +693,7 @@ def test_nvtx_found_but_broken_is_refused_before_anything_starts(
     with a traceback after the run directory exists."""
     broken = tmp_path / "site"
     broken.mkdir()
-    (broken / "nvtx.py").write_text("raise ImportError('libnvToolsExt missing')\n")
+    (broken / "nvtx.py").write_text("raise OSError('libnvToolsExt missing')\n")
     monkeypatch.syspath_prepend(str(broken))
     monkeypatch.delitem(sys.modules, "nvtx", raising=False)
     workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p1", model_ms=1, cpu_ms=1)])

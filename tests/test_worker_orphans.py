@@ -22,6 +22,7 @@ import pytest
 
 from asyncroll.errors import WorkerTimeout
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
+from asyncroll.workers.child import ORPHAN_ZOMBIES
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -60,11 +61,11 @@ def detach_and_hang(duration: str, seconds: float) -> int:
 _kept = []
 
 
-def start_child(code: int) -> int:
-    """A child the tool waits for in a later job (module state), in the worker's own process group."""
+def start_child(code: int, new_session: bool = False) -> int:
+    """A child the tool waits for in a later job (module state)."""
     import subprocess
 
-    _kept.append(subprocess.Popen(["sh", "-c", f"exit {code}"]))
+    _kept.append(subprocess.Popen(["sh", "-c", f"exit {code}"], start_new_session=new_session))
     return _kept[-1].pid
 
 
@@ -215,11 +216,18 @@ def test_exited_orphans_are_reaped_between_jobs(tool_file: Path) -> None:
     async def main() -> None:
         worker = await started(ToolSpec("detach_short", tool_file), ToolSpec("add"))
         try:
-            assert (await worker.call(JobRequest(1, "detach_short", {"count": 20}), 10)).reply.value == 20
-            await asyncio.sleep(0.2)  # let the last ones exit after the reap that followed job 1
-            assert (await worker.call(JobRequest(2, "add", {"a": 1, "b": 1}), 10)).reply.ok
+            count = 3 * ORPHAN_ZOMBIES  # far more than the few the worker lets wait
+            assert (
+                await worker.call(JobRequest(1, "detach_short", {"count": count}), 10)
+            ).reply.value == count
             process = psutil.Process(worker.pid)
-            await until(lambda: process.children() == [])  # the reap after job 2 collected them
+            # each job is followed by a reap; once the orphans have exited, at most ORPHAN_ZOMBIES wait
+            for job in range(2, 60):
+                assert (await worker.call(JobRequest(job, "add", {"a": 1, "b": 1}), 10)).reply.ok
+                if len(process.children()) <= ORPHAN_ZOMBIES:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(process.children()) <= ORPHAN_ZOMBIES
         finally:
             await worker.aclose()
 
@@ -235,9 +243,13 @@ def test_a_child_the_tool_waits_for_later_keeps_its_exit_status(tool_file: Path)
         try:
             pid = (await worker.call(JobRequest(1, "start_child", {"code": 7}), 10)).reply.value
             await until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
-            assert (await worker.call(JobRequest(2, "start_child", {"code": 3}), 10)).reply.ok  # a reap
-            assert (await worker.call(JobRequest(3, "wait_child", {}), 10)).reply.value == 3
-            assert (await worker.call(JobRequest(4, "wait_child", {}), 10)).reply.value == 7
+            args = {"code": 5, "new_session": True}  # out of the group, like an orphan: few, so kept
+            other = (await worker.call(JobRequest(2, "start_child", args), 10)).reply.value
+            await until(lambda: not psutil.pid_exists(other) or psutil.Process(other).status() == "zombie")
+            assert (await worker.call(JobRequest(3, "start_child", {"code": 3}), 10)).reply.ok  # a reap
+            assert (await worker.call(JobRequest(4, "wait_child", {}), 10)).reply.value == 3
+            assert (await worker.call(JobRequest(5, "wait_child", {}), 10)).reply.value == 5
+            assert (await worker.call(JobRequest(6, "wait_child", {}), 10)).reply.value == 7
         finally:
             await worker.aclose()
 

@@ -24,7 +24,7 @@ def run(
         str | None, Opt(help="HTTP backends: server URL (default http://localhost:8000).")
     ] = None,
     limit: Annotated[
-        int | None, Opt(help="Run only the first N problems (only those lines are read and validated).")
+        int | None, Opt(help="Run only the first N problems (only those lines are validated).")
     ] = None,
     cpu_workers: Annotated[int | None, Opt(help="Persistent tool worker processes (default 2).")] = None,
     max_active_trajectories: Annotated[int | None, Opt(help="Admission bound (default 16).")] = None,

@@ -77,7 +77,7 @@ DEFAULT_VLLM_COMMAND = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ServerSpec(_Strict):

@@ -292,9 +292,9 @@ class Run:
                     files.update(metrics=metrics)
                 # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
                 importing = outer.create_task(_in_daemon_thread(warm_import))
-                await pool.start(outer)
-                await importing
-                try:
+                try:  # from the first worker on, the cleanup below closes whatever was started
+                    await pool.start(outer)
+                    await importing
                     await self._backend.start(outer)
                     warm = await self._backend.warmup(cfg.warmup_requests)
                     files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
@@ -354,8 +354,20 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
             status, error = "failed", _describe(exc)
         finally:
+            late: asyncio.CancelledError | None = None
             if live is not None:  # idempotent; here for a failure before the inner cleanup ran
-                await _shielded(live.aclose())
+                try:
+                    await _shielded(live.aclose())
+                except asyncio.CancelledError as exc:  # the summary and the receipt are written first
+                    late = exc
+                    if status == "complete" and self.interrupt_reason is not None:
+                        task = asyncio.current_task()
+                        if task is not None:
+                            task.uncancel()
+                        late = None  # after every trajectory finished: the run stays complete
+                    elif status != "interrupted":
+                        status = "interrupted"
+                        error = f"interrupted by {self.interrupt_reason or 'cancellation'}"
             makespan = None if origin is None else (finished_at or clock.now()) - origin
             cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"], clock.virtual)
             if makespan is not None:
@@ -385,6 +397,8 @@ class Run:
             )
             events.close()
             files.finish(result, status, clock.wall(), error=error, exit_code=_exit_code(status))
+            if late is not None:
+                raise late
         return RunOutcome(status, _exit_code(status), result, error)
 
 
@@ -426,9 +440,11 @@ async def _in_daemon_thread(fn: Callable[[], None]) -> None:
 
 
 async def _cleanup(*steps: Callable[[], Awaitable[Any]] | None) -> None:
-    """Run every cleanup step to its end, in order, even if the caller is cancelled during one (a
-    cancellation used to skip the steps after it); the cancellation is raised once all have run."""
+    """Run every cleanup step to its end, in order, even if the caller is cancelled during one or one
+    fails (either used to skip the steps after it, the worker pool's among them); then raise the
+    cancellation, else the first failure."""
     cancelled: asyncio.CancelledError | None = None
+    failed: Exception | None = None
     for step in steps:
         if step is None:
             continue
@@ -436,8 +452,12 @@ async def _cleanup(*steps: Callable[[], Awaitable[Any]] | None) -> None:
             await _shielded(step())
         except asyncio.CancelledError as exc:
             cancelled = exc
+        except Exception as exc:  # noqa: BLE001 - raised below, after the other steps ran
+            failed = failed or exc
     if cancelled is not None:
         raise cancelled
+    if failed is not None:
+        raise failed
 
 
 async def _shielded(coro: Any) -> None:

@@ -167,7 +167,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         policy=cell.rule,
     )
     outcome = clock.run(interruptible(run, keep_ignored=True))
-    if outcome.status == "interrupted":
+    if outcome.status == "interrupted" or outcome.late_signal:  # late: the cell finished, the sweep stops
         raise KeyboardInterrupt(run.interrupt_reason or "")
     if outcome.status != "complete" or outcome.summary is None:
         raise SimulationError(

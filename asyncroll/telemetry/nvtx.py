@@ -104,6 +104,6 @@ def nvtx_missing() -> str | None:
     directory exists."""
     try:
         import nvtx  # noqa: F401
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - a broken install may raise anything (OSError from its library)
         return f"--nvtx needs the nvtx package: {EXTRA_HINT} (import failed: {exc})"
     return None

@@ -7,16 +7,17 @@ only the stdlib and :mod:`asyncroll.workers.protocol`/:mod:`~asyncroll.workers.b
 cannot corrupt the channel. Module state persists across jobs: a worker is a warm, long-lived process.
 
 On Linux the worker is a child subreaper: a descendant orphaned by a double fork (``setsid -f``, a
-daemon) is re-parented to the worker, not to init, so it stays in the tree the runtime kills. The worker
-reaps such orphans once they exit, between jobs (never a child a tool started in the worker's own
-process group: that one the tool may still wait for); a background process a tool leaves running lives
-on with the worker (like module state) until the worker is killed, or it closes: then it ends every
+daemon) is re-parented to the worker, not to init, so it stays in the tree the runtime kills. Between
+jobs the worker reaps such orphans once they have exited, when more than a few wait (never a child in its
+own process group, which a tool may still wait for); a background process a tool leaves running lives on
+with the worker (like module state) until the worker is killed, or it closes: then it ends every
 descendant itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -51,6 +52,8 @@ PING = "__ping__"
 """The dummy call's tool name: answers the worker's pid."""
 ERROR_LIMIT = 2000
 MAX_DEPTH = 64
+ORPHAN_ZOMBIES = 32
+"""Exited orphans outside the worker's process group that may wait, unreaped, between jobs."""
 CLOSE_GRACE_S = 0.2
 """At close, descendants still running this long after SIGTERM get SIGKILL."""
 CLOSE_LIMIT_S = 0.6
@@ -213,28 +216,43 @@ def serve(stream: BinaryIO, out_fd: int, tools: dict[str, Callable[..., Any]]) -
         if payload is None:
             return 0
         write_all(out_fd, run_job(tools, payload))
-        reap_orphans()  # after the reply: off the job's round trip
+        reap_orphans()  # after the reply; one system call unless a child has exited
 
 
 def reap_orphans() -> None:
-    """Between jobs: reap the exited children that left this worker's process group — orphans adopted
-    after a ``setsid``/daemon double fork, which would otherwise stay zombies for the worker's life.
+    """Between jobs: once more than :data:`ORPHAN_ZOMBIES` exited children that left this worker's process
+    group wait to be reaped, reap them — orphans adopted after a ``setsid``/daemon double fork, which would
+    otherwise stay zombies for the worker's life (a tool that detaches a process per call would pile up
+    thousands).
 
-    A child in the worker's own group is left alone: it may be one a tool started and will wait for in a
-    later job (module state), and reaping it would steal its exit status (``Popen`` would report 0). An
+    A child in the worker's own group is never reaped here: it may be one a tool started and will wait
+    for in a later job (module state); reaping it would steal its exit status (``Popen`` would report 0).
+    The same holds for a tool's child in a session of its own (``start_new_session=True``) while fewer than
+    :data:`ORPHAN_ZOMBIES` such zombies exist — past that the worker cannot tell them from orphans. An
     orphan that stayed in the group (a double fork without ``setsid``) is reaped when the worker closes.
-    Reads ``/proc`` (Linux: the thread's ``children`` list and each child's ``stat``); elsewhere nothing
-    is adopted, so there is nothing to reap."""
+    Costs one system call when no child has exited; otherwise reads ``/proc`` (Linux: each thread's
+    ``children`` list and each child's ``stat``). Elsewhere nothing is adopted, so there is nothing to
+    reap."""
+    try:
+        if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return  # no child has exited
+    except (ChildProcessError, AttributeError, OSError):  # no child at all, or no waitid here
+        return
     own = os.getpgrp()
+    zombies = []
     for pid in _children():
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 stat = f.read()
             fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
             if fields[0] == b"Z" and int(fields[2]) != own:
-                os.waitpid(pid, os.WNOHANG)
-        except (OSError, ValueError, IndexError):  # gone meanwhile, or not our child any more
+                zombies.append(pid)
+        except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
+    if len(zombies) > ORPHAN_ZOMBIES:
+        for pid in zombies:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def _children() -> list[int]:
