@@ -929,3 +929,19 @@ def test_export_memory_does_not_grow_with_the_spans(tmp_path: Path, monkeypatch:
     small, large = export_peak_bytes(tmp_path, 400), export_peak_bytes(tmp_path, 1_600)
     per_trajectory = (large - small) / 1_200
     assert per_trajectory < 3_000, f"{per_trajectory:.0f} bytes per trajectory ({small:,} → {large:,})"
+
+
+def test_a_failed_trace_export_leaves_no_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = make_run(tmp_path, normal_events())
+
+    def half_then_fail(path: Path, *_: Any) -> None:
+        path.write_bytes(b'{"traceEvents":[')
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(trace_export, "_write", half_then_fail)
+    exports = rundir.export(run)
+    assert exports["trace.json"] == {"ok": False, "error": "RuntimeError: disk full"}
+    assert exports["timeline.html"]["ok"]
+    assert sorted(p.name for p in run.iterdir()) == ["events.jsonl", "timeline.html"]

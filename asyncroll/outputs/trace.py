@@ -181,8 +181,11 @@ def write_trace(run_dir: Path, activity: Activity | None = None) -> Path:
     a = activity or collect_activity(run_dir / "events.jsonl")
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        _write(tmp, a, _orjson)
-    except TypeError:
-        _write(tmp, a, _stdlib)
-    os.replace(tmp, path)
+        try:
+            _write(tmp, a, _orjson)
+        except TypeError:
+            _write(tmp, a, _stdlib)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed export leaves no half-written file behind
     return path
