@@ -34,6 +34,7 @@ import pytest
 from asyncroll import events as ev
 from asyncroll.outputs import rundir, timeline
 from asyncroll.outputs import trace as trace_export
+from asyncroll.outputs.spool import Spool
 from asyncroll.outputs.timeline import timeline_data, write_timeline
 from asyncroll.outputs.trace import write_trace
 from tests.conftest import REPO, tool_problem, write_workload
@@ -945,3 +946,14 @@ def test_a_failed_trace_export_leaves_no_partial_file(
     assert exports["trace.json"] == {"ok": False, "error": "RuntimeError: disk full"}
     assert exports["timeline.html"]["ok"]
     assert sorted(p.name for p in run.iterdir()) == ["events.jsonl", "timeline.html"]
+
+
+def test_a_spool_reads_back_in_order_any_number_of_times(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, batch=3)
+    spool.extend((i, str(i)) for i in range(7))
+    assert list(spool) == list(spool) == [(i, str(i)) for i in range(7)]
+    spool.append((7, "7"))  # after a read: a new batch, seen by the next read
+    assert len(spool) == 8 and list(spool)[-1] == (7, "7")
+    assert list(tmp_path.iterdir()) == []  # the file was unlinked at once
+    spool.close()
+    assert len(spool) == 0 and list(spool) == []

@@ -25,14 +25,10 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import os
-import pickle
-import tempfile
 import typing
-import weakref
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +36,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from asyncroll import events as ev
+from asyncroll.outputs.spool import Spool
 
 Track = tuple[str, Any]  # ("trajectory", id) | ("worker", n) | ("model", lane) | ("scheduler", 0)
 # | ("telemetry", resource field): the gaps of that field's counter
@@ -82,64 +79,21 @@ class Span:
         return self.name if self.name == self.state else self.name + SUFFIX.get(self.state, "")
 
 
-class SpanLog:
-    """Spans (or instants) appended once and read back in order, any number of times, from an anonymous
-    temporary file: pickled batches of ``batch`` plain tuples (the file is deleted when the log is collected).
-    Also holds any other tuples (``trace.json``'s sort runs); ``dir``: where the file goes (None: tmp).
-    The file is unlinked as soon as it is made, so nothing is left behind even if the process is killed."""
+class SpanLog(Spool):
+    """Spans (or instants) in a :class:`~asyncroll.outputs.spool.Spool`, as plain tuples, read back as
+    :class:`Span`; counts the trajectory spans on the way in (the timeline's layout needs that number)."""
 
-    def __init__(self, dir: Path | None = None, batch: int = 2048, spans: bool = True) -> None:
-        self.dir, self.batch, self.spans = dir, batch, spans
-        self._fd: int | None = None
-        self._closer: weakref.finalize[Any, Any] | None = None
-        self._chunks: list[tuple[int, int]] = []  # (offset, size) of each pickled batch
-        self._size = 0
-        self._pending: list[tuple[Any, ...]] = []
-        self._count = 0
+    def __init__(self, dir: Path | None = None) -> None:
+        super().__init__(dir)
         self.trajectory_spans = 0
 
-    def __len__(self) -> int:
-        return self._count
-
-    def append(self, item: Any) -> None:
-        if self.spans:
-            self.trajectory_spans += item.cat == "trajectory"
-            item = (item.track, item.cat, item.name, item.start, item.end, item.state, item.args)
-        self._pending.append(item)
-        self._count += 1
-        if len(self._pending) >= self.batch:
-            self._flush()
-
-    def extend(self, items: Iterable[Any]) -> None:
-        for item in items:
-            self.append(item)
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        if self._fd is None:
-            self._fd, name = tempfile.mkstemp(dir=self.dir, prefix=".asyncroll-export-")
-            os.unlink(name)
-            self._closer = weakref.finalize(self, os.close, self._fd)  # when closed or collected
-        data = pickle.dumps(self._pending, protocol=pickle.HIGHEST_PROTOCOL)
-        os.pwrite(self._fd, data, self._size)
-        self._chunks.append((self._size, len(data)))
-        self._size += len(data)
-        self._pending = []
+    def append(self, record: Any) -> None:
+        span: Span = record
+        self.trajectory_spans += span.cat == "trajectory"
+        super().append((span.track, span.cat, span.name, span.start, span.end, span.state, span.args))
 
     def __iter__(self) -> Iterator[Any]:
-        self._flush()  # later appends go to new batches: a reader sees what was there when it began
-        chunks, fd = list(self._chunks), self._fd
-        for offset, size in chunks:
-            assert fd is not None
-            batch = pickle.loads(os.pread(fd, size, offset))
-            yield from (Span(*item) for item in batch) if self.spans else batch
-
-    def close(self) -> None:
-        """Delete the file now (otherwise: when the log is collected); the log is empty afterwards."""
-        if self._closer is not None:
-            self._closer()
-        self._fd, self._closer, self._chunks, self._pending, self._count = None, None, [], [], 0
+        return (Span(*fields) for fields in super().__iter__())
 
 
 class Series:

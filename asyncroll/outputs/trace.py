@@ -18,14 +18,8 @@ from typing import Any
 
 import orjson
 
-from asyncroll.outputs.activity import (
-    COUNTER_LABELS,
-    RESOURCE_LABELS,
-    Activity,
-    SpanLog,
-    Track,
-    collect_activity,
-)
+from asyncroll.outputs.activity import COUNTER_LABELS, RESOURCE_LABELS, Activity, Track, collect_activity
+from asyncroll.outputs.spool import Spool
 
 Encoder = Callable[[Any], bytes]
 #: Events sorted in memory at once; more wait sorted in temporary files (~15 MB per chunk).
@@ -134,14 +128,14 @@ def _sorted(
     """The encoded events sorted by (ts, longest first), ties in their given order (parents before children,
     counters in order), with memory bounded by ``SORT_CHUNK`` events: an external merge sort whose sorted
     runs wait in temporary files beside the trace."""
-    runs: list[SpanLog] = []
+    runs: list[Spool] = []
     chunk: list[tuple[int, int, int, bytes]] = []
     for seq, (ts, dur, event) in enumerate(events):
         # keys are unique, so the bytes are never compared; copied, as orjson's bytes keep a 4 KB buffer
         chunk.append((ts, -dur, seq, bytes(memoryview(encode(event)))))
         if len(chunk) >= SORT_CHUNK:
             chunk.sort()
-            run = SpanLog(spool, batch=256, spans=False)
+            run = Spool(spool, batch=256)
             run.extend(chunk)
             runs.append(run)
             chunk = []
