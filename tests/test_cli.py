@@ -380,3 +380,20 @@ def test_more_worker_processes_than_the_cap_are_refused(tmp_path: Path) -> None:
     result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--cpu-workers", "5000")
     assert result.returncode == 2 and "at most 1024 worker processes" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_pressure_settings_with_a_baseline_policy_warn(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text(json.dumps({"aging_seconds": 5}))
+    result = cli(
+        "run",
+        "--workload",
+        SMOKE,
+        "--output",
+        tmp_path / "r",
+        "--policy",
+        "tool_first",
+        "--config",
+        tmp_path / "c.json",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning: --aging-seconds has no effect with --policy tool_first" in result.stderr

@@ -735,3 +735,25 @@ def test_synthetic_never_overwrites_another_tools_file(
         synthetic.main(["--n", "4", "--output", str(tmp_path / "a.jsonl")])
     assert exit_info.value.code == 2 and "already exists" in capsys.readouterr().err
     assert (tmp_path / "a.jsonl").read_bytes() == before
+
+
+def test_pressure_flags_unread_by_the_policy_are_named(tmp_path: Path) -> None:
+    """A pressure setting given to a policy that never reads it is said to do nothing (a flag that is
+    silently ignored misleads); a recorded run's own settings, kept by ``--from-run``, are not."""
+    fifo = simulate_here(
+        "--workload", SMOKE, "--output", tmp_path / "a", "--policy", "fifo", "--aging-weight", "1"
+    )
+    assert fifo.exit_code == 0, fifo.output
+    assert "warning: --aging-weight has no effect with --policy fifo" in fifo.stderr
+    pressure = simulate_here(
+        "--workload", SMOKE, "--output", tmp_path / "b", "--policy", "asyncroll", "--aging-weight", "1"
+    )
+    assert pressure.exit_code == 0 and "warning" not in pressure.stderr
+    sweep = ("--workload", SMOKE, "--sweep", "--seeds", "1", "--jobs", "1", "--starvation-threshold", "1")
+    baselines = simulate_here(*sweep, "--output", tmp_path / "c", "--policies", "fifo,tool_first")
+    assert baselines.exit_code == 0, baselines.output
+    assert "--starvation-threshold has no effect with --policies fifo,tool_first" in baselines.stderr
+    mixed = simulate_here(*sweep, "--output", tmp_path / "d", "--policies", "fifo,asyncroll")
+    assert mixed.exit_code == 0 and "warning" not in mixed.stderr
+    replay = simulate_here("--from-run", tmp_path / "b", "--output", tmp_path / "e", "--policy", "fifo")
+    assert replay.exit_code == 0 and "warning" not in replay.stderr  # aging 1 was the recorded run's

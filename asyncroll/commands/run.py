@@ -150,6 +150,12 @@ def run(
         raise fail(str(exc), exc.exit_code) from None
     if cfg.policy == "gpu_first":
         typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
+    from asyncroll.policies.registry import unread_pressure_flags
+
+    for flag in unread_pressure_flags(values, [cfg.policy]):
+        typer.echo(
+            f"warning: {flag} has no effect with --policy {cfg.policy} (read by asyncroll only)", err=True
+        )
     raise typer.Exit(_run(cfg))
 
 

@@ -6,7 +6,7 @@ import math
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -209,6 +209,7 @@ def simulate(
                 5 if seeds is None else seeds,
                 DEFAULT_JITTER if jitter is None else jitter,
             )
+            _warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
             for name in spec.policies:
                 try:
                     build_config({**values, "output": output, "policy": name})
@@ -234,6 +235,7 @@ def simulate(
             )
             typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             raise typer.Exit(0)
+        given = dict(values)  # the user's own settings, not those kept from a recorded run
         if from_run is not None:
             if limit is not None:
                 raise UsageError("--limit comes from the recorded run with --from-run")
@@ -254,6 +256,7 @@ def simulate(
             base = {k: derived.source_config[k] for k in keep if k in derived.source_config}
             values = {**base, **values, "workload": derived.workload, "tool_root": derived.tool_root}
         cfg = build_config(values)
+        _warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
         outcome = run_simulation(
             cfg,
             settings,
@@ -299,6 +302,13 @@ def _only_with(flags: Mapping[str, object], applies: bool, mode: str) -> None:
     if given and not applies:
         verb = "applies" if len(given) == 1 else "apply"
         raise UsageError(f"{', '.join(given)} {verb} only with {mode}")
+
+
+def _warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> None:
+    from asyncroll.policies.registry import unread_pressure_flags
+
+    for flag in unread_pressure_flags(given, policies):
+        typer.echo(f"warning: {flag} has no effect with {what} (read by asyncroll only)", err=True)
 
 
 def _refuse_single_run_forms(flags: Mapping[str, tuple[object, str]]) -> None:

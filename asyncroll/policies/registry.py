@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from asyncroll.policies.base import Policy
 from asyncroll.policies.baseline import Fifo, ToolFirst
 from asyncroll.policies.pressure import PressurePolicy
@@ -11,6 +13,21 @@ from asyncroll.policies.pressure import PressurePolicy
 #: for comparison).
 DEFAULT_PRESSURE = "asyncroll_critical"
 PRESSURE_POLICIES = ("asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock", "asyncroll_critical")
+#: Settings that only the pressure-aware policies read (config field → flag).
+PRESSURE_SETTINGS = {
+    "starvation_threshold": "--starvation-threshold",
+    "aging_seconds": "--aging-seconds",
+    "aging_weight": "--aging-weight",
+}
+
+
+def unread_pressure_flags(given: Iterable[str], policies: Iterable[str]) -> list[str]:
+    """The pressure settings among ``given`` that none of ``policies`` reads (say so: a flag that
+    silently does nothing misleads)."""
+    if any(name == "asyncroll" or name in PRESSURE_POLICIES for name in policies):
+        return []
+    given = set(given)
+    return [flag for key, flag in PRESSURE_SETTINGS.items() if key in given]
 
 
 def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 0.02) -> Policy:
