@@ -183,6 +183,14 @@ def test_help_imports_nothing_heavy() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.stdout.strip() == ""
     assert cli("--help").returncode == 0
+    # printing help does not load rich either (its markdown renderer alone took ~0.2 s of start-up)
+    for args in (["--help"], ["run", "--help"], ["experiment", "--help"]):
+        shown = (
+            f"import sys\nfrom asyncroll.cli import app\ntry:\n    app({args!r})\nexcept SystemExit:\n"
+            "    pass\nprint('rich' in sys.modules, file=sys.stderr)"
+        )
+        result = subprocess.run([sys.executable, "-c", shown], capture_output=True, text=True, timeout=30)
+        assert "Usage: " in result.stdout and result.stderr.strip() == "False", (args, result.stderr)
 
 
 @pytest.mark.timeout(60)
