@@ -129,6 +129,11 @@ class RunConfig(BaseModel):
             problem = None if url is None else http_url_problem(url)
             if problem is not None:
                 problems.append(f"{flag} {url!r}: {problem}")
+        if self.endpoint.rstrip("/").endswith("/v1"):  # an OpenAI SDK base_url: requests would 404
+            problems.append(
+                f"--endpoint {self.endpoint!r}: give the server's root URL, without /v1 "
+                "(asyncroll requests /v1/chat/completions under it)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -271,6 +271,23 @@ def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
     assert "figure.png" not in (tmp_path / "r" / "REPORT.md").read_text()
 
 
+def test_figure_names_a_pair_with_an_unknown_value(experiment: dict[str, Any], tmp_path: Path) -> None:
+    """A complete pair with one unknown value cannot be drawn as a line: its known points are drawn and
+    the panel names it as unknown, never dropping it silently (the medians count its known values)."""
+    from asyncroll.experiment.figure import draw, pair_values, unknown_note
+
+    comparison = read(experiment["out"] / "comparison.json")
+    second = next(p for p in comparison["pairs"] if p["pair"] == 2)
+    second["arms"]["fifo"]["metrics"]["completed_per_gpu_hour"] = None
+    complete = [p for p in comparison["pairs"] if p.get("complete")]
+    lines, partial = pair_values(complete, ["fifo", "asyncroll"], "completed_per_gpu_hour")
+    assert [n for n, _ in lines] == [1] and [n for n, _ in partial] == [2]
+    assert partial[0][1][0] is None and partial[0][1][1] is not None
+    assert unknown_note(partial, ["fifo", "asyncroll"]) == "unknown: p2 (fifo)"
+    paths = draw(comparison, aggregate(comparison), tmp_path / "figure")
+    assert all(path.stat().st_size > 5000 for path in paths)
+
+
 @pytest.mark.timeout(90)
 def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
     """A server that exits at once: every arm fails at its step, is kept, and the rest still run."""

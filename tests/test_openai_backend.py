@@ -513,6 +513,7 @@ def test_a_server_that_stays_down_pauses_admission_then_fails_the_run(tmp_path: 
     )
     assert outcome.status == "failed" and outcome.exit_code == 1
     assert outcome.error is not None and "stayed unavailable" in outcome.error
+    assert "last probe: GET /health: ConnectError" in outcome.error, outcome.error
     # Two failures open the circuit. At most one more trajectory was admitted in between (when the first
     # failure freed its slot before the second failure); the other seven were never admitted.
     started, failed = capture.of(TrajectoryStarted), capture.of(ModelFailed)
@@ -699,23 +700,26 @@ class FakeOpenAI:
     """A real loopback HTTP server answering ``/v1/chat/completions`` with ``bodies`` in turn (then the
     last one again); ``/v1/models`` names vLLM, ``/health`` is 200."""
 
-    def __init__(self, bodies: list[Any]) -> None:
+    def __init__(self, bodies: list[Any], get_status: dict[str, int] | None = None) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        statuses = get_status or {}
 
         served = iter(bodies)
         last = [bodies[-1]]
 
         class Handler(BaseHTTPRequestHandler):
-            def send(self, obj: Any) -> None:
+            def send(self, obj: Any, status: int = 200) -> None:
                 data = json.dumps(obj).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
-                self.send({"data": [{"id": "sim", "owned_by": "vllm"}]} if self.path == "/v1/models" else {})
+                body = {"data": [{"id": "sim", "owned_by": "vllm"}]} if self.path == "/v1/models" else {}
+                self.send(body, statuses.get(self.path, 200))
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -765,6 +769,27 @@ def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
     # every 200 is a response received: 4 valid of 14 (garbled bodies are invalid responses, not absent)
     assert outcome.summary["rates"]["validity_denominator"] == 14
     assert outcome.summary["rates"]["validity_rate"] == round(4 / 14, 6)
+
+
+@pytest.mark.timeout(60)
+def test_a_native_tool_call_reply_says_so(tmp_path: Path) -> None:
+    """A server serving with automatic tool choice answers ``tool_calls`` and no content: the error says
+    that, not only that the content is missing."""
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    body = completion(None) | {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
+    with FakeOpenAI([body]) as server:
+        outcome, capture, _ = http_run(tmp_path, final_problems(1), server.url)
+    assert outcome.status == "complete", outcome.error
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "invalid_action" and "native tool_calls, finish_reason='tool_calls'" in failed.error
 
 
 def test_read_completion_never_raises_anything_but_not_a_completion() -> None:
@@ -999,6 +1024,61 @@ def test_a_wait_for_the_server_that_the_run_ends_is_still_recorded(tmp_path: Pat
     assert waits and all(w.waited_s > 0 for w in waits)
     assert outcome.summary is not None
     assert outcome.summary["model"]["circuit"]["requests_waited"] == len(waits)
+
+
+@pytest.mark.timeout(30)
+def test_the_health_probe_falls_back_to_the_model_list() -> None:
+    """A server without ``/health`` (404) is probed with ``/v1/models``; what the last probe got is kept
+    for the error of a server that stays down."""
+
+    async def probe(get_status: dict[str, int]) -> tuple[bool, str]:
+        with FakeOpenAI([completion(FINAL)], get_status) as server:
+            backend = OpenAIBackend(
+                HttpSettings.from_config(
+                    build_config(
+                        {"workload": "w.jsonl", "output": "o", "backend": "openai", "model": "sim"}
+                        | {"endpoint": server.url}
+                    )
+                ),
+                SystemClock(),
+            )
+            try:
+                return await backend._healthy(), backend._last_probe
+            finally:
+                await backend.aclose()
+
+    assert asyncio.run(probe({})) == (True, "GET /health: HTTP 200")
+    assert asyncio.run(probe({"/health": 404})) == (True, "GET /v1/models: HTTP 200")
+    assert asyncio.run(probe({"/health": 404, "/v1/models": 503})) == (False, "GET /v1/models: HTTP 503")
+    assert asyncio.run(probe({"/health": 503})) == (False, "GET /health: HTTP 503")
+
+
+@pytest.mark.timeout(60)
+def test_replay_warmup_sends_no_schema(tmp_path: Path) -> None:
+    """Replay requests carry no schema, so neither do its warm-up requests: a server that refuses schemas
+    serves the whole replay (the warm-up used to send one and fail the run)."""
+    problem = {
+        "id": "r",
+        "prompt": "p",
+        "reference_answer": "5",
+        "script": [{"type": "final", "answer": "5", "output_tokens": 3}],
+    }
+    with serve(faults=FaultConfig(reject_schema=True)) as running:
+        outcome, _, _ = http_run(tmp_path, [problem], running.url, replay=True, warmup_requests=2)
+        seen = requests_of(running)
+    assert outcome.status == "complete", outcome.error
+    assert len(seen) == 3 and all("response_format" not in s["body"] for s in seen)
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_with_v1_is_refused_and_a_404_names_its_url(tmp_path: Path) -> None:
+    values = {"workload": "w.jsonl", "output": "o", "backend": "openai", "model": "sim"}
+    with pytest.raises(UsageError, match="without /v1"):
+        build_config(values | {"endpoint": "http://127.0.0.1:8000/v1/"})
+    with serve() as running:
+        _, capture, _ = http_run(tmp_path, final_problems(1), running.url + "/api")
+    (failed,) = capture.of(ModelFailed)
+    assert failed.status == 404 and f"(POST {running.url}/api/v1/chat/completions)" in failed.error
 
 
 def test_aclose_closes_the_client_even_when_the_watch_failed() -> None:

@@ -30,6 +30,7 @@ class Completion:
     finish_reason: Any
     prompt_tokens: int | None
     completion_tokens: int | None
+    tool_calls: bool = False  # the message carries native ``tool_calls`` (which asyncroll does not read)
 
 
 def _json_kind(value: Any) -> str:
@@ -91,4 +92,5 @@ def read_completion(payload: bytes) -> Completion:
         choice.get("finish_reason"),
         _int_or_none(usage.get("prompt_tokens")),
         _int_or_none(usage.get("completion_tokens")),
+        bool(message.get("tool_calls")),
     )

@@ -130,6 +130,7 @@ class OpenAIBackend:
         self._watch: asyncio.Task[None] | None = None
         self.retries = 0
         self.warmup_retries = 0
+        self._last_probe = "none yet"  # what the last health probe of an open circuit got
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -229,7 +230,8 @@ class OpenAIBackend:
         await self.circuit.wait_closed()
 
     async def _watch_circuit(self) -> None:
-        """While the circuit is open, probe ``/health``; fail the run if the server stays down too long."""
+        """While the circuit is open, probe the server (:meth:`_healthy`); fail the run if it stays down
+        too long."""
         while True:
             await self.circuit.wait_opened()
             opened = self.circuit.snapshot().open_since
@@ -249,17 +251,28 @@ class OpenAIBackend:
                     raise ModelError(
                         "server_down",
                         f"the server at {self.settings.endpoint} stayed unavailable for {down:.1f}s "
-                        f"(--server-down-timeout {self.settings.server_down_timeout:g}); "
-                        "admission was paused meanwhile",
+                        f"(--server-down-timeout {self.settings.server_down_timeout:g}; last probe: "
+                        f"{self._last_probe}); admission was paused meanwhile",
                     )
                 await self._clock.sleep(self.settings.probe_interval)
 
     async def _healthy(self) -> bool:
-        try:
-            response = await self._http().get("/health", timeout=min(5.0, self.settings.request_timeout))
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        """``GET /health`` answers 200 (vLLM, SGLang, serve-sim). A server without that route (404, 405 or
+        501: it did answer) is asked ``GET /v1/models`` instead, which every OpenAI-compatible server has.
+        What the last probe got is kept for the error of a server that stays down."""
+        client = self._http()
+        for path in ("/health", "/v1/models"):
+            try:
+                response = await client.get(path, timeout=min(5.0, self.settings.request_timeout))
+            except httpx.HTTPError as exc:
+                self._last_probe = f"GET {path}: {describe_transport_error(exc)}"
+                return False
+            self._last_probe = f"GET {path}: HTTP {response.status_code}"
+            if response.status_code == 200:
+                return True
+            if response.status_code not in (404, 405, 501):
+                return False
+        return False
 
     # --- requests ----------------------------------------------------------------------------------
 
@@ -279,7 +292,7 @@ class OpenAIBackend:
             "max_tokens": min(16, self.settings.max_tokens),
             "seed": self.settings.seed,
         }
-        if self.settings.structured:
+        if self.settings.structured and not self.settings.replay:  # shaped like the run's own requests
             body["response_format"] = response_format(schema)
         retry = self.settings.retry
         for i in range(requests):
@@ -419,8 +432,15 @@ class OpenAIBackend:
                     code=is_code_workload(request.problem),
                 )
             except InvalidActionError as exc:
-                length = completion.finish_reason == "length"
-                note = " (finish_reason=length: max_tokens cut it short)" if length else ""
+                note = ""
+                if completion.finish_reason == "length":
+                    note = " (finish_reason=length: max_tokens cut it short)"
+                elif completion.tool_calls:
+                    note = (
+                        f" (the server answered with native tool_calls, finish_reason="
+                        f"{completion.finish_reason!r}: asyncroll reads actions as JSON text in the message "
+                        "content; serve the model without automatic tool choice)"
+                    )
                 err = InvalidActionError(
                     f"{exc}{note}", status=status, parse_s=round(self._clock.now() - parse_start, 6)
                 )
@@ -454,5 +474,7 @@ class OpenAIBackend:
             kind = "http_status"
             if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):
                 kind = "schema_rejected"
+            if status == 404:  # a wrong --endpoint or model route: say which URL was asked
+                text = f"{text} (POST {response.request.url})"
             raise _AttemptFailed(kind, f"HTTP {status}: {text}", status, response.headers, True)
         return status, response.content

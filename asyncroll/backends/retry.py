@@ -8,7 +8,8 @@ capped at ``max_delay``. Retries are off unless ``--max-retries`` asks for them.
 The :class:`Circuit` is how a server that stays down pauses the run instead of failing every trajectory:
 after ``threshold`` consecutive *unavailable* failures (no connection, a reset, 502/503/504) it opens;
 while open, admission admits no new trajectory and requests wait before their next attempt; a probe of
-``GET /health`` closes it again, and a circuit open longer than ``down_timeout`` fails the run.
+``GET /health`` (``/v1/models`` where a server has no ``/health``) closes it again, and a circuit open
+longer than ``down_timeout`` fails the run.
 """
 
 from __future__ import annotations

@@ -34,6 +34,32 @@ def require_matplotlib() -> None:
         raise UsageError("the figure needs matplotlib: pip install 'asyncroll[figures]'") from None
 
 
+Values = list[float | None]
+
+
+def pair_values(
+    complete: list[dict[str, Any]], arms: list[str], key: str
+) -> tuple[list[tuple[int, Values]], list[tuple[int, Values]]]:
+    """Each complete pair's values of ``key``, one per arm: ``(pairs with every value, pairs with an
+    unknown one)``. The second kind is drawn as its known points and named as unknown, never dropped
+    silently (the medians count every known value)."""
+    lines: list[tuple[int, Values]] = []
+    partial: list[tuple[int, Values]] = []
+    for pair in complete:
+        ys: Values = [pair["arms"][a]["metrics"].get(key) for a in arms]
+        (partial if any(y is None for y in ys) else lines).append((pair["pair"], ys))
+    return lines, partial
+
+
+def unknown_note(partial: list[tuple[int, Values]], arms: list[str]) -> str:
+    """``"unknown: p3 (fifo); p5 (fifo, asyncroll)"``: which pairs' values the panel could not draw."""
+    named = (
+        f"p{number} ({', '.join(a for a, y in zip(arms, ys, strict=True) if y is None)})"
+        for number, ys in partial
+    )
+    return "unknown: " + "; ".join(named)
+
+
 def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Path]:
     """Write ``stem``.png and ``stem``.pdf; returns both paths."""
     require_matplotlib()
@@ -48,13 +74,26 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
     xs = list(range(len(arms)))
     for ax, (key, label, direction) in zip(axes, PANELS, strict=True):
         drawn = False
-        for k, pair in enumerate(complete):
-            ys = [pair["arms"][a]["metrics"].get(key) for a in arms]
-            if any(y is None for y in ys):
-                continue
+        lines, partial = pair_values(complete, arms, key)
+        for _, ys in partial:  # a line needs every arm: the known points alone, hollow
+            known = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+            if known:
+                ax.plot(*zip(*known, strict=True), "o", mfc="none", color="0.55", ms=4, zorder=2)
+                drawn = True
+        if partial:
+            ax.text(
+                0.02,
+                0.02,
+                unknown_note(partial, arms),
+                transform=ax.transAxes,
+                fontsize=7,
+                color="firebrick",
+                va="bottom",
+            )
+        for k, (number, ys) in enumerate(lines):
             ax.plot(xs, ys, "-o", color="0.55", lw=1.2, ms=4, zorder=2)
             ax.annotate(
-                f"p{pair['pair']}",
+                f"p{number}",
                 (xs[-1], ys[-1]),
                 xytext=(5, 5 if k % 2 else -5),
                 textcoords="offset points",
