@@ -46,6 +46,11 @@ MAX_DURATION_MS = 86_400_000
 MAX_OUTPUT_TOKENS = 1_000_000
 #: The built-in evaluator of the one-repair protocol, and the default text of its repair turn.
 EVALUATOR_TOOL = "lcb_evaluate"
+_EVALUATOR_ONLY_BY_SUBMIT = (
+    f"the built-in {EVALUATOR_TOOL!r} runs a 'submit' action under the one-repair protocol "
+    "(metadata.prompt_metadata.protocol == 'one_repair'), which gives it the problem's hidden tests; "
+    "it cannot be called as a tool"
+)
 DEFAULT_REPAIR_INSTRUCTION = (
     "Your program did not pass the tests; the first failing test is shown below. Return a corrected, "
     "complete Python 3 program."
@@ -263,6 +268,8 @@ def _check_problem(
                 )
             elif tool.inputs and tool.inputs != BUILTIN_TOOLS[tool.name]:
                 out.append((f"{where}.inputs", f"built-in {tool.name!r} takes {BUILTIN_TOOLS[tool.name]}"))
+            elif tool.name == EVALUATOR_TOOL and problem.protocol != "one_repair":
+                out.append((f"{where}.name", _EVALUATOR_ONLY_BY_SUBMIT))
         else:
             problem_msg = _check_implementation(tool.implementation, tool.name, tool_root, tool_files)
             if problem_msg:
@@ -290,12 +297,23 @@ def _check_problem(
                     )
                 )
                 continue
+            if declared.name == EVALUATOR_TOOL and declared.implementation is None:
+                out.append((f"{where}.name", _EVALUATOR_ONLY_BY_SUBMIT))
+                continue
             try:
                 coerce_arguments(action.arguments, declared.declared_inputs, declared.bound_arguments)
             except CoercionError as exc:
                 out.append((f"{where}.arguments{exc.path}", exc.message))
         elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":
             out.append((f"{where}.type", "'submit' needs metadata.prompt_metadata.protocol == 'one_repair'"))
+        elif isinstance(action, FinalAction) and problem.protocol == "one_repair":
+            out.append(
+                (
+                    f"{where}.type",
+                    "a one-repair problem is answered by 'submit' (its code is run on the tests); "
+                    "a 'final' answer would never be tested",
+                )
+            )
     if problem.protocol == "one_repair":
         out.extend(_check_one_repair(problem))
     return out

@@ -539,3 +539,35 @@ def test_the_printed_schema_accepts_exactly_the_input_types_validation_accepts(
     schema_ok = jsonschema.Draft202012Validator(schemas()["workload"]).is_valid(line)
     problems = _problems(tmp_path, [json.dumps(line)])
     assert schema_ok is (problems == []), problems
+
+
+def test_the_evaluator_is_reached_only_by_submit(tmp_path: Path) -> None:
+    """``lcb_evaluate`` needs the problem's hidden tests, which only the one-repair protocol gives it: a
+    tool call of it (a TypeError at run time), its declaration outside the protocol (a model could call
+    it) and a ``final`` answer to a code problem (never tested, left out of the pass rates) are refused."""
+    meta = {"prompt_metadata": {"protocol": "one_repair"}, "reference_tests": [{"input": "", "output": "1"}]}
+    evaluator = [{"name": "lcb_evaluate"}]
+    call = {"type": "tool", "name": "lcb_evaluate", "arguments": {"code": "print(1)"}}
+    lines = [
+        {
+            "id": "ok",
+            "prompt": "p",
+            "tools": evaluator,
+            "metadata": meta,
+            "script": [{"type": "submit", "code": "x"}],
+        },
+        {
+            "id": "final",
+            "prompt": "p",
+            "tools": evaluator,
+            "metadata": meta,
+            "script": [{"type": "final", "answer": "1"}],
+        },
+        {"id": "call", "prompt": "p", "tools": evaluator, "metadata": meta, "script": [call]},
+        {"id": "plain", "prompt": "p", "tools": evaluator, "script": [{"type": "final", "answer": "1"}]},
+    ]
+    problems = _problems(tmp_path, [json.dumps(line) for line in lines])
+    assert [p.split(": ")[0].rsplit(":", 1)[1] for p in problems] == ["2", "3", "4"], problems
+    assert "script[0].type" in problems[0] and "would never be tested" in problems[0]
+    assert "script[0].name" in problems[1] and "cannot be called as a tool" in problems[1]
+    assert "tools[0].name" in problems[2] and "cannot be called as a tool" in problems[2]
