@@ -155,3 +155,31 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     assert {k: (r["generations"], r["passed"]) for k, r in replayed.items()} == {
         k: (r["generations"], r["passed"]) for k, r in rows.items()
     }
+
+
+def test_repair_feedback_is_readable_text() -> None:
+    """The first failing case reaches the model as labelled blocks with its real lines, not as a Python
+    dict repr with escaped newlines."""
+    from asyncroll.runtime.trajectory import format_feedback
+
+    feedback = {
+        "test": 0,
+        "verdict": "wrong_answer",
+        "input": "2\nab\nba\n",
+        "expected": "YES\nNO\n",
+        "got": "",
+        "detail": "mismatched output length: got 0 lines, expected 2",
+    }
+    assert format_feedback(feedback) == (
+        "Failed test #0: wrong_answer\ninput:\n2\nab\nba\nexpected:\nYES\nNO\ngot: (empty)\n"
+        "detail: mismatched output length: got 0 lines, expected 2"
+    )
+    crashed = {
+        "test": 3,
+        "verdict": "runtime_error",
+        "input": "[1]",
+        "expected": "2",
+        "error": "Trace\nZeroDivisionError",
+    }
+    assert format_feedback(crashed).endswith("error:\nTrace\nZeroDivisionError")
+    assert format_feedback("(simulated) text") == "(simulated) text" and format_feedback(None) == ""

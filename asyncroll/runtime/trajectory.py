@@ -162,7 +162,7 @@ class TrajectoryRunner:
                         bool(verdict.get("timed_out", False)),
                     )
                     return state.finish(self._clock.now(), "completed", correct=passed, evaluation=evaluation)
-                feedback = str(verdict.get("feedback") or "")
+                feedback = format_feedback(verdict.get("feedback"))
                 messages.append({"role": "user", "content": f"{protocol.repair_instruction}\n\n{feedback}"})
         return state.finish(self._clock.now(), "max_turns")
 
@@ -228,6 +228,41 @@ class TrajectoryRunner:
         if not outcome.ok:
             raise _Failed(f"grading failed: {outcome.error}")
         return bool(outcome.value)
+
+
+#: The feedback fields shown as blocks of their own (their text may span lines), in this order.
+_FEEDBACK_BLOCKS = ("input", "expected", "got", "error")
+
+
+def format_feedback(feedback: Any) -> str:
+    """The first failing case as the repair turn shows it to the model: a heading, then each field under
+    its label with its lines as they are (``input``, ``expected``, ``got``, ``error``), then ``detail``::
+
+        Failed test #0: wrong_answer
+        input:
+        6
+        abc
+        expected:
+        YES
+        ...
+        detail: mismatched output length: got 1 lines, expected 6
+
+    Anything but the evaluator's feedback object (a simulated verdict's text, say) is shown as text."""
+    if not isinstance(feedback, dict):
+        return "" if feedback is None else str(feedback)
+    test, verdict = feedback.get("test"), feedback.get("verdict")
+    lines = [
+        "Failed test" + ("" if test is None else f" #{test}") + ("" if verdict is None else f": {verdict}")
+    ]
+    for key in _FEEDBACK_BLOCKS:
+        value = feedback.get(key)
+        if value is not None:
+            text = str(value).rstrip("\n")
+            lines.append(f"{key}:\n{text}" if text else f"{key}: (empty)")
+    for key, value in feedback.items():
+        if key not in (*_FEEDBACK_BLOCKS, "test", "verdict") and value is not None:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
 
 
 def _declared_verdict(passes: bool, tests: int) -> dict[str, Any]:
