@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 from asyncroll.clock import VirtualClock
@@ -31,7 +30,7 @@ from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from bench import synthetic
-from bench.common import events, machine, quantiles, run_once
+from bench.common import events, machine, quantiles, run_once, scratch
 
 Point = tuple[int, int, int]
 POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2), (32, 4, 1))
@@ -99,7 +98,7 @@ def simulated(
     cfg = build_config(
         {
             "workload": workload,
-            "output": Path(tempfile.mkdtemp()) / "sim",
+            "output": scratch("sim-") / "sim",
             "policy": policy,
             "max_active_trajectories": active,
             "max_inflight_model_requests": inflight,
@@ -130,7 +129,7 @@ def main() -> None:
     parser.add_argument("--cpu-ms", type=float, default=25.0)
     args = parser.parse_args()
     workload = synthetic.write(
-        Path(tempfile.mkdtemp(prefix="asyncroll-cal-")) / "w.jsonl",
+        scratch("cal-") / "w.jsonl",
         args.n,
         args.model_ms,
         args.cpu_ms,

@@ -67,12 +67,25 @@ def tool_chain(
     ]
 
 
+_SCRATCH: tempfile.TemporaryDirectory[str] | None = None
+
+
+def scratch(prefix: str) -> Path:
+    """A new empty directory for a benchmark's working files (workloads, run directories), removed when
+    the process exits: benchmarks report figures, and their runs (hundreds of MB over a map) must not
+    pile up in the temporary directory."""
+    global _SCRATCH
+    if _SCRATCH is None:
+        _SCRATCH = tempfile.TemporaryDirectory(prefix="asyncroll-bench-")
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH.name))
+
+
 def run_once(
     problems: list[dict[str, Any]] | Path, *, virtual: bool = False, **settings: Any
 ) -> tuple[RunOutcome, Path, float]:
     """Run a workload (problems, or a workload file) through the real runtime, writing real run files;
     returns the outcome, the run directory and the wall seconds."""
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-bench-"))
+    tmp = scratch("run-")
     workload = problems if isinstance(problems, Path) else write_workload(tmp / "workload.jsonl", problems)
     cfg = build_config({"workload": workload, "output": tmp / "run", **settings})
     clock: Clock = VirtualClock() if virtual else SystemClock()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from asyncroll.simulation.engine import SimulationSettings, simulate
 from asyncroll.simulation.optimum import Instance, instance_from_run, solve
 from asyncroll.simulation.perturb import perturb_workload
 from bench import synthetic
-from bench.common import machine
+from bench.common import machine, scratch
 from bench.paired import interval
 
 POINTS = ((4, 4, 1), (4, 4, 2), (8, 4, 2), (8, 4, 4), (16, 8, 2))
@@ -68,7 +67,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-optimum-"))
+    tmp = scratch("optimum-")
     print(f"machine: {machine()}")
     print(
         f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6; "

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from asyncroll.workload import ToolAction, iter_problems
 from bench import synthetic
-from bench.common import machine
+from bench.common import machine, scratch
 from bench.pressure_map import MIXES
 
 CELLS = ((4, 4, 1), (4, 4, 2), (8, 4, 1), (8, 4, 2), (8, 4, 4), (16, 4, 2), (32, 4, 2), (16, 8, 2))
@@ -102,7 +101,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-oracle-"))
+    tmp = scratch("oracle-")
     print(f"machine: {machine()}")
     print(f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6")
     policies = ("asyncroll", "asyncroll_unlock")

@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from asyncroll.backends.base import ModelRequest
 from asyncroll.backends.scripted import ScriptedBackend
@@ -39,13 +37,13 @@ from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.process import ProcessWorker
 from asyncroll.workers.protocol import ToolSpec
 from asyncroll.workload import Problem
-from bench.common import machine, quantiles
+from bench.common import machine, quantiles, scratch
 
 PROBLEM = Problem.model_validate({"id": "p", "prompt": "answer", "script": [{"type": "final", "answer": 1}]})
 
 
 def _log(clock: SystemClock) -> EventLog:
-    log = EventLog(clock, Path(tempfile.mkdtemp(prefix="asyncroll-bench-")) / "events.jsonl")
+    log = EventLog(clock, scratch("overhead-") / "events.jsonl")
     log.start_measurement()
     return log
 

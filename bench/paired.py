@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
-from pathlib import Path
 
 from asyncroll.experiment.stats import t_interval
 from bench import synthetic
-from bench.common import machine, number_arg, quantiles, run_once
+from bench.common import machine, number_arg, quantiles, run_once, scratch
 
 POINTS = ((8, 4, 2), (8, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
@@ -45,7 +43,7 @@ def main() -> None:
     parser.add_argument("--model-ms", type=number_arg(float, 0, 60_000), default=40.0)
     parser.add_argument("--cpu-ms", type=number_arg(float, 0, 60_000, low_open=True), default=50.0)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-paired-"))
+    tmp = scratch("paired-")
     print(f"machine: {machine()}")
     print(
         f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g}, "

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
-from pathlib import Path
 
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
-from bench.common import machine
+from bench.common import machine, scratch
 
 POINTS = ((8, 1), (8, 2), (32, 1), (32, 2))
 
@@ -27,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-knobs-"))
+    tmp = scratch("knobs-")
     workload = synthetic.write(tmp / "syn.jsonl", 200, 400.0, 500.0, 0)
     print(f"machine: {machine()}")
     print("workload: bench.synthetic n=200 model_ms=400 cpu_ms=500 seed=0; 3 seeds, jitter 0.25; inflight 4")

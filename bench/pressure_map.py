@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
-from bench.common import machine
+from bench.common import machine, scratch
 from bench.paired import interval
 
 MIXES = (300.0, 500.0, 600.0)  # crunch ms; model ms is 400 throughout
@@ -75,7 +73,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
     args = parser.parse_args()
     policies = tuple(args.policies.split(","))
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-map-"))
+    tmp = scratch("map-")
     print(f"machine: {machine()}")
     print(f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6")
     for cpu_ms in MIXES:

@@ -26,11 +26,10 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, number_arg, quantiles, sizes_arg, write_workload
+from bench.common import machine, number_arg, quantiles, scratch, sizes_arg, write_workload
 
 CHILD = r"""
 import json, sys, tempfile, time
@@ -68,7 +67,8 @@ if parts:
         timed(DurationPredictor, name)
     for name in ("__call__", "estimate"):
         timed(RemainingWork, name)
-tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
+scratch = tempfile.TemporaryDirectory(prefix="asyncroll-simspeed-")  # removed at exit
+tmp = Path(scratch.name)
 cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
                     "max_inflight_model_requests": 16, "cpu_workers": 4, "max_turns": 6,
                     "policy": policy})
@@ -160,7 +160,7 @@ def main() -> None:
         "| virtual makespan s |"
     )
     print("|---:|---|---|---:|---:|---:|---:|")
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-simspeed-"))
+    tmp = scratch("simspeed-")
     for n in sizes:
         # written here, so that the child's peak memory is the simulation's, not the generator's
         workload = write_workload(tmp / f"w{n}.jsonl", small_workload(n, seed=0))
