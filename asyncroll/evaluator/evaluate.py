@@ -8,8 +8,19 @@ calls the tool, so they never appear in a prompt, an event or a result:
   LiveCodeBench's test records (``testtype`` optional);
 * ``func_name``: the LeetCode method name for functional problems (``metadata.func_name``), else absent;
 * optional ``time_limit_s`` (per test, default 6 s as LiveCodeBench), ``total_time_limit_s`` (the
-  budget for the whole evaluation), ``memory_limit_mb`` (address space, default 768) and
+  budget for the whole evaluation, see below), ``tool_timeout_s`` (the caller's timeout for this call:
+  the runtime passes its ``--tool-timeout``), ``memory_limit_mb`` (address space, default 768) and
   ``allow_weak_isolation`` (default false: refuse to run unless every isolation layer works).
+
+The total budget, counted from the start of the call (the first call's isolation probe included), is
+``total_time_limit_s`` when given; otherwise LiveCodeBench's overall timeout, ``(time_limit_s + 1) ×
+tests + 5`` s, capped so that a verdict comes back before the caller kills the worker: at
+``tool_timeout_s`` less a margin of max(1 s, 10%) (but at least half of it), or at
+:data:`DEFAULT_TOTAL_TIME_LIMIT_S` (50 s, below the runtime's default tool timeout of 60 s) when no
+``tool_timeout_s`` is given. A program stopped by the budget gets ``time_limit_exceeded`` with an
+``error`` that names the budget and what set it (``--tool-timeout`` for the cap): problems with many
+slow tests need a larger ``--tool-timeout``. stdout is capped at 8 MiB per test, raised for a test
+whose expected output is larger to twice its size plus 64 KiB (at most 128 MiB).
 
 The evaluation runs test by test in a fresh temporary directory and stops at the first failing test.
 The result is ``{"passed", "tests_run", "tests_total", "feedback", "timed_out"}``; ``feedback`` is
@@ -25,16 +36,20 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   wall deadline also covers interpreter start-up and the prelude imports (tens of milliseconds);
 * stdin is a real file, so ``sys.stdin.buffer`` and ``open(0)`` work (LiveCodeBench patches
   ``sys.stdin`` with a ``StringIO``, on which ``sys.stdin.buffer`` fails);
-* a functional result is compared after a JSON round trip; a value that is not plain JSON data
-  (besides a top-level tuple) is judged wrong — exact for nested tuples, sets, non-string dict keys
-  and objects, which never equal a JSON value under ``==``, but a numpy scalar that LiveCodeBench's
-  ``==`` would accept is also judged wrong;
+* a functional result is compared after a JSON round trip. A top-level tuple counts as a list (as in
+  LiveCodeBench) and a ``list`` or ``dict`` subclass (``defaultdict``, ``Counter``, ``OrderedDict``)
+  as its plain content, which is what its ``==`` compares; any other value that is not plain JSON data
+  is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which never equal
+  a JSON value under ``==``, but a numpy scalar that LiveCodeBench's ``==`` would accept is also judged
+  wrong (and so is a subclass whose overridden ``__eq__`` would accept a different value);
+* the total budget is capped below the caller's tool timeout (above); LiveCodeBench's is not capped;
 * memory: 768 MiB of address space per process by default plus a cgroup cap on the whole tree
   (LiveCodeBench's ``run_test`` calls its guard without a memory limit).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -51,8 +66,11 @@ from asyncroll.evaluator.sandbox import Execution, Limits, MiB, Sandbox
 FIELD_LIMIT = 1000
 DEFAULT_TIME_LIMIT_S = 6.0
 DEFAULT_TOTAL_TIME_LIMIT_S = 50.0
-"""Below the runtime's default tool timeout (60 s), so a slow program gets a verdict, not a killed
-worker."""
+"""The cap of the default total budget when the caller gives no ``tool_timeout_s``: below the runtime's
+default tool timeout (60 s), so a slow program gets a verdict, not a killed worker."""
+OUTPUT_SLACK_BYTES = 64 * 1024
+MAX_OUTPUT_BYTES = 128 * MiB
+"""The most stdout a test may write, however large its expected output."""
 _CUT = "…[cut]"
 SCRATCH_PREFIX = "asyncroll-eval-"
 
@@ -76,8 +94,39 @@ def cut(text: str, keep_tail: bool = False) -> str:
     return _CUT + text[-room:] if keep_tail else text[:room] + _CUT
 
 
+def total_budget(time_limit_s: float, n_tests: int, tool_timeout_s: float | None) -> tuple[float, str]:
+    """The default total budget of an evaluation, in seconds, and what set it (for the verdict):
+    LiveCodeBench's ``(time_limit_s + 1) × n_tests + 5``, capped at :func:`tool_timeout_cap` of
+    ``tool_timeout_s`` or, without one, at :data:`DEFAULT_TOTAL_TIME_LIMIT_S`."""
+    scaled = (time_limit_s + 1.0) * n_tests + 5.0
+    if tool_timeout_s is None:
+        cap = DEFAULT_TOTAL_TIME_LIMIT_S
+        why = "the default cap of an evaluation called without tool_timeout_s"
+    else:
+        cap = tool_timeout_cap(tool_timeout_s)
+        why = (
+            f"capped below the runtime's --tool-timeout of {tool_timeout_s:g}s so that the verdict comes "
+            "back before the worker is killed; a larger --tool-timeout raises it"
+        )
+    if scaled <= cap:
+        return scaled, f"({time_limit_s:g}s per test + 1s) × {n_tests} tests + 5s, as LiveCodeBench"
+    return cap, why
+
+
+def tool_timeout_cap(tool_timeout_s: float) -> float:
+    """The longest total budget that leaves the worker time to answer before ``tool_timeout_s``: the
+    timeout less a margin of max(1 s, 10%), but at least half of it."""
+    return max(tool_timeout_s - max(1.0, 0.1 * tool_timeout_s), 0.5 * tool_timeout_s)
+
+
 def _validate(
-    code: Any, tests: Any, func_name: Any, time_limit_s: Any, total: Any, memory_limit_mb: Any
+    code: Any,
+    tests: Any,
+    func_name: Any,
+    time_limit_s: Any,
+    total: Any,
+    memory_limit_mb: Any,
+    tool_timeout_s: Any = None,
 ) -> list[Case]:
     if not isinstance(code, str):
         raise ValueError(f"code must be a string, got {type(code).__name__}")
@@ -88,6 +137,9 @@ def _validate(
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 3600:
             raise ValueError(f"{name} must be a number of seconds in (0, 3600), got {value!r}")
+    bad_timeout = isinstance(tool_timeout_s, bool) or not isinstance(tool_timeout_s, int | float)
+    if tool_timeout_s is not None and (bad_timeout or not tool_timeout_s > 0):
+        raise ValueError(f"tool_timeout_s must be a positive number of seconds, got {tool_timeout_s!r}")
     if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
         raise ValueError(f"memory_limit_mb must be an integer >= 64, got {memory_limit_mb!r}")
     if not isinstance(tests, list) or not tests:
@@ -164,14 +216,24 @@ def lcb_evaluate(
     total_time_limit_s: float | None = None,
     memory_limit_mb: int = 768,
     allow_weak_isolation: bool = False,
+    tool_timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``code`` on ``tests``; see the module docstring for the contract and the result."""
-    cases = _validate(code, tests, func_name, time_limit_s, total_time_limit_s, memory_limit_mb)
+    """Evaluate ``code`` on ``tests``; see the module docstring for the contract, the total budget and
+    the result."""
+    started = time.monotonic()
+    cases = _validate(
+        code, tests, func_name, time_limit_s, total_time_limit_s, memory_limit_mb, tool_timeout_s
+    )
+    if total_time_limit_s is None:
+        budget, why = total_budget(float(time_limit_s), len(cases), tool_timeout_s)
+        budget_text = f"the evaluation's total time budget of {budget:g}s ({why})"
+    else:
+        budget = float(total_time_limit_s)
+        budget_text = f"the evaluation's total time budget of {budget:g}s (total_time_limit_s)"
+    budget_deadline = started + budget
     report = require(allow_weak_isolation)
     sandbox = _sandbox(report)
     limits = Limits(time_limit_s=float(time_limit_s), address_space_bytes=memory_limit_mb * MiB)
-    budget = DEFAULT_TOTAL_TIME_LIMIT_S if total_time_limit_s is None else float(total_time_limit_s)
-    budget_deadline = time.monotonic() + budget
     scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix()))
     tests_run, feedback, timed_out = 0, None, False
     try:
@@ -184,16 +246,17 @@ def lcb_evaluate(
             if remaining <= 0:
                 timed_out = True
                 feedback = _feedback(index, case, "time_limit_exceeded")
-                feedback["error"] = f"the evaluation's total time budget of {budget:g}s was used up"
+                feedback["error"] = f"{budget_text} was used up"
                 break
             wall = min(limits.time_limit_s, remaining)
             stdin = case.input.encode("utf-8")
+            case_limits = _case_limits(limits, case)
             execution = sandbox.run(
-                code_path, stdin, scratch, func_name=func_name, wall_s=wall, limits=limits
+                code_path, stdin, scratch, func_name=func_name, wall_s=wall, limits=case_limits
             )
             tests_run += 1
-            cut_short = budget if wall < limits.time_limit_s else None
-            feedback = _judge(index, case, execution, func_name, limits, cut_short)
+            cut_short = budget_text if wall < limits.time_limit_s else None
+            feedback = _judge(index, case, execution, func_name, case_limits, cut_short)
             if feedback is not None:
                 timed_out = feedback["verdict"] == "time_limit_exceeded"
                 break
@@ -208,6 +271,16 @@ def lcb_evaluate(
     }
 
 
+def _case_limits(limits: Limits, case: Case) -> Limits:
+    """``limits`` with the stdout cap raised, for a test whose expected output does not fit it, to twice
+    that output plus :data:`OUTPUT_SLACK_BYTES` (at most :data:`MAX_OUTPUT_BYTES`). In functional mode
+    the cap bounds the result record too."""
+    needed = 2 * len(case.output.encode("utf-8")) + OUTPUT_SLACK_BYTES
+    if needed <= limits.output_bytes:
+        return limits
+    return dataclasses.replace(limits, output_bytes=max(limits.output_bytes, min(needed, MAX_OUTPUT_BYTES)))
+
+
 def _feedback(index: int, case: Case, verdict: str) -> dict[str, Any]:
     return {"test": index, "verdict": verdict, "input": cut(case.input), "expected": cut(case.output)}
 
@@ -218,9 +291,10 @@ def _judge(
     execution: Execution,
     func_name: str | None,
     limits: Limits,
-    budget: float | None,
+    budget_text: str | None,
 ) -> dict[str, Any] | None:
-    """``None`` when the test passed; otherwise its feedback record."""
+    """``None`` when the test passed; otherwise its feedback record. ``budget_text`` describes the total
+    budget when it, not the per-test limit, set this test's deadline."""
     functional = func_name is not None
 
     def fail(verdict: str, **fields: str) -> dict[str, Any]:
@@ -237,9 +311,7 @@ def _judge(
             error=f"the program wrote more than {limits.output_bytes} bytes to stdout",
         )
     if execution.timed_out:
-        limit = (
-            f"the evaluation's total time budget of {budget:g}s" if budget else f"{limits.time_limit_s:g}s"
-        )
+        limit = budget_text or f"{limits.time_limit_s:g}s"
         return fail("time_limit_exceeded", error=f"the program ran past {limit} (wall clock) and was killed")
     done = execution.done
     memory = " (memory limit exceeded)" if execution.memory_limit_hit else ""

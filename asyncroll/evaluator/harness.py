@@ -16,17 +16,21 @@ Steps, in order:
 4. fork the program's process and wait for it. In a PID namespace the harness is PID 1, so the
    program cannot kill it, and when the harness exits the kernel kills every process left in the
    namespace — descendants that called ``setsid`` included;
-5. the program's process runs the code as ``__main__`` with the modules LiveCodeBench's harness
-   pre-imports in scope and reports one ``done`` record; the harness adds an ``exit`` record with the
-   program process's wait status. Records are JSON lines on the status fd, never on stdout, because
-   stdout is the program's answer.
+5. the program's process runs the code with the modules LiveCodeBench's harness pre-imports in scope
+   — as ``__main__`` in stdin mode (LiveCodeBench runs such a program as a script), as the module
+   ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution in a ``tmp_sol`` module,
+   so an ``if __name__ == "__main__":`` test block in it does not run) — and reports one ``done``
+   record; the harness adds an ``exit`` record with the program process's wait status. Records are
+   JSON lines on the status fd, never on stdout, because stdout is the program's answer.
 
 A ``done`` record is ``{"kind": "done", "ok": true}`` (stdin mode), ``{"kind": "done", "ok": true,
 "result": <JSON>}`` (functional mode), ``{"kind": "done", "ok": false, "error": "<traceback>"}`` or,
 for a functional result that LiveCodeBench's ``==`` can never match against a JSON value (a nested
 tuple, a set, an int-keyed dict, an object), ``{"kind": "done", "ok": true, "unrepresentable":
-"<repr>"}``. The program can write to the status fd too; that can only claim an answer it could have
-produced honestly, so the runtime treats the records as facts about the program, not about the test.
+"<repr>"}``. A ``list`` or ``dict`` subclass (``defaultdict``, ``Counter``, ``OrderedDict``) equals the
+plain value under ``==``, so it is sent as its plain list or dict. The program can write to the status
+fd too; that can only claim an answer it could have produced honestly, so the runtime treats the
+records as facts about the program, not about the test.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ PRELUDE_MODULES = (
     "typing",
 )
 RECURSION_LIMIT = 50000
+FUNCTIONAL_MODULE = "tmp_sol"  # LiveCodeBench's module name for a call-based solution
 ERROR_LIMIT = 4000
 TRACE_FRAMES = 64  # innermost frames formatted: a runaway recursion has ~RECURSION_LIMIT of them
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -159,10 +164,13 @@ def _plain(value: Any) -> Any:
         return int(value)
     if isinstance(value, float):
         return float(value)
-    if kind is list:
-        return [_plain(v) for v in value]
-    if kind is dict and all(type(k) is str for k in value):
-        return {k: _plain(v) for k, v in value.items()}
+    # A subclass (``defaultdict``, ``Counter``, ``OrderedDict``, ``class L(list)``) compares equal to
+    # its plain content under LiveCodeBench's ``==``: send that content, read through list's and dict's
+    # own methods as their ``==`` does (a subclass may override ``__iter__``).
+    if isinstance(value, list):
+        return [_plain(v) for v in list.__iter__(value)]
+    if isinstance(value, dict) and all(type(k) is str for k in dict.__iter__(value)):
+        return {k: _plain(dict.__getitem__(value, k)) for k in dict.__iter__(value)}
     raise TypeError(kind.__name__)
 
 
@@ -193,9 +201,18 @@ def _register_source(code: str) -> None:
 
 
 def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-    sys.argv = ["solution.py"]
     func_name = config.get("func_name")
+    if func_name:
+        # LiveCodeBench's call-based grading execs the code in ``ModuleType("tmp_sol")``: not ``__main__``,
+        # so a ``unittest.main()`` or ``input()`` block under ``if __name__ == "__main__":`` stays out.
+        # Registered, so that ``dataclasses``, ``pickle`` and ``typing`` can find the module.
+        module = type(sys)(FUNCTIONAL_MODULE)
+        sys.modules[FUNCTIONAL_MODULE] = module
+        namespace: dict[str, Any] = vars(module)
+        namespace["__builtins__"] = __builtins__
+    else:
+        namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    sys.argv = ["solution.py"]
     record: dict[str, object]
     try:
         args = None

@@ -248,7 +248,10 @@ class Run:
             events,
             max_turns=cfg.max_turns,
             tool_errors=cfg.tool_errors,
-            evaluator_options={"allow_weak_isolation": True} if cfg.allow_weak_isolation else None,
+            # The evaluator caps its total budget below the tool timeout: a slow program gets a verdict
+            # (and a repair), not a killed worker.
+            evaluator_options={"tool_timeout_s": cfg.tool_timeout}
+            | ({"allow_weak_isolation": True} if cfg.allow_weak_isolation else {}),
         )
         status: Status = "failed"
         error: str | None = None
