@@ -277,6 +277,8 @@ def _check_problem(
         unknown_bound = set(tool.bound_arguments) - set(tool.declared_inputs)
         if unknown_bound:
             out.append((f"{where}.bound_arguments", f"not declared in inputs: {sorted(unknown_bound)}"))
+    if problem.protocol == "one_repair":  # scripted or not: a model server's run evaluates the same tests
+        out.extend(_check_one_repair(problem))
     if problem.script is None:
         if scripted:
             hint = "a workload for a model server: --backend vllm or openai"
@@ -314,8 +316,6 @@ def _check_problem(
                     "a 'final' answer would never be tested",
                 )
             )
-    if problem.protocol == "one_repair":
-        out.extend(_check_one_repair(problem))
     return out
 
 
@@ -325,18 +325,22 @@ def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
     if evaluator is None or evaluator.implementation is not None:
         out.append(("tools", f"the one-repair protocol needs the built-in tool {EVALUATOR_TOOL!r}"))
     meta = problem.metadata
+    func_name = meta.get("func_name")
+    if func_name is not None and not (isinstance(func_name, str) and func_name.isidentifier()):
+        out.append(("metadata.func_name", "must be a Python identifier (the Solution method to call)"))
+        func_name = None
     tests = meta.get("reference_tests")
     if not isinstance(tests, list) or not tests:
         out.append(("metadata.reference_tests", "the one-repair protocol needs a non-empty list of tests"))
     else:
+        from asyncroll.evaluator.cases import check_test  # the evaluator's own checks
+
         for i, test in enumerate(tests):
-            if not (isinstance(test, dict) and isinstance(test.get("input"), str)):
-                out.append((f"metadata.reference_tests[{i}]", "must be an object with a string 'input'"))
-            elif not isinstance(test.get("output"), str):
-                out.append((f"metadata.reference_tests[{i}].output", "must be a string"))
-    func_name = meta.get("func_name")
-    if func_name is not None and not (isinstance(func_name, str) and func_name.isidentifier()):
-        out.append(("metadata.func_name", "must be a Python identifier (the Solution method to call)"))
+            try:
+                check_test(i, test, func_name)
+            except ValueError as exc:  # "tests[i].field message" → field, message
+                field, _, message = str(exc).partition(" ")
+                out.append((f"metadata.reference_{field}", message))
     prompt_meta = meta["prompt_metadata"]
     generations = prompt_meta.get("max_generations", 2)
     if not isinstance(generations, int) or isinstance(generations, bool) or not 1 <= generations <= 10:

@@ -571,3 +571,39 @@ def test_the_evaluator_is_reached_only_by_submit(tmp_path: Path) -> None:
     assert "script[0].type" in problems[0] and "would never be tested" in problems[0]
     assert "script[0].name" in problems[1] and "cannot be called as a tool" in problems[1]
     assert "tools[0].name" in problems[2] and "cannot be called as a tool" in problems[2]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"testtype": "weird"}, "metadata.reference_tests[0].testtype: must be 'stdin' or 'functional'"),
+        ({"testtype": "functional"}, "metadata.reference_tests[0]: is functional but no func_name"),
+        ({"input": 3}, "metadata.reference_tests[0].input: must be a string"),
+    ],
+)
+def test_one_repair_test_records_get_the_evaluators_own_checks(
+    tmp_path: Path, change: dict[str, Any], field: str
+) -> None:
+    """A test record the evaluator would refuse at run time (failing every trajectory) is reported by
+    validation, with its field."""
+    meta = {
+        "prompt_metadata": {"protocol": "one_repair"},
+        "reference_tests": [{"input": "1", "output": "1"} | change],
+    }
+    line = {"id": "c", "prompt": "p", "tools": [{"name": "lcb_evaluate"}], "metadata": meta}
+    problems = _problems(tmp_path, [json.dumps(line)], scripted=False)
+    assert len(problems) == 1 and field in problems[0], problems
+
+
+def test_functional_test_records_must_be_json(tmp_path: Path) -> None:
+    tests = [
+        {"input": "not json", "output": "[1]", "testtype": "functional"},
+        {"input": "1", "output": "1", "testtype": "stdin"},
+    ]
+    meta = {"prompt_metadata": {"protocol": "one_repair"}, "reference_tests": tests, "func_name": "solve"}
+    line = {"id": "c", "prompt": "p", "tools": [{"name": "lcb_evaluate"}], "metadata": meta}
+    problems = _problems(tmp_path, [json.dumps(line)], scripted=False)
+    assert "metadata.reference_tests[0].input: line 1 is not a JSON value" in problems[0], problems
+    assert "metadata.reference_tests[1]: is a stdin test but func_name 'solve' was given" in problems[1], (
+        problems
+    )

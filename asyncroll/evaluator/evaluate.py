@@ -55,11 +55,11 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncroll.evaluator.compare import compare_stdout, compare_value, parse_expected
+from asyncroll.evaluator.cases import Case, check_tests
+from asyncroll.evaluator.compare import compare_stdout, compare_value
 from asyncroll.evaluator.isolation import IsolationReport, require
 from asyncroll.evaluator.sandbox import Execution, Limits, MiB, Sandbox
 
@@ -75,15 +75,6 @@ _CUT = "…[cut]"
 SCRATCH_PREFIX = "asyncroll-eval-"
 
 _sandboxes: dict[int, Sandbox] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    """One validated test: stdin bytes and the expected stdout text, or the expected JSON value."""
-
-    input: str
-    output: str
-    expected_value: Any = None
 
 
 def cut(text: str, keep_tail: bool = False) -> str:
@@ -142,36 +133,7 @@ def _validate(
         raise ValueError(f"tool_timeout_s must be a positive number of seconds, got {tool_timeout_s!r}")
     if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
         raise ValueError(f"memory_limit_mb must be an integer >= 64, got {memory_limit_mb!r}")
-    if not isinstance(tests, list) or not tests:
-        raise ValueError("tests must be a non-empty list of {input, output} records")
-    cases = []
-    for i, test in enumerate(tests):
-        if not isinstance(test, dict):
-            raise ValueError(f"tests[{i}] must be an object, got {type(test).__name__}")
-        for key in ("input", "output"):
-            if not isinstance(test.get(key), str):
-                raise ValueError(f"tests[{i}].{key} must be a string")
-        testtype = test.get("testtype")
-        if testtype not in (None, "stdin", "functional"):
-            raise ValueError(f"tests[{i}].testtype must be 'stdin' or 'functional', got {testtype!r}")
-        if testtype == "functional" and func_name is None:
-            raise ValueError(f"tests[{i}] is functional but no func_name was given")
-        if testtype == "stdin" and func_name is not None:
-            raise ValueError(f"tests[{i}] is a stdin test but func_name {func_name!r} was given")
-        expected = None
-        if func_name is not None:
-            for n, line in enumerate(test["input"].split("\n"), start=1):
-                if line.strip():
-                    try:
-                        json.loads(line)
-                    except ValueError as exc:
-                        raise ValueError(f"tests[{i}].input line {n} is not a JSON value: {exc}") from None
-            try:
-                expected = parse_expected(test["output"])
-            except ValueError as exc:
-                raise ValueError(f"tests[{i}].output is not a JSON value: {exc}") from None
-        cases.append(Case(test["input"], test["output"], expected))
-    return cases
+    return check_tests(tests, func_name)
 
 
 def _sandbox(report: IsolationReport) -> Sandbox:
