@@ -38,7 +38,11 @@ def run(
     max_tokens: Annotated[int | None, Opt(help="HTTP backends: tokens per model request (512).")] = None,
     warmup_requests: Annotated[int | None, Opt(help="HTTP backends: untimed warm-up requests (2).")] = None,
     tool_timeout: Annotated[
-        float | None, Opt(help="Seconds per tool job before the worker is killed (60).")
+        float | None,
+        Opt(
+            help="Seconds per tool job before the worker is killed (60); a code evaluation's total "
+            "budget stays below it."
+        ),
     ] = None,
     worker_startup_timeout: Annotated[
         float | None, Opt(help="Seconds for a worker to get ready (120).")
