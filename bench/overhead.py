@@ -103,7 +103,6 @@ async def tool_job(calls: int, real: bool) -> tuple[float, float | None]:
     roundtrips: list[float] = []
     async with asyncio.TaskGroup() as tg:
         await pool.start(tg)
-        dispatcher.bind(tg)
         spec = JobSpec("p", "tool", "add", {"a": 1, "b": 2}, 0)
 
         async def step(_: int) -> None:

@@ -81,7 +81,6 @@ def test_busy_worker_killed_from_outside_fails_its_job_and_is_replaced() -> None
         dispatcher = CpuDispatcher(pool, get_policy("fifo"), gate, clock, events, tool_timeout=30)
         async with asyncio.TaskGroup() as tg:
             await pool.start(tg)
-            dispatcher.bind(tg)
             victim = pool.worker(0).pid
             assert victim is not None
             job = tg.create_task(

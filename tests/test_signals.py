@@ -178,7 +178,6 @@ def test_a_freed_worker_never_goes_to_a_job_whose_wait_was_cancelled() -> None:
         events.start_measurement()
         async with asyncio.TaskGroup() as tg:
             await pool.start(tg)
-            dispatcher.bind(tg)
 
             def job(ms: float) -> asyncio.Task[JobOutcome]:
                 return tg.create_task(

@@ -176,10 +176,14 @@ def test_virtual_replacements_take_their_start_up_in_order_then_the_median() -> 
         virtual_factory(VirtualClock(), replacement_startup=(float("nan"),))(0, 1)
 
 
-def _timeouts_workload(path: Path, n: int = 12, long_ms: float = 1500) -> Path:
-    """Every third problem calls a tool that runs past a 1 s tool timeout, so its worker is replaced."""
+def _timeouts_workload(path: Path, n: int = 15, long_ms: float = 1500) -> Path:
+    """Every third problem but the last three calls a tool that runs past a 1 s tool timeout, so its
+    worker is replaced. The last three answer after 4 s, keeping the run going until every replacement
+    is ready (one still starting when the batch ends is stopped, and records no start-up)."""
     problems = [
         tool_problem(f"p{i}", model_ms=50, cpu_ms=long_ms if i % 3 == 0 else 100, tool="spin_ms")
+        if i < n - 3
+        else tool_problem(f"p{i}", model_ms=50, cpu_ms=100, tool="spin_ms", final_ms=4000)
         for i in range(n)
     ]
     return write_workload(path, problems)
@@ -239,7 +243,10 @@ def test_replacements_beyond_the_runs_take_the_median_or_the_initial_workers_sta
     more = tmp_path / "more"
     result = simulate_here("--from-run", recorded, "--output", more, "--tool-timeout", "0.09")
     assert result.exit_code == 0, result.output
-    assert _replacement_startups(more) == [*STARTUPS, *[0.215] * 8]  # then the median of the four
+    # then the median of the four (a replacement still starting when the batch ended records none)
+    startups = _replacement_startups(more)
+    assert startups[:4] == list(STARTUPS) and startups[4:] == [0.215] * (len(startups) - 4)
+    assert len(startups) >= 10
     # a run that replaced no worker: its initial workers' start-ups are the one measurement there is
     quiet = _record_on_a_virtual_clock(tmp_path / "quiet", (), long_ms=500)
     assert _replacement_startups(quiet) == []
@@ -247,7 +254,8 @@ def test_replacements_beyond_the_runs_take_the_median_or_the_initial_workers_sta
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", quiet, "--output", replay, "--tool-timeout", "0.09")
     assert result.exit_code == 0, result.output
-    assert _replacement_startups(replay) == [0.35] * 12
+    startups = _replacement_startups(replay)
+    assert startups == [0.35] * len(startups) and len(startups) >= 10
 
 
 @pytest.mark.timeout(60)
@@ -309,3 +317,26 @@ def test_a_replay_of_a_real_run_takes_its_measured_replacement_start_ups(tmp_pat
     _, summary, _ = load_run(replay)
     # still only the runtime's own overhead left out: a little faster than the run, never slower
     assert summary["makespan_s"] <= real_summary["makespan_s"] * 1.05
+
+
+@pytest.mark.timeout(60)
+def test_a_replacement_no_trajectory_waits_for_is_outside_the_makespan(tmp_path: Path) -> None:
+    """The last trajectory's tool job times out and its worker is replaced (5 s to start), but nothing
+    needs that worker any more: the measured window ends with the last trajectory, not when the
+    replacement is ready (it used to, adding a whole worker start-up to makespan and throughput)."""
+    problems = [
+        tool_problem("quick", model_ms=50, cpu_ms=10, tool="spin_ms"),
+        tool_problem("slow", model_ms=50, cpu_ms=1500, tool="spin_ms"),
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    settings = {"cpu_workers": 2, "tool_timeout": 1.0, "tool_errors": "observe"}
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", **settings})
+    clock = VirtualClock()
+    factory = virtual_factory(clock, builtin_duration, replacement_startup=(5.0,))
+    outcome = clock.run(Run(prepare(cfg, ["test"]), clock, worker_factory=factory).execute())
+    assert outcome.status == "complete", outcome.error
+    _, summary, events = load_run(tmp_path / "run")
+    last_end = max(e.t for e in events if e.event == "trajectory_finished")
+    assert summary["workers"]["restarts"] == 1
+    assert summary["makespan_s"] == pytest.approx(last_end, abs=1e-6)
+    assert last_end < 1.5  # the timeout (1 s) and a model turn, not the replacement's 5 s start-up

@@ -114,12 +114,7 @@ class CpuDispatcher:
         self._decisions = 0
         self._reorders = 0
         self._peak_queued = 0
-        self._tg: asyncio.TaskGroup | None = None
         pool.on_available = self._dispatch
-
-    def bind(self, tg: asyncio.TaskGroup) -> None:
-        """Job executions run as tasks of this group."""
-        self._tg = tg
 
     def snapshot(self) -> DispatcherSnapshot:
         return DispatcherSnapshot(len(self._queue), self._decisions, self._reorders, self._peak_queued)
@@ -302,9 +297,8 @@ class CpuDispatcher:
                 self._predictor.observe(view, self._timeout, censored=True)
             else:
                 self._predictor.forget(view)
-            # The replacement starts now, owned by the run's task group; the caller gets its answer at once.
-            assert self._tg is not None, "dispatcher used before bind()"
-            self._tg.create_task(self._pool.replace(slot, "timeout" if failure == "timeout" else "died"))
+            # The replacement starts now, in the pool's task group; the caller gets its answer at once.
+            self._pool.replace_soon(slot, "timeout" if failure == "timeout" else "died")
             return JobOutcome(ok=False, error=str(exc), failure=failure)
         finally:
             self._ranges.end(execution)

@@ -76,6 +76,7 @@ class WorkerPool:
         self._replaced = False
         self._closing = False
         self._tg: asyncio.TaskGroup | None = None
+        self._replacing: set[asyncio.Task[None]] = set()
         self.on_available: Callable[[], None] = lambda: None
 
     # --- state -------------------------------------------------------------------------------------------
@@ -156,8 +157,20 @@ class WorkerPool:
         )
         return worker
 
+    def replace_soon(self, slot: int, reason: RestartReason) -> None:
+        """Replace the slot's worker in a task of the pool's own group (the one given to :meth:`start`):
+        the job that lost the worker gets its answer at once, and a replacement that no trajectory needs
+        any more (the batch ended meanwhile) does not hold up the end of the run's measured window.
+        :meth:`aclose` stops a replacement still under way; one that fails fails the run."""
+        assert self._tg is not None, "pool used before start()"
+        task = self._tg.create_task(self.replace(slot, reason))
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
     async def replace(self, slot: int, reason: RestartReason) -> None:
         """Kill the slot's worker tree and start the next generation; the slot is idle again afterwards."""
+        if self._closing:
+            return
         self._busy.discard(slot)
         if slot in self._idle:
             self._idle.remove(slot)
@@ -197,7 +210,7 @@ class WorkerPool:
         """Notice a worker that dies while idle (killed from outside) and replace it at once."""
         await worker.wait_exit()
         if not self._closing and self._workers[slot] is worker and slot in self._idle:
-            await self.replace(slot, "died")
+            self.replace_soon(slot, "died")
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds of the current workers (None if any reading is unavailable)."""
@@ -212,6 +225,10 @@ class WorkerPool:
     async def aclose(self) -> None:
         """Stop every worker and its tree. Safe to call more than once and after a failed start."""
         self._closing = True
+        replacing = list(self._replacing)
+        for task in replacing:  # a replacement still starting: stopped first, then its worker closed
+            task.cancel()
+        await asyncio.gather(*replacing, return_exceptions=True)
         await asyncio.gather(
             *(worker.aclose() for worker in self._workers if worker is not None), return_exceptions=True
         )

@@ -321,7 +321,6 @@ class Run:
                     files.transition("running", clock.wall())
                     outer.create_task(sampler.run())
                     async with asyncio.TaskGroup() as tg:
-                        dispatcher.bind(tg)
                         problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
                         await admission.run(tg, problems, trajectory)
                     status = "complete"
