@@ -398,3 +398,75 @@ def test_jitter_scales_declared_output_tokens_with_the_model_latency(tmp_path: P
         assert action["latency_ms"] == pytest.approx(100 * f)
         assert action["output_tokens"] == max(1, round(tokens * f))
     assert script[3].get("output_tokens") is None and script[3].get("latency_ms") is None
+
+
+def test_a_sweep_cell_reruns_from_its_seeds_workload_and_the_recorded_tool_root(tmp_path: Path) -> None:
+    """As README says: ``simulate --workload OUT/workloads/seed-N.jsonl --tool-root <sweep.json's
+    tool_root>`` with the cell's policy and limits reproduces the cell's row (the tool files stay where
+    they were)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "crunch.py").write_text("def crunch(n):\n    return n\n")
+    tool = {"name": "crunch", "inputs": {"n": "int"}, "implementation": "crunch.py"}
+    problems = [
+        {
+            "id": f"p{i}",
+            "prompt": "p",
+            "tools": [tool],
+            "script": [
+                {
+                    "type": "tool",
+                    "name": "crunch",
+                    "arguments": {"n": i},
+                    "cpu_ms": 20 + 9 * i,
+                    "latency_ms": 15,
+                },
+                {"type": "final", "answer": "x", "latency_ms": 10},
+            ],
+        }
+        for i in range(10)
+    ]
+    workload = write_workload(tools / "w.jsonl", problems)
+    out = tmp_path / "sweep"
+    swept = simulate_here(
+        "--sweep",
+        "--workload",
+        workload,
+        "--output",
+        out,
+        "--policies",
+        "tool_first",
+        "--active",
+        "4",
+        "--inflight",
+        "2",
+        "--workers",
+        "1",
+        "--seeds",
+        "2",
+        "--jobs",
+        "1",
+    )
+    assert swept.exit_code == 0, swept.output
+    row = next(r for r in csv.DictReader((out / "sweep.csv").read_text().splitlines()) if r["seed"] == "1")
+    root = json.loads((out / "sweep.json").read_text())["run_settings"]["tool_root"]
+    cell = tmp_path / "cell"
+    again = simulate_here(
+        "--workload",
+        out / "workloads" / "seed-1.jsonl",
+        "--tool-root",
+        root,
+        "--output",
+        cell,
+        "--policy",
+        "tool_first",
+        "--max-active-trajectories",
+        "4",
+        "--max-inflight-model-requests",
+        "2",
+        "--cpu-workers",
+        "1",
+    )
+    assert again.exit_code == 0, again.output
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["makespan_s"] == pytest.approx(float(row["makespan_s"]), abs=1e-6)
