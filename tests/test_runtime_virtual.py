@@ -296,3 +296,27 @@ def test_a_simulated_runs_cpu_cost_is_unknown_not_the_simulators_own(virtual_run
     cost = outcome.summary["cpu_cost"]
     assert cost["client_cpu_s"] is None and cost["total_cpu_s"] is None
     assert "simulated" in cost["reason"]
+
+
+def test_tool_calls_per_trajectory_counts_the_finished_trajectories_own_calls(
+    virtual_run: VirtualRun,
+) -> None:
+    """In a run that stopped with trajectories unfinished, ``calls`` counts every call, but the
+    per-trajectory mean is over finished trajectories and their own calls (it divided all calls by the
+    finished trajectories)."""
+    from asyncroll.events import TrajectoryFinished
+    from asyncroll.outputs.summary import SummaryBuilder
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=5, turns=1 + i % 3) for i in range(6)]
+    outcome, capture, _ = virtual_run(problems)
+    assert outcome.summary is not None and outcome.summary["tools"]["calls_per_trajectory"] == 2.0
+    unfinished = {"p2", "p5"}  # three calls each: as if the run had been stopped before they finished
+    builder = SummaryBuilder()
+    for event in capture.events:
+        if not (isinstance(event, TrajectoryFinished) and event.id in unfinished):
+            builder(event)
+    limits = {"max_active_trajectories": 16, "max_inflight_model_requests": 4, "cpu_workers": 2}
+    tools = builder.build(
+        makespan_s=1.0, policy="fifo", limits=limits, cpu_cost={}, peaks={}, status="interrupted"
+    )["tools"]
+    assert tools["calls"] == 12 and tools["calls_per_trajectory"] == 1.5  # (1 + 2 + 1 + 2) / 4

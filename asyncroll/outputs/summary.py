@@ -100,6 +100,7 @@ class SummaryBuilder:
         self.circuit_waits = 0
         self.circuit_wait_s = 0.0
         self.tool_calls = 0
+        self.finished_tool_calls = 0  # made by trajectories that finished (the per-trajectory mean's)
         self.tool_errors = 0
         self.cpu_failures: Counter[str] = Counter()
         self.jobs_by_kind: Counter[str] = Counter()
@@ -269,6 +270,7 @@ class SummaryBuilder:
         self.trajectory_work += work
         self.longest_work = max(self.longest_work, work)
         self.status[event.status] += 1
+        self.finished_tool_calls += event.tool_calls
         self.samples["trajectory_s"].append(event.duration_s)
         self.samples["turns_per_trajectory"].append(float(event.turns))
         if event.correct is not None:
@@ -436,7 +438,9 @@ class SummaryBuilder:
             "tools": {
                 "calls": self.tool_calls,
                 "errors": self.tool_errors,
-                "calls_per_trajectory": _ratio(self.tool_calls, finished),
+                # over finished trajectories, with their own calls (an interrupted run's unfinished
+                # trajectories made calls too: ``calls`` counts them)
+                "calls_per_trajectory": _ratio(self.finished_tool_calls, finished),
                 # a job cancelled because the run stopped under it is not the tool's error
                 "error_rate": _ratio(
                     self.tool_errors + self.cpu_failures.total() - self.cpu_failures["cancelled"],
