@@ -757,3 +757,19 @@ def test_pressure_flags_unread_by_the_policy_are_named(tmp_path: Path) -> None:
     assert mixed.exit_code == 0 and "warning" not in mixed.stderr
     replay = simulate_here("--from-run", tmp_path / "b", "--output", tmp_path / "e", "--policy", "fifo")
     assert replay.exit_code == 0 and "warning" not in replay.stderr  # aging 1 was the recorded run's
+
+
+def test_gpu_first_warns_and_two_names_of_one_policy_are_refused_in_a_sweep(tmp_path: Path) -> None:
+    single = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--policy", "gpu_first")
+    assert single.exit_code == 0 and "--policy gpu_first is a deprecated alias of tool_first" in single.stderr
+    sweep = ("--workload", SMOKE, "--sweep", "--seeds", "1", "--jobs", "1")
+    for policies, message in (
+        ("fifo,gpu_first,tool_first", "'gpu_first' and 'tool_first' are the same policy (tool_first)"),
+        ("asyncroll_critical,asyncroll", "'asyncroll_critical' and 'asyncroll' are the same policy"),
+    ):
+        out = tmp_path / policies.replace(",", "-")
+        refused = simulate_here(*sweep, "--output", out, "--policies", policies)
+        assert refused.exit_code == 2 and message in refused.stderr, refused.output
+        assert not out.exists()
+    alias = simulate_here(*sweep, "--output", tmp_path / "b", "--policies", "fifo,gpu_first")
+    assert alias.exit_code == 0 and "gpu_first is a deprecated alias" in alias.stderr

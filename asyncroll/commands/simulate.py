@@ -209,6 +209,7 @@ def simulate(
                 5 if seeds is None else seeds,
                 DEFAULT_JITTER if jitter is None else jitter,
             )
+            _refuse_aliases(spec.policies)
             _warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
             for name in spec.policies:
                 try:
@@ -256,6 +257,8 @@ def simulate(
             base = {k: derived.source_config[k] for k in keep if k in derived.source_config}
             values = {**base, **values, "workload": derived.workload, "tool_root": derived.tool_root}
         cfg = build_config(values)
+        if cfg.policy == "gpu_first" and "policy" in given:
+            typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         _warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
         outcome = run_simulation(
             cfg,
@@ -302,6 +305,24 @@ def _only_with(flags: Mapping[str, object], applies: bool, mode: str) -> None:
     if given and not applies:
         verb = "applies" if len(given) == 1 else "apply"
         raise UsageError(f"{', '.join(given)} {verb} only with {mode}")
+
+
+def _refuse_aliases(policies: Sequence[str]) -> None:
+    """Two names of one policy would be two identical rows of the sweep: refused like a repeated name;
+    the deprecated ``gpu_first`` is said to be so."""
+    from asyncroll.errors import UsageError
+    from asyncroll.policies.registry import canonical_policy
+
+    if "gpu_first" in policies:
+        typer.echo("warning: --policies gpu_first is a deprecated alias of tool_first", err=True)
+    seen: dict[str, str] = {}
+    for name in policies:
+        other = seen.setdefault(canonical_policy(name), name)
+        if other != name:
+            raise UsageError(
+                f"--policies: {other!r} and {name!r} are the same policy ({canonical_policy(name)}); "
+                "each value is one cell of the sweep"
+            )
 
 
 def _warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> None:

@@ -30,6 +30,11 @@ def unread_pressure_flags(given: Iterable[str], policies: Iterable[str]) -> list
     return [flag for key, flag in PRESSURE_SETTINGS.items() if key in given]
 
 
+def canonical_policy(name: str) -> str:
+    """The policy a name runs: ``gpu_first`` is ``tool_first``, ``asyncroll`` the default pressure rule."""
+    return {"gpu_first": "tool_first", "asyncroll": DEFAULT_PRESSURE}.get(name, name)
+
+
 def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 0.02) -> Policy:
     """Build a policy by its name (``gpu_first`` is the deprecated alias of ``tool_first``)."""
     if name == "asyncroll":
