@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 if __name__ == "__main__":
-    from asyncroll.cli import app
+    import typer
 
-    sys.exit(app(["report", *sys.argv[1:]]))
+    from asyncroll.commands.experiment import report
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    app.command()(report)  # the only command: its options are the program's own
+    app(prog_name="python -m asyncroll.report")

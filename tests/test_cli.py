@@ -405,3 +405,15 @@ def test_pressure_settings_with_a_baseline_policy_warn(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "warning: --aging-seconds has no effect with --policy tool_first" in result.stderr
+
+
+def test_the_report_module_entry_point_shows_its_own_usage() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncroll.report", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
+    assert result.returncode == 0 and result.stdout.startswith("Usage: python -m asyncroll.report [OPTIONS]")
+    assert "--comparison" in result.stdout
