@@ -85,6 +85,16 @@ def test_sweep_writes_every_cell_with_paired_comparisons(tmp_path: Path) -> None
     assert all(float(r["makespan_s"]) >= fifo[(r["active"], r["workers"], r["seed"])] - 1e-9 for r in sync)
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["spec"]["seeds"] == 3 and len(summary["cells"]) == 8
+    # cells hold numbers (min / median / max over seeds), not the table's display strings
+    cell = next(
+        c for c in summary["cells"] if c["policy"] == "sync" and (c["active"], c["workers"]) == (8, 2)
+    )
+    runs = {r["seed"]: float(r["makespan_s"]) for r in sync if (r["active"], r["workers"]) == ("8", "2")}
+    seeds = list(runs.values())
+    assert cell["makespan_s"] == {"min": min(seeds), "median": statistics.median(seeds), "max": max(seeds)}
+    paired = [makespan / fifo[("8", "2", seed)] - 1 for seed, makespan in runs.items()]
+    assert cell["vs_fifo"]["max"] == pytest.approx(max(paired))
+    assert next(c for c in summary["cells"] if c["policy"] == "fifo")["vs_fifo"] is None
     table = (out / "sweep.md").read_text()
     assert table.count("\n| sync |") == 4 and "+" in table and "completed per hour" in table
 

@@ -217,14 +217,32 @@ def _exit_with(sweep_pid: int, every_s: float = 0.5) -> None:
     os._exit(1)
 
 
-def _spread(values: list[float], digits: int = 3) -> str:
+Spread = dict[str, float] | None
+
+
+def _spread(values: list[float]) -> Spread:
+    """Min, median and max over seeds (None: no value to summarise)."""
     if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def _shown(spread: Spread, digits: int = 3) -> str:
+    if spread is None:
         return "n/a"
-    return f"{min(values):.{digits}f} / {statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
+    return " / ".join(f"{spread[k]:.{digits}f}" for k in ("min", "median", "max"))
+
+
+def _shown_change(spread: Spread) -> str:
+    if spread is None:
+        return "n/a"
+    return " / ".join(f"{100 * spread[k]:+.1f}%" for k in ("min", "median", "max"))
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (policy, point) with spreads over seeds and the paired change against fifo."""
+    """One entry per (policy, point): each metric's spread over seeds (``{min, median, max}``, None when
+    no seed has a value) and ``vs_fifo``, the paired change of makespan against fifo on the same seed
+    (a fraction; None for fifo itself or without fifo in the sweep)."""
     fifo = {
         (r["active"], r["inflight"], r["workers"], r["seed"]): r["makespan_s"]
         for r in rows
@@ -251,12 +269,9 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "efficiency": _spread([r["efficiency"] for r in group if r["efficiency"] is not None]),
                 "cpu_blocked_s": _spread([r["cpu_blocked_s"] for r in group]),
                 "reorders": _spread([float(r["reorders"]) for r in group]),
-                "vs_fifo": "n/a"
-                if not paired or policy == "fifo"
-                else f"{100 * min(paired):+.1f}% / {100 * statistics.median(paired):+.1f}% / "
-                f"{100 * max(paired):+.1f}%",
+                "vs_fifo": None if policy == "fifo" else _spread(paired),
                 "completed_per_hour": _spread(
-                    [r["completed_per_hour"] for r in group if r["completed_per_hour"]], 0
+                    [r["completed_per_hour"] for r in group if r["completed_per_hour"]]
                 ),
             }
         )
@@ -272,9 +287,9 @@ def markdown(agg: list[dict[str, Any]]) -> str:
     ]
     for c in sorted(agg, key=lambda c: (c["active"], c["inflight"], c["workers"], c["policy"])):
         lines.append(
-            f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} | {c['makespan_s']} "
-            f"| {c['completed_per_hour']} | {c['efficiency']} | {c['cpu_blocked_s']} | {c['reorders']} "
-            f"| {c['vs_fifo']} |"
+            f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} "
+            f"| {_shown(c['makespan_s'])} | {_shown(c['completed_per_hour'], 0)} | {_shown(c['efficiency'])} "
+            f"| {_shown(c['cpu_blocked_s'])} | {_shown(c['reorders'])} | {_shown_change(c['vs_fifo'])} |"
         )
     return "\n".join(lines) + "\n"
 
