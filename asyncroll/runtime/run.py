@@ -306,9 +306,10 @@ class Run:
                         files.update(backend=describe())
                     await sampler.probe()
                     files.update(telemetry=sampler.receipt())
+                    # CPU read first (psutil takes ~1 ms per worker): measurement_started is at t = 0
+                    cpu_start = (client_cpu(), pool.cpu_seconds())
                     origin = events.start_measurement()
                     run_range = ranges.start("run")
-                    cpu_start = (client_cpu(), pool.cpu_seconds())
                     events.emit(
                         MeasurementStarted(
                             wall_time=clock.wall(),

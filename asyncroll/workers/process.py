@@ -114,7 +114,12 @@ class ProcessWorker:
         try:
             async with asyncio.timeout_at(deadline):
                 spawned = await spawn(self.tools, self.log_path)
-        except (OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            raise WorkerStartupError(
+                f"worker {self.index}: its process was not spawned within {self.startup_timeout:g}s "
+                "(--worker-startup-timeout)"
+            ) from exc
+        except OSError as exc:
             raise WorkerStartupError(f"worker {self.index}: could not spawn: {exc!r}") from exc
         self._proc, self._log_offset = spawned.process, spawned.log_offset
         self._pipes = [spawned.replies, spawned.jobs]
@@ -133,8 +138,8 @@ class ProcessWorker:
         except TimeoutError:
             await self.kill()
             raise WorkerStartupError(
-                f"worker {self.index} (pid {self.pid}) was not ready within {self.startup_timeout:g}s"
-                + log_tail(self.log_path, self._log_offset)
+                f"worker {self.index} (pid {self.pid}) was not ready within {self.startup_timeout:g}s "
+                "(--worker-startup-timeout)" + log_tail(self.log_path, self._log_offset)
             ) from None
         except WorkerDied as exc:
             await self.kill()
