@@ -9,6 +9,7 @@ Run: ``python -m bench.limits``.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from bench.common import events, machine, run_once, tool_chain
@@ -32,6 +33,8 @@ def _peak(evs: list[dict[str, Any]], up: str, down: set[str]) -> int:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.parse_args()  # no options: --help prints the usage instead of running the benchmark
     print(f"machine: {machine()}")
     print("workload: 48 trajectories × 3 sleep_ms(30) tool calls, 30 ms scripted model turns")
     print(

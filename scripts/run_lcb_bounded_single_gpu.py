@@ -18,8 +18,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import load_experiment_config
-from asyncroll.experiment.plan import render_plan
-from asyncroll.experiment.runner import ExperimentRunner
+from asyncroll.experiment.runner import ExperimentRunner, checked_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_experiment_config(args.config, overrides)
         if args.plan:
-            print(render_plan(cfg, args.output))
+            print(checked_plan(cfg, args.output))  # refuses a wrong --workload-sha256 as the run does
             return 0
         outcome = ExperimentRunner(cfg, args.output, resume=args.resume, config_path=args.config).run()
     except UsageError as exc:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
 
 
 @pytest.mark.parametrize(
@@ -41,3 +49,25 @@ def test_the_benches_shared_run_helper_runs_a_scripted_workload() -> None:
     outcome, run_dir, _ = run_once(tool_chain(3, 1, 5.0), virtual=True)
     assert outcome.status == "complete" and (run_dir / "events.jsonl").exists()
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 3
+
+
+def test_every_runnable_bench_module_is_found() -> None:
+    assert len(RUNNABLE) >= 18 and {"limits", "paired", "scaling", "synthetic"} <= set(RUNNABLE)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("module", RUNNABLE)
+def test_every_bench_module_prints_usage_for_help(module: str) -> None:
+    """``python -m bench.X --help`` prints its usage and runs nothing (bench.limits ran its whole
+    benchmark, about 15 s of real worker processes)."""
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent)}
+    result = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=BENCH.parent,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage:"), result.stdout[:300]  # not "machine: …" of a run

@@ -287,6 +287,54 @@ def test_a_negative_seed_is_refused_by_the_config_plan_and_report(tmp_path: Path
     assert done.exit_code == 2 and "seed: Input should be greater than or equal to 0" in done.stderr
 
 
+def test_the_plan_refuses_a_wrong_workload_sha256_as_the_run_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan is the documented dry run (PROTOCOL_LIVECODEBENCH.md, docs/SINGLE_GPU.md): a workload
+    that does not match the declared SHA-256 is refused there, with the run's message, not first on
+    the rented GPU. Both plan paths: ``experiment plan`` and the LiveCodeBench script's ``--plan``."""
+    import hashlib
+    import importlib.util
+
+    wrong = "0" * 64
+    config = write_config(tmp_path, **{"workload.sha256": wrong})
+    run = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    plan = invoke("experiment", "plan", "--config", config)
+    assert run.exit_code == plan.exit_code == 2, plan.output
+    assert "is not the config's workload.sha256" in plan.stderr and plan.stderr == run.stderr
+    assert not (tmp_path / "out").exists()
+    smoke = hashlib.sha256((ROOT / "examples" / "smoke.jsonl").read_bytes()).hexdigest()
+    matching = invoke("experiment", "plan", "--config", write_config(tmp_path, **{"workload.sha256": smoke}))
+    assert matching.exit_code == 0 and f"expected sha256 {smoke}" in matching.stdout
+
+    spec = importlib.util.spec_from_file_location(
+        "lcb_script", ROOT / "scripts" / "run_lcb_bounded_single_gpu.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    workload = ROOT / "examples" / "livecodebench" / "workload.jsonl"
+    args = [
+        "--config",
+        str(ROOT / "experiments" / "livecodebench_bounded_8x4.json"),
+        "--model-path",
+        "/models/m",
+        "--workload",
+        str(workload),
+        "--output",
+        str(tmp_path / "lcb"),
+        "--plan",
+    ]
+    capsys.readouterr()
+    assert script.main([*args, "--workload-sha256", wrong]) == 2
+    refused = capsys.readouterr()
+    assert refused.out == "" and "is not the config's workload.sha256 " + wrong in refused.err
+    lcb = hashlib.sha256(workload.read_bytes()).hexdigest()
+    assert script.main([*args, "--workload-sha256", lcb]) == 0
+    assert f"expected sha256 {lcb}" in capsys.readouterr().out
+    assert not (tmp_path / "lcb").exists()
+
+
 def test_an_infinite_setting_is_refused_by_the_config(tmp_path: Path) -> None:
     """JSON allows Infinity; an arm's client would refuse it only after the server had started."""
     config = write_config(tmp_path, **{"client.tool_timeout": float("inf")})

@@ -168,3 +168,51 @@ def test_the_runs_own_schedule_seeds_the_solver(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["status"] in ("feasible", "optimal")
     assert report["lower_bound_s"] <= report["best_schedule_s"] <= report["makespan_s"]
+
+
+@pytest.mark.timeout(120)
+def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
+    """A run killed with ``kill -9`` leaves events.jsonl but no summary.json, and run.json still says
+    running: the work it recorded is solved with a warning; its limits come from the events, the
+    analytic bound is recomputed, and the makespan that cannot be known is reported as unknown."""
+    problems = [
+        tool_problem(f"p{i}", model_ms=30 + 10 * (i % 2), cpu_ms=(20, 50)[i % 2], turns=2) for i in range(6)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    run = tmp_path / "run"
+    args = ["--workload", workload, "--output", run, "--max-active-trajectories", "3", "--cpu-workers", "1"]
+    assert cli("simulate", *args).returncode == 0
+    complete = json.loads(cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json").stdout)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").unlink()
+    receipt = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**receipt, "status": "running"}))
+    # kill -9 can cut the last line short
+    events = (run / "events.jsonl").read_text().splitlines()
+    (run / "events.jsonl").write_text("\n".join(events) + "\n" + events[-1][:10])
+
+    result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "warning: the run never finished" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["trajectories"] == 6
+    assert report["limits"] == {"max_active_trajectories": 3, "model_capacity": 3, "cpu_workers": 1}
+    assert report["makespan_s"] is None and report["makespan_over_lower_bound"] is None
+    assert report["analytic_bound_s"] == pytest.approx(summary["bounds"]["lower_bound_s"], abs=1e-5)
+    assert report["lower_bound_s"] == pytest.approx(complete["lower_bound_s"])
+    assert any("makespan is unknown" in note for note in report["notes"])
+    assert any("cut short" in note for note in report["notes"])
+    assert complete["notes"] == []
+    plain = cli("optimum", run, "--time-limit", "30", "--threads", "1")
+    assert plain.returncode == 0 and "makespan n/a" in plain.stdout
+    assert "note: the run stopped before it wrote summary.json" in plain.stdout
+
+    # without measurement_started, the limits come from run.json's config
+    (run / "events.jsonl").write_text("\n".join(e for e in events if "measurement_started" not in e) + "\n")
+    result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["limits"]["cpu_workers"] == 1
+    # a complete run that lost its summary.json is damaged, not solved
+    (run / "run.json").write_text(json.dumps({**receipt, "status": "complete"}))
+    damaged = cli("optimum", run)
+    assert damaged.returncode == 2 and "cannot read summary.json" in damaged.stderr

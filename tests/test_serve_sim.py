@@ -347,6 +347,23 @@ def test_fault_rates_are_validated() -> None:
         SimConfig(metrics_flavor="tgi")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_settings_are_refused(value: float) -> None:
+    # NaN passed every `< 0` check: the server started, and /sim/stats failed after one request
+    for name in ("slow_s", "retry_after_s", "rate_429", "slow_rate"):
+        flag = "--retry-after" if name == "retry_after_s" else "--" + name.replace("_", "-")
+        with pytest.raises(ValueError, match=f"{flag} must be a finite number"):
+            FaultConfig(**{name: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="--chars-per-token must be a finite number"):
+        SimConfig(chars_per_token=value)
+    for name in ("step_base_ms", "step_per_seq_ms", "prefill_ms_per_token"):
+        flag = "--" + name.replace("_", "-")
+        # -inf is refused by the engine as a negative cost
+        refused = "step and prefill costs must be >= 0" if value < 0 else f"{flag} must be a finite number"
+        with pytest.raises(ValueError, match=refused):
+            SimConfig(engine=ServerModelConfig(**{name: value}))  # type: ignore[arg-type]
+
+
 @pytest.mark.timeout(30)
 def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
     cmd = [
@@ -392,6 +409,11 @@ def test_cli_refuses_bad_settings() -> None:
         (["--invalid-action-rate", "0.5"], "needs --no-enforce-schema"),
         (["--metrics-flavor", "tgi"], "--metrics-flavor must be vllm or sglang"),
         (["--step-base-ms", "0", "--step-per-seq-ms", "0"], "a step must take some time"),
+        (["--step-base-ms", "nan"], "--step-base-ms must be a finite number"),
+        (["--prefill-ms-per-token", "inf"], "--prefill-ms-per-token must be a finite number"),
+        (["--slow-s", "inf"], "--slow-s must be a finite number"),
+        (["--retry-after", "-inf"], "--retry-after must be a finite number"),
+        (["--chars-per-token", "nan"], "--chars-per-token must be a finite number"),
     ):
         result = subprocess.run(
             [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0", *args],

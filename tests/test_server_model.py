@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -65,6 +66,15 @@ def test_config_is_validated() -> None:
         ServerModelConfig(max_num_seqs=0)
     with pytest.raises(ValueError):
         ServerModelConfig(step_base_ms=0, step_per_seq_ms=0)
+
+
+@pytest.mark.parametrize("name", ["step_base_ms", "step_per_seq_ms", "prefill_ms_per_token"])
+def test_config_refuses_nan_costs(name: str) -> None:
+    # NaN passed the `< 0` check and made every step time NaN (serve-sim's /sim/stats then failed);
+    # infinity is refused by each front end (serve-sim's SimConfig, the simulator's settings)
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ValueError, match=f"{flag} must be a finite number, got nan"):
+        ServerModelConfig(**{name: math.nan})  # type: ignore[arg-type]
 
 
 def test_cancelling_a_request_withdraws_its_sequence() -> None:

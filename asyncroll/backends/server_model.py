@@ -18,10 +18,13 @@ here (no GPU on the development machines): calibrate them from your own server's
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from asyncroll.clock import Clock
+
+COST_FIELDS = ("step_base_ms", "step_per_seq_ms", "prefill_ms_per_token")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,11 @@ class ServerModelConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        for name in COST_FIELDS:
+            # NaN passes every comparison below; an upper limit (infinity, one day) is the front end's:
+            # serve-sim's SimConfig and the simulator's SimulationSettings refuse what is not finite
+            if math.isnan(getattr(self, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got nan")
         if min(self.step_base_ms, self.step_per_seq_ms, self.prefill_ms_per_token) < 0:
             raise ValueError("step and prefill costs must be >= 0")
         if self.step_base_ms + self.step_per_seq_ms <= 0:

@@ -54,10 +54,17 @@ def experiment_plan(
     config: Annotated[Path, Opt("--config", help="Experiment config (JSON).")],
     output: Annotated[Path | None, Opt("--output", help="Shown in the client commands.")] = None,
 ) -> None:
-    """Validate a config and print every server and client command, in order; starts nothing."""
-    from asyncroll.experiment.plan import render_plan
+    """Validate a config (and the workload against a declared workload.sha256, as `run` does) and print
+    every server and client command, in order; starts nothing."""
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.runner import checked_plan
 
-    typer.echo(render_plan(_experiment_config(config), output))
+    cfg = _experiment_config(config)
+    try:
+        plan = checked_plan(cfg, output)  # a declared workload.sha256 is checked, as `run` checks it
+    except UsageError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    typer.echo(plan)
 
 
 @experiment_app.command("schema")

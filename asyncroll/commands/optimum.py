@@ -33,8 +33,10 @@ def optimum(
     with contextlib.suppress(OSError, ValueError, AttributeError):
         status = json.loads((run_dir / "run.json").read_text()).get("status")
     if status is not None and status != "complete":
+        # "running": run.json was never finalised (the run was killed, or is still going)
+        ended = "never finished (run.json says running)" if status == "running" else f"ended {status}"
         typer.echo(
-            f"warning: the run ended {status}: only the work it recorded is solved (steps still running "
+            f"warning: the run {ended}: only the work it recorded is solved (steps still running "
             "when it stopped, and trajectories never started, are left out)",
             err=True,
         )
@@ -59,3 +61,5 @@ def optimum(
         f"makespan ÷ proven bound {fmt(result['makespan_over_lower_bound'], '')} | "
         f"makespan ÷ best schedule {fmt(result['makespan_over_best_schedule'], '')}"
     )
+    for note in result["notes"]:
+        typer.echo(f"note: {note}")

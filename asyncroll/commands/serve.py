@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -56,6 +57,8 @@ def serve_sim(
     try:
         if not 0 <= port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {port}")
+        if not math.isfinite(retry_after):  # checked here: a negative value becomes "none" below
+            raise ValueError(f"--retry-after must be a finite number, got {retry_after}")
         sim = SimConfig(
             model=model,
             engine=ServerModelConfig(max_num_seqs, step_base_ms, step_per_seq_ms, prefill_ms_per_token),

@@ -46,7 +46,7 @@ from asyncroll.experiment.comparison import build_comparison, dig, write_compari
 from asyncroll.experiment.config import STAGES, ExperimentConfig, Gate
 from asyncroll.experiment.fingerprint import fingerprint, require_same
 from asyncroll.experiment.lock import LOCK_NAME, OutputLock
-from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
+from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan, render_plan
 from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
 from asyncroll.experiment.server import sweep_orphan
 
@@ -81,6 +81,17 @@ def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
             f"{cfg.workload.sha256}; wrong file or a changed workload"
         )
     return scan.sha256, {key: tool.path for key, tool in scan.tools.items()}
+
+
+def checked_plan(cfg: ExperimentConfig, output: Path | None) -> str:
+    """The plan as the dry run of :meth:`ExperimentRunner.run` (``experiment plan``, the LiveCodeBench
+    script's ``--plan``): where the config declares ``workload.sha256``, the workload is first checked
+    exactly as the run checks it (:func:`check_workload`), so a wrong file or hash is refused here, with
+    the run's message, and not only when the run starts. Without a declared hash the workload is not
+    read (a plan can be printed on a machine that does not hold it)."""
+    if cfg.workload.sha256 is not None:
+        check_workload(cfg)
+    return render_plan(cfg, output)
 
 
 def evaluate_gates(

@@ -44,12 +44,10 @@ def cpu_cost(
     if replaced:
         workers, reason = None, "a worker was replaced during the run; its CPU time before death is unknown"
     elif start[1] is None or end[1] is None:
-        workers, reason = (
-            None,
-            (
-                "worker CPU time unavailable: a worker could not be read at the start or the end of the window "
-                "(virtual workers, a worker killed as the run stopped, or psutil could not read it)"
-            ),
+        workers = None
+        reason = (
+            "worker CPU time unavailable: a worker could not be read at the start or the end of the "
+            "window (virtual workers, a worker killed as the run stopped, or psutil could not read it)"
         )
     else:
         workers = round(end[1] - start[1], 6)

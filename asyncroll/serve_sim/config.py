@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.backends.server_model import COST_FIELDS, ServerModelConfig
 
 MetricsFlavor = Literal["vllm", "sglang"]
 
@@ -37,9 +38,12 @@ class FaultConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            flag = "--retry-after" if f.name == "retry_after_s" else f"--{f.name.replace('_', '-')}"
+            if isinstance(value, float) and not math.isfinite(value):  # NaN passes every `< 0` test
+                raise ValueError(f"{flag} must be a finite number, got {value}")
             is_rate = f.name.endswith("rate") or f.name.startswith("rate_")
             if is_rate and not 0.0 <= value <= 1.0:
-                raise ValueError(f"--{f.name.replace('_', '-')} must be in [0, 1], got {value}")
+                raise ValueError(f"{flag} must be in [0, 1], got {value}")
         if self.slow_s < 0:
             raise ValueError(f"--slow-s must be >= 0, got {self.slow_s}")
         if self.retry_after_s is not None and self.retry_after_s < 0:
@@ -61,6 +65,12 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("--model must not be empty")
+        for name in COST_FIELDS:  # the engine refuses NaN itself; infinity would stop every step
+            value = getattr(self.engine, name)
+            if not math.isfinite(value):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+        if not math.isfinite(self.chars_per_token):
+            raise ValueError(f"--chars-per-token must be a finite number, got {self.chars_per_token}")
         if self.chars_per_token <= 0:
             raise ValueError(f"--chars-per-token must be > 0, got {self.chars_per_token}")
         if self.kv_cache_tokens < 1 or self.max_model_len < 1:

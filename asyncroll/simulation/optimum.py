@@ -31,6 +31,7 @@ limit, still valid but possibly no better than the analytic one (``status`` says
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -62,6 +63,7 @@ class Instance:
     makespan_s: float | None = None  # the recorded run's, when there is one
     analytic_bound_s: float | None = None
     begins: tuple[float, ...] | None = None  # when the recorded run admitted each trajectory
+    notes: tuple[str, ...] = ()  # what could not be read from the run (e.g. a killed run's makespan)
 
 
 @dataclass(frozen=True)
@@ -94,31 +96,75 @@ class Optimum:
             "makespan_over_best_schedule": ratio(instance.makespan_s, self.best_schedule_s),
             "lower_bound_over_analytic": ratio(self.lower_bound_s, instance.analytic_bound_s),
             "solve_wall_s": round(self.wall_s, 3),
+            "notes": list(instance.notes),
         }
 
 
+def _run_status(run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
+    """``run.json``'s status and config, or None where it cannot be read."""
+    try:
+        receipt = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(receipt, dict):
+        return None, None
+    status, config = receipt.get("status"), receipt.get("config")
+    return (status if isinstance(status, str) else None), (config if isinstance(config, dict) else None)
+
+
+def _limits(values: Any, where: str) -> tuple[int, int, int]:
+    """(active, model capacity, workers) from a ``limits`` mapping, as the summary computes them."""
+    try:
+        active = int(values["max_active_trajectories"])
+        inflight = int(values["max_inflight_model_requests"])
+        workers = int(values["cpu_workers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: missing or malformed limit {exc}") from exc
+    if min(active, inflight, workers) < 1:
+        raise UsageError(f"{where}: limits must be ≥ 1, got {values}")
+    return active, min(inflight, active), workers  # the summary's model capacity
+
+
 def instance_from_run(run_dir: Path) -> Instance:
-    """Read a run directory's ``events.jsonl`` and ``summary.json`` (a real or a simulated run)."""
+    """Read a run directory's ``events.jsonl`` and ``summary.json`` (a real or a simulated run).
+
+    A run stopped before it wrote ``summary.json`` (killed, ``run.json`` still says ``running``) is read
+    from ``events.jsonl`` alone: its limits from ``measurement_started`` (or ``run.json``'s config), its
+    analytic bound recomputed from the recorded steps; its makespan is unknown (None) and ``notes`` say so.
+    """
     path = run_dir / "summary.json"
+    summary: Any = None
+    notes: list[str] = []
     try:
         summary = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        status, _ = _run_status(run_dir)
+        if status is None or status == "complete":  # not a run, or a damaged complete one
+            raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
-    try:
-        limits, bounds = summary["limits"], summary["bounds"]
-        if bounds is None or summary["makespan_s"] is None:
-            raise UsageError(f"{path}: the run never opened its measured window: there is no work to solve")
-        active, workers = int(limits["max_active_trajectories"]), int(limits["cpu_workers"])
-        capacity, makespan, analytic = (
-            int(bounds["model_capacity"]),
-            float(summary["makespan_s"]),
-            float(bounds["lower_bound_s"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{path}: not an asyncroll summary (missing or malformed {exc})") from exc
+    makespan: float | None = None
+    analytic: float | None = None
+    if summary is not None:
+        try:
+            limits, bounds = summary["limits"], summary["bounds"]
+            if bounds is None or summary["makespan_s"] is None:
+                raise UsageError(
+                    f"{path}: the run never opened its measured window: there is no work to solve"
+                )
+            active, workers = int(limits["max_active_trajectories"]), int(limits["cpu_workers"])
+            capacity, makespan, analytic = (
+                int(bounds["model_capacity"]),
+                float(summary["makespan_s"]),
+                float(bounds["lower_bound_s"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{path}: not an asyncroll summary (missing or malformed {exc})") from exc
     chains: dict[str, list[Step]] = {}
     order: list[str] = []
     begins: list[float] = []
+    measured: dict[str, Any] | None = None  # the measurement_started event, read without a summary
+    last_t: float | None = None
     try:
         handle = (run_dir / "events.jsonl").open("rb")
     except OSError as exc:
@@ -129,13 +175,20 @@ def instance_from_run(run_dir: Path) -> Instance:
             try:
                 event = json.loads(raw)
             except json.JSONDecodeError as exc:
+                if summary is None and not raw.endswith(b"\n"):  # killed in the middle of a write
+                    notes.append(f"events.jsonl line {number} was cut short when the run stopped: ignored")
+                    break
                 raise UsageError(f"{where}: not JSON: {exc}") from exc
             if not isinstance(event, dict):
                 raise UsageError(f"{where}: not a JSON object")
             try:
                 kind, tid = event.get("event"), str(event.get("id"))
+                if isinstance(event.get("t"), int | float):
+                    last_t = float(event["t"])
                 # Each step as the run placed it: ending at its event, starting its duration before.
-                if kind == "trajectory_started":
+                if kind == "measurement_started" and measured is None:
+                    measured = event
+                elif kind == "trajectory_started":
                     order.append(tid)
                     chains[tid] = []
                     begins.append(float(event["t"]))
@@ -152,9 +205,23 @@ def instance_from_run(run_dir: Path) -> Instance:
                 raise UsageError(f"{where}: {kind} without {exc} (or of a trajectory never started)") from exc
             except (TypeError, ValueError) as exc:
                 raise UsageError(f"{where}: malformed {kind}: {exc}") from exc
+    if summary is None:
+        if measured is not None:
+            active, capacity, workers = _limits(measured, f"{run_dir}/events.jsonl measurement_started")
+        else:
+            _, config = _run_status(run_dir)
+            limits_of = (config or {}).get("limits", config)
+            active, capacity, workers = _limits(limits_of, f"{run_dir}/run.json config")
+            notes.append("limits read from run.json's config (events.jsonl has no measurement_started)")
+        recorded = "" if last_t is None else f" (its last recorded event is at t = {last_t:.6g} s)"
+        notes.append(
+            f"the run stopped before it wrote summary.json: its makespan is unknown{recorded}, so it is "
+            "not compared with the bounds"
+        )
+        notes.append("analytic bound recomputed from the recorded steps, not read from summary.json")
     if not order:
         raise UsageError(f"{run_dir}: the run started no trajectory")
-    return Instance(
+    instance = Instance(
         chains=tuple(tuple(chains[t]) for t in order),
         active=active,
         model_capacity=capacity,
@@ -162,7 +229,11 @@ def instance_from_run(run_dir: Path) -> Instance:
         makespan_s=makespan,
         analytic_bound_s=analytic,
         begins=tuple(begins),
+        notes=tuple(notes),
     )
+    if summary is None:
+        instance = dataclasses.replace(instance, analytic_bound_s=round(analytic_bound(instance), 6))
+    return instance
 
 
 def analytic_bound(instance: Instance) -> float:
