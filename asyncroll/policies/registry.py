@@ -31,8 +31,11 @@ def unread_pressure_flags(given: Iterable[str], policies: Iterable[str]) -> list
 
 
 def canonical_policy(name: str) -> str:
-    """The policy a name runs: ``gpu_first`` is ``tool_first``, ``asyncroll`` the default pressure rule."""
-    return {"gpu_first": "tool_first", "asyncroll": DEFAULT_PRESSURE}.get(name, name)
+    """The policy a name runs: a deprecated alias its policy (``gpu_first`` is ``tool_first``),
+    ``asyncroll`` the default pressure rule."""
+    from asyncroll.config import DEPRECATED_ALIASES
+
+    return {**DEPRECATED_ALIASES, "asyncroll": DEFAULT_PRESSURE}.get(name, name)
 
 
 def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 0.02) -> Policy:
