@@ -724,8 +724,9 @@ def test_without_namespaces_or_cgroups_the_subreaper_sweep_still_kills_escapees(
 def test_a_run_passes_its_tool_timeout_so_a_slow_program_gets_a_verdict_not_a_killed_worker(
     tmp_path: Path,
 ) -> None:
-    """``--tool-timeout 3`` caps the evaluator's total budget at 2 s: a program that would run its 6 s
-    per-test limit gets a time-limit verdict and its repair turn; no worker is killed, nothing is left."""
+    """``--tool-timeout 5`` caps the evaluator's total budget at 4 s: a program that would run its 6 s
+    per-test limit gets a time-limit verdict and its repair turn; no worker is killed, nothing is left.
+    (The 1 s margin is the design's; a loaded machine's sandbox overheads stay well inside it.)"""
     from tests.test_cli import cli
 
     problem = {
@@ -745,12 +746,12 @@ def test_a_run_passes_its_tool_timeout_so_a_slow_program_gets_a_verdict_not_a_ki
     workload.write_text(json.dumps(problem) + "\n")
     out = tmp_path / "run"
     since = time.time()
-    result = cli("run", "--workload", workload, "--output", out, "--tool-timeout", "3", timeout=120)
+    result = cli("run", "--workload", workload, "--output", out, "--tool-timeout", "5", timeout=120)
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [e for e in events if e["event"] == "worker_restarting"] == []
     evaluations = [e for e in events if e["event"] == "cpu_finished" and e["kind"] == "evaluate"]
-    assert [e["ok"] for e in evaluations] == [True, True] and evaluations[0]["roundtrip_s"] < 3.0
+    assert [e["ok"] for e in evaluations] == [True, True] and evaluations[0]["roundtrip_s"] < 5.0
     (line,) = (out / "results.jsonl").read_text().splitlines()
     record = json.loads(line)
     assert record["status"] == "completed", record
