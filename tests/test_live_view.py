@@ -50,15 +50,17 @@ def snap(
 
 
 def test_progress_line_is_a_function_of_the_snapshot() -> None:
-    line = render_progress(snap({"completed": 3, "failed": 1}, 8.0))
+    line = render_progress(snap({"completed": 3, "failed": 1}, 8.0), width=200)
     assert line == (
-        "4/10  40% | 0.50/s | ETA 0:12 | failed 1 | active 3/4 | model 2/2 +1 queued | cpu queue 2 | "
-        "workers busy 2/2"
+        "4/10  40% | 0.50/s | ETA 0:12 | completed 3 | failed 1 | active 3/4 | model 2/2 +1 queued | "
+        "cpu queue 2 | workers busy 2/2"
     )
     assert "starting (workers, warm-up)" in render_progress(snap({}, None))
     assert "ETA unknown" in render_progress(snap({}, 5.0))
     done = render_progress(snap({"completed": 9, "max_turns": 1}, 4000.0, restarts=2), width=200)
-    assert done.startswith("10/10 100% | 0.00/s | done in 1:06:40 | failed 0") and done.endswith("restarts 2")
+    # a trajectory that ran out of turns is not a success: the line says so
+    assert done.startswith("10/10 100% | 0.00/s | done in 1:06:40 | completed 9 | failed 0 | max_turns 1 |")
+    assert done.endswith("restarts 2")
     short = render_progress(snap({"completed": 3}, 8.0), width=30)
     assert len(short) == 30 and short.endswith("...") and short.isascii()
     assert "\r" not in line and "\n" not in line

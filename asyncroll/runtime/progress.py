@@ -115,9 +115,10 @@ def _duration(seconds: float) -> str:
 def render_progress(snap: RunSnapshot, width: int = 120) -> str:
     """The progress line for one snapshot: ASCII, at most ``width`` characters, no control characters.
 
-    ``done/total`` counts every ended trajectory; the rate is ended trajectories per second of measured
-    time and the ETA extrapolates it (unknown until one has ended). Queue depths: model requests waiting
-    for a slot, CPU jobs waiting for a worker, and busy workers of the pool.
+    ``done/total`` counts every ended trajectory, then how they ended (completed, failed and, when any,
+    max_turns); the rate is ended trajectories per second of measured time and the ETA extrapolates it
+    (unknown until one has ended). Queue depths: model requests waiting for a slot, CPU jobs waiting for
+    a worker, and busy workers of the pool.
     """
     done, total = snap.done, snap.total
     pct = f" {100 * done / total:3.0f}%" if total else ""
@@ -133,7 +134,11 @@ def render_progress(snap: RunSnapshot, width: int = 120) -> str:
             parts.append(f"ETA {_duration((total - done) / rate)}")
         else:
             parts.append("ETA unknown")
+    parts.append(f"completed {snap.completed}")  # done also counts failed and max_turns: say which
     parts.append(f"failed {snap.failed}")
+    max_turns = snap.finished.get("max_turns", 0)
+    if max_turns:
+        parts.append(f"max_turns {max_turns}")
     parts.append(f"active {snap.admission.holding}/{snap.admission.limit}")
     parts.append(f"model {snap.model.inflight}/{snap.model.limit} +{snap.model.queued} queued")
     parts.append(f"cpu queue {snap.cpu.queued}")
