@@ -4,6 +4,7 @@ report's numbers (pooled rates, the failure cause, the bootstrap's resample coun
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -102,6 +103,8 @@ def test_a_tool_file_changed_during_an_arm_fails_it_and_stops_the_experiment(
 
     def wait(self: ManagedProcess, timeout: float) -> int | None:
         code = real_wait(self, timeout)
+        if code is None:  # the runner waits in short steps, watching the server meanwhile
+            return code
         if is_client(self) and "pair1-fifo" in str(self.log):
             tool.write_text(original)
         elif is_client(self) and "pair1-asyncroll" in str(self.log):
@@ -750,3 +753,226 @@ def test_pairs_with_an_undefined_value_are_left_out_and_named() -> None:
     t95 = d["mean_percent_change_t95"]
     assert t95["n"] == 2 and t95["mean"] == pytest.approx(-25.0)
     assert "1 of 3 pairs left out (pair 1: a value undefined (eligible_decisions = 0))" in t95["note"]
+
+
+# --- QA round 4: interrupts while stopping, a dead server, SIGHUP, evidence, the stop's grace -----------
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupt_while_the_server_stops_keeps_the_finished_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the server of an arm whose client finished is being stopped: the server is stopped
+    all the same, the arm stays complete in arm.json and experiment.json, and --resume does not run it
+    again, even when the runner died before experiment.json recorded it."""
+    from asyncroll.experiment.server import InferenceServer
+
+    real_stop = InferenceServer.stop
+    calls: list[float] = []
+
+    def stop(self: InferenceServer, grace_s: float) -> dict[str, Any]:
+        calls.append(grace_s)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_stop(self, grace_s)
+
+    monkeypatch.setattr(InferenceServer, "stop", stop)
+    cfg, out = lean(tmp_path), tmp_path / "out"
+    try:
+        outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
+        left_running = [p for p in recorded_processes(out) if alive(p)]
+    finally:
+        kill_recorded(out)
+    assert outcome.exit_code == 130 and len(calls) == 2 and left_running == []
+    arm_json = out / "arms" / "pair1-fifo" / "arm.json"
+    arm = read(arm_json)
+    assert arm["status"] == "complete" and arm["error"] is None and arm["summary_status"] == "complete"
+    assert arm["interrupted_while"] == "stopping_server" and arm["server"]["stop"]["leftover"] == []
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "interrupted" and exp["arms"]["pair1-fifo"]["status"] == "complete"
+    assert exp["arms"]["pair1-asyncroll"]["status"] == "pending"
+    # a runner killed between the arm's end and its record in experiment.json
+    exp["arms"]["pair1-fifo"]["status"] = "running"
+    (out / "experiment.json").write_text(json.dumps(exp))
+    monkeypatch.undo()
+    lines: list[str] = []
+    try:
+        outcome = ExperimentRunner(cfg, out, resume=True, echo=lines.append).run()
+    finally:
+        kill_recorded(out)
+    assert outcome.status == "complete" and outcome.exit_code == 0, lines
+    assert not list(out.glob("arms/*.interrupted-*")) and read(arm_json) == arm  # not run again
+    exp = read(out / "experiment.json")
+    assert {a["status"] for a in exp["arms"].values()} == {"complete"}
+    assert exp["resumes"][-1]["finished_arms_recorded"] == ["pair1-fifo"]
+
+
+@pytest.mark.timeout(90)
+def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path: Path) -> None:
+    """kill -9 of the server mid-arm: the client is stopped promptly and the arm's error names the
+    server's death and its log, not a client deadline."""
+    import threading
+    import time
+
+    from tests.test_experiment import SMOKE
+
+    command = json.loads(SMOKE.read_text())["server"]["command"]
+    command[command.index("--step-base-ms") + 1] = "150"  # a client that runs for a while
+    cfg = lean(tmp_path, **{"server.command": command, "client.deadline_s": 45})
+    out = tmp_path / "out"
+    arm_json = out / "arms" / "pair1-fifo" / "arm.json"
+    killed: list[float] = []
+
+    def kill_server() -> None:
+        end = time.monotonic() + 40
+        while time.monotonic() < end:
+            try:
+                data = read(arm_json)
+            except (OSError, ValueError):
+                data = {}
+            if data.get("status") == "running_client":
+                time.sleep(1.0)
+                os.kill(data["server"]["process"]["pid"], signal.SIGKILL)
+                killed.append(time.monotonic())
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_server, daemon=True)
+    watcher.start()
+    try:
+        ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    finally:
+        watcher.join(5)
+        kill_recorded(out)
+    assert killed
+    arm = read(arm_json)
+    assert arm["status"] == "failed" and arm["failed_step"] == "running_client"
+    assert arm["error"].startswith("server was killed by SIGKILL (exit code -9) while the client ran")
+    assert str(out / "arms" / "pair1-fifo" / "server.log") in arm["error"]
+    assert arm["client"]["wall_s"] < 15  # not the client's 45 s deadline
+    assert not any(alive(p) for p in recorded_processes(out))
+
+
+@pytest.mark.timeout(60)
+def test_sighup_is_handled_like_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A closed terminal or ssh session (SIGHUP) stops the arm's client and server and marks it
+    interrupted; it never leaves experiment.json running."""
+
+    class Unhandled(Exception):
+        pass
+
+    def unhandled(_signum: int, _frame: Any) -> None:
+        raise Unhandled("SIGHUP reached the runner unhandled")
+
+    real_wait = ManagedProcess.wait
+    sent: list[bool] = []
+
+    def wait(self: ManagedProcess, timeout: float) -> int | None:
+        if is_client(self) and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGHUP)
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(ManagedProcess, "wait", wait)
+    previous = signal.signal(signal.SIGHUP, unhandled)  # without the guard: an error, not a dead pytest
+    out = tmp_path / "out"
+    try:
+        outcome = ExperimentRunner(lean(tmp_path), out, echo=lambda _: None).run()
+        left_running = [p for p in recorded_processes(out) if alive(p)]
+        assert signal.getsignal(signal.SIGHUP) is unhandled  # the runner's handler is gone
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        kill_recorded(out)
+    assert outcome.exit_code == 130 and "interrupted by SIGHUP" in outcome.message
+    assert left_running == [] and recorded_processes(out)
+    arm = read(out / "arms" / "pair1-fifo" / "arm.json")
+    assert arm["status"] == "interrupted" and arm["error"] == "interrupted while running_client"
+    assert read(out / "experiment.json")["status"] == "interrupted"
+
+
+def test_startup_evidence_records_attention_backend_names_as_logged() -> None:
+    from asyncroll.experiment.server import startup_evidence
+
+    log = "\n".join(
+        [
+            "INFO [cuda.py:240] Using Flash Attention backend on V1 engine.",
+            "INFO: Using sampling backend: flashinfer",
+            "INFO [cuda.py:250] Using Triton MLA backend on V1 engine.",
+            "INFO [selector.py:40] Using FLASH_ATTN attention backend out of potential backends: ['X']",
+            "server_args=ServerArgs(attention_backend='fa3', sampling_backend='pytorch')",
+        ]
+    )
+    ev = startup_evidence(log)
+    assert ev["attention_backend"] == ["Flash Attention", "Triton MLA", "FLASH_ATTN", "fa3"]
+    assert ev["sampling_backend"] == ["flashinfer", "pytorch"]
+
+
+@pytest.mark.timeout(30)
+def test_a_server_ignoring_sigterm_is_killed_after_one_grace(tmp_path: Path) -> None:
+    """TERM → grace → KILL: the leader and its child both ignore TERM; KILL comes after stop_grace_s in
+    total, not once for the leader and again for its tree."""
+    import time
+
+    from asyncroll.workers.tree import descendants
+
+    process = ManagedProcess(["bash", "-c", "trap '' TERM; sleep 60 & wait"], tmp_path / "server.log")
+    process.start()
+    try:
+        end = time.monotonic() + 10
+        while not descendants(process.pid) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert descendants(process.pid)
+        stop = process.stop(1.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert stop["how"] == "kill" and stop["leftover"] == []
+    assert stop["seconds"] < 1.6, stop
+
+
+def test_the_gpu_slots_alias_is_a_managed_flag(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"client\.extra_args: .*: --gpu-slots"):
+        lean(tmp_path, **{"client.extra_args": ["--gpu-slots", "2"]})
+    with pytest.raises(UsageError, match="--gpu-slots"):
+        lean(tmp_path, **{"client.extra_args": ["--gpu-slots=2"]})
+
+
+@pytest.mark.timeout(90)
+def test_a_process_the_server_detaches_is_killed_and_reported(tmp_path: Path) -> None:
+    """A server that detaches a helper (``setsid -f``): the runner adopts it, kills it when the arm's
+    server stops, and arm.json names it in ``leftover`` and ``orphans``, never ``leftover: []``."""
+    import time
+
+    import psutil
+
+    from tests.test_experiment import SMOKE
+
+    marker = f"sleep 77{os.getpid() % 10}.5"
+    serve = json.loads(SMOKE.read_text())["server"]["command"]
+    command = ["bash", "-c", f'setsid -f {marker}; exec "$0" "$@"', *serve]
+    cfg = lean(tmp_path, **{"server.command": command})
+    out = tmp_path / "out"
+
+    def helpers() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if " ".join(proc.info["cmdline"] or []) == marker:
+                    found.append(proc)
+        return found
+
+    try:
+        outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
+        left = [p.pid for p in helpers() if p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        kill_recorded(out)
+        for proc in helpers():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        time.sleep(0.1)
+    assert outcome.status == "complete" and outcome.exit_code == 0
+    assert left == []
+    for arm_id in ("pair1-fifo", "pair1-asyncroll"):
+        stop = read(out / "arms" / arm_id / "arm.json")["server"]["stop"]
+        assert len(stop["orphans"]) == 1 and stop["orphans"][0]["command"] == marker, stop
+        assert stop["orphans"][0]["killed"] and stop["leftover"] == [stop["orphans"][0]["pid"]]

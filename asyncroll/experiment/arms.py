@@ -7,7 +7,12 @@ happened in, with its type and message; it is never mistaken for an interrupt.
 
 An interrupt (``ExperimentInterrupted``) stops the client, then the server's whole group, each in its own
 ``finally`` (a failure stopping the client never leaves the server running), and ends the arm
-``interrupted`` before it propagates. The runner ignores further signals while this runs.
+``interrupted`` before it propagates; an arm that already had its verdict (its client finished and its
+outputs passed the checks, or a step had failed) keeps it, so an interrupt while its server is being
+stopped never makes a finished arm run again. The runner ignores further signals while this runs.
+
+While the client runs the server is watched: if it exits, the client is stopped at once and the arm
+fails with the server's exit code (or signal) and its log, not with a client deadline.
 
 When the client has exited, the protocol fingerprint is computed again (``protocol_check``; a file
 changed while the arm ran does not show in the check before it), then the client's outputs are checked
@@ -17,18 +22,20 @@ file hashes and software versions, and the arm's policy and seed.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.gpu import GpuCheckError, check_gpu
 from asyncroll.experiment.plan import ArmPlan, client_command, endpoint, server_command
-from asyncroll.experiment.receipts import ArmReceipt, read_json
+from asyncroll.experiment.receipts import TERMINAL, ArmReceipt, read_json
 from asyncroll.experiment.server import (
     InferenceServer,
     ManagedProcess,
@@ -41,12 +48,14 @@ from asyncroll.schemas import RunReceiptModel, SummaryModel
 
 #: Seconds the client gets to finish its receipt after TERM at its deadline or on an interrupt.
 CLIENT_GRACE_S = 20.0
+#: Seconds between checks, while the client runs, that the server is still running.
+SERVER_WATCH_S = 0.25
 #: ``failed_step`` of an arm during which the protocol fingerprint changed: the runner stops there.
 PROTOCOL_STEP = "checking_protocol"
 
 
 class ExperimentInterrupted(BaseException):
-    """SIGTERM/SIGINT reached the runner: stop the arm's processes, mark it interrupted, stop."""
+    """SIGTERM/SIGINT/SIGHUP reached the runner: stop the arm's processes, mark it interrupted, stop."""
 
 
 class ArmFailed(RuntimeError):
@@ -108,11 +117,19 @@ def run_arm(
         if live.server is not None:
             receipt.transition("stopping_server")
             _stop_server(cfg, receipt, live)
+        receipt.transition(_verdict(receipt) or "failed")
     except BaseException as exc:
         _abort(cfg, receipt, live, exc)
         raise
-    receipt.transition("complete" if receipt.data["error"] is None else "failed")
     return receipt
+
+
+def _verdict(receipt: ArmReceipt) -> Literal["complete", "failed"] | None:
+    """``failed`` once a step failed, ``complete`` once the client's outputs passed every check (the
+    measurement exists), None while neither is known yet."""
+    if receipt.data["error"] is not None:
+        return "failed"
+    return "complete" if receipt.data.get("summary_status") is not None else None
 
 
 def _steps(
@@ -164,14 +181,16 @@ def _steps(
         "running_client", client={"command": command, "run_dir": str(run_dir), "process": client.record()}
     )
     began = time.monotonic()
-    code = client.wait(deadline_s)
-    timed_out = code is None
-    if timed_out:
+    code, server_code = _wait_client(client, server, deadline_s)
+    timed_out = code is None and server_code is None
+    if code is None:
         stop = client.stop(CLIENT_GRACE_S)
         code = stop["exit_code"]
     live.client = None
     wall = round(time.monotonic() - began, 3)
     receipt.update(client={**receipt.data["client"], "exit_code": code, "wall_s": wall})
+    if server_code is not None or (code != 0 and server.process.poll() is not None):
+        raise ArmFailed("running_client", _server_died(server, code))
     if timed_out:
         raise ArmFailed("running_client", f"client passed its deadline of {deadline_s:g}s and was stopped")
     problem = None if protocol_check is None else protocol_check()
@@ -179,6 +198,36 @@ def _steps(
         raise ArmFailed(PROTOCOL_STEP, problem)
     summary = _check_client(run_dir, code, arm_dir / "client.log", plan, expected)
     receipt.update(summary_status=summary.status)
+
+
+def _wait_client(
+    client: ManagedProcess, server: InferenceServer, deadline_s: float
+) -> tuple[int | None, int | None]:
+    """Wait for the client while watching the server: (client's exit code, None) when it exits, (None,
+    server's exit code) as soon as the server exits first, (None, None) at the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return None, None
+        code = client.wait(min(left, SERVER_WATCH_S))
+        if code is not None:
+            return code, None
+        server_code = server.process.poll()
+        if server_code is not None:
+            return None, server_code
+
+
+def _server_died(server: InferenceServer, client_code: int | None) -> str:
+    code = server.process.poll()
+    how = f"exited with code {code}"
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
+    return (
+        f"server {how} while the client ran; the client was stopped (its exit code {client_code}); "
+        f"server log {server.process.log}; its tail:\n{tail(server.process.log) or '(empty log)'}"
+    )
 
 
 def _unexpected(step: str, exc: BaseException) -> str:
@@ -203,7 +252,11 @@ def _stop_server(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live) -> Non
 
 
 def _abort(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live, exc: BaseException) -> None:
-    """An interrupt (or an error while stopping): stop whatever still runs, and end the receipt."""
+    """An interrupt (or an error while stopping): stop whatever still runs, and end the receipt.
+
+    An arm that already had its verdict when the interrupt came (its client finished and its outputs
+    passed the checks, or a step had failed) keeps it: only the stop of its processes was cut short, and
+    it is finished all the same, so a resume never runs it again."""
     where = receipt.status
     try:
         _stop_client(receipt, live)
@@ -211,8 +264,14 @@ def _abort(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live, exc: BaseExc
         try:
             _stop_server(cfg, receipt, live)
         finally:
-            if isinstance(exc, ExperimentInterrupted | KeyboardInterrupt):
-                receipt.transition("interrupted", error="interrupted while " + where)
+            verdict = _verdict(receipt)
+            if where in TERMINAL:
+                pass  # the interrupt came after the arm ended: nothing to change
+            elif isinstance(exc, ExperimentInterrupted | KeyboardInterrupt):
+                if verdict is None:
+                    receipt.transition("interrupted", error="interrupted while " + where)
+                else:
+                    receipt.transition(verdict, interrupted_while=where)
             else:
                 receipt.transition("failed", error=_unexpected(where, exc), failed_step=where)
 

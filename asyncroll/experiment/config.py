@@ -36,6 +36,7 @@ MANAGED_CLIENT_FLAGS = frozenset(
         "--policy",
         "--max-active-trajectories",
         "--max-inflight-model-requests",
+        "--gpu-slots",  # the deprecated alias of --max-inflight-model-requests
         "--cpu-workers",
         "--max-turns",
         "--max-tokens",

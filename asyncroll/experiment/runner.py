@@ -15,9 +15,10 @@ a second ``run`` or ``--resume`` on a directory a live runner uses is refused. R
 existing output) re-reads ``experiment.json``, refuses unless the protocol fingerprint and the plan are
 unchanged, kills any process group a killed runner left behind, moves the unfinished arms' directories
 aside (``<id>.interrupted-N``, kept and listed) and runs only the arms that have not finished. Finished
-arms (complete or failed) are never run again.
+arms (complete or failed) are never run again; an arm whose ``arm.json`` says it finished, though the
+runner died (or was interrupted) before ``experiment.json`` recorded it, is recorded then, not re-run.
 
-SIGINT/SIGTERM interrupt the arm (its processes are stopped, it is marked interrupted); further signals
+SIGINT/SIGTERM/SIGHUP interrupt the arm (its processes are stopped, it is marked interrupted); further signals
 while that cleanup runs are counted and ignored, so a second Ctrl-C never leaves a server running. An
 unexpected error ends the experiment ``failed`` with the error recorded in ``experiment.json``.
 """
@@ -35,6 +36,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.evaluator.proctree import is_subreaper, set_subreaper
 from asyncroll.experiment.arms import (
     PROTOCOL_STEP,
     Expected,
@@ -120,11 +122,13 @@ def evaluate_gates(
 
 
 class SignalGuard:
-    """SIGINT/SIGTERM → ``ExperimentInterrupted``, once. A later signal (a second Ctrl-C while the arm's
-    server and client are being stopped) is counted and otherwise ignored, so that cleanup always runs
-    to its end; nothing is printed from the handler (it may land in the middle of a write)."""
+    """SIGINT/SIGTERM/SIGHUP → ``ExperimentInterrupted``, once. A later signal (a second Ctrl-C while the
+    arm's server and client are being stopped) is counted and otherwise ignored, so that cleanup always
+    runs to its end; nothing is printed from the handler (it may land in the middle of a write)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    #: SIGHUP (the terminal or ssh session closed) is handled as SIGTERM: the arm's processes, each in
+    #: its own session, would not get it and would keep running (and holding the GPU).
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.received: str | None = None
@@ -182,6 +186,10 @@ class ExperimentRunner:
         if self.cfg.workload.sha256 is None:
             self.echo(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
         fp = fingerprint(self.cfg, sha, tools)
+        # a child subreaper (Linux): what a server detaches (setsid -f, a double fork) is re-parented to
+        # the runner, not init, so the server's stop finds and kills it (InferenceServer.stop)
+        subreaper = is_subreaper()
+        set_subreaper(True)
         try:
             receipt = self._open(fp)
             with SignalGuard() as guard:
@@ -205,6 +213,8 @@ class ExperimentRunner:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+            if not subreaper:
+                set_subreaper(False)
 
     def _crashed(self, receipt: ExperimentReceipt, exc: Exception) -> Outcome:
         """An unexpected error outside any arm: the experiment ends ``failed``, the error recorded."""
@@ -269,7 +279,7 @@ class ExperimentRunner:
         """Kill what a dead runner left running; set unfinished arms aside (kept) to run them afresh.
 
         Called under the lock: no live runner owns these arms."""
-        moved = []
+        moved, recorded = [], []
         for arm in self.plan:
             record = receipt.arm(arm.id)
             if record["status"] in TERMINAL or (
@@ -282,6 +292,10 @@ class ExperimentRunner:
                 data = read_json(arm_dir / "arm.json")
                 for role in ("client", "server"):
                     swept[role] = sweep_orphan(data.get(role, {}).get("process"))
+                if data.get("status") in TERMINAL:  # it finished; the runner died before recording it
+                    self._record(receipt, arm, data)
+                    recorded.append(arm.id)
+                    continue
             n = len(record["attempts_interrupted"]) + 1
             aside = arm_dir.with_name(f"{arm.id}.interrupted-{n}")
             if arm_dir.exists():
@@ -291,7 +305,13 @@ class ExperimentRunner:
             )
             record["status"] = "pending"
             moved.append(arm.id)
-        receipt.data["resumes"].append({"at": receipt.data["updated_at"], "unfinished_arms_set_aside": moved})
+        receipt.data["resumes"].append(
+            {
+                "at": receipt.data["updated_at"],
+                "unfinished_arms_set_aside": moved,
+                "finished_arms_recorded": recorded,
+            }
+        )
         receipt.set_status("running", error=None, error_traceback=None)
         self.echo(f"resuming {self.output}: {len(moved)} unfinished arm(s) set aside: {moved or 'none'}")
 
@@ -368,25 +388,41 @@ class ExperimentRunner:
                 deadline_s,
                 protocol_check=lambda: self._protocol_change(receipt, f"after {arm.id} ran"),
             )
+            self._record(receipt, arm, {**result.data, "status": result.status})
         except ExperimentInterrupted:
-            receipt.set_arm(arm.id, status="interrupted")
+            # an arm that had finished (arm.json says so) before the interrupt stays finished
+            finished = self._finished_arm(arm)
+            if finished is not None:
+                self._record(receipt, arm, finished)
+            else:
+                receipt.set_arm(arm.id, status="interrupted")
             raise
         except Exception as exc:
             receipt.set_arm(
                 arm.id, status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time()
             )
             raise
-        status = result.status
+
+    def _finished_arm(self, arm: ArmPlan) -> dict[str, Any] | None:
+        """The arm's ``arm.json`` when it says the arm finished (complete or failed), else None."""
+        try:
+            data = read_json(self._arm_dir(arm) / "arm.json")
+        except (OSError, ValueError):
+            return None
+        return data if data.get("status") in TERMINAL else None
+
+    def _record(self, receipt: ExperimentReceipt, arm: ArmPlan, data: dict[str, Any]) -> None:
+        """A finished arm's outcome, from its ``arm.json``, into ``experiment.json``."""
+        status, error = data["status"], data.get("error")
         receipt.set_arm(
             arm.id,
             status=status,
-            error=result.data.get("error"),
-            failed_step=result.data.get("failed_step"),
-            run_dir=str(arm_dir / "run"),
+            error=error,
+            failed_step=data.get("failed_step"),
+            run_dir=str(self._arm_dir(arm) / "run"),
             finished_at=time.time(),
-            server_evidence=result.data.get("server", {}).get("startup_evidence"),
+            server_evidence=data.get("server", {}).get("startup_evidence"),
         )
-        error = result.data.get("error")
         self.echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
 
     def _finish(self, receipt: ExperimentReceipt, status: str, reason: str | None) -> Outcome:

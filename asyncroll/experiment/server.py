@@ -21,14 +21,25 @@ from typing import Any
 
 import psutil
 
+from asyncroll.evaluator.proctree import children
 from asyncroll.workers.tree import all_gone, descendants, signal_tree
 
 #: Startup evidence: (key, pattern). The first group, if any, is the value; else the whole line is kept.
 EVIDENCE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("vllm_version", re.compile(r"vLLM API server version ([\w.+-]+)", re.I)),
     ("sglang_version", re.compile(r"sglang(?: version)?[ =:]+v?(\d+\.\d+[\w.+-]*)", re.I)),
-    ("attention_backend", re.compile(r"Using ([\w-]+) (?:attention )?backend", re.I)),
-    ("attention_backend", re.compile(r"attention[_ ]backend[=: ]+'?([\w-]+)", re.I)),
+    # vLLM: "Using Flash Attention backend on V1 engine.", "Using FLASH_ATTN backend.", "Using FLASH_ATTN
+    # attention backend out of potential backends: […]", "Using Triton MLA backend on V1 engine." (the
+    # name, up to three words, as the log gives it). Not "Using sampling backend: …" (its own key).
+    (
+        "attention_backend",
+        re.compile(
+            r"\bUsing (?!sampling\b)((?:[\w.-]+ ){0,2}?[\w.-]+) (?-i:attention )?backend\b(?!\s*:)", re.I
+        ),
+    ),
+    # SGLang's server arguments and vLLM's environment: attention_backend='fa3', VLLM_ATTENTION_BACKEND=X
+    ("attention_backend", re.compile(r"attention[_ ]backend\s*[=:]\s*['\"]?([\w-]+)", re.I)),
+    ("sampling_backend", re.compile(r"\bsampling[_ ]backend\s*[=:]\s*['\"]?([\w-]+)", re.I)),
     ("cuda_graph", re.compile(r"(Graph capturing finished in [\d.]+ secs?.*)", re.I)),
     ("cuda_graph", re.compile(r"(Capturing (?:CUDA |cuda)?graphs?.*)", re.I)),
     ("cuda_graph_disabled", re.compile(r"(enforce_eager=True|CUDA graph is turned off.*)", re.I)),
@@ -142,7 +153,7 @@ class ManagedProcess:
         signal_tree(self.pid, signal.SIGTERM, tree)
         code = self.wait(grace_s)
         how = "exited" if already is not None else "term"
-        deadline = time.monotonic() + grace_s
+        deadline = began + grace_s  # one grace for the leader and its tree together: TERM → grace → KILL
         while not all_gone(tree) and time.monotonic() < deadline:
             time.sleep(0.05)
         if code is None or not all_gone(tree):
@@ -194,8 +205,10 @@ class InferenceServer:
         self.process = ManagedProcess(command, log, env)
         self.base_url = base_url
         self.served_name = served_name
+        self._before: set[int] = set()
 
     def start(self) -> None:
+        self._before = children()  # the runner's children so far: none of them is this server's
         self.process.start()
 
     def wait_ready(self, paths: list[str], deadline_s: float) -> dict[str, Any]:
@@ -264,4 +277,58 @@ class InferenceServer:
         return startup_evidence(text)
 
     def stop(self, grace_s: float) -> dict[str, Any]:
-        return self.process.stop(grace_s)
+        """Stop the server's group and tree, then the processes it detached (``setsid -f``, a double
+        fork: the runner, a child subreaper, adopted them). Those are ``leftover`` (they outlived the
+        group's stop) and ``orphans`` lists what they were and that they were killed."""
+        result = self.process.stop(grace_s)
+        orphans = adopted_orphans(self._before | {self.process.pid})
+        if orphans:
+            result["orphans"] = kill_adopted(orphans, min(grace_s, 5.0))
+            result["leftover"] = sorted({*result["leftover"], *(o["pid"] for o in result["orphans"])})
+        return result
+
+
+def adopted_orphans(known: set[int]) -> list[psutil.Process]:
+    """The runner's children that it did not start (``known`` holds those it did, or that were already
+    there): orphans of the server or the client re-parented to the runner. Exited ones are reaped."""
+    found = []
+    for pid in sorted(children() - known):
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                _reap(pid)
+                continue
+            found.append(proc)
+        except psutil.Error:
+            _reap(pid)
+    return found
+
+
+def kill_adopted(orphans: list[psutil.Process], grace_s: float) -> list[dict[str, Any]]:
+    """TERM each adopted orphan and its descendants, KILL what is left after ``grace_s``, reap them."""
+    records = []
+    for proc in orphans:
+        with contextlib.suppress(psutil.Error):
+            records.append({"pid": proc.pid, "command": " ".join(proc.cmdline())[:300]})
+    trees = {proc.pid: [proc, *descendants(proc.pid)] for proc in orphans}
+    for leader, tree in trees.items():
+        signal_tree(leader, signal.SIGTERM, tree)
+    everything = [p for tree in trees.values() for p in tree]
+    deadline = time.monotonic() + grace_s
+    while not all_gone(everything) and time.monotonic() < deadline:
+        for proc in orphans:
+            _reap(proc.pid)
+        time.sleep(0.05)
+    for leader, tree in trees.items():
+        signal_tree(leader, signal.SIGKILL, tree)
+    for proc in orphans:
+        with contextlib.suppress(psutil.Error):
+            proc.wait(5.0)  # our child now: this reaps it
+    for record in records:
+        record["killed"] = True
+    return records
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
