@@ -773,3 +773,15 @@ def test_gpu_first_warns_and_two_names_of_one_policy_are_refused_in_a_sweep(tmp_
         assert not out.exists()
     alias = simulate_here(*sweep, "--output", tmp_path / "b", "--policies", "fifo,gpu_first")
     assert alias.exit_code == 0 and "gpu_first is a deprecated alias" in alias.stderr
+
+
+def test_a_replay_refuses_the_batching_server(tmp_path: Path) -> None:
+    """A replay's model turns take their measured latencies; the batching model would silently replace
+    them (a 51 ms turn replayed at 345 ms) from token counts a recorded run does not carry."""
+    real = tmp_path / "real"
+    assert simulate_here("--workload", SMOKE, "--output", real).exit_code == 0
+    refused = simulate_here("--from-run", real, "--output", tmp_path / "r", "--server", "batching")
+    assert (
+        refused.exit_code == 2 and "--from-run replays the run's measured model latencies" in refused.stderr
+    )
+    assert not (tmp_path / "r").exists()

@@ -187,6 +187,11 @@ def simulate(
         )
         if (workload is None) == (from_run is None):
             raise UsageError("give exactly one of --workload and --from-run")
+        if from_run is not None and server == "batching":
+            raise UsageError(
+                "--from-run replays the run's measured model latencies; --server batching would replace "
+                "them with the server model's, from token counts the recorded run does not carry"
+            )
         if output is None:
             raise UsageError("missing required option: --output")
         if sweep:
