@@ -216,3 +216,15 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     (run / "run.json").write_text(json.dumps({**receipt, "status": "complete"}))
     damaged = cli("optimum", run)
     assert damaged.returncode == 2 and "cannot read summary.json" in damaged.stderr
+
+
+def test_the_proven_bound_is_never_below_the_runs_own_analytic_bound() -> None:
+    """A batching server's run has an analytic bound with a term this model has not (its in-batch time
+    ÷ its batch limit): the optimum undercut it (1.175 s against the summary's 1.202 s)."""
+    chains = (chain(("m", 0.5), ("c", 0.1)), chain(("m", 0.5), ("c", 0.1)))
+    plain = Instance(chains, 2, 2, 2)
+    assert solve(plain, time_limit_s=10, threads=1).lower_bound_s == pytest.approx(0.6)
+    batching = Instance(chains, 2, 2, 2, analytic_bound_s=0.9)
+    result = solve(batching, time_limit_s=10, threads=1)
+    assert result.lower_bound_s == pytest.approx(0.9)
+    assert result.best_schedule_s is not None and result.best_schedule_s >= result.lower_bound_s

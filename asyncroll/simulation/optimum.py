@@ -18,11 +18,12 @@ CP-SAT (OR-Tools, the ``optimum`` extra):
 Everything else a real run pays (client overheads, admission latency, dispatch) is left out, and the
 scheduler is clairvoyant (it knows every duration in advance) and may leave a worker idle on purpose.
 So the model is a *relaxation* of what any asyncroll policy can do: its optimum, and CP-SAT's proven
-bound on it, are valid lower bounds on the run's makespan, under the same assumption as the analytic
-bound (a request or job would not have been faster at another concurrency). The best schedule found is
-what a clairvoyant dispatcher could reach on the same work — of the floored durations, so it can
-understate a real schedule by up to ``resolution_s`` per step on its critical path; it is never reported
-below the proven bound.
+bound on it, are valid lower bounds on the run's makespan (the bound reported is never below the run's
+own analytic bound, which for a simulated batching server also counts the server's batch limit), under
+the same assumption as the analytic bound (a request or job would not have been faster at another
+concurrency). The best schedule found is what a clairvoyant dispatcher could reach on the same work — of
+the floored durations, so it can understate a real schedule by up to ``resolution_s`` per step on its
+critical path; it is never reported below the proven bound.
 
 Optimality is proved only for small runs (20 trajectories at 4 active slots: often within 30 s; rarely
 at 8 or more active); otherwise the solver returns its best schedule and its proven bound at the time
@@ -329,7 +330,9 @@ def solve(
     solver_bound = solver.best_objective_bound * resolution_s if found else 0.0
     if status == "optimal":
         solver_bound = solver.objective_value * resolution_s
-    lower = max(solver_bound, analytic_bound(instance))
+    # The run's own analytic bound can hold a term this model has not: a batching server's in-batch time
+    # ÷ its batch limit (valid under the same assumption). It bounds every schedule of this work too.
+    lower = max(solver_bound, analytic_bound(instance), instance.analytic_bound_s or 0.0)
     if best is not None:
         # The schedule is of the floored durations: on many sub-resolution steps it can fall below
         # what the real durations allow, even below the analytic bound. No schedule beats a proven bound.
