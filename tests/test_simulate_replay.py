@@ -340,3 +340,37 @@ def test_a_replacement_no_trajectory_waits_for_is_outside_the_makespan(tmp_path:
     assert summary["workers"]["restarts"] == 1
     assert summary["makespan_s"] == pytest.approx(last_end, abs=1e-6)
     assert last_end < 1.5  # the timeout (1 s) and a model turn, not the replacement's 5 s start-up
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("event", "field", "bad"),
+    [
+        ("model_finished", "latency_s", float("nan")),
+        ("cpu_finished", "execute_s", -1.0),
+        ("model_finished", "latency_s", 1e9),
+    ],
+)
+def test_a_damaged_duration_is_refused_naming_the_line(
+    tmp_path: Path, event: str, field: str, bad: float
+) -> None:
+    """A NaN latency used to replay as 0 ms; a negative or absurd one was refused naming the replay's own
+    (then deleted) workload file instead of the events.jsonl line."""
+    recorded = _record_on_a_virtual_clock(tmp_path, STARTUPS)
+
+    def damage(lines: list[str]) -> list[str]:
+        out, done = [], False
+        for line in lines:
+            data = json.loads(line)
+            if not done and data["event"] == event:
+                data[field], done = bad, True
+                line = json.dumps(data) + "\n"  # json writes NaN as NaN
+            out.append(line)
+        return out
+
+    _edit_lines(recorded / "events.jsonl", damage)
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", recorded, "--output", out)
+    assert result.exit_code == 2, result.output
+    assert "events.jsonl:" in result.stderr and f"has {field}" in result.stderr, result.stderr
+    assert not out.exists()

@@ -43,7 +43,7 @@ from typing import Any
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
-from asyncroll.workload import Problem, SubmitAction, ToolAction, iter_problems
+from asyncroll.workload import MAX_DURATION_MS, Problem, SubmitAction, ToolAction, iter_problems
 
 #: A timed-out job is replayed this much (ms) over the run's tool timeout, so that it times out again.
 TIMEOUT_MARGIN_MS = 0.001
@@ -125,6 +125,18 @@ def _field(row: dict[str, Any], name: str, kind: type | tuple[type, ...], where:
     return value
 
 
+def _seconds(row: dict[str, Any], name: str, where: str) -> float:
+    """A recorded duration: a finite number of seconds from 0 to one day (the workload's own bound on a
+    scripted duration), else refused naming the events.jsonl line (a NaN once replayed as 0 ms)."""
+    value = float(_field(row, name, (int, float), where))
+    if not (math.isfinite(value) and 0 <= value * 1000.0 <= MAX_DURATION_MS):
+        raise UsageError(
+            f"--from-run {where}: {row.get('event', 'row')!r} has {name} {value!r}: not a duration in "
+            "seconds from 0 to one day"
+        )
+    return value
+
+
 def _verdicts(run_dir: Path) -> dict[str, tuple[int, bool]]:
     """Per code trajectory: (programs evaluated, whether the last one passed), from ``results.jsonl``."""
     out: dict[str, tuple[int, bool]] = {}
@@ -192,7 +204,7 @@ def _measurements(run_dir: Path, tool_timeout_s: float) -> _Measured:
             measured.started.add(tid)
         elif kind in ("model_finished", "model_failed"):
             turn = _field(event, "turn", int, where)
-            measured.model[(tid, turn)] = float(_field(event, "latency_s", number, where))
+            measured.model[(tid, turn)] = _seconds(event, "latency_s", where)
         elif kind == "cpu_enqueued":
             job_turn[_field(event, "job_id", int, where)] = _field(event, "turn", int, where)
         else:
@@ -201,9 +213,9 @@ def _measurements(run_dir: Path, tool_timeout_s: float) -> _Measured:
                 raise UsageError(f"--from-run {where}: job {job} finished but was never enqueued")
             key = (tid, job_turn.pop(job))
             if kind == "cpu_finished":
-                ms = round(float(_field(event, "execute_s", number, where)) * 1000.0, 6)
+                ms = round(_seconds(event, "execute_s", where) * 1000.0, 6)
             else:
-                ms = round(float(_field(event, "roundtrip_s", number, where)) * 1000.0, 6)
+                ms = round(_seconds(event, "roundtrip_s", where) * 1000.0, 6)
                 if event.get("reason") == "timeout":
                     # The round trip also holds the kill; all that is known of the job is that it ran past
                     # the timeout. Just over it: it times out again, and a longer timeout gets a lower bound.
