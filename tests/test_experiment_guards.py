@@ -976,3 +976,23 @@ def test_a_process_the_server_detaches_is_killed_and_reported(tmp_path: Path) ->
         stop = read(out / "arms" / arm_id / "arm.json")["server"]["stop"]
         assert len(stop["orphans"]) == 1 and stop["orphans"][0]["command"] == marker, stop
         assert stop["orphans"][0]["killed"] and stop["leftover"] == [stop["orphans"][0]["pid"]]
+
+
+def test_a_gate_on_a_metric_the_summary_has_not_is_refused_by_the_config(tmp_path: Path) -> None:
+    """It used to be accepted by plan and run and to read as unknown only after its stage's arm ran."""
+    gates = [{"metric": "counts.nonexistent", "op": ">=", "value": 1}]
+    config = write_config(tmp_path, **{"stages.qualification.gates": gates})
+    with pytest.raises(UsageError, match=r"summary\.json\.counts has no 'nonexistent'"):
+        load_experiment_config(config)
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2 and "has no 'nonexistent'" in done.stderr
+    for metric in ("latency.trajectory_s.p95", "rates.success_rate", "model.failed.transport"):
+        ok = write_config(
+            tmp_path, **{"stages.qualification.gates": [{"metric": metric, "op": ">", "value": 0}]}
+        )
+        load_experiment_config(ok)  # a distribution's field, a rate, an untyped section: accepted
+    not_a_number = write_config(
+        tmp_path, **{"stages.qualification.gates": [{"metric": "status", "op": ">", "value": 0}]}
+    )
+    with pytest.raises(UsageError, match=r"summary\.json\.status is not a number"):
+        load_experiment_config(not_a_number)
