@@ -10,14 +10,16 @@ from typing import TypeVar
 
 import pytest
 
-from asyncroll.clock import SystemClock
-from asyncroll.events import EventCapture, EventLog, WorkerRestarting
+from asyncroll.clock import SystemClock, VirtualClock
+from asyncroll.errors import WorkerDied
+from asyncroll.events import CpuStarted, EventCapture, EventLog, WorkerRestarting
 from asyncroll.policies import get_policy
-from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
+from asyncroll.runtime.virtual_worker import VirtualWorker
 from asyncroll.workers.builtin import BUILTIN_TOOLS
-from asyncroll.workers.process import ProcessWorker
+from asyncroll.workers.process import CallResult, ProcessWorker
 from asyncroll.workers.protocol import JobRequest, ToolSpec
 
 T = TypeVar("T")
@@ -99,3 +101,56 @@ def test_busy_worker_killed_from_outside_fails_its_job_and_is_replaced() -> None
             await pool.aclose()
 
     _run(main)
+
+
+class _MortalWorker(VirtualWorker):
+    """A virtual worker that can die while idle; as a process, a call on a dead one fails at once."""
+
+    def die(self) -> None:
+        self._exited.set()
+
+    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
+        if self._exited.is_set():
+            raise WorkerDied(f"worker {self.index} is not running")
+        return await super().call(request, timeout)
+
+
+def test_idle_death_seen_by_watcher_and_job_in_one_turn_is_one_replacement() -> None:
+    """An idle worker dies; its watcher asks for a replacement, and a job dispatched in the same loop
+    turn must not be handed the dead worker (which asked for a second replacement of the same slot: two
+    new workers, one never closed, the slot idle twice, two jobs on one worker)."""
+    clock = VirtualClock()
+    made: list[_MortalWorker] = []
+
+    def factory(index: int, generation: int) -> _MortalWorker:
+        made.append(_MortalWorker(index, generation, clock, startup_s=0.5 if generation else 0.0))
+        return made[-1]
+
+    async def scenario() -> tuple[list[JobOutcome], EventCapture, WorkerPool]:
+        events = EventLog(clock)
+        events.start_measurement()
+        cap = EventCapture()
+        events.subscribe(cap)
+        pool = WorkerPool(1, factory, clock, events)
+        gate = ModelGate(1, clock, events)
+        dispatcher = CpuDispatcher(pool, get_policy("fifo"), gate, clock, events, tool_timeout=10)
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            made[0].die()
+            await asyncio.sleep(0)  # the watcher sees the exit first
+            first = await dispatcher.run(JobSpec("t0", "tool", "sleep_ms", {"milliseconds": 1}, 0))
+            more = await asyncio.gather(
+                *(
+                    dispatcher.run(JobSpec(f"t{i}", "tool", "sleep_ms", {"milliseconds": 100}, 0))
+                    for i in (1, 2)
+                )
+            )
+            await pool.aclose()
+        return [first, *more], cap, pool
+
+    outcomes, cap, pool = clock.run(scenario())
+    assert [o.ok for o in outcomes] == [True, True, True]
+    assert [(e.worker, e.generation, e.reason) for e in cap.of(WorkerRestarting)] == [(0, 1, "died")]
+    assert len(made) == 2 and pool.snapshot().peak_busy == 1
+    starts = [e.t for e in cap.of(CpuStarted)]
+    assert starts == sorted(starts) and starts[2] - starts[1] >= 0.1 - 1e-9  # one worker, one job at a time

@@ -115,7 +115,8 @@ class WorkerPool:
         return slot
 
     def release(self, slot: int) -> None:
-        """Return a healthy slot after its job."""
+        """Return a healthy slot after its job (or after its replacement started)."""
+        assert slot not in self._idle, f"worker slot {slot} released twice"
         self._busy.discard(slot)
         self._idle.append(slot)
         self._idle.sort()
@@ -161,20 +162,25 @@ class WorkerPool:
         """Replace the slot's worker in a task of the pool's own group (the one given to :meth:`start`):
         the job that lost the worker gets its answer at once, and a replacement that no trajectory needs
         any more (the batch ended meanwhile) does not hold up the end of the run's measured window.
-        :meth:`aclose` stops a replacement still under way; one that fails fails the run."""
+        :meth:`aclose` stops a replacement still under way; one that fails fails the run.
+
+        The slot leaves service at once, before the task runs, so no job is handed a worker already
+        found dead; a slot already being replaced is left to that replacement (an idle worker's death is
+        seen by its watcher and by a job dispatched to it in the same loop turn: one replacement)."""
         assert self._tg is not None, "pool used before start()"
+        if self._closing or slot in self._restarting:
+            return
+        self._out_of_service(slot)
         task = self._tg.create_task(self.replace(slot, reason))
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
     async def replace(self, slot: int, reason: RestartReason) -> None:
-        """Kill the slot's worker tree and start the next generation; the slot is idle again afterwards."""
+        """Kill the slot's worker tree and start the next generation; the slot is idle again afterwards.
+        Call it through :meth:`replace_soon`, which takes the slot out of service first."""
         if self._closing:
             return
-        self._busy.discard(slot)
-        if slot in self._idle:
-            self._idle.remove(slot)
-        self._restarting.add(slot)
+        self._out_of_service(slot)
         self._replaced = True
         old = self.worker(slot)
         await old.kill()
@@ -205,6 +211,12 @@ class WorkerPool:
         raise WorkerStartupError(
             f"worker {slot} could not be replaced after {MAX_RESTART_ATTEMPTS} attempts: {last_error}"
         ) from last_error
+
+    def _out_of_service(self, slot: int) -> None:
+        self._busy.discard(slot)
+        if slot in self._idle:
+            self._idle.remove(slot)
+        self._restarting.add(slot)
 
     async def _watch(self, slot: int, worker: Worker) -> None:
         """Notice a worker that dies while idle (killed from outside) and replace it at once."""
