@@ -163,6 +163,26 @@ def test_timeout_replaces_worker_and_next_job_succeeds(virtual_run: VirtualRun) 
     assert outcome.summary is not None
     assert outcome.summary["workers"]["restarts"] == 1
     assert outcome.summary["tools"]["failures"] == {"timeout": 1}
+    assert outcome.summary["tools"]["error_rate"] == 0.5
+
+
+def test_tool_error_rate_is_over_tool_calls_only(virtual_run: VirtualRun) -> None:
+    """Evaluations that time out are failures (by reason) but not tool errors: the rate's numerator and
+    denominator both count tool calls only (it read 2.0: two evaluation failures over one tool call)."""
+    code = {
+        "prompt": "p",
+        "tools": [{"name": "lcb_evaluate"}],
+        "script": [{"type": "submit", "code": "print(1)", "latency_ms": 10, "cpu_ms": 5000, "passes": True}],
+        "metadata": {
+            "reference_tests": [{"input": "1", "output": "1", "testtype": "stdin"}],
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
+        },
+    }
+    problems = [tool_problem("ok", model_ms=10, cpu_ms=1), {"id": "b", **code}, {"id": "c", **code}]
+    outcome, _, _ = virtual_run(problems, tool_timeout=1.0)
+    assert outcome.summary is not None
+    tools = outcome.summary["tools"]
+    assert (tools["calls"], tools["error_rate"], tools["failures"]) == (1, 0.0, {"timeout": 2})
 
 
 @pytest.mark.parametrize(("mode", "status"), [("fail", "failed"), ("observe", "completed")])

@@ -100,6 +100,7 @@ class SummaryBuilder:
         self.circuit_waits = 0
         self.circuit_wait_s = 0.0
         self.tool_calls = 0
+        self.tool_failed = 0  # tool calls that failed (timeout, worker died), not cancelled ones
         self.finished_tool_calls = 0  # made by trajectories that finished (the per-trajectory mean's)
         self.tool_errors = 0
         self.cpu_failures: Counter[str] = Counter()
@@ -255,6 +256,8 @@ class SummaryBuilder:
         self._add_work(event.id, event.roundtrip_s, model=False)
         self.jobs_by_kind[event.kind] += 1
         self.tool_calls += event.kind == "tool"
+        # a job cancelled because the run stopped under it is not the tool's error
+        self.tool_failed += event.kind == "tool" and event.reason != "cancelled"
         self.cpu_failures[event.reason] += 1
 
     def _trajectory_started(self, event: TrajectoryStarted) -> None:
@@ -441,11 +444,8 @@ class SummaryBuilder:
                 # over finished trajectories, with their own calls (an interrupted run's unfinished
                 # trajectories made calls too: ``calls`` counts them)
                 "calls_per_trajectory": _ratio(self.finished_tool_calls, finished),
-                # a job cancelled because the run stopped under it is not the tool's error
-                "error_rate": _ratio(
-                    self.tool_errors + self.cpu_failures.total() - self.cpu_failures["cancelled"],
-                    self.tool_calls,
-                ),
+                # tool calls only: an evaluation's or a grade's failure is in ``failures``, not here
+                "error_rate": _ratio(self.tool_errors + self.tool_failed, self.tool_calls),
                 "failures": dict(self.cpu_failures),
                 "jobs_by_kind": dict(self.jobs_by_kind),
             },
