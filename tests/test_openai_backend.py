@@ -710,9 +710,11 @@ class FakeOpenAI:
 
         class Handler(BaseHTTPRequestHandler):
             def send(self, obj: Any, status: int = 200) -> None:
-                data = json.dumps(obj).encode()
+                data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
+                if isinstance(obj, bytes):  # raw bytes are sent as a gzip body that is not gzip
+                    self.send_header("content-encoding", "gzip")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -769,6 +771,19 @@ def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
     # every 200 is a response received: 4 valid of 14 (garbled bodies are invalid responses, not absent)
     assert outcome.summary["rates"]["validity_denominator"] == 14
     assert outcome.summary["rates"]["validity_rate"] == round(4 / 14, 6)
+
+
+@pytest.mark.timeout(60)
+def test_an_undecodable_body_fails_only_its_own_request(tmp_path: Path) -> None:
+    """A 200 whose body fails its content-encoding (httpx's DecodingError) is that request's
+    ``bad_response``; it escaped the backend and failed the whole run."""
+    with FakeOpenAI([completion(FINAL), b"not gzip at all", completion(FINAL)]) as server:
+        outcome, capture, _ = http_run(tmp_path, final_problems(3), server.url, max_active_trajectories=1)
+    assert outcome.status == "complete", outcome.error
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "bad_response" and failed.response_received is True
+    assert "DecodingError" in failed.error
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 2
 
 
 @pytest.mark.timeout(60)

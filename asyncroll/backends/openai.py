@@ -468,6 +468,11 @@ class OpenAIBackend:
             ) from exc
         except httpx.TransportError as exc:
             raise _AttemptFailed("transport", describe_transport_error(exc), None, None, False) from exc
+        except httpx.RequestError as exc:  # the server answered, but not readably (a body that fails
+            # its content-encoding, a redirect loop): this trajectory's failure, not the run's
+            raise _AttemptFailed(
+                "bad_response", f"unreadable response ({type(exc).__name__}: {exc})", None, None, True
+            ) from exc
         status = response.status_code
         if status != 200:
             text = response.text[:500]
