@@ -2,7 +2,9 @@
 
 Strict means: an ``int`` is never a ``bool``, a string is never a number, a float with a fractional part
 is never an ``int``. The only conversions are the lossless ones JSON forces on us (an ``int`` where a
-``float`` is declared; integer-literal string keys for ``dict[int, int]``).
+``float`` is declared; a float with no fractional part, ``2.0``, where an ``int`` is — JSON does not tell
+them apart, and the JSON Schema sent to the server as ``integer`` accepts it; integer-literal string keys
+for ``dict[int, int]``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def check_type_name(arg: str, type_name: str) -> None:
 
 
 def _int(v: Any, path: str) -> int:
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise CoercionError(path, f"expected int, got {type(v).__name__} {v!r}"[:200])
     return v

@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 
 from asyncroll import tool_files, workload
-from asyncroll.coerce import CoercionError, coerce_arguments
+from asyncroll.backends.action_schema import _INPUT_SCHEMAS
+from asyncroll.coerce import TYPE_NAMES, CoercionError, coerce_arguments
 from asyncroll.errors import WorkloadError
 from asyncroll.schemas import schemas
 from asyncroll.workload import iter_problems, scan_workload
@@ -163,6 +164,9 @@ def test_limit_and_default_ids(tmp_path: Path) -> None:
         ([1, 2], "list[int]", [1, 2]),
         ([1, 2.5], "List[float]", [1.0, 2.5]),
         ({"1": 2}, "dict[int, int]", {1: 2}),
+        (2.0, "int", 2),  # JSON does not tell 2.0 from 2, nor does the schema's "integer"
+        ([1.0, 2], "list[int]", [1, 2]),
+        ({"1": -3.0}, "dict[int, int]", {1: -3}),
     ],
 )
 def test_strict_coercion_accepts(value: object, type_name: str, expected: object) -> None:
@@ -182,11 +186,27 @@ def test_strict_coercion_accepts(value: object, type_name: str, expected: object
         ({"a": 1}, "dict[int, int]"),
         ("1,2", "list[int]"),
         (None, "number"),
+        (float("inf"), "int"),
+        (float("nan"), "int"),
+        ([1.5], "list[int]"),
     ],
 )
 def test_strict_coercion_rejects(value: object, type_name: str) -> None:
     with pytest.raises(CoercionError):
         coerce_arguments({"x": value}, {"x": type_name})
+
+
+def test_what_the_servers_schema_accepts_coercion_accepts() -> None:
+    """A reply the server's JSON Schema lets through must not then fail the strict coercion: it was
+    logged as a valid model reply and then failed its trajectory as an invalid action (``2.0`` for an
+    ``int``), out of the validity rate."""
+    values: list[object] = [3, -0.0, 2.0, 2.5, 1e300, True, "3", None, [1, 2.0], [1.5], [True], {"1": 2}]
+    values += [{"1": 2.0}, {"-4": 1}, {"a": 1}, {" 1": 2}, {"1": True}, [], {}]
+    for type_name in TYPE_NAMES:
+        validator = jsonschema.Draft202012Validator(_INPUT_SCHEMAS[type_name.replace(" ", "")])
+        for value in values:
+            if validator.is_valid(value):
+                coerce_arguments({"x": value}, {"x": type_name})  # raises if stricter than the schema
 
 
 def test_arguments_must_match_declared_inputs_exactly() -> None:
