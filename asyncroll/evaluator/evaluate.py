@@ -9,18 +9,21 @@ calls the tool, so they never appear in a prompt, an event or a result:
 * ``func_name``: the LeetCode method name for functional problems (``metadata.func_name``), else absent;
 * optional ``time_limit_s`` (per test, default 6 s as LiveCodeBench), ``total_time_limit_s`` (the
   budget for the whole evaluation, see below), ``tool_timeout_s`` (the caller's timeout for this call:
-  the runtime passes its ``--tool-timeout``), ``memory_limit_mb`` (address space, default 768) and
+  the runtime passes its ``--tool-timeout``), ``memory_limit_mb`` (address space, MiB, default 768) and
   ``allow_weak_isolation`` (default false: refuse to run unless every isolation layer works).
 
 The total budget, counted from the start of the call (the first call's isolation probe included), is
-``total_time_limit_s`` when given; otherwise LiveCodeBench's overall timeout, ``(time_limit_s + 1) ×
-tests + 5`` s, capped so that a verdict comes back before the caller kills the worker: at
-``tool_timeout_s`` less a margin of max(1 s, 10%) (but at least half of it), or at
-:data:`DEFAULT_TOTAL_TIME_LIMIT_S` (50 s, below the runtime's default tool timeout of 60 s) when no
-``tool_timeout_s`` is given. A program stopped by the budget gets ``time_limit_exceeded`` with an
-``error`` that names the budget and what set it (``--tool-timeout`` for the cap): problems with many
-slow tests need a larger ``--tool-timeout``. stdout is capped at 8 MiB per test, raised for a test
-whose expected output is larger to twice its size plus 64 KiB (at most 128 MiB).
+``total_time_limit_s`` when given (refused, with ``tool_timeout_s``, when it does not fit under the cap
+below); otherwise LiveCodeBench's overall timeout, ``(time_limit_s + 1) × tests + 5`` s, capped so that
+a verdict comes back before the caller kills the worker: at ``tool_timeout_s`` less a margin of
+max(1 s, 10%) (but at least half of it), or at 50 s (below the runtime's default tool timeout of 60 s)
+when no ``tool_timeout_s`` is given. The limits' defaults, bounds and this rule live in
+:mod:`~asyncroll.evaluator.budget`; ``asyncroll run`` sets them with ``--test-timeout``,
+``--evaluation-timeout`` and ``--test-memory-mb``. A program stopped by the budget gets
+``time_limit_exceeded`` with an ``error`` that names the budget and what set it (``--tool-timeout`` for
+the cap): problems with many slow tests need a larger ``--tool-timeout``. stdout is capped at 8 MiB
+per test, raised for a test whose expected output is larger to twice its size plus 64 KiB (at most
+128 MiB).
 
 The evaluation runs test by test in a fresh temporary directory and stops at the first failing test.
 The result is ``{"passed", "tests_run", "tests_total", "feedback", "timed_out"}``; ``feedback`` is
@@ -37,8 +40,9 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
 * stdin is a real file, so ``sys.stdin.buffer`` and ``open(0)`` work (LiveCodeBench patches
   ``sys.stdin`` with a ``StringIO``, on which ``sys.stdin.buffer`` fails);
 * a functional result is compared after a JSON round trip. A top-level tuple counts as a list (as in
-  LiveCodeBench) and a ``list`` or ``dict`` subclass (``defaultdict``, ``Counter``, ``OrderedDict``)
-  as its plain content, which is what its ``==`` compares; any other value that is not plain JSON data
+  LiveCodeBench) and a subclass of ``int``, ``float``, ``str``, ``list`` or ``dict`` (``IntEnum``, a
+  ``str`` ``Enum``, ``defaultdict``, ``Counter``, ``OrderedDict``; dict keys included, at any depth) as
+  its plain content, which is what its ``==`` compares; any other value that is not plain JSON data
   is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which never equal
   a JSON value under ``==``, but a numpy scalar that LiveCodeBench's ``==`` would accept is also judged
   wrong (and so is a subclass whose overridden ``__eq__`` would accept a different value);
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -58,16 +63,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncroll.evaluator.budget import (
+    DEFAULT_MEMORY_LIMIT_MB,
+    DEFAULT_TIME_LIMIT_S,
+    MAX_MEMORY_LIMIT_MB,
+    MAX_TIME_LIMIT_S,
+    MIN_MEMORY_LIMIT_MB,
+    tool_timeout_cap,
+    total_budget,
+)
 from asyncroll.evaluator.cases import Case, check_tests
 from asyncroll.evaluator.compare import compare_stdout, compare_value
 from asyncroll.evaluator.isolation import IsolationReport, require
 from asyncroll.evaluator.sandbox import Execution, Limits, MiB, Sandbox
 
 FIELD_LIMIT = 1000
-DEFAULT_TIME_LIMIT_S = 6.0
-DEFAULT_TOTAL_TIME_LIMIT_S = 50.0
-"""The cap of the default total budget when the caller gives no ``tool_timeout_s``: below the runtime's
-default tool timeout (60 s), so a slow program gets a verdict, not a killed worker."""
 OUTPUT_SLACK_BYTES = 64 * 1024
 MAX_OUTPUT_BYTES = 128 * MiB
 """The most stdout a test may write, however large its expected output."""
@@ -83,31 +93,6 @@ def cut(text: str, keep_tail: bool = False) -> str:
         return text
     room = FIELD_LIMIT - len(_CUT)
     return _CUT + text[-room:] if keep_tail else text[:room] + _CUT
-
-
-def total_budget(time_limit_s: float, n_tests: int, tool_timeout_s: float | None) -> tuple[float, str]:
-    """The default total budget of an evaluation, in seconds, and what set it (for the verdict):
-    LiveCodeBench's ``(time_limit_s + 1) × n_tests + 5``, capped at :func:`tool_timeout_cap` of
-    ``tool_timeout_s`` or, without one, at :data:`DEFAULT_TOTAL_TIME_LIMIT_S`."""
-    scaled = (time_limit_s + 1.0) * n_tests + 5.0
-    if tool_timeout_s is None:
-        cap = DEFAULT_TOTAL_TIME_LIMIT_S
-        why = "the default cap of an evaluation called without tool_timeout_s"
-    else:
-        cap = tool_timeout_cap(tool_timeout_s)
-        why = (
-            f"capped below the runtime's --tool-timeout of {tool_timeout_s:g}s so that the verdict comes "
-            "back before the worker is killed; a larger --tool-timeout raises it"
-        )
-    if scaled <= cap:
-        return scaled, f"({time_limit_s:g}s per test + 1s) × {n_tests} tests + 5s, as LiveCodeBench"
-    return cap, why
-
-
-def tool_timeout_cap(tool_timeout_s: float) -> float:
-    """The longest total budget that leaves the worker time to answer before ``tool_timeout_s``: the
-    timeout less a margin of max(1 s, 10%), but at least half of it."""
-    return max(tool_timeout_s - max(1.0, 0.1 * tool_timeout_s), 0.5 * tool_timeout_s)
 
 
 def _validate(
@@ -126,13 +111,26 @@ def _validate(
     for name, value in (("time_limit_s", time_limit_s), ("total_time_limit_s", total)):
         if value is None and name == "total_time_limit_s":
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 3600:
-            raise ValueError(f"{name} must be a number of seconds in (0, 3600), got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < MAX_TIME_LIMIT_S:
+            raise ValueError(
+                f"{name} must be a number of seconds in (0, {MAX_TIME_LIMIT_S:g}), got {value!r}"
+            )
     bad_timeout = isinstance(tool_timeout_s, bool) or not isinstance(tool_timeout_s, int | float)
-    if tool_timeout_s is not None and (bad_timeout or not tool_timeout_s > 0):
+    if tool_timeout_s is not None and (bad_timeout or not 0 < tool_timeout_s < math.inf):
         raise ValueError(f"tool_timeout_s must be a positive number of seconds, got {tool_timeout_s!r}")
-    if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
-        raise ValueError(f"memory_limit_mb must be an integer >= 64, got {memory_limit_mb!r}")
+    if total is not None and tool_timeout_s is not None and total > tool_timeout_cap(tool_timeout_s):
+        # An explicit budget is not capped: past the cap, the caller would kill the worker before the
+        # verdict came back.
+        raise ValueError(
+            f"total_time_limit_s {total:g} does not fit under tool_timeout_s {tool_timeout_s:g}: at most "
+            f"{tool_timeout_cap(tool_timeout_s):g}s (the tool timeout less a margin of max(1 s, 10%))"
+        )
+    bad_memory = isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
+    if bad_memory or not MIN_MEMORY_LIMIT_MB <= memory_limit_mb <= MAX_MEMORY_LIMIT_MB:
+        raise ValueError(
+            f"memory_limit_mb must be an integer in [{MIN_MEMORY_LIMIT_MB}, {MAX_MEMORY_LIMIT_MB}], "
+            f"got {memory_limit_mb!r}"
+        )
     return check_tests(tests, func_name)
 
 
@@ -176,7 +174,7 @@ def lcb_evaluate(
     func_name: str | None = None,
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     total_time_limit_s: float | None = None,
-    memory_limit_mb: int = 768,
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     allow_weak_isolation: bool = False,
     tool_timeout_s: float | None = None,
 ) -> dict[str, Any]:
@@ -191,7 +189,10 @@ def lcb_evaluate(
         budget_text = f"the evaluation's total time budget of {budget:g}s ({why})"
     else:
         budget = float(total_time_limit_s)
-        budget_text = f"the evaluation's total time budget of {budget:g}s (total_time_limit_s)"
+        budget_text = (
+            f"the evaluation's total time budget of {budget:g}s (total_time_limit_s: asyncroll run's "
+            "--evaluation-timeout)"
+        )
     budget_deadline = started + budget
     report = require(allow_weak_isolation)
     sandbox = _sandbox(report)

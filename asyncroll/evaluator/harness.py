@@ -27,8 +27,9 @@ A ``done`` record is ``{"kind": "done", "ok": true}`` (stdin mode), ``{"kind": "
 "result": <JSON>}`` (functional mode), ``{"kind": "done", "ok": false, "error": "<traceback>"}`` or,
 for a functional result that LiveCodeBench's ``==`` can never match against a JSON value (a nested
 tuple, a set, an int-keyed dict, an object), ``{"kind": "done", "ok": true, "unrepresentable":
-"<repr>"}``. A ``list`` or ``dict`` subclass (``defaultdict``, ``Counter``, ``OrderedDict``) equals the
-plain value under ``==``, so it is sent as its plain list or dict. The program can write to the status
+"<repr>"}``. A ``str``, ``list`` or ``dict`` subclass (``defaultdict``, ``Counter``, ``OrderedDict``, an
+``Enum`` mixed with ``str``, a dict keyed by ``str`` subclasses) equals the plain value under ``==``, so it
+is sent as its plain string, list or dict. The program can write to the status
 fd too; that can only claim an answer it could have produced honestly, so the runtime treats the
 records as facts about the program, not about the test.
 """
@@ -158,19 +159,24 @@ def _plain(value: Any) -> Any:
     kind = type(value)
     if value is None or kind in (bool, str, int, float):
         return value
-    if isinstance(value, bool):
-        return bool(value)
+    # A subclass (``IntEnum``, ``defaultdict``, ``Counter``, ``OrderedDict``, ``class L(list)``, ``class
+    # S(str)``) compares equal to its plain content under LiveCodeBench's ``==``: send that content, read
+    # through the base type's own methods as its ``==`` does (a subclass may override ``__int__``,
+    # ``__float__``, ``__str__`` or ``__iter__``). ``int.__int__``, ``float.__float__`` and ``str.__str__``
+    # of a subclass return a plain copy of its value. (``bool`` cannot be subclassed.)
     if isinstance(value, int):
-        return int(value)
+        return int.__int__(value)
     if isinstance(value, float):
-        return float(value)
-    # A subclass (``defaultdict``, ``Counter``, ``OrderedDict``, ``class L(list)``) compares equal to
-    # its plain content under LiveCodeBench's ``==``: send that content, read through list's and dict's
-    # own methods as their ``==`` does (a subclass may override ``__iter__``).
+        return float.__float__(value)
+    if isinstance(value, str):
+        return str.__str__(value)
     if isinstance(value, list):
         return [_plain(v) for v in list.__iter__(value)]
-    if isinstance(value, dict) and all(type(k) is str for k in dict.__iter__(value)):
-        return {k: _plain(dict.__getitem__(value, k)) for k in dict.__iter__(value)}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in dict.__iter__(value)):
+        plain = {str.__str__(k): _plain(dict.__getitem__(value, k)) for k in dict.__iter__(value)}
+        if len(plain) != dict.__len__(value):  # keys that only their own __eq__/__hash__ kept apart
+            raise TypeError(kind.__name__)
+        return plain
     raise TypeError(kind.__name__)
 
 
