@@ -16,6 +16,14 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from asyncroll.errors import UsageError
+from asyncroll.evaluator.budget import (
+    DEFAULT_MEMORY_LIMIT_MB,
+    DEFAULT_TIME_LIMIT_S,
+    MAX_MEMORY_LIMIT_MB,
+    MAX_TIME_LIMIT_S,
+    MIN_MEMORY_LIMIT_MB,
+    tool_timeout_cap,
+)
 
 PolicyName = Literal[
     "sync",
@@ -103,6 +111,13 @@ class RunConfig(BaseModel):
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
     tool_errors: Literal["fail", "observe"] = "fail"
     allow_weak_isolation: bool = False
+    # The code evaluator (lcb_evaluate, SPEC §9), passed to every evaluation; the evaluator's own bounds.
+    # evaluation_timeout None: LiveCodeBench's (test_timeout + 1) × tests + 5 s, capped below tool_timeout.
+    test_timeout: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, lt=MAX_TIME_LIMIT_S)
+    evaluation_timeout: float | None = Field(default=None, gt=0, lt=MAX_TIME_LIMIT_S)
+    test_memory_mb: int = Field(
+        default=DEFAULT_MEMORY_LIMIT_MB, ge=MIN_MEMORY_LIMIT_MB, le=MAX_MEMORY_LIMIT_MB
+    )
     # HTTP backends (SPEC §7). server_kind None: vllm for --backend vllm, probed for --backend openai.
     replay: bool = False
     server_kind: ServerKind | None = None
@@ -134,9 +149,37 @@ class RunConfig(BaseModel):
                 f"--endpoint {self.endpoint!r}: give the server's root URL, without /v1 "
                 "(asyncroll requests /v1/chat/completions under it)"
             )
+        problems += self._evaluator_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _evaluator_problems(self) -> list[str]:
+        """An evaluator time limit that was asked for must be usable. An evaluation has to return its
+        verdict before ``--tool-timeout`` kills its worker, so its total budget is capped below it: a
+        per-test limit or a total budget past that cap is refused, not silently cut. (The default
+        per-test limit is cut by the capped budget as before, and the verdict says so.)"""
+        out: list[str] = []
+        cap = tool_timeout_cap(self.tool_timeout)
+        given = {
+            "--test-timeout": self.test_timeout if "test_timeout" in self.model_fields_set else None,
+            "--evaluation-timeout": self.evaluation_timeout,
+        }
+        for flag, value in given.items():
+            if value is not None and value > cap:
+                out.append(
+                    f"{flag} {value:g} does not fit under --tool-timeout {self.tool_timeout:g}: an "
+                    f"evaluation must end within {cap:g}s (the tool timeout less a margin of max(1 s, 10%), "
+                    "at least half of it) for its verdict to come back before the worker is killed; raise "
+                    f"--tool-timeout or lower {flag}"
+                )
+        per_test, total = given["--test-timeout"], given["--evaluation-timeout"]
+        if per_test is not None and total is not None and per_test > total:
+            out.append(
+                f"--test-timeout {per_test:g} is longer than --evaluation-timeout {total:g}, the budget "
+                "of a whole evaluation: no test could run that long"
+            )
+        return out
 
     @property
     def policy_name(self) -> str:

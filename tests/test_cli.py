@@ -152,6 +152,89 @@ def test_invalid_settings_are_refused_before_anything_starts(
     assert not out.exists()
 
 
+def run_in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[Any, list[Any]]:
+    """``asyncroll run`` parsed and validated in this process (no subprocess, no workers): the run itself
+    is replaced by a recorder of the validated config."""
+    from typer.testing import CliRunner
+
+    import asyncroll.commands.run as run_command
+    from asyncroll.cli import app
+
+    seen: list[Any] = []
+
+    def record(cfg: Any) -> int:
+        seen.append(cfg)
+        return 0
+
+    monkeypatch.setattr(run_command, "_run", record)
+    return CliRunner().invoke(app, ["run", *map(str, args)]), seen
+
+
+def test_evaluator_limits_are_run_flags_bound_to_every_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--test-timeout``, ``--evaluation-timeout`` and ``--test-memory-mb`` (flags or a config file)
+    become ``lcb_evaluate``'s own arguments; by default the evaluator's defaults, and no total budget
+    (LiveCodeBench's scaled one, capped below --tool-timeout)."""
+    import inspect
+
+    from asyncroll.evaluator.evaluate import lcb_evaluate
+    from asyncroll.runtime.run import evaluator_options
+
+    out = tmp_path / "run"
+    given = ("--test-timeout", "2.5", "--evaluation-timeout", "40", "--test-memory-mb", "1024")
+    result, seen = run_in_process(monkeypatch, "--workload", SMOKE, "--output", out, *given)
+    assert result.exit_code == 0, result.output
+    options = evaluator_options(seen[0])
+    assert options == {
+        "tool_timeout_s": 60.0,
+        "time_limit_s": 2.5,
+        "total_time_limit_s": 40.0,
+        "memory_limit_mb": 1024,
+    }
+    inspect.signature(lcb_evaluate).bind("code", [], **options)  # the evaluator's own names
+    config = tmp_path / "run.toml"
+    config.write_text("test-timeout = 3\ntest_memory_mb = 512\ntool-timeout = 4\n")
+    result, seen = run_in_process(monkeypatch, "--config", config, "--workload", SMOKE, "--output", out)
+    assert result.exit_code == 0, result.output
+    assert evaluator_options(seen[0]) == {"tool_timeout_s": 4.0, "time_limit_s": 3.0, "memory_limit_mb": 512}
+    # The default per-test limit is not refused under a short --tool-timeout: the capped budget cuts it,
+    # as before, and the verdict says so.
+    result, seen = run_in_process(monkeypatch, "--workload", SMOKE, "--output", out, "--tool-timeout", "3")
+    assert result.exit_code == 0, result.output
+    assert evaluator_options(seen[0]) == {"tool_timeout_s": 3.0, "time_limit_s": 6.0, "memory_limit_mb": 768}
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--test-timeout", "0"], "--test-timeout: Input should be greater than 0"),
+        (["--test-timeout", "nan"], "--test-timeout: Input should be a finite number"),
+        (["--evaluation-timeout", "inf"], "--evaluation-timeout: Input should be a finite number"),
+        (["--evaluation-timeout", "-1"], "--evaluation-timeout: Input should be greater than 0"),
+        (["--test-memory-mb", "32"], "--test-memory-mb: Input should be greater than or equal to 64"),
+        (["--test-memory-mb", "2097152"], "--test-memory-mb: Input should be less than or equal to 1048576"),
+        (["--test-timeout", "55"], "--test-timeout 55 does not fit under --tool-timeout 60"),
+        (
+            ["--tool-timeout", "10", "--evaluation-timeout", "9.5"],
+            "--evaluation-timeout 9.5 does not fit under --tool-timeout 10: an evaluation must end within 9s",
+        ),
+        (
+            ["--test-timeout", "8", "--evaluation-timeout", "5"],
+            "--test-timeout 8 is longer than --evaluation-timeout 5",
+        ),
+    ],
+)
+def test_evaluator_limits_that_cannot_hold_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    out = tmp_path / "run"
+    result, seen = run_in_process(monkeypatch, "--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 2 and not seen and not out.exists(), result.output
+    assert message in result.stderr
+
+
 def test_config_file_with_flag_override(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(f'workload = "{SMOKE}"\npolicy = "tool_first"\ncpu-workers = 1\nmax_turns = 4\n')

@@ -182,8 +182,14 @@ def test_feedback_fields_are_cut_to_1000_characters() -> None:
         ({"func_name": "f", "tests": [{"input": "[1]", "output": "{"}]}, "tests[0].output is not a JSON"),
         ({"time_limit_s": 0}, "time_limit_s must be a number"),
         ({"total_time_limit_s": -1}, "total_time_limit_s must be a number"),
-        ({"memory_limit_mb": 8}, "memory_limit_mb must be an integer >= 64"),
+        ({"memory_limit_mb": 8}, "memory_limit_mb must be an integer in [64, 1048576]"),
+        ({"memory_limit_mb": 2**21}, "memory_limit_mb must be an integer in [64, 1048576]"),
         ({"tool_timeout_s": 0}, "tool_timeout_s must be a positive number"),
+        ({"tool_timeout_s": float("inf")}, "tool_timeout_s must be a positive number"),
+        (  # an explicit budget is not capped: past the cap the worker would be killed before the verdict
+            {"total_time_limit_s": 55, "tool_timeout_s": 60},
+            "total_time_limit_s 55 does not fit under tool_timeout_s 60: at most 54s",
+        ),
     ],
 )
 def test_bad_arguments_raise_errors_naming_the_field(kwargs: dict[str, Any], message: str) -> None:
@@ -453,6 +459,7 @@ def test_a_functional_solution_runs_as_a_module_not_as_main(block: str) -> None:
         ("OrderedDict([('b', [1]), ('a', [2])])", '{"a": [2], "b": [1]}', True),
         ("L([1, 4])", "[1, 4]", True),
         ("[defaultdict(list, {'x': L([2])})]", '[{"x": [2]}]', True),
+        ("[{S('k'): S('v')}, S('w')]", '[{"k": "v"}, "w"]', True),
         ("L([1, 5])", "[1, 4]", False),
         ("defaultdict(int, {1: 1})", '{"1": 1}', False),
     ],
@@ -460,9 +467,12 @@ def test_a_functional_solution_runs_as_a_module_not_as_main(block: str) -> None:
 def test_list_and_dict_subclasses_compare_as_their_plain_content(
     returned: str, output: str, passes: bool
 ) -> None:
-    """Under LiveCodeBench's ``==`` a ``defaultdict``, ``Counter``, ``OrderedDict`` or list subclass
-    equals the plain JSON value with the same content."""
-    program = f"class L(list):\n    pass\n\nclass Solution:\n    def f(self):\n        return {returned}\n"
+    """Under LiveCodeBench's ``==`` a ``defaultdict``, ``Counter``, ``OrderedDict``, list or str
+    subclass equals the plain JSON value with the same content."""
+    program = (
+        "class L(list):\n    pass\n\nclass S(str):\n    pass\n\n"
+        f"class Solution:\n    def f(self):\n        return {returned}\n"
+    )
     tests = [{"input": "", "output": output, "testtype": "functional"}]
     result, _ = evaluate(program, tests, func_name="f")
     assert result["passed"] is passes, result["feedback"]
@@ -470,6 +480,53 @@ def test_list_and_dict_subclasses_compare_as_their_plain_content(
         assert verdict(result) == "wrong_answer"
         never = "can never equal" in result["feedback"]["detail"]
         assert never is returned.startswith("defaultdict")  # only the int key is unrepresentable
+
+
+def test_subclass_results_are_sent_as_the_content_their_eq_compares() -> None:
+    """The harness sends a subclass of a JSON type as the plain value its ``==`` compares (its base
+    type's own content, whatever it overrides), and a value no JSON value can equal as unrepresentable."""
+    import enum
+
+    from asyncroll.evaluator.harness import _plain
+
+    class S(str):
+        def __str__(self) -> str:
+            return "overridden"
+
+    class I(int):  # noqa: E742 - a one-letter class, as in a solution
+        def __int__(self) -> int:
+            return 99
+
+    class F(float):
+        def __float__(self) -> float:
+            return 9.5
+
+    class Colour(enum.StrEnum):
+        RED = "red"
+
+    class Apart(str):  # two keys with one content: only their own __eq__/__hash__ keep them apart
+        __hash__ = object.__hash__
+
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+    cases: list[tuple[Any, Any]] = [
+        (S("abc"), "abc"),
+        (Colour.RED, "red"),
+        (I(5), 5),
+        (F(1.5), 1.5),
+        ({S("k"): [S("v")]}, {"k": ["v"]}),
+        ([{"a": {S("b"): I(2)}}], [{"a": {"b": 2}}]),
+    ]
+    for value, plain in cases:
+        sent = _plain(value)
+        assert sent == plain and value == plain, (value, sent)
+        assert json.loads(json.dumps(sent)) == plain and type(sent) is type(plain), (value, sent)
+        if isinstance(sent, dict):
+            assert all(type(k) is str for k in sent), sent
+    for never in ({Apart("a"): 1, Apart("a"): 2}, {S("a"): {1: 1}}, [S("a"), (1,)]):
+        with pytest.raises(TypeError):
+            _plain(never)
 
 
 # --- hostile programs --------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import pytest
 
 from asyncroll.backends.base import ModelRequest
 from asyncroll.events import CpuEnqueued, CpuSelected, TrajectoryFinished
+from asyncroll.runtime.virtual_worker import builtin_duration
+from asyncroll.workers.protocol import JobRequest
 from asyncroll.workload import scan_workload
 from tests.conftest import VirtualRun, write_workload
 
@@ -102,6 +104,32 @@ def test_repair_turn_carries_instruction_and_feedback(
     assert repair_turn[-1]["content"].startswith("FIX IT\n\n(simulated)")
 
 
+def test_evaluator_limits_reach_every_evaluation_and_the_receipt(virtual_run: VirtualRun) -> None:
+    """The run's evaluator settings are bound to every ``lcb_evaluate`` job, the repair's included, next
+    to the hidden tests, and recorded in run.json's config."""
+    jobs: list[dict[str, Any]] = []
+
+    def duration(request: JobRequest) -> float:
+        if request.tool == "lcb_evaluate":
+            jobs.append(request.arguments)
+        return builtin_duration(request)
+
+    settings = {"test_timeout": 2.0, "evaluation_timeout": 30.0, "test_memory_mb": 512, "tool_timeout": 40.0}
+    outcome, _, out = virtual_run([_code_problem("fixed", [False, True])], duration, **settings)
+    assert outcome.status == "complete" and len(jobs) == 2
+    for arguments in jobs:
+        assert arguments["tests"][0]["input"] == SECRET_INPUT
+        limits = {k: arguments[k] for k in ("time_limit_s", "total_time_limit_s", "memory_limit_mb")}
+        assert limits == {"time_limit_s": 2.0, "total_time_limit_s": 30.0, "memory_limit_mb": 512}
+        assert arguments["tool_timeout_s"] == 40.0
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert {k: config[k] for k in ("test_timeout", "evaluation_timeout", "test_memory_mb")} == {
+        "test_timeout": 2.0,
+        "evaluation_timeout": 30.0,
+        "test_memory_mb": 512,
+    }
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -128,7 +156,11 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
 
     workload = REPO / "examples" / "livecodebench" / "workload.jsonl"
     out = tmp_path / "run"
-    result = cli("run", "--workload", workload, "--output", out, "--policy", "asyncroll", timeout=150)
+    # The evaluator's limits as flags: their names reach the real evaluator, which refuses unknown ones.
+    limits = ("--test-timeout", "5", "--evaluation-timeout", "50", "--test-memory-mb", "1024")
+    result = cli(
+        "run", "--workload", workload, "--output", out, "--policy", "asyncroll", *limits, timeout=150
+    )
     assert result.returncode == 0, result.stderr
     rows = _results(out)
     assert len(rows) == 4
@@ -145,6 +177,8 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     assert hidden and not any(h in published for h in hidden)
     receipt = json.loads((out / "run.json").read_text())
     assert receipt["status"] == "complete"
+    assert (receipt["config"]["test_timeout"], receipt["config"]["evaluation_timeout"]) == (5, 50)
+    assert receipt["config"]["test_memory_mb"] == 1024
     sandbox = receipt["isolation"]["untrusted_code"]  # which isolation was in force, as probed
     assert sandbox["weak"] is False and sandbox["layers"]["unprivileged_uid"]["active"] is True
     # Replaying the run in simulation repairs exactly where the run did, with no code executed.

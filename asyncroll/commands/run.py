@@ -98,6 +98,24 @@ def run(
             help="Run untrusted code (lcb_evaluate) even when a sandbox layer is missing (recorded).",
         ),
     ] = None,
+    test_timeout: Annotated[
+        float | None,
+        Opt(
+            help="lcb_evaluate: wall seconds per hidden test (6, as LiveCodeBench); at most --tool-timeout "
+            "less its margin of max(1 s, 10%)."
+        ),
+    ] = None,
+    evaluation_timeout: Annotated[
+        float | None,
+        Opt(
+            help="lcb_evaluate: seconds for a whole evaluation (default: (--test-timeout + 1) × tests + 5, "
+            "as LiveCodeBench, capped at --tool-timeout less its margin); at most that cap."
+        ),
+    ] = None,
+    test_memory_mb: Annotated[
+        int | None,
+        Opt(help="lcb_evaluate: address space of each process of a test, MiB (768; 64 to 1048576)."),
+    ] = None,
     replay: Annotated[
         bool | None,
         Opt(

@@ -248,10 +248,7 @@ class Run:
             events,
             max_turns=cfg.max_turns,
             tool_errors=cfg.tool_errors,
-            # The evaluator caps its total budget below the tool timeout: a slow program gets a verdict
-            # (and a repair), not a killed worker.
-            evaluator_options={"tool_timeout_s": cfg.tool_timeout}
-            | ({"allow_weak_isolation": True} if cfg.allow_weak_isolation else {}),
+            evaluator_options=evaluator_options(cfg),
         )
         status: Status = "failed"
         error: str | None = None
@@ -483,6 +480,22 @@ def _describe(exc: BaseException) -> str:
 def worker_tool_keys(scan: WorkloadScan) -> dict[str, str]:
     """Workload tool key → the key a worker serves it under (absolute path for trusted files)."""
     return {src.key: ToolSpec(src.name, src.path).key for src in scan.tools.values()}
+
+
+def evaluator_options(config: RunConfig) -> dict[str, Any]:
+    """The run's settings of every ``lcb_evaluate`` call, bound like the hidden tests. The evaluator caps
+    its default total budget below the tool timeout (and :class:`RunConfig` refuses an explicit one that
+    does not fit under it): a slow program gets a verdict, and a repair, not a killed worker."""
+    options: dict[str, Any] = {
+        "tool_timeout_s": config.tool_timeout,
+        "time_limit_s": config.test_timeout,
+        "memory_limit_mb": config.test_memory_mb,
+    }
+    if config.evaluation_timeout is not None:
+        options["total_time_limit_s"] = config.evaluation_timeout
+    if config.allow_weak_isolation:
+        options["allow_weak_isolation"] = True
+    return options
 
 
 def _default_backend(config: RunConfig, clock: Clock) -> Backend:

@@ -90,8 +90,8 @@ class TrajectoryRunner:
         tool_errors: Literal["fail", "observe"],
         evaluator_options: dict[str, Any] | None = None,
     ) -> None:
-        """``evaluator_options``: extra arguments of every ``lcb_evaluate`` call (the run's settings,
-        e.g. ``allow_weak_isolation``), bound like the hidden tests."""
+        """``evaluator_options``: extra arguments of every ``lcb_evaluate`` call (the run's settings:
+        :func:`asyncroll.runtime.run.evaluator_options`), bound like the hidden tests."""
         self._backend = backend
         self._gate = gate
         self._dispatcher = dispatcher
