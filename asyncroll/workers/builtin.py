@@ -37,18 +37,19 @@ def lcb_evaluate(
     code: str,
     tests: list[dict[str, Any]],
     func_name: str | None = None,
-    time_limit_s: float = 6.0,
     **options: Any,
 ) -> dict[str, Any]:
     """Run untrusted ``code`` against hidden LiveCodeBench ``tests`` in the sandbox (SPEC §9).
 
     The model supplies only ``code``; ``tests`` and ``func_name`` are bound by the runtime from the
     problem's hidden metadata. The evaluator (and its isolation probe) loads on the first call, so
-    workers that never evaluate code do not pay for it. See :mod:`asyncroll.evaluator.evaluate`.
+    workers that never evaluate code do not pay for it. ``options`` are the run's limits (``time_limit_s``
+    and the rest, :func:`asyncroll.runtime.run.evaluator_options`), defaulted by the evaluator itself.
+    See :mod:`asyncroll.evaluator.evaluate`.
     """
     from asyncroll.evaluator.evaluate import lcb_evaluate as evaluate
 
-    return evaluate(code, tests, func_name=func_name, time_limit_s=time_limit_s, **options)
+    return evaluate(code, tests, func_name=func_name, **options)
 
 
 BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {
