@@ -1008,3 +1008,24 @@ def test_on_a_virtual_clock_no_source_is_read(virtual_run: Any) -> None:
     assert capture.of(ResourceSample) == []
     assert outcome.summary is not None
     assert "virtual clock" in outcome.summary["resources"]["sampled_starvation_reason"]
+
+
+def test_samples_taken_after_the_measured_window_are_clipped_to_it() -> None:
+    """The sampler may sample once more during the run's cleanup and again at its stop: both come after
+    the window ended (0.65 s). The window [0.6, 0.8] used to be added whole: coverage 0.8 s of 0.65."""
+    builder = SummaryBuilder()
+    builder(_probe(0.2, "server_metrics"))
+    for seq, t in enumerate((0.0, 0.2, 0.4, 0.6), start=1):
+        builder(_sample(t, seq))
+    builder.end_window(0.65)
+    builder(_sample(0.8, 5))
+    builder(_sample(0.85, 6))
+    res = builder.build(
+        makespan_s=0.65,
+        policy="fifo",
+        limits={"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1},
+        cpu_cost={},
+        peaks={},
+        status="complete",
+    )["resources"]
+    assert res["server_coverage_s"] == 0.65 and res["server_coverage_fraction"] == 1.0

@@ -85,6 +85,7 @@ class ResourceMeter:
         self.probe: ResourceProbe | None = None
         self._last: _Point | None = None
         self._pending: tuple[_Point, _Point] | None = None
+        self._end: float | None = None  # the measured window's end, once the run says it has come
         self.windows: Counter[str] = Counter()
         self.seconds: defaultdict[str, float] = defaultdict(float)
         # telemetry bookkeeping
@@ -115,6 +116,11 @@ class ResourceMeter:
     def on_probe(self, event: ResourceProbe) -> None:
         self.probe = event
 
+    def end_window(self, end_s: float) -> None:
+        """The measured window ended at ``end_s``: a sample taken later (during the run's cleanup, or the
+        sampler's last one at its stop) adds only what lies inside the window."""
+        self._end = end_s
+
     def on_sample(self, event: ResourceSample) -> None:
         self.samples += 1
         self.errors += len(event.errors)
@@ -135,7 +141,7 @@ class ResourceMeter:
         )
         if self._last is not None:
             if self._pending is not None:
-                self._fold(*self._pending, end=None)
+                self._fold(*self._pending, end=self._end)
             self._pending = (self._last, point)
         self._last = point
 

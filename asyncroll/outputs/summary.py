@@ -367,6 +367,11 @@ class SummaryBuilder:
             "totals": totals,
         }
 
+    def end_window(self, makespan_s: float) -> None:
+        """The measured window has ended (before the run's cleanup): telemetry that comes later is
+        clipped to it."""
+        self.resources.end_window(makespan_s)
+
     def build(
         self,
         *,

@@ -326,6 +326,8 @@ class Run:
                     # The measured window ends here, before any cleanup; read CPU while workers live.
                     finished_at = clock.now()
                     cpu_end = (client_cpu(), pool.cpu_seconds())
+                    if origin is not None:  # telemetry sampled during the cleanup is clipped to it
+                        summary.end_window(finished_at - origin)
                     ranges.end(run_range)
 
                     async def leftovers() -> None:
