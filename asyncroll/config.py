@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -247,22 +248,28 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def build_config(values: dict[str, Any]) -> RunConfig:
-    """Validate settings into a RunConfig, turning every problem into one clear line."""
+def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = None) -> RunConfig:
+    """Validate settings into a RunConfig, turning every problem into one clear line. ``origins`` names
+    where a setting came from when that was not a flag (``--config FILE: setting 'polcy'``)."""
     try:
         return RunConfig.model_validate(values)
     except ValidationError as exc:
-        raise UsageError("\n".join(_describe(err) for err in exc.errors())) from exc
+        raise UsageError("\n".join(_describe(err, origins or {}) for err in exc.errors())) from exc
 
 
-def _describe(err: Any) -> str:
+def config_file_origins(path: Path, keys: Iterable[str]) -> dict[str, str]:
+    """Each setting read from the config file ``path``, named as its errors should name it."""
+    return {key: f"--config {path}: setting {key!r}" for key in keys}
+
+
+def _describe(err: Any, origins: Mapping[str, str]) -> str:
     loc = [str(p) for p in err.get("loc", ())]
     msg = str(err.get("msg", "invalid"))
     if msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
     if not loc:
         return msg
-    flag = "--" + loc[0].replace("_", "-")
+    where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":
-        return f"{flag}: unknown setting"
-    return f"{flag}: {msg}"
+        return f"{where}: unknown setting"
+    return f"{where}: {msg}"

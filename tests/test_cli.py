@@ -247,7 +247,44 @@ def test_config_file_with_flag_override(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"cpu_workers": 2, "turbo": true}')
     refused = cli("run", "--config", bad, "--workload", SMOKE, "--output", tmp_path / "r2")
-    assert refused.returncode == 2 and "--turbo: unknown setting" in refused.stderr
+    assert refused.returncode == 2 and f"--config {bad}: setting 'turbo': unknown setting" in refused.stderr
+
+
+def test_config_file_errors_name_the_file_and_flags_name_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('polcy = "asyncroll"\ncpu-workers = 0\nmax_turns = 0\n')
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r", "--max-turns", "-1"
+    )
+    assert result.exit_code == 2 and not seen
+    assert f"--config {config}: setting 'polcy': unknown setting" in result.stderr
+    assert f"--config {config}: setting 'cpu_workers': " in result.stderr
+    assert "--max-turns: " in result.stderr
+    assert "setting 'max_turns'" not in result.stderr  # the flag overrode the file's value
+
+
+def test_sync_says_an_active_limit_has_no_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ("--workload", SMOKE, "--policy", "sync")
+    given, _ = run_in_process(
+        monkeypatch, *args, "--output", tmp_path / "a", "--max-active-trajectories", "8"
+    )
+    plain, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "b")
+    assert "--max-active-trajectories 8 has no effect" in given.stderr
+    assert "no effect" not in plain.stderr
+
+
+def test_a_workload_in_a_missing_folder_is_named_not_the_default_tool_root(tmp_path: Path) -> None:
+    from asyncroll.config import build_config
+    from asyncroll.errors import UsageError
+    from asyncroll.runtime.run import prepare
+
+    workload = tmp_path / "missing" / "w.jsonl"
+    cfg = build_config({"workload": workload, "output": tmp_path / "run"})
+    with pytest.raises(UsageError, match=f"{workload}: cannot read"):
+        prepare(cfg, ["test"])
+    assert not (tmp_path / "run").exists()
 
 
 def test_schema_command_prints_every_schema() -> None:

@@ -145,12 +145,17 @@ def run(
         float | None, Opt(help="HTTP backends: seconds paused on a down server before the run fails (120).")
     ] = None,
     config: Annotated[
-        Path | None, Opt("--config", help="JSON/TOML file of these settings; flags override.")
+        Path | None,
+        Opt(
+            "--config",
+            help="JSON/TOML file of these settings (paths in it relative to the current directory, as "
+            "flags); flags override.",
+        ),
     ] = None,
 ) -> None:
     """Run a workload: writes run.json, events, results, summary.json, trace.json and timeline.html."""
     flags = {k: v for k, v in locals().items() if k != "config" and v is not None}
-    from asyncroll.config import build_config, load_config_file
+    from asyncroll.config import build_config, config_file_origins, load_config_file
     from asyncroll.errors import UsageError
 
     if "gpu_slots" in flags:
@@ -163,15 +168,22 @@ def run(
         flags["max_inflight_model_requests"] = flags.pop("gpu_slots")
     try:
         values: dict[str, Any] = load_config_file(config) if config is not None else {}
+        origins = {} if config is None else config_file_origins(config, values.keys() - flags.keys())
         values.update(flags)
         missing = [f"--{k}" for k in ("workload", "output") if k not in values]
         if missing:
             raise UsageError(f"missing required option(s): {', '.join(missing)}")
-        cfg = build_config(values)
+        cfg = build_config(values, origins)
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
     if cfg.policy == "gpu_first":
         typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
+    if cfg.policy == "sync" and "max_active_trajectories" in values and cfg.max_active_trajectories > 1:
+        typer.echo(
+            f"warning: --policy sync runs one trajectory at a time: --max-active-trajectories "
+            f"{cfg.max_active_trajectories} has no effect",
+            err=True,
+        )
     from asyncroll.policies.registry import unread_pressure_flags
 
     for flag in unread_pressure_flags(values, [cfg.policy]):

@@ -92,8 +92,8 @@ def prepare(
             f"(choose a new directory)"
         )
     tool_root = config.resolved_tool_root
-    if not tool_root.is_dir():
-        raise UsageError(f"--tool-root {tool_root}: not a directory")
+    if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
+        raise UsageError(f"--tool-root {tool_root}: not a directory")  # the scan names the workload
     scan = scan_workload(
         config.workload, tool_root, scripted=config.backend == "scripted" or config.replay, limit=config.limit
     )
