@@ -666,22 +666,6 @@ def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_busy_fixed_port_fails_the_arm_instead_of_measuring_a_stale_server(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as stale:
-        stale.bind(("127.0.0.1", 0))
-        stale.listen()
-        port = stale.getsockname()[1]
-        config = write_config(tmp_path, **{"server.port": port, "stages": {}, "pairs": 1})
-        done = cli("experiment", "run", "--config", config, "--output", tmp_path / "out")
-    assert done.returncode == 1
-    arm = read(tmp_path / "out" / "arms" / "pair1-fifo" / "arm.json")
-    assert arm["failed_step"] == "starting_server" and "already accepts connections" in arm["error"]
-    assert "process" not in arm.get("server", {})
-
-
-@pytest.mark.timeout(60)
 def test_a_failed_stage_stops_the_experiment_before_the_comparison(tmp_path: Path) -> None:
     config = write_config(
         tmp_path,

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -509,7 +510,10 @@ STARVATION = "resources.sampled_starvation_fraction_of_coverage"
 
 def test_a_zero_baseline_is_undefined_never_unknown_and_no_pair_is_dropped_silently() -> None:
     """The QA example: 0.10→0.05, 0.10→0.05, 0→0.50. Leaving pair 3 out showed a confident −50%."""
-    rows = [({STARVATION: 0.1}, {STARVATION: 0.05}), ({STARVATION: 0.1}, {STARVATION: 0.05})]
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({STARVATION: 0.1}, {STARVATION: 0.05}),
+        ({STARVATION: 0.1}, {STARVATION: 0.05}),
+    ]
     rows.append(({STARVATION: 0.0}, {STARVATION: 0.5}))
     for a, b in rows[:2]:
         a["makespan_s"], b["makespan_s"] = 2.0, 1.0
@@ -996,3 +1000,194 @@ def test_a_gate_on_a_metric_the_summary_has_not_is_refused_by_the_config(tmp_pat
     )
     with pytest.raises(UsageError, match=r"summary\.json\.status is not a number"):
         load_experiment_config(not_a_number)
+
+
+# --- QA round 5: the experiment's deadline cuts, never fails; orphans are the client's or the server's ---
+
+
+def ready_server(tmp: Path) -> dict[str, Any]:
+    """``server`` settings of a fake server that is ready at once and serves the model ``sim``."""
+    site = tmp / "site"
+    (site / "v1").mkdir(parents=True)
+    (site / "health").write_text("ok")
+    (site / "v1" / "models").write_text(json.dumps({"data": [{"id": "sim"}]}))
+    command = ["{python}", "-m", "http.server", "--bind", "{host}", "--directory", str(site), "{port}"]
+    return {"command": command, "kind": "generic", "port": 0, "startup_timeout_s": 20, "stop_grace_s": 5}
+
+
+def one_arm(cfg: ExperimentConfig, out: Path, **kwargs: Any) -> dict[str, Any]:
+    """run_arm for the config's first arm in ``out/arms/ID``; its arm.json. Its processes are killed if
+    the test fails midway."""
+    from asyncroll.experiment.arms import Expected, run_arm
+
+    plan = build_plan(cfg)[0]
+    arm_dir = out / "arms" / plan.id
+    try:
+        receipt = run_arm(cfg, plan, arm_dir, Expected("0" * 64, {}, {}), cfg.client.deadline_s, **kwargs)
+    finally:
+        kill_recorded(out)
+    arm = read(arm_dir / "arm.json")
+    assert arm["status"] == receipt.status
+    return arm
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """The test process adopts orphans while the test runs, as the runner does (ExperimentRunner.run)."""
+    from asyncroll.evaluator.proctree import is_subreaper, set_subreaper
+
+    before = is_subreaper()
+    set_subreaper(True)
+    yield
+    if not before:
+        set_subreaper(False)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cut", ["starting_server", "running_client", "client_deadline"])
+def test_the_experiments_deadline_interrupts_the_arm_the_clients_own_deadline_fails_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: str
+) -> None:
+    """The experiment's deadline while the server starts or the client runs: both are stopped and the
+    arm ends interrupted (by the deadline), not failed. The client's own deadline still fails it."""
+    server = ready_server(tmp_path)
+    if cut == "starting_server":
+        server["command"] = ["sleep", "30"]  # never ready: the cut comes while it starts, whatever the load
+    cfg = lean(tmp_path, server=server, **{"client.deadline_s": 0.3 if cut == "client_deadline" else 60})
+    monkeypatch.setattr(arms_module, "client_command", lambda *_args: ["sleep", "30"])
+    out = tmp_path / "out"
+    if cut == "client_deadline":
+        arm = one_arm(cfg, out)
+    else:  # the deadline passes once the step has begun: the cut is in that step, not before or after it
+        begun = out / "arms" / "pair1-fifo" / ("server.log" if cut == "starting_server" else "client.log")
+        after = 0.2 if cut == "starting_server" else -1.0
+        arm = one_arm(cfg, out, time_left=lambda: after if begun.exists() else float("inf"))
+    if cut == "client_deadline":
+        assert arm["status"] == "failed" and arm["failed_step"] == "running_client"
+        assert arm["error"] == "client passed its deadline of 0.3s and was stopped"
+    else:
+        assert arm["status"] == "interrupted" and arm["interrupted_by"] == "deadline", arm
+        assert arm["cut_step"] == cut and "failed_step" not in arm
+        assert arm["error"].startswith("the experiment's deadline came while the ")
+    assert [t["status"] for t in arm["transitions"]][-2:] == ["stopping_server", arm["status"]]
+    assert arm["server"]["stop"]["leftover"] == []
+    if cut != "starting_server":
+        assert arm["client"]["stop"]["how"] == "term" and arm["client"]["stop"]["leftover"] == []
+    assert recorded_processes(out) and not any(alive(p) for p in recorded_processes(out))
+
+
+def cut_arm(cut: set[str], calls: list[str]) -> Any:
+    """A stand-in for run_arm that starts nothing: the arms named in ``cut`` are cut by the deadline."""
+
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        calls.append(plan.id)
+        left = kwargs["time_left"]()  # the runner hands the arm the time left until its deadline
+        assert 0 < left <= cfg.deadline_s
+        arm_dir.mkdir(parents=True)
+        if plan.id in cut:
+            error = "the experiment's deadline came while the client ran (after 5s)"
+            data = {"error": error, "interrupted_by": "deadline", "cut_step": "running_client"}
+            return SimpleNamespace(status="interrupted", data=data)
+        return SimpleNamespace(status="complete", data={"error": None})
+
+    return run_arm
+
+
+def test_a_deadline_stop_is_recorded_as_such_and_resume_runs_the_cut_arm_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline cuts pair1-asyncroll: the experiment is stopped (not complete), its stop_reason names
+    the deadline, the arm is interrupted (not a failed arm, in experiment.json, comparison.json and the
+    report), and --resume, with a deadline of its own, runs it again and keeps the finished arm."""
+    cfg = lean(tmp_path, deadline_s=30)
+    out = tmp_path / "out"
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "run_arm", cut_arm({"pair1-asyncroll"}, calls))
+    outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    assert (outcome.status, outcome.exit_code) == ("stopped", 1) and "failed arms" not in outcome.message
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "stopped" and exp["stages"]["comparison"]["status"] == "deadline"
+    assert exp["stop_reason"] == (
+        "the experiment's deadline (deadline_s 30s for this run) cut pair1-asyncroll while running client "
+        "(interrupted); --resume runs the unfinished arms"
+    )
+    assert exp["arms"]["pair1-fifo"]["status"] == "complete"
+    cut = exp["arms"]["pair1-asyncroll"]
+    assert cut["status"] == "interrupted" and cut["interrupted_by"] == "deadline"
+    comparison = read(out / "comparison.json")
+    assert comparison["failed_arms"] == [] and comparison["experiment_status"] == "stopped"
+    assert comparison["pairs"][0]["arms"]["asyncroll"]["status"] == "interrupted"
+    text = markdown(aggregate(load_comparison(out / "comparison.json")))
+    assert text[text.index("Failed arms (kept, never re-run):") :].splitlines()[2] == "- none"
+    assert "- `pair1-asyncroll`: interrupted: the experiment's deadline came while the client ran" in text
+    # a day later: the deadline counts from the resume, not from the experiment's creation
+    exp["created_wall"] -= 86400
+    (out / "experiment.json").write_text(json.dumps(exp))
+    monkeypatch.setattr(runner_module, "run_arm", cut_arm(set(), calls))
+    outcome = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    assert (outcome.status, outcome.exit_code) == ("complete", 0), outcome.message
+    assert calls == ["pair1-fifo", "pair1-asyncroll", "pair1-asyncroll"]  # the finished arm is not re-run
+    exp = read(out / "experiment.json")
+    assert exp["stop_reason"] is None and {a["status"] for a in exp["arms"].values()} == {"complete"}
+    attempts = exp["arms"]["pair1-asyncroll"]["attempts_interrupted"]
+    assert len(attempts) == 1 and attempts[0]["interrupted_by"] == "deadline"
+    assert Path(attempts[0]["dir"]).name == "pair1-asyncroll.interrupted-1"
+    assert exp["resumes"][-1]["status_before"] == "stopped"
+    assert exp["resumes"][-1]["stop_reason_before"].startswith("the experiment's deadline")
+    assert (out / "arms" / "pair1-fifo").is_dir()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ends", ["exits", "stopped"])
+def test_what_the_client_detaches_is_recorded_as_the_clients_not_the_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, subreaper: None, ends: str
+) -> None:
+    """The client detaches a helper (setsid -f), then exits or is stopped at its deadline, while the
+    helper lives on: the client's stop kills it and lists it, the server's stop lists only what the
+    server left. A helper that cleared its environment cannot be attributed: killed, and listed apart."""
+    import time
+
+    import psutil
+
+    mine, anonymous = (f"sleep {600 + os.getpid() % 1000}.{n}" for n in (25, 75))
+    then = "exit 0" if ends == "exits" else "sleep 30"
+    script = f"setsid -f {mine}; env -i setsid -f {anonymous}; {then}"
+    monkeypatch.setattr(arms_module, "client_command", lambda *_args: ["bash", "-c", script])
+    cfg = lean(
+        tmp_path, server=ready_server(tmp_path), **{"client.deadline_s": 30 if ends == "exits" else 0.3}
+    )
+
+    def helpers() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if " ".join(proc.info["cmdline"] or []) in (mine, anonymous):
+                    found.append(proc)
+        return found
+
+    real_wait = ManagedProcess.wait
+
+    def wait(self: ManagedProcess, timeout: float) -> int | None:
+        """The runner waits for the client once both helpers run (they fork and exec on their own time)."""
+        end = time.monotonic() + 10
+        while self.role == "client" and len(helpers()) < 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(ManagedProcess, "wait", wait)
+    try:
+        arm = one_arm(cfg, tmp_path / "out")
+        left = [p.pid for p in helpers() if p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        for proc in helpers():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    assert left == []
+    client_stop, server_stop = arm["client"]["stop"], arm["server"]["stop"]
+    assert client_stop["how"] == ("exited" if ends == "exits" else "term")
+    assert [o["command"] for o in client_stop.get("orphans", [])] == [mine], client_stop
+    assert client_stop["orphans"][0]["killed"] and client_stop["orphans"][0]["origin"].startswith("client:")
+    assert client_stop["leftover"] == [client_stop["orphans"][0]["pid"]]
+    assert "orphans" not in server_stop and server_stop["leftover"] == [], server_stop
+    assert [o["command"] for o in arm["unattributed_orphans"]] == [anonymous]
+    assert arm["unattributed_orphans"][0]["killed"] and "origin" not in arm["unattributed_orphans"][0]

@@ -14,6 +14,15 @@ stopped never makes a finished arm run again. The runner ignores further signals
 While the client runs the server is watched: if it exits, the client is stopped at once and the arm
 fails with the server's exit code (or signal) and its log, not with a client deadline.
 
+The experiment's deadline (``time_left``) is not a failure of the arm: when it comes while the server
+starts or the client runs, the arm's processes are stopped as usual and the arm ends ``interrupted``
+(``interrupted_by: "deadline"``), like an arm cut by Ctrl-C, so a resume runs it again. The client's own
+deadline (``client.deadline_s``) is part of the protocol: an arm that passes it fails.
+
+The client is stopped however it ended (``ManagedProcess.stop``, a no-op for the leader once it exited):
+what it left in its group and what it detached are killed then and recorded as the client's, before the
+server's stop, which lists only what the server left.
+
 When the client has exited, the protocol fingerprint is computed again (``protocol_check``; a file
 changed while the arm ran does not show in the check before it), then the client's outputs are checked
 against the plan: the run complete, and its ``run.json`` naming the experiment's workload SHA-256, tool
@@ -39,6 +48,7 @@ from asyncroll.experiment.receipts import TERMINAL, ArmReceipt, read_json
 from asyncroll.experiment.server import (
     InferenceServer,
     ManagedProcess,
+    ReadinessTimeout,
     ServerStartError,
     free_port,
     port_in_use,
@@ -64,6 +74,19 @@ class ArmFailed(RuntimeError):
     def __init__(self, step: str, message: str) -> None:
         super().__init__(message)
         self.step = step
+
+
+class ArmCut(RuntimeError):
+    """The experiment's deadline came during ``step``: the arm is stopped and ends interrupted, not
+    failed (it did not fail; it was not let finish)."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+#: How the wait for the client ended: it exited, the server exited, the client's deadline, the cut.
+WaitEnd = Literal["client", "server", "deadline", "cut"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,19 +120,26 @@ def run_arm(
     expected: Expected,
     deadline_s: float,
     protocol_check: Callable[[], str | None] | None = None,
+    time_left: Callable[[], float] | None = None,
 ) -> ArmReceipt:
-    """Run one arm in ``arm_dir`` (created here); returns its receipt, status complete or failed.
+    """Run one arm in ``arm_dir`` (created here); returns its receipt: complete, failed, or interrupted
+    (``interrupted_by: "deadline"``) when the experiment's deadline cut it.
 
-    ``protocol_check`` returns why the protocol changed (None: unchanged); it runs when the client exits.
+    ``deadline_s`` is the client's deadline. ``protocol_check`` returns why the protocol changed (None:
+    unchanged); it runs when the client exits. ``time_left`` gives the seconds left until the experiment's
+    deadline (None: no deadline); it bounds the server's readiness and the client's run.
     """
     arm_dir.mkdir(parents=True)
     receipt = ArmReceipt(arm_dir / "arm.json", {"plan": plan.to_dict(), "dir": str(arm_dir)})
     live = _Live()
+    cut: ArmCut | None = None
     try:
         try:
-            _steps(cfg, plan, arm_dir, expected, deadline_s, protocol_check, receipt, live)
+            _steps(cfg, plan, arm_dir, expected, deadline_s, protocol_check, time_left, receipt, live)
         except ArmFailed as exc:
             receipt.update(error=str(exc), failed_step=exc.step)
+        except ArmCut as exc:
+            cut = exc
         except Exception as exc:  # noqa: BLE001 - any error fails this arm at its step, never the runner
             receipt.update(error=_unexpected(receipt.status, exc), failed_step=receipt.status)
         if live.client is not None:
@@ -117,7 +147,10 @@ def run_arm(
         if live.server is not None:
             receipt.transition("stopping_server")
             _stop_server(cfg, receipt, live)
-        receipt.transition(_verdict(receipt) or "failed")
+        if cut is not None:
+            receipt.transition("interrupted", error=str(cut), interrupted_by="deadline", cut_step=cut.step)
+        else:
+            receipt.transition(_verdict(receipt) or "failed")
     except BaseException as exc:
         _abort(cfg, receipt, live, exc)
         raise
@@ -139,6 +172,7 @@ def _steps(
     expected: Expected,
     deadline_s: float,
     protocol_check: Callable[[], str | None] | None,
+    time_left: Callable[[], float] | None,
     receipt: ArmReceipt,
     live: _Live,
 ) -> None:
@@ -149,6 +183,8 @@ def _steps(
         receipt.update(gpu={"declared": True, "checked": True, "error": str(exc)})
         raise ArmFailed("checking_gpu", str(exc)) from None
     receipt.update(gpu=gpu)
+    if time_left is not None and time_left() <= 0:  # the GPU's idle wait took the rest of the time
+        raise ArmCut("checking_gpu", "the experiment's deadline came while the GPU was checked")
 
     port = cfg.server.port or free_port(cfg.server.host)
     if port_in_use(cfg.server.host, port):
@@ -166,33 +202,50 @@ def _steps(
         raise ArmFailed("starting_server", f"cannot start {command[0]!r}: {exc}") from None
     live.server = server
     receipt.update(server={**receipt.data["server"], "process": server.process.record()})
+    startup_s = cfg.server.startup_timeout_s
+    left = float("inf") if time_left is None else time_left()
     try:
-        ready = server.wait_ready(cfg.server.readiness_paths, cfg.server.startup_timeout_s)
+        ready = server.wait_ready(cfg.server.readiness_paths, max(0.0, min(startup_s, left)))
+    except ReadinessTimeout as exc:
+        if left < startup_s:
+            raise ArmCut(
+                "starting_server",
+                f"the experiment's deadline came while the server was starting (not ready after "
+                f"{max(0.0, left):.3g}s of its {startup_s:g}s); the arm was stopped, not failed",
+            ) from None
+        raise ArmFailed("starting_server", str(exc)) from None
     except ServerStartError as exc:
         raise ArmFailed("starting_server", str(exc)) from None
     receipt.update(server={**receipt.data["server"], **ready, "startup_evidence": server.evidence()})
 
     run_dir = arm_dir / "run"
     command = client_command(cfg, plan, port, run_dir)
-    client = ManagedProcess(command, arm_dir / "client.log")
+    client = ManagedProcess(command, arm_dir / "client.log", role="client")
     client.start()
     live.client = client
     receipt.transition(
         "running_client", client={"command": command, "run_dir": str(run_dir), "process": client.record()}
     )
     began = time.monotonic()
-    code, server_code = _wait_client(client, server, deadline_s)
-    timed_out = code is None and server_code is None
-    if code is None:
-        stop = client.stop(CLIENT_GRACE_S)
-        code = stop["exit_code"]
+    end, code = _wait_client(client, server, deadline_s, time_left)
+    ended = time.monotonic()
+    # stopped however it ended: its group's leftovers and what it detached are the client's
+    stop = client.stop(CLIENT_GRACE_S)
     live.client = None
-    wall = round(time.monotonic() - began, 3)
-    receipt.update(client={**receipt.data["client"], "exit_code": code, "wall_s": wall})
-    if server_code is not None or (code != 0 and server.process.poll() is not None):
+    if end != "client":
+        code, ended = stop["exit_code"], time.monotonic()
+    wall = round(ended - began, 3)
+    receipt.update(client={**receipt.data["client"], "exit_code": code, "wall_s": wall, "stop": stop})
+    if end == "server" or (code != 0 and server.process.poll() is not None):
         raise ArmFailed("running_client", _server_died(server, code))
-    if timed_out:
+    if end == "deadline":
         raise ArmFailed("running_client", f"client passed its deadline of {deadline_s:g}s and was stopped")
+    if end == "cut":
+        raise ArmCut(
+            "running_client",
+            f"the experiment's deadline came while the client ran (after {wall:g}s); the client and the "
+            "server were stopped, the arm was not failed",
+        )
     problem = None if protocol_check is None else protocol_check()
     if problem is not None:
         raise ArmFailed(PROTOCOL_STEP, problem)
@@ -201,21 +254,29 @@ def _steps(
 
 
 def _wait_client(
-    client: ManagedProcess, server: InferenceServer, deadline_s: float
-) -> tuple[int | None, int | None]:
-    """Wait for the client while watching the server: (client's exit code, None) when it exits, (None,
-    server's exit code) as soon as the server exits first, (None, None) at the deadline."""
+    client: ManagedProcess,
+    server: InferenceServer,
+    deadline_s: float,
+    time_left: Callable[[], float] | None = None,
+) -> tuple[WaitEnd, int | None]:
+    """Wait for the client while watching the server: ("client", its exit code) when it exits, ("server",
+    the server's exit code) as soon as the server exits first, ("deadline", None) at the client's
+    deadline, ("cut", None) at the experiment's (whichever of the two deadlines comes first)."""
     end = time.monotonic() + deadline_s
     while True:
         left = end - time.monotonic()
-        if left <= 0:
-            return None, None
-        code = client.wait(min(left, SERVER_WATCH_S))
+        cut = float("inf") if time_left is None else time_left()
+        if min(left, cut) <= 0:
+            code = client.poll()  # it may have exited just in time: its run is then complete, not cut
+            if code is not None:
+                return "client", code
+            return ("deadline" if left <= cut else "cut"), None
+        code = client.wait(min(left, cut, SERVER_WATCH_S))
         if code is not None:
-            return code, None
+            return "client", code
         server_code = server.process.poll()
         if server_code is not None:
-            return None, server_code
+            return "server", server_code
 
 
 def _server_died(server: InferenceServer, client_code: int | None) -> str:
@@ -246,9 +307,14 @@ def _stop_server(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live) -> Non
     if live.server is None:
         return
     stop = live.server.stop(cfg.server.stop_grace_s)
-    evidence = live.server.evidence()
+    evidence, others = live.server.evidence(), live.server.unattributed
     live.server = None
-    receipt.update(server={**receipt.data["server"], "stop": stop, "startup_evidence": evidence})
+    fields: dict[str, Any] = {
+        "server": {**receipt.data["server"], "stop": stop, "startup_evidence": evidence}
+    }
+    if others:  # killed with the arm's last stop; whose they were is not known (or its stop was cut short)
+        fields["unattributed_orphans"] = others
+    receipt.update(**fields)
 
 
 def _abort(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live, exc: BaseException) -> None:

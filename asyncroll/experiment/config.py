@@ -271,7 +271,12 @@ class ExperimentConfig(_Strict):
         default=0, ge=0, description="Client --seed of pair i is seed + i; the bootstrap's seed (>= 0)."
     )
     stages: Stages = Field(default_factory=Stages)
-    deadline_s: float | None = Field(default=None, gt=0, description="Whole-experiment wall deadline.")
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Wall deadline of each `run` or `--resume`, from its start: it stops the experiment "
+        "(the arm it cuts is interrupted, not failed; --resume runs it again with a new deadline).",
+    )
     bootstrap_resamples: int = Field(default=10_000, ge=100)
 
     @model_validator(mode="after")

@@ -324,12 +324,16 @@ def markdown(agg: dict[str, Any]) -> str:
             f"| {arm} | {fmt(t.get('failed'), '.0f')} | {fmt(t.get('max_turns'), '.0f')} "
             f"| {fmt(t.get('model_failures'), '.0f')} | {fmt(t.get('worker_restarts'), '.0f')} |"
         )
-    out += ["", "Failed or unfinished arms (kept, never re-run):", ""]
-    rows = agg["failed_arms"] + [f for f in agg["failures"] if f["status"] != "failed"]
-    if not rows:
-        out.append("- none")
-    for f in rows:
-        out.append(f"- `{f['id']}`: {one_line(f.get('error') or f.get('status'))}")
+    out += ["", "Failed arms (kept, never re-run):", ""]
+    out += [f"- `{f['id']}`: {one_line(f.get('error'))}" for f in agg["failed_arms"]] or ["- none"]
+    # interrupted (Ctrl-C, the experiment's deadline) or never reached: not failures; --resume runs them
+    unfinished = [f for f in agg["failures"] if f["status"] != "failed"]
+    if unfinished:
+        out += ["", "Unfinished arms (not failed; `--resume` runs them):", ""]
+        for f in unfinished:
+            out.append(
+                f"- `{f['id']}`: {f['status']}" + (f": {one_line(f['error'])}" if f.get("error") else "")
+            )
     out.append("")
     return "\n".join(out)
 

@@ -21,6 +21,20 @@ runner died (or was interrupted) before ``experiment.json`` recorded it, is reco
 SIGINT/SIGTERM/SIGHUP interrupt the arm (its processes are stopped, it is marked interrupted); further signals
 while that cleanup runs are counted and ignored, so a second Ctrl-C never leaves a server running. An
 unexpected error ends the experiment ``failed`` with the error recorded in ``experiment.json``.
+
+The experiment's ``deadline_s`` bounds each ``run`` or ``--resume`` (wall seconds from its start; a
+resume gets the whole of it again, or a deadline-stopped experiment could never be resumed, since the
+config cannot change). When it passes before an arm, or cuts one while its server starts or its client
+runs, the experiment ends ``stopped`` with a ``stop_reason`` that names the deadline (exit status 1) and
+the stage ``deadline``; the cut arm is ``interrupted`` (``interrupted_by: "deadline"``), never failed, so
+the comparison does not count it as a failed arm and ``--resume`` runs it again. Finished arms keep what
+they recorded.
+
+Before anything is created or changed, the setup is checked once (``preflight.py``): a server program
+that cannot be found or a fixed port another process holds is refused with exit status 2, naming the
+config field, instead of failing every arm in turn. On ``--resume`` the port is checked after the dead
+runner's leftovers were killed (they may hold it); a refusal then is recorded in ``experiment.json``
+(``stopped``, with the reason) and nothing runs.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.evaluator.proctree import is_subreaper, set_subreaper
+from asyncroll.experiment import preflight
 from asyncroll.experiment.arms import (
     PROTOCOL_STEP,
     Expected,
@@ -90,10 +105,19 @@ def checked_plan(cfg: ExperimentConfig, output: Path | None) -> str:
     script's ``--plan``): where the config declares ``workload.sha256``, the workload is first checked
     exactly as the run checks it (:func:`check_workload`), so a wrong file or hash is refused here, with
     the run's message, and not only when the run starts. Without a declared hash the workload is not
-    read (a plan can be printed on a machine that does not hold it)."""
+    read (a plan can be printed on a machine that does not hold it).
+
+    The pre-flight problems ``run`` would refuse (a server program not found, a fixed port in use) are
+    named after the plan, as notes about this machine now: the plan is often printed elsewhere."""
     if cfg.workload.sha256 is not None:
         check_workload(cfg)
-    return render_plan(cfg, output)
+    text = render_plan(cfg, output)
+    found = preflight.problems(cfg)
+    if found:
+        text += "\n\npre-flight on this machine, now (`run` refuses until fixed):\n" + "\n".join(
+            f"  {problem}" for problem in found
+        )
+    return text
 
 
 def evaluate_gates(
@@ -179,19 +203,26 @@ class ExperimentRunner:
         self.echo = echo
         self.plan = build_plan(cfg)
         self._lock: OutputLock | None = None
+        self._deadline_at: float | None = None
 
     def run(self) -> Outcome:
         """Validate, lock, create or resume, run every unfinished arm, write comparison.json."""
+        if self.cfg.deadline_s is not None:  # each run or resume gets the whole deadline
+            self._deadline_at = time.monotonic() + self.cfg.deadline_s
         sha, tools = check_workload(self.cfg)
+        # on --resume the port waits until the dead runner's leftovers (which may hold it) are killed
+        self._preflight(port=not self.resume)
         if self.cfg.workload.sha256 is None:
             self.echo(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
         fp = fingerprint(self.cfg, sha, tools)
-        # a child subreaper (Linux): what a server detaches (setsid -f, a double fork) is re-parented to
-        # the runner, not init, so the server's stop finds and kills it (InferenceServer.stop)
+        # a child subreaper (Linux): what a server or a client detaches (setsid -f, a double fork) is
+        # re-parented to the runner, not init, so the stop of the process it came from finds and kills it
         subreaper = is_subreaper()
         set_subreaper(True)
         try:
             receipt = self._open(fp)
+            if self.resume:
+                self._preflight_resume(receipt)
             with SignalGuard() as guard:
                 try:
                     return self._run_all(receipt)
@@ -215,6 +246,30 @@ class ExperimentRunner:
                 self._lock = None
             if not subreaper:
                 set_subreaper(False)
+
+    def _preflight(self, *, port: bool) -> None:
+        """Refuse (UsageError, exit 2) a setup that would fail every arm; see ``preflight.py``."""
+        found = preflight.problems(self.cfg, port=port)
+        if found:
+            raise self._refusal(found)
+
+    def _preflight_resume(self, receipt: ExperimentReceipt) -> None:
+        """The port check of a resume, once the dead runner's leftovers are killed: a refusal now is
+        recorded (``stopped``, with the reason) before it is raised, so the receipt never says running."""
+        found = preflight.problems(self.cfg)
+        if not found:
+            return
+        reason = "--resume refused by the pre-flight check: " + "; ".join(found)
+        receipt.data["resumes"][-1]["refused"] = reason
+        receipt.set_status("stopped", stop_reason=reason)
+        self._write_comparison(receipt)
+        raise self._refusal(found)
+
+    def _refusal(self, found: list[str]) -> UsageError:
+        where = "" if self.config_path is None else f"{self.config_path}: "
+        return UsageError(
+            "pre-flight check failed; no arm was started:\n" + "\n".join(where + p for p in found)
+        )
 
     def _crashed(self, receipt: ExperimentReceipt, exc: Exception) -> Outcome:
         """An unexpected error outside any arm: the experiment ends ``failed``, the error recorded."""
@@ -300,28 +355,39 @@ class ExperimentRunner:
             aside = arm_dir.with_name(f"{arm.id}.interrupted-{n}")
             if arm_dir.exists():
                 arm_dir.rename(aside)
-            record["attempts_interrupted"].append(
-                {"dir": str(aside), "status_seen": record["status"], "orphans": swept}
-            )
+            attempt = {"dir": str(aside), "status_seen": record["status"], "orphans": swept}
+            for key in ("error", "interrupted_by", "cut_step"):  # the attempt's, not the next run's
+                if record.get(key) is not None:
+                    attempt[key] = record.pop(key)
+            record["attempts_interrupted"].append(attempt)
             record["status"] = "pending"
             moved.append(arm.id)
         receipt.data["resumes"].append(
             {
                 "at": receipt.data["updated_at"],
+                "status_before": receipt.data["status"],
+                "stop_reason_before": receipt.data.get("stop_reason"),
                 "unfinished_arms_set_aside": moved,
                 "finished_arms_recorded": recorded,
             }
         )
-        receipt.set_status("running", error=None, error_traceback=None)
+        receipt.set_status("running", error=None, error_traceback=None, stop_reason=None)
         self.echo(f"resuming {self.output}: {len(moved)} unfinished arm(s) set aside: {moved or 'none'}")
 
     def _arm_dir(self, arm: ArmPlan) -> Path:
         return self.output / "arms" / arm.id
 
-    def _deadline_left(self, receipt: ExperimentReceipt) -> float:
-        if self.cfg.deadline_s is None:
+    def _deadline_left(self) -> float:
+        """Seconds until the deadline of this run or resume (inf without one)."""
+        if self._deadline_at is None:
             return float("inf")
-        return self.cfg.deadline_s - (time.time() - float(receipt.data["created_wall"]))
+        return self._deadline_at - time.monotonic()
+
+    def _deadline_reason(self, what: str) -> str:
+        return (
+            f"the experiment's deadline (deadline_s {self.cfg.deadline_s:g}s for this run) {what}; "
+            "--resume runs the unfinished arms"
+        )
 
     def _protocol_change(self, receipt: ExperimentReceipt, when: str) -> str | None:
         """Why the protocol is no longer the one the experiment started with (None: it is the same)."""
@@ -344,17 +410,22 @@ class ExperimentRunner:
             for arm in arms:
                 if receipt.arm(arm.id)["status"] in TERMINAL:
                     continue
-                left = self._deadline_left(receipt)
-                if left <= 0:
+                if self._deadline_left() <= 0:
                     receipt.set_stage(stage, status="deadline")
-                    return self._finish(receipt, "stopped", f"experiment deadline passed before {arm.id}")
+                    return self._finish(receipt, "stopped", self._deadline_reason(f"passed before {arm.id}"))
                 changed = self._protocol_change(receipt, f"before {arm.id}")
                 if changed is not None:
                     return self._finish(receipt, "stopped", changed)
-                self._run_one(receipt, arm, min(left, self.cfg.client.deadline_s))
+                self._run_one(receipt, arm)
                 record = receipt.arm(arm.id)
                 if record.get("failed_step") == PROTOCOL_STEP:
                     return self._finish(receipt, "stopped", record["error"])
+                if record["status"] == "interrupted" and record.get("interrupted_by") == "deadline":
+                    receipt.set_stage(stage, status="deadline")
+                    step = str(record.get("cut_step", "running")).replace("_", " ")
+                    return self._finish(
+                        receipt, "stopped", self._deadline_reason(f"cut {arm.id} while {step} (interrupted)")
+                    )
             if stage == COMPARISON:
                 receipt.set_stage(stage, status="complete")
                 continue
@@ -375,7 +446,7 @@ class ExperimentRunner:
                 return self._finish(receipt, "stopped", f"stage {stage} failed its gate")
         return self._finish(receipt, "complete", None)
 
-    def _run_one(self, receipt: ExperimentReceipt, arm: ArmPlan, deadline_s: float) -> None:
+    def _run_one(self, receipt: ExperimentReceipt, arm: ArmPlan) -> None:
         arm_dir = self._arm_dir(arm)
         receipt.set_arm(arm.id, status="running", dir=str(arm_dir), started_at=time.time())
         self.echo(f"[{arm.id}] policy {arm.policy}, seed {arm.seed}: starting")
@@ -385,10 +456,22 @@ class ExperimentRunner:
                 arm,
                 arm_dir,
                 Expected.from_fingerprint(receipt.data["fingerprint"]),
-                deadline_s,
+                self.cfg.client.deadline_s,
                 protocol_check=lambda: self._protocol_change(receipt, f"after {arm.id} ran"),
+                time_left=None if self._deadline_at is None else self._deadline_left,
             )
-            self._record(receipt, arm, {**result.data, "status": result.status})
+            if result.status == "interrupted":  # the experiment's deadline cut it: not a failed arm
+                error = result.data.get("error")
+                receipt.set_arm(
+                    arm.id,
+                    status="interrupted",
+                    error=error,
+                    interrupted_by=result.data.get("interrupted_by"),
+                    cut_step=result.data.get("cut_step"),
+                )
+                self.echo(f"[{arm.id}] interrupted: {one_line(error)}")
+            else:
+                self._record(receipt, arm, {**result.data, "status": result.status})
         except ExperimentInterrupted:
             # an arm that had finished (arm.json says so) before the interrupt stays finished
             finished = self._finished_arm(arm)

@@ -4,6 +4,14 @@ startup evidence parsed from the log, and a stop that reaches the whole group (T
 Also the subprocess helpers the client side shares (``ManagedProcess``) and the orphan sweep that resume
 uses after a runner was killed: every started process is recorded with its pid, process group and
 creation time, so a later process reusing the pid is never signalled.
+
+Orphans are attributed to the process they descend from. The runner is a child subreaper, so what a
+server or a client detaches (``setsid -f``, a double fork) is re-parented to the runner, and its parentage
+is lost then. Each started process therefore gets a random ``ASYNCROLL_EXPERIMENT_ORIGIN`` in its
+environment, which everything it starts inherits, detached or not: its ``stop`` kills the adopted orphans
+that carry its origin and lists them as its own (``orphans``). An adopted process that carries no origin
+of ours (it cleared its environment) cannot be attributed; the server's stop, the arm's last, kills it
+all the same and keeps it apart (``InferenceServer.unattributed``).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,10 +59,16 @@ EVIDENCE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("listening", re.compile(r"(serve-sim listening on \S+.*|Uvicorn running on \S+)", re.I)),
 )
 _MAX_EVIDENCE = 8
+#: Inherited by everything a started process starts: tells whose an orphan the runner adopted is.
+ORIGIN_ENV = "ASYNCROLL_EXPERIMENT_ORIGIN"
 
 
 class ServerStartError(RuntimeError):
     """The server exited, or never became ready, within its deadline."""
+
+
+class ReadinessTimeout(ServerStartError):
+    """The server still ran, but was not ready when the time given to ``wait_ready`` was up."""
 
 
 def free_port(host: str) -> int:
@@ -100,23 +115,29 @@ def tail(path: Path, limit: int = 2000) -> str:
 
 @dataclass
 class ManagedProcess:
-    """A subprocess leading its own session and process group, stdout+stderr to a log file."""
+    """A subprocess leading its own session and process group, stdout+stderr to a log file.
+
+    ``origin`` (``role:random``, set by ``start``) is in its environment and so in that of everything it
+    starts: ``stop`` finds by it what the process detached."""
 
     command: list[str]
     log: Path
     env: dict[str, str] = field(default_factory=dict)
+    role: str = "process"
     popen: subprocess.Popen[bytes] | None = None
     started_wall: float | None = None
+    origin: str | None = None
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.origin = f"{self.role}:{secrets.token_hex(8)}"
         with self.log.open("ab") as handle:
             self.popen = subprocess.Popen(
                 self.command,
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env, ORIGIN_ENV: self.origin},
                 start_new_session=True,
             )
         self.started_wall = time.time()
@@ -131,7 +152,13 @@ class ManagedProcess:
         create_time = None
         with contextlib.suppress(psutil.Error):
             create_time = psutil.Process(self.pid).create_time()
-        return {"pid": self.pid, "pgid": self.pid, "create_time": create_time, "log": str(self.log)}
+        return {
+            "pid": self.pid,
+            "pgid": self.pid,
+            "create_time": create_time,
+            "log": str(self.log),
+            "origin": self.origin,
+        }
 
     def poll(self) -> int | None:
         assert self.popen is not None
@@ -145,11 +172,17 @@ class ManagedProcess:
             return None
 
     def stop(self, grace_s: float) -> dict[str, Any]:
-        """TERM the whole group and every descendant, wait ``grace_s``, then KILL what is left."""
+        """TERM the whole group and every descendant, wait ``grace_s``, then KILL what is left; then the
+        processes it detached that the runner adopted (its ``origin``): those are ``leftover`` (they
+        outlived the group's stop) and ``orphans`` lists what they were and that they were killed.
+
+        Also right for a process that already exited: what it left in its group, and what it detached,
+        is stopped and listed as its own."""
         assert self.popen is not None
         began = time.monotonic()
-        tree = descendants(self.pid)
         already = self.popen.poll()
+        # once it has exited, its children were re-parented and its pid may be another process's
+        tree = [] if already is not None else descendants(self.pid)
         signal_tree(self.pid, signal.SIGTERM, tree)
         code = self.wait(grace_s)
         how = "exited" if already is not None else "term"
@@ -163,12 +196,18 @@ class ManagedProcess:
             how = "kill"
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)  # anything left in the group (normally nothing)
-        return {
+        leftover = [p.pid for p in tree if not all_gone([p])]
+        detached = adopted_from(self.origin, exclude=self.pid)
+        orphans = kill_adopted(detached, min(grace_s, 5.0)) if detached else []
+        result: dict[str, Any] = {
             "how": how,
             "exit_code": code,
             "seconds": round(time.monotonic() - began, 3),
-            "leftover": [p.pid for p in tree if not all_gone([p])],
+            "leftover": sorted({*leftover, *(o["pid"] for o in orphans)}) if orphans else leftover,
         }
+        if orphans:
+            result["orphans"] = orphans
+        return result
 
 
 def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
@@ -202,10 +241,12 @@ class InferenceServer:
     def __init__(
         self, command: list[str], base_url: str, log: Path, env: dict[str, str], served_name: str
     ) -> None:
-        self.process = ManagedProcess(command, log, env)
+        self.process = ManagedProcess(command, log, env, role="server")
         self.base_url = base_url
         self.served_name = served_name
         self._before: set[int] = set()
+        #: What the last ``stop`` killed that the runner had adopted from no process of ours.
+        self.unattributed: list[dict[str, Any]] = []
 
     def start(self) -> None:
         self._before = children()  # the runner's children so far: none of them is this server's
@@ -227,7 +268,7 @@ class InferenceServer:
                     )
                 elapsed = time.monotonic() - began
                 if elapsed > deadline_s:
-                    raise ServerStartError(
+                    raise ReadinessTimeout(
                         f"server not ready within {deadline_s:g}s (last: {last_error}); log tail:\n"
                         + (tail(self.process.log) or "(empty log)")
                     )
@@ -278,14 +319,39 @@ class InferenceServer:
 
     def stop(self, grace_s: float) -> dict[str, Any]:
         """Stop the server's group and tree, then the processes it detached (``setsid -f``, a double
-        fork: the runner, a child subreaper, adopted them). Those are ``leftover`` (they outlived the
-        group's stop) and ``orphans`` lists what they were and that they were killed."""
+        fork: the runner, a child subreaper, adopted them; ``ManagedProcess.stop``); the record lists
+        only what the server left.
+
+        The arm's last stop: any other orphan the runner adopted since the server started (one that
+        carries no origin; or the client's, if the client's stop was cut short) is killed too and kept
+        apart in ``unattributed``, with the origin it carries if any, never listed as the server's."""
         result = self.process.stop(grace_s)
-        orphans = adopted_orphans(self._before | {self.process.pid})
-        if orphans:
-            result["orphans"] = kill_adopted(orphans, min(grace_s, 5.0))
-            result["leftover"] = sorted({*result["leftover"], *(o["pid"] for o in result["orphans"])})
+        others = adopted_orphans(self._before | {self.process.pid})
+        self.unattributed = kill_adopted(others, min(grace_s, 5.0)) if others else []
         return result
+
+
+def origin_of(proc: psutil.Process) -> str | None:
+    """The ``ORIGIN_ENV`` a process inherited (None: none, or its environment cannot be read)."""
+    try:
+        return proc.environ().get(ORIGIN_ENV)
+    except psutil.Error:
+        return None
+
+
+def adopted_from(origin: str | None, exclude: int) -> list[psutil.Process]:
+    """The runner's live children, other than ``exclude``, that carry ``origin``: orphans of that process
+    (or of its descendants) re-parented to the runner. Nothing is reaped here: a child that is not one of
+    these (the server, while the client's orphans are looked for) is not this function's to wait for."""
+    if origin is None:
+        return []
+    found = []
+    for pid in sorted(children() - {exclude}):
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if origin_of(proc) == origin:
+                found.append(proc)
+    return found
 
 
 def adopted_orphans(known: set[int]) -> list[psutil.Process]:
@@ -309,7 +375,11 @@ def kill_adopted(orphans: list[psutil.Process], grace_s: float) -> list[dict[str
     records = []
     for proc in orphans:
         with contextlib.suppress(psutil.Error):
-            records.append({"pid": proc.pid, "command": " ".join(proc.cmdline())[:300]})
+            record: dict[str, Any] = {"pid": proc.pid, "command": " ".join(proc.cmdline())[:300]}
+            origin = origin_of(proc)
+            if origin is not None:
+                record["origin"] = origin
+            records.append(record)
     trees = {proc.pid: [proc, *descendants(proc.pid)] for proc in orphans}
     for leader, tree in trees.items():
         signal_tree(leader, signal.SIGTERM, tree)

@@ -1,0 +1,76 @@
+"""Pre-flight: the setup errors that would fail every arm in turn, found once, before any arm starts.
+
+A server command whose program cannot be found, or a fixed port another process holds, fails each arm at
+``starting_server``, one after the other, and leaves an output directory full of failed arms that say
+nothing about the policies. ``run`` refuses such a config (exit 2) before it creates or changes anything;
+``experiment plan``, which may be printed on a machine that is not the one that will run it, names the
+same problems as notes and still prints the plan.
+
+Only what can be checked honestly is checked: that the server command's program resolves (a path to an
+executable file, or a name found on the ``PATH`` the server will get, ``server.env`` included, as
+``subprocess`` resolves it), and that a fixed ``server.port`` can be bound on ``server.host`` now. A port
+chosen per arm (``server.port: 0``) is not checked; neither is a port that becomes busy later (each arm
+checks its own before it starts its server).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from asyncroll.experiment.config import ExperimentConfig
+from asyncroll.experiment.plan import server_command
+
+
+def executable_problem(cfg: ExperimentConfig) -> str | None:
+    """Why the server command's program cannot be started (None: it can), naming the config field."""
+    program = server_command(cfg, cfg.server.port or 0)[0]
+    template = cfg.server.command[0]
+    shown = repr(program) if program == template else f"{program!r} ({template!r})"
+    where = "server.command[0]"
+    if os.path.dirname(program):  # a path: subprocess runs it as it is, relative to the current folder
+        path = Path(program)
+        if not path.exists():
+            return f"{where}: {shown} does not exist"
+        if path.is_dir():
+            return f"{where}: {shown} is a directory, not a program"
+        if not os.access(path, os.X_OK):
+            return f"{where}: {shown} is not executable (chmod +x it, or put its interpreter first)"
+        return None
+    search = {**os.environ, **cfg.server.env}.get("PATH", os.defpath)
+    if shutil.which(program, path=search) is None:
+        return (
+            f"{where}: {shown} is not found on PATH (the server's PATH, server.env included); install it, "
+            "or give the program's path"
+        )
+    return None
+
+
+def port_problem(cfg: ExperimentConfig) -> str | None:
+    """Why the fixed ``server.port`` cannot be bound on ``server.host`` now (None: it can, or it is 0)."""
+    host, port = cfg.server.host, cfg.server.port
+    if not port:
+        return None  # a free port is chosen when each arm starts
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            # as servers bind: a connection of an earlier arm's server in TIME_WAIT does not count
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (
+                f"server.port: {host}:{port} is in use by another process (a server still running?); "
+                "stop it, or set server.port to 0 to pick a free port for each arm"
+            )
+        return f"server.host/server.port: cannot bind {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def problems(cfg: ExperimentConfig, *, port: bool = True) -> list[str]:
+    """Every pre-flight problem of ``cfg`` on this machine, now (``port=False``: the program only)."""
+    found = [executable_problem(cfg), port_problem(cfg) if port else None]
+    return [p for p in found if p is not None]

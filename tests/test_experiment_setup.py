@@ -1,0 +1,223 @@
+"""Pre-flight: a setup that would fail every arm in turn (a server program that cannot be started, a fixed
+port another process holds) is refused once, before any arm starts, naming the config field (exit 2),
+and named by ``experiment plan``; a resume checks the port once the dead runner's leftovers are killed."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import asyncroll.experiment.runner as runner_module
+from asyncroll.errors import UsageError
+from asyncroll.experiment import preflight
+from asyncroll.experiment.runner import ExperimentRunner
+from tests.test_experiment import read, write_config
+from tests.test_experiment_guards import invoke, lean
+
+
+def program(tmp: Path, name: str = "fake-serve", *, executable: bool = True) -> Path:
+    """A server program in ``tmp/bin`` (it is never run here)."""
+    path = tmp / "bin" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755 if executable else 0o644)
+    return path
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another process (here: a listening socket) holds for the test's length."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])
+
+
+CASES = {
+    "missing path": (lambda tmp: "/nonexistent/asyncroll-test/vllm", "does not exist"),
+    "not on PATH": (lambda tmp: "asyncroll-no-such-server", "is not found on PATH"),
+    "not executable": (lambda tmp: str(program(tmp, executable=False)), "is not executable"),
+    "a directory": (lambda tmp: str(tmp), "is a directory, not a program"),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_server_program_that_cannot_start_is_refused_before_any_arm(tmp_path: Path, case: str) -> None:
+    """It used to fail every arm in turn at starting_server and use up the output directory."""
+    make, problem = CASES[case]
+    name = make(tmp_path)
+    config = write_config(tmp_path, stages={}, pairs=1, **{"server.command": [name, "serve", "{port}"]})
+    out = tmp_path / "out"
+    done = invoke("experiment", "run", "--config", config, "--output", out)
+    line = f"{config}: server.command[0]: {name!r} {problem}"
+    assert done.exit_code == 2 and done.stderr.startswith(
+        "error: pre-flight check failed; no arm was started:"
+    )
+    assert any(ln.startswith(line) for ln in done.stderr.splitlines()), done.stderr
+    assert not out.exists()
+    # the plan may be printed on another machine: it names the problem and still prints every command
+    plan = invoke("experiment", "plan", "--config", config)
+    assert (
+        plan.exit_code == 0 and "pre-flight on this machine, now (`run` refuses until fixed):" in plan.stdout
+    )
+    assert any(ln.startswith(f"  server.command[0]: {name!r} {problem}") for ln in plan.stdout.splitlines())
+    assert sum(line.startswith("  server: ") for line in plan.stdout.splitlines()) == 2
+
+
+def test_the_program_is_looked_up_as_the_server_will_be_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the PATH the server gets (server.env included), or as a path relative to the runner's folder;
+    a port chosen for each arm (0) is never checked."""
+    program(tmp_path)
+    bare = lean(tmp_path, **{"server.command": ["fake-serve", "{port}"]})
+    assert preflight.problems(bare) == [
+        "server.command[0]: 'fake-serve' is not found on PATH (the server's "
+        "PATH, server.env included); install it, or give the program's path"
+    ]
+    with_path = lean(
+        tmp_path, **{"server.command": ["fake-serve"], "server.env": {"PATH": str(tmp_path / "bin")}}
+    )
+    assert preflight.problems(with_path) == []
+    monkeypatch.chdir(tmp_path)
+    assert preflight.problems(lean(tmp_path, **{"server.command": ["bin/fake-serve"]})) == []
+    smoke = lean(tmp_path)  # {python} -m asyncroll.cli serve-sim on port 0
+    assert smoke.server.port == 0 and preflight.problems(smoke) == []
+    plan = invoke("experiment", "plan", "--config", write_config(tmp_path))
+    assert plan.exit_code == 0 and "pre-flight" not in plan.stdout
+
+
+@pytest.mark.timeout(30)
+def test_a_busy_fixed_port_is_refused_before_any_arm_and_checked_again_by_each_arm(
+    tmp_path: Path, busy_port: int
+) -> None:
+    """A stale server on the fixed port would have failed every arm; each arm still checks the port it
+    is about to use (it may be taken after the pre-flight), and never measures a stale server."""
+    from asyncroll.experiment.arms import Expected, run_arm
+    from asyncroll.experiment.config import load_experiment_config
+    from asyncroll.experiment.plan import build_plan
+
+    config = write_config(tmp_path, **{"server.port": busy_port, "stages": {}, "pairs": 1})
+    out = tmp_path / "out"
+    done = invoke("experiment", "run", "--config", config, "--output", out)
+    assert done.exit_code == 2 and not out.exists(), done.output
+    assert (
+        f"{config}: server.port: 127.0.0.1:{busy_port} is in use by another process (a server still "
+        "running?); stop it, or set server.port to 0 to pick a free port for each arm"
+    ) in done.stderr
+    plan = invoke("experiment", "plan", "--config", config)
+    assert plan.exit_code == 0 and f"  server.port: 127.0.0.1:{busy_port} is in use" in plan.stdout
+    cfg = load_experiment_config(config)
+    arm = build_plan(cfg)[0]
+    receipt = run_arm(cfg, arm, out / "arms" / arm.id, Expected("0" * 64, {}, {}), 10.0)
+    assert receipt.status == "failed" and receipt.data["failed_step"] == "starting_server"
+    assert "already accepts connections" in receipt.data["error"]
+    assert "process" not in receipt.data.get("server", {})  # no server was started
+
+
+def fake_arms(calls: list[str]) -> Any:
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        calls.append(plan.id)
+        arm_dir.mkdir(parents=True)
+        return SimpleNamespace(status="complete", data={"error": None})
+
+    return run_arm
+
+
+def test_a_resume_checks_the_setup_and_records_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The program is checked before the resume touches anything; the port once the dead runner's
+    leftovers (which may hold it) are killed, and a refusal then is recorded, not left as running."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    serve = program(tmp_path)
+    cfg = lean(tmp_path, **{"server.command": [str(serve)], "server.port": port})
+    out = tmp_path / "out"
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+    assert ExperimentRunner(cfg, out, echo=lambda _: None).run().exit_code == 0
+    before = (out / "experiment.json").read_bytes()
+    serve.chmod(0o644)
+    with pytest.raises(UsageError, match=r"server\.command\[0\]: .* is not executable"):
+        ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    assert (out / "experiment.json").read_bytes() == before  # refused before anything was touched
+    serve.chmod(0o755)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(UsageError, match=f"server.port: 127.0.0.1:{port} is in use"):
+            ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "stopped" and exp["stop_reason"].startswith(
+        f"--resume refused by the pre-flight check: server.port: 127.0.0.1:{port} is in use"
+    )
+    assert exp["resumes"][-1]["refused"] == exp["stop_reason"]
+    assert read(out / "comparison.json")["experiment_status"] == "stopped"
+    outcome = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    assert outcome.exit_code == 0 and read(out / "experiment.json")["stop_reason"] is None
+    assert calls == ["pair1-fifo", "pair1-asyncroll"]  # nothing ran twice
+    assert json.loads(before)["status"] == "complete"
+
+
+@pytest.mark.timeout(30)
+def test_a_resume_is_not_refused_for_the_port_its_dead_runners_server_still_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The killed runner's server, left running on the fixed port, is what the resume kills first: the
+    port is checked after that, so the resume goes on instead of refusing because of its own leftover."""
+    import contextlib
+    import os
+    import signal
+    import sys
+    import time
+
+    from asyncroll.experiment.arms import ExperimentInterrupted
+    from asyncroll.experiment.server import ManagedProcess, port_in_use
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    cfg = lean(tmp_path, **{"server.port": port})
+    out = tmp_path / "out"
+    listen = (
+        "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(60)"
+    )
+    stale = ManagedProcess([sys.executable, "-c", listen], tmp_path / "stale.log")
+
+    def killed_runner(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        """The arm's server starts, then the runner is gone without stopping it (as after SIGKILL)."""
+        arm_dir.mkdir(parents=True)
+        stale.start()
+        end = time.monotonic() + 10
+        while not port_in_use("127.0.0.1", port):
+            assert stale.poll() is None and time.monotonic() < end, stale.log.read_text()
+            time.sleep(0.02)
+        arm = {"status": "running_client", "server": {"process": stale.record()}}
+        (arm_dir / "arm.json").write_text(json.dumps(arm))
+        raise ExperimentInterrupted("SIGKILL")
+
+    calls: list[str] = []
+    try:
+        monkeypatch.setattr(runner_module, "run_arm", killed_runner)
+        assert ExperimentRunner(cfg, out, echo=lambda _: None).run().status == "interrupted"
+        assert port_in_use("127.0.0.1", port)  # the leftover still holds the port
+        monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+        outcome = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    finally:
+        if stale.popen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(stale.pid, signal.SIGKILL)
+            stale.wait(10)  # the sweep reaped it already (psutil); this tells the Popen
+    assert outcome.status == "complete" and calls == ["pair1-fifo", "pair1-asyncroll"], outcome.message
+    attempt = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]
+    assert attempt["orphans"]["server"] == "killed"
