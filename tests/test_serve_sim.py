@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -424,3 +425,108 @@ def test_cli_refuses_bad_settings() -> None:
         )
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert needle in result.stderr
+
+
+# --- the same server model behind two front ends: simulate --server batching and serve-sim -------------
+
+_TOOL_TURN = {
+    "id": "t",
+    "prompt": "What is 6 * 7? Use the tool.",
+    "tools": [{"name": "sleep_ms", "description": "sleeps"}],
+    "script": [
+        {
+            "type": "tool",
+            "name": "sleep_ms",
+            "arguments": {"milliseconds": 5},
+            "latency_ms": 9,
+            "output_tokens": 6,
+        },
+        {"type": "final", "answer": "42", "latency_ms": 9, "output_tokens": 4},
+    ],
+}
+_CODE_TURN = {
+    "id": "c",
+    "prompt": "Write a program that prints 1.",
+    "tools": [{"name": "lcb_evaluate"}],
+    "script": [
+        {"type": "submit", "code": "print(2)", "latency_ms": 9, "cpu_ms": 4, "output_tokens": 5},
+        {"type": "submit", "code": "print(1)", "latency_ms": 9, "cpu_ms": 4, "output_tokens": 5},
+    ],
+    "metadata": {
+        "reference_tests": [{"input": "", "output": "1", "testtype": "stdin"}],
+        "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
+    },
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("problem", "observation"),
+    [
+        (_TOOL_TURN, {"role": "tool", "content": '{"slept_ms": 5}'}),
+        (_CODE_TURN, {"role": "user", "content": "Your program failed a test.\n\nexpected 1, got 2"}),
+    ],
+    ids=["tools", "one-repair"],
+)
+def test_a_turn_costs_the_same_prompt_and_prefill_through_either_front_end(
+    problem: dict[str, Any], observation: dict[str, Any]
+) -> None:
+    """``simulate --server batching`` counted the conversation only; serve-sim, the same server model
+    behind HTTP, also sees the system prompt the HTTP backend sends (the turn's schema and tool list),
+    and counted an assistant turn as the action's JSON without the script's timing fields: the same turn
+    had another prefill cost unless --prefill-ms-per-token 0. Now both size the messages the HTTP
+    backend renders, by serve-sim's rule."""
+    from asyncroll.backends.action_schema import render_messages
+    from asyncroll.backends.base import ModelRequest
+    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+    from asyncroll.backends.server_model import BatchingServer
+    from asyncroll.backends.simulated import SimulatedServerBackend
+    from asyncroll.clock import SystemClock, VirtualClock
+    from asyncroll.workload import Problem
+
+    parsed = Problem.model_validate(problem)
+    assert parsed.script is not None
+    conversation = [
+        {"role": "user", "content": parsed.prompt},
+        {"role": "assistant", "action": parsed.script[0]},
+    ]
+    request = ModelRequest(parsed.id, parsed, 1, [*conversation, observation])
+    engine = ServerModelConfig(
+        max_num_seqs=4, step_base_ms=1.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.5
+    )
+
+    clock = VirtualClock()
+    simulated = SimulatedServerBackend(BatchingServer(engine, clock), chars_per_token=3.0)
+
+    async def on_the_simulator() -> Any:
+        async with asyncio.TaskGroup() as tg:
+            await simulated.start(tg)
+            try:
+                return await simulated.complete(request)
+            finally:
+                await simulated.aclose()
+
+    sim_response = clock.run(on_the_simulator())
+    sim_engine = simulated.server.snapshot()
+
+    with serve_in_thread(SimConfig(engine=engine, chars_per_token=3.0)) as running:
+        settings = HttpSettings(running.url, "sim", inflight=1, replay=True, server_kind="vllm")
+        http = OpenAIBackend(settings, SystemClock())
+
+        async def over_http() -> Any:
+            try:
+                return await http.complete(request)
+            finally:
+                await http.aclose()
+
+        http_response = asyncio.run(over_http())
+        served = running.stats()["engine"]
+
+    sent = render_messages(parsed, request.messages, 1)
+    expected = math.ceil(sum(len(m["content"]) for m in sent) / 3.0)
+    assert sim_response.prompt_tokens == http_response.prompt_tokens == expected
+    assert sim_engine.prompt_tokens == served["prompt_tokens"] == expected
+    assert sim_response.completion_tokens == http_response.completion_tokens == parsed.script[1].output_tokens
+    # the same steps, the first with the same prefill: the same engine time (computed, not measured)
+    assert served["steps"] == sim_engine.steps and served["busy_s"] == sim_engine.busy_s
+    assert sim_engine.busy_s == pytest.approx((sim_engine.steps * 1.0 + expected * 0.5) / 1000)

@@ -1,8 +1,11 @@
 """The simulated-server backend: actions come from the script, model time from a batching server model.
 
-Prompt tokens are estimated from the conversation so far (characters ÷ ``chars_per_token``), output
-tokens from the action's ``output_tokens`` or from the size of the action itself. The engine loop runs
-as a task of the run's task group and stops at :meth:`aclose`.
+Prompt tokens are those ``serve-sim`` counts for the same turn: the messages the HTTP backend sends for
+it (:func:`~asyncroll.backends.action_schema.render_messages`: the system prompt with the turn's schema
+and tools, then the conversation so far), sized by serve-sim's own rule
+(:func:`~asyncroll.serve_sim.sizes.prompt_tokens`), so a turn's prefill costs the same through either
+front end of the server model. Output tokens come from the action's ``output_tokens`` or from the size of
+the action itself. The engine loop runs as a task of the run's task group and stops at :meth:`aclose`.
 """
 
 from __future__ import annotations
@@ -10,18 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any
 
+from asyncroll.backends.action_schema import render_messages
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.backends.scripted import scripted_action
 from asyncroll.backends.server_model import BatchingServer
-
-
-def _chars(message: dict[str, Any]) -> int:
-    action = message.get("action")
-    if action is not None:
-        return len(action.model_dump_json())
-    return len(str(message.get("content", "")))
+from asyncroll.serve_sim.sizes import prompt_tokens
 
 
 class SimulatedServerBackend:
@@ -43,7 +40,8 @@ class SimulatedServerBackend:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         action = scripted_action(request)
-        prompt = self._tokens(sum(_chars(m) for m in request.messages))
+        sent = render_messages(request.problem, request.messages, request.turn)  # as the HTTP backend
+        prompt = prompt_tokens(sent, self._chars_per_token)  # and as serve-sim counts them
         output = action.output_tokens or self._tokens(len(json.dumps(action.model_dump(exclude_none=True))))
         generation = await self.server.generate(prompt, output)
         if self._overhead:

@@ -17,8 +17,9 @@ enforcement on (the default, like vLLM's guided decoding) an echoed action that 
 schema is refused with 400; with ``--no-enforce-schema`` (like ``transformers serve``) it is sent as is,
 and ``--invalid-action-rate`` makes some replies plain prose.
 
-**Sizes.** Prompt tokens = characters of all message contents ÷ ``chars_per_token`` (rounded up). The
-reply's tokens are its characters ÷ ``chars_per_token``; ``min_tokens`` raises that, ``ignore_eos``
+**Sizes** (:mod:`asyncroll.serve_sim.sizes`, the rule ``simulate --server batching`` applies to the
+same messages). Prompt tokens = characters of all message contents ÷ ``chars_per_token`` (rounded up).
+The reply's tokens are its characters ÷ ``chars_per_token``; ``min_tokens`` raises that, ``ignore_eos``
 makes it exactly ``max_tokens``; a reply longer than ``max_tokens`` is cut there with
 ``finish_reason: "length"``, as a real server cuts it.
 """
@@ -49,6 +50,7 @@ from starlette.types import Receive, Scope, Send
 
 from asyncroll.backends.server_model import BatchingServer, ServerSnapshot
 from asyncroll.clock import Clock, SystemClock
+from asyncroll.serve_sim import sizes
 from asyncroll.serve_sim.config import SimConfig
 from asyncroll.serve_sim.faults import FaultPlan
 from asyncroll.serve_sim.metrics import EngineCollector, exposition, registry_for
@@ -226,8 +228,7 @@ class SimApp:
         self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
         if body.get("model") != cfg.model:
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
-        prompt_chars = _message_chars(body.get("messages"))
-        prompt_tokens = max(1, math.ceil(prompt_chars / cfg.chars_per_token))
+        prompt_tokens = sizes.prompt_tokens(_messages(body.get("messages")), cfg.chars_per_token)
         max_tokens, min_tokens, ignore_eos = _lengths(body, cfg.max_model_len - prompt_tokens)
         if prompt_tokens + max_tokens > cfg.max_model_len:
             raise BadRequest(
@@ -251,7 +252,7 @@ class SimApp:
         content = self._reply(request.headers.get(ACTION_HEADER), schema)
         if fault == "invalid_action":
             content = PROSE
-        content_tokens = max(1, math.ceil(len(content) / cfg.chars_per_token))
+        content_tokens = sizes.tokens(len(content), cfg.chars_per_token)
         tokens = max_tokens if ignore_eos else min(max(content_tokens, min_tokens), max_tokens)
         finish = "stop"
         if content_tokens > max_tokens:
@@ -380,21 +381,17 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _message_chars(messages: Any) -> int:
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """The request's messages, checked before :func:`~asyncroll.serve_sim.sizes.prompt_tokens` sizes them."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
-    total = 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
         content = message.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            total += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
-        elif content is not None:
+        if content is not None and not isinstance(content, str | list):
             raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
-    return total
+    return messages
 
 
 def _lengths(body: dict[str, Any], room: int) -> tuple[int, int, bool]:

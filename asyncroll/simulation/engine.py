@@ -12,7 +12,6 @@ from typing import Any, Literal
 from asyncroll.backends.base import Backend
 from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
-from asyncroll.backends.simulated import SimulatedServerBackend
 from asyncroll.clock import VirtualClock
 from asyncroll.config import RunConfig
 from asyncroll.errors import OutputExistsError, UsageError
@@ -113,6 +112,10 @@ def simulate(
 def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Backend, int | None]:
     """The model side of a simulation and its own concurrency limit (None when unbounded)."""
     if settings.server == "batching":
+        # here, not at the top: it renders each turn's messages as the HTTP backend does (jsonschema and
+        # all), which a fixed-latency simulation never needs
+        from asyncroll.backends.simulated import SimulatedServerBackend
+
         server = BatchingServer(settings.model, clock)
         backend = SimulatedServerBackend(server, settings.chars_per_token, settings.turn_overhead_ms / 1000)
         return backend, settings.model.max_num_seqs

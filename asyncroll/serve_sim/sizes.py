@@ -1,0 +1,40 @@
+"""How the batching server model's front ends size a chat request: characters ÷ ``chars_per_token``.
+
+One rule for both front ends of :class:`~asyncroll.backends.server_model.BatchingServer`: ``serve-sim``
+applies it to the messages an HTTP client sends, and the simulator's server backend
+(:mod:`asyncroll.backends.simulated`) to the messages the HTTP client's own code renders for the same
+turn (:func:`~asyncroll.backends.action_schema.render_messages`: the system prompt with the turn's schema
+and tool list, then the conversation). A turn therefore costs the same prefill through either. Kept free
+of the HTTP stack, which the simulator does not load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
+    """Characters of every message's content: a string, or a list of parts whose ``text`` counts.
+
+    Anything else (a missing or null content, a part that is not an object) counts nothing here;
+    serve-sim refuses a malformed message before it sizes one."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
+    return total
+
+
+def tokens(chars: int, chars_per_token: float) -> int:
+    """``chars`` as tokens: rounded up, at least one (an empty prompt or reply still takes a token)."""
+    return max(1, math.ceil(chars / chars_per_token))
+
+
+def prompt_tokens(messages: Iterable[Mapping[str, Any]], chars_per_token: float) -> int:
+    """The prompt tokens of a chat request: its messages' content characters as :func:`tokens`."""
+    return tokens(content_chars(messages), chars_per_token)
