@@ -21,32 +21,41 @@ beyond the run's count takes their median, and where the run replaced none, the 
 initial workers (the only measurement there is). A start attempt that failed in the run is not replayed.
 The initial workers start before the measured window, in the replay at once.
 
-Only a run that completed is replayed: an interrupted or failed run measured only some of its turns and
-jobs, and the rest would silently take the workload's scripted timings. Its actions must be the
-workload's script (the scripted backend, or an HTTP backend with ``--replay``): an agent-mode run's
-actions came from the model, and its timings belong to those, not to the script. Everything read from the run
-directory is checked; a file this version cannot read is a :class:`UsageError` naming it (and the line,
-for the JSONL files), never a traceback.
+Only a run that completed is replayed: an interrupted, failed or killed run measured only some of its
+turns and jobs (a job still running when it stopped never finished: no duration exists for it), and the
+rest would silently take the workload's scripted timings. ``asyncroll optimum`` reads such a run all the
+same, because leaving out what was never recorded keeps its bound valid (and its notes say so); a replay
+re-runs every trajectory to its end and would have to invent those timings, so it refuses. Within a
+complete run every measurement must fit the workload's script, or the replay would silently keep the
+script's timing where the run measured one: each tool or evaluation job ends with ``cpu_finished`` or
+``cpu_failed`` (a job left without one, or cancelled, is refused), each model request is at a turn of
+its trajectory's script that returned the scripted kind of action, no turn the run went past lacks its
+request or its job, and a trajectory's ``trajectory_finished`` counts as many turns as were recorded;
+a mismatch is refused naming the events.jsonl line.
+
+The run's actions must be the workload's script (the scripted backend, or an HTTP backend with
+``--replay``): an agent-mode run's actions came from the model, and its timings belong to those, not to
+the script. Everything read from the run directory is checked; a file this version cannot read is a
+:class:`UsageError` naming it (and the line, for the JSONL files), never a traceback.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
-from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
-from asyncroll.workload import MAX_DURATION_MS, Problem, SubmitAction, ToolAction, iter_problems
-
-#: A timed-out job is replayed this much (ms) over the run's tool timeout, so that it times out again.
-TIMEOUT_MARGIN_MS = 0.001
+from asyncroll.simulation.measured import (
+    Measured,
+    check_against_script,
+    jsonl_rows,
+    read_measurements,
+)
+from asyncroll.workload import Problem, SubmitAction, ToolAction, iter_problems
 
 
 @dataclass(frozen=True)
@@ -77,9 +86,11 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
         )
     status = receipt.get("status")
     if status != "complete":
+        killed = " (killed, or still going: run.json was never finalised)" if status == "running" else ""
         raise UsageError(
-            f"--from-run {run_dir}: the run's status is {status!r}, not 'complete': only part of its model "
-            "turns and jobs were measured, and a replay would give the rest the workload's scripted timings"
+            f"--from-run {run_dir}: the run's status is {status!r}, not 'complete'{killed}: only part of its "
+            "model turns and jobs were measured, and a replay would give the rest the workload's scripted "
+            "timings (`asyncroll optimum` still bounds the work it did record)"
         )
     for key in ("config", "workload"):
         if not isinstance(receipt.get(key), dict):
@@ -101,127 +112,17 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
     return receipt
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for every line; a line that is not a JSON object names file and line."""
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise UsageError(f"--from-run {path.parent}: cannot read {path.name}: {exc.strerror or exc}") from exc
-    with handle:
-        for line_no, raw in enumerate(handle, start=1):
-            try:
-                row = json.loads(raw)
-            except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-                raise UsageError(f"--from-run {path}:{line_no}: not valid JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise UsageError(f"--from-run {path}:{line_no}: not a JSON object")
-            yield line_no, row
-
-
-def _field(row: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
-    value = row.get(name)
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise UsageError(f"--from-run {where}: {row.get('event', 'row')!r} lacks a valid {name!r}")
-    return value
-
-
-def _seconds(row: dict[str, Any], name: str, where: str) -> float:
-    """A recorded duration: a finite number of seconds from 0 to one day (the workload's own bound on a
-    scripted duration), else refused naming the events.jsonl line (a NaN once replayed as 0 ms)."""
-    value = float(_field(row, name, (int, float), where))
-    if not (math.isfinite(value) and 0 <= value * 1000.0 <= MAX_DURATION_MS):
-        raise UsageError(
-            f"--from-run {where}: {row.get('event', 'row')!r} has {name} {value!r}: not a duration in "
-            "seconds from 0 to one day"
-        )
-    return value
-
-
 def _verdicts(run_dir: Path) -> dict[str, tuple[int, bool]]:
     """Per code trajectory: (programs evaluated, whether the last one passed), from ``results.jsonl``."""
     out: dict[str, tuple[int, bool]] = {}
     path = run_dir / "results.jsonl"
-    for line_no, row in _jsonl(path):
+    for line_no, row in jsonl_rows(path):
         generations = row.get("generations")
         if generations:
             if not isinstance(generations, int) or "id" not in row:
                 raise UsageError(f"--from-run {path}:{line_no}: 'generations' or 'id' is not valid")
             out[str(row["id"])] = (generations, bool(row.get("passed")))
     return out
-
-
-@dataclass
-class _Measured:
-    """What ``events.jsonl`` measured, keyed by (trajectory id, turn)."""
-
-    model: dict[tuple[str, int], float]
-    cpu: dict[tuple[str, int], float]
-    started: set[str]
-    restarts: list[tuple[int, int]]  # (worker, generation) of each replacement, in the order it started
-    ready: dict[tuple[int, int], float]  # (worker, generation) -> start-up seconds
-
-    def replacement_startup(self) -> tuple[float, ...]:
-        """The start-up of each replacement in the order they started (failed attempts have none); where
-        none was replaced, the median of the initial workers' as the one value every replacement takes."""
-        replaced = tuple(self.ready[key] for key in self.restarts if key in self.ready)
-        if replaced:
-            return replaced
-        initial = [seconds for (_, generation), seconds in self.ready.items() if generation == 0]
-        return (statistics.median(initial),) if initial else ()
-
-
-def _measurements(run_dir: Path, tool_timeout_s: float) -> _Measured:
-    measured = _Measured({}, {}, set(), [], {})
-    job_turn: dict[int, int] = {}
-    path = run_dir / "events.jsonl"
-    timeout_ms = round(tool_timeout_s * 1000.0 + TIMEOUT_MARGIN_MS, 6)
-    number = (int, float)
-    for line_no, event in _jsonl(path):
-        where = f"{path}:{line_no}"
-        if event.get("v") != EVENTS_SCHEMA_VERSION:
-            raise UsageError(
-                f"--from-run {where}: event schema version {event.get('v')!r}; this asyncroll reads "
-                f"version {EVENTS_SCHEMA_VERSION} only"
-            )
-        kind, tid = event.get("event"), event.get("id")
-        if kind in ("worker_restarting", "worker_ready"):
-            key = (_field(event, "worker", int, where), _field(event, "generation", int, where))
-            if kind == "worker_restarting":
-                measured.restarts.append(key)
-            else:
-                startup = float(_field(event, "startup_s", number, where))
-                if not (math.isfinite(startup) and startup >= 0):
-                    raise UsageError(f"--from-run {where}: 'worker_ready' lacks a valid 'startup_s'")
-                measured.ready[key] = startup
-            continue
-        if kind not in ("trajectory_started", "model_finished", "model_failed", "cpu_enqueued") and not (
-            kind in ("cpu_finished", "cpu_failed") and event.get("kind") in ("tool", "evaluate")
-        ):
-            continue
-        if not isinstance(tid, str):
-            raise UsageError(f"--from-run {where}: {kind!r} lacks a valid 'id'")
-        if kind == "trajectory_started":
-            measured.started.add(tid)
-        elif kind in ("model_finished", "model_failed"):
-            turn = _field(event, "turn", int, where)
-            measured.model[(tid, turn)] = _seconds(event, "latency_s", where)
-        elif kind == "cpu_enqueued":
-            job_turn[_field(event, "job_id", int, where)] = _field(event, "turn", int, where)
-        else:
-            job = _field(event, "job_id", int, where)
-            if job not in job_turn:
-                raise UsageError(f"--from-run {where}: job {job} finished but was never enqueued")
-            key = (tid, job_turn.pop(job))
-            if kind == "cpu_finished":
-                ms = round(_seconds(event, "execute_s", where) * 1000.0, 6)
-            else:
-                ms = round(_seconds(event, "roundtrip_s", where) * 1000.0, 6)
-                if event.get("reason") == "timeout":
-                    # The round trip also holds the kill; all that is known of the job is that it ran past
-                    # the timeout. Just over it: it times out again, and a longer timeout gets a lower bound.
-                    ms = timeout_ms
-            measured.cpu[key] = ms
-    return measured
 
 
 def _tool_root(run_dir: Path, receipt: dict[str, Any], workload: Path, override: Path | None) -> Path:
@@ -294,17 +195,25 @@ def derive_workload(run_dir: Path, destination: Path, tool_root: Path | None = N
     timeout = config.get("tool_timeout", 60.0)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
         raise UsageError(f"--from-run {run_dir / 'run.json'}: config.tool_timeout is not a positive number")
-    measured = _measurements(run_dir, float(timeout))
+    measured = read_measurements(run_dir, float(timeout))
     if not measured.started:
         raise UsageError(f"--from-run {run_dir}: the run started no trajectory; nothing to replay")
     verdicts = _verdicts(run_dir)
     root = _tool_root(run_dir, receipt, workload, tool_root)
-    count = 0
+    written: set[str] = set()
     with destination.open("w", encoding="utf-8") as out:
         for _, pid, problem in iter_problems(workload):
             if pid in measured.started:
+                check_against_script(problem, pid, measured)
                 out.write(_replay(problem, pid, measured, verdicts).model_dump_json() + "\n")
-                count += 1
+                written.add(pid)
+    for tid, line in measured.started.items():
+        if tid not in written:
+            raise UsageError(
+                f"--from-run {measured.where(line)}: trajectory {tid!r} is not a problem of the run's "
+                f"workload {workload}: there is no script to replay it with"
+            )
+    count = len(written)
     return DerivedRun(
         destination,
         root,
@@ -316,9 +225,7 @@ def derive_workload(run_dir: Path, destination: Path, tool_root: Path | None = N
     )
 
 
-def _replay(
-    problem: Problem, pid: str, measured: _Measured, verdicts: dict[str, tuple[int, bool]]
-) -> Problem:
+def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, tuple[int, bool]]) -> Problem:
     script = []
     submitted = 0
     for turn, action in enumerate(problem.script or []):

@@ -1,0 +1,281 @@
+"""What a recorded run's ``events.jsonl`` measured, turn by turn, checked against its workload's script.
+
+:func:`read_measurements` reads every model request's latency and every tool or evaluation job's
+duration, keyed by (trajectory, turn), with the line each came from; :func:`check_against_script` then
+checks, per trajectory, that they fit the script the replay will run (see :mod:`.from_run`). Whatever does
+not fit, or is missing where the run went on, is refused as a :class:`UsageError` naming the events.jsonl
+line: a replay must never put the script's timing where the run measured one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncroll.errors import UsageError
+from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
+from asyncroll.workload import MAX_DURATION_MS, Problem, SubmitAction, ToolAction
+
+#: A timed-out job is replayed this much (ms) over the run's tool timeout, so that it times out again.
+TIMEOUT_MARGIN_MS = 0.001
+
+
+def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every line; a line that is not a JSON object names file and line."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise UsageError(f"--from-run {path.parent}: cannot read {path.name}: {exc.strerror or exc}") from exc
+    with handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                row = json.loads(raw)
+            except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+                raise UsageError(f"--from-run {path}:{line_no}: not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise UsageError(f"--from-run {path}:{line_no}: not a JSON object")
+            yield line_no, row
+
+
+def required(row: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``row[name]``, of type ``kind`` (a bool is not a number), else refused naming ``where``."""
+    value = row.get(name)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise UsageError(f"--from-run {where}: {row.get('event', 'row')!r} lacks a valid {name!r}")
+    return value
+
+
+def duration_s(row: dict[str, Any], name: str, where: str) -> float:
+    """A recorded duration: a finite number of seconds from 0 to one day (the workload's own bound on a
+    scripted duration), else refused naming the events.jsonl line (a NaN once replayed as 0 ms)."""
+    value = float(required(row, name, (int, float), where))
+    if not (math.isfinite(value) and 0 <= value * 1000.0 <= MAX_DURATION_MS):
+        raise UsageError(
+            f"--from-run {where}: {row.get('event', 'row')!r} has {name} {value!r}: not a duration in "
+            "seconds from 0 to one day"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStep:
+    """A recorded model request: its events.jsonl line and what it returned."""
+
+    line: int
+    action: str | None  # the action's type; None for a failed request
+    failure: str | None  # model_failed's kind
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A recorded tool or evaluation job, from its ``cpu_enqueued`` line."""
+
+    line: int
+    job_id: int
+    trajectory: str
+    turn: int
+    kind: str
+    tool: str
+
+    def describe(self) -> str:
+        return f"{self.kind} job {self.job_id} ({self.tool!r}) of {self.trajectory!r} turn {self.turn}"
+
+
+@dataclass
+class Measured:
+    """What ``events.jsonl`` measured, keyed by (trajectory id, turn), and the line each came from."""
+
+    events: Path
+    model: dict[tuple[str, int], float] = field(default_factory=dict)
+    cpu: dict[tuple[str, int], float] = field(default_factory=dict)
+    started: dict[str, int] = field(default_factory=dict)  # trajectory id -> trajectory_started line
+    restarts: list[tuple[int, int]] = field(default_factory=list)  # (worker, generation), in start order
+    ready: dict[tuple[int, int], float] = field(default_factory=dict)  # (worker, generation) -> start-up s
+    requests: dict[str, dict[int, ModelStep]] = field(default_factory=dict)  # id -> turn -> request
+    jobs: dict[str, dict[int, Job]] = field(default_factory=dict)  # id -> turn -> its tool or evaluation job
+    finished: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (turns, its line)
+
+    def where(self, line: int) -> str:
+        return f"{self.events}:{line}"
+
+    def replacement_startup(self) -> tuple[float, ...]:
+        """The start-up of each replacement in the order they started (failed attempts have none); where
+        none was replaced, the median of the initial workers' as the one value every replacement takes."""
+        replaced = tuple(self.ready[key] for key in self.restarts if key in self.ready)
+        if replaced:
+            return replaced
+        initial = [seconds for (_, generation), seconds in self.ready.items() if generation == 0]
+        return (statistics.median(initial),) if initial else ()
+
+
+_READ = ("trajectory_started", "trajectory_finished", "model_finished", "model_failed", "cpu_enqueued")
+
+
+def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
+    """Every measurement of ``run_dir/events.jsonl`` (a timed-out job's as just over ``tool_timeout_s``).
+
+    Refused naming the line: an event of a trajectory that never started, a turn asked twice, a job that
+    never ended (no ``cpu_finished`` or ``cpu_failed``: its duration was never recorded) or was cancelled."""
+    path = run_dir / "events.jsonl"
+    measured = Measured(path)
+    pending: dict[int, Job] = {}  # enqueued tool and evaluation jobs, until they end
+    timeout_ms = round(tool_timeout_s * 1000.0 + TIMEOUT_MARGIN_MS, 6)
+    number = (int, float)
+    for line_no, event in jsonl_rows(path):
+        where = f"{path}:{line_no}"
+        if event.get("v") != EVENTS_SCHEMA_VERSION:
+            raise UsageError(
+                f"--from-run {where}: event schema version {event.get('v')!r}; this asyncroll reads "
+                f"version {EVENTS_SCHEMA_VERSION} only"
+            )
+        kind, tid = event.get("event"), event.get("id")
+        if kind in ("worker_restarting", "worker_ready"):
+            key = (required(event, "worker", int, where), required(event, "generation", int, where))
+            if kind == "worker_restarting":
+                measured.restarts.append(key)
+            else:
+                startup = float(required(event, "startup_s", number, where))
+                if not (math.isfinite(startup) and startup >= 0):
+                    raise UsageError(f"--from-run {where}: 'worker_ready' lacks a valid 'startup_s'")
+                measured.ready[key] = startup
+            continue
+        if kind not in _READ and not (
+            kind in ("cpu_finished", "cpu_failed") and event.get("kind") in ("tool", "evaluate")
+        ):
+            continue
+        if not isinstance(tid, str):
+            raise UsageError(f"--from-run {where}: {kind!r} lacks a valid 'id'")
+        if kind == "trajectory_started":
+            measured.started.setdefault(tid, line_no)
+            continue
+        if tid not in measured.started:  # its events would be left out of the replay, silently
+            raise UsageError(
+                f"--from-run {where}: {kind!r} of {tid!r}, which no trajectory_started before it names"
+            )
+        if kind == "trajectory_finished":
+            measured.finished[tid] = (required(event, "turns", int, where), line_no)
+        elif kind in ("model_finished", "model_failed"):
+            turn = required(event, "turn", int, where)
+            requests = measured.requests.setdefault(tid, {})
+            if turn in requests:
+                raise UsageError(
+                    f"--from-run {where}: a second {kind!r} of {tid!r} turn {turn} (the first is line "
+                    f"{requests[turn].line}); a run asks each turn once"
+                )
+            measured.model[(tid, turn)] = duration_s(event, "latency_s", where)
+            done = kind == "model_finished"
+            requests[turn] = ModelStep(
+                line_no,
+                required(event, "action", str, where) if done else None,
+                None if done else str(event.get("kind")),
+            )
+        elif kind == "cpu_enqueued":
+            job = Job(
+                line_no,
+                required(event, "job_id", int, where),
+                tid,
+                required(event, "turn", int, where),
+                required(event, "kind", str, where),
+                str(event.get("tool")),
+            )
+            if job.kind in ("tool", "evaluate"):  # grade jobs are replayed at zero cost
+                pending[job.job_id] = job
+        else:
+            job_id = required(event, "job_id", int, where)
+            if job_id not in pending:
+                raise UsageError(f"--from-run {where}: job {job_id} finished but was never enqueued")
+            job = pending.pop(job_id)
+            jobs = measured.jobs.setdefault(job.trajectory, {})
+            if job.turn in jobs:
+                raise UsageError(
+                    f"--from-run {where}: a second CPU job of {job.trajectory!r} turn {job.turn} (the first "
+                    f"enqueued at line {jobs[job.turn].line}); a turn runs at most one tool or evaluation job"
+                )
+            if kind == "cpu_finished":
+                ms = round(duration_s(event, "execute_s", where) * 1000.0, 6)
+            elif event.get("reason") == "cancelled":
+                raise UsageError(
+                    f"--from-run {where}: {job.describe()} was cancelled while it ran (the run was being "
+                    "stopped): it never finished, so how long it takes is unknown"
+                )
+            else:
+                ms = round(duration_s(event, "roundtrip_s", where) * 1000.0, 6)
+                if event.get("reason") == "timeout":
+                    # The round trip also holds the kill; all that is known of the job is that it ran past
+                    # the timeout. Just over it: it times out again, and a longer timeout gets a lower bound.
+                    ms = timeout_ms
+            measured.cpu[(job.trajectory, job.turn)] = ms
+            jobs[job.turn] = job
+    if pending:
+        job = min(pending.values(), key=lambda j: j.line)
+        raise UsageError(
+            f"--from-run {measured.where(job.line)}: {job.describe()} has no cpu_finished or cpu_failed "
+            "event: the run never recorded how long it took, and the replay would give it the workload's "
+            "scripted cost"
+        )
+    return measured
+
+
+def check_against_script(problem: Problem, pid: str, measured: Measured) -> None:
+    """What the run recorded for ``pid`` fits its script turn by turn, and nothing is missing where the run
+    went on. A request or job recorded at a turn its script does not have (or has with another action)
+    would leave that turn's measured time unused and the turn's scripted one in its place, silently: it is
+    refused naming the events.jsonl line, as is a turn the run went past without a recorded request, or
+    without the job its tool or submit action ran."""
+    script = problem.script or []
+    asked = measured.requests.get(pid, {})
+    jobs = measured.jobs.get(pid, {})
+    for turn, job in sorted(jobs.items()):
+        action = script[turn] if turn < len(script) else None
+        if job.kind == "tool":
+            tool = problem.tool(action.name) if isinstance(action, ToolAction) else None
+            fits = tool is not None and tool.key == job.tool
+        else:
+            fits = isinstance(action, SubmitAction)
+        if not fits:
+            there = "no action" if action is None else f"a {action.type!r} action"
+            raise UsageError(
+                f"--from-run {measured.where(job.line)}: {job.describe()} does not fit the workload's "
+                f"script, which has {there} at that turn: its measured time belongs to another turn, and "
+                "the replay would keep the script's own cost"
+            )
+    for turn, step in sorted(asked.items()):
+        where = measured.where(step.line)
+        if turn >= len(script):
+            if turn == len(script) and step.failure == "script_exhausted":
+                continue  # the run asked past the end of its script, and so will the replay
+            raise UsageError(
+                f"--from-run {where}: {pid!r} turn {turn} is past the end of its script in the workload "
+                f"({len(script)} actions): the events do not fit the workload's trajectory"
+            )
+        scripted = script[turn]
+        if step.action is not None and step.action != scripted.type:
+            raise UsageError(
+                f"--from-run {where}: {pid!r} turn {turn} returned a {step.action!r} action where the "
+                f"workload's script has {scripted.type!r}: its measured latency belongs to another turn, "
+                "and the replay would keep the script's own"
+            )
+        if turn > 0 and turn - 1 not in asked:
+            raise UsageError(
+                f"--from-run {where}: {pid!r} turn {turn} is recorded but turn {turn - 1} has no "
+                "model_finished or model_failed: the replay would give that turn the script's latency"
+            )
+        if isinstance(scripted, ToolAction | SubmitAction) and turn + 1 in asked and turn not in jobs:
+            raise UsageError(
+                f"--from-run {where}: {pid!r} turn {turn} returned a {scripted.type!r} action and the run "
+                f"went on to turn {turn + 1}, but no job of turn {turn} was recorded (no cpu_enqueued): "
+                "the replay would give it the script's cost"
+            )
+    if pid in measured.finished:
+        turns, line = measured.finished[pid]
+        if turns != len(asked):
+            raise UsageError(
+                f"--from-run {measured.where(line)}: {pid!r} finished after {turns} model turns, but "
+                f"{len(asked)} have a model_finished or model_failed event: the replay would give the "
+                "others the script's latency"
+            )
