@@ -295,16 +295,16 @@ def _initial_startups(*seconds: float) -> Any:
 @pytest.mark.timeout(90)
 def test_a_replay_of_a_real_run_takes_its_measured_replacement_start_ups(tmp_path: Path) -> None:
     """Real worker processes: each replacement took a measured time to start; the replay takes each of
-    them (it used to be ready at once and finish earlier than the run by about their sum)."""
-    problems = [
-        tool_problem(f"p{i}", model_ms=20, cpu_ms=600, tool="spin_ms")
-        if i % 3 == 0
-        else tool_problem(f"p{i}", model_ms=20, cpu_ms=30, tool="sleep_ms")
-        for i in range(6)
-    ]
+    them (it used to be ready at once and finish earlier than the run by about their sum). One worker,
+    the two timed-out jobs first: every later job needs each replacement, so both are ready before the
+    batch ends however slow the machine (with two workers a late replacement could still be starting at
+    the end, and is then stopped, never ready)."""
+    problems = [tool_problem(f"p{i}", model_ms=20, cpu_ms=600, tool="spin_ms") for i in range(2)]
+    problems += [tool_problem(f"p{i}", model_ms=400, cpu_ms=30, tool="sleep_ms") for i in range(2, 5)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     real = tmp_path / "real"
-    args = ["--cpu-workers", "2", "--tool-timeout", "0.3", "--tool-errors", "observe", "--no-progress"]
+    args = ["--cpu-workers", "1", "--tool-timeout", "0.3", "--tool-errors", "observe", "--no-progress"]
+    args += ["--policy", "fifo"]
     result = cli("run", "--workload", workload, "--output", real, *args)
     assert result.returncode == 0, result.stderr
     measured = _replacement_startups(real)
