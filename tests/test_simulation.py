@@ -785,3 +785,31 @@ def test_a_replay_refuses_the_batching_server(tmp_path: Path) -> None:
         refused.exit_code == 2 and "--from-run replays the run's measured model latencies" in refused.stderr
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_a_file_tool_without_cpu_ms_is_said_to_take_no_time(tmp_path: Path) -> None:
+    """A simulation cannot know what a trusted file tool costs: without cpu_ms its calls take 0 s, which
+    run.json states and stderr counts (it was silent: a custom workload simulated at a fraction of its
+    real makespan with no word why)."""
+    (tmp_path / "mine.py").write_text("def work(n):\n    return sum(range(n))\n")
+    tool = {"name": "work", "inputs": {"n": "int"}, "implementation": "mine.py"}
+
+    def problem(pid: str, cpu_ms: float | None) -> dict[str, object]:
+        call = {"type": "tool", "name": "work", "arguments": {"n": 5}, "latency_ms": 10}
+        if cpu_ms is not None:
+            call["cpu_ms"] = cpu_ms
+        final = {"type": "final", "answer": "10", "latency_ms": 10}
+        return {"id": pid, "prompt": "sum", "tools": [tool], "script": [call, final]}
+
+    untimed = write_workload(tmp_path / "a.jsonl", [problem("a", None), problem("b", None)])
+    timed = write_workload(tmp_path / "b.jsonl", [problem("a", 20.0)])
+    said = simulate_here("--workload", untimed, "--output", tmp_path / "a")
+    quiet = simulate_here("--workload", timed, "--output", tmp_path / "b")
+    assert said.exit_code == 0 and quiet.exit_code == 0, said.output + quiet.output
+    assert "2 CPU job(s) took 0 s because their script gives no cpu_ms (mine.py::work ×2)" in said.stderr
+    assert "no cpu_ms" not in quiet.stderr
+    receipt = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert (
+        "a file tool's call or an evaluation without cpu_ms takes no time"
+        in receipt["simulation"]["cpu_jobs"]
+    )

@@ -6,6 +6,7 @@ import math
 import signal
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
@@ -265,6 +266,7 @@ def simulate(
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         _warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
+        untimed: Counter[str] = Counter()
         outcome = run_simulation(
             cfg,
             settings,
@@ -272,6 +274,7 @@ def simulate(
             derived=derived,
             source=None if from_run is None else str(from_run.resolve()),
             signals=True,
+            untimed=untimed,
         )
     except (UsageError, SimulationError, ValueError) as exc:
         if derived is not None and output is not None and not (output / "run.json").exists():
@@ -291,6 +294,14 @@ def simulate(
         typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, cfg.output)
+    if untimed:
+        tools = ", ".join(f"{Path(tool).name} ×{n}" for tool, n in untimed.most_common(5))
+        typer.echo(
+            f"warning: {untimed.total()} CPU job(s) took 0 s because their script gives no cpu_ms ({tools}"
+            f"{', …' if len(untimed) > 5 else ''}): declare each step's cpu_ms, or simulate --from-run a "
+            "real run to replay measured times",
+            err=True,
+        )
     if outcome.late_signal:
         from asyncroll.runtime.signals import late_signal_note
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from asyncroll.errors import OutputExistsError, UsageError
 from asyncroll.runtime.pool import WorkerFactory
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.signals import interruptible
+from asyncroll.runtime.trajectory import GRADE_TOOL
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.simulation.from_run import DerivedRun
 from asyncroll.workers.protocol import JobRequest
@@ -29,6 +31,16 @@ ServerKind = Literal["fixed", "batching"]
 MAX_COST_MS = float(MAX_DURATION_MS)
 #: Fewer characters per token would turn a prompt into more tokens than a float can count.
 MIN_CHARS_PER_TOKEN = 0.01
+
+
+#: How a simulated CPU job's duration is chosen (recorded in run.json): a file tool or an evaluation has
+#: no cost a simulation could know unless the script declares it.
+CPU_JOBS = (
+    "each job's cpu_ms, else the milliseconds of spin_ms/sleep_ms, else 0 s (a file tool's call or an "
+    "evaluation without cpu_ms takes no time; --from-run replays measured ones)"
+)
+#: Built-in tools whose zero-cost default is right (or whose cost is their argument).
+_TIMED_BUILTINS = frozenset({"spin_ms", "sleep_ms", "add", GRADE_TOOL})
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class SimulationSettings:
             out["chars_per_token"] = self.chars_per_token
         else:
             out["model_latency"] = "each action's latency_ms (0 when absent), independent of load"
+        out["cpu_jobs"] = CPU_JOBS
         return out
 
 
@@ -75,11 +88,13 @@ def simulate(
     derived: DerivedRun | None = None,
     source: str | None = None,
     signals: bool = False,
+    untimed: Counter[str] | None = None,
 ) -> RunOutcome:
     """Validate, then run on a virtual clock; the output directory is the same as ``asyncroll run``'s.
 
     ``signals``: SIGINT and SIGTERM interrupt the run as they do ``asyncroll run`` — run.json records
-    ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a summary."""
+    ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a summary.
+    ``untimed``: counts, by tool, the jobs that took 0 s only because nothing said what they cost."""
     prepared = prepare(config, argv, output_ready=derived is not None)
     clock = VirtualClock()
     backend, capacity = backend_for(settings, clock)
@@ -101,7 +116,9 @@ def simulate(
     run = Run(
         prepared,
         clock,
-        worker_factory=workers_for(settings, clock, () if derived is None else derived.replacement_startup_s),
+        worker_factory=workers_for(
+            settings, clock, () if derived is None else derived.replacement_startup_s, untimed
+        ),
         backend=backend,
         receipt_extra=extra,
         model_capacity=capacity,
@@ -123,13 +140,19 @@ def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Back
 
 
 def workers_for(
-    settings: SimulationSettings, clock: VirtualClock, replacement_startup: tuple[float, ...] = ()
+    settings: SimulationSettings,
+    clock: VirtualClock,
+    replacement_startup: tuple[float, ...] = (),
+    untimed: Counter[str] | None = None,
 ) -> WorkerFactory:
     """Virtual workers whose jobs take their declared cost plus the per-job overhead; replacements take
-    ``replacement_startup`` to start (a replay's measured ones; see :func:`virtual_factory`)."""
+    ``replacement_startup`` to start (a replay's measured ones; see :func:`virtual_factory`). ``untimed``
+    counts, by tool, the jobs with no declared cost that took 0 s (see :data:`CPU_JOBS`)."""
     extra = settings.job_overhead_ms / 1000
 
     def duration(request: JobRequest) -> float:
+        if untimed is not None and request.cost_s is None and request.tool not in _TIMED_BUILTINS:
+            untimed[request.tool] += 1
         return builtin_duration(request) + extra
 
     return virtual_factory(clock, duration, simulate_tools=True, replacement_startup=replacement_startup)
