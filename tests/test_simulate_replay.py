@@ -573,3 +573,28 @@ def test_a_killed_run_is_refused_for_its_status_not_for_the_job_it_left_running(
     assert "the run's status is 'running', not 'complete' (killed, or still going" in result.stderr
     assert "`asyncroll optimum` still bounds the work it did record" in result.stderr
     assert "has no cpu_finished" not in result.stderr and not out.exists()
+
+
+def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tmp_path: Path) -> None:
+    """A tool's error under --tool-errors fail ended a trajectory in the run; a replayed script cannot
+    fail that way, so the replay goes on with the script's timings. It said nothing: now stderr and
+    run.json count the trajectories that ended otherwise."""
+    (tmp_path / "boom.py").write_text("def boom(x):\n    raise ValueError(x)\n")
+    tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
+    script = [
+        {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
+        {"type": "final", "answer": "1", "latency_ms": 10},
+    ]
+    problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
+    workload = write_workload(tmp_path / "w.jsonl", [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)])
+    recorded = tmp_path / "recorded"
+    cfg = build_config({"workload": workload, "output": recorded, "tool_errors": "fail"})
+    clock = VirtualClock()
+    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+    assert clock.run(run.execute()).status == "complete"
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert "1 trajectories ended otherwise than in the run (1 failed → completed)" in result.stderr
+    receipt = json.loads((replay / "run.json").read_text())
+    assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → completed": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import sys
@@ -294,6 +295,8 @@ def simulate(
         typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, cfg.output)
+    if from_run is not None and outcome.summary is not None:
+        _say_ended_otherwise(from_run, cfg.output)
     if untimed:
         tools = ", ".join(f"{Path(tool).name} ×{n}" for tool, n in untimed.most_common(5))
         typer.echo(
@@ -311,6 +314,27 @@ def simulate(
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
         typer.echo(f"lower bound {b['lower_bound_s']:.3f}s ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
+
+
+def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
+    """Trajectories the replay could not end as the run did: said on stderr, recorded in run.json."""
+    from asyncroll.outputs.receipt import write_json_atomic
+    from asyncroll.simulation.from_run import ended_otherwise
+
+    changes = ended_otherwise(run_dir, replay)
+    if not changes:
+        return
+    receipt_path = replay / "run.json"
+    receipt = json.loads(receipt_path.read_text(encoding="utf-8"))
+    receipt["simulation"]["replayed"]["ended_otherwise"] = changes
+    write_json_atomic(receipt_path, receipt)
+    counts = ", ".join(f"{n} {change}" for change, n in sorted(changes.items()))
+    typer.echo(
+        f"warning: {sum(changes.values())} trajectories ended otherwise than in the run ({counts}): a "
+        "model error, a tool error or a worker death cannot fail a replayed script, so their turns after "
+        "it took the script's timings",
+        err=True,
+    )
 
 
 def _only_with(flags: Mapping[str, object], applies: bool, mode: str) -> None:

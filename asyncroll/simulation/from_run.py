@@ -8,7 +8,10 @@ run's ``tool_timeout``, so at the same timeout it times out again (with a larger
 finishes just after the old one, a lower bound of its true time). Simulating that workload under
 another policy answers "what would policy X have done on exactly this run?". Grade jobs run in virtual
 time at zero cost (real ones take microseconds); a tool that raised in the run succeeds in the replay
-(the scripted actions do not depend on it), and so does a job whose worker died. A code submission
+(the scripted actions do not depend on it), and so does a job whose worker died. A trajectory that
+*failed* on one of those (or on a model error) therefore goes on in the replay on the script's timings:
+``simulate`` counts such trajectories after the replay (:func:`ended_otherwise`), on stderr and in the
+replay's run.json (``simulation.replayed.ended_otherwise``). A code submission
 keeps its measured evaluation time and the verdict the run reached (from ``results.jsonl``: every
 program before the last failed, the last one passed or not), so the replay repairs exactly where the
 run did — no code runs in the replay.
@@ -122,6 +125,30 @@ def _verdicts(run_dir: Path) -> dict[str, tuple[int, bool]]:
             if not isinstance(generations, int) or "id" not in row:
                 raise UsageError(f"--from-run {path}:{line_no}: 'generations' or 'id' is not valid")
             out[str(row["id"])] = (generations, bool(row.get("passed")))
+    return out
+
+
+def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
+    """How many trajectories ended with another status in the replay than in the run, by ``"recorded →
+    replayed"``. A trajectory that failed in the run on a model error, a tool's error under
+    ``--tool-errors fail`` or its worker's death goes on in the replay (a script cannot fail that way),
+    and its turns after the failure take the script's timings, which the run never measured."""
+    recorded = _statuses(run_dir / "results.jsonl")
+    changes: dict[str, int] = {}
+    for pid, status in _statuses(replay_dir / "results.jsonl").items():
+        before = recorded.get(pid)
+        if before is not None and before != status:
+            key = f"{before} → {status}"
+            changes[key] = changes.get(key, 0) + 1
+    return changes
+
+
+def _statuses(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line_no, row in jsonl_rows(path):
+        if "id" not in row or not isinstance(row.get("status"), str):
+            raise UsageError(f"--from-run {path}:{line_no}: 'id' or 'status' is not valid")
+        out[str(row["id"])] = row["status"]
     return out
 
 
