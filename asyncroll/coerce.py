@@ -126,16 +126,57 @@ def coerce_value(value: Any, type_name: str, path: str = "") -> Any:
 def coerce_arguments(
     arguments: Mapping[str, Any], inputs: Mapping[str, str], bound: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Check ``arguments`` name exactly the declared inputs not already bound, and coerce each."""
-    bound = bound or {}
+    """Check ``arguments`` name exactly the declared inputs not already bound, and coerce each; add the
+    bound ones, coerced the same way (validation refuses one that does not coerce: see
+    :func:`bound_errors`). Raises the first :class:`CoercionError`; :func:`argument_errors` lists all."""
+    out, errors = _coerce(arguments, inputs, bound or {})
+    if errors:
+        raise errors[0]
+    return out
+
+
+def argument_errors(
+    arguments: Mapping[str, Any], inputs: Mapping[str, str], bound: Mapping[str, Any] | None = None
+) -> list[CoercionError]:
+    """Every reason :func:`coerce_arguments` would refuse ``arguments`` (unexpected or missing names, then
+    each argument of the wrong type, in order); empty when it would accept them."""
+    return _coerce(arguments, inputs, bound or {})[1]
+
+
+def _coerce(
+    arguments: Mapping[str, Any], inputs: Mapping[str, str], bound: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[CoercionError]]:
     expected = set(inputs) - set(bound)
     given = set(arguments)
+    errors: list[CoercionError] = []
     if given - expected:
-        raise CoercionError(
-            "", f"unexpected arguments {sorted(given - expected)}; expected {sorted(expected)}"
+        errors.append(
+            CoercionError("", f"unexpected arguments {sorted(given - expected)}; expected {sorted(expected)}")
         )
     if expected - given:
-        raise CoercionError("", f"missing arguments {sorted(expected - given)}")
-    out = {name: coerce_value(v, inputs[name], f".{name}") for name, v in arguments.items()}
-    out.update(bound)
-    return out
+        errors.append(CoercionError("", f"missing arguments {sorted(expected - given)}"))
+    out: dict[str, Any] = {}
+    for name, value in arguments.items():
+        if name in expected:
+            try:
+                out[name] = coerce_value(value, inputs[name], f".{name}")
+            except CoercionError as exc:
+                errors.append(exc)
+    for name, value in bound.items():
+        try:
+            out[name] = coerce_value(value, inputs[name], f".{name}")
+        except (KeyError, CoercionError):  # undeclared, or of the wrong type: validation refuses both
+            out[name] = value
+    return out, errors
+
+
+def bound_errors(bound: Mapping[str, Any], inputs: Mapping[str, str]) -> list[CoercionError]:
+    """Each bound argument whose value its declared input type refuses (undeclared ones are skipped)."""
+    errors: list[CoercionError] = []
+    for name, value in bound.items():
+        if name in inputs:
+            try:
+                coerce_value(value, inputs[name], f".{name}")
+            except CoercionError as exc:
+                errors.append(exc)
+    return errors

@@ -3,26 +3,121 @@
 Workload validation checks each tool's implementation file before a run starts any worker: it must
 compile, and its module level must bind the tool's name (a ``def``, ``class``, assignment or import),
 so that a typo fails in validation, with the file and line, instead of in a worker seconds later.
+
+When the name is bound exactly once, by a plain (undecorated) ``def``, its signature is known too
+(:class:`ToolFunction`): validation then refuses an ``async def`` or generator function (calling it would
+run none of its body) and compares the declared inputs with the parameters, because workers call a tool
+with keyword arguments only (``tool(**arguments)``). Anything else (a decorated function, a class, an
+assignment, a name bound twice) is left to the worker, which still turns a bad call into a tool error.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+
+#: The longest signature quoted in a message.
+_SIGNATURE_LIMIT = 160
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFunction:
+    """A tool's ``def`` as its source states it: where it is, what kind of function, and its parameters."""
+
+    name: str
+    line: int
+    is_async: bool
+    is_generator: bool
+    keyword: frozenset[str]
+    """Parameters a keyword argument can fill (every named one but the positional-only)."""
+    positional_only: frozenset[str]
+    required: tuple[str, ...]
+    """Parameters without a default, in order (positional-only ones included)."""
+    var_keyword: bool
+    """Whether it takes ``**kwargs`` (then any other keyword is accepted too)."""
+    signature: str
+
+    @classmethod
+    def of(cls, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ToolFunction:
+        args = node.args
+        positional = [*args.posonlyargs, *args.args]
+        with_default = {a.arg for a in positional[len(positional) - len(args.defaults) :]}
+        with_default |= {
+            a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+        }
+        named = [*positional, *args.kwonlyargs]
+        signature = f"{node.name}({ast.unparse(args)})"
+        if len(signature) > _SIGNATURE_LIMIT:
+            signature = signature[: _SIGNATURE_LIMIT - 4] + "...)"
+        return cls(
+            name=node.name,
+            line=node.lineno,
+            is_async=isinstance(node, ast.AsyncFunctionDef),
+            is_generator=_yields(node),
+            keyword=frozenset(a.arg for a in [*args.args, *args.kwonlyargs]),
+            positional_only=frozenset(a.arg for a in args.posonlyargs),
+            required=tuple(a.arg for a in named if a.arg not in with_default),
+            var_keyword=args.kwarg is not None,
+            signature=signature,
+        )
+
+    def refusal(self) -> str | None:
+        """Why calling this function cannot run the tool (an async def, a generator), or None."""
+        if not (self.is_async or self.is_generator):
+            return None
+        if self.is_async:
+            kind = "an async generator function" if self.is_generator else "an async def"
+            returned = "an async generator" if self.is_generator else "a coroutine"
+            fix = "make it a plain def (which may run async code with asyncio.run)"
+        else:
+            kind, returned = "a generator function (its body contains yield)", "a generator"
+            fix = "make it return a list instead"
+        return (
+            f"is {kind}: a worker calls a tool synchronously and uses what it returns, so each call would "
+            f"return {returned} object and run none of its body; {fix}"
+        )
+
+    def call_problems(self, declared: Collection[str]) -> list[tuple[str | None, str]]:
+        """What a keyword call with exactly the ``declared`` names (inputs, bound ones included) would get
+        wrong: ``(input name, message)``, or ``(None, message)`` for a problem of the function itself."""
+        out: list[tuple[str | None, str]] = []
+        keywords_only = "a tool is called with keyword arguments only"
+        for name in declared:
+            if name in self.positional_only:
+                why = f"is a positional-only parameter (before '/') of {self.signature}; {keywords_only}"
+                out.append((name, f"{name!r} {why}"))
+            elif name not in self.keyword and not self.var_keyword:
+                out.append((name, f"{name!r} is not a parameter of {self.signature}, which has no **kwargs"))
+        for name in self.required:
+            if name in self.positional_only:
+                why = f"requires the positional-only parameter {name!r}, but {keywords_only}"
+                out.append((None, f"{self.signature} {why}: every call would fail"))
+            elif name not in declared:
+                why = "declare it (and bind it in bound_arguments if the model must not pass it)"
+                out.append((None, f"{self.signature} requires {name!r}, which is not in inputs: {why}"))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class ToolFile:
     """What a trusted tool file's source says, learned without running it: the names its module level
-    binds (``dynamic``: a star import or a module ``__getattr__`` may bind any), or why it cannot load."""
+    binds (``dynamic``: a star import or a module ``__getattr__`` may bind any), the functions whose
+    signature is known, or why it cannot load."""
 
     names: frozenset[str] = frozenset()
     dynamic: bool = False
     error: str | None = None
+    functions: Mapping[str, ToolFunction] = field(default_factory=dict)
 
     def binds(self, name: str) -> bool:
         return self.dynamic or name in self.names
+
+    def function(self, name: str) -> ToolFunction | None:
+        """The ``def`` that surely is ``name`` when the module is imported, or None when unknown."""
+        return self.functions.get(name)
 
     @classmethod
     def parse(cls, path: Path) -> ToolFile:
@@ -40,36 +135,64 @@ class ToolFile:
             return cls(error=f"has a syntax error{where}: {exc.msg}")
         except (ValueError, RecursionError) as exc:  # a null byte in the source; nesting too deep
             return cls(error=f"is not valid Python source: {exc}")
-        names, dynamic = module_bindings(tree)
-        return cls(frozenset(names), dynamic)
+        bindings = _Bindings(tree)
+        return cls(frozenset(bindings.counts), bindings.dynamic, functions=bindings.known_functions())
 
 
-def module_bindings(tree: ast.Module) -> tuple[set[str], bool]:
-    """Names bound at module level (in any branch of an if/try/with/loop), without entering functions,
-    classes or lambdas; and whether the module may bind names this cannot see."""
-    names: set[str] = set()
-    dynamic = False
-    todo: list[ast.AST] = list(tree.body)
+class _Bindings:
+    """One walk over a module's top level: how many places bind each name, its defs, its star imports."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.counts: Counter[str] = Counter()
+        self.defs: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+        self.star_lines: list[int] = []
+        todo: list[ast.AST] = list(tree.body)
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                self.counts[node.name] += 1
+                if not isinstance(node, ast.ClassDef):
+                    self.defs.append(node)
+                continue
+            if isinstance(node, ast.Lambda):
+                continue
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name == "*":
+                        self.star_lines.append(node.lineno)
+                    else:
+                        self.counts[alias.asname or alias.name.split(".")[0]] += 1
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                self.counts[node.id] += 1
+            elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+                self.counts[node.name] += 1
+            elif isinstance(node, ast.MatchMapping) and node.rest:
+                self.counts[node.rest] += 1
+            todo.extend(ast.iter_child_nodes(node))
+        # A function may bind a module-level name through ``global`` when it is called (at import, or by
+        # a later tool call): one more place that binds it.
+        self.counts.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
+        self.dynamic = bool(self.star_lines) or "__getattr__" in self.counts
+
+    def known_functions(self) -> dict[str, ToolFunction]:
+        """The defs whose name nothing else binds: not decorated (a decorator may return anything), the
+        only binding of the name, and after every star import (which could rebind it)."""
+        return {
+            node.name: ToolFunction.of(node)
+            for node in self.defs
+            if not node.decorator_list
+            and self.counts[node.name] == 1
+            and all(line < node.lineno for line in self.star_lines)
+        }
+
+
+def _yields(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``yield`` appears in the function's own body (not in a function or class nested in it)."""
+    todo: list[ast.AST] = list(function.body)
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-            continue
-        if isinstance(node, ast.Lambda):
-            continue
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                if alias.name == "*":
-                    dynamic = True
-                else:
-                    names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
-            names.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            names.add(node.rest)
-        todo.extend(ast.iter_child_nodes(node))
-    # A function may bind a module-level name through ``global`` when it is called at import.
-    names.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
-    return names, dynamic or "__getattr__" in names
+        if isinstance(node, ast.Yield | ast.YieldFrom):
+            return True
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+    return False

@@ -8,7 +8,9 @@ memory; given the scan's identity it refuses to read a file that changed since i
 
 Because a workload is read twice, it must be a regular file: a pipe would be drained by the scan.
 Trusted tool files are checked by parsing them (never by running them): each must compile and bind the
-tool's name at top level.
+tool's name at top level; where the name is a plain ``def``, it must not be ``async`` or a generator, and
+its parameters must take exactly the declared inputs by keyword (:mod:`asyncroll.tool_files`).
+See docs/TOOLS.md.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from typing import Annotated, Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from asyncroll.coerce import TYPE_PATTERN, CoercionError, check_type_name, coerce_arguments
+from asyncroll.coerce import TYPE_PATTERN, argument_errors, bound_errors, check_type_name
 from asyncroll.errors import WorkloadError
-from asyncroll.tool_files import ToolFile
+from asyncroll.tool_files import ToolFile, ToolFunction
 
 #: Built-in tools (no ``implementation``) and their declared inputs.
 BUILTIN_TOOLS: dict[str, dict[str, str]] = {
@@ -133,6 +135,14 @@ class Problem(_Strict):
     script: list[Action] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("id")
+    @classmethod
+    def _not_blank(cls, value: str | int | None) -> str | int | None:
+        # The id names the trajectory in events, results and reports: an invisible one names nothing.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty or blank (leave 'id' out to use the line number)")
+        return value
+
     @property
     def protocol(self) -> str | None:
         meta = self.metadata.get("prompt_metadata")
@@ -210,7 +220,9 @@ class WorkloadScan:
     identity: FileIdentity | None = None
     tools: dict[str, ToolSource] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    """The errors found, each ``FILE:LINE: field: message`` (at most :data:`MAX_REPORTED_PROBLEMS`)."""
     truncated: int = 0
+    invalid_lines: int = 0
 
     def add_problem(self, message: str) -> None:
         if len(self.problems) < MAX_REPORTED_PROBLEMS:
@@ -218,9 +230,23 @@ class WorkloadScan:
         else:
             self.truncated += 1
 
+    @property
+    def errors(self) -> int:
+        """How many errors were found, reported or not."""
+        return len(self.problems) + self.truncated
+
+    def error_summary(self) -> str:
+        """One line that counts the errors, and the workload lines that hold them, as nouns of their own:
+        a *problem* is a workload line's task, never an error."""
+        errors = f"{self.errors} error{'' if self.errors == 1 else 's'}"
+        if self.identity is None:
+            return f"{errors}; no line was read"
+        lines = f"{self.count} workload line{'' if self.count == 1 else 's'}"
+        return f"{errors} in {self.invalid_lines} of {lines}" if self.invalid_lines else f"{errors} ({lines})"
+
     def raise_if_invalid(self) -> None:
         if self.problems:
-            extra = [f"... and {self.truncated} more problems"] if self.truncated else []
+            extra = [f"... and {self.truncated} more errors"] if self.truncated else []
             raise WorkloadError(self.problems + extra)
 
 
@@ -237,7 +263,10 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 
 def _check_problem(
-    problem: Problem, tool_root: Path, scripted: bool, tool_files: dict[Path, ToolFile] | None = None
+    problem: Problem,
+    tool_root: Path,
+    scripted: bool,
+    tool_files: dict[Path, ToolFile] | None = None,
 ) -> list[tuple[str, str]]:
     """Cross-field checks pydantic cannot express; returns (field, message) pairs.
 
@@ -271,12 +300,18 @@ def _check_problem(
             elif tool.name == EVALUATOR_TOOL and problem.protocol != "one_repair":
                 out.append((f"{where}.name", _EVALUATOR_ONLY_BY_SUBMIT))
         else:
-            problem_msg = _check_implementation(tool.implementation, tool.name, tool_root, tool_files)
+            problem_msg, function = _check_implementation(
+                tool.implementation, tool.name, tool_root, tool_files
+            )
             if problem_msg:
                 out.append((f"{where}.implementation", problem_msg))
+            if function is not None:
+                out.extend(_check_function(tool.implementation, tool, function, where))
         unknown_bound = set(tool.bound_arguments) - set(tool.declared_inputs)
         if unknown_bound:
             out.append((f"{where}.bound_arguments", f"not declared in inputs: {sorted(unknown_bound)}"))
+        for exc in bound_errors(tool.bound_arguments, tool.declared_inputs):
+            out.append((f"{where}.bound_arguments{exc.path}", exc.message))
     if problem.protocol == "one_repair":  # scripted or not: a model server's run evaluates the same tests
         out.extend(_check_one_repair(problem))
     if problem.script is None:
@@ -302,9 +337,7 @@ def _check_problem(
             if declared.name == EVALUATOR_TOOL and declared.implementation is None:
                 out.append((f"{where}.name", _EVALUATOR_ONLY_BY_SUBMIT))
                 continue
-            try:
-                coerce_arguments(action.arguments, declared.declared_inputs, declared.bound_arguments)
-            except CoercionError as exc:
+            for exc in argument_errors(action.arguments, declared.declared_inputs, declared.bound_arguments):
                 out.append((f"{where}.arguments{exc.path}", exc.message))
         elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":
             out.append((f"{where}.type", "'submit' needs metadata.prompt_metadata.protocol == 'one_repair'"))
@@ -316,6 +349,20 @@ def _check_problem(
                     "a 'final' answer would never be tested",
                 )
             )
+    return out
+
+
+def _check_function(
+    implementation: str, tool: Tool, function: ToolFunction, where: str
+) -> list[tuple[str, str]]:
+    """What the tool's ``def`` says against how a worker will call it: ``function(**arguments)``."""
+    at = f"({implementation}:{function.line})"
+    out: list[tuple[str, str]] = []
+    refusal = function.refusal()
+    if refusal is not None:
+        out.append((f"{where}.implementation", f"{tool.name!r} {at} {refusal}"))
+    for name, message in function.call_problems(tool.inputs):
+        out.append((f"{where}.inputs" if name is None else f"{where}.inputs.{name}", f"{message} {at}"))
     return out
 
 
@@ -353,28 +400,29 @@ def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
 
 def _check_implementation(
     implementation: str, name: str, tool_root: Path, tool_files: dict[Path, ToolFile]
-) -> str | None:
+) -> tuple[str | None, ToolFunction | None]:
+    """Why the file cannot serve the tool (or None), and the tool's ``def`` when its source shows it."""
     rel = Path(implementation)
     if rel.is_absolute():
-        return f"must be relative to the tool root {tool_root}"
+        return f"must be relative to the tool root {tool_root}", None
     resolved = (tool_root / rel).resolve()
     if not resolved.is_relative_to(tool_root):
-        return f"{implementation!r} escapes the tool root {tool_root}"
+        return f"{implementation!r} escapes the tool root {tool_root}", None
     if resolved.suffix != ".py":
-        return f"{implementation!r} is not a .py file"
+        return f"{implementation!r} is not a .py file", None
     if not resolved.is_file():
-        return f"{implementation!r} does not exist under the tool root {tool_root}"
+        return f"{implementation!r} does not exist under the tool root {tool_root}", None
     parsed = tool_files.get(resolved)
     if parsed is None:
         parsed = tool_files[resolved] = ToolFile.parse(resolved)
     if parsed.error is not None:
-        return f"{implementation!r} {parsed.error}"
+        return f"{implementation!r} {parsed.error}", None
     if not parsed.binds(name):
         return (
             f"{implementation!r} defines no top-level {name!r} "
             "(no def, class, assignment or import at module level binds that name)"
-        )
-    return None
+        ), None
+    return None, parsed.function(name)
 
 
 #: Constants Python's and pydantic-core's JSON parsers accept but JSON does not have.
@@ -450,9 +498,11 @@ def _open_regular(path: Path) -> tuple[BinaryIO, FileIdentity]:
 
 
 def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | None = None) -> WorkloadScan:
-    """Validate every line (up to ``limit`` problems); collect every problem instead of stopping.
+    """Validate every line (up to ``limit`` problems); collect every error instead of stopping.
 
-    A workload that cannot be read or is not a regular file is one problem of the scan, like any other."""
+    A workload that cannot be read or is not a regular file is one error of the scan, like any other.
+    (A script that ends with a tool call is valid: under ``--max-turns`` at most its length the run ends
+    it as ``max_turns``; beyond, its trajectory fails with ``script_exhausted``, counted.)"""
     scan = WorkloadScan(path=path)
     digest = hashlib.sha256()
     ids: dict[str, int] = {}
@@ -484,6 +534,7 @@ def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | N
                     scan.tools.setdefault(tool.key, ToolSource(tool.key, tool.name, impl))
             for fld, message in issues:
                 scan.add_problem(f"{path}:{line_no}: {fld}: {message}")
+            scan.invalid_lines += bool(issues)
             scan.count += 1
         if FileIdentity.of(os.fstat(handle.fileno())) != identity:
             scan.add_problem(f"{path}: changed while it was being validated; validate it again when stable")

@@ -377,7 +377,6 @@ def test_tool_file_with_a_syntax_error_or_without_the_tool_fails_validation(tmp_
     "source",
     [
         "def f(x):\n    return x\n",
-        "async def f(x):\n    return x\n",
         "class f:\n    def __init__(self, x):\n        self.x = x\n",
         "f = abs\n",
         "f: object = abs\n",
@@ -626,4 +625,187 @@ def test_functional_test_records_must_be_json(tmp_path: Path) -> None:
     assert "metadata.reference_tests[0].input: line 1 is not a JSON value" in problems[0], problems
     assert "metadata.reference_tests[1]: is a stdin test but func_name 'solve' was given" in problems[1], (
         problems
+    )
+
+
+# --- what a tool's def says: kind and parameters, against how a worker calls it (f(**arguments)) ----------
+
+
+def _tool_problems(
+    tmp_path: Path, source: str, inputs: dict[str, str], bound: dict[str, Any] | None = None
+) -> list[str]:
+    """The errors of a one-problem workload whose tool ``f`` is defined by ``source`` (``FILE:1: `` cut)."""
+    (tmp_path / "t.py").write_text(source)
+    tool: dict[str, Any] = {"name": "f", "inputs": inputs, "implementation": "t.py"}
+    if bound is not None:
+        tool["bound_arguments"] = bound
+    line = {"id": 1, "prompt": "p", "tools": [tool], "script": [{"type": "final", "answer": 1}]}
+    problems = _problems(tmp_path, [json.dumps(line)])
+    prefix = f"{tmp_path / 'w.jsonl'}:1: "
+    assert all(p.startswith(prefix) for p in problems), problems
+    return [p.removeprefix(prefix) for p in problems]
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "returned"),
+    [
+        ("import asyncio\n\nasync def f(x):\n    await asyncio.sleep(0)\n", "an async def", "a coroutine"),
+        ("import os\n\ndef f(x):\n    yield x\n", "a generator function", "a generator"),
+        ("\n\ndef f(x):\n    if x:\n        yield from range(x)\n", "a generator function", "a generator"),
+        ("\n\nasync def f(x):\n    yield x\n", "an async generator function", "an async generator"),
+    ],
+)
+def test_async_and_generator_tools_are_refused(tmp_path: Path, source: str, kind: str, returned: str) -> None:
+    """Calling one runs none of its body: validation names the file, the def's line and why."""
+    (problem,) = _tool_problems(tmp_path, source, {"x": "int"})
+    assert problem.startswith(f"tools[0].implementation: 'f' (t.py:3) is {kind}"), problem
+    assert f"each call would return {returned} object and run none of its body" in problem
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(x):\n    return list(i for i in range(x))\n",  # a generator expression, not a yield
+        "def f(x):\n    def g():\n        yield x\n    return list(g())\n",  # a nested generator
+        "def f(x):\n    async def g():\n        return x\n    return 1\n",
+        "import functools\n\n@functools.lru_cache\ndef f(x):\n    yield x\n",  # decorated: unknown
+        "def g(x):\n    yield x\n\nf = g\n",  # assigned: unknown (the worker refuses what it returns)
+    ],
+)
+def test_a_plain_function_or_one_whose_kind_is_unknown_is_not_refused(tmp_path: Path, source: str) -> None:
+    assert _tool_problems(tmp_path, source, {"x": "int"}) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "inputs", "bound", "expected"),
+    [
+        # every declared input is a keyword parameter; required ones are all declared
+        ("def f(a, b=1, *, c, d=2):\n    pass\n", {"a": "int", "c": "int"}, None, []),
+        ("def f(a, b=1, *, c, d=2):\n    pass\n", {"a": "int", "b": "int", "c": "int", "d": "int"}, None, []),
+        ("def f(**kwargs):\n    pass\n", {"anything": "str"}, None, []),
+        (
+            "def f(a, /, b=1, **kw):\n    pass\n",
+            {},
+            None,
+            [
+                "tools[0].inputs: f(a, /, b=1, **kw) requires the positional-only parameter 'a', but a "
+                "tool is called with keyword arguments only: every call would fail (t.py:1)"
+            ],
+        ),
+        (
+            "def f(x):\n    pass\n",
+            {"x": "int", "y": "int"},
+            None,
+            ["tools[0].inputs.y: 'y' is not a parameter of f(x), which has no **kwargs (t.py:1)"],
+        ),
+        (
+            "def f(*args):\n    pass\n",
+            {"x": "int"},
+            None,
+            ["tools[0].inputs.x: 'x' is not a parameter of f(*args), which has no **kwargs (t.py:1)"],
+        ),
+        (
+            "def f(x=0, /, *, y):\n    pass\n",
+            {"x": "int", "y": "int"},
+            None,
+            [
+                "tools[0].inputs.x: 'x' is a positional-only parameter (before '/') of f(x=0, /, *, y); a "
+                "tool is called with keyword arguments only (t.py:1)"
+            ],
+        ),
+        (
+            "def f(a: int, b: int, *, key: str):\n    pass\n",
+            {"a": "int"},
+            None,
+            [
+                "tools[0].inputs: f(a: int, b: int, *, key: str) requires 'b', which is not in inputs: "
+                "declare it (and bind it in bound_arguments if the model must not pass it) (t.py:1)",
+                "tools[0].inputs: f(a: int, b: int, *, key: str) requires 'key', which is not in inputs: "
+                "declare it (and bind it in bound_arguments if the model must not pass it) (t.py:1)",
+            ],
+        ),
+        # a bound argument is declared too, so it counts as passed
+        ("def f(a, key):\n    pass\n", {"a": "int", "key": "str"}, {"key": "k"}, []),
+        # the name bound twice, or possibly rebound by a later star import: its signature is unknown
+        ("def f(x):\n    pass\n\nif True:\n    f = print\n", {"y": "int"}, None, []),
+        ("def f(x):\n    pass\n\nfrom os.path import *\n", {"y": "int"}, None, []),
+        (
+            "from os.path import *\n\ndef f(x):\n    pass\n",
+            {"y": "int"},
+            None,
+            [
+                "tools[0].inputs.y: 'y' is not a parameter of f(x), which has no **kwargs (t.py:3)",
+                "tools[0].inputs: f(x) requires 'x', which is not in inputs: declare it (and bind it in "
+                "bound_arguments if the model must not pass it) (t.py:3)",
+            ],
+        ),
+        ("def f(x):\n    pass\n\ndef g():\n    global f\n", {"y": "int"}, None, []),
+    ],
+)
+def test_declared_inputs_must_fit_the_functions_keyword_parameters(
+    tmp_path: Path, source: str, inputs: dict[str, str], bound: dict[str, Any] | None, expected: list[str]
+) -> None:
+    """A worker calls ``f(**arguments)`` with exactly the declared inputs (bound ones included): a declared
+    input the function cannot take by keyword, or a required parameter nobody passes, is a TypeError in
+    every call; validation says so, with the field, the signature and the def's line."""
+    assert _tool_problems(tmp_path, source, inputs, bound) == expected
+
+
+def test_bound_arguments_are_coerced_strictly_like_the_models(tmp_path: Path) -> None:
+    source = "def f(a, label, scale, ks):\n    pass\n"
+    inputs = {"a": "int", "label": "str", "scale": "float", "ks": "list[int]"}
+    bound = {"label": 5, "scale": True, "ks": [1, 2.0]}
+    assert _tool_problems(tmp_path, source, inputs, bound) == [
+        "tools[0].bound_arguments.label: expected str, got int",
+        "tools[0].bound_arguments.scale: expected float, got bool True",
+    ]
+    # What the tool receives: a bound value is coerced like the model's (2 == 2.0, so compare types).
+    received = coerce_arguments({"a": 1}, inputs, {"label": "x", "scale": 2, "ks": [1, 2.0]})
+    assert {k: repr(v) for k, v in received.items()} == {
+        "a": "1",
+        "label": "'x'",
+        "scale": "2.0",
+        "ks": "[1, 2]",
+    }
+
+
+def test_every_bad_argument_of_a_step_is_reported(tmp_path: Path) -> None:
+    tool = {
+        "name": "f",
+        "inputs": {"a": "int", "b": "int", "s": "float", "t": "str"},
+        "implementation": "t.py",
+    }
+    (tmp_path / "t.py").write_text("def f(a, b, s, t):\n    pass\n")
+    script = [
+        {"type": "tool", "name": "f", "arguments": {"a": "5", "b": True, "s": "x", "t": 3}},
+        {"type": "tool", "name": "f", "arguments": {"a": 1, "zz": 2}},
+        {"type": "final", "answer": 1},
+    ]
+    path = _write(tmp_path, [json.dumps({"id": 1, "prompt": "p", "tools": [tool], "script": script})])
+    problems = [p.removeprefix(f"{path}:1: ") for p in scan_workload(path, tmp_path, scripted=True).problems]
+    assert problems == [
+        "script[0].arguments.a: expected int, got str '5'",
+        "script[0].arguments.b: expected int, got bool True",
+        "script[0].arguments.s: expected float, got str 'x'",
+        "script[0].arguments.t: expected str, got int",
+        "script[1].arguments: unexpected arguments ['zz']; expected ['a', 'b', 's', 't']",
+        "script[1].arguments: missing arguments ['b', 's', 't']",
+    ]
+
+
+@pytest.mark.parametrize("pid", ["", "  ", "\t"])
+def test_a_blank_id_is_refused(tmp_path: Path, pid: str) -> None:
+    (problem,) = _problems(tmp_path, [json.dumps({**GOOD, "id": pid})])
+    assert problem.startswith(f"{tmp_path / 'w.jsonl'}:1: id: ") and "must not be empty or blank" in problem
+
+
+def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> None:
+    missing = scan_workload(tmp_path / "missing.jsonl", tmp_path, scripted=True)
+    assert missing.error_summary() == "1 error; no line was read"
+    path = _write(tmp_path, [json.dumps(GOOD), json.dumps({**GOOD, "id": 2, "tools": [{"name": "x"}]})])
+    assert scan_workload(path, tmp_path, scripted=True).error_summary() == "2 errors in 1 of 2 workload lines"
+    (tmp_path / "w.jsonl").write_text("")
+    assert (
+        scan_workload(tmp_path / "w.jsonl", tmp_path, scripted=True).error_summary()
+        == "1 error (0 workload lines)"
     )
