@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import pickle
 import signal
@@ -10,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Generator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,8 +28,9 @@ from asyncroll.workers import (
     Ready,
     StartupFailed,
     ToolSpec,
+    child,
 )
-from asyncroll.workers.child import to_jsonable
+from asyncroll.workers.child import run_job, to_jsonable
 from asyncroll.workers.protocol import Message, decode, encode, frame
 
 T = TypeVar("T")
@@ -119,6 +122,96 @@ def test_to_jsonable_converts_python_and_numpy_like_values() -> None:
     cyclic: list[Any] = []
     cyclic.append(cyclic)
     assert isinstance(to_jsonable(cyclic), list)
+
+
+def test_non_finite_floats_become_strings_and_reprs_lose_memory_addresses() -> None:
+    """An observation is JSON the model can read, and the same result reads the same in every run."""
+
+    class Float(float):  # numpy.float64 is a float subclass
+        pass
+
+    value = {
+        "nan": math.nan,
+        "inf": [math.inf, -math.inf],
+        "sub": Float("nan"),
+        math.inf: 1.5,
+        "obj": object(),
+    }
+    converted = to_jsonable(value)
+    assert converted == {
+        "nan": "NaN",
+        "inf": ["Infinity", "-Infinity"],
+        "sub": "NaN",
+        "Infinity": 1.5,
+        "obj": "<object object>",
+    }
+    json.dumps(converted, allow_nan=False)  # valid JSON: raises on a bare NaN
+    assert to_jsonable(run_job) == "<function run_job>"
+
+
+def _in_process(function: Any, **arguments: Any) -> JobReply:
+    """One job through the worker's own ``run_job``, in this process (no worker needed)."""
+    reply = decode(run_job({"t": function}, encode(JobRequest(1, "t", arguments))[4:])[4:])
+    assert isinstance(reply, JobReply)
+    return reply
+
+
+def test_whatever_a_tool_raises_is_a_tool_error() -> None:
+    class Custom(BaseException):
+        pass
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    def leave() -> None:
+        sys.exit(3)
+
+    def custom() -> None:
+        raise Custom("mine")
+
+    try:
+        assert _in_process(interrupt).error == "KeyboardInterrupt"
+    except KeyboardInterrupt:  # would end the pytest session: report it as what it is
+        pytest.fail("a KeyboardInterrupt raised by a tool escaped run_job: it would kill the worker")
+    assert _in_process(leave).error == "SystemExit: 3"
+    assert _in_process(custom).error == "Custom: mine"
+    assert _in_process(lambda x: -x, x=2).value == -2
+
+
+def test_a_sigint_the_worker_received_still_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a KeyboardInterrupt a tool raised itself is a tool error; the worker's SIGINT handler marks a
+    real one, which propagates as before (the worker then dies by SIGINT)."""
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(child, "_sigint_received", True)
+    with pytest.raises(KeyboardInterrupt):
+        _in_process(interrupted)
+
+
+def test_a_tool_that_returns_a_coroutine_generator_or_awaitable_fails() -> None:
+    """Nothing would run their body: never a success whose observation is ``<coroutine object ...>``."""
+    ran: list[str] = []
+
+    async def fetch() -> int:
+        ran.append("fetch")
+        return 1
+
+    def numbers() -> Generator[int, None, None]:
+        ran.append("numbers")
+        yield 1
+
+    class Later:
+        def __await__(self) -> Generator[None, None, int]:
+            yield None
+            return 1
+
+    for tool, what in ((fetch, "a coroutine"), (numbers, "a generator"), (Later, "an awaitable Later")):
+        reply = _in_process(tool)
+        assert (reply.ok, reply.value) == (False, None)
+        assert reply.error is not None and reply.error.startswith(f"TypeError: the tool returned {what}")
+    assert ran == []
 
 
 def test_child_module_imports_stay_light() -> None:
@@ -395,6 +488,46 @@ def test_startup_failures_raise_and_leave_no_process(
     if worker.pid is not None:  # else it timed out before the process was spawned
         assert gone(worker.pid, within=1.0) and worker.returncode is not None
     assert not worker.alive
+
+
+@real_process
+def test_tool_imports_helpers_from_its_folder_not_the_cwd_and_sigint_still_kills(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool file imports a module that sits next to it (its folder is on sys.path, as a script's is);
+    the runtime's working directory is not (``-P``): what imports must not depend on where the run was
+    started. A SIGINT sent to the worker mid-job still kills it, as before."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "helper.py").write_text("def double(x):\n    return 2 * x\n")
+    (tools / "uses.py").write_text(
+        "import time\nfrom helper import double\n\n"
+        "def twice(x):\n    return double(x)\n\n"
+        "def from_cwd():\n    import only_in_cwd\n\n"
+        "def wait(marker):\n    open(marker, 'w').close()\n    time.sleep(30)\n"
+    )
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "only_in_cwd.py").write_text("")
+    monkeypatch.chdir(cwd)
+    marker = tmp_path / "waiting"
+    uses = tools / "uses.py"
+
+    async def main() -> None:
+        worker = await started(ToolSpec("twice", uses), ToolSpec("from_cwd", uses), ToolSpec("wait", uses))
+        assert (await worker.call(job(1, "twice", x=2), 5)).reply.value == 4
+        reply = (await worker.call(job(2, "from_cwd"), 5)).reply
+        assert reply.error == "ModuleNotFoundError: No module named 'only_in_cwd'"
+        call = asyncio.create_task(worker.call(job(3, "wait", marker=str(marker)), timeout=15))
+        while not marker.exists():  # noqa: ASYNC110 - the worker creates it
+            await asyncio.sleep(0.01)
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGINT)
+        with pytest.raises(WorkerDied, match="killed by SIGINT"):
+            await call
+        await worker.kill()
+
+    run(main())
 
 
 @real_process

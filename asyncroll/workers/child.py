@@ -6,6 +6,12 @@ only the stdlib and :mod:`asyncroll.workers.protocol`/:mod:`~asyncroll.workers.b
 ``--out-fd``; the process's own stdout/stderr are a log file (or /dev/null), so a tool that prints
 cannot corrupt the channel. Module state persists across jobs: a worker is a warm, long-lived process.
 
+Each tool file is imported once per worker, with its own folder first on ``sys.path`` (as running it as a
+script would), so it can import helper modules that sit next to it. A tool is called with keyword
+arguments only; whatever it raises (``SystemExit`` and ``KeyboardInterrupt`` included) is a tool error,
+as is returning a coroutine, generator or other awaitable, which nothing would run. A SIGINT the worker
+itself receives still ends it, as before. Return values become JSON-safe (:func:`to_jsonable`).
+
 On Linux the worker is a child subreaper: a descendant orphaned by a double fork (``setsid -f``, a
 daemon) is re-parented to the worker, not to init, so it stays in the tree the runtime kills. Between
 jobs the worker reaps such orphans once they have exited, when more than a few wait (never a child in its
@@ -22,12 +28,13 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import AsyncGeneratorType, CoroutineType, FrameType, GeneratorType, ModuleType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from asyncroll.workers.builtin import BUILTIN_TOOLS
@@ -62,6 +69,12 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36  # Linux >= 3.4
 
 _SCALARS = (str, int, float, bool, type(None))
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+"""A memory address in a default ``repr`` (``<object object at 0x7f...>``): different in every run."""
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+"""Non-finite floats as strings (JSON has no such numbers), as pydantic's ``ser_json_inf_nan="strings"``."""
+_sigint_received = False
+"""Set by the worker's SIGINT handler: tells a real SIGINT from a ``KeyboardInterrupt`` a tool raised."""
 
 
 class ToolLoadError(Exception):
@@ -76,6 +89,7 @@ def load_tools(specs: list[ToolSpec]) -> dict[str, Callable[..., Any]]:
     by_key: dict[str, Callable[..., Any]] = {PING: os.getpid}
     modules: dict[Path, ModuleType] = {}
     names: dict[str, set[str]] = {}
+    folders = 0  # tool folders go first on sys.path, in the order their first file is loaded
     for spec in specs:
         if spec.path is None:
             function = BUILTIN_TOOLS.get(spec.name)
@@ -85,6 +99,10 @@ def load_tools(specs: list[ToolSpec]) -> dict[str, Callable[..., Any]]:
         else:
             module = modules.get(spec.path)
             if module is None:
+                folder = str(spec.path.parent)
+                if folder not in sys.path:  # helper modules next to the tool file, as for a script
+                    sys.path.insert(folders, folder)
+                    folders += 1
                 module = modules[spec.path] = _load_module(spec.path, len(modules))
             function = getattr(module, spec.name, None)
             if not callable(function):
@@ -116,7 +134,9 @@ def _load_module(path: Path, index: int) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:  # any import failure is a start-up failure
+    except BaseException as exc:  # any import failure is a start-up failure, but a real SIGINT
+        if _signalled(exc):
+            raise
         sys.modules.pop(name, None)
         import traceback
 
@@ -126,20 +146,65 @@ def _load_module(path: Path, index: int) -> ModuleType:
 
 
 def describe(exc: BaseException) -> str:
-    """``ExcType: message``, cut to :data:`ERROR_LIMIT` characters."""
-    return f"{type(exc).__name__}: {exc}"[:ERROR_LIMIT]
+    """``ExcType: message`` (``ExcType`` alone when the message is empty), cut to :data:`ERROR_LIMIT`."""
+    message = str(exc)
+    return (f"{type(exc).__name__}: {message}" if message else type(exc).__name__)[:ERROR_LIMIT]
+
+
+def _signalled(exc: BaseException) -> bool:
+    """Whether ``exc`` is the ``KeyboardInterrupt`` of a SIGINT sent to the worker (which must end it, as
+    it always has), not one that tool code raised (a tool error like any other)."""
+    return isinstance(exc, KeyboardInterrupt) and _sigint_received
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    global _sigint_received
+    _sigint_received = True
+    raise KeyboardInterrupt
+
+
+def _mark_sigint() -> None:
+    """Keep Python's SIGINT behaviour (a ``KeyboardInterrupt``, then death by SIGINT if uncaught) but
+    remember that the signal came; only where Python's own handler is installed (not where the runtime
+    was started with SIGINT ignored, which its workers inherit)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _check_result(value: Any) -> None:
+    """Refuse what a plain call cannot complete: a coroutine, a generator or another awaitable would be
+    returned with the tool's body never run (validation refuses an ``async def`` or generator tool that
+    it can see; this catches the rest: decorated ones, assigned ones)."""
+    if isinstance(value, CoroutineType):
+        value.close()  # no "never awaited" warning in the log
+        what = "a coroutine (is the tool an async def?)"
+    elif isinstance(value, GeneratorType):
+        value.close()
+        what = "a generator (does the tool's body contain yield?)"
+    elif isinstance(value, AsyncGeneratorType):
+        what = "an async generator"
+    elif hasattr(type(value), "__await__"):
+        what = f"an awaitable {type(value).__name__}"
+    else:
+        return
+    raise TypeError(
+        f"the tool returned {what}, which a worker does not run: a tool must be a plain function that "
+        "returns its result"
+    )
 
 
 def to_jsonable(value: Any, depth: int = 0) -> Any:
     """A JSON-safe copy of a tool's return value (ints stay ints, also as dict keys)."""
     kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
+    if kind is str or kind is int or kind is bool or value is None:
         return value
+    if kind is float:
+        return value if math.isfinite(value) else _NON_FINITE[repr(value)]
     if depth > MAX_DEPTH:
         return _repr(value)
     for base in (bool, int, float, str):  # subclasses (IntEnum, numpy.float64, ...) → the base type
         if isinstance(value, base):
-            return base(value)
+            return to_jsonable(base(value), depth)
     if isinstance(value, dict):
         return {_key(k, depth): to_jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -166,8 +231,9 @@ def _key(key: Any, depth: int) -> Any:
 
 
 def _repr(value: Any) -> str:
+    """``repr(value)`` without memory addresses, so that the same result reads the same in every run."""
     try:
-        return repr(value)
+        return _ADDRESS.sub("", repr(value))
     except Exception:  # noqa: BLE001 - a broken __repr__ must not kill the worker
         return f"<unrepresentable {type(value).__name__}>"
 
@@ -187,9 +253,12 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         if function is None:
             raise KeyError(f"unknown tool {request.tool!r}")
         result = function(**request.arguments)
+        _check_result(result)
         ok = True
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failing tool is a result, not a crash
-        error = describe(exc)
+    except BaseException as exc:  # a failing tool is a result, not a crash; a real SIGINT still ends us
+        if _signalled(exc):
+            raise
+        result, error = None, describe(exc)
     finished = time.monotonic()
     cpu_s = time.process_time() - cpu0 + _children_cpu() - children0
     t1 = time.monotonic()
@@ -353,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent()
     _adopt_orphans()
+    _mark_sigint()
     try:
         return _run(args)
     finally:

@@ -4,6 +4,10 @@ The worker runs ``python -m asyncroll.workers.child`` in a new session (so it le
 group and a terminal's Ctrl-C reaches only the runtime, which then shuts workers down in order). Its
 stdin is /dev/null and its stdout/stderr go to a log file (appended) or /dev/null; jobs and replies use
 two dedicated pipes passed with ``pass_fds``, so nothing a tool prints can reach the channel.
+
+``-P`` keeps the runtime's working directory off the worker's ``sys.path``: what a tool can import must
+not depend on where ``asyncroll`` was started. The worker puts each tool file's own folder there instead,
+as running the file as a script would (``PYTHONPATH`` is still honoured, and passed on).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ async def spawn(tools: Sequence[ToolSpec], log_path: Path | None) -> Spawned:
         log, log_offset = _open_log(log_path)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "asyncroll.workers.child",
+                sys.executable, "-P", "-m", "asyncroll.workers.child",
                 "--in-fd", str(job_r), "--out-fd", str(reply_w),
                 "--tools-json", json.dumps([tool.to_json() for tool in tools]),
                 stdin=asyncio.subprocess.DEVNULL,
