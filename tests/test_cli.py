@@ -106,7 +106,7 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
     assert f"{workload}:4: script: must hold at least one action" in result.stderr
     assert not out.exists()
     validate = cli("validate", workload)
-    assert validate.returncode == 2 and "2 problem(s)" in validate.stderr
+    assert validate.returncode == 2 and "2 errors in 1 of 4 workload lines" in validate.stderr
     assert cli("validate", SMOKE).returncode == 0
     # validate refuses the options run refuses
     bogus = cli("validate", SMOKE, "--backend", "bogus")

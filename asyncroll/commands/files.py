@@ -36,10 +36,8 @@ def validate(
         for line in scan.problems:
             typer.echo(line, err=True)
         if scan.truncated:
-            typer.echo(f"... and {scan.truncated} more problems", err=True)
-        typer.echo(
-            f"{workload}: {len(scan.problems) + scan.truncated} problem(s) in {scan.count} lines", err=True
-        )
+            typer.echo(f"... and {scan.truncated} more errors", err=True)
+        typer.echo(f"{workload}: {scan.error_summary()}", err=True)
         raise typer.Exit(2)
     typer.echo(
         f"{workload}: ok, {scan.count} problems, {len(scan.tools)} distinct tools, sha256 {scan.sha256}"
