@@ -26,6 +26,9 @@ from asyncroll.evaluator.budget import (
     tool_timeout_cap,
 )
 
+#: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
+DEFAULT_MAX_OBSERVATION_CHARS = 100_000
+
 PolicyName = Literal[
     "sync",
     "fifo",
@@ -111,6 +114,8 @@ class RunConfig(BaseModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # 0: any free port (see run.json)
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
     tool_errors: Literal["fail", "observe"] = "fail"
+    # a tool's result longer than this (as JSON text) is cut before the model sees it (counted)
+    max_observation_chars: int = Field(default=DEFAULT_MAX_OBSERVATION_CHARS, ge=100, le=100_000_000)
     allow_weak_isolation: bool = False
     # The code evaluator (lcb_evaluate, SPEC §9), passed to every evaluation; the evaluator's own bounds.
     # evaluation_timeout None: LiveCodeBench's (test_timeout + 1) × tests + 5 s, capped below tool_timeout.

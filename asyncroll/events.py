@@ -90,6 +90,7 @@ class TrajectoryFinished(Event):
     correct: bool | None = None
     error: str | None = None
     generations: int | None = None  # one-repair problems: programs evaluated (2 = a repair was tried)
+    observations_cut: int = 0  # tool results cut to --max-observation-chars before the model saw them
 
 
 # --- model requests ------------------------------------------------------------------------------------

@@ -537,3 +537,34 @@ def test_the_report_module_entry_point_shows_its_own_usage() -> None:
     )
     assert result.returncode == 0 and result.stdout.startswith("Usage: python -m asyncroll.report [OPTIONS]")
     assert "--comparison" in result.stdout
+
+
+def test_a_long_tool_result_is_cut_before_the_model_sees_it_and_counted(tmp_path: Path) -> None:
+    """A tool's 50 MB result went back to the model whole, on every later turn; it is now cut to
+    --max-observation-chars with a note, and summary.json counts the cut results."""
+    from asyncroll.runtime.trajectory import cut_observation
+
+    assert cut_observation("abcdef", 4) == "abcd\n[tool result cut: the first 4 of 6 characters]"
+    (tmp_path / "echo.py").write_text("def echo(n):\n    return 'x' * n\n")
+    tool = {"name": "echo", "inputs": {"n": "int"}, "implementation": "echo.py"}
+    problems = [
+        {
+            "id": f"n{n}",
+            "prompt": "p",
+            "tools": [tool],
+            "script": [
+                {"type": "tool", "name": "echo", "arguments": {"n": n}},
+                {"type": "final", "answer": "ok"},
+            ],
+        }
+        for n in (50, 500)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    result = cli("run", "--workload", workload, "--output", out, "--max-observation-chars", "100")
+    assert result.returncode == 0, result.stderr
+    receipt, summary, events = load_run(out)
+    assert receipt["config"]["max_observation_chars"] == 100
+    assert summary["tools"]["observations_cut"] == 1
+    cut = {e.id: e.observations_cut for e in events if e.event == "trajectory_finished"}
+    assert cut == {"n50": 0, "n500": 1}

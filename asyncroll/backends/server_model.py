@@ -1,8 +1,9 @@
 """A continuous-batching inference-server model, driven by a :class:`~asyncroll.clock.Clock`.
 
 One implementation for two front ends: the simulator (virtual clock) and ``serve-sim`` (real time),
-which count a request's prompt the same way (:mod:`asyncroll.serve_sim.sizes`). Like vLLM's scheduler it keeps a *running* batch of at most ``max_num_seqs`` sequences and a FCFS
-*waiting* queue. Each engine step admits waiting sequences while there is room, then takes
+which count a request's prompt the same way (:mod:`asyncroll.serve_sim.sizes`). Like vLLM's scheduler
+it keeps a *running* batch of at most ``max_num_seqs`` sequences and a FCFS *waiting* queue.
+Each engine step admits waiting sequences while there is room, then takes
 
     step_ms = step_base_ms + step_per_seq_ms × running + prefill_ms_per_token × (prompt tokens admitted)
 

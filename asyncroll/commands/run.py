@@ -91,6 +91,13 @@ def run(
         str | None,
         Opt(help="fail (default) | observe: a tool error ends the trajectory or is returned to the model."),
     ] = None,
+    max_observation_chars: Annotated[
+        int | None,
+        Opt(
+            help="A tool result longer than this many characters (as JSON text) is cut before the model "
+            "sees it, with a note saying so; counted in summary.json (100000)."
+        ),
+    ] = None,
     allow_weak_isolation: Annotated[
         bool | None,
         Opt(

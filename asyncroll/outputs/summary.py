@@ -101,6 +101,7 @@ class SummaryBuilder:
         self.circuit_wait_s = 0.0
         self.tool_calls = 0
         self.tool_failed = 0  # tool calls that failed (timeout, worker died), not cancelled ones
+        self.observations_cut = 0  # over finished trajectories
         self.finished_tool_calls = 0  # made by trajectories that finished (the per-trajectory mean's)
         self.tool_errors = 0
         self.cpu_failures: Counter[str] = Counter()
@@ -274,6 +275,7 @@ class SummaryBuilder:
         self.longest_work = max(self.longest_work, work)
         self.status[event.status] += 1
         self.finished_tool_calls += event.tool_calls
+        self.observations_cut += event.observations_cut
         self.samples["trajectory_s"].append(event.duration_s)
         self.samples["turns_per_trajectory"].append(float(event.turns))
         if event.correct is not None:
@@ -453,6 +455,8 @@ class SummaryBuilder:
                 "error_rate": _ratio(self.tool_errors + self.tool_failed, self.tool_calls),
                 "failures": dict(self.cpu_failures),
                 "jobs_by_kind": dict(self.jobs_by_kind),
+                # results longer than --max-observation-chars, cut before the model saw them
+                "observations_cut": self.observations_cut,
             },
             "latency": {name: distribution(values) for name, values in s.items()},
             "phases": {

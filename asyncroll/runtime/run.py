@@ -249,6 +249,7 @@ class Run:
             max_turns=cfg.max_turns,
             tool_errors=cfg.tool_errors,
             evaluator_options=evaluator_options(cfg),
+            max_observation_chars=cfg.max_observation_chars,
         )
         status: Status = "failed"
         error: str | None = None

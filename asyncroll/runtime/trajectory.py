@@ -14,6 +14,7 @@ from typing import Any, Literal
 from asyncroll.backends.base import Backend, ModelRequest
 from asyncroll.clock import Clock
 from asyncroll.coerce import CoercionError, coerce_arguments
+from asyncroll.config import DEFAULT_MAX_OBSERVATION_CHARS
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, TrajectoryFinished, TrajectoryStarted
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
@@ -22,6 +23,14 @@ from asyncroll.workload import EVALUATOR_TOOL, FinalAction, OneRepair, Problem, 
 
 GRADE_TOOL = "__grade__"
 _JSON = json.JSONEncoder(default=str)  # json.dumps(value, default=str), without a new encoder per call
+
+
+def cut_observation(text: str, limit: int) -> str:
+    """``text`` cut to its first ``limit`` characters, and a line that tells the model so: a result a
+    model's context cannot hold would fail the rest of the trajectory at the server, on every turn."""
+    return f"{text[:limit]}\n[tool result cut: the first {limit:,} of {len(text):,} characters]"
+
+
 Status = Literal["completed", "failed", "max_turns"]
 
 
@@ -89,9 +98,12 @@ class TrajectoryRunner:
         max_turns: int,
         tool_errors: Literal["fail", "observe"],
         evaluator_options: dict[str, Any] | None = None,
+        max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
     ) -> None:
         """``evaluator_options``: extra arguments of every ``lcb_evaluate`` call (the run's settings:
-        :func:`asyncroll.runtime.run.evaluator_options`), bound like the hidden tests."""
+        :func:`asyncroll.runtime.run.evaluator_options`), bound like the hidden tests.
+        ``max_observation_chars``: a tool's result (as JSON text) longer than this reaches the model cut
+        to it, with a note saying so (:func:`cut_observation`), and is counted."""
         self._backend = backend
         self._gate = gate
         self._dispatcher = dispatcher
@@ -100,6 +112,7 @@ class TrajectoryRunner:
         self._max_turns = max_turns
         self._tool_errors = tool_errors
         self._evaluator_options = dict(evaluator_options or {})
+        self._max_observation_chars = max_observation_chars
 
     async def run(self, index: int, traj_id: str, problem: Problem, active: int) -> TrajectoryResult:
         started = self._clock.now()
@@ -124,6 +137,7 @@ class TrajectoryRunner:
                 correct=result.correct,
                 error=result.error,
                 generations=None if result.evaluation is None else result.evaluation.generations,
+                observations_cut=state.observations_cut,
             )
         )
         return result
@@ -213,7 +227,11 @@ class TrajectoryRunner:
         outcome = await self._dispatcher.run(spec)
         state.tool_calls += 1
         if outcome.ok:
-            return _JSON.encode(outcome.value), None
+            text = _JSON.encode(outcome.value)
+            if len(text) > self._max_observation_chars:
+                state.observations_cut += 1
+                text = cut_observation(text, self._max_observation_chars)
+            return text, None
         error = f"tool {action.name!r} failed: {outcome.error}"
         return error, error
 
@@ -287,6 +305,7 @@ class _State:
     started: float
     turns: int = 0
     tool_calls: int = 0
+    observations_cut: int = 0  # tool results cut to --max-observation-chars
     tools_run: set[str] = field(default_factory=set)
     generations: int = 0  # one-repair: programs evaluated so far
 
