@@ -91,6 +91,7 @@ class TrajectoryFinished(Event):
     error: str | None = None
     generations: int | None = None  # one-repair problems: programs evaluated (2 = a repair was tried)
     observations_cut: int = 0  # tool results cut to --max-observation-chars before the model saw them
+    has_reference: bool | None = None  # the problem has a reference_answer (None: a log from before)
 
 
 # --- model requests ------------------------------------------------------------------------------------

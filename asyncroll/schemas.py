@@ -64,6 +64,8 @@ class Accuracy(BaseModel):
     correct: int
     denominator: int
     ungraded: int
+    exact_of_referenced: float | None = None
+    referenced: int | None = None
     one_repair: OneRepair | None = None
 
 

@@ -136,6 +136,8 @@ def test_dispatch_order_by_policy(
         "correct": 1,
         "denominator": 1,
         "ungraded": 2,
+        "exact_of_referenced": 1.0,
+        "referenced": 1,
         "one_repair": None,
     }
     assert outcome.summary["scheduler"]["reorders"] == int(reordered)
@@ -164,6 +166,23 @@ def test_timeout_replaces_worker_and_next_job_succeeds(virtual_run: VirtualRun) 
     assert outcome.summary["workers"]["restarts"] == 1
     assert outcome.summary["tools"]["failures"] == {"timeout": 1}
     assert outcome.summary["tools"]["error_rate"] == 0.5
+
+
+def test_a_referenced_trajectory_that_failed_before_grading_is_not_correct_of_the_referenced(
+    virtual_run: VirtualRun,
+) -> None:
+    """exact leaves a trajectory that failed before its answer was graded out of its denominator;
+    exact_of_referenced counts it as not correct, as an evaluation would."""
+    problems = [
+        {**tool_problem("slow", model_ms=1, cpu_ms=5000), "reference_answer": "ok"},
+        {**tool_problem("fine", model_ms=1, cpu_ms=10), "reference_answer": "ok"},
+        tool_problem("free", model_ms=1, cpu_ms=10),
+    ]
+    outcome, _, _ = virtual_run(problems, tool_timeout=1.0)
+    assert outcome.summary is not None
+    accuracy = outcome.summary["accuracy"]
+    assert (accuracy["exact"], accuracy["denominator"], accuracy["ungraded"]) == (1.0, 1, 2)
+    assert (accuracy["exact_of_referenced"], accuracy["referenced"]) == (0.5, 2)
 
 
 def test_tool_error_rate_is_over_tool_calls_only(virtual_run: VirtualRun) -> None:

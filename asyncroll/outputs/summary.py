@@ -89,6 +89,7 @@ class SummaryBuilder:
         self.started = 0
         self.status: Counter[str] = Counter()
         self.graded = 0
+        self.referenced = 0  # finished trajectories whose problem has a reference answer, graded or not
         self.correct = 0
         self.code: Counter[str] = Counter()  # one-repair outcomes: passed/failed after 1 or 2 programs
         self.model_finished = 0
@@ -276,6 +277,7 @@ class SummaryBuilder:
         self.status[event.status] += 1
         self.finished_tool_calls += event.tool_calls
         self.observations_cut += event.observations_cut
+        self.referenced += event.has_reference is True
         self.samples["trajectory_s"].append(event.duration_s)
         self.samples["turns_per_trajectory"].append(float(event.turns))
         if event.correct is not None:
@@ -436,6 +438,10 @@ class SummaryBuilder:
                 "correct": self.correct,
                 "denominator": self.graded,
                 "ungraded": finished - self.graded,
+                # as evaluations count: a trajectory that failed before its answer was graded is not
+                # correct (exact leaves it out of its denominator)
+                "exact_of_referenced": _ratio(self.correct, self.referenced),
+                "referenced": self.referenced,
                 "one_repair": self._one_repair(),
             },
             "model": {

@@ -138,6 +138,7 @@ class TrajectoryRunner:
                 error=result.error,
                 generations=None if result.evaluation is None else result.evaluation.generations,
                 observations_cut=state.observations_cut,
+                has_reference=problem.reference_answer is not None,
             )
         )
         return result
