@@ -12,12 +12,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from asyncroll import tool_files, workload
+from asyncroll import tool_files
 from asyncroll.backends.action_schema import _INPUT_SCHEMAS
 from asyncroll.coerce import TYPE_NAMES, CoercionError, coerce_arguments
 from asyncroll.errors import WorkloadError
 from asyncroll.schemas import schemas
 from asyncroll.workload import iter_problems, scan_workload
+from asyncroll.workload import scan as workload_scan
 from tests.conftest import REPO
 
 GOOD = {
@@ -315,14 +316,14 @@ def test_a_file_that_changes_while_it_is_scanned_is_invalid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _smoke_copy(tmp_path)
-    original = workload._check_problem
+    original = workload_scan.check_problem
 
     def check_then_append(*args: Any) -> list[tuple[str, str]]:
         with path.open("ab") as handle:
             handle.write(b"\n")
         return original(*args)
 
-    monkeypatch.setattr(workload, "_check_problem", check_then_append)
+    monkeypatch.setattr(workload_scan, "check_problem", check_then_append)
     problems = scan_workload(path, REPO / "examples", scripted=True).problems
     assert problems == [f"{path}: changed while it was being validated; validate it again when stable"]
 

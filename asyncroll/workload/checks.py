@@ -1,0 +1,185 @@
+"""Checks of one problem that pydantic cannot express: its tools against the built-ins and the trusted
+tool files (parsed, never run: :mod:`asyncroll.tool_files`), its script's arguments against the declared
+inputs, and the one-repair protocol's metadata. Each check returns ``(field, message)`` pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncroll.coerce import argument_errors, bound_errors
+from asyncroll.tool_files import ToolFile, ToolFunction
+from asyncroll.workload.models import (
+    _EVALUATOR_ONLY_BY_SUBMIT,
+    BUILTIN_TOOLS,
+    DEFAULT_REPAIR_INSTRUCTION,
+    EVALUATOR_TOOL,
+    PENDING_BUILTINS,
+    FinalAction,
+    Problem,
+    SubmitAction,
+    Tool,
+    ToolAction,
+)
+
+
+def check_problem(
+    problem: Problem,
+    tool_root: Path,
+    scripted: bool,
+    tool_files: dict[Path, ToolFile] | None = None,
+) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot express; returns (field, message) pairs.
+
+    ``tool_files`` caches what each trusted tool file's syntax tree says, across the problems of a scan."""
+    tool_files = {} if tool_files is None else tool_files
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(problem.tools):
+        where = f"tools[{i}]"
+        if tool.name in seen:
+            out.append((f"{where}.name", f"duplicate tool name {tool.name!r}"))
+        seen.add(tool.name)
+        if tool.implementation is None:
+            if tool.name in PENDING_BUILTINS:
+                out.append(
+                    (
+                        f"{where}.name",
+                        f"built-in {tool.name!r} is not available yet: {PENDING_BUILTINS[tool.name]}",
+                    )
+                )
+            elif tool.name not in BUILTIN_TOOLS:
+                out.append(
+                    (
+                        f"{where}.name",
+                        f"unknown tool {tool.name!r}: not a built-in "
+                        f"({', '.join(sorted(BUILTIN_TOOLS))}) and no implementation given",
+                    )
+                )
+            elif tool.inputs and tool.inputs != BUILTIN_TOOLS[tool.name]:
+                out.append((f"{where}.inputs", f"built-in {tool.name!r} takes {BUILTIN_TOOLS[tool.name]}"))
+            elif tool.name == EVALUATOR_TOOL and problem.protocol != "one_repair":
+                out.append((f"{where}.name", _EVALUATOR_ONLY_BY_SUBMIT))
+        else:
+            problem_msg, function = _check_implementation(
+                tool.implementation, tool.name, tool_root, tool_files
+            )
+            if problem_msg:
+                out.append((f"{where}.implementation", problem_msg))
+            if function is not None:
+                out.extend(_check_function(tool.implementation, tool, function, where))
+        unknown_bound = set(tool.bound_arguments) - set(tool.declared_inputs)
+        if unknown_bound:
+            out.append((f"{where}.bound_arguments", f"not declared in inputs: {sorted(unknown_bound)}"))
+        for exc in bound_errors(tool.bound_arguments, tool.declared_inputs):
+            out.append((f"{where}.bound_arguments{exc.path}", exc.message))
+    if problem.protocol == "one_repair":  # scripted or not: a model server's run evaluates the same tests
+        out.extend(_check_one_repair(problem))
+    if problem.script is None:
+        if scripted:
+            hint = "a workload for a model server: --backend vllm or openai"
+            out.append(("script", f"required by the scripted backend ({hint})"))
+        return out
+    if not problem.script:
+        out.append(("script", "must hold at least one action"))
+    for i, action in enumerate(problem.script):
+        where = f"script[{i}]"
+        if isinstance(action, ToolAction):
+            declared = problem.tool(action.name)
+            if declared is None:
+                out.append(
+                    (
+                        f"{where}.name",
+                        f"unknown tool {action.name!r}; this problem declares "
+                        f"{[t.name for t in problem.tools]}",
+                    )
+                )
+                continue
+            if declared.name == EVALUATOR_TOOL and declared.implementation is None:
+                out.append((f"{where}.name", _EVALUATOR_ONLY_BY_SUBMIT))
+                continue
+            for exc in argument_errors(action.arguments, declared.declared_inputs, declared.bound_arguments):
+                out.append((f"{where}.arguments{exc.path}", exc.message))
+        elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":
+            out.append((f"{where}.type", "'submit' needs metadata.prompt_metadata.protocol == 'one_repair'"))
+        elif isinstance(action, FinalAction) and problem.protocol == "one_repair":
+            out.append(
+                (
+                    f"{where}.type",
+                    "a one-repair problem is answered by 'submit' (its code is run on the tests); "
+                    "a 'final' answer would never be tested",
+                )
+            )
+    return out
+
+
+def _check_function(
+    implementation: str, tool: Tool, function: ToolFunction, where: str
+) -> list[tuple[str, str]]:
+    """What the tool's ``def`` says against how a worker will call it: ``function(**arguments)``."""
+    at = f"({implementation}:{function.line})"
+    out: list[tuple[str, str]] = []
+    refusal = function.refusal()
+    if refusal is not None:
+        out.append((f"{where}.implementation", f"{tool.name!r} {at} {refusal}"))
+    for name, message in function.call_problems(tool.inputs):
+        out.append((f"{where}.inputs" if name is None else f"{where}.inputs.{name}", f"{message} {at}"))
+    return out
+
+
+def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    evaluator = problem.tool(EVALUATOR_TOOL)
+    if evaluator is None or evaluator.implementation is not None:
+        out.append(("tools", f"the one-repair protocol needs the built-in tool {EVALUATOR_TOOL!r}"))
+    meta = problem.metadata
+    func_name = meta.get("func_name")
+    if func_name is not None and not (isinstance(func_name, str) and func_name.isidentifier()):
+        out.append(("metadata.func_name", "must be a Python identifier (the Solution method to call)"))
+        func_name = None
+    tests = meta.get("reference_tests")
+    if not isinstance(tests, list) or not tests:
+        out.append(("metadata.reference_tests", "the one-repair protocol needs a non-empty list of tests"))
+    else:
+        from asyncroll.evaluator.cases import check_test  # the evaluator's own checks
+
+        for i, test in enumerate(tests):
+            try:
+                check_test(i, test, func_name)
+            except ValueError as exc:  # "tests[i].field message" → field, message
+                field, _, message = str(exc).partition(" ")
+                out.append((f"metadata.reference_{field}", message))
+    prompt_meta = meta["prompt_metadata"]
+    generations = prompt_meta.get("max_generations", 2)
+    if not isinstance(generations, int) or isinstance(generations, bool) or not 1 <= generations <= 10:
+        out.append(("metadata.prompt_metadata.max_generations", "must be an integer from 1 to 10"))
+    instruction = prompt_meta.get("repair_instruction", DEFAULT_REPAIR_INSTRUCTION)
+    if not isinstance(instruction, str):
+        out.append(("metadata.prompt_metadata.repair_instruction", "must be a string"))
+    return out
+
+
+def _check_implementation(
+    implementation: str, name: str, tool_root: Path, tool_files: dict[Path, ToolFile]
+) -> tuple[str | None, ToolFunction | None]:
+    """Why the file cannot serve the tool (or None), and the tool's ``def`` when its source shows it."""
+    rel = Path(implementation)
+    if rel.is_absolute():
+        return f"must be relative to the tool root {tool_root}", None
+    resolved = (tool_root / rel).resolve()
+    if not resolved.is_relative_to(tool_root):
+        return f"{implementation!r} escapes the tool root {tool_root}", None
+    if resolved.suffix != ".py":
+        return f"{implementation!r} is not a .py file", None
+    if not resolved.is_file():
+        return f"{implementation!r} does not exist under the tool root {tool_root}", None
+    parsed = tool_files.get(resolved)
+    if parsed is None:
+        parsed = tool_files[resolved] = ToolFile.parse(resolved)
+    if parsed.error is not None:
+        return f"{implementation!r} {parsed.error}", None
+    if not parsed.binds(name):
+        return (
+            f"{implementation!r} defines no top-level {name!r} "
+            "(no def, class, assignment or import at module level binds that name)"
+        ), None
+    return None, parsed.function(name)

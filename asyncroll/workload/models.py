@@ -1,0 +1,162 @@
+"""The workload's lines as pydantic models: problems, their tools and scripted actions, and the limits of
+what a line may declare (SPEC §5). Cross-field checks pydantic cannot express are :mod:`.checks`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from asyncroll.coerce import TYPE_PATTERN, check_type_name
+
+#: Built-in tools (no ``implementation``) and their declared inputs.
+BUILTIN_TOOLS: dict[str, dict[str, str]] = {
+    "add": {"a": "number", "b": "number"},
+    "sleep_ms": {"milliseconds": "number"},
+    "spin_ms": {"milliseconds": "number"},
+    # The model supplies only ``code``; the runtime binds ``tests``/``func_name`` from hidden metadata.
+    "lcb_evaluate": {"code": "str"},
+}
+#: Built-ins named by the spec whose implementation has not landed yet.
+PENDING_BUILTINS: dict[str, str] = {}
+MAX_REPORTED_PROBLEMS = 200
+#: Upper bound of a scripted duration (``latency_ms``, ``cpu_ms``): one day. A larger one is a typo, and
+#: would stall a run (or a simulation) for ever.
+MAX_DURATION_MS = 86_400_000
+#: Upper bound of a scripted ``output_tokens``: the simulated server decodes one token per step.
+MAX_OUTPUT_TOKENS = 1_000_000
+#: The built-in evaluator of the one-repair protocol, and the default text of its repair turn.
+EVALUATOR_TOOL = "lcb_evaluate"
+_EVALUATOR_ONLY_BY_SUBMIT = (
+    f"the built-in {EVALUATOR_TOOL!r} runs a 'submit' action under the one-repair protocol "
+    "(metadata.prompt_metadata.protocol == 'one_repair'), which gives it the problem's hidden tests; "
+    "it cannot be called as a tool"
+)
+DEFAULT_REPAIR_INSTRUCTION = (
+    "Your program did not pass the tests; the first failing test is shown below. Return a corrected, "
+    "complete Python 3 program."
+)
+
+
+class _Strict(BaseModel):
+    # strict: no lax coercion ("5" is not 5, true is not 1), as the published JSON Schema says; an int is
+    # still a valid float.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+#: A declared duration in milliseconds: finite, from 0 to one day.
+DurationMs = Annotated[float, Field(ge=0, le=MAX_DURATION_MS, allow_inf_nan=False)]
+OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
+
+
+class ToolAction(_Strict):
+    type: Literal["tool"]
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    latency_ms: DurationMs | None = None
+    output_tokens: OutputTokens | None = None
+    cpu_ms: DurationMs | None = Field(default=None, description="declared CPU time (simulation only)")
+
+
+class FinalAction(_Strict):
+    type: Literal["final"]
+    answer: Any
+    latency_ms: DurationMs | None = None
+    output_tokens: OutputTokens | None = None
+
+
+class SubmitAction(_Strict):
+    type: Literal["submit"]
+    code: str
+    latency_ms: DurationMs | None = None
+    output_tokens: OutputTokens | None = None
+    cpu_ms: DurationMs | None = Field(default=None, description="declared evaluation time (simulation only)")
+    passes: bool | None = Field(default=None, description="declared verdict (simulation only)")
+
+
+Action = Annotated[ToolAction | FinalAction | SubmitAction, Field(discriminator="type")]
+
+
+class Tool(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    inputs: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={"additionalProperties": {"type": "string", "pattern": TYPE_PATTERN}},
+    )
+    implementation: str | None = None
+    bound_arguments: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("inputs")
+    @classmethod
+    def _known_types(cls, inputs: dict[str, str]) -> dict[str, str]:
+        for arg, type_name in inputs.items():
+            check_type_name(arg, type_name)
+        return inputs
+
+    @property
+    def key(self) -> str:
+        """How workers know this tool: its name for built-ins, ``path:name`` for trusted files."""
+        return self.name if self.implementation is None else f"{self.implementation}:{self.name}"
+
+    @property
+    def declared_inputs(self) -> dict[str, str]:
+        if self.implementation is None and not self.inputs:
+            return BUILTIN_TOOLS.get(self.name, {})
+        return self.inputs
+
+
+class Problem(_Strict):
+    id: str | int | None = None
+    prompt: str
+    tools: list[Tool] = Field(default_factory=list)
+    reference_answer: str | None = None
+    script: list[Action] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _not_blank(cls, value: str | int | None) -> str | int | None:
+        # The id names the trajectory in events, results and reports: an invisible one names nothing.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty or blank (leave 'id' out to use the line number)")
+        return value
+
+    @property
+    def protocol(self) -> str | None:
+        meta = self.metadata.get("prompt_metadata")
+        return meta.get("protocol") if isinstance(meta, dict) else None
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    @property
+    def one_repair(self) -> OneRepair | None:
+        """The code-evaluation protocol's settings (validated by the loader), or None."""
+        if self.protocol != "one_repair":
+            return None
+        meta = self.metadata
+        prompt_meta = meta["prompt_metadata"]
+        return OneRepair(
+            tests=meta["reference_tests"],
+            func_name=meta.get("func_name"),
+            max_generations=prompt_meta.get("max_generations", 2),
+            repair_instruction=prompt_meta.get("repair_instruction", DEFAULT_REPAIR_INSTRUCTION),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OneRepair:
+    """Submit → evaluate → on failure one repair turn with the feedback → evaluate (SPEC §2, §5).
+
+    ``tests`` are hidden: they go to the evaluator as bound arguments, never into a prompt or a result."""
+
+    tests: list[dict[str, Any]]
+    func_name: str | None
+    max_generations: int
+    repair_instruction: str
+
+    @property
+    def test_bytes(self) -> int:
+        return sum(len(t.get("input", "")) for t in self.tests)

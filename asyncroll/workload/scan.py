@@ -1,0 +1,261 @@
+"""Reading a workload: :func:`scan_workload` validates every line once, collecting every error as
+``FILE:LINE: field: message``; :func:`iter_problems` streams the validated problems, refusing a file
+that changed since its scan."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pydantic import ValidationError
+
+from asyncroll.errors import WorkloadError
+from asyncroll.tool_files import ToolFile
+from asyncroll.workload.checks import check_problem
+from asyncroll.workload.models import MAX_REPORTED_PROBLEMS, Problem
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSource:
+    """A trusted tool file to preload in every worker."""
+
+    key: str
+    name: str
+    path: Path | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """Which file, with which content, was read: device, inode, size and modification time.
+
+    A rewrite in place changes the size or the modification time; a replacement changes the inode."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(slots=True)
+class WorkloadScan:
+    """What one pass over a workload learned: enough to start a run, never the problems themselves.
+
+    ``identity`` is the file's when it was validated (None if it could not be read); pass it to
+    :func:`iter_problems` so that the run reads exactly what was validated."""
+
+    path: Path
+    count: int = 0
+    sha256: str = ""
+    identity: FileIdentity | None = None
+    tools: dict[str, ToolSource] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    """The errors found, each ``FILE:LINE: field: message`` (at most :data:`MAX_REPORTED_PROBLEMS`)."""
+    truncated: int = 0
+    invalid_lines: int = 0
+
+    def add_problem(self, message: str) -> None:
+        if len(self.problems) < MAX_REPORTED_PROBLEMS:
+            self.problems.append(message)
+        else:
+            self.truncated += 1
+
+    @property
+    def errors(self) -> int:
+        """How many errors were found, reported or not."""
+        return len(self.problems) + self.truncated
+
+    def error_summary(self) -> str:
+        """One line that counts the errors, and the workload lines that hold them, as nouns of their own:
+        a *problem* is a workload line's task, never an error."""
+        errors = f"{self.errors} error{'' if self.errors == 1 else 's'}"
+        if self.identity is None:
+            return f"{errors}; no line was read"
+        lines = f"{self.count} workload line{'' if self.count == 1 else 's'}"
+        return f"{errors} in {self.invalid_lines} of {lines}" if self.invalid_lines else f"{errors} ({lines})"
+
+    def raise_if_invalid(self) -> None:
+        if self.problems:
+            extra = [f"... and {self.truncated} more errors"] if self.truncated else []
+            raise WorkloadError(self.problems + extra)
+
+
+def problem_id(problem: Problem, line_no: int) -> str:
+    """The trajectory id: the problem's own id, or its 1-based line number."""
+    return str(problem.id) if problem.id is not None else str(line_no)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "line"
+
+
+#: Constants Python's and pydantic-core's JSON parsers accept but JSON does not have.
+_NON_STANDARD_CONSTANTS = (b"NaN", b"Infinity")
+
+
+class _NonStandardConstant(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NonStandardConstant(name)
+
+
+def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
+    # The fast path, one pass in pydantic-core, unless the line may hold NaN or Infinity, which
+    # pydantic-core would accept (a string that merely mentions them takes the slow path and passes).
+    if not any(constant in raw for constant in _NON_STANDARD_CONSTANTS):
+        try:
+            return Problem.model_validate_json(raw), []
+        except ValidationError:
+            pass
+    # Slow path: separate JSON errors from field errors for clear messages.
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except _NonStandardConstant as exc:
+        return None, [
+            ("line", f"not valid JSON: {exc} is not a JSON value (write a finite number or a string)")
+        ]
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return None, [("line", f"not valid JSON: {exc}")]
+    if not isinstance(data, dict):
+        return None, [("line", f"expected a JSON object, got {type(data).__name__}")]
+    try:
+        return Problem.model_validate(data), []
+    except ValidationError as exc:
+        return None, [(_location(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)]
+
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _open_regular(path: Path) -> tuple[BinaryIO, FileIdentity]:
+    """Open a workload for reading, or raise :class:`WorkloadError` unless it is a regular file (after
+    symlinks): a run reads its workload twice, and a pipe would be empty the second time."""
+    try:
+        # O_NONBLOCK: opening a pipe nobody writes to must not hang (it changes nothing for a file).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkloadError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise WorkloadError([f"{path}: is a directory, not a workload file"])
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _FILE_KINDS if test(st.st_mode)), "a special file")
+            raise WorkloadError(
+                [
+                    f"{path}: not a regular file ({kind}): a workload is read twice, to validate it and "
+                    "then to run it; save it to a file first (e.g. `cat ... > workload.jsonl`)"
+                ]
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), FileIdentity.of(st)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | None = None) -> WorkloadScan:
+    """Validate every line (up to ``limit`` problems); collect every error instead of stopping.
+
+    A workload that cannot be read or is not a regular file is one error of the scan, like any other.
+    (A script that ends with a tool call is valid: under ``--max-turns`` at most its length the run ends
+    it as ``max_turns``; beyond, its trajectory fails with ``script_exhausted``, counted.)"""
+    scan = WorkloadScan(path=path)
+    digest = hashlib.sha256()
+    ids: dict[str, int] = {}
+    tool_files: dict[Path, ToolFile] = {}
+    tool_root = tool_root.resolve()
+    try:
+        handle, identity = _open_regular(path)
+    except WorkloadError as exc:
+        for message in exc.problems:
+            scan.add_problem(message)
+        return scan
+    with handle:
+        for line_no, raw in enumerate(handle, start=1):
+            digest.update(raw)
+            if not raw.strip() or (limit is not None and scan.count >= limit):
+                continue
+            problem, issues = _parse_line(raw)
+            if problem is not None:
+                issues = check_problem(problem, tool_root, scripted, tool_files)
+                pid = problem_id(problem, line_no)
+                if pid in ids:
+                    issues.append(("id", f"duplicate id {pid!r} (first on line {ids[pid]})"))
+                else:
+                    ids[pid] = line_no
+                for tool in problem.tools if not issues else ():
+                    impl = (
+                        None if tool.implementation is None else (tool_root / tool.implementation).resolve()
+                    )
+                    scan.tools.setdefault(tool.key, ToolSource(tool.key, tool.name, impl))
+            for fld, message in issues:
+                scan.add_problem(f"{path}:{line_no}: {fld}: {message}")
+            scan.invalid_lines += bool(issues)
+            scan.count += 1
+        if FileIdentity.of(os.fstat(handle.fileno())) != identity:
+            scan.add_problem(f"{path}: changed while it was being validated; validate it again when stable")
+    scan.sha256 = digest.hexdigest()
+    scan.identity = identity
+    if scan.count == 0 and not scan.problems:
+        scan.add_problem(f"{path}:1: line: the workload holds no problems")
+    return scan
+
+
+def iter_problems(
+    path: Path, limit: int | None = None, *, identity: FileIdentity | None = None
+) -> Iterator[tuple[int, str, Problem]]:
+    """Stream ``(line number, id, problem)`` from a workload that :func:`scan_workload` accepted.
+
+    With ``identity`` (the scan's), raise :class:`WorkloadError` instead of reading a file that is not
+    the one validated (replaced, or rewritten in place). Without it, a regular file is still checked
+    against itself as first opened, so a rewrite in place during the stream is an error, not new lines.
+    A file replaced by rename once open is harmless: the open handle keeps reading the old one."""
+    handle: BinaryIO
+    if identity is None:
+        handle = path.open("rb")
+        st = os.fstat(handle.fileno())
+        expected = FileIdentity.of(st) if stat.S_ISREG(st.st_mode) else None
+        why = "changed while it was being read (rewritten in place)"
+    else:
+        handle, _ = _open_regular(path)
+        expected, why = identity, "changed since it was validated (replaced, or rewritten in place)"
+
+    def check(line_no: int) -> None:
+        # About a microsecond; done after a line is read and before it is used.
+        if expected is not None and FileIdentity.of(os.fstat(handle.fileno())) != expected:
+            raise WorkloadError([f"{path}: {why}; stopped before line {line_no}"])
+
+    count = 0
+    with handle:
+        check(1)
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            if limit is not None and count >= limit:
+                return
+            check(line_no)
+            problem, issues = _parse_line(raw)
+            if problem is None:
+                raise WorkloadError([f"{path}:{line_no}: {f}: {m}" for f, m in issues])
+            count += 1
+            yield line_no, problem_id(problem, line_no), problem
