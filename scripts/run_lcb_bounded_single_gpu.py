@@ -18,7 +18,8 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import load_experiment_config
-from asyncroll.experiment.runner import ExperimentRunner, checked_plan
+from asyncroll.experiment.preflight import checked_plan
+from asyncroll.experiment.runner import ExperimentRunner
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,7 @@ def experiment_plan(
     """Validate a config (and the workload against a declared workload.sha256, as `run` does) and print
     every server and client command, in order; starts nothing."""
     from asyncroll.errors import UsageError
-    from asyncroll.experiment.runner import checked_plan
+    from asyncroll.experiment.preflight import checked_plan
 
     cfg = _experiment_config(config)
     try:

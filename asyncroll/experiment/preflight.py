@@ -21,8 +21,9 @@ import shutil
 import socket
 from pathlib import Path
 
+from asyncroll.errors import UsageError
 from asyncroll.experiment.config import ExperimentConfig
-from asyncroll.experiment.plan import server_command
+from asyncroll.experiment.plan import render_plan, server_command
 
 
 def executable_problem(cfg: ExperimentConfig) -> str | None:
@@ -74,3 +75,38 @@ def problems(cfg: ExperimentConfig, *, port: bool = True) -> list[str]:
     """Every pre-flight problem of ``cfg`` on this machine, now (``port=False``: the program only)."""
     found = [executable_problem(cfg), port_problem(cfg) if port else None]
     return [p for p in found if p is not None]
+
+
+def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
+    """Validate the workload as the client will read it; its SHA-256 must match the declared one."""
+    from asyncroll.workload import scan_workload
+
+    root = (cfg.workload.tool_root or cfg.workload.path.parent).resolve()
+    scan = scan_workload(cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit)
+    scan.raise_if_invalid()
+    if cfg.workload.sha256 is not None and scan.sha256 != cfg.workload.sha256:
+        raise UsageError(
+            f"{cfg.workload.path}: sha256 {scan.sha256} is not the config's workload.sha256 "
+            f"{cfg.workload.sha256}; wrong file or a changed workload"
+        )
+    return scan.sha256, {key: tool.path for key, tool in scan.tools.items()}
+
+
+def checked_plan(cfg: ExperimentConfig, output: Path | None) -> str:
+    """The plan as the dry run of :meth:`ExperimentRunner.run` (``experiment plan``, the LiveCodeBench
+    script's ``--plan``): where the config declares ``workload.sha256``, the workload is first checked
+    exactly as the run checks it (:func:`check_workload`), so a wrong file or hash is refused here, with
+    the run's message, and not only when the run starts. Without a declared hash the workload is not
+    read (a plan can be printed on a machine that does not hold it).
+
+    The pre-flight problems ``run`` would refuse (a server program not found, a fixed port in use) are
+    named after the plan, as notes about this machine now: the plan is often printed elsewhere."""
+    if cfg.workload.sha256 is not None:
+        check_workload(cfg)
+    text = render_plan(cfg, output)
+    found = problems(cfg)
+    if found:
+        text += "\n\npre-flight on this machine, now (`run` refuses until fixed):\n" + "\n".join(
+            f"  {problem}" for problem in found
+        )
+    return text

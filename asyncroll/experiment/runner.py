@@ -39,14 +39,11 @@ runner's leftovers were killed (they may hold it); a refusal then is recorded in
 
 from __future__ import annotations
 
-import operator
-import signal
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
 from typing import Any
 
 from asyncroll.errors import UsageError
@@ -59,22 +56,17 @@ from asyncroll.experiment.arms import (
     load_summary,
     run_arm,
 )
-from asyncroll.experiment.comparison import build_comparison, dig, write_comparison
-from asyncroll.experiment.config import STAGES, ExperimentConfig, Gate
+from asyncroll.experiment.comparison import build_comparison, write_comparison
+from asyncroll.experiment.config import STAGES, ExperimentConfig
 from asyncroll.experiment.fingerprint import fingerprint, require_same
+from asyncroll.experiment.gates import evaluate_gates, gate_text
 from asyncroll.experiment.lock import LOCK_NAME, OutputLock
-from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan, render_plan
+from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
+from asyncroll.experiment.preflight import check_workload
 from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
 from asyncroll.experiment.server import sweep_orphan
+from asyncroll.experiment.signals import SignalGuard
 
-OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    ">": operator.gt,
-    "<": operator.lt,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -83,105 +75,6 @@ class Outcome:
     status: str
     exit_code: int
     message: str
-
-
-def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
-    """Validate the workload as the client will read it; its SHA-256 must match the declared one."""
-    from asyncroll.workload import scan_workload
-
-    root = (cfg.workload.tool_root or cfg.workload.path.parent).resolve()
-    scan = scan_workload(cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit)
-    scan.raise_if_invalid()
-    if cfg.workload.sha256 is not None and scan.sha256 != cfg.workload.sha256:
-        raise UsageError(
-            f"{cfg.workload.path}: sha256 {scan.sha256} is not the config's workload.sha256 "
-            f"{cfg.workload.sha256}; wrong file or a changed workload"
-        )
-    return scan.sha256, {key: tool.path for key, tool in scan.tools.items()}
-
-
-def checked_plan(cfg: ExperimentConfig, output: Path | None) -> str:
-    """The plan as the dry run of :meth:`ExperimentRunner.run` (``experiment plan``, the LiveCodeBench
-    script's ``--plan``): where the config declares ``workload.sha256``, the workload is first checked
-    exactly as the run checks it (:func:`check_workload`), so a wrong file or hash is refused here, with
-    the run's message, and not only when the run starts. Without a declared hash the workload is not
-    read (a plan can be printed on a machine that does not hold it).
-
-    The pre-flight problems ``run`` would refuse (a server program not found, a fixed port in use) are
-    named after the plan, as notes about this machine now: the plan is often printed elsewhere."""
-    if cfg.workload.sha256 is not None:
-        check_workload(cfg)
-    text = render_plan(cfg, output)
-    found = preflight.problems(cfg)
-    if found:
-        text += "\n\npre-flight on this machine, now (`run` refuses until fixed):\n" + "\n".join(
-            f"  {problem}" for problem in found
-        )
-    return text
-
-
-def evaluate_gates(
-    gates: list[Gate], stage_arms: list[str], values: dict[str, dict[str, Any] | None]
-) -> list[dict[str, Any]]:
-    """Each gate on each arm it names: observed value (None if unknown) and the verdict."""
-    verdicts = []
-    for gate in gates:
-        for arm in [gate.arm] if gate.arm else stage_arms:
-            summary = values.get(arm)
-            raw = None if summary is None else dig(summary, gate.metric)
-            observed = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
-            passed = observed is not None and OPS[gate.op](observed, gate.value)
-            verdicts.append(
-                {
-                    "metric": gate.metric,
-                    "op": gate.op,
-                    "value": gate.value,
-                    "arm": arm,
-                    "observed": observed,
-                    "passed": passed,
-                    "note": None if observed is not None else "unknown (arm failed or metric not measured)",
-                }
-            )
-    return verdicts
-
-
-class SignalGuard:
-    """SIGINT/SIGTERM/SIGHUP → ``ExperimentInterrupted``, once. A later signal (a second Ctrl-C while the
-    arm's server and client are being stopped) is counted and otherwise ignored, so that cleanup always
-    runs to its end; nothing is printed from the handler (it may land in the middle of a write)."""
-
-    #: SIGHUP (the terminal or ssh session closed) is handled as SIGTERM: the arm's processes, each in
-    #: its own session, would not get it and would keep running (and holding the GPU).
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self.ignored = 0
-        self._previous: dict[signal.Signals, Any] = {}
-
-    def __enter__(self) -> SignalGuard:
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def hold(self) -> None:
-        """From now on every signal is counted and ignored (the runner is already winding down)."""
-        if self.received is None:
-            self.received = "none (winding down)"
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.received is not None:
-            self.ignored += 1
-            return
-        self.received = signal.Signals(signum).name
-        raise ExperimentInterrupted(self.received)
 
 
 class ExperimentRunner:
@@ -441,7 +334,7 @@ class ExperimentRunner:
             receipt.set_stage(
                 stage, status="passed" if ok else "failed", gates=verdicts, failed_arms=failed_arms
             )
-            self.echo(f"stage {stage}: {'passed' if ok else 'FAILED'}" + _gate_text(verdicts, failed_arms))
+            self.echo(f"stage {stage}: {'passed' if ok else 'FAILED'}" + gate_text(verdicts, failed_arms))
             if not ok:
                 return self._finish(receipt, "stopped", f"stage {stage} failed its gate")
         return self._finish(receipt, "complete", None)
@@ -524,14 +417,3 @@ class ExperimentRunner:
             if arm.stage == COMPARISON and receipt.arm(arm.id)["status"] == "complete":
                 summaries[arm.id] = load_summary(self._arm_dir(arm))
         write_comparison(self.output / "comparison.json", build_comparison(receipt.data, summaries))
-
-
-def _gate_text(verdicts: list[dict[str, Any]], failed_arms: list[str]) -> str:
-    parts = [
-        f"{v['metric']}[{v['arm']}] = {'unknown' if v['observed'] is None else format(v['observed'], 'g')} "
-        f"{v['op']} {v['value']:g}: {'ok' if v['passed'] else 'no'}"
-        for v in verdicts
-    ]
-    if failed_arms:
-        parts.append(f"failed arms: {', '.join(failed_arms)}")
-    return (" (" + "; ".join(parts) + ")") if parts else ""

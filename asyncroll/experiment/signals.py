@@ -1,0 +1,48 @@
+"""The runner's signal handling: the first SIGINT/SIGTERM/SIGHUP interrupts the arm, later ones wait."""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType, TracebackType
+from typing import Any
+
+from asyncroll.experiment.arms import ExperimentInterrupted
+
+
+class SignalGuard:
+    """SIGINT/SIGTERM/SIGHUP → ``ExperimentInterrupted``, once. A later signal (a second Ctrl-C while the
+    arm's server and client are being stopped) is counted and otherwise ignored, so that cleanup always
+    runs to its end; nothing is printed from the handler (it may land in the middle of a write)."""
+
+    #: SIGHUP (the terminal or ssh session closed) is handled as SIGTERM: the arm's processes, each in
+    #: its own session, would not get it and would keep running (and holding the GPU).
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.ignored = 0
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def __enter__(self) -> SignalGuard:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def hold(self) -> None:
+        """From now on every signal is counted and ignored (the runner is already winding down)."""
+        if self.received is None:
+            self.received = "none (winding down)"
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is not None:
+            self.ignored += 1
+            return
+        self.received = signal.Signals(signum).name
+        raise ExperimentInterrupted(self.received)
