@@ -1,8 +1,9 @@
 """One run, start to finish: the lifecycle of SPEC §3.
 
-validate (before this module: :func:`prepare`) → receipt ``preparing`` → start workers (preload + dummy
-call) → untimed model warm-up → ``measurement_started`` → trajectories → ``measurement_finished`` →
-CPU-cost readings → summary → exports (trace, timeline) outside the timed window → receipt final.
+validate (before this module: :func:`~asyncroll.runtime.prepare.prepare`) → receipt ``preparing`` →
+start workers (preload + dummy call) → untimed model warm-up → ``measurement_started`` → trajectories →
+``measurement_finished`` → CPU-cost readings → summary → exports (trace, timeline) outside the timed
+window → receipt final.
 
 Cancellation (SIGINT/SIGTERM at the CLI edge) propagates; cleanup — killing worker trees, closing files,
 writing the summary and the receipt marked ``interrupted`` — runs shielded from a second cancellation.
@@ -14,10 +15,9 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -26,7 +26,7 @@ from asyncroll.backends.base import Backend
 from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import Clock
 from asyncroll.config import RunConfig
-from asyncroll.errors import AsyncrollError, OutputExistsError, UsageError
+from asyncroll.errors import AsyncrollError
 from asyncroll.events import EventLog, MeasurementFinished, MeasurementStarted, Subscriber
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.receipt import file_sha256, host, versions
@@ -40,24 +40,18 @@ from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.dispatcher import CpuDispatcher
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import Worker, WorkerFactory, WorkerPool
+from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
+from asyncroll.runtime.prepare import prepare as prepare
 from asyncroll.runtime.progress import LiveView, RunView
 from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
 from asyncroll.telemetry.nvtx import Ranges, make_ranges
 from asyncroll.telemetry.sampler import TelemetrySampler
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.protocol import ToolSpec
-from asyncroll.workload import EVALUATOR_TOOL, Problem, WorkloadScan, iter_problems, scan_workload
+from asyncroll.workload import EVALUATOR_TOOL, Problem, WorkloadScan, iter_problems
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 Status = Literal["complete", "failed", "interrupted"]
-
-
-@dataclass(frozen=True)
-class PreparedRun:
-    config: RunConfig
-    scan: WorkloadScan
-    argv: list[str] = field(default_factory=list)
-    isolation: dict[str, Any] | None = None  # the evaluator's isolation report, when code will run
 
 
 @dataclass
@@ -67,57 +61,6 @@ class RunOutcome:
     summary: dict[str, Any] | None
     error: str | None = None
     late_signal: str | None = None  # SIGINT/SIGTERM that came after every trajectory had finished
-
-
-def prepare(
-    config: RunConfig,
-    argv: list[str] | None = None,
-    *,
-    output_ready: bool = False,
-    probe_isolation: bool = False,
-) -> PreparedRun:
-    """Validate everything before anything starts; creates the output directory last.
-
-    ``output_ready``: the caller already created the (new, empty but for its own inputs) directory.
-    ``probe_isolation``: real workers will run untrusted code (``lcb_evaluate``): detect the sandbox's
-    isolation layers now — in the main thread, before any thread exists, since the probe forks — and
-    refuse to start when a required one is missing, unless ``--allow-weak-isolation``.
-    """
-    problems = config.unavailable_features()
-    if problems:
-        raise UsageError("\n".join(problems))
-    if not output_ready and config.output.exists():
-        raise OutputExistsError(
-            f"--output {config.output} already exists; asyncroll never overwrites a run "
-            f"(choose a new directory)"
-        )
-    tool_root = config.resolved_tool_root
-    if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
-        raise UsageError(f"--tool-root {tool_root}: not a directory")  # the scan names the workload
-    scan = scan_workload(
-        config.workload, tool_root, scripted=config.backend == "scripted" or config.replay, limit=config.limit
-    )
-    scan.raise_if_invalid()
-    isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
-    if output_ready:
-        return PreparedRun(config, scan, list(argv or sys.argv), isolation)
-    try:
-        config.output.mkdir(parents=True, exist_ok=False)
-    except FileExistsError as exc:
-        raise OutputExistsError(f"--output {config.output} already exists") from exc
-    except OSError as exc:
-        raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
-    return PreparedRun(config, scan, list(argv or sys.argv), isolation)
-
-
-def _isolation(config: RunConfig) -> dict[str, Any]:
-    from asyncroll.evaluator.isolation import IsolationError, isolation_report, require
-
-    try:
-        require(config.allow_weak_isolation)
-    except IsolationError as exc:
-        raise UsageError(f"{exc}") from exc
-    return isolation_report(config.allow_weak_isolation)
 
 
 class Run:

@@ -1,0 +1,73 @@
+"""Everything a run checks before anything starts (SPEC §3): features the flags ask for, the output
+directory (never overwritten), the tool root, the whole workload (every error as FILE:LINE: field:
+message), and — where real workers will run untrusted code — the sandbox's isolation layers. The output
+directory is created last, so a refused run leaves nothing behind."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncroll.config import RunConfig
+from asyncroll.errors import OutputExistsError, UsageError
+from asyncroll.workload import EVALUATOR_TOOL, WorkloadScan, scan_workload
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    config: RunConfig
+    scan: WorkloadScan
+    argv: list[str] = field(default_factory=list)
+    isolation: dict[str, Any] | None = None  # the evaluator's isolation report, when code will run
+
+
+def prepare(
+    config: RunConfig,
+    argv: list[str] | None = None,
+    *,
+    output_ready: bool = False,
+    probe_isolation: bool = False,
+) -> PreparedRun:
+    """Validate everything before anything starts; creates the output directory last.
+
+    ``output_ready``: the caller already created the (new, empty but for its own inputs) directory.
+    ``probe_isolation``: real workers will run untrusted code (``lcb_evaluate``): detect the sandbox's
+    isolation layers now — in the main thread, before any thread exists, since the probe forks — and
+    refuse to start when a required one is missing, unless ``--allow-weak-isolation``.
+    """
+    problems = config.unavailable_features()
+    if problems:
+        raise UsageError("\n".join(problems))
+    if not output_ready and config.output.exists():
+        raise OutputExistsError(
+            f"--output {config.output} already exists; asyncroll never overwrites a run "
+            f"(choose a new directory)"
+        )
+    tool_root = config.resolved_tool_root
+    if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
+        raise UsageError(f"--tool-root {tool_root}: not a directory")  # the scan names the workload
+    scan = scan_workload(
+        config.workload, tool_root, scripted=config.backend == "scripted" or config.replay, limit=config.limit
+    )
+    scan.raise_if_invalid()
+    isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
+    if output_ready:
+        return PreparedRun(config, scan, list(argv or sys.argv), isolation)
+    try:
+        config.output.mkdir(parents=True, exist_ok=False)
+    except FileExistsError as exc:
+        raise OutputExistsError(f"--output {config.output} already exists") from exc
+    except OSError as exc:
+        raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
+    return PreparedRun(config, scan, list(argv or sys.argv), isolation)
+
+
+def _isolation(config: RunConfig) -> dict[str, Any]:
+    from asyncroll.evaluator.isolation import IsolationError, isolation_report, require
+
+    try:
+        require(config.allow_weak_isolation)
+    except IsolationError as exc:
+        raise UsageError(f"{exc}") from exc
+    return isolation_report(config.allow_weak_isolation)
