@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -702,10 +703,14 @@ class FakeOpenAI:
     """A real loopback HTTP server answering ``/v1/chat/completions`` with ``bodies`` in turn (then the
     last one again); ``/v1/models`` names vLLM, ``/health`` is 200."""
 
-    def __init__(self, bodies: list[Any], get_status: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, bodies: list[Any], get_status: dict[str, int] | None = None, delays: list[float] | None = None
+    ) -> None:
+        """``delays``: seconds to wait before answering each chat request, in turn (then none)."""
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         statuses = get_status or {}
+        waits = iter(delays or [])
 
         served = iter(bodies)
         last = [bodies[-1]]
@@ -727,6 +732,7 @@ class FakeOpenAI:
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
+                time.sleep(next(waits, 0.0))
                 last[0] = next(served, last[0])
                 self.send(last[0])
 
@@ -773,6 +779,29 @@ def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
     # every 200 is a response received: 4 valid of 14 (garbled bodies are invalid responses, not absent)
     assert outcome.summary["rates"]["validity_denominator"] == 14
     assert outcome.summary["rates"]["validity_rate"] == round(4 / 14, 6)
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_reply_times_out_inside_httpx_and_never_locks_the_pool(tmp_path: Path) -> None:
+    """A request that times out must end inside httpx (its own read timeout, which closes the
+    connection): a cancellation delivered inside httpcore's pool can leave a connection counted for ever
+    (encode/httpcore#1093), and a pool limited to the inflight limit then locked up — every later
+    request timed out against a healthy server. The pool has no limit of its own (the model gate is the
+    limit); the whole-request deadline, a little later, only ends a server that trickles bytes."""
+    from asyncroll.backends.openai import request_deadline_s
+
+    assert request_deadline_s(0.3) == 1.3 and request_deadline_s(120) == 132
+    with FakeOpenAI([completion(FINAL)], delays=[2.0]) as server:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(3), server.url, max_active_trajectories=1, request_timeout=0.3
+        )
+    assert outcome.status == "complete", outcome.error
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "timeout" and "(ReadTimeout)" in failed.error
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 2
+    backend = OpenAIBackend(HttpSettings(endpoint=server.url, model="m", inflight=4), SystemClock())
+    pool = backend._http()._transport._pool  # type: ignore[attr-defined]
+    assert (pool._max_connections, pool._max_keepalive_connections) == (sys.maxsize, 4)  # no limit
 
 
 @pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP backend (``--backend vllm|openai``, SPEC §7).
 
-One persistent :class:`httpx.AsyncClient` per run, its connection pool sized to the inflight limit, sends
-``POST {endpoint}/v1/chat/completions``. Two modes:
+One persistent :class:`httpx.AsyncClient` per run, keeping up to the inflight limit's connections alive,
+sends ``POST {endpoint}/v1/chat/completions``. Two modes:
 
 * **agent** (default): the server's reply *is* the action. With structured output (the default) the
   request carries the turn's JSON schema (:mod:`asyncroll.backends.action_schema`); with
@@ -17,7 +17,16 @@ One persistent :class:`httpx.AsyncClient` per run, its connection pool sized to 
 Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (status, whether a complete
 response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
 and ``schema_rejected`` (a response), ``bad_response`` (a 200 whose body is not an OpenAI completion) and
-``invalid_action`` (a completion whose content is not a valid action). Whatever a 200 body holds, reading
+``invalid_action`` (a completion whose content is not a valid action).
+
+``--request-timeout`` is httpx's own, for each phase (connect, every read and write): a timed-out request
+ends inside httpx, which closes its connection. Only a server that keeps trickling bytes meets the
+whole-request deadline, :func:`request_deadline_s`, a little later, which cancels the request. (A
+cancellation delivered inside httpcore's pool while it holds a connection that is not yet open leaves
+that connection counted for ever — encode/httpcore#1093 — and a pool *limited* to the inflight limit
+then locks up: every later request times out against a healthy server. So the pool has no connection
+limit of its own: the model gate is the one limit of requests in flight, and a leaked slot blocks
+nothing.) Whatever a 200 body holds, reading
 it (:mod:`asyncroll.backends.completion`) never raises anything else: a message ``content`` given as a
 list of text parts is joined, as OpenAI-compatible servers mean it; any other shape is ``bad_response``;
 a ``usage`` that is not an object is ignored (token counts ``null``). Retries and the server circuit are in
@@ -103,6 +112,12 @@ class HttpSettings:
         )
 
 
+def request_deadline_s(request_timeout: float) -> float:
+    """The whole-request deadline: ``--request-timeout`` plus max(1 s, 10%), so that httpx's own
+    per-phase timeout (which ends a request cleanly) fires first whenever a phase is what is slow."""
+    return request_timeout + max(1.0, 0.1 * request_timeout)
+
+
 class _AttemptFailed(Exception):
     def __init__(
         self, kind: str, message: str, status: int | None, headers: httpx.Headers | None, received: bool
@@ -148,7 +163,8 @@ class OpenAIBackend:
             self._client = httpx.AsyncClient(
                 base_url=self.settings.endpoint,
                 timeout=httpx.Timeout(self.settings.request_timeout),
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                # no max_connections: the model gate limits requests (see the module docstring)
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=n),
                 transport=self._transport,
             )
         return self._client
@@ -456,15 +472,24 @@ class OpenAIBackend:
         """One HTTP exchange under the request timeout; failures raised as :class:`_AttemptFailed`."""
         client = self._http()
         try:
-            async with asyncio.timeout(self.settings.request_timeout):
+            async with asyncio.timeout(request_deadline_s(self.settings.request_timeout)):
                 response = await client.post(
                     "/v1/chat/completions",
                     content=orjson.dumps(body),
                     headers={"content-type": "application/json", **headers},
                 )
-        except (TimeoutError, httpx.TimeoutException) as exc:
+        except httpx.TimeoutException as exc:  # a phase took longer than --request-timeout
             raise _AttemptFailed(
-                "timeout", f"no response within {self.settings.request_timeout:g}s", None, None, False
+                "timeout",
+                f"no response within {self.settings.request_timeout:g}s ({type(exc).__name__})",
+                None,
+                None,
+                False,
+            ) from exc
+        except TimeoutError as exc:  # every phase in time, the whole request not (a trickling server)
+            deadline = request_deadline_s(self.settings.request_timeout)
+            raise _AttemptFailed(
+                "timeout", f"no complete response within {deadline:g}s", None, None, False
             ) from exc
         except httpx.TransportError as exc:
             raise _AttemptFailed("transport", describe_transport_error(exc), None, None, False) from exc

@@ -48,7 +48,11 @@ def run(
         float | None, Opt(help="Seconds for a worker to get ready (120).")
     ] = None,
     request_timeout: Annotated[
-        float | None, Opt(help="HTTP backends: seconds per model request (120).")
+        float | None,
+        Opt(
+            help="HTTP backends: seconds a model request may wait for a connection, a send or any read "
+            "(120); the whole request ends max(1 s, 10%) later at most."
+        ),
     ] = None,
     structured_output: Annotated[
         bool | None,
