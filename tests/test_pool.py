@@ -154,3 +154,42 @@ def test_idle_death_seen_by_watcher_and_job_in_one_turn_is_one_replacement() -> 
     assert len(made) == 2 and pool.snapshot().peak_busy == 1
     starts = [e.t for e in cap.of(CpuStarted)]
     assert starts == sorted(starts) and starts[2] - starts[1] >= 0.1 - 1e-9  # one worker, one job at a time
+
+
+class _DyingWorker(_MortalWorker):
+    """Dies under its job; killing what is left of it takes a second (a real tree takes time too)."""
+
+    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
+        self.die()
+        raise WorkerDied(f"worker {self.index} died under job {request.job_id}")
+
+    async def kill(self) -> None:
+        await self._clock.sleep(1.0)
+        await super().kill()
+
+
+def test_a_replacement_the_end_of_the_run_stops_mid_kill_is_still_counted() -> None:
+    """The last job's worker dies; the run ends before its old tree is killed, and the replacement is
+    stopped. It was never recorded (no worker_restarting, restarts 0) though cpu_cost said a worker had
+    been replaced."""
+    clock = VirtualClock()
+
+    async def scenario() -> tuple[JobOutcome, EventCapture, WorkerPool]:
+        events = EventLog(clock)
+        events.start_measurement()
+        cap = EventCapture()
+        events.subscribe(cap)
+        pool = WorkerPool(1, lambda i, g: _DyingWorker(i, g, clock), clock, events)
+        dispatcher = CpuDispatcher(
+            pool, get_policy("fifo"), ModelGate(1, clock, events), clock, events, tool_timeout=10
+        )
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            outcome = await dispatcher.run(JobSpec("t0", "tool", "sleep_ms", {"milliseconds": 1}, 0))
+            await pool.aclose()  # the run's end: the replacement is still killing the old worker
+        return outcome, cap, pool
+
+    outcome, cap, pool = clock.run(scenario())
+    assert outcome.failure == "worker_died" and pool.replaced_any
+    assert [(e.worker, e.generation, e.reason) for e in cap.of(WorkerRestarting)] == [(0, 1, "died")]
+    assert pool.snapshot().restarts == 1

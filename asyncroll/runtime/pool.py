@@ -164,44 +164,39 @@ class WorkerPool:
         any more (the batch ended meanwhile) does not hold up the end of the run's measured window.
         :meth:`aclose` stops a replacement still under way; one that fails fails the run.
 
-        The slot leaves service at once, before the task runs, so no job is handed a worker already
-        found dead; a slot already being replaced is left to that replacement (an idle worker's death is
-        seen by its watcher and by a job dispatched to it in the same loop turn: one replacement)."""
+        The slot leaves service at once, and the restart is recorded (``worker_restarting``, counted)
+        before the task runs: a replacement the run's end stops before or while it kills the old tree is
+        still one (with no ``worker_ready``). A slot already being replaced is left to that replacement
+        (an idle worker's death is seen by its watcher and by a job dispatched to it in the same loop
+        turn: one replacement)."""
         assert self._tg is not None, "pool used before start()"
         if self._closing or slot in self._restarting:
             return
         self._out_of_service(slot)
-        task = self._tg.create_task(self.replace(slot, reason))
+        self._replaced = True
+        old = self.worker(slot)
+        self._restarting_event(slot, old, old.generation + 1, reason)
+        task = self._tg.create_task(self._replace(slot, old))
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
-    async def replace(self, slot: int, reason: RestartReason) -> None:
-        """Kill the slot's worker tree and start the next generation; the slot is idle again afterwards.
-        Call it through :meth:`replace_soon`, which takes the slot out of service first."""
+    async def _replace(self, slot: int, old: Worker) -> None:
+        """Kill the old worker's tree and start the next generation (its restart already recorded by
+        :meth:`replace_soon`); a start that fails is retried as a restart of its own, up to
+        :data:`MAX_RESTART_ATTEMPTS` in all. The slot is idle again afterwards."""
         if self._closing:
             return
-        self._out_of_service(slot)
-        self._replaced = True
-        old = self.worker(slot)
         await old.kill()
-        generation = old.generation
+        generation = old.generation + 1
         last_error: Exception | None = None
-        for _attempt in range(MAX_RESTART_ATTEMPTS):
-            generation += 1
-            self._restarts += 1
-            self._events.emit(
-                WorkerRestarting(
-                    worker=slot,
-                    old_pid=old.pid,
-                    generation=generation,
-                    reason=reason,
-                    restarts=self._restarts,
-                )
-            )
+        for attempt in range(MAX_RESTART_ATTEMPTS):
+            if attempt:
+                generation += 1
+                self._restarting_event(slot, old, generation, "startup_failed")
             try:
                 new = await self._start_slot(slot, generation)
             except WorkerStartupError as exc:
-                last_error, reason = exc, "startup_failed"
+                last_error = exc
                 continue
             self._restarting.discard(slot)
             assert self._tg is not None
@@ -211,6 +206,14 @@ class WorkerPool:
         raise WorkerStartupError(
             f"worker {slot} could not be replaced after {MAX_RESTART_ATTEMPTS} attempts: {last_error}"
         ) from last_error
+
+    def _restarting_event(self, slot: int, old: Worker, generation: int, reason: RestartReason) -> None:
+        self._restarts += 1
+        self._events.emit(
+            WorkerRestarting(
+                worker=slot, old_pid=old.pid, generation=generation, reason=reason, restarts=self._restarts
+            )
+        )
 
     def _out_of_service(self, slot: int) -> None:
         self._busy.discard(slot)
