@@ -1,6 +1,8 @@
 """Processes a tool double-forks (``setsid -f``, a daemon) leave the worker's tree by its parent links
-unless the worker adopts them as a child subreaper. Real processes: each test finds exactly its own
-``sleep`` by a unique duration, and kills whatever of them is left, by pid, even when it fails."""
+unless the worker adopts them as a child subreaper; once the worker itself dies they are re-parented to
+the runtime (a child subreaper while its pool runs), which kills them by the origin they inherited.
+Real processes: each test finds exactly its own ``sleep`` by a unique duration, and kills whatever of
+them is left, by pid, even when it fails."""
 
 from __future__ import annotations
 
@@ -20,7 +22,11 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
-from asyncroll.errors import WorkerTimeout
+from asyncroll.clock import SystemClock
+from asyncroll.errors import WorkerDied, WorkerTimeout
+from asyncroll.evaluator.proctree import is_subreaper
+from asyncroll.events import EventLog
+from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
 from asyncroll.workers.child import ORPHAN_ZOMBIES
 
@@ -35,13 +41,15 @@ import os
 import time
 
 
-def _double_fork(argv):
+def _double_fork(argv, env=None):
     child = os.fork()
     if child == 0:
         try:
             os.setsid()
             if os.fork() == 0:
-                os.execvp(argv[0], argv)
+                if env is None:
+                    os.execvp(argv[0], argv)
+                os.execvpe(argv[0], argv, env)
         finally:
             os._exit(0)
     os.waitpid(child, 0)
@@ -71,6 +79,24 @@ def start_child(code: int, new_session: bool = False) -> int:
 
 def wait_child() -> int:
     return _kept.pop().wait()
+
+
+def detach_bare(duration: str) -> int:
+    """As ``detach``, in an environment of its own: nothing the worker passed on."""
+    _double_fork(["sleep", duration], {"PATH": os.defpath})
+    return 0
+
+
+def in_session(duration: str) -> int:
+    """A child in a session of its own, never waited for."""
+    import subprocess
+
+    _kept.append(subprocess.Popen(["sleep", duration], start_new_session=True))
+    return _kept[-1].pid
+
+
+def crash() -> int:
+    os._exit(3)
 
 
 def detach_short(count: int) -> int:
@@ -131,6 +157,34 @@ async def started(*tools: ToolSpec) -> ProcessWorker:
     await worker.start()
     assert worker.pid is not None
     return worker
+
+
+def process_pool(tool_file: Path) -> WorkerPool:
+    """A pool of one real worker serving every tool of ``TOOLS``."""
+    names = ("detach", "detach_bare", "in_session", "crash")
+    specs = [ToolSpec(name, tool_file) for name in names]
+    clock = SystemClock()
+    events = EventLog(clock)
+    events.start_measurement()
+    return WorkerPool(
+        1, lambda i, g: ProcessWorker(i, specs, generation=g, startup_timeout=20), clock, events
+    )
+
+
+async def crash_and_replace(pool: WorkerPool, slot: int) -> None:
+    """Crash the slot's worker mid-job (``os._exit``), as a tool can, and wait for its replacement."""
+    old = pool.worker(slot)
+    with pytest.raises(WorkerDied):
+        await old.call(JobRequest(99, "crash", {}), 10)
+    pool.replace_soon(slot, "died")  # what the dispatcher does
+    await until(lambda: pool.idle == 1 and pool.worker(slot) is not old, within=20)
+
+
+def ours(*processes: subprocess.Popen[bytes]) -> None:
+    """Kill and reap the test's own children."""
+    for process in processes:
+        process.kill()
+        process.wait(5)
 
 
 def gone(process: psutil.Process, within: float = 5.0) -> bool:
@@ -281,17 +335,22 @@ def test_an_evaluation_leaves_the_worker_a_subreaper(tool_file: Path, durations:
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs util-linux setsid")
 def test_a_run_leaves_no_setsid_f_process_behind(tmp_path: Path, durations: Callable[[], str]) -> None:
     """The defect's own reproduction: ``setsid -f sleep`` in a tool that then times out, and in one that
-    returns; after ``asyncroll run`` ends neither ``sleep`` is left."""
-    hung, left = durations(), durations()
+    returns; and in one that then crashes its worker (``os._exit``), which also leaves a child in a
+    session of its own. After ``asyncroll run`` ends no ``sleep`` is left."""
+    hung, left, crashed, own = (durations() for _ in range(4))
     (tmp_path / "bg.py").write_text(
-        "import subprocess, time\n\n\n"
+        "import os, subprocess, time\n\n\n"
         "def hang() -> int:\n"
         f"    subprocess.run(['setsid', '-f', 'sleep', '{hung}'])\n"
         "    time.sleep(100)\n"
         "    return 1\n\n\n"
         "def leave() -> int:\n"
         f"    subprocess.run(['setsid', '-f', 'sleep', '{left}'])\n"
-        "    return 2\n"
+        "    return 2\n\n\n"
+        "def crash() -> int:\n"
+        f"    subprocess.run(['setsid', '-f', 'sleep', '{crashed}'])\n"
+        f"    subprocess.Popen(['sleep', '{own}'], start_new_session=True)\n"
+        "    os._exit(4)\n"
     )
     problems: list[dict[str, Any]] = [
         {
@@ -300,7 +359,7 @@ def test_a_run_leaves_no_setsid_f_process_behind(tmp_path: Path, durations: Call
             "tools": [{"name": name, "description": name, "inputs": {}, "implementation": "bg.py"}],
             "script": [{"type": "tool", "name": name, "arguments": {}}, {"type": "final", "answer": "x"}],
         }
-        for name in ("hang", "leave")
+        for name in ("hang", "leave", "crash")
     ]
     workload = tmp_path / "bg.jsonl"
     workload.write_text("".join(json.dumps(p) + "\n" for p in problems))
@@ -309,6 +368,88 @@ def test_a_run_leaves_no_setsid_f_process_behind(tmp_path: Path, durations: Call
     t0 = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert "worker restarts 1" in done.stdout + done.stderr
+    assert "worker restarts 2" in done.stdout + done.stderr
     assert time.monotonic() - t0 < 40
-    assert sleeping(hung) == [] and sleeping(left) == []
+    assert [sleeping(d) for d in (hung, left, crashed, own)] == [[]] * 4
+
+
+def test_a_dead_workers_orphans_are_killed_when_it_is_replaced(
+    tool_file: Path, durations: Callable[[], str]
+) -> None:
+    """A worker that dies (a crash) leaves a double-forked ``sleep`` and a child in a session of its own.
+    Re-parented to the runtime (a child subreaper while the pool runs), both carry the worker's origin:
+    killed and reaped before the replacement takes work. The runtime's own children (one from before the
+    pool, in a session of its own; one asyncio starts while it runs) are not touched, and the subreaper
+    flag is restored at close."""
+    detached, session, before, during = (durations() for _ in range(4))
+    was_subreaper = is_subreaper()
+    mine = subprocess.Popen(["sleep", before], start_new_session=True)
+
+    async def main() -> list[psutil.Process]:
+        pool = process_pool(tool_file)
+        later: asyncio.subprocess.Process | None = None
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await pool.start(tg)
+                assert is_subreaper()
+                slot = pool.take_idle()
+                assert slot is not None
+                worker = pool.worker(slot)
+                assert (await worker.call(JobRequest(1, "detach", {"duration": detached}), 10)).reply.ok
+                assert (await worker.call(JobRequest(2, "in_session", {"duration": session}), 10)).reply.ok
+                orphans = [await one_sleeping(detached), await one_sleeping(session)]
+                assert [await parent_after_fork(o, worker.pid or 0) for o in orphans] == [worker.pid] * 2
+                later = await asyncio.create_subprocess_exec("sleep", during)
+                await crash_and_replace(pool, slot)
+                assert not any(o.is_running() for o in orphans)  # killed, and reaped: not even zombies
+                assert pool.orphans_killed == 2
+                assert mine.poll() is None and later.returncode is None
+            finally:
+                await pool.aclose()
+                assert mine.poll() is None and (later is None or later.returncode is None)
+                if later is not None:
+                    later.kill()
+                    assert await later.wait() == -9  # its status was asyncio's to collect
+        return orphans
+
+    try:
+        run(main())
+        assert is_subreaper() == was_subreaper
+    finally:
+        ours(mine)
+    assert sleeping(detached) == [] and sleeping(session) == []
+
+
+def test_an_orphan_that_cleared_its_environment_is_left_to_whoever_owns_it(
+    tool_file: Path, durations: Callable[[], str]
+) -> None:
+    """An orphan whose environment was replaced carries no origin: nothing tells it from a child another
+    part of the program started (a server in a session of its own), so the pool never kills it, at a
+    replacement or at close (the README's "not covered"). The test kills it itself."""
+    duration = durations()
+
+    async def main() -> psutil.Process:
+        pool = process_pool(tool_file)
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await pool.start(tg)
+                slot = pool.take_idle()
+                assert slot is not None
+                worker = pool.worker(slot)
+                assert (await worker.call(JobRequest(1, "detach_bare", {"duration": duration}), 10)).reply.ok
+                orphan = await one_sleeping(duration)
+                await crash_and_replace(pool, slot)
+                assert orphan.is_running() and orphan.ppid() == os.getpid()  # adopted, not attributed
+            finally:
+                await pool.aclose()
+        assert pool.orphans_killed == 0
+        return orphan
+
+    orphan = run(main())
+    try:
+        assert orphan.is_running()
+    finally:
+        orphan.kill()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(orphan.pid, 0)
+    assert sleeping(duration) == []

@@ -1,11 +1,13 @@
 """This process's children as the kernel lists them, and the child-subreaper flag: what the sandbox needs
-to find and kill orphans of code it ran."""
+to find and kill orphans of code it ran, and what the runtime needs to kill dead tool workers' orphans
+(:mod:`asyncroll.workers.orphans`): a child's state, session and inherited environment, and its reaping."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import threading
 from pathlib import Path
 
 import psutil
@@ -42,3 +44,65 @@ def is_subreaper() -> bool:
     with contextlib.suppress(OSError, AttributeError):
         libc().prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
     return bool(flag.value)
+
+
+_held = 0
+_held_was = False
+_hold_lock = threading.Lock()
+
+
+def hold_subreaper() -> None:
+    """Make this process a child subreaper until the matching :func:`release_subreaper`. Holds are
+    counted: the flag is restored to what it was before the first when the last is released."""
+    global _held, _held_was
+    with _hold_lock:
+        if _held == 0:
+            _held_was = is_subreaper()
+            set_subreaper(True)
+        _held += 1
+
+
+def release_subreaper() -> None:
+    """Release a :func:`hold_subreaper`; the last one turns the flag off unless it was on before."""
+    global _held
+    with _hold_lock:
+        if _held == 0:
+            return
+        _held -= 1
+        if _held == 0 and not _held_was:
+            set_subreaper(False)
+
+
+def state(pid: int) -> tuple[str, int, int] | None:
+    """A process's state letter (``Z``: a zombie awaiting its reaper), process group and session, from
+    ``/proc/PID/stat`` (still there for a zombie); ``None`` if it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return fields[0].decode(), int(fields[2]), int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` started with (what its ancestors passed on), or ``None`` where it cannot be
+    read: gone, a zombie, or another user's."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as env:
+            data = env.read()
+    except OSError:
+        return None
+    pairs = (item.partition(b"=") for item in data.split(b"\0") if item)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
+
+
+def reap(pid: int) -> bool:
+    """Reap ``pid`` if it is this process's child and has exited; True once it is no child of ours.
+
+    Waits for that one pid only (``WNOHANG``): asyncio's child watcher, which waits for the pids it
+    started, is never robbed of a status."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == pid

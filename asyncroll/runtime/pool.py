@@ -4,11 +4,18 @@ It owns N worker slots. A slot is *idle* (ready for a job), *busy* (holding a jo
 worker that timed out, died holding a job, or was found dead while idle is killed with its whole process
 tree and replaced by a fresh one of the next generation, preloaded and warmed before the slot takes work
 again. Every replacement is a ``worker_restarting`` event and is counted.
+
+Process workers leave nothing behind (:mod:`asyncroll.workers.orphans`): while the pool runs them, the
+runtime is a child subreaper, so what a worker that died had detached (``setsid -f``, a double fork, a
+child in a session of its own) is re-parented to the runtime rather than to init. Once a replaced
+worker's tree is killed, the pool kills the runtime's adopted children that carry that worker's origin;
+at close, every one left that carries an origin of this pool's workers, and the flag is restored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -16,11 +23,13 @@ from typing import Literal, Protocol
 from asyncroll.clock import Clock
 from asyncroll.errors import WorkerStartupError
 from asyncroll.events import EventLog, WorkerReady, WorkerRestarting
+from asyncroll.workers.orphans import Adopter
 from asyncroll.workers.process import CallResult
 from asyncroll.workers.protocol import JobRequest
 
 RestartReason = Literal["timeout", "died", "startup_failed"]
 MAX_RESTART_ATTEMPTS = 3
+_log = logging.getLogger(__name__)
 
 
 class Worker(Protocol):
@@ -77,6 +86,7 @@ class WorkerPool:
         self._closing = False
         self._tg: asyncio.TaskGroup | None = None
         self._replacing: set[asyncio.Task[None]] = set()
+        self._adopter: Adopter | None = None  # from the first process worker on
         self.on_available: Callable[[], None] = lambda: None
 
     # --- state -------------------------------------------------------------------------------------------
@@ -95,6 +105,11 @@ class WorkerPool:
     def replaced_any(self) -> bool:
         """True once any worker was replaced (its CPU time before death is then unknown)."""
         return self._replaced
+
+    @property
+    def orphans_killed(self) -> int:
+        """Processes left behind by dead workers (adopted by the runtime) that the pool killed."""
+        return 0 if self._adopter is None else self._adopter.killed
 
     @property
     def idle(self) -> int:
@@ -147,6 +162,7 @@ class WorkerPool:
     async def _start_slot(self, slot: int, generation: int) -> Worker:
         worker = self._factory(slot, generation)
         self._workers[slot] = worker
+        self._adopt(worker)
         await worker.start()
         self._events.emit(
             WorkerReady(
@@ -187,6 +203,7 @@ class WorkerPool:
         if self._closing:
             return
         await old.kill()
+        await self._kill_orphans(slot, old)
         generation = old.generation + 1
         last_error: Exception | None = None
         for attempt in range(MAX_RESTART_ATTEMPTS):
@@ -206,6 +223,42 @@ class WorkerPool:
         raise WorkerStartupError(
             f"worker {slot} could not be replaced after {MAX_RESTART_ATTEMPTS} attempts: {last_error}"
         ) from last_error
+
+    def _adopt(self, worker: Worker) -> None:
+        """Before a process worker starts: the runtime adopts orphans from then on, and knows its origin."""
+        origin = _origin(worker)
+        if origin is None:
+            return  # a virtual worker: no process, nothing to adopt
+        if self._adopter is None and not self._closing:
+            self._adopter = Adopter()
+        if self._adopter is not None:
+            self._adopter.origins.add(origin)
+
+    async def _kill_orphans(self, slot: int, old: Worker) -> None:
+        """Kill what the replaced worker (dead now, reaped) left behind, re-parented to the runtime."""
+        origin = _origin(old)
+        if self._adopter is None or not self._adopter.open or origin is None:
+            return
+        killed = await self._adopter.sweep({origin}, self._worker_pids())
+        if killed:
+            _log.debug("worker %d (pid %s): killed %d processes it left behind", slot, old.pid, killed)
+
+    async def _close_orphans(self) -> None:
+        """After every worker is gone: kill every orphan the runtime adopted from this pool's workers,
+        then stop adopting."""
+        adopter = self._adopter
+        if adopter is None or not adopter.open:
+            return
+        try:
+            before = adopter.killed
+            await adopter.sweep(adopter.origins, self._worker_pids())
+            if adopter.killed > before:
+                _log.debug("pool close: killed %d processes left behind", adopter.killed - before)
+        finally:
+            adopter.close()
+
+    def _worker_pids(self) -> set[int]:
+        return {w.pid for w in self._workers if w is not None and w.pid is not None}
 
     def _restarting_event(self, slot: int, old: Worker, generation: int, reason: RestartReason) -> None:
         self._restarts += 1
@@ -247,6 +300,7 @@ class WorkerPool:
         await asyncio.gather(
             *(worker.aclose() for worker in self._workers if worker is not None), return_exceptions=True
         )
+        await self._close_orphans()
 
     async def kill(self) -> None:
         """Kill every worker tree at once, without the polite end-of-stream wait (an interrupted start:
@@ -255,3 +309,10 @@ class WorkerPool:
         await asyncio.gather(
             *(worker.kill() for worker in self._workers if worker is not None), return_exceptions=True
         )
+        await self._close_orphans()
+
+
+def _origin(worker: Worker) -> str | None:
+    """A process worker's origin (:mod:`asyncroll.workers.orphans`); ``None`` for a virtual one."""
+    origin = getattr(worker, "origin", None)
+    return origin if isinstance(origin, str) else None

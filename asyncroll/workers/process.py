@@ -5,8 +5,10 @@ ready handshake and a dummy call under a start-up deadline, then runs one job at
 dedicated pipes. A job that overruns its timeout, or a call that is cancelled, kills the worker's whole
 process tree (its process group plus every descendant psutil can see, including ones that called
 ``setsid`` or were orphaned by a double fork: the worker adopts those as a child subreaper); a killed
-worker is never reused. Owning the process directly keeps a tool round trip near
-the cost of two pipe writes and makes kill, reap and CPU accounting exact.
+worker is never reused. What a worker leaves behind when it dies before it can be killed (re-parented to
+the runtime then) is the pool's to kill, by the :attr:`~ProcessWorker.origin` it inherited
+(:mod:`asyncroll.workers.orphans`). Owning the process directly keeps a tool round trip near the cost of
+two pipe writes and makes kill, reap and CPU accounting exact.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import psutil
 
 from asyncroll.errors import WorkerDied, WorkerStartupError, WorkerTimeout
 from asyncroll.workers import tree
+from asyncroll.workers.orphans import new_origin
 from asyncroll.workers.protocol import (
     HEADER,
     JobReply,
@@ -72,6 +75,8 @@ class ProcessWorker:
         self.tools = tuple(tools)
         self.log_path = log_path
         self.startup_timeout = startup_timeout
+        self.origin = new_origin(index, generation)
+        """In the worker's environment and so in that of everything it starts (``ORIGIN_ENV``)."""
         self.pid: int | None = None
         self.startup_s: float | None = None
         self.preload_s: float | None = None
@@ -113,7 +118,7 @@ class ProcessWorker:
         t0, deadline = time.monotonic(), loop.time() + self.startup_timeout
         try:
             async with asyncio.timeout_at(deadline):
-                spawned = await spawn(self.tools, self.log_path)
+                spawned = await spawn(self.tools, self.log_path, self.origin)
         except TimeoutError as exc:
             raise WorkerStartupError(
                 f"worker {self.index}: its process was not spawned within {self.startup_timeout:g}s "

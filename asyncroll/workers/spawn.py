@@ -5,6 +5,10 @@ group and a terminal's Ctrl-C reaches only the runtime, which then shuts workers
 stdin is /dev/null and its stdout/stderr go to a log file (appended) or /dev/null; jobs and replies use
 two dedicated pipes passed with ``pass_fds``, so nothing a tool prints can reach the channel.
 
+The worker's environment carries its ``origin`` (:data:`~asyncroll.workers.orphans.ORIGIN_ENV`), which
+everything it starts inherits: what it leaves behind when it dies is found by that
+(:mod:`asyncroll.workers.orphans`).
+
 ``-P`` keeps the runtime's working directory off the worker's ``sys.path``: what a tool can import must
 not depend on where ``asyncroll`` was started. The worker puts each tool file's own folder there instead,
 as running the file as a script would (``PYTHONPATH`` is still honoured, and passed on).
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from asyncroll.workers.orphans import ORIGIN_ENV
 from asyncroll.workers.protocol import ToolSpec
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -37,8 +42,9 @@ class Spawned:
     log_offset: int
 
 
-async def spawn(tools: Sequence[ToolSpec], log_path: Path | None) -> Spawned:
-    """Start a worker for ``tools``; raises ``OSError`` (with no fd left open) if it cannot start."""
+async def spawn(tools: Sequence[ToolSpec], log_path: Path | None, origin: str) -> Spawned:
+    """Start a worker for ``tools`` with ``origin`` in its environment; raises ``OSError`` (with no fd
+    left open) if it cannot start."""
     job_r, job_w = os.pipe()
     reply_r, reply_w = os.pipe()
     try:
@@ -51,7 +57,7 @@ async def spawn(tools: Sequence[ToolSpec], log_path: Path | None) -> Spawned:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log or asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.STDOUT if log else asyncio.subprocess.DEVNULL,
-                pass_fds=(job_r, reply_w), close_fds=True, start_new_session=True, env=_environment(),
+                pass_fds=(job_r, reply_w), close_fds=True, start_new_session=True, env=_environment(origin),
             )  # fmt: skip
         finally:
             if log is not None:
@@ -85,10 +91,11 @@ def _open_log(log_path: Path | None) -> tuple[IO[bytes] | None, int]:
     return log, log.tell()
 
 
-def _environment() -> dict[str, str]:
+def _environment(origin: str) -> dict[str, str]:
     # The worker must import this very asyncroll, whatever the installation or working directory.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env[ORIGIN_ENV] = origin
     return env
 
 

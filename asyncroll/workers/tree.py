@@ -4,8 +4,9 @@ A worker leads its own process group, but a tool (or the code evaluator) may sta
 call ``setsid`` and leave the group. Signalling the group *and* every descendant psutil finds reaches
 both. On Linux the worker is a child subreaper (:mod:`asyncroll.workers.child`), so a descendant whose
 parent exited (a double fork, ``setsid -f``) is re-parented to the worker and still found. Descendants
-can only be found while the worker lives (once it exits they are re-parented to init), so a tree is
-always signalled before the worker is reaped.
+can only be found this way while the worker lives, so a tree is always signalled before the worker is
+reaped; once a worker has died, its children are re-parented to the runtime (a child subreaper while
+its pool runs) and found by the origin they inherited (:mod:`asyncroll.workers.orphans`).
 """
 
 from __future__ import annotations
