@@ -173,16 +173,36 @@ def test_a_referenced_trajectory_that_failed_before_grading_is_not_correct_of_th
 ) -> None:
     """exact leaves a trajectory that failed before its answer was graded out of its denominator;
     exact_of_referenced counts it as not correct, as an evaluation would."""
+    code = {
+        "id": "code",
+        "prompt": "p",
+        "tools": [{"name": "lcb_evaluate"}],
+        "script": [{"type": "submit", "code": "print(1)", "passes": True}],
+        "metadata": {
+            "reference_tests": [{"input": "1", "output": "1", "testtype": "stdin"}],
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
+        },
+    }
     problems = [
         {**tool_problem("slow", model_ms=1, cpu_ms=5000), "reference_answer": "ok"},
         {**tool_problem("fine", model_ms=1, cpu_ms=10), "reference_answer": "ok"},
+        {**tool_problem("wrong", model_ms=1, cpu_ms=10), "reference_answer": "no"},
         tool_problem("free", model_ms=1, cpu_ms=10),
+        code,  # a passing program is correct (in exact), but has no reference answer
     ]
     outcome, _, _ = virtual_run(problems, tool_timeout=1.0)
     assert outcome.summary is not None
     accuracy = outcome.summary["accuracy"]
-    assert (accuracy["exact"], accuracy["denominator"], accuracy["ungraded"]) == (1.0, 1, 2)
-    assert (accuracy["exact_of_referenced"], accuracy["referenced"]) == (0.5, 2)
+    assert (accuracy["correct"], accuracy["denominator"], accuracy["ungraded"]) == (2, 3, 2)
+    assert (accuracy["exact_of_referenced"], accuracy["referenced"]) == (round(1 / 3, 6), 3)
+
+
+def test_a_negative_sleep_is_no_time_in_a_simulation_as_for_real(virtual_run: VirtualRun) -> None:
+    """The built-ins clamp their milliseconds at 0; a virtual worker took -50 ms as a duration (negative
+    execute times and bound terms, and a run its replay refused)."""
+    outcome, cap, _ = virtual_run([tool_problem("p", model_ms=1, cpu_ms=-50)])
+    assert [e.execute_s for e in cap.of(CpuFinished)] == [0.0]
+    assert outcome.summary is not None and outcome.summary["bounds"]["terms"]["cpu_execute_s"] >= 0
 
 
 def test_tool_error_rate_is_over_tool_calls_only(virtual_run: VirtualRun) -> None:

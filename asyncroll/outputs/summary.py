@@ -90,6 +90,7 @@ class SummaryBuilder:
         self.status: Counter[str] = Counter()
         self.graded = 0
         self.referenced = 0  # finished trajectories whose problem has a reference answer, graded or not
+        self.referenced_correct = 0  # of those, answered correctly (``correct`` also counts code passes)
         self.correct = 0
         self.code: Counter[str] = Counter()  # one-repair outcomes: passed/failed after 1 or 2 programs
         self.model_finished = 0
@@ -277,7 +278,9 @@ class SummaryBuilder:
         self.status[event.status] += 1
         self.finished_tool_calls += event.tool_calls
         self.observations_cut += event.observations_cut
-        self.referenced += event.has_reference is True
+        if event.has_reference is True:
+            self.referenced += 1
+            self.referenced_correct += event.correct is True
         self.samples["trajectory_s"].append(event.duration_s)
         self.samples["turns_per_trajectory"].append(float(event.turns))
         if event.correct is not None:
@@ -440,7 +443,7 @@ class SummaryBuilder:
                 "ungraded": finished - self.graded,
                 # as evaluations count: a trajectory that failed before its answer was graded is not
                 # correct (exact leaves it out of its denominator)
-                "exact_of_referenced": _ratio(self.correct, self.referenced),
+                "exact_of_referenced": _ratio(self.referenced_correct, self.referenced),
                 "referenced": self.referenced,
                 "one_repair": self._one_repair(),
             },

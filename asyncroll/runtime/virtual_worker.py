@@ -32,8 +32,8 @@ def builtin_duration(request: JobRequest) -> float:
     else zero."""
     if request.cost_s is not None:
         return request.cost_s
-    if request.tool in ("spin_ms", "sleep_ms"):
-        return float(request.arguments.get("milliseconds", 0)) / 1000.0
+    if request.tool in ("spin_ms", "sleep_ms"):  # clamped at 0 as the real built-ins are
+        return max(0.0, float(request.arguments.get("milliseconds", 0))) / 1000.0
     return 0.0
 
 
