@@ -598,3 +598,35 @@ def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tm
     assert "1 trajectories ended otherwise than in the run (1 failed → completed)" in result.stderr
     receipt = json.loads((replay / "run.json").read_text())
     assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → completed": 1}
+
+
+def test_a_replacement_still_starting_at_the_end_is_replayed_as_still_starting(tmp_path: Path) -> None:
+    """A replacement the run's end stopped while it started has no worker_ready: the replay gave it the
+    median start-up, so that worker came back early and took a job that had waited in the run (makespan
+    1.45 instead of 1.55). It now takes at least the rest of the window (fuzzing found it)."""
+
+    def tool(ms: float, latency: float = 0) -> dict[str, Any]:
+        return {"type": "tool", "name": "sleep_ms", "arguments": {"milliseconds": ms}, "latency_ms": latency}
+
+    final = {"type": "final", "answer": "ok"}
+    scripts = {"a": [tool(1000), tool(1000), final], "b": [tool(400), tool(400, 650), final]}
+    scripts["c"] = [tool(100, 1100), final]
+    problems = [
+        {"id": k, "prompt": "p", "tools": [{"name": "sleep_ms"}], "script": v} for k, v in scripts.items()
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    recorded = tmp_path / "recorded"
+    settings = {"policy": "fifo", "cpu_workers": 2, "tool_timeout": 0.5, "tool_errors": "observe"}
+    cfg = build_config({"workload": workload, "output": recorded, **settings})
+    clock = VirtualClock()
+    factory = virtual_factory(clock, builtin_duration, replacement_startup=(0.0, 5.0))
+    assert (
+        clock.run(Run(prepare(cfg, ["test"]), clock, worker_factory=factory).execute()).status == "complete"
+    )
+    assert len(_replacement_startups(recorded)) == 1  # the second was still starting at the end
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 0, result.output
+    _, source, _ = load_run(recorded)
+    _, summary, _ = load_run(replay)
+    assert summary["makespan_s"] == source["makespan_s"] == 1.55

@@ -21,7 +21,9 @@ A worker replaced in the run (after a timeout or a death) took a measured time t
 times: the k-th replacement the replay starts takes the start-up of the k-th one the run started (the
 order of ``worker_restarting``; exact when the replay replaces workers as the run did); any replacement
 beyond the run's count takes their median, and where the run replaced none, the median start-up of its
-initial workers (the only measurement there is). A start attempt that failed in the run is not replayed.
+initial workers (the only measurement there is). A start attempt that failed in the run is not replayed;
+a replacement still starting when the run ended (no ``worker_ready``) takes at least the rest of the
+measured window.
 The initial workers start before the measured window, in the replay at once.
 
 Only a run that completed is replayed: an interrupted, failed or killed run measured only some of its

@@ -95,6 +95,8 @@ class Measured:
     cpu: dict[tuple[str, int], float] = field(default_factory=dict)
     started: dict[str, int] = field(default_factory=dict)  # trajectory id -> trajectory_started line
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (worker, generation), in start order
+    restarted_at: dict[tuple[int, int], float] = field(default_factory=dict)  # its worker_restarting's t
+    end: float | None = None  # the measured window's end (measurement_finished's makespan_s)
     ready: dict[tuple[int, int], float] = field(default_factory=dict)  # (worker, generation) -> start-up s
     requests: dict[str, dict[int, ModelStep]] = field(default_factory=dict)  # id -> turn -> request
     jobs: dict[str, dict[int, Job]] = field(default_factory=dict)  # id -> turn -> its tool or evaluation job
@@ -104,11 +106,18 @@ class Measured:
         return f"{self.events}:{line}"
 
     def replacement_startup(self) -> tuple[float, ...]:
-        """The start-up of each replacement in the order they started (failed attempts have none); where
-        none was replaced, the median of the initial workers' as the one value every replacement takes."""
-        replaced = tuple(self.ready[key] for key in self.restarts if key in self.ready)
+        """The start-up of each replacement in the order they started (a failed attempt, followed by
+        another of its worker, has none); one still starting when the run ended took at least the rest of
+        the window, which it takes in the replay. Where none was replaced, the median of the initial
+        workers' as the one value every replacement takes."""
+        replaced = []
+        for i, key in enumerate(self.restarts):
+            if key in self.ready:
+                replaced.append(self.ready[key])
+            elif self.end is not None and not any(w == key[0] for w, _ in self.restarts[i + 1 :]):
+                replaced.append(max(0.0, self.end - self.restarted_at[key]))  # stopped while it started
         if replaced:
-            return replaced
+            return tuple(replaced)
         initial = [seconds for (_, generation), seconds in self.ready.items() if generation == 0]
         return (statistics.median(initial),) if initial else ()
 
@@ -138,11 +147,15 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
             key = (required(event, "worker", int, where), required(event, "generation", int, where))
             if kind == "worker_restarting":
                 measured.restarts.append(key)
+                measured.restarted_at[key] = float(required(event, "t", number, where))
             else:
                 startup = float(required(event, "startup_s", number, where))
                 if not (math.isfinite(startup) and startup >= 0):
                     raise UsageError(f"--from-run {where}: 'worker_ready' lacks a valid 'startup_s'")
                 measured.ready[key] = startup
+            continue
+        if kind == "measurement_finished":
+            measured.end = float(required(event, "makespan_s", number, where))
             continue
         if kind not in _READ and not (
             kind in ("cpu_finished", "cpu_failed") and event.get("kind") in ("tool", "evaluate")
