@@ -24,6 +24,7 @@ import pytest
 
 from asyncroll.clock import SystemClock
 from asyncroll.errors import WorkerDied, WorkerTimeout
+from asyncroll.evaluator import proctree
 from asyncroll.evaluator.proctree import is_subreaper
 from asyncroll.events import EventLog
 from asyncroll.runtime.pool import WorkerPool
@@ -99,6 +100,13 @@ def crash() -> int:
     os._exit(3)
 
 
+def in_session_and_hang(duration: str, seconds: float) -> int:
+    """A child in a session of its own, then past any timeout."""
+    in_session(duration)
+    time.sleep(seconds)
+    return 0
+
+
 def detach_short(count: int) -> int:
     for _ in range(count):
         _double_fork(["true"])  # exits at once: a zombie of whoever adopted it, until reaped
@@ -161,7 +169,7 @@ async def started(*tools: ToolSpec) -> ProcessWorker:
 
 def process_pool(tool_file: Path) -> WorkerPool:
     """A pool of one real worker serving every tool of ``TOOLS``."""
-    names = ("detach", "detach_bare", "in_session", "crash")
+    names = ("detach", "detach_bare", "in_session", "crash", "in_session_and_hang")
     specs = [ToolSpec(name, tool_file) for name in names]
     clock = SystemClock()
     events = EventLog(clock)
@@ -452,4 +460,38 @@ def test_an_orphan_that_cleared_its_environment_is_left_to_whoever_owns_it(
         orphan.kill()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(orphan.pid, 0)
+    assert sleeping(duration) == []
+
+
+def test_a_timed_out_workers_children_in_sessions_of_their_own_leave_no_zombie(
+    tool_file: Path, durations: Callable[[], str]
+) -> None:
+    """A worker killed at a timeout takes its descendants down with it; one in a session of its own dies
+    after the worker and, the runtime being a child subreaper, became the runtime's zombie for good (three
+    per replacement in review). The pool reaps what the kill signalled."""
+    duration = durations()
+
+    def zombies() -> list[int]:
+        return [pid for pid in proctree.children() if (info := proctree.state(pid)) and info[0] == "Z"]
+
+    async def main() -> list[int]:
+        pool = process_pool(tool_file)
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await pool.start(tg)
+                slot = pool.take_idle()
+                assert slot is not None
+                old = pool.worker(slot)
+                with pytest.raises(WorkerTimeout):
+                    await old.call(
+                        JobRequest(1, "in_session_and_hang", {"duration": duration, "seconds": 60}), 1
+                    )
+                pool.replace_soon(slot, "timeout")  # what the dispatcher does
+                await until(lambda: pool.idle == 1 and pool.worker(slot) is not old, within=20)
+                left = zombies()
+            finally:
+                await pool.aclose()
+        return left
+
+    assert run(main()) == [] and zombies() == []
     assert sleeping(duration) == []

@@ -17,7 +17,9 @@ touched. An adopted process that carries no origin (its environment was replaced
 be read) cannot be attributed, nor can a zombie outside every worker's session: they are left alone,
 since a child of the runtime that no worker's origin names may belong to another part of the program
 (a server it started in a session of its own); one still alive when the runtime exits goes to init.
-Exited adopted processes the pool killed, or of a worker's session, are reaped whenever the pool sweeps.
+Exited adopted processes the pool killed, that a worker's kill signalled (descendants in sessions of
+their own die after the worker, as the runtime's zombies) or of a worker's session are reaped whenever the
+pool sweeps.
 Reaping waits for one known pid at a time (``WNOHANG``), never for any child: asyncio's child watcher
 waits only for the pids it spawned and is not disturbed.
 
@@ -66,6 +68,10 @@ class Adopter:
         """Adopted processes killed so far."""
         self._sessions: set[int] = set()  # every worker's session (a worker leads its own)
         self._signalled: set[int] = set()  # adopted processes signalled: ours to reap
+        self._reaped: set[int] = set()  # reaped: their pids may belong to anyone now
+        self.doomed: set[int] = set()
+        """Pids a worker's kill signalled (its descendants): whichever of them end as the runtime's
+        zombies (in sessions of their own, they die after the worker) are reaped by the next sweep."""
         self._open = True
         hold_subreaper()
 
@@ -96,18 +102,21 @@ class Adopter:
                     self._signalled.add(pid)
                     _signal(pid, signum, signalled[pid])
             everything = [p for tree in signalled.values() for p in tree]
-            if not live and all_gone(everything):
+            dying = (self.doomed - self._reaped) & children()  # killed with a worker, not yet reaped
+            if not live and all_gone(everything) and not dying:
                 break
             now = loop.time()
             if signum == signal.SIGTERM and now >= started + grace:
                 signum = signal.SIGKILL
                 for pid, tree in signalled.items():
+                    if pid in self._reaped:
+                        continue  # gone and reaped: the pid is free for anyone
                     tree += descendants(pid)  # started since it was signalled
                     _signal(pid, signum, tree)
             elif now >= started + grace + LIMIT_S:
                 break
             await asyncio.sleep(_POLL_S)
-        if signalled:
+        if signalled or self.doomed:
             self._scan((), set(workers))  # reap what died after the last look
         self.killed += len(signalled)
         return len(signalled)
@@ -130,8 +139,8 @@ class Adopter:
             if info is None or info[2] == self._session:
                 continue  # gone, or started by this process itself (a worker's tree has its own sessions)
             if info[0] in ("Z", "X"):
-                if pid in self._signalled or info[2] in self._sessions:
-                    reap(pid)
+                if (pid in self._signalled or pid in self.doomed or info[2] in self._sessions) and reap(pid):
+                    self._reaped.add(pid)
                 continue
             env = environ(pid)
             if env is not None and env.get(ORIGIN_ENV) in origins:

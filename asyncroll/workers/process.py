@@ -266,6 +266,12 @@ class ProcessWorker:
             raise RuntimeError("worker not started")
         return await asyncio.shield(self._exit)
 
+    @property
+    def killed_pids(self) -> set[int]:
+        """The descendants :meth:`kill` signalled: those in sessions of their own die after the worker
+        and, while the runtime is a child subreaper, are left to it to reap (:mod:`~.orphans`)."""
+        return {process.pid for process in self._doomed}
+
     async def kill(self, grace: float = 0.2) -> None:
         """Kill the worker and its whole process tree, reap it and close the channel. Idempotent.
 
