@@ -188,7 +188,7 @@ def test_a_referenced_trajectory_that_failed_before_grading_is_not_correct_of_th
         {**tool_problem("fine", model_ms=1, cpu_ms=10), "reference_answer": "ok"},
         {**tool_problem("wrong", model_ms=1, cpu_ms=10), "reference_answer": "no"},
         tool_problem("free", model_ms=1, cpu_ms=10),
-        code,  # a passing program is correct (in exact), but has no reference answer
+        {**code, "reference_answer": "1"},  # a passing program: correct (in exact), judged by its tests
     ]
     outcome, _, _ = virtual_run(problems, tool_timeout=1.0)
     assert outcome.summary is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import math
 import os
@@ -149,6 +150,24 @@ def test_non_finite_floats_become_strings_and_reprs_lose_memory_addresses() -> N
     assert to_jsonable(run_job) == "<function run_job>"
 
 
+def test_a_subclass_becomes_its_base_value_whatever_it_overrides() -> None:
+    """docs/TOOLS.md: a subclass of str/int/float is sent as its base value; ``str()``/``float()``
+    called the subclass's own overrides (an Enum's str is its name)."""
+
+    class Colour(str, enum.Enum):  # noqa: UP042 - a plain Enum's str() is its name, the case at hand
+        RED = "red"
+
+    class Odd(float):
+        def __float__(self) -> float:
+            return 9.5
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    assert to_jsonable([Colour.RED, Odd(1.5), Level.HIGH]) == ["red", 1.5, 3]
+    assert [type(v) for v in to_jsonable([Colour.RED, Odd(1.5), Level.HIGH])] == [str, float, int]
+
+
 def _in_process(function: Any, **arguments: Any) -> JobReply:
     """One job through the worker's own ``run_job``, in this process (no worker needed)."""
     reply = decode(run_job({"t": function}, encode(JobRequest(1, "t", arguments))[4:])[4:])
@@ -175,6 +194,15 @@ def test_whatever_a_tool_raises_is_a_tool_error() -> None:
         pytest.fail("a KeyboardInterrupt raised by a tool escaped run_job: it would kill the worker")
     assert _in_process(leave).error == "SystemExit: 3"
     assert _in_process(custom).error == "Custom: mine"
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("bad __str__")
+
+    def broken() -> None:
+        raise Unprintable
+
+    assert _in_process(broken).error == "Unprintable: <unprintable>"  # it escaped run_job: a dead worker
     assert _in_process(lambda x: -x, x=2).value == -2
 
 

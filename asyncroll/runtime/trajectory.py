@@ -138,7 +138,8 @@ class TrajectoryRunner:
                 error=result.error,
                 generations=None if result.evaluation is None else result.evaluation.generations,
                 observations_cut=state.observations_cut,
-                has_reference=problem.reference_answer is not None,
+                # a code problem is judged by its tests (one_repair), whatever reference it carries
+                has_reference=problem.reference_answer is not None and problem.protocol != "one_repair",
             )
         )
         return result

@@ -147,7 +147,10 @@ def _load_module(path: Path, index: int) -> ModuleType:
 
 def describe(exc: BaseException) -> str:
     """``ExcType: message`` (``ExcType`` alone when the message is empty), cut to :data:`ERROR_LIMIT`."""
-    message = str(exc)
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not kill the worker
+        message = "<unprintable>"
     return (f"{type(exc).__name__}: {message}" if message else type(exc).__name__)[:ERROR_LIMIT]
 
 
@@ -202,9 +205,14 @@ def to_jsonable(value: Any, depth: int = 0) -> Any:
         return value if math.isfinite(value) else _NON_FINITE[repr(value)]
     if depth > MAX_DEPTH:
         return _repr(value)
-    for base in (bool, int, float, str):  # subclasses (IntEnum, numpy.float64, ...) → the base type
-        if isinstance(value, base):
-            return to_jsonable(base(value), depth)
+    # a subclass (IntEnum, StrEnum, numpy.float64, ...) → its base value, read through the base type's
+    # own method: the subclass may override __int__, __float__ or __str__ (an Enum's str is its name)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return to_jsonable(float.__float__(value), depth)
+    if isinstance(value, str):
+        return str.__str__(value)
     if isinstance(value, dict):
         return {_key(k, depth): to_jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
