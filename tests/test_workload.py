@@ -797,7 +797,7 @@ def test_every_bad_argument_of_a_step_is_reported(tmp_path: Path) -> None:
 @pytest.mark.parametrize("pid", ["", "  ", "\t"])
 def test_a_blank_id_is_refused(tmp_path: Path, pid: str) -> None:
     (problem,) = _problems(tmp_path, [json.dumps({**GOOD, "id": pid})])
-    assert problem.startswith(f"{tmp_path / 'w.jsonl'}:1: id: ") and "must not be empty or blank" in problem
+    assert problem.startswith(f"{tmp_path / 'w.jsonl'}:1: id: must not be empty or blank")
 
 
 def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> None:

@@ -135,7 +135,10 @@ def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
     try:
         return Problem.model_validate(data), []
     except ValidationError as exc:
-        return None, [(_location(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)]
+        return None, [
+            (_location(e["loc"]), e["msg"].removeprefix("Value error, "))
+            for e in exc.errors(include_url=False)
+        ]
 
 
 _FILE_KINDS = (
