@@ -917,7 +917,7 @@ def test_a_server_ignoring_sigterm_is_killed_after_one_grace(tmp_path: Path) -> 
     total, not once for the leader and again for its tree."""
     import time
 
-    from asyncroll.workers.tree import descendants
+    from asyncroll.proctree import descendants
 
     process = ManagedProcess(["bash", "-c", "trap '' TERM; sleep 60 & wait"], tmp_path / "server.log")
     process.start()
@@ -1034,7 +1034,7 @@ def one_arm(cfg: ExperimentConfig, out: Path, **kwargs: Any) -> dict[str, Any]:
 @pytest.fixture
 def subreaper() -> Iterator[None]:
     """The test process adopts orphans while the test runs, as the runner does (ExperimentRunner.run)."""
-    from asyncroll.evaluator.proctree import is_subreaper, set_subreaper
+    from asyncroll.proctree import is_subreaper, set_subreaper
 
     before = is_subreaper()
     set_subreaper(True)

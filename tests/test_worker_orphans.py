@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
+from asyncroll import proctree
 from asyncroll.clock import SystemClock
 from asyncroll.errors import WorkerDied, WorkerTimeout
-from asyncroll.evaluator import proctree
-from asyncroll.evaluator.proctree import is_subreaper
 from asyncroll.events import EventLog
+from asyncroll.proctree import is_subreaper
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
 from asyncroll.workers.child import ORPHAN_ZOMBIES

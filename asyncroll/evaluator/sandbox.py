@@ -44,7 +44,7 @@ import psutil
 
 from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
-from asyncroll.evaluator.proctree import children, is_subreaper, libc, set_subreaper
+from asyncroll.proctree import children, is_subreaper, libc, set_subreaper
 
 MiB = 1 << 20
 HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")

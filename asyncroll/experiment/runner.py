@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
-from asyncroll.evaluator.proctree import is_subreaper, set_subreaper
 from asyncroll.experiment import preflight
 from asyncroll.experiment.arms import (
     PROTOCOL_STEP,
@@ -66,6 +65,7 @@ from asyncroll.experiment.preflight import check_workload
 from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
 from asyncroll.experiment.server import sweep_orphan
 from asyncroll.experiment.signals import SignalGuard
+from asyncroll.proctree import is_subreaper, set_subreaper
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

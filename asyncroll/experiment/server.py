@@ -30,8 +30,7 @@ from typing import Any
 
 import psutil
 
-from asyncroll.evaluator.proctree import children
-from asyncroll.workers.tree import all_gone, descendants, signal_tree
+from asyncroll.proctree import all_gone, children, descendants, environ, reap, signal_tree
 
 #: Startup evidence: (key, pattern). The first group, if any, is the value; else the whole line is kept.
 EVIDENCE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -331,12 +330,10 @@ class InferenceServer:
         return result
 
 
-def origin_of(proc: psutil.Process) -> str | None:
+def origin_of(pid: int) -> str | None:
     """The ``ORIGIN_ENV`` a process inherited (None: none, or its environment cannot be read)."""
-    try:
-        return proc.environ().get(ORIGIN_ENV)
-    except psutil.Error:
-        return None
+    env = environ(pid)
+    return None if env is None else env.get(ORIGIN_ENV)
 
 
 def adopted_from(origin: str | None, exclude: int) -> list[psutil.Process]:
@@ -349,7 +346,7 @@ def adopted_from(origin: str | None, exclude: int) -> list[psutil.Process]:
     for pid in sorted(children() - {exclude}):
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
-            if origin_of(proc) == origin:
+            if origin_of(pid) == origin:
                 found.append(proc)
     return found
 
@@ -362,11 +359,11 @@ def adopted_orphans(known: set[int]) -> list[psutil.Process]:
         try:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
-                _reap(pid)
+                reap(pid)
                 continue
             found.append(proc)
         except psutil.Error:
-            _reap(pid)
+            reap(pid)
     return found
 
 
@@ -376,7 +373,7 @@ def kill_adopted(orphans: list[psutil.Process], grace_s: float) -> list[dict[str
     for proc in orphans:
         with contextlib.suppress(psutil.Error):
             record: dict[str, Any] = {"pid": proc.pid, "command": " ".join(proc.cmdline())[:300]}
-            origin = origin_of(proc)
+            origin = origin_of(proc.pid)
             if origin is not None:
                 record["origin"] = origin
             records.append(record)
@@ -387,7 +384,7 @@ def kill_adopted(orphans: list[psutil.Process], grace_s: float) -> list[dict[str
     deadline = time.monotonic() + grace_s
     while not all_gone(everything) and time.monotonic() < deadline:
         for proc in orphans:
-            _reap(proc.pid)
+            reap(proc.pid)
         time.sleep(0.05)
     for leader, tree in trees.items():
         signal_tree(leader, signal.SIGKILL, tree)
@@ -397,8 +394,3 @@ def kill_adopted(orphans: list[psutil.Process], grace_s: float) -> list[dict[str
     for record in records:
         record["killed"] = True
     return records
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)

@@ -38,8 +38,17 @@ from collections.abc import Collection
 
 import psutil
 
-from asyncroll.evaluator.proctree import children, environ, hold_subreaper, reap, release_subreaper, state
-from asyncroll.workers.tree import all_gone, descendants, signal_tree
+from asyncroll.proctree import (
+    all_gone,
+    children,
+    descendants,
+    environ,
+    hold_subreaper,
+    reap,
+    release_subreaper,
+    signal_tree,
+    state,
+)
 
 ORIGIN_ENV = "ASYNCROLL_WORKER_ORIGIN"
 """Inherited by everything a worker starts: tells which worker an orphan the runtime adopted came from."""

@@ -24,8 +24,8 @@ from typing import IO
 
 import psutil
 
+from asyncroll import proctree
 from asyncroll.errors import WorkerDied, WorkerStartupError, WorkerTimeout
-from asyncroll.workers import tree
 from asyncroll.workers.orphans import new_origin
 from asyncroll.workers.protocol import (
     HEADER,
@@ -194,8 +194,8 @@ class ProcessWorker:
             # The job was sent (nothing awaits before the write): the worker is mid-job, unusable.
             self._broken = self._broken or "was cancelled during a job"
             if self.pid is not None and self.returncode is None:
-                self._doomed += tree.descendants(self.pid)
-                tree.signal_tree(self.pid, signal.SIGKILL, self._doomed)
+                self._doomed += proctree.descendants(self.pid)
+                proctree.signal_tree(self.pid, signal.SIGKILL, self._doomed)
             with contextlib.suppress(asyncio.CancelledError):
                 await self.kill(grace=0.0)
             raise
@@ -287,13 +287,13 @@ class ProcessWorker:
         if self._proc is not None and self._exit is not None:
             pid = self._proc.pid
             if self._proc.returncode is None:
-                self._doomed += tree.descendants(pid)
-            tree.signal_tree(pid, signal.SIGTERM, self._doomed)
+                self._doomed += proctree.descendants(pid)
+            proctree.signal_tree(pid, signal.SIGTERM, self._doomed)
             if grace > 0:
                 await asyncio.wait({self._exit}, timeout=grace)
             if self._proc.returncode is None:
-                self._doomed += tree.descendants(pid)  # started while we waited
-            tree.signal_tree(pid, signal.SIGKILL, self._doomed)
+                self._doomed += proctree.descendants(pid)  # started while we waited
+            proctree.signal_tree(pid, signal.SIGKILL, self._doomed)
             await asyncio.wait({self._exit})
         for transport in (self._write_transport, self._read_transport):
             if transport is not None:
@@ -308,7 +308,7 @@ class ProcessWorker:
         """User + system CPU of the worker and its reaped children; ``None`` unless it is running."""
         if self.pid is None or self.returncode is not None:
             return None
-        return tree.cpu_seconds(self.pid)
+        return proctree.cpu_seconds(self.pid)
 
     async def aclose(self, exit_grace: float = 1.0) -> None:
         """Polite shutdown: close the job pipe so the worker exits at end of stream; kill it if it lingers."""
