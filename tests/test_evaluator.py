@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from asyncroll.errors import WorkerTimeout
-from asyncroll.evaluator import isolation
+from asyncroll.evaluator import cgroups, compare, isolation
 from asyncroll.evaluator.cgroups import PREFIX, CgroupFactory, controller_root
 from asyncroll.evaluator.compare import compare_stdout, stripped_lines
 from asyncroll.evaluator.evaluate import FIELD_LIMIT, cut, lcb_evaluate, remove_stale_scratch, scratch_prefix
@@ -159,6 +159,35 @@ def test_stdout_comparison_follows_livecodebench() -> None:
     assert compare_stdout("yes", "YES") == "line 1: 'yes' != 'YES'"
     assert compare_stdout("sNaN", "sNaN") is None  # identical text matches before any number parsing
     assert compare_stdout("sNaN 1", "sNaN  1") is not None  # a signalling NaN refuses comparison
+
+
+def test_lines_with_different_token_counts_differ_without_parsing_a_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Token lists of different lengths never compare equal: an 8 MiB line of numbers against a one-token
+    answer once cost the worker seconds and hundreds of MiB parsing every token as a Decimal."""
+    monkeypatch.setattr(compare, "_decimals", lambda tokens: pytest.fail("parsed numbers"))
+    line = ("1 " * 100_000).strip()
+    assert compare_stdout(line, "3") == f"line 1: {line[:200]!r} != '3'"
+
+
+@pytest.mark.parametrize(
+    ("failcnt", "oom_control", "hit"),
+    [
+        ("0", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n", True),
+        ("2", None, True),
+        ("0", "oom_kill 0\n", False),
+    ],
+)
+def test_a_memory_limit_hit_is_seen_by_the_fail_count_or_the_oom_kill_count(
+    tmp_path: Path, failcnt: str, oom_control: str | None, hit: bool
+) -> None:
+    """Some kernels leave ``memory.failcnt`` at 0 while the group's out-of-memory killer fires: the
+    verdict said only "killed by SIGKILL", never "(memory limit exceeded)"."""
+    (tmp_path / "memory.failcnt").write_text(failcnt)
+    if oom_control is not None:
+        (tmp_path / "memory.oom_control").write_text(oom_control)
+    assert cgroups.TestGroup((tmp_path,)).memory_limit_hit() is hit
 
 
 def test_feedback_fields_are_cut_to_1000_characters() -> None:
@@ -623,6 +652,96 @@ def test_the_memory_cgroup_caps_a_tree_of_processes() -> None:
     result, _ = evaluate(AGGREGATE_MEMORY, time_limit_s=10.0, memory_limit_mb=256)
     assert verdict(result) == "wrong_answer", result
     assert result["feedback"]["got"].strip().endswith("killed")
+
+
+# The status fd's number, read from the harness's command line (its one JSON argument).
+STATUS_FD = """
+import json, os
+config = open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")[4]
+fd = json.loads(config)["status_fd"]
+"""
+GARBLED_REPORT = STATUS_FD + 'os.write(fd, b"[" * 100000 + b"\\n")\nprint(3)\n'
+FORGED_EXIT = (
+    STATUS_FD
+    + """
+os.write(fd, b'{"kind": "exit", "status": 99999999999999999999}\\n[')
+os._exit(3)
+"""
+)
+FLOODS_STATUS = (
+    STATUS_FD
+    + """
+os.write(fd, b'{"kind": "done", "ok": true}\\n')
+print(3, flush=True)
+for _ in range(256):
+    os.write(fd, b"{}\\n" * 32768)
+"""
+)
+NESTED_RESULT = """
+class Solution:
+    def f(self, a):
+        x = []
+        for _ in range(5000):
+            x = [x]
+        return x
+"""
+UNREADABLE = "the program's report could not be read back"
+
+
+@real_process
+@pytest.mark.parametrize(
+    ("program", "func_name", "expected"),
+    [
+        (GARBLED_REPORT, None, f"{UNREADABLE} (the program exited with status 0)"),
+        (FORGED_EXIT, None, f"{UNREADABLE} (the program exited with status 3)"),
+        (NESTED_RESULT, "f", f"{UNREADABLE} (the program exited with status 0)"),
+        (FLOODS_STATUS, None, None),
+    ],
+    ids=["garbled-report", "forged-exit", "nested-result", "status-flood"],
+)
+def test_what_a_program_writes_on_the_status_fd_cannot_break_or_forge_the_verdict(
+    program: str, func_name: str | None, expected: str | None
+) -> None:
+    """The program inherits the status fd (its done record goes there): a line nested past the parser's
+    limit, a forged exit record with an absurd status, or megabytes after its first line once raised in
+    the worker (the trajectory failed and left the pass rates) or took it seconds and hundreds of MiB.
+    Now: a verdict, the real exit status (the harness's exit record has an fd the program never holds),
+    and only the first line of the status pipe is kept."""
+    tests = [{"input": "1\n", "output": "3\n"}] if func_name is None else [{"input": "1", "output": "3"}]
+    result, elapsed = evaluate(program, tests, func_name=func_name, time_limit_s=6.0)
+    if expected is None:
+        assert result["passed"], result
+    else:
+        assert verdict(result) == "runtime_error", result
+        assert expected in result["feedback"]["error"], result
+    assert elapsed < 6.0, elapsed
+
+
+IPC_AND_KEYS = """
+import ctypes, errno, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.restype = ctypes.c_int
+key, size = 0x5A5A17, 1 << 20
+shm = libc.shmget(key, size if MODE == "leave" else 0, (0o1000 | 0o600) if MODE == "leave" else 0)
+add_key = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+libc.syscall.restype = ctypes.c_long
+keyed = libc.syscall(add_key, b"user", b"asyncroll-test", b"secret", 6, -4)  # KEY_SPEC_USER_KEYRING
+print(MODE, shm >= 0, keyed >= 0 or errno.errorcode[ctypes.get_errno()])
+"""
+
+
+@requires_isolation
+@real_process
+def test_ipc_objects_and_kernel_keys_do_not_outlive_a_test() -> None:
+    """Without an IPC namespace a program's System V shared memory outlived its test (pinning host
+    memory no test cgroup bounds, readable by the next program), and ``nobody``'s kernel keyring still
+    does: the harness's seccomp filter refuses the keyring calls."""
+    leave, _ = evaluate("MODE = 'leave'\n" + IPC_AND_KEYS, [{"input": "", "output": "leave True EPERM"}])
+    assert leave["passed"], leave  # the segment was made, inside the test's own namespace
+    with open("/proc/sysvipc/shm") as host:
+        assert not [line for line in host.read().splitlines()[1:] if int(line.split()[0]) == 0x5A5A17]
+    find, _ = evaluate("MODE = 'find'\n" + IPC_AND_KEYS, [{"input": "", "output": "find False EPERM"}])
+    assert find["passed"], find  # the next test's namespace does not have it
 
 
 @requires_isolation

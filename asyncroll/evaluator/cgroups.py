@@ -93,12 +93,20 @@ class TestGroup:
         return pids
 
     def memory_limit_hit(self) -> bool:
-        """True when the memory group refused an allocation (``memory.failcnt`` > 0)."""
+        """True when the memory group refused an allocation (``memory.failcnt`` > 0) or its out-of-memory
+        killer killed a member (``oom_kill`` in ``memory.oom_control``, Linux 4.13+): some kernels leave
+        the fail count at 0 while the killer fires."""
         for d in self.dirs:
-            failcnt = d / "memory.failcnt"
             with contextlib.suppress(OSError, ValueError):
+                failcnt = d / "memory.failcnt"
                 if failcnt.exists() and int(failcnt.read_text()) > 0:
                     return True
+            with contextlib.suppress(OSError, ValueError):
+                control = d / "memory.oom_control"
+                if control.exists():
+                    fields = dict(line.split() for line in control.read_text().splitlines() if line.strip())
+                    if int(fields.get("oom_kill", "0")) > 0:
+                        return True
         return False
 
     def kill_all(self, deadline: float) -> None:

@@ -282,6 +282,11 @@ def _judge(
         stderr = execution.stderr.strip()
         detail = f"\n{stderr}" if stderr else ""
         how = execution.describe_exit()
+        if execution.status_garbled:  # a value nested past the parser's limit, or the program wrote there
+            return fail(
+                "runtime_error",
+                error=f"the program's report could not be read back (the program {how}){memory}{detail}",
+            )
         return fail("runtime_error", error=f"the program {how} before finishing normally{memory}{detail}")
     if not done.get("ok"):
         return fail("runtime_error", error=f"{done.get('error', '')}".rstrip() + memory)

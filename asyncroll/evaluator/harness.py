@@ -20,8 +20,13 @@ Steps, in order:
    — as ``__main__`` in stdin mode (LiveCodeBench runs such a program as a script), as the module
    ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution in a ``tmp_sol`` module,
    so an ``if __name__ == "__main__":`` test block in it does not run) — and reports one ``done``
-   record; the harness adds an ``exit`` record with the program process's wait status. Records are
-   JSON lines on the status fd, never on stdout, because stdout is the program's answer.
+   record; the harness writes an ``exit`` record with the program process's wait status on an fd of
+   its own, which the program's process closes before running any code, so the program cannot forge
+   how it ended. Records are JSON lines on those fds, never on stdout, because stdout is the program's
+   answer. Before the code runs, a seccomp filter refuses the kernel-keyring calls (``add_key``,
+   ``request_key``, ``keyctl``): the ``nobody`` user's keyring outlives a test, so it would otherwise
+   carry data from one program to another (IPC objects do not: the sandbox gives each test its own
+   IPC namespace).
 
 A ``done`` record is ``{"kind": "done", "ok": true}`` (stdin mode), ``{"kind": "done", "ok": true,
 "result": <JSON>}`` (functional mode), ``{"kind": "done", "ok": false, "error": "<traceback>"}`` or,
@@ -70,6 +75,9 @@ TRACE_FRAMES = 64  # innermost frames formatted: a runaway recursion has ~RECURS
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+#: Per machine: the seccomp audit architecture and the numbers of add_key, request_key and keyctl.
+KEY_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
 
 
 def _prelude(namespace: dict[str, Any]) -> None:
@@ -256,6 +264,46 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
     _write(status_fd, record)
 
 
+def deny_kernel_keys() -> bool:
+    """Install a seccomp filter on this process (and what it starts) that fails ``add_key``,
+    ``request_key`` and ``keyctl`` with ``EPERM`` and allows everything else; False where this machine's
+    architecture is not known here or the kernel refuses the filter. Every call through another ABI (a
+    32-bit call on a 64-bit machine, x32's numbers with bit 30 set) fails too: under other numbers it
+    could reach the same calls, and no Python program makes one."""
+    import ctypes
+    import platform
+    import struct
+
+    known = KEY_SYSCALLS.get(platform.machine())
+    if known is None:
+        return False
+    arch, numbers = known
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    # Instructions: (code, jump if true, jump if false, k); a jump skips that many instructions.
+    n = len(numbers)
+    program = [
+        (ld_w_abs, 0, 0, 4),  # the call's audit architecture
+        (jeq_k, 0, n + 3, arch),  # another architecture's call (a 32-bit one on a 64-bit machine): deny
+        (ld_w_abs, 0, 0, 0),  # the call's number
+        (jge_k, n + 1, 0, 0x40000000),  # another ABI of this machine: deny
+        *((jeq_k, n - i, 0, number) for i, number in enumerate(numbers)),
+        (ret_k, 0, 0, allow),
+        (ret_k, 0, 0, deny),
+    ]
+    filters = b"".join(struct.pack("HBBI", *instruction) for instruction in program)
+    buffer = ctypes.create_string_buffer(filters, len(filters))
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Program(len(program), ctypes.addressof(buffer))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
+
+
 def _stay_tied(lifeline_fd: int) -> None:
     """Die with the launcher: (re-)arm ``PR_SET_PDEATHSIG`` — changing uid cleared the one ``unshare
     --kill-child`` set — then exit if the worker already went away (its end of the lifeline pipe is
@@ -274,6 +322,7 @@ def _stay_tied(lifeline_fd: int) -> None:
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     status_fd = int(config["status_fd"])
+    exit_fd = int(config["exit_fd"])
     with open(str(config["code_path"]), encoding="utf-8") as source:
         code = source.read()
     uid = config.get("uid")
@@ -289,9 +338,12 @@ def main(argv: list[str]) -> int:
     child = os.fork()
     if child == 0:
         try:
+            os.close(exit_fd)  # the harness's alone: the program cannot write how it ended
+            deny_kernel_keys()
             _run_program(code, config, status_fd)
         finally:
             os._exit(0)
+    os.close(status_fd)  # the program's (its done record); the worker reads it to end of file
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as PID 1, a default disposition ignores the program
     while True:
         try:
@@ -299,7 +351,7 @@ def main(argv: list[str]) -> int:
         except ChildProcessError:
             return 0
         if pid == child:
-            _write(status_fd, {"kind": "exit", "status": status})
+            _write(exit_fd, {"kind": "exit", "status": status})
             return 0
 
 

@@ -12,6 +12,11 @@ layers found so far plus the candidate, and checking what the program observes f
   ``/proc`` and ``/tmp``: no host file (workloads, hidden tests, repositories, homes, sockets) is
   visible;
 * ``net_namespace``: only the loopback interface exists;
+* ``ipc_namespace``: the program's System V IPC objects and POSIX message queues are its own and
+  vanish with the test (without it, shared memory a program leaves pins host memory no cgroup of the
+  test bounds, and carries data to later programs);
+* ``kernel_keys_denied``: the harness's seccomp filter fails the kernel-keyring calls (the ``nobody``
+  user's keyring outlives a test); reported, not required (it knows x86-64 and AArch64 only);
 * ``cgroup_memory`` / ``cgroup_pids``: a fresh cgroup-v1 group per test caps the whole tree's memory
   and task count, root included;
 * ``bubblewrap``: reported only; the namespaces above come from ``unshare``, bwrap is not used.
@@ -48,12 +53,19 @@ REQUIRED = (
     "pid_namespace",
     "private_root",
     "net_namespace",
+    "ipc_namespace",
     "cgroup_memory",
     "cgroup_pids",
 )
 PROBE_PROGRAM = """
-import json, os, resource, socket
+import ctypes, errno, json, os, platform, resource, socket
+keyctl = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+libc = ctypes.CDLL(None, use_errno=True)
+# KEYCTL_GET_KEYRING_ID of KEY_SPEC_USER_KEYRING: refused with EPERM when the keyring calls are denied
+refused = keyctl is not None and libc.syscall(keyctl, 0, -4, 0) == -1
+keys_denied = refused and ctypes.get_errno() == errno.EPERM
 print(json.dumps({
+    "ipc": os.readlink("/proc/self/ns/ipc"), "keys_denied": keys_denied,
     "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
     "pid": os.getpid(), "ppid": os.getppid(),
     "interfaces": sorted(name for _, name in socket.if_nameindex()),
@@ -189,7 +201,7 @@ def _namespace_layers(base: Layers) -> tuple[Layers, list[Layer]]:
     unshare = shutil.which("unshare")
     if unshare is None:
         why = "util-linux 'unshare' is not installed"
-        names = ("pid_namespace", "private_root", "net_namespace")
+        names = ("pid_namespace", "private_root", "net_namespace", "ipc_namespace")
         return base, [Layer(name, False, why) for name in names]
     out: list[Layer] = []
     candidate = replace(base, unshare=unshare, pid_namespace=True, private_root=True)
@@ -220,6 +232,19 @@ def _namespace_layers(base: Layers) -> tuple[Layers, list[Layer]]:
         out.append(Layer("net_namespace", True, "unshare --net: loopback only"))
     else:
         out.append(Layer("net_namespace", False, f"probe failed: {why or facts}"))
+    candidate = replace(base, unshare=unshare, ipc_namespace=True)
+    facts, why = _probe(candidate)
+    if facts and facts["ipc"] != os.readlink("/proc/self/ns/ipc"):
+        base = candidate
+        out.append(Layer("ipc_namespace", True, "unshare --ipc: System V IPC and POSIX queues of its own"))
+    else:
+        out.append(Layer("ipc_namespace", False, f"probe failed: {why or facts}"))
+    facts, why = _probe(base)
+    denied = bool(facts and facts["keys_denied"])
+    detail = (
+        "seccomp: add_key, request_key, keyctl fail with EPERM" if denied else f"not denied: {why or facts}"
+    )
+    out.append(Layer("kernel_keys_denied", denied, detail))
     return base, out
 
 

@@ -1,7 +1,7 @@
 """Run one untrusted program on one test input in a sandboxed child, and leave nothing running after.
 
-Per test the sandbox starts ``[unshare --pid --fork --kill-child --mount-proc [--net] --] python -I -c
-<harness> <config>`` (see :mod:`asyncroll.evaluator.harness`) with:
+Per test the sandbox starts ``[unshare --pid --fork --kill-child --mount-proc [--net] [--ipc] --] python
+-I -c <harness> <config>`` (see :mod:`asyncroll.evaluator.harness`) with:
 
 * an explicit allow-listed environment (``PATH``, ``LANG``, ``LC_ALL``, ``HOME``, ``TMPDIR``): never the
   runtime's, which may carry secrets and ``PYTHONUNBUFFERED=1`` (a variable that can change a verdict);
@@ -12,8 +12,9 @@ Per test the sandbox starts ``[unshare --pid --fork --kill-child --mount-proc [-
   dropping to the unprivileged uid (``nobody``) when the worker is root — rlimits do not bind root, so
   the uid switch is what makes them real — then re-arming its death signal (the uid change cleared
   it) and checking a lifeline pipe only the worker holds, so it cannot outlive a killed worker;
-* stdin from a file, stdout/stderr/status on pipes read with a deadline (``selectors`` plus a pidfd for
-  the exit), never a blocking read that waits for an end of file a descendant could withhold.
+* stdin from a file, stdout/stderr, the program's done record and the harness's exit record on pipes
+  read with a deadline (``selectors`` plus a pidfd for the exit), never a blocking read that waits for
+  an end of file a descendant could withhold.
 
 After every test — passed, failed, timed out or over the output cap — the *whole* tree is killed: the
 PID namespace dies with its init (the harness), every member of the cgroup gets SIGKILL until the group
@@ -37,7 +38,7 @@ import selectors
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -51,6 +52,7 @@ HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="ut
 CLEANUP_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _READ_CHUNK = 1 << 16
+_EXIT_RECORD_CAP = 4096  # {"kind": "exit", "status": N} and room to spare
 _RUNS = itertools.count(1)  # process-wide: file names in a scratch directory never collide
 
 
@@ -102,6 +104,7 @@ class Layers:
     gid: int | None = None
     pid_namespace: bool = False
     net_namespace: bool = False
+    ipc_namespace: bool = False
     private_root: bool = False
     memory_cgroup: Path | None = None
     pids_cgroup: Path | None = None
@@ -121,20 +124,19 @@ class Execution:
     timed_out: bool = False
     output_exceeded: bool = False
     memory_limit_hit: bool = False
-    status_garbled: bool = False
-    records: list[dict[str, object]] = field(default_factory=list)
+    status_garbled: bool = False  # the program wrote something unreadable where its done record goes
 
     def describe_exit(self) -> str:
-        """How the program's process ended, in words (``exited with status 3``, ``killed by SIGKILL``)."""
+        """How the program's process ended, in words (``exited with status 3``, ``was killed by SIGKILL``)."""
         status = self.exit_status
         if status is None:
             return "stopped without a report from the harness"
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             try:
-                return f"killed by {signal.Signals(sig).name}"
+                return f"was killed by {signal.Signals(sig).name}"
             except ValueError:
-                return f"killed by signal {sig}"
+                return f"was killed by signal {sig}"
         return f"exited with status {os.WEXITSTATUS(status)}"
 
 
@@ -166,13 +168,23 @@ class Sandbox:
 
     def command(self, config: dict[str, object]) -> list[str]:
         prefix: list[str] = []
+        namespaces = [
+            flag
+            for flag, used in (("--net", self.layers.net_namespace), ("--ipc", self.layers.ipc_namespace))
+            if used
+        ]
         if self.layers.pid_namespace:
-            prefix = [self.layers.unshare, "--pid", "--fork", "--kill-child", "--mount-proc"]
-            if self.layers.net_namespace:
-                prefix.append("--net")
-            prefix.append("--")
-        elif self.layers.net_namespace:
-            prefix = [self.layers.unshare, "--net", "--"]
+            prefix = [
+                self.layers.unshare,
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                *namespaces,
+                "--",
+            ]
+        elif namespaces:
+            prefix = [self.layers.unshare, *namespaces, "--"]
         return [*prefix, self.layers.python, "-I", "-c", HARNESS_SOURCE, json.dumps(config)]
 
     def run(
@@ -195,11 +207,13 @@ class Sandbox:
         input_path.write_bytes(stdin_bytes)
         work = self._work_dir(scratch, run)
         group = self._cgroups.create(limits.memory_bytes, limits.processes) if self._cgroups else None
-        status_r, status_w = os.pipe()
+        status_r, status_w = os.pipe()  # the program's done record
+        exit_r, exit_w = os.pipe()  # the harness's exit record (the program's process closes it)
         lifeline_r, lifeline_w = os.pipe()  # held by this worker only; end of file = the worker is gone
         os.set_inheritable(lifeline_w, False)
         config: dict[str, object] = {
             "status_fd": status_w,
+            "exit_fd": exit_w,
             "lifeline_fd": lifeline_r,
             "code_path": str(code_path),
             "func_name": func_name,
@@ -221,7 +235,7 @@ class Sandbox:
                         stdin=stdin,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
-                        pass_fds=(status_w, lifeline_r),
+                        pass_fds=(status_w, exit_w, lifeline_r),
                         cwd=work,
                         env=self._environment(work),
                         start_new_session=True,
@@ -233,9 +247,10 @@ class Sandbox:
                 raise SandboxError(f"could not start the sandboxed program: {exc}") from exc
             finally:
                 os.close(status_w)
+                os.close(exit_w)
                 os.close(lifeline_r)
             started = time.monotonic()
-            self._collect(proc, group, status_r, started + wall, limits, result)
+            self._collect(proc, group, status_r, exit_r, started + wall, limits, result)
             result.wall_s = time.monotonic() - started
         finally:
             try:
@@ -245,6 +260,7 @@ class Sandbox:
                 if not was_subreaper:
                     set_subreaper(False)
                 os.close(status_r)
+                os.close(exit_r)
                 os.close(lifeline_w)
         return result
 
@@ -272,17 +288,32 @@ class Sandbox:
         proc: subprocess.Popen[bytes],
         group: TestGroup | None,
         status_r: int,
+        exit_r: int,
         deadline: float,
         limits: Limits,
         out: Execution,
     ) -> None:
-        """Read the three pipes until the launcher exits, the deadline passes or stdout overflows; then
-        kill the whole tree and drain what the pipes still hold (bounded in time and size)."""
+        """Read the four pipes until the launcher exits, the deadline passes or stdout overflows; then
+        kill the whole tree and drain what the pipes still hold (bounded in time and size).
+
+        Only the first line of the status pipe is kept (the done record: a functional result may be as
+        large as the output cap, twice over as JSON), and of the exit pipe only a record's worth: the
+        program can write to the status pipe, and whatever it writes after its first line is read and
+        dropped, never stored or parsed."""
         assert proc.stdout is not None and proc.stderr is not None
-        stdout, stderr, status = bytearray(), bytearray(), bytearray()
-        buffers = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr, status_r: status}
-        status_cap = 2 * limits.output_bytes
-        caps = {proc.stdout.fileno(): None, proc.stderr.fileno(): None, status_r: status_cap}
+        stdout, stderr, status, exit_record = bytearray(), bytearray(), bytearray(), bytearray()
+        buffers = {
+            proc.stdout.fileno(): stdout,
+            proc.stderr.fileno(): stderr,
+            status_r: status,
+            exit_r: exit_record,
+        }
+        caps: dict[int, int | None] = {
+            proc.stdout.fileno(): None,
+            proc.stderr.fileno(): None,
+            status_r: 2 * limits.output_bytes,
+            exit_r: _EXIT_RECORD_CAP,
+        }
         pidfd = os.pidfd_open(proc.pid)
         try:
             with selectors.DefaultSelector() as selector:
@@ -301,6 +332,8 @@ class Sandbox:
                             exited = True
                         else:
                             _read(selector, key.fd, buffers[key.fd], caps[key.fd])
+                            if key.fd == status_r:
+                                _first_line_only(status, caps, status_r)
                     if len(stdout) > limits.output_bytes:
                         out.output_exceeded = True
                         break
@@ -315,12 +348,14 @@ class Sandbox:
                         break
                     for key, _ in selector.select(remaining):
                         _read(selector, key.fd, buffers[key.fd], caps[key.fd])
+                        if key.fd == status_r:
+                            _first_line_only(status, caps, status_r)
                     out.output_exceeded = len(stdout) > limits.output_bytes
         finally:
             os.close(pidfd)
         out.stdout = bytes(stdout[: limits.output_bytes])
         out.stderr = bytes(stderr[-limits.stderr_bytes :]).decode("utf-8", "replace")
-        self._parse_status(bytes(status), out)
+        _parse_records(bytes(status), bytes(exit_record), out)
 
     def _kill_everything(self, proc: subprocess.Popen[bytes], group: TestGroup | None) -> None:
         """SIGKILL the launcher's tree (the PID namespace dies with its init), every orphan re-parented
@@ -385,22 +420,34 @@ class Sandbox:
             found.append(pid)
         return found
 
-    @staticmethod
-    def _parse_status(data: bytes, out: Execution) -> None:
-        for line in data.decode("utf-8", "replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                out.status_garbled = True
-                continue
-            if not isinstance(record, dict):
-                out.status_garbled = True
-                continue
-            out.records.append(record)
-            if record.get("kind") == "done" and out.done is None:
-                out.done = record
-            elif record.get("kind") == "exit" and isinstance(record.get("status"), int):
-                out.exit_status = record["status"]
+
+def _first_line_only(status: bytearray, caps: dict[int, int | None], fd: int) -> None:
+    """Once the status pipe has given a whole line, keep that line and drop whatever follows."""
+    end = status.find(b"\n")
+    if end >= 0:
+        del status[end + 1 :]
+        caps[fd] = end + 1
+
+
+def _record(line: bytes, kind: str) -> dict[str, object] | None:
+    """The JSON object on ``line`` if it is a record of ``kind``; ``None`` for anything else, including a
+    line the program made unreadable (not JSON, not UTF-8, nested past the parser's recursion limit)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and record.get("kind") == kind else None
+
+
+def _parse_records(status: bytes, exit_record: bytes, out: Execution) -> None:
+    """The program's done record (the status pipe's first line) and the harness's exit record."""
+    if status.strip():
+        out.done = _record(status.split(b"\n", 1)[0], "done")
+        out.status_garbled = out.done is None
+    record = _record(exit_record.split(b"\n", 1)[0], "exit")
+    code = None if record is None else record.get("status")
+    if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 0xFFFF:
+        out.exit_status = code
 
 
 class _PreExec:
