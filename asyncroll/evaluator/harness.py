@@ -74,7 +74,7 @@ ERROR_LIMIT = 4000
 TRACE_FRAMES = 64  # innermost frames formatted: a runaway recursion has ~RECURSION_LIMIT of them
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 #: Per machine: the seccomp audit architecture and the numbers of add_key, request_key and keyctl.
 KEY_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
@@ -311,7 +311,11 @@ def _stay_tied(lifeline_fd: int) -> None:
     import ctypes
     import select
 
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    # Not dumpable: a program running as the same uid (no uid switch) cannot open this process's fds
+    # through /proc (the exit record's) or ptrace it. (Dropping root already does this; say it anyway.)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     poller = select.poll()
     poller.register(lifeline_fd, select.POLLIN)
     if poller.poll(0):  # readable means end of file: the worker closed its end or died
