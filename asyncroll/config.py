@@ -8,6 +8,7 @@ here, so no other module special-cases it.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -272,7 +273,12 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
     msg = str(err.get("msg", "invalid"))
     if msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
-    if not loc:
+    if not loc:  # a check across settings: its message names them as flags
+        for key, origin in origins.items():
+            flag = "--" + key.replace("_", "-")
+            msg = re.sub(
+                rf"{re.escape(flag)}(?![\w-])", lambda _, f=flag, o=origin: f"{f} ({o})", msg, count=1
+            )
         return msg
     where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":

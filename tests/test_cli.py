@@ -265,6 +265,23 @@ def test_config_file_errors_name_the_file_and_flags_name_the_flag(
     assert "setting 'max_turns'" not in result.stderr  # the flag overrode the file's value
 
 
+def test_a_check_across_settings_names_those_read_from_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cross-setting error named only flags, even for settings the user wrote in a config file."""
+    config = tmp_path / "run.toml"
+    config.write_text("tool-timeout = 5\ntest_timeout = 20\n")
+    args = ("--config", config, "--workload", SMOKE)
+    result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r")
+    assert result.exit_code == 2 and not seen
+    assert (
+        f"--test-timeout (--config {config}: setting 'test_timeout') 20 does not fit under " in result.stderr
+    )
+    assert f"--tool-timeout (--config {config}: setting 'tool_timeout') 5" in result.stderr
+    flag, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "r2", "--tool-timeout", "4")
+    assert "does not fit under --tool-timeout 4:" in flag.stderr  # given as a flag: named as one
+
+
 def test_sync_says_an_active_limit_has_no_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = ("--workload", SMOKE, "--policy", "sync")
     given, _ = run_in_process(
