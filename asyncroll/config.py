@@ -239,8 +239,10 @@ def http_url_problem(url: str) -> str | None:
     return None
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a JSON or TOML file of RunConfig fields (dashes or underscores both accepted)."""
+def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Read a JSON or TOML file of RunConfig fields (dashes or underscores both accepted): the settings
+    by field name, and each field's name as the file spells it (for error messages). Two spellings of one
+    setting (``cpu-workers`` and ``cpu_workers``) are refused: which one wins would be a guess."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -251,7 +253,20 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise UsageError(f"--config {path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in spelled:
+            raise UsageError(f"--config {path}: settings {spelled[name]!r} and {key!r} are the same setting")
+        values[name], spelled[name] = value, str(key)
+    return values, spelled
+
+
+def config_file_origins(path: Path, spelled: Mapping[str, str], keys: Iterable[str]) -> dict[str, str]:
+    """Each setting read from the config file ``path`` (``keys``: field names; ``spelled``: as the file
+    writes them), named as its errors should name it."""
+    return {key: f"--config {path}: setting {spelled.get(key, key)!r}" for key in keys}
 
 
 def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = None) -> RunConfig:
@@ -263,11 +278,6 @@ def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = Non
         raise UsageError("\n".join(_describe(err, origins or {}) for err in exc.errors())) from exc
 
 
-def config_file_origins(path: Path, keys: Iterable[str]) -> dict[str, str]:
-    """Each setting read from the config file ``path``, named as its errors should name it."""
-    return {key: f"--config {path}: setting {key!r}" for key in keys}
-
-
 def _describe(err: Any, origins: Mapping[str, str]) -> str:
     loc = [str(p) for p in err.get("loc", ())]
     msg = str(err.get("msg", "invalid"))
@@ -276,9 +286,9 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
     if not loc:  # a check across settings: its message names them as flags
         for key, origin in origins.items():
             flag = "--" + key.replace("_", "-")
-            msg = re.sub(
-                rf"{re.escape(flag)}(?![\w-])", lambda _, f=flag, o=origin: f"{f} ({o})", msg, count=1
-            )
+            found = re.search(rf"{re.escape(flag)}(?![\w-])", msg)
+            if found is not None:  # the first mention says where the value came from
+                msg = f"{msg[: found.end()]} ({origin}){msg[found.end() :]}"
         return msg
     where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":

@@ -260,7 +260,7 @@ def test_config_file_errors_name_the_file_and_flags_name_the_flag(
     )
     assert result.exit_code == 2 and not seen
     assert f"--config {config}: setting 'polcy': unknown setting" in result.stderr
-    assert f"--config {config}: setting 'cpu_workers': " in result.stderr
+    assert f"--config {config}: setting 'cpu-workers': " in result.stderr  # as the file spells it
     assert "--max-turns: " in result.stderr
     assert "setting 'max_turns'" not in result.stderr  # the flag overrode the file's value
 
@@ -277,9 +277,13 @@ def test_a_check_across_settings_names_those_read_from_the_config_file(
     assert (
         f"--test-timeout (--config {config}: setting 'test_timeout') 20 does not fit under " in result.stderr
     )
-    assert f"--tool-timeout (--config {config}: setting 'tool_timeout') 5" in result.stderr
+    assert f"--tool-timeout (--config {config}: setting 'tool-timeout') 5" in result.stderr  # as spelled
     flag, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "r2", "--tool-timeout", "4")
     assert "does not fit under --tool-timeout 4:" in flag.stderr  # given as a flag: named as one
+    config.write_text("cpu-workers = 2\ncpu_workers = 3\n")
+    twice, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r3")
+    assert twice.exit_code == 2 and not seen
+    assert f"--config {config}: settings 'cpu-workers' and 'cpu_workers' are the same setting" in twice.stderr
 
 
 def test_sync_says_an_active_limit_has_no_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -178,8 +178,11 @@ def run(
             raise fail("--gpu-slots and --max-inflight-model-requests both given; use only the latter")
         flags["max_inflight_model_requests"] = flags.pop("gpu_slots")
     try:
-        values: dict[str, Any] = load_config_file(config) if config is not None else {}
-        origins = {} if config is None else config_file_origins(config, values.keys() - flags.keys())
+        values: dict[str, Any] = {}
+        origins: dict[str, str] = {}
+        if config is not None:
+            values, spelled = load_config_file(config)
+            origins = config_file_origins(config, spelled, values.keys() - flags.keys())
         values.update(flags)
         missing = [f"--{k}" for k in ("workload", "output") if k not in values]
         if missing:
