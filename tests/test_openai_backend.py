@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -1143,3 +1144,142 @@ def test_aclose_closes_the_client_even_when_the_watch_failed() -> None:
 
     backend = asyncio.run(main())
     assert backend._client is None and backend._watch is None
+
+
+# --- a hostile server ------------------------------------------------------------------------------------
+
+
+def _trickle(handler: Any, stop: threading.Event) -> None:
+    """Headers, then one byte every 0.1 s of a body that never ends (until the test stops the server)."""
+    handler.send_response(200)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", "1000000")
+    handler.end_headers()
+    with contextlib.suppress(OSError):
+        while not stop.wait(0.1):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+
+
+def _raw(status: int, headers: dict[str, str], body: bytes) -> Any:
+    def reply(handler: Any, stop: threading.Event) -> None:
+        handler.send_response(status)
+        for name, value in {**headers, "content-length": str(len(body))}.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    return reply
+
+
+class HostileServer:
+    """A loopback server whose chat replies are ``replies`` in turn (callables writing the whole HTTP
+    answer, then the last again) and whose GET routes are ``gets`` (path → callable; else 200 ``{}``)."""
+
+    def __init__(self, replies: list[Any], gets: dict[str, Any] | None = None) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        stop = self._stop = threading.Event()
+        served, last, routes = iter(replies), [replies[-1]], gets or {}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                routes.get(self.path, _raw(200, {"content-type": "application/json"}, b"{}"))(self, stop)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                last[0] = next(served, last[0])
+                last[0](self, stop)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> HostileServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def _json_reply(body: Any) -> Any:
+    return _raw(200, {"content-type": "application/json"}, json.dumps(body).encode())
+
+
+@pytest.mark.timeout(60)
+def test_hostile_replies_fail_only_their_own_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply whose charset no codec can use (the run failed with a TypeError from deep in the codec),
+    a compression bomb (the client's memory grew without bound), a redirect (named with its target),
+    NaN in an action (JSON has no such number) and a negative token count (recorded as real): each is
+    its own request's failure or missing number, and the run goes on."""
+    import gzip
+
+    import asyncroll.backends.openai as openai_backend
+
+    monkeypatch.setattr(openai_backend, "MAX_RESPONSE_BYTES", 1 << 20)
+    bomb = gzip.compress(b"\0" * (8 << 20))  # 8 MiB decoded, ~8 KB on the wire
+    nan_call = '{"type": "tool", "name": "add", "arguments": {"a": NaN, "b": 1}}'
+    replies = [
+        _raw(503, {"content-type": "text/plain; charset=rot13"}, b"busy"),
+        _raw(200, {"content-type": "application/json", "content-encoding": "gzip"}, bomb),
+        _raw(307, {"location": "http://elsewhere.invalid/v1/chat/completions"}, b""),
+        _json_reply(completion(nan_call)),
+        _json_reply(completion(FINAL, usage={"prompt_tokens": -5, "completion_tokens": 3})),
+    ]
+    problems = [
+        *final_problems(3),
+        {"id": "tool", "prompt": "Add.", "tools": [ADD]},
+        {"id": "p3", "prompt": "?"},
+    ]
+    with HostileServer(replies) as server:
+        outcome, capture, _ = http_run(tmp_path, problems, server.url, max_active_trajectories=1)
+    assert outcome.status == "complete", outcome.error
+    failed = sorted(capture.of(ModelFailed), key=lambda e: e.request_id)
+    assert [e.kind for e in failed] == ["http_status", "bad_response", "http_status", "invalid_action"]
+    assert failed[0].error == "HTTP 503: busy"
+    assert "longer than 1,048,576 bytes (decoded)" in failed[1].error
+    assert "redirect to 'http://elsewhere.invalid/v1/chat/completions', not followed" in failed[2].error
+    assert "NaN is not a JSON number" in failed[3].error
+    (finished,) = capture.of(ModelFinished)
+    assert (finished.prompt_tokens, finished.completion_tokens) == (None, 3)
+
+
+@pytest.mark.timeout(60)
+def test_a_trickling_probe_answer_ends_at_its_deadline() -> None:
+    """``/v1/models`` (the server-kind probe) and ``/health`` (the down-server probe) had only httpx's
+    per-phase timeout, which every trickled byte resets: the run hung before its start, and a down
+    server's probe outlived ``--server-down-timeout``."""
+    from asyncroll.backends.openai import request_deadline_s
+
+    settings = HttpSettings(endpoint="", model="m", inflight=1, request_timeout=0.5)
+    deadline = request_deadline_s(0.5)
+    for path in ("/v1/models", "/health"):
+        with HostileServer([_json_reply(completion(FINAL))], gets={path: _trickle}) as server:
+            backend = OpenAIBackend(replace(settings, endpoint=server.url), SystemClock())
+
+            async def probe(backend: OpenAIBackend = backend, path: str = path) -> Any:
+                try:
+                    if path == "/health":
+                        return await backend._healthy()
+                    return await backend._probe_kind(backend._http())
+                finally:
+                    await backend.aclose()
+
+            began = time.monotonic()
+            if path == "/health":
+                assert asyncio.run(probe()) is False
+                assert backend._last_probe == f"GET /health: no complete answer within {deadline:g}s"
+            else:
+                with pytest.raises(ModelError, match=f"within {deadline:g}s \\(no complete answer\\)"):
+                    asyncio.run(probe())
+            assert time.monotonic() - began < deadline + 2.0

@@ -157,6 +157,11 @@ def strip_fence(text: str) -> str:
     return match.group(1) if match else text
 
 
+def _not_json(constant: str) -> Any:
+    """Python's JSON reader accepts ``NaN``, ``Infinity`` and ``-Infinity``; JSON has no such numbers."""
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, code: bool) -> Action:
     """Turn a model's reply into an action, or raise :class:`InvalidActionError` saying why.
 
@@ -173,7 +178,7 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
         return SubmitAction(type="submit", code=source)
     body = text if structured else strip_fence(text)
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int past the digit limit, deep nesting
         raise InvalidActionError(f"the response is not JSON ({exc}): {text[:200]!r}") from exc
     try:

@@ -3,7 +3,8 @@
 Whatever a 200 body holds, :func:`read_completion` returns a :class:`Completion` or raises
 :class:`NotACompletion` naming what is wrong (the backend records it as ``bad_response`` for that request
 only). A message ``content`` given as a list of text parts is joined, as OpenAI-compatible servers mean
-it; a ``usage`` that is not an object, or token counts that are not integers, give ``None`` counts.
+it; a ``usage`` that is not an object, or token counts that are not non-negative integers, give
+``None`` counts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import orjson
 
 
 def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A token count: a non-negative integer, else ``None`` (missing, never a made-up number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class NotACompletion(ValueError):

@@ -26,7 +26,10 @@ cancellation delivered inside httpcore's pool while it holds a connection that i
 that connection counted for ever — encode/httpcore#1093 — and a pool *limited* to the inflight limit
 then locks up: every later request times out against a healthy server. So the pool has no connection
 limit of its own: the model gate is the one limit of requests in flight, and a leaked slot blocks
-nothing.) Whatever a 200 body holds, reading
+nothing.) A body is read up to :data:`MAX_RESPONSE_BYTES` after decoding (an endless body or a
+compression bomb is ``bad_response``), its text as UTF-8 whatever charset the server names, and the
+probes (``/v1/models``, ``/health``) have the same whole-exchange deadline and a cap
+(:mod:`asyncroll.http_read`). Whatever a 200 body holds, reading
 it (:mod:`asyncroll.backends.completion`) never raises anything else: a message ``content`` given as a
 list of text parts is joined, as OpenAI-compatible servers mean it; any other shape is ``bad_response``;
 a ``usage`` that is not an object is ignored (token counts ``null``). Retries and the server circuit are in
@@ -62,6 +65,7 @@ from asyncroll.clock import Clock
 from asyncroll.config import RunConfig, ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
+from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded
 from asyncroll.workload import Action
 
 ACTION_HEADER = "x-asyncroll-action"
@@ -70,6 +74,12 @@ MAX_ACTION_HEADER = 8192
 #: Words in a 400 body that mean the server refused the structured-output request itself.
 _SCHEMA_WORDS = ("schema", "response_format", "grammar", "guided", "json_object", "structured")
 KIND_FROM_OWNER = {"vllm": "vllm", "sglang": "sglang"}
+#: The most of a chat-completion body read (decoded): a reply of a few thousand tokens is kilobytes, with
+#: per-token logprobs megabytes; past this a body is the server's failure, not a reply to parse.
+MAX_RESPONSE_BYTES = 64 << 20
+#: The most of a ``/v1/models`` or ``/health`` answer read (a model list of many adapters fits easily).
+MAX_PROBE_BYTES = 8 << 20
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 @dataclass(frozen=True)
@@ -181,17 +191,21 @@ class OpenAIBackend:
 
         Only an unreachable server is an error here; a server without a usable model list is generic,
         and the receipt says why."""
+        limit = min(10.0, self.settings.request_timeout)
         try:
-            response = await client.get("/v1/models", timeout=min(10.0, self.settings.request_timeout))
-        except httpx.HTTPError as exc:
+            response, body = await self._get_bounded(client, "/v1/models", limit)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            why = describe_transport_error(exc) if isinstance(exc, httpx.HTTPError) else "no complete answer"
             raise ModelError(
                 "transport",
-                f"cannot probe the server kind at {self.settings.endpoint}/v1/models "
-                f"({describe_transport_error(exc)}); check that the server runs at --endpoint, or "
+                f"cannot probe the server kind at {self.settings.endpoint}/v1/models within "
+                f"{request_deadline_s(limit):g}s ({why}); check that the server runs at --endpoint, or "
                 "declare its kind with --server-kind vllm|sglang|transformers|generic to skip the probe",
             ) from exc
+        except ResponseTooLarge as exc:
+            return "generic", f"probed: /v1/models answered with {exc}"
         try:
-            owners = {str(m.get("owned_by", "")) for m in response.json()["data"]}
+            owners = {str(m.get("owned_by", "")) for m in json.loads(body)["data"]}
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return "generic", f"probed: /v1/models answered HTTP {response.status_code} without a model list"
         for owner, kind in KIND_FROM_OWNER.items():
@@ -277,11 +291,18 @@ class OpenAIBackend:
         501: it did answer) is asked ``GET /v1/models`` instead, which every OpenAI-compatible server has.
         What the last probe got is kept for the error of a server that stays down."""
         client = self._http()
+        limit = min(5.0, self.settings.request_timeout)
         for path in ("/health", "/v1/models"):
             try:
-                response = await client.get(path, timeout=min(5.0, self.settings.request_timeout))
+                response, _ = await self._get_bounded(client, path, limit)
             except httpx.HTTPError as exc:
                 self._last_probe = f"GET {path}: {describe_transport_error(exc)}"
+                return False
+            except TimeoutError:  # a trickling answer: the server is not healthy
+                self._last_probe = f"GET {path}: no complete answer within {request_deadline_s(limit):g}s"
+                return False
+            except ResponseTooLarge as exc:
+                self._last_probe = f"GET {path}: {exc}"
                 return False
             self._last_probe = f"GET {path}: HTTP {response.status_code}"
             if response.status_code == 200:
@@ -289,6 +310,17 @@ class OpenAIBackend:
             if response.status_code not in (404, 405, 501):
                 return False
         return False
+
+    @staticmethod
+    async def _get_bounded(
+        client: httpx.AsyncClient, path: str, limit_s: float
+    ) -> tuple[httpx.Response, bytes]:
+        """``GET path`` with a per-phase limit, a whole-exchange deadline and a body cap (see
+        :mod:`asyncroll.http_read`): a probe a trickling or endless answer cannot hold up."""
+        request = client.build_request("GET", path, timeout=limit_s)
+        return await read_bounded(
+            client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=request_deadline_s(limit_s)
+        )
 
     # --- requests ----------------------------------------------------------------------------------
 
@@ -469,15 +501,21 @@ class OpenAIBackend:
         )
 
     async def _attempt(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
-        """One HTTP exchange under the request timeout; failures raised as :class:`_AttemptFailed`."""
+        """One HTTP exchange under the request timeout and the body cap; every failure — whatever a hostile
+        or broken server makes httpx or a codec raise — is raised as :class:`_AttemptFailed`: this
+        request's, never the run's."""
         client = self._http()
+        request = client.build_request(
+            "POST",
+            "/v1/chat/completions",
+            content=orjson.dumps(body),
+            headers={"content-type": "application/json", **headers},
+        )
+        deadline = request_deadline_s(self.settings.request_timeout)
         try:
-            async with asyncio.timeout(request_deadline_s(self.settings.request_timeout)):
-                response = await client.post(
-                    "/v1/chat/completions",
-                    content=orjson.dumps(body),
-                    headers={"content-type": "application/json", **headers},
-                )
+            response, payload = await read_bounded(
+                client, request, limit_bytes=MAX_RESPONSE_BYTES, deadline_s=deadline
+            )
         except httpx.TimeoutException as exc:  # a phase took longer than --request-timeout
             raise _AttemptFailed(
                 "timeout",
@@ -487,24 +525,28 @@ class OpenAIBackend:
                 False,
             ) from exc
         except TimeoutError as exc:  # every phase in time, the whole request not (a trickling server)
-            deadline = request_deadline_s(self.settings.request_timeout)
             raise _AttemptFailed(
                 "timeout", f"no complete response within {deadline:g}s", None, None, False
             ) from exc
+        except ResponseTooLarge as exc:  # an endless body, or a compression bomb
+            raise _AttemptFailed("bad_response", str(exc), None, None, True) from exc
         except httpx.TransportError as exc:
             raise _AttemptFailed("transport", describe_transport_error(exc), None, None, False) from exc
-        except httpx.RequestError as exc:  # the server answered, but not readably (a body that fails
-            # its content-encoding, a redirect loop): this trajectory's failure, not the run's
+        except Exception as exc:
+            # its content-encoding, a redirect loop, anything a hostile reply makes a codec raise): this
+            # trajectory's failure, not the run's
             raise _AttemptFailed(
                 "bad_response", f"unreadable response ({type(exc).__name__}: {exc})", None, None, True
             ) from exc
         status = response.status_code
         if status != 200:
-            text = response.text[:500]
+            text = body_text(payload, 500)
             kind = "http_status"
             if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):
                 kind = "schema_rejected"
             if status == 404:  # a wrong --endpoint or model route: say which URL was asked
                 text = f"{text} (POST {response.request.url})"
+            if status in _REDIRECTS:  # never followed: a chat completion is not a page to chase
+                text = f"{text} (redirect to {response.headers.get('location', 'nowhere')!r}, not followed)"
             raise _AttemptFailed(kind, f"HTTP {status}: {text}", status, response.headers, True)
-        return status, response.content
+        return status, payload

@@ -1,0 +1,55 @@
+"""Reading an HTTP response within bounds a server cannot stretch: a cap on the body and a whole-request
+deadline.
+
+httpx's own timeouts are per phase (connect, write, each read), so a server that trickles one byte at a
+time resets them forever; and ``response.content`` holds whatever the server sends, decompressed — a
+few megabytes of gzip can hold gigabytes of zeros. :func:`read_bounded` streams the body and stops at
+``limit_bytes`` of *decoded* content (a compression bomb stops there too), under ``deadline_s`` for the
+whole exchange. :func:`body_text` decodes a body as UTF-8 with replacement whatever charset the server
+names (httpx would use it: an odd one, ``rot13`` or ``hex``, raised from deep inside the codec).
+
+The deadline is an :func:`asyncio.timeout` around the exchange. Cancelling into httpcore's pool while it
+holds a connection not yet open can leak that connection slot (encode/httpcore#1093), so a client used
+with it should have no connection limit of its own (``max_connections=None``), and its per-phase
+timeout should fire first whenever one phase is what is slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+
+class ResponseTooLarge(Exception):
+    """The response body (decoded) is longer than the cap the caller set."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(f"the response body is longer than {limit_bytes:,} bytes (decoded)")
+        self.limit_bytes = limit_bytes
+
+
+async def read_bounded(
+    client: httpx.AsyncClient, request: httpx.Request, *, limit_bytes: int, deadline_s: float
+) -> tuple[httpx.Response, bytes]:
+    """Send ``request`` and read its whole body: at most ``limit_bytes`` after content decoding, all
+    within ``deadline_s``. Raises httpx's errors, :class:`ResponseTooLarge`, or :class:`TimeoutError`
+    when the deadline passes (every phase in time, the whole exchange not)."""
+    async with asyncio.timeout(deadline_s):
+        response = await client.send(request, stream=True)
+        try:
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > limit_bytes:
+                    raise ResponseTooLarge(limit_bytes)
+        finally:
+            await response.aclose()
+    return response, bytes(body)
+
+
+def body_text(body: bytes, limit_chars: int | None = None) -> str:
+    """``body`` as text for an error message or a text format: UTF-8, undecodable bytes replaced."""
+    data = body if limit_chars is None else body[: 4 * limit_chars]
+    text = data.decode("utf-8", "replace")
+    return text if limit_chars is None else text[:limit_chars]
