@@ -145,3 +145,9 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_clock.now()
+
+    async def shutdown_default_executor(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        # ``asyncio.Runner`` gives the executor's threads 300 s to finish; from Python 3.13 that limit is a
+        # timer of this loop, which in virtual time expires at once (the threads are abandoned with a
+        # RuntimeWarning). Real threads take real time: wait for them without a limit, as 3.11 does.
+        await super().shutdown_default_executor()

@@ -275,6 +275,15 @@ def test_every_layer_is_detected_and_the_report_is_json() -> None:
         assert report["layers"][name]["active"], (name, report["layers"][name])
     assert report["uid"] not in (None, 0)
     assert "bubblewrap" in report["layers"]
+    assert report["layers"]["kernel_keys_denied"]["active"], report["layers"]["kernel_keys_denied"]
+    # verdicts can depend on the sandbox's interpreter (its recursion limits): the receipt says which
+    version = subprocess.run(
+        [report["python"], "-I", "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert report["python_version"] == version
 
 
 @requires_isolation

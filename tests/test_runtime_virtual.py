@@ -296,6 +296,22 @@ def test_limiter_survives_cancelled_waiters() -> None:
     assert VirtualClock().run(main()) == (1, 0)
 
 
+def test_a_virtual_run_waits_for_the_default_executors_threads_in_real_time() -> None:
+    """``asyncio.Runner`` gives the default executor 300 s to join its threads; Python 3.13 times that
+    with the loop's clock, which a virtual loop would jump past at once (threads abandoned, a warning)."""
+    import asyncio
+    import time
+
+    from asyncroll.clock import VirtualClock
+
+    async def main() -> None:
+        asyncio.get_running_loop().run_in_executor(None, time.sleep, 0.2)  # still running when main ends
+
+    clock = VirtualClock()
+    clock.run(main())  # the suite turns warnings into errors
+    assert clock.now() == 0.0
+
+
 def test_results_keep_answers_of_any_size(virtual_run: VirtualRun) -> None:
     import json
 

@@ -66,6 +66,7 @@ refused = keyctl is not None and libc.syscall(keyctl, 0, -4, 0) == -1
 keys_denied = refused and ctypes.get_errno() == errno.EPERM
 print(json.dumps({
     "ipc": os.readlink("/proc/self/ns/ipc"), "keys_denied": keys_denied,
+    "python_version": platform.python_version(),
     "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
     "pid": os.getpid(), "ppid": os.getppid(),
     "interfaces": sorted(name for _, name in socket.if_nameindex()),
@@ -102,6 +103,7 @@ class IsolationReport:
     layers: tuple[Layer, ...]
     config: Layers
     root: bool
+    python_version: str | None = None  # the sandbox interpreter's: verdicts can depend on it
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -120,6 +122,7 @@ class IsolationReport:
             "missing": list(self.missing),
             "root": self.root,
             "python": self.config.python,
+            "python_version": self.python_version,
             "uid": self.config.uid,
             "layers": {layer.name: {"active": layer.active, "detail": layer.detail} for layer in self.layers},
         }
@@ -239,12 +242,6 @@ def _namespace_layers(base: Layers) -> tuple[Layers, list[Layer]]:
         out.append(Layer("ipc_namespace", True, "unshare --ipc: System V IPC and POSIX queues of its own"))
     else:
         out.append(Layer("ipc_namespace", False, f"probe failed: {why or facts}"))
-    facts, why = _probe(base)
-    denied = bool(facts and facts["keys_denied"])
-    detail = (
-        "seccomp: add_key, request_key, keyctl fail with EPERM" if denied else f"not denied: {why or facts}"
-    )
-    out.append(Layer("kernel_keys_denied", denied, detail))
     return base, out
 
 
@@ -303,6 +300,13 @@ def detect() -> IsolationReport:
     layers += namespace_layers
     base, cgroup_layers = _cgroup_layers(base)
     layers += cgroup_layers
+    facts, why = _probe(base)  # everything together, as programs will run
+    denied = bool(facts and facts["keys_denied"])
+    detail = (
+        "seccomp: add_key, request_key, keyctl fail with EPERM" if denied else f"not denied: {why or facts}"
+    )
+    layers.append(Layer("kernel_keys_denied", denied, detail))
+    version = str(facts["python_version"]) if facts else None
     bwrap = shutil.which("bwrap")
     layers.append(
         Layer(
@@ -313,7 +317,7 @@ def detect() -> IsolationReport:
             else "not installed (not required: unshare provides the namespaces)",
         )
     )
-    return IsolationReport(tuple(layers), base, root)
+    return IsolationReport(tuple(layers), base, root, version)
 
 
 def require(allow_weak: bool = False) -> IsolationReport:

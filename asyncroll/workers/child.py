@@ -441,22 +441,22 @@ def _run(args: argparse.Namespace) -> int:
     # Descendants that exec must not hold the channel open: the runtime detects death by end of stream.
     os.set_inheritable(args.in_fd, False)
     os.set_inheritable(args.out_fd, False)
-    stream = open(args.in_fd, "rb", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
-    started = time.monotonic()
-    try:
-        specs = [ToolSpec.from_json(item) for item in json.loads(args.tools_json)]
-        tools = load_tools(specs)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the runtime, then exit
-        error = str(exc) if isinstance(exc, ToolLoadError) else describe(exc)
-        print(f"asyncroll worker start-up failed: {error}", file=sys.stderr, flush=True)
-        write_all(args.out_fd, encode(StartupFailed(error[: 2 * ERROR_LIMIT])))
-        return 1
-    ready = Ready(os.getpid(), [spec.key for spec in specs], time.monotonic() - started)
-    write_all(args.out_fd, encode(ready))
-    try:
-        return serve(stream, args.out_fd, tools)
-    except BrokenPipeError:
-        return 1  # the runtime went away
+    with open(args.in_fd, "rb", buffering=1 << 16) as stream:  # closed on the way out (no ResourceWarning)
+        started = time.monotonic()
+        try:
+            specs = [ToolSpec.from_json(item) for item in json.loads(args.tools_json)]
+            tools = load_tools(specs)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the runtime, then exit
+            error = str(exc) if isinstance(exc, ToolLoadError) else describe(exc)
+            print(f"asyncroll worker start-up failed: {error}", file=sys.stderr, flush=True)
+            write_all(args.out_fd, encode(StartupFailed(error[: 2 * ERROR_LIMIT])))
+            return 1
+        ready = Ready(os.getpid(), [spec.key for spec in specs], time.monotonic() - started)
+        write_all(args.out_fd, encode(ready))
+        try:
+            return serve(stream, args.out_fd, tools)
+        except BrokenPipeError:
+            return 1  # the runtime went away
 
 
 if __name__ == "__main__":
