@@ -4,9 +4,11 @@ deadline.
 httpx's own timeouts are per phase (connect, write, each read), so a server that trickles one byte at a
 time resets them forever; and ``response.content`` holds whatever the server sends, decompressed — a
 few megabytes of gzip can hold gigabytes of zeros. :func:`read_bounded` streams the body and stops at
-``limit_bytes`` of *decoded* content (a compression bomb stops there too), under ``deadline_s`` for the
-whole exchange. :func:`body_text` decodes a body as UTF-8 with replacement whatever charset the server
-names (httpx would use it: an odd one, ``rot13`` or ``hex``, raised from deep inside the codec).
+``limit_bytes`` of *decoded* content (a compression bomb stops there too; httpx inflates each network
+read whole, so one chunk — up to ~64 MiB of zeros from 64 KiB — is the most held beyond the cap while it
+is checked), under ``deadline_s`` for the whole exchange (:func:`request_deadline_s`).
+:func:`body_text` decodes a body as UTF-8 with replacement whatever charset the server names (httpx
+would use it: an odd one, ``rot13`` or ``hex``, raised from deep inside the codec).
 
 The deadline is an :func:`asyncio.timeout` around the exchange. Cancelling into httpcore's pool while it
 holds a connection not yet open can leak that connection slot (encode/httpcore#1093), so a client used
@@ -19,6 +21,14 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+
+
+def request_deadline_s(limit_s: float, min_margin_s: float = 1.0) -> float:
+    """The whole-exchange deadline of a request whose per-phase timeout is ``limit_s``: ``limit_s`` plus
+    max(``min_margin_s``, 10%), so that httpx's own timeout (which ends a request cleanly) fires first
+    whenever one phase is what is slow, and this one only ends a response that keeps every phase in time
+    but never completes (a trickle)."""
+    return limit_s + max(min_margin_s, 0.1 * limit_s)
 
 
 class ResponseTooLarge(Exception):
@@ -40,9 +50,9 @@ async def read_bounded(
         try:
             body = bytearray()
             async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > limit_bytes:
+                if len(body) + len(chunk) > limit_bytes:  # checked before keeping the chunk
                     raise ResponseTooLarge(limit_bytes)
+                body += chunk
         finally:
             await response.aclose()
     return response, bytes(body)

@@ -9,12 +9,17 @@ HELP/TYPE comments, counters with ``_created`` companions, histogram buckets), v
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import struct
 import subprocess
 import sys
 import threading
+import time
+import tracemalloc
 import types
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +35,7 @@ from asyncroll.events import (
     CpuFinished,
     Event,
     EventCapture,
+    EventLog,
     ModelEnqueued,
     ModelFinished,
     ModelStarted,
@@ -47,10 +53,12 @@ from asyncroll.schemas import SummaryModel
 from asyncroll.telemetry import nvml as nvml_module
 from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
 from asyncroll.telemetry.nvtx import NO_RANGES, NvtxRanges, NvtxUnavailable, RangeName, make_ranges
+from asyncroll.telemetry.sampler import TelemetrySampler
 from asyncroll.telemetry.server_metrics import (
     SGLANG,
     VLLM,
     CounterRate,
+    MetricsUnavailable,
     ServerMetricsSource,
     ServerSample,
     detect_flavor,
@@ -208,27 +216,51 @@ def test_a_malformed_line_spoils_only_its_own_quantity() -> None:
 def test_counter_rates_detect_a_reset() -> None:
     rate = CounterRate()
     a, b = (("engine", "0"),), (("engine", "1"),)
-    assert rate.update({a: 100.0, b: 10.0}, at=0.0) == (None, 0)  # first reading: no rate
-    assert rate.update({a: 150.0, b: 20.0}, at=1.0) == (60.0, 0)
+    assert rate.update({a: 100.0, b: 10.0}, at=0.0) == (None, 0, 0)  # first reading: no rate
+    assert rate.update({a: 150.0, b: 20.0}, at=1.0) == (60.0, 0, 0)
     # engine 0 restarted: its counter fell to 30 → its increase is 30, not -120
-    assert rate.update({a: 30.0, b: 40.0}, at=2.0) == (50.0, 1)
+    assert rate.update({a: 30.0, b: 40.0}, at=2.0) == (50.0, 1, 0)
     assert rate.resets == 1
-    assert rate.update({}, at=3.0) == (None, 0)  # a missing reading keeps the last good one
-    assert rate.update({a: 90.0, b: 40.0}, at=4.0) == (30.0, 0)  # (60 + 0) over 2 s
+    assert rate.update({}, at=3.0) == (None, 0, 0)  # a missing reading keeps the last good one
+    assert rate.update({a: 90.0, b: 40.0}, at=4.0) == (30.0, 0, 0)  # (60 + 0) over 2 s
     # a series seen for the first time contributes only from its second reading
     c = (("engine", "2"),)
-    assert rate.update({a: 90.0, b: 40.0, c: 1000.0}, at=5.0) == (0.0, 0)
+    assert rate.update({a: 90.0, b: 40.0, c: 1000.0}, at=5.0) == (0.0, 0, 0)
+
+
+def test_a_counter_that_falls_a_little_is_invalid_and_only_a_fall_to_half_is_a_reset() -> None:
+    """A restarted server's counter starts again near zero; 1000100 → 1000099 is no restart (read as
+    one, it was a 1,000,099-token interval: D9). The reading has no rate, the series keeps its last good
+    value, so the next increase spans the gap."""
+    rate = CounterRate()
+    a, b = (("engine", "0"),), (("engine", "1"),)
+    assert tuple(rate.update({a: 1000000.0, b: 10.0}, at=0.0)) == (None, 0, 0)
+    assert tuple(rate.update({a: 1000100.0, b: 20.0}, at=1.0)) == (110.0, 0, 0)
+    assert tuple(rate.update({a: 1000099.0, b: 30.0}, at=2.0)) == (None, 0, 1)  # b still advances
+    assert tuple(rate.update({a: 1000300.0, b: 40.0}, at=3.0)) == (110.0, 0, 0)  # a: 200 over 2 s
+    assert tuple(rate.update({a: 500151.0, b: 50.0}, at=4.0)) == (None, 0, 1)  # just above half
+    assert tuple(rate.update({a: 500151.0, b: 60.0}, at=5.0)) == (None, 0, 1)  # still too little
+    assert tuple(rate.update({a: 500000.0, b: 70.0}, at=6.0)) == (166676.666667, 1, 0)  # 500000/3 + 10
+    assert rate.resets == 1
 
 
 # --- a real loopback metrics server ---------------------------------------------------------------------
 
 
-class MetricsServer:
-    """A real HTTP server on loopback, in a thread; ``render(n)`` gives (status, body) of the n-th scrape."""
+#: A hostile answer: ``raw(handler, n, closing)`` writes the n-th scrape's whole response itself and
+#: returns True, or returns False to leave it to ``render``; ``closing`` is set when the server shuts down.
+Raw = Callable[[BaseHTTPRequestHandler, int, threading.Event], bool]
 
-    def __init__(self, render: Callable[[int], tuple[int, str]]) -> None:
+
+class MetricsServer:
+    """A real HTTP server on loopback, in a thread; ``render(n)`` gives (status, body) of the n-th scrape,
+    unless ``raw(handler, n)`` answered it (returned True). ``closing`` is set at shutdown, for a raw
+    answer that never ends by itself."""
+
+    def __init__(self, render: Callable[[int], tuple[int, str]], raw: Raw | None = None) -> None:
         self.render = render
         self.scrapes = 0
+        self.closing = threading.Event()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -236,6 +268,8 @@ class MetricsServer:
                 with lock:
                     owner.scrapes += 1
                     n = owner.scrapes
+                if raw is not None and raw(self, n, owner.closing):
+                    return
                 status, body = owner.render(n)
                 data = body.encode()
                 self.send_response(status)
@@ -261,6 +295,7 @@ class MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -339,6 +374,26 @@ def test_duplicate_series_are_invalid_and_make_no_bogus_resets(
     assert samples[0].waiting == 0.0  # other quantities still read
 
 
+@pytest.mark.timeout(30)
+def test_a_small_counter_dip_is_an_invalid_rate_and_a_fall_to_near_zero_a_reset(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    """1000100 → 1000099 is a bad reading, not a restart (it was read as 1,000,099 tokens in one
+    second: D9); a fall to near zero is a restart."""
+    tokens = {2: 1000000.0, 3: 1000100.0, 4: 1000099.0, 5: 1000300.0, 6: 40.0}
+
+    def dipping(n: int) -> tuple[int, str]:
+        return 200, (
+            'vllm:num_requests_running{model_name="sim"} 1\nvllm:num_requests_waiting{model_name="sim"} 0\n'
+            f'vllm:generation_tokens_total{{model_name="sim"}} {tokens.get(n, 999000.0)}\n'
+        )
+
+    samples = read_samples(metrics_server(dipping).url, 5)  # scrapes 2..6, 1 s apart
+    assert [s.generation_tokens_per_s for s in samples] == [None, 100.0, None, 100.0, 40.0]
+    assert [s.nulls.get("generation_tokens") for s in samples] == [None, None, "invalid", None, None]
+    assert [s.counter_resets for s in samples] == [0, 0, 0, 0, 1]
+
+
 def idle_vllm(n: int) -> tuple[int, str]:
     """An idle vLLM server whose token counters still grow (prefix-cached work from elsewhere), with a
     busy *other* model that the model filter must ignore, and a NaN KV-cache reading every 4th scrape."""
@@ -357,11 +412,11 @@ def idle_vllm(n: int) -> tuple[int, str]:
 
 
 @pytest.fixture
-def metrics_server() -> Iterator[Callable[[Callable[[int], tuple[int, str]]], MetricsServer]]:
+def metrics_server() -> Iterator[Callable[..., MetricsServer]]:
     servers: list[MetricsServer] = []
 
-    def start(render: Callable[[int], tuple[int, str]]) -> MetricsServer:
-        server = MetricsServer(render).__enter__()
+    def start(render: Callable[[int], tuple[int, str]], raw: Raw | None = None) -> MetricsServer:
+        server = MetricsServer(render, raw).__enter__()
         servers.append(server)
         return server
 
@@ -995,6 +1050,224 @@ def test_a_server_restart_mid_run_is_a_counted_counter_reset_not_a_negative_rate
     assert summary["telemetry"]["counter_resets"] == 2
     # no KV gauge served: missing in every sample; the first sample's absent rate is not counted
     assert summary["telemetry"]["nulls"] == {"kv_cache_usage": {"missing": len(samples)}}
+
+
+# --- a hostile metrics server: whatever /metrics does, the client stays bounded -------------------------
+
+
+def _gzip_zeros(mib: int) -> bytes:
+    """A valid gzip stream of ``mib`` MiB of zeros in about ``mib`` KB: one full-flushed deflate block of
+    1 MiB repeated (each stands alone), then the trailer."""
+    block = b"\0" * (1 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    flushed = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(mib):
+        crc = zlib.crc32(block, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    return header + flushed * mib + deflate.flush() + struct.pack("<II", crc, (mib << 20) & 0xFFFFFFFF)
+
+
+def _trickle(handler: BaseHTTPRequestHandler, closing: threading.Event) -> bool:
+    """Headers at once, then one byte of a long body every 20 ms until the client leaves: each byte
+    resets httpx's per-phase read timeout, so only a whole-exchange deadline ends the read."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain; version=0.0.4")
+    handler.send_header("Content-Length", "1000000")
+    handler.end_headers()
+    with contextlib.suppress(OSError):
+        while not closing.wait(0.02):
+            handler.wfile.write(b"#")
+    return True
+
+
+def _probe_error(url: str, limit_s: float, hard_limit_s: float) -> tuple[str, float]:
+    """The probe's MetricsUnavailable message and how long it took (``hard_limit_s``: a hang fails)."""
+
+    async def go() -> tuple[str, float]:
+        source = ServerMetricsSource(url, flavor="vllm", model="sim", timeout=limit_s)
+        began = time.monotonic()
+        try:
+            async with asyncio.timeout(hard_limit_s):
+                with pytest.raises(MetricsUnavailable) as caught:
+                    await source.probe(limit_s)
+        finally:
+            await source.aclose()
+        return str(caught.value), time.monotonic() - began
+
+    return asyncio.run(go())
+
+
+@pytest.mark.timeout(30)
+def test_a_gzip_bomb_at_metrics_is_refused_as_too_large_in_bounded_memory(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    """256 MiB of zeros in 260 KB of gzip: the read stops at the 16 MiB cap on the *decoded* body (D2)."""
+    bomb = _gzip_zeros(256)
+
+    def serve_bomb(handler: BaseHTTPRequestHandler, n: int, closing: threading.Event) -> bool:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain; version=0.0.4")
+        handler.send_header("Content-Encoding", "gzip")
+        handler.send_header("Content-Length", str(len(bomb)))
+        handler.end_headers()
+        with contextlib.suppress(OSError):  # the client hangs up at its cap
+            handler.wfile.write(bomb)
+        return True
+
+    server = metrics_server(idle_vllm, serve_bomb)
+    tracemalloc.start()
+    try:
+        message, _ = _probe_error(server.url, 5.0, hard_limit_s=20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message.startswith(f"GET {server.url}: the response body is longer than 16,777,216 bytes")
+    # Bounded, but above the cap by what one network read inflates to: httpx decodes a whole 64 KiB read
+    # at once (up to ~64 MiB of zeros), and read_bounded appends it before it compares (peak ~140 MiB);
+    # without a cap the whole 256 MiB, and its text, were held.
+    assert peak < 192 << 20, f"peak {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.timeout(30)
+def test_a_trickling_metrics_ends_within_the_deadline(metrics_server: Callable[..., MetricsServer]) -> None:
+    """Each byte comes in time for httpx's per-phase timeout (0.2 s), the whole body never (D6)."""
+    server = metrics_server(idle_vllm, lambda handler, n, closing: _trickle(handler, closing))
+    message, took = _probe_error(server.url, 0.2, hard_limit_s=5)
+    assert message == f"GET {server.url}: no complete response within 0.7 s"  # 0.2 s + the 0.5 s margin
+    assert 0.6 < took < 1.5
+
+
+def _sampler_until_stopped(
+    source: ServerMetricsSource, reading: threading.Event, hard_limit_s: float
+) -> tuple[float, list[ResourceSample]]:
+    """Probe, sample every 50 ms, and once ``reading`` is set (a sample is inside its read) stop():
+    how long stop() took, and the samples."""
+
+    async def go() -> tuple[float, list[ResourceSample]]:
+        clock = SystemClock()
+        events = EventLog(clock)
+        capture = EventCapture()
+        events.subscribe(capture)
+        sampler = TelemetrySampler(clock, events, interval=0.05, server=source)
+        await sampler.probe()
+        assert sampler.sampling
+        events.start_measurement()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(sampler.run())
+            assert await asyncio.to_thread(reading.wait, 5)
+            began = time.monotonic()
+            async with asyncio.timeout(hard_limit_s):
+                await sampler.stop()
+            took = time.monotonic() - began
+        assert source._client is None  # closed
+        return took, capture.of(ResourceSample)
+
+    return asyncio.run(go())
+
+
+@pytest.mark.timeout(30)
+def test_stop_is_bounded_when_the_metrics_trickle_after_the_probe(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    """The probe is answered, every later scrape trickles: the loop's sample and the final one each end
+    at the read's deadline, so a finished run ends (D7: it hung, and SIGTERM could not end it)."""
+    trickling = threading.Event()
+
+    def after_the_probe(handler: BaseHTTPRequestHandler, n: int, closing: threading.Event) -> bool:
+        if n == 1:
+            return False
+        trickling.set()
+        return _trickle(handler, closing)
+
+    server = metrics_server(idle_vllm, after_the_probe)
+    source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=0.1)
+    took, samples = _sampler_until_stopped(source, trickling, hard_limit_s=6)
+    assert took < 2 * 0.6 + 0.4  # two reads, each ending at its 0.6 s deadline
+    assert len(samples) == 2  # the loop's one, then the final one
+    assert all(
+        s.errors == [f"server_metrics: GET {server.url}: no complete response within 0.6 s"]
+        and s.nulls["server_running"] == "error"
+        for s in samples
+    )
+
+
+@pytest.mark.timeout(30)
+def test_stop_cancels_a_sampling_loop_stuck_past_its_deadline(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    """A source that hangs beyond its own deadline (a bug): stop() cancels the loop after the read's
+    deadline plus a margin, and the final sample says so instead of reading the stuck source again."""
+    server = metrics_server(idle_vllm)
+    reading = threading.Event()
+
+    class Stuck(ServerMetricsSource):
+        async def read(self, now: Callable[[], float]) -> ServerSample:
+            reading.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+    source = Stuck(server.url, flavor="vllm", model="sim", timeout=0.1)
+    took, samples = _sampler_until_stopped(source, reading, hard_limit_s=6)
+    assert 1.0 < took < 1.6  # the 0.6 s deadline + the 0.5 s margin, then no read
+    [final] = samples
+    assert final.errors == [
+        "server_metrics: sampling did not stop within 1.1 s (a read hung); cancelled, not read again"
+    ]
+    assert final.nulls["server_running"] == "error"
+
+
+@pytest.mark.timeout(30)
+def test_a_large_exposition_is_parsed_off_the_event_loop(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    """5,000 wanted lines (1,000 series of each quantity) take the parser a while; the event loop keeps
+    running meanwhile, so the client's own latencies are not inflated by it (D8)."""
+    names = [n for n in VLLM.all if n != "vllm:gpu_cache_usage_perc"]  # the legacy name is not read
+    body = "".join(f'{name}{{engine="{i}",model_name="sim"}} 1\n' for name in names for i in range(1000))
+    server = metrics_server(lambda n: (200, body))
+
+    async def go() -> tuple[float, float, ServerSample]:
+        source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
+        await source.probe(5.0)
+        done = asyncio.Event()
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(0.002)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        began = time.monotonic()
+        got = await source.read(time.monotonic)
+        took = time.monotonic() - began
+        done.set()
+        await ticker
+        await source.aclose()
+        return took, max(gaps), got
+
+    took, longest_stall, got = asyncio.run(go())
+    assert (got.running, got.waiting, got.kv_cache_usage) == (1000.0, 1000.0, 1.0)
+    assert longest_stall < took / 4, f"the loop stalled {longest_stall:.3f} s of a {took:.3f} s read"
+
+
+def test_past_1024_lines_of_one_quantity_it_is_invalid_and_the_rest_is_not_parsed() -> None:
+    """A server has a few dozen series of a quantity; 16 MiB of lines would cost seconds per sample."""
+
+    def series(name: str, n: int) -> str:
+        return "".join(f'{name}{{engine="{i}",model_name="sim"}} 1\n' for i in range(n))
+
+    reading = parse_metrics(series(VLLM.running, 1025) + series(VLLM.waiting, 1024), VLLM, "sim")
+    assert reading.running is None and reading.nulls["running"] == "invalid"
+    assert reading.waiting == 1024.0
+    text = series(VLLM.running, 20_000)
+    began = time.process_time()
+    parse_metrics(text, VLLM, "sim")
+    assert time.process_time() - began < 0.5  # each line parsed: ~100 µs a line, 2 s
 
 
 def test_on_a_virtual_clock_no_source_is_read(virtual_run: Any) -> None:

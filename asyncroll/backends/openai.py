@@ -21,7 +21,8 @@ and ``schema_rejected`` (a response), ``bad_response`` (a 200 whose body is not 
 
 ``--request-timeout`` is httpx's own, for each phase (connect, every read and write): a timed-out request
 ends inside httpx, which closes its connection. Only a server that keeps trickling bytes meets the
-whole-request deadline, :func:`request_deadline_s`, a little later, which cancels the request. (A
+whole-request deadline max(1 s, 10%) later (:func:`~asyncroll.http_read.request_deadline_s`), which
+cancels the request. (A
 cancellation delivered inside httpcore's pool while it holds a connection that is not yet open leaves
 that connection counted for ever — encode/httpcore#1093 — and a pool *limited* to the inflight limit
 then locks up: every later request times out against a healthy server. So the pool has no connection
@@ -65,7 +66,7 @@ from asyncroll.clock import Clock
 from asyncroll.config import RunConfig, ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
-from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded
+from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.workload import Action
 
 ACTION_HEADER = "x-asyncroll-action"
@@ -120,12 +121,6 @@ class HttpSettings:
             server_down_timeout=cfg.server_down_timeout,
             backend_name=cfg.backend,
         )
-
-
-def request_deadline_s(request_timeout: float) -> float:
-    """The whole-request deadline: ``--request-timeout`` plus max(1 s, 10%), so that httpx's own
-    per-phase timeout (which ends a request cleanly) fires first whenever a phase is what is slow."""
-    return request_timeout + max(1.0, 0.1 * request_timeout)
 
 
 class _AttemptFailed(Exception):

@@ -11,7 +11,10 @@ Lifecycle inside a run (``asyncroll/runtime/run.py``)::
               then the sources are closed
 
 It never crashes a run: every exception while sampling is caught, written into that sample's
-``errors`` and counted; the sampler goes on. Cancellation always propagates.
+``errors`` and counted; the sampler goes on. Cancellation always propagates. It never holds a run up
+either: a server read is bounded by its own deadline (``ServerMetricsSource.deadline_s``), and
+``stop()`` waits for the loop at most that long plus :data:`STOP_MARGIN_S` before cancelling it
+(the run's cleanup is shielded from a signal, so an unbounded wait there would outlast SIGTERM).
 
 Sources: the server's ``/metrics`` (``--metrics-url``; with ``--backend vllm`` or a declared vLLM/SGLang
 ``--server-kind`` it defaults to ``<endpoint>/metrics``; the names are those of the declared kind, else
@@ -43,6 +46,8 @@ SERVER_FIELDS = {
 }
 GPU_FIELDS = ("gpu_util_pct", "gpu_mem_util_pct", "gpu_mem_used_bytes", "gpu_mem_total_bytes")
 PROBE_TIMEOUT_S = 5.0
+#: How much longer than a read's deadline ``stop()`` waits for the sampling loop, and the final sample.
+STOP_MARGIN_S = 0.5
 
 
 def metrics_url(cfg: RunConfig) -> str | None:
@@ -93,6 +98,7 @@ class TelemetrySampler:
         self._stop = asyncio.Event()
         self._running = False
         self._finished = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
         self._closed = False
 
     @classmethod
@@ -189,6 +195,7 @@ class TelemetrySampler:
         if not self.sampling:
             return
         self._running = True
+        self._task = asyncio.current_task()
         try:
             await self._loop()
         except Exception:  # noqa: BLE001 - telemetry never crashes a run
@@ -214,13 +221,36 @@ class TelemetrySampler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, due - now))
 
+    @property
+    def stop_limit_s(self) -> float:
+        """The longest :meth:`stop` waits for the loop to leave, and then for the final server read."""
+        read = self._server.deadline_s if self._server_on and self._server is not None else 0.0
+        return read + STOP_MARGIN_S
+
     async def stop(self) -> None:
-        """End sampling: wait for the loop to leave, take one last sample, close the sources."""
+        """End sampling: wait for the loop to leave, take one last sample, close the sources. Bounded:
+        a loop still inside a read after :attr:`stop_limit_s` is cancelled (its source is stuck, so the
+        final sample does not read it again but records why), and the final read has the same limit."""
         self._stop.set()
         if self._running:
-            await self._finished.wait()
-            await self._sample(late=0.0)
+            limit = self.stop_limit_s
+            stuck: str | None = None
+            if not await self._loop_left(limit):  # counted once, in the final sample's errors
+                stuck = f"sampling did not stop within {limit:g} s (a read hung); cancelled, not read again"
+            await self._sample(late=0.0, limit=limit, stuck=stuck)
         await self.aclose()
+
+    async def _loop_left(self, limit: float) -> bool:
+        """Whether the sampling loop left within ``limit`` s; if not, it is cancelled (and awaited)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit):
+                await self._finished.wait()
+            return True
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_MARGIN_S)  # never raises its CancelledError
+        return False
 
     async def aclose(self) -> None:
         if self._closed:
@@ -231,8 +261,9 @@ class TelemetrySampler:
         if self._server is not None:
             await self._server.aclose()
 
-    async def _sample(self, late: float) -> None:
-        """Collect one sample from every available source and emit it; count and record any failure."""
+    async def _sample(self, late: float, limit: float | None = None, stuck: str | None = None) -> None:
+        """Collect one sample from every available source and emit it; count and record any failure.
+        ``limit`` bounds the server read (beyond its own deadline); ``stuck`` skips it, saying why."""
         self._seq += 1
         values: dict[str, Any] = {}
         nulls: dict[str, str] = {}
@@ -242,7 +273,10 @@ class TelemetrySampler:
         if self._server_on and self._server is not None:
             began = clock.now()
             try:
-                got = await self._server.read(clock.now)
+                if stuck is not None:
+                    raise _Skipped(stuck)
+                async with asyncio.timeout(limit):  # None: the source's own deadline bounds the read
+                    got = await self._server.read(clock.now)
                 values.update(
                     server_running=got.running,
                     server_waiting=got.waiting,
@@ -257,7 +291,12 @@ class TelemetrySampler:
                     errors.append(f"server_metrics: {got.error}")
             except Exception as exc:  # noqa: BLE001 - a sampler bug must not end the run; recorded
                 nulls.update(dict.fromkeys(SERVER_FIELDS.values(), "error"))
-                errors.append(f"server_metrics: {type(exc).__name__}: {exc}")
+                if isinstance(exc, _Skipped):
+                    errors.append(f"server_metrics: {exc}")
+                elif isinstance(exc, TimeoutError) and limit is not None:
+                    errors.append(f"server_metrics: no sample within {limit:g} s")
+                else:
+                    errors.append(f"server_metrics: {type(exc).__name__}: {exc}")
             timing["server_metrics"] = round(clock.now() - began, 6)
         if self._nvml_on and self._nvml is not None:
             began = clock.now()
@@ -291,3 +330,7 @@ class TelemetrySampler:
             self.samples += 1
         except Exception:  # noqa: BLE001 - e.g. a subscriber failed: counted, and sampling goes on
             self.errors += 1
+
+
+class _Skipped(Exception):
+    """The server source hung in the loop's last read: the final sample does not read it again."""

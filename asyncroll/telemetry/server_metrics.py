@@ -19,22 +19,32 @@ series without the label are kept. A quantity with no series is *missing*; one w
 negative value, a line the parser rejects, or two series with the same labels is *invalid*; both are
 ``None`` and reported by name, never replaced by zero (nor by the sum of the good series). Counters are
 turned into per-second rates by :class:`CounterRate`, series by series: each good series advances, and a
-series that was invalid or absent keeps its last good reading, so its next increase spans the gap. Resets
-(a restarted server's counter falls back towards zero) are detected per series.
+series that was invalid or absent keeps its last good reading, so its next increase spans the gap. A
+counter that falls to at most half its last reading was reset (a restarted server's counter starts again
+near zero); one that falls by less makes its quantity invalid (no rate), never a huge one.
 
-Only the lines of the wanted metrics are handed to ``prometheus_client``'s parser: a vLLM exposition is
-mostly histogram buckets, and parsing all of it on every sample would cost the client's event loop far
-more than the few lines it needs.
+The server is not trusted to be well behaved. A ``GET`` reads at most :data:`MAX_METRICS_BYTES` of body
+(after content decoding, so a gzip bomb stops there too) within a whole-exchange deadline a little above
+the per-phase timeout (``request_deadline_s``: a body trickled byte by byte resets httpx's per-phase
+timers forever); see :mod:`asyncroll.http_read`. The body is decoded and parsed in a thread
+(:func:`asyncio.to_thread`), never on the event loop, so a large exposition does not stall the run (the
+thread still shares the GIL with the loop: MEASUREMENT.md, "Observer cost"). Only the lines of the
+wanted metrics are handed to ``prometheus_client``'s parser, at most :data:`MAX_SERIES_LINES` of each
+(more make the quantity invalid): a vLLM exposition is mostly histogram buckets, and parsing all of it
+on every sample would cost far more than the few lines it needs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 
 if TYPE_CHECKING:
     import httpx
@@ -43,6 +53,21 @@ Flavor = Literal["vllm", "sglang"]
 FlavorSetting = Literal["auto", "vllm", "sglang"]
 SeriesKey = tuple[tuple[str, str], ...]
 NullReason = Literal["missing", "invalid"]
+
+#: The most of a ``/metrics`` body read, after content decoding. A real vLLM exposition is ~100 KB (two
+#: engines, a dozen histograms of ~30 buckets; ``bench/telemetry.py``); a body past 16 MiB is not an
+#: exposition worth parsing but a server gone wrong, or a compression bomb.
+MAX_METRICS_BYTES = 16 << 20
+#: The least a whole ``GET`` may run past its per-phase timeout (``http_read.request_deadline_s``).
+DEADLINE_MARGIN_S = 0.5
+#: The most sample lines of one wanted metric parsed in a reading. A server has one series per engine
+#: (vLLM) or rank (SGLang) and served model: a few dozen at most. Past this the quantity is invalid and
+#: its other lines are not parsed: each costs ``prometheus_client`` tens of µs, so 16 MiB of them would
+#: take seconds of CPU (and of the GIL, which the event loop needs too) on every sample.
+MAX_SERIES_LINES = 1024
+#: A counter series that falls to at most this fraction of its last reading was reset; a smaller fall
+#: makes the reading invalid (see :class:`CounterRate`).
+RESET_FRACTION = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +140,21 @@ def detect_flavor(text: str) -> Flavor | None:
 
 
 def _wanted_samples(text: str, names: Iterable[str]) -> Iterable[tuple[str, Any]]:
-    """(name, prometheus_client Sample or the ValueError a malformed line raised), wanted lines only."""
+    """(name, prometheus_client Sample or the ValueError a malformed line raised), wanted lines only;
+    past :data:`MAX_SERIES_LINES` lines of one name, one ValueError for it and no more of its lines."""
     wanted = tuple(names)
     exact = set(wanted)
+    lines: dict[str, int] = {}
     for line in text.splitlines():
         if not line.startswith(wanted):
             continue
         name = _sample_name(line)
         if name not in exact:
+            continue
+        seen = lines[name] = lines.get(name, 0) + 1
+        if seen > MAX_SERIES_LINES:
+            if seen == MAX_SERIES_LINES + 1:
+                yield name, ValueError(f"more than {MAX_SERIES_LINES} lines of {name}")
             continue
         try:
             for family in text_string_to_metric_families(line + "\n"):
@@ -200,6 +232,14 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
     )
 
 
+class CounterUpdate(NamedTuple):
+    """What one reading of a counter gave (:meth:`CounterRate.update`)."""
+
+    rate: float | None  # per second; None when there is none (first reading, or an invalid one)
+    resets: int  # series reset in this reading
+    fell: int  # series that fell by less than a reset: the reading is invalid, its rate None
+
+
 class CounterRate:
     """Per-second rate of a (multi-series) Prometheus counter: the sum of each series' own rate since
     its last good reading (``sum(rate(...))`` in Prometheus terms).
@@ -207,26 +247,31 @@ class CounterRate:
     Each series keeps its last good reading and when it was taken. A series absent from a reading, or
     invalid in it (the caller leaves it out), keeps its previous reading, so its next increase spans the
     gap instead of being lost; when every series was read at the same times this is Σ increases ÷ Δt. A
-    series whose value fell was reset (the server restarted): its increase is its new value, as
-    Prometheus' ``rate()`` takes it. A series seen for the first time contributes from its second
-    reading. ``complete=False`` (the quantity is invalid in this reading: some series are missing from
-    ``values``) advances the good series but gives no rate: a sum over part of the series is not the
-    quantity.
+    series whose value fell to at most :data:`RESET_FRACTION` (half) of its last reading was reset (the
+    server restarted, and its counter starts again near zero): its increase is its new value, as
+    Prometheus' ``rate()`` takes it. A series that fell by less is no restart but a bad reading (a
+    counter never decreases; Prometheus would take it for a reset and report the whole counter as one
+    interval's increase): the reading gives no rate and the series keeps its last good reading, as an
+    invalid one does (``fell`` counts them; the caller reports the quantity invalid). A series seen for
+    the first time contributes from its second reading. ``complete=False`` (the quantity is invalid in
+    this reading: some series are missing from ``values``) advances the good series but gives no rate:
+    a sum over part of the series is not the quantity.
     """
 
     def __init__(self) -> None:
         self._last: dict[SeriesKey, tuple[float, float]] = {}  # series → (value, when read)
         self.resets = 0
 
-    def update(
-        self, values: dict[SeriesKey, float], at: float, *, complete: bool = True
-    ) -> tuple[float | None, int]:
-        """Returns (tokens per second or None, resets detected in this reading)."""
-        rate, common, resets = 0.0, 0, 0
+    def update(self, values: dict[SeriesKey, float], at: float, *, complete: bool = True) -> CounterUpdate:
+        """Advance every series in ``values`` read at ``at``; the rate, resets and falls of this reading."""
+        rate, common, resets, fell = 0.0, 0, 0, 0
         for key, value in values.items():
             prev = self._last.get(key)
             if prev is not None and at <= prev[1]:
                 continue  # not after its last reading: nothing to measure, and keep that reading
+            if prev is not None and prev[0] * RESET_FRACTION < value < prev[0]:
+                fell += 1  # too little a fall for a restart: keep the last good reading
+                continue
             self._last[key] = (value, at)
             if prev is None:
                 continue
@@ -237,7 +282,7 @@ class CounterRate:
             else:
                 rate += (value - prev[0]) / (at - prev[1])
         self.resets += resets
-        return (round(rate, 6) if common and complete else None), resets
+        return CounterUpdate(round(rate, 6) if common and complete and not fell else None, resets, fell)
 
 
 @dataclass(slots=True)
@@ -258,6 +303,23 @@ class MetricsUnavailable(Exception):
     """The metrics source cannot be used; the message says why (for the probe's ``reason``)."""
 
 
+def _probe_reading(
+    url: str, text: str, names: MetricNames | None, model: str | None
+) -> tuple[MetricNames, ServerReading]:
+    """The names to read (``names``, else detected) and the probe's reading; raises
+    :class:`MetricsUnavailable`. Synchronous: run in a thread, as every scan of a body is."""
+    if names is None:
+        found = detect_flavor(text)
+        if found is None:
+            raise MetricsUnavailable(
+                f"GET {url}: no vLLM ({VLLM.running}) or SGLang ({SGLANG.running}) metrics in the response"
+            )
+        names = NAMES[found]
+    elif not any(_sample_name(line) == names.running for line in text.splitlines()):
+        raise MetricsUnavailable(f"GET {url}: no {names.running} in the response")
+    return names, parse_metrics(text, names, model)
+
+
 class ServerMetricsSource:
     """``GET`` a Prometheus endpoint of a vLLM or SGLang server and read it (see the module docstring)."""
 
@@ -275,16 +337,35 @@ class ServerMetricsSource:
         self._prompt = CounterRate()
         self._generation = CounterRate()
 
-    async def _get(self, limit_s: float) -> str:
+    @property
+    def deadline_s(self) -> float:
+        """The longest one sample's ``GET`` can take (its parse, in a thread, comes after)."""
+        return request_deadline_s(self.timeout, DEADLINE_MARGIN_S)
+
+    async def _get(self, limit_s: float) -> bytes:
+        """The body of one ``GET``: ``limit_s`` per phase, :func:`request_deadline_s` for the whole
+        exchange, at most :data:`MAX_METRICS_BYTES` decoded. Any failure is :class:`MetricsUnavailable`."""
         import httpx
 
         if self._client is None:
-            self._client = httpx.AsyncClient()
+            # No connection limit: the deadline cancels into httpcore's pool, which can leak a slot of a
+            # connection not yet open (encode/httpcore#1093; see asyncroll.http_read).
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
+        deadline = request_deadline_s(limit_s, DEADLINE_MARGIN_S)
         try:
-            response = await self._client.get(self.url, timeout=limit_s)
+            request = self._client.build_request("GET", self.url, timeout=limit_s)
+            response, body = await read_bounded(
+                self._client, request, limit_bytes=MAX_METRICS_BYTES, deadline_s=deadline
+            )
         except httpx.TimeoutException as exc:
             raise MetricsUnavailable(f"GET {self.url}: no response within {limit_s:g} s") from exc
-        except httpx.HTTPError as exc:
+        except TimeoutError as exc:  # every phase in time, the whole exchange not: a trickle
+            raise MetricsUnavailable(f"GET {self.url}: no complete response within {deadline:g} s") from exc
+        except ResponseTooLarge as exc:
+            raise MetricsUnavailable(
+                f"GET {self.url}: {exc}; a Prometheus exposition is ~100 KB, so this is no metrics page"
+            ) from exc
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise MetricsUnavailable(f"GET {self.url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 404:
             raise MetricsUnavailable(
@@ -293,23 +374,16 @@ class ServerMetricsSource:
             )
         if response.status_code != 200:
             raise MetricsUnavailable(f"GET {self.url}: HTTP {response.status_code}")
-        return response.text
+        return body
 
     async def probe(self, limit_s: float) -> dict[str, Any]:
-        """Fetch once before the clock starts (``limit_s`` per request); fixes the flavour.
+        """Fetch once before the clock starts (``limit_s`` per phase); fixes the flavour.
         Raises :class:`MetricsUnavailable`."""
-        text = await self._get(limit_s)
-        found = detect_flavor(text)
-        if self.names is None:
-            if found is None:
-                raise MetricsUnavailable(
-                    f"GET {self.url}: no vLLM ({VLLM.running}) or SGLang ({SGLANG.running}) metrics in the "
-                    "response"
-                )
-            self.names = NAMES[found]
-        elif not any(_sample_name(line) == self.names.running for line in text.splitlines()):
-            raise MetricsUnavailable(f"GET {self.url}: no {self.names.running} in the response")
-        reading = parse_metrics(text, self.names, self.model)
+        body = await self._get(limit_s)
+        names, reading = await asyncio.to_thread(
+            lambda: _probe_reading(self.url, body_text(body), self.names, self.model)
+        )
+        self.names = names
         if "running" in reading.nulls and reading.other_models:
             raise MetricsUnavailable(
                 f"GET {self.url}: no series for model_name={self.model!r}; the server reports "
@@ -317,7 +391,7 @@ class ServerMetricsSource:
             )
         detail: dict[str, Any] = {
             "url": self.url,
-            "flavor": self.names.flavor,
+            "flavor": names.flavor,
             "flavor_setting": self.setting,
             "model_filter": self.model,
             "kv_cache_metric": reading.kv_cache_metric,
@@ -328,27 +402,32 @@ class ServerMetricsSource:
         return detail
 
     async def read(self, now: Callable[[], float]) -> ServerSample:
-        """One sample: fetch, parse, turn counters into rates. Never raises for a bad server."""
+        """One sample: fetch, parse, turn counters into rates. Never raises for a bad server. The rates'
+        time is ``now()`` when the body was received, not when its parse (in a thread) ended."""
         try:
-            text = await self._get(self.timeout)
+            body = await self._get(self.timeout)
         except MetricsUnavailable as exc:
             return ServerSample(error=str(exc))
         at = now()
-        assert self.names is not None, "read() before a successful probe()"
-        reading = parse_metrics(text, self.names, self.model)
-        nulls = reading.nulls
-        prompt, r1 = self._prompt.update(reading.prompt_tokens, at, complete="prompt_tokens" not in nulls)
-        generation, r2 = self._generation.update(
+        names = self.names
+        assert names is not None, "read() before a successful probe()"
+        reading = await asyncio.to_thread(lambda: parse_metrics(body_text(body), names, self.model))
+        nulls = dict(reading.nulls)
+        prompt = self._prompt.update(reading.prompt_tokens, at, complete="prompt_tokens" not in nulls)
+        generation = self._generation.update(
             reading.generation_tokens, at, complete="generation_tokens" not in nulls
         )
+        for key, update in (("prompt_tokens", prompt), ("generation_tokens", generation)):
+            if update.fell:
+                nulls[key] = "invalid"
         return ServerSample(
             running=reading.running,
             waiting=reading.waiting,
             kv_cache_usage=reading.kv_cache_usage,
-            prompt_tokens_per_s=prompt,
-            generation_tokens_per_s=generation,
-            counter_resets=r1 + r2,
-            nulls=dict(reading.nulls),
+            prompt_tokens_per_s=prompt.rate,
+            generation_tokens_per_s=generation.rate,
+            counter_resets=prompt.resets + generation.resets,
+            nulls=nulls,
         )
 
     async def aclose(self) -> None:
