@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -1191,3 +1192,39 @@ def test_what_the_client_detaches_is_recorded_as_the_clients_not_the_servers(
     assert "orphans" not in server_stop and server_stop["leftover"] == [], server_stop
     assert [o["command"] for o in arm["unattributed_orphans"]] == [anonymous]
     assert arm["unattributed_orphans"][0]["killed"] and "origin" not in arm["unattributed_orphans"][0]
+
+
+TRICKLING_HEALTH = """
+import socket, sys, time
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    conn, _ = server.accept()
+    conn.recv(65536)
+    conn.sendall(b"HTTP/1.1 200 OK\\r\\ncontent-length: 1000000\\r\\n\\r\\n")
+    try:
+        while True:  # one byte at a time: every read of httpx's finishes within its per-phase timeout
+            conn.sendall(b" ")
+            time.sleep(0.5)
+    except OSError:
+        conn.close()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_trickles_its_readiness_answer_times_out_at_the_deadline(tmp_path: Path) -> None:
+    """Readiness probes had only httpx's per-phase timeout, which each trickled byte resets: a server
+    answering /health one byte at a time held the arm in ``starting_server`` for ever."""
+    from asyncroll.experiment.server import PROBE_TIMEOUT_S, InferenceServer, ReadinessTimeout, free_port
+    from asyncroll.http_read import request_deadline_s
+
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-c", TRICKLING_HEALTH, str(port)]
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    server.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(ReadinessTimeout, match="no complete answer within"):
+            server.wait_ready(["/health"], 1.0)
+        assert time.monotonic() - began < 1.0 + request_deadline_s(PROBE_TIMEOUT_S) + 2.0
+    finally:
+        server.stop(2.0)

@@ -17,6 +17,7 @@ all the same and keeps it apart (``InferenceServer.unattributed``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -30,7 +31,12 @@ from typing import Any
 
 import psutil
 
+from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.proctree import all_gone, children, descendants, environ, reap, signal_tree
+
+#: A readiness probe's per-phase timeout, and the most of its answer read (a model list fits easily).
+PROBE_TIMEOUT_S = 5.0
+MAX_PROBE_BYTES = 8 << 20
 
 #: Startup evidence: (key, pattern). The first group, if any, is the value; else the whole line is kept.
 EVIDENCE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -64,6 +70,10 @@ ORIGIN_ENV = "ASYNCROLL_EXPERIMENT_ORIGIN"
 
 class ServerStartError(RuntimeError):
     """The server exited, or never became ready, within its deadline."""
+
+
+class ProbeFailed(Exception):
+    """One readiness probe got no usable answer (the message says why)."""
 
 
 class ReadinessTimeout(ServerStartError):
@@ -252,52 +262,75 @@ class InferenceServer:
         self.process.start()
 
     def wait_ready(self, paths: list[str], deadline_s: float) -> dict[str, Any]:
-        """Poll ``paths`` until one answers 200 and the served model is listed; fail early if it exits."""
-        import httpx
-
+        """Poll ``paths`` until one answers 200 and the served model is listed; fail early if it exits.
+        Each probe is bounded (:meth:`_get`), so a server that trickles its answer cannot hold this past
+        ``deadline_s`` by more than one probe."""
         began = time.monotonic()
         last_error = "no answer yet"
-        with httpx.Client(timeout=5.0, trust_env=False) as client:
-            while True:
-                code = self.process.poll()
-                if code is not None:
-                    raise ServerStartError(
-                        f"server exited with code {code} before it was ready; log tail:\n"
-                        + (tail(self.process.log) or "(empty log)")
-                    )
-                elapsed = time.monotonic() - began
-                if elapsed > deadline_s:
-                    raise ReadinessTimeout(
-                        f"server not ready within {deadline_s:g}s (last: {last_error}); log tail:\n"
-                        + (tail(self.process.log) or "(empty log)")
-                    )
-                for path in paths:
-                    try:
-                        response = client.get(self.base_url + path)
-                    except httpx.HTTPError as exc:
-                        last_error = f"{path}: {type(exc).__name__}"
-                        continue
-                    if response.status_code == 200:
-                        models = self._models(client)
-                        return {"ready_s": round(time.monotonic() - began, 3), "via": path, "models": models}
-                    last_error = f"{path}: HTTP {response.status_code}"
-                time.sleep(0.1)
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"server exited with code {code} before it was ready; log tail:\n"
+                    + (tail(self.process.log) or "(empty log)")
+                )
+            elapsed = time.monotonic() - began
+            if elapsed > deadline_s:
+                raise ReadinessTimeout(
+                    f"server not ready within {deadline_s:g}s (last: {last_error}); log tail:\n"
+                    + (tail(self.process.log) or "(empty log)")
+                )
+            for path in paths:
+                try:
+                    status, _ = self._get(path)
+                except ProbeFailed as exc:
+                    last_error = f"{path}: {exc}"
+                    continue
+                if status == 200:
+                    models = self._models()
+                    return {"ready_s": round(time.monotonic() - began, 3), "via": path, "models": models}
+                last_error = f"{path}: HTTP {status}"
+            time.sleep(0.1)
 
-    def _models(self, client: Any) -> list[str]:
-        """The served model ids; the configured served name must be one of them."""
+    def _get(self, path: str) -> tuple[int, bytes]:
+        """``GET path``: 5 s per phase, a whole-exchange deadline and a body cap (:mod:`asyncroll.http_read`),
+        on an event loop of its own (the runner is synchronous here); any failure is :class:`ProbeFailed`."""
+        import asyncio
+
         import httpx
 
+        async def get() -> tuple[int, bytes]:
+            limits = httpx.Limits(max_connections=None)  # see http_read: a deadline may leak a pool slot
+            async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=False, limits=limits) as client:
+                request = client.build_request("GET", self.base_url + path)
+                deadline = request_deadline_s(PROBE_TIMEOUT_S)
+                response, body = await read_bounded(
+                    client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=deadline
+                )
+                return response.status_code, body
+
         try:
-            response = client.get(self.base_url + "/v1/models")
+            return asyncio.run(get())
         except httpx.HTTPError as exc:
-            raise ServerStartError(f"/v1/models: {type(exc).__name__}: {exc}") from None
-        if response.status_code != 200:
-            raise ServerStartError(f"/v1/models answered HTTP {response.status_code}")
+            raise ProbeFailed(type(exc).__name__) from None
+        except TimeoutError:
+            raise ProbeFailed(f"no complete answer within {request_deadline_s(PROBE_TIMEOUT_S):g}s") from None
+        except ResponseTooLarge as exc:
+            raise ProbeFailed(str(exc)) from None
+
+    def _models(self) -> list[str]:
+        """The served model ids; the configured served name must be one of them."""
         try:
-            body = response.json()
-        except ValueError:
+            status, raw = self._get("/v1/models")
+        except ProbeFailed as exc:
+            raise ServerStartError(f"/v1/models: {exc}") from None
+        if status != 200:
+            raise ServerStartError(f"/v1/models answered HTTP {status}")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
             raise ServerStartError(
-                f"/v1/models did not return JSON (it answered {response.text[:200]!r})"
+                f"/v1/models did not return JSON (it answered {body_text(raw, 200)!r})"
             ) from None
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
