@@ -50,11 +50,12 @@ class BlockedMeter:
         delta = _DELTAS.get(type(event))
         if delta is None:
             return
-        was = self.blocked
+        # ``blocked`` before and after, spelled out: this runs for most events of a run
+        was = self.active > 0 and self.outstanding == 0 and self.pending > 0
         self.active += delta[0]
         self.outstanding += delta[1]
         self.pending += delta[2]
-        now = self.blocked
+        now = self.active > 0 and self.outstanding == 0 and self.pending > 0
         if now and not was:
             self._since = event.t
             self.intervals += 1

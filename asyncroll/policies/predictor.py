@@ -124,7 +124,7 @@ class DurationPredictor:
         if missing:
             for job, prediction in zip(missing, self._compute(missing), strict=True):
                 cache[job.job_id] = prediction
-        return tuple(cache[j.job_id] for j in jobs)
+        return tuple([cache[j.job_id] for j in jobs])  # faster than a generator, at every dispatch
 
     def _compute(self, jobs: Sequence[JobView]) -> list[Prediction]:
         if self._coef is None:

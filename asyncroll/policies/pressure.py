@@ -91,12 +91,10 @@ class PressurePolicy:
             return Decision(jobs[best].job_id, "tail_guard_longest_predicted", eligible=True)
         weight = self.aging_weight
         grade_last = not (self.unlock and snapshot.admission_pending)
-        best = min(
-            range(len(jobs)),
-            key=lambda i: (
-                grade_last and jobs[i].kind == "grade",
-                predictions[i].seconds - weight * (now - jobs[i].enqueued_at),
-                i,
-            ),
-        )
+        # the keys built in one comprehension, then compared in C: no key call per queued job
+        scores = [
+            (grade_last and job.kind == "grade", prediction.seconds - weight * (now - job.enqueued_at), i)
+            for i, (job, prediction) in enumerate(zip(jobs, predictions, strict=True))
+        ]
+        best = min(scores)[2]
         return Decision(jobs[best].job_id, "low_model_supply_predicted_unlock", eligible=True)

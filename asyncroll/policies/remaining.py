@@ -17,7 +17,9 @@ key. State lives in one instance per run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncroll.events import (
     CpuEnqueued,
@@ -52,6 +54,14 @@ class RemainingWork:
         self._sum: dict[Key, float] = {}
         self._count: dict[Key, int] = {}
         self.observations = 0
+        self._handlers: dict[type[Event], Callable[[Any], None]] = {
+            ModelFinished: self._model_done,
+            ModelFailed: self._model_done,
+            CpuEnqueued: self._cpu_enqueued,
+            CpuFinished: self._cpu_done,
+            CpuFailed: self._cpu_done,
+            TrajectoryFinished: self._trajectory_finished,
+        }
 
     def estimate(self, job: JobView) -> float | None:
         """Mean remaining service (seconds) after jobs like this one; None before any has been seen."""
@@ -60,24 +70,32 @@ class RemainingWork:
         return None if count is None else self._sum[key] / count
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, ModelFinished | ModelFailed):
-            self._add(event.id, event.latency_s)
-        elif isinstance(event, CpuEnqueued):
-            assert event.id is not None
-            self._queued[event.job_id] = (event.id, (event.kind, event.tool, event.resubmission, event.turn))
-        elif isinstance(event, CpuFinished | CpuFailed):
-            job = self._queued.pop(event.job_id, None)
-            if job is not None:
-                seconds = event.execute_s if isinstance(event, CpuFinished) else event.roundtrip_s
-                trajectory = self._add(job[0], seconds)
-                trajectory.marks.append((job[1], trajectory.service_s))
-        elif isinstance(event, TrajectoryFinished):
-            done = self._running.pop(event.id or "", None)
-            if done is not None:
-                for key, mark in done.marks:
-                    self._sum[key] = self._sum.get(key, 0.0) + done.service_s - mark
-                    self._count[key] = self._count.get(key, 0) + 1
-                    self.observations += 1
+        # One lookup by the event's type (each event class is final): most events are of no interest here.
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def _model_done(self, event: ModelFinished | ModelFailed) -> None:
+        self._add(event.id, event.latency_s)
+
+    def _cpu_enqueued(self, event: CpuEnqueued) -> None:
+        assert event.id is not None
+        self._queued[event.job_id] = (event.id, (event.kind, event.tool, event.resubmission, event.turn))
+
+    def _cpu_done(self, event: CpuFinished | CpuFailed) -> None:
+        job = self._queued.pop(event.job_id, None)
+        if job is not None:
+            seconds = event.execute_s if isinstance(event, CpuFinished) else event.roundtrip_s
+            trajectory = self._add(job[0], seconds)
+            trajectory.marks.append((job[1], trajectory.service_s))
+
+    def _trajectory_finished(self, event: TrajectoryFinished) -> None:
+        done = self._running.pop(event.id or "", None)
+        if done is not None:
+            for key, mark in done.marks:
+                self._sum[key] = self._sum.get(key, 0.0) + done.service_s - mark
+                self._count[key] = self._count.get(key, 0) + 1
+                self.observations += 1
 
     def _add(self, trajectory_id: str | None, seconds: float) -> _Trajectory:
         trajectory = self._running.get(trajectory_id or "")

@@ -176,17 +176,22 @@ class CpuDispatcher:
         return await self._execute(slot, queued)
 
     def _dispatch(self) -> None:
+        queue = self._queue
+        if not queue or not self._pool.idle:
+            # Nothing to decide (half the calls: a job arrives while every worker is busy). A cancelled
+            # wait left in the queue is dropped below before any worker can be handed to it.
+            return
         # A stop cancels a queued job's wait at once, but the job leaves the queue only when its task runs
         # again: one freed worker in between must not be handed to it. (Nothing below awaits, so no wait
         # is cancelled while this runs.)
-        for job_id in [k for k, q in self._queue.items() if q.future.cancelled()]:
-            self._predictor.forget(self._queue.pop(job_id).view)
-        while self._queue:
+        for job_id in [k for k, q in queue.items() if q.future.cancelled()]:
+            self._predictor.forget(queue.pop(job_id).view)
+        while queue:
             slot = self._pool.take_idle()
             if slot is None:
                 return
             now = self._clock.now()
-            jobs = tuple(q.view for q in self._queue.values())
+            jobs = tuple([q.view for q in queue.values()])  # a list comprehension is the fastest here
             predictions = self._predictor.predict(jobs)  # cached per job until the next refit
             pending = self._admission_pending()
             estimate = None if pending or self._remaining is None else self._remaining.estimate
@@ -204,8 +209,8 @@ class CpuDispatcher:
                 remaining,
             )
             decision = self._policy.choose(snapshot)
-            chosen = self._queue.pop(decision.job_id)
-            index = next(i for i, j in enumerate(jobs) if j.job_id == decision.job_id)
+            index = tuple(queue).index(decision.job_id)  # the queue's keys are the jobs' ids, in order
+            chosen = queue.pop(decision.job_id)
             oldest = jobs[0]
             reordered = chosen.view.job_id != oldest.job_id
             self._decisions += 1
