@@ -60,6 +60,7 @@ from asyncroll.backends.action_schema import (
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.backends.completion import NotACompletion, read_completion
 from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.probes import healthy, probe_kind
 from asyncroll.backends.retry import Circuit, RetryPolicy, is_retryable, means_unavailable
 from asyncroll.backends.scripted import scripted_action
 from asyncroll.clock import Clock
@@ -74,12 +75,9 @@ ACTION_HEADER = "x-asyncroll-action"
 MAX_ACTION_HEADER = 8192
 #: Words in a 400 body that mean the server refused the structured-output request itself.
 _SCHEMA_WORDS = ("schema", "response_format", "grammar", "guided", "json_object", "structured")
-KIND_FROM_OWNER = {"vllm": "vllm", "sglang": "sglang"}
 #: The most of a chat-completion body read (decoded): a reply of a few thousand tokens is kilobytes, with
 #: per-token logprobs megabytes; past this a body is the server's failure, not a reply to parse.
 MAX_RESPONSE_BYTES = 64 << 20
-#: The most of a ``/v1/models`` or ``/health`` answer read (a model list of many adapters fits easily).
-MAX_PROBE_BYTES = 8 << 20
 _REDIRECTS = (301, 302, 303, 307, 308)
 
 
@@ -182,31 +180,8 @@ class OpenAIBackend:
         self._watch = tg.create_task(self._watch_circuit())
 
     async def _probe_kind(self, client: httpx.AsyncClient) -> tuple[ServerKind, str]:
-        """``GET /v1/models``: vLLM and SGLang name themselves in ``owned_by``; anything else is generic.
-
-        Only an unreachable server is an error here; a server without a usable model list is generic,
-        and the receipt says why."""
-        limit = min(10.0, self.settings.request_timeout)
-        try:
-            response, body = await self._get_bounded(client, "/v1/models", limit)
-        except (httpx.HTTPError, TimeoutError) as exc:
-            why = describe_transport_error(exc) if isinstance(exc, httpx.HTTPError) else "no complete answer"
-            raise ModelError(
-                "transport",
-                f"cannot probe the server kind at {self.settings.endpoint}/v1/models within "
-                f"{request_deadline_s(limit):g}s ({why}); check that the server runs at --endpoint, or "
-                "declare its kind with --server-kind vllm|sglang|transformers|generic to skip the probe",
-            ) from exc
-        except ResponseTooLarge as exc:
-            return "generic", f"probed: /v1/models answered with {exc}"
-        try:
-            owners = {str(m.get("owned_by", "")) for m in json.loads(body)["data"]}
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            return "generic", f"probed: /v1/models answered HTTP {response.status_code} without a model list"
-        for owner, kind in KIND_FROM_OWNER.items():
-            if owner in owners:
-                return kind, f"probed: /v1/models owned_by={owner!r}"  # type: ignore[return-value]
-        return "generic", f"probed: /v1/models owned_by={sorted(owners)!r} is not vllm or sglang"
+        """The server's kind and how it was found (:func:`~asyncroll.backends.probes.probe_kind`)."""
+        return await probe_kind(client, self.settings.endpoint, self.settings.request_timeout)
 
     def describe(self) -> dict[str, Any]:
         """The backend's settings for run.json: what was declared, probed and sent."""
@@ -282,40 +257,10 @@ class OpenAIBackend:
                 await self._clock.sleep(self.settings.probe_interval)
 
     async def _healthy(self) -> bool:
-        """``GET /health`` answers 200 (vLLM, SGLang, serve-sim). A server without that route (404, 405 or
-        501: it did answer) is asked ``GET /v1/models`` instead, which every OpenAI-compatible server has.
-        What the last probe got is kept for the error of a server that stays down."""
-        client = self._http()
-        limit = min(5.0, self.settings.request_timeout)
-        for path in ("/health", "/v1/models"):
-            try:
-                response, _ = await self._get_bounded(client, path, limit)
-            except httpx.HTTPError as exc:
-                self._last_probe = f"GET {path}: {describe_transport_error(exc)}"
-                return False
-            except TimeoutError:  # a trickling answer: the server is not healthy
-                self._last_probe = f"GET {path}: no complete answer within {request_deadline_s(limit):g}s"
-                return False
-            except ResponseTooLarge as exc:
-                self._last_probe = f"GET {path}: {exc}"
-                return False
-            self._last_probe = f"GET {path}: HTTP {response.status_code}"
-            if response.status_code == 200:
-                return True
-            if response.status_code not in (404, 405, 501):
-                return False
-        return False
-
-    @staticmethod
-    async def _get_bounded(
-        client: httpx.AsyncClient, path: str, limit_s: float
-    ) -> tuple[httpx.Response, bytes]:
-        """``GET path`` with a per-phase limit, a whole-exchange deadline and a body cap (see
-        :mod:`asyncroll.http_read`): a probe a trickling or endless answer cannot hold up."""
-        request = client.build_request("GET", path, timeout=limit_s)
-        return await read_bounded(
-            client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=request_deadline_s(limit_s)
-        )
+        """Whether the server answers its health probe (:func:`~asyncroll.backends.probes.healthy`);
+        what the probe got is kept for the error of a server that stays down."""
+        ok, self._last_probe = await healthy(self._http(), self.settings.request_timeout)
+        return ok
 
     # --- requests ----------------------------------------------------------------------------------
 

@@ -1,0 +1,80 @@
+"""The HTTP backend's two probes of a server, each a bounded ``GET`` (:mod:`asyncroll.http_read`): what
+kind of server it is (``/v1/models``, once at start), and whether a server that stopped answering is
+back (``/health``, while the circuit is open). A trickling or endless answer cannot hold either up."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.config import ServerKind
+from asyncroll.errors import ModelError
+from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+
+KIND_FROM_OWNER: dict[str, ServerKind] = {"vllm": "vllm", "sglang": "sglang"}
+#: The most of a ``/v1/models`` or ``/health`` answer read (a model list of many adapters fits easily).
+MAX_PROBE_BYTES = 8 << 20
+
+
+async def get_bounded(client: httpx.AsyncClient, path: str, limit_s: float) -> tuple[httpx.Response, bytes]:
+    """``GET path`` with a per-phase limit, a whole-exchange deadline and a body cap."""
+    request = client.build_request("GET", path, timeout=limit_s)
+    deadline = request_deadline_s(limit_s)
+    return await read_bounded(client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=deadline)
+
+
+async def probe_kind(
+    client: httpx.AsyncClient, endpoint: str, request_timeout: float
+) -> tuple[ServerKind, str]:
+    """``GET /v1/models``: vLLM and SGLang name themselves in ``owned_by``; anything else is generic.
+    Returns the kind and how it was found, for the receipt.
+
+    Only an unreachable server is an error here (:class:`ModelError`); a server without a usable model
+    list is generic, and the receipt says why."""
+    limit = min(10.0, request_timeout)
+    try:
+        response, body = await get_bounded(client, "/v1/models", limit)
+    except (httpx.HTTPError, TimeoutError) as exc:
+        why = describe_transport_error(exc) if isinstance(exc, httpx.HTTPError) else "no complete answer"
+        raise ModelError(
+            "transport",
+            f"cannot probe the server kind at {endpoint}/v1/models within {request_deadline_s(limit):g}s "
+            f"({why}); check that the server runs at --endpoint, or declare its kind with "
+            "--server-kind vllm|sglang|transformers|generic to skip the probe",
+        ) from exc
+    except ResponseTooLarge as exc:
+        return "generic", f"probed: /v1/models answered with {exc}"
+    try:
+        owners = {str(m.get("owned_by", "")) for m in json.loads(body)["data"]}
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return "generic", f"probed: /v1/models answered HTTP {response.status_code} without a model list"
+    for owner, kind in KIND_FROM_OWNER.items():
+        if owner in owners:
+            return kind, f"probed: /v1/models owned_by={owner!r}"
+    return "generic", f"probed: /v1/models owned_by={sorted(owners)!r} is not vllm or sglang"
+
+
+async def healthy(client: httpx.AsyncClient, request_timeout: float) -> tuple[bool, str]:
+    """``GET /health`` answers 200 (vLLM, SGLang, serve-sim). A server without that route (404, 405 or
+    501: it did answer) is asked ``GET /v1/models`` instead, which every OpenAI-compatible server has.
+    Returns whether the server is up, and what the last ``GET`` got (for the error of a server that
+    stays down)."""
+    limit = min(5.0, request_timeout)
+    got = "no probe"
+    for path in ("/health", "/v1/models"):
+        try:
+            response, _ = await get_bounded(client, path, limit)
+        except httpx.HTTPError as exc:
+            return False, f"GET {path}: {describe_transport_error(exc)}"
+        except TimeoutError:  # a trickling answer: the server is not healthy
+            return False, f"GET {path}: no complete answer within {request_deadline_s(limit):g}s"
+        except ResponseTooLarge as exc:
+            return False, f"GET {path}: {exc}"
+        got = f"GET {path}: HTTP {response.status_code}"
+        if response.status_code == 200:
+            return True, got
+        if response.status_code not in (404, 405, 501):
+            return False, got
+    return False, got
