@@ -74,8 +74,9 @@ from asyncroll.evaluator.budget import (
 )
 from asyncroll.evaluator.cases import Case, check_tests
 from asyncroll.evaluator.compare import compare_stdout, compare_value
+from asyncroll.evaluator.execution import Execution
 from asyncroll.evaluator.isolation import IsolationReport, require
-from asyncroll.evaluator.sandbox import Execution, Limits, MiB, Sandbox
+from asyncroll.evaluator.sandbox import Limits, MiB, Sandbox
 
 FIELD_LIMIT = 1000
 OUTPUT_SLACK_BYTES = 64 * 1024

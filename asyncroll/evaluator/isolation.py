@@ -45,7 +45,8 @@ from typing import Any
 
 from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupError, CgroupFactory, controller_root
-from asyncroll.evaluator.sandbox import Execution, Layers, Limits, Sandbox, SandboxError
+from asyncroll.evaluator.execution import Execution
+from asyncroll.evaluator.sandbox import Layers, Limits, Sandbox, SandboxError
 
 REQUIRED = (
     "unprivileged_uid",

@@ -45,6 +45,7 @@ import psutil
 
 from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
+from asyncroll.evaluator.execution import Execution
 from asyncroll.proctree import children, is_subreaper, libc, set_subreaper
 
 MiB = 1 << 20
@@ -109,35 +110,6 @@ class Layers:
     memory_cgroup: Path | None = None
     pids_cgroup: Path | None = None
     unshare: str = "unshare"
-
-
-@dataclass(slots=True)
-class Execution:
-    """What one test run produced, as facts; :mod:`~.evaluate` turns them into a verdict."""
-
-    stdout: bytes = b""
-    stderr: str = ""
-    done: dict[str, object] | None = None
-    exit_status: int | None = None
-    launcher_status: int | None = None
-    wall_s: float = 0.0
-    timed_out: bool = False
-    output_exceeded: bool = False
-    memory_limit_hit: bool = False
-    status_garbled: bool = False  # the program wrote something unreadable where its done record goes
-
-    def describe_exit(self) -> str:
-        """How the program's process ended, in words (``exited with status 3``, ``was killed by SIGKILL``)."""
-        status = self.exit_status
-        if status is None:
-            return "stopped without a report from the harness"
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            try:
-                return f"was killed by {signal.Signals(sig).name}"
-            except ValueError:
-                return f"was killed by signal {sig}"
-        return f"exited with status {os.WEXITSTATUS(status)}"
 
 
 def _read(selector: selectors.BaseSelector, fd: int, buffer: bytearray, cap: int | None) -> None:
@@ -355,7 +327,7 @@ class Sandbox:
             os.close(pidfd)
         out.stdout = bytes(stdout[: limits.output_bytes])
         out.stderr = bytes(stderr[-limits.stderr_bytes :]).decode("utf-8", "replace")
-        _parse_records(bytes(status), bytes(exit_record), out)
+        out.read_records(bytes(status), bytes(exit_record))
 
     def _kill_everything(self, proc: subprocess.Popen[bytes], group: TestGroup | None) -> None:
         """SIGKILL the launcher's tree (the PID namespace dies with its init), every orphan re-parented
@@ -427,27 +399,6 @@ def _first_line_only(status: bytearray, caps: dict[int, int | None], fd: int) ->
     if end >= 0:
         del status[end + 1 :]
         caps[fd] = end + 1
-
-
-def _record(line: bytes, kind: str) -> dict[str, object] | None:
-    """The JSON object on ``line`` if it is a record of ``kind``; ``None`` for anything else, including a
-    line the program made unreadable (not JSON, not UTF-8, nested past the parser's recursion limit)."""
-    try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    return record if isinstance(record, dict) and record.get("kind") == kind else None
-
-
-def _parse_records(status: bytes, exit_record: bytes, out: Execution) -> None:
-    """The program's done record (the status pipe's first line) and the harness's exit record."""
-    if status.strip():
-        out.done = _record(status.split(b"\n", 1)[0], "done")
-        out.status_garbled = out.done is None
-    record = _record(exit_record.split(b"\n", 1)[0], "exit")
-    code = None if record is None else record.get("status")
-    if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 0xFFFF:
-        out.exit_status = code
 
 
 class _PreExec:

@@ -1,0 +1,59 @@
+"""The facts of one sandboxed test run (:class:`Execution`), as the sandbox collected them and the
+evaluator turns them into a verdict, and how the harness's records are read: only a record of the
+expected kind counts, and a line the program made unreadable is a fact too, never an exception."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Execution:
+    """What one test run produced, as facts; :mod:`~.evaluate` turns them into a verdict."""
+
+    stdout: bytes = b""
+    stderr: str = ""
+    done: dict[str, object] | None = None
+    exit_status: int | None = None
+    launcher_status: int | None = None
+    wall_s: float = 0.0
+    timed_out: bool = False
+    output_exceeded: bool = False
+    memory_limit_hit: bool = False
+    status_garbled: bool = False  # the program wrote something unreadable where its done record goes
+
+    def describe_exit(self) -> str:
+        """How the program's process ended, in words (``exited with status 3``, ``was killed by SIGKILL``)."""
+        status = self.exit_status
+        if status is None:
+            return "stopped without a report from the harness"
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            try:
+                return f"was killed by {signal.Signals(sig).name}"
+            except ValueError:
+                return f"was killed by signal {sig}"
+        return f"exited with status {os.WEXITSTATUS(status)}"
+
+    def read_records(self, status: bytes, exit_record: bytes) -> None:
+        """Take the program's done record (the status pipe's first line) and the harness's exit record."""
+        if status.strip():
+            self.done = _record(status.split(b"\n", 1)[0], "done")
+            self.status_garbled = self.done is None
+        record = _record(exit_record.split(b"\n", 1)[0], "exit")
+        code = None if record is None else record.get("status")
+        if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 0xFFFF:
+            self.exit_status = code
+
+
+def _record(line: bytes, kind: str) -> dict[str, object] | None:
+    """The JSON object on ``line`` if it is a record of ``kind``; ``None`` for anything else, including a
+    line the program made unreadable (not JSON, not UTF-8, nested past the parser's recursion limit)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and record.get("kind") == kind else None
