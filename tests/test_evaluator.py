@@ -726,6 +726,20 @@ def test_what_a_program_writes_on_the_status_fd_cannot_break_or_forge_the_verdic
     assert elapsed < 6.0, elapsed
 
 
+def test_the_status_pipe_keeps_its_first_line_found_in_the_bytes_just_read() -> None:
+    """Only the bytes of the last read are searched for the end of the first line (a large done record
+    arrives in many reads: searching the whole buffer after each was quadratic, within the test's time)."""
+    from asyncroll.evaluator.sandbox import _first_line_only
+
+    status, caps = bytearray(b'{"kind": "done", "result": "' + b"x" * 100), {3: 1000}
+    _first_line_only(status, caps, 3, 0)
+    assert caps[3] == 1000 and len(status) == 128  # no line yet
+    before = len(status)
+    status += b'"}\n{"kind": "exit"}\n'
+    _first_line_only(status, caps, 3, before)
+    assert bytes(status).endswith(b'x"}\n') and caps[3] == len(status) == 131
+
+
 IPC_AND_KEYS = """
 import ctypes, errno, os, platform
 libc = ctypes.CDLL(None, use_errno=True)

@@ -21,9 +21,11 @@ Steps, in order:
    ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution in a ``tmp_sol`` module,
    so an ``if __name__ == "__main__":`` test block in it does not run) — and reports one ``done``
    record; the harness writes an ``exit`` record with the program process's wait status on an fd of
-   its own, which the program's process closes before running any code, so the program cannot forge
-   how it ended. Records are JSON lines on those fds, never on stdout, because stdout is the program's
-   answer. Before the code runs, a seccomp filter refuses the kernel-keyring calls (``add_key``,
+   its own, which the program's process closes before running any code, so a program running as
+   another uid (the uid switch) cannot forge how it ended. (Under weak isolation, without the switch, a
+   program of the worker's own uid could still reopen the worker's end of that pipe through ``/proc``.)
+   Records are JSON lines on those fds, never on stdout, because stdout is the program's answer.
+   Before the code runs, a seccomp filter refuses the kernel-keyring calls (``add_key``,
    ``request_key``, ``keyctl``): the ``nobody`` user's keyring outlives a test, so it would otherwise
    carry data from one program to another (IPC objects do not: the sandbox gives each test its own
    IPC namespace).
@@ -313,8 +315,9 @@ def _stay_tied(lifeline_fd: int) -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    # Not dumpable: a program running as the same uid (no uid switch) cannot open this process's fds
-    # through /proc (the exit record's) or ptrace it. (Dropping root already does this; say it anyway.)
+    # Not dumpable: a program of the same uid (no uid switch) cannot open this process's fds through
+    # /proc or ptrace it (dropping root already does this). The worker's own fds stay reachable to such a
+    # program: weak isolation is weak.
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     poller = select.poll()
     poller.register(lifeline_fd, select.POLLIN)
