@@ -16,6 +16,7 @@ all the same and keeps it apart (``InferenceServer.unattributed``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -27,12 +28,15 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.proctree import all_gone, children, descendants, environ, reap, signal_tree
+
+if TYPE_CHECKING:
+    import httpx
 
 #: A readiness probe's per-phase timeout, and the most of its answer read (a model list fits easily).
 PROBE_TIMEOUT_S = 5.0
@@ -263,65 +267,66 @@ class InferenceServer:
 
     def wait_ready(self, paths: list[str], deadline_s: float) -> dict[str, Any]:
         """Poll ``paths`` until one answers 200 and the served model is listed; fail early if it exits.
-        Each probe is bounded (:meth:`_get`), so a server that trickles its answer cannot hold this past
-        ``deadline_s`` by more than one probe."""
-        began = time.monotonic()
-        last_error = "no answer yet"
-        while True:
-            code = self.process.poll()
-            if code is not None:
-                raise ServerStartError(
-                    f"server exited with code {code} before it was ready; log tail:\n"
-                    + (tail(self.process.log) or "(empty log)")
-                )
-            elapsed = time.monotonic() - began
-            if elapsed > deadline_s:
-                raise ReadinessTimeout(
-                    f"server not ready within {deadline_s:g}s (last: {last_error}); log tail:\n"
-                    + (tail(self.process.log) or "(empty log)")
-                )
-            for path in paths:
-                try:
-                    status, _ = self._get(path)
-                except ProbeFailed as exc:
-                    last_error = f"{path}: {exc}"
-                    continue
-                if status == 200:
-                    models = self._models()
-                    return {"ready_s": round(time.monotonic() - began, 3), "via": path, "models": models}
-                last_error = f"{path}: HTTP {status}"
-            time.sleep(0.1)
+        Each probe is bounded (:meth:`_get`) and given at most the time left, so a server that trickles
+        its answer cannot hold this past ``deadline_s`` by more than a probe's margin (max(1 s, 10%)).
+        One event loop and one client for the whole wait (the runner is synchronous here)."""
+        return asyncio.run(self._wait_ready(paths, deadline_s))
 
-    def _get(self, path: str) -> tuple[int, bytes]:
-        """``GET path``: 5 s per phase, a whole-exchange deadline and a body cap (:mod:`asyncroll.http_read`),
-        on an event loop of its own (the runner is synchronous here); any failure is :class:`ProbeFailed`."""
-        import asyncio
-
+    async def _wait_ready(self, paths: list[str], deadline_s: float) -> dict[str, Any]:
         import httpx
 
-        async def get() -> tuple[int, bytes]:
-            limits = httpx.Limits(max_connections=None)  # see http_read: a deadline may leak a pool slot
-            async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=False, limits=limits) as client:
-                request = client.build_request("GET", self.base_url + path)
-                deadline = request_deadline_s(PROBE_TIMEOUT_S)
-                response, body = await read_bounded(
-                    client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=deadline
-                )
-                return response.status_code, body
+        began = time.monotonic()
+        last_error = "no answer yet"
+        limits = httpx.Limits(max_connections=None)  # see http_read: a deadline may leak a pool slot
+        async with httpx.AsyncClient(trust_env=False, limits=limits) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        f"server exited with code {code} before it was ready; log tail:\n"
+                        + (tail(self.process.log) or "(empty log)")
+                    )
+                for path in paths:
+                    left = deadline_s - (time.monotonic() - began)
+                    if left <= 0:
+                        raise ReadinessTimeout(
+                            f"server not ready within {deadline_s:g}s (last: {last_error}); log tail:\n"
+                            + (tail(self.process.log) or "(empty log)")
+                        )
+                    try:
+                        status, _ = await self._get(client, path, min(PROBE_TIMEOUT_S, left))
+                    except ProbeFailed as exc:
+                        last_error = f"{path}: {exc}"
+                        continue
+                    if status == 200:
+                        models = await self._models(client)
+                        return {"ready_s": round(time.monotonic() - began, 3), "via": path, "models": models}
+                    last_error = f"{path}: HTTP {status}"
+                await asyncio.sleep(0.1)
 
+    async def _get(self, client: httpx.AsyncClient, path: str, limit_s: float) -> tuple[int, bytes]:
+        """``GET path``: ``limit_s`` per phase, a whole-exchange deadline and a body cap
+        (:mod:`asyncroll.http_read`); any failure is :class:`ProbeFailed`."""
+        import httpx
+
+        deadline = request_deadline_s(limit_s)
         try:
-            return asyncio.run(get())
+            request = client.build_request("GET", self.base_url + path, timeout=limit_s)
+            response, body = await read_bounded(
+                client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=deadline
+            )
         except httpx.HTTPError as exc:
             raise ProbeFailed(type(exc).__name__) from None
         except TimeoutError:
-            raise ProbeFailed(f"no complete answer within {request_deadline_s(PROBE_TIMEOUT_S):g}s") from None
+            raise ProbeFailed(f"no complete answer within {deadline:g}s") from None
         except ResponseTooLarge as exc:
             raise ProbeFailed(str(exc)) from None
+        return response.status_code, body
 
-    def _models(self) -> list[str]:
+    async def _models(self, client: httpx.AsyncClient) -> list[str]:
         """The served model ids; the configured served name must be one of them."""
         try:
-            status, raw = self._get("/v1/models")
+            status, raw = await self._get(client, "/v1/models", PROBE_TIMEOUT_S)
         except ProbeFailed as exc:
             raise ServerStartError(f"/v1/models: {exc}") from None
         if status != 200:
