@@ -1280,6 +1280,24 @@ def test_a_trickling_probe_answer_ends_at_its_deadline() -> None:
                 assert asyncio.run(probe()) is False
                 assert backend._last_probe == f"GET /health: no complete answer within {deadline:g}s"
             else:
-                with pytest.raises(ModelError, match=f"within {deadline:g}s \\(no complete answer\\)"):
+                with pytest.raises(ModelError, match=f"\\(no complete answer within {deadline:g}s\\)"):
                     asyncio.run(probe())
             assert time.monotonic() - began < deadline + 2.0
+
+
+@pytest.mark.timeout(30)
+def test_a_model_list_that_cannot_be_decoded_is_generic_not_unreachable() -> None:
+    """The server answered, so it is reachable: an undecodable answer makes it ``generic`` with the
+    reason, as a missing model list does (it was a transport error said to be "within 3s")."""
+    unreadable = _raw(200, {"content-encoding": "gzip"}, b"not gzip at all")
+    with HostileServer([_json_reply(completion(FINAL))], gets={"/v1/models": unreadable}) as server:
+        backend = OpenAIBackend(HttpSettings(endpoint=server.url, model="m", inflight=1), SystemClock())
+
+        async def probe() -> tuple[str, str]:
+            try:
+                return await backend._probe_kind(backend._http())
+            finally:
+                await backend.aclose()
+
+        kind, source = asyncio.run(probe())
+    assert kind == "generic" and source.startswith("probed: /v1/models answered unreadably (DecodingError")

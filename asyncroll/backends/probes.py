@@ -36,16 +36,20 @@ async def probe_kind(
     limit = min(10.0, request_timeout)
     try:
         response, body = await get_bounded(client, "/v1/models", limit)
-    except (httpx.HTTPError, TimeoutError) as exc:
-        why = describe_transport_error(exc) if isinstance(exc, httpx.HTTPError) else "no complete answer"
+    except (httpx.TransportError, TimeoutError) as exc:  # no answer: unreachable, or never complete
+        why = (
+            describe_transport_error(exc)
+            if isinstance(exc, httpx.TransportError)
+            else f"no complete answer within {request_deadline_s(limit):g}s"
+        )
         raise ModelError(
             "transport",
-            f"cannot probe the server kind at {endpoint}/v1/models within {request_deadline_s(limit):g}s "
-            f"({why}); check that the server runs at --endpoint, or declare its kind with "
-            "--server-kind vllm|sglang|transformers|generic to skip the probe",
+            f"cannot probe the server kind at {endpoint}/v1/models ({why}); check that the server runs "
+            "at --endpoint, or declare its kind with --server-kind vllm|sglang|transformers|generic to "
+            "skip the probe",
         ) from exc
-    except ResponseTooLarge as exc:
-        return "generic", f"probed: /v1/models answered with {exc}"
+    except (ResponseTooLarge, httpx.HTTPError) as exc:  # it answered, but not readably
+        return "generic", f"probed: /v1/models answered unreadably ({type(exc).__name__}: {exc})"
     try:
         owners = {str(m.get("owned_by", "")) for m in json.loads(body)["data"]}
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
