@@ -247,10 +247,16 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"--config {path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--config {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
-        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"--config {path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
+        if path.suffix.lower() == ".toml":  # tomllib refuses a key given twice itself
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, TOMLDecodeError, a repeated key
+        kind = path.suffix.lstrip(".").upper() or "JSON"
+        raise UsageError(f"--config {path}: not valid {kind}: {exc or 'nested too deeply'}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
     values: dict[str, Any] = {}
@@ -261,6 +267,16 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             raise UsageError(f"--config {path}: settings {spelled[name]!r} and {key!r} are the same setting")
         values[name], spelled[name] = value, str(key)
     return values, spelled
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (``json`` keeps the last of a repeated key silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice")
+        out[key] = value
+    return out
 
 
 def config_file_origins(path: Path, spelled: Mapping[str, str], keys: Iterable[str]) -> dict[str, str]:

@@ -286,6 +286,33 @@ def test_a_check_across_settings_names_those_read_from_the_config_file(
     assert f"--config {config}: settings 'cpu-workers' and 'cpu_workers' are the same setting" in twice.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "twice.json",
+            b'{"cpu_workers": 1, "cpu_workers": 2}',
+            "not valid JSON: key 'cpu_workers' is given twice",
+        ),
+        ("latin1.json", b'{"model": "caf\xe9"}', "not UTF-8 text (invalid continuation byte at byte 14)"),
+        ("deep.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON: "),
+    ],
+    ids=["repeated-key", "not-utf8", "deep"],
+)
+def test_a_config_file_that_cannot_be_read_as_settings_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, content: bytes, message: str
+) -> None:
+    """A repeated key silently kept its last value; a file that is not UTF-8, or nested past the
+    parser's limit, ended in a traceback."""
+    config = tmp_path / name
+    config.write_bytes(content)
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 2 and not seen
+    assert f"--config {config}: {message}" in result.stderr
+
+
 def test_sync_says_an_active_limit_has_no_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = ("--workload", SMOKE, "--policy", "sync")
     given, _ = run_in_process(
