@@ -1183,7 +1183,7 @@ def test_stop_is_bounded_when_the_metrics_trickle_after_the_probe(
     server = metrics_server(idle_vllm, after_the_probe)
     source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=0.1)
     took, samples = _sampler_until_stopped(source, trickling, hard_limit_s=6)
-    assert took < 2 * 0.6 + 0.4  # two reads, each ending at its 0.6 s deadline
+    assert took < 2 * 0.6 + 2.0  # two reads, each ending at its 0.6 s deadline (slack: a loaded machine)
     assert len(samples) == 2  # the loop's one, then the final one
     assert all(
         s.errors == [f"server_metrics: GET {server.url}: no complete response within 0.6 s"]
@@ -1219,40 +1219,35 @@ def test_stop_cancels_a_sampling_loop_stuck_past_its_deadline(
 
 @pytest.mark.timeout(30)
 def test_a_large_exposition_is_parsed_off_the_event_loop(
-    metrics_server: Callable[..., MetricsServer],
+    metrics_server: Callable[..., MetricsServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """5,000 wanted lines (1,000 series of each quantity) take the parser a while; the event loop keeps
-    running meanwhile, so the client's own latencies are not inflated by it (D8)."""
+    """5,000 wanted lines (1,000 series of each quantity) take the parser a while: it runs in a worker
+    thread, never on the event loop's, so the run's own latencies are not inflated by it (D8: 2 MB of
+    wanted lines per scrape stretched a 3 s run to ~50 s). Checked by thread identity, not by timing."""
+    from asyncroll.telemetry import server_metrics
+
     names = [n for n in VLLM.all if n != "vllm:gpu_cache_usage_perc"]  # the legacy name is not read
     body = "".join(f'{name}{{engine="{i}",model_name="sim"}} 1\n' for name in names for i in range(1000))
     server = metrics_server(lambda n: (200, body))
+    parsed_on: list[int] = []
+    parse = server_metrics.parse_metrics
 
-    async def go() -> tuple[float, float, ServerSample]:
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        parsed_on.append(threading.get_ident())
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(server_metrics, "parse_metrics", recording)
+
+    async def go() -> ServerSample:
         source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
         await source.probe(5.0)
-        done = asyncio.Event()
-        gaps: list[float] = []
-
-        async def tick() -> None:
-            last = time.monotonic()
-            while not done.is_set():
-                await asyncio.sleep(0.002)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
-        began = time.monotonic()
         got = await source.read(time.monotonic)
-        took = time.monotonic() - began
-        done.set()
-        await ticker
         await source.aclose()
-        return took, max(gaps), got
+        return got
 
-    took, longest_stall, got = asyncio.run(go())
+    got = asyncio.run(go())
     assert (got.running, got.waiting, got.kv_cache_usage) == (1000.0, 1000.0, 1.0)
-    assert longest_stall < took / 4, f"the loop stalled {longest_stall:.3f} s of a {took:.3f} s read"
+    assert len(parsed_on) == 2 and threading.get_ident() not in parsed_on  # the probe's and the read's
 
 
 def test_past_1024_lines_of_one_quantity_it_is_invalid_and_the_rest_is_not_parsed() -> None:
