@@ -249,14 +249,12 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise UsageError(f"--config {path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise UsageError(f"--config {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    toml = path.suffix.lower() == ".toml"  # anything else is read as JSON
     try:
-        if path.suffix.lower() == ".toml":  # tomllib refuses a key given twice itself
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text, object_pairs_hook=_unique_keys)
+        # tomllib refuses a key given twice itself; json keeps the last one unless told otherwise
+        data = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, TOMLDecodeError, a repeated key
-        kind = path.suffix.lstrip(".").upper() or "JSON"
-        raise UsageError(f"--config {path}: not valid {kind}: {exc or 'nested too deeply'}") from exc
+        raise UsageError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
     values: dict[str, Any] = {}
