@@ -720,6 +720,8 @@ def test_what_a_program_writes_on_the_status_fd_cannot_break_or_forge_the_verdic
     result, elapsed = evaluate(program, tests, func_name=func_name, time_limit_s=6.0)
     if expected is None:
         assert result["passed"], result
+    elif program is NESTED_RESULT and sys.version_info >= (3, 13) and verdict(result) == "wrong_answer":
+        pass  # 3.13's JSON reader takes 5,000 levels (a C-stack limit): the value is read, and is wrong
     else:
         assert verdict(result) == "runtime_error", result
         assert expected in result["feedback"]["error"], result
