@@ -1135,7 +1135,7 @@ def test_a_trickling_metrics_ends_within_the_deadline(metrics_server: Callable[.
     server = metrics_server(idle_vllm, lambda handler, n, closing: _trickle(handler, closing))
     message, took = _probe_error(server.url, 0.2, hard_limit_s=5)
     assert message == f"GET {server.url}: no complete response within 0.7 s"  # 0.2 s + the 0.5 s margin
-    assert 0.6 < took < 1.5
+    assert 0.6 < took < 3.0  # its 0.6 s deadline (slack: a loaded machine); it hung before
 
 
 def _sampler_until_stopped(
@@ -1209,7 +1209,7 @@ def test_stop_cancels_a_sampling_loop_stuck_past_its_deadline(
 
     source = Stuck(server.url, flavor="vllm", model="sim", timeout=0.1)
     took, samples = _sampler_until_stopped(source, reading, hard_limit_s=6)
-    assert 1.0 < took < 1.6  # the 0.6 s deadline + the 0.5 s margin, then no read
+    assert 1.0 < took < 3.5  # the 0.6 s deadline + the 0.5 s margin, then no read (slack: load)
     [final] = samples
     assert final.errors == [
         "server_metrics: sampling did not stop within 1.1 s (a read hung); cancelled, not read again"
@@ -1250,8 +1250,12 @@ def test_a_large_exposition_is_parsed_off_the_event_loop(
     assert len(parsed_on) == 2 and threading.get_ident() not in parsed_on  # the probe's and the read's
 
 
-def test_past_1024_lines_of_one_quantity_it_is_invalid_and_the_rest_is_not_parsed() -> None:
-    """A server has a few dozen series of a quantity; 16 MiB of lines would cost seconds per sample."""
+def test_past_1024_lines_of_one_quantity_it_is_invalid_and_the_rest_is_not_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server has a few dozen series of a quantity; 16 MiB of lines would cost seconds per sample.
+    Counted in parser calls, not timed."""
+    from asyncroll.telemetry import server_metrics
 
     def series(name: str, n: int) -> str:
         return "".join(f'{name}{{engine="{i}",model_name="sim"}} 1\n' for i in range(n))
@@ -1259,10 +1263,16 @@ def test_past_1024_lines_of_one_quantity_it_is_invalid_and_the_rest_is_not_parse
     reading = parse_metrics(series(VLLM.running, 1025) + series(VLLM.waiting, 1024), VLLM, "sim")
     assert reading.running is None and reading.nulls["running"] == "invalid"
     assert reading.waiting == 1024.0
-    text = series(VLLM.running, 20_000)
-    began = time.process_time()
-    parse_metrics(text, VLLM, "sim")
-    assert time.process_time() - began < 0.5  # each line parsed: ~100 µs a line, 2 s
+    parsed: list[str] = []
+    parse = server_metrics.text_string_to_metric_families
+
+    def counting(text: str) -> Any:
+        parsed.append(text)
+        return parse(text)
+
+    monkeypatch.setattr(server_metrics, "text_string_to_metric_families", counting)
+    parse_metrics(series(VLLM.running, 20_000), VLLM, "sim")
+    assert len(parsed) == server_metrics.MAX_SERIES_LINES  # not 20,000 (~100 µs each)
 
 
 def test_on_a_virtual_clock_no_source_is_read(virtual_run: Any) -> None:
