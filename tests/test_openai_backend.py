@@ -11,8 +11,9 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import pytest
@@ -700,7 +701,28 @@ ODD_BODIES: list[tuple[Any, str, int | None]] = [
 ]
 
 
-class FakeOpenAI:
+class LoopbackServer:
+    """A threaded HTTP server on a free loopback port for ``handler``, served while in a ``with``."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True  # a handler still writing never holds up the test's end
+
+        self._server = Server(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class FakeOpenAI(LoopbackServer):
     """A real loopback HTTP server answering ``/v1/chat/completions`` with ``bodies`` in turn (then the
     last one again); ``/v1/models`` names vLLM, ``/health`` is 200."""
 
@@ -708,8 +730,6 @@ class FakeOpenAI:
         self, bodies: list[Any], get_status: dict[str, int] | None = None, delays: list[float] | None = None
     ) -> None:
         """``delays``: seconds to wait before answering each chat request, in turn (then none)."""
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         statuses = get_status or {}
         waits = iter(delays or [])
 
@@ -740,18 +760,7 @@ class FakeOpenAI:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-
-    def __enter__(self) -> FakeOpenAI:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        super().__init__(Handler)
 
 
 @pytest.mark.timeout(60)
@@ -1172,13 +1181,11 @@ def _raw(status: int, headers: dict[str, str], body: bytes) -> Any:
     return reply
 
 
-class HostileServer:
+class HostileServer(LoopbackServer):
     """A loopback server whose chat replies are ``replies`` in turn (callables writing the whole HTTP
     answer, then the last again) and whose GET routes are ``gets`` (path → callable; else 200 ``{}``)."""
 
     def __init__(self, replies: list[Any], gets: dict[str, Any] | None = None) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         stop = self._stop = threading.Event()
         served, last, routes = iter(replies), [replies[-1]], gets or {}
 
@@ -1194,22 +1201,11 @@ class HostileServer:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-        self._server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-
-    def __enter__(self) -> HostileServer:
-        self._thread.start()
-        return self
+        super().__init__(Handler)
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._stop.set()  # first: a handler still trickling ends, so shutdown does not wait for it
+        super().__exit__(*exc)
 
 
 def _json_reply(body: Any) -> Any:
