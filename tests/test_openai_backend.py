@@ -11,9 +11,9 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import orjson
 import pytest
@@ -47,6 +47,7 @@ from asyncroll.serve_sim.config import FaultConfig, SimConfig
 from asyncroll.serve_sim.server import RunningSim, serve_in_thread
 from asyncroll.workload import FinalAction, Problem, SubmitAction
 from tests.conftest import REPO, write_workload
+from tests.loopback import LoopbackServer
 
 FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
 ADD = {"name": "add", "description": "Add two numbers.", "inputs": {"a": "number", "b": "number"}}
@@ -699,27 +700,6 @@ ODD_BODIES: list[tuple[Any, str, int | None]] = [
     (completion("1" * 5000), "invalid_action", None),  # past Python's integer digit limit
     (completion(FINAL), "final", 3),
 ]
-
-
-class LoopbackServer:
-    """A threaded HTTP server on a free loopback port for ``handler``, served while in a ``with``."""
-
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True  # a handler still writing never holds up the test's end
-
-        self._server = Server(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 class FakeOpenAI(LoopbackServer):

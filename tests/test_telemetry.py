@@ -21,7 +21,7 @@ import tracemalloc
 import types
 import zlib
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from asyncroll.telemetry.server_metrics import (
     parse_metrics,
 )
 from tests.conftest import REPO, tool_problem, write_workload
+from tests.loopback import LoopbackServer
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 
@@ -252,16 +253,17 @@ def test_a_counter_that_falls_a_little_is_invalid_and_only_a_fall_to_half_is_a_r
 Raw = Callable[[BaseHTTPRequestHandler, int, threading.Event], bool]
 
 
-class MetricsServer:
-    """A real HTTP server on loopback, in a thread; ``render(n)`` gives (status, body) of the n-th scrape,
-    unless ``raw(handler, n)`` answered it (returned True). ``closing`` is set at shutdown, for a raw
-    answer that never ends by itself."""
+class MetricsServer(LoopbackServer):
+    """A loopback ``/metrics`` server; ``render(n)`` gives (status, body) of the n-th scrape, unless
+    ``raw(handler, n)`` answered it (returned True). ``closing`` is set at shutdown, for a raw answer that
+    never ends by itself."""
 
     def __init__(self, render: Callable[[int], tuple[int, str]], raw: Raw | None = None) -> None:
         self.render = render
         self.scrapes = 0
         self.closing = threading.Event()
         owner = self
+        lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -281,24 +283,12 @@ class MetricsServer:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/metrics"
-
-    def __enter__(self) -> MetricsServer:
-        self._thread.start()
-        return self
+        super().__init__(Handler)
+        self.url += "/metrics"
 
     def __exit__(self, *exc: object) -> None:
         self.closing.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        super().__exit__(*exc)
 
 
 def read_samples(url: str, reads: int) -> list[ServerSample]:

@@ -1,0 +1,29 @@
+"""A real threaded HTTP server on a free loopback port, for tests that need a server to misbehave in a
+way no library server would (odd bodies, trickles, resets)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
+
+
+class LoopbackServer:
+    """Serves ``handler`` on 127.0.0.1 while in a ``with``; ``url`` is its base address."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True  # a handler still writing never holds up the test's end
+
+        self._server = Server(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
