@@ -89,8 +89,9 @@ def start_engine(hf_python: Path, model: Path, log: Path, ready_timeout: float =
                 f"transformers serve exited ({process.returncode}); log: {log.read_text()[-2000:]}"
             )
         try:
-            if httpx.get(f"{engine.url}/health", timeout=2).status_code == 200:
-                return engine
+            with httpx.stream("GET", f"{engine.url}/health", timeout=2) as health:  # the status only
+                if health.status_code == 200:
+                    return engine
         except httpx.HTTPError:
             pass
         time.sleep(0.5)

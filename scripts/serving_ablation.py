@@ -26,6 +26,9 @@ from typing import Any
 
 import httpx
 
+from asyncroll.backends.openai import MAX_RESPONSE_BYTES
+from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+
 
 def load_prompts(path: Path, count: int) -> list[str]:
     """The first ``count`` prompts of the workload, cycled; errors name the file and line."""
@@ -73,20 +76,32 @@ async def one_pass(args: argparse.Namespace, prompts: list[str], client: httpx.A
         }
         if args.fixed_length:
             body.update(min_tokens=args.max_tokens, ignore_eos=True)
+
+        def failed(kind: str) -> None:
+            errors[kind] = errors.get(kind, 0) + 1
+
         async with semaphore:
             began = time.perf_counter()
             try:
-                response = await client.post("/v1/chat/completions", json=body)
-            except httpx.HTTPError as exc:
-                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-                return
+                response, content = await read_bounded(
+                    client,
+                    client.build_request("POST", "/v1/chat/completions", json=body),
+                    limit_bytes=MAX_RESPONSE_BYTES,
+                    deadline_s=request_deadline_s(args.request_timeout),
+                )
+            except (httpx.HTTPError, ResponseTooLarge, TimeoutError) as exc:
+                return failed(type(exc).__name__)
             elapsed = time.perf_counter() - began
         if response.status_code != 200:
-            errors[f"http_{response.status_code}"] = errors.get(f"http_{response.status_code}", 0) + 1
-            return
-        usage = response.json().get("usage") or {}
+            return failed(f"http_{response.status_code}")
+        try:
+            reply = json.loads(content)
+            usage = reply.get("usage") or {}  # not an object (no .get): not a completion
+            completion_tokens = int(usage.get("completion_tokens") or 0)
+        except (ValueError, TypeError, AttributeError):
+            return failed("bad_response")
         latencies.append(elapsed)
-        tokens.append(int(usage.get("completion_tokens") or 0))
+        tokens.append(completion_tokens)
 
     began = time.perf_counter()
     async with asyncio.TaskGroup() as group:
@@ -112,7 +127,9 @@ def spread(values: list[float]) -> dict[str, float]:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     prompts = load_prompts(args.workload, args.requests)
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+    # No connection limit of the client's own: the semaphore bounds concurrency, and read_bounded's
+    # deadline can leak a slot of a limited pool (asyncroll.http_read).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.concurrency)
     timeout = httpx.Timeout(args.request_timeout)
     async with httpx.AsyncClient(
         base_url=args.endpoint, limits=limits, timeout=timeout, trust_env=False

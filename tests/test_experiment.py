@@ -609,6 +609,57 @@ def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
         server.wait(10)
 
 
+@pytest.mark.timeout(30)
+def test_serving_ablation_counts_odd_replies_without_failing_the_pass() -> None:
+    """A 200 whose body is not a completion (not JSON; JSON without an object; ``usage`` not an object)
+    is one ``bad_response``, not an exception that ends the pass; good replies are still measured."""
+    import argparse
+    import asyncio
+    import importlib.util
+    from http.server import BaseHTTPRequestHandler
+
+    import httpx
+
+    from tests.loopback import LoopbackServer
+
+    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
+    assert spec is not None and spec.loader is not None
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    bodies = [b"<html>busy</html>", b"[1, 2]", b'{"usage": 7}', b'{"usage": {"completion_tokens": 5}}']
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            data = bodies[current[0]]
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    args = argparse.Namespace(
+        model="m", max_tokens=4, seed=0, fixed_length=False, concurrency=2, request_timeout=5.0
+    )
+    current = [0]
+    results = []
+    with LoopbackServer(Handler) as server:
+
+        async def one() -> dict[str, Any]:
+            async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
+                return await ablation.one_pass(args, ["p", "q"], client)
+
+        for index in range(len(bodies)):
+            current[0] = index
+            results.append(asyncio.run(one()))
+    assert [r["errors"] for r in results[:3]] == [{"bad_response": 2}] * 3
+    assert all(r["ok"] == 0 for r in results[:3])
+    assert results[3]["errors"] == {} and results[3]["ok"] == 2 and results[3]["output_tokens"] == 10
+
+
 @pytest.mark.timeout(60)
 def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
     """A second runner on the directory is refused while the first runs; then SIGTERM to the runner: the
