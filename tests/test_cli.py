@@ -592,7 +592,7 @@ def test_a_long_tool_result_is_cut_before_the_model_sees_it_and_counted(tmp_path
     --max-observation-chars with a note, and summary.json counts the cut results."""
     from asyncroll.runtime.trajectory import cut_observation
 
-    assert cut_observation("abcdef", 4) == "abcd\n[tool result cut: the first 4 of 6 characters]"
+    assert cut_observation("abcd", 6) == "abcd\n[tool result cut: the first 4 of 6 characters]"
     (tmp_path / "echo.py").write_text("def echo(n):\n    return 'x' * n\n")
     tool = {"name": "echo", "inputs": {"n": "int"}, "implementation": "echo.py"}
     problems = [

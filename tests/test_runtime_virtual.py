@@ -395,3 +395,24 @@ def test_tool_calls_per_trajectory_counts_the_finished_trajectories_own_calls(
         makespan_s=1.0, policy="fifo", limits=limits, cpu_cost={}, peaks={}, status="interrupted"
     )["tools"]
     assert tools["calls"] == 12 and tools["calls_per_trajectory"] == 1.5  # (1 + 2 + 1 + 2) / 4
+
+
+def test_a_virtual_worker_answers_a_result_the_model_reads_as_a_real_worker_does() -> None:
+    """``observation_chars`` gives the result's JSON text, cut, and its length (what the trajectory
+    reads), from a virtual worker as from a real one; without it, the value itself."""
+    from asyncroll.clock import VirtualClock
+    from asyncroll.runtime.virtual_worker import virtual_factory
+    from asyncroll.workers.protocol import JobRequest
+
+    clock = VirtualClock()
+    worker = virtual_factory(clock)(0, 0)
+
+    async def go() -> list[object]:
+        requests = [
+            JobRequest(1, "add", {"a": 1000, "b": 234}, observation_chars=2),
+            JobRequest(2, "add", {"a": 1000, "b": 234}, observation_chars=100),
+            JobRequest(3, "add", {"a": 1000, "b": 234}),
+        ]
+        return [(await worker.call(r, timeout=5)).reply.value for r in requests]
+
+    assert clock.run(go()) == [("12", 4), ("1234", 4), 1234]

@@ -206,6 +206,22 @@ def test_whatever_a_tool_raises_is_a_tool_error() -> None:
     assert _in_process(lambda x: -x, x=2).value == -2
 
 
+def test_a_result_the_model_reads_is_encoded_and_cut_in_the_worker() -> None:
+    """A tool job marked ``observation_chars`` gets back its result's JSON text cut to that many
+    characters and the text's whole length: a 20 MB result never crosses the pipe, and the runtime's
+    event loop never encodes it. Unmarked jobs (grading, evaluation, direct calls) get the value."""
+    request = JobRequest(1, "t", {"n": 20_000_000}, observation_chars=10)
+    frame_bytes = run_job({"t": lambda n: "x" * n}, encode(request)[4:])
+    reply = decode(frame_bytes[4:])
+    assert isinstance(reply, JobReply) and reply.ok
+    assert reply.value == ('"' + "x" * 9, 20_000_002)
+    assert len(frame_bytes) < 1_000
+    nested = JobRequest(2, "t", {}, observation_chars=1_000)
+    reply = decode(run_job({"t": lambda: {1: float("nan"), "p": Path("/a")}}, encode(nested)[4:])[4:])
+    assert isinstance(reply, JobReply) and reply.value == ('{"1": "NaN", "p": "PosixPath(\'/a\')"}', 36)
+    assert _in_process(lambda: "x" * 5).value == "xxxxx"
+
+
 def test_a_sigint_the_worker_received_still_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a KeyboardInterrupt a tool raised itself is a tool error; the worker's SIGINT handler marks a
     real one, which propagates as before (the worker then dies by SIGINT)."""

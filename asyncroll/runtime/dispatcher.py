@@ -44,6 +44,7 @@ class JobSpec:
     test_bytes: int = 0
     code_bytes: int = 0
     declared: Any = None  # a declared result, returned by simulated workers (see JobRequest)
+    observation_chars: int | None = None  # a tool result the model reads: (text, chars) (see JobRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +287,9 @@ class CpuDispatcher:
         worker = self._pool.worker(slot)
         spec, view = job.spec, job.view
         tool = self._tool_keys.get(spec.tool, spec.tool)
-        request = JobRequest(view.job_id, tool, spec.arguments, spec.cost_s, spec.declared)
+        request = JobRequest(
+            view.job_id, tool, spec.arguments, spec.cost_s, spec.declared, spec.observation_chars
+        )
         sent = self._clock.now()
         execution = self._ranges.start("cpu execution", view.job_id)
         try:

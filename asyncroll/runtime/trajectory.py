@@ -19,16 +19,17 @@ from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, TrajectoryFinished, TrajectoryStarted
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
+from asyncroll.workers.protocol import JSON_TEXT
 from asyncroll.workload import EVALUATOR_TOOL, FinalAction, OneRepair, Problem, SubmitAction, ToolAction
 
 GRADE_TOOL = "__grade__"
-_JSON = json.JSONEncoder(default=str)  # json.dumps(value, default=str), without a new encoder per call
 
 
-def cut_observation(text: str, limit: int) -> str:
-    """``text`` cut to its first ``limit`` characters, and a line that tells the model so: a result a
-    model's context cannot hold would fail the rest of the trajectory at the server, on every turn."""
-    return f"{text[:limit]}\n[tool result cut: the first {limit:,} of {len(text):,} characters]"
+def cut_observation(head: str, chars: int) -> str:
+    """The first characters of a ``chars``-long tool result, and a line that tells the model it was cut:
+    a result a model's context cannot hold would fail the rest of the trajectory at the server, on
+    every turn."""
+    return f"{head}\n[tool result cut: the first {len(head):,} of {chars:,} characters]"
 
 
 Status = Literal["completed", "failed", "max_turns"]
@@ -103,7 +104,8 @@ class TrajectoryRunner:
         """``evaluator_options``: extra arguments of every ``lcb_evaluate`` call (the run's settings:
         :func:`asyncroll.runtime.run.evaluator_options`), bound like the hidden tests.
         ``max_observation_chars``: a tool's result (as JSON text) longer than this reaches the model cut
-        to it, with a note saying so (:func:`cut_observation`), and is counted."""
+        to it, with a note saying so (:func:`cut_observation`), and is counted; the worker encodes and
+        cuts it (``JobRequest.observation_chars``)."""
         self._backend = backend
         self._gate = gate
         self._dispatcher = dispatcher
@@ -221,18 +223,28 @@ class TrajectoryRunner:
             arguments = coerce_arguments(action.arguments, tool.declared_inputs, tool.bound_arguments)
         except CoercionError as exc:
             raise InvalidActionError(f"tool {action.name!r} arguments{exc.path}: {exc.message}") from exc
-        arg_bytes = len(_JSON.encode(action.arguments))
+        arg_bytes = len(JSON_TEXT.encode(action.arguments))
         cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
         resubmission = tool.key in state.tools_run
         state.tools_run.add(tool.key)
-        spec = JobSpec(state.id, "tool", tool.key, arguments, turn, arg_bytes, cost_s, resubmission)
+        spec = JobSpec(
+            state.id,
+            "tool",
+            tool.key,
+            arguments,
+            turn,
+            arg_bytes,
+            cost_s,
+            resubmission,
+            observation_chars=self._max_observation_chars,
+        )
         outcome = await self._dispatcher.run(spec)
         state.tool_calls += 1
         if outcome.ok:
-            text = _JSON.encode(outcome.value)
-            if len(text) > self._max_observation_chars:
+            text, chars = outcome.value  # encoded and cut by the worker (JobRequest.observation_chars)
+            if chars > len(text):
                 state.observations_cut += 1
-                text = cut_observation(text, self._max_observation_chars)
+                text = cut_observation(text, chars)
             return text, None
         error = f"tool {action.name!r} failed: {outcome.error}"
         return error, error

@@ -22,7 +22,7 @@ from asyncroll.errors import WorkerTimeout
 from asyncroll.grading import grade
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.process import CallResult
-from asyncroll.workers.protocol import JobReply, JobRequest
+from asyncroll.workers.protocol import JobReply, JobRequest, observation
 
 Duration = Callable[[JobRequest], float]
 
@@ -81,6 +81,8 @@ class VirtualWorker:
         await self._clock.sleep(seconds)
         finished = self._clock.now()
         ok, value, error = _evaluate(request, self._simulate_tools)
+        if ok and request.observation_chars is not None:
+            value = observation(value, request.observation_chars)
         self.jobs += 1
         reply = JobReply(request.job_id, ok, value, error, sent, finished, seconds, seconds, 0.0)
         return CallResult(reply, sent, finished)

@@ -48,6 +48,7 @@ from asyncroll.workers.protocol import (
     decode,
     dumps,
     encode,
+    observation,
     read_payload,
     write_all,
 )
@@ -271,7 +272,10 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
     cpu_s = time.process_time() - cpu0 + _children_cpu() - children0
     t1 = time.monotonic()
     try:
-        blob = dumps(to_jsonable(result))
+        value = to_jsonable(result)
+        if ok and request.observation_chars is not None:
+            value = observation(value, request.observation_chars)
+        blob = dumps(value)
     except Exception as exc:  # noqa: BLE001 - e.g. a value too deep or too large to pickle
         ok, error, blob = False, describe(exc), dumps(None)
     serialize_s = decode_s + time.monotonic() - t1

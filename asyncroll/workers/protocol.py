@@ -13,6 +13,7 @@ cannot corrupt the channel. Stdlib only: the worker process imports this module 
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import struct
@@ -68,7 +69,10 @@ class JobRequest:
     ``cost_s`` is the job's declared duration (a workload's ``cpu_ms``, or one recorded in a trace): a
     simulated worker takes exactly that long; a real worker ignores it. ``declared`` is a declared
     result (a scripted submission's verdict): a simulated worker returns it instead of running the
-    tool; a real worker ignores it.
+    tool; a real worker ignores it. ``observation_chars`` marks a tool job whose result a model will
+    read: the reply's value is then not the result but ``(text, chars)`` from :func:`observation`, so a
+    large result is encoded and cut where it was made — never carried through the pipe whole, nor
+    encoded on the runtime's event loop while every other trajectory waits.
     """
 
     job_id: int
@@ -76,6 +80,17 @@ class JobRequest:
     arguments: dict[str, Any]
     cost_s: float | None = None
     declared: Any = None
+    observation_chars: int | None = None
+
+
+JSON_TEXT = json.JSONEncoder(default=str)  # json.dumps(value, default=str), without a new encoder per call
+
+
+def observation(value: Any, limit: int) -> tuple[str, int]:
+    """A result as the model reads it: the first ``limit`` characters of its JSON text (anything JSON
+    has no type for as its ``str``), and that text's whole length."""
+    text = JSON_TEXT.encode(value)
+    return text[:limit], len(text)
 
 
 @dataclass(frozen=True, slots=True)
