@@ -530,3 +530,59 @@ def test_a_turn_costs_the_same_prompt_and_prefill_through_either_front_end(
     # the same steps, the first with the same prefill: the same engine time (computed, not measured)
     assert served["steps"] == sim_engine.steps and served["busy_s"] == sim_engine.busy_s
     assert sim_engine.busy_s == pytest.approx((sim_engine.steps * 1.0 + expected * 0.5) / 1000)
+
+
+def test_drawn_values_honour_numeric_and_length_bounds() -> None:
+    """Every draw satisfies its schema's bounds (inclusive and exclusive, off the default 0–100 range,
+    fractional on an integer); a schema nothing satisfies, or with a constraint the simulator does not
+    honour, is refused, never answered with a value that breaks it."""
+    import random
+
+    from asyncroll.serve_sim.policy import UnsupportedSchema, draw
+
+    rng = random.Random(0)
+    satisfiable = [
+        {"type": "integer", "minimum": 200},
+        {"type": "integer", "maximum": -1},
+        {"type": "integer", "minimum": 0.5, "maximum": 1},
+        {"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 5},
+        {"type": "number", "minimum": 500},
+        {"type": "number", "maximum": -7.5},
+        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.001},
+        {"type": "string", "minLength": 30},
+        {"type": "string", "maxLength": 2},
+        {"type": "array", "items": {"type": "integer"}, "maxItems": 0},
+        {"type": "array", "items": {"type": "integer"}, "minItems": 5, "maxItems": 5},
+    ]
+    for schema in satisfiable:
+        for _ in range(50):
+            jsonschema.validate(draw(schema, rng), schema)
+    refused = [
+        {"type": "integer", "minimum": 5, "maximum": 4},
+        {"type": "integer", "minimum": 0.2, "maximum": 0.8},
+        {"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1},
+        {"type": "number", "minimum": "0"},
+        {"type": "string", "minLength": 3, "maxLength": 2},
+        {"type": "string", "pattern": "^[a-f]+$"},
+        {"type": "integer", "multipleOf": 7},
+        {"type": "array", "items": {"type": "boolean"}, "minItems": 3, "uniqueItems": True},
+        {"type": "array", "minItems": 4, "maxItems": 2},
+    ]
+    for schema in refused:
+        with pytest.raises(UnsupportedSchema):
+            draw(schema, rng)
+
+
+@pytest.mark.timeout(30)
+def test_a_schema_the_simulator_cannot_satisfy_is_a_counted_400_on_a_live_connection() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 4}},
+        "required": ["n"],
+    }
+    with sim() as (running, client):
+        r = client.post("/v1/chat/completions", json=body(response_format=fmt(schema)))
+        assert r.status_code == 400 and "unsupported JSON schema" in r.text
+        ok = client.post("/v1/chat/completions", json=body(response_format=fmt(TOOL_SCHEMA)))
+        assert ok.status_code == 200  # the same keep-alive connection still serves
+        assert running.stats()["statuses"] == {"200": 1, "400": 1}

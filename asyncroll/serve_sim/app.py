@@ -326,6 +326,8 @@ class SimApp:
                 return json.dumps(draw(schema, self._rng))
             except UnsupportedSchema as exc:
                 raise BadRequest(f"unsupported JSON schema: {exc}") from exc
+            except (ValueError, TypeError, OverflowError) as exc:  # a schema no check above foresaw
+                raise BadRequest(f"unsupported JSON schema: {type(exc).__name__}: {exc}") from exc
         return json.dumps({"type": "final", "answer": f"answer-{self._rng.randrange(1000)}"})
 
 

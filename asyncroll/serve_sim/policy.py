@@ -2,13 +2,18 @@
 
 It understands the schema subset that agents send (and asyncroll's per-turn schemas use): ``anyOf`` /
 ``oneOf`` (one branch drawn), ``const``, ``enum``, ``type`` string / integer / number / boolean / null /
-array / object, ``properties`` + ``required``, ``items`` and ``additionalProperties`` schemas. A schema it
-cannot satisfy raises :class:`UnsupportedSchema`, which the server answers with 400, as vLLM answers a
-schema its grammar backend cannot compile.
+array / object, ``properties`` + ``required``, ``items`` and ``additionalProperties`` schemas, and the
+bounds ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum``, ``minLength`` /
+``maxLength`` and ``minItems`` / ``maxItems``. A schema it cannot satisfy — bounds nothing meets, or a
+constraint it does not honour (``pattern``, ``format``, ``multipleOf``, ``uniqueItems``, ``not``,
+``allOf``, ``if``, ``$ref``) — raises :class:`UnsupportedSchema`, which the server answers with 400, as
+vLLM answers a schema its grammar backend cannot compile; it never answers with a value that breaks the
+schema.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -44,24 +49,109 @@ def draw(schema: Any, rng: random.Random, depth: int = 0) -> Any:
         kind = rng.choice(kind) if kind else None
     if kind is None and "properties" in schema:
         kind = "object"
+    _refuse_unsupported(schema)
     if kind == "string":
-        return f"{rng.choice(_WORDS)}-{rng.randrange(1000)}"
+        return _string(schema, rng)
     if kind == "integer":
-        return rng.randrange(int(schema.get("minimum", 0)), int(schema.get("maximum", 100)) + 1)
+        low, high = _integer_range(schema)
+        return rng.randrange(low, high + 1)
     if kind == "number":
-        return round(rng.uniform(float(schema.get("minimum", 0)), float(schema.get("maximum", 100))), 3)
+        return _number(schema, rng)
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "null":
         return None
     if kind == "array":
         items = schema.get("items", {})
-        low = int(schema.get("minItems", 1))
-        high = max(low, int(schema.get("maxItems", low + 3)))
+        low = _count(schema, "minItems", 1)
+        high = _count(schema, "maxItems", low + 3)
+        if "minItems" not in schema:
+            low = min(low, high)
+        if low > high:
+            raise UnsupportedSchema(f"minItems {low} > maxItems {high}")
         return [draw(items, rng, depth + 1) for _ in range(rng.randint(low, high))]
     if kind == "object":
         return _object(schema, rng, depth)
     raise UnsupportedSchema(f"cannot generate for type {kind!r}")
+
+
+#: Keywords whose constraint a drawn value would not honour: refused (400) rather than violated.
+_UNSUPPORTED = ("pattern", "format", "multipleOf", "uniqueItems", "not", "allOf", "if", "$ref")
+
+
+def _refuse_unsupported(schema: dict[str, Any]) -> None:
+    for key in _UNSUPPORTED:
+        if key in schema and not (key == "uniqueItems" and schema[key] is False):
+            raise UnsupportedSchema(f"{key!r} is not supported by this simulator")
+
+
+def _bound(schema: dict[str, Any], key: str) -> float | None:
+    value = schema.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UnsupportedSchema(f"{key} must be a finite number, got {value!r}"[:200])
+    return value
+
+
+def _count(schema: dict[str, Any], key: str, default: int) -> int:
+    value = schema.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnsupportedSchema(f"{key} must be a non-negative integer, got {value!r}"[:200])
+    return value
+
+
+def _integer_range(schema: dict[str, Any]) -> tuple[int, int]:
+    """The integers the schema's bounds allow (inclusive); without a bound, 100 wide from 0 or the
+    other bound."""
+    lows = [math.ceil(b) for b in (_bound(schema, "minimum"),) if b is not None]
+    lows += [math.floor(b) + 1 for b in (_bound(schema, "exclusiveMinimum"),) if b is not None]
+    highs = [math.floor(b) for b in (_bound(schema, "maximum"),) if b is not None]
+    highs += [math.ceil(b) - 1 for b in (_bound(schema, "exclusiveMaximum"),) if b is not None]
+    low = max(lows) if lows else None
+    high = min(highs) if highs else None
+    if low is None:
+        low = 0 if high is None or high >= 0 else high - 100
+    if high is None:
+        high = low + 100
+    if low > high:
+        raise UnsupportedSchema(f"no integer satisfies the bounds (from {low} to {high})")
+    return low, high
+
+
+def _number(schema: dict[str, Any], rng: random.Random) -> float:
+    minimum, maximum = _bound(schema, "minimum"), _bound(schema, "maximum")
+    above, below = _bound(schema, "exclusiveMinimum"), _bound(schema, "exclusiveMaximum")
+    lows = [b for b in (minimum, above) if b is not None]
+    highs = [b for b in (maximum, below) if b is not None]
+    low = max(lows) if lows else (0.0 if not highs or min(highs) >= 0 else min(highs) - 100)
+    high = min(highs) if highs else low + 100
+
+    def allowed(x: float) -> bool:
+        return (
+            (minimum is None or x >= minimum)
+            and (maximum is None or x <= maximum)
+            and (above is None or x > above)
+            and (below is None or x < below)
+        )
+
+    value = round(rng.uniform(low, high), 3)
+    if not allowed(value):  # rounded onto or past a bound: the exact middle, else nothing fits
+        value = low + (high - low) / 2
+        if not allowed(value):
+            raise UnsupportedSchema(f"no number satisfies the bounds (from {low} to {high})")
+    return value
+
+
+def _string(schema: dict[str, Any], rng: random.Random) -> str:
+    low, high = _count(schema, "minLength", 0), schema.get("maxLength")
+    text = f"{rng.choice(_WORDS)}-{rng.randrange(1000)}"
+    if high is not None:
+        high = _count(schema, "maxLength", 0)
+        if low > high:
+            raise UnsupportedSchema(f"minLength {low} > maxLength {high}")
+        text = text[:high]
+    return text + "x" * max(0, low - len(text))
 
 
 def _object(schema: dict[str, Any], rng: random.Random, depth: int) -> dict[str, Any]:
