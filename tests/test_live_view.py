@@ -338,3 +338,18 @@ def test_exporter_counts_requests_that_took_a_slot_and_server_outages() -> None:
         >= during["asyncroll_server_unavailable_seconds_total"]
     )
     assert done["asyncroll_model_requests_total"] == done["asyncroll_model_requests_enqueued_total"] == 3
+
+
+def test_the_port_check_binds_the_family_the_exporter_will() -> None:
+    """``--metrics-host ::1`` with a fixed port was refused ("address family not supported"): the check
+    bound IPv4 whatever the host; it now binds as prometheus_client will. A taken port is still an error."""
+    from asyncroll.telemetry.exporter import listen_error
+
+    for family, host in ((socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")):
+        with socket.socket(family) as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        assert listen_error(host, port) is None
+        with socket.create_server((host, port), family=family):
+            assert listen_error(host, port) is not None
+    assert listen_error("no-such-host.invalid", 8000) is not None

@@ -224,15 +224,12 @@ def _run(cfg: Any) -> int:
         )
         return 2
     if cfg.metrics_port:  # a busy or foreign address is a usage error, before any output exists
-        import socket
+        from asyncroll.telemetry.exporter import listen_error
 
-        try:
-            with socket.create_server((cfg.metrics_host, cfg.metrics_port)):
-                pass
-        except OSError as exc:
+        reason = listen_error(cfg.metrics_host, cfg.metrics_port)
+        if reason is not None:
             typer.echo(
-                f"error: --metrics-port {cfg.metrics_port} on {cfg.metrics_host}: cannot listen: "
-                f"{exc.strerror or exc}",
+                f"error: --metrics-port {cfg.metrics_port} on {cfg.metrics_host}: cannot listen: {reason}",
                 err=True,
             )
             return 2

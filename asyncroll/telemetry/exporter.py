@@ -30,6 +30,19 @@ SNAPSHOT_TIMEOUT_S = 5.0
 PREFIX = "asyncroll"
 
 
+def listen_error(host: str, port: int) -> str | None:
+    """Why :class:`MetricsExporter` could not listen on ``host``:``port`` now (None: it could), found by
+    binding the way ``prometheus_client`` will: the first passive address of ``host`` (IPv4 or IPv6)."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        with socket.create_server((host, port), family=family):
+            return None
+    except OSError as exc:
+        return str(exc.strerror or exc)
+
+
 class RuntimeCollector(Collector):
     """Yields the run's gauges and counters from a fresh snapshot at every scrape."""
 
