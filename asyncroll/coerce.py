@@ -90,19 +90,33 @@ def _list_of(item: Callable[[Any, str], Any]) -> Callable[[Any, str], list[Any]]
     return convert
 
 
+#: A ``dict[int, int]`` key as JSON spells it: an integer's one canonical decimal form (no sign on 0, no
+#: leading zeros, ASCII digits), so that two keys are never one integer — ``int()`` would also take
+#: "01", " 1 ", "+1", "1_000" and other scripts' digits. The JSON Schema sent to the server says the same.
+INT_KEY_PATTERN = "^(0|-?[1-9][0-9]*)$"
+_INT_KEY = re.compile(INT_KEY_PATTERN)
+
+
 def _int_key(k: Any, path: str) -> int:
     if isinstance(k, str):
-        try:
-            return int(k.strip())
-        except ValueError:
-            raise CoercionError(path, f"key {k!r} is not an integer") from None
+        if not _INT_KEY.match(k):  # as the schema's validator reads it ("$" allows one final newline)
+            raise CoercionError(path, f"key {k!r} is not an integer literal")
+        return int(k)
     return _int(k, path)
 
 
 def _dict_int_int(v: Any, path: str) -> dict[int, int]:
     if not isinstance(v, dict):
         raise CoercionError(path, f"expected a dict, got {type(v).__name__}")
-    return {_int_key(k, f"{path}[{k!r}]"): _int(x, f"{path}[{k!r}]") for k, x in v.items()}
+    out: dict[int, int] = {}
+    spelled: dict[int, Any] = {}
+    for k, x in v.items():
+        where = f"{path}[{k!r}]"
+        key = _int_key(k, where)
+        if key in out:  # 1 and "1" (bound arguments): keeping the last would drop a value silently
+            raise CoercionError(where, f"key {k!r} is the integer {key} again (as {spelled[key]!r})")
+        out[key], spelled[key] = _int(x, where), k
+    return out
 
 
 _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {

@@ -178,7 +178,7 @@ def test_typed_arguments_bound_inputs_and_code_schema() -> None:
         "xs": {"type": "array", "items": {"type": "number"}},
         "m": {
             "type": "object",
-            "propertyNames": {"pattern": "^-?[0-9]+$"},
+            "propertyNames": {"pattern": "^(0|-?[1-9][0-9]*)$"},
             "additionalProperties": {"type": "integer"},
         },
         "flag": {"type": "boolean"},

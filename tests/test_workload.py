@@ -185,6 +185,12 @@ def test_strict_coercion_accepts(value: object, type_name: str, expected: object
         (3, "str"),
         ([True], "list[int]"),
         ({"a": 1}, "dict[int, int]"),
+        ({"01": 1}, "dict[int, int]"),  # one integer, one spelling: "1" and "01" would merge
+        ({" 1 ": 1}, "dict[int, int]"),
+        ({"+4": 1}, "dict[int, int]"),
+        ({"1_000": 1}, "dict[int, int]"),
+        ({"\u0663": 1}, "dict[int, int]"),  # Arabic-Indic three: int() reads it
+        ({"-0": 1}, "dict[int, int]"),
         ("1,2", "list[int]"),
         (None, "number"),
         (float("inf"), "int"),
@@ -202,12 +208,23 @@ def test_what_the_servers_schema_accepts_coercion_accepts() -> None:
     logged as a valid model reply and then failed its trajectory as an invalid action (``2.0`` for an
     ``int``), out of the validity rate."""
     values: list[object] = [3, -0.0, 2.0, 2.5, 1e300, True, "3", None, [1, 2.0], [1.5], [True], {"1": 2}]
-    values += [{"1": 2.0}, {"-4": 1}, {"a": 1}, {" 1": 2}, {"1": True}, [], {}]
+    values += [{"1": 2.0}, {"-4": 1}, {"a": 1}, {" 1": 2}, {"1": True}, [], {}, {"0": 1, "-0": 2}]
+    values += [{"1": 5, "01": 6}, {"-12": 1, "120": 2}, {"1\n": 3}]
     for type_name in TYPE_NAMES:
         validator = jsonschema.Draft202012Validator(_INPUT_SCHEMAS[type_name.replace(" ", "")])
         for value in values:
             if validator.is_valid(value):
                 coerce_arguments({"x": value}, {"x": type_name})  # raises if stricter than the schema
+
+
+def test_two_keys_that_are_one_integer_are_refused_not_merged() -> None:
+    """Bound arguments are Python values: ``1`` and ``"1"`` are one key of a ``dict[int, int]``; the last
+    silently won."""
+    with pytest.raises(CoercionError, match="the integer 1 again"):
+        coerce_arguments({"x": {1: 5, "1": 6}}, {"x": "dict[int, int]"})
+    assert coerce_arguments({"x": {"-12": 1, "0": 2, 7: 3}}, {"x": "dict[int, int]"}) == {
+        "x": {-12: 1, 0: 2, 7: 3}
+    }
 
 
 def test_arguments_must_match_declared_inputs_exactly() -> None:

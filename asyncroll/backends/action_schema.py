@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 from pydantic import TypeAdapter, ValidationError
 
+from asyncroll.coerce import INT_KEY_PATTERN
 from asyncroll.errors import InvalidActionError
 from asyncroll.workload import Action, Problem, SubmitAction, Tool
 
@@ -37,7 +38,7 @@ _INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
     "bool": {"type": "boolean"},
     "dict[int,int]": {
         "type": "object",
-        "propertyNames": {"pattern": "^-?[0-9]+$"},
+        "propertyNames": {"pattern": INT_KEY_PATTERN},
         "additionalProperties": {"type": "integer"},
     },
     "list[int]": {"type": "array", "items": {"type": "integer"}},

@@ -17,6 +17,8 @@ import math
 import random
 from typing import Any
 
+from asyncroll.coerce import INT_KEY_PATTERN
+
 _WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta")
 
 
@@ -162,7 +164,7 @@ def _object(schema: dict[str, Any], rng: random.Random, depth: int) -> dict[str,
         # A map (e.g. dict[int, int] arguments): keys must satisfy propertyNames, when it is a pattern of
         # integers, as asyncroll's schemas declare it.
         names = schema.get("propertyNames", {})
-        numeric = isinstance(names, dict) and names.get("pattern") == "^-?[0-9]+$"
+        numeric = isinstance(names, dict) and names.get("pattern") == INT_KEY_PATTERN
         for _ in range(rng.randint(1, 3)):
             key = str(rng.randrange(100)) if numeric else rng.choice(_WORDS)
             out[key] = draw(extra, rng, depth + 1)
