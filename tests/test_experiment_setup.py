@@ -5,6 +5,7 @@ and named by ``experiment plan``; a resume checks the port once the dead runner'
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,3 +222,95 @@ def test_a_resume_is_not_refused_for_the_port_its_dead_runners_server_still_hold
     assert outcome.status == "complete" and calls == ["pair1-fifo", "pair1-asyncroll"], outcome.message
     attempt = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]
     assert attempt["orphans"]["server"] == "killed"
+
+
+# --- the declared GPU: read through nvidia-smi (a real subprocess) or NVML (the GPU edge, faked) ------
+
+
+def fake_smi(tmp: Path) -> Path:
+    """A directory holding an ``nvidia-smi`` that answers the GPU query with ``$GPU`` and the
+    compute-apps query with ``$APPS``, as the real one prints them (``csv,noheader,nounits``)."""
+    folder = tmp / "bin"
+    folder.mkdir()
+    smi = folder / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in --query-compute-apps*) printf "%s" "$APPS";; *) printf "%s\\n" "$GPU";; esac\n'
+    )
+    smi.chmod(0o755)
+    return folder
+
+
+@pytest.mark.timeout(30)
+def test_a_gpu_that_does_not_report_utilisation_is_checked_for_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MIG-partitioned GPU reports utilisation as ``[N/A]``: the arm failed as "unreadable" at
+    ``checking_gpu`` whatever its state. Now that check is skipped and named; the others still hold."""
+    from asyncroll.experiment import gpu
+    from asyncroll.experiment.config import GpuSpec
+
+    def no_nvml(index: int) -> dict[str, Any]:
+        raise RuntimeError("no NVML in this test")
+
+    monkeypatch.setattr(gpu, "_read_nvml", no_nvml)
+    monkeypatch.setenv("PATH", f"{fake_smi(tmp_path)}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPU", "NVIDIA H200 MIG 1g.18gb, GPU-abc, 12, 143771, [N/A], 570.1")
+    monkeypatch.setenv("APPS", "")
+    record = gpu.check_gpu(GpuSpec(name_contains="H200", idle_wait_s=0))
+    assert record["checked"] and record["utilization_pct"] is None and record["memory_used_mib"] == 12
+    assert record["not_checked"] == ["utilisation (not reported by this GPU)"]
+    monkeypatch.setenv("APPS", "4242\n")  # a compute process still running: busy, reported as such
+    with pytest.raises(gpu.GpuCheckError, match=r"compute processes already running: \[4242\]"):
+        gpu.check_gpu(GpuSpec(idle_wait_s=0))
+    monkeypatch.setenv("APPS", "")
+    monkeypatch.setenv("GPU", "NVIDIA H200, GPU-abc, 12, 143771, busy, 570.1")  # not [N/A]: unreadable
+    with pytest.raises(gpu.GpuCheckError, match="declared but unreadable"):
+        gpu.check_gpu(GpuSpec(idle_wait_s=0))
+
+
+def test_nvml_not_supported_utilisation_is_missing_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    from types import ModuleType
+
+    from asyncroll.experiment import gpu
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    fake = ModuleType("pynvml")
+    values: dict[str, Any] = {
+        "NVMLError": NVMLError,
+        "NVML_ERROR_NOT_SUPPORTED": 3,
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetName": lambda handle: b"NVIDIA H200",
+        "nvmlDeviceGetUUID": lambda handle: "GPU-abc",
+        "nvmlDeviceGetMemoryInfo": lambda handle: SimpleNamespace(used=2**30, total=2**37),
+        "nvmlDeviceGetComputeRunningProcesses": lambda handle: [],
+        "nvmlSystemGetDriverVersion": lambda: "570.1",
+    }
+
+    def not_supported(handle: int) -> None:
+        raise NVMLError(3)
+
+    values["nvmlDeviceGetUtilizationRates"] = not_supported
+    for name, value in values.items():
+        setattr(fake, name, value)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reading = gpu.read_gpu(0)
+    assert reading["source"] == "nvml" and reading["utilization_pct"] is None
+    assert reading["memory_used_mib"] == 1024 and reading["name"] == "NVIDIA H200"
+
+    def other_error(handle: int) -> None:
+        raise NVMLError(999)
+
+    def no_smi(index: int) -> dict[str, Any]:
+        raise gpu.GpuCheckError("nvidia-smi not found")
+
+    fake.nvmlDeviceGetUtilizationRates = other_error  # type: ignore[attr-defined]
+    monkeypatch.setattr(gpu, "_read_smi", no_smi)
+    with pytest.raises(gpu.GpuCheckError, match="NVML: NVMLError"):
+        gpu.read_gpu(0)

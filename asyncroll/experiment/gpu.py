@@ -2,7 +2,9 @@
 
 An arm that shares its GPU with a leftover server or another job measures the wrong thing, so a declared
 GPU that is busy, unreadable or not the declared model fails the arm (kept and reported, not retried).
-Without a declared GPU nothing is read and the receipt says so.
+Without a declared GPU nothing is read and the receipt says so. A quantity the GPU does not report
+(utilisation on a MIG-partitioned GPU: NVML's ``NotSupported``, nvidia-smi's ``[N/A]``) is missing, its
+check is skipped, and the receipt names what was not checked.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ def _read_nvml(index: int) -> dict[str, Any]:
         name = pynvml.nvmlDeviceGetName(handle)
         uuid = pynvml.nvmlDeviceGetUUID(handle)
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+        try:
+            utilization: float | None = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
+                raise
+            utilization = None  # e.g. a MIG-partitioned GPU
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
         return {
             "source": "nvml",
@@ -37,7 +44,7 @@ def _read_nvml(index: int) -> dict[str, Any]:
             "uuid": _text(uuid),
             "memory_used_mib": mem.used / 2**20,
             "memory_total_mib": mem.total / 2**20,
-            "utilization_pct": float(util.gpu),
+            "utilization_pct": utilization,
             "compute_pids": [int(p.pid) for p in procs],
         }
     finally:
@@ -46,6 +53,14 @@ def _read_nvml(index: int) -> dict[str, Any]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _reported(text: str) -> float | None:
+    """An nvidia-smi number; ``[N/A]`` / ``[Not Supported]`` (a quantity this GPU does not report) is
+    missing, anything else unreadable is an error."""
+    if text.startswith("[") and text.endswith("]"):
+        return None
+    return float(text)
 
 
 def _read_smi(index: int) -> dict[str, Any]:
@@ -76,9 +91,9 @@ def _read_smi(index: int) -> dict[str, Any]:
         "driver": driver,
         "name": name,
         "uuid": uuid,
-        "memory_used_mib": float(used),
-        "memory_total_mib": float(total),
-        "utilization_pct": float(util),
+        "memory_used_mib": _reported(used),
+        "memory_total_mib": _reported(total),
+        "utilization_pct": _reported(util),
         "compute_pids": pids,
     }
 
@@ -119,15 +134,26 @@ def check_gpu(spec: GpuSpec | None) -> dict[str, Any]:
             wrong.append(f"uuid {reading['uuid']} is not the declared {spec.uuid}")
         if wrong:
             raise GpuCheckError(f"GPU {spec.index}: " + "; ".join(wrong))
-        busy = []
-        if reading["memory_used_mib"] > spec.max_memory_used_mib:
-            busy.append(f"{reading['memory_used_mib']:.0f} MiB in use (> {spec.max_memory_used_mib:g} MiB)")
-        if reading["utilization_pct"] > spec.max_utilization_pct:
-            busy.append(f"utilisation {reading['utilization_pct']:g}% (> {spec.max_utilization_pct:g}%)")
+        busy, unchecked = [], []
+        used, utilization = reading["memory_used_mib"], reading["utilization_pct"]
+        if used is None:
+            unchecked.append("memory in use (not reported by this GPU)")
+        elif used > spec.max_memory_used_mib:
+            busy.append(f"{used:.0f} MiB in use (> {spec.max_memory_used_mib:g} MiB)")
+        if utilization is None:
+            unchecked.append("utilisation (not reported by this GPU)")
+        elif utilization > spec.max_utilization_pct:
+            busy.append(f"utilisation {utilization:g}% (> {spec.max_utilization_pct:g}%)")
         if reading["compute_pids"]:
             busy.append(f"compute processes already running: {reading['compute_pids']}")
         if not busy:
-            return {"declared": True, "checked": True, "index": spec.index, **reading}
+            return {
+                "declared": True,
+                "checked": True,
+                "index": spec.index,
+                **reading,
+                "not_checked": unchecked,
+            }
         if time.monotonic() >= deadline:
             raise GpuCheckError(f"GPU {spec.index} not idle after {spec.idle_wait_s:g}s: " + "; ".join(busy))
         time.sleep(1.0)
