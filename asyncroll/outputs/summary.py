@@ -69,8 +69,8 @@ def distribution(samples: Sequence[float]) -> dict[str, float | int | None]:
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Pearson correlation; None with fewer than 3 pairs or no variance."""
     n = len(xs)
-    if n < 3:
-        return None
+    if n < 3 or min(xs) == max(xs) or min(ys) == max(ys):
+        return None  # equal values: the float error of their mean would otherwise pass for variance
     mx, my = sum(xs) / n, sum(ys) / n
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -82,6 +82,15 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 def _ratio(num: float, den: float) -> float | None:
     return None if den == 0 else round(num / den, 6)
+
+
+#: The phase breakdown: where finished trajectories spent their time, summed over them.
+PHASES = ("model_queue_s", "model_service_s", "cpu_queue_s", "cpu_execute_s")
+MODEL_QUEUE, MODEL_SERVICE, CPU_QUEUE, CPU_EXECUTE = range(len(PHASES))
+PHASES_DEFINITION = (
+    "over finished trajectories (the denominator's): waits for a model slot and for a worker, model "
+    "requests' latency and CPU jobs' execute time, failed ones included (a failed job: its round trip)"
+)
 
 
 class SummaryBuilder:
@@ -103,6 +112,7 @@ class SummaryBuilder:
         self.circuit_wait_s = 0.0
         self.tool_calls = 0
         self.tool_failed = 0  # tool calls that failed (timeout, worker died), not cancelled ones
+        self.tool_cancelled = 0  # tool calls the run cancelled when it stopped: no outcome
         self.observations_cut = 0  # over finished trajectories
         self.finished_tool_calls = 0  # made by trajectories that finished (the per-trajectory mean's)
         self.tool_errors = 0
@@ -124,6 +134,10 @@ class SummaryBuilder:
         }
         # Work (model service + CPU execution) per active trajectory, folded into totals when it ends.
         self._work: dict[str | None, float] = {}
+        # The phase breakdown (PHASES) per active trajectory, folded into ``phase_totals`` when it ends:
+        # the breakdown and its denominator (finished trajectories' time) cover the same trajectories.
+        self._phases: dict[str | None, list[float]] = {}
+        self.phase_totals = [0.0] * len(PHASES)
         self.model_work = 0.0
         self.cpu_work = 0.0
         self.durations = 0  # how many (µs-rounded) durations the work sums hold: their rounding error
@@ -170,16 +184,25 @@ class SummaryBuilder:
         if handler is not None:
             handler(event)
 
+    def _phase(self, trajectory: str | None, phase: int, seconds: float) -> None:
+        sums = self._phases.get(trajectory)
+        if sums is None:
+            sums = self._phases[trajectory] = [0.0] * len(PHASES)
+        sums[phase] += seconds
+
     def _model_started(self, event: ModelStarted) -> None:
         self.samples["model_queue_s"].append(event.queued_s)
+        self._phase(event.id, MODEL_QUEUE, event.queued_s)
 
     def _add_work(self, trajectory: str | None, seconds: float, model: bool) -> None:
+        """Model service or CPU execution, finished or failed (a failed job held its worker)."""
         self.durations += 1
         if model:
             self.model_work += seconds
         else:
             self.cpu_work += seconds
         self._work[trajectory] = self._work.get(trajectory, 0.0) + seconds
+        self._phase(trajectory, MODEL_SERVICE if model else CPU_EXECUTE, seconds)
 
     def _model_finished(self, event: ModelFinished) -> None:
         self._add_work(event.id, event.latency_s, model=True)
@@ -236,6 +259,7 @@ class SummaryBuilder:
         self.reorders += event.reordered
         self.reasons[event.reason] += 1
         self.samples["cpu_queue_s"].append(event.waited_s)
+        self._phase(event.id, CPU_QUEUE, event.waited_s)
 
     def _cpu_finished(self, event: CpuFinished) -> None:
         predicted = self._predicted.pop(event.job_id, None)
@@ -259,8 +283,10 @@ class SummaryBuilder:
         self._add_work(event.id, event.roundtrip_s, model=False)
         self.jobs_by_kind[event.kind] += 1
         self.tool_calls += event.kind == "tool"
-        # a job cancelled because the run stopped under it is not the tool's error
-        self.tool_failed += event.kind == "tool" and event.reason != "cancelled"
+        # a job cancelled because the run stopped under it has no outcome: neither error nor success
+        cancelled = event.reason == "cancelled"
+        self.tool_failed += event.kind == "tool" and not cancelled
+        self.tool_cancelled += event.kind == "tool" and cancelled
         self.cpu_failures[event.reason] += 1
 
     def _trajectory_started(self, event: TrajectoryStarted) -> None:
@@ -269,6 +295,8 @@ class SummaryBuilder:
         self._admitted_work.append(0.0)
 
     def _trajectory_finished(self, event: TrajectoryFinished) -> None:
+        for phase, seconds in enumerate(self._phases.pop(event.id, ())):
+            self.phase_totals[phase] += seconds
         work = self._work.pop(event.id, 0.0)
         position = self._admitted_at.pop(event.id, None)
         if position is not None:
@@ -404,12 +432,7 @@ class SummaryBuilder:
         invalid = sum(self.model_failed[kind] for kind in RECEIVED_INVALID)
         responses = self.model_finished + invalid
         hours = makespan_s / 3600.0
-        phase_totals = {
-            "model_queue_s": round(float(sum(s["model_queue_s"])), 6),
-            "model_service_s": round(float(sum(s["model_latency_s"])), 6),
-            "cpu_queue_s": round(float(sum(s["cpu_queue_s"])), 6),
-            "cpu_execute_s": round(float(sum(s["cpu_execute_s"])), 6),
-        }
+        phase_totals = {name: round(total, 6) for name, total in zip(PHASES, self.phase_totals, strict=True)}
         blocked = self.blocked.total(makespan_s) if measured else None
         trajectory_total = sum(s["trajectory_s"])
         return {
@@ -460,8 +483,11 @@ class SummaryBuilder:
                 # over finished trajectories, with their own calls (an interrupted run's unfinished
                 # trajectories made calls too: ``calls`` counts them)
                 "calls_per_trajectory": _ratio(self.finished_tool_calls, finished),
-                # tool calls only: an evaluation's or a grade's failure is in ``failures``, not here
-                "error_rate": _ratio(self.tool_errors + self.tool_failed, self.tool_calls),
+                # tool calls only: an evaluation's or a grade's failure is in ``failures``, not here;
+                # over the calls that reached an outcome (``calls`` also counts cancelled ones)
+                "error_rate": _ratio(
+                    self.tool_errors + self.tool_failed, self.tool_calls - self.tool_cancelled
+                ),
                 "failures": dict(self.cpu_failures),
                 "jobs_by_kind": dict(self.jobs_by_kind),
                 # results longer than --max-observation-chars, cut before the model saw them
@@ -474,6 +500,7 @@ class SummaryBuilder:
                 "fractions_of_trajectory_time": {
                     k: _ratio(v, trajectory_total) for k, v in phase_totals.items()
                 },
+                "definition": PHASES_DEFINITION,
             },
             "scheduler": {
                 "policy": policy,
