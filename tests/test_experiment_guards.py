@@ -748,6 +748,26 @@ def test_an_activation_rate_over_no_eligible_decision_is_undefined_in_every_tabl
     assert agg["paired"]["b"]["activation_rate"]["pair_notes"] == ["unknown (not measured)"] * 2
 
 
+def test_ratios_of_an_arm_with_no_completion_are_undefined_not_unknown() -> None:
+    """An arm that completed nothing has no CPU-s per completion and no accuracy: 0/0, "undefined"
+    (as the pooled table said), not "unknown (not measured)"; a gate on them says the same."""
+    from asyncroll.experiment.config import Gate
+    from asyncroll.experiment.gates import evaluate_gates
+
+    none = {"cpu_cost.per_completion_s": None, "accuracy.exact": None}
+    none |= {"counts.completed": 0, "accuracy.denominator": 0, "accuracy.correct": 0}
+    some = {"cpu_cost.per_completion_s": 2.0, "accuracy.exact": 1.0}
+    agg = aggregate(comparison([(none, some), (none, some)]))
+    assert agg["paired"]["b"]["cpu_s_per_completion"]["pair_notes"] == ["undefined (completed = 0)"] * 2
+    assert agg["paired"]["b"]["accuracy_exact"]["pair_notes"] == ["undefined (graded = 0)"] * 2
+    assert agg["median_notes"]["a"]["accuracy_exact"] == "undefined (graded = 0)"
+    gate = Gate(metric="accuracy.exact", op=">=", value=0)
+    summary = {"accuracy": {"exact": None, "denominator": 0}}
+    assert evaluate_gates([gate], ["a"], {"a": summary})[0]["note"] == "undefined (accuracy.denominator = 0)"
+    lost = {"accuracy": {"exact": None}}  # no denominator recorded: not known to be 0
+    assert evaluate_gates([gate], ["a"], {"a": lost})[0]["note"].startswith("unknown")
+
+
 def test_pairs_with_an_undefined_value_are_left_out_and_named() -> None:
     fifo = {"scheduler.activation_rate": None, "scheduler.eligible_decisions": 0}
     one = {"scheduler.activation_rate": 0.5, "scheduler.eligible_decisions": 4}

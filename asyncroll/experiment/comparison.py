@@ -77,6 +77,17 @@ COUNTS: tuple[tuple[str, str], ...] = (
     ("total_cpu_s", "cpu_cost.total_cpu_s"),
 )
 
+#: Summary ratios and the summary count each is over: a null ratio whose count is 0 is *undefined* (a
+#: ratio over no events: a run with no completion has no CPU-s per completion), not unknown.
+DENOMINATORS: dict[str, str] = {
+    "accuracy.exact": "accuracy.denominator",
+    "accuracy.exact_of_referenced": "accuracy.referenced",
+    "cpu_cost.per_completion_s": "counts.completed",
+    "rates.success_rate": "counts.trajectories",
+    "rates.validity_rate": "rates.validity_denominator",
+    "scheduler.activation_rate": "scheduler.eligible_decisions",
+}
+
 
 def dig(data: Any, path: str) -> Any:
     """``data[a][b]…`` for ``path = "a.b…"``; None when any step is missing."""

@@ -6,7 +6,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from asyncroll.experiment.comparison import dig
+from asyncroll.experiment.comparison import DENOMINATORS, dig
 from asyncroll.experiment.config import Gate
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -30,6 +30,11 @@ def evaluate_gates(
             raw = None if summary is None else dig(summary, gate.metric)
             observed = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
             passed = observed is not None and OPS[gate.op](observed, gate.value)
+            note = None
+            if observed is None:
+                count = DENOMINATORS.get(gate.metric)
+                zero = summary is not None and count is not None and dig(summary, count) == 0
+                note = f"undefined ({count} = 0)" if zero else "unknown (arm failed or metric not measured)"
             verdicts.append(
                 {
                     "metric": gate.metric,
@@ -38,7 +43,7 @@ def evaluate_gates(
                     "arm": arm,
                     "observed": observed,
                     "passed": passed,
-                    "note": None if observed is not None else "unknown (arm failed or metric not measured)",
+                    "note": note,
                 }
             )
     return verdicts

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
-from asyncroll.experiment.comparison import validate_comparison
+from asyncroll.experiment.comparison import COUNTS, DENOMINATORS, METRICS, validate_comparison
 from asyncroll.experiment.receipts import one_line
 from asyncroll.experiment.stats import median, paired_change
 from asyncroll.outputs.receipt import write_json_atomic
@@ -82,8 +82,14 @@ def pooled_rates(totals: dict[str, float], pairs: int) -> tuple[dict[str, float 
 
 
 #: A metric that is a ratio over a count: null in a summary where that count is 0 is *undefined*, not
-#: unknown (the activation rate of a run with no eligible decision, e.g. every FIFO arm).
-UNDEFINED_WHEN_ZERO = {"activation_rate": "eligible_decisions"}
+#: unknown (the activation rate of a run with no eligible decision, e.g. every FIFO arm; the CPU-s per
+#: completion and the accuracy of an arm with no completion). Metric key → its count's key.
+_COUNT_OF_PATH = {path: key for key, path in COUNTS}
+UNDEFINED_WHEN_ZERO = {
+    m.key: _COUNT_OF_PATH[DENOMINATORS[m.path]]
+    for m in METRICS
+    if m.path in DENOMINATORS and DENOMINATORS[m.path] in _COUNT_OF_PATH
+}
 
 
 def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
