@@ -49,23 +49,35 @@ def check_type_name(arg: str, type_name: str) -> None:
         )
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)`` for an error message, at most 200 characters (an int of more than 4,300 digits
+    cannot be written in decimal at all)."""
+    try:
+        return repr(value)[:200]
+    except ValueError:
+        return f"<an {type(value).__name__} too large to show>"
+
+
 def _int(v: Any, path: str) -> int:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise CoercionError(path, f"expected int, got {type(v).__name__} {v!r}"[:200])
+        raise CoercionError(path, f"expected int, got {type(v).__name__} {_shown(v)}")
     return v
 
 
 def _float(v: Any, path: str) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise CoercionError(path, f"expected float, got {type(v).__name__} {v!r}"[:200])
-    return float(v)
+        raise CoercionError(path, f"expected float, got {type(v).__name__} {_shown(v)}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise CoercionError(path, f"{_shown(v)} is too large for a float") from None
 
 
 def _number(v: Any, path: str) -> int | float:
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise CoercionError(path, f"expected number, got {type(v).__name__} {v!r}"[:200])
+        raise CoercionError(path, f"expected number, got {type(v).__name__} {_shown(v)}")
     return v
 
 
@@ -77,7 +89,7 @@ def _str(v: Any, path: str) -> str:
 
 def _bool(v: Any, path: str) -> bool:
     if not isinstance(v, bool):
-        raise CoercionError(path, f"expected bool, got {type(v).__name__} {v!r}"[:200])
+        raise CoercionError(path, f"expected bool, got {type(v).__name__} {_shown(v)}")
     return v
 
 
@@ -100,8 +112,11 @@ _INT_KEY = re.compile(INT_KEY_PATTERN)
 def _int_key(k: Any, path: str) -> int:
     if isinstance(k, str):
         if not _INT_KEY.match(k):  # as the schema's validator reads it ("$" allows one final newline)
-            raise CoercionError(path, f"key {k!r} is not an integer literal")
-        return int(k)
+            raise CoercionError(path, f"key {_shown(k)} is not an integer literal")
+        try:
+            return int(k)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            raise CoercionError(path, f"key of {len(k):,} digits is too long an integer") from None
     return _int(k, path)
 
 
@@ -111,7 +126,7 @@ def _dict_int_int(v: Any, path: str) -> dict[int, int]:
     out: dict[int, int] = {}
     spelled: dict[int, Any] = {}
     for k, x in v.items():
-        where = f"{path}[{k!r}]"
+        where = f"{path}[{_shown(k)}]"
         key = _int_key(k, where)
         if key in out:  # 1 and "1" (bound arguments): keeping the last would drop a value silently
             raise CoercionError(where, f"key {k!r} is the integer {key} again (as {spelled[key]!r})")

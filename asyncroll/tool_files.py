@@ -135,6 +135,8 @@ class ToolFile:
             return cls(error=f"has a syntax error{where}: {exc.msg}")
         except (ValueError, RecursionError) as exc:  # a null byte in the source; nesting too deep
             return cls(error=f"is not valid Python source: {exc}")
+        except MemoryError:  # what CPython's parser raises for nesting deeper than its stack
+            return cls(error="is not valid Python source: nested too deeply for the parser")
         bindings = _Bindings(tree)
         return cls(frozenset(bindings.counts), bindings.dynamic, functions=bindings.known_functions())
 

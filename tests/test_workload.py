@@ -217,6 +217,17 @@ def test_what_the_servers_schema_accepts_coercion_accepts() -> None:
                 coerce_arguments({"x": value}, {"x": type_name})  # raises if stricter than the schema
 
 
+def test_numbers_too_large_for_their_type_are_a_coercion_error_not_a_crash() -> None:
+    """10**400 for a float input raised OverflowError; a dict[int, int] key of 4,301 digits raised
+    ValueError (Python's int-string limit), and so did an error message showing such an int."""
+    with pytest.raises(CoercionError, match="too large for a float"):
+        coerce_arguments({"x": 10**400}, {"x": "float"})
+    with pytest.raises(CoercionError, match="4,301 digits is too long an integer"):
+        coerce_arguments({"x": {"9" * 4301: 1}}, {"x": "dict[int, int]"})
+    with pytest.raises(CoercionError, match="expected bool, got int <an int too large to show>"):
+        coerce_arguments({"x": 10**4400}, {"x": "bool"})
+
+
 def test_two_keys_that_are_one_integer_are_refused_not_merged() -> None:
     """Bound arguments are Python values: ``1`` and ``"1"`` are one key of a ``dict[int, int]``; the last
     silently won."""
@@ -827,3 +838,50 @@ def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> Non
         scan_workload(tmp_path / "w.jsonl", tmp_path, scripted=True).error_summary()
         == "1 error (0 workload lines)"
     )
+
+
+def test_odd_implementation_paths_and_files_are_errors_not_crashes(tmp_path: Path) -> None:
+    """A NUL in the path, a name too long, a symlink loop, a directory named .py, and a tool file nested
+    deeper than the parser's stack (MemoryError) each ended ``validate`` in a traceback."""
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    (tmp_path / "dir.py").mkdir()
+    (tmp_path / "deep.py").write_text("def f(x=" + "[1," * 5000 + "]" * 5000 + "):\n    return x\n")
+    names = ["a\u0000.py", "b" * 300 + ".py", "loop.py", "dir.py", "deep.py", "\ud800.py"]
+    lines = [
+        json.dumps(
+            {
+                "id": f"p{i}",
+                "prompt": "x",
+                "tools": [{"name": "f", "inputs": {"x": "int"}, "implementation": name}],
+                "script": [{"type": "final", "answer": "1"}],
+            }
+        )
+        for i, name in enumerate(names)
+    ]
+    problems = _problems(tmp_path, lines)
+    assert len(problems) == len(names), problems
+    assert all(".implementation: " in p for p in problems), problems
+    assert "cannot be resolved" in problems[0] and "cannot be resolved" in problems[1]
+    assert "cannot be resolved" in problems[2]
+    assert "is not a regular file" in problems[3]
+    assert "nested too deeply for the parser" in problems[4]
+
+
+def test_lines_python_cannot_hold_are_named_errors_not_crashes(tmp_path: Path) -> None:
+    """An integer of 4,301 digits and nesting 3,000 deep ended ``validate`` in a traceback; a lone
+    surrogate escape passed validation and then failed the run, output directory and all, at its first
+    write. Escaped surrogate *pairs* (an emoji) stay valid."""
+    base = {"prompt": "x", "script": [{"type": "final", "answer": "1"}]}
+    lines = [
+        '{"id":' + "9" * 4301 + ',"prompt":"x","script":[{"type":"final","answer":"1"}]}',
+        json.dumps({**base, "id": "deep", "metadata": {"a": []}}).replace("[]", "[" * 3000 + "]" * 3000),
+        json.dumps({**base, "id": "\ud800"}),
+        json.dumps({**base, "id": "key", "metadata": {"ok": {"\udfff": 1}}}),
+        json.dumps({**base, "id": "emoji \U0001f600", "prompt": "\U0001f600"}),
+    ]
+    problems = _problems(tmp_path, lines)
+    assert len(problems) == 4, problems
+    assert ":1: line: not valid JSON: Exceeds the limit (4300 digits)" in problems[0]
+    assert ":2: line: cannot be read: JSON nested deeper than about 1,000 levels" in problems[1]
+    assert ":3: id: not valid Unicode: a lone UTF-16 surrogate escape" in problems[2]
+    assert ":4: metadata.ok: not valid Unicode" in problems[3]

@@ -94,7 +94,7 @@ def _still_running(run_dir: Path) -> str | None:
         status, pid = receipt["status"], receipt["pid"]
         hostname = receipt["host"]["hostname"]
         created = datetime.fromisoformat(receipt["created_at"]).timestamp()
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
         return None
     if status not in ("preparing", "running") or not isinstance(pid, int) or hostname != socket.gethostname():
         return None

@@ -110,10 +110,14 @@ def _check_functional(i: int, inputs: str, output: str) -> None:
                 json.loads(line)
             except json.JSONDecodeError as exc:
                 raise WireFormatError(f"test [{i}].input line {n}: not a JSON value: {exc.msg}") from None
+            except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, nesting
+                raise WireFormatError(f"test [{i}].input line {n}: cannot be read: {exc}") from None
     try:
         json.loads(output)
     except json.JSONDecodeError as exc:
         raise WireFormatError(f"test [{i}].output: not a JSON value: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:
+        raise WireFormatError(f"test [{i}].output: cannot be read: {exc}") from None
 
 
 def _json(text: str, what: str) -> Any:
@@ -123,3 +127,5 @@ def _json(text: str, what: str) -> Any:
         raise WireFormatError(
             f"{what} is not valid: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
+        raise WireFormatError(f"{what} cannot be read: {exc}") from None

@@ -214,6 +214,8 @@ def _func_name(field: str) -> tuple[str | None, str | None]:
         meta = json.loads(field)
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON: {exc.msg}"
+    except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
+        return None, f"cannot be read as JSON: {exc}"
     if not isinstance(meta, dict):
         return None, f"expected a JSON object, got {type(meta).__name__}"
     name = meta.get("func_name")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,11 @@ class RowSource:
             raise UsageError(f"{self.path}: not UTF-8 text: {exc}") from None
         except json.JSONDecodeError as exc:
             raise UsageError(f"{self.path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+        except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
+            raise UsageError(f"{self.path}: cannot be read as JSON: {exc or type(exc).__name__}") from None
+        surrogate = lone_surrogate_at(whole) if may_hold_surrogate(data) else None
+        if surrogate is not None:
+            raise UsageError(f"{self.path}: {surrogate}: {LONE_SURROGATE}")
         if isinstance(whole, dict):
             yield whole, RowRef(str(self.path), row=whole)
         elif isinstance(whole, list):
@@ -110,6 +116,13 @@ class RowSource:
             except json.JSONDecodeError as exc:
                 self.problems.append(f"{where}: invalid line: not valid JSON: {exc.msg} (column {exc.colno})")
                 continue
+            except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
+                self.problems.append(f"{where}: invalid line: cannot be read as JSON: {exc}")
+                continue
+            surrogate = lone_surrogate_at(row) if may_hold_surrogate(raw) else None
+            if surrogate is not None:
+                self.problems.append(f"{where}: invalid line: {surrogate}: {LONE_SURROGATE}")
+                continue
             yield row, RowRef(where, start, len(raw), hashlib.sha256(raw).digest())
         self.sha256 = digest.hexdigest()
 
@@ -127,7 +140,7 @@ def _broken_jsonl(first: bytes, data: bytes) -> bool:
         return False
     try:
         json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return any(_is_object(line) for line in data.splitlines()[1:] if line.strip())
     return False
 
@@ -135,5 +148,5 @@ def _broken_jsonl(first: bytes, data: bytes) -> bool:
 def _is_object(line: bytes) -> bool:
     try:
         return isinstance(json.loads(line), dict)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return False

@@ -30,6 +30,7 @@ from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.output import check_destination, read_source, sha256_hex, write_jsonl_atomic
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError
+from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
 
 FUNCTIONS_SUBDIR = "function_ToolMATH"
 STRING_FIELDS = ("name", "description", "function", "source_problem", "source_solution", "level", "type")
@@ -109,6 +110,11 @@ def parse_records(data: bytes, source: Path, functions_dir: Path) -> list[ToolRe
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
+        raise UsageError(f"{source}: cannot be read as JSON: {exc}") from None
+    surrogate = lone_surrogate_at(raw) if may_hold_surrogate(data) else None
+    if surrogate is not None:
+        raise UsageError(f"{source}: {surrogate}: {LONE_SURROGATE}")
     if not isinstance(raw, list):
         raise UsageError(f"{source}: expected a JSON list of tool records, got a {type(raw).__name__}")
     if not raw:
@@ -295,6 +301,8 @@ def _top_level_functions(path: Path) -> set[str] | str:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except SyntaxError as exc:
         return f"not valid Python: line {exc.lineno}: {exc.msg}"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         return f"cannot read: {exc}"
+    except MemoryError:  # what CPython's parser raises for nesting deeper than its stack
+        return "not valid Python: nested too deeply for the parser"
     return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}

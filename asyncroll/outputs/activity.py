@@ -450,7 +450,7 @@ def collect_activity(events_path: Path) -> Activity:
             except ValidationError:
                 try:
                     kind = json.loads(line).get("event")
-                except (ValueError, AttributeError):
+                except (ValueError, RecursionError, AttributeError):
                     kind = None
                 if isinstance(kind, str) and kind not in KNOWN_EVENTS:
                     pairer.a.unknown[kind] += 1

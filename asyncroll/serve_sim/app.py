@@ -311,7 +311,7 @@ class SimApp:
         if scripted is not None:
             try:
                 action = json.loads(scripted)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:  # not JSON, or past Python's limits
                 raise BadRequest(f"{ACTION_HEADER} is not JSON: {exc}") from exc
             if schema is not None and self.config.enforce_schema:
                 errors = list(_validator(schema).iter_errors(action))

@@ -79,7 +79,7 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     try:
         receipt = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
         raise UsageError(f"--from-run {run_dir}: cannot read run.json: {exc}") from exc
     if not isinstance(receipt, dict):
         raise UsageError(f"--from-run {path}: not a run receipt (a JSON {type(receipt).__name__})")

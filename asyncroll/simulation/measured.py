@@ -35,7 +35,7 @@ def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         for line_no, raw in enumerate(handle, start=1):
             try:
                 row = json.loads(raw)
-            except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+            except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, past Python's limits
                 raise UsageError(f"--from-run {path}:{line_no}: not valid JSON ({exc})") from None
             if not isinstance(row, dict):
                 raise UsageError(f"--from-run {path}:{line_no}: not a JSON object")

@@ -105,7 +105,7 @@ def _run_status(run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
     """``run.json``'s status and config, or None where it cannot be read."""
     try:
         receipt = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None, None
     if not isinstance(receipt, dict):
         return None, None
@@ -142,7 +142,7 @@ def instance_from_run(run_dir: Path) -> Instance:
         status, _ = _run_status(run_dir)
         if status is None or status == "complete":  # not a run, or a damaged complete one
             raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
         raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
     makespan: float | None = None
     analytic: float | None = None
@@ -175,7 +175,7 @@ def instance_from_run(run_dir: Path) -> Instance:
             where = f"{run_dir}/events.jsonl line {number}"
             try:
                 event = json.loads(raw)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, past Python's limits
                 if summary is None and not raw.endswith(b"\n"):  # killed in the middle of a write
                     notes.append(f"events.jsonl line {number} was cut short when the run stopped: ignored")
                     break

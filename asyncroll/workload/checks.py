@@ -165,13 +165,18 @@ def _check_implementation(
     rel = Path(implementation)
     if rel.is_absolute():
         return f"must be relative to the tool root {tool_root}", None
-    resolved = (tool_root / rel).resolve()
-    if not resolved.is_relative_to(tool_root):
-        return f"{implementation!r} escapes the tool root {tool_root}", None
-    if resolved.suffix != ".py":
-        return f"{implementation!r} is not a .py file", None
-    if not resolved.is_file():
-        return f"{implementation!r} does not exist under the tool root {tool_root}", None
+    try:
+        resolved = (tool_root / rel).resolve()
+        if not resolved.is_relative_to(tool_root):
+            return f"{implementation!r} escapes the tool root {tool_root}", None
+        if resolved.suffix != ".py":
+            return f"{implementation!r} is not a .py file", None
+        if not resolved.is_file():
+            if resolved.exists():
+                return f"{implementation!r} is not a regular file (a directory, a pipe...)", None
+            return f"{implementation!r} does not exist under the tool root {tool_root}", None
+    except (OSError, ValueError, RuntimeError) as exc:  # a NUL, a name too long, a symlink loop
+        return f"{implementation!r} cannot be resolved: {exc}", None
     parsed = tool_files.get(resolved)
     if parsed is None:
         parsed = tool_files[resolved] = ToolFile.parse(resolved)

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from asyncroll.errors import WorkloadError
+from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
 from asyncroll.tool_files import ToolFile
 from asyncroll.workload.checks import check_problem
 from asyncroll.workload.models import MAX_REPORTED_PROBLEMS, Problem
@@ -115,8 +116,9 @@ def _reject_constant(name: str) -> Any:
 
 def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
     # The fast path, one pass in pydantic-core, unless the line may hold NaN or Infinity, which
-    # pydantic-core would accept (a string that merely mentions them takes the slow path and passes).
-    if not any(constant in raw for constant in _NON_STANDARD_CONSTANTS):
+    # pydantic-core would accept (a string that merely mentions them takes the slow path and passes),
+    # or an escaped surrogate, which it would accept lone.
+    if not any(constant in raw for constant in _NON_STANDARD_CONSTANTS) and not may_hold_surrogate(raw):
         try:
             return Problem.model_validate_json(raw), []
         except ValidationError:
@@ -128,10 +130,15 @@ def _parse_line(raw: bytes) -> tuple[Problem | None, list[tuple[str, str]]]:
         return None, [
             ("line", f"not valid JSON: {exc} is not a JSON value (write a finite number or a string)")
         ]
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        return None, [("line", "cannot be read: JSON nested deeper than about 1,000 levels")]
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past Python's digit limit
         return None, [("line", f"not valid JSON: {exc}")]
     if not isinstance(data, dict):
         return None, [("line", f"expected a JSON object, got {type(data).__name__}")]
+    surrogate = lone_surrogate_at(data)
+    if surrogate is not None:
+        return None, [(surrogate, LONE_SURROGATE)]
     try:
         return Problem.model_validate(data), []
     except ValidationError as exc:

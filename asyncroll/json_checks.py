@@ -1,0 +1,40 @@
+"""What JSON parsers let through that no UTF-8 writer accepts: a lone UTF-16 surrogate escape.
+
+``"\\ud800"`` is valid JSON text, and Python's and pydantic-core's parsers decode it into a string holding
+a lone surrogate; every later UTF-8 write of that string (events.jsonl, a converted workload, a hash of
+it) then fails. Inputs are checked once, where they are read, and refused with the field's place.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: A JSON escape of a UTF-16 surrogate: either half of an escaped pair (an emoji) or a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+LONE_SURROGATE = "not valid Unicode: a lone UTF-16 surrogate escape (\\ud800-\\udfff)"
+
+
+def may_hold_surrogate(raw: bytes) -> bool:
+    """Whether JSON text ``raw`` escapes a surrogate (cheap; most lines do not, and skip the walk)."""
+    return _SURROGATE_ESCAPE.search(raw) is not None
+
+
+def lone_surrogate_at(data: Any) -> str | None:
+    """Where the first string (value or key) of parsed JSON holding a lone surrogate is, or None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "line"
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                stack.append((f"{where}.{key}" if where else str(key), item))
+                stack.append((where or "line", key))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+    return None
