@@ -26,6 +26,7 @@ from asyncroll.evaluator.budget import (
     MIN_MEMORY_LIMIT_MB,
     tool_timeout_cap,
 )
+from asyncroll.json_checks import unique_keys
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -252,7 +253,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     toml = path.suffix.lower() == ".toml"  # anything else is read as JSON
     try:
         # tomllib refuses a key given twice itself; json keeps the last one unless told otherwise
-        data = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=_unique_keys)
+        data = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, TOMLDecodeError, a repeated key
         raise UsageError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):
@@ -265,16 +266,6 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             raise UsageError(f"--config {path}: settings {spelled[name]!r} and {key!r} are the same setting")
         values[name], spelled[name] = value, str(key)
     return values, spelled
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are all different (``json`` keeps the last of a repeated key silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} is given twice")
-        out[key] = value
-    return out
 
 
 def config_file_origins(path: Path, spelled: Mapping[str, str], keys: Iterable[str]) -> dict[str, str]:

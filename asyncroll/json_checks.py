@@ -1,4 +1,5 @@
-"""What JSON parsers let through that no UTF-8 writer accepts: a lone UTF-16 surrogate escape.
+"""What JSON parsers let through that an input must not hold: a lone UTF-16 surrogate escape, which no
+UTF-8 writer accepts, and a key given twice in one object, of which they keep the last silently.
 
 ``"\\ud800"`` is valid JSON text, and Python's and pydantic-core's parsers decode it into a string holding
 a lone surrogate; every later UTF-8 write of that string (events.jsonl, a converted workload, a hash of
@@ -38,3 +39,14 @@ def lone_surrogate_at(data: Any) -> str | None:
         elif isinstance(value, list):
             stack.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(value))))
     return None
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook`` for an object whose keys are all different (``json`` and
+    pydantic-core keep the last of a repeated key silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object")
+        out[key] = value
+    return out

@@ -885,3 +885,17 @@ def test_lines_python_cannot_hold_are_named_errors_not_crashes(tmp_path: Path) -
     assert ":2: line: cannot be read: JSON nested deeper than about 1,000 levels" in problems[1]
     assert ":3: id: not valid Unicode: a lone UTF-16 surrogate escape" in problems[2]
     assert ":4: metadata.ok: not valid Unicode" in problems[3]
+
+
+def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
+    """pydantic-core and ``json`` keep the last of a repeated key: a second ``reference_answer`` graded
+    every answer against it, silently."""
+    line = (
+        '{"id":"a","prompt":"x","reference_answer":"5","reference_answer":"6",'
+        '"script":[{"type":"final","answer":"6"}]}'
+    )
+    nested = '{"id":"b","prompt":"x","script":[{"type":"final","answer":"1","answer":"2"}]}'
+    problems = _problems(tmp_path, [line, nested])
+    assert len(problems) == 2, problems
+    assert ":1: line: not valid JSON: key 'reference_answer' is given twice in one object" in problems[0]
+    assert ":2: line: not valid JSON: key 'answer' is given twice in one object" in problems[1]
