@@ -839,3 +839,18 @@ def test_jsonl_rows_are_read_again_by_offset_and_a_changed_source_is_refused(tmp
     source.write_text(changed)
     with pytest.raises(UsageError, match=r"rows.jsonl:1: the source changed while it was being converted"):
         reader.load(scanned[0][1])
+
+
+def test_toolmath_refuses_to_write_a_workload_validate_would_reject(tmp_path: Path) -> None:
+    """A record whose ``inputs`` miss its function's parameter was written, and ``validate`` then
+    rejected the file; the conversion now runs the same checks first and writes nothing."""
+    from asyncroll.errors import UsageError
+
+    records = json.loads((TM_EXAMPLE / "ToolMATH.json").read_text())
+    records[0]["inputs"] = {}
+    source = tmp_path / "tm.json"
+    source.write_text(json.dumps(records))
+    out = tmp_path / "w.jsonl"
+    with pytest.raises(UsageError, match=r"would not validate:\n.*tools\[0\]\.inputs: .* requires"):
+        convert_toolmath(source, TM_EXAMPLE, out)
+    assert not out.exists()

@@ -95,7 +95,7 @@ def convert_toolmath(
     report = ConversionReport(output, records=len(records), problems=len(problems))
     digest = sha256_hex(data)
     lines = [_problem(group, seed, digest, answers_from_solution, report) for group in chosen]
-    _check_loadable(lines)
+    _check_loadable(lines, functions_dir.resolve())
     report.written = write_jsonl_atomic(output, lines)
     return report
 
@@ -188,12 +188,21 @@ def _problem(
     return problem
 
 
-def _check_loadable(lines: list[dict[str, Any]]) -> None:
-    """Every line must validate as a workload :class:`~asyncroll.workload.Problem` (else a bug here)."""
+def _check_loadable(lines: list[dict[str, Any]], tool_root: Path) -> None:
+    """Every line must validate as a workload :class:`~asyncroll.workload.Problem` (else a bug here) and
+    pass ``validate``'s checks with ``--tool-root`` the functions directory (a record's ``inputs`` that
+    do not match its function's parameters are the source's error): nothing is written otherwise."""
+    from asyncroll.tool_files import ToolFile
     from asyncroll.workload import Problem
+    from asyncroll.workload.checks import check_problem
 
+    tool_files: dict[Path, ToolFile] = {}
+    problems = []
     for line in lines:
-        Problem.model_validate(line)
+        issues = check_problem(Problem.model_validate(line), tool_root, False, tool_files)
+        problems += [f"problem {line['id']}: {field}: {message}" for field, message in issues]
+    if problems:
+        raise UsageError("the converted workload would not validate:\n" + "\n".join(problems))
 
 
 def _named(item: Any) -> str:
