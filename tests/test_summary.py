@@ -15,7 +15,8 @@ from asyncroll.events import (
     TrajectoryFinished,
     TrajectoryStarted,
 )
-from asyncroll.outputs.summary import SummaryBuilder, pearson
+from asyncroll.outputs.statistics import pearson
+from asyncroll.outputs.summary import SummaryBuilder
 
 LIMITS = {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1}
 

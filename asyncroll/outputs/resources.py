@@ -27,6 +27,7 @@ from typing import Any
 
 from asyncroll.events import ResourceProbe, ResourceSample
 from asyncroll.outputs.blocked import BlockedMeter
+from asyncroll.outputs.statistics import distribution
 
 MAX_GAP_INTERVALS = 3
 GPU_IDLE_PCT = 10.0
@@ -44,12 +45,6 @@ class _Point:
 
 def _ratio(num: float | None, den: float) -> float | None:
     return None if num is None or den <= 0 else round(num / den, 6)
-
-
-def _dist(values: array[float]) -> dict[str, Any]:
-    from asyncroll.outputs.summary import distribution
-
-    return distribution(values)
 
 
 class _Mean:
@@ -206,8 +201,8 @@ class ResourceMeter:
             "errors": self.errors,
             "counter_resets": self.counter_resets,
             "nulls": {name: dict(reasons) for name, reasons in sorted(self.nulls.items())},
-            "collection_s": {name: _dist(values) for name, values in sorted(self.collection.items())},
-            "late_s": _dist(self.late),
+            "collection_s": {name: distribution(values) for name, values in sorted(self.collection.items())},
+            "late_s": distribution(self.late),
             "values": {name: mean.out() for name, mean in self.values.items() if mean.n},
             "note": None if sources else self._no_source_note(),
         }

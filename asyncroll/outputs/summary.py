@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from asyncroll.events import (
@@ -38,50 +38,12 @@ from asyncroll.events import (
 from asyncroll.outputs.blocked import BlockedMeter
 from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
+from asyncroll.outputs.statistics import distribution, pearson, ratio
 
 SUMMARY_SCHEMA_VERSION = 1
 #: ``model_failed`` kinds that are a response the server sent (HTTP 200) but not a valid action: they
 #: are in ``validity_rate``'s denominator. Transport failures, timeouts and error statuses are not.
 RECEIVED_INVALID = ("invalid_action", "bad_response")
-
-
-def distribution(samples: Sequence[float]) -> dict[str, float | int | None]:
-    """count, mean, min, p50, p95, max (linear interpolation between ranks); nulls when empty."""
-    if not samples:
-        return {"count": 0, "mean": None, "min": None, "p50": None, "p95": None, "max": None}
-    xs = sorted(samples)
-
-    def q(p: float) -> float:
-        pos = p * (len(xs) - 1)
-        lo, hi = math.floor(pos), math.ceil(pos)
-        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-    return {
-        "count": len(xs),
-        "mean": round(sum(xs) / len(xs), 6),
-        "min": xs[0],
-        "p50": round(q(0.5), 6),
-        "p95": round(q(0.95), 6),
-        "max": xs[-1],
-    }
-
-
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Pearson correlation; None with fewer than 3 pairs or no variance."""
-    n = len(xs)
-    if n < 3 or min(xs) == max(xs) or min(ys) == max(ys):
-        return None  # equal values: the float error of their mean would otherwise pass for variance
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx <= 0 or syy <= 0:
-        return None
-    return round(sxy / math.sqrt(sxx * syy), 4)
-
-
-def _ratio(num: float, den: float) -> float | None:
-    return None if den == 0 else round(num / den, 6)
 
 
 #: The phase breakdown: where finished trajectories spent their time, summed over them.
@@ -332,9 +294,9 @@ class SummaryBuilder:
             "passed_first": first,
             "repairs_attempted": attempted,
             "passed_after_repair": repaired,
-            "pass_rate_first": _ratio(first, evaluated),
-            "pass_rate_final": _ratio(first + repaired, evaluated),
-            "repair_success_rate": _ratio(repaired, attempted),
+            "pass_rate_first": ratio(first, evaluated),
+            "pass_rate_final": ratio(first + repaired, evaluated),
+            "repair_success_rate": ratio(repaired, attempted),
         }
 
     def _worker_restarting(self, event: WorkerRestarting) -> None:
@@ -390,7 +352,7 @@ class SummaryBuilder:
             totals["server_batch_s"] = round(server_batch_s, 6)
         # against the makespan as reported (to 1 µs), like the bound: a bound equal to it is efficiency 1,
         # never 1.000016 against the unrounded clock reading a few hundred ns below it
-        efficiency = _ratio(bound, shown)
+        efficiency = ratio(bound, shown)
         return {
             "lower_bound_s": bound,
             "binding": binding,
@@ -450,23 +412,23 @@ class SummaryBuilder:
                 "unfinished": self.started - finished,
             },
             "rates": {
-                "success_rate": _ratio(completed, self.started),
-                "validity_rate": _ratio(self.model_finished, responses),
+                "success_rate": ratio(completed, self.started),
+                "validity_rate": ratio(self.model_finished, responses),
                 "validity_denominator": responses,
             },
             "throughput": {
-                "completed_per_wall_hour": _ratio(completed, hours),
-                "trajectories_per_wall_hour": _ratio(finished, hours),
+                "completed_per_wall_hour": ratio(completed, hours),
+                "trajectories_per_wall_hour": ratio(finished, hours),
                 **gpu_hour(completed, makespan_s, dedicated_gpu),
             },
             "accuracy": {
-                "exact": _ratio(self.correct, self.graded),
+                "exact": ratio(self.correct, self.graded),
                 "correct": self.correct,
                 "denominator": self.graded,
                 "ungraded": finished - self.graded,
                 # as evaluations count: a trajectory that failed before its answer was graded is not
                 # correct (exact leaves it out of its denominator)
-                "exact_of_referenced": _ratio(self.referenced_correct, self.referenced),
+                "exact_of_referenced": ratio(self.referenced_correct, self.referenced),
                 "referenced": self.referenced,
                 "one_repair": self._one_repair(),
             },
@@ -482,10 +444,10 @@ class SummaryBuilder:
                 "errors": self.tool_errors,
                 # over finished trajectories, with their own calls (an interrupted run's unfinished
                 # trajectories made calls too: ``calls`` counts them)
-                "calls_per_trajectory": _ratio(self.finished_tool_calls, finished),
+                "calls_per_trajectory": ratio(self.finished_tool_calls, finished),
                 # tool calls only: an evaluation's or a grade's failure is in ``failures``, not here;
                 # over the calls that reached an outcome (``calls`` also counts cancelled ones)
-                "error_rate": _ratio(
+                "error_rate": ratio(
                     self.tool_errors + self.tool_failed, self.tool_calls - self.tool_cancelled
                 ),
                 "failures": dict(self.cpu_failures),
@@ -498,7 +460,7 @@ class SummaryBuilder:
                 **phase_totals,
                 "trajectory_total_s": round(float(trajectory_total), 6),
                 "fractions_of_trajectory_time": {
-                    k: _ratio(v, trajectory_total) for k, v in phase_totals.items()
+                    k: ratio(v, trajectory_total) for k, v in phase_totals.items()
                 },
                 "definition": PHASES_DEFINITION,
             },
@@ -507,7 +469,7 @@ class SummaryBuilder:
                 "decisions": self.decisions,
                 "eligible_decisions": self.eligible,
                 "reorders": self.reorders,
-                "activation_rate": _ratio(self.reorders, self.eligible),
+                "activation_rate": ratio(self.reorders, self.eligible),
                 "reasons": dict(self.reasons),
                 "max_queue_depth": peaks.get("queued_cpu_jobs"),
                 "prediction": {
@@ -523,7 +485,7 @@ class SummaryBuilder:
             "bounds": self.bounds(makespan_s, limits, model_capacity, server_batch_s) if measured else None,
             "client_cpu_blocked": {
                 "seconds": blocked,
-                "fraction_of_makespan": None if blocked is None else _ratio(blocked, makespan_s),
+                "fraction_of_makespan": None if blocked is None else ratio(blocked, makespan_s),
                 "intervals": self.blocked.intervals,
                 "definition": "≥1 active trajectory, 0 model requests outstanding, ≥1 CPU job pending",
             },

@@ -1,0 +1,47 @@
+"""Descriptive statistics of a run's samples, as summary.json writes them: distributions, a
+correlation, ratios — each missing (None), never 0, where there is nothing to compute it over."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def distribution(samples: Sequence[float]) -> dict[str, float | int | None]:
+    """count, mean, min, p50, p95, max (linear interpolation between ranks); nulls when empty."""
+    if not samples:
+        return {"count": 0, "mean": None, "min": None, "p50": None, "p95": None, "max": None}
+    xs = sorted(samples)
+
+    def q(p: float) -> float:
+        pos = p * (len(xs) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return {
+        "count": len(xs),
+        "mean": round(sum(xs) / len(xs), 6),
+        "min": xs[0],
+        "p50": round(q(0.5), 6),
+        "p95": round(q(0.95), 6),
+        "max": xs[-1],
+    }
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson correlation; None with fewer than 3 pairs or no variance."""
+    n = len(xs)
+    if n < 3 or min(xs) == max(xs) or min(ys) == max(ys):
+        return None  # equal values: the float error of their mean would otherwise pass for variance
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx <= 0 or syy <= 0:
+        return None
+    return round(sxy / math.sqrt(sxx * syy), 4)
+
+
+def ratio(num: float, den: float) -> float | None:
+    """``num ÷ den`` to 6 decimals; None over 0 (a ratio over nothing is missing, never 0)."""
+    return None if den == 0 else round(num / den, 6)
