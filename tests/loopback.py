@@ -3,6 +3,7 @@ way no library server would (odd bodies, trickles, resets)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
@@ -27,3 +28,19 @@ class LoopbackServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def trickle(
+    handler: BaseHTTPRequestHandler, stop: threading.Event, content_type: str, every_s: float = 0.1
+) -> None:
+    """Answer 200 with headers at once, then one byte of a 1 MB body every ``every_s`` until ``stop``
+    (or the client leaves): each byte resets httpx's per-phase read timeout, so only a whole-exchange
+    deadline ends the read."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", "1000000")
+    handler.end_headers()
+    with contextlib.suppress(OSError):
+        while not stop.wait(every_s):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()

@@ -47,7 +47,7 @@ from asyncroll.serve_sim.config import FaultConfig, SimConfig
 from asyncroll.serve_sim.server import RunningSim, serve_in_thread
 from asyncroll.workload import FinalAction, Problem, SubmitAction
 from tests.conftest import REPO, write_workload
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, trickle
 
 FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
 ADD = {"name": "add", "description": "Add two numbers.", "inputs": {"a": "number", "b": "number"}}
@@ -1139,15 +1139,7 @@ def test_aclose_closes_the_client_even_when_the_watch_failed() -> None:
 
 
 def _trickle(handler: Any, stop: threading.Event) -> None:
-    """Headers, then one byte every 0.1 s of a body that never ends (until the test stops the server)."""
-    handler.send_response(200)
-    handler.send_header("content-type", "application/json")
-    handler.send_header("content-length", "1000000")
-    handler.end_headers()
-    with contextlib.suppress(OSError):
-        while not stop.wait(0.1):
-            handler.wfile.write(b" ")
-            handler.wfile.flush()
+    trickle(handler, stop, "application/json")
 
 
 def _raw(status: int, headers: dict[str, str], body: bytes) -> Any:

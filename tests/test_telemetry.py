@@ -65,7 +65,7 @@ from asyncroll.telemetry.server_metrics import (
     parse_metrics,
 )
 from tests.conftest import REPO, tool_problem, write_workload
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, trickle
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 
@@ -1059,15 +1059,7 @@ def _gzip_zeros(mib: int) -> bytes:
 
 
 def _trickle(handler: BaseHTTPRequestHandler, closing: threading.Event) -> bool:
-    """Headers at once, then one byte of a long body every 20 ms until the client leaves: each byte
-    resets httpx's per-phase read timeout, so only a whole-exchange deadline ends the read."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/plain; version=0.0.4")
-    handler.send_header("Content-Length", "1000000")
-    handler.end_headers()
-    with contextlib.suppress(OSError):
-        while not closing.wait(0.02):
-            handler.wfile.write(b"#")
+    trickle(handler, closing, "text/plain; version=0.0.4", every_s=0.02)
     return True
 
 
