@@ -12,10 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from asyncroll.experiment.config import MAX_BOOTSTRAP_RESAMPLES
+from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
 from asyncroll.outputs.receipt import write_json_atomic
 
 COMPARISON_SCHEMA_VERSION = 1
@@ -185,6 +195,30 @@ def write_comparison(path: Path, comparison: dict[str, Any]) -> None:
     write_json_atomic(path, comparison)
 
 
+#: The bounds of a metric or count ``asyncroll report`` computes with: 0, or a magnitude from
+#: ``MIN_MAGNITUDE`` to ``MAX_MAGNITUDE``. Within them a paired ratio is at most 1e100 (a % change about
+#: 1e102), a difference 2e50, and a pooled rate (a sum over the pairs of at most 1e50 each, over a sum
+#: that is 0 or at least about 1e-66) below 1e125; the sums, means, squared deviations and t
+#: half-widths over even a million pairs stay below 1e215, far from a double's 1.8e308. So no statistic
+#: overflows to ±inf, which JSON cannot hold and ``statistics.stdev`` cannot take (-1e308 once gave
+#: both). A bound on the magnitude alone would not do: a ratio over 5e-324 overflows. Measured values
+#: (seconds, rates, fractions, counts) lie tens of orders of magnitude inside both bounds.
+MAX_MAGNITUDE = 1e50
+MIN_MAGNITUDE = 1e-50
+
+
+def _computable(value: float) -> float:
+    if value != 0 and not MIN_MAGNITUDE <= abs(value) <= MAX_MAGNITUDE:
+        raise ValueError(
+            f"{value!r} is outside what the report computes with (0, or a magnitude from "
+            f"{MIN_MAGNITUDE:g} to {MAX_MAGNITUDE:g})"
+        )
+    return value
+
+
+Computable = Annotated[float, AfterValidator(_computable)]
+
+
 class _Read(BaseModel):
     """The fields ``asyncroll report`` reads, strictly typed (a number is never a bool or a string, and
     never NaN); other fields are kept as they are."""
@@ -196,8 +230,8 @@ class _ArmEntry(_Read):
     id: str
     status: str
     error: str | None = None
-    metrics: dict[str, float | None]
-    counts: dict[str, float | None]
+    metrics: dict[str, Computable | None]
+    counts: dict[str, Computable | None]
 
 
 class _PairEntry(_Read):
@@ -212,11 +246,13 @@ class _MetricEntry(_Read):
 
 
 class _Gate(_Read):
+    """A gate's verdict on one arm (``gates.evaluate_gates`` always names the arm and the observed value)."""
+
     metric: str
     op: str
     value: float
-    arm: str | None = None
-    observed: float | None = None
+    arm: str
+    observed: float | None
     passed: bool
 
 
@@ -235,11 +271,15 @@ class ComparisonFile(_Read):
 
     schema_version: int
     kind: Literal["asyncroll.comparison"]
+    experiment: str | None = None
+    experiment_status: str | None = None
+    stop_reason: str | None = None
+    fingerprint: str | None = None
     arms: list[str] = Field(min_length=2)
     baseline: str
     policies: dict[str, str]
     seed: int = Field(default=0, ge=0)
-    bootstrap_resamples: int = Field(default=10_000, ge=1)
+    bootstrap_resamples: int = Field(default=10_000, ge=1, le=MAX_BOOTSTRAP_RESAMPLES)
     metrics: list[_MetricEntry]
     pairs: list[_PairEntry]
     failed_arms: list[_FailedArm] = Field(default_factory=list)
@@ -290,6 +330,9 @@ def validate_comparison(data: Any) -> None:
     """Raise ValueError, one line naming what is wrong, unless ``data`` is a comparison.json to report."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
+    surrogate = lone_surrogate_at(data)  # REPORT.md is UTF-8: such a string could not be written
+    if surrogate is not None:
+        raise ValueError(f"{'a key' if surrogate == 'line' else surrogate}: {LONE_SURROGATE}")
     try:
         ComparisonFile.model_validate(data)
     except ValidationError as exc:

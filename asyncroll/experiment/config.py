@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from asyncroll.errors import UsageError
+from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, unique_keys
 
 #: Placeholders every server command template may use; ``server.vars`` adds more.
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
@@ -59,6 +60,9 @@ MANAGED_CLIENT_FLAGS = frozenset(
     }
 )
 GateOp = Literal[">=", "<=", ">", "<", "==", "!="]
+#: The most bootstrap resamples: the report draws them at once (8 bytes per resample and pair, twice),
+#: so 10^10 of them asked for 149 GiB and ended `asyncroll report` with a MemoryError.
+MAX_BOOTSTRAP_RESAMPLES = 1_000_000
 
 DEFAULT_VLLM_COMMAND = [
     "vllm",
@@ -277,7 +281,7 @@ class ExperimentConfig(_Strict):
         description="Wall deadline of each `run` or `--resume`, from its start: it stops the experiment "
         "(the arm it cuts is interrupted, not failed; --resume runs it again with a new deadline).",
     )
-    bootstrap_resamples: int = Field(default=10_000, ge=100)
+    bootstrap_resamples: int = Field(default=10_000, ge=100, le=MAX_BOOTSTRAP_RESAMPLES)
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
@@ -327,17 +331,35 @@ class ExperimentConfig(_Strict):
         return next(a for a in self.arms if a.name == name)
 
 
+def read_json_file(path: Path) -> Any:
+    """The JSON value in ``path``, or a UsageError that names the file: unreadable, not UTF-8, not JSON,
+    a key given twice in one object (``json`` would keep the last silently), an integer past Python's
+    4,300-digit limit, or nesting past its recursion limit."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    except ValueError as exc:  # a repeated key, an integer past Python's digit limit
+        message = str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]
+        raise UsageError(f"{path}: invalid JSON: {message}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid JSON: nested deeper than about 1,000 levels") from None
+
+
 def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read, override (dotted keys such as ``model.path``) and validate; relative paths → the file's folder.
 
-    Raises UsageError with one line per problem, naming the file and the field.
+    Raises UsageError with one line per problem, naming the file and the field. A string that is not
+    valid Unicode (a lone surrogate escape such as ``"\\ud800"``, which JSON allows) is refused here, where
+    its field can be named, not when the plan is printed or the server started.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    data = read_json_file(path)
     if not isinstance(data, dict):
         raise UsageError(f"{path}: an experiment config is a JSON object")
     data.pop("$schema", None)
@@ -347,6 +369,10 @@ def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) 
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    surrogate = lone_surrogate_at(data)
+    if surrogate is not None:
+        where = "a key" if surrogate == "line" else surrogate  # "line": a top-level key
+        raise UsageError(f"{path}: {where}: {LONE_SURROGATE}")
     base = path.resolve().parent
     workload = data.get("workload")
     if isinstance(workload, dict):

@@ -11,14 +11,17 @@ statistic says how many pairs it rests on (``n``) and which it left out.
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.comparison import COUNTS, DENOMINATORS, METRICS, validate_comparison
+from asyncroll.experiment.config import read_json_file
 from asyncroll.experiment.receipts import one_line
 from asyncroll.experiment.stats import median, paired_change
-from asyncroll.outputs.receipt import write_json_atomic
 
 #: Pooled rates: name → (numerator count, denominator count), both summed over the complete pairs.
 POOLED_RATES: dict[str, tuple[str, str]] = {
@@ -32,15 +35,10 @@ POOLED_RATES: dict[str, tuple[str, str]] = {
 
 
 def load_comparison(path: Path) -> dict[str, Any]:
-    """comparison.json, checked (types, cross-references, schema version); UsageError in one line."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not a valid comparison.json: not UTF-8 text ({exc.reason})") from None
+    """comparison.json, checked (types, cross-references, schema version, numbers the statistics can
+    take); UsageError in one line. Not UTF-8, not JSON, a key given twice, an integer past Python's digit
+    limit or nesting past its recursion limit are refused as the file is read (``read_json_file``)."""
+    data = read_json_file(path)
     try:
         validate_comparison(data)
     except ValueError as exc:
@@ -347,32 +345,57 @@ def markdown(agg: dict[str, Any]) -> str:
 def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[Path]:
     """Write REPORT.md and aggregate.json (and the figure) into ``output``; returns the files written.
 
-    A report is derived from ``comparison.json`` alone, so writing it again (after ``--resume`` added
-    pairs) replaces its own files, and removes a figure an earlier call drew that this one does not: a
-    folder never pairs a new report with an old figure. Nothing else in ``output`` is touched."""
+    Everything is computed, then written into a new hidden temporary folder next to ``output``; only
+    when all of it succeeded does that folder become ``output`` (one rename), so a refused comparison or
+    a failed write leaves no partial report. A report is derived from ``comparison.json`` alone, so
+    writing it again into an existing ``output`` (after ``--resume`` added pairs) stages its files in a
+    temporary folder inside ``output``, then replaces its own files, each by a rename, and removes a
+    figure an earlier call drew that this one does not: a folder never pairs a new report with an old
+    figure. Nothing else in ``output`` is touched."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} is a file, not a directory")
     comparison = load_comparison(comparison_path)
     agg = aggregate(comparison)
+    try:  # the statistics of checked values are finite; if one is not, it is refused, never written
+        agg_text = json.dumps(agg, indent=2, allow_nan=False, default=str) + "\n"
+    except ValueError:
+        raise UsageError(
+            f"{comparison_path}: a statistic of these values is not a finite number; no report written"
+        ) from None
+    text = markdown(agg)
     if figure:
         from asyncroll.experiment.figure import require_matplotlib
 
         require_matplotlib()
+    existing = output.is_dir()
+    # next to output (the same file system, so a rename); inside it when it exists (it is writable)
+    home = output if existing else output.parent
     try:
-        output.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
+        staging = home / f".{output.name or 'report'}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        staging.mkdir()
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from None
-    written = [output / "aggregate.json", output / "REPORT.md"]
-    write_json_atomic(written[0], agg)
-    text = markdown(agg)
-    if figure:
-        from asyncroll.experiment.figure import draw
+    try:
+        names = ["aggregate.json", "REPORT.md"]
+        (staging / names[0]).write_text(agg_text, encoding="utf-8")
+        if figure:
+            from asyncroll.experiment.figure import draw
 
-        files = draw(comparison, agg, output / "figure")
-        written += files
-        text += f"\n![three panels]({files[0].name})\n"
-    written[1].write_text(text, encoding="utf-8")
-    for stale in (output / "figure.png", output / "figure.pdf"):
-        if stale not in written:
-            stale.unlink(missing_ok=True)
-    return written
+            files = draw(comparison, agg, staging / "figure")
+            names += [f.name for f in files]
+            text += f"\n![three panels]({files[0].name})\n"
+        (staging / names[1]).write_text(text, encoding="utf-8")
+        if existing:
+            for name in names:
+                os.replace(staging / name, output / name)
+            for stale in ("figure.png", "figure.pdf"):
+                if stale not in names:
+                    (output / stale).unlink(missing_ok=True)
+        else:
+            staging.rename(output)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot write the report: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when it became output
+    return [output / name for name in names]
