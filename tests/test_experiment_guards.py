@@ -460,10 +460,13 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def comparison(
-    rows: list[tuple[dict[str, Any], dict[str, Any]]], errors: dict[str, str] | None = None
+    rows: list[tuple[dict[str, Any], dict[str, Any]]],
+    errors: dict[str, str] | None = None,
+    stages: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """comparison.json of a two-arm experiment (a = fifo, the baseline; b = asyncroll), from each pair's
-    (a, b) summary values given as dotted paths; ``errors`` fails the named arms."""
+    (a, b) summary values given as dotted paths; ``errors`` fails the named arms; ``stages``: the
+    experiment's stage records (gates and their verdicts)."""
     n = len(rows)
     experiment = {
         "config": {
@@ -475,7 +478,7 @@ def comparison(
         },
         "status": "complete",
         "fingerprint": {"sha256": "f" * 64},
-        "stages": {},
+        "stages": stages or {},
         "plan": [
             {"id": f"pair{p + 1}-{a}", "stage": "comparison", "pair": p, "arm": a, "policy": a, "seed": p}
             for p in range(n)
@@ -754,7 +757,7 @@ def test_ratios_of_an_arm_with_no_completion_are_undefined_not_unknown() -> None
     from asyncroll.experiment.config import Gate
     from asyncroll.experiment.gates import evaluate_gates
 
-    none = {"cpu_cost.per_completion_s": None, "accuracy.exact": None}
+    none: dict[str, Any] = {"cpu_cost.per_completion_s": None, "accuracy.exact": None}
     none |= {"counts.completed": 0, "accuracy.denominator": 0, "accuracy.correct": 0}
     some = {"cpu_cost.per_completion_s": 2.0, "accuracy.exact": 1.0}
     agg = aggregate(comparison([(none, some), (none, some)]))

@@ -15,11 +15,12 @@ from typer.testing import CliRunner
 
 import asyncroll.experiment.report as report_module
 from asyncroll.errors import UsageError
-from asyncroll.experiment.comparison import MAX_MAGNITUDE, MIN_MAGNITUDE, build_comparison
+from asyncroll.experiment.comparison import MAX_MAGNITUDE, MIN_MAGNITUDE
 from asyncroll.experiment.config import load_experiment_config
 from asyncroll.experiment.report import load_comparison, write_report
 from asyncroll.json_checks import LONE_SURROGATE
 from tests.test_experiment import write_config
+from tests.test_experiment_guards import comparison as guarded_comparison
 
 
 def invoke(*args: str | Path) -> Any:
@@ -129,51 +130,21 @@ def test_a_sound_config_still_loads(tmp_path: Path) -> None:
 def comparison(pairs: int = 2) -> dict[str, Any]:
     """A sound comparison.json of a two-arm experiment (a = fifo, the baseline; b = asyncroll), with one
     stage gate."""
-    experiment = {
-        "config": {
-            "name": "x",
-            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
-            "baseline": "a",
-            "seed": 0,
-            "bootstrap_resamples": 200,
-        },
-        "status": "complete",
-        "fingerprint": {"sha256": "f" * 64},
-        "stages": {
-            "qualification": {
-                "status": "passed",
-                "arms": ["qualification-1-a"],
-                "gates": [
-                    {
-                        "metric": "counts.completed",
-                        "op": ">=",
-                        "value": 3.0,
-                        "arm": "a",
-                        "observed": 3.0,
-                        "passed": True,
-                        "note": None,
-                    }
-                ],
-                "failed_arms": [],
-            }
-        },
-        "plan": [
-            {"id": f"pair{p + 1}-{a}", "stage": "comparison", "pair": p, "arm": a, "policy": a, "seed": p}
-            for p in range(pairs)
-            for a in ("a", "b")
-        ],
-        "arms": {f"pair{p + 1}-{a}": {"status": "complete"} for p in range(pairs) for a in ("a", "b")},
-    }
-    summaries = {
-        f"pair{p + 1}-{a}": {
-            "counts": {"trajectories": 3, "completed": 3},
-            "makespan_s": 10.0 + p + (a == "b"),
-            "throughput": {"completed_per_gpu_hour": 100.0 * (p + 1), "allocated_gpu_hours": 0.01},
+    gate = {"metric": "counts.completed", "op": ">=", "value": 3.0, "arm": "a", "observed": 3.0}
+    stages = {
+        "qualification": {
+            "status": "passed",
+            "arms": ["qualification-1-a"],
+            "gates": [{**gate, "passed": True, "note": None}],
+            "failed_arms": [],
         }
-        for p in range(pairs)
-        for a in ("a", "b")
     }
-    return build_comparison(experiment, summaries)
+
+    def arm(p: int, later: bool) -> dict[str, Any]:
+        return {"makespan_s": 10.0 + p + later, "throughput.completed_per_gpu_hour": 100.0 * (p + 1)}
+
+    rows = [(arm(p, False), arm(p, True)) for p in range(pairs)]
+    return guarded_comparison(rows, stages=stages)
 
 
 def write(tmp: Path, data: dict[str, Any], name: str = "comparison.json") -> Path:
