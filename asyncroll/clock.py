@@ -17,6 +17,7 @@ directly: they only ever run beside a :class:`SystemClock`, which is that same c
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 import time
 from collections.abc import Coroutine
@@ -145,6 +146,18 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_clock.now()
+
+    # asyncio runs a timer when it lies below ``time() + _clock_resolution`` (the monotonic clock's, 1 ns).
+    # From 2^24 s of virtual time (≈ 194 days) adding 1 ns to ``now`` rounds back to ``now``: time jumped
+    # to a timer that was then never due, and the loop spun for ever. The resolution never falls below
+    # the spacing of floats at ``now``, so a timer whose time has come always runs.
+    @property
+    def _clock_resolution(self) -> float:
+        return max(self._base_resolution, math.ulp(self._virtual_clock.now()))
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value: float) -> None:  # set once by BaseEventLoop.__init__
+        self._base_resolution = value
 
     async def shutdown_default_executor(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         # ``asyncio.Runner`` gives the executor's threads 300 s to finish; from Python 3.13 that limit is a

@@ -312,6 +312,33 @@ def test_a_virtual_run_waits_for_the_default_executors_threads_in_real_time() ->
     assert clock.now() == 0.0
 
 
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("start", [0.0, 2.0**24 - 0.5, 2.0**24, 2.0**33, 1e12])
+def test_virtual_timers_fire_however_far_time_has_run(start: float) -> None:
+    """From 2^24 s (≈ 194 days: 195 one-day model turns in a row) ``now + 1e-9`` rounds back to ``now``,
+    and asyncio judged a timer due only when it lies below ``now`` + the loop's 1 ns resolution: time
+    reached the timer, the timer never fired and the loop spun for ever. Each timer fires at its time."""
+    import asyncio
+
+    from asyncroll.clock import VirtualClock
+
+    clock = VirtualClock(start=start)
+    fired: list[float] = []
+
+    async def main() -> None:
+        for delay in (0.1, 86_400.0, 0.0, 1e-9, 3.0):
+            await asyncio.sleep(delay)
+            fired.append(clock.now())
+        await asyncio.wait_for(asyncio.sleep(5.0), timeout=60.0)  # a timer that is cancelled, too
+        fired.append(clock.now())
+
+    clock.run(main())
+    expected = start
+    for delay in (0.1, 86_400.0, 0.0, 1e-9, 3.0, 5.0):
+        expected += delay
+        assert fired.pop(0) == pytest.approx(expected, rel=1e-12, abs=1e-9)
+
+
 def test_results_keep_answers_of_any_size(virtual_run: VirtualRun) -> None:
     import json
 
