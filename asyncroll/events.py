@@ -12,7 +12,6 @@ as it is written; nothing keeps the whole stream in memory.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -21,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from asyncroll.clock import Clock
+from asyncroll.outputs.lines import LineFile, OutputWriteError
 
 SCHEMA_VERSION = 1
 
@@ -371,9 +371,7 @@ class EventLog:
         self._origin: float | None = None
         self._pending: list[Event] = []
         self._subscribers: list[Subscriber] = []
-        self._fd: int | None = None
-        if path is not None:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._file: LineFile | None = None if path is None else LineFile(path)
 
     @property
     def origin(self) -> float | None:
@@ -409,13 +407,22 @@ class EventLog:
         event.__dict__["t"] = round(now - self._origin, 6)  # _stamp, spelled out on the hot path
         self._write(event)
 
+    @property
+    def write_error(self) -> OutputWriteError | None:
+        """Why ``events.jsonl`` stopped being written (a full disk), if it did: the run has failed."""
+        return None if self._file is None else self._file.error
+
     def _write(self, event: Event) -> None:
-        if self._fd is not None:
+        if self._file is not None:
             # A pydantic record's __dict__ holds exactly its fields, in order, all JSON-native values;
             # orjson encodes it several times faster than model_dump_json, on the hot path of every run.
-            os.write(
-                self._fd, orjson.dumps(event.__dict__, default=_fields, option=orjson.OPT_APPEND_NEWLINE)
-            )
+            line = orjson.dumps(event.__dict__, default=_fields, option=orjson.OPT_APPEND_NEWLINE)
+            try:
+                self._file.write(line)  # whole or not at all; raises once, the first time it fails
+            finally:
+                for subscriber in self._subscribers:  # the summary still sees every event
+                    subscriber(event)
+            return
         for subscriber in self._subscribers:
             subscriber(event)
 
@@ -427,9 +434,8 @@ class EventLog:
             for event in pending:
                 _stamp(event, round(event.t - origin, 6))
                 self._write(event)
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.close()
 
 
 class EventCapture:

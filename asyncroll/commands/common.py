@@ -40,3 +40,13 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
         f"{summary['workers']['restarts']}\noutputs: {output}"
     )
+
+
+def warn_exports(failed: dict[str, str], output: Path) -> None:
+    """Say on stderr which exports were not written (a full disk, say), and how to write them later."""
+    for name, why in failed.items():
+        typer.echo(
+            f"warning: {name} was not written ({why}); `asyncroll timeline {output}` writes it from "
+            "events.jsonl once there is room",
+            err=True,
+        )

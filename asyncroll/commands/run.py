@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary
+from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports
 
 
 def run(
@@ -213,7 +213,8 @@ def _run(cfg: Any) -> int:
     from asyncroll.clock import SystemClock
     from asyncroll.config import MAX_PROCESS_WORKERS
     from asyncroll.errors import UsageError
-    from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, prepare
+    from asyncroll.outputs.receipt import EXIT_INTERRUPTED
+    from asyncroll.runtime.run import Run, prepare
     from asyncroll.runtime.signals import interruptible, late_signal_note
 
     if cfg.cpu_workers > MAX_PROCESS_WORKERS:
@@ -247,6 +248,7 @@ def _run(cfg: Any) -> int:
             typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True)
             return EXIT_INTERRUPTED
         print_summary(outcome.summary, cfg.output)
+        warn_exports(outcome.exports_failed, cfg.output)
         if outcome.late_signal:
             typer.echo(late_signal_note(outcome.late_signal), err=True)
         if outcome.error:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary
+from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports
 
 
 def simulate(
@@ -295,6 +295,7 @@ def simulate(
         typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, cfg.output)
+    warn_exports(outcome.exports_failed, cfg.output)
     if from_run is not None and outcome.summary is not None:
         _say_ended_otherwise(from_run, cfg.output)
     if untimed:
@@ -309,6 +310,8 @@ def simulate(
         from asyncroll.runtime.signals import late_signal_note
 
         typer.echo(late_signal_note(outcome.late_signal), err=True)
+    if outcome.error:
+        typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
     b = outcome.summary.get("bounds") if outcome.summary else None
     if b:
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"

@@ -25,17 +25,33 @@ from asyncroll import __version__
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
 RECEIPT_SCHEMA_VERSION = 1
+#: A run's exit code (recorded in run.json): 0 complete, 1 failed, 2 usage error, 130 interrupted.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def exit_code(status: Status) -> int:
+    """The exit code of a run that ended with ``status``."""
+    return {"complete": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAILED)
+
+
 _PACKAGES = ("anyio", "httpx", "pydantic", "typer", "psutil", "prometheus-client", "scikit-learn")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` to a temporary file next to ``path``, then rename it over ``path``: a reader sees the
+    old file or the new one, never half of one. A failed write (a full disk) removes the temporary file
+    and raises."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=False, default=str)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=False, default=str)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _iso(wall: float) -> str:
@@ -88,7 +104,15 @@ class Receipt:
 
     def update(self, **fields: Any) -> None:
         self._data.update(fields)
-        write_json_atomic(self._path, self._data)
+        try:
+            write_json_atomic(self._path, self._data)
+        except OSError:
+            # A full disk has no room for a second copy; the old receipt's own blocks may hold the new
+            # one. Rewritten in place (a reader could meet it half-written: better than a stale status).
+            text = json.dumps(self._data, indent=2, sort_keys=False, default=str) + "\n"
+            with self._path.open("r+", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.truncate()
 
     def transition(self, status: Status, wall: float, **fields: Any) -> None:
         self._data["status"] = status

@@ -9,22 +9,21 @@ needs only its summary), through the same calls.
 from __future__ import annotations
 
 import importlib
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from asyncroll.outputs.receipt import Receipt, Status, write_json_atomic
+from asyncroll.outputs.lines import LineFile
+from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_atomic
 
 
 class RunDirectory:
     def __init__(self, out: Path | None, receipt_body: dict[str, Any], wall: float) -> None:
         self.out = out
         self._receipt = None if out is None else Receipt(out / "run.json", receipt_body, wall)
-        self._results: int | None = None
-        if out is not None:
-            self._results = os.open(out / "results.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._results = None if out is None else LineFile(out / "results.jsonl")
+        self.exports_failed: dict[str, str] = {}  # export → why it was not written (after finish)
 
     @property
     def events_path(self) -> Path | None:
@@ -39,22 +38,38 @@ class RunDirectory:
             self._receipt.transition(status, wall, **fields)
 
     def write_result(self, line: bytes) -> None:
+        """One line of results.jsonl, whole or not at all (:class:`~asyncroll.outputs.lines.LineFile`)."""
         if self._results is not None:
-            os.write(self._results, line)
+            self._results.write(line)
 
-    def finish(self, summary: dict[str, Any], status: Status, wall: float, **fields: Any) -> None:
-        """Close results, write the summary and the exports, then the final receipt."""
+    def finish(
+        self, summary: dict[str, Any], status: Status, wall: float, error: str | None = None
+    ) -> str | None:
+        """Close results, write the summary and the exports, then the final receipt. A summary.json the
+        disk had no room for fails the run: the error it then ended with is returned (else None)."""
         if self._results is not None:
-            os.close(self._results)
-            self._results = None
+            self._results.close()
         if self.out is None:
-            return
-        write_json_atomic(self.out / "summary.json", summary)
+            return None
+        failed = None
+        try:
+            write_json_atomic(self.out / "summary.json", summary)
+        except OSError as exc:
+            status = "failed"
+            error = failed = "; ".join(
+                filter(None, (error, f"summary.json: cannot write ({exc.strerror or exc})"))
+            )
         # The exports are written before the final receipt (whose ``exports`` records them), so they are
         # told the final status: run.json still says "preparing" if the run never started.
-        final = {"status": status, **({"error": fields["error"]} if fields.get("error") else {})}
+        final = {"status": status, **({"error": error} if error else {})}
         exports = export(self.out, final)
-        self.transition(status, wall, exports=exports, **fields)
+        self.exports_failed = {
+            name: str(entry.get("error"))
+            for name, entry in exports.items()
+            if isinstance(entry, dict) and not entry.get("ok")
+        }
+        self.transition(status, wall, exports=exports, error=error, exit_code=exit_code(status))
+        return failed
 
 
 def export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:

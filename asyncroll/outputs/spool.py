@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from asyncroll.outputs.lines import write_all
+
 
 class Spool:
     """``dir``: where the temporary file goes (None: the system's temporary directory)."""
@@ -51,7 +53,7 @@ class Spool:
             os.unlink(name)
             self._closer = weakref.finalize(self, os.close, self._fd)  # when closed or collected
         data = pickle.dumps(self._pending, protocol=pickle.HIGHEST_PROTOCOL)
-        os.pwrite(self._fd, data, self._size)
+        write_all(self._fd, data, self._size)  # a short write (a full disk) raises, never half a batch
         self._chunks.append((self._size, len(data)))
         self._size += len(data)
         self._pending = []

@@ -17,7 +17,7 @@ import json
 import os
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -29,7 +29,7 @@ from asyncroll.config import RunConfig
 from asyncroll.errors import AsyncrollError
 from asyncroll.events import EventLog, MeasurementFinished, MeasurementStarted, Subscriber
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
-from asyncroll.outputs.receipt import file_sha256, host, versions
+from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions
 from asyncroll.outputs.rundir import RunDirectory
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
@@ -50,7 +50,6 @@ from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.protocol import ToolSpec
 from asyncroll.workload import EVALUATOR_TOOL, Problem, WorkloadScan, iter_problems
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 Status = Literal["complete", "failed", "interrupted"]
 
 
@@ -61,6 +60,8 @@ class RunOutcome:
     summary: dict[str, Any] | None
     error: str | None = None
     late_signal: str | None = None  # SIGINT/SIGTERM that came after every trajectory had finished
+    #: exports (trace.json, timeline.html) that could not be written → why (run.json has them too)
+    exports_failed: dict[str, str] = field(default_factory=dict)
 
 
 class Run:
@@ -314,6 +315,8 @@ class Run:
                     elif status != "interrupted":
                         status = "interrupted"
                         error = f"interrupted by {self.interrupt_reason or 'cancellation'}"
+            if status == "complete" and events.write_error is not None:  # swallowed where it was raised
+                status, error = "failed", str(events.write_error)
             makespan = None if origin is None else (finished_at or clock.now()) - origin
             cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"], clock.virtual)
             if makespan is not None:
@@ -342,10 +345,12 @@ class Run:
                 dedicated_gpu=cfg.dedicated_gpu,
             )
             events.close()
-            files.finish(result, status, clock.wall(), error=error, exit_code=_exit_code(status))
+            unwritten = files.finish(result, status, clock.wall(), error)
+            if unwritten is not None:  # summary.json found no room on the disk
+                status, error = "failed", unwritten
             if late is not None:
                 raise late
-        return RunOutcome(status, _exit_code(status), result, error)
+        return RunOutcome(status, exit_code(status), result, error, exports_failed=files.exports_failed)
 
 
 def _json_line(data: dict[str, Any]) -> bytes:
@@ -353,10 +358,6 @@ def _json_line(data: dict[str, Any]) -> bytes:
         return orjson.dumps(data, default=str, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:  # e.g. an integer answer beyond 64 bits: the stdlib encoder handles any size
         return (json.dumps(data, default=str) + "\n").encode()
-
-
-def _exit_code(status: Status) -> int:
-    return {"complete": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAILED)
 
 
 async def _in_daemon_thread(fn: Callable[[], None]) -> None:

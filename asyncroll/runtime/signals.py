@@ -9,7 +9,8 @@ import signal
 from types import FrameType
 from typing import Any
 
-from asyncroll.runtime.run import EXIT_INTERRUPTED, Run, RunOutcome
+from asyncroll.outputs.receipt import EXIT_INTERRUPTED
+from asyncroll.runtime.run import Run, RunOutcome
 
 
 async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:

@@ -1,0 +1,64 @@
+"""Append-only files of whole lines (``events.jsonl``, ``results.jsonl``) that a full disk cannot corrupt.
+
+A write to a nearly full file system may be *short* (part of the line on disk, then ``ENOSPC``): every
+line is written whole or not at all — a partial line is cut off again, so each line on disk stays valid
+JSON — and the first failure is kept (:attr:`LineFile.error`), the file closed, and
+:class:`OutputWriteError` raised once. Later lines are dropped silently: the run that owns the file fails
+with that first error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from asyncroll.errors import AsyncrollError
+
+
+class OutputWriteError(AsyncrollError):
+    """A run's output file could not be written (its message names the file and the reason)."""
+
+
+def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+    """Write every byte of ``data`` (at ``offset`` with ``pwrite``, else at the file's position), looping
+    over short writes; a write that makes no progress is the disk being full."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = os.write(fd, view[done:]) if offset is None else os.pwrite(fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+
+
+class LineFile:
+    """A new file (never an existing one) that takes whole lines; see the module docstring."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._size = 0
+        self.error: OutputWriteError | None = None
+
+    def write(self, line: bytes) -> None:
+        if self._fd is None:  # closed, or failed before: the owner knows
+            return
+        try:
+            write_all(self._fd, line)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # the partial line a short write left
+                os.ftruncate(self._fd, self._size)
+            self.close()
+            self.error = OutputWriteError(
+                f"{self.path.name}: cannot write ({exc.strerror or exc}); lines written before are kept",
+            )
+            raise self.error from exc
+        self._size += len(line)
+
+    def close(self) -> None:
+        """Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

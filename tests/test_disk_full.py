@@ -1,0 +1,104 @@
+"""A run on a disk that fills up: every line already on disk stays valid and the run ends ``failed``.
+
+The disk is made "full" for real with ``RLIMIT_FSIZE`` in a child process: a write that crosses the
+limit is short (part of it lands), the next one fails (``EFBIG``; Python ignores ``SIGXFSZ``), as a
+write to a full file system is short and then fails with ``ENOSPC``. No mount or root needed.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _limited(limit_bytes: int) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+
+def test_a_line_file_keeps_whole_lines_and_fails_once(tmp_path: Path) -> None:
+    script = r"""
+import json, sys
+from pathlib import Path
+from asyncroll.outputs.lines import LineFile, OutputWriteError
+f = LineFile(Path(sys.argv[1]))
+raised, written = 0, 0
+for i in range(1000):
+    try:
+        f.write(b'{"i": %6d, "pad": "%s"}\n' % (i, b"x" * 83))  # 108 bytes each
+        written += 0 if raised else 1
+    except OutputWriteError as exc:
+        raised += 1
+        message = str(exc)
+f.close()
+print(json.dumps({"raised": raised, "written": written, "message": message,
+                  "error": str(f.error)}))
+"""
+    path = tmp_path / "lines.jsonl"
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: _limited(10_050),  # the 93rd line of 108 bytes crosses it: a short write
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    assert report["raised"] == 1  # once; later lines are dropped quietly, the owner already knows
+    assert report["written"] == 93  # 10,044 bytes fit, the 94th line does not
+    assert "lines.jsonl: cannot write" in report["message"] and report["error"] == report["message"]
+    data = path.read_bytes()
+    assert len(data) == 93 * 108 and data.endswith(b"\n")  # the partial line was cut off again
+    assert [json.loads(line)["i"] for line in data.splitlines()] == list(range(93))
+
+
+def test_a_run_whose_disk_fills_up_ends_failed_with_every_line_valid(tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"p{i}",
+                    "prompt": "add",
+                    "tools": [{"name": "add"}],
+                    "reference_answer": "5",
+                    "script": [
+                        {"type": "tool", "name": "add", "arguments": {"a": 2, "b": 3}, "latency_ms": 5},
+                        {"type": "final", "answer": "5", "latency_ms": 5},
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(300)
+        )
+    )
+    out = tmp_path / "run"
+    command = ["simulate", "--workload", str(workload), "--output", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        preexec_fn=lambda: _limited(48 << 10),  # events.jsonl outgrows 48 KiB; run.json does not
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "events.jsonl: cannot write" in proc.stderr
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and receipt["exit_code"] == 1
+    assert receipt["error"].startswith("events.jsonl: cannot write")
+    lines = (out / "events.jsonl").read_bytes()
+    assert lines.endswith(b"\n")
+    events = [json.loads(line) for line in lines.splitlines()]  # every line whole
+    assert "measurement_started" in {e["event"] for e in events} and len(events) > 100
+    for line in (out / "results.jsonl").read_bytes().splitlines():
+        json.loads(line)
+    summary = json.loads((out / "summary.json").read_text())  # small: it fits under the limit
+    assert summary["status"] == "failed"
+    assert not list(out.glob(".*.tmp"))  # no temporary file left behind
