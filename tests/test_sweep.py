@@ -480,3 +480,86 @@ def test_a_sweep_cell_reruns_from_its_seeds_workload_and_the_recorded_tool_root(
     assert again.exit_code == 0, again.output
     summary = json.loads((cell / "summary.json").read_text())
     assert summary["makespan_s"] == pytest.approx(float(row["makespan_s"]), abs=1e-6)
+
+
+def test_an_interrupted_sweep_keeps_the_simulations_it_finished(tmp_path: Path) -> None:
+    """Ctrl-C between cells (here: raised by the progress callback after the second row, as the signal's
+    KeyboardInterrupt would be) used to throw every finished row away: now they are written, marked
+    partial, and the interruption says how many finished."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepInterrupted, SweepSpec, run_sweep
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo", "tool_first"), (2, 4), (2,), (1,), 2, 0.2)
+
+    def stop_after_two(done: int, total: int, row: dict[str, object]) -> None:
+        if done == 2:
+            raise KeyboardInterrupt("SIGINT")
+
+    out = tmp_path / "s"
+    with pytest.raises(SweepInterrupted) as stopped:
+        run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out, progress=stop_after_two)
+    assert (stopped.value.done, stopped.value.total) == (2, 8)
+    with (out / "sweep.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["policy"], r["active"], r["seed"]) for r in rows] == [("fifo", "2", "0"), ("fifo", "4", "0")]
+    document = json.loads((out / "sweep.json").read_text())
+    assert document["complete"] is False and document["simulations"] == {"done": 2, "total": 8}
+    assert document["stopped_by"] == "SIGINT" and len(document["rows"]) == 2
+    assert (out / "sweep.md").read_text().startswith("**Partial: stopped by SIGINT after 2 of 8")
+    assert not list(out.glob(".*.tmp"))
+    whole = tmp_path / "whole"
+    run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), whole)
+    document = json.loads((whole / "sweep.json").read_text())
+    assert document["complete"] is True and document["simulations"] == {"done": 8, "total": 8}
+    assert document["stopped_by"] is None
+    assert document["rows"][:2] == json.loads((out / "sweep.json").read_text())["rows"]
+
+
+STOP_CELLS = """
+import sys, time, os
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+
+from asyncroll.simulation import sweep
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), sweep._cell_process, (os.getpid(),))
+    pool.submit(time.sleep, 600)  # a long cell; cell processes ignore SIGINT and SIGTERM
+    while not pool._processes:
+        time.sleep(0.01)
+    (cell,) = pool._processes.values()
+    shutdown, calls = pool.shutdown, []
+
+    def interrupted_once(*args, **kwargs):  # the second Ctrl-C, while the sweep waits for the cell
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return shutdown(*args, **kwargs)
+
+    pool.shutdown = interrupted_once
+    began = time.monotonic()
+    sweep._stop(pool, kill=False)
+    print(len(calls), cell.exitcode, round(time.monotonic() - began, 1))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_while_the_sweep_waits_for_its_cells_kills_them(tmp_path: Path) -> None:
+    """A Ctrl-C that cut the sweep's wait for its running cells short left them running (they ignore
+    signals) and the interpreter's exit waiting on them for ever; now it kills them and the wait ends."""
+    script = tmp_path / "stop_cells.py"
+    script.write_text(STOP_CELLS)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert out.returncode == 0, out.stderr
+    calls, exitcode, seconds = out.stdout.split()
+    assert calls == "2" and exitcode == str(-signal.SIGKILL)
+    assert float(seconds) < 30

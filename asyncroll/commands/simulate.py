@@ -287,6 +287,12 @@ def simulate(
         where = (
             f"partial outputs in {output}" if output is not None and output.exists() else "nothing written"
         )
+        done = getattr(exc, "done", None)  # a sweep that kept the simulations it finished
+        if done is not None:
+            where = (
+                f"{done} of {getattr(exc, 'total', '?')} simulations finished: their rows are in "
+                f"{output} (sweep.csv, sweep.md, sweep.json, marked partial)"
+            )
         typer.echo(f"interrupted by {signals.received or str(exc) or 'SIGINT'}; {where}", err=True)
         raise typer.Exit(130) from None
     finally:

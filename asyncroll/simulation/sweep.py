@@ -10,8 +10,10 @@ settings, the workload's SHA-256, the versions, the host and the command line).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
+import io
 import itertools
 import json
 import multiprocessing
@@ -29,7 +31,7 @@ from typing import Any
 
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
-from asyncroll.errors import SimulationError
+from asyncroll.errors import OutputExistsError, SimulationError, UsageError
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.runtime.run import PreparedRun, Run
@@ -92,7 +94,12 @@ def run_sweep(
     policy object must then be picklable. ``progress(done, total, row)`` is called after each row, in
     order. ``argv`` is the command line recorded in ``sweep.json`` (default: this process's)."""
     record = _record(workload, tool_root, base, sys.argv if argv is None else argv)
-    output.mkdir(parents=True)
+    try:
+        output.mkdir(parents=True)
+    except FileExistsError as exc:  # a dangling symbolic link too
+        raise OutputExistsError(f"--output {output} already exists") from exc
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
     (output / "workloads").mkdir()
     _scan.cache_clear()  # a scan is cached by path: a later sweep may reuse a deleted output's paths
     cells: list[Cell] = []
@@ -109,16 +116,70 @@ def run_sweep(
     if jobs > 1 and len(cells) > 1:
         context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
         pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
+    stopped: BaseException | None = None
     try:
         for row in map(run_cell, cells) if pool is None else pool.map(run_cell, cells):
             rows.append(row)
             if progress is not None:
                 progress(len(rows), len(cells), row)
-    finally:  # on Ctrl-C or a failed cell: drop the cells not started, wait for the running ones
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    _write(output, rows, spec, settings, record)
-    return rows
+    except _FinishedThenStopped as exc:  # the signal came after this cell had finished: its row counts
+        rows.append(exc.row)
+        if progress is not None:
+            progress(len(rows), len(cells), exc.row)
+        stopped = exc
+    except BaseException as exc:  # noqa: BLE001 - raised again below, once the cell processes are gone
+        stopped = exc
+    if pool is not None:
+        _stop(pool, kill=stopped is not None)  # a signal during this wait is one more reason to stop
+    if stopped is not None and len(rows) == len(cells) and isinstance(stopped, KeyboardInterrupt):
+        stopped = None  # every cell had finished: the sweep is whole
+    if stopped is None:
+        _write(output, rows, spec, settings, record, total=len(cells))
+        return rows
+    if isinstance(stopped, KeyboardInterrupt) and rows:  # what finished is kept, marked partial
+        _write(output, rows, spec, settings, record, total=len(cells), stopped=str(stopped) or "SIGINT")
+        raise SweepInterrupted(str(stopped), len(rows), len(cells)) from stopped
+    raise stopped
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by SIGINT/SIGTERM after ``done`` of ``total`` cells; their rows were written."""
+
+    def __init__(self, signal_name: str, done: int, total: int) -> None:
+        super().__init__(signal_name)
+        self.done, self.total = done, total
+
+
+class _FinishedThenStopped(KeyboardInterrupt):
+    """A cell that finished, then saw a signal (in the sweep's own process): its row, and stop."""
+
+    def __init__(self, signal_name: str, row: dict[str, Any]) -> None:
+        super().__init__(signal_name)
+        self.row = row
+
+
+def _stop(pool: ProcessPoolExecutor, *, kill: bool) -> None:
+    """End the sweep's cell processes. ``kill``: the sweep stops, so the running cells are killed (a
+    cell writes nothing, and an unfinished cell's row is dropped anyway) instead of waited for; a signal
+    that comes while waiting kills them too. Cells ignore SIGINT and SIGTERM (the sweep owns those), so
+    a wait that a second Ctrl-C cut short used to leave them running and the interpreter's exit waiting
+    on them for ever."""
+    # ProcessPoolExecutor has no public list of its processes; this attribute exists from 3.8 to 3.13.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    if kill:
+        _kill(processes)
+    while True:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+            return
+        except KeyboardInterrupt:
+            _kill(processes)
+
+
+def _kill(processes: list[Any]) -> None:
+    for process in processes:
+        with contextlib.suppress(Exception):  # already gone
+            process.kill()
 
 
 @dataclass(frozen=True)
@@ -167,7 +228,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         policy=cell.rule,
     )
     outcome = clock.run(interruptible(run, keep_ignored=True))
-    if outcome.status == "interrupted" or outcome.late_signal:  # late: the cell finished, the sweep stops
+    if outcome.status == "interrupted":
         raise KeyboardInterrupt(run.interrupt_reason or "")
     if outcome.status != "complete" or outcome.summary is None:
         raise SimulationError(
@@ -175,7 +236,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
             f"run ended {outcome.status}: {outcome.error}"
         )
     s = outcome.summary
-    return {
+    row = {
         "policy": cell.label,
         "active": active,
         "inflight": inflight,
@@ -192,6 +253,9 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         "reorders": s["scheduler"]["reorders"],
         "decisions": s["scheduler"]["decisions"],
     }
+    if outcome.late_signal:  # the cell finished, then a signal came: its row counts, the sweep stops
+        raise _FinishedThenStopped(outcome.late_signal, row)
+    return row
 
 
 def usable_cpus() -> int:
@@ -325,23 +389,45 @@ def _write(
     spec: SweepSpec,
     settings: SimulationSettings,
     record: dict[str, Any],
+    *,
+    total: int,
+    stopped: str | None = None,
 ) -> None:
-    with (output / "sweep.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    """sweep.csv, sweep.md and sweep.json, each written whole (a temporary file renamed over it).
+    ``stopped``: the signal that stopped the sweep after ``len(rows)`` of ``total`` cells; the tables
+    then hold those cells only and say so (``complete`` false in sweep.json, a first line in sweep.md)."""
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=COLUMNS, lineterminator="\r\n")
+    writer.writeheader()
+    writer.writerows(rows)
     agg = aggregate(rows)
-    (output / "sweep.md").write_text(markdown(agg))
-    (output / "sweep.json").write_text(
-        json.dumps(
-            {
-                "workload": record["workload"],
-                "spec": asdict(spec),
-                "simulation": settings.describe(),
-                **{k: v for k, v in record.items() if k != "workload"},
-                "rows": rows,
-                "cells": agg,
-            },
-            indent=2,
+    note = ""
+    if stopped is not None:
+        note = (
+            f"**Partial: stopped by {stopped} after {len(rows)} of {total} simulations**; a cell's spread "
+            "and its change against fifo are over the seeds that finished.\n\n"
         )
-    )
+    document = {
+        "workload": record["workload"],
+        "spec": asdict(spec),
+        "simulation": settings.describe(),
+        **{k: v for k, v in record.items() if k != "workload"},
+        "complete": stopped is None,
+        "simulations": {"done": len(rows), "total": total},
+        "stopped_by": stopped,
+        "rows": rows,
+        "cells": agg,
+    }
+    for name, text in (
+        ("sweep.csv", table.getvalue()),
+        ("sweep.md", note + markdown(agg)),
+        ("sweep.json", json.dumps(document, indent=2)),
+    ):
+        staged = output / f".{name}.tmp"
+        try:
+            with staged.open("w", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+            os.replace(staged, output / name)
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
