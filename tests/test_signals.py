@@ -60,6 +60,7 @@ def run_with(
     on_event: type[Event] | None = None,
     signal_on_close: bool = False,
     signal_in_worker_close: bool = False,
+    sig: signal.Signals = signal.SIGINT,
 ) -> tuple[RunOutcome, ClosingBackend, Path]:
     """Two short trajectories; SIGINT sent to this process from a subscriber when ``on_event`` is
     emitted (synchronously, as the runtime emits it), or from the cleanup."""
@@ -75,7 +76,7 @@ def run_with(
     def subscriber(event: Event) -> None:
         if on_event is not None and isinstance(event, on_event) and not sent:
             sent.append(True)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
 
     class SignallingWorker(VirtualWorker):
         async def aclose(self) -> None:
@@ -92,11 +93,11 @@ def run_with(
         backend=backend,
         subscribers=(subscriber,),
     )
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         outcome = clock.run(interruptible(run))
-    finally:
-        assert signal.getsignal(signal.SIGINT) is previous  # the handlers in place before are back
+    finally:  # the handlers in place before are back
+        assert {s: signal.getsignal(s) for s in previous} == previous
     return outcome, backend, out
 
 
@@ -110,6 +111,34 @@ def test_a_signal_mid_run_interrupts(tmp_path: Path) -> None:
     outcome, backend, out = run_with(tmp_path, on_event=TrajectoryFinished)
     assert (outcome.status, outcome.exit_code, outcome.late_signal) == ("interrupted", 130, None)
     assert status(out) == "interrupted" and backend.closed
+
+
+@pytest.mark.timeout(60)
+def test_sighup_interrupts_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    """The terminal going away used to kill the run outright, run.json left at "running" for ever."""
+    outcome, backend, out = run_with(tmp_path, on_event=TrajectoryFinished, sig=signal.SIGHUP)
+    assert (outcome.status, outcome.exit_code, outcome.error) == ("interrupted", 130, "interrupted by SIGHUP")
+    assert status(out) == "interrupted" and backend.closed
+
+
+def test_command_signals_interrupt_before_the_run_and_only_record_after_it() -> None:
+    from asyncroll.runtime.signals import CommandSignals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signals = CommandSignals()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(sig)  # as Ctrl-C does: set-up stops cleanly, exit 130
+        assert signals.received == "SIGTERM"  # the first one names the interruption
+        signals.received = None
+        signals.hold()  # the outcome is final: signals are only recorded from now on
+        for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+            signal.raise_signal(sig)
+        assert signals.received == "SIGHUP"
+    finally:
+        signals.restore()
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 @pytest.mark.timeout(60)
@@ -278,3 +307,49 @@ def test_a_failing_or_cancelled_cleanup_step_does_not_skip_the_next() -> None:
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(cancelled_during_the_first())
     assert ran == ["slow", "fails", "closes"]  # the cancellation wins over the failure, after all ran
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_as_the_output_directory_appears_leaves_no_directory_without_a_receipt(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM just after ``run`` created its output directory (before the run's own handlers) used to
+    kill it and leave an empty directory — no run.json — that blocked the path. Whenever it comes, the
+    directory is either removed ("nothing written", exit 130) or holds a receipt that says interrupted."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    problems = [tool_problem(f"p{i}", model_ms=100, cpu_ms=50) for i in range(20)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    outcomes = set()
+    for attempt in range(3):
+        out = tmp_path / f"run{attempt}"
+        command = ["run", "--workload", str(workload), "--output", str(out), "--no-progress"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncroll.cli", *command],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+                pass  # busy: the window is milliseconds long
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 130, stderr
+        assert "Traceback" not in stderr
+        if out.exists():
+            assert status(out) == "interrupted", stderr
+            outcomes.add("interrupted")
+        else:
+            assert "interrupted by SIGTERM; nothing written" in stderr
+            outcomes.add("nothing written")
+    assert outcomes

@@ -209,13 +209,14 @@ def run(
 
 def _run(cfg: Any) -> int:
     import asyncio
+    import shutil
 
     from asyncroll.clock import SystemClock
     from asyncroll.config import MAX_PROCESS_WORKERS
     from asyncroll.errors import UsageError
     from asyncroll.outputs.receipt import EXIT_INTERRUPTED
     from asyncroll.runtime.run import Run, prepare
-    from asyncroll.runtime.signals import interruptible, late_signal_note
+    from asyncroll.runtime.signals import CommandSignals, interruptible, late_signal_note
 
     if cfg.cpu_workers > MAX_PROCESS_WORKERS:
         typer.echo(
@@ -234,25 +235,43 @@ def _run(cfg: Any) -> int:
                 err=True,
             )
             return 2
+    # Validation and set-up stop on SIGINT, SIGTERM or SIGHUP too (exit 130); the run itself has its own
+    # handlers (interruptible); once its outcome is final a signal is only recorded (CommandSignals).
+    signals = CommandSignals()
+    existed = cfg.output.exists() or cfg.output.is_symlink()
     try:
-        prepared = prepare(cfg, probe_isolation=True)
-    except UsageError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return exc.exit_code
-    clock = SystemClock()
-    runner = Run(prepared, clock)
+        try:
+            prepared = prepare(cfg, probe_isolation=True)
+        except UsageError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            return exc.exit_code
+        clock = SystemClock()
+        runner = Run(prepared, clock)
 
-    async def main() -> int:
-        outcome = await interruptible(runner)
-        if runner.interrupt_reason is not None and outcome.status == "interrupted":
-            typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True)
-            return EXIT_INTERRUPTED
-        print_summary(outcome.summary, cfg.output)
-        warn_exports(outcome.exports_failed, cfg.output)
-        if outcome.late_signal:
-            typer.echo(late_signal_note(outcome.late_signal), err=True)
-        if outcome.error:
-            typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
-        return outcome.exit_code
+        async def main() -> int:
+            outcome = await interruptible(runner)
+            signals.hold()
+            if runner.interrupt_reason is not None and outcome.status == "interrupted":
+                typer.echo(
+                    f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True
+                )
+                return EXIT_INTERRUPTED
+            print_summary(outcome.summary, cfg.output)
+            warn_exports(outcome.exports_failed, cfg.output)
+            if outcome.late_signal:
+                typer.echo(late_signal_note(outcome.late_signal), err=True)
+            if outcome.error:
+                typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
+            return outcome.exit_code
 
-    return asyncio.run(main())
+        return asyncio.run(main())
+    except KeyboardInterrupt as exc:  # before the run began: no receipt yet
+        where = "nothing written"
+        if not existed and cfg.output.is_dir() and not (cfg.output / "run.json").exists():
+            shutil.rmtree(cfg.output, ignore_errors=True)  # made by this command a moment ago, still empty
+        elif cfg.output.exists() and not existed:
+            where = f"partial outputs in {cfg.output}"
+        typer.echo(f"interrupted by {signals.received or str(exc) or 'SIGINT'}; {where}", err=True)
+        return EXIT_INTERRUPTED
+    finally:
+        signals.restore()

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -130,7 +127,10 @@ def simulate(
     }
     values = {k: v for k, v in flags.items() if k not in sim_keys}
     derived = None
-    signals = _TerminateAsInterrupt()
+    from asyncroll.runtime.signals import CommandSignals
+
+    signals = CommandSignals()
+    final = False
     try:
         if server not in ("fixed", "batching"):
             raise UsageError(f"--server: must be fixed or batching, not {server!r}")
@@ -277,6 +277,7 @@ def simulate(
             signals=True,
             untimed=untimed,
         )
+        final = True
     except (UsageError, SimulationError, ValueError) as exc:
         if derived is not None and output is not None and not (output / "run.json").exists():
             import shutil
@@ -296,7 +297,18 @@ def simulate(
         typer.echo(f"interrupted by {signals.received or str(exc) or 'SIGINT'}; {where}", err=True)
         raise typer.Exit(130) from None
     finally:
+        if final:  # the outcome is final: a signal now is only recorded (it used to kill the process)
+            signals.hold()
+        else:
+            signals.restore()
+    try:
+        _report(outcome, cfg, from_run, untimed)
+    finally:
         signals.restore()
+
+
+def _report(outcome: Any, cfg: Any, from_run: Path | None, untimed: Counter[str]) -> NoReturn:
+    """Print a single simulation's outcome and exit with its code."""
     if outcome.status == "interrupted" and outcome.summary is None:
         typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
         raise typer.Exit(outcome.exit_code)
@@ -453,30 +465,6 @@ def _csv(text: str, kind: type[str] | type[int], flag: str) -> tuple[Any, ...]:
             f"{flag}: {', '.join(repeated)} given more than once; each value is one cell of the sweep"
         )
     return tuple(values)
-
-
-class _TerminateAsInterrupt:
-    """While installed, SIGTERM does what SIGINT does (a KeyboardInterrupt, or the asyncio runner's
-    cancellation inside a run), so ``simulate`` stops as cleanly on either and exits 130. Inside a
-    single simulation the engine's own handlers take over and record which signal it was."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received = "SIGTERM"
-        handler = signal.getsignal(signal.SIGINT)
-        if not callable(handler):  # SIGINT ignored or left to the OS: interrupt all the same
-            raise KeyboardInterrupt
-        handler(signal.SIGINT, frame)  # Python's raises KeyboardInterrupt; asyncio's cancels the run
-
-    def restore(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
 
 
 def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:

@@ -1,21 +1,28 @@
-"""SIGINT and SIGTERM cancel a run: the one place that turns a signal into an ``interrupted`` outcome
-(``asyncroll run``, ``simulate``, a sweep's cells)."""
+"""SIGINT, SIGTERM and SIGHUP cancel a run: the one place that turns a signal into an ``interrupted``
+outcome (``asyncroll run``, ``simulate``, a sweep's cells), and that keeps a command's signals in order
+before its run starts and after its outcome is final (:class:`CommandSignals`)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import signal
+import threading
 from types import FrameType
 from typing import Any
 
 from asyncroll.outputs.receipt import EXIT_INTERRUPTED
 from asyncroll.runtime.run import Run, RunOutcome
 
+#: The signals that stop a run: Ctrl-C, a polite kill, and the terminal going away.
+STOP_SIGNALS = tuple(
+    sig for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None
+)
+
 
 async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
-    """``run.execute()`` with SIGINT and SIGTERM cancelling it and the signal recorded as the reason, as
-    in ``asyncroll run``; an interrupted run returns an ``interrupted`` outcome (exit code 130, no
+    """``run.execute()`` with SIGINT, SIGTERM and SIGHUP cancelling it and the signal recorded as the
+    reason, as in ``asyncroll run``; an interrupted run returns an ``interrupted`` outcome (exit code 130, no
     summary) instead of raising. ``keep_ignored``: a signal this process ignores (a sweep's cell
     processes ignore both) stays ignored. The handlers in place before are put back afterwards.
 
@@ -41,7 +48,7 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
             loop.call_soon_threadsafe(cancel, name)
 
     installed: list[tuple[signal.Signals, Any]] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         previous = signal.getsignal(sig)
         if keep_ignored and previous == signal.SIG_IGN:
             continue
@@ -58,6 +65,7 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
     except asyncio.CancelledError:
         if run.interrupt_reason is None:
             raise
+        task.uncancel()  # handled: this task's later awaits must not see the cancellation again
         return RunOutcome("interrupted", EXIT_INTERRUPTED, None, f"interrupted by {run.interrupt_reason}")
     finally:
         finished = True
@@ -68,3 +76,50 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
 def late_signal_note(name: str) -> str:
     """What the CLI says when a signal came after every trajectory had finished."""
     return f"{name} received after every trajectory had finished: the run is complete and so are its outputs"
+
+
+class CommandSignals:
+    """A command's signals outside its run (``asyncroll run``, ``simulate``; :func:`interruptible` takes
+    over while a run executes). Installed: SIGTERM and SIGHUP do what SIGINT does (a KeyboardInterrupt,
+    or asyncio's cancellation while an event loop runs), so validation and set-up stop as cleanly on any
+    of them — exit 130, the signal named (:attr:`received`). After :meth:`hold` (the outcome is final,
+    only printing is left) each of the three is recorded and otherwise ignored: it used to kill the
+    process, or end it with a traceback and a wrong exit code. :meth:`restore` puts the handlers back."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._held = False
+        self._previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            if sig is signal.SIGINT:  # Python's own handler (or the caller's) raises KeyboardInterrupt;
+                self._previous[sig] = signal.getsignal(sig)  # kept as it is, put back by restore()
+                continue
+            self._previous[sig] = signal.signal(sig, self._as_interrupt)
+
+    def _as_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        self.received = self.received or signal.Signals(signum).name
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):  # SIGINT ignored or left to the OS: interrupt all the same
+            raise KeyboardInterrupt(self.received)
+        handler(signal.SIGINT, frame)  # Python's raises KeyboardInterrupt; asyncio's cancels the run
+
+    def _record(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = self.received or signal.Signals(signum).name
+
+    def hold(self) -> None:
+        """From now on a stop signal is recorded only: the run's outcome is final."""
+        if threading.current_thread() is not threading.main_thread() or self._held:
+            return
+        self._held = True
+        for sig in STOP_SIGNALS:  # what was there at the start is what restore() puts back: not a
+            previous = signal.signal(sig, self._record)  # handler of an event loop that has ended
+            self._previous.setdefault(sig, previous)
+
+    def restore(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
