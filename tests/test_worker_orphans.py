@@ -495,3 +495,32 @@ def test_a_timed_out_workers_children_in_sessions_of_their_own_leave_no_zombie(
 
     assert run(main()) == [] and zombies() == []
     assert sleeping(duration) == []
+
+
+def test_a_worker_whose_runtime_died_as_it_started_leaves_at_once() -> None:
+    """Linux sends the death signal only to a worker that asked for it before its parent died: one
+    whose runtime was SIGKILLed while its interpreter started lived on, alone, as long as its tools took
+    to import. A worker whose parent is not the runtime that spawned it leaves before anything else."""
+    job_r, job_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    try:
+        command = [sys.executable, "-P", "-m", "asyncroll.workers.child", "--in-fd", str(job_r)]
+        command += ["--out-fd", str(reply_w), "--tools-json", "[]"]
+        for parent, code in ((os.getpid() + 10_000_000, 1), (os.getpid(), 0)):  # no process has the first
+            proc = subprocess.Popen(
+                [*command, "--parent-pid", str(parent)], cwd=REPO, pass_fds=(job_r, reply_w)
+            )
+            if code == 0:  # its own runtime: it starts, reports ready and serves until its input ends
+                ready = os.read(reply_r, 1 << 16)
+                assert ready
+            else:
+                assert proc.wait(timeout=30) == code
+                continue
+            os.close(job_w)
+            job_w = -1
+            assert proc.wait(timeout=30) == code
+    finally:
+        for fd in (job_r, job_w, reply_r, reply_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)

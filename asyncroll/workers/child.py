@@ -431,8 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     parser.add_argument("--tools-json", required=True)
+    parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
     _die_with_parent()
+    if args.parent_pid is not None and os.getppid() != args.parent_pid:
+        # The runtime died before the line above (its SIGKILL while this interpreter started): no death
+        # signal will come, and importing the tools could take long. Leave now.
+        os._exit(1)
     _adopt_orphans()
     _mark_sigint()
     try:

@@ -52,7 +52,7 @@ async def spawn(tools: Sequence[ToolSpec], log_path: Path | None, origin: str) -
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "asyncroll.workers.child",
-                "--in-fd", str(job_r), "--out-fd", str(reply_w),
+                "--in-fd", str(job_r), "--out-fd", str(reply_w), "--parent-pid", str(os.getpid()),
                 "--tools-json", json.dumps([tool.to_json() for tool in tools]),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log or asyncio.subprocess.DEVNULL,
