@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a receipt that could not be written (a full disk)
+        print(f"error: experiment failed: {exc}; --resume continues it once there is room", file=sys.stderr)
+        return 1
     print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
     return outcome.exit_code
 

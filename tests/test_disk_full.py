@@ -102,3 +102,33 @@ def test_a_run_whose_disk_fills_up_ends_failed_with_every_line_valid(tmp_path: P
     summary = json.loads((out / "summary.json").read_text())  # small: it fits under the limit
     assert summary["status"] == "failed"
     assert not list(out.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_an_export_that_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
+    from asyncroll.outputs.trace import write_atomic
+
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(tmp_path / "timeline.html", "\ud800")  # fails after its temporary file was opened
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_experiment_lock_that_cannot_be_written_is_a_clean_error(tmp_path: Path) -> None:
+    script = r"""
+import sys
+from pathlib import Path
+from asyncroll.errors import UsageError
+from asyncroll.experiment.lock import OutputLock
+try:
+    OutputLock.acquire(Path(sys.argv[1]))
+except UsageError as exc:
+    print(exc)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: _limited(10),  # the holder's record does not fit
+        check=True,
+    )
+    assert "experiment.lock: cannot record the runner" in out.stdout, out.stderr

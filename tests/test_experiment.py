@@ -757,3 +757,77 @@ def test_gates_fail_on_unknown_and_on_the_threshold() -> None:
     ]
     assert verdicts[2]["note"].startswith("unknown")
     assert evaluate_gates(gates[:1], ["a"], {"a": None})[0]["passed"] is False  # failed arm
+
+
+@pytest.mark.timeout(240)
+def test_a_receipt_write_that_fails_after_an_arm_finished_never_loses_the_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk for a moment: one receipt write fails (OSError ENOSPC, injected once) after the arm's
+    client finished and its outputs passed the checks — first the arm.json of its server's stop, then,
+    in a second experiment, the experiment.json that records it complete. The arm stayed failed for
+    ever (a resume never looked again). Now the measurement stands: the arm is complete, the experiment
+    stops with the error (exit 1, no traceback), and --resume finishes the rest."""
+    import errno
+
+    import asyncroll.experiment.receipts as receipts
+    from asyncroll.experiment.config import load_experiment_config
+    from asyncroll.experiment.runner import ExperimentRunner
+
+    config = write_config(tmp_path, pairs=1, stages={})
+    cfg = load_experiment_config(config)
+    real = receipts.write_json_atomic
+    for when in ("stopping_server", "recorded complete"):
+        out = tmp_path / when.replace(" ", "-")
+        fired: list[Path] = []
+
+        def once(path: Path, data: dict[str, Any], when: str = when, fired: list[Path] = fired) -> None:
+            hit = (
+                path.name == "arm.json" and data.get("status") == "stopping_server"
+                if when == "stopping_server"
+                else path.name == "experiment.json"
+                and any(a["status"] == "complete" for a in data["arms"].values())
+            )
+            if hit and not fired:
+                fired.append(path)
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            real(path, data)
+
+        monkeypatch.setattr(receipts, "write_json_atomic", once)
+        try:
+            outcome = ExperimentRunner(cfg, out, config_path=config, echo=lambda _: None).run()
+        finally:
+            kill_recorded(out)
+        monkeypatch.setattr(receipts, "write_json_atomic", real)
+        assert fired, when
+        assert (outcome.status, outcome.exit_code) == ("failed", 1), outcome.message
+        assert "No space left on device" in outcome.message
+        first = read(out / "experiment.json")["arms"]["pair1-fifo"]
+        assert first["status"] == "complete", (when, first)
+        assert read(out / "arms" / "pair1-fifo" / "arm.json")["status"] == "complete"
+        resumed = cli("experiment", "run", "--config", config, "--output", out, "--resume", timeout=150)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        arms = read(out / "experiment.json")["arms"]
+        assert {k: v["status"] for k, v in arms.items()} == {
+            "pair1-fifo": "complete",
+            "pair1-asyncroll": "complete",
+        }
+        assert not [p for p in recorded_processes(out) if alive(p)]
+
+
+def test_a_signal_during_a_resumes_recovery_waits_for_it_then_interrupts() -> None:
+    """A Ctrl-C while --resume killed the dead runner's server (a GPU held) cut the sweep short and left
+    it running; the guard now records it and interrupts once the recovery is done."""
+    from asyncroll.experiment.arms import ExperimentInterrupted
+    from asyncroll.experiment.signals import SignalGuard
+
+    with SignalGuard() as guard:
+        with guard.deferred():
+            signal.raise_signal(signal.SIGINT)  # recorded, not raised: the recovery goes on
+            recovered = True
+        assert recovered and guard.received == "SIGINT"
+        with pytest.raises(ExperimentInterrupted, match="SIGINT"):
+            guard.raise_deferred()
+        guard.raise_deferred()  # once
+        signal.raise_signal(signal.SIGTERM)  # a later signal is counted, as before
+        assert guard.ignored == 1

@@ -45,6 +45,8 @@ def experiment_run(
         outcome = runner.run()
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
+    except OSError as exc:  # a receipt that could not be written (a full disk): the files say how far it got
+        raise fail(f"experiment failed: {exc}; --resume continues it once there is room", 1) from None
     typer.echo(outcome.message, err=outcome.exit_code != 0)
     raise typer.Exit(outcome.exit_code)
 

@@ -196,11 +196,12 @@ def _steps(
     url = endpoint(cfg, port)
     server = InferenceServer(command, url, arm_dir / "server.log", cfg.server.env, cfg.model.served_name)
     receipt.transition("starting_server", server={"command": command, "url": url})
+    live.server = server  # before the spawn: a signal the moment it is spawned still stops it
     try:
         server.start()
     except OSError as exc:
+        live.server = None
         raise ArmFailed("starting_server", f"cannot start {command[0]!r}: {exc}") from None
-    live.server = server
     receipt.update(server={**receipt.data["server"], "process": server.process.record()})
     startup_s = cfg.server.startup_timeout_s
     left = float("inf") if time_left is None else time_left()
@@ -304,7 +305,8 @@ def _stop_client(receipt: ArmReceipt, live: _Live) -> None:
 
 
 def _stop_server(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live) -> None:
-    if live.server is None:
+    if live.server is None or live.server.process.popen is None:  # never spawned
+        live.server = None
         return
     stop = live.server.stop(cfg.server.stop_grace_s)
     evidence, others = live.server.evidence(), live.server.unattributed
@@ -322,7 +324,8 @@ def _abort(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live, exc: BaseExc
 
     An arm that already had its verdict when the interrupt came (its client finished and its outputs
     passed the checks, or a step had failed) keeps it: only the stop of its processes was cut short, and
-    it is finished all the same, so a resume never runs it again."""
+    it is finished all the same, so a resume never runs it again. So does one whose stop failed (a
+    receipt write on a full disk, say): the error is kept as ``stop_error``, the measurement stands."""
     where = receipt.status
     try:
         _stop_client(receipt, live)
@@ -338,6 +341,8 @@ def _abort(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live, exc: BaseExc
                     receipt.transition("interrupted", error="interrupted while " + where)
                 else:
                     receipt.transition(verdict, interrupted_while=where)
+            elif verdict is not None:  # e.g. a receipt write failed while stopping: the measurement stands
+                receipt.transition(verdict, stop_error=_unexpected(where, exc))
             else:
                 receipt.transition("failed", error=_unexpected(where, exc), failed_step=where)
 

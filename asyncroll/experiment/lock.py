@@ -25,6 +25,7 @@ from pathlib import Path
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.receipts import now_iso
+from asyncroll.outputs.lines import write_all
 
 LOCK_NAME = "experiment.lock"
 
@@ -57,8 +58,12 @@ class OutputLock:
             os.close(fd)
             raise UsageError(f"{path}: cannot lock: {exc.strerror or exc}") from None
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            write_all(fd, (json.dumps(record) + "\n").encode(), 0)  # a short write is a failure too
+        except OSError as exc:  # a full disk: the lock is held all the same, but nothing is started
+            os.close(fd)
+            raise UsageError(f"{path}: cannot record the runner: {exc.strerror or exc}") from None
         return cls(fd, path)
 
     def release(self) -> None:

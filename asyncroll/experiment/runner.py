@@ -97,6 +97,7 @@ class ExperimentRunner:
         self.plan = build_plan(cfg)
         self._lock: OutputLock | None = None
         self._deadline_at: float | None = None
+        self._guard: SignalGuard | None = None
 
     def run(self) -> Outcome:
         """Validate, lock, create or resume, run every unfinished arm, write comparison.json."""
@@ -113,11 +114,16 @@ class ExperimentRunner:
         subreaper = is_subreaper()
         set_subreaper(True)
         try:
-            receipt = self._open(fp)
-            if self.resume:
-                self._preflight_resume(receipt)
             with SignalGuard() as guard:
+                # A signal while a resume kills the dead runner's leftovers (a server holding the GPU)
+                # and records them waits until that is done, then interrupts.
+                with guard.deferred():
+                    receipt = self._open(fp)
+                    if self.resume:
+                        self._preflight_resume(receipt)
+                self._guard = guard
                 try:
+                    guard.raise_deferred()
                     return self._run_all(receipt)
                 except ExperimentInterrupted as exc:
                     receipt.set_status("interrupted", error=f"interrupted by {exc}")
@@ -167,11 +173,12 @@ class ExperimentRunner:
     def _crashed(self, receipt: ExperimentReceipt, exc: Exception) -> Outcome:
         """An unexpected error outside any arm: the experiment ends ``failed``, the error recorded."""
         error = f"unexpected error: {type(exc).__name__}: {exc}"
-        receipt.set_status("failed", error=error, error_traceback=traceback.format_exc())
         try:
+            receipt.set_status("failed", error=error, error_traceback=traceback.format_exc())
             self._write_comparison(receipt)
         except Exception as again:  # noqa: BLE001 - the first error is the one to report
-            error += f" (comparison.json not written: {type(again).__name__}: {again})"
+            # (a full disk: experiment.json keeps its last state; --resume reads each arm's arm.json)
+            error += f" (not recorded: {type(again).__name__}: {again})"
         return Outcome(
             "failed", EXIT_INCOMPLETE, f"experiment failed: {error}; see {self.output / 'experiment.json'}"
         )
@@ -230,6 +237,11 @@ class ExperimentRunner:
         moved, recorded = [], []
         for arm in self.plan:
             record = receipt.arm(arm.id)
+            own = self._finished_arm(arm) if record["status"] == "failed" else None
+            if own is not None and own["status"] == "complete":  # it finished; recording it failed
+                self._record(receipt, arm, own)
+                recorded.append(arm.id)
+                continue
             if record["status"] in TERMINAL or (
                 record["status"] == "pending" and not self._arm_dir(arm).exists()
             ):
@@ -374,9 +386,14 @@ class ExperimentRunner:
                 receipt.set_arm(arm.id, status="interrupted")
             raise
         except Exception as exc:
-            receipt.set_arm(
-                arm.id, status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time()
-            )
+            finished = self._finished_arm(arm)
+            if finished is not None:  # e.g. recording it failed: its arm.json verdict stands
+                receipt.set_arm(arm.id, record_error=f"{type(exc).__name__}: {exc}")
+                self._record(receipt, arm, finished)
+            else:
+                receipt.set_arm(
+                    arm.id, status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time()
+                )
             raise
 
     def _finished_arm(self, arm: ArmPlan) -> dict[str, Any] | None:
@@ -402,6 +419,8 @@ class ExperimentRunner:
         self.echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
 
     def _finish(self, receipt: ExperimentReceipt, status: str, reason: str | None) -> Outcome:
+        if self._guard is not None:  # every arm has ended: a signal now must not turn this into interrupted
+            self._guard.hold()
         receipt.set_status(status, stop_reason=reason)  # type: ignore[arg-type]
         self._write_comparison(receipt)
         failed = [k for k, v in receipt.data["arms"].items() if v["status"] == "failed"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -22,6 +24,8 @@ class SignalGuard:
         self.received: str | None = None
         self.ignored = 0
         self._previous: dict[signal.Signals, Any] = {}
+        self._defer = False
+        self._deferred = False
 
     def __enter__(self) -> SignalGuard:
         for sig in self.SIGNALS:
@@ -40,9 +44,27 @@ class SignalGuard:
         if self.received is None:
             self.received = "none (winding down)"
 
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Inside, the first signal is recorded, not raised: :meth:`raise_deferred` raises it after."""
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
+
+    def raise_deferred(self) -> None:
+        """Raise the interrupt a :meth:`deferred` stretch recorded, if any."""
+        if self._deferred:
+            self._deferred = False
+            raise ExperimentInterrupted(str(self.received))
+
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.received is not None:
             self.ignored += 1
             return
         self.received = signal.Signals(signum).name
+        if self._defer:
+            self._deferred = True
+            return
         raise ExperimentInterrupted(self.received)

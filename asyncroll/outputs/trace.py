@@ -162,8 +162,12 @@ def _write(path: Path, a: Activity, encode: Encoder) -> None:
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half an export."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary file left beside the run
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_trace(run_dir: Path, activity: Activity | None = None) -> Path:
