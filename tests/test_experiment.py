@@ -715,6 +715,8 @@ def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
     exp = read(out / "experiment.json")
     assert exp["status"] == "interrupted" and exp["arms"]["pair1-fifo"]["status"] == "interrupted"
     assert exp["arms"]["pair1-asyncroll"]["status"] == "pending"
+    assert exp["stop_reason"] == "interrupted by SIGTERM"  # REPORT.md says why, not only "interrupted"
+    assert read(out / "comparison.json")["stop_reason"] == "interrupted by SIGTERM"
     assert "resume with --resume" in (tmp_path / "runner.log").read_text()
 
 

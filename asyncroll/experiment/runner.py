@@ -126,7 +126,8 @@ class ExperimentRunner:
                     guard.raise_deferred()
                     return self._run_all(receipt)
                 except ExperimentInterrupted as exc:
-                    receipt.set_status("interrupted", error=f"interrupted by {exc}")
+                    reason = f"interrupted by {exc}"  # also the report's reason for the status
+                    receipt.set_status("interrupted", error=reason, stop_reason=reason)
                     self._write_comparison(receipt)
                     ignored = (
                         f" ({guard.ignored} more signal(s) ignored while stopping)" if guard.ignored else ""
