@@ -348,6 +348,7 @@ class Run:
             unwritten = files.finish(result, status, clock.wall(), error)
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "failed", unwritten
+                result["status"] = status  # the summary printed says what run.json says
             if late is not None:
                 raise late
         return RunOutcome(status, exit_code(status), result, error, exports_failed=files.exports_failed)

@@ -35,7 +35,7 @@ from asyncroll.errors import OutputExistsError, SimulationError, UsageError
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.runtime.run import PreparedRun, Run
-from asyncroll.runtime.signals import interruptible
+from asyncroll.runtime.signals import STOP_SIGNALS, interruptible
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
 from asyncroll.workload import WorkloadScan, scan_workload
@@ -266,12 +266,12 @@ def usable_cpus() -> int:
 
 
 def _cell_process(sweep_pid: int) -> None:
-    """Set up a cell process. It leaves Ctrl-C and SIGTERM (sent to the whole process group, say) to the
-    sweep, which stops it when it unwinds; and it ends itself as soon as the sweep is gone however that
+    """Set up a cell process. It leaves Ctrl-C, SIGTERM and SIGHUP (sent to the whole process group, say)
+    to the sweep, which stops it when it unwinds; and it ends itself as soon as the sweep is gone however that
     happened (SIGKILL, the OOM killer, a SIGTERM to a script that installed no handler): it ignores
     SIGTERM and holds both ends of its task queue, so nothing else would ever end it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:  # SIGINT, SIGTERM and SIGHUP: the sweep's to act on
+        signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(sweep_pid,), name="sweep-watch", daemon=True).start()
 
 
