@@ -23,7 +23,8 @@ class OutputWriteError(AsyncrollError):
 
 def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
     """Write every byte of ``data`` (at ``offset`` with ``pwrite``, else at the file's position), looping
-    over short writes; a write that makes no progress is the disk being full."""
+    over short writes; a write that makes no progress is the disk being full. Also how a worker writes
+    a whole frame to its pipe."""
     view = memoryview(data)
     done = 0
     while done < len(view):

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import AsyncGeneratorType, CoroutineType, FrameType, GeneratorType, ModuleType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from asyncroll.outputs.lines import write_all  # a whole frame, or an error
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.protocol import (
     JobReply,
@@ -50,7 +51,6 @@ from asyncroll.workers.protocol import (
     encode,
     observation,
     read_payload,
-    write_all,
 )
 
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import struct
 from collections.abc import Callable
@@ -225,11 +224,3 @@ def read_payload(stream: BinaryIO) -> bytes | None:
     if len(payload) < length:
         raise ProtocolError("end of stream inside a frame")
     return payload
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Blocking write of a whole frame to ``fd`` (worker side)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
