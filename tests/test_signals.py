@@ -320,6 +320,7 @@ def test_a_signal_as_the_output_directory_appears_leaves_no_directory_without_a_
     import sys
 
     from tests.conftest import REPO
+    from tests.test_simulation import signal_and_wait
 
     problems = [tool_problem(f"p{i}", model_ms=100, cpu_ms=50) for i in range(20)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
@@ -334,16 +335,10 @@ def test_a_signal_as_the_output_directory_appears_leaves_no_directory_without_a_
             stderr=subprocess.PIPE,
             text=True,
         )
-        try:
-            deadline = time.monotonic() + 60
-            while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
-                pass  # busy: the window is milliseconds long
-            proc.send_signal(signal.SIGTERM)
-            _, stderr = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        deadline = time.monotonic() + 60
+        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+            pass  # busy: the window is milliseconds long
+        stderr = signal_and_wait(proc, signal.SIGTERM)  # killed after 30 s: a hang fails the test
         assert proc.returncode == 130, stderr
         assert "Traceback" not in stderr
         if out.exists():
