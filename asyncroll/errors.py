@@ -48,7 +48,15 @@ class WorkerError(AsyncrollError):
 
 
 class WorkerStartupError(WorkerError):
-    """A worker failed to import its tools or answer the dummy call in time."""
+    """A worker failed to import its tools or answer the dummy call in time.
+
+    ``retry`` is true when the worker was killed by a signal from outside while it started (the OOM
+    killer, an operator): not its own failure, so a fresh worker is worth another try. A worker that
+    could not load its tools, exited by itself or did not answer in time fails the same way again."""
+
+    def __init__(self, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
 class WorkerTimeout(WorkerError):

@@ -6,13 +6,14 @@ import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from asyncroll.clock import SystemClock, VirtualClock
-from asyncroll.errors import WorkerDied
-from asyncroll.events import CpuStarted, EventCapture, EventLog, WorkerRestarting
+from asyncroll.errors import WorkerDied, WorkerStartupError
+from asyncroll.events import CpuStarted, EventCapture, EventLog, WorkerReady, WorkerRestarting
 from asyncroll.policies import get_policy
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
@@ -193,3 +194,69 @@ def test_a_replacement_the_end_of_the_run_stops_mid_kill_is_still_counted() -> N
     assert outcome.failure == "worker_died" and pool.replaced_any
     assert [(e.worker, e.generation, e.reason) for e in cap.of(WorkerRestarting)] == [(0, 1, "died")]
     assert pool.snapshot().restarts == 1
+
+
+_KILLED_AT_START = """
+import os, signal
+from pathlib import Path
+
+starts = Path(__file__).with_suffix(".starts")
+n = int(starts.read_text()) if starts.exists() else 0
+starts.write_text(str(n + 1))
+if n < {kills}:  # killed from outside (as by the OOM killer) while the worker imports its tools
+    os.kill(os.getpid(), signal.SIGKILL)
+if n < {kills} + {exits}:
+    os._exit(3)  # a failure of its own: it would fail again
+
+
+def f():
+    return n
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("kills", "exits", "started", "restarts"),
+    [(1, 0, True, 1), (2, 0, True, 2), (3, 0, False, 2), (1, 1, False, 1), (0, 1, False, 0)],
+    ids=["killed-once", "killed-twice", "killed-every-time", "killed-then-exits", "exits"],
+)
+def test_a_worker_killed_while_it_starts_is_replaced_but_its_own_failure_fails_the_run(
+    tmp_path: Path, kills: int, exits: int, started: bool, restarts: int
+) -> None:
+    """A worker killed by a signal while it starts is replaced like a later death, recorded and counted
+    (``startup_failed``), up to three starts of the slot; a worker whose start fails by itself (its tool
+    import exits) fails the pool's start at once, as it would again."""
+    tool = tmp_path / "tool.py"
+    tool.write_text(_KILLED_AT_START.format(kills=kills, exits=exits))
+    clock = SystemClock()
+    events = EventLog(clock)
+    events.start_measurement()
+    capture = EventCapture()
+    events.subscribe(capture)
+    spec = [ToolSpec("f", tool)]
+    pool = WorkerPool(1, lambda i, g: ProcessWorker(i, spec, generation=g, startup_timeout=30), clock, events)
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            value = (await pool.worker(0).call(JobRequest(1, "f", {}), timeout=10)).reply.value
+            assert value == kills and pool.worker(0).generation == kills
+            await pool.aclose()
+
+    if started:
+        _run(main)
+    else:
+        with pytest.raises(ExceptionGroup) as group:  # raised by start(), in the run's task group
+            _run(main)
+        [failure] = group.value.exceptions
+        assert isinstance(failure, WorkerStartupError) and "died during start-up" in str(failure)
+        assert failure.retry == (exits == 0)
+        assert ("exit status 3" in str(failure)) == (exits > 0)
+    assert [(r.worker, r.generation, r.reason) for r in capture.of(WorkerRestarting)] == [
+        (0, g, "startup_failed") for g in range(1, restarts + 1)
+    ]
+    assert pool.snapshot().restarts == restarts and pool.replaced_any == (restarts > 0)
+    assert int((tmp_path / "tool.starts").read_text()) == restarts + 1  # every start imported the tool
+    assert [r.generation for r in capture.of(WorkerReady)] == ([kills] if started else [])
+    worker = pool.worker(0)  # the last generation: closed with the pool, or killed with the failed start
+    assert isinstance(worker, ProcessWorker) and not worker.alive

@@ -140,12 +140,17 @@ class WorkerPool:
     # --- lifecycle ---------------------------------------------------------------------------------------
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
-        """Start every worker concurrently; all must be ready, or all are killed and the error raised."""
+        """Start every worker concurrently; all must be ready, or all are killed and the error raised.
+
+        A worker killed from outside while it starts (:attr:`WorkerStartupError.retry`) is replaced like
+        one that dies later — recorded and counted, up to :data:`MAX_RESTART_ATTEMPTS` starts of the slot
+        in all; any other start-up failure (its tools do not load, it exits or is too slow) would fail
+        the same way again and fails the run at once."""
         self._tg = tg
         try:
             async with asyncio.TaskGroup() as starting:
                 for slot in range(self._size):
-                    starting.create_task(self._start_slot(slot, 0))
+                    starting.create_task(self._first_start(slot))
         except BaseExceptionGroup as group:
             await asyncio.shield(self.aclose())
             startup = [e for e in group.exceptions if isinstance(e, WorkerStartupError)]
@@ -158,6 +163,20 @@ class WorkerPool:
         self._idle = list(range(self._size))
         for slot in range(self._size):
             tg.create_task(self._watch(slot, self.worker(slot)))
+
+    async def _first_start(self, slot: int) -> None:
+        for generation in range(MAX_RESTART_ATTEMPTS):
+            if generation:  # the previous generation was killed from outside while it started
+                old = self.worker(slot)
+                self._replaced = True
+                await self._kill_orphans(slot, old)
+                self._restarting_event(slot, old, generation, "startup_failed")
+            try:
+                await self._start_slot(slot, generation)
+                return
+            except WorkerStartupError as exc:
+                if not exc.retry or generation == MAX_RESTART_ATTEMPTS - 1:
+                    raise
 
     async def _start_slot(self, slot: int, generation: int) -> Worker:
         worker = self._factory(slot, generation)

@@ -147,9 +147,11 @@ class ProcessWorker:
                 "(--worker-startup-timeout)" + log_tail(self.log_path, self._log_offset)
             ) from None
         except WorkerDied as exc:
+            status = self.returncode  # before the kill below: negative if a signal from outside ended it
             await self.kill()
             raise WorkerStartupError(
-                f"worker {self.index} died during start-up: {exc}{log_tail(self.log_path, self._log_offset)}"
+                f"worker {self.index} died during start-up: {exc}{log_tail(self.log_path, self._log_offset)}",
+                retry=status is not None and status < 0,
             ) from exc
         except BaseException:  # cancelled (Ctrl-C during start-up): nobody will await the handshake
             await self.kill()
