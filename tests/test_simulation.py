@@ -787,6 +787,33 @@ def test_a_replay_refuses_the_batching_server(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+def test_submissions_without_a_verdict_are_said_to_pass(tmp_path: Path) -> None:
+    """Untrusted code is never run in a simulation, so a submit without ``passes`` passes: the bundled
+    one-repair example (whose first programs really fail) simulated with no repair turn and no word why.
+    stderr now counts those submissions, and run.json states the rule; declared verdicts are quiet."""
+    lines = (REPO / "examples" / "livecodebench" / "workload.jsonl").read_text().splitlines()
+    problems = [json.loads(line) for line in lines]
+    for problem in problems:  # declared: the first submission fails, the repair passes
+        submits = [a for a in problem["script"] if a["type"] == "submit"]
+        assert len(submits) == 2 and all("passes" not in a for a in submits)
+        submits[0]["passes"], submits[1]["passes"] = False, True
+    declared = write_workload(tmp_path / "declared.jsonl", problems)
+    said = simulate_here(
+        "--workload", REPO / "examples" / "livecodebench" / "workload.jsonl", "--output", tmp_path / "a"
+    )
+    quiet = simulate_here("--workload", declared, "--output", tmp_path / "b")
+    assert said.exit_code == 0 and quiet.exit_code == 0, said.output + quiet.output
+    assert (
+        f"warning: {len(problems)} submission(s) passed because their script declares no verdict"
+        in said.stderr
+    )
+    assert "declares no verdict" not in quiet.stderr
+    results = [json.loads(line) for line in (tmp_path / "b" / "results.jsonl").read_text().splitlines()]
+    assert all(r["repair_attempted"] and r["passed"] for r in results)
+    receipt = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert "a submission passes unless its action declares passes: false" in receipt["simulation"]["verdicts"]
+
+
 def test_a_file_tool_without_cpu_ms_is_said_to_take_no_time(tmp_path: Path) -> None:
     """A simulation cannot know what a trusted file tool costs: without cpu_ms its calls take 0 s, which
     run.json states and stderr counts (it was silent: a custom workload simulated at a fraction of its

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports
+
+if TYPE_CHECKING:  # imported lazily below: the CLI's start-up stays light
+    from asyncroll.simulation.engine import Assumed
 
 
 def simulate(
@@ -102,7 +104,7 @@ def simulate(
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.config import build_config
     from asyncroll.errors import SimulationError, UsageError
-    from asyncroll.simulation.engine import SimulationSettings, prepare_from_run
+    from asyncroll.simulation.engine import Assumed, SimulationSettings, prepare_from_run
     from asyncroll.simulation.engine import simulate as run_simulation
 
     sim_keys = {
@@ -267,7 +269,7 @@ def simulate(
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         _warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
-        untimed: Counter[str] = Counter()
+        assumed = Assumed()
         outcome = run_simulation(
             cfg,
             settings,
@@ -275,7 +277,7 @@ def simulate(
             derived=derived,
             source=None if from_run is None else str(from_run.resolve()),
             signals=True,
-            untimed=untimed,
+            assumed=assumed,
         )
         final = True
     except (UsageError, SimulationError, ValueError) as exc:
@@ -302,12 +304,12 @@ def simulate(
         else:
             signals.restore()
     try:
-        _report(outcome, cfg, from_run, untimed)
+        _report(outcome, cfg, from_run, assumed)
     finally:
         signals.restore()
 
 
-def _report(outcome: Any, cfg: Any, from_run: Path | None, untimed: Counter[str]) -> NoReturn:
+def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> NoReturn:
     """Print a single simulation's outcome and exit with its code."""
     if outcome.status == "interrupted" and outcome.summary is None:
         typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
@@ -316,12 +318,20 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, untimed: Counter[str]
     warn_exports(outcome.exports_failed, cfg.output)
     if from_run is not None and outcome.summary is not None:
         _say_ended_otherwise(from_run, cfg.output)
+    untimed = assumed.untimed
     if untimed:
         tools = ", ".join(f"{Path(tool).name} ×{n}" for tool, n in untimed.most_common(5))
         typer.echo(
             f"warning: {untimed.total()} CPU job(s) took 0 s because their script gives no cpu_ms ({tools}"
             f"{', …' if len(untimed) > 5 else ''}): declare each step's cpu_ms, or simulate --from-run a "
             "real run to replay measured times",
+            err=True,
+        )
+    if assumed.passed:
+        typer.echo(
+            f"warning: {assumed.passed} submission(s) passed because their script declares no verdict "
+            "(code is never run in a simulation), so no repair turn followed them: declare each submit's "
+            '"passes", or simulate --from-run a real run to replay its verdicts',
             err=True,
         )
     if outcome.late_signal:

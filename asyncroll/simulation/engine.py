@@ -40,7 +40,23 @@ CPU_JOBS = (
     "evaluation without cpu_ms takes no time; --from-run replays measured ones)"
 )
 #: Built-in tools whose zero-cost default is right (or whose cost is their argument).
+#: How a simulated submission is judged (recorded in run.json): untrusted code is never run.
+VERDICTS = (
+    "a submission passes unless its action declares passes: false (code is never run in a simulation; "
+    "--from-run replays the recorded verdicts)"
+)
 _TIMED_BUILTINS = frozenset({"spin_ms", "sleep_ms", "add", GRADE_TOOL})
+_EVALUATE = "lcb_evaluate"
+
+
+@dataclass
+class Assumed:
+    """What a simulation assumed for want of a declaration in the script (the command reports it):
+    ``untimed`` counts, by tool, the jobs with no cost that took 0 s (see :data:`CPU_JOBS`); ``passed``
+    the submissions with no declared verdict, which passed (see :data:`VERDICTS`)."""
+
+    untimed: Counter[str] = field(default_factory=Counter)
+    passed: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ class SimulationSettings:
         else:
             out["model_latency"] = "each action's latency_ms (0 when absent), independent of load"
         out["cpu_jobs"] = CPU_JOBS
+        out["verdicts"] = VERDICTS
         return out
 
 
@@ -88,13 +105,14 @@ def simulate(
     derived: DerivedRun | None = None,
     source: str | None = None,
     signals: bool = False,
-    untimed: Counter[str] | None = None,
+    assumed: Assumed | None = None,
 ) -> RunOutcome:
     """Validate, then run on a virtual clock; the output directory is the same as ``asyncroll run``'s.
 
     ``signals``: SIGINT and SIGTERM interrupt the run as they do ``asyncroll run`` — run.json records
     ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a summary.
-    ``untimed``: counts, by tool, the jobs that took 0 s only because nothing said what they cost."""
+    ``assumed``: filled with what the script left undeclared (jobs without a cost, submissions without
+    a verdict)."""
     prepared = prepare(config, argv, output_ready=derived is not None)
     clock = VirtualClock()
     backend, capacity = backend_for(settings, clock)
@@ -117,7 +135,7 @@ def simulate(
         prepared,
         clock,
         worker_factory=workers_for(
-            settings, clock, () if derived is None else derived.replacement_startup_s, untimed
+            settings, clock, () if derived is None else derived.replacement_startup_s, assumed
         ),
         backend=backend,
         receipt_extra=extra,
@@ -143,16 +161,19 @@ def workers_for(
     settings: SimulationSettings,
     clock: VirtualClock,
     replacement_startup: tuple[float, ...] = (),
-    untimed: Counter[str] | None = None,
+    assumed: Assumed | None = None,
 ) -> WorkerFactory:
     """Virtual workers whose jobs take their declared cost plus the per-job overhead; replacements take
-    ``replacement_startup`` to start (a replay's measured ones; see :func:`virtual_factory`). ``untimed``
-    counts, by tool, the jobs with no declared cost that took 0 s (see :data:`CPU_JOBS`)."""
+    ``replacement_startup`` to start (a replay's measured ones; see :func:`virtual_factory`).
+    ``assumed`` collects what the script left undeclared (see :class:`Assumed`)."""
     extra = settings.job_overhead_ms / 1000
 
     def duration(request: JobRequest) -> float:
-        if untimed is not None and request.cost_s is None and request.tool not in _TIMED_BUILTINS:
-            untimed[request.tool] += 1
+        if assumed is not None:
+            if request.cost_s is None and request.tool not in _TIMED_BUILTINS:
+                assumed.untimed[request.tool] += 1
+            if request.tool == _EVALUATE and request.declared is None:
+                assumed.passed += 1
         return builtin_duration(request) + extra
 
     return virtual_factory(clock, duration, simulate_tools=True, replacement_startup=replacement_startup)
