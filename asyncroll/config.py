@@ -190,6 +190,13 @@ class RunConfig(BaseModel):
         return out
 
     @property
+    def declared_server_kind(self) -> ServerKind | None:
+        """The server kind a run declares: ``--server-kind``, else ``vllm`` for ``--backend vllm``; None
+        leaves it to be probed (``--backend openai``). The backend's requests and the telemetry's
+        metric names both follow it."""
+        return self.server_kind or ("vllm" if self.backend == "vllm" else None)
+
+    @property
     def policy_name(self) -> str:
         """The canonical policy name (deprecated aliases resolved)."""
         return DEPRECATED_ALIASES.get(self.policy, self.policy)

@@ -25,10 +25,17 @@ class Distribution(BaseModel):
 
 
 class RunReceiptModel(_Open):
+    """``run.json``. The fields after ``error`` appear as the run gets that far: the time of each status
+    it reached, the warm-up, the backend's settings (an HTTP backend), the live view's address
+    (``--metrics-port``), the simulator's settings (a simulation); and, once it ended, the exports and
+    the exit code."""
+
     schema_version: int
     status: Literal["preparing", "running", "complete", "failed", "interrupted"]
     created_at: str
     command: list[str]
+    cwd: str
+    pid: int
     config: dict[str, Any]
     simulated: bool
     versions: dict[str, str | None]
@@ -38,6 +45,16 @@ class RunReceiptModel(_Open):
     isolation: dict[str, Any]
     telemetry: dict[str, Any]
     error: str | None
+    running_at: str | None = None
+    complete_at: str | None = None
+    failed_at: str | None = None
+    interrupted_at: str | None = None
+    warmup: dict[str, Any] | None = None
+    backend: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    simulation: dict[str, Any] | None = None
+    exports: dict[str, Any] | None = None
+    exit_code: int | None = None
 
 
 class Counts(BaseModel):

@@ -1000,7 +1000,10 @@ def test_metrics_url_and_names_follow_the_backend_and_the_declared_server_kind()
     base = {"workload": "w.jsonl", "output": "out"}
     assert metrics_url(build_config(base)) is None  # scripted: nothing to scrape unless asked
     vllm = build_config({**base, "backend": "vllm", "model": "m", "endpoint": "http://127.0.0.1:8000/"})
-    assert metrics_url(vllm) == "http://127.0.0.1:8000/metrics" and metrics_flavor(vllm) == "auto"
+    # --backend vllm declares vllm (run.json says so): its metric names are vLLM's, not detected
+    assert metrics_url(vllm) == "http://127.0.0.1:8000/metrics" and metrics_flavor(vllm) == "vllm"
+    probed = build_config({**base, "backend": "openai", "model": "m", "metrics_url": "http://h:1/metrics"})
+    assert metrics_flavor(probed) == "auto"  # nothing declared: detected from the text at the probe
     generic = build_config({**base, "backend": "openai", "model": "m"})
     assert metrics_url(generic) is None  # nothing is assumed of another server
     sglang = build_config({**base, "backend": "openai", "model": "m", "server_kind": "sglang"})

@@ -103,7 +103,6 @@ class HttpSettings:
     @classmethod
     def from_config(cls, cfg: RunConfig) -> HttpSettings:
         assert cfg.model is not None  # RunConfig requires --model for HTTP backends
-        kind = cfg.server_kind or ("vllm" if cfg.backend == "vllm" else None)
         return cls(
             endpoint=cfg.endpoint.rstrip("/"),
             model=cfg.model,
@@ -112,7 +111,7 @@ class HttpSettings:
             seed=cfg.seed,
             structured=cfg.structured_output,
             replay=cfg.replay,
-            server_kind=kind,
+            server_kind=cfg.declared_server_kind,
             request_timeout=cfg.request_timeout,
             retry=RetryPolicy(cfg.max_retries, max_delay=cfg.retry_max_delay),
             circuit_failures=cfg.circuit_failures,

@@ -57,14 +57,15 @@ def metrics_url(cfg: RunConfig) -> str | None:
         return None
     if cfg.metrics_url is not None:
         return cfg.metrics_url
-    if cfg.backend == "vllm" or metrics_flavor(cfg) != "auto":
+    if metrics_flavor(cfg) != "auto":
         return cfg.endpoint.rstrip("/") + "/metrics"
     return None
 
 
 def metrics_flavor(cfg: RunConfig) -> FlavorSetting:
-    """The metric names to read: those of a declared ``--server-kind vllm|sglang``, else detected."""
-    kind = getattr(cfg, "server_kind", None)
+    """The metric names to read: those of the declared server kind (``--server-kind vllm|sglang``, or
+    ``--backend vllm``), else detected from the text at the probe."""
+    kind = cfg.declared_server_kind
     return "vllm" if kind == "vllm" else "sglang" if kind == "sglang" else "auto"
 
 
