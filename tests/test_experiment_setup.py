@@ -314,3 +314,59 @@ def test_nvml_not_supported_utilisation_is_missing_not_an_error(monkeypatch: pyt
     monkeypatch.setattr(gpu, "_read_smi", no_smi)
     with pytest.raises(gpu.GpuCheckError, match="NVML: NVMLError"):
         gpu.read_gpu(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_gpu_another_job_keeps_busy_stops_the_experiment_and_a_resume_runs_the_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU still busy after ``idle_wait_s`` failed the first arm, which stopped the experiment; a failed
+    arm is never run again, so the output directory was spent, though nothing had been measured. Now the
+    arm is not run (interrupted by ``gpu_busy``, before any server starts), the experiment stops with the
+    reason (exit 1), and ``--resume`` runs it once the GPU is idle."""
+    from asyncroll.experiment import gpu
+
+    def no_nvml(index: int) -> dict[str, Any]:
+        raise RuntimeError("no NVML in this test")
+
+    monkeypatch.setattr(gpu, "_read_nvml", no_nvml)
+    monkeypatch.setenv("PATH", f"{fake_smi(tmp_path)}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPU", "NVIDIA H200, GPU-abc, 30000, 143771, 95, 570.1")
+    monkeypatch.setenv("APPS", "4242\n")
+    cfg = lean(tmp_path, gpu={"name_contains": "H200", "idle_wait_s": 0})
+    out = tmp_path / "out"
+    said: list[str] = []
+    outcome = ExperimentRunner(cfg, out, echo=said.append).run()
+    assert (outcome.status, outcome.exit_code) == ("stopped", 1)
+    assert "GPU 0 not idle after 0s: 30000 MiB in use" in outcome.message
+    assert "pair1-fifo was not run (interrupted, not failed): --resume runs it once the GPU is idle" in (
+        outcome.message
+    )
+    exp = read(out / "experiment.json")
+    first = exp["arms"]["pair1-fifo"]
+    assert (first["status"], first["interrupted_by"], first["cut_step"]) == (
+        "interrupted",
+        "gpu_busy",
+        "checking_gpu",
+    )
+    arm = read(out / "arms" / "pair1-fifo" / "arm.json")
+    assert arm["status"] == "interrupted" and "server" not in arm  # no server was started
+    assert exp["arms"]["pair1-asyncroll"]["status"] == "pending"
+    # the wrong GPU is the setup's fault, not another job's: the arm fails, as before
+    monkeypatch.setenv("GPU", "NVIDIA A100, GPU-abc, 12, 81920, 0, 570.1")
+    (tmp_path / "w").mkdir()
+    other = lean(tmp_path / "w", gpu={"name_contains": "H200", "idle_wait_s": 0})
+    wrong = ExperimentRunner(other, tmp_path / "wrong", echo=said.append).run()
+    failed = read(tmp_path / "wrong" / "experiment.json")["arms"]["pair1-fifo"]
+    assert failed["status"] == "failed" and "does not contain 'H200'" in failed["error"], wrong.message
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+    monkeypatch.setenv("GPU", "NVIDIA H200, GPU-abc, 12, 143771, 0, 570.1")
+    monkeypatch.setenv("APPS", "")
+    resumed = ExperimentRunner(cfg, out, resume=True, echo=said.append).run()
+    assert resumed.exit_code == 0, resumed.message
+    assert calls == ["pair1-fifo", "pair1-asyncroll"]
+    assert {k: v["status"] for k, v in read(out / "experiment.json")["arms"].items()} == {
+        "pair1-fifo": "complete",
+        "pair1-asyncroll": "complete",
+    }

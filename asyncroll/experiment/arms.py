@@ -16,7 +16,9 @@ fails with the server's exit code (or signal) and its log, not with a client dea
 
 The experiment's deadline (``time_left``) is not a failure of the arm: when it comes while the server
 starts or the client runs, the arm's processes are stopped as usual and the arm ends ``interrupted``
-(``interrupted_by: "deadline"``), like an arm cut by Ctrl-C, so a resume runs it again. The client's own
+(``interrupted_by: "deadline"``), like an arm cut by Ctrl-C, so a resume runs it again. Neither is a GPU
+that another job keeps busy past ``gpu.idle_wait_s``: the arm ends ``interrupted`` before its server
+starts (``interrupted_by: "gpu_busy"``). The client's own
 deadline (``client.deadline_s``) is part of the protocol: an arm that passes it fails.
 
 The client is stopped however it ended (``ManagedProcess.stop``, a no-op for the leader once it exited):
@@ -42,7 +44,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from asyncroll.experiment.config import ExperimentConfig
-from asyncroll.experiment.gpu import GpuCheckError, check_gpu
+from asyncroll.experiment.gpu import GpuBusyError, GpuCheckError, check_gpu
 from asyncroll.experiment.plan import ArmPlan, client_command, endpoint, server_command
 from asyncroll.experiment.receipts import TERMINAL, ArmReceipt, read_json
 from asyncroll.experiment.server import (
@@ -77,12 +79,13 @@ class ArmFailed(RuntimeError):
 
 
 class ArmCut(RuntimeError):
-    """The experiment's deadline came during ``step``: the arm is stopped and ends interrupted, not
-    failed (it did not fail; it was not let finish)."""
+    """The arm was not let finish — the experiment's deadline came during ``step`` (``by="deadline"``),
+    or the GPU stayed busy before it started (``"gpu_busy"``) — so it ends interrupted, not failed."""
 
-    def __init__(self, step: str, message: str) -> None:
+    def __init__(self, step: str, message: str, by: Literal["deadline", "gpu_busy"] = "deadline") -> None:
         super().__init__(message)
         self.step = step
+        self.by = by
 
 
 #: How the wait for the client ended: it exited, the server exited, the client's deadline, the cut.
@@ -148,7 +151,7 @@ def run_arm(
             receipt.transition("stopping_server")
             _stop_server(cfg, receipt, live)
         if cut is not None:
-            receipt.transition("interrupted", error=str(cut), interrupted_by="deadline", cut_step=cut.step)
+            receipt.transition("interrupted", error=str(cut), interrupted_by=cut.by, cut_step=cut.step)
         else:
             receipt.transition(_verdict(receipt) or "failed")
     except BaseException as exc:
@@ -181,6 +184,8 @@ def _steps(
         gpu = check_gpu(cfg.gpu)
     except GpuCheckError as exc:
         receipt.update(gpu={"declared": True, "checked": True, "error": str(exc)})
+        if isinstance(exc, GpuBusyError):  # another job's, not the arm's: nothing was measured
+            raise ArmCut("checking_gpu", str(exc), by="gpu_busy") from None
         raise ArmFailed("checking_gpu", str(exc)) from None
     receipt.update(gpu=gpu)
     if time_left is not None and time_left() <= 0:  # the GPU's idle wait took the rest of the time

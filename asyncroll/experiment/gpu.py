@@ -1,7 +1,9 @@
 """The declared GPU's identity and idleness, checked before every arm (NVML first, ``nvidia-smi`` second).
 
-An arm that shares its GPU with a leftover server or another job measures the wrong thing, so a declared
-GPU that is busy, unreadable or not the declared model fails the arm (kept and reported, not retried).
+An arm that shares its GPU with a leftover server or another job measures the wrong thing. A declared GPU
+that is unreadable or not the declared model fails the arm (kept and reported, not retried); one that
+stays busy (:class:`GpuBusyError`) is not the arm's failure: the arm is not run, the experiment stops,
+and ``--resume`` runs it once the GPU is idle.
 Without a declared GPU nothing is read and the receipt says so. A quantity the GPU does not report
 (utilisation on a MIG-partitioned GPU: NVML's ``NotSupported``, nvidia-smi's ``[N/A]``) is missing, its
 check is skipped, and the receipt names what was not checked.
@@ -19,6 +21,10 @@ from asyncroll.experiment.config import GpuSpec
 
 class GpuCheckError(RuntimeError):
     """The declared GPU cannot be read, is not the declared one, or is not idle."""
+
+
+class GpuBusyError(GpuCheckError):
+    """The declared GPU stayed busy for ``idle_wait_s`` (another job holds it): nothing was measured."""
 
 
 def _read_nvml(index: int) -> dict[str, Any]:
@@ -155,5 +161,5 @@ def check_gpu(spec: GpuSpec | None) -> dict[str, Any]:
                 "not_checked": unchecked,
             }
         if time.monotonic() >= deadline:
-            raise GpuCheckError(f"GPU {spec.index} not idle after {spec.idle_wait_s:g}s: " + "; ".join(busy))
+            raise GpuBusyError(f"GPU {spec.index} not idle after {spec.idle_wait_s:g}s: " + "; ".join(busy))
         time.sleep(1.0)

@@ -28,7 +28,9 @@ config cannot change). When it passes before an arm, or cuts one while its serve
 runs, the experiment ends ``stopped`` with a ``stop_reason`` that names the deadline (exit status 1) and
 the stage ``deadline``; the cut arm is ``interrupted`` (``interrupted_by: "deadline"``), never failed, so
 the comparison does not count it as a failed arm and ``--resume`` runs it again. Finished arms keep what
-they recorded.
+they recorded. A declared GPU that another job keeps busy past ``gpu.idle_wait_s`` stops the experiment
+the same way, before the arm's server starts: the arm is ``interrupted`` (``interrupted_by: "gpu_busy"``),
+the stage ``gpu_busy``, and ``--resume`` runs it once the GPU is idle.
 
 Before anything is created or changed, the setup is checked once (``preflight.py``): a server program
 that cannot be found or a fixed port another process holds is refused with exit status 2, naming the
@@ -332,6 +334,14 @@ class ExperimentRunner:
                     return self._finish(
                         receipt, "stopped", self._deadline_reason(f"cut {arm.id} while {step} (interrupted)")
                     )
+                if record["status"] == "interrupted" and record.get("interrupted_by") == "gpu_busy":
+                    receipt.set_stage(stage, status="gpu_busy")
+                    return self._finish(
+                        receipt,
+                        "stopped",
+                        f"{one_line(record.get('error'))}; {arm.id} was not run (interrupted, not failed): "
+                        "--resume runs it once the GPU is idle",
+                    )
             if stage == COMPARISON:
                 receipt.set_stage(stage, status="complete")
                 continue
@@ -366,7 +376,7 @@ class ExperimentRunner:
                 protocol_check=lambda: self._protocol_change(receipt, f"after {arm.id} ran"),
                 time_left=None if self._deadline_at is None else self._deadline_left,
             )
-            if result.status == "interrupted":  # the experiment's deadline cut it: not a failed arm
+            if result.status == "interrupted":  # the deadline cut it, or a busy GPU: not a failed arm
                 error = result.data.get("error")
                 receipt.set_arm(
                     arm.id,
