@@ -99,7 +99,7 @@ def run(
         int | None,
         Opt(
             help="A tool result longer than this many characters (as JSON text) is cut before the model "
-            "sees it, with a note saying so; counted in summary.json (100000)."
+            "sees it, with a note saying so; counted in summary.json (100000; at least 100)."
         ),
     ] = None,
     allow_weak_isolation: Annotated[

@@ -33,9 +33,11 @@ def simulate(
     ] = None,
     max_turns: Annotated[int | None, Opt(help="Turns per trajectory (default 8).")] = None,
     tool_timeout: Annotated[
-        float | None, Opt(help="Seconds per tool job before the worker is replaced.")
+        float | None, Opt(help="Seconds per tool job before the worker is replaced (60).")
     ] = None,
-    tool_errors: Annotated[str | None, Opt(help="fail | observe")] = None,
+    tool_errors: Annotated[
+        str | None, Opt(help="fail (default) | observe: a tool error ends the trajectory or is returned.")
+    ] = None,
     starvation_threshold: Annotated[
         int | None,
         Opt(help="Pressure trigger (default: the inflight limit; a sweep: the same in every cell)."),
