@@ -553,6 +553,11 @@ def _drop_first_turn(lines: list[str]) -> list[str]:
     return out
 
 
+def _drop_last_trajectory(lines: list[str]) -> list[str]:
+    started = [json.loads(line)["id"] for line in lines if '"trajectory_started"' in line]
+    return [line for line in lines if json.loads(line).get("id") != started[-1]]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("damage", "message"),
@@ -598,6 +603,16 @@ def _drop_first_turn(lines: list[str]) -> list[str]:
             r"results\.jsonl:9: 'generations' or 'id' is not valid",
         ),
         (lambda d: (d / "events.jsonl").unlink(), r"cannot read .*events\.jsonl"),
+        # one trajectory's events all removed: it would vanish from the replay, its work with it
+        (
+            lambda d: _edit_lines(d / "events.jsonl", _drop_last_trajectory),
+            r"results\.jsonl:\d+: trajectory '[^']+' ended in the run, but .*events\.jsonl has no "
+            "trajectory_started for it",
+        ),
+        (
+            lambda d: _edit_lines(d / "results.jsonl", lambda lines: lines[:-1]),
+            r"events\.jsonl:\d+: trajectory '[^']+' started, but .*results\.jsonl has no row for it",
+        ),
     ],
 )
 def test_from_run_refuses_damaged_or_other_version_run_dirs_naming_the_file(

@@ -130,6 +130,32 @@ def _verdicts(run_dir: Path) -> dict[str, tuple[int, bool]]:
     return out
 
 
+def _check_results_match(run_dir: Path, measured: Measured) -> None:
+    """In a complete run every trajectory that started ended with one ``results.jsonl`` row, and every
+    row's trajectory started. A trajectory whose events were removed from ``events.jsonl`` (or a file cut
+    at a line boundary) would otherwise vanish from the replay silently, and its work with it: refused,
+    naming the file and line that has what the other lacks."""
+    path = run_dir / "results.jsonl"
+    ended: dict[str, int] = {}
+    for line_no, row in jsonl_rows(path):
+        if "id" not in row:
+            raise UsageError(f"--from-run {path}:{line_no}: 'id' is missing")
+        ended.setdefault(str(row["id"]), line_no)
+    for tid, line_no in ended.items():
+        if tid not in measured.started:
+            raise UsageError(
+                f"--from-run {path}:{line_no}: trajectory {tid!r} ended in the run, but "
+                f"{measured.events} has no trajectory_started for it (events removed, or the file cut "
+                "short?): the replay would leave its work out"
+            )
+    for tid, line_no in measured.started.items():
+        if tid not in ended:
+            raise UsageError(
+                f"--from-run {measured.where(line_no)}: trajectory {tid!r} started, but {path} has no "
+                "row for it, as every trajectory of a complete run has (the file cut short?)"
+            )
+
+
 def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
     """How many trajectories ended with another status in the replay than in the run, by ``"recorded →
     replayed"``. A trajectory that failed in the run on a model error, a tool's error under
@@ -228,6 +254,7 @@ def derive_workload(run_dir: Path, destination: Path, tool_root: Path | None = N
     if not measured.started:
         raise UsageError(f"--from-run {run_dir}: the run started no trajectory; nothing to replay")
     verdicts = _verdicts(run_dir)
+    _check_results_match(run_dir, measured)
     root = _tool_root(run_dir, receipt, workload, tool_root)
     written: set[str] = set()
     with destination.open("w", encoding="utf-8") as out:
