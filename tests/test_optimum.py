@@ -228,3 +228,57 @@ def test_the_proven_bound_is_never_below_the_runs_own_analytic_bound() -> None:
     result = solve(batching, time_limit_s=10, threads=1)
     assert result.lower_bound_s == pytest.approx(0.9)
     assert result.best_schedule_s is not None and result.best_schedule_s >= result.lower_bound_s
+
+
+def _hand_made_run(run: Path, latency: object = 0.1, v: object = 1) -> Path:
+    """A complete run directory written by hand: one trajectory, a 0.1 s model turn and a 0.05 s job."""
+    run.mkdir()
+    summary = {
+        "makespan_s": 0.15,
+        "limits": {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1},
+        "bounds": {"model_capacity": 2, "lower_bound_s": 0.15},
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    events = [
+        {"t": 0.0, "event": "trajectory_started", "id": "p"},
+        {"t": 0.1, "event": "model_finished", "id": "p", "turn": 0, "latency_s": latency},
+        {"t": 0.15, "event": "cpu_finished", "id": "p", "kind": "tool", "execute_s": 0.05},
+    ]
+    lines = [json.dumps({"v": v, **event}) for event in events]
+    (run / "events.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+@pytest.mark.parametrize(
+    ("latency", "v", "message"),
+    [
+        # a NaN, an infinity or a number past OR-Tools' integers crashed the solver set-up with a traceback
+        (float("nan"), 1, r"line 2: model_finished lacks a valid 'latency_s' \(got nan\)"),
+        (1e308, 1, r"line 2: model_finished has latency_s 1e\+308: not a duration in seconds from 0 to one"),
+        (1e20, 1, "line 2: model_finished has latency_s 1e.20: not a duration"),
+        # a negative or a text duration was solved as if it were one
+        (-5, 1, "line 2: model_finished has latency_s -5.0: not a duration"),
+        ("0.1", 1, r"line 2: model_finished lacks a valid 'latency_s' \(got '0.1'\)"),
+        # another schema version's events were read as this one's
+        (0.1, 2, "line 1: event schema version 2; this asyncroll reads version 1 only"),
+        # a step longer than the whole run: a "proven lower bound" of 100 s above a 0.15 s makespan
+        (100.0, 1, "need at least 100.05 s .* but summary.json's makespan is 0.15 s"),
+    ],
+)
+def test_optimum_refuses_recorded_numbers_no_run_could_have(
+    tmp_path: Path, latency: object, v: object, message: str
+) -> None:
+    import re
+
+    from asyncroll.errors import UsageError
+
+    run = _hand_made_run(tmp_path / "run", latency, v)
+    with pytest.raises(UsageError) as refused:
+        instance_from_run(run)
+    assert re.search(message, str(refused.value)), str(refused.value)
+
+
+def test_optimum_reads_a_consistent_hand_made_run(tmp_path: Path) -> None:
+    instance = instance_from_run(_hand_made_run(tmp_path / "run"))
+    assert [s.seconds for s in instance.chains[0]] == [0.1, 0.05]
+    assert analytic_bound(instance) == pytest.approx(0.15)

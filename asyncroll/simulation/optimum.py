@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncroll.errors import UsageError
+from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.outputs.bounds import admission_order_makespan
+from asyncroll.workload import MAX_DURATION_MS
 
 StepKind = Literal["model", "cpu"]
 
@@ -126,6 +128,24 @@ def _limits(values: Any, where: str) -> tuple[int, int, int]:
     return active, min(inflight, active), workers  # the summary's model capacity
 
 
+def _number(event: dict[str, Any], name: str, where: str) -> float:
+    """``event[name]``: a finite JSON number (a bool or a string is not one), else refused naming the line."""
+    value = event.get(name)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise UsageError(f"{where}: {event.get('event')} lacks a valid {name!r} (got {value!r})")
+    return float(value)
+
+
+def _duration(event: dict[str, Any], name: str, where: str) -> float:
+    """A recorded duration: seconds from 0 to one day (the bound on any duration a workload declares)."""
+    value = _number(event, name, where)
+    if not 0 <= value * 1000.0 <= MAX_DURATION_MS:
+        raise UsageError(
+            f"{where}: {event.get('event')} has {name} {value!r}: not a duration in seconds from 0 to one day"
+        )
+    return value
+
+
 def instance_from_run(run_dir: Path) -> Instance:
     """Read a run directory's ``events.jsonl`` and ``summary.json`` (a real or a simulated run).
 
@@ -182,6 +202,11 @@ def instance_from_run(run_dir: Path) -> Instance:
                 raise UsageError(f"{where}: not JSON: {exc}") from exc
             if not isinstance(event, dict):
                 raise UsageError(f"{where}: not a JSON object")
+            if event.get("v") != EVENTS_SCHEMA_VERSION:
+                raise UsageError(
+                    f"{where}: event schema version {event.get('v')!r}; this asyncroll reads version "
+                    f"{EVENTS_SCHEMA_VERSION} only"
+                )
             try:
                 kind, tid = event.get("event"), str(event.get("id"))
                 if isinstance(event.get("t"), int | float):
@@ -192,16 +217,16 @@ def instance_from_run(run_dir: Path) -> Instance:
                 elif kind == "trajectory_started":
                     order.append(tid)
                     chains[tid] = []
-                    begins.append(float(event["t"]))
+                    begins.append(_number(event, "t", where))
                 elif kind in ("model_finished", "model_failed"):
-                    seconds = float(event["latency_s"])
-                    chains[tid].append(Step("model", seconds, float(event["t"]) - seconds))
+                    seconds = _duration(event, "latency_s", where)
+                    chains[tid].append(Step("model", seconds, _number(event, "t", where) - seconds))
                 elif kind == "cpu_finished":
-                    seconds = float(event["execute_s"])
-                    chains[tid].append(Step("cpu", seconds, float(event["t"]) - seconds))
+                    seconds = _duration(event, "execute_s", where)
+                    chains[tid].append(Step("cpu", seconds, _number(event, "t", where) - seconds))
                 elif kind == "cpu_failed":  # the worker was held until the timeout or the crash
-                    seconds = float(event["roundtrip_s"])
-                    chains[tid].append(Step("cpu", seconds, float(event["t"]) - seconds))
+                    seconds = _duration(event, "roundtrip_s", where)
+                    chains[tid].append(Step("cpu", seconds, _number(event, "t", where) - seconds))
             except KeyError as exc:
                 raise UsageError(f"{where}: {kind} without {exc} (or of a trajectory never started)") from exc
             except (TypeError, ValueError) as exc:
@@ -234,6 +259,18 @@ def instance_from_run(run_dir: Path) -> Instance:
     )
     if summary is None:
         instance = dataclasses.replace(instance, analytic_bound_s=round(analytic_bound(instance), 6))
+    elif makespan is not None:
+        # Every recorded step happened inside the run's measured window, so the bound of the recorded work
+        # cannot exceed the run's makespan (beyond the events' rounding to the microsecond): where it does,
+        # events.jsonl and summary.json do not describe one run, and every number solved would be wrong.
+        need = analytic_bound(instance)
+        steps = sum(len(chain) for chain in instance.chains)
+        if need > makespan + 1e-3 + 1e-6 * steps:
+            raise UsageError(
+                f"{run_dir}: the steps events.jsonl records need at least {need:.6g} s under the run's "
+                f"limits, but summary.json's makespan is {makespan:.6g} s: the two files do not describe "
+                "one run (one of them damaged or replaced)"
+            )
     return instance
 
 
