@@ -603,6 +603,13 @@ def _drop_last_trajectory(lines: list[str]) -> list[str]:
             r"results\.jsonl:9: 'generations' or 'id' is not valid",
         ),
         (lambda d: (d / "events.jsonl").unlink(), r"cannot read .*events\.jsonl"),
+        # an infinite replay cost was written as null: the timed-out jobs took 0 s in the replay
+        (
+            lambda d: _edit_json(
+                d / "run.json", lambda r: {**r, "config": {**r["config"], "tool_timeout": 1e308}}
+            ),
+            r"events\.jsonl:\d+: tool job \d+ .* timed out, but run\.json's config\.tool_timeout 1e\+308 s",
+        ),
         # one trajectory's events all removed: it would vanish from the replay, its work with it
         (
             lambda d: _edit_lines(d / "events.jsonl", _drop_last_trajectory),

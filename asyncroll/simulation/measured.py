@@ -221,6 +221,13 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 if event.get("reason") == "timeout":
                     # The round trip also holds the kill; all that is known of the job is that it ran past
                     # the timeout. Just over it: it times out again, and a longer timeout gets a lower bound.
+                    if not (math.isfinite(timeout_ms) and timeout_ms <= MAX_DURATION_MS):
+                        # (an infinite cost was written as null: the job took 0 s in the replay, silently)
+                        raise UsageError(
+                            f"--from-run {where}: {job.describe()} timed out, but run.json's "
+                            f"config.tool_timeout {tool_timeout_s!r} s is longer than any job a replay can "
+                            "run (one day): run.json does not fit its events"
+                        )
                     ms = timeout_ms
             measured.cpu[(job.trajectory, job.turn)] = ms
             jobs[job.turn] = job
