@@ -553,6 +553,30 @@ def _drop_first_turn(lines: list[str]) -> list[str]:
     return out
 
 
+@pytest.mark.timeout(60)
+def test_a_signal_after_the_replay_workload_is_written_but_before_the_run_leaves_nothing(
+    recorded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT between the replay workload and run.json left OUT holding only replay-workload.jsonl,
+    said "partial outputs", and the same command was then refused (OUT exists). As `run` does, the
+    directory the command had just made is removed and "nothing written" is said."""
+    from asyncroll.simulation import engine
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "simulate", interrupted)
+    out = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", out)
+    assert result.exit_code == 130, result.output
+    assert "nothing written" in result.stderr and not out.exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep").write_text("")
+    result = simulate_here("--workload", SMOKE, "--output", existing)
+    assert result.exit_code == 130 and (existing / "keep").exists()  # not its own: never removed
+
+
 def _drop_last_trajectory(lines: list[str]) -> list[str]:
     started = [json.loads(line)["id"] for line in lines if '"trajectory_started"' in line]
     return [line for line in lines if json.loads(line).get("id") != started[-1]]

@@ -135,6 +135,7 @@ def simulate(
 
     signals = CommandSignals()
     final = False
+    existed = output is not None and output.exists()
     try:
         if server not in ("fixed", "batching"):
             raise UsageError(f"--server: must be fixed or batching, not {server!r}")
@@ -289,6 +290,18 @@ def simulate(
             shutil.rmtree(output, ignore_errors=True)
         raise fail(str(exc), getattr(exc, "exit_code", 2)) from None
     except KeyboardInterrupt as exc:  # outside a run (a run itself returns an interrupted outcome)
+        if (
+            not sweep
+            and not existed
+            and output is not None
+            and output.is_dir()
+            and not (output / "run.json").exists()
+        ):
+            # made by this command a moment ago (--from-run: holding only the replay workload), before the
+            # run began: removed, as `run` removes its own, so that the same command can be given again
+            import shutil
+
+            shutil.rmtree(output, ignore_errors=True)
         where = (
             f"partial outputs in {output}" if output is not None and output.exists() else "nothing written"
         )
