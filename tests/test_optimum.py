@@ -282,3 +282,21 @@ def test_optimum_reads_a_consistent_hand_made_run(tmp_path: Path) -> None:
     instance = instance_from_run(_hand_made_run(tmp_path / "run"))
     assert [s.seconds for s in instance.chains[0]] == [0.1, 0.05]
     assert analytic_bound(instance) == pytest.approx(0.15)
+
+
+def test_optimum_refuses_events_that_lost_work_the_summary_counts(tmp_path: Path) -> None:
+    """A complete run's events.jsonl cut at a line boundary (or with events removed) was solved as if the
+    rest of the work had never been: a smaller "proven" bound, and the run looking further from it."""
+    from asyncroll.errors import UsageError
+
+    run = _hand_made_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["counts"] = {"trajectories": 1}
+    summary["model"] = {"requests": 1}
+    summary["tools"] = {"jobs_by_kind": {"tool": 1}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert len(instance_from_run(run).chains) == 1  # every count agrees
+    lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    (run / "events.jsonl").write_text("".join(lines[:2]))  # the CPU job's line lost
+    with pytest.raises(UsageError, match=r"CPU jobs: 0 in events\.jsonl, 1 in summary\.json"):
+        instance_from_run(run)

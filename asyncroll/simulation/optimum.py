@@ -259,7 +259,9 @@ def instance_from_run(run_dir: Path) -> Instance:
     )
     if summary is None:
         instance = dataclasses.replace(instance, analytic_bound_s=round(analytic_bound(instance), 6))
-    elif makespan is not None:
+    else:
+        _check_counts(run_dir, summary, instance)
+    if summary is not None and makespan is not None:
         # Every recorded step happened inside the run's measured window, so the bound of the recorded work
         # cannot exceed the run's makespan (beyond the events' rounding to the microsecond): where it does,
         # events.jsonl and summary.json do not describe one run, and every number solved would be wrong.
@@ -272,6 +274,33 @@ def instance_from_run(run_dir: Path) -> Instance:
                 "one run (one of them damaged or replaced)"
             )
     return instance
+
+
+def _check_counts(run_dir: Path, summary: dict[str, Any], instance: Instance) -> None:
+    """summary.json counts what events.jsonl holds (trajectories started, model requests ended, CPU jobs
+    ended): where they differ, events were removed or the file was cut at a line boundary, and the work
+    solved would silently be less than the run's."""
+    try:
+        expected = (
+            summary["counts"]["trajectories"],
+            summary["model"]["requests"],
+            sum(summary["tools"]["jobs_by_kind"].values()),
+        )
+    except (KeyError, TypeError, AttributeError):
+        return  # a summary without these counts (another version): nothing to compare with
+    steps = [step.kind for chain in instance.chains for step in chain]
+    found = (len(instance.chains), steps.count("model"), steps.count("cpu"))
+    if expected != found:
+        names = ("trajectories", "model requests", "CPU jobs")
+        differ = "; ".join(
+            f"{name}: {had} in events.jsonl, {want} in summary.json"
+            for name, had, want in zip(names, found, expected, strict=True)
+            if had != want
+        )
+        raise UsageError(
+            f"{run_dir}: events.jsonl does not hold the work summary.json counts ({differ}): events removed "
+            "or the file cut short; the work solved would be less than the run's"
+        )
 
 
 def analytic_bound(instance: Instance) -> float:
