@@ -665,6 +665,36 @@ def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -
     assert cli("timeline", run).returncode == 0
 
 
+def test_the_timeline_command_keeps_exports_from_an_empty_file_and_says_what_it_skipped(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    """An empty events.jsonl replaced good exports with empty ones, and a file cut mid-line regenerated a
+    page of half the run, both with exit 0 and nothing on stderr. Now the empty file is refused (the
+    exports kept), and the skipped lines are counted on stderr."""
+    from typer.testing import CliRunner
+
+    from asyncroll.cli import app
+
+    run = tmp_path / "copy"
+    shutil.copytree(smoke_run, run)
+    trace, page = (run / "trace.json").read_bytes(), (run / "timeline.html").read_bytes()
+    lines = (run / "events.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "events.jsonl").write_bytes(b"")
+    empty = CliRunner().invoke(app, ["timeline", str(run)])
+    assert empty.exit_code == 1, empty.output
+    assert "is empty: nothing to draw; the existing trace.json and timeline.html kept" in empty.stderr
+    assert (run / "trace.json").read_bytes() == trace and (run / "timeline.html").read_bytes() == page
+    half = len(lines) // 2
+    (run / "events.jsonl").write_bytes(b"".join(lines[:half]) + lines[half][:12])
+    cut = CliRunner().invoke(app, ["timeline", str(run)])
+    assert cut.exit_code == 0, cut.output
+    assert "warning: 1 line(s) of" in cut.stderr and "were skipped" in cut.stderr
+    (run / "events.jsonl").write_bytes(b"".join(lines))
+    whole = CliRunner().invoke(app, ["timeline", str(run)])
+    assert whole.exit_code == 0 and whole.stderr == "", whole.output
+    assert json.loads((run / "trace.json").read_bytes()) == json.loads(trace)
+
+
 def trace_processor_shell() -> str | None:
     return os.environ.get("TRACE_PROCESSOR_SHELL") or shutil.which("trace_processor_shell")
 

@@ -68,17 +68,27 @@ def timeline(
     still = _still_running(run_dir)
     if still is not None:
         raise fail(f"{run_dir}: the run is still going ({still}); its own exports follow when it ends")
-    from asyncroll.outputs.rundir import export
+    from asyncroll.outputs.rundir import EXPORTS, export
 
+    exported = [name for name in EXPORTS if (run_dir / name).exists()]
+    if (run_dir / "events.jsonl").stat().st_size == 0 and exported:
+        raise fail(
+            f"{run_dir / 'events.jsonl'} is empty: nothing to draw; the existing {' and '.join(exported)} "
+            "kept",
+            1,
+        )
     exports = export(run_dir)
-    failed = [
-        f"{name}: {info['error']}"
-        for name, info in exports.items()
-        if isinstance(info, dict) and not info.get("ok")
-    ]
+    failed = [f"{name}: {exports[name]['error']}" for name in EXPORTS if not exports[name]["ok"]]
     if failed:
         raise fail("export failed: " + "; ".join(failed), 1)
     typer.echo(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
+    invalid = exports.get("events_skipped", {}).get("invalid_lines", 0)
+    if invalid:
+        typer.echo(
+            f"warning: {invalid} line(s) of {run_dir / 'events.jsonl'} are not valid events (a file cut "
+            "short or damaged?) and were skipped: the exports show only the valid ones",
+            err=True,
+        )
 
 
 def _still_running(run_dir: Path) -> str | None:

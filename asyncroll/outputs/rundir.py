@@ -64,12 +64,14 @@ class RunDirectory:
         final = {"status": status, **({"error": error} if error else {})}
         exports = export(self.out, final)
         self.exports_failed = {
-            name: str(entry.get("error"))
-            for name, entry in exports.items()
-            if isinstance(entry, dict) and not entry.get("ok")
+            name: str(exports[name].get("error")) for name in EXPORTS if not exports[name].get("ok")
         }
         self.transition(status, wall, exports=exports, error=error, exit_code=exit_code(status))
         return failed
+
+
+#: The files :func:`export` writes; its result has an ``{"ok": …}`` entry for each.
+EXPORTS = ("trace.json", "timeline.html")
 
 
 def export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -99,4 +101,8 @@ def export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - an export must never lose the run's data
             exports[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     exports["events_parse_seconds"] = round(parse_s, 4)
+    exports["events_skipped"] = {  # lines drawn nowhere: not valid events, or types this exporter lacks
+        "invalid_lines": activity.invalid_lines,
+        "unknown_types": sum(activity.unknown.values()),
+    }
     return exports
