@@ -146,6 +146,26 @@ def test_bad_knobs_are_refused_as_run_refuses_them_before_anything_exists(
     assert not out.exists()
 
 
+def test_a_bad_setting_kept_from_the_run_is_named_as_the_runs_not_as_a_flag(
+    knobbed: Path, tmp_path: Path
+) -> None:
+    """A run.json whose config holds a setting this version refuses was reported as the flag
+    ("--policy: Input should be …"), which the user never gave."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(knobbed, run)
+    receipt = json.loads((run / "run.json").read_text())
+    receipt["config"]["policy"] = "nope"
+    (run / "run.json").write_text(json.dumps(receipt))
+    result = simulate_here("--from-run", run, "--output", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: --from-run {run / 'run.json'}: config.policy: "), result.stderr
+    assert not (tmp_path / "out").exists()
+    flag = simulate_here("--from-run", run, "--output", tmp_path / "out", "--policy", "fifo")
+    assert flag.exit_code == 0, flag.output  # the flag overrides the run's setting
+
+
 @pytest.mark.timeout(60)
 def test_a_sweep_applies_the_knobs_to_every_cell_and_records_them(synthetic: Path, tmp_path: Path) -> None:
     """With no jitter, a sweep cell is the single simulation of the same settings, knobs included."""

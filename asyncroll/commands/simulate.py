@@ -249,6 +249,7 @@ def simulate(
             typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             raise typer.Exit(0)
         given = dict(values)  # the user's own settings, not those kept from a recorded run
+        origins: dict[str, str] = {}
         if from_run is not None:
             if limit is not None:
                 raise UsageError("--limit comes from the recorded run with --from-run")
@@ -268,7 +269,10 @@ def simulate(
             )
             base = {k: derived.source_config[k] for k in keep if k in derived.source_config}
             values = {**base, **values, "workload": derived.workload, "tool_root": derived.tool_root}
-        cfg = build_config(values)
+            # a setting kept from the run is named where it came from, not as a flag nobody gave
+            receipt = from_run / "run.json"
+            origins = {k: f"--from-run {receipt}: config.{k}" for k in base if k not in given}
+        cfg = build_config(values, origins)
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         _warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
