@@ -603,6 +603,7 @@ def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tm
     tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
     script = [
         {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
+        {"type": "tool", "name": "boom", "arguments": {"x": 2}, "latency_ms": 10},  # never run for real
         {"type": "final", "answer": "1", "latency_ms": 10},
     ]
     problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
@@ -616,6 +617,9 @@ def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tm
     result = simulate_here("--from-run", recorded, "--output", replay)
     assert result.exit_code == 0, result.output
     assert "1 trajectories ended otherwise than in the run (1 failed → completed)" in result.stderr
+    # the job the run never ran has no measured cost: said so, without advising the replay it already is
+    assert "1 CPU job(s) took 0 s (boom.py::boom ×1) because the run never ran them" in result.stderr
+    assert "simulate --from-run a real run" not in result.stderr
     receipt = json.loads((replay / "run.json").read_text())
     assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → completed": 1}
 

@@ -879,7 +879,7 @@ def test_a_file_tool_without_cpu_ms_is_said_to_take_no_time(tmp_path: Path) -> N
     said = simulate_here("--workload", untimed, "--output", tmp_path / "a")
     quiet = simulate_here("--workload", timed, "--output", tmp_path / "b")
     assert said.exit_code == 0 and quiet.exit_code == 0, said.output + quiet.output
-    assert "2 CPU job(s) took 0 s because their script gives no cpu_ms (mine.py::work ×2)" in said.stderr
+    assert "2 CPU job(s) took 0 s (mine.py::work ×2) because their script gives no cpu_ms" in said.stderr
     assert "no cpu_ms" not in quiet.stderr
     receipt = json.loads((tmp_path / "a" / "run.json").read_text())
     assert (

@@ -337,22 +337,27 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     warn_exports(outcome.exports_failed, cfg.output)
     if from_run is not None and outcome.summary is not None:
         _say_ended_otherwise(from_run, cfg.output)
-    untimed = assumed.untimed
+    untimed, passed = assumed.untimed, assumed.passed
     if untimed:
         tools = ", ".join(f"{Path(tool).name} ×{n}" for tool, n in untimed.most_common(5))
-        typer.echo(
-            f"warning: {untimed.total()} CPU job(s) took 0 s because their script gives no cpu_ms ({tools}"
-            f"{', …' if len(untimed) > 5 else ''}): declare each step's cpu_ms, or simulate --from-run a "
-            "real run to replay measured times",
-            err=True,
+        tools += ", …" if len(untimed) > 5 else ""
+        why = (
+            "their script gives no cpu_ms: declare each step's cpu_ms, or simulate --from-run a real run to "
+            "replay measured times"
+            if from_run is None
+            else "the run never ran them (their trajectories went further in the replay), so nothing "
+            "measured their cost"
         )
-    if assumed.passed:
-        typer.echo(
-            f"warning: {assumed.passed} submission(s) passed because their script declares no verdict "
-            "(code is never run in a simulation), so no repair turn followed them: declare each submit's "
-            '"passes", or simulate --from-run a real run to replay its verdicts',
-            err=True,
+        typer.echo(f"warning: {untimed.total()} CPU job(s) took 0 s ({tools}) because {why}", err=True)
+    if passed:
+        why = (
+            "their script declares no verdict (code is never run in a simulation), so no repair turn "
+            'followed them: declare each submit\'s "passes", or simulate --from-run a real run to replay '
+            "its verdicts"
+            if from_run is None
+            else "the run never evaluated them (their trajectories went further in the replay)"
         )
+        typer.echo(f"warning: {passed} submission(s) passed because {why}", err=True)
     if outcome.late_signal:
         from asyncroll.runtime.signals import late_signal_note
 
