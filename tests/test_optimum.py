@@ -85,7 +85,7 @@ def test_optimum_of_a_recorded_run(tmp_path: Path) -> None:
 def test_optimum_refuses_what_is_not_a_run(tmp_path: Path) -> None:
     result = cli("optimum", tmp_path)
     assert result.returncode == 2
-    assert "cannot read summary.json" in result.stderr
+    assert "no summary.json nor a readable run.json (not a run directory?)" in result.stderr
     result = cli("optimum", tmp_path / "missing")
     assert result.returncode == 2 and "not a directory" in result.stderr
 
@@ -215,7 +215,7 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     # a complete run that lost its summary.json is damaged, not solved
     (run / "run.json").write_text(json.dumps({**receipt, "status": "complete"}))
     damaged = cli("optimum", run)
-    assert damaged.returncode == 2 and "cannot read summary.json" in damaged.stderr
+    assert damaged.returncode == 2 and "the run is complete but its summary.json is missing" in damaged.stderr
 
 
 def test_the_proven_bound_is_never_below_the_runs_own_analytic_bound() -> None:

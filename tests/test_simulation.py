@@ -222,7 +222,13 @@ def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
     both = cli("simulate", "--workload", SMOKE, "--from-run", tmp_path, "--output", tmp_path / "a")
     assert both.returncode == 2 and "exactly one of --workload and --from-run" in both.stderr
     missing = cli("simulate", "--from-run", tmp_path / "nope", "--output", tmp_path / "b")
-    assert missing.returncode == 2 and "cannot read run.json" in missing.stderr
+    assert (
+        missing.returncode == 2 and "nope: not a directory (a run directory holds run.json)" in missing.stderr
+    )
+    assert not (tmp_path / "b").exists()
+    (tmp_path / "empty").mkdir()
+    empty = cli("simulate", "--from-run", tmp_path / "empty", "--output", tmp_path / "b")
+    assert empty.returncode == 2 and "empty: no run.json (not a run directory?)" in empty.stderr
     assert not (tmp_path / "b").exists()
     exists = tmp_path / "c"
     exists.mkdir()

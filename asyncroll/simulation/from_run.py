@@ -77,6 +77,10 @@ class DerivedRun:
 
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
+    if not run_dir.is_dir():
+        raise UsageError(f"--from-run {run_dir}: not a directory (a run directory holds run.json)")
+    if not path.exists():
+        raise UsageError(f"--from-run {run_dir}: no run.json (not a run directory?)")
     try:
         receipt = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits

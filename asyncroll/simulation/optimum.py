@@ -160,8 +160,12 @@ def instance_from_run(run_dir: Path) -> Instance:
         summary = json.loads(path.read_text())
     except FileNotFoundError as exc:
         status, _ = _run_status(run_dir)
-        if status is None or status == "complete":  # not a run, or a damaged complete one
-            raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
+        if status is None:
+            raise UsageError(
+                f"{run_dir}: no summary.json nor a readable run.json (not a run directory?)"
+            ) from exc
+        if status == "complete":  # a damaged complete run
+            raise UsageError(f"{run_dir}: the run is complete but its summary.json is missing") from exc
     except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
         raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
     makespan: float | None = None
