@@ -663,6 +663,8 @@ def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -
     )
     (run / "run.json").write_text(json.dumps({**receipt, "pid": int(dead.stdout)}))
     assert cli("timeline", run).returncode == 0
+    status = dict(page_data((run / "timeline.html").read_text())["header"])["status"]
+    assert "(run.json never finalised: its process ended without a word (killed?))" in status
 
 
 def test_the_timeline_command_keeps_exports_from_an_empty_file_and_says_what_it_skipped(

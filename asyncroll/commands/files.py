@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -77,7 +77,7 @@ def timeline(
             "kept",
             1,
         )
-    exports = export(run_dir)
+    exports = export(run_dir, _never_finished(run_dir))
     failed = [f"{name}: {exports[name]['error']}" for name in EXPORTS if not exports[name]["ok"]]
     if failed:
         raise fail("export failed: " + "; ".join(failed), 1)
@@ -89,6 +89,19 @@ def timeline(
             "short or damaged?) and were skipped: the exports show only the valid ones",
             err=True,
         )
+
+
+def _never_finished(run_dir: Path) -> dict[str, Any] | None:
+    """For a run whose receipt still says preparing or running, its process gone (killed outright): the
+    page's status says so, rather than "running". None for a run that ended (its receipt says how)."""
+    try:
+        receipt = json.loads((run_dir / "run.json").read_text())
+        status = receipt["status"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        return None
+    if status not in ("preparing", "running") or receipt.get("error"):
+        return None
+    return {"status": status, "error": "run.json never finalised: its process ended without a word (killed?)"}
 
 
 def _still_running(run_dir: Path) -> str | None:
