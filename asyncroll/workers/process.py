@@ -147,6 +147,10 @@ class ProcessWorker:
                 "(--worker-startup-timeout)" + log_tail(self.log_path, self._log_offset)
             ) from None
         except WorkerDied as exc:
+            if self._broken and self._exit is not None and not self._exit.done():
+                # its pipe closed: it is exiting; its status (a signal's?) is known once it is reaped
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._exit), 5.0)
             status = self.returncode  # before the kill below: negative if a signal from outside ended it
             await self.kill()
             raise WorkerStartupError(
