@@ -337,3 +337,19 @@ def test_the_critical_rule_takes_over_in_the_runtime_tail(virtual_run: VirtualRu
         e.remaining_s >= max(c.remaining_s or 0.0 for c in e.candidates) for e in chosen
     )  # the critical pick has the most work after it among the logged candidates
     assert outcome.summary["scheduler"]["reasons"]["tail_critical_path"] == len(tail)
+
+
+def test_decision_bench_times_the_scored_choice_not_the_hard_aging_shortcut() -> None:
+    """``bench.decision`` times ``choose()`` with 64 queued jobs: each must be younger than the hard-aging
+    bound, or ``choose()`` returns the first aged job without scoring any (what the bench used to time)."""
+    import random
+
+    from bench import decision
+
+    queue = decision.make_queue(random.Random(0))
+    assert len(queue) == 64 and all(decision.NOW - j.enqueued_at < 30.0 for j in queue)
+    predictions = tuple(Prediction(1.0 + (37 * i + 5) % 64, "ridge") for i in range(len(queue)))
+    chosen = get_policy("asyncroll").choose(decision.snapshot(queue, predictions))
+    shortest = min(range(len(queue)), key=lambda i: predictions[i].seconds)
+    assert (chosen.job_id, chosen.reason, chosen.eligible) == (queue[shortest].job_id, decision.SCORED, True)
+    assert all(x > 0 for x in decision.one_repeat(0, calls=3))  # and the bench checks its own decision
