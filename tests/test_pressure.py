@@ -353,3 +353,55 @@ def test_decision_bench_times_the_scored_choice_not_the_hard_aging_shortcut() ->
     shortest = min(range(len(queue)), key=lambda i: predictions[i].seconds)
     assert (chosen.job_id, chosen.reason, chosen.eligible) == (queue[shortest].job_id, decision.SCORED, True)
     assert all(x > 0 for x in decision.one_repeat(0, calls=3))  # and the bench checks its own decision
+
+
+def test_timeouts_enter_the_fit_in_the_runtime(virtual_run: VirtualRun) -> None:
+    """A timed-out job is observed censored at the timeout by the dispatcher: the next job is predicted
+    from it (not from the prior, as it would be if the slowest jobs were dropped)."""
+    from asyncroll.events import CpuFailed
+    from tests.conftest import tool_problem
+
+    problems = [tool_problem("slow", model_ms=1, cpu_ms=5000), tool_problem("next", model_ms=2, cpu_ms=10)]
+    outcome, cap, _ = virtual_run(problems, policy="fifo", cpu_workers=1, tool_timeout=1.0)
+    assert outcome.status == "complete" and [e.reason for e in cap.of(CpuFailed)] == ["timeout"]
+    after = next(e for e in cap.of(CpuSelected) if e.id == "next")
+    assert after.observations == 1 and after.prediction_source == "ridge"
+    assert after.predicted_s > 0.5  # pulled from the 0.1 s prior toward the 1 s timeout
+
+
+def test_features_never_read_declared_results_or_expected_outputs(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script's declared ``cpu_ms`` and ``passes`` and the tests' expected outputs (simulation-only or
+    hidden) must not reach the predictor's features: the same jobs give the same rows without them."""
+    import copy
+
+    import asyncroll.policies.predictor as predictor
+    from tests.test_one_repair import _code_problem
+
+    def rows(problems: list[dict[str, Any]]) -> dict[tuple[str, bool], list[float]]:
+        seen: dict[tuple[str, bool], list[float]] = {}  # by job: (problem, repair); job ids follow timing
+        real = predictor.features
+
+        def record(job: JobView) -> list[float]:
+            row = seen[(job.trajectory_id, job.resubmission)] = real(job)
+            return row
+
+        with monkeypatch.context() as patch:
+            patch.setattr(predictor, "features", record)
+            outcome, _, _ = virtual_run(
+                problems, policy="asyncroll", cpu_workers=1, max_active_trajectories=4
+            )
+        assert outcome.status == "complete"
+        return seen
+
+    plain = [_code_problem(f"p{i}", [False, True]) for i in range(6)]
+    loaded = copy.deepcopy(plain)
+    for i, problem in enumerate(loaded):
+        for action in problem["script"]:
+            action["cpu_ms"] = 40 * (i + 1) ** 2
+        problem["script"][-1]["passes"] = False  # the last generation: the same path either way
+        for test in problem["metadata"]["reference_tests"]:
+            test["output"] = "x" * 1000 * (i + 1)
+    first = rows(plain)
+    assert len(first) == 12 and first == rows(loaded)
