@@ -3,6 +3,7 @@ a virtual clock."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -405,3 +406,21 @@ def test_features_never_read_declared_results_or_expected_outputs(
             test["output"] = "x" * 1000 * (i + 1)
     first = rows(plain)
     assert len(first) == 12 and first == rows(loaded)
+
+
+def test_every_observation_is_fitted_before_it_leaves_the_window() -> None:
+    """Refits come after every ~3% more observations, but at least every half window: in a long run
+    (tens of thousands of jobs) the window of the newest observations must not turn over between two
+    refits, or the observations in between (timeouts included) never enter any fit."""
+    window = 64
+    p = DurationPredictor(window=window)
+    refitted_at = [0]
+    for i in range(3000):
+        p.observe(_job(i, size=10 + i % 50), 0.01 * (1 + i % 7))
+        before = p.refits
+        p.predict([_job(10**6 + i)])  # one dispatch after each finished job
+        if p.refits > before:
+            refitted_at.append(p.observations)
+    gaps = [b - a for a, b in itertools.pairwise(refitted_at)]
+    assert max(gaps) <= window // 2
+    assert len(refitted_at) < 300  # still one refit per batch of observations, not one per observation

@@ -11,9 +11,10 @@ bias included — toward the prior (~100 ms): a weak prior that a handful of obs
 resubmission uses the same trajectory's first run of that tool when it is known
 (``same_problem_first_evaluation``). Timed-out jobs are observed *censored* at the timeout, never
 dropped. The model refits lazily, once, at the first prediction after new observations (after each of
-the first 32, then after every ~3% more), on a bounded window (a ring buffer of the newest
-observations); predicting the whole queue is one matrix product. Predictions are clamped to
-[1 ms, 60 s]. One instance per run: state never leaks between runs.
+the first 32, then after every ~3% more, but at least once per half window, so that no observation
+leaves the window unfitted), on a bounded window (a ring buffer of the newest observations); predicting
+the whole queue is one matrix product. Predictions are clamped to [1 ms, 60 s]. One instance per run:
+state never leaks between runs.
 """
 
 from __future__ import annotations
@@ -115,8 +116,10 @@ class DurationPredictor:
         if not jobs:
             return ()
         # Refit once per batch of new observations: after every one while data is scarce, then after
-        # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more).
-        if self._dirty and self._pending >= max(1, self.observations // 32):
+        # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more),
+        # and at least every half window: the window holds only the newest observations, so a longer gap
+        # would let observations (the slowest, censored ones too) pass through it without any fit.
+        if self._dirty and self._pending >= max(1, min(self.observations // 32, len(self._y) // 2)):
             self._refit()
         # A queued job's prediction changes only when the model does: compute each once per model.
         cache = self._cache
