@@ -130,3 +130,80 @@ def test_cancelled_tool_calls_are_not_in_the_error_rate() -> None:
     tools = summarise(events)["tools"]
     assert tools["calls"] == 4 and tools["errors"] == 2 and tools["failures"] == {"cancelled": 2}
     assert tools["error_rate"] == 1.0
+
+
+def _at(t: float, event: Event) -> Event:
+    event.__dict__["t"] = t  # as EventLog stamps it
+    return event
+
+
+def _build(events: list[Event], makespan_s: float | None) -> dict[str, Any]:
+    builder = SummaryBuilder()
+    for event in events:
+        builder(event)
+    return builder.build(
+        makespan_s=makespan_s, policy="fifo", limits=LIMITS, cpu_cost={}, peaks={}, status="complete"
+    )
+
+
+def test_blocked_intervals_count_only_spans_of_positive_length() -> None:
+    """A 0 s grade job at the instant the last model response arrives (a simulation's grade jobs take no
+    time) made a 0 s "interval": the sync synthetic run reported 180 intervals, 60 of them instants, and
+    a run of zero durations reported 3 intervals totalling 0 s. Only the real span is one."""
+    from asyncroll.events import CpuEnqueued, ModelEnqueued
+
+    def job(t0: float, t1: float, tid: str, jid: int) -> list[Event]:
+        return [
+            _at(
+                t0,
+                CpuEnqueued(id=tid, job_id=jid, kind="grade", tool="g", turn=0, arg_bytes=1, queue_depth=1),
+            ),
+            _at(
+                t1,
+                CpuFinished(
+                    id=tid,
+                    job_id=jid,
+                    worker=0,
+                    kind="grade",
+                    tool="g",
+                    ok=True,
+                    execute_s=t1 - t0,
+                    cpu_s=None,
+                    roundtrip_s=t1 - t0,
+                ),
+            ),
+        ]
+
+    events: list[Event] = [
+        _at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
+        _at(0.0, ModelEnqueued(id="a", request_id=1, turn=0, outstanding=1)),
+        _at(1.0, ModelFinished(id="a", request_id=1, turn=0, latency_s=1.0, action="tool")),
+        *job(1.0, 1.5, "a", 1),  # blocked 1.0-1.5: one interval
+        _at(1.5, ModelEnqueued(id="a", request_id=2, turn=1, outstanding=1)),
+        _at(2.0, ModelFinished(id="a", request_id=2, turn=1, latency_s=0.5, action="final")),
+        *job(2.0, 2.0, "a", 2),  # an instant: no interval
+        _at(2.0, TrajectoryFinished(id="a", status="completed", turns=2, tool_calls=0, duration_s=2.0)),
+    ]
+    blocked = _build(events, 2.0)["client_cpu_blocked"]
+    assert blocked["seconds"] == 0.5 and blocked["intervals"] == 1
+    # an interval still open at the window's end counts (an interrupted run), an instant at it does not
+    open_at_end = events[:4]  # the first job still running
+    later, at_once = (_build(open_at_end, end)["client_cpu_blocked"] for end in (1.25, 1.0))
+    assert (later["seconds"], later["intervals"]) == (0.25, 1)
+    assert (at_once["seconds"], at_once["intervals"]) == (0.0, 0)
+
+
+def test_no_window_or_an_empty_one_is_null_with_why_never_zero() -> None:
+    never = _build([], None)
+    assert never["client_cpu_blocked"]["intervals"] is None  # was 0 beside seconds: null
+    assert never["throughput"]["completed_per_wall_hour"] is None
+    assert never["throughput"]["per_wall_hour_reason"] == "the measured window never opened"
+    events: list[Event] = [
+        _at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
+        _at(0.0, TrajectoryFinished(id="a", status="completed", turns=1, tool_calls=0, duration_s=0.0)),
+    ]
+    empty = _build(events, 0.0)["throughput"]
+    assert empty["completed_per_wall_hour"] is None and empty["trajectories_per_wall_hour"] is None
+    assert empty["per_wall_hour_reason"] == "the measured window is empty (makespan 0)"
+    measured = _build(events, 2.0)["throughput"]
+    assert (measured["completed_per_wall_hour"], measured["per_wall_hour_reason"]) == (1800.0, None)

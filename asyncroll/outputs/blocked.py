@@ -3,7 +3,9 @@
 Blocked means, at the same instant: at least one active trajectory, zero model requests outstanding
 (queued or in flight) and at least one CPU job pending (queued or running). During such an interval the
 inference server gets nothing from this client: it is the client-side half of "model starvation"
-(MEASUREMENT.md). Integrated exactly over the event stream's own timestamps.
+(MEASUREMENT.md). Integrated exactly over the event stream's own timestamps. An interval is a span of
+positive length: the state can hold for an instant only (events at one timestamp, e.g. a simulated grade
+job of 0 s), which adds no time and is not counted as an interval.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class BlockedMeter:
         self.outstanding = 0
         self.pending = 0
         self.blocked_s = 0.0
-        self.intervals = 0
+        self._closed = 0  # intervals of positive length that have ended
         self._since: float | None = None
 
     @property
@@ -58,10 +60,15 @@ class BlockedMeter:
         now = self.active > 0 and self.outstanding == 0 and self.pending > 0
         if now and not was:
             self._since = event.t
-            self.intervals += 1
         elif was and not now and self._since is not None:
-            self.blocked_s += event.t - self._since
+            if event.t > self._since:
+                self.blocked_s += event.t - self._since
+                self._closed += 1
             self._since = None
+
+    def intervals(self, end: float) -> int:
+        """Blocked intervals of positive length up to ``end`` (one still open counts if it began before)."""
+        return self._closed + (self._since is not None and end > self._since)
 
     def total(self, end: float) -> float:
         """Blocked seconds up to ``end`` (an interval still open is closed there)."""

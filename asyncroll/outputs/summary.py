@@ -419,6 +419,12 @@ class SummaryBuilder:
             "throughput": {
                 "completed_per_wall_hour": ratio(completed, hours),
                 "trajectories_per_wall_hour": ratio(finished, hours),
+                # null, never 0, with why: per wall hour of a window that never opened or lasted 0 s
+                "per_wall_hour_reason": None
+                if hours > 0
+                else "the measured window is empty (makespan 0)"
+                if measured
+                else "the measured window never opened",
                 **gpu_hour(completed, makespan_s, dedicated_gpu),
             },
             "accuracy": {
@@ -486,7 +492,7 @@ class SummaryBuilder:
             "client_cpu_blocked": {
                 "seconds": blocked,
                 "fraction_of_makespan": None if blocked is None else ratio(blocked, makespan_s),
-                "intervals": self.blocked.intervals,
+                "intervals": self.blocked.intervals(makespan_s) if measured else None,
                 "definition": "≥1 active trajectory, 0 model requests outstanding, ≥1 CPU job pending",
             },
             "peaks": peaks,
