@@ -92,6 +92,8 @@ class PredictionQuality(BaseModel):
     pearson_log: float | None
     pearson_log_repairs: float | None
     pearson_log_first: float | None
+    pairs_repairs: int | None = None  # the pairs behind pearson_log_repairs (None: a summary from before)
+    pairs_first: int | None = None  # the pairs behind pearson_log_first
     note: str
 
 

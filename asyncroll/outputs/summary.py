@@ -484,6 +484,9 @@ class SummaryBuilder:
                     "pearson_log": pearson(*self.pairs["all"]),
                     "pearson_log_repairs": pearson(*self.pairs["repairs"]),
                     "pearson_log_first": pearson(*self.pairs["first"]),
+                    # each correlation's own denominator (null below 3 pairs: say how many there were)
+                    "pairs_repairs": len(self.pairs["repairs"][0]),
+                    "pairs_first": len(self.pairs["first"][0]),
                     "note": "log predicted vs log actual execute time, jobs that finished ok",
                 },
             },
