@@ -7,7 +7,7 @@ the snapshot so that it can be unit-tested from factories and replayed by the si
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 JobKind = Literal["tool", "grade", "evaluate"]
 
@@ -29,10 +29,10 @@ class JobView:
     code_bytes: int = 0  # evaluation jobs: bytes of submitted code
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
+class Prediction(NamedTuple):
     """A job's predicted execute time and where it came from (``prior``, ``ridge``,
-    ``same_problem_first_evaluation``)."""
+    ``same_problem_first_evaluation``). A named tuple: a whole queue of them is made after every refit,
+    and a tuple is made twice as fast as a frozen dataclass."""
 
     seconds: float
     source: str

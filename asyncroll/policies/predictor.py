@@ -69,6 +69,11 @@ class DurationPredictor:
         self._pending = 0  # observations since the last refit
         self._first: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._rows: dict[int, list[float]] = {}  # feature rows of queued jobs, computed once
+        # ... and the same rows in a matrix (a free slot each), so that a large batch is one fancy index,
+        # not a list of lists turned into an array at every refit
+        self._queued = np.zeros((64, FEATURES), dtype=np.float64)
+        self._slots: dict[int, int] = {}  # job id → its row in ``_queued``
+        self._free: list[int] = list(range(63, -1, -1))  # free rows, lowest last (popped first)
         self._cache: dict[int, Prediction] = {}  # job id → prediction by the current model
         self._remember = remember
         self.observations = 0
@@ -80,6 +85,7 @@ class DurationPredictor:
         seconds = min(max(seconds, MIN_S / 10), MAX_S * 10)
         self._cache.pop(job.job_id, None)
         row = self._rows.pop(job.job_id, None)
+        self._release(job.job_id)
         self._x[self._next] = row if row is not None else features(job)
         self._y[self._next] = math.log(seconds) - self._log_prior
         self._next = (self._next + 1) % len(self._y)
@@ -110,7 +116,25 @@ class DurationPredictor:
     def forget(self, job: JobView) -> None:
         """A queued job that will never be observed (its caller gave up)."""
         self._rows.pop(job.job_id, None)
+        self._release(job.job_id)
         self._cache.pop(job.job_id, None)
+
+    def _release(self, job_id: int) -> None:
+        slot = self._slots.pop(job_id, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def _slot(self, job_id: int, row: list[float]) -> int:
+        """The job's row in the matrix of queued jobs' features, stored there on first use."""
+        slot = self._slots.get(job_id)
+        if slot is None:
+            if not self._free:  # more jobs queued than rows: twice the rows
+                size = len(self._queued)
+                self._queued = np.concatenate([self._queued, np.zeros_like(self._queued)])
+                self._free = list(range(2 * size - 1, size - 1, -1))
+            slot = self._slots[job_id] = self._free.pop()
+            self._queued[slot] = row
+        return slot
 
     def predict(self, jobs: Sequence[JobView]) -> tuple[Prediction, ...]:
         if not jobs:
@@ -144,16 +168,15 @@ class DurationPredictor:
                     for j in jobs
                 ]
             else:
-                matrix = np.asarray([rows[j.job_id] for j in jobs], dtype=np.float64)
+                slot = self._slot
+                matrix = self._queued[[slot(j.job_id, rows[j.job_id]) for j in jobs]]
                 seconds = np.clip(np.exp(matrix @ self._coef + self._log_prior), MIN_S, MAX_S).tolist()
             base = [Prediction(s, "ridge") for s in seconds]
-        out = []
-        for job, prediction in zip(jobs, base, strict=True):
-            first = self._first.get((job.trajectory_id, job.tool)) if job.resubmission else None
-            if first is not None:
-                prediction = Prediction(min(max(first, MIN_S), MAX_S), "same_problem_first_evaluation")
-            out.append(prediction)
-        return out
+        first = self._first
+        for i, job in enumerate(jobs):
+            if job.resubmission and (known := first.get((job.trajectory_id, job.tool))) is not None:
+                base[i] = Prediction(min(max(known, MIN_S), MAX_S), "same_problem_first_evaluation")
+        return base
 
 
 def _ridge() -> Any:
