@@ -71,3 +71,17 @@ def test_every_bench_module_prints_usage_for_help(module: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage:"), result.stdout[:300]  # not "machine: …" of a run
+
+
+@pytest.mark.timeout(120)
+def test_the_simulation_speed_bench_runs_both_modes_on_a_tiny_workload() -> None:
+    """bench.simspeed replaces the run's exports with nothing (``{}``) to time the simulation alone; a
+    change to how a run reads its exports' outcome broke every full-outputs measurement, unseen until the
+    bench was run by hand."""
+    from bench.common import scratch, write_workload
+    from bench.simspeed import one, small_workload
+
+    workload = write_workload(scratch("simspeed-test-") / "w.jsonl", small_workload(12, seed=0))
+    for record in (False, True):
+        result = one(12, record, workload)
+        assert result["window_cpu_s"] > 0 and result["virtual_makespan_s"] > 0, result

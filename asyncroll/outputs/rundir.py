@@ -63,8 +63,10 @@ class RunDirectory:
         # told the final status: run.json still says "preparing" if the run never started.
         final = {"status": status, **({"error": error} if error else {})}
         exports = export(self.out, final)
-        self.exports_failed = {
-            name: str(exports[name].get("error")) for name in EXPORTS if not exports[name].get("ok")
+        self.exports_failed = {  # (a benchmark may skip the exports: then none is named)
+            name: str(entry.get("error"))
+            for name in EXPORTS
+            if (entry := exports.get(name)) is not None and not entry.get("ok")
         }
         self.transition(status, wall, exports=exports, error=error, exit_code=exit_code(status))
         return failed
