@@ -504,6 +504,12 @@ def test_hostile_pickle_is_refused_without_running_anything(tmp_path: Path, monk
         ('[{"input": "x", "output": "1"}]', "test [0].testtype: expected a string, missing"),
         ('[{"input": "[1, 2", "output": "1", "testtype": "functional"}]', "test [0].input line 1"),
         ("[1,", "JSON is not valid"),
+        # a lone surrogate cannot be written as UTF-8: it ended the conversion in a traceback at the write
+        (
+            _compressed_pickle('[{"input": "\\ud800", "output": "1", "testtype": "stdin"}]'),
+            "test [0].input: not valid",
+        ),
+        ('[{"input": "1", "output": "\\udfff", "testtype": "stdin"}]', "test [0].output: not valid Unicode"),
     ],
 )
 def test_malformed_private_tests_are_clear_errors(field: str, message: str) -> None:
@@ -650,6 +656,10 @@ def _row(**changes: Any) -> dict[str, Any]:
         ([_row(public_test_cases="[{")], "public_test_cases: JSON is not valid"),
         ([_row(question_id=1873)], "question_id: expected a string, got int"),
         ([_row(metadata="{nope")], "metadata: not valid JSON"),
+        (
+            [_row(public_test_cases='[{"input": "\\ud800", "output": "x", "testtype": "stdin"}]')],
+            "public_test_cases: test [0].input: not valid Unicode: a lone UTF-16 surrogate",
+        ),
         ([_row(metadata='{"func_name": "not valid"}')], "func_name 'not valid' is not a Python method name"),
         (
             [_row(metadata='{"func_name": "f"}')],

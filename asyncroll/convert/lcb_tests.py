@@ -21,6 +21,8 @@ import pickle
 import zlib
 from typing import Any
 
+from asyncroll.json_checks import LONE_SURROGATE
+
 TEST_TYPES = ("stdin", "functional")
 MAX_DECOMPRESSED = 1 << 30  # 1 GiB: the largest real private-test fields are far below this
 
@@ -95,6 +97,10 @@ def check_tests(value: Any) -> list[dict[str, str]]:
             if not isinstance(test.get(key), str):
                 got = "missing" if key not in test else f"a {type(test[key]).__name__}"
                 raise WireFormatError(f"test [{i}].{key}: expected a string, {got}")
+            try:  # a lone surrogate (escaped in the JSON, or in the pickled str) cannot be written as UTF-8
+                test[key].encode("utf-8")
+            except UnicodeEncodeError:
+                raise WireFormatError(f"test [{i}].{key}: {LONE_SURROGATE}") from None
         if test["testtype"] not in TEST_TYPES:
             raise WireFormatError(f"test [{i}].testtype: {test['testtype']!r} is not one of {TEST_TYPES}")
         if test["testtype"] == "functional":
