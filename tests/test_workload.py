@@ -887,6 +887,34 @@ def test_lines_python_cannot_hold_are_named_errors_not_crashes(tmp_path: Path) -
     assert ":4: metadata.ok: not valid Unicode" in problems[3]
 
 
+def test_functional_tests_nested_too_deeply_are_named_errors_not_crashes(tmp_path: Path) -> None:
+    """A functional test whose input line or output nests past Python's recursion limit ended
+    ``validate`` (and ``run``) in a RecursionError traceback from the evaluator's own check."""
+    deep = "[" * 5000 + "]" * 5000
+    lines = [
+        json.dumps(
+            {
+                "id": f"p{i}",
+                "prompt": "x",
+                "tools": [{"name": "lcb_evaluate"}],
+                "script": [{"type": "submit", "code": "pass"}],
+                "metadata": {
+                    "func_name": "f",
+                    "prompt_metadata": {"protocol": "one_repair"},
+                    "reference_tests": [{**test, "testtype": "functional"}],
+                },
+            }
+        )
+        for i, test in enumerate([{"input": deep, "output": "1"}, {"input": "1", "output": deep}])
+    ]
+    problems = _problems(tmp_path, lines)
+    assert len(problems) == 2, problems
+    assert (
+        ":1: metadata.reference_tests[0].input: line 1 is not a JSON value: maximum recursion" in problems[0]
+    )
+    assert ":2: metadata.reference_tests[0].output: is not a JSON value: maximum recursion" in problems[1]
+
+
 def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     """pydantic-core and ``json`` keep the last of a repeated key: a second ``reference_answer`` graded
     every answer against it, silently."""

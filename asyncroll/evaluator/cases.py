@@ -52,10 +52,10 @@ def check_test(i: int, test: Any, func_name: str | None) -> Case:
             if line.strip():
                 try:
                     json.loads(line)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # RecursionError: nested past ~1,000 levels
                     raise ValueError(f"tests[{i}].input line {n} is not a JSON value: {exc}") from None
         try:
             expected = parse_expected(test["output"])
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ValueError(f"tests[{i}].output is not a JSON value: {exc}") from None
     return Case(test["input"], test["output"], expected)
