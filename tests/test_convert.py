@@ -705,6 +705,15 @@ def test_lcb_file_level_errors(tmp_path: Path) -> None:
         convert_livecodebench(broken_first, out)
     assert f"{broken_first}:1: invalid line" in str(caught.value)
     assert f"{broken_first}:3: invalid line" in str(caught.value)
+    for first in ("[1, 2, 3]", "42", '"header"', "null"):  # a first line that is JSON but not a row
+        not_a_row = tmp_path / "not-a-row-first.jsonl"
+        not_a_row.write_text(f"{first}\n{good}\n", encoding="utf-8")
+        with pytest.raises(UsageError) as caught:  # was: "not-a-row-first.jsonl:2:1: ... Extra data"
+            convert_livecodebench(not_a_row, out)
+        assert (
+            str(caught.value)
+            == f"{not_a_row}:1: expected a row object, got {type(json.loads(first)).__name__}"
+        )
     too_long = tmp_path / ("a" * 300 + ".jsonl")
     with pytest.raises(UsageError, match="cannot write there: File name too long"):
         convert_livecodebench(LCB_ROW, too_long)

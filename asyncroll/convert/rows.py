@@ -135,14 +135,23 @@ def _first_non_empty_line(handle: Any) -> bytes | None:
 
 
 def _broken_jsonl(first: bytes, data: bytes) -> bool:
-    """JSONL whose first line is broken: not one JSON document, but a later line is a whole object."""
-    if not first.lstrip().startswith(b"{"):
+    """JSONL whose first line is broken (a cut object) or not a row (a whole JSON value that is not an
+    object): the file is not one JSON document, but a later line is a whole object."""
+    if not (first.lstrip().startswith(b"{") or _is_json(first)):
         return False
     try:
         json.loads(data)
     except (ValueError, RecursionError):
         return any(_is_object(line) for line in data.splitlines()[1:] if line.strip())
     return False
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _is_object(line: bytes) -> bool:
