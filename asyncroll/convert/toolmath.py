@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import json
 import keyword
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,7 @@ def convert_toolmath(
     report = ConversionReport(output, records=len(records), problems=len(problems))
     digest = sha256_hex(data)
     lines = [_problem(group, seed, digest, answers_from_solution, report) for group in chosen]
-    _check_loadable(lines, functions_dir.resolve())
+    _check_loadable(lines, functions_dir.resolve(), source)
     report.written = write_jsonl_atomic(output, lines)
     return report
 
@@ -188,10 +189,11 @@ def _problem(
     return problem
 
 
-def _check_loadable(lines: list[dict[str, Any]], tool_root: Path) -> None:
+def _check_loadable(lines: list[dict[str, Any]], tool_root: Path, source: Path) -> None:
     """Every line must validate as a workload :class:`~asyncroll.workload.Problem` (else a bug here) and
     pass ``validate``'s checks with ``--tool-root`` the functions directory (a record's ``inputs`` that
-    do not match its function's parameters are the source's error): nothing is written otherwise."""
+    do not match its function's parameters are the source's error): nothing is written otherwise. Each
+    error names the source file and the record behind the tool (``tools[i]`` is ``source_indices[i]``)."""
     from asyncroll.tool_files import ToolFile
     from asyncroll.workload import Problem
     from asyncroll.workload.checks import check_problem
@@ -200,9 +202,24 @@ def _check_loadable(lines: list[dict[str, Any]], tool_root: Path) -> None:
     problems = []
     for line in lines:
         issues = check_problem(Problem.model_validate(line), tool_root, False, tool_files)
-        problems += [f"problem {line['id']}: {field}: {message}" for field, message in issues]
-    if problems:
-        raise UsageError("the converted workload would not validate:\n" + "\n".join(problems))
+        for fld, message in issues:
+            match = _TOOL_FIELD.fullmatch(fld)
+            if match is None:
+                problems.append(f"{source}: problem {line['id']}: {fld}: {message}")
+                continue
+            position, rest = int(match.group(1)), match.group(2) or "tool"
+            index = line["metadata"]["source_indices"][position]
+            name = line["tools"][position]["name"]
+            rest = (
+                "function" + rest.removeprefix("implementation")
+                if rest.startswith("implementation")
+                else rest
+            )
+            problems.append(f"{source}: record [{index}] ({name!r}): {rest}: {message}")
+    _raise(problems)
+
+
+_TOOL_FIELD = re.compile(r"tools\[(\d+)\](?:\.(.+))?", re.DOTALL)
 
 
 def _named(item: Any) -> str:
