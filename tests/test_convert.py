@@ -876,3 +876,7 @@ def test_toolmath_refuses_to_write_a_workload_validate_would_reject(tmp_path: Pa
     # the error names the source file and the record (it said "problem toolmath-0: tools[0].inputs: ...")
     assert str(caught.value).startswith(f"{source}: record [0] ({records[0]['name']!r}): inputs: ")
     assert " requires " in str(caught.value)
+    for seed in range(8):  # whichever problems a limited sample keeps, the bad record is refused
+        with pytest.raises(UsageError, match=re_escape(f"{source}: record [0] ")):
+            convert_toolmath(source, TM_EXAMPLE, out, limit=1, seed=seed)
+        assert not out.exists()

@@ -92,11 +92,14 @@ def convert_toolmath(
     data = read_source(source)
     records = parse_records(data, source, functions_dir)
     problems = group_problems(records, source)
-    chosen = select(problems, key=lambda group: group[0].problem_key, seed=seed, limit=limit)
     report = ConversionReport(output, records=len(records), problems=len(problems))
     digest = sha256_hex(data)
+    # The whole source is checked, whatever --limit keeps: a bad record is an error in every sample.
+    _check_loadable(
+        [_problem(g, seed, digest, False, report) for g in problems], functions_dir.resolve(), source
+    )
+    chosen = select(problems, key=lambda group: group[0].problem_key, seed=seed, limit=limit)
     lines = [_problem(group, seed, digest, answers_from_solution, report) for group in chosen]
-    _check_loadable(lines, functions_dir.resolve(), source)
     report.written = write_jsonl_atomic(output, lines)
     return report
 
