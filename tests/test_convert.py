@@ -541,7 +541,7 @@ def test_lcb_real_row_converts_to_a_one_repair_problem(tmp_path: Path) -> None:
     out = tmp_path / "lcb.jsonl"
     result = cli("convert-livecodebench", "--source", LCB_ROW, "--output", out)
     assert result.returncode == 0, result.stderr
-    assert f"{out}: 1 of 1 problems (0 functional rows), seed 0" in result.stdout
+    assert f"{out}: 1 of 1 problems (1 source row(s), 0 functional), seed 0" in result.stdout
     [problem] = lines(out)
     Problem.model_validate(problem)
     row = json.loads(LCB_ROW.read_text(encoding="utf-8"))

@@ -70,8 +70,8 @@ def convert_livecodebench(
     except UsageError as exc:
         raise fail(str(exc)) from None
     kept = report.rows - report.skipped
-    dropped = f"; {report.skipped} functional rows dropped by --stdin-only" if report.skipped else ""
+    dropped = ", dropped by --stdin-only" if report.skipped else ""
     typer.echo(
-        f"{output}: {report.written} of {kept} problems ({report.functional} functional rows{dropped}), "
-        f"seed {seed}"
+        f"{output}: {report.written} of {kept} problems ({report.rows} source row(s), "
+        f"{report.functional} functional{dropped}), seed {seed}"
     )
