@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports
+from asyncroll.commands.simulate_flags import (
+    DEFAULT_JITTER,
+    check_numbers,
+    csv_list,
+    only_with,
+    refuse_aliases,
+    refuse_single_run_forms,
+    warn_unread,
+)
 
 if TYPE_CHECKING:  # imported lazily below: the CLI's start-up stays light
     from asyncroll.simulation.engine import Assumed
@@ -146,7 +154,7 @@ def simulate(
             "--prefill-ms-per-token": prefill_ms_per_token,
             "--chars-per-token": chars_per_token,
         }
-        _only_with(batching, server == "batching", "--server batching")
+        only_with(batching, server == "batching", "--server batching")
         sweeping = {
             "--policies": policies,
             "--active": active,
@@ -157,9 +165,9 @@ def simulate(
             "--jobs": jobs,
             "--progress": progress,
         }
-        _only_with(sweeping, sweep, "--sweep")
+        only_with(sweeping, sweep, "--sweep")
         if sweep:
-            _refuse_single_run_forms(
+            refuse_single_run_forms(
                 {
                     "--policy": (policy, "--policies"),
                     "--max-active-trajectories": (max_active_trajectories, "--active"),
@@ -167,7 +175,7 @@ def simulate(
                     "--cpu-workers": (cpu_workers, "--workers"),
                 }
             )
-        _check_numbers(
+        check_numbers(
             tool_timeout=tool_timeout,
             step_base_ms=step_base_ms,
             step_per_seq_ms=step_per_seq_ms,
@@ -212,17 +220,17 @@ def simulate(
             if jobs is not None and jobs < 1:
                 raise UsageError(f"--jobs: must be >= 1, got {jobs}")
             spec = SweepSpec(
-                _csv("fifo,tool_first,sync" if policies is None else policies, str, "--policies"),
-                _csv(active, int, "--active") if active is not None else (cfg0.max_active_trajectories,),
-                _csv(inflight, int, "--inflight")
+                csv_list("fifo,tool_first,sync" if policies is None else policies, str, "--policies"),
+                csv_list(active, int, "--active") if active is not None else (cfg0.max_active_trajectories,),
+                csv_list(inflight, int, "--inflight")
                 if inflight is not None
                 else (cfg0.max_inflight_model_requests,),
-                _csv(workers, int, "--workers") if workers is not None else (cfg0.cpu_workers,),
+                csv_list(workers, int, "--workers") if workers is not None else (cfg0.cpu_workers,),
                 5 if seeds is None else seeds,
                 DEFAULT_JITTER if jitter is None else jitter,
             )
-            _refuse_aliases(spec.policies)
-            _warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
+            refuse_aliases(spec.policies)
+            warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
             for name in spec.policies:
                 try:
                     build_config({**values, "output": output, "policy": name})
@@ -275,7 +283,7 @@ def simulate(
         cfg = build_config(values, origins)
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
-        _warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
+        warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
         assumed = Assumed()
         outcome = run_simulation(
             cfg,
@@ -390,115 +398,6 @@ def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         "it took the script's timings",
         err=True,
     )
-
-
-def _only_with(flags: Mapping[str, object], applies: bool, mode: str) -> None:
-    """Options that mean something only in one mode are refused outside it, not silently ignored."""
-    from asyncroll.errors import UsageError
-
-    given = [flag for flag, value in flags.items() if value is not None]
-    if given and not applies:
-        verb = "applies" if len(given) == 1 else "apply"
-        raise UsageError(f"{', '.join(given)} {verb} only with {mode}")
-
-
-def _refuse_aliases(policies: Sequence[str]) -> None:
-    """Two names of one policy would be two identical rows of the sweep: refused like a repeated name;
-    the deprecated ``gpu_first`` is said to be so."""
-    from asyncroll.errors import UsageError
-    from asyncroll.policies.registry import canonical_policy
-
-    if "gpu_first" in policies:
-        typer.echo("warning: --policies gpu_first is a deprecated alias of tool_first", err=True)
-    seen: dict[str, str] = {}
-    for name in policies:
-        other = seen.setdefault(canonical_policy(name), name)
-        if other != name:
-            raise UsageError(
-                f"--policies: {other!r} and {name!r} are the same policy ({canonical_policy(name)}); "
-                "each value is one cell of the sweep"
-            )
-
-
-def _warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> None:
-    from asyncroll.policies.registry import unread_pressure_flags
-
-    for flag in unread_pressure_flags(given, policies):
-        typer.echo(f"warning: {flag} has no effect with {what} (read by asyncroll only)", err=True)
-
-
-def _refuse_single_run_forms(flags: Mapping[str, tuple[object, str]]) -> None:
-    """A sweep takes its policies and limits from its list flags; a single-run form would be ignored."""
-    from asyncroll.errors import UsageError
-
-    given = [(flag, use) for flag, (value, use) in flags.items() if value is not None]
-    if given:
-        raise UsageError(
-            "; ".join(
-                f"{flag} does not apply with --sweep (use {use}, a comma-separated list)"
-                for flag, use in given
-            )
-        )
-
-
-#: Jitter sigma by default, and the largest accepted (beyond it nearly every duration becomes ~0).
-DEFAULT_JITTER, MAX_JITTER = 0.25, 5.0
-
-
-def _check_numbers(**given: float | None) -> None:
-    """Every float option is finite and in a range where the simulation means something and ends.
-
-    NaN would silently corrupt every duration it touches and infinity (or a cost near float's limit)
-    would stop virtual time; a per-turn, per-job, per-step or per-token cost over one day is refused."""
-    from asyncroll.errors import UsageError
-    from asyncroll.simulation.engine import MAX_COST_MS, MIN_CHARS_PER_TOKEN
-
-    ranges = {
-        "tool_timeout": (0.0, math.inf, False),
-        "step_base_ms": (0.0, MAX_COST_MS, True),
-        "step_per_seq_ms": (0.0, MAX_COST_MS, True),
-        "prefill_ms_per_token": (0.0, MAX_COST_MS, True),
-        "chars_per_token": (MIN_CHARS_PER_TOKEN, math.inf, True),
-        "turn_overhead_ms": (0.0, MAX_COST_MS, True),
-        "job_overhead_ms": (0.0, MAX_COST_MS, True),
-        "jitter": (0.0, MAX_JITTER, True),
-    }
-    for name, value in given.items():
-        if value is None:
-            continue
-        low, high, inclusive = ranges[name]
-        flag = "--" + name.replace("_", "-")
-        if not math.isfinite(value):
-            raise UsageError(f"{flag}: must be a finite number, got {value}")
-        if value < low or (value == low and not inclusive):
-            raise UsageError(f"{flag}: must be {'>=' if inclusive else '>'} {low:g}, got {value:g}")
-        if value > high:
-            limit = f"{high:.0f} ms (one day)" if high == MAX_COST_MS else f"{high:g}"
-            raise UsageError(f"{flag}: must be at most {limit}, got {value:g}")
-
-
-def _csv(text: str, kind: type[str] | type[int], flag: str) -> tuple[Any, ...]:
-    """A comma-separated list: no empty items, no duplicates, integers >= 1."""
-    from asyncroll.errors import UsageError
-
-    parts = [part.strip() for part in text.split(",")]
-    if any(not part for part in parts):
-        example = "4,8,16" if kind is int else "fifo,tool_first"
-        raise UsageError(f"{flag}: empty item in {text!r} (expected a comma-separated list, e.g. {example})")
-    try:
-        values: list[Any] = [kind(part) for part in parts]
-    except ValueError:
-        raise UsageError(
-            f"{flag}: expected a comma-separated list of {kind.__name__}, got {text!r}"
-        ) from None
-    if kind is int and any(v < 1 for v in values):
-        raise UsageError(f"{flag}: every value must be an integer >= 1, got {text!r}")
-    repeated = sorted({str(v) for v in values if values.count(v) > 1})
-    if repeated:
-        raise UsageError(
-            f"{flag}: {', '.join(repeated)} given more than once; each value is one cell of the sweep"
-        )
-    return tuple(values)
 
 
 def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:
