@@ -198,6 +198,20 @@ def test_predictor_prior_learning_and_clamping() -> None:
     assert all(MIN_S <= x.seconds <= MAX_S for x in extreme)
 
 
+@pytest.mark.timeout(30)
+def test_predictor_predicts_more_queued_jobs_than_its_first_matrix_holds() -> None:
+    """More than 64 queued jobs predicted at once after a fit: the matrix of their rows grows while
+    their slots are taken, and is read after that (it was read before: IndexError 64, a crashed run)."""
+    p = DurationPredictor()
+    p.observe(_job(0, size=100), 0.1)
+    jobs = [_job(1 + i, size=100 + i) for i in range(200)]
+    predicted = p.predict(jobs)
+    assert len(predicted) == 200 and all(x.source == "ridge" for x in predicted)
+    alone = DurationPredictor()
+    alone.observe(_job(0, size=100), 0.1)
+    assert alone.predict([jobs[150]])[0].seconds == pytest.approx(predicted[150].seconds)
+
+
 def test_predictor_fit_equals_sklearn_ridge_on_its_window() -> None:
     from sklearn.linear_model import Ridge
 

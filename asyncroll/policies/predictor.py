@@ -169,7 +169,9 @@ class DurationPredictor:
                 ]
             else:
                 slot = self._slot
-                matrix = self._queued[[slot(j.job_id, rows[j.job_id]) for j in jobs]]
+                # the slots first: taking one may grow ``_queued``, which must be read after that
+                slots = [slot(j.job_id, rows[j.job_id]) for j in jobs]
+                matrix = self._queued[slots]
                 seconds = np.clip(np.exp(matrix @ self._coef + self._log_prior), MIN_S, MAX_S).tolist()
             base = [Prediction(s, "ridge") for s in seconds]
         first = self._first
