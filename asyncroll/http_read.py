@@ -19,6 +19,7 @@ timeout should fire first whenever one phase is what is slow.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import httpx
 
@@ -40,13 +41,22 @@ class ResponseTooLarge(Exception):
 
 
 async def read_bounded(
-    client: httpx.AsyncClient, request: httpx.Request, *, limit_bytes: int, deadline_s: float
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    *,
+    limit_bytes: int,
+    deadline_s: float,
+    on_response: Callable[[httpx.Response], None] | None = None,
 ) -> tuple[httpx.Response, bytes]:
     """Send ``request`` and read its whole body: at most ``limit_bytes`` after content decoding, all
     within ``deadline_s``. Raises httpx's errors, :class:`ResponseTooLarge`, or :class:`TimeoutError`
-    when the deadline passes (every phase in time, the whole exchange not)."""
+    when the deadline passes (every phase in time, the whole exchange not). ``on_response`` is called
+    with the response as soon as its status and headers arrive, before the body is read: a caller learns
+    the status of a response whose body then fails (too large, undecodable)."""
     async with asyncio.timeout(deadline_s):
         response = await client.send(request, stream=True)
+        if on_response is not None:
+            on_response(response)
         try:
             body = bytearray()
             async for chunk in response.aiter_bytes():

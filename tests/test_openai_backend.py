@@ -1269,3 +1269,35 @@ def test_a_model_list_that_cannot_be_decoded_is_generic_not_unreachable() -> Non
 
         kind, source = asyncio.run(probe())
     assert kind == "generic" and source.startswith("probed: /v1/models answered unreadably (DecodingError")
+
+
+@pytest.mark.timeout(60)
+def test_an_error_status_with_an_unreadable_body_is_still_that_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 whose body fails its content-encoding, or is longer than the cap, is an HTTP 503: retried
+    with ``--max-retries`` like any 503 (it was a ``bad_response`` with no status, never retried, and
+    counted as a received invalid reply in the validity rate); a 200 with an oversized body stays
+    ``bad_response``, now with its status."""
+    import asyncroll.backends.openai as openai_backend
+
+    monkeypatch.setattr(openai_backend, "MAX_RESPONSE_BYTES", 1 << 10)
+    replies = [
+        _raw(503, {"content-encoding": "gzip", "retry-after": "0"}, b"not gzip at all"),
+        _raw(503, {"content-type": "text/html", "retry-after": "0"}, b"x" * 4096),
+        _json_reply(completion(FINAL)),
+        _raw(200, {"content-type": "application/json"}, b" " * 4096),
+    ]
+    with HostileServer(replies) as server:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(2), server.url, max_active_trajectories=1, max_retries=2
+        )
+    assert outcome.status == "complete", outcome.error
+    retried = capture.of(ModelRetrying)
+    assert [(e.kind, e.status) for e in retried] == [("http_status", 503), ("http_status", 503)]
+    assert "DecodingError" in retried[0].error and "longer than 1,024 bytes" in retried[1].error
+    (failed,) = capture.of(ModelFailed)
+    assert (failed.kind, failed.status, failed.response_received) == ("bad_response", 200, True)
+    assert outcome.summary is not None
+    assert outcome.summary["model"]["retries"] == {"http_status": 2}
+    assert outcome.summary["rates"]["validity_denominator"] == 2  # one finished, one 200 unreadable

@@ -28,9 +28,9 @@ that connection counted for ever — encode/httpcore#1093 — and a pool *limite
 then locks up: every later request times out against a healthy server. So the pool has no connection
 limit of its own: the model gate is the one limit of requests in flight, and a leaked slot blocks
 nothing.) A body is read up to :data:`MAX_RESPONSE_BYTES` after decoding (an endless body or a
-compression bomb is ``bad_response``), its text as UTF-8 whatever charset the server names, and the
-probes (``/v1/models``, ``/health``) have the same whole-exchange deadline and a cap
-(:mod:`asyncroll.http_read`). Whatever a 200 body holds, reading
+compression bomb is ``bad_response``; behind an error status, that status: ``http_status``), its
+text as UTF-8 whatever charset the server names, and the probes (``/v1/models``, ``/health``) have
+the same whole-exchange deadline and a cap (:mod:`asyncroll.http_read`). Whatever a 200 body holds, reading
 it (:mod:`asyncroll.backends.completion`) never raises anything else: a message ``content`` given as a
 list of text parts is joined, as OpenAI-compatible servers mean it; any other shape is ``bad_response``;
 a ``usage`` that is not an object is ignored (token counts ``null``). Retries and the server circuit are in
@@ -439,6 +439,20 @@ class OpenAIBackend:
             completion_tokens=completion.completion_tokens,
         )
 
+    @staticmethod
+    def _unreadable(head: list[httpx.Response], why: str) -> _AttemptFailed:
+        """A response whose body could not be read (too large, undecodable). Its status decides what it
+        is: an error status is that status (``http_status``: retried, counted by the circuit, and not a
+        received invalid reply in the validity rate, exactly as with a readable body); a 200 (or no
+        status known) is ``bad_response``."""
+        if head and head[0].status_code != 200:
+            response = head[0]
+            status = response.status_code
+            return _AttemptFailed(
+                "http_status", f"HTTP {status} (body unreadable: {why})", status, response.headers, True
+            )
+        return _AttemptFailed("bad_response", why, head[0].status_code if head else None, None, True)
+
     async def _attempt(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
         """One HTTP exchange under the request timeout and the body cap; every failure — whatever a hostile
         or broken server makes httpx or a codec raise — is raised as :class:`_AttemptFailed`: this
@@ -451,9 +465,10 @@ class OpenAIBackend:
             headers={"content-type": "application/json", **headers},
         )
         deadline = request_deadline_s(self.settings.request_timeout)
+        head: list[httpx.Response] = []  # the response, once its status and headers arrived
         try:
             response, payload = await read_bounded(
-                client, request, limit_bytes=MAX_RESPONSE_BYTES, deadline_s=deadline
+                client, request, limit_bytes=MAX_RESPONSE_BYTES, deadline_s=deadline, on_response=head.append
             )
         except httpx.TimeoutException as exc:  # a phase took longer than --request-timeout
             raise _AttemptFailed(
@@ -468,15 +483,13 @@ class OpenAIBackend:
                 "timeout", f"no complete response within {deadline:g}s", None, None, False
             ) from exc
         except ResponseTooLarge as exc:  # an endless body, or a compression bomb
-            raise _AttemptFailed("bad_response", str(exc), None, None, True) from exc
+            raise self._unreadable(head, str(exc)) from exc
         except httpx.TransportError as exc:
             raise _AttemptFailed("transport", describe_transport_error(exc), None, None, False) from exc
         except Exception as exc:
             # its content-encoding, a redirect loop, anything a hostile reply makes a codec raise): this
             # trajectory's failure, not the run's
-            raise _AttemptFailed(
-                "bad_response", f"unreadable response ({type(exc).__name__}: {exc})", None, None, True
-            ) from exc
+            raise self._unreadable(head, f"unreadable response ({type(exc).__name__}: {exc})") from exc
         status = response.status_code
         if status != 200:
             text = body_text(payload, 500)
