@@ -1301,3 +1301,49 @@ def test_an_error_status_with_an_unreadable_body_is_still_that_status(
     assert outcome.summary is not None
     assert outcome.summary["model"]["retries"] == {"http_status": 2}
     assert outcome.summary["rates"]["validity_denominator"] == 2  # one finished, one 200 unreadable
+
+
+@contextlib.contextmanager
+def syn_dropping_port() -> Any:
+    """A loopback port whose connects time out, like a host that is down or firewalled (it drops SYNs,
+    it never refuses): a listener that never accepts, its accept queue already full."""
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.socket())
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = int(listener.getsockname()[1])
+        for _ in range(3):  # fill the accept queue; later SYNs are dropped
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+        yield port
+
+
+@pytest.mark.timeout(60)
+def test_a_server_whose_connects_time_out_opens_the_circuit(tmp_path: Path) -> None:
+    """A server host that drops connection attempts (down, rebooting, firewalled) is not there, as one
+    that refuses them is: its ConnectTimeouts open the circuit, admission pauses and the run fails after
+    --server-down-timeout (they were kind ``timeout`` only, never opened it, and every trajectory of the
+    workload failed one after another, each after --request-timeout)."""
+    with syn_dropping_port() as port:
+        backend = down_backend(
+            tmp_path, port, circuit_failures=2, server_down_timeout=0.5, request_timeout=0.3
+        )
+        outcome, capture, _ = http_run(
+            tmp_path,
+            final_problems(10),
+            f"http://127.0.0.1:{port}",
+            client=backend,
+            max_active_trajectories=2,
+            circuit_failures=2,
+            server_down_timeout=0.5,
+            request_timeout=0.3,
+            telemetry=False,  # its /metrics probe would wait out its own connect timeout first
+        )
+    assert outcome.status == "failed" and outcome.exit_code == 1
+    assert outcome.error is not None and "stayed unavailable" in outcome.error, outcome.error
+    (opened,) = capture.of(ServerUnavailable)
+    assert "ConnectTimeout" in opened.reason
+    failed = capture.of(ModelFailed)
+    assert {e.kind for e in failed} <= {"timeout", "cancelled"} and len(capture.of(TrajectoryStarted)) <= 4

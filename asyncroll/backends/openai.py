@@ -122,10 +122,25 @@ class HttpSettings:
 
 class _AttemptFailed(Exception):
     def __init__(
-        self, kind: str, message: str, status: int | None, headers: httpx.Headers | None, received: bool
+        self,
+        kind: str,
+        message: str,
+        status: int | None,
+        headers: httpx.Headers | None,
+        received: bool,
+        *,
+        no_connection: bool = False,
     ) -> None:
+        """``no_connection``: no connection could be made (a timed-out connect is kind ``timeout`` but,
+        like a refused one, says the server is not there: the circuit counts it)."""
         super().__init__(message)
         self.kind, self.status, self.headers, self.received = kind, status, headers, received
+        self.no_connection = no_connection
+
+    @property
+    def unavailable(self) -> bool:
+        """Whether this failure says the server is not there (:func:`means_unavailable`)."""
+        return self.no_connection or means_unavailable(self.kind, self.status)
 
 
 class OpenAIBackend:
@@ -343,9 +358,7 @@ class OpenAIBackend:
                 status, payload = await self._attempt(body, headers)
                 break
             except _AttemptFailed as exc:
-                if means_unavailable(exc.kind, exc.status) and self.circuit.record_unavailable(
-                    self._clock.now()
-                ):
+                if exc.unavailable and self.circuit.record_unavailable(self._clock.now()):
                     self._opened(exc)
                 if attempt <= s.retry.max_retries and is_retryable(exc.kind, exc.status):
                     delay = s.retry.delay(attempt, self._rng, exc.headers)
@@ -477,6 +490,8 @@ class OpenAIBackend:
                 None,
                 None,
                 False,
+                # a host that drops SYNs (down, rebooting, firewalled) never refuses: it times out
+                no_connection=isinstance(exc, httpx.ConnectTimeout),
             ) from exc
         except TimeoutError as exc:  # every phase in time, the whole request not (a trickling server)
             raise _AttemptFailed(

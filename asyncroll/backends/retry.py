@@ -34,7 +34,8 @@ def is_retryable(kind: str, status: int | None) -> bool:
 
 
 def means_unavailable(kind: str, status: int | None) -> bool:
-    """Failures that say the server is not there (as opposed to busy, slow or wrong)."""
+    """Failures that say the server is not there (as opposed to busy, slow or wrong). A connect that
+    timed out (kind ``timeout``) says so too; the HTTP backend counts it apart, knowing the phase."""
     return kind == "transport" or (status is not None and status in UNAVAILABLE_STATUS)
 
 
