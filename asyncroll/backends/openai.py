@@ -120,6 +120,10 @@ class HttpSettings:
         )
 
 
+#: Seconds an idle connection is kept for reuse: below the 5 s after which uvicorn closes one.
+KEEPALIVE_S = 4.0
+
+
 class _AttemptFailed(Exception):
     def __init__(
         self,
@@ -180,8 +184,13 @@ class OpenAIBackend:
             self._client = httpx.AsyncClient(
                 base_url=self.settings.endpoint,
                 timeout=httpx.Timeout(self.settings.request_timeout),
-                # no max_connections: the model gate limits requests (see the module docstring)
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=n),
+                # no max_connections: the model gate limits requests (see the module docstring). Idle
+                # connections are dropped before uvicorn (vLLM's and SGLang's server) drops them at 5 s:
+                # at httpx's own 5 s a request could be sent on a connection the server is closing, and
+                # fail as transport, charged to a healthy request and to the circuit
+                limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S
+                ),
                 transport=self._transport,
             )
         return self._client
