@@ -241,6 +241,20 @@ def fake_smi(tmp: Path) -> Path:
     return folder
 
 
+def smi_only(tmp: Path, monkeypatch: pytest.MonkeyPatch, gpu_line: str, apps: str) -> None:
+    """The GPU read through the fake ``nvidia-smi`` only (NVML fails), answering ``gpu_line`` and ``apps``
+    (change them later with ``monkeypatch.setenv("GPU" | "APPS", …)``)."""
+    from asyncroll.experiment import gpu
+
+    def no_nvml(index: int) -> dict[str, Any]:
+        raise RuntimeError("no NVML in this test")
+
+    monkeypatch.setattr(gpu, "_read_nvml", no_nvml)
+    monkeypatch.setenv("PATH", f"{fake_smi(tmp)}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPU", gpu_line)
+    monkeypatch.setenv("APPS", apps)
+
+
 @pytest.mark.timeout(30)
 def test_a_gpu_that_does_not_report_utilisation_is_checked_for_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -250,13 +264,7 @@ def test_a_gpu_that_does_not_report_utilisation_is_checked_for_the_rest(
     from asyncroll.experiment import gpu
     from asyncroll.experiment.config import GpuSpec
 
-    def no_nvml(index: int) -> dict[str, Any]:
-        raise RuntimeError("no NVML in this test")
-
-    monkeypatch.setattr(gpu, "_read_nvml", no_nvml)
-    monkeypatch.setenv("PATH", f"{fake_smi(tmp_path)}:{os.environ['PATH']}")
-    monkeypatch.setenv("GPU", "NVIDIA H200 MIG 1g.18gb, GPU-abc, 12, 143771, [N/A], 570.1")
-    monkeypatch.setenv("APPS", "")
+    smi_only(tmp_path, monkeypatch, "NVIDIA H200 MIG 1g.18gb, GPU-abc, 12, 143771, [N/A], 570.1", "")
     record = gpu.check_gpu(GpuSpec(name_contains="H200", idle_wait_s=0))
     assert record["checked"] and record["utilization_pct"] is None and record["memory_used_mib"] == 12
     assert record["not_checked"] == ["utilisation (not reported by this GPU)"]
@@ -324,15 +332,7 @@ def test_a_gpu_another_job_keeps_busy_stops_the_experiment_and_a_resume_runs_the
     arm is never run again, so the output directory was spent, though nothing had been measured. Now the
     arm is not run (interrupted by ``gpu_busy``, before any server starts), the experiment stops with the
     reason (exit 1), and ``--resume`` runs it once the GPU is idle."""
-    from asyncroll.experiment import gpu
-
-    def no_nvml(index: int) -> dict[str, Any]:
-        raise RuntimeError("no NVML in this test")
-
-    monkeypatch.setattr(gpu, "_read_nvml", no_nvml)
-    monkeypatch.setenv("PATH", f"{fake_smi(tmp_path)}:{os.environ['PATH']}")
-    monkeypatch.setenv("GPU", "NVIDIA H200, GPU-abc, 30000, 143771, 95, 570.1")
-    monkeypatch.setenv("APPS", "4242\n")
+    smi_only(tmp_path, monkeypatch, "NVIDIA H200, GPU-abc, 30000, 143771, 95, 570.1", "4242\n")
     cfg = lean(tmp_path, gpu={"name_contains": "H200", "idle_wait_s": 0})
     out = tmp_path / "out"
     said: list[str] = []
