@@ -8,6 +8,7 @@ here, so no other module special-cases it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -62,6 +63,7 @@ HTTP_ONLY = (
     "seed",
     "replay",
     "server_kind",
+    "api_key_env",
     "max_retries",
     "retry_max_delay",
     "circuit_failures",
@@ -129,6 +131,9 @@ class RunConfig(BaseModel):
     # HTTP backends (SPEC §7). server_kind None: vllm for --backend vllm, probed for --backend openai.
     replay: bool = False
     server_kind: ServerKind | None = None
+    # the name of an environment variable holding the server's API key (never the key: run.json records
+    # the command line and the config)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     max_retries: int = Field(default=0, ge=0, le=20)
     retry_max_delay: float = Field(default=8.0, gt=0)
     circuit_failures: int = Field(default=5, ge=0)
@@ -144,6 +149,10 @@ class RunConfig(BaseModel):
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 problems.append(f"{', '.join(given)} only {verb} to HTTP backends (--backend vllm|openai)")
+        if self.api_key_env is not None and not os.environ.get(self.api_key_env):
+            problems.append(
+                f"--api-key-env {self.api_key_env}: that environment variable is not set or empty"
+            )
         if "metrics_host" in self.model_fields_set and self.metrics_port is None:
             problems.append("--metrics-host only applies with --metrics-port")
         if not self.telemetry and (self.metrics_url or self.nvml_device is not None):

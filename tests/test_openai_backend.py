@@ -707,14 +707,21 @@ class FakeOpenAI(LoopbackServer):
     last one again); ``/v1/models`` names vLLM, ``/health`` is 200."""
 
     def __init__(
-        self, bodies: list[Any], get_status: dict[str, int] | None = None, delays: list[float] | None = None
+        self,
+        bodies: list[Any],
+        get_status: dict[str, int] | None = None,
+        delays: list[float] | None = None,
+        key: str | None = None,
     ) -> None:
-        """``delays``: seconds to wait before answering each chat request, in turn (then none)."""
+        """``delays``: seconds to wait before answering each chat request, in turn (then none); ``key``:
+        an API key every request must carry (``Authorization: Bearer KEY``), else 401."""
         statuses = get_status or {}
+        self.authorizations: list[str | None] = []  # each request's Authorization header
         waits = iter(delays or [])
 
         served = iter(bodies)
         last = [bodies[-1]]
+        seen = self.authorizations
 
         class Handler(BaseHTTPRequestHandler):
             def send(self, obj: Any, status: int = 200) -> None:
@@ -727,12 +734,25 @@ class FakeOpenAI(LoopbackServer):
                 self.end_headers()
                 self.wfile.write(data)
 
+            def refused(self) -> bool:
+                if self.path == "/metrics":  # as vLLM: its metrics are not behind the API key
+                    return False
+                seen.append(self.headers.get("authorization"))
+                if key is None or self.headers.get("authorization") == f"Bearer {key}":
+                    return False
+                self.send({"error": {"message": "invalid API key"}}, 401)
+                return True
+
             def do_GET(self) -> None:
+                if self.refused():
+                    return
                 body = {"data": [{"id": "sim", "owned_by": "vllm"}]} if self.path == "/v1/models" else {}
                 self.send(body, statuses.get(self.path, 200))
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.refused():
+                    return
                 time.sleep(next(waits, 0.0))
                 last[0] = next(served, last[0])
                 self.send(last[0])
@@ -741,6 +761,45 @@ class FakeOpenAI(LoopbackServer):
                 return None
 
         super().__init__(Handler)
+
+
+@pytest.mark.timeout(60)
+def test_an_api_key_from_the_environment_is_sent_and_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server started with an API key (vLLM's or SGLang's ``--api-key``, a hosted endpoint) answered
+    every request 401: there was no way to send one. ``--api-key-env NAME`` sends the key NAME holds;
+    the key is in no output (run.json records the command line and the config: the name only)."""
+    secret = "sk-test-5f1c0a"
+    monkeypatch.setenv("ASYNCROLL_TEST_KEY", secret)
+    with FakeOpenAI([completion(FINAL)], key=secret) as server:
+        outcome, _, out = http_run(
+            tmp_path, final_problems(2), server.url, api_key_env="ASYNCROLL_TEST_KEY", warmup_requests=1
+        )
+        refused, _, _ = http_run(tmp_path, final_problems(1), server.url, warmup_requests=1)
+    assert outcome.status == "complete" and outcome.summary is not None, outcome.error
+    assert outcome.summary["counts"]["completed"] == 2
+    assert server.authorizations[:3] == [f"Bearer {secret}"] * 3  # the warm-up and both turns
+    assert refused.status == "failed" and refused.error is not None and "401" in refused.error
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["backend"]["api_key"] == "from the environment variable ASYNCROLL_TEST_KEY"
+    assert receipt["config"]["api_key_env"] == "ASYNCROLL_TEST_KEY"
+    assert not [f for f in out.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    monkeypatch.delenv("ASYNCROLL_TEST_KEY")
+    with pytest.raises(
+        UsageError, match="--api-key-env ASYNCROLL_TEST_KEY: that environment variable is not set"
+    ):
+        build_config(
+            {
+                "workload": "w",
+                "output": "o",
+                "backend": "vllm",
+                "model": "m",
+                "api_key_env": "ASYNCROLL_TEST_KEY",
+            }
+        )
+    with pytest.raises(UsageError, match="--api-key-env only applies to HTTP backends"):
+        build_config({"workload": "w", "output": "o", "api_key_env": "HOME"})
 
 
 @pytest.mark.timeout(60)

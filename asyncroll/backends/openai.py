@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +100,8 @@ class HttpSettings:
     server_down_timeout: float = 120.0
     probe_interval: float = 0.5
     backend_name: str = "openai"
+    api_key_env: str | None = None  # where the key came from (recorded); the key itself is never shown
+    api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> HttpSettings:
@@ -117,6 +120,8 @@ class HttpSettings:
             circuit_failures=cfg.circuit_failures,
             server_down_timeout=cfg.server_down_timeout,
             backend_name=cfg.backend,
+            api_key_env=cfg.api_key_env,
+            api_key=None if cfg.api_key_env is None else os.environ.get(cfg.api_key_env) or None,
         )
 
 
@@ -181,8 +186,10 @@ class OpenAIBackend:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             n = self.settings.inflight
+            key = self.settings.api_key
             self._client = httpx.AsyncClient(
                 base_url=self.settings.endpoint,
+                headers={} if key is None else {"authorization": f"Bearer {key}"},
                 timeout=httpx.Timeout(self.settings.request_timeout),
                 # no max_connections: the model gate limits requests (see the module docstring). Idle
                 # connections are dropped before uvicorn (vLLM's and SGLang's server) drops them at 5 s:
@@ -229,6 +236,7 @@ class OpenAIBackend:
             "warmup_retries": self.warmup_retries,
             "circuit_failures": s.circuit_failures,
             "server_down_timeout_s": s.server_down_timeout,
+            "api_key": None if s.api_key_env is None else f"from the environment variable {s.api_key_env}",
         }
 
     async def aclose(self) -> None:

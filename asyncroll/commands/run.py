@@ -142,6 +142,13 @@ def run(
             "probed for openai)."
         ),
     ] = None,
+    api_key_env: Annotated[
+        str | None,
+        Opt(
+            help="HTTP backends: the name of an environment variable holding the server's API key, sent "
+            "as 'Authorization: Bearer …' (the key itself is never written anywhere)."
+        ),
+    ] = None,
     max_retries: Annotated[
         int | None, Opt(help="HTTP backends: retries of a retryable failure (0 = off, the default).")
     ] = None,
