@@ -160,7 +160,7 @@ class RunConfig(BaseModel):
         for flag, url in (("--endpoint", self.endpoint), ("--metrics-url", self.metrics_url)):
             problem = None if url is None else http_url_problem(url)
             if problem is not None:
-                problems.append(f"{flag} {url!r}: {problem}")
+                problems.append(f"{flag} {masked_url(url)!r}: {problem}")
         if self.endpoint.rstrip("/").endswith("/v1"):  # an OpenAI SDK base_url: requests would 404
             problems.append(
                 f"--endpoint {self.endpoint!r}: give the server's root URL, without /v1 "
@@ -253,7 +253,25 @@ def http_url_problem(url: str) -> str | None:
         return "must be an http:// or https:// URL (e.g. http://127.0.0.1:8000)"
     if not parts.hostname:
         return "names no host (e.g. http://127.0.0.1:8000)"
+    if parts.username is not None or parts.password is not None:
+        return (
+            "carries credentials (user:password@), which run.json would keep in its command and config: "
+            "not accepted (a server's API key goes in an environment variable named by --api-key-env, "
+            "sent as 'Authorization: Bearer'; only the variable's name is recorded)"
+        )
     return None
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for messages)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+    except ValueError:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
 
 
 def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

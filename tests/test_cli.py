@@ -14,6 +14,8 @@ from typing import Any
 import psutil
 import pytest
 
+from asyncroll.config import build_config
+from asyncroll.errors import UsageError
 from asyncroll.events import parse_event
 from asyncroll.schemas import RunReceiptModel, SummaryModel
 from tests.conftest import REPO, tool_problem, write_workload
@@ -324,8 +326,6 @@ def test_sync_says_an_active_limit_has_no_effect(tmp_path: Path, monkeypatch: py
 
 
 def test_a_workload_in_a_missing_folder_is_named_not_the_default_tool_root(tmp_path: Path) -> None:
-    from asyncroll.config import build_config
-    from asyncroll.errors import UsageError
     from asyncroll.runtime.run import prepare
 
     workload = tmp_path / "missing" / "w.jsonl"
@@ -618,3 +618,20 @@ def test_a_long_tool_result_is_cut_before_the_model_sees_it_and_counted(tmp_path
     assert summary["tools"]["observations_cut"] == 1
     cut = {e.id: e.observations_cut for e in events if e.event == "trajectory_finished"}
     assert cut == {"n50": 0, "n500": 1}
+
+
+@pytest.mark.parametrize("flag", ["endpoint", "metrics_url"])
+def test_credentials_in_a_url_are_refused_and_not_echoed(flag: str) -> None:
+    """``http://user:password@host`` was accepted and the password stored verbatim in run.json (its
+    command and config). It is refused before anything starts; the message masks the password and
+    names the way to send a key that records only a variable's name."""
+    url = "http://alice:s3cret@127.0.0.1:8000" + ("/metrics" if flag == "metrics_url" else "")
+    settings = {"workload": "w", "output": "o", "backend": "openai", "model": "m", flag: url}
+    with pytest.raises(UsageError) as caught:
+        build_config(settings)
+    message = str(caught.value)
+    assert "alice:***@127.0.0.1:8000" in message and "s3cret" not in message
+    assert "carries credentials" in message and "--api-key-env" in message
+    settings[flag] = "http://bob@[::1]:8000"
+    with pytest.raises(UsageError, match=r"'http://bob@\[::1\]:8000': carries credentials"):
+        build_config(settings)
