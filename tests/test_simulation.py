@@ -148,6 +148,8 @@ def test_simulate_smoke_writes_a_simulated_run(tmp_path: Path) -> None:
     receipt, summary, events = load_run(out)
     assert receipt["simulated"] is True and receipt["simulation"]["server"] == "fixed"
     assert receipt["simulation"]["workers"] == "virtual (no processes)"
+    # says why there is no telemetry, without advising flags that simulate does not have
+    assert receipt["telemetry"]["note"] == "a simulation (virtual clock) reads no server or GPU telemetry"
     assert summary["counts"]["completed"] == 3 and summary["accuracy"]["exact"] == 1.0
     assert summary["makespan_s"] == pytest.approx(0.03)  # smoke-sleep: 5 + 20 + 5 ms, exactly
     assert summary["bounds"]["efficiency"] == pytest.approx(1.0)

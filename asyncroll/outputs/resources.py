@@ -210,7 +210,7 @@ class ResourceMeter:
     def _no_source_note(self) -> str:
         return (
             "no telemetry source probed: none requested (--metrics-url, or --backend vllm; --nvml-device), "
-            "--no-telemetry, or the run stopped before the probe"
+            "--no-telemetry, a simulation (it reads none), or the run stopped before the probe"
         )
 
     def _why_not(self, source: str, what: str) -> str:

@@ -187,6 +187,8 @@ class TelemetrySampler:
     def _no_source_note(self) -> str:
         if not self.enabled:
             return "telemetry off (--no-telemetry)"
+        if self._clock.virtual:
+            return "a simulation (virtual clock) reads no server or GPU telemetry"
         return "no telemetry source requested (--metrics-url, or --backend vllm; --nvml-device)"
 
     async def run(self) -> None:
