@@ -887,6 +887,51 @@ def test_a_native_tool_call_reply_says_so(tmp_path: Path) -> None:
     assert failed.kind == "invalid_action" and "native tool_calls, finish_reason='tool_calls'" in failed.error
 
 
+@pytest.mark.timeout(60)
+def test_a_lone_surrogate_escape_in_an_action_is_an_invalid_action(tmp_path: Path) -> None:
+    """``"\\ud800"`` in a model's JSON decodes to a string that no UTF-8 write accepts: a submission
+    holding one failed the whole run (UnicodeEncodeError), every other trajectory cancelled. It is that
+    request's invalid action, counted; an escaped pair (an emoji) is fine."""
+    code = {
+        "id": "code",
+        "prompt": "write a program",
+        "tools": [{"name": "lcb_evaluate"}],
+        "metadata": {
+            "reference_tests": [{"input": "1", "output": "1", "testtype": "stdin"}],
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
+        },
+    }
+    bodies = [
+        completion('{"type": "submit", "code": "print(\\"\\ud800\\")"}'),
+        completion('{"type": "final", "answer": "x\\udfff"}'),
+        completion('{"type": "final", "answer": "\\ud83d\\ude00"}'),
+    ]
+    with FakeOpenAI(bodies) as server:
+        outcome, capture, out = http_run(
+            tmp_path,
+            [code, *final_problems(2)],
+            server.url,
+            max_active_trajectories=1,
+            allow_weak_isolation=True,
+        )
+    assert outcome.status == "complete", outcome.error
+    failed = [(e.kind, e.error) for e in capture.of(ModelFailed)]
+    assert failed == [
+        (
+            "invalid_action",
+            f"the action's {where} is not valid Unicode: a lone UTF-16 surrogate escape (\\ud800-\\udfff)",
+        )
+        for where in ("code", "answer")
+    ]
+    rows = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    assert [(r["status"], r["answer"]) for r in rows] == [
+        ("failed", None),
+        ("failed", None),
+        ("completed", "😀"),
+    ]
+    assert outcome.summary is not None and outcome.summary["rates"]["validity_denominator"] == 3
+
+
 def test_read_completion_never_raises_anything_but_not_a_completion() -> None:
     for payload in (b"", b"null", b"[]", b'"x"', b"{}", b'{"choices": null}', b'{"choices": [null]}'):
         with pytest.raises(NotACompletion):

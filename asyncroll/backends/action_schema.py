@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from asyncroll.coerce import INT_KEY_PATTERN
 from asyncroll.errors import InvalidActionError
+from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
 from asyncroll.workload import Action, Problem, SubmitAction, Tool
 
 SCHEMA_NAME = "agent_action"
@@ -182,6 +183,11 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
         data = json.loads(body, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int past the digit limit, deep nesting
         raise InvalidActionError(f"the response is not JSON ({exc}): {text[:200]!r}") from exc
+    # "\ud800" is valid JSON text that decodes to a string no UTF-8 write accepts: taken, it failed the
+    # whole run where the action's text is encoded (a submission's code, for one)
+    if "\\u" in body and (where := lone_surrogate_at(data)) is not None:
+        place = "action" if where == "line" else f"action's {where}"  # "line": the root or a root key
+        raise InvalidActionError(f"the {place} is {LONE_SURROGATE}")
     try:
         problems = schema_errors(data, schema)
     except RecursionError as exc:
