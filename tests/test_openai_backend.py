@@ -932,6 +932,32 @@ def test_a_lone_surrogate_escape_in_an_action_is_an_invalid_action(tmp_path: Pat
     assert outcome.summary is not None and outcome.summary["rates"]["validity_denominator"] == 3
 
 
+@pytest.mark.timeout(60)
+def test_arguments_the_schema_passes_but_coercion_refuses_are_an_invalid_response(tmp_path: Path) -> None:
+    """An integer of 400 digits is a JSON ``number`` but no ``float``: the request was a valid response
+    (``model_finished``, validity 1.0) while its trajectory failed as ``model invalid_action``. It is
+    the request's own invalid action now, counted in the validity rate."""
+    (tmp_path / "tools.py").write_text("def half(x: float) -> float:\n    return x / 2\n")
+    half = {"name": "half", "inputs": {"x": "float"}, "implementation": "tools.py"}
+    problem = {"id": "p", "prompt": "Halve a big number.", "tools": [half]}
+    call = '{"type": "tool", "name": "half", "arguments": {"x": 1' + "0" * 400 + "}}"
+    with FakeOpenAI([completion(call)]) as server:
+        outcome, capture, _ = http_run(tmp_path, [problem], server.url)
+    assert outcome.status == "complete", outcome.error
+    assert not capture.of(ModelFinished)
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "invalid_action" and "tool 'half' arguments.x: 1000" in failed.error
+    assert "too large for a float" in failed.error
+    (finished,) = capture.of(TrajectoryFinished)
+    assert finished.status == "failed" and finished.error is not None
+    assert finished.error.startswith("model invalid_action: tool 'half' arguments.x")
+    assert outcome.summary is not None
+    assert (outcome.summary["rates"]["validity_rate"], outcome.summary["model"]["failed"]) == (
+        0.0,
+        {"invalid_action": 1},
+    )
+
+
 def test_read_completion_never_raises_anything_but_not_a_completion() -> None:
     for payload in (b"", b"null", b"[]", b'"x"', b"{}", b'{"choices": null}', b'{"choices": [null]}'):
         with pytest.raises(NotACompletion):

@@ -23,10 +23,10 @@ from typing import Any
 import jsonschema
 from pydantic import TypeAdapter, ValidationError
 
-from asyncroll.coerce import INT_KEY_PATTERN
+from asyncroll.coerce import INT_KEY_PATTERN, CoercionError, coerce_arguments
 from asyncroll.errors import InvalidActionError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
-from asyncroll.workload import Action, Problem, SubmitAction, Tool
+from asyncroll.workload import Action, Problem, SubmitAction, Tool, ToolAction
 
 SCHEMA_NAME = "agent_action"
 
@@ -200,3 +200,17 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
         detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else "nested too deeply"
         raise InvalidActionError(f"the action does not validate: {detail}") from exc
     return action
+
+
+def tool_call(problem: Problem, action: ToolAction) -> tuple[Tool, dict[str, Any]]:
+    """The tool ``action`` calls and its arguments coerced to the declared inputs (bound ones added), or
+    :class:`InvalidActionError`. The schema leaves a few values through that coercion refuses (an
+    integer too large for a ``float``): the HTTP backend checks here too, so that such a reply is an
+    invalid response of its request, counted as one, not a valid one whose trajectory then fails."""
+    tool = problem.tool(action.name)
+    if tool is None:
+        raise InvalidActionError(f"unknown tool {action.name!r}")
+    try:
+        return tool, coerce_arguments(action.arguments, tool.declared_inputs, tool.bound_arguments)
+    except CoercionError as exc:
+        raise InvalidActionError(f"tool {action.name!r} arguments{exc.path}: {exc.message}") from exc

@@ -56,6 +56,7 @@ from asyncroll.backends.action_schema import (
     parse_action,
     render_messages,
     response_format,
+    tool_call,
     turn_schema,
 )
 from asyncroll.backends.base import ModelRequest, ModelResponse
@@ -69,7 +70,7 @@ from asyncroll.config import RunConfig, ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
-from asyncroll.workload import Action
+from asyncroll.workload import Action, ToolAction
 
 ACTION_HEADER = "x-asyncroll-action"
 #: Larger scripted actions (long code) are not echoed: the reply's content is unused in replay anyway.
@@ -448,6 +449,8 @@ class OpenAIBackend:
                     structured=self.settings.structured,
                     code=is_code_workload(request.problem),
                 )
+                if isinstance(action, ToolAction):
+                    tool_call(request.problem, action)
             except InvalidActionError as exc:
                 note = ""
                 if completion.finish_reason == "length":

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
+from asyncroll.backends.action_schema import tool_call
 from asyncroll.backends.base import Backend, ModelRequest
 from asyncroll.clock import Clock
-from asyncroll.coerce import CoercionError, coerce_arguments
 from asyncroll.config import DEFAULT_MAX_OBSERVATION_CHARS
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, TrajectoryFinished, TrajectoryStarted
@@ -216,13 +216,7 @@ class TrajectoryRunner:
     async def _tool(
         self, state: _State, problem: Problem, action: ToolAction, turn: int
     ) -> tuple[str, str | None]:
-        tool = problem.tool(action.name)
-        if tool is None:
-            raise InvalidActionError(f"unknown tool {action.name!r}")
-        try:
-            arguments = coerce_arguments(action.arguments, tool.declared_inputs, tool.bound_arguments)
-        except CoercionError as exc:
-            raise InvalidActionError(f"tool {action.name!r} arguments{exc.path}: {exc.message}") from exc
+        tool, arguments = tool_call(problem, action)
         arg_bytes = len(JSON_TEXT.encode(action.arguments))
         cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
         resubmission = tool.key in state.tools_run
