@@ -869,22 +869,25 @@ def test_an_undecodable_body_fails_only_its_own_request(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_a_native_tool_call_reply_says_so(tmp_path: Path) -> None:
     """A server serving with automatic tool choice answers ``tool_calls`` and no content: the error says
-    that, not only that the content is missing."""
+    that, not only that the content is missing. Any other finish_reason but ``stop`` is named too (a
+    reply the server's content filter emptied said only that it had no content)."""
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
-    body = completion(None) | {
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                "finish_reason": "tool_calls",
-            }
-        ]
-    }
-    with FakeOpenAI([body]) as server:
-        outcome, capture, _ = http_run(tmp_path, final_problems(1), server.url)
+
+    def reply(message: dict[str, Any], finish: Any) -> dict[str, Any]:
+        return completion(None) | {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+
+    bodies = [
+        reply({"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"),
+        reply({"role": "assistant", "content": None}, "content_filter"),
+        reply({"role": "assistant", "content": "no"}, "stop"),
+    ]
+    with FakeOpenAI(bodies) as server:
+        outcome, capture, _ = http_run(tmp_path, final_problems(3), server.url, max_active_trajectories=1)
     assert outcome.status == "complete", outcome.error
-    (failed,) = capture.of(ModelFailed)
-    assert failed.kind == "invalid_action" and "native tool_calls, finish_reason='tool_calls'" in failed.error
+    tools, filtered, stopped = (e.error for e in capture.of(ModelFailed))
+    assert "native tool_calls, finish_reason='tool_calls'" in tools
+    assert filtered == "the response has no message content (finish_reason='content_filter')"
+    assert "finish_reason" not in stopped
 
 
 @pytest.mark.timeout(60)

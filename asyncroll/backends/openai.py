@@ -461,6 +461,8 @@ class OpenAIBackend:
                         f"{completion.finish_reason!r}: asyncroll reads actions as JSON text in the message "
                         "content; serve the model without automatic tool choice)"
                     )
+                elif completion.finish_reason not in (None, "stop"):  # content_filter, say: the server's why
+                    note = f" (finish_reason={str(completion.finish_reason)[:100]!r})"
                 err = InvalidActionError(
                     f"{exc}{note}", status=status, parse_s=round(self._clock.now() - parse_start, 6)
                 )
