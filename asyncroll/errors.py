@@ -79,16 +79,21 @@ class ModelError(AsyncrollError):
         response_received: bool | None = None,
         parse_s: float | None = None,
         attempts: int = 1,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
     ) -> None:
         """``kind`` classifies the failure (``transport``, ``timeout``, ``http_status``, ``bad_response``,
         ``schema_rejected``, ``invalid_action``, ...). HTTP backends also say what they saw: the status
-        code, whether a complete response arrived, the seconds spent parsing it, and how many attempts
-        were made (retries included)."""
+        code, whether a complete response arrived, the seconds spent parsing it, how many attempts were
+        made (retries included), and the token usage of a completion whose action was invalid (the
+        server did that work)."""
         self.kind = kind
         self.status = status
         self.response_received = response_received
         self.parse_s = parse_s
         self.attempts = attempts
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
         super().__init__(message)
 
 

@@ -133,6 +133,9 @@ class ModelFailed(Event):
     response_received: bool | None = None
     parse_s: float | None = None
     attempts: int = 1
+    # a completion whose action was invalid: its usage, as model_finished records it (null when unknown)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class ModelRetrying(Event):

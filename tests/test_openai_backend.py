@@ -691,13 +691,15 @@ ODD_BODIES: list[tuple[Any, str, int | None]] = [
     (completion([{"type": "image_url", "image_url": {"url": "x"}}]), "bad_response", None),
     (completion(FINAL, usage=[1, 2]), "final", None),  # usage that is not an object is ignored
     (completion(FINAL, usage="n/a"), "final", None),
+    (completion(FINAL, usage={"prompt_tokens": -1, "completion_tokens": "3"}), "final", None),  # never 0
     ({"choices": []}, "bad_response", None),
     ({"choices": {"0": {}}}, "bad_response", None),
     ({"choices": [{"index": 0}]}, "bad_response", None),
     ({"choices": ["text"]}, "bad_response", None),
     ([1, 2, 3], "bad_response", None),
     ({"error": {"message": "overloaded"}}, "bad_response", None),
-    (completion("1" * 5000), "invalid_action", None),  # past Python's integer digit limit
+    # past Python's integer digit limit; an invalid reply's usage is kept (the server did the work)
+    (completion("1" * 5000), "invalid_action", 3),
     (completion(FINAL), "final", 3),
 ]
 
@@ -805,8 +807,10 @@ def test_an_api_key_from_the_environment_is_sent_and_never_written(
 @pytest.mark.timeout(60)
 def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
     """A 200 whose content is a list of text parts is read as their text; one whose content, choices or
-    message is any other shape is ``bad_response``; a ``usage`` that is not an object is ignored. None of
-    them may escape as a TypeError/AttributeError and stop the run."""
+    message is any other shape is ``bad_response``; a ``usage`` that is not an object is ignored, and a
+    count that is not a non-negative integer is null. None of them may escape as a
+    TypeError/AttributeError and stop the run. An invalid action's usage is recorded on its
+    ``model_failed`` (it was dropped: the tokens of truncated replies, often the costliest, were lost)."""
     with FakeOpenAI([body for body, _, _ in ODD_BODIES]) as server:
         outcome, capture, _ = http_run(
             tmp_path, final_problems(len(ODD_BODIES)), server.url, max_active_trajectories=1
@@ -824,10 +828,10 @@ def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
     assert "content is a JSON number" in bad[0] and "content[0] is not a text part" in bad[2]
     assert "choices is empty" in bad[3] and "choices[0].message is missing" in bad[5]
     assert outcome.summary is not None
-    assert outcome.summary["counts"]["completed"] == 4 and outcome.summary["counts"]["failed"] == 10
-    # every 200 is a response received: 4 valid of 14 (garbled bodies are invalid responses, not absent)
-    assert outcome.summary["rates"]["validity_denominator"] == 14
-    assert outcome.summary["rates"]["validity_rate"] == round(4 / 14, 6)
+    assert outcome.summary["counts"]["completed"] == 5 and outcome.summary["counts"]["failed"] == 10
+    # every 200 is a response received: 5 valid of 15 (garbled bodies are invalid responses, not absent)
+    assert outcome.summary["rates"]["validity_denominator"] == 15
+    assert outcome.summary["rates"]["validity_rate"] == round(5 / 15, 6)
 
 
 @pytest.mark.timeout(60)

@@ -467,6 +467,8 @@ class OpenAIBackend:
                     f"{exc}{note}", status=status, parse_s=round(self._clock.now() - parse_start, 6)
                 )
                 err.attempts = attempts
+                err.prompt_tokens = completion.prompt_tokens  # the server did the work: its usage is kept
+                err.completion_tokens = completion.completion_tokens
                 raise err from exc
         return ModelResponse(
             action=action,

@@ -166,6 +166,8 @@ class ModelGate:
                         response_received=failure.response_received,
                         parse_s=failure.parse_s,
                         attempts=failure.attempts,
+                        prompt_tokens=failure.prompt_tokens,
+                        completion_tokens=failure.completion_tokens,
                     )
                 )
                 raise
