@@ -220,6 +220,30 @@ def test_parsing_is_strict_in_both_modes() -> None:
         parse_action("```\n\n```", {}, structured=False, code=True)
 
 
+def test_a_tool_call_that_fits_no_branch_says_what_is_wrong() -> None:
+    """The first turn's ``anyOf`` said of every bad tool call only that it "is not valid under any of the
+    given schemas": which argument, which name, or that a tool call was due, is what a user needs."""
+    sleep = {"name": "sleep_ms", "inputs": {"milliseconds": "number"}}
+    schema = turn_schema(Problem.model_validate({"prompt": "p", "tools": [ADD, sleep]}), 0)
+    for reply, error in (
+        (
+            {"name": "mul", "arguments": {}},
+            "['name']: 'mul' is not a tool of this problem (its tools: 'add', 'sleep_ms')",
+        ),
+        ({"name": "add", "arguments": {"a": "1", "b": 2}}, "['arguments']['a']: '1' is not of type 'number'"),
+        ({"name": "add", "arguments": {"a": 1}}, "['arguments']: 'b' is a required property"),
+        (
+            {"name": "sleep_ms", "arguments": {"milliseconds": 1, "x": 2}},
+            "['arguments']: Additional properties",
+        ),
+    ):
+        with pytest.raises(InvalidActionError) as caught:
+            parse_action(json.dumps({"type": "tool", **reply}), schema, structured=True, code=False)
+        assert str(caught.value).startswith(f"the action does not match the turn's schema: {error}")
+    with pytest.raises(InvalidActionError, match=r"\['type'\]: 'final' where this turn takes a tool call"):
+        parse_action('{"type": "final", "answer": "5"}', schema, structured=True, code=False)
+
+
 @pytest.mark.timeout(60)
 def test_no_structured_output_sends_no_schema(tmp_path: Path) -> None:
     with serve() as running:

@@ -145,12 +145,35 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
 def schema_errors(instance: Any, schema: dict[str, Any]) -> list[str]:
     """Every way ``instance`` violates ``schema`` (empty when it conforms), best match first."""
     validator = _validator(json.dumps(schema, sort_keys=True))
-    errors = sorted(validator.iter_errors(instance), key=jsonschema.exceptions.relevance)
+    errors: list[Any] = []
+    for err in sorted(validator.iter_errors(instance), key=jsonschema.exceptions.relevance):
+        errors += _tool_branch_errors(err)
     out = []
     for err in errors[:5]:
+        if isinstance(err, str):
+            out.append(err)
+            continue
         path = "".join(f"[{p!r}]" for p in err.absolute_path) or "(root)"
         out.append(f"{path}: {err.message}"[:300])
     return out
+
+
+def _tool_branch_errors(err: Any) -> list[Any]:
+    """A tool call that fits no branch of the turn's ``anyOf`` is said to be "not valid under any of the
+    given schemas", whatever is wrong with it: instead, the errors of the branch of the tool it names,
+    that the name is no tool of the problem's, or that the turn wants a tool call. Any other error as it
+    is."""
+    call = err.instance
+    if err.validator != "anyOf" or not isinstance(call, dict):
+        return [err]
+    if call.get("type") != "tool":  # the first turn of a problem with tools
+        return [f"['type']: {call.get('type')!r} where this turn takes a tool call"[:300]]
+    names = [branch.get("properties", {}).get("name", {}).get("const") for branch in err.validator_value]
+    if call.get("name") in names:
+        index = names.index(call.get("name"))
+        return [e for e in err.context if e.relative_schema_path and e.relative_schema_path[0] == index]
+    tools = ", ".join(repr(name) for name in names)
+    return [f"['name']: {call.get('name')!r} is not a tool of this problem (its tools: {tools})"[:300]]
 
 
 def strip_fence(text: str) -> str:
