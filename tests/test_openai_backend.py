@@ -897,8 +897,9 @@ def test_an_undecodable_body_fails_only_its_own_request(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_a_native_tool_call_reply_says_so(tmp_path: Path) -> None:
     """A server serving with automatic tool choice answers ``tool_calls`` and no content: the error says
-    that, not only that the content is missing. Any other finish_reason but ``stop`` is named too (a
-    reply the server's content filter emptied said only that it had no content)."""
+    that, not only that the content is missing. So do a refusal (OpenAI's structured outputs), reasoning
+    with no answer after it (vLLM's reasoning parser) and any other finish_reason but ``stop`` (a reply
+    the server's content filter emptied said only that it had no content)."""
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
 
     def reply(message: dict[str, Any], finish: Any) -> dict[str, Any]:
@@ -907,15 +908,19 @@ def test_a_native_tool_call_reply_says_so(tmp_path: Path) -> None:
     bodies = [
         reply({"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"),
         reply({"role": "assistant", "content": None}, "content_filter"),
-        reply({"role": "assistant", "content": "no"}, "stop"),
+        reply({"role": "assistant", "content": None, "refusal": "I can't help with that."}, "stop"),
+        reply({"role": "assistant", "content": "", "reasoning_content": "Let me think"}, "stop"),
+        reply({"role": "assistant", "content": "no", "reasoning_content": "Let me think"}, "stop"),
     ]
     with FakeOpenAI(bodies) as server:
-        outcome, capture, _ = http_run(tmp_path, final_problems(3), server.url, max_active_trajectories=1)
+        outcome, capture, _ = http_run(tmp_path, final_problems(5), server.url, max_active_trajectories=1)
     assert outcome.status == "complete", outcome.error
-    tools, filtered, stopped = (e.error for e in capture.of(ModelFailed))
+    tools, filtered, refused, thought, stopped = (e.error for e in capture.of(ModelFailed))
     assert "native tool_calls, finish_reason='tool_calls'" in tools
     assert filtered == "the response has no message content (finish_reason='content_filter')"
-    assert "finish_reason" not in stopped
+    assert refused == 'the response has no message content (the model refused: "I can\'t help with that.")'
+    assert thought.endswith("(the message has reasoning but no content: no answer followed the reasoning)")
+    assert stopped.startswith("the response is not JSON") and stopped.endswith("'no'")
 
 
 @pytest.mark.timeout(60)

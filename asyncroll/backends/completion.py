@@ -33,6 +33,27 @@ class Completion:
     prompt_tokens: int | None
     completion_tokens: int | None
     tool_calls: bool = False  # the message carries native ``tool_calls`` (which asyncroll does not read)
+    refusal: str | None = None  # OpenAI's structured-output refusal (``message.refusal``)
+    reasoning_only: bool = False  # no content, but reasoning (``reasoning_content`` or ``reasoning``)
+
+    def why_invalid(self) -> str:
+        """What the rest of the reply says about why its content is no action, as a note to append to
+        the error (empty when nothing does)."""
+        if self.finish_reason == "length":
+            return " (finish_reason=length: max_tokens cut it short)"
+        if self.tool_calls:
+            return (
+                f" (the server answered with native tool_calls, finish_reason={self.finish_reason!r}: "
+                "asyncroll reads actions as JSON text in the message content; serve the model without "
+                "automatic tool choice)"
+            )
+        if self.refusal is not None:
+            return f" (the model refused: {self.refusal[:300]!r})"
+        if self.reasoning_only:
+            return " (the message has reasoning but no content: no answer followed the reasoning)"
+        if self.finish_reason not in (None, "stop"):  # content_filter, say: the server's why
+            return f" (finish_reason={str(self.finish_reason)[:100]!r})"
+        return ""
 
 
 def _json_kind(value: Any) -> str:
@@ -89,10 +110,16 @@ def read_completion(payload: bytes) -> Completion:
     usage = data.get("usage")
     if not isinstance(usage, dict):
         usage = {}
+    refusal = message.get("refusal")
+    reasoning = any(
+        isinstance(message.get(k), str) and message[k] for k in ("reasoning_content", "reasoning")
+    )
     return Completion(
         content,
         choice.get("finish_reason"),
         _int_or_none(usage.get("prompt_tokens")),
         _int_or_none(usage.get("completion_tokens")),
         bool(message.get("tool_calls")),
+        refusal if isinstance(refusal, str) and refusal else None,
+        reasoning and not (content or "").strip(),
     )

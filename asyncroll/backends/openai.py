@@ -452,19 +452,10 @@ class OpenAIBackend:
                 if isinstance(action, ToolAction):
                     tool_call(request.problem, action)
             except InvalidActionError as exc:
-                note = ""
-                if completion.finish_reason == "length":
-                    note = " (finish_reason=length: max_tokens cut it short)"
-                elif completion.tool_calls:
-                    note = (
-                        f" (the server answered with native tool_calls, finish_reason="
-                        f"{completion.finish_reason!r}: asyncroll reads actions as JSON text in the message "
-                        "content; serve the model without automatic tool choice)"
-                    )
-                elif completion.finish_reason not in (None, "stop"):  # content_filter, say: the server's why
-                    note = f" (finish_reason={str(completion.finish_reason)[:100]!r})"
                 err = InvalidActionError(
-                    f"{exc}{note}", status=status, parse_s=round(self._clock.now() - parse_start, 6)
+                    f"{exc}{completion.why_invalid()}",
+                    status=status,
+                    parse_s=round(self._clock.now() - parse_start, 6),
                 )
                 err.attempts = attempts
                 err.prompt_tokens = completion.prompt_tokens  # the server did the work: its usage is kept
