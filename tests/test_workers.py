@@ -203,6 +203,13 @@ def test_whatever_a_tool_raises_is_a_tool_error() -> None:
         raise Unprintable
 
     assert _in_process(broken).error == "Unprintable: <unprintable>"  # it escaped run_job: a dead worker
+
+    def undecodable() -> None:
+        raise FileNotFoundError("no file " + b"caf\xff".decode("utf-8", "surrogateescape"))
+
+    # a lone surrogate is written as its escape: no UTF-8 write takes one (events.jsonl, the request that
+    # shows it to the model under --tool-errors observe), and it failed the whole run
+    assert _in_process(undecodable).error == "FileNotFoundError: no file caf\\udcff"
     assert _in_process(lambda x: -x, x=2).value == -2
 
 

@@ -147,12 +147,17 @@ def _load_module(path: Path, index: int) -> ModuleType:
 
 
 def describe(exc: BaseException) -> str:
-    """``ExcType: message`` (``ExcType`` alone when the message is empty), cut to :data:`ERROR_LIMIT`."""
+    """``ExcType: message`` (``ExcType`` alone when the message is empty), cut to :data:`ERROR_LIMIT`.
+
+    A lone surrogate in the message (a file name decoded with ``surrogateescape``, say) is written as
+    its escape, ``\\udcff``: the text goes to events.jsonl and, under ``--tool-errors observe``, to the
+    model, and no UTF-8 write takes a lone surrogate (one failed the whole run)."""
     try:
         message = str(exc)
     except Exception:  # noqa: BLE001 - a broken __str__ must not kill the worker
         message = "<unprintable>"
-    return (f"{type(exc).__name__}: {message}" if message else type(exc).__name__)[:ERROR_LIMIT]
+    text = (f"{type(exc).__name__}: {message}" if message else type(exc).__name__)[:ERROR_LIMIT]
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _signalled(exc: BaseException) -> bool:
