@@ -32,8 +32,9 @@ from asyncroll.workers import (
     ToolSpec,
     child,
 )
-from asyncroll.workers.child import run_job, to_jsonable
+from asyncroll.workers.child import run_job
 from asyncroll.workers.protocol import Message, decode, encode, frame
+from asyncroll.workers.results import to_jsonable
 
 T = TypeVar("T")
 TOOLS = Path(__file__).parent / "fixtures" / "tools"
@@ -169,11 +170,40 @@ def test_a_subclass_becomes_its_base_value_whatever_it_overrides() -> None:
     assert [type(v) for v in to_jsonable([Colour.RED, Odd(1.5), Level.HIGH])] == [str, float, int]
 
 
-def _in_process(function: Any, **arguments: Any) -> JobReply:
+def _in_process(function: Any, observation_chars: int | None = None, **arguments: Any) -> JobReply:
     """One job through the worker's own ``run_job``, in this process (no worker needed)."""
-    reply = decode(run_job({"t": function}, encode(JobRequest(1, "t", arguments))[4:])[4:])
+    request = JobRequest(1, "t", arguments, observation_chars=observation_chars)
+    reply = decode(run_job({"t": function}, encode(request)[4:])[4:])
     assert isinstance(reply, JobReply)
     return reply
+
+
+@pytest.mark.timeout(10)
+def test_a_result_that_holds_itself_or_a_huge_int_reaches_the_model() -> None:
+    """docs/TOOLS.md: a container met again inside itself reads as its repr does (``[...]``, ``{...}``)
+    — following a parent pointer from each of a tree's nodes made 2^64 steps, until the tool timeout
+    killed the worker for a result the tool had returned at once; an int longer than Python's
+    4,300-digit limit is a JSON number (it failed the call: ``ValueError: Exceeds the limit``); a result
+    that still cannot be encoded fails the call saying so, not as if the tool had raised."""
+    root: dict[str, Any] = {"name": "root", "children": []}
+    root["children"] += [{"name": i, "parent": root} for i in range(2)]
+    assert to_jsonable(root) == {"name": "root", "children": [{"name": i, "parent": "{...}"} for i in (0, 1)]}
+    twice: list[Any] = []
+    twice += [twice, (twice,)]
+    assert to_jsonable(twice) == ["[...]", ["[...]"]]
+    shared = [1]
+    assert to_jsonable([shared, {"s": shared}]) == [[1], {"s": [1]}]  # met twice, but not inside itself
+    reply = _in_process(lambda: {"n": 10**5000, 10**4400: 1}, observation_chars=20_000)
+    text = '{"n": 1' + "0" * 5000 + ', "1' + "0" * 4400 + '": 1}'
+    assert reply.ok and reply.value == (text, len(text))
+    assert sys.get_int_max_str_digits() == 4300  # lifted only while the result was written
+
+    class Broken(dict[str, int]):
+        def items(self) -> Any:
+            raise RuntimeError("no items")
+
+    reply = _in_process(lambda: Broken(a=1), observation_chars=100)
+    assert (reply.ok, reply.error) == (False, "its result could not be encoded: RuntimeError: no items")
 
 
 def test_whatever_a_tool_raises_is_a_tool_error() -> None:

@@ -28,13 +28,12 @@ import importlib.util
 import json
 import math
 import os
-import re
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import AsyncGeneratorType, CoroutineType, FrameType, GeneratorType, ModuleType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from asyncroll.outputs.lines import write_all  # a whole frame, or an error
@@ -52,6 +51,7 @@ from asyncroll.workers.protocol import (
     observation,
     read_payload,
 )
+from asyncroll.workers.results import check_result, to_jsonable
 
 if TYPE_CHECKING:
     import psutil
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 PING = "__ping__"
 """The dummy call's tool name: answers the worker's pid."""
 ERROR_LIMIT = 2000
-MAX_DEPTH = 64
 ORPHAN_ZOMBIES = 32
 """Exited orphans outside the worker's process group that may wait, unreaped, between jobs."""
 CLOSE_GRACE_S = 0.2
@@ -69,11 +68,6 @@ CLOSE_LIMIT_S = 0.6
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36  # Linux >= 3.4
 
-_SCALARS = (str, int, float, bool, type(None))
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-"""A memory address in a default ``repr`` (``<object object at 0x7f...>``): different in every run."""
-_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-"""Non-finite floats as strings (JSON has no such numbers), as pydantic's ``ser_json_inf_nan="strings"``."""
 _sigint_received = False
 """Set by the worker's SIGINT handler: tells a real SIGINT from a ``KeyboardInterrupt`` a tool raised."""
 
@@ -180,78 +174,6 @@ def _mark_sigint() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
-def _check_result(value: Any) -> None:
-    """Refuse what a plain call cannot complete: a coroutine, a generator or another awaitable would be
-    returned with the tool's body never run (validation refuses an ``async def`` or generator tool that
-    it can see; this catches the rest: decorated ones, assigned ones)."""
-    if isinstance(value, CoroutineType):
-        value.close()  # no "never awaited" warning in the log
-        what = "a coroutine (is the tool an async def?)"
-    elif isinstance(value, GeneratorType):
-        value.close()
-        what = "a generator (does the tool's body contain yield?)"
-    elif isinstance(value, AsyncGeneratorType):
-        what = "an async generator"
-    elif hasattr(type(value), "__await__"):
-        what = f"an awaitable {type(value).__name__}"
-    else:
-        return
-    raise TypeError(
-        f"the tool returned {what}, which a worker does not run: a tool must be a plain function that "
-        "returns its result"
-    )
-
-
-def to_jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy of a tool's return value (ints stay ints, also as dict keys)."""
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return value
-    if kind is float:
-        return value if math.isfinite(value) else _NON_FINITE[repr(value)]
-    if depth > MAX_DEPTH:
-        return _repr(value)
-    # a subclass (IntEnum, StrEnum, numpy.float64, ...) → its base value, read through the base type's
-    # own method: the subclass may override __int__, __float__ or __str__ (an Enum's str is its name)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return to_jsonable(float.__float__(value), depth)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, dict):
-        return {_key(k, depth): to_jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(v, depth + 1) for v in value]
-    if isinstance(value, set | frozenset):
-        items = [to_jsonable(v, depth + 1) for v in value]
-        try:
-            return sorted(items)
-        except TypeError:
-            return sorted(items, key=repr)
-    for method in ("tolist", "item"):  # numpy arrays and scalars, torch tensors
-        convert = getattr(value, method, None)
-        if callable(convert):
-            try:
-                return to_jsonable(convert(), depth + 1)
-            except Exception:  # noqa: BLE001 - fall back to repr below
-                break
-    return _repr(value)
-
-
-def _key(key: Any, depth: int) -> Any:
-    converted = to_jsonable(key, depth + 1)
-    return converted if isinstance(converted, _SCALARS) else str(key)
-
-
-def _repr(value: Any) -> str:
-    """``repr(value)`` without memory addresses, so that the same result reads the same in every run."""
-    try:
-        return _ADDRESS.sub("", repr(value))
-    except Exception:  # noqa: BLE001 - a broken __repr__ must not kill the worker
-        return f"<unrepresentable {type(value).__name__}>"
-
-
 def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
     """Decode one request, run it and return the encoded reply frame."""
     t0 = time.monotonic()
@@ -267,7 +189,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         if function is None:
             raise KeyError(f"unknown tool {request.tool!r}")
         result = function(**request.arguments)
-        _check_result(result)
+        check_result(result)
         ok = True
     except BaseException as exc:  # a failing tool is a result, not a crash; a real SIGINT still ends us
         if _signalled(exc):
@@ -281,8 +203,8 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         if ok and request.observation_chars is not None:
             value = observation(value, request.observation_chars)
         blob = dumps(value)
-    except Exception as exc:  # noqa: BLE001 - e.g. a value too deep or too large to pickle
-        ok, error, blob = False, describe(exc), dumps(None)
+    except Exception as exc:  # noqa: BLE001 - e.g. a value too large to encode: the tool did not raise it
+        ok, error, blob = False, f"its result could not be encoded: {describe(exc)}", dumps(None)
     serialize_s = decode_s + time.monotonic() - t1
     reply = JobReply(
         request.job_id, ok, None, error, started, finished, finished - started, cpu_s, serialize_s

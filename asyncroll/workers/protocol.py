@@ -16,6 +16,7 @@ import io
 import json
 import pickle
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from operator import attrgetter
@@ -87,8 +88,22 @@ JSON_TEXT = json.JSONEncoder(default=str)  # json.dumps(value, default=str), wit
 
 def observation(value: Any, limit: int) -> tuple[str, int]:
     """A result as the model reads it: the first ``limit`` characters of its JSON text (anything JSON
-    has no type for as its ``str``), and that text's whole length."""
-    text = JSON_TEXT.encode(value)
+    has no type for as its ``str``), and that text's whole length.
+
+    An int of more digits than Python writes by default (4,300: ``sys.get_int_max_str_digits``, a guard
+    against untrusted input) is written whole: JSON numbers have no such limit, and it is the tool's own
+    result."""
+    try:
+        text = JSON_TEXT.encode(value)
+    except ValueError:
+        limit_digits = sys.get_int_max_str_digits()
+        if not limit_digits:
+            raise
+        sys.set_int_max_str_digits(0)
+        try:
+            text = JSON_TEXT.encode(value)
+        finally:
+            sys.set_int_max_str_digits(limit_digits)
     return text[:limit], len(text)
 
 

@@ -1,0 +1,116 @@
+"""What a tool returns, made safe to send: refused when nothing ran, else converted to JSON-safe data.
+
+Stdlib only: the worker process imports this module at start-up. docs/TOOLS.md ("From result to
+observation") is the table this module implements.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from types import AsyncGeneratorType, CoroutineType, GeneratorType
+from typing import Any
+
+MAX_DEPTH = 64
+"""Nesting deeper than this is cut to a ``repr``."""
+
+_SCALARS = (str, int, float, bool, type(None))
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+"""A memory address in a default ``repr`` (``<object object at 0x7f...>``): different in every run."""
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+"""Non-finite floats as strings (JSON has no such numbers), as pydantic's ``ser_json_inf_nan="strings"``."""
+
+
+def check_result(value: Any) -> None:
+    """Refuse what a plain call cannot complete: a coroutine, a generator or another awaitable would be
+    returned with the tool's body never run (validation refuses an ``async def`` or generator tool that
+    it can see; this catches the rest: decorated ones, assigned ones)."""
+    if isinstance(value, CoroutineType):
+        value.close()  # no "never awaited" warning in the log
+        what = "a coroutine (is the tool an async def?)"
+    elif isinstance(value, GeneratorType):
+        value.close()
+        what = "a generator (does the tool's body contain yield?)"
+    elif isinstance(value, AsyncGeneratorType):
+        what = "an async generator"
+    elif hasattr(type(value), "__await__"):
+        what = f"an awaitable {type(value).__name__}"
+    else:
+        return
+    raise TypeError(
+        f"the tool returned {what}, which a worker does not run: a tool must be a plain function that "
+        "returns its result"
+    )
+
+
+def to_jsonable(value: Any, depth: int = 0, _path: set[int] | None = None) -> Any:
+    """A JSON-safe copy of a tool's return value (ints stay ints, also as dict keys).
+
+    A container that holds itself (directly or further down) is shown where it recurs as Python's
+    ``repr`` shows it, ``[...]`` or ``{...}``: following it, even to :data:`MAX_DEPTH` only, costs
+    2^64 steps once it recurs twice (a tree whose nodes point back at their parent)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else _NON_FINITE[repr(value)]
+    if depth > MAX_DEPTH:
+        return _repr(value)
+    # a subclass (IntEnum, StrEnum, numpy.float64, ...) → its base value, read through the base type's
+    # own method: the subclass may override __int__, __float__ or __str__ (an Enum's str is its name)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return to_jsonable(float.__float__(value), depth)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, dict | list | tuple | set | frozenset):
+        path = set() if _path is None else _path  # the containers being converted, outermost first
+        if id(value) in path:
+            return "{...}" if isinstance(value, dict) else "[...]"
+        path.add(id(value))
+        try:
+            return _container(value, depth + 1, path)
+        finally:
+            path.discard(id(value))
+    for method in ("tolist", "item"):  # numpy arrays and scalars, torch tensors
+        convert = getattr(value, method, None)
+        if callable(convert):
+            try:
+                return to_jsonable(convert(), depth + 1, _path)
+            except Exception:  # noqa: BLE001 - fall back to repr below
+                break
+    return _repr(value)
+
+
+_Container = dict[Any, Any] | list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any]
+
+
+def _container(value: _Container, depth: int, path: set[int]) -> Any:
+    if isinstance(value, dict):
+        return {_key(k, depth, path): to_jsonable(v, depth, path) for k, v in value.items()}
+    items = [to_jsonable(v, depth, path) for v in value]
+    if isinstance(value, list | tuple):
+        return items
+    try:
+        return sorted(items)
+    except TypeError:
+        return sorted(items, key=repr)
+
+
+def _key(key: Any, depth: int, path: set[int]) -> Any:
+    converted = to_jsonable(key, depth, path)
+    if isinstance(converted, _SCALARS):
+        return converted
+    try:
+        return str(key)
+    except Exception:  # noqa: BLE001 - a tuple key holding an object whose __repr__ raises
+        return _repr(key)
+
+
+def _repr(value: Any) -> str:
+    """``repr(value)`` without memory addresses, so that the same result reads the same in every run."""
+    try:
+        return _ADDRESS.sub("", repr(value))
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not kill the worker
+        return f"<unrepresentable {type(value).__name__}>"
