@@ -424,6 +424,41 @@ def test_printing_tool_does_not_corrupt_the_channel(tmp_path: Path, with_log: bo
 
 
 @real_process
+def test_each_job_starts_in_the_workers_directory_with_its_stdio(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/TOOLS.md: a tool that left the worker in a directory since removed, or closed fds 0-2, made
+    every later call in that worker (another trajectory's) fail: ``os.getcwd()`` raised, a ``print``
+    raised ``OSError: Bad file descriptor``. Each job now starts from the worker's directory and stdio."""
+    tool = tmp_path / "vandal.py"
+    tool.write_text(
+        "import os, sys, tempfile\n\n"
+        "def vandal():\n"
+        "    with tempfile.TemporaryDirectory() as scratch:\n"
+        "        os.chdir(scratch)\n"
+        "    for fd in (0, 1, 2):\n"
+        "        os.close(fd)\n"
+        "    open(os.devnull)  # takes fd 0\n\n"
+        "def where():\n    return os.getcwd()\n\n"
+        "def say():\n    print('said', flush=True)\n    print('err', file=sys.stderr, flush=True)\n"
+        "    return sys.stdin.read()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "worker-0.log"
+
+    async def main() -> None:
+        worker = await started(*(ToolSpec(n, tool) for n in ("vandal", "where", "say")), log_path=log)
+        assert (await worker.call(job(1, "vandal"), 5)).reply.ok
+        assert (await worker.call(job(2, "where"), 5)).reply.value == str(tmp_path)
+        said = (await worker.call(job(3, "say"), 5)).reply
+        assert (said.ok, said.value, said.error) == (True, "", None)
+        await worker.aclose()
+
+    run(main())
+    assert log.read_text().splitlines() == ["said", "err"]
+
+
+@real_process
 def test_timeout_kills_the_worker_and_its_setsid_grandchild(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -219,12 +219,48 @@ def _children_cpu() -> float:
 
 def serve(stream: BinaryIO, out_fd: int, tools: dict[str, Callable[..., Any]]) -> int:
     """Answer jobs until the input pipe reaches end of stream; return the exit status."""
+    baseline = Baseline()
     while True:
         payload = read_payload(stream)
         if payload is None:
             return 0
         write_all(out_fd, run_job(tools, payload))
-        reap_orphans()  # after the reply; one system call unless a child has exited
+        baseline.restore()  # after the reply, as the reaping: four system calls when nothing changed
+        reap_orphans()  # one system call unless a child has exited
+
+
+class Baseline:
+    """What every job finds as the worker had it once its tools were imported, whatever an earlier job
+    (of another trajectory, perhaps) did to it: the working directory, and fds 0, 1 and 2 (/dev/null and
+    the worker's log). A tool that ``chdir``-ed into a temporary directory and raised, or closed its
+    stdout, would otherwise make every later call in this worker read and write elsewhere, or fail at
+    its first ``print``. Module state (``sys.path`` and ``sys.modules`` included) is the tools' and
+    persists."""
+
+    def __init__(self) -> None:
+        self.cwd = os.getcwd()
+        self.std = [(fd, os.dup(fd), _identity(fd)) for fd in (0, 1, 2) if _identity(fd) is not None]
+
+    def restore(self) -> None:
+        for fd, saved, identity in self.std:
+            if _identity(fd) != identity:
+                os.dup2(saved, fd)
+        try:
+            if os.getcwd() == self.cwd:
+                return
+        except OSError:  # the directory the tool left us in was removed
+            pass
+        with contextlib.suppress(OSError):  # the worker's own directory is gone: nowhere to return
+            os.chdir(self.cwd)
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """The file an fd is open on, or None when it is closed."""
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def reap_orphans() -> None:
