@@ -30,6 +30,7 @@ from asyncroll.proctree import is_subreaper
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
 from asyncroll.workers.child import ORPHAN_ZOMBIES
+from asyncroll.workers.spawn import tools_frame
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -505,12 +506,13 @@ def test_a_worker_whose_runtime_died_as_it_started_leaves_at_once() -> None:
     reply_r, reply_w = os.pipe()
     try:
         command = [sys.executable, "-P", "-m", "asyncroll.workers.child", "--in-fd", str(job_r)]
-        command += ["--out-fd", str(reply_w), "--tools-json", "[]"]
+        command += ["--out-fd", str(reply_w)]
         for parent, code in ((os.getpid() + 10_000_000, 1), (os.getpid(), 0)):  # no process has the first
             proc = subprocess.Popen(
                 [*command, "--parent-pid", str(parent)], cwd=REPO, pass_fds=(job_r, reply_w)
             )
             if code == 0:  # its own runtime: it starts, reports ready and serves until its input ends
+                os.write(job_w, tools_frame([]))
                 ready = os.read(reply_r, 1 << 16)
                 assert ready
             else:

@@ -424,6 +424,25 @@ def test_printing_tool_does_not_corrupt_the_channel(tmp_path: Path, with_log: bo
 
 
 @real_process
+def test_a_worker_starts_with_more_tools_than_a_command_line_holds(tmp_path: Path) -> None:
+    """The tool list went on the worker's command line as one argument, which Linux caps at 128 KiB: a
+    workload of ~1,000 tool files (ToolMATH's scale) failed every worker with ``could not spawn:
+    OSError(7, 'Argument list too long')``. It is the first frame on the job pipe now."""
+    tool = tmp_path / "many.py"
+    tool.write_text("def __getattr__(name):\n    return lambda: name\n")
+    names = [f"tool_with_a_rather_long_descriptive_name_number_{i:05d}" for i in range(2_000)]
+    specs = [ToolSpec(name, tool) for name in names]
+    assert len(json.dumps([spec.to_json() for spec in specs])) > 128 * 1024
+
+    async def main() -> None:
+        worker = await started(*specs)
+        assert (await worker.call(job(1, names[-1]), 5)).reply.value == names[-1]
+        await worker.aclose()
+
+    run(main())
+
+
+@real_process
 def test_each_job_starts_in_the_workers_directory_with_its_stdio(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

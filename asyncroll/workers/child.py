@@ -1,6 +1,7 @@
 """The tool worker process: preload tools, then serve jobs until the runtime closes the input pipe.
 
-Run as ``python -m asyncroll.workers.child --in-fd N --out-fd M --tools-json '[...]'``. It imports
+Run as ``python -m asyncroll.workers.child --in-fd N --out-fd M``; the first frame on ``--in-fd`` is
+the JSON list of tools to preload (:func:`asyncroll.workers.spawn.tools_frame`). It imports
 only the stdlib and :mod:`asyncroll.workers.protocol`/:mod:`~asyncroll.workers.builtin`, so that a
 (replacement) worker is ready in tens of milliseconds. Jobs arrive on ``--in-fd`` and replies leave on
 ``--out-fd``; the process's own stdout/stderr are a log file (or /dev/null), so a tool that prints
@@ -393,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m asyncroll.workers.child")
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
-    parser.add_argument("--tools-json", required=True)
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
     _die_with_parent()
@@ -414,9 +414,12 @@ def _run(args: argparse.Namespace) -> int:
     os.set_inheritable(args.in_fd, False)
     os.set_inheritable(args.out_fd, False)
     with open(args.in_fd, "rb", buffering=1 << 16) as stream:  # closed on the way out (no ResourceWarning)
+        listed = read_payload(stream)
+        if listed is None:
+            return 1  # the runtime went away before it sent the tools
         started = time.monotonic()
         try:
-            specs = [ToolSpec.from_json(item) for item in json.loads(args.tools_json)]
+            specs = [ToolSpec.from_json(item) for item in json.loads(listed)]
             tools = load_tools(specs)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the runtime, then exit
             error = str(exc) if isinstance(exc, ToolLoadError) else describe(exc)

@@ -40,7 +40,7 @@ from asyncroll.workers.protocol import (
     encode,
     payload_length,
 )
-from asyncroll.workers.spawn import log_tail, spawn
+from asyncroll.workers.spawn import log_tail, spawn, tools_frame
 
 _PING_JOB_ID = -1
 
@@ -118,7 +118,7 @@ class ProcessWorker:
         t0, deadline = time.monotonic(), loop.time() + self.startup_timeout
         try:
             async with asyncio.timeout_at(deadline):
-                spawned = await spawn(self.tools, self.log_path, self.origin)
+                spawned = await spawn(self.log_path, self.origin)
         except TimeoutError as exc:
             raise WorkerStartupError(
                 f"worker {self.index}: its process was not spawned within {self.startup_timeout:g}s "
@@ -137,6 +137,7 @@ class ProcessWorker:
         try:
             self._read_transport, _ = await loop.connect_read_pipe(lambda: reader_protocol, self._pipes[0])
             self._write_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, self._pipes[1])
+            self._write_transport.write(tools_frame(self.tools))  # buffered: the worker reads it first
             self._pump = loop.create_task(self._pump_frames(), name=f"worker-{self.index}-reader")
             async with asyncio.timeout_at(deadline):
                 await self._handshake()

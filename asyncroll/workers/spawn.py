@@ -3,7 +3,8 @@
 The worker runs ``python -m asyncroll.workers.child`` in a new session (so it leads its own process
 group and a terminal's Ctrl-C reaches only the runtime, which then shuts workers down in order). Its
 stdin is /dev/null and its stdout/stderr go to a log file (appended) or /dev/null; jobs and replies use
-two dedicated pipes passed with ``pass_fds``, so nothing a tool prints can reach the channel.
+two dedicated pipes passed with ``pass_fds``, so nothing a tool prints can reach the channel. The first
+frame on the job pipe lists the tools to preload.
 
 The worker's environment carries its ``origin`` (:data:`~asyncroll.workers.orphans.ORIGIN_ENV`), which
 everything it starts inherits: what it leaves behind when it dies is found by that
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from asyncroll.workers.orphans import ORIGIN_ENV
-from asyncroll.workers.protocol import ToolSpec
+from asyncroll.workers.protocol import ToolSpec, frame
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 LOG_TAIL_BYTES = 2000
@@ -42,9 +43,9 @@ class Spawned:
     log_offset: int
 
 
-async def spawn(tools: Sequence[ToolSpec], log_path: Path | None, origin: str) -> Spawned:
-    """Start a worker for ``tools`` with ``origin`` in its environment; raises ``OSError`` (with no fd
-    left open) if it cannot start."""
+async def spawn(log_path: Path | None, origin: str) -> Spawned:
+    """Start a worker with ``origin`` in its environment; raises ``OSError`` (with no fd left open) if it
+    cannot start. Its tools are the first frame written to its job pipe (:func:`tools_frame`)."""
     job_r, job_w = os.pipe()
     reply_r, reply_w = os.pipe()
     try:
@@ -53,7 +54,6 @@ async def spawn(tools: Sequence[ToolSpec], log_path: Path | None, origin: str) -
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "asyncroll.workers.child",
                 "--in-fd", str(job_r), "--out-fd", str(reply_w), "--parent-pid", str(os.getpid()),
-                "--tools-json", json.dumps([tool.to_json() for tool in tools]),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log or asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.STDOUT if log else asyncio.subprocess.DEVNULL,
@@ -69,6 +69,12 @@ async def spawn(tools: Sequence[ToolSpec], log_path: Path | None, origin: str) -
     os.close(job_r)
     os.close(reply_w)
     return Spawned(process, _pipe_file(reply_r, "rb"), _pipe_file(job_w, "wb"), log_offset)
+
+
+def tools_frame(tools: Sequence[ToolSpec]) -> bytes:
+    """The worker's first input: the tools to preload, as a JSON list in one frame. Not an argument: the
+    kernel refuses one longer than 128 KiB (``E2BIG``), which a workload of ~1,000 tool files reached."""
+    return frame(json.dumps([tool.to_json() for tool in tools]).encode())
 
 
 def log_tail(log_path: Path | None, offset: int) -> str:
