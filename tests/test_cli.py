@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -551,6 +552,42 @@ def test_worker_that_cannot_start_fails_the_run_with_its_reason(tmp_path: Path) 
     assert summary["resources"]["blocked_in_server_coverage_s"] is None
     assert summary["throughput"]["completed_per_wall_hour"] is None
     SummaryModel.model_validate(summary)
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_file_changed_during_the_run_is_never_run(tmp_path: Path) -> None:
+    """run.json records each tool file's SHA-256 before the first worker starts; a replacement worker
+    imports the file again. One edited meanwhile ran, in every worker started after the edit, under the
+    old hash. Now a worker runs a file only if the bytes it reads have the recorded hash: the
+    replacement refuses it and the run fails, naming the file."""
+    tool = tmp_path / "edits.py"
+    tool.write_text(
+        "import os\n\ndef edit(x):\n"
+        "    with open(__file__, 'a') as f:\n"
+        "        f.write('VERSION = 2\\n')\n"
+        "    os._exit(3)\n\n"
+        "def later(x):\n    return x\n"
+    )
+    recorded = hashlib.sha256(tool.read_bytes()).hexdigest()
+    problems = [
+        {
+            "id": name,
+            "prompt": "p",
+            "tools": [{"name": name, "inputs": {"x": "int"}, "implementation": "edits.py"}],
+            "script": [
+                {"type": "tool", "name": name, "arguments": {"x": 1}, "latency_ms": latency},
+                {"type": "final", "answer": "1"},
+            ],
+        }
+        for name, latency in (("edit", 0), ("later", 1_000))  # the replacement starts for later's call
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    result = cli("run", "--workload", workload, "--output", out, "--cpu-workers", "1")
+    assert result.returncode == 1, result.stderr
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["tools"]["edits.py:edit"]["sha256"] == recorded
+    assert f"{tool}: changed since the run started (run.json records SHA-256 {recorded}" in receipt["error"]
 
 
 @pytest.mark.timeout(30)

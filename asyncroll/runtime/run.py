@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -93,7 +94,10 @@ class Run:
         self._isolation = prepared.isolation
         self.clock = clock
         self.out = prepared.config.output
-        self._factory = worker_factory or _process_worker_factory(prepared.config, prepared.scan)
+        self._sha256: dict[Path, str] = {}
+        self._factory = worker_factory or _process_worker_factory(
+            prepared.config, prepared.scan, self._tool_sha256
+        )
         self._backend = backend or _default_backend(prepared.config, clock)
         self._subscribers = subscribers
         self._policy = policy
@@ -103,10 +107,16 @@ class Run:
         self._record = record
         self._ranges = ranges  # NVTX ranges; None: real ones with --nvtx, else no-ops
 
+    def _tool_sha256(self, path: Path) -> str:
+        """A tool file's SHA-256, read once: what run.json records is what every worker checks."""
+        if path not in self._sha256:
+            self._sha256[path] = file_sha256(path)
+        return self._sha256[path]
+
     def _receipt_body(self) -> dict[str, Any]:
         cfg = self.config
         tools = {
-            key: (None if src.path is None else {"path": str(src.path), "sha256": file_sha256(src.path)})
+            key: None if src.path is None else {"path": str(src.path), "sha256": self._tool_sha256(src.path)}
             for key, src in sorted(self.scan.tools.items())
         }
         return {
@@ -455,15 +465,21 @@ def _default_backend(config: RunConfig, clock: Clock) -> Backend:
     return OpenAIBackend(HttpSettings.from_config(config), clock)
 
 
-def _process_worker_factory(config: RunConfig, scan: WorkloadScan) -> WorkerFactory:
+def _process_worker_factory(
+    config: RunConfig, scan: WorkloadScan, sha256: Callable[[Path], str]
+) -> WorkerFactory:
+    """Workers that preload the workload's tools, each file only if it still has the SHA-256 that
+    ``sha256`` gives (run.json's: the receipt is written before the first worker starts)."""
     from asyncroll.workers.process import ProcessWorker
 
-    specs = [ToolSpec(name) for name in BUILTIN_TOOLS]
-    specs += [ToolSpec(src.name, src.path) for src in scan.tools.values() if src.path is not None]
     logs = config.output / "workers"
     logs.mkdir(exist_ok=True)
 
     def factory(index: int, generation: int) -> Worker:
+        specs = [ToolSpec(name) for name in BUILTIN_TOOLS]
+        for src in scan.tools.values():
+            if src.path is not None:
+                specs.append(ToolSpec(src.name, src.path, sha256(src.path)))
         return ProcessWorker(
             index,
             specs,

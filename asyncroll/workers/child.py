@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.util
 import json
 import math
@@ -99,7 +100,7 @@ def load_tools(specs: list[ToolSpec]) -> dict[str, Callable[..., Any]]:
                 if folder not in sys.path:  # helper modules next to the tool file, as for a script
                     sys.path.insert(folders, folder)
                     folders += 1
-                module = modules[spec.path] = _load_module(spec.path, len(modules))
+                module = modules[spec.path] = _load_module(spec.path, len(modules), spec.sha256)
             function = getattr(module, spec.name, None)
             if not callable(function):
                 raise ToolLoadError(f"{spec.path}: no callable named {spec.name!r}")
@@ -119,17 +120,28 @@ def _ambiguous(name: str, keys: list[str]) -> Callable[..., Any]:
     return refuse
 
 
-def _load_module(path: Path, index: int) -> ModuleType:
+def _load_module(path: Path, index: int, sha256: str | None) -> ModuleType:
+    """Import ``path`` from the very bytes it hashes (no bytecode cache): when ``sha256`` is given (the
+    hash run.json records), a file that no longer has it is refused, not run."""
     stem = "".join(c if c.isalnum() else "_" for c in path.stem)
     name = f"_asyncroll_tool_{index}_{stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ToolLoadError(f"{path}: not a Python source file")
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise ToolLoadError(f"{path}: cannot be read: {describe(exc)}") from exc
+    if sha256 is not None and (found := hashlib.sha256(source).hexdigest()) != sha256:
+        raise ToolLoadError(
+            f"{path}: changed since the run started (run.json records SHA-256 {sha256}, the file now has "
+            f"{found}): a worker runs only the tool code the run recorded"
+        )
     module = importlib.util.module_from_spec(spec)
     module.__dict__["math"] = math  # ToolMATH tool files use math without importing it
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)  # trusted code
     except BaseException as exc:  # any import failure is a start-up failure, but a real SIGINT
         if _signalled(exc):
             raise

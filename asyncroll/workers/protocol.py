@@ -35,10 +35,15 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A tool a worker must preload: a built-in (``path is None``) or a callable ``name`` in ``path``."""
+    """A tool a worker must preload: a built-in (``path is None``) or a callable ``name`` in ``path``.
+
+    ``sha256`` is the file's hash as run.json records it: a worker then runs the file only if the bytes
+    it reads still have that hash (a file edited during a run would otherwise run, unrecorded, in every
+    replacement worker started after the edit)."""
 
     name: str
     path: Path | None = None
+    sha256: str | None = None
 
     def __post_init__(self) -> None:
         if self.path is not None and not self.path.is_absolute():  # keys must not depend on the cwd
@@ -54,12 +59,15 @@ class ToolSpec:
         return self.name if self.path is None else f"{self.path}::{self.name}"
 
     def to_json(self) -> dict[str, str | None]:
-        return {"name": self.name, "path": None if self.path is None else str(self.path)}
+        path = None if self.path is None else str(self.path)
+        return {"name": self.name, "path": path, "sha256": self.sha256}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ToolSpec:
-        path = data.get("path")
-        return cls(name=str(data["name"]), path=None if path is None else Path(path))
+        path, sha256 = data.get("path"), data.get("sha256")
+        return cls(
+            str(data["name"]), None if path is None else Path(path), None if sha256 is None else str(sha256)
+        )
 
 
 @dataclass(frozen=True, slots=True)
