@@ -191,6 +191,20 @@ def test_typed_arguments_bound_inputs_and_code_schema() -> None:
         {"prompt": "p", "metadata": {"prompt_metadata": {"protocol": "one_repair"}}}
     )
     assert turn_schema(code, 0) == _closed({"type": {"const": "submit"}, "code": {"type": "string"}})
+    # A model's bad call names the argument at fault, not only "not valid under any of the given schemas"
+    rest = {"xs": [], "m": {}, "flag": True, "s": ""}
+    for arguments, message in (
+        ({"n": "20", **rest}, r"\['arguments'\]\['n'\]: '20' is not of type"),
+        (rest, r"\['arguments'\]: 'n' is a required property"),
+        ({"n": 1, **rest, "secret": "x"}, r"\['arguments'\]: .*\('secret' was unexpected\)"),
+    ):
+        with pytest.raises(InvalidActionError, match=f"the turn's schema: {message}"):
+            text = json.dumps({"type": "tool", "name": "f", "arguments": arguments})
+            parse_action(text, schema, structured=True, code=False)
+    with pytest.raises(
+        InvalidActionError, match=r"'g' is not a tool of this problem \(its tools: 'f', 'add'\)"
+    ):
+        parse_action('{"type": "tool", "name": "g", "arguments": {}}', schema, structured=True, code=False)
 
 
 def test_parsing_is_strict_in_both_modes() -> None:
