@@ -478,6 +478,29 @@ def test_each_job_starts_in_the_workers_directory_with_its_stdio(
 
 
 @real_process
+def test_a_forked_child_that_returns_from_the_tool_exits_there(tmp_path: Path) -> None:
+    """A tool that forks and whose child returns (no ``os._exit``): the child answered the job in the
+    worker's place — its result, a negative ``cpu_s`` — and then served the next job while the tool
+    waited for it. The child ends where it leaves the tool; the tool gets its own result back."""
+    tool = tmp_path / "forks.py"
+    tool.write_text(
+        "import os\n\ndef fork():\n    pid = os.fork()\n    if pid == 0:\n        return 'child'\n"
+        "    return f'parent saw {os.waitpid(pid, 0)[1] >> 8}'\n"
+    )
+    log = tmp_path / "worker-0.log"
+
+    async def main() -> None:
+        worker = await started(ToolSpec("fork", tool), ToolSpec("add"), log_path=log)
+        reply = (await worker.call(job(1, "fork"), 5)).reply
+        assert (reply.ok, reply.value) == (True, "parent saw 1") and reply.cpu_s >= 0
+        assert (await worker.call(job(2, "add", a=1, b=2), 5)).reply.value == 3
+        await worker.aclose()
+
+    run(main())
+    assert "a process that tool 'fork' forked" in log.read_text()
+
+
+@real_process
 def test_timeout_kills_the_worker_and_its_setsid_grandchild(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from asyncroll.outputs.lines import write_all  # a whole frame, or an error
 from asyncroll.workers.builtin import BUILTIN_TOOLS
@@ -196,6 +196,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
     decode_s = time.monotonic() - t0
     function = tools.get(request.tool)
     ok, result, error = False, None, None
+    pid = os.getpid()
     cpu0, children0 = time.process_time(), _children_cpu()
     started = time.monotonic()
     try:
@@ -209,6 +210,8 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
             raise
         result, error = None, describe(exc)
     finished = time.monotonic()
+    if os.getpid() != pid:
+        _leave_fork(request.tool)
     cpu_s = time.process_time() - cpu0 + _children_cpu() - children0
     t1 = time.monotonic()
     try:
@@ -223,6 +226,19 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         request.job_id, ok, None, error, started, finished, finished - started, cpu_s, serialize_s
     )
     return encode(reply, value_blob=blob)
+
+
+def _leave_fork(tool: str) -> NoReturn:
+    """End a process the tool forked that returned from the tool (or raised out of it) instead of calling
+    ``os._exit``: it would answer the job in the worker's place (its result, its CPU time, negative) and
+    go on serving the next job while the worker waited for it."""
+    print(
+        f"asyncroll worker: a process that tool {tool!r} forked (pid {os.getpid()}) returned from the tool "
+        "instead of calling os._exit(); it exits here with status 1",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(1)  # no flush: its stdout buffer holds a copy of the worker's unwritten output
 
 
 def _children_cpu() -> float:
