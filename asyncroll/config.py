@@ -159,7 +159,7 @@ class RunConfig(BaseModel):
             problems.append("--no-telemetry conflicts with --metrics-url/--nvml-device")
         for flag, url in (("--endpoint", self.endpoint), ("--metrics-url", self.metrics_url)):
             problem = None if url is None else http_url_problem(url)
-            if problem is not None:
+            if url is not None and problem is not None:
                 problems.append(f"{flag} {masked_url(url)!r}: {problem}")
         if self.endpoint.rstrip("/").endswith("/v1"):  # an OpenAI SDK base_url: requests would 404
             problems.append(
