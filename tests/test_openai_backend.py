@@ -25,6 +25,7 @@ from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.backends.retry import RetryPolicy, retry_after_s
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.clock import SystemClock
+from asyncroll.coerce import TYPE_NAMES
 from asyncroll.config import build_config
 from asyncroll.errors import InvalidActionError, ModelError, UsageError
 from asyncroll.events import (
@@ -178,8 +179,8 @@ def test_typed_arguments_bound_inputs_and_code_schema() -> None:
         "xs": {"type": "array", "items": {"type": "number"}},
         "m": {
             "type": "object",
-            "propertyNames": {"pattern": "^(0|-?[1-9][0-9]*)$"},
-            "additionalProperties": {"type": "integer"},
+            "patternProperties": {"^(0|-?[1-9][0-9]*)$": {"type": "integer"}},
+            "additionalProperties": False,
         },
         "flag": {"type": "boolean"},
         "s": {"type": "string"},
@@ -205,6 +206,48 @@ def test_typed_arguments_bound_inputs_and_code_schema() -> None:
         InvalidActionError, match=r"'g' is not a tool of this problem \(its tools: 'f', 'add'\)"
     ):
         parse_action('{"type": "tool", "name": "g", "arguments": {}}', schema, structured=True, code=False)
+
+
+def test_schemas_use_only_keywords_that_grammar_engines_enforce() -> None:
+    """A ``dict[int, int]`` input was sent as ``propertyNames`` + a typed ``additionalProperties``:
+    llguidance refuses ``propertyNames`` (vLLM's default ``auto`` backend falls back to it from xgrammar,
+    so every such request got a 400) and xgrammar before 0.2.7 dropped the value type beside it. The
+    schemas of every declared input type keep to keywords xgrammar and llguidance both enforce, and
+    still mean what validation means: integer keys, each spelled one way, and integer values."""
+    tool = {"name": "f", "implementation": "t.py", "inputs": {f"x{i}": t for i, t in enumerate(TYPE_NAMES)}}
+    problem = Problem.model_validate({"prompt": "p", "tools": [tool, ADD]})
+    repair = {"prompt_metadata": {"protocol": "one_repair"}}
+    code = Problem.model_validate({"prompt": "p", "metadata": repair})
+    schemas = [turn_schema(problem, 0), turn_schema(problem, 1), turn_schema(code, 0)]
+    keywords: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                keywords.add(key)
+                if key in ("properties", "patternProperties"):
+                    for sub in value.values():
+                        walk(sub)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for schema in schemas:
+        walk(schema)
+    portable = {"anyOf", "type", "const", "properties", "required", "additionalProperties", "items"}
+    assert keywords <= portable | {"patternProperties"}, keywords - portable
+    schema = schemas[0]
+    good = {f"x{i}": v for i, v in enumerate([".", 1, 1.5, True, 2, {"-3": 4, "0": 0}, [1], [1], [1.5], [2]])}
+
+    def call(**changed: Any) -> str:
+        return json.dumps({"type": "tool", "name": "f", "arguments": {**good, **changed}})
+
+    assert parse_action(call(), schema, structured=True, code=False).arguments["x5"] == {"-3": 4, "0": 0}
+    for bad in ({"07": 1}, {"+7": 1}, {"-0": 1}, {"a": 1}, {"1": "2"}, {"1": 1.5}):
+        with pytest.raises(InvalidActionError, match=r"\['arguments'\]\['x5'\]"):
+            parse_action(call(x5=bad), schema, structured=True, code=False)
 
 
 def test_parsing_is_strict_in_both_modes() -> None:

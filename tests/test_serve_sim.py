@@ -573,6 +573,27 @@ def test_drawn_values_honour_numeric_and_length_bounds() -> None:
             draw(schema, rng)
 
 
+def test_drawn_maps_of_integer_keys_are_valid_tool_calls() -> None:
+    """A ``dict[int, int]`` input's keys are ``patternProperties`` of asyncroll's integer pattern: serve-sim
+    drew ``{}`` for every such map (valid, never a key); it draws integer keys, and refuses a pattern it
+    cannot draw for rather than break it."""
+    import random
+
+    from asyncroll.backends.action_schema import parse_action, turn_schema
+    from asyncroll.serve_sim.policy import UnsupportedSchema, draw
+    from asyncroll.workload import Problem
+
+    tool = {"name": "count", "implementation": "t.py", "inputs": {"counts": "dict[int, int]"}}
+    schema = turn_schema(Problem.model_validate({"prompt": "p", "tools": [tool]}), 0)
+    rng = random.Random(0)
+    for _ in range(20):
+        action = parse_action(json.dumps(draw(schema, rng)), schema, structured=True, code=False)
+        assert action.arguments["counts"] and all(int(k) >= 0 for k in action.arguments["counts"])
+    other = {"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}}
+    with pytest.raises(UnsupportedSchema, match="patternProperties"):
+        draw(other, rng)
+
+
 @pytest.mark.timeout(30)
 def test_a_schema_the_simulator_cannot_satisfy_is_a_counted_400_on_a_live_connection() -> None:
     schema = {

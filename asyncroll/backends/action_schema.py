@@ -7,10 +7,13 @@ The schema a turn asks the server to enforce:
   ``{"type": "tool", "name": <const>, "arguments": {<typed inputs not bound by the workload>}}``;
 * otherwise → ``{"type": "final", "answer": str}``.
 
-Every object is closed (``additionalProperties: false``) and lists every property as required, which is
-what OpenAI's ``strict: true`` and vLLM's guided decoding need. Parsing checks the model's text against the
-same schema before it becomes an :data:`~asyncroll.workload.Action`, so a server that does not enforce the
-schema (``transformers serve``) fails the request visibly with :class:`InvalidActionError`.
+Every object is closed (``additionalProperties: false``) and lists every property as required. The
+keywords are the subset that xgrammar and llguidance, the grammar engines of vLLM and SGLang, both compile
+and enforce (``scripts/grammar_check.py`` checks them); OpenAI's hosted ``strict: true`` is narrower (no
+``anyOf`` at the root, no ``patternProperties``), and outlines has no ``patternProperties`` (README, "An
+inference server on a laptop"). Parsing checks the model's text against the same schema before it becomes
+an :data:`~asyncroll.workload.Action`, so a server that does not enforce the schema (``transformers
+serve``) fails the request visibly with :class:`InvalidActionError`.
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ _INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
     "float": {"type": "number"},
     "number": {"type": "number"},
     "bool": {"type": "boolean"},
+    # The keys' form as ``patternProperties``, not the equivalent ``propertyNames`` + typed
+    # ``additionalProperties``: llguidance refuses ``propertyNames`` (vLLM's fallback from xgrammar
+    # answers such a request with 400) and xgrammar before 0.2.7 drops the value type beside it.
     "dict[int,int]": {
         "type": "object",
-        "propertyNames": {"pattern": INT_KEY_PATTERN},
-        "additionalProperties": {"type": "integer"},
+        "patternProperties": {INT_KEY_PATTERN: {"type": "integer"}},
+        "additionalProperties": False,
     },
     "list[int]": {"type": "array", "items": {"type": "integer"}},
     "List[int]": {"type": "array", "items": {"type": "integer"}},

@@ -2,7 +2,8 @@
 
 It understands the schema subset that agents send (and asyncroll's per-turn schemas use): ``anyOf`` /
 ``oneOf`` (one branch drawn), ``const``, ``enum``, ``type`` string / integer / number / boolean / null /
-array / object, ``properties`` + ``required``, ``items`` and ``additionalProperties`` schemas, and the
+array / object, ``properties`` + ``required``, ``items`` and ``additionalProperties`` schemas, integer
+keys (``patternProperties`` or ``propertyNames`` of asyncroll's pattern for ``dict[int, int]``), and the
 bounds ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum``, ``minLength`` /
 ``maxLength`` and ``minItems`` / ``maxItems``. A schema it cannot satisfy — bounds nothing meets, or a
 constraint it does not honour (``pattern``, ``format``, ``multipleOf``, ``uniqueItems``, ``not``,
@@ -160,9 +161,16 @@ def _object(schema: dict[str, Any], rng: random.Random, depth: int) -> dict[str,
     properties = schema.get("properties", {})
     out = {name: draw(sub, rng, depth + 1) for name, sub in properties.items()}
     extra = schema.get("additionalProperties")
-    if not properties and isinstance(extra, dict):
-        # A map (e.g. dict[int, int] arguments): keys must satisfy propertyNames, when it is a pattern of
-        # integers, as asyncroll's schemas declare it.
+    patterns = schema.get("patternProperties")
+    if not properties and patterns:
+        # A map whose keys follow a pattern: asyncroll's dict[int, int] arguments, integer keys (a key
+        # that matches another pattern cannot be drawn: refused, as "pattern" is)
+        if not isinstance(patterns, dict) or list(patterns) != [INT_KEY_PATTERN]:
+            raise UnsupportedSchema("'patternProperties' other than integer keys is not supported")
+        for _ in range(rng.randint(1, 3)):
+            out[str(rng.randrange(100))] = draw(patterns[INT_KEY_PATTERN], rng, depth + 1)
+    elif not properties and isinstance(extra, dict):
+        # A map whose keys are free, or follow propertyNames when it is a pattern of integers
         names = schema.get("propertyNames", {})
         numeric = isinstance(names, dict) and names.get("pattern") == INT_KEY_PATTERN
         for _ in range(rng.randint(1, 3)):
