@@ -846,9 +846,12 @@ def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path
 
     command = json.loads(SMOKE.read_text())["server"]["command"]
     command[command.index("--step-base-ms") + 1] = "150"  # a client that runs for a while
-    cfg = lean(tmp_path, **{"server.command": command, "client.deadline_s": 45})
+    # one arm: the qualification stage's, which fails and stops the experiment before the pairs (a
+    # second arm, on this slowed server, only took time)
+    one_arm = {"qualification": {"arms": ["fifo"], "gates": []}}
+    cfg = lean(tmp_path, **{"server.command": command, "client.deadline_s": 45, "stages": one_arm})
     out = tmp_path / "out"
-    arm_json = out / "arms" / "pair1-fifo" / "arm.json"
+    arm_json = out / "arms" / "qualification-1-fifo" / "arm.json"
     killed: list[float] = []
 
     def kill_server() -> None:
@@ -868,15 +871,16 @@ def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path
     watcher = threading.Thread(target=kill_server, daemon=True)
     watcher.start()
     try:
-        ExperimentRunner(cfg, out, echo=lambda _: None).run()
+        outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
     finally:
         watcher.join(5)
         kill_recorded(out)
     assert killed
+    assert outcome.status == "stopped" and not (out / "arms" / "pair1-fifo").exists()
     arm = read(arm_json)
     assert arm["status"] == "failed" and arm["failed_step"] == "running_client"
     assert arm["error"].startswith("server was killed by SIGKILL (exit code -9) while the client ran")
-    assert str(out / "arms" / "pair1-fifo" / "server.log") in arm["error"]
+    assert str(out / "arms" / "qualification-1-fifo" / "server.log") in arm["error"]
     assert arm["client"]["wall_s"] < 15  # not the client's 45 s deadline
     assert not any(alive(p) for p in recorded_processes(out))
 
