@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner, Result
 
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
@@ -39,6 +40,14 @@ def tool_problem(
     ]
     script.append({"type": "final", "answer": "ok", "latency_ms": model_ms if final_ms is None else final_ms})
     return {"id": pid, "prompt": f"problem {pid}", "tools": [{"name": tool}], "script": script}
+
+
+def invoke(*args: str | Path) -> Result:
+    """``asyncroll ARGS`` in this process: for what needs no interpreter of its own (refusals, warnings,
+    virtual-clock commands); each command keeps at least one test through a real subprocess."""
+    from asyncroll.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 VirtualRun = Callable[..., tuple[RunOutcome, EventCapture, Path]]

@@ -19,7 +19,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 import asyncroll.experiment.arms as arms_module
 import asyncroll.experiment.runner as runner_module
@@ -37,18 +36,13 @@ from asyncroll.experiment.report import aggregate, load_comparison, markdown
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
 from asyncroll.experiment.stats import bootstrap_interval, distinct_resamples
+from tests.conftest import invoke
 from tests.test_experiment import ROOT, alive, kill_recorded, read, recorded_processes, write_config
 
 
 def lean(tmp: Path, **changes: Any) -> ExperimentConfig:
     """The smoke experiment without stages, one pair unless ``changes`` say otherwise."""
     return load_experiment_config(write_config(tmp, **{"stages": {}, "pairs": 1, **changes}))
-
-
-def invoke(*args: str | Path) -> Any:
-    from asyncroll.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def is_client(process: ManagedProcess) -> bool:

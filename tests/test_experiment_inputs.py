@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 import asyncroll.experiment.report as report_module
 from asyncroll.errors import UsageError
@@ -19,14 +18,9 @@ from asyncroll.experiment.comparison import MAX_MAGNITUDE, MIN_MAGNITUDE
 from asyncroll.experiment.config import load_experiment_config
 from asyncroll.experiment.report import load_comparison, write_report
 from asyncroll.json_checks import LONE_SURROGATE
+from tests.conftest import invoke
 from tests.test_experiment import write_config
 from tests.test_experiment_guards import comparison as guarded_comparison
-
-
-def invoke(*args: str | Path) -> Any:
-    from asyncroll.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def refused(done: Any, *needles: str) -> None:

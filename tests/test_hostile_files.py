@@ -9,18 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.conftest import REPO
+from tests.conftest import REPO, invoke
 
 BIG_INT = "9" * 4301  # past Python's int-string limit (4,300 digits)
 DEEP = "[" * 3000 + "]" * 3000  # past the JSON reader's recursion limit
-
-
-def invoke(*args: str | Path) -> Any:
-    from asyncroll.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def refused(result: Any, *words: str) -> None:
