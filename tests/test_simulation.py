@@ -13,17 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from tests.conftest import REPO, VirtualRun, tool_problem, write_workload
+from tests.conftest import REPO, VirtualRun, invoke, tool_problem, write_workload
 from tests.test_cli import SMOKE, cli, load_run
 
 
 def simulate_here(*args: str | Path) -> Result:
-    """``asyncroll simulate ARGS`` in this process: the refusals need no interpreter of their own."""
-    from asyncroll.cli import app
-
-    return CliRunner().invoke(app, ["simulate", *map(str, args)])
+    """``asyncroll simulate ARGS`` in this process: a virtual-clock run needs no interpreter of its own
+    (test_simulate_smoke_writes_a_simulated_run and the signal tests run the real command)."""
+    return invoke("simulate", *args)
 
 
 #: The CLI with every virtual job also taking 50 ms of real time (in a sweep's spawned cell processes
@@ -163,8 +162,7 @@ def test_simulate_with_batching_server(tmp_path: Path) -> None:
     outs = {}
     for seqs in (1, 64):
         out = tmp_path / f"sim{seqs}"
-        result = cli(
-            "simulate",
+        result = simulate_here(
             "--workload",
             workload,
             "--output",
@@ -176,7 +174,7 @@ def test_simulate_with_batching_server(tmp_path: Path) -> None:
             "--max-inflight-model-requests",
             "16",
         )
-        assert result.returncode == 0, result.stderr
+        assert result.exit_code == 0, result.output
         outs[seqs] = load_run(out)
     receipt, summary, events = outs[64]
     assert receipt["simulation"]["server_model"]["max_num_seqs"] == 64
@@ -203,8 +201,8 @@ def test_from_run_replays_the_recorded_timings(tmp_path: Path) -> None:
     _, real_summary, real_events = load_run(real)
     assert real_summary["bounds"]["lower_bound_s"] <= real_summary["makespan_s"]
     sim = tmp_path / "sim"
-    result = cli("simulate", "--from-run", real, "--output", sim)
-    assert result.returncode == 0, result.stderr
+    result = simulate_here("--from-run", real, "--output", sim)
+    assert result.exit_code == 0, result.output
     receipt, summary, events = load_run(sim)
     assert receipt["simulation"]["from_run"] == str(real.resolve())
     assert receipt["simulation"]["replayed"]["trajectories"] == 6
@@ -221,23 +219,23 @@ def test_from_run_replays_the_recorded_timings(tmp_path: Path) -> None:
 
 
 def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
-    both = cli("simulate", "--workload", SMOKE, "--from-run", tmp_path, "--output", tmp_path / "a")
-    assert both.returncode == 2 and "exactly one of --workload and --from-run" in both.stderr
-    missing = cli("simulate", "--from-run", tmp_path / "nope", "--output", tmp_path / "b")
+    both = simulate_here("--workload", SMOKE, "--from-run", tmp_path, "--output", tmp_path / "a")
+    assert both.exit_code == 2 and "exactly one of --workload and --from-run" in both.stderr
+    missing = simulate_here("--from-run", tmp_path / "nope", "--output", tmp_path / "b")
     assert (
-        missing.returncode == 2 and "nope: not a directory (a run directory holds run.json)" in missing.stderr
+        missing.exit_code == 2 and "nope: not a directory (a run directory holds run.json)" in missing.stderr
     )
     assert not (tmp_path / "b").exists()
     (tmp_path / "empty").mkdir()
-    empty = cli("simulate", "--from-run", tmp_path / "empty", "--output", tmp_path / "b")
-    assert empty.returncode == 2 and "empty: no run.json (not a run directory?)" in empty.stderr
+    empty = simulate_here("--from-run", tmp_path / "empty", "--output", tmp_path / "b")
+    assert empty.exit_code == 2 and "empty: no run.json (not a run directory?)" in empty.stderr
     assert not (tmp_path / "b").exists()
     exists = tmp_path / "c"
     exists.mkdir()
-    refused = cli("simulate", "--workload", SMOKE, "--output", exists)
-    assert refused.returncode == 2 and list(exists.iterdir()) == []
-    bad_server = cli("simulate", "--workload", SMOKE, "--output", tmp_path / "d", "--server", "quantum")
-    assert bad_server.returncode == 2 and not (tmp_path / "d").exists()
+    refused = simulate_here("--workload", SMOKE, "--output", exists)
+    assert refused.exit_code == 2 and list(exists.iterdir()) == []
+    bad_server = simulate_here("--workload", SMOKE, "--output", tmp_path / "d", "--server", "quantum")
+    assert bad_server.exit_code == 2 and not (tmp_path / "d").exists()
 
 
 def test_client_cpu_blocked_time_is_exact(virtual_run: VirtualRun) -> None:
@@ -264,8 +262,7 @@ def test_overheads_add_to_every_turn_and_job(tmp_path: Path) -> None:
     problems = [tool_problem("a", model_ms=100, cpu_ms=50, turns=2)]  # 3 model turns, 2 jobs
     workload = write_workload(tmp_path / "w.jsonl", problems)
     out = tmp_path / "sim"
-    result = cli(
-        "simulate",
+    result = simulate_here(
         "--workload",
         workload,
         "--output",
@@ -275,12 +272,12 @@ def test_overheads_add_to_every_turn_and_job(tmp_path: Path) -> None:
         "--job-overhead-ms",
         "5",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     receipt, summary, _ = load_run(out)
     assert summary["makespan_s"] == pytest.approx(0.4 + 3 * 0.002 + 2 * 0.005)
     assert receipt["simulation"]["turn_overhead_ms"] == 2 and receipt["simulation"]["job_overhead_ms"] == 5
-    bad = cli("simulate", "--workload", workload, "--output", tmp_path / "x", "--job-overhead-ms", "-1")
-    assert bad.returncode == 2 and not (tmp_path / "x").exists()
+    bad = simulate_here("--workload", workload, "--output", tmp_path / "x", "--job-overhead-ms", "-1")
+    assert bad.exit_code == 2 and not (tmp_path / "x").exists()
 
 
 def test_a_summary_only_run_summarises_exactly_as_a_recorded_one(tmp_path: Path) -> None:
@@ -335,7 +332,7 @@ def test_synthetic_turns_decode_for_their_scripted_latency_on_the_batching_serve
     workload = synthetic.write(tmp_path / "w.jsonl", 4, 400.0, 300.0, seed=1)
     out = tmp_path / "sim"
     args = ("--server", "batching", "--max-active-trajectories", "1", "--max-inflight-model-requests", "1")
-    assert cli("simulate", "--workload", workload, "--output", out, *args).returncode == 0
+    assert simulate_here("--workload", workload, "--output", out, *args).exit_code == 0
     scripted = {
         p["id"]: [a["latency_ms"] / 1000 for a in p["script"]]
         for p in map(json.loads, workload.read_text().splitlines())
