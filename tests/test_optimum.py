@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncroll.simulation.optimum import Instance, Step, analytic_bound, instance_from_run, solve
-from tests.conftest import tool_problem, write_workload
+from tests.conftest import invoke, tool_problem, write_workload
 from tests.test_cli import cli
 
 
@@ -62,13 +62,13 @@ def test_optimum_of_a_recorded_run(tmp_path: Path) -> None:
     workload = write_workload(tmp_path / "w.jsonl", problems)
     run = tmp_path / "run"
     args = ["--workload", workload, "--output", run, "--max-active-trajectories", "4", "--cpu-workers", "1"]
-    assert cli("simulate", *args).returncode == 0
+    assert invoke("simulate", *args).exit_code == 0
     instance = instance_from_run(run)
     assert len(instance.chains) == 10
     assert [s.kind for s in instance.chains[0]] == ["model", "cpu", "model", "cpu", "model"]
     assert (instance.active, instance.workers) == (4, 1)
-    result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
-    assert result.returncode == 0, result.stderr
+    result = invoke("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     summary = json.loads((run / "summary.json").read_text())
     assert report["makespan_s"] == summary["makespan_s"]
@@ -78,22 +78,23 @@ def test_optimum_of_a_recorded_run(tmp_path: Path) -> None:
     assert report["status"] == "optimal"
     assert report["lower_bound_s"] == report["best_schedule_s"] == pytest.approx(1.12)
     assert report["analytic_bound_s"] < report["lower_bound_s"] < report["makespan_s"]
-    plain = cli("optimum", run, "--time-limit", "30", "--threads", "1")
+    plain = invoke("optimum", run, "--time-limit", "30", "--threads", "1")
     assert "proven lower bound" in plain.stdout and "makespan ÷ best schedule" in plain.stdout
 
 
 def test_optimum_refuses_what_is_not_a_run(tmp_path: Path) -> None:
-    result = cli("optimum", tmp_path)
-    assert result.returncode == 2
+    result = invoke("optimum", tmp_path)
+    assert result.exit_code == 2
     assert "no summary.json nor a readable run.json (not a run directory?)" in result.stderr
-    result = cli("optimum", tmp_path / "missing")
-    assert result.returncode == 2 and "not a directory" in result.stderr
+    result = invoke("optimum", tmp_path / "missing")
+    assert result.exit_code == 2 and "not a directory" in result.stderr
 
 
 @pytest.mark.timeout(120)
 def test_optimum_of_a_real_run_is_below_its_makespan(tmp_path: Path) -> None:
     # Real worker processes sleeping, scripted model latencies: the run's own schedule is one the solver
-    # may choose, so the proven optimum can only be at or below the measured makespan.
+    # may choose, so the proven optimum can only be at or below the measured makespan. (The real
+    # commands, as a user runs them; the other tests run ``simulate`` and ``optimum`` in this process.)
     problems = [
         tool_problem(f"p{i}", model_ms=20 + 10 * (i % 2), cpu_ms=(15, 60, 30)[i % 3], turns=2)
         for i in range(6)
@@ -119,27 +120,29 @@ def test_optimum_reports_damage_clearly_and_never_a_schedule_below_its_bound(tmp
     workload = write_workload(tmp_path / "w.jsonl", problems)
     run = tmp_path / "run"
     assert (
-        cli("simulate", "--workload", workload, "--output", run, "--max-active-trajectories", "2").returncode
+        invoke(
+            "simulate", "--workload", workload, "--output", run, "--max-active-trajectories", "2"
+        ).exit_code
         == 0
     )
-    result = cli("optimum", run, "--time-limit", "20", "--threads", "1", "--json")
-    assert result.returncode == 0, result.stderr
+    result = invoke("optimum", run, "--time-limit", "20", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["best_schedule_s"] >= report["lower_bound_s"] >= report["analytic_bound_s"] - 1e-9
     assert report["lower_bound_s"] <= report["makespan_s"]
-    nan = cli("optimum", run, "--time-limit", "nan")
-    assert nan.returncode == 2 and "finite" in nan.stderr
+    nan = invoke("optimum", run, "--time-limit", "nan")
+    assert nan.exit_code == 2 and "finite" in nan.stderr
     receipt = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**receipt, "status": "interrupted"}))
-    warned = cli("optimum", run, "--time-limit", "5", "--threads", "1")
-    assert warned.returncode == 0 and "warning: the run ended interrupted" in warned.stderr
+    warned = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
+    assert warned.exit_code == 0 and "warning: the run ended interrupted" in warned.stderr
     events = (run / "events.jsonl").read_text().splitlines()
     (run / "events.jsonl").write_text("\n".join([events[0], "[1, 2]", *events[1:]]) + "\n")
-    damaged = cli("optimum", run)
-    assert damaged.returncode == 2 and "events.jsonl line 2: not a JSON object" in damaged.stderr
+    damaged = invoke("optimum", run)
+    assert damaged.exit_code == 2 and "events.jsonl line 2: not a JSON object" in damaged.stderr
     (run / "summary.json").write_text("{}")
-    empty = cli("optimum", run)
-    assert empty.returncode == 2 and "summary.json: not an asyncroll summary" in empty.stderr
+    empty = invoke("optimum", run)
+    assert empty.exit_code == 2 and "summary.json: not an asyncroll summary" in empty.stderr
 
 
 @pytest.mark.timeout(120)
@@ -160,11 +163,11 @@ def test_the_runs_own_schedule_seeds_the_solver(tmp_path: Path) -> None:
         "--policy",
         "asyncroll",
     ]
-    assert cli("simulate", *args).returncode == 0
+    assert invoke("simulate", *args).exit_code == 0
     instance = instance_from_run(run)
     assert instance.begins is not None and all(s.start is not None for c in instance.chains for s in c)
-    result = cli("optimum", run, "--time-limit", "1", "--threads", "1", "--json")
-    assert result.returncode == 0, result.stderr
+    result = invoke("optimum", run, "--time-limit", "1", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["status"] in ("feasible", "optimal")
     assert report["lower_bound_s"] <= report["best_schedule_s"] <= report["makespan_s"]
@@ -181,8 +184,8 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     workload = write_workload(tmp_path / "w.jsonl", problems)
     run = tmp_path / "run"
     args = ["--workload", workload, "--output", run, "--max-active-trajectories", "3", "--cpu-workers", "1"]
-    assert cli("simulate", *args).returncode == 0
-    complete = json.loads(cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json").stdout)
+    assert invoke("simulate", *args).exit_code == 0
+    complete = json.loads(invoke("optimum", run, "--time-limit", "30", "--threads", "1", "--json").stdout)
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").unlink()
     receipt = json.loads((run / "run.json").read_text())
@@ -191,8 +194,8 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     events = (run / "events.jsonl").read_text().splitlines()
     (run / "events.jsonl").write_text("\n".join(events) + "\n" + events[-1][:10])
 
-    result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
-    assert result.returncode == 0, result.stderr
+    result = invoke("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.stderr
     assert "warning: the run never finished" in result.stderr
     report = json.loads(result.stdout)
     assert report["trajectories"] == 6
@@ -203,19 +206,19 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     assert any("makespan is unknown" in note for note in report["notes"])
     assert any("cut short" in note for note in report["notes"])
     assert complete["notes"] == []
-    plain = cli("optimum", run, "--time-limit", "30", "--threads", "1")
-    assert plain.returncode == 0 and "makespan n/a" in plain.stdout
+    plain = invoke("optimum", run, "--time-limit", "30", "--threads", "1")
+    assert plain.exit_code == 0 and "makespan n/a" in plain.stdout
     assert "note: the run stopped before it wrote summary.json" in plain.stdout
 
     # without measurement_started, the limits come from run.json's config
     (run / "events.jsonl").write_text("\n".join(e for e in events if "measurement_started" not in e) + "\n")
-    result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
-    assert result.returncode == 0, result.stderr
+    result = invoke("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["limits"]["cpu_workers"] == 1
     # a complete run that lost its summary.json is damaged, not solved
     (run / "run.json").write_text(json.dumps({**receipt, "status": "complete"}))
-    damaged = cli("optimum", run)
-    assert damaged.returncode == 2 and "the run is complete but its summary.json is missing" in damaged.stderr
+    damaged = invoke("optimum", run)
+    assert damaged.exit_code == 2 and "the run is complete but its summary.json is missing" in damaged.stderr
 
 
 def test_the_proven_bound_is_never_below_the_runs_own_analytic_bound() -> None:
