@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.serve_sim.config import FaultConfig, SimConfig
 from asyncroll.serve_sim.server import RunningSim, serve_in_thread
+from tests.conftest import invoke
 
 FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
 TOOL_SCHEMA: dict[str, Any] = {
@@ -403,8 +403,13 @@ def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_cli_refuses_bad_settings() -> None:
-    env = {**os.environ}
+def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked in this process, with the server replaced by a recorder: a setting let through would be
+    seen, never served (the real command: test_cli_subprocess_prints_the_port_and_stops_on_sigterm)."""
+    import asyncroll.serve_sim.server as server_module
+
+    served: list[SimConfig] = []
+    monkeypatch.setattr(server_module, "serve_forever", lambda sim, *_a, **_k: served.append(sim) or 0)
     for args, needle in (
         (["--rate-429", "2"], "--rate-429 must be in [0, 1]"),
         (["--invalid-action-rate", "0.5"], "needs --no-enforce-schema"),
@@ -416,15 +421,10 @@ def test_cli_refuses_bad_settings() -> None:
         (["--retry-after", "-inf"], "--retry-after must be a finite number"),
         (["--chars-per-token", "nan"], "--chars-per-token must be a finite number"),
     ):
-        result = subprocess.run(
-            [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0", *args],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            env=env,
-        )
-        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        result = invoke("serve-sim", "--port", "0", *args)
+        assert result.exit_code == 2 and not served, (args, result.output)
         assert needle in result.stderr
+    assert invoke("serve-sim", "--port", "0").exit_code == 0 and len(served) == 1  # the recorder works
 
 
 # --- the same server model behind two front ends: simulate --server batching and serve-sim -------------
