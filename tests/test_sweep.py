@@ -100,25 +100,25 @@ def test_sweep_writes_every_cell_with_paired_comparisons(tmp_path: Path) -> None
 
 
 def test_sweep_refuses_bad_lists_and_workloads(tmp_path: Path) -> None:
-    missing = cli("simulate", "--sweep", "--workload", tmp_path / "nope.jsonl", "--output", tmp_path / "m")
-    assert missing.returncode == 2 and "cannot read" in missing.stderr and not (tmp_path / "m").exists()
-    bad = cli("simulate", "--sweep", "--workload", SMOKE, "--output", tmp_path / "s", "--active", "2,x")
-    assert bad.returncode == 2 and "--active" in bad.stderr and not (tmp_path / "s").exists()
-    policy = cli(
-        "simulate", "--sweep", "--workload", SMOKE, "--output", tmp_path / "t", "--policies", "fifo,lifo"
+    missing = simulate_here("--sweep", "--workload", tmp_path / "nope.jsonl", "--output", tmp_path / "m")
+    assert missing.exit_code == 2 and "cannot read" in missing.stderr and not (tmp_path / "m").exists()
+    bad = simulate_here("--sweep", "--workload", SMOKE, "--output", tmp_path / "s", "--active", "2,x")
+    assert bad.exit_code == 2 and "--active" in bad.stderr and not (tmp_path / "s").exists()
+    policy = simulate_here(
+        "--sweep", "--workload", SMOKE, "--output", tmp_path / "t", "--policies", "fifo,lifo"
     )
-    assert policy.returncode == 2 and not (tmp_path / "t").exists()
-    jobs = cli("simulate", "--sweep", "--workload", SMOKE, "--output", tmp_path / "j", "--jobs", "-1")
-    assert jobs.returncode == 2 and "--jobs" in jobs.stderr and not (tmp_path / "j").exists()
+    assert policy.exit_code == 2 and not (tmp_path / "t").exists()
+    jobs = simulate_here("--sweep", "--workload", SMOKE, "--output", tmp_path / "j", "--jobs", "-1")
+    assert jobs.exit_code == 2 and "--jobs" in jobs.stderr and not (tmp_path / "j").exists()
 
 
 def test_options_of_one_mode_are_refused_outside_it(tmp_path: Path) -> None:
     """A sweep option without --sweep, or a batching-server option with the fixed-latency server, would
     be silently ignored: it is an error that names the options, and nothing runs."""
-    single = cli("simulate", "--workload", SMOKE, "--output", tmp_path / "a", "--seeds", "3", "--jobs", "2")
-    assert single.returncode == 2 and "--seeds, --jobs apply only with --sweep" in single.stderr
-    fixed = cli("simulate", "--workload", SMOKE, "--output", tmp_path / "b", "--max-num-seqs", "8")
-    assert fixed.returncode == 2 and "--max-num-seqs applies only with --server batching" in fixed.stderr
+    single = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--seeds", "3", "--jobs", "2")
+    assert single.exit_code == 2 and "--seeds, --jobs apply only with --sweep" in single.stderr
+    fixed = simulate_here("--workload", SMOKE, "--output", tmp_path / "b", "--max-num-seqs", "8")
+    assert fixed.exit_code == 2 and "--max-num-seqs applies only with --server batching" in fixed.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -202,27 +202,31 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(120)
-def test_a_sweep_in_worker_processes_gives_the_same_rows_in_the_same_order(tmp_path: Path) -> None:
+def test_a_sweep_in_worker_processes_gives_the_same_rows_in_the_same_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``jobs`` only spreads cells over fresh processes: every row — the pressure rule's learned state,
-    a custom (pickled) oracle arm, the paired seeds — is the same as in one process. (Each sweep runs in
-    its own interpreter: a process pool leaves multiprocessing's resource tracker running until its
-    parent exits.)"""
+    a custom (pickled) oracle arm, the paired seeds — is the same as in one process. (The sweep with a
+    pool runs in its own interpreter: a process pool leaves multiprocessing's resource tracker running
+    until its parent exits; ``jobs`` 1 uses no pool and runs the same script in this process.)"""
+    import runpy
+
     from bench import oracle_map
 
     script = tmp_path / "parallel.py"
     script.write_text(PARALLEL)
-    tables = []
-    for jobs in (1, 2):
-        done = subprocess.run(
-            [sys.executable, str(script), str(tmp_path), str(jobs)],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            timeout=100,
-        )
-        assert done.returncode == 0, done.stderr
-        tables.append((tmp_path / f"jobs{jobs}" / "sweep.csv").read_text())
+    monkeypatch.setattr(sys, "argv", [str(script), str(tmp_path), "1"])
+    runpy.run_path(str(script), run_name="__main__")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "2"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stderr
+    tables = [(tmp_path / f"jobs{jobs}" / "sweep.csv").read_text() for jobs in (1, 2)]
     assert tables[0] == tables[1]
     rows = list(csv.DictReader(tables[0].splitlines()))
     assert len(rows) == 2 * (2 + len(oracle_map.ARMS)) * 2
