@@ -23,6 +23,7 @@ from asyncroll.experiment.plan import build_plan, pair_order
 from asyncroll.experiment.report import aggregate, markdown
 from asyncroll.experiment.server import startup_evidence
 from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval, t_ppf
+from tests.conftest import invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "serve_sim_smoke.json"
@@ -267,8 +268,8 @@ def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
     assert read(tmp_path / "r2" / "aggregate.json") == agg
     # written again without --figure: the report's own files are replaced, the old figure removed
     (tmp_path / "r" / "notes.txt").write_text("mine")
-    redone = cli("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r")
-    assert redone.returncode == 0, redone.stderr
+    redone = invoke("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r")
+    assert redone.exit_code == 0, redone.stderr
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["REPORT.md", "aggregate.json", "notes.txt"]
     assert "figure.png" not in (tmp_path / "r" / "REPORT.md").read_text()
 
@@ -302,8 +303,8 @@ def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
         },
     )
     out = tmp_path / "out"
-    done = cli("experiment", "run", "--config", config, "--output", out)
-    assert done.returncode == 1, done.stdout + done.stderr
+    done = invoke("experiment", "run", "--config", config, "--output", out)
+    assert done.exit_code == 1, done.stdout + done.stderr
     assert "failed arms kept and reported: pair1-fifo, pair1-asyncroll" in done.stderr
     # the console shows the cause from the log tail, not only "…; log tail:"
     assert "[pair1-fifo] failed: server exited with code 3 before it was ready: boom" in done.stdout
@@ -317,22 +318,22 @@ def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
     comparison = read(out / "comparison.json")
     assert len(comparison["failed_arms"]) == 2 and comparison["pairs"][0]["complete"] is False
     # resume: nothing is retried
-    again = cli("experiment", "run", "--config", config, "--output", out, "--resume")
-    assert again.returncode == 1 and "0 unfinished arm(s)" in again.stdout
+    again = invoke("experiment", "run", "--config", config, "--output", out, "--resume")
+    assert again.exit_code == 1 and "0 unfinished arm(s)" in again.stdout
     assert read(out / "arms" / "pair1-fifo" / "arm.json") == read(out / "arms" / "pair1-fifo" / "arm.json")
     # a changed protocol refuses to resume, naming what changed
     changed = write_config(
         tmp_path,
         **{"server.command": ["{python}", "-c", "import sys; sys.exit(3)"], "stages": {}, "pairs": 1},
     )
-    refused = cli("experiment", "run", "--config", changed, "--output", out, "--resume")
-    assert refused.returncode == 2 and "protocol changed" in refused.stderr and "config:" in refused.stderr
+    refused = invoke("experiment", "run", "--config", changed, "--output", out, "--resume")
+    assert refused.exit_code == 2 and "protocol changed" in refused.stderr and "config:" in refused.stderr
     # without --resume an existing experiment is never overwritten
-    exists = cli("experiment", "run", "--config", config, "--output", out)
-    assert exists.returncode == 2 and "--resume" in exists.stderr
+    exists = invoke("experiment", "run", "--config", config, "--output", out)
+    assert exists.exit_code == 2 and "--resume" in exists.stderr
     # the report of an experiment without a complete pair says unknown, and still draws the figure
-    rep = cli("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r", "--figure")
-    assert rep.returncode == 0, rep.stderr
+    rep = invoke("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r", "--figure")
+    assert rep.exit_code == 0, rep.stderr
     text = (tmp_path / "r" / "REPORT.md").read_text()
     assert "unknown (no pair with a known value)" in text
     assert "- `pair1-fifo`: server exited with code 3 before it was ready: boom" in text
@@ -342,11 +343,11 @@ def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
 def test_declared_gpu_is_checked_before_the_server_starts(tmp_path: Path) -> None:
     config = write_config(tmp_path, gpu={"index": 0, "name_contains": "H100"}, stages={}, pairs=1)
     out = tmp_path / "out"
-    done = cli("experiment", "run", "--config", config, "--output", out)
+    done = invoke("experiment", "run", "--config", config, "--output", out)
     arm = read(out / "arms" / "pair1-fifo" / "arm.json")
     if arm["status"] == "failed":  # a machine without that idle GPU
         assert arm["failed_step"] == "checking_gpu" and "GPU 0" in arm["error"]
-        assert "server" not in arm and done.returncode == 1
+        assert "server" not in arm and done.exit_code == 1
     else:  # an idle H100 really is here
         assert arm["gpu"]["checked"] and "H100" in arm["gpu"]["name"]
     kill_recorded(out)
@@ -355,23 +356,23 @@ def test_declared_gpu_is_checked_before_the_server_starts(tmp_path: Path) -> Non
 @pytest.mark.timeout(30)
 def test_workload_sha256_mismatch_refuses_before_anything_starts(tmp_path: Path) -> None:
     config = write_config(tmp_path, **{"workload.sha256": "0" * 64})
-    done = cli("experiment", "run", "--config", config, "--output", tmp_path / "out")
-    assert done.returncode == 2 and "is not the config's workload.sha256" in done.stderr
+    done = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    assert done.exit_code == 2 and "is not the config's workload.sha256" in done.stderr
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.timeout(30)
 def test_config_errors_name_the_field(tmp_path: Path) -> None:
     config = write_config(tmp_path, **{"client.max_active_trajectories": 0, "pairs": "two"})
-    done = cli("experiment", "plan", "--config", config)
-    assert done.returncode == 2
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2
     assert (
         f"{config}: client.max_active_trajectories: Input should be greater than or equal to 1" in done.stderr
     )
     assert f"{config}: pairs: Input should be a valid integer" in done.stderr
     config = write_config(tmp_path, **{"server.command": ["serve", "{nope}"], "baseline": "zzz"})
-    done = cli("experiment", "plan", "--config", config)
-    assert done.returncode == 2
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2
     assert "unknown placeholder(s) ['nope']" in done.stderr and "baseline: 'zzz' is not an arm" in done.stderr
 
 
@@ -730,16 +731,16 @@ def test_a_failed_stage_stops_the_experiment_before_the_comparison(tmp_path: Pat
         },
     )
     out = tmp_path / "out"
-    done = cli("experiment", "run", "--config", config, "--output", out)
-    assert done.returncode == 1 and "stage qualification failed its gate" in done.stderr
+    done = invoke("experiment", "run", "--config", config, "--output", out)
+    assert done.exit_code == 1 and "stage qualification failed its gate" in done.stderr
     exp = read(out / "experiment.json")
     assert exp["status"] == "stopped" and exp["stages"]["qualification"]["status"] == "failed"
     assert exp["stages"]["qualification"]["failed_arms"] == ["qualification-1-fifo"]
     assert exp["stages"]["comparison"]["status"] == "pending"
     assert {k for k, v in exp["arms"].items() if v["status"] != "pending"} == {"qualification-1-fifo"}
     assert not (out / "arms" / "pair1-fifo").exists()
-    again = cli("experiment", "run", "--config", config, "--output", out, "--resume")
-    assert again.returncode == 1 and "stopped earlier at qualification" in again.stderr
+    again = invoke("experiment", "run", "--config", config, "--output", out, "--resume")
+    assert again.exit_code == 1 and "stopped earlier at qualification" in again.stderr
 
 
 def test_gates_fail_on_unknown_and_on_the_threshold() -> None:
@@ -807,8 +808,8 @@ def test_a_receipt_write_that_fails_after_an_arm_finished_never_loses_the_arm(
         first = read(out / "experiment.json")["arms"]["pair1-fifo"]
         assert first["status"] == "complete", (when, first)
         assert read(out / "arms" / "pair1-fifo" / "arm.json")["status"] == "complete"
-        resumed = cli("experiment", "run", "--config", config, "--output", out, "--resume", timeout=150)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        resumed = invoke("experiment", "run", "--config", config, "--output", out, "--resume")
+        assert resumed.exit_code == 0, resumed.stdout + resumed.stderr
         arms = read(out / "experiment.json")["arms"]
         assert {k: v["status"] for k, v in arms.items()} == {
             "pair1-fifo": "complete",
