@@ -151,7 +151,7 @@ def test_loader_rejects_broken_one_repair_problems(tmp_path: Path, change: Any, 
 @pytest.mark.timeout(180)
 def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     """The scripted example end to end: real workers, the real sandboxed evaluator, one repair each."""
-    from tests.conftest import REPO
+    from tests.conftest import REPO, invoke
     from tests.test_cli import cli
 
     workload = REPO / "examples" / "livecodebench" / "workload.jsonl"
@@ -183,8 +183,8 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     assert sandbox["weak"] is False and sandbox["layers"]["unprivileged_uid"]["active"] is True
     # Replaying the run in simulation repairs exactly where the run did, with no code executed.
     replay = tmp_path / "replay"
-    result = cli("simulate", "--from-run", out, "--output", replay, "--policy", "fifo", timeout=120)
-    assert result.returncode == 0, result.stderr
+    replayed_run = invoke("simulate", "--from-run", out, "--output", replay, "--policy", "fifo")
+    assert replayed_run.exit_code == 0, replayed_run.output
     replayed = _results(replay)
     assert {k: (r["generations"], r["passed"]) for k, r in replayed.items()} == {
         k: (r["generations"], r["passed"]) for k, r in rows.items()

@@ -330,8 +330,8 @@ def test_a_replay_of_a_real_run_takes_its_measured_replacement_start_ups(tmp_pat
     measured = _replacement_startups(real)
     assert len(measured) == 2 and all(s > 0 for s in measured)
     replay = tmp_path / "replay"
-    result = cli("simulate", "--from-run", real, "--output", replay)
-    assert result.returncode == 0, result.stderr
+    replayed = simulate_here("--from-run", real, "--output", replay)  # in this process: no workers
+    assert replayed.exit_code == 0, replayed.output
     assert _replacement_startups(replay) == measured
     _, real_summary, _ = load_run(real)
     _, summary, _ = load_run(replay)
