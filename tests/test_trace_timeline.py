@@ -37,7 +37,7 @@ from asyncroll.outputs import trace as trace_export
 from asyncroll.outputs.spool import Spool
 from asyncroll.outputs.timeline import timeline_data, write_timeline
 from asyncroll.outputs.trace import write_trace
-from tests.conftest import REPO, tool_problem, write_workload
+from tests.conftest import REPO, invoke, tool_problem, write_workload
 
 DATA_RE = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
 
@@ -646,23 +646,24 @@ def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -
         page_data((run / "timeline.html").read_text())["spans"]
         == page_data((smoke_run / "timeline.html").read_text())["spans"]
     )
-    missing = cli("timeline", tmp_path / "nope")
-    assert missing.returncode == 2 and "nope: not a directory" in missing.stderr
+    # the refusals and the regenerations below in this process (the real command: above)
+    missing = invoke("timeline", tmp_path / "nope")
+    assert missing.exit_code == 2 and "nope: not a directory" in missing.stderr
     (tmp_path / "empty").mkdir()
-    empty = cli("timeline", tmp_path / "empty")
-    assert empty.returncode == 2 and "no events.jsonl" in empty.stderr
+    empty = invoke("timeline", tmp_path / "empty")
+    assert empty.exit_code == 2 and "no events.jsonl" in empty.stderr
     # a receipt that says running, of a process that is alive (this one): the run's own exports will
     # follow, so none are written under it; once that process is gone (killed outright), they are
     receipt = json.loads((run / "run.json").read_text())
     receipt.update(status="running", pid=os.getpid())
     (run / "run.json").write_text(json.dumps(receipt))
-    going = cli("timeline", run)
-    assert going.returncode == 2 and "the run is still going" in going.stderr
+    going = invoke("timeline", run)
+    assert going.exit_code == 2 and "the run is still going" in going.stderr
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     (run / "run.json").write_text(json.dumps({**receipt, "pid": int(dead.stdout)}))
-    assert cli("timeline", run).returncode == 0
+    assert invoke("timeline", run).exit_code == 0
     status = dict(page_data((run / "timeline.html").read_text())["header"])["status"]
     assert "(run.json never finalised: its process ended without a word (killed?))" in status
 
