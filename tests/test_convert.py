@@ -30,7 +30,7 @@ from asyncroll.convert.selection import rank_key, select
 from asyncroll.convert.toolmath import convert_toolmath
 from asyncroll.errors import UsageError
 from asyncroll.workload import Problem, ToolAction, iter_problems, scan_workload
-from tests.conftest import REPO
+from tests.conftest import REPO, invoke
 
 FIXTURES = REPO / "tests" / "fixtures" / "convert"
 TM_SAMPLE = FIXTURES / "toolmath_ToolMATH_sample.json"
@@ -193,10 +193,10 @@ def test_toolmath_sample_with_one_tool_per_problem_and_cli_validate(tmp_path: Pa
     assert result.returncode == 0, result.stderr
     assert f"{out}: 3 of 3 problems (3 tool records), seed 0; run with --tool-root" in result.stdout
     assert sorted(p["id"] for p in lines(out)) == ["toolmath-0", "toolmath-1", "toolmath-2"]
-    check = cli("validate", out, "--tool-root", TM_EXAMPLE, "--backend", "openai")
-    assert check.returncode == 0, check.stderr
+    check = invoke("validate", out, "--tool-root", TM_EXAMPLE, "--backend", "openai")
+    assert check.exit_code == 0, check.stderr
     answered = tmp_path / "answered.jsonl"
-    result = cli(
+    result = invoke(
         "convert-toolmath",
         "--source",
         TM_SAMPLE,
@@ -210,7 +210,7 @@ def test_toolmath_sample_with_one_tool_per_problem_and_cli_validate(tmp_path: Pa
         "--seed",
         "3",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert f"{answered}: 2 of 3 problems (3 tool records), seed 3" in result.stdout
     problems = lines(answered)
     assert [p["metadata"]["sample_seed"] for p in problems] == [3, 3]
@@ -366,11 +366,11 @@ def test_toolmath_file_level_errors(tmp_path: Path) -> None:
 @real_process
 def test_toolmath_cli_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
     out = tmp_path / "w.jsonl"
-    result = cli("convert-toolmath", "--source", TM_SAMPLE, "--functions-dir", tmp_path, "--output", out)
-    assert result.returncode == 2
+    result = invoke("convert-toolmath", "--source", TM_SAMPLE, "--functions-dir", tmp_path, "--output", out)
+    assert result.exit_code == 2
     assert "error: " in result.stderr and "'ao5wa0.py' not found in --functions-dir" in result.stderr
     assert not out.exists()
-    result = cli(
+    result = invoke(
         "convert-toolmath",
         "--source",
         TM_SAMPLE,
@@ -381,7 +381,7 @@ def test_toolmath_cli_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
         "--limit",
         "-1",
     )
-    assert result.returncode == 2 and "--limit must be a positive integer, got -1" in result.stderr
+    assert result.exit_code == 2 and "--limit must be a positive integer, got -1" in result.stderr
     assert not out.exists()
 
 
@@ -727,23 +727,23 @@ def test_lcb_file_level_errors(tmp_path: Path) -> None:
 def test_lcb_cli_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
     out = tmp_path / "w.jsonl"
     source = write_jsonl(tmp_path / "rows.jsonl", [_row(), _row()])
-    result = cli("convert-livecodebench", "--source", source, "--output", out)
-    assert result.returncode == 2 and "duplicate id '1873_A'" in result.stderr
-    result = cli("convert-livecodebench", "--source", LCB_ROW, "--output", LCB_ROW)
-    assert result.returncode == 2 and "is the source file" in result.stderr
+    result = invoke("convert-livecodebench", "--source", source, "--output", out)
+    assert result.exit_code == 2 and "duplicate id '1873_A'" in result.stderr
+    result = invoke("convert-livecodebench", "--source", LCB_ROW, "--output", LCB_ROW)
+    assert result.exit_code == 2 and "is the source file" in result.stderr
     assert not out.exists()
 
 
 def _only_pending_complaints(workload: Path, backend: str) -> None:
     """The loader may refuse only what has not landed yet (``lcb_evaluate``, the one-repair protocol)."""
-    result = cli("validate", workload, "--backend", backend)
+    result = invoke("validate", workload, "--backend", backend)
     complaints = [
         line
         for line in result.stderr.splitlines()
         if line.startswith(f"{workload}:") and not line.endswith(" lines")
     ]
     assert all("not available yet" in c for c in complaints), complaints
-    assert (result.returncode == 0) == (not complaints), result.stderr
+    assert (result.exit_code == 0) == (not complaints), result.stderr
 
 
 @real_process
