@@ -1,4 +1,6 @@
-"""The command line as a user meets it: real subprocesses, real worker processes, real files, real signals."""
+"""The command line as a user meets it: real subprocesses, real worker processes, real files, real signals.
+What is settled before a run starts (refusals, aliases, warnings) is checked in this process
+(``run_in_process``, ``invoke``): an interpreter of its own would only repeat the imports."""
 
 from __future__ import annotations
 
