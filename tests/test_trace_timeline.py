@@ -390,6 +390,24 @@ def test_timeline_downsamples_large_runs(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(merged) == len({(c[0], c[3]) for c in bars}) < len(bars)
     assert any(n.startswith("Down-sampled:") for n in data["notes"])
     assert data["notes"][0] == f"9 of {data['total_spans']} spans drawn individually."
+    assert "Trajectory spans and failed/incomplete spans stay exact." in data["notes"][1]
+
+
+def test_the_downsampling_note_says_what_was_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the limit even trajectory spans and failed ones are merged: the note must not call them exact;
+    a thinned counter line is named."""
+    monkeypatch.setattr(timeline, "MAX_SPANS", 2)  # 7 trajectory spans: over the limit on their own
+    monkeypatch.setattr(timeline, "MAX_COUNTER_POINTS", 4)
+    events = [e for i in range(6) for e in trajectory(f"t{i}", i, 0.2 * i, worker=i % 2)]
+    data = timeline_data(make_run(tmp_path, [*events, *timeout_events()]))
+    cats = [data["cats"][s[3]] for s in data["spans"]]
+    assert len(cats) == 2  # 2 of the 3 failed spans (a trajectory, its job's two), up to the limit
+    merged = {data["cats"][c[3]] for c in data["bars"]}
+    assert "trajectory" in merged and any(data["states"][c[4]] != "ok" for c in data["bars"])
+    note = next(n for n in data["notes"] if n.startswith("Down-sampled:"))
+    assert "Trajectory spans are in them too; failed/incomplete spans stay exact (the first 2; 1 more" in note
+    thinned = next(n for n in data["notes"] if n.startswith("Counters thinned"))
+    assert "CPU queue depth (" in thinned and "model requests outstanding (" in thinned
 
 
 NODE_HARNESS = r"""

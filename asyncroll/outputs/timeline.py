@@ -5,10 +5,11 @@ anything) so it can be mailed or archived with the run. It draws the same spans 
 from :func:`asyncroll.outputs.activity.collect_activity`) on a ``<canvas>`` with wheel zoom and drag pan. The
 data sits in a ``<script type="application/json">`` block with ``<``, ``>`` and ``&`` escaped, so no value
 (a trajectory id such as ``</script>``) can end the block early. Large runs are down-sampled, never silently
-truncated: past ``MAX_SPANS`` the trajectory spans and failed/incomplete spans stay individual, the rest are
-merged per row into bars (spans closer than about a pixel at full view), and the page says how many spans it
-drew individually of how many. A telemetry counter's line is broken wherever its samples were null (the
-page never holds the last good value across a gap), and the telemetry section lists those gaps.
+truncated: past ``MAX_SPANS`` the trajectory spans (unless they alone are too many) and failed/incomplete
+spans (up to that limit) stay individual, the rest are merged per row into bars (spans closer than about a
+pixel at full view); long counter lines keep each bucket's maximum and last value; the page says what stayed
+exact and what was merged or thinned. A telemetry counter's line is broken wherever its samples were null
+(the page never holds the last good value across a gap), and the telemetry section lists those gaps.
 """
 
 from __future__ import annotations
@@ -357,6 +358,7 @@ def timeline_data(
     spans: list[Span] = []
     bad: list[Span] = []
     rest = _Rest(index)
+    own_row, bad_merged = True, 0
     if len(a.spans) <= MAX_SPANS:
         spans = list(a.spans)
     else:
@@ -368,6 +370,7 @@ def timeline_data(
             elif s.state != "ok" and len(bad) < room:
                 bad.append(s)
             else:
+                bad_merged += s.state != "ok"
                 rest.add(s)
         spans += bad
     gap = max(a.t_max - t0, 1e-6) / BUCKETS
@@ -376,11 +379,19 @@ def timeline_data(
     instants = _instants(a)
     notes = [f"{len(spans):,} of {len(a.spans):,} spans drawn individually."]
     if rest.count:
+        exact = "Trajectory spans and failed" if own_row else "Trajectory spans are in them too; failed"
+        more = f" (the first {len(bad):,}; {bad_merged:,} more merged into the bars)" if bad_merged else ""
         notes.append(
             f"Down-sampled: the other {rest.count:,} spans are merged into {len(bars):,} bars (same row and"
-            f" kind, gaps under {gap * 1e3:.3g} ms; shade = share of the bar busy). Trajectory spans and"
-            " failed/incomplete spans stay exact."
+            f" kind, gaps under {gap * 1e3:.3g} ms; shade = share of the bar busy). {exact}/incomplete"
+            f" spans stay exact{more}."
         )
+    labels = {k: COUNTER_LABELS.get(k) or RESOURCE_LABELS[k] for k in a.counters}
+    thinned = [
+        f"{labels[k]} ({len(v):,} points)" for k, v in a.counters.items() if len(v) > MAX_COUNTER_POINTS
+    ]
+    if thinned:
+        notes.append(f"Counters thinned to each bucket's maximum and last value: {', '.join(thinned)}.")
     if per > 1:
         notes.append(f"{len(a.trajectories):,} trajectories: {per} per row, in order of start.")
     if len(instants) < len(a.instants):
@@ -418,9 +429,7 @@ def timeline_data(
             [index[s.track], round((s.start - t0) * 1e6), s_id(s.cat), STATES.index(s.state), s_id(s.label)]
             for s in instants
         ],
-        "counters": [
-            [COUNTER_LABELS.get(k) or RESOURCE_LABELS[k], _thin(v, t0)] for k, v in a.counters.items() if v
-        ],
+        "counters": [[labels[k], _thin(v, t0)] for k, v in a.counters.items() if v],
         "strings": list(strings),
         "total_spans": len(a.spans),
     }
