@@ -158,6 +158,10 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://"],
             "--endpoint 'http://': names no host",
         ),
+        (  # click kept the last one silently: a user expecting routing across servers got one server
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://a:1", "--endpoint", "http://b:2"],
+            "--endpoint given 2 times: a run sends every request to one server",
+        ),
     ],
 )
 def test_invalid_settings_are_refused_before_anything_starts(

@@ -21,7 +21,11 @@ def run(
     ] = None,
     model: Annotated[str | None, Opt(help="Model name (HTTP backends).")] = None,
     endpoint: Annotated[
-        str | None, Opt(help="HTTP backends: server URL (default http://localhost:8000).")
+        list[str] | None,
+        Opt(
+            metavar="<str>",
+            help="HTTP backends: server URL (default http://localhost:8000); one server per run.",
+        ),
     ] = None,
     limit: Annotated[
         int | None, Opt(help="Run only the first N problems (only those lines are validated).")
@@ -173,6 +177,14 @@ def run(
 ) -> None:
     """Run a workload: writes run.json, events, results, summary.json, trace.json and timeline.html."""
     flags = {k: v for k, v in locals().items() if k != "config" and v is not None}
+    if endpoint and len(endpoint) > 1:  # click would keep the last one silently
+        raise fail(
+            f"--endpoint given {len(endpoint)} times: a run sends every request to one server (routing "
+            "across several endpoints is not implemented); run one client per server instead"
+        )
+    flags.pop("endpoint", None)
+    if endpoint:
+        flags["endpoint"] = endpoint[0]
     from asyncroll.config import build_config, config_file_origins, load_config_file
     from asyncroll.errors import UsageError
 
