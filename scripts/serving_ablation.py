@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from asyncroll.backends.openai import MAX_RESPONSE_BYTES
+from asyncroll.backends.exchange import MAX_RESPONSE_BYTES
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 
 

@@ -922,7 +922,7 @@ def test_a_slow_reply_times_out_inside_httpx_and_never_locks_the_pool(tmp_path: 
     (encode/httpcore#1093), and a pool limited to the inflight limit then locked up — every later
     request timed out against a healthy server. The pool has no limit of its own (the model gate is the
     limit); the whole-request deadline, a little later, only ends a server that trickles bytes."""
-    from asyncroll.backends.openai import request_deadline_s
+    from asyncroll.http_read import request_deadline_s
 
     assert request_deadline_s(0.3) == 1.3 and request_deadline_s(120) == 132
     with FakeOpenAI([completion(FINAL)], delays=[2.0]) as server:
@@ -1415,9 +1415,9 @@ def test_hostile_replies_fail_only_their_own_request(tmp_path: Path, monkeypatch
     its own request's failure or missing number, and the run goes on."""
     import gzip
 
-    import asyncroll.backends.openai as openai_backend
+    import asyncroll.backends.exchange as exchange
 
-    monkeypatch.setattr(openai_backend, "MAX_RESPONSE_BYTES", 1 << 20)
+    monkeypatch.setattr(exchange, "MAX_RESPONSE_BYTES", 1 << 20)
     bomb = gzip.compress(b"\0" * (8 << 20))  # 8 MiB decoded, ~8 KB on the wire
     nan_call = '{"type": "tool", "name": "add", "arguments": {"a": NaN, "b": 1}}'
     replies = [
@@ -1450,7 +1450,7 @@ def test_a_trickling_probe_answer_ends_at_its_deadline() -> None:
     """``/v1/models`` (the server-kind probe) and ``/health`` (the down-server probe) had only httpx's
     per-phase timeout, which every trickled byte resets: the run hung before its start, and a down
     server's probe outlived ``--server-down-timeout``."""
-    from asyncroll.backends.openai import request_deadline_s
+    from asyncroll.http_read import request_deadline_s
 
     settings = HttpSettings(endpoint="", model="m", inflight=1, request_timeout=0.5)
     deadline = request_deadline_s(0.5)
@@ -1502,9 +1502,9 @@ def test_an_error_status_with_an_unreadable_body_is_still_that_status(
     with ``--max-retries`` like any 503 (it was a ``bad_response`` with no status, never retried, and
     counted as a received invalid reply in the validity rate); a 200 with an oversized body stays
     ``bad_response``, now with its status."""
-    import asyncroll.backends.openai as openai_backend
+    import asyncroll.backends.exchange as exchange
 
-    monkeypatch.setattr(openai_backend, "MAX_RESPONSE_BYTES", 1 << 10)
+    monkeypatch.setattr(exchange, "MAX_RESPONSE_BYTES", 1 << 10)
     replies = [
         _raw(503, {"content-encoding": "gzip", "retry-after": "0"}, b"not gzip at all"),
         _raw(503, {"content-type": "text/html", "retry-after": "0"}, b"x" * 4096),

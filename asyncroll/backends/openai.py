@@ -17,23 +17,20 @@ sends ``POST {endpoint}/v1/chat/completions``. Two modes:
 Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (status, whether a complete
 response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
 and ``schema_rejected`` (a response), ``bad_response`` (a 200 whose body is not an OpenAI completion) and
-``invalid_action`` (a completion whose content is not a valid action).
+``invalid_action`` (a completion whose content is not a valid action). One exchange — the request timeout,
+the whole-request deadline, the body cap, what a hostile reply makes httpx raise — is
+:mod:`asyncroll.backends.exchange`; this module owns the client, the retries around each exchange and the
+reading of the reply into an action.
 
-``--request-timeout`` is httpx's own, for each phase (connect, every read and write): a timed-out request
-ends inside httpx, which closes its connection. Only a server that keeps trickling bytes meets the
-whole-request deadline max(1 s, 10%) later (:func:`~asyncroll.http_read.request_deadline_s`), which
-cancels the request. (A
-cancellation delivered inside httpcore's pool while it holds a connection that is not yet open leaves
-that connection counted for ever — encode/httpcore#1093 — and a pool *limited* to the inflight limit
-then locks up: every later request times out against a healthy server. So the pool has no connection
-limit of its own: the model gate is the one limit of requests in flight, and a leaked slot blocks
-nothing.) A body is read up to :data:`MAX_RESPONSE_BYTES` after decoding (an endless body or a
-compression bomb is ``bad_response``; behind an error status, that status: ``http_status``), its
-text as UTF-8 whatever charset the server names, and the probes (``/v1/models``, ``/health``) have
-the same whole-exchange deadline and a cap (:mod:`asyncroll.http_read`). Whatever a 200 body holds, reading
-it (:mod:`asyncroll.backends.completion`) never raises anything else: a message ``content`` given as a
-list of text parts is joined, as OpenAI-compatible servers mean it; any other shape is ``bad_response``;
-a ``usage`` that is not an object is ignored (token counts ``null``). Retries and the server circuit are in
+The pool has no connection limit of its own: the model gate is the one limit of requests in flight, and a
+leaked slot blocks nothing. (A cancellation delivered inside httpcore's pool while it holds a connection
+that is not yet open leaves that connection counted for ever — encode/httpcore#1093 — and a pool
+*limited* to the inflight limit then locks up: every later request times out against a healthy server.)
+The probes (``/v1/models``, ``/health``) have the same whole-exchange deadline and a cap
+(:mod:`asyncroll.http_read`). Whatever a 200 body holds, reading it (:mod:`asyncroll.backends.completion`)
+never raises anything else: a message ``content`` given as a list of text parts is joined, as
+OpenAI-compatible servers mean it; any other shape is ``bad_response``; a ``usage`` that is not an object
+is ignored (token counts ``null``). Retries and the server circuit are in
 :mod:`asyncroll.backends.retry`; the circuit's openings and closings are events (``server_unavailable``,
 ``server_available``), and a request that waited for it says so (``model_paused``).
 """
@@ -48,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import orjson
 
 from asyncroll.backends.action_schema import (
     is_code_workload,
@@ -61,26 +57,19 @@ from asyncroll.backends.action_schema import (
 )
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.backends.completion import NotACompletion, read_completion
-from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.exchange import AttemptFailed, post_chat
 from asyncroll.backends.probes import healthy, probe_kind
-from asyncroll.backends.retry import Circuit, RetryPolicy, is_retryable, means_unavailable
+from asyncroll.backends.retry import Circuit, RetryPolicy, is_retryable
 from asyncroll.backends.scripted import scripted_action
 from asyncroll.clock import Clock
 from asyncroll.config import RunConfig, ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
-from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.workload import Action, ToolAction
 
 ACTION_HEADER = "x-asyncroll-action"
 #: Larger scripted actions (long code) are not echoed: the reply's content is unused in replay anyway.
 MAX_ACTION_HEADER = 8192
-#: Words in a 400 body that mean the server refused the structured-output request itself.
-_SCHEMA_WORDS = ("schema", "response_format", "grammar", "guided", "json_object", "structured")
-#: The most of a chat-completion body read (decoded): a reply of a few thousand tokens is kilobytes, with
-#: per-token logprobs megabytes; past this a body is the server's failure, not a reply to parse.
-MAX_RESPONSE_BYTES = 64 << 20
-_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 @dataclass(frozen=True)
@@ -128,29 +117,6 @@ class HttpSettings:
 
 #: Seconds an idle connection is kept for reuse: below the 5 s after which uvicorn closes one.
 KEEPALIVE_S = 4.0
-
-
-class _AttemptFailed(Exception):
-    def __init__(
-        self,
-        kind: str,
-        message: str,
-        status: int | None,
-        headers: httpx.Headers | None,
-        received: bool,
-        *,
-        no_connection: bool = False,
-    ) -> None:
-        """``no_connection``: no connection could be made (a timed-out connect is kind ``timeout`` but,
-        like a refused one, says the server is not there: the circuit counts it)."""
-        super().__init__(message)
-        self.kind, self.status, self.headers, self.received = kind, status, headers, received
-        self.no_connection = no_connection
-
-    @property
-    def unavailable(self) -> bool:
-        """Whether this failure says the server is not there (:func:`means_unavailable`)."""
-        return self.no_connection or means_unavailable(self.kind, self.status)
 
 
 class OpenAIBackend:
@@ -320,9 +286,9 @@ class OpenAIBackend:
             while True:
                 attempt += 1
                 try:
-                    await self._attempt(body, {})
+                    await post_chat(self._http(), body, {}, self.settings.request_timeout)
                     break
-                except _AttemptFailed as exc:
+                except AttemptFailed as exc:
                     if attempt <= retry.max_retries and is_retryable(exc.kind, exc.status):
                         self.warmup_retries += 1  # before the clock: counted in run.json, not as events
                         await self._clock.sleep(retry.delay(attempt, self._rng, exc.headers))
@@ -373,9 +339,9 @@ class OpenAIBackend:
             if self.circuit.is_open:
                 await self._wait_for_server(request, attempt)
             try:
-                status, payload = await self._attempt(body, headers)
+                status, payload = await post_chat(self._http(), body, headers, s.request_timeout)
                 break
-            except _AttemptFailed as exc:
+            except AttemptFailed as exc:
                 if exc.unavailable and self.circuit.record_unavailable(self._clock.now()):
                     self._opened(exc)
                 if attempt <= s.retry.max_retries and is_retryable(exc.kind, exc.status):
@@ -401,7 +367,7 @@ class OpenAIBackend:
         self.circuit.record_success()
         return self._parse(request, scripted, status, payload, attempt)
 
-    def _opened(self, exc: _AttemptFailed) -> None:
+    def _opened(self, exc: AttemptFailed) -> None:
         """The circuit just opened on ``exc``: record it (admission pauses from now on)."""
         if self._events is not None:
             snap = self.circuit.snapshot()
@@ -466,69 +432,3 @@ class OpenAIBackend:
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
         )
-
-    @staticmethod
-    def _unreadable(head: list[httpx.Response], why: str) -> _AttemptFailed:
-        """A response whose body could not be read (too large, undecodable). Its status decides what it
-        is: an error status is that status (``http_status``: retried, counted by the circuit, and not a
-        received invalid reply in the validity rate, exactly as with a readable body); a 200 (or no
-        status known) is ``bad_response``."""
-        if head and head[0].status_code != 200:
-            response = head[0]
-            status = response.status_code
-            return _AttemptFailed(
-                "http_status", f"HTTP {status} (body unreadable: {why})", status, response.headers, True
-            )
-        return _AttemptFailed("bad_response", why, head[0].status_code if head else None, None, True)
-
-    async def _attempt(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
-        """One HTTP exchange under the request timeout and the body cap; every failure — whatever a hostile
-        or broken server makes httpx or a codec raise — is raised as :class:`_AttemptFailed`: this
-        request's, never the run's."""
-        client = self._http()
-        request = client.build_request(
-            "POST",
-            "/v1/chat/completions",
-            content=orjson.dumps(body),
-            headers={"content-type": "application/json", **headers},
-        )
-        deadline = request_deadline_s(self.settings.request_timeout)
-        head: list[httpx.Response] = []  # the response, once its status and headers arrived
-        try:
-            response, payload = await read_bounded(
-                client, request, limit_bytes=MAX_RESPONSE_BYTES, deadline_s=deadline, on_response=head.append
-            )
-        except httpx.TimeoutException as exc:  # a phase took longer than --request-timeout
-            raise _AttemptFailed(
-                "timeout",
-                f"no response within {self.settings.request_timeout:g}s ({type(exc).__name__})",
-                None,
-                None,
-                False,
-                # a host that drops SYNs (down, rebooting, firewalled) never refuses: it times out
-                no_connection=isinstance(exc, httpx.ConnectTimeout),
-            ) from exc
-        except TimeoutError as exc:  # every phase in time, the whole request not (a trickling server)
-            raise _AttemptFailed(
-                "timeout", f"no complete response within {deadline:g}s", None, None, False
-            ) from exc
-        except ResponseTooLarge as exc:  # an endless body, or a compression bomb
-            raise self._unreadable(head, str(exc)) from exc
-        except httpx.TransportError as exc:
-            raise _AttemptFailed("transport", describe_transport_error(exc), None, None, False) from exc
-        except Exception as exc:
-            # its content-encoding, a redirect loop, anything a hostile reply makes a codec raise): this
-            # trajectory's failure, not the run's
-            raise self._unreadable(head, f"unreadable response ({type(exc).__name__}: {exc})") from exc
-        status = response.status_code
-        if status != 200:
-            text = body_text(payload, 500)
-            kind = "http_status"
-            if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):
-                kind = "schema_rejected"
-            if status == 404:  # a wrong --endpoint or model route: say which URL was asked
-                text = f"{text} (POST {response.request.url})"
-            if status in _REDIRECTS:  # never followed: a chat completion is not a page to chase
-                text = f"{text} (redirect to {response.headers.get('location', 'nowhere')!r}, not followed)"
-            raise _AttemptFailed(kind, f"HTTP {status}: {text}", status, response.headers, True)
-        return status, payload
