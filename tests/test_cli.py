@@ -201,7 +201,7 @@ def test_evaluator_limits_are_run_flags_bound_to_every_evaluation(
     import inspect
 
     from asyncroll.evaluator.evaluate import lcb_evaluate
-    from asyncroll.runtime.run import evaluator_options
+    from asyncroll.runtime.collaborators import evaluator_options
 
     out = tmp_path / "run"
     given = ("--test-timeout", "2.5", "--evaluation-timeout", "40", "--test-memory-mb", "1024")

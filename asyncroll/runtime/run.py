@@ -5,6 +5,9 @@ start workers (preload + dummy call) → untimed model warm-up → ``measurement
 ``measurement_finished`` → CPU-cost readings → summary → exports (trace, timeline) outside the timed
 window → receipt final.
 
+The real workers and backend it runs with, unless given others, are built in
+:mod:`asyncroll.runtime.collaborators`.
+
 Cancellation (SIGINT/SIGTERM at the CLI edge) propagates; cleanup — killing worker trees, closing files,
 writing the summary and the receipt marked ``interrupted`` — runs shielded from a second cancellation.
 """
@@ -24,9 +27,7 @@ from typing import Any, Literal
 import orjson
 
 from asyncroll.backends.base import Backend
-from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import Clock
-from asyncroll.config import RunConfig
 from asyncroll.errors import AsyncrollError
 from asyncroll.events import EventLog, MeasurementFinished, MeasurementStarted, Subscriber
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
@@ -38,18 +39,22 @@ from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
 from asyncroll.policies.remaining import RemainingWork
 from asyncroll.runtime.admission import Admission
+from asyncroll.runtime.collaborators import (
+    default_backend,
+    evaluator_options,
+    process_worker_factory,
+    worker_tool_keys,
+)
 from asyncroll.runtime.dispatcher import CpuDispatcher
 from asyncroll.runtime.model_gate import ModelGate
-from asyncroll.runtime.pool import Worker, WorkerFactory, WorkerPool
+from asyncroll.runtime.pool import WorkerFactory, WorkerPool
 from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
 from asyncroll.runtime.prepare import prepare as prepare
 from asyncroll.runtime.progress import LiveView, RunView
 from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
 from asyncroll.telemetry.nvtx import Ranges, make_ranges
 from asyncroll.telemetry.sampler import TelemetrySampler
-from asyncroll.workers.builtin import BUILTIN_TOOLS
-from asyncroll.workers.protocol import ToolSpec
-from asyncroll.workload import EVALUATOR_TOOL, Problem, WorkloadScan, iter_problems
+from asyncroll.workload import EVALUATOR_TOOL, Problem, iter_problems
 
 Status = Literal["complete", "failed", "interrupted"]
 
@@ -95,10 +100,10 @@ class Run:
         self.clock = clock
         self.out = prepared.config.output
         self._sha256: dict[Path, str] = {}
-        self._factory = worker_factory or _process_worker_factory(
+        self._factory = worker_factory or process_worker_factory(
             prepared.config, prepared.scan, self._tool_sha256
         )
-        self._backend = backend or _default_backend(prepared.config, clock)
+        self._backend = backend or default_backend(prepared.config, clock)
         self._subscribers = subscribers
         self._policy = policy
         self.interrupt_reason: str | None = None
@@ -433,59 +438,3 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, AsyncrollError) else str(exc)
-
-
-def worker_tool_keys(scan: WorkloadScan) -> dict[str, str]:
-    """Workload tool key → the key a worker serves it under (absolute path for trusted files)."""
-    return {src.key: ToolSpec(src.name, src.path).key for src in scan.tools.values()}
-
-
-def evaluator_options(config: RunConfig) -> dict[str, Any]:
-    """The run's settings of every ``lcb_evaluate`` call, bound like the hidden tests. The evaluator caps
-    its default total budget below the tool timeout (and :class:`RunConfig` refuses an explicit one that
-    does not fit under it): a slow program gets a verdict, and a repair, not a killed worker."""
-    options: dict[str, Any] = {
-        "tool_timeout_s": config.tool_timeout,
-        "time_limit_s": config.test_timeout,
-        "memory_limit_mb": config.test_memory_mb,
-    }
-    if config.evaluation_timeout is not None:
-        options["total_time_limit_s"] = config.evaluation_timeout
-    if config.allow_weak_isolation:
-        options["allow_weak_isolation"] = True
-    return options
-
-
-def _default_backend(config: RunConfig, clock: Clock) -> Backend:
-    """The backend ``--backend`` names: scripted, or the OpenAI-compatible HTTP client."""
-    if config.backend == "scripted":
-        return ScriptedBackend(clock)
-    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
-
-    return OpenAIBackend(HttpSettings.from_config(config), clock)
-
-
-def _process_worker_factory(
-    config: RunConfig, scan: WorkloadScan, sha256: Callable[[Path], str]
-) -> WorkerFactory:
-    """Workers that preload the workload's tools, each file only if it still has the SHA-256 that
-    ``sha256`` gives (run.json's: the receipt is written before the first worker starts)."""
-    from asyncroll.workers.process import ProcessWorker
-
-    logs = config.output / "workers"
-    logs.mkdir(exist_ok=True)
-
-    def factory(index: int, generation: int) -> Worker:
-        specs = [ToolSpec(name) for name in BUILTIN_TOOLS]
-        for src in scan.tools.values():
-            if src.path is not None:
-                specs.append(ToolSpec(src.name, src.path, sha256(src.path)))
-        return ProcessWorker(
-            index,
-            specs,
-            generation=generation,
-            log_path=logs / f"worker-{index}.log",
-            startup_timeout=config.worker_startup_timeout,
-        )
-
-    return factory

@@ -102,7 +102,7 @@ class TrajectoryRunner:
         max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
     ) -> None:
         """``evaluator_options``: extra arguments of every ``lcb_evaluate`` call (the run's settings:
-        :func:`asyncroll.runtime.run.evaluator_options`), bound like the hidden tests.
+        :func:`asyncroll.runtime.collaborators.evaluator_options`), bound like the hidden tests.
         ``max_observation_chars``: a tool's result (as JSON text) longer than this reaches the model cut
         to it, with a note saying so (:func:`cut_observation`), and is counted; the worker encodes and
         cuts it (``JobRequest.observation_chars``)."""

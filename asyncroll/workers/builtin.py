@@ -44,8 +44,8 @@ def lcb_evaluate(
     The model supplies only ``code``; ``tests`` and ``func_name`` are bound by the runtime from the
     problem's hidden metadata. The evaluator (and its isolation probe) loads on the first call, so
     workers that never evaluate code do not pay for it. ``options`` are the run's limits (``time_limit_s``
-    and the rest, :func:`asyncroll.runtime.run.evaluator_options`), defaulted by the evaluator itself.
-    See :mod:`asyncroll.evaluator.evaluate`.
+    and the rest, :func:`asyncroll.runtime.collaborators.evaluator_options`), defaulted by the evaluator
+    itself. See :mod:`asyncroll.evaluator.evaluate`.
     """
     from asyncroll.evaluator.evaluate import lcb_evaluate as evaluate
 
