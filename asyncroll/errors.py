@@ -59,6 +59,11 @@ class WorkerStartupError(WorkerError):
         self.retry = retry
 
 
+class ToolsNotLoaded(WorkerStartupError):
+    """The worker started but could not load its tools (an import error, a tool file whose bytes no longer
+    have the hash the run recorded). Never worth another start: the next one reads the same files."""
+
+
 class WorkerTimeout(WorkerError):
     """A job exceeded the tool timeout; the worker's process tree was killed."""
 

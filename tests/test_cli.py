@@ -573,7 +573,7 @@ def test_a_tool_file_changed_during_the_run_is_never_run(tmp_path: Path) -> None
     """run.json records each tool file's SHA-256 before the first worker starts; a replacement worker
     imports the file again. One edited meanwhile ran, in every worker started after the edit, under the
     old hash. Now a worker runs a file only if the bytes it reads have the recorded hash: the
-    replacement refuses it and the run fails, naming the file."""
+    replacement refuses it and the run fails, naming the file, without starting it again."""
     tool = tmp_path / "edits.py"
     tool.write_text(
         "import os\n\ndef edit(x):\n"
@@ -602,6 +602,10 @@ def test_a_tool_file_changed_during_the_run_is_never_run(tmp_path: Path) -> None
     receipt = json.loads((out / "run.json").read_text())
     assert receipt["tools"]["edits.py:edit"]["sha256"] == recorded
     assert f"{tool}: changed since the run started (run.json records SHA-256 {recorded}" in receipt["error"]
+    # the next start would read the same file: one replacement is tried, not three
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    restarts = [(e["reason"], e["generation"]) for e in events if e["event"] == "worker_restarting"]
+    assert restarts == [("died", 1)]
 
 
 @pytest.mark.timeout(30)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from asyncroll.clock import Clock
-from asyncroll.errors import WorkerStartupError
+from asyncroll.errors import ToolsNotLoaded, WorkerStartupError
 from asyncroll.events import EventLog, WorkerReady, WorkerRestarting
 from asyncroll.workers.orphans import Adopter
 from asyncroll.workers.process import CallResult
@@ -218,7 +218,9 @@ class WorkerPool:
     async def _replace(self, slot: int, old: Worker) -> None:
         """Kill the old worker's tree and start the next generation (its restart already recorded by
         :meth:`replace_soon`); a start that fails is retried as a restart of its own, up to
-        :data:`MAX_RESTART_ATTEMPTS` in all. The slot is idle again afterwards."""
+        :data:`MAX_RESTART_ATTEMPTS` in all — except one whose tools do not load (:class:`ToolsNotLoaded`:
+        the next start reads the same files), which fails the run at once. The slot is idle again
+        afterwards."""
         if self._closing:
             return
         await old.kill()
@@ -231,6 +233,8 @@ class WorkerPool:
                 self._restarting_event(slot, old, generation, "startup_failed")
             try:
                 new = await self._start_slot(slot, generation)
+            except ToolsNotLoaded as exc:
+                raise WorkerStartupError(f"worker {slot} could not be replaced: {exc}") from exc
             except WorkerStartupError as exc:
                 last_error = exc
                 continue

@@ -25,7 +25,7 @@ from typing import IO
 import psutil
 
 from asyncroll import proctree
-from asyncroll.errors import WorkerDied, WorkerStartupError, WorkerTimeout
+from asyncroll.errors import ToolsNotLoaded, WorkerDied, WorkerStartupError, WorkerTimeout
 from asyncroll.workers.orphans import new_origin
 from asyncroll.workers.protocol import (
     HEADER,
@@ -172,7 +172,7 @@ class ProcessWorker:
         assert self._pending is not None
         message, _ = await self._pending
         if isinstance(message, StartupFailed):
-            raise WorkerStartupError(f"worker {self.index} could not load its tools: {message.error}")
+            raise ToolsNotLoaded(f"worker {self.index} could not load its tools: {message.error}")
         if not isinstance(message, Ready) or message.pid != self.pid:
             raise WorkerDied(f"bad handshake {message!r}")
         self.preload_s = message.preload_s
