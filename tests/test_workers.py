@@ -31,6 +31,7 @@ from asyncroll.workers import (
     StartupFailed,
     ToolSpec,
     child,
+    results,
 )
 from asyncroll.workers.child import run_job
 from asyncroll.workers.protocol import Message, decode, encode, frame
@@ -204,6 +205,28 @@ def test_a_result_that_holds_itself_or_a_huge_int_reaches_the_model() -> None:
 
     reply = _in_process(lambda: Broken(a=1), observation_chars=100)
     assert (reply.ok, reply.error) == (False, "its result could not be encoded: RuntimeError: no items")
+
+
+@pytest.mark.timeout(10)
+def test_a_result_whose_shared_parts_multiply_fails_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list holding one list twice, 60 levels down, is 2^60 values once written out: converting it
+    ran until the tool timeout, growing the worker's memory by gigabytes a second. Values written out
+    again (a container met in several places) are bounded; distinct containers are not, and a shared
+    part within the bound is written out in each place, as ``json.dumps`` writes it."""
+    monkeypatch.setattr(results, "MAX_REPEATED", 1_000)
+    doubling: list[Any] = [0]
+    for _ in range(60):
+        doubling = [doubling, doubling]
+    reply = _in_process(lambda: doubling, observation_chars=100)
+    assert not reply.ok and reply.error is not None
+    assert reply.error.startswith("its result could not be encoded: ResultTooLarge: containers it holds")
+    assert "more than 1,000 values written again" in reply.error
+    row = list(range(10))
+    assert to_jsonable([row] * 100) == [row] * 100  # 990 values written again: within the bound
+    with pytest.raises(results.ResultTooLarge):
+        to_jsonable([row] * 102)
+    distinct = [[i, i] for i in range(5_000)]  # 10,000 values, none written twice
+    assert to_jsonable(distinct) == distinct
 
 
 def test_whatever_a_tool_raises_is_a_tool_error() -> None:

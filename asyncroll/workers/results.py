@@ -14,6 +14,17 @@ from typing import Any
 MAX_DEPTH = 64
 """Nesting deeper than this is cut to a ``repr``."""
 
+MAX_REPEATED = 1_000_000
+"""The most values (items of lists, tuples and sets, dict entries) a result may write out *again*, in
+containers it holds in more than one place: a list that holds one list twice, 60 levels down, is 2^60
+values once written out. (A large result of distinct containers is the tool's own size; this bounds only
+what sharing multiplies, to seconds of the worker's time and a few hundred MB.)"""
+
+
+class ResultTooLarge(ValueError):
+    """A result that writes out more than :data:`MAX_REPEATED` values again."""
+
+
 _SCALARS = (str, int, float, bool, type(None))
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 """A memory address in a default ``repr`` (``<object object at 0x7f...>``): different in every run."""
@@ -43,69 +54,91 @@ def check_result(value: Any) -> None:
     )
 
 
-def to_jsonable(value: Any, depth: int = 0, _path: set[int] | None = None) -> Any:
+def to_jsonable(value: Any) -> Any:
     """A JSON-safe copy of a tool's return value (ints stay ints, also as dict keys).
 
     A container that holds itself (directly or further down) is shown where it recurs as Python's
     ``repr`` shows it, ``[...]`` or ``{...}``: following it, even to :data:`MAX_DEPTH` only, costs
-    2^64 steps once it recurs twice (a tree whose nodes point back at their parent)."""
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return value
-    if kind is float:
-        return value if math.isfinite(value) else _NON_FINITE[repr(value)]
-    if depth > MAX_DEPTH:
-        return _repr(value)
-    # a subclass (IntEnum, StrEnum, numpy.float64, ...) → its base value, read through the base type's
-    # own method: the subclass may override __int__, __float__ or __str__ (an Enum's str is its name)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return to_jsonable(float.__float__(value), depth)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, dict | list | tuple | set | frozenset):
-        path = set() if _path is None else _path  # the containers being converted, outermost first
-        if id(value) in path:
-            return "{...}" if isinstance(value, dict) else "[...]"
-        path.add(id(value))
-        try:
-            return _container(value, depth + 1, path)
-        finally:
-            path.discard(id(value))
-    for method in ("tolist", "item"):  # numpy arrays and scalars, torch tensors
-        convert = getattr(value, method, None)
-        if callable(convert):
+    2^64 steps once it recurs twice (a tree whose nodes point back at their parent). A container met
+    again elsewhere (not inside itself) is written out again each time, as ``json.dumps`` would write it,
+    up to :data:`MAX_REPEATED` values written again in all; past that :class:`ResultTooLarge`."""
+    return _Conversion().convert(value, 0)
+
+
+class _Conversion:
+    __slots__ = ("left", "path", "seen")
+
+    def __init__(self) -> None:
+        self.path: set[int] = set()  # the containers being converted, outermost first
+        self.seen: set[int] = set()  # every container converted so far (the result keeps them alive)
+        self.left = MAX_REPEATED
+
+    def convert(self, value: Any, depth: int) -> Any:
+        kind = type(value)
+        if kind is str or kind is int or kind is bool or value is None:
+            return value
+        if kind is float:
+            return value if math.isfinite(value) else _NON_FINITE[repr(value)]
+        if depth > MAX_DEPTH:
+            return _repr(value)
+        # a subclass (IntEnum, StrEnum, numpy.float64, ...) → its base value, read through the base type's
+        # own method: the subclass may override __int__, __float__ or __str__ (an Enum's str is its name)
+        if isinstance(value, int):
+            return int.__int__(value)
+        if isinstance(value, float):
+            return self.convert(float.__float__(value), depth)
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, dict | list | tuple | set | frozenset):
+            if id(value) in self.path:
+                return "{...}" if isinstance(value, dict) else "[...]"
+            if id(value) in self.seen:
+                self.left -= len(value)
+                if self.left < 0:
+                    raise ResultTooLarge(
+                        f"containers it holds in several places are written out in each: more than "
+                        f"{MAX_REPEATED:,} values written again (return a structure without shared parts, "
+                        "or cut it in the tool)"
+                    )
+            else:
+                self.seen.add(id(value))
+            self.path.add(id(value))
             try:
-                return to_jsonable(convert(), depth + 1, _path)
-            except Exception:  # noqa: BLE001 - fall back to repr below
-                break
-    return _repr(value)
+                return self._container(value, depth + 1)
+            finally:
+                self.path.discard(id(value))
+        for method in ("tolist", "item"):  # numpy arrays and scalars, torch tensors
+            convert = getattr(value, method, None)
+            if callable(convert):
+                try:
+                    converted = convert()
+                except Exception:  # noqa: BLE001 - fall back to repr below
+                    break
+                return self.convert(converted, depth + 1)
+        return _repr(value)
+
+    def _container(self, value: _Container, depth: int) -> Any:
+        if isinstance(value, dict):
+            return {self._key(k, depth): self.convert(v, depth) for k, v in value.items()}
+        items = [self.convert(v, depth) for v in value]
+        if isinstance(value, list | tuple):
+            return items
+        try:
+            return sorted(items)
+        except TypeError:
+            return sorted(items, key=repr)
+
+    def _key(self, key: Any, depth: int) -> Any:
+        converted = self.convert(key, depth)
+        if isinstance(converted, _SCALARS):
+            return converted
+        try:
+            return str(key)
+        except Exception:  # noqa: BLE001 - a tuple key holding an object whose __repr__ raises
+            return _repr(key)
 
 
 _Container = dict[Any, Any] | list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any]
-
-
-def _container(value: _Container, depth: int, path: set[int]) -> Any:
-    if isinstance(value, dict):
-        return {_key(k, depth, path): to_jsonable(v, depth, path) for k, v in value.items()}
-    items = [to_jsonable(v, depth, path) for v in value]
-    if isinstance(value, list | tuple):
-        return items
-    try:
-        return sorted(items)
-    except TypeError:
-        return sorted(items, key=repr)
-
-
-def _key(key: Any, depth: int, path: set[int]) -> Any:
-    converted = to_jsonable(key, depth, path)
-    if isinstance(converted, _SCALARS):
-        return converted
-    try:
-        return str(key)
-    except Exception:  # noqa: BLE001 - a tuple key holding an object whose __repr__ raises
-        return _repr(key)
 
 
 def _repr(value: Any) -> str:
