@@ -120,6 +120,7 @@ class ModelFinished(Event):
     action: Literal["tool", "final", "submit"]
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    finish_reason: str | None = None  # the server's (HTTP backend); null when it sent none, or no server
 
 
 class ModelFailed(Event):

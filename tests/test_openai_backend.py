@@ -676,6 +676,8 @@ def test_end_to_end_run_against_a_serve_sim_subprocess(tmp_path: Path) -> None:
         events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
         tokens = [e["completion_tokens"] for e in events if e["event"] == "model_finished"]
         assert tokens == [32] * 5  # smoke actions carry no output_tokens: --max-tokens is the budget
+        reasons = [e["finish_reason"] for e in events if e["event"] == "model_finished"]
+        assert reasons == ["length"] * 5  # serve-sim generates the whole --max-tokens budget
         # telemetry is on by default with --backend vllm: serve-sim's /metrics sampled, estimates covered
         assert receipt["telemetry"]["sources"][0]["available"] is True
         assert sum(e["event"] == "resource_sample" for e in events) >= 3
@@ -748,6 +750,7 @@ def test_replay_of_a_large_action_skips_the_echo_header(tmp_path: Path) -> None:
     assert outcome.status == "complete" and seen[0]["action_header"] is None
     assert seen[0]["body"]["max_tokens"] == 3
     assert [e.completion_tokens for e in capture.of(ModelFinished)] == [3]
+    assert [e.finish_reason for e in capture.of(ModelFinished)] == ["length"]  # cut at max_tokens: 3
 
 
 # --- odd 200 bodies, interrupted requests, the server circuit ------------------------------------------
@@ -781,6 +784,8 @@ ODD_BODIES: list[tuple[Any, str, int | None]] = [
     ({"error": {"message": "overloaded"}}, "bad_response", None),
     # past Python's integer digit limit; an invalid reply's usage is kept (the server did the work)
     (completion("1" * 5000), "invalid_action", 3),
+    # a finish_reason that is not a string is recorded as none
+    (completion(FINAL) | {"choices": [{"message": {"content": FINAL}, "finish_reason": 7}]}, "final", 3),
     (completion(FINAL), "final", 3),
 ]
 
@@ -903,16 +908,18 @@ def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
         for e in ends
     ]
     assert got == [(kind, tokens) for _, kind, tokens in ODD_BODIES]
+    finished = sorted(capture.of(ModelFinished), key=lambda e: e.request_id)
+    assert [e.finish_reason for e in finished] == ["stop"] * 4 + [None, "stop"]
     for event in capture.of(ModelFailed):
         assert event.response_received is True and event.status == 200 and event.parse_s is not None
     bad = [e.error for e in capture.of(ModelFailed) if e.kind == "bad_response"]
     assert "content is a JSON number" in bad[0] and "content[0] is not a text part" in bad[2]
     assert "choices is empty" in bad[3] and "choices[0].message is missing" in bad[5]
     assert outcome.summary is not None
-    assert outcome.summary["counts"]["completed"] == 5 and outcome.summary["counts"]["failed"] == 10
-    # every 200 is a response received: 5 valid of 15 (garbled bodies are invalid responses, not absent)
-    assert outcome.summary["rates"]["validity_denominator"] == 15
-    assert outcome.summary["rates"]["validity_rate"] == round(5 / 15, 6)
+    assert outcome.summary["counts"]["completed"] == 6 and outcome.summary["counts"]["failed"] == 10
+    # every 200 is a response received: 6 valid of 16 (garbled bodies are invalid responses, not absent)
+    assert outcome.summary["rates"]["validity_denominator"] == 16
+    assert outcome.summary["rates"]["validity_rate"] == round(6 / 16, 6)
 
 
 @pytest.mark.timeout(60)

@@ -26,6 +26,7 @@ class ModelResponse:
     action: Action
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    finish_reason: str | None = None  # the server's, when it sent one (``stop``, ``length``, ...)
 
 
 class Backend(Protocol):

@@ -36,6 +36,11 @@ class Completion:
     refusal: str | None = None  # OpenAI's structured-output refusal (``message.refusal``)
     reasoning_only: bool = False  # no content, but reasoning (``reasoning_content`` or ``reasoning``)
 
+    @property
+    def finish_reason_text(self) -> str | None:
+        """``finish_reason`` as the events record it: a string (cut to 100 characters), else None."""
+        return self.finish_reason[:100] if isinstance(self.finish_reason, str) else None
+
     def why_invalid(self) -> str:
         """What the rest of the reply says about why its content is no action, as a note to append to
         the error (empty when nothing does)."""

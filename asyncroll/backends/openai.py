@@ -431,4 +431,5 @@ class OpenAIBackend:
             action=action,
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
+            finish_reason=completion.finish_reason_text,
         )

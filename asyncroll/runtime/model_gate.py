@@ -180,6 +180,7 @@ class ModelGate:
                     action=response.action.type,
                     prompt_tokens=response.prompt_tokens,
                     completion_tokens=response.completion_tokens,
+                    finish_reason=response.finish_reason,
                 )
             )
             return response
