@@ -207,6 +207,21 @@ def test_a_result_that_holds_itself_or_a_huge_int_reaches_the_model() -> None:
     assert (reply.ok, reply.error) == (False, "its result could not be encoded: RuntimeError: no items")
 
 
+def test_an_observation_writes_characters_as_themselves() -> None:
+    """The model reads "café", "日本語", not "caf\\u00e9" (six characters, several tokens, per letter);
+    a lone surrogate (a file name decoded with surrogateescape) keeps its JSON escape, since no UTF-8
+    request can carry it, and the text still reads back as the result."""
+    result = {"name": "café", "jp": "日本語", "emoji": "\U0001f600", "file": "x\udcffy"}
+    reply = _in_process(lambda: result, observation_chars=1_000)
+    assert reply.ok
+    text, chars = reply.value
+    assert '"name": "café", "jp": "日本語", "emoji": "\U0001f600"' in text
+    assert '"file": "x\\udcffy"' in text and chars == len(text)
+    text.encode()  # sendable as UTF-8
+    assert json.loads(text) == result
+    assert _in_process(lambda: "日本語" * 10, observation_chars=4).value == ('"日本語', 32)
+
+
 @pytest.mark.timeout(10)
 def test_a_result_whose_shared_parts_multiply_fails_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """A list holding one list twice, 60 levels down, is 2^60 values once written out: converting it

@@ -92,26 +92,35 @@ class JobRequest:
 
 
 JSON_TEXT = json.JSONEncoder(default=str)  # json.dumps(value, default=str), without a new encoder per call
+_OBSERVATION_TEXT = json.JSONEncoder(default=str, ensure_ascii=False)
 
 
 def observation(value: Any, limit: int) -> tuple[str, int]:
     """A result as the model reads it: the first ``limit`` characters of its JSON text (anything JSON
     has no type for as its ``str``), and that text's whole length.
 
-    An int of more digits than Python writes by default (4,300: ``sys.get_int_max_str_digits``, a guard
-    against untrusted input) is written whole: JSON numbers have no such limit, and it is the tool's own
+    Characters are written as themselves, not as ``\\uXXXX`` escapes (six characters, and several tokens,
+    for each letter of a non-English text), except a lone surrogate (a file name decoded with
+    ``surrogateescape``), which no UTF-8 request can carry: it keeps its JSON escape. An int of more
+    digits than Python writes by default (4,300: ``sys.get_int_max_str_digits``, a guard against
+    untrusted input) is written whole: JSON numbers have no such limit, and it is the tool's own
     result."""
     try:
-        text = JSON_TEXT.encode(value)
+        text = _OBSERVATION_TEXT.encode(value)
     except ValueError:
         limit_digits = sys.get_int_max_str_digits()
         if not limit_digits:
             raise
         sys.set_int_max_str_digits(0)
         try:
-            text = JSON_TEXT.encode(value)
+            text = _OBSERVATION_TEXT.encode(value)
         finally:
             sys.set_int_max_str_digits(limit_digits)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # only inside a JSON string: its escape is the JSON escape
+            text = text.encode(errors="backslashreplace").decode()
     return text[:limit], len(text)
 
 
