@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncroll.outputs.bounds import admission_order_makespan
+from asyncroll.outputs.bounds import WorkMeter, admission_order_makespan
 from tests.conftest import VirtualRun, tool_problem
 
 
@@ -40,26 +40,22 @@ def test_the_summary_bound_reaches_a_tail_only_it_sees(virtual_run: VirtualRun) 
 def test_a_bound_above_the_makespan_by_its_rounding_only_is_clamped() -> None:
     """Durations are recorded to 1 µs; on an exactly critical trajectory their sum can pass the clock's
     makespan by a few µs. That excess is clamped (efficiency exactly 1); a real excess stays visible."""
-    from asyncroll.outputs.summary import SummaryBuilder
-
     limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
-    summary = SummaryBuilder()
+    work = WorkMeter()
     for _ in range(10):
-        summary._add_work("t", 0.1000005, model=True)  # ten µs-rounded durations: ≤ 5 µs of rounding
-    near = summary.bounds(1.000003, limits)
+        work.add("t", 0.1000005, model=True)  # ten µs-rounded durations: ≤ 5 µs of rounding
+    near = work.bounds(1.000003, limits)
     assert near["rounding_clamped"] and near["lower_bound_s"] == 1.000003 and near["efficiency"] == 1.0
-    far = summary.bounds(0.99, limits)
+    far = work.bounds(0.99, limits)
     assert not far["rounding_clamped"] and far["efficiency"] is not None and far["efficiency"] > 1
 
 
 def test_a_bound_equal_to_the_reported_makespan_is_efficiency_one() -> None:
     """The makespan is reported to 1 µs; a bound equal to that rounded value is efficiency 1, not
     1.000016 against the clock's unrounded reading (seen on a 25 ms simulated run)."""
-    from asyncroll.outputs.summary import SummaryBuilder
-
     limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
-    summary = SummaryBuilder()
-    summary._add_work("t", 0.024808, model=True)
-    bounds = summary.bounds(0.0248076, limits)
+    work = WorkMeter()
+    work.add("t", 0.024808, model=True)
+    bounds = work.bounds(0.0248076, limits)
     assert bounds["lower_bound_s"] == 0.024808 and not bounds["rounding_clamped"]
     assert bounds["efficiency"] == 1.0

@@ -36,7 +36,7 @@ from asyncroll.events import (
     WorkerRestarting,
 )
 from asyncroll.outputs.blocked import BlockedMeter
-from asyncroll.outputs.bounds import admission_order_makespan
+from asyncroll.outputs.bounds import WorkMeter
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
 from asyncroll.outputs.statistics import distribution, pearson, ratio
 
@@ -94,20 +94,11 @@ class SummaryBuilder:
         self.pairs: dict[str, tuple[array[float], array[float]]] = {
             k: (array("d"), array("d")) for k in ("all", "repairs", "first")
         }
-        # Work (model service + CPU execution) per active trajectory, folded into totals when it ends.
-        self._work: dict[str | None, float] = {}
+        self.work = WorkMeter()  # model service and CPU execution: the makespan lower bound
         # The phase breakdown (PHASES) per active trajectory, folded into ``phase_totals`` when it ends:
         # the breakdown and its denominator (finished trajectories' time) cover the same trajectories.
         self._phases: dict[str | None, list[float]] = {}
         self.phase_totals = [0.0] * len(PHASES)
-        self.model_work = 0.0
-        self.cpu_work = 0.0
-        self.durations = 0  # how many (µs-rounded) durations the work sums hold: their rounding error
-        self.trajectory_work = 0.0
-        self.longest_work = 0.0
-        # Each trajectory's work in admission order (packed doubles), for the admission-order slot term.
-        self._admitted_work = array("d")
-        self._admitted_at: dict[str | None, int] = {}  # active trajectory → its position there
         self.samples: dict[str, array[float]] = {
             k: array("d")
             for k in (
@@ -158,12 +149,7 @@ class SummaryBuilder:
 
     def _add_work(self, trajectory: str | None, seconds: float, model: bool) -> None:
         """Model service or CPU execution, finished or failed (a failed job held its worker)."""
-        self.durations += 1
-        if model:
-            self.model_work += seconds
-        else:
-            self.cpu_work += seconds
-        self._work[trajectory] = self._work.get(trajectory, 0.0) + seconds
+        self.work.add(trajectory, seconds, model)
         self._phase(trajectory, MODEL_SERVICE if model else CPU_EXECUTE, seconds)
 
     def _model_finished(self, event: ModelFinished) -> None:
@@ -253,18 +239,12 @@ class SummaryBuilder:
 
     def _trajectory_started(self, event: TrajectoryStarted) -> None:
         self.started += 1
-        self._admitted_at[event.id] = len(self._admitted_work)
-        self._admitted_work.append(0.0)
+        self.work.admitted(event.id)
 
     def _trajectory_finished(self, event: TrajectoryFinished) -> None:
         for phase, seconds in enumerate(self._phases.pop(event.id, ())):
             self.phase_totals[phase] += seconds
-        work = self._work.pop(event.id, 0.0)
-        position = self._admitted_at.pop(event.id, None)
-        if position is not None:
-            self._admitted_work[position] = work
-        self.trajectory_work += work
-        self.longest_work = max(self.longest_work, work)
+        self.work.finished(event.id)
         self.status[event.status] += 1
         self.finished_tool_calls += event.tool_calls
         self.observations_cut += event.observations_cut
@@ -302,68 +282,6 @@ class SummaryBuilder:
     def _worker_restarting(self, event: WorkerRestarting) -> None:
         self.restarts[event.reason] += 1
 
-    def bounds(
-        self,
-        makespan_s: float,
-        limits: dict[str, int],
-        model_capacity: int | None = None,
-        server_batch_s: float | None = None,
-    ) -> dict[str, Any]:
-        """The makespan lower bound from the run's own work, and efficiency = bound ÷ makespan.
-
-        Each term is a duration no schedule of *this* work could beat: model latency spread over the
-        requests the client can have in flight (inflight and active limits), CPU execution over the
-        workers, each trajectory's own work over the active slots, the longest single trajectory (its
-        model turns and jobs are sequential), and each trajectory's work placed on the active slots in
-        admission order (``outputs/bounds.py``: sees the batch's tail). Where the server's batch limit
-        is known (``model_capacity``, a simulated server's ``max_num_seqs``) the model term is also at
-        least the requests' time *in* the batch (``server_batch_s``, without their wait to join it) over
-        that limit — never their latency over it: a latency includes the wait, so with fewer batch slots
-        than requests in flight that quotient could exceed the makespan. Computed from measured
-        durations, each term is at most the makespan; it assumes a request or job would not have been
-        faster at another concurrency. Durations are rounded to 1 µs, so a term may exceed the makespan
-        by their summed rounding; such an excess is clamped to the makespan (``rounding_clamped``)."""
-        active = limits["max_active_trajectories"]
-        capacity = min(limits["max_inflight_model_requests"], active)
-        unfinished = sum(self._work.values())
-        longest = max([self.longest_work, *self._work.values()])
-        admitted = array("d", self._admitted_work)
-        for trajectory, position in self._admitted_at.items():
-            admitted[position] = self._work.get(trajectory, 0.0)
-        model_term = self.model_work / capacity
-        if model_capacity is not None and server_batch_s is not None:
-            model_term = max(model_term, server_batch_s / model_capacity)
-        terms = {
-            "model_service_s": round(model_term, 6),
-            "cpu_execute_s": round(self.cpu_work / limits["cpu_workers"], 6),
-            "trajectory_work_s": round((self.trajectory_work + unfinished) / active, 6),
-            "longest_trajectory_s": round(longest, 6),
-            # last, so that a tie keeps the plainer term's name
-            "admission_order_s": round(admission_order_makespan(admitted, active), 6),
-        }
-        binding = max(terms, key=lambda k: terms[k])
-        bound = terms[binding]
-        shown = round(makespan_s, 6)
-        clamped = shown < bound <= shown + 5e-7 * self.durations + 1e-6
-        if clamped:
-            bound = shown
-        totals = {"model_service_s": round(self.model_work, 6), "cpu_execute_s": round(self.cpu_work, 6)}
-        if server_batch_s is not None:
-            totals["server_batch_s"] = round(server_batch_s, 6)
-        # against the makespan as reported (to 1 µs), like the bound: a bound equal to it is efficiency 1,
-        # never 1.000016 against the unrounded clock reading a few hundred ns below it
-        efficiency = ratio(bound, shown)
-        return {
-            "lower_bound_s": bound,
-            "binding": binding,
-            "efficiency": efficiency,
-            "terms": terms,
-            "model_capacity": capacity,
-            "server_batch_capacity": model_capacity,
-            "rounding_clamped": clamped,
-            "totals": totals,
-        }
-
     def end_window(self, makespan_s: float) -> None:
         """The measured window has ended (before the run's cleanup): telemetry that comes later is
         clipped to it."""
@@ -383,9 +301,10 @@ class SummaryBuilder:
         dedicated_gpu: bool = False,
     ) -> dict[str, Any]:
         """``dedicated_gpu``: the user declared one GPU allocated to this run (``completed_per_gpu_hour``);
-        ``model_capacity`` and ``server_batch_s``: a simulated server's batch limit and the requests' time
-        in its batch (see :meth:`bounds`). ``makespan_s`` None: the measured window never opened (the run
-        failed or was interrupted while starting); whatever depends on it is null, never zero."""
+        ``model_capacity`` and ``server_batch_s``: a simulated server's batch limit and the requests' time in
+        its batch (see :meth:`~asyncroll.outputs.bounds.WorkMeter.bounds`). ``makespan_s`` None: the measured
+        window never opened (the run failed or was interrupted while starting); whatever depends on it is
+        null, never zero."""
         measured = makespan_s is not None
         makespan_s = makespan_s or 0.0
         finished = sum(self.status.values())
@@ -491,7 +410,9 @@ class SummaryBuilder:
                 },
             },
             "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
-            "bounds": self.bounds(makespan_s, limits, model_capacity, server_batch_s) if measured else None,
+            "bounds": self.work.bounds(makespan_s, limits, model_capacity, server_batch_s)
+            if measured
+            else None,
             "client_cpu_blocked": {
                 "seconds": blocked,
                 "fraction_of_makespan": None if blocked is None else ratio(blocked, makespan_s),
