@@ -24,15 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from asyncroll.outputs.activity import (
-    COUNTER_LABELS,
-    RESOURCE_LABELS,
-    Activity,
-    Series,
-    Span,
-    Track,
-    collect_activity,
-)
+from asyncroll.outputs.activity import collect_activity
+from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Series, Span, Track
 from asyncroll.outputs.trace import write_atomic
 
 MAX_SPANS = 20_000

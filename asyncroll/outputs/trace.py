@@ -18,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from asyncroll.outputs.activity import COUNTER_LABELS, RESOURCE_LABELS, Activity, Track, collect_activity
+from asyncroll.outputs.activity import collect_activity
+from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Track
 from asyncroll.outputs.spool import Spool
 
 Encoder = Callable[[Any], bytes]
