@@ -10,6 +10,7 @@ spans (up to that limit) stay individual, the rest are merged per row into bars 
 pixel at full view); long counter lines keep each bucket's maximum and last value; the page says what stayed
 exact and what was merged or thinned. A telemetry counter's line is broken wherever its samples were null
 (the page never holds the last good value across a gap), and the telemetry section lists those gaps.
+The header's and the telemetry section's text come from :mod:`asyncroll.outputs.timeline_panels`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from asyncroll.outputs.activity import collect_activity
 from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Series, Span, Track
+from asyncroll.outputs.timeline_panels import header_lines, telemetry_panel
 from asyncroll.outputs.trace import write_atomic
 
 MAX_SPANS = 20_000
@@ -46,154 +48,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _sub(d: Any, key: str) -> dict[str, Any]:
-    value = d.get(key) if isinstance(d, dict) else None
-    return value if isinstance(value, dict) else {}
-
-
-def _fmt(value: Any, unit: str = "") -> str:
-    if value is None:
-        return "unknown"
-    if isinstance(value, float):
-        return f"{value:,.3f}".rstrip("0").rstrip(".") + unit
-    return (f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)) + unit
-
-
-def _header(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> list[list[str]]:
-    """Label/value pairs for the page header; every field is optional (summaries evolve separately)."""
-    config, counts, sched = _sub(run, "config"), _sub(summary, "counts"), _sub(summary, "scheduler")
-
-    def pick(key: str) -> Any:
-        for source in (config, _sub(summary, "limits"), a.run):
-            if source.get(key) is not None:
-                return source[key]
-        return None
-
-    status = run.get("status")  # exports run before the receipt is final: then the events know better
-    if status in (None, "preparing", "running") and a.run.get("status"):
-        status = a.run["status"]
-    error = str(run["error"])[:300] if run.get("error") else None
-    makespan = summary.get("makespan_s", a.run.get("makespan_s"))
-    limits = (
-        f"active {_fmt(pick('max_active_trajectories'))}"
-        f" · inflight {_fmt(pick('max_inflight_model_requests'))}"
-        f" · CPU workers {_fmt(pick('cpu_workers'))}"
-    )
-    return [
-        ["status", _fmt(status) + (f" ({error})" if error else "")],
-        ["policy", _fmt(config.get("policy") or summary.get("policy") or a.run.get("policy"))],
-        ["limits", limits],
-        [
-            "completions",
-            f"{_fmt(counts.get('completed'))} of {_fmt(counts.get('trajectories'))} completed, "
-            f"{_fmt(counts.get('failed'))} failed",
-        ],
-        [
-            "throughput",
-            _fmt(_sub(summary, "throughput").get("completed_per_wall_hour"), " completed / wall hour"),
-        ],
-        ["makespan", _fmt(makespan, " s")],
-        ["reorders", f"{_fmt(sched.get('reorders'))} of {_fmt(sched.get('decisions'))} scheduler decisions"],
-        ["sampled starvation", _starvation(_sub(summary, "resources"), makespan)],
-        *_circuit(_sub(_sub(summary, "model"), "circuit"), a),
-    ]
-
-
-def _circuit(circuit: dict[str, Any], a: Activity) -> list[list[str]]:
-    """A header line when the inference server was unavailable (the HTTP backend's circuit opened)."""
-    opened = circuit.get("opened")
-    if not isinstance(opened, int) or not opened:
-        drawn = sum(1 for s in a.spans if s.cat == "circuit" and s.track == ("scheduler", 0))
-        return [["server unavailable", f"{_times(drawn)} (scheduler row)"]] if drawn else []
-    text = f"{_times(opened)}, admission paused {_fmt(circuit.get('paused_s'), ' s')} in the measured window"
-    if circuit.get("open_at_end"):
-        text += " (still unavailable at its end)"
-    waited = circuit.get("requests_waited")
-    if waited:
-        text += (
-            f"; {_fmt(waited)} request{'s' if waited != 1 else ''} waited"
-            f" {_fmt(circuit.get('request_wait_s'), ' s')} for it (inside model latency)"
-        )
-    return [["server unavailable", text]]
-
-
-def _times(n: int) -> str:
-    return "once" if n == 1 else f"{n:,} times"
-
-
-def _pct(x: Any) -> str:
-    return "unknown" if not isinstance(x, int | float) else f"{100 * x:.1f}%"
-
-
-def _starvation(res: dict[str, Any], makespan: Any) -> str:
-    """Sampled model starvation with the coverage it was measured on, or why it is unknown."""
-    if not res:
-        return "unknown (no resources section in summary.json)"
-    seconds = res.get("sampled_starvation_s")
-    if seconds is None:
-        return f"unknown: {res.get('sampled_starvation_reason') or 'no covered server window'}"
-    covered = res.get("sampled_starvation_coverage_s")
-    return (
-        f"{_fmt(seconds, ' s')} = {_pct(res.get('sampled_starvation_fraction_of_coverage'))} of"
-        f" {_fmt(covered, ' s')} covered by server samples"
-        f" (coverage {_pct(res.get('server_coverage_fraction'))} of the {_fmt(makespan, ' s')} makespan)"
-    )
-
-
-def _telemetry(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
-    """Which telemetry sources were available, and why not: from the run's ``resource_probe`` event (or the
-    receipt's copy), plus the sample counts and null reasons of ``summary.json``."""
-    receipt, tele = _sub(run, "telemetry"), _sub(summary, "telemetry")
-    probed = a.telemetry_sources
-    if probed is None and isinstance(receipt.get("sources"), list):
-        probed = [s for s in receipt["sources"] if isinstance(s, dict)]
-    sources = [
-        [
-            str(s.get("source")),
-            "available" if s.get("available") else "unavailable",
-            "" if s.get("available") else str(s.get("reason") or "no reason recorded"),
-        ]
-        for s in probed or []
-    ]
-    note = receipt.get("note") or tele.get("note")
-    if not sources and not note:
-        note = "no telemetry probe recorded in this run (an older run, or it stopped before the probe)"
-    if receipt.get("requested") is False:
-        note = "telemetry off (--no-telemetry)"
-    lines = [["samples", _fmt(tele.get("samples", a.resource_samples))]]
-    if tele.get("interval_s") is not None:
-        lines.append(["interval", _fmt(tele["interval_s"], " s")])
-    for name, detail in _sub(tele, "sources").items():  # what the probe learned of each source
-        for key, value in (detail if isinstance(detail, dict) else {}).items():
-            if value is None:  # e.g. no reason for an available source
-                continue
-            text = json.dumps(value)[:200] if isinstance(value, list | dict) else _fmt(value)
-            lines.append([f"{name}.{key}", text])
-    for name, value in _sub(tele, "values").items():
-        lines.append([f"mean {name}", json.dumps(value)[:200] if isinstance(value, dict) else _fmt(value)])
-    if tele.get("counter_resets"):
-        lines.append(["counter resets", _fmt(tele["counter_resets"])])
-    nulls = tele.get("nulls")
-    if isinstance(nulls, dict) and nulls:
-        lines.append(
-            ["null values", "; ".join(f"{k}: {json.dumps(v)}" for k, v in list(nulls.items())[:12])[:400]]
-        )
-    if tele.get("errors"):
-        lines.append(["sampling errors", _fmt(tele["errors"])])
-    drawn = [RESOURCE_LABELS[k] for k in RESOURCE_LABELS if a.counters.get(k)]
-    lines.append(["drawn as counters", ", ".join(drawn) or "none (no sample carried a value)"])
-    if a.counter_gaps:
-        parts = []
-        for name in RESOURCE_LABELS:
-            gaps = [g for g in a.counter_gaps if g.name == name]
-            if gaps:
-                seconds = sum(g.end - g.start for g in gaps)
-                reasons = sorted({r for g in gaps for r in g.reasons})
-                parts.append(f"{RESOURCE_LABELS[name]}: {len(gaps)} ({seconds:.3g} s; {', '.join(reasons)})")
-        lines.append(["gaps (lines broken)", "; ".join(parts)[:400]])
-    return {"sources": sources, "note": note, "lines": lines[:60]}
 
 
 def _rows(a: Activity) -> tuple[list[list[Any]], dict[Track, int], int]:
@@ -395,9 +249,9 @@ def timeline_data(
     if a.run.get("events_file") == "missing":
         notes.append("events.jsonl is missing: nothing to draw.")
     return {
-        "header": _header(a, run, summary),
+        "header": header_lines(a, run, summary),
         "notes": notes,
-        "telemetry": _telemetry(a, run, summary),
+        "telemetry": telemetry_panel(a, run, summary),
         "t0": t0,
         "t1": a.t_max,
         "window": _window(a),
