@@ -678,6 +678,7 @@ def test_end_to_end_run_against_a_serve_sim_subprocess(tmp_path: Path) -> None:
         assert tokens == [32] * 5  # smoke actions carry no output_tokens: --max-tokens is the budget
         reasons = [e["finish_reason"] for e in events if e["event"] == "model_finished"]
         assert reasons == ["length"] * 5  # serve-sim generates the whole --max-tokens budget
+        assert summary["model"]["finish_reasons"] == {"length": 5}
         # telemetry is on by default with --backend vllm: serve-sim's /metrics sampled, estimates covered
         assert receipt["telemetry"]["sources"][0]["available"] is True
         assert sum(e["event"] == "resource_sample" for e in events) >= 3
@@ -910,6 +911,7 @@ def test_odd_200_bodies_fail_only_their_own_request(tmp_path: Path) -> None:
     assert got == [(kind, tokens) for _, kind, tokens in ODD_BODIES]
     finished = sorted(capture.of(ModelFinished), key=lambda e: e.request_id)
     assert [e.finish_reason for e in finished] == ["stop"] * 4 + [None, "stop"]
+    assert outcome.summary is not None and outcome.summary["model"]["finish_reasons"] == {"stop": 5}
     for event in capture.of(ModelFailed):
         assert event.response_received is True and event.status == 200 and event.parse_s is not None
     bad = [e.error for e in capture.of(ModelFailed) if e.kind == "bad_response"]

@@ -67,6 +67,7 @@ class SummaryBuilder:
         self.model_finished = 0
         self.model_failed: Counter[str] = Counter()
         self.model_retries: Counter[str] = Counter()  # failed attempts that were retried, by error kind
+        self.finish_reasons: Counter[str] = Counter()  # finished requests by the server's finish_reason
         # The HTTP backend's server circuit: (opened at, closed at or None) per opening, and the waits
         # of requests that found it open (inside their latency).
         self.circuit_spans: list[list[float | None]] = []
@@ -156,6 +157,8 @@ class SummaryBuilder:
         self._add_work(event.id, event.latency_s, model=True)
         self.model_finished += 1
         self.samples["model_latency_s"].append(event.latency_s)
+        if event.finish_reason is not None:
+            self.finish_reasons[event.finish_reason] += 1
 
     def _model_failed(self, event: ModelFailed) -> None:
         self._add_work(event.id, event.latency_s, model=True)
@@ -360,6 +363,7 @@ class SummaryBuilder:
             "model": {
                 "requests": self.model_finished + sum(self.model_failed.values()),
                 "finished": self.model_finished,
+                "finish_reasons": dict(self.finish_reasons),
                 "failed": dict(self.model_failed),
                 "retries": dict(self.model_retries),
                 "circuit": self._circuit(makespan_s if measured else None),
