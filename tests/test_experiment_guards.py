@@ -526,7 +526,7 @@ def test_a_zero_baseline_is_undefined_never_unknown_and_no_pair_is_dropped_silen
     text = markdown(agg)
     paired = text[text.index("## Paired") :].splitlines()
     row = next(line for line in paired if line.startswith("| sampled model starvation (fraction"))
-    assert "0.5000, 0.5000, undefined (baseline 0, treatment 0.5)" in row
+    assert "p1 0.5000, p2 0.5000, p3 undefined (baseline 0, treatment 0.5)" in row
     assert "undefined: baseline 0 in pair 3 (no ratio); see the mean difference" in row
     assert "+0.1333 [" in row and "(n=3)" in row and "unknown" not in row and "-50.00%" not in row
     makespan = next(line for line in paired if line.startswith("| makespan, s |"))

@@ -138,6 +138,7 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
                 seed=seed,
                 resamples=resamples,
                 undefined_values=undefined(k, complete, baseline, arm),
+                numbers=[p["pair"] for p in complete],
             )
             for k in keys
         }
@@ -201,9 +202,14 @@ def _interval(d: dict[str, Any], percent: bool = True) -> str:
 
 
 def _per_pair(d: dict[str, Any]) -> str:
-    notes = d.get("pair_notes") or [None] * len(d["ratios"])
+    """Each complete pair's ratio, named by its pair number (``p3 1.1000``): once a pair with a failed
+    arm is excluded, a ratio's position is no longer its pair's number."""
+    ratios = d["ratios"]
+    notes = d.get("pair_notes") or [None] * len(ratios)
+    numbers = d.get("pair_numbers") or list(range(1, len(ratios) + 1))
     cells = [
-        fmt(r, ".4f") if r is not None else (n or "unknown") for r, n in zip(d["ratios"], notes, strict=True)
+        f"p{k} " + (fmt(r, ".4f") if r is not None else (n or "unknown"))
+        for k, r, n in zip(numbers, ratios, notes, strict=True)
     ]
     return ", ".join(cells) or "none"
 

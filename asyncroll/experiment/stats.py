@@ -129,6 +129,7 @@ def paired_change(
     seed: int,
     resamples: int = 10_000,
     undefined_values: Sequence[str | None] | None = None,
+    numbers: Sequence[int] | None = None,
 ) -> dict[str, object]:
     """Per pair the ratio and % change (100·(t/b − 1)); over the pairs, the mean % change with a t and a
     bootstrap interval, and the mean difference (t − b) with a t interval.
@@ -136,25 +137,35 @@ def paired_change(
     Pairs with a value not measured are left out of all three, and each says so. A measured baseline of 0
     makes that pair's ratio, and the mean % change, undefined; the mean difference still includes it.
     ``undefined_values`` (per pair) names why a null value is undefined rather than unmeasured: such a
-    pair is left out of all three as undefined, never called unknown."""
+    pair is left out of all three as undefined, never called unknown.
+
+    ``numbers``: each pair's number as the report names it (default 1, 2, …). The pairs given are the
+    complete ones, so once a pair with a failed arm is excluded their positions are not their numbers:
+    a note must name the pair it means, not its position among those left."""
     ratios = paired_ratios(baseline, treatment)
     notes = pair_notes(baseline, treatment, undefined_values)
-    unknown = [i + 1 for i, n in enumerate(notes) if n is not None and n.startswith("unknown")]
-    valueless = [
-        i + 1
+    number = list(range(1, len(ratios) + 1)) if numbers is None else list(numbers)
+    if len(number) != len(ratios):
+        raise ValueError(f"{len(number)} pair numbers for {len(ratios)} pairs")
+    unknown_at = [i for i, n in enumerate(notes) if n is not None and n.startswith("unknown")]
+    valueless_at = [
+        i
         for i, (b, t) in enumerate(zip(baseline, treatment, strict=True))
         if (b is None or t is None) and undefined_values is not None and undefined_values[i] is not None
     ]
-    undefined = [
-        i + 1
+    undefined_at = [
+        i
         for i, n in enumerate(notes)
-        if n is not None and n.startswith("undefined") and i + 1 not in valueless
+        if n is not None and n.startswith("undefined") and i not in valueless_at
     ]
+    unknown = [number[i] for i in unknown_at]
+    valueless = [number[i] for i in valueless_at]
+    undefined = [number[i] for i in undefined_at]
     reasons = []
     if unknown:
         reasons.append(f"{_pairs(unknown)}: a value not measured")
     if valueless:
-        reasons.append(f"{_pairs(valueless)}: a value {notes[valueless[0] - 1]}")
+        reasons.append(f"{_pairs(valueless)}: a value {notes[valueless_at[0]]}")
     out = len(unknown) + len(valueless)
     left_out = f"{out} of {len(ratios)} pairs left out ({'; '.join(reasons)})" if out else None
     changes = [100.0 * (r - 1.0) for r in ratios if r is not None]
@@ -165,7 +176,7 @@ def paired_change(
             0, None, None, None, f"undefined in every pair: a value {notes[0]}"
         )
     elif undefined:
-        zero = "0" if all(baseline[i - 1] == 0 for i in undefined) else "≤ 0"
+        zero = "0" if all(baseline[i] == 0 for i in undefined_at) else "≤ 0"
         why = f"undefined: baseline {zero} in {_pairs(undefined)} (no ratio); see the mean difference"
         t95 = boot95 = Interval(0, None, None, None, why)
     else:
@@ -173,6 +184,7 @@ def paired_change(
         boot95 = _left_out(bootstrap_interval(changes, seed=seed, resamples=resamples), left_out)
     return {
         "pairs": len(ratios),
+        "pair_numbers": number,
         "ratios": ratios,
         "pair_notes": notes,
         "unknown_pairs": len(unknown),

@@ -1,0 +1,44 @@
+"""The numbers that decide whether a policy helped: paired statistics against SciPy on hand-made
+samples, and the report's naming of the pairs they rest on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncroll.experiment.report import aggregate, markdown
+from asyncroll.experiment.stats import paired_change
+from tests.test_experiment_guards import comparison
+
+GPU_HOUR = "throughput.completed_per_gpu_hour"
+
+
+def test_a_note_names_the_pair_it_means_after_a_failed_pair_is_excluded() -> None:
+    """Pair 2 has a failed arm, so only pairs 1 and 3 are complete; pair 3's treatment value was not
+    measured. The report once said "pair 2: a value not measured" (its position among the complete
+    pairs), naming the failed pair instead, while the figure named p3."""
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({GPU_HOUR: 100.0}, {GPU_HOUR: 110.0}),
+        ({GPU_HOUR: 100.0}, {GPU_HOUR: 90.0}),
+        ({GPU_HOUR: 100.0}, {GPU_HOUR: None}),
+    ]
+    agg = aggregate(comparison(rows, errors={"pair2-b": "boom"}))
+    assert agg["pairs_complete"] == 2
+    d = agg["paired"]["b"]["completed_per_gpu_hour"]
+    assert d["pair_numbers"] == [1, 3] and d["ratios"] == [1.1, None]
+    assert d["mean_percent_change_t95"]["note"].startswith("1 of 2 pairs left out (pair 3: a value not")
+    row = next(line for line in markdown(agg).splitlines() if line.startswith("| completions per alloc"))
+    assert "p1 1.1000, p3 unknown (not measured)" in markdown(agg)
+    assert "pair 2" not in row
+
+
+def test_undefined_baselines_are_named_by_their_pair_number() -> None:
+    out = paired_change([100.0, 0.0, 50.0], [110.0, 1.0, None], seed=0, resamples=50, numbers=[2, 4, 7])
+    assert out["pair_numbers"] == [2, 4, 7]
+    t95 = out["mean_percent_change_t95"]
+    assert isinstance(t95, dict) and t95["note"].startswith("undefined: baseline 0 in pair 4 (no ratio)")
+    diff = out["mean_difference_t95"]
+    assert isinstance(diff, dict) and diff["note"] == "1 of 3 pairs left out (pair 7: a value not measured)"
+    with pytest.raises(ValueError, match="2 pair numbers for 3 pairs"):
+        paired_change([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], seed=0, numbers=[1, 2])
