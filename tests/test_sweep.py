@@ -567,3 +567,26 @@ def test_a_signal_while_the_sweep_waits_for_its_cells_kills_them(tmp_path: Path)
     calls, exitcode, seconds = out.stdout.split()
     assert calls == "2" and exitcode == str(-signal.SIGKILL)
     assert float(seconds) < 30
+
+
+def test_a_seed_with_no_completion_counts_as_zero_per_hour_not_as_missing(tmp_path: Path) -> None:
+    """Every trajectory hits max_turns: each seed completes nothing in a measured window, so its
+    completions per hour is a measured 0. The table once showed "n/a" (a 0 was dropped as if missing),
+    and with some seeds at 0 the median was taken over the others only."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, aggregate, run_sweep
+
+    problems = [tool_problem(f"p{i}", model_ms=30, cpu_ms=40, turns=3) for i in range(4)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo",), (2,), (4,), (1,), 2, 0.3)
+    rows = run_sweep(workload, tmp_path, {"max_turns": 2}, spec, SimulationSettings(), tmp_path / "s")
+    assert [r["completed"] for r in rows] == [0, 0] and all(r["makespan_s"] > 0 for r in rows)
+    assert [r["completed_per_hour"] for r in rows] == [0.0, 0.0]
+    cell = json.loads((tmp_path / "s" / "sweep.json").read_text())["cells"][0]
+    assert cell["completed_per_hour"] == {"min": 0.0, "median": 0.0, "max": 0.0}
+    assert "| 0 / 0 / 0 |" in (tmp_path / "s" / "sweep.md").read_text()
+    # one seed at 0 of three: the median is the middle of all three, not of the two others
+    mixed = [{**rows[0], "seed": s, "completed_per_hour": v} for s, v in enumerate((0.0, 100.0, 120.0))]
+    assert aggregate(mixed)[0]["completed_per_hour"] == {"min": 0.0, "median": 100.0, "max": 120.0}
+    missing = [{**mixed[0], "completed_per_hour": None}, *mixed[1:]]  # null (a 0 s window) stays out
+    assert aggregate(missing)[0]["completed_per_hour"] == {"min": 100.0, "median": 110.0, "max": 120.0}

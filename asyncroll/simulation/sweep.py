@@ -334,8 +334,9 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cpu_blocked_s": _spread([r["cpu_blocked_s"] for r in group]),
                 "reorders": _spread([float(r["reorders"]) for r in group]),
                 "vs_fifo": None if policy == "fifo" else _spread(paired),
+                # a seed with no completion has a measured 0 per hour: it counts (only null is left out)
                 "completed_per_hour": _spread(
-                    [r["completed_per_hour"] for r in group if r["completed_per_hour"]]
+                    [r["completed_per_hour"] for r in group if r["completed_per_hour"] is not None]
                 ),
             }
         )
