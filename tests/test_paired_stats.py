@@ -3,6 +3,7 @@ samples, and the report's naming of the pairs they rest on."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,3 +43,50 @@ def test_undefined_baselines_are_named_by_their_pair_number() -> None:
     assert isinstance(diff, dict) and diff["note"] == "1 of 3 pairs left out (pair 7: a value not measured)"
     with pytest.raises(ValueError, match="2 pair numbers for 3 pairs"):
         paired_change([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], seed=0, numbers=[1, 2])
+
+
+def test_the_figure_names_a_ratio_over_zero_undefined_as_the_report_does(tmp_path: Path) -> None:
+    """Arm a completed nothing in pair 1: its CPU-s per completion is 0/0. The report says
+    "undefined (completed = 0)"; the figure said "unknown: p1 (a)", and without a baseline median
+    its panel lost the median's legend."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from asyncroll.experiment import figure
+
+    none = {"cpu_cost.per_completion_s": None, "counts.completed": 0}
+    some = {"cpu_cost.per_completion_s": 2.0}
+    lost = {"cpu_cost.per_completion_s": None}  # no count recorded: not known to be 0
+    data = comparison([(none, some), (some, some), (lost, some)])
+    agg = aggregate(data)
+    assert "| client+worker CPU-s per completion | 2 (n=1 of 3) | 2 |" in markdown(agg)
+    complete = [p for p in data["pairs"] if p["complete"]]
+    undefined = figure.undefined_values(complete, ["a", "b"], "cpu_s_per_completion")
+    assert undefined == {(1, "a"): "completed = 0"}
+    _, partial = figure.pair_values(complete, ["a", "b"], "cpu_s_per_completion")
+    note = figure.unknown_note(partial, ["a", "b"], undefined)
+    assert note == "unknown: p3 (a); undefined (completed = 0): p1 (a)"
+
+    def drawn(data: dict[str, Any], name: str) -> Any:
+        """The figure ``draw`` made, kept open to read back what it plotted."""
+        kept: list[Any] = []
+        close = plt.close
+        try:
+            plt.close = kept.append  # type: ignore[assignment]
+            figure.draw(data, aggregate(data), tmp_path / name)
+        finally:
+            plt.close = close
+        return kept[0]
+
+    fig = drawn(data, "figure")
+    assert note in [t.get_text() for t in fig.axes[2].texts]
+    plt.close(fig)
+    # no baseline median: the treatment's bar still carries the legend's "median"
+    fig = drawn(comparison([(none, some), (none, some)]), "figure1")
+    legend = fig.axes[2].get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == ["median"]
+    plt.close(fig)
+    # every value undefined: the panel says so, not "unknown (not measured …)"
+    fig = drawn(comparison([(none, none), (none, none)]), "figure2")
+    assert "undefined\n(completed = 0 in every complete pair)" in [t.get_text() for t in fig.axes[2].texts]
+    plt.close(fig)

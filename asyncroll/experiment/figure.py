@@ -3,12 +3,14 @@
 Panels: completions per allocated GPU-hour, sampled model starvation (fraction of covered time), and
 client + worker CPU-seconds per completion. The x axis is the arm (baseline first); each complete pair
 is one grey line joining its arms' values, and each arm's median is a black bar. A panel whose metric is
-unknown for every pair says "unknown" instead of drawing nothing. matplotlib is the ``figures`` extra,
-imported only here.
+unknown for every pair says "unknown" instead of drawing nothing; a value that is a ratio over a measured
+0 (CPU-s per completion of an arm that completed nothing) is named "undefined", as the report names it,
+never "unknown". matplotlib is the ``figures`` extra, imported only here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +53,40 @@ def pair_values(
     return lines, partial
 
 
-def unknown_note(partial: list[tuple[int, Values]], arms: list[str]) -> str:
-    """``"unknown: p3 (fifo); p5 (fifo, asyncroll)"``: which pairs' values the panel could not draw."""
-    named = (
-        f"p{number} ({', '.join(a for a, y in zip(arms, ys, strict=True) if y is None)})"
-        for number, ys in partial
-    )
-    return "unknown: " + "; ".join(named)
+def unknown_note(
+    partial: list[tuple[int, Values]], arms: list[str], undefined: Mapping[tuple[int, str], str] | None = None
+) -> str:
+    """``"unknown: p3 (fifo); p5 (fifo, asyncroll)"``: which pairs' values the panel could not draw.
+
+    ``undefined`` maps (pair number, arm) to why that arm's null value is a ratio over a measured 0
+    (``"completed = 0"``): such a value is named undefined, as the report names it, never unknown."""
+    why = undefined or {}
+    groups: dict[str, list[str]] = {}
+    for number, ys in partial:
+        by_reason: dict[str, list[str]] = {}
+        for arm, y in zip(arms, ys, strict=True):
+            if y is None:
+                reason = why.get((number, arm))
+                by_reason.setdefault("unknown" if reason is None else f"undefined ({reason})", []).append(arm)
+        for reason, named in by_reason.items():
+            groups.setdefault(reason, []).append(f"p{number} ({', '.join(named)})")
+    order = sorted(groups, key=lambda reason: reason != "unknown")  # unknown first, as before
+    return "; ".join(f"{reason}: " + "; ".join(groups[reason]) for reason in order)
+
+
+def undefined_values(complete: list[dict[str, Any]], arms: list[str], key: str) -> dict[tuple[int, str], str]:
+    """(pair number, arm) → ``"<count> = 0"`` for each null value of ``key`` that is a ratio over a
+    measured 0 (the report's ``UNDEFINED_WHEN_ZERO``), so the figure says "undefined" where it does."""
+    from asyncroll.experiment.report import UNDEFINED_WHEN_ZERO
+
+    count = UNDEFINED_WHEN_ZERO.get(key)
+    out: dict[tuple[int, str], str] = {}
+    for pair in complete:
+        for arm in arms:
+            entry = pair["arms"][arm]
+            if count is not None and entry["metrics"].get(key) is None and entry["counts"].get(count) == 0:
+                out[pair["pair"], arm] = f"{count} = 0"
+    return out
 
 
 def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Path]:
@@ -75,6 +104,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
     for ax, (key, label, direction) in zip(axes, PANELS, strict=True):
         drawn = False
         lines, partial = pair_values(complete, arms, key)
+        undefined = undefined_values(complete, arms, key)
         for _, ys in partial:  # a line needs every arm: the known points alone, hollow
             known = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
             if known:
@@ -84,7 +114,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
             ax.text(
                 0.02,
                 0.02,
-                unknown_note(partial, arms),
+                unknown_note(partial, arms, undefined),
                 transform=ax.transAxes,
                 fontsize=7,
                 color="firebrick",
@@ -102,9 +132,10 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 va="center",
             )
             drawn = True
+        labelled = False
         for x, arm in zip(xs, arms, strict=True):
             med = agg["medians"][arm].get(key)
-            if med is not None:
+            if med is not None:  # the first bar drawn carries the legend's label (the baseline's may be null)
                 ax.hlines(
                     med,
                     x - 0.18,
@@ -112,13 +143,18 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                     colors="black",
                     lw=2.5,
                     zorder=3,
-                    label="median" if x == 0 else None,
+                    label=None if labelled else "median",
                 )
+                labelled = True
         if not drawn:
+            every = set(undefined.values())
+            all_undefined = complete and len(undefined) == len(complete) * len(arms) and len(every) == 1
             ax.text(
                 0.5,
                 0.5,
-                "unknown\n(not measured in any complete pair)",
+                f"undefined\n({every.pop()} in every complete pair)"
+                if all_undefined
+                else "unknown\n(not measured in any complete pair)",
                 ha="center",
                 va="center",
                 transform=ax.transAxes,
