@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -74,7 +75,7 @@ def _fixed_cost_ms(sandbox: Sandbox, tests: int) -> float:
             execution = sandbox.run(code, b"", scratch)
             out.append((time.perf_counter() - began) * 1000)
             assert execution.done == {"kind": "done", "ok": True}, execution
-        return sorted(out)[len(out) // 2]
+        return statistics.median(out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -85,7 +86,7 @@ def _command_ms(command: list[str], tests: int) -> float:
         began = time.perf_counter()
         subprocess.run(command, check=True)
         out.append((time.perf_counter() - began) * 1000)
-    return sorted(out)[len(out) // 2]
+    return statistics.median(out)
 
 
 def main() -> None:
