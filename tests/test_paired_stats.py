@@ -90,3 +90,17 @@ def test_the_figure_names_a_ratio_over_zero_undefined_as_the_report_does(tmp_pat
     fig = drawn(comparison([(none, none), (none, none)]), "figure2")
     assert "undefined\n(completed = 0 in every complete pair)" in [t.get_text() for t in fig.axes[2].texts]
     plt.close(fig)
+
+
+def test_the_failure_table_says_it_counts_complete_pairs_only() -> None:
+    """Arm a failed 2 trajectories in pair 1 (complete) and 5 in pair 2, whose arm b failed: the table
+    shows 2, so it must say that it sums complete pairs only, or a reader takes 2 for a's total."""
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"counts.failed": 2}, {"counts.failed": 0}),
+        ({"counts.failed": 5}, {"counts.failed": 0}),
+    ]
+    text = markdown(aggregate(comparison(rows, errors={"pair2-b": "boom"})))
+    failures = text[text.index("## Failures") :]
+    assert "| a | 2 |" in failures
+    assert "sums over the complete pairs" in failures and "`pair2-b`: boom" in failures
+    assert "## Quality (sums over complete pairs)" in text

@@ -308,7 +308,7 @@ def markdown(agg: dict[str, Any]) -> str:
         )
     out += [
         "",
-        "## Quality",
+        "## Quality (sums over complete pairs)",
         "",
         "| arm | exact accuracy (correct / graded) | first-pass rate (passed / evaluated) |",
         "|---|---|---|",
@@ -324,6 +324,9 @@ def markdown(agg: dict[str, Any]) -> str:
     out += [
         "",
         "## Failures",
+        "",
+        "Trajectory counts are sums over the complete pairs, like the rates above: a pair with a failed "
+        "or unfinished arm counts in none of its arms. Every failed and unfinished arm is listed below.",
         "",
         "| arm | failed trajectories | max_turns | model failures | worker restarts |",
         "|---|---|---|---|---|",
