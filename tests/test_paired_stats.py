@@ -6,13 +6,53 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncroll.experiment.report import aggregate, markdown
-from asyncroll.experiment.stats import paired_change
+from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval
+from asyncroll.outputs.statistics import distribution
 from tests.test_experiment_guards import comparison
 
 GPU_HOUR = "throughput.completed_per_gpu_hour"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[1.0, 2.0], [-5.0, -7.0, -1.0, -2.0], [1e40, -1e40, 5e39], [0.1, 0.2, 0.3, 0.4, 0.5, 10.0]],
+)
+def test_the_t_interval_is_scipys_on_small_negative_and_huge_samples(values: list[float]) -> None:
+    import scipy.stats as scipy_stats
+
+    mean = float(np.mean(values))
+    low, high = scipy_stats.t.interval(0.95, len(values) - 1, loc=mean, scale=scipy_stats.sem(values))
+    ours = t_interval(values)
+    assert ours.n == len(values) and ours.mean == pytest.approx(mean, rel=1e-12)
+    assert ours.low == pytest.approx(low, rel=1e-9) and ours.high == pytest.approx(high, rel=1e-9)
+
+
+def test_degenerate_samples_give_no_interval_or_a_zero_width_one() -> None:
+    one = t_interval([4.0])
+    assert (one.n, one.mean, one.low, one.high) == (1, 4.0, None, None)
+    boot = bootstrap_interval([4.0], seed=0)
+    assert (boot.n, boot.mean, boot.low, boot.high) == (1, 4.0, None, None)
+    # every pair changed by the same amount: no spread, so the interval is the mean itself (SciPy's
+    # scale-0 interval is NaN), and a verdict "above 0" reads it as such
+    same = t_interval([2.5, 2.5, 2.5])
+    assert (same.low, same.mean, same.high) == (2.5, 2.5, 2.5)
+    boot = bootstrap_interval([2.5, 2.5, 2.5], seed=0, resamples=100)
+    assert (boot.low, boot.high) == (2.5, 2.5)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[5.0], [1.0, 2.0], [3.0, 1.0, 2.0], [1.0, 1.0, 2.0, 2.0], [2.0, 2.0, 2.0], [0.3, 0.1, 0.2, 9.0]],
+)
+def test_summary_percentiles_are_numpys_linear_ones_on_small_samples(values: list[float]) -> None:
+    d = distribution(values)
+    p50, p95 = np.quantile(values, [0.5, 0.95])
+    assert d["count"] == len(values) and d["min"] == min(values) and d["max"] == max(values)
+    assert d["p50"] == pytest.approx(float(p50), abs=1e-6) and d["p95"] == pytest.approx(float(p95), abs=1e-6)
 
 
 def test_a_note_names_the_pair_it_means_after_a_failed_pair_is_excluded() -> None:
