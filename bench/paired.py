@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
+from typing import Any
 
 from asyncroll.experiment.stats import t_interval
 from bench import synthetic
@@ -30,9 +32,12 @@ def interval(xs: list[float]) -> str:
     return f"{100 * ci.mean:+.1f}% [{100 * ci.low:+.1f}%, {100 * ci.high:+.1f}%] (n={ci.n})"
 
 
-def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
-    """min / median / max (the true median: the mean of the middle two for an even count)."""
-    lo, mid, hi = quantiles(xs)
+def spread(xs: Sequence[float | None], fmt: str = "{:.1f}") -> str:
+    """min / median / max (the true median: the mean of the middle two for an even count); "unknown"
+    when a run has no value (a CPU-queue p95 of a run without CPU jobs): missing is never 0."""
+    if not xs or any(x is None for x in xs):
+        return "unknown"
+    lo, mid, hi = quantiles([x for x in xs if x is not None])
     return " / ".join(fmt.format(v) for v in (lo, mid, hi))
 
 
@@ -50,7 +55,7 @@ def main() -> None:
         f"seeds 0..{args.seeds - 1}; real runs, order rotating per seed"
     )
     for point in POINTS:
-        rows: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
+        rows: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES}
         for seed in range(args.seeds):
             workload = synthetic.write(
                 tmp / f"p{point}-s{seed}" / "w.jsonl", args.n, args.model_ms, args.cpu_ms, seed
@@ -71,7 +76,9 @@ def main() -> None:
                     {
                         "per_hour": s["throughput"]["completed_per_wall_hour"],
                         "blocked": s["client_cpu_blocked"]["seconds"],
-                        "queue_p95_ms": 1000 * (s["latency"]["cpu_queue_s"]["p95"] or 0.0),
+                        "queue_p95_ms": None
+                        if (p95 := s["latency"]["cpu_queue_s"]["p95"]) is None
+                        else 1000 * p95,
                         "eligible": s["scheduler"]["eligible_decisions"],
                         "decisions": s["scheduler"]["decisions"],
                         "reorders": s["scheduler"]["reorders"],

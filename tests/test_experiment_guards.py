@@ -673,6 +673,7 @@ def test_bench_min_median_max_uses_the_true_median() -> None:
     assert quantiles([5.0, 1.0, 3.0]) == (1.0, 3.0, 5.0)
     assert quantiles([4.0, 1.0, 3.0, 2.0]) == (1.0, 2.5, 4.0)
     assert spread([-0.330, 0.466], "{:+.1%}") == "-33.0% / +6.8% / +46.6%"
+    assert spread([1.0, None, 3.0]) == "unknown"  # a run without the value: missing, never 0
     assert interval([0.1, 0.2, 0.3]).endswith("(n=3)")
 
 
