@@ -144,3 +144,12 @@ def test_the_failure_table_says_it_counts_complete_pairs_only() -> None:
     assert "| a | 2 |" in failures
     assert "sums over the complete pairs" in failures and "`pair2-b`: boom" in failures
     assert "## Quality (sums over complete pairs)" in text
+
+
+def test_report_numbers_are_written_whole_not_in_exponent_form() -> None:
+    """Completions per hour read 67,050, not 6.705e+04; small values keep four significant digits."""
+    from asyncroll.experiment.report import fmt
+
+    assert fmt(67_050.3) == "67,050" and fmt(-12_345.6) == "-12,346"
+    assert fmt(1.23456) == "1.235" and fmt(0.5) == "0.5" and fmt(None) == "unknown"
+    assert fmt(3.0, ".0f") == "3"

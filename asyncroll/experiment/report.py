@@ -11,6 +11,7 @@ statistic says how many pairs it rests on (``n``) and which it left out.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shutil
@@ -177,19 +178,25 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def fmt(value: Any, spec: str = ".4g") -> str:
+def fmt(value: Any, spec: str | None = None) -> str:
+    """A value as the report prints it: four significant digits by default, a large one whole with
+    thousands separators (67,050 completions per hour, not 6.705e+04)."""
     if value is None:
         return "unknown"
     if isinstance(value, float):
-        return format(value, spec)
+        return format(value, spec) if spec is not None else _number(value)
     return str(value)
+
+
+def _number(x: float, sign: str = "") -> str:
+    return format(x, f"{sign},.0f") if abs(x) >= 1e4 and math.isfinite(x) else format(x, f"{sign}.4g")
 
 
 def _interval(d: dict[str, Any], percent: bool = True) -> str:
     """A mean with its interval and ``n`` (the pairs it rests on), or why there is none."""
 
     def num(x: float) -> str:
-        return f"{x:+.2f}%" if percent else f"{x:+.4g}"
+        return f"{x:+.2f}%" if percent else _number(x, "+")
 
     note = d.get("note")
     if d["mean"] is None:
