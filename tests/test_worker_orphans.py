@@ -29,7 +29,7 @@ from asyncroll.events import EventLog
 from asyncroll.proctree import is_subreaper
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
-from asyncroll.workers.child import ORPHAN_ZOMBIES
+from asyncroll.workers.upkeep import ORPHAN_ZOMBIES
 from asyncroll.workers.spawn import tools_frame
 
 T = TypeVar("T")
