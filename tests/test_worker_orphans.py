@@ -29,8 +29,8 @@ from asyncroll.events import EventLog
 from asyncroll.proctree import is_subreaper
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
-from asyncroll.workers.upkeep import ORPHAN_ZOMBIES
 from asyncroll.workers.spawn import tools_frame
+from asyncroll.workers.upkeep import ORPHAN_ZOMBIES
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
