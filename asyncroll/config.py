@@ -31,6 +31,7 @@ from asyncroll.json_checks import unique_keys
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
+MIN_WORKER_RSS_MB = 64  # below a bare worker interpreter's own footprint every job would replace it
 
 PolicyName = Literal[
     "sync",
@@ -102,6 +103,8 @@ class RunConfig(BaseModel):
     warmup_requests: int = Field(default=2, ge=0)
     tool_timeout: float = Field(default=60.0, gt=0)
     worker_startup_timeout: float = Field(default=120.0, gt=0)
+    # a worker left above this resident memory after a job is replaced (None: never); a MiB count
+    worker_max_rss_mb: int | None = Field(default=None, ge=MIN_WORKER_RSS_MB, le=1 << 30)
     request_timeout: float = Field(default=120.0, gt=0)
     structured_output: bool = True
     metrics_url: str | None = None

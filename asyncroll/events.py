@@ -65,7 +65,7 @@ class WorkerRestarting(Event):
     worker: int
     old_pid: int | None
     generation: int
-    reason: Literal["timeout", "died", "startup_failed"]
+    reason: Literal["timeout", "died", "startup_failed", "memory"]
     restarts: int
 
 

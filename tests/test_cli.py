@@ -608,6 +608,48 @@ def test_a_tool_file_changed_during_the_run_is_never_run(tmp_path: Path) -> None
     assert restarts == [("died", 1)]
 
 
+@pytest.mark.timeout(60)
+def test_a_worker_a_leaking_tool_grows_past_the_memory_cap_is_replaced(tmp_path: Path) -> None:
+    """--worker-max-rss-mb: a warm worker keeps module state, so a tool that leaks (an unbounded cache)
+    grew it for the whole run. A job that leaves its worker above the cap now has the worker closed and
+    replaced (reason ``memory``, counted), the job's own result kept; without the flag nothing changes."""
+    tool = tmp_path / "leaky.py"
+    tool.write_text("KEPT = []\n\ndef leak(mb):\n    KEPT.append(b'x' * (mb << 20))\n    return len(KEPT)\n")
+    problems = [
+        {
+            "id": f"p{i}",
+            "prompt": "p",
+            "reference_answer": "1",
+            "tools": [{"name": "leak", "inputs": {"mb": "int"}, "implementation": "leaky.py"}],
+            "script": [
+                {"type": "tool", "name": "leak", "arguments": {"mb": 48}, "latency_ms": 0},
+                {"type": "final", "answer": "1"},
+            ],
+        }
+        for i in range(3)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    base = ["run", "--workload", workload, "--cpu-workers", "1", "--max-active-trajectories", "1"]
+    restarts = {}
+    for name, extra in (("capped", ["--worker-max-rss-mb", "100"]), ("uncapped", [])):
+        out = tmp_path / name
+        result = cli(*base, "--output", out, *extra)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["counts"]["completed"] == 3
+        events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        restarts[name] = [(e["reason"], e["generation"]) for e in events if e["event"] == "worker_restarting"]
+        assert summary["workers"]["restarts"] == len(restarts[name])
+        # each leak call's count of kept blocks: the replacement starts with none
+        assert [e["ok"] for e in events if e["event"] == "cpu_finished"] == [True] * 6
+    # a bare worker is ~20 MiB: 48 MiB kept is under 100, 96 MiB over it → replaced after the 2nd call
+    assert restarts == {"capped": [("memory", 1)], "uncapped": []}
+    capped = json.loads((tmp_path / "capped" / "summary.json").read_text())
+    assert capped["workers"]["restarts_by_reason"] == {"memory": 1}
+    receipt = json.loads((tmp_path / "capped" / "run.json").read_text())
+    assert receipt["config"]["worker_max_rss_mb"] == 100
+
+
 @pytest.mark.timeout(30)
 def test_more_worker_processes_than_the_cap_are_refused(tmp_path: Path) -> None:
     result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--cpu-workers", "5000")

@@ -51,6 +51,13 @@ def run(
     worker_startup_timeout: Annotated[
         float | None, Opt(help="Seconds for a worker to get ready (120).")
     ] = None,
+    worker_max_rss_mb: Annotated[
+        int | None,
+        Opt(
+            help="Replace a tool worker that a job leaves above this resident memory, MiB (off; at "
+            "least 64): a leaking tool cannot grow the warm workers for the whole run."
+        ),
+    ] = None,
     request_timeout: Annotated[
         float | None,
         Opt(

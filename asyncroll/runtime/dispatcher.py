@@ -288,7 +288,13 @@ class CpuDispatcher:
         spec, view = job.spec, job.view
         tool = self._tool_keys.get(spec.tool, spec.tool)
         request = JobRequest(
-            view.job_id, tool, spec.arguments, spec.cost_s, spec.declared, spec.observation_chars
+            view.job_id,
+            tool,
+            spec.arguments,
+            spec.cost_s,
+            spec.declared,
+            spec.observation_chars,
+            self._pool.reads_rss,
         )
         sent = self._clock.now()
         execution = self._ranges.start("cpu execution", view.job_id)
@@ -330,7 +336,7 @@ class CpuDispatcher:
             )
         )
         self._predictor.observe(view, reply.execute_s)
-        self._pool.release(slot)
+        self._pool.job_done(slot, reply.rss_bytes)
         return JobOutcome(ok=reply.ok, value=reply.value, error=reply.error, execute_s=reply.execute_s)
 
 

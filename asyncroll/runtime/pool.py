@@ -27,7 +27,7 @@ from asyncroll.workers.orphans import Adopter
 from asyncroll.workers.process import CallResult
 from asyncroll.workers.protocol import JobRequest
 
-RestartReason = Literal["timeout", "died", "startup_failed"]
+RestartReason = Literal["timeout", "died", "startup_failed", "memory"]
 MAX_RESTART_ATTEMPTS = 3
 _log = logging.getLogger(__name__)
 
@@ -71,8 +71,16 @@ class PoolSnapshot:
 
 
 class WorkerPool:
-    def __init__(self, size: int, factory: WorkerFactory, clock: Clock, events: EventLog) -> None:
+    def __init__(
+        self,
+        size: int,
+        factory: WorkerFactory,
+        clock: Clock,
+        events: EventLog,
+        max_rss_bytes: int | None = None,
+    ) -> None:
         self._size = size
+        self._max_rss = max_rss_bytes  # --worker-max-rss-mb: a worker left above it after a job is replaced
         self._factory = factory
         self._clock = clock
         self._events = events
@@ -128,6 +136,21 @@ class WorkerPool:
         self._busy.add(slot)
         self._peak_busy = max(self._peak_busy, len(self._busy))
         return slot
+
+    @property
+    def reads_rss(self) -> bool:
+        """Whether jobs should ask their worker for its resident memory (a cap is set)."""
+        return self._max_rss is not None
+
+    def job_done(self, slot: int, rss_bytes: int | None) -> None:
+        """A job ended on the slot's (healthy) worker: the slot is idle again, unless the job left the
+        worker above the memory cap — a tool that leaks (an unbounded cache, module state) would grow
+        the warm worker for the whole run: it is then closed and replaced (``worker_restarting``,
+        reason ``memory``), its tools preloaded afresh."""
+        if self._max_rss is not None and rss_bytes is not None and rss_bytes > self._max_rss:
+            self.replace_soon(slot, "memory")
+        else:
+            self.release(slot)
 
     def release(self, slot: int) -> None:
         """Return a healthy slot after its job (or after its replacement started)."""
@@ -211,19 +234,20 @@ class WorkerPool:
         self._replaced = True
         old = self.worker(slot)
         self._restarting_event(slot, old, old.generation + 1, reason)
-        task = self._tg.create_task(self._replace(slot, old))
+        task = self._tg.create_task(self._replace(slot, old, retire=reason == "memory"))
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
-    async def _replace(self, slot: int, old: Worker) -> None:
-        """Kill the old worker's tree and start the next generation (its restart already recorded by
+    async def _replace(self, slot: int, old: Worker, retire: bool = False) -> None:
+        """Kill the old worker's tree (close it, when it is healthy and ``retire``d: it ends its own
+        descendants first) and start the next generation (its restart already recorded by
         :meth:`replace_soon`); a start that fails is retried as a restart of its own, up to
         :data:`MAX_RESTART_ATTEMPTS` in all — except one whose tools do not load (:class:`ToolsNotLoaded`:
         the next start reads the same files), which fails the run at once. The slot is idle again
         afterwards."""
         if self._closing:
             return
-        await old.kill()
+        await (old.aclose() if retire else old.kill())
         await self._kill_orphans(slot, old)
         generation = old.generation + 1
         last_error: Exception | None = None

@@ -175,7 +175,8 @@ class Run:
             events.subscribe(subscriber)
         limits = cfg.limits
         sampler = TelemetrySampler.from_config(cfg, clock, events)
-        pool = WorkerPool(limits.cpu_workers, self._factory, clock, events)
+        max_rss = None if cfg.worker_max_rss_mb is None else cfg.worker_max_rss_mb << 20
+        pool = WorkerPool(limits.cpu_workers, self._factory, clock, events, max_rss_bytes=max_rss)
         gate = ModelGate(limits.max_inflight_model_requests, clock, events, ranges=ranges)
         admission = Admission(limits.max_active_trajectories, getattr(self._backend, "wait_available", None))
         bind_events = getattr(self._backend, "bind_events", None)

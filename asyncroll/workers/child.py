@@ -53,7 +53,14 @@ from asyncroll.workers.protocol import (
     read_payload,
 )
 from asyncroll.workers.results import check_result, to_jsonable
-from asyncroll.workers.upkeep import Baseline, adopt_orphans, die_with_parent, end_descendants, reap_orphans
+from asyncroll.workers.upkeep import (
+    Baseline,
+    adopt_orphans,
+    die_with_parent,
+    end_descendants,
+    reap_orphans,
+    resident_bytes,
+)
 
 PING = "__ping__"
 """The dummy call's tool name: answers the worker's pid."""
@@ -212,7 +219,16 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         ok, error, blob = False, f"its result could not be encoded: {describe(exc)}", dumps(None)
     serialize_s = decode_s + time.monotonic() - t1
     reply = JobReply(
-        request.job_id, ok, None, error, started, finished, finished - started, cpu_s, serialize_s
+        request.job_id,
+        ok,
+        None,
+        error,
+        started,
+        finished,
+        finished - started,
+        cpu_s,
+        serialize_s,
+        resident_bytes() if request.report_rss else None,
     )
     return encode(reply, value_blob=blob)
 

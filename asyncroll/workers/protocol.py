@@ -80,7 +80,8 @@ class JobRequest:
     tool; a real worker ignores it. ``observation_chars`` marks a tool job whose result a model will
     read: the reply's value is then not the result but ``(text, chars)`` from :func:`observation`, so a
     large result is encoded and cut where it was made — never carried through the pipe whole, nor
-    encoded on the runtime's event loop while every other trajectory waits.
+    encoded on the runtime's event loop while every other trajectory waits. ``report_rss`` asks the
+    worker for its resident memory after the job (``--worker-max-rss-mb``).
     """
 
     job_id: int
@@ -89,6 +90,7 @@ class JobRequest:
     cost_s: float | None = None
     declared: Any = None
     observation_chars: int | None = None
+    report_rss: bool = False
 
 
 JSON_TEXT = json.JSONEncoder(default=str)  # json.dumps(value, default=str), without a new encoder per call
@@ -131,7 +133,8 @@ class JobReply:
     ``started``/``finished`` are ``time.monotonic()`` in the worker, the same clock as the runtime's
     on Linux. ``execute_s`` is the tool call's wall time, ``cpu_s`` the worker's CPU time during the
     call (``time.process_time``, plus child processes the tool reaped, at clock-tick resolution) and
-    ``serialize_s`` the worker's time to decode the request and encode the reply value.
+    ``serialize_s`` the worker's time to decode the request and encode the reply value. ``rss_bytes``
+    is the worker's resident memory after the job, when the request asked for it and it could be read.
     """
 
     job_id: int
@@ -143,6 +146,7 @@ class JobReply:
     execute_s: float
     cpu_s: float
     serialize_s: float
+    rss_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """A tool worker's upkeep of its own process: what every job finds (working directory, stdio), the
-orphans it reaps between jobs, the descendants it ends when it closes, and the Linux process flags it
-sets at start (death with its parent, child subreaper). Stdlib only at import (the worker imports it at
-start-up); psutil is imported only when a descendant is left at close.
+orphans it reaps between jobs, the descendants it ends when it closes, its resident memory (read after a
+job when asked), and the Linux process flags it sets at start (death with its parent, child subreaper).
+Stdlib only at import (the worker imports it at start-up); psutil is imported only when a descendant is
+left at close.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ CLOSE_LIMIT_S = 0.6
 """At close, stop trying after this long (inside the runtime's 1 s wait; it then kills the tree)."""
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36  # Linux >= 3.4
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Baseline:
@@ -58,6 +60,15 @@ def _identity(fd: int) -> tuple[int, int] | None:
     except OSError:
         return None
     return stat.st_dev, stat.st_ino
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (``/proc/self/statm``, Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def reap_orphans() -> None:
