@@ -9,10 +9,9 @@ it needs. Exit codes: 0 run complete, 1 run failed, 2 usage or validation error,
 
 from __future__ import annotations
 
-import contextlib
-
 import typer
 
+from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
 
 app = typer.Typer(
@@ -39,37 +38,25 @@ app.command()(experiment.report)
 
 
 def main() -> None:
+    cli_signals.guard()  # SIGTERM and SIGHUP stop the command as Ctrl-C does, from the first instant
     try:
         app()
     except SystemExit as exc:  # click ends every command this way
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        _exit_on_signal(code)
+        cli_signals.leave_with(code)
         raise
     except KeyboardInterrupt:  # a Ctrl-C no command caught (say, as one ended): 130, no traceback
-        _exit_on_signal(130)
+        cli_signals.leave_with(130)
         raise SystemExit(130) from None
-
-
-def _exit_on_signal(code: int) -> None:
-    """The command is over and the interpreter is shutting down: a stop signal now (a burst of Ctrl-C)
-    exits at once with the command's own code, instead of a KeyboardInterrupt traceback from the
-    interpreter's shutdown. It still ends a shutdown that hangs. (In the last instants of the shutdown
-    Python itself puts the default handlers back: a signal then still ends the process by that signal.)"""
-    import os
-    import signal
-    import sys
-
-    def leave(_signum: int, _frame: object) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            with contextlib.suppress(ValueError, OSError):  # not the main thread
-                signal.signal(sig, leave)
+    except Exception as exc:
+        name = cli_signals.interrupted_by()
+        if name is None:
+            raise
+        # the interruption surfaced as another exception (a Ctrl-C while numpy's C extension imports
+        # is an ImportError): the command was interrupted, and says so without a traceback
+        cli_signals.leave_with(130)
+        typer.echo(f"interrupted by {name} ({type(exc).__name__}: {exc})", err=True)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -92,6 +92,11 @@ class CommandSignals:
         self._previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return
+        from asyncroll.cli_signals import interrupted_by
+
+        if (early := interrupted_by()) is not None:  # its KeyboardInterrupt was swallowed (it came during
+            self.received = early  # a weakref callback or a __del__): the command stops here, exit 130
+            raise KeyboardInterrupt(early)
         for sig in STOP_SIGNALS:
             if sig is signal.SIGINT:  # Python's own handler (or the caller's) raises KeyboardInterrupt;
                 self._previous[sig] = signal.getsignal(sig)  # kept as it is, put back by restore()

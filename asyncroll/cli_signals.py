@@ -1,0 +1,79 @@
+"""The CLI process's stop signals (SIGINT, SIGTERM, SIGHUP) outside a command's own handling: from the
+first instant of :func:`asyncroll.cli.main` to the process's exit. A command's run installs its own
+handlers on top (:mod:`asyncroll.runtime.signals`, the experiment runner's guard) and puts these back.
+
+- Before and between those handlers (imports, parsing, validation), each of the three stops the command
+  as Ctrl-C does: exit 130, no traceback (:func:`guard`). SIGTERM and SIGHUP used to kill the process
+  outright in this stretch (status -15, -1).
+- A command that ends with an exception after one of them came ends "interrupted by …" with exit 130,
+  its exception on one line (:func:`interrupted_by`): a Ctrl-C during the import of a C extension
+  (numpy) surfaces as an ``ImportError``, which printed a traceback and exited 1.
+- Once the command is over (:func:`leave_with`) a signal ends the process at once with the command's own
+  exit code; from the interpreter's final clean-up on, it is ignored. Python puts the default handlers
+  back for that clean-up (≈ 0.5 s with scikit-learn and SciPy loaded), so a second Ctrl-C or a SIGTERM
+  shortly after the first used to end the process by that signal, against the exit code run.json records.
+
+Only the standard library is imported here: ``asyncroll --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+from types import FrameType
+
+_NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
+_received: list[str] = []  # the stop signals this process received since guard(), in order
+
+
+def _stop_signals() -> list[signal.Signals]:
+    return [sig for name in _NAMES if (sig := getattr(signal, name, None)) is not None]
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _received.append(signal.Signals(signum).name)
+    signal.default_int_handler(signal.SIGINT, frame)  # raises KeyboardInterrupt
+
+
+def guard() -> None:
+    """From now on each stop signal is recorded and raises KeyboardInterrupt (which typer, and each
+    command, turn into exit 130). Main thread only; elsewhere nothing changes."""
+    _received.clear()
+    for sig in _stop_signals():
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, _interrupt)
+
+
+def interrupted_by() -> str | None:
+    """The first stop signal received since :func:`guard`, if any."""
+    return _received[0] if _received else None
+
+
+def leave_with(code: int) -> None:
+    """The command is over and the interpreter is shutting down: a stop signal now (a burst of Ctrl-C)
+    exits at once with the command's own code, instead of a KeyboardInterrupt traceback from the
+    interpreter's shutdown; it still ends a shutdown that hangs joining a thread. Once the exit handlers
+    run, the signals are ignored instead: the interpreter's last clean-up would otherwise run under the
+    default handlers, and a signal then ended the process by that signal."""
+
+    def leave(_signum: int, _frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    for sig in _stop_signals():
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, leave)
+    atexit.register(_ignore_stop_signals)  # registered last: the first exit handler to run
+
+
+def _ignore_stop_signals() -> None:
+    """Python resets a handled signal to its default for the final clean-up, but leaves an ignored one
+    ignored: the exit code stays the command's."""
+    for sig in _stop_signals():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)

@@ -1,0 +1,177 @@
+"""The CLI process's stop signals outside a command's own handlers (``asyncroll.cli_signals``), each in a
+real ``python`` process started through :func:`asyncroll.cli.main` and signalled at a deterministic
+point: while the command is still reading its settings, after a signal was swallowed, when an interrupt
+surfaced as another exception, and in the interpreter's last clean-up. Every process has a hard timeout."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+SMOKE = REPO / "examples" / "smoke.jsonl"
+
+
+def python(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """The exit status and stderr (killed after 60 s: a hang fails the test)."""
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stderr
+
+
+#: main() with the given argv, and an object whose __del__ sends a signal to this process when the
+#: interpreter drops __main__'s globals: after the exit handlers, once Python has put the default
+#: handlers back for its last clean-up.
+LATE_SIGNAL = """
+import os, signal, sys, time
+class Late:
+    def __del__(self, kill=os.kill, pid=os.getpid(), sig=int(sys.argv[1]), sleep=time.sleep):
+        kill(pid, sig)
+        sleep(0.5)
+late = Late()
+sys.argv = ["asyncroll", *sys.argv[2:]]
+from asyncroll.cli import main
+main()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_in_the_interpreters_last_cleanup_keeps_the_commands_exit_code(sig: signal.Signals) -> None:
+    """Python's last clean-up takes ≈ 0.5 s after a run (scikit-learn, SciPy): a second Ctrl-C or a
+    SIGTERM after the first then ended the process by that signal (status -15 or -2), while run.json
+    said exit code 130 (or 0)."""
+    code, stderr = finish(python(LATE_SIGNAL, str(int(sig)), "validate", str(SMOKE)))
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_while_run_reads_its_settings_exits_130(tmp_path: Path) -> None:
+    """Before the run's own handlers (imports, settings, validation: ≈ 1 s) SIGTERM and SIGHUP killed
+    the process outright (status -15); now they stop it as Ctrl-C does. The command is held reading its
+    config file, a FIFO nobody writes to."""
+    fifo = tmp_path / "settings.json"
+    os.mkfifo(fifo)
+    out = tmp_path / "run"
+    command = ["-m", "asyncroll.cli", "run", "--config", str(fifo), "--workload", str(SMOKE)]
+    proc = subprocess.Popen(
+        [sys.executable, *command, "--output", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    writer = None
+    try:
+        deadline = time.monotonic() + 60
+        while writer is None and proc.poll() is None and time.monotonic() < deadline:
+            try:  # succeeds once the command has the FIFO open for reading: it is waiting in there
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO
+                time.sleep(0.01)
+        assert writer is not None, "the command never opened its config file"
+        os.kill(proc.pid, signal.SIGTERM)
+        code, stderr = finish(proc)
+    finally:
+        if writer is not None:
+            os.close(writer)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    assert not out.exists()
+
+
+#: main() with one more command, in which a Ctrl-C arrives and is turned into an ImportError, as numpy's
+#: C extension does when a Ctrl-C lands while it imports.
+INTERRUPT_AS_IMPORT_ERROR = """
+import os, signal, sys, time
+from asyncroll import cli
+
+@cli.app.command("import-numpy")
+def import_numpy() -> None:
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+    except KeyboardInterrupt:
+        raise ImportError("numpy._core.multiarray failed to import") from None
+
+sys.argv = ["asyncroll", "import-numpy"]
+cli.main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupt_that_surfaces_as_another_exception_exits_130_without_a_traceback() -> None:
+    """A Ctrl-C while numpy loads (``asyncroll run`` imports it in its first second) ended with an
+    ImportError traceback and exit code 1."""
+    code, stderr = finish(python(INTERRUPT_AS_IMPORT_ERROR))
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted by SIGINT (ImportError: numpy._core.multiarray failed to import)" in stderr
+
+
+#: run, where a SIGTERM is handled inside a weakref callback while the settings are built: Python reports
+#: the KeyboardInterrupt the handler raised there as "ignored" and goes on.
+SWALLOWED = """
+import gc, os, signal, sys, time, weakref
+import asyncroll.config as config
+
+real = config.build_config
+
+def build_config(*args, **kwargs):
+    class Thing:
+        pass
+
+    def callback(_ref):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs (and raises) here, in the callback
+
+    thing = Thing()
+    ref = weakref.ref(thing, callback)
+    del thing
+    gc.collect()
+    return real(*args, **kwargs)
+
+config.build_config = build_config
+sys.argv = ["asyncroll", "run", "--workload", sys.argv[1], "--output", sys.argv[2], "--no-progress"]
+from asyncroll.cli import main
+main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_signal_swallowed_before_the_run_still_stops_the_command(tmp_path: Path) -> None:
+    """A KeyboardInterrupt raised in a weakref callback (or a ``__del__``) is only reported: the command
+    went on and ran to the end, exit 0, the SIGTERM lost. Its record stops the command before the run
+    (from where ``run`` has its own handlers: one swallowed after that is not covered)."""
+    out = tmp_path / "run"
+    code, stderr = finish(python(SWALLOWED, str(SMOKE), str(out)))
+    assert "Exception ignored" in stderr  # Python's own report: the signal did land in the callback
+    assert code == 130, stderr
+    assert not out.exists()
