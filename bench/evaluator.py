@@ -11,7 +11,7 @@ Measures, each repeated ``--repeats`` times (table: min / median / max over repe
   empty program ``pass`` in this process, every isolation layer on: launcher, namespaces, cgroups,
   interpreter start, harness, prelude imports, kill and clean-up (median of ``--tests`` runs).
 * the same **without the per-test cgroups** (every other layer on), to show what joining a
-  cgroup-v1 ``memory``/``pids`` group costs per test;
+  ``memory``/``pids`` cgroup (v1, or v2 on a host without v1 hierarchies) costs per test;
 * reference points for what the fixed cost is made of, each a plain ``subprocess.run`` with the
   sandbox's interpreter (median of ``--tests`` runs): the **bare interpreter start**
   (``python -I -c pass``), the start plus
@@ -105,8 +105,8 @@ def main() -> None:
         f"{', '.join(active)}; interpreter {report.config.python}; one-off probe {probe_s:.2f} s"
     )
     sandbox = Sandbox(report.config)
-    with_cgroups = report.config.memory_cgroup is not None or report.config.pids_cgroup is not None
-    plain = replace(report.config, memory_cgroup=None, pids_cgroup=None)
+    with_cgroups = report.config.cgroup_version is not None
+    plain = replace(report.config, memory_cgroup=None, pids_cgroup=None, cgroup_v2=None)
     no_cgroups = Sandbox(plain) if with_cgroups else None
     rows: dict[str, list[float]] = {
         "evaluations/s, 1 worker (1 test each)": [],

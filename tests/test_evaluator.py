@@ -28,7 +28,8 @@ import pytest
 
 from asyncroll.errors import WorkerTimeout
 from asyncroll.evaluator import cgroups, compare, isolation
-from asyncroll.evaluator.cgroups import PREFIX, CgroupFactory, controller_root
+from asyncroll.evaluator.cgroups import PREFIX
+from asyncroll.evaluator.cgroups_v2 import group_roots
 from asyncroll.evaluator.compare import compare_stdout, stripped_lines
 from asyncroll.evaluator.evaluate import FIELD_LIMIT, cut, lcb_evaluate, remove_stale_scratch, scratch_prefix
 from asyncroll.evaluator.isolation import IsolationError, IsolationReport, Layer
@@ -119,12 +120,11 @@ def leftovers(since: float, *owners: int) -> list[str]:
         with contextlib.suppress(psutil.Error):
             if child.create_time() >= since - 1:
                 found.append(f"descendant {child.pid}: {child.cmdline()[:3]}")
-    for controller in ("memory", "pids"):
-        root = controller_root(controller)
-        if root is not None and root.exists():
+    for root in group_roots():  # v1 memory and pids, or the v2 domain (its process leaves don't count)
+        if root.exists():
             prefixes = tuple(f"{PREFIX}{pid}-" for pid in (os.getpid(), *owners))
             mine = [d.name for d in root.iterdir() if d.name.startswith(prefixes)]
-            found += [f"cgroup {controller}/{name}" for name in mine]
+            found += [f"cgroup {root}/{name}" for name in mine]
     return found
 
 
@@ -890,7 +890,7 @@ def test_killing_a_worker_mid_evaluation_leaves_nothing_after_the_next_start() -
     assert [x for x in leftovers(since) if not x.startswith("cgroup")] == []
     stale = leftovers(since, *worker_pids)
     assert stale and all(x.startswith("cgroup") for x in stale)  # the killed worker could not clean up
-    CgroupFactory(controller_root("memory"), controller_root("pids"))  # removes stale groups
+    Sandbox(isolation.detect().config)  # a sandbox starting removes stale groups (cgroup v1 or v2)
     assert leftovers(since, *worker_pids) == []
     scratch = list(Path(tempfile.gettempdir()).glob(f"{scratch_prefix(worker_pids[0])}*"))
     assert len(scratch) == 1  # the killed worker's evaluation directory, with the program in it

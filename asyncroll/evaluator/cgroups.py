@@ -9,8 +9,9 @@ cgroup* of each controller (so the machine's own limits on the worker still appl
 sandboxed process before it execs, emptied and removed after the test. Groups left behind by a dead
 worker are removed the next time a :class:`CgroupFactory` starts.
 
-Only cgroup v1 is implemented (it is what these machines offer). On a pure cgroup-v2 host,
-:func:`controller_root` finds no v1 hierarchy and the isolation report names the layer as missing.
+This module is cgroup v1. On a host with neither a v1 ``memory`` nor a v1 ``pids`` hierarchy (a pure
+cgroup-v2 host), :mod:`~.cgroups_v2` provides the same groups on the unified hierarchy, with a
+:class:`TestGroup` of its own behind the same interface.
 """
 
 from __future__ import annotations
@@ -179,11 +180,18 @@ class CgroupFactory:
         return TestGroup(tuple(made))
 
 
-def remove_stale_groups(wait_s: float = 2.0) -> None:
-    """Remove the groups dead workers of this process left under its own ``memory`` and ``pids`` groups
-    (a worker's groups live under its cgroup, which it inherits from the runtime). A group still busy
-    (the kernel is reaping a killed program) is retried for up to ``wait_s``."""
-    roots = [r for r in (controller_root(c) for c in ("memory", "pids")) if r is not None]
+def v1_roots() -> list[Path]:
+    """The v1 ``memory`` and ``pids`` directories this process's test groups live under (none on a
+    pure cgroup-v2 host)."""
+    return [r for r in (controller_root(c) for c in ("memory", "pids")) if r is not None]
+
+
+def remove_stale_groups(roots: list[Path] | None = None, wait_s: float = 2.0) -> None:
+    """Remove the groups dead workers of this process left in ``roots`` (default: under its own v1
+    ``memory`` and ``pids`` groups; a worker's groups live under its cgroup, which it inherits from the
+    runtime). A group still busy (the kernel is reaping a killed program) is retried for up to
+    ``wait_s``."""
+    roots = v1_roots() if roots is None else roots
     deadline = time.monotonic() + wait_s
     while sum(_remove_stale(root) for root in roots) and time.monotonic() < deadline:
         time.sleep(0.01)

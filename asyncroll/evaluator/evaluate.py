@@ -164,9 +164,10 @@ def remove_dead_workers_leftovers() -> None:
     it starts its first evaluation; the runtime calls this when a run's pool has closed, for the last
     ones."""
     from asyncroll.evaluator.cgroups import remove_stale_groups
+    from asyncroll.evaluator.cgroups_v2 import group_roots
 
     remove_stale_scratch()
-    remove_stale_groups()
+    remove_stale_groups(group_roots())
 
 
 def lcb_evaluate(

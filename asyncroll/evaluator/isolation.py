@@ -17,8 +17,10 @@ layers found so far plus the candidate, and checking what the program observes f
   test bounds, and carries data to later programs);
 * ``kernel_keys_denied``: the harness's seccomp filter fails the kernel-keyring calls (the ``nobody``
   user's keyring outlives a test); reported, not required (it knows x86-64 and AArch64 only);
-* ``cgroup_memory`` / ``cgroup_pids``: a fresh cgroup-v1 group per test caps the whole tree's memory
-  and task count, root included;
+* ``cgroup_memory`` / ``cgroup_pids``: a fresh cgroup per test caps the whole tree's memory and task
+  count, root included: cgroup v1 where the host mounts v1 ``memory``/``pids`` hierarchies, else
+  cgroup v2 (:mod:`~.cgroups_v2`; probing moves this process into a leaf group of its own); the
+  version in force is ``cgroup_version`` in the report;
 * ``bubblewrap``: reported only; the namespaces above come from ``unshare``, bwrap is not used.
 
 Every layer that works is used. :func:`require` raises :class:`IsolationError` naming each missing
@@ -36,6 +38,7 @@ import functools
 import json
 import os
 import pwd
+import re
 import shutil
 import sys
 import tempfile
@@ -44,7 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import AsyncrollError
-from asyncroll.evaluator.cgroups import CgroupError, CgroupFactory, controller_root
+from asyncroll.evaluator import cgroups_v2
+from asyncroll.evaluator.cgroups import PREFIX, CgroupError, CgroupFactory, controller_root
+from asyncroll.evaluator.cgroups_v2 import CONTROLLERS
 from asyncroll.evaluator.execution import Execution
 from asyncroll.evaluator.sandbox import Layers, Limits, Sandbox, SandboxError
 
@@ -125,6 +130,7 @@ class IsolationReport:
             "python": self.config.python,
             "python_version": self.python_version,
             "uid": self.config.uid,
+            "cgroup_version": self.config.cgroup_version,
             "layers": {layer.name: {"active": layer.active, "detail": layer.detail} for layer in self.layers},
         }
 
@@ -247,38 +253,70 @@ def _namespace_layers(base: Layers) -> tuple[Layers, list[Layer]]:
 
 
 def _cgroup_layers(base: Layers) -> tuple[Layers, list[Layer]]:
-    out: list[Layer] = []
-    roots: dict[str, Path | None] = {}
-    for controller in ("memory", "pids"):
-        root = controller_root(controller)
+    roots = {c: controller_root(c) for c in CONTROLLERS}
+    if all(root is None for root in roots.values()):
+        group = cgroups_v2.own_group()
+        if group is None:
+            why = "no cgroup-v1 {} hierarchy and no cgroup2 mount"
+            return base, [Layer(f"cgroup_{c}", False, why.format(c)) for c in CONTROLLERS]
+        return _cgroup_v2_layers(base, group)
+    out: dict[str, Layer] = {}
+    usable: dict[str, Path] = {}
+    for controller, root in roots.items():
         name = f"cgroup_{controller}"
         if root is None:
-            out.append(
-                Layer(name, False, f"no cgroup-v1 {controller} hierarchy (cgroup v2 is not supported)")
-            )
+            why = f"no cgroup-v1 {controller} hierarchy (v2 is used on hosts with neither)"
+            out[controller] = Layer(name, False, why)
             continue
         try:
             factory = CgroupFactory(
                 root if controller == "memory" else None, root if controller == "pids" else None
             )
-            group = factory.create(64 << 20, 8)
-            group.remove(float("inf"))
+            factory.create(64 << 20, 8).remove(float("inf"))
         except (CgroupError, OSError) as exc:
-            out.append(Layer(name, False, f"{root} is not writable: {exc}"))
+            out[controller] = Layer(name, False, f"{root} is not writable: {exc}")
             continue
-        roots[controller] = root
-    if not roots:
-        return base, out
-    candidate = replace(base, memory_cgroup=roots.get("memory"), pids_cgroup=roots.get("pids"))
+        usable[controller] = root
+    candidate = replace(base, memory_cgroup=usable.get("memory"), pids_cgroup=usable.get("pids"))
+    where = {c: f"cgroup v1: a fresh group per test under {root}" for c, root in usable.items()}
+    return _joined(base, candidate, where, out)
+
+
+def _cgroup_v2_layers(base: Layers, group: Path) -> tuple[Layers, list[Layer]]:
+    """Prepare this process's v2 domain (it moves into a leaf; see :mod:`~.cgroups_v2`) and probe it."""
+    domain = cgroups_v2.domain_of(group)
+    try:
+        active = cgroups_v2.prepare(group)
+        factory = cgroups_v2.CgroupV2Factory(domain, active)
+        factory.create(64 << 20, 8).remove(float("inf"))
+    except (CgroupError, OSError) as exc:
+        return base, [Layer(f"cgroup_{c}", False, str(exc)) for c in CONTROLLERS]
+    out = {
+        c: Layer(f"cgroup_{c}", False, f"cgroup v2: {domain}/cgroup.controllers does not offer {c}")
+        for c in CONTROLLERS
+        if c not in active
+    }
+    candidate = replace(base, cgroup_v2=domain, cgroup_v2_controllers=active)
+    where = {c: f"cgroup v2: a fresh group per test under {domain}" for c in active}
+    return _joined(base, candidate, where, out)
+
+
+def _joined(
+    base: Layers, candidate: Layers, where: dict[str, str], out: dict[str, Layer]
+) -> tuple[Layers, list[Layer]]:
+    """Probe ``candidate``; the controllers in ``where`` are active when the program ran in a test group
+    (``asyncroll-<pid>-<n>``: on v2 the worker's own leaf ``asyncroll-<pid>`` does not count)."""
+    if not where:
+        return base, [out[c] for c in CONTROLLERS]
     facts, why = _probe(candidate)
-    joined = bool(facts) and "asyncroll-" in str(facts and facts["cgroup"])
-    for controller, root in roots.items():
+    joined = bool(facts) and re.search(rf"{PREFIX}\d+-\d+", str(facts and facts["cgroup"])) is not None
+    for controller, detail in where.items():
         name = f"cgroup_{controller}"
         if joined:
-            out.append(Layer(name, True, f"a fresh group per test under {root}"))
+            out[controller] = Layer(name, True, detail)
         else:
-            out.append(Layer(name, False, f"probe failed: {why or 'the program was not in the group'}"))
-    return (candidate if joined else base), out
+            out[controller] = Layer(name, False, f"probe failed: {why or 'the program was not in the group'}")
+    return (candidate if joined else base), [out[c] for c in CONTROLLERS]
 
 
 @functools.cache
@@ -331,7 +369,8 @@ def require(allow_weak: bool = False) -> IsolationReport:
         raise IsolationError(
             "untrusted code cannot be isolated on this machine; missing layers:\n"
             + "\n".join(lines)
-            + "\nrun as root on Linux with util-linux and writable cgroup-v1 memory/pids controllers, "
+            + "\nrun as root on Linux with util-linux and writable memory/pids cgroups (v1, or a v2 group of "
+            "asyncroll's own), "
             "or pass allow_weak_isolation=True (--allow-weak-isolation) to run with the layers that work"
         )
     return report

@@ -7,7 +7,8 @@ Per test the sandbox starts ``[unshare --pid --fork --kill-child --mount-proc [-
   runtime's, which may carry secrets and ``PYTHONUNBUFFERED=1`` (a variable that can change a verdict);
 * a new session (own process group), ``PR_SET_PDEATHSIG`` so it dies with the worker, rlimits (address
   space, CPU seconds, file size, open files, processes, no core files), and membership of a fresh
-  per-test cgroup-v1 ``memory`` + ``pids`` group, all set between ``fork`` and ``exec``;
+  per-test ``memory`` + ``pids`` cgroup (v1, or v2 where the host has no v1 hierarchy for them), all
+  set between ``fork`` and ``exec``;
 * the harness building a private root (tmpfs, read-only system directories; see the harness) and
   dropping to the unprivileged uid (``nobody``) when the worker is root — rlimits do not bind root, so
   the uid switch is what makes them real — then re-arming its death signal (the uid change cleared
@@ -45,6 +46,7 @@ import psutil
 
 from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
+from asyncroll.evaluator.cgroups_v2 import CgroupV2Factory
 from asyncroll.evaluator.execution import Execution
 from asyncroll.proctree import children, is_subreaper, libc, set_subreaper
 
@@ -107,9 +109,18 @@ class Layers:
     net_namespace: bool = False
     ipc_namespace: bool = False
     private_root: bool = False
-    memory_cgroup: Path | None = None
+    memory_cgroup: Path | None = None  # cgroup v1: the hierarchy directory test groups go under
     pids_cgroup: Path | None = None
+    cgroup_v2: Path | None = None  # cgroup v2: the prepared domain (see cgroups_v2.prepare) ...
+    cgroup_v2_controllers: tuple[str, ...] = ()  # ... and the controllers enabled there
     unshare: str = "unshare"
+
+    @property
+    def cgroup_version(self) -> int | None:
+        """The cgroup version per-test groups use, or ``None`` when there are none."""
+        if self.cgroup_v2 is not None:
+            return 2
+        return 1 if self.memory_cgroup is not None or self.pids_cgroup is not None else None
 
 
 def _read(selector: selectors.BaseSelector, fd: int, buffer: bytearray, cap: int | None) -> int:
@@ -133,11 +144,11 @@ class Sandbox:
     def __init__(self, layers: Layers, limits: Limits | None = None) -> None:
         self.layers = layers
         self.limits = limits or Limits()
-        self._cgroups = (
-            CgroupFactory(layers.memory_cgroup, layers.pids_cgroup)
-            if layers.memory_cgroup is not None or layers.pids_cgroup is not None
-            else None
-        )
+        self._cgroups: CgroupFactory | CgroupV2Factory | None = None
+        if layers.cgroup_v2 is not None:
+            self._cgroups = CgroupV2Factory(layers.cgroup_v2, layers.cgroup_v2_controllers)
+        elif layers.cgroup_version == 1:
+            self._cgroups = CgroupFactory(layers.memory_cgroup, layers.pids_cgroup)
         self._env_home = "/tmp/work" if layers.private_root else None
         self._baseline: set[int] = set()
 
