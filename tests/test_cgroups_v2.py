@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncroll.evaluator import cgroups_v2, isolation
+from asyncroll.evaluator import cgroups, cgroups_v2, isolation
 from asyncroll.evaluator.cgroups import PREFIX, CgroupError, remove_stale_groups
 from asyncroll.evaluator.cgroups_v2 import (
     CgroupV2Factory,
@@ -163,8 +163,12 @@ os.wait()
 
 @real_process
 def test_a_test_group_is_joined_before_exec_lists_a_setsid_double_forked_tree_and_cgroup_kill_ends_it(
-    base: Path,
+    base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    def no_fallback(self: object, deadline: float) -> None:
+        pytest.fail("Linux 5.14+ has cgroup.kill: the v1 SIGKILL loop must not be needed")
+
+    monkeypatch.setattr(cgroups.TestGroup, "kill_all", no_fallback)
     group = CgroupV2Factory(base, ()).create(64 << 20, 8)
     assert isinstance(group, cgroups_v2.TestGroupV2) and group.dirs[0].parent == base
     assert group.dirs[0].name.startswith(f"{PREFIX}{os.getpid()}-")
