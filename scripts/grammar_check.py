@@ -172,6 +172,13 @@ def feature_problems() -> list[tuple[str, Problem]]:
 
 
 def main(paths: list[str]) -> int:
+    if {"-h", "--help"} & set(paths):
+        print("usage: python scripts/grammar_check.py [WORKLOAD.jsonl ...]\n\n" + (__doc__ or ""))
+        return 0
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        print(f"error: not a workload file: {', '.join(missing)}", file=sys.stderr)
+        return 2
     found = engines()
     if not found:
         print("no grammar engine installed (pip install xgrammar llguidance outlines-core)", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Build a tiny random-weight Llama chat model on disk, offline, for testing against a real engine.
 
 ``python scripts/make_tiny_llama.py OUT_DIR`` (needs ``torch``, ``transformers`` and ``tokenizers``:
-``pip install torch==2.13.0 'transformers[serving]'``). Writes a ~200k-parameter ``LlamaForCausalLM``
+``pip install torch==2.13.0 'transformers[serving]'``). Writes a ~110k-parameter ``LlamaForCausalLM``
 (hidden 64, 2 layers, ``initializer_range`` 0.5 so that greedy output varies with the prompt) and a
 byte-level BPE tokenizer trained here on a few KB of text, with a ChatML-style chat template, both saved
 with ``save_pretrained``. Nothing is downloaded. It is a model nobody should use for anything but
@@ -72,6 +72,9 @@ def build(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print("usage: python scripts/make_tiny_llama.py OUT_DIR\n\n" + (__doc__ or ""))
+        sys.exit(0)
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         sys.exit("usage: python scripts/make_tiny_llama.py OUT_DIR")
     build(Path(sys.argv[1]))

@@ -1,0 +1,52 @@
+"""The scripts in scripts/: ``--help`` prints their usage and does nothing else; a bad path is a named
+error. Two of them read ``sys.argv`` by hand and took ``--help`` for a workload file (a traceback) or for
+the directory to write a model into."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.name for p in (REPO / "scripts").glob("*.py"))
+
+
+def run_script(name: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_every_script_is_found() -> None:
+    assert {"grammar_check.py", "make_tiny_llama.py", "serving_ablation.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_prints_usage_for_help_and_writes_nothing(name: str, tmp_path: Path) -> None:
+    done = run_script(name, ["--help"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage" in done.stdout.lower() and "Traceback" not in done.stderr, done.stdout[:300]
+    assert list(tmp_path.iterdir()) == []  # not a model directory named "--help"
+
+
+@pytest.mark.timeout(90)
+def test_grammar_check_names_a_workload_that_is_not_there(tmp_path: Path) -> None:
+    done = run_script("grammar_check.py", ["nowhere.jsonl"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "nowhere.jsonl" in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(90)
+def test_make_tiny_llama_refuses_an_option_for_its_directory(tmp_path: Path) -> None:
+    done = run_script("make_tiny_llama.py", ["--out"], tmp_path)
+    assert done.returncode == 1 and "usage:" in done.stderr and list(tmp_path.iterdir()) == []
