@@ -124,6 +124,8 @@ class RunConfig(BaseModel):
     # a tool's result longer than this (as JSON text) is cut before the model sees it (counted)
     max_observation_chars: int = Field(default=DEFAULT_MAX_OBSERVATION_CHARS, ge=100, le=100_000_000)
     allow_weak_isolation: bool = False
+    # transcripts.jsonl: each ended trajectory's conversation (off: a run's largest output by far)
+    transcripts: bool = False
     # The code evaluator (lcb_evaluate, SPEC §9), passed to every evaluation; the evaluator's own bounds.
     # evaluation_timeout None: LiveCodeBench's (test_timeout + 1) × tests + 5 s, capped below tool_timeout.
     test_timeout: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, lt=MAX_TIME_LIMIT_S)

@@ -86,12 +86,14 @@ class ModelError(AsyncrollError):
         attempts: int = 1,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        text: str | None = None,
+        finish_reason: str | None = None,
     ) -> None:
         """``kind`` classifies the failure (``transport``, ``timeout``, ``http_status``, ``bad_response``,
         ``schema_rejected``, ``invalid_action``, ...). HTTP backends also say what they saw: the status
         code, whether a complete response arrived, the seconds spent parsing it, how many attempts were
-        made (retries included), and the token usage of a completion whose action was invalid (the
-        server did that work)."""
+        made (retries included), and the token usage, text and finish reason of a completion whose
+        action was invalid (the server did that work; a transcript shows what the model wrote)."""
         self.kind = kind
         self.status = status
         self.response_received = response_received
@@ -99,6 +101,8 @@ class ModelError(AsyncrollError):
         self.attempts = attempts
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
+        self.text = text
+        self.finish_reason = finish_reason
         super().__init__(message)
 
 

@@ -12,8 +12,10 @@ from asyncroll.workload import Action, Problem
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One model turn. ``messages`` is the conversation so far in asyncroll's own form: the user prompt,
-    then ``{"role": "assistant", "action": Action}`` and ``{"role": "tool", "content": str}`` entries.
-    A backend renders it for its server (the scripted backend needs only ``turn``)."""
+    then ``{"role": "assistant", "action": Action}`` and ``{"role": "tool", "content": str}`` entries
+    (and a one-repair protocol's ``user`` repair message). A backend renders it for its server (the
+    scripted backend needs only ``turn``); the other keys of an entry (``turn``, ``response``, a tool's
+    ``name``) are the transcript's (:mod:`asyncroll.runtime.transcript`)."""
 
     trajectory_id: str
     problem: Problem
@@ -27,6 +29,10 @@ class ModelResponse:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None  # the server's, when it sent one (``stop``, ``length``, ...)
+    #: The server's completion text exactly as received (its text parts joined); None when no server
+    #: wrote one: the scripted and simulated backends take the action from the script, and a text made
+    #: up from it would pass for a model's in a transcript.
+    text: str | None = None
 
 
 class Backend(Protocol):

@@ -426,10 +426,13 @@ class OpenAIBackend:
                 err.attempts = attempts
                 err.prompt_tokens = completion.prompt_tokens  # the server did the work: its usage is kept
                 err.completion_tokens = completion.completion_tokens
+                err.text = completion.content
+                err.finish_reason = completion.finish_reason_text
                 raise err from exc
         return ModelResponse(
             action=action,
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
             finish_reason=completion.finish_reason_text,
+            text=completion.content,
         )

@@ -113,6 +113,14 @@ def run(
             "sees it, with a note saying so; counted in summary.json (100000; at least 100)."
         ),
     ] = None,
+    transcripts: Annotated[
+        bool | None,
+        Opt(
+            "--transcripts",
+            help="Also write transcripts.jsonl: each ended trajectory's conversation (prompt, each reply's "
+            "text and action, tool results and repair messages as the model saw them); off: it is large.",
+        ),
+    ] = None,
     allow_weak_isolation: Annotated[
         bool | None,
         Opt(
@@ -182,7 +190,8 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Run a workload: writes run.json, events, results, summary.json, trace.json and timeline.html."""
+    """Run a workload: writes run.json, events, results, summary.json, trace.json and timeline.html
+    (and transcripts with --transcripts)."""
     flags = {k: v for k, v in locals().items() if k != "config" and v is not None}
     if endpoint and len(endpoint) > 1:  # click would keep the last one silently
         raise fail(

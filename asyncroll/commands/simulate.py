@@ -82,6 +82,14 @@ def simulate(
     job_overhead_ms: Annotated[
         float, Opt(help="Dispatch + IPC cost added to every CPU job (ms, 0 to one day).")
     ] = 0.0,
+    transcripts: Annotated[
+        bool | None,
+        Opt(
+            "--transcripts",
+            help="Also write transcripts.jsonl, as run does (no server wrote the replies: each reply's text "
+            "is null).",
+        ),
+    ] = None,
     sweep: Annotated[bool, Opt("--sweep", help="Sweep policies × operating points × seeds instead.")] = False,
     policies: Annotated[
         str | None, Opt(help="sweep: comma-separated policies (fifo,tool_first,sync).")
@@ -166,6 +174,8 @@ def simulate(
             "--progress": progress,
         }
         only_with(sweeping, sweep, "--sweep")
+        if sweep and transcripts:
+            raise UsageError("--transcripts does not apply with --sweep (its cells write no run directory)")
         if sweep:
             refuse_single_run_forms(
                 {

@@ -1,9 +1,10 @@
 """The files of one run directory, written in the order a run produces them.
 
-``run.json`` first (``preparing``), then ``events.jsonl`` and ``results.jsonl`` as the run goes,
-``summary.json`` at the end, then the exports (``trace.json``, ``timeline.html``) outside the measured
-window, and ``run.json`` last with the final status. With ``out=None`` nothing is written (a sweep cell
-needs only its summary), through the same calls.
+``run.json`` first (``preparing``), then ``events.jsonl`` and ``results.jsonl`` (with ``--transcripts``,
+``transcripts.jsonl`` too) as the run goes, ``summary.json`` at the end, then the exports
+(``trace.json``, ``timeline.html``) outside the measured window, and ``run.json`` last with the final
+status. With ``out=None`` nothing is written (a sweep cell needs only its summary), through the same
+calls.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_ato
 
 
 class RunDirectory:
-    def __init__(self, out: Path | None, receipt_body: dict[str, Any], wall: float) -> None:
+    def __init__(
+        self, out: Path | None, receipt_body: dict[str, Any], wall: float, *, transcripts: bool = False
+    ) -> None:
         self.out = out
         self._receipt = None if out is None else Receipt(out / "run.json", receipt_body, wall)
         self._results = None if out is None else LineFile(out / "results.jsonl")
+        self._transcripts = None if out is None or not transcripts else LineFile(out / "transcripts.jsonl")
         self.exports_failed: dict[str, str] = {}  # export → why it was not written (after finish)
 
     @property
@@ -42,13 +46,20 @@ class RunDirectory:
         if self._results is not None:
             self._results.write(line)
 
+    def write_transcript(self, line: bytes) -> None:
+        """One line of transcripts.jsonl (``--transcripts``), whole or not at all, as results.jsonl's."""
+        if self._transcripts is not None:
+            self._transcripts.write(line)
+
     def finish(
         self, summary: dict[str, Any], status: Status, wall: float, error: str | None = None
     ) -> str | None:
-        """Close results, write the summary and the exports, then the final receipt. A summary.json the
-        disk had no room for fails the run: the error it then ended with is returned (else None)."""
-        if self._results is not None:
-            self._results.close()
+        """Close results (and transcripts), write the summary and the exports, then the final receipt. A
+        summary.json the disk had no room for fails the run: the error it then ended with is returned
+        (else None)."""
+        for lines in (self._results, self._transcripts):
+            if lines is not None:
+                lines.close()
         if self.out is None:
             return None
         failed = None

@@ -52,6 +52,7 @@ from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported:
 from asyncroll.runtime.prepare import prepare as prepare
 from asyncroll.runtime.progress import LiveView, RunView
 from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
+from asyncroll.runtime.transcript import transcript_line
 from asyncroll.telemetry.nvtx import Ranges, make_ranges
 from asyncroll.telemetry.sampler import TelemetrySampler
 from asyncroll.workload import EVALUATOR_TOOL, Problem, iter_problems
@@ -167,7 +168,8 @@ class Run:
     async def execute(self) -> RunOutcome:
         cfg, clock = self.config, self.clock
         ranges = self._ranges or make_ranges(cfg.nvtx)  # before any output exists: it can refuse
-        files = RunDirectory(self.out if self._record else None, self._receipt_body(), clock.wall())
+        out = self.out if self._record else None
+        files = RunDirectory(out, self._receipt_body(), clock.wall(), transcripts=cfg.transcripts)
         events = EventLog(clock, files.events_path)
         summary = SummaryBuilder()
         events.subscribe(summary)
@@ -210,6 +212,7 @@ class Run:
             tool_errors=cfg.tool_errors,
             evaluator_options=evaluator_options(cfg),
             max_observation_chars=cfg.max_observation_chars,
+            transcripts=cfg.transcripts and self._record,
         )
         status: Status = "failed"
         error: str | None = None
@@ -246,6 +249,8 @@ class Run:
             _line, traj_id, problem = item
             result: TrajectoryResult = await trajectories.run(index, traj_id, problem, admission.active)
             files.write_result(_json_line(result.to_json()))
+            if result.messages is not None:  # --transcripts
+                files.write_transcript(_json_line(transcript_line(result, result.messages)))
 
         try:
             async with asyncio.TaskGroup() as outer:

@@ -7,7 +7,7 @@ goes on. Errors that are not asyncroll's own (bugs) are not swallowed here.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.events import EventLog, TrajectoryFinished, TrajectoryStarted
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
+from asyncroll.runtime.transcript import assistant_message, invalid_reply
 from asyncroll.workers.protocol import JSON_TEXT
 from asyncroll.workload import EVALUATOR_TOOL, FinalAction, OneRepair, Problem, SubmitAction, ToolAction
 
@@ -47,6 +48,8 @@ class TrajectoryResult:
     correct: bool | None = None
     error: str | None = None
     evaluation: Evaluation | None = None  # one-repair problems only
+    #: the conversation, with --transcripts (:func:`asyncroll.runtime.transcript.transcript_line`)
+    messages: list[dict[str, Any]] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -100,12 +103,14 @@ class TrajectoryRunner:
         tool_errors: Literal["fail", "observe"],
         evaluator_options: dict[str, Any] | None = None,
         max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
+        transcripts: bool = False,
     ) -> None:
         """``evaluator_options``: extra arguments of every ``lcb_evaluate`` call (the run's settings:
         :func:`asyncroll.runtime.collaborators.evaluator_options`), bound like the hidden tests.
         ``max_observation_chars``: a tool's result (as JSON text) longer than this reaches the model cut
         to it, with a note saying so (:func:`cut_observation`), and is counted; the worker encodes and
-        cuts it (``JobRequest.observation_chars``)."""
+        cuts it (``JobRequest.observation_chars``). ``transcripts``: each result carries its conversation
+        (``messages``) for ``transcripts.jsonl``."""
         self._backend = backend
         self._gate = gate
         self._dispatcher = dispatcher
@@ -115,6 +120,7 @@ class TrajectoryRunner:
         self._tool_errors = tool_errors
         self._evaluator_options = dict(evaluator_options or {})
         self._max_observation_chars = max_observation_chars
+        self._transcripts = transcripts
 
     async def run(self, index: int, traj_id: str, problem: Problem, active: int) -> TrajectoryResult:
         started = self._clock.now()
@@ -129,6 +135,10 @@ class TrajectoryRunner:
             result = state.finish(self._clock.now(), "failed", error=str(exc))
         except ModelError as exc:
             result = state.finish(self._clock.now(), "failed", error=f"model {exc.kind}: {exc}")
+            if (reply := invalid_reply(state.turns - 1, exc)) is not None:  # what the model wrote
+                messages.append(reply)
+        if self._transcripts:
+            result = replace(result, messages=messages)
         self._events.emit(
             TrajectoryFinished(
                 id=traj_id,
@@ -154,12 +164,12 @@ class TrajectoryRunner:
             request = ModelRequest(state.id, problem, turn, messages)
             response = await self._gate.call(state.id, turn, partial(self._backend.complete, request))
             action = response.action
-            messages.append({"role": "assistant", "action": action})
+            messages.append(assistant_message(turn, response))
             if isinstance(action, ToolAction):
                 observation, error = await self._tool(state, problem, action, turn)
                 if error is not None and self._tool_errors == "fail":
                     return state.finish(self._clock.now(), "failed", error=error)
-                messages.append({"role": "tool", "content": observation})
+                messages.append({"role": "tool", "content": observation, "turn": turn, "name": action.name})
             elif isinstance(action, FinalAction):
                 correct = await self._grade(state, problem, action, turn)
                 return state.finish(self._clock.now(), "completed", answer=action.answer, correct=correct)
@@ -181,7 +191,8 @@ class TrajectoryRunner:
                     )
                     return state.finish(self._clock.now(), "completed", correct=passed, evaluation=evaluation)
                 feedback = format_feedback(verdict.get("feedback"))
-                messages.append({"role": "user", "content": f"{protocol.repair_instruction}\n\n{feedback}"})
+                repair = f"{protocol.repair_instruction}\n\n{feedback}"
+                messages.append({"role": "user", "content": repair, "turn": turn})
         return state.finish(self._clock.now(), "max_turns")
 
     async def _evaluate(
