@@ -276,3 +276,32 @@ def test_an_interrupted_run_keeps_the_whole_lines_of_the_trajectories_that_ended
     rows = _lines(out / "transcripts.jsonl")
     assert list(rows) == list(_lines(out / "results.jsonl")) == ["short"]
     assert [m["role"] for m in rows["short"]["messages"]] == ["user", "assistant", "tool", "assistant"]
+
+
+@pytest.mark.timeout(120)
+def test_asyncroll_run_transcripts_with_real_workers_show_the_cut_tool_result(tmp_path: Path) -> None:
+    """The command end to end (real worker processes): a tool result is recorded exactly as the model
+    was shown it, cut to --max-observation-chars with its note."""
+    from asyncroll.runtime.trajectory import cut_observation
+    from tests.test_cli import cli
+
+    (tmp_path / "echo.py").write_text("def echo(n):\n    return 'x' * n\n")
+    tool = {"name": "echo", "inputs": {"n": "int"}, "implementation": "echo.py"}
+    script = [{"type": "tool", "name": "echo", "arguments": {"n": 500}}, {"type": "final", "answer": "ok"}]
+    workload = write_workload(
+        tmp_path / "w.jsonl", [{"id": "e", "prompt": "p", "tools": [tool], "script": script}]
+    )
+    out = tmp_path / "run"
+    result = cli(
+        "run", "--workload", workload, "--output", out, "--max-observation-chars", "100", "--transcripts"
+    )
+    assert result.returncode == 0, result.stderr
+    observation = json.dumps("x" * 500)
+    shown = _lines(out / "transcripts.jsonl")["e"]["messages"][2]
+    assert shown == {
+        "role": "tool",
+        "turn": 0,
+        "name": "echo",
+        "content": cut_observation(observation[:100], len(observation)),
+    }
+    assert json.loads((out / "run.json").read_text())["config"]["transcripts"] is True
