@@ -1,1 +1,2 @@
-"""Everything a run leaves behind: run.json, results.jsonl, summary.json, trace.json, timeline.html."""
+"""Everything a run leaves behind: run.json, results.jsonl, transcripts.jsonl, summary.json, trace.json,
+timeline.html."""

@@ -1,4 +1,5 @@
-"""Append-only files of whole lines (``events.jsonl``, ``results.jsonl``) that a full disk cannot corrupt.
+"""Append-only files of whole lines (``events.jsonl``, ``results.jsonl``, ``transcripts.jsonl``) that a
+full disk cannot corrupt.
 
 A write to a nearly full file system may be *short* (part of the line on disk, then ``ENOSPC``): every
 line is written whole or not at all — a partial line is cut off again, so each line on disk stays valid
