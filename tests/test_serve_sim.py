@@ -532,6 +532,52 @@ def test_a_turn_costs_the_same_prompt_and_prefill_through_either_front_end(
     assert sim_engine.busy_s == pytest.approx((sim_engine.steps * 1.0 + expected * 0.5) / 1000)
 
 
+@pytest.mark.timeout(30)
+def test_a_reply_without_declared_tokens_has_serve_sim_s_size_on_the_simulator() -> None:
+    """An action without ``output_tokens`` is sized from its JSON on both front ends; the simulator
+    measured the script's own form (``latency_ms`` included), so the same reply cost more decode steps
+    under ``simulate --server batching`` than serve-sim's reply to it (the action a model writes)."""
+    from asyncroll.backends.base import ModelRequest
+    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+    from asyncroll.backends.server_model import BatchingServer
+    from asyncroll.backends.simulated import SimulatedServerBackend
+    from asyncroll.clock import SystemClock, VirtualClock
+    from asyncroll.workload import Problem
+
+    final = {"type": "final", "answer": "42", "latency_ms": 123456}
+    parsed = Problem.model_validate({"id": "u", "prompt": "Say 42.", "script": [final]})
+    request = ModelRequest(parsed.id, parsed, 0, [{"role": "user", "content": parsed.prompt}])
+    engine = ServerModelConfig(
+        max_num_seqs=4, step_base_ms=1.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
+
+    clock = VirtualClock()
+    simulated = SimulatedServerBackend(BatchingServer(engine, clock), chars_per_token=1.0)
+
+    async def on_the_simulator() -> Any:
+        async with asyncio.TaskGroup() as tg:
+            await simulated.start(tg)
+            try:
+                return await simulated.complete(request)
+            finally:
+                await simulated.aclose()
+
+    sim_response = clock.run(on_the_simulator())
+    # a server of no declared kind gets no min_tokens: its reply is the echoed action as serve-sim writes it
+    with serve_in_thread(SimConfig(engine=engine, chars_per_token=1.0)) as running:
+        http = OpenAIBackend(HttpSettings(running.url, "sim", inflight=1, replay=True), SystemClock())
+
+        async def over_http() -> Any:
+            try:
+                return await http.complete(request)
+            finally:
+                await http.aclose()
+
+        http_response = asyncio.run(over_http())
+    reply = json.dumps({"type": "final", "answer": "42"})
+    assert sim_response.completion_tokens == http_response.completion_tokens == len(reply)
+
+
 def test_drawn_values_honour_numeric_and_length_bounds() -> None:
     """Every draw satisfies its schema's bounds (inclusive and exclusive, off the default 0–100 range,
     fractional on an integer); a schema nothing satisfies, or with a constraint the simulator does not

@@ -5,20 +5,21 @@ it (:func:`~asyncroll.backends.action_schema.render_messages`: the system prompt
 and tools, then the conversation so far), sized by serve-sim's own rule
 (:func:`~asyncroll.serve_sim.sizes.prompt_tokens`), so a turn's prefill costs the same through either
 front end of the server model. Output tokens come from the action's ``output_tokens`` or from the size of
-the action itself. The engine loop runs as a task of the run's task group and stops at :meth:`aclose`.
+the action as a model writes it (:func:`~asyncroll.backends.action_schema.model_view`: without the script's
+timing fields), by the same rule: what serve-sim's reply to that action (its echo) measures.
+The engine loop runs as a task of the run's task group and stops at :meth:`aclose`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 
-from asyncroll.backends.action_schema import render_messages
+from asyncroll.backends.action_schema import model_view, render_messages
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.backends.scripted import scripted_action
 from asyncroll.backends.server_model import BatchingServer
-from asyncroll.serve_sim.sizes import prompt_tokens
+from asyncroll.serve_sim.sizes import prompt_tokens, tokens
 
 
 class SimulatedServerBackend:
@@ -35,14 +36,12 @@ class SimulatedServerBackend:
     async def warmup(self, requests: int) -> int:
         return 0
 
-    def _tokens(self, chars: int) -> int:
-        return max(1, math.ceil(chars / self._chars_per_token))
-
     async def complete(self, request: ModelRequest) -> ModelResponse:
         action = scripted_action(request)
         sent = render_messages(request.problem, request.messages, request.turn)  # as the HTTP backend
         prompt = prompt_tokens(sent, self._chars_per_token)  # and as serve-sim counts them
-        output = action.output_tokens or self._tokens(len(json.dumps(action.model_dump(exclude_none=True))))
+        # a reply's size: declared, else the action a model writes (serve-sim's reply to its echo)
+        output = action.output_tokens or tokens(len(json.dumps(model_view(action))), self._chars_per_token)
         generation = await self.server.generate(prompt, output)
         if self._overhead:
             await self.server.clock.sleep(self._overhead)
