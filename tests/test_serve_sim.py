@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.config import ServerKind
 from asyncroll.serve_sim.config import FaultConfig, SimConfig
 from asyncroll.serve_sim.server import RunningSim, serve_in_thread
 from tests.conftest import invoke
@@ -459,6 +460,44 @@ _CODE_TURN = {
 }
 
 
+def _one_turn_on_both_front_ends(
+    request: Any, engine: ServerModelConfig, chars_per_token: float, server_kind: ServerKind | None
+) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """One model turn on ``simulate --server batching``'s backend (virtual clock) and on serve-sim over
+    HTTP (``--replay``): the simulated response, its engine's snapshot, the HTTP response and serve-sim's
+    engine stats."""
+    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+    from asyncroll.backends.server_model import BatchingServer
+    from asyncroll.backends.simulated import SimulatedServerBackend
+    from asyncroll.clock import SystemClock, VirtualClock
+
+    clock = VirtualClock()
+    simulated = SimulatedServerBackend(BatchingServer(engine, clock), chars_per_token=chars_per_token)
+
+    async def on_the_simulator() -> Any:
+        async with asyncio.TaskGroup() as tg:
+            await simulated.start(tg)
+            try:
+                return await simulated.complete(request)
+            finally:
+                await simulated.aclose()
+
+    sim_response = clock.run(on_the_simulator())
+    with serve_in_thread(SimConfig(engine=engine, chars_per_token=chars_per_token)) as running:
+        settings = HttpSettings(running.url, "sim", inflight=1, replay=True, server_kind=server_kind)
+        http = OpenAIBackend(settings, SystemClock())
+
+        async def over_http() -> Any:
+            try:
+                return await http.complete(request)
+            finally:
+                await http.aclose()
+
+        http_response = asyncio.run(over_http())
+        served = running.stats()["engine"]
+    return sim_response, simulated.server.snapshot(), http_response, served
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("problem", "observation"),
@@ -478,10 +517,6 @@ def test_a_turn_costs_the_same_prompt_and_prefill_through_either_front_end(
     backend renders, by serve-sim's rule."""
     from asyncroll.backends.action_schema import render_messages
     from asyncroll.backends.base import ModelRequest
-    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
-    from asyncroll.backends.server_model import BatchingServer
-    from asyncroll.backends.simulated import SimulatedServerBackend
-    from asyncroll.clock import SystemClock, VirtualClock
     from asyncroll.workload import Problem
 
     parsed = Problem.model_validate(problem)
@@ -494,33 +529,9 @@ def test_a_turn_costs_the_same_prompt_and_prefill_through_either_front_end(
     engine = ServerModelConfig(
         max_num_seqs=4, step_base_ms=1.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.5
     )
-
-    clock = VirtualClock()
-    simulated = SimulatedServerBackend(BatchingServer(engine, clock), chars_per_token=3.0)
-
-    async def on_the_simulator() -> Any:
-        async with asyncio.TaskGroup() as tg:
-            await simulated.start(tg)
-            try:
-                return await simulated.complete(request)
-            finally:
-                await simulated.aclose()
-
-    sim_response = clock.run(on_the_simulator())
-    sim_engine = simulated.server.snapshot()
-
-    with serve_in_thread(SimConfig(engine=engine, chars_per_token=3.0)) as running:
-        settings = HttpSettings(running.url, "sim", inflight=1, replay=True, server_kind="vllm")
-        http = OpenAIBackend(settings, SystemClock())
-
-        async def over_http() -> Any:
-            try:
-                return await http.complete(request)
-            finally:
-                await http.aclose()
-
-        http_response = asyncio.run(over_http())
-        served = running.stats()["engine"]
+    sim_response, sim_engine, http_response, served = _one_turn_on_both_front_ends(
+        request, engine, 3.0, "vllm"
+    )
 
     sent = render_messages(parsed, request.messages, 1)
     expected = math.ceil(sum(len(m["content"]) for m in sent) / 3.0)
@@ -538,10 +549,6 @@ def test_a_reply_without_declared_tokens_has_serve_sim_s_size_on_the_simulator()
     measured the script's own form (``latency_ms`` included), so the same reply cost more decode steps
     under ``simulate --server batching`` than serve-sim's reply to it (the action a model writes)."""
     from asyncroll.backends.base import ModelRequest
-    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
-    from asyncroll.backends.server_model import BatchingServer
-    from asyncroll.backends.simulated import SimulatedServerBackend
-    from asyncroll.clock import SystemClock, VirtualClock
     from asyncroll.workload import Problem
 
     final = {"type": "final", "answer": "42", "latency_ms": 123456}
@@ -550,30 +557,8 @@ def test_a_reply_without_declared_tokens_has_serve_sim_s_size_on_the_simulator()
     engine = ServerModelConfig(
         max_num_seqs=4, step_base_ms=1.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
     )
-
-    clock = VirtualClock()
-    simulated = SimulatedServerBackend(BatchingServer(engine, clock), chars_per_token=1.0)
-
-    async def on_the_simulator() -> Any:
-        async with asyncio.TaskGroup() as tg:
-            await simulated.start(tg)
-            try:
-                return await simulated.complete(request)
-            finally:
-                await simulated.aclose()
-
-    sim_response = clock.run(on_the_simulator())
     # a server of no declared kind gets no min_tokens: its reply is the echoed action as serve-sim writes it
-    with serve_in_thread(SimConfig(engine=engine, chars_per_token=1.0)) as running:
-        http = OpenAIBackend(HttpSettings(running.url, "sim", inflight=1, replay=True), SystemClock())
-
-        async def over_http() -> Any:
-            try:
-                return await http.complete(request)
-            finally:
-                await http.aclose()
-
-        http_response = asyncio.run(over_http())
+    sim_response, _, http_response, _ = _one_turn_on_both_front_ends(request, engine, 1.0, None)
     reply = json.dumps({"type": "final", "answer": "42"})
     assert sim_response.completion_tokens == http_response.completion_tokens == len(reply)
 
