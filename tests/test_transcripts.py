@@ -227,6 +227,25 @@ def test_the_http_backend_records_the_server_s_text_and_finish_reason(tmp_path: 
     assert invalid["messages"][-1] == _reply(0, None, text=cut, finish_reason="length", **tokens)
 
 
+@pytest.mark.timeout(60)
+def test_a_reply_with_no_content_is_kept_with_its_finish_reason_and_tokens(tmp_path: Path) -> None:
+    """A reasoning model cut short by max_tokens sends a completion with reasoning and ``content: null``:
+    the turn happened (the server spent 4096 tokens on it, finish_reason length), so the transcript keeps
+    it as a reply that was no valid action; it used to end with the prompt, that turn gone."""
+    message = {"role": "assistant", "content": None, "reasoning_content": "Let me think"}
+    body = completion(None, usage={"prompt_tokens": 5, "completion_tokens": 4096})
+    body["choices"] = [{"index": 0, "message": message, "finish_reason": "length"}]
+    with FakeOpenAI([body]) as server:
+        outcome, _, out = http_run(tmp_path, [{"id": "r", "prompt": "Answer."}], server.url, transcripts=True)
+    assert outcome.status == "complete", outcome.error
+    row = _lines(out / "transcripts.jsonl")["r"]
+    assert row["status"] == "failed" and row["error"].startswith("model invalid_action")
+    assert row["messages"] == [
+        {"role": "user", "content": "Answer."},
+        _reply(0, None, finish_reason="length", prompt_tokens=5, completion_tokens=4096),
+    ]
+
+
 def test_simulate_takes_the_flag_and_a_sweep_refuses_it(tmp_path: Path) -> None:
     workload = write_workload(tmp_path / "w.jsonl", [ADD_PROBLEM])
     result = invoke(

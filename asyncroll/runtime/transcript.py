@@ -9,9 +9,10 @@ list into the line: the trajectory's ``id``, ``index``, ``status``, ``error``, `
 * ``{"role": "user", "content": PROMPT}``: the problem's prompt;
 * ``{"role": "assistant", "turn": T, "text": …, "action": …, "prompt_tokens": …, "completion_tokens":
   …, "finish_reason": …}``: one per model turn. ``text`` is the server's completion text exactly as
-  received (``null`` where no server wrote one: the scripted and simulated backends); ``action`` the
-  parsed action as a model writes it (no simulation-only field: ``latency_ms``, ``cpu_ms``, ...), or
-  ``null`` for a reply that was no valid action (the trajectory's ``error`` says why);
+  received (``null`` where no server wrote one: the scripted and simulated backends; or where the
+  completion had no content); ``action`` the parsed action as a model writes it (no simulation-only
+  field: ``latency_ms``, ``cpu_ms``, ...), or ``null`` for a reply that was no valid action (the
+  trajectory's ``error`` says why);
 * ``{"role": "tool", "turn": T, "name": TOOL, "content": TEXT}``: a tool's result exactly as the model
   was shown it (cut to ``--max-observation-chars`` with its note; with ``--tool-errors observe``, the
   error text);
@@ -41,9 +42,11 @@ def assistant_message(turn: int, response: ModelResponse) -> dict[str, Any]:
 
 
 def invalid_reply(turn: int, error: ModelError) -> dict[str, Any] | None:
-    """The entry for a turn whose completion arrived but was no valid action (None: no completion text
-    arrived, there is nothing the model said to keep)."""
-    if error.text is None:
+    """The entry for a turn whose completion arrived but was no valid action, its ``text`` null when the
+    completion had no content (a reasoning model cut short by ``max_tokens``: its finish reason and token
+    counts are kept). None when no completion arrived (a transport error, a timeout, an error status, a
+    body that is no completion) or when the action was refused after its own entry was written."""
+    if error.kind != "invalid_action" or not error.response_received:
         return None
     return {"role": "assistant", "action": None, "turn": turn, "failed": error}
 
