@@ -345,6 +345,51 @@ def test_a_domain_shared_with_other_processes_is_refused_naming_them_and_the_mov
     assert (domain / "cgroup.subtree_control").read_text() == ""
 
 
+def test_a_runner_prepares_its_domain_before_its_clients_so_they_can_use_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain files (see above). ``asyncroll experiment run`` starts each arm's client, an ``asyncroll
+    run``, as its child: in the runner's domain beside the runner, which the client's own prepare refused
+    as shared, so a code workload's arms failed isolation even in a cgroup of asyncroll's own. Prepared
+    first, the runner sits in its leaf, where its clients begin and find the domain prepared."""
+    runner, client = os.getpid(), 4243
+    alone = tmp_path / "before"
+    alone.mkdir()
+    shared = _fake_domain(alone, f"{runner}\n{client}\n")  # the runner never prepared
+    _fake_leaf(shared, client)
+    with pytest.raises(SubtreeNotUsable, match=rf"has processes of its own \({runner}\)"):
+        prepare(shared, ("memory", "pids"), client)
+
+    domain = _fake_domain(tmp_path, f"{runner}\n")
+    _fake_leaf(domain, runner)
+    monkeypatch.setattr(cgroups_v2, "v1_roots", lambda: [])
+    monkeypatch.setattr(cgroups_v2, "own_group", lambda mount=None: domain)
+    cgroups_v2.prepare_for_children()
+    leaf = domain / f"{PREFIX}{runner}"
+    assert (leaf / "cgroup.procs").read_text() == str(runner)
+    assert (domain / "cgroup.subtree_control").read_text() == "+memory +pids"
+    (domain / "cgroup.subtree_control").write_text("memory pids\n")  # as the kernel shows it
+    (domain / "cgroup.procs").write_text("")  # the runner moved out (a plain file does not follow)
+    (leaf / "cgroup.procs").write_text(f"{runner}\n{client}\n")  # the client starts in the leaf
+    assert prepare(leaf, ("memory", "pids"), client) == ("memory", "pids")
+
+
+def test_a_runner_on_a_v1_host_or_in_an_unusable_domain_moves_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    domain = _fake_domain(tmp_path, f"{os.getpid()}\n777\n")
+    monkeypatch.setattr(cgroups_v2, "own_group", lambda mount=None: domain)
+    _fake_leaf(domain, os.getpid())
+    monkeypatch.setattr(cgroups_v2, "v1_roots", lambda: [tmp_path / "memory"])
+    cgroups_v2.prepare_for_children()  # v1 in force: nothing moved, nothing enabled
+    assert (domain / f"{PREFIX}{os.getpid()}" / "cgroup.procs").read_text() == ""
+    assert (domain / "cgroup.subtree_control").read_text() == ""
+    monkeypatch.setattr(cgroups_v2, "v1_roots", lambda: [])
+    cgroups_v2.prepare_for_children()  # shared with pid 777: refused, moved back, left for the client
+    assert (domain / "cgroup.subtree_control").read_text() == ""
+    assert (domain / "cgroup.procs").read_text() == str(os.getpid())
+
+
 def test_a_probe_program_in_the_workers_own_leaf_is_not_in_a_test_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -353,6 +353,32 @@ def test_declared_gpu_is_checked_before_the_server_starts(tmp_path: Path) -> Non
     kill_recorded(out)
 
 
+@pytest.mark.timeout(60)
+def test_a_code_workload_s_runner_prepares_its_cgroup_before_any_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each arm's client (``asyncroll run``, the runner's child) prepares per-test cgroups; on cgroup v2
+    it refused a domain that still held the runner (tests/test_cgroups_v2.py), so the runner prepares
+    first, before any arm. The arm then fails at its GPU check here (none declared is idle)."""
+    from asyncroll.evaluator import cgroups_v2
+
+    out = tmp_path / "out"
+    calls: list[bool] = []
+    monkeypatch.setattr(cgroups_v2, "prepare_for_children", lambda: calls.append((out / "arms").exists()))
+    code = ROOT / "examples" / "livecodebench" / "workload.jsonl"
+    changes = {"workload.path": str(code), "workload.sha256": None, "client.replay": False}
+    config = write_config(tmp_path, gpu={"index": 0, "name_contains": "H100"}, stages={}, pairs=1, **changes)
+    invoke("experiment", "run", "--config", config, "--output", out)
+    kill_recorded(out)
+    assert calls == [False]  # once, before any arm existed
+    assert (out / "arms" / "pair1-fifo" / "arm.json").exists()
+    calls.clear()
+    smoke = write_config(tmp_path, gpu={"index": 0, "name_contains": "H100"}, stages={}, pairs=1)
+    invoke("experiment", "run", "--config", smoke, "--output", tmp_path / "o2")
+    kill_recorded(tmp_path / "o2")
+    assert calls == []  # no code to isolate: the runner's cgroup is left as it is
+
+
 @pytest.mark.timeout(30)
 def test_workload_sha256_mismatch_refuses_before_anything_starts(tmp_path: Path) -> None:
     config = write_config(tmp_path, **{"workload.sha256": "0" * 64})

@@ -19,7 +19,8 @@ was started in) prepares it once (:func:`prepare`):
 
 Processes it starts later (the tool workers) begin life in its leaf: a process whose group is an
 ``asyncroll-<pid>`` leaf takes that leaf's parent as its domain and moves nowhere. ``asyncroll run``
-probes isolation (so prepares) before it starts any worker.
+probes isolation (so prepares) before it starts any worker; ``asyncroll experiment run`` prepares
+before it starts any arm (:func:`prepare_for_children`), its clients being asyncroll processes too.
 
 **Per test** (:class:`CgroupV2Factory`): a fresh ``D/asyncroll-<pid>-<n>``, a sibling of the leaves,
 with ``memory.max`` (the test's cap), ``memory.swap.max`` = 0 and ``pids.max``; the sandboxed process
@@ -174,6 +175,21 @@ def prepare(group: Path, wanted: tuple[str, ...] = CONTROLLERS, pid: int | None 
             ) from exc
         raise SubtreeNotUsable(f"cgroup v2: cannot enable {' '.join(missing)} in {domain}: {exc}") from exc
     return usable
+
+
+def prepare_for_children() -> None:
+    """For a process that starts others which run untrusted code (the experiment runner, whose clients
+    are ``asyncroll run`` processes): on a host whose per-test groups are v2, prepare this process's
+    domain now (it moves into its leaf), so that the processes it starts begin in that leaf and find the
+    domain prepared. A client started while this process still sat in the domain found the domain
+    shared (with this process) and refused it, even in a cgroup of asyncroll's own. Best effort: a
+    domain that cannot be used is left as it is, for the client's own probe to report why."""
+    if v1_roots():
+        return
+    group = own_group()
+    if group is not None:
+        with contextlib.suppress(OSError):  # CgroupError (ControllerUnavailable, ...) is an OSError
+            prepare(group)
 
 
 def write_limits(group: Path, controllers: tuple[str, ...], memory_bytes: int, max_pids: int) -> None:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.evaluator import cgroups_v2
 from asyncroll.experiment import preflight
 from asyncroll.experiment.arms import (
     PROTOCOL_STEP,
@@ -68,6 +69,7 @@ from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line,
 from asyncroll.experiment.server import sweep_orphan
 from asyncroll.experiment.signals import SignalGuard
 from asyncroll.proctree import is_subreaper, set_subreaper
+from asyncroll.workload import EVALUATOR_TOOL
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -111,6 +113,8 @@ class ExperimentRunner:
         if self.cfg.workload.sha256 is None:
             self.echo(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
         fp = fingerprint(self.cfg, sha, tools)
+        if EVALUATOR_TOOL in tools:  # before any arm: on cgroup v2 the clients start in the runner's leaf
+            cgroups_v2.prepare_for_children()
         # a child subreaper (Linux): what a server or a client detaches (setsid -f, a double fork) is
         # re-parented to the runner, not init, so the stop of the process it came from finds and kills it
         subreaper = is_subreaper()
