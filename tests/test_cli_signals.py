@@ -136,6 +136,38 @@ def test_an_interrupt_that_surfaces_as_another_exception_exits_130_without_a_tra
     assert "interrupted by SIGINT (ImportError: numpy._core.multiarray failed to import)" in stderr
 
 
+#: As above, in a command holding its own handlers (``run`` and ``simulate`` from their settings on), where
+#: the Ctrl-C is a SIGTERM.
+SIGTERM_AS_IMPORT_ERROR = """
+import os, signal, sys, time
+from asyncroll import cli
+from asyncroll.runtime.signals import CommandSignals
+
+@cli.app.command("import-numpy")
+def import_numpy() -> None:
+    signals = CommandSignals()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    except KeyboardInterrupt:
+        raise ImportError("numpy._core.multiarray failed to import") from None
+    finally:
+        signals.restore()
+
+sys.argv = ["asyncroll", "import-numpy"]
+cli.main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupt_under_a_commands_own_handlers_names_the_signal_that_came() -> None:
+    """The command's SIGTERM handler passed it on as a SIGINT, which the CLI recorded: the line said
+    "interrupted by SIGINT" for a SIGTERM."""
+    code, stderr = finish(python(SIGTERM_AS_IMPORT_ERROR))
+    assert code == 130, stderr
+    assert "interrupted by SIGTERM (ImportError: numpy._core.multiarray failed to import)" in stderr, stderr
+
+
 #: run, where a SIGTERM is handled inside a weakref callback while the settings are built: Python reports
 #: the KeyboardInterrupt the handler raised there as "ignored" and goes on.
 SWALLOWED = """

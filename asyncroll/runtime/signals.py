@@ -108,7 +108,9 @@ class CommandSignals:
         handler = signal.getsignal(signal.SIGINT)
         if not callable(handler):  # SIGINT ignored or left to the OS: interrupt all the same
             raise KeyboardInterrupt(self.received)
-        handler(signal.SIGINT, frame)  # Python's raises KeyboardInterrupt; asyncio's cancels the run
+        # Python's raises KeyboardInterrupt; asyncio's cancels the run; the CLI's records the signal
+        # (asyncroll.cli_signals): told the one that came, it names a SIGTERM as one, not as a SIGINT
+        handler(signum, frame)
 
     def _record(self, signum: int, _frame: FrameType | None) -> None:
         self.received = self.received or signal.Signals(signum).name
