@@ -9,7 +9,8 @@ handlers on top (:mod:`asyncroll.runtime.signals`, the experiment runner's guard
   its exception on one line (:func:`interrupted_by`): a Ctrl-C during the import of a C extension
   (numpy) surfaces as an ``ImportError``, which printed a traceback and exited 1.
 - Once the command is over (:func:`leave_with`) a signal ends the process at once with the command's own
-  exit code; from the interpreter's final clean-up on, it is ignored. Python puts the default handlers
+  exit code, through the exit handlers too (one that hangs is ended); from the interpreter's final
+  clean-up on, it is ignored. Python puts the default handlers
   back for that clean-up (≈ 0.5 s with scikit-learn and SciPy loaded), so a second Ctrl-C or a SIGTERM
   shortly after the first used to end the process by that signal, against the exit code run.json records.
 
@@ -27,6 +28,7 @@ from types import FrameType
 
 _NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
 _received: list[str] = []  # the stop signals this process received since guard(), in order
+_ignoring_at_exit: list[bool] = []  # whether guard() registered _ignore_stop_signals (once a process)
 
 
 def _stop_signals() -> list[signal.Signals]:
@@ -45,6 +47,9 @@ def guard() -> None:
     for sig in _stop_signals():
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             signal.signal(sig, _interrupt)
+    if not _ignoring_at_exit:  # registered first, so run last (exit handlers run in reverse): every one
+        _ignoring_at_exit.append(True)  # the command registers runs before it, under leave_with's handlers
+        atexit.register(_ignore_stop_signals)
 
 
 def interrupted_by() -> str | None:
@@ -55,7 +60,8 @@ def interrupted_by() -> str | None:
 def leave_with(code: int) -> None:
     """The command is over and the interpreter is shutting down: a stop signal now (a burst of Ctrl-C)
     exits at once with the command's own code, instead of a KeyboardInterrupt traceback from the
-    interpreter's shutdown; it still ends a shutdown that hangs joining a thread. Once the exit handlers
+    interpreter's shutdown; it still ends a shutdown that hangs joining a thread or in an exit handler
+    (multiprocessing's joins a stuck child). Once the exit handlers registered since :func:`guard` have
     run, the signals are ignored instead: the interpreter's last clean-up would otherwise run under the
     default handlers, and a signal then ended the process by that signal."""
 
@@ -68,7 +74,6 @@ def leave_with(code: int) -> None:
     for sig in _stop_signals():
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             signal.signal(sig, leave)
-    atexit.register(_ignore_stop_signals)  # registered last: the first exit handler to run
 
 
 def _ignore_stop_signals() -> None:

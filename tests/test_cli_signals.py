@@ -68,6 +68,43 @@ def test_a_signal_in_the_interpreters_last_cleanup_keeps_the_commands_exit_code(
     assert "Traceback" not in stderr
 
 
+#: main() with one more command, which registers an exit handler that never returns (as
+#: multiprocessing's does when it joins a child that is stuck): it says so, then blocks on a pipe.
+HANGING_EXIT_HANDLER = """
+import atexit, os, sys
+from asyncroll import cli
+
+def hang() -> None:
+    print("in the exit handler", flush=True)
+    os.read(os.pipe()[0], 1)  # nobody ever writes: blocks for good
+
+@cli.app.command("hang-at-exit")
+def hang_at_exit() -> None:
+    atexit.register(hang)
+
+sys.argv = ["asyncroll", "hang-at-exit"]
+cli.main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_ends_an_exit_handler_that_hangs_with_the_commands_exit_code() -> None:
+    """The stop signals were ignored from the first exit handler on: one that hung could not be ended
+    by Ctrl-C or SIGTERM (only by SIGKILL), where before they ended it with the command's exit code."""
+    proc = python(HANGING_EXIT_HANDLER)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "in the exit handler\n"
+        proc.send_signal(signal.SIGTERM)
+        code, stderr = finish(proc)  # a process that ignores it is killed after 60 s: status -9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+
+
 @pytest.mark.timeout(120)
 def test_sigterm_while_run_reads_its_settings_exits_130(tmp_path: Path) -> None:
     """Before the run's own handlers (imports, settings, validation: ≈ 1 s) SIGTERM and SIGHUP killed
