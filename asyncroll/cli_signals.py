@@ -52,6 +52,19 @@ def guard() -> None:
         atexit.register(_ignore_stop_signals)
 
 
+def record(name: str) -> None:
+    """A stop signal a command's own handler took (:class:`asyncroll.runtime.signals.CommandSignals`),
+    recorded only under :func:`guard` (a process that runs commands another way keeps no record: a stale
+    one would stop its next command at once)."""
+    if _ignoring_at_exit:  # guard() ran in this process
+        _received.append(name)
+
+
+def is_guard(handler: object) -> bool:
+    """Whether ``handler`` is the one :func:`guard` installed."""
+    return handler is _interrupt
+
+
 def interrupted_by() -> str | None:
     """The first stop signal received since :func:`guard`, if any."""
     return _received[0] if _received else None

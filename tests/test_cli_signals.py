@@ -244,3 +244,56 @@ def test_a_stop_signal_swallowed_before_the_run_still_stops_the_command(tmp_path
     assert "Exception ignored" in stderr  # Python's own report: the signal did land in the callback
     assert code == 130, stderr
     assert not out.exists()
+
+
+#: the CLI's guard, then a command's own handlers and its asyncio.run: which SIGINT handler each stretch has,
+#: and what a SIGTERM does inside the event loop
+UNDER_ASYNCIO = """
+import asyncio, os, signal
+from asyncroll import cli_signals
+from asyncroll.runtime.signals import CommandSignals
+
+cli_signals.guard()
+signals = CommandSignals()
+print("command:", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+seen = []
+
+async def main():
+    handler = signal.getsignal(signal.SIGINT)
+    print("loop:", handler not in (signal.default_int_handler, cli_signals._interrupt))
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        seen.append("cancelled")
+        raise
+
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    print("interrupted:", seen, signals.received, cli_signals.interrupted_by())
+signals.restore()
+print("restored:", signal.getsignal(signal.SIGINT) is cli_signals._interrupt)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_commands_event_loop_takes_a_stop_signal_as_asyncio_s_cancellation() -> None:
+    """Under the CLI's guard asyncio.run found a SIGINT handler other than Python's and installed none of
+    its own, so a stop signal raised KeyboardInterrupt wherever the loop was (its own close included: an
+    unclosed loop's ``__del__`` then printed a traceback at exit). A command's handlers give SIGINT back to
+    Python's while they are in place: the signal cancels the run's main task, and it is still named."""
+    proc = python(UNDER_ASYNCIO)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert stdout.splitlines() == [
+        "command: True",
+        "loop: True",
+        "interrupted: ['cancelled'] SIGTERM SIGTERM",
+        "restored: True",
+    ], stdout + stderr

@@ -92,24 +92,28 @@ class CommandSignals:
         self._previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return
-        from asyncroll.cli_signals import interrupted_by
+        from asyncroll.cli_signals import interrupted_by, is_guard
 
         if (early := interrupted_by()) is not None:  # its KeyboardInterrupt was swallowed (it came during
             self.received = early  # a weakref callback or a __del__): the command stops here, exit 130
             raise KeyboardInterrupt(early)
         for sig in STOP_SIGNALS:
             if sig is signal.SIGINT:  # Python's own handler (or the caller's) raises KeyboardInterrupt;
-                self._previous[sig] = signal.getsignal(sig)  # kept as it is, put back by restore()
-                continue
+                self._previous[sig] = previous = signal.getsignal(sig)  # put back by restore()
+                if is_guard(previous):  # the CLI's: Python's own instead, over which asyncio.run installs
+                    signal.signal(sig, signal.default_int_handler)  # its handler (a cancellation of the
+                continue  # main task, not a KeyboardInterrupt raised wherever the loop is, its own close too)
             self._previous[sig] = signal.signal(sig, self._as_interrupt)
 
     def _as_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        from asyncroll.cli_signals import record
+
         self.received = self.received or signal.Signals(signum).name
+        record(signal.Signals(signum).name)  # for the CLI: an exception it surfaces as names this signal
         handler = signal.getsignal(signal.SIGINT)
         if not callable(handler):  # SIGINT ignored or left to the OS: interrupt all the same
             raise KeyboardInterrupt(self.received)
-        # Python's raises KeyboardInterrupt; asyncio's cancels the run; the CLI's records the signal
-        # (asyncroll.cli_signals): told the one that came, it names a SIGTERM as one, not as a SIGINT
+        # Python's raises KeyboardInterrupt; asyncio's cancels the run's main task
         handler(signum, frame)
 
     def _record(self, signum: int, _frame: FrameType | None) -> None:
