@@ -24,7 +24,9 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 _NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
 _received: list[str] = []  # the stop signals this process received since guard(), in order
@@ -87,6 +89,32 @@ def leave_with(code: int) -> None:
     for sig in _stop_signals():
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             signal.signal(sig, leave)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A stop signal that arrives inside is delivered when the block ends, to the handler in place then:
+    for a step a KeyboardInterrupt must not cut in half. One raised inside an event loop's constructor
+    left half a loop, whose ``__del__`` later printed an ``AttributeError`` traceback. Main thread only
+    (a signal's Python handler runs there); elsewhere nothing changes."""
+    pending: list[int] = []
+
+    def note(signum: int, _frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in _stop_signals():
+            try:
+                previous[sig] = signal.signal(sig, note)
+            except ValueError:  # not the main thread
+                break
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if pending:  # the first only: one stop is what the handler in place acts on
+            signal.raise_signal(pending[0])
 
 
 def _ignore_stop_signals() -> None:

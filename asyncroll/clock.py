@@ -17,10 +17,11 @@ directly: they only ever run beside a :class:`SystemClock`, which is that same c
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import selectors
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -61,7 +62,7 @@ class SystemClock:
         await asyncio.sleep(seconds)
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run(main)
+        return run_on_new_loop(asyncio.new_event_loop, main, set_current=True)
 
 
 class VirtualClock:
@@ -90,8 +91,39 @@ class VirtualClock:
         return _VirtualTimeLoop(self)
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
-        with asyncio.Runner(loop_factory=self.new_event_loop) as runner:
+        return run_on_new_loop(self.new_event_loop, main)
+
+
+def run_on_new_loop(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+    main: Coroutine[Any, Any, T],
+    *,
+    set_current: bool = False,
+) -> T:
+    """``asyncio.run`` on a loop from ``new_loop`` (the current loop too when ``set_current``, as
+    ``asyncio.run`` does), whatever stops it: a stop signal while the loop is being built waits until it
+    is (a KeyboardInterrupt inside the constructor left half a loop, whose ``__del__`` printed a traceback
+    at a random later moment); the loop is closed however the run ends, and ``main`` too if it never
+    started (no "never awaited" warning)."""
+    from asyncroll.cli_signals import deferred
+
+    loop: asyncio.AbstractEventLoop | None = None
+    try:
+        with deferred():
+            loop = new_loop()
+        if set_current:
+            asyncio.set_event_loop(loop)
+        built = loop
+        with asyncio.Runner(loop_factory=lambda: built) as runner:
             return runner.run(main)
+    finally:
+        if inspect.getcoroutinestate(main) == inspect.CORO_CREATED:
+            main.close()
+        if loop is not None:
+            if set_current:
+                asyncio.set_event_loop(None)
+            if not loop.is_closed():
+                loop.close()
 
 
 #: While callbacks are ready, a virtual loop polls real file descriptors once per this many iterations.

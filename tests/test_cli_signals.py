@@ -297,3 +297,58 @@ def test_a_commands_event_loop_takes_a_stop_signal_as_asyncio_s_cancellation() -
         "interrupted: ['cancelled'] SIGTERM SIGTERM",
         "restored: True",
     ], stdout + stderr
+
+
+HALF_BUILT_LOOP = """
+import asyncio, gc, inspect, signal
+from asyncroll import cli_signals
+from asyncroll.clock import run_on_new_loop
+
+cli_signals.guard()
+built = []
+
+def new_loop():
+    loop = asyncio.new_event_loop()
+    built.append(loop)
+    signal.raise_signal(signal.SIGTERM)  # a stop signal while the run's loop is being built
+    return loop
+
+async def main():
+    return 1
+
+coro = main()
+try:
+    run_on_new_loop(new_loop, coro, set_current=True)
+except KeyboardInterrupt:
+    print("interrupted:", cli_signals.interrupted_by())
+print("loop closed:", built[0].is_closed(), "main:", inspect.getcoroutinestate(coro))
+try:
+    with cli_signals.deferred():
+        signal.raise_signal(signal.SIGINT)
+        print("inside: nothing yet")
+except KeyboardInterrupt:
+    print("after: interrupted")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_stop_signal_while_the_event_loop_is_built_waits_until_it_is_and_nothing_is_left_open() -> None:
+    """A KeyboardInterrupt raised inside an event loop's constructor left half a loop, whose ``__del__``
+    printed an AttributeError traceback at some random later moment, and the command's coroutine warned
+    it was never awaited (test_signals' output-directory test failed about 1 run in 25). The signal now
+    waits until the loop exists, then stops the command: the loop is closed and so is the coroutine."""
+    proc = python(HALF_BUILT_LOOP)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout + stderr
+    assert stdout.splitlines() == [
+        "interrupted: SIGTERM",
+        "loop closed: True main: CORO_CLOSED",
+        "inside: nothing yet",
+        "after: interrupted",
+    ], stdout + stderr
+    assert "never awaited" not in stderr and "Exception ignored" not in stderr, stderr

@@ -243,7 +243,6 @@ def run(
 
 
 def _run(cfg: Any) -> int:
-    import asyncio
     import shutil
 
     from asyncroll.clock import SystemClock
@@ -299,7 +298,7 @@ def _run(cfg: Any) -> int:
                 typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
             return outcome.exit_code
 
-        return asyncio.run(main())
+        return clock.run(main())
     except KeyboardInterrupt as exc:  # before the run began: no receipt yet
         where = "nothing written"
         if not existed and cfg.output.is_dir() and not (cfg.output / "run.json").exists():

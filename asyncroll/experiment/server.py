@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from asyncroll.clock import SystemClock
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.proctree import all_gone, children, descendants, environ, reap, signal_tree
 
@@ -270,7 +271,7 @@ class InferenceServer:
         Each probe is bounded (:meth:`_get`) and given at most the time left, so a server that trickles
         its answer cannot hold this past ``deadline_s`` by more than a probe's margin (max(1 s, 10%)).
         One event loop and one client for the whole wait (the runner is synchronous here)."""
-        return asyncio.run(self._wait_ready(paths, deadline_s))
+        return SystemClock().run(self._wait_ready(paths, deadline_s))
 
     async def _wait_ready(self, paths: list[str], deadline_s: float) -> dict[str, Any]:
         import httpx
