@@ -616,6 +616,30 @@ def test_lcb_array_object_and_jsonl_inputs_agree(tmp_path: Path) -> None:
     assert only == next(p for p in without_source_hash(lines(tmp_path / "a.jsonl")) if p["id"] == "3708")
 
 
+def test_a_byte_order_mark_is_not_part_of_the_source(tmp_path: Path) -> None:
+    """A UTF-8 byte-order mark (as Windows editors save) was refused in a JSON array or object ("not
+    valid JSON: Unexpected UTF-8 BOM") though the same rows converted as JSONL: every form converts alike."""
+    rows = lcb_rows()
+    sources = {
+        "jsonl": write_jsonl(tmp_path / "rows.jsonl", rows),
+        "array": write_json(tmp_path / "rows.json", rows),
+    }
+    expected = None
+    for name, source in sources.items():
+        source.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())
+        convert_livecodebench(source, tmp_path / f"{name}.jsonl")
+        converted = without_source_hash(lines(tmp_path / f"{name}.jsonl"))
+        expected = expected or converted
+        assert converted == expected, name
+    marked = tmp_path / "toolmath.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + TM_HARD.read_bytes())
+    convert_toolmath(TM_HARD, TM_EXAMPLE, tmp_path / "plain.jsonl")
+    convert_toolmath(marked, TM_EXAMPLE, tmp_path / "marked.jsonl")
+    assert without_source_hash(lines(tmp_path / "marked.jsonl")) == without_source_hash(
+        lines(tmp_path / "plain.jsonl")
+    )
+
+
 def test_lcb_is_deterministic_and_order_independent(tmp_path: Path) -> None:
     rows = lcb_rows()
     source = write_jsonl(tmp_path / "rows.jsonl", rows)

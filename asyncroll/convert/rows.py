@@ -77,7 +77,7 @@ class RowSource:
     def _whole(self, data: bytes) -> Iterator[tuple[Any, RowRef]]:
         self.sha256 = hashlib.sha256(data).hexdigest()
         try:
-            whole = json.loads(data.decode("utf-8"))
+            whole = json.loads(data.decode("utf-8-sig"))  # a leading byte-order mark is dropped
         except UnicodeDecodeError as exc:
             raise UsageError(f"{self.path}: not UTF-8 text: {exc}") from None
         except json.JSONDecodeError as exc:

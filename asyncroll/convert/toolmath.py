@@ -107,7 +107,7 @@ def convert_toolmath(
 def parse_records(data: bytes, source: Path, functions_dir: Path) -> list[ToolRecord]:
     """Every record of the source, validated; all problems are reported together."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is not JSON
     except UnicodeDecodeError as exc:
         raise UsageError(f"{source}: not UTF-8 text: {exc}") from None
     try:
