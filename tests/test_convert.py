@@ -274,6 +274,26 @@ def test_toolmath_answers_from_solution_are_labelled(tmp_path: Path) -> None:
     assert problems["toolmath-3"]["metadata"]["reference_answer_source"].startswith("derived:")
 
 
+def test_toolmath_records_of_one_problem_that_give_different_answers_leave_it_without_one(
+    tmp_path: Path,
+) -> None:
+    """The answer came from the first record's solution only: records of one problem whose solutions box
+    different answers got whichever record came first as the reference (the order of the release)."""
+    out = tmp_path / "answers.jsonl"
+    records = tool_records()
+    assert [r["source_problem"] == records[3]["source_problem"] for r in records[3:5]] == [True, True]
+    records[4]["source_solution"] = records[3]["source_solution"].replace("\\boxed{5}", "\\boxed{6}")
+    assert records[4]["source_solution"] != records[3]["source_solution"]
+    report = convert_toolmath(
+        write_json(tmp_path / "s.json", records), TM_EXAMPLE, out, answers_from_solution=True
+    )
+    problem = {p["id"]: p for p in lines(out)}["toolmath-3"]
+    assert problem["reference_answer"] is None and "toolmath-3" in report.without_answer
+    assert problem["metadata"]["reference_answer_source"] == (
+        "none: the problem's records disagree: [3] gives '5', [4] gives '6'"
+    )
+
+
 def _bad(records: list[dict[str, Any]], index: int, **changes: Any) -> list[dict[str, Any]]:
     records = copy.deepcopy(records)
     for key, value in changes.items():

@@ -179,17 +179,31 @@ def _problem(
     }
     problem: dict[str, Any] = {"id": pid, "prompt": first.problem, "tools": tools}
     if answers:
-        try:
-            answer = last_boxed(first.solution)
-            reason = DERIVED_LABEL if answer is not None else "none: source_solution has no \\boxed{}"
-        except BoxedError as exc:
-            answer, reason = None, f"none: {exc}"
+        answer, reason = _derived_answer(group)
         problem["reference_answer"] = answer
         metadata["reference_answer_source"] = reason
         if answer is None:
             report.without_answer.append(pid)
     problem["metadata"] = metadata
     return problem
+
+
+def _derived_answer(group: list[ToolRecord]) -> tuple[str | None, str]:
+    """The last ``\\boxed{…}`` of the problem's solution and its label. Records of one problem whose
+    solutions give different answers (or one gives none) leave it without one, named: taking the first
+    record's would pick a reference answer at random among them."""
+    derived: dict[str | None, int] = {}
+    for record in group:
+        try:
+            answer = last_boxed(record.solution)
+        except BoxedError as exc:
+            return None, f"none: record [{record.index}]: {exc}"
+        derived.setdefault(answer, record.index)
+    if len(derived) > 1:
+        (a, i), (b, j) = list(derived.items())[:2]
+        return None, f"none: the problem's records disagree: [{i}] gives {a!r}, [{j}] gives {b!r}"
+    [answer] = derived
+    return answer, DERIVED_LABEL if answer is not None else "none: source_solution has no \\boxed{}"
 
 
 def _check_loadable(lines: list[dict[str, Any]], tool_root: Path, source: Path) -> None:
