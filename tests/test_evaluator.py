@@ -460,6 +460,21 @@ def test_functional_results_compare_like_livecodebench() -> None:
     assert verdict(result) == "runtime_error" and "no class Solution" in result["feedback"]["error"]
 
 
+@real_process
+def test_a_functional_program_without_class_solution_is_called_as_its_module_function() -> None:
+    """LiveCodeBench's ``compile_code`` calls ``Solution().<func_name>`` only when the program's text
+    holds ``class Solution``; any other program's module-level ``<func_name>`` is called."""
+    tests = [{"input": "2\n3", "output": "[2, 3]", "testtype": "functional"}]
+    result, _ = evaluate("def pair(a, b):\n    return [a, b]\n", tests, func_name="pair")
+    assert result["passed"], result["feedback"]
+    # the text decides, as in LiveCodeBench: a 'class SolutionHelper' makes it look for class Solution
+    helper = "class SolutionHelper:\n    pass\n\ndef pair(a, b):\n    return [a, b]\n"
+    result, _ = evaluate(helper, tests, func_name="pair")
+    assert verdict(result) == "runtime_error" and "no class Solution" in result["feedback"]["error"]
+    result, _ = evaluate("def other(a, b):\n    return [a, b]\n", tests, func_name="pair")
+    assert verdict(result) == "runtime_error" and "no function pair" in result["feedback"]["error"]
+
+
 MAIN_BLOCKS = {
     "unittest": ZIGZAG
     + """

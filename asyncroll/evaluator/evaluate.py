@@ -7,6 +7,8 @@ calls the tool, so they never appear in a prompt, an event or a result:
 * ``tests``: ``[{"input": str, "output": str, "testtype": "stdin" | "functional"}, ...]`` — exactly
   LiveCodeBench's test records (``testtype`` optional);
 * ``func_name``: the LeetCode method name for functional problems (``metadata.func_name``), else absent;
+  called as ``Solution().<func_name>`` when the code's text holds ``class Solution``, else as the
+  module-level function ``<func_name>`` (LiveCodeBench's ``compile_code``);
 * optional ``time_limit_s`` (per test, default 6 s as LiveCodeBench), ``total_time_limit_s`` (the
   budget for the whole evaluation, see below), ``tool_timeout_s`` (the caller's timeout for this call:
   the runtime passes its ``--tool-timeout``), ``memory_limit_mb`` (address space, MiB, default 768) and

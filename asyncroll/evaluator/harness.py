@@ -19,7 +19,9 @@ Steps, in order:
 5. the program's process runs the code with the modules LiveCodeBench's harness pre-imports in scope
    — as ``__main__`` in stdin mode (LiveCodeBench runs such a program as a script), as the module
    ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution in a ``tmp_sol`` module,
-   so an ``if __name__ == "__main__":`` test block in it does not run) — and reports one ``done``
+   so an ``if __name__ == "__main__":`` test block in it does not run, and calls
+   ``Solution().<func_name>`` when the program's text holds ``class Solution``, else its module-level
+   function ``<func_name>``, as LiveCodeBench's ``compile_code`` does) — and reports one ``done``
    record; the harness writes an ``exit`` record with the program process's wait status on an fd of
    its own, which the program's process closes before running any code, so a program running as
    another uid (the uid switch) cannot forge how it ended. (Under weak isolation, without the switch, a
@@ -216,6 +218,20 @@ def _register_source(code: str) -> None:
     linecache.cache["solution.py"] = (len(code), None, code.splitlines(True), "solution.py")
 
 
+def _entry_point(code: str, namespace: dict[str, Any], func_name: str) -> Any:
+    """What a functional test calls, as LiveCodeBench's ``compile_code`` finds it: ``Solution().<func_name>``
+    when the program's text holds ``class Solution``, else the module-level function ``<func_name>``."""
+    if "class Solution" in code:
+        solution = namespace.get("Solution")
+        if solution is None:
+            raise NameError("the program defines no class Solution")
+        return getattr(solution(), func_name)
+    function = namespace.get(func_name)
+    if function is None:
+        raise NameError(f"the program defines no class Solution and no function {func_name}")
+    return function
+
+
 def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
     func_name = config.get("func_name")
     if func_name:
@@ -240,10 +256,7 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
         _register_source(code)
         if func_name:
             exec(compiled, namespace)
-            solution = namespace.get("Solution")
-            if solution is None:
-                raise NameError("the program defines no class Solution")
-            method = getattr(solution(), str(func_name))
+            method = _entry_point(code, namespace, str(func_name))
             result = method(*(args or []))
             if isinstance(result, tuple):
                 result = list(result)  # LiveCodeBench forgives a top-level tuple
