@@ -340,6 +340,29 @@ def test_a_runtime_error_reports_the_programs_traceback_only() -> None:
 
 
 @real_process
+def test_lone_surrogates_in_the_code_or_the_programs_own_text_give_a_verdict_that_encodes() -> None:
+    """A lone surrogate (``"\\ud800"`` is valid in a JSON string) in the code fails its compile() as
+    Python's own does, and one in the program's exception message or result ``repr`` reaches the repair
+    message escaped: the request that carries that message must encode as UTF-8."""
+    from asyncroll.runtime.trajectory import format_feedback
+
+    result, _ = evaluate("print(3)  # \ud800\n")
+    assert verdict(result) == "runtime_error", result
+    assert "surrogates not allowed" in result["feedback"]["error"]
+    raises = "raise ValueError('\\ud800 boom')\n"
+    odd = "class R:\n    def __repr__(self):\n        return '\\udcff'\n\n"
+    functional = odd + "class Solution:\n    def f(self):\n        return R()\n"
+    one = [{"input": "", "output": "1", "testtype": "functional"}]
+    for code, tests, func_name in ((raises, None, None), (functional, one, "f")):
+        result, _ = evaluate(code, tests, func_name=func_name)
+        feedback = result["feedback"]
+        assert verdict(result) in ("runtime_error", "wrong_answer"), result
+        format_feedback(feedback).encode("utf-8")  # raised UnicodeEncodeError
+        text = feedback.get("error") or feedback["got"]
+        assert "\\ud800 boom" in text or "\\udcff" in text, text
+
+
+@real_process
 def test_a_runaway_recursion_is_a_runtime_error_with_its_innermost_frames() -> None:
     """~50,000 frames deep: only the innermost few are formatted (formatting them all took seconds and
     could turn the verdict into a time-out), with the program's own source lines."""

@@ -91,7 +91,10 @@ _sandboxes: dict[int, Sandbox] = {}
 
 
 def cut(text: str, keep_tail: bool = False) -> str:
-    """``text`` cut to :data:`FIELD_LIMIT` characters (the end kept for tracebacks, else the start)."""
+    """``text`` cut to :data:`FIELD_LIMIT` characters (the end kept for tracebacks, else the start), a lone
+    surrogate written as its escape: a program's own text (its exception's message, its result's
+    ``repr``) can hold one, and the repair message that carries this field must encode as UTF-8."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= FIELD_LIMIT:
         return text
     room = FIELD_LIMIT - len(_CUT)
@@ -207,7 +210,10 @@ def lcb_evaluate(
         if not report.config.private_root and report.config.uid is not None:
             scratch.chmod(0o711)  # the per-test work directories inside belong to the sandbox uid
         code_path = scratch / "solution.py"
-        code_path.write_text(code, encoding="utf-8")  # 0600: the harness reads it before dropping root
+        # 0600: the harness reads it before dropping root. A lone surrogate ("\ud800", valid in a JSON
+        # string) passes through to the program's compile(), which fails on it as Python's own does: a
+        # runtime_error verdict, not an exception out of the evaluation.
+        code_path.write_text(code, encoding="utf-8", errors="surrogatepass")
         for index, case in enumerate(cases):
             remaining = budget_deadline - time.monotonic()
             if remaining <= 0:

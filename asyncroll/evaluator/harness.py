@@ -343,7 +343,8 @@ def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     status_fd = int(config["status_fd"])
     exit_fd = int(config["exit_fd"])
-    with open(str(config["code_path"]), encoding="utf-8") as source:
+    # surrogatepass: the evaluator writes a lone surrogate so; compile() then refuses it as the verdict
+    with open(str(config["code_path"]), encoding="utf-8", errors="surrogatepass") as source:
         code = source.read()
     uid = config.get("uid")
     gid = config.get("gid")
