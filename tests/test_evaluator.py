@@ -484,6 +484,20 @@ def test_functional_results_compare_like_livecodebench() -> None:
 
 
 @real_process
+@pytest.mark.parametrize("returned", ["10 ** 5000", "[1, {'k': 10 ** 5000}]"])
+def test_an_int_too_long_for_json_is_a_wrong_answer_not_a_lost_report(returned: str) -> None:
+    """Python refuses to write an int of more than 4,300 digits as text (and so as JSON): the expected
+    value, read as JSON, cannot hold one, so LiveCodeBench's ``==`` is false. It was a runtime_error
+    'exited with status 0 before finishing normally': the report failed to encode and was lost."""
+    tests = [{"input": "", "output": "1", "testtype": "functional"}]
+    program = f"class Solution:\n    def f(self):\n        return {returned}\n"
+    result, _ = evaluate(program, tests, func_name="f")
+    assert verdict(result) == "wrong_answer", result
+    assert "an int too long for JSON" in result["feedback"]["detail"]
+    assert "cannot be shown" in result["feedback"]["got"]
+
+
+@real_process
 def test_a_functional_program_without_class_solution_is_called_as_its_module_function() -> None:
     """LiveCodeBench's ``compile_code`` calls ``Solution().<func_name>`` only when the program's text
     holds ``class Solution``; any other program's module-level ``<func_name>`` is called."""

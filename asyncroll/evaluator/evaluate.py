@@ -306,7 +306,7 @@ def _judge(
                 "wrong_answer",
                 got=str(done["unrepresentable"]),
                 detail="the returned value can never equal a JSON value under == "
-                "(a nested tuple, set, non-string dict key or object)",
+                "(a nested tuple, set, non-string dict key, object or an int too long for JSON)",
             )
         got_value = done.get("result")
         why = compare_value(got_value, case.expected_value)

@@ -35,9 +35,10 @@ Steps, in order:
 A ``done`` record is ``{"kind": "done", "ok": true}`` (stdin mode), ``{"kind": "done", "ok": true,
 "result": <JSON>}`` (functional mode), ``{"kind": "done", "ok": false, "error": "<traceback>"}`` or,
 for a functional result that LiveCodeBench's ``==`` can never match against a JSON value (a nested
-tuple, a set, an int-keyed dict, an object), ``{"kind": "done", "ok": true, "unrepresentable":
-"<repr>"}``. A ``str``, ``list`` or ``dict`` subclass (``defaultdict``, ``Counter``, ``OrderedDict``, an
-``Enum`` mixed with ``str``, a dict keyed by ``str`` subclasses) equals the plain value under ``==``, so it
+tuple, a set, an int-keyed dict, an object, an int past the digit limit of str conversion),
+``{"kind": "done", "ok": true, "unrepresentable": "<repr>"}``. A ``str``, ``list`` or ``dict`` subclass
+(``defaultdict``, ``Counter``, ``OrderedDict``, an ``Enum`` mixed with ``str``, a dict keyed by ``str``
+subclasses) equals the plain value under ``==``, so it
 is sent as its plain string, list or dict. The program can write to the status
 fd too; that can only claim an answer it could have produced honestly, so the runtime treats the
 records as facts about the program, not about the test.
@@ -102,8 +103,9 @@ def _prelude(namespace: dict[str, Any]) -> None:
     sys.setrecursionlimit(RECURSION_LIMIT)
 
 
-def _write(fd: int, record: dict[str, object]) -> None:
-    data = (json.dumps(record) + "\n").encode()
+def _write(fd: int, line: str) -> None:
+    """Write one record (its JSON text) and a newline to ``fd``."""
+    data = (line + "\n").encode()
     while data:
         data = data[os.write(fd, data) :]
 
@@ -192,6 +194,16 @@ def _plain(value: Any) -> Any:
     raise TypeError(kind.__name__)
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to :data:`ERROR_LIMIT`, or what it is when even that fails: an int past the
+    interpreter's digit limit for str conversion (at any depth) has no ``repr`` and no JSON text. No JSON
+    value the worker reads can hold such an int either, so the result can never match."""
+    try:
+        return repr(value)[:ERROR_LIMIT]
+    except ValueError as exc:
+        return f"<a {type(value).__name__} that cannot be shown: {exc}>"
+
+
 def _error(exc: BaseException) -> str:
     """The traceback without the harness's own frames (its code has the file name ``<string>``), its
     innermost :data:`TRACE_FRAMES` frames only: formatting the ~50,000 frames of a runaway recursion took
@@ -245,7 +257,7 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
     else:
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     sys.argv = ["solution.py"]
-    record: dict[str, object]
+    line: str  # the done record's JSON, built inside the try: a result can fail to encode
     try:
         args = None
         if func_name:
@@ -262,9 +274,9 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
                 result = list(result)  # LiveCodeBench forgives a top-level tuple
             sys.stdout.flush()
             try:
-                record = {"kind": "done", "ok": True, "result": _plain(result)}
-            except (TypeError, RecursionError):
-                record = {"kind": "done", "ok": True, "unrepresentable": repr(result)[:ERROR_LIMIT]}
+                line = json.dumps({"kind": "done", "ok": True, "result": _plain(result)})
+            except (TypeError, RecursionError, ValueError):  # ValueError: an int past the digit limit
+                line = json.dumps({"kind": "done", "ok": True, "unrepresentable": _shown(result)})
         else:
             # LiveCodeBench swallows SystemExit: exit(…) after printing is a normal end. (No
             # contextlib here: every import is paid once per test.)
@@ -273,10 +285,10 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             except SystemExit:
                 pass
             sys.stdout.flush()
-            record = {"kind": "done", "ok": True}
+            line = json.dumps({"kind": "done", "ok": True})
     except BaseException as exc:  # noqa: BLE001 - every failure of the program is its verdict
-        record = {"kind": "done", "ok": False, "error": _error(exc)}
-    _write(status_fd, record)
+        line = json.dumps({"kind": "done", "ok": False, "error": _error(exc)})
+    _write(status_fd, line)
 
 
 def deny_kernel_keys() -> bool:
@@ -372,7 +384,7 @@ def main(argv: list[str]) -> int:
         except ChildProcessError:
             return 0
         if pid == child:
-            _write(exit_fd, {"kind": "exit", "status": status})
+            _write(exit_fd, json.dumps({"kind": "exit", "status": status}))
             return 0
 
 
