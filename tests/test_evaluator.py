@@ -498,6 +498,20 @@ def test_an_int_too_long_for_json_is_a_wrong_answer_not_a_lost_report(returned: 
 
 
 @real_process
+def test_a_functional_result_past_the_record_cap_is_an_output_limit_verdict() -> None:
+    """The done record of a functional test is capped at twice the stdout cap (16 MiB by default): a
+    larger result was a runtime_error 'the program's report could not be read back'."""
+    tests = [{"input": "", "output": '"x"', "testtype": "functional"}]
+    program = "class Solution:\n    def f(self):\n        return 'x' * (20 * 1024 * 1024)\n"
+    result, _ = evaluate(program, tests, func_name="f")
+    assert verdict(result) == "output_limit_exceeded", result
+    assert f"more than {16 * 1024 * 1024} bytes as JSON" in result["feedback"]["error"]
+    junk = STATUS_FD + "os.write(fd, b'x' * (17 * 1024 * 1024))\nprint(3)\n"  # stdin mode: no result
+    result, _ = evaluate(junk)
+    assert verdict(result) != "output_limit_exceeded", result
+
+
+@real_process
 def test_a_functional_program_without_class_solution_is_called_as_its_module_function() -> None:
     """LiveCodeBench's ``compile_code`` calls ``Solution().<func_name>`` only when the program's text
     holds ``class Solution``; any other program's module-level ``<func_name>`` is called."""

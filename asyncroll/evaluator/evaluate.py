@@ -25,7 +25,7 @@ when no ``tool_timeout_s`` is given. The limits' defaults, bounds and this rule 
 ``time_limit_exceeded`` with an ``error`` that names the budget and what set it (``--tool-timeout`` for
 the cap): problems with many slow tests need a larger ``--tool-timeout``. stdout is capped at 8 MiB
 per test, raised for a test whose expected output is larger to twice its size plus 64 KiB (at most
-128 MiB).
+128 MiB); a functional result's JSON, at twice that cap (``output_limit_exceeded`` past it).
 
 The evaluation runs test by test in a fresh temporary directory and stops at the first failing test.
 The result is ``{"passed", "tests_run", "tests_total", "feedback", "timed_out"}``; ``feedback`` is
@@ -292,6 +292,11 @@ def _judge(
         stderr = execution.stderr.strip()
         detail = f"\n{stderr}" if stderr else ""
         how = execution.describe_exit()
+        if functional and execution.record_exceeded:  # the result's JSON is past the cap the record has
+            return fail(
+                "output_limit_exceeded",
+                error=f"the returned value took more than {2 * limits.output_bytes} bytes as JSON",
+            )
         if execution.status_garbled:  # a value nested past the parser's limit, or the program wrote there
             return fail(
                 "runtime_error",

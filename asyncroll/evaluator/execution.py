@@ -24,6 +24,7 @@ class Execution:
     output_exceeded: bool = False
     memory_limit_hit: bool = False
     status_garbled: bool = False  # the program wrote something unreadable where its done record goes
+    record_exceeded: bool = False  # its first line did not end within the cap: twice the stdout cap
 
     def describe_exit(self) -> str:
         """How the program's process ended, in words (``exited with status 3``, ``was killed by SIGKILL``)."""

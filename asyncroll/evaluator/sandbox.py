@@ -341,6 +341,7 @@ class Sandbox:
             os.close(pidfd)
         out.stdout = bytes(stdout[: limits.output_bytes])
         out.stderr = bytes(stderr[-limits.stderr_bytes :]).decode("utf-8", "replace")
+        out.record_exceeded = b"\n" not in status and len(status) >= 2 * limits.output_bytes
         out.read_records(bytes(status), bytes(exit_record))
 
     def _kill_everything(self, proc: subprocess.Popen[bytes], group: TestGroup | None) -> None:
