@@ -15,6 +15,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -1028,3 +1029,41 @@ def test_a_run_passes_its_tool_timeout_so_a_slow_program_gets_a_verdict_not_a_ki
     while leftovers(since, *workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert leftovers(since, *workers) == []
+
+
+READS_EARLIER_INPUTS = """
+found = 0
+for run in range(1, 20000):
+    try:
+        with open(f"../input-{run}", "rb") as f:
+            found += f.read().startswith(b"hidden-earlier-test")
+    except OSError:
+        pass
+print(found)
+"""
+
+
+@requires_isolation
+@real_process
+def test_without_a_private_root_the_sandbox_uid_cannot_read_the_hidden_inputs_in_scratch() -> None:
+    """Without the private root the work directory lies inside the evaluation's scratch directory (0711
+    so the sandbox uid reaches it): every test's input file there was 0644, so a program read the
+    hidden inputs of the earlier tests by name. The worker opens a test's stdin itself: they are 0600."""
+    full = isolation.detect().config
+    weak = Layers(python=full.python, uid=full.uid, gid=full.gid)
+    scratch = Path(tempfile.mkdtemp(prefix="qa-scratch-"))
+    try:
+        scratch.chmod(0o711)
+        code = scratch / "solution.py"
+        sandbox = Sandbox(weak)
+        code.write_text("print(input())\n")
+        first = sandbox.run(code, b"hidden-earlier-test\n", scratch, wall_s=5.0)
+        assert first.stdout == b"hidden-earlier-test\n"  # the program's own stdin still works
+        code.write_text(READS_EARLIER_INPUTS)
+        since = time.time()
+        second = sandbox.run(code, b"", scratch, wall_s=10.0)
+        assert second.done == {"kind": "done", "ok": True}, second
+        assert second.stdout == b"0\n"
+        assert leftovers(since) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

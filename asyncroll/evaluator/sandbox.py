@@ -190,7 +190,8 @@ class Sandbox:
         wall = limits.time_limit_s if wall_s is None else wall_s
         run = next(_RUNS)
         input_path = scratch / f"input-{run}"
-        input_path.write_bytes(stdin_bytes)
+        with open(os.open(input_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as hidden:
+            hidden.write(stdin_bytes)  # 0600: this worker opens it as stdin; nobody else reads a test
         work = self._work_dir(scratch, run)
         group = self._cgroups.create(limits.memory_bytes, limits.processes) if self._cgroups else None
         status_r, status_w = os.pipe()  # the program's done record
