@@ -34,7 +34,7 @@ from asyncroll.evaluator.cgroups_v2 import group_roots
 from asyncroll.evaluator.compare import compare_stdout, stripped_lines
 from asyncroll.evaluator.evaluate import FIELD_LIMIT, cut, lcb_evaluate, remove_stale_scratch, scratch_prefix
 from asyncroll.evaluator.isolation import IsolationError, IsolationReport, Layer
-from asyncroll.evaluator.sandbox import Layers, Sandbox
+from asyncroll.evaluator.sandbox import Layers, Limits, Sandbox
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -1067,3 +1067,36 @@ def test_without_a_private_root_the_sandbox_uid_cannot_read_the_hidden_inputs_in
         assert leftovers(since) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+SPENDS_CPU_THEN_FLOODS = """
+import sys, time
+while time.process_time() < 0.3:
+    pass
+sys.stdout.write("x" * 65536)
+sys.stdout.flush()
+time.sleep(1000)
+"""
+
+
+@requires_isolation
+@real_process
+def test_a_killed_programs_cpu_time_reaches_the_workers_account(tmp_path: Path) -> None:
+    """A program still running when its test ends is killed before its harness: the init of a PID
+    namespace reaps what still runs when it exits without adding that CPU time to its own, so a killed
+    program's CPU time was missing from the worker's (the job's ``cpu_s``) in about 3 runs of 4. Here the
+    program provably spends 0.3 s of CPU, then floods stdout past the cap and is killed alive."""
+    scratch = tmp_path / "eval"
+    scratch.mkdir(mode=0o700)
+    code = scratch / "solution.py"
+    code.write_text(SPENDS_CPU_THEN_FLOODS)
+    sandbox = Sandbox(isolation.detect().config)
+    since = time.time()
+    for _ in range(5):
+        before = os.times()
+        execution = sandbox.run(code, b"", scratch, wall_s=30.0, limits=Limits(output_bytes=1024))
+        after = os.times()
+        assert execution.output_exceeded, execution
+        counted = after.children_user + after.children_system - before.children_user - before.children_system
+        assert counted >= 0.3, counted
+    assert leftovers(since) == []

@@ -1,7 +1,8 @@
 """Untrusted-code execution: the sandbox, LiveCodeBench's comparison and the ``lcb_evaluate`` tool.
 
 Modules: :mod:`~.isolation` (which layers work here, probed once), :mod:`~.sandbox` (one program on one
-input, whole tree killed after), :mod:`~.cgroups` (per-test memory/pids groups, cgroup v1),
+input, whole tree killed after), :mod:`~.preexec` (its child's set-up before ``exec``),
+:mod:`~.cgroups` (per-test memory/pids groups, cgroup v1),
 :mod:`~.cgroups_v2` (the same on cgroup v2, for hosts without v1 memory/pids hierarchies),
 :mod:`~.harness` (the code that runs inside the sandbox), :mod:`~.compare` (LiveCodeBench's
 comparison), :mod:`~.cases` (test records, checked: workload validation runs the same checks),

@@ -18,13 +18,14 @@ Per test the sandbox starts ``[unshare --pid --fork --kill-child --mount-proc [-
   an end of file a descendant could withhold.
 
 After every test — passed, failed, timed out or over the output cap — the *whole* tree is killed: the
-PID namespace dies with its init (the harness), every member of the cgroup gets SIGKILL until the group
+program's processes first, reaped by the harness (so their CPU time reaches the worker's account), then
+the PID namespace dies with its init (the harness), every member of the cgroup gets SIGKILL until the group
 is empty, and a psutil sweep kills the launcher's descendants and any orphan that was re-parented to
 the worker (the worker is a child subreaper while it evaluates). If something survives all of that
 within the clean-up deadline, :class:`SandboxError` is raised rather than carrying on silently.
 
-The pre-exec hook runs Python between ``fork`` and ``exec``; that is safe here because tool workers are
-single-threaded.
+The pre-exec hook (:mod:`~.preexec`) runs Python between ``fork`` and ``exec``; that is safe here
+because tool workers are single-threaded.
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import math
 import os
-import resource
 import selectors
 import signal
 import subprocess
@@ -48,12 +47,12 @@ from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
 from asyncroll.evaluator.cgroups_v2 import CgroupV2Factory
 from asyncroll.evaluator.execution import Execution
-from asyncroll.proctree import children, is_subreaper, libc, set_subreaper
+from asyncroll.evaluator.preexec import PreExec
+from asyncroll.proctree import all_gone, children, is_subreaper, set_subreaper
 
 MiB = 1 << 20
 HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")
 CLEANUP_S = 5.0
-_PR_SET_PDEATHSIG = 1
 _READ_CHUNK = 1 << 16
 _EXIT_RECORD_CAP = 4096  # {"kind": "exit", "status": N} and room to spare
 _RUNS = itertools.count(1)  # process-wide: file names in a scratch directory never collide
@@ -226,7 +225,7 @@ class Sandbox:
                         cwd=work,
                         env=self._environment(work),
                         start_new_session=True,
-                        preexec_fn=_PreExec(limits, group),
+                        preexec_fn=PreExec(limits, group),
                     )
             except OSError as exc:
                 if group is not None:
@@ -354,11 +353,22 @@ class Sandbox:
             group.kill_all(time.monotonic() + CLEANUP_S)
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
-        """Kill the launcher and its descendants (the PID namespace dies with its init)."""
+        """Kill the launcher and its descendants (the PID namespace dies with its init). The program's
+        processes die first, while the harness lives to reap them: the init of a PID namespace reaps
+        what is still running when it exits without adding that CPU time to its own, so a program
+        killed with its harness was missing from the worker's CPU account (the job's ``cpu_s``)."""
         try:
-            tree = psutil.Process(proc.pid).children(recursive=True)
+            launcher = psutil.Process(proc.pid)
+            tree, inits = launcher.children(recursive=True), launcher.children()
         except psutil.Error:
-            tree = []
+            tree, inits = [], []
+        program = [p for p in tree if p not in inits]
+        for p in program:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        until = time.monotonic() + 1.0
+        while not all_gone(program) and time.monotonic() < until:
+            time.sleep(0.001)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         for p in [*tree]:
@@ -417,33 +427,3 @@ def _first_line_only(status: bytearray, caps: dict[int, int | None], fd: int, si
     if end >= 0:
         del status[end + 1 :]
         caps[fd] = end + 1
-
-
-class _PreExec:
-    """Runs in the forked child before ``exec``: death signal, cgroup membership, rlimits."""
-
-    def __init__(self, limits: Limits, group: TestGroup | None) -> None:
-        cpu = math.ceil(limits.time_limit_s) + 1
-        nproc = limits.processes * (limits.nproc_headroom if group is not None else 1)
-        self.rlimits = [
-            (resource.RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
-            (resource.RLIMIT_CPU, cpu, cpu + 1),
-            (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
-            (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
-            (resource.RLIMIT_NPROC, nproc, nproc),
-            (resource.RLIMIT_CORE, 0, 0),
-        ]
-        self.join_files = group.join_files if group is not None else ()
-        self.libc = libc()
-
-    def __call__(self) -> None:
-        self.libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        pid = str(os.getpid()).encode()
-        for path in self.join_files:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, pid)
-            finally:
-                os.close(fd)
-        for which, soft, hard in self.rlimits:
-            resource.setrlimit(which, (soft, hard))
