@@ -1100,3 +1100,41 @@ def test_a_killed_programs_cpu_time_reaches_the_workers_account(tmp_path: Path) 
         counted = after.children_user + after.children_system - before.children_user - before.children_system
         assert counted >= 0.3, counted
     assert leftovers(since) == []
+
+
+LEAVES_A_SPINNER = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    while time.process_time() < 0.3:
+        pass
+    os.write(w, b"spent")
+    while True:
+        pass
+os.read(r, 5)
+print(3)
+"""
+
+
+@requires_isolation
+@real_process
+def test_the_cpu_time_of_what_a_finished_program_left_running_reaches_the_workers_account(
+    tmp_path: Path,
+) -> None:
+    """The program answers and exits, leaving a child that has spent 0.3 s of CPU still spinning: the
+    harness kills and reaps it before it exits. (Left to the kernel's clean-up of the namespace, its CPU
+    time was never counted.)"""
+    scratch = tmp_path / "eval"
+    scratch.mkdir(mode=0o700)
+    code = scratch / "solution.py"
+    code.write_text(LEAVES_A_SPINNER)
+    sandbox = Sandbox(isolation.detect().config)
+    since = time.time()
+    for _ in range(3):  # the first run of a process was sometimes counted even so
+        before = os.times()
+        execution = sandbox.run(code, b"", scratch, wall_s=30.0)
+        after = os.times()
+        assert execution.done == {"kind": "done", "ok": True} and execution.stdout == b"3\n", execution
+        counted = after.children_user + after.children_system - before.children_user - before.children_system
+        assert counted >= 0.3, counted
+    assert leftovers(since) == []

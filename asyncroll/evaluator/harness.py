@@ -14,8 +14,9 @@ Steps, in order:
    its tmpfs, and whatever it writes vanishes with the namespace;
 3. drop to the unprivileged uid/gid (supplementary groups cleared);
 4. fork the program's process and wait for it. In a PID namespace the harness is PID 1, so the
-   program cannot kill it, and when the harness exits the kernel kills every process left in the
-   namespace — descendants that called ``setsid`` included;
+   program cannot kill it; once that process has ended the harness kills and reaps every process left
+   in the namespace (so their CPU time is counted), and when the harness exits the kernel kills
+   whatever remains — descendants that called ``setsid`` included;
 5. the program's process runs the code with the modules LiveCodeBench's harness pre-imports in scope
    — as ``__main__`` in stdin mode (LiveCodeBench runs such a program as a script), as the module
    ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution in a ``tmp_sol`` module,
@@ -385,7 +386,25 @@ def main(argv: list[str]) -> int:
             return 0
         if pid == child:
             _write(exit_fd, json.dumps({"kind": "exit", "status": status}))
+            _reap_the_rest()
             return 0
+
+
+def _reap_the_rest() -> None:
+    """As PID 1 of the test's namespace, kill and reap what the program left running: the kernel reaps
+    what still runs when a namespace's init exits without counting its CPU time, which then never reached
+    the worker's account. (Not PID 1, under weak isolation: ``kill(-1)`` would reach the whole uid.)"""
+    if os.getpid() != 1:
+        return
+    while True:  # killed again before each wait: a process forked as the first kill went round
+        try:  # noqa: SIM105 - no contextlib import in the harness: paid once per test
+            os.kill(-1, signal.SIGKILL)  # every process of the namespace but this one
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 if __name__ == "__main__":
