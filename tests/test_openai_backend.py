@@ -1579,3 +1579,37 @@ def test_a_server_whose_connects_time_out_opens_the_circuit(tmp_path: Path) -> N
     assert "ConnectTimeout" in opened.reason
     failed = capture.of(ModelFailed)
     assert {e.kind for e in failed} <= {"timeout", "cancelled"} and len(capture.of(TrajectoryStarted)) <= 4
+
+
+@pytest.mark.timeout(60)
+def test_a_lone_surrogate_in_a_message_is_sent_escaped_not_a_failed_run() -> None:
+    """Text a tool or the evaluator made with a lone surrogate (``"\\ud800"``) in a message: orjson
+    refused to encode the request, a TypeError outside the exchange's handling that failed the whole run.
+    It is sent as the escape, a valid JSON text (the server decides); ordinary text stays UTF-8."""
+    import httpx
+
+    from asyncroll.backends.exchange import post_chat
+
+    received: list[bytes] = []
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["content-length"])))
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    async def send(text: str) -> tuple[int, bytes]:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            return await post_chat(client, {"messages": [{"role": "user", "content": text}]}, {}, 10.0)
+
+    with LoopbackServer(Echo) as server:
+        assert asyncio.run(send("bad \ud800 value")) == (200, b"{}")
+        assert asyncio.run(send("café")) == (200, b"{}")
+    assert received[0] == b'{"messages":[{"role":"user","content":"bad \\ud800 value"}]}'
+    assert json.loads(received[0])["messages"][0]["content"] == "bad \ud800 value"
+    assert received[1] == '{"messages":[{"role":"user","content":"café"}]}'.encode()

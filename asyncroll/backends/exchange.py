@@ -15,6 +15,7 @@ UTF-8 whatever charset the server names (:mod:`asyncroll.http_read`). Redirects 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -69,6 +70,17 @@ def _unreadable(head: list[httpx.Response], why: str) -> AttemptFailed:
     return AttemptFailed("bad_response", why, head[0].status_code if head else None, None, True)
 
 
+def request_body(body: dict[str, Any]) -> bytes:
+    """The request's JSON. A lone UTF-16 surrogate in a message (text some code or tool made with one)
+    is sent as its escape (``\\ud800``), as the observations' are: orjson refuses it, which failed the
+    whole run where it should at most be the server's call."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        encoded = json.dumps(body, separators=(",", ":"))  # ASCII: every lone surrogate escaped
+        return encoded.encode()
+
+
 async def post_chat(
     client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], request_timeout: float
 ) -> tuple[int, bytes]:
@@ -78,7 +90,7 @@ async def post_chat(
     request = client.build_request(
         "POST",
         "/v1/chat/completions",
-        content=orjson.dumps(body),
+        content=request_body(body),
         headers={"content-type": "application/json", **headers},
     )
     deadline = request_deadline_s(request_timeout)
