@@ -1138,3 +1138,26 @@ def test_the_cpu_time_of_what_a_finished_program_left_running_reaches_the_worker
         counted = after.children_user + after.children_system - before.children_user - before.children_system
         assert counted >= 0.3, counted
     assert leftovers(since) == []
+
+
+def test_stale_scratch_of_dead_processes_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """An isolation probe's directory was named without its process (``asyncroll-probe-XXXX``), so one a
+    kill left behind was never removed; it is named like an evaluation's now and removed the same way."""
+    from asyncroll.evaluator.evaluate import SCRATCH_PREFIX
+    from asyncroll.evaluator.isolation import PROBE_PREFIX
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, timeout=30
+    )
+    dead = int(done.stdout)
+    assert not Path(f"/proc/{dead}").exists()
+    made = {
+        name: tmp_path / name
+        for prefix in (SCRATCH_PREFIX, PROBE_PREFIX)
+        for name in (f"{prefix}{dead}-abc", f"{prefix}{os.getpid()}-abc")
+    }
+    for path in made.values():
+        path.mkdir()
+        (path / "solution.py").write_text("print(1)\n")
+    remove_stale_scratch(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n in made if str(os.getpid()) in n)

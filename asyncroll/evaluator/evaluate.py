@@ -77,7 +77,7 @@ from asyncroll.evaluator.budget import (
 from asyncroll.evaluator.cases import Case, check_tests
 from asyncroll.evaluator.compare import compare_stdout, compare_value
 from asyncroll.evaluator.execution import Execution
-from asyncroll.evaluator.isolation import IsolationReport, require
+from asyncroll.evaluator.isolation import PROBE_PREFIX, IsolationReport, require
 from asyncroll.evaluator.sandbox import Limits, MiB, Sandbox
 
 FIELD_LIMIT = 1000
@@ -155,12 +155,13 @@ def scratch_prefix(pid: int | None = None) -> str:
 
 def remove_stale_scratch(base: Path | None = None) -> None:
     """Remove evaluation directories whose worker is dead (a worker killed mid-evaluation by the
-    runtime's tool timeout cannot remove its own)."""
+    runtime's tool timeout cannot remove its own), and isolation-probe directories whose process is."""
     base = Path(tempfile.gettempdir()) if base is None else base
-    for path in base.glob(f"{SCRATCH_PREFIX}*-*"):
-        owner = path.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-            shutil.rmtree(path, ignore_errors=True)
+    for prefix in (SCRATCH_PREFIX, PROBE_PREFIX):
+        for path in base.glob(f"{prefix}*-*"):
+            owner = path.name[len(prefix) :].split("-", 1)[0]
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_dead_workers_leftovers() -> None:

@@ -135,9 +135,13 @@ class IsolationReport:
         }
 
 
+PROBE_PREFIX = "asyncroll-probe-"
+
+
 def _probe(layers: Layers) -> tuple[dict[str, Any] | None, str]:
     """Run :data:`PROBE_PROGRAM` under ``layers``; return what it observed, or ``None`` and why not."""
-    scratch = Path(tempfile.mkdtemp(prefix="asyncroll-probe-"))
+    # named by this process, like an evaluation's directory: one a kill left is removed once it is dead
+    scratch = Path(tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-"))
     try:
         code = scratch / "solution.py"
         code.write_text(PROBE_PROGRAM)
