@@ -26,7 +26,8 @@ near zero); one that falls by less makes its quantity invalid (no rate), never a
 The server is not trusted to be well behaved. A ``GET`` reads at most :data:`MAX_METRICS_BYTES` of body
 (after content decoding, so a gzip bomb stops there too) within a whole-exchange deadline a little above
 the per-phase timeout (``request_deadline_s``: a body trickled byte by byte resets httpx's per-phase
-timers forever); see :mod:`asyncroll.http_read`. The body is decoded and parsed in a thread
+timers forever); see :mod:`asyncroll.http_read`. Up to :data:`MAX_REDIRECTS` redirects are followed
+within that deadline, each capped the same way. The body is decoded and parsed in a thread
 (:func:`asyncio.to_thread`), never on the event loop, so a large exposition does not stall the run (the
 thread still shares the GIL with the loop: MEASUREMENT.md, "Observer cost"). Only the lines of the
 wanted metrics are handed to ``prometheus_client``'s parser, at most :data:`MAX_SERIES_LINES` of each
@@ -65,6 +66,8 @@ DEADLINE_MARGIN_S = 0.5
 #: its other lines are not parsed: each costs ``prometheus_client`` tens of µs, so 16 MiB of them would
 #: take seconds of CPU (and of the GIL, which the event loop needs too) on every sample.
 MAX_SERIES_LINES = 1024
+#: The most redirects one ``GET`` follows (Prometheus follows them too; 3xx is no metrics page).
+MAX_REDIRECTS = 5
 #: A counter series that falls to at most this fraction of its last reading was reset; a smaller fall
 #: makes the reading invalid (see :class:`CounterRate`).
 RESET_FRACTION = 0.5
@@ -353,10 +356,8 @@ class ServerMetricsSource:
             self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
         deadline = request_deadline_s(limit_s, DEADLINE_MARGIN_S)
         try:
-            request = self._client.build_request("GET", self.url, timeout=limit_s)
-            response, body = await read_bounded(
-                self._client, request, limit_bytes=MAX_METRICS_BYTES, deadline_s=deadline
-            )
+            async with asyncio.timeout(deadline):  # the whole exchange, redirects included
+                response, body = await self._follow(limit_s, deadline)
         except httpx.TimeoutException as exc:
             raise MetricsUnavailable(f"GET {self.url}: no response within {limit_s:g} s") from exc
         except TimeoutError as exc:  # every phase in time, the whole exchange not: a trickle
@@ -367,6 +368,8 @@ class ServerMetricsSource:
             ) from exc
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise MetricsUnavailable(f"GET {self.url}: {type(exc).__name__}: {exc}") from exc
+        if response.next_request is not None:
+            raise MetricsUnavailable(f"GET {self.url}: more than {MAX_REDIRECTS} redirects")
         if response.status_code == 404:
             raise MetricsUnavailable(
                 f"GET {self.url}: HTTP 404: the server exposes no Prometheus metrics there "
@@ -375,6 +378,21 @@ class ServerMetricsSource:
         if response.status_code != 200:
             raise MetricsUnavailable(f"GET {self.url}: HTTP {response.status_code}")
         return body
+
+    async def _follow(self, limit_s: float, deadline_s: float) -> tuple[httpx.Response, bytes]:
+        """``GET`` the URL, following up to :data:`MAX_REDIRECTS` redirects (a Starlette mount answers
+        ``/metrics`` with 307 to ``/metrics/``), each hop's body capped as the last one's is (httpx's own
+        following reads a redirect's whole body). The caller bounds all the hops by ``deadline_s`` too."""
+        assert self._client is not None
+        request = self._client.build_request("GET", self.url, timeout=limit_s)
+        for _ in range(MAX_REDIRECTS + 1):
+            response, body = await read_bounded(
+                self._client, request, limit_bytes=MAX_METRICS_BYTES, deadline_s=deadline_s
+            )
+            if response.next_request is None:
+                break
+            request = response.next_request
+        return response, body
 
     async def probe(self, limit_s: float) -> dict[str, Any]:
         """Fetch once before the clock starts (``limit_s`` per phase); fixes the flavour.
