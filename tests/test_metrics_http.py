@@ -1,4 +1,4 @@
-"""``/metrics`` over HTTP as real servers answer it, beyond a plain 200. Real loopback servers
+"""``/metrics`` as real servers serve it, beyond one plainly named model on a plain 200. Real loopback servers
 (``tests.test_telemetry.MetricsServer``), no timing assertions."""
 
 from __future__ import annotations
@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 import pytest
 
+from asyncroll.events import ResourceProbe, ResourceSample
 from asyncroll.telemetry.server_metrics import MAX_REDIRECTS, MetricsUnavailable, ServerMetricsSource
-from tests.test_telemetry import MetricsServer, idle_vllm
+from tests.conftest import tool_problem
+from tests.test_telemetry import MetricsServer, idle_vllm, real_clock_run
 
 
 def _redirect(handler: BaseHTTPRequestHandler, location: str) -> None:
@@ -72,3 +75,59 @@ def test_a_redirect_loop_is_unavailable_with_its_reason() -> None:
         message = asyncio.run(go())
     assert message == f"GET {server.url}: more than {MAX_REDIRECTS} redirects"
     assert server.scrapes == MAX_REDIRECTS + 1
+
+
+def lora_vllm(n: int) -> tuple[int, str]:
+    """vLLM serving adapters of one base model: every series is labelled with the base model's served
+    name, whichever adapter the requests named (vllm-project/vllm#10504)."""
+    labels = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
+    return 200, (
+        'vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql-lora",'
+        'waiting_lora_adapters=""} 1.0\n'
+        f"vllm:num_requests_running{{{labels}}} 2.0\n"
+        f"vllm:num_requests_waiting{{{labels}}} 0.0\n"
+        f"vllm:kv_cache_usage_perc{{{labels}}} 0.25\n"
+        f"vllm:generation_tokens_total{{{labels}}} {10.0 * n}\n"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_lora_adapter_as_model_reads_the_only_model_the_server_reports(tmp_path: Path) -> None:
+    """``--model sql-lora`` (a LoRA adapter): the server's series all name the base model. The source was
+    unavailable for the whole run, its reason telling to "check --model", which was right."""
+    with MetricsServer(lora_vllm) as server:
+        _, capture, summary = real_clock_run(
+            tmp_path, [tool_problem("p1", model_ms=5, cpu_ms=50)], metrics_url=server.url, model="sql-lora"
+        )
+    [status] = capture.of(ResourceProbe)[0].sources
+    assert status.available and status.reason is None
+    assert status.detail["model_filter"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert "model_name='sql-lora'" in status.detail["model_filter_note"]
+    samples = capture.of(ResourceSample)
+    assert samples and all((s.server_running, s.kv_cache_usage) == (2.0, 0.25) for s in samples)
+    source = summary["telemetry"]["sources"]["server_metrics"]
+    assert source["available"] and source["model_filter_note"] == status.detail["model_filter_note"]
+
+
+def test_a_model_with_invalid_series_is_not_taken_for_another_model() -> None:
+    """``--model sim`` has a series, NaN at the probe: that is no reason to read the other model's."""
+
+    def nan_sim(n: int) -> tuple[int, str]:
+        return 200, (
+            'vllm:num_requests_running{model_name="sim"} NaN\n'
+            'vllm:num_requests_running{model_name="other"} 3\n'
+            'vllm:num_requests_waiting{model_name="sim"} 0\n'
+        )
+
+    with MetricsServer(nan_sim) as server:
+
+        async def go() -> dict[str, object]:
+            source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
+            try:
+                return await source.probe(5.0)
+            finally:
+                await source.aclose()
+
+        detail = asyncio.run(go())
+    assert detail["model_filter"] == "sim" and "model_filter_note" not in detail
+    assert detail["other_models"] == ["other"]

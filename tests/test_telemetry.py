@@ -51,13 +51,13 @@ from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.schemas import SummaryModel
 from asyncroll.telemetry import nvml as nvml_module
+from asyncroll.telemetry.counter_rate import CounterRate
 from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
 from asyncroll.telemetry.nvtx import NO_RANGES, NvtxRanges, NvtxUnavailable, RangeName, make_ranges
 from asyncroll.telemetry.sampler import TelemetrySampler
 from asyncroll.telemetry.server_metrics import (
     SGLANG,
     VLLM,
-    CounterRate,
     MetricsUnavailable,
     ServerMetricsSource,
     ServerSample,

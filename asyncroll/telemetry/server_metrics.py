@@ -15,11 +15,14 @@ generated tokens (counter)    ``vllm:generation_tokens_total`` ``sglang:generati
 ============================  ==============================  ===========================
 
 Series whose ``model_name`` label names another model are ignored (one server may serve several);
-series without the label are kept. A quantity with no series is *missing*; one with a non-finite or
-negative value, a line the parser rejects, or two series with the same labels is *invalid*; both are
-``None`` and reported by name, never replaced by zero (nor by the sum of the good series). Counters are
-turned into per-second rates by :class:`CounterRate`, series by series: each good series advances, and a
-series that was invalid or absent keeps its last good reading, so its next increase spans the gap. A
+series without the label are kept. A server that reports exactly one model, not ``--model``, at the
+probe is read under that name, with a note (``model_filter_note``): vLLM and SGLang label the requests
+for a LoRA adapter, or for a second served name, with the base model's first served name. A quantity
+with no series is *missing*; one with a non-finite or negative value, a line the parser rejects, or two
+series with the same labels is *invalid*; both are ``None`` and reported by name, never replaced by zero
+(nor by the sum of the good series). Counters are turned into per-second rates by
+:class:`~asyncroll.telemetry.counter_rate.CounterRate`, series by series: each good series advances, and
+a series that was invalid or absent keeps its last good reading, so its next increase spans the gap. A
 counter that falls to at most half its last reading was reset (a restarted server's counter starts again
 near zero); one that falls by less makes its quantity invalid (no rate), never a huge one.
 
@@ -41,18 +44,18 @@ import asyncio
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
+from asyncroll.telemetry.counter_rate import CounterRate, SeriesKey
 
 if TYPE_CHECKING:
     import httpx
 
 Flavor = Literal["vllm", "sglang"]
 FlavorSetting = Literal["auto", "vllm", "sglang"]
-SeriesKey = tuple[tuple[str, str], ...]
 NullReason = Literal["missing", "invalid"]
 
 #: The most of a ``/metrics`` body read, after content decoding. A real vLLM exposition is ~100 KB (two
@@ -68,9 +71,6 @@ DEADLINE_MARGIN_S = 0.5
 MAX_SERIES_LINES = 1024
 #: The most redirects one ``GET`` follows (Prometheus follows them too; 3xx is no metrics page).
 MAX_REDIRECTS = 5
-#: A counter series that falls to at most this fraction of its last reading was reset; a smaller fall
-#: makes the reading invalid (see :class:`CounterRate`).
-RESET_FRACTION = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,59 +235,6 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
     )
 
 
-class CounterUpdate(NamedTuple):
-    """What one reading of a counter gave (:meth:`CounterRate.update`)."""
-
-    rate: float | None  # per second; None when there is none (first reading, or an invalid one)
-    resets: int  # series reset in this reading
-    fell: int  # series that fell by less than a reset: the reading is invalid, its rate None
-
-
-class CounterRate:
-    """Per-second rate of a (multi-series) Prometheus counter: the sum of each series' own rate since
-    its last good reading (``sum(rate(...))`` in Prometheus terms).
-
-    Each series keeps its last good reading and when it was taken. A series absent from a reading, or
-    invalid in it (the caller leaves it out), keeps its previous reading, so its next increase spans the
-    gap instead of being lost; when every series was read at the same times this is Σ increases ÷ Δt. A
-    series whose value fell to at most :data:`RESET_FRACTION` (half) of its last reading was reset (the
-    server restarted, and its counter starts again near zero): its increase is its new value, as
-    Prometheus' ``rate()`` takes it. A series that fell by less is no restart but a bad reading (a
-    counter never decreases; Prometheus would take it for a reset and report the whole counter as one
-    interval's increase): the reading gives no rate and the series keeps its last good reading, as an
-    invalid one does (``fell`` counts them; the caller reports the quantity invalid). A series seen for
-    the first time contributes from its second reading. ``complete=False`` (the quantity is invalid in
-    this reading: some series are missing from ``values``) advances the good series but gives no rate:
-    a sum over part of the series is not the quantity.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[SeriesKey, tuple[float, float]] = {}  # series → (value, when read)
-        self.resets = 0
-
-    def update(self, values: dict[SeriesKey, float], at: float, *, complete: bool = True) -> CounterUpdate:
-        """Advance every series in ``values`` read at ``at``; the rate, resets and falls of this reading."""
-        rate, common, resets, fell = 0.0, 0, 0, 0
-        for key, value in values.items():
-            prev = self._last.get(key)
-            if prev is not None and at <= prev[1]:
-                continue  # not after its last reading: nothing to measure, and keep that reading
-            if prev is not None and prev[0] * RESET_FRACTION < value < prev[0]:
-                fell += 1  # too little a fall for a restart: keep the last good reading
-                continue
-            self._last[key] = (value, at)
-            if prev is None:
-                continue
-            common += 1
-            if value < prev[0]:
-                resets += 1
-                rate += value / (at - prev[1])
-            else:
-                rate += (value - prev[0]) / (at - prev[1])
-        self.resets += resets
-        return CounterUpdate(round(rate, 6) if common and complete and not fell else None, resets, fell)
-
-
 @dataclass(slots=True)
 class ServerSample:
     """What one ``/metrics`` read contributes to a ``resource_sample``."""
@@ -402,11 +349,22 @@ class ServerMetricsSource:
             lambda: _probe_reading(self.url, body_text(body), self.names, self.model)
         )
         self.names = names
-        if "running" in reading.nulls and reading.other_models:
-            raise MetricsUnavailable(
-                f"GET {self.url}: no series for model_name={self.model!r}; the server reports "
-                f"{', '.join(repr(m) for m in reading.other_models)} (check --model)"
+        note: str | None = None
+        if reading.nulls.get("running") == "missing" and reading.other_models:
+            if len(reading.other_models) > 1:
+                raise MetricsUnavailable(
+                    f"GET {self.url}: no series for model_name={self.model!r}; the server reports "
+                    f"{', '.join(repr(m) for m in reading.other_models)} (check --model)"
+                )
+            # One model served, under another name: vLLM and SGLang count the requests for a LoRA adapter,
+            # or for a second --served-model-name, under the first served name of the base model.
+            served = reading.other_models[0]
+            note = (
+                f"no series for model_name={self.model!r}; the server reports only {served!r} (the "
+                "name it counts a LoRA adapter's or a second served name's requests under): read instead"
             )
+            self.model = served
+            reading = await asyncio.to_thread(lambda: parse_metrics(body_text(body), names, served))
         detail: dict[str, Any] = {
             "url": self.url,
             "flavor": names.flavor,
@@ -415,6 +373,8 @@ class ServerMetricsSource:
             "kv_cache_metric": reading.kv_cache_metric,
             "missing_at_probe": sorted(reading.nulls),
         }
+        if note is not None:
+            detail["model_filter_note"] = note
         if reading.other_models:
             detail["other_models"] = list(reading.other_models)
         return detail
