@@ -353,3 +353,25 @@ def test_the_port_check_binds_the_family_the_exporter_will() -> None:
         with socket.create_server((host, port), family=family):
             assert listen_error(host, port) is not None
     assert listen_error("no-such-host.invalid", 8000) is not None
+
+
+@pytest.mark.timeout(30)
+def test_an_output_path_that_is_not_utf8_still_scrapes() -> None:
+    """``--output`` is a label of ``asyncroll_run_info``; a directory name with a byte that is not UTF-8
+    reaches Python as a lone surrogate, which prometheus_client cannot encode: every scrape of the run
+    answered 500 (and printed a traceback on the run's stderr)."""
+    from asyncroll.telemetry.exporter import MetricsExporter, RuntimeCollector
+
+    class View:
+        def snapshot(self) -> RunSnapshot:
+            return snap({"completed": 1}, 1.0)
+
+    output = os.fsdecode(b"/tmp/run-\xff")
+    collector = RuntimeCollector(View(), None, {"policy": "fifo", "output": output})  # type: ignore[arg-type]
+    exporter = MetricsExporter(collector, 0).start()
+    try:
+        values = _scrape(exporter.url)
+    finally:
+        exporter.stop()
+    assert values["asyncroll_run_info{output=/tmp/run-?,policy=fifo}"] == 1
+    assert values["asyncroll_trajectories_completed_total"] == 1

@@ -53,10 +53,12 @@ class RuntimeCollector(Collector):
         info: dict[str, str] | None = None,
     ) -> None:
         """``loop``: the run's event loop; snapshots are taken on it (None: read on the caller's thread).
-        ``info``: static labels of the run (policy, backend) for ``asyncroll_run_info``."""
+        ``info``: static labels of the run (policy, backend) for ``asyncroll_run_info``. A value that is not
+        valid text (a path's non-UTF-8 byte reaches Python as a lone surrogate, which no scrape could
+        encode) has that byte shown as ``?``."""
         self._view = view
         self._loop = loop
-        self._info = dict(info or {})
+        self._info = {k: _utf8(v) for k, v in (info or {}).items()}
 
     def snapshot(self) -> RunSnapshot:
         loop = self._loop
@@ -138,6 +140,11 @@ class RuntimeCollector(Collector):
         yield counter("scheduler_decisions", "CPU dispatch decisions of the policy.", snap.cpu.decisions)
         yield counter("scheduler_reorders", "Decisions that skipped the oldest CPU job.", snap.cpu.reorders)
         yield counter("worker_restarts", "Tool workers killed and replaced.", snap.pool.restarts)
+
+
+def _utf8(text: str) -> str:
+    """``text`` encodable as UTF-8: each lone surrogate (a byte ``os.fsdecode`` escaped) becomes ``?``."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
