@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from asyncroll.events import ResourceProbe, ResourceSample
-from asyncroll.telemetry.server_metrics import MAX_REDIRECTS, MetricsUnavailable, ServerMetricsSource
+from asyncroll.telemetry.server_metrics import (
+    MAX_REDIRECTS,
+    NO_STATS_HINT,
+    FlavorSetting,
+    MetricsUnavailable,
+    ServerMetricsSource,
+)
 from tests.conftest import tool_problem
 from tests.test_telemetry import MetricsServer, idle_vllm, real_clock_run
 
@@ -131,3 +137,30 @@ def test_a_model_with_invalid_series_is_not_taken_for_another_model() -> None:
         detail = asyncio.run(go())
     assert detail["model_filter"] == "sim" and "model_filter_note" not in detail
     assert detail["other_models"] == ["other"]
+
+
+def test_a_vllm_without_log_stats_is_named_as_the_likely_cause() -> None:
+    """vLLM started with ``--disable-log-stats`` (verl and other RL frameworks start it so) serves only
+    the process's and HTTP's metrics at ``/metrics``: "no vllm:num_requests_running" left the user to
+    guess why."""
+    bare = (
+        "# HELP python_gc_objects_collected_total Objects collected during gc\n"
+        "# TYPE python_gc_objects_collected_total counter\n"
+        'python_gc_objects_collected_total{generation="0"} 2265.0\n'
+        'http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"} 12.0\n'
+    )
+    with MetricsServer(lambda n: (200, bare)) as server:
+
+        async def go(flavor: FlavorSetting) -> str:
+            source = ServerMetricsSource(server.url, flavor=flavor, model="sim", timeout=5.0)
+            try:
+                with pytest.raises(MetricsUnavailable) as caught:
+                    await source.probe(5.0)
+            finally:
+                await source.aclose()
+            return str(caught.value)
+
+        declared, detected = asyncio.run(go("vllm")), asyncio.run(go("auto"))
+    assert declared == f"GET {server.url}: no vllm:num_requests_running in the response{NO_STATS_HINT}"
+    assert detected.endswith(f"metrics in the response{NO_STATS_HINT}")
+    assert "--disable-log-stats" in NO_STATS_HINT

@@ -253,6 +253,10 @@ class MetricsUnavailable(Exception):
     """The metrics source cannot be used; the message says why (for the probe's ``reason``)."""
 
 
+#: Why a vLLM ``/metrics`` can lack its engine's metrics: only the process's and HTTP's are left.
+NO_STATS_HINT = " (vLLM serves none with --disable-log-stats, as RL frameworks often start it)"
+
+
 def _probe_reading(
     url: str, text: str, names: MetricNames | None, model: str | None
 ) -> tuple[MetricNames, ServerReading]:
@@ -263,10 +267,12 @@ def _probe_reading(
         if found is None:
             raise MetricsUnavailable(
                 f"GET {url}: no vLLM ({VLLM.running}) or SGLang ({SGLANG.running}) metrics in the response"
+                f"{NO_STATS_HINT}"
             )
         names = NAMES[found]
     elif not any(_sample_name(line) == names.running for line in text.splitlines()):
-        raise MetricsUnavailable(f"GET {url}: no {names.running} in the response")
+        hint = NO_STATS_HINT if names is VLLM else ""
+        raise MetricsUnavailable(f"GET {url}: no {names.running} in the response{hint}")
     return names, parse_metrics(text, names, model)
 
 
