@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -19,6 +21,7 @@ from asyncroll.telemetry.server_metrics import (
     ServerMetricsSource,
 )
 from tests.conftest import tool_problem
+from tests.loopback import LoopbackServer
 from tests.test_telemetry import MetricsServer, idle_vllm, real_clock_run
 
 
@@ -164,3 +167,61 @@ def test_a_vllm_without_log_stats_is_named_as_the_likely_cause() -> None:
     assert declared == f"GET {server.url}: no vllm:num_requests_running in the response{NO_STATS_HINT}"
     assert detected.endswith(f"metrics in the response{NO_STATS_HINT}")
     assert "--disable-log-stats" in NO_STATS_HINT
+
+
+class _ClosesIdleConnections(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive; a request that comes on a connection already used is the one the server's
+    keep-alive timer closed the connection under (uvicorn, vLLM's and SGLang's server, closes one idle
+    for 5 s): it gets no answer, the connection is closed."""
+
+    protocol_version = "HTTP/1.1"
+    served: list[int] = []  # noqa: RUF012 - per test, reset by it
+    reset = False  # close with a TCP reset rather than a FIN
+
+    def do_GET(self) -> None:
+        self.requests = getattr(self, "requests", 0) + 1
+        if self.requests > 1:
+            if self.reset:  # closed before socketserver's shutdown() could send a FIN
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.rfile.close()
+                self.wfile.close()
+                self.connection.close()
+            self.close_connection = True
+            return
+        _, body = idle_vllm(len(self.served) + 1)
+        self.served.append(self.client_address[1])
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_kept_alive_connection_closed_under_a_request_is_retried_on_a_new_one(
+    reset: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample whose GET goes out on a kept-alive connection as the server closes it (reproduced with
+    uvicorn: a 1 s keep-alive and samples 1.003 s apart failed 6 of 20, "Server disconnected without
+    sending a response", or a ReadError for a reset) was an error sample; a GET is safe to send again,
+    on a new connection."""
+    monkeypatch.setattr(_ClosesIdleConnections, "served", [])
+    monkeypatch.setattr(_ClosesIdleConnections, "reset", reset)
+    with LoopbackServer(_ClosesIdleConnections) as server:
+
+        async def go() -> list[str | None]:
+            source = ServerMetricsSource(server.url + "/metrics", flavor="vllm", model="sim", timeout=5.0)
+            times = iter((0.0, 1.0, 2.0))
+            try:
+                await source.probe(5.0)
+                return [(await source.read(lambda: next(times))).error for _ in range(3)]
+            finally:
+                await source.aclose()
+
+        errors = asyncio.run(go())
+    assert errors == [None, None, None]
+    assert len(set(_ClosesIdleConnections.served)) == 4  # each answered GET on a connection of its own

@@ -30,12 +30,13 @@ The server is not trusted to be well behaved. A ``GET`` reads at most :data:`MAX
 (after content decoding, so a gzip bomb stops there too) within a whole-exchange deadline a little above
 the per-phase timeout (``request_deadline_s``: a body trickled byte by byte resets httpx's per-phase
 timers forever); see :mod:`asyncroll.http_read`. Up to :data:`MAX_REDIRECTS` redirects are followed
-within that deadline, each capped the same way. The body is decoded and parsed in a thread
-(:func:`asyncio.to_thread`), never on the event loop, so a large exposition does not stall the run (the
-thread still shares the GIL with the loop: MEASUREMENT.md, "Observer cost"). Only the lines of the
-wanted metrics are handed to ``prometheus_client``'s parser, at most :data:`MAX_SERIES_LINES` of each
-(more make the quantity invalid): a vLLM exposition is mostly histogram buckets, and parsing all of it
-on every sample would cost far more than the few lines it needs.
+within that deadline, each capped the same way; a GET the server hung up on or reset without an answer
+(a kept-alive connection it closed as the request went out) is sent once more. The body is decoded and
+parsed in a thread (:func:`asyncio.to_thread`), never on the event loop, so a large exposition does not
+stall the run (the thread still shares the GIL with the loop: MEASUREMENT.md, "Observer cost"). Only
+the lines of the wanted metrics are handed to ``prometheus_client``'s parser, at most
+:data:`MAX_SERIES_LINES` of each (more make the quantity invalid): a vLLM exposition is mostly histogram
+buckets, and parsing all of it on every sample would cost far more than the few lines it needs.
 """
 
 from __future__ import annotations
@@ -309,8 +310,13 @@ class ServerMetricsSource:
             self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
         deadline = request_deadline_s(limit_s, DEADLINE_MARGIN_S)
         try:
-            async with asyncio.timeout(deadline):  # the whole exchange, redirects included
-                response, body = await self._follow(limit_s, deadline)
+            async with asyncio.timeout(deadline):  # the whole exchange, redirects and the retry included
+                try:
+                    response, body = await self._follow(limit_s, deadline)
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                    # Most likely a kept-alive connection the server closed (or reset) as the GET went out
+                    # (uvicorn closes one idle 5 s); httpx drops it: a GET, safe to repeat, goes on a new one.
+                    response, body = await self._follow(limit_s, deadline)
         except httpx.TimeoutException as exc:
             raise MetricsUnavailable(f"GET {self.url}: no response within {limit_s:g} s") from exc
         except TimeoutError as exc:  # every phase in time, the whole exchange not: a trickle
