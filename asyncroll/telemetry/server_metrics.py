@@ -315,7 +315,7 @@ class ServerMetricsSource:
                     response, body = await self._follow(limit_s, deadline)
                 except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                     # Most likely a kept-alive connection the server closed (or reset) as the GET went out
-                    # (uvicorn closes one idle 5 s); httpx drops it: a GET, safe to repeat, goes on a new one.
+                    # (uvicorn closes one idle for 5 s); httpx drops it: the GET, safe to repeat, goes anew.
                     response, body = await self._follow(limit_s, deadline)
         except httpx.TimeoutException as exc:
             raise MetricsUnavailable(f"GET {self.url}: no response within {limit_s:g} s") from exc
