@@ -590,3 +590,31 @@ def test_a_seed_with_no_completion_counts_as_zero_per_hour_not_as_missing(tmp_pa
     assert aggregate(mixed)[0]["completed_per_hour"] == {"min": 0.0, "median": 100.0, "max": 120.0}
     missing = [{**mixed[0], "completed_per_hour": None}, *mixed[1:]]  # null (a 0 s window) stays out
     assert aggregate(missing)[0]["completed_per_hour"] == {"min": 100.0, "median": 110.0, "max": 120.0}
+
+
+def test_jitter_scales_a_submissions_declared_evaluation_cost(tmp_path: Path) -> None:
+    """A ``submit`` may declare its evaluation's ``cpu_ms`` (a replay workload of a code run does, for
+    every program): only tool actions' costs were jittered, so every seed evaluated each program in the
+    same time and a sweep's spread left out the CPU side of a code workload."""
+    problem = {
+        "id": "c",
+        "prompt": "write it",
+        "script": [
+            {"type": "submit", "code": "print(1)", "latency_ms": 10, "cpu_ms": 400, "passes": False},
+            {"type": "submit", "code": "print(2)", "latency_ms": 10, "cpu_ms": 250},
+            {"type": "submit", "code": "print(3)", "latency_ms": 10},  # no cost declared: none invented
+        ],
+        "metadata": {"prompt_metadata": {"protocol": "one_repair", "max_generations": 3}},
+    }
+    source = write_workload(tmp_path / "w.jsonl", [problem])
+    same = tmp_path / "same.jsonl"
+    perturb_workload(source, same, seed=0, sigma=0.0)
+    assert [a.get("cpu_ms") for a in json.loads(same.read_text())["script"]] == [400, 250, None]
+    jittered = tmp_path / "j.jsonl"
+    perturb_workload(source, jittered, seed=3, sigma=0.5)
+    script = json.loads(jittered.read_text())["script"]
+    for turn, cost in enumerate((400, 250)):
+        assert script[turn]["cpu_ms"] == pytest.approx(cost * factor(3, "c", turn, "cpu", 0.5))
+        assert script[turn]["cpu_ms"] != cost
+    assert script[2].get("cpu_ms") is None
+    assert [a.get("passes") for a in script] == [False, None, None]

@@ -1,10 +1,11 @@
 """Seeded jitter of a workload's timings, for sweeps with a spread over seeds.
 
-Every model latency and every CPU cost is multiplied by a mean-one lognormal factor drawn from a
-generator keyed by (seed, problem id, turn, kind) — never from global random state — so the same seed
-gives the same durations to every policy and operating point: sweep cells are paired comparisons on
-common random numbers. A ``spin_ms``/``sleep_ms`` call without ``cpu_ms`` gets ``cpu_ms`` from its
-argument first. ``sigma = 0`` copies the timings unchanged.
+Every model latency and every CPU cost (a tool job's ``cpu_ms`` and a ``submit``'s, its evaluation) is
+multiplied by a mean-one lognormal factor drawn from a generator keyed by (seed, problem id, turn, kind)
+— never from global random state — so the same seed gives the same durations to every policy and
+operating point: sweep cells are paired comparisons on common random numbers. A
+``spin_ms``/``sleep_ms`` call without ``cpu_ms`` gets ``cpu_ms`` from its argument first.
+``sigma = 0`` copies the timings unchanged.
 
 A declared ``output_tokens`` is scaled by the same factor as its turn's ``latency_ms`` (rounded, at least
 one token): the batching server model (``--server batching``) times a turn by its tokens, not its
@@ -20,7 +21,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from asyncroll.workload import MAX_OUTPUT_TOKENS, ToolAction, iter_problems
+from asyncroll.workload import MAX_OUTPUT_TOKENS, SubmitAction, ToolAction, iter_problems
 
 
 def factor(seed: int, problem: str, turn: int, kind: str, sigma: float) -> float:
@@ -47,9 +48,13 @@ def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -
                     update["output_tokens"] = min(
                         MAX_OUTPUT_TOKENS, max(1, round(action.output_tokens * model))
                     )
-                if isinstance(action, ToolAction):
+                if isinstance(action, ToolAction | SubmitAction):  # an evaluation's cost too
                     cost = action.cpu_ms
-                    if cost is None and action.name in ("spin_ms", "sleep_ms"):
+                    if (
+                        cost is None
+                        and isinstance(action, ToolAction)
+                        and action.name in ("spin_ms", "sleep_ms")
+                    ):
                         cost = float(action.arguments.get("milliseconds", 0))
                     if cost is not None:
                         update["cpu_ms"] = cost * factor(seed, pid, turn, "cpu", sigma)
