@@ -654,3 +654,32 @@ def test_a_replacement_still_starting_at_the_end_is_replayed_as_still_starting(t
     _, source, _ = load_run(recorded)
     _, summary, _ = load_run(replay)
     assert summary["makespan_s"] == source["makespan_s"] == 1.55
+
+
+def test_a_refused_replay_leaves_no_folder_it_made_above_its_output(knobbed: Path, tmp_path: Path) -> None:
+    """``--output new/a/b`` made ``new`` and ``new/a`` with it; a replay refused for its run directory
+    (before the replay workload exists, or for a setting kept from the run after it) removed only ``b``,
+    and left the two folders behind. A folder that already existed, or that got other contents, stays."""
+    import shutil
+
+    torn = tmp_path / "torn"
+    shutil.copytree(knobbed, torn)
+    with (torn / "events.jsonl").open("a") as handle:
+        handle.write('{"v": 1, "event": ')
+    badly_set = tmp_path / "badly_set"
+    shutil.copytree(knobbed, badly_set)
+    receipt = json.loads((badly_set / "run.json").read_text())
+    receipt["config"]["policy"] = "nope"
+    (badly_set / "run.json").write_text(json.dumps(receipt))
+    for run, message in ((torn, "not valid JSON"), (badly_set, "config.policy")):
+        home = tmp_path / f"home-{run.name}"
+        home.mkdir()
+        result = simulate_here("--from-run", run, "--output", home / "new" / "a" / "b")
+        assert result.exit_code == 2 and message in result.stderr, result.output
+        assert list(home.iterdir()) == []
+    kept = tmp_path / "kept"
+    (kept / "new").mkdir(parents=True)
+    (kept / "new" / "note.txt").write_text("mine")
+    result = simulate_here("--from-run", torn, "--output", kept / "new" / "a" / "b")
+    assert result.exit_code == 2, result.output
+    assert sorted(p.name for p in (kept / "new").iterdir()) == ["note.txt"]

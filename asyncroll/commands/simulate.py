@@ -307,9 +307,9 @@ def simulate(
         final = True
     except (UsageError, SimulationError, ValueError) as exc:
         if derived is not None and output is not None and not (output / "run.json").exists():
-            import shutil
+            from asyncroll.simulation.engine import remove_output
 
-            shutil.rmtree(output, ignore_errors=True)
+            remove_output(output, derived.made_parents)
         raise fail(str(exc), getattr(exc, "exit_code", 2)) from None
     except KeyboardInterrupt as exc:  # outside a run (a run itself returns an interrupted outcome)
         if (
@@ -321,9 +321,9 @@ def simulate(
         ):
             # made by this command a moment ago (--from-run: holding only the replay workload), before the
             # run began: removed, as `run` removes its own, so that the same command can be given again
-            import shutil
+            from asyncroll.simulation.engine import remove_output
 
-            shutil.rmtree(output, ignore_errors=True)
+            remove_output(output, () if derived is None else derived.made_parents)
         where = (
             f"partial outputs in {output}" if output is not None and output.exists() else "nothing written"
         )

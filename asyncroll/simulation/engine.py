@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -186,19 +186,33 @@ def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None)
 
     if output.exists():
         raise OutputExistsError(f"--output {output} already exists; asyncroll never overwrites a run")
+    made = tuple(p for p in output.absolute().parents if not p.exists())  # nearest first
     try:
         output.mkdir(parents=True)
     except OSError as exc:
+        remove_output(output, made)
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
     try:
-        return derive_workload(run_dir, output / "replay-workload.jsonl", tool_root)
+        derived = derive_workload(run_dir, output / "replay-workload.jsonl", tool_root)
     except UsageError:
-        shutil.rmtree(output, ignore_errors=True)
+        remove_output(output, made)
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         # a run directory this code cannot read (another version, or damaged) is bad input, not a crash
-        shutil.rmtree(output, ignore_errors=True)
+        remove_output(output, made)
         raise UsageError(f"--from-run {run_dir}: cannot replay it: {type(exc).__name__}: {exc}") from exc
     except BaseException:
-        shutil.rmtree(output, ignore_errors=True)
+        remove_output(output, made)
         raise
+    return replace(derived, made_parents=made)
+
+
+def remove_output(output: Path, made_parents: tuple[Path, ...] = ()) -> None:
+    """Remove a replay's output directory that holds no run yet, and the folders above it that were
+    created with it (nearest first, each only while empty): a refused command leaves nothing behind."""
+    shutil.rmtree(output, ignore_errors=True)
+    for parent in made_parents:
+        try:
+            parent.rmdir()
+        except OSError:  # something else was put there meanwhile: it stays
+            break

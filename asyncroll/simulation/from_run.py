@@ -73,6 +73,8 @@ class DerivedRun:
     cpu_jobs: int
     #: seconds each replacement worker takes to start, in the order they start (see the module docstring)
     replacement_startup_s: tuple[float, ...] = ()
+    #: folders above the output that the replay created with it, nearest first (removed with it on refusal)
+    made_parents: tuple[Path, ...] = ()
 
 
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
