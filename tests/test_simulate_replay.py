@@ -683,3 +683,25 @@ def test_a_refused_replay_leaves_no_folder_it_made_above_its_output(knobbed: Pat
     result = simulate_here("--from-run", torn, "--output", kept / "new" / "a" / "b")
     assert result.exit_code == 2, result.output
     assert sorted(p.name for p in (kept / "new").iterdir()) == ["note.txt"]
+
+
+def test_a_replay_of_a_simulation_says_its_timings_were_not_measured(tmp_path: Path) -> None:
+    """A simulated run's file-tool jobs without cpu_ms took 0 s, which its simulate warned about; replayed,
+    those 0 s became "measured" times, the warning was gone and nothing said the source was no real run."""
+    (tmp_path / "tools.py").write_text("def double(x: int) -> int:\n    return 2 * x\n")
+    tool = {"name": "double", "description": "2x", "inputs": {"x": "int"}, "implementation": "tools.py"}
+    script = [
+        {"type": "tool", "name": "double", "arguments": {"x": 2}, "latency_ms": 20},
+        {"type": "final", "answer": "4", "latency_ms": 10},
+    ]
+    problems = [{"id": f"p{i}", "prompt": "double 2", "tools": [tool], "script": script} for i in range(3)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    simulated = tmp_path / "simulated"
+    first = simulate_here("--workload", workload, "--output", simulated)
+    assert first.exit_code == 0 and "3 CPU job(s) took 0 s" in first.stderr, first.output
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", simulated, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert f"warning: --from-run {simulated} is itself a simulation" in result.stderr
+    receipt = json.loads((replay / "run.json").read_text())
+    assert receipt["simulation"]["replayed"]["source_simulated"] is True

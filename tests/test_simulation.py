@@ -206,6 +206,8 @@ def test_from_run_replays_the_recorded_timings(tmp_path: Path) -> None:
     receipt, summary, events = load_run(sim)
     assert receipt["simulation"]["from_run"] == str(real.resolve())
     assert receipt["simulation"]["replayed"]["trajectories"] == 6
+    assert receipt["simulation"]["replayed"]["source_simulated"] is False
+    assert "itself a simulation" not in result.stderr
     assert receipt["config"]["cpu_workers"] == 2 and receipt["config"]["policy"] == "fifo"
     # every model turn of the replay takes exactly the latency the real run measured for it
     real_lat = {(e.id, e.turn): e.latency_s for e in real_events if e.event == "model_finished"}
@@ -807,7 +809,7 @@ def test_pressure_flags_unread_by_the_policy_are_named(tmp_path: Path) -> None:
     mixed = simulate_here(*sweep, "--output", tmp_path / "d", "--policies", "fifo,asyncroll")
     assert mixed.exit_code == 0 and "warning" not in mixed.stderr
     replay = simulate_here("--from-run", tmp_path / "b", "--output", tmp_path / "e", "--policy", "fifo")
-    assert replay.exit_code == 0 and "warning" not in replay.stderr  # aging 1 was the recorded run's
+    assert replay.exit_code == 0 and "has no effect" not in replay.stderr  # aging 1 was the recorded run's
 
 
 def test_gpu_first_warns_and_two_names_of_one_policy_are_refused_in_a_sweep(tmp_path: Path) -> None:

@@ -128,6 +128,7 @@ def simulate(
                 "trajectories": derived.trajectories,
                 "model_turns": derived.model_turns,
                 "cpu_jobs": derived.cpu_jobs,
+                "source_simulated": derived.source_simulated,
             },
         }
     }

@@ -75,6 +75,9 @@ class DerivedRun:
     replacement_startup_s: tuple[float, ...] = ()
     #: folders above the output that the replay created with it, nearest first (removed with it on refusal)
     made_parents: tuple[Path, ...] = ()
+    #: the recorded run was itself a simulation (run.json ``simulated``): its timings and verdicts are
+    #: that simulation's, its assumptions (a job without ``cpu_ms`` took 0 s) included, not measurements
+    source_simulated: bool = False
 
 
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
@@ -284,6 +287,7 @@ def derive_workload(run_dir: Path, destination: Path, tool_root: Path | None = N
         len(measured.model),
         len(measured.cpu),
         measured.replacement_startup(),
+        source_simulated=receipt.get("simulated") is True,
     )
 
 
