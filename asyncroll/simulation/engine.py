@@ -190,8 +190,8 @@ def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None)
     made = tuple(p for p in output.absolute().parents if not p.exists())  # nearest first
     try:
         output.mkdir(parents=True)
-    except OSError as exc:
-        remove_output(output, made)
+    except OSError as exc:  # not made here (it may be another's, made meanwhile): only its parents go
+        remove_output(None, made)
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
     try:
         derived = derive_workload(run_dir, output / "replay-workload.jsonl", tool_root)
@@ -208,10 +208,11 @@ def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None)
     return replace(derived, made_parents=made)
 
 
-def remove_output(output: Path, made_parents: tuple[Path, ...] = ()) -> None:
+def remove_output(output: Path | None, made_parents: tuple[Path, ...] = ()) -> None:
     """Remove a replay's output directory that holds no run yet, and the folders above it that were
     created with it (nearest first, each only while empty): a refused command leaves nothing behind."""
-    shutil.rmtree(output, ignore_errors=True)
+    if output is not None:
+        shutil.rmtree(output, ignore_errors=True)
     for parent in made_parents:
         try:
             parent.rmdir()
