@@ -705,3 +705,26 @@ def test_a_replay_of_a_simulation_says_its_timings_were_not_measured(tmp_path: P
     assert f"warning: --from-run {simulated} is itself a simulation" in result.stderr
     receipt = json.loads((replay / "run.json").read_text())
     assert receipt["simulation"]["replayed"]["source_simulated"] is True
+
+
+def test_a_replay_refused_for_its_workload_names_the_runs_workload_lines(tmp_path: Path) -> None:
+    """A tool file gone since the run refused the replay with lines of OUT/replay-workload.jsonl, a file
+    removed with the refused output: the error now names the run's own workload, file and line."""
+    (tmp_path / "tools.py").write_text("def double(x: int) -> int:\n    return 2 * x\n")
+    tool = {"name": "double", "description": "2x", "inputs": {"x": "int"}, "implementation": "tools.py"}
+    script = [
+        {"type": "tool", "name": "double", "arguments": {"x": 2}, "latency_ms": 20, "cpu_ms": 5},
+        {"type": "final", "answer": "4", "latency_ms": 10},
+    ]
+    problems = [{"id": f"p{i}", "prompt": "double 2", "tools": [tool], "script": script} for i in range(2)]
+    plain = {"id": "plain", "prompt": "hi", "script": [{"type": "final", "answer": "4", "latency_ms": 5}]}
+    workload = write_workload(tmp_path / "w.jsonl", [plain, *problems])
+    recorded = tmp_path / "recorded"
+    assert simulate_here("--workload", workload, "--output", recorded).exit_code == 0
+    (tmp_path / "tools.py").unlink()
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 2, result.output
+    assert f"{workload}:2: tools[0].implementation: 'tools.py' does not exist" in result.stderr
+    assert f"{workload}:3: " in result.stderr and "replay-workload" not in result.stderr
+    assert not replay.exists()

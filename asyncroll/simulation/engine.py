@@ -15,7 +15,7 @@ from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
 from asyncroll.clock import VirtualClock
 from asyncroll.config import RunConfig
-from asyncroll.errors import OutputExistsError, UsageError
+from asyncroll.errors import OutputExistsError, UsageError, WorkloadError
 from asyncroll.runtime.pool import WorkerFactory
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.signals import interruptible
@@ -23,7 +23,7 @@ from asyncroll.runtime.trajectory import GRADE_TOOL
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.simulation.from_run import DerivedRun
 from asyncroll.workers.protocol import JobRequest
-from asyncroll.workload import MAX_DURATION_MS
+from asyncroll.workload import MAX_DURATION_MS, scan_workload
 
 ServerKind = Literal["fixed", "batching"]
 #: The largest per-turn, per-job, per-step or per-token cost a simulation accepts: the limit of a
@@ -113,7 +113,15 @@ def simulate(
     ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a summary.
     ``assumed``: filled with what the script left undeclared (jobs without a cost, submissions without
     a verdict)."""
-    prepared = prepare(config, argv, output_ready=derived is not None)
+    try:
+        prepared = prepare(config, argv, output_ready=derived is not None)
+    except WorkloadError:
+        if derived is not None and derived.source_workload is not None:
+            # its lines name the replay workload, removed with the refused output: told against the run's
+            scan_workload(
+                derived.source_workload, config.resolved_tool_root, scripted=True, limit=config.limit
+            ).raise_if_invalid()
+        raise
     clock = VirtualClock()
     backend, capacity = backend_for(settings, clock)
     extra = {

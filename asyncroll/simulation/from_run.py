@@ -78,6 +78,8 @@ class DerivedRun:
     #: the recorded run was itself a simulation (run.json ``simulated``): its timings and verdicts are
     #: that simulation's, its assumptions (a job without ``cpu_ms`` took 0 s) included, not measurements
     source_simulated: bool = False
+    #: the recorded run's own workload, whose lines a refusal of the replay workload is told against
+    source_workload: Path | None = None
 
 
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
@@ -288,6 +290,7 @@ def derive_workload(run_dir: Path, destination: Path, tool_root: Path | None = N
         len(measured.cpu),
         measured.replacement_startup(),
         source_simulated=receipt.get("simulated") is True,
+        source_workload=workload,
     )
 
 
