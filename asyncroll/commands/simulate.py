@@ -273,14 +273,6 @@ def simulate(
                 raise UsageError("--limit comes from the recorded run with --from-run")
             build_config({**values, "workload": output / "replay-workload.jsonl"})  # flags checked first
             derived = prepare_from_run(from_run, output, tool_root)
-            if derived.source_simulated:
-                typer.echo(
-                    f"warning: --from-run {from_run} is itself a simulation (run.json: simulated): its "
-                    "timings and verdicts are that simulation's, not measurements, and what it assumed (0 s "
-                    "for a job without cpu_ms, a pass for a submission without a verdict) replays as if "
-                    "measured",
-                    err=True,
-                )
             keep = (
                 "policy",
                 "max_active_trajectories",
@@ -302,6 +294,13 @@ def simulate(
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
+        if derived is not None and derived.source_simulated:
+            typer.echo(
+                f"warning: --from-run {from_run} is itself a simulation (run.json: simulated): its timings "
+                "and verdicts are that simulation's, not measurements, and what it assumed (0 s for a job "
+                "without cpu_ms, a pass for a submission without a verdict) replays as if measured",
+                err=True,
+            )
         assumed = Assumed()
         outcome = run_simulation(
             cfg,
