@@ -618,3 +618,35 @@ def test_jitter_scales_a_submissions_declared_evaluation_cost(tmp_path: Path) ->
         assert script[turn]["cpu_ms"] != cost
     assert script[2].get("cpu_ms") is None
     assert [a.get("passes") for a in script] == [False, None, None]
+
+
+def test_a_jittered_duration_is_capped_at_a_day_not_refused(tmp_path: Path) -> None:
+    """A valid long job (80 000 s of a one-day limit) jittered past one day made the seed's workload
+    invalid: the sweep stopped with "cpu_ms: Input should be less than or equal to 86400000" about a
+    file it wrote itself. Jittered durations are capped at the limit of a declared one."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+    from asyncroll.workload import MAX_DURATION_MS
+
+    long = 80_000_000.0
+    problems = [tool_problem(f"p{i}", model_ms=long, cpu_ms=long, turns=1) for i in range(6)]
+    source = write_workload(tmp_path / "w.jsonl", problems)
+    jittered = tmp_path / "j.jsonl"
+    perturb_workload(source, jittered, seed=0, sigma=1.0)
+    costs = [
+        (a.get("latency_ms"), a.get("cpu_ms"))
+        for line in jittered.read_text().splitlines()
+        for a in json.loads(line)["script"]
+    ]
+    assert all(c is None or c <= MAX_DURATION_MS for pair in costs for c in pair)
+    assert any(MAX_DURATION_MS in pair for pair in costs)  # some were drawn past a day
+    spec = SweepSpec(("fifo",), (4,), (4,), (2,), 2, 1.0)
+    rows = run_sweep(
+        source,
+        tmp_path,
+        {"tool_timeout": 2 * MAX_DURATION_MS / 1000},
+        spec,
+        SimulationSettings(),
+        tmp_path / "s",
+    )
+    assert [r["completed"] for r in rows] == [6, 6]

@@ -5,7 +5,8 @@ multiplied by a mean-one lognormal factor drawn from a generator keyed by (seed,
 — never from global random state — so the same seed gives the same durations to every policy and
 operating point: sweep cells are paired comparisons on common random numbers. A
 ``spin_ms``/``sleep_ms`` call without ``cpu_ms`` gets ``cpu_ms`` from its argument first.
-``sigma = 0`` copies the timings unchanged.
+``sigma = 0`` copies the timings unchanged. A jittered duration is capped at one day, the limit of a
+declared one (a large ``sigma`` could otherwise turn a valid long job into a workload the sweep refuses).
 
 A declared ``output_tokens`` is scaled by the same factor as its turn's ``latency_ms`` (rounded, at least
 one token): the batching server model (``--server batching``) times a turn by its tokens, not its
@@ -21,7 +22,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from asyncroll.workload import MAX_OUTPUT_TOKENS, SubmitAction, ToolAction, iter_problems
+from asyncroll.workload import MAX_DURATION_MS, MAX_OUTPUT_TOKENS, SubmitAction, ToolAction, iter_problems
 
 
 def factor(seed: int, problem: str, turn: int, kind: str, sigma: float) -> float:
@@ -43,7 +44,7 @@ def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -
                 update: dict[str, Any] = {}
                 model = factor(seed, pid, turn, "model", sigma)
                 if action.latency_ms is not None:
-                    update["latency_ms"] = action.latency_ms * model
+                    update["latency_ms"] = min(MAX_DURATION_MS, action.latency_ms * model)
                 if action.output_tokens is not None and model != 1.0:
                     update["output_tokens"] = min(
                         MAX_OUTPUT_TOKENS, max(1, round(action.output_tokens * model))
@@ -57,7 +58,7 @@ def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -
                     ):
                         cost = float(action.arguments.get("milliseconds", 0))
                     if cost is not None:
-                        update["cpu_ms"] = cost * factor(seed, pid, turn, "cpu", sigma)
+                        update["cpu_ms"] = min(MAX_DURATION_MS, cost * factor(seed, pid, turn, "cpu", sigma))
                 script.append(action.model_copy(update=update))
             out.write(problem.model_copy(update={"id": pid, "script": script}).model_dump_json() + "\n")
             count += 1
