@@ -650,3 +650,20 @@ def test_a_jittered_duration_is_capped_at_a_day_not_refused(tmp_path: Path) -> N
         tmp_path / "s",
     )
     assert [r["completed"] for r in rows] == [6, 6]
+
+
+def test_a_sweep_of_a_recorded_run_is_refused_saying_how_to_sweep_its_timings(tmp_path: Path) -> None:
+    """``--sweep --from-run RUN`` said only "--sweep needs --workload"; the way there (sweep a replay's
+    workload, with the run's tool root, since the replay workload's folder holds no tool files) works."""
+    recorded = tmp_path / "recorded"
+    assert simulate_here("--workload", SMOKE, "--output", recorded).exit_code == 0
+    sweep = ("--sweep", "--policies", "fifo", "--seeds", "1", "--jobs", "1")
+    refused = simulate_here(*sweep, "--from-run", recorded, "--output", tmp_path / "s")
+    assert refused.exit_code == 2 and "sweep REPLAY/replay-workload.jsonl" in refused.stderr, refused.output
+    assert not (tmp_path / "s").exists()
+    replay = tmp_path / "replay"
+    assert simulate_here("--from-run", recorded, "--output", replay).exit_code == 0
+    root = json.loads((replay / "run.json").read_text())["config"]["tool_root"]
+    workload = replay / "replay-workload.jsonl"
+    swept = simulate_here(*sweep, "--workload", workload, "--tool-root", root, "--output", tmp_path / "s")
+    assert swept.exit_code == 0, swept.output

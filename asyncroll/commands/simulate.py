@@ -221,7 +221,11 @@ def simulate(
             raise UsageError("missing required option: --output")
         if sweep:
             if workload is None:
-                raise UsageError("--sweep needs --workload")
+                raise UsageError(
+                    "--sweep needs --workload, not --from-run: to sweep a recorded run's timings, replay it "
+                    "once (simulate --from-run RUN --output REPLAY) and sweep REPLAY/replay-workload.jsonl "
+                    "with --tool-root set to the config.tool_root of REPLAY/run.json"
+                )
             from asyncroll.simulation.sweep import SweepSpec, aggregate, markdown, run_sweep, usable_cpus
 
             cfg0 = build_config({**values, "output": output / "unused"})
