@@ -282,6 +282,38 @@ def test_whatever_a_tool_raises_is_a_tool_error() -> None:
     assert _in_process(lambda x: -x, x=2).value == -2
 
 
+def test_a_base_exception_from_the_tools_own_objects_is_a_tool_error() -> None:
+    """An exception whose ``__str__``, or a result whose ``__repr__``, raises ``SystemExit`` or
+    ``KeyboardInterrupt`` is still the tool's code: it escaped ``run_job`` and killed the worker (its job
+    lost as 'closed its reply pipe', the worker replaced) instead of failing that one call."""
+
+    armed = True  # off before pytest reports a failure: its report reprs the test's locals too
+
+    class Leaving:
+        def __repr__(self) -> str:
+            if armed:
+                raise SystemExit("repr exits")
+            return "Leaving()"
+
+    class Interrupting(Exception):
+        def __str__(self) -> str:
+            if armed:
+                raise KeyboardInterrupt
+            return "interrupting"
+
+    def interrupting() -> None:
+        raise Interrupting
+
+    try:
+        left = _in_process(Leaving)
+        interrupted = _in_process(interrupting)
+    except (SystemExit, KeyboardInterrupt) as exc:  # would end the pytest session: say what it means
+        armed = False
+        pytest.fail(f"{type(exc).__name__} from the tool's own object escaped run_job: a dead worker")
+    assert not left.ok and left.error == "its result could not be encoded: SystemExit: repr exits"
+    assert not interrupted.ok and interrupted.error == "Interrupting: <unprintable>"
+
+
 def test_a_result_the_model_reads_is_encoded_and_cut_in_the_worker() -> None:
     """A tool job marked ``observation_chars`` gets back its result's JSON text cut to that many
     characters and the text's whole length: a 20 MB result never crosses the pipe, and the runtime's

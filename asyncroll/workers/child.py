@@ -157,7 +157,9 @@ def describe(exc: BaseException) -> str:
     model, and no UTF-8 write takes a lone surrogate (one failed the whole run)."""
     try:
         message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not kill the worker
+    except BaseException as error:  # a broken __str__ (one that raises SystemExit too) must not kill us
+        if _signalled(error):
+            raise
         message = "<unprintable>"
     text = (f"{type(exc).__name__}: {message}" if message else type(exc).__name__)[:ERROR_LIMIT]
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -215,7 +217,9 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         if ok and request.observation_chars is not None:
             value = observation(value, request.observation_chars)
         blob = dumps(value)
-    except Exception as exc:  # noqa: BLE001 - e.g. a value too large to encode: the tool did not raise it
+    except BaseException as exc:  # e.g. a value too large to encode, or whose __repr__ calls sys.exit()
+        if _signalled(exc):
+            raise
         ok, error, blob = False, f"its result could not be encoded: {describe(exc)}", dumps(None)
     serialize_s = decode_s + time.monotonic() - t1
     reply = JobReply(
