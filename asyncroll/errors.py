@@ -6,6 +6,8 @@
     │   └── OutputExistsError      --output already exists; nothing is touched
     ├── WorkerError                a tool worker could not do its job
     │   ├── WorkerStartupError     a worker did not become ready within its deadline
+    │   │   ├── ToolsNotLoaded     its tools did not import
+    │   │   └── WorkerOverMemoryCap  it is above --worker-max-rss-mb before any job
     │   ├── WorkerTimeout          a job ran past --tool-timeout; the worker tree was killed
     │   └── WorkerDied             the worker process exited while it held a job
     ├── ModelError                 a model call failed; isolated to its trajectory
@@ -62,6 +64,11 @@ class WorkerStartupError(WorkerError):
 class ToolsNotLoaded(WorkerStartupError):
     """The worker started but could not load its tools (an import error, a tool file whose bytes no longer
     have the hash the run recorded). Never worth another start: the next one reads the same files."""
+
+
+class WorkerOverMemoryCap(WorkerStartupError):
+    """A worker that started holds more resident memory than --worker-max-rss-mb before any job: each
+    of its jobs would have it replaced. Never worth another start: the next one imports the same tools."""
 
 
 class WorkerTimeout(WorkerError):

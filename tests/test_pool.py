@@ -12,7 +12,7 @@ from typing import TypeVar
 import pytest
 
 from asyncroll.clock import SystemClock, VirtualClock
-from asyncroll.errors import WorkerDied, WorkerStartupError
+from asyncroll.errors import WorkerDied, WorkerOverMemoryCap, WorkerStartupError
 from asyncroll.events import CpuStarted, EventCapture, EventLog, WorkerReady, WorkerRestarting
 from asyncroll.policies import get_policy
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
@@ -260,3 +260,74 @@ def test_a_worker_killed_while_it_starts_is_replaced_but_its_own_failure_fails_t
     assert [r.generation for r in capture.of(WorkerReady)] == ([kills] if started else [])
     worker = pool.worker(0)  # the last generation: closed with the pool, or killed with the failed start
     assert isinstance(worker, ProcessWorker) and not worker.alive
+
+
+_HEAVY_ONCE_MARKED = """
+import pathlib
+MARK = pathlib.Path(__file__).with_name("heavy")
+BALLAST = b"x" * ((96 << 20) if MARK.exists() else 0)  # resident from the import on
+
+def f():
+    return len(BALLAST)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_above_the_memory_cap_before_any_job_fails_the_run_at_once(tmp_path: Path) -> None:
+    """--worker-max-rss-mb below what a worker holds once its tools are imported had every job replace
+    its worker, silently: each job paid a fresh start (a 3-call run took 100x longer, 'worker restarts 16'
+    its only sign). Such a worker is now refused as it starts — the first one fails the pool's start,
+    a replacement fails the run, not retried (the next start imports the same tools) — with a message
+    naming both sizes."""
+    tool = tmp_path / "tool.py"
+    tool.write_text(_HEAVY_ONCE_MARKED)
+    spec = [ToolSpec("f", tool)]
+    clock = SystemClock()
+    events = EventLog(clock)
+    events.start_measurement()
+    capture = EventCapture()
+    events.subscribe(capture)
+
+    def pool(cap_mb: int) -> WorkerPool:
+        factory = lambda i, g: ProcessWorker(i, spec, generation=g, startup_timeout=30)  # noqa: E731
+        return WorkerPool(1, factory, clock, events, max_rss_bytes=cap_mb << 20)
+
+    async def first_start() -> None:
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await capped.start(tg)
+            finally:
+                await capped.aclose()  # as the run's cleanup does
+
+    (tmp_path / "heavy").touch()
+    capped = pool(64)
+    with pytest.raises(ExceptionGroup) as group:
+        _run(first_start)
+    [failure] = group.value.exceptions
+    assert isinstance(failure, WorkerOverMemoryCap) and not failure.retry
+    assert "MiB once its tools are imported, above --worker-max-rss-mb 64" in str(failure)
+    assert not capped.worker(0).alive and capture.of(WorkerReady) == []
+
+    async def replaced() -> None:  # light at the first start; its replacement imports the ballast
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await capped.start(tg)
+                first = capped.worker(0)
+                assert first.pid is not None
+                (tmp_path / "heavy").touch()
+                os.kill(first.pid, signal.SIGKILL)
+                # the replacement ready: the cap ignored (cancelled here when the replacement fails)
+                await _until(lambda: len(capture.of(WorkerReady)) == 2)
+            finally:
+                await capped.aclose()
+
+    (tmp_path / "heavy").unlink()
+    capped = pool(64)
+    with pytest.raises(ExceptionGroup) as group:
+        _run(replaced)
+    [failure] = group.value.exceptions
+    assert isinstance(failure, WorkerStartupError) and isinstance(failure.__cause__, WorkerOverMemoryCap)
+    assert "could not be replaced" in str(failure)
+    assert [(r.generation, r.reason) for r in capture.of(WorkerRestarting)] == [(1, "died")]  # no retries
+    assert [r.generation for r in capture.of(WorkerReady)] == [0]
+    assert capped.worker(0).generation == 1 and not capped.worker(0).alive

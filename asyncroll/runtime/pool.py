@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from asyncroll.clock import Clock
-from asyncroll.errors import ToolsNotLoaded, WorkerStartupError
+from asyncroll.errors import ToolsNotLoaded, WorkerOverMemoryCap, WorkerStartupError
 from asyncroll.events import EventLog, WorkerReady, WorkerRestarting
 from asyncroll.workers.orphans import Adopter
 from asyncroll.workers.process import CallResult
@@ -206,6 +206,7 @@ class WorkerPool:
         self._workers[slot] = worker
         self._adopt(worker)
         await worker.start()
+        self._check_rest_memory(worker)
         self._events.emit(
             WorkerReady(
                 worker=slot,
@@ -215,6 +216,18 @@ class WorkerPool:
             )
         )
         return worker
+
+    def _check_rest_memory(self, worker: Worker) -> None:
+        """Refuse a worker that is above the memory cap before any job (its tools' imports alone take
+        more): every job would have it replaced, the run paying a fresh start per job, without a word."""
+        rest = getattr(worker, "rest_rss_bytes", None)  # a process worker's; a virtual one has none
+        if self._max_rss is None or not isinstance(rest, int) or rest <= self._max_rss:
+            return
+        raise WorkerOverMemoryCap(
+            f"worker {worker.index} (pid {worker.pid}) holds {rest / 2**20:.0f} MiB once its tools are "
+            f"imported, above --worker-max-rss-mb {self._max_rss / 2**20:g}: every job would have it "
+            "replaced; set the cap well above what the tools take at rest"
+        )
 
     def replace_soon(self, slot: int, reason: RestartReason) -> None:
         """Replace the slot's worker in a task of the pool's own group (the one given to :meth:`start`):
@@ -243,7 +256,8 @@ class WorkerPool:
         descendants first) and start the next generation (its restart already recorded by
         :meth:`replace_soon`); a start that fails is retried as a restart of its own, up to
         :data:`MAX_RESTART_ATTEMPTS` in all — except one whose tools do not load (:class:`ToolsNotLoaded`:
-        the next start reads the same files), which fails the run at once. The slot is idle again
+        the next start reads the same files) or that starts above the memory cap
+        (:class:`WorkerOverMemoryCap`), which fails the run at once. The slot is idle again
         afterwards."""
         if self._closing:
             return
@@ -257,7 +271,7 @@ class WorkerPool:
                 self._restarting_event(slot, old, generation, "startup_failed")
             try:
                 new = await self._start_slot(slot, generation)
-            except ToolsNotLoaded as exc:
+            except (ToolsNotLoaded, WorkerOverMemoryCap) as exc:
                 raise WorkerStartupError(f"worker {slot} could not be replaced: {exc}") from exc
             except WorkerStartupError as exc:
                 last_error = exc

@@ -80,6 +80,8 @@ class ProcessWorker:
         self.pid: int | None = None
         self.startup_s: float | None = None
         self.preload_s: float | None = None
+        self.rest_rss_bytes: int | None = None
+        """Resident memory once its tools are imported (after the dummy call), where it can be read."""
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.StreamReader | None = None
         self._read_transport: asyncio.ReadTransport | None = None
@@ -176,9 +178,10 @@ class ProcessWorker:
         if not isinstance(message, Ready) or message.pid != self.pid:
             raise WorkerDied(f"bad handshake {message!r}")
         self.preload_s = message.preload_s
-        result = await self._exchange(JobRequest(_PING_JOB_ID, "__ping__", {}))
+        result = await self._exchange(JobRequest(_PING_JOB_ID, "__ping__", {}, report_rss=True))
         if not result.reply.ok or result.reply.value != self.pid:
             raise WorkerDied(f"dummy call answered {result.reply!r}")
+        self.rest_rss_bytes = result.reply.rss_bytes
 
     async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109
         """Run one job. Raises :class:`WorkerTimeout` (tree killed) past ``timeout`` seconds and
