@@ -548,6 +548,31 @@ def test_each_job_starts_in_the_workers_directory_with_its_stdio(
 
 
 @real_process
+def test_a_worker_starts_and_serves_after_the_runtimes_directory_was_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker started after the directory the runtime runs in was removed (a scratch folder cleaned
+    during the run, or a tool's ``rmtree``) exited at its dummy call (``os.getcwd()`` raised in the
+    worker's set-up): every replacement failed to start, and the first replacement the run needed
+    failed the run ('could not be replaced after 3 attempts'). It starts and serves now."""
+    tool = tmp_path / "tool.py"
+    tool.write_text("import os\n\ndef here():\n    return os.listdir('.')\n")
+    gone_dir = tmp_path / "scratch"
+    gone_dir.mkdir()
+    monkeypatch.chdir(gone_dir)
+    gone_dir.rmdir()
+
+    async def main() -> None:
+        worker = await started(ToolSpec("here", tool), ToolSpec("add"))
+        assert (await worker.call(job(1, "add", a=1, b=2), 5)).reply.value == 3
+        reply = (await worker.call(job(2, "here"), 5)).reply
+        assert (reply.ok, reply.value) == (True, [])  # it still runs in the removed (empty) directory
+        await worker.aclose()
+
+    run(main())
+
+
+@real_process
 def test_a_forked_child_that_returns_from_the_tool_exits_there(tmp_path: Path) -> None:
     """A tool that forks and whose child returns (no ``os._exit``): the child answered the job in the
     worker's place — its result, a negative ``cpu_s`` — and then served the next job while the tool

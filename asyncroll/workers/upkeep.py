@@ -37,13 +37,18 @@ class Baseline:
     persists."""
 
     def __init__(self) -> None:
-        self.cwd = os.getcwd()
+        try:
+            self.cwd: str | None = os.getcwd()
+        except OSError:  # the runtime's directory was removed (a cleaned scratch folder): none to return to
+            self.cwd = None  # (it made every replacement worker exit at its dummy call, failing the run)
         self.std = [(fd, os.dup(fd), _identity(fd)) for fd in (0, 1, 2) if _identity(fd) is not None]
 
     def restore(self) -> None:
         for fd, saved, identity in self.std:
             if _identity(fd) != identity:
                 os.dup2(saved, fd)
+        if self.cwd is None:
+            return
         try:
             if os.getcwd() == self.cwd:
                 return
