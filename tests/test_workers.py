@@ -554,19 +554,25 @@ def test_a_worker_starts_and_serves_after_the_runtimes_directory_was_removed(
     """A worker started after the directory the runtime runs in was removed (a scratch folder cleaned
     during the run, or a tool's ``rmtree``) exited at its dummy call (``os.getcwd()`` raised in the
     worker's set-up): every replacement failed to start, and the first replacement the run needed
-    failed the run ('could not be replaced after 3 attempts'). It starts and serves now."""
+    failed the run ('could not be replaced after 3 attempts'). It starts and serves now, each job in
+    that directory as the others are in theirs."""
     tool = tmp_path / "tool.py"
-    tool.write_text("import os\n\ndef here():\n    return os.listdir('.')\n")
+    tool.write_text(
+        "import os\n\ndef here():\n    return os.listdir('.')\n\ndef away():\n    os.chdir('/')\n"
+    )
     gone_dir = tmp_path / "scratch"
     gone_dir.mkdir()
     monkeypatch.chdir(gone_dir)
     gone_dir.rmdir()
 
     async def main() -> None:
-        worker = await started(ToolSpec("here", tool), ToolSpec("add"))
+        worker = await started(ToolSpec("here", tool), ToolSpec("away", tool), ToolSpec("add"))
         assert (await worker.call(job(1, "add", a=1, b=2), 5)).reply.value == 3
-        reply = (await worker.call(job(2, "here"), 5)).reply
-        assert (reply.ok, reply.value) == (True, [])  # it still runs in the removed (empty) directory
+        for job_id, tool_name in enumerate(["here", "away", "here"], start=2):
+            reply = (await worker.call(job(job_id, tool_name), 5)).reply
+            assert reply.ok, reply.error
+        # each job starts in the removed (empty) directory, an earlier job's chdir('/') undone
+        assert reply.value == []
         await worker.aclose()
 
     run(main())

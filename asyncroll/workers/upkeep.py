@@ -37,10 +37,13 @@ class Baseline:
     persists."""
 
     def __init__(self) -> None:
+        self.cwd_fd: int | None = None
         try:
             self.cwd: str | None = os.getcwd()
-        except OSError:  # the runtime's directory was removed (a cleaned scratch folder): none to return to
-            self.cwd = None  # (it made every replacement worker exit at its dummy call, failing the run)
+        except OSError:  # the runtime's directory was removed (a cleaned scratch folder): held by an fd
+            self.cwd = None  # (getcwd made every replacement worker exit at its dummy call: a failed run)
+            with contextlib.suppress(OSError):
+                self.cwd_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
         self.std = [(fd, os.dup(fd), _identity(fd)) for fd in (0, 1, 2) if _identity(fd) is not None]
 
     def restore(self) -> None:
@@ -48,6 +51,9 @@ class Baseline:
             if _identity(fd) != identity:
                 os.dup2(saved, fd)
         if self.cwd is None:
+            if self.cwd_fd is not None and _identity(self.cwd_fd) != _path_identity("."):
+                with contextlib.suppress(OSError):
+                    os.fchdir(self.cwd_fd)
             return
         try:
             if os.getcwd() == self.cwd:
@@ -62,6 +68,14 @@ def _identity(fd: int) -> tuple[int, int] | None:
     """The file an fd is open on, or None when it is closed."""
     try:
         stat = os.fstat(fd)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _path_identity(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
     except OSError:
         return None
     return stat.st_dev, stat.st_ino
