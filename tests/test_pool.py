@@ -157,6 +157,40 @@ def test_idle_death_seen_by_watcher_and_job_in_one_turn_is_one_replacement() -> 
     assert starts == sorted(starts) and starts[2] - starts[1] >= 0.1 - 1e-9  # one worker, one job at a time
 
 
+def test_a_job_is_not_handed_a_worker_known_to_have_died() -> None:
+    """An idle worker's exit is known (its process reaped) a few loop turns before its watcher runs; a
+    job dispatched in between was handed the dead worker and failed without reaching any ('worker 0 ...
+    is not running, killed by SIGKILL': a tool error, or a failed grading, for a job never sent). The
+    slot is replaced then and the job waits for the new worker."""
+    clock = VirtualClock()
+    made: list[_MortalWorker] = []
+
+    def factory(index: int, generation: int) -> _MortalWorker:
+        made.append(_MortalWorker(index, generation, clock, startup_s=0.5 if generation else 0.0))
+        return made[-1]
+
+    async def scenario() -> tuple[JobOutcome, EventCapture]:
+        events = EventLog(clock)
+        events.start_measurement()
+        cap = EventCapture()
+        events.subscribe(cap)
+        pool = WorkerPool(1, factory, clock, events)
+        dispatcher = CpuDispatcher(
+            pool, get_policy("fifo"), ModelGate(1, clock, events), clock, events, tool_timeout=10
+        )
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            made[0].die()  # no await before the dispatch: the watcher has not run
+            outcome = await dispatcher.run(JobSpec("t0", "tool", "sleep_ms", {"milliseconds": 1}, 0))
+            await pool.aclose()
+        return outcome, cap
+
+    outcome, cap = clock.run(scenario())
+    assert (outcome.ok, outcome.error) == (True, None)
+    assert [(e.worker, e.generation, e.reason) for e in cap.of(WorkerRestarting)] == [(0, 1, "died")]
+    assert [e.generation for e in cap.of(CpuStarted)] == [1] and len(made) == 2
+
+
 class _DyingWorker(_MortalWorker):
     """Dies under its job; killing what is left of it takes a second (a real tree takes time too)."""
 

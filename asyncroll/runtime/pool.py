@@ -44,6 +44,9 @@ class Worker(Protocol):
     @property
     def startup_s(self) -> float | None: ...
 
+    @property
+    def alive(self) -> bool: ...
+
     async def start(self) -> None: ...
 
     async def call(self, request: JobRequest, timeout: float) -> CallResult: ...  # noqa: ASYNC109 - expiry kills the worker tree
@@ -129,7 +132,12 @@ class WorkerPool:
         return worker
 
     def take_idle(self) -> int | None:
-        """Claim an idle slot (lowest index first), or None if every slot is busy or restarting."""
+        """Claim an idle slot (lowest index first), or None if every slot is busy or restarting.
+
+        A slot whose worker is known to have died (its exit seen, its watcher not yet run: a few loop
+        turns) is replaced, not handed out: its job would fail without ever reaching a worker."""
+        while self._idle and not self._closing and not self.worker(self._idle[0]).alive:
+            self.replace_soon(self._idle[0], "died")  # takes it out of the idle list
         if not self._idle:
             return None
         slot = self._idle.pop(0)

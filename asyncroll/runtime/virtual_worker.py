@@ -65,6 +65,10 @@ class VirtualWorker:
     def pid(self) -> int | None:
         return None
 
+    @property
+    def alive(self) -> bool:
+        return not self._exited.is_set()
+
     async def start(self) -> None:
         if self.startup_s:
             await self._clock.sleep(self.startup_s)
