@@ -203,18 +203,19 @@ class TrajectoryRunner:
         if protocol.func_name is not None:
             arguments["func_name"] = protocol.func_name
         cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
+        code_bytes = len(action.code.encode())
         spec = JobSpec(
             state.id,
             "evaluate",
             EVALUATOR_TOOL,
             arguments,
             turn,
-            len(action.code),
+            code_bytes,
             cost_s,
             resubmission=state.generations > 0,
             n_tests=len(protocol.tests),
             test_bytes=protocol.test_bytes,
-            code_bytes=len(action.code.encode()),
+            code_bytes=code_bytes,
             declared=None if action.passes is None else _declared_verdict(action.passes, len(protocol.tests)),
         )
         outcome = await self._dispatcher.run(spec)  # a submission, not a tool call: ``generations`` counts it
@@ -260,7 +261,7 @@ class TrajectoryRunner:
         answer = action.answer if isinstance(action.answer, str) else json.dumps(action.answer)
         arguments = {"answer": answer, "reference": problem.reference_answer}
         outcome = await self._dispatcher.run(
-            JobSpec(state.id, "grade", GRADE_TOOL, arguments, turn, len(answer))
+            JobSpec(state.id, "grade", GRADE_TOOL, arguments, turn, len(answer.encode()))
         )
         if not outcome.ok:
             raise _Failed(f"grading failed: {outcome.error}")

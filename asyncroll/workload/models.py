@@ -159,4 +159,5 @@ class OneRepair:
 
     @property
     def test_bytes(self) -> int:
-        return sum(len(t.get("input", "")) for t in self.tests)
+        """Bytes of the tests' inputs, UTF-8 encoded (a predictor feature: bytes, not characters)."""
+        return sum(len(t.get("input", "").encode()) for t in self.tests)

@@ -1,0 +1,48 @@
+"""What the runtime hands the predictor as a job's sizes: bytes (UTF-8), as the features are documented,
+not characters — the two differ for any non-ASCII code, test input or answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncroll.events import CpuEnqueued
+from asyncroll.policies import JobView
+from tests.conftest import VirtualRun
+from tests.test_one_repair import _code_problem
+
+CODE = "print('héllo wörld ✓')"  # 22 characters, 26 bytes
+TEST_INPUT = "ü" * 50  # 50 characters, 100 bytes
+ANSWER = "naïve ✓"  # 7 characters, 10 bytes
+
+
+def test_evaluation_and_grade_sizes_are_bytes(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncroll.policies.predictor as predictor
+
+    seen: list[JobView] = []
+    real = predictor.features
+
+    def record(job: JobView) -> list[float]:
+        seen.append(job)
+        return real(job)
+
+    code: dict[str, Any] = _code_problem("code", [False, True])
+    for action in code["script"]:
+        action["code"] = CODE
+    code["metadata"]["reference_tests"] = [{"input": TEST_INPUT, "output": "1", "testtype": "stdin"}] * 2
+    graded = {
+        "id": "graded",
+        "prompt": "answer",
+        "reference_answer": ANSWER,
+        "script": [{"type": "final", "answer": ANSWER, "latency_ms": 10}],
+    }
+    monkeypatch.setattr(predictor, "features", record)
+    outcome, cap, _ = virtual_run([code, graded, code | {"id": "code2"}], policy="asyncroll", cpu_workers=1)
+    assert outcome.status == "complete"
+    evaluations = [j for j in seen if j.kind == "evaluate"]
+    assert evaluations and {(j.code_bytes, j.arg_bytes, j.test_bytes) for j in evaluations} == {(26, 26, 200)}
+    enqueued = {(e.kind, e.arg_bytes) for e in cap.of(CpuEnqueued)}
+    assert enqueued == {("evaluate", 26), ("grade", 10)}
