@@ -94,6 +94,7 @@ class PredictionQuality(BaseModel):
     pearson_log_first: float | None
     pairs_repairs: int | None = None  # the pairs behind pearson_log_repairs (None: a summary from before)
     pairs_first: int | None = None  # the pairs behind pearson_log_first
+    pearson_null_reasons: dict[str, str] | None = None  # why each null correlation is null
     note: str
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from asyncroll.events import (
@@ -15,7 +16,7 @@ from asyncroll.events import (
     TrajectoryFinished,
     TrajectoryStarted,
 )
-from asyncroll.outputs.statistics import pearson
+from asyncroll.outputs.statistics import pearson, pearson_missing
 from asyncroll.outputs.summary import SummaryBuilder
 
 LIMITS = {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1}
@@ -247,3 +248,42 @@ def test_each_correlation_states_its_own_pairs() -> None:
     prediction = summarise(events)["scheduler"]["prediction"]
     assert (prediction["pairs"], prediction["pairs_first"], prediction["pairs_repairs"]) == (5, 3, 2)
     assert prediction["pearson_log_first"] is not None and prediction["pearson_log_repairs"] is None
+
+
+def test_a_null_correlation_states_why() -> None:
+    """Equal predictions over 4 pairs (every job at the prior, say) leave the correlation undefined: it is
+    null, and summary.json says why, where it said nothing a reader could tell from another null."""
+    from asyncroll.events import CpuEnqueued
+
+    events: list[Event] = []
+    for job, actual in enumerate([0.1, 0.2, 0.3, 0.4], 1):
+        events += [
+            CpuEnqueued(id="a", job_id=job, kind="tool", tool="x", turn=0, arg_bytes=1, queue_depth=1),
+            selected("a", job, 0.0).model_copy(update={"predicted_s": 0.1, "prediction_source": "prior"}),
+            CpuFinished(
+                id="a",
+                job_id=job,
+                worker=0,
+                kind="tool",
+                tool="x",
+                ok=True,
+                execute_s=actual,
+                cpu_s=None,
+                roundtrip_s=actual,
+            ),
+        ]
+    prediction = summarise(events)["scheduler"]["prediction"]
+    assert prediction["pairs"] == 4 and prediction["pearson_log"] is None
+    assert prediction["pearson_null_reasons"] == {
+        "pearson_log": "no variance: every predicted time is the same",
+        "pearson_log_first": "no variance: every predicted time is the same",
+        "pearson_log_repairs": "fewer than 3 pairs (0)",
+    }
+    json.dumps(prediction, allow_nan=False)  # valid JSON: no NaN anywhere
+    assert summarise([])["scheduler"]["prediction"]["pearson_null_reasons"] == {
+        "pearson_log": "fewer than 3 pairs (0)",
+        "pearson_log_repairs": "fewer than 3 pairs (0)",
+        "pearson_log_first": "fewer than 3 pairs (0)",
+    }
+    assert pearson_missing([1.0, 2.0, 3.0], [2.0, 4.0, 6.5]) is None
+    assert pearson_missing([1.0, 2.0, 3.0], [2.0, 2.0, 2.0]) == "no variance: every actual time is the same"

@@ -42,6 +42,17 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return round(sxy / math.sqrt(sxx * syy), 4)
 
 
+def pearson_missing(xs: Sequence[float], ys: Sequence[float]) -> str | None:
+    """Why :func:`pearson` is None over these pairs (None when it is not): a null states its reason."""
+    if len(xs) < 3:
+        return f"fewer than 3 pairs ({len(xs)})"
+    if min(xs) == max(xs):
+        return "no variance: every predicted time is the same"
+    if min(ys) == max(ys):
+        return "no variance: every actual time is the same"
+    return "no variance" if pearson(xs, ys) is None else None
+
+
 def ratio(num: float, den: float) -> float | None:
     """``num ÷ den`` to 6 decimals; None over 0 (a ratio over nothing is missing, never 0)."""
     return None if den == 0 else round(num / den, 6)

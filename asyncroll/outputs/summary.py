@@ -38,7 +38,7 @@ from asyncroll.events import (
 from asyncroll.outputs.blocked import BlockedMeter
 from asyncroll.outputs.bounds import WorkMeter
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
-from asyncroll.outputs.statistics import distribution, pearson, ratio
+from asyncroll.outputs.statistics import distribution, pearson, pearson_missing, ratio
 
 SUMMARY_SCHEMA_VERSION = 1
 #: ``model_failed`` kinds that are a response the server sent (HTTP 200) but not a valid action: they
@@ -53,6 +53,10 @@ PHASES_DEFINITION = (
     "over finished trajectories (the denominator's): waits for a model slot and for a worker, model "
     "requests' latency and CPU jobs' execute time, failed ones included (a failed job: its round trip)"
 )
+
+
+#: summary.json's correlations → the pairs each is computed over
+PEARSON_FIELDS = {"pearson_log": "all", "pearson_log_repairs": "repairs", "pearson_log_first": "first"}
 
 
 class SummaryBuilder:
@@ -410,6 +414,12 @@ class SummaryBuilder:
                     # each correlation's own denominator (null below 3 pairs: say how many there were)
                     "pairs_repairs": len(self.pairs["repairs"][0]),
                     "pairs_first": len(self.pairs["first"][0]),
+                    # why each null correlation is null (a correlation that was computed is not listed)
+                    "pearson_null_reasons": {
+                        name: why
+                        for name, key in PEARSON_FIELDS.items()
+                        if (why := pearson_missing(*self.pairs[key])) is not None
+                    },
                     "note": "log predicted vs log actual execute time, jobs that finished ok",
                 },
             },
