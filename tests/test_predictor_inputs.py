@@ -9,6 +9,7 @@ import pytest
 
 from asyncroll.events import CpuEnqueued
 from asyncroll.policies import JobView
+from asyncroll.policies.predictor import DurationPredictor
 from tests.conftest import VirtualRun
 from tests.test_one_repair import _code_problem
 
@@ -46,3 +47,21 @@ def test_evaluation_and_grade_sizes_are_bytes(
     assert evaluations and {(j.code_bytes, j.arg_bytes, j.test_bytes) for j in evaluations} == {(26, 26, 200)}
     enqueued = {(e.kind, e.arg_bytes) for e in cap.of(CpuEnqueued)}
     assert enqueued == {("evaluate", 26), ("grade", 10)}
+
+
+def _evaluation(job_id: int, n_tests: int) -> JobView:
+    return JobView(
+        job_id, f"t{job_id}", "evaluate", "lcb_evaluate", 0, 0.0, 2000, False, n_tests, 10_000, 2000
+    )
+
+
+def test_more_tests_scale_an_evaluation_like_a_size_not_an_exponential() -> None:
+    """Five evaluations of 50 tests took 0.5 s each. The test count was a raw feature of a model of log
+    seconds, so a 200-test evaluation was predicted at 43.5 s (87x for 4x the tests: exponential in the
+    count) and clamped at 60 s a little further; a count enters like the sizes, as a log."""
+    p = DurationPredictor()
+    for i in range(5):
+        p.observe(_evaluation(i, 50), 0.5)
+    same, more = p.predict([_evaluation(10, 50), _evaluation(11, 200)])
+    assert same.source == more.source == "ridge" and abs(same.seconds - 0.5) < 0.05
+    assert 0.5 < more.seconds < 0.5 * 16  # more tests cost more, by less than the count squared

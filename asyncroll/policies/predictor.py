@@ -2,7 +2,7 @@
 
 Features are computed before execution from the job alone (never from its outputs): a bias, log bytes of
 tool arguments, whether the job is a resubmission (the trajectory already ran this tool), whether it is
-a grade job, the number of test cases, log bytes of test inputs, log bytes of submitted code, and the
+a grade job, log of the number of test cases, log bytes of test inputs, log bytes of submitted code, and the
 tool's identity hashed into a few one-hot buckets so that multi-tool workloads are told apart.
 
 The target is ``log(seconds) − log(prior)``, fitted by scikit-learn's ridge solver (``ridge_regression``,
@@ -41,7 +41,9 @@ def features(job: JobView) -> list[float]:
         math.log1p(job.arg_bytes),
         float(job.resubmission),
         float(job.kind == "grade"),
-        float(job.n_tests),
+        # log, like the sizes: in a model of log seconds a raw count is an exponential in the count (4x the
+        # tests of the jobs seen predicted 87x their time, where an evaluation's time grows about linearly)
+        math.log1p(job.n_tests),
         math.log1p(job.test_bytes),
         math.log1p(job.code_bytes),
     ]
