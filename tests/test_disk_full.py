@@ -132,3 +132,66 @@ except UsageError as exc:
         check=True,
     )
     assert "experiment.lock: cannot record the runner" in out.stdout, out.stderr
+
+
+def test_a_receipt_with_no_room_to_grow_stays_whole_compact_or_as_it_was(tmp_path: Path) -> None:
+    # The disk fills up before the final receipt: the temporary copy cannot be written, nor can the
+    # in-place rewrite grow the file. It used to be rewritten in place anyway, cut short at the limit:
+    # a half run.json (invalid JSON) and an OSError out of the run (a traceback).
+    script = r"""
+import json, resource, sys
+from pathlib import Path
+from asyncroll.outputs.lines import OutputWriteError
+from asyncroll.outputs.receipt import Receipt
+path = Path(sys.argv[1]) / "run.json"
+receipt = Receipt(path, {"config": {f"k{i}": {"a": [1, 2, 3]} for i in range(40)}}, 0.0)
+size = path.stat().st_size
+resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))  # not one byte more: a full disk
+receipt.transition("failed", 1.0, error="events.jsonl: cannot write", exports={"trace.json": "x" * 200})
+first = json.loads(path.read_text())
+try:
+    receipt.update(error="y" * 2 * size)  # no form of it fits
+    second = "no error"
+except OutputWriteError as exc:
+    second = str(exc)
+print(json.dumps({"first": first, "second": second, "after": json.loads(path.read_text()), "size": size}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    assert report["first"]["status"] == "failed" and report["first"]["error"] == "events.jsonl: cannot write"
+    assert report["first"]["exports"] == {"trace.json": "x" * 200}
+    assert report["second"].startswith("run.json: cannot write") and "still says 'failed'" in report["second"]
+    assert report["after"] == report["first"]  # the last receipt written, whole
+    assert (tmp_path / "run.json").stat().st_size <= report["size"]
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temporary file left behind
+
+
+def test_a_final_receipt_with_no_room_fails_the_run_with_the_reason(tmp_path: Path) -> None:
+    script = r"""
+import json, resource, sys
+from pathlib import Path
+from asyncroll.outputs.rundir import RunDirectory
+out = Path(sys.argv[1])
+files = RunDirectory(out, {"config": {}}, 0.0)
+files.transition("running", 1.0)
+size = (out / "run.json").stat().st_size
+resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+error = files.finish({"status": "complete"}, "complete", 2.0)
+print(json.dumps({"error": error, "receipt": json.loads((out / "run.json").read_text())}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    assert report["error"] == "run.json: cannot write (File too large); it still says 'running'"
+    assert report["receipt"]["status"] == "running"  # whole, if stale: the command reports the failure

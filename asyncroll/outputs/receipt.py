@@ -22,6 +22,7 @@ from typing import Any, Literal
 import psutil
 
 from asyncroll import __version__
+from asyncroll.outputs.lines import OutputWriteError, write_all
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
 RECEIPT_SCHEMA_VERSION = 1
@@ -57,6 +58,30 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _rewrite_in_place(path: Path, data: Any) -> bool:
+    """Overwrite ``path`` with ``data`` as JSON (indented, else compact) within the bytes it already
+    holds; False, with the file untouched, when neither fits (or it cannot be opened)."""
+    indented = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    compact = json.dumps(data, separators=(",", ":"), sort_keys=False, default=str) + "\n"
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        text = next((t.encode() for t in (indented, compact) if len(t.encode()) <= size), None)
+        if text is None:
+            return False
+        write_all(fd, text, 0)
+        os.ftruncate(fd, len(text))
+        os.fsync(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _iso(wall: float) -> str:
@@ -100,7 +125,11 @@ class Receipt:
             **body,
             "error": None,
         }
-        write_json_atomic(self._path, self._data)
+        try:
+            write_json_atomic(self._path, self._data)
+        except OSError as exc:
+            raise OutputWriteError(f"run.json: cannot write ({exc.strerror or exc})") from exc
+        self._written = dict(self._data)
 
     @property
     def status(self) -> Status:
@@ -108,16 +137,21 @@ class Receipt:
         return status
 
     def update(self, **fields: Any) -> None:
+        """Rewrite run.json with ``fields``; raises :class:`~asyncroll.outputs.lines.OutputWriteError`
+        when neither way below can write it (the receipt on disk is then the last one written, whole)."""
         self._data.update(fields)
         try:
             write_json_atomic(self._path, self._data)
-        except OSError:
-            # A full disk has no room for a second copy; the old receipt's own blocks may hold the new
-            # one. Rewritten in place (a reader could meet it half-written: better than a stale status).
-            text = json.dumps(self._data, indent=2, sort_keys=False, default=str) + "\n"
-            with self._path.open("r+", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.truncate()
+        except OSError as exc:
+            # A full disk has no room for a second copy; the old receipt's own bytes can hold the new one
+            # (compact if need be): rewritten in place, a reader could meet it half-written (better than a
+            # stale status). Never past the old size: a write that needs new blocks would be cut short.
+            if not _rewrite_in_place(self._path, self._data):
+                raise OutputWriteError(
+                    f"run.json: cannot write ({exc.strerror or exc}); it still says "
+                    f"{self._written['status']!r}"
+                ) from exc
+        self._written = dict(self._data)
 
     def transition(self, status: Status, wall: float, **fields: Any) -> None:
         self._data["status"] = status

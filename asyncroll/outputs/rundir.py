@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from asyncroll.outputs.lines import LineFile
+from asyncroll.outputs.lines import LineFile, OutputWriteError
 from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_atomic
 
 
@@ -55,8 +55,8 @@ class RunDirectory:
         self, summary: dict[str, Any], status: Status, wall: float, error: str | None = None
     ) -> str | None:
         """Close results (and transcripts), write the summary and the exports, then the final receipt. A
-        summary.json the disk had no room for fails the run: the error it then ended with is returned
-        (else None)."""
+        summary.json or a final run.json the disk had no room for fails the run: the error it then ended
+        with is returned (else None)."""
         for lines in (self._results, self._transcripts):
             if lines is not None:
                 lines.close()
@@ -79,7 +79,10 @@ class RunDirectory:
             for name in EXPORTS
             if (entry := exports.get(name)) is not None and not entry.get("ok")
         }
-        self.transition(status, wall, exports=exports, error=error, exit_code=exit_code(status))
+        try:
+            self.transition(status, wall, exports=exports, error=error, exit_code=exit_code(status))
+        except OutputWriteError as exc:  # no room for the final receipt either: the caller says so
+            failed = "; ".join(filter(None, (error, str(exc))))
         return failed
 
 
