@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
+
 pytestmark = pytest.mark.timeout(120)
+SMOKE = REPO / "examples" / "smoke.jsonl"
 
 
 def _limited(limit_bytes: int) -> None:
@@ -195,3 +198,40 @@ print(json.dumps({"error": error, "receipt": json.loads((out / "run.json").read_
     report = json.loads(out.stdout)
     assert report["error"] == "run.json: cannot write (File too large); it still says 'running'"
     assert report["receipt"]["status"] == "running"  # whole, if stale: the command reports the failure
+
+
+def test_a_run_with_no_room_even_for_its_receipt_is_a_clean_failure_that_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    # It was a traceback (an OSError out of the run), and an empty output directory left behind, which
+    # the next try with the same --output was refused for.
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", "simulate", "--workload", str(SMOKE), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: _limited(100),  # run.json does not fit
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"error: run failed: run.json: cannot write (File too large); nothing written, {out} removed" in (
+        proc.stderr
+    )
+    assert not out.exists()
+
+
+def test_an_event_log_that_cannot_be_created_fails_the_run_in_its_receipt(tmp_path: Path) -> None:
+    from asyncroll.clock import VirtualClock
+    from asyncroll.outputs.lines import OutputWriteError
+    from asyncroll.outputs.rundir import open_run_files
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "events.jsonl").write_text("someone else's\n")  # cannot be created anew (O_EXCL)
+    with pytest.raises(OutputWriteError, match=r"^events.jsonl: cannot create \(File exists\)$"):
+        open_run_files(out, {"config": {}}, VirtualClock())
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and receipt["exit_code"] == 1
+    assert receipt["error"] == "events.jsonl: cannot create (File exists)"
+    assert (out / "events.jsonl").read_text() == "someone else's\n"  # untouched

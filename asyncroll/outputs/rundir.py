@@ -9,12 +9,15 @@ calls.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from asyncroll.clock import Clock
+from asyncroll.events import EventLog
 from asyncroll.outputs.lines import LineFile, OutputWriteError
 from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_atomic
 
@@ -24,10 +27,30 @@ class RunDirectory:
         self, out: Path | None, receipt_body: dict[str, Any], wall: float, *, transcripts: bool = False
     ) -> None:
         self.out = out
-        self._receipt = None if out is None else Receipt(out / "run.json", receipt_body, wall)
-        self._results = None if out is None else LineFile(out / "results.jsonl")
-        self._transcripts = None if out is None or not transcripts else LineFile(out / "transcripts.jsonl")
         self.exports_failed: dict[str, str] = {}  # export → why it was not written (after finish)
+        self._results: LineFile | None = None
+        self._transcripts: LineFile | None = None
+        # OutputWriteError: no room even for run.json (nothing is written)
+        self._receipt = None if out is None else Receipt(out / "run.json", receipt_body, wall)
+        if out is None:
+            return
+        try:
+            self._results = LineFile(out / "results.jsonl")
+            if transcripts:
+                self._transcripts = LineFile(out / "transcripts.jsonl")
+        except OSError as exc:
+            name = Path(exc.filename or "").name
+            raise self.abandon(f"{name}: cannot create ({exc.strerror or exc})", wall) from exc
+
+    def abandon(self, error: str, wall: float) -> OutputWriteError:
+        """A run that cannot start, a file of its own not created: the receipt says so (if it can); the
+        error to raise."""
+        for lines in (self._results, self._transcripts):
+            if lines is not None:
+                lines.close()
+        with contextlib.suppress(OutputWriteError):
+            self.transition("failed", wall, error=error, exit_code=exit_code("failed"))
+        return OutputWriteError(error)
 
     @property
     def events_path(self) -> Path | None:
@@ -84,6 +107,29 @@ class RunDirectory:
         except OutputWriteError as exc:  # no room for the final receipt either: the caller says so
             failed = "; ".join(filter(None, (error, str(exc))))
         return failed
+
+
+def open_run_files(
+    out: Path | None, receipt_body: dict[str, Any], clock: Clock, *, transcripts: bool = False
+) -> tuple[RunDirectory, EventLog]:
+    """A run's files and its event log, before anything starts. Raises
+    :class:`~asyncroll.outputs.lines.OutputWriteError` when one cannot be created (a full disk, a
+    directory made read-only): run.json then says failed, or — not written at all — the directory this
+    run made is removed again if empty."""
+    try:
+        files = RunDirectory(out, receipt_body, clock.wall(), transcripts=transcripts)
+    except OutputWriteError as exc:
+        if out is not None and not (out / "run.json").exists():
+            with contextlib.suppress(OSError):  # only empty directories (workers/: its logs' folder)
+                for folder in (out / "workers", out):
+                    if folder.is_dir():
+                        folder.rmdir()
+                raise OutputWriteError(f"{exc}; nothing written, {out} removed") from exc
+        raise
+    try:
+        return files, EventLog(clock, files.events_path)
+    except OSError as exc:
+        raise files.abandon(f"events.jsonl: cannot create ({exc.strerror or exc})", clock.wall()) from exc
 
 
 #: The files :func:`export` writes; its result has an ``{"ok": …}`` entry for each.

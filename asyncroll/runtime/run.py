@@ -29,10 +29,11 @@ import orjson
 from asyncroll.backends.base import Backend
 from asyncroll.clock import Clock
 from asyncroll.errors import AsyncrollError
-from asyncroll.events import EventLog, MeasurementFinished, MeasurementStarted, Subscriber
+from asyncroll.events import MeasurementFinished, MeasurementStarted, Subscriber
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
+from asyncroll.outputs.lines import OutputWriteError
 from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions
-from asyncroll.outputs.rundir import RunDirectory
+from asyncroll.outputs.rundir import open_run_files
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
@@ -169,8 +170,10 @@ class Run:
         cfg, clock = self.config, self.clock
         ranges = self._ranges or make_ranges(cfg.nvtx)  # before any output exists: it can refuse
         out = self.out if self._record else None
-        files = RunDirectory(out, self._receipt_body(), clock.wall(), transcripts=cfg.transcripts)
-        events = EventLog(clock, files.events_path)
+        try:
+            files, events = open_run_files(out, self._receipt_body(), clock, transcripts=cfg.transcripts)
+        except OutputWriteError as exc:  # no room for the run's files: nothing has started
+            return RunOutcome("failed", exit_code("failed"), None, str(exc))
         summary = SummaryBuilder()
         events.subscribe(summary)
         for subscriber in self._subscribers:
