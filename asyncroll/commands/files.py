@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -61,6 +62,12 @@ def timeline(
     run_dir: Annotated[Path, typer.Argument(help="A run directory holding events.jsonl.")],
 ) -> None:
     """Regenerate trace.json and timeline.html of a finished (or interrupted) run from its events."""
+    try:
+        os.stat(run_dir)  # a name too long, say: is_dir() would raise
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # said below
+    except OSError as exc:
+        raise fail(f"{run_dir}: {exc.strerror or exc}") from None
     if not run_dir.is_dir():
         raise fail(f"{run_dir}: not a directory")
     if not (run_dir / "events.jsonl").is_file():

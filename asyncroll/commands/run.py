@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -272,7 +273,7 @@ def _run(cfg: Any) -> int:
     # Validation and set-up stop on SIGINT, SIGTERM or SIGHUP too (exit 130); the run itself has its own
     # handlers (interruptible); once its outcome is final a signal is only recorded (CommandSignals).
     signals = CommandSignals()
-    existed = cfg.output.exists() or cfg.output.is_symlink()
+    existed = os.path.lexists(cfg.output)  # never raises: prepare() names what is wrong with it
     try:
         try:
             prepared = prepare(cfg, probe_isolation=True)

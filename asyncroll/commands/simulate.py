@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -151,7 +152,7 @@ def simulate(
 
     signals = CommandSignals()
     final = False
-    existed = output is not None and output.exists()
+    existed = output is not None and os.path.lexists(output)  # never raises (a name too long)
     try:
         if server not in ("fixed", "batching"):
             raise UsageError(f"--server: must be fixed or batching, not {server!r}")
@@ -255,7 +256,9 @@ def simulate(
             scan_workload(
                 cfg0.workload, cfg0.resolved_tool_root, scripted=True, limit=cfg0.limit
             ).raise_if_invalid()
-            if output.exists():
+            from asyncroll.runtime.prepare import output_exists
+
+            if output_exists(output):
                 raise UsageError(f"--output {output} already exists; asyncroll never overwrites a run")
             rows = run_sweep(
                 cfg0.workload,

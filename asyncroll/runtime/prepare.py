@@ -5,8 +5,10 @@ directory is created last, so a refused run leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from asyncroll.config import RunConfig
@@ -39,7 +41,7 @@ def prepare(
     problems = config.unavailable_features()
     if problems:
         raise UsageError("\n".join(problems))
-    if not output_ready and config.output.exists():
+    if not output_ready and output_exists(config.output):
         raise OutputExistsError(
             f"--output {config.output} already exists; asyncroll never overwrites a run "
             f"(choose a new directory)"
@@ -61,6 +63,18 @@ def prepare(
     except OSError as exc:
         raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
     return PreparedRun(config, scan, list(argv or sys.argv), isolation)
+
+
+def output_exists(output: Path) -> bool:
+    """Whether ``output`` is taken (a dangling symlink too); a path that cannot name a new directory (a
+    name too long for the file system, a parent that is a file) is a usage error."""
+    try:
+        os.lstat(output)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot be used: {exc.strerror or exc}") from exc
+    return True
 
 
 def _isolation(config: RunConfig) -> dict[str, Any]:

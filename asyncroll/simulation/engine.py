@@ -191,9 +191,10 @@ def workers_for(
 def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None) -> DerivedRun:
     """Create ``output`` and write the replay workload into it (removed again if that fails or is
     interrupted). Whatever the run directory holds, a failure to read it is a :class:`UsageError`."""
+    from asyncroll.runtime.prepare import output_exists
     from asyncroll.simulation.from_run import derive_workload
 
-    if output.exists():
+    if output_exists(output):
         raise OutputExistsError(f"--output {output} already exists; asyncroll never overwrites a run")
     made = tuple(p for p in output.absolute().parents if not p.exists())  # nearest first
     try:

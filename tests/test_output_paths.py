@@ -1,0 +1,60 @@
+"""``--output`` paths a user on a shared machine may give by mistake: each is refused (exit 2) with the
+path and the reason, before anything is created, and never with a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, invoke
+
+SMOKE = REPO / "examples" / "smoke.jsonl"
+TOO_LONG = "x" * 300  # one name longer than any file system's 255 bytes: every stat of it fails
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--workload", SMOKE, "--no-progress"],
+        ["simulate", "--workload", SMOKE],
+        ["simulate", "--workload", SMOKE, "--sweep", "--policies", "fifo"],
+    ],
+    ids=["run", "simulate", "sweep"],
+)
+def test_an_output_name_too_long_is_a_usage_error(
+    command: list[str | Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was an OSError out of the command (a traceback, exit 1).
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*command, "--output", TOO_LONG)
+    assert result.exit_code == 2, result.output
+    assert f"error: --output {TOO_LONG}: cannot be used: File name too long" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_replay_to_an_output_name_too_long_is_a_usage_error(tmp_path: Path) -> None:
+    recorded = tmp_path / "recorded"
+    assert invoke("simulate", "--workload", SMOKE, "--output", recorded).exit_code == 0
+    result = invoke("simulate", "--from-run", recorded, "--output", tmp_path / TOO_LONG)
+    assert result.exit_code == 2, result.output
+    assert f"{TOO_LONG}: cannot be used: File name too long" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recorded"]
+
+
+def test_the_timeline_of_a_name_too_long_is_a_usage_error(tmp_path: Path) -> None:
+    result = invoke("timeline", tmp_path / TOO_LONG)
+    assert result.exit_code == 2, result.output
+    assert f"{TOO_LONG}: File name too long" in result.stderr
+
+
+def test_an_output_under_a_file_or_at_a_dangling_link_is_refused_and_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("mine\n")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    under = invoke("simulate", "--workload", SMOKE, "--output", tmp_path / "afile" / "run")
+    assert under.exit_code == 2 and "cannot be used: Not a directory" in under.stderr
+    dangling = invoke("simulate", "--workload", SMOKE, "--output", tmp_path / "link")
+    assert dangling.exit_code == 2 and "already exists; asyncroll never overwrites a run" in dangling.stderr
+    assert (tmp_path / "afile").read_text() == "mine\n"
+    assert not (tmp_path / "nowhere").exists()  # the link was not followed to make its target
