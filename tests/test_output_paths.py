@@ -1,9 +1,11 @@
-"""``--output`` paths a user on a shared machine may give by mistake: each is refused (exit 2) with the
-path and the reason, before anything is created, and never with a traceback."""
+"""``--output`` on a shared machine: paths given by mistake are each refused (exit 2) with the path and
+the reason, before anything is created, never with a traceback; and two commands given the same one
+at once: the loser never touches the winner's directory."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +60,25 @@ def test_an_output_under_a_file_or_at_a_dangling_link_is_refused_and_left_alone(
     assert dangling.exit_code == 2 and "already exists; asyncroll never overwrites a run" in dangling.stderr
     assert (tmp_path / "afile").read_text() == "mine\n"
     assert not (tmp_path / "nowhere").exists()  # the link was not followed to make its target
+
+
+@pytest.mark.parametrize("command", ["run", "simulate"])
+def test_a_command_interrupted_before_its_run_never_removes_a_directory_another_run_made(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two commands with the same --output: B made the directory and was setting up (no run.json yet)
+    # when A, still validating its workload, was interrupted; A removed B's directory as if its own
+    # (reproduced with real processes: B then failed writing run.json).
+    out = tmp_path / "run"
+
+    def another_run_wins_then_ctrl_c(*args: Any, **kwargs: Any) -> None:
+        out.mkdir()  # B made it first ...
+        (out / "workers").mkdir()  # ... and is setting up
+        raise KeyboardInterrupt  # A's Ctrl-C, still validating
+
+    monkeypatch.setattr("asyncroll.runtime.run.prepare", another_run_wins_then_ctrl_c)
+    monkeypatch.setattr("asyncroll.simulation.engine.prepare", another_run_wins_then_ctrl_c)
+    result = invoke(command, "--workload", SMOKE, "--output", out)
+    assert result.exit_code == 130, result.output
+    assert "interrupted by SIGINT; nothing written" in result.stderr
+    assert (out / "workers").is_dir()  # B's, untouched

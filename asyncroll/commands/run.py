@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -273,10 +272,10 @@ def _run(cfg: Any) -> int:
     # Validation and set-up stop on SIGINT, SIGTERM or SIGHUP too (exit 130); the run itself has its own
     # handlers (interruptible); once its outcome is final a signal is only recorded (CommandSignals).
     signals = CommandSignals()
-    existed = os.path.lexists(cfg.output)  # never raises: prepare() names what is wrong with it
+    made: list[Path] = []  # the output directory, once this command made it (not another's)
     try:
         try:
-            prepared = prepare(cfg, probe_isolation=True)
+            prepared = prepare(cfg, probe_isolation=True, made=made)
         except UsageError as exc:
             typer.echo(f"error: {exc}", err=True)
             return exc.exit_code
@@ -302,9 +301,9 @@ def _run(cfg: Any) -> int:
         return clock.run(main())
     except KeyboardInterrupt as exc:  # before the run began: no receipt yet
         where = "nothing written"
-        if not existed and cfg.output.is_dir() and not (cfg.output / "run.json").exists():
+        if made and cfg.output.is_dir() and not (cfg.output / "run.json").exists():
             shutil.rmtree(cfg.output, ignore_errors=True)  # made by this command a moment ago, still empty
-        elif cfg.output.exists() and not existed:
+        elif made and cfg.output.exists():
             where = f"partial outputs in {cfg.output}"
         typer.echo(f"interrupted by {signals.received or str(exc) or 'SIGINT'}; {where}", err=True)
         return EXIT_INTERRUPTED

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -152,7 +151,7 @@ def simulate(
 
     signals = CommandSignals()
     final = False
-    existed = output is not None and os.path.lexists(output)  # never raises (a name too long)
+    made: list[Path] = []  # the output directory, once this command made it (not another's)
     try:
         if server not in ("fixed", "batching"):
             raise UsageError(f"--server: must be fixed or batching, not {server!r}")
@@ -317,6 +316,7 @@ def simulate(
             source=None if from_run is None else str(from_run.resolve()),
             signals=True,
             assumed=assumed,
+            made=made,
         )
         final = True
     except (UsageError, SimulationError, ValueError) as exc:
@@ -326,9 +326,10 @@ def simulate(
             remove_output(output, derived.made_parents)
         raise fail(str(exc), getattr(exc, "exit_code", 2)) from None
     except KeyboardInterrupt as exc:  # outside a run (a run itself returns an interrupted outcome)
+        ours = bool(made) or derived is not None  # --from-run: made by prepare_from_run
         if (
             not sweep
-            and not existed
+            and ours
             and output is not None
             and output.is_dir()
             and not (output / "run.json").exists()
@@ -338,8 +339,10 @@ def simulate(
             from asyncroll.simulation.engine import remove_output
 
             remove_output(output, () if derived is None else derived.made_parents)
-        where = (
-            f"partial outputs in {output}" if output is not None and output.exists() else "nothing written"
+        where = (  # a directory another run made meanwhile holds nothing of this command's
+            f"partial outputs in {output}"
+            if output is not None and output.exists() and (ours or sweep)
+            else "nothing written"
         )
         done = getattr(exc, "done", None)  # a sweep that kept the simulations it finished
         if done is not None:

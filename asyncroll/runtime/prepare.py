@@ -30,6 +30,7 @@ def prepare(
     *,
     output_ready: bool = False,
     probe_isolation: bool = False,
+    made: list[Path] | None = None,
 ) -> PreparedRun:
     """Validate everything before anything starts; creates the output directory last.
 
@@ -37,6 +38,8 @@ def prepare(
     ``probe_isolation``: real workers will run untrusted code (``lcb_evaluate``): detect the sandbox's
     isolation layers now — in the main thread, before any thread exists, since the probe forks — and
     refuse to start when a required one is missing, unless ``--allow-weak-isolation``.
+    ``made``: the output directory is appended to it once made here (a command interrupted before its
+    run began removes only a directory it made itself, never one another run made meanwhile).
     """
     problems = config.unavailable_features()
     if problems:
@@ -62,6 +65,8 @@ def prepare(
         raise OutputExistsError(f"--output {config.output} already exists") from exc
     except OSError as exc:
         raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
+    if made is not None:
+        made.append(config.output)
     return PreparedRun(config, scan, list(argv or sys.argv), isolation)
 
 

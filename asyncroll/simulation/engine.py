@@ -106,15 +106,16 @@ def simulate(
     source: str | None = None,
     signals: bool = False,
     assumed: Assumed | None = None,
+    made: list[Path] | None = None,
 ) -> RunOutcome:
     """Validate, then run on a virtual clock; the output directory is the same as ``asyncroll run``'s.
 
     ``signals``: SIGINT and SIGTERM interrupt the run as they do ``asyncroll run`` — run.json records
     ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a summary.
     ``assumed``: filled with what the script left undeclared (jobs without a cost, submissions without
-    a verdict)."""
+    a verdict). ``made``: as :func:`~asyncroll.runtime.prepare.prepare`'s."""
     try:
-        prepared = prepare(config, argv, output_ready=derived is not None)
+        prepared = prepare(config, argv, output_ready=derived is not None, made=made)
     except WorkloadError:
         if derived is not None and derived.source_workload is not None:
             # its lines name the replay workload, removed with the refused output: told against the run's
