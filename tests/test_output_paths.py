@@ -82,3 +82,25 @@ def test_a_command_interrupted_before_its_run_never_removes_a_directory_another_
     assert result.exit_code == 130, result.output
     assert "interrupted by SIGINT; nothing written" in result.stderr
     assert (out / "workers").is_dir()  # B's, untouched
+
+
+def test_a_run_whose_directory_is_removed_under_it_ends_failed_with_the_reason(tmp_path: Path) -> None:
+    # A scratch cleaner removes the run directory mid-run: the final receipt could not be written, and
+    # its in-place fallback raised FileNotFoundError out of the run (a traceback, reproduced with a real
+    # `asyncroll run` and `rm -rf` mid-run). The run fails naming what it could not write.
+    import shutil
+
+    from asyncroll.outputs.rundir import RunDirectory
+
+    out = tmp_path / "run"
+    out.mkdir()
+    files = RunDirectory(out, {"config": {}}, 0.0)
+    files.transition("running", 1.0)
+    files.write_result(b'{"id": "p0"}\n')
+    shutil.rmtree(out)
+    error = files.finish({"status": "complete"}, "complete", 2.0)
+    assert error is not None
+    assert error.startswith("summary.json: cannot write (No such file or directory)")
+    assert error.endswith("run.json: cannot write (No such file or directory); it still says 'running'")
+    assert set(files.exports_failed) == {"trace.json", "timeline.html"}
+    assert not out.exists()  # nothing made anew
