@@ -62,7 +62,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def _rewrite_in_place(path: Path, data: Any) -> bool:
     """Overwrite ``path`` with ``data`` as JSON (indented, else compact) within the bytes it already
-    holds; False, with the file untouched, when neither fits (or it cannot be opened)."""
+    holds; False, with the file untouched, when neither fits (or it cannot be opened). A write that
+    fails once begun (an I/O error) raises :class:`OutputWriteError`: the file may then be cut short."""
     indented = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     compact = json.dumps(data, separators=(",", ":"), sort_keys=False, default=str) + "\n"
     try:
@@ -74,9 +75,14 @@ def _rewrite_in_place(path: Path, data: Any) -> bool:
         text = next((t.encode() for t in (indented, compact) if len(t.encode()) <= size), None)
         if text is None:
             return False
-        write_all(fd, text, 0)
-        os.ftruncate(fd, len(text))
-        os.fsync(fd)
+        try:
+            write_all(fd, text, 0)
+            os.ftruncate(fd, len(text))
+            os.fsync(fd)
+        except OSError as exc:
+            raise OutputWriteError(
+                f"run.json: cannot rewrite it in place ({exc.strerror or exc}); it may be cut short"
+            ) from exc
         return True
     except OSError:
         return False
