@@ -104,3 +104,19 @@ def test_a_run_whose_directory_is_removed_under_it_ends_failed_with_the_reason(t
     assert error.endswith("run.json: cannot write (No such file or directory); it still says 'running'")
     assert set(files.exports_failed) == {"trace.json", "timeline.html"}
     assert not out.exists()  # nothing made anew
+
+
+def test_the_worker_log_folder_is_made_with_the_first_worker_after_the_receipt(tmp_path: Path) -> None:
+    # It was made when the run was set up, before run.json: on a file system out of inodes its mkdir
+    # was a traceback that left the output directory behind (reproduced on a tmpfs with nr_inodes=2).
+    from asyncroll.config import build_config
+    from asyncroll.runtime.collaborators import process_worker_factory
+    from asyncroll.workload import scan_workload
+
+    out = tmp_path / "run"
+    cfg = build_config({"workload": SMOKE, "output": out})
+    factory = process_worker_factory(cfg, scan_workload(SMOKE, SMOKE.parent, scripted=True), lambda path: "")
+    assert not out.exists()  # nothing made yet (the output directory itself is prepare's)
+    out.mkdir()
+    worker = factory(0, 0)  # not started: a worker process starts only when the pool starts it
+    assert (out / "workers").is_dir() and worker.log_path == out / "workers" / "worker-0.log"

@@ -120,10 +120,8 @@ def open_run_files(
         files = RunDirectory(out, receipt_body, clock.wall(), transcripts=transcripts)
     except OutputWriteError as exc:
         if out is not None and not (out / "run.json").exists():
-            with contextlib.suppress(OSError):  # only empty directories (workers/: its logs' folder)
-                for folder in (out / "workers", out):
-                    if folder.is_dir():
-                        folder.rmdir()
+            with contextlib.suppress(OSError):  # only an empty directory: never anyone's files
+                out.rmdir()
                 raise OutputWriteError(f"{exc}; nothing written, {out} removed") from exc
         raise
     try:

@@ -59,9 +59,11 @@ def process_worker_factory(
     from asyncroll.workers.process import ProcessWorker
 
     logs = config.output / "workers"
-    logs.mkdir(exist_ok=True)
 
     def factory(index: int, generation: int) -> Worker:
+        # made with the first worker, after run.json: a folder that cannot be made (a full disk) fails
+        # the run in its receipt; made before it, it was a traceback that left the output behind
+        logs.mkdir(exist_ok=True)
         specs = [ToolSpec(name) for name in BUILTIN_TOOLS]
         for src in scan.tools.values():
             if src.path is not None:
