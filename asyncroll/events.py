@@ -12,6 +12,7 @@ as it is written; nothing keeps the whole stream in memory.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -431,13 +432,15 @@ class EventLog:
             subscriber(event)
 
     def close(self) -> None:
-        """Write anything still pending (relative to now) and close the file. Idempotent."""
+        """Write anything still pending (relative to now) and close the file. Idempotent; never raises:
+        a line that finds no room is recorded (:attr:`write_error`), as during the run."""
         if self._pending:
             origin = self._clock.now()
             pending, self._pending = self._pending, []
             for event in pending:
                 _stamp(event, round(event.t - origin, 6))
-                self._write(event)
+                with contextlib.suppress(OutputWriteError):  # raised once; the later lines are dropped
+                    self._write(event)
         if self._file is not None:
             self._file.close()
 

@@ -344,13 +344,11 @@ class Run:
             makespan = None if origin is None else (finished_at or clock.now()) - origin
             cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"], clock.virtual)
             if makespan is not None:
-                events.emit(
-                    MeasurementFinished(
-                        status=status,
-                        makespan_s=round(makespan, 6),
-                        reason=error,
-                    )
-                )
+                with contextlib.suppress(OutputWriteError):  # its line found no room: failed just below
+                    finished = MeasurementFinished(status=status, makespan_s=round(makespan, 6), reason=error)
+                    events.emit(finished)
+                if status == "complete" and events.write_error is not None:
+                    status, error = "failed", str(events.write_error)
             peaks = {
                 "active_trajectories": admission.snapshot().peak_holding,
                 "inflight_model_requests": gate.snapshot().peak_inflight,
@@ -371,7 +369,7 @@ class Run:
             events.close()
             unwritten = files.finish(result, status, clock.wall(), error)
             if unwritten is not None:  # summary.json found no room on the disk
-                status, error = "failed", unwritten
+                status, error = "interrupted" if status == "interrupted" else "failed", unwritten
                 result["status"] = status  # the summary printed says what run.json says
             if late is not None:
                 raise late
