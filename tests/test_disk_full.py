@@ -235,3 +235,61 @@ def test_an_event_log_that_cannot_be_created_fails_the_run_in_its_receipt(tmp_pa
     assert receipt["status"] == "failed" and receipt["exit_code"] == 1
     assert receipt["error"] == "events.jsonl: cannot create (File exists)"
     assert (out / "events.jsonl").read_text() == "someone else's\n"  # untouched
+
+
+def test_events_held_before_the_measurement_that_find_no_room_never_escape_the_close(
+    tmp_path: Path,
+) -> None:
+    # A run interrupted during start-up on a full disk: the held events were written at close, the
+    # first failure raised out of the run's cleanup (a traceback, exit 1 instead of 130, run.json left
+    # saying "preparing"; reproduced with a real run, SIGINT and a filled tmpfs).
+    script = r"""
+import json, sys
+from pathlib import Path
+from asyncroll.clock import VirtualClock
+from asyncroll.events import EventLog, WorkerReady
+log = EventLog(VirtualClock(), Path(sys.argv[1]) / "events.jsonl")
+for index in range(3):
+    log.emit(WorkerReady(worker=index, generation=0, pid=None, startup_s=0.1))
+log.close()  # the measurement never started: the held events are written now, and find no room
+print(json.dumps({"error": str(log.write_error)}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: _limited(150),  # the first line fits, the second does not
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["error"].startswith("events.jsonl: cannot write")
+    lines = (tmp_path / "events.jsonl").read_bytes().splitlines()
+    assert [json.loads(line)["event"] for line in lines] == ["worker_ready"]  # whole lines only
+
+
+def test_an_interrupted_run_whose_summary_finds_no_room_stays_interrupted(tmp_path: Path) -> None:
+    # run.json said failed (exit_code 1) while the command exited 130 saying "interrupted".
+    script = r"""
+import json, resource, sys
+from pathlib import Path
+from asyncroll.outputs.rundir import RunDirectory
+out = Path(sys.argv[1])
+files = RunDirectory(out, {"config": {f"k{i}": {"a": [1, 2, 3]} for i in range(40)}}, 0.0)
+files.transition("running", 1.0)
+size = (out / "run.json").stat().st_size
+resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+error = files.finish({"pad": "x" * 2 * size}, "interrupted", 2.0, "interrupted by SIGINT")
+print(json.dumps({"error": error, "receipt": json.loads((out / "run.json").read_text())}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    assert report["error"] == "interrupted by SIGINT; summary.json: cannot write (File too large)"
+    receipt = report["receipt"]
+    assert receipt["status"] == "interrupted" and receipt["exit_code"] == 130
+    assert receipt["error"] == report["error"]

@@ -78,8 +78,8 @@ class RunDirectory:
         self, summary: dict[str, Any], status: Status, wall: float, error: str | None = None
     ) -> str | None:
         """Close results (and transcripts), write the summary and the exports, then the final receipt. A
-        summary.json or a final run.json the disk had no room for fails the run: the error it then ended
-        with is returned (else None)."""
+        summary.json or a final run.json the disk had no room for fails the run (an interrupted one stays
+        interrupted): the error it then ended with is returned (else None)."""
         for lines in (self._results, self._transcripts):
             if lines is not None:
                 lines.close()
@@ -89,7 +89,8 @@ class RunDirectory:
         try:
             write_json_atomic(self.out / "summary.json", summary)
         except OSError as exc:
-            status = "failed"
+            if status != "interrupted":  # an interrupted run stays so (exit 130, as the command says)
+                status = "failed"
             error = failed = "; ".join(
                 filter(None, (error, f"summary.json: cannot write ({exc.strerror or exc})"))
             )
