@@ -293,3 +293,46 @@ print(json.dumps({"error": error, "receipt": json.loads((out / "run.json").read_
     receipt = report["receipt"]
     assert receipt["status"] == "interrupted" and receipt["exit_code"] == 130
     assert receipt["error"] == report["error"]
+
+
+def test_a_run_whose_last_event_line_finds_no_room_fails_instead_of_raising(tmp_path: Path) -> None:
+    # Every trajectory done, the disk full just then: measurement_finished, the first line that failed,
+    # raised out of the run's cleanup (a traceback, no final run.json).
+    import os
+
+    from asyncroll.clock import VirtualClock
+    from asyncroll.config import build_config
+    from asyncroll.runtime.run import Run, prepare
+    from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
+    from tests.conftest import tool_problem, write_workload
+
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p0", model_ms=5, cpu_ms=5)])
+    out = tmp_path / "run"
+    clock = VirtualClock()
+
+    def disk_full_after_the_last_trajectory(event: object) -> None:
+        if getattr(event, "event", None) != "trajectory_finished":
+            return
+        for fd in os.listdir("/proc/self/fd"):  # events.jsonl's descriptor: any later write fails
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target == str(out / "events.jsonl"):
+                read_only = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(read_only, int(fd))
+                os.close(read_only)
+
+    run = Run(
+        prepare(build_config({"workload": workload, "output": out}), ["test"]),
+        clock,
+        worker_factory=virtual_factory(clock, builtin_duration),
+        subscribers=(disk_full_after_the_last_trajectory,),
+    )
+    outcome = clock.run(run.execute())
+    assert outcome.status == "failed" and outcome.exit_code == 1
+    assert outcome.error is not None and outcome.error.startswith("events.jsonl: cannot write")
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and receipt["error"] == outcome.error
+    events = [json.loads(line)["event"] for line in (out / "events.jsonl").read_bytes().splitlines()]
+    assert "trajectory_finished" in events and "measurement_finished" not in events
