@@ -32,13 +32,19 @@ def python(code: str, *args: str) -> subprocess.Popen[str]:
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
     """The exit status and stderr (killed after 60 s: a hang fails the test)."""
+    code, _, stderr = outputs(proc)
+    return code, stderr
+
+
+def outputs(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """The exit status, stdout and stderr (killed after 60 s: a hang fails the test)."""
     try:
-        _, stderr = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return proc.returncode, stderr
+    return proc.returncode, stdout, stderr
 
 
 #: main() with the given argv, and an object whose __del__ sends a signal to this process when the
@@ -283,14 +289,8 @@ def test_a_commands_event_loop_takes_a_stop_signal_as_asyncio_s_cancellation() -
     its own, so a stop signal raised KeyboardInterrupt wherever the loop was (its own close included: an
     unclosed loop's ``__del__`` then printed a traceback at exit). A command's handlers give SIGINT back to
     Python's while they are in place: the signal cancels the run's main task, and it is still named."""
-    proc = python(UNDER_ASYNCIO)
-    try:
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr
+    code, stdout, stderr = outputs(python(UNDER_ASYNCIO))
+    assert code == 0, stderr
     assert stdout.splitlines() == [
         "command: True",
         "loop: True",
@@ -337,14 +337,8 @@ def test_a_stop_signal_while_the_event_loop_is_built_waits_until_it_is_and_nothi
     printed an AttributeError traceback at some random later moment, and the command's coroutine warned
     it was never awaited (test_signals' output-directory test failed about 1 run in 25). The signal now
     waits until the loop exists, then stops the command: the loop is closed and so is the coroutine."""
-    proc = python(HALF_BUILT_LOOP)
-    try:
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stdout + stderr
+    code, stdout, stderr = outputs(python(HALF_BUILT_LOOP))
+    assert code == 0, stdout + stderr
     assert stdout.splitlines() == [
         "interrupted: SIGTERM",
         "loop closed: True main: CORO_CLOSED",

@@ -64,6 +64,17 @@ def test_a_metrics_url_that_redirects_is_followed() -> None:
     assert server.scrapes == 6  # each GET: the redirect, then the page
 
 
+async def probe_refusal(url: str, flavor: FlavorSetting) -> str:
+    """Why the probe of ``url`` refuses the source (it must)."""
+    source = ServerMetricsSource(url, flavor=flavor, model="sim", timeout=5.0)
+    try:
+        with pytest.raises(MetricsUnavailable) as caught:
+            await source.probe(5.0)
+    finally:
+        await source.aclose()
+    return str(caught.value)
+
+
 @pytest.mark.timeout(30)
 def test_a_redirect_loop_is_unavailable_with_its_reason() -> None:
     def loop(handler: BaseHTTPRequestHandler, n: int, closing: threading.Event) -> bool:
@@ -71,17 +82,7 @@ def test_a_redirect_loop_is_unavailable_with_its_reason() -> None:
         return True
 
     with MetricsServer(idle_vllm, loop) as server:
-
-        async def go() -> str:
-            source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
-            try:
-                with pytest.raises(MetricsUnavailable) as caught:
-                    await source.probe(5.0)
-            finally:
-                await source.aclose()
-            return str(caught.value)
-
-        message = asyncio.run(go())
+        message = asyncio.run(probe_refusal(server.url, "vllm"))
     assert message == f"GET {server.url}: more than {MAX_REDIRECTS} redirects"
     assert server.scrapes == MAX_REDIRECTS + 1
 
@@ -153,17 +154,8 @@ def test_a_vllm_without_log_stats_is_named_as_the_likely_cause() -> None:
         'http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"} 12.0\n'
     )
     with MetricsServer(lambda n: (200, bare)) as server:
-
-        async def go(flavor: FlavorSetting) -> str:
-            source = ServerMetricsSource(server.url, flavor=flavor, model="sim", timeout=5.0)
-            try:
-                with pytest.raises(MetricsUnavailable) as caught:
-                    await source.probe(5.0)
-            finally:
-                await source.aclose()
-            return str(caught.value)
-
-        declared, detected = asyncio.run(go("vllm")), asyncio.run(go("auto"))
+        declared = asyncio.run(probe_refusal(server.url, "vllm"))
+        detected = asyncio.run(probe_refusal(server.url, "auto"))
     assert declared == f"GET {server.url}: no vllm:num_requests_running in the response{NO_STATS_HINT}"
     assert detected.endswith(f"metrics in the response{NO_STATS_HINT}")
     assert "--disable-log-stats" in NO_STATS_HINT
