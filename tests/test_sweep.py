@@ -667,3 +667,29 @@ def test_a_sweep_of_a_recorded_run_is_refused_saying_how_to_sweep_its_timings(tm
     workload = replay / "replay-workload.jsonl"
     swept = simulate_here(*sweep, "--workload", workload, "--tool-root", root, "--output", tmp_path / "s")
     assert swept.exit_code == 0, swept.output
+
+
+def test_a_cell_with_failed_trajectories_is_named_under_the_table(tmp_path: Path) -> None:
+    """A trajectory that fails ends early, so its cell's makespan covers less work than the others':
+    sweep.md showed nothing of it (only the CSV's per-seed ``failed`` did). The cells with failures are
+    listed under the table, with their count over the seeds (``failed`` in sweep.json's cells)."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+
+    problems = [tool_problem("slow", model_ms=30, cpu_ms=400), tool_problem("quick", model_ms=30, cpu_ms=40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo", "tool_first"), (2,), (4,), (1,), 2, 0.1)
+    base = {"tool_timeout": 0.2, "tool_errors": "fail"}
+    rows = run_sweep(workload, tmp_path, base, spec, SimulationSettings(), tmp_path / "s")
+    assert [(r["completed"], r["failed"]) for r in rows] == [(1, 1)] * 4
+    cells = json.loads((tmp_path / "s" / "sweep.json").read_text())["cells"]
+    assert [c["failed"] for c in cells] == [2, 2]
+    table = (tmp_path / "s" / "sweep.md").read_text()
+    assert table.endswith(
+        "Failed trajectories (those cells' makespans cover less work; compare them with care):\n"
+        "- fifo at 2 / 4 / 1: 2 over 2 seed(s)\n"
+        "- tool_first at 2 / 4 / 1: 2 over 2 seed(s)\n"
+    )
+    clean = run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), tmp_path / "t")
+    assert all(r["failed"] == 0 for r in clean)
+    assert "Failed trajectories" not in (tmp_path / "t" / "sweep.md").read_text()

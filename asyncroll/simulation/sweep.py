@@ -334,6 +334,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cpu_blocked_s": _spread([r["cpu_blocked_s"] for r in group]),
                 "reorders": _spread([float(r["reorders"]) for r in group]),
                 "vs_fifo": None if policy == "fifo" else _spread(paired),
+                "failed": sum(r["failed"] for r in group),  # over the seeds
                 # a seed with no completion has a measured 0 per hour: it counts (only null is left out)
                 "completed_per_hour": _spread(
                     [r["completed_per_hour"] for r in group if r["completed_per_hour"] is not None]
@@ -350,13 +351,25 @@ def markdown(agg: list[dict[str, Any]]) -> str:
         "| makespan vs fifo, paired (min / med / max) |",
         "|---|---:|---:|---:|---|---|---|---|---|---|",
     ]
-    for c in sorted(agg, key=lambda c: (c["active"], c["inflight"], c["workers"], c["policy"])):
+    for c in sorted(agg, key=_cell_order):
         lines.append(
             f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} "
             f"| {_shown(c['makespan_s'])} | {_shown(c['completed_per_hour'], 0)} | {_shown(c['efficiency'])} "
             f"| {_shown(c['cpu_blocked_s'])} | {_shown(c['reorders'])} | {_shown_change(c['vs_fifo'])} |"
         )
+    failing = [c for c in sorted(agg, key=_cell_order) if c.get("failed")]
+    if failing:  # a failed trajectory ends early: its cell's makespan covers less work than the others'
+        lines += ["", "Failed trajectories (those cells' makespans cover less work; compare them with care):"]
+        lines += [
+            f"- {c['policy']} at {c['active']} / {c['inflight']} / {c['workers']}: {c['failed']} over "
+            f"{c['seeds']} seed(s)"
+            for c in failing
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _cell_order(c: dict[str, Any]) -> tuple[Any, ...]:
+    return (c["active"], c["inflight"], c["workers"], c["policy"])
 
 
 def _record(workload: Path, tool_root: Path, base: dict[str, Any], argv: list[str]) -> dict[str, Any]:
