@@ -25,6 +25,20 @@ def _limited(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
 
+def child(
+    script: str, arg: Path, limit_bytes: int | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``script`` in a new interpreter with ``arg`` (files past ``limit_bytes`` cannot grow: a full disk)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(arg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=None if limit_bytes is None else lambda: _limited(limit_bytes),
+        check=check,
+    )
+
+
 def test_a_line_file_keeps_whole_lines_and_fails_once(tmp_path: Path) -> None:
     script = r"""
 import json, sys
@@ -44,14 +58,7 @@ print(json.dumps({"raised": raised, "written": written, "message": message,
                   "error": str(f.error)}))
 """
     path = tmp_path / "lines.jsonl"
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=lambda: _limited(10_050),  # the 93rd line of 108 bytes crosses it: a short write
-        check=True,
-    )
+    out = child(script, path, limit_bytes=10_050)  # the 93rd line of 108 bytes crosses it: a short write
     report = json.loads(out.stdout)
     assert report["raised"] == 1  # once; later lines are dropped quietly, the owner already knows
     assert report["written"] == 93  # 10,044 bytes fit, the 94th line does not
@@ -126,14 +133,7 @@ try:
 except UsageError as exc:
     print(exc)
 """
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=lambda: _limited(10),  # the holder's record does not fit
-        check=True,
-    )
+    out = child(script, tmp_path, limit_bytes=10)  # the holder's record does not fit
     assert "experiment.lock: cannot record the runner" in out.stdout, out.stderr
 
 
@@ -159,13 +159,7 @@ except OutputWriteError as exc:
     second = str(exc)
 print(json.dumps({"first": first, "second": second, "after": json.loads(path.read_text()), "size": size}))
 """
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    out = child(script, tmp_path)
     report = json.loads(out.stdout)
     assert report["first"]["status"] == "failed" and report["first"]["error"] == "events.jsonl: cannot write"
     assert report["first"]["exports"] == {"trace.json": "x" * 200}
@@ -188,13 +182,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 error = files.finish({"status": "complete"}, "complete", 2.0)
 print(json.dumps({"error": error, "receipt": json.loads((out / "run.json").read_text())}))
 """
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    out = child(script, tmp_path)
     report = json.loads(out.stdout)
     assert report["error"] == "run.json: cannot write (File too large); it still says 'running'"
     assert report["receipt"]["status"] == "running"  # whole, if stale: the command reports the failure
@@ -254,13 +242,7 @@ for index in range(3):
 log.close()  # the measurement never started: the held events are written now, and find no room
 print(json.dumps({"error": str(log.write_error)}))
 """
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=lambda: _limited(150),  # the first line fits, the second does not
-    )
+    out = child(script, tmp_path, limit_bytes=150, check=False)  # the first line fits, the second does not
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["error"].startswith("events.jsonl: cannot write")
     lines = (tmp_path / "events.jsonl").read_bytes().splitlines()
@@ -281,13 +263,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 error = files.finish({"pad": "x" * 2 * size}, "interrupted", 2.0, "interrupted by SIGINT")
 print(json.dumps({"error": error, "receipt": json.loads((out / "run.json").read_text())}))
 """
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    out = child(script, tmp_path)
     report = json.loads(out.stdout)
     assert report["error"] == "interrupted by SIGINT; summary.json: cannot write (File too large)"
     receipt = report["receipt"]

@@ -210,41 +210,39 @@ def test_no_window_or_an_empty_one_is_null_with_why_never_zero() -> None:
     assert (measured["completed_per_wall_hour"], measured["per_wall_hour_reason"]) == (1800.0, None)
 
 
+def predicted_job(
+    job: int, predicted: float, actual: float, source: str, repair: bool = False
+) -> list[Event]:
+    """One tool job of trajectory ``a``: enqueued, selected with ``predicted`` seconds, run in ``actual``."""
+    from asyncroll.events import CpuEnqueued
+
+    return [
+        CpuEnqueued(
+            id="a", job_id=job, kind="tool", tool="x", turn=0, arg_bytes=1, queue_depth=1, resubmission=repair
+        ),
+        selected("a", job, 0.0).model_copy(update={"predicted_s": predicted, "prediction_source": source}),
+        CpuFinished(
+            id="a",
+            job_id=job,
+            worker=0,
+            kind="tool",
+            tool="x",
+            ok=True,
+            execute_s=actual,
+            cpu_s=None,
+            roundtrip_s=actual,
+        ),
+    ]
+
+
 def test_each_correlation_states_its_own_pairs() -> None:
     """pearson_log_repairs is null below 3 pairs, but only the overall count was given: a null could not
     be told from no variance. 3 first evaluations and 2 repairs: first has 3 pairs, repairs 2 (null)."""
-    from asyncroll.events import CpuEnqueued
-
     events: list[Event] = []
     for job, (repair, predicted, actual) in enumerate(
         [(False, 0.1, 0.12), (False, 0.2, 0.25), (False, 0.4, 0.3), (True, 0.1, 0.1), (True, 0.3, 0.2)], 1
     ):
-        events += [
-            CpuEnqueued(
-                id="a",
-                job_id=job,
-                kind="tool",
-                tool="x",
-                turn=0,
-                arg_bytes=1,
-                queue_depth=1,
-                resubmission=repair,
-            ),
-            selected("a", job, 0.0).model_copy(
-                update={"predicted_s": predicted, "prediction_source": "model"}
-            ),
-            CpuFinished(
-                id="a",
-                job_id=job,
-                worker=0,
-                kind="tool",
-                tool="x",
-                ok=True,
-                execute_s=actual,
-                cpu_s=None,
-                roundtrip_s=actual,
-            ),
-        ]
+        events += predicted_job(job, predicted, actual, "model", repair)
     prediction = summarise(events)["scheduler"]["prediction"]
     assert (prediction["pairs"], prediction["pairs_first"], prediction["pairs_repairs"]) == (5, 3, 2)
     assert prediction["pearson_log_first"] is not None and prediction["pearson_log_repairs"] is None
@@ -253,25 +251,9 @@ def test_each_correlation_states_its_own_pairs() -> None:
 def test_a_null_correlation_states_why() -> None:
     """Equal predictions over 4 pairs (every job at the prior, say) leave the correlation undefined: it is
     null, and summary.json says why, where it said nothing a reader could tell from another null."""
-    from asyncroll.events import CpuEnqueued
-
     events: list[Event] = []
     for job, actual in enumerate([0.1, 0.2, 0.3, 0.4], 1):
-        events += [
-            CpuEnqueued(id="a", job_id=job, kind="tool", tool="x", turn=0, arg_bytes=1, queue_depth=1),
-            selected("a", job, 0.0).model_copy(update={"predicted_s": 0.1, "prediction_source": "prior"}),
-            CpuFinished(
-                id="a",
-                job_id=job,
-                worker=0,
-                kind="tool",
-                tool="x",
-                ok=True,
-                execute_s=actual,
-                cpu_s=None,
-                roundtrip_s=actual,
-            ),
-        ]
+        events += predicted_job(job, 0.1, actual, "prior")
     prediction = summarise(events)["scheduler"]["prediction"]
     assert prediction["pairs"] == 4 and prediction["pearson_log"] is None
     assert prediction["pearson_null_reasons"] == {
