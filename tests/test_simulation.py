@@ -221,8 +221,8 @@ def test_from_run_replays_the_recorded_timings(tmp_path: Path) -> None:
 
 
 def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
-    both = simulate_here("--workload", SMOKE, "--from-run", tmp_path, "--output", tmp_path / "a")
-    assert both.exit_code == 2 and "exactly one of --workload and --from-run" in both.stderr
+    neither = simulate_here("--output", tmp_path / "a")
+    assert neither.exit_code == 2 and "give --workload, or --from-run" in neither.stderr
     missing = simulate_here("--from-run", tmp_path / "nope", "--output", tmp_path / "b")
     assert (
         missing.exit_code == 2 and "nope: not a directory (a run directory holds run.json)" in missing.stderr
@@ -893,3 +893,40 @@ def test_a_file_tool_without_cpu_ms_is_said_to_take_no_time(tmp_path: Path) -> N
         "a file tool's call or an evaluation without cpu_ms takes no time"
         in receipt["simulation"]["cpu_jobs"]
     )
+
+
+@pytest.mark.timeout(60)
+def test_a_run_recorded_elsewhere_replays_with_its_workload_where_it_is_now(tmp_path: Path) -> None:
+    """run.json records the workload's absolute path: a run directory copied from another machine (or a
+    workload folder moved since) is replayed with ``--workload`` naming the copy, checked by SHA-256."""
+    import shutil
+
+    from bench import synthetic
+
+    there = tmp_path / "there"
+    there.mkdir()
+    workload = synthetic.write(there / "w.jsonl", 6, 20.0, 15.0, seed=1)
+    run = tmp_path / "run"
+    assert simulate_here("--workload", workload, "--output", run).exit_code == 0
+    at_home = simulate_here("--from-run", run, "--output", tmp_path / "at-home")
+    assert at_home.exit_code == 0, at_home.output
+    here = tmp_path / "here"
+    there.rename(here)  # the workload and its tool file, moved
+    lost = simulate_here("--from-run", run, "--output", tmp_path / "lost")
+    assert lost.exit_code == 2 and "no longer exists" in lost.stderr and "pass --workload" in lost.stderr
+    assert not (tmp_path / "lost").exists()
+    moved = simulate_here("--from-run", run, "--workload", here / "w.jsonl", "--output", tmp_path / "moved")
+    assert moved.exit_code == 0, moved.output
+    replays = [(tmp_path / d / "replay-workload.jsonl").read_bytes() for d in ("at-home", "moved")]
+    assert replays[0] == replays[1]
+    assert (tmp_path / "moved" / "summary.json").read_bytes() == (
+        tmp_path / "at-home" / "summary.json"
+    ).read_bytes()
+    receipt, _, _ = load_run(tmp_path / "moved")
+    assert receipt["config"]["tool_root"] == str(here)  # the tools beside the workload, where it is now
+    other = shutil.copy(here / "w.jsonl", tmp_path / "other.jsonl")
+    with open(other, "a", encoding="utf-8") as f:
+        f.write("\n")
+    wrong = simulate_here("--from-run", run, "--workload", other, "--output", tmp_path / "wrong")
+    assert wrong.exit_code == 2 and "is not the workload the run read" in wrong.stderr
+    assert not (tmp_path / "wrong").exists()

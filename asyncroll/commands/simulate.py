@@ -26,7 +26,14 @@ if TYPE_CHECKING:  # imported lazily below: the CLI's start-up stays light
 
 
 def simulate(
-    workload: Annotated[Path | None, Opt("--workload", help="Workload JSONL to simulate.")] = None,
+    workload: Annotated[
+        Path | None,
+        Opt(
+            "--workload",
+            help="Workload JSONL to simulate; with --from-run, where the run's workload is now (a run "
+            "recorded elsewhere; checked by SHA-256).",
+        ),
+    ] = None,
     from_run: Annotated[Path | None, Opt("--from-run", help="Replay a recorded run's exact timings.")] = None,
     output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
     policy: Annotated[str | None, Opt(help=POLICY_HELP + " (a sweep: --policies)")] = None,
@@ -210,8 +217,10 @@ def simulate(
             turn_overhead_ms,
             job_overhead_ms,
         )
-        if (workload is None) == (from_run is None):
-            raise UsageError("give exactly one of --workload and --from-run")
+        if workload is None and from_run is None:
+            raise UsageError(
+                "give --workload, or --from-run (with --workload: where the run's workload is now)"
+            )
         if from_run is not None and server == "batching":
             raise UsageError(
                 "--from-run replays the run's measured model latencies; --server batching would replace "
@@ -220,7 +229,7 @@ def simulate(
         if output is None:
             raise UsageError("missing required option: --output")
         if sweep:
-            if workload is None:
+            if from_run is not None:
                 raise UsageError(
                     "--sweep needs --workload, not --from-run: to sweep a recorded run's timings, replay it "
                     "once (simulate --from-run RUN --output REPLAY) and sweep REPLAY/replay-workload.jsonl "
@@ -278,7 +287,7 @@ def simulate(
             if limit is not None:
                 raise UsageError("--limit comes from the recorded run with --from-run")
             build_config({**values, "workload": output / "replay-workload.jsonl"})  # flags checked first
-            derived = prepare_from_run(from_run, output, tool_root)
+            derived = prepare_from_run(from_run, output, tool_root, workload)
             keep = (
                 "policy",
                 "max_active_trajectories",

@@ -189,7 +189,9 @@ def workers_for(
     return virtual_factory(clock, duration, simulate_tools=True, replacement_startup=replacement_startup)
 
 
-def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None) -> DerivedRun:
+def prepare_from_run(
+    run_dir: Path, output: Path, tool_root: Path | None = None, workload: Path | None = None
+) -> DerivedRun:
     """Create ``output`` and write the replay workload into it (removed again if that fails or is
     interrupted). Whatever the run directory holds, a failure to read it is a :class:`UsageError`."""
     from asyncroll.runtime.prepare import output_exists
@@ -204,7 +206,7 @@ def prepare_from_run(run_dir: Path, output: Path, tool_root: Path | None = None)
         remove_output(None, made)
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
     try:
-        derived = derive_workload(run_dir, output / "replay-workload.jsonl", tool_root)
+        derived = derive_workload(run_dir, output / "replay-workload.jsonl", tool_root, workload)
     except UsageError:
         remove_output(output, made)
         raise

@@ -191,6 +191,23 @@ def _statuses(path: Path) -> dict[str, str]:
     return out
 
 
+def _run_workload(run_dir: Path, recorded: dict[str, Any], given: Path | None) -> Path:
+    """The run's workload file: ``given`` (its copy) or the path run.json records, with the same SHA-256."""
+    path = Path(recorded["path"]) if given is None else given
+    if given is None and not path.is_file():
+        raise UsageError(
+            f"--from-run {run_dir}: its workload {path} no longer exists (a run recorded elsewhere: pass "
+            "--workload with a copy of it)"
+        )
+    if not path.is_file():
+        raise UsageError(f"--workload {path}: no such file")
+    if file_sha256(path) != recorded["sha256"]:
+        what = f"its workload {path} changed since the run" if given is None else f"--workload {path} is not "
+        what += "" if given is None else f"the workload the run read ({recorded['path']})"
+        raise UsageError(f"--from-run {run_dir}: {what} (SHA-256 differs from run.json's)")
+    return path
+
+
 def _tool_root(run_dir: Path, receipt: dict[str, Any], workload: Path, override: Path | None) -> Path:
     """The tool root the run used, absolute.
 
@@ -245,19 +262,17 @@ def _root_from_tool_files(receipt: dict[str, Any], workload: Path) -> Path | Non
     return None
 
 
-def derive_workload(run_dir: Path, destination: Path, tool_root: Path | None = None) -> DerivedRun:
+def derive_workload(
+    run_dir: Path, destination: Path, tool_root: Path | None = None, workload: Path | None = None
+) -> DerivedRun:
     """Write the replay workload of the completed run in ``run_dir`` to ``destination``.
 
-    ``tool_root`` overrides the run's own (needed when run.json cannot say where a relative one was)."""
+    ``tool_root`` overrides the run's own (needed when run.json cannot say where a relative one was);
+    ``workload`` is where the run's workload is now, when not at the path run.json records (a run
+    recorded on another machine): the same bytes, checked by SHA-256."""
     receipt = _load_receipt(run_dir)
     config: dict[str, Any] = receipt["config"]
-    workload = Path(receipt["workload"]["path"])
-    if not workload.is_file():
-        raise UsageError(f"--from-run {run_dir}: its workload {workload} no longer exists")
-    if file_sha256(workload) != receipt["workload"]["sha256"]:
-        raise UsageError(
-            f"--from-run {run_dir}: its workload {workload} changed since the run (SHA-256 differs)"
-        )
+    workload = _run_workload(run_dir, receipt["workload"], workload)
     timeout = config.get("tool_timeout", 60.0)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
         raise UsageError(f"--from-run {run_dir / 'run.json'}: config.tool_timeout is not a positive number")
