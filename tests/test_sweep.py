@@ -693,3 +693,17 @@ def test_a_cell_with_failed_trajectories_is_named_under_the_table(tmp_path: Path
     clean = run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), tmp_path / "t")
     assert all(r["failed"] == 0 for r in clean)
     assert "Failed trajectories" not in (tmp_path / "t" / "sweep.md").read_text()
+
+
+def test_reorders_are_shown_as_counts() -> None:
+    """Reorders are counts: the table showed them as ``136.000 / 164.000 / 168.000``."""
+    from asyncroll.simulation.sweep import aggregate, markdown
+
+    row = {"policy": "tool_first", "active": 8, "inflight": 4, "workers": 1, "makespan_s": 2.0}
+    row |= {"efficiency": 0.9, "cpu_blocked_s": 0.5, "failed": 0, "completed_per_hour": 10.0}
+    rows = [{**row, "seed": seed, "reorders": n} for seed, n in enumerate((136, 164, 168, 170))]
+    line = next(line for line in markdown(aggregate(rows)).splitlines() if line.startswith("| tool_first"))
+    assert "| 136 / 166 / 170 |" in line
+    two = markdown(aggregate(rows[:2]))  # the median of two seeds: a half
+    assert "| 136 / 150 / 164 |" in two
+    assert "| 1 / 1.5 / 2 |" in markdown(aggregate([{**r, "reorders": r["seed"] + 1} for r in rows[:2]]))

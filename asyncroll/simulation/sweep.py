@@ -297,6 +297,13 @@ def _shown(spread: Spread, digits: int = 3) -> str:
     return " / ".join(f"{spread[k]:.{digits}f}" for k in ("min", "median", "max"))
 
 
+def _shown_count(spread: Spread) -> str:
+    """A count's spread as counts: ``513``, or ``280.5`` for the median of an even number of seeds."""
+    if spread is None:
+        return "n/a"
+    return " / ".join(f"{spread[k]:.1f}".removesuffix(".0") for k in ("min", "median", "max"))
+
+
 def _shown_change(spread: Spread) -> str:
     if spread is None:
         return "n/a"
@@ -355,7 +362,8 @@ def markdown(agg: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} "
             f"| {_shown(c['makespan_s'])} | {_shown(c['completed_per_hour'], 0)} | {_shown(c['efficiency'])} "
-            f"| {_shown(c['cpu_blocked_s'])} | {_shown(c['reorders'])} | {_shown_change(c['vs_fifo'])} |"
+            f"| {_shown(c['cpu_blocked_s'])} | {_shown_count(c['reorders'])} "
+            f"| {_shown_change(c['vs_fifo'])} |"
         )
     failing = [c for c in sorted(agg, key=_cell_order) if c.get("failed")]
     if failing:  # a failed trajectory ends early: its cell's makespan covers less work than the others'
