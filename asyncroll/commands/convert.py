@@ -26,6 +26,14 @@ def convert_toolmath(
             help="Derive reference_answer from the solution's last \\boxed{…} (labelled in metadata).",
         ),
     ] = False,
+    skip_unsupported: Annotated[
+        bool,
+        Opt(
+            "--skip-unsupported",
+            help="Leave out problems whose tools take an input type a workload cannot declare "
+            "(ToolMATHHard's list[list[float]]); they are listed on stderr. Without it they are errors.",
+        ),
+    ] = False,
 ) -> None:
     """Convert ToolMATH tool records: one problem per source problem, with all its tools."""
     from asyncroll.convert.toolmath import convert_toolmath as convert
@@ -33,7 +41,13 @@ def convert_toolmath(
 
     try:
         report = convert(
-            source, functions_dir, output, limit=limit, seed=seed, answers_from_solution=answers_from_solution
+            source,
+            functions_dir,
+            output,
+            limit=limit,
+            seed=seed,
+            answers_from_solution=answers_from_solution,
+            skip_unsupported=skip_unsupported,
         )
     except UsageError as exc:
         raise fail(str(exc)) from None
@@ -42,10 +56,18 @@ def convert_toolmath(
         if output.parent.resolve() == functions_dir.resolve()
         else f"; run with --tool-root {functions_dir}"
     )
+    left_out = f", {report.skipped} left out by --skip-unsupported" if report.skipped else ""
     typer.echo(
-        f"{output}: {report.written} of {report.problems} problems ({report.records} tool records), "
-        f"seed {seed}{hint}"
+        f"{output}: {report.written} of {report.problems - report.skipped} problems "
+        f"({report.records} tool records{left_out}), seed {seed}{hint}"
     )
+    if report.left_out:
+        more = f", and {len(report.left_out) - 10} more" if len(report.left_out) > 10 else ""
+        typer.echo(
+            f"note: {len(report.left_out)} problem(s) left out: a tool takes an input type a workload "
+            f"cannot declare: {'; '.join(report.left_out[:10])}{more}",
+            err=True,
+        )
     if report.without_answer:
         typer.echo(
             f"note: {len(report.without_answer)} problem(s) have no \\boxed{{}} answer and no "

@@ -14,6 +14,11 @@ Selection is seeded and order-independent (:mod:`asyncroll.convert.selection`). 
 normalised text instead: the same seed selects the same problems from a shuffled release. No reference
 answer is invented by default; ``--answers-from-solution`` takes the last ``\\boxed{…}`` of the solution
 and labels it as derived in ``metadata.reference_answer_source``.
+
+A record whose ``inputs`` name a type a workload cannot declare (the release's ToolMATHHard has
+``list[list[float]]``) is an error, like any other, unless ``skip_unsupported``
+(``--skip-unsupported``): then every problem with such a tool is left out, named in
+:attr:`ConversionReport.left_out`, and the rest is converted.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ class ToolRecord:
     solution: str
     level: str
     type: str
+    unsupported: tuple[str, ...] = ()
+    """The inputs whose type a workload cannot declare (``inputs.points: 'list[list[float]]'``)."""
 
     @property
     def problem_key(self) -> str:
@@ -68,6 +75,8 @@ class ConversionReport:
     written: int = 0
     skipped: int = 0
     without_answer: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    """Problems left out by ``skip_unsupported``: id and the record and input behind it."""
 
 
 def normalise(text: str) -> str:
@@ -83,6 +92,7 @@ def convert_toolmath(
     limit: int | None = None,
     seed: int = 0,
     answers_from_solution: bool = False,
+    skip_unsupported: bool = False,
 ) -> ConversionReport:
     """Convert ``source`` to the workload ``output``; validate everything first, write atomically."""
     check_limit(limit)
@@ -90,9 +100,10 @@ def convert_toolmath(
     if not functions_dir.is_dir():
         raise UsageError(f"--functions-dir {functions_dir} is not a directory")
     data = read_source(source)
-    records = parse_records(data, source, functions_dir)
+    records = parse_records(data, source, functions_dir, skip_unsupported=skip_unsupported)
     problems = group_problems(records, source)
     report = ConversionReport(output, records=len(records), problems=len(problems))
+    problems = _without_unsupported(problems, source, report)
     digest = sha256_hex(data)
     # The whole source is checked, whatever --limit keeps: a bad record is an error in every sample.
     _check_loadable(
@@ -104,8 +115,12 @@ def convert_toolmath(
     return report
 
 
-def parse_records(data: bytes, source: Path, functions_dir: Path) -> list[ToolRecord]:
-    """Every record of the source, validated; all problems are reported together."""
+def parse_records(
+    data: bytes, source: Path, functions_dir: Path, *, skip_unsupported: bool = False
+) -> list[ToolRecord]:
+    """Every record of the source, validated; all problems are reported together. With
+    ``skip_unsupported``, an input type a workload cannot declare marks the record
+    (:attr:`ToolRecord.unsupported`) instead of being an error."""
     try:
         text = data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is not JSON
     except UnicodeDecodeError as exc:
@@ -127,13 +142,57 @@ def parse_records(data: bytes, source: Path, functions_dir: Path) -> list[ToolRe
     files = _FunctionFiles(root)
     records: list[ToolRecord] = []
     problems: list[str] = []
+    unsupported = 0
     for index, item in enumerate(raw):
         record, issues = _record(index, item, files)
+        if record is not None and record.unsupported and not skip_unsupported:
+            unsupported += 1
+            issues = [f"inputs.{arg}: {message}" for arg, message in _type_issues(record.inputs)]
+            record = None
         problems.extend(f"{source}: record [{index}]{_named(item)}: {issue}" for issue in issues)
         if record is not None:
             records.append(record)
-    _raise(problems)
+    hint = (
+        f"{unsupported} record(s) are otherwise valid but take an input type a workload cannot declare: "
+        "--skip-unsupported leaves their problems out and converts the rest"
+        if unsupported
+        else None
+    )
+    _raise(problems, hint)
     return records
+
+
+def _type_issues(inputs: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(argument, why)`` for each input whose type a workload cannot declare."""
+    out = []
+    for arg, type_name in inputs.items():
+        try:
+            check_type_name(arg, type_name)
+        except ValueError as exc:
+            out.append((arg, str(exc)))
+    return out
+
+
+def _without_unsupported(
+    problems: list[list[ToolRecord]], source: Path, report: ConversionReport
+) -> list[list[ToolRecord]]:
+    """The problems none of whose tools has an input type a workload cannot declare; the others are
+    named in ``report.left_out`` (nothing is left out unless ``--skip-unsupported`` marked records)."""
+    kept = []
+    for group in problems:
+        bad = [r for r in group if r.unsupported]
+        if not bad:
+            kept.append(group)
+            continue
+        why = "; ".join(f"record [{r.index}] ({r.name!r}): {', '.join(r.unsupported)}" for r in bad)
+        report.left_out.append(f"toolmath-{group[0].index} ({why})")
+    report.skipped = len(problems) - len(kept)
+    if not kept:
+        raise UsageError(
+            f"{source}: every problem has a tool with an input type a workload cannot declare; "
+            f"nothing to convert ({report.left_out[0]}{', ...' if len(report.left_out) > 1 else ''})"
+        )
+    return kept
 
 
 def group_problems(records: list[ToolRecord], source: Path) -> list[list[ToolRecord]]:
@@ -244,10 +303,10 @@ def _named(item: Any) -> str:
     return f" ({name!r})" if isinstance(name, str) else ""
 
 
-def _raise(problems: list[str]) -> None:
+def _raise(problems: list[str], hint: str | None = None) -> None:
     if problems:
         extra = [f"... and {len(problems) - MAX_REPORTED} more"] if len(problems) > MAX_REPORTED else []
-        raise UsageError("\n".join(problems[:MAX_REPORTED] + extra))
+        raise UsageError("\n".join(problems[:MAX_REPORTED] + extra + ([hint] if hint else [])))
 
 
 def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | None, list[str]]:
@@ -268,6 +327,8 @@ def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | 
     if not problem.strip():
         issues.append("source_problem: empty")
     inputs = item["inputs"]
+    type_issues: list[str] = []  # a well-formed type a workload cannot declare: the caller decides
+    unsupported: list[str] = []
     if not isinstance(inputs, dict):
         issues.append(f"inputs: expected an object of argument → type, got {type(inputs).__name__}")
     else:
@@ -278,12 +339,14 @@ def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | 
             try:
                 check_type_name(arg, type_name)
             except ValueError as exc:
-                issues.append(f"inputs.{arg}: {exc}")
+                type_issues.append(f"inputs.{arg}: {exc}")
+                unsupported.append(f"inputs.{arg}: {type_name!r}")
+    position = len(issues)
     implementation, issue = files.resolve(item["function"], tool_name)
     if issue:
         issues.append(f"function: {issue}")
-    if issues or implementation is None:
-        return None, issues
+    if issues or implementation is None:  # an invalid record: its type issues are errors with the rest
+        return None, issues[:position] + type_issues + issues[position:]
     record = ToolRecord(
         index,
         tool_name,
@@ -294,6 +357,7 @@ def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | 
         item["source_solution"],
         item["level"],
         item["type"],
+        tuple(unsupported),
     )
     return record, []
 

@@ -1,0 +1,163 @@
+"""The converters on what the real releases hold beyond the bundled samples (QA findings).
+
+ToolMATHHard (the release's ``data/ToolMATHHard.json``) declares matrix and point-list inputs as
+``list[list[float]]`` (``min_quadratic_form_3d``'s ``A``, ``area_of_planar_quadrilateral``'s
+``points``), a type a workload cannot declare. The records below are of that shape, with our own
+statements and tool files.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.convert.toolmath import convert_toolmath
+from asyncroll.errors import UsageError
+from tests.conftest import REPO, invoke
+
+TM_EXAMPLE = REPO / "examples" / "toolmath"
+
+
+def _records() -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = json.loads((TM_EXAMPLE / "ToolMATH.json").read_text(encoding="utf-8"))
+    return records
+
+
+def _matrix_problem() -> list[dict[str, Any]]:
+    """One problem, two tools: one takes a list of points (``list[list[float]]``), one plain floats."""
+    problem = (
+        "The points $(0,0,0)$, $(2,0,0)$, $(2,3,0)$ and $(0,3,0)$ bound a rectangle. Find twice its area."
+    )
+    common = {
+        "source_problem": problem,
+        "source_solution": "The area is 6, so $\\boxed{12}$.",
+        "level": "Level 2",
+    }
+    return [
+        {
+            "name": "quad_area",
+            "description": "Area of a planar quadrilateral given its four vertices in order.",
+            "inputs": {"points": "list[list[float]]"},
+            "function": "qa0001.py",
+            **common,
+            "type": "Precalculus",
+        },
+        {
+            "name": "scale_value",
+            "description": "Return k times x.",
+            "inputs": {"x": "float", "k": "float"},
+            "function": "qa0002.py",
+            **common,
+            "type": "Precalculus",
+        },
+    ]
+
+
+def _functions(tmp_path: Path) -> Path:
+    """The example's tool files plus ours for the matrix problem, in the release's layout."""
+    root = tmp_path / "functions"
+    shutil.copytree(TM_EXAMPLE / "function_ToolMATH", root / "function_ToolMATH")
+    (root / "function_ToolMATH" / "qa0001.py").write_text(
+        "def quad_area(points):\n"
+        "    (ax, ay, _), (bx, by, _), (cx, cy, _), (dx, dy, _) = points\n"
+        "    twice = (ax * by - bx * ay) + (bx * cy - cx * by) + (cx * dy - dx * cy) + (dx * ay - ax * dy)\n"
+        "    return abs(twice) / 2\n",
+        encoding="utf-8",
+    )
+    (root / "function_ToolMATH" / "qa0002.py").write_text(
+        "def scale_value(x: float, k: float) -> float:\n    return k * x\n", encoding="utf-8"
+    )
+    return root
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps(records, indent=1), encoding="utf-8")
+    return path
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_bytes().split(b"\n") if line]
+
+
+def test_toolmath_an_unsupported_input_type_names_the_record_and_the_way_out(tmp_path: Path) -> None:
+    """Without --skip-unsupported a ToolMATHHard-style record is an error as before, but the error now
+    says how to convert the rest of the release (there was no way: every sample of it failed)."""
+    functions = _functions(tmp_path)
+    source = _write(tmp_path / "ToolMATHHard.json", [*_records(), *_matrix_problem()])
+    out = tmp_path / "out" / "w.jsonl"
+    with pytest.raises(UsageError) as caught:
+        convert_toolmath(source, functions, out)
+    message = str(caught.value)
+    assert message.startswith(f"{source}: record [12] ('quad_area'): inputs.points: ")
+    assert "unsupported type 'list[list[float]]'" in message
+    assert message.splitlines()[-1] == (
+        "1 record(s) are otherwise valid but take an input type a workload cannot declare: "
+        "--skip-unsupported leaves their problems out and converts the rest"
+    )
+    assert not out.parent.exists()
+
+
+def test_toolmath_skip_unsupported_leaves_out_whole_problems_and_keeps_the_rest(tmp_path: Path) -> None:
+    functions = _functions(tmp_path)
+    plain = _write(tmp_path / "plain.json", _records())
+    source = _write(tmp_path / "hard.json", [*_records(), *_matrix_problem()])
+    expected, got = tmp_path / "expected.jsonl", tmp_path / "got.jsonl"
+    convert_toolmath(plain, functions, expected, seed=4)
+    report = convert_toolmath(source, functions, got, seed=4, skip_unsupported=True)
+    # the problem is left out whole (its float-only tool too), named with the record and the input
+    assert report.left_out == ["toolmath-12 (record [12] ('quad_area'): inputs.points: 'list[list[float]]')"]
+    assert (report.records, report.problems, report.skipped, report.written) == (14, 9, 1, 8)
+
+    def same(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = copy.deepcopy(problems)
+        for problem in out:
+            problem["metadata"].pop("source_sha256")
+        return out
+
+    # what is kept is exactly the conversion of the release without that problem, in the same order
+    assert same(_lines(got)) == same(_lines(expected))
+    limited = tmp_path / "limited.jsonl"
+    convert_toolmath(source, functions, limited, seed=4, limit=3, skip_unsupported=True)
+    assert _lines(limited) == _lines(got)[:3]
+    scan = invoke("validate", got, "--tool-root", functions, "--backend", "openai")
+    assert scan.exit_code == 0, scan.stderr
+
+
+def test_toolmath_skip_unsupported_still_refuses_invalid_records_and_an_empty_result(tmp_path: Path) -> None:
+    functions = _functions(tmp_path)
+    broken = _matrix_problem()
+    broken[0]["function"] = "missing.py"  # an invalid record stays an error, its type issue named too
+    source = _write(tmp_path / "broken.json", [*_records(), *broken])
+    out = tmp_path / "w.jsonl"
+    with pytest.raises(UsageError) as caught:
+        convert_toolmath(source, functions, out, skip_unsupported=True)
+    message = str(caught.value)
+    assert "record [12] ('quad_area'): inputs.points: input 'points' has unsupported type" in message
+    assert "record [12] ('quad_area'): function: 'missing.py' not found" in message
+    only = _write(tmp_path / "only.json", _matrix_problem())
+    with pytest.raises(UsageError, match="every problem has a tool with an input type a workload cannot"):
+        convert_toolmath(only, functions, out, skip_unsupported=True)
+    assert not out.exists()
+
+
+def test_toolmath_cli_skip_unsupported_lists_what_it_left_out(tmp_path: Path) -> None:
+    functions = _functions(tmp_path)
+    source = _write(tmp_path / "hard.json", [*_records(), *_matrix_problem()])
+    out = tmp_path / "w.jsonl"
+    args = ("convert-toolmath", "--source", source, "--functions-dir", functions, "--output", out)
+    refused = invoke(*args)
+    assert refused.exit_code == 2 and "--skip-unsupported leaves their problems out" in refused.stderr
+    assert not out.exists()
+    result = invoke(*args, "--skip-unsupported")
+    assert result.exit_code == 0, result.stderr
+    summary = f"{out}: 8 of 8 problems (14 tool records, 1 left out by --skip-unsupported), seed 0"
+    assert summary in result.stdout
+    assert (
+        "note: 1 problem(s) left out: a tool takes an input type a workload cannot declare: "
+        "toolmath-12 (record [12] ('quad_area'): inputs.points: 'list[list[float]]')"
+    ) in result.stderr
