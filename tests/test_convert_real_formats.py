@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from asyncroll.convert.livecodebench import convert_livecodebench
 from asyncroll.convert.toolmath import convert_toolmath
 from asyncroll.errors import UsageError
 from tests.conftest import REPO, invoke
@@ -161,3 +163,35 @@ def test_toolmath_cli_skip_unsupported_lists_what_it_left_out(tmp_path: Path) ->
         "note: 1 problem(s) left out: a tool takes an input type a workload cannot declare: "
         "toolmath-12 (record [12] ('quad_area'): inputs.points: 'list[list[float]]')"
     ) in result.stderr
+
+
+# --- LiveCodeBench: a source that is not a regular file ----------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_lcb_a_pipe_source_is_a_named_error_not_a_traceback_or_a_hang(tmp_path: Path) -> None:
+    """``--source <(zcat test.jsonl.gz)`` raised io.UnsupportedOperation out of the command (exit 1 and
+    a traceback), and a FIFO nobody wrote to blocked the command for ever."""
+    row = (
+        REPO / "tests" / "fixtures" / "convert" / "livecodebench_code_generation_lite_1873_A.jsonl"
+    ).read_bytes()
+    out = tmp_path / "w.jsonl"
+    read, write = os.pipe()
+    try:
+        os.write(write, row)  # well under a pipe's buffer
+        os.close(write)
+        with pytest.raises(
+            UsageError, match=r"is not a regular file \(a pipe or a device\).*save it to a file"
+        ):
+            convert_livecodebench(Path(f"/dev/fd/{read}"), out)
+    finally:
+        os.close(read)
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="is not a regular file"):
+        convert_livecodebench(fifo, out)
+    result = invoke("convert-livecodebench", "--source", fifo, "--output", out)
+    assert result.exit_code == 2 and "is not a regular file" in result.stderr
+    assert not out.exists()
+    with pytest.raises(UsageError, match="is a directory, not a file"):
+        convert_livecodebench(tmp_path, out)

@@ -5,16 +5,19 @@ memory: the first pass parses and validates one line at a time and keeps only a 
 length and SHA-256 of the line); after selection the chosen lines are read again and their hashes
 checked, so a source that changes between the passes is an error, not a silently mixed output. A JSON
 array or a single (pretty-printed) object is parsed whole. The file's SHA-256 is computed on the way.
+Because of the second pass the source must be a regular file, not a pipe.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
@@ -42,13 +45,7 @@ class RowSource:
 
     def scan(self) -> Iterator[tuple[Any, RowRef]]:
         """Every row with its reference, in file order; sets :attr:`sha256` when exhausted."""
-        try:
-            handle = self.path.open("rb")
-        except IsADirectoryError:
-            raise UsageError(f"--source {self.path} is a directory, not a file") from None
-        except OSError as exc:
-            raise UsageError(f"--source {self.path}: cannot read: {exc.strerror or exc}") from exc
-        with handle:
+        with self._open() as handle:
             first = _first_non_empty_line(handle)
             handle.seek(0)
             if first is None:
@@ -62,6 +59,30 @@ class RowSource:
                     yield from self._whole(data)
             else:
                 yield from self._jsonl(handle)
+
+    def _open(self) -> BinaryIO:
+        """The source opened for reading, refused unless it is a regular file: its rows are read twice
+        (a pipe, ``--source <(zcat test.jsonl.gz)``, cannot seek back; a FIFO nobody writes to would
+        block the open for ever)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            raise UsageError(f"--source {self.path}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise UsageError(f"--source {self.path} is a directory, not a file")
+            if not stat.S_ISREG(mode):
+                raise UsageError(
+                    f"--source {self.path} is not a regular file (a pipe or a device): its rows are read "
+                    "twice, to check them all and then to write the chosen ones; save it to a file first "
+                    "(e.g. `zcat test.jsonl.gz > test.jsonl`)"
+                )
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
 
     def load(self, ref: RowRef) -> Any:
         """The row ``ref`` points at (read again for JSONL, after checking the line is unchanged)."""
