@@ -23,6 +23,7 @@ from asyncroll.errors import UsageError
 from tests.conftest import REPO, invoke
 
 TM_EXAMPLE = REPO / "examples" / "toolmath"
+LCB_ROW = REPO / "tests" / "fixtures" / "convert" / "livecodebench_code_generation_lite_1873_A.jsonl"
 
 
 def _records() -> list[dict[str, Any]]:
@@ -195,3 +196,41 @@ def test_lcb_a_pipe_source_is_a_named_error_not_a_traceback_or_a_hang(tmp_path: 
     assert not out.exists()
     with pytest.raises(UsageError, match="is a directory, not a file"):
         convert_livecodebench(tmp_path, out)
+
+
+# --- a failed write leaves no folder behind ----------------------------------------------------------
+
+
+def test_a_conversion_that_fails_while_writing_removes_the_folders_it_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The output's folders were created before the rows were written and stayed, empty, when the write
+    failed (the source changed between the passes, the disk filled up, Ctrl-C)."""
+    import asyncroll.convert.livecodebench as lcb
+    from asyncroll.convert.output import write_jsonl_atomic
+
+    source = tmp_path / "rows.jsonl"
+    row = json.loads(LCB_ROW.read_text(encoding="utf-8"))
+    source.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    real_select = lcb.select
+
+    def select_then_edit(*args: Any, **kwargs: Any) -> Any:
+        chosen = real_select(*args, **kwargs)
+        source.write_text(json.dumps({**row, "question_title": "changed"}) + "\n", encoding="utf-8")
+        return chosen
+
+    monkeypatch.setattr(lcb, "select", select_then_edit)
+    out = tmp_path / "new" / "deeper" / "w.jsonl"
+    with pytest.raises(UsageError, match="the source changed while it was being converted"):
+        convert_livecodebench(source, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]
+
+    def interrupted() -> Any:
+        yield {"id": 1}
+        raise KeyboardInterrupt
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        write_jsonl_atomic(kept / "a" / "w.jsonl", interrupted())
+    assert list(kept.iterdir()) == []  # "kept" existed before: it stays; "a" is removed

@@ -2,7 +2,8 @@
 
 A conversion never overwrites anything: the destination must not exist and must not be the source.
 The file appears whole or not at all (written to a temporary file in the same folder, flushed to disk,
-then linked into place, which fails rather than clobbers if something appeared there meanwhile).
+then linked into place, which fails rather than clobbers if something appeared there meanwhile);
+a write that fails also removes the folders it created for the output.
 """
 
 from __future__ import annotations
@@ -61,19 +62,24 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
     """Write one JSON line per object to ``output`` atomically; return the number of lines.
 
     The parent folder is created if needed. If ``output`` appears while we write, the write fails
-    with a usage error and the temporary file is removed: nothing is ever clobbered.
+    with a usage error and the temporary file is removed: nothing is ever clobbered. A write that fails
+    (``objects`` raising, a full disk, an interruption) also removes the folders it created.
     """
     parent = output.parent if str(output.parent) else Path(".")
+    created = [d for d in (parent, *parent.parents) if not d.exists()]  # deepest first
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_empty(created)
         raise UsageError(f"--output {output}: cannot create its folder: {exc.strerror or exc}") from exc
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
     except OSError as exc:
+        _remove_empty(created)
         raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}") from exc
     tmp = Path(tmp_name)
     count = 0
+    published = False
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             for obj in objects:
@@ -90,6 +96,7 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
             if output.exists():
                 raise UsageError(f"--output {output} appeared while converting; not overwritten") from None
             os.replace(tmp, output)
+        published = True
     except UsageError:
         raise
     except OSError as exc:  # e.g. the disk filled up: nothing was published
@@ -97,4 +104,15 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if not published:
+            _remove_empty(created)
     return count
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) where still empty: the ones a failed write created."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something else wrote there meanwhile), or gone
+            return
