@@ -1,9 +1,9 @@
 """The converters on what the real releases hold beyond the bundled samples (QA findings).
 
-ToolMATHHard (the release's ``data/ToolMATHHard.json``) declares matrix and point-list inputs as
-``list[list[float]]`` (``min_quadratic_form_3d``'s ``A``, ``area_of_planar_quadrilateral``'s
-``points``), a type a workload cannot declare. The records below are of that shape, with our own
-statements and tool files.
+The ToolMATH release declares matrix and point-list inputs as ``List[List[float]]`` (``ToolMATH.json``:
+``matrix_multiply_2x2_a``) and ``list[list[float]]`` (``ToolMATHHard.json``: ``min_quadratic_form_3d``,
+``area_of_planar_quadrilateral``), a type a workload cannot declare, so neither file converted at all.
+The records below are of that shape, with our own statements and tool files.
 """
 
 from __future__ import annotations
@@ -234,3 +234,29 @@ def test_a_conversion_that_fails_while_writing_removes_the_folders_it_created(
     with pytest.raises(KeyboardInterrupt):
         write_jsonl_atomic(kept / "a" / "w.jsonl", interrupted())
     assert list(kept.iterdir()) == []  # "kept" existed before: it stays; "a" is removed
+
+
+def test_toolmath_skip_unsupported_takes_the_main_splits_spelling_too(tmp_path: Path) -> None:
+    functions = _functions(tmp_path)
+    (functions / "function_ToolMATH" / "qa0003.py").write_text(
+        "def matrix_trace(m):\n    return sum(m[i][i] for i in range(len(m)))\n", encoding="utf-8"
+    )
+    matrix = {
+        "name": "matrix_trace",
+        "description": "Trace of a square matrix given as a list of rows.",
+        "inputs": {"m": "List[List[float]]"},
+        "function": "qa0003.py",
+        "source_problem": "Find the trace of the $2 \\times 2$ identity matrix.",
+        "source_solution": "It is $1 + 1 = \\boxed{2}$.",
+        "level": "Level 1",
+        "type": "Precalculus",
+    }
+    source = _write(tmp_path / "ToolMATH.json", [*_records(), matrix])
+    out = tmp_path / "w.jsonl"
+    with pytest.raises(
+        UsageError, match=r"record \[12\] \('matrix_trace'\): inputs.m: .*'List\[List\[float\]\]'"
+    ):
+        convert_toolmath(source, functions, out)
+    report = convert_toolmath(source, functions, out, skip_unsupported=True)
+    assert report.left_out == ["toolmath-12 (record [12] ('matrix_trace'): inputs.m: 'List[List[float]]')"]
+    assert report.written == 8

@@ -31,7 +31,8 @@ def convert_toolmath(
         Opt(
             "--skip-unsupported",
             help="Leave out problems whose tools take an input type a workload cannot declare "
-            "(ToolMATHHard's list[list[float]]); they are listed on stderr. Without it they are errors.",
+            "(the release's List[List[float]] matrices); they are listed on stderr. Without it they are "
+            "errors.",
         ),
     ] = False,
 ) -> None:
