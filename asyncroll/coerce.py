@@ -24,6 +24,10 @@ TYPE_NAMES = (
     "List[int]",
     "list[float]",
     "List[float]",
+    "list[list[int]]",
+    "List[List[int]]",
+    "list[list[float]]",
+    "List[List[float]]",
 )
 
 
@@ -36,10 +40,18 @@ class CoercionError(ValueError):
 
 #: The declared input types as one pattern (spaces allowed around each token), printed in the workload's
 #: JSON Schema so that the schema is exactly as strict as validation.
+#: A list's element may itself be a list (ToolMATH's matrices and point lists); ``list`` and ``List`` mix.
 TYPE_PATTERN = (
-    r"^ *(?:str|int|float|bool|number|dict *\[ *int *, *int *\]|(?:list|List) *\[ *(?:int|float) *\]) *$"
+    r"^ *(?:str|int|float|bool|number|dict *\[ *int *, *int *\]"
+    r"|(?:list|List) *\[ *(?:(?:list|List) *\[ *(?:int|float) *\]|int|float) *\]) *$"
 )
 _TYPE = re.compile(TYPE_PATTERN)
+
+
+def canonical_type(type_name: str) -> str:
+    """A declared type's one spelling: no spaces, ``List`` as ``list`` (``List[ List[float] ]`` →
+    ``list[list[float]]``)."""
+    return type_name.replace(" ", "").replace("List[", "list[")
 
 
 def check_type_name(arg: str, type_name: str) -> None:
@@ -142,14 +154,14 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "number": _number,
     "dict[int,int]": _dict_int_int,
     "list[int]": _list_of(_int),
-    "List[int]": _list_of(_int),
     "list[float]": _list_of(_float),
-    "List[float]": _list_of(_float),
+    "list[list[int]]": _list_of(_list_of(_int)),
+    "list[list[float]]": _list_of(_list_of(_float)),
 }
 
 
 def coerce_value(value: Any, type_name: str, path: str = "") -> Any:
-    return _CONVERTERS[type_name.replace(" ", "")](value, path)
+    return _CONVERTERS[canonical_type(type_name)](value, path)
 
 
 def coerce_arguments(

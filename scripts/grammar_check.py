@@ -44,6 +44,10 @@ GOOD: dict[str, Any] = {
     "List[int]": [7],
     "list[float]": [1.5, 2],
     "List[float]": [],
+    "list[list[int]]": [[1, 2], []],
+    "List[List[int]]": [[0]],
+    "list[list[float]]": [[1.5, 2], [0]],
+    "List[List[float]]": [],
 }
 BAD: dict[str, list[Any]] = {
     "str": [5],
@@ -56,6 +60,10 @@ BAD: dict[str, list[Any]] = {
     "List[int]": [3],
     "list[float]": [["a"]],
     "List[float]": [[True]],
+    "list[list[int]]": [[1, 2], [[1.5]]],
+    "List[List[int]]": [[["a"]]],
+    "list[list[float]]": [[[True]], [1.5]],
+    "List[List[float]]": [[[[1.0]]]],
 }
 
 

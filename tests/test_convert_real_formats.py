@@ -2,8 +2,10 @@
 
 The ToolMATH release declares matrix and point-list inputs as ``List[List[float]]`` (``ToolMATH.json``:
 ``matrix_multiply_2x2_a``) and ``list[list[float]]`` (``ToolMATHHard.json``: ``min_quadratic_form_3d``,
-``area_of_planar_quadrilateral``), a type a workload cannot declare, so neither file converted at all.
-The records below are of that shape, with our own statements and tool files.
+``area_of_planar_quadrilateral``). Neither file converted at all while a workload could not declare that
+type; it can now (the last test converts and runs such a tool). A record whose input type a workload
+still cannot declare (a tuple, say) is an error unless ``--skip-unsupported``, which leaves its problem
+out. The records below are of those shapes, with our own statements and tool files.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def _records() -> list[dict[str, Any]]:
 
 
 def _matrix_problem() -> list[dict[str, Any]]:
-    """One problem, two tools: one takes a list of points (``list[list[float]]``), one plain floats."""
+    """One problem, two tools: one takes a point as a tuple (a type a workload cannot declare), one plain
+    floats."""
     problem = (
         "The points $(0,0,0)$, $(2,0,0)$, $(2,3,0)$ and $(0,3,0)$ bound a rectangle. Find twice its area."
     )
@@ -45,7 +48,7 @@ def _matrix_problem() -> list[dict[str, Any]]:
         {
             "name": "quad_area",
             "description": "Area of a planar quadrilateral given its four vertices in order.",
-            "inputs": {"points": "list[list[float]]"},
+            "inputs": {"points": "Tuple[float, float]"},
             "function": "qa0001.py",
             **common,
             "type": "Precalculus",
@@ -97,7 +100,7 @@ def test_toolmath_an_unsupported_input_type_names_the_record_and_the_way_out(tmp
         convert_toolmath(source, functions, out)
     message = str(caught.value)
     assert message.startswith(f"{source}: record [12] ('quad_area'): inputs.points: ")
-    assert "unsupported type 'list[list[float]]'" in message
+    assert "unsupported type 'Tuple[float, float]'" in message
     assert message.splitlines()[-1] == (
         "1 record(s) are otherwise valid but take an input type a workload cannot declare: "
         "--skip-unsupported leaves their problems out and converts the rest"
@@ -113,7 +116,9 @@ def test_toolmath_skip_unsupported_leaves_out_whole_problems_and_keeps_the_rest(
     convert_toolmath(plain, functions, expected, seed=4)
     report = convert_toolmath(source, functions, got, seed=4, skip_unsupported=True)
     # the problem is left out whole (its float-only tool too), named with the record and the input
-    assert report.left_out == ["toolmath-12 (record [12] ('quad_area'): inputs.points: 'list[list[float]]')"]
+    assert report.left_out == [
+        "toolmath-12 (record [12] ('quad_area'): inputs.points: 'Tuple[float, float]')"
+    ]
     assert (report.records, report.problems, report.skipped, report.written) == (14, 9, 1, 8)
 
     def same(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -162,7 +167,7 @@ def test_toolmath_cli_skip_unsupported_lists_what_it_left_out(tmp_path: Path) ->
     assert summary in result.stdout
     assert (
         "note: 1 problem(s) left out: a tool takes an input type a workload cannot declare: "
-        "toolmath-12 (record [12] ('quad_area'): inputs.points: 'list[list[float]]')"
+        "toolmath-12 (record [12] ('quad_area'): inputs.points: 'Tuple[float, float]')"
     ) in result.stderr
 
 
@@ -236,10 +241,23 @@ def test_a_conversion_that_fails_while_writing_removes_the_folders_it_created(
     assert list(kept.iterdir()) == []  # "kept" existed before: it stays; "a" is removed
 
 
-def test_toolmath_skip_unsupported_takes_the_main_splits_spelling_too(tmp_path: Path) -> None:
+def test_toolmath_matrix_tools_convert_validate_and_run(tmp_path: Path) -> None:
+    """``List[List[float]]`` (ToolMATH.json's spelling; ToolMATHHard's is ``list[list[float]]``) is a
+    declared input type: the record converts without any flag, validates, is offered to the model as an
+    array of number arrays, and a real worker calls the tool with the matrix (JSON ints as floats)."""
+    import asyncio
+
+    from asyncroll.backends.action_schema import tool_schema
+    from asyncroll.coerce import coerce_arguments
+    from asyncroll.workers.process import ProcessWorker
+    from asyncroll.workers.protocol import JobRequest, ToolSpec
+    from asyncroll.workload import iter_problems
+
     functions = _functions(tmp_path)
     (functions / "function_ToolMATH" / "qa0003.py").write_text(
-        "def matrix_trace(m):\n    return sum(m[i][i] for i in range(len(m)))\n", encoding="utf-8"
+        "def matrix_trace(m):\n    assert all(type(x) is float for row in m for x in row)\n"
+        "    return sum(m[i][i] for i in range(len(m)))\n",
+        encoding="utf-8",
     )
     matrix = {
         "name": "matrix_trace",
@@ -253,10 +271,32 @@ def test_toolmath_skip_unsupported_takes_the_main_splits_spelling_too(tmp_path: 
     }
     source = _write(tmp_path / "ToolMATH.json", [*_records(), matrix])
     out = tmp_path / "w.jsonl"
-    with pytest.raises(
-        UsageError, match=r"record \[12\] \('matrix_trace'\): inputs.m: .*'List\[List\[float\]\]'"
-    ):
-        convert_toolmath(source, functions, out)
-    report = convert_toolmath(source, functions, out, skip_unsupported=True)
-    assert report.left_out == ["toolmath-12 (record [12] ('matrix_trace'): inputs.m: 'List[List[float]]')"]
-    assert report.written == 8
+    report = convert_toolmath(source, functions, out)
+    assert report.left_out == [] and report.written == 9
+    scan = invoke("validate", out, "--tool-root", functions, "--backend", "openai")
+    assert scan.exit_code == 0, scan.stderr
+    problem = next(p for _, pid, p in iter_problems(out) if pid == "toolmath-12")
+    tool = problem.tools[0]
+    assert tool_schema(tool)["properties"]["arguments"]["properties"]["m"] == {
+        "type": "array",
+        "items": {"type": "array", "items": {"type": "number"}},
+    }
+    arguments = coerce_arguments({"m": [[1, 0], [0, 1]]}, tool.declared_inputs)
+    assert tool.implementation is not None
+    spec = ToolSpec(tool.name, (functions / tool.implementation).resolve())
+
+    async def call() -> Any:
+        worker = ProcessWorker(0, [spec], startup_timeout=20)
+        await worker.start()
+        try:
+            return (await worker.call(JobRequest(1, spec.key, arguments), 10)).reply
+        finally:
+            await worker.aclose()
+
+    async def bounded() -> Any:
+        async with asyncio.timeout(40):
+            return await call()
+
+    reply = asyncio.run(bounded())
+    assert reply.ok, reply.error
+    assert reply.value == 2.0

@@ -239,7 +239,8 @@ def test_schemas_use_only_keywords_that_grammar_engines_enforce() -> None:
     portable = {"anyOf", "type", "const", "properties", "required", "additionalProperties", "items"}
     assert keywords <= portable | {"patternProperties"}, keywords - portable
     schema = schemas[0]
-    good = {f"x{i}": v for i, v in enumerate([".", 1, 1.5, True, 2, {"-3": 4, "0": 0}, [1], [1], [1.5], [2]])}
+    values = [".", 1, 1.5, True, 2, {"-3": 4, "0": 0}, [1], [1], [1.5], [2], [[1], []], [[2]], [[1.5, 2]], []]
+    good = {f"x{i}": v for i, v in enumerate(values)}
 
     def call(**changed: Any) -> str:
         return json.dumps({"type": "tool", "name": "f", "arguments": {**good, **changed}})

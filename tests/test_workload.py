@@ -14,7 +14,7 @@ import pytest
 
 from asyncroll import tool_files
 from asyncroll.backends.action_schema import _INPUT_SCHEMAS
-from asyncroll.coerce import TYPE_NAMES, CoercionError, coerce_arguments
+from asyncroll.coerce import TYPE_NAMES, CoercionError, canonical_type, coerce_arguments
 from asyncroll.errors import WorkloadError
 from asyncroll.schemas import schemas
 from asyncroll.workload import iter_problems, scan_workload
@@ -168,6 +168,9 @@ def test_limit_and_default_ids(tmp_path: Path) -> None:
         (2.0, "int", 2),  # JSON does not tell 2.0 from 2, nor does the schema's "integer"
         ([1.0, 2], "list[int]", [1, 2]),
         ({"1": -3.0}, "dict[int, int]", {1: -3}),
+        ([[1, 0], [0.5, 2]], "List[List[float]]", [[1.0, 0.0], [0.5, 2.0]]),  # ToolMATH's matrices
+        ([[0, 0, 1], []], "list[list[int]]", [[0, 0, 1], []]),
+        ([[1.0]], "List[ list[int] ]", [[1]]),
     ],
 )
 def test_strict_coercion_accepts(value: object, type_name: str, expected: object) -> None:
@@ -196,6 +199,10 @@ def test_strict_coercion_accepts(value: object, type_name: str, expected: object
         (float("inf"), "int"),
         (float("nan"), "int"),
         ([1.5], "list[int]"),
+        ([1, 2], "list[list[float]]"),  # a flat list is not a matrix
+        ([[1], 2], "List[List[int]]"),
+        ([[True]], "list[list[float]]"),
+        ([[[1.0]]], "list[list[float]]"),
     ],
 )
 def test_strict_coercion_rejects(value: object, type_name: str) -> None:
@@ -210,8 +217,9 @@ def test_what_the_servers_schema_accepts_coercion_accepts() -> None:
     values: list[object] = [3, -0.0, 2.0, 2.5, 1e300, True, "3", None, [1, 2.0], [1.5], [True], {"1": 2}]
     values += [{"1": 2.0}, {"-4": 1}, {"a": 1}, {" 1": 2}, {"1": True}, [], {}, {"0": 1, "-0": 2}]
     values += [{"1": 5, "01": 6}, {"-12": 1, "120": 2}, {"1\n": 3}]
+    values += [[[1, 2.0], []], [[1.5]], [[True]], [[1], 2], [[[1]]]]
     for type_name in TYPE_NAMES:
-        validator = jsonschema.Draft202012Validator(_INPUT_SCHEMAS[type_name.replace(" ", "")])
+        validator = jsonschema.Draft202012Validator(_INPUT_SCHEMAS[canonical_type(type_name)])
         for value in values:
             if validator.is_valid(value):
                 coerce_arguments({"x": value}, {"x": type_name})  # raises if stricter than the schema
@@ -570,6 +578,11 @@ def test_every_field_error_of_a_line_is_reported(tmp_path: Path) -> None:
         "dict[int, int]",
         "dict[int,int]",
         " List[ float ] ",
+        "list[list[float]]",
+        "List[ List[int] ]",
+        "List[list[float]]",
+        "list[list[list[float]]]",
+        "list[list[str]]",
         "number",
         "tuple",
         "list[str]",

@@ -18,6 +18,7 @@ serve``) fails the request visibly with :class:`InvalidActionError`.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from functools import lru_cache
@@ -26,7 +27,7 @@ from typing import Any
 import jsonschema
 from pydantic import TypeAdapter, ValidationError
 
-from asyncroll.coerce import INT_KEY_PATTERN, CoercionError, coerce_arguments
+from asyncroll.coerce import INT_KEY_PATTERN, CoercionError, canonical_type, coerce_arguments
 from asyncroll.errors import InvalidActionError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
 from asyncroll.workload import Action, Problem, SubmitAction, Tool, ToolAction
@@ -49,9 +50,9 @@ _INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
         "additionalProperties": False,
     },
     "list[int]": {"type": "array", "items": {"type": "integer"}},
-    "List[int]": {"type": "array", "items": {"type": "integer"}},
     "list[float]": {"type": "array", "items": {"type": "number"}},
-    "List[float]": {"type": "array", "items": {"type": "number"}},
+    "list[list[int]]": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+    "list[list[float]]": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
 }
 _ACTION: TypeAdapter[Any] = TypeAdapter(Action)
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
@@ -71,7 +72,7 @@ def _closed(properties: dict[str, Any]) -> dict[str, Any]:
 def tool_schema(tool: Tool) -> dict[str, Any]:
     """One ``anyOf`` branch: a call of ``tool`` with its typed, unbound arguments."""
     inputs = {
-        name: dict(_INPUT_SCHEMAS[type_name.replace(" ", "")])
+        name: copy.deepcopy(_INPUT_SCHEMAS[canonical_type(type_name)])
         for name, type_name in tool.declared_inputs.items()
         if name not in tool.bound_arguments
     }

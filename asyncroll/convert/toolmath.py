@@ -15,8 +15,8 @@ normalised text instead: the same seed selects the same problems from a shuffled
 answer is invented by default; ``--answers-from-solution`` takes the last ``\\boxed{…}`` of the solution
 and labels it as derived in ``metadata.reference_answer_source``.
 
-A record whose ``inputs`` name a type a workload cannot declare (the release's matrix tools take
-``List[List[float]]``) is an error, like any other, unless ``skip_unsupported``
+A record whose ``inputs`` name a type a workload cannot declare (a tuple, say; the release's matrix
+tools' ``List[List[float]]`` is declared) is an error, like any other, unless ``skip_unsupported``
 (``--skip-unsupported``): then every problem with such a tool is left out, named in
 :attr:`ConversionReport.left_out`, and the rest is converted.
 """
@@ -58,7 +58,7 @@ class ToolRecord:
     level: str
     type: str
     unsupported: tuple[str, ...] = ()
-    """The inputs whose type a workload cannot declare (``inputs.points: 'list[list[float]]'``)."""
+    """The inputs whose type a workload cannot declare (``inputs.point: 'Tuple[float, float]'``)."""
 
     @property
     def problem_key(self) -> str:
