@@ -300,3 +300,31 @@ def test_toolmath_matrix_tools_convert_validate_and_run(tmp_path: Path) -> None:
     reply = asyncio.run(bounded())
     assert reply.ok, reply.error
     assert reply.value == 2.0
+
+
+# --- a download that is not JSON text yet --------------------------------------------------------------
+
+
+def test_a_compressed_or_parquet_source_is_named_as_such_with_the_way_to_its_rows(tmp_path: Path) -> None:
+    """A ``.jsonl.gz`` or a Parquet shard (how dataset hubs serve LiveCodeBench) was "not UTF-8 text" or
+    "not valid JSON", which sends a user looking for a broken byte instead of a decompressor."""
+    import gzip
+
+    rows = tmp_path / "test.jsonl.gz"
+    rows.write_bytes(gzip.compress(LCB_ROW.read_bytes()))
+    records = tmp_path / "ToolMATH.json.gz"
+    records.write_bytes(gzip.compress((TM_EXAMPLE / "ToolMATH.json").read_bytes()))
+    parquet = tmp_path / "test-00000-of-00001.parquet"
+    parquet.write_bytes(b"PAR1" + bytes(64) + b"PAR1")
+    out = tmp_path / "w.jsonl"
+    for args, what in (
+        (("convert-livecodebench", "--source", rows), "is gzip-compressed, not JSON text: decompress it"),
+        (("convert-livecodebench", "--source", parquet), "is a Parquet file, not JSON text: export its rows"),
+        (
+            ("convert-toolmath", "--source", records, "--functions-dir", TM_EXAMPLE),
+            "is gzip-compressed, not JSON text: decompress it",
+        ),
+    ):
+        result = invoke(*args, "--output", out)
+        assert result.exit_code == 2 and what in result.stderr, result.stderr
+        assert not out.exists()

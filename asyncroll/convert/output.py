@@ -42,11 +42,37 @@ def _check_destination(source: Path, output: Path) -> None:
 def read_source(source: Path) -> bytes:
     """The source's bytes, or a usage error naming the file."""
     try:
-        return source.read_bytes()
+        data = source.read_bytes()
     except IsADirectoryError:
         raise UsageError(f"--source {source} is a directory, not a file") from None
     except OSError as exc:
         raise UsageError(f"--source {source}: cannot read: {exc.strerror or exc}") from exc
+    refuse_container(source, data[:8])
+    return data
+
+
+#: Leading bytes of the files a dataset download may be instead of JSON text, and how to get the JSON.
+_CONTAINERS = (
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first (`zcat FILE > rows.jsonl`)"),
+    (
+        b"PAR1",
+        "a Parquet file",
+        "export its rows as JSON Lines first (e.g. pandas `read_parquet(FILE)"
+        ".to_json('rows.jsonl', orient='records', lines=True)`)",
+    ),
+    (b"PK\x03\x04", "a zip archive", "extract the JSON file from it first"),
+    (b"(\xb5/\xfd", "zstd-compressed", "decompress it first (`zstd -d FILE -o rows.jsonl`)"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (`xz -dk FILE`)"),
+    (b"BZh", "bzip2-compressed", "decompress it first (`bzip2 -dk FILE`)"),
+)
+
+
+def refuse_container(source: Path, head: bytes) -> None:
+    """A source that starts like a compressed file or an archive is named as such (it would otherwise be
+    "not UTF-8 text" or "not valid JSON"), with the way to its JSON rows."""
+    for magic, what, how in _CONTAINERS:
+        if head.startswith(magic):
+            raise UsageError(f"--source {source} is {what}, not JSON text: {how}")
 
 
 def sha256_hex(data: bytes) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from asyncroll.convert.output import refuse_container
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
 
@@ -46,6 +47,8 @@ class RowSource:
     def scan(self) -> Iterator[tuple[Any, RowRef]]:
         """Every row with its reference, in file order; sets :attr:`sha256` when exhausted."""
         with self._open() as handle:
+            refuse_container(self.path, handle.read(8))
+            handle.seek(0)
             first = _first_non_empty_line(handle)
             handle.seek(0)
             if first is None:
