@@ -1008,3 +1008,85 @@ def test_a_spool_reads_back_in_order_any_number_of_times(tmp_path: Path) -> None
     assert list(tmp_path.iterdir()) == []  # the file was unlinked at once
     spool.close()
     assert len(spool) == 0 and list(spool) == []
+
+
+def stopped_events() -> list[ev.Event]:
+    """A run stopped under a request and a job (both end ``cancelled``), beside a real model error and a
+    tool timeout: only the last two failed."""
+    return [
+        *timeout_events(),
+        ev.TrajectoryStarted(t=0.0, id="cut", index=1, prompt_chars=5, active=2),
+        ev.ModelEnqueued(t=0.0, id="cut", request_id=1, turn=0, outstanding=1),
+        ev.ModelStarted(t=0.0, id="cut", request_id=1, turn=0, inflight=1, queued_s=0.0),
+        ev.ModelFailed(
+            t=0.2, id="cut", request_id=1, turn=0, latency_s=0.2, kind="http", error="500", status=500
+        ),
+        ev.ModelEnqueued(t=0.3, id="cut", request_id=2, turn=1, outstanding=1),
+        ev.ModelStarted(t=0.3, id="cut", request_id=2, turn=1, inflight=1, queued_s=0.0),
+        ev.ModelFailed(
+            t=1.5,
+            id="cut",
+            request_id=2,
+            turn=1,
+            latency_s=1.2,
+            kind="cancelled",
+            error="the run was stopped",
+        ),
+        ev.TrajectoryStarted(t=1.1, id="job", index=2, prompt_chars=5, active=3),
+        ev.CpuEnqueued(
+            t=1.1, id="job", job_id=8, kind="tool", tool="spin_ms", turn=0, arg_bytes=4, queue_depth=1
+        ),
+        ev.CpuSelected(
+            t=1.1,
+            id="job",
+            job_id=8,
+            worker=1,
+            policy="fifo",
+            reason="fifo",
+            queue_depth=1,
+            model_outstanding=0,
+            waited_s=0.0,
+            oldest_job_id=8,
+            reordered=False,
+        ),
+        ev.CpuStarted(t=1.1, id="job", job_id=8, worker=1, pid=101, generation=0),
+        ev.CpuFailed(
+            t=1.5,
+            id="job",
+            job_id=8,
+            worker=1,
+            kind="tool",
+            tool="spin_ms",
+            reason="cancelled",
+            roundtrip_s=0.4,
+            error="the run was stopped while this job held a worker",
+        ),
+        ev.MeasurementFinished(t=1.5, status="interrupted", makespan_s=1.5),
+    ]
+
+
+def test_what_a_stop_cancelled_is_drawn_cancelled_not_failed(tmp_path: Path) -> None:
+    """A request or job the stop cancelled did not fail (MEASUREMENT.md: neither a model error nor a
+    response; the summary counts it apart): both views named every one of them "(failed)" in red."""
+    run = make_run(tmp_path, stopped_events())
+    body = check_trace_format(load_trace(run))
+    states = {(e["name"], e["pid"]): e["args"].get("state", "ok") for e in body if e["ph"] == "X"}
+    assert states[("model turn 1 (cancelled)", 1)] == states[("model turn 1 (cancelled)", 3)] == "cancelled"
+    assert states[("spin_ms (cancelled)", 1)] == states[("spin_ms (cancelled)", 2)] == "cancelled"
+    assert states[("model turn 0 (failed)", 1)] == "failed"  # a real error still fails
+    assert states[("spin_ms (failed)", 2)] == "failed"  # and so does a timeout
+    data = timeline_data(run)
+    drawn = {(data["strings"][s[5]], data["states"][s[4]]) for s in data["spans"]}
+    assert {("model turn 1 (cancelled)", "cancelled"), ("spin_ms (cancelled)", "cancelled")} <= drawn
+    assert ("model turn 0 (failed)", "failed") in drawn and ("spin_ms (failed)", "failed") in drawn
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (.ci/run installs it)"
+)
+def test_a_page_with_cancelled_spans_draws_in_headless_chromium(tmp_path: Path) -> None:
+    page = write_timeline(make_run(tmp_path, stopped_events(), summary=SUMMARY, run=RUN))
+    attrs, console = chromium_page(page, tmp_path)
+    assert console == [] and "error" not in attrs, attrs
+    assert "cancelled by the stop" in page.read_text()  # its own colour, named in the legend

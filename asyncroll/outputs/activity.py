@@ -9,7 +9,8 @@ disagree. It streams ``events.jsonl`` line by line and keeps in memory only the 
 ids and compact counter series: finished spans and instants go to a :class:`SpanLog`, an anonymous temporary
 file beside the events that each view reads back in order, so that the export's memory does not grow with
 the run's spans (SPEC §3). It never crashes on a line it cannot read: lines of unknown event types (a newer
-schema) and invalid lines are skipped and counted. Pairing is robust by design: a failed end labels its span,
+schema) and invalid lines are skipped and counted. Pairing is robust by design: a failed end labels its span
+(a request or job the stopping run cancelled is labelled cancelled, not failed: it has no outcome),
 a begin without an end is drawn to the last timestamp of the run as "(incomplete)", and an end without a
 begin becomes an "(unmatched end)" instant; nothing is dropped.
 
@@ -211,7 +212,8 @@ class _Pairer:
         self._model_end(e, "ok", _pick(e, "action", "prompt_tokens", "completion_tokens"))
 
     def on_model_failed(self, e: ev.ModelFailed) -> None:
-        self._model_end(e, "failed", {"error": f"{e.kind}: {e.error}"})
+        state = "cancelled" if e.kind == "cancelled" else "failed"  # the stop cut it: not a model error
+        self._model_end(e, state, {"error": f"{e.kind}: {e.error}"})
 
     def on_cpu_enqueued(self, e: ev.CpuEnqueued) -> None:
         self.jobs[e.job_id] = (e.id, e.tool, e.kind)
@@ -253,12 +255,13 @@ class _Pairer:
             "ok": False,
             "error": f"{e.reason}: {e.error}",
         }
+        state = "cancelled" if e.reason == "cancelled" else "failed"  # the stop cut it: no outcome
         if ("cpu", e.job_id) not in self.open and ("cpu_queue", e.job_id) in self.open:
-            self.end("cpu_queue", e.job_id, e.t, "failed", (), None, args)  # failed before it was selected
+            self.end("cpu_queue", e.job_id, e.t, state, (), None, args)  # failed before it was selected
             self.depth = max(0, self.depth - 1)
             self.count("cpu_queue_depth", e.t, self.depth)
         else:
-            self.end("cpu", e.job_id, e.t, "failed", tracks, e.tool, args)
+            self.end("cpu", e.job_id, e.t, state, tracks, e.tool, args)
 
     def on_model_retrying(self, e: ev.ModelRetrying) -> None:
         args = _pick(e, "attempt", "kind", "status", "delay_s", "error")

@@ -20,7 +20,12 @@ from asyncroll.outputs.spool import Spool
 
 Track = tuple[str, Any]  # ("trajectory", id) | ("worker", n) | ("model", lane) | ("scheduler", 0)
 # | ("telemetry", resource field): the gaps of that field's counter
-SUFFIX = {"failed": " (failed)", "incomplete": " (incomplete)", "unmatched": " (unmatched end)"}
+SUFFIX = {
+    "failed": " (failed)",
+    "cancelled": " (cancelled)",
+    "incomplete": " (incomplete)",
+    "unmatched": " (unmatched end)",
+}
 COUNTER_LABELS = {
     "cpu_queue_depth": "CPU queue depth",
     "model_outstanding": "model requests outstanding",
@@ -40,7 +45,8 @@ RESOURCE_LABELS = {
 
 @dataclass(slots=True)
 class Span:
-    """One drawn interval, or an instant when ``start == end``; ``state``: ok/failed/incomplete/unmatched."""
+    """One drawn interval, or an instant when ``start == end``; ``state``: ok/failed/incomplete/unmatched,
+    or cancelled: a request or job the stopping run cancelled (it did not fail: MEASUREMENT.md)."""
 
     track: Track
     cat: str

@@ -38,7 +38,8 @@ MAX_COUNTER_POINTS = 4_000
 MAX_BARS = 30_000
 BUCKETS = 1_000  # at full view, spans closer than 1/BUCKETS of the run merge when down-sampled
 CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute", "circuit")
-STATES = ("ok", "failed", "incomplete", "unmatched")
+#: span states, least severe first: a bar of merged spans shows the most severe of them
+STATES = ("ok", "cancelled", "failed", "incomplete", "unmatched")
 _ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
 
 
