@@ -19,6 +19,7 @@ saying so; the format rules above are what is checked here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -1090,3 +1091,29 @@ def test_a_page_with_cancelled_spans_draws_in_headless_chromium(tmp_path: Path) 
     attrs, console = chromium_page(page, tmp_path)
     assert console == [] and "error" not in attrs, attrs
     assert "cancelled by the stop" in page.read_text()  # its own colour, named in the legend
+
+
+def test_a_time_no_run_can_reach_is_a_damaged_line_not_a_failed_export(tmp_path: Path) -> None:
+    """events.jsonl parses NaN and 1e308 as numbers: a job's ``started`` of NaN, one event 1e308 s away
+    from the others, or a wait for the server of 1e308 s (with no request of its own to be clamped to)
+    made both exports fail (ValueError / OverflowError converting to µs), so ``asyncroll timeline`` could
+    draw nothing of the run."""
+    events = normal_events()
+    job = next(i for i, e in enumerate(events) if isinstance(e, ev.CpuFinished))
+    events[job] = events[job].model_copy(update={"started": math.nan})
+    events.append(ev.ModelPaused(t=0.3, id="z", turn=0, attempt=2, waited_s=1e308))
+    lines = [json.dumps(e.model_dump()) for e in sorted(events, key=lambda e: e.t)]
+    far = ev.ModelRetrying(t=1e308, id="a", turn=0, attempt=1, kind="transport", delay_s=0.1, error="x")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_text("\n".join([*lines, json.dumps(far.model_dump())]) + "\n")
+    exports = rundir.export(run)
+    assert exports["trace.json"]["ok"] and exports["timeline.html"]["ok"], exports
+    assert exports["events_skipped"]["invalid_lines"] == 1  # the far event; the job is drawn
+    body = check_trace_format(json.loads((run / "trace.json").read_text()))
+    assert sum(e["cat"] == "execute" for e in body if e["ph"] == "X") == 2  # not the one without a start
+    assert sum(e["cat"] == "cpu" and e["pid"] == 2 for e in body if e["ph"] == "X") == 3
+    [wait] = [e for e in body if e["name"] == "waiting for the server"]
+    assert wait["ts"] == 0 and wait["ts"] + wait["dur"] == 800_000  # from the run's first event to its end
+    data = page_data((run / "timeline.html").read_text())
+    assert data["t1"] < 1  # the page's time axis is the run's, not 1e308 s long

@@ -45,6 +45,16 @@ from asyncroll.outputs.activity_model import (
     Track,
 )
 
+#: Seconds from measurement start beyond any run (~32 years): an event time past it is a damaged line. Both
+#: views draw whole microseconds, which stay exact integers (in 64 bits, and in the page's JavaScript) and
+#: never overflow a float when subtracted (a time of 1e308 s did, failing both exports).
+MAX_ABS_T = 1e9
+
+
+def _time_ok(t: float) -> bool:
+    return math.isfinite(t) and abs(t) <= MAX_ABS_T
+
+
 KNOWN_EVENTS: frozenset[str] = frozenset(
     cls.model_fields["event"].default for cls in typing.get_args(typing.get_args(ev.AnyEvent)[0])
 )
@@ -143,7 +153,7 @@ class _Pairer:
         if handler is None:  # a type the schema knows but this exporter does not draw yet
             a.unknown[e.event] += 1
             return
-        if not math.isfinite(t):
+        if not _time_ok(t):
             a.invalid_lines += 1
             return
         a.t_min, a.t_max = (t, t) if a.events == 0 else (min(a.t_min, t), max(a.t_max, t))
@@ -242,10 +252,11 @@ class _Pairer:
         state = "ok" if e.ok else "failed"
         args = _pick(e, "job_id", "tool", "kind", "ok", "error", "execute_s", "cpu_s", "roundtrip_s")
         job = self.end("cpu", e.job_id, e.t, state, tracks, e.tool, args)
-        if e.started is not None and e.finished is not None:  # the child's own execution, nested in the job
-            lo, hi = (job.start, e.t) if job else (e.started, e.finished)
-            start = min(max(e.started, lo), hi)
-            end = max(start, min(e.finished, hi))
+        started, finished = e.started, e.finished  # the child's own execution, nested in the job
+        if started is not None and finished is not None and _time_ok(started) and _time_ok(finished):
+            lo, hi = (job.start, e.t) if job else (started, finished)
+            start = min(max(started, lo), hi)
+            end = max(start, min(finished, hi))
             args = _pick(e, "job_id", "execute_s")
             self.a.spans.append(Span(tracks[1], "execute", "execute", start, end, state, args))
 
@@ -268,8 +279,9 @@ class _Pairer:
         self.instant(self.traj(e.id), "retry", f"model retry {e.attempt}: {e.kind}", e.t, args)
 
     def on_model_paused(self, e: ev.ModelPaused) -> None:
-        # inside its request's span (clamped there: both ends are rounded to the microsecond)
-        start = min(e.t, max(e.t - e.waited_s, self.model_began.get(e.id, e.t - e.waited_s)))
+        # inside its request's span (clamped there: both ends are rounded to the microsecond); without
+        # one, never before the run's first event (a damaged waited_s of 1e308 overflowed both exports)
+        start = min(e.t, max(e.t - e.waited_s, self.model_began.get(e.id, self.a.t_min)))
         args = _pick(e, "turn", "attempt", "waited_s")
         self.a.spans.append(
             Span(self.traj(e.id), "circuit", "waiting for the server", start, e.t, "ok", args)
