@@ -1117,3 +1117,16 @@ def test_a_time_no_run_can_reach_is_a_damaged_line_not_a_failed_export(tmp_path:
     assert wait["ts"] == 0 and wait["ts"] + wait["dur"] == 800_000  # from the run's first event to its end
     data = page_data((run / "timeline.html").read_text())
     assert data["t1"] < 1  # the page's time axis is the run's, not 1e308 s long
+
+
+def test_a_simulated_runs_page_says_its_times_are_simulated(tmp_path: Path) -> None:
+    """run.json marks a simulation; its page read like a measured run's ("completed / wall hour", a
+    makespan in seconds, nothing saying the clock was virtual), so a what-if run passed for a real one."""
+    out = tmp_path / "sim"
+    done = invoke("simulate", "--workload", SMOKE, "--output", out)
+    assert done.exit_code == 0, done.output
+    header = dict(page_data((out / "timeline.html").read_text())["header"])
+    assert header["clock"].startswith("virtual: a simulation")
+    assert header["throughput"].endswith(" completed / simulated hour")
+    measured = dict(timeline_data(make_run(tmp_path, normal_events(), summary=SUMMARY, run=RUN))["header"])
+    assert "clock" not in measured and measured["throughput"].endswith(" completed / wall hour")

@@ -41,13 +41,17 @@ def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> l
         status = a.run["status"]
     error = str(run["error"])[:300] if run.get("error") else None
     makespan = summary.get("makespan_s", a.run.get("makespan_s"))
+    simulated = run.get("simulated") is True  # run.json marks a simulation: its times are not measured
+    per_hour = " completed / simulated hour" if simulated else " completed / wall hour"
     limits = (
         f"active {_fmt(pick('max_active_trajectories'))}"
         f" · inflight {_fmt(pick('max_inflight_model_requests'))}"
         f" · CPU workers {_fmt(pick('cpu_workers'))}"
     )
+    clock = [["clock", "virtual: a simulation (asyncroll simulate), no process or server ran"]]
     return [
         ["status", _fmt(status) + (f" ({error})" if error else "")],
+        *(clock if simulated else []),
         ["policy", _fmt(config.get("policy") or summary.get("policy") or a.run.get("policy"))],
         ["limits", limits],
         [
@@ -57,7 +61,7 @@ def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> l
         ],
         [
             "throughput",
-            _fmt(_sub(summary, "throughput").get("completed_per_wall_hour"), " completed / wall hour"),
+            _fmt(_sub(summary, "throughput").get("completed_per_wall_hour"), per_hour),
         ],
         ["makespan", _fmt(makespan, " s")],
         ["reorders", f"{_fmt(sched.get('reorders'))} of {_fmt(sched.get('decisions'))} scheduler decisions"],
