@@ -153,3 +153,19 @@ def test_report_numbers_are_written_whole_not_in_exponent_form() -> None:
     assert fmt(67_050.3) == "67,050" and fmt(-12_345.6) == "-12,346"
     assert fmt(1.23456) == "1.235" and fmt(0.5) == "0.5" and fmt(None) == "unknown"
     assert fmt(3.0, ".0f") == "3"
+
+
+def test_the_report_says_in_which_order_each_pair_ran_and_when_it_never_changed() -> None:
+    """An experiment with ``order: fixed`` ran the baseline first in every pair: a drift or warm-up
+    effect between the positions is then inside every paired change, and REPORT.md did not say the
+    order at all (comparison.json has it per pair)."""
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = [({GPU_HOUR: 100.0}, {GPU_HOUR: 110.0})] * 3
+    fixed = comparison(rows)  # every pair a → b
+    text = markdown(aggregate(fixed))
+    assert "Order of the arms in each pair (as run, or planned): p1 a → b; p2 a → b; p3 a → b." in text
+    assert "Every complete pair ran in the same order" in text
+    alternating = comparison(rows)
+    alternating["pairs"][1]["order"] = ["b", "a"]
+    text = markdown(aggregate(alternating))
+    assert "Order of the arms in each pair (as run, or planned): p1 a → b; p2 b → a; p3 a → b." in text
+    assert "the same order" not in text

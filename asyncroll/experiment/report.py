@@ -148,6 +148,11 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         totals = pooled_totals([p["arms"][arm] for p in complete])
         rates, notes = pooled_rates(totals, len(complete))
         pooled[arm] = {"pairs": len(complete), "totals": totals, **rates, "notes": notes}
+    orders = [  # the arms in the order each pair ran them (comparison.json's ``order``)
+        {"pair": p["pair"], "order": p["order"]}
+        for p in pairs
+        if isinstance(p.get("order"), list) and all(isinstance(a, str) for a in p["order"])
+    ]
     failures = [
         {"pair": p["pair"], "arm": arm, "id": a["id"], "status": a["status"], "error": a.get("error")}
         for p in pairs
@@ -164,6 +169,8 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "policies": comparison["policies"],
         "pairs_total": len(pairs),
         "pairs_complete": len(complete),
+        "complete_pairs": [p["pair"] for p in complete],
+        "orders": orders,
         "bootstrap": {"seed": seed, "resamples": resamples, "method": "percentile, pairs resampled"},
         "medians": medians,
         "median_n": median_n,
@@ -226,6 +233,27 @@ def _rate(pooled: dict[str, Any], rate: str) -> str:
     return fmt(value) if value is not None else pooled.get("notes", {}).get(rate, "unknown")
 
 
+def _run_order(agg: dict[str, Any]) -> list[str]:
+    """The order each pair ran its arms in, and a warning when every complete pair ran in one order: an
+    effect of the position (drift, warm-up) is then in every paired change, not balanced out."""
+    orders = agg.get("orders") or []
+    if not orders:
+        return []
+    line = (
+        "Order of the arms in each pair (as run, or planned): "
+        + "; ".join(f"p{o['pair']} {' → '.join(o['order'])}" for o in orders)
+        + "."
+    )
+    complete = {o["pair"] for o in orders} & set(agg.get("complete_pairs", []))
+    ran = {tuple(o["order"]) for o in orders if o["pair"] in complete}
+    if len(complete) > 1 and len(ran) == 1:
+        line += (
+            " **Every complete pair ran in the same order**: an effect of the position (drift, warm-up)"
+            " is in every paired change, not balanced out."
+        )
+    return [line, ""]
+
+
 def markdown(agg: dict[str, Any]) -> str:
     """REPORT.md: tables only of numbers in aggregate.json."""
     arms, base = agg["arms"], agg["baseline"]
@@ -244,6 +272,7 @@ def markdown(agg: dict[str, Any]) -> str:
         "complete pairs enter medians and paired statistics; n is the number of pairs a statistic rests "
         "on, and any pair it leaves out is named.",
         "",
+        *_run_order(agg),
         "Server versions seen in the arms' logs: "
         + (
             "; ".join(
