@@ -1130,3 +1130,18 @@ def test_a_simulated_runs_page_says_its_times_are_simulated(tmp_path: Path) -> N
     assert header["throughput"].endswith(" completed / simulated hour")
     measured = dict(timeline_data(make_run(tmp_path, normal_events(), summary=SUMMARY, run=RUN))["header"])
     assert "clock" not in measured and measured["throughput"].endswith(" completed / wall hour")
+
+
+def test_a_span_on_a_row_of_several_trajectories_names_its_trajectory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_TRAJECTORY_ROWS a row holds several trajectories ("trajectories 1-2"): a hovered span
+    said only "failed", so which trajectory failed was nowhere on the page."""
+    monkeypatch.setattr(timeline, "MAX_TRAJECTORY_ROWS", 2)
+    data = timeline_data(make_run(tmp_path, normal_events() + timeout_events()))  # 4 trajectories
+    assert [r[0] for r in data["rows"][:2]] == ["trajectories 1-2", "trajectories 3-4"]
+    labels = {data["strings"][s[5]] for s in data["spans"] if s[0] < 2}
+    assert {"slow: failed", "a: completed", "slow: spin_ms (failed)", "a: model turn 0"} <= labels
+    monkeypatch.setattr(timeline, "MAX_TRAJECTORY_ROWS", 4_000)
+    alone = timeline_data(tmp_path / "run")  # one trajectory a row: its row names it
+    assert "failed" in {alone["strings"][s[5]] for s in alone["spans"]}

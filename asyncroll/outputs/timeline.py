@@ -201,6 +201,9 @@ def timeline_data(
     def s_id(text: Any) -> int:
         return strings.setdefault(str(text), len(strings))
 
+    def label(s: Span) -> str:  # a row of several trajectories: its spans say whose they are
+        return f"{s.track[1]}: {s.label}" if per > 1 and s.track[0] == "trajectory" else s.label
+
     # Past MAX_SPANS: the trajectory spans (unless even they are too many), then the first failed or
     # incomplete ones of the others, stay individual; the rest are merged into bars. One pass over the spans.
     spans: list[Span] = []
@@ -267,14 +270,14 @@ def timeline_data(
                 round((s.end - s.start) * 1e6),
                 CATS.index(s.cat),
                 STATES.index(s.state),
-                s_id(s.label),
+                s_id(label(s)),
                 s_id(s.args["error"]) if s.args.get("error") else -1,
             ]
             for s in spans
         ],
         "bars": bars,
         "instants": [
-            [index[s.track], round((s.start - t0) * 1e6), s_id(s.cat), STATES.index(s.state), s_id(s.label)]
+            [index[s.track], round((s.start - t0) * 1e6), s_id(s.cat), STATES.index(s.state), s_id(label(s))]
             for s in instants
         ],
         "counters": [[labels[k], _thin(v, t0)] for k, v in a.counters.items() if v],
