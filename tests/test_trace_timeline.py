@@ -1145,3 +1145,24 @@ def test_a_span_on_a_row_of_several_trajectories_names_its_trajectory(
     monkeypatch.setattr(timeline, "MAX_TRAJECTORY_ROWS", 4_000)
     alone = timeline_data(tmp_path / "run")  # one trajectory a row: its row names it
     assert "failed" in {alone["strings"][s[5]] for s in alone["spans"]}
+
+
+def test_a_parent_span_comes_before_a_child_of_the_same_extent(tmp_path: Path) -> None:
+    """On a virtual clock a trajectory and its only model turn start and end at the same µs; trace.json
+    put the turn first (the trajectory span is written when it ends, after its children), so Perfetto
+    drew the trajectory ("completed") as a slice inside its own model turn."""
+    out = tmp_path / "sim"
+    done = invoke("simulate", "--workload", SMOKE, "--output", out)
+    assert done.exit_code == 0, done.output
+    body = check_trace_format(json.loads((out / "trace.json").read_text()))
+    depth = {"trajectory": 0, "execute": 2, "circuit": 2}
+    first: dict[tuple[int, int, int, int], dict[str, Any]] = {}
+    ties = 0
+    for e in (e for e in body if e["ph"] == "X"):
+        key = (e["pid"], e["tid"], e["ts"], e["dur"])
+        if key in first:
+            ties += 1
+            assert depth.get(first[key]["cat"], 1) <= depth.get(e["cat"], 1), (first[key], e)
+        else:
+            first[key] = e
+    assert ties  # the smoke workload's answer-only trajectory is one such tie

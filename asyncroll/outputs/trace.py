@@ -32,6 +32,11 @@ COUNTER_PID = {"cpu_queue_depth": 2, "model_outstanding": 3, "active_trajectorie
 )
 
 
+#: How deep a span's kind nests on its track: at equal start and duration the outer one is written first
+#: (Perfetto nests a slice in the one before it), whatever order the spans were closed in.
+DEPTH = {"trajectory": 0, "execute": 2, "circuit": 2}  # "circuit": a wait inside its model request
+
+
 def _us(t: float, origin: float) -> int:
     return round((t - origin) * 1_000_000)
 
@@ -48,9 +53,12 @@ def _thread_label(kind: str, key: Any) -> str:
     return {"worker": f"worker {key}", "model": f"request slot {key}"}.get(kind, "scheduler")
 
 
-def _events(a: Activity) -> tuple[Iterator[dict[str, Any]], Iterator[tuple[int, int, dict[str, Any]]]]:
-    """The metadata events and, lazily, ``(ts, dur, event)`` for every other event in the order they are
-    sorted from (spans, instants, counters, gaps); ``ts`` 0 is the earliest event of the run."""
+Body = Iterator[tuple[int, int, int, dict[str, Any]]]
+
+
+def _events(a: Activity) -> tuple[Iterator[dict[str, Any]], Body]:
+    """The metadata events and, lazily, ``(ts, dur, depth, event)`` for every other event in the order they
+    are sorted from (spans, instants, counters, gaps); ``ts`` 0 is the earliest event of the run."""
     pids = {"trajectory": 1, "worker": 2, "model": 3, "scheduler": 4}
     if any(name in RESOURCE_LABELS and series for name, series in a.counters.items()):
         pids["telemetry"] = 5  # a process only for the counters of the telemetry samples
@@ -72,34 +80,32 @@ def _events(a: Activity) -> tuple[Iterator[dict[str, Any]], Iterator[tuple[int, 
             yield _ev("M", "thread_name", pids[kind], tid, args={"name": _thread_label(kind, key)})
             yield _ev("M", "thread_sort_index", pids[kind], tid, args={"sort_index": tid})
 
-    def body(o: float) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    def body(o: float) -> Body:
         for s in a.spans:
             ts, pid, tid = _us(s.start, o), pids[s.track[0]], tids[s.track]
             args = s.args | ({"state": s.state} if s.state != "ok" else {})
             dur = max(0, _us(s.end, o) - ts)
-            yield ts, dur, _ev("X", s.label, pid, tid, cat=s.cat, ts=ts, dur=dur, args=args)
+            event = _ev("X", s.label, pid, tid, cat=s.cat, ts=ts, dur=dur, args=args)
+            yield ts, dur, DEPTH.get(s.cat, 1), event
         for s in a.instants:
             scope = "g" if s.cat == "measurement" else "t"
             args = s.args | ({"state": s.state} if s.state != "ok" else {})
             ts, pid, tid = _us(s.start, o), pids[s.track[0]], tids[s.track]
-            yield ts, 0, _ev("i", s.label, pid, tid, cat=s.cat, s=scope, ts=ts, args=args)
+            yield ts, 0, 1, _ev("i", s.label, pid, tid, cat=s.cat, s=scope, ts=ts, args=args)
         for name, series in a.counters.items():
             label, pid = COUNTER_LABELS.get(name) or RESOURCE_LABELS[name], COUNTER_PID[name]
             for t, v in series:
                 if v is not None:
                     ts = _us(t, o)
-                    yield ts, 0, _ev("C", label, pid, 0, ts=ts, args={"value": v})
+                    yield ts, 0, 1, _ev("C", label, pid, 0, ts=ts, args={"value": v})
         for gap in a.counter_gaps:
             ts, tid = _us(gap.start, o), tids[("telemetry", gap.name)]
             args = {"field": gap.name, "samples": gap.samples, "reasons": gap.reasons}
             if gap.error is not None:
                 args["error"] = gap.error
             dur = max(0, _us(gap.end, o) - ts)
-            yield (
-                ts,
-                dur,
-                _ev("X", gap.label, pids["telemetry"], tid, cat="telemetry", ts=ts, dur=dur, args=args),
-            )
+            event = _ev("X", gap.label, pids["telemetry"], tid, cat="telemetry", ts=ts, dur=dur, args=args)
+            yield ts, dur, 1, event
 
     return meta(), body(a.t_min)
 
@@ -123,17 +129,15 @@ def _stdlib(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
-def _sorted(
-    events: Iterator[tuple[int, int, dict[str, Any]]], encode: Encoder, spool: Path
-) -> Iterator[bytes]:
-    """The encoded events sorted by (ts, longest first), ties in their given order (parents before children,
-    counters in order), with memory bounded by ``SORT_CHUNK`` events: an external merge sort whose sorted
+def _sorted(events: Body, encode: Encoder, spool: Path) -> Iterator[bytes]:
+    """The encoded events sorted by (ts, longest first, outer kind first), ties in their given order
+    (counters in order), with memory bounded by ``SORT_CHUNK`` events: an external merge sort whose sorted
     runs wait in temporary files beside the trace."""
     runs: list[Spool] = []
-    chunk: list[tuple[int, int, int, bytes]] = []
-    for seq, (ts, dur, event) in enumerate(events):
+    chunk: list[tuple[int, int, int, int, bytes]] = []
+    for seq, (ts, dur, depth, event) in enumerate(events):
         # keys are unique, so the bytes are never compared; copied, as orjson's bytes keep a 4 KB buffer
-        chunk.append((ts, -dur, seq, bytes(memoryview(encode(event)))))
+        chunk.append((ts, -dur, depth, seq, bytes(memoryview(encode(event)))))
         if len(chunk) >= SORT_CHUNK:
             chunk.sort()
             run = Spool(spool, batch=256)
@@ -143,7 +147,7 @@ def _sorted(
     chunk.sort()
     try:
         for item in heapq.merge(*runs, chunk) if runs else chunk:
-            yield item[3]
+            yield item[4]
     finally:
         for run in runs:
             run.close()
