@@ -169,3 +169,25 @@ def test_the_report_says_in_which_order_each_pair_ran_and_when_it_never_changed(
     text = markdown(aggregate(alternating))
     assert "Order of the arms in each pair (as run, or planned): p1 a → b; p2 b → a; p3 a → b." in text
     assert "the same order" not in text
+
+
+def test_a_gate_on_a_ratio_over_no_event_reads_undefined_in_the_report_as_in_its_verdict() -> None:
+    """A gate on exact accuracy of an arm that graded nothing: the verdict's note says "undefined
+    (accuracy.denominator = 0)", the report's stage table said "unknown" (its own header calls unknown
+    a value not measured)."""
+    from asyncroll.experiment.config import Gate
+    from asyncroll.experiment.gates import evaluate_gates
+
+    gate = Gate(metric="accuracy.exact", op=">=", value=0.5)
+    summary = {"accuracy": {"exact": None, "denominator": 0}}
+    verdicts = evaluate_gates([gate], ["a"], {"a": summary})
+    assert verdicts[0]["note"] == "undefined (accuracy.denominator = 0)"
+    stages = {"qualification": {"status": "failed", "gates": verdicts}}
+    text = markdown(aggregate(comparison([({}, {})], stages=stages)))
+    row = next(line for line in text.splitlines() if line.startswith("| qualification |"))
+    assert "accuracy.exact[a] = undefined (accuracy.denominator = 0) >= 0.5: FAIL" in row
+    unmeasured = evaluate_gates([gate], ["a"], {"a": None})
+    text = markdown(
+        aggregate(comparison([({}, {})], stages={"qualification": {"status": "failed", "gates": unmeasured}}))
+    )
+    assert "accuracy.exact[a] = unknown (arm failed or metric not measured) >= 0.5: FAIL" in text

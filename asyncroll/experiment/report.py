@@ -228,6 +228,11 @@ def _per_pair(d: dict[str, Any]) -> str:
     return ", ".join(cells) or "none"
 
 
+def _observed(gate: dict[str, Any]) -> str:
+    """A gate's observed value, or its verdict's note: undefined (over a count of 0) or unknown."""
+    return fmt(gate["observed"]) if gate["observed"] is not None else str(gate.get("note") or "unknown")
+
+
 def _rate(pooled: dict[str, Any], rate: str) -> str:
     value = pooled.get(rate)
     return fmt(value) if value is not None else pooled.get("notes", {}).get(rate, "unknown")
@@ -290,7 +295,7 @@ def markdown(agg: dict[str, Any]) -> str:
     ]
     for stage, state in agg["stages"].items():
         gates = "; ".join(
-            f"{g['metric']}[{g['arm']}] = {fmt(g['observed'])} {g['op']} {g['value']:g}: "
+            f"{g['metric']}[{g['arm']}] = {_observed(g)} {g['op']} {g['value']:g}: "
             f"{'pass' if g['passed'] else 'FAIL'}"
             for g in state.get("gates", [])
         )
