@@ -176,12 +176,13 @@ def test_a_gate_on_a_ratio_over_no_event_reads_undefined_in_the_report_as_in_its
     (accuracy.denominator = 0)", the report's stage table said "unknown" (its own header calls unknown
     a value not measured)."""
     from asyncroll.experiment.config import Gate
-    from asyncroll.experiment.gates import evaluate_gates
+    from asyncroll.experiment.gates import evaluate_gates, gate_text
 
     gate = Gate(metric="accuracy.exact", op=">=", value=0.5)
     summary = {"accuracy": {"exact": None, "denominator": 0}}
     verdicts = evaluate_gates([gate], ["a"], {"a": summary})
     assert verdicts[0]["note"] == "undefined (accuracy.denominator = 0)"
+    assert gate_text(verdicts, []) == " (accuracy.exact[a] = undefined (accuracy.denominator = 0) >= 0.5: no)"
     stages = {"qualification": {"status": "failed", "gates": verdicts}}
     text = markdown(aggregate(comparison([({}, {})], stages=stages)))
     row = next(line for line in text.splitlines() if line.startswith("| qualification |"))

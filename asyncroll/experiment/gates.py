@@ -51,7 +51,8 @@ def evaluate_gates(
 
 def gate_text(verdicts: list[dict[str, Any]], failed_arms: list[str]) -> str:
     parts = [
-        f"{v['metric']}[{v['arm']}] = {'unknown' if v['observed'] is None else format(v['observed'], 'g')} "
+        f"{v['metric']}[{v['arm']}] = "
+        f"{v['note'] or 'unknown' if v['observed'] is None else format(v['observed'], 'g')} "
         f"{v['op']} {v['value']:g}: {'ok' if v['passed'] else 'no'}"
         for v in verdicts
     ]
