@@ -1166,3 +1166,26 @@ def test_a_parent_span_comes_before_a_child_of_the_same_extent(tmp_path: Path) -
         else:
             first[key] = e
     assert ties  # the smoke workload's answer-only trajectory is one such tie
+
+
+def test_regenerated_exports_are_recorded_beside_the_runs_own(smoke_run: Path, tmp_path: Path) -> None:
+    """run.json's ``exports`` said what the run itself wrote (a failure on a full disk, say) and went on
+    saying it after ``asyncroll timeline`` had written them again: a reader took the good files for the
+    failed ones. The regeneration is now recorded beside it; a run.json that cannot take it is named."""
+    run = tmp_path / "copy"
+    shutil.copytree(smoke_run, run)
+    receipt = json.loads((run / "run.json").read_text())
+    receipt["exports"]["trace.json"] = {"ok": False, "error": "OSError: [Errno 28] No space left on device"}
+    (run / "run.json").write_text(json.dumps(receipt))
+    (run / "trace.json").unlink()
+    result = invoke("timeline", run)
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    after = json.loads((run / "run.json").read_text())
+    assert after["exports"] == receipt["exports"]  # the run's own record stays
+    again = after["exports_regenerated"]
+    assert again["trace.json"]["ok"] and again["timeline.html"]["ok"] and again["asyncroll"]
+    assert {k: v for k, v in after.items() if k != "exports_regenerated"} == receipt
+    (run / "run.json").write_text("[]")
+    odd = invoke("timeline", run)
+    assert odd.exit_code == 0 and "is not a receipt (not a JSON object); left as it was" in odd.stderr
+    assert (run / "run.json").read_text() == "[]"

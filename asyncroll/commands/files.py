@@ -89,6 +89,11 @@ def timeline(
     if failed:
         raise fail("export failed: " + "; ".join(failed), 1)
     typer.echo(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
+    from asyncroll.outputs.receipt import record_regenerated_exports
+
+    unrecorded = record_regenerated_exports(run_dir, exports)
+    if unrecorded is not None:
+        typer.echo(f"warning: {unrecorded}", err=True)
     invalid = exports.get("events_skipped", {}).get("invalid_lines", 0)
     if invalid:
         typer.echo(

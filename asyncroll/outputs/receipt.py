@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import sys
+import time
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -88,6 +89,28 @@ def _rewrite_in_place(path: Path, data: Any) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def record_regenerated_exports(run_dir: Path, exports: dict[str, Any]) -> str | None:
+    """Add ``exports_regenerated`` (when, by which version, each export's result) to a finished run's
+    run.json after ``asyncroll timeline`` wrote its exports again, beside the run's own ``exports``, which
+    may say they failed (a full disk) or hold an older version's. None, or why run.json was left as it
+    was (none, not a receipt, not writable): the exports are written either way."""
+    path = run_dir / "run.json"
+    try:
+        receipt = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return f"no {path}: nothing to record the new exports in"
+    except (OSError, ValueError) as exc:
+        return f"{path} is not readable JSON ({exc}); left as it was"
+    if not isinstance(receipt, dict):
+        return f"{path} is not a receipt (not a JSON object); left as it was"
+    receipt["exports_regenerated"] = {"at": _iso(time.time()), "asyncroll": __version__, **exports}
+    try:
+        write_json_atomic(path, receipt)
+    except OSError as exc:
+        return f"{path} could not be rewritten ({exc.strerror or exc}); left as it was"
+    return None
 
 
 def _iso(wall: float) -> str:
