@@ -297,7 +297,7 @@ def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
     config = write_config(
         tmp_path,
         **{
-            "server.command": ["{python}", "-c", "import sys; print('boom'); sys.exit(3)"],
+            "server.command": ["{python}", "-c", "import sys; print('boom'); sys.exit(3)", "{port}"],
             "stages": {},
             "pairs": 1,
         },
@@ -324,7 +324,11 @@ def test_failing_arms_are_kept_and_reported(tmp_path: Path) -> None:
     # a changed protocol refuses to resume, naming what changed
     changed = write_config(
         tmp_path,
-        **{"server.command": ["{python}", "-c", "import sys; sys.exit(3)"], "stages": {}, "pairs": 1},
+        **{
+            "server.command": ["{python}", "-c", "import sys; sys.exit(3)", "{port}"],
+            "stages": {},
+            "pairs": 1,
+        },
     )
     refused = invoke("experiment", "run", "--config", changed, "--output", out, "--resume")
     assert refused.exit_code == 2 and "protocol changed" in refused.stderr and "config:" in refused.stderr
@@ -400,6 +404,26 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     done = invoke("experiment", "plan", "--config", config)
     assert done.exit_code == 2
     assert "unknown placeholder(s) ['nope']" in done.stderr and "baseline: 'zzz' is not an arm" in done.stderr
+
+
+def test_a_free_port_the_server_command_is_never_told_is_refused(tmp_path: Path) -> None:
+    """server.port 0 picks a port for each arm; a command without {port} never passes it on, so the
+    server listens elsewhere and every arm waited its whole startup_timeout_s (900 s by default) to fail
+    with a ConnectError. Refused with the config, before any server starts (run and plan)."""
+    serve = json.loads(SMOKE.read_text())["server"]["command"]
+    fixed = [token if token != "{port}" else "18799" for token in serve]
+    config = write_config(tmp_path, **{"server.command": fixed})
+    out = tmp_path / "out"
+    for args in (("plan",), ("run", "--output", str(out))):
+        done = invoke("experiment", *args, "--config", config)
+        assert done.exit_code == 2, done.stdout
+        assert f"{config}: config: server.command: server.port is 0" in done.stderr
+        assert "no {port} placeholder" in done.stderr
+    assert not out.exists()
+    # the port given in the command is fine once server.port says it; so is {port} inside a token
+    assert load_experiment_config(write_config(tmp_path, **{"server.command": fixed, "server.port": 18799}))
+    inline = [*serve[: serve.index("--port")], "--port={port}", *serve[serve.index("--port") + 2 :]]
+    assert load_experiment_config(write_config(tmp_path, **{"server.command": inline}))
 
 
 @pytest.mark.timeout(30)
@@ -752,7 +776,7 @@ def test_a_failed_stage_stops_the_experiment_before_the_comparison(tmp_path: Pat
     config = write_config(
         tmp_path,
         **{
-            "server.command": ["{python}", "-c", "import sys; sys.exit(4)"],
+            "server.command": ["{python}", "-c", "import sys; sys.exit(4)", "{port}"],
             "stages": {"qualification": {"arms": ["fifo"], "gates": []}},
         },
     )

@@ -1075,7 +1075,12 @@ def test_the_experiments_deadline_interrupts_the_arm_the_clients_own_deadline_fa
     arm ends interrupted (by the deadline), not failed. The client's own deadline still fails it."""
     server = ready_server(tmp_path)
     if cut == "starting_server":
-        server["command"] = ["sleep", "30"]  # never ready: the cut comes while it starts, whatever the load
+        server["command"] = [
+            "sh",
+            "-c",
+            "sleep 30",
+            "{port}",
+        ]  # never ready: the cut comes while it starts, whatever the load
     cfg = lean(tmp_path, server=server, **{"client.deadline_s": 0.3 if cut == "client_deadline" else 60})
     monkeypatch.setattr(arms_module, "client_command", lambda *_args: ["sleep", "30"])
     out = tmp_path / "out"

@@ -84,11 +84,12 @@ def test_the_program_is_looked_up_as_the_server_will_be_started(
         "PATH, server.env included); install it, or give the program's path"
     ]
     with_path = lean(
-        tmp_path, **{"server.command": ["fake-serve"], "server.env": {"PATH": str(tmp_path / "bin")}}
+        tmp_path,
+        **{"server.command": ["fake-serve", "{port}"], "server.env": {"PATH": str(tmp_path / "bin")}},
     )
     assert preflight.problems(with_path) == []
     monkeypatch.chdir(tmp_path)
-    assert preflight.problems(lean(tmp_path, **{"server.command": ["bin/fake-serve"]})) == []
+    assert preflight.problems(lean(tmp_path, **{"server.command": ["bin/fake-serve", "{port}"]})) == []
     smoke = lean(tmp_path)  # {python} -m asyncroll.cli serve-sim on port 0
     assert smoke.server.port == 0 and preflight.problems(smoke) == []
     plan = invoke("experiment", "plan", "--config", write_config(tmp_path))

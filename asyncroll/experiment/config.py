@@ -308,17 +308,26 @@ class ExperimentConfig(_Strict):
                 if gate.arm is not None and gate.arm not in spec.arms:
                     problems.append(f"stages.{stage}.gates[{i}].arm: {gate.arm!r} does not run in {stage}")
         known = set(BUILTIN_PLACEHOLDERS) | set(self.server.vars)
+        used: set[str] = set()
         for i, token in enumerate(self.server.command):
             try:
                 fields = [f for _, f, _, _ in string.Formatter().parse(token) if f is not None]
             except ValueError as exc:
                 problems.append(f"server.command[{i}] {token!r}: {exc}")
                 continue
+            used.update(fields)
             unknown = [f for f in fields if f not in known]
             if unknown:
                 problems.append(
                     f"server.command[{i}] {token!r}: unknown placeholder(s) {unknown}; known: {sorted(known)}"
                 )
+        if self.server.port == 0 and "port" not in used:
+            # the runner probes a port the server is never told: every arm waits startup_timeout_s, fails
+            problems.append(
+                "server.command: server.port is 0 (a free port is picked for each arm) but the command has "
+                "no {port} placeholder, so the server would never be told that port; add it (e.g. "
+                '"--port", "{port}") or set server.port to the port the command uses'
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
