@@ -371,3 +371,33 @@ def test_a_gpu_another_job_keeps_busy_stops_the_experiment_and_a_resume_runs_the
         "pair1-fifo": "complete",
         "pair1-asyncroll": "complete",
     }
+
+
+@pytest.mark.timeout(60)
+def test_the_plan_prints_the_servers_environment_and_the_arm_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``server.env`` (CUDA_VISIBLE_DEVICES, an attention backend) reaches the server, but the plan's
+    "server:" line left it out: the server started by hand from the printed plan (docs/SINGLE_GPU.md,
+    step 4) was not the one ``run`` starts, and arm.json did not say it either. Now the line starts with
+    ``env NAME=VALUE`` and is, word for word, what the arm ran; the arm records the environment."""
+    import shlex
+
+    import asyncroll.experiment.arms as arms_module
+    from asyncroll.experiment.server import free_port
+    from tests.test_experiment_guards import one_arm, ready_server
+
+    server = ready_server(tmp_path)
+    # the wrapper prints what the server's environment holds, then runs the server
+    server["command"] = ["sh", "-c", 'echo "mark=$QA_MARK"; exec "$@"', "sh", *server["command"]]
+    server.update(port=free_port("127.0.0.1"), env={"QA_MARK": "two words"})
+    config = write_config(tmp_path, stages={}, pairs=1, server=server)
+    plan = invoke("experiment", "plan", "--config", config)
+    assert plan.exit_code == 0, plan.stderr
+    line = next(ln for ln in plan.stdout.splitlines() if ln.startswith("  server: "))
+    assert line.startswith("  server: env 'QA_MARK=two words' sh -c ")
+    monkeypatch.setattr(arms_module, "client_command", lambda *_args: ["true"])
+    arm = one_arm(lean(tmp_path, server=server), tmp_path / "out")
+    assert arm["server"]["env"] == {"QA_MARK": "two words"}
+    assert line == "  server: " + shlex.join(["env", "QA_MARK=two words", *arm["server"]["command"]])
+    assert "mark=two words" in (tmp_path / "out" / "arms" / "pair1-fifo" / "server.log").read_text()

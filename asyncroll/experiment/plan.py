@@ -82,6 +82,14 @@ def server_command(cfg: ExperimentConfig, port: int | str) -> list[str]:
     return [token.format(**values) for token in cfg.server.command]
 
 
+def server_launch(cfg: ExperimentConfig, port: int | str) -> list[str]:
+    """The server command as a shell would run it: ``env NAME=VALUE …`` first when ``server.env`` adds
+    to its environment (``CUDA_VISIBLE_DEVICES``, an attention backend), so a printed plan started by
+    hand starts the same server as ``run``."""
+    env = [f"{name}={value}" for name, value in cfg.server.env.items()]
+    return (["env", *env] if env else []) + server_command(cfg, port)
+
+
 def endpoint(cfg: ExperimentConfig, port: int | str) -> str:
     host = cfg.server.host
     if ":" in host and not host.startswith("["):
@@ -174,7 +182,7 @@ def render_plan(cfg: ExperimentConfig, output: Path | None) -> str:
     for arm in build_plan(cfg):
         where = arm.stage if arm.pair is None else f"pair {arm.pair + 1} position {arm.position + 1}"
         lines.append(f"\n[{arm.id}] {where}: policy {arm.policy}, seed {arm.seed}")
-        lines.append("  server: " + shlex.join(server_command(cfg, port)))
+        lines.append("  server: " + shlex.join(server_launch(cfg, port)))
         lines.append("  client: " + shlex.join(client_command(cfg, arm, port, out / "arms" / arm.id / "run")))
     for stage in STAGES:
         spec = getattr(cfg.stages, stage)
