@@ -63,10 +63,10 @@ from asyncroll.experiment.config import STAGES, ExperimentConfig
 from asyncroll.experiment.fingerprint import fingerprint, require_same
 from asyncroll.experiment.gates import evaluate_gates, gate_text
 from asyncroll.experiment.lock import LOCK_NAME, OutputLock
+from asyncroll.experiment.orphans import sweep_orphan
 from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
 from asyncroll.experiment.preflight import check_workload
 from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
-from asyncroll.experiment.server import sweep_orphan
 from asyncroll.experiment.signals import SignalGuard
 from asyncroll.proctree import is_subreaper, set_subreaper
 from asyncroll.workload import EVALUATOR_TOOL

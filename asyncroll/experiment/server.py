@@ -1,17 +1,10 @@
 """One inference server per arm: its own process group, its log captured, readiness within a deadline,
 startup evidence parsed from the log, and a stop that reaches the whole group (TERM → grace → KILL).
 
-Also the subprocess helpers the client side shares (``ManagedProcess``) and the orphan sweep that resume
-uses after a runner was killed: every started process is recorded with its pid, process group and
-creation time, so a later process reusing the pid is never signalled.
-
-Orphans are attributed to the process they descend from. The runner is a child subreaper, so what a
-server or a client detaches (``setsid -f``, a double fork) is re-parented to the runner, and its parentage
-is lost then. Each started process therefore gets a random ``ASYNCROLL_EXPERIMENT_ORIGIN`` in its
-environment, which everything it starts inherits, detached or not: its ``stop`` kills the adopted orphans
-that carry its origin and lists them as its own (``orphans``). An adopted process that carries no origin
-of ours (it cleared its environment) cannot be attributed; the server's stop, the arm's last, kills it
-all the same and keeps it apart (``InferenceServer.unattributed``).
+Also the subprocess helper the client side shares (``ManagedProcess``): every started process is
+recorded with its pid, process group, creation time and origin, so the orphan sweep that resume uses after
+a runner was killed (``orphans.py``) never signals a later process reusing the pid. What a server or a
+client detaches is found and killed by its origin (``orphans.py``).
 """
 
 from __future__ import annotations
@@ -33,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from asyncroll.clock import SystemClock
+from asyncroll.experiment.orphans import ORIGIN_ENV, adopted_from, adopted_orphans, kill_adopted
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
-from asyncroll.proctree import all_gone, children, descendants, environ, reap, signal_tree
+from asyncroll.proctree import all_gone, children, descendants, signal_tree
 
 if TYPE_CHECKING:
     import httpx
@@ -69,8 +63,6 @@ EVIDENCE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("listening", re.compile(r"(serve-sim listening on \S+.*|Uvicorn running on \S+)", re.I)),
 )
 _MAX_EVIDENCE = 8
-#: Inherited by everything a started process starts: tells whose an orphan the runner adopted is.
-ORIGIN_ENV = "ASYNCROLL_EXPERIMENT_ORIGIN"
 
 
 class ServerStartError(RuntimeError):
@@ -224,31 +216,6 @@ class ManagedProcess:
         return result
 
 
-def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
-    """Kill a process group recorded by a runner that died, if its leader is still the same process."""
-    if not record or record.get("pid") is None:
-        return "none recorded"
-    pid = int(record["pid"])
-    try:
-        proc = psutil.Process(pid)
-        same = record.get("create_time") is None or abs(proc.create_time() - record["create_time"]) < 0.01
-    except psutil.Error:
-        same = False
-    if not same:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(record.get("pgid", pid)), signal.SIGKILL)  # group members outliving the leader
-        return "gone"
-    tree = [proc, *descendants(pid)]
-    signal_tree(pid, signal.SIGTERM, tree)
-    deadline = time.monotonic() + grace_s
-    while not all_gone(tree) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    signal_tree(pid, signal.SIGKILL, tree)
-    with contextlib.suppress(psutil.Error):
-        proc.wait(5.0)  # reaps it only if we are its parent; otherwise init does
-    return "killed"
-
-
 class InferenceServer:
     """A fresh server for one arm. ``start`` → ``wait_ready`` → ``stop``; every step leaves evidence."""
 
@@ -367,69 +334,3 @@ class InferenceServer:
         others = adopted_orphans(self._before | {self.process.pid})
         self.unattributed = kill_adopted(others, min(grace_s, 5.0)) if others else []
         return result
-
-
-def origin_of(pid: int) -> str | None:
-    """The ``ORIGIN_ENV`` a process inherited (None: none, or its environment cannot be read)."""
-    env = environ(pid)
-    return None if env is None else env.get(ORIGIN_ENV)
-
-
-def adopted_from(origin: str | None, exclude: int) -> list[psutil.Process]:
-    """The runner's live children, other than ``exclude``, that carry ``origin``: orphans of that process
-    (or of its descendants) re-parented to the runner. Nothing is reaped here: a child that is not one of
-    these (the server, while the client's orphans are looked for) is not this function's to wait for."""
-    if origin is None:
-        return []
-    found = []
-    for pid in sorted(children() - {exclude}):
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            if origin_of(pid) == origin:
-                found.append(proc)
-    return found
-
-
-def adopted_orphans(known: set[int]) -> list[psutil.Process]:
-    """The runner's children that it did not start (``known`` holds those it did, or that were already
-    there): orphans of the server or the client re-parented to the runner. Exited ones are reaped."""
-    found = []
-    for pid in sorted(children() - known):
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                reap(pid)
-                continue
-            found.append(proc)
-        except psutil.Error:
-            reap(pid)
-    return found
-
-
-def kill_adopted(orphans: list[psutil.Process], grace_s: float) -> list[dict[str, Any]]:
-    """TERM each adopted orphan and its descendants, KILL what is left after ``grace_s``, reap them."""
-    records = []
-    for proc in orphans:
-        with contextlib.suppress(psutil.Error):
-            record: dict[str, Any] = {"pid": proc.pid, "command": " ".join(proc.cmdline())[:300]}
-            origin = origin_of(proc.pid)
-            if origin is not None:
-                record["origin"] = origin
-            records.append(record)
-    trees = {proc.pid: [proc, *descendants(proc.pid)] for proc in orphans}
-    for leader, tree in trees.items():
-        signal_tree(leader, signal.SIGTERM, tree)
-    everything = [p for tree in trees.values() for p in tree]
-    deadline = time.monotonic() + grace_s
-    while not all_gone(everything) and time.monotonic() < deadline:
-        for proc in orphans:
-            reap(proc.pid)
-        time.sleep(0.05)
-    for leader, tree in trees.items():
-        signal_tree(leader, signal.SIGKILL, tree)
-    for proc in orphans:
-        with contextlib.suppress(psutil.Error):
-            proc.wait(5.0)  # our child now: this reaps it
-    for record in records:
-        record["killed"] = True
-    return records

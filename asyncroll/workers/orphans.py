@@ -6,7 +6,7 @@ dead (a crash, a kill from outside, SIGKILL after a timeout) its children are re
 nearest subreaper above it. While a pool runs process workers the runtime is one (:class:`Adopter`,
 restored after), so they come to the runtime, not to init, and their parentage is lost then. Each
 worker is therefore spawned with a unique :data:`ORIGIN_ENV` in its environment (the idea of
-:mod:`asyncroll.experiment.server`'s ``ASYNCROLL_EXPERIMENT_ORIGIN``), which everything it starts
+:mod:`asyncroll.experiment.orphans`' ``ASYNCROLL_EXPERIMENT_ORIGIN``), which everything it starts
 inherits, detached or not: after a worker's tree is killed, the pool kills the runtime's children that
 carry that worker's origin (their process groups and descendants too) and reaps them.
 
