@@ -31,9 +31,21 @@ ORIGIN_ENV = "ASYNCROLL_EXPERIMENT_ORIGIN"
 
 
 def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
-    """Kill a process group recorded by a runner that died, if its leader is still the same process."""
+    """Kill what a runner that died left of one recorded process: its group and tree, if its leader is
+    still the same process, and every process carrying its origin (what it had detached: re-parented to
+    init when the runner died, out of its group and tree). Says what was found."""
     if not record or record.get("pid") is None:
         return "none recorded"
+    outcome = _sweep_leader(record, grace_s)
+    detached = carrying(record.get("origin"))
+    if detached:
+        killed = kill_adopted(detached, grace_s)
+        named = ", ".join(f"pid {k['pid']} ({k['command']})" for k in killed)
+        outcome += f"; what it detached killed: {named}"
+    return outcome
+
+
+def _sweep_leader(record: dict[str, Any], grace_s: float) -> str:
     pid = int(record["pid"])
     try:
         proc = psutil.Process(pid)
@@ -53,6 +65,20 @@ def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
     with contextlib.suppress(psutil.Error):
         proc.wait(5.0)  # reaps it only if we are its parent; otherwise init does
     return "killed"
+
+
+def carrying(origin: str | None) -> list[psutil.Process]:
+    """Every live process, other than this one, whose environment carries ``origin`` (a random token
+    given to one started process, so only what that process started carries it)."""
+    if not origin:
+        return []
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            mine = proc.pid != os.getpid() and origin_of(proc.pid) == origin
+            if mine and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
 
 
 def origin_of(pid: int) -> str | None:

@@ -13,10 +13,11 @@ so a change mid-experiment stops it there, with the reason (what changed) record
 One runner per output directory: ``experiment.lock`` (``lock.py``) is held for the runner's lifetime, so
 a second ``run`` or ``--resume`` on a directory a live runner uses is refused. Resume (``--resume`` on an
 existing output) re-reads ``experiment.json``, refuses unless the protocol fingerprint and the plan are
-unchanged, kills any process group a killed runner left behind, moves the unfinished arms' directories
-aside (``<id>.interrupted-N``, kept and listed) and runs only the arms that have not finished. Finished
-arms (complete or failed) are never run again; an arm whose ``arm.json`` says it finished, though the
-runner died (or was interrupted) before ``experiment.json`` recorded it, is recorded then, not re-run.
+unchanged, kills what a killed runner left behind (each recorded process group and tree, and what they
+detached), moves the unfinished arms' directories aside (``<id>.interrupted-N``, kept and listed) and
+runs only the arms that have not finished. Finished arms (complete or failed) are never run again; an
+arm whose ``arm.json`` says it finished, though the runner died (or was interrupted) before
+``experiment.json`` recorded it, is recorded then, not re-run.
 
 SIGINT/SIGTERM/SIGHUP interrupt the arm (its processes are stopped, it is marked interrupted); further signals
 while that cleanup runs are counted and ignored, so a second Ctrl-C never leaves a server running. An

@@ -1,0 +1,82 @@
+"""What a killed runner's server left running, a resume kills: its group and tree, and what it detached."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import asyncroll.experiment.runner as runner_module
+from asyncroll.experiment.arms import ExperimentInterrupted
+from asyncroll.experiment.runner import ExperimentRunner
+from asyncroll.experiment.server import ManagedProcess
+from tests.test_experiment import read
+from tests.test_experiment_guards import lean
+from tests.test_experiment_setup import fake_arms
+
+
+def running(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line is ``marker``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.info["cmdline"] or []) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_kills_what_the_dead_runners_server_had_detached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that detaches a helper (``setsid -f``: a new session, out of the server's group and
+    tree) while the runner is killed: the helper was re-parented away from the runner, and the resume's
+    sweep, which killed only the recorded group and tree, left it running (holding the GPU, say). The
+    helper carries the server's recorded origin, so the sweep now finds and kills it, and says so."""
+    marker = f"sleep 88{os.getpid() % 10}.5"
+    server = ManagedProcess(
+        ["bash", "-c", f"setsid -f {marker}; exec sleep 60"], tmp_path / "server.log", role="server"
+    )
+
+    def killed_runner(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        """The arm's server starts and detaches its helper, then the runner is gone (as after SIGKILL)."""
+        arm_dir.mkdir(parents=True)
+        server.start()
+        end = time.monotonic() + 20
+        while not running(marker):
+            assert time.monotonic() < end, server.log.read_text()
+            time.sleep(0.02)
+        arm = {"status": "running_client", "server": {"process": server.record()}}
+        (arm_dir / "arm.json").write_text(json.dumps(arm))
+        raise ExperimentInterrupted("SIGKILL")
+
+    cfg = lean(tmp_path)
+    out = tmp_path / "out"
+    calls: list[str] = []
+    try:
+        monkeypatch.setattr(runner_module, "run_arm", killed_runner)
+        assert ExperimentRunner(cfg, out, echo=lambda _: None).run().status == "interrupted"
+        helper = running(marker)
+        assert len(helper) == 1 and helper[0].ppid() != server.pid
+        assert os.getpgid(helper[0].pid) != server.pid  # out of the server's group and tree
+        monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+        outcome = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+        left = running(marker)
+    finally:
+        for proc in running(marker):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+    assert outcome.status == "complete" and calls == ["pair1-fifo", "pair1-asyncroll"], outcome.message
+    assert left == []
+    swept = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]["orphans"]
+    assert swept["server"] == f"killed; what it detached killed: pid {helper[0].pid} ({marker})", swept
