@@ -80,3 +80,58 @@ def test_a_resume_kills_what_the_dead_runners_server_had_detached(
     assert left == []
     swept = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]["orphans"]
     assert swept["server"] == f"killed; what it detached killed: pid {helper[0].pid} ({marker})", swept
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("role", ["server", "client"])
+def test_a_signal_while_a_process_is_spawned_still_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str
+) -> None:
+    """Ctrl-C can land inside ``subprocess.Popen`` after the fork, while it waits for the exec: the child
+    runs, but no Popen object is returned. The arm's stop took such a server for one never spawned and
+    left it running after the runner exited (holding the GPU); now each stop finds its process by the
+    origin it carries, and the arm ends interrupted."""
+    import subprocess
+
+    import asyncroll.experiment.arms as arms_module
+    from tests.test_experiment_guards import one_arm, ready_server
+
+    real = subprocess.Popen
+    spawned: list[Any] = []  # held here: a Popen dropped while its child runs warns
+
+    def cut(command: list[str], *args: Any, **kwargs: Any) -> Any:
+        process = real(command, *args, **kwargs)
+        if "cut-here" in command:  # the signal arrives after the fork, before Popen returns
+            spawned.append(process)
+            raise ExperimentInterrupted("SIGINT")
+        return process
+
+    server = ready_server(tmp_path)
+    client = ["sleep", "30"]
+    if role == "server":  # sh runs the server as it is ($0 is the marker)
+        server["command"] = ["sh", "-c", 'exec "$@"', "cut-here", *server["command"]]
+    else:
+        client = ["sh", "-c", "sleep 30", "cut-here"]
+    monkeypatch.setattr(arms_module, "client_command", lambda *_args: client)
+    monkeypatch.setattr(subprocess, "Popen", cut)
+    out = tmp_path / "out"
+    try:
+        with pytest.raises(ExperimentInterrupted):
+            one_arm(lean(tmp_path, server=server), out)
+    finally:
+        monkeypatch.undo()
+    assert len(spawned) == 1
+    pid = spawned[0].pid
+    try:
+        alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        alive = False
+    if alive:
+        os.killpg(pid, signal.SIGKILL)
+    spawned[0].wait(10)
+    assert not alive, f"the {role} whose spawn was cut short still runs"
+    arm = read(out / "arms" / "pair1-fifo" / "arm.json")
+    assert arm["status"] == "interrupted"
+    if role == "client":
+        stop = arm["client"]["stop"]
+        assert [o["pid"] for o in stop["orphans"]] == [pid], arm

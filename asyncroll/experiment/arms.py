@@ -229,8 +229,8 @@ def _steps(
     run_dir = arm_dir / "run"
     command = client_command(cfg, plan, port, run_dir)
     client = ManagedProcess(command, arm_dir / "client.log", role="client")
+    live.client = client  # before the spawn: a signal the moment it is spawned still stops it
     client.start()
-    live.client = client
     receipt.transition(
         "running_client", client={"command": command, "run_dir": str(run_dir), "process": client.record()}
     )
@@ -312,7 +312,7 @@ def _stop_client(receipt: ArmReceipt, live: _Live) -> None:
 
 
 def _stop_server(cfg: ExperimentConfig, receipt: ArmReceipt, live: _Live) -> None:
-    if live.server is None or live.server.process.popen is None:  # never spawned
+    if live.server is None or live.server.process.origin is None:  # never spawned (origin: set by start)
         live.server = None
         return
     stop = live.server.stop(cfg.server.stop_grace_s)

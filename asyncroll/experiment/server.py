@@ -183,9 +183,16 @@ class ManagedProcess:
         outlived the group's stop) and ``orphans`` lists what they were and that they were killed.
 
         Also right for a process that already exited: what it left in its group, and what it detached,
-        is stopped and listed as its own."""
-        assert self.popen is not None
+        is stopped and listed as its own; and for one whose spawn a signal cut short after the fork
+        (``Popen`` raised, no object came back): the child it left runs all the same, found by origin."""
         began = time.monotonic()
+        if self.popen is None:
+            spawned = adopted_from(self.origin, exclude=-1)  # never started: origin None, nothing found
+            orphans = kill_adopted(spawned, min(grace_s, 5.0)) if spawned else []
+            seconds = round(time.monotonic() - began, 3)
+            how = "spawn cut short" if orphans else "never spawned"
+            cut: dict[str, Any] = {"how": how, "exit_code": None, "seconds": seconds, "leftover": []}
+            return {**cut, "orphans": orphans} if orphans else cut
         already = self.popen.poll()
         # once it has exited, its children were re-parented and its pid may be another process's
         tree = [] if already is not None else descendants(self.pid)
@@ -331,6 +338,7 @@ class InferenceServer:
         carries no origin; or the client's, if the client's stop was cut short) is killed too and kept
         apart in ``unattributed``, with the origin it carries if any, never listed as the server's."""
         result = self.process.stop(grace_s)
-        others = adopted_orphans(self._before | {self.process.pid})
+        spawned = set() if self.process.popen is None else {self.process.pid}
+        others = adopted_orphans(self._before | spawned)
         self.unattributed = kill_adopted(others, min(grace_s, 5.0)) if others else []
         return result
