@@ -3,7 +3,10 @@
 One JSON file names the server command template (vLLM by default; ``serve-sim``, SGLang or any command),
 the model, the workload and its expected SHA-256, the client's limits, the arms (policies), the pairs and
 their order, the seeds, the stages with their gates, and every deadline. ``asyncroll experiment schema``
-prints its JSON Schema. Paths in the file are relative to the file's folder.
+prints its JSON Schema. ``workload.path`` and ``workload.tool_root`` are relative to the file's folder;
+``model.path`` and the server command are handed to the server as written, so a relative path there is
+relative to the folder ``run`` starts in (give absolute paths: a ``--resume`` from another folder would
+start another program or model under the same fingerprint).
 """
 
 from __future__ import annotations
@@ -109,7 +112,11 @@ class ServerSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    path: str = Field(min_length=1, description="Model path or hub id handed to the server.")
+    path: str = Field(
+        min_length=1,
+        description="Model path or hub id handed to the server as written (a relative path: from the "
+        "folder `run` starts in, not the config's).",
+    )
     revision: str = Field(default="main", min_length=1, description="Pin a commit for a real experiment.")
     served_name: str = Field(min_length=1, description="The name requests use (--served-model-name).")
 
@@ -362,7 +369,8 @@ def read_json_file(path: Path) -> Any:
 
 
 def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read, override (dotted keys such as ``model.path``) and validate; relative paths → the file's folder.
+    """Read, override (dotted keys such as ``model.path``) and validate; a relative ``workload.path`` or
+    ``workload.tool_root`` → the file's folder.
 
     Raises UsageError with one line per problem, naming the file and the field. A string that is not
     valid Unicode (a lone surrogate escape such as ``"\\ud800"``, which JSON allows) is refused here, where
