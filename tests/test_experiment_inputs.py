@@ -4,6 +4,7 @@ partial output behind. Numbers the report writes are valid JSON (no NaN, no Infi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from asyncroll.experiment.config import load_experiment_config
 from asyncroll.experiment.report import load_comparison, write_report
 from asyncroll.json_checks import LONE_SURROGATE
 from tests.conftest import invoke
-from tests.test_experiment import write_config
+from tests.test_experiment import ROOT, write_config
 from tests.test_experiment_guards import comparison as guarded_comparison
 
 
@@ -330,3 +331,40 @@ def test_a_report_written_again_replaces_only_its_own_files(tmp_path: Path) -> N
         write_report(write(tmp_path, broken, "broken.json"), out, figure=False)
     assert sorted(os.listdir(out)) == ["REPORT.md", "aggregate.json", "notes.txt"]  # untouched
     assert strict_json(out / "aggregate.json")["pairs_complete"] == 2
+
+
+@pytest.mark.parametrize("section", ["model", "workload"])
+def test_an_override_into_a_section_that_is_not_an_object_is_a_named_error(
+    tmp_path: Path, section: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The LiveCodeBench script sets model.path and workload.path over the config's: a config whose
+    ``model`` (or ``workload``) is not an object raised a TypeError traceback out of the script."""
+    data = json.loads(config_text(tmp_path))
+    data[section] = "qwen"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(
+        UsageError, match=rf"bad\.json: {section}: an object is expected here \(to set {section}\.path\)"
+    ):
+        load_experiment_config(path, {f"{section}.path": "/models/m"})
+    spec = importlib.util.spec_from_file_location(
+        "lcb_script", ROOT / "scripts" / "run_lcb_bounded_single_gpu.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    smoke = ROOT / "examples" / "smoke.jsonl"
+    args = [
+        "--config",
+        str(path),
+        "--model-path",
+        "/m",
+        "--workload",
+        str(smoke),
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    capsys.readouterr()
+    assert script.main([*args, "--plan"]) == 2  # it raised TypeError
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {section}: an object is expected here"), err

@@ -383,8 +383,13 @@ def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) 
     for key, value in (overrides or {}).items():
         node = data
         *parents, leaf = key.split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # "model": "qwen" raised a TypeError out of the script
+                where = ".".join(parents[: i + 1])
+                raise UsageError(
+                    f"{path}: {where}: an object is expected here (to set {key}), not {node!r:.80}"
+                )
         node[leaf] = value
     surrogate = lone_surrogate_at(data)
     if surrogate is not None:
