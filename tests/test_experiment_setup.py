@@ -124,6 +124,31 @@ def test_a_busy_fixed_port_is_refused_before_any_arm_and_checked_again_by_each_a
     assert "process" not in receipt.data.get("server", {})  # no server was started
 
 
+@pytest.mark.timeout(30)
+def test_a_second_run_on_a_live_experiment_is_told_so_not_to_stop_its_server(
+    tmp_path: Path, busy_port: int
+) -> None:
+    """The same command started twice (a second tmux pane): the live runner's arm holds the fixed port,
+    and the second ``run`` was refused by the pre-flight for that port, with the advice to stop the
+    server there, which is the live experiment's. It is now refused for the live runner, as ``--resume``
+    is, touching nothing."""
+    from asyncroll.experiment.lock import OutputLock
+
+    config = write_config(tmp_path, **{"server.port": busy_port, "stages": {}, "pairs": 1})
+    out = tmp_path / "out"
+    out.mkdir()
+    live = OutputLock.acquire(out)  # the live runner (another open file: flock refuses this process too)
+    try:
+        for resume in ([], ["--resume"]):
+            done = invoke("experiment", "run", "--config", config, "--output", out, *resume)
+            assert done.exit_code == 2, done.output
+            assert f"the experiment is being run by pid {os.getpid()} " in done.stderr, done.stderr
+            assert "pre-flight" not in done.stderr
+    finally:
+        live.release()
+    assert [p.name for p in out.iterdir()] == ["experiment.lock"]
+
+
 def fake_arms(calls: list[str]) -> Any:
     def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
         calls.append(plan.id)

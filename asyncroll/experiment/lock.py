@@ -50,10 +50,7 @@ class OutputLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise UsageError(
-                f"--output {directory}: the experiment is being run by {holder}; wait for it to end, or "
-                "stop it (SIGINT or SIGTERM) and then --resume"
-            ) from None
+            raise _held(directory, holder) from None
         except OSError as exc:
             os.close(fd)
             raise UsageError(f"{path}: cannot lock: {exc.strerror or exc}") from None
@@ -66,11 +63,38 @@ class OutputLock:
             raise UsageError(f"{path}: cannot record the runner: {exc.strerror or exc}") from None
         return cls(fd, path)
 
+    @staticmethod
+    def refuse_if_held(directory: Path) -> None:
+        """Raise :meth:`acquire`'s refusal now if a live runner holds ``directory``; create nothing.
+
+        For the checks that come before the lock is taken: a second ``run`` on a live experiment's
+        directory was refused by the pre-flight instead, for the fixed port the live arm's server holds,
+        with the advice to stop that server."""
+        try:
+            fd = os.open(directory / LOCK_NAME, os.O_RDWR)
+        except OSError:
+            return  # no lock file yet (or none readable: acquire says so)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # closing the descriptor drops it again
+        except BlockingIOError:
+            raise _held(directory, _holder(fd)) from None
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # closing the only descriptor drops the flock
             self._fd = None
+
+
+def _held(directory: Path, holder: str) -> UsageError:
+    return UsageError(
+        f"--output {directory}: the experiment is being run by {holder}; wait for it to end, or "
+        "stop it (SIGINT or SIGTERM) and then --resume"
+    )
 
 
 def _holder(fd: int) -> str:

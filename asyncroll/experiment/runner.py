@@ -108,6 +108,7 @@ class ExperimentRunner:
         """Validate, lock, create or resume, run every unfinished arm, write comparison.json."""
         if self.cfg.deadline_s is not None:  # each run or resume gets the whole deadline
             self._deadline_at = time.monotonic() + self.cfg.deadline_s
+        OutputLock.refuse_if_held(self.output)  # a live runner's directory: say so before its port
         sha, tools = check_workload(self.cfg)
         # on --resume the port waits until the dead runner's leftovers (which may hold it) are killed
         self._preflight(port=not self.resume)
