@@ -79,7 +79,7 @@ def test_a_resume_kills_what_the_dead_runners_server_had_detached(
     assert outcome.status == "complete" and calls == ["pair1-fifo", "pair1-asyncroll"], outcome.message
     assert left == []
     swept = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]["orphans"]
-    assert swept["server"] == f"killed; what it detached killed: pid {helper[0].pid} ({marker})", swept
+    assert swept["server"] == f"killed; killed what carried its origin: pid {helper[0].pid} ({marker})", swept
 
 
 @pytest.mark.timeout(60)
@@ -135,3 +135,39 @@ def test_a_signal_while_a_process_is_spawned_still_stops_it(
     if role == "client":
         stop = arm["client"]["stop"]
         assert [o["pid"] for o in stop["orphans"]] == [pid], arm
+
+
+@pytest.mark.timeout(30)
+def test_the_sweep_never_kills_the_group_of_a_process_that_reuses_a_recorded_pid(tmp_path: Path) -> None:
+    """After a reboot (or once pids wrapped), a recorded server pid can be another process's, leading its
+    own process group: the sweep saw the leader was not the recorded one and still SIGKILLed that group
+    id, killing an unrelated process group (a daemon's, another user's job; as root, anything). Now a
+    gone leader's group is left alone; what outlived it in its group carries its origin and is killed."""
+    from asyncroll.experiment.orphans import sweep_orphan
+
+    marker = f"sleep 99{os.getpid() % 10}.5"
+    # our server: the leader exits, a member of its group outlives it (re-parented away from us)
+    ours = ManagedProcess(["sh", "-c", f"{marker} & sleep 0.3"], tmp_path / "server.log", role="server")
+    ours.start()
+    record = ours.record()
+    # somebody else's process group, whose leader has the pid a dead runner recorded (another start time)
+    innocent = ManagedProcess(["sh", "-c", "sleep 1000 & exec sleep 1001"], tmp_path / "other.log")
+    innocent.start()
+    try:
+        assert ours.wait(10) == 0 and running(marker)
+        # a dead runner's record of a server started an hour before: its pid is the innocent leader's now
+        earlier = record["create_time"] - 3600
+        reused = {"pid": innocent.pid, "pgid": innocent.pid, "create_time": earlier, "origin": "server:0"}
+        assert sweep_orphan(reused) == "gone"
+        assert innocent.poll() is None and len(psutil.Process(innocent.pid).children()) == 1
+        member = running(marker)[0].pid
+        said = sweep_orphan(record)
+        assert said == f"gone; killed what carried its origin: pid {member} ({marker})", said
+        assert running(marker) == []
+    finally:
+        for proc in running(marker):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(innocent.pid, signal.SIGKILL)
+        innocent.wait(10)

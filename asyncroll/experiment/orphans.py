@@ -32,16 +32,20 @@ ORIGIN_ENV = "ASYNCROLL_EXPERIMENT_ORIGIN"
 
 def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
     """Kill what a runner that died left of one recorded process: its group and tree, if its leader is
-    still the same process, and every process carrying its origin (what it had detached: re-parented to
-    init when the runner died, out of its group and tree). Says what was found."""
+    still the same process, and every process carrying its origin (what it had detached, re-parented to
+    init when the runner died, out of its group and tree; what outlived the leader in its group). Says
+    what was found.
+
+    A leader that is gone is never taken for its group: its pid, and so its group id, may be another
+    process's now (a reboot, pid reuse), and a ``killpg`` of that id killed an unrelated process group."""
     if not record or record.get("pid") is None:
         return "none recorded"
     outcome = _sweep_leader(record, grace_s)
-    detached = carrying(record.get("origin"))
-    if detached:
-        killed = kill_adopted(detached, grace_s)
+    left = carrying(record.get("origin"))
+    if left:
+        killed = kill_adopted(left, grace_s)
         named = ", ".join(f"pid {k['pid']} ({k['command']})" for k in killed)
-        outcome += f"; what it detached killed: {named}"
+        outcome += f"; killed what carried its origin: {named}"
     return outcome
 
 
@@ -53,9 +57,7 @@ def _sweep_leader(record: dict[str, Any], grace_s: float) -> str:
     except psutil.Error:
         same = False
     if not same:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(record.get("pgid", pid)), signal.SIGKILL)  # group members outliving the leader
-        return "gone"
+        return "gone"  # what outlived it in its group carries its origin: found by sweep_orphan
     tree = [proc, *descendants(pid)]
     signal_tree(pid, signal.SIGTERM, tree)
     deadline = time.monotonic() + grace_s
