@@ -159,6 +159,7 @@ def test_the_sweep_never_kills_the_group_of_a_process_that_reuses_a_recorded_pid
         earlier = record["create_time"] - 3600
         reused = {"pid": innocent.pid, "pgid": innocent.pid, "create_time": earlier, "origin": "server:0"}
         assert sweep_orphan(reused) == "gone"
+        assert sweep_orphan({**reused, "create_time": None}) == "gone"  # nothing proves it is ours
         assert innocent.poll() is None and len(psutil.Process(innocent.pid).children()) == 1
         member = running(marker)[0].pid
         said = sweep_orphan(record)

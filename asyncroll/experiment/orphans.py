@@ -53,7 +53,8 @@ def _sweep_leader(record: dict[str, Any], grace_s: float) -> str:
     pid = int(record["pid"])
     try:
         proc = psutil.Process(pid)
-        same = record.get("create_time") is None or abs(proc.create_time() - record["create_time"]) < 0.01
+        recorded = record.get("create_time")  # none recorded: nothing proves the pid is still ours
+        same = recorded is not None and abs(proc.create_time() - float(recorded)) < 0.01
     except psutil.Error:
         same = False
     if not same:
