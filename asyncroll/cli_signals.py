@@ -44,9 +44,12 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def guard() -> None:
     """From now on each stop signal is recorded and raises KeyboardInterrupt (which typer, and each
-    command, turn into exit 130). Main thread only; elsewhere nothing changes."""
+    command, turn into exit 130). Main thread only; elsewhere nothing changes. A SIGHUP this process was
+    started ignoring (``nohup``) stays ignored: the caller asked that the terminal's hangup not stop it."""
     _received.clear()
     for sig in _stop_signals():
+        if sig == getattr(signal, "SIGHUP", None) and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             signal.signal(sig, _interrupt)
     if not _ignoring_at_exit:  # registered first, so run last (exit handlers run in reverse): every one

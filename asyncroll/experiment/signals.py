@@ -17,7 +17,8 @@ class SignalGuard:
     runs to its end; nothing is printed from the handler (it may land in the middle of a write)."""
 
     #: SIGHUP (the terminal or ssh session closed) is handled as SIGTERM: the arm's processes, each in
-    #: its own session, would not get it and would keep running (and holding the GPU).
+    #: its own session, would not get it and would keep running (and holding the GPU). Unless the runner
+    #: was started ignoring it (``nohup``): then it stays ignored, and the experiment goes on.
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
     def __init__(self) -> None:
@@ -29,7 +30,10 @@ class SignalGuard:
 
     def __enter__(self) -> SignalGuard:
         for sig in self.SIGNALS:
-            self._previous[sig] = signal.getsignal(sig)
+            previous = signal.getsignal(sig)
+            if sig == signal.SIGHUP and previous == signal.SIG_IGN:
+                continue  # nohup: the caller asked that a hangup not stop the experiment
+            self._previous[sig] = previous
             signal.signal(sig, self._handle)
         return self
 
