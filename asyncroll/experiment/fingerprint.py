@@ -1,10 +1,13 @@
 """The protocol fingerprint: what must not change between the stages and resumes of one experiment.
 
 Components: the config (canonical JSON), the workload's SHA-256, a hash of every trusted tool file it
-names, the code version (``git describe`` of the checkout asyncroll runs from, else the package version,
-and a digest of the package's own files) and the software versions. Each is hashed separately so that a
-refusal names what changed. The runner computes it afresh before and after every arm (every arm starts a
-fresh client, which reads the files as they are then), not only at start-up.
+names, the code (the package version and a digest of the package's own files) and the software
+versions. Each is hashed separately so that a refusal names what changed. The checkout's ``git
+describe`` and commit are recorded with the code, not hashed: they change with any tracked file (a README
+edited, a notes commit made while an arm ran), which stopped the experiment and failed that arm though
+no code the clients run had changed; a change to that code changes the digest. The runner computes it
+afresh before and after every arm (every arm starts a fresh client, which reads the files as they are
+then), not only at start-up.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ def code_version() -> dict[str, str | None]:
     return out
 
 
+#: What of :func:`code_version` the fingerprint hashes; ``describe`` and ``commit`` are recorded only.
+CODE_HASHED = ("package", "source_sha256")
+
+
 def _sha(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -90,7 +97,7 @@ def fingerprint(cfg: ExperimentConfig, workload_sha256: str, tools: dict[str, Pa
         "config": _sha(cfg.model_dump(mode="json")),
         "workload": workload_sha256,
         "tools": _sha(tool_hashes),
-        "code": _sha(code),
+        "code": _sha({key: code[key] for key in CODE_HASHED}),
         "software": _sha(software),
     }
     return {

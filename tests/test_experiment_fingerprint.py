@@ -1,0 +1,58 @@
+"""The protocol fingerprint's code component: the code the clients run, not the state of the checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import asyncroll.experiment.fingerprint as fingerprint_module
+import asyncroll.experiment.runner as runner_module
+from asyncroll.experiment.arms import PROTOCOL_STEP
+from asyncroll.experiment.runner import ExperimentRunner
+from tests.test_experiment import read
+from tests.test_experiment_guards import lean
+
+
+def test_a_checkout_made_dirty_by_a_doc_edit_does_not_stop_the_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``git describe --dirty`` turns ``-dirty`` when any tracked file changes: a README edited in the
+    checkout while an arm ran failed that arm (the check after it) and stopped the experiment, though
+    the package the clients run was the same. describe and commit are recorded, not hashed; an edit to
+    the package's code still stops it."""
+    state = {"describe": "v1-3-gabc", "commit": "abc", "source_sha256": "1" * 64}
+
+    def code_version() -> dict[str, str | None]:
+        return {"package": "0.1", **state}
+
+    monkeypatch.setattr(fingerprint_module, "code_version", code_version)
+    ran: list[str] = []
+
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        """Starts nothing; the protocol is checked when its "client" exits, as run_arm checks it."""
+        ran.append(plan.id)
+        arm_dir.mkdir(parents=True)
+        if plan.id == "pair1-fifo":  # a doc edited, then committed, while the first arm runs
+            state.update(describe="v1-4-gdef-dirty", commit="def")
+        elif plan.id == "pair2-asyncroll":  # the package's code edited
+            state.update(source_sha256="2" * 64)
+        problem = kwargs["protocol_check"]()
+        if problem is not None:
+            return SimpleNamespace(status="failed", data={"error": problem, "failed_step": PROTOCOL_STEP})
+        return SimpleNamespace(status="complete", data={"error": None})
+
+    monkeypatch.setattr(runner_module, "run_arm", run_arm)
+    out = tmp_path / "out"
+    outcome = ExperimentRunner(lean(tmp_path, pairs=2), out, echo=lambda _: None).run()
+    assert ran == ["pair1-fifo", "pair1-asyncroll", "pair2-asyncroll"], outcome.message
+    exp = read(out / "experiment.json")
+    assert exp["fingerprint"]["detail"]["code"]["describe"] == "v1-3-gabc"  # recorded as it started
+    assert [exp["arms"][a]["status"] for a in ran] == ["complete", "complete", "failed"]
+    assert outcome.status == "stopped"
+    assert exp["stop_reason"].startswith("after pair2-asyncroll ran: the protocol changed"), exp[
+        "stop_reason"
+    ]
+    assert "source_sha256 111111111111 → 222222222222" in exp["stop_reason"], exp["stop_reason"]
