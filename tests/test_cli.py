@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -421,6 +422,37 @@ def _wait_for(path: Path, needle: str, timeout: float = 30) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="needs nohup")
+def test_a_run_started_under_nohup_survives_the_hangup(tmp_path: Path) -> None:
+    """``nohup asyncroll run … &`` and log out: the run's handlers had replaced nohup's SIG_IGN, so the
+    terminal's hangup interrupted it (exit 130). An ignored SIGHUP now stays ignored; SIGTERM still
+    stops the run (the mid-run test below)."""
+    problems = [tool_problem(f"p{i}", model_ms=20, cpu_ms=150, turns=2) for i in range(8)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    command = ["nohup", sys.executable, "-m", "asyncroll.cli", "run", "--workload", str(workload)]
+    proc = subprocess.Popen(
+        [*command, "--output", str(out), "--cpu-workers", "1"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        os.kill(proc.pid, signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    receipt, summary, _ = load_run(out)
+    assert receipt["status"] == "complete" and summary["counts"]["completed"] == 8
+    assert "SIGHUP" not in stderr
 
 
 @pytest.mark.timeout(90)

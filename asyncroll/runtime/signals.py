@@ -19,12 +19,15 @@ STOP_SIGNALS = tuple(
     sig for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None
 )
 
+_SIGHUP = getattr(signal, "SIGHUP", None)
+
 
 async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
     """``run.execute()`` with SIGINT, SIGTERM and SIGHUP cancelling it and the signal recorded as the
     reason, as in ``asyncroll run``; an interrupted run returns an ``interrupted`` outcome (exit code 130, no
     summary) instead of raising. ``keep_ignored``: a signal this process ignores (a sweep's cell
-    processes ignore both) stays ignored. The handlers in place before are put back afterwards.
+    processes ignore both) stays ignored. An ignored SIGHUP always does: ``nohup asyncroll run …`` asked
+    that the terminal's hangup not stop the run. The handlers in place before are put back afterwards.
 
     The handler is a plain ``signal.signal`` one (as ``asyncio.Runner`` installs for SIGINT), not
     ``loop.add_signal_handler``: it records the signal at once, even while the run is in a synchronous
@@ -50,7 +53,7 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
     installed: list[tuple[signal.Signals, Any]] = []
     for sig in STOP_SIGNALS:
         previous = signal.getsignal(sig)
-        if keep_ignored and previous == signal.SIG_IGN:
+        if previous == signal.SIG_IGN and (keep_ignored or sig == _SIGHUP):
             continue
         try:
             signal.signal(sig, on_signal)
@@ -103,6 +106,8 @@ class CommandSignals:
                 if is_guard(previous):  # the CLI's: Python's own instead, over which asyncio.run installs
                     signal.signal(sig, signal.default_int_handler)  # its handler (a cancellation of the
                 continue  # main task, not a KeyboardInterrupt raised wherever the loop is, its own close too)
+            if sig == _SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # nohup: the hangup stays ignored
             self._previous[sig] = signal.signal(sig, self._as_interrupt)
 
     def _as_interrupt(self, signum: int, frame: FrameType | None) -> None:
@@ -125,7 +130,9 @@ class CommandSignals:
             return
         self._held = True
         for sig in STOP_SIGNALS:  # what was there at the start is what restore() puts back: not a
-            previous = signal.signal(sig, self._record)  # handler of an event loop that has ended
+            if sig == _SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # handler of an event loop that has ended; nohup's hangup stays ignored
+            previous = signal.signal(sig, self._record)
             self._previous.setdefault(sig, previous)
 
     def restore(self) -> None:
