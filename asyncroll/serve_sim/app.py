@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import math
 import random
@@ -40,7 +39,6 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import asdict
 from typing import Any
 
-import jsonschema
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -55,19 +53,18 @@ from asyncroll.serve_sim.config import SimConfig
 from asyncroll.serve_sim.faults import FaultPlan
 from asyncroll.serve_sim.metrics import EngineCollector, exposition, registry_for
 from asyncroll.serve_sim.policy import UnsupportedSchema, draw
+from asyncroll.serve_sim.request import (
+    BadRequest,
+    checked_messages,
+    error_body,
+    lengths,
+    parse_body,
+    response_schema,
+    validator,
+)
 
 ACTION_HEADER = "x-asyncroll-action"
 PROSE = "Let me think about this step by step. The answer is probably 42."
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status, self.kind = status, kind
-
-
-def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 def abort_connection(transport: asyncio.BaseTransport | None, *, reset: bool = True) -> None:
@@ -224,19 +221,19 @@ class SimApp:
 
     async def _chat(self, request: Request, raw: bytes) -> Response:
         cfg = self.config
-        body = _parse_body(raw)
+        body = parse_body(raw)
         self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
         if body.get("model") != cfg.model:
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
-        prompt_tokens = sizes.prompt_tokens(_messages(body.get("messages")), cfg.chars_per_token)
-        max_tokens, min_tokens, ignore_eos = _lengths(body, cfg.max_model_len - prompt_tokens)
+        prompt_tokens = sizes.prompt_tokens(checked_messages(body.get("messages")), cfg.chars_per_token)
+        max_tokens, min_tokens, ignore_eos = lengths(body, cfg.max_model_len - prompt_tokens)
         if prompt_tokens + max_tokens > cfg.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
                 "the completion)."
             )
-        schema = _schema(body.get("response_format"))
+        schema = response_schema(body.get("response_format"))
         if schema is not None and cfg.faults.reject_schema:
             raise BadRequest(
                 "The provided JSON schema contains features not supported by the structured-output backend "
@@ -314,7 +311,7 @@ class SimApp:
             except (ValueError, RecursionError) as exc:  # not JSON, or past Python's limits
                 raise BadRequest(f"{ACTION_HEADER} is not JSON: {exc}") from exc
             if schema is not None and self.config.enforce_schema:
-                errors = list(_validator(schema).iter_errors(action))
+                errors = list(validator(schema).iter_errors(action))
                 if errors:
                     raise BadRequest(
                         f"the scripted action in {ACTION_HEADER} violates the request's schema under "
@@ -358,78 +355,3 @@ async def _unless_disconnected(request: Request, handler: Coroutine[Any, Any, Re
     if task.cancelled():
         return Response(status_code=CLIENT_CLOSED)
     return task.result()
-
-
-def _validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    return _cached_validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
-
-
-@functools.lru_cache(maxsize=1024)
-def _cached_validator(schema_json: bytes) -> jsonschema.protocols.Validator:
-    """Agents send the same few schemas over and over: check each against its metaschema once."""
-    schema = orjson.loads(schema_json)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    cls.check_schema(schema)
-    return cls(schema)
-
-
-def _parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
-
-
-def _messages(messages: Any) -> list[dict[str, Any]]:
-    """The request's messages, checked before :func:`~asyncroll.serve_sim.sizes.prompt_tokens` sizes them."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
-    return messages
-
-
-def _lengths(body: dict[str, Any], room: int) -> tuple[int, int, bool]:
-    def positive(name: str, default: int | None, minimum: int) -> int | None:
-        value = body.get(name, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise BadRequest(f"'{name}' must be an integer >= {minimum}, got {value!r}")
-        return value
-
-    max_tokens = positive("max_tokens", None, 1) or positive("max_completion_tokens", None, 1)
-    max_tokens = max_tokens if max_tokens is not None else max(1, room)
-    min_tokens = positive("min_tokens", 0, 0) or 0
-    if min_tokens > max_tokens:
-        raise BadRequest(f"'min_tokens' ({min_tokens}) must be <= 'max_tokens' ({max_tokens})")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise BadRequest(f"'ignore_eos' must be a boolean, got {ignore_eos!r}")
-    return max_tokens, min_tokens, ignore_eos
-
-
-def _schema(fmt: Any) -> dict[str, Any] | None:
-    """The JSON schema a ``response_format`` asks for (None for text/json_object); 400 if malformed."""
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise BadRequest("'response_format.type' must be text, json_object or json_schema")
-    if fmt["type"] != "json_schema":
-        return None
-    spec = fmt.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-        raise BadRequest("'response_format.json_schema.schema' must be a JSON object")
-    schema: dict[str, Any] = spec["schema"]
-    try:
-        _validator(schema)
-    except jsonschema.SchemaError as exc:
-        raise BadRequest(f"'response_format' holds an invalid JSON schema: {exc.message}") from exc
-    return schema

@@ -1,0 +1,95 @@
+"""A chat completions request body as serve-sim reads it: parsed, checked, and refused with an OpenAI
+error object (400, or 404 for an unknown model) where it asks for what the simulator cannot honour."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jsonschema
+import orjson
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    return _cached_validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_validator(schema_json: bytes) -> jsonschema.protocols.Validator:
+    """Agents send the same few schemas over and over: check each against its metaschema once."""
+    schema = orjson.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def checked_messages(messages: Any) -> list[dict[str, Any]]:
+    """The request's messages, checked before :func:`~asyncroll.serve_sim.sizes.prompt_tokens` sizes them."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
+    return messages
+
+
+def lengths(body: dict[str, Any], room: int) -> tuple[int, int, bool]:
+    def positive(name: str, default: int | None, minimum: int) -> int | None:
+        value = body.get(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise BadRequest(f"'{name}' must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    max_tokens = positive("max_tokens", None, 1) or positive("max_completion_tokens", None, 1)
+    max_tokens = max_tokens if max_tokens is not None else max(1, room)
+    min_tokens = positive("min_tokens", 0, 0) or 0
+    if min_tokens > max_tokens:
+        raise BadRequest(f"'min_tokens' ({min_tokens}) must be <= 'max_tokens' ({max_tokens})")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest(f"'ignore_eos' must be a boolean, got {ignore_eos!r}")
+    return max_tokens, min_tokens, ignore_eos
+
+
+def response_schema(fmt: Any) -> dict[str, Any] | None:
+    """The JSON schema a ``response_format`` asks for (None for text/json_object); 400 if malformed."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise BadRequest("'response_format.type' must be text, json_object or json_schema")
+    if fmt["type"] != "json_schema":
+        return None
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise BadRequest("'response_format.json_schema.schema' must be a JSON object")
+    schema: dict[str, Any] = spec["schema"]
+    try:
+        validator(schema)
+    except jsonschema.SchemaError as exc:
+        raise BadRequest(f"'response_format' holds an invalid JSON schema: {exc.message}") from exc
+    return schema
