@@ -59,6 +59,7 @@ from asyncroll.serve_sim.request import (
     error_body,
     lengths,
     parse_body,
+    refuse_unsupported,
     response_schema,
     validator,
 )
@@ -225,6 +226,7 @@ class SimApp:
         self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
         if body.get("model") != cfg.model:
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
+        refuse_unsupported(body)
         prompt_tokens = sizes.prompt_tokens(checked_messages(body.get("messages")), cfg.chars_per_token)
         max_tokens, min_tokens, ignore_eos = lengths(body, cfg.max_model_len - prompt_tokens)
         if prompt_tokens + max_tokens > cfg.max_model_len:

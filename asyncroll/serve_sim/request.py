@@ -4,6 +4,7 @@ error object (400, or 404 for an unknown model) where it asks for what the simul
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import jsonschema
@@ -54,6 +55,31 @@ def checked_messages(messages: Any) -> list[dict[str, Any]]:
         if content is not None and not isinstance(content, str | list):
             raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
     return messages
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """A 400 naming the field for what an OpenAI client may ask and serve-sim cannot give: a streamed
+    (SSE) reply, more than one choice, log-probabilities. Ignoring them answered a reply that silently
+    lacked them (the ``openai`` client read a JSON body sent to ``stream=True`` as an empty stream)."""
+    stream = body.get("stream")
+    if stream not in (None, False):
+        raise BadRequest(f"serve-sim does not stream: 'stream' must be false or absent, got {_shown(stream)}")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise BadRequest(f"serve-sim answers one choice: 'n' must be 1 or absent, got {_shown(n)}")
+    for name, allowed in (("logprobs", (None, False)), ("top_logprobs", (None, 0))):
+        value = body.get(name)
+        if value not in allowed:
+            raise BadRequest(
+                f"serve-sim computes no log-probabilities: '{name}' must be {_shown(allowed[1])} or "
+                f"absent, got {_shown(value)}"
+            )
+
+
+def _shown(value: Any) -> str:
+    """A request's JSON value as the client wrote it, cut short: an error message quotes it."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def lengths(body: dict[str, Any], room: int) -> tuple[int, int, bool]:

@@ -1,0 +1,75 @@
+"""serve-sim as an OpenAI client meets it: request fields it cannot honour are refused with a 400 that
+names them, never silently ignored (a ``stream: true`` client read an empty stream, an ``n: 2`` client
+got one choice, a ``logprobs`` client got ``null``), and the length fields are read as vLLM reads them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.serve_sim.config import SimConfig
+from asyncroll.serve_sim.server import RunningSim, serve_in_thread
+
+FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": "sim", "messages": [{"role": "user", "content": "x" * 40}], **extra}
+
+
+@contextmanager
+def sim() -> Iterator[tuple[RunningSim, httpx.Client]]:
+    config = SimConfig(engine=FAST)
+    with serve_in_thread(config) as running, httpx.Client(base_url=running.url, timeout=20) as c:
+        yield running, c
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"stream": True}, "'stream'"),
+        ({"stream": True, "stream_options": {"include_usage": True}}, "'stream'"),
+        ({"n": 2}, "'n'"),
+        ({"n": 0}, "'n'"),
+        ({"logprobs": True}, "'logprobs'"),
+        ({"logprobs": True, "top_logprobs": 3}, "'logprobs'"),
+        ({"top_logprobs": 3}, "'top_logprobs'"),
+    ],
+)
+def test_a_field_serve_sim_cannot_honour_is_a_400_naming_it(extra: dict[str, Any], needle: str) -> None:
+    with sim() as (running, client):
+        r = client.post("/v1/chat/completions", json=body(max_tokens=4, **extra))
+        assert r.status_code == 400, r.text
+        assert r.headers["content-type"].startswith("application/json")  # not an SSE stream, not a 200
+        error = r.json()["error"]
+        assert needle in error["message"] and error["code"] == 400 and error["type"] == "BadRequestError"
+        stats = running.stats()
+        assert stats["statuses"] == {"400": 1} and stats["engine"]["steps"] == 0  # refused before the engine
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"stream": False},
+        {"stream": None},
+        {"n": 1},
+        {"n": None},
+        {"logprobs": False},
+        {"logprobs": None, "top_logprobs": None},
+        {"logprobs": False, "top_logprobs": 0},
+    ],
+)
+def test_the_values_it_can_honour_are_answered(extra: dict[str, Any]) -> None:
+    with sim() as (_, client):
+        r = client.post("/v1/chat/completions", json=body(max_tokens=4, **extra))
+        assert r.status_code == 200, r.text
+        reply = r.json()
+        assert reply["object"] == "chat.completion" and len(reply["choices"]) == 1
+        assert reply["choices"][0]["logprobs"] is None
