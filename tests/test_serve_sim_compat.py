@@ -73,3 +73,17 @@ def test_the_values_it_can_honour_are_answered(extra: dict[str, Any]) -> None:
         reply = r.json()
         assert reply["object"] == "chat.completion" and len(reply["choices"]) == 1
         assert reply["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.timeout(30)
+def test_max_completion_tokens_wins_over_max_tokens_as_in_vllm() -> None:
+    """OpenAI deprecated ``max_tokens`` for ``max_completion_tokens``; vLLM and SGLang take the new one
+    when a client sends both. serve-sim took ``max_tokens``."""
+    with sim() as (_, client):
+        both = body(max_tokens=50, max_completion_tokens=3, ignore_eos=True)
+        reply = client.post("/v1/chat/completions", json=both).json()
+        assert reply["usage"]["completion_tokens"] == 3 and reply["choices"][0]["finish_reason"] == "length"
+        old = client.post("/v1/chat/completions", json=body(max_tokens=5, ignore_eos=True)).json()
+        assert old["usage"]["completion_tokens"] == 5
+        bad = client.post("/v1/chat/completions", json=body(max_tokens=5, max_completion_tokens=0))
+        assert bad.status_code == 400 and "'max_completion_tokens' must be an integer >= 1" in bad.text

@@ -91,8 +91,11 @@ def lengths(body: dict[str, Any], room: int) -> tuple[int, int, bool]:
             raise BadRequest(f"'{name}' must be an integer >= {minimum}, got {value!r}")
         return value
 
-    max_tokens = positive("max_tokens", None, 1) or positive("max_completion_tokens", None, 1)
-    max_tokens = max_tokens if max_tokens is not None else max(1, room)
+    # both are checked; OpenAI deprecated `max_tokens` for `max_completion_tokens`, and vLLM and SGLang take
+    # the new one when a client sends both
+    legacy, current = positive("max_tokens", None, 1), positive("max_completion_tokens", None, 1)
+    requested = current if current is not None else legacy
+    max_tokens = requested if requested is not None else max(1, room)
     min_tokens = positive("min_tokens", 0, 0) or 0
     if min_tokens > max_tokens:
         raise BadRequest(f"'min_tokens' ({min_tokens}) must be <= 'max_tokens' ({max_tokens})")
