@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from asyncroll.backends.server_model import ServerModelConfig
@@ -87,3 +88,59 @@ def test_max_completion_tokens_wins_over_max_tokens_as_in_vllm() -> None:
         assert old["usage"]["completion_tokens"] == 5
         bad = client.post("/v1/chat/completions", json=body(max_tokens=5, max_completion_tokens=0))
         assert bad.status_code == 400 and "'max_completion_tokens' must be an integer >= 1" in bad.text
+
+
+def nested_schema(depth: int) -> bytes:
+    """A JSON schema ``depth`` objects deep, as text: past ~127 levels neither ``json`` nor ``orjson``
+    would serialise it, and a client may still send it."""
+    head = b'{"type": "object", "properties": {"a": '
+    return head * depth + b'{"type": "string"}' + b'}, "required": ["a"]}' * depth
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("depth", [100, 200])
+@pytest.mark.parametrize("echo", [False, True])
+def test_a_schema_nested_too_deep_to_check_is_a_counted_400(depth: int, echo: bool) -> None:
+    """100 levels exhausted Python's recursion in jsonschema's metaschema check, 200 orjson's depth limit
+    (a TypeError), with or without an echoed action: either was an HTTP 500 with a traceback, missing
+    from ``/sim/stats`` and ending the connection, which a client that retries 5xx sends again and again."""
+    headers = {"content-type": "application/json", "x-asyncroll-action": '{"a": "x"}'} if echo else {}
+    with sim() as (running, client):
+        fmt = (
+            b'{"type": "json_schema", "json_schema": {"name": "deep", "schema": '
+            + nested_schema(depth)
+            + b"}}"
+        )
+        payload = orjson.dumps(body(max_tokens=4)).removesuffix(b"}") + b',"response_format":' + fmt + b"}"
+        r = client.post("/v1/chat/completions", content=payload, headers=headers)
+        assert r.status_code == 400, r.text
+        assert "nested too deeply" in r.json()["error"]["message"]
+        assert client.post("/v1/chat/completions", json=body(max_tokens=4)).status_code == 200  # same client
+        assert running.stats()["statuses"] == {"200": 1, "400": 1}
+
+
+@pytest.mark.timeout(30)
+def test_an_echoed_action_nested_too_deep_for_a_recursive_schema_is_a_counted_400() -> None:
+    """A shallow schema that refers to itself checks an action of any depth: one 300 levels deep (valid
+    JSON to Python) exhausted the recursion of the check under enforcement, an HTTP 500 as above."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": schema}}
+    action = '{"a": ' * 300 + "{}" + "}" * 300
+    with sim() as (running, client):
+        r = client.post(
+            "/v1/chat/completions",
+            json=body(max_tokens=4, response_format=fmt),
+            headers={"x-asyncroll-action": action},
+        )
+        assert r.status_code == 400, r.text
+        assert "nested too deeply" in r.json()["error"]["message"]
+        shallow = client.post(
+            "/v1/chat/completions",
+            json=body(max_tokens=40, response_format=fmt),
+            headers={"x-asyncroll-action": '{"a": {"a": {}}}'},
+        )
+        assert (
+            shallow.status_code == 200
+            and shallow.json()["choices"][0]["message"]["content"] == '{"a": {"a": {}}}'
+        )
+        assert running.stats()["statuses"] == {"200": 1, "400": 1}

@@ -313,7 +313,12 @@ class SimApp:
             except (ValueError, RecursionError) as exc:  # not JSON, or past Python's limits
                 raise BadRequest(f"{ACTION_HEADER} is not JSON: {exc}") from exc
             if schema is not None and self.config.enforce_schema:
-                errors = list(validator(schema).iter_errors(action))
+                try:
+                    errors = list(validator(schema).iter_errors(action))
+                except RecursionError as exc:
+                    raise BadRequest(
+                        f"the JSON schema is nested too deeply to check {ACTION_HEADER}"
+                    ) from exc
                 if errors:
                     raise BadRequest(
                         f"the scripted action in {ACTION_HEADER} violates the request's schema under "

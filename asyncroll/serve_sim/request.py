@@ -121,4 +121,6 @@ def response_schema(fmt: Any) -> dict[str, Any] | None:
         validator(schema)
     except jsonschema.SchemaError as exc:
         raise BadRequest(f"'response_format' holds an invalid JSON schema: {exc.message}") from exc
+    except (RecursionError, orjson.JSONEncodeError) as exc:  # past Python's or orjson's depth limit
+        raise BadRequest(f"'response_format' holds a JSON schema nested too deeply to check: {exc}") from exc
     return schema
