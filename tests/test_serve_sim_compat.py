@@ -144,3 +144,26 @@ def test_an_echoed_action_nested_too_deep_for_a_recursive_schema_is_a_counted_40
             and shallow.json()["choices"][0]["message"]["content"] == '{"a": {"a": {}}}'
         )
         assert running.stats()["statuses"] == {"200": 1, "400": 1}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("lengths", "tokens", "finish"),
+    [
+        ({"max_tokens": 30, "min_tokens": 17}, 17, "stop"),  # EOS allowed again at 17, before the limit
+        ({"max_tokens": 30, "min_tokens": 30}, 30, "length"),  # EOS suppressed up to the limit
+        ({"max_tokens": 30, "ignore_eos": True}, 30, "length"),
+        ({"max_tokens": 30}, 9, "stop"),
+        ({"max_tokens": 3}, 3, "length"),  # cut
+    ],
+)
+def test_finish_reason_is_length_only_when_max_tokens_stopped_the_reply(
+    lengths: dict[str, Any], tokens: int, finish: str
+) -> None:
+    """``min_tokens`` below ``max_tokens`` lengthens a short reply, and the model then stops by itself
+    (vLLM: ``stop``); serve-sim said ``length`` although the limit was never reached, which a client (and
+    ``summary.json``'s ``finish_reasons``) reads as a reply cut short."""
+    header = {"x-asyncroll-action": '{"type": "final", "answer": "42"}'}  # 33 characters: 9 tokens
+    with sim() as (_, client):
+        reply = client.post("/v1/chat/completions", json=body(**lengths), headers=header).json()
+        assert (reply["usage"]["completion_tokens"], reply["choices"][0]["finish_reason"]) == (tokens, finish)

@@ -21,7 +21,9 @@ and ``--invalid-action-rate`` makes some replies plain prose.
 same messages). Prompt tokens = characters of all message contents ÷ ``chars_per_token`` (rounded up).
 The reply's tokens are its characters ÷ ``chars_per_token``; ``min_tokens`` raises that, ``ignore_eos``
 makes it exactly ``max_tokens``; a reply longer than ``max_tokens`` is cut there with
-``finish_reason: "length"``, as a real server cuts it.
+``finish_reason: "length"``, as a real server cuts it. A reply that ends before ``max_tokens`` (``min_tokens``
+below it included: the model stops once it may) ends with ``"stop"``; one carried to ``max_tokens`` by
+``ignore_eos`` or ``min_tokens`` with ``"length"``.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ class SimApp:
         finish = "stop"
         if content_tokens > max_tokens:
             content, finish = content[: int(max_tokens * cfg.chars_per_token)], "length"
-        elif tokens > content_tokens:
+        elif content_tokens < tokens == max_tokens:  # EOS ignored or held back (min_tokens) up to the limit
             finish = "length"
         self._seq += 1
         seq = self._seq
