@@ -167,3 +167,63 @@ def test_finish_reason_is_length_only_when_max_tokens_stopped_the_reply(
     with sim() as (_, client):
         reply = client.post("/v1/chat/completions", json=body(**lengths), headers=header).json()
         assert (reply["usage"]["completion_tokens"], reply["choices"][0]["finish_reason"]) == (tokens, finish)
+
+
+def test_a_drawn_object_holds_every_required_property_even_one_it_does_not_declare() -> None:
+    """``required`` may name a property that ``properties`` does not declare (any value then fits it):
+    serve-sim left it out, so every drawn reply broke the schema it enforces."""
+    import random
+
+    import jsonschema
+
+    from asyncroll.serve_sim.policy import UnsupportedSchema, draw
+
+    rng = random.Random(0)
+    free = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}
+    typed = {**free, "additionalProperties": {"type": "boolean"}}
+    for schema in (free, typed, {"type": "object", "required": ["x"]}):
+        for _ in range(20):
+            jsonschema.validate(draw(schema, rng), schema)
+    assert all(isinstance(draw(typed, rng)["b"], bool) for _ in range(10))
+    with pytest.raises(UnsupportedSchema, match="'b'"):  # required, yet no property may be added
+        draw({**free, "additionalProperties": False}, rng)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "null"}},
+            "maxProperties": 1,
+        },
+        {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"maxLength": 2}},
+        {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}]},
+        {"type": "array", "items": {"type": "integer"}, "contains": {"const": 7}},
+        {"type": "object", "properties": {"a": {"type": "null"}}, "dependentRequired": {"a": ["z"]}},
+        {"type": "object", "properties": {"a": {"type": "null"}}, "unevaluatedProperties": False},
+    ],
+)
+def test_a_keyword_the_draw_does_not_honour_is_refused_not_broken(schema: dict[str, Any]) -> None:
+    """These keywords were ignored, so a drawn value broke them some or all of the time."""
+    import random
+
+    from asyncroll.serve_sim.policy import UnsupportedSchema, draw
+
+    with pytest.raises(UnsupportedSchema):
+        draw(schema, random.Random(0))
+
+
+@pytest.mark.timeout(30)
+def test_a_drawn_reply_that_would_break_the_schema_is_a_400_never_sent() -> None:
+    """``enum``/``const`` are drawn as given, whatever else the schema says: a value that breaks the
+    rest is refused as an unsupported schema (the docstring's promise), not sent under enforcement."""
+    impossible = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"enum": ["a"], "minLength": 2}},
+    }
+    with sim() as (running, client):
+        r = client.post("/v1/chat/completions", json=body(max_tokens=20, response_format=impossible))
+        assert r.status_code == 400 and "unsupported JSON schema" in r.json()["error"]["message"], r.text
+        assert running.stats()["engine"]["steps"] == 0

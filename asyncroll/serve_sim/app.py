@@ -329,11 +329,19 @@ class SimApp:
             return json.dumps(action)
         if schema is not None:
             try:
-                return json.dumps(draw(schema, self._rng))
+                value = draw(schema, self._rng)
             except UnsupportedSchema as exc:
                 raise BadRequest(f"unsupported JSON schema: {exc}") from exc
             except (ValueError, TypeError, OverflowError) as exc:  # a schema no check above foresaw
                 raise BadRequest(f"unsupported JSON schema: {type(exc).__name__}: {exc}") from exc
+            # the draw's promise, kept whatever keyword combination it did not foresee: never a reply
+            # that breaks the schema (enforced or not), but the 400 of a schema it cannot generate for
+            broken = next(validator(schema).iter_errors(value), None)
+            if broken is not None:
+                raise BadRequest(
+                    f"unsupported JSON schema: the simulator cannot draw a value for it ({broken.message})"
+                )
+            return json.dumps(value)
         return json.dumps({"type": "final", "answer": f"answer-{self._rng.randrange(1000)}"})
 
 

@@ -3,13 +3,17 @@
 It understands the schema subset that agents send (and asyncroll's per-turn schemas use): ``anyOf`` /
 ``oneOf`` (one branch drawn), ``const``, ``enum``, ``type`` string / integer / number / boolean / null /
 array / object, ``properties`` + ``required``, ``items`` and ``additionalProperties`` schemas, integer
-keys (``patternProperties`` or ``propertyNames`` of asyncroll's pattern for ``dict[int, int]``), and the
+keys (``patternProperties`` or ``propertyNames`` of asyncroll's pattern for ``dict[int, int]``), a
+``required`` name that ``properties`` does not declare (drawn as an additional property), and the
 bounds ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum``, ``minLength`` /
 ``maxLength`` and ``minItems`` / ``maxItems``. A schema it cannot satisfy — bounds nothing meets, or a
 constraint it does not honour (``pattern``, ``format``, ``multipleOf``, ``uniqueItems``, ``not``,
-``allOf``, ``if``, ``$ref``) — raises :class:`UnsupportedSchema`, which the server answers with 400, as
-vLLM answers a schema its grammar backend cannot compile; it never answers with a value that breaks the
-schema.
+``allOf``, ``if``, ``$ref``, ``minProperties``/``maxProperties``, ``prefixItems``, ``contains``,
+``dependentRequired``/``dependentSchemas``, ``unevaluated*``, ``propertyNames`` other than integer
+keys) — raises :class:`UnsupportedSchema`, which the server answers with 400, as vLLM answers a schema
+its grammar backend cannot compile; it never answers with a value that breaks the schema (the server
+also checks each draw against the schema, for combinations no rule here foresaw, such as an ``enum``
+whose values break the schema's other keywords).
 """
 
 from __future__ import annotations
@@ -79,7 +83,24 @@ def draw(schema: Any, rng: random.Random, depth: int = 0) -> Any:
 
 
 #: Keywords whose constraint a drawn value would not honour: refused (400) rather than violated.
-_UNSUPPORTED = ("pattern", "format", "multipleOf", "uniqueItems", "not", "allOf", "if", "$ref")
+_UNSUPPORTED = (
+    "pattern",
+    "format",
+    "multipleOf",
+    "uniqueItems",
+    "not",
+    "allOf",
+    "if",
+    "$ref",
+    "minProperties",
+    "maxProperties",
+    "prefixItems",
+    "contains",
+    "dependentRequired",
+    "dependentSchemas",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
 
 
 def _refuse_unsupported(schema: dict[str, Any]) -> None:
@@ -162,6 +183,10 @@ def _object(schema: dict[str, Any], rng: random.Random, depth: int) -> dict[str,
     out = {name: draw(sub, rng, depth + 1) for name, sub in properties.items()}
     extra = schema.get("additionalProperties")
     patterns = schema.get("patternProperties")
+    names = schema.get("propertyNames", {})
+    numeric = isinstance(names, dict) and names.get("pattern") == INT_KEY_PATTERN
+    if names != {} and not numeric:
+        raise UnsupportedSchema("'propertyNames' other than a pattern of integer keys is not supported")
     if not properties and patterns:
         # A map whose keys follow a pattern: asyncroll's dict[int, int] arguments, integer keys (a key
         # that matches another pattern cannot be drawn: refused, as "pattern" is)
@@ -171,9 +196,14 @@ def _object(schema: dict[str, Any], rng: random.Random, depth: int) -> dict[str,
             out[str(rng.randrange(100))] = draw(patterns[INT_KEY_PATTERN], rng, depth + 1)
     elif not properties and isinstance(extra, dict):
         # A map whose keys are free, or follow propertyNames when it is a pattern of integers
-        names = schema.get("propertyNames", {})
-        numeric = isinstance(names, dict) and names.get("pattern") == INT_KEY_PATTERN
         for _ in range(rng.randint(1, 3)):
             key = str(rng.randrange(100)) if numeric else rng.choice(_WORDS)
             out[key] = draw(extra, rng, depth + 1)
+    required = schema.get("required", [])
+    for name in required if isinstance(required, list) else []:
+        # a required property that `properties` does not declare: any value allowed for an extra one
+        if isinstance(name, str) and name not in out:
+            if extra is False:
+                raise UnsupportedSchema(f"required property {name!r} is not declared and none may be added")
+            out[name] = draw(extra if isinstance(extra, dict) else {}, rng, depth + 1)
     return out
