@@ -19,6 +19,9 @@ from asyncroll.serve_sim.server import RunningSim, serve_in_thread
 FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+
 def body(**extra: Any) -> dict[str, Any]:
     return {"model": "sim", "messages": [{"role": "user", "content": "x" * 40}], **extra}
 
@@ -41,6 +44,8 @@ def sim() -> Iterator[tuple[RunningSim, httpx.Client]]:
         ({"logprobs": True}, "'logprobs'"),
         ({"logprobs": True, "top_logprobs": 3}, "'logprobs'"),
         ({"top_logprobs": 3}, "'top_logprobs'"),
+        ({"tools": [TOOL], "tool_choice": "required"}, "'tool_choice'"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "'tool_choice'"),
     ],
 )
 def test_a_field_serve_sim_cannot_honour_is_a_400_naming_it(extra: dict[str, Any], needle: str) -> None:
@@ -65,6 +70,9 @@ def test_a_field_serve_sim_cannot_honour_is_a_400_naming_it(extra: dict[str, Any
         {"logprobs": False},
         {"logprobs": None, "top_logprobs": None},
         {"logprobs": False, "top_logprobs": 0},
+        {"tools": [TOOL]},  # "auto": a model may answer without calling a tool
+        {"tools": [TOOL], "tool_choice": "auto"},
+        {"tools": [TOOL], "tool_choice": "none"},
     ],
 )
 def test_the_values_it_can_honour_are_answered(extra: dict[str, Any]) -> None:

@@ -59,14 +59,21 @@ def checked_messages(messages: Any) -> list[dict[str, Any]]:
 
 def refuse_unsupported(body: dict[str, Any]) -> None:
     """A 400 naming the field for what an OpenAI client may ask and serve-sim cannot give: a streamed
-    (SSE) reply, more than one choice, log-probabilities. Ignoring them answered a reply that silently
-    lacked them (the ``openai`` client read a JSON body sent to ``stream=True`` as an empty stream)."""
+    (SSE) reply, more than one choice, a forced native tool call, log-probabilities. Ignoring them
+    answered a reply that silently lacked them (the ``openai`` client read a JSON body sent to
+    ``stream=True`` as an empty stream)."""
     stream = body.get("stream")
     if stream not in (None, False):
         raise BadRequest(f"serve-sim does not stream: 'stream' must be false or absent, got {_shown(stream)}")
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest(f"serve-sim answers one choice: 'n' must be 1 or absent, got {_shown(n)}")
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise BadRequest(
+            "serve-sim calls no tools natively (its replies are text, never tool_calls): 'tool_choice' must "
+            f'be "auto", "none" or absent, got {_shown(choice)}'
+        )
     for name, allowed in (("logprobs", (None, False)), ("top_logprobs", (None, 0))):
         value = body.get(name)
         if value not in allowed:
