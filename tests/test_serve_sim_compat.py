@@ -1,10 +1,15 @@
 """serve-sim as an OpenAI client meets it: request fields it cannot honour are refused with a 400 that
 names them, never silently ignored (a ``stream: true`` client read an empty stream, an ``n: 2`` client
-got one choice, a ``logprobs`` client got ``null``), and the length fields are read as vLLM reads them."""
+got one choice, a ``logprobs`` client got ``null``, a ``tool_choice: "required"`` client got no
+``tool_calls``); the length fields and ``finish_reason`` are as vLLM has them; a schema is refused with
+a 400 rather than broken or answered with a 500; a server that stops answers 503."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -13,8 +18,9 @@ import orjson
 import pytest
 
 from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.serve_sim.app import SimApp
 from asyncroll.serve_sim.config import SimConfig
-from asyncroll.serve_sim.server import RunningSim, serve_in_thread
+from asyncroll.serve_sim.server import RunningSim, bind, make_server, serve_in_thread, start_thread, stop
 
 FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
 
@@ -235,3 +241,45 @@ def test_a_drawn_reply_that_would_break_the_schema_is_a_400_never_sent() -> None
         r = client.post("/v1/chat/completions", json=body(max_tokens=20, response_format=impossible))
         assert r.status_code == 400 and "unsupported JSON schema" in r.json()["error"]["message"], r.text
         assert running.stats()["engine"]["steps"] == 0
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.timeout(60)
+def test_requests_outliving_the_graceful_shutdown_get_a_503_not_a_500_and_a_traceback() -> None:
+    """uvicorn gives in-flight requests 2 s when serve-sim stops (Ctrl-C, SIGTERM), then cancels them:
+    each was an HTTP 500 and an 'Exception in ASGI application' traceback on the console, uncounted in
+    ``/sim/stats``. A server going away answers 503, which a client's circuit breaker reads as the server
+    down (asyncroll's opens on 503, not on 500)."""
+    slow = ServerModelConfig(max_num_seqs=8, step_base_ms=50.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+    sock = bind("127.0.0.1", 0)
+    sim_app = SimApp(SimConfig(engine=slow))
+    records = _Records()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(records)
+    try:
+        running = start_thread(sock, sim_app, make_server(sim_app))
+        long_request = body(max_tokens=2000, ignore_eos=True)  # 100 s of decode steps: never finishes here
+        with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=running.url, timeout=30) as client:
+            futures = [pool.submit(client.post, "/v1/chat/completions", json=long_request) for _ in range(3)]
+            deadline = time.monotonic() + 20
+            while running.stats()["engine"]["running"] < 3:  # all three in the running batch
+                assert time.monotonic() < deadline, running.stats()
+                time.sleep(0.02)
+            stop(running, 30.0)
+            replies = [f.result(timeout=30) for f in futures]
+    finally:
+        uvicorn_log.removeHandler(records)
+        sock.close()
+    assert [r.status_code for r in replies] == [503, 503, 503]
+    error = replies[0].json()["error"]
+    assert error["type"] == "ServiceUnavailableError" and "shutting down" in error["message"]
+    assert sim_app.statuses == {503: 3} and sim_app.inflight == 0
+    assert not [m for m in records.messages if "Exception in ASGI application" in m], records.messages

@@ -122,6 +122,8 @@ class SimApp:
         self.transports: dict[tuple[Any, ...], asyncio.BaseTransport] = {}
         self.inflight = 0
         self.peak_inflight = 0
+        #: Set when the server starts to stop (``server.stop``): requests cancelled from then on get 503.
+        self.stopping = False
         self.requests = 0
         #: HTTP status (or ``reset``/``truncated``: no complete response sent) → requests
         self.statuses: Counter[int | str] = Counter()
@@ -217,6 +219,16 @@ class SimApp:
             response = await _unless_disconnected(request, self._chat(request, raw))
         except BadRequest as exc:
             response = JSONResponse(error_body(str(exc), exc.status, exc.kind), status_code=exc.status)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise
+            # uvicorn cancels what outlives its graceful shutdown: answer as a server going away does (a
+            # 503, which a client's circuit breaker reads as the server down), not a 500 and a traceback
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            message = "serve-sim is shutting down: the request was aborted"
+            response = JSONResponse(error_body(message, 503, "ServiceUnavailableError"), status_code=503)
         finally:
             self.inflight -= 1
         self.statuses[response.outcome if isinstance(response, _Abort) else response.status_code] += 1

@@ -127,6 +127,7 @@ def start_thread(
 
 
 def stop(running: RunningSim, timeout: float) -> None:
+    running.sim.stopping = True  # before uvicorn can cancel a request: it answers 503 (SimApp.chat)
     running.server.should_exit = True
     running.thread.join(timeout)
     if running.thread.is_alive():
