@@ -421,6 +421,7 @@ def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--slow-s", "inf"], "--slow-s must be a finite number"),
         (["--retry-after", "-inf"], "--retry-after must be a finite number"),
         (["--chars-per-token", "nan"], "--chars-per-token must be a finite number"),
+        (["--log-level", "bogus"], "--log-level must be one of critical, error, warning, info, debug, trace"),
     ):
         result = invoke("serve-sim", "--port", "0", *args)
         assert result.exit_code == 2 and not served, (args, result.output)

@@ -9,6 +9,9 @@ import typer
 
 from asyncroll.commands.common import Opt, fail
 
+#: uvicorn's log levels (``uvicorn.config.LOG_LEVELS``, not imported: ``--help`` stays fast).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
 
 def serve_sim(
     host: Annotated[str, Opt(help="Address to listen on (loopback by default).")] = "127.0.0.1",
@@ -43,7 +46,7 @@ def serve_sim(
     reject_schema: Annotated[
         bool, Opt("--reject-schema", help="Refuse every json_schema request with 400 (as vLLM does).")
     ] = False,
-    log_level: Annotated[str, Opt(help="uvicorn log level.")] = "warning",
+    log_level: Annotated[str, Opt(help="uvicorn log level: " + " | ".join(LOG_LEVELS) + ".")] = "warning",
 ) -> None:
     """Serve an OpenAI-compatible inference-server simulator (batching engine in real time, faults, metrics).
 
@@ -57,6 +60,8 @@ def serve_sim(
     try:
         if not 0 <= port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {port}")
+        if log_level.lower() not in LOG_LEVELS:  # uvicorn raised a KeyError traceback for it at start-up
+            raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
         if not math.isfinite(retry_after):  # checked here: a negative value becomes "none" below
             raise ValueError(f"--retry-after must be a finite number, got {retry_after}")
         sim = SimConfig(
