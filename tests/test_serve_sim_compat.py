@@ -283,3 +283,18 @@ def test_requests_outliving_the_graceful_shutdown_get_a_503_not_a_500_and_a_trac
     assert error["type"] == "ServiceUnavailableError" and "shutting down" in error["message"]
     assert sim_app.statuses == {503: 3} and sim_app.inflight == 0
     assert not [m for m in records.messages if "Exception in ASGI application" in m], records.messages
+
+
+@pytest.mark.timeout(30)
+def test_a_request_without_a_model_is_served_by_the_served_model_as_vllm_does() -> None:
+    """vLLM serves a request that names no model with its own; serve-sim answered 404 "The model `None`
+    does not exist". A model it does not serve is still a 404."""
+    with sim() as (_, client):
+        for missing in ({}, {"model": None}, {"model": ""}):
+            request = {**body(max_tokens=4), **missing}
+            if not missing:
+                del request["model"]
+            r = client.post("/v1/chat/completions", json=request)
+            assert r.status_code == 200 and r.json()["model"] == "sim", (missing, r.text)
+        other = client.post("/v1/chat/completions", json=body(model="gpt-9"))
+        assert other.status_code == 404 and "The model `gpt-9` does not exist" in other.text

@@ -238,7 +238,7 @@ class SimApp:
         cfg = self.config
         body = parse_body(raw)
         self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
-        if body.get("model") != cfg.model:
+        if body.get("model") not in (cfg.model, None, ""):  # none named: the served one, as in vLLM
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
         refuse_unsupported(body)
         prompt_tokens = sizes.prompt_tokens(checked_messages(body.get("messages")), cfg.chars_per_token)
