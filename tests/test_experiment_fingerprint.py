@@ -56,3 +56,37 @@ def test_a_checkout_made_dirty_by_a_doc_edit_does_not_stop_the_experiment(
         "stop_reason"
     ]
     assert "source_sha256 111111111111 → 222222222222" in exp["stop_reason"], exp["stop_reason"]
+
+
+def test_a_resume_from_another_folder_with_relative_model_and_server_paths_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model.path`` and ``server.command`` reach the server as written: relative, they lead somewhere
+    else from another folder, and the config's hash (its text) did not change, so a ``--resume`` started
+    from another folder ran another model or program under the same fingerprint. Where they lead is now
+    a component of it; a hub id (nothing of that name here) and absolute paths do not depend on it."""
+    from asyncroll.experiment.fingerprint import FingerprintMismatch, fingerprint, require_same
+
+    for home in ("a", "b"):
+        (tmp_path / home / "models" / "tiny").mkdir(parents=True)
+    command = ["./serve.sh", "{model_path}", "--port", "{port}"]
+    cfg = lean(tmp_path, **{"model.path": "models/tiny", "server.command": command})
+    monkeypatch.chdir(tmp_path / "a")
+    there = fingerprint(cfg, "0" * 64, {})
+    assert there["detail"]["paths"] == {
+        "model.path": str(tmp_path / "a" / "models" / "tiny"),
+        "server.command[0]": str(tmp_path / "a" / "serve.sh"),
+    }
+    require_same(there, fingerprint(cfg, "0" * 64, {}), "resume")  # the same folder: the same
+    monkeypatch.chdir(tmp_path / "b")
+    with pytest.raises(FingerprintMismatch) as refused:
+        require_same(there, fingerprint(cfg, "0" * 64, {}), "resume")
+    said = str(refused.value)
+    assert f"model.path {tmp_path / 'a' / 'models' / 'tiny'} → {tmp_path / 'b' / 'models' / 'tiny'}" in said
+    assert "server.command[0]" in said
+    hub = lean(tmp_path, **{"model.path": "Qwen/Qwen2.5-7B-Instruct"})  # no such folder: a hub id
+    monkeypatch.chdir(tmp_path / "a")
+    from_a = fingerprint(hub, "0" * 64, {})
+    monkeypatch.chdir(tmp_path / "b")
+    require_same(from_a, fingerprint(hub, "0" * 64, {}), "resume")
+    assert from_a["detail"]["paths"] == {}

@@ -88,22 +88,39 @@ def _sha(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def resolved_paths(cfg: ExperimentConfig) -> dict[str, str]:
+    """Where the relative paths handed to the server as written lead from the folder the runner runs in:
+    ``model.path`` when it names something here (otherwise it is a hub id) and a ``server.command``
+    program given as a relative path. The config holds only their text, so a ``--resume`` from another
+    folder could start another model or program under the same config hash."""
+    out: dict[str, str] = {}
+    model = Path(cfg.model.path)
+    if not model.is_absolute() and model.exists():
+        out["model.path"] = str(model.resolve())
+    program = cfg.server.command[0]
+    if "/" in program and not Path(program).is_absolute():
+        out["server.command[0]"] = str(Path(program).resolve())
+    return out
+
+
 def fingerprint(cfg: ExperimentConfig, workload_sha256: str, tools: dict[str, Path | None]) -> dict[str, Any]:
     """Every component with its own hash, and ``sha256`` over all of them."""
     tool_hashes = {key: None if path is None else file_sha256(path) for key, path in sorted(tools.items())}
     software = versions()
     code = code_version()
+    paths = resolved_paths(cfg)
     components = {
         "config": _sha(cfg.model_dump(mode="json")),
         "workload": workload_sha256,
         "tools": _sha(tool_hashes),
         "code": _sha({key: code[key] for key in CODE_HASHED}),
         "software": _sha(software),
+        "paths": _sha(paths),
     }
     return {
         "sha256": _sha(components),
         "components": components,
-        "detail": {"tools": tool_hashes, "code": code, "software": software},
+        "detail": {"tools": tool_hashes, "code": code, "software": software, "paths": paths},
     }
 
 
@@ -122,7 +139,7 @@ def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     detail = []
     for key in changed:
-        if key in ("code", "software", "tools"):
+        if key in ("code", "software", "tools", "paths"):
             before, after = recorded.get("detail", {}).get(key) or {}, current["detail"].get(key) or {}
             diff = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))}
             parts = [f"{k} {_short(b)} → {_short(a)}" for k, (b, a) in diff.items() if b != a]
