@@ -5,8 +5,8 @@ the model, the workload and its expected SHA-256, the client's limits, the arms 
 their order, the seeds, the stages with their gates, and every deadline. ``asyncroll experiment schema``
 prints its JSON Schema. ``workload.path`` and ``workload.tool_root`` are relative to the file's folder;
 ``model.path`` and the server command are handed to the server as written, so a relative path there is
-relative to the folder ``run`` starts in (give absolute paths: a ``--resume`` from another folder would
-start another program or model under the same fingerprint).
+relative to the folder ``run`` starts in (where they lead from there is part of the fingerprint: a
+``--resume`` from another folder that would start another program or model is refused).
 """
 
 from __future__ import annotations
