@@ -13,10 +13,10 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from asyncroll.errors import UsageError
 from asyncroll.evaluator.budget import (
@@ -73,6 +73,14 @@ HTTP_ONLY = (
 )
 
 
+#: A config file's values are JSON (or TOML): a number where a setting takes one, true/false where it is a
+#: switch. Pydantic's lax mode read ``"cpu_workers": true`` as 1 worker, ``"max_turns": "8"`` as 8 and
+#: ``"transcripts": "no"`` as off; each is refused now, naming the setting. (An int is a float.)
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+
+
 class Limits(BaseModel):
     """The three independent bounds of a run."""
 
@@ -94,55 +102,55 @@ class RunConfig(BaseModel):
     tool_root: Path | None = None
     model: str | None = None
     endpoint: str = "http://localhost:8000"
-    limit: int | None = Field(default=None, ge=1)
-    cpu_workers: int = Field(default=2, ge=1)
-    max_active_trajectories: int = Field(default=16, ge=1)
-    max_inflight_model_requests: int = Field(default=4, ge=1)
-    max_turns: int = Field(default=8, ge=1)
-    max_tokens: int = Field(default=512, ge=1)
-    warmup_requests: int = Field(default=2, ge=0)
-    tool_timeout: float = Field(default=60.0, gt=0)
-    worker_startup_timeout: float = Field(default=120.0, gt=0)
+    limit: Int | None = Field(default=None, ge=1)
+    cpu_workers: Int = Field(default=2, ge=1)
+    max_active_trajectories: Int = Field(default=16, ge=1)
+    max_inflight_model_requests: Int = Field(default=4, ge=1)
+    max_turns: Int = Field(default=8, ge=1)
+    max_tokens: Int = Field(default=512, ge=1)
+    warmup_requests: Int = Field(default=2, ge=0)
+    tool_timeout: Float = Field(default=60.0, gt=0)
+    worker_startup_timeout: Float = Field(default=120.0, gt=0)
     # a worker left above this resident memory after a job is replaced (None: never); a MiB count
-    worker_max_rss_mb: int | None = Field(default=None, ge=MIN_WORKER_RSS_MB, le=1 << 30)
-    request_timeout: float = Field(default=120.0, gt=0)
-    structured_output: bool = True
+    worker_max_rss_mb: Int | None = Field(default=None, ge=MIN_WORKER_RSS_MB, le=1 << 30)
+    request_timeout: Float = Field(default=120.0, gt=0)
+    structured_output: Bool = True
     metrics_url: str | None = None
-    telemetry: bool = True
-    nvml_device: int | None = Field(default=None, ge=0)
-    telemetry_interval: float = Field(default=0.2, gt=0)
-    seed: int = 0
-    starvation_threshold: int | None = Field(default=None, ge=1)
-    aging_seconds: float = Field(default=30.0, gt=0)
-    aging_weight: float = Field(default=0.02, ge=0)
-    nvtx: bool = False
-    dedicated_gpu: bool = False
-    progress: bool | None = None  # None: on when stderr is a terminal; False: off (--no-progress)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # 0: any free port (see run.json)
+    telemetry: Bool = True
+    nvml_device: Int | None = Field(default=None, ge=0)
+    telemetry_interval: Float = Field(default=0.2, gt=0)
+    seed: Int = 0
+    starvation_threshold: Int | None = Field(default=None, ge=1)
+    aging_seconds: Float = Field(default=30.0, gt=0)
+    aging_weight: Float = Field(default=0.02, ge=0)
+    nvtx: Bool = False
+    dedicated_gpu: Bool = False
+    progress: Bool | None = None  # None: on when stderr is a terminal; False: off (--no-progress)
+    metrics_port: Int | None = Field(default=None, ge=0, le=65535)  # 0: any free port (see run.json)
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
     tool_errors: Literal["fail", "observe"] = "fail"
     # a tool's result longer than this (as JSON text) is cut before the model sees it (counted)
-    max_observation_chars: int = Field(default=DEFAULT_MAX_OBSERVATION_CHARS, ge=100, le=100_000_000)
-    allow_weak_isolation: bool = False
+    max_observation_chars: Int = Field(default=DEFAULT_MAX_OBSERVATION_CHARS, ge=100, le=100_000_000)
+    allow_weak_isolation: Bool = False
     # transcripts.jsonl: each ended trajectory's conversation (off: a run's largest output by far)
-    transcripts: bool = False
+    transcripts: Bool = False
     # The code evaluator (lcb_evaluate, SPEC §9), passed to every evaluation; the evaluator's own bounds.
     # evaluation_timeout None: LiveCodeBench's (test_timeout + 1) × tests + 5 s, capped below tool_timeout.
-    test_timeout: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, lt=MAX_TIME_LIMIT_S)
-    evaluation_timeout: float | None = Field(default=None, gt=0, lt=MAX_TIME_LIMIT_S)
-    test_memory_mb: int = Field(
+    test_timeout: Float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, lt=MAX_TIME_LIMIT_S)
+    evaluation_timeout: Float | None = Field(default=None, gt=0, lt=MAX_TIME_LIMIT_S)
+    test_memory_mb: Int = Field(
         default=DEFAULT_MEMORY_LIMIT_MB, ge=MIN_MEMORY_LIMIT_MB, le=MAX_MEMORY_LIMIT_MB
     )
     # HTTP backends (SPEC §7). server_kind None: vllm for --backend vllm, probed for --backend openai.
-    replay: bool = False
+    replay: Bool = False
     server_kind: ServerKind | None = None
     # the name of an environment variable holding the server's API key (never the key: run.json records
     # the command line and the config)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    max_retries: int = Field(default=0, ge=0, le=20)
-    retry_max_delay: float = Field(default=8.0, gt=0)
-    circuit_failures: int = Field(default=5, ge=0)
-    server_down_timeout: float = Field(default=120.0, gt=0)
+    max_retries: Int = Field(default=0, ge=0, le=20)
+    retry_max_delay: Float = Field(default=8.0, gt=0)
+    circuit_failures: Int = Field(default=5, ge=0)
+    server_down_timeout: Float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

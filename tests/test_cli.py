@@ -291,6 +291,36 @@ def test_config_file_errors_name_the_file_and_flags_name_the_flag(
     assert "setting 'max_turns'" not in result.stderr  # the flag overrode the file's value
 
 
+def test_a_config_file_value_of_the_wrong_json_type_is_refused_not_converted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pydantic's lax mode read ``"cpu_workers": true`` as one worker, ``"max_turns": "8"`` as 8 and
+    ``"transcripts": "no"`` as off, silently; each is now named. A JSON int where a float is taken, and
+    the flags' own values, are as before."""
+    config = tmp_path / "run.json"
+    bad = {"cpu_workers": True, "max_turns": "8", "transcripts": "no", "tool_timeout": "5", "limit": 2.0}
+    config.write_text(json.dumps(bad))
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 2 and not seen
+    for key, what in (
+        ("cpu_workers", "integer"),
+        ("max_turns", "integer"),
+        ("transcripts", "boolean"),
+        ("tool_timeout", "number"),
+        ("limit", "integer"),
+    ):
+        assert f"--config {config}: setting '{key}': Input should be a valid {what}" in result.stderr
+    assert not (tmp_path / "r").exists()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"cpu_workers": 1, "tool_timeout": 5, "transcripts": True}))
+    ok = cli("run", "--config", good, "--workload", SMOKE, "--output", tmp_path / "ok", "--max-turns", "4")
+    assert ok.returncode == 0, ok.stderr
+    receipt, _, _ = load_run(tmp_path / "ok")
+    assert receipt["config"]["tool_timeout"] == 5.0 and receipt["config"]["transcripts"] is True
+
+
 def test_a_check_across_settings_names_those_read_from_the_config_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

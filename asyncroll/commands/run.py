@@ -186,7 +186,7 @@ def run(
         Opt(
             "--config",
             help="JSON/TOML file of these settings (paths in it relative to the current directory, as "
-            "flags); flags override.",
+            "flags; numbers as numbers, switches as true/false); flags override.",
         ),
     ] = None,
 ) -> None:
