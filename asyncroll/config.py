@@ -13,10 +13,10 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from asyncroll.errors import UsageError
 from asyncroll.evaluator.budget import (
@@ -27,7 +27,7 @@ from asyncroll.evaluator.budget import (
     MIN_MEMORY_LIMIT_MB,
     tool_timeout_cap,
 )
-from asyncroll.json_checks import unique_keys
+from asyncroll.json_checks import Bool, Float, Int, unique_keys
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -71,14 +71,6 @@ HTTP_ONLY = (
     "server_down_timeout",
     "warmup_requests",
 )
-
-
-#: A config file's values are JSON (or TOML): a number where a setting takes one, true/false where it is a
-#: switch. Pydantic's lax mode read ``"cpu_workers": true`` as 1 worker, ``"max_turns": "8"`` as 8 and
-#: ``"transcripts": "no"`` as off; each is refused now, naming the setting. (An int is a float.)
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]
-Bool = Annotated[bool, Strict()]
 
 
 class Limits(BaseModel):

@@ -1,5 +1,6 @@
 """What JSON parsers let through that an input must not hold: a lone UTF-16 surrogate escape, which no
-UTF-8 writer accepts, and a key given twice in one object, of which they keep the last silently.
+UTF-8 writer accepts, and a key given twice in one object, of which they keep the last silently; and the
+strict scalar types a settings file's values are validated as (pydantic's lax mode converts silently).
 
 ``"\\ud800"`` is valid JSON text, and Python's and pydantic-core's parsers decode it into a string holding
 a lone surrogate; every later UTF-8 write of that string (events.jsonl, a converted workload, a hash of
@@ -9,7 +10,16 @@ it) then fails. Inputs are checked once, where they are read, and refused with t
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Strict
+
+#: A settings file's values are JSON (or TOML): a number where a setting takes one, true/false where it is
+#: a switch. Pydantic's lax mode read ``"cpu_workers": true`` as 1 worker, ``"max_turns": "8"`` as 8 and
+#: ``"transcripts": "no"`` as off; these refuse each, naming the setting. (An int is a float.)
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
 
 #: A JSON escape of a UTF-16 surrogate: either half of an escaped pair (an emoji) or a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")

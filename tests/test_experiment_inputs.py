@@ -69,6 +69,25 @@ def test_a_config_nested_too_deeply_is_a_named_error(tmp_path: Path) -> None:
     refused(invoke("experiment", "plan", "--config", path), str(path), "nested deeper")
 
 
+def test_a_config_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path: Path) -> None:
+    """``"seed": true`` was read as 1, ``"dedicated_gpu": "no"`` as off and ``"max_tokens": 1e3`` as 1000,
+    silently; each is now named. A JSON int where a float is taken stays fine."""
+    path = write_config(
+        tmp_path,
+        stages={},
+        pairs=1,
+        seed=True,
+        **{"client.dedicated_gpu": "no", "client.max_tokens": 1e3, "client.tool_timeout": 30},
+    )
+    with pytest.raises(UsageError) as info:
+        load_experiment_config(path)
+    said = str(info.value)
+    for where, what in (("seed", "integer"), ("dedicated_gpu", "boolean"), ("max_tokens", "integer")):
+        assert where in said and f"Input should be a valid {what}" in said, said
+    assert "tool_timeout" not in said
+    refused(invoke("experiment", "plan", "--config", path), "seed", "dedicated_gpu", "max_tokens")
+
+
 def test_a_config_key_given_twice_is_refused_not_last_wins(tmp_path: Path) -> None:
     path = tmp_path / "dup.json"
     path.write_text(config_text(tmp_path).replace('"pairs": 1', '"pairs": 2, "pairs": 7', 1))

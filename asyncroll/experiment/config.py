@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, unique_keys
+from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 
 #: Placeholders every server command template may use; ``server.vars`` adds more.
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
@@ -94,12 +94,12 @@ class ServerSpec(_Strict):
     command: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_COMMAND), min_length=1)
     kind: Literal["vllm", "sglang", "transformers", "generic"] = "vllm"
     host: str = Field(default="127.0.0.1", min_length=1)
-    port: int = Field(default=8000, ge=0, le=65535, description="0: pick a free port for each arm.")
+    port: Int = Field(default=8000, ge=0, le=65535, description="0: pick a free port for each arm.")
     env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
     vars: dict[str, str] = Field(default_factory=dict, description="Extra {placeholders} of the command.")
     readiness_paths: list[str] = Field(default_factory=lambda: ["/health", "/v1/models"], min_length=1)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
-    stop_grace_s: float = Field(default=30.0, ge=0)
+    startup_timeout_s: Float = Field(default=900.0, gt=0)
+    stop_grace_s: Float = Field(default=30.0, ge=0)
     metrics_path: str | None = Field(default="/metrics", description="null: no server telemetry.")
 
     @field_validator("readiness_paths")
@@ -150,22 +150,22 @@ class ClientSpec(_Strict):
     """The ``asyncroll run`` flags shared by every arm (the policy comes from the arm)."""
 
     backend: Literal["vllm", "openai"] = "vllm"
-    replay: bool = False
-    max_active_trajectories: int = Field(default=8, ge=1)
-    max_inflight_model_requests: int = Field(default=4, ge=1)
-    cpu_workers: int = Field(default=2, ge=1)
-    max_turns: int = Field(default=8, ge=1)
-    max_tokens: int = Field(default=2048, ge=1)
-    warmup_requests: int = Field(default=2, ge=0)
-    limit: int | None = Field(default=None, ge=1)
-    request_timeout: float = Field(default=600.0, gt=0)
-    tool_timeout: float = Field(default=60.0, gt=0)
-    dedicated_gpu: bool = True
-    telemetry_interval: float = Field(default=0.2, gt=0)
+    replay: Bool = False
+    max_active_trajectories: Int = Field(default=8, ge=1)
+    max_inflight_model_requests: Int = Field(default=4, ge=1)
+    cpu_workers: Int = Field(default=2, ge=1)
+    max_turns: Int = Field(default=8, ge=1)
+    max_tokens: Int = Field(default=2048, ge=1)
+    warmup_requests: Int = Field(default=2, ge=0)
+    limit: Int | None = Field(default=None, ge=1)
+    request_timeout: Float = Field(default=600.0, gt=0)
+    tool_timeout: Float = Field(default=60.0, gt=0)
+    dedicated_gpu: Bool = True
+    telemetry_interval: Float = Field(default=0.2, gt=0)
     extra_args: list[str] = Field(
         default_factory=list, description="More `asyncroll run` flags; never one the plan sets."
     )
-    deadline_s: float = Field(default=7200.0, gt=0, description="Client wall deadline per arm.")
+    deadline_s: Float = Field(default=7200.0, gt=0, description="Client wall deadline per arm.")
 
     _extra = field_validator("extra_args")(_unmanaged)
 
@@ -173,12 +173,12 @@ class ClientSpec(_Strict):
 class GpuSpec(_Strict):
     """A declared GPU: checked before every arm (identity and idleness), via NVML or nvidia-smi."""
 
-    index: int = Field(default=0, ge=0)
+    index: Int = Field(default=0, ge=0)
     name_contains: str | None = None
     uuid: str | None = None
-    max_memory_used_mib: float = Field(default=1024.0, ge=0)
-    max_utilization_pct: float = Field(default=10.0, ge=0, le=100)
-    idle_wait_s: float = Field(
+    max_memory_used_mib: Float = Field(default=1024.0, ge=0)
+    max_utilization_pct: Float = Field(default=10.0, ge=0, le=100)
+    idle_wait_s: Float = Field(
         default=60.0, ge=0, description="How long to wait for the previous arm's memory to be released."
     )
 
@@ -276,19 +276,19 @@ class ExperimentConfig(_Strict):
     gpu: GpuSpec | None = Field(default=None, description="null: no GPU declared (recorded as such).")
     arms: list[ArmSpec] = Field(min_length=2)
     baseline: str | None = Field(default=None, description="Arm the others are compared to (first arm).")
-    pairs: int = Field(default=3, ge=1)
+    pairs: Int = Field(default=3, ge=1)
     order: Literal["alternating", "balanced", "fixed"] = "alternating"
-    seed: int = Field(
+    seed: Int = Field(
         default=0, ge=0, description="Client --seed of pair i is seed + i; the bootstrap's seed (>= 0)."
     )
     stages: Stages = Field(default_factory=Stages)
-    deadline_s: float | None = Field(
+    deadline_s: Float | None = Field(
         default=None,
         gt=0,
         description="Wall deadline of each `run` or `--resume`, from its start: it stops the experiment "
         "(the arm it cuts is interrupted, not failed; --resume runs it again with a new deadline).",
     )
-    bootstrap_resamples: int = Field(default=10_000, ge=100, le=MAX_BOOTSTRAP_RESAMPLES)
+    bootstrap_resamples: Int = Field(default=10_000, ge=100, le=MAX_BOOTSTRAP_RESAMPLES)
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
