@@ -303,3 +303,24 @@ def test_optimum_refuses_events_that_lost_work_the_summary_counts(tmp_path: Path
     (run / "events.jsonl").write_text("".join(lines[:2]))  # the CPU job's line lost
     with pytest.raises(UsageError, match=r"CPU jobs: 0 in events\.jsonl, 1 in summary\.json"):
         instance_from_run(run)
+
+
+def test_the_hint_of_a_run_close_to_serial_fits_the_horizon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten 1.9 ms steps run back to back: floored, they sum to 10 ms, but the run's own start times end
+    at 18 ms. The horizon was the floored sum, the hint was clamped into it and was no schedule at all: on
+    200 trajectories at 1 active slot CP-SAT then found none in 3 s (status unknown, no best schedule)."""
+    from ortools.sat.python import cp_model
+
+    class HintOnly(cp_model.CpSolver):  # type: ignore[misc]
+        """Solves with every hinted variable fixed to its hint: feasible exactly when the hint is."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.parameters.fix_variables_to_their_hinted_value = True
+
+    monkeypatch.setattr(cp_model, "CpSolver", HintOnly)
+    steps = tuple(Step("cpu", 0.0019, start=0.0019 * k) for k in range(10))
+    instance = Instance((steps,), 1, 1, 1, makespan_s=0.019, analytic_bound_s=0.019, begins=(0.0,))
+    result = solve(instance, time_limit_s=10, threads=1)
+    assert result.status == "optimal", result  # was "infeasible": the hint broke the horizon
+    assert result.best_schedule_s == pytest.approx(0.019)

@@ -334,16 +334,26 @@ def solve(
         return max(0, math.floor(seconds / resolution_s + 1e-9))
 
     total = sum(ticks(s.seconds) for c in instance.chains for s in c)
-    horizon = total + 1
+    # The recorded run's own schedule, as a hint: with floored times and durations it stays feasible
+    # (every interval only shrinks), so the best schedule found is never worse than the run itself.
+    hinted = instance.begins is not None and all(s.start is not None for c in instance.chains for s in c)
+    # The horizon holds every step run back to back (some optimal schedule fits in it) and the hint:
+    # on a run that was close to serial, the floored start times end past the floored durations' sum
+    # (each step's fraction of a tick adds up), and a hint clamped to a shorter horizon was infeasible:
+    # CP-SAT found no schedule at all in 3 s on 200 trajectories at 1 active slot (status unknown).
+    hint_span = 0
+    if hinted and instance.begins is not None:
+        hint_span = max(
+            [ticks(max(0.0, b)) for b in instance.begins]
+            + [ticks(max(0.0, s.start or 0.0)) + ticks(s.seconds) for c in instance.chains for s in c]
+        )
+    horizon = max(total, hint_span) + 1
     model = cp_model.CpModel()
     model_steps: list[Any] = []
     cpu_steps: list[Any] = []
     slots: list[Any] = []
     starts: list[Any] = []
     ends: list[Any] = []
-    # The recorded run's own schedule, as a hint: with floored times and durations it stays feasible
-    # (every interval only shrinks), so the best schedule found is never worse than the run itself.
-    hinted = instance.begins is not None and all(s.start is not None for c in instance.chains for s in c)
     hint_ends: list[int] = []
     for i, chain in enumerate(instance.chains):
         begin = model.new_int_var(0, horizon, f"begin{i}")
