@@ -324,3 +324,17 @@ def test_the_hint_of_a_run_close_to_serial_fits_the_horizon(monkeypatch: pytest.
     result = solve(instance, time_limit_s=10, threads=1)
     assert result.status == "optimal", result  # was "infeasible": the hint broke the horizon
     assert result.best_schedule_s == pytest.approx(0.019)
+
+
+def test_a_bound_above_the_makespan_by_the_events_rounding_is_the_makespan() -> None:
+    """Each recorded duration is rounded to 1 µs: their sum may exceed the makespan by that much (the
+    summary clamps its own bound likewise). The proven bound read 16.712777 s against a 16.712766 s
+    makespan, which no schedule can beat: the run's "makespan ÷ proven bound" was 0.99999934."""
+    steps = chain(("c", 0.0100005), ("m", 0.0100005))
+    within = solve(Instance((steps,), 1, 1, 1, makespan_s=0.02), time_limit_s=10, threads=1)
+    assert within.lower_bound_s == within.best_schedule_s == 0.02 and within.rounding_clamped
+    report = within.describe(Instance((steps,), 1, 1, 1, makespan_s=0.02))
+    assert report["makespan_over_lower_bound"] == 1.0 and report["rounding_clamped"] is True
+    # beyond the rounding, the two disagree for real: shown as it is, not hidden
+    beyond = solve(Instance((steps,), 1, 1, 1, makespan_s=0.0199), time_limit_s=10, threads=1)
+    assert beyond.lower_bound_s == pytest.approx(0.020001) and not beyond.rounding_clamped
