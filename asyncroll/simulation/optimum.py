@@ -43,6 +43,7 @@ from typing import Any, Literal
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.outputs.bounds import admission_order_makespan
+from asyncroll.simulation.stoppable_solve import solve_stoppably
 from asyncroll.workload import MAX_DURATION_MS
 
 StepKind = Literal["model", "cpu"]
@@ -400,7 +401,8 @@ def solve(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = threads
-    result = solver.solve(model)
+    solver.parameters.catch_sigint_signal = False  # a stop signal is the command's: see solve_stoppably
+    result = solve_stoppably(solver, model)
     names = {
         cp_model.OPTIMAL: "optimal",
         cp_model.FEASIBLE: "feasible",

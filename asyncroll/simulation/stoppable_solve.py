@@ -1,0 +1,42 @@
+"""A CP-SAT solve that a stop signal ends at once: the solver runs in a thread while the calling one waits,
+so that the signal's Python handler runs (:func:`solve_stoppably`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+def solve_stoppably(solver: Any, model: Any) -> Any:
+    """``solver.solve(model)`` in a thread while this one waits: a signal's Python handler runs only in the
+    main thread, between bytecodes, never inside the solver's C++ call, so SIGTERM or SIGHUP waited for the
+    whole time limit, and CP-SAT's own SIGINT handler ended the solve with exit code 0, as if it were done.
+    Now a stop signal (KeyboardInterrupt, under the CLI's guard) stops the search, waits for the solver to
+    return, and goes on.
+
+    The wait is on an event, not ``Thread.join``: a KeyboardInterrupt inside ``join`` marks the thread
+    stopped while it still runs (Python 3.11), and a process that exited with the solver still in C++
+    aborted ("terminate called without an active exception", exit 134)."""
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome.append(solver.solve(model))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the waiting thread
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="cp-sat", daemon=True).start()
+    try:
+        while not done.wait(0.1):
+            pass
+    except BaseException:
+        solver.stop_search()
+        while not done.wait(0.05):
+            solver.stop_search()  # again until it returns: CP-SAT drops one made before its search began
+        raise
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
