@@ -940,3 +940,46 @@ def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     assert len(problems) == 2, problems
     assert ":1: line: not valid JSON: key 'reference_answer' is given twice in one object" in problems[0]
     assert ":2: line: not valid JSON: key 'answer' is given twice in one object" in problems[1]
+
+
+def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> None:
+    """``json.loads`` guesses UTF-16 or UTF-32 from a line's bytes: a UTF-16-BE file passed validation and
+    ran, and a UTF-16 file with its byte order mark (PowerShell's ``>``) got "'utf-16-le' codec can't
+    decode byte 0x0a" on its first line and "Expecting value" on its last. A UTF-8 byte order mark (and
+    CRLF line ends) stay accepted, by validation and by the run's stream alike."""
+    text = (REPO / "examples" / "smoke.jsonl").read_text()
+    for name, data in (("be.jsonl", text.encode("utf-16-be")), ("le.jsonl", text.encode("utf-16"))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        problems = scan_workload(path, tmp_path, scripted=True).problems
+        assert problems and all(
+            p.endswith(": line: holds NUL bytes: the file looks UTF-16 or UTF-32 encoded; save it as UTF-8")
+            for p in problems
+        ), problems
+    stray = tmp_path / "stray.jsonl"
+    stray.write_bytes(b"\xff\xfe\n" + text.encode())
+    assert scan_workload(stray, tmp_path, scripted=True).problems == [
+        f"{stray}:1: line: not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid "
+        "start byte"
+    ]
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    assert scan_workload(marked, tmp_path, scripted=True).problems == []
+    assert [pid for _, pid, _ in iter_problems(marked)] == ["smoke-add", "smoke-sleep", "smoke-answer"]
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "1" + "0" * 400 + ".5"])
+def test_a_number_past_a_floats_range_is_refused_not_read_as_infinity(tmp_path: Path, number: str) -> None:
+    """Python and pydantic-core read 1e400 as infinity: validation accepted it, and a final answer of
+    1e400 was recorded as null in results.jsonl (a tool argument of 1e400 reached the tool as inf)."""
+    final = '{"id":"a","prompt":"p","script":[{"type":"final","answer":' + number + "}]}"
+    tool = (
+        '{"id":"b","prompt":"p","tools":[{"name":"add"}],"script":[{"type":"tool","name":"add",'
+        '"arguments":{"a":' + number + ',"b":1}},{"type":"final","answer":"x"}]}'
+    )
+    problems = _problems(
+        tmp_path, [final, tool, json.dumps({"prompt": "p", "script": [{"type": "final", "answer": 1e308}]})]
+    )
+    shown = number if len(number) <= 40 else number[:37] + "..."
+    message = f"line: the number {shown} is too large for a 64-bit float (it would read as infinity)"
+    assert problems == [f"{tmp_path / 'w.jsonl'}:{n}: {message}" for n in (1, 2)], problems

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -114,6 +115,19 @@ def _reject_constant(name: str) -> Any:
     raise _NonStandardConstant(name)
 
 
+class _TooLargeNumber(ValueError):
+    pass
+
+
+def _finite_float(text: str) -> float:
+    """``json``'s ``parse_float``: a number past a float's range (``1e400``) read as infinity, silently
+    (a final answer of 1e400 was recorded as null), as pydantic-core reads it too: refused like Infinity."""
+    value = float(text)
+    if math.isinf(value):
+        raise _TooLargeNumber(text if len(text) <= 40 else f"{text[:37]}...")
+    return value
+
+
 def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None, list[tuple[str, str]]]:
     """One workload line as a problem, or what is wrong with it. ``validating`` (the scan, not the run's
     stream of a file it accepted) also refuses a key given twice in one object: pydantic-core, like
@@ -129,22 +143,35 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
         else:
             if not validating:
                 return problem, []
-            try:  # the keys: about twice the fast path's time, once per line of a scan
-                json.loads(raw, object_pairs_hook=unique_keys)
+            try:  # the keys and the numbers: about twice the fast path's time, once per line of a scan
+                json.loads(raw, object_pairs_hook=unique_keys, parse_float=_finite_float)
             except (ValueError, RecursionError):
                 pass  # the slow path says what
             else:
                 return problem, []
     # Slow path: separate JSON errors from field errors for clear messages.
+    if b"\0" in raw:  # never in JSON text; every other character of a UTF-16 or UTF-32 file
+        return None, [("line", "holds NUL bytes: the file looks UTF-16 or UTF-32 encoded; save it as UTF-8")]
     try:
-        data = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=unique_keys)
+        # UTF-8 (a byte order mark is let through): json.loads would guess UTF-16 or UTF-32 from the bytes
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return None, [("line", f"not valid UTF-8: {exc}")]
+    try:
+        data = json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=unique_keys, parse_float=_finite_float
+        )
     except _NonStandardConstant as exc:
         return None, [
             ("line", f"not valid JSON: {exc} is not a JSON value (write a finite number or a string)")
         ]
+    except _TooLargeNumber as exc:
+        return None, [
+            ("line", f"the number {exc} is too large for a 64-bit float (it would read as infinity)")
+        ]
     except RecursionError:
         return None, [("line", "cannot be read: JSON nested deeper than about 1,000 levels")]
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past Python's digit limit
+    except ValueError as exc:  # JSONDecodeError, an int past Python's digit limit
         return None, [("line", f"not valid JSON: {exc}")]
     if not isinstance(data, dict):
         return None, [("line", f"expected a JSON object, got {type(data).__name__}")]
