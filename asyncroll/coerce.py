@@ -41,9 +41,11 @@ class CoercionError(ValueError):
 #: The declared input types as one pattern (spaces allowed around each token), printed in the workload's
 #: JSON Schema so that the schema is exactly as strict as validation.
 #: A list's element may itself be a list (ToolMATH's matrices and point lists); ``list`` and ``List`` mix.
+#: It ends in ``(?!\n)$``: Python's ``$`` (a JSON Schema validator's, in Python) also matches before a final
+#: newline, and the schema accepted ``"int\n"``, which validation refuses.
 TYPE_PATTERN = (
     r"^ *(?:str|int|float|bool|number|dict *\[ *int *, *int *\]"
-    r"|(?:list|List) *\[ *(?:(?:list|List) *\[ *(?:int|float) *\]|int|float) *\]) *$"
+    r"|(?:list|List) *\[ *(?:(?:list|List) *\[ *(?:int|float) *\]|int|float) *\]) *(?!\n)$"
 )
 _TYPE = re.compile(TYPE_PATTERN)
 

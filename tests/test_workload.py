@@ -588,6 +588,9 @@ def test_every_field_error_of_a_line_is_reported(tmp_path: Path) -> None:
         "list[str]",
         "s tr",
         "Dict[int, int]",
+        # Python's "$" (jsonschema's) also matches before a final newline: the schema accepted these
+        "int\n",
+        "list[int] \n",
     ],
 )
 def test_the_printed_schema_accepts_exactly_the_input_types_validation_accepts(
@@ -839,6 +842,12 @@ def test_every_bad_argument_of_a_step_is_reported(tmp_path: Path) -> None:
 def test_a_blank_id_is_refused(tmp_path: Path, pid: str) -> None:
     (problem,) = _problems(tmp_path, [json.dumps({**GOOD, "id": pid})])
     assert problem.startswith(f"{tmp_path / 'w.jsonl'}:1: id: must not be empty or blank")
+    # and by the printed schema, which accepted it
+    validator = jsonschema.Draft202012Validator(schemas()["workload"])
+    assert not validator.is_valid({**GOOD, "id": pid})
+    assert validator.is_valid({**GOOD, "id": f"{pid}x{pid}"}) and not _problems(
+        tmp_path, [json.dumps({**GOOD, "id": f"{pid}x{pid}"})]
+    )
 
 
 def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> None:

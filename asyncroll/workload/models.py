@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from asyncroll.coerce import TYPE_PATTERN, check_type_name
 
@@ -107,8 +107,12 @@ class Tool(_Strict):
         return self.inputs
 
 
+#: An id as the printed JSON Schema states it: a string holding more than whitespace, or an integer.
+_ID_STRING = WithJsonSchema({"type": "string", "pattern": r"\S"})
+
+
 class Problem(_Strict):
-    id: str | int | None = None
+    id: Annotated[str, _ID_STRING] | int | None = None
     prompt: str
     tools: list[Tool] = Field(default_factory=list)
     reference_answer: str | None = None
