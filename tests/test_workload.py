@@ -961,10 +961,8 @@ def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> 
         path = tmp_path / name
         path.write_bytes(data)
         problems = scan_workload(path, tmp_path, scripted=True).problems
-        assert problems and all(
-            p.endswith(": line: holds NUL bytes: the file looks UTF-16 or UTF-32 encoded; save it as UTF-8")
-            for p in problems
-        ), problems
+        nul = ": line: holds NUL bytes, which no JSON text does: a UTF-16 or UTF-32 file? save it as UTF-8"
+        assert problems and all(p.endswith(nul) for p in problems), problems
     stray = tmp_path / "stray.jsonl"
     stray.write_bytes(b"\xff\xfe\n" + text.encode())
     assert scan_workload(stray, tmp_path, scripted=True).problems == [

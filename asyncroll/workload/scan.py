@@ -151,7 +151,9 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
                 return problem, []
     # Slow path: separate JSON errors from field errors for clear messages.
     if b"\0" in raw:  # never in JSON text; every other character of a UTF-16 or UTF-32 file
-        return None, [("line", "holds NUL bytes: the file looks UTF-16 or UTF-32 encoded; save it as UTF-8")]
+        return None, [
+            ("line", "holds NUL bytes, which no JSON text does: a UTF-16 or UTF-32 file? save it as UTF-8")
+        ]
     try:
         # UTF-8 (a byte order mark is let through): json.loads would guess UTF-16 or UTF-32 from the bytes
         text = raw.decode("utf-8-sig")
