@@ -474,3 +474,50 @@ def test_a_stop_signal_during_the_solve_exits_130_at_once(tmp_path: Path, sig: s
             proc.wait()
     assert proc.returncode == 130, (stdout, stderr)
     assert stdout == "" and "Traceback" not in stderr, (stdout, stderr)
+
+
+#: As OPTIMUM_SAYING_SOLVING, and saying "stopping" once the first stop_search asked CP-SAT to stop, which
+#: then waits for a line of stdin: the second signal of a burst comes while the solver is stopping.
+OPTIMUM_STOPPING_SLOWLY = OPTIMUM_SAYING_SOLVING.replace(
+    "cp_model.CpSolver.solve = solve\n",
+    """cp_model.CpSolver.solve = solve
+real_stop, calls = cp_model.CpSolver.stop_search, []
+
+def stop_search(self):
+    calls.append(1)
+    real_stop(self)
+    if len(calls) == 1:
+        print("stopping", flush=True)
+        sys.stdin.readline()
+
+cp_model.CpSolver.stop_search = stop_search
+""",
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_burst_of_ctrl_c_during_the_solve_still_exits_130(tmp_path: Path) -> None:
+    """A second Ctrl-C while the solver was stopping ended the command before CP-SAT returned; its thread
+    came back from C++ into a finalising interpreter and the process aborted (SIGABRT, 134 in a shell:
+    "terminate called without an active exception")."""
+    run = _long_run(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OPTIMUM_STOPPING_SLOWLY, str(run)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "solving\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline() == "stopping\n"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "terminate called" not in stderr and "Traceback" not in stderr, stderr

@@ -33,9 +33,13 @@ def solve_stoppably(solver: Any, model: Any) -> Any:
         while not done.wait(0.1):
             pass
     except BaseException:
-        solver.stop_search()
-        while not done.wait(0.05):
-            solver.stop_search()  # again until it returns: CP-SAT drops one made before its search began
+        while True:  # until it returns: CP-SAT drops a stop_search made before its search began
+            try:
+                solver.stop_search()
+                if done.wait(0.05):
+                    break
+            except KeyboardInterrupt:  # a second Ctrl-C of a burst: the solver is stopping already, and
+                pass  # a process that left with it still in C++ aborted (exit 134)
         raise
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
