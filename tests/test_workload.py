@@ -77,7 +77,7 @@ def test_every_problem_is_reported_with_file_line_and_field(tmp_path: Path) -> N
         (4, "tools[0].name", "unknown tool 'frobnicate'"),
         (5, "prompt", "Input should be a valid string"),
         (6, "script[0].arguments.a", "expected number, got bool"),
-        (7, "script[0]", "does not match any of the expected tags"),
+        (7, "script[0].type", "'dance' is not an action's type: 'tool', 'final' or 'submit'"),
         (8, "tools[1].name", "duplicate tool name 'add'"),
         (9, "script", "required by the scripted backend"),
         (10, "tools[0].inputs", "unsupported type 'tensor'"),
@@ -990,3 +990,19 @@ def test_a_number_past_a_floats_range_is_refused_not_read_as_infinity(tmp_path: 
     shown = number if len(number) <= 40 else number[:37] + "..."
     message = f"line: the number {shown} is too large for a 64-bit float (it would read as infinity)"
     assert problems == [f"{tmp_path / 'w.jsonl'}:{n}: {message}" for n in (1, 2)], problems
+
+
+def test_an_action_without_a_known_type_is_named_at_its_type(tmp_path: Path) -> None:
+    """A hand-written action without "type", or with a wrong one, was reported at the action, in
+    pydantic's words: "script[0]: Unable to extract tag using discriminator 'type'"."""
+    script = [
+        {"name": "add", "arguments": {}},
+        {"type": "answer", "answer": "3"},
+        {"type": "final", "answer": 1},
+    ]
+    problems = _problems(tmp_path, [json.dumps({"prompt": "p", "script": script})])
+    path = tmp_path / "w.jsonl"
+    assert problems == [
+        f"{path}:1: script[0].type: Field required: an action's type is 'tool', 'final' or 'submit'",
+        f"{path}:1: script[1].type: 'answer' is not an action's type: 'tool', 'final' or 'submit'",
+    ]

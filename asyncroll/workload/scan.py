@@ -183,10 +183,24 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     try:
         return Problem.model_validate(data), []
     except ValidationError as exc:
-        return None, [
-            (_location(e["loc"]), e["msg"].removeprefix("Value error, "))
-            for e in exc.errors(include_url=False)
-        ]
+        return None, [_field_error(e) for e in exc.errors(include_url=False)]
+
+
+#: The action types, as a message lists them.
+_ACTION_TYPES = "'tool', 'final' or 'submit'"
+
+
+def _field_error(error: Any) -> tuple[str, str]:
+    """A pydantic error as ``(field, message)``. An action's missing or unknown type (the one
+    discriminated union) is named at its ``type``: pydantic said "script[0]: Unable to extract tag using
+    discriminator 'type'" and "script[0]: Input tag 'answer' found using 'type' does not match ..."."""
+    where = _location(error["loc"])
+    if error["type"] == "union_tag_not_found":
+        return f"{where}.type", f"Field required: an action's type is {_ACTION_TYPES}"
+    if error["type"] == "union_tag_invalid":
+        tag = error.get("ctx", {}).get("tag")
+        return f"{where}.type", f"{tag!r} is not an action's type: {_ACTION_TYPES}"
+    return where, error["msg"].removeprefix("Value error, ")
 
 
 _FILE_KINDS = (
