@@ -101,8 +101,8 @@ def record_regenerated_exports(run_dir: Path, exports: dict[str, Any]) -> str | 
         receipt = json.loads(path.read_bytes())
     except FileNotFoundError:
         return f"no {path}: nothing to record the new exports in"
-    except (OSError, ValueError) as exc:
-        return f"{path} is not readable JSON ({exc}); left as it was"
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        return f"{path} is not readable JSON ({type(exc).__name__}: {exc}); left as it was"
     if not isinstance(receipt, dict):
         return f"{path} is not a receipt (not a JSON object); left as it was"
     receipt["exports_regenerated"] = {"at": _iso(time.time()), "asyncroll": __version__, **exports}
