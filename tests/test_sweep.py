@@ -574,7 +574,8 @@ def test_a_seed_with_no_completion_counts_as_zero_per_hour_not_as_missing(tmp_pa
     completions per hour is a measured 0. The table once showed "n/a" (a 0 was dropped as if missing),
     and with some seeds at 0 the median was taken over the others only."""
     from asyncroll.simulation.engine import SimulationSettings
-    from asyncroll.simulation.sweep import SweepSpec, aggregate, run_sweep
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+    from asyncroll.simulation.sweep_table import aggregate
 
     problems = [tool_problem(f"p{i}", model_ms=30, cpu_ms=40, turns=3) for i in range(4)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
@@ -697,7 +698,7 @@ def test_a_cell_with_failed_trajectories_is_named_under_the_table(tmp_path: Path
 
 def test_reorders_are_shown_as_counts() -> None:
     """Reorders are counts: the table showed them as ``136.000 / 164.000 / 168.000``."""
-    from asyncroll.simulation.sweep import aggregate, markdown
+    from asyncroll.simulation.sweep_table import aggregate, markdown
 
     row = {"policy": "tool_first", "active": 8, "inflight": 4, "workers": 1, "makespan_s": 2.0}
     row |= {"efficiency": 0.9, "cpu_blocked_s": 0.5, "failed": 0, "completed_per_hour": 10.0}

@@ -27,12 +27,7 @@ if TYPE_CHECKING:  # imported lazily below: the CLI's start-up stays light
 
 def simulate(
     workload: Annotated[
-        Path | None,
-        Opt(
-            "--workload",
-            help="Workload JSONL to simulate; with --from-run, where the run's workload is now (a run "
-            "recorded elsewhere; checked by SHA-256).",
-        ),
+        Path | None, Opt("--workload", help="Workload JSONL; with --from-run: the run's, where it is now.")
     ] = None,
     from_run: Annotated[Path | None, Opt("--from-run", help="Replay a recorded run's exact timings.")] = None,
     output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
@@ -218,9 +213,7 @@ def simulate(
             job_overhead_ms,
         )
         if workload is None and from_run is None:
-            raise UsageError(
-                "give --workload, or --from-run (with --workload: where the run's workload is now)"
-            )
+            raise UsageError("give --workload, or --from-run (with --workload: the run's, where it is now)")
         if from_run is not None and server == "batching":
             raise UsageError(
                 "--from-run replays the run's measured model latencies; --server batching would replace "
@@ -235,7 +228,8 @@ def simulate(
                     "once (simulate --from-run RUN --output REPLAY) and sweep REPLAY/replay-workload.jsonl "
                     "with --tool-root set to the config.tool_root of REPLAY/run.json"
                 )
-            from asyncroll.simulation.sweep import SweepSpec, aggregate, markdown, run_sweep, usable_cpus
+            from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
+            from asyncroll.simulation.sweep_table import aggregate, markdown
 
             cfg0 = build_config({**values, "output": output / "unused"})
             if seeds is not None and seeds < 1:

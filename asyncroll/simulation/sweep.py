@@ -19,7 +19,6 @@ import json
 import multiprocessing
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.runtime.signals import STOP_SIGNALS, interruptible
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
+from asyncroll.simulation.sweep_table import aggregate, markdown
 from asyncroll.workload import WorkloadScan, scan_workload
 
 COLUMNS = (
@@ -279,105 +279,6 @@ def _exit_with(sweep_pid: int, every_s: float = 0.5) -> None:
     while os.getppid() == sweep_pid:
         time.sleep(every_s)
     os._exit(1)
-
-
-Spread = dict[str, float] | None
-
-
-def _spread(values: list[float]) -> Spread:
-    """Min, median and max over seeds (None: no value to summarise)."""
-    if not values:
-        return None
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
-def _shown(spread: Spread, digits: int = 3) -> str:
-    if spread is None:
-        return "n/a"
-    return " / ".join(f"{spread[k]:.{digits}f}" for k in ("min", "median", "max"))
-
-
-def _shown_count(spread: Spread) -> str:
-    """A count's spread as counts: ``513``, or ``280.5`` for the median of an even number of seeds."""
-    if spread is None:
-        return "n/a"
-    return " / ".join(f"{spread[k]:.1f}".removesuffix(".0") for k in ("min", "median", "max"))
-
-
-def _shown_change(spread: Spread) -> str:
-    if spread is None:
-        return "n/a"
-    return " / ".join(f"{100 * spread[k]:+.1f}%" for k in ("min", "median", "max"))
-
-
-def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (policy, point): each metric's spread over seeds (``{min, median, max}``, None when
-    no seed has a value) and ``vs_fifo``, the paired change of makespan against fifo on the same seed
-    (a fraction; None for fifo itself or without fifo in the sweep)."""
-    fifo = {
-        (r["active"], r["inflight"], r["workers"], r["seed"]): r["makespan_s"]
-        for r in rows
-        if r["policy"] == "fifo"
-    }
-    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        cells.setdefault((r["policy"], r["active"], r["inflight"], r["workers"]), []).append(r)
-    out = []
-    for (policy, active, inflight, workers), group in cells.items():
-        paired = [
-            r["makespan_s"] / fifo[(active, inflight, workers, r["seed"])] - 1.0
-            for r in group
-            if (active, inflight, workers, r["seed"]) in fifo and fifo[(active, inflight, workers, r["seed"])]
-        ]
-        out.append(
-            {
-                "policy": policy,
-                "active": active,
-                "inflight": inflight,
-                "workers": workers,
-                "seeds": len(group),
-                "makespan_s": _spread([r["makespan_s"] for r in group]),
-                "efficiency": _spread([r["efficiency"] for r in group if r["efficiency"] is not None]),
-                "cpu_blocked_s": _spread([r["cpu_blocked_s"] for r in group]),
-                "reorders": _spread([float(r["reorders"]) for r in group]),
-                "vs_fifo": None if policy == "fifo" else _spread(paired),
-                "failed": sum(r["failed"] for r in group),  # over the seeds
-                # a seed with no completion has a measured 0 per hour: it counts (only null is left out)
-                "completed_per_hour": _spread(
-                    [r["completed_per_hour"] for r in group if r["completed_per_hour"] is not None]
-                ),
-            }
-        )
-    return out
-
-
-def markdown(agg: list[dict[str, Any]]) -> str:
-    lines = [
-        "| policy | active | inflight | workers | makespan s (min / med / max) | completed per hour "
-        "| efficiency (min / med / max) | CPU-blocked s | reorders "
-        "| makespan vs fifo, paired (min / med / max) |",
-        "|---|---:|---:|---:|---|---|---|---|---|---|",
-    ]
-    for c in sorted(agg, key=_cell_order):
-        lines.append(
-            f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} "
-            f"| {_shown(c['makespan_s'])} | {_shown(c['completed_per_hour'], 0)} | {_shown(c['efficiency'])} "
-            f"| {_shown(c['cpu_blocked_s'])} | {_shown_count(c['reorders'])} "
-            f"| {_shown_change(c['vs_fifo'])} |"
-        )
-    failing = [c for c in sorted(agg, key=_cell_order) if c.get("failed")]
-    if failing:  # a failed trajectory ends early: its cell's makespan covers less work than the others'
-        lines += ["", "Failed trajectories (those cells' makespans cover less work; compare them with care):"]
-        lines += [
-            f"- {c['policy']} at {c['active']} / {c['inflight']} / {c['workers']}: {c['failed']} over "
-            f"{c['seeds']} seed(s)"
-            for c in failing
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def _cell_order(c: dict[str, Any]) -> tuple[Any, ...]:
-    return (c["active"], c["inflight"], c["workers"], c["policy"])
 
 
 def _record(workload: Path, tool_root: Path, base: dict[str, Any], argv: list[str]) -> dict[str, Any]:
