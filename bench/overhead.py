@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from asyncroll.backends.base import ModelRequest
 from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import SystemClock
-from asyncroll.events import EventLog
+from asyncroll.event_log import EventLog
 from asyncroll.policies import get_policy
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
 from asyncroll.runtime.model_gate import ModelGate

@@ -12,7 +12,7 @@ from typer.testing import CliRunner, Result
 
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
-from asyncroll.events import EventCapture
+from asyncroll.event_log import EventCapture
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import Duration, builtin_duration, virtual_factory
 

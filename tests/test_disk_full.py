@@ -235,7 +235,8 @@ def test_events_held_before_the_measurement_that_find_no_room_never_escape_the_c
 import json, sys
 from pathlib import Path
 from asyncroll.clock import VirtualClock
-from asyncroll.events import EventLog, WorkerReady
+from asyncroll.event_log import EventLog
+from asyncroll.events import WorkerReady
 log = EventLog(VirtualClock(), Path(sys.argv[1]) / "events.jsonl")
 for index in range(3):
     log.emit(WorkerReady(worker=index, generation=0, pid=None, startup_s=0.1))

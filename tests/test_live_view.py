@@ -271,7 +271,8 @@ def test_exporter_counts_requests_that_took_a_slot_and_server_outages() -> None:
     from requests enqueued; the server circuit is a gauge and two counters, followed from the events."""
     from asyncroll.backends.base import ModelResponse
     from asyncroll.clock import SystemClock
-    from asyncroll.events import EventLog, ServerAvailable, ServerUnavailable
+    from asyncroll.event_log import EventLog
+    from asyncroll.events import ServerAvailable, ServerUnavailable
     from asyncroll.runtime.model_gate import ModelGate
     from asyncroll.telemetry.exporter import RuntimeCollector
     from asyncroll.workload import FinalAction

@@ -28,8 +28,8 @@ from asyncroll.clock import SystemClock
 from asyncroll.coerce import TYPE_NAMES
 from asyncroll.config import build_config
 from asyncroll.errors import InvalidActionError, ModelError, UsageError
+from asyncroll.event_log import EventCapture
 from asyncroll.events import (
-    EventCapture,
     ModelEnqueued,
     ModelFailed,
     ModelFinished,

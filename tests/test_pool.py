@@ -13,7 +13,8 @@ import pytest
 
 from asyncroll.clock import SystemClock, VirtualClock
 from asyncroll.errors import WorkerDied, WorkerOverMemoryCap, WorkerStartupError
-from asyncroll.events import CpuStarted, EventCapture, EventLog, WorkerReady, WorkerRestarting
+from asyncroll.event_log import EventCapture, EventLog
+from asyncroll.events import CpuStarted, WorkerReady, WorkerRestarting
 from asyncroll.policies import get_policy
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate

@@ -355,7 +355,8 @@ def test_a_jobs_queue_wait_includes_the_dispatch_decision(tmp_path: Path) -> Non
     that takes 0.25 virtual seconds to choose) is part of the job's wait, as the events' times say."""
     from asyncroll.clock import VirtualClock
     from asyncroll.config import build_config
-    from asyncroll.events import CpuEnqueued, EventCapture
+    from asyncroll.event_log import EventCapture
+    from asyncroll.events import CpuEnqueued
     from asyncroll.policies.base import Decision, QueueSnapshot
     from asyncroll.runtime.run import Run, prepare
     from asyncroll.runtime.virtual_worker import virtual_factory

@@ -17,14 +17,13 @@ import asyncroll.runtime.run as run_module
 from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
+from asyncroll.event_log import EventCapture, EventLog
 from asyncroll.events import (
     CpuEnqueued,
     CpuFinished,
     CpuSelected,
     CpuStarted,
     Event,
-    EventCapture,
-    EventLog,
     MeasurementFinished,
     TrajectoryFinished,
 )

@@ -287,7 +287,8 @@ def test_a_summary_only_run_summarises_exactly_as_a_recorded_one(tmp_path: Path)
     shows; every number of the summary stays the same, bit for bit."""
     from asyncroll.clock import VirtualClock
     from asyncroll.config import build_config
-    from asyncroll.events import CpuSelected, EventCapture
+    from asyncroll.event_log import EventCapture
+    from asyncroll.events import CpuSelected
     from asyncroll.runtime.run import Run, prepare
     from asyncroll.runtime.virtual_worker import virtual_factory
     from bench import synthetic

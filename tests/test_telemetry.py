@@ -30,12 +30,11 @@ import pytest
 from asyncroll.clock import SystemClock, VirtualClock
 from asyncroll.config import build_config
 from asyncroll.errors import UsageError
+from asyncroll.event_log import EventCapture, EventLog
 from asyncroll.events import (
     CpuEnqueued,
     CpuFinished,
     Event,
-    EventCapture,
-    EventLog,
     ModelEnqueued,
     ModelFinished,
     ModelStarted,
@@ -921,7 +920,7 @@ def test_the_sampler_survives_a_failing_source_and_records_every_failure(
 ) -> None:
     """An exception inside a source (a bug, not a bad server) is caught, counted and written into that
     sample; sampling goes on, and stop() takes the final sample and closes the sources."""
-    from asyncroll.events import EventLog
+    from asyncroll.event_log import EventLog
     from asyncroll.telemetry.sampler import TelemetrySampler
     from asyncroll.telemetry.server_metrics import ServerMetricsSource
 

@@ -25,7 +25,7 @@ import pytest
 from asyncroll import proctree
 from asyncroll.clock import SystemClock
 from asyncroll.errors import WorkerDied, WorkerTimeout
-from asyncroll.events import EventLog
+from asyncroll.event_log import EventLog
 from asyncroll.proctree import is_subreaper
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec

@@ -64,7 +64,8 @@ from asyncroll.backends.scripted import scripted_action
 from asyncroll.clock import Clock
 from asyncroll.config import RunConfig, ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
-from asyncroll.events import EventLog, ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
+from asyncroll.event_log import EventLog
+from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
 from asyncroll.workload import Action, ToolAction
 
 ACTION_HEADER = "x-asyncroll-action"

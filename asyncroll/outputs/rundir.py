@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.clock import Clock
-from asyncroll.events import EventLog
+from asyncroll.event_log import EventLog
 from asyncroll.outputs.lines import LineFile, OutputWriteError
 from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_atomic
 

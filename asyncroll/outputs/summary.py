@@ -1,6 +1,6 @@
 """``summary.json``: built incrementally from the event stream, so no run keeps its events in memory.
 
-:class:`SummaryBuilder` subscribes to the :class:`~asyncroll.events.EventLog`; at the end
+:class:`SummaryBuilder` subscribes to the :class:`~asyncroll.event_log.EventLog`; at the end
 :meth:`SummaryBuilder.build` turns its counters and samples into counts, rates, latency distributions
 (min/p50/p95/max), the phase breakdown and scheduler diagnostics. Samples for the exact distributions
 are kept as packed doubles (8 bytes each: 100k trajectories of five turns cost a few MB); everything

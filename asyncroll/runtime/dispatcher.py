@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from asyncroll.clock import Clock
 from asyncroll.errors import WorkerDied, WorkerTimeout
-from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted, EventLog
+from asyncroll.event_log import EventLog
+from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted
 from asyncroll.policies import JobView, Policy, QueueSnapshot
 from asyncroll.policies.base import JobKind
 from asyncroll.policies.predictor import DurationPredictor

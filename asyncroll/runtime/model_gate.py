@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from asyncroll.backends.base import ModelResponse
 from asyncroll.clock import Clock
 from asyncroll.errors import ModelError
+from asyncroll.event_log import EventLog
 from asyncroll.events import (
     Event,
-    EventLog,
     ModelEnqueued,
     ModelFailed,
     ModelFinished,

@@ -22,7 +22,8 @@ from typing import Literal, Protocol
 
 from asyncroll.clock import Clock
 from asyncroll.errors import ToolsNotLoaded, WorkerOverMemoryCap, WorkerStartupError
-from asyncroll.events import EventLog, WorkerReady, WorkerRestarting
+from asyncroll.event_log import EventLog
+from asyncroll.events import WorkerReady, WorkerRestarting
 from asyncroll.workers.orphans import Adopter
 from asyncroll.workers.process import CallResult
 from asyncroll.workers.protocol import JobRequest

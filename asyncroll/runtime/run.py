@@ -29,7 +29,8 @@ import orjson
 from asyncroll.backends.base import Backend
 from asyncroll.clock import Clock
 from asyncroll.errors import AsyncrollError
-from asyncroll.events import MeasurementFinished, MeasurementStarted, Subscriber
+from asyncroll.event_log import Subscriber
+from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.lines import OutputWriteError
 from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions

@@ -16,7 +16,8 @@ from asyncroll.backends.base import Backend, ModelRequest
 from asyncroll.clock import Clock
 from asyncroll.config import DEFAULT_MAX_OBSERVATION_CHARS
 from asyncroll.errors import InvalidActionError, ModelError
-from asyncroll.events import EventLog, TrajectoryFinished, TrajectoryStarted
+from asyncroll.event_log import EventLog
+from asyncroll.events import TrajectoryFinished, TrajectoryStarted
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.transcript import assistant_message, invalid_reply

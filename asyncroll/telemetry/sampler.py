@@ -29,7 +29,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from asyncroll.clock import Clock
-from asyncroll.events import EventLog, ResourceProbe, ResourceSample, SourceStatus
+from asyncroll.event_log import EventLog
+from asyncroll.events import ResourceProbe, ResourceSample, SourceStatus
 from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
 from asyncroll.telemetry.server_metrics import FlavorSetting, MetricsUnavailable, ServerMetricsSource
 
