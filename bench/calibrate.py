@@ -15,7 +15,7 @@ within noise. The simulator *contradicts* reality when it orders a decided pair 
 on a decided pair when it orders it the same way. Ties are reported, not scored: no simulator can be
 right or wrong about a difference that reality itself does not resolve.
 
-Run: ``python -m bench.calibrate [--repeats 3] [--n 40]``.
+Run: ``python -m bench.calibrate [--repeats 3] [--n 40]`` (``--repeats`` at least 2).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from bench import synthetic
-from bench.common import events, machine, quantiles, run_once, scratch
+from bench.common import events, machine, number_arg, quantiles, run_once, scratch
 
 Point = tuple[int, int, int]
 POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2), (32, 4, 1))
@@ -123,10 +123,17 @@ def simulated(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--n", type=int, default=40)
-    parser.add_argument("--model-ms", type=float, default=40.0)
-    parser.add_argument("--cpu-ms", type=float, default=25.0)
+    # A pair is *decided* only where the real ranges (min–max over repeats) are apart: one repeat has no
+    # range, and every pair would read as decided outside a noise nobody measured.
+    parser.add_argument(
+        "--repeats",
+        type=number_arg(int, 2, 1000),
+        default=3,
+        help="real runs per policy and point (>= 2: the ranking is judged against their spread)",
+    )
+    parser.add_argument("--n", type=number_arg(int, 1, 100_000), default=40)
+    parser.add_argument("--model-ms", type=number_arg(float, 0, 60_000), default=40.0)
+    parser.add_argument("--cpu-ms", type=number_arg(float, 0, 60_000, low_open=True), default=25.0)
     args = parser.parse_args()
     workload = synthetic.write(
         scratch("cal-") / "w.jsonl",

@@ -21,6 +21,12 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("paired", ["--seeds", "0"], "--seeds: must be an integer >= 1"),
         ("paired", ["--cpu-ms", "0"], "--cpu-ms: must be a finite number > 0"),
         ("decision", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
+        # One repeat has no spread: every real pair would read as decided (a "CONTRADICTS" verdict
+        # against noise nobody measured); zero repeats was a StatisticsError traceback.
+        ("calibrate", ["--repeats", "1"], "--repeats: must be an integer >= 2"),
+        ("calibrate", ["--repeats", "0"], "--repeats: must be an integer >= 2"),
+        ("calibrate", ["--n", "0"], "--n: must be an integer >= 1"),
+        ("calibrate", ["--cpu-ms", "0"], "--cpu-ms: must be a finite number > 0"),
     ],
 )
 def test_bench_arguments_are_checked_before_anything_runs(
