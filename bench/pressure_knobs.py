@@ -3,7 +3,7 @@
 Sweeps ``--aging-weight`` × ``--starvation-threshold`` (proactive = the inflight limit, 4; reactive = 1)
 for ``asyncroll_seed`` against ``fifo`` on a ``bench.synthetic`` workload, at 8 or 32 active, 4
 inflight, 1 or 2 workers, 3 seeds of timing jitter; prints the paired makespan change against FIFO
-(median over seeds; negative is better).
+(min / median / max over seeds; negative is better).
 
 Run: ``python -m bench.pressure_knobs`` (≈ 3 minutes).
 """
@@ -11,14 +11,18 @@ Run: ``python -m bench.pressure_knobs`` (≈ 3 minutes).
 from __future__ import annotations
 
 import argparse
-import statistics
 
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
-from bench.common import machine, scratch
+from bench.common import machine, quantiles, scratch
 
 POINTS = ((8, 1), (8, 2), (32, 1), (32, 2))
+
+
+def cell_text(change: list[float]) -> str:
+    """One cell: the paired makespan changes over seeds as min / median / max, in percent."""
+    return " / ".join(f"{100 * v:+.1f}%" for v in quantiles(change))
 
 
 def main() -> None:
@@ -28,7 +32,10 @@ def main() -> None:
     tmp = scratch("knobs-")
     workload = synthetic.write(tmp / "syn.jsonl", 200, 400.0, 500.0, 0)
     print(f"machine: {machine()}")
-    print("workload: bench.synthetic n=200 model_ms=400 cpu_ms=500 seed=0; 3 seeds, jitter 0.25; inflight 4")
+    print(
+        "workload: bench.synthetic n=200 model_ms=400 cpu_ms=500 seed=0; 3 seeds, jitter 0.25; inflight 4; "
+        "cells: paired makespan change vs fifo, min / median / max over seeds"
+    )
     print("| aging weight | threshold | " + " | ".join(f"{a} active / {w} workers" for a, w in POINTS) + " |")
     print("|---:|---:|" + "---:|" * len(POINTS))
     for weight in (0.02, 0.2, 1.0):
@@ -47,7 +54,7 @@ def main() -> None:
                     for r in rows
                     if r["policy"] == "asyncroll_seed" and (r["active"], r["workers"]) == point
                 ]
-                cells.append(f"{100 * statistics.median(change):+.1f}%")
+                cells.append(cell_text(change))
             print(f"| {weight} | {threshold} | " + " | ".join(cells) + " |")
 
 

@@ -89,3 +89,11 @@ def test_the_simulation_speed_bench_runs_both_modes_on_a_tiny_workload() -> None
     for record in (False, True):
         result = one(12, record, workload)
         assert result["window_cpu_s"] > 0 and result["virtual_makespan_s"] > 0, result
+
+
+def test_the_knobs_bench_prints_each_cell_with_its_spread_over_seeds() -> None:
+    """RESULTS.md's knobs table gave only the median of 3 seeds: every figure must state its spread."""
+    from bench.pressure_knobs import cell_text
+
+    assert cell_text([0.036, -0.002, 0.043]) == "-0.2% / +3.6% / +4.3%"
+    assert cell_text([0.0, 0.0, 0.0]) == "+0.0% / +0.0% / +0.0%"
