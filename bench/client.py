@@ -40,7 +40,7 @@ from asyncroll.backends.base import ModelRequest
 from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.clock import SystemClock
 from asyncroll.workload import Problem
-from bench.common import machine, quantiles
+from bench.common import machine, number_arg, quantiles
 
 PROBLEM = Problem.model_validate(
     {
@@ -142,9 +142,19 @@ async def throughput(url: str, inflight: int, n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=400, help="requests per throughput measurement")
-    parser.add_argument("--sequential", type=int, default=300, help="requests per sequential measurement")
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=5)
+    parser.add_argument(
+        "--requests",
+        type=number_arg(int, 1, 1_000_000),
+        default=400,
+        help="requests per throughput measurement",
+    )
+    parser.add_argument(
+        "--sequential",
+        type=number_arg(int, 1, 1_000_000),
+        default=300,
+        help="requests per sequential measurement",
+    )
     parser.add_argument("--json", help="also write the raw figures to this file")
     args = parser.parse_args()
     proc, url = start_server()

@@ -38,7 +38,7 @@ from asyncroll.evaluator.harness import PRELUDE_MODULES
 from asyncroll.evaluator.isolation import detect
 from asyncroll.evaluator.sandbox import Sandbox
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
-from bench.common import machine, quantiles
+from bench.common import machine, number_arg, quantiles
 
 PROGRAM = "print(sum(map(int, input().split())))\n"
 TESTS = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
@@ -91,9 +91,19 @@ def _command_ms(command: list[str], tests: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--evals", type=int, default=40, help="timed evaluations per worker per repeat")
-    parser.add_argument("--tests", type=int, default=40, help="sandbox runs per repeat for the fixed cost")
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=5)
+    parser.add_argument(
+        "--evals",
+        type=number_arg(int, 1, 1_000_000),
+        default=40,
+        help="timed evaluations per worker per repeat",
+    )
+    parser.add_argument(
+        "--tests",
+        type=number_arg(int, 1, 1_000_000),
+        default=40,
+        help="sandbox runs per repeat for the fixed cost",
+    )
     args = parser.parse_args()
     began = time.perf_counter()
     report = detect()

@@ -34,7 +34,7 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
-from bench.common import machine, quantiles, write_workload
+from bench.common import machine, number_arg, quantiles, write_workload
 from bench.simspeed import small_workload
 
 EVENTS_PER_TRAJECTORY = 20  # roughly, for this workload; the table reports the real count
@@ -134,7 +134,7 @@ def fmt(xs: list[float], digits: int = 3) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", default="1000,10000,100000")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=5)
     args = parser.parse_args()
     print(f"machine: {machine()}")
     print(f"command: python -m bench.export --events {args.events} --repeats {args.repeats}")

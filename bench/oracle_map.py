@@ -39,7 +39,7 @@ from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from asyncroll.workload import ToolAction, iter_problems
 from bench import synthetic
-from bench.common import machine, scratch
+from bench.common import machine, number_arg, scratch
 from bench.pressure_map import MIXES
 
 CELLS = ((4, 4, 1), (4, 4, 2), (8, 4, 1), (8, 4, 2), (8, 4, 4), (16, 4, 2), (32, 4, 2), (16, 8, 2))
@@ -97,9 +97,14 @@ def cell_text(fifo: list[dict[str, Any]], arm: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--n", type=int, default=200)
-    parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
+    parser.add_argument("--seeds", type=number_arg(int, 1, 1_000_000), default=5)
+    parser.add_argument("--n", type=number_arg(int, 1, 1_000_000), default=200)
+    parser.add_argument(
+        "--jobs",
+        type=number_arg(int, 1, 1_000_000),
+        default=usable_cpus(),
+        help="processes running cells at once",
+    )
     args = parser.parse_args()
     tmp = scratch("oracle-")
     print(f"machine: {machine()}")

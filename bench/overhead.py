@@ -37,7 +37,7 @@ from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.process import ProcessWorker
 from asyncroll.workers.protocol import ToolSpec
 from asyncroll.workload import Problem
-from bench.common import machine, quantiles, scratch
+from bench.common import machine, number_arg, quantiles, scratch
 
 PROBLEM = Problem.model_validate({"id": "p", "prompt": "answer", "script": [{"type": "final", "answer": 1}]})
 
@@ -124,8 +124,8 @@ async def tool_job(calls: int, real: bool) -> tuple[float, float | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=5)
+    parser.add_argument("--calls", type=number_arg(int, 1, 1_000_000), default=5000)
     args = parser.parse_args()
     print(f"machine: {machine()}")
     rows: dict[str, list[float]] = {

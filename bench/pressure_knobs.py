@@ -15,7 +15,7 @@ import argparse
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
-from bench.common import machine, quantiles, scratch
+from bench.common import machine, number_arg, quantiles, scratch
 
 POINTS = ((8, 1), (8, 2), (32, 1), (32, 2))
 
@@ -27,7 +27,12 @@ def cell_text(change: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=usable_cpus(), help="processes running cells at once")
+    parser.add_argument(
+        "--jobs",
+        type=number_arg(int, 1, 1_000_000),
+        default=usable_cpus(),
+        help="processes running cells at once",
+    )
     args = parser.parse_args()
     tmp = scratch("knobs-")
     workload = synthetic.write(tmp / "syn.jsonl", 200, 400.0, 500.0, 0)

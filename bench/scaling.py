@@ -17,7 +17,7 @@ import json
 import math
 from collections import Counter
 
-from bench.common import events, final_only, machine, quantiles, run_once
+from bench.common import events, final_only, machine, number_arg, quantiles, run_once
 
 SETTINGS = (1, 2, 4, 8, 16, 64, 256)
 
@@ -40,9 +40,9 @@ def one(n: int, inflight: int, latency_ms: float) -> tuple[float, list[tuple[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--trajectories", type=int, default=1024)
-    parser.add_argument("--latency-ms", type=float, default=20.0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trajectories", type=number_arg(int, 1, 1_000_000), default=1024)
+    parser.add_argument("--latency-ms", type=number_arg(float, 0, 60_000), default=20.0)
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=3)
     args = parser.parse_args()
     n = args.trajectories
     print(f"machine: {machine()}")

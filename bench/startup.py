@@ -12,12 +12,12 @@ import subprocess
 import sys
 import time
 
-from bench.common import machine, quantiles
+from bench.common import machine, number_arg, quantiles
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=15)
     args = parser.parse_args()
     exe = shutil.which("asyncroll")
     commands = {"asyncroll --help": [exe, "--help"]} if exe else {}

@@ -27,7 +27,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.telemetry.server_metrics import VLLM, ServerMetricsSource, parse_metrics
-from bench.common import machine, quantiles
+from bench.common import machine, number_arg, quantiles
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 HISTOGRAMS = [
@@ -118,8 +118,8 @@ async def sample_times(url: str, calls: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=5)
+    parser.add_argument("--calls", type=number_arg(int, 1, 1_000_000), default=200)
     args = parser.parse_args()
     text = exposition()
     assert parse_metrics(text, VLLM, MODEL).running == 6.0

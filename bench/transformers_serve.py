@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import machine, quantiles, write_workload
+from bench.common import machine, number_arg, quantiles, write_workload
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -199,8 +199,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hf-python", type=Path, required=True)
     parser.add_argument("--inflight", default="1,4,16")
-    parser.add_argument("--n", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--n", type=number_arg(int, 1, 1_000_000), default=32)
+    parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=3)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-hf-"))
     model = build_model(args.hf_python, tmp / "tiny-llama")

@@ -27,6 +27,23 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("calibrate", ["--repeats", "0"], "--repeats: must be an integer >= 2"),
         ("calibrate", ["--n", "0"], "--n: must be an integer >= 1"),
         ("calibrate", ["--cpu-ms", "0"], "--cpu-ms: must be a finite number > 0"),
+        # Each of these was a traceback (IndexError, StatisticsError, FileNotFoundError) after set-up,
+        # or, for bench.pressure_map, tables with a header and no row and exit 0.
+        ("overhead", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
+        ("scaling", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
+        ("scaling", ["--latency-ms", "-1"], "--latency-ms: must be a finite number >= 0"),
+        ("startup", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
+        ("telemetry", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
+        ("export", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
+        ("client", ["--requests", "0"], "--requests: must be an integer >= 1"),
+        ("evaluator", ["--tests", "0"], "--tests: must be an integer >= 1"),
+        ("pressure_map", ["--seeds", "0"], "--seeds: must be an integer >= 1"),
+        ("pressure_map", ["--jobs", "0"], "--jobs: must be an integer >= 1"),
+        ("oracle_map", ["--seeds", "0"], "--seeds: must be an integer >= 1"),
+        ("optimum_map", ["--seeds", "0"], "--seeds: must be an integer >= 1"),
+        ("optimum_map", ["--time-limit", "0"], "--time-limit: must be a finite number > 0"),
+        ("pressure_knobs", ["--jobs", "0"], "--jobs: must be an integer >= 1"),
+        ("transformers_serve", ["--hf-python", "x", "--n", "0"], "--n: must be an integer >= 1"),
     ],
 )
 def test_bench_arguments_are_checked_before_anything_runs(
