@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,35 @@ async def one_pass(args: argparse.Namespace, prompts: list[str], client: httpx.A
     }
 
 
+def machine() -> dict[str, Any]:
+    """Where the client ran: a serving figure belongs next to its machine (SERVING_ABLATION.md)."""
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+    }
+
+
+def versions() -> dict[str, str | None]:
+    """The client's own package versions (the server's are in its log and in arm.json)."""
+    out: dict[str, str | None] = {}
+    for name in ("asyncroll", "httpx"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
@@ -154,7 +185,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             for q in ("p50", "p90", "p99")
             if any(p["latency_s"][q] is not None for p in passes)
         },
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": machine(),
+        "versions": versions(),
     }
 
 
@@ -184,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         args.output.write_text(json.dumps(result, indent=2) + "\n")
     s = result["summary"]
+    host, pkgs = result["machine"], result["versions"]
+    print(
+        f"machine: {host['cpu']}, {host['logical_cpus']} logical CPUs, Python {host['python']}, "
+        f"{host['platform']}; " + ", ".join(f"{name} {v or 'not installed'}" for name, v in pkgs.items())
+    )
     print(
         f"{args.endpoint} model {args.model}: concurrency {args.concurrency}, {args.requests} requests x "
         f"{args.repeats} repeats, max_tokens {args.max_tokens}{' fixed' if args.fixed_length else ''}"

@@ -655,6 +655,10 @@ def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
             assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
             assert rep["requests_per_s"] == pytest.approx(10 / rep["wall_s"])
         assert "| requests_per_s |" in done.stdout
+        # The machine and the client's versions go next to the numbers, printed and in the JSON.
+        assert done.stdout.startswith("machine: ") and "logical CPUs" in done.stdout.splitlines()[0]
+        assert {"cpu", "logical_cpus", "python", "platform"} <= set(result["machine"])
+        assert set(result["versions"]) == {"asyncroll", "httpx"} and result["versions"]["httpx"]
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(10)
