@@ -20,7 +20,8 @@ from asyncroll.experiment.comparison import build_comparison
 from asyncroll.experiment.config import Gate, load_experiment_config
 from asyncroll.experiment.gates import evaluate_gates
 from asyncroll.experiment.plan import build_plan, pair_order
-from asyncroll.experiment.report import aggregate, markdown
+from asyncroll.experiment.report import aggregate
+from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.server import startup_evidence
 from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval, t_ppf
 from tests.conftest import invoke

@@ -32,7 +32,8 @@ from asyncroll.experiment.config import (
 from asyncroll.experiment.lock import OutputLock
 from asyncroll.experiment.plan import build_plan, client_command
 from asyncroll.experiment.receipts import one_line
-from asyncroll.experiment.report import aggregate, load_comparison, markdown
+from asyncroll.experiment.report import aggregate, load_comparison
+from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
 from asyncroll.experiment.stats import bootstrap_interval, distinct_resamples

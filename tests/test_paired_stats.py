@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncroll.experiment.report import aggregate, markdown
+from asyncroll.experiment.report import aggregate
+from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval
 from asyncroll.outputs.statistics import distribution
 from tests.test_experiment_guards import comparison
@@ -148,7 +149,7 @@ def test_the_failure_table_says_it_counts_complete_pairs_only() -> None:
 
 def test_report_numbers_are_written_whole_not_in_exponent_form() -> None:
     """Completions per hour read 67,050, not 6.705e+04; small values keep four significant digits."""
-    from asyncroll.experiment.report import fmt
+    from asyncroll.experiment.report_markdown import fmt
 
     assert fmt(67_050.3) == "67,050" and fmt(-12_345.6) == "-12,346"
     assert fmt(1.23456) == "1.235" and fmt(0.5) == "0.5" and fmt(None) == "unknown"

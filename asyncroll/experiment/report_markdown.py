@@ -1,0 +1,217 @@
+"""REPORT.md's text, from the aggregate ``asyncroll report`` computed (``report.py``): tables only of
+numbers in aggregate.json, "unknown" for a value not measured, "undefined" with its reason for a ratio
+that has none."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from asyncroll.experiment.receipts import one_line
+
+
+def fmt(value: Any, spec: str | None = None) -> str:
+    """A value as the report prints it: four significant digits by default, a large one whole with
+    thousands separators (67,050 completions per hour, not 6.705e+04)."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, float):
+        return format(value, spec) if spec is not None else _number(value)
+    return str(value)
+
+
+def _number(x: float, sign: str = "") -> str:
+    return format(x, f"{sign},.0f") if abs(x) >= 1e4 and math.isfinite(x) else format(x, f"{sign}.4g")
+
+
+def _interval(d: dict[str, Any], percent: bool = True) -> str:
+    """A mean with its interval and ``n`` (the pairs it rests on), or why there is none."""
+
+    def num(x: float) -> str:
+        return f"{x:+.2f}%" if percent else _number(x, "+")
+
+    note = d.get("note")
+    if d["mean"] is None:
+        return note if note and note.startswith("undefined") else f"unknown ({note})"
+    if d["low"] is None:
+        return f"{num(d['mean'])} (n={d['n']}; no interval: {note})"
+    return f"{num(d['mean'])} [{num(d['low'])}, {num(d['high'])}] (n={d['n']}" + (
+        f"; {note})" if note else ")"
+    )
+
+
+def _per_pair(d: dict[str, Any]) -> str:
+    """Each complete pair's ratio, named by its pair number (``p3 1.1000``): once a pair with a failed
+    arm is excluded, a ratio's position is no longer its pair's number."""
+    ratios = d["ratios"]
+    notes = d.get("pair_notes") or [None] * len(ratios)
+    numbers = d.get("pair_numbers") or list(range(1, len(ratios) + 1))
+    cells = [
+        f"p{k} " + (fmt(r, ".4f") if r is not None else (n or "unknown"))
+        for k, r, n in zip(numbers, ratios, notes, strict=True)
+    ]
+    return ", ".join(cells) or "none"
+
+
+def _observed(gate: dict[str, Any]) -> str:
+    """A gate's observed value, or its verdict's note: undefined (over a count of 0) or unknown."""
+    return fmt(gate["observed"]) if gate["observed"] is not None else str(gate.get("note") or "unknown")
+
+
+def _rate(pooled: dict[str, Any], rate: str) -> str:
+    value = pooled.get(rate)
+    return fmt(value) if value is not None else pooled.get("notes", {}).get(rate, "unknown")
+
+
+def _run_order(agg: dict[str, Any]) -> list[str]:
+    """The order each pair ran its arms in, and a warning when every complete pair ran in one order: an
+    effect of the position (drift, warm-up) is then in every paired change, not balanced out."""
+    orders = agg.get("orders") or []
+    if not orders:
+        return []
+    line = (
+        "Order of the arms in each pair (as run, or planned): "
+        + "; ".join(f"p{o['pair']} {' → '.join(o['order'])}" for o in orders)
+        + "."
+    )
+    complete = {o["pair"] for o in orders} & set(agg.get("complete_pairs", []))
+    ran = {tuple(o["order"]) for o in orders if o["pair"] in complete}
+    if len(complete) > 1 and len(ran) == 1:
+        line += (
+            " **Every complete pair ran in the same order**: an effect of the position (drift, warm-up)"
+            " is in every paired change, not balanced out."
+        )
+    return [line, ""]
+
+
+def markdown(agg: dict[str, Any]) -> str:
+    """REPORT.md: tables only of numbers in aggregate.json."""
+    arms, base = agg["arms"], agg["baseline"]
+    labels = {m["key"]: m["label"] for m in agg["metrics"]}
+    out = [
+        f"# Experiment report: {agg['experiment']}",
+        "",
+        f"Status: **{agg['experiment_status']}**"
+        + (f" ({agg['stop_reason']})" if agg["stop_reason"] else "")
+        + f". Pairs complete: {agg['pairs_complete']} of {agg['pairs_total']}. Baseline: `{base}` "
+        f"({agg['policies'][base]}). Protocol fingerprint `{(agg['fingerprint'] or 'unknown')[:16]}`.",
+        "",
+        'Every number below is computed by `asyncroll report` from `comparison.json`; "unknown" marks a '
+        'metric the run could not measure (never a zero), "undefined" a ratio of measured values whose '
+        "denominator is 0 (a baseline of 0: the % change is undefined, the difference is not). Only "
+        "complete pairs enter medians and paired statistics; n is the number of pairs a statistic rests "
+        "on, and any pair it leaves out is named.",
+        "",
+        *_run_order(agg),
+        "Server versions seen in the arms' logs: "
+        + (
+            "; ".join(
+                f"{k} {', '.join(v)}" + (" (**differs between arms**)" if len(v) > 1 else "")
+                for k, v in agg["server_versions"].items()
+            )
+            or "none parsed"
+        )
+        + ".",
+        "",
+        "## Stages",
+        "",
+        "| stage | status | gates |",
+        "|---|---|---|",
+    ]
+    for stage, state in agg["stages"].items():
+        gates = "; ".join(
+            f"{g['metric']}[{g['arm']}] = {_observed(g)} {g['op']} {g['value']:g}: "
+            f"{'pass' if g['passed'] else 'FAIL'}"
+            for g in state.get("gates", [])
+        )
+        out.append(f"| {stage} | {state.get('status')} | {gates or '-'} |")
+    out += [
+        "",
+        "## Per-policy medians (complete pairs)",
+        "",
+        "| metric | " + " | ".join(f"{a} ({agg['policies'][a]})" for a in arms) + " |",
+        "|---|" + "---|" * len(arms),
+    ]
+    complete = agg["pairs_complete"]
+    for key, label in labels.items():
+        cells = []
+        for a in arms:
+            n = agg.get("median_n", {}).get(a, {}).get(key, complete)
+            value = agg["medians"][a][key]
+            note = agg.get("median_notes", {}).get(a, {}).get(key)
+            cells.append(
+                (note if value is None and note else fmt(value))
+                + (f" (n={n} of {complete})" if value is not None and n < complete else "")
+            )
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    for arm, per_metric in agg["paired"].items():
+        out += [
+            "",
+            f"## Paired: {arm} vs {base}",
+            "",
+            "| metric | ratio per pair | mean % change [95% t] | mean % change [95% bootstrap] "
+            f"| mean difference, {arm} − {base} [95% t] |",
+            "|---|---|---|---|---|",
+        ]
+        for key, d in per_metric.items():
+            out.append(
+                f"| {labels[key]} | {_per_pair(d)} | {_interval(d['mean_percent_change_t95'])} "
+                f"| {_interval(d['mean_percent_change_bootstrap95'])} "
+                f"| {_interval(d['mean_difference_t95'], percent=False)} |"
+            )
+    out += [
+        "",
+        "## Pooled rates (sums over complete pairs)",
+        "",
+        "| arm | completion rate | completions per GPU-hour | CPU-s per completion | activation rate |",
+        "|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        p = agg["pooled"][arm]
+        out.append(
+            f"| {arm} | {_rate(p, 'completion_rate')} | {_rate(p, 'completed_per_gpu_hour')} "
+            f"| {_rate(p, 'cpu_s_per_completion')} | {_rate(p, 'activation_rate')} |"
+        )
+    out += [
+        "",
+        "## Quality (sums over complete pairs)",
+        "",
+        "| arm | exact accuracy (correct / graded) | first-pass rate (passed / evaluated) |",
+        "|---|---|---|",
+    ]
+    for arm in arms:
+        p, t = agg["pooled"][arm], agg["pooled"][arm]["totals"]
+        out.append(
+            f"| {arm} | {_rate(p, 'accuracy_exact')} ({fmt(t.get('correct'), '.0f')} / "
+            f"{fmt(t.get('graded'), '.0f')}) "
+            f"| {_rate(p, 'pass_rate_first')} ({fmt(t.get('passed_first'), '.0f')} / "
+            f"{fmt(t.get('evaluated'), '.0f')}) |"
+        )
+    out += [
+        "",
+        "## Failures",
+        "",
+        "Trajectory counts are sums over the complete pairs, like the rates above: a pair with a failed "
+        "or unfinished arm counts in none of its arms. Every failed and unfinished arm is listed below.",
+        "",
+        "| arm | failed trajectories | max_turns | model failures | worker restarts |",
+        "|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        t = agg["pooled"][arm]["totals"]
+        out.append(
+            f"| {arm} | {fmt(t.get('failed'), '.0f')} | {fmt(t.get('max_turns'), '.0f')} "
+            f"| {fmt(t.get('model_failures'), '.0f')} | {fmt(t.get('worker_restarts'), '.0f')} |"
+        )
+    out += ["", "Failed arms (kept, never re-run):", ""]
+    out += [f"- `{f['id']}`: {one_line(f.get('error'))}" for f in agg["failed_arms"]] or ["- none"]
+    # interrupted (Ctrl-C, the experiment's deadline) or never reached: not failures; --resume runs them
+    unfinished = [f for f in agg["failures"] if f["status"] != "failed"]
+    if unfinished:
+        out += ["", "Unfinished arms (not failed; `--resume` runs them):", ""]
+        for f in unfinished:
+            out.append(
+                f"- `{f['id']}`: {f['status']}" + (f": {one_line(f['error'])}" if f.get("error") else "")
+            )
+    out.append("")
+    return "\n".join(out)
