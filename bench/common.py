@@ -16,22 +16,15 @@ from typing import Any
 
 from asyncroll.clock import Clock, SystemClock, VirtualClock
 from asyncroll.config import build_config
+from asyncroll.outputs.receipt import cpu_model
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return (
-        f"{platform.node()}: {cpu}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}"
+        f"{platform.node()}: {cpu_model()}, {os.cpu_count()} logical CPUs, "
+        f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
     )
 
 

@@ -30,6 +30,7 @@ import httpx
 
 from asyncroll.backends.exchange import MAX_RESPONSE_BYTES
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+from asyncroll.outputs.receipt import cpu_model
 
 
 def load_prompts(path: Path, count: int) -> list[str]:
@@ -125,18 +126,10 @@ async def one_pass(args: argparse.Namespace, prompts: list[str], client: httpx.A
 
 def machine() -> dict[str, Any]:
     """Where the client ran: a serving figure belongs next to its machine (SERVING_ABLATION.md)."""
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
     }
 

@@ -127,6 +127,17 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it ("unknown CPU" where /proc/cpuinfo does not say)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def host() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
