@@ -454,6 +454,30 @@ def _wait_for(path: Path, needle: str, timeout: float = 30) -> None:
     raise AssertionError(f"{needle!r} never appeared in {path}")
 
 
+def _signal_a_running_run(
+    workload: Path, out: Path, sig: signal.Signals, *flags: str, wrap: list[str] | None = None
+) -> tuple[int, str]:
+    """``asyncroll run`` in a real process (under ``wrap``, e.g. nohup), sent ``sig`` once its first job
+    has started; its exit status and stderr (killed after 60 s)."""
+    command = [*(wrap or []), sys.executable, "-m", "asyncroll.cli", "run", "--workload", str(workload)]
+    proc = subprocess.Popen(
+        [*command, "--output", str(out), *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        os.kill(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stderr
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(shutil.which("nohup") is None, reason="needs nohup")
 def test_a_run_started_under_nohup_survives_the_hangup(tmp_path: Path) -> None:
@@ -463,23 +487,8 @@ def test_a_run_started_under_nohup_survives_the_hangup(tmp_path: Path) -> None:
     problems = [tool_problem(f"p{i}", model_ms=20, cpu_ms=150, turns=2) for i in range(8)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     out = tmp_path / "run"
-    command = ["nohup", sys.executable, "-m", "asyncroll.cli", "run", "--workload", str(workload)]
-    proc = subprocess.Popen(
-        [*command, "--output", str(out), "--cpu-workers", "1"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
-        os.kill(proc.pid, signal.SIGHUP)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr
+    code, stderr = _signal_a_running_run(workload, out, signal.SIGHUP, "--cpu-workers", "1", wrap=["nohup"])
+    assert code == 0, stderr
     receipt, summary, _ = load_run(out)
     assert receipt["status"] == "complete" and summary["counts"]["completed"] == 8
     assert "SIGHUP" not in stderr
@@ -491,33 +500,8 @@ def test_signal_mid_run_leaves_valid_files_and_no_processes(tmp_path: Path, sig:
     problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=500, turns=3) for i in range(40)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "asyncroll.cli",
-            "run",
-            "--workload",
-            str(workload),
-            "--output",
-            str(out),
-            "--cpu-workers",
-            "2",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
-        os.kill(proc.pid, sig)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, stderr
+    code, stderr = _signal_a_running_run(workload, out, sig, "--cpu-workers", "2")
+    assert code == 130, stderr
     assert f"interrupted by {sig.name}" in stderr
     receipt, summary, events = load_run(out)
     assert receipt["status"] == "interrupted" and sig.name in receipt["error"]
