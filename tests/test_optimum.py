@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -533,3 +534,37 @@ def test_a_burst_of_ctrl_c_during_the_solve_still_exits_130(tmp_path: Path) -> N
             proc.wait()
     assert proc.returncode == 130, (stdout, stderr)
     assert "terminate called" not in stderr and "Traceback" not in stderr, stderr
+
+
+def test_a_solve_cut_by_the_time_limit_says_a_longer_one_may_do_better(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``unknown`` (no schedule found) or ``feasible`` (not proven optimal) said nothing about the time
+    limit that cut the search; the plain output now says a longer ``--time-limit`` may do better."""
+    import dataclasses
+
+    import asyncroll.simulation.optimum as optimum_module
+
+    problems = [tool_problem(f"p{i}", model_ms=30, cpu_ms=40, turns=2) for i in range(3)]
+    run = tmp_path / "run"
+    assert (
+        invoke(
+            "simulate", "--workload", write_workload(tmp_path / "w.jsonl", problems), "--output", run
+        ).exit_code
+        == 0
+    )
+    real = optimum_module.solve
+    for status, said in (
+        ("unknown", "no schedule within --time-limit 7s"),
+        ("feasible", "not proven optimal"),
+    ):
+
+        def cut(*args: Any, status: str = status, **kwargs: Any) -> Any:
+            return dataclasses.replace(real(*args, **kwargs), status=status)
+
+        monkeypatch.setattr(optimum_module, "solve", cut)
+        result = invoke("optimum", run, "--time-limit", "7", "--threads", "1")
+        assert result.exit_code == 0 and said in result.stdout and "a longer one may" in result.stdout
+    monkeypatch.setattr(optimum_module, "solve", real)
+    solved = invoke("optimum", run, "--time-limit", "30", "--threads", "1")
+    assert solved.exit_code == 0 and "optimal" in solved.stdout and "a longer one may" not in solved.stdout

@@ -63,3 +63,9 @@ def optimum(
     )
     for note in result["notes"]:
         typer.echo(f"note: {note}")
+    if result["status"] in ("feasible", "unknown"):
+        found = "its best schedule is not proven optimal" if result["status"] == "feasible" else "no schedule"
+        typer.echo(
+            f"note: {found} within --time-limit {time_limit:g}s; a longer one may find a shorter schedule "
+            "or prove a higher bound"
+        )
