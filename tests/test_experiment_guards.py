@@ -950,12 +950,14 @@ def test_a_server_ignoring_sigterm_is_killed_after_one_grace(tmp_path: Path) -> 
         while not descendants(process.pid) and time.monotonic() < end:
             time.sleep(0.02)
         assert descendants(process.pid)
-        stop = process.stop(1.0)
+        stop = process.stop(2.0)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     assert stop["how"] == "kill" and stop["leftover"] == []
-    assert stop["seconds"] < 1.6, stop
+    # one grace (2 s), not two (4 s): the margin between them absorbs a loaded machine's delays (a 1 s
+    # grace with a 1.6 s cap failed once on an otherwise idle 2-core VM)
+    assert 2.0 <= stop["seconds"] < 3.0, stop
 
 
 def test_the_gpu_slots_alias_is_a_managed_flag(tmp_path: Path) -> None:
