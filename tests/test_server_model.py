@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 
-from asyncroll.backends.server_model import BatchingServer, Generation, ServerModelConfig
+from asyncroll.backends.server_model import MAX_COST_MS, BatchingServer, Generation, ServerModelConfig
 from asyncroll.clock import VirtualClock
 
 CFG = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, prefill_ms_per_token=0.1)
@@ -66,6 +67,41 @@ def test_config_is_validated() -> None:
         ServerModelConfig(max_num_seqs=0)
     with pytest.raises(ValueError):
         ServerModelConfig(step_base_ms=0, step_per_seq_ms=0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_num_seqs": 0}, "--max-num-seqs must be >= 1, got 0"),
+        ({"max_num_seqs": 2.5}, "--max-num-seqs must be an integer, got 2.5"),
+        ({"max_num_seqs": True}, "--max-num-seqs must be an integer, got True"),
+        ({"step_base_ms": -1.0}, "--step-base-ms must be from 0 to 86400000 ms (one day), got -1"),
+        ({"step_per_seq_ms": -0.5}, "--step-per-seq-ms must be from 0 to 86400000 ms (one day), got -0.5"),
+        ({"prefill_ms_per_token": 1e300}, "--prefill-ms-per-token must be from 0 to 86400000 ms"),
+        ({"step_base_ms": 1e300}, "--step-base-ms must be from 0 to 86400000 ms (one day), got 1e+300"),
+        ({"step_base_ms": -math.inf}, "--step-base-ms must be a finite number, got -inf"),
+        ({"step_per_seq_ms": math.inf}, "--step-per-seq-ms must be a finite number, got inf"),
+        (
+            {"step_base_ms": 0.0, "step_per_seq_ms": 0.0},
+            "--step-base-ms and --step-per-seq-ms are both 0: a step must take some time",
+        ),
+    ],
+)
+def test_config_refusals_name_the_flag(settings: dict[str, Any], message: str) -> None:
+    """Both front ends (simulate --server batching, serve-sim) refuse with this config's message. A cost
+    above one day was accepted (serve-sim --step-base-ms 1e300 then answered no request, ever), and a
+    negative or zero-step setting was refused without naming the flag."""
+    with pytest.raises(ValueError) as refused:
+        ServerModelConfig(**settings)
+    assert str(refused.value).startswith(message)
+
+
+def test_the_cost_limit_is_a_workloads_duration_limit() -> None:
+    from asyncroll.workload import MAX_DURATION_MS
+
+    assert MAX_COST_MS == MAX_DURATION_MS
+    ServerModelConfig(step_base_ms=MAX_COST_MS, step_per_seq_ms=MAX_COST_MS, prefill_ms_per_token=MAX_COST_MS)
+    ServerModelConfig(step_base_ms=0.0, step_per_seq_ms=1e-9, prefill_ms_per_token=0.0)
 
 
 @pytest.mark.parametrize("name", ["step_base_ms", "step_per_seq_ms", "prefill_ms_per_token"])

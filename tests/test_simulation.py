@@ -390,6 +390,10 @@ def test_cpu_cost_is_unknown_rather_than_zero_when_it_cannot_be_measured() -> No
         (["--server", "batching", "--step-per-seq-ms", "inf"], "--step-per-seq-ms: must be a finite"),
         (["--server", "batching", "--prefill-ms-per-token", "inf"], "--prefill-ms-per-token: must be a"),
         (["--server", "batching", "--max-num-seqs", "0"], "--max-num-seqs: must be >= 1"),
+        (
+            ["--server", "batching", "--step-base-ms", "0", "--step-per-seq-ms", "0"],
+            "--step-base-ms and --step-per-seq-ms are both 0: a step must take some time",
+        ),
         (["--tool-timeout", "inf"], "--tool-timeout: must be a finite number"),
         (["--tool-timeout", "nan"], "--tool-timeout: must be a finite number"),
         (["--sweep", "--jitter", "nan"], "--jitter: must be a finite number"),
@@ -416,11 +420,14 @@ def test_simulation_settings_refuse_what_the_cli_refuses() -> None:
         {"chars_per_token": 0.0},
         {"turn_overhead_ms": float("nan")},
         {"job_overhead_ms": float("inf")},
-        {"model": ServerModelConfig(step_base_ms=float("inf"))},
-        {"model": ServerModelConfig(prefill_ms_per_token=1e308)},
     ):
         with pytest.raises(ValueError, match="must be a finite number"):
             SimulationSettings(**bad)  # type: ignore[arg-type]
+    # the server model's costs are refused by its own config, for serve-sim too (test_server_model.py)
+    with pytest.raises(ValueError, match="--step-base-ms must be a finite number"):
+        ServerModelConfig(step_base_ms=float("inf"))
+    with pytest.raises(ValueError, match="--prefill-ms-per-token must be from 0 to 86400000 ms"):
+        ServerModelConfig(prefill_ms_per_token=1e308)
 
 
 # --- replays of recorded runs ---------------------------------------------------------------------------

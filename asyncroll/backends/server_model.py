@@ -26,27 +26,44 @@ from dataclasses import dataclass, field
 from asyncroll.clock import Clock
 
 COST_FIELDS = ("step_base_ms", "step_per_seq_ms", "prefill_ms_per_token")
+#: The largest step or per-token cost (ms): one day, the limit of a workload's declared durations
+#: (``asyncroll.workload.MAX_DURATION_MS``). Above it every request waits for days of steps: in serve-sim
+#: (real time) it never comes back, and near float's limit virtual time stops.
+MAX_COST_MS = 86_400_000.0
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True)
 class ServerModelConfig:
+    """Validated for both front ends (``simulate --server batching`` and ``serve-sim``); each error names
+    the flag, as both spell it."""
+
     max_num_seqs: int = 256
     step_base_ms: float = 12.0
     step_per_seq_ms: float = 0.08
     prefill_ms_per_token: float = 0.03
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_num_seqs, bool) or not isinstance(self.max_num_seqs, int):
+            raise ValueError(f"--max-num-seqs must be an integer, got {self.max_num_seqs!r}")
         if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
         for name in COST_FIELDS:
-            # NaN passes every comparison below; an upper limit (infinity, one day) is the front end's:
-            # serve-sim's SimConfig and the simulator's SimulationSettings refuse what is not finite
-            if math.isnan(getattr(self, name)):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got nan")
-        if min(self.step_base_ms, self.step_per_seq_ms, self.prefill_ms_per_token) < 0:
-            raise ValueError("step and prefill costs must be >= 0")
+            value = getattr(self, name)
+            if not math.isfinite(value):  # NaN passes every comparison below
+                raise ValueError(f"{_flag(name)} must be a finite number, got {value}")
+            if not 0 <= value <= MAX_COST_MS:
+                raise ValueError(
+                    f"{_flag(name)} must be from 0 to {MAX_COST_MS:.0f} ms (one day), got {value:g}"
+                )
         if self.step_base_ms + self.step_per_seq_ms <= 0:
-            raise ValueError("a step must take some time")
+            raise ValueError(
+                "--step-base-ms and --step-per-seq-ms are both 0: a step must take some time (each step "
+                "decodes one token of every running sequence)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from asyncroll.backends.server_model import COST_FIELDS, ServerModelConfig
+from asyncroll.backends.server_model import ServerModelConfig
 
 MetricsFlavor = Literal["vllm", "sglang"]
 
@@ -65,10 +65,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("--model must not be empty")
-        for name in COST_FIELDS:  # the engine refuses NaN itself; infinity would stop every step
-            value = getattr(self.engine, name)
-            if not math.isfinite(value):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+        # the engine's costs are checked by ServerModelConfig (finite, from 0 to one day)
         if not math.isfinite(self.chars_per_token):
             raise ValueError(f"--chars-per-token must be a finite number, got {self.chars_per_token}")
         if self.chars_per_token <= 0:
