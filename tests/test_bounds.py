@@ -59,3 +59,19 @@ def test_a_bound_equal_to_the_reported_makespan_is_efficiency_one() -> None:
     bounds = work.bounds(0.0248076, limits)
     assert bounds["lower_bound_s"] == 0.024808 and not bounds["rounding_clamped"]
     assert bounds["efficiency"] == 1.0
+
+
+def test_an_active_limit_far_above_the_trajectories_costs_nothing() -> None:
+    """The list schedule holds only as many slots as there are trajectories: an active limit of a billion
+    ("all at once") allocated a slot list that size as the run ended (a MemoryError lost the summary)."""
+    assert admission_order_makespan([1.0, 3.0, 2.0], 10**12) == 3.0
+    assert admission_order_makespan([], 10**12) == 0.0
+
+
+def test_a_run_with_a_huge_active_limit_still_summarises(virtual_run: VirtualRun) -> None:
+    problems = [tool_problem(f"p{i}", model_ms=100, cpu_ms=50) for i in range(3)]
+    outcome, _, _ = virtual_run(problems, max_active_trajectories=10**12, cpu_workers=3)
+    assert outcome.status == "complete" and outcome.summary is not None
+    bounds = outcome.summary["bounds"]
+    assert bounds["terms"]["admission_order_s"] == pytest.approx(0.25)
+    assert bounds["lower_bound_s"] == pytest.approx(outcome.summary["makespan_s"])

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 from asyncroll.outputs.statistics import ratio
 
 
-def admission_order_makespan(works: Iterable[float], slots: int) -> float:
-    """The makespan of list-scheduling ``works`` (in admission order) on ``slots`` identical slots."""
-    free = [0.0] * slots  # a heap of slot-free times
+def admission_order_makespan(works: Sequence[float], slots: int) -> float:
+    """The makespan of list-scheduling ``works`` (in admission order) on ``slots`` identical slots.
+
+    Only as many slots as there are works can ever be used: the heap holds no more (an active limit of a
+    billion, meaning "all at once", used to allocate eight gigabytes here as the run ended)."""
+    free = [0.0] * min(slots, len(works))  # a heap of slot-free times
     makespan = 0.0
     for work in works:
         end = heapq.heappop(free) + work
