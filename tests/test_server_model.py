@@ -166,3 +166,16 @@ def test_back_to_back_steps_keep_to_schedule_when_timers_fire_late() -> None:
 
     g = clock.run(main())
     assert g.latency_s == pytest.approx(0.5004, abs=1e-6)
+
+
+@pytest.mark.parametrize("command", ["simulate", "serve-sim"])
+def test_help_calls_the_step_base_the_fixed_part_of_every_step(command: str) -> None:
+    """It said "decode step time at batch 1", but one sequence's step is base + per-seq (12.08 ms by
+    default): a batch-1 step time measured on a GPU and given as --step-base-ms came out one per-seq
+    cost too slow."""
+    from tests.conftest import invoke
+
+    shown = invoke(command, "--help").stdout
+    words = " ".join(shown.replace("│", " ").split())
+    assert "at batch 1" not in words
+    assert "fixed step time, any batch" in words.lower()

@@ -18,7 +18,7 @@ def serve_sim(
     port: Annotated[int, Opt(help="Port; 0 picks a free one (printed on the first line).")] = 8000,
     model: Annotated[str, Opt(help="The served model name requests must use.")] = "sim",
     max_num_seqs: Annotated[int, Opt(help="Running-batch limit.")] = 256,
-    step_base_ms: Annotated[float, Opt(help="Decode step time at batch 1 (ms).")] = 12.0,
+    step_base_ms: Annotated[float, Opt(help="Fixed step time, any batch (ms).")] = 12.0,
     step_per_seq_ms: Annotated[float, Opt(help="Added step time per running sequence (ms).")] = 0.08,
     prefill_ms_per_token: Annotated[float, Opt(help="Prefill cost per prompt token (ms).")] = 0.03,
     chars_per_token: Annotated[float, Opt(help="Characters per token for size estimates.")] = 4.0,

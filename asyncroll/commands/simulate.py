@@ -68,7 +68,7 @@ def simulate(
         str, Opt(help="fixed: each action's latency_ms | batching: a continuous-batching server model")
     ] = "fixed",
     max_num_seqs: Annotated[int | None, Opt(help="batching: running-batch limit (256).")] = None,
-    step_base_ms: Annotated[float | None, Opt(help="batching: decode step time at batch 1 (12 ms).")] = None,
+    step_base_ms: Annotated[float | None, Opt(help="batching: fixed step time, any batch (12 ms).")] = None,
     step_per_seq_ms: Annotated[
         float | None, Opt(help="batching: added step time per running sequence (0.08 ms).")
     ] = None,
