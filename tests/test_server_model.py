@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -179,3 +181,51 @@ def test_help_calls_the_step_base_the_fixed_part_of_every_step(command: str) -> 
     words = " ".join(shown.replace("│", " ").split())
     assert "at batch 1" not in words
     assert "fixed step time, any batch" in words.lower()
+
+
+@pytest.mark.parametrize(
+    ("trajectories", "latencies"),
+    [
+        (1, [0.033]),  # alone: 3 steps of 10 + 1 ms
+        (2, [0.036, 0.036]),  # together: 3 steps of 10 + 2 ms
+        (3, [0.036, 0.036, 0.069]),  # the third waits for the batch of two, then runs alone
+        (5, [0.036, 0.036, 0.072, 0.072, 0.105]),
+    ],
+)
+def test_simulate_times_concurrent_turns_as_the_model_does(
+    tmp_path: Path, trajectories: int, latencies: list[float]
+) -> None:
+    """The whole simulator (runtime, gate, simulated backend) on a batch limit of two: every turn's
+    latency is the hand-computed timeline (no prefill cost, so prompt sizes do not matter)."""
+    from asyncroll.config import build_config
+    from asyncroll.simulation.engine import SimulationSettings, simulate
+    from tests.conftest import write_workload
+
+    problems = [
+        {"id": f"p{i}", "prompt": "x", "script": [{"type": "final", "answer": 1, "output_tokens": 3}]}
+        for i in range(trajectories)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    config = build_config(
+        {
+            "workload": workload,
+            "output": tmp_path / "out",
+            "max_active_trajectories": 8,
+            "max_inflight_model_requests": 8,
+        }
+    )
+    model = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, prefill_ms_per_token=0)
+    outcome = simulate(config, SimulationSettings("batching", model), ["test"])
+    assert outcome.summary is not None
+    finished = [
+        json.loads(line)
+        for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()
+        if '"model_finished"' in line
+    ]
+    assert sorted(e["latency_s"] for e in finished) == pytest.approx(latencies)
+    assert outcome.summary["makespan_s"] == pytest.approx(max(latencies))
+    bounds = outcome.summary["bounds"]
+    # the batch's time over its two slots is the whole makespan whenever the batch is never short
+    if trajectories % 2 == 0:
+        assert bounds["efficiency"] == pytest.approx(1.0)
+    assert bounds["lower_bound_s"] <= outcome.summary["makespan_s"]
