@@ -43,6 +43,7 @@ PolicyName = Literal[
     "asyncroll_guarded",
     "asyncroll_unlock",
     "asyncroll_critical",
+    "asyncroll_balanced",
 ]
 BackendName = Literal["scripted", "vllm", "openai"]
 ServerKind = Literal["vllm", "sglang", "transformers", "generic"]

@@ -224,6 +224,8 @@ class CpuSelected(Event):
     observations: int = 0
     # the chosen job's remaining-work estimate, when the decision had them (the batch's tail)
     remaining_s: float | None = None
+    # in the tail: the predicted seconds the running jobs still had (what the straggler guard weighs)
+    running_left_s: float | None = None
     candidates: list[Candidate] = Field(default_factory=list)
 
 

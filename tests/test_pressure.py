@@ -22,6 +22,9 @@ SEED = PressurePolicy("asyncroll_seed")
 GUARDED = PressurePolicy("asyncroll_guarded", tail_guard=True)
 UNLOCK = PressurePolicy("asyncroll_unlock", unlock=True)
 CRITICAL = PressurePolicy("asyncroll_critical", unlock=True, drain_multiple=None, critical_path=True)
+BALANCED = PressurePolicy(
+    "asyncroll_balanced", unlock=True, drain_multiple=None, critical_path=True, straggler=True
+)
 
 
 def snap(
@@ -32,6 +35,7 @@ def snap(
     pending: bool = True,
     workers: int = 1,
     remaining: tuple[float | None, ...] = (),
+    running_left: float = 0.0,
 ) -> QueueSnapshot:
     """Jobs as (kind, predicted seconds, waited seconds), oldest first."""
     views = tuple(
@@ -39,7 +43,9 @@ def snap(
         for i, (kind, _, waited) in enumerate(jobs)
     )
     predictions = tuple(Prediction(pred, "ridge") for _, pred, _ in jobs)
-    return QueueSnapshot(now, views, outstanding, 4, 1, predictions, threshold, pending, workers, remaining)
+    return QueueSnapshot(
+        now, views, outstanding, 4, 1, predictions, threshold, pending, workers, remaining, running_left
+    )
 
 
 def test_hard_aging_wins_over_everything() -> None:
@@ -127,6 +133,34 @@ def test_critical_path_in_the_tail_runs_the_job_with_the_most_work_after_it() ->
     assert CRITICAL.choose(snap(("tool", 4.0, 31), ("tool", 1.0, 1))).reason == "hard_starvation_fifo"
 
 
+def test_balanced_rule_starts_a_job_that_would_end_the_batch_alone() -> None:
+    """In the tail, with two or more workers, the longest predicted tool job goes first when it is longer than
+    the pool's even share of the other queued jobs and of what the running jobs have left; otherwise (and
+    with one worker, before the tail, or not eligible) the balanced rule is the critical-path rule."""
+    jobs = (("tool", 0.2, 1), ("tool", 5.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
+    rest = (3.0, 0.5, 0.0, None)
+    # 5 s > (0.2 + 0.01 + 0.5) / 2: started after the others, it would run alone at the end
+    alone = BALANCED.choose(snap(*jobs, pending=False, remaining=rest, workers=2))
+    assert (alone.job_id, alone.reason, alone.eligible) == (2, "tail_straggler_longest", True)
+    # the running jobs' 10 s left: (10 + 0.71) / 2 = 5.35 s ≥ 5 s, so the others finish no earlier than it
+    busy = BALANCED.choose(snap(*jobs, pending=False, remaining=rest, workers=2, running_left=10.0))
+    assert (busy.job_id, busy.reason) == (1, "tail_critical_path")
+    nearly = snap(*jobs, pending=False, remaining=rest, workers=2, running_left=9.0)
+    assert BALANCED.choose(nearly).job_id == 2
+    # one worker: the order of the last jobs does not change when they end
+    single = BALANCED.choose(snap(*jobs, pending=False, remaining=rest, workers=1))
+    assert single == CRITICAL.choose(snap(*jobs, pending=False, remaining=rest, workers=1))
+    # a grade job is never the straggler, however long its prediction
+    grades = BALANCED.choose(
+        snap(("tool", 0.1, 1), ("grade", 9.0, 1), pending=False, remaining=(1.0, 0.0), workers=2)
+    )
+    assert (grades.job_id, grades.reason) == (1, "tail_critical_path")
+    # before the tail and when not eligible: exactly the critical-path rule
+    supplied = snap(*jobs, pending=False, remaining=rest, workers=2, outstanding=4)
+    for view in (snap(*jobs, workers=2), supplied):
+        assert BALANCED.choose(view) == CRITICAL.choose(view)
+
+
 def test_remaining_work_learns_the_service_left_after_each_job() -> None:
     """Per job key, the mean service (model latency + CPU execute) its trajectory still had after it."""
     from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, ModelFinished, TrajectoryFinished
@@ -170,7 +204,8 @@ def test_remaining_work_learns_the_service_left_after_each_job() -> None:
 
 
 def test_registry_names() -> None:
-    assert get_policy("asyncroll") == CRITICAL
+    assert get_policy("asyncroll") == BALANCED
+    assert get_policy("asyncroll_critical") == CRITICAL
     assert get_policy("asyncroll_unlock") == UNLOCK
     assert get_policy("asyncroll_seed") == SEED
     policy = get_policy("asyncroll_guarded", aging_seconds=5, aging_weight=0.1)
@@ -315,7 +350,8 @@ def test_hard_aging_in_the_runtime(virtual_run: VirtualRun) -> None:
 
 
 @pytest.mark.parametrize(
-    "policy", ["asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock", "asyncroll_critical"]
+    "policy",
+    ["asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock", "asyncroll_critical", "asyncroll_balanced"],
 )
 def test_pressure_policies_complete_everything(virtual_run: VirtualRun, policy: str) -> None:
     problems, files = _synthetic(40)
@@ -352,6 +388,62 @@ def test_the_critical_rule_takes_over_in_the_runtime_tail(virtual_run: VirtualRu
         e.remaining_s >= max(c.remaining_s or 0.0 for c in e.candidates) for e in chosen
     )  # the critical pick has the most work after it among the logged candidates
     assert outcome.summary["scheduler"]["reasons"]["tail_critical_path"] == len(tail)
+
+
+def test_the_balanced_rule_weighs_what_the_running_jobs_have_left(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatcher tells the policy, in the tail, the predicted seconds the running jobs still have
+    (Σ max(0, predicted − time since selected), recomputed here from the run's own cpu_selected and
+    cpu_finished events), and the straggler guard fires in a real (virtual-clock) run with two workers."""
+    from asyncroll.runtime import run as run_module
+
+    seen: list[QueueSnapshot] = []
+
+    class Spy:
+        name = "asyncroll_balanced"
+
+        def choose(self, snapshot: QueueSnapshot) -> Any:
+            seen.append(snapshot)
+            return BALANCED.choose(snapshot)
+
+    monkeypatch.setattr(run_module, "get_policy", lambda *a, **k: Spy())
+    problems, files = _synthetic(80)
+    outcome, cap, _ = virtual_run(
+        problems,
+        simulate_tools=True,
+        tool_files=files,
+        policy="asyncroll",
+        max_active_trajectories=16,
+        max_inflight_model_requests=8,
+        cpu_workers=2,
+        max_turns=6,
+    )
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 80
+    from asyncroll.events import CpuFailed, CpuFinished
+
+    selected = cap.of(CpuSelected)
+    assert len(seen) == len(selected)
+    snapshots = dict(zip((id(e) for e in selected), seen, strict=True))
+    running: dict[int, tuple[float, float]] = {}  # job → (selected at, predicted s)
+    checked = tails = 0
+    for event in cap.events:
+        if isinstance(event, CpuFinished | CpuFailed):
+            running.pop(event.job_id, None)
+        elif isinstance(event, CpuSelected):
+            snapshot = snapshots[id(event)]
+            if snapshot.remaining:  # the tail: the dispatcher weighed the running jobs
+                expected = sum(max(0.0, p - (snapshot.now - t)) for t, p in running.values())
+                assert snapshot.running_left == pytest.approx(expected, abs=1e-5)
+                assert event.running_left_s == round(snapshot.running_left, 6)  # logged with the decision
+                checked += expected > 0
+                tails += 1
+            else:
+                assert snapshot.running_left == 0.0 and event.running_left_s is None
+            running[event.job_id] = (snapshot.now, event.predicted_s)
+    assert tails and checked  # some tail decisions saw running work
+    reasons = outcome.summary["scheduler"]["reasons"]
+    assert reasons.get("tail_straggler_longest", 0) > 0 and reasons.get("tail_critical_path", 0) > 0
 
 
 def test_decision_bench_times_the_scored_choice_not_the_hard_aging_shortcut() -> None:

@@ -30,8 +30,9 @@ things the map showed:
   so shortest-first cannot starve long jobs into a pile at the end of a finite batch — the loss the
   issue warned about where CPU dominates. ``aging_seconds`` stays the absolute cap.
 
-**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` means; chosen by the simulated map in
-RESULTS.md) is the unlock rule without the relative aging, plus the tail rule the relative aging stood in for.
+**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` meant from 2026-12-01 to
+2026-12-03, chosen by the simulated map in RESULTS.md) is the unlock rule without the relative aging, plus
+the tail rule the relative aging stood in for.
 In the tail (no problem waits for admission), when the rule is eligible, step 3 starts the job whose
 trajectory has the most work left after it — the mean remaining service of trajectories after jobs like it
 (:mod:`asyncroll.policies.remaining`, learned from the run's own events; unknown counts as 0; grade jobs,
@@ -40,6 +41,16 @@ The trajectories with the longest road ahead get moving first instead of waiting
 batch does not end on one long chain; the relative aging that guarded against that end also cost most of
 shortest-first's gain where few trajectories share few workers (8 active / 4 inflight / 1–2 workers). Only the
 absolute ``aging_seconds`` cap remains.
+
+**Balanced** (``asyncroll_balanced``, what ``--policy asyncroll`` means since 2026-12-03) is the
+critical-path rule with one guard in the tail, for pools of two or more workers: when the longest
+predicted tool/evaluation job is longer than the pool's even share of all the other queued work plus what
+the running jobs have left, it goes first (longest-processing-time first's point: started after the rest,
+it would run alone at the end while the other workers idle). The critical-path rule ranks by the work
+*after* a job (a mean over jobs like it), not by its own time, so a long job whose kind has little
+work after it could be left to run last; at 16 active / 8 inflight / 2 workers with ~600 ms jobs that
+made the batch end on one multi-second job and cost 1% against FIFO (RESULTS.md). With one worker no
+job can run alone while another idles, and the guard stays off.
 
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """
@@ -60,6 +71,19 @@ class PressurePolicy:
     unlock: bool = False
     drain_multiple: float | None = 2.0
     critical_path: bool = False
+    straggler: bool = False
+
+    @staticmethod
+    def _straggler(snapshot: QueueSnapshot) -> int | None:
+        """The longest predicted tool/evaluation job if it would end the batch alone: longer than the
+        pool's even share of every other queued job and of what the running jobs have left (started after
+        them, it would finish that much after the others, with the other workers idle)."""
+        jobs, seconds = snapshot.jobs, [p.seconds for p in snapshot.predictions]
+        longest = max(range(len(jobs)), key=lambda i: (jobs[i].kind != "grade", seconds[i], -i))
+        others = sum(seconds) - seconds[longest] + snapshot.running_left
+        if jobs[longest].kind == "grade" or seconds[longest] <= others / snapshot.workers:
+            return None
+        return longest
 
     def choose(self, snapshot: QueueSnapshot) -> Decision:
         jobs, now = snapshot.jobs, snapshot.now
@@ -84,6 +108,10 @@ class PressurePolicy:
             # most work left after it goes first (Schrage's largest-delivery-time rule); unknown = 0. A
             # grade job ends its trajectory (nothing after it) and goes last, even against a tool job of
             # a kind not seen to finish yet.
+            if self.straggler and snapshot.workers > 1:
+                longest = self._straggler(snapshot)
+                if longest is not None:
+                    return Decision(jobs[longest].job_id, "tail_straggler_longest", eligible=True)
             best = max(range(len(jobs)), key=lambda i: (jobs[i].kind != "grade", remaining[i] or 0.0, -i))
             return Decision(jobs[best].job_id, "tail_critical_path", eligible=True)
         if self.tail_guard and not snapshot.admission_pending:

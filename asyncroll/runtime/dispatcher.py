@@ -106,6 +106,9 @@ class CpuDispatcher:
         self._tool_keys = dict(tool_keys or {})
         self._predictor = predictor or DurationPredictor()
         self._remaining = remaining
+        # worker slot → (selected at, predicted seconds) of the job it runs: what the running jobs have left,
+        # which the balanced rule's straggler guard weighs in the tail
+        self._running: dict[int, tuple[float, float]] = {}
         self._threshold = starvation_threshold
         self._admission_pending = admission_pending
         self._ranges = ranges  # NVTX ranges (--nvtx) for each job's queue wait and execution
@@ -169,6 +172,7 @@ class CpuDispatcher:
                 self._ranges.end(queue_range)
                 if queued.future.done() and not queued.future.cancelled():
                     # Given a worker in the same step as the cancellation: hand the worker back.
+                    self._running.pop(queued.future.result(), None)
                     self._cancelled(queued, queued.future.result(), self._clock.now())
                     self._pool.release(queued.future.result())
                 elif self._queue.pop(job_id, None) is not None:
@@ -198,6 +202,10 @@ class CpuDispatcher:
             pending = self._admission_pending()
             estimate = None if pending or self._remaining is None else self._remaining.estimate
             remaining = () if estimate is None else tuple(map(estimate, jobs))
+            running_left = 0.0
+            if estimate is not None:
+                for started, predicted in self._running.values():
+                    running_left += max(0.0, predicted - (now - started))
             snapshot = QueueSnapshot(
                 now,
                 jobs,
@@ -209,6 +217,7 @@ class CpuDispatcher:
                 pending,
                 self._workers,
                 remaining,
+                running_left,
             )
             decision = self._policy.choose(snapshot)
             index = tuple(queue).index(decision.job_id)  # the queue's keys are the jobs' ids, in order
@@ -238,6 +247,7 @@ class CpuDispatcher:
                     prediction_source=predictions[index].source,
                     observations=self._predictor.observations,
                     remaining_s=_rounded(remaining[index]) if remaining else None,
+                    running_left_s=None if estimate is None else round(running_left, 6),
                     candidates=[
                         Candidate(
                             job_id=j.job_id,
@@ -264,6 +274,7 @@ class CpuDispatcher:
                     generation=worker.generation,
                 )
             )
+            self._running[slot] = (selected_at, predictions[index].seconds)
             chosen.future.set_result(slot)
 
     def _failed(self, job: _Queued, slot: int, since: float, reason: FailureReason, error: str) -> None:
@@ -316,6 +327,7 @@ class CpuDispatcher:
             self._pool.replace_soon(slot, "timeout" if failure == "timeout" else "died")
             return JobOutcome(ok=False, error=str(exc), failure=failure)
         finally:
+            self._running.pop(slot, None)
             self._ranges.end(execution)
         reply = result.reply
         rel = self._events.rel
