@@ -155,10 +155,10 @@ class RunConfig(BaseModel):
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 problems.append(f"{', '.join(given)} only {verb} to HTTP backends (--backend vllm|openai)")
-        if self.api_key_env is not None and not os.environ.get(self.api_key_env):
-            problems.append(
-                f"--api-key-env {self.api_key_env}: that environment variable is not set or empty"
-            )
+        if self.api_key_env is not None:
+            key_problem = api_key_problem(os.environ.get(self.api_key_env))
+            if key_problem is not None:
+                problems.append(f"--api-key-env {self.api_key_env}: {key_problem}")
         if "metrics_host" in self.model_fields_set and self.metrics_port is None:
             problems.append("--metrics-host only applies with --metrics-port")
         if not self.telemetry and (self.metrics_url or self.nvml_device is not None):
@@ -264,6 +264,22 @@ def http_url_problem(url: str) -> str | None:
             "carries credentials (user:password@), which run.json would keep in its command and config: "
             "not accepted (a server's API key goes in an environment variable named by --api-key-env, "
             "sent as 'Authorization: Bearer'; only the variable's name is recorded)"
+        )
+    return None
+
+
+def api_key_problem(key: str | None) -> str | None:
+    """Why the value of ``--api-key-env``'s variable cannot be sent as ``Authorization: Bearer KEY``
+    (None: it can). Never shows the key: a value h11 refuses (a newline read with it from a file) made
+    every request fail with ``Illegal header value b'Bearer …'``, the key written into every output."""
+    if not key:
+        return "that environment variable is not set or empty"
+    if key != key.strip():
+        return "its value has leading or trailing whitespace (a newline read with it from a file?)"
+    if not all("!" <= c <= "~" for c in key):
+        return (
+            "its value holds a character an API key cannot have in an HTTP header (only visible ASCII: "
+            "no spaces, control characters or non-ASCII letters)"
         )
     return None
 
