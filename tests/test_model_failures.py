@@ -3,10 +3,12 @@ OpenAI-compatible server sees when it fails, stalls or is misconfigured (real lo
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
+from asyncroll.backends.retry import RetryPolicy, retry_after_s
 from asyncroll.config import build_config
 from asyncroll.errors import UsageError
 from tests.conftest import invoke, write_workload
@@ -46,3 +48,15 @@ def test_an_api_key_that_no_http_header_can_carry_is_refused_without_showing_it(
     assert not (tmp_path / "out").exists()
     monkeypatch.setenv("ASYNCROLL_TEST_KEY", "sk-fine_KEY.0/+=")  # any visible ASCII is a usable key
     assert build_config(settings | {"api_key_env": "ASYNCROLL_TEST_KEY"}).api_key_env == "ASYNCROLL_TEST_KEY"
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "-inf", "NaN"])
+def test_a_negative_or_nan_retry_after_is_no_delay_asked_for(value: str) -> None:
+    """``retry-after: -5`` or ``nan`` (a broken proxy's) was read as 0 s: every retry went out at once,
+    with no backoff at all, where the same value in ``retry-after-ms`` fell back to the backoff."""
+    assert retry_after_s({"retry-after": value}) is None
+    assert retry_after_s({"retry-after-ms": value}) is None
+    policy = RetryPolicy(max_retries=3, base_delay=0.5, max_delay=8.0)
+    assert 0.375 <= policy.delay(1, random.Random(0), {"retry-after": value}) <= 0.5  # the backoff
+    assert retry_after_s({"retry-after": "0"}) == 0.0  # an explicit "now" is still honoured
+    assert policy.delay(1, random.Random(0), {"retry-after": "inf"}) == 8.0  # capped

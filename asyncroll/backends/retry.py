@@ -3,7 +3,8 @@
 Retries follow the OpenAI Python client: only 408, 409, 429, any status ≥ 500, connection errors and
 timeouts are retried; the delay is ``min(base × 2^(attempt-1), max_delay)`` scaled by a jitter in
 ``[0.75, 1]``; a ``retry-after-ms`` or ``retry-after`` header (seconds or an HTTP date) replaces it,
-capped at ``max_delay``. Retries are off unless ``--max-retries`` asks for them.
+capped at ``max_delay`` (a negative or NaN value asks for nothing: the backoff stands). Retries are
+off unless ``--max-retries`` asks for them.
 
 The :class:`Circuit` is how a server that stays down pauses the run instead of failing every trajectory:
 after ``threshold`` consecutive *unavailable* failures (no connection, a reset, 502/503/504) it opens;
@@ -55,9 +56,11 @@ def retry_after_s(headers: Mapping[str, str] | None, now_epoch: float | None = N
     if raw is None:
         return None
     try:
-        return max(0.0, float(raw))
+        seconds = float(raw)
     except ValueError:
         pass
+    else:  # a negative or NaN delay is no delay the server asked for (as in retry-after-ms): backoff
+        return seconds if seconds >= 0 else None
     try:
         when = email.utils.parsedate_to_datetime(raw)
     except (TypeError, ValueError):
