@@ -3,15 +3,23 @@ OpenAI-compatible server sees when it fails, stalls or is misconfigured (real lo
 
 from __future__ import annotations
 
+import json
 import random
+import ssl
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from asyncroll.backends.retry import RetryPolicy, retry_after_s
 from asyncroll.config import build_config
 from asyncroll.errors import UsageError
+from asyncroll.events import TrajectoryFinished
+from asyncroll.http_proxy import client_settings, on_this_machine
 from tests.conftest import invoke, write_workload
+from tests.loopback import LoopbackServer
+from tests.test_openai_backend import final_problems, http_run, serve
 
 
 @pytest.mark.parametrize(
@@ -60,3 +68,75 @@ def test_a_negative_or_nan_retry_after_is_no_delay_asked_for(value: str) -> None
     assert 0.375 <= policy.delay(1, random.Random(0), {"retry-after": value}) <= 0.5  # the backoff
     assert retry_after_s({"retry-after": "0"}) == 0.0  # an explicit "now" is still honoured
     assert policy.delay(1, random.Random(0), {"retry-after": "inf"}) == 8.0  # capped
+
+
+class RecordingProxy(LoopbackServer):
+    """A forward proxy that forwards nothing: it records each request line it is sent and answers 502,
+    as a proxy that cannot reach the caller's loopback does (its loopback is not the caller's)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        seen = self.seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def answer(self) -> None:
+                seen.append(self.requestline)
+                self.send_response(502)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = do_CONNECT = answer
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        super().__init__(Handler)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_on_this_machine_is_reached_directly_whatever_proxy_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``http_proxy`` set (as on many clusters, for pip), every request to a vLLM on loopback went
+    to the proxy — which cannot reach this machine's loopback — and failed as ``ConnectError`` or the
+    proxy's 502/503 (counted against the server circuit), while the server was up; the experiment
+    runner's readiness probe, which ignores the environment, had just found it ready. With
+    ``ALL_PROXY=socks5://…`` the run failed at once with httpx's ImportError about ``socksio``. A proxy
+    is never used for a loopback (or unspecified: ``0.0.0.0``) host, requests, probes and the
+    ``/metrics`` scrape alike."""
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with RecordingProxy() as proxy, serve() as running:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:9")
+        outcome, capture, out = http_run(
+            tmp_path, final_problems(3), running.url, backend="openai", warmup_requests=1,
+            metrics_url=f"{running.url}/metrics", telemetry_interval=0.05,
+        )  # fmt: skip
+    assert outcome.status == "complete", outcome.error
+    assert proxy.seen == []
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed"] * 3
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["backend"]["server_kind_source"] == "probed: /v1/models owned_by='vllm'"
+    assert receipt["telemetry"]["sources"][0]["available"] is True
+
+
+def test_only_a_host_on_this_machine_bypasses_the_environment_proxy() -> None:
+    local = [
+        "http://127.0.0.1:8000",
+        "http://127.3.4.5",
+        "http://[::1]:8000",
+        "http://localhost:8000",
+        "http://LOCALHOST.:8000",
+        "http://gpu.localhost:8000",
+        "http://0.0.0.0:8000",
+        "http://[::]:1",
+    ]
+    for url in local:
+        assert on_this_machine(url), url
+        assert client_settings(url)["trust_env"] is False
+    for url in ("http://10.0.0.5:8000", "https://api.example.com", "http://localhost.example.com"):
+        assert not on_this_machine(url), url
+        assert client_settings(url) == {}  # the environment's proxy and CA settings stand
+    https_local = client_settings("https://127.0.0.1:8443")
+    assert https_local["trust_env"] is False and isinstance(https_local["verify"], ssl.SSLContext)

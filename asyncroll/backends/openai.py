@@ -66,6 +66,7 @@ from asyncroll.config import RunConfig, ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
+from asyncroll.http_proxy import client_settings
 from asyncroll.workload import Action, ToolAction
 
 ACTION_HEADER = "x-asyncroll-action"
@@ -167,6 +168,7 @@ class OpenAIBackend:
                     max_connections=None, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S
                 ),
                 transport=self._transport,
+                **client_settings(self.settings.endpoint),  # no environment proxy for this machine
             )
         return self._client
 

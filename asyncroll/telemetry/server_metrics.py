@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from asyncroll.http_proxy import client_settings
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.telemetry.counter_rate import CounterRate, SeriesKey
 
@@ -307,7 +308,10 @@ class ServerMetricsSource:
         if self._client is None:
             # No connection limit: the deadline cancels into httpcore's pool, which can leak a slot of a
             # connection not yet open (encode/httpcore#1093; see asyncroll.http_read).
-            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
+            # (and no environment proxy for a server on this machine: asyncroll.http_proxy)
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=None), **client_settings(self.url)
+            )
         deadline = request_deadline_s(limit_s, DEADLINE_MARGIN_S)
         try:
             async with asyncio.timeout(deadline):  # the whole exchange, redirects and the retry included

@@ -1,0 +1,49 @@
+"""Which of the environment's HTTP settings a client of a server should take: none of its proxies for a
+server on this machine.
+
+httpx, like curl and requests, sends a request through ``http_proxy``/``https_proxy``/``all_proxy``
+unless ``no_proxy`` names the host — a loopback host included. Set on many clusters (for pip), such a
+proxy got every request to a vLLM on ``127.0.0.1``: it cannot reach this machine's loopback (its own is
+another), so each failed as ``ConnectError`` or the proxy's 502/503 while the server was up, and a
+``socks5://`` one failed the run at once (httpx needs ``socksio`` for it). As Go's and Ruby's HTTP
+clients and browsers do, a loopback host — ``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``::1`` —
+is reached directly, and so is an unspecified address (``0.0.0.0``, what vLLM prints it listens on),
+which also means this machine. Any other host keeps the environment's proxy and CA settings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+from urllib.parse import urlsplit
+
+
+def on_this_machine(url: str) -> bool:
+    """Whether ``url``'s host is this machine: ``localhost`` (or a name under it), a loopback or an
+    unspecified IP address."""
+    try:
+        host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    except ValueError:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
+def client_settings(url: str) -> dict[str, Any]:
+    """Keyword arguments for an ``httpx`` client of the server at ``url``: for one on this machine, the
+    environment's proxies off (``trust_env=False``) and, for ``https``, its CA settings
+    (``SSL_CERT_FILE``, ``SSL_CERT_DIR``) kept; for any other, nothing (the environment's settings
+    stand)."""
+    if not on_this_machine(url):
+        return {}
+    settings: dict[str, Any] = {"trust_env": False}
+    if urlsplit(url).scheme == "https":
+        import httpx
+
+        settings["verify"] = httpx.create_ssl_context(trust_env=True)
+    return settings
