@@ -17,6 +17,7 @@ from asyncroll.config import build_config
 from asyncroll.errors import UsageError
 from asyncroll.events import TrajectoryFinished
 from asyncroll.http_proxy import client_settings, on_this_machine
+from asyncroll.serve_sim.config import FaultConfig
 from tests.conftest import invoke, write_workload
 from tests.loopback import LoopbackServer
 from tests.test_openai_backend import final_problems, http_run, serve
@@ -140,3 +141,24 @@ def test_only_a_host_on_this_machine_bypasses_the_environment_proxy() -> None:
         assert client_settings(url) == {}  # the environment's proxy and CA settings stand
     https_local = client_settings("https://127.0.0.1:8443")
     assert https_local["trust_env"] is False and isinstance(https_local["verify"], ssl.SSLContext)
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_warmup_still_records_the_backend_in_run_json(tmp_path: Path) -> None:
+    """README: warm-up retries are "counted in run.json as backend.warmup_retries" — but the backend
+    section was written only after a warm-up that succeeded, so the run whose warm-up failed (the one
+    that needs it) recorded no endpoint, server kind or warm-up retries at all."""
+    with serve(faults=FaultConfig(rate_503=1.0)) as running:
+        outcome, _, out = http_run(
+            tmp_path, final_problems(1), running.url, warmup_requests=1, max_retries=2, retry_max_delay=0.01
+        )
+    assert outcome.status == "failed" and outcome.error is not None
+    assert "warm-up request 1/1 failed after 3 attempts: HTTP 503" in outcome.error
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed"
+    backend = receipt["backend"]
+    assert (backend["endpoint"], backend["warmup_retries"], backend["server_kind"]) == (
+        running.url,
+        2,
+        "vllm",
+    )

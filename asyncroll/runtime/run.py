@@ -265,12 +265,14 @@ class Run:
                 try:  # from the first worker on, the cleanup below closes whatever was started
                     await pool.start(outer)
                     await importing
-                    await self._backend.start(outer)
-                    warm = await self._backend.warmup(cfg.warmup_requests)
-                    files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
                     describe = getattr(self._backend, "describe", None)
-                    if describe is not None:
-                        files.update(backend=describe())
+                    try:  # run.json names the server, its probed kind and the warm-up's retries, also
+                        await self._backend.start(outer)  # when the start or the warm-up fails
+                        warm = await self._backend.warmup(cfg.warmup_requests)
+                    finally:
+                        if describe is not None:
+                            files.update(backend=describe())
+                    files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
                     await sampler.probe()
                     files.update(telemetry=sampler.receipt())
                     # CPU read first (psutil takes ~1 ms per worker): measurement_started is at t = 0
