@@ -3,6 +3,7 @@ OpenAI-compatible server sees when it fails, stalls or is misconfigured (real lo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import ssl
@@ -10,11 +11,14 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.backends.retry import RetryPolicy, retry_after_s
+from asyncroll.clock import SystemClock
 from asyncroll.config import build_config
-from asyncroll.errors import UsageError
+from asyncroll.errors import ModelError, UsageError
 from asyncroll.events import TrajectoryFinished
 from asyncroll.http_proxy import client_settings, on_this_machine
 from asyncroll.serve_sim.config import FaultConfig
@@ -162,3 +166,31 @@ def test_a_failed_warmup_still_records_the_backend_in_run_json(tmp_path: Path) -
         2,
         "vllm",
     )
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("status", [503, 500, 429])
+def test_a_transient_error_from_the_model_list_is_no_server_kind(status: int) -> None:
+    """``--backend openai`` probes ``/v1/models`` for the server kind. A 503 (a server behind a load
+    balancer still starting, an overloaded one) made it ``generic``: a ``--replay`` run against vLLM then
+    sent no ``min_tokens``/``ignore_eos`` and its decode lengths were not the scripted ones — silently,
+    but for a line in run.json. A transient status is now an error that says so, as no answer is; a
+    definite one (404: no such route) is still ``generic``."""
+
+    async def probe(answer: int) -> tuple[str | None, str]:
+        transport = httpx.MockTransport(lambda request: httpx.Response(answer, text="engine not ready"))
+        settings = HttpSettings(endpoint="http://server", model="m", inflight=1, replay=True)
+        backend = OpenAIBackend(settings, SystemClock(), transport=transport)
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await backend.start(tg)
+            finally:
+                await backend.aclose()  # stops the circuit watch that start() leaves running
+        return backend.server_kind, backend.describe()["server_kind_source"]
+
+    with pytest.raises(ExceptionGroup) as raised:
+        asyncio.run(probe(status))
+    assert raised.group_contains(
+        ModelError, match=f"/v1/models: it answered HTTP {status} .*'engine not ready'.*--server-kind"
+    )
+    assert asyncio.run(probe(404)) == ("generic", "probed: /v1/models answered HTTP 404 without a model list")

@@ -9,9 +9,10 @@ import json
 import httpx
 
 from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.retry import is_retryable
 from asyncroll.config import ServerKind
 from asyncroll.errors import ModelError
-from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 
 KIND_FROM_OWNER: dict[str, ServerKind] = {"vllm": "vllm", "sglang": "sglang"}
 #: The most of a ``/v1/models`` or ``/health`` answer read (a model list of many adapters fits easily).
@@ -31,8 +32,9 @@ async def probe_kind(
     """``GET /v1/models``: vLLM and SGLang name themselves in ``owned_by``; anything else is generic.
     Returns the kind and how it was found, for the receipt.
 
-    Only an unreachable server is an error here (:class:`ModelError`); a server without a usable model
-    list is generic, and the receipt says why."""
+    Only an unreachable server, or one that answered a transient error (408, 429, 5xx: starting up,
+    overloaded — no word on what it is), is an error here (:class:`ModelError`); a server without a
+    usable model list is generic, and the receipt says why."""
     limit = min(10.0, request_timeout)
     try:
         response, body = await get_bounded(client, "/v1/models", limit)
@@ -50,6 +52,16 @@ async def probe_kind(
         ) from exc
     except (ResponseTooLarge, httpx.HTTPError) as exc:  # it answered, but not readably
         return "generic", f"probed: /v1/models answered unreadably ({type(exc).__name__}: {exc})"
+    if is_retryable("http_status", response.status_code):  # 408, 429, 5xx: not ready, or overloaded
+        # not an answer about its model list: "generic" would drop --replay's fixed decode length
+        raise ModelError(
+            "http_status",
+            f"cannot probe the server kind at {endpoint}/v1/models: it answered HTTP {response.status_code} "
+            f"({body_text(body, 200)!r}), which says nothing of what it is; retry once the server is "
+            "ready, or declare its kind with --server-kind vllm|sglang|transformers|generic to skip the "
+            "probe",
+            status=response.status_code,
+        )
     try:
         owners = {str(m.get("owned_by", "")) for m in json.loads(body)["data"]}
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
