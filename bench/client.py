@@ -39,6 +39,7 @@ import orjson
 from asyncroll.backends.base import ModelRequest
 from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.clock import SystemClock
+from asyncroll.http_proxy import client_settings
 from asyncroll.workload import Problem
 from bench.common import machine, number_arg, quantiles
 
@@ -84,7 +85,7 @@ async def sequential(url: str, n: int) -> dict[str, float]:
     wall, cpu = time.perf_counter() - began_wall, time.process_time() - began_cpu
     body = client.build_body(REQUEST, None)
     await client.aclose()
-    async with httpx.AsyncClient(base_url=url, timeout=60) as raw:
+    async with httpx.AsyncClient(base_url=url, timeout=60, **client_settings(url)) as raw:  # as ours
         payload = json.dumps(body).encode()
         headers = {"content-type": "application/json"}
         for _ in range(20):
