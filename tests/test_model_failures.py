@@ -194,3 +194,22 @@ def test_a_transient_error_from_the_model_list_is_no_server_kind(status: int) ->
         ModelError, match=f"/v1/models: it answered HTTP {status} .*'engine not ready'.*--server-kind"
     )
     assert asyncio.run(probe(404)) == ("generic", "probed: /v1/models answered HTTP 404 without a model list")
+
+
+@pytest.mark.timeout(60)
+def test_results_say_how_many_attempts_a_failed_request_made(tmp_path: Path) -> None:
+    """A request that failed after its retries read in results.jsonl exactly as one that was never
+    retried ("model http_status: HTTP 500: …"): only events.jsonl had its attempts. The warm-up already
+    said "failed after 3 attempts"; a trajectory's error now does too."""
+    with serve(faults=FaultConfig(rate_500=1.0)) as running:
+        _, _, retried = http_run(
+            tmp_path, final_problems(2), running.url, max_retries=2, retry_max_delay=0.01
+        )
+        _, _, once = http_run(tmp_path, final_problems(1), running.url)
+    errors = [json.loads(line)["error"] for line in (retried / "results.jsonl").read_text().splitlines()]
+    assert len(errors) == 2
+    assert all(
+        e.startswith("model http_status: HTTP 500") and e.endswith(" (after 3 attempts)") for e in errors
+    )
+    (single,) = [json.loads(line)["error"] for line in (once / "results.jsonl").read_text().splitlines()]
+    assert single.startswith("model http_status: HTTP 500") and "attempts" not in single

@@ -364,8 +364,13 @@ class OpenAIBackend:
                         )
                     await self._clock.sleep(delay)
                     continue
+                tries = f" (after {attempt} attempts)" if attempt > 1 else ""  # results.jsonl says so too
                 raise ModelError(
-                    exc.kind, str(exc), status=exc.status, response_received=exc.received, attempts=attempt
+                    exc.kind,
+                    f"{exc}{tries}",
+                    status=exc.status,
+                    response_received=exc.received,
+                    attempts=attempt,
                 ) from exc
         self.circuit.record_success()
         return self._parse(request, scripted, status, payload, attempt)
