@@ -1,14 +1,15 @@
 """Which of the environment's HTTP settings a client of a server should take: none of its proxies for a
 server on this machine.
 
-httpx, like curl and requests, sends a request through ``http_proxy``/``https_proxy``/``all_proxy``
-unless ``no_proxy`` names the host — a loopback host included. Set on many clusters (for pip), such a
-proxy got every request to a vLLM on ``127.0.0.1``: it cannot reach this machine's loopback (its own is
-another), so each failed as ``ConnectError`` or the proxy's 502/503 while the server was up, and a
-``socks5://`` one failed the run at once (httpx needs ``socksio`` for it). As Go's and Ruby's HTTP
-clients and browsers do, a loopback host — ``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``::1`` —
-is reached directly, and so is an unspecified address (``0.0.0.0``, what vLLM prints it listens on),
-which also means this machine. Any other host keeps the environment's proxy and CA settings.
+httpx (as requests) sends a request through ``http_proxy``/``https_proxy``/``all_proxy`` unless
+``no_proxy`` names the host — a loopback host included. Set on many clusters (for pip), such a proxy
+got every request to a vLLM on ``127.0.0.1``: a proxy on another host cannot reach this machine's
+loopback (its own is another), so each failed as ``ConnectError`` or the proxy's 502/503 while the
+server was up, and a ``socks5://`` one failed the run at once (httpx needs ``socksio`` for it). As
+Go's and Ruby's HTTP clients and browsers do, a loopback host — ``localhost``, ``*.localhost``,
+``127.0.0.0/8``, ``::1`` — is reached directly, and so is an unspecified address (``0.0.0.0``, what
+vLLM prints it listens on), which also means this machine. Any other host keeps the environment's
+proxy and CA settings.
 """
 
 from __future__ import annotations
