@@ -19,12 +19,12 @@ from asyncroll.backends.retry import RetryPolicy, retry_after_s
 from asyncroll.clock import SystemClock
 from asyncroll.config import build_config
 from asyncroll.errors import ModelError, UsageError
-from asyncroll.events import TrajectoryFinished
+from asyncroll.events import ModelFailed, TrajectoryFinished
 from asyncroll.http_proxy import client_settings, on_this_machine
 from asyncroll.serve_sim.config import FaultConfig
 from tests.conftest import invoke, write_workload
 from tests.loopback import LoopbackServer
-from tests.test_openai_backend import final_problems, http_run, serve
+from tests.test_openai_backend import FINAL, final_problems, http_run, serve
 
 
 @pytest.mark.parametrize(
@@ -213,3 +213,59 @@ def test_results_say_how_many_attempts_a_failed_request_made(tmp_path: Path) -> 
     )
     (single,) = [json.loads(line)["error"] for line in (once / "results.jsonl").read_text().splitlines()]
     assert single.startswith("model http_status: HTTP 500") and "attempts" not in single
+
+
+class StatusServer(LoopbackServer):
+    """Answers each chat request with the next ``(status, body)`` of ``replies`` (``None``: no body)."""
+
+    def __init__(self, replies: list[tuple[int, Any]]) -> None:
+        queue = iter(replies)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                status, body = next(queue)
+                data = b"" if body is None else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                if status != 204:  # a 204 has no body, nor a length
+                    self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        super().__init__(Handler)
+
+
+@pytest.mark.timeout(60)
+def test_any_2xx_reply_is_read_as_a_completion(tmp_path: Path) -> None:
+    """SPEC §3 fails a model call on a *non-2xx* status, as the OpenAI client does; a 201 or 203 (a
+    gateway's) carrying a valid completion failed its trajectory as ``http_status``. Every 2xx body is
+    read now: a completion completes, and a 202 or 204, which carry none, are ``bad_response`` (a
+    response received)."""
+    done = {
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": FINAL}, "finish_reason": "stop"}
+        ],
+    }
+    replies = [(201, done), (203, done), (202, {"id": "job-1", "status": "queued"}), (204, None)]
+    with StatusServer(replies) as server:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(4), server.url, max_active_trajectories=1, telemetry=False
+        )
+    assert outcome.status == "complete", outcome.error
+    assert [e.status for e in capture.of(TrajectoryFinished)] == [
+        "completed",
+        "completed",
+        "failed",
+        "failed",
+    ]
+    assert [(e.kind, e.status, e.response_received) for e in capture.of(ModelFailed)] == [
+        ("bad_response", 202, True),
+        ("bad_response", 204, True),
+    ]

@@ -1,6 +1,6 @@
-"""Reading the body of an HTTP 200 chat completion: what asyncroll uses of it, and nothing else raised.
+"""Reading the body of a 2xx (success) chat completion: what asyncroll uses of it, and nothing else raised.
 
-Whatever a 200 body holds, :func:`read_completion` returns a :class:`Completion` or raises
+Whatever a 2xx body holds, :func:`read_completion` returns a :class:`Completion` or raises
 :class:`NotACompletion` naming what is wrong (the backend records it as ``bad_response`` for that request
 only). A message ``content`` given as a list of text parts is joined, as OpenAI-compatible servers mean
 it; a ``usage`` that is not an object, or token counts that are not non-negative integers, give
@@ -21,7 +21,7 @@ def _int_or_none(value: Any) -> int | None:
 
 
 class NotACompletion(ValueError):
-    """A 200 body that is not an OpenAI chat completion; the message says what is wrong with it."""
+    """A 2xx body that is not an OpenAI chat completion; the message says what is wrong with it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ def message_text(content: Any) -> str | None:
 
 
 def read_completion(payload: bytes) -> Completion:
-    """The parts of a 200 body asyncroll uses. Raises :class:`NotACompletion` (and nothing else) when
+    """The parts of a 2xx body asyncroll uses. Raises :class:`NotACompletion` (and nothing else) when
     the body is not a chat completion: not JSON, not an object, no ``choices`` list, a first choice
     without a ``message`` object, or a ``content`` that is neither text nor text parts. A ``usage``
     that is not an object, or token counts that are not integers, give ``None`` counts."""

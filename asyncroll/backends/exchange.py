@@ -1,9 +1,10 @@
 """One ``POST /v1/chat/completions`` exchange of the HTTP backend, every failure classified.
 
-:func:`post_chat` sends a body and returns the status and raw body of a 200; anything else is raised as
-:class:`AttemptFailed` with its kind: ``transport`` and ``timeout`` (no response), ``http_status`` and
-``schema_rejected`` (a response), ``bad_response`` (a body that could not be read). Whatever a hostile or
-broken server makes httpx or a codec raise, it is this attempt's failure, never the run's.
+:func:`post_chat` sends a body and returns the status and raw body of a success (a 2xx: 200 from every
+OpenAI-compatible server; SPEC §3 fails a non-2xx, as the OpenAI client does); anything else is raised
+as :class:`AttemptFailed` with its kind: ``transport`` and ``timeout`` (no response), ``http_status``
+and ``schema_rejected`` (a response), ``bad_response`` (a body that could not be read). Whatever a
+hostile or broken server makes httpx or a codec raise, it is this attempt's failure, never the run's.
 
 ``--request-timeout`` is httpx's own, for each phase (connect, every read and write): a timed-out request
 ends inside httpx, which closes its connection. Only a server that keeps trickling bytes meets the
@@ -56,12 +57,18 @@ class AttemptFailed(Exception):
         return self.no_connection or means_unavailable(self.kind, self.status)
 
 
+def is_success(status: int) -> bool:
+    """A 2xx: the reply is read as a completion (a 201 or 203 a gateway sends is one too; a 204 or 202
+    has no completion in it and is ``bad_response``)."""
+    return 200 <= status < 300
+
+
 def _unreadable(head: list[httpx.Response], why: str) -> AttemptFailed:
     """A response whose body could not be read (too large, undecodable). Its status decides what it
     is: an error status is that status (``http_status``: retried, counted by the circuit, and not a
-    received invalid reply in the validity rate, exactly as with a readable body); a 200 (or no
+    received invalid reply in the validity rate, exactly as with a readable body); a 2xx (or no
     status known) is ``bad_response``."""
-    if head and head[0].status_code != 200:
+    if head and not is_success(head[0].status_code):
         response = head[0]
         status = response.status_code
         return AttemptFailed(
@@ -122,7 +129,7 @@ async def post_chat(
         # trajectory's failure, not the run's
         raise _unreadable(head, f"unreadable response ({type(exc).__name__}: {exc})") from exc
     status = response.status_code
-    if status != 200:
+    if not is_success(status):
         text = body_text(payload, 500)
         kind = "http_status"
         if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):

@@ -16,7 +16,7 @@ sends ``POST {endpoint}/v1/chat/completions``. Two modes:
 
 Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (status, whether a complete
 response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
-and ``schema_rejected`` (a response), ``bad_response`` (a 200 whose body is not an OpenAI completion) and
+and ``schema_rejected`` (a response), ``bad_response`` (a 2xx whose body is not an OpenAI completion) and
 ``invalid_action`` (a completion whose content is not a valid action). One exchange — the request timeout,
 the whole-request deadline, the body cap, what a hostile reply makes httpx raise — is
 :mod:`asyncroll.backends.exchange`; this module owns the client, the retries around each exchange and the
@@ -27,7 +27,7 @@ leaked slot blocks nothing. (A cancellation delivered inside httpcore's pool whi
 that is not yet open leaves that connection counted for ever — encode/httpcore#1093 — and a pool
 *limited* to the inflight limit then locks up: every later request times out against a healthy server.)
 The probes (``/v1/models``, ``/health``) have the same whole-exchange deadline and a cap
-(:mod:`asyncroll.http_read`). Whatever a 200 body holds, reading it (:mod:`asyncroll.backends.completion`)
+(:mod:`asyncroll.http_read`). Whatever a 2xx body holds, reading it (:mod:`asyncroll.backends.completion`)
 never raises anything else: a message ``content`` given as a list of text parts is joined, as
 OpenAI-compatible servers mean it; any other shape is ``bad_response``; a ``usage`` that is not an object
 is ignored (token counts ``null``). Retries and the server circuit are in
