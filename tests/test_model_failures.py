@@ -19,7 +19,7 @@ from asyncroll.backends.retry import RetryPolicy, retry_after_s
 from asyncroll.clock import SystemClock
 from asyncroll.config import build_config
 from asyncroll.errors import ModelError, UsageError
-from asyncroll.events import ModelFailed, TrajectoryFinished
+from asyncroll.events import ModelFailed, TrajectoryFinished, TrajectoryStarted
 from asyncroll.http_proxy import client_settings, on_this_machine
 from asyncroll.serve_sim.config import FaultConfig
 from tests.conftest import invoke, write_workload
@@ -216,7 +216,8 @@ def test_results_say_how_many_attempts_a_failed_request_made(tmp_path: Path) -> 
 
 
 class StatusServer(LoopbackServer):
-    """Answers each chat request with the next ``(status, body)`` of ``replies`` (``None``: no body)."""
+    """Answers each chat request with the next ``(status, body)`` of ``replies`` (``None``: no body;
+    bytes: sent as they are)."""
 
     def __init__(self, replies: list[tuple[int, Any]]) -> None:
         queue = iter(replies)
@@ -227,7 +228,7 @@ class StatusServer(LoopbackServer):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 status, body = next(queue)
-                data = b"" if body is None else json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else b"" if body is None else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 if status != 204:  # a 204 has no body, nor a length
@@ -269,3 +270,19 @@ def test_any_2xx_reply_is_read_as_a_completion(tmp_path: Path) -> None:
         ("bad_response", 202, True),
         ("bad_response", 204, True),
     ]
+
+
+@pytest.mark.timeout(60)
+def test_a_warmup_answered_with_a_page_that_is_no_completion_fails_the_run(tmp_path: Path) -> None:
+    """The warm-up is there to fail a misconfigured run before the clock starts, but it read only the
+    status: an ``--endpoint`` that reaches a web app or a proxy answering every path ``200`` with an
+    HTML page passed it, and then every trajectory failed as ``bad_response``."""
+    page = b"<!doctype html><html><body>Welcome</body></html>"
+    with StatusServer([(200, page)] * 3) as server:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(2), server.url, warmup_requests=1, telemetry=False
+        )
+    assert outcome.status == "failed" and outcome.error is not None
+    assert "warm-up request 1/1: HTTP 200 body is not an OpenAI chat completion (not JSON" in outcome.error
+    assert "<!doctype html>" in outcome.error
+    assert not capture.of(TrajectoryStarted)

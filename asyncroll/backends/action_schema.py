@@ -89,6 +89,11 @@ def turn_schema(problem: Problem, turn: int) -> dict[str, Any]:
         return _closed({"type": {"const": "submit"}, "code": {"type": "string"}})
     if turn == 0 and problem.tools:
         return {"anyOf": [tool_schema(tool) for tool in problem.tools]}
+    return final_schema()
+
+
+def final_schema() -> dict[str, Any]:
+    """The schema of a ``final`` action: any turn's with no tool call or code due, and the warm-up's."""
     return _closed({"type": {"const": "final"}, "answer": {"type": "string"}})
 
 

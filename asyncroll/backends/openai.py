@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 
 from asyncroll.backends.action_schema import (
+    final_schema,
     is_code_workload,
     model_view,
     parse_action,
@@ -267,13 +268,9 @@ class OpenAIBackend:
 
     async def warmup(self, requests: int) -> int:
         """Send ``requests`` small untimed requests, each retried like a turn (``--max-retries``); a
-        request that still fails fails the run before the clock starts."""
-        schema = {
-            "type": "object",
-            "properties": {"type": {"const": "final"}, "answer": {"type": "string"}},
-            "required": ["type", "answer"],
-            "additionalProperties": False,
-        }
+        request that still fails, or whose reply is no chat completion (a page a wrong --endpoint
+        serves with 200), fails the run before the clock starts. Its content is not judged."""
+        schema = final_schema()
         body: dict[str, Any] = {
             "model": self.settings.model,
             "messages": [{"role": "user", "content": 'Reply with {"type": "final", "answer": "ok"}.'}],
@@ -289,8 +286,16 @@ class OpenAIBackend:
             while True:
                 attempt += 1
                 try:
-                    await post_chat(self._http(), body, {}, self.settings.request_timeout)
+                    status, payload = await post_chat(self._http(), body, {}, self.settings.request_timeout)
+                    read_completion(payload)
                     break
+                except NotACompletion as exc:  # as a turn's reply would be: bad_response, not retried
+                    raise ModelError(
+                        "bad_response",
+                        f"warm-up request {i + 1}/{requests}: HTTP {status} body is not an OpenAI chat "
+                        f"completion ({exc}): {payload[:200]!r}",
+                        status=status,
+                    ) from exc
                 except AttemptFailed as exc:
                     if attempt <= retry.max_retries and is_retryable(exc.kind, exc.status):
                         self.warmup_retries += 1  # before the clock: counted in run.json, not as events
