@@ -9,7 +9,6 @@ import json
 import httpx
 
 from asyncroll.backends.http_errors import describe_transport_error
-from asyncroll.backends.retry import is_retryable
 from asyncroll.config import ServerKind
 from asyncroll.errors import ModelError
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
@@ -52,7 +51,7 @@ async def probe_kind(
         ) from exc
     except (ResponseTooLarge, httpx.HTTPError) as exc:  # it answered, but not readably
         return "generic", f"probed: /v1/models answered unreadably ({type(exc).__name__}: {exc})"
-    if is_retryable("http_status", response.status_code):  # 408, 429, 5xx: not ready, or overloaded
+    if response.status_code in (408, 429) or response.status_code >= 500:  # not ready, or overloaded
         # not an answer about its model list: "generic" would drop --replay's fixed decode length
         raise ModelError(
             "http_status",
