@@ -24,6 +24,7 @@ from asyncroll.http_proxy import client_settings, on_this_machine
 from asyncroll.serve_sim.config import FaultConfig
 from tests.conftest import invoke, write_workload
 from tests.loopback import LoopbackServer
+from tests.test_one_repair import _code_problem
 from tests.test_openai_backend import FINAL, final_problems, http_run, serve
 
 
@@ -286,3 +287,43 @@ def test_a_warmup_answered_with_a_page_that_is_no_completion_fails_the_run(tmp_p
     assert "warm-up request 1/1: HTTP 200 body is not an OpenAI chat completion (not JSON" in outcome.error
     assert "<!doctype html>" in outcome.error
     assert not capture.of(TrajectoryStarted)
+
+
+@pytest.mark.timeout(60)
+def test_a_model_failure_after_an_evaluated_program_keeps_that_verdict(tmp_path: Path) -> None:
+    """A one-repair code problem whose first program failed its tests and whose repair request then
+    failed (a 503, a timeout) ended with no verdict at all: results.jsonl had no ``passed`` or
+    ``generations``, and the summary dropped it from ``one_repair.evaluated`` and from ``graded`` —
+    so every such failure *raised* ``pass_rate_first``, ``pass_rate_final`` and ``accuracy.exact`` (the
+    dropped trajectories had all failed their first program). It keeps the verdict it reached."""
+    message = {"role": "assistant", "content": "unused in replay"}
+    done = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+    }
+    replies = [(200, done), (503, {"error": "overloaded"}), (200, done)]
+    with StatusServer(replies) as server:
+        outcome, _, out = http_run(
+            tmp_path,
+            [_code_problem("repair-lost", [False, True]), _code_problem("first-pass", [True])],
+            server.url,
+            replay=True,
+            max_active_trajectories=1,
+            telemetry=False,
+        )
+    assert outcome.status == "complete" and outcome.summary is not None
+    results = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    lost = results["repair-lost"]
+    assert lost["status"] == "failed" and lost["error"].startswith("model http_status: HTTP 503")
+    assert (lost["passed"], lost["generations"], lost["repair_attempted"], lost["tests_total"]) == (
+        False,
+        1,
+        False,
+        2,
+    )
+    assert lost["correct"] is False  # its last (only) program failed its tests
+    one_repair = outcome.summary["accuracy"]["one_repair"]
+    assert (one_repair["evaluated"], one_repair["passed_first"], one_repair["repairs_attempted"]) == (2, 1, 0)
+    assert one_repair["pass_rate_first"] == 0.5  # was 1.0: the failed first program had vanished
+    accuracy = outcome.summary["accuracy"]
+    assert (accuracy["denominator"], accuracy["correct"], accuracy["exact"]) == (2, 1, 0.5)

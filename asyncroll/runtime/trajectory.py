@@ -181,16 +181,16 @@ class TrajectoryRunner:
                 verdict = await self._evaluate(state, protocol, action, turn)
                 state.generations += 1
                 passed = verdict.get("passed") is True
+                state.evaluation = Evaluation(  # kept if the trajectory ends before its repair is judged
+                    passed,
+                    state.generations > 1,
+                    state.generations,
+                    int(verdict.get("tests_run", 0)),
+                    int(verdict.get("tests_total", len(protocol.tests))),
+                    bool(verdict.get("timed_out", False)),
+                )
                 if passed or state.generations >= protocol.max_generations:
-                    evaluation = Evaluation(
-                        passed,
-                        state.generations > 1,
-                        state.generations,
-                        int(verdict.get("tests_run", 0)),
-                        int(verdict.get("tests_total", len(protocol.tests))),
-                        bool(verdict.get("timed_out", False)),
-                    )
-                    return state.finish(self._clock.now(), "completed", correct=passed, evaluation=evaluation)
+                    return state.finish(self._clock.now(), "completed", correct=passed)
                 feedback = format_feedback(verdict.get("feedback"))
                 repair = f"{protocol.repair_instruction}\n\n{feedback}"
                 messages.append({"role": "user", "content": repair, "turn": turn})
@@ -329,6 +329,11 @@ class _State:
     observations_cut: int = 0  # tool results cut to --max-observation-chars
     tools_run: set[str] = field(default_factory=set)
     generations: int = 0  # one-repair: programs evaluated so far
+    #: one-repair: the verdict on the last program evaluated. A trajectory that ends after one (its
+    #: repair request failed, a tool or the next evaluation failed, max_turns) keeps it: correct is
+    #: whether that program passed. Dropped, it left one_repair's and accuracy's denominators, and
+    #: every such failure (all of a first program that failed) raised the pass rates.
+    evaluation: Evaluation | None = None
 
     def finish(
         self,
@@ -338,8 +343,10 @@ class _State:
         answer: Any = None,
         correct: bool | None = None,
         error: str | None = None,
-        evaluation: Evaluation | None = None,
     ) -> TrajectoryResult:
+        evaluation = self.evaluation
+        if correct is None and evaluation is not None:
+            correct = evaluation.passed
         return TrajectoryResult(
             self.id,
             self.index,
