@@ -444,3 +444,30 @@ def test_a_virtual_worker_answers_a_result_the_model_reads_as_a_real_worker_does
         return [(await worker.call(r, timeout=5)).reply.value for r in requests]
 
     assert clock.run(go()) == [("12", 4), ("1234", 4), 1234]
+
+
+def test_a_summary_that_cannot_be_built_fails_the_run_and_says_why(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever breaks while the summary is built (a defect, an unexpected value), the run ends failed:
+    run.json says so with the reason, events.jsonl and results.jsonl are whole, the exports are written,
+    and no summary.json is left half-made (run.json used to stay 'running', with nothing written after
+    the events)."""
+    import json
+
+    from asyncroll.outputs.summary import SummaryBuilder
+
+    def broken(self: SummaryBuilder, **_: Any) -> dict[str, Any]:
+        raise ValueError("a value the summary cannot take")
+
+    monkeypatch.setattr(SummaryBuilder, "build", broken)
+    outcome, _, out = virtual_run(_problems(3, model_ms=10, cpu_ms=10))
+    assert (outcome.status, outcome.exit_code, outcome.summary) == ("failed", 1, None)
+    assert outcome.error is not None and "summary: cannot be built" in outcome.error
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and "a value the summary cannot take" in receipt["error"]
+    assert not (out / "summary.json").exists()
+    lines = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert lines[-1]["event"] == "measurement_finished"  # the measurement itself ended; the run did not
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    assert (out / "trace.json").exists() and (out / "timeline.html").exists()

@@ -12,14 +12,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from asyncroll.errors import AsyncrollError
 
 
 class OutputWriteError(AsyncrollError):
     """A run's output file could not be written (its message names the file and the reason)."""
+
+
+def json_line(data: dict[str, Any]) -> bytes:
+    """One JSON line (results, transcripts): orjson, or the stdlib encoder for what orjson refuses."""
+    try:
+        return orjson.dumps(data, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # e.g. an integer answer beyond 64 bits: the stdlib encoder handles any size
+        return (json.dumps(data, default=str) + "\n").encode()
 
 
 def write_all(fd: int, data: bytes, offset: int | None = None) -> None:

@@ -75,11 +75,12 @@ class RunDirectory:
             self._transcripts.write(line)
 
     def finish(
-        self, summary: dict[str, Any], status: Status, wall: float, error: str | None = None
+        self, summary: dict[str, Any] | None, status: Status, wall: float, error: str | None = None
     ) -> str | None:
-        """Close results (and transcripts), write the summary and the exports, then the final receipt. A
-        summary.json or a final run.json the disk had no room for fails the run (an interrupted one stays
-        interrupted): the error it then ended with is returned (else None)."""
+        """Close results (and transcripts), write the summary (none: a summary that could not be built,
+        which ``error`` names) and the exports, then the final receipt. A summary.json or a final run.json
+        the disk had no room for fails the run (an interrupted one stays interrupted): the error it then
+        ended with is returned (else None)."""
         for lines in (self._results, self._transcripts):
             if lines is not None:
                 lines.close()
@@ -87,7 +88,8 @@ class RunDirectory:
             return None
         failed = None
         try:
-            write_json_atomic(self.out / "summary.json", summary)
+            if summary is not None:
+                write_json_atomic(self.out / "summary.json", summary)
         except OSError as exc:
             if status != "interrupted":  # an interrupted run stays so (exit 130, as the command says)
                 status = "failed"

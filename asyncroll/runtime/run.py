@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import threading
 from collections.abc import Awaitable, Callable
@@ -24,15 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-
 from asyncroll.backends.base import Backend
 from asyncroll.clock import Clock
 from asyncroll.errors import AsyncrollError
 from asyncroll.event_log import Subscriber
 from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
-from asyncroll.outputs.lines import OutputWriteError
+from asyncroll.outputs.lines import OutputWriteError, json_line
 from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions
 from asyncroll.outputs.rundir import open_run_files
 from asyncroll.outputs.summary import SummaryBuilder
@@ -252,9 +249,9 @@ class Run:
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
             result: TrajectoryResult = await trajectories.run(index, traj_id, problem, admission.active)
-            files.write_result(_json_line(result.to_json()))
+            files.write_result(json_line(result.to_json()))
             if result.messages is not None:  # --transcripts
-                files.write_transcript(_json_line(transcript_line(result, result.messages)))
+                files.write_transcript(json_line(transcript_line(result, result.messages)))
 
         try:
             async with asyncio.TaskGroup() as outer:
@@ -358,32 +355,31 @@ class Run:
                 "busy_workers": pool.snapshot().peak_busy,
                 "queued_cpu_jobs": dispatcher.snapshot().peak_queued,
             }
-            result = summary.build(
-                makespan_s=makespan,
-                policy=cfg.policy_name,
-                limits=limits.model_dump(),
-                cpu_cost=cost,
-                peaks=peaks,
-                status=status,
-                model_capacity=self._model_capacity,
-                server_batch_s=getattr(self._backend, "batch_seconds", None),
-                dedicated_gpu=cfg.dedicated_gpu,
-            )
+            result: dict[str, Any] | None = None
+            try:
+                result = summary.build(
+                    makespan_s=makespan,
+                    policy=cfg.policy_name,
+                    limits=limits.model_dump(),
+                    cpu_cost=cost,
+                    peaks=peaks,
+                    status=status,
+                    model_capacity=self._model_capacity,
+                    server_batch_s=getattr(self._backend, "batch_seconds", None),
+                    dedicated_gpu=cfg.dedicated_gpu,
+                )
+            except Exception as exc:  # noqa: BLE001 - no summary.json; run.json says why, events stay whole
+                status = "interrupted" if status == "interrupted" else "failed"
+                error = "; ".join(filter(None, (error, f"summary: cannot be built ({_describe(exc)})")))
             events.close()
             unwritten = files.finish(result, status, clock.wall(), error)
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
-                result["status"] = status  # the summary printed says what run.json says
+                if result is not None:
+                    result["status"] = status  # the summary printed says what run.json says
             if late is not None:
                 raise late
         return RunOutcome(status, exit_code(status), result, error, exports_failed=files.exports_failed)
-
-
-def _json_line(data: dict[str, Any]) -> bytes:
-    try:
-        return orjson.dumps(data, default=str, option=orjson.OPT_APPEND_NEWLINE)
-    except TypeError:  # e.g. an integer answer beyond 64 bits: the stdlib encoder handles any size
-        return (json.dumps(data, default=str) + "\n").encode()
 
 
 async def _in_daemon_thread(fn: Callable[[], None]) -> None:
