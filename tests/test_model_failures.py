@@ -327,3 +327,45 @@ def test_a_model_failure_after_an_evaluated_program_keeps_that_verdict(tmp_path:
     assert one_repair["pass_rate_first"] == 0.5  # was 1.0: the failed first program had vanished
     accuracy = outcome.summary["accuracy"]
     assert (accuracy["denominator"], accuracy["correct"], accuracy["exact"]) == (2, 1, 0.5)
+
+
+def test_an_answer_from_the_server_ends_a_run_of_unavailable_failures() -> None:
+    """The circuit opens after ``--circuit-failures`` *consecutive* unavailable failures (refused, reset,
+    502/503/504). A 429 or a 500 between them is the server answering — it is there — but only a 200
+    reset the count, so 503, 429, 503 opened a circuit of 2 (a spurious ``server_unavailable``, admission
+    paused until a health probe closed it). Pure protocol: ``httpx.MockTransport``, no probe running, so
+    an opened circuit would leave the request waiting."""
+    from asyncroll.backends.base import ModelRequest
+    from asyncroll.workload import Problem
+
+    replies = iter([503, 429, 503, 500, 503, 200])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = next(replies)
+        if status == 200:
+            return httpx.Response(
+                200, json={"choices": [{"message": {"role": "assistant", "content": FINAL}}]}
+            )
+        return httpx.Response(status, json={"error": {"message": "busy"}})
+
+    settings = HttpSettings(
+        endpoint="http://server",
+        model="m",
+        inflight=1,
+        retry=RetryPolicy(max_retries=8, base_delay=0.001, max_delay=0.001),
+        circuit_failures=2,
+    )
+    backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(handler))
+    request = ModelRequest(
+        "t", Problem.model_validate({"prompt": "p"}), 0, [{"role": "user", "content": "p"}]
+    )
+
+    async def complete() -> Any:
+        try:
+            return await asyncio.wait_for(backend.complete(request), 5)
+        finally:
+            await backend.aclose()
+
+    response = asyncio.run(complete())
+    assert response.action.type == "final"
+    assert backend.circuit.snapshot().opened == 0 and backend.retries == 5
