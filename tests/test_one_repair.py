@@ -217,3 +217,24 @@ def test_repair_feedback_is_readable_text() -> None:
     }
     assert format_feedback(crashed).endswith("error:\nTrace\nZeroDivisionError")
     assert format_feedback("(simulated) text") == "(simulated) text" and format_feedback(None) == ""
+
+
+def test_a_repair_whose_evaluation_fails_is_recorded_as_attempted(virtual_run: VirtualRun) -> None:
+    """The repair was submitted, then its evaluation failed (here: it ran past ``--tool-timeout``; a
+    worker crash reads the same): the trajectory fails and keeps its first verdict, but says a repair
+    was attempted — it said ``repair_attempted: false``, as if the model had never resubmitted."""
+    evaluations = 0
+
+    def duration(request: JobRequest) -> float:
+        nonlocal evaluations
+        if request.tool == "lcb_evaluate":
+            evaluations += 1
+            if evaluations == 2:
+                return 100.0  # the repair's evaluation: past the 5 s tool timeout
+        return builtin_duration(request)
+
+    outcome, _, out = virtual_run([_code_problem("fixed", [False, True])], duration, tool_timeout=5.0)
+    row = _results(out)["fixed"]
+    assert row["status"] == "failed" and "evaluation failed" in row["error"]
+    assert (row["passed"], row["repair_attempted"], row["generations"]) == (False, True, 1)
+    assert outcome.summary is not None

@@ -178,7 +178,12 @@ class TrajectoryRunner:
                 protocol = problem.one_repair
                 if protocol is None:
                     raise InvalidActionError("'submit' is only valid under the one-repair protocol")
-                verdict = await self._evaluate(state, protocol, action, turn)
+                try:
+                    verdict = await self._evaluate(state, protocol, action, turn)
+                except _Failed:
+                    if state.evaluation is not None:  # the repair was submitted; its evaluation failed
+                        state.evaluation = replace(state.evaluation, repair_attempted=True)
+                    raise
                 state.generations += 1
                 passed = verdict.get("passed") is True
                 state.evaluation = Evaluation(  # kept if the trajectory ends before its repair is judged
