@@ -103,6 +103,45 @@ def test_flags_override_the_recorded_knobs_one_by_one(knobbed: Path, tmp_path: P
     }
 
 
+def _rules(run: Path) -> set[str]:
+    events = (json.loads(line) for line in (run / "events.jsonl").read_text().splitlines())
+    return {e["policy"] for e in events if e["event"] == "cpu_selected"}
+
+
+@pytest.mark.timeout(60)
+def test_a_replay_runs_the_rule_asyncroll_named_when_the_run_was_recorded(
+    synthetic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--policy asyncroll`` names today's default rule: a run recorded as ``asyncroll`` on 2026-12-02 ran
+    ``asyncroll_critical`` (its cpu_selected events say so), and its replay kept the name and ran
+    ``asyncroll_balanced``, silently, as the run's own policy; run.json's ``policy_canonical`` said
+    ``asyncroll`` either way, so no receipt told which rule a run of it had been."""
+    from asyncroll.policies import registry
+
+    recorded = tmp_path / "recorded"
+    with monkeypatch.context() as patch:  # the code of 2026-12-01 … 12-03
+        patch.setattr(registry, "DEFAULT_PRESSURE", "asyncroll_critical")
+        result = simulate_here("--workload", synthetic, "--output", recorded, *LIMITS)
+    assert result.exit_code == 0, result.output
+    assert _rules(recorded) == {"asyncroll_critical"}
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert "the run's --policy asyncroll was the rule asyncroll_critical then" in result.stderr
+    assert _rules(replay) == {"asyncroll_critical"}
+    assert _selections(replay) == _selections(recorded)  # the run's decisions, one by one
+    config = json.loads((replay / "run.json").read_text())["config"]
+    assert (config["policy"], config["policy_canonical"]) == ("asyncroll_critical", "asyncroll_critical")
+    # asked for by name, today's rule runs, without a word; and its receipt names the rule
+    today = tmp_path / "today"
+    result = simulate_here("--from-run", recorded, "--output", today, "--policy", "asyncroll")
+    assert result.exit_code == 0 and "was the rule" not in result.stderr, result.output
+    assert _rules(today) == {"asyncroll_balanced"}
+    config = json.loads((today / "run.json").read_text())["config"]
+    assert (config["policy"], config["policy_canonical"]) == ("asyncroll", "asyncroll_balanced")
+    assert _selections(today) != _selections(recorded)  # the two rules decide differently on this run
+
+
 @pytest.mark.timeout(60)
 def test_a_run_without_a_threshold_replays_without_one(synthetic: Path, tmp_path: Path) -> None:
     """The default threshold follows the inflight limit, in the replay too (it is not frozen at the

@@ -18,6 +18,7 @@ from asyncroll.commands.simulate_flags import (
     only_with,
     refuse_aliases,
     refuse_single_run_forms,
+    warn_replay,
     warn_unread,
 )
 
@@ -303,13 +304,8 @@ def simulate(
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
-        if derived is not None and derived.source_simulated:
-            typer.echo(
-                f"warning: --from-run {from_run} is itself a simulation (run.json: simulated): its timings "
-                "and verdicts are that simulation's, not measurements, and what it assumed (0 s for a job "
-                "without cpu_ms, a pass for a submission without a verdict) replays as if measured",
-                err=True,
-            )
+        if derived is not None and from_run is not None:
+            warn_replay(derived, from_run, policy_given="policy" in given)
         assumed = Assumed()
         outcome = run_simulation(
             cfg,

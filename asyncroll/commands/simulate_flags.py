@@ -1,13 +1,17 @@
 """`asyncroll simulate`'s flag checks: what its options accept, refused with the flag named (exit 2)
-before anything is created, and the warnings about flags a policy does not read."""
+before anything is created, the warnings about flags a policy does not read, and a replay's warnings."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from asyncroll.simulation.from_run import DerivedRun
 
 
 def only_with(flags: Mapping[str, object], applies: bool, mode: str) -> None:
@@ -43,6 +47,20 @@ def warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> No
 
     for flag in unread_pressure_flags(given, policies):
         typer.echo(f"warning: {flag} has no effect with {what} (read by asyncroll only)", err=True)
+
+
+def warn_replay(derived: DerivedRun, from_run: Path, *, policy_given: bool) -> None:
+    """What a replay of ``from_run`` must say before it starts: the rule it keeps when ``asyncroll`` named
+    another then (unless ``--policy`` chose one), and that a simulated run's timings are not measurements."""
+    if derived.policy_note and not policy_given:
+        typer.echo(f"warning: {derived.policy_note}", err=True)
+    if derived.source_simulated:
+        typer.echo(
+            f"warning: --from-run {from_run} is itself a simulation (run.json: simulated): its timings "
+            "and verdicts are that simulation's, not measurements, and what it assumed (0 s for a job "
+            "without cpu_ms, a pass for a submission without a verdict) replays as if measured",
+            err=True,
+        )
 
 
 def refuse_single_run_forms(flags: Mapping[str, tuple[object, str]]) -> None:

@@ -36,6 +36,7 @@ from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
+from asyncroll.policies.registry import canonical_policy
 from asyncroll.policies.remaining import RemainingWork
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.collaborators import (
@@ -130,7 +131,7 @@ class Run:
             "pid": os.getpid(),  # while the status says running: is the run still going?
             "config": {
                 **cfg.model_dump(mode="json"),
-                "policy_canonical": cfg.policy_name,
+                "policy_canonical": canonical_policy(cfg.policy),  # the rule `asyncroll` named then
                 "limits": cfg.limits.model_dump(),
                 "starvation_threshold_effective": cfg.effective_starvation_threshold,
             },

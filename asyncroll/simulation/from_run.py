@@ -80,6 +80,8 @@ class DerivedRun:
     source_simulated: bool = False
     #: the recorded run's own workload, whose lines a refusal of the replay workload is told against
     source_workload: Path | None = None
+    #: why the replay keeps another policy name than the run's ``--policy`` (see :func:`_rule_that_ran`)
+    policy_note: str | None = None
 
 
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
@@ -296,6 +298,7 @@ def derive_workload(
                 f"workload {workload}: there is no script to replay it with"
             )
     count = len(written)
+    config, note = _rule_that_ran(run_dir, config, measured.rules)
     return DerivedRun(
         destination,
         root,
@@ -306,7 +309,33 @@ def derive_workload(
         measured.replacement_startup(),
         source_simulated=receipt.get("simulated") is True,
         source_workload=workload,
+        policy_note=note,
     )
+
+
+def _rule_that_ran(
+    run_dir: Path, config: dict[str, Any], rules: set[str]
+) -> tuple[dict[str, Any], str | None]:
+    """The run's config with ``policy`` the rule that ran, and why it changed (None: unchanged).
+
+    ``--policy asyncroll`` names whichever pressure rule was the default when the run was recorded (the
+    seed's, the unlock, the critical-path, the balanced rule); its ``cpu_selected`` events name that rule.
+    A replay that kept the name would run today's default and call it the run's policy."""
+    from asyncroll.policies.registry import PRESSURE_POLICIES, canonical_policy
+
+    today = canonical_policy("asyncroll")
+    if (
+        config.get("policy") != "asyncroll"
+        or len(rules) != 1
+        or not rules <= set(PRESSURE_POLICIES) - {today}
+    ):
+        return config, None
+    (rule,) = rules
+    note = (
+        f"--from-run {run_dir}: the run's --policy asyncroll was the rule {rule} then (its cpu_selected "
+        f"events); the replay runs {rule}, not today's asyncroll ({today}); give --policy to choose"
+    )
+    return {**config, "policy": rule}, note
 
 
 def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, tuple[int, bool]]) -> Problem:

@@ -101,6 +101,9 @@ class Measured:
     requests: dict[str, dict[int, ModelStep]] = field(default_factory=dict)  # id -> turn -> request
     jobs: dict[str, dict[int, Job]] = field(default_factory=dict)  # id -> turn -> its tool or evaluation job
     finished: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (turns, its line)
+    rules: set[str] = field(
+        default_factory=set
+    )  # the policies its cpu_selected events name (the rule that ran)
 
     def where(self, line: int) -> str:
         return f"{self.events}:{line}"
@@ -156,6 +159,9 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
             continue
         if kind == "measurement_finished":
             measured.end = float(required(event, "makespan_s", number, where))
+            continue
+        if kind == "cpu_selected" and isinstance(event.get("policy"), str):
+            measured.rules.add(event["policy"])
             continue
         if kind not in _READ and not (
             kind in ("cpu_finished", "cpu_failed") and event.get("kind") in ("tool", "evaluate")
