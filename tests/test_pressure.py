@@ -530,3 +530,78 @@ def test_every_observation_is_fitted_before_it_leaves_the_window() -> None:
     gaps = [b - a for a, b in itertools.pairwise(refitted_at)]
     assert max(gaps) <= window // 2
     assert len(refitted_at) < 300  # still one refit per batch of observations, not one per observation
+
+
+def test_every_way_a_job_leaves_its_worker_clears_what_it_had_left() -> None:
+    """The straggler guard weighs what the running jobs have left (the dispatcher's slot → (selected at,
+    predicted) table): an entry left behind by a job that is gone would count forever (the guard would
+    never fire again). A job leaves its worker by finishing, by failing (a tool error), by a timeout (the
+    worker replaced), by a stop while it runs, and by a stop in the same loop step as it was handed a
+    worker; after each, no entry is left."""
+    import asyncio
+
+    from asyncroll.clock import VirtualClock
+    from asyncroll.event_log import EventLog
+    from asyncroll.events import CpuStarted
+    from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+    from asyncroll.runtime.model_gate import ModelGate
+    from asyncroll.runtime.pool import WorkerPool
+    from asyncroll.runtime.virtual_worker import VirtualWorker
+
+    clock = VirtualClock()
+
+    def job(ms: float, tool: str = "sleep_ms") -> JobSpec:
+        return JobSpec("t", "tool", tool, {"milliseconds": ms}, 0)
+
+    async def stopped(task: asyncio.Task[Any]) -> None:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def scenario() -> dict[str, dict[int, tuple[float, float]]]:
+        events = EventLog(clock)
+        events.start_measurement()
+        pool = WorkerPool(2, lambda i, g: VirtualWorker(i, g, clock), clock, events)
+        gate = ModelGate(1, clock, events)
+        dispatcher = CpuDispatcher(pool, get_policy("asyncroll"), gate, clock, events, tool_timeout=1.0)
+        left: dict[str, dict[int, tuple[float, float]]] = {}
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            assert (await dispatcher.run(job(10))).ok
+            left["finished"] = dict(dispatcher._running)
+            assert not (await dispatcher.run(job(1, tool="no_such_tool"))).ok
+            left["tool error"] = dict(dispatcher._running)
+            assert (await dispatcher.run(job(5000))).failure == "timeout"
+            left["timeout"] = dict(dispatcher._running)
+            await clock.sleep(0.1)  # the replacement starts
+            running = asyncio.create_task(dispatcher.run(job(500)))
+            await clock.sleep(0.1)
+            assert len(dispatcher._running) == 1  # it holds a worker
+            await stopped(running)
+            left["stopped while running"] = dict(dispatcher._running)
+            await clock.sleep(0.1)
+            # both workers busy, a third job waits; the first to finish hands it a worker, and the run
+            # stops it in that same loop step (before its task runs again)
+            busy = [asyncio.create_task(dispatcher.run(job(ms))) for ms in (200, 300)]
+            await clock.sleep(0.01)
+            waiting = asyncio.create_task(dispatcher.run(job(50)))
+            await clock.sleep(0.01)
+            loop = asyncio.get_running_loop()
+            handed: list[int] = []
+
+            def on_started(event: Any) -> None:
+                if isinstance(event, CpuStarted) and event.job_id == 7:
+                    handed.append(event.job_id)
+                    loop.call_soon(waiting.cancel)  # runs before the task wakes with its worker
+
+            events.subscribe(on_started)
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert handed == [7]
+            await asyncio.gather(*busy)
+            left["stopped as handed a worker"] = dict(dispatcher._running)
+            await pool.aclose()
+        return left
+
+    left = clock.run(scenario())
+    assert len(left) == 5 and all(entries == {} for entries in left.values()), left
