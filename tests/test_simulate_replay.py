@@ -217,6 +217,8 @@ def test_a_sweep_applies_the_knobs_to_every_cell_and_records_them(synthetic: Pat
     assert result.exit_code == 0, result.output
     record = json.loads((out / "sweep.json").read_text())
     assert record["policy_settings"] == {"starvation_threshold": 1, "aging_seconds": 0.4, "aging_weight": 0.5}
+    # which rule `asyncroll` ran: the name alone no longer says once the default changes (QA)
+    assert record["policy_rules"] == {"asyncroll": "asyncroll_balanced"}
     [row] = record["rows"]
     summary = json.loads((single / "summary.json").read_text())
     assert row["makespan_s"] == summary["makespan_s"]

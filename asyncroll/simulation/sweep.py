@@ -33,6 +33,7 @@ from asyncroll.config import build_config
 from asyncroll.errors import OutputExistsError, SimulationError, UsageError
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
+from asyncroll.policies.registry import canonical_policy
 from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.runtime.signals import STOP_SIGNALS, interruptible
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
@@ -333,6 +334,8 @@ def _write(
     document = {
         "workload": record["workload"],
         "spec": asdict(spec),
+        # the rule each name ran: ``asyncroll`` names whichever is the default when the sweep runs
+        "policy_rules": {name: canonical_policy(name) for name in spec.policies},
         "simulation": settings.describe(),
         **{k: v for k, v in record.items() if k != "workload"},
         "complete": stopped is None,
