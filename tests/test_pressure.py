@@ -204,8 +204,8 @@ def test_remaining_work_learns_the_service_left_after_each_job() -> None:
 
 
 def test_registry_names() -> None:
-    assert get_policy("asyncroll") == BALANCED
-    assert get_policy("asyncroll_critical") == CRITICAL
+    assert get_policy("asyncroll") == CRITICAL
+    assert get_policy("asyncroll_balanced") == BALANCED
     assert get_policy("asyncroll_unlock") == UNLOCK
     assert get_policy("asyncroll_seed") == SEED
     policy = get_policy("asyncroll_guarded", aging_seconds=5, aging_weight=0.1)

@@ -112,33 +112,33 @@ def _rules(run: Path) -> set[str]:
 def test_a_replay_runs_the_rule_asyncroll_named_when_the_run_was_recorded(
     synthetic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--policy asyncroll`` names today's default rule: a run recorded as ``asyncroll`` on 2026-12-02 ran
-    ``asyncroll_critical`` (its cpu_selected events say so), and its replay kept the name and ran
-    ``asyncroll_balanced``, silently, as the run's own policy; run.json's ``policy_canonical`` said
-    ``asyncroll`` either way, so no receipt told which rule a run of it had been."""
+    """``--policy asyncroll`` names today's default rule, which has changed: a run recorded as ``asyncroll``
+    while it meant ``asyncroll_balanced`` (a few hours of 2026-12-03; its cpu_selected events say so) was
+    replayed under the name with today's rule, silently, as the run's own policy; run.json's
+    ``policy_canonical`` said ``asyncroll`` either way, so no receipt told which rule a run of it had been."""
     from asyncroll.policies import registry
 
     recorded = tmp_path / "recorded"
-    with monkeypatch.context() as patch:  # the code of 2026-12-01 … 12-03
-        patch.setattr(registry, "DEFAULT_PRESSURE", "asyncroll_critical")
+    with monkeypatch.context() as patch:  # the code of those hours
+        patch.setattr(registry, "DEFAULT_PRESSURE", "asyncroll_balanced")
         result = simulate_here("--workload", synthetic, "--output", recorded, *LIMITS)
     assert result.exit_code == 0, result.output
-    assert _rules(recorded) == {"asyncroll_critical"}
+    assert _rules(recorded) == {"asyncroll_balanced"}
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", recorded, "--output", replay)
     assert result.exit_code == 0, result.output
-    assert "the run's --policy asyncroll was the rule asyncroll_critical then" in result.stderr
-    assert _rules(replay) == {"asyncroll_critical"}
+    assert "the run's --policy asyncroll was the rule asyncroll_balanced then" in result.stderr
+    assert _rules(replay) == {"asyncroll_balanced"}
     assert _selections(replay) == _selections(recorded)  # the run's decisions, one by one
     config = json.loads((replay / "run.json").read_text())["config"]
-    assert (config["policy"], config["policy_canonical"]) == ("asyncroll_critical", "asyncroll_critical")
+    assert (config["policy"], config["policy_canonical"]) == ("asyncroll_balanced", "asyncroll_balanced")
     # asked for by name, today's rule runs, without a word; and its receipt names the rule
     today = tmp_path / "today"
     result = simulate_here("--from-run", recorded, "--output", today, "--policy", "asyncroll")
     assert result.exit_code == 0 and "was the rule" not in result.stderr, result.output
-    assert _rules(today) == {"asyncroll_balanced"}
+    assert _rules(today) == {"asyncroll_critical"}
     config = json.loads((today / "run.json").read_text())["config"]
-    assert (config["policy"], config["policy_canonical"]) == ("asyncroll", "asyncroll_balanced")
+    assert (config["policy"], config["policy_canonical"]) == ("asyncroll", "asyncroll_critical")
     assert _selections(today) != _selections(recorded)  # the two rules decide differently on this run
 
 
@@ -218,7 +218,7 @@ def test_a_sweep_applies_the_knobs_to_every_cell_and_records_them(synthetic: Pat
     record = json.loads((out / "sweep.json").read_text())
     assert record["policy_settings"] == {"starvation_threshold": 1, "aging_seconds": 0.4, "aging_weight": 0.5}
     # which rule `asyncroll` ran: the name alone no longer says once the default changes (QA)
-    assert record["policy_rules"] == {"asyncroll": "asyncroll_balanced"}
+    assert record["policy_rules"] == {"asyncroll": "asyncroll_critical"}
     [row] = record["rows"]
     summary = json.loads((single / "summary.json").read_text())
     assert row["makespan_s"] == summary["makespan_s"]

@@ -30,8 +30,8 @@ things the map showed:
   so shortest-first cannot starve long jobs into a pile at the end of a finite batch — the loss the
   issue warned about where CPU dominates. ``aging_seconds`` stays the absolute cap.
 
-**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` meant from 2026-12-01 to
-2026-12-03, chosen by the simulated map in RESULTS.md) is the unlock rule without the relative aging, plus
+**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` means; chosen by the simulated map in
+RESULTS.md) is the unlock rule without the relative aging, plus
 the tail rule the relative aging stood in for.
 In the tail (no problem waits for admission), when the rule is eligible, step 3 starts the job whose
 trajectory has the most work left after it — the mean remaining service of trajectories after jobs like it
@@ -42,15 +42,15 @@ batch does not end on one long chain; the relative aging that guarded against th
 shortest-first's gain where few trajectories share few workers (8 active / 4 inflight / 1–2 workers). Only the
 absolute ``aging_seconds`` cap remains.
 
-**Balanced** (``asyncroll_balanced``, what ``--policy asyncroll`` means since 2026-12-03) is the
-critical-path rule with one guard in the tail, for pools of two or more workers: when the longest
+**Balanced** (``asyncroll_balanced``, kept for comparison; the default for a few hours on 2026-12-03) is
+the critical-path rule with one guard in the tail, for pools of two or more workers: when the longest
 predicted tool/evaluation job is longer than the pool's even share of all the other queued work plus what
 the running jobs have left, it goes first (longest-processing-time first's point: started after the rest,
-it would run alone at the end while the other workers idle). The critical-path rule ranks by the work
-*after* a job (a mean over jobs like it), not by its own time, so a long job whose kind has little
-work after it could be left to run last; at 16 active / 8 inflight / 2 workers with ~600 ms jobs that
-made the batch end on one multi-second job and cost 1% against FIFO (RESULTS.md). With one worker no
-job can run alone while another idles, and the guard stays off.
+it would run alone at the end while the other workers idle). It removes the critical rule's one loss to
+FIFO on the 200-trajectory map (16 active / 8 inflight / 2 workers, ~600 ms jobs) but loses to FIFO on
+20-trajectory batches at 32 / 4 / 2, where every problem is admitted at once: the guard counts only the
+queued and running jobs, not the CPU work of trajectories waiting for the model, so it fires too early
+(RESULTS.md). With one worker the guard stays off.
 
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """

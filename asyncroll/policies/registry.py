@@ -8,10 +8,11 @@ from asyncroll.policies.base import Policy
 from asyncroll.policies.baseline import Fifo, ToolFirst
 from asyncroll.policies.pressure import PressurePolicy
 
-#: What ``--policy asyncroll`` means: the critical-path rule with its straggler guard, which the simulated map
-#: in RESULTS.md chose over the plain critical-path rule (the previous default), the unlock rule (the one
-#: before), the seed's rule and the tail guard (all kept, unchanged, for comparison).
-DEFAULT_PRESSURE = "asyncroll_balanced"
+#: What ``--policy asyncroll`` means: the critical-path rule, which the simulated map in RESULTS.md chose over
+#: the unlock rule (the previous default), the seed's rule and the tail guard; the balanced rule (critical
+#: path plus a straggler guard) was the default for a few hours on 2026-12-03 and withdrawn (RESULTS.md):
+#: all kept, unchanged, for comparison.
+DEFAULT_PRESSURE = "asyncroll_critical"
 PRESSURE_POLICIES = (
     "asyncroll_seed",
     "asyncroll_guarded",
