@@ -350,11 +350,8 @@ class OpenAIBackend:
                 status, payload = await post_chat(self._http(), body, headers, s.request_timeout)
                 break
             except AttemptFailed as exc:
-                if exc.unavailable:
-                    if self.circuit.record_unavailable(self._clock.now()):
-                        self._opened(exc)
-                elif exc.status is not None:  # it answered (a 429, a 500): the server is there
-                    self.circuit.record_success()
+                if self.circuit.record_failure(exc.unavailable, exc.status is not None, self._clock.now()):
+                    self._opened(exc)
                 if attempt <= s.retry.max_retries and is_retryable(exc.kind, exc.status):
                     delay = s.retry.delay(attempt, self._rng, exc.headers)
                     self.retries += 1

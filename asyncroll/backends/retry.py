@@ -115,6 +115,15 @@ class Circuit:
     def record_success(self) -> None:
         self._failures = 0
 
+    def record_failure(self, unavailable: bool, answered: bool, now: float) -> bool:
+        """One failed attempt: an unavailable one counts (returns True if it opened the circuit); one the
+        server answered (a 429, a 500: it is there) ends a run of them, as a success does."""
+        if unavailable:
+            return self.record_unavailable(now)
+        if answered:
+            self.record_success()
+        return False
+
     def record_unavailable(self, now: float) -> bool:
         """Count one unavailable failure; returns True if this one opened the circuit."""
         self._failures += 1

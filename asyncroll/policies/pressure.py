@@ -31,8 +31,7 @@ things the map showed:
   issue warned about where CPU dominates. ``aging_seconds`` stays the absolute cap.
 
 **Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` means; chosen by the simulated map in
-RESULTS.md) is the unlock rule without the relative aging, plus
-the tail rule the relative aging stood in for.
+RESULTS.md) is the unlock rule without the relative aging, plus the tail rule the relative aging stood in for.
 In the tail (no problem waits for admission), when the rule is eligible, step 3 starts the job whose
 trajectory has the most work left after it — the mean remaining service of trajectories after jobs like it
 (:mod:`asyncroll.policies.remaining`, learned from the run's own events; unknown counts as 0; grade jobs,
