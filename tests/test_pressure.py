@@ -446,6 +446,47 @@ def test_the_balanced_rule_weighs_what_the_running_jobs_have_left(
     assert reasons.get("tail_straggler_longest", 0) > 0 and reasons.get("tail_critical_path", 0) > 0
 
 
+def test_what_the_running_jobs_have_left_is_capped_at_the_tool_timeout(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running job is stopped at the tool timeout, so it cannot have more left than the timeout minus
+    the time it has run, however long it was predicted (predictions go up to 60 s): the straggler guard
+    must not wait for work that cannot happen."""
+    from asyncroll.runtime import run as run_module
+
+    seen: list[QueueSnapshot] = []
+
+    class Spy:
+        name = "asyncroll_balanced"
+
+        def choose(self, snapshot: QueueSnapshot) -> Any:
+            seen.append(snapshot)
+            return BALANCED.choose(snapshot)
+
+    def predict_long(self: DurationPredictor, jobs: Any) -> tuple[Prediction, ...]:
+        return tuple(Prediction(50.0, "ridge") for _ in jobs)
+
+    monkeypatch.setattr(run_module, "get_policy", lambda *a, **k: Spy())
+    monkeypatch.setattr(DurationPredictor, "predict", predict_long)
+    problems, files = _synthetic(24)
+    outcome, _, _ = virtual_run(
+        problems,
+        simulate_tools=True,
+        tool_files=files,
+        policy="asyncroll",
+        max_active_trajectories=16,
+        max_inflight_model_requests=8,
+        cpu_workers=2,
+        max_turns=6,
+        tool_timeout=5.0,
+    )
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 24
+    tail = [s for s in seen if s.remaining]
+    assert tail and any(s.running_left > 0 for s in tail)
+    # one worker runs a job while the other decides: at most one timeout's worth left
+    assert all(s.running_left <= 5.0 + 1e-9 for s in tail)
+
+
 def test_decision_bench_times_the_scored_choice_not_the_hard_aging_shortcut() -> None:
     """``bench.decision`` times ``choose()`` with 64 queued jobs: each must be younger than the hard-aging
     bound, or ``choose()`` returns the first aged job without scoring any (what the bench used to time)."""

@@ -54,8 +54,9 @@ class QueueSnapshot:
     # aligned with ``jobs``: mean remaining service of the job's trajectory after jobs like it (None:
     # none seen yet); filled only in the batch's tail, where the critical-path rule reads it
     remaining: tuple[float | None, ...] = ()
-    # predicted seconds still to run on the jobs the workers hold (Σ max(0, predicted − elapsed)); filled,
-    # like ``remaining``, only in the tail, where the balanced rule's straggler guard reads it
+    # predicted seconds still to run on the jobs the workers hold (Σ max(0, min(predicted, the tool
+    # timeout) − elapsed)); filled, like ``remaining``, only in the tail, where the balanced rule's
+    # straggler guard reads it
     running_left: float = 0.0
 
     @property

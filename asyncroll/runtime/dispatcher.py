@@ -274,7 +274,8 @@ class CpuDispatcher:
                     generation=worker.generation,
                 )
             )
-            self._running[slot] = (selected_at, predictions[index].seconds)
+            # a job runs at most the tool timeout: a longer prediction would count time it cannot take
+            self._running[slot] = (selected_at, min(predictions[index].seconds, self._timeout))
             chosen.future.set_result(slot)
 
     def _failed(self, job: _Queued, slot: int, since: float, reason: FailureReason, error: str) -> None:
