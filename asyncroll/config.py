@@ -44,6 +44,7 @@ PolicyName = Literal[
     "asyncroll_unlock",
     "asyncroll_critical",
     "asyncroll_balanced",
+    "asyncroll_chain",
 ]
 BackendName = Literal["scripted", "vllm", "openai"]
 ServerKind = Literal["vllm", "sglang", "transformers", "generic"]

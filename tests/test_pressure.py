@@ -351,7 +351,14 @@ def test_hard_aging_in_the_runtime(virtual_run: VirtualRun) -> None:
 
 @pytest.mark.parametrize(
     "policy",
-    ["asyncroll_seed", "asyncroll_guarded", "asyncroll_unlock", "asyncroll_critical", "asyncroll_balanced"],
+    [
+        "asyncroll_seed",
+        "asyncroll_guarded",
+        "asyncroll_unlock",
+        "asyncroll_critical",
+        "asyncroll_balanced",
+        "asyncroll_chain",
+    ],
 )
 def test_pressure_policies_complete_everything(virtual_run: VirtualRun, policy: str) -> None:
     problems, files = _synthetic(40)

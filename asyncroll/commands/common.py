@@ -12,8 +12,8 @@ Opt = typer.Option
 #: ``--policy`` help, shared by ``run`` and ``simulate`` (the registry in asyncroll.policies is the truth).
 POLICY_HELP = (
     "sync | fifo (the default) | tool_first | gpu_first (deprecated alias) | asyncroll (the "
-    "pressure-aware policy: asyncroll_critical); for comparison: asyncroll_balanced, asyncroll_unlock, "
-    "asyncroll_seed, asyncroll_guarded"
+    "pressure-aware policy: asyncroll_critical); for comparison: asyncroll_chain, asyncroll_balanced, "
+    "asyncroll_unlock, asyncroll_seed, asyncroll_guarded"
 )
 
 

@@ -51,6 +51,11 @@ FIFO on the 200-trajectory map (16 active / 8 inflight / 2 workers, ~600 ms jobs
 queued and running jobs, not the CPU work of trajectories waiting for the model, so it fires too early
 (RESULTS.md). With one worker the guard stays off.
 
+**Chain** (``asyncroll_chain``) is the critical-path rule with the work after each job learned step by step
+(:class:`~asyncroll.policies.remaining.StepwiseWork`, a Markov chain over job keys) instead of from
+finished trajectories, whose first finishers — those without a repair — make the work after a first
+evaluation look small on a small batch. The rule's code is the critical rule's; only its estimates differ.
+
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from asyncroll.policies.base import Policy
 from asyncroll.policies.baseline import Fifo, ToolFirst
 from asyncroll.policies.pressure import PressurePolicy
+from asyncroll.policies.remaining import RemainingEstimator, RemainingWork, StepwiseWork
 
 #: What ``--policy asyncroll`` means: the critical-path rule, which the simulated map in RESULTS.md chose over
 #: the unlock rule (the previous default), the seed's rule and the tail guard; the balanced rule (critical
@@ -19,7 +20,10 @@ PRESSURE_POLICIES = (
     "asyncroll_unlock",
     "asyncroll_critical",
     "asyncroll_balanced",
+    "asyncroll_chain",
 )
+#: The rules that order the tail by the work after each job (the chain rule learns it step by step).
+CRITICAL_PATH = ("asyncroll_critical", "asyncroll_balanced", "asyncroll_chain")
 #: Settings that only the pressure-aware policies read (config field → flag).
 PRESSURE_SETTINGS = {
     "starvation_threshold": "--starvation-threshold",
@@ -45,6 +49,14 @@ def canonical_policy(name: str) -> str:
     return {**DEPRECATED_ALIASES, "asyncroll": DEFAULT_PRESSURE}.get(name, name)
 
 
+def estimator_for(policy: str) -> RemainingEstimator:
+    """The remaining-work estimator a run subscribes for its policy (the rule's name, as ``get_policy``
+    builds it): the chain rule's step-by-step chain, the other critical-path rules' per-trajectory means,
+    and for every other policy the default rule's, so its logged estimates compare with the default's."""
+    rule = policy if policy in CRITICAL_PATH else DEFAULT_PRESSURE
+    return StepwiseWork() if rule == "asyncroll_chain" else RemainingWork()
+
+
 def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 0.02) -> Policy:
     """Build a policy by its name (``gpu_first`` is the deprecated alias of ``tool_first``)."""
     if name == "asyncroll":
@@ -55,9 +67,9 @@ def get_policy(name: str, *, aging_seconds: float = 30.0, aging_weight: float = 
             aging_seconds,
             aging_weight,
             tail_guard=name == "asyncroll_guarded",
-            unlock=name in ("asyncroll_unlock", "asyncroll_critical", "asyncroll_balanced"),
-            drain_multiple=None if name in ("asyncroll_critical", "asyncroll_balanced") else 2.0,
-            critical_path=name in ("asyncroll_critical", "asyncroll_balanced"),
+            unlock=name in ("asyncroll_unlock", *CRITICAL_PATH),
+            drain_multiple=None if name in CRITICAL_PATH else 2.0,
+            critical_path=name in CRITICAL_PATH,
             straggler=name == "asyncroll_balanced",
         )
     if name == "sync":

@@ -13,13 +13,22 @@ each job's remaining work is the final total minus its mark, added to a running 
 (``kind, tool, resubmission, turn``). Service times, not wall times: the estimate does not depend on the
 queueing the schedule caused. Memory: a few floats per job of the active trajectories, and one mean per
 key. State lives in one instance per run.
+
+Learning from *finished* trajectories is biased early in a batch: the first to finish are those without a
+repair, so on a small batch the work after a first evaluation looks like almost nothing until the end.
+:class:`StepwiseWork` learns the same quantity step by step instead — a Markov chain over the job keys:
+from each job's key to its trajectory's next queued job (or its end), with the model service in between,
+seen one model turn after the job rather than when the whole trajectory ends, plus each key's mean execute
+time; the remaining service after a key is the expectation along the chain. The chain rule
+(``asyncroll_chain``) reads it (which estimator a run uses:
+:func:`asyncroll.policies.registry.estimator_for`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from asyncroll.events import (
     CpuEnqueued,
@@ -33,6 +42,21 @@ from asyncroll.events import (
 from asyncroll.policies.base import JobView
 
 Key = tuple[str, str, bool, int]  # (kind, tool, resubmission, turn)
+_START: Key = ("", "", False, -1)  # a trajectory before its first job
+_END: Key = ("", "", False, -2)  # a finished trajectory
+#: Transitions seen from a key before the chain gives an estimate after it (RESULTS.md: with 1, a
+#: 20-trajectory batch at 32 active / 4 inflight / 2 workers was worse than FIFO; 3 and 8 were not).
+MIN_TRANSITIONS = 3
+
+
+class RemainingEstimator(Protocol):
+    """What the dispatcher reads in the tail: an event subscriber with an estimate per queued job."""
+
+    observations: int
+
+    def estimate(self, job: JobView) -> float | None: ...
+
+    def __call__(self, event: Event) -> None: ...
 
 
 def key_of(job: JobView) -> Key:
@@ -103,3 +127,104 @@ class RemainingWork:
             trajectory = self._running[trajectory_id or ""] = _Trajectory()
         trajectory.service_s += seconds
         return trajectory
+
+
+@dataclass(slots=True)
+class _Step:
+    last: Key = _START  # the key of the trajectory's last queued job
+    model_s: float = 0.0  # model service since that job was queued
+
+
+class StepwiseWork:
+    """Mean remaining service after a job, by the job's key, from a Markov chain over job keys learned
+    step by step; an event subscriber (``log.subscribe``)."""
+
+    def __init__(self, min_transitions: int = MIN_TRANSITIONS) -> None:
+        self._min = min_transitions
+        self._active: dict[str, _Step] = {}
+        self._queued: dict[int, Key] = {}  # job id → key, until it ends
+        self._next: dict[Key, dict[Key, list[float]]] = {}  # key → next key → [count, Σ model service]
+        self._from: dict[Key, int] = {}  # transitions seen from each key
+        self._exec: dict[Key, list[float]] = {}  # key → [count, Σ execute seconds]
+        self._exec_all = [0.0, 0.0]
+        self._memo: dict[Key, float | None] = {}
+        self.observations = 0
+        self._handlers: dict[type[Event], Callable[[Any], None]] = {
+            ModelFinished: self._model_done,
+            ModelFailed: self._model_done,
+            CpuEnqueued: self._cpu_enqueued,
+            CpuFinished: self._cpu_done,
+            CpuFailed: self._cpu_done,
+            TrajectoryFinished: self._trajectory_finished,
+        }
+
+    def estimate(self, job: JobView) -> float | None:
+        """Expected service (seconds) after jobs like this one; None until enough transitions from its
+        key were seen."""
+        return self._after(key_of(job))
+
+    def __call__(self, event: Event) -> None:
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def _step(self, trajectory_id: str | None) -> _Step:
+        step = self._active.get(trajectory_id or "")
+        if step is None:
+            step = self._active[trajectory_id or ""] = _Step()
+        return step
+
+    def _model_done(self, event: ModelFinished | ModelFailed) -> None:
+        self._step(event.id).model_s += event.latency_s
+
+    def _transition(self, step: _Step, to: Key) -> None:
+        counts = self._next.setdefault(step.last, {}).setdefault(to, [0.0, 0.0])
+        counts[0] += 1
+        counts[1] += step.model_s
+        self._from[step.last] = self._from.get(step.last, 0) + 1
+        step.last, step.model_s = to, 0.0
+        self._memo.clear()
+        self.observations += 1
+
+    def _cpu_enqueued(self, event: CpuEnqueued) -> None:
+        key = (event.kind, event.tool, event.resubmission, event.turn)
+        self._queued[event.job_id] = key
+        self._transition(self._step(event.id), key)
+
+    def _cpu_done(self, event: CpuFinished | CpuFailed) -> None:
+        key = self._queued.pop(event.job_id, None)
+        if key is not None:
+            seconds = event.execute_s if isinstance(event, CpuFinished) else event.roundtrip_s
+            counts = self._exec.setdefault(key, [0.0, 0.0])
+            counts[0] += 1
+            counts[1] += seconds
+            self._exec_all[0] += 1
+            self._exec_all[1] += seconds
+            self._memo.clear()
+
+    def _trajectory_finished(self, event: TrajectoryFinished) -> None:
+        step = self._active.pop(event.id or "", None)
+        if step is not None:
+            self._transition(step, _END)
+
+    def _after(self, key: Key) -> float | None:
+        """Σ over next keys of P(next) × (model service before it + its execute time + the service after
+        it); a next job of a key not seen to finish counts at the mean execute time of every job, and a key
+        whose own estimate is not known yet counts 0 after it. Memoised until the next observation."""
+        if key in self._memo:
+            return self._memo[key]
+        if self._from.get(key, 0) < self._min:
+            self._memo[key] = None
+            return None
+        self._memo[key] = 0.0  # a key met again on its own chain (same turn, same key) adds nothing more
+        total = self._from[key]
+        every = self._exec_all[1] / self._exec_all[0] if self._exec_all[0] else 0.0
+        value = 0.0
+        for to, (count, model_s) in self._next[key].items():
+            after = model_s / count
+            if to != _END:
+                executed = self._exec.get(to)
+                after += (executed[1] / executed[0] if executed else every) + (self._after(to) or 0.0)
+            value += count / total * after
+        self._memo[key] = value
+        return value

@@ -19,7 +19,7 @@ from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, Cpu
 from asyncroll.policies import JobView, Policy, QueueSnapshot
 from asyncroll.policies.base import JobKind
 from asyncroll.policies.predictor import DurationPredictor
-from asyncroll.policies.remaining import RemainingWork
+from asyncroll.policies.remaining import RemainingEstimator
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
@@ -84,7 +84,7 @@ class CpuDispatcher:
         tool_keys: Mapping[str, str] | None = None,
         *,
         predictor: DurationPredictor | None = None,
-        remaining: RemainingWork | None = None,
+        remaining: RemainingEstimator | None = None,
         starvation_threshold: int = 1,
         admission_pending: Callable[[], bool] = lambda: True,
         ranges: Ranges = NO_RANGES,

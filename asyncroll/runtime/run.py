@@ -36,8 +36,7 @@ from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
-from asyncroll.policies.registry import canonical_policy
-from asyncroll.policies.remaining import RemainingWork
+from asyncroll.policies.registry import canonical_policy, estimator_for
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.collaborators import (
     default_backend,
@@ -186,12 +185,14 @@ class Run:
         bind_events = getattr(self._backend, "bind_events", None)
         if bind_events is not None:
             bind_events(events)
-        remaining = RemainingWork()
+        policy = self._policy or get_policy(
+            cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight
+        )
+        remaining = estimator_for(policy.name)  # the chain rule's own; the default's for other policies
         events.subscribe(remaining)
         dispatcher = CpuDispatcher(
             pool,
-            self._policy
-            or get_policy(cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight),
+            policy,
             gate,
             clock,
             events,

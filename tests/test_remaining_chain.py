@@ -1,0 +1,188 @@
+"""The chain rule's remaining-work estimate (:class:`StepwiseWork`): learned step by step, from each job's
+key to its trajectory's next job, so it knows a repair follows before any trajectory with one finishes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncroll.events import (
+    CpuEnqueued,
+    CpuFailed,
+    CpuFinished,
+    CpuSelected,
+    ModelFinished,
+    TrajectoryFinished,
+)
+from asyncroll.policies import JobView, get_policy
+from asyncroll.policies.base import JobKind
+from asyncroll.policies.pressure import PressurePolicy
+from asyncroll.policies.registry import estimator_for
+from asyncroll.policies.remaining import RemainingWork, StepwiseWork
+from bench import synthetic
+from tests.conftest import VirtualRun
+
+FIRST = JobView(1, "x", "tool", "crunch", 0, 0.0)
+REPAIR = JobView(2, "x", "tool", "crunch", 1, 0.0, resubmission=True)
+GRADE = JobView(3, "x", "grade", "__grade__", 2, 0.0)
+
+
+class Script:
+    """Feeds hand-made events of one trajectory to every estimator given."""
+
+    def __init__(self, tid: str, *estimators: Any) -> None:
+        self.tid, self.estimators, self.next_id = tid, estimators, 0
+
+    def _emit(self, event: Any) -> None:
+        for estimator in self.estimators:
+            estimator(event)
+
+    def model(self, turn: int, seconds: float) -> None:
+        self._emit(ModelFinished(id=self.tid, request_id=turn, turn=turn, latency_s=seconds, action="tool"))
+
+    def job(self, turn: int, seconds: float, *, resub: bool = False, failed: bool = False) -> None:
+        self.next_id += 1
+        kind: JobKind = "grade" if turn == 2 else "tool"
+        fields: dict[str, Any] = {
+            "id": self.tid,
+            "job_id": hash((self.tid, self.next_id)) % 10**9,
+            "kind": kind,
+            "tool": "__grade__" if kind == "grade" else "crunch",
+        }
+        self._emit(CpuEnqueued(**fields, turn=turn, arg_bytes=1, queue_depth=1, resubmission=resub))
+        if failed:  # a timed-out job counts at its round trip
+            self._emit(
+                CpuFailed(**fields, worker=0, reason="timeout", roundtrip_s=seconds, error="timed out")
+            )
+        else:
+            self._emit(
+                CpuFinished(**fields, worker=0, ok=True, execute_s=seconds, cpu_s=None, roundtrip_s=seconds)
+            )
+
+    def finish(self) -> None:
+        self._emit(TrajectoryFinished(id=self.tid, status="completed", turns=3, tool_calls=2, duration_s=9.0))
+
+
+def _whole(tid: str, repair: bool, *estimators: Any) -> Script:
+    s = Script(tid, *estimators)
+    s.model(0, 0.4)
+    s.job(0, 0.3)  # the first evaluation
+    if repair:
+        s.model(1, 0.4)
+        s.job(1, 1.0, resub=True, failed=True)
+    s.model(2, 0.2)
+    s.job(2, 0.0)  # the grade
+    s.finish()
+    return s
+
+
+def test_the_chain_gives_the_expected_service_after_each_key() -> None:
+    """From finished trajectories the chain's expectation equals the per-trajectory mean on this example:
+    after the first evaluation half go on to a repair (0.4 s model + 1.0 s + 0.2 s model + the grade),
+    half straight to the grade (0.2 s model): 0.9 s."""
+    chain, means = StepwiseWork(min_transitions=1), RemainingWork()
+    assert chain.estimate(FIRST) is None
+    _whole("a", True, chain, means)
+    _whole("b", False, chain, means)
+    assert chain.estimate(FIRST) == pytest.approx(0.5 * (0.4 + 1.0 + 0.2) + 0.5 * 0.2)
+    assert means.estimate(FIRST) == pytest.approx(0.9)
+    assert chain.estimate(REPAIR) == pytest.approx(0.2)
+    assert chain.estimate(GRADE) == pytest.approx(0.0)  # the grade ends its trajectory
+
+
+def test_the_chain_learns_a_repair_before_its_trajectory_finishes() -> None:
+    """A trajectory whose first evaluation failed queues its repair one model turn later: the chain counts
+    that at once, the per-trajectory means only when the trajectory ends (on a small batch, the end)."""
+    chain, means = StepwiseWork(min_transitions=1), RemainingWork()
+    _whole("a", True, chain, means)
+    _whole("b", False, chain, means)
+    c = Script("c", chain, means)
+    c.model(0, 0.4)
+    c.job(0, 0.3)
+    c.model(1, 0.4)
+    c.job(1, 1.0, resub=True)  # queued and run; the trajectory has not finished
+    assert means.estimate(FIRST) == pytest.approx(0.9)  # unchanged until c finishes
+    # from the first evaluation: a repair 2 of 3 times (0.4 s model + 1.0 s mean + 0.2 s after it)
+    assert chain.estimate(FIRST) == pytest.approx(2 / 3 * (0.4 + 1.0 + 0.2) + 1 / 3 * 0.2)
+
+
+def test_the_chain_waits_for_enough_transitions_and_survives_a_key_that_repeats() -> None:
+    """No estimate after a key until ``min_transitions`` were seen from it (one early trajectory must not
+    steer the tail); a job whose next job has the same key (two calls in one turn) ends the recursion; a
+    next key never seen to finish counts at the mean execute time of every finished job."""
+    chain = StepwiseWork()  # the default: 3 transitions
+    _whole("a", True, chain)
+    _whole("b", False, chain)
+    assert chain.estimate(FIRST) is None
+    _whole("c", False, chain)
+    # the repair's own key has 1 transition from it: nothing known after it yet, counted 0
+    assert chain.estimate(FIRST) == pytest.approx(1 / 3 * (0.4 + 1.0) + 2 / 3 * 0.2)
+    assert chain.estimate(REPAIR) is None
+    loop = StepwiseWork(min_transitions=1)
+    s = Script("d", loop)
+    s.model(0, 0.1)
+    s.job(0, 0.5)
+    s.job(0, 0.7)  # the same key again, no model turn between
+    s.model(1, 0.3)
+    s.finish()
+    # from the key: half the time itself again (0 model, its 0.6 s mean, then nothing more counted on
+    # that loop), half the end (0.3 s model)
+    assert loop.estimate(FIRST) == pytest.approx(0.5 * 0.6 + 0.5 * 0.3)
+    unseen = StepwiseWork(min_transitions=1)
+    s = Script("e", unseen)
+    s.model(0, 0.1)
+    s.job(0, 0.5)
+    s.model(1, 0.2)
+    unseen(CpuEnqueued(id="e", job_id=99, kind="tool", tool="crunch", turn=1, arg_bytes=1, queue_depth=1))
+    assert unseen.estimate(FIRST) == pytest.approx(0.2 + 0.5)  # the next job at the mean of all (0.5 s)
+
+
+def test_each_rule_reads_its_own_estimator_and_other_policies_log_the_defaults() -> None:
+    assert isinstance(estimator_for("asyncroll_chain"), StepwiseWork)
+    for rule in ("asyncroll_critical", "asyncroll_balanced"):
+        assert type(estimator_for(rule)) is RemainingWork
+    default = get_policy("asyncroll")
+    for other in ("fifo", "tool_first", "sync", "asyncroll_seed"):
+        assert type(estimator_for(other)) is type(estimator_for(default.name))
+    chain = get_policy("asyncroll_chain")
+    assert isinstance(chain, PressurePolicy) and chain.critical_path and chain.unlock
+    assert chain.drain_multiple is None and not chain.straggler
+
+
+def test_a_chain_rule_run_decides_its_tail_on_the_chains_estimates(virtual_run: VirtualRun) -> None:
+    """In a real (virtual-clock) run of the chain rule, every estimate logged at a tail decision (each
+    candidate's ``remaining_s``) is what a chain fed the run's own events up to that decision gives, and
+    the tail is ordered by it."""
+    problems, files = synthetic.make(40, 400.0, 500.0, 3), {synthetic.TOOLS_FILE: synthetic.TOOLS_SOURCE}
+    outcome, cap, _ = virtual_run(
+        problems,
+        simulate_tools=True,
+        tool_files=files,
+        policy="asyncroll_chain",
+        max_active_trajectories=16,
+        max_inflight_model_requests=4,
+        cpu_workers=2,
+        max_turns=6,
+    )
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 40
+    chain, views, checked = StepwiseWork(), {}, 0
+    for event in cap.events:
+        if isinstance(event, CpuEnqueued):
+            views[event.job_id] = JobView(
+                event.job_id, event.id or "", event.kind, event.tool, event.turn, 0.0,
+                resubmission=event.resubmission,
+            )  # fmt: skip
+        elif isinstance(event, CpuSelected) and event.reason == "tail_critical_path":
+            for candidate in event.candidates:
+                expected = chain.estimate(views[candidate.job_id])
+                assert candidate.remaining_s == (
+                    None if expected is None else pytest.approx(expected, abs=1e-6)
+                )
+                checked += expected is not None
+            if event.reordered and event.remaining_s is not None:  # the pick has the most work after it
+                assert event.remaining_s >= max(c.remaining_s or 0.0 for c in event.candidates)
+        chain(event)
+    assert checked > 20
+    reasons = outcome.summary["scheduler"]["reasons"]
+    assert reasons.get("tail_critical_path", 0) > 0
