@@ -769,3 +769,45 @@ def test_a_replay_refused_for_its_workload_names_the_runs_workload_lines(tmp_pat
     assert f"{workload}:2: tools[0].implementation: 'tools.py' does not exist" in result.stderr
     assert f"{workload}:3: " in result.stderr and "replay-workload" not in result.stderr
     assert not replay.exists()
+
+
+@pytest.mark.parametrize(
+    "missing", [["max_active_trajectories", "cpu_workers"], ["aging_weight"], ["tool_timeout"]]
+)
+def test_a_setting_missing_from_the_runs_config_is_refused_not_defaulted(
+    knobbed: Path, tmp_path: Path, missing: list[str]
+) -> None:
+    """A run.json whose config lacks one of the settings a replay keeps (hand-edited, or older) was
+    replayed with the default in its place (16 active slots where the run had 8), under the run's name."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(knobbed, run)
+    recorded = json.loads((run / "run.json").read_text())["config"]
+    _edit_json(
+        run / "run.json",
+        lambda r: {**r, "config": {k: v for k, v in r["config"].items() if k not in missing}},
+    )
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", run, "--output", out)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(
+        f"error: --from-run {run / 'run.json'}: config lacks {', '.join(missing)}"
+    )
+    assert not out.exists()
+    if missing == ["tool_timeout"]:
+        return  # what a timed-out job took is "past the run's timeout": no flag can say what that was
+    flags = [part for key in missing for part in ("--" + key.replace("_", "-"), str(recorded[key]))]
+    result = simulate_here("--from-run", run, "--output", out, *flags)
+    assert result.exit_code == 0, result.output
+    replayed = json.loads((out / "run.json").read_text())["config"]
+    assert {key: replayed[key] for key in missing} == {key: recorded[key] for key in missing}
+
+
+def test_from_run_given_twice_is_refused_not_the_last_one_kept(knobbed: Path, tmp_path: Path) -> None:
+    """click keeps the last of a repeated option: ``--from-run A --from-run B`` replayed B alone, silently."""
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", knobbed, "--from-run", knobbed, "--output", out)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: --from-run given 2 times"), result.stderr
+    assert not out.exists()

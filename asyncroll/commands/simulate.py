@@ -30,7 +30,9 @@ def simulate(
     workload: Annotated[
         Path | None, Opt("--workload", help="Workload JSONL; with --from-run: the run's, where it is now.")
     ] = None,
-    from_run: Annotated[Path | None, Opt("--from-run", help="Replay a recorded run's exact timings.")] = None,
+    from_runs: Annotated[
+        list[Path] | None, Opt("--from-run", metavar="<path>", help="Replay a recorded run's exact timings.")
+    ] = None,
     output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
     policy: Annotated[str | None, Opt(help=POLICY_HELP + " (a sweep: --policies)")] = None,
     max_active_trajectories: Annotated[
@@ -121,7 +123,10 @@ def simulate(
     efficiency in summary.json. ``--from-run RUN`` replays a recorded run's measured latencies and job
     times under another policy or limits: "what would policy X have done on exactly this run?".
     """
-    flags = {k: v for k, v in locals().items() if v is not None}
+    if from_runs is not None and len(from_runs) > 1:  # click would keep the last one silently
+        raise fail(f"--from-run given {len(from_runs)} times: a replay is of one run; replay each on its own")
+    from_run = from_runs[0] if from_runs else None
+    flags = {k: v for k, v in locals().items() if v is not None and k != "from_runs"}
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.config import build_config
     from asyncroll.errors import SimulationError, UsageError
@@ -283,19 +288,9 @@ def simulate(
                 raise UsageError("--limit comes from the recorded run with --from-run")
             build_config({**values, "workload": output / "replay-workload.jsonl"})  # flags checked first
             derived = prepare_from_run(from_run, output, tool_root, workload)
-            keep = (
-                "policy",
-                "max_active_trajectories",
-                "max_inflight_model_requests",
-                "cpu_workers",
-                "max_turns",
-                "tool_timeout",
-                "tool_errors",
-                "starvation_threshold",
-                "aging_seconds",
-                "aging_weight",
-            )
-            base = {k: derived.source_config[k] for k in keep if k in derived.source_config}
+            from asyncroll.simulation.from_run import kept_settings
+
+            base = kept_settings(from_run, derived.source_config, set(given))
             values = {**base, **values, "workload": derived.workload, "tool_root": derived.tool_root}
             # a setting kept from the run is named where it came from, not as a flag nobody gave
             receipt = from_run / "run.json"

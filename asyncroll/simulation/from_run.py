@@ -62,6 +62,34 @@ from asyncroll.simulation.measured import (
 )
 from asyncroll.workload import Problem, SubmitAction, ToolAction, iter_problems
 
+#: The run's settings a replay keeps unless a flag overrides them: "the run's settings" of the README.
+RUN_SETTINGS = (
+    "policy",
+    "max_active_trajectories",
+    "max_inflight_model_requests",
+    "cpu_workers",
+    "max_turns",
+    "tool_timeout",
+    "tool_errors",
+    "starvation_threshold",
+    "aging_seconds",
+    "aging_weight",
+)
+
+
+def kept_settings(run_dir: Path, config: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """The run's settings that no flag overrides. One that run.json's config lacks (a hand-edited or
+    older receipt) is refused, naming it and its flag: the default in its place would replay another
+    operating point than the run's, under the run's name."""
+    missing = [key for key in RUN_SETTINGS if key not in config and key not in given]
+    if missing:
+        flags = ", ".join("--" + key.replace("_", "-") for key in missing)
+        raise UsageError(
+            f"--from-run {run_dir / 'run.json'}: config lacks {', '.join(missing)}: a default in its place "
+            f"would not be the run's setting; give {flags} with the value the run used"
+        )
+    return {key: config[key] for key in RUN_SETTINGS if key in config and key not in given}
+
 
 @dataclass(frozen=True)
 class DerivedRun:
@@ -275,7 +303,9 @@ def derive_workload(
     receipt = _load_receipt(run_dir)
     config: dict[str, Any] = receipt["config"]
     workload = _run_workload(run_dir, receipt["workload"], workload)
-    timeout = config.get("tool_timeout", 60.0)
+    if "tool_timeout" not in config:  # what a job that timed out in the run took is "past it"
+        raise UsageError(f"--from-run {run_dir / 'run.json'}: config lacks tool_timeout, the run's timeout")
+    timeout = config["tool_timeout"]
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
         raise UsageError(f"--from-run {run_dir / 'run.json'}: config.tool_timeout is not a positive number")
     measured = read_measurements(run_dir, float(timeout))
