@@ -440,6 +440,30 @@ def test_an_unexpected_error_outside_an_arm_is_recorded(
     assert exp["arms"]["pair1-fifo"]["status"] == "failed" and (out / "comparison.json").is_file()
 
 
+@pytest.mark.timeout(120)
+def test_a_resume_names_the_arms_summary_json_it_cannot_read(tmp_path: Path) -> None:
+    """An arm's summary.json edited by hand (a field removed) failed the resumed experiment with
+    "unexpected error: ValidationError: … SummaryModel cpu_cost Field required", naming no file, and
+    said "(not recorded …)" although experiment.json had recorded it."""
+    cfg = lean(tmp_path)
+    out = tmp_path / "out"
+    try:
+        assert ExperimentRunner(cfg, out, echo=lambda _: None).run().exit_code == 0
+    finally:
+        kill_recorded(out)
+    summary = out / "arms" / "pair1-fifo" / "run" / "summary.json"
+    data = read(summary)
+    del data["cpu_cost"]
+    summary.write_text(json.dumps(data))
+    (out / "comparison.json").unlink()
+    outcome = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    error = f"{summary}: not a summary.json this asyncroll reads: cpu_cost: Field required"
+    assert outcome.status == "failed" and outcome.exit_code == 1
+    assert outcome.message.startswith(f"experiment failed: {error} (comparison.json not written); see ")
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "failed" and exp["error"] == error
+
+
 # --- 4, 8, 11, 12: the report ---------------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from asyncroll.errors import UsageError
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.gpu import GpuBusyError, GpuCheckError, check_gpu
 from asyncroll.experiment.plan import ArmPlan, client_command, endpoint, server_command
@@ -397,10 +398,21 @@ def _differences(what: str, ran: dict[str, Any], pinned: dict[str, Any]) -> list
 
 
 def load_summary(arm_dir: Path) -> dict[str, Any] | None:
-    """The arm's summary.json, validated against SummaryModel, or None when there is none."""
+    """The arm's summary.json, validated against SummaryModel, or None when there is none. One that
+    cannot be read or is not a summary this version reads (edited by hand, damaged) is a
+    :class:`UsageError` naming the file and the fields at fault."""
     path = arm_dir / "run" / "summary.json"
     if not path.is_file():
         return None
-    data = read_json(path)
-    SummaryModel.model_validate(data)
+    try:
+        data = read_json(path)
+        SummaryModel.model_validate(data)
+    except ValidationError as exc:
+        where = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
+            for error in exc.errors()[:5]
+        )
+        raise UsageError(f"{path}: not a summary.json this asyncroll reads: {where}") from None
+    except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, not an object
+        raise UsageError(f"{path}: cannot read: {exc}") from None
     return data

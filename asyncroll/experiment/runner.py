@@ -181,13 +181,14 @@ class ExperimentRunner:
 
     def _crashed(self, receipt: ExperimentReceipt, exc: Exception) -> Outcome:
         """An unexpected error outside any arm: the experiment ends ``failed``, the error recorded."""
-        error = f"unexpected error: {type(exc).__name__}: {exc}"
+        error = str(exc) if isinstance(exc, UsageError) else f"unexpected error: {type(exc).__name__}: {exc}"
+        written = "experiment.json"  # a full disk: it keeps its last state; --resume reads each arm.json
         try:
             receipt.set_status("failed", error=error, error_traceback=traceback.format_exc())
+            written = "comparison.json"  # built from the arms' summaries: the same error may stop it
             self._write_comparison(receipt)
         except Exception as again:  # noqa: BLE001 - the first error is the one to report
-            # (a full disk: experiment.json keeps its last state; --resume reads each arm's arm.json)
-            error += f" (not recorded: {type(again).__name__}: {again})"
+            error += f" ({written} not written" + ("" if str(again) == str(exc) else f": {again!r}") + ")"
         return Outcome(
             "failed", EXIT_INCOMPLETE, f"experiment failed: {error}; see {self.output / 'experiment.json'}"
         )
