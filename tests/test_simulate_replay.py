@@ -811,3 +811,21 @@ def test_from_run_given_twice_is_refused_not_the_last_one_kept(knobbed: Path, tm
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: --from-run given 2 times"), result.stderr
     assert not out.exists()
+
+
+def test_a_tool_root_of_the_run_that_has_moved_is_named_as_the_runs(tmp_path: Path) -> None:
+    """The run's --tool-root, gone since, was refused as "--tool-root DIR: not a directory", a flag the
+    user never gave, with no word of where it came from or what to do."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    source = tmp_path / "source"
+    assert simulate_here("--workload", SMOKE, "--tool-root", tools, "--output", source).exit_code == 0
+    tools.rename(tmp_path / "moved")
+    out = tmp_path / "out"
+    result = simulate_here("--from-run", source, "--output", out)
+    assert result.exit_code == 2, result.output
+    refusal = f"error: --from-run {source}: the run's --tool-root {tools} (config.tool_root) is no longer"
+    assert result.stderr.startswith(refusal + " a directory"), result.stderr
+    assert not out.exists()
+    result = simulate_here("--from-run", source, "--output", out, "--tool-root", tmp_path / "moved")
+    assert result.exit_code == 0, result.output

@@ -252,11 +252,16 @@ def _tool_root(run_dir: Path, receipt: dict[str, Any], workload: Path, override:
     if not isinstance(recorded, str):
         raise UsageError(f"--from-run {run_dir / 'run.json'}: config.tool_root is not a path")
     root = Path(recorded)
-    if root.is_absolute():
-        return root.resolve()
     cwd = receipt.get("cwd")
-    if isinstance(cwd, str) and Path(cwd).is_absolute():
-        return (Path(cwd) / root).resolve()
+    if not root.is_absolute() and isinstance(cwd, str) and Path(cwd).is_absolute():
+        root = Path(cwd) / root
+    if root.is_absolute():
+        if not root.is_dir():  # not a flag the user gave: named as the run's, with the way out
+            raise UsageError(
+                f"--from-run {run_dir}: the run's --tool-root {root} (config.tool_root) is no longer a "
+                "directory (moved, or a run recorded elsewhere): pass --tool-root with where its tools are"
+            )
+        return root.resolve()
     inferred = _root_from_tool_files(receipt, workload)
     if inferred is None:
         raise UsageError(
