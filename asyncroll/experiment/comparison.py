@@ -316,6 +316,11 @@ class ComparisonFile(_Read):
                 problems.append(f"{where}: no entry for arm(s) {absent}")
             if extra:
                 problems.append(f"{where}: arm(s) {extra} are not in arms {self.arms}")
+            for arm, entry in pair.arms.items():  # a metric not measured is null, never left out
+                if lacking := [key for key in keys if key not in entry.metrics]:
+                    problems.append(
+                        f"{where}.arms.{arm}.metrics: no entry for {lacking} (null if not measured)"
+                    )
             complete = all(entry.status == "complete" for entry in pair.arms.values())
             if pair.complete != complete and not absent:
                 problems.append(
