@@ -829,3 +829,32 @@ def test_a_tool_root_of_the_run_that_has_moved_is_named_as_the_runs(tmp_path: Pa
     assert not out.exists()
     result = simulate_here("--from-run", source, "--output", out, "--tool-root", tmp_path / "moved")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_death_the_replay_cannot_reproduce_is_said_and_recorded(tmp_path: Path) -> None:
+    """A real worker that died (its tool called os._exit) was replaced, and its replacement's start-up
+    held its slot; the replay has no death and no replacement, and said nothing: with --tool-errors
+    observe every trajectory completes in both, so no other warning pointed at the difference."""
+    (tmp_path / "die.py").write_text("import os\n\n\ndef die(code):\n    os._exit(code)\n")
+    tool = {"name": "die", "inputs": {"code": "int"}, "implementation": "die.py"}
+    script = [
+        {"type": "tool", "name": "die", "arguments": {"code": 3}, "latency_ms": 5},
+        {"type": "final", "answer": "x", "latency_ms": 5},
+    ]
+    problems = [{"id": "die", "prompt": "p", "tools": [tool], "script": script}]
+    workload = write_workload(tmp_path / "w.jsonl", [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)])
+    real = tmp_path / "real"
+    args = ["--tool-errors", "observe", "--no-progress"]
+    result = cli("run", "--workload", workload, "--output", real, *args)
+    assert result.returncode == 0, result.stderr
+    _, real_summary, _ = load_run(real)
+    assert real_summary["workers"]["restarts_by_reason"] == {"died": 1}
+    assert real_summary["counts"]["completed"] == 2
+    replay = tmp_path / "replay"
+    replayed = simulate_here("--from-run", real, "--output", replay)
+    assert replayed.exit_code == 0, replayed.output
+    assert "ended otherwise" not in replayed.stderr
+    assert "warning: 1 worker replacement(s) of the run not replayed (died: 1)" in replayed.stderr
+    receipt = json.loads((replay / "run.json").read_text())
+    assert receipt["simulation"]["replayed"]["restarts_not_replayed"] == {"died": 1}

@@ -403,22 +403,31 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
 def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
     """Trajectories the replay could not end as the run did: said on stderr, recorded in run.json."""
     from asyncroll.outputs.receipt import write_json_atomic
-    from asyncroll.simulation.from_run import ended_otherwise
+    from asyncroll.simulation.from_run import ended_otherwise, restarts_not_replayed
 
-    changes = ended_otherwise(run_dir, replay)
-    if not changes:
+    changes, restarts = ended_otherwise(run_dir, replay), restarts_not_replayed(run_dir, replay)
+    if not changes and not restarts:
         return
     receipt_path = replay / "run.json"
     receipt = json.loads(receipt_path.read_text(encoding="utf-8"))
-    receipt["simulation"]["replayed"]["ended_otherwise"] = changes
+    found = {"ended_otherwise": changes, "restarts_not_replayed": restarts}
+    receipt["simulation"]["replayed"].update({k: v for k, v in found.items() if v})
     write_json_atomic(receipt_path, receipt)
-    counts = ", ".join(f"{n} {change}" for change, n in sorted(changes.items()))
-    typer.echo(
-        f"warning: {sum(changes.values())} trajectories ended otherwise than in the run ({counts}): a "
-        "model error, a tool error or a worker death cannot fail a replayed script, so their turns after "
-        "it took the script's timings",
-        err=True,
-    )
+    if restarts:
+        lost = ", ".join(f"{reason}: {n}" for reason, n in restarts.items())
+        typer.echo(
+            f"warning: {sum(restarts.values())} worker replacement(s) of the run not replayed ({lost}): a "
+            "worker's death or memory replacement is not replayed, nor its replacement's start-up",
+            err=True,
+        )
+    if changes:
+        counts = ", ".join(f"{n} {change}" for change, n in sorted(changes.items()))
+        typer.echo(
+            f"warning: {sum(changes.values())} trajectories ended otherwise than in the run ({counts}): a "
+            "model error, a tool error or a worker death cannot fail a replayed script, so their turns "
+            "after it took the script's timings",
+            err=True,
+        )
 
 
 def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:
