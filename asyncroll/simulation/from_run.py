@@ -213,22 +213,23 @@ def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
 
 
 def restarts_not_replayed(run_dir: Path, replay_dir: Path) -> dict[str, int]:
-    """The run's worker replacements the replay lacks, by reason (summary.json): all but timeouts. A
-    worker that died in the run (holding a job, or idle: killed from outside), or that was replaced for
-    its memory, is not replayed, so its replacement's start-up, when its slot took no job, is missing."""
-    counts = []
-    for folder in (run_dir, replay_dir):
-        try:
-            workers = json.loads((folder / "summary.json").read_text(encoding="utf-8"))["workers"]
-            counts.append({str(k): int(v) for k, v in workers["restarts_by_reason"].items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UsageError(
-                f"--from-run {folder / 'summary.json'}: workers.restarts_by_reason: {exc!r}"
-            ) from None
-    run, replay = counts
+    """The run's worker replacements the replay lacks, by reason (``worker_restarting``): all but
+    timeouts. A worker that died in the run (holding a job, or idle: killed from outside), or that was
+    replaced for its memory, is not replayed, so its replacement's start-up, when its slot took no job,
+    is missing from the replay."""
+    run, replay = (_restarts(folder / "events.jsonl") for folder in (run_dir, replay_dir))
     return {
         k: n - replay.get(k, 0) for k, n in sorted(run.items()) if k != "timeout" and n > replay.get(k, 0)
     }
+
+
+def _restarts(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _, row in jsonl_rows(path):
+        if row.get("event") == "worker_restarting":
+            reason = str(row.get("reason"))
+            out[reason] = out.get(reason, 0) + 1
+    return out
 
 
 def _statuses(path: Path) -> dict[str, str]:
