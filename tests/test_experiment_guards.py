@@ -440,24 +440,46 @@ def test_an_unexpected_error_outside_an_arm_is_recorded(
     assert exp["arms"]["pair1-fifo"]["status"] == "failed" and (out / "comparison.json").is_file()
 
 
-@pytest.mark.timeout(120)
-def test_a_resume_names_the_arms_summary_json_it_cannot_read(tmp_path: Path) -> None:
-    """An arm's summary.json edited by hand (a field removed) failed the resumed experiment with
-    "unexpected error: ValidationError: … SummaryModel cpu_cost Field required", naming no file, and
-    said "(not recorded …)" although experiment.json had recorded it."""
-    cfg = lean(tmp_path)
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExperimentConfig, Path]:
+    """A lean experiment run to its end, to copy and damage."""
+    tmp = tmp_path_factory.mktemp("finished")
+    cfg, out = lean(tmp), tmp / "out"
     try:
         assert ExperimentRunner(cfg, out, echo=lambda _: None).run().exit_code == 0
     finally:
         kill_recorded(out)
+    return cfg, out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        # "unexpected error: ValidationError: … SummaryModel cpu_cost Field required", naming no file, and
+        # "(not recorded …)" although experiment.json had recorded it
+        ("field", "not a summary.json this asyncroll reads: cpu_cost: Field required"),
+        # the arm's metrics all became "not measured", the experiment "complete" (exit 0), nothing said
+        ("file", "not found, though the arm completed (its arm.json): restore the file"),
+    ],
+)
+def test_a_resume_names_the_arms_summary_json_it_cannot_read(
+    finished: tuple[ExperimentConfig, Path], tmp_path: Path, damage: str, error: str
+) -> None:
+    import shutil
+
+    cfg, out = finished[0], tmp_path / "out"
+    shutil.copytree(finished[1], out)
     summary = out / "arms" / "pair1-fifo" / "run" / "summary.json"
-    data = read(summary)
-    del data["cpu_cost"]
-    summary.write_text(json.dumps(data))
+    if damage == "field":
+        data = read(summary)
+        del data["cpu_cost"]
+        summary.write_text(json.dumps(data))
+    else:
+        summary.unlink()
     (out / "comparison.json").unlink()
     outcome = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
-    error = f"{summary}: not a summary.json this asyncroll reads: cpu_cost: Field required"
+    error = f"{summary}: {error}"
     assert outcome.status == "failed" and outcome.exit_code == 1
     assert outcome.message.startswith(f"experiment failed: {error} (comparison.json not written); see ")
     exp = read(out / "experiment.json")

@@ -398,11 +398,14 @@ def _differences(what: str, ran: dict[str, Any], pinned: dict[str, Any]) -> list
 
 
 def load_summary(arm_dir: Path) -> dict[str, Any] | None:
-    """The arm's summary.json, validated against SummaryModel, or None when there is none. One that
-    cannot be read or is not a summary this version reads (edited by hand, damaged) is a
-    :class:`UsageError` naming the file and the fields at fault."""
+    """The summary.json of an arm that completed, validated against SummaryModel; None when its client
+    left no run directory. One gone from the run directory since the client's run was checked (its
+    metrics would read as "not measured"), that cannot be read or is not a summary this version reads
+    (edited by hand, damaged) is a :class:`UsageError` naming it."""
     path = arm_dir / "run" / "summary.json"
     if not path.is_file():
+        if path.parent.is_dir():
+            raise UsageError(f"{path}: not found, though the arm completed (its arm.json): restore the file")
         return None
     try:
         data = read_json(path)
