@@ -858,3 +858,29 @@ def test_a_worker_death_the_replay_cannot_reproduce_is_said_and_recorded(tmp_pat
     assert "warning: 1 worker replacement(s) of the run not replayed (died: 1)" in replayed.stderr
     receipt = json.loads((replay / "run.json").read_text())
     assert receipt["simulation"]["replayed"]["restarts_not_replayed"] == {"died": 1}
+
+
+def test_waits_inside_the_runs_measured_latencies_are_said_and_recorded(
+    knobbed: Path, tmp_path: Path
+) -> None:
+    """A request that retried (back-off) or waited for an open circuit has those waits in its measured
+    latency, which the replay takes as the request's service time under any policy: it said nothing."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(knobbed, run)
+    retry = {"v": 1, "event": "model_retrying", "turn": 0, "attempt": 1, "kind": "http_status", "status": 503}
+
+    def add_retry(lines: list[str]) -> list[str]:
+        started = next(json.loads(line) for line in lines if json.loads(line)["event"] == "model_started")
+        return [*lines, json.dumps({**retry, "t": started["t"], "id": started["id"], "delay_s": 0.1}) + "\n"]
+
+    _edit_lines(run / "events.jsonl", add_retry)
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", run, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert "waited inside their measured latencies (model_retrying ×1: retry back-off" in result.stderr
+    receipt = json.loads((replay / "run.json").read_text())
+    assert receipt["simulation"]["replayed"]["model_waits"] == {"model_retrying": 1}
+    plain = simulate_here("--from-run", knobbed, "--output", tmp_path / "plain")
+    assert plain.exit_code == 0 and "measured latencies" not in plain.stderr

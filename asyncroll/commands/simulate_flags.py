@@ -54,6 +54,13 @@ def warn_replay(derived: DerivedRun, from_run: Path, *, policy_given: bool) -> N
     another then (unless ``--policy`` chose one), and that a simulated run's timings are not measurements."""
     if derived.policy_note and not policy_given:
         typer.echo(f"warning: {derived.policy_note}", err=True)
+    if derived.model_waits:
+        waits = ", ".join(f"{kind} ×{n}" for kind, n in derived.model_waits)
+        typer.echo(
+            f"warning: --from-run {from_run}: its requests waited inside their measured latencies ({waits}: "
+            "retry back-off, an open circuit); the replay takes those waits as model service time",
+            err=True,
+        )
     if derived.source_simulated:
         typer.echo(
             f"warning: --from-run {from_run} is itself a simulation (run.json: simulated): its timings "

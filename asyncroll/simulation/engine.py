@@ -133,6 +133,7 @@ def simulate(
                 "model_turns": derived.model_turns,
                 "cpu_jobs": derived.cpu_jobs,
                 "source_simulated": derived.source_simulated,
+                "model_waits": dict(derived.model_waits),
             },
         }
     }

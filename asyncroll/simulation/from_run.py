@@ -110,6 +110,9 @@ class DerivedRun:
     source_workload: Path | None = None
     #: why the replay keeps another policy name than the run's ``--policy`` (see :func:`_rule_that_ran`)
     policy_note: str | None = None
+    #: the run's ``model_retrying`` and ``model_paused`` events: waits (retry back-off, an open circuit)
+    #: inside the measured latencies, which the replay takes as the requests' service time
+    model_waits: tuple[tuple[str, int], ...] = ()
 
 
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
@@ -354,6 +357,10 @@ def derive_workload(
             )
     count = len(written)
     config, note = _rule_that_ran(run_dir, config, measured.rules)
+    waits: dict[str, int] = {}
+    for _, row in jsonl_rows(run_dir / "events.jsonl"):
+        if row.get("event") in ("model_retrying", "model_paused"):
+            waits[row["event"]] = waits.get(row["event"], 0) + 1
     return DerivedRun(
         destination,
         root,
@@ -365,6 +372,7 @@ def derive_workload(
         source_simulated=receipt.get("simulated") is True,
         source_workload=workload,
         policy_note=note,
+        model_waits=tuple(sorted(waits.items())),
     )
 
 
