@@ -365,6 +365,33 @@ def test_non_finite_settings_are_refused(value: float) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_the_fewest_chars_per_token_both_front_ends_accept_is_served() -> None:
+    """serve-sim and simulate share one bound (``sizes.MIN_CHARS_PER_TOKEN``); at it, a long prompt is
+    sized and served, not failed with a 500."""
+    from asyncroll.serve_sim.sizes import MIN_CHARS_PER_TOKEN
+    from asyncroll.simulation.engine import SimulationSettings
+
+    SimulationSettings(server="batching", chars_per_token=MIN_CHARS_PER_TOKEN)
+    with pytest.raises(ValueError, match=r"chars_per_token must be a finite number >= 0\.01"):
+        SimulationSettings(server="batching", chars_per_token=MIN_CHARS_PER_TOKEN / 2)
+    with pytest.raises(ValueError, match=r"--chars-per-token must be >= 0\.01"):
+        SimConfig(chars_per_token=MIN_CHARS_PER_TOKEN / 2)
+    content = "x" * 100
+    with (
+        serve_in_thread(
+            SimConfig(engine=ServerModelConfig(step_base_ms=1), chars_per_token=MIN_CHARS_PER_TOKEN)
+        ) as running,
+        httpx.Client(base_url=running.url, timeout=10) as client,
+    ):
+        r = client.post(
+            "/v1/chat/completions",
+            json={"model": "sim", "messages": [{"role": "user", "content": content}], "max_tokens": 1},
+        )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 10_000  # 100 characters / 0.01
+
+
+@pytest.mark.timeout(30)
 def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
     cmd = [
         sys.executable,
@@ -423,6 +450,10 @@ def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--slow-s", "inf"], "--slow-s must be a finite number"),
         (["--retry-after", "-inf"], "--retry-after must be a finite number"),
         (["--chars-per-token", "nan"], "--chars-per-token must be a finite number"),
+        # started, then answered every chat request 500 (OverflowError sizing the prompt); simulate
+        # --server batching, the same server model, refused it
+        (["--chars-per-token", "1e-310"], "--chars-per-token must be >= 0.01, got 1e-310"),
+        (["--chars-per-token", "0.001"], "--chars-per-token must be >= 0.01, got 0.001"),
         (["--log-level", "bogus"], "--log-level must be one of critical, error, warning, info, debug, trace"),
     ):
         result = invoke("serve-sim", "--port", "0", *args)

@@ -21,7 +21,9 @@ def serve_sim(
     step_base_ms: Annotated[float, Opt(help="Fixed step time, any batch (ms).")] = 12.0,
     step_per_seq_ms: Annotated[float, Opt(help="Added step time per running sequence (ms).")] = 0.08,
     prefill_ms_per_token: Annotated[float, Opt(help="Prefill cost per prompt token (ms).")] = 0.03,
-    chars_per_token: Annotated[float, Opt(help="Characters per token for size estimates.")] = 4.0,
+    chars_per_token: Annotated[
+        float, Opt(help="Characters per token for size estimates (at least 0.01).")
+    ] = 4.0,
     kv_cache_tokens: Annotated[int, Opt(help="KV-cache capacity in tokens (for the usage gauge).")] = 262_144,
     max_model_len: Annotated[int, Opt(help="Context length (prompt + completion) in tokens.")] = 32_768,
     metrics_flavor: Annotated[

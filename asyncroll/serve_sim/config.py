@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.serve_sim.sizes import MIN_CHARS_PER_TOKEN
 
 MetricsFlavor = Literal["vllm", "sglang"]
 
@@ -68,8 +69,10 @@ class SimConfig:
         # the engine's costs are checked by ServerModelConfig (finite, from 0 to one day)
         if not math.isfinite(self.chars_per_token):
             raise ValueError(f"--chars-per-token must be a finite number, got {self.chars_per_token}")
-        if self.chars_per_token <= 0:
-            raise ValueError(f"--chars-per-token must be > 0, got {self.chars_per_token}")
+        if self.chars_per_token < MIN_CHARS_PER_TOKEN:  # as simulate: fewer and every request fails
+            raise ValueError(
+                f"--chars-per-token must be >= {MIN_CHARS_PER_TOKEN}, got {self.chars_per_token}"
+            )
         if self.kv_cache_tokens < 1 or self.max_model_len < 1:
             raise ValueError("--kv-cache-tokens and --max-model-len must be >= 1")
         if self.metrics_flavor not in ("vllm", "sglang"):

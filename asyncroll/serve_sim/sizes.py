@@ -14,6 +14,10 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+#: The fewest characters per token either front end accepts: fewer would turn a prompt into more tokens
+#: than a float can count (``math.ceil`` of an infinite quotient raises), so every request would fail.
+MIN_CHARS_PER_TOKEN = 0.01
+
 
 def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
     """Characters of every message's content: a string, or a list of parts whose ``text`` counts.

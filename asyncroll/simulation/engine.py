@@ -21,6 +21,7 @@ from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.signals import interruptible
 from asyncroll.runtime.trajectory import GRADE_TOOL
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
+from asyncroll.serve_sim.sizes import MIN_CHARS_PER_TOKEN
 from asyncroll.simulation.from_run import DerivedRun
 from asyncroll.workers.protocol import JobRequest
 from asyncroll.workload import MAX_DURATION_MS, scan_workload
@@ -29,8 +30,6 @@ ServerKind = Literal["fixed", "batching"]
 #: The largest per-turn, per-job, per-step or per-token cost a simulation accepts: the limit of a
 #: workload's declared durations (one day). Above it a run is nonsense; near float's limit time stops.
 MAX_COST_MS = float(MAX_DURATION_MS)
-#: Fewer characters per token would turn a prompt into more tokens than a float can count.
-MIN_CHARS_PER_TOKEN = 0.01
 
 
 #: How a simulated CPU job's duration is chosen (recorded in run.json): a file tool or an evaluation has
