@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+import asyncroll
 import asyncroll.experiment.fingerprint as fingerprint_module
 import asyncroll.experiment.runner as runner_module
 from asyncroll.experiment.arms import PROTOCOL_STEP
@@ -90,3 +92,56 @@ def test_a_resume_from_another_folder_with_relative_model_and_server_paths_is_re
     monkeypatch.chdir(tmp_path / "b")
     require_same(from_a, fingerprint(hub, "0" * 64, {}), "resume")
     assert from_a["detail"]["paths"] == {}
+
+
+def _git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.email=qa@example.invalid", "-c", "user.name=qa", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def _package_in(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``asyncroll`` look imported from ``folder/asyncroll`` (one module: its digest stays cheap)."""
+    package = folder / "asyncroll"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('__version__ = "0.1.0"\n', encoding="utf-8")
+    monkeypatch.setattr(asyncroll, "__file__", str(package / "__init__.py"))
+
+
+@pytest.mark.timeout(60)
+def test_an_installed_package_inside_another_checkout_records_no_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pip install asyncroll`` into a project's ``.venv``: git found the project's checkout above
+    site-packages, and experiment.json recorded the project's commit and describe as the code's."""
+    project = tmp_path / "project"
+    project.mkdir()
+    _git(project, "init", "-q")
+    (project / ".gitignore").write_text(".venv/\n", encoding="utf-8")
+    _git(project, "add", ".gitignore")
+    _git(project, "commit", "-q", "-m", "a project that is not asyncroll")
+    _package_in(project / ".venv" / "lib" / "python3.11" / "site-packages", monkeypatch)
+    code = fingerprint_module.code_version()
+    assert code["commit"] is None and code["describe"] is None, code
+    assert code["package"] == asyncroll.__version__ and len(code["source_sha256"] or "") == 64
+
+
+@pytest.mark.timeout(60)
+def test_a_checkout_that_tracks_the_package_records_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkout = tmp_path / "asyncroll-checkout"
+    checkout.mkdir()
+    _git(checkout, "init", "-q")
+    _package_in(checkout, monkeypatch)
+    _git(checkout, "add", "asyncroll/__init__.py")
+    _git(checkout, "commit", "-q", "-m", "the package")
+    code = fingerprint_module.code_version()
+    assert code["commit"] == _git(checkout, "rev-parse", "HEAD")
+    assert code["describe"] == _git(checkout, "rev-parse", "--short", "HEAD")

@@ -57,27 +57,35 @@ def source_digest() -> str:
 
 def code_version() -> dict[str, str | None]:
     """``git describe --always --dirty`` and the commit of the checkout holding the package, if any, and
-    the digest of the package's files."""
-    root = Path(asyncroll.__file__).resolve().parent.parent
+    the digest of the package's files.
+
+    Git is asked only when the package's own files are tracked by the checkout it finds: an installed
+    package (``site-packages``) often sits inside an unrelated checkout (a project's ``.venv``), whose
+    commit is not this code's and must not be recorded as if it were."""
+    package = Path(asyncroll.__file__).resolve().parent
+    root = package.parent
     out: dict[str, str | None] = {
         "package": asyncroll.__version__,
         "describe": None,
         "commit": None,
         "source_sha256": source_digest(),
     }
-    for key, args in (
-        ("describe", ["describe", "--always", "--dirty", "--tags"]),
-        ("commit", ["rev-parse", "HEAD"]),
-    ):
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            break
-        if done.returncode == 0:
-            out[key] = done.stdout.strip()
+    if _git(root, "ls-files", "--error-unmatch", "--", f"{package.name}/__init__.py") is None:
+        return out
+    out["describe"] = _git(root, "describe", "--always", "--dirty", "--tags")
+    out["commit"] = _git(root, "rev-parse", "HEAD")
     return out
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """``git -C root ARGS``'s output, or None when it fails or git cannot run."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 #: What of :func:`code_version` the fingerprint hashes; ``describe`` and ``commit`` are recorded only.
