@@ -1,0 +1,79 @@
+"""What ``pip install asyncroll`` (a wheel, no repository) gets, checked statically from pyproject.toml.
+
+A user installs a wheel into an environment that may already hold older versions of the dependencies:
+pip keeps any version that meets a floor, so a floor is a promise that the CLI runs on it. The package
+data the wheel carries is what ``[tool.setuptools.package-data]`` names, not what the checkout holds.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import asyncroll
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "asyncroll"
+
+
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _floors() -> dict[str, tuple[int, ...]]:
+    floors: dict[str, tuple[int, ...]] = {}
+    for requirement in _pyproject()["project"]["dependencies"]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement)
+        assert match, f"{requirement!r}: expected NAME>=VERSION"
+        floors[match[1].lower()] = tuple(int(part) for part in match[2].split("."))
+    return floors
+
+
+def test_the_typer_and_pydantic_floors_are_versions_the_cli_runs_on() -> None:
+    """Found by installing the wheel with every dependency at its floor (2026-12-03, Python 3.11):
+
+    - typer 0.12.0-0.12.3 (the floor was ``typer>=0.12``): every command, ``--help`` included, died with
+      ``RuntimeError: Type not yet supported: pathlib.Path | None``;
+    - typer 0.12.4-0.15.3 with a current click (they do not cap it; 8.5.1 was installed): ``TypeError:
+      Secondary flag is not valid for non-boolean flag`` or ``make_metavar() missing ... 'ctx'``;
+    - typer 0.16-0.18: works, but imports rich on every start (``--help`` 0.9 s instead of 0.35 s;
+      tests/test_cli.py::test_help_imports_nothing_heavy fails);
+    - pydantic 2.7-2.9 (the floor was ``pydantic>=2.7``): every command printed UserWarnings about the
+      ``model_capacity`` and ``model_outstanding`` fields on stderr.
+
+    With typer 0.19.0, pydantic 2.10.0 and every other dependency at its floor, the CLI's commands ran
+    and tests/test_cli.py, test_workload.py, test_summary.py, test_serve_sim.py, test_openai_backend.py,
+    test_policies.py and test_convert.py passed."""
+    floors = _floors()
+    assert floors["typer"] >= (0, 19), floors["typer"]
+    assert floors["pydantic"] >= (2, 10), floors["pydantic"]
+
+
+def test_the_version_has_one_value() -> None:
+    """The wheel's metadata (pyproject) and what run.json and experiment.json record (``__version__``)."""
+    assert _pyproject()["project"]["version"] == asyncroll.__version__
+
+
+def test_every_data_file_of_the_package_is_in_the_wheel() -> None:
+    """A file the package reads at run time (a template, a schema) that package-data does not name is in
+    the checkout, so every editable-install test passes, and missing from the wheel."""
+    package_data: dict[str, list[str]] = _pyproject()["tool"]["setuptools"]["package-data"]
+    data_files = [
+        path
+        for path in PACKAGE.rglob("*")
+        if path.is_file()
+        and path.suffix not in (".py", ".pyc")
+        and "__pycache__" not in path.parts
+        and not path.name.startswith(".")
+    ]
+    assert data_files, "the timeline template at least"
+    for path in data_files:
+        assert any(
+            fnmatch.fnmatch(path.relative_to(REPO / key.replace(".", "/")).as_posix(), pattern)
+            for key, patterns in package_data.items()
+            if key not in ("", "*") and path.is_relative_to(REPO / key.replace(".", "/"))
+            for pattern in patterns
+        ), f"{path.relative_to(REPO)} is not named in [tool.setuptools.package-data]"
