@@ -266,6 +266,34 @@ def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.timeout(60)
+def test_metrics_host_that_cannot_be_bound_is_a_usage_error_with_any_free_port_too(tmp_path: Path) -> None:
+    """``--metrics-port 0`` skipped the check (0 is falsy): a host no local interface has started the run,
+    which then failed (exit 1) and left a failed run directory, where a fixed port gave exit 2 and none."""
+    host = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never a local address, refused at once, no name lookup
+    args = [
+        "run",
+        "--workload",
+        SMOKE,
+        "--output",
+        tmp_path / "r",
+        "--metrics-port",
+        "0",
+        "--metrics-host",
+        host,
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"--metrics-port 0 on {host}: cannot listen" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_exporter_counts_requests_that_took_a_slot_and_server_outages() -> None:
     """``asyncroll_model_requests_total`` counts what its help says (requests that took a slot), apart
     from requests enqueued; the server circuit is a gauge and two counters, followed from the events."""

@@ -259,7 +259,7 @@ def _run(cfg: Any) -> int:
             err=True,
         )
         return 2
-    if cfg.metrics_port:  # a busy or foreign address is a usage error, before any output exists
+    if cfg.metrics_port is not None:  # a busy or foreign address is a usage error, before any output exists
         from asyncroll.telemetry.exporter import listen_error
 
         reason = listen_error(cfg.metrics_host, cfg.metrics_port)
