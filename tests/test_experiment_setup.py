@@ -125,6 +125,21 @@ def test_a_busy_fixed_port_is_refused_before_any_arm_and_checked_again_by_each_a
 
 
 @pytest.mark.timeout(30)
+def test_a_host_no_interface_has_is_refused_before_any_arm_with_a_free_port_too(tmp_path: Path) -> None:
+    """With ``server.port`` 0 the pre-flight skipped the bind check: a ``server.host`` no local interface
+    has created the output, failed the first arm ("unexpected error while checking_gpu: OSError") and
+    stopped the experiment with exit 1, where a fixed port was refused with exit 2 and nothing made."""
+    host = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never a local address, refused at once, no name lookup
+    config = write_config(tmp_path, **{"server.host": host, "stages": {}, "pairs": 1})
+    out = tmp_path / "out"
+    done = invoke("experiment", "run", "--config", config, "--output", out)
+    assert done.exit_code == 2 and not out.exists(), done.output
+    assert f"{config}: server.host/server.port: cannot bind {host}:0: " in done.stderr
+    plan = invoke("experiment", "plan", "--config", config)
+    assert plan.exit_code == 0 and f"  server.host/server.port: cannot bind {host}:0: " in plan.stdout
+
+
+@pytest.mark.timeout(30)
 def test_a_second_run_on_a_live_experiment_is_told_so_not_to_stop_its_server(
     tmp_path: Path, busy_port: int
 ) -> None:

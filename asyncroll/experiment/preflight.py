@@ -51,10 +51,10 @@ def executable_problem(cfg: ExperimentConfig) -> str | None:
 
 
 def port_problem(cfg: ExperimentConfig) -> str | None:
-    """Why the fixed ``server.port`` cannot be bound on ``server.host`` now (None: it can, or it is 0)."""
+    """Why the fixed ``server.port`` cannot be bound on ``server.host`` now (None: it can). With port 0
+    (a free port chosen when each arm starts) the host is checked the same way: one that no local
+    interface has would fail every arm."""
     host, port = cfg.server.host, cfg.server.port
-    if not port:
-        return None  # a free port is chosen when each arm starts
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
