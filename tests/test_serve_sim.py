@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -460,6 +461,19 @@ def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         assert result.exit_code == 2 and not served, (args, result.output)
         assert needle in result.stderr
     assert invoke("serve-sim", "--port", "0").exit_code == 0 and len(served) == 1  # the recorder works
+
+
+@pytest.mark.timeout(30)
+def test_a_port_it_cannot_listen_on_is_a_usage_error_as_for_run() -> None:
+    """A port in use exited 1 (a failed run, by the CLI's codes) where ``run --metrics-port`` and the
+    experiment pre-flight give 2 for the same thing: nothing was started, the flag was unusable."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = invoke("serve-sim", "--port", str(port))
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot listen on 127.0.0.1:{port}: " in result.stderr
 
 
 # --- the same server model behind two front ends: simulate --server batching and serve-sim -------------

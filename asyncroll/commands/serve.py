@@ -96,5 +96,5 @@ def serve_sim(
     try:
         code = serve_forever(sim, host, port, log_level=log_level)
     except OSError as exc:
-        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 1) from None
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     raise typer.Exit(code)
