@@ -77,3 +77,18 @@ def test_every_data_file_of_the_package_is_in_the_wheel() -> None:
             if key not in ("", "*") and path.is_relative_to(REPO / key.replace(".", "/"))
             for pattern in patterns
         ), f"{path.relative_to(REPO)} is not named in [tool.setuptools.package-data]"
+
+
+def test_the_license_is_an_spdx_expression_that_current_setuptools_builds() -> None:
+    """``license = { text = ... }`` made every build with a current setuptools (84.2.1 here: the build
+    backend is not pinned) warn "`project.license` as a TOML table is deprecated ... By 2027-Feb-18, you
+    need to update your project": after that date a ``pip install`` from source stops building. The SPDX
+    string form needs setuptools 77 or later (PEP 639), so the build requirement says so."""
+    project = _pyproject()
+    assert project["project"]["license"] == "Apache-2.0"
+    floors = [
+        tuple(int(part) for part in match[1].split("."))
+        for requirement in project["build-system"]["requires"]
+        if (match := re.fullmatch(r"setuptools>=([0-9.]+)", requirement))
+    ]
+    assert floors and floors[0] >= (77,), project["build-system"]["requires"]
