@@ -5,9 +5,10 @@ Same workload, operating points, seeds and jitter as ``bench.pressure_map`` (``b
 trajectories, model turns ~400 ms, ``crunch`` jobs ~300/500/600 ms). Arms, all on the same jittered
 timings (paired with FIFO):
 
-- ``asyncroll``: the default (critical-path) rule, with its learned predictor and remaining-work
-  estimates;
-- ``asyncroll_balanced``: the same with the tail's straggler guard (kept for comparison);
+- ``asyncroll``: the default rule (``asyncroll_chain``: critical path, remaining work learned step by
+  step), with its learned predictor and remaining-work estimates;
+- ``asyncroll_critical``: the previous default, remaining work learned from finished trajectories;
+- ``asyncroll_balanced``: the critical rule with the tail's straggler guard (kept for comparison);
 - ``oracle SPT``: shortest *true* CPU time first at every dispatch (a grade job takes 0 s), no aging;
 - ``oracle SPT → LRW``: the same while problems wait for admission, then in the batch's tail the job
   whose trajectory has the most true work left after it (every later model turn and CPU job) — the
@@ -108,7 +109,7 @@ def main() -> None:
     tmp = scratch("oracle-")
     print(f"machine: {machine()}")
     print(f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6")
-    policies = ("asyncroll", "asyncroll_balanced")
+    policies = ("asyncroll", "asyncroll_critical", "asyncroll_balanced")
     labels = (*policies, *ARMS)
     for cpu_ms in MIXES:
         workload = synthetic.write(tmp / f"syn{cpu_ms:g}.jsonl", args.n, 400.0, cpu_ms, 0)

@@ -204,7 +204,10 @@ def test_remaining_work_learns_the_service_left_after_each_job() -> None:
 
 
 def test_registry_names() -> None:
-    assert get_policy("asyncroll") == CRITICAL
+    assert get_policy("asyncroll") == PressurePolicy(
+        "asyncroll_chain", unlock=True, drain_multiple=None, critical_path=True
+    )
+    assert get_policy("asyncroll_critical") == CRITICAL
     assert get_policy("asyncroll_balanced") == BALANCED
     assert get_policy("asyncroll_unlock") == UNLOCK
     assert get_policy("asyncroll_seed") == SEED

@@ -12,7 +12,7 @@ Opt = typer.Option
 #: ``--policy`` help, shared by ``run`` and ``simulate`` (the registry in asyncroll.policies is the truth).
 POLICY_HELP = (
     "sync | fifo (the default) | tool_first | gpu_first (deprecated alias) | asyncroll (the "
-    "pressure-aware policy: asyncroll_critical); for comparison: asyncroll_chain, asyncroll_balanced, "
+    "pressure-aware policy: asyncroll_chain); for comparison: asyncroll_critical, asyncroll_balanced, "
     "asyncroll_unlock, asyncroll_seed, asyncroll_guarded"
 )
 

@@ -30,8 +30,9 @@ things the map showed:
   so shortest-first cannot starve long jobs into a pile at the end of a finite batch — the loss the
   issue warned about where CPU dominates. ``aging_seconds`` stays the absolute cap.
 
-**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` means; chosen by the simulated map in
-RESULTS.md) is the unlock rule without the relative aging, plus the tail rule the relative aging stood in for.
+**Critical path** (``asyncroll_critical``, what ``--policy asyncroll`` meant from 2026-12-01 until the chain
+rule below refined it on 2026-12-03; chosen by the simulated map in RESULTS.md) is the unlock rule without
+the relative aging, plus the tail rule the relative aging stood in for.
 In the tail (no problem waits for admission), when the rule is eligible, step 3 starts the job whose
 trajectory has the most work left after it — the mean remaining service of trajectories after jobs like it
 (:mod:`asyncroll.policies.remaining`, learned from the run's own events; unknown counts as 0; grade jobs,
@@ -51,10 +52,12 @@ FIFO on the 200-trajectory map (16 active / 8 inflight / 2 workers, ~600 ms jobs
 queued and running jobs, not the CPU work of trajectories waiting for the model, so it fires too early
 (RESULTS.md). With one worker the guard stays off.
 
-**Chain** (``asyncroll_chain``) is the critical-path rule with the work after each job learned step by step
-(:class:`~asyncroll.policies.remaining.StepwiseWork`, a Markov chain over job keys) instead of from
+**Chain** (``asyncroll_chain``, what ``--policy asyncroll`` means) is the critical-path rule with the work
+after each job learned step by step (:class:`~asyncroll.policies.remaining.StepwiseWork`, a Markov chain
+over job keys) instead of from
 finished trajectories, whose first finishers — those without a repair — make the work after a first
-evaluation look small on a small batch. The rule's code is the critical rule's; only its estimates differ.
+evaluation look small on a small batch. The rule's code is the critical rule's; only its estimates differ:
+the same on the 200-trajectory map, better on 20-trajectory batches (RESULTS.md).
 
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """

@@ -9,11 +9,12 @@ from asyncroll.policies.baseline import Fifo, ToolFirst
 from asyncroll.policies.pressure import PressurePolicy
 from asyncroll.policies.remaining import RemainingEstimator, RemainingWork, StepwiseWork
 
-#: What ``--policy asyncroll`` means: the critical-path rule, which the simulated map in RESULTS.md chose over
-#: the unlock rule (the previous default), the seed's rule and the tail guard; the balanced rule (critical
-#: path plus a straggler guard) was the default for a few hours on 2026-12-03 and withdrawn (RESULTS.md):
-#: all kept, unchanged, for comparison.
-DEFAULT_PRESSURE = "asyncroll_critical"
+#: What ``--policy asyncroll`` means: the chain rule (since 2026-12-03) — the critical-path rule, which the
+#: simulated map in RESULTS.md chose over the unlock rule, the seed's rule and the tail guard, with its
+#: remaining-work estimate learned step by step: the same on the 200-trajectory map, better on 20-trajectory
+#: batches. The critical rule (the default 2026-12-01 to 03) and the balanced rule (critical path plus a
+#: straggler guard; the default for a few hours on 2026-12-03) are kept, unchanged, for comparison.
+DEFAULT_PRESSURE = "asyncroll_chain"
 PRESSURE_POLICIES = (
     "asyncroll_seed",
     "asyncroll_guarded",
