@@ -63,13 +63,25 @@ def key_of(job: JobView) -> Key:
     return (job.kind, job.tool, job.resubmission, job.turn)
 
 
+class _Subscriber:
+    """Calls the handler registered for the event's type (each event class is final): one lookup per
+    event, most of which are of no interest to an estimator."""
+
+    _handlers: dict[type[Event], Callable[[Any], None]]
+
+    def __call__(self, event: Event) -> None:
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+
 @dataclass(slots=True)
 class _Trajectory:
     service_s: float = 0.0
     marks: list[tuple[Key, float]] = field(default_factory=list)  # (job key, service total at its end)
 
 
-class RemainingWork:
+class RemainingWork(_Subscriber):
     """Mean remaining service after a job, by the job's key; an event subscriber (``log.subscribe``)."""
 
     def __init__(self) -> None:
@@ -92,12 +104,6 @@ class RemainingWork:
         key = key_of(job)
         count = self._count.get(key)
         return None if count is None else self._sum[key] / count
-
-    def __call__(self, event: Event) -> None:
-        # One lookup by the event's type (each event class is final): most events are of no interest here.
-        handler = self._handlers.get(type(event))
-        if handler is not None:
-            handler(event)
 
     def _model_done(self, event: ModelFinished | ModelFailed) -> None:
         self._add(event.id, event.latency_s)
@@ -135,7 +141,7 @@ class _Step:
     model_s: float = 0.0  # model service since that job was queued
 
 
-class StepwiseWork:
+class StepwiseWork(_Subscriber):
     """Mean remaining service after a job, by the job's key, from a Markov chain over job keys learned
     step by step; an event subscriber (``log.subscribe``)."""
 
@@ -162,11 +168,6 @@ class StepwiseWork:
         """Expected service (seconds) after jobs like this one; None until enough transitions from its
         key were seen."""
         return self._after(key_of(job))
-
-    def __call__(self, event: Event) -> None:
-        handler = self._handlers.get(type(event))
-        if handler is not None:
-            handler(event)
 
     def _step(self, trajectory_id: str | None) -> _Step:
         step = self._active.get(trajectory_id or "")
