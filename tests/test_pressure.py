@@ -15,6 +15,7 @@ from asyncroll.policies import JobView, Prediction, QueueSnapshot, get_policy
 from asyncroll.policies.base import JobKind
 from asyncroll.policies.predictor import MAX_S, MIN_S, DurationPredictor
 from asyncroll.policies.pressure import PressurePolicy
+from asyncroll.policies.registry import PRESSURE_POLICIES
 from bench import synthetic
 from tests.conftest import VirtualRun
 
@@ -352,17 +353,21 @@ def test_hard_aging_in_the_runtime(virtual_run: VirtualRun) -> None:
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 60
 
 
-@pytest.mark.parametrize(
-    "policy",
-    [
-        "asyncroll_seed",
-        "asyncroll_guarded",
-        "asyncroll_unlock",
-        "asyncroll_critical",
-        "asyncroll_balanced",
-        "asyncroll_chain",
-    ],
-)
+def test_every_policy_name_the_config_accepts_is_one_the_registry_builds() -> None:
+    """``--policy`` is validated against config's list of names and built by the registry: the two lists
+    must not drift apart (a rule added to one only would be refused, or accepted and then fail)."""
+    from typing import get_args
+
+    from asyncroll.config import PolicyName
+    from asyncroll.policies.registry import PRESSURE_POLICIES
+
+    names = set(get_args(PolicyName))
+    assert names == {"sync", "fifo", "tool_first", "gpu_first", "asyncroll", *PRESSURE_POLICIES}
+    for name in names:
+        get_policy(name)
+
+
+@pytest.mark.parametrize("policy", PRESSURE_POLICIES)
 def test_pressure_policies_complete_everything(virtual_run: VirtualRun, policy: str) -> None:
     problems, files = _synthetic(40)
     outcome, _, _ = virtual_run(problems, simulate_tools=True, tool_files=files, policy=policy, max_turns=6)
