@@ -1,6 +1,7 @@
 """The experiment's guards: a protocol change mid-experiment, one runner per directory, managed client
-flags, signals during cleanup, unexpected errors, a damaged comparison.json, undefined ratios, and the
-report's numbers (pooled rates, the failure cause, the bootstrap's resample count, bench medians)."""
+flags, signals during cleanup (and a hang-up under ``nohup``, which the runner survives), a helper the
+server detaches, unexpected errors, a damaged comparison.json, undefined ratios, and the report's numbers
+(pooled rates, the failure cause, the bootstrap's resample count, bench medians)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ import copy
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 
 import asyncroll.experiment.arms as arms_module
@@ -440,16 +444,94 @@ def test_an_unexpected_error_outside_an_arm_is_recorded(
     assert exp["arms"]["pair1-fifo"]["status"] == "failed" and (out / "comparison.json").is_file()
 
 
+@dataclass(frozen=True)
+class Finished:
+    cfg: ExperimentConfig
+    out: Path
+    said: str  # the runner's output
+    exit_code: int
+    marker: str  # the command line of the helper the server detaches
+    left: list[int]  # those helpers still running after the experiment ended
+
+
+def detached_helpers(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.info["cmdline"] or []) == marker:
+                found.append(proc)
+    return found
+
+
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExperimentConfig, Path]:
-    """A lean experiment run to its end, to copy and damage."""
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
+    """A lean experiment run to its end, shared by the tests below (one experiment, three stories):
+    started as ``nohup asyncroll experiment run … &`` and hung up while its first arm's client runs;
+    its server detaches a helper (``setsid -f``) at start; the resume tests copy and damage its output."""
+    if shutil.which("nohup") is None or shutil.which("setsid") is None:
+        pytest.skip("needs nohup and setsid")
+    from tests.test_experiment import SMOKE
+
     tmp = tmp_path_factory.mktemp("finished")
-    cfg, out = lean(tmp), tmp / "out"
+    marker = f"sleep 77{os.getpid() % 10}.5"
+    serve = json.loads(SMOKE.read_text())["server"]["command"]
+    server = ["bash", "-c", f'setsid -f {marker}; exec "$0" "$@"', *serve]
+    config = write_config(tmp, stages={}, pairs=1, **{"server.command": server})
+    out, log_path = tmp / "out", tmp / "runner.log"
+    command = ["nohup", sys.executable, "-m", "asyncroll.cli", "experiment", "run"]
+    with log_path.open("wb") as log:
+        runner = subprocess.Popen(
+            [*command, "--config", str(config), "--output", str(out)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    arm_json = out / "arms" / "pair1-fifo" / "arm.json"
     try:
-        assert ExperimentRunner(cfg, out, echo=lambda _: None).run().exit_code == 0
+        deadline = time.monotonic() + 60
+        while True:  # the hangup comes while the first arm's client runs
+            assert runner.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            try:
+                if read(arm_json)["status"] == "running_client":
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        runner.send_signal(signal.SIGHUP)
+        code = runner.wait(120)
+        left = [p.pid for p in detached_helpers(marker) if p.status() != psutil.STATUS_ZOMBIE]
+        yield Finished(load_experiment_config(config), out, log_path.read_text(), code, marker, left)
     finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
         kill_recorded(out)
-    return cfg, out
+        for proc in detached_helpers(marker):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+@pytest.mark.timeout(150)
+def test_a_runner_started_under_nohup_survives_the_hangup(finished: Finished) -> None:
+    """``nohup asyncroll experiment run … &`` and log out: the hangup reached the runner, whose handler
+    had replaced nohup's SIG_IGN, and interrupted the experiment overnight. It now stays ignored."""
+    assert finished.exit_code == 0 and "interrupted" not in finished.said, finished.said
+    exp = read(finished.out / "experiment.json")
+    assert exp["status"] == "complete"
+    assert {arm["status"] for arm in exp["arms"].values()} == {"complete"}
+
+
+@pytest.mark.timeout(150)
+def test_a_process_the_server_detaches_is_killed_and_reported(finished: Finished) -> None:
+    """A server that detaches a helper (``setsid -f``): the runner adopts it, kills it when the arm's
+    server stops, and arm.json names it in ``leftover`` and ``orphans``, never ``leftover: []``."""
+    assert finished.exit_code == 0, finished.said
+    assert finished.left == []
+    for arm_id in ("pair1-fifo", "pair1-asyncroll"):
+        stop = read(finished.out / "arms" / arm_id / "arm.json")["server"]["stop"]
+        assert len(stop["orphans"]) == 1 and stop["orphans"][0]["command"] == finished.marker, stop
+        assert stop["orphans"][0]["killed"] and stop["leftover"] == [stop["orphans"][0]["pid"]]
 
 
 @pytest.mark.timeout(120)
@@ -464,12 +546,10 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExperimentConfig
     ],
 )
 def test_a_resume_names_the_arms_summary_json_it_cannot_read(
-    finished: tuple[ExperimentConfig, Path], tmp_path: Path, damage: str, error: str
+    finished: Finished, tmp_path: Path, damage: str, error: str
 ) -> None:
-    import shutil
-
-    cfg, out = finished[0], tmp_path / "out"
-    shutil.copytree(finished[1], out)
+    cfg, out = finished.cfg, tmp_path / "out"
+    shutil.copytree(finished.out, out)
     summary = out / "arms" / "pair1-fifo" / "run" / "summary.json"
     if damage == "field":
         data = read(summary)
@@ -1011,47 +1091,6 @@ def test_the_gpu_slots_alias_is_a_managed_flag(tmp_path: Path) -> None:
         lean(tmp_path, **{"client.extra_args": ["--gpu-slots", "2"]})
     with pytest.raises(UsageError, match="--gpu-slots"):
         lean(tmp_path, **{"client.extra_args": ["--gpu-slots=2"]})
-
-
-@pytest.mark.timeout(90)
-def test_a_process_the_server_detaches_is_killed_and_reported(tmp_path: Path) -> None:
-    """A server that detaches a helper (``setsid -f``): the runner adopts it, kills it when the arm's
-    server stops, and arm.json names it in ``leftover`` and ``orphans``, never ``leftover: []``."""
-    import time
-
-    import psutil
-
-    from tests.test_experiment import SMOKE
-
-    marker = f"sleep 77{os.getpid() % 10}.5"
-    serve = json.loads(SMOKE.read_text())["server"]["command"]
-    command = ["bash", "-c", f'setsid -f {marker}; exec "$0" "$@"', *serve]
-    cfg = lean(tmp_path, **{"server.command": command})
-    out = tmp_path / "out"
-
-    def helpers() -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if " ".join(proc.info["cmdline"] or []) == marker:
-                    found.append(proc)
-        return found
-
-    try:
-        outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
-        left = [p.pid for p in helpers() if p.status() != psutil.STATUS_ZOMBIE]
-    finally:
-        kill_recorded(out)
-        for proc in helpers():
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        time.sleep(0.1)
-    assert outcome.status == "complete" and outcome.exit_code == 0
-    assert left == []
-    for arm_id in ("pair1-fifo", "pair1-asyncroll"):
-        stop = read(out / "arms" / arm_id / "arm.json")["server"]["stop"]
-        assert len(stop["orphans"]) == 1 and stop["orphans"][0]["command"] == marker, stop
-        assert stop["orphans"][0]["killed"] and stop["leftover"] == [stop["orphans"][0]["pid"]]
 
 
 def test_a_gate_on_a_metric_the_summary_has_not_is_refused_by_the_config(tmp_path: Path) -> None:
