@@ -12,7 +12,8 @@ sends ``POST {endpoint}/v1/chat/completions``. Two modes:
   work of the scripted size: ``max_tokens`` = the action's ``output_tokens`` (else ``--max-tokens``), plus
   ``min_tokens``/``ignore_eos`` on vLLM and SGLang, or a fixed length in ``generation_config`` on
   ``transformers serve``. The scripted action also travels in the ``X-Asyncroll-Action`` header (up to
-  8 KiB), which ``asyncroll serve-sim`` echoes and every other server ignores.
+  8 KiB), which ``asyncroll serve-sim`` echoes and every other server ignores. The bodies and the header
+  are :mod:`asyncroll.backends.request_body`; the settings, :mod:`asyncroll.backends.http_settings`.
 
 Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (status, whether a complete
 response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
@@ -38,85 +39,29 @@ is ignored (token counts ``null``). Retries and the server circuit are in
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from asyncroll.backends.action_schema import (
-    final_schema,
-    is_code_workload,
-    model_view,
-    parse_action,
-    render_messages,
-    response_format,
-    tool_call,
-    turn_schema,
-)
+from asyncroll.backends.action_schema import is_code_workload, parse_action, tool_call, turn_schema
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.backends.completion import NotACompletion, read_completion
 from asyncroll.backends.exchange import AttemptFailed, post_chat
+from asyncroll.backends.http_settings import HttpSettings
 from asyncroll.backends.probes import healthy, probe_kind
-from asyncroll.backends.retry import Circuit, RetryPolicy, is_retryable
+from asyncroll.backends.request_body import REPLAY_FIXED_LENGTH, action_headers, chat_body, warmup_body
+from asyncroll.backends.retry import Circuit, is_retryable
 from asyncroll.backends.scripted import scripted_action
 from asyncroll.clock import Clock
-from asyncroll.config import RunConfig, ServerKind
+from asyncroll.config import ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
 from asyncroll.http_proxy import client_settings
 from asyncroll.workload import Action, ToolAction
 
-ACTION_HEADER = "x-asyncroll-action"
-#: Larger scripted actions (long code) are not echoed: the reply's content is unused in replay anyway.
-MAX_ACTION_HEADER = 8192
-
-
-@dataclass(frozen=True)
-class HttpSettings:
-    """What the HTTP backend needs from a run's config (kept separate so tests and benches build it)."""
-
-    endpoint: str
-    model: str
-    inflight: int
-    max_tokens: int = 512
-    seed: int = 0
-    structured: bool = True
-    replay: bool = False
-    server_kind: ServerKind | None = None
-    request_timeout: float = 120.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    circuit_failures: int = 5
-    server_down_timeout: float = 120.0
-    probe_interval: float = 0.5
-    backend_name: str = "openai"
-    api_key_env: str | None = None  # where the key came from (recorded); the key itself is never shown
-    api_key: str | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig) -> HttpSettings:
-        assert cfg.model is not None  # RunConfig requires --model for HTTP backends
-        return cls(
-            endpoint=cfg.endpoint.rstrip("/"),
-            model=cfg.model,
-            inflight=cfg.max_inflight_model_requests,
-            max_tokens=cfg.max_tokens,
-            seed=cfg.seed,
-            structured=cfg.structured_output,
-            replay=cfg.replay,
-            server_kind=cfg.declared_server_kind,
-            request_timeout=cfg.request_timeout,
-            retry=RetryPolicy(cfg.max_retries, max_delay=cfg.retry_max_delay),
-            circuit_failures=cfg.circuit_failures,
-            server_down_timeout=cfg.server_down_timeout,
-            backend_name=cfg.backend,
-            api_key_env=cfg.api_key_env,
-            api_key=None if cfg.api_key_env is None else os.environ.get(cfg.api_key_env) or None,
-        )
-
+__all__ = ["HttpSettings", "OpenAIBackend"]
 
 #: Seconds an idle connection is kept for reuse: below the 5 s after which uvicorn closes one.
 KEEPALIVE_S = 4.0
@@ -187,12 +132,6 @@ class OpenAIBackend:
     def describe(self) -> dict[str, Any]:
         """The backend's settings for run.json: what was declared, probed and sent."""
         s = self.settings
-        fixed = {
-            "vllm": "min_tokens + ignore_eos",
-            "sglang": "min_tokens + ignore_eos",
-            "transformers": "generation_config min_new_tokens/max_new_tokens",
-            "generic": "none: max_tokens is an upper bound only",
-        }
         return {
             "name": self.name,
             "endpoint": s.endpoint,
@@ -201,7 +140,7 @@ class OpenAIBackend:
             "structured_output": s.structured,
             "server_kind": self._kind,
             "server_kind_source": self._kind_source,
-            "replay_fixed_length": fixed.get(self._kind or "") if s.replay else None,
+            "replay_fixed_length": REPLAY_FIXED_LENGTH.get(self._kind or "") if s.replay else None,
             "pool_connections": s.inflight,
             "max_retries": s.retry.max_retries,
             "warmup_retries": self.warmup_retries,
@@ -270,16 +209,7 @@ class OpenAIBackend:
         """Send ``requests`` small untimed requests, each retried like a turn (``--max-retries``); a
         request that still fails, or whose reply is no chat completion (a page a wrong --endpoint
         serves with 200), fails the run before the clock starts. Its content is not judged."""
-        schema = final_schema()
-        body: dict[str, Any] = {
-            "model": self.settings.model,
-            "messages": [{"role": "user", "content": 'Reply with {"type": "final", "answer": "ok"}.'}],
-            "temperature": 0,
-            "max_tokens": min(16, self.settings.max_tokens),
-            "seed": self.settings.seed,
-        }
-        if self.settings.structured and not self.settings.replay:  # shaped like the run's own requests
-            body["response_format"] = response_format(schema)
+        body = warmup_body(self.settings)
         retry = self.settings.retry
         for i in range(requests):
             attempt = 0
@@ -311,36 +241,12 @@ class OpenAIBackend:
 
     def build_body(self, request: ModelRequest, scripted: Action | None) -> dict[str, Any]:
         """The ``/v1/chat/completions`` body for one turn (public so tests can pin the exact payload)."""
-        s = self.settings
-        schema = turn_schema(request.problem, request.turn)
-        body: dict[str, Any] = {
-            "model": s.model,
-            "messages": render_messages(request.problem, request.messages, request.turn),
-            "temperature": 0,
-            "max_tokens": s.max_tokens,
-            "seed": s.seed,
-        }
-        if scripted is not None:
-            budget = scripted.output_tokens or s.max_tokens
-            body["max_tokens"] = budget
-            if self._kind in ("vllm", "sglang"):
-                body["min_tokens"] = budget
-                body["ignore_eos"] = True
-            elif self._kind == "transformers":
-                body["generation_config"] = json.dumps({"max_new_tokens": budget, "min_new_tokens": budget})
-        elif s.structured:
-            body["response_format"] = response_format(schema)
-        return body
+        return chat_body(self.settings, self._kind, request, scripted)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         s = self.settings
         scripted = scripted_action(request) if s.replay else None
-        body = self.build_body(request, scripted)
-        headers: dict[str, str] = {}
-        if scripted is not None:
-            echo = json.dumps(model_view(scripted))
-            if len(echo) <= MAX_ACTION_HEADER:  # servers cap header sizes (h11: 16 KiB in all)
-                headers[ACTION_HEADER] = echo
+        body, headers = self.build_body(request, scripted), action_headers(scripted)
         attempt = 0
         while True:
             attempt += 1
