@@ -100,6 +100,9 @@ class PredictionQuality(BaseModel):
 
 class Scheduler(BaseModel):
     policy: str
+    # The rule the policy name ran (``asyncroll`` names the default rule of its version: run.json's
+    # ``policy_canonical``); None in a summary written before this field.
+    policy_rule: str | None = None
     decisions: int
     eligible_decisions: int
     reorders: int

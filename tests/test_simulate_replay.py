@@ -124,6 +124,10 @@ def test_a_replay_runs_the_rule_asyncroll_named_when_the_run_was_recorded(
         result = simulate_here("--workload", synthetic, "--output", recorded, *LIMITS)
     assert result.exit_code == 0, result.output
     assert _rules(recorded) == {"asyncroll_balanced"}
+    # summary.json and the run's last line name the rule too (they said only "asyncroll")
+    scheduler = json.loads((recorded / "summary.json").read_text())["scheduler"]
+    assert (scheduler["policy"], scheduler["policy_rule"]) == ("asyncroll", "asyncroll_balanced")
+    assert "policy asyncroll (asyncroll_balanced):" in result.stdout
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", recorded, "--output", replay)
     assert result.exit_code == 0, result.output
@@ -139,6 +143,9 @@ def test_a_replay_runs_the_rule_asyncroll_named_when_the_run_was_recorded(
     assert _rules(today) == {"asyncroll_chain"}
     config = json.loads((today / "run.json").read_text())["config"]
     assert (config["policy"], config["policy_canonical"]) == ("asyncroll", "asyncroll_chain")
+    scheduler = json.loads((today / "summary.json").read_text())["scheduler"]
+    assert (scheduler["policy"], scheduler["policy_rule"]) == ("asyncroll", "asyncroll_chain")
+    assert "policy asyncroll (asyncroll_chain):" in result.stdout
     assert _selections(today) != _selections(recorded)  # the two rules decide differently on this run
 
 

@@ -36,10 +36,16 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
         f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
         f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']}{evaluations} | "
         f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "
-        f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {sch['policy']}: "
+        f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {_policy(sch)}: "
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
         f"{summary['workers']['restarts']}\noutputs: {output}"
     )
+
+
+def _policy(scheduler: dict[str, Any]) -> str:
+    """``asyncroll (asyncroll_chain)``: the name given and, when it differs, the rule it ran."""
+    name, rule = scheduler["policy"], scheduler.get("policy_rule")
+    return name if rule in (None, name) else f"{name} ({rule})"
 
 
 def warn_exports(failed: dict[str, str], output: Path) -> None:

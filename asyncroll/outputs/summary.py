@@ -39,6 +39,7 @@ from asyncroll.outputs.blocked import BlockedMeter
 from asyncroll.outputs.bounds import WorkMeter
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
 from asyncroll.outputs.statistics import distribution, pearson, pearson_missing, ratio
+from asyncroll.policies.registry import canonical_policy
 
 SUMMARY_SCHEMA_VERSION = 1
 #: ``model_failed`` kinds that are a response the server sent (HTTP 200) but not a valid action: they
@@ -399,6 +400,7 @@ class SummaryBuilder:
             },
             "scheduler": {
                 "policy": policy,
+                "policy_rule": canonical_policy(policy),  # the rule it ran (asyncroll: the default rule)
                 "decisions": self.decisions,
                 "eligible_decisions": self.eligible,
                 "reorders": self.reorders,
