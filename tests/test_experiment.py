@@ -245,6 +245,16 @@ def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
     assert len(change["ratios"]) == 2 and all(r > 0 for r in change["ratios"])
     assert change["mean_percent_change_t95"]["low"] is not None
     assert "## Paired: asyncroll vs fifo" in text and "mean % change [95% t]" in text
+    # the rule `asyncroll` ran, from the arms' summaries (the name alone changes meaning between versions)
+    assert agg["policy_rules"] == {"fifo": ["fifo"], "asyncroll": ["asyncroll_chain"]}
+    assert "| metric | fifo (fifo) | asyncroll (asyncroll = asyncroll_chain) |" in text
+    comparison = read(out / "comparison.json")
+    for pair in comparison["pairs"]:
+        del pair["arms"]["asyncroll"]["policy_rule"]  # as written before the field: the name alone
+    (tmp_path / "old.json").write_text(json.dumps(comparison))
+    old = invoke("report", "--comparison", tmp_path / "old.json", "--output", tmp_path / "old")
+    assert old.exit_code == 0, old.stderr
+    assert "| metric | fifo (fifo) | asyncroll (asyncroll) |" in (tmp_path / "old" / "REPORT.md").read_text()
     for name in ("figure.png", "figure.pdf"):
         assert (tmp_path / "r" / name).stat().st_size > 5000
     assert (tmp_path / "r" / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

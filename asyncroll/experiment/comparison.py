@@ -129,6 +129,12 @@ def arm_values(summary: dict[str, Any] | None) -> dict[str, Any]:
     return {"metrics": metrics, "counts": counts}
 
 
+def _rule(summary: dict[str, Any] | None) -> str | None:
+    """The rule the arm's policy name ran (summary.json's ``scheduler.policy_rule``; None if unknown)."""
+    rule = dig(summary, "scheduler.policy_rule") if summary is not None else None
+    return rule if isinstance(rule, str) else None
+
+
 def build_comparison(
     experiment: dict[str, Any], summaries: Mapping[str, dict[str, Any] | None]
 ) -> dict[str, Any]:
@@ -153,6 +159,7 @@ def build_comparison(
         pair["arms"][plan["arm"]] = {
             "id": plan["id"],
             "policy": plan["policy"],
+            "policy_rule": _rule(summaries.get(plan["id"])),
             "status": record.get("status", "not_run"),
             "error": record.get("error"),
             "run_dir": record.get("run_dir"),
@@ -229,6 +236,7 @@ class _Read(BaseModel):
 class _ArmEntry(_Read):
     id: str
     status: str
+    policy_rule: str | None = None  # absent in a comparison.json written before it
     error: str | None = None
     metrics: dict[str, Computable | None]
     counts: dict[str, Computable | None]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.experiment.report_markdown import policy_label
 
 PANELS = (
     ("completed_per_gpu_hour", "completions per allocated GPU-hour", "higher is better"),
@@ -162,7 +163,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 color="firebrick",
             )
             ax.set_yticks([])
-        ax.set_xticks(xs, [f"{a}\n({agg['policies'][a]})" for a in arms])
+        ax.set_xticks(xs, [f"{a}\n({policy_label(agg, a)})" for a in arms])
         ax.set_xlim(-0.5, len(arms) - 0.5)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel(direction, fontsize=8, color="0.35")

@@ -166,6 +166,11 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "baseline": baseline,
         "arms": arms,
         "policies": comparison["policies"],
+        # the rules each arm's policy name ran, from its summaries (``asyncroll`` names the default rule)
+        "policy_rules": {
+            arm: sorted({r for p in pairs if (r := p["arms"].get(arm, {}).get("policy_rule"))})
+            for arm in arms
+        },
         "pairs_total": len(pairs),
         "pairs_complete": len(complete),
         "complete_pairs": [p["pair"] for p in complete],

@@ -84,6 +84,14 @@ def _run_order(agg: dict[str, Any]) -> list[str]:
     return [line, ""]
 
 
+def policy_label(agg: dict[str, Any], arm: str) -> str:
+    """``asyncroll = asyncroll_chain``: an arm's policy and, when the name differs from it, the rule its
+    runs ran (from their summaries; ``asyncroll`` names the default rule of its version)."""
+    policy = agg["policies"][arm]
+    rules = [r for r in agg.get("policy_rules", {}).get(arm, []) if r != policy]
+    return f"{policy} = {' / '.join(rules)}" if rules else policy
+
+
 def markdown(agg: dict[str, Any]) -> str:
     """REPORT.md: tables only of numbers in aggregate.json."""
     arms, base = agg["arms"], agg["baseline"]
@@ -94,7 +102,7 @@ def markdown(agg: dict[str, Any]) -> str:
         f"Status: **{agg['experiment_status']}**"
         + (f" ({agg['stop_reason']})" if agg["stop_reason"] else "")
         + f". Pairs complete: {agg['pairs_complete']} of {agg['pairs_total']}. Baseline: `{base}` "
-        f"({agg['policies'][base]}). Protocol fingerprint `{(agg['fingerprint'] or 'unknown')[:16]}`.",
+        f"({policy_label(agg, base)}). Protocol fingerprint `{(agg['fingerprint'] or 'unknown')[:16]}`.",
         "",
         'Every number below is computed by `asyncroll report` from `comparison.json`; "unknown" marks a '
         'metric the run could not measure (never a zero), "undefined" a ratio of measured values whose '
@@ -129,7 +137,7 @@ def markdown(agg: dict[str, Any]) -> str:
         "",
         "## Per-policy medians (complete pairs)",
         "",
-        "| metric | " + " | ".join(f"{a} ({agg['policies'][a]})" for a in arms) + " |",
+        "| metric | " + " | ".join(f"{a} ({policy_label(agg, a)})" for a in arms) + " |",
         "|---|" + "---|" * len(arms),
     ]
     complete = agg["pairs_complete"]
