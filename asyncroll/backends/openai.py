@@ -256,8 +256,13 @@ class OpenAIBackend:
                 status, payload = await post_chat(self._http(), body, headers, s.request_timeout)
                 break
             except AttemptFailed as exc:
-                if self.circuit.record_failure(exc.unavailable, exc.status is not None, self._clock.now()):
-                    self._opened(exc)
+                # A reply that never came (kind timeout, connected) is a slow server or a frozen one: the
+                # health probe tells them apart, and a frozen one counts towards the circuit.
+                frozen = exc.kind == "timeout" and not exc.unavailable and not await self._healthy()
+                if self.circuit.record_failure(
+                    exc.unavailable or frozen, exc.status is not None, self._clock.now()
+                ):
+                    self._opened(exc, self._last_probe if frozen else None)
                 if attempt <= s.retry.max_retries and is_retryable(exc.kind, exc.status):
                     delay = s.retry.delay(attempt, self._rng, exc.headers)
                     self.retries += 1
@@ -286,14 +291,14 @@ class OpenAIBackend:
         self.circuit.record_success()
         return self._parse(request, scripted, status, payload, attempt)
 
-    def _opened(self, exc: AttemptFailed) -> None:
-        """The circuit just opened on ``exc``: record it (admission pauses from now on)."""
+    def _opened(self, exc: AttemptFailed, probe: str | None) -> None:
+        """The circuit just opened on ``exc`` (``probe``: what the health probe after a timeout got):
+        record it (admission pauses from now on)."""
         if self._events is not None:
             snap = self.circuit.snapshot()
+            reason = f"{exc.kind}: {exc}" + ("" if probe is None else f"; then {probe}")
             self._events.emit(
-                ServerUnavailable(
-                    failures=snap.consecutive_failures, reason=f"{exc.kind}: {exc}"[:500], opened=snap.opened
-                )
+                ServerUnavailable(failures=snap.consecutive_failures, reason=reason[:500], opened=snap.opened)
             )
 
     async def _wait_for_server(self, request: ModelRequest, attempt: int) -> None:
