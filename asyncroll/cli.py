@@ -4,10 +4,13 @@ serve-sim's server). The commands live in ``asyncroll/commands/``, one module pe
 assembles them into one app.
 
 Imports stay light at module level so that ``asyncroll --help`` starts fast; each command imports what
-it needs. Exit codes: 0 run complete, 1 run failed, 2 usage or validation error, 130 interrupted.
+it needs. ``asyncroll --version`` prints the installed package's version. Exit codes: 0 run
+complete, 1 run failed, 2 usage or validation error, 130 interrupted.
 """
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
@@ -22,6 +25,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: rich (its markdown renderer) costs ~0.2 s of start-up
 )
+
+
+def _print_version(wanted: bool) -> None:
+    if not wanted:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("asyncroll")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from asyncroll import __version__ as installed
+    typer.echo(f"asyncroll {installed}")
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """The app's own options (``--version``); each command has its own."""
+
 
 # Registered in the order ``asyncroll --help`` lists them.
 app.command()(run.run)

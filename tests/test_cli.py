@@ -397,6 +397,27 @@ def test_schema_command_prints_every_schema() -> None:
     assert "cpu_selected" in json.dumps(schemas["events"])
 
 
+def test_version_prints_the_installed_package_version() -> None:
+    from importlib.metadata import version
+
+    result = cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"asyncroll {version('asyncroll')}\n"
+
+
+def test_version_of_a_checkout_never_installed_is_the_package_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    import asyncroll
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout == f"asyncroll {asyncroll.__version__}\n"
+
+
 def test_help_imports_nothing_heavy() -> None:
     code = (
         "import sys, asyncroll.cli; heavy = ('pydantic', 'sklearn', 'httpx', 'psutil', 'numpy', 'asyncio');"
