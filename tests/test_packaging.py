@@ -102,3 +102,13 @@ def test_the_package_says_it_is_typed_and_the_wheel_carries_the_marker() -> None
     assert (PACKAGE / "py.typed").is_file()
     package_data: dict[str, list[str]] = _pyproject()["tool"]["setuptools"]["package-data"]
     assert "py.typed" in package_data.get("asyncroll", []), package_data
+
+
+def test_the_license_text_is_in_the_repository_and_in_the_wheel_metadata() -> None:
+    """``license = "Apache-2.0"`` names the license; its terms require its text to go with every copy.
+    ``license-files`` (PEP 639, setuptools 77+) puts LICENSE into the wheel's ``.dist-info/licenses/``
+    and the sdist (built with setuptools 84.2.1, 2026-12-03: ``License-File: LICENSE`` in METADATA)."""
+    text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
+    assert _pyproject()["project"]["license-files"] == ["LICENSE"]
