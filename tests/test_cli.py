@@ -418,6 +418,28 @@ def test_version_of_a_checkout_never_installed_is_the_package_own(monkeypatch: p
     assert result.exit_code == 0 and result.stdout == f"asyncroll {asyncroll.__version__}\n"
 
 
+def test_no_help_text_shows_rst_markup() -> None:
+    """The help is plain text (``rich_markup_mode=None``): a docstring's RST double backticks would be
+    printed as they are; every command writes code as `this`, in single backticks."""
+    import typer.main
+
+    from asyncroll.cli import app
+
+    def commands(group: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        found: list[tuple[str, ...]] = [path]
+        for name, command in group.commands.items():  # a group (typer's own click) has commands
+            found += commands(command, (*path, name)) if hasattr(command, "commands") else [(*path, name)]
+        return found
+
+    root = typer.main.get_command(app)
+    paths = commands(root, ())
+    assert ("simulate",) in paths and ("optimum",) in paths and ("experiment", "run") in paths
+    for path in paths:
+        result = invoke(*path, "--help")
+        assert result.exit_code == 0, (path, result.output)
+        assert "``" not in result.stdout, (path, result.stdout)
+
+
 def test_help_imports_nothing_heavy() -> None:
     code = (
         "import sys, asyncroll.cli; heavy = ('pydantic', 'sklearn', 'httpx', 'psutil', 'numpy', 'asyncio');"

@@ -20,7 +20,7 @@ def optimum(
     as_json: Annotated[bool, Opt("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """How short could exactly this run's work have been? Solves the schedule of its recorded durations
-    under its limits (CP-SAT; needs the ``optimum`` extra) and reports a proven lower bound on the makespan,
+    under its limits (CP-SAT; needs the `optimum` extra) and reports a proven lower bound on the makespan,
     the best schedule found, and how far the run was from both. Proves optimality only on small runs."""
     from asyncroll.errors import UsageError
     from asyncroll.simulation.optimum import instance_from_run, solve

@@ -119,8 +119,8 @@ def simulate(
 ) -> None:
     """Simulate a workload on a virtual clock: the real runtime and policies, no processes, no server.
 
-    Writes the same run directory as ``run`` (marked simulated) with the makespan lower bound and
-    efficiency in summary.json. ``--from-run RUN`` replays a recorded run's measured latencies and job
+    Writes the same run directory as `run` (marked simulated) with the makespan lower bound and
+    efficiency in summary.json. `--from-run RUN` replays a recorded run's measured latencies and job
     times under another policy or limits: "what would policy X have done on exactly this run?".
     """
     if from_runs is not None and len(from_runs) > 1:  # click would keep the last one silently
