@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
+from asyncroll.commands.single_values import SingleValueCommand
 
 app = typer.Typer(
     name="asyncroll",
@@ -62,6 +64,20 @@ app.command("convert-livecodebench")(convert.convert_livecodebench)
 app.command("serve-sim")(serve.serve_sim)
 app.add_typer(experiment.experiment_app, name="experiment")
 app.command()(experiment.report)
+
+
+def _single_values_once(typer_app: typer.Typer) -> None:
+    """Every command of ``typer_app`` and of its sub-apps refuses an option of one value given twice
+    (click would keep the last one silently): one place, so no command can be registered without it."""
+    for command in typer_app.registered_commands:
+        if command.cls in (None, TyperCommand):  # typer's default, not a class a command chose
+            command.cls = SingleValueCommand
+    for group in typer_app.registered_groups:
+        if isinstance(group.typer_instance, typer.Typer):
+            _single_values_once(group.typer_instance)
+
+
+_single_values_once(app)
 
 
 def main() -> None:

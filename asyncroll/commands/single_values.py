@@ -1,0 +1,40 @@
+"""Every command's refusal of an option of one value given more than once.
+
+click keeps the last of a repeated option silently: ``run --workload a.jsonl --workload b.jsonl`` ran
+b.jsonl, ``--policy fifo --policy sync`` ran sync, ``--progress --no-progress`` was off. Each command of
+the app is a :class:`SingleValueCommand`, which refuses that as a usage error (exit 2) naming the option.
+Options meant to repeat (``multiple=True``: a ``list[...]`` parameter; ``count=True``) are not touched.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from typer.core import TyperCommand
+
+
+def repeated_single_values(order: Iterable[Any]) -> list[tuple[str, int]]:
+    """The options of one value among ``order`` (the parser's params, once per occurrence), each with how
+    many times it was given, where that is more than once."""
+    counts: Counter[Any] = Counter(order)
+    repeated = []
+    for param, n in counts.items():
+        if n < 2 or param.param_type_name != "option" or param.multiple or param.count:
+            continue  # a list option or a counter is meant to repeat (an argument is parsed once)
+        if not param.expose_value:
+            continue  # --help: it ends the command before anything is read
+        repeated.append(("/".join([*param.opts, *param.secondary_opts]), n))
+    return repeated
+
+
+class SingleValueCommand(TyperCommand):
+    """A command whose options of one value may each be given once."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:  # shell completion parses partial lines: never refused there
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+            for name, n in repeated_single_values(order):
+                ctx.fail(f"Option '{name}' given {n} times: it takes one value (give it once)")
+        return super().parse_args(ctx, args)
