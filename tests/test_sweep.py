@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,31 @@ def test_sweep_refuses_bad_lists_and_workloads(tmp_path: Path) -> None:
     assert jobs.exit_code == 2 and "--jobs" in jobs.stderr and not (tmp_path / "j").exists()
 
 
+def test_more_jobs_than_usable_cpus_are_lowered_to_them_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--jobs 64`` on a 2-CPU machine started 64 cell processes (≈ 140 MB each) fighting for 2 CPUs."""
+    from asyncroll.simulation import sweep
+
+    given: list[int] = []
+    real_run_sweep = sweep.run_sweep
+
+    def recording(*args: Any, jobs: int, **kwargs: Any) -> Any:
+        given.append(jobs)
+        return real_run_sweep(*args, jobs=1, **kwargs)  # the cells' processes are not this test's subject
+
+    monkeypatch.setattr(sweep, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(sweep, "run_sweep", recording)
+    args = ("--sweep", "--workload", SMOKE, "--policies", "fifo", "--seeds", "1")
+    many = simulate_here(*args, "--output", tmp_path / "many", "--jobs", "64")
+    assert many.exit_code == 0, many.output
+    assert "warning: --jobs 64: this process may use 2 CPU(s); running 2 cells at once" in many.stderr
+    fits = simulate_here(*args, "--output", tmp_path / "fits", "--jobs", "2")
+    default = simulate_here(*args, "--output", tmp_path / "default")
+    assert fits.exit_code == 0 and default.exit_code == 0 and "warning" not in fits.stderr + default.stderr
+    assert given == [2, 2, 2]
+
+
 def test_options_of_one_mode_are_refused_outside_it(tmp_path: Path) -> None:
     """A sweep option without --sweep, or a batching-server option with the fixed-latency server, would
     be silently ignored: it is an error that names the options, and nothing runs."""
@@ -187,6 +213,7 @@ def test_the_oracle_bench_rules_know_every_job_they_see(tmp_path: Path) -> None:
 PARALLEL = """
 import sys
 from pathlib import Path
+from typing import Any
 
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep
@@ -286,7 +313,9 @@ def test_a_cell_whose_run_fails_stops_the_sweep_and_names_the_cell(tmp_path: Pat
         (["--policies", "fifo,lifo"], "--policies: 'lifo': Input should be"),
         (["--jobs", "0"], "--jobs: must be >= 1"),
         (["--jobs", "-1"], "--jobs: must be >= 1"),
-        (["--seeds", "0"], "--seeds: must be >= 1"),
+        (["--seeds", "0"], "--seeds: must be from 1 to 1000, got 0"),
+        # each seed writes its jittered workload before any cell runs: 10**9 wrote them for days
+        (["--seeds", "1000000000"], "--seeds: must be from 1 to 1000, got 1000000000"),
     ],
 )
 def test_sweep_refuses_bad_lists_and_single_run_forms_before_anything_exists(

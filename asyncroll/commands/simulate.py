@@ -18,6 +18,7 @@ from asyncroll.commands.simulate_flags import (
     only_with,
     refuse_aliases,
     refuse_single_run_forms,
+    sweep_jobs,
     warn_replay,
     warn_unread,
 )
@@ -104,13 +105,15 @@ def simulate(
     ] = None,
     inflight: Annotated[str | None, Opt(help="sweep: comma-separated inflight limits (default 4).")] = None,
     workers: Annotated[str | None, Opt(help="sweep: comma-separated worker counts (default 2).")] = None,
-    seeds: Annotated[int | None, Opt(help="sweep: seeds per cell, timings jittered per seed (5).")] = None,
+    seeds: Annotated[
+        int | None, Opt(help="sweep: seeds per cell, timings jittered per seed (5; at most 1000).")
+    ] = None,
     jitter: Annotated[
         float | None, Opt(help="sweep: sigma of the mean-one lognormal timing jitter (0.25; at most 5).")
     ] = None,
     jobs: Annotated[
         int | None,
-        Opt(help="sweep: processes running cells at once (default: every CPU this process may use)."),
+        Opt(help="sweep: cell processes (default and at most: this process's CPUs; more is lowered)."),
     ] = None,
     progress: Annotated[
         bool | None,
@@ -234,14 +237,11 @@ def simulate(
                     "once (simulate --from-run RUN --output REPLAY) and sweep REPLAY/replay-workload.jsonl "
                     "with --tool-root set to the config.tool_root of REPLAY/run.json"
                 )
-            from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
+            from asyncroll.simulation.sweep import SweepSpec, run_sweep
             from asyncroll.simulation.sweep_table import aggregate, markdown
 
             cfg0 = build_config({**values, "output": output / "unused"})
-            if seeds is not None and seeds < 1:
-                raise UsageError(f"--seeds: must be >= 1, got {seeds}")
-            if jobs is not None and jobs < 1:
-                raise UsageError(f"--jobs: must be >= 1, got {jobs}")
+            processes = sweep_jobs(seeds, jobs)
             spec = SweepSpec(
                 csv_list("fifo,tool_first,sync" if policies is None else policies, str, "--policies"),
                 csv_list(active, int, "--active") if active is not None else (cfg0.max_active_trajectories,),
@@ -275,7 +275,7 @@ def simulate(
                 spec,
                 settings,
                 output,
-                jobs=usable_cpus() if jobs is None else jobs,
+                jobs=processes,
                 progress=_sweep_progress(progress),
                 argv=list(sys.argv),
             )

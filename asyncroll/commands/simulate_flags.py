@@ -120,6 +120,25 @@ def check_numbers(**given: float | None) -> None:
             raise UsageError(f"{flag}: must be at most {limit}, got {value:g}")
 
 
+def sweep_jobs(seeds: int | None, jobs: int | None) -> int:
+    """Check ``--seeds`` (1 to MAX_SEEDS) and return the processes a sweep runs at once: ``--jobs``, at most
+    the CPUs this process may use (more is lowered to that, said on stderr), every one by default."""
+    from asyncroll.errors import UsageError
+    from asyncroll.simulation.sweep import MAX_SEEDS, usable_cpus
+
+    if seeds is not None and not 1 <= seeds <= MAX_SEEDS:
+        raise UsageError(f"--seeds: must be from 1 to {MAX_SEEDS}, got {seeds}")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs: must be >= 1, got {jobs}")
+    cpus = usable_cpus()
+    if jobs is not None and jobs > cpus:
+        typer.echo(
+            f"warning: --jobs {jobs}: this process may use {cpus} CPU(s); running {cpus} cells at once",
+            err=True,
+        )
+    return cpus if jobs is None else min(jobs, cpus)
+
+
 def csv_list(text: str, kind: type[str] | type[int], flag: str) -> tuple[Any, ...]:
     """A comma-separated list: no empty items, no duplicates, integers >= 1."""
     from asyncroll.errors import UsageError

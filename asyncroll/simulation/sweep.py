@@ -60,6 +60,12 @@ COLUMNS = (
 )
 
 
+#: The most seeds a sweep takes: each writes its jittered workload before any cell runs (≈ 5 MB for 200
+#: trajectories of ``bench.synthetic``: ≈ 5 GB at this limit) and multiplies every cell; 10**9 was
+#: accepted and wrote ≈ 9,000 seed workloads in 20 s (the 3-problem smoke workload) before any cell ran.
+MAX_SEEDS = 1000
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     policies: tuple[str, ...]
