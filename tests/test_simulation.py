@@ -240,6 +240,21 @@ def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
     assert bad_server.exit_code == 2 and not (tmp_path / "d").exists()
 
 
+def test_simulated_workers_are_bounded_as_real_ones_are(tmp_path: Path) -> None:
+    """``--cpu-workers 1000000`` ran (96 s, 3.8 GB of memory for the 3-problem smoke workload); 10**8
+    would have exhausted the memory. The cap is ten times the real one; the cap itself runs."""
+    from asyncroll.config import MAX_SIMULATED_WORKERS
+
+    huge = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--cpu-workers", "1000000")
+    assert huge.exit_code == 2, huge.output
+    assert f"--cpu-workers 1000000: at most {MAX_SIMULATED_WORKERS} simulated workers" in huge.stderr
+    assert not (tmp_path / "a").exists()
+    most = str(MAX_SIMULATED_WORKERS)
+    at_cap = simulate_here("--workload", SMOKE, "--output", tmp_path / "b", "--cpu-workers", most)
+    assert at_cap.exit_code == 0, at_cap.output
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["config"]["cpu_workers"] == int(most)
+
+
 def test_client_cpu_blocked_time_is_exact(virtual_run: VirtualRun) -> None:
     # One trajectory: 100 ms model, 50 ms job (blocked: nothing for the model), 100 ms model.
     outcome, _, _ = virtual_run([tool_problem("a", model_ms=100, cpu_ms=50)])

@@ -311,6 +311,7 @@ def test_a_cell_whose_run_fails_stops_the_sweep_and_names_the_cell(tmp_path: Pat
         (["--policies", "fifo,fifo", "--seeds", "2"], "--policies: fifo given more than once"),
         (["--active", "4,4"], "--active: 4 given more than once"),
         (["--policies", "fifo,lifo"], "--policies: 'lifo': Input should be"),
+        (["--workers", "2,20000"], "--workers 20000: at most 10240 simulated workers"),
         (["--jobs", "0"], "--jobs: must be >= 1"),
         (["--jobs", "-1"], "--jobs: must be >= 1"),
         (["--seeds", "0"], "--seeds: must be from 1 to 1000, got 0"),

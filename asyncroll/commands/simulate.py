@@ -13,6 +13,8 @@ import typer
 from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports
 from asyncroll.commands.simulate_flags import (
     DEFAULT_JITTER,
+    SIMULATE_ONLY,
+    cap_simulated_workers,
     check_numbers,
     csv_list,
     only_with,
@@ -43,7 +45,7 @@ def simulate(
         int | None, Opt(help="Concurrent model requests (4; a sweep: --inflight).")
     ] = None,
     cpu_workers: Annotated[
-        int | None, Opt(help="Simulated tool workers (default 2; a sweep: --workers).")
+        int | None, Opt(help="Simulated tool workers (default 2, at most 10240; a sweep: --workers).")
     ] = None,
     max_turns: Annotated[int | None, Opt(help="Turns per trajectory (default 8).")] = None,
     tool_timeout: Annotated[
@@ -136,27 +138,7 @@ def simulate(
     from asyncroll.simulation.engine import Assumed, SimulationSettings, prepare_from_run
     from asyncroll.simulation.engine import simulate as run_simulation
 
-    sim_keys = {
-        "turn_overhead_ms",
-        "job_overhead_ms",
-        "sweep",
-        "policies",
-        "active",
-        "inflight",
-        "workers",
-        "seeds",
-        "jitter",
-        "jobs",
-        "progress",
-        "from_run",
-        "server",
-        "chars_per_token",
-        "max_num_seqs",
-        "step_base_ms",
-        "step_per_seq_ms",
-        "prefill_ms_per_token",
-    }
-    values = {k: v for k, v in flags.items() if k not in sim_keys}
+    values = {k: v for k, v in flags.items() if k not in SIMULATE_ONLY}
     derived = None
     from asyncroll.runtime.signals import CommandSignals
 
@@ -253,6 +235,7 @@ def simulate(
                 DEFAULT_JITTER if jitter is None else jitter,
             )
             refuse_aliases(spec.policies)
+            cap_simulated_workers(spec.workers, "--workers")
             warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
             for name in spec.policies:
                 try:
@@ -296,6 +279,7 @@ def simulate(
             receipt = from_run / "run.json"
             origins = {k: f"--from-run {receipt}: config.{k}" for k in base if k not in given}
         cfg = build_config(values, origins)
+        cap_simulated_workers([cfg.cpu_workers], "--cpu-workers")
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
