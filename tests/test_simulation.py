@@ -253,6 +253,7 @@ def test_simulated_workers_are_bounded_as_real_ones_are(tmp_path: Path) -> None:
     at_cap = simulate_here("--workload", SMOKE, "--output", tmp_path / "b", "--cpu-workers", most)
     assert at_cap.exit_code == 0, at_cap.output
     assert json.loads((tmp_path / "b" / "run.json").read_text())["config"]["cpu_workers"] == int(most)
+    assert f"at most {most};" in " ".join(simulate_here("--help").stdout.split())  # --help says the cap
 
 
 def test_client_cpu_blocked_time_is_exact(virtual_run: VirtualRun) -> None:
