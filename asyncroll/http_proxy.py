@@ -7,8 +7,9 @@ got every request to a vLLM on ``127.0.0.1``: a proxy on another host cannot rea
 loopback (its own is another), so each failed as ``ConnectError`` or the proxy's 502/503 while the
 server was up, and a ``socks5://`` one failed the run at once (httpx needs ``socksio`` for it). As
 Go's and Ruby's HTTP clients and browsers do, a loopback host — ``localhost``, ``*.localhost``,
-``127.0.0.0/8``, ``::1`` — is reached directly, and so is an unspecified address (``0.0.0.0``, what
-vLLM prints it listens on), which also means this machine. Any other host keeps the environment's
+``127.0.0.0/8`` (Debian's ``127.0.1.1`` too, and IPv4-mapped: ``::ffff:127.0.0.1``), ``::1`` — is
+reached directly, and so is an unspecified address (``0.0.0.0``, what vLLM prints it listens on), which
+also means this machine. Any other host keeps the environment's
 proxy and CA settings.
 """
 
@@ -32,6 +33,8 @@ def on_this_machine(url: str) -> bool:
         address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 (Python < 3.13 says not loopback)
     return address.is_loopback or address.is_unspecified
 
 

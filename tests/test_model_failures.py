@@ -131,6 +131,8 @@ def test_only_a_host_on_this_machine_bypasses_the_environment_proxy() -> None:
     local = [
         "http://127.0.0.1:8000",
         "http://127.3.4.5",
+        "http://127.0.1.1:8000",  # the address Debian gives the host's own name
+        "http://[::ffff:127.0.0.1]:8000",  # IPv4-mapped: Python 3.11's ipaddress calls it not loopback
         "http://[::1]:8000",
         "http://localhost:8000",
         "http://LOCALHOST.:8000",
@@ -141,7 +143,12 @@ def test_only_a_host_on_this_machine_bypasses_the_environment_proxy() -> None:
     for url in local:
         assert on_this_machine(url), url
         assert client_settings(url)["trust_env"] is False
-    for url in ("http://10.0.0.5:8000", "https://api.example.com", "http://localhost.example.com"):
+    for url in (
+        "http://10.0.0.5:8000",
+        "http://[::ffff:10.0.0.5]:8000",
+        "https://api.example.com",
+        "http://localhost.example.com",
+    ):
         assert not on_this_machine(url), url
         assert client_settings(url) == {}  # the environment's proxy and CA settings stand
     https_local = client_settings("https://127.0.0.1:8443")
