@@ -11,8 +11,9 @@ Workload: seeded, small arguments (so that the runtime, not JSON parsing of larg
 16 inflight, 4 workers. Run: ``python -m bench.simspeed [--sizes 1000,10000,30000] [--repeats 3]``.
 
 ``--parts`` adds a second table: the CPU that the policy code itself takes per trajectory — the duration
-predictor (predict with its refits, observe) and the remaining-work estimator (an event subscriber and its
-lookups) — under the default policy and under ``fifo`` (which logs predictions too). Each call is timed
+predictor (predict with its refits, observe) and the remaining-work estimator the policy subscribes (the
+default's chain, ``StepwiseWork``, or the per-trajectory means, ``RemainingWork``: its event handling and
+its lookups) — under the default policy and under ``fifo`` (which logs predictions too). Each call is timed
 with the thread's CPU clock, in separate runs (the timers add their own cost to the rate). Whatever engine
 runs this policy code pays at least that much per trajectory, so ``10⁶ ÷ µs`` is a ceiling on its rate.
 """
@@ -62,11 +63,12 @@ for _ in range(20000):
 timer_s = spent.pop("nothing") / calls.pop("nothing")  # what the timing itself adds to one call
 if parts:
     from asyncroll.policies.predictor import DurationPredictor
-    from asyncroll.policies.remaining import RemainingWork
+    from asyncroll.policies.remaining import RemainingWork, StepwiseWork, _Subscriber
     for name in ("predict", "observe"):
         timed(DurationPredictor, name)
-    for name in ("__call__", "estimate"):
-        timed(RemainingWork, name)
+    timed(_Subscriber, "__call__")  # both estimators' event handling (the class they share)
+    for estimator in (RemainingWork, StepwiseWork):  # whichever the policy subscribed
+        timed(estimator, "estimate")
 scratch = tempfile.TemporaryDirectory(prefix="asyncroll-simspeed-")  # removed at exit
 tmp = Path(scratch.name)
 cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
@@ -91,7 +93,8 @@ window = rss["measurement_finished_cpu"] - rss["measurement_started_cpu"]
 print(json.dumps({"cpu_s": cpu, "window_cpu_s": window, "rss_mb": rss["measurement_finished"],
                   "growth_mb": rss["measurement_finished"] - rss["measurement_started"],
                   "virtual_makespan_s": outcome.summary["makespan_s"],
-                  "policy_s": max(0.0, sum(spent.values()) - timer_s * sum(calls.values()))}))
+                  "policy_s": max(0.0, sum(spent.values()) - timer_s * sum(calls.values())),
+                  "calls": calls}))
 """
 
 
@@ -128,7 +131,7 @@ def small_workload(n: int, seed: int) -> list[dict[str, Any]]:
 
 def one(
     n: int, record: bool, workload: Path, policy: str = "asyncroll", parts: bool = False
-) -> dict[str, float]:
+) -> dict[str, Any]:
     argv = [
         sys.executable,
         "-c",
@@ -140,7 +143,7 @@ def one(
         "1" if parts else "0",
     ]
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 

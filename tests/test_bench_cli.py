@@ -106,6 +106,10 @@ def test_the_simulation_speed_bench_runs_both_modes_on_a_tiny_workload() -> None
     for record in (False, True):
         result = one(12, record, workload)
         assert result["window_cpu_s"] > 0 and result["virtual_makespan_s"] > 0, result
+    # --parts times the estimator the policy subscribed: it timed only the per-trajectory means, which
+    # the default rule (the chain) no longer subscribes, so its events and lookups went uncounted
+    calls = one(12, False, workload, "asyncroll", parts=True)["calls"]
+    assert calls["__call__"] > 0 and calls["estimate"] > 0 and calls["predict"] > 0, calls
 
 
 def test_the_knobs_bench_prints_each_cell_with_its_spread_over_seeds() -> None:
