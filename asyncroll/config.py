@@ -45,6 +45,7 @@ PolicyName = Literal[
     "asyncroll_critical",
     "asyncroll_balanced",
     "asyncroll_chain",
+    "asyncroll_repair",
 ]
 BackendName = Literal["scripted", "vllm", "openai"]
 ServerKind = Literal["vllm", "sglang", "transformers", "generic"]

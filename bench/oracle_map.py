@@ -5,9 +5,10 @@ Same workload, operating points, seeds and jitter as ``bench.pressure_map`` (``b
 trajectories, model turns ~400 ms, ``crunch`` jobs ~300/500/600 ms). Arms, all on the same jittered
 timings (paired with FIFO):
 
-- ``asyncroll``: the default rule (``asyncroll_chain``: critical path, remaining work learned step by
-  step), with its learned predictor and remaining-work estimates;
-- ``asyncroll_critical``: the previous default, remaining work learned from finished trajectories;
+- ``asyncroll``: the default rule (``asyncroll_repair``: critical path, remaining work learned step by
+  step, a first evaluation's repair counted at its own predicted time), with its learned predictor and
+  remaining-work estimates;
+- ``asyncroll_critical``: the default 2026-12-01 to 03, remaining work learned from finished trajectories;
 - ``asyncroll_balanced``: the critical rule with the tail's straggler guard (kept for comparison);
 - ``oracle SPT``: shortest *true* CPU time first at every dispatch (a grade job takes 0 s), no aging;
 - ``oracle SPT → LRW``: the same while problems wait for admission, then in the batch's tail the job

@@ -246,8 +246,8 @@ def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
     assert change["mean_percent_change_t95"]["low"] is not None
     assert "## Paired: asyncroll vs fifo" in text and "mean % change [95% t]" in text
     # the rule `asyncroll` ran, from the arms' summaries (the name alone changes meaning between versions)
-    assert agg["policy_rules"] == {"fifo": ["fifo"], "asyncroll": ["asyncroll_chain"]}
-    assert "| metric | fifo (fifo) | asyncroll (asyncroll = asyncroll_chain) |" in text
+    assert agg["policy_rules"] == {"fifo": ["fifo"], "asyncroll": ["asyncroll_repair"]}
+    assert "| metric | fifo (fifo) | asyncroll (asyncroll = asyncroll_repair) |" in text
     comparison = read(out / "comparison.json")
     for pair in comparison["pairs"]:
         del pair["arms"]["asyncroll"]["policy_rule"]  # as written before the field: the name alone

@@ -206,6 +206,9 @@ def test_remaining_work_learns_the_service_left_after_each_job() -> None:
 
 def test_registry_names() -> None:
     assert get_policy("asyncroll") == PressurePolicy(
+        "asyncroll_repair", unlock=True, drain_multiple=None, critical_path=True
+    )
+    assert get_policy("asyncroll_chain") == PressurePolicy(
         "asyncroll_chain", unlock=True, drain_multiple=None, critical_path=True
     )
     assert get_policy("asyncroll_critical") == CRITICAL

@@ -138,35 +138,61 @@ def test_the_chain_waits_for_enough_transitions_and_survives_a_key_that_repeats(
     assert unseen.estimate(FIRST) == pytest.approx(0.2 + 0.5)  # the next job at the mean of all (0.5 s)
 
 
+def test_the_repair_rule_counts_a_first_evaluations_repair_at_its_own_predicted_time() -> None:
+    """With ``own_repair`` the repair after a first evaluation counts at the job's own predicted time
+    (2.0 s here) instead of the mean repair (1.0 s): a long first evaluation has a long repair ahead. A
+    repair's own estimate, a grade's, and the chain rule's (no ``own_repair``) are unchanged."""
+    repair, chain, means = StepwiseWork(1, own_repair=True), StepwiseWork(1), RemainingWork()
+    _whole("a", True, repair, chain, means)
+    _whole("b", False, repair, chain, means)
+    mean = 0.5 * (0.4 + 1.0 + 0.2) + 0.5 * 0.2
+    assert repair.estimate(FIRST) == pytest.approx(mean)  # no prediction given: the chain's
+    assert repair.estimate(FIRST, 2.0) == pytest.approx(mean + 0.5 * (2.0 - 1.0))
+    assert repair.estimate(FIRST, 0.1) == pytest.approx(mean + 0.5 * (0.1 - 1.0))
+    assert repair.estimate(REPAIR, 2.0) == pytest.approx(0.2)
+    assert repair.estimate(GRADE, 2.0) == pytest.approx(0.0)
+    assert chain.estimate(FIRST, 2.0) == pytest.approx(mean)
+    assert means.estimate(FIRST, 2.0) == pytest.approx(0.9)
+
+
 def test_each_rule_reads_its_own_estimator_and_other_policies_log_the_defaults() -> None:
-    assert isinstance(estimator_for("asyncroll_chain"), StepwiseWork)
+    for rule, own in (("asyncroll_chain", False), ("asyncroll_repair", True)):
+        estimator = estimator_for(rule)
+        assert isinstance(estimator, StepwiseWork) and estimator._own_repair is own
     for rule in ("asyncroll_critical", "asyncroll_balanced"):
         assert type(estimator_for(rule)) is RemainingWork
     default = get_policy("asyncroll")
+    assert default.name == "asyncroll_repair"
     for other in ("fifo", "tool_first", "sync", "asyncroll_seed"):
-        assert type(estimator_for(other)) is type(estimator_for(default.name))
+        logged = estimator_for(other)
+        assert isinstance(logged, StepwiseWork) and logged._own_repair  # the default's
     chain = get_policy("asyncroll_chain")
     assert isinstance(chain, PressurePolicy) and chain.critical_path and chain.unlock
     assert chain.drain_multiple is None and not chain.straggler
 
 
-def test_a_chain_rule_run_decides_its_tail_on_the_chains_estimates(virtual_run: VirtualRun) -> None:
-    """In a real (virtual-clock) run of the chain rule, every estimate logged at a tail decision (each
-    candidate's ``remaining_s``) is what a chain fed the run's own events up to that decision gives, and
-    the tail is ordered by it."""
+@pytest.mark.parametrize("policy", ["asyncroll_chain", "asyncroll_repair"])
+def test_a_chain_rule_run_decides_its_tail_on_the_chains_estimates(
+    virtual_run: VirtualRun, policy: str
+) -> None:
+    """In a real (virtual-clock) run of a chain rule, every estimate logged at a tail decision (each
+    candidate's ``remaining_s``) is what a chain fed the run's own events up to that decision gives (the
+    repair rule's with each candidate's logged prediction standing for its repair's), and the tail is
+    ordered by it."""
     problems, files = synthetic.make(40, 400.0, 500.0, 3), {synthetic.TOOLS_FILE: synthetic.TOOLS_SOURCE}
     outcome, cap, _ = virtual_run(
         problems,
         simulate_tools=True,
         tool_files=files,
-        policy="asyncroll_chain",
+        policy=policy,
         max_active_trajectories=16,
         max_inflight_model_requests=4,
         cpu_workers=2,
         max_turns=6,
     )
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 40
-    chain, views, checked = StepwiseWork(), {}, 0
+    own = policy == "asyncroll_repair"
+    chain, views, checked, differ = StepwiseWork(own_repair=own), {}, 0, 0
     for event in cap.events:
         if isinstance(event, CpuEnqueued):
             views[event.job_id] = JobView(
@@ -175,14 +201,17 @@ def test_a_chain_rule_run_decides_its_tail_on_the_chains_estimates(virtual_run: 
             )  # fmt: skip
         elif isinstance(event, CpuSelected) and event.reason == "tail_critical_path":
             for candidate in event.candidates:
-                expected = chain.estimate(views[candidate.job_id])
+                view = views[candidate.job_id]
+                expected = chain.estimate(view, candidate.predicted_s)
                 assert candidate.remaining_s == (
-                    None if expected is None else pytest.approx(expected, abs=1e-6)
+                    None if expected is None else pytest.approx(expected, abs=1e-5)
                 )
                 checked += expected is not None
+                differ += expected is not None and expected != chain.estimate(view)
             if event.reordered and event.remaining_s is not None:  # the pick has the most work after it
                 assert event.remaining_s >= max(c.remaining_s or 0.0 for c in event.candidates)
         chain(event)
     assert checked > 20
+    assert (differ > 0) is own  # the repair rule's estimates are its own, not the chain's
     reasons = outcome.summary["scheduler"]["reasons"]
     assert reasons.get("tail_critical_path", 0) > 0

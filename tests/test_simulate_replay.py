@@ -140,12 +140,12 @@ def test_a_replay_runs_the_rule_asyncroll_named_when_the_run_was_recorded(
     today = tmp_path / "today"
     result = simulate_here("--from-run", recorded, "--output", today, "--policy", "asyncroll")
     assert result.exit_code == 0 and "was the rule" not in result.stderr, result.output
-    assert _rules(today) == {"asyncroll_chain"}
+    assert _rules(today) == {"asyncroll_repair"}
     config = json.loads((today / "run.json").read_text())["config"]
-    assert (config["policy"], config["policy_canonical"]) == ("asyncroll", "asyncroll_chain")
+    assert (config["policy"], config["policy_canonical"]) == ("asyncroll", "asyncroll_repair")
     scheduler = json.loads((today / "summary.json").read_text())["scheduler"]
-    assert (scheduler["policy"], scheduler["policy_rule"]) == ("asyncroll", "asyncroll_chain")
-    assert "policy asyncroll (asyncroll_chain):" in result.stdout
+    assert (scheduler["policy"], scheduler["policy_rule"]) == ("asyncroll", "asyncroll_repair")
+    assert "policy asyncroll (asyncroll_repair):" in result.stdout
     assert _selections(today) != _selections(recorded)  # the two rules decide differently on this run
 
 
@@ -225,7 +225,7 @@ def test_a_sweep_applies_the_knobs_to_every_cell_and_records_them(synthetic: Pat
     record = json.loads((out / "sweep.json").read_text())
     assert record["policy_settings"] == {"starvation_threshold": 1, "aging_seconds": 0.4, "aging_weight": 0.5}
     # which rule `asyncroll` ran: the name alone no longer says once the default changes (QA)
-    assert record["policy_rules"] == {"asyncroll": "asyncroll_chain"}
+    assert record["policy_rules"] == {"asyncroll": "asyncroll_repair"}
     [row] = record["rows"]
     summary = json.loads((single / "summary.json").read_text())
     assert row["makespan_s"] == summary["makespan_s"]

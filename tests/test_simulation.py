@@ -842,7 +842,7 @@ def test_gpu_first_warns_and_two_names_of_one_policy_are_refused_in_a_sweep(tmp_
     sweep = ("--workload", SMOKE, "--sweep", "--seeds", "1", "--jobs", "1")
     for policies, message in (
         ("fifo,gpu_first,tool_first", "'gpu_first' and 'tool_first' are the same policy (tool_first)"),
-        ("asyncroll_chain,asyncroll", "'asyncroll_chain' and 'asyncroll' are the same policy"),
+        ("asyncroll_repair,asyncroll", "'asyncroll_repair' and 'asyncroll' are the same policy"),
     ):
         out = tmp_path / policies.replace(",", "-")
         refused = simulate_here(*sweep, "--output", out, "--policies", policies)

@@ -12,8 +12,8 @@ Opt = typer.Option
 #: ``--policy`` help, shared by ``run`` and ``simulate`` (the registry in asyncroll.policies is the truth).
 POLICY_HELP = (
     "sync | fifo (the default) | tool_first | gpu_first (deprecated alias) | asyncroll (the "
-    "pressure-aware policy: asyncroll_chain); for comparison: asyncroll_critical, asyncroll_balanced, "
-    "asyncroll_unlock, asyncroll_seed, asyncroll_guarded"
+    "pressure-aware policy: asyncroll_repair); for comparison: asyncroll_chain, asyncroll_critical, "
+    "asyncroll_balanced, asyncroll_unlock, asyncroll_seed, asyncroll_guarded"
 )
 
 
@@ -43,7 +43,7 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
 
 
 def _policy(scheduler: dict[str, Any]) -> str:
-    """``asyncroll (asyncroll_chain)``: the name given and, when it differs, the rule it ran."""
+    """``asyncroll (asyncroll_repair)``: the name given and, when it differs, the rule it ran."""
     name, rule = scheduler["policy"], scheduler.get("policy_rule")
     return name if rule in (None, name) else f"{name} ({rule})"
 

@@ -85,7 +85,7 @@ def _run_order(agg: dict[str, Any]) -> list[str]:
 
 
 def policy_label(agg: dict[str, Any], arm: str) -> str:
-    """``asyncroll = asyncroll_chain``: an arm's policy and, when the name differs from it, the rule its
+    """``asyncroll = asyncroll_repair``: an arm's policy and, when the name differs from it, the rule its
     runs ran (from their summaries; ``asyncroll`` names the default rule of its version)."""
     policy = agg["policies"][arm]
     rules = [r for r in agg.get("policy_rules", {}).get(arm, []) if r != policy]

@@ -52,12 +52,20 @@ FIFO on the 200-trajectory map (16 active / 8 inflight / 2 workers, ~600 ms jobs
 queued and running jobs, not the CPU work of trajectories waiting for the model, so it fires too early
 (RESULTS.md). With one worker the guard stays off.
 
-**Chain** (``asyncroll_chain``, what ``--policy asyncroll`` means) is the critical-path rule with the work
+**Chain** (``asyncroll_chain``, kept for comparison; the default for a few hours on 2026-12-03) is the
+critical-path rule with the work
 after each job learned step by step (:class:`~asyncroll.policies.remaining.StepwiseWork`, a Markov chain
 over job keys) instead of from
 finished trajectories, whose first finishers — those without a repair — make the work after a first
 evaluation look small on a small batch. The rule's code is the critical rule's; only its estimates differ:
 the same on the 200-trajectory map, better on 20-trajectory batches (RESULTS.md).
+
+**Repair** (``asyncroll_repair``, what ``--policy asyncroll`` means) is the chain rule with one change to
+its estimate: after a first evaluation, the repair that may follow counts at *this* job's predicted execute
+time instead of the mean of every repair after jobs like it (a repair evaluates nearly the same thing, and
+the predictor predicts it by its first evaluation's time once that is known). A long first evaluation then
+goes before its repair would run alone at the batch's end: the chain rule's one loss to FIFO on the
+200-trajectory map (16 active / 8 inflight / 2 workers, ~600 ms jobs) becomes a gain (RESULTS.md).
 
 The policy is a pure function of the snapshot; predictions arrive in it, computed by the dispatcher.
 """

@@ -20,8 +20,9 @@ repair, so on a small batch the work after a first evaluation looks like almost 
 from each job's key to its trajectory's next queued job (or its end), with the model service in between,
 seen one model turn after the job rather than when the whole trajectory ends, plus each key's mean execute
 time; the remaining service after a key is the expectation along the chain. The chain rule
-(``asyncroll_chain``) reads it (which estimator a run uses:
-:func:`asyncroll.policies.registry.estimator_for`).
+(``asyncroll_chain``) reads it, and the repair rule (``asyncroll_repair``, the default) reads it with
+``own_repair``: a first evaluation's own predicted time stands for its repair's (which estimator a run
+uses: :func:`asyncroll.policies.registry.estimator_for`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class RemainingEstimator(Protocol):
 
     observations: int
 
-    def estimate(self, job: JobView) -> float | None: ...
+    def estimate(self, job: JobView, predicted: float | None = None) -> float | None: ...
 
     def __call__(self, event: Event) -> None: ...
 
@@ -99,7 +100,7 @@ class RemainingWork(_Subscriber):
             TrajectoryFinished: self._trajectory_finished,
         }
 
-    def estimate(self, job: JobView) -> float | None:
+    def estimate(self, job: JobView, predicted: float | None = None) -> float | None:
         """Mean remaining service (seconds) after jobs like this one; None before any has been seen."""
         key = key_of(job)
         count = self._count.get(key)
@@ -145,8 +146,9 @@ class StepwiseWork(_Subscriber):
     """Mean remaining service after a job, by the job's key, from a Markov chain over job keys learned
     step by step; an event subscriber (``log.subscribe``)."""
 
-    def __init__(self, min_transitions: int = MIN_TRANSITIONS) -> None:
+    def __init__(self, min_transitions: int = MIN_TRANSITIONS, *, own_repair: bool = False) -> None:
         self._min = min_transitions
+        self._own_repair = own_repair
         self._active: dict[str, _Step] = {}
         self._queued: dict[int, Key] = {}  # job id → key, until it ends
         self._next: dict[Key, dict[Key, list[float]]] = {}  # key → next key → [count, Σ model service]
@@ -164,10 +166,27 @@ class StepwiseWork(_Subscriber):
             TrajectoryFinished: self._trajectory_finished,
         }
 
-    def estimate(self, job: JobView) -> float | None:
+    def estimate(self, job: JobView, predicted: float | None = None) -> float | None:
         """Expected service (seconds) after jobs like this one; None until enough transitions from its
-        key were seen."""
-        return self._after(key_of(job))
+        key were seen. With ``own_repair``, a first evaluation's ``predicted`` execute time stands for its
+        own resubmission's (a repair evaluates nearly the same program on the same tests, and the
+        predictor itself predicts a repair by its first evaluation's time) instead of the mean of every
+        resubmission after its key: a long first evaluation has a long repair ahead."""
+        key = key_of(job)
+        after = self._after(key)
+        if after is None or predicted is None or not self._own_repair or key[2]:
+            return after
+        total = self._from[key]
+        for to, (count, _) in self._next[key].items():
+            if to != _END and to[2] and to[1] == key[1]:  # its resubmission, same tool
+                executed = self._exec.get(to)
+                mean = executed[1] / executed[0] if executed else self._mean_exec()
+                after += count / total * (predicted - mean)
+        return after
+
+    def _mean_exec(self) -> float:
+        """The mean execute time of every job seen to finish (0 before any)."""
+        return self._exec_all[1] / self._exec_all[0] if self._exec_all[0] else 0.0
 
     def _step(self, trajectory_id: str | None) -> _Step:
         step = self._active.get(trajectory_id or "")
@@ -219,7 +238,7 @@ class StepwiseWork(_Subscriber):
             return None
         self._memo[key] = 0.0  # a key met again on its own chain (same turn, same key) adds nothing more
         total = self._from[key]
-        every = self._exec_all[1] / self._exec_all[0] if self._exec_all[0] else 0.0
+        every = self._mean_exec()
         value = 0.0
         for to, (count, model_s) in self._next[key].items():
             after = model_s / count

@@ -201,7 +201,11 @@ class CpuDispatcher:
             predictions = self._predictor.predict(jobs)  # cached per job until the next refit
             pending = self._admission_pending()
             estimate = None if pending or self._remaining is None else self._remaining.estimate
-            remaining = () if estimate is None else tuple(map(estimate, jobs))
+            remaining = (
+                ()
+                if estimate is None
+                else tuple([estimate(j, p.seconds) for j, p in zip(jobs, predictions, strict=True)])
+            )
             running_left = 0.0
             if estimate is not None:
                 for started, predicted in self._running.values():
