@@ -310,6 +310,7 @@ class WorkerPool:
         if self._adopter is None or not self._adopter.open or origin is None:
             return
         self._adopter.doomed |= getattr(old, "killed_pids", set())
+        self._adopter.named |= getattr(old, "outside_children", set())
         killed = await self._adopter.sweep({origin}, self._worker_pids())
         if killed:
             _log.debug("worker %d (pid %s): killed %d processes it left behind", slot, old.pid, killed)
@@ -324,6 +325,7 @@ class WorkerPool:
             before = adopter.killed
             for worker in self._workers:  # a killed (not closed) worker's tree: its zombies are ours
                 adopter.doomed |= getattr(worker, "killed_pids", set())
+                adopter.named |= getattr(worker, "outside_children", set())
             await adopter.sweep(adopter.origins, self._worker_pids())
             if adopter.killed > before:
                 _log.debug("pool close: killed %d processes left behind", adopter.killed - before)

@@ -58,6 +58,7 @@ from asyncroll.workers.upkeep import (
     adopt_orphans,
     die_with_parent,
     end_descendants,
+    outside_children,
     reap_orphans,
     resident_bytes,
 )
@@ -233,6 +234,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         cpu_s,
         serialize_s,
         resident_bytes() if request.report_rss else None,
+        outside_children(),
     )
     return encode(reply, value_blob=blob)
 

@@ -18,8 +18,9 @@ be read) cannot be attributed, nor can a zombie outside every worker's session: 
 since a child of the runtime that no worker's origin names may belong to another part of the program
 (a server it started in a session of its own); one still alive when the runtime exits goes to init.
 Exited adopted processes the pool killed, that a worker's kill signalled (descendants in sessions of
-their own die after the worker, as the runtime's zombies) or of a worker's session are reaped whenever the
-pool sweeps.
+their own die after the worker, as the runtime's zombies), that a dead worker's last job reply named
+(its children outside its process group: in sessions of their own, their environment gone once they
+exit) or of a worker's session are reaped whenever the pool sweeps.
 Reaping waits for one known pid at a time (``WNOHANG``), never for any child: asyncio's child watcher
 waits only for the pids it spawned and is not disturbed.
 
@@ -81,6 +82,11 @@ class Adopter:
         self.doomed: set[int] = set()
         """Pids a worker's kill signalled (its descendants): whichever of them end as the runtime's
         zombies (in sessions of their own, they die after the worker) are reaped by the next sweep."""
+        self.named: set[int] = set()
+        """Children outside its process group that a dead worker's last reply named: whichever of them
+        is the runtime's zombie at the next sweep is reaped (not waited for, unlike :attr:`doomed`); the
+        sweep then forgets them. One still running then carries its worker's origin (killed and reaped
+        like any) or none (left, as the module says)."""
         self._open = True
         hold_subreaper()
 
@@ -125,8 +131,9 @@ class Adopter:
             elif now >= started + grace + LIMIT_S:
                 break
             await asyncio.sleep(_POLL_S)
-        if signalled or self.doomed:
+        if signalled or self.doomed or self.named:
             self._scan((), set(workers))  # reap what died after the last look
+        self.named.clear()  # a pid kept longer could be another process's by the next sweep
         self.killed += len(signalled)
         return len(signalled)
 
@@ -148,7 +155,8 @@ class Adopter:
             if info is None or info[2] == self._session:
                 continue  # gone, or started by this process itself (a worker's tree has its own sessions)
             if info[0] in ("Z", "X"):
-                if (pid in self._signalled or pid in self.doomed or info[2] in self._sessions) and reap(pid):
+                ours = pid in self._signalled or pid in self.doomed or pid in self.named
+                if (ours or info[2] in self._sessions) and reap(pid):
                     self._reaped.add(pid)
                 continue
             env = environ(pid)

@@ -95,6 +95,7 @@ class ProcessWorker:
         self._log_offset = 0
         self._pipes: list[IO[bytes]] = []
         self._doomed: list[psutil.Process] = []  # descendants already signalled
+        self._outside: tuple[int, ...] = ()  # its children outside its group, as its last reply named them
 
     def __repr__(self) -> str:
         return f"<ProcessWorker {self.index} gen {self.generation} pid {self.pid} rc {self.returncode}>"
@@ -227,6 +228,7 @@ class ProcessWorker:
         if not isinstance(message, JobReply) or message.job_id != request.job_id:
             await self.kill()
             raise WorkerDied(f"worker {self.index} answered job {request.job_id} with {message!r}")
+        self._outside = message.children
         return CallResult(message, sent, received)
 
     async def _pump_frames(self) -> None:
@@ -281,6 +283,14 @@ class ProcessWorker:
         """The descendants :meth:`kill` signalled: those in sessions of their own die after the worker
         and, while the runtime is a child subreaper, are left to it to reap (:mod:`~.orphans`)."""
         return {process.pid for process in self._doomed}
+
+    @property
+    def outside_children(self) -> set[int]:
+        """Once the worker has died (not a clean exit, which reaps its children first): its children
+        outside its process group as its last reply named them. Re-parented to the runtime, those that
+        exited are zombies whose environment and session name no worker: the pool reaps them
+        (:attr:`~.orphans.Adopter.named`); they would otherwise stay for the whole run."""
+        return set(self._outside) if self.returncode not in (None, 0) else set()
 
     async def kill(self, grace: float = 0.2) -> None:
         """Kill the worker and its whole process tree, reap it and close the channel. Idempotent.

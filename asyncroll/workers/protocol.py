@@ -135,6 +135,10 @@ class JobReply:
     call (``time.process_time``, plus child processes the tool reaped, at clock-tick resolution) and
     ``serialize_s`` the worker's time to decode the request and encode the reply value. ``rss_bytes``
     is the worker's resident memory after the job, when the request asked for it and it could be read.
+    ``children`` are the worker's children outside its process group as it replies, running or exited
+    and unreaped (:func:`~asyncroll.workers.upkeep.outside_children`): should the worker die, they become
+    the runtime's, which reaps those that are zombies (nothing else attributes a zombie in a session of
+    its own to a worker).
     """
 
     job_id: int
@@ -147,6 +151,7 @@ class JobReply:
     cpu_s: float
     serialize_s: float
     rss_bytes: int | None = None
+    children: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,21 +109,42 @@ def reap_orphans() -> None:
             return  # no child has exited
     except (ChildProcessError, AttributeError, OSError):  # no child at all, or no waitid here
         return
+    zombies = [pid for pid, exited in _outside_group() if exited]
+    if len(zombies) > ORPHAN_ZOMBIES:
+        for pid in zombies:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def outside_children() -> tuple[int, ...]:
+    """This worker's children outside its process group, running or exited and unreaped: a tool's child
+    in a session of its own, an orphan adopted after a double fork. Each job's reply names them: should
+    the worker die they are re-parented to the runtime, and one that has exited by then (or exits before
+    the pool looks) is a zombie whose environment, and so origin, is gone and whose session is no
+    worker's; nothing else attributes it (a child in the group is found by the worker's session). One
+    system call when the worker has no child (the common case); otherwise reads ``/proc`` as
+    :func:`reap_orphans` does."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, AttributeError, OSError):  # no child at all, or no waitid here
+        return ()
+    return tuple(pid for pid, _ in _outside_group())
+
+
+def _outside_group() -> list[tuple[int, bool]]:
+    """(pid, exited) of each child outside this worker's process group (Linux ``/proc``)."""
     own = os.getpgrp()
-    zombies = []
+    found = []
     for pid in _children():
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 stat = f.read()
             fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
-            if fields[0] == b"Z" and int(fields[2]) != own:
-                zombies.append(pid)
+            if int(fields[2]) != own:
+                found.append((pid, fields[0] == b"Z"))
         except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
-    if len(zombies) > ORPHAN_ZOMBIES:
-        for pid in zombies:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+    return found
 
 
 def _children() -> list[int]:
