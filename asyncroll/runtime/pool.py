@@ -275,9 +275,9 @@ class WorkerPool:
         generation = old.generation + 1
         last_error: Exception | None = None
         for attempt in range(MAX_RESTART_ATTEMPTS):
-            if attempt:
+            if attempt:  # the previous attempt's worker (killed as it started) is the one replaced
                 generation += 1
-                self._restarting_event(slot, old, generation, "startup_failed")
+                self._restarting_event(slot, self.worker(slot), generation, "startup_failed")
             try:
                 new = await self._start_slot(slot, generation)
             except (ToolsNotLoaded, WorkerOverMemoryCap) as exc:
