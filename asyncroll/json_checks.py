@@ -12,12 +12,26 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import Strict
+from pydantic import AfterValidator, Strict
+
+#: The largest integer a setting may hold.
+INT64_MAX = 2**63 - 1
+
+
+def _int64(value: int) -> int:
+    # a validator, not Field(le=...): a field's own Field(le=...) would replace that bound
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ValueError(f"must fit in 64 bits (at most {INT64_MAX})")
+    return value
+
 
 #: A settings file's values are JSON (or TOML): a number where a setting takes one, true/false where it is
 #: a switch. Pydantic's lax mode read ``"cpu_workers": true`` as 1 worker, ``"max_turns": "8"`` as 8 and
 #: ``"transcripts": "no"`` as off; these refuse each, naming the setting. (An int is a float.)
-Int = Annotated[int, Strict()]
+#: An integer setting is bounded to 64 bits: every setting is written into run.json and the events,
+#: whose encoder refuses a larger one (``--max-active-trajectories 1e21`` as digits ran, then failed with
+#: "TypeError: Integer exceeds 64-bit range", its output directory left half-written).
+Int = Annotated[int, Strict(), AfterValidator(_int64)]
 Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
 

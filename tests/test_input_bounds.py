@@ -1,0 +1,31 @@
+"""Inputs at the edge of a number's range, found by fuzzing every file asyncroll reads: each is refused
+before anything runs (exit 2, naming the file or flag and the field), never a run that fails half-way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import REPO, invoke
+
+SMOKE = REPO / "examples" / "smoke.jsonl"
+PAST_64_BITS = 10**21  # a valid JSON integer, and a valid int flag, that no 64-bit encoder writes
+
+
+def test_an_integer_setting_past_64_bits_is_refused_before_the_run(tmp_path: Path) -> None:
+    # Was: the run started and ended "run failed: TypeError: Integer exceeds 64-bit range", its output
+    # directory half-written (the event encoder refuses the setting).
+    out = tmp_path / "run"
+    result = invoke(
+        "simulate", "--workload", SMOKE, "--output", out, "--max-inflight-model-requests", PAST_64_BITS
+    )
+    assert result.exit_code == 2, result.output
+    assert "--max-inflight-model-requests" in result.output and "must fit in 64 bits" in result.output
+    assert not out.exists()
+
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps({"starvation_threshold": PAST_64_BITS, "policy": "asyncroll"}))
+    result = invoke("run", "--workload", SMOKE, "--output", out, "--config", config)
+    assert result.exit_code == 2, result.output
+    assert f"--config {config}: setting 'starvation_threshold'" in result.output
+    assert not out.exists()
