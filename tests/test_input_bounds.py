@@ -29,3 +29,25 @@ def test_an_integer_setting_past_64_bits_is_refused_before_the_run(tmp_path: Pat
     assert result.exit_code == 2, result.output
     assert f"--config {config}: setting 'starvation_threshold'" in result.output
     assert not out.exists()
+
+
+def test_a_scripted_sleep_past_one_day_is_refused_by_validation(tmp_path: Path) -> None:
+    # Was: `validate` said ok, then `simulate` ended "run failed: OverflowError: int too large to convert
+    # to float" (the argument is the simulated job's duration).
+    workload = tmp_path / "w.jsonl"
+    line = (
+        '{"prompt": "p", "tools": [{"name": "sleep_ms"}], "script": [{"type": "tool", "name": "sleep_ms", '
+        '"arguments": {"milliseconds": 1%s}}, {"type": "final", "answer": "x"}]}\n' % ("0" * 400)
+    )
+    workload.write_text(line + line.replace("sleep_ms", "spin_ms").replace("1" + "0" * 400, "86400001"))
+    result = invoke("validate", workload)
+    assert result.exit_code == 2, result.output
+    assert f"{workload}:1: script[0].arguments.milliseconds: an integer of 301+ digits is past one day" in (
+        result.output
+    )
+    assert f"{workload}:2: script[0].arguments.milliseconds: 8.64e+07 is past one day" in result.output
+    out = tmp_path / "run"
+    assert invoke("simulate", "--workload", workload, "--output", out).exit_code == 2
+    assert not out.exists()
+    workload.write_text(line.replace("1" + "0" * 400, "86400000"))  # one day exactly is a valid duration
+    assert invoke("validate", workload).exit_code == 0

@@ -5,6 +5,7 @@ inputs, and the one-repair protocol's metadata. Each check returns ``(field, mes
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from asyncroll.coerce import argument_errors, bound_errors
 from asyncroll.tool_files import ToolFile, ToolFunction
@@ -13,6 +14,7 @@ from asyncroll.workload.models import (
     BUILTIN_TOOLS,
     DEFAULT_REPAIR_INSTRUCTION,
     EVALUATOR_TOOL,
+    MAX_DURATION_MS,
     PENDING_BUILTINS,
     FinalAction,
     Problem,
@@ -97,8 +99,11 @@ def check_problem(
             if declared.name == EVALUATOR_TOOL and declared.implementation is None:
                 out.append((f"{where}.name", _EVALUATOR_ONLY_BY_SUBMIT))
                 continue
-            for exc in argument_errors(action.arguments, declared.declared_inputs, declared.bound_arguments):
+            errors = argument_errors(action.arguments, declared.declared_inputs, declared.bound_arguments)
+            for exc in errors:
                 out.append((f"{where}.arguments{exc.path}", exc.message))
+            if not errors and declared.implementation is None and declared.name in _TIMED_BUILTINS:
+                out.extend(_duration_problems(where, action.arguments))
         elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":
             out.append((f"{where}.type", "'submit' needs metadata.prompt_metadata.protocol == 'one_repair'"))
         elif isinstance(action, FinalAction) and problem.protocol == "one_repair":
@@ -110,6 +115,26 @@ def check_problem(
                 )
             )
     return out
+
+
+#: Built-ins whose argument is a duration, taken as the job's cost by a simulation.
+_TIMED_BUILTINS = ("sleep_ms", "spin_ms")
+
+
+def _duration_problems(where: str, arguments: dict[str, Any]) -> list[tuple[str, str]]:
+    """A scripted ``milliseconds`` past :data:`MAX_DURATION_MS`, like a ``latency_ms`` past it, is a typo:
+    an integer past a float's range (``1`` and 400 zeros) passed validation, then ended a simulation
+    with "run failed: OverflowError" (it is the simulated job's duration)."""
+    value = arguments.get("milliseconds")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > MAX_DURATION_MS:
+        shown = f"{value:.3g}" if isinstance(value, float) or value < 10**300 else "an integer of 301+ digits"
+        return [
+            (
+                f"{where}.arguments.milliseconds",
+                f"{shown} is past one day ({MAX_DURATION_MS} ms): a typo would stall the run",
+            )
+        ]
+    return []
 
 
 def _check_function(
