@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from tests.conftest import REPO, invoke
+from tests.test_experiment import SMOKE as EXPERIMENT
+from tests.test_experiment import write_config
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
 PAST_64_BITS = 10**21  # a valid JSON integer, and a valid int flag, that no 64-bit encoder writes
@@ -51,3 +53,17 @@ def test_a_scripted_sleep_past_one_day_is_refused_by_validation(tmp_path: Path) 
     assert not out.exists()
     workload.write_text(line.replace("1" + "0" * 400, "86400000"))  # one day exactly is a valid duration
     assert invoke("validate", workload).exit_code == 0
+
+
+def test_a_server_command_placeholder_with_a_format_spec_is_refused_naming_the_token(tmp_path: Path) -> None:
+    # Was: validation read "{port:d}" as the known placeholder "port"; filling it raised ValueError ("Unknown
+    # format code 'd' for object of type 'str'") out of `experiment plan` as a traceback.
+    serve = json.loads(EXPERIMENT.read_text())["server"]["command"]
+    for shaped in ("{port:d}", "{port!r}", "{port:>99999999999999999999}"):
+        config = write_config(tmp_path, **{"server.command": [shaped if t == "{port}" else t for t in serve]})
+        done = invoke("experiment", "plan", "--config", config)
+        assert done.exit_code == 2, done.output
+        assert f"{config}: config: server.command[{serve.index('{port}')}] {shaped!r}: a placeholder" in (
+            done.stderr
+        )
+        assert "no {port} placeholder" not in done.stderr  # it is there, only shaped

@@ -318,11 +318,23 @@ class ExperimentConfig(_Strict):
         used: set[str] = set()
         for i, token in enumerate(self.server.command):
             try:
-                fields = [f for _, f, _, _ in string.Formatter().parse(token) if f is not None]
+                parsed = [
+                    (f, spec, conv) for _, f, spec, conv in string.Formatter().parse(token) if f is not None
+                ]
             except ValueError as exc:
                 problems.append(f"server.command[{i}] {token!r}: {exc}")
                 continue
+            fields = [f for f, _, _ in parsed]
             used.update(fields)
+            # a spec or a conversion ("{port:d}": every value is a string) raised out of str.format, a
+            # traceback of `experiment plan` and an experiment failed at its first server start
+            shaped = [f for f, spec, conv in parsed if spec or conv]
+            if shaped:
+                problems.append(
+                    f"server.command[{i}] {token!r}: a placeholder is its name in braces, with no format "
+                    f"spec or conversion (write {{{shaped[0]}}})"
+                )
+                continue
             unknown = [f for f in fields if f not in known]
             if unknown:
                 problems.append(
