@@ -184,6 +184,8 @@ def _check_results_match(run_dir: Path, measured: Measured) -> None:
     for line_no, row in jsonl_rows(path):
         if "id" not in row:
             raise UsageError(f"--from-run {path}:{line_no}: 'id' is missing")
+        if not isinstance(row.get("status"), str):  # read again after the replay, to compare statuses
+            raise UsageError(f"--from-run {path}:{line_no}: 'status' is not a string")
         ended.setdefault(str(row["id"]), line_no)
     for tid, line_no in ended.items():
         if tid not in measured.started:

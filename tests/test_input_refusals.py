@@ -1,10 +1,13 @@
-"""Inputs at the edge of a number's range, found by fuzzing every file asyncroll reads: each is refused
-before anything runs (exit 2, naming the file or flag and the field), never a run that fails half-way."""
+"""Malformed inputs found by fuzzing the files and flags asyncroll reads: each is refused before anything
+runs (exit 2, naming the file or flag and the field), never a traceback or a run that fails half-way."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO, invoke
 from tests.test_experiment import SMOKE as EXPERIMENT
@@ -67,3 +70,32 @@ def test_a_server_command_placeholder_with_a_format_spec_is_refused_naming_the_t
             done.stderr
         )
         assert "no {port} placeholder" not in done.stderr  # it is there, only shaped
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("rec") / "run"
+    assert invoke("simulate", "--workload", SMOKE, "--output", out).exit_code == 0
+    return out
+
+
+def damaged(recorded: Path, tmp_path: Path, name: str, line: int, field: str, value: object) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(recorded, copy)
+    rows = [json.loads(text) for text in (copy / name).read_text().splitlines()]
+    rows[line - 1][field] = value
+    (copy / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return copy
+
+
+def test_a_replayed_run_whose_result_status_is_not_a_string_is_refused_before_the_replay(
+    recorded: Path, tmp_path: Path
+) -> None:
+    # Was: the replay ran and wrote its outputs, then reading the statuses back raised the UsageError out
+    # of the command (a traceback, exit 1).
+    run = damaged(recorded, tmp_path, "results.jsonl", 1, "status", 5)
+    out = tmp_path / "replay"
+    done = invoke("simulate", "--from-run", run, "--output", out)
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert f"--from-run {run / 'results.jsonl'}:1: 'status' is not a string" in done.output
+    assert not out.exists()
