@@ -99,3 +99,13 @@ def test_a_replayed_run_whose_result_status_is_not_a_string_is_refused_before_th
     assert done.exit_code == 2, (done.output, done.exception)
     assert f"--from-run {run / 'results.jsonl'}:1: 'status' is not a string" in done.output
     assert not out.exists()
+
+
+def test_optimum_refuses_an_event_time_no_run_has(recorded: Path, tmp_path: Path) -> None:
+    # Was: a model_finished at t = 1e20 s made a schedule horizon past 64 bits; CP-SAT raised a TypeError.
+    lines = (recorded / "events.jsonl").read_text().splitlines()
+    at = next(i for i, text in enumerate(lines, 1) if json.loads(text)["event"] == "model_finished")
+    run = damaged(recorded, tmp_path, "events.jsonl", at, "t", 1e20)
+    done = invoke("optimum", run, "--time-limit", "5")
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert f"{run}/events.jsonl line {at}: model_finished has t 1e+20: not a time in seconds" in done.output

@@ -139,6 +139,23 @@ def _number(event: dict[str, Any], name: str, where: str) -> float:
     return float(value)
 
 
+#: The largest time stamp (either sign: a run's start-up is before its window) an event may hold, about
+#: 31 years. A damaged ``t`` of 1e20 s became a schedule horizon past 64 bits, and CP-SAT raised a
+#: TypeError out of the command.
+MAX_EVENT_TIME_S = 1e9
+
+
+def _time(event: dict[str, Any], where: str) -> float:
+    """``event["t"]``: seconds from the run's clock origin, finite and within :data:`MAX_EVENT_TIME_S`."""
+    value = _number(event, "t", where)
+    if abs(value) > MAX_EVENT_TIME_S:
+        raise UsageError(
+            f"{where}: {event.get('event')} has t {value!r}: not a time in seconds of a run (at most "
+            f"{MAX_EVENT_TIME_S:.0e} s, about 31 years, either side of its start)"
+        )
+    return value
+
+
 def _duration(event: dict[str, Any], name: str, where: str) -> float:
     """A recorded duration: seconds from 0 to one day (the bound on any duration a workload declares)."""
     value = _number(event, name, where)
@@ -224,16 +241,16 @@ def instance_from_run(run_dir: Path) -> Instance:
                 elif kind == "trajectory_started":
                     order.append(tid)
                     chains[tid] = []
-                    begins.append(_number(event, "t", where))
+                    begins.append(_time(event, where))
                 elif kind in ("model_finished", "model_failed"):
                     seconds = _duration(event, "latency_s", where)
-                    chains[tid].append(Step("model", seconds, _number(event, "t", where) - seconds))
+                    chains[tid].append(Step("model", seconds, _time(event, where) - seconds))
                 elif kind == "cpu_finished":
                     seconds = _duration(event, "execute_s", where)
-                    chains[tid].append(Step("cpu", seconds, _number(event, "t", where) - seconds))
+                    chains[tid].append(Step("cpu", seconds, _time(event, where) - seconds))
                 elif kind == "cpu_failed":  # the worker was held until the timeout or the crash
                     seconds = _duration(event, "roundtrip_s", where)
-                    chains[tid].append(Step("cpu", seconds, _number(event, "t", where) - seconds))
+                    chains[tid].append(Step("cpu", seconds, _time(event, where) - seconds))
             except KeyError as exc:
                 raise UsageError(f"{where}: {kind} without {exc} (or of a trajectory never started)") from exc
             except (TypeError, ValueError) as exc:
