@@ -109,3 +109,26 @@ def test_optimum_refuses_an_event_time_no_run_has(recorded: Path, tmp_path: Path
     done = invoke("optimum", run, "--time-limit", "5")
     assert done.exit_code == 2, (done.output, done.exception)
     assert f"{run}/events.jsonl line {at}: model_finished has t 1e+20: not a time in seconds" in done.output
+
+
+def test_a_workload_error_quotes_a_key_that_is_not_a_plain_name(tmp_path: Path) -> None:
+    # Was: "w.jsonl:1: tools[0].a" then "b: Extra inputs are not permitted" on a line of its own (and an
+    # unknown key's control characters written to the terminal as they were).
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(
+        '{"prompt": "p", "tools": [{"name": "add", "a\\nb": 1, "\\u001b[2J": 2, "": 3, "x.y": 4}], '
+        '"script": [{"type": "final", "answer": "5"}], "zz-top": 5}\n'
+    )
+    done = invoke("validate", workload)
+    assert done.exit_code == 2, done.output
+    errors = [line for line in done.output.splitlines() if "Extra inputs" in line]
+    assert errors == [
+        f"{workload}:1: {where}: Extra inputs are not permitted"
+        for where in (
+            "tools[0]['a\\nb']",
+            "tools[0]['\\x1b[2J']",
+            "tools[0]['']",
+            "tools[0]['x.y']",
+            "zz-top",
+        )
+    ]

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -96,10 +97,21 @@ def problem_id(problem: Problem, line_no: int) -> str:
     return str(problem.id) if problem.id is not None else str(line_no)
 
 
+#: A key a location shows as ``.key``; any other (empty, a space, a newline, a control or format
+#: character, a dot or a bracket) is shown quoted, ``['a\nb']``: raw, an unknown key's newline split
+#: the one-line error in two, and its control characters reached the terminal.
+_PLAIN_KEY = re.compile(r"[\w-]+")
+
+
 def _location(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(str(part)) is None:
+            out += f"[{str(part)!r}]"
+        else:
+            out += f".{part}" if out else str(part)
     return out or "line"
 
 
