@@ -132,3 +132,15 @@ def test_a_workload_error_quotes_a_key_that_is_not_a_plain_name(tmp_path: Path) 
             "zz-top",
         )
     ]
+
+
+def test_a_sweep_value_past_64_bits_is_refused_naming_its_flag(tmp_path: Path) -> None:
+    # Was (once settings were bounded): refused by the cell as "--max-active-trajectories", the sweep's
+    # workloads folder left behind.
+    out = tmp_path / "sweep"
+    done = invoke(
+        "simulate", "--workload", SMOKE, "--output", out, "--sweep", "--active", f"2,{PAST_64_BITS}"
+    )
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert "--active: every value must fit in 64 bits" in done.output
+    assert not out.exists()

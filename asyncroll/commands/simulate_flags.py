@@ -180,6 +180,7 @@ def sweep_jobs(seeds: int | None, jobs: int | None) -> int:
 def csv_list(text: str, kind: type[str] | type[int], flag: str) -> tuple[Any, ...]:
     """A comma-separated list: no empty items, no duplicates, integers >= 1."""
     from asyncroll.errors import UsageError
+    from asyncroll.json_checks import INT64_MAX
 
     parts = [part.strip() for part in text.split(",")]
     if any(not part for part in parts):
@@ -193,6 +194,8 @@ def csv_list(text: str, kind: type[str] | type[int], flag: str) -> tuple[Any, ..
         ) from None
     if kind is int and any(v < 1 for v in values):
         raise UsageError(f"{flag}: every value must be an integer >= 1, got {text!r}")
+    if kind is int and any(v > INT64_MAX for v in values):  # else refused by a cell, its files left
+        raise UsageError(f"{flag}: every value must fit in 64 bits (at most {INT64_MAX}), got {text!r}")
     repeated = sorted({str(v) for v in values if values.count(v) > 1})
     if repeated:
         raise UsageError(
