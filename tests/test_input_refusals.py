@@ -111,6 +111,22 @@ def test_optimum_refuses_an_event_time_no_run_has(recorded: Path, tmp_path: Path
     assert f"{run}/events.jsonl line {at}: model_finished has t 1e+20: not a time in seconds" in done.output
 
 
+@pytest.mark.timeout(60)
+def test_a_replay_refuses_a_recorded_worker_count_it_cannot_start(recorded: Path, tmp_path: Path) -> None:
+    # Was: a run.json with config.cpu_workers 100000000 replayed, starting workers for ever; then refused
+    # as if --cpu-workers had been given.
+    run = tmp_path / "copy"
+    shutil.copytree(recorded, run)
+    receipt = json.loads((run / "run.json").read_text())
+    receipt["config"]["cpu_workers"] = 100_000_000
+    (run / "run.json").write_text(json.dumps(receipt))
+    out = tmp_path / "replay"
+    done = invoke("simulate", "--from-run", run, "--output", out)
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert f"--from-run {run / 'run.json'}: config.cpu_workers 100000000: at most 10240" in done.output
+    assert not out.exists()
+
+
 def test_a_workload_error_quotes_a_key_that_is_not_a_plain_name(tmp_path: Path) -> None:
     # Was: "w.jsonl:1: tools[0].a" then "b: Extra inputs are not permitted" on a line of its own (and an
     # unknown key's control characters written to the terminal as they were).

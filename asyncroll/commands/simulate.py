@@ -279,7 +279,7 @@ def simulate(
             receipt = from_run / "run.json"
             origins = {k: f"--from-run {receipt}: config.{k}" for k in base if k not in given}
         cfg = build_config(values, origins)
-        cap_simulated_workers([cfg.cpu_workers], "--cpu-workers")
+        cap_simulated_workers([cfg.cpu_workers], origins.get("cpu_workers", "--cpu-workers"))  # replays too
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
