@@ -83,6 +83,20 @@ def write_config(tmp: Path, **changes: Any) -> Path:
     return path
 
 
+def wait_for_client(runner: subprocess.Popen[bytes], arm_json: Path, log: Path, within_s: float = 60) -> None:
+    """Until the arm's receipt says its client runs: synchronise on the receipt, not on a guessed delay."""
+    deadline = time.monotonic() + within_s
+    while True:
+        assert runner.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"{arm_json.parent.name} never reached its client"
+        try:
+            if read(arm_json)["status"] == "running_client":
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+
+
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The smoke experiment, SIGKILLed while its second arm's client runs, then resumed to the end."""
@@ -97,18 +111,8 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         start_new_session=True,
     )
     log.close()
-    second = out / "arms" / "opportunity-1-fifo" / "arm.json"
     try:
-        deadline = time.monotonic() + 60
-        while True:  # synchronise on the receipt, not on a guessed delay
-            assert runner.poll() is None, (tmp / "runner.log").read_text()
-            assert time.monotonic() < deadline, "second arm never reached its client"
-            try:
-                if read(second)["status"] == "running_client":
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.02)
+        wait_for_client(runner, out / "arms" / "opportunity-1-fifo" / "arm.json", tmp / "runner.log")
         first_before = read(out / "arms" / "qualification-1-fifo" / "arm.json")
         orphans = [p for p in recorded_processes(out) if alive(p)]
         runner.kill()  # SIGKILL: no cleanup runs; the arm's server and client are left behind

@@ -42,7 +42,15 @@ from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
 from asyncroll.experiment.stats import bootstrap_interval, distinct_resamples
 from tests.conftest import invoke
-from tests.test_experiment import ROOT, alive, kill_recorded, read, recorded_processes, write_config
+from tests.test_experiment import (
+    ROOT,
+    alive,
+    kill_recorded,
+    read,
+    recorded_processes,
+    wait_for_client,
+    write_config,
+)
 
 
 def lean(tmp: Path, **changes: Any) -> ExperimentConfig:
@@ -487,17 +495,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    arm_json = out / "arms" / "pair1-fifo" / "arm.json"
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # the hangup comes while the first arm's client runs
-            assert runner.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            try:
-                if read(arm_json)["status"] == "running_client":
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.02)
+    try:  # the hangup comes while the first arm's client runs
+        wait_for_client(runner, out / "arms" / "pair1-fifo" / "arm.json", log_path)
         runner.send_signal(signal.SIGHUP)
         code = runner.wait(120)
         left = [p.pid for p in detached_helpers(marker) if p.status() != psutil.STATUS_ZOMBIE]
