@@ -11,7 +11,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
 import pytest
 
@@ -52,9 +52,13 @@ class FrozenServer:
 
 
 class SlowHandler(BaseHTTPRequestHandler):
-    """``/health`` answers at once; a completion takes longer than the run's request timeout."""
+    """``/health`` answers at once (each probe counted); a completion takes longer than the run's request
+    timeout."""
+
+    probes: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
+        SlowHandler.probes.append(self.path)
         self.send_response(200 if self.path == "/health" else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -89,11 +93,19 @@ def test_a_frozen_server_opens_the_circuit_and_fails_the_run_once(tmp_path: Path
 
 
 @pytest.mark.timeout(60)
-def test_a_slow_server_that_answers_its_health_probe_never_opens_the_circuit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("circuit_failures", [2, 0])
+def test_a_slow_server_that_answers_its_health_probe_never_opens_the_circuit(
+    tmp_path: Path, circuit_failures: int
+) -> None:
+    """Each timeout is followed by one health probe, which answers: the circuit stays closed. With the
+    circuit off (``--circuit-failures 0``) no probe is sent: nothing would count it."""
+    SlowHandler.probes.clear()
+    settings = {**SETTINGS, "circuit_failures": circuit_failures}
     with LoopbackServer(SlowHandler) as server:
         outcome, capture, _ = http_run(
-            tmp_path, final_problems(4), server.url, max_active_trajectories=4, **SETTINGS
+            tmp_path, final_problems(4), server.url, max_active_trajectories=4, **settings
         )
     assert outcome.status == "complete", outcome.error
     assert not capture.of(ServerUnavailable)
     assert [e.kind for e in capture.of(ModelFailed)] == ["timeout"] * 4
+    assert SlowHandler.probes == (["/health"] * 4 if circuit_failures else [])

@@ -257,8 +257,14 @@ class OpenAIBackend:
                 break
             except AttemptFailed as exc:
                 # A reply that never came (kind timeout, connected) is a slow server or a frozen one: the
-                # health probe tells them apart, and a frozen one counts towards the circuit.
-                frozen = exc.kind == "timeout" and not exc.unavailable and not await self._healthy()
+                # health probe tells them apart, and a frozen one counts towards the circuit (no probe
+                # when --circuit-failures 0 turned the circuit off: nothing would count it).
+                frozen = (
+                    exc.kind == "timeout"
+                    and not exc.unavailable
+                    and self.circuit.threshold > 0
+                    and not await self._healthy()
+                )
                 if self.circuit.record_failure(
                     exc.unavailable or frozen, exc.status is not None, self._clock.now()
                 ):
