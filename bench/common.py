@@ -120,6 +120,22 @@ def number_arg(kind: type, low: float, high: float, *, low_open: bool = False) -
     return parse
 
 
+def points_arg(text: str) -> list[tuple[int, int, int]]:
+    """An argparse type: comma-separated operating points, each ``active/inflight/workers``
+    (positive integers), e.g. ``8/4/2,32/4/1``."""
+    parse = number_arg(int, 1, 10_000)
+    points = []
+    for item in text.split(","):
+        parts = item.strip().split("/")
+        if len(parts) != 3 or not all(part.strip() for part in parts):
+            raise argparse.ArgumentTypeError(
+                f"{item.strip()!r} is not an operating point active/inflight/workers (e.g. 8/4/2)"
+            )
+        active, inflight, workers = (parse(part.strip()) for part in parts)
+        points.append((active, inflight, workers))
+    return points
+
+
 def sizes_arg(text: str) -> list[int]:
     """An argparse type: a comma-separated list of positive integers."""
     parse = number_arg(int, 1, 10_000_000)

@@ -6,7 +6,8 @@ order that rotates with the seed so that no policy always runs first. Reported p
 per hour, client CPU-blocked seconds, CPU-queue wait p95 (min / median / max over seeds), and the paired
 change of completions per hour against ``fifo`` (min / median / max, mean with a 95% t interval).
 
-Run: ``python -m bench.paired [--seeds 5] [--n 40]``.
+Run: ``python -m bench.paired [--seeds 5] [--n 40] [--points 8/4/2,8/4/1]`` (operating points as
+active/inflight/workers).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from asyncroll.experiment.stats import t_interval
 from bench import synthetic
-from bench.common import machine, number_arg, quantiles, run_once, scratch
+from bench.common import machine, number_arg, points_arg, quantiles, run_once, scratch
 
 POINTS = ((8, 4, 2), (8, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
@@ -47,6 +48,12 @@ def main() -> None:
     parser.add_argument("--n", type=number_arg(int, 1, 100_000), default=40)
     parser.add_argument("--model-ms", type=number_arg(float, 0, 60_000), default=40.0)
     parser.add_argument("--cpu-ms", type=number_arg(float, 0, 60_000, low_open=True), default=50.0)
+    parser.add_argument(
+        "--points",
+        type=points_arg,
+        default=list(POINTS),
+        help="operating points, active/inflight/workers, comma-separated (default: 8/4/2,8/4/1)",
+    )
     args = parser.parse_args()
     tmp = scratch("paired-")
     print(f"machine: {machine()}")
@@ -54,7 +61,7 @@ def main() -> None:
         f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g}, "
         f"seeds 0..{args.seeds - 1}; real runs, order rotating per seed"
     )
-    for point in POINTS:
+    for point in args.points:
         rows: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES}
         for seed in range(args.seeds):
             workload = synthetic.write(

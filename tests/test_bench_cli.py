@@ -20,6 +20,9 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("simspeed", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
         ("paired", ["--seeds", "0"], "--seeds: must be an integer >= 1"),
         ("paired", ["--cpu-ms", "0"], "--cpu-ms: must be a finite number > 0"),
+        ("paired", ["--points", "8/4"], "'8/4' is not an operating point active/inflight/workers"),
+        ("paired", ["--points", "8/4/2,"], "'' is not an operating point"),
+        ("paired", ["--points", "8/0/2"], "--points: must be an integer >= 1"),
         ("decision", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
         # One repeat has no spread: every real pair would read as decided (a "CONTRADICTS" verdict
         # against noise nobody measured); zero repeats was a StatisticsError traceback.
@@ -71,6 +74,12 @@ def test_the_benches_shared_run_helper_runs_a_scripted_workload() -> None:
     outcome, run_dir, _ = run_once(tool_chain(3, 1, 5.0), virtual=True)
     assert outcome.status == "complete" and (run_dir / "events.jsonl").exists()
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 3
+
+
+def test_operating_points_parse_in_order() -> None:
+    from bench.common import points_arg
+
+    assert points_arg("32/4/1, 8/4/2") == [(32, 4, 1), (8, 4, 2)]
 
 
 def test_every_runnable_bench_module_is_found() -> None:
