@@ -23,6 +23,8 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("paired", ["--points", "8/4"], "'8/4' is not an operating point active/inflight/workers"),
         ("paired", ["--points", "8/4/2,"], "'' is not an operating point"),
         ("paired", ["--points", "8/0/2"], "--points: must be an integer >= 1"),
+        ("draws", ["--seeds", "1"], "--seeds: must be an integer >= 2"),
+        ("draws", ["--points", "32/4"], "'32/4' is not an operating point"),
         ("decision", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
         # One repeat has no spread: every real pair would read as decided (a "CONTRADICTS" verdict
         # against noise nobody measured); zero repeats was a StatisticsError traceback.
@@ -119,6 +121,23 @@ def test_the_simulation_speed_bench_runs_both_modes_on_a_tiny_workload() -> None
     # the default rule (the chain) no longer subscribes, so its events and lookups went uncounted
     calls = one(12, False, workload, "asyncroll", parts=True)["calls"]
     assert calls["__call__"] > 0 and calls["estimate"] > 0 and calls["predict"] > 0, calls
+
+
+@pytest.mark.timeout(60)
+def test_the_draws_bench_pairs_each_policy_with_fifo_on_the_same_draw() -> None:
+    """bench.draws: each policy's change against fifo on one workload draw, and the row that reports the
+    spread over draws names the worst draw's seed."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from bench import synthetic
+    from bench.common import scratch
+    from bench.draws import changes, row
+
+    workload = synthetic.write(scratch("draws-test-") / "w.jsonl", 6, 40.0, 25.0, seed=1)
+    out = changes(workload, (4, 2, 1), SimulationSettings(), ["fifo", "fifo", "tool_first"])
+    assert out.keys() == {"fifo", "tool_first"} and out["fifo"] == 0.0  # fifo against itself: no change
+    assert row("x", {1: 0.0, 2: 0.02, 3: -0.01}) == (
+        "| x | +0.33% [-3.46%, +4.13%] | -1.0% / +0.0% / +2.0% | 1 of 3 | 2 (+2.0%) |"
+    )
 
 
 def test_the_knobs_bench_prints_each_cell_with_its_spread_over_seeds() -> None:
