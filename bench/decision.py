@@ -3,6 +3,12 @@ the whole queue included, as the dispatcher computes them, in the worst case: no
 after a refit) of the default rule (`asyncroll`) and one predictor refit, with a predictor
 warmed on 500 observations. Median over many calls; min/median/max over repeats.
 
+In the batch's tail (no problem waits for admission) the default rule ranks the queue by the work left
+after each job instead, which the dispatcher reads from the run's remaining-work estimator (the chain of
+:class:`~asyncroll.policies.remaining.StepwiseWork`, warmed here on 300 trajectories' events): measured too,
+with the estimator's memo cleared before each call (worst case: a new observation since the last
+decision) and warm. The measured tail decision is checked to be ``tail_critical_path``.
+
 Every queued job has waited less than the hard-aging bound (``--aging-seconds``, 30 s): a job past it ends
 ``choose()`` at its first step (the hard-aging pick, no score computed), which is not the decision this
 measures. The measured decision is checked to be the scored one.
@@ -17,14 +23,18 @@ import random
 import statistics
 import time
 
+from asyncroll.events import CpuEnqueued, CpuFinished, ModelFinished, TrajectoryFinished
 from asyncroll.policies import JobView, Prediction, QueueSnapshot, get_policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
+from asyncroll.policies.registry import estimator_for
+from asyncroll.policies.remaining import RemainingEstimator
 from bench.common import machine, number_arg, quantiles
 
 NOW = 100.0
 QUEUED = 64
 TOOLS = ("crunch", "lookup", "grade_tool", "search")
 SCORED = "low_model_supply_predicted_unlock"  # the default rule's scored pick while admission is pending
+TAIL = "tail_critical_path"  # its pick in the tail
 
 
 def make_queue(rng: random.Random) -> tuple[JobView, ...]:
@@ -35,7 +45,7 @@ def make_queue(rng: random.Random) -> tuple[JobView, ...]:
             f"q{i}",
             "tool",
             rng.choice(TOOLS),
-            0,
+            i % 4,
             NOW - 0.2 * (QUEUED - i),
             arg_bytes=rng.randint(10, 50_000),
             resubmission=i % 3 == 0,
@@ -49,7 +59,60 @@ def snapshot(queue: tuple[JobView, ...], predictions: tuple[Prediction, ...]) ->
     return QueueSnapshot(NOW, queue, 0, 4, 1, predictions, 4, True)
 
 
-def one_repeat(seed: int, calls: int = 2000) -> tuple[float, float, float, float, float]:
+def warmed_estimator(rng: random.Random, trajectories: int = 300) -> RemainingEstimator:
+    """The default rule's remaining-work estimator after ``trajectories`` finished, each with a job per
+    turn (turns 0–3, a random tool, the same tool again as a resubmission) and a model turn between."""
+    estimator = estimator_for("asyncroll")
+    job_id = 0
+    for i in range(trajectories):
+        seen: set[str] = set()
+        for turn in range(rng.randint(1, 4)):
+            tool = rng.choice(TOOLS)
+            job_id += 1
+            estimator(
+                CpuEnqueued(
+                    id=f"w{i}",
+                    job_id=job_id,
+                    kind="tool",
+                    tool=tool,
+                    turn=turn,
+                    arg_bytes=100,
+                    queue_depth=1,
+                    resubmission=tool in seen,
+                )
+            )
+            seen.add(tool)
+            seconds = rng.lognormvariate(-2, 1)
+            estimator(
+                CpuFinished(
+                    id=f"w{i}",
+                    job_id=job_id,
+                    worker=0,
+                    kind="tool",
+                    tool=tool,
+                    ok=True,
+                    execute_s=seconds,
+                    cpu_s=seconds,
+                    roundtrip_s=seconds,
+                )
+            )
+            estimator(
+                ModelFinished(id=f"w{i}", request_id=job_id, turn=turn + 1, latency_s=0.4, action="tool")
+            )
+        estimator(TrajectoryFinished(id=f"w{i}", status="completed", turns=4, tool_calls=4, duration_s=1.0))
+    return estimator
+
+
+def tail_snapshot(
+    queue: tuple[JobView, ...], predictions: tuple[Prediction, ...], estimator: RemainingEstimator
+) -> QueueSnapshot:
+    """The tail: no problem waits for admission; the remaining work of every queued job read as the
+    dispatcher reads it (the estimator, given each job's prediction)."""
+    remaining = tuple([estimator.estimate(j, p.seconds) for j, p in zip(queue, predictions, strict=True)])
+    return QueueSnapshot(NOW, queue, 0, 4, 1, predictions, 4, False, 2, remaining, 0.0)
+
+
+def one_repeat(seed: int, calls: int = 2000) -> tuple[float, ...]:
     rng = random.Random(seed)
     predictor = DurationPredictor()
     for i in range(500):
@@ -81,6 +144,21 @@ def one_repeat(seed: int, calls: int = 2000) -> tuple[float, float, float, float
         began = time.perf_counter()
         policy.choose(ready)
         alone.append((time.perf_counter() - began) * 1e6)
+    estimator = warmed_estimator(rng)
+    memo = estimator._memo  # type: ignore[attr-defined]  # the chain's memo, cleared by every observation
+    decision = policy.choose(tail_snapshot(queue, predictor.predict(queue), estimator))
+    if decision.reason != TAIL:
+        raise RuntimeError(f"the measured tail decision is {decision.reason!r}, not {TAIL!r}")
+    tail_cold, tail_warm = [], []
+    for _ in range(calls):
+        memo.clear()  # worst case: an observation since the last decision, every estimate recomputed
+        began = time.perf_counter()
+        policy.choose(tail_snapshot(queue, predictor.predict(queue), estimator))
+        tail_cold.append((time.perf_counter() - began) * 1e6)
+    for _ in range(calls):
+        began = time.perf_counter()
+        policy.choose(tail_snapshot(queue, predictor.predict(queue), estimator))
+        tail_warm.append((time.perf_counter() - began) * 1e6)
     refits = []
     for i in range(50):
         predictor.observe(JobView(5000 + i, "r", "tool", "crunch", 0, 0.0, arg_bytes=100), 0.1)
@@ -93,6 +171,8 @@ def one_repeat(seed: int, calls: int = 2000) -> tuple[float, float, float, float
         statistics.median(refits),
         statistics.median(cached),
         statistics.median(alone),
+        statistics.median(tail_cold),
+        statistics.median(tail_warm),
     )
 
 
@@ -108,6 +188,8 @@ def main() -> None:
         ("predict 64 jobs + choose(), nothing cached (after a refit)", 0, "≤ 100"),
         ("predict 64 jobs + choose(), predictions cached", 3, "≤ 100"),
         ("choose() alone (64 jobs, scored)", 4, "≤ 100"),
+        ("tail: 64 remaining-work estimates + choose(), estimates recomputed", 5, "≤ 100"),
+        ("tail: 64 remaining-work estimates + choose(), estimates memoised", 6, "≤ 100"),
         ("predict 64 jobs alone", 1, ""),
         ("predictor refit (window of 550 observations)", 2, ""),
     ):

@@ -155,6 +155,27 @@ def test_the_repair_rule_counts_a_first_evaluations_repair_at_its_own_predicted_
     assert means.estimate(FIRST, 2.0) == pytest.approx(0.9)
 
 
+def test_the_repair_rules_memoised_repairs_follow_every_new_observation() -> None:
+    """The repairs after a key are memoised between observations (``estimate`` runs for every queued job
+    at every decision in the tail); a new repair, or a new execute time, must show at once."""
+    repair = StepwiseWork(1, own_repair=True)
+    _whole("a", True, repair)
+    _whole("b", False, repair)
+    before = repair.estimate(FIRST, 2.0)
+    assert before == repair.estimate(FIRST, 2.0)  # memoised: the same value
+    s = Script("c", repair)  # a third trajectory, with a 3 s repair: the mean repair is now 2 s
+    s.model(0, 0.4)
+    s.job(0, 0.3)
+    s.model(1, 0.4)
+    s.job(1, 3.0, resub=True)
+    chain = repair.estimate(FIRST)
+    assert chain is not None
+    # 2 of 3 first evaluations were followed by a repair, of mean execute time 2.0 s
+    assert repair.estimate(FIRST, 2.0) == pytest.approx(chain + 2 / 3 * (2.0 - 2.0))
+    assert repair.estimate(FIRST, 5.0) == pytest.approx(chain + 2 / 3 * (5.0 - 2.0))
+    assert repair.estimate(FIRST, 2.0) != before
+
+
 def test_each_rule_reads_its_own_estimator_and_other_policies_log_the_defaults() -> None:
     for rule, own in (("asyncroll_chain", False), ("asyncroll_repair", True)):
         estimator = estimator_for(rule)

@@ -156,6 +156,7 @@ class StepwiseWork(_Subscriber):
         self._exec: dict[Key, list[float]] = {}  # key → [count, Σ execute seconds]
         self._exec_all = [0.0, 0.0]
         self._memo: dict[Key, float | None] = {}
+        self._repairs: dict[Key, tuple[tuple[float, float], ...]] = {}  # memo of ``_repairs_after``
         self.observations = 0
         self._handlers: dict[type[Event], Callable[[Any], None]] = {
             ModelFinished: self._model_done,
@@ -176,13 +177,25 @@ class StepwiseWork(_Subscriber):
         after = self._after(key)
         if after is None or predicted is None or not self._own_repair or key[2]:
             return after
+        repairs = self._repairs.get(key)
+        if repairs is None:
+            repairs = self._repairs[key] = self._repairs_after(key)
+        for weight, mean in repairs:
+            after += weight * (predicted - mean)
+        return after
+
+    def _repairs_after(self, key: Key) -> tuple[tuple[float, float], ...]:
+        """The resubmissions of the same tool seen to follow ``key``: (probability, mean execute time)
+        each. Memoised, like ``_after``, until the next observation: ``estimate`` runs for every queued
+        job at every decision in the tail."""
         total = self._from[key]
+        every = self._mean_exec()
+        repairs = []
         for to, (count, _) in self._next[key].items():
             if to != _END and to[2] and to[1] == key[1]:  # its resubmission, same tool
                 executed = self._exec.get(to)
-                mean = executed[1] / executed[0] if executed else self._mean_exec()
-                after += count / total * (predicted - mean)
-        return after
+                repairs.append((count / total, executed[1] / executed[0] if executed else every))
+        return tuple(repairs)
 
     def _mean_exec(self) -> float:
         """The mean execute time of every job seen to finish (0 before any)."""
@@ -204,6 +217,7 @@ class StepwiseWork(_Subscriber):
         self._from[step.last] = self._from.get(step.last, 0) + 1
         step.last, step.model_s = to, 0.0
         self._memo.clear()
+        self._repairs.clear()
         self.observations += 1
 
     def _cpu_enqueued(self, event: CpuEnqueued) -> None:
@@ -221,6 +235,7 @@ class StepwiseWork(_Subscriber):
             self._exec_all[0] += 1
             self._exec_all[1] += seconds
             self._memo.clear()
+            self._repairs.clear()
 
     def _trajectory_finished(self, event: TrajectoryFinished) -> None:
         step = self._active.pop(event.id or "", None)
