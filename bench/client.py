@@ -66,6 +66,8 @@ def start_server() -> tuple[subprocess.Popen[str], str]:
     line = proc.stdout.readline()
     if not line.startswith("serve-sim listening on "):
         proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
         raise RuntimeError(f"serve-sim did not start: {line!r}")
     return proc, line.split()[3]
 
@@ -171,7 +173,14 @@ def main() -> None:
             ]
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            if proc.stdout is not None:
+                proc.stdout.close()
     raw["load_average_after"] = os.getloadavg()
     print(f"machine: {raw['machine']}")
     print(f"load average (1/5/15 min) at the end: {raw['load_average_after']}")

@@ -36,6 +36,7 @@ from asyncroll.evaluator.cgroups_v2 import (
 )
 from asyncroll.evaluator.sandbox import Layers, Sandbox
 from asyncroll.proctree import is_subreaper, set_subreaper
+from tests.children import end
 
 real_process = pytest.mark.timeout(60)
 
@@ -181,10 +182,12 @@ def test_a_test_group_is_joined_before_exec_lists_a_setsid_double_forked_tree_an
                 Path(path).write_text(str(os.getpid()))
 
         proc = subprocess.Popen([sys.executable, "-c", ESCAPEE], stdout=subprocess.PIPE, preexec_fn=join)
-        assert proc.stdout is not None
-        escapee = int(proc.stdout.readline())
-        assert proc.wait(timeout=20) == 0  # its parent is gone: only the group still knows the escapee
-        proc.stdout.close()
+        try:
+            assert proc.stdout is not None
+            escapee = int(proc.stdout.readline())
+            assert proc.wait(timeout=20) == 0  # its parent is gone: only the group still knows the escapee
+        finally:
+            end(proc)
         assert group.members() == {escapee}
         assert _where(escapee, base) == group.dirs[0]
         group.kill_all(time.monotonic() + 10)  # cgroup.kill

@@ -22,6 +22,7 @@ from asyncroll.config import build_config
 from asyncroll.errors import UsageError
 from asyncroll.events import parse_event
 from asyncroll.schemas import RunReceiptModel, SummaryModel
+from tests.children import end
 from tests.conftest import REPO, invoke, tool_problem, write_workload
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -515,9 +516,7 @@ def _signal_a_running_run(
         os.kill(proc.pid, sig)
         _, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     return proc.returncode, stderr
 
 
@@ -593,9 +592,7 @@ def test_ctrl_c_while_workers_start_kills_them_and_exits_promptly(tmp_path: Path
         _, stderr = proc.communicate(timeout=30)
         exit_s = time.monotonic() - signalled
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     assert proc.returncode == 130, stderr
     # a hang check, not a timing target: ~1 s here; before the fix the run left the workers in their
     # preload and waited for the scikit-learn import thread, and exited ~7 s after the signal

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.children import end
 from tests.conftest import REPO
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -41,9 +42,7 @@ def outputs(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     try:
         stdout, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     return proc.returncode, stdout, stderr
 
 
@@ -104,9 +103,7 @@ def test_a_signal_ends_an_exit_handler_that_hangs_with_the_commands_exit_code() 
         proc.send_signal(signal.SIGTERM)
         code, stderr = finish(proc)  # a process that ignores it is killed after 60 s: status -9
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     assert code == 0, stderr
     assert "Traceback" not in stderr
 
@@ -142,9 +139,7 @@ def test_sigterm_while_run_reads_its_settings_exits_130(tmp_path: Path) -> None:
     finally:
         if writer is not None:
             os.close(writer)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     assert code == 130, stderr
     assert "Traceback" not in stderr
     assert not out.exists()

@@ -47,6 +47,7 @@ from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.serve_sim.config import FaultConfig, SimConfig
 from asyncroll.serve_sim.server import RunningSim, serve_in_thread
 from asyncroll.workload import FinalAction, Problem, SubmitAction
+from tests.children import end
 from tests.conftest import REPO, write_workload
 from tests.loopback import LoopbackServer, trickle
 
@@ -691,7 +692,10 @@ def test_end_to_end_run_against_a_serve_sim_subprocess(tmp_path: Path) -> None:
         assert resources["sampled_starvation_coverage_s"] > 0
     finally:
         server.terminate()
-        server.communicate(timeout=30)
+        try:
+            server.communicate(timeout=30)
+        finally:
+            end(server)
 
 
 @pytest.mark.timeout(60)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from asyncroll.simulation.optimum import Instance, Step, analytic_bound, instance_from_run, solve
+from tests.children import end
 from tests.conftest import REPO, invoke, tool_problem, write_workload
 from tests.test_cli import cli
 
@@ -482,9 +483,7 @@ def test_a_stop_signal_during_the_solve_exits_130_at_once(tmp_path: Path, sig: s
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)  # ten times less than --time-limit
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     assert proc.returncode == 130, (stdout, stderr)
     assert stdout == "" and "Traceback" not in stderr, (stdout, stderr)
 
@@ -529,9 +528,7 @@ def test_a_burst_of_ctrl_c_during_the_solve_still_exits_130(tmp_path: Path) -> N
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     assert proc.returncode == 130, (stdout, stderr)
     assert "terminate called" not in stderr and "Traceback" not in stderr, stderr
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import Result
 
+from tests.children import end
 from tests.conftest import REPO, VirtualRun, invoke, tool_problem, write_workload
 from tests.test_cli import SMOKE, cli, load_run
 
@@ -79,9 +80,7 @@ def signal_and_wait(proc: subprocess.Popen[str], sig: signal.Signals) -> str:
         os.kill(proc.pid, sig)
         _, stderr = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     return stderr
 
 
