@@ -23,6 +23,7 @@ import pytest
 from asyncroll import proctree
 from asyncroll.errors import WorkerTimeout
 from asyncroll.proctree import is_subreaper
+from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest
 from tests import orphan_tools
 from tests.orphan_tools import (
@@ -235,3 +236,55 @@ def test_a_dead_workers_exited_children_in_sessions_of_their_own_leave_no_zombie
             if pid in proctree.children():
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.timeout(30)
+def test_what_the_adopter_remembers_stays_bounded_over_many_restarts(
+    tool_file: Path, durations: Callable[[], str]
+) -> None:
+    """Each restart added the dead worker's origin, its session, the orphans signalled and reaped and the
+    pids its kill signalled to sets kept for the whole run (~0.3 KB a restart, without bound over a long
+    run with many restarts). What can no longer matter is forgotten: an origin once no process carries
+    it, a session once no process is in it, a pid once reaped or gone."""
+    restarts = 6
+
+    def remembered(pool: WorkerPool) -> dict[str, int]:
+        adopter = pool._adopter  # the bookkeeping itself: nothing outside shows it
+        assert adopter is not None
+        kept = {"origins": adopter.origins, "sessions": adopter._sessions, "doomed": adopter.doomed}
+        kept |= {"signalled": adopter._signalled, "reaped": adopter._reaped, "named": adopter.named}
+        return {name: len(pids) for name, pids in kept.items()}
+
+    async def main() -> list[dict[str, int]]:
+        pool = process_pool(tool_file)
+        sizes = []
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await pool.start(tg)
+                for job in range(restarts):
+                    slot = pool.take_idle()
+                    assert slot is not None
+                    old = pool.worker(slot)
+                    if job % 2:  # a timeout: the kill signals the worker's descendants (doomed)
+                        args = {"duration": durations(), "seconds": 60}
+                        with pytest.raises(WorkerTimeout):
+                            await old.call(JobRequest(job, "in_session_and_hang", args), 0.5)
+                        pool.replace_soon(slot, "timeout")
+                        replaced = lambda s=slot, o=old: pool.idle == 1 and pool.worker(s) is not o  # noqa: E731
+                        await until(replaced, within=20)
+                    else:  # a crash: its orphan carries its origin, killed by the sweep
+                        request = JobRequest(job, "in_session", {"duration": durations()})
+                        assert (await old.call(request, 10)).reply.ok
+                        await crash_and_replace(pool, slot)
+                    sizes.append(remembered(pool))
+            finally:
+                await pool.aclose()
+        assert pool.orphans_killed >= restarts // 2  # the crashed workers' (a timeout's may add)
+        return sizes
+
+    sizes = run(main())
+    # the current worker's origin and session, the last dead worker's session (its pid was still the
+    # slot's during the sweep); whatever a sweep reaped stays until the next sweep
+    for name, bound in {"origins": 1, "sessions": 2, "doomed": 0, "signalled": 0, "named": 0}.items():
+        assert max(s[name] for s in sizes) <= bound, (name, sizes)
+    assert max(s["reaped"] for s in sizes) <= 1, sizes

@@ -73,12 +73,12 @@ class Adopter:
         self._before = children()  # never touched: they are not adopted from workers of this pool
         self._session = os.getsid(0)
         self.origins: set[str] = set()
-        """Every origin given to a worker of this pool."""
+        """The origins given to this pool's workers, less those a sweep found no process to carry any more."""
         self.killed = 0
         """Adopted processes killed so far."""
-        self._sessions: set[int] = set()  # every worker's session (a worker leads its own)
-        self._signalled: set[int] = set()  # adopted processes signalled: ours to reap
-        self._reaped: set[int] = set()  # reaped: their pids may belong to anyone now
+        self._sessions: set[int] = set()  # workers' sessions (a worker leads its own) still with members
+        self._signalled: set[int] = set()  # adopted processes signalled and not yet reaped: ours to reap
+        self._reaped: set[int] = set()  # reaped by this sweep: their pids may belong to anyone now
         self.doomed: set[int] = set()
         """Pids a worker's kill signalled (its descendants): whichever of them end as the runtime's
         zombies (in sessions of their own, they die after the worker) are reaped by the next sweep."""
@@ -107,6 +107,7 @@ class Adopter:
         how many adopted processes were signalled."""
         loop = asyncio.get_running_loop()
         started = loop.time()
+        self._reaped = set()
         signalled: dict[int, list[psutil.Process]] = {}
         signum = signal.SIGTERM
         while True:
@@ -117,8 +118,9 @@ class Adopter:
                     self._signalled.add(pid)
                     _signal(pid, signum, signalled[pid])
             everything = [p for tree in signalled.values() for p in tree]
-            dying = (self.doomed - self._reaped) & children()  # killed with a worker, not yet reaped
+            dying = self.doomed & children()  # killed with a worker, not yet reaped
             if not live and all_gone(everything) and not dying:
+                self.origins.difference_update(origins)  # nothing carries them: none can again
                 break
             now = loop.time()
             if signum == signal.SIGTERM and now >= started + grace:
@@ -134,6 +136,7 @@ class Adopter:
         if signalled or self.doomed or self.named:
             self._scan((), set(workers))  # reap what died after the last look
         self.named.clear()  # a pid kept longer could be another process's by the next sweep
+        self._forget_the_gone()
         self.killed += len(signalled)
         return len(signalled)
 
@@ -143,25 +146,42 @@ class Adopter:
             self._open = False
             release_subreaper()
 
+    def _forget_the_gone(self) -> None:
+        """Forget pids that can no longer matter (the sets would grow with every restart of a long run):
+        a signalled or doomed one no process has now (reaped by whoever was its parent: its pid is free
+        for anyone)."""
+        self._signalled = {pid for pid in self._signalled if state(pid) is not None}
+        self.doomed = {pid for pid in self.doomed if state(pid) is not None}
+
     def _scan(self, origins: Collection[str], workers: set[int]) -> list[int]:
         """Adopted children to kill: running ones that carry one of ``origins``. Zombies are reaped on
         the way when they are ours to reap: signalled by a sweep, or still in a worker's session (its
         environment unreadable once it exited). Anything else is left to whoever started it: a child of
-        this process that no worker's origin or session names may be another part of the program's."""
+        this process that no worker's origin or session names may be another part of the program's.
+
+        A dead worker's session is forgotten once no child of this process is in it: a session gains no
+        members, and each of its live members descends, through members, from its leader, so once the
+        leader is dead they are this process's children or below them."""
         self._sessions |= workers
         found = []
+        occupied = set(workers)
         for pid in sorted(children() - self._before - workers):
             info = state(pid)
             if info is None or info[2] == self._session:
                 continue  # gone, or started by this process itself (a worker's tree has its own sessions)
+            occupied.add(info[2])
             if info[0] in ("Z", "X"):
                 ours = pid in self._signalled or pid in self.doomed or pid in self.named
                 if (ours or info[2] in self._sessions) and reap(pid):
                     self._reaped.add(pid)
+                    self._signalled.discard(pid)
+                    self.doomed.discard(pid)
+                    self.named.discard(pid)
                 continue
             env = environ(pid)
             if env is not None and env.get(ORIGIN_ENV) in origins:
                 found.append(pid)
+        self._sessions &= occupied
         return found
 
 
