@@ -32,6 +32,9 @@ from asyncroll.json_checks import Bool, Float, Int, unique_keys
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
 MIN_WORKER_RSS_MB = 64  # below a bare worker interpreter's own footprint every job would replace it
+#: --telemetry-interval's floor, s: a server's /metrics read takes milliseconds; below this the sampler
+#: would read back to back, taking CPU from the run it measures and a sample per read into the log.
+MIN_TELEMETRY_INTERVAL_S = 0.01
 
 PolicyName = Literal[
     "sync",
@@ -117,7 +120,7 @@ class RunConfig(BaseModel):
     metrics_url: str | None = None
     telemetry: Bool = True
     nvml_device: Int | None = Field(default=None, ge=0)
-    telemetry_interval: Float = Field(default=0.2, gt=0)
+    telemetry_interval: Float = Field(default=0.2, ge=MIN_TELEMETRY_INTERVAL_S)
     seed: Int = 0
     starvation_threshold: Int | None = Field(default=None, ge=1)
     aging_seconds: Float = Field(default=30.0, gt=0)

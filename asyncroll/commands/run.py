@@ -78,7 +78,10 @@ def run(
         Opt("--telemetry/--no-telemetry", help="Sample server metrics / NVML when asked for (on)."),
     ] = None,
     nvml_device: Annotated[int | None, Opt(help="Physical GPU index for NVML sampling.")] = None,
-    telemetry_interval: Annotated[float | None, Opt(help="Telemetry sample interval, s (0.2).")] = None,
+    telemetry_interval: Annotated[
+        float | None,
+        Opt(help="Telemetry sample interval, s (0.2; at least 0.01: a source is not read back to back)."),
+    ] = None,
     seed: Annotated[int | None, Opt(help="HTTP backends: request seed (default 0); recorded.")] = None,
     starvation_threshold: Annotated[
         int | None, Opt(help="Pressure trigger (default: inflight limit).")

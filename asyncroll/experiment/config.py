@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from asyncroll.config import MIN_TELEMETRY_INTERVAL_S
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 
@@ -161,7 +162,7 @@ class ClientSpec(_Strict):
     request_timeout: Float = Field(default=600.0, gt=0)
     tool_timeout: Float = Field(default=60.0, gt=0)
     dedicated_gpu: Bool = True
-    telemetry_interval: Float = Field(default=0.2, gt=0)
+    telemetry_interval: Float = Field(default=0.2, ge=MIN_TELEMETRY_INTERVAL_S)
     extra_args: list[str] = Field(
         default_factory=list, description="More `asyncroll run` flags; never one the plan sets."
     )
