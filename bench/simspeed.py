@@ -2,9 +2,10 @@
 measured window (start-up — worker set-up, the scikit-learn import — is reported apart), the RSS
 of the process when the run ends (not ``ru_maxrss``: Linux carries it over from the forking parent),
 and the RSS growth between ``measurement_started`` and ``measurement_finished``
-(what the simulation itself accumulates). Each size runs in a fresh subprocess on a virtual clock with
-virtual workers. ``summary only`` writes no files (what a sweep cell does); ``full outputs`` writes the
-run directory (events, results, summary) without the trace/timeline exports.
+(what the simulation itself accumulates; also per trajectory, in KiB). Each size runs in a fresh
+subprocess on a virtual clock with virtual workers. ``summary only`` writes no files (what a sweep cell
+does); ``full outputs`` writes the run directory (events, results, summary) without the trace/timeline
+exports.
 
 Workload: seeded, small arguments (so that the runtime, not JSON parsing of large payloads, is measured):
 1 or 2 ``spin_ms`` calls (60% two) with lognormal model latency and CPU cost, then a graded answer; 64 active,
@@ -160,9 +161,9 @@ def main() -> None:
     print(
         "| trajectories | mode | trajectories per CPU-second in the run (min / med / max) "
         "| CPU s incl. start-up (median) | RSS at end MB (max) | RSS growth during the run MB (max) "
-        "| virtual makespan s |"
+        "| RSS growth per trajectory KB (min / max) | virtual makespan s |"
     )
-    print("|---:|---|---|---:|---:|---:|---:|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|")
     tmp = scratch("simspeed-")
     for n in sizes:
         # written here, so that the child's peak memory is the simulation's, not the generator's
@@ -175,9 +176,10 @@ def main() -> None:
             mode = "full outputs" if record else "summary only"
             rss = max(r["rss_mb"] for r in runs)
             growth = max(r["growth_mb"] for r in runs)
+            per_kb = [r["growth_mb"] * 1024 / n for r in runs]  # MiB → KiB, per trajectory
             print(
                 f"| {n} | {mode} | {lo:,.0f} / {mid:,.0f} / {hi:,.0f} | {total:.1f} | {rss:.0f} "
-                f"| {growth:.1f} "
+                f"| {growth:.1f} | {min(per_kb):.2f} / {max(per_kb):.2f} "
                 f"| {runs[0]['virtual_makespan_s']:.0f} |"
             )
     if args.parts:
