@@ -15,9 +15,9 @@ a second ``run`` or ``--resume`` on a directory a live runner uses is refused. R
 existing output) re-reads ``experiment.json``, refuses unless the protocol fingerprint and the plan are
 unchanged, kills what a killed runner left behind (each recorded process group and tree, and what they
 detached), moves the unfinished arms' directories aside (``<id>.interrupted-N``, kept and listed) and
-runs only the arms that have not finished. Finished arms (complete or failed) are never run again; an
-arm whose ``arm.json`` says it finished, though the runner died (or was interrupted) before
-``experiment.json`` recorded it, is recorded then, not re-run.
+runs only the arms that have not finished (``resume.py``). Finished arms (complete or failed) are never
+run again; an arm whose ``arm.json`` says it finished, though the runner died (or was interrupted)
+before ``experiment.json`` recorded it, is recorded then, not re-run.
 
 SIGINT/SIGTERM/SIGHUP interrupt the arm (its processes are stopped, it is marked interrupted); further signals
 while that cleanup runs are counted and ignored, so a second Ctrl-C never leaves a server running. An
@@ -64,10 +64,10 @@ from asyncroll.experiment.config import STAGES, ExperimentConfig
 from asyncroll.experiment.fingerprint import fingerprint, require_same
 from asyncroll.experiment.gates import evaluate_gates, gate_text
 from asyncroll.experiment.lock import LOCK_NAME, OutputLock
-from asyncroll.experiment.orphans import sweep_orphan
 from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
 from asyncroll.experiment.preflight import check_workload
-from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
+from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line
+from asyncroll.experiment.resume import arm_dir, finished_arm, record_arm, recover
 from asyncroll.experiment.signals import SignalGuard
 from asyncroll.proctree import is_subreaper, set_subreaper
 from asyncroll.workload import EVALUATOR_TOOL
@@ -220,7 +220,7 @@ class ExperimentRunner:
             require_same(receipt.data["fingerprint"], fp, f"resume of {self.output}")
             if receipt.data["plan"] != plan:
                 raise UsageError(f"resume of {self.output}: the plan changed (arms, pairs, order or seeds)")
-            self._recover(receipt)
+            recover(receipt, self.output, self.plan, self.echo)
             return receipt
         (self.output / "arms").mkdir(parents=True, exist_ok=True)
         stages = {s: {"status": "pending", "arms": [], "gates": []} for s in (*STAGES, COMPARISON)}
@@ -239,58 +239,6 @@ class ExperimentRunner:
                 "arms": {a.id: {"status": "pending", "attempts_interrupted": []} for a in self.plan},
             },
         )
-
-    def _recover(self, receipt: ExperimentReceipt) -> None:
-        """Kill what a dead runner left running; set unfinished arms aside (kept) to run them afresh.
-
-        Called under the lock: no live runner owns these arms."""
-        moved, recorded = [], []
-        for arm in self.plan:
-            record = receipt.arm(arm.id)
-            own = self._finished_arm(arm) if record["status"] == "failed" else None
-            if own is not None and own["status"] == "complete":  # it finished; recording it failed
-                self._record(receipt, arm, own)
-                recorded.append(arm.id)
-                continue
-            if record["status"] in TERMINAL or (
-                record["status"] == "pending" and not self._arm_dir(arm).exists()
-            ):
-                continue
-            arm_dir = self._arm_dir(arm)
-            swept = {}
-            if (arm_dir / "arm.json").is_file():
-                data = read_json(arm_dir / "arm.json")
-                for role in ("client", "server"):
-                    swept[role] = sweep_orphan(data.get(role, {}).get("process"))
-                if data.get("status") in TERMINAL:  # it finished; the runner died before recording it
-                    self._record(receipt, arm, data)
-                    recorded.append(arm.id)
-                    continue
-            n = len(record["attempts_interrupted"]) + 1
-            aside = arm_dir.with_name(f"{arm.id}.interrupted-{n}")
-            if arm_dir.exists():
-                arm_dir.rename(aside)
-            attempt = {"dir": str(aside), "status_seen": record["status"], "orphans": swept}
-            for key in ("error", "interrupted_by", "cut_step"):  # the attempt's, not the next run's
-                if record.get(key) is not None:
-                    attempt[key] = record.pop(key)
-            record["attempts_interrupted"].append(attempt)
-            record["status"] = "pending"
-            moved.append(arm.id)
-        receipt.data["resumes"].append(
-            {
-                "at": receipt.data["updated_at"],
-                "status_before": receipt.data["status"],
-                "stop_reason_before": receipt.data.get("stop_reason"),
-                "unfinished_arms_set_aside": moved,
-                "finished_arms_recorded": recorded,
-            }
-        )
-        receipt.set_status("running", error=None, error_traceback=None, stop_reason=None)
-        self.echo(f"resuming {self.output}: {len(moved)} unfinished arm(s) set aside: {moved or 'none'}")
-
-    def _arm_dir(self, arm: ArmPlan) -> Path:
-        return self.output / "arms" / arm.id
 
     def _deadline_left(self) -> float:
         """Seconds until the deadline of this run or resume (inf without one)."""
@@ -354,7 +302,7 @@ class ExperimentRunner:
                 continue
             spec = getattr(self.cfg.stages, stage)
             values = {
-                a.arm: load_summary(self._arm_dir(a))
+                a.arm: load_summary(arm_dir(self.output, a))
                 for a in arms
                 if receipt.arm(a.id)["status"] == "complete"
             }
@@ -370,14 +318,14 @@ class ExperimentRunner:
         return self._finish(receipt, "complete", None)
 
     def _run_one(self, receipt: ExperimentReceipt, arm: ArmPlan) -> None:
-        arm_dir = self._arm_dir(arm)
-        receipt.set_arm(arm.id, status="running", dir=str(arm_dir), started_at=time.time())
+        directory = arm_dir(self.output, arm)
+        receipt.set_arm(arm.id, status="running", dir=str(directory), started_at=time.time())
         self.echo(f"[{arm.id}] policy {arm.policy}, seed {arm.seed}: starting")
         try:
             result = run_arm(
                 self.cfg,
                 arm,
-                arm_dir,
+                directory,
                 Expected.from_fingerprint(receipt.data["fingerprint"]),
                 self.cfg.client.deadline_s,
                 protocol_check=lambda: self._protocol_change(receipt, f"after {arm.id} ran"),
@@ -394,47 +342,25 @@ class ExperimentRunner:
                 )
                 self.echo(f"[{arm.id}] interrupted: {one_line(error)}")
             else:
-                self._record(receipt, arm, {**result.data, "status": result.status})
+                record_arm(receipt, self.output, self.echo, arm, {**result.data, "status": result.status})
         except ExperimentInterrupted:
             # an arm that had finished (arm.json says so) before the interrupt stays finished
-            finished = self._finished_arm(arm)
+            finished = finished_arm(self.output, arm)
             if finished is not None:
-                self._record(receipt, arm, finished)
+                record_arm(receipt, self.output, self.echo, arm, finished)
             else:
                 receipt.set_arm(arm.id, status="interrupted")
             raise
         except Exception as exc:
-            finished = self._finished_arm(arm)
+            finished = finished_arm(self.output, arm)
             if finished is not None:  # e.g. recording it failed: its arm.json verdict stands
                 receipt.set_arm(arm.id, record_error=f"{type(exc).__name__}: {exc}")
-                self._record(receipt, arm, finished)
+                record_arm(receipt, self.output, self.echo, arm, finished)
             else:
                 receipt.set_arm(
                     arm.id, status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time()
                 )
             raise
-
-    def _finished_arm(self, arm: ArmPlan) -> dict[str, Any] | None:
-        """The arm's ``arm.json`` when it says the arm finished (complete or failed), else None."""
-        try:
-            data = read_json(self._arm_dir(arm) / "arm.json")
-        except (OSError, ValueError):
-            return None
-        return data if data.get("status") in TERMINAL else None
-
-    def _record(self, receipt: ExperimentReceipt, arm: ArmPlan, data: dict[str, Any]) -> None:
-        """A finished arm's outcome, from its ``arm.json``, into ``experiment.json``."""
-        status, error = data["status"], data.get("error")
-        receipt.set_arm(
-            arm.id,
-            status=status,
-            error=error,
-            failed_step=data.get("failed_step"),
-            run_dir=str(self._arm_dir(arm) / "run"),
-            finished_at=time.time(),
-            server_evidence=data.get("server", {}).get("startup_evidence"),
-        )
-        self.echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
 
     def _finish(self, receipt: ExperimentReceipt, status: str, reason: str | None) -> Outcome:
         if self._guard is not None:  # every arm has ended: a signal now must not turn this into interrupted
@@ -452,5 +378,5 @@ class ExperimentRunner:
         summaries = {}
         for arm in self.plan:
             if arm.stage == COMPARISON and receipt.arm(arm.id)["status"] == "complete":
-                summaries[arm.id] = load_summary(self._arm_dir(arm))
+                summaries[arm.id] = load_summary(arm_dir(self.output, arm))
         write_comparison(self.output / "comparison.json", build_comparison(receipt.data, summaries))

@@ -1,0 +1,101 @@
+"""What a resume does with the arms a dead or interrupted runner left, and how a finished arm is recorded.
+
+``--resume`` (under the output's lock: no live runner owns these arms) kills what a dead runner left
+running (each recorded process group and tree, and what they detached), records an arm whose ``arm.json``
+says it finished though ``experiment.json`` does not, and moves each unfinished arm's directory aside
+(``<id>.interrupted-N``, kept and listed) so that it runs afresh. The runner (``runner.py``) records
+each arm it runs the same way (:func:`record_arm`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from asyncroll.experiment.orphans import sweep_orphan
+from asyncroll.experiment.plan import ArmPlan
+from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
+
+
+def arm_dir(output: Path, arm: ArmPlan) -> Path:
+    return output / "arms" / arm.id
+
+
+def finished_arm(output: Path, arm: ArmPlan) -> dict[str, Any] | None:
+    """The arm's ``arm.json`` when it says the arm finished (complete or failed), else None."""
+    try:
+        data = read_json(arm_dir(output, arm) / "arm.json")
+    except (OSError, ValueError):
+        return None
+    return data if data.get("status") in TERMINAL else None
+
+
+def record_arm(
+    receipt: ExperimentReceipt, output: Path, echo: Callable[[str], None], arm: ArmPlan, data: dict[str, Any]
+) -> None:
+    """A finished arm's outcome, from its ``arm.json``, into ``experiment.json``."""
+    status, error = data["status"], data.get("error")
+    receipt.set_arm(
+        arm.id,
+        status=status,
+        error=error,
+        failed_step=data.get("failed_step"),
+        run_dir=str(arm_dir(output, arm) / "run"),
+        finished_at=time.time(),
+        server_evidence=data.get("server", {}).get("startup_evidence"),
+    )
+    echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
+
+
+def recover(
+    receipt: ExperimentReceipt, output: Path, plan: list[ArmPlan], echo: Callable[[str], None]
+) -> None:
+    """Kill what a dead runner left running; set unfinished arms aside (kept) to run them afresh.
+
+    Called under the lock: no live runner owns these arms."""
+    moved, recorded = [], []
+    for arm in plan:
+        record = receipt.arm(arm.id)
+        own = finished_arm(output, arm) if record["status"] == "failed" else None
+        if own is not None and own["status"] == "complete":  # it finished; recording it failed
+            record_arm(receipt, output, echo, arm, own)
+            recorded.append(arm.id)
+            continue
+        if record["status"] in TERMINAL or (
+            record["status"] == "pending" and not arm_dir(output, arm).exists()
+        ):
+            continue
+        where = arm_dir(output, arm)
+        swept = {}
+        if (where / "arm.json").is_file():
+            data = read_json(where / "arm.json")
+            for role in ("client", "server"):
+                swept[role] = sweep_orphan(data.get(role, {}).get("process"))
+            if data.get("status") in TERMINAL:  # it finished; the runner died before recording it
+                record_arm(receipt, output, echo, arm, data)
+                recorded.append(arm.id)
+                continue
+        n = len(record["attempts_interrupted"]) + 1
+        aside = where.with_name(f"{arm.id}.interrupted-{n}")
+        if where.exists():
+            where.rename(aside)
+        attempt = {"dir": str(aside), "status_seen": record["status"], "orphans": swept}
+        for key in ("error", "interrupted_by", "cut_step"):  # the attempt's, not the next run's
+            if record.get(key) is not None:
+                attempt[key] = record.pop(key)
+        record["attempts_interrupted"].append(attempt)
+        record["status"] = "pending"
+        moved.append(arm.id)
+    receipt.data["resumes"].append(
+        {
+            "at": receipt.data["updated_at"],
+            "status_before": receipt.data["status"],
+            "stop_reason_before": receipt.data.get("stop_reason"),
+            "unfinished_arms_set_aside": moved,
+            "finished_arms_recorded": recorded,
+        }
+    )
+    receipt.set_status("running", error=None, error_traceback=None, stop_reason=None)
+    echo(f"resuming {output}: {len(moved)} unfinished arm(s) set aside: {moved or 'none'}")

@@ -1,0 +1,277 @@
+"""The work a recorded run holds, as a scheduling instance: each trajectory's model turns and CPU jobs in
+order with their measured durations, the run's limits, and the analytic lower bound on its makespan.
+
+Read from a run directory (``events.jsonl``, checked against ``summary.json`` and ``run.json``) by
+:func:`instance_from_run`; solved by :mod:`asyncroll.simulation.optimum`. A damaged or mismatched file
+is refused (:class:`UsageError`) rather than solved as less work than the run did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from asyncroll.errors import UsageError
+from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
+from asyncroll.outputs.bounds import admission_order_makespan
+from asyncroll.workload import MAX_DURATION_MS
+
+StepKind = Literal["model", "cpu"]
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: StepKind
+    seconds: float
+    start: float | None = None  # when the recorded run started it (a hint for the solver)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One run's work: each trajectory's steps in order, trajectories in admission order."""
+
+    chains: tuple[tuple[Step, ...], ...]
+    active: int
+    model_capacity: int
+    workers: int
+    makespan_s: float | None = None  # the recorded run's, when there is one
+    analytic_bound_s: float | None = None
+    begins: tuple[float, ...] | None = None  # when the recorded run admitted each trajectory
+    notes: tuple[str, ...] = ()  # what could not be read from the run (e.g. a killed run's makespan)
+
+
+def _run_status(run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
+    """``run.json``'s status and config, or None where it cannot be read."""
+    try:
+        receipt = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None, None
+    if not isinstance(receipt, dict):
+        return None, None
+    status, config = receipt.get("status"), receipt.get("config")
+    return (status if isinstance(status, str) else None), (config if isinstance(config, dict) else None)
+
+
+def _limits(values: Any, where: str) -> tuple[int, int, int]:
+    """(active, model capacity, workers) from a ``limits`` mapping, as the summary computes them."""
+    try:
+        active = int(values["max_active_trajectories"])
+        inflight = int(values["max_inflight_model_requests"])
+        workers = int(values["cpu_workers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: missing or malformed limit {exc}") from exc
+    if min(active, inflight, workers) < 1:
+        raise UsageError(f"{where}: limits must be ≥ 1, got {values}")
+    return active, min(inflight, active), workers  # the summary's model capacity
+
+
+def _number(event: dict[str, Any], name: str, where: str) -> float:
+    """``event[name]``: a finite JSON number (a bool or a string is not one), else refused naming the line."""
+    value = event.get(name)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise UsageError(f"{where}: {event.get('event')} lacks a valid {name!r} (got {value!r})")
+    return float(value)
+
+
+#: The largest time stamp (either sign: a run's start-up is before its window) an event may hold, about
+#: 31 years. A damaged ``t`` of 1e20 s became a schedule horizon past 64 bits, and CP-SAT raised a
+#: TypeError out of the command.
+MAX_EVENT_TIME_S = 1e9
+
+
+def _time(event: dict[str, Any], where: str) -> float:
+    """``event["t"]``: seconds from the run's clock origin, finite and within :data:`MAX_EVENT_TIME_S`."""
+    value = _number(event, "t", where)
+    if abs(value) > MAX_EVENT_TIME_S:
+        raise UsageError(
+            f"{where}: {event.get('event')} has t {value!r}: not a time in seconds of a run (at most "
+            f"{MAX_EVENT_TIME_S:.0e} s, about 31 years, either side of its start)"
+        )
+    return value
+
+
+def _duration(event: dict[str, Any], name: str, where: str) -> float:
+    """A recorded duration: seconds from 0 to one day (the bound on any duration a workload declares)."""
+    value = _number(event, name, where)
+    if not 0 <= value * 1000.0 <= MAX_DURATION_MS:
+        raise UsageError(
+            f"{where}: {event.get('event')} has {name} {value!r}: not a duration in seconds from 0 to one day"
+        )
+    return value
+
+
+def instance_from_run(run_dir: Path) -> Instance:
+    """Read a run directory's ``events.jsonl`` and ``summary.json`` (a real or a simulated run).
+
+    A run stopped before it wrote ``summary.json`` (killed, ``run.json`` still says ``running``) is read
+    from ``events.jsonl`` alone: its limits from ``measurement_started`` (or ``run.json``'s config), its
+    analytic bound recomputed from the recorded steps; its makespan is unknown (None) and ``notes`` say so.
+    """
+    path = run_dir / "summary.json"
+    summary: Any = None
+    notes: list[str] = []
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        status, _ = _run_status(run_dir)
+        if status is None:
+            raise UsageError(
+                f"{run_dir}: no summary.json nor a readable run.json (not a run directory?)"
+            ) from exc
+        if status == "complete":  # a damaged complete run
+            raise UsageError(f"{run_dir}: the run is complete but its summary.json is missing") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
+        raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
+    makespan: float | None = None
+    analytic: float | None = None
+    if summary is not None:
+        try:
+            limits, bounds = summary["limits"], summary["bounds"]
+            if bounds is None or summary["makespan_s"] is None:
+                raise UsageError(
+                    f"{path}: the run never opened its measured window: there is no work to solve"
+                )
+            active, workers = int(limits["max_active_trajectories"]), int(limits["cpu_workers"])
+            capacity, makespan, analytic = (
+                int(bounds["model_capacity"]),
+                float(summary["makespan_s"]),
+                float(bounds["lower_bound_s"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{path}: not an asyncroll summary (missing or malformed {exc})") from exc
+    chains: dict[str, list[Step]] = {}
+    order: list[str] = []
+    begins: list[float] = []
+    measured: dict[str, Any] | None = None  # the measurement_started event, read without a summary
+    last_t: float | None = None
+    try:
+        handle = (run_dir / "events.jsonl").open("rb")
+    except OSError as exc:
+        raise UsageError(f"{run_dir}: cannot read events.jsonl: {exc}") from exc
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            where = f"{run_dir}/events.jsonl line {number}"
+            try:
+                event = json.loads(raw)
+            except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, past Python's limits
+                if summary is None and not raw.endswith(b"\n"):  # killed in the middle of a write
+                    notes.append(f"events.jsonl line {number} was cut short when the run stopped: ignored")
+                    break
+                raise UsageError(f"{where}: not JSON: {exc}") from exc
+            if not isinstance(event, dict):
+                raise UsageError(f"{where}: not a JSON object")
+            if event.get("v") != EVENTS_SCHEMA_VERSION:
+                raise UsageError(
+                    f"{where}: event schema version {event.get('v')!r}; this asyncroll reads version "
+                    f"{EVENTS_SCHEMA_VERSION} only"
+                )
+            try:
+                kind, tid = event.get("event"), str(event.get("id"))
+                if isinstance(event.get("t"), int | float):
+                    last_t = float(event["t"])
+                # Each step as the run placed it: ending at its event, starting its duration before.
+                if kind == "measurement_started" and measured is None:
+                    measured = event
+                elif kind == "trajectory_started":
+                    order.append(tid)
+                    chains[tid] = []
+                    begins.append(_time(event, where))
+                elif kind in ("model_finished", "model_failed"):
+                    seconds = _duration(event, "latency_s", where)
+                    chains[tid].append(Step("model", seconds, _time(event, where) - seconds))
+                elif kind == "cpu_finished":
+                    seconds = _duration(event, "execute_s", where)
+                    chains[tid].append(Step("cpu", seconds, _time(event, where) - seconds))
+                elif kind == "cpu_failed":  # the worker was held until the timeout or the crash
+                    seconds = _duration(event, "roundtrip_s", where)
+                    chains[tid].append(Step("cpu", seconds, _time(event, where) - seconds))
+            except KeyError as exc:
+                raise UsageError(f"{where}: {kind} without {exc} (or of a trajectory never started)") from exc
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"{where}: malformed {kind}: {exc}") from exc
+    if summary is None:
+        if measured is not None:
+            active, capacity, workers = _limits(measured, f"{run_dir}/events.jsonl measurement_started")
+        else:
+            _, config = _run_status(run_dir)
+            limits_of = (config or {}).get("limits", config)
+            active, capacity, workers = _limits(limits_of, f"{run_dir}/run.json config")
+            notes.append("limits read from run.json's config (events.jsonl has no measurement_started)")
+        recorded = "" if last_t is None else f" (its last recorded event is at t = {last_t:.6g} s)"
+        notes.append(
+            f"the run stopped before it wrote summary.json: its makespan is unknown{recorded}, so it is "
+            "not compared with the bounds"
+        )
+        notes.append("analytic bound recomputed from the recorded steps, not read from summary.json")
+    if not order:
+        raise UsageError(f"{run_dir}: the run started no trajectory")
+    instance = Instance(
+        chains=tuple(tuple(chains[t]) for t in order),
+        active=active,
+        model_capacity=capacity,
+        workers=workers,
+        makespan_s=makespan,
+        analytic_bound_s=analytic,
+        begins=tuple(begins),
+        notes=tuple(notes),
+    )
+    if summary is None:
+        instance = dataclasses.replace(instance, analytic_bound_s=round(analytic_bound(instance), 6))
+    else:
+        _check_counts(run_dir, summary, instance)
+    if summary is not None and makespan is not None:
+        # Every recorded step happened inside the run's measured window, so the bound of the recorded work
+        # cannot exceed the run's makespan (beyond the events' rounding to the microsecond): where it does,
+        # events.jsonl and summary.json do not describe one run, and every number solved would be wrong.
+        need = analytic_bound(instance)
+        steps = sum(len(chain) for chain in instance.chains)
+        if need > makespan + 1e-3 + 1e-6 * steps:
+            raise UsageError(
+                f"{run_dir}: the steps events.jsonl records need at least {need:.6g} s under the run's "
+                f"limits, but summary.json's makespan is {makespan:.6g} s: the two files do not describe "
+                "one run (one of them damaged or replaced)"
+            )
+    return instance
+
+
+def _check_counts(run_dir: Path, summary: dict[str, Any], instance: Instance) -> None:
+    """summary.json counts what events.jsonl holds (trajectories started, model requests ended, CPU jobs
+    ended): where they differ, events were removed or the file was cut at a line boundary, and the work
+    solved would silently be less than the run's."""
+    try:
+        expected = (
+            summary["counts"]["trajectories"],
+            summary["model"]["requests"],
+            sum(summary["tools"]["jobs_by_kind"].values()),
+        )
+    except (KeyError, TypeError, AttributeError):
+        return  # a summary without these counts (another version): nothing to compare with
+    steps = [step.kind for chain in instance.chains for step in chain]
+    found = (len(instance.chains), steps.count("model"), steps.count("cpu"))
+    if expected != found:
+        names = ("trajectories", "model requests", "CPU jobs")
+        differ = "; ".join(
+            f"{name}: {had} in events.jsonl, {want} in summary.json"
+            for name, had, want in zip(names, found, expected, strict=True)
+            if had != want
+        )
+        raise UsageError(
+            f"{run_dir}: events.jsonl does not hold the work summary.json counts ({differ}): events removed "
+            "or the file cut short; the work solved would be less than the run's"
+        )
+
+
+def analytic_bound(instance: Instance) -> float:
+    """The summary's bound, recomputed from the instance (the same terms)."""
+    model = sum(s.seconds for c in instance.chains for s in c if s.kind == "model")
+    cpu = sum(s.seconds for c in instance.chains for s in c if s.kind == "cpu")
+    lengths = [sum(s.seconds for s in c) for c in instance.chains]
+    return max(
+        model / instance.model_capacity,
+        cpu / instance.workers,
+        admission_order_makespan(lengths, instance.active),  # ≥ work ÷ slots and the longest chain
+    )
