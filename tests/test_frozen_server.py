@@ -16,8 +16,8 @@ from typing import ClassVar, Self
 import pytest
 
 from asyncroll.events import ModelFailed, ServerUnavailable, TrajectoryStarted
+from tests.http_backend import final_problems, http_run
 from tests.loopback import LoopbackServer
-from tests.test_openai_backend import final_problems, http_run
 
 
 class FrozenServer:

@@ -23,9 +23,9 @@ from asyncroll.events import ModelFailed, TrajectoryFinished, TrajectoryStarted
 from asyncroll.http_proxy import client_settings, on_this_machine
 from asyncroll.serve_sim.config import FaultConfig
 from tests.conftest import invoke, write_workload
+from tests.http_backend import FINAL, final_problems, http_run, serve
 from tests.loopback import LoopbackServer
 from tests.test_one_repair import _code_problem
-from tests.test_openai_backend import FINAL, final_problems, http_run, serve
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from asyncroll.workers.process import CallResult
 from asyncroll.workers.protocol import JobRequest
 from asyncroll.workload import SubmitAction
 from tests.conftest import VirtualRun, invoke, tool_problem, write_workload
-from tests.test_openai_backend import ADD, FakeOpenAI, completion, http_run
+from tests.http_backend import ADD, FakeOpenAI, completion, http_run
 
 SECRET = "hidden-input-51c9"  # a hidden test no feedback shows
 SHOWN = "shown-input-0a2e"  # the hidden test the repair message shows (the first failing case)

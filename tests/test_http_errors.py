@@ -1,0 +1,241 @@
+"""A failed model request over HTTP: each error class recorded against its own trajectory, described,
+and retried (or not) as its class says."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+from asyncroll.backends.retry import RetryPolicy, retry_after_s
+from asyncroll.clock import SystemClock
+from asyncroll.config import build_config
+from asyncroll.errors import ModelError, UsageError
+from asyncroll.events import ModelFailed, ModelFinished, ModelRetrying, TrajectoryFinished
+from asyncroll.serve_sim.config import FaultConfig
+from tests.hostile_http import HostileServer, json_reply, raw_reply
+from tests.http_backend import FINAL, FakeOpenAI, completion, final_problems, http_run, serve
+
+ERROR_CASES = {
+    "reset": ({"faults": FaultConfig(reset_rate=0.5)}, {}, "transport", None, False, False),
+    "truncated": ({"faults": FaultConfig(truncate_rate=0.5)}, {}, "transport", None, False, False),
+    "timeout": (
+        {"faults": FaultConfig(slow_rate=0.5, slow_s=1.0)},
+        {"request_timeout": 0.3},
+        "timeout",
+        None,
+        False,
+        False,
+    ),
+    "429": ({"faults": FaultConfig(rate_429=0.5)}, {}, "http_status", 429, True, False),
+    "500": ({"faults": FaultConfig(rate_500=0.5)}, {}, "http_status", 500, True, False),
+    "503": ({"faults": FaultConfig(rate_503=0.5)}, {}, "http_status", 503, True, False),
+    "malformed": ({"faults": FaultConfig(malformed_rate=0.5)}, {}, "bad_response", 200, True, True),
+    "invalid_action": (
+        {"enforce_schema": False, "faults": FaultConfig(invalid_action_rate=0.5)},
+        {},
+        "invalid_action",
+        200,
+        True,
+        True,
+    ),
+    "schema_rejected": ({"faults": FaultConfig(reject_schema=True)}, {}, "schema_rejected", 400, True, False),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_each_error_class_is_recorded_and_isolated(tmp_path: Path, case: str) -> None:
+    sim_settings, run_settings, kind, status, received, parsed = ERROR_CASES[case]
+    with serve(seed=2, **sim_settings) as running:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(8), running.url, max_active_trajectories=1, **run_settings
+        )
+    assert outcome.status == "complete"  # a model failure ends its trajectory, never the run
+    failed = capture.of(ModelFailed)
+    finished = {e.id: e for e in capture.of(TrajectoryFinished)}
+    assert len(finished) == 8
+    assert failed, "the seeded faults should have hit at least one request"
+    for event in failed:
+        assert (event.kind, event.status, event.response_received, event.attempts) == (
+            kind,
+            status,
+            received,
+            1,
+        )
+        assert (event.parse_s is not None) == parsed
+        assert event.latency_s > 0
+        assert not event.error.rstrip().endswith(":"), event.error  # never "ReadError: " and nothing else
+        assert finished[event.id].status == "failed"
+        assert finished[event.id].error.startswith(f"model {kind}: ")
+    failed_ids = {e.id for e in failed}
+    assert len(failed_ids) == len(failed)  # one failure per failed trajectory, no retries by default
+    others = [e for i, e in finished.items() if i not in failed_ids]
+    assert all(e.status == "completed" for e in others)
+    if case != "schema_rejected":
+        assert others, "the other trajectories completed"
+    if case == "timeout":
+        assert all(0.3 <= e.latency_s < 0.9 for e in failed)
+    # validity: a 200 that is not a valid action (garbled body or invalid action) is a response received
+    assert outcome.summary is not None
+    valid = len(capture.of(ModelFinished))
+    responses = valid + (len(failed) if parsed else 0)
+    assert outcome.summary["rates"]["validity_denominator"] == responses
+    assert outcome.summary["rates"]["validity_rate"] == (round(valid / responses, 6) if responses else None)
+
+
+def test_transport_errors_without_text_still_say_what_happened() -> None:
+    import httpx
+
+    assert describe_transport_error(httpx.ReadError("")) == (
+        "ReadError: the connection was closed or reset while reading the response"
+    )
+    assert describe_transport_error(httpx.ReadTimeout("")) == "ReadTimeout: no response within the timeout"
+    assert describe_transport_error(httpx.ConnectError("[Errno 111] refused")) == (
+        "ConnectError: [Errno 111] refused"
+    )
+    try:
+        try:
+            raise OSError("socket closed")
+        except OSError as inner:
+            raise httpx.ReadError("") from inner
+    except httpx.ReadError as exc:
+        assert describe_transport_error(exc) == "ReadError: socket closed"  # the cause's text first
+
+    def hang(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("", request=request)
+
+    async def probe() -> None:
+        settings = HttpSettings(endpoint="http://server", model="m", inflight=1)
+        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(hang))
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await backend.start(tg)
+            finally:
+                await backend.aclose()
+
+    with pytest.raises(ExceptionGroup) as raised:
+        asyncio.run(probe())
+    assert raised.group_contains(ModelError, match=r"\(ReadTimeout: no response within the timeout\)")
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_reply_times_out_inside_httpx_and_never_locks_the_pool(tmp_path: Path) -> None:
+    """A request that times out must end inside httpx (its own read timeout, which closes the
+    connection): a cancellation delivered inside httpcore's pool can leave a connection counted for ever
+    (encode/httpcore#1093), and a pool limited to the inflight limit then locked up — every later
+    request timed out against a healthy server. The pool has no limit of its own (the model gate is the
+    limit); the whole-request deadline, a little later, only ends a server that trickles bytes."""
+    from asyncroll.http_read import request_deadline_s
+
+    assert request_deadline_s(0.3) == 1.3 and request_deadline_s(120) == 132
+    with FakeOpenAI([completion(FINAL)], delays=[2.0]) as server:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(3), server.url, max_active_trajectories=1, request_timeout=0.3
+        )
+    assert outcome.status == "complete", outcome.error
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "timeout" and "(ReadTimeout)" in failed.error
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 2
+    backend = OpenAIBackend(HttpSettings(endpoint=server.url, model="m", inflight=4), SystemClock())
+    pool = backend._http()._transport._pool  # type: ignore[attr-defined]
+    assert (pool._max_connections, pool._max_keepalive_connections) == (sys.maxsize, 4)  # no limit
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_with_v1_is_refused_and_a_404_names_its_url(tmp_path: Path) -> None:
+    values = {"workload": "w.jsonl", "output": "o", "backend": "openai", "model": "sim"}
+    with pytest.raises(UsageError, match="without /v1"):
+        build_config(values | {"endpoint": "http://127.0.0.1:8000/v1/"})
+    with serve() as running:
+        _, capture, _ = http_run(tmp_path, final_problems(1), running.url + "/api")
+    (failed,) = capture.of(ModelFailed)
+    assert failed.status == 404 and f"(POST {running.url}/api/v1/chat/completions)" in failed.error
+
+
+@pytest.mark.timeout(60)
+def test_retries_are_counted_and_honour_retry_after(tmp_path: Path) -> None:
+    faults = FaultConfig(rate_429=0.3, rate_503=0.3, retry_after_s=0.05)
+    with serve(seed=4, faults=faults) as running:
+        outcome, capture, _ = http_run(
+            tmp_path,
+            final_problems(6),
+            running.url,
+            max_retries=8,
+            retry_max_delay=0.2,
+            max_active_trajectories=1,  # one request at a time: the seeded fault sequence is exact
+        )
+        injected = running.stats()["faults"]
+    assert outcome.status == "complete"
+    retries = capture.of(ModelRetrying)
+    assert not capture.of(ModelFailed)
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed"] * 6
+    assert len(retries) == injected.get("http_429", 0) + injected.get("http_503", 0) > 0
+    assert outcome.summary is not None
+    assert outcome.summary["model"]["retries"] == {"http_status": len(retries)}
+    for event in retries:
+        assert event.kind == "http_status" and event.status in (429, 503)
+        if event.status == 429:
+            assert event.delay_s == 0.05  # the server's retry-after-ms, honoured exactly
+        else:
+            assert 0.75 * min(0.5 * 2 ** (event.attempt - 1), 0.2) <= event.delay_s <= 0.2
+
+
+@pytest.mark.timeout(60)
+def test_exhausted_retries_fail_with_the_attempt_count(tmp_path: Path) -> None:
+    with serve(faults=FaultConfig(rate_500=1.0)) as running:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(2), running.url, max_retries=2, retry_max_delay=0.02
+        )
+    assert outcome.status == "complete"
+    assert [(e.kind, e.status, e.attempts) for e in capture.of(ModelFailed)] == [("http_status", 500, 3)] * 2
+    assert sorted(e.attempt for e in capture.of(ModelRetrying)) == [1, 1, 2, 2]
+
+
+def test_retry_policy_units() -> None:
+    import random
+
+    policy = RetryPolicy(max_retries=3, base_delay=0.5, max_delay=8.0)
+    rng = random.Random(0)
+    assert 0.375 <= policy.delay(1, rng) <= 0.5 and 3.0 <= policy.delay(4, rng) <= 4.0
+    assert policy.delay(10, rng) <= 8.0
+    assert policy.delay(1, rng, {"retry-after-ms": "1500"}) == 1.5
+    assert policy.delay(1, rng, {"retry-after": "60"}) == 8.0  # capped
+    assert retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, now_epoch=1445412470) == 10.0
+    assert retry_after_s({"retry-after": "soon"}) is None
+
+
+@pytest.mark.timeout(60)
+def test_an_error_status_with_an_unreadable_body_is_still_that_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 whose body fails its content-encoding, or is longer than the cap, is an HTTP 503: retried
+    with ``--max-retries`` like any 503 (it was a ``bad_response`` with no status, never retried, and
+    counted as a received invalid reply in the validity rate); a 200 with an oversized body stays
+    ``bad_response``, now with its status."""
+    import asyncroll.backends.exchange as exchange
+
+    monkeypatch.setattr(exchange, "MAX_RESPONSE_BYTES", 1 << 10)
+    replies = [
+        raw_reply(503, {"content-encoding": "gzip", "retry-after": "0"}, b"not gzip at all"),
+        raw_reply(503, {"content-type": "text/html", "retry-after": "0"}, b"x" * 4096),
+        json_reply(completion(FINAL)),
+        raw_reply(200, {"content-type": "application/json"}, b" " * 4096),
+    ]
+    with HostileServer(replies) as server:
+        outcome, capture, _ = http_run(
+            tmp_path, final_problems(2), server.url, max_active_trajectories=1, max_retries=2
+        )
+    assert outcome.status == "complete", outcome.error
+    retried = capture.of(ModelRetrying)
+    assert [(e.kind, e.status) for e in retried] == [("http_status", 503), ("http_status", 503)]
+    assert "DecodingError" in retried[0].error and "longer than 1,024 bytes" in retried[1].error
+    (failed,) = capture.of(ModelFailed)
+    assert (failed.kind, failed.status, failed.response_received) == ("bad_response", 200, True)
+    assert outcome.summary is not None
+    assert outcome.summary["model"]["retries"] == {"http_status": 2}
+    assert outcome.summary["rates"]["validity_denominator"] == 2  # one finished, one 200 unreadable

@@ -1,0 +1,248 @@
+"""What the OpenAI-compatible backend sends: the schemas in agent requests, replay's fixed budgets per
+server kind, the echo header, the API key, and text a JSON encoder refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+from asyncroll.clock import SystemClock
+from asyncroll.config import build_config
+from asyncroll.errors import UsageError
+from asyncroll.events import ModelFinished, TrajectoryFinished
+from asyncroll.serve_sim.config import FaultConfig
+from asyncroll.workload import FinalAction, Problem
+from tests.http_backend import (
+    ADD,
+    FINAL,
+    FINAL_SCHEMA,
+    FakeOpenAI,
+    closed_schema,
+    completion,
+    final_problems,
+    http_run,
+    requests_of,
+    serve,
+)
+from tests.loopback import LoopbackServer
+
+
+@pytest.mark.timeout(60)
+def test_agent_requests_carry_the_spec_schemas_exactly(tmp_path: Path) -> None:
+    problem = {"id": "t", "prompt": "What is 2 + 3?", "tools": [ADD]}
+    with serve(seed=1) as running:
+        outcome, capture, _ = http_run(tmp_path, [problem], running.url, max_tokens=64, seed=7)
+        bodies = [r["body"] for r in requests_of(running)]
+    assert outcome.status == "complete"
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed"]
+    first, second = bodies
+    add_branch = closed_schema(
+        {
+            "type": {"const": "tool"},
+            "name": {"const": "add"},
+            "arguments": closed_schema({"a": {"type": "number"}, "b": {"type": "number"}}),
+        }
+    )
+    assert first["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "agent_action", "strict": True, "schema": {"anyOf": [add_branch]}},
+    }
+    assert {k: first[k] for k in ("model", "temperature", "max_tokens", "seed")} == {
+        "model": "sim",
+        "temperature": 0,
+        "max_tokens": 64,
+        "seed": 7,
+    }
+    assert "min_tokens" not in first and "ignore_eos" not in first  # agent mode: the model decides
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert first["messages"][1]["content"] == "What is 2 + 3?"
+    assert second["response_format"]["json_schema"]["schema"] == FINAL_SCHEMA
+    roles = [m["role"] for m in second["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    tool_call = json.loads(second["messages"][2]["content"])
+    assert tool_call["type"] == "tool" and tool_call["name"] == "add"
+    expected = tool_call["arguments"]["a"] + tool_call["arguments"]["b"]
+    assert json.loads(second["messages"][3]["content"].removeprefix("Tool result: ")) == expected
+    finished = capture.of(ModelFinished)
+    assert all(e.prompt_tokens and e.completion_tokens for e in finished)  # usage recorded
+
+
+@pytest.mark.timeout(60)
+def test_no_structured_output_sends_no_schema(tmp_path: Path) -> None:
+    with serve() as running:
+        outcome, capture, _ = http_run(tmp_path, final_problems(2), running.url, structured_output=False)
+        bodies = [r["body"] for r in requests_of(running)]
+    assert outcome.status == "complete" and len(bodies) == 2
+    assert all("response_format" not in b for b in bodies)
+    assert all(b["messages"][0]["role"] == "system" for b in bodies)  # the format is told, not enforced
+    assert [e.status for e in capture.of(TrajectoryFinished)] == ["completed", "completed"]
+
+
+@pytest.mark.timeout(60)
+def test_replay_sends_the_scripted_budgets(tmp_path: Path) -> None:
+    problem = {
+        "id": "r",
+        "prompt": "What is 2 + 3?",
+        "tools": [ADD],
+        "reference_answer": "5",
+        "script": [
+            {"type": "tool", "name": "add", "arguments": {"a": 2, "b": 3}, "output_tokens": 7},
+            {"type": "final", "answer": "5", "output_tokens": 13, "latency_ms": 1},
+        ],
+    }
+    with serve() as running:
+        outcome, capture, out = http_run(tmp_path, [problem], running.url, replay=True, max_tokens=99)
+        seen = requests_of(running)
+    assert outcome.status == "complete"
+    assert [(s["body"]["max_tokens"], s["body"]["min_tokens"], s["body"]["ignore_eos"]) for s in seen] == [
+        (7, 7, True),
+        (13, 13, True),
+    ]
+    assert all("response_format" not in s["body"] for s in seen)
+    assert json.loads(seen[0]["action_header"]) == {
+        "type": "tool",
+        "name": "add",
+        "arguments": {"a": 2, "b": 3},
+    }
+    assert json.loads(seen[1]["action_header"]) == {"type": "final", "answer": "5"}
+    assert [e.completion_tokens for e in capture.of(ModelFinished)] == [7, 13]
+    finished = capture.of(TrajectoryFinished)[0]
+    assert finished.status == "completed" and finished.correct is True
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["backend"]["mode"] == "replay"
+    assert receipt["backend"]["replay_fixed_length"] == "min_tokens + ignore_eos"
+
+
+def test_replay_body_per_server_kind() -> None:
+    problem = Problem.model_validate(
+        {"prompt": "p", "script": [{"type": "final", "answer": "a", "output_tokens": 5}]}
+    )
+    from asyncroll.backends.base import ModelRequest
+
+    request = ModelRequest("t", problem, 0, [{"role": "user", "content": "p"}])
+    action = FinalAction(type="final", answer="a", output_tokens=5)
+    bodies = {}
+    for kind in ("vllm", "sglang", "transformers", "generic"):
+        settings = HttpSettings(endpoint="http://x", model="m", inflight=1, replay=True, server_kind=kind)  # type: ignore[arg-type]
+        bodies[kind] = OpenAIBackend(settings, SystemClock()).build_body(request, action)
+    assert bodies["vllm"]["min_tokens"] == 5 and bodies["sglang"]["ignore_eos"] is True
+    assert "min_tokens" not in bodies["transformers"] and "ignore_eos" not in bodies["transformers"]
+    assert json.loads(bodies["transformers"]["generation_config"]) == {
+        "max_new_tokens": 5,
+        "min_new_tokens": 5,
+    }
+    assert set(bodies["generic"]) == {"model", "messages", "temperature", "max_tokens", "seed"}
+    assert all(b["max_tokens"] == 5 for b in bodies.values())
+
+
+@pytest.mark.timeout(60)
+def test_replay_of_a_large_action_skips_the_echo_header(tmp_path: Path) -> None:
+    answer = "x" * 10_000  # larger than servers accept in headers
+    problem = {
+        "id": "big",
+        "prompt": "p",
+        "script": [{"type": "final", "answer": answer, "output_tokens": 3}],
+    }
+    with serve() as running:
+        outcome, capture, _ = http_run(tmp_path, [problem], running.url, replay=True)
+        seen = requests_of(running)
+    assert outcome.status == "complete" and seen[0]["action_header"] is None
+    assert seen[0]["body"]["max_tokens"] == 3
+    assert [e.completion_tokens for e in capture.of(ModelFinished)] == [3]
+    assert [e.finish_reason for e in capture.of(ModelFinished)] == ["length"]  # cut at max_tokens: 3
+
+
+@pytest.mark.timeout(60)
+def test_replay_warmup_sends_no_schema(tmp_path: Path) -> None:
+    """Replay requests carry no schema, so neither do its warm-up requests: a server that refuses schemas
+    serves the whole replay (the warm-up used to send one and fail the run)."""
+    problem = {
+        "id": "r",
+        "prompt": "p",
+        "reference_answer": "5",
+        "script": [{"type": "final", "answer": "5", "output_tokens": 3}],
+    }
+    with serve(faults=FaultConfig(reject_schema=True)) as running:
+        outcome, _, _ = http_run(tmp_path, [problem], running.url, replay=True, warmup_requests=2)
+        seen = requests_of(running)
+    assert outcome.status == "complete", outcome.error
+    assert len(seen) == 3 and all("response_format" not in s["body"] for s in seen)
+
+
+@pytest.mark.timeout(60)
+def test_an_api_key_from_the_environment_is_sent_and_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server started with an API key (vLLM's or SGLang's ``--api-key``, a hosted endpoint) answered
+    every request 401: there was no way to send one. ``--api-key-env NAME`` sends the key NAME holds;
+    the key is in no output (run.json records the command line and the config: the name only)."""
+    secret = "sk-test-5f1c0a"
+    monkeypatch.setenv("ASYNCROLL_TEST_KEY", secret)
+    with FakeOpenAI([completion(FINAL)], key=secret) as server:
+        outcome, _, out = http_run(
+            tmp_path, final_problems(2), server.url, api_key_env="ASYNCROLL_TEST_KEY", warmup_requests=1
+        )
+        refused, _, _ = http_run(tmp_path, final_problems(1), server.url, warmup_requests=1)
+    assert outcome.status == "complete" and outcome.summary is not None, outcome.error
+    assert outcome.summary["counts"]["completed"] == 2
+    assert server.authorizations[:3] == [f"Bearer {secret}"] * 3  # the warm-up and both turns
+    assert refused.status == "failed" and refused.error is not None and "401" in refused.error
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["backend"]["api_key"] == "from the environment variable ASYNCROLL_TEST_KEY"
+    assert receipt["config"]["api_key_env"] == "ASYNCROLL_TEST_KEY"
+    assert not [f for f in out.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    monkeypatch.delenv("ASYNCROLL_TEST_KEY")
+    with pytest.raises(
+        UsageError, match="--api-key-env ASYNCROLL_TEST_KEY: that environment variable is not set"
+    ):
+        build_config(
+            {
+                "workload": "w",
+                "output": "o",
+                "backend": "vllm",
+                "model": "m",
+                "api_key_env": "ASYNCROLL_TEST_KEY",
+            }
+        )
+    with pytest.raises(UsageError, match="--api-key-env only applies to HTTP backends"):
+        build_config({"workload": "w", "output": "o", "api_key_env": "HOME"})
+
+
+@pytest.mark.timeout(60)
+def test_a_lone_surrogate_in_a_message_is_sent_escaped_not_a_failed_run() -> None:
+    """Text a tool or the evaluator made with a lone surrogate (``"\\ud800"``) in a message: orjson
+    refused to encode the request, a TypeError outside the exchange's handling that failed the whole run.
+    It is sent as the escape, a valid JSON text (the server decides); ordinary text stays UTF-8."""
+    import httpx
+
+    from asyncroll.backends.exchange import post_chat
+
+    received: list[bytes] = []
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["content-length"])))
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    async def send(text: str) -> tuple[int, bytes]:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            return await post_chat(client, {"messages": [{"role": "user", "content": text}]}, {}, 10.0)
+
+    with LoopbackServer(Echo) as server:
+        assert asyncio.run(send("bad \ud800 value")) == (200, b"{}")
+        assert asyncio.run(send("café")) == (200, b"{}")
+    assert received[0] == b'{"messages":[{"role":"user","content":"bad \\ud800 value"}]}'
+    assert json.loads(received[0])["messages"][0]["content"] == "bad \ud800 value"
+    assert received[1] == '{"messages":[{"role":"user","content":"café"}]}'.encode()

@@ -1,0 +1,159 @@
+"""Before the clock starts: the warm-up requests (retried like turns, a wrong model failing the run) and
+the probe that tells the server's kind from its model list."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+from asyncroll.clock import SystemClock
+from asyncroll.errors import ModelError
+from asyncroll.events import ModelRetrying, TrajectoryStarted
+from asyncroll.serve_sim.config import FaultConfig
+from tests.hostile_http import HostileServer, json_reply, raw_reply, trickle_json
+from tests.http_backend import FINAL, completion, final_problems, http_run, serve
+
+
+@pytest.mark.timeout(60)
+def test_warmup_and_probed_server_kind(tmp_path: Path) -> None:
+    with serve(metrics_flavor="sglang") as running:
+        outcome, _, out = http_run(
+            tmp_path, final_problems(2), running.url, backend="openai", warmup_requests=3
+        )
+        stats = running.stats()
+    assert outcome.status == "complete" and stats["requests"] == 5
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["warmup"] == {"requested": 3, "sent": 3}
+    assert receipt["backend"]["server_kind"] == "sglang"
+    assert receipt["backend"]["server_kind_source"].startswith("probed")
+
+
+@pytest.mark.timeout(60)
+def test_warmup_requests_are_retried_like_turns(tmp_path: Path) -> None:
+    """A transient 429/503 during the untimed warm-up is retried under ``--max-retries`` (counted in
+    run.json, no events: the clock has not started); only a request that still fails fails the run."""
+    faults = FaultConfig(rate_429=0.3, rate_503=0.3, retry_after_s=0.01)
+    with serve(seed=4, faults=faults) as running:
+        outcome, capture, out = http_run(
+            tmp_path, final_problems(1), running.url, max_retries=20, retry_max_delay=0.05, warmup_requests=6
+        )
+        injected = running.stats()["faults"]
+    assert outcome.status == "complete", outcome.error
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["warmup"] == {"requested": 6, "sent": 6}
+    turn_retries = len(capture.of(ModelRetrying))
+    warmup_retries = receipt["backend"]["warmup_retries"]
+    assert warmup_retries > 0 and warmup_retries + turn_retries == sum(injected.values())
+    with serve(faults=FaultConfig(rate_500=1.0)) as running:
+        outcome, capture, _ = http_run(
+            tmp_path,
+            final_problems(1),
+            running.url,
+            max_retries=2,
+            retry_max_delay=0.02,
+            warmup_requests=1,
+        )
+    assert outcome.status == "failed" and not capture.of(TrajectoryStarted)
+    assert (
+        outcome.error is not None and "warm-up request 1/1 failed after 3 attempts: HTTP 500" in outcome.error
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_wrong_model_fails_the_warmup_before_the_clock(tmp_path: Path) -> None:
+    with serve() as running:
+        outcome, capture, out = http_run(
+            tmp_path, final_problems(2), running.url, model="gpt-9", warmup_requests=1
+        )
+    assert outcome.status == "failed"
+    assert outcome.error is not None and "warm-up request 1/1 failed: HTTP 404" in outcome.error
+    assert "The model `gpt-9` does not exist" in outcome.error
+    assert not capture.of(TrajectoryStarted)
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
+def test_server_kind_probe_without_a_model_list() -> None:
+    """Pure protocol cases of the probe (``httpx.MockTransport``): no list → generic; no server → error."""
+    import httpx
+
+    async def probe(handler: Any) -> tuple[str | None, str]:
+        settings = HttpSettings(endpoint="http://server", model="m", inflight=1)
+        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(handler))
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await backend.start(tg)
+            finally:
+                await backend.aclose()
+        return backend.server_kind, backend.describe()["server_kind_source"]
+
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(404, text="Not Found")))
+    assert kind == "generic" and "HTTP 404 without a model list" in source
+    listed = {"data": [{"id": "m", "owned_by": "huggingface"}]}
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=listed)))
+    assert kind == "generic" and "huggingface" in source
+    deep = b'{"data": ' + b"[" * 100_000  # json raises RecursionError here, not a ValueError
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, content=deep)))
+    assert kind == "generic" and "HTTP 200 without a model list" in source
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(ExceptionGroup) as raised:  # raised inside the run's task group
+        asyncio.run(probe(refuse))
+    assert raised.group_contains(ModelError, match="or declare its kind with --server-kind")
+
+
+@pytest.mark.timeout(60)
+def test_a_trickling_probe_answer_ends_at_its_deadline() -> None:
+    """``/v1/models`` (the server-kind probe) and ``/health`` (the down-server probe) had only httpx's
+    per-phase timeout, which every trickled byte resets: the run hung before its start, and a down
+    server's probe outlived ``--server-down-timeout``."""
+    from asyncroll.http_read import request_deadline_s
+
+    settings = HttpSettings(endpoint="", model="m", inflight=1, request_timeout=0.5)
+    deadline = request_deadline_s(0.5)
+    for path in ("/v1/models", "/health"):
+        with HostileServer([json_reply(completion(FINAL))], gets={path: trickle_json}) as server:
+            backend = OpenAIBackend(replace(settings, endpoint=server.url), SystemClock())
+
+            async def probe(backend: OpenAIBackend = backend, path: str = path) -> Any:
+                try:
+                    if path == "/health":
+                        return await backend._healthy()
+                    return await backend._probe_kind(backend._http())
+                finally:
+                    await backend.aclose()
+
+            began = time.monotonic()
+            if path == "/health":
+                assert asyncio.run(probe()) is False
+                assert backend._last_probe == f"GET /health: no complete answer within {deadline:g}s"
+            else:
+                with pytest.raises(ModelError, match=f"\\(no complete answer within {deadline:g}s\\)"):
+                    asyncio.run(probe())
+            assert time.monotonic() - began < deadline + 2.0
+
+
+@pytest.mark.timeout(30)
+def test_a_model_list_that_cannot_be_decoded_is_generic_not_unreachable() -> None:
+    """The server answered, so it is reachable: an undecodable answer makes it ``generic`` with the
+    reason, as a missing model list does (it was a transport error said to be "within 3s")."""
+    unreadable = raw_reply(200, {"content-encoding": "gzip"}, b"not gzip at all")
+    with HostileServer([json_reply(completion(FINAL))], gets={"/v1/models": unreadable}) as server:
+        backend = OpenAIBackend(HttpSettings(endpoint=server.url, model="m", inflight=1), SystemClock())
+
+        async def probe() -> tuple[str, str]:
+            try:
+                return await backend._probe_kind(backend._http())
+            finally:
+                await backend.aclose()
+
+        kind, source = asyncio.run(probe())
+    assert kind == "generic" and source.startswith("probed: /v1/models answered unreadably (DecodingError")
