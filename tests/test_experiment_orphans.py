@@ -17,8 +17,8 @@ import asyncroll.experiment.runner as runner_module
 from asyncroll.experiment.arms import ExperimentInterrupted
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
+from tests.lean_experiment import lean
 from tests.test_experiment import read
-from tests.test_experiment_guards import lean
 from tests.test_experiment_setup import fake_arms
 
 
@@ -94,7 +94,7 @@ def test_a_signal_while_a_process_is_spawned_still_stops_it(
     import subprocess
 
     import asyncroll.experiment.arms as arms_module
-    from tests.test_experiment_guards import one_arm, ready_server
+    from tests.lean_experiment import one_arm, ready_server
 
     real = subprocess.Popen
     spawned: list[Any] = []  # held here: a Popen dropped while its child runs warns

@@ -18,8 +18,9 @@ import asyncroll.experiment.runner as runner_module
 from asyncroll.errors import UsageError
 from asyncroll.experiment import preflight
 from asyncroll.experiment.runner import ExperimentRunner
+from tests.conftest import invoke
+from tests.lean_experiment import lean
 from tests.test_experiment import read, write_config
-from tests.test_experiment_guards import invoke, lean
 
 
 def program(tmp: Path, name: str = "fake-serve", *, executable: bool = True) -> Path:
@@ -425,7 +426,7 @@ def test_the_plan_prints_the_servers_environment_and_the_arm_records_it(
 
     import asyncroll.experiment.arms as arms_module
     from asyncroll.experiment.server import free_port
-    from tests.test_experiment_guards import one_arm, ready_server
+    from tests.lean_experiment import one_arm, ready_server
 
     server = ready_server(tmp_path)
     # the wrapper prints what the server's environment holds, then runs the server

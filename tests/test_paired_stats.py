@@ -13,7 +13,7 @@ from asyncroll.experiment.report import aggregate
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval
 from asyncroll.outputs.statistics import distribution
-from tests.test_experiment_guards import comparison
+from tests.fake_comparison import comparison
 
 GPU_HOUR = "throughput.completed_per_gpu_hour"
 

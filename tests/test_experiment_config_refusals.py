@@ -1,0 +1,155 @@
+"""Experiment configs refused before anything runs: client flags the plan manages, a negative seed, a
+wrong workload SHA-256, an infinite setting, a gate on a metric the summary has not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncroll.errors import UsageError
+from asyncroll.experiment.config import MANAGED_CLIENT_FLAGS, load_experiment_config
+from asyncroll.experiment.plan import build_plan, client_command
+from tests.conftest import invoke
+from tests.lean_experiment import lean
+from tests.test_experiment import ROOT, write_config
+
+
+def test_extra_args_may_not_repeat_a_flag_the_plan_sets(tmp_path: Path) -> None:
+    arms = [
+        {"name": "fifo", "policy": "fifo"},
+        {
+            "name": "asyncroll",
+            "policy": "asyncroll",
+            "extra_args": ["--policy", "tool_first", "--seed", "99"],
+        },
+    ]
+    with pytest.raises(
+        UsageError, match=r"arms\.1\.extra_args: extra_args may not repeat .*: --policy, --seed"
+    ):
+        lean(tmp_path, arms=arms)
+    with pytest.raises(UsageError, match=r"client\.extra_args: .*: --output"):
+        lean(tmp_path, **{"client.extra_args": ["--output=/elsewhere"]})
+    with pytest.raises(UsageError, match="--config"):
+        lean(tmp_path, **{"client.extra_args": ["--config", "run.toml"]})
+    assert lean(tmp_path, **{"client.extra_args": ["--nvtx"]}).client.extra_args == ["--nvtx"]
+
+
+def test_the_managed_flags_cover_every_flag_the_plan_sets() -> None:
+    """Every flag of every client command the plan can build, and each such option's other spellings
+    (``--progress/--no-progress``), is refused in extra_args."""
+    import typer.main
+
+    from asyncroll.cli import app
+    from asyncroll.experiment.config import GpuSpec
+
+    smoke = load_experiment_config(ROOT / "experiments" / "serve_sim_smoke.json")
+    full = smoke.model_copy(
+        update={
+            "gpu": GpuSpec(),
+            "client": smoke.client.model_copy(update={"limit": 2, "dedicated_gpu": True, "replay": True}),
+            "workload": smoke.workload.model_copy(update={"tool_root": ROOT / "examples"}),
+        }
+    )
+    bare = smoke.model_copy(update={"server": smoke.server.model_copy(update={"metrics_path": None})})
+    flags: set[str] = set()
+    for cfg in (full, bare):
+        for arm in build_plan(cfg):
+            flags |= {t for t in client_command(cfg, arm, 8000, Path("run")) if t.startswith("--")}
+    assert {"--nvml-device", "--no-telemetry", "--tool-root", "--limit", "--metrics-url"} <= flags
+    assert flags <= MANAGED_CLIENT_FLAGS
+    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    for param in run.params:
+        spellings = set(param.opts) | set(param.secondary_opts)
+        if spellings & MANAGED_CLIENT_FLAGS:
+            assert spellings <= MANAGED_CLIENT_FLAGS, spellings
+
+
+def test_a_negative_seed_is_refused_by_the_config_plan_and_report(tmp_path: Path) -> None:
+    config = write_config(tmp_path, seed=-3)
+    with pytest.raises(UsageError, match="seed: Input should be greater than or equal to 0"):
+        load_experiment_config(config)
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2 and "seed: Input should be greater than or equal to 0" in done.stderr
+
+
+def test_the_plan_refuses_a_wrong_workload_sha256_as_the_run_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan is the documented dry run (PROTOCOL_LIVECODEBENCH.md, docs/SINGLE_GPU.md): a workload
+    that does not match the declared SHA-256 is refused there, with the run's message, not first on
+    the rented GPU. Both plan paths: ``experiment plan`` and the LiveCodeBench script's ``--plan``."""
+    import hashlib
+    import importlib.util
+
+    wrong = "0" * 64
+    config = write_config(tmp_path, **{"workload.sha256": wrong})
+    run = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    plan = invoke("experiment", "plan", "--config", config)
+    assert run.exit_code == plan.exit_code == 2, plan.output
+    assert "is not the config's workload.sha256" in plan.stderr and plan.stderr == run.stderr
+    assert not (tmp_path / "out").exists()
+    smoke = hashlib.sha256((ROOT / "examples" / "smoke.jsonl").read_bytes()).hexdigest()
+    matching = invoke("experiment", "plan", "--config", write_config(tmp_path, **{"workload.sha256": smoke}))
+    assert matching.exit_code == 0 and f"expected sha256 {smoke}" in matching.stdout
+
+    spec = importlib.util.spec_from_file_location(
+        "lcb_script", ROOT / "scripts" / "run_lcb_bounded_single_gpu.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    workload = ROOT / "examples" / "livecodebench" / "workload.jsonl"
+    args = [
+        "--config",
+        str(ROOT / "experiments" / "livecodebench_bounded_8x4.json"),
+        "--model-path",
+        "/models/m",
+        "--workload",
+        str(workload),
+        "--output",
+        str(tmp_path / "lcb"),
+        "--plan",
+    ]
+    capsys.readouterr()
+    assert script.main([*args, "--workload-sha256", wrong]) == 2
+    refused = capsys.readouterr()
+    assert refused.out == "" and "is not the config's workload.sha256 " + wrong in refused.err
+    lcb = hashlib.sha256(workload.read_bytes()).hexdigest()
+    assert script.main([*args, "--workload-sha256", lcb]) == 0
+    assert f"expected sha256 {lcb}" in capsys.readouterr().out
+    assert not (tmp_path / "lcb").exists()
+
+
+def test_an_infinite_setting_is_refused_by_the_config(tmp_path: Path) -> None:
+    """JSON allows Infinity; an arm's client would refuse it only after the server had started."""
+    config = write_config(tmp_path, **{"client.tool_timeout": float("inf")})
+    with pytest.raises(UsageError, match="tool_timeout: Input should be a finite number"):
+        load_experiment_config(config)
+
+
+def test_the_gpu_slots_alias_is_a_managed_flag(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"client\.extra_args: .*: --gpu-slots"):
+        lean(tmp_path, **{"client.extra_args": ["--gpu-slots", "2"]})
+    with pytest.raises(UsageError, match="--gpu-slots"):
+        lean(tmp_path, **{"client.extra_args": ["--gpu-slots=2"]})
+
+
+def test_a_gate_on_a_metric_the_summary_has_not_is_refused_by_the_config(tmp_path: Path) -> None:
+    """It used to be accepted by plan and run and to read as unknown only after its stage's arm ran."""
+    gates = [{"metric": "counts.nonexistent", "op": ">=", "value": 1}]
+    config = write_config(tmp_path, **{"stages.qualification.gates": gates})
+    with pytest.raises(UsageError, match=r"summary\.json\.counts has no 'nonexistent'"):
+        load_experiment_config(config)
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2 and "has no 'nonexistent'" in done.stderr
+    for metric in ("latency.trajectory_s.p95", "rates.success_rate", "model.failed.transport"):
+        ok = write_config(
+            tmp_path, **{"stages.qualification.gates": [{"metric": metric, "op": ">", "value": 0}]}
+        )
+        load_experiment_config(ok)  # a distribution's field, a rate, an untyped section: accepted
+    not_a_number = write_config(
+        tmp_path, **{"stages.qualification.gates": [{"metric": "status", "op": ">", "value": 0}]}
+    )
+    with pytest.raises(UsageError, match=r"summary\.json\.status is not a number"):
+        load_experiment_config(not_a_number)

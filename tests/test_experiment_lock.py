@@ -1,0 +1,78 @@
+"""One runner per output directory: the lock refuses a second runner (or a resume inside an arm) and a
+killed runner leaves none behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncroll.experiment.runner as runner_module
+from asyncroll.errors import UsageError
+from asyncroll.experiment.lock import OutputLock
+from asyncroll.experiment.runner import ExperimentRunner
+from tests.lean_experiment import fake_arm, lean
+from tests.test_experiment import ROOT
+
+
+def test_one_runner_per_output_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = OutputLock.acquire(tmp_path)
+    with pytest.raises(UsageError, match=f"being run by pid {os.getpid()} on "):
+        OutputLock.acquire(tmp_path)
+    held.release()
+    OutputLock.acquire(tmp_path).release()
+    # a resume started while the runner is inside an arm is refused, and touches nothing
+    cfg = lean(tmp_path)
+    out = tmp_path / "out"
+    refusals: list[str] = []
+    inner = fake_arm()
+
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        result = inner(cfg, plan, arm_dir)
+        try:
+            ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+        except UsageError as exc:
+            refusals.append(str(exc))
+        return result
+
+    monkeypatch.setattr(runner_module, "run_arm", run_arm)
+    ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    assert len(refusals) == 2 and all(f"being run by pid {os.getpid()}" in r for r in refusals)
+    assert sorted(p.name for p in (out / "arms").iterdir()) == ["pair1-asyncroll", "pair1-fifo"]
+    # once the runner has returned, the directory is free again
+    lines: list[str] = []
+    ExperimentRunner(cfg, out, resume=True, echo=lines.append).run()
+    assert any("resuming" in line for line in lines)
+
+
+@pytest.mark.timeout(30)
+def test_a_killed_runner_leaves_no_lock_behind(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from asyncroll.experiment.lock import OutputLock; "
+            "OutputLock.acquire(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(UsageError, match=f"being run by pid {holder.pid} "):
+            OutputLock.acquire(tmp_path)
+        holder.kill()  # SIGKILL: no cleanup runs; the kernel drops the lock
+        holder.wait(10)
+        OutputLock.acquire(tmp_path).release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()

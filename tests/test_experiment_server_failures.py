@@ -1,0 +1,186 @@
+"""An arm's inference server that misbehaves: answers non-JSON, dies while the client runs, ignores
+SIGTERM, trickles its readiness answer; and what its startup log records."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.experiment.runner import ExperimentRunner
+from asyncroll.experiment.server import ManagedProcess
+from tests.lean_experiment import lean
+from tests.test_experiment import alive, kill_recorded, read, recorded_processes
+
+
+@pytest.mark.timeout(60)
+def test_a_server_answering_non_json_fails_its_arm_at_starting_server(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "v1").mkdir(parents=True)
+    (site / "health").write_text("ok")
+    (site / "v1" / "models").write_text("not json")
+    command = ["{python}", "-m", "http.server", "--bind", "{host}", "--directory", str(site), "{port}"]
+    cfg = lean(tmp_path, server={"command": command, "kind": "generic", "port": 0, "startup_timeout_s": 20})
+    out = tmp_path / "out"
+    lines: list[str] = []
+    try:
+        outcome = ExperimentRunner(cfg, out, echo=lines.append).run()
+    finally:
+        kill_recorded(out)
+    assert outcome.status == "complete" and outcome.exit_code == 1
+    for arm_id in ("pair1-fifo", "pair1-asyncroll"):
+        arm = read(out / "arms" / arm_id / "arm.json")
+        assert arm["status"] == "failed" and arm["failed_step"] == "starting_server"
+        assert arm["error"].startswith("/v1/models did not return JSON")
+    assert any(line.startswith("[pair1-fifo] failed: /v1/models did not return JSON") for line in lines)
+    assert not any(alive(p) for p in recorded_processes(out))
+
+
+@pytest.mark.timeout(90)
+def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path: Path) -> None:
+    """kill -9 of the server mid-arm: the client is stopped promptly and the arm's error names the
+    server's death and its log, not a client deadline."""
+    import threading
+    import time
+
+    from tests.test_experiment import SMOKE
+
+    command = json.loads(SMOKE.read_text())["server"]["command"]
+    command[command.index("--step-base-ms") + 1] = "150"  # a client that runs for a while
+    # one arm: the qualification stage's, which fails and stops the experiment before the pairs (a
+    # second arm, on this slowed server, only took time)
+    one_arm = {"qualification": {"arms": ["fifo"], "gates": []}}
+    cfg = lean(tmp_path, **{"server.command": command, "client.deadline_s": 45, "stages": one_arm})
+    out = tmp_path / "out"
+    arm_json = out / "arms" / "qualification-1-fifo" / "arm.json"
+    killed: list[float] = []
+
+    def kill_server() -> None:
+        end = time.monotonic() + 40
+        while time.monotonic() < end:
+            try:
+                data = read(arm_json)
+            except (OSError, ValueError):
+                data = {}
+            if data.get("status") == "running_client":
+                time.sleep(1.0)
+                os.kill(data["server"]["process"]["pid"], signal.SIGKILL)
+                killed.append(time.monotonic())
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_server, daemon=True)
+    watcher.start()
+    try:
+        outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    finally:
+        watcher.join(5)
+        kill_recorded(out)
+    assert killed
+    assert outcome.status == "stopped" and not (out / "arms" / "pair1-fifo").exists()
+    arm = read(arm_json)
+    assert arm["status"] == "failed" and arm["failed_step"] == "running_client"
+    assert arm["error"].startswith("server was killed by SIGKILL (exit code -9) while the client ran")
+    assert str(out / "arms" / "qualification-1-fifo" / "server.log") in arm["error"]
+    assert arm["client"]["wall_s"] < 15  # not the client's 45 s deadline
+    assert not any(alive(p) for p in recorded_processes(out))
+
+
+def test_startup_evidence_records_attention_backend_names_as_logged() -> None:
+    from asyncroll.experiment.server import startup_evidence
+
+    log = "\n".join(
+        [
+            "INFO [cuda.py:240] Using Flash Attention backend on V1 engine.",
+            "INFO: Using sampling backend: flashinfer",
+            "INFO [cuda.py:250] Using Triton MLA backend on V1 engine.",
+            "INFO [selector.py:40] Using FLASH_ATTN attention backend out of potential backends: ['X']",
+            "server_args=ServerArgs(attention_backend='fa3', sampling_backend='pytorch')",
+        ]
+    )
+    ev = startup_evidence(log)
+    assert ev["attention_backend"] == ["Flash Attention", "Triton MLA", "FLASH_ATTN", "fa3"]
+    assert ev["sampling_backend"] == ["flashinfer", "pytorch"]
+
+
+@pytest.mark.timeout(30)
+def test_a_server_ignoring_sigterm_is_killed_after_one_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TERM → grace → KILL: the leader and its child both ignore TERM; KILL comes after stop_grace_s in
+    total, not once for the leader and again for its tree."""
+    import time
+
+    import asyncroll.experiment.server as server_module
+    from asyncroll.proctree import descendants
+
+    sent: list[tuple[int, float]] = []
+
+    def signal_tree(pid: int, sig: int, tree: list[Any]) -> None:
+        sent.append((sig, time.monotonic()))
+        real(pid, sig, tree)
+
+    real = server_module.signal_tree
+    monkeypatch.setattr(server_module, "signal_tree", signal_tree)
+    process = ManagedProcess(["bash", "-c", "trap '' TERM; sleep 60 & wait"], tmp_path / "server.log")
+    process.start()
+    try:
+        end = time.monotonic() + 10
+        while not descendants(process.pid) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert descendants(process.pid)
+        stop = process.stop(2.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert stop["how"] == "kill" and stop["leftover"] == []
+    # one grace (2 s) between TERM and KILL, not two (4 s). Timed between the two signals only, not the
+    # whole stop (the wait for the killed group and the adoption scan after it stretched on a loaded
+    # machine: a whole-stop window of 2–3 s failed once); the margin below 4 s absorbs scheduling delays.
+    [(term, term_at), (kill, kill_at)] = sent
+    assert (term, kill) == (signal.SIGTERM, signal.SIGKILL)
+    assert 2.0 <= kill_at - term_at < 3.8, sent
+
+
+TRICKLING_HEALTH = """
+import socket, sys, time
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    conn, _ = server.accept()
+    conn.recv(65536)
+    conn.sendall(b"HTTP/1.1 200 OK\\r\\ncontent-length: 1000000\\r\\n\\r\\n")
+    try:
+        while True:  # one byte at a time: every read of httpx's finishes within its per-phase timeout
+            conn.sendall(b" ")
+            time.sleep(0.5)
+    except OSError:
+        conn.close()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_trickles_its_readiness_answer_times_out_at_the_deadline(tmp_path: Path) -> None:
+    """Readiness probes had only httpx's per-phase timeout, which each trickled byte resets: a server
+    answering /health one byte at a time held the arm in ``starting_server`` for ever."""
+    from asyncroll.experiment.server import PROBE_TIMEOUT_S, InferenceServer, ReadinessTimeout, free_port
+    from asyncroll.http_read import request_deadline_s
+
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-c", TRICKLING_HEALTH, str(port)]
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    server.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(ReadinessTimeout, match="no complete answer within"):
+            server.wait_ready(["/health"], 3.0)  # room for a slow start: ConnectError until it listens
+        # each probe gets at most the time left, and its deadline is at most max(1 s, 10%) more
+        assert time.monotonic() - began < 3.0 + request_deadline_s(PROBE_TIMEOUT_S) - PROBE_TIMEOUT_S + 2.0
+    finally:
+        server.stop(2.0)
