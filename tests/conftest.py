@@ -1,11 +1,12 @@
-"""Shared test helpers: workloads written to real files, runs on a virtual clock."""
+"""Shared test helpers: workloads written to real files, runs on a virtual clock, loopback ``/metrics``
+servers."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -15,6 +16,9 @@ from asyncroll.config import build_config
 from asyncroll.event_log import EventCapture
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import Duration, builtin_duration, virtual_factory
+
+if TYPE_CHECKING:  # imported where used: tests.metrics_loopback imports this module
+    from tests.metrics_loopback import MetricsServer, Raw
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,3 +88,19 @@ def virtual_run(tmp_path: Path) -> VirtualRun:
         return outcome, capture, out
 
     return go
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[Callable[..., MetricsServer]]:
+    from tests.metrics_loopback import MetricsServer
+
+    servers: list[MetricsServer] = []
+
+    def start(render: Callable[[int], tuple[int, str]], raw: Raw | None = None) -> MetricsServer:
+        server = MetricsServer(render, raw).__enter__()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.__exit__()

@@ -1,5 +1,5 @@
 """``/metrics`` as real servers serve it, beyond one plainly named model on a plain 200. Real loopback servers
-(``tests.test_telemetry.MetricsServer``), no timing assertions."""
+(``tests.metrics_loopback.MetricsServer``), no timing assertions."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from asyncroll.telemetry.server_metrics import (
 )
 from tests.conftest import tool_problem
 from tests.loopback import LoopbackServer
-from tests.test_telemetry import MetricsServer, idle_vllm, real_clock_run
+from tests.metrics_loopback import MetricsServer, idle_vllm, real_clock_run
 
 
 def _redirect(handler: BaseHTTPRequestHandler, location: str) -> None:
