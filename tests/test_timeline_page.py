@@ -1,0 +1,230 @@
+"""timeline.html: one self-contained file whose embedded data parses back and cannot be broken out of,
+down-sampled past its limits with notes that say so, its script run in Node against a DOM stand-in
+(zoom, pan, hover) and the page drawn in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from asyncroll.outputs import timeline
+from asyncroll.outputs.timeline import timeline_data, write_timeline
+from tests.conftest import invoke
+from tests.export_checks import chromium_page, page_data
+from tests.synthetic_runs import (
+    RUN,
+    SMOKE,
+    SUMMARY,
+    broken_events,
+    make_run,
+    normal_events,
+    timeout_events,
+    trajectory,
+)
+
+
+def test_timeline_is_self_contained(tmp_path: Path) -> None:
+    run = make_run(tmp_path, normal_events() + timeout_events(), summary=SUMMARY, run=RUN)
+    html = write_timeline(run).read_text()
+    assert html.startswith("<!doctype html>") and html.rstrip().endswith("</html>")
+    assert html.count("<canvas") == 2 and html.count("<script") == 2 and html.count("</script>") == 2
+    for remote in ("http://", "https://", "src=", "<link", "@import", "url("):
+        assert remote not in html
+    data = page_data(html)
+    assert data == json.loads(json.dumps(timeline_data(run)))
+    header = dict(data["header"])
+    assert header["policy"] == "asyncroll" and header["makespan"] == "0.6 s"
+    assert header["reorders"] == "1 of 3 scheduler decisions" and "18,000" in header["throughput"]
+    assert data["telemetry"]["sources"] == [] and "no telemetry probe recorded" in data["telemetry"]["note"]
+    assert [r[0] for r in data["rows"]][:4] == ["a", "slow", "b", "c"]  # in order of start
+    states = {data["states"][s[4]] for s in data["spans"]}
+    assert states == {"ok", "failed"} and data["bars"] == []
+    assert data["notes"][0] == f"{len(data['spans'])} of {len(data['spans'])} spans drawn individually."
+
+
+def test_timeline_escapes_script_breakout(tmp_path: Path) -> None:
+    nasty = "</script><script>alert(1)</script>&<!--"
+    run = make_run(tmp_path, trajectory(nasty, 0, 0.0, worker=0))
+    html = write_timeline(run).read_text()
+    assert html.count("</script>") == 2 and "alert(1)</" not in html and "<!--" not in html
+    assert page_data(html)["rows"][0][0] == nasty
+
+
+def test_timeline_with_no_summary(tmp_path: Path) -> None:
+    run = make_run(tmp_path, broken_events())
+    data = timeline_data(run)
+    header = dict(data["header"])
+    assert header["sampled starvation"] == "unknown (no resources section in summary.json)"
+    assert header["completions"] == "unknown of unknown completed, unknown failed"
+    assert header["status"] == "interrupted"  # no run.json: the measurement_finished event says it
+    assert {data["states"][s[4]] for s in data["spans"]} == {"ok", "incomplete"}
+    assert [data["strings"][i[4]] for i in data["instants"]].count("add (unmatched end)") == 2
+
+
+def test_timeline_downsamples_large_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "MAX_SPANS", 10)
+    events = [e for i in range(6) for e in trajectory(f"t{i}", i, 0.2 * i, worker=i % 2)]
+    data = timeline_data(make_run(tmp_path, [*events, *timeout_events()]))
+    cats = [data["cats"][s[3]] for s in data["spans"]]
+    assert cats == ["trajectory"] * 7 + ["cpu"] * 2  # every trajectory span, then the failed ones
+    assert data["total_spans"] > 10 and data["bars"]
+    bars = data["bars"]
+    assert sum(c[5] for c in bars) == data["total_spans"] - 9  # every other span is in exactly one bar
+    assert all(0 <= c[1] <= c[2] and 1 <= c[6] <= 100 and data["states"][c[4]] == "ok" for c in bars)
+    monkeypatch.setattr(timeline, "MAX_BARS", 1)  # cannot be met: stops at one bar per row and kind
+    merged = timeline_data(tmp_path / "run")["bars"]
+    assert len(merged) == len({(c[0], c[3]) for c in bars}) < len(bars)
+    assert any(n.startswith("Down-sampled:") for n in data["notes"])
+    assert data["notes"][0] == f"9 of {data['total_spans']} spans drawn individually."
+    assert "Trajectory spans and failed/incomplete spans stay exact." in data["notes"][1]
+
+
+def test_the_downsampling_note_says_what_was_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the limit even trajectory spans and failed ones are merged: the note must not call them exact;
+    a thinned counter line is named."""
+    monkeypatch.setattr(timeline, "MAX_SPANS", 2)  # 7 trajectory spans: over the limit on their own
+    monkeypatch.setattr(timeline, "MAX_COUNTER_POINTS", 4)
+    events = [e for i in range(6) for e in trajectory(f"t{i}", i, 0.2 * i, worker=i % 2)]
+    data = timeline_data(make_run(tmp_path, [*events, *timeout_events()]))
+    cats = [data["cats"][s[3]] for s in data["spans"]]
+    assert len(cats) == 2  # 2 of the 3 failed spans (a trajectory, its job's two), up to the limit
+    merged = {data["cats"][c[3]] for c in data["bars"]}
+    assert "trajectory" in merged and any(data["states"][c[4]] != "ok" for c in data["bars"])
+    note = next(n for n in data["notes"] if n.startswith("Down-sampled:"))
+    assert "Trajectory spans are in them too; failed/incomplete spans stay exact (the first 2; 1 more" in note
+    thinned = next(n for n in data["notes"] if n.startswith("Counters thinned"))
+    assert "CPU queue depth (" in thinned and "model requests outstanding (" in thinned
+
+
+NODE_HARNESS = r"""
+const html = require("fs").readFileSync(process.argv[2], "utf8");
+const data = html.match(/<script type="application\/json" id="data">([\s\S]*?)<\/script>/)[1];
+const code = html.match(/<script>([\s\S]*?)<\/script>/)[1];
+const ctx = new Proxy({}, {get: (t, k) => (k in t ? t[k] : () => undefined),
+  set: (t, k, v) => ((t[k] = v), true)});
+const els = {};
+const mk = (id) => ({id, textContent: id === "data" ? data : "", style: {}, dataset: {}, kids: [], on: {},
+  append(...c) { this.kids.push(...c); }, addEventListener(type, f) { this.on[type] = f; },
+  getContext: () => ctx,
+  getBoundingClientRect: () => ({left: 0, top: 0, width: 1200}), parentElement: {clientWidth: 1200}});
+global.document = {getElementById: (id) => (els[id] ||= mk(id)), createElement: mk, body: mk("body")};
+global.window = mk("window");
+global.window.devicePixelRatio = 2;
+global.location = {hash: ""};
+global.requestAnimationFrame = (f) => f();
+new Function(code)();
+const text = (e) => e.textContent + e.kids.map(text).join("");
+const D = JSON.parse(data), out = {rendered: document.body.dataset.rendered};
+out.tele = text(els.tele);
+out.hdr = text(els.hdr);
+const s = D.spans.find((s) => s[3] !== 0), mid = (s[1] + s[2] / 2) / 1e6;  // hover an inner span (rows 16 px)
+const [W0, W1] = D.window, x = 180 + ((mid - W0) / (W1 - W0)) * 1020;  // the page opens on the window
+els.tl.on.mousemove({clientX: x, clientY: s[0] * 16 + 8});
+out.tip = els.tip.textContent;
+for (let i = 0; i < 10; i++) els.tl.on.wheel({deltaY: -200, clientX: x, preventDefault() {}});
+out.zoomed = document.body.dataset.rendered;
+els.ct.on.mousedown({clientX: 600}); window.on.mousemove({clientX: 500}); window.on.mouseup();
+els.tl.on.dblclick();
+out.reset = document.body.dataset.rendered;
+out.view = document.body.dataset.view;
+els.ball.on.click();
+out.whole = document.body.dataset.view;
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_timeline_script_runs(tmp_path: Path) -> None:
+    """Runs the page's script in Node against a minimal DOM/canvas stand-in, then zooms, hovers and pans."""
+    run = make_run(tmp_path, normal_events() + broken_events(), summary=SUMMARY, run=RUN)
+    page = write_timeline(run)
+    harness = tmp_path / "harness.js"
+    harness.write_text(NODE_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    data = page_data(page.read_text())
+    assert out["rendered"] == out["reset"] == str(len(data["spans"]))
+    assert out["view"] == "{:.6f}-{:.6f}".format(*data["window"]) and data["window"][0] == 0.5
+    assert out["whole"] == f"0.000000-{data['t1'] - data['t0']:.6f}"
+    assert 0 < int(out["zoomed"]) < len(data["spans"])
+    assert out["tip"].startswith("a\nmodel queue (model queue)\nstart ")
+    assert out["tele"].startswith("no telemetry probe recorded") and "asyncroll" in out["hdr"]
+    assert out["tele"].endswith("drawn as countersnone (no sample carried a value)")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (not installed here)")
+def test_timeline_renders_in_headless_chromium(tmp_path: Path) -> None:
+    page = write_timeline(make_run(tmp_path, normal_events(), summary=SUMMARY, run=RUN))
+    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    match = re.search(r'<body[^>]*data-rendered="(\d+)"', proc.stdout)
+    assert match, proc.stderr[-2000:]
+    assert int(match.group(1)) == len(page_data(page.read_text())["spans"])
+
+
+def test_many_trajectories_put_shared_tracks_on_top(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "SHARED_FIRST_ABOVE", 2)
+    data = timeline_data(make_run(tmp_path, normal_events()))  # 3 trajectory rows > 2
+    labels = [r[0] for r in data["rows"]]
+    assert labels == ["worker 0", "worker 1", "request slot 0", "scheduler", "a", "b", "c"]
+    traj_rows = {s[0] for s in data["spans"] if data["cats"][s[3]] == "trajectory"}
+    assert traj_rows == {4, 5, 6}  # spans follow their rows
+    assert {i[0] for i in data["instants"] if data["strings"][i[2]] == "reorder"} == {3}
+
+
+def test_thinning_a_long_counter_keeps_its_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "MAX_COUNTER_POINTS", 8)
+    series: list[tuple[float, float | None]] = [(i / 10, float(i % 5)) for i in range(40)]
+    series[20] = (2.0, None)
+    out = timeline._thin(series, 0.0)
+    assert len(out) < len(series) and [2_000_000, None] in out
+    assert out[out.index([2_000_000, None]) + 1][0] > 2_000_000  # the next point comes after the gap
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (.ci/run installs it)"
+)
+def test_thin_rows_label_every_group_even_right_below_a_one_row_group(tmp_path: Path) -> None:
+    """With ~1,000 rows (3 px each) the shared tracks sit on top and the one-row scheduler group is
+    followed at once by the trajectories: that label used to be skipped as overlapping."""
+    events = [e for i in range(1000) for e in trajectory(f"t{i}", i, i * 0.01, worker=i % 2)]
+    page = write_timeline(make_run(tmp_path, events))
+    attrs, console = chromium_page(page, tmp_path)
+    assert console == [] and "error" not in attrs, attrs
+    assert int(attrs["rows"]) > 888  # thin rows: group labels, not row labels
+    assert "trajectories" in attrs["labels"].split("|"), attrs["labels"]
+
+
+def test_a_simulated_runs_page_says_its_times_are_simulated(tmp_path: Path) -> None:
+    """run.json marks a simulation; its page read like a measured run's ("completed / wall hour", a
+    makespan in seconds, nothing saying the clock was virtual), so a what-if run passed for a real one."""
+    out = tmp_path / "sim"
+    done = invoke("simulate", "--workload", SMOKE, "--output", out)
+    assert done.exit_code == 0, done.output
+    header = dict(page_data((out / "timeline.html").read_text())["header"])
+    assert header["clock"].startswith("virtual: a simulation")
+    assert header["throughput"].endswith(" completed / simulated hour")
+    measured = dict(timeline_data(make_run(tmp_path, normal_events(), summary=SUMMARY, run=RUN))["header"])
+    assert "clock" not in measured and measured["throughput"].endswith(" completed / wall hour")
+
+
+def test_a_span_on_a_row_of_several_trajectories_names_its_trajectory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_TRAJECTORY_ROWS a row holds several trajectories ("trajectories 1-2"): a hovered span
+    said only "failed", so which trajectory failed was nowhere on the page."""
+    monkeypatch.setattr(timeline, "MAX_TRAJECTORY_ROWS", 2)
+    data = timeline_data(make_run(tmp_path, normal_events() + timeout_events()))  # 4 trajectories
+    assert [r[0] for r in data["rows"][:2]] == ["trajectories 1-2", "trajectories 3-4"]
+    labels = {data["strings"][s[5]] for s in data["spans"] if s[0] < 2}
+    assert {"slow: failed", "a: completed", "slow: spin_ms (failed)", "a: model turn 0"} <= labels
+    monkeypatch.setattr(timeline, "MAX_TRAJECTORY_ROWS", 4_000)
+    alone = timeline_data(tmp_path / "run")  # one trajectory a row: its row names it
+    assert "failed" in {alone["strings"][s[5]] for s in alone["spans"]}
