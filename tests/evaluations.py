@@ -1,0 +1,123 @@
+"""Helpers for the sandboxed ``lcb_evaluate`` evaluator's tests: the real LiveCodeBench fixtures, the
+markers for tests that run a program or need full isolation, and an evaluation that checks afterwards that
+nothing it started is left: no process of the sandbox uid started since the test began, no descendant of
+this process, no per-test cgroup."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import pickle
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from asyncroll.evaluator import isolation
+from asyncroll.evaluator.cgroups import PREFIX
+from asyncroll.evaluator.cgroups_v2 import group_roots
+from asyncroll.evaluator.evaluate import lcb_evaluate
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROW_1873_A = FIXTURES / "livecodebench_code_generation_lite_1873_A.jsonl"
+FRAGMENT_3708 = FIXTURES / "livecodebench_functional_fragment_3708.json"
+ADD = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
+ADD_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
+SLACK_S = 3.0
+HOST_ROOT_LINKS = [
+    d for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32") if os.path.lexists(f"/{d}")
+]  # start-up, kill and clean-up on a loaded 2-core machine
+
+requires_isolation = pytest.mark.skipif(
+    os.geteuid() != 0, reason="full isolation needs root (uid switch, namespaces, cgroups)"
+)
+real_process = pytest.mark.timeout(60)
+
+
+class _RefuseGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing global {module}.{name}")
+
+
+def real_1873_a() -> tuple[list[dict[str, str]], str]:
+    """The real Codeforces row's public + private tests, decoded safely, and its statement."""
+    row = json.loads(ROW_1873_A.read_text().splitlines()[0])
+    private = _RefuseGlobals(io.BytesIO(zlib.decompress(base64.b64decode(row["private_test_cases"])))).load()
+    return json.loads(row["public_test_cases"]) + json.loads(private), row["question_content"]
+
+
+def fragment_3708() -> tuple[list[dict[str, str]], str]:
+    fragment = json.loads(FRAGMENT_3708.read_text())
+    return json.loads(fragment["public_test_cases"]), json.loads(fragment["metadata"])["func_name"]
+
+
+ZIGZAG = """
+class Solution:
+    def zigzagTraversal(self, grid: List[List[int]]) -> List[int]:
+        cells = []
+        for i, row in enumerate(grid):
+            cells.extend(row if i % 2 == 0 else reversed(row))
+        return cells[::2]
+"""
+
+
+def _orphaned(proc: psutil.Process, uid: int) -> bool:
+    """True when the first ancestor of ``proc`` not running as ``uid`` is init or this process: a
+    sandboxed process that outlived its launcher. (A live sandbox of another session on this machine
+    has that session's ``unshare`` or worker as its first privileged ancestor.)"""
+    current = proc
+    while True:
+        parent = current.parent()
+        if parent is None or parent.pid == 1:
+            return True
+        if parent.uids().real != uid:
+            return parent.pid == os.getpid()
+        current = parent
+
+
+def leftovers(since: float, *owners: int) -> list[str]:
+    """What an evaluation that started at ``since`` (``time.time()``) left behind: orphaned processes of
+    the sandbox uid, descendants of this process, per-test cgroups of this process or of ``owners``
+    (workers)."""
+    uid = isolation.detect().config.uid
+    found = []
+    for proc in psutil.process_iter(["pid", "uids", "create_time", "cmdline", "status"]):
+        info = proc.info
+        if uid is None or not info["uids"] or info["uids"].real != uid or info["create_time"] < since - 1:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if _orphaned(proc, uid):
+                found.append(f"pid {info['pid']} ({info['status']}): {(info['cmdline'] or [''])[:3]}")
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.create_time() >= since - 1:
+                found.append(f"descendant {child.pid}: {child.cmdline()[:3]}")
+    for root in group_roots():  # v1 memory and pids, or the v2 domain (its process leaves don't count)
+        if root.exists():
+            prefixes = tuple(f"{PREFIX}{pid}-" for pid in (os.getpid(), *owners))
+            mine = [d.name for d in root.iterdir() if d.name.startswith(prefixes)]
+            found += [f"cgroup {root}/{name}" for name in mine]
+    return found
+
+
+def evaluate(
+    code: str, tests: list[dict[str, Any]] | None = None, **kwargs: Any
+) -> tuple[dict[str, Any], float]:
+    """Run ``lcb_evaluate`` and assert it left nothing behind; return its result and wall seconds."""
+    since = time.time()
+    began = time.monotonic()
+    result = lcb_evaluate(code, ADD if tests is None else tests, **kwargs)
+    elapsed = time.monotonic() - began
+    assert leftovers(since) == []
+    assert set(result) == {"passed", "tests_run", "tests_total", "feedback", "timed_out"}
+    return result, elapsed
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    return None if result["feedback"] is None else result["feedback"]["verdict"]

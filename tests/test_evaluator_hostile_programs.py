@@ -1,0 +1,178 @@
+"""Hostile programs end with a verdict and leave nothing: loops, fork and memory bombs, floods,
+descendants that escape, a tree over the memory cgroup, and writes on the status fd that would break or
+forge the verdict."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncroll.evaluator import cgroups
+from tests.evaluations import SLACK_S, evaluate, real_process, requires_isolation, verdict
+from tests.hostile_programs import FORK_BOMB, HOLDS_STDOUT, SETSID_ESCAPE, STATUS_FD
+
+IGNORES_SIGTERM = """
+import signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    pass
+"""
+
+AGGREGATE_MEMORY = """
+import os, time
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(150 * 1024 * 1024)  # each process stays under its address-space limit
+        time.sleep(3)  # held until all four have allocated, however slowly a loaded machine forks
+        os._exit(0)
+    children.append(pid)
+killed = sum(os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in children)
+print(3 if killed == 0 else f"{killed} killed")
+"""
+
+
+@real_process
+@pytest.mark.parametrize(
+    ("name", "program", "expected"),
+    [
+        ("infinite loop", "while True:\n    pass\n", "time_limit_exceeded"),
+        ("fork bomb", FORK_BOMB, "time_limit_exceeded"),
+        ("ignores SIGTERM", IGNORES_SIGTERM, "time_limit_exceeded"),
+        ("memory bomb", "x = bytearray(4 * 1024**3)\nprint(3)\n", "runtime_error"),
+        ("stdout flood", "while True:\n    print('x' * 4096)\n", "output_limit_exceeded"),
+        (
+            "sleeps after answering",
+            "print(3, flush=True)\nimport time\ntime.sleep(1000)\n",
+            "time_limit_exceeded",
+        ),
+    ],
+    ids=["loop", "fork-bomb", "ignores-sigterm", "memory-bomb", "stdout-flood", "sleeps"],
+)
+def test_hostile_programs_end_with_a_verdict_and_leave_nothing(
+    name: str, program: str, expected: str
+) -> None:
+    result, elapsed = evaluate(program, time_limit_s=1.0)
+    assert verdict(result) == expected, (name, result)
+    assert elapsed < 1.0 + SLACK_S, name
+    if expected == "runtime_error":
+        assert "MemoryError" in result["feedback"]["error"]
+
+
+@requires_isolation
+@real_process
+@pytest.mark.parametrize(
+    ("name", "program"),
+    [("setsid escape", SETSID_ESCAPE), ("holds stdout open", HOLDS_STDOUT)],
+    ids=["setsid", "stdout-holder"],
+)
+def test_descendants_that_escape_the_process_group_are_killed(name: str, program: str) -> None:
+    result, elapsed = evaluate(program, time_limit_s=2.0)
+    assert result["passed"], (name, result)  # the answer counts; the escaped descendant dies with the test
+    assert elapsed < 2.0, name  # no waiting for an end of file the descendant withholds
+
+
+@pytest.mark.parametrize(
+    ("failcnt", "oom_control", "hit"),
+    [
+        ("0", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n", True),
+        ("2", None, True),
+        ("0", "oom_kill 0\n", False),
+    ],
+)
+def test_a_memory_limit_hit_is_seen_by_the_fail_count_or_the_oom_kill_count(
+    tmp_path: Path, failcnt: str, oom_control: str | None, hit: bool
+) -> None:
+    """Some kernels leave ``memory.failcnt`` at 0 while the group's out-of-memory killer fires: the
+    verdict said only "killed by SIGKILL", never "(memory limit exceeded)"."""
+    (tmp_path / "memory.failcnt").write_text(failcnt)
+    if oom_control is not None:
+        (tmp_path / "memory.oom_control").write_text(oom_control)
+    assert cgroups.TestGroup((tmp_path,)).memory_limit_hit() is hit
+
+
+@requires_isolation
+@real_process
+def test_the_memory_cgroup_caps_a_tree_of_processes() -> None:
+    # 4 x 150 MiB under a 256 MiB address space: no single process hits RLIMIT_AS, the tree hits the
+    # cgroup (256 + 64 tmpfs + 64 MiB) and the kernel kills some children.
+    result, _ = evaluate(AGGREGATE_MEMORY, time_limit_s=10.0, memory_limit_mb=256)
+    assert verdict(result) == "wrong_answer", result
+    assert result["feedback"]["got"].strip().endswith("killed")
+
+
+GARBLED_REPORT = STATUS_FD + 'os.write(fd, b"[" * 100000 + b"\\n")\nprint(3)\n'
+FORGED_EXIT = (
+    STATUS_FD
+    + """
+os.write(fd, b'{"kind": "exit", "status": 99999999999999999999}\\n[')
+os._exit(3)
+"""
+)
+FLOODS_STATUS = (
+    STATUS_FD
+    + """
+os.write(fd, b'{"kind": "done", "ok": true}\\n')
+print(3, flush=True)
+for _ in range(256):
+    os.write(fd, b"{}\\n" * 32768)
+"""
+)
+NESTED_RESULT = """
+class Solution:
+    def f(self, a):
+        x = []
+        for _ in range(5000):
+            x = [x]
+        return x
+"""
+UNREADABLE = "the program's report could not be read back"
+
+
+@real_process
+@pytest.mark.parametrize(
+    ("program", "func_name", "expected"),
+    [
+        (GARBLED_REPORT, None, f"{UNREADABLE} (the program exited with status 0)"),
+        (FORGED_EXIT, None, f"{UNREADABLE} (the program exited with status 3)"),
+        (NESTED_RESULT, "f", f"{UNREADABLE} (the program exited with status 0)"),
+        (FLOODS_STATUS, None, None),
+    ],
+    ids=["garbled-report", "forged-exit", "nested-result", "status-flood"],
+)
+def test_what_a_program_writes_on_the_status_fd_cannot_break_or_forge_the_verdict(
+    program: str, func_name: str | None, expected: str | None
+) -> None:
+    """The program inherits the status fd (its done record goes there): a line nested past the parser's
+    limit, a forged exit record with an absurd status, or megabytes after its first line once raised in
+    the worker (the trajectory failed and left the pass rates) or took it seconds and hundreds of MiB.
+    Now: a verdict, the real exit status (the harness's exit record has an fd the program never holds),
+    and only the first line of the status pipe is kept."""
+    tests = [{"input": "1\n", "output": "3\n"}] if func_name is None else [{"input": "1", "output": "3"}]
+    result, elapsed = evaluate(program, tests, func_name=func_name, time_limit_s=6.0)
+    if expected is None:
+        assert result["passed"], result
+    elif program is NESTED_RESULT and sys.version_info >= (3, 13) and verdict(result) == "wrong_answer":
+        pass  # 3.13's JSON reader takes 5,000 levels (a C-stack limit): the value is read, and is wrong
+    else:
+        assert verdict(result) == "runtime_error", result
+        assert expected in result["feedback"]["error"], result
+    assert elapsed < 6.0, elapsed
+
+
+def test_the_status_pipe_keeps_its_first_line_found_in_the_bytes_just_read() -> None:
+    """Only the bytes of the last read are searched for the end of the first line (a large done record
+    arrives in many reads: searching the whole buffer after each was quadratic, within the test's time)."""
+    from asyncroll.evaluator.sandbox import _first_line_only
+
+    status, caps = bytearray(b'{"kind": "done", "result": "' + b"x" * 100), {3: 1000}
+    _first_line_only(status, caps, 3, 0)
+    assert caps[3] == 1000 and len(status) == 128  # no line yet
+    before = len(status)
+    status += b'"}\n{"kind": "exit"}\n'
+    _first_line_only(status, caps, 3, before)
+    assert bytes(status).endswith(b'x"}\n') and caps[3] == len(status) == 131

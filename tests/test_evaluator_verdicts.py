@@ -1,0 +1,195 @@
+"""Verdicts of stdin programs, with real programs and LiveCodeBench's comparison: passes, wrong answers,
+runtime errors, exit codes, time limits and budgets, output caps."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from asyncroll.evaluator import compare, isolation
+from asyncroll.evaluator.compare import compare_stdout, stripped_lines
+from asyncroll.evaluator.evaluate import FIELD_LIMIT
+from tests.evaluations import ADD, ADD_PROGRAM, SLACK_S, evaluate, real_1873_a, real_process, verdict
+
+SHORT_SORT = """
+t = int(input())
+for _ in range(t):
+    s = input().strip()
+    wrong = sum(1 for x, y in zip(s, "abc") if x != y)
+    print("YES" if wrong in (0, 2) else "NO")
+"""
+
+
+def test_stdout_comparison_follows_livecodebench() -> None:
+    assert stripped_lines("  a \r\n b\n\n") == ["a", "b"]
+    assert compare_stdout("YES\nNO\n", "YES\nNO") is None
+    assert compare_stdout("  1.50  2e0 \n", "1.5 2\n") is None  # numeric fallback on tokens
+    assert compare_stdout("1000\n", "1e3") is None
+    assert compare_stdout("0.333", "0.3333") is not None  # Decimal equality: no tolerance
+    assert compare_stdout("1 2", "1 2 3") is not None
+    assert compare_stdout("YES\nNO", "YES") == "mismatched output length: got 2 lines, expected 1"
+    assert compare_stdout("yes", "YES") == "line 1: 'yes' != 'YES'"
+    assert compare_stdout("sNaN", "sNaN") is None  # identical text matches before any number parsing
+    assert compare_stdout("sNaN 1", "sNaN  1") is not None  # a signalling NaN refuses comparison
+
+
+def test_lines_with_different_token_counts_differ_without_parsing_a_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Token lists of different lengths never compare equal: an 8 MiB line of numbers against a one-token
+    answer once cost the worker seconds and hundreds of MiB parsing every token as a Decimal."""
+    monkeypatch.setattr(compare, "_decimals", lambda tokens: pytest.fail("parsed numbers"))
+    line = ("1 " * 100_000).strip()
+    assert compare_stdout(line, "3") == f"line 1: {line[:200]!r} != '3'"
+
+
+@real_process
+def test_a_correct_program_passes_the_real_codeforces_tests() -> None:
+    tests, statement = real_1873_a()
+    assert len(tests) == 5 and "abc" in statement
+    result, _ = evaluate(SHORT_SORT, tests)
+    assert result == {"passed": True, "tests_run": 5, "tests_total": 5, "feedback": None, "timed_out": False}
+
+
+@real_process
+def test_a_wrong_answer_stops_at_the_first_failing_test_with_its_feedback() -> None:
+    tests, _ = real_1873_a()
+    wrong = SHORT_SORT.replace("(0, 2)", "(0,)")
+    result, _ = evaluate(wrong, tests)
+    assert not result["passed"] and result["tests_run"] == 1 and result["tests_total"] == 5
+    feedback = result["feedback"]
+    assert feedback["verdict"] == "wrong_answer" and feedback["test"] == 0
+    assert feedback["input"] == tests[0]["input"] and feedback["expected"] == tests[0]["output"]
+    assert feedback["got"].split() == ["YES", "NO", "NO", "NO", "NO", "NO"]
+    assert feedback["detail"] == "line 2: 'NO' != 'YES'"
+
+
+@real_process
+def test_a_runtime_error_reports_the_programs_traceback_only() -> None:
+    result, _ = evaluate("def f(x):\n    return 1 // x\nprint(f(0))\n")
+    assert verdict(result) == "runtime_error" and result["tests_run"] == 1
+    error = result["feedback"]["error"]
+    assert 'File "solution.py", line 2, in f' in error
+    assert error.splitlines()[-1].startswith("ZeroDivisionError: integer division")
+    assert "<string>" not in error  # no harness frames
+
+
+@real_process
+def test_lone_surrogates_in_the_code_or_the_programs_own_text_give_a_verdict_that_encodes() -> None:
+    """A lone surrogate (``"\\ud800"`` is valid in a JSON string) in the code fails its compile() as
+    Python's own does, and one in the program's exception message or result ``repr`` reaches the repair
+    message escaped: the request that carries that message must encode as UTF-8."""
+    from asyncroll.runtime.trajectory import format_feedback
+
+    result, _ = evaluate("print(3)  # \ud800\n")
+    assert verdict(result) == "runtime_error", result
+    assert "surrogates not allowed" in result["feedback"]["error"]
+    raises = "raise ValueError('\\ud800 boom')\n"
+    odd = "class R:\n    def __repr__(self):\n        return '\\udcff'\n\n"
+    functional = odd + "class Solution:\n    def f(self):\n        return R()\n"
+    one = [{"input": "", "output": "1", "testtype": "functional"}]
+    for code, tests, func_name in ((raises, None, None), (functional, one, "f")):
+        result, _ = evaluate(code, tests, func_name=func_name)
+        feedback = result["feedback"]
+        assert verdict(result) in ("runtime_error", "wrong_answer"), result
+        format_feedback(feedback).encode("utf-8")  # raised UnicodeEncodeError
+        text = feedback.get("error") or feedback["got"]
+        assert "\\ud800 boom" in text or "\\udcff" in text, text
+
+
+@real_process
+def test_a_runaway_recursion_is_a_runtime_error_with_its_innermost_frames() -> None:
+    """~50,000 frames deep: only the innermost few are formatted (formatting them all took seconds and
+    could turn the verdict into a time-out), with the program's own source lines."""
+    result, _ = evaluate("def f(n):\n    return f(n + 1)\nf(0)\n")
+    assert verdict(result) == "runtime_error"
+    error = result["feedback"]["error"]
+    assert error.splitlines()[-1] == "RecursionError: maximum recursion depth exceeded"
+    assert "    return f(n + 1)" in error  # the line itself: the source is known inside the sandbox
+    shown = error.count('File "solution.py"')
+    repeated = re.search(r"Previous line repeated (\d+) more times", error)
+    assert repeated is not None and shown + int(repeated.group(1)) <= 64
+
+
+@real_process
+def test_long_feedback_fields_are_cut() -> None:
+    result, _ = evaluate("print('y' * 5000)", [{"input": "z" * 3000, "output": "x" * 3000}])
+    feedback = result["feedback"]
+    assert all(len(feedback[key]) == FIELD_LIMIT for key in ("input", "expected", "got"))
+
+
+@real_process
+def test_numbers_compare_as_decimals_like_livecodebench() -> None:
+    tests = [{"input": "", "output": "1.5 2\n1000\n"}]
+    assert evaluate("print('1.50', '2.0')\nprint('1e3')", tests)[0]["passed"]
+    result, _ = evaluate("print(1.5, 2)\nprint(999.9999999)", tests)
+    assert verdict(result) == "wrong_answer" and result["feedback"]["detail"].startswith("line 2")
+
+
+@real_process
+def test_exit_codes_are_not_trusted() -> None:
+    # sys.exit(256) is status 0, and LiveCodeBench swallows SystemExit: the printed answer counts.
+    assert evaluate("print(3)\nimport sys\nsys.exit(256)")[0]["passed"]
+    assert evaluate("print(3)\nraise SystemExit(1)")[0]["passed"]
+    # os._exit(0) skips the flush: status 0, yet the program never finished normally.
+    result, _ = evaluate("print(3)\nimport os\nos._exit(0)")
+    assert verdict(result) == "runtime_error"
+    assert "exited with status 0 before finishing normally" in result["feedback"]["error"]
+
+
+@real_process
+def test_the_runtimes_environment_cannot_change_a_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    program = "print(3)\nimport os\nos._exit(0)"  # passes only if stdout is unbuffered
+    before, _ = evaluate(program)
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    after, _ = evaluate(program)
+    assert verdict(before) == verdict(after) == "runtime_error"
+
+
+@real_process
+def test_a_time_limit_kills_the_program_within_its_deadline() -> None:
+    result, elapsed = evaluate("while True:\n    pass\n", time_limit_s=1.0)
+    assert verdict(result) == "time_limit_exceeded" and result["timed_out"] is True
+    assert 1.0 <= elapsed < 1.0 + SLACK_S
+
+
+@real_process
+def test_the_total_budget_bounds_the_whole_evaluation() -> None:
+    isolation.detect()  # the budget counts from the call's start: probe now, not in the first call
+    tests = [{"input": "", "output": "1"}] * 4
+    result, elapsed = evaluate(
+        "import time\ntime.sleep(0.6)\nprint(1)", tests, time_limit_s=1.0, total_time_limit_s=1.5
+    )
+    # 0.6 s per test plus start-up: the budget runs out during the 3rd test or just before it starts
+    assert result["timed_out"] is True and result["tests_run"] in (2, 3) and not result["passed"]
+    assert "total time budget of 1.5s" in result["feedback"]["error"]
+    assert elapsed < 1.5 + SLACK_S
+
+
+@real_process
+def test_the_tool_timeout_caps_the_default_budget_with_a_verdict_that_names_it() -> None:
+    """LiveCodeBench's scaled budget, (1 + 1) × 16 + 5 = 37 s, would let all 16 tests of about 0.3 s
+    run; a 4 s tool timeout caps it at 3 s, so the verdict comes back before the worker would be killed."""
+    isolation.detect()
+    tests = ADD * 16
+    program = "import time\ntime.sleep(0.2)\n" + ADD_PROGRAM
+    result, elapsed = evaluate(program, tests, time_limit_s=1.0, tool_timeout_s=4.0)
+    assert verdict(result) == "time_limit_exceeded" and result["timed_out"] is True
+    assert 1 <= result["tests_run"] < 16 and elapsed < 4.0
+    error = result["feedback"]["error"]
+    assert "the evaluation's total time budget of 3s" in error and "--tool-timeout of 4s" in error
+    passed, _ = evaluate(program, tests[:4], time_limit_s=1.0, tool_timeout_s=4.0)
+    assert passed["passed"] and passed["tests_run"] == 4
+
+
+@real_process
+def test_an_expected_output_larger_than_the_default_stdout_cap_fits() -> None:
+    n = 2_200_000  # "YES\n" × n is 8.8 MB, past the 8 MiB default cap
+    program = "import sys\nn = int(sys.stdin.read())\nsys.stdout.write('YES\\n' * n)\n"
+    big = [{"input": f"{n}\n", "output": "YES\n" * n}]
+    result, _ = evaluate(program, big)
+    assert result["passed"], result["feedback"]
+    flood, _ = evaluate("while True:\n    print('x' * 4096)\n", big)  # still bounded: 2 × 8.8 MB + 64 KiB
+    assert verdict(flood) == "output_limit_exceeded"
+    assert f"more than {2 * 4 * n + 64 * 1024} bytes" in flood["feedback"]["error"]

@@ -1,0 +1,186 @@
+"""Verdicts of functional (call-based) problems: ``Solution().<func_name>`` or the module's function
+called with JSON arguments, results compared as LiveCodeBench's ``==`` does, values JSON cannot hold."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.evaluations import ADD_PROGRAM, ZIGZAG, evaluate, fragment_3708, real_process, verdict
+from tests.hostile_programs import STATUS_FD
+
+
+@real_process
+def test_a_functional_problem_calls_solution_with_json_arguments() -> None:
+    tests, func_name = fragment_3708()
+    assert func_name == "zigzagTraversal" and len(tests) == 2
+    result, _ = evaluate(ZIGZAG, tests, func_name=func_name)
+    assert result == {"passed": True, "tests_run": 2, "tests_total": 2, "feedback": None, "timed_out": False}
+    wrong, _ = evaluate(ZIGZAG.replace("[::2]", "[1::2]"), tests, func_name=func_name)
+    assert verdict(wrong) == "wrong_answer" and wrong["feedback"]["got"] == "[2, 3]"
+    assert wrong["feedback"]["input"] == "[[1, 2], [3, 4]]" and wrong["feedback"]["expected"] == "[1, 4]"
+
+
+@real_process
+def test_functional_results_compare_like_livecodebench() -> None:
+    tests = [{"input": "2\n3", "output": "[2, 3]", "testtype": "functional"}]
+    program = "class Solution:\n    def pair(self, a, b):\n        return {}\n"
+    assert evaluate(program.format("(a, b)"), tests, func_name="pair")[0]["passed"]  # top-level tuple
+    assert evaluate(program.format("[a, b]"), tests, func_name="pair")[0]["passed"]
+    nested = [{"input": "2\n3", "output": "[[2, 3]]", "testtype": "functional"}]
+    result, _ = evaluate(program.format("[(a, b)]"), nested, func_name="pair")
+    assert verdict(result) == "wrong_answer" and result["feedback"]["got"] == "[(2, 3)]"
+    result, _ = evaluate("class Nope:\n    pass\n", tests, func_name="pair")
+    assert verdict(result) == "runtime_error" and "no class Solution" in result["feedback"]["error"]
+
+
+@real_process
+@pytest.mark.parametrize("returned", ["10 ** 5000", "[1, {'k': 10 ** 5000}]"])
+def test_an_int_too_long_for_json_is_a_wrong_answer_not_a_lost_report(returned: str) -> None:
+    """Python refuses to write an int of more than 4,300 digits as text (and so as JSON): the expected
+    value, read as JSON, cannot hold one, so LiveCodeBench's ``==`` is false. It was a runtime_error
+    'exited with status 0 before finishing normally': the report failed to encode and was lost."""
+    tests = [{"input": "", "output": "1", "testtype": "functional"}]
+    program = f"class Solution:\n    def f(self):\n        return {returned}\n"
+    result, _ = evaluate(program, tests, func_name="f")
+    assert verdict(result) == "wrong_answer", result
+    assert "an int too long for JSON" in result["feedback"]["detail"]
+    assert "cannot be shown" in result["feedback"]["got"]
+
+
+@real_process
+def test_a_functional_result_past_the_record_cap_is_an_output_limit_verdict() -> None:
+    """The done record of a functional test is capped at twice the stdout cap (16 MiB by default): a
+    larger result was a runtime_error 'the program's report could not be read back'."""
+    tests = [{"input": "", "output": '"x"', "testtype": "functional"}]
+    program = "class Solution:\n    def f(self):\n        return 'x' * (20 * 1024 * 1024)\n"
+    result, _ = evaluate(program, tests, func_name="f")
+    assert verdict(result) == "output_limit_exceeded", result
+    assert f"more than {16 * 1024 * 1024} bytes as JSON" in result["feedback"]["error"]
+    junk = STATUS_FD + "os.write(fd, b'x' * (17 * 1024 * 1024))\nprint(3)\n"  # stdin mode: no result
+    result, _ = evaluate(junk)
+    assert verdict(result) != "output_limit_exceeded", result
+
+
+@real_process
+def test_a_functional_program_without_class_solution_is_called_as_its_module_function() -> None:
+    """LiveCodeBench's ``compile_code`` calls ``Solution().<func_name>`` only when the program's text
+    holds ``class Solution``; any other program's module-level ``<func_name>`` is called."""
+    tests = [{"input": "2\n3", "output": "[2, 3]", "testtype": "functional"}]
+    result, _ = evaluate("def pair(a, b):\n    return [a, b]\n", tests, func_name="pair")
+    assert result["passed"], result["feedback"]
+    # the text decides, as in LiveCodeBench: a 'class SolutionHelper' makes it look for class Solution
+    helper = "class SolutionHelper:\n    pass\n\ndef pair(a, b):\n    return [a, b]\n"
+    result, _ = evaluate(helper, tests, func_name="pair")
+    assert verdict(result) == "runtime_error" and "no class Solution" in result["feedback"]["error"]
+    result, _ = evaluate("def other(a, b):\n    return [a, b]\n", tests, func_name="pair")
+    assert verdict(result) == "runtime_error" and "no function pair" in result["feedback"]["error"]
+
+
+MAIN_BLOCKS = {
+    "unittest": ZIGZAG
+    + """
+import unittest
+class T(unittest.TestCase):
+    def test(self):
+        self.assertEqual(Solution().zigzagTraversal([[1, 2], [3, 4]]), [1, 4])
+if __name__ == "__main__":
+    unittest.main()
+""",
+    "input": ZIGZAG + '\nif __name__ == "__main__":\n    print(Solution().zigzagTraversal(eval(input())))\n',
+}
+
+
+@real_process
+@pytest.mark.parametrize("block", sorted(MAIN_BLOCKS))
+def test_a_functional_solution_runs_as_a_module_not_as_main(block: str) -> None:
+    """LiveCodeBench execs a call-based solution in a ``tmp_sol`` module: a main block does not run."""
+    tests, func_name = fragment_3708()
+    result, _ = evaluate(MAIN_BLOCKS[block], tests, func_name=func_name)
+    assert result["passed"], result["feedback"]
+    name = [{"input": "", "output": '"tmp_sol"', "testtype": "functional"}]
+    result, _ = evaluate("class Solution:\n    def f(self):\n        return __name__\n", name, func_name="f")
+    assert result["passed"], result["feedback"]
+    script = 'if __name__ == "__main__":\n' + "".join(f"    {line}\n" for line in ADD_PROGRAM.splitlines())
+    assert evaluate(script)[0]["passed"]  # a stdin program still runs as a script
+
+
+@real_process
+@pytest.mark.parametrize(
+    ("returned", "output", "passes"),
+    [
+        ("defaultdict(int, {'a': 1})", '{"a": 1}', True),
+        ("Counter('aab')", '{"b": 1, "a": 2}', True),
+        ("OrderedDict([('b', [1]), ('a', [2])])", '{"a": [2], "b": [1]}', True),
+        ("L([1, 4])", "[1, 4]", True),
+        ("[defaultdict(list, {'x': L([2])})]", '[{"x": [2]}]', True),
+        ("[{S('k'): S('v')}, S('w')]", '[{"k": "v"}, "w"]', True),
+        ("L([1, 5])", "[1, 4]", False),
+        ("defaultdict(int, {1: 1})", '{"1": 1}', False),
+    ],
+)
+def test_list_and_dict_subclasses_compare_as_their_plain_content(
+    returned: str, output: str, passes: bool
+) -> None:
+    """Under LiveCodeBench's ``==`` a ``defaultdict``, ``Counter``, ``OrderedDict``, list or str
+    subclass equals the plain JSON value with the same content."""
+    program = (
+        "class L(list):\n    pass\n\nclass S(str):\n    pass\n\n"
+        f"class Solution:\n    def f(self):\n        return {returned}\n"
+    )
+    tests = [{"input": "", "output": output, "testtype": "functional"}]
+    result, _ = evaluate(program, tests, func_name="f")
+    assert result["passed"] is passes, result["feedback"]
+    if not passes:
+        assert verdict(result) == "wrong_answer"
+        never = "can never equal" in result["feedback"]["detail"]
+        assert never is returned.startswith("defaultdict")  # only the int key is unrepresentable
+
+
+def test_subclass_results_are_sent_as_the_content_their_eq_compares() -> None:
+    """The harness sends a subclass of a JSON type as the plain value its ``==`` compares (its base
+    type's own content, whatever it overrides), and a value no JSON value can equal as unrepresentable."""
+    import enum
+
+    from asyncroll.evaluator.harness import _plain
+
+    class S(str):
+        def __str__(self) -> str:
+            return "overridden"
+
+    class I(int):  # noqa: E742 - a one-letter class, as in a solution
+        def __int__(self) -> int:
+            return 99
+
+    class F(float):
+        def __float__(self) -> float:
+            return 9.5
+
+    class Colour(enum.StrEnum):
+        RED = "red"
+
+    class Apart(str):  # two keys with one content: only their own __eq__/__hash__ keep them apart
+        __hash__ = object.__hash__
+
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+    cases: list[tuple[Any, Any]] = [
+        (S("abc"), "abc"),
+        (Colour.RED, "red"),
+        (I(5), 5),
+        (F(1.5), 1.5),
+        ({S("k"): [S("v")]}, {"k": ["v"]}),
+        ([{"a": {S("b"): I(2)}}], [{"a": {"b": 2}}]),
+    ]
+    for value, plain in cases:
+        sent = _plain(value)
+        assert sent == plain and value == plain, (value, sent)
+        assert json.loads(json.dumps(sent)) == plain and type(sent) is type(plain), (value, sent)
+        if isinstance(sent, dict):
+            assert all(type(k) is str for k in sent), sent
+    for never in ({Apart("a"): 1, Apart("a"): 2}, {S("a"): {1: 1}}, [S("a"), (1,)]):
+        with pytest.raises(TypeError):
+            _plain(never)
