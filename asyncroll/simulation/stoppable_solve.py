@@ -19,24 +19,34 @@ def solve_stoppably(solver: Any, model: Any) -> Any:
     aborted ("terminate called without an active exception", exit 134)."""
     outcome: list[Any] = []
     done = threading.Event()
+    go = threading.Event()  # set once this thread is inside the try below, where a signal stops the solve
+    abandoned = threading.Event()  # a signal came first: the solve that has not begun never begins
 
     def target() -> None:
         try:
-            outcome.append(solver.solve(model))
+            go.wait()
+            if not abandoned.is_set():
+                outcome.append(solver.solve(model))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the waiting thread
             outcome.append(exc)
         finally:
             done.set()
 
-    threading.Thread(target=target, name="cp-sat", daemon=True).start()
+    # The solve waits for `go`: a signal whose handler ran as start() returned (on a loaded machine the
+    # new thread ran first) left without stop_search while the solve began, and ran on for --time-limit.
+    solving = threading.Thread(target=target, name="cp-sat", daemon=True)
     try:
+        solving.start()
+        go.set()
         while not done.wait(0.1):
             pass
     except BaseException:
         while True:  # until it returns: CP-SAT drops a stop_search made before its search began
             try:
+                abandoned.set()
+                go.set()
                 solver.stop_search()
-                if done.wait(0.05):
+                if done.wait(0.05) or not solving.is_alive():  # not alive: start() never started it
                     break
             except KeyboardInterrupt:  # a second Ctrl-C of a burst: the solver is stopping already, and
                 pass  # a process that left with it still in C++ aborted (exit 134)
