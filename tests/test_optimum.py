@@ -369,11 +369,13 @@ def test_a_stop_signal_stops_the_search_even_one_that_came_before_it_began() -> 
     class Solver:
         def __init__(self) -> None:
             self.asked = threading.Event()  # stop_search was called (before the search began: dropped)
+            self.called = threading.Event()  # solve was called: a signal before it abandons the solve
             self.begin = threading.Event()
             self.searching = threading.Event()
             self.stopped = threading.Event()
 
         def solve(self, model: object) -> str:
+            self.called.set()
             self.begin.wait()
             self.searching.set()
             self.stopped.wait()
@@ -403,6 +405,7 @@ def test_a_stop_signal_stops_the_search_even_one_that_came_before_it_began() -> 
         return False
 
     def signal_then_begin() -> None:
+        solver.called.wait()  # on a loaded machine the solver's thread may not have called it yet
         while not waiting():
             time.sleep(0.001)
         os.kill(os.getpid(), signal.SIGUSR1)
