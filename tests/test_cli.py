@@ -694,7 +694,7 @@ def test_a_tool_file_changed_during_the_run_is_never_run(tmp_path: Path) -> None
     assert restarts == [("died", 1)]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)  # a safety net over two real runs: 8 s idle, 33 s under two CPU hogs (one try each)
 def test_a_worker_a_leaking_tool_grows_past_the_memory_cap_is_replaced(tmp_path: Path) -> None:
     """--worker-max-rss-mb: a warm worker keeps module state, so a tool that leaks (an unbounded cache)
     grew it for the whole run. A job that leaves its worker above the cap now has the worker closed and
