@@ -24,6 +24,7 @@ from asyncroll.errors import WorkerDied
 from asyncroll.event_log import EventLog
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
+from tests.children import end
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -182,10 +183,10 @@ async def crash_and_replace(pool: WorkerPool, slot: int) -> None:
 
 
 def ours(*processes: subprocess.Popen[bytes]) -> None:
-    """Kill and reap the test's own children."""
-    for process in processes:
-        process.kill()
-        process.wait(5)
+    """Kill and reap the test's own children (each one, also when ending another fails)."""
+    with contextlib.ExitStack() as stack:
+        for process in processes:
+            stack.callback(end, process)
 
 
 def gone(process: psutil.Process, within: float = 5.0) -> bool:

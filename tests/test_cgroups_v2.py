@@ -108,15 +108,7 @@ def stand_in(base: Path) -> Iterator[subprocess.Popen[bytes]]:
         (base / "cgroup.procs").write_text(str(proc.pid))
         yield proc
     finally:
-        _end(proc)
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    proc.kill()
-    proc.wait(timeout=10)
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            stream.close()
+        end(proc)
 
 
 def _where(pid: int, base: Path) -> Path:
@@ -147,7 +139,7 @@ def test_prepare_moves_the_process_into_a_leaf_that_its_children_keep(
         assert _where(child.pid, base) == leaf
         assert not (base / f"{PREFIX}{child.pid}").exists()
     finally:
-        _end(child)
+        end(child)
 
 
 ESCAPEE = """

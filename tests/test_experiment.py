@@ -3,6 +3,7 @@ arms kept, the report and its figure; statistics against SciPy; ``plan`` on the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from asyncroll.experiment.report import aggregate
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.server import startup_evidence
 from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval, t_ppf
+from tests.children import end
 from tests.conftest import invoke
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,10 +129,10 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "resumed": resumed,
         }
     finally:
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait(10)
-        kill_recorded(out)
+        try:
+            end(runner)
+        finally:
+            kill_recorded(out)
 
 
 @pytest.mark.timeout(180)
@@ -675,8 +677,12 @@ def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
         assert {"cpu", "logical_cpus", "python", "platform"} <= set(result["machine"])
         assert set(result["versions"]) == {"asyncroll", "httpx"} and result["versions"]["httpx"]
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(10)
+        try:
+            with contextlib.suppress(ProcessLookupError):  # the group is gone already
+                os.killpg(server.pid, signal.SIGTERM)
+            server.wait(10)
+        finally:
+            end(server)
 
 
 @pytest.mark.timeout(30)
@@ -774,10 +780,10 @@ def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(40) == 130
     finally:
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait(10)
-        kill_recorded(out)
+        try:
+            end(runner)
+        finally:
+            kill_recorded(out)
     arm = read(arm_json)
     assert arm["status"] == "interrupted" and arm["error"] == "interrupted while running_client"
     assert arm["server"]["stop"]["leftover"] == [] and "stop" in arm["client"]

@@ -15,6 +15,7 @@ import asyncroll.experiment.runner as runner_module
 from asyncroll.errors import UsageError
 from asyncroll.experiment.lock import OutputLock
 from asyncroll.experiment.runner import ExperimentRunner
+from tests.children import end
 from tests.lean_experiment import fake_arm, lean
 from tests.test_experiment import ROOT
 
@@ -71,8 +72,4 @@ def test_a_killed_runner_leaves_no_lock_behind(tmp_path: Path) -> None:
         holder.wait(10)
         OutputLock.acquire(tmp_path).release()
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(10)
-        if holder.stdout is not None:
-            holder.stdout.close()
+        end(holder)

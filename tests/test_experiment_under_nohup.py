@@ -19,6 +19,7 @@ import pytest
 
 from asyncroll.experiment.config import ExperimentConfig, load_experiment_config
 from asyncroll.experiment.runner import ExperimentRunner
+from tests.children import end
 from tests.test_experiment import ROOT, kill_recorded, read, wait_for_client, write_config
 
 
@@ -72,10 +73,10 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
         left = [p.pid for p in detached_helpers(marker) if p.status() != psutil.STATUS_ZOMBIE]
         yield Finished(load_experiment_config(config), out, log_path.read_text(), code, marker, left)
     finally:
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait(10)
-        kill_recorded(out)
+        try:
+            end(runner)
+        finally:
+            kill_recorded(out)
         for proc in detached_helpers(marker):
             with contextlib.suppress(psutil.Error):
                 proc.kill()

@@ -30,6 +30,7 @@ from asyncroll.runtime.limiter import LimiterSnapshot
 from asyncroll.runtime.model_gate import ModelGateSnapshot
 from asyncroll.runtime.pool import PoolSnapshot
 from asyncroll.runtime.progress import ProgressLine, RunSnapshot, progress_enabled, render_progress
+from tests.children import end
 from tests.conftest import REPO, tool_problem, write_workload
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -143,12 +144,10 @@ def _run_on_pty(args: list[str], timeout: float) -> tuple[int, str, str]:
         assert proc.stdout is not None
         out = proc.stdout.read().decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        os.close(leader)
+        try:
+            end(proc)
+        finally:
+            os.close(leader)
     return code, out, b"".join(chunks).decode(errors="replace")
 
 
@@ -221,9 +220,7 @@ def test_metrics_port_scraped_during_a_real_run(tmp_path: Path) -> None:
             time.sleep(0.05)
         stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end(proc)
     assert proc.returncode == 0, stderr
     mid = scrapes[-1]
     assert mid["asyncroll_cpu_queue_depth"] >= 1, scrapes  # caught mid-run, with work queued

@@ -24,6 +24,7 @@ from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.config import ServerKind
 from asyncroll.serve_sim.config import FaultConfig, SimConfig
 from asyncroll.serve_sim.server import RunningSim, serve_in_thread
+from tests.children import end
 from tests.conftest import invoke
 
 FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
@@ -424,9 +425,7 @@ def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
         _, stderr = proc.communicate(timeout=15)
         assert proc.returncode == 0, stderr
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+        end(proc)
 
 
 @pytest.mark.timeout(30)

@@ -318,6 +318,7 @@ def test_a_signal_as_the_output_directory_appears_leaves_no_directory_without_a_
     import subprocess
     import sys
 
+    from tests.children import end
     from tests.conftest import REPO
     from tests.test_simulation import signal_and_wait
 
@@ -334,10 +335,13 @@ def test_a_signal_as_the_output_directory_appears_leaves_no_directory_without_a_
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 60
-        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
-            pass  # busy: the window is milliseconds long
-        stderr = signal_and_wait(proc, signal.SIGTERM)  # killed after 30 s: a hang fails the test
+        try:
+            deadline = time.monotonic() + 60
+            while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+                pass  # busy: the window is milliseconds long
+            stderr = signal_and_wait(proc, signal.SIGTERM)  # killed after 30 s: a hang fails the test
+        finally:
+            end(proc)
         assert proc.returncode == 130, stderr
         assert "Traceback" not in stderr
         if out.exists():

@@ -751,8 +751,11 @@ def test_a_signal_interrupts_a_simulation_as_it_does_a_run(tmp_path: Path, sig: 
     out = tmp_path / "sim"
     proc = start_slow_cli(tmp_path, "simulate", "--workload", workload, "--output", out)
     receipt = out / "run.json"
-    wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the simulation start")
-    stderr = signal_and_wait(proc, sig)
+    try:
+        wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the simulation start")
+        stderr = signal_and_wait(proc, sig)
+    finally:
+        end(proc)
     assert proc.returncode == 130, stderr
     assert f"interrupted by {sig.name}; partial outputs in {out}" in stderr and "Traceback" not in stderr
     receipt_data, summary, events = load_run(out)

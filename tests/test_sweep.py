@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from asyncroll.simulation.perturb import factor, perturb_workload
+from tests.children import end
 from tests.conftest import REPO, tool_problem, write_workload
 from tests.test_cli import SMOKE, cli
 from tests.test_simulation import signal_and_wait, simulate_here, start_slow_cli, wait_until
@@ -368,8 +369,11 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path: Path) -> None:
     args: list[str | Path] = ["--workload", workload, "--output", out, "--policies", "fifo,sync"]
     args += ["--seeds", "2", "--jobs", "1"]
     proc = start_slow_cli(tmp_path, "simulate", "--sweep", *args, "--progress")
-    wait_until(lambda: (out / "workloads" / "seed-1.jsonl").exists(), "the sweep start")
-    stderr = signal_and_wait(proc, signal.SIGTERM)
+    try:
+        wait_until(lambda: (out / "workloads" / "seed-1.jsonl").exists(), "the sweep start")
+        stderr = signal_and_wait(proc, signal.SIGTERM)
+    finally:
+        end(proc)
     assert proc.returncode == 130, stderr
     assert f"interrupted by SIGTERM; partial outputs in {out}" in stderr
     assert "Traceback" not in stderr and "never retrieved" not in stderr
@@ -415,9 +419,7 @@ def test_cell_processes_end_when_the_sweep_is_killed_outright(tmp_path: Path) ->
         _, alive = psutil.wait_procs(children, timeout=20)
         assert not alive, [c.pid for c in alive]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+        end(proc)
         for child in children:
             with contextlib.suppress(psutil.Error):
                 child.kill()

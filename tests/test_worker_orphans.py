@@ -21,6 +21,7 @@ from asyncroll.workers import JobRequest, ToolSpec
 from asyncroll.workers.spawn import tools_frame
 from asyncroll.workers.upkeep import ORPHAN_ZOMBIES
 from tests import orphan_tools
+from tests.children import end
 from tests.orphan_tools import (
     REPO,
     gone,
@@ -165,16 +166,19 @@ def test_a_worker_whose_runtime_died_as_it_started_leaves_at_once() -> None:
             proc = subprocess.Popen(
                 [*command, "--parent-pid", str(parent)], cwd=REPO, pass_fds=(job_r, reply_w)
             )
-            if code == 0:  # its own runtime: it starts, reports ready and serves until its input ends
-                os.write(job_w, tools_frame([]))
-                ready = os.read(reply_r, 1 << 16)
-                assert ready
-            else:
+            try:
+                if code == 0:  # its own runtime: it starts, reports ready and serves until its input ends
+                    os.write(job_w, tools_frame([]))
+                    ready = os.read(reply_r, 1 << 16)
+                    assert ready
+                else:
+                    assert proc.wait(timeout=30) == code
+                    continue
+                os.close(job_w)
+                job_w = -1
                 assert proc.wait(timeout=30) == code
-                continue
-            os.close(job_w)
-            job_w = -1
-            assert proc.wait(timeout=30) == code
+            finally:
+                end(proc)
     finally:
         for fd in (job_r, job_w, reply_r, reply_w):
             if fd >= 0:
