@@ -11,7 +11,7 @@ import pytest
 from asyncroll.backends.action_schema import parse_action, turn_schema
 from asyncroll.coerce import TYPE_NAMES
 from asyncroll.errors import InvalidActionError
-from asyncroll.workload import FinalAction, Problem, SubmitAction
+from asyncroll.workload import FinalAction, Problem, SubmitAction, ToolAction
 from tests.http_backend import ADD, FINAL_SCHEMA, closed_schema
 
 
@@ -110,7 +110,8 @@ def test_schemas_use_only_keywords_that_grammar_engines_enforce() -> None:
     def call(**changed: Any) -> str:
         return json.dumps({"type": "tool", "name": "f", "arguments": {**good, **changed}})
 
-    assert parse_action(call(), schema, structured=True, code=False).arguments["x5"] == {"-3": 4, "0": 0}
+    action = parse_action(call(), schema, structured=True, code=False)
+    assert isinstance(action, ToolAction) and action.arguments["x5"] == {"-3": 4, "0": 0}
     for bad in ({"07": 1}, {"+7": 1}, {"-0": 1}, {"a": 1}, {"1": "2"}, {"1": 1.5}):
         with pytest.raises(InvalidActionError, match=r"\['arguments'\]\['x5'\]"):
             parse_action(call(x5=bad), schema, structured=True, code=False)
@@ -138,7 +139,9 @@ def test_parsing_is_strict_in_both_modes() -> None:
     # ... while code workloads take plain source, one surrounding fence stripped.
     source = parse_action("```python\nprint(input())\n```", {}, structured=False, code=True)
     assert source == SubmitAction(type="submit", code="print(input())")
-    assert parse_action("x = 1\n", {}, structured=False, code=True).code == "x = 1\n"
+    assert parse_action("x = 1\n", {}, structured=False, code=True) == SubmitAction(
+        type="submit", code="x = 1\n"
+    )
     with pytest.raises(InvalidActionError, match="no source"):
         parse_action("```\n\n```", {}, structured=False, code=True)
 

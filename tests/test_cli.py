@@ -715,9 +715,18 @@ def test_a_worker_a_leaking_tool_grows_past_the_memory_cap_is_replaced(tmp_path:
         for i in range(3)
     ]
     workload = write_workload(tmp_path / "w.jsonl", problems)
-    base = ["run", "--workload", workload, "--cpu-workers", "1", "--max-active-trajectories", "1"]
+    base: list[str | Path] = [
+        "run",
+        "--workload",
+        workload,
+        "--cpu-workers",
+        "1",
+        "--max-active-trajectories",
+        "1",
+    ]
     restarts = {}
-    for name, extra in (("capped", ["--worker-max-rss-mb", "100"]), ("uncapped", [])):
+    cases: tuple[tuple[str, list[str]], ...] = (("capped", ["--worker-max-rss-mb", "100"]), ("uncapped", []))
+    for name, extra in cases:
         out = tmp_path / name
         result = cli(*base, "--output", out, *extra)
         assert result.returncode == 0, result.stderr

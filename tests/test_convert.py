@@ -196,7 +196,7 @@ def test_toolmath_sample_with_one_tool_per_problem_and_cli_validate(tmp_path: Pa
     check = invoke("validate", out, "--tool-root", TM_EXAMPLE, "--backend", "openai")
     assert check.exit_code == 0, check.stderr
     answered = tmp_path / "answered.jsonl"
-    result = invoke(
+    converted = invoke(
         "convert-toolmath",
         "--source",
         TM_SAMPLE,
@@ -210,8 +210,8 @@ def test_toolmath_sample_with_one_tool_per_problem_and_cli_validate(tmp_path: Pa
         "--seed",
         "3",
     )
-    assert result.exit_code == 0, result.stderr
-    assert f"{answered}: 2 of 3 problems (3 tool records), seed 3" in result.stdout
+    assert converted.exit_code == 0, converted.stderr
+    assert f"{answered}: 2 of 3 problems (3 tool records), seed 3" in converted.stdout
     problems = lines(answered)
     assert [p["metadata"]["sample_seed"] for p in problems] == [3, 3]
     assert {p["id"]: p["reference_answer"] for p in problems}.items() <= {

@@ -169,7 +169,8 @@ def test_the_status_pipe_keeps_its_first_line_found_in_the_bytes_just_read() -> 
     arrives in many reads: searching the whole buffer after each was quadratic, within the test's time)."""
     from asyncroll.evaluator.sandbox import _first_line_only
 
-    status, caps = bytearray(b'{"kind": "done", "result": "' + b"x" * 100), {3: 1000}
+    status = bytearray(b'{"kind": "done", "result": "' + b"x" * 100)
+    caps: dict[int, int | None] = {3: 1000}
     _first_line_only(status, caps, 3, 0)
     assert caps[3] == 1000 and len(status) == 128  # no line yet
     before = len(status)

@@ -11,7 +11,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import pytest
 
@@ -74,7 +74,12 @@ class SlowHandler(BaseHTTPRequestHandler):
         pass
 
 
-SETTINGS = {"request_timeout": 0.3, "circuit_failures": 2, "server_down_timeout": 0.5, "telemetry": False}
+SETTINGS: dict[str, Any] = {
+    "request_timeout": 0.3,
+    "circuit_failures": 2,
+    "server_down_timeout": 0.5,
+    "telemetry": False,
+}
 
 
 @pytest.mark.timeout(60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from asyncroll.serve_sim.config import FaultConfig
 from tests.hostile_http import HostileServer, json_reply, raw_reply
 from tests.http_backend import FINAL, FakeOpenAI, completion, final_problems, http_run, serve
 
-ERROR_CASES = {
+ERROR_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str, int | None, bool, bool]] = {
     "reset": ({"faults": FaultConfig(reset_rate=0.5)}, {}, "transport", None, False, False),
     "truncated": ({"faults": FaultConfig(truncate_rate=0.5)}, {}, "transport", None, False, False),
     "timeout": (

@@ -22,7 +22,7 @@ def test_an_integer_setting_past_64_bits_is_refused_before_the_run(tmp_path: Pat
     # directory half-written (the event encoder refuses the setting).
     out = tmp_path / "run"
     result = invoke(
-        "simulate", "--workload", SMOKE, "--output", out, "--max-inflight-model-requests", PAST_64_BITS
+        "simulate", "--workload", SMOKE, "--output", out, "--max-inflight-model-requests", str(PAST_64_BITS)
     )
     assert result.exit_code == 2, result.output
     assert "--max-inflight-model-requests" in result.output and "must fit in 64 bits" in result.output

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -87,7 +87,16 @@ def test_optimum_of_a_recorded_run(tmp_path: Path) -> None:
     ]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     run = tmp_path / "run"
-    args = ["--workload", workload, "--output", run, "--max-active-trajectories", "4", "--cpu-workers", "1"]
+    args: list[str | Path] = [
+        "--workload",
+        workload,
+        "--output",
+        run,
+        "--max-active-trajectories",
+        "4",
+        "--cpu-workers",
+        "1",
+    ]
     assert invoke("simulate", *args).exit_code == 0
     instance = instance_from_run(run)
     assert len(instance.chains) == 10
@@ -127,7 +136,16 @@ def test_optimum_of_a_real_run_is_below_its_makespan(tmp_path: Path) -> None:
     ]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     run = tmp_path / "run"
-    args = ["--workload", workload, "--output", run, "--max-active-trajectories", "3", "--cpu-workers", "1"]
+    args: list[str | Path] = [
+        "--workload",
+        workload,
+        "--output",
+        run,
+        "--max-active-trajectories",
+        "3",
+        "--cpu-workers",
+        "1",
+    ]
     assert cli("run", *args).returncode == 0
     result = cli("optimum", run, "--time-limit", "30", "--threads", "1", "--json")
     assert result.returncode == 0, result.stderr
@@ -180,7 +198,7 @@ def test_the_runs_own_schedule_seeds_the_solver(tmp_path: Path, monkeypatch: pyt
 
     workload = synthetic.write(tmp_path / "w.jsonl", 60, 100.0, 50.0, seed=1)
     run = tmp_path / "run"
-    args = [
+    args: list[str | Path] = [
         "--workload",
         workload,
         "--output",
@@ -212,7 +230,16 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     ]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     run = tmp_path / "run"
-    args = ["--workload", workload, "--output", run, "--max-active-trajectories", "3", "--cpu-workers", "1"]
+    args: list[str | Path] = [
+        "--workload",
+        workload,
+        "--output",
+        run,
+        "--max-active-trajectories",
+        "3",
+        "--cpu-workers",
+        "1",
+    ]
     assert invoke("simulate", *args).exit_code == 0
     complete = json.loads(invoke("optimum", run, "--time-limit", "30", "--threads", "1", "--json").stdout)
     summary = json.loads((run / "summary.json").read_text())
@@ -554,12 +581,13 @@ def test_a_solve_cut_by_the_time_limit_says_a_longer_one_may_do_better(
         == 0
     )
     real = optimum_module.solve
-    for status, said in (
+    cases: tuple[tuple[Literal["unknown", "feasible"], str], ...] = (
         ("unknown", "no schedule within --time-limit 7s"),
         ("feasible", "not proven optimal"),
-    ):
+    )
+    for status, said in cases:
 
-        def cut(*args: Any, status: str = status, **kwargs: Any) -> Any:
+        def cut(*args: Any, status: Literal["unknown", "feasible"] = status, **kwargs: Any) -> Any:
             return dataclasses.replace(real(*args, **kwargs), status=status)
 
         monkeypatch.setattr(optimum_module, "solve", cut)

@@ -111,6 +111,7 @@ def test_the_worker_log_folder_is_made_with_the_first_worker_after_the_receipt(t
     # was a traceback that left the output directory behind (reproduced on a tmpfs with nr_inodes=2).
     from asyncroll.config import build_config
     from asyncroll.runtime.collaborators import process_worker_factory
+    from asyncroll.workers import ProcessWorker
     from asyncroll.workload import scan_workload
 
     out = tmp_path / "run"
@@ -119,4 +120,5 @@ def test_the_worker_log_folder_is_made_with_the_first_worker_after_the_receipt(t
     assert not out.exists()  # nothing made yet (the output directory itself is prepare's)
     out.mkdir()
     worker = factory(0, 0)  # not started: a worker process starts only when the pool starts it
+    assert isinstance(worker, ProcessWorker)
     assert (out / "workers").is_dir() and worker.log_path == out / "workers" / "worker-0.log"

@@ -251,7 +251,11 @@ def test_what_the_adopter_remembers_stays_bounded_over_many_restarts(
     def remembered(pool: WorkerPool) -> dict[str, int]:
         adopter = pool._adopter  # the bookkeeping itself: nothing outside shows it
         assert adopter is not None
-        kept = {"origins": adopter.origins, "sessions": adopter._sessions, "doomed": adopter.doomed}
+        kept: dict[str, set[str] | set[int]] = {
+            "origins": adopter.origins,
+            "sessions": adopter._sessions,
+            "doomed": adopter.doomed,
+        }
         kept |= {"signalled": adopter._signalled, "reaped": adopter._reaped, "named": adopter.named}
         return {name: len(pids) for name, pids in kept.items()}
 

@@ -27,9 +27,11 @@ BALANCED = PressurePolicy(
     "asyncroll_balanced", unlock=True, drain_multiple=None, critical_path=True, straggler=True
 )
 
+Job = tuple[JobKind, float, float]  # kind, predicted s, waited s
+
 
 def snap(
-    *jobs: tuple[JobKind, float, float],
+    *jobs: Job,
     outstanding: int = 0,
     threshold: int = 4,
     now: float = 100.0,
@@ -81,7 +83,7 @@ def test_soft_aging_changes_the_order_gradually() -> None:
 
 
 def test_tail_guard_prefers_the_longest_job_only_in_the_tail() -> None:
-    jobs = (("tool", 0.2, 1), ("tool", 3.0, 1), ("grade", 9.0, 1))
+    jobs: tuple[Job, ...] = (("tool", 0.2, 1), ("tool", 3.0, 1), ("grade", 9.0, 1))
     assert GUARDED.choose(snap(*jobs, pending=True)).job_id == 1
     tail = GUARDED.choose(snap(*jobs, pending=False))
     assert (tail.job_id, tail.reason, tail.eligible) == (2, "tail_guard_longest_predicted", True)
@@ -89,7 +91,7 @@ def test_tail_guard_prefers_the_longest_job_only_in_the_tail() -> None:
 
 
 def test_unlock_ranks_grade_jobs_by_time_while_admission_waits_and_last_in_the_tail() -> None:
-    jobs = (("tool", 2.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
+    jobs: tuple[Job, ...] = (("tool", 2.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
     pending = UNLOCK.choose(snap(*jobs, pending=True))
     assert (pending.job_id, pending.reason, pending.eligible) == (
         2,
@@ -102,7 +104,7 @@ def test_unlock_ranks_grade_jobs_by_time_while_admission_waits_and_last_in_the_t
 
 def test_unlock_hard_ages_relative_to_the_predicted_queue_drain() -> None:
     # Queue drains in (4 + 1 + 1) ÷ 2 workers = 3 s; twice that is 6 s < the absolute 30 s.
-    jobs = (("tool", 4.0, 6.5), ("tool", 1.0, 1), ("tool", 1.0, 0.5))
+    jobs: tuple[Job, ...] = (("tool", 4.0, 6.5), ("tool", 1.0, 1), ("tool", 1.0, 0.5))
     aged = UNLOCK.choose(snap(*jobs, workers=2))
     assert (aged.job_id, aged.reason, aged.eligible) == (1, "hard_starvation_fifo", False)
     fresh = UNLOCK.choose(snap(("tool", 4.0, 5.5), *jobs[1:], workers=2))
@@ -113,7 +115,7 @@ def test_unlock_hard_ages_relative_to_the_predicted_queue_drain() -> None:
 def test_critical_path_in_the_tail_runs_the_job_with_the_most_work_after_it() -> None:
     """In the tail, when eligible, the critical rule starts the job whose trajectory has the most work
     left after it (largest delivery time first): its own predicted time does not count, unknown = 0 s."""
-    jobs = (("tool", 0.2, 1), ("tool", 5.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
+    jobs: tuple[Job, ...] = (("tool", 0.2, 1), ("tool", 5.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
     rest = (3.0, 0.5, 0.0, None)
     tail = CRITICAL.choose(snap(*jobs, pending=False, remaining=rest))
     assert (tail.job_id, tail.reason, tail.eligible) == (1, "tail_critical_path", True)
@@ -129,7 +131,7 @@ def test_critical_path_in_the_tail_runs_the_job_with_the_most_work_after_it() ->
     assert (supplied.job_id, supplied.reason) == (1, "not_eligible_model_supply_ok")
     # while problems wait for admission (no estimates in the snapshot): the unlock rule, no drain aging
     assert CRITICAL.choose(snap(*jobs)).job_id == 3
-    long_wait = (("tool", 4.0, 6.5), ("tool", 1.0, 1), ("tool", 1.0, 0.5))
+    long_wait: tuple[Job, ...] = (("tool", 4.0, 6.5), ("tool", 1.0, 1), ("tool", 1.0, 0.5))
     assert CRITICAL.choose(snap(*long_wait, workers=2)).job_id == 2  # UNLOCK would age job 1 here
     assert CRITICAL.choose(snap(("tool", 4.0, 31), ("tool", 1.0, 1))).reason == "hard_starvation_fifo"
 
@@ -138,7 +140,7 @@ def test_balanced_rule_starts_a_job_that_would_end_the_batch_alone() -> None:
     """In the tail, with two or more workers, the longest predicted tool job goes first when it is longer than
     the pool's even share of the other queued jobs and of what the running jobs have left; otherwise (and
     with one worker, before the tail, or not eligible) the balanced rule is the critical-path rule."""
-    jobs = (("tool", 0.2, 1), ("tool", 5.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
+    jobs: tuple[Job, ...] = (("tool", 0.2, 1), ("tool", 5.0, 1), ("grade", 0.01, 1), ("tool", 0.5, 1))
     rest = (3.0, 0.5, 0.0, None)
     # 5 s > (0.2 + 0.01 + 0.5) / 2: started after the others, it would run alone at the end
     alone = BALANCED.choose(snap(*jobs, pending=False, remaining=rest, workers=2))
@@ -458,6 +460,7 @@ def test_the_balanced_rule_weighs_what_the_running_jobs_have_left(
                 tails += 1
             else:
                 assert snapshot.running_left == 0.0 and event.running_left_s is None
+            assert event.predicted_s is not None  # the pressure policies predict every job they select
             running[event.job_id] = (snapshot.now, event.predicted_s)
     assert tails and checked  # some tail decisions saw running work
     reasons = outcome.summary["scheduler"]["reasons"]

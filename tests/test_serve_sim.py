@@ -272,7 +272,8 @@ def test_status_faults_and_retry_after() -> None:
         assert r.status_code == 429 and r.json()["error"]["type"] == "RateLimitError"
         assert r.headers["retry-after-ms"] == "250" and r.headers["retry-after"] == "1"
     for status in (500, 503):
-        with sim(faults=FaultConfig(**{f"rate_{status}": 1.0})) as (running, client):
+        rates: dict[str, Any] = {f"rate_{status}": 1.0}
+        with sim(faults=FaultConfig(**rates)) as (running, client):
             assert client.post("/v1/chat/completions", json=body()).status_code == status
             assert running.stats()["faults"] == {f"http_{status}": 1}
 
@@ -435,7 +436,12 @@ def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncroll.serve_sim.server as server_module
 
     served: list[SimConfig] = []
-    monkeypatch.setattr(server_module, "serve_forever", lambda sim, *_a, **_k: served.append(sim) or 0)
+
+    def recorder(sim: SimConfig, *_a: Any, **_k: Any) -> int:
+        served.append(sim)
+        return 0
+
+    monkeypatch.setattr(server_module, "serve_forever", recorder)
     for args, needle in (
         (["--rate-429", "2"], "--rate-429 must be in [0, 1]"),
         (["--invalid-action-rate", "0.5"], "needs --no-enforce-schema"),
@@ -567,8 +573,8 @@ def test_a_turn_costs_the_same_prompt_and_prefill_through_either_front_end(
     from asyncroll.workload import Problem
 
     parsed = Problem.model_validate(problem)
-    assert parsed.script is not None
-    conversation = [
+    assert parsed.script is not None and isinstance(parsed.id, str)
+    conversation: list[dict[str, Any]] = [
         {"role": "user", "content": parsed.prompt},
         {"role": "assistant", "action": parsed.script[0]},
     ]
@@ -600,6 +606,7 @@ def test_a_reply_without_declared_tokens_has_serve_sim_s_size_on_the_simulator()
 
     final = {"type": "final", "answer": "42", "latency_ms": 123456}
     parsed = Problem.model_validate({"id": "u", "prompt": "Say 42.", "script": [final]})
+    assert isinstance(parsed.id, str)
     request = ModelRequest(parsed.id, parsed, 0, [{"role": "user", "content": parsed.prompt}])
     engine = ServerModelConfig(
         max_num_seqs=4, step_base_ms=1.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
@@ -619,7 +626,7 @@ def test_drawn_values_honour_numeric_and_length_bounds() -> None:
     from asyncroll.serve_sim.policy import UnsupportedSchema, draw
 
     rng = random.Random(0)
-    satisfiable = [
+    satisfiable: list[dict[str, Any]] = [
         {"type": "integer", "minimum": 200},
         {"type": "integer", "maximum": -1},
         {"type": "integer", "minimum": 0.5, "maximum": 1},
@@ -635,7 +642,7 @@ def test_drawn_values_honour_numeric_and_length_bounds() -> None:
     for schema in satisfiable:
         for _ in range(50):
             jsonschema.validate(draw(schema, rng), schema)
-    refused = [
+    refused: list[dict[str, Any]] = [
         {"type": "integer", "minimum": 5, "maximum": 4},
         {"type": "integer", "minimum": 0.2, "maximum": 0.8},
         {"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1},
@@ -659,13 +666,14 @@ def test_drawn_maps_of_integer_keys_are_valid_tool_calls() -> None:
 
     from asyncroll.backends.action_schema import parse_action, turn_schema
     from asyncroll.serve_sim.policy import UnsupportedSchema, draw
-    from asyncroll.workload import Problem
+    from asyncroll.workload import Problem, ToolAction
 
     tool = {"name": "count", "implementation": "t.py", "inputs": {"counts": "dict[int, int]"}}
     schema = turn_schema(Problem.model_validate({"prompt": "p", "tools": [tool]}), 0)
     rng = random.Random(0)
     for _ in range(20):
         action = parse_action(json.dumps(draw(schema, rng)), schema, structured=True, code=False)
+        assert isinstance(action, ToolAction)
         assert action.arguments["counts"] and all(int(k) >= 0 for k in action.arguments["counts"])
     other = {"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}}
     with pytest.raises(UnsupportedSchema, match="patternProperties"):

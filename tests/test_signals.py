@@ -216,9 +216,12 @@ def test_a_freed_worker_never_goes_to_a_job_whose_wait_was_cancelled() -> None:
             await clock.sleep(0)
             doomed, last = job(50), job(20)
             await clock.sleep(0.01)
-            events.subscribe(
-                lambda e: doomed.cancel() if isinstance(e, CpuFinished) and e.job_id == 1 else None
-            )
+
+            def cancel_doomed(e: Event) -> None:
+                if isinstance(e, CpuFinished) and e.job_id == 1:
+                    doomed.cancel()
+
+            events.subscribe(cancel_doomed)
             assert (await first).ok and (await last).ok
             with pytest.raises(asyncio.CancelledError):
                 await doomed

@@ -10,6 +10,7 @@ import signal
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def test_more_jobs_than_usable_cpus_are_lowered_to_them_with_a_warning(
     from asyncroll.simulation import sweep
 
     given: list[int] = []
-    real_run_sweep = sweep.run_sweep
+    real_run_sweep: Callable[..., Any] = sweep.run_sweep
 
     def recording(*args: Any, jobs: int, **kwargs: Any) -> Any:
         given.append(jobs)
@@ -154,7 +155,7 @@ def test_custom_arms_run_their_own_policy_objects(tmp_path: Path) -> None:
     runtime uses it instead of the configured policy and its rows carry the arm's label."""
     from dataclasses import dataclass
 
-    from asyncroll.policies.base import Decision, QueueSnapshot
+    from asyncroll.policies.base import Decision, Policy, QueueSnapshot
     from asyncroll.policies.baseline import Fifo
     from asyncroll.simulation.engine import SimulationSettings
     from asyncroll.simulation.sweep import SweepSpec, run_sweep
@@ -175,7 +176,7 @@ def test_custom_arms_run_their_own_policy_objects(tmp_path: Path) -> None:
         return Newest()
 
     spec = SweepSpec(("fifo",), (8,), (4,), (1,), 2, 0.2)
-    custom = {"fifo object": lambda _: Fifo(), "newest": newest}
+    custom: dict[str, Callable[[Path], Policy]] = {"fifo object": lambda _: Fifo(), "newest": newest}
     rows = run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), tmp_path / "s", custom)
     assert seen == ["seed-0.jsonl", "seed-1.jsonl"]
     by = {(r["policy"], r["seed"]): r for r in rows}
@@ -732,7 +733,13 @@ def test_reorders_are_shown_as_counts() -> None:
     """Reorders are counts: the table showed them as ``136.000 / 164.000 / 168.000``."""
     from asyncroll.simulation.sweep_table import aggregate, markdown
 
-    row = {"policy": "tool_first", "active": 8, "inflight": 4, "workers": 1, "makespan_s": 2.0}
+    row: dict[str, Any] = {
+        "policy": "tool_first",
+        "active": 8,
+        "inflight": 4,
+        "workers": 1,
+        "makespan_s": 2.0,
+    }
     row |= {"efficiency": 0.9, "cpu_blocked_s": 0.5, "failed": 0, "completed_per_hour": 10.0}
     rows = [{**row, "seed": seed, "reorders": n} for seed, n in enumerate((136, 164, 168, 170))]
     line = next(line for line in markdown(aggregate(rows)).splitlines() if line.startswith("| tool_first"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from asyncroll.outputs import timeline
+from asyncroll.outputs.activity_model import Series
 from asyncroll.outputs.timeline import timeline_data, write_timeline
 from tests.conftest import invoke
 from tests.export_checks import chromium_page, page_data
@@ -180,8 +181,9 @@ def test_many_trajectories_put_shared_tracks_on_top(tmp_path: Path, monkeypatch:
 
 def test_thinning_a_long_counter_keeps_its_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timeline, "MAX_COUNTER_POINTS", 8)
-    series: list[tuple[float, float | None]] = [(i / 10, float(i % 5)) for i in range(40)]
-    series[20] = (2.0, None)
+    series = Series()
+    for i in range(40):
+        series.append(i / 10, None if i == 20 else float(i % 5))
     out = timeline._thin(series, 0.0)
     assert len(out) < len(series) and [2_000_000, None] in out
     assert out[out.index([2_000_000, None]) + 1][0] > 2_000_000  # the next point comes after the gap
