@@ -3,6 +3,7 @@ key to its trajectory's next job, so it knows a repair follows before any trajec
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -236,3 +237,76 @@ def test_a_chain_rule_run_decides_its_tail_on_the_chains_estimates(
     assert (differ > 0) is own  # the repair rule's estimates are its own, not the chain's
     reasons = outcome.summary["scheduler"]["reasons"]
     assert reasons.get("tail_critical_path", 0) > 0
+
+
+def _random_stream(seed: int, trajectories: int = 60) -> list[Any]:
+    """Events of ``trajectories`` interleaved trajectories, as a run emits them: per trajectory a job per
+    turn (turns only increase), a model turn between, a resubmission of a tool already run, some jobs
+    failed, some not yet finished when the next trajectory's events come."""
+    rng = random.Random(seed)
+    tools = ("crunch", "lookup", "search")
+    scripts: list[list[Any]] = []
+    job_id = 0
+    for i in range(trajectories):
+        tid, seen, events = f"r{i}", set(), []
+        for turn in range(rng.randint(1, 5)):
+            events.append(
+                ModelFinished(id=tid, request_id=turn, turn=turn, latency_s=rng.random(), action="tool")
+            )
+            tool = rng.choice(tools)
+            job_id += 1
+            common: dict[str, Any] = {"id": tid, "job_id": job_id, "kind": "tool", "tool": tool}
+            events.append(
+                CpuEnqueued(**common, turn=turn, arg_bytes=1, queue_depth=1, resubmission=tool in seen)
+            )
+            seen.add(tool)
+            seconds = rng.lognormvariate(-2, 1)
+            if rng.random() < 0.1:
+                events.append(CpuFailed(**common, worker=0, reason="timeout", roundtrip_s=seconds, error="x"))
+            else:
+                events.append(
+                    CpuFinished(
+                        **common, worker=0, ok=True, execute_s=seconds, cpu_s=None, roundtrip_s=seconds
+                    )
+                )
+        events.append(TrajectoryFinished(id=tid, status="completed", turns=5, tool_calls=5, duration_s=1.0))
+        scripts.append(events)
+    stream, running = [], [iter(s) for s in scripts[:8]]
+    waiting = iter(scripts[8:])
+    while running:  # 8 trajectories at a time, their events interleaved at random
+        current = rng.choice(running)
+        event = next(current, None)
+        if event is None:
+            running.remove(current)
+            following = next(waiting, None)
+            if following is not None:
+                running.append(iter(following))
+        else:
+            stream.append(event)
+    return stream
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_kept_estimates_equal_a_whole_recomputation_after_every_event(seed: int) -> None:
+    """After an observation only the changed keys' estimates and those computed from them are forgotten
+    (the tail's decisions read every queued job's estimate after nearly every event): after every event of
+    interleaved trajectories, each key's estimate — the chain's and the repair rule's with a prediction —
+    equals what a whole recomputation gives (every memoised value dropped)."""
+    chain, repair = StepwiseWork(2), StepwiseWork(2, own_repair=True)
+    views: dict[tuple[str, bool, int], JobView] = {}
+    compared = 0
+    for event in _random_stream(seed):
+        chain(event)
+        repair(event)
+        if isinstance(event, CpuEnqueued):
+            views.setdefault(
+                (event.tool, event.resubmission, event.turn),
+                JobView(0, "v", "tool", event.tool, event.turn, 0.0, resubmission=event.resubmission),
+            )
+        kept = [(chain.estimate(v), repair.estimate(v, 0.3)) for v in views.values()]
+        chain._forget_all()
+        repair._forget_all()
+        fresh = [(chain.estimate(v), repair.estimate(v, 0.3)) for v in views.values()]
+        assert kept == fresh
+        compared += sum(a is not None for a, _ in fresh)
+    assert compared > 500

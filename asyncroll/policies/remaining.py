@@ -45,6 +45,7 @@ from asyncroll.policies.base import JobView
 Key = tuple[str, str, bool, int]  # (kind, tool, resubmission, turn)
 _START: Key = ("", "", False, -1)  # a trajectory before its first job
 _END: Key = ("", "", False, -2)  # a finished trajectory
+_END_ID = 1  # its number in StepwiseWork (the start is 0)
 #: Transitions seen from a key before the chain gives an estimate after it (RESULTS.md: with 1, a
 #: 20-trajectory batch at 32 active / 4 inflight / 2 workers was worse than FIFO; 3 and 8 were not).
 MIN_TRANSITIONS = 3
@@ -138,26 +139,43 @@ class RemainingWork(_Subscriber):
 
 @dataclass(slots=True)
 class _Step:
-    last: Key = _START  # the key of the trajectory's last queued job
+    last: int = 0  # the number of the key of the trajectory's last queued job (0: none yet)
     model_s: float = 0.0  # model service since that job was queued
+
+
+_UNSET = float("nan")  # a memo slot with nothing in it (compared by identity)
+Repairs = tuple[tuple[float, float], ...]
 
 
 class StepwiseWork(_Subscriber):
     """Mean remaining service after a job, by the job's key, from a Markov chain over job keys learned
-    step by step; an event subscriber (``log.subscribe``)."""
+    step by step; an event subscriber (``log.subscribe``).
+
+    Each key is numbered when first seen and everything about it lives at its number (in lists), so that
+    walking the chain costs list indexing, not hashing tuples. The expectations are memoised; an
+    observation marks the keys whose own counts it changed, and the next ``estimate`` forgets their
+    memoised values and those computed from them (the chain upstream), not the whole memo."""
 
     def __init__(self, min_transitions: int = MIN_TRANSITIONS, *, own_repair: bool = False) -> None:
         self._min = min_transitions
         self._own_repair = own_repair
         self._active: dict[str, _Step] = {}
-        self._queued: dict[int, Key] = {}  # job id → key, until it ends
-        self._next: dict[Key, dict[Key, list[float]]] = {}  # key → next key → [count, Σ model service]
-        self._from: dict[Key, int] = {}  # transitions seen from each key
-        self._exec: dict[Key, list[float]] = {}  # key → [count, Σ execute seconds]
+        self._queued: dict[int, int] = {}  # job id → its key's number, until it ends
+        self._ids: dict[Key, int] = {}  # key → its number
+        self._keys: list[Key] = []  # number → key
+        self._next: list[dict[int, list[float]]] = []  # next key → [count, Σ model service]
+        self._from: list[int] = []  # transitions seen from each key
+        self._exec: list[list[float] | None] = []  # [count, Σ execute seconds], None before any
         self._exec_all = [0.0, 0.0]
-        self._memo: dict[Key, float | None] = {}
-        self._repairs: dict[Key, tuple[tuple[float, float], ...]] = {}  # memo of ``_repairs_after``
+        self._memo: list[float | None] = []  # the expectation after each key, or _UNSET
+        self._repairs: list[Repairs | None] = []  # memo of ``_repairs_after``
+        self._parents: list[set[int]] = []  # the keys seen to lead to each key
+        self._dirty: set[int] = set()  # keys whose own counts changed since the memos were brought up to date
+        self._every_users: set[int] = set()  # memoised keys that read the mean execute time of every job
+        self._every_changed = False
         self.observations = 0
+        for key in (_START, _END):
+            self._number(key)
         self._handlers: dict[type[Event], Callable[[Any], None]] = {
             ModelFinished: self._model_done,
             ModelFailed: self._model_done,
@@ -167,6 +185,19 @@ class StepwiseWork(_Subscriber):
             TrajectoryFinished: self._trajectory_finished,
         }
 
+    def _number(self, key: Key) -> int:
+        number = self._ids.get(key)
+        if number is None:
+            number = self._ids[key] = len(self._keys)
+            self._keys.append(key)
+            self._next.append({})
+            self._from.append(0)
+            self._exec.append(None)
+            self._memo.append(_UNSET)
+            self._repairs.append(None)
+            self._parents.append(set())
+        return number
+
     def estimate(self, job: JobView, predicted: float | None = None) -> float | None:
         """Expected service (seconds) after jobs like this one; None until enough transitions from its
         key were seen. With ``own_repair``, a first evaluation's ``predicted`` execute time stands for its
@@ -174,28 +205,68 @@ class StepwiseWork(_Subscriber):
         predictor itself predicts a repair by its first evaluation's time) instead of the mean of every
         resubmission after its key: a long first evaluation has a long repair ahead."""
         key = key_of(job)
-        after = self._after(key)
+        number = self._ids.get(key)
+        if number is None or self._from[number] < self._min:
+            return None
+        if self._dirty or self._every_changed:
+            self._forget()
+        after = self._memo[number]
+        if after is _UNSET:
+            after = self._after(number)
         if after is None or predicted is None or not self._own_repair or key[2]:
             return after
-        repairs = self._repairs.get(key)
+        repairs = self._repairs[number]
         if repairs is None:
-            repairs = self._repairs[key] = self._repairs_after(key)
+            repairs = self._repairs[number] = self._repairs_after(number)
         for weight, mean in repairs:
             after += weight * (predicted - mean)
         return after
 
-    def _repairs_after(self, key: Key) -> tuple[tuple[float, float], ...]:
-        """The resubmissions of the same tool seen to follow ``key``: (probability, mean execute time)
-        each. Memoised, like ``_after``, until the next observation: ``estimate`` runs for every queued
-        job at every decision in the tail."""
-        total = self._from[key]
-        every = self._mean_exec()
+    def _repairs_after(self, number: int) -> Repairs:
+        """The resubmissions of the same tool seen to follow a key: (probability, mean execute time)
+        each. Memoised, like ``_after``: ``estimate`` runs for every queued job at every decision in the
+        tail."""
+        total, tool, keys = self._from[number], self._keys[number][1], self._keys
         repairs = []
-        for to, (count, _) in self._next[key].items():
-            if to != _END and to[2] and to[1] == key[1]:  # its resubmission, same tool
-                executed = self._exec.get(to)
-                repairs.append((count / total, executed[1] / executed[0] if executed else every))
+        for to, (count, _) in self._next[number].items():
+            if to != _END_ID and keys[to][2] and keys[to][1] == tool:  # its resubmission, same tool
+                executed = self._exec[to]
+                if executed is None:
+                    self._every_users.add(number)
+                    mean = self._mean_exec()
+                else:
+                    mean = executed[1] / executed[0]
+                repairs.append((count / total, mean))
         return tuple(repairs)
+
+    def _forget(self) -> None:
+        """Drops the memoised values that the observations since the last estimate changed: those of the
+        keys whose own counts changed (a transition from them, a new execute time of a key they lead to),
+        of the keys that read the mean of every job when it changed, and the expectations computed from
+        those (of their ancestors on the chain; the repairs after a key depend on its own counts only).
+        Every other memoised value is what recomputing it would give, on a chain without cycles (a real
+        run's: one job per turn, and turns only increase)."""
+        changed, memo, repairs, users = self._dirty, self._memo, self._repairs, self._every_users
+        if self._every_changed:
+            changed |= users
+            self._every_changed = False
+        for number in changed:
+            repairs[number] = None
+        users -= changed
+        stack = list(changed)
+        changed.clear()
+        parents = self._parents
+        while stack:
+            number = stack.pop()
+            if memo[number] is not _UNSET:  # and the expectations computed from it
+                memo[number] = _UNSET
+                stack.extend(parents[number])
+
+    def _forget_all(self) -> None:
+        """Drops every memoised value (``bench.decision``'s worst case: the whole chain recomputed)."""
+        self._memo[:] = [_UNSET] * len(self._memo)
+        self._repairs[:] = [None] * len(self._repairs)
+        self._every_users.clear()
 
     def _mean_exec(self) -> float:
         """The mean execute time of every job seen to finish (0 before any)."""
@@ -210,56 +281,71 @@ class StepwiseWork(_Subscriber):
     def _model_done(self, event: ModelFinished | ModelFailed) -> None:
         self._step(event.id).model_s += event.latency_s
 
-    def _transition(self, step: _Step, to: Key) -> None:
-        counts = self._next.setdefault(step.last, {}).setdefault(to, [0.0, 0.0])
+    def _transition(self, step: _Step, to: int) -> None:
+        nexts = self._next[step.last]
+        counts = nexts.get(to)
+        if counts is None:
+            counts = nexts[to] = [0.0, 0.0]
+            self._parents[to].add(step.last)
         counts[0] += 1
         counts[1] += step.model_s
-        self._from[step.last] = self._from.get(step.last, 0) + 1
+        self._from[step.last] += 1
+        self._dirty.add(step.last)
         step.last, step.model_s = to, 0.0
-        self._memo.clear()
-        self._repairs.clear()
         self.observations += 1
 
     def _cpu_enqueued(self, event: CpuEnqueued) -> None:
-        key = (event.kind, event.tool, event.resubmission, event.turn)
-        self._queued[event.job_id] = key
-        self._transition(self._step(event.id), key)
+        number = self._number((event.kind, event.tool, event.resubmission, event.turn))
+        self._queued[event.job_id] = number
+        self._transition(self._step(event.id), number)
 
     def _cpu_done(self, event: CpuFinished | CpuFailed) -> None:
-        key = self._queued.pop(event.job_id, None)
-        if key is not None:
+        number = self._queued.pop(event.job_id, None)
+        if number is not None:
             seconds = event.execute_s if isinstance(event, CpuFinished) else event.roundtrip_s
-            counts = self._exec.setdefault(key, [0.0, 0.0])
+            counts = self._exec[number]
+            if counts is None:
+                counts = self._exec[number] = [0.0, 0.0]
             counts[0] += 1
             counts[1] += seconds
             self._exec_all[0] += 1
             self._exec_all[1] += seconds
-            self._memo.clear()
-            self._repairs.clear()
+            self._dirty.update(self._parents[number])  # they read this key's mean execute time
+            self._every_changed = True
 
     def _trajectory_finished(self, event: TrajectoryFinished) -> None:
         step = self._active.pop(event.id or "", None)
         if step is not None:
-            self._transition(step, _END)
+            self._transition(step, _END_ID)
 
-    def _after(self, key: Key) -> float | None:
+    def _after(self, number: int) -> float | None:
         """Σ over next keys of P(next) × (model service before it + its execute time + the service after
         it); a next job of a key not seen to finish counts at the mean execute time of every job, and a key
-        whose own estimate is not known yet counts 0 after it. Memoised until the next observation."""
-        if key in self._memo:
-            return self._memo[key]
-        if self._from.get(key, 0) < self._min:
-            self._memo[key] = None
+        whose own estimate is not known yet counts 0 after it. Memoised (see ``_forget``)."""
+        memo = self._memo
+        value = memo[number]
+        if value is not _UNSET:
+            return value
+        total = self._from[number]
+        if total < self._min:
+            memo[number] = None
             return None
-        self._memo[key] = 0.0  # a key met again on its own chain (same turn, same key) adds nothing more
-        total = self._from[key]
-        every = self._mean_exec()
+        memo[number] = 0.0  # a key met again on its own chain (same turn, same key) adds nothing more
+        executions = self._exec
         value = 0.0
-        for to, (count, model_s) in self._next[key].items():
+        for to, (count, model_s) in self._next[number].items():
             after = model_s / count
-            if to != _END:
-                executed = self._exec.get(to)
-                after += (executed[1] / executed[0] if executed else every) + (self._after(to) or 0.0)
+            if to != _END_ID:
+                executed = executions[to]
+                if executed is None:
+                    self._every_users.add(number)
+                    mean = self._mean_exec()
+                else:
+                    mean = executed[1] / executed[0]
+                later = memo[to]
+                if later is _UNSET:
+                    later = self._after(to)
+                after += mean + (later or 0.0)
             value += count / total * after
-        self._memo[key] = value
+        memo[number] = value
         return value
