@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import tests.test_cli as test_cli
+import tests.cli_runs as cli_runs
 from tests.children import end
 
 
@@ -52,17 +52,17 @@ def test_end_kills_reaps_and_closes_every_pipe() -> None:
 def test_a_signal_test_that_fails_before_the_signal_leaves_no_pipe_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """test_cli's helper, failing while it waits for the run's first job (as on a loaded machine): its
+    """cli_runs's helper, failing while it waits for the run's first job (as on a loaded machine): its
     process was killed and reaped but its stdout and stderr pipes were left to the garbage collector."""
 
     def never(path: Path, needle: str, timeout: float = 30) -> None:
         raise AssertionError(f"{needle!r} never appeared in {path}")
 
-    monkeypatch.setattr(test_cli, "_wait_for", never)
+    monkeypatch.setattr(cli_runs, "_wait_for", never)
     workload = tmp_path / "w.jsonl"
     workload.write_text("")
 
     def signal_a_run() -> None:
-        test_cli._signal_a_running_run(workload, tmp_path / "run", signal.SIGTERM)
+        cli_runs._signal_a_running_run(workload, tmp_path / "run", signal.SIGTERM)
 
     assert unclosed_after(signal_a_run) == []

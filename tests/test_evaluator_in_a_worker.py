@@ -112,7 +112,7 @@ def test_a_run_passes_its_tool_timeout_so_a_slow_program_gets_a_verdict_not_a_ki
     """``--tool-timeout 5`` caps the evaluator's total budget at 4 s: a program that would run its 6 s
     per-test limit gets a time-limit verdict and its repair turn; no worker is killed, nothing is left.
     (The 1 s margin is the design's; a loaded machine's sandbox overheads stay well inside it.)"""
-    from tests.test_cli import cli
+    from tests.cli_runs import cli
 
     problem = {
         "id": "spins",

@@ -1,6 +1,7 @@
 """The one-repair protocol (SPEC §2, §5) on a virtual clock: submit → evaluate → on failure one repair
 turn with the feedback → evaluate. Verdicts are declared by the script (``passes``), so no untrusted
-code runs here; the real evaluator end to end is in ``tests/test_cli.py``."""
+code runs here but in ``test_bundled_livecodebench_example_repairs_for_real``, the real evaluator end to
+end."""
 
 from __future__ import annotations
 
@@ -151,8 +152,8 @@ def test_loader_rejects_broken_one_repair_problems(tmp_path: Path, change: Any, 
 @pytest.mark.timeout(180)
 def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     """The scripted example end to end: real workers, the real sandboxed evaluator, one repair each."""
+    from tests.cli_runs import cli
     from tests.conftest import REPO, invoke
-    from tests.test_cli import cli
 
     workload = REPO / "examples" / "livecodebench" / "workload.jsonl"
     out = tmp_path / "run"

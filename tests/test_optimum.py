@@ -17,8 +17,8 @@ import pytest
 
 from asyncroll.simulation.optimum import Instance, Step, analytic_bound, instance_from_run, solve
 from tests.children import end
+from tests.cli_runs import cli
 from tests.conftest import REPO, invoke, tool_problem, write_workload
-from tests.test_cli import cli
 
 
 def chain(*steps: tuple[str, float]) -> tuple[Step, ...]:

@@ -40,13 +40,14 @@ def test_the_typer_and_pydantic_floors_are_versions_the_cli_runs_on() -> None:
     - typer 0.12.4-0.15.3 with a current click (they do not cap it; 8.5.1 was installed): ``TypeError:
       Secondary flag is not valid for non-boolean flag`` or ``make_metavar() missing ... 'ctx'``;
     - typer 0.16-0.18: works, but imports rich on every start (``--help`` 0.9 s instead of 0.35 s;
-      tests/test_cli.py::test_help_imports_nothing_heavy fails);
+      tests/test_cli_commands.py::test_help_imports_nothing_heavy fails);
     - pydantic 2.7-2.9 (the floor was ``pydantic>=2.7``): every command printed UserWarnings about the
       ``model_capacity`` and ``model_outstanding`` fields on stderr.
 
     With typer 0.19.0, pydantic 2.10.0 and every other dependency at its floor, the CLI's commands ran
-    and tests/test_cli.py, test_workload.py, test_summary.py, test_serve_sim.py, test_openai_backend.py,
-    test_policies.py and test_convert.py passed."""
+    and tests/test_cli.py (since split into test_run_*.py and test_cli_commands.py), test_workload.py,
+    test_summary.py, test_serve_sim.py, test_openai_backend.py, test_policies.py and test_convert.py
+    passed."""
     floors = _floors()
     assert floors["typer"] >= (0, 19), floors["typer"]
     assert floors["pydantic"] >= (2, 10), floors["pydantic"]
@@ -55,10 +56,11 @@ def test_the_typer_and_pydantic_floors_are_versions_the_cli_runs_on() -> None:
 def test_the_tests_declare_the_click_their_runner_needs() -> None:
     """typer 0.19 (the floor) allows click 8.0.0, and the CLI runs on it: with typer 0.19.0 and click
     8.0.0 (2026-12-03, Python 3.11) an option of one value given twice is refused (exit 2, naming it) and
-    tests/test_single_values.py and test_cli.py passed once their ``CliRunner`` was told to keep stderr
-    apart. As written they did not: before click 8.2 ``CliRunner()`` mixes stderr into stdout and
-    ``result.stderr`` raises ``ValueError: stderr not separately captured``, which ~100 assertions read.
-    So the runtime keeps typer's floor for click, and the dev extra (what runs the tests) asks for 8.2."""
+    tests/test_single_values.py and test_cli.py (since split into test_run_*.py and test_cli_commands.py)
+    passed once their ``CliRunner`` was told to keep stderr apart. As written they did not: before click
+    8.2 ``CliRunner()`` mixes stderr into stdout and ``result.stderr`` raises ``ValueError: stderr not
+    separately captured``, which ~100 assertions read. So the runtime keeps typer's floor for click, and
+    the dev extra (what runs the tests) asks for 8.2."""
     dev = _pyproject()["project"]["optional-dependencies"]["dev"]
     floors = [
         tuple(int(part) for part in match[1].split("."))

@@ -14,8 +14,8 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
+from tests.cli_runs import SMOKE, cli, load_run
 from tests.conftest import tool_problem, write_workload
-from tests.test_cli import SMOKE, cli, load_run
 from tests.test_simulation import _edit_json, _edit_lines, simulate_here
 
 KNOBS = ["--starvation-threshold", "1", "--aging-seconds", "0.4", "--aging-weight", "0.5"]

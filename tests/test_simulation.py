@@ -16,8 +16,8 @@ import pytest
 from typer.testing import Result
 
 from tests.children import end
+from tests.cli_runs import SMOKE, cli, load_run
 from tests.conftest import REPO, VirtualRun, invoke, tool_problem, write_workload
-from tests.test_cli import SMOKE, cli, load_run
 
 
 def simulate_here(*args: str | Path) -> Result:

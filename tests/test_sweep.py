@@ -18,8 +18,8 @@ import pytest
 
 from asyncroll.simulation.perturb import factor, perturb_workload
 from tests.children import end
+from tests.cli_runs import SMOKE, cli
 from tests.conftest import REPO, tool_problem, write_workload
-from tests.test_cli import SMOKE, cli
 from tests.test_simulation import signal_and_wait, simulate_here, start_slow_cli, wait_until
 
 

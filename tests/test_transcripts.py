@@ -302,7 +302,7 @@ def test_asyncroll_run_transcripts_with_real_workers_show_the_cut_tool_result(tm
     """The command end to end (real worker processes): a tool result is recorded exactly as the model
     was shown it, cut to --max-observation-chars with its note."""
     from asyncroll.runtime.trajectory import cut_observation
-    from tests.test_cli import cli
+    from tests.cli_runs import cli
 
     (tmp_path / "echo.py").write_text("def echo(n):\n    return 'x' * n\n")
     tool = {"name": "echo", "inputs": {"n": "int"}, "implementation": "echo.py"}

@@ -1,0 +1,108 @@
+"""The command line as the tests drive it: ``asyncroll`` in a real subprocess (``cli``), ``run`` parsed and
+validated in this process with the run itself replaced (``run_in_process``), a run's files read back and
+validated, its worker processes checked gone, and a real run signalled once its first job has started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from asyncroll.events import parse_event
+from asyncroll.schemas import RunReceiptModel, SummaryModel
+from tests.children import end
+from tests.conftest import REPO
+
+SMOKE = REPO / "examples" / "smoke.jsonl"
+
+
+def cli(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def load_run(out: Path) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    receipt = json.loads((out / "run.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    events = [parse_event(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    RunReceiptModel.model_validate(receipt)
+    SummaryModel.model_validate(summary)
+    return receipt, summary, events
+
+
+def worker_pids(events: list[Any]) -> set[int]:
+    return {e.pid for e in events if e.event == "worker_ready" and e.pid is not None}
+
+
+def assert_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        alive = {
+            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        }
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker processes left behind: {alive}")
+
+
+def run_in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[Any, list[Any]]:
+    """``asyncroll run`` parsed and validated in this process (no subprocess, no workers): the run itself
+    is replaced by a recorder of the validated config."""
+    from typer.testing import CliRunner
+
+    import asyncroll.commands.run as run_command
+    from asyncroll.cli import app
+
+    seen: list[Any] = []
+
+    def record(cfg: Any) -> int:
+        seen.append(cfg)
+        return 0
+
+    monkeypatch.setattr(run_command, "_run", record)
+    return CliRunner().invoke(app, ["run", *map(str, args)]), seen
+
+
+def _wait_for(path: Path, needle: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and needle in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+def _signal_a_running_run(
+    workload: Path, out: Path, sig: signal.Signals, *flags: str, wrap: list[str] | None = None
+) -> tuple[int, str]:
+    """``asyncroll run`` in a real process (under ``wrap``, e.g. nohup), sent ``sig`` once its first job
+    has started; its exit status and stderr (killed after 60 s)."""
+    command = [*(wrap or []), sys.executable, "-m", "asyncroll.cli", "run", "--workload", str(workload)]
+    proc = subprocess.Popen(
+        [*command, "--output", str(out), *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        os.kill(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        end(proc)
+    return proc.returncode, stderr

@@ -1,0 +1,95 @@
+"""The command line around its commands: ``schema``, ``--version``, the help text (plain, and printed
+without importing anything heavy), and the report module's own entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.cli_runs import cli
+from tests.conftest import REPO, invoke
+
+
+def test_schema_command_prints_every_schema() -> None:
+    result = cli("schema")
+    assert result.returncode == 0
+    schemas = json.loads(result.stdout)
+    assert set(schemas) == {"workload", "events", "run", "summary", "config"}
+    assert "cpu_selected" in json.dumps(schemas["events"])
+
+
+def test_version_prints_the_installed_package_version() -> None:
+    from importlib.metadata import version
+
+    result = cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"asyncroll {version('asyncroll')}\n"
+
+
+def test_version_of_a_checkout_never_installed_is_the_package_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    import asyncroll
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout == f"asyncroll {asyncroll.__version__}\n"
+
+
+def test_no_help_text_shows_rst_markup() -> None:
+    """The help is plain text (``rich_markup_mode=None``): a docstring's RST double backticks would be
+    printed as they are; every command writes code as `this`, in single backticks."""
+    import typer.main
+
+    from asyncroll.cli import app
+
+    def commands(group: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        found: list[tuple[str, ...]] = [path]
+        for name, command in group.commands.items():  # a group (typer's own click) has commands
+            found += commands(command, (*path, name)) if hasattr(command, "commands") else [(*path, name)]
+        return found
+
+    root = typer.main.get_command(app)
+    paths = commands(root, ())
+    assert ("simulate",) in paths and ("optimum",) in paths and ("experiment", "run") in paths
+    for path in paths:
+        result = invoke(*path, "--help")
+        assert result.exit_code == 0, (path, result.output)
+        assert "``" not in result.stdout, (path, result.stdout)
+
+
+def test_help_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, asyncroll.cli; heavy = ('pydantic', 'sklearn', 'httpx', 'psutil', 'numpy', 'asyncio');"
+        "print(','.join(m for m in heavy if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == ""
+    assert cli("--help").returncode == 0
+    # printing help does not load rich either (its markdown renderer alone took ~0.2 s of start-up)
+    for args in (["--help"], ["run", "--help"], ["experiment", "--help"]):
+        shown = (
+            f"import sys\nfrom asyncroll.cli import app\ntry:\n    app({args!r})\nexcept SystemExit:\n"
+            "    pass\nprint('rich' in sys.modules, file=sys.stderr)"
+        )
+        result = subprocess.run([sys.executable, "-c", shown], capture_output=True, text=True, timeout=30)
+        assert "Usage: " in result.stdout and result.stderr.strip() == "False", (args, result.stderr)
+
+
+def test_the_report_module_entry_point_shows_its_own_usage() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncroll.report", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
+    assert result.returncode == 0 and result.stdout.startswith("Usage: python -m asyncroll.report [OPTIONS]")
+    assert "--comparison" in result.stdout

@@ -1,0 +1,122 @@
+"""``asyncroll run --config FILE``: a file's settings under the flags that override them, and every way a
+file's settings are refused naming the file, the setting as the file spells it, and the flag."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_runs import SMOKE, cli, load_run, run_in_process
+
+
+def test_config_file_with_flag_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'workload = "{SMOKE}"\npolicy = "tool_first"\ncpu-workers = 1\nmax_turns = 4\n')
+    out = tmp_path / "run"
+    result = cli("run", "--config", config, "--output", out, "--policy", "fifo")
+    assert result.returncode == 0, result.stderr
+    receipt, summary, _ = load_run(out)
+    assert receipt["config"]["policy"] == "fifo" and receipt["config"]["cpu_workers"] == 1
+    assert receipt["config"]["max_turns"] == 4 and summary["limits"]["cpu_workers"] == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"cpu_workers": 2, "turbo": true}')
+    refused, seen = run_in_process(
+        monkeypatch, "--config", bad, "--workload", SMOKE, "--output", tmp_path / "r2"
+    )
+    assert refused.exit_code == 2 and f"--config {bad}: setting 'turbo': unknown setting" in refused.stderr
+    assert not seen
+
+
+def test_config_file_errors_name_the_file_and_flags_name_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('polcy = "asyncroll"\ncpu-workers = 0\nmax_turns = 0\n')
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r", "--max-turns", "-1"
+    )
+    assert result.exit_code == 2 and not seen
+    assert f"--config {config}: setting 'polcy': unknown setting" in result.stderr
+    assert f"--config {config}: setting 'cpu-workers': " in result.stderr  # as the file spells it
+    assert "--max-turns: " in result.stderr
+    assert "setting 'max_turns'" not in result.stderr  # the flag overrode the file's value
+
+
+def test_a_config_file_value_of_the_wrong_json_type_is_refused_not_converted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pydantic's lax mode read ``"cpu_workers": true`` as one worker, ``"max_turns": "8"`` as 8 and
+    ``"transcripts": "no"`` as off, silently; each is now named. A JSON int where a float is taken, and
+    the flags' own values, are as before."""
+    config = tmp_path / "run.json"
+    bad = {"cpu_workers": True, "max_turns": "8", "transcripts": "no", "tool_timeout": "5", "limit": 2.0}
+    config.write_text(json.dumps(bad))
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 2 and not seen
+    for key, what in (
+        ("cpu_workers", "integer"),
+        ("max_turns", "integer"),
+        ("transcripts", "boolean"),
+        ("tool_timeout", "number"),
+        ("limit", "integer"),
+    ):
+        assert f"--config {config}: setting '{key}': Input should be a valid {what}" in result.stderr
+    assert not (tmp_path / "r").exists()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"cpu_workers": 1, "tool_timeout": 5, "transcripts": True}))
+    ok = cli("run", "--config", good, "--workload", SMOKE, "--output", tmp_path / "ok", "--max-turns", "4")
+    assert ok.returncode == 0, ok.stderr
+    receipt, _, _ = load_run(tmp_path / "ok")
+    assert receipt["config"]["tool_timeout"] == 5.0 and receipt["config"]["transcripts"] is True
+
+
+def test_a_check_across_settings_names_those_read_from_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cross-setting error named only flags, even for settings the user wrote in a config file."""
+    config = tmp_path / "run.toml"
+    config.write_text("tool-timeout = 5\ntest_timeout = 20\n")
+    args = ("--config", config, "--workload", SMOKE)
+    result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r")
+    assert result.exit_code == 2 and not seen
+    assert (
+        f"--test-timeout (--config {config}: setting 'test_timeout') 20 does not fit under " in result.stderr
+    )
+    assert f"--tool-timeout (--config {config}: setting 'tool-timeout') 5" in result.stderr  # as spelled
+    flag, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "r2", "--tool-timeout", "4")
+    assert "does not fit under --tool-timeout 4:" in flag.stderr  # given as a flag: named as one
+    config.write_text("cpu-workers = 2\ncpu_workers = 3\n")
+    twice, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r3")
+    assert twice.exit_code == 2 and not seen
+    assert f"--config {config}: settings 'cpu-workers' and 'cpu_workers' are the same setting" in twice.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "twice.json",
+            b'{"cpu_workers": 1, "cpu_workers": 2}',
+            "not valid JSON: key 'cpu_workers' is given twice",
+        ),
+        ("latin1.json", b'{"model": "caf\xe9"}', "not UTF-8 text (invalid continuation byte at byte 14)"),
+        ("deep.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON: "),
+    ],
+    ids=["repeated-key", "not-utf8", "deep"],
+)
+def test_a_config_file_that_cannot_be_read_as_settings_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, content: bytes, message: str
+) -> None:
+    """A repeated key silently kept its last value; a file that is not UTF-8, or nested past the
+    parser's limit, ended in a traceback."""
+    config = tmp_path / name
+    config.write_bytes(content)
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 2 and not seen
+    assert f"--config {config}: {message}" in result.stderr

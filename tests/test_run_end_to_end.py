@@ -1,0 +1,116 @@
+"""``asyncroll run`` as a user meets it, end to end in a real subprocess with real worker processes: the
+files a run writes under every policy, an output or workload it refuses before anything exists, and a
+long tool result cut before the model sees it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncroll.config import build_config
+from asyncroll.errors import UsageError
+from tests.cli_runs import SMOKE, assert_gone, cli, load_run, worker_pids
+from tests.conftest import invoke, write_workload
+
+OUTPUT_FILES = {"run.json", "events.jsonl", "results.jsonl", "summary.json", "trace.json", "timeline.html"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["fifo", "sync", "tool_first"])
+def test_smoke_run_under_every_policy(tmp_path: Path, policy: str) -> None:
+    out = tmp_path / "run"
+    result = cli("run", "--workload", SMOKE, "--output", out, "--policy", policy)
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in out.iterdir()} >= OUTPUT_FILES
+    receipt, summary, events = load_run(out)
+    assert receipt["status"] == "complete" and receipt["error"] is None
+    assert receipt["workload"]["sha256"] and receipt["config"]["policy"] == policy
+    assert summary["counts"]["completed"] == 3
+    assert summary["tools"]["calls"] == 2
+    assert summary["accuracy"]["exact"] == 1.0 and summary["accuracy"]["denominator"] == 3
+    assert summary["policy"] == policy
+    assert "completed" in result.stdout and "exact accuracy 1.000" in result.stdout
+    assert "deprecated" not in result.stderr
+    kinds = [e.event for e in events]
+    assert kinds.index("measurement_started") < kinds.index("trajectory_started")
+    assert kinds[-1] == "measurement_finished"
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    assert 0 < summary["bounds"]["lower_bound_s"] <= summary["makespan_s"]
+    # known (no worker replaced); CPU clocks tick at 10 ms, so a 60 ms run may honestly read 0
+    assert summary["cpu_cost"]["total_cpu_s"] is not None and summary["cpu_cost"]["per_completion_s"] >= 0
+    json.loads((out / "trace.json").read_text())
+    assert_gone(worker_pids(events))
+
+
+def test_existing_output_is_refused_and_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = cli("run", "--workload", SMOKE, "--output", out)
+    assert result.returncode == 2
+    assert "already exists" in result.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: Path) -> None:
+    workload = tmp_path / "bad.jsonl"
+    workload.write_text(
+        SMOKE.read_text() + '{"id": "x", "prompt": "p", "tools": [{"name": "nope"}], "script": []}\n'
+    )
+    out = tmp_path / "run"
+    result = cli("run", "--workload", workload, "--output", out)
+    assert result.returncode == 2
+    assert f"{workload}:4: tools[0].name: unknown tool 'nope'" in result.stderr
+    assert f"{workload}:4: script: must hold at least one action" in result.stderr
+    assert not out.exists()
+    validate = cli("validate", workload)
+    assert validate.returncode == 2 and "2 errors in 1 of 4 workload lines" in validate.stderr
+    assert invoke("validate", SMOKE).exit_code == 0
+    # validate refuses the options run refuses
+    bogus = invoke("validate", SMOKE, "--backend", "bogus")
+    assert bogus.exit_code == 2 and "choose from scripted, vllm, openai" in bogus.stderr
+    nowhere = invoke("validate", SMOKE, "--tool-root", tmp_path / "missing")
+    assert nowhere.exit_code == 2 and "not a directory" in nowhere.stderr
+
+
+def test_a_workload_in_a_missing_folder_is_named_not_the_default_tool_root(tmp_path: Path) -> None:
+    from asyncroll.runtime.run import prepare
+
+    workload = tmp_path / "missing" / "w.jsonl"
+    cfg = build_config({"workload": workload, "output": tmp_path / "run"})
+    with pytest.raises(UsageError, match=f"{workload}: cannot read"):
+        prepare(cfg, ["test"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_long_tool_result_is_cut_before_the_model_sees_it_and_counted(tmp_path: Path) -> None:
+    """A tool's 50 MB result went back to the model whole, on every later turn; it is now cut to
+    --max-observation-chars with a note, and summary.json counts the cut results."""
+    from asyncroll.runtime.trajectory import cut_observation
+
+    assert cut_observation("abcd", 6) == "abcd\n[tool result cut: the first 4 of 6 characters]"
+    (tmp_path / "echo.py").write_text("def echo(n):\n    return 'x' * n\n")
+    tool = {"name": "echo", "inputs": {"n": "int"}, "implementation": "echo.py"}
+    problems = [
+        {
+            "id": f"n{n}",
+            "prompt": "p",
+            "tools": [tool],
+            "script": [
+                {"type": "tool", "name": "echo", "arguments": {"n": n}},
+                {"type": "final", "answer": "ok"},
+            ],
+        }
+        for n in (50, 500)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    result = cli("run", "--workload", workload, "--output", out, "--max-observation-chars", "100")
+    assert result.returncode == 0, result.stderr
+    receipt, summary, events = load_run(out)
+    assert receipt["config"]["max_observation_chars"] == 100
+    assert summary["tools"]["observations_cut"] == 1
+    cut = {e.id: e.observations_cut for e in events if e.event == "trajectory_finished"}
+    assert cut == {"n50": 0, "n500": 1}

@@ -1,0 +1,202 @@
+"""``asyncroll run``'s flags: settings refused before anything starts, deprecated aliases, warnings about
+settings without effect, and the evaluator's limits. What is settled before a run starts is checked in
+this process (``run_in_process``): an interpreter of its own would only repeat the imports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncroll.config import build_config
+from asyncroll.errors import UsageError
+from tests.cli_runs import SMOKE, cli, run_in_process
+
+
+def test_gpu_first_is_a_deprecated_alias_of_tool_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The alias changes only the settings (a warning; the receipt keeps the name given, the run and its
+    summary use tool_first, whose real run is above): checked in this process."""
+    result, seen = run_in_process(
+        monkeypatch, "--workload", SMOKE, "--output", tmp_path / "run", "--policy", "gpu_first"
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning: --policy gpu_first is a deprecated alias of tool_first" in result.stderr
+    assert seen[0].policy == "gpu_first" and seen[0].policy_name == "tool_first"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cpu-workers", "0"], "--cpu-workers: Input should be greater than or equal to 1"),
+        (["--max-active-trajectories", "-1"], "--max-active-trajectories"),
+        (["--backend", "vllm"], "--model is required with --backend vllm"),
+        (["--max-retries", "1"], "--max-retries only applies to HTTP backends"),
+        (["--warmup-requests", "3"], "--warmup-requests only applies to HTTP backends"),
+        (["--policy", "lifo"], "--policy: Input should be"),
+        (["--aging-weight", "inf"], "--aging-weight: Input should be a finite number"),
+        (["--tool-timeout", "inf"], "--tool-timeout: Input should be a finite number"),
+        (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),
+        (["--metrics-url", "localhost:8000/metrics"], "must be an http:// or https:// URL"),
+        (
+            ["--backend", "openai", "--model", "sim", "--endpoint", "127.0.0.1:18101"],
+            "--endpoint '127.0.0.1:18101': must be an http:// or https:// URL",
+        ),
+        (
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "localhost:18101"],
+            "--endpoint 'localhost:18101': must be an http:// or https:// URL",
+        ),
+        (
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://"],
+            "--endpoint 'http://': names no host",
+        ),
+        (  # click kept the last one silently: a user expecting routing across servers got one server
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://a:1", "--endpoint", "http://b:2"],
+            "--endpoint given 2 times: a run sends every request to one server",
+        ),
+    ],
+)
+def test_invalid_settings_are_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    out = tmp_path / "run"
+    result, seen = run_in_process(monkeypatch, "--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 2 and not seen, result.stdout
+    assert message in result.stderr
+    assert not out.exists()
+
+
+def test_evaluator_limits_are_run_flags_bound_to_every_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--test-timeout``, ``--evaluation-timeout`` and ``--test-memory-mb`` (flags or a config file)
+    become ``lcb_evaluate``'s own arguments; by default the evaluator's defaults, and no total budget
+    (LiveCodeBench's scaled one, capped below --tool-timeout)."""
+    import inspect
+
+    from asyncroll.evaluator.evaluate import lcb_evaluate
+    from asyncroll.runtime.collaborators import evaluator_options
+
+    out = tmp_path / "run"
+    given = ("--test-timeout", "2.5", "--evaluation-timeout", "40", "--test-memory-mb", "1024")
+    result, seen = run_in_process(monkeypatch, "--workload", SMOKE, "--output", out, *given)
+    assert result.exit_code == 0, result.output
+    options = evaluator_options(seen[0])
+    assert options == {
+        "tool_timeout_s": 60.0,
+        "time_limit_s": 2.5,
+        "total_time_limit_s": 40.0,
+        "memory_limit_mb": 1024,
+    }
+    inspect.signature(lcb_evaluate).bind("code", [], **options)  # the evaluator's own names
+    config = tmp_path / "run.toml"
+    config.write_text("test-timeout = 3\ntest_memory_mb = 512\ntool-timeout = 4\n")
+    result, seen = run_in_process(monkeypatch, "--config", config, "--workload", SMOKE, "--output", out)
+    assert result.exit_code == 0, result.output
+    assert evaluator_options(seen[0]) == {"tool_timeout_s": 4.0, "time_limit_s": 3.0, "memory_limit_mb": 512}
+    # The default per-test limit is not refused under a short --tool-timeout: the capped budget cuts it,
+    # as before, and the verdict says so.
+    result, seen = run_in_process(monkeypatch, "--workload", SMOKE, "--output", out, "--tool-timeout", "3")
+    assert result.exit_code == 0, result.output
+    assert evaluator_options(seen[0]) == {"tool_timeout_s": 3.0, "time_limit_s": 6.0, "memory_limit_mb": 768}
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--test-timeout", "0"], "--test-timeout: Input should be greater than 0"),
+        (["--test-timeout", "nan"], "--test-timeout: Input should be a finite number"),
+        (["--evaluation-timeout", "inf"], "--evaluation-timeout: Input should be a finite number"),
+        (["--evaluation-timeout", "-1"], "--evaluation-timeout: Input should be greater than 0"),
+        (["--test-memory-mb", "32"], "--test-memory-mb: Input should be greater than or equal to 64"),
+        (["--test-memory-mb", "2097152"], "--test-memory-mb: Input should be less than or equal to 1048576"),
+        (["--test-timeout", "55"], "--test-timeout 55 does not fit under --tool-timeout 60"),
+        (
+            ["--tool-timeout", "10", "--evaluation-timeout", "9.5"],
+            "--evaluation-timeout 9.5 does not fit under --tool-timeout 10: an evaluation must end within 9s",
+        ),
+        (
+            ["--test-timeout", "8", "--evaluation-timeout", "5"],
+            "--test-timeout 8 is longer than --evaluation-timeout 5",
+        ),
+    ],
+)
+def test_evaluator_limits_that_cannot_hold_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    out = tmp_path / "run"
+    result, seen = run_in_process(monkeypatch, "--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 2 and not seen and not out.exists(), result.output
+    assert message in result.stderr
+
+
+def test_sync_says_an_active_limit_has_no_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ("--workload", SMOKE, "--policy", "sync")
+    given, _ = run_in_process(
+        monkeypatch, *args, "--output", tmp_path / "a", "--max-active-trajectories", "8"
+    )
+    plain, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "b")
+    assert "--max-active-trajectories 8 has no effect" in given.stderr
+    assert "no effect" not in plain.stderr
+
+
+def test_gpu_slots_is_a_deprecated_alias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The alias only sets --max-inflight-model-requests, which the receipt and summary then report as
+    any setting (the real runs above): checked in this process."""
+    args = ("--workload", SMOKE, "--gpu-slots", "3")
+    with pytest.warns(DeprecationWarning, match="--gpu-slots is deprecated"):
+        result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert "--gpu-slots is deprecated" in result.stderr
+    assert seen[0].max_inflight_model_requests == 3 and seen[0].limits.max_inflight_model_requests == 3
+    with pytest.warns(DeprecationWarning):
+        both, seen = run_in_process(
+            monkeypatch, *args, "--output", tmp_path / "r2", "--max-inflight-model-requests", "2"
+        )
+    assert both.exit_code == 2 and not seen and not (tmp_path / "r2").exists()
+
+
+@pytest.mark.timeout(30)
+def test_more_worker_processes_than_the_cap_are_refused(tmp_path: Path) -> None:
+    result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--cpu-workers", "5000")
+    assert result.returncode == 2 and "at most 1024 worker processes" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_pressure_settings_with_a_baseline_policy_warn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "c.json").write_text(json.dumps({"aging_seconds": 5}))
+    result, seen = run_in_process(
+        monkeypatch,
+        "--workload",
+        SMOKE,
+        "--output",
+        tmp_path / "r",
+        "--policy",
+        "tool_first",
+        "--config",
+        tmp_path / "c.json",
+    )
+    assert result.exit_code == 0 and len(seen) == 1, result.output
+    assert "warning: --aging-seconds has no effect with --policy tool_first" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["endpoint", "metrics_url"])
+def test_credentials_in_a_url_are_refused_and_not_echoed(flag: str) -> None:
+    """``http://user:password@host`` was accepted and the password stored verbatim in run.json (its
+    command and config). It is refused before anything starts; the message masks the password and
+    names the way to send a key that records only a variable's name."""
+    url = "http://alice:s3cret@127.0.0.1:8000" + ("/metrics" if flag == "metrics_url" else "")
+    settings = {"workload": "w", "output": "o", "backend": "openai", "model": "m", flag: url}
+    with pytest.raises(UsageError) as caught:
+        build_config(settings)
+    message = str(caught.value)
+    assert "alice:***@127.0.0.1:8000" in message and "s3cret" not in message
+    assert "carries credentials" in message and "--api-key-env" in message
+    settings[flag] = "http://bob@[::1]:8000"
+    with pytest.raises(UsageError, match=r"'http://bob@\[::1\]:8000': carries credentials"):
+        build_config(settings)
