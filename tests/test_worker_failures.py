@@ -1,0 +1,206 @@
+"""A real tool worker process that fails: timeouts, deaths from outside, cancelled calls and start-up
+failures are each detected and reported, the worker's process tree killed, and no process or file
+descriptor left behind; a worker never started is safe to close."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from asyncroll.errors import WorkerDied, WorkerStartupError, WorkerTimeout
+from asyncroll.workers import ProcessWorker, ToolSpec
+from tests.worker_processes import COUNTER, TOOLS, gone, job, real_process, run, started
+
+
+@real_process
+def test_timeout_kills_the_worker_and_its_setsid_grandchild(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "grandchild.pid"
+    monkeypatch.setenv("ASYNCROLL_TEST_GRANDCHILD_FILE", str(marker))
+
+    async def main() -> tuple[int, int]:
+        worker = await started(ToolSpec("spawn_and_sleep", COUNTER))
+        with pytest.raises(WorkerTimeout, match="process tree was killed"):
+            await worker.call(job(1, "spawn_and_sleep", seconds=30), timeout=1.0)
+        assert not worker.alive and worker.returncode is not None
+        with pytest.raises(WorkerDied):
+            await worker.call(job(2, "spawn_and_sleep", seconds=0), timeout=1.0)
+        assert worker.pid is not None
+        return worker.pid, int(marker.read_text())
+
+    worker_pid, grandchild_pid = run(main())
+    assert gone(worker_pid)
+    assert gone(grandchild_pid)
+
+
+@real_process
+def test_external_sigkill_while_idle_is_detected() -> None:
+    async def main() -> None:
+        worker = await started()
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        assert await worker.wait_exit() == -signal.SIGKILL
+        assert not worker.alive
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            await worker.call(job(1, "add", a=1, b=2), timeout=5)
+        await worker.kill()
+
+    run(main())
+
+
+@real_process
+def test_death_during_a_job_raises_worker_died() -> None:
+    async def main() -> None:
+        worker = await started(ToolSpec("sleep_ms"))
+        assert worker.pid is not None
+        asyncio.get_running_loop().call_later(0.2, os.kill, worker.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            await worker.call(job(1, "sleep_ms", milliseconds=10_000), timeout=15)
+        assert time.monotonic() - t0 < 5
+        await worker.kill()
+
+    run(main())
+
+
+@real_process
+def test_death_is_detected_while_a_forked_descendant_holds_the_reply_pipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "forked.pid"
+    monkeypatch.setenv("ASYNCROLL_TEST_GRANDCHILD_FILE", str(marker))
+
+    async def main() -> int:
+        worker = await started(ToolSpec("fork_and_sleep", COUNTER))
+        assert worker.pid is not None
+        call = asyncio.create_task(worker.call(job(1, "fork_and_sleep", seconds=30), timeout=15))
+        while not marker.exists() or not marker.read_text():  # noqa: ASYNC110 - another process writes it
+            await asyncio.sleep(0.01)
+        os.kill(worker.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            await call
+        assert time.monotonic() - t0 < 2  # no waiting for the pipe's end of stream
+        await worker.kill()  # the fork stayed in the worker's process group
+        return int(marker.read_text())
+
+    assert gone(run(main()))
+
+
+@real_process
+def test_no_fds_or_children_left_behind() -> None:
+    def open_fds() -> set[str]:
+        """The open descriptors, by number and what they point to. Garbage from earlier tests is
+        collected first: one collected during the test closed an fd and broke a count comparison."""
+        gc.collect()
+        fds = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the listing's own descriptor, closed by now
+                continue
+        return {f"{fd} -> {target}" for fd, target in fds.items()}
+
+    async def main() -> None:
+        for i in range(4):
+            worker = await started(ToolSpec("sleep_ms"))
+            if i % 2:
+                with pytest.raises(WorkerTimeout):
+                    await worker.call(job(1, "sleep_ms", milliseconds=5_000), timeout=0.2)
+            else:
+                await worker.call(job(1, "sleep_ms", milliseconds=1), timeout=5)
+                await worker.aclose()
+        assert psutil.Process().children() == []
+
+    before = open_fds()
+    run(main())
+    assert open_fds() - before == set()  # nothing the workers opened is left open
+
+
+@real_process
+def test_cancelling_a_call_kills_the_worker_and_propagates() -> None:
+    async def main() -> None:
+        worker = await started(ToolSpec("sleep_ms"))
+        task = asyncio.create_task(worker.call(job(1, "sleep_ms", milliseconds=10_000), timeout=15))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not worker.alive and worker.returncode == -signal.SIGKILL
+        assert worker.pid is not None and gone(worker.pid)
+
+    run(main())
+
+
+@real_process
+@pytest.mark.parametrize(
+    ("tools", "timeout", "message"),
+    [
+        ((ToolSpec("nope", COUNTER),), 10, "no callable named 'nope'"),
+        ((ToolSpec("whatever", TOOLS / "broken_import.py"),), 10, "broken on purpose"),
+        ((ToolSpec("f", TOOLS / "missing.py"),), 10, "FileNotFoundError"),
+        ((ToolSpec("lcb_nonexistent"),), 10, "unknown built-in tool"),
+        (
+            (ToolSpec("ready", TOOLS / "slow_import.py"),),
+            0.5,
+            r"not ready within 0.5s \(--worker-startup-timeout\)",
+        ),
+        ((ToolSpec("add"),), 0.001, r"within 0.001s \(--worker-startup-timeout\)"),
+    ],
+    ids=[
+        "missing-function",
+        "raises-on-import",
+        "missing-file",
+        "unknown-builtin",
+        "startup-timeout",
+        "spawn-timeout",
+    ],
+)
+def test_startup_failures_raise_and_leave_no_process(
+    tmp_path: Path, tools: tuple[ToolSpec, ...], timeout: float, message: str
+) -> None:
+    worker = ProcessWorker(3, tools, startup_timeout=timeout)
+    with pytest.raises(WorkerStartupError, match=message) as failure:
+        run(worker.start())
+    if timeout > 1:  # the worker itself reported the failure (not read from a log: there is none)
+        assert "could not load its tools" in str(failure.value)
+    if worker.pid is not None:  # else it timed out before the process was spawned
+        assert gone(worker.pid, within=1.0) and worker.returncode is not None
+    assert not worker.alive
+
+
+@real_process
+def test_death_during_startup_reports_status_and_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    log.write_text("output of an earlier generation\n")
+    worker = ProcessWorker(1, [ToolSpec("f", TOOLS / "exits_on_import.py")], startup_timeout=10, log_path=log)
+    with pytest.raises(WorkerStartupError, match="exit status 3") as failure:
+        run(worker.start())
+    assert "about to exit from tool import" in str(failure.value)
+    assert "earlier generation" not in str(failure.value)
+    assert worker.pid is not None and gone(worker.pid, within=1.0)
+
+
+def test_unstarted_worker_is_safe_to_close_and_refuses_calls() -> None:
+    async def main() -> None:
+        worker = ProcessWorker(0, [ToolSpec("add")], generation=2, startup_timeout=1)
+        assert (worker.generation, worker.alive, worker.returncode, worker.cpu_seconds()) == (
+            2,
+            False,
+            None,
+            None,
+        )
+        with pytest.raises(WorkerDied):
+            await worker.call(job(1, "add", a=1, b=2), timeout=1)
+        await worker.aclose()
+        await worker.kill()
+
+    run(main())

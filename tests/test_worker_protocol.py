@@ -1,0 +1,45 @@
+"""The worker's pipe protocol without a process: messages round-trip through their frames, decoding refuses
+globals and garbage, and the child module a worker runs imports nothing heavy."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncroll.workers import JobReply, JobRequest, ProtocolError, Ready, StartupFailed
+from asyncroll.workers.protocol import Message, decode, encode, frame
+
+
+def test_messages_round_trip_through_frames() -> None:
+    messages: list[Message] = [
+        JobRequest(7, "add", {"a": 1, "b": 2.5}),
+        JobReply(7, True, {"x": [1, 2], 3: None}, None, 1.0, 2.0, 1.0, 0.5, 1e-5),
+        Ready(123, ["add", "/x.py::f"], 0.25),
+        StartupFailed("boom"),
+    ]
+    for message in messages:
+        data = encode(message)
+        assert int.from_bytes(data[:4], "big") == len(data) - 4
+        assert decode(data[4:]) == message
+
+
+def test_decode_refuses_globals_and_garbage() -> None:
+    with pytest.raises(ProtocolError, match="global"):
+        decode(pickle.dumps(("reply", Path("/etc"))))
+    with pytest.raises(ProtocolError):
+        decode(b"not a pickle")
+    with pytest.raises(ProtocolError, match="fields"):
+        decode(frame(pickle.dumps(("failed", "a", "b")))[4:])
+
+
+def test_child_module_imports_stay_light() -> None:
+    code = (
+        "import sys, asyncroll.workers.child; "
+        "print(sorted(m for m in ('asyncio', 'psutil', 'pydantic', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30)
+    assert out.stdout.strip() == "[]"
