@@ -399,7 +399,6 @@ def test_cell_processes_end_when_the_sweep_is_killed_outright(tmp_path: Path) ->
         "fifo,sync",
     ]
     proc = start_slow_cli(tmp_path, "simulate", "--sweep", *args, "--seeds", "2", "--jobs", "2")
-    sweep = psutil.Process(proc.pid)
 
     def cells() -> list[psutil.Process]:
         found = []
@@ -413,6 +412,7 @@ def test_cell_processes_end_when_the_sweep_is_killed_outright(tmp_path: Path) ->
 
     children: list[psutil.Process] = []
     try:
+        sweep = psutil.Process(proc.pid)  # in the try: should it raise, the Popen is still ended
         wait_until(lambda: len(cells()) >= 2, "two cell processes")
         children = sweep.children(recursive=True)
         proc.kill()
