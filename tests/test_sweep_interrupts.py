@@ -1,0 +1,169 @@
+"""A sweep stopped: SIGTERM as Ctrl-C does, an interruption between cells keeping the rows it finished, a
+signal while the sweep waits for its cells killing them, and cell processes ending with a sweep killed
+outright. Real processes, each with a hard timeout."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.children import end
+from tests.conftest import REPO, tool_problem, write_workload
+from tests.test_simulation import signal_and_wait, start_slow_cli, wait_until
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM used to kill the sweep outright; now, as on Ctrl-C, the running cell is cancelled, the
+    rest never start, no table is written and the exit code is 130."""
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=10, turns=2) for i in range(40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sweep"
+    args: list[str | Path] = ["--workload", workload, "--output", out, "--policies", "fifo,sync"]
+    args += ["--seeds", "2", "--jobs", "1"]
+    proc = start_slow_cli(tmp_path, "simulate", "--sweep", *args, "--progress")
+    try:
+        wait_until(lambda: (out / "workloads" / "seed-1.jsonl").exists(), "the sweep start")
+        stderr = signal_and_wait(proc, signal.SIGTERM)
+    finally:
+        end(proc)
+    assert proc.returncode == 130, stderr
+    assert f"interrupted by SIGTERM; partial outputs in {out}" in stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr
+    assert not (out / "sweep.csv").exists()
+
+
+@pytest.mark.timeout(90)
+def test_cell_processes_end_when_the_sweep_is_killed_outright(tmp_path: Path) -> None:
+    """Cell processes ignore SIGTERM (the sweep stops them) and hold both ends of their task queue, so a
+    sweep killed outright (SIGKILL, the OOM killer) used to leave them running forever. They watch the
+    sweep and end with it."""
+    import psutil
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=10, turns=2) for i in range(40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    args: list[str | Path] = [
+        "--workload",
+        workload,
+        "--output",
+        tmp_path / "sweep",
+        "--policies",
+        "fifo,sync",
+    ]
+    proc = start_slow_cli(tmp_path, "simulate", "--sweep", *args, "--seeds", "2", "--jobs", "2")
+
+    def cells() -> list[psutil.Process]:
+        found = []
+        for child in sweep.children():
+            try:
+                if "spawn_main" in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:
+                pass
+        return found
+
+    children: list[psutil.Process] = []
+    try:
+        sweep = psutil.Process(proc.pid)  # in the try: should it raise, the Popen is still ended
+        wait_until(lambda: len(cells()) >= 2, "two cell processes")
+        children = sweep.children(recursive=True)
+        proc.kill()
+        proc.communicate(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=20)
+        assert not alive, [c.pid for c in alive]
+    finally:
+        end(proc)
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+def test_an_interrupted_sweep_keeps_the_simulations_it_finished(tmp_path: Path) -> None:
+    """Ctrl-C between cells (here: raised by the progress callback after the second row, as the signal's
+    KeyboardInterrupt would be) used to throw every finished row away: now they are written, marked
+    partial, and the interruption says how many finished."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepInterrupted, SweepSpec, run_sweep
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo", "tool_first"), (2, 4), (2,), (1,), 2, 0.2)
+
+    def stop_after_two(done: int, total: int, row: dict[str, object]) -> None:
+        if done == 2:
+            raise KeyboardInterrupt("SIGINT")
+
+    out = tmp_path / "s"
+    with pytest.raises(SweepInterrupted) as stopped:
+        run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out, progress=stop_after_two)
+    assert (stopped.value.done, stopped.value.total) == (2, 8)
+    with (out / "sweep.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["policy"], r["active"], r["seed"]) for r in rows] == [("fifo", "2", "0"), ("fifo", "4", "0")]
+    document = json.loads((out / "sweep.json").read_text())
+    assert document["complete"] is False and document["simulations"] == {"done": 2, "total": 8}
+    assert document["stopped_by"] == "SIGINT" and len(document["rows"]) == 2
+    assert (out / "sweep.md").read_text().startswith("**Partial: stopped by SIGINT after 2 of 8")
+    assert not list(out.glob(".*.tmp"))
+    whole = tmp_path / "whole"
+    run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), whole)
+    document = json.loads((whole / "sweep.json").read_text())
+    assert document["complete"] is True and document["simulations"] == {"done": 8, "total": 8}
+    assert document["stopped_by"] is None
+    assert document["rows"][:2] == json.loads((out / "sweep.json").read_text())["rows"]
+
+
+STOP_CELLS = """
+import sys, time, os
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+
+from asyncroll.simulation import sweep
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), sweep._cell_process, (os.getpid(),))
+    pool.submit(time.sleep, 600)  # a long cell; cell processes ignore SIGINT and SIGTERM
+    while not pool._processes:
+        time.sleep(0.01)
+    (cell,) = pool._processes.values()
+    shutdown, calls = pool.shutdown, []
+
+    def interrupted_once(*args, **kwargs):  # the second Ctrl-C, while the sweep waits for the cell
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return shutdown(*args, **kwargs)
+
+    pool.shutdown = interrupted_once
+    began = time.monotonic()
+    sweep._stop(pool, kill=False)
+    print(len(calls), cell.exitcode, round(time.monotonic() - began, 1))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_while_the_sweep_waits_for_its_cells_kills_them(tmp_path: Path) -> None:
+    """A Ctrl-C that cut the sweep's wait for its running cells short left them running (they ignore
+    signals) and the interpreter's exit waiting on them for ever; now it kills them and the wait ends."""
+    script = tmp_path / "stop_cells.py"
+    script.write_text(STOP_CELLS)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert out.returncode == 0, out.stderr
+    calls, exitcode, seconds = out.stdout.split()
+    assert calls == "2" and exitcode == str(-signal.SIGKILL)
+    assert float(seconds) < 30
