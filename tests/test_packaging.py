@@ -45,9 +45,9 @@ def test_the_typer_and_pydantic_floors_are_versions_the_cli_runs_on() -> None:
       ``model_capacity`` and ``model_outstanding`` fields on stderr.
 
     With typer 0.19.0, pydantic 2.10.0 and every other dependency at its floor, the CLI's commands ran
-    and tests/test_cli.py (since split into test_run_*.py and test_cli_commands.py), test_workload.py,
-    test_summary.py, test_serve_sim.py, test_openai_backend.py, test_policies.py and test_convert.py
-    passed."""
+    and the tests then in tests/test_cli.py, test_workload.py, test_summary.py, test_serve_sim.py,
+    test_openai_backend.py, test_policies.py and test_convert.py passed (most of those files have since
+    been split by job into several)."""
     floors = _floors()
     assert floors["typer"] >= (0, 19), floors["typer"]
     assert floors["pydantic"] >= (2, 10), floors["pydantic"]

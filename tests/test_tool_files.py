@@ -1,0 +1,304 @@
+"""A workload's trusted tool files, as validation sees them: confined to the tool root, parsed and never
+run, and what a tool's def says (its kind, its parameters, its bound arguments) against how a worker calls
+it (``f(**arguments)``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll import tool_files
+from asyncroll.coerce import coerce_arguments
+from asyncroll.workload import scan_workload
+from tests.workload_scans import _problems, _write
+
+
+def test_tool_paths_are_confined_to_the_tool_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "outside.py").write_text("def f(x):\n    return x\n")
+    (root / "inside.py").write_text("def f(x):\n    return x\n")
+    base = {"prompt": "p", "script": [{"type": "final", "answer": 1}]}
+    lines = [
+        json.dumps(
+            {**base, "id": 1, "tools": [{"name": "f", "inputs": {"x": "int"}, "implementation": "inside.py"}]}
+        ),
+        json.dumps(
+            {
+                **base,
+                "id": 2,
+                "tools": [{"name": "f", "inputs": {"x": "int"}, "implementation": "../outside.py"}],
+            }
+        ),
+        json.dumps(
+            {
+                **base,
+                "id": 3,
+                "tools": [{"name": "f", "inputs": {"x": "int"}, "implementation": "missing.py"}],
+            }
+        ),
+        json.dumps(
+            {
+                **base,
+                "id": 4,
+                "tools": [{"name": "f", "inputs": {"x": "int"}, "implementation": str(root / "inside.py")}],
+            }
+        ),
+    ]
+    path = _write(root, lines)
+    scan = scan_workload(path, root, scripted=True)
+    assert len(scan.problems) == 3
+    assert "escapes the tool root" in scan.problems[0] and ":2: tools[0].implementation" in scan.problems[0]
+    assert "does not exist" in scan.problems[1]
+    assert "must be relative" in scan.problems[2]
+    assert list(scan.tools) == ["inside.py:f"]
+
+
+def test_odd_implementation_paths_and_files_are_errors_not_crashes(tmp_path: Path) -> None:
+    """A NUL in the path, a name too long, a symlink loop, a directory named .py, and a tool file nested
+    deeper than the parser's stack (MemoryError) each ended ``validate`` in a traceback."""
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    (tmp_path / "dir.py").mkdir()
+    (tmp_path / "deep.py").write_text("def f(x=" + "[1," * 5000 + "]" * 5000 + "):\n    return x\n")
+    names = ["a\u0000.py", "b" * 300 + ".py", "loop.py", "dir.py", "deep.py", "\ud800.py"]
+    lines = [
+        json.dumps(
+            {
+                "id": f"p{i}",
+                "prompt": "x",
+                "tools": [{"name": "f", "inputs": {"x": "int"}, "implementation": name}],
+                "script": [{"type": "final", "answer": "1"}],
+            }
+        )
+        for i, name in enumerate(names)
+    ]
+    problems = _problems(tmp_path, lines)
+    assert len(problems) == len(names), problems
+    assert all(".implementation: " in p for p in problems), problems
+    assert "cannot be resolved" in problems[0] and "cannot be resolved" in problems[1]
+    assert "cannot be resolved" in problems[2]
+    assert "is not a regular file" in problems[3]
+    assert "nested too deeply for the parser" in problems[4]
+
+
+# --- trusted tool files: parsed, never run -----------------------------------------------------------------
+
+
+def _tool_line(pid: int, impl: str, name: str = "f") -> str:
+    return json.dumps(
+        {
+            "id": pid,
+            "prompt": "p",
+            "tools": [{"name": name, "inputs": {"x": "int"}, "implementation": impl}],
+            "script": [{"type": "final", "answer": 1}],
+        }
+    )
+
+
+def test_tool_file_with_a_syntax_error_or_without_the_tool_fails_validation(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    (tmp_path / "broken.py").write_text(f"open({str(marker)!r}, 'w').close()\n\ndef f(x):\n    return x +\n")
+    (tmp_path / "other.py").write_text(f"open({str(marker)!r}, 'w').close()\n\ndef g(x):\n    return x\n")
+    (tmp_path / "outside.py").write_text("def g():\n    return 1\nreturn 2\n")
+    lines = [_tool_line(1, "broken.py"), _tool_line(2, "other.py"), _tool_line(3, "outside.py")]
+    path = _write(tmp_path, lines)
+    problems = scan_workload(path, tmp_path, scripted=True).problems
+    assert problems == [
+        f"{path}:1: tools[0].implementation: 'broken.py' has a syntax error at line 4: invalid syntax",
+        f"{path}:2: tools[0].implementation: 'other.py' defines no top-level 'f' "
+        "(no def, class, assignment or import at module level binds that name)",
+        f"{path}:3: tools[0].implementation: 'outside.py' has a syntax error at line 3: "
+        "'return' outside function",
+    ]
+    assert not marker.exists()  # validation never runs a tool file
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(x):\n    return x\n",
+        "class f:\n    def __init__(self, x):\n        self.x = x\n",
+        "f = abs\n",
+        "f: object = abs\n",
+        "g = f = abs\n",
+        "(f, g) = (abs, abs)\n",
+        "from math import floor as f\n",
+        "from math import *\n",
+        "import math as f\n",
+        "try:\n    from fastlib import f\nexcept ImportError:\n    def f(x):\n        return x\n",
+        "if True:\n    f = abs\n",
+        "def __getattr__(name):\n    return abs\n",
+        "def _setup():\n    global f\n    f = abs\n_setup()\n",
+    ],
+)
+def test_every_top_level_binding_of_the_tool_name_counts(tmp_path: Path, source: str) -> None:
+    (tmp_path / "t.py").write_text(source)
+    assert _problems(tmp_path, [_tool_line(1, "t.py")]) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["def g():\n    f = 1\n", "class C:\n    def f(self):\n        pass\n", "g = lambda f: f\n", "# f\n"],
+)
+def test_bindings_inside_functions_and_classes_do_not_count(tmp_path: Path, source: str) -> None:
+    (tmp_path / "t.py").write_text(source)
+    assert "defines no top-level 'f'" in _problems(tmp_path, [_tool_line(1, "t.py")])[0]
+
+
+def test_each_tool_file_is_parsed_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "t.py").write_text("def f(x):\n    return x\n\ndef g(x):\n    return x\n")
+    parsed: list[Path] = []
+    original = tool_files.ToolFile.parse
+
+    def counting(path: Path) -> tool_files.ToolFile:
+        parsed.append(path)
+        return original(path)
+
+    monkeypatch.setattr(tool_files.ToolFile, "parse", counting)
+    lines = [_tool_line(i, "t.py", "f" if i % 2 else "g") for i in range(1, 21)]
+    assert _problems(tmp_path, lines) == []
+    assert parsed == [(tmp_path / "t.py").resolve()]
+
+
+# --- what a tool's def says: kind and parameters, against how a worker calls it (f(**arguments)) ----------
+
+
+def _tool_problems(
+    tmp_path: Path, source: str, inputs: dict[str, str], bound: dict[str, Any] | None = None
+) -> list[str]:
+    """The errors of a one-problem workload whose tool ``f`` is defined by ``source`` (``FILE:1: `` cut)."""
+    (tmp_path / "t.py").write_text(source)
+    tool: dict[str, Any] = {"name": "f", "inputs": inputs, "implementation": "t.py"}
+    if bound is not None:
+        tool["bound_arguments"] = bound
+    line = {"id": 1, "prompt": "p", "tools": [tool], "script": [{"type": "final", "answer": 1}]}
+    problems = _problems(tmp_path, [json.dumps(line)])
+    prefix = f"{tmp_path / 'w.jsonl'}:1: "
+    assert all(p.startswith(prefix) for p in problems), problems
+    return [p.removeprefix(prefix) for p in problems]
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "returned"),
+    [
+        ("import asyncio\n\nasync def f(x):\n    await asyncio.sleep(0)\n", "an async def", "a coroutine"),
+        ("import os\n\ndef f(x):\n    yield x\n", "a generator function", "a generator"),
+        ("\n\ndef f(x):\n    if x:\n        yield from range(x)\n", "a generator function", "a generator"),
+        ("\n\nasync def f(x):\n    yield x\n", "an async generator function", "an async generator"),
+    ],
+)
+def test_async_and_generator_tools_are_refused(tmp_path: Path, source: str, kind: str, returned: str) -> None:
+    """Calling one runs none of its body: validation names the file, the def's line and why."""
+    (problem,) = _tool_problems(tmp_path, source, {"x": "int"})
+    assert problem.startswith(f"tools[0].implementation: 'f' (t.py:3) is {kind}"), problem
+    assert f"each call would return {returned} object and run none of its body" in problem
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(x):\n    return list(i for i in range(x))\n",  # a generator expression, not a yield
+        "def f(x):\n    def g():\n        yield x\n    return list(g())\n",  # a nested generator
+        "def f(x):\n    async def g():\n        return x\n    return 1\n",
+        "import functools\n\n@functools.lru_cache\ndef f(x):\n    yield x\n",  # decorated: unknown
+        "def g(x):\n    yield x\n\nf = g\n",  # assigned: unknown (the worker refuses what it returns)
+    ],
+)
+def test_a_plain_function_or_one_whose_kind_is_unknown_is_not_refused(tmp_path: Path, source: str) -> None:
+    assert _tool_problems(tmp_path, source, {"x": "int"}) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "inputs", "bound", "expected"),
+    [
+        # every declared input is a keyword parameter; required ones are all declared
+        ("def f(a, b=1, *, c, d=2):\n    pass\n", {"a": "int", "c": "int"}, None, []),
+        ("def f(a, b=1, *, c, d=2):\n    pass\n", {"a": "int", "b": "int", "c": "int", "d": "int"}, None, []),
+        ("def f(**kwargs):\n    pass\n", {"anything": "str"}, None, []),
+        (
+            "def f(a, /, b=1, **kw):\n    pass\n",
+            {},
+            None,
+            [
+                "tools[0].inputs: f(a, /, b=1, **kw) requires the positional-only parameter 'a', but a "
+                "tool is called with keyword arguments only: every call would fail (t.py:1)"
+            ],
+        ),
+        (
+            "def f(x):\n    pass\n",
+            {"x": "int", "y": "int"},
+            None,
+            ["tools[0].inputs.y: 'y' is not a parameter of f(x), which has no **kwargs (t.py:1)"],
+        ),
+        (
+            "def f(*args):\n    pass\n",
+            {"x": "int"},
+            None,
+            ["tools[0].inputs.x: 'x' is not a parameter of f(*args), which has no **kwargs (t.py:1)"],
+        ),
+        (
+            "def f(x=0, /, *, y):\n    pass\n",
+            {"x": "int", "y": "int"},
+            None,
+            [
+                "tools[0].inputs.x: 'x' is a positional-only parameter (before '/') of f(x=0, /, *, y); a "
+                "tool is called with keyword arguments only (t.py:1)"
+            ],
+        ),
+        (
+            "def f(a: int, b: int, *, key: str):\n    pass\n",
+            {"a": "int"},
+            None,
+            [
+                "tools[0].inputs: f(a: int, b: int, *, key: str) requires 'b', which is not in inputs: "
+                "declare it (and bind it in bound_arguments if the model must not pass it) (t.py:1)",
+                "tools[0].inputs: f(a: int, b: int, *, key: str) requires 'key', which is not in inputs: "
+                "declare it (and bind it in bound_arguments if the model must not pass it) (t.py:1)",
+            ],
+        ),
+        # a bound argument is declared too, so it counts as passed
+        ("def f(a, key):\n    pass\n", {"a": "int", "key": "str"}, {"key": "k"}, []),
+        # the name bound twice, or possibly rebound by a later star import: its signature is unknown
+        ("def f(x):\n    pass\n\nif True:\n    f = print\n", {"y": "int"}, None, []),
+        ("def f(x):\n    pass\n\nfrom os.path import *\n", {"y": "int"}, None, []),
+        (
+            "from os.path import *\n\ndef f(x):\n    pass\n",
+            {"y": "int"},
+            None,
+            [
+                "tools[0].inputs.y: 'y' is not a parameter of f(x), which has no **kwargs (t.py:3)",
+                "tools[0].inputs: f(x) requires 'x', which is not in inputs: declare it (and bind it in "
+                "bound_arguments if the model must not pass it) (t.py:3)",
+            ],
+        ),
+        ("def f(x):\n    pass\n\ndef g():\n    global f\n", {"y": "int"}, None, []),
+    ],
+)
+def test_declared_inputs_must_fit_the_functions_keyword_parameters(
+    tmp_path: Path, source: str, inputs: dict[str, str], bound: dict[str, Any] | None, expected: list[str]
+) -> None:
+    """A worker calls ``f(**arguments)`` with exactly the declared inputs (bound ones included): a declared
+    input the function cannot take by keyword, or a required parameter nobody passes, is a TypeError in
+    every call; validation says so, with the field, the signature and the def's line."""
+    assert _tool_problems(tmp_path, source, inputs, bound) == expected
+
+
+def test_bound_arguments_are_coerced_strictly_like_the_models(tmp_path: Path) -> None:
+    source = "def f(a, label, scale, ks):\n    pass\n"
+    inputs = {"a": "int", "label": "str", "scale": "float", "ks": "list[int]"}
+    bound = {"label": 5, "scale": True, "ks": [1, 2.0]}
+    assert _tool_problems(tmp_path, source, inputs, bound) == [
+        "tools[0].bound_arguments.label: expected str, got int",
+        "tools[0].bound_arguments.scale: expected float, got bool True",
+    ]
+    # What the tool receives: a bound value is coerced like the model's (2 == 2.0, so compare types).
+    received = coerce_arguments({"a": 1}, inputs, {"label": "x", "scale": 2, "ks": [1, 2.0]})
+    assert {k: repr(v) for k, v in received.items()} == {
+        "a": "1",
+        "label": "'x'",
+        "scale": "2.0",
+        "ks": "[1, 2]",
+    }

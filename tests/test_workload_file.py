@@ -1,0 +1,142 @@
+"""The workload file itself: a regular file (never a pipe), read twice (validated, then streamed by the
+run) and unchanged in between."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.errors import WorkloadError
+from asyncroll.workload import iter_problems, scan_workload
+from asyncroll.workload import scan as workload_scan
+from tests.conftest import REPO
+from tests.workload_scans import GOOD
+
+# --- the workload file itself: a regular file, read twice, unchanged in between --------------------------
+
+
+def _smoke_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "w.jsonl"
+    path.write_bytes((REPO / "examples" / "smoke.jsonl").read_bytes())
+    return path
+
+
+@pytest.mark.timeout(10)
+def test_a_pipe_is_refused_without_reading_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes to it: opening it must not block
+    problems = scan_workload(fifo, tmp_path, scripted=True).problems
+    assert len(problems) == 1 and problems[0].startswith(f"{fifo}: not a regular file (a pipe)")
+    assert "save it to a file first" in problems[0]
+    read, write = os.pipe()
+    try:
+        os.write(write, (REPO / "examples" / "smoke.jsonl").read_bytes())
+        os.close(write)
+        piped = Path(f"/dev/fd/{read}")
+        scan = scan_workload(piped, tmp_path, scripted=True)
+        assert scan.count == 0 and "not a regular file (a pipe)" in scan.problems[0]
+        with pytest.raises(WorkloadError, match="not a regular file"):
+            scan.raise_if_invalid()
+        assert os.read(read, 10) == b'{"id": "sm'  # the scan left the pipe's content unread
+    finally:
+        os.close(read)
+    assert scan_workload(tmp_path, tmp_path, scripted=True).problems == [
+        f"{tmp_path}: is a directory, not a workload file"
+    ]
+
+
+def test_a_symlink_to_a_regular_file_is_accepted(tmp_path: Path) -> None:
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(_smoke_copy(tmp_path))
+    scan = scan_workload(link, REPO / "examples", scripted=True)
+    assert scan.problems == [] and scan.count == 3
+    assert [pid for _, pid, _ in iter_problems(link, identity=scan.identity)][-1] == "smoke-answer"
+
+
+@pytest.mark.timeout(60)
+def test_run_from_a_pipe_is_a_usage_error_and_creates_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", "run", "--workload", "/dev/stdin", "--output", str(out)],
+        input=(REPO / "examples" / "smoke.jsonl").read_bytes(),
+        capture_output=True,
+        timeout=50,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert b"/dev/stdin: not a regular file (a pipe)" in result.stderr and not out.exists()
+
+
+def test_a_file_rewritten_in_place_after_validation_is_not_read(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    assert scan.problems == [] and scan.identity is not None
+    inode = path.stat().st_ino
+    with path.open("r+b") as handle:  # same inode, new (never validated) content
+        handle.write(b'{"id": "evil", "prompt": "p", "script": [{"type": "final", "answer": 1}]}\n')
+        handle.truncate()
+    assert path.stat().st_ino == inode
+    with pytest.raises(WorkloadError, match="changed since it was validated") as info:
+        next(iter_problems(path, identity=scan.identity))
+    assert info.value.problems[0].startswith(f"{path}: ")
+
+
+def test_a_same_size_rewrite_is_caught_by_its_modification_time(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    assert scan.identity is not None
+    path.write_bytes(path.read_bytes().replace(b"smoke-add", b"smoke-ADD"))
+    os.utime(path, ns=(scan.identity.mtime_ns + 1_000, scan.identity.mtime_ns + 1_000))
+    assert path.stat().st_size == scan.identity.size
+    with pytest.raises(WorkloadError, match="changed since it was validated"):
+        next(iter_problems(path, identity=scan.identity))
+
+
+def test_a_rewrite_in_place_during_the_stream_stops_it(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    for identity in (scan.identity, None):  # without the scan's identity: checked against the first open
+        stream = iter_problems(path, identity=identity)
+        assert next(stream)[1] == "smoke-add"
+        with path.open("ab") as handle:
+            handle.write(b'{"id": "late", "prompt": "p", "script": [{"type": "final", "answer": 1}]}\n')
+        with pytest.raises(WorkloadError, match="stopped before line 2"):
+            next(stream)
+        path.write_bytes((REPO / "examples" / "smoke.jsonl").read_bytes())
+        scan = scan_workload(path, REPO / "examples", scripted=True)
+
+
+def test_a_file_that_changes_while_it_is_scanned_is_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _smoke_copy(tmp_path)
+    original = workload_scan.check_problem
+
+    def check_then_append(*args: Any) -> list[tuple[str, str]]:
+        with path.open("ab") as handle:
+            handle.write(b"\n")
+        return original(*args)
+
+    monkeypatch.setattr(workload_scan, "check_problem", check_then_append)
+    problems = scan_workload(path, REPO / "examples", scripted=True).problems
+    assert problems == [f"{path}: changed while it was being validated; validate it again when stable"]
+
+
+def test_a_file_replaced_by_rename_during_the_stream_is_harmless(tmp_path: Path) -> None:
+    path = _smoke_copy(tmp_path)
+    scan = scan_workload(path, REPO / "examples", scripted=True)
+    stream = iter_problems(path, identity=scan.identity)
+    assert next(stream)[1] == "smoke-add"
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps(GOOD) + "\n")
+    os.replace(other, path)  # the open handle keeps the validated file
+    assert [pid for _, pid, _ in stream] == ["smoke-sleep", "smoke-answer"]
+    # ... but a run that had not opened it yet refuses the replacement
+    with pytest.raises(WorkloadError, match="changed since it was validated"):
+        next(iter_problems(path, identity=scan.identity))

@@ -1,0 +1,193 @@
+"""Workload validation: every problem reported as FILE:LINE: field: message; nothing runs. Here: the
+report itself, ids, and lines that cannot be read (JSON Python cannot hold, keys given twice, UTF-16)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from asyncroll.errors import WorkloadError
+from asyncroll.schemas import schemas
+from asyncroll.workload import iter_problems, scan_workload
+from tests.conftest import REPO
+from tests.workload_scans import GOOD, _problems, _write
+
+
+def test_smoke_workload_is_valid() -> None:
+    path = REPO / "examples" / "smoke.jsonl"
+    scan = scan_workload(path, path.parent, scripted=True)
+    assert scan.problems == [] and scan.count == 3
+    assert [pid for _, pid, _ in iter_problems(path)] == ["smoke-add", "smoke-sleep", "smoke-answer"]
+
+
+def test_every_problem_is_reported_with_file_line_and_field(tmp_path: Path) -> None:
+    lines = [
+        json.dumps(GOOD),
+        "{not json",
+        json.dumps({**GOOD, "id": "a"}),  # duplicate id
+        json.dumps({**GOOD, "id": "c", "tools": [{"name": "frobnicate"}]}),
+        json.dumps({**GOOD, "id": "d", "prompt": None}),
+        json.dumps(
+            {**GOOD, "id": "e", "script": [{"type": "tool", "name": "add", "arguments": {"a": True, "b": 2}}]}
+        ),
+        json.dumps({**GOOD, "id": "f", "script": [{"type": "dance"}]}),
+        json.dumps({**GOOD, "id": "g", "tools": [{"name": "add"}, {"name": "add"}]}),
+        json.dumps({k: v for k, v in GOOD.items() if k != "script"} | {"id": "h"}),
+        json.dumps(
+            {**GOOD, "id": "i", "tools": [{"name": "t", "inputs": {"x": "tensor"}, "implementation": "t.py"}]}
+        ),
+        "[1, 2]",
+    ]
+    problems = _problems(tmp_path, lines)
+    path = tmp_path / "w.jsonl"
+    text = "\n".join(problems)
+    expected = [
+        (2, "line", "not valid JSON"),
+        (3, "id", "duplicate id 'a' (first on line 1)"),
+        (4, "tools[0].name", "unknown tool 'frobnicate'"),
+        (5, "prompt", "Input should be a valid string"),
+        (6, "script[0].arguments.a", "expected number, got bool"),
+        (7, "script[0].type", "'dance' is not an action's type: 'tool', 'final' or 'submit'"),
+        (8, "tools[1].name", "duplicate tool name 'add'"),
+        (9, "script", "required by the scripted backend"),
+        (10, "tools[0].inputs", "unsupported type 'tensor'"),
+        (11, "line", "expected a JSON object"),
+    ]
+    for line, field, message in expected:
+        assert any(p.startswith(f"{path}:{line}: {field}") and message in p for p in problems), (line, text)
+    assert not any(p.startswith(f"{path}:1:") for p in problems)
+
+
+def test_every_field_error_of_a_line_is_reported(tmp_path: Path) -> None:
+    action = {"type": "final", "answer": 1, "latency_ms": "5", "output_tokens": 0}
+    path = _write(tmp_path, [json.dumps({"id": True, "script": [action], "colour": "red"})])
+    problems = scan_workload(path, tmp_path, scripted=True).problems
+    for fld in (
+        "id.str",
+        "id.int",
+        "prompt",
+        "script[0].final.latency_ms",
+        "script[0].final.output_tokens",
+        "colour",
+    ):
+        assert any(p.startswith(f"{path}:1: {fld}: ") for p in problems), (fld, problems)
+
+
+def test_invalid_workload_raises_with_all_problems(tmp_path: Path) -> None:
+    path = _write(tmp_path, ["{", "{"])
+    scan = scan_workload(path, tmp_path, scripted=True)
+    with pytest.raises(WorkloadError) as info:
+        scan.raise_if_invalid()
+    assert len(info.value.problems) == 2
+
+
+def test_empty_workload_is_an_error(tmp_path: Path) -> None:
+    assert "holds no problems" in _problems(tmp_path, [""])[0]
+
+
+def test_limit_and_default_ids(tmp_path: Path) -> None:
+    line = json.dumps({k: v for k, v in GOOD.items() if k != "id"})
+    path = _write(tmp_path, [line, "", line, line])
+    assert [pid for _, pid, _ in iter_problems(path, limit=2)] == ["1", "3"]
+    assert scan_workload(path, tmp_path, scripted=True, limit=2).count == 2
+
+
+@pytest.mark.parametrize("pid", ["", "  ", "\t"])
+def test_a_blank_id_is_refused(tmp_path: Path, pid: str) -> None:
+    (problem,) = _problems(tmp_path, [json.dumps({**GOOD, "id": pid})])
+    assert problem.startswith(f"{tmp_path / 'w.jsonl'}:1: id: must not be empty or blank")
+    # and by the printed schema, which accepted it
+    validator = jsonschema.Draft202012Validator(schemas()["workload"])
+    assert not validator.is_valid({**GOOD, "id": pid})
+    assert validator.is_valid({**GOOD, "id": f"{pid}x{pid}"}) and not _problems(
+        tmp_path, [json.dumps({**GOOD, "id": f"{pid}x{pid}"})]
+    )
+
+
+def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> None:
+    missing = scan_workload(tmp_path / "missing.jsonl", tmp_path, scripted=True)
+    assert missing.error_summary() == "1 error; no line was read"
+    path = _write(tmp_path, [json.dumps(GOOD), json.dumps({**GOOD, "id": 2, "tools": [{"name": "x"}]})])
+    assert scan_workload(path, tmp_path, scripted=True).error_summary() == "2 errors in 1 of 2 workload lines"
+    (tmp_path / "w.jsonl").write_text("")
+    assert (
+        scan_workload(tmp_path / "w.jsonl", tmp_path, scripted=True).error_summary()
+        == "1 error (0 workload lines)"
+    )
+
+
+def test_an_action_without_a_known_type_is_named_at_its_type(tmp_path: Path) -> None:
+    """A hand-written action without "type", or with a wrong one, was reported at the action, in
+    pydantic's words: "script[0]: Unable to extract tag using discriminator 'type'"."""
+    script = [
+        {"name": "add", "arguments": {}},
+        {"type": "answer", "answer": "3"},
+        {"type": "final", "answer": 1},
+    ]
+    problems = _problems(tmp_path, [json.dumps({"prompt": "p", "script": script})])
+    path = tmp_path / "w.jsonl"
+    assert problems == [
+        f"{path}:1: script[0].type: Field required: an action's type is 'tool', 'final' or 'submit'",
+        f"{path}:1: script[1].type: 'answer' is not an action's type: 'tool', 'final' or 'submit'",
+    ]
+
+
+def test_lines_python_cannot_hold_are_named_errors_not_crashes(tmp_path: Path) -> None:
+    """An integer of 4,301 digits and nesting 3,000 deep ended ``validate`` in a traceback; a lone
+    surrogate escape passed validation and then failed the run, output directory and all, at its first
+    write. Escaped surrogate *pairs* (an emoji) stay valid."""
+    base = {"prompt": "x", "script": [{"type": "final", "answer": "1"}]}
+    lines = [
+        '{"id":' + "9" * 4301 + ',"prompt":"x","script":[{"type":"final","answer":"1"}]}',
+        json.dumps({**base, "id": "deep", "metadata": {"a": []}}).replace("[]", "[" * 3000 + "]" * 3000),
+        json.dumps({**base, "id": "\ud800"}),
+        json.dumps({**base, "id": "key", "metadata": {"ok": {"\udfff": 1}}}),
+        json.dumps({**base, "id": "emoji \U0001f600", "prompt": "\U0001f600"}),
+    ]
+    problems = _problems(tmp_path, lines)
+    assert len(problems) == 4, problems
+    assert ":1: line: not valid JSON: Exceeds the limit (4300 digits)" in problems[0]
+    assert ":2: line: cannot be read: JSON nested deeper than about 1,000 levels" in problems[1]
+    assert ":3: id: not valid Unicode: a lone UTF-16 surrogate escape" in problems[2]
+    assert ":4: metadata.ok: not valid Unicode" in problems[3]
+
+
+def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
+    """pydantic-core and ``json`` keep the last of a repeated key: a second ``reference_answer`` graded
+    every answer against it, silently."""
+    line = (
+        '{"id":"a","prompt":"x","reference_answer":"5","reference_answer":"6",'
+        '"script":[{"type":"final","answer":"6"}]}'
+    )
+    nested = '{"id":"b","prompt":"x","script":[{"type":"final","answer":"1","answer":"2"}]}'
+    problems = _problems(tmp_path, [line, nested])
+    assert len(problems) == 2, problems
+    assert ":1: line: not valid JSON: key 'reference_answer' is given twice in one object" in problems[0]
+    assert ":2: line: not valid JSON: key 'answer' is given twice in one object" in problems[1]
+
+
+def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> None:
+    """``json.loads`` guesses UTF-16 or UTF-32 from a line's bytes: a UTF-16-BE file passed validation and
+    ran, and a UTF-16 file with its byte order mark (PowerShell's ``>``) got "'utf-16-le' codec can't
+    decode byte 0x0a" on its first line and "Expecting value" on its last. A UTF-8 byte order mark (and
+    CRLF line ends) stay accepted, by validation and by the run's stream alike."""
+    text = (REPO / "examples" / "smoke.jsonl").read_text()
+    for name, data in (("be.jsonl", text.encode("utf-16-be")), ("le.jsonl", text.encode("utf-16"))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        problems = scan_workload(path, tmp_path, scripted=True).problems
+        nul = ": line: holds NUL bytes, which no JSON text does: a UTF-16 or UTF-32 file? save it as UTF-8"
+        assert problems and all(p.endswith(nul) for p in problems), problems
+    stray = tmp_path / "stray.jsonl"
+    stray.write_bytes(b"\xff\xfe\n" + text.encode())
+    assert scan_workload(stray, tmp_path, scripted=True).problems == [
+        f"{stray}:1: line: not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid "
+        "start byte"
+    ]
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    assert scan_workload(marked, tmp_path, scripted=True).problems == []
+    assert [pid for _, pid, _ in iter_problems(marked)] == ["smoke-add", "smoke-sleep", "smoke-answer"]
