@@ -18,7 +18,7 @@ from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from tests.cli_runs import load_run
 from tests.conftest import tool_problem, write_workload
-from tests.test_simulation import _edit_json, simulate_here
+from tests.simulations import _edit_json, simulate_here
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.cli_runs import SMOKE
-from tests.test_simulation import _edit_json, _edit_lines, simulate_here
+from tests.simulations import _edit_json, _edit_lines, simulate_here
 
 KNOBS = ["--starvation-threshold", "1", "--aging-seconds", "0.4", "--aging-weight", "0.5"]
 

@@ -17,7 +17,7 @@ from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from tests.cli_runs import cli, load_run
 from tests.conftest import tool_problem, write_workload
-from tests.test_simulation import _edit_lines, simulate_here
+from tests.simulations import _edit_lines, simulate_here
 
 
 def test_virtual_replacements_take_their_start_up_in_order_then_the_median() -> None:

@@ -323,7 +323,7 @@ def test_a_signal_as_the_output_directory_appears_leaves_no_directory_without_a_
 
     from tests.children import end
     from tests.conftest import REPO
-    from tests.test_simulation import signal_and_wait
+    from tests.simulations import signal_and_wait
 
     problems = [tool_problem(f"p{i}", model_ms=100, cpu_ms=50) for i in range(20)]
     workload = write_workload(tmp_path / "w.jsonl", problems)

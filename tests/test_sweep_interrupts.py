@@ -17,7 +17,7 @@ import pytest
 
 from tests.children import end
 from tests.conftest import REPO, tool_problem, write_workload
-from tests.test_simulation import signal_and_wait, start_slow_cli, wait_until
+from tests.simulations import signal_and_wait, start_slow_cli, wait_until
 
 
 @pytest.mark.timeout(90)

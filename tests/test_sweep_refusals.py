@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.cli_runs import SMOKE
-from tests.test_simulation import simulate_here
+from tests.simulations import simulate_here
 
 
 def test_sweep_refuses_bad_lists_and_workloads(tmp_path: Path) -> None:

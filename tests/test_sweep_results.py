@@ -18,7 +18,7 @@ import pytest
 
 from tests.cli_runs import SMOKE, cli
 from tests.conftest import REPO, tool_problem, write_workload
-from tests.test_simulation import simulate_here
+from tests.simulations import simulate_here
 
 
 def test_sweep_writes_every_cell_with_paired_comparisons(tmp_path: Path) -> None:

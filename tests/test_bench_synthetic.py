@@ -1,0 +1,59 @@
+"""bench.synthetic's command line: parameters outside their documented range are refused, and it never
+overwrites another tools file or an existing workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# --- bench.synthetic ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n", "-5"], "--n: must be an integer >= 1"),
+        (["--n", "0"], "--n: must be an integer >= 1"),
+        (["--model-ms", "-1"], "--model-ms: must be a finite number >= 0"),
+        (["--cpu-ms", "0"], "--cpu-ms: must be a finite number > 0"),
+        (["--cpu-ms", "inf"], "--cpu-ms: must be a finite number"),
+        (["--repair-fraction", "2"], "--repair-fraction: must be a finite number >= 0 and <= 1"),
+        (["--repair-fraction", "-1"], "--repair-fraction: must be a finite number >= 0 and <= 1"),
+        (["--cpu-sigma", "-1"], "--cpu-sigma: must be a finite number >= 0"),
+        (["--noise", "-0.5"], "--noise: must be a finite number >= 0"),
+        (["--noise", "nan"], "--noise: must be a finite number"),
+        (["--model-ms", "80000000"], "over a workload's one-day limit"),
+    ],
+)
+def test_synthetic_refuses_parameters_outside_their_documented_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    from bench import synthetic
+
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic.main([*args, "--output", str(tmp_path / "w.jsonl")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_synthetic_never_overwrites_another_tools_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import synthetic
+
+    synthetic.main(["--n", "3", "--output", str(tmp_path / "a.jsonl")])
+    synthetic.main(["--n", "3", "--output", str(tmp_path / "b.jsonl")])  # the same tools file: fine
+    assert (tmp_path / synthetic.TOOLS_FILE).read_text() == synthetic.TOOLS_SOURCE
+    mine = "def crunch(data):\n    return 0\n"
+    (tmp_path / synthetic.TOOLS_FILE).write_text(mine)
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic.main(["--n", "3", "--output", str(tmp_path / "c.jsonl")])
+    assert exit_info.value.code == 2 and "is not this generator's tools file" in capsys.readouterr().err
+    assert (tmp_path / synthetic.TOOLS_FILE).read_text() == mine and not (tmp_path / "c.jsonl").exists()
+    before = (tmp_path / "a.jsonl").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:  # nor an existing workload
+        synthetic.main(["--n", "4", "--output", str(tmp_path / "a.jsonl")])
+    assert exit_info.value.code == 2 and "already exists" in capsys.readouterr().err
+    assert (tmp_path / "a.jsonl").read_bytes() == before

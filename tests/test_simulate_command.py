@@ -1,0 +1,273 @@
+"""The ``simulate`` command on a workload: the simulated run it writes, the batching server, overheads,
+warnings for what a simulation cannot know or a flag that does nothing, and a signal mid-simulation."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.children import end
+from tests.cli_runs import SMOKE, cli, load_run
+from tests.conftest import REPO, tool_problem, write_workload
+from tests.simulations import signal_and_wait, simulate_here, start_slow_cli, wait_until
+
+
+def test_simulate_smoke_writes_a_simulated_run(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    result = cli("simulate", "--workload", SMOKE, "--output", out, "--policy", "tool_first")
+    assert result.returncode == 0, result.stderr
+    receipt, summary, events = load_run(out)
+    assert receipt["simulated"] is True and receipt["simulation"]["server"] == "fixed"
+    assert receipt["simulation"]["workers"] == "virtual (no processes)"
+    # says why there is no telemetry, without advising flags that simulate does not have
+    assert receipt["telemetry"]["note"] == "a simulation (virtual clock) reads no server or GPU telemetry"
+    assert summary["counts"]["completed"] == 3 and summary["accuracy"]["exact"] == 1.0
+    assert summary["makespan_s"] == pytest.approx(0.03)  # smoke-sleep: 5 + 20 + 5 ms, exactly
+    assert summary["bounds"]["efficiency"] == pytest.approx(1.0)
+    assert all(e.pid is None for e in events if e.event == "worker_ready")
+    assert "lower bound 0.030s" in result.stdout
+
+
+def test_simulate_with_batching_server(tmp_path: Path) -> None:
+    problems = [tool_problem(f"p{i}", model_ms=0, cpu_ms=5, turns=2) for i in range(12)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    outs = {}
+    for seqs in (1, 64):
+        out = tmp_path / f"sim{seqs}"
+        result = simulate_here(
+            "--workload",
+            workload,
+            "--output",
+            out,
+            "--server",
+            "batching",
+            "--max-num-seqs",
+            str(seqs),
+            "--max-inflight-model-requests",
+            "16",
+        )
+        assert result.exit_code == 0, result.output
+        outs[seqs] = load_run(out)
+    receipt, summary, events = outs[64]
+    assert receipt["simulation"]["server_model"]["max_num_seqs"] == 64
+    finished = [e for e in events if e.event == "model_finished"]
+    assert all(e.completion_tokens and e.prompt_tokens for e in finished)
+    assert summary["bounds"]["model_capacity"] == 16
+    single = outs[1][1]["bounds"]
+    assert single["model_capacity"] == 16 and single["server_batch_capacity"] == 1
+    # one batch slot: the requests' time in it, back to back, is the whole makespan; their latencies
+    # (which include the wait for that slot) over the one slot would be far above it
+    assert single["terms"]["model_service_s"] == single["totals"]["server_batch_s"]
+    assert single["totals"]["model_service_s"] > 4 * outs[1][1]["makespan_s"]
+    assert single["binding"] == "model_service_s" and 0.99 < single["efficiency"] <= 1
+    # a batch of one serialises the model: far slower than letting the server batch
+    assert outs[1][1]["makespan_s"] > 3 * summary["makespan_s"]
+
+
+def test_overheads_add_to_every_turn_and_job(tmp_path: Path) -> None:
+    problems = [tool_problem("a", model_ms=100, cpu_ms=50, turns=2)]  # 3 model turns, 2 jobs
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sim"
+    result = simulate_here(
+        "--workload",
+        workload,
+        "--output",
+        out,
+        "--turn-overhead-ms",
+        "2",
+        "--job-overhead-ms",
+        "5",
+    )
+    assert result.exit_code == 0, result.output
+    receipt, summary, _ = load_run(out)
+    assert summary["makespan_s"] == pytest.approx(0.4 + 3 * 0.002 + 2 * 0.005)
+    assert receipt["simulation"]["turn_overhead_ms"] == 2 and receipt["simulation"]["job_overhead_ms"] == 5
+    bad = simulate_here("--workload", workload, "--output", tmp_path / "x", "--job-overhead-ms", "-1")
+    assert bad.exit_code == 2 and not (tmp_path / "x").exists()
+
+
+def test_a_summary_only_run_summarises_exactly_as_a_recorded_one(tmp_path: Path) -> None:
+    """``record=False`` (a sweep cell) skips the decision's candidate list, which only events.jsonl
+    shows; every number of the summary stays the same, bit for bit."""
+    from asyncroll.clock import VirtualClock
+    from asyncroll.config import build_config
+    from asyncroll.event_log import EventCapture
+    from asyncroll.events import CpuSelected
+    from asyncroll.runtime.run import Run, prepare
+    from asyncroll.runtime.virtual_worker import virtual_factory
+    from bench import synthetic
+
+    workload = synthetic.write(tmp_path / "w.jsonl", 40, 40.0, 60.0, seed=3)
+    summaries, captures = [], []
+    for record in (True, False):
+        cfg = build_config(
+            {
+                "workload": workload,
+                "output": tmp_path / f"run-{record}",
+                "policy": "asyncroll",
+                "max_active_trajectories": 8,
+                "max_inflight_model_requests": 2,
+                "cpu_workers": 2,
+            }
+        )
+        clock = VirtualClock()
+        capture = EventCapture()
+        run = Run(
+            prepare(cfg, ["test"]),
+            clock,
+            worker_factory=virtual_factory(clock, simulate_tools=True),
+            subscribers=(capture,),
+            record=record,
+        )
+        outcome = clock.run(run.execute())
+        assert outcome.summary is not None
+        summaries.append({k: v for k, v in outcome.summary.items() if k != "cpu_cost"})
+        captures.append(capture.of(CpuSelected))
+    assert summaries[0] == summaries[1]
+    assert summaries[0]["scheduler"]["reorders"] > 0
+    recorded, summary_only = captures
+    assert any(e.candidates for e in recorded) and not any(e.candidates for e in summary_only)
+    strip = [e.model_copy(update={"candidates": []}) for e in recorded]
+    assert strip == summary_only
+
+
+def test_synthetic_turns_decode_for_their_scripted_latency_on_the_batching_server(tmp_path: Path) -> None:
+    """bench.synthetic declares output_tokens = latency ÷ the default decode step, so a turn alone on the
+    batching server takes its scripted latency plus its prefill, not its multi-KB arguments' size."""
+    from bench import synthetic
+
+    workload = synthetic.write(tmp_path / "w.jsonl", 4, 400.0, 300.0, seed=1)
+    out = tmp_path / "sim"
+    args = ("--server", "batching", "--max-active-trajectories", "1", "--max-inflight-model-requests", "1")
+    assert simulate_here("--workload", workload, "--output", out, *args).exit_code == 0
+    scripted = {
+        p["id"]: [a["latency_ms"] / 1000 for a in p["script"]]
+        for p in map(json.loads, workload.read_text().splitlines())
+    }
+    finished = [e for e in load_run(out)[2] if e.event == "model_finished"]
+    assert len(finished) == sum(map(len, scripted.values()))
+    for e in finished:
+        decode = e.latency_s - e.prompt_tokens * 0.03 / 1000  # the default prefill cost
+        assert decode == pytest.approx(scripted[e.id][e.turn], abs=0.007)  # within half a decode step
+
+
+def test_pressure_flags_unread_by_the_policy_are_named(tmp_path: Path) -> None:
+    """A pressure setting given to a policy that never reads it is said to do nothing (a flag that is
+    silently ignored misleads); a recorded run's own settings, kept by ``--from-run``, are not."""
+    fifo = simulate_here(
+        "--workload", SMOKE, "--output", tmp_path / "a", "--policy", "fifo", "--aging-weight", "1"
+    )
+    assert fifo.exit_code == 0, fifo.output
+    assert "warning: --aging-weight has no effect with --policy fifo" in fifo.stderr
+    pressure = simulate_here(
+        "--workload", SMOKE, "--output", tmp_path / "b", "--policy", "asyncroll", "--aging-weight", "1"
+    )
+    assert pressure.exit_code == 0 and "warning" not in pressure.stderr
+    sweep = ("--workload", SMOKE, "--sweep", "--seeds", "1", "--jobs", "1", "--starvation-threshold", "1")
+    baselines = simulate_here(*sweep, "--output", tmp_path / "c", "--policies", "fifo,tool_first")
+    assert baselines.exit_code == 0, baselines.output
+    assert "--starvation-threshold has no effect with --policies fifo,tool_first" in baselines.stderr
+    mixed = simulate_here(*sweep, "--output", tmp_path / "d", "--policies", "fifo,asyncroll")
+    assert mixed.exit_code == 0 and "warning" not in mixed.stderr
+    replay = simulate_here("--from-run", tmp_path / "b", "--output", tmp_path / "e", "--policy", "fifo")
+    assert replay.exit_code == 0 and "has no effect" not in replay.stderr  # aging 1 was the recorded run's
+
+
+def test_gpu_first_warns_and_two_names_of_one_policy_are_refused_in_a_sweep(tmp_path: Path) -> None:
+    single = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--policy", "gpu_first")
+    assert single.exit_code == 0 and "--policy gpu_first is a deprecated alias of tool_first" in single.stderr
+    sweep = ("--workload", SMOKE, "--sweep", "--seeds", "1", "--jobs", "1")
+    for policies, message in (
+        ("fifo,gpu_first,tool_first", "'gpu_first' and 'tool_first' are the same policy (tool_first)"),
+        ("asyncroll_repair,asyncroll", "'asyncroll_repair' and 'asyncroll' are the same policy"),
+    ):
+        out = tmp_path / policies.replace(",", "-")
+        refused = simulate_here(*sweep, "--output", out, "--policies", policies)
+        assert refused.exit_code == 2 and message in refused.stderr, refused.output
+        assert not out.exists()
+    alias = simulate_here(*sweep, "--output", tmp_path / "b", "--policies", "fifo,gpu_first")
+    assert alias.exit_code == 0 and "gpu_first is a deprecated alias" in alias.stderr
+
+
+def test_submissions_without_a_verdict_are_said_to_pass(tmp_path: Path) -> None:
+    """Untrusted code is never run in a simulation, so a submit without ``passes`` passes: the bundled
+    one-repair example (whose first programs really fail) simulated with no repair turn and no word why.
+    stderr now counts those submissions, and run.json states the rule; declared verdicts are quiet."""
+    lines = (REPO / "examples" / "livecodebench" / "workload.jsonl").read_text().splitlines()
+    problems = [json.loads(line) for line in lines]
+    for problem in problems:  # declared: the first submission fails, the repair passes
+        submits = [a for a in problem["script"] if a["type"] == "submit"]
+        assert len(submits) == 2 and all("passes" not in a for a in submits)
+        submits[0]["passes"], submits[1]["passes"] = False, True
+    declared = write_workload(tmp_path / "declared.jsonl", problems)
+    said = simulate_here(
+        "--workload", REPO / "examples" / "livecodebench" / "workload.jsonl", "--output", tmp_path / "a"
+    )
+    quiet = simulate_here("--workload", declared, "--output", tmp_path / "b")
+    assert said.exit_code == 0 and quiet.exit_code == 0, said.output + quiet.output
+    assert (
+        f"warning: {len(problems)} submission(s) passed because their script declares no verdict"
+        in said.stderr
+    )
+    assert "declares no verdict" not in quiet.stderr
+    results = [json.loads(line) for line in (tmp_path / "b" / "results.jsonl").read_text().splitlines()]
+    assert all(r["repair_attempted"] and r["passed"] for r in results)
+    receipt = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert "a submission passes unless its action declares passes: false" in receipt["simulation"]["verdicts"]
+
+
+def test_a_file_tool_without_cpu_ms_is_said_to_take_no_time(tmp_path: Path) -> None:
+    """A simulation cannot know what a trusted file tool costs: without cpu_ms its calls take 0 s, which
+    run.json states and stderr counts (it was silent: a custom workload simulated at a fraction of its
+    real makespan with no word why)."""
+    (tmp_path / "mine.py").write_text("def work(n):\n    return sum(range(n))\n")
+    tool = {"name": "work", "inputs": {"n": "int"}, "implementation": "mine.py"}
+
+    def problem(pid: str, cpu_ms: float | None) -> dict[str, object]:
+        call = {"type": "tool", "name": "work", "arguments": {"n": 5}, "latency_ms": 10}
+        if cpu_ms is not None:
+            call["cpu_ms"] = cpu_ms
+        final = {"type": "final", "answer": "10", "latency_ms": 10}
+        return {"id": pid, "prompt": "sum", "tools": [tool], "script": [call, final]}
+
+    untimed = write_workload(tmp_path / "a.jsonl", [problem("a", None), problem("b", None)])
+    timed = write_workload(tmp_path / "b.jsonl", [problem("a", 20.0)])
+    said = simulate_here("--workload", untimed, "--output", tmp_path / "a")
+    quiet = simulate_here("--workload", timed, "--output", tmp_path / "b")
+    assert said.exit_code == 0 and quiet.exit_code == 0, said.output + quiet.output
+    assert "2 CPU job(s) took 0 s (mine.py::work ×2) because their script gives no cpu_ms" in said.stderr
+    assert "no cpu_ms" not in quiet.stderr
+    receipt = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert (
+        "a file tool's call or an evaluation without cpu_ms takes no time"
+        in receipt["simulation"]["cpu_jobs"]
+    )
+
+
+# --- signals --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_interrupts_a_simulation_as_it_does_a_run(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM, like SIGINT, stops the simulation: exit 130, run.json and summary.json say interrupted and
+    by which signal (SIGTERM used to kill the process and leave run.json ``running``)."""
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=10, turns=2) for i in range(100)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sim"
+    proc = start_slow_cli(tmp_path, "simulate", "--workload", workload, "--output", out)
+    receipt = out / "run.json"
+    try:
+        wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the simulation start")
+        stderr = signal_and_wait(proc, sig)
+    finally:
+        end(proc)
+    assert proc.returncode == 130, stderr
+    assert f"interrupted by {sig.name}; partial outputs in {out}" in stderr and "Traceback" not in stderr
+    receipt_data, summary, events = load_run(out)
+    assert receipt_data["status"] == "interrupted" and receipt_data["error"] == f"interrupted by {sig.name}"
+    assert summary["status"] == "interrupted" and summary["counts"]["unfinished"] > 0
+    assert events[-1].event == "measurement_finished" and events[-1].status == "interrupted"

@@ -1,0 +1,106 @@
+"""What ``simulate`` refuses: bad invocations, more simulated workers than its cap, and numbers that are
+not finite or out of range (one line on stderr, exit 2, nothing created)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_runs import SMOKE
+from tests.simulations import simulate_here
+
+
+def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
+    neither = simulate_here("--output", tmp_path / "a")
+    assert neither.exit_code == 2 and "give --workload, or --from-run" in neither.stderr
+    missing = simulate_here("--from-run", tmp_path / "nope", "--output", tmp_path / "b")
+    assert (
+        missing.exit_code == 2 and "nope: not a directory (a run directory holds run.json)" in missing.stderr
+    )
+    assert not (tmp_path / "b").exists()
+    (tmp_path / "empty").mkdir()
+    empty = simulate_here("--from-run", tmp_path / "empty", "--output", tmp_path / "b")
+    assert empty.exit_code == 2 and "empty: no run.json (not a run directory?)" in empty.stderr
+    assert not (tmp_path / "b").exists()
+    exists = tmp_path / "c"
+    exists.mkdir()
+    refused = simulate_here("--workload", SMOKE, "--output", exists)
+    assert refused.exit_code == 2 and list(exists.iterdir()) == []
+    bad_server = simulate_here("--workload", SMOKE, "--output", tmp_path / "d", "--server", "quantum")
+    assert bad_server.exit_code == 2 and not (tmp_path / "d").exists()
+
+
+def test_simulated_workers_are_bounded_as_real_ones_are(tmp_path: Path) -> None:
+    """``--cpu-workers 1000000`` ran (96 s, 3.8 GB of memory for the 3-problem smoke workload); 10**8
+    would have exhausted the memory. The cap is ten times the real one; the cap itself runs."""
+    from asyncroll.config import MAX_SIMULATED_WORKERS
+
+    huge = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--cpu-workers", "1000000")
+    assert huge.exit_code == 2, huge.output
+    assert f"--cpu-workers 1000000: at most {MAX_SIMULATED_WORKERS} simulated workers" in huge.stderr
+    assert not (tmp_path / "a").exists()
+    most = str(MAX_SIMULATED_WORKERS)
+    at_cap = simulate_here("--workload", SMOKE, "--output", tmp_path / "b", "--cpu-workers", most)
+    assert at_cap.exit_code == 0, at_cap.output
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["config"]["cpu_workers"] == int(most)
+    assert f"at most {most};" in " ".join(simulate_here("--help").stdout.split())  # --help says the cap
+
+
+# --- refusals: bad input is one line on stderr, exit 2, and nothing created ---------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--server", "batching", "--chars-per-token", "0"], "--chars-per-token: must be >= 0.01"),
+        (["--server", "batching", "--chars-per-token", "-1"], "--chars-per-token: must be >= 0.01"),
+        (["--turn-overhead-ms", "nan"], "--turn-overhead-ms: must be a finite number"),
+        (["--job-overhead-ms", "inf"], "--job-overhead-ms: must be a finite number"),
+        (["--job-overhead-ms", "1e9"], "--job-overhead-ms: must be at most 86400000 ms (one day)"),
+        (["--server", "batching", "--step-base-ms", "nan"], "--step-base-ms: must be a finite number"),
+        (["--server", "batching", "--step-base-ms", "inf"], "--step-base-ms: must be a finite number"),
+        (["--server", "batching", "--step-base-ms", "1e308"], "--step-base-ms: must be at most"),
+        (["--server", "batching", "--step-per-seq-ms", "inf"], "--step-per-seq-ms: must be a finite"),
+        (["--server", "batching", "--prefill-ms-per-token", "inf"], "--prefill-ms-per-token: must be a"),
+        (["--server", "batching", "--max-num-seqs", "0"], "--max-num-seqs: must be >= 1"),
+        (
+            ["--server", "batching", "--step-base-ms", "0", "--step-per-seq-ms", "0"],
+            "--step-base-ms and --step-per-seq-ms are both 0: a step must take some time",
+        ),
+        (["--tool-timeout", "inf"], "--tool-timeout: must be a finite number"),
+        (["--tool-timeout", "nan"], "--tool-timeout: must be a finite number"),
+        (["--sweep", "--jitter", "nan"], "--jitter: must be a finite number"),
+        (["--sweep", "--jitter", "50"], "--jitter: must be at most 5"),
+    ],
+)
+def test_non_finite_and_out_of_range_numbers_are_refused_before_anything_exists(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """NaN would silently corrupt every duration it touches; infinity or a cost near float's limit would
+    stop virtual time (the run never ends); chars-per-token 0 divided by zero mid-run."""
+    out = tmp_path / "out"
+    result = simulate_here("--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert not out.exists()
+
+
+def test_simulation_settings_refuse_what_the_cli_refuses() -> None:
+    from asyncroll.backends.server_model import ServerModelConfig
+    from asyncroll.simulation.engine import SimulationSettings
+
+    for bad in (
+        {"chars_per_token": 0.0},
+        {"turn_overhead_ms": float("nan")},
+        {"job_overhead_ms": float("inf")},
+    ):
+        with pytest.raises(ValueError, match="must be a finite number"):
+            SimulationSettings(**bad)  # type: ignore[arg-type]
+    # the server model's costs are refused by its own config, for serve-sim too (test_server_model.py)
+    with pytest.raises(ValueError, match="--step-base-ms must be a finite number"):
+        ServerModelConfig(step_base_ms=float("inf"))
+    with pytest.raises(ValueError, match="--prefill-ms-per-token must be from 0 to 86400000 ms"):
+        ServerModelConfig(prefill_ms_per_token=1e308)
