@@ -4,9 +4,9 @@ Run from anywhere: ``python examples/livecodebench/make_example.py``. The conver
 ``asyncroll convert-livecodebench --source test.jsonl``; this script only adds, per problem, the
 ``script`` the scripted backend replays for the one-repair protocol: a first submission that fails a
 test and a second, repaired one that passes them all. The converter has no option to attach scripts:
-a script is test data, not part of a benchmark. ``tests/test_convert.py`` checks that the committed
-workload is exactly what this script produces, and that each wrong program fails and each right one
-passes its problem's tests.
+a script is test data, not part of a benchmark. ``tests/test_bundled_examples.py`` checks that the
+committed workload is exactly what this script produces, and that each wrong program fails and each right
+one passes its problem's tests.
 """
 
 from __future__ import annotations

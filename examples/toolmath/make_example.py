@@ -5,7 +5,8 @@ Run from anywhere: ``python examples/toolmath/make_example.py``. The conversion 
 --answers-from-solution``; this script only adds, per problem, the ``script`` the scripted backend
 replays (the tool calls a solver would make, then the final answer), so the example runs without a model
 server. The converter itself has no option to attach scripts: a script is test data, not part of a
-benchmark. ``tests/test_convert.py`` checks that the committed workload is exactly what this produces.
+benchmark. ``tests/test_bundled_examples.py`` checks that the committed workload is exactly what this
+produces.
 """
 
 from __future__ import annotations

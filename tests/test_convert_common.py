@@ -1,0 +1,95 @@
+"""What the converters share: the seeded selection, boxed answers, the atomic writer, and source rows read
+again by offset."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.convert.boxed import BoxedError, last_boxed
+from asyncroll.convert.selection import rank_key, select
+from asyncroll.errors import UsageError
+from tests.conversions import lcb_rows, write_jsonl
+
+# --- selection and boxed answers (pure) --------------------------------------------------------------
+
+
+def test_rank_is_sha256_of_seed_and_key_and_selection_ignores_order() -> None:
+    expected = hashlib.sha256(b'[3,"1873_A"]').hexdigest()
+    assert rank_key(3, "1873_A") == expected
+    keys = [f"k{i}" for i in range(50)]
+    chosen = select(keys, key=str, seed=3, limit=10)
+    shuffled = keys[:]
+    random.Random(1).shuffle(shuffled)
+    assert select(shuffled, key=str, seed=3, limit=10) == chosen
+    assert select(keys, key=str, seed=3, limit=None)[:10] == chosen  # a limit takes a prefix
+    assert select(keys, key=str, seed=4, limit=10) != chosen
+
+
+@pytest.mark.parametrize(
+    ("solution", "answer"),
+    [
+        ("so $x = \\boxed{5}$.", "5"),
+        ("hence $\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}"),
+        ("$\\boxed{\\left(\\frac{3}{4}, \\sqrt{2}\\right)}$", "\\left(\\frac{3}{4}, \\sqrt{2}\\right)"),
+        ("the set $\\boxed{\\{1, 2\\}}$", "\\{1, 2\\}"),
+        ("first \\boxed{1}, then the answer \\boxed{ 2 }", "2"),
+        ("\\fbox{-1004}", "-1004"),
+        ("so $x = \\boxed 7$.", "7"),
+        ("no box here", None),
+        ("\\boxeds{3} is not a box", None),
+    ],
+)
+def test_last_boxed_answer(solution: str, answer: str | None) -> None:
+    assert last_boxed(solution) == answer
+
+
+@pytest.mark.parametrize(
+    ("solution", "message"),
+    [("\\boxed{\\frac{1}{2}", "unbalanced"), ("\\boxed{}", "empty"), ("answer \\boxed", "no argument")],
+)
+def test_malformed_boxed_is_an_error(solution: str, message: str) -> None:
+    with pytest.raises(BoxedError, match=message):
+        last_boxed(solution)
+
+
+# --- output and source plumbing ----------------------------------------------------------------------
+
+
+def test_atomic_writer_never_clobbers_a_file_that_appears_meanwhile(tmp_path: Path) -> None:
+    from asyncroll.convert.output import write_jsonl_atomic
+
+    out = tmp_path / "w.jsonl"
+
+    def objects() -> Any:
+        yield {"id": 1}
+        out.write_text("someone else's")  # appears after the checks, before the publish
+        yield {"id": 2}
+
+    with pytest.raises(UsageError, match="appeared while converting; not overwritten"):
+        write_jsonl_atomic(out, objects())
+    assert out.read_text() == "someone else's"
+    assert [p.name for p in tmp_path.iterdir()] == ["w.jsonl"]  # the temporary file is gone
+    fresh = tmp_path / "sub" / "fresh.jsonl"
+    assert write_jsonl_atomic(fresh, [{"b": 1, "a": "é"}]) == 1
+    assert fresh.read_bytes() == '{"b":1,"a":"é"}\n'.encode()
+
+
+def test_jsonl_rows_are_read_again_by_offset_and_a_changed_source_is_refused(tmp_path: Path) -> None:
+    from asyncroll.convert.rows import RowSource
+
+    rows = lcb_rows()
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    reader = RowSource(source)
+    scanned = list(reader.scan())
+    assert all(ref.row is None and ref.offset >= 0 for _, ref in scanned)  # JSONL rows are not kept
+    assert reader.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert [reader.load(ref) for _, ref in scanned] == rows
+    changed = source.read_text().replace("A. Short Sort", "A. Short Sorz")
+    source.write_text(changed)
+    with pytest.raises(UsageError, match=r"rows.jsonl:1: the source changed while it was being converted"):
+        reader.load(scanned[0][1])
