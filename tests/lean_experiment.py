@@ -11,7 +11,7 @@ from typing import Any
 from asyncroll.experiment.config import ExperimentConfig, load_experiment_config
 from asyncroll.experiment.plan import build_plan
 from asyncroll.experiment.server import ManagedProcess
-from tests.test_experiment import kill_recorded, read, write_config
+from tests.experiments import kill_recorded, read, write_config
 
 
 def lean(tmp: Path, **changes: Any) -> ExperimentConfig:

@@ -11,8 +11,8 @@ from asyncroll.errors import UsageError
 from asyncroll.experiment.config import MANAGED_CLIENT_FLAGS, load_experiment_config
 from asyncroll.experiment.plan import build_plan, client_command
 from tests.conftest import invoke
+from tests.experiments import ROOT, write_config
 from tests.lean_experiment import lean
-from tests.test_experiment import ROOT, write_config
 
 
 def test_extra_args_may_not_repeat_a_flag_the_plan_sets(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import asyncroll.experiment.runner as runner_module
 from asyncroll.experiment.report import aggregate, load_comparison
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.runner import ExperimentRunner
+from tests.experiments import alive, read, recorded_processes
 from tests.lean_experiment import lean, one_arm, ready_server
-from tests.test_experiment import alive, read, recorded_processes
 
 
 @pytest.mark.timeout(30)

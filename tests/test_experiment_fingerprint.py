@@ -14,8 +14,8 @@ import asyncroll.experiment.fingerprint as fingerprint_module
 import asyncroll.experiment.runner as runner_module
 from asyncroll.experiment.arms import PROTOCOL_STEP
 from asyncroll.experiment.runner import ExperimentRunner
+from tests.experiments import read
 from tests.lean_experiment import lean
-from tests.test_experiment import read
 
 
 def test_a_checkout_made_dirty_by_a_doc_edit_does_not_stop_the_experiment(

@@ -20,8 +20,8 @@ from asyncroll.experiment.config import load_experiment_config
 from asyncroll.experiment.report import load_comparison, write_report
 from asyncroll.json_checks import LONE_SURROGATE
 from tests.conftest import invoke
+from tests.experiments import ROOT, write_config
 from tests.fake_comparison import comparison as guarded_comparison
-from tests.test_experiment import ROOT, write_config
 
 
 def refused(done: Any, *needles: str) -> None:

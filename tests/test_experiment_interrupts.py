@@ -13,8 +13,8 @@ import pytest
 
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
+from tests.experiments import alive, kill_recorded, read, recorded_processes
 from tests.lean_experiment import is_client, lean
-from tests.test_experiment import alive, kill_recorded, read, recorded_processes
 
 
 @pytest.mark.timeout(90)

@@ -16,8 +16,8 @@ from asyncroll.errors import UsageError
 from asyncroll.experiment.lock import OutputLock
 from asyncroll.experiment.runner import ExperimentRunner
 from tests.children import end
+from tests.experiments import ROOT
 from tests.lean_experiment import fake_arm, lean
-from tests.test_experiment import ROOT
 
 
 def test_one_runner_per_output_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,8 @@ import asyncroll.experiment.runner as runner_module
 from asyncroll.experiment.arms import ExperimentInterrupted
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
+from tests.experiments import read
 from tests.lean_experiment import lean
-from tests.test_experiment import read
 from tests.test_experiment_setup import fake_arms
 
 

@@ -12,8 +12,8 @@ import pytest
 import asyncroll.experiment.runner as runner_module
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
+from tests.experiments import ROOT, alive, kill_recorded, read, recorded_processes
 from tests.lean_experiment import fake_arm, is_client, lean
-from tests.test_experiment import ROOT, alive, kill_recorded, read, recorded_processes
 
 
 def tool_workload(tmp: Path) -> tuple[Path, Path]:

@@ -19,8 +19,8 @@ from asyncroll.experiment.report import aggregate, load_comparison
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import bootstrap_interval, distinct_resamples
 from tests.conftest import invoke
+from tests.experiments import write_config
 from tests.fake_comparison import comparison
-from tests.test_experiment import write_config
 
 STARVATION = "resources.sampled_starvation_fraction_of_coverage"
 

@@ -16,8 +16,8 @@ import pytest
 
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
+from tests.experiments import alive, kill_recorded, read, recorded_processes
 from tests.lean_experiment import lean
-from tests.test_experiment import alive, kill_recorded, read, recorded_processes
 
 
 @pytest.mark.timeout(60)
@@ -50,7 +50,7 @@ def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path
     import threading
     import time
 
-    from tests.test_experiment import SMOKE
+    from tests.experiments import SMOKE
 
     command = json.loads(SMOKE.read_text())["server"]["command"]
     command[command.index("--step-base-ms") + 1] = "150"  # a client that runs for a while

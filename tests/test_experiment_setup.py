@@ -19,8 +19,8 @@ from asyncroll.errors import UsageError
 from asyncroll.experiment import preflight
 from asyncroll.experiment.runner import ExperimentRunner
 from tests.conftest import invoke
+from tests.experiments import read, write_config
 from tests.lean_experiment import lean
-from tests.test_experiment import read, write_config
 
 
 def program(tmp: Path, name: str = "fake-serve", *, executable: bool = True) -> Path:

@@ -20,7 +20,7 @@ import pytest
 from asyncroll.experiment.config import ExperimentConfig, load_experiment_config
 from asyncroll.experiment.runner import ExperimentRunner
 from tests.children import end
-from tests.test_experiment import ROOT, kill_recorded, read, wait_for_client, write_config
+from tests.experiments import ROOT, kill_recorded, read, wait_for_client, write_config
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
     its server detaches a helper (``setsid -f``) at start; the resume tests copy and damage its output."""
     if shutil.which("nohup") is None or shutil.which("setsid") is None:
         pytest.skip("needs nohup and setsid")
-    from tests.test_experiment import SMOKE
+    from tests.experiments import SMOKE
 
     tmp = tmp_path_factory.mktemp("finished")
     marker = f"sleep 77{os.getpid() % 10}.5"

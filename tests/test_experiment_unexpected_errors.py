@@ -11,8 +11,8 @@ import pytest
 import asyncroll.experiment.arms as arms_module
 import asyncroll.experiment.runner as runner_module
 from asyncroll.experiment.runner import ExperimentRunner
+from tests.experiments import read
 from tests.lean_experiment import lean
-from tests.test_experiment import read
 
 
 def test_an_unexpected_error_in_an_arm_fails_it_at_its_step(

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, invoke
-from tests.test_experiment import SMOKE as EXPERIMENT
-from tests.test_experiment import write_config
+from tests.experiments import SMOKE as EXPERIMENT
+from tests.experiments import write_config
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
 PAST_64_BITS = 10**21  # a valid JSON integer, and a valid int flag, that no 64-bit encoder writes

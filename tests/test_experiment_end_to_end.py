@@ -1,0 +1,238 @@
+"""A paired experiment end to end on CPU, set up once for the module: serve-sim per arm, stages, a runner
+SIGKILLed mid-arm and resumed; the clients' runs checked against the plan; the report and its figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.experiment.config import load_experiment_config
+from asyncroll.experiment.plan import build_plan
+from asyncroll.experiment.report import aggregate
+from tests.children import end
+from tests.conftest import invoke
+from tests.experiments import (
+    CLI,
+    ROOT,
+    SMOKE,
+    alive,
+    cli,
+    kill_recorded,
+    read,
+    recorded_processes,
+    wait_for_client,
+)
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The smoke experiment, SIGKILLed while its second arm's client runs, then resumed to the end."""
+    tmp = tmp_path_factory.mktemp("exp")
+    out = tmp / "out"
+    log = (tmp / "runner.log").open("wb")
+    runner = subprocess.Popen(
+        [*CLI, "experiment", "run", "--config", str(SMOKE), "--output", str(out)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    try:
+        wait_for_client(runner, out / "arms" / "opportunity-1-fifo" / "arm.json", tmp / "runner.log")
+        first_before = read(out / "arms" / "qualification-1-fifo" / "arm.json")
+        orphans = [p for p in recorded_processes(out) if alive(p)]
+        runner.kill()  # SIGKILL: no cleanup runs; the arm's server and client are left behind
+        runner.wait(10)
+        killed = read(out / "experiment.json")
+        resumed = cli("experiment", "run", "--config", SMOKE, "--output", out, "--resume", timeout=150)
+        return {
+            "out": out,
+            "first_before": first_before,
+            "orphans": orphans,
+            "killed": killed,
+            "resumed": resumed,
+        }
+    finally:
+        try:
+            end(runner)
+        finally:
+            kill_recorded(out)
+
+
+@pytest.mark.timeout(180)
+def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
+    out: Path = experiment["out"]
+    resumed = experiment["resumed"]
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming" in resumed.stdout and "1 unfinished arm(s) set aside" in resumed.stdout
+    # at the kill, the first arm was complete and the second was running
+    killed = experiment["killed"]
+    assert killed["status"] == "running"
+    assert killed["arms"]["qualification-1-fifo"]["status"] == "complete"
+    assert killed["arms"]["opportunity-1-fifo"]["status"] == "running"
+    # the killed runner's server and client were alive, and the resume killed them
+    assert len(experiment["orphans"]) == 2
+    assert not any(alive(p) for p in experiment["orphans"])
+    exp = read(out / "experiment.json")
+    assert exp["status"] == "complete"
+    assert [exp["stages"][s]["status"] for s in ("qualification", "opportunity", "activation")] == [
+        "passed"
+    ] * 3
+    assert exp["stages"]["comparison"]["status"] == "complete"
+    assert all(a["status"] == "complete" for a in exp["arms"].values())
+    # the finished arm was not run again: same receipt, same creation time, run only once
+    first_after = read(out / "arms" / "qualification-1-fifo" / "arm.json")
+    assert first_after == experiment["first_before"]
+    assert "qualification-1-fifo" not in resumed.stdout
+    # the interrupted arm was set aside (kept) and run afresh
+    attempt = exp["arms"]["opportunity-1-fifo"]["attempts_interrupted"]
+    assert len(attempt) == 1 and Path(attempt[0]["dir"]).is_dir()
+    assert read(Path(attempt[0]["dir"]) / "arm.json")["status"] == "running_client"
+    assert attempt[0]["orphans"] == {"client": "killed", "server": "killed"}
+    # pairs alternate: AB then BA
+    order = [a["id"] for a in exp["plan"] if a["stage"] == "comparison"]
+    assert order == ["pair1-fifo", "pair1-asyncroll", "pair2-asyncroll", "pair2-fifo"]
+    started = {k: v["started_at"] for k, v in exp["arms"].items()}
+    assert sorted(order, key=started.__getitem__) == order
+    # every arm: fresh server, readiness, evidence, whole group stopped, nothing left running
+    ports = set()
+    for arm_id in order:
+        arm = read(out / "arms" / arm_id / "arm.json")
+        assert [t["status"] for t in arm["transitions"]] == [
+            "pending",
+            "checking_gpu",
+            "starting_server",
+            "running_client",
+            "stopping_server",
+            "complete",
+        ]
+        assert arm["gpu"]["declared"] is False
+        # the first readiness path that answered: /health, or /v1/models when the server began to listen
+        # between the two probes of one poll
+        assert arm["server"]["via"] in ("/health", "/v1/models") and arm["server"]["models"] == ["sim"]
+        assert arm["server"]["startup_evidence"]["listening"]
+        assert arm["server"]["stop"]["how"] == "term" and arm["server"]["stop"]["leftover"] == []
+        assert arm["client"]["exit_code"] == 0
+        ports.add(arm["server"]["url"])
+    assert len(ports) == len(order)  # one fresh server per arm
+    assert not any(alive(p) for p in recorded_processes(out))
+    comparison = read(out / "comparison.json")
+    assert [p["complete"] for p in comparison["pairs"]] == [True, True]
+    assert comparison["failed_arms"] == []
+    for pair in comparison["pairs"]:
+        for arm in pair["arms"].values():
+            assert arm["counts"]["completed"] == 3
+            assert arm["metrics"]["completed_per_gpu_hour"] > 0
+
+
+def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_path: Path) -> None:
+    """After each arm, the client's run.json must show the plan's policy and seed and the experiment's
+    pinned tool hashes and software versions, not only its workload (extra_args could once override)."""
+    from asyncroll.experiment.arms import ArmFailed, Expected, _check_client
+
+    out: Path = experiment["out"]
+    exp = read(out / "experiment.json")
+    plan = next(a for a in build_plan(load_experiment_config(SMOKE)) if a.id == "pair1-fifo")
+    expected = Expected.from_fingerprint(exp["fingerprint"])
+
+    def check(run_changes: dict[str, Any], summary_changes: dict[str, Any]) -> str:
+        run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        run_dir.mkdir()
+        run, summary = (read(out / "arms" / "pair1-fifo" / "run" / n) for n in ("run.json", "summary.json"))
+        for key, value in run_changes.items():
+            node = run
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        summary.update(summary_changes)
+        (run_dir / "run.json").write_text(json.dumps(run))
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return _check_client(run_dir, 0, tmp_path / "client.log", plan, expected).status
+
+    assert check({}, {}) == "complete"
+    with pytest.raises(ArmFailed, match=r"seed 99, not the plan's 20260927"):
+        check({"config.seed": 99}, {})
+    with pytest.raises(
+        ArmFailed, match=r"policy 'tool_first' \(summary: 'tool_first'\), not the plan's 'fifo'"
+    ):
+        check({"config.policy": "tool_first"}, {"policy": "tool_first"})
+    with pytest.raises(ArmFailed, match=r"tool file add: ran 0{64}, the experiment pinned None"):
+        check({"tools.add": {"path": "/elsewhere/add.py", "sha256": "0" * 64}}, {})
+    with pytest.raises(ArmFailed, match=r"software version httpx: ran 0\.0, the experiment pinned"):
+        check({"versions.httpx": "0.0"}, {})
+
+
+@pytest.mark.timeout(180)
+def test_report_and_figure(experiment: dict[str, Any], tmp_path: Path) -> None:
+    out: Path = experiment["out"]
+    done = cli("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r", "--figure")
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "r" / "REPORT.md").read_text()
+    agg = read(tmp_path / "r" / "aggregate.json")
+    assert agg["pairs_complete"] == 2
+    change = agg["paired"]["asyncroll"]["completed_per_gpu_hour"]
+    assert len(change["ratios"]) == 2 and all(r > 0 for r in change["ratios"])
+    assert change["mean_percent_change_t95"]["low"] is not None
+    assert "## Paired: asyncroll vs fifo" in text and "mean % change [95% t]" in text
+    # the rule `asyncroll` ran, from the arms' summaries (the name alone changes meaning between versions)
+    assert agg["policy_rules"] == {"fifo": ["fifo"], "asyncroll": ["asyncroll_repair"]}
+    assert "| metric | fifo (fifo) | asyncroll (asyncroll = asyncroll_repair) |" in text
+    comparison = read(out / "comparison.json")
+    for pair in comparison["pairs"]:
+        del pair["arms"]["asyncroll"]["policy_rule"]  # as written before the field: the name alone
+    (tmp_path / "old.json").write_text(json.dumps(comparison))
+    old = invoke("report", "--comparison", tmp_path / "old.json", "--output", tmp_path / "old")
+    assert old.exit_code == 0, old.stderr
+    assert "| metric | fifo (fifo) | asyncroll (asyncroll) |" in (tmp_path / "old" / "REPORT.md").read_text()
+    for name in ("figure.png", "figure.pdf"):
+        assert (tmp_path / "r" / name).stat().st_size > 5000
+    assert (tmp_path / "r" / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the module entry point is the same command
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asyncroll.report",
+            "--comparison",
+            str(out / "comparison.json"),
+            "--output",
+            str(tmp_path / "r2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert read(tmp_path / "r2" / "aggregate.json") == agg
+    # written again without --figure: the report's own files are replaced, the old figure removed
+    (tmp_path / "r" / "notes.txt").write_text("mine")
+    redone = invoke("report", "--comparison", out / "comparison.json", "--output", tmp_path / "r")
+    assert redone.exit_code == 0, redone.stderr
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["REPORT.md", "aggregate.json", "notes.txt"]
+    assert "figure.png" not in (tmp_path / "r" / "REPORT.md").read_text()
+
+
+def test_figure_names_a_pair_with_an_unknown_value(experiment: dict[str, Any], tmp_path: Path) -> None:
+    """A complete pair with one unknown value cannot be drawn as a line: its known points are drawn and
+    the panel names it as unknown, never dropping it silently (the medians count its known values)."""
+    from asyncroll.experiment.figure import draw, pair_values, unknown_note
+
+    comparison = read(experiment["out"] / "comparison.json")
+    second = next(p for p in comparison["pairs"] if p["pair"] == 2)
+    second["arms"]["fifo"]["metrics"]["completed_per_gpu_hour"] = None
+    complete = [p for p in comparison["pairs"] if p.get("complete")]
+    lines, partial = pair_values(complete, ["fifo", "asyncroll"], "completed_per_gpu_hour")
+    assert [n for n, _ in lines] == [1] and [n for n, _ in partial] == [2]
+    assert partial[0][1][0] is None and partial[0][1][1] is not None
+    assert unknown_note(partial, ["fifo", "asyncroll"]) == "unknown: p2 (fifo)"
+    paths = draw(comparison, aggregate(comparison), tmp_path / "figure")
+    assert all(path.stat().st_size > 5000 for path in paths)

@@ -1,0 +1,132 @@
+"""An experiment's config and plan: refusals before anything starts (a workload's SHA-256, the field
+named, a free port the server is never told), ``plan`` on the LiveCodeBench config without a GPU, pair
+orders, and the startup evidence read from a vLLM log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncroll.experiment.config import load_experiment_config
+from asyncroll.experiment.plan import build_plan, pair_order
+from asyncroll.experiment.server import startup_evidence
+from tests.conftest import invoke
+from tests.experiments import ROOT, SMOKE, cli, write_config
+
+
+@pytest.mark.timeout(30)
+def test_workload_sha256_mismatch_refuses_before_anything_starts(tmp_path: Path) -> None:
+    config = write_config(tmp_path, **{"workload.sha256": "0" * 64})
+    done = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    assert done.exit_code == 2 and "is not the config's workload.sha256" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(30)
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    config = write_config(tmp_path, **{"client.max_active_trajectories": 0, "pairs": "two"})
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2
+    assert (
+        f"{config}: client.max_active_trajectories: Input should be greater than or equal to 1" in done.stderr
+    )
+    assert f"{config}: pairs: Input should be a valid integer" in done.stderr
+    config = write_config(tmp_path, **{"server.command": ["serve", "{nope}"], "baseline": "zzz"})
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 2
+    assert "unknown placeholder(s) ['nope']" in done.stderr and "baseline: 'zzz' is not an arm" in done.stderr
+
+
+def test_a_free_port_the_server_command_is_never_told_is_refused(tmp_path: Path) -> None:
+    """server.port 0 picks a port for each arm; a command without {port} never passes it on, so the
+    server listens elsewhere and every arm waited its whole startup_timeout_s (900 s by default) to fail
+    with a ConnectError. Refused with the config, before any server starts (run and plan)."""
+    serve = json.loads(SMOKE.read_text())["server"]["command"]
+    fixed = [token if token != "{port}" else "18799" for token in serve]
+    config = write_config(tmp_path, **{"server.command": fixed})
+    out = tmp_path / "out"
+    for args in (("plan",), ("run", "--output", str(out))):
+        done = invoke("experiment", *args, "--config", config)
+        assert done.exit_code == 2, done.stdout
+        assert f"{config}: config: server.command: server.port is 0" in done.stderr
+        assert "no {port} placeholder" in done.stderr
+    assert not out.exists()
+    # the port given in the command is fine once server.port says it; so is {port} inside a token
+    assert load_experiment_config(write_config(tmp_path, **{"server.command": fixed, "server.port": 18799}))
+    inline = [*serve[: serve.index("--port")], "--port={port}", *serve[serve.index("--port") + 2 :]]
+    assert load_experiment_config(write_config(tmp_path, **{"server.command": inline}))
+
+
+@pytest.mark.timeout(30)
+def test_plan_livecodebench_prints_exact_commands_without_a_gpu() -> None:
+    done = cli(
+        "experiment",
+        "plan",
+        "--config",
+        ROOT / "experiments" / "livecodebench_bounded_8x4.json",
+        "--output",
+        "/runs/lcb",
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    servers = [ln for ln in lines if ln.startswith("  server: ")]
+    clients = [ln for ln in lines if ln.startswith("  client: ")]
+    assert len(servers) == len(clients) == 6 + sum(ln.startswith("[") and "pair" not in ln for ln in lines)
+    assert servers[0].startswith("  server: vllm serve Qwen/Qwen2.5-Coder-7B-Instruct ")
+    assert "--served-model-name qwen2.5-coder-7b-instruct" in servers[0] and "--port 8000" in servers[0]
+    first_pair = [ln for ln in clients if "/runs/lcb/arms/pair1-" in ln]
+    assert len(first_pair) == 2
+    for flag in (
+        "--max-active-trajectories 8",
+        "--max-inflight-model-requests 4",
+        "--cpu-workers 2",
+        "--max-tokens 2048",
+        "--backend vllm",
+        "--dedicated-gpu",
+        "--nvml-device 0",
+    ):
+        assert flag in first_pair[0]
+    assert "--policy fifo" in first_pair[0] and "--policy asyncroll" in first_pair[1]
+    assert "index 0, idle check before each arm" in done.stdout
+
+
+def test_pair_orders() -> None:
+    names = ["a", "b"]
+    assert [pair_order(names, i, "alternating") for i in range(4)] == [
+        ["a", "b"],
+        ["b", "a"],
+        ["a", "b"],
+        ["b", "a"],
+    ]
+    assert [pair_order(names, i, "balanced") for i in range(4)] == [
+        ["a", "b"],
+        ["b", "a"],
+        ["b", "a"],
+        ["a", "b"],
+    ]
+    three = ["a", "b", "c"]
+    firsts = [pair_order(three, i, "alternating")[0] for i in range(3)]
+    assert sorted(firsts) == three
+    cfg = load_experiment_config(SMOKE)
+    ids = [a.id for a in build_plan(cfg)]
+    assert ids[:3] == ["qualification-1-fifo", "opportunity-1-fifo", "activation-1-asyncroll"]
+
+
+def test_startup_evidence_from_a_vllm_log() -> None:
+    log = "\n".join(
+        [
+            "INFO 11-29 api_server.py:712] vLLM API server version 0.8.5",
+            "INFO cuda.py:240] Using Flash Attention backend.",
+            "INFO backends.py:430] Using FLASH_ATTN backend.",
+            "INFO backends.py:132] torch.compile takes 21.3 s in total",
+            "INFO gpu_model_runner.py:1700] Graph capturing finished in 14 secs, took 0.51 GiB",
+            "INFO loader.py:458] Loading weights took 3.20 seconds",
+        ]
+    )
+    ev = startup_evidence(log)
+    assert ev["vllm_version"] == ["0.8.5"]
+    assert "FLASH_ATTN" in ev["attention_backend"]
+    assert ev["compile"] == ["torch.compile takes 21.3 s in total"]
+    assert ev["cuda_graph"][0].startswith("Graph capturing finished in 14 secs")

@@ -1,0 +1,133 @@
+"""The experiment's statistics against SciPy (t intervals, the seeded bootstrap, paired changes with
+unknown and zero baselines), unknown metrics in the report, and stage gates on unknown values."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from asyncroll.experiment.comparison import build_comparison
+from asyncroll.experiment.config import Gate
+from asyncroll.experiment.gates import evaluate_gates
+from asyncroll.experiment.report import aggregate
+from asyncroll.experiment.report_markdown import markdown
+from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval, t_ppf
+
+# --- statistics against SciPy -------------------------------------------------------------------------
+
+DATA = [2.1, -0.4, 3.3, 1.7, 0.2, 4.0, -1.2]
+
+
+def test_t_interval_matches_scipy() -> None:
+    import scipy.stats as scipy_stats
+
+    assert t_ppf(0.975, 4) == pytest.approx(2.7764451051977987, rel=1e-12)  # the textbook value
+    with pytest.raises(ValueError, match="0 < q < 1"):
+        t_ppf(1.0, 3)
+    ours = t_interval(DATA)
+    mean = sum(DATA) / len(DATA)
+    low, high = scipy_stats.t.interval(0.95, len(DATA) - 1, loc=mean, scale=scipy_stats.sem(DATA))
+    assert ours.mean == pytest.approx(mean) and ours.low == pytest.approx(low, rel=1e-9)
+    assert ours.high == pytest.approx(high, rel=1e-9)
+    assert t_interval([1.0]).low is None and t_interval([]).mean is None
+
+
+def test_bootstrap_is_seeded_and_agrees_with_scipy() -> None:
+    scipy_stats = pytest.importorskip("scipy.stats")
+    a = bootstrap_interval(DATA, seed=7, resamples=20_000)
+    assert a == bootstrap_interval(DATA, seed=7, resamples=20_000)
+    assert a != bootstrap_interval(DATA, seed=8, resamples=20_000)
+    assert a.low is not None and a.high is not None and a.low < a.mean < a.high  # type: ignore[operator]
+    ref = scipy_stats.bootstrap(
+        (DATA,),
+        lambda x, axis: x.mean(axis=axis),
+        n_resamples=20_000,
+        method="percentile",
+        confidence_level=0.95,
+        rng=7,
+    ).confidence_interval
+    assert a.low == pytest.approx(ref.low, abs=0.08) and a.high == pytest.approx(ref.high, abs=0.08)
+
+
+def test_paired_change_handles_unknown_and_zero_baselines() -> None:
+    out = paired_change([100.0, 200.0, None], [110.0, 190.0, 5.0], seed=0, resamples=500)
+    assert out["ratios"] == [1.1, 0.95, None] and out["unknown_pairs"] == 1 and out["undefined_pairs"] == 0
+    assert out["pair_notes"] == [None, None, "unknown (not measured)"]
+    t = out["mean_percent_change_t95"]
+    assert isinstance(t, dict) and t["mean"] == pytest.approx(2.5) and t["n"] == 2
+    assert t["note"] == "1 of 3 pairs left out (pair 3: a value not measured)"  # said, never silent
+    half = t_ppf(0.975, 1) * math.sqrt(((10 - 2.5) ** 2 + (-5 - 2.5) ** 2) / 1) / math.sqrt(2)
+    assert t["high"] == pytest.approx(2.5 + half)
+    # a measured baseline of 0: no ratio, so that pair's % change and the mean % change are undefined
+    # (leaving the pair out would bias the mean); the mean difference still covers every pair
+    zero = paired_change([100.0, 200.0, 0.0], [110.0, 190.0, 1.0], seed=0, resamples=500)
+    assert zero["ratios"] == [1.1, 0.95, None] and zero["undefined_pairs"] == 1
+    assert zero["pair_notes"] == [None, None, "undefined (baseline 0, treatment 1)"]
+    for key in ("mean_percent_change_t95", "mean_percent_change_bootstrap95"):
+        d = zero[key]
+        assert isinstance(d, dict) and d["mean"] is None
+        assert d["note"].startswith("undefined: baseline 0 in pair 3")
+    diff = zero["mean_difference_t95"]
+    assert isinstance(diff, dict) and diff["n"] == 3 and diff["mean"] == pytest.approx(1 / 3)
+
+
+def test_report_marks_unknown_metrics() -> None:
+    experiment = {
+        "config": {
+            "name": "x",
+            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
+            "baseline": "a",
+            "seed": 0,
+            "bootstrap_resamples": 200,
+        },
+        "status": "complete",
+        "fingerprint": {"sha256": "f" * 64},
+        "stages": {},
+        "plan": [
+            {"id": f"pair{p + 1}-{n}", "stage": "comparison", "pair": p, "arm": n, "policy": n, "seed": p}
+            for p in range(2)
+            for n in ("a", "b")
+        ],
+        "arms": {f"pair{p + 1}-{n}": {"status": "complete"} for p in range(2) for n in ("a", "b")},
+    }
+
+    def summary(gpu_hour: float | None, completed: int) -> dict[str, Any]:
+        return {
+            "throughput": {"completed_per_gpu_hour": gpu_hour, "allocated_gpu_hours": None},
+            "counts": {"completed": completed, "trajectories": 4},
+            "cpu_cost": {"per_completion_s": None},
+        }
+
+    summaries = {
+        "pair1-a": summary(None, 4),
+        "pair1-b": summary(None, 3),
+        "pair2-a": summary(None, 4),
+        "pair2-b": summary(None, 4),
+    }
+    agg = aggregate(build_comparison(experiment, summaries))
+    assert agg["medians"]["a"]["completed_per_gpu_hour"] is None
+    assert agg["pooled"]["b"]["completion_rate"] == pytest.approx(7 / 8)
+    assert agg["pooled"]["a"]["completed_per_gpu_hour"] is None
+    text = markdown(agg)
+    assert "| completions per allocated GPU-hour | unknown | unknown |" in text
+
+
+def test_gates_fail_on_unknown_and_on_the_threshold() -> None:
+    gates = [
+        Gate(metric="counts.completed", op=">=", value=3),
+        Gate(metric="resources.sampled_starvation_s", op=">", value=0.5, arm="b"),
+    ]
+    summaries: dict[str, dict[str, Any] | None] = {
+        "a": {"counts": {"completed": 3}},
+        "b": {"counts": {"completed": 2}, "resources": {"sampled_starvation_s": None}},
+    }
+    verdicts = evaluate_gates(gates, ["a", "b"], summaries)
+    assert [(v["arm"], v["observed"], v["passed"]) for v in verdicts] == [
+        ("a", 3.0, True),
+        ("b", 2.0, False),
+        ("b", None, False),
+    ]
+    assert verdicts[2]["note"].startswith("unknown")
+    assert evaluate_gates(gates[:1], ["a"], {"a": None})[0]["passed"] is False  # failed arm

@@ -1,0 +1,139 @@
+"""scripts/serving_ablation.py, the model-only measurement: against a real serve-sim on loopback, and odd
+replies counted without failing the pass."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.children import end
+from tests.experiments import CLI, ROOT, read
+
+
+@pytest.mark.timeout(60)
+def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
+    """The model-only measurement against a real loopback server: counts, tokens and percentiles agree."""
+    log = (tmp_path / "sim.log").open("wb")
+    server = subprocess.Popen(
+        [*CLI, "serve-sim", "--port", "0", "--model", "sim", "--step-base-ms", "1", "--step-per-seq-ms", "0"],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    try:
+        deadline = time.monotonic() + 30
+        while not (text := (tmp_path / "sim.log").read_text()).startswith("serve-sim listening on "):
+            assert server.poll() is None and time.monotonic() < deadline, text
+            time.sleep(0.02)
+        url = text.split()[3]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "scripts/serving_ablation.py",
+                "--endpoint",
+                url,
+                "--model",
+                "sim",
+                "--workload",
+                "examples/toolmath/workload.jsonl",
+                "--concurrency",
+                "3",
+                "--requests",
+                "10",
+                "--max-tokens",
+                "8",
+                "--fixed-length",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--output",
+                str(tmp_path / "r.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=45,
+            cwd=ROOT,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        result = read(tmp_path / "r.json")
+        assert len(result["repeats"]) == 2
+        for rep in result["repeats"]:
+            assert rep["ok"] == 10 and rep["errors"] == {} and rep["output_tokens"] == 80
+            lat = rep["latency_s"]
+            assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+            assert rep["requests_per_s"] == pytest.approx(10 / rep["wall_s"])
+        assert "| requests_per_s |" in done.stdout
+        # The machine and the client's versions go next to the numbers, printed and in the JSON.
+        assert done.stdout.startswith("machine: ") and "logical CPUs" in done.stdout.splitlines()[0]
+        assert {"cpu", "logical_cpus", "python", "platform"} <= set(result["machine"])
+        assert set(result["versions"]) == {"asyncroll", "httpx"} and result["versions"]["httpx"]
+    finally:
+        try:
+            with contextlib.suppress(ProcessLookupError):  # the group is gone already
+                os.killpg(server.pid, signal.SIGTERM)
+            server.wait(10)
+        finally:
+            end(server)
+
+
+@pytest.mark.timeout(30)
+def test_serving_ablation_counts_odd_replies_without_failing_the_pass() -> None:
+    """A 200 whose body is not a completion (not JSON; JSON without an object; ``usage`` not an object)
+    is one ``bad_response``, not an exception that ends the pass; good replies are still measured."""
+    import argparse
+    import asyncio
+    import importlib.util
+    from http.server import BaseHTTPRequestHandler
+
+    import httpx
+
+    from tests.loopback import LoopbackServer
+
+    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
+    assert spec is not None and spec.loader is not None
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    bodies = [b"<html>busy</html>", b"[1, 2]", b'{"usage": 7}', b'{"usage": {"completion_tokens": 5}}']
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            data = bodies[current[0]]
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    args = argparse.Namespace(
+        model="m", max_tokens=4, seed=0, fixed_length=False, concurrency=2, request_timeout=5.0
+    )
+    current = [0]
+    results = []
+    with LoopbackServer(Handler) as server:
+
+        async def one() -> dict[str, Any]:
+            async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
+                return await ablation.one_pass(args, ["p", "q"], client)
+
+        for index in range(len(bodies)):
+            current[0] = index
+            results.append(asyncio.run(one()))
+    assert [r["errors"] for r in results[:3]] == [{"bad_response": 2}] * 3
+    assert all(r["ok"] == 0 for r in results[:3])
+    assert results[3]["errors"] == {} and results[3]["ok"] == 2 and results[3]["output_tokens"] == 10
