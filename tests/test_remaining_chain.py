@@ -248,7 +248,8 @@ def _random_stream(seed: int, trajectories: int = 60) -> list[Any]:
     scripts: list[list[Any]] = []
     job_id = 0
     for i in range(trajectories):
-        tid, seen, events = f"r{i}", set(), []
+        tid, seen = f"r{i}", set()
+        events: list[Any] = []
         for turn in range(rng.randint(1, 5)):
             events.append(
                 ModelFinished(id=tid, request_id=turn, turn=turn, latency_s=rng.random(), action="tool")
