@@ -13,6 +13,8 @@ from asyncroll.events import (
     CpuFailed,
     CpuFinished,
     CpuSelected,
+    Event,
+    ModelFailed,
     ModelFinished,
     TrajectoryFinished,
 )
@@ -311,3 +313,108 @@ def test_the_kept_estimates_equal_a_whole_recomputation_after_every_event(seed: 
         assert kept == fresh
         compared += sum(a is not None for a, _ in fresh)
     assert compared > 500
+
+
+def _odd_trajectory(rng: random.Random, tid: str, first_job_id: int) -> list[Event]:
+    """One trajectory's events as the runtime emits them, odd but legal ones included: one job per turn
+    (turns only increase), a one-repair trajectory's evaluation and resubmissions or tool calls and a grade;
+    a model failure, or an answer with no job (possibly at turn 0: a trajectory with no job at all); a
+    timed-out job (counted at its round trip; with ``--tool-errors fail`` it ends the trajectory); a job
+    cancelled while running, or never finished, because the run was stopped (no ``trajectory_finished``)."""
+    events: list[Event] = []
+    evaluates, tools_run, job_id = rng.random() < 0.4, set(), first_job_id
+    for turn in range(rng.randint(0, 6)):
+        latency = rng.random()
+        if rng.random() < 0.05:
+            events.append(
+                ModelFailed(id=tid, request_id=turn, turn=turn, latency_s=latency, kind="x", error="x")
+            )
+            break
+        events.append(ModelFinished(id=tid, request_id=turn, turn=turn, latency_s=latency, action="tool"))
+        if rng.random() < 0.15:
+            break  # a final answer with no reference: no grade job
+        kind: JobKind
+        if evaluates:
+            kind, tool = "evaluate", "lcb_evaluate"
+        elif rng.random() < 0.1:
+            kind, tool = "grade", "__grade__"
+        else:
+            kind, tool = "tool", rng.choice(("crunch", "lookup"))
+        job_id += 1
+        common: dict[str, Any] = {"id": tid, "job_id": job_id, "kind": kind, "tool": tool}
+        events.append(
+            CpuEnqueued(**common, turn=turn, arg_bytes=1, queue_depth=1, resubmission=tool in tools_run)
+        )
+        tools_run.add(tool)
+        seconds, fate = round(rng.lognormvariate(-2, 1), 6), rng.random()
+        if fate < 0.05:
+            return events  # never finished: the run was stopped
+        if fate < 0.1:
+            events.append(CpuFailed(**common, worker=0, reason="cancelled", roundtrip_s=seconds, error="x"))
+            return events
+        if fate < 0.2:
+            events.append(CpuFailed(**common, worker=0, reason="timeout", roundtrip_s=seconds, error="x"))
+            if rng.random() < 0.5:
+                break
+        else:
+            events.append(
+                CpuFinished(**common, worker=0, ok=True, execute_s=seconds, cpu_s=None, roundtrip_s=seconds)
+            )
+        if kind == "grade":
+            break
+    if rng.random() < 0.95:  # else the run was stopped between two of its turns
+        events.append(TrajectoryFinished(id=tid, status="completed", turns=1, tool_calls=1, duration_s=1.0))
+    return events
+
+
+def _odd_stream(rng: random.Random) -> list[Event]:
+    """The events of 5 to 40 trajectories from :func:`_odd_trajectory`, 1 to 8 running at a time, their
+    events interleaved at random."""
+    scripts = [_odd_trajectory(rng, f"r{i}", 100 * i) for i in range(rng.randint(5, 40))]
+    width = rng.randint(1, 8)
+    stream: list[Event] = []
+    running, waiting = [iter(s) for s in scripts[:width]], iter(scripts[width:])
+    while running:
+        current = rng.choice(running)
+        event = next(current, None)
+        if event is None:
+            running.remove(current)
+            following = next(waiting, None)
+            if following is not None:
+                running.append(iter(following))
+        else:
+            stream.append(event)
+    return stream
+
+
+def test_the_kept_estimates_equal_a_whole_recomputation_over_many_odd_runs() -> None:
+    """The kept memo over a whole run, never brought back to a fresh state: an estimator fed odd streams
+    (:func:`_odd_trajectory`) and asked, after a random event, for a random subset of keys (so some
+    memoised values outlive many observations unread) gives what an estimator that drops every memoised
+    value before each estimate gives, with thresholds of 1 to 3 transitions being crossed, and the
+    repair rule's estimate with and without a prediction, a repair key not yet seen to finish included."""
+    compared = repaired = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        minimum, own = rng.choice((1, 2, 3)), rng.random() < 0.6
+        kept, fresh = StepwiseWork(minimum, own_repair=own), StepwiseWork(minimum, own_repair=own)
+        views: dict[tuple[str, str, bool, int], JobView] = {}
+        for event in _odd_stream(rng):
+            kept(event)
+            fresh(event)
+            if isinstance(event, CpuEnqueued):
+                key = (event.kind, event.tool, event.resubmission, event.turn)
+                views.setdefault(
+                    key,
+                    JobView(0, "v", event.kind, event.tool, event.turn, 0.0, resubmission=event.resubmission),
+                )
+            if not views or rng.random() < 0.3:
+                continue
+            for view in rng.sample(list(views.values()), rng.randint(1, len(views))):
+                predicted = rng.choice((None, 0.3, rng.random()))
+                fresh._forget_all()
+                expected = fresh.estimate(view, predicted)
+                assert kept.estimate(view, predicted) == expected, (seed, event, view, predicted)
+                compared += expected is not None
+                repaired += own and predicted is not None and expected != fresh.estimate(view)
+    assert compared > 20_000 and repaired > 3000
