@@ -112,8 +112,9 @@ def test_the_chain_learns_a_repair_before_its_trajectory_finishes() -> None:
 
 def test_the_chain_waits_for_enough_transitions_and_survives_a_key_that_repeats() -> None:
     """No estimate after a key until ``min_transitions`` were seen from it (one early trajectory must not
-    steer the tail); a job whose next job has the same key (two calls in one turn) ends the recursion; a
-    next key never seen to finish counts at the mean execute time of every finished job."""
+    steer the tail); a job whose next job has the same key (two calls in one turn: made by hand here, the
+    runtime runs one job per turn) ends the walk; a next key never seen to finish counts at the mean
+    execute time of every finished job."""
     chain = StepwiseWork()  # the default: 3 transitions
     _whole("a", True, chain)
     _whole("b", False, chain)
@@ -418,3 +419,21 @@ def test_the_kept_estimates_equal_a_whole_recomputation_over_many_odd_runs() -> 
                 compared += expected is not None
                 repaired += own and predicted is not None and expected != fresh.estimate(view)
     assert compared > 20_000 and repaired > 3000
+
+
+def test_a_chain_deeper_than_the_recursion_limit_is_estimated() -> None:
+    """A chain is as deep as a trajectory has turns, and ``max_turns`` has no upper bound: the estimate
+    after the first job of a 3000-turn trajectory (each turn a 0.1 s model turn and a 0.01 s job) is the
+    work of the 2999 turns after it, not a RecursionError."""
+    chain = StepwiseWork(1)
+    turns = 3000
+    for turn in range(turns):
+        common: dict[str, Any] = {"id": "deep", "job_id": turn, "kind": "tool", "tool": "crunch"}
+        chain(ModelFinished(id="deep", request_id=turn, turn=turn, latency_s=0.1, action="tool"))
+        chain(CpuEnqueued(**common, turn=turn, arg_bytes=1, queue_depth=1))
+        chain(CpuFinished(**common, worker=0, ok=True, execute_s=0.01, cpu_s=None, roundtrip_s=0.01))
+    chain(TrajectoryFinished(id="deep", status="max_turns", turns=turns, tool_calls=turns, duration_s=1.0))
+    assert chain.estimate(FIRST) == pytest.approx((turns - 1) * (0.1 + 0.01))
+    assert (
+        chain.estimate(JobView(9, "x", "tool", "crunch", turns - 1, 0.0)) == 0.0
+    )  # the last job: nothing after

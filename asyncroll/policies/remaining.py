@@ -321,31 +321,55 @@ class StepwiseWork(_Subscriber):
     def _after(self, number: int) -> float | None:
         """Σ over next keys of P(next) × (model service before it + its execute time + the service after
         it); a next job of a key not seen to finish counts at the mean execute time of every job, and a key
-        whose own estimate is not known yet counts 0 after it. Memoised (see ``_forget``)."""
+        whose own estimate is not known yet counts 0 after it. Memoised (see ``_forget``). Walked with a
+        stack of its own, not by recursion: a chain is as deep as a trajectory has turns (``max_turns`` has
+        no upper bound), deeper than Python's recursion limit allows."""
         memo = self._memo
         value = memo[number]
         if value is not _UNSET:
             return value
-        total = self._from[number]
-        if total < self._min:
-            memo[number] = None
+        frame = self._open(number)
+        if frame is None:
             return None
-        memo[number] = 0.0  # a key met again on its own chain (same turn, same key) adds nothing more
-        executions = self._exec
-        value = 0.0
-        for to, (count, model_s) in self._next[number].items():
-            after = model_s / count
-            if to != _END_ID:
-                executed = executions[to]
-                if executed is None:
-                    self._every_users.add(number)
-                    mean = self._mean_exec()
-                else:
-                    mean = executed[1] / executed[0]
-                later = memo[to]
-                if later is _UNSET:
-                    later = self._after(to)
-                after += mean + (later or 0.0)
-            value += count / total * after
-        memo[number] = value
-        return value
+        executions, stack = self._exec, [frame]
+        while stack:
+            frame = stack[-1]
+            key, edges, at, value = frame
+            total = self._from[key]
+            child = None
+            while at < len(edges):
+                to, (count, model_s) = edges[at]
+                after = model_s / count
+                if to != _END_ID:
+                    executed = executions[to]
+                    if executed is None:
+                        self._every_users.add(key)
+                        mean = self._mean_exec()
+                    else:
+                        mean = executed[1] / executed[0]
+                    later = memo[to]
+                    if later is _UNSET:
+                        child = self._open(to)
+                        if child is not None:  # walk it first, then come back to this edge
+                            break
+                        later = None
+                    after += mean + (later or 0.0)
+                value += count / total * after
+                at += 1
+            if child is not None:
+                frame[2], frame[3] = at, value
+                stack.append(child)
+                continue
+            memo[key] = value
+            stack.pop()
+        return memo[number]
+
+    def _open(self, number: int) -> list[Any] | None:
+        """Starts the expectation after a key: None (memoised) below ``min_transitions``, otherwise its
+        walk — [key, its edges, the next edge, the sum so far] — with 0 memoised meanwhile: a key met again
+        on its own chain (the same key twice in a turn) adds nothing more."""
+        if self._from[number] < self._min:
+            self._memo[number] = None
+            return None
+        self._memo[number] = 0.0
+        return [number, list(self._next[number].items()), 0, 0.0]
