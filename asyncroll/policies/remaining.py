@@ -321,55 +321,57 @@ class StepwiseWork(_Subscriber):
     def _after(self, number: int) -> float | None:
         """Σ over next keys of P(next) × (model service before it + its execute time + the service after
         it); a next job of a key not seen to finish counts at the mean execute time of every job, and a key
-        whose own estimate is not known yet counts 0 after it. Memoised (see ``_forget``). Walked with a
-        stack of its own, not by recursion: a chain is as deep as a trajectory has turns (``max_turns`` has
-        no upper bound), deeper than Python's recursion limit allows."""
+        whose own estimate is not known yet counts 0 after it. Memoised (see ``_forget``). The keys to
+        compute are found first (``_unknown_after``), then computed children first, in one loop: no
+        recursion, as a chain is as deep as a trajectory has turns and ``max_turns`` has no upper bound."""
         memo = self._memo
         value = memo[number]
         if value is not _UNSET:
             return value
-        frame = self._open(number)
-        if frame is None:
-            return None
-        executions, stack = self._exec, [frame]
-        while stack:
-            frame = stack[-1]
-            key, edges, at, value = frame
-            total = self._from[key]
-            child = None
-            while at < len(edges):
-                to, (count, model_s) = edges[at]
+        executions, counts_from, nexts, users = self._exec, self._from, self._next, self._every_users
+        every = None
+        for key in self._unknown_after(number):
+            total = counts_from[key]
+            value = 0.0
+            for to, (count, model_s) in nexts[key].items():
                 after = model_s / count
                 if to != _END_ID:
                     executed = executions[to]
                     if executed is None:
-                        self._every_users.add(key)
-                        mean = self._mean_exec()
+                        users.add(key)
+                        if every is None:
+                            every = self._mean_exec()
+                        mean = every
                     else:
                         mean = executed[1] / executed[0]
-                    later = memo[to]
-                    if later is _UNSET:
-                        child = self._open(to)
-                        if child is not None:  # walk it first, then come back to this edge
-                            break
-                        later = None
-                    after += mean + (later or 0.0)
+                    after += mean + (memo[to] or 0.0)
                 value += count / total * after
-                at += 1
-            if child is not None:
-                frame[2], frame[3] = at, value
-                stack.append(child)
-                continue
             memo[key] = value
-            stack.pop()
         return memo[number]
 
-    def _open(self, number: int) -> list[Any] | None:
-        """Starts the expectation after a key: None (memoised) below ``min_transitions``, otherwise its
-        walk — [key, its edges, the next edge, the sum so far] — with 0 memoised meanwhile: a key met again
-        on its own chain (the same key twice in a turn) adds nothing more."""
-        if self._from[number] < self._min:
-            self._memo[number] = None
-            return None
-        self._memo[number] = 0.0
-        return [number, list(self._next[number].items()), 0, 0.0]
+    def _unknown_after(self, number: int) -> list[int]:
+        """The keys reachable from ``number`` whose expectation is not memoised, each after every key it
+        leads to (depth first, in the order the transitions were first seen). Memoises None for those below
+        ``min_transitions`` (they are not listed) and 0 for the listed ones meanwhile: a key met again on
+        its own chain (the same key twice in a turn) adds nothing more."""
+        memo, counts_from, nexts, least = self._memo, self._from, self._next, self._min
+        if counts_from[number] < least:
+            memo[number] = None
+            return []
+        memo[number] = 0.0
+        order: list[int] = []
+        stack = [(number, iter(nexts[number]))]
+        while stack:
+            key, children = stack[-1]
+            for to in children:
+                if to != _END_ID and memo[to] is _UNSET:
+                    if counts_from[to] < least:
+                        memo[to] = None
+                        continue
+                    memo[to] = 0.0
+                    stack.append((to, iter(nexts[to])))
+                    break
+            else:  # every key after it is listed (or on the stack: a cycle)
+                order.append(key)
+                stack.pop()
+        return order
