@@ -164,6 +164,21 @@ def test_balanced_rule_starts_a_job_that_would_end_the_batch_alone() -> None:
         assert BALANCED.choose(view) == CRITICAL.choose(view)
 
 
+def test_the_rules_add_predictions_left_to_right_on_every_python() -> None:
+    """The unlock rule's drain and the balanced rule's even share add the queue's predictions left to
+    right, as ``sum`` did on Python 3.11; its compensated sum from 3.12 on differs in the last bit for
+    these, which decided both boundaries the other way there (a simulation differing by Python version)."""
+    # drain (0.4 + 0.3 + 0.1) ÷ 1 worker, aged at twice that: the oldest job waited exactly as long
+    limit = 2 * (0.4 + 0.3 + 0.1)  # 1.5999999999999999; 1.6 by 3.12's sum
+    aged = UNLOCK.choose(snap(("tool", 0.4, limit), ("tool", 0.3, 0), ("tool", 0.1, 0), now=limit))
+    assert (aged.job_id, aged.reason) == (1, "hard_starvation_fifo")
+    # the 0.8 s job's share: (0.1 + 0.3 + 0.8 − 0.8 + 1.2 s still running) ÷ 2 workers, exactly 0.8 s
+    # left to right (0.7999999999999999 by 3.12's sum, a straggler there): it is not longer than its share
+    jobs: tuple[Job, ...] = (("tool", 0.1, 1), ("tool", 0.3, 1), ("tool", 0.8, 1))
+    even = BALANCED.choose(snap(*jobs, pending=False, remaining=(1.0, 0.5, 0.0), workers=2, running_left=1.2))
+    assert (even.job_id, even.reason) == (1, "tail_critical_path")
+
+
 def test_remaining_work_learns_the_service_left_after_each_job() -> None:
     """Per job key, the mean service (model latency + CPU execute) its trajectory still had after it."""
     from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, ModelFinished, TrajectoryFinished
@@ -272,6 +287,36 @@ def test_predictor_fit_equals_sklearn_ridge_on_its_window() -> None:
     reference = Ridge(alpha=1.0, fit_intercept=False).fit(x, y).coef_
     assert p._coef is not None
     np.testing.assert_allclose(p._coef, reference, rtol=1e-9, atol=1e-12)
+
+
+def test_a_few_queued_jobs_are_predicted_with_the_same_bits_on_every_python() -> None:
+    """A batch of up to ``SMALL_BATCH`` jobs is predicted in Python: each job's 15 features times the
+    coefficients, added left to right from the first, as ``sum`` did on 3.11. ``sum`` of floats compensates
+    its rounding errors from 3.12 on, which moved 140 of these 200 predictions by a few ulps there: a
+    simulation could choose another job at a tie on 3.12 than on 3.11 (the suite runs on 3.11 to 3.13)."""
+    from asyncroll.policies.predictor import SMALL_BATCH, features
+
+    def job(i: int) -> JobView:  # every feature non-zero in some jobs: an evaluation's sizes too
+        kind: JobKind = ("tool", "evaluate", "grade")[i % 3]
+        size, tool = (i * 7919) % 5000, ("crunch", "lookup", "evaluate", "grade")[i % 4]
+        return JobView(i, f"t{i}", kind, tool, i % 5, 0.0, size, i % 4 == 1, i % 9, size // 3, 7 * i % 900)
+
+    p = DurationPredictor()
+    for i in range(60):
+        p.observe(job(i), 0.003 + (i * 7919) % 5000 * (1 + i % 7) / 1e5)
+    jobs = [job(1000 + i) for i in range(200)]
+    predicted = [x for k in range(0, len(jobs), SMALL_BATCH) for x in p.predict(jobs[k : k + SMALL_BATCH])]
+    assert p._coef is not None and all(x.source == "ridge" for x in predicted)
+    coef = [float(c) for c in p._coef]
+
+    def left_to_right(row: list[float]) -> float:
+        total = 0.0
+        for x, c in zip(row, coef, strict=True):
+            total += x * c
+        return total
+
+    expected = [min(max(math.exp(left_to_right(features(j)) + math.log(0.1)), MIN_S), MAX_S) for j in jobs]
+    assert [x.seconds.hex() for x in predicted] == [e.hex() for e in expected]
 
 
 def test_predictor_uses_first_evaluation_for_repairs_and_tools_apart() -> None:

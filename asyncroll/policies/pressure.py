@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncroll.policies.base import Decision, QueueSnapshot
+from asyncroll.policies.base import Decision, QueueSnapshot, left_to_right_sum
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class PressurePolicy:
         them, it would finish that much after the others, with the other workers idle)."""
         jobs, seconds = snapshot.jobs, [p.seconds for p in snapshot.predictions]
         longest = max(range(len(jobs)), key=lambda i: (jobs[i].kind != "grade", seconds[i], -i))
-        others = sum(seconds) - seconds[longest] + snapshot.running_left
+        others = left_to_right_sum(seconds) - seconds[longest] + snapshot.running_left
         if jobs[longest].kind == "grade" or seconds[longest] <= others / snapshot.workers:
             return None
         return longest
@@ -106,7 +106,7 @@ class PressurePolicy:
         limit = self.aging_seconds
         predictions = snapshot.predictions
         if self.unlock and self.drain_multiple is not None and len(predictions) == len(jobs):
-            drain_s = sum(p.seconds for p in predictions) / max(1, snapshot.workers)
+            drain_s = left_to_right_sum(p.seconds for p in predictions) / max(1, snapshot.workers)
             limit = min(limit, self.drain_multiple * drain_s)
         for job in jobs:  # oldest first: the first aged job is the oldest aged job
             if now - job.enqueued_at >= limit:
