@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.experiment.stats import t_interval
-from asyncroll.policies.base import Decision, Policy, QueueSnapshot
+from asyncroll.policies.base import Decision, Policy, QueueSnapshot, left_to_right_sum
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from asyncroll.workload import ToolAction, iter_problems
@@ -56,7 +56,8 @@ def true_durations(workload: Path) -> dict[Key, tuple[float, float]]:
         model = [(a.latency_ms or 0.0) / 1000 for a in actions]
         for turn, action in enumerate(actions):
             kind = "tool" if isinstance(action, ToolAction) else "grade"
-            out[pid, turn, kind] = (cpu[turn], sum(model[turn + 1 :]) + sum(cpu[turn + 1 :]))
+            rest = left_to_right_sum(model[turn + 1 :]) + left_to_right_sum(cpu[turn + 1 :])
+            out[pid, turn, kind] = (cpu[turn], rest)
     return out
 
 

@@ -139,6 +139,21 @@ def test_the_oracle_bench_rules_know_every_job_they_see(tmp_path: Path) -> None:
     assert all(r["reorders"] > 0 for r in rows if r["policy"] in oracle_map.ARMS)  # the oracles decided
 
 
+def test_the_oracles_add_the_work_left_left_to_right_on_every_python(tmp_path: Path) -> None:
+    """The work left after a job is its trajectory's later turns added left to right, as ``sum`` did on
+    Python 3.11: 0.1 + 0.2 + 0.3 s is 0.6000000000000001 there and 0.6 by 3.12's compensated ``sum``, and
+    the clairvoyant rule ranks queued jobs by it (another order at a tie on another Python)."""
+    from bench import oracle_map
+
+    call = {"type": "tool", "name": "sleep_ms", "arguments": {"milliseconds": 1}}
+    latencies = (0, 100, 200)
+    script: list[dict[str, Any]] = [{**call, "latency_ms": ms} for ms in latencies]
+    script.append({"type": "final", "answer": "ok", "latency_ms": 300})
+    problem = {"id": "p", "prompt": "p", "tools": [{"name": "sleep_ms"}], "script": script}
+    durations = oracle_map.true_durations(write_workload(tmp_path / "w.jsonl", [problem]))
+    assert durations["p", 0, "tool"] == (0.0, 0.1 + 0.2 + 0.3)
+
+
 PARALLEL = """
 import sys
 from pathlib import Path
