@@ -1,10 +1,16 @@
 """The ``simulate`` command on a workload: the simulated run it writes, the batching server, overheads,
-warnings for what a simulation cannot know or a flag that does nothing, and a signal mid-simulation."""
+warnings for what a simulation cannot know or a flag that does nothing, the same run under another hash
+seed, and a signal mid-simulation."""
 
 from __future__ import annotations
 
 import json
+import os
+import random
+import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,6 +251,61 @@ def test_a_file_tool_without_cpu_ms_is_said_to_take_no_time(tmp_path: Path) -> N
         "a file tool's call or an evaluation without cpu_ms takes no time"
         in receipt["simulation"]["cpu_jobs"]
     )
+
+
+@pytest.mark.timeout(60)
+def test_a_simulated_run_is_the_same_under_another_hash_seed(tmp_path: Path) -> None:
+    """A simulation reads no string hash: simulated in this process and in one with another
+    ``PYTHONHASHSEED``, the same workload gives the same events (but measurement_started's wall time),
+    results, summary and trace, byte for byte. Six tools (the predictor's tool buckets), repairs (a tool
+    called twice), the learned pressure rule choosing among many queued jobs: every keyed table decides."""
+    names = [f"tool_{c}" for c in "abcdef"]
+    (tmp_path / "tools.py").write_text("".join(f"def {name}(x):\n    return x\n" for name in names))
+    rng = random.Random(5)
+    problems = []
+    for i in range(40):
+        calls = [rng.choice(names) for _ in range(rng.randint(1, 4))]
+        script: list[dict[str, object]] = [
+            {
+                "type": "tool",
+                "name": name,
+                "arguments": {"x": "y" * rng.randint(1, 3000)},
+                "latency_ms": round(rng.uniform(50, 400), 3),
+                "cpu_ms": round(rng.uniform(10, 600), 3),
+            }
+            for name in calls
+        ]
+        script.append({"type": "final", "answer": "ok", "latency_ms": 100})
+        tools = [
+            {"name": n, "inputs": {"x": "str"}, "implementation": "tools.py"} for n in dict.fromkeys(calls)
+        ]
+        problems.append({"id": f"p{i}", "prompt": "p", "tools": tools, "script": script})
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    args = ["--workload", str(workload), "--policy", "asyncroll", "--max-active-trajectories", "8"]
+    here = simulate_here(*args, "--output", tmp_path / "here")
+    assert here.exit_code == 0, here.output
+    seed = os.environ.get("PYTHONHASHSEED", "")
+    other = str(int(seed) + 1) if seed.isdigit() else "1"  # this process's: `seed`, or a random one
+    there = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", "simulate", *args, "--output", str(tmp_path / "there")],
+        env={**os.environ, "PYTHONHASHSEED": other},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert there.returncode == 0, there.stderr
+
+    def written(out: Path) -> list[str]:
+        events = re.sub(r'"wall_time":[^,]+,', "", (out / "events.jsonl").read_text(), count=1)
+        return [
+            events,
+            *((out / name).read_text() for name in ("results.jsonl", "summary.json", "trace.json")),
+        ]
+
+    assert written(tmp_path / "here") == written(tmp_path / "there")
+    scheduler = json.loads((tmp_path / "here" / "summary.json").read_text())["scheduler"]
+    assert scheduler["reorders"] > 10 and scheduler["prediction"]["sources"]["ridge"] > 50
 
 
 # --- signals --------------------------------------------------------------------------------------------
