@@ -27,6 +27,10 @@ def test_smoke_run_under_every_policy(tmp_path: Path, policy: str) -> None:
     receipt, summary, events = load_run(out)
     assert receipt["status"] == "complete" and receipt["error"] is None
     assert receipt["workload"]["sha256"] and receipt["config"]["policy"] == policy
+    # every library whose code decides a result is named with its version (the predictor's fit: NumPy
+    # and SciPy under scikit-learn: a result can only be reproduced with the same libraries)
+    for library in ("scikit-learn", "numpy", "scipy", "threadpoolctl", "pydantic"):
+        assert receipt["versions"][library], library
     assert summary["counts"]["completed"] == 3
     assert summary["tools"]["calls"] == 2
     assert summary["accuracy"]["exact"] == 1.0 and summary["accuracy"]["denominator"] == 3

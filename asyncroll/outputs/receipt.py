@@ -36,7 +36,20 @@ def exit_code(status: Status) -> int:
     return {"complete": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAILED)
 
 
-_PACKAGES = ("anyio", "httpx", "pydantic", "typer", "psutil", "prometheus-client", "scikit-learn")
+#: The libraries whose versions a receipt records: the runtime's, and every one whose code decides a
+#: simulated result (the predictor's ridge fit: scikit-learn, NumPy, SciPy and the BLAS threadpoolctl pins).
+_PACKAGES = (
+    "anyio",
+    "httpx",
+    "pydantic",
+    "typer",
+    "psutil",
+    "prometheus-client",
+    "scikit-learn",
+    "numpy",
+    "scipy",
+    "threadpoolctl",
+)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
