@@ -132,19 +132,23 @@ def render_messages(problem: Problem, messages: list[dict[str, Any]], turn: int)
     out: list[dict[str, str]] = []
     if not code:
         out.append({"role": "system", "content": system_prompt(problem, turn_schema(problem, turn))})
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant":
-            action = message["action"]
-            if isinstance(action, SubmitAction) and code:
-                out.append({"role": "assistant", "content": action.code})
-            else:
-                out.append({"role": "assistant", "content": json.dumps(model_view(action))})
-        elif role == "tool":
-            out.append({"role": "user", "content": f"Tool result: {message.get('content', '')}"})
-        else:
-            out.append({"role": str(role or "user"), "content": str(message.get("content", ""))})
+    out += [render_message(message, code) for message in messages]
     return out
+
+
+def render_message(message: dict[str, Any], code: bool) -> dict[str, str]:
+    """One entry of asyncroll's conversation as :func:`render_messages` sends it (``code``: the problem
+    is a code workload's, :func:`is_code_workload`). It depends on that entry alone, so a client that
+    sizes every turn's prompt can size each entry once (:mod:`asyncroll.backends.simulated`)."""
+    role = message.get("role")
+    if role == "assistant":
+        action = message["action"]
+        if isinstance(action, SubmitAction) and code:
+            return {"role": "assistant", "content": action.code}
+        return {"role": "assistant", "content": json.dumps(model_view(action))}
+    if role == "tool":
+        return {"role": "user", "content": f"Tool result: {message.get('content', '')}"}
+    return {"role": str(role or "user"), "content": str(message.get("content", ""))}
 
 
 @lru_cache(maxsize=256)

@@ -1,0 +1,111 @@
+"""Long trajectories: the work per turn must not grow with the turns before it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from asyncroll.backends import action_schema, simulated
+from asyncroll.backends.action_schema import render_messages
+from asyncroll.backends.base import ModelRequest
+from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
+from asyncroll.backends.simulated import SimulatedServerBackend
+from asyncroll.clock import VirtualClock
+from asyncroll.serve_sim.sizes import prompt_tokens
+from asyncroll.workload import Problem
+
+TURNS = 300
+
+
+def _long_problem(pid: str, turns: int) -> Problem:
+    script: list[dict[str, Any]] = [
+        {"type": "tool", "name": "add", "arguments": {"a": i, "b": 1}, "latency_ms": 1, "output_tokens": 3}
+        for i in range(turns - 1)
+    ]
+    script.append({"type": "final", "answer": "42", "latency_ms": 1, "output_tokens": 2})
+    return Problem.model_validate(
+        {
+            "id": pid,
+            "prompt": f"A long trajectory, {pid}.",
+            "tools": [
+                {"name": "add", "description": "Add two numbers.", "inputs": {"a": "number", "b": "number"}}
+            ],
+            "script": script,
+        }
+    )
+
+
+def _drive(
+    backend: SimulatedServerBackend, clock: VirtualClock, problems: list[Problem], turns: int
+) -> tuple[list[tuple[int | None, int]], int]:
+    """Interleave the problems' turns on the backend: each turn's (prompt tokens the backend counted,
+    tokens of the messages the HTTP backend would send), and how many actions the backend rendered."""
+    rendered = 0
+    original = action_schema.model_view
+
+    def counted(action: Any) -> dict[str, Any]:
+        nonlocal rendered
+        rendered += 1
+        return original(action)
+
+    conversations: dict[Any, list[dict[str, Any]]] = {
+        p.id: [{"role": "user", "content": p.prompt}] for p in problems
+    }
+    seen: list[tuple[int | None, int]] = []
+
+    async def turns_of_all() -> None:
+        async with asyncio.TaskGroup() as tg:
+            await backend.start(tg)
+            for turn in range(turns):
+                for problem in problems:
+                    assert isinstance(problem.id, str)
+                    messages = conversations[problem.id]
+                    action_schema.model_view = counted
+                    try:
+                        response = await backend.complete(ModelRequest(problem.id, problem, turn, messages))
+                    finally:
+                        action_schema.model_view = original
+                    sent = render_messages(problem, messages, turn)
+                    seen.append((response.prompt_tokens, prompt_tokens(sent, 4.0)))
+                    messages.append({"role": "assistant", "action": response.action, "turn": turn})
+                    messages.append(
+                        {"role": "tool", "content": str(turn + 1) * 7, "turn": turn, "name": "add"}
+                    )
+            await backend.aclose()
+
+    clock.run(turns_of_all())
+    return seen, rendered
+
+
+@pytest.mark.timeout(30)
+def test_a_long_trajectory_s_prompt_is_sized_once_per_message_and_the_same() -> None:
+    """``simulate --server batching`` rendered the whole conversation again on every turn to size its
+    prompt: O(n²) in a trajectory's turns (a 5,000-turn workload took ~410 s of CPU, 13 s now). Each
+    message is now rendered once; every turn's prompt tokens stay what the HTTP backend would send."""
+    clock = VirtualClock()
+    engine = ServerModelConfig(
+        max_num_seqs=4, step_base_ms=1.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
+    backend = SimulatedServerBackend(BatchingServer(engine, clock), chars_per_token=4.0)
+    problems = [_long_problem("a", TURNS), _long_problem("b", TURNS)]
+    seen, rendered = _drive(backend, clock, problems, TURNS)
+    assert len(seen) == 2 * TURNS
+    assert [counted for counted, _ in seen] == [expected for _, expected in seen]
+    assert seen[-1][1] > 50 * seen[0][1]  # the conversation did grow
+    # one rendering per assistant message (quadratic was ~ TURNS² / 2 per trajectory)
+    assert rendered <= 2 * TURNS
+    assert not backend._sized  # a final answer drops its trajectory's entry
+
+
+@pytest.mark.timeout(30)
+def test_conversations_evicted_from_the_size_cache_are_sized_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for one conversation, two interleaved trajectories evict each other every turn: each is
+    sized whole again, to the same tokens."""
+    monkeypatch.setattr(simulated, "SIZED_CONVERSATIONS", 1)
+    clock = VirtualClock()
+    backend = SimulatedServerBackend(BatchingServer(ServerModelConfig(max_num_seqs=4), clock), 4.0)
+    seen, rendered = _drive(backend, clock, [_long_problem("a", 40), _long_problem("b", 40)], 40)
+    assert [counted for counted, _ in seen] == [expected for _, expected in seen]
+    assert rendered > 40 * 39 // 2  # sized whole every turn
