@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from asyncroll.backends.simulated import SimulatedServerBackend
 from asyncroll.clock import VirtualClock
 from asyncroll.serve_sim.sizes import prompt_tokens
 from asyncroll.workload import Problem
+from tests.simulations import simulate_here
 
 TURNS = 300
 
@@ -109,3 +112,35 @@ def test_conversations_evicted_from_the_size_cache_are_sized_again(monkeypatch: 
     seen, rendered = _drive(backend, clock, [_long_problem("a", 40), _long_problem("b", 40)], 40)
     assert [counted for counted, _ in seen] == [expected for _, expected in seen]
     assert rendered > 40 * 39 // 2  # sized whole every turn
+
+
+@pytest.mark.timeout(60)
+def test_a_2000_turn_trajectory_simulates_end_to_end_with_every_output(tmp_path: Path) -> None:
+    """A 2,000-turn trajectory through the pressure policy, the batching server, transcripts and both
+    exports: it completes and every output holds all of it (3 s here; 20 s when every turn re-rendered
+    the conversation)."""
+    turns = 2000
+    problem = _long_problem("long", turns).model_dump(mode="json", exclude_none=True)
+    problem["reference_answer"] = "42"
+    workload = tmp_path / "long.jsonl"
+    workload.write_text(json.dumps(problem) + "\n")
+    out = tmp_path / "run"
+    args: list[str | Path] = [
+        "--workload",
+        workload,
+        "--output",
+        out,
+        "--max-turns",
+        str(turns),
+        "--policy",
+        "asyncroll",
+    ]
+    result = simulate_here(*args, "--server", "batching", "--transcripts")
+    assert result.exit_code == 0, result.output
+    (line,) = (out / "results.jsonl").read_text().splitlines()
+    assert json.loads(line) | {"turns": turns, "status": "completed", "correct": True} == json.loads(line)
+    (transcript,) = (out / "transcripts.jsonl").read_text().splitlines()
+    assert len(json.loads(transcript)["messages"]) == 2 * turns
+    exports = json.loads((out / "run.json").read_text())["exports"]
+    assert exports["trace.json"]["ok"] and exports["timeline.html"]["ok"], exports
+    assert len(json.loads((out / "trace.json").read_text())["traceEvents"]) > 2 * turns
