@@ -4,12 +4,16 @@ running in its thread after the signal's exception went on."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from asyncroll.simulation.stoppable_solve import solve_stoppably
+from tests.conftest import REPO
 
 
 class _Stop(Exception):
@@ -92,3 +96,36 @@ def test_a_solve_that_returns_gives_its_result_and_one_that_raises_raises() -> N
     assert solve_stoppably(Done(), 7) == ("solved", 7)
     with pytest.raises(ValueError, match="bad model"):
         solve_stoppably(Broken(), 7)
+
+
+STUCK = r"""
+import os, signal, sys, threading
+from asyncroll.simulation.stoppable_solve import solve_stoppably
+
+class Stuck:  # a solve that ignores stop_search (CP-SAT in its presolve of a 10,000-step instance)
+    def solve(self, model):
+        threading.Event().wait()
+    def stop_search(self):
+        pass
+
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    solve_stoppably(Stuck(), None, stop_grace_s=float(sys.argv[1]))
+finally:
+    print("unreachable: the process left without the solver", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_solver_that_ignores_the_stop_is_left_behind_after_the_grace() -> None:
+    """CP-SAT on a 10,000-step instance went on for minutes after stop_search (SIGINT and SIGTERM did
+    not end `asyncroll optimum`; it took kill -9): after the grace the process says so and exits 130 at
+    once, without the clean-up that would wait for the thread still in the solve."""
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", STUCK, "0.5"], capture_output=True, text=True, timeout=30, cwd=REPO
+    )
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert "the solver did not return within 0.5 s of the stop" in done.stderr
+    assert "unreachable" not in done.stdout
+    assert time.monotonic() - began < 25

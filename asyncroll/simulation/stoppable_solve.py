@@ -3,11 +3,17 @@ so that the signal's Python handler runs (:func:`solve_stoppably`)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import time
 from typing import Any
 
+#: Seconds a stopped solver has to return before the process leaves without it (exit 130).
+STOP_GRACE_S = 10.0
 
-def solve_stoppably(solver: Any, model: Any) -> Any:
+
+def solve_stoppably(solver: Any, model: Any, stop_grace_s: float = STOP_GRACE_S) -> Any:
     """``solver.solve(model)`` in a thread while this one waits: a signal's Python handler runs only in the
     main thread, between bytecodes, never inside the solver's C++ call, so SIGTERM or SIGHUP waited for the
     whole time limit, and CP-SAT's own SIGINT handler ended the solve with exit code 0, as if it were done.
@@ -16,7 +22,12 @@ def solve_stoppably(solver: Any, model: Any) -> Any:
 
     The wait is on an event, not ``Thread.join``: a KeyboardInterrupt inside ``join`` marks the thread
     stopped while it still runs (Python 3.11), and a process that exited with the solver still in C++
-    aborted ("terminate called without an active exception", exit 134)."""
+    aborted ("terminate called without an active exception", exit 134).
+
+    A solver that does not return within ``stop_grace_s`` of the stop (CP-SAT on a 10,000-step instance
+    went on for minutes after ``stop_search``, in its presolve) is left behind: the process says so on
+    stderr and exits at once with 130 (``os._exit``: no clean-up that would wait for, or abort on, the
+    thread still in C++). Nothing is lost: the solve's result was what the stop gave up."""
     outcome: list[Any] = []
     done = threading.Event()
     go = threading.Event()  # set once this thread is inside the try below, where a signal stops the solve
@@ -41,6 +52,7 @@ def solve_stoppably(solver: Any, model: Any) -> Any:
         while not done.wait(0.1):
             pass
     except BaseException:
+        stopped_at = time.monotonic()
         while True:  # until it returns: CP-SAT drops a stop_search made before its search began
             try:
                 abandoned.set()
@@ -48,6 +60,13 @@ def solve_stoppably(solver: Any, model: Any) -> Any:
                 solver.stop_search()
                 if done.wait(0.05) or not solving.is_alive():  # not alive: start() never started it
                     break
+                if time.monotonic() - stopped_at > stop_grace_s:
+                    sys.stderr.write(
+                        f"stopped: the solver did not return within {stop_grace_s:g} s of the stop; "
+                        "leaving without its result\n"
+                    )
+                    sys.stderr.flush()
+                    os._exit(130)
             except KeyboardInterrupt:  # a second Ctrl-C of a burst: the solver is stopping already, and
                 pass  # a process that left with it still in C++ aborted (exit 134)
         raise
