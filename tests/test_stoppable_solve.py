@@ -108,9 +108,11 @@ class Stuck:  # a solve that ignores stop_search (CP-SAT in its presolve of a 10
     def stop_search(self):
         pass
 
-threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+grace, limit = float(sys.argv[1]), None if sys.argv[2] == "none" else float(sys.argv[2])
+if limit is None:  # a stop signal, not a time limit, ends the solve
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 try:
-    solve_stoppably(Stuck(), None, stop_grace_s=float(sys.argv[1]))
+    solve_stoppably(Stuck(), None, stop_grace_s=grace, time_limit_s=limit)
 finally:
     print("unreachable: the process left without the solver", flush=True)
 """
@@ -123,9 +125,32 @@ def test_a_solver_that_ignores_the_stop_is_left_behind_after_the_grace() -> None
     once, without the clean-up that would wait for the thread still in the solve."""
     began = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", STUCK, "0.5"], capture_output=True, text=True, timeout=30, cwd=REPO
+        [sys.executable, "-c", STUCK, "0.5", "none"], capture_output=True, text=True, timeout=30, cwd=REPO
     )
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert "the solver did not return within 0.5 s of the stop" in done.stderr
     assert "unreachable" not in done.stdout
     assert time.monotonic() - began < 25
+
+
+@pytest.mark.timeout(60)
+def test_a_solver_that_overruns_its_time_limit_and_ignores_the_stop_is_left_behind() -> None:
+    """CP-SAT with --time-limit 60 on that instance had not returned after 11 minutes: past the limit and
+    the grace it is asked to stop, and past another grace the process says so and exits 1."""
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", STUCK, "0.3", "0.2"], capture_output=True, text=True, timeout=30, cwd=REPO
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "ran past its time limit (0.2 s) and did not return within 0.3 s of being stopped" in done.stderr
+    assert "unreachable" not in done.stdout
+    assert time.monotonic() - began < 25
+
+
+@pytest.mark.timeout(60)
+def test_a_solver_that_overruns_its_time_limit_is_stopped_and_its_result_kept() -> None:
+    """A solve still running a grace after its own time limit is asked to stop, and what it returns then
+    is the result (CP-SAT: its best schedule so far, or none)."""
+    solver = _Solver()
+    assert solve_stoppably(solver, None, stop_grace_s=0.2, time_limit_s=0.1) == "stopped"
+    assert solver.stopped.is_set()

@@ -160,7 +160,7 @@ def solve(
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = threads
     solver.parameters.catch_sigint_signal = False  # a stop signal is the command's: see solve_stoppably
-    result = solve_stoppably(solver, model)
+    result = solve_stoppably(solver, model, time_limit_s=time_limit_s)
     names = {
         cp_model.OPTIMAL: "optimal",
         cp_model.FEASIBLE: "feasible",
