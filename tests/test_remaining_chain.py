@@ -275,9 +275,15 @@ def _random_stream(seed: int, trajectories: int = 60) -> list[Any]:
                 )
         events.append(TrajectoryFinished(id=tid, status="completed", turns=5, tool_calls=5, duration_s=1.0))
         scripts.append(events)
-    stream, running = [], [iter(s) for s in scripts[:8]]
-    waiting = iter(scripts[8:])
-    while running:  # 8 trajectories at a time, their events interleaved at random
+    return _interleaved(rng, scripts, 8)
+
+
+def _interleaved(rng: random.Random, scripts: list[list[Any]], width: int) -> list[Any]:
+    """The trajectories' events, ``width`` trajectories running at a time, their events interleaved at
+    random (each trajectory's in order)."""
+    stream: list[Any] = []
+    running, waiting = [iter(s) for s in scripts[:width]], iter(scripts[width:])
+    while running:
         current = rng.choice(running)
         event = next(current, None)
         if event is None:
@@ -372,20 +378,7 @@ def _odd_stream(rng: random.Random) -> list[Event]:
     """The events of 5 to 40 trajectories from :func:`_odd_trajectory`, 1 to 8 running at a time, their
     events interleaved at random."""
     scripts = [_odd_trajectory(rng, f"r{i}", 100 * i) for i in range(rng.randint(5, 40))]
-    width = rng.randint(1, 8)
-    stream: list[Event] = []
-    running, waiting = [iter(s) for s in scripts[:width]], iter(scripts[width:])
-    while running:
-        current = rng.choice(running)
-        event = next(current, None)
-        if event is None:
-            running.remove(current)
-            following = next(waiting, None)
-            if following is not None:
-                running.append(iter(following))
-        else:
-            stream.append(event)
-    return stream
+    return _interleaved(rng, scripts, rng.randint(1, 8))
 
 
 def test_the_kept_estimates_equal_a_whole_recomputation_over_many_odd_runs() -> None:
