@@ -27,7 +27,7 @@ def solve_stoppably(
     aborted ("terminate called without an active exception", exit 134).
 
     A solver that does not return within ``stop_grace_s`` of the stop (CP-SAT on a 10,000-step instance
-    went on for minutes after ``stop_search``, in its presolve) is left behind: the process says so on
+    went on for minutes after ``stop_search``) is left behind: the process says so on
     stderr and exits at once with 130 (``os._exit``: no clean-up that would wait for, or abort on, the
     thread still in C++). Nothing is lost: the solve's result was what the stop gave up.
 
