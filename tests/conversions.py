@@ -5,8 +5,6 @@ written and read back."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +21,6 @@ LCB_FRAGMENT = FIXTURES / "livecodebench_functional_fragment_3708.json"
 TM_EXAMPLE = REPO / "examples" / "toolmath"
 LCB_EXAMPLE = REPO / "examples" / "livecodebench"
 real_process = pytest.mark.timeout(60)  # every test that starts a process has a hard deadline
-
-
-def cli(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

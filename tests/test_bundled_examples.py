@@ -15,7 +15,8 @@ import pytest
 
 from asyncroll.coerce import coerce_arguments
 from asyncroll.workload import Problem, ToolAction, iter_problems, scan_workload
-from tests.conversions import LCB_EXAMPLE, LCB_ROW, TM_EXAMPLE, cli, lines, real_process
+from tests.cli_runs import cli
+from tests.conversions import LCB_EXAMPLE, LCB_ROW, TM_EXAMPLE, lines, real_process
 
 # --- the bundled examples ----------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from asyncroll.convert.selection import rank_key
 from asyncroll.convert.toolmath import convert_toolmath
 from asyncroll.errors import UsageError
 from asyncroll.workload import Problem
+from tests.cli_runs import cli
 from tests.conftest import invoke
 from tests.conversions import (
     _MISSING,
@@ -30,7 +31,6 @@ from tests.conversions import (
     LCB_ROW,
     TM_EXAMPLE,
     TM_HARD,
-    cli,
     functional_row,
     lcb_rows,
     lines,

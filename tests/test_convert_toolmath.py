@@ -17,13 +17,13 @@ import pytest
 from asyncroll.convert.toolmath import convert_toolmath
 from asyncroll.errors import UsageError
 from asyncroll.workload import Problem, scan_workload
+from tests.cli_runs import cli
 from tests.conftest import invoke
 from tests.conversions import (
     _MISSING,
     TM_EXAMPLE,
     TM_HARD,
     TM_SAMPLE,
-    cli,
     lines,
     re_escape,
     real_process,

@@ -20,19 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, invoke, tool_problem, write_workload
+from tests.cli_runs import cli
+from tests.conftest import invoke, tool_problem, write_workload
 from tests.export_checks import check_trace_format, chromium_page, named_threads, page_data, read_trace
 from tests.synthetic_runs import SMOKE
-
-
-def cli(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
 
 
 @pytest.fixture(scope="module")
