@@ -7,7 +7,6 @@ here, so no other module special-cases it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tomllib
@@ -28,6 +27,7 @@ from asyncroll.evaluator.budget import (
     tool_timeout_cap,
 )
 from asyncroll.json_checks import Bool, Float, Int, unique_keys
+from asyncroll.json_depth import json_loads
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -318,7 +318,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     toml = path.suffix.lower() == ".toml"  # anything else is read as JSON
     try:
         # tomllib refuses a key given twice itself; json keeps the last one unless told otherwise
-        data = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=unique_keys)
+        data = tomllib.loads(text) if toml else json_loads(text, object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, TOMLDecodeError, a repeated key
         raise UsageError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):

@@ -150,7 +150,7 @@ def test_lines_python_cannot_hold_are_named_errors_not_crashes(tmp_path: Path) -
     problems = _problems(tmp_path, lines)
     assert len(problems) == 4, problems
     assert ":1: line: not valid JSON: Exceeds the limit (4300 digits)" in problems[0]
-    assert ":2: line: cannot be read: JSON nested deeper than about 1,000 levels" in problems[1]
+    assert ":2: line: cannot be read: JSON nested deeper than 500 levels" in problems[1]
     assert ":3: id: not valid Unicode: a lone UTF-16 surrogate escape" in problems[2]
     assert ":4: metadata.ok: not valid Unicode" in problems[3]
 

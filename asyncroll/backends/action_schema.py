@@ -30,6 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 from asyncroll.coerce import INT_KEY_PATTERN, CoercionError, canonical_type, coerce_arguments
 from asyncroll.errors import InvalidActionError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
+from asyncroll.json_depth import json_loads
 from asyncroll.workload import Action, Problem, SubmitAction, Tool, ToolAction
 
 SCHEMA_NAME = "agent_action"
@@ -153,7 +154,7 @@ def render_message(message: dict[str, Any], code: bool) -> dict[str, str]:
 
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> jsonschema.protocols.Validator:
-    schema = json.loads(schema_json)
+    schema = json_loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     return cls(schema)
 
@@ -219,7 +220,7 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
         return SubmitAction(type="submit", code=source)
     body = text if structured else strip_fence(text)
     try:
-        data = json.loads(body, parse_constant=_not_json)
+        data = json_loads(body, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int past the digit limit, deep nesting
         raise InvalidActionError(f"the response is not JSON ({exc}): {text[:200]!r}") from exc
     # "\ud800" is valid JSON text that decodes to a string no UTF-8 write accepts: taken, it failed the

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from asyncroll.commands.common import Opt, fail
+from asyncroll.json_depth import json_loads
 
 
 def validate(
@@ -107,7 +108,7 @@ def _never_finished(run_dir: Path) -> dict[str, Any] | None:
     """For a run whose receipt still says preparing or running, its process gone (killed outright): the
     page's status says so, rather than "running". None for a run that ended (its receipt says how)."""
     try:
-        receipt = json.loads((run_dir / "run.json").read_text())
+        receipt = json_loads((run_dir / "run.json").read_text())
         status = receipt["status"]
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
         return None
@@ -125,7 +126,7 @@ def _still_running(run_dir: Path) -> str | None:
     import psutil
 
     try:
-        receipt = json.loads((run_dir / "run.json").read_text())
+        receipt = json_loads((run_dir / "run.json").read_text())
         status, pid = receipt["status"], receipt["pid"]
         hostname = receipt["host"]["hostname"]
         created = datetime.fromisoformat(receipt["created_at"]).timestamp()

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from asyncroll.commands.common import Opt, fail
+from asyncroll.json_depth import json_loads
 
 
 def optimum(
@@ -31,7 +32,7 @@ def optimum(
         raise fail("--time-limit must be a finite number > 0 and --threads ≥ 1")
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        status = json.loads((run_dir / "run.json").read_text()).get("status")
+        status = json_loads((run_dir / "run.json").read_text()).get("status")
     if status is not None and status != "complete":
         # "running": run.json was never finalised (the run was killed, or is still going)
         ended = "never finished (run.json says running)" if status == "running" else f"ended {status}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from asyncroll.commands.simulate_flags import (
     warn_replay,
     warn_unread,
 )
+from asyncroll.json_depth import json_loads
 
 if TYPE_CHECKING:  # imported lazily below: the CLI's start-up stays light
     from asyncroll.simulation.engine import Assumed
@@ -393,7 +393,7 @@ def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
     if not changes and not restarts:
         return
     receipt_path = replay / "run.json"
-    receipt = json.loads(receipt_path.read_text(encoding="utf-8"))
+    receipt = json_loads(receipt_path.read_text(encoding="utf-8"))
     found = {"ended_otherwise": changes, "restarts_not_replayed": restarts}
     receipt["simulation"]["replayed"].update({k: v for k, v in found.items() if v})
     write_json_atomic(receipt_path, receipt)

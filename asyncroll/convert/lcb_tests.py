@@ -22,6 +22,7 @@ import zlib
 from typing import Any
 
 from asyncroll.json_checks import LONE_SURROGATE
+from asyncroll.json_depth import json_loads
 
 TEST_TYPES = ("stdin", "functional")
 MAX_DECOMPRESSED = 1 << 30  # 1 GiB: the largest real private-test fields are far below this
@@ -113,13 +114,13 @@ def _check_functional(i: int, inputs: str, output: str) -> None:
     for n, line in enumerate(inputs.split("\n"), start=1):
         if line.strip():
             try:
-                json.loads(line)
+                json_loads(line)
             except json.JSONDecodeError as exc:
                 raise WireFormatError(f"test [{i}].input line {n}: not a JSON value: {exc.msg}") from None
             except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, nesting
                 raise WireFormatError(f"test [{i}].input line {n}: cannot be read: {exc}") from None
     try:
-        json.loads(output)
+        json_loads(output)
     except json.JSONDecodeError as exc:
         raise WireFormatError(f"test [{i}].output: not a JSON value: {exc.msg}") from None
     except (ValueError, RecursionError) as exc:
@@ -128,7 +129,7 @@ def _check_functional(i: int, inputs: str, output: str) -> None:
 
 def _json(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
+        return json_loads(text)
     except json.JSONDecodeError as exc:
         raise WireFormatError(
             f"{what} is not valid: {exc.msg} at line {exc.lineno} column {exc.colno}"

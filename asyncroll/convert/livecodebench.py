@@ -26,6 +26,7 @@ from asyncroll.convert.output import check_destination, write_jsonl_atomic
 from asyncroll.convert.rows import RowRef, RowSource
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError
+from asyncroll.json_depth import json_loads
 
 REQUIRED = ("question_id", "question_content", "public_test_cases", "private_test_cases")
 OPTIONAL = (
@@ -211,7 +212,7 @@ def _func_name(field: str) -> tuple[str | None, str | None]:
     if not field.strip():
         return None, None
     try:
-        meta = json.loads(field)
+        meta = json_loads(field)
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON: {exc.msg}"
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting

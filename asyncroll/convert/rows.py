@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 from asyncroll.convert.output import refuse_container
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
+from asyncroll.json_depth import json_loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +97,12 @@ class RowSource:
             raw = handle.read(ref.length)
         if hashlib.sha256(raw).digest() != ref.sha256:
             raise UsageError(f"{ref.where}: the source changed while it was being converted")
-        return json.loads(raw)
+        return json_loads(raw)
 
     def _whole(self, data: bytes) -> Iterator[tuple[Any, RowRef]]:
         self.sha256 = hashlib.sha256(data).hexdigest()
         try:
-            whole = json.loads(data.decode("utf-8-sig"))  # a leading byte-order mark is dropped
+            whole = json_loads(data.decode("utf-8-sig"))  # a leading byte-order mark is dropped
         except UnicodeDecodeError as exc:
             raise UsageError(f"{self.path}: not UTF-8 text: {exc}") from None
         except json.JSONDecodeError as exc:
@@ -133,7 +134,7 @@ class RowSource:
                 continue
             where = f"{self.path}:{line_no}"
             try:
-                row = json.loads(raw)
+                row = json_loads(raw)
             except UnicodeDecodeError as exc:
                 self.problems.append(f"{where}: invalid line: not UTF-8: {exc}")
                 continue
@@ -164,7 +165,7 @@ def _broken_jsonl(first: bytes, data: bytes) -> bool:
     if not (first.lstrip().startswith(b"{") or _is_json(first)):
         return False
     try:
-        json.loads(data)
+        json_loads(data)
     except (ValueError, RecursionError):
         return any(_is_object(line) for line in data.splitlines()[1:] if line.strip())
     return False
@@ -172,7 +173,7 @@ def _broken_jsonl(first: bytes, data: bytes) -> bool:
 
 def _is_json(line: bytes) -> bool:
     try:
-        json.loads(line)
+        json_loads(line)
     except (ValueError, RecursionError):
         return False
     return True
@@ -180,6 +181,6 @@ def _is_json(line: bytes) -> bool:
 
 def _is_object(line: bytes) -> bool:
     try:
-        return isinstance(json.loads(line), dict)
+        return isinstance(json_loads(line), dict)
     except (ValueError, RecursionError):
         return False

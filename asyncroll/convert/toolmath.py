@@ -37,6 +37,7 @@ from asyncroll.convert.output import check_destination, read_source, sha256_hex,
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
+from asyncroll.json_depth import json_loads
 
 FUNCTIONS_SUBDIR = "function_ToolMATH"
 STRING_FIELDS = ("name", "description", "function", "source_problem", "source_solution", "level", "type")
@@ -126,7 +127,7 @@ def parse_records(
     except UnicodeDecodeError as exc:
         raise UsageError(f"{source}: not UTF-8 text: {exc}") from None
     try:
-        raw = json.loads(text)
+        raw = json_loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting

@@ -7,11 +7,11 @@ trajectory.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from asyncroll.evaluator.compare import parse_expected
+from asyncroll.json_depth import json_loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +51,8 @@ def check_test(i: int, test: Any, func_name: str | None) -> Case:
         for n, line in enumerate(test["input"].split("\n"), start=1):
             if line.strip():
                 try:
-                    json.loads(line)
-                except (ValueError, RecursionError) as exc:  # RecursionError: nested past ~1,000 levels
+                    json_loads(line)
+                except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply (JsonTooDeep)
                     raise ValueError(f"tests[{i}].input line {n} is not a JSON value: {exc}") from None
         try:
             expected = parse_expected(test["output"])

@@ -13,9 +13,10 @@ return value (a top-level tuple already turned into a list by the harness) must 
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from asyncroll.json_depth import json_loads
 
 
 def stripped_lines(text: str) -> list[str]:
@@ -58,7 +59,7 @@ def compare_stdout(got: str, expected: str) -> str | None:
 
 def parse_expected(output: str) -> Any:
     """The expected value of a functional test (one JSON value); ``ValueError`` if it is not JSON."""
-    return json.loads(output)
+    return json_loads(output)
 
 
 def compare_value(got: Any, expected: Any) -> str | None:

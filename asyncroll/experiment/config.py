@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from asyncroll.config import MIN_TELEMETRY_INTERVAL_S
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
+from asyncroll.json_depth import TOO_DEEP, json_loads
 
 #: Placeholders every server command template may use; ``server.vars`` adds more.
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
@@ -371,14 +372,14 @@ def read_json_file(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=unique_keys)
+        return json_loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
     except ValueError as exc:  # a repeated key, an integer past Python's digit limit
         message = str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]
         raise UsageError(f"{path}: invalid JSON: {message}") from None
     except RecursionError:
-        raise UsageError(f"{path}: invalid JSON: nested deeper than about 1,000 levels") from None
+        raise UsageError(f"{path}: invalid JSON: {TOO_DEEP}") from None
 
 
 def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:

@@ -9,13 +9,13 @@ arm's outcome; it is what resume reads.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from asyncroll.json_depth import json_loads
 from asyncroll.outputs.receipt import write_json_atomic
 
 SCHEMA_VERSION = 1
@@ -58,7 +58,7 @@ def one_line(error: str | None, limit: int = 400) -> str:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json_loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object")
     return data

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -28,6 +27,7 @@ import psutil
 from asyncroll.clock import SystemClock
 from asyncroll.experiment.orphans import ORIGIN_ENV, adopted_from, adopted_orphans, kill_adopted
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
+from asyncroll.json_depth import json_loads
 from asyncroll.proctree import all_gone, children, descendants, signal_tree
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ class InferenceServer:
         if status != 200:
             raise ServerStartError(f"/v1/models answered HTTP {status}")
         try:
-            body = json.loads(raw)
+            body = json_loads(raw)
         except (ValueError, RecursionError):
             raise ServerStartError(
                 f"/v1/models did not return JSON (it answered {body_text(raw, 200)!r})"

@@ -25,7 +25,6 @@ a request's wait for it (``model_paused``) a span inside that request on its tra
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import typing
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from asyncroll import events as ev
+from asyncroll.json_depth import json_loads
 from asyncroll.outputs.activity_model import (
     RESOURCE_LABELS,
     Activity,
@@ -355,7 +355,7 @@ def collect_activity(events_path: Path) -> Activity:
                 pairer.feed(ev.parse_event(line))
             except ValidationError:
                 try:
-                    kind = json.loads(line).get("event")
+                    kind = json_loads(line).get("event")
                 except (ValueError, RecursionError, AttributeError):
                     kind = None
                 if isinstance(kind, str) and kind not in KNOWN_EVENTS:

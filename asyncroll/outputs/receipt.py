@@ -23,6 +23,7 @@ from typing import Any, Literal
 import psutil
 
 from asyncroll import __version__
+from asyncroll.json_depth import json_loads
 from asyncroll.outputs.lines import OutputWriteError, write_all
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
@@ -111,7 +112,7 @@ def record_regenerated_exports(run_dir: Path, exports: dict[str, Any]) -> str | 
     was (none, not a receipt, not writable): the exports are written either way."""
     path = run_dir / "run.json"
     try:
-        receipt = json.loads(path.read_bytes())
+        receipt = json_loads(path.read_bytes())
     except FileNotFoundError:
         return f"no {path}: nothing to record the new exports in"
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from asyncroll.json_depth import json_loads
 from asyncroll.outputs.activity import collect_activity
 from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Series, Span, Track
 from asyncroll.outputs.timeline_panels import header_lines, telemetry_panel
@@ -45,7 +46,7 @@ _ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -50,6 +50,7 @@ from starlette.types import Receive, Scope, Send
 
 from asyncroll.backends.server_model import BatchingServer, ServerSnapshot
 from asyncroll.clock import Clock, SystemClock
+from asyncroll.json_depth import json_loads
 from asyncroll.serve_sim import sizes
 from asyncroll.serve_sim.config import SimConfig
 from asyncroll.serve_sim.faults import FaultPlan
@@ -323,7 +324,7 @@ class SimApp:
     def _reply(self, scripted: str | None, schema: dict[str, Any] | None) -> str:
         if scripted is not None:
             try:
-                action = json.loads(scripted)
+                action = json_loads(scripted)
             except (ValueError, RecursionError) as exc:  # not JSON, or past Python's limits
                 raise BadRequest(f"{ACTION_HEADER} is not JSON: {exc}") from exc
             if schema is not None and self.config.enforce_schema:

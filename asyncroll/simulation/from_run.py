@@ -46,13 +46,13 @@ the script. Everything read from the run directory is checked; a file this versi
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.json_depth import json_loads
 from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
 from asyncroll.simulation.measured import (
     Measured,
@@ -122,7 +122,7 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
     if not path.exists():
         raise UsageError(f"--from-run {run_dir}: no run.json (not a run directory?)")
     try:
-        receipt = json.loads(path.read_text(encoding="utf-8"))
+        receipt = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
         raise UsageError(f"--from-run {run_dir}: cannot read run.json: {exc}") from exc
     if not isinstance(receipt, dict):

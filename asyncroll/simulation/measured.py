@@ -9,7 +9,6 @@ line: a replay must never put the script's timing where the run measured one.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
+from asyncroll.json_depth import json_loads
 from asyncroll.workload import MAX_DURATION_MS, Problem, SubmitAction, ToolAction
 
 #: A timed-out job is replayed this much (ms) over the run's tool timeout, so that it times out again.
@@ -34,7 +34,7 @@ def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with handle:
         for line_no, raw in enumerate(handle, start=1):
             try:
-                row = json.loads(raw)
+                row = json_loads(raw)
             except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, past Python's limits
                 raise UsageError(f"--from-run {path}:{line_no}: not valid JSON ({exc})") from None
             if not isinstance(row, dict):

@@ -9,7 +9,6 @@ is refused (:class:`UsageError`) rather than solved as less work than the run di
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Literal
 
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
+from asyncroll.json_depth import json_loads
 from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.workload import MAX_DURATION_MS
 
@@ -47,7 +47,7 @@ class Instance:
 def _run_status(run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
     """``run.json``'s status and config, or None where it cannot be read."""
     try:
-        receipt = json.loads((run_dir / "run.json").read_text())
+        receipt = json_loads((run_dir / "run.json").read_text())
     except (OSError, ValueError, RecursionError):
         return None, None
     if not isinstance(receipt, dict):
@@ -115,7 +115,7 @@ def instance_from_run(run_dir: Path) -> Instance:
     summary: Any = None
     notes: list[str] = []
     try:
-        summary = json.loads(path.read_text())
+        summary = json_loads(path.read_text())
     except FileNotFoundError as exc:
         status, _ = _run_status(run_dir)
         if status is None:
@@ -156,7 +156,7 @@ def instance_from_run(run_dir: Path) -> Instance:
         for number, raw in enumerate(handle, 1):
             where = f"{run_dir}/events.jsonl line {number}"
             try:
-                event = json.loads(raw)
+                event = json_loads(raw)
             except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, past Python's limits
                 if summary is None and not raw.endswith(b"\n"):  # killed in the middle of a write
                     notes.append(f"events.jsonl line {number} was cut short when the run stopped: ignored")

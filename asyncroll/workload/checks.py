@@ -183,6 +183,9 @@ def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
     return out
 
 
+SYMLINK_LOOP = "a symbolic link that leads back to itself (a loop)"
+
+
 def _check_implementation(
     implementation: str, name: str, tool_root: Path, tool_files: dict[Path, ToolFile]
 ) -> tuple[str | None, ToolFunction | None]:
@@ -199,8 +202,12 @@ def _check_implementation(
         if not resolved.is_file():
             if resolved.exists():
                 return f"{implementation!r} is not a regular file (a directory, a pipe...)", None
+            if resolved.is_symlink():  # a loop: Python 3.13 resolves it to a link, where 3.11 raises
+                return f"{implementation!r} cannot be resolved: {SYMLINK_LOOP}", None
             return f"{implementation!r} does not exist under the tool root {tool_root}", None
-    except (OSError, ValueError, RuntimeError) as exc:  # a NUL, a name too long, a symlink loop
+    except RuntimeError:  # Python 3.11 and 3.12 on a symlink loop
+        return f"{implementation!r} cannot be resolved: {SYMLINK_LOOP}", None
+    except (OSError, ValueError) as exc:  # a NUL, a name too long
         return f"{implementation!r} cannot be resolved: {exc}", None
     parsed = tool_files.get(resolved)
     if parsed is None:

@@ -5,7 +5,6 @@ that changed since its scan."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 
 from asyncroll.errors import WorkloadError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate, unique_keys
+from asyncroll.json_depth import TOO_DEEP, json_loads
 from asyncroll.tool_files import ToolFile
 from asyncroll.workload.checks import check_problem
 from asyncroll.workload.models import MAX_REPORTED_PROBLEMS, Problem
@@ -156,7 +156,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
             if not validating:
                 return problem, []
             try:  # the keys and the numbers: about twice the fast path's time, once per line of a scan
-                json.loads(raw, object_pairs_hook=unique_keys, parse_float=_finite_float)
+                json_loads(raw, object_pairs_hook=unique_keys, parse_float=_finite_float)
             except (ValueError, RecursionError):
                 pass  # the slow path says what
             else:
@@ -172,7 +172,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     except UnicodeDecodeError as exc:
         return None, [("line", f"not valid UTF-8: {exc}")]
     try:
-        data = json.loads(
+        data = json_loads(
             text, parse_constant=_reject_constant, object_pairs_hook=unique_keys, parse_float=_finite_float
         )
     except _NonStandardConstant as exc:
@@ -184,7 +184,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
             ("line", f"the number {exc} is too large for a 64-bit float (it would read as infinity)")
         ]
     except RecursionError:
-        return None, [("line", "cannot be read: JSON nested deeper than about 1,000 levels")]
+        return None, [("line", f"cannot be read: {TOO_DEEP}")]
     except ValueError as exc:  # JSONDecodeError, an int past Python's digit limit
         return None, [("line", f"not valid JSON: {exc}")]
     if not isinstance(data, dict):
