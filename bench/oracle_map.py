@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.experiment.stats import t_interval
-from asyncroll.policies.base import Decision, Policy, QueueSnapshot, left_to_right_sum
+from asyncroll.floats import left_to_right_sum
+from asyncroll.policies.base import Decision, Policy, QueueSnapshot
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from asyncroll.workload import ToolAction, iter_problems

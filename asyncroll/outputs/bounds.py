@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.statistics import ratio
 
 
@@ -100,7 +101,7 @@ class WorkMeter:
         clamped to the makespan (``rounding_clamped``)."""
         active = limits["max_active_trajectories"]
         capacity = min(limits["max_inflight_model_requests"], active)
-        unfinished = sum(self._work.values())
+        unfinished = left_to_right_sum(self._work.values())
         longest = max([self.longest_work, *self._work.values()])
         admitted = array("d", self._admitted_work)
         for trajectory, position in self._admitted_at.items():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from asyncroll.floats import left_to_right_sum
+
 
 def distribution(samples: Sequence[float]) -> dict[str, float | int | None]:
     """count, mean, min, p50, p95, max (linear interpolation between ranks); nulls when empty."""
@@ -20,7 +22,7 @@ def distribution(samples: Sequence[float]) -> dict[str, float | int | None]:
 
     return {
         "count": len(xs),
-        "mean": round(sum(xs) / len(xs), 6),
+        "mean": round(left_to_right_sum(xs) / len(xs), 6),
         "min": xs[0],
         "p50": round(q(0.5), 6),
         "p95": round(q(0.95), 6),
@@ -33,10 +35,10 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     n = len(xs)
     if n < 3 or min(xs) == max(xs) or min(ys) == max(ys):
         return None  # equal values: the float error of their mean would otherwise pass for variance
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
+    mx, my = left_to_right_sum(xs) / n, left_to_right_sum(ys) / n
+    sxy = left_to_right_sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = left_to_right_sum((x - mx) ** 2 for x in xs)
+    syy = left_to_right_sum((y - my) ** 2 for y in ys)
     if sxx <= 0 or syy <= 0:
         return None
     return round(sxy / math.sqrt(sxx * syy), 4)

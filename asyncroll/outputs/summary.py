@@ -35,6 +35,7 @@ from asyncroll.events import (
     TrajectoryStarted,
     WorkerRestarting,
 )
+from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.blocked import BlockedMeter
 from asyncroll.outputs.bounds import WorkMeter
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
@@ -323,7 +324,7 @@ class SummaryBuilder:
         hours = makespan_s / 3600.0
         phase_totals = {name: round(total, 6) for name, total in zip(PHASES, self.phase_totals, strict=True)}
         blocked = self.blocked.total(makespan_s) if measured else None
-        trajectory_total = sum(s["trajectory_s"])
+        trajectory_total = left_to_right_sum(s["trajectory_s"])
         return {
             "schema_version": SUMMARY_SCHEMA_VERSION,
             "status": status,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.activity_model import RESOURCE_LABELS, Activity
 
 
@@ -158,7 +159,7 @@ def telemetry_panel(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -
         for name in RESOURCE_LABELS:
             gaps = [g for g in a.counter_gaps if g.name == name]
             if gaps:
-                seconds = sum(g.end - g.start for g in gaps)
+                seconds = left_to_right_sum(g.end - g.start for g in gaps)
                 reasons = sorted({r for g in gaps for r in g.reasons})
                 parts.append(f"{RESOURCE_LABELS[name]}: {len(gaps)} ({seconds:.3g} s; {', '.join(reasons)})")
         lines.append(["gaps (lines broken)", "; ".join(parts)[:400]])

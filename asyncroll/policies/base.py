@@ -6,7 +6,6 @@ the snapshot so that it can be unit-tested from factories and replayed by the si
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
@@ -79,14 +78,3 @@ class Policy(Protocol):
     def name(self) -> str: ...
 
     def choose(self, snapshot: QueueSnapshot) -> Decision: ...
-
-
-def left_to_right_sum(values: Iterable[float]) -> float:
-    """``values`` added one by one from the first: the bits ``sum`` gave on Python 3.11, on every Python.
-    ``sum`` of floats compensates rounding errors from 3.12 on, so the same predictions could add up a bit
-    apart on 3.11 and 3.12 and a rule's comparison at that bit choose another job: a simulation would then
-    differ by Python version."""
-    total = 0.0
-    for value in values:
-        total += value
-    return total

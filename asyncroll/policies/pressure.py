@@ -74,7 +74,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncroll.policies.base import Decision, QueueSnapshot, left_to_right_sum
+from asyncroll.floats import left_to_right_sum
+from asyncroll.policies.base import Decision, QueueSnapshot
 
 
 @dataclass(frozen=True)

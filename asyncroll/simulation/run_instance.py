@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
+from asyncroll.floats import left_to_right_sum
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.workload import MAX_DURATION_MS
@@ -267,9 +268,9 @@ def _check_counts(run_dir: Path, summary: dict[str, Any], instance: Instance) ->
 
 def analytic_bound(instance: Instance) -> float:
     """The summary's bound, recomputed from the instance (the same terms)."""
-    model = sum(s.seconds for c in instance.chains for s in c if s.kind == "model")
-    cpu = sum(s.seconds for c in instance.chains for s in c if s.kind == "cpu")
-    lengths = [sum(s.seconds for s in c) for c in instance.chains]
+    model = left_to_right_sum(s.seconds for c in instance.chains for s in c if s.kind == "model")
+    cpu = left_to_right_sum(s.seconds for c in instance.chains for s in c if s.kind == "cpu")
+    lengths = [left_to_right_sum(s.seconds for s in c) for c in instance.chains]
     return max(
         model / instance.model_capacity,
         cpu / instance.workers,
