@@ -16,7 +16,8 @@ from asyncroll.events import (
     TrajectoryFinished,
     TrajectoryStarted,
 )
-from asyncroll.outputs.statistics import pearson, pearson_missing
+from asyncroll.floats import left_to_right_sum
+from asyncroll.outputs.statistics import distribution, pearson, pearson_missing
 from asyncroll.outputs.summary import SummaryBuilder
 
 LIMITS = {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1}
@@ -93,6 +94,14 @@ def test_a_correlation_of_equal_values_is_missing_not_zero() -> None:
     assert pearson(equal, [math.log(0.05 + i / 1000) for i in range(37)]) is None
     assert pearson([math.log(0.05 + i / 1000) for i in range(37)], equal) is None
     assert pearson([1.0, 2.0, 3.0], [2.0, 4.0, 6.5]) == 0.9979
+
+
+def test_means_add_left_to_right_on_every_python() -> None:
+    """The bits Python 3.11's ``sum`` gave: from 3.12 on ``sum`` of floats compensates rounding, so the same
+    samples wrote another mean (here 0.333333 instead of 0.0) on another Python."""
+    assert distribution([1e16, 1.0, -1e16])["mean"] == 0.0
+    assert distribution([0.1, 0.2, 0.3])["mean"] == round(0.6000000000000001 / 3, 6)
+    assert left_to_right_sum([0.1, 0.2, 0.3]) == 0.6000000000000001  # 0.6 by 3.12's sum
 
 
 def test_cancelled_tool_calls_are_not_in_the_error_rate() -> None:
