@@ -1,0 +1,183 @@
+"""What the pressure rules decide on, learned from factories' jobs and events: the duration predictor
+(prior, ridge fit, clamping, censored timeouts, refits, the same bits on every Python) and the work a
+trajectory still has after a job."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncroll.policies import JobView, Prediction
+from asyncroll.policies.base import JobKind
+from asyncroll.policies.predictor import MAX_S, MIN_S, DurationPredictor
+
+
+def test_remaining_work_learns_the_service_left_after_each_job() -> None:
+    """Per job key, the mean service (model latency + CPU execute) its trajectory still had after it."""
+    from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, ModelFinished, TrajectoryFinished
+    from asyncroll.policies.remaining import RemainingWork
+
+    work = RemainingWork()
+    first = JobView(1, "a", "tool", "crunch", 0, 0.0)
+    assert work.estimate(first) is None
+
+    def trajectory(tid: str, base: int, repair: bool) -> None:
+        def model(turn: int, s: float) -> None:
+            work(ModelFinished(id=tid, request_id=base + turn, turn=turn, latency_s=s, action="tool"))
+
+        def job(jid: int, turn: int, s: float, resub: bool = False, failed: bool = False) -> None:
+            kind: JobKind = "grade" if turn == 2 else "tool"
+            tool = "__grade__" if kind == "grade" else "crunch"
+            fields: dict[str, Any] = {"id": tid, "job_id": jid, "kind": kind, "tool": tool}
+            work(CpuEnqueued(**fields, turn=turn, arg_bytes=1, queue_depth=1, resubmission=resub))
+            if failed:  # a timed-out job counts at its round trip
+                work(CpuFailed(**fields, worker=0, reason="timeout", roundtrip_s=s, error="timed out"))
+            else:
+                work(CpuFinished(**fields, worker=0, ok=True, execute_s=s, cpu_s=None, roundtrip_s=s))
+
+        model(0, 0.4)
+        job(base + 1, 0, 0.3)  # first evaluation: 0.3 s
+        if repair:
+            model(1, 0.4)
+            job(base + 2, 1, 1.0, resub=True, failed=True)
+        model(2, 0.2)
+        job(base + 3, 2, 0.0)  # the grade
+        work(TrajectoryFinished(id=tid, status="completed", turns=3, tool_calls=2, duration_s=9.0))
+
+    trajectory("a", 100, repair=True)  # after the first evaluation: 0.4 + 1.0 + 0.2 + 0 = 1.6 s
+    trajectory("b", 200, repair=False)  # after it: 0.2 s
+    assert work.estimate(first) == pytest.approx((1.6 + 0.2) / 2)
+    repair = JobView(9, "c", "tool", "crunch", 1, 0.0, resubmission=True)
+    assert work.estimate(repair) == pytest.approx(0.2)
+    assert work.estimate(JobView(9, "c", "grade", "__grade__", 2, 0.0)) == 0.0
+    assert work.estimate(JobView(9, "c", "tool", "other", 0, 0.0)) is None  # another tool: unknown
+    assert work.observations == 5 and not work._running and not work._queued
+
+
+def _job(
+    i: int, *, size: int = 100, tool: str = "crunch", resub: bool = False, traj: str | None = None
+) -> JobView:
+    return JobView(i, traj or f"t{i}", "tool", tool, 0, 0.0, arg_bytes=size, resubmission=resub)
+
+
+def test_predictor_prior_learning_and_clamping() -> None:
+    p = DurationPredictor()
+    assert p.predict([_job(1)]) == (Prediction(0.1, "prior"),)
+    for i in range(200):
+        size = 100 * (1 + i % 20)
+        p.observe(_job(i, size=size), size / 1000)  # cost proportional to argument bytes
+    small, large = p.predict([_job(1000, size=150), _job(1001, size=1900)])
+    assert small.source == large.source == "ridge"
+    assert small.seconds < 0.5 < large.seconds
+    assert p.refits == 1  # refit once, at the first prediction after new observations
+    p.observe(_job(2000, size=10**9), 10**6)
+    extreme = p.predict([_job(2001, size=10**9), _job(2002, size=1)])
+    assert all(MIN_S <= x.seconds <= MAX_S for x in extreme)
+
+
+@pytest.mark.timeout(30)
+def test_predictor_predicts_more_queued_jobs_than_its_first_matrix_holds() -> None:
+    """More than 64 queued jobs predicted at once after a fit: the matrix of their rows grows while
+    their slots are taken, and is read after that (it was read before: IndexError 64, a crashed run)."""
+    p = DurationPredictor()
+    p.observe(_job(0, size=100), 0.1)
+    jobs = [_job(1 + i, size=100 + i) for i in range(200)]
+    predicted = p.predict(jobs)
+    assert len(predicted) == 200 and all(x.source == "ridge" for x in predicted)
+    alone = DurationPredictor()
+    alone.observe(_job(0, size=100), 0.1)
+    assert alone.predict([jobs[150]])[0].seconds == pytest.approx(predicted[150].seconds)
+
+
+def test_predictor_fit_equals_sklearn_ridge_on_its_window() -> None:
+    from sklearn.linear_model import Ridge
+
+    from asyncroll.policies.predictor import features
+
+    p = DurationPredictor(window=64, alpha=1.0)
+    jobs = [_job(i, size=10 + 37 * i % 900, tool=("a", "b", "c")[i % 3]) for i in range(100)]
+    for i, job in enumerate(jobs):
+        p.observe(job, 0.002 * (1 + (7 * i) % 13))
+    p.predict([_job(5000)])  # refits
+    kept = range(100 - 64, 100)  # the ring buffer holds the newest 64 observations
+    x = np.array([features(jobs[i]) for i in kept])
+    y = np.array([math.log(0.002 * (1 + (7 * i) % 13)) - math.log(p.prior_s) for i in kept])
+    reference = Ridge(alpha=1.0, fit_intercept=False).fit(x, y).coef_
+    assert p._coef is not None
+    np.testing.assert_allclose(p._coef, reference, rtol=1e-9, atol=1e-12)
+
+
+def test_a_few_queued_jobs_are_predicted_with_the_same_bits_on_every_python() -> None:
+    """A batch of up to ``SMALL_BATCH`` jobs is predicted in Python: each job's 15 features times the
+    coefficients, added left to right from the first, as ``sum`` did on 3.11. ``sum`` of floats compensates
+    its rounding errors from 3.12 on, which moved 140 of these 200 predictions by a few ulps there: a
+    simulation could choose another job at a tie on 3.12 than on 3.11 (the suite runs on 3.11 to 3.13)."""
+    from asyncroll.policies.predictor import SMALL_BATCH, features
+
+    def job(i: int) -> JobView:  # every feature non-zero in some jobs: an evaluation's sizes too
+        kind: JobKind = ("tool", "evaluate", "grade")[i % 3]
+        size, tool = (i * 7919) % 5000, ("crunch", "lookup", "evaluate", "grade")[i % 4]
+        return JobView(i, f"t{i}", kind, tool, i % 5, 0.0, size, i % 4 == 1, i % 9, size // 3, 7 * i % 900)
+
+    p = DurationPredictor()
+    for i in range(60):
+        p.observe(job(i), 0.003 + (i * 7919) % 5000 * (1 + i % 7) / 1e5)
+    jobs = [job(1000 + i) for i in range(200)]
+    predicted = [x for k in range(0, len(jobs), SMALL_BATCH) for x in p.predict(jobs[k : k + SMALL_BATCH])]
+    assert p._coef is not None and all(x.source == "ridge" for x in predicted)
+    coef = [float(c) for c in p._coef]
+
+    def left_to_right(row: list[float]) -> float:
+        total = 0.0
+        for x, c in zip(row, coef, strict=True):
+            total += x * c
+        return total
+
+    expected = [min(max(math.exp(left_to_right(features(j)) + math.log(0.1)), MIN_S), MAX_S) for j in jobs]
+    assert [x.seconds.hex() for x in predicted] == [e.hex() for e in expected]
+
+
+def test_predictor_uses_first_evaluation_for_repairs_and_tools_apart() -> None:
+    p = DurationPredictor()
+    p.observe(_job(1, traj="a"), 2.5)
+    repair, other = p.predict([_job(2, traj="a", resub=True), _job(3, traj="b", resub=True)])
+    assert repair == Prediction(2.5, "same_problem_first_evaluation")
+    assert other.source == "ridge"
+    for i in range(100):
+        p.observe(_job(10 + i, tool="slow"), 3.0)
+        p.observe(_job(200 + i, tool="fast"), 0.01)
+    slow, fast = p.predict([_job(500, tool="slow"), _job(501, tool="fast")])
+    assert slow.seconds > 10 * fast.seconds
+
+
+def test_censored_timeouts_are_kept() -> None:
+    p = DurationPredictor()
+    for i in range(20):
+        p.observe(_job(i), 0.05)
+    before = p.predict([_job(100)])[0].seconds
+    for i in range(20):
+        p.observe(_job(200 + i), 60.0, censored=True)
+    after = p.predict([_job(300)])[0].seconds
+    assert p.censored == 20 and after > 5 * before
+
+
+def test_every_observation_is_fitted_before_it_leaves_the_window() -> None:
+    """Refits come after every ~3% more observations, but at least every half window: in a long run
+    (tens of thousands of jobs) the window of the newest observations must not turn over between two
+    refits, or the observations in between (timeouts included) never enter any fit."""
+    window = 64
+    p = DurationPredictor(window=window)
+    refitted_at = [0]
+    for i in range(3000):
+        p.observe(_job(i, size=10 + i % 50), 0.01 * (1 + i % 7))
+        before = p.refits
+        p.predict([_job(10**6 + i)])  # one dispatch after each finished job
+        if p.refits > before:
+            refitted_at.append(p.observations)
+    gaps = [b - a for a, b in itertools.pairwise(refitted_at)]
+    assert max(gaps) <= window // 2
+    assert len(refitted_at) < 300  # still one refit per batch of observations, not one per observation
