@@ -1,0 +1,129 @@
+"""The serve-sim command and its settings: values no server could serve are refused (in the settings and
+on the command line, exit 2), a port it cannot listen on is a usage error, and the real command prints
+its port and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.serve_sim.config import FaultConfig, SimConfig
+from tests.children import end
+from tests.conftest import invoke
+
+
+def test_fault_rates_are_validated() -> None:
+    with pytest.raises(ValueError, match=r"--rate-503 must be in \[0, 1\]"):
+        FaultConfig(rate_503=1.5)
+    with pytest.raises(ValueError, match="--metrics-flavor"):
+        SimConfig(metrics_flavor="tgi")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_settings_are_refused(value: float) -> None:
+    # NaN passed every `< 0` check: the server started, and /sim/stats failed after one request
+    for name in ("slow_s", "retry_after_s", "rate_429", "slow_rate"):
+        flag = "--retry-after" if name == "retry_after_s" else "--" + name.replace("_", "-")
+        with pytest.raises(ValueError, match=f"{flag} must be a finite number"):
+            FaultConfig(**{name: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="--chars-per-token must be a finite number"):
+        SimConfig(chars_per_token=value)
+    for name in ("step_base_ms", "step_per_seq_ms", "prefill_ms_per_token"):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(ValueError, match=f"{flag} must be a finite number"):
+            SimConfig(engine=ServerModelConfig(**{name: value}))  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncroll.cli",
+        "serve-sim",
+        "--port",
+        "0",
+        "--model",
+        "m",
+        "--step-base-ms",
+        "1",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serve-sim listening on http://127.0.0.1:"), line
+        url = line.split()[3]
+        port = int(url.rsplit(":", 1)[1])
+        assert port > 0 and f"port {port}" in line
+        with httpx.Client(base_url=url, timeout=10) as client:
+            assert client.get("/health").status_code == 200
+            r = client.post(
+                "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            )
+            assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 1
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=15)
+        assert proc.returncode == 0, stderr
+    finally:
+        end(proc)
+
+
+@pytest.mark.timeout(30)
+def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked in this process, with the server replaced by a recorder: a setting let through would be
+    seen, never served (the real command: test_cli_subprocess_prints_the_port_and_stops_on_sigterm)."""
+    import asyncroll.serve_sim.server as server_module
+
+    served: list[SimConfig] = []
+
+    def recorder(sim: SimConfig, *_a: Any, **_k: Any) -> int:
+        served.append(sim)
+        return 0
+
+    monkeypatch.setattr(server_module, "serve_forever", recorder)
+    for args, needle in (
+        (["--rate-429", "2"], "--rate-429 must be in [0, 1]"),
+        (["--invalid-action-rate", "0.5"], "needs --no-enforce-schema"),
+        (["--metrics-flavor", "tgi"], "--metrics-flavor must be vllm or sglang"),
+        (["--step-base-ms", "0", "--step-per-seq-ms", "0"], "a step must take some time"),
+        # a step of 1e297 s: every request waited for ever (the client timed out), with no error
+        (["--step-base-ms", "1e300"], "--step-base-ms must be from 0 to 86400000 ms (one day), got 1e+300"),
+        (["--prefill-ms-per-token", "-1"], "--prefill-ms-per-token must be from 0 to 86400000 ms"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+        (["--step-base-ms", "nan"], "--step-base-ms must be a finite number"),
+        (["--prefill-ms-per-token", "inf"], "--prefill-ms-per-token must be a finite number"),
+        (["--slow-s", "inf"], "--slow-s must be a finite number"),
+        (["--retry-after", "-inf"], "--retry-after must be a finite number"),
+        (["--chars-per-token", "nan"], "--chars-per-token must be a finite number"),
+        # started, then answered every chat request 500 (OverflowError sizing the prompt); simulate
+        # --server batching, the same server model, refused it
+        (["--chars-per-token", "1e-310"], "--chars-per-token must be >= 0.01, got 1e-310"),
+        (["--chars-per-token", "0.001"], "--chars-per-token must be >= 0.01, got 0.001"),
+        (["--log-level", "bogus"], "--log-level must be one of critical, error, warning, info, debug, trace"),
+    ):
+        result = invoke("serve-sim", "--port", "0", *args)
+        assert result.exit_code == 2 and not served, (args, result.output)
+        assert needle in result.stderr
+    assert invoke("serve-sim", "--port", "0").exit_code == 0 and len(served) == 1  # the recorder works
+
+
+@pytest.mark.timeout(30)
+def test_a_port_it_cannot_listen_on_is_a_usage_error_as_for_run() -> None:
+    """A port in use exited 1 (a failed run, by the CLI's codes) where ``run --metrics-port`` and the
+    experiment pre-flight give 2 for the same thing: nothing was started, the flag was unusable."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = invoke("serve-sim", "--port", str(port))
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot listen on 127.0.0.1:{port}: " in result.stderr
