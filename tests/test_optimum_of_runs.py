@@ -1,81 +1,19 @@
-"""The clairvoyant optimum (CP-SAT): hand-made instances whose optimum is known, and recorded runs —
-the proven bound is never above a run's makespan and never below the analytic bound."""
+"""``asyncroll optimum`` on recorded runs: the proven bound is never above a run's makespan and never
+below the analytic bound; the run's own schedule seeds the solver; a killed run is solved with a
+warning; a damaged run or numbers no run could have are refused; a cut search says so."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from asyncroll.simulation.optimum import Instance, Step, analytic_bound, instance_from_run, solve
-from tests.children import end
+from asyncroll.simulation.optimum import analytic_bound, instance_from_run
 from tests.cli_runs import cli
-from tests.conftest import REPO, invoke, tool_problem, write_workload
-
-
-def chain(*steps: tuple[str, float]) -> tuple[Step, ...]:
-    return tuple(Step("model" if kind == "m" else "cpu", seconds) for kind, seconds in steps)
-
-
-def _fix_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    """solve() fixes every hinted variable to its hint: its status is "optimal" exactly when the hint
-    (the recorded run's own schedule) is a schedule, "infeasible" when it is not, whatever the load."""
-    from ortools.sat.python import cp_model
-
-    class HintOnly(cp_model.CpSolver):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.parameters.fix_variables_to_their_hinted_value = True
-
-    monkeypatch.setattr(cp_model, "CpSolver", HintOnly)
-
-
-@pytest.fixture
-def hint_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fix_the_hint(monkeypatch)
-
-
-@pytest.mark.parametrize(
-    ("chains", "limits", "optimal"),
-    [
-        # Two model turns overlap; the single worker then serialises the two 2 s jobs: 1 + 2 + 2.
-        # The analytic bound says 4 (CPU ÷ 1 worker): no schedule reaches it.
-        ([chain(("m", 1), ("c", 2))] * 2, (2, 2, 1), 5.0),
-        # One active slot: trajectories run one after the other, whatever the workers.
-        ([chain(("c", 1)), chain(("m", 2)), chain(("m", 1), ("c", 1))], (1, 4, 4), 5.0),
-        # Admission in workload order: the long trajectory comes last and cannot be started first.
-        ([chain(("c", 1)), chain(("c", 1)), chain(("c", 3))], (2, 1, 2), 4.0),
-        # A chain's own order: CPU then model, model then CPU, one of each resource: 3 (not 4).
-        ([chain(("c", 1), ("m", 2)), chain(("m", 1), ("c", 2))], (2, 1, 1), 3.0),
-    ],
-)
-def test_exact_optimum_of_hand_made_instances(
-    chains: list[tuple[Step, ...]], limits: tuple[int, int, int], optimal: float
-) -> None:
-    active, capacity, workers = limits
-    instance = Instance(tuple(chains), active, capacity, workers)
-    result = solve(instance, time_limit_s=20, threads=1)
-    assert result.status == "optimal"
-    assert result.best_schedule_s == pytest.approx(optimal)
-    assert result.lower_bound_s == pytest.approx(optimal)
-    assert result.lower_bound_s >= analytic_bound(instance) - 1e-9
-
-
-def test_the_bound_stays_a_relaxation_below_the_resolution() -> None:
-    # 0.4 ms steps floor to zero ticks: the solver bound is 0, the analytic bound still holds.
-    instance = Instance((chain(("c", 0.0004)),) * 5, 5, 1, 1)
-    result = solve(instance, time_limit_s=10, threads=1)
-    assert result.solver_bound_s == 0.0
-    assert result.lower_bound_s == pytest.approx(0.002)  # floor(5 × 0.4 ms) in whole milliseconds
-    assert result.lower_bound_s <= analytic_bound(instance)
+from tests.conftest import invoke, tool_problem, write_workload
+from tests.solver_hints import _fix_the_hint
 
 
 @pytest.mark.timeout(120)
@@ -277,18 +215,6 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     assert damaged.exit_code == 2 and "the run is complete but its summary.json is missing" in damaged.stderr
 
 
-def test_the_proven_bound_is_never_below_the_runs_own_analytic_bound() -> None:
-    """A batching server's run has an analytic bound with a term this model has not (its in-batch time
-    ÷ its batch limit): the optimum undercut it (1.175 s against the summary's 1.202 s)."""
-    chains = (chain(("m", 0.5), ("c", 0.1)), chain(("m", 0.5), ("c", 0.1)))
-    plain = Instance(chains, 2, 2, 2)
-    assert solve(plain, time_limit_s=10, threads=1).lower_bound_s == pytest.approx(0.6)
-    batching = Instance(chains, 2, 2, 2, analytic_bound_s=0.9)
-    result = solve(batching, time_limit_s=10, threads=1)
-    assert result.lower_bound_s == pytest.approx(0.9)
-    assert result.best_schedule_s is not None and result.best_schedule_s >= result.lower_bound_s
-
-
 def _hand_made_run(run: Path, latency: object = 0.1, v: object = 1) -> Path:
     """A complete run directory written by hand: one trajectory, a 0.1 s model turn and a 0.05 s job."""
     run.mkdir()
@@ -359,208 +285,6 @@ def test_optimum_refuses_events_that_lost_work_the_summary_counts(tmp_path: Path
     (run / "events.jsonl").write_text("".join(lines[:2]))  # the CPU job's line lost
     with pytest.raises(UsageError, match=r"CPU jobs: 0 in events\.jsonl, 1 in summary\.json"):
         instance_from_run(run)
-
-
-@pytest.mark.usefixtures("hint_only")
-def test_the_hint_of_a_run_close_to_serial_fits_the_horizon() -> None:
-    """Ten 1.9 ms steps run back to back: floored, they sum to 10 ms, but the run's own start times end
-    at 18 ms. The horizon was the floored sum, the hint was clamped into it and was no schedule at all: on
-    200 trajectories at 1 active slot CP-SAT then found none in 3 s (status unknown, no best schedule)."""
-    steps = tuple(Step("cpu", 0.0019, start=0.0019 * k) for k in range(10))
-    instance = Instance((steps,), 1, 1, 1, makespan_s=0.019, analytic_bound_s=0.019, begins=(0.0,))
-    result = solve(instance, time_limit_s=10, threads=1)
-    assert result.status == "optimal", result  # was "infeasible": the hint broke the horizon
-    assert result.best_schedule_s == pytest.approx(0.019)
-
-
-def test_a_bound_above_the_makespan_by_the_events_rounding_is_the_makespan() -> None:
-    """Each recorded duration is rounded to 1 µs: their sum may exceed the makespan by that much (the
-    summary clamps its own bound likewise). The proven bound read 16.712777 s against a 16.712766 s
-    makespan, which no schedule can beat: the run's "makespan ÷ proven bound" was 0.99999934."""
-    steps = chain(("c", 0.0100005), ("m", 0.0100005))
-    within = solve(Instance((steps,), 1, 1, 1, makespan_s=0.02), time_limit_s=10, threads=1)
-    assert within.lower_bound_s == within.best_schedule_s == 0.02 and within.rounding_clamped
-    report = within.describe(Instance((steps,), 1, 1, 1, makespan_s=0.02))
-    assert report["makespan_over_lower_bound"] == 1.0 and report["rounding_clamped"] is True
-    # beyond the rounding, the two disagree for real: shown as it is, not hidden
-    beyond = solve(Instance((steps,), 1, 1, 1, makespan_s=0.0199), time_limit_s=10, threads=1)
-    assert beyond.lower_bound_s == pytest.approx(0.020001) and not beyond.rounding_clamped
-
-
-@pytest.mark.timeout(60)
-def test_a_stop_signal_stops_the_search_even_one_that_came_before_it_began() -> None:
-    """The signal's exception goes on once the solver returned; CP-SAT drops a stop_search made before its
-    search began, so it is asked again until it returns (a search begun just after the signal ran on)."""
-    from asyncroll.simulation.stoppable_solve import solve_stoppably
-
-    class Solver:
-        def __init__(self) -> None:
-            self.asked = threading.Event()  # stop_search was called (before the search began: dropped)
-            self.called = threading.Event()  # solve was called: a signal before it abandons the solve
-            self.begin = threading.Event()
-            self.searching = threading.Event()
-            self.stopped = threading.Event()
-
-        def solve(self, model: object) -> str:
-            self.called.set()
-            self.begin.wait()
-            self.searching.set()
-            self.stopped.wait()
-            return "stopped"
-
-        def stop_search(self) -> None:
-            self.asked.set()
-            if self.searching.is_set():
-                self.stopped.set()
-
-    class Stop(Exception):
-        pass
-
-    def stop(signum: int, frame: object) -> None:
-        raise Stop
-
-    solver = Solver()
-    main = threading.get_ident()
-
-    def waiting() -> bool:
-        """The main thread waits for the solver inside solve_stoppably (not still starting its thread)."""
-        frame = sys._current_frames().get(main)
-        while frame is not None and frame.f_back is not None:
-            if frame.f_back.f_code.co_name == "solve_stoppably":
-                return frame.f_code.co_name == "wait"
-            frame = frame.f_back
-        return False
-
-    def signal_then_begin() -> None:
-        solver.called.wait()  # on a loaded machine the solver's thread may not have called it yet
-        while not waiting():
-            time.sleep(0.001)
-        os.kill(os.getpid(), signal.SIGUSR1)
-        solver.asked.wait()
-        solver.begin.set()
-
-    previous = signal.signal(signal.SIGUSR1, stop)
-    try:
-        threading.Thread(target=signal_then_begin, daemon=True).start()
-        with pytest.raises(Stop):
-            solve_stoppably(solver, None)
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
-    assert solver.stopped.is_set()  # the solver returned before the exception went on
-
-
-#: `asyncroll optimum RUN` through the CLI's main(), saying "solving" as CP-SAT's solve is called.
-OPTIMUM_SAYING_SOLVING = """
-import sys
-from ortools.sat.python import cp_model
-
-real_solve = cp_model.CpSolver.solve
-
-def solve(self, model, *args, **kwargs):
-    print("solving", flush=True)
-    return real_solve(self, model, *args, **kwargs)
-
-cp_model.CpSolver.solve = solve
-sys.argv = ["asyncroll", "optimum", sys.argv[1], "--time-limit", "600", "--threads", "2"]
-from asyncroll.cli import main
-main()
-"""
-
-
-def _long_run(run: Path) -> Path:
-    """A complete run of 300 trajectories × 4 steps of 10-200 ms, run one after the other (8 active, 4
-    in flight, 2 workers allowed): minutes from a proven optimum."""
-    import random
-
-    rng = random.Random(0)
-    run.mkdir()
-    lines, t = [], 0.0
-    for i in range(300):
-        lines.append({"v": 1, "t": t, "event": "trajectory_started", "id": str(i)})
-        for kind in ("model", "cpu", "model", "cpu"):
-            seconds = round(rng.uniform(0.01, 0.2), 6)
-            t = round(t + seconds, 6)
-            if kind == "model":
-                lines.append({"v": 1, "t": t, "event": "model_finished", "id": str(i), "latency_s": seconds})
-            else:
-                lines.append({"v": 1, "t": t, "event": "cpu_finished", "id": str(i), "execute_s": seconds})
-    (run / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    summary = {
-        "makespan_s": t,
-        "limits": {"max_active_trajectories": 8, "max_inflight_model_requests": 4, "cpu_workers": 2},
-        "bounds": {"model_capacity": 4, "lower_bound_s": 0.0},
-    }
-    (run / "summary.json").write_text(json.dumps(summary))
-    return run
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_a_stop_signal_during_the_solve_exits_130_at_once(tmp_path: Path, sig: signal.Signals) -> None:
-    """The solve ran in C++ where no Python signal handler runs: SIGTERM and SIGHUP waited for the whole
-    --time-limit (37 s of 40), and CP-SAT's own SIGINT handler ended the solve, printed its result and
-    exited 0, as if nothing had come. Now each ends it at once: exit 130, as for every command."""
-    run = _long_run(tmp_path / "run")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", OPTIMUM_SAYING_SOLVING, str(run)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "solving\n"
-        proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=60)  # ten times less than --time-limit
-    finally:
-        end(proc)
-    assert proc.returncode == 130, (stdout, stderr)
-    assert stdout == "" and "Traceback" not in stderr, (stdout, stderr)
-
-
-#: As OPTIMUM_SAYING_SOLVING, and saying "stopping" once the first stop_search asked CP-SAT to stop, which
-#: then waits for a line of stdin: the second signal of a burst comes while the solver is stopping.
-OPTIMUM_STOPPING_SLOWLY = OPTIMUM_SAYING_SOLVING.replace(
-    "cp_model.CpSolver.solve = solve\n",
-    """cp_model.CpSolver.solve = solve
-real_stop, calls = cp_model.CpSolver.stop_search, []
-
-def stop_search(self):
-    calls.append(1)
-    real_stop(self)
-    if len(calls) == 1:
-        print("stopping", flush=True)
-        sys.stdin.readline()
-
-cp_model.CpSolver.stop_search = stop_search
-""",
-)
-
-
-@pytest.mark.timeout(120)
-def test_a_burst_of_ctrl_c_during_the_solve_still_exits_130(tmp_path: Path) -> None:
-    """A second Ctrl-C while the solver was stopping ended the command before CP-SAT returned; its thread
-    came back from C++ into a finalising interpreter and the process aborted (SIGABRT, 134 in a shell:
-    "terminate called without an active exception")."""
-    run = _long_run(tmp_path / "run")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", OPTIMUM_STOPPING_SLOWLY, str(run)],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "solving\n"
-        proc.send_signal(signal.SIGINT)
-        assert proc.stdout.readline() == "stopping\n"
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        end(proc)
-    assert proc.returncode == 130, (stdout, stderr)
-    assert "terminate called" not in stderr and "Traceback" not in stderr, stderr
 
 
 def test_a_solve_cut_by_the_time_limit_says_a_longer_one_may_do_better(
