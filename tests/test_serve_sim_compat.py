@@ -21,9 +21,7 @@ from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.serve_sim.app import SimApp
 from asyncroll.serve_sim.config import SimConfig
 from asyncroll.serve_sim.server import RunningSim, bind, make_server, serve_in_thread, start_thread, stop
-
-FAST = ServerModelConfig(max_num_seqs=64, step_base_ms=0.2, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
-
+from tests.sim_servers import FAST
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 
