@@ -95,10 +95,10 @@ class VirtualClock:
         nothing else before the timer and after it, it does the caller's step in its place, without
         waking the caller: ``next_sleep()``, at the end of a sleep, says how long the caller would sleep
         next if woken now, or None when the caller must wake (its step is not that simple); ``step()``
-        then does what the caller would do before that sleep (the next ``sleep_stepping`` call does the
-        rest). Time, timers and every other task see exactly what they see when the caller wakes and
-        sleeps again (see :meth:`_VirtualTimeLoop._step_in_place`), for a fraction of the CPU (a round of
-        the loop and a wake-up of the caller cost ≈ 15 µs).
+        then does, in the caller's place, what it would do between waking and that sleep. Time, timers
+        and every other task see exactly what they see when the caller wakes and sleeps again (see
+        :meth:`_VirtualTimeLoop._step_in_place`), for a fraction of the CPU (a round of the loop and a
+        wake-up of the caller cost ≈ 15 µs).
 
         A subclass whose :meth:`sleep` differs (tests' late timers) gets its own sleep, never a step in
         place; so does a caller on another loop."""
