@@ -252,9 +252,14 @@ class BatchingServer:
     # (nobody else reads it); _spare is how many more steps may end in place (None: not known).
 
     def _next_sleep(self) -> float | None:
-        """The sleep the task would start at the end of this step, when that is all it would do: no
-        sequence waits (none to admit), none finishes (none to answer), not closed; else None."""
-        if self._closed or self._waiting or not self._running:
+        """The sleep the task would start at the end of this step, when that is all it would do: none
+        to admit (no sequence waits, or the batch is full), none finishes (none to answer, no room made),
+        not closed; else None."""
+        if (
+            self._closed
+            or not self._running
+            or (self._waiting and len(self._running) < self.config.max_num_seqs)
+        ):
             return None
         if self._spare is None:
             self._spare = min(seq.remaining for seq in self._running) - self._decoded - 1
