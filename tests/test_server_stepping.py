@@ -116,6 +116,34 @@ def test_arrivals_and_a_cancellation_in_the_middle_of_stepping() -> None:
     assert fast_woke * 10 < slow_woke  # most steps were taken in place
 
 
+def test_a_full_batch_with_sequences_waiting() -> None:
+    """A full batch steps in place while others wait (none can be admitted until one finishes); a
+    waiting one is withdrawn mid-stretch, and the next is admitted when a running one finishes."""
+    cfg = ServerModelConfig(max_num_seqs=2, step_base_ms=9.7, step_per_seq_ms=0.4, prefill_ms_per_token=0.02)
+
+    async def script(server: BatchingServer, log: Log, tg: asyncio.TaskGroup, clock: VirtualClock) -> None:
+        tasks = [
+            tg.create_task(_request(server, log, clock, "a", 0.0, 50, 400)),
+            tg.create_task(_request(server, log, clock, "b", 0.0, 10, 250)),
+            tg.create_task(_request(server, log, clock, "c", 0.1, 30, 100)),
+            tg.create_task(_request(server, log, clock, "d", 0.35, 5, 3)),
+            tg.create_task(_request(server, log, clock, "e", 0.36, 0, 120)),
+            tg.create_task(_ticker(log, clock, "t", 0.5, 8)),
+        ]
+
+        async def cancel_c() -> None:
+            await asyncio.sleep(1.5)
+            assert server.snapshot().waiting == 3
+            tasks[2].cancel()
+
+        tasks.append(tg.create_task(cancel_c()))
+        await asyncio.gather(*tasks)
+
+    log, fast_woke, slow_woke = _both(cfg, script)
+    assert ("c cancelled", 1.5) in log
+    assert fast_woke * 5 < slow_woke
+
+
 def test_arrivals_on_a_step_boundary_keep_their_order_with_the_step() -> None:
     """Round step times: arrivals, tickers and probes fall exactly on step boundaries (0.01 + 0.01 ==
     0.02), where the order of equal-time timers decides whether an arrival joins at this step or the
