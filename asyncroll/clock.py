@@ -267,28 +267,27 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
         next_sleep, step = stepper
         clock = self._virtual_clock
         base_resolution = self._base_resolution
+        heappop, heappush = heapq.heappop, heapq.heappush
+        # whether _run_once would purge cancelled timers once this one is popped (the same at every step)
+        purge = self._purge_due(len(sched) - 1)
         steps = 0
         while True:
             now = clock._now
             end_time = now + max(base_resolution, math.ulp(now))  # _clock_resolution
             if head._when >= end_time:  # not due yet: a select longer than a day goes in pieces
                 return []
-            heapq.heappop(sched)  # the loop pops the due timer...
+            heappop(sched)  # the loop pops the due timer...
             head._scheduled = False
             nxt = sched[0] if sched else None
             delay = None
-            if (
-                not ready
-                and (nxt is None or (nxt._when >= end_time and not nxt._cancelled))
-                and not self._purge_due(len(sched))
-            ):
+            if not (ready or purge) and (nxt is None or (nxt._when >= end_time and not nxt._cancelled)):
                 delay = next_sleep()
             if delay is None or not now + delay >= end_time:
                 ready.append(head)  # ... and wakes the sleeper, which does the rest
                 return []
             step()
             head._when = now + delay  # the sleeper's next call_later(delay)
-            heapq.heappush(sched, head)
+            heappush(sched, head)
             head._scheduled = True
             if sched[0] is not head:
                 return []
