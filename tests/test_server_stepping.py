@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 from functools import partialmethod
 from pathlib import Path
@@ -190,6 +191,73 @@ def test_steps_longer_than_the_longest_select() -> None:
 
     _, fast_woke, slow_woke = _both(cfg, script)
     assert fast_woke < slow_woke
+
+
+def _random_scenario(seed: int) -> tuple[ServerModelConfig, Any]:
+    """Requests, withdrawals, tickers and plain-callback probes at random times, many of them round
+    (0.01 s) so that they fall on step boundaries of round step times."""
+    rng = random.Random(seed)
+    cfg = ServerModelConfig(
+        max_num_seqs=rng.choice([1, 1, 2, 3, 4, 8]),
+        step_base_ms=rng.choice([10.0, 12.0, 7.3, 5.0, 0.001, 100.0]),
+        step_per_seq_ms=rng.choice([0.0, 0.08, 1.0, 2.5]),
+        prefill_ms_per_token=rng.choice([0.0, 0.03, 0.1]),
+    )
+
+    def at(scale: float) -> float:
+        return round(rng.random() * scale, rng.choice([2, 2, 3, 9]))
+
+    requests = [
+        (f"r{i}", at(3.0), rng.randint(0, 500), rng.choice([1, 2, 3, rng.randint(1, 400)]))
+        for i in range(rng.randint(1, 8))
+    ]
+    withdrawals = [(rng.randrange(len(requests)), at(4.0)) for _ in range(rng.randint(0, 3))]
+    tickers = [
+        (f"t{i}", rng.choice([0.01, 0.02, 0.05, 0.1, 0.37, 0.001]), rng.randint(1, 40))
+        for i in range(rng.randint(0, 3))
+    ]
+    probes = [at(4.0) for _ in range(rng.randint(0, 30))]
+
+    async def script(server: BatchingServer, log: Log, tg: asyncio.TaskGroup, clock: VirtualClock) -> None:
+        async def request(name: str, arrival: float, prompt: int, out: int) -> None:
+            try:  # withdrawn before or after it arrives
+                await asyncio.sleep(arrival)
+                log.append((f"{name} arrives", clock.now()))
+                g = await server.generate(prompt, out)
+            except asyncio.CancelledError:
+                log.append((f"{name} cancelled", clock.now()))
+                return
+            log.append((f"{name} {g!r}", clock.now()))
+
+        def probe() -> None:
+            log.append((f"probe {server.snapshot()}", clock.now()))
+
+        tasks = [tg.create_task(request(*r)) for r in requests]
+        tasks += [tg.create_task(_ticker(log, clock, *t)) for t in tickers]
+        loop = asyncio.get_running_loop()
+        for when in probes:
+            loop.call_at(when, probe)
+
+        async def withdraw(i: int, when: float) -> None:
+            await asyncio.sleep(when)
+            tasks[i].cancel()
+            log.append((f"withdraw r{i} {server.snapshot()}", clock.now()))
+
+        tasks += [tg.create_task(withdraw(*w)) for w in withdrawals]
+        await asyncio.gather(*tasks)
+
+    return cfg, script
+
+
+def test_random_scenarios() -> None:
+    """Seeded random scenarios (a fuzz of 4,000 seeds found no difference; these caught a step taken in
+    place while another timer was due at its end)."""
+    steps = woke = 0
+    for seed in range(130):
+        cfg, script = _random_scenario(seed)
+        _, fast_woke, slow_woke = _both(cfg, script)
+        steps, woke = steps + slow_woke, woke + fast_woke
+    assert woke * 5 < steps
 
 
 def _events(out: Path) -> list[str]:
