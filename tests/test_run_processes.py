@@ -168,6 +168,7 @@ def test_worker_that_cannot_start_fails_the_run_with_its_reason(tmp_path: Path) 
     assert summary["resources"]["client_cpu_blocked_s"] is None
     assert summary["resources"]["blocked_in_server_coverage_s"] is None
     assert summary["throughput"]["completed_per_wall_hour"] is None
+    assert summary["telemetry"]["note"] == "not probed: the run stopped before the probe"  # its reason
     SummaryModel.model_validate(summary)
 
 

@@ -197,6 +197,25 @@ def test_on_a_virtual_clock_no_source_is_read(virtual_run: Any) -> None:
     assert "virtual clock" in outcome.summary["resources"]["sampled_starvation_reason"]
 
 
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({}, "a simulation (virtual clock) reads no server or GPU telemetry"),
+        ({"telemetry": False}, "telemetry off (--no-telemetry)"),
+    ],
+)
+def test_without_sources_the_summary_says_why_for_this_run(
+    virtual_run: Any, settings: dict[str, Any], why: str
+) -> None:
+    outcome, capture, out = virtual_run([tool_problem("p1", model_ms=5, cpu_ms=5)], **settings)
+    assert outcome.status == "complete" and capture.of(ResourceProbe) == []
+    assert outcome.summary is not None
+    res = outcome.summary["resources"]
+    assert outcome.summary["telemetry"]["note"] == why  # this run's reason, not a list of every possible one
+    assert res["sampled_starvation_reason"] == why and res["cpu_idle_candidate_reason"] == why
+    assert json.loads((out / "run.json").read_text())["telemetry"]["note"] == why  # run.json says the same
+
+
 def test_telemetry_flags_validate() -> None:
     base = {"workload": "w.jsonl", "output": "out"}
     with pytest.raises(UsageError, match="--metrics-url 'localhost:8000/metrics': must be an http"):

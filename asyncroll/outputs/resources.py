@@ -78,6 +78,8 @@ class ResourceMeter:
     def __init__(self, blocked: BlockedMeter) -> None:
         self._blocked = blocked
         self.probe: ResourceProbe | None = None
+        #: why no source was probed, when the run says (:meth:`TelemetrySampler.no_source_note`)
+        self.no_source: str | None = None
         self._last: _Point | None = None
         self._pending: tuple[_Point, _Point] | None = None
         self._end: float | None = None  # the measured window's end, once the run says it has come
@@ -208,6 +210,8 @@ class ResourceMeter:
         }
 
     def _no_source_note(self) -> str:
+        if self.no_source is not None:
+            return self.no_source
         return (
             "no telemetry source probed: none requested (--metrics-url, or --backend vllm; --nvml-device), "
             "--no-telemetry, a simulation (it reads none), or the run stopped before the probe"

@@ -308,12 +308,15 @@ class SummaryBuilder:
         model_capacity: int | None = None,
         server_batch_s: float | None = None,
         dedicated_gpu: bool = False,
+        no_telemetry_source: str | None = None,
     ) -> dict[str, Any]:
         """``dedicated_gpu``: the user declared one GPU allocated to this run (``completed_per_gpu_hour``);
         ``model_capacity`` and ``server_batch_s``: a simulated server's batch limit and the requests' time in
         its batch (see :meth:`~asyncroll.outputs.bounds.WorkMeter.bounds`). ``makespan_s`` None: the measured
         window never opened (the run failed or was interrupted while starting); whatever depends on it is
-        null, never zero."""
+        null, never zero. ``no_telemetry_source``: why no telemetry source was probed, as the run knows it
+        (else the notes list every possible reason)."""
+        self.resources.no_source = no_telemetry_source
         measured = makespan_s is not None
         makespan_s = makespan_s or 0.0
         finished = sum(self.status.values())

@@ -102,6 +102,7 @@ class TelemetrySampler:
         self._finished = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.probed = False  # probe() ran (sources requested or not): the run did not stop before it
 
     @classmethod
     def from_config(cls, cfg: RunConfig, clock: Clock, events: EventLog) -> TelemetrySampler:
@@ -127,6 +128,7 @@ class TelemetrySampler:
     async def probe(self) -> None:
         """Read each requested source once, before the clock starts; emit ``resource_probe`` (only when
         a source was requested: a run without telemetry sources carries no telemetry events)."""
+        self.probed = True
         if not self.enabled or (self._server is None and self._nvml is None):
             return
         statuses: list[SourceStatus] = []
@@ -182,10 +184,14 @@ class TelemetrySampler:
             "requested": self.enabled,
             "interval_s": self.interval,
             "sources": [s.model_dump(mode="json") for s in self._statuses],
-            "note": None if self._statuses else self._no_source_note(),
+            "note": None if self._statuses else self.no_source_note(),
         }
 
-    def _no_source_note(self) -> str:
+    def no_source_note(self) -> str:
+        """Why no source was probed, for the run as configured (``note`` of run.json's and summary.json's
+        ``telemetry`` sections when ``sources`` is empty)."""
+        if not self.probed:
+            return "not probed: the run stopped before the probe"
         if not self.enabled:
             return "telemetry off (--no-telemetry)"
         if self._clock.virtual:
