@@ -195,10 +195,13 @@ def test_read_completion_never_raises_anything_but_not_a_completion() -> None:
         orjson.dumps(completion(FINAL, usage={"prompt_tokens": 5.0, "completion_tokens": 3}))
     )
     assert (got.content, got.prompt_tokens, got.completion_tokens) == (FINAL, None, 3)
-    deep = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError, not JSONDecodeError
-    for text in (deep, "1" * 5000):  # ... and ValueError past the integer digit limit
-        with pytest.raises(InvalidActionError, match="not JSON"):
-            parse_action(text, FINAL_SCHEMA, structured=True, code=False)
+    with pytest.raises(InvalidActionError, match="not JSON"):  # ValueError past the integer digit limit
+        parse_action("1" * 5000, FINAL_SCHEMA, structured=True, code=False)
+    # valid JSON nested too deep (RecursionError on 3.11, read on 3.13): refused, and not called "not JSON"
+    for depth in (501, 2_000, 100_000):
+        deep = "[" * depth + "]" * depth
+        with pytest.raises(InvalidActionError, match=r"^the response is refused \(JSON nested deeper than"):
+            parse_action(deep, FINAL_SCHEMA, structured=True, code=False)
 
 
 def test_validity_rate_counts_garbled_200s_as_received_invalid_responses() -> None:

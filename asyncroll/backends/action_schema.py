@@ -30,7 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 from asyncroll.coerce import INT_KEY_PATTERN, CoercionError, canonical_type, coerce_arguments
 from asyncroll.errors import InvalidActionError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
-from asyncroll.json_depth import json_loads
+from asyncroll.json_depth import JsonTooDeep, json_loads
 from asyncroll.workload import Action, Problem, SubmitAction, Tool, ToolAction
 
 SCHEMA_NAME = "agent_action"
@@ -221,7 +221,9 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
     body = text if structured else strip_fence(text)
     try:
         data = json_loads(body, parse_constant=_not_json)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int past the digit limit, deep nesting
+    except JsonTooDeep as exc:  # valid JSON, refused: nested deeper than any action needs
+        raise InvalidActionError(f"the response is refused ({exc}): {text[:200]!r}") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int past the digit limit
         raise InvalidActionError(f"the response is not JSON ({exc}): {text[:200]!r}") from exc
     # "\ud800" is valid JSON text that decodes to a string no UTF-8 write accepts: taken, it failed the
     # whole run where the action's text is encoded (a submission's code, for one)
