@@ -50,6 +50,7 @@ from asyncroll.runtime.pool import WorkerFactory, WorkerPool
 from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
 from asyncroll.runtime.prepare import prepare as prepare
 from asyncroll.runtime.progress import LiveView, RunView
+from asyncroll.runtime.task_group import OrderedTaskGroup
 from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
 from asyncroll.runtime.transcript import transcript_line
 from asyncroll.telemetry.nvtx import Ranges, make_ranges
@@ -256,7 +257,7 @@ class Run:
                 files.write_transcript(json_line(transcript_line(result, result.messages)))
 
         try:
-            async with asyncio.TaskGroup() as outer:
+            async with OrderedTaskGroup() as outer:
                 if live is not None and (metrics := live.start(outer)) is not None:
                     files.update(metrics=metrics)
                 # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
@@ -289,7 +290,7 @@ class Run:
                     )
                     files.transition("running", clock.wall())
                     outer.create_task(sampler.run())
-                    async with asyncio.TaskGroup() as tg:
+                    async with OrderedTaskGroup() as tg:
                         problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
                         await admission.run(tg, problems, trajectory)
                     status = "complete"

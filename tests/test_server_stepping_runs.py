@@ -1,0 +1,217 @@
+"""Whole simulations with ``--server batching`` whose model requests are cut off in the middle of a
+stretch of decode steps taken in place (``VirtualClock.sleep_stepping``): a stop at a virtual instant, a
+policy that raises (the run fails and its task groups cancel every request in flight). Each runs stepped
+in place (the default) and with ``stepping=False`` (the engine's task wakes at every step), and the run
+directories must be the same byte for byte. Also: the asyncio debug mode (no step in place, the same
+outputs)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
+from asyncroll.config import build_config
+from asyncroll.policies.base import Decision, Policy, QueueSnapshot
+from asyncroll.runtime import run as run_module
+from asyncroll.simulation.engine import SimulationSettings, simulate
+from tests.conftest import write_workload
+
+#: the run directory's files a simulation writes the same each time (events.jsonl without its wall time)
+_FILES = ("events.jsonl", "results.jsonl", "summary.json", "trace.json")
+
+
+def _workload(path: Path, seed: int, problems: int, declared: bool) -> Path:
+    """Problems of 0–3 ``sleep_ms`` tool turns (0 to 333 ms: their timers fall among the decode steps,
+    some on step boundaries), then a final answer; ``declared``: each action's ``output_tokens`` (else
+    its size decides)."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(problems):
+        script: list[dict[str, Any]] = []
+        for _ in range(rng.randint(0, 3)):
+            ms = rng.choice([0, 1, 7.5, 40, 120, 333.3])
+            script.append({"type": "tool", "name": "sleep_ms", "arguments": {"milliseconds": ms}})
+        script.append({"type": "final", "answer": 1})
+        if declared:
+            for action in script:
+                action["output_tokens"] = rng.randint(1, 600)
+        prompt = "x" * rng.randint(1, 300)
+        items.append({"id": f"p{i}", "prompt": prompt, "tools": [{"name": "sleep_ms"}], "script": script})
+    return write_workload(path, items)
+
+
+class _Raising:
+    """A policy that raises at its ``at``-th decision (the trajectory that asked fails the run)."""
+
+    def __init__(self, inner: Policy, at: int, when_raised: Callable[[], None]) -> None:
+        self._inner, self._at, self._calls, self._when_raised = inner, at, 0, when_raised
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    def choose(self, snapshot: QueueSnapshot) -> Decision:
+        self._calls += 1
+        if self._calls == self._at:
+            self._when_raised()
+            raise RuntimeError("the policy broke")
+        return self._inner.choose(snapshot)
+
+
+@dataclass
+class _Simulated:
+    files: list[str]  # _FILES' texts, then run.json's status and error
+    in_place: int  # decode steps taken in place
+    pending: int  # at the stop (or the policy's failure): steps taken in place not yet counted by the task
+
+
+def _simulate(
+    out: Path,
+    workload: Path,
+    model: ServerModelConfig,
+    *,
+    stepping: bool,
+    policy: str,
+    stop_at: float | None = None,
+    raise_at: int | None = None,
+    overhead_ms: float = 0.0,
+) -> _Simulated:
+    """``simulate --server batching`` in this process with stop signals handled as the command does
+    (``signals=True``); ``stop_at``: the run's SIGTERM handler is called that long after the first model
+    request (the measurement's start); ``raise_at``: the policy raises at that decision."""
+    servers: list[BatchingServer] = []
+    in_place = 0
+    pending = -1
+
+    def at_the_cut() -> None:
+        nonlocal pending
+        pending = servers[0]._decoded
+
+    def stop() -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)  # the run's own (the stop is before its end)
+        at_the_cut()
+        handler(signal.SIGTERM, None)
+
+    init = BatchingServer.__init__
+    start_next_step = BatchingServer._start_next_step
+    generate = BatchingServer.generate
+    get_policy = run_module.get_policy
+
+    def made(self: BatchingServer, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **{**kwargs, "stepping": stepping})
+        servers.append(self)
+
+    def counted(self: BatchingServer) -> None:
+        nonlocal in_place
+        in_place += 1
+        start_next_step(self)
+
+    async def first_starts_the_stop(self: BatchingServer, prompt_tokens: int, output_tokens: int) -> Any:
+        nonlocal stop_at
+        if stop_at is not None:  # a timer of the loop, as a signal's callback would be
+            asyncio.get_running_loop().call_later(stop_at, stop)
+            stop_at = None
+        return await generate(self, prompt_tokens, output_tokens)
+
+    def raising(name: str, **kwargs: Any) -> Policy:
+        inner = get_policy(name, **kwargs)
+        return inner if raise_at is None else _Raising(inner, raise_at, at_the_cut)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BatchingServer, "__init__", made)
+        mp.setattr(BatchingServer, "_start_next_step", counted)
+        mp.setattr(BatchingServer, "generate", first_starts_the_stop)
+        mp.setattr(run_module, "get_policy", raising)
+        config = build_config(
+            {
+                "workload": workload,
+                "output": out,
+                "policy": policy,
+                "max_active_trajectories": 8,
+                "max_inflight_model_requests": 6,
+                "cpu_workers": 2,
+            }
+        )
+        settings = SimulationSettings(
+            "batching", model, turn_overhead_ms=overhead_ms, job_overhead_ms=overhead_ms
+        )
+        simulate(config, settings, ["test"], signals=True)
+    assert len(servers) == 1
+    texts = [(out / name).read_text(encoding="utf-8") for name in _FILES]
+    texts[0] = re.sub(r'"wall_time":[^,]+,', "", texts[0], count=1)
+    receipt = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    return _Simulated([*texts, f"{receipt['status']}: {receipt['error']}"], in_place, pending)
+
+
+_CASES = {
+    # name: (max_num_seqs, output_tokens declared, policy, stop_at, raise_at, overhead_ms)
+    "batch-1-stopped": (1, True, "fifo", 29.7231, None, 0.0),
+    "batch-2-stopped-sized-by-action": (2, False, "asyncroll", 0.6619, None, 0.0),
+    "batch-8-stopped-overheads": (8, True, "asyncroll", 8.6623, None, 0.5),
+    "batch-256-stopped": (256, True, "fifo", 10.7354, None, 0.0),
+    "batch-8-policy-raises-sized-by-action": (8, False, "asyncroll", None, 13, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_a_run_cut_off_mid_stretch_is_the_same_stepped_in_place(tmp_path: Path, case: str) -> None:
+    """The stop or the failure lands while sequences are mid-stretch (steps taken in place that their
+    ``remaining`` does not count yet): the run's directory is the same as with one loop round per step,
+    byte for byte: the requests cancelled, the partial counts, the summary and the trace."""
+    seqs, declared, policy, stop_at, raise_at, overhead = _CASES[case]
+    workload = _workload(tmp_path / "w.jsonl", seed=sum(map(ord, case)), problems=14, declared=declared)
+    model = ServerModelConfig(max_num_seqs=seqs, step_base_ms=5.0, step_per_seq_ms=0.3)
+    runs = {
+        stepping: _simulate(
+            tmp_path / str(stepping),
+            workload,
+            model,
+            stepping=stepping,
+            policy=policy,
+            stop_at=stop_at,
+            raise_at=raise_at,
+            overhead_ms=overhead,
+        )
+        for stepping in (True, False)
+    }
+    fast, slow = runs[True], runs[False]
+    assert fast.files == slow.files
+    assert fast.pending > 0 and slow.pending == 0  # cut off mid-stretch
+    assert fast.in_place > 50 and slow.in_place == 0
+    events = [json.loads(line) for line in fast.files[0].splitlines()]
+    cancelled = [e for e in events if e["event"] == "model_failed" and e["kind"] == "cancelled"]
+    assert cancelled and all(e["latency_s"] > 0 for e in cancelled)
+    # cancelled in the order their trajectories started (asyncio's task groups: their tasks' addresses)
+    started = [int(e["id"][1:]) for e in cancelled]
+    assert started == sorted(started)
+    expected = "interrupted: interrupted by SIGTERM" if raise_at is None else "failed: RuntimeError"
+    assert fast.files[-1].startswith(expected)
+
+
+def test_the_asyncio_debug_mode_steps_the_loop_and_gives_the_same_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PYTHONASYNCIODEBUG=1`` (and ``-X dev``, which sets the same loop flag): the loop takes no step in
+    place (debug mode times and traces every callback), and the run is the same."""
+    workload = _workload(tmp_path / "w.jsonl", seed=11, problems=10, declared=True)
+    model = ServerModelConfig(max_num_seqs=4, step_base_ms=5.0, step_per_seq_ms=0.3)
+
+    def once(out: Path) -> _Simulated:
+        return _simulate(out, workload, model, stepping=True, policy="asyncroll", stop_at=3.0)
+
+    plain = once(tmp_path / "plain")
+    monkeypatch.setenv("PYTHONASYNCIODEBUG", "1")
+    debug = once(tmp_path / "debug")
+    assert plain.files == debug.files
+    assert plain.in_place > 50 and plain.pending > 0 and debug.in_place == 0
