@@ -3,15 +3,19 @@ stretch of decode steps taken in place (``VirtualClock.sleep_stepping``): a stop
 policy that raises (the run fails and its task groups cancel every request in flight). Each runs stepped
 in place (the default) and with ``stepping=False`` (the engine's task wakes at every step), and the run
 directories must be the same byte for byte. Also: the asyncio debug mode (no step in place, the same
-outputs)."""
+outputs), and a stop signal to the real command while one long request decodes alone."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import re
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +28,10 @@ from asyncroll.config import build_config
 from asyncroll.policies.base import Decision, Policy, QueueSnapshot
 from asyncroll.runtime import run as run_module
 from asyncroll.simulation.engine import SimulationSettings, simulate
-from tests.conftest import write_workload
+from tests.children import end
+from tests.cli_runs import load_run
+from tests.conftest import REPO, write_workload
+from tests.simulations import wait_until
 
 #: the run directory's files a simulation writes the same each time (events.jsonl without its wall time)
 _FILES = ("events.jsonl", "results.jsonl", "summary.json", "trace.json")
@@ -215,3 +222,57 @@ def test_the_asyncio_debug_mode_steps_the_loop_and_gives_the_same_run(
     debug = once(tmp_path / "debug")
     assert plain.files == debug.files
     assert plain.in_place > 50 and plain.pending > 0 and debug.in_place == 0
+
+
+# --- a stop signal to the real command ---------------------------------------------------------------
+
+#: one request of a million tokens decoding alone at a batch of one: ≈ 2 µs of CPU per step in place
+_LONG = [
+    {
+        "id": "long",
+        "prompt": "x",
+        "tools": [],
+        "script": [{"type": "final", "answer": 1, "output_tokens": 1_000_000}],
+    }
+]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_a_long_stretch_stops_the_simulation_at_once(tmp_path: Path, sig: signal.Signals) -> None:
+    """The signal lands while the loop steps the one sequence in place (it wakes no task for a million
+    steps): its handler's callback is seen at the next step, the request is cancelled mid-decode, and the
+    command ends as documented (exit 130, run.json ``interrupted by SIG…``, valid events) within moments,
+    not when the decode would have ended (≈ 2 s of CPU later, 12,080 s of virtual time)."""
+    workload = write_workload(tmp_path / "w.jsonl", _LONG)
+    out = tmp_path / "sim"
+    args = ["simulate", "--workload", str(workload), "--output", str(out), "--server", "batching"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", *args, "--max-num-seqs", "1"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    receipt = out / "run.json"
+    try:
+        wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the simulation start")
+        events = out / "events.jsonl"
+        wait_until(lambda: '"model_started"' in events.read_text(), "the request's start")
+        sent = time.monotonic()
+        os.kill(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        end(proc)
+    assert proc.returncode == 130, stderr
+    assert f"interrupted by {sig.name}; partial outputs in {out}" in stderr and "Traceback" not in stderr
+    assert took < 10  # the interpreter's exit included (≈ 0.6 s here); the loop's part is ≈ 30 ms
+    run, summary, parsed = load_run(out)
+    assert run["status"] == "interrupted" and run["error"] == f"interrupted by {sig.name}"
+    assert summary["status"] == "interrupted"
+    failed = [e for e in parsed if e.event == "model_failed"]
+    assert len(failed) == 1 and failed[0].kind == "cancelled"
+    assert 0 < failed[0].latency_s < 12_000  # mid-decode
+    assert parsed[-1].event == "measurement_finished" and parsed[-1].status == "interrupted"
