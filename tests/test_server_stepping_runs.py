@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
+from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.policies.base import Decision, Policy, QueueSnapshot
 from asyncroll.runtime import run as run_module
@@ -276,3 +277,89 @@ def test_a_signal_in_a_long_stretch_stops_the_simulation_at_once(tmp_path: Path,
     assert len(failed) == 1 and failed[0].kind == "cancelled"
     assert 0 < failed[0].latency_s < 12_000  # mid-decode
     assert parsed[-1].event == "measurement_finished" and parsed[-1].status == "interrupted"
+
+
+# --- two servers on one loop ----------------------------------------------------------------------------
+
+
+def _two_servers(seed: int, stepping: bool) -> tuple[list[tuple[str, float]], Any, int]:
+    """Two or three servers of their own step times on one virtual loop, requests to each, some
+    withdrawn: the log of answers and withdrawals (with ``clock.now()``), the servers' final state, and
+    how many steps their tasks ended themselves."""
+    rng = random.Random(seed)
+    cfgs = [
+        ServerModelConfig(
+            max_num_seqs=rng.choice([1, 2, 4]),
+            step_base_ms=rng.choice([10.0, 5.0, 7.3, 1.0]),
+            step_per_seq_ms=rng.choice([0.0, 0.3]),
+            prefill_ms_per_token=rng.choice([0.0, 0.01]),
+        )
+        for _ in range(rng.choice([2, 3]))
+    ]
+    requests = [
+        (f"r{i}", rng.randrange(len(cfgs)), round(rng.random() * 2, rng.choice([2, 9])), rng.randint(0, 200))
+        for i in range(rng.randint(2, 8))
+    ]
+    outputs = [rng.randint(1, 500) for _ in requests]
+    withdrawals = [
+        (rng.randrange(len(requests)), round(rng.random() * 3, 2)) for _ in range(rng.randint(0, 3))
+    ]
+    clock = VirtualClock(wall_start=0.0)
+    log: list[tuple[str, float]] = []
+    woke = 0
+
+    async def main() -> Any:
+        servers = [BatchingServer(cfg, clock, stepping=stepping) for cfg in cfgs]
+
+        def counted(end_step: Callable[[], None]) -> Callable[[], None]:
+            def end() -> None:
+                nonlocal woke
+                woke += 1
+                end_step()
+
+            return end
+
+        for server in servers:
+            server._end_step = counted(server._end_step)  # type: ignore[method-assign]
+
+        async def request(i: int, name: str, k: int, at: float, prompt: int) -> None:
+            try:
+                await asyncio.sleep(at)
+                g = await servers[k].generate(prompt, outputs[i])
+            except asyncio.CancelledError:
+                log.append((f"{name} cancelled", clock.now()))
+                return
+            log.append((f"{name} {g!r}", clock.now()))
+
+        async with asyncio.TaskGroup() as tg:
+            for server in servers:
+                tg.create_task(server.serve())
+            tasks = [tg.create_task(request(i, *r)) for i, r in enumerate(requests)]
+
+            async def withdraw(i: int, at: float) -> None:
+                await asyncio.sleep(at)
+                tasks[i].cancel()
+                log.append((f"withdraw r{i} {[s.snapshot() for s in servers]}", clock.now()))
+
+            tasks += [tg.create_task(withdraw(*w)) for w in withdrawals]
+            await asyncio.gather(*tasks)
+            for server in servers:
+                server.close()
+        return [(s.snapshot(), s.batch_seconds) for s in servers], clock.now()
+
+    state = clock.run(main())
+    return log, state, woke
+
+
+def test_two_servers_on_one_loop_are_stepped_in_place_each_as_it_would_be_woken() -> None:
+    """Each server's engine sleeps on a timer of the same heap: one server's step in place must stop
+    where the other's timer is due (equal step times put them at the same instants), and each timer's
+    step is its own server's."""
+    steps = woke = 0
+    for seed in range(40):
+        fast_log, fast_state, fast_woke = _two_servers(seed, True)
+        slow_log, slow_state, slow_woke = _two_servers(seed, False)
+        assert fast_log == slow_log, seed
+        assert fast_state == slow_state, seed
+        steps, woke = steps + slow_woke, woke + fast_woke
+    assert woke * 10 < steps
