@@ -255,7 +255,9 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
         other timer due at the end of the sleep, the next timer not a cancelled one and no purge of
         cancelled timers due (``_run_once`` would remove those between the wake-up and the next sleep),
         and the next sleep ends later than now (one that ends within the clock's resolution would be
-        run without a jump of time)."""
+        run without a jump of time). A callback made ready meanwhile (a signal's handler, a thread's
+        ``call_soon_threadsafe``) ends the stretch before time moves on: the loop never jumps time while
+        one is ready."""
         sched: list[Any] = self._scheduled  # type: ignore[attr-defined]
         ready: Any = self._ready  # type: ignore[attr-defined]
         if not sched or ready or self.get_debug():
@@ -289,8 +291,8 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
             head._when = now + delay  # the sleeper's next call_later(delay)
             heappush(sched, head)
             head._scheduled = True
-            if sched[0] is not head:
-                return []
+            if ready or sched[0] is not head:  # ready: a signal's handler or a thread added a callback
+                return []  # meanwhile, which runs now, before time moves on (as _run_once runs it)
             timeout = head._when - now  # the next _run_once's select
             if timeout > _MAX_SELECT_S:
                 return []

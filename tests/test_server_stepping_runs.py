@@ -33,6 +33,7 @@ from tests.children import end
 from tests.cli_runs import load_run
 from tests.conftest import REPO, write_workload
 from tests.simulations import wait_until
+from tests.test_server_stepping import _both, _request
 
 #: the run directory's files a simulation writes the same each time (events.jsonl without its wall time)
 _FILES = ("events.jsonl", "results.jsonl", "summary.json", "trace.json")
@@ -363,3 +364,42 @@ def test_two_servers_on_one_loop_are_stepped_in_place_each_as_it_would_be_woken(
         assert fast_state == slow_state, seed
         steps, woke = steps + slow_woke, woke + fast_woke
     assert woke * 10 < steps
+
+
+# --- a callback that becomes ready during a stretch -------------------------------------------------------
+
+
+def test_a_callback_made_ready_during_a_step_runs_at_that_steps_time() -> None:
+    """A stop signal's handler (or a thread) makes a callback ready while the loop steps a sequence in
+    place (``call_soon_threadsafe``): the loop runs it before time moves on, as it does when the engine's
+    task wakes for the step (time never jumps while a callback is ready). It ran one step later, at the
+    next step's end."""
+    cfg = ServerModelConfig(max_num_seqs=2, step_base_ms=7.0, step_per_seq_ms=0.5)
+
+    async def script(server: BatchingServer, log: Any, tg: asyncio.TaskGroup, clock: VirtualClock) -> None:
+        loop = asyncio.get_running_loop()
+        started = 0
+
+        def arrives() -> None:
+            log.append(("the signal's callback", clock.now()))
+
+        def counting(start: Callable[[], Any]) -> Callable[[], Any]:
+            def counted() -> Any:
+                nonlocal started
+                started += 1
+                if started in (40, 41, 300, 333):  # some in place, after a few steps or a poll of I/O
+                    log.append((f"signal at step {started}", clock.now()))
+                    loop.call_soon_threadsafe(arrives)
+                return start()
+
+            return counted
+
+        server._start_step = counting(server._start_step)  # type: ignore[method-assign]
+        server._start_next_step = counting(server._start_next_step)  # type: ignore[method-assign]
+        await asyncio.gather(
+            _request(server, log, clock, "a", 0.0, 20, 500), _request(server, log, clock, "b", 0.1, 5, 200)
+        )
+
+    log, fast_woke, slow_woke = _both(cfg, script)
+    assert [what for what, _ in log].count("the signal's callback") == 4
+    assert fast_woke * 10 < slow_woke
