@@ -24,6 +24,9 @@ class _InsertionOrdered(dict[asyncio.Task[Any], None]):
     def discard(self, task: asyncio.Task[Any]) -> None:
         self.pop(task, None)
 
+    def remove(self, task: asyncio.Task[Any]) -> None:  # not used by 3.11–3.13; a set's, should one be
+        del self[task]
+
 
 class OrderedTaskGroup(asyncio.TaskGroup):
     """:class:`asyncio.TaskGroup` whose tasks are cancelled in creation order (3.11 to 3.13 keep them in
