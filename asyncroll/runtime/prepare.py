@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncroll.cli_signals import deferred
 from asyncroll.config import RunConfig
 from asyncroll.errors import OutputExistsError, UsageError
 from asyncroll.workload import EVALUATOR_TOOL, WorkloadScan, scan_workload
@@ -59,14 +60,17 @@ def prepare(
     isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
     if output_ready:
         return PreparedRun(config, scan, list(argv or sys.argv), isolation)
-    try:
-        config.output.mkdir(parents=True, exist_ok=False)
-    except FileExistsError as exc:
-        raise OutputExistsError(f"--output {config.output} already exists") from exc
-    except OSError as exc:
-        raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
-    if made is not None:
-        made.append(config.output)
+    # A stop signal waits until ``made`` says whether the directory was made: one that came between the
+    # two left an empty directory, no run.json, blocking the path ("nothing written", said the command)
+    with deferred():
+        try:
+            config.output.mkdir(parents=True, exist_ok=False)
+        except FileExistsError as exc:
+            raise OutputExistsError(f"--output {config.output} already exists") from exc
+        except OSError as exc:
+            raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
+        if made is not None:
+            made.append(config.output)
     return PreparedRun(config, scan, list(argv or sys.argv), isolation)
 
 

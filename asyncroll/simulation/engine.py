@@ -189,28 +189,33 @@ def prepare_from_run(
 ) -> DerivedRun:
     """Create ``output`` and write the replay workload into it (removed again if that fails or is
     interrupted). Whatever the run directory holds, a failure to read it is a :class:`UsageError`."""
+    from asyncroll.cli_signals import deferred
     from asyncroll.runtime.prepare import output_exists
     from asyncroll.simulation.from_run import derive_workload
 
     if output_exists(output):
         raise OutputExistsError(f"--output {output} already exists; asyncroll never overwrites a run")
     made = tuple(p for p in output.absolute().parents if not p.exists())  # nearest first
+    created = False
     try:
-        output.mkdir(parents=True)
-    except OSError as exc:  # not made here (it may be another's, made meanwhile): only its parents go
-        remove_output(None, made)
-        raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
-    try:
+        with deferred():  # a stop signal waits until ``created`` says whether mkdir made it
+            try:
+                output.mkdir(parents=True)
+            except OSError as exc:  # not made here (it may be another's, made meanwhile): only its parents go
+                remove_output(None, made)
+                raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
+            created = True
         derived = derive_workload(run_dir, output / "replay-workload.jsonl", tool_root, workload)
     except UsageError:
-        remove_output(output, made)
+        if created:
+            remove_output(output, made)
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         # a run directory this code cannot read (another version, or damaged) is bad input, not a crash
         remove_output(output, made)
         raise UsageError(f"--from-run {run_dir}: cannot replay it: {type(exc).__name__}: {exc}") from exc
     except BaseException:
-        remove_output(output, made)
+        remove_output(output if created else None, made)
         raise
     return replace(derived, made_parents=made)
 
