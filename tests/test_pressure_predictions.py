@@ -181,3 +181,36 @@ def test_every_observation_is_fitted_before_it_leaves_the_window() -> None:
     gaps = [b - a for a, b in itertools.pairwise(refitted_at)]
     assert max(gaps) <= window // 2
     assert len(refitted_at) < 300  # still one refit per batch of observations, not one per observation
+
+
+def test_the_window_holds_what_one_observation_at_a_time_would_have_written() -> None:
+    """Observations wait in lists and enter the ring buffer together before the next refit: at each refit
+    its rows and targets are, bit for bit, those written one observation at a time — whether the batch
+    fits before the end of the buffer, wraps around it, or fills the whole window between two refits."""
+    from asyncroll.policies.predictor import FEATURES, features
+
+    window = 16
+    p = DurationPredictor(window=window)
+    x, y = np.zeros((window, FEATURES)), np.zeros(window)
+    at = stored = refits = since = longest = 0
+
+    def predict(job: JobView) -> None:
+        nonlocal refits, since, longest
+        p.predict([job])
+        if p.refits > refits:  # refitted on the window as it is now
+            refits, since, longest = p.refits, 0, max(longest, since)
+            assert p._stored == stored and p._next == at
+            assert np.array_equal(p._x, x) and np.array_equal(p._y, y)
+
+    rng = np.random.default_rng(5)
+    for i in range(400):
+        job = _job(i, size=int(rng.integers(1, 5000)), tool=("a", "b")[i % 2], resub=i % 5 == 0)
+        if i % 3 and i < 250:
+            predict(job)  # a queued job's row is computed once and kept until it is observed
+        seconds = float(rng.lognormal(-2, 1))
+        p.observe(job, seconds)
+        x[at], y[at] = features(job), math.log(min(max(seconds, MIN_S / 10), MAX_S * 10)) - math.log(0.1)
+        at, stored, since = (at + 1) % window, min(stored + 1, window), since + 1
+        if rng.random() < (0.03 if i >= 250 else 0.3):  # late: more than a whole window between refits
+            predict(_job(10**6 + i))
+    assert refits > 20 and longest > window

@@ -65,6 +65,10 @@ class DurationPredictor:
         self._y = np.zeros(window, dtype=np.float64)
         self._stored = 0  # rows of the window in use
         self._next = 0  # where the next observation goes
+        # observations not yet in the window: written there in one step before the next refit (a row
+        # copied from a list into a numpy row one at a time cost more than the rest of ``observe``)
+        self._new_x: list[list[float]] = []
+        self._new_y: list[float] = []
         self._coef: np.ndarray[Any, np.dtype[np.float64]] | None = None
         self._coef_list: list[float] = []
         self._dirty = False
@@ -88,10 +92,10 @@ class DurationPredictor:
         self._cache.pop(job.job_id, None)
         row = self._rows.pop(job.job_id, None)
         self._release(job.job_id)
-        self._x[self._next] = row if row is not None else features(job)
-        self._y[self._next] = math.log(seconds) - self._log_prior
-        self._next = (self._next + 1) % len(self._y)
-        self._stored = min(self._stored + 1, len(self._y))
+        self._new_x.append(row if row is not None else features(job))
+        self._new_y.append(math.log(seconds) - self._log_prior)
+        if len(self._new_y) == len(self._y):  # a whole window waits: the older ones would be overwritten
+            self._flush()
         self._dirty = True
         self._pending += 1
         self.observations += 1
@@ -103,9 +107,31 @@ class DurationPredictor:
                 if len(self._first) > self._remember:
                     self._first.popitem(last=False)
 
+    def _flush(self) -> None:
+        """Write the observations since the last refit into the ring buffer, oldest first (the same rows
+        at the same places as one at a time)."""
+        rows, ys = self._new_x, self._new_y
+        if not ys:
+            return
+        size, start = len(self._y), self._next
+        end = start + len(ys)  # at most ``size`` rows wait (``observe``)
+        if end <= size:
+            self._x[start:end] = rows
+            self._y[start:end] = ys
+        else:
+            first = size - start
+            self._x[start:] = rows[:first]
+            self._y[start:] = ys[:first]
+            self._x[: end - size] = rows[first:]
+            self._y[: end - size] = ys[first:]
+        self._next = end % size
+        self._stored = min(self._stored + len(ys), size)
+        self._new_x, self._new_y = [], []
+
     def _refit(self) -> None:
         # scikit-learn's functional ridge solver on already-validated float64 arrays: the same solution
         # as ``Ridge(fit_intercept=False).fit`` (tested) without its input and parameter checking.
+        self._flush()
         n = self._stored
         coef = _ridge()(self._x[:n], self._y[:n], self._alpha)
         self._coef = np.asarray(coef, dtype=np.float64)
