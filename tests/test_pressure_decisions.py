@@ -3,6 +3,9 @@ registry that builds them by name, and the decision bench's queue."""
 
 from __future__ import annotations
 
+import math
+import random
+
 from asyncroll.policies import JobView, Prediction, QueueSnapshot, get_policy
 from asyncroll.policies.base import JobKind
 from asyncroll.policies.pressure import PressurePolicy
@@ -158,6 +161,52 @@ def test_the_rules_add_predictions_left_to_right_on_every_python() -> None:
     jobs: tuple[Job, ...] = (("tool", 0.1, 1), ("tool", 0.3, 1), ("tool", 0.8, 1))
     even = BALANCED.choose(snap(*jobs, pending=False, remaining=(1.0, 0.5, 0.0), workers=2, running_left=1.2))
     assert (even.job_id, even.reason) == (1, "tail_critical_path")
+
+
+def _scored_by_key_tuples(policy: PressurePolicy, view: QueueSnapshot) -> int:
+    """The scored choice as it was first written: the smallest (grade job while grades go last, predicted
+    seconds − aging weight × waited seconds, job order) over every queued job."""
+    grade_last = not (policy.unlock and view.admission_pending)
+    keys = [
+        (
+            grade_last and job.kind == "grade",
+            p.seconds - policy.aging_weight * (view.now - job.enqueued_at),
+            i,
+        )
+        for i, (job, p) in enumerate(zip(view.jobs, view.predictions, strict=True))
+    ]
+    return view.jobs[min(keys)[2]].job_id
+
+
+def test_the_scored_choice_is_the_smallest_key_tuple_ties_and_kinds_mixed_or_not() -> None:
+    """The scored choice finds its job without a key tuple per queued job (it runs at every decision over
+    the whole queue): the same job as the key tuples' minimum, on queues of grades only, of none, and of
+    both, with equal scores (the oldest of them wins), negative and infinite scores and predictions that are
+    not numbers, whether grades go last or not."""
+    rng = random.Random(11)
+    kinds: tuple[JobKind, ...] = ("tool", "evaluate", "grade")
+    values = (0.001, 0.25, 0.5, 1.0, 60.0, -0.0, 0.0, math.inf, math.nan)
+    checked = 0
+    for case in range(3000):
+        n = rng.randint(2, 40)
+        mix = rng.choice((kinds, ("grade",), ("tool", "evaluate")))
+        tied = case % 2 == 0  # few distinct values: many equal scores
+        jobs = tuple(
+            (
+                rng.choice(mix),
+                rng.choice(values[:4]) if tied else rng.choice(values) if case % 7 == 0 else rng.random(),
+                rng.choice((0.0, 1.0, 2.5)) if tied else rng.random() * 10,
+            )
+            for _ in range(n)
+        )
+        for pending in (True, False):
+            view = snap(*jobs, pending=pending, now=1000.0)
+            for policy in (SEED, CRITICAL):  # grades last always; while no problem waits (no aging by drain)
+                decision = policy.choose(view)
+                assert decision.reason == "low_model_supply_predicted_unlock"
+                assert decision.job_id == _scored_by_key_tuples(policy, view), (case, pending, policy.name)
+                checked += 1
+    assert checked == 3000 * 2 * 2
 
 
 def test_registry_names() -> None:

@@ -72,6 +72,7 @@ The policy is a pure function of the snapshot; predictions arrive in it, compute
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asyncroll.floats import left_to_right_sum
@@ -134,11 +135,18 @@ class PressurePolicy:
             best = min(range(len(jobs)), key=lambda i: (jobs[i].kind == "grade", -predictions[i].seconds, i))
             return Decision(jobs[best].job_id, "tail_guard_longest_predicted", eligible=True)
         weight = self.aging_weight
-        grade_last = not (self.unlock and snapshot.admission_pending)
-        # the keys built in one comprehension, then compared in C: no key call per queued job
+        # The minimum of (grade job while grades go last, score, job order) without a key tuple per queued
+        # job: the scores in one comprehension, then ``min`` over the candidates' indices in order, keyed
+        # by their scores (a C loop, that keeps the first of equal scores as the tuples' order did). While
+        # grades go last, the candidates are the tool/evaluation jobs, or every job if all or none are.
         scores = [
-            (grade_last and job.kind == "grade", prediction.seconds - weight * (now - job.enqueued_at), i)
-            for i, (job, prediction) in enumerate(zip(jobs, predictions, strict=True))
+            prediction.seconds - weight * (now - job.enqueued_at)
+            for job, prediction in zip(jobs, predictions, strict=True)
         ]
-        best = min(scores)[2]
+        candidates: Sequence[int] = range(len(jobs))
+        if not (self.unlock and snapshot.admission_pending):
+            unlocking = [i for i, job in enumerate(jobs) if job.kind != "grade"]
+            if 0 < len(unlocking) < len(jobs):
+                candidates = unlocking
+        best = min(candidates, key=scores.__getitem__)
         return Decision(jobs[best].job_id, "low_model_supply_predicted_unlock", eligible=True)
