@@ -215,8 +215,8 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-#: A :meth:`VirtualClock.sleep_stepping` sleeper's ``next_sleep`` and ``step``.
-_Stepper = tuple[Callable[[], float | None], Callable[[], None]]
+#: A :meth:`VirtualClock.sleep_stepping` sleeper's ``next_sleep``, ``step`` and the future it awaits.
+_Stepper = tuple[Callable[[], float | None], Callable[[], None], asyncio.Future[None]]
 
 
 class _VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -235,7 +235,7 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
         future = self.create_future()
         handle = self.call_later(seconds, _wake, future)
         key = id(handle)
-        self.steppers[key] = (next_sleep, step)
+        self.steppers[key] = (next_sleep, step, future)
         try:
             await future
         finally:
@@ -257,7 +257,8 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
         and the next sleep ends later than now (one that ends within the clock's resolution would be
         run without a jump of time). A callback made ready meanwhile (a signal's handler, a thread's
         ``call_soon_threadsafe``) ends the stretch before time moves on: the loop never jumps time while
-        one is ready."""
+        one is ready. Should ``next_sleep`` or ``step`` raise, the sleeper's sleep raises it (its task
+        fails as if its own code had raised it), never the event loop itself."""
         sched: list[Any] = self._scheduled  # type: ignore[attr-defined]
         ready: Any = self._ready  # type: ignore[attr-defined]
         if not sched or ready or self.get_debug():
@@ -266,7 +267,7 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
         stepper = self.steppers.get(id(head))
         if stepper is None or head._cancelled:
             return []
-        next_sleep, step = stepper
+        next_sleep, step, future = stepper
         clock = self._virtual_clock
         base_resolution = self._base_resolution
         heappop, heappush = heapq.heappop, heapq.heappush
@@ -282,12 +283,17 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
             head._scheduled = False
             nxt = sched[0] if sched else None
             delay = None
-            if not (ready or purge) and (nxt is None or (nxt._when >= end_time and not nxt._cancelled)):
-                delay = next_sleep()
-            if delay is None or not now + delay >= end_time:
-                ready.append(head)  # ... and wakes the sleeper, which does the rest
+            try:
+                if not (ready or purge) and (nxt is None or (nxt._when >= end_time and not nxt._cancelled)):
+                    delay = next_sleep()
+                if delay is None or not now + delay >= end_time:
+                    ready.append(head)  # ... and wakes the sleeper, which does the rest
+                    return []
+                step()
+            except Exception as exc:  # noqa: BLE001 - the sleeper's code, run in its place: its sleep raises it
+                if not future.done():
+                    future.set_exception(exc)
                 return []
-            step()
             head._when = now + delay  # the sleeper's next call_later(delay)
             heappush(sched, head)
             head._scheduled = True

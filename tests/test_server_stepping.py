@@ -328,3 +328,41 @@ def test_a_simulation_is_the_same_stepped_in_place(tmp_path: Path, monkeypatch: 
     assert fast == slow
     assert _events(tmp_path / "fast") == _events(tmp_path / "slow")
     assert fast["counts"]["completed"] == 10
+
+
+@pytest.mark.parametrize("raises_in", ["next_sleep", "step"])
+def test_a_step_that_raises_in_place_fails_the_sleeper_not_the_loop(raises_in: str) -> None:
+    """``next_sleep`` and ``step`` run in the sleeper's place: what they raise reaches the sleeper's
+    ``await`` (its task fails as if its own code had raised it; a run's task group then fails the run
+    and writes its outputs). It used to escape the event loop itself, past every task's clean-up."""
+    clock = VirtualClock(wall_start=0.0)
+    calls = {"next_sleep": 0, "step": 0}
+
+    def next_sleep() -> float:
+        calls["next_sleep"] += 1
+        if raises_in == "next_sleep" and calls["next_sleep"] == 5:
+            raise ValueError("broken next_sleep")
+        return 0.01
+
+    def step() -> None:
+        calls["step"] += 1
+        if raises_in == "step" and calls["step"] == 5:
+            raise ValueError("broken step")
+
+    async def main() -> tuple[str, float, bool]:
+        async def sleeper() -> str:
+            try:
+                await clock.sleep_stepping(0.01, next_sleep, step)
+            except ValueError as exc:
+                return f"caught: {exc}"
+            return "woke"
+
+        late = asyncio.create_task(asyncio.sleep(1.0))  # the loop goes on after the failure
+        caught = await sleeper()
+        await late
+        return caught, clock.now(), bool(asyncio.get_running_loop().steppers)  # type: ignore[attr-defined]
+
+    caught, now, left = clock.run(main())
+    assert caught == f"caught: broken {raises_in}"
+    assert calls["step"] == (4 if raises_in == "next_sleep" else 5)
+    assert now == 1.0 and not left  # the sleeper's stepper was removed with its sleep
