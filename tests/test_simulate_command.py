@@ -253,6 +253,22 @@ def test_a_file_tool_without_cpu_ms_is_said_to_take_no_time(tmp_path: Path) -> N
     )
 
 
+def test_a_simulated_job_records_no_cpu_time_it_did_not_spend(tmp_path: Path) -> None:
+    """A virtual worker spends no CPU and serialises nothing: its ``cpu_finished`` has ``cpu_s`` and
+    ``serialize_s`` null, as summary.json's ``cpu_cost`` is. It wrote the job's virtual duration as its
+    CPU time (a 20 ms ``sleep_ms`` "used" 0.02 CPU-seconds) and 0.0 for the serialisation."""
+    out = tmp_path / "sim"
+    result = simulate_here("--workload", SMOKE, "--output", out)
+    assert result.exit_code == 0, result.output
+    finished = [
+        json.loads(line)
+        for line in (out / "events.jsonl").read_text().splitlines()
+        if '"cpu_finished"' in line
+    ]
+    assert [e["tool"] for e in finished if e["execute_s"] > 0] == ["sleep_ms"]
+    assert all(e["cpu_s"] is None and e["serialize_s"] is None for e in finished), finished
+
+
 @pytest.mark.timeout(60)
 def test_a_simulated_run_is_the_same_under_another_hash_seed(tmp_path: Path) -> None:
     """A simulation reads no string hash: simulated in this process and in one with another

@@ -88,7 +88,8 @@ class VirtualWorker:
         if ok and request.observation_chars is not None:
             value = observation(value, request.observation_chars)
         self.jobs += 1
-        reply = JobReply(request.job_id, ok, value, error, sent, finished, seconds, seconds, 0.0)
+        # no process ran it: no CPU time or serialisation to report (null, never a made-up number)
+        reply = JobReply(request.job_id, ok, value, error, sent, finished, seconds, None, None)
         return CallResult(reply, sent, finished)
 
     async def kill(self) -> None:

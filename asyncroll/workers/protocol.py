@@ -148,8 +148,8 @@ class JobReply:
     started: float
     finished: float
     execute_s: float
-    cpu_s: float
-    serialize_s: float
+    cpu_s: float | None  # None: no process ran it (a virtual worker)
+    serialize_s: float | None
     rss_bytes: int | None = None
     children: tuple[int, ...] = ()
 
