@@ -170,6 +170,13 @@ def test_worker_that_cannot_start_fails_the_run_with_its_reason(tmp_path: Path) 
     assert summary["throughput"]["completed_per_wall_hour"] is None
     assert summary["telemetry"]["note"] == "not probed: the run stopped before the probe"  # its reason
     SummaryModel.model_validate(summary)
+    # run.json says the same, not "not probed yet" as if the run were still going
+    assert receipt["telemetry"] == {
+        "requested": True,
+        "interval_s": 0.2,
+        "sources": [],
+        "note": "not probed: the run stopped before the probe",
+    }
 
 
 @pytest.mark.timeout(60)

@@ -75,10 +75,16 @@ class RunDirectory:
             self._transcripts.write(line)
 
     def finish(
-        self, summary: dict[str, Any] | None, status: Status, wall: float, error: str | None = None
+        self,
+        summary: dict[str, Any] | None,
+        status: Status,
+        wall: float,
+        error: str | None = None,
+        **receipt: Any,
     ) -> str | None:
         """Close results (and transcripts), write the summary (none: a summary that could not be built,
-        which ``error`` names) and the exports, then the final receipt. A summary.json or a final run.json
+        which ``error`` names) and the exports, then the final receipt (with ``receipt``'s sections
+        too). A summary.json or a final run.json
         the disk had no room for fails the run (an interrupted one stays interrupted): the error it then
         ended with is returned (else None)."""
         for lines in (self._results, self._transcripts):
@@ -106,7 +112,9 @@ class RunDirectory:
             if (entry := exports.get(name)) is not None and not entry.get("ok")
         }
         try:
-            self.transition(status, wall, exports=exports, error=error, exit_code=exit_code(status))
+            self.transition(
+                status, wall, **receipt, exports=exports, error=error, exit_code=exit_code(status)
+            )
         except OutputWriteError as exc:  # no room for the final receipt either: the caller says so
             failed = "; ".join(filter(None, (error, str(exc))))
         return failed

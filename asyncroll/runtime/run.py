@@ -376,7 +376,9 @@ class Run:
                 status = "interrupted" if status == "interrupted" else "failed"
                 error = "; ".join(filter(None, (error, f"summary: cannot be built ({_describe(exc)})")))
             events.close()
-            unwritten = files.finish(result, status, clock.wall(), error)
+            # a run that stopped before the probe: its receipt's "not probed yet" becomes why not
+            telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}
+            unwritten = files.finish(result, status, clock.wall(), error, **telemetry)
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
                 if result is not None:
