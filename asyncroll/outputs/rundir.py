@@ -84,9 +84,8 @@ class RunDirectory:
     ) -> str | None:
         """Close results (and transcripts), write the summary (none: a summary that could not be built,
         which ``error`` names) and the exports, then the final receipt (with ``receipt``'s sections
-        too). A summary.json or a final run.json
-        the disk had no room for fails the run (an interrupted one stays interrupted): the error it then
-        ended with is returned (else None)."""
+        too). A summary.json or a final run.json the disk had no room for fails the run (an interrupted
+        one stays interrupted): the error it then ended with is returned (else None)."""
         for lines in (self._results, self._transcripts):
             if lines is not None:
                 lines.close()

@@ -376,8 +376,7 @@ class Run:
                 status = "interrupted" if status == "interrupted" else "failed"
                 error = "; ".join(filter(None, (error, f"summary: cannot be built ({_describe(exc)})")))
             events.close()
-            # a run that stopped before the probe: its receipt's "not probed yet" becomes why not
-            telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}
+            telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}  # why not probed
             unwritten = files.finish(result, status, clock.wall(), error, **telemetry)
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
