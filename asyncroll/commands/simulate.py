@@ -135,6 +135,7 @@ def simulate(
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.config import build_config
     from asyncroll.errors import SimulationError, UsageError
+    from asyncroll.outputs.lines import OutputWriteError
     from asyncroll.simulation.engine import Assumed, SimulationSettings, prepare_from_run
     from asyncroll.simulation.engine import simulate as run_simulation
 
@@ -297,7 +298,7 @@ def simulate(
             made=made,
         )
         final = True
-    except (UsageError, SimulationError, ValueError) as exc:
+    except (UsageError, SimulationError, OutputWriteError, ValueError) as exc:
         if derived is not None and output is not None and not (output / "run.json").exists():
             from asyncroll.simulation.engine import remove_output
 

@@ -31,6 +31,7 @@ from typing import Any
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.errors import OutputExistsError, SimulationError, UsageError
+from asyncroll.outputs.lines import OutputWriteError
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
@@ -112,7 +113,11 @@ def run_sweep(
     cells: list[Cell] = []
     for seed in range(spec.seeds):
         seeded = output / "workloads" / f"seed-{seed}.jsonl"
-        perturb_workload(workload, seeded, seed, spec.jitter)
+        try:
+            perturb_workload(workload, seeded, seed, spec.jitter)
+        except OutputWriteError:  # a full disk: no workload cut short is left, for a cell to be run from
+            seeded.unlink(missing_ok=True)
+            raise
         scan_workload(seeded, tool_root, scripted=True, limit=base.get("limit")).raise_if_invalid()
         arms: list[tuple[str, Policy | None]] = [(policy, None) for policy in spec.policies]
         arms += [(label, make(seeded)) for label, make in (custom or {}).items()]
@@ -360,6 +365,11 @@ def _write(
             with staged.open("w", encoding="utf-8", newline="") as handle:
                 handle.write(text)
             os.replace(staged, output / name)
+        except OSError as exc:  # a full disk: said in one line, naming the file
+            staged.unlink(missing_ok=True)
+            raise OutputWriteError(
+                f"{output / name}: cannot write ({exc.strerror or exc}); the sweep's tables are incomplete"
+            ) from exc
         except BaseException:
             staged.unlink(missing_ok=True)
             raise
