@@ -76,3 +76,38 @@ class LineFile:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+class TextOutput:
+    """A text file written from the start (``with TextOutput(path) as out: out.write(…)``) whose own
+    failures — to create, write or flush it (a full disk) — are one :class:`OutputWriteError` naming it,
+    told apart from what the body raises (reading a source, say). On an error the file is closed
+    without its buffer; the owner removes or reports what it holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._file = path.open("w", encoding="utf-8")
+        except OSError as exc:
+            raise self._error(exc) from exc
+
+    def _error(self, exc: OSError) -> OutputWriteError:
+        return OutputWriteError(f"{self.path}: cannot write ({exc.strerror or exc})")
+
+    def write(self, text: str) -> None:
+        try:
+            self._file.write(text)
+        except OSError as exc:
+            raise self._error(exc) from exc
+
+    def __enter__(self) -> TextOutput:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            self._file.close()  # what is still buffered: a small file's only write
+        except OSError as exc:
+            if exc_type is None:
+                raise self._error(exc) from exc
+            with contextlib.suppress(OSError):  # a failure already on its way: it stays the one told
+                self._file.close()

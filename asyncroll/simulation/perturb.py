@@ -16,14 +16,13 @@ batching model then counts the action's size) is not jittered there.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import random
 from pathlib import Path
 from typing import Any
 
-from asyncroll.outputs.lines import OutputWriteError
+from asyncroll.outputs.lines import TextOutput
 from asyncroll.workload import MAX_DURATION_MS, MAX_OUTPUT_TOKENS, SubmitAction, ToolAction, iter_problems
 
 
@@ -39,16 +38,8 @@ def factor(seed: int, problem: str, turn: int, kind: str, sigma: float) -> float
 def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -> int:
     """Write ``source`` with jittered timings to ``destination``; returns the number of problems. A
     failure to write ``destination`` (a full disk) is an :class:`OutputWriteError` that names it."""
-
-    def unwritable(exc: OSError) -> OutputWriteError:
-        return OutputWriteError(f"{destination}: cannot write ({exc.strerror or exc})")
-
     count = 0
-    try:
-        out = destination.open("w", encoding="utf-8")
-    except OSError as exc:
-        raise unwritable(exc) from exc
-    try:
+    with TextOutput(destination) as out:
         for _, pid, problem in iter_problems(source):
             script = []
             for turn, action in enumerate(problem.script or []):
@@ -71,17 +62,6 @@ def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -
                     if cost is not None:
                         update["cpu_ms"] = min(MAX_DURATION_MS, cost * factor(seed, pid, turn, "cpu", sigma))
                 script.append(action.model_copy(update=update))
-            line = problem.model_copy(update={"id": pid, "script": script}).model_dump_json() + "\n"
-            try:
-                out.write(line)
-            except OSError as exc:
-                raise unwritable(exc) from exc
+            out.write(problem.model_copy(update={"id": pid, "script": script}).model_dump_json() + "\n")
             count += 1
-        try:
-            out.close()  # what is still buffered: a small file's only write
-        except OSError as exc:
-            raise unwritable(exc) from exc
-    finally:
-        with contextlib.suppress(OSError):  # after a failure (its buffer cannot be written either)
-            out.close()
     return count
