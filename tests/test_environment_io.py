@@ -59,3 +59,43 @@ def test_a_sweep_whose_disk_fills_up_names_the_file_without_a_traceback(
     for seeded in (out / "workloads").iterdir():  # no workload cut short that a cell could be run from
         for line in seeded.read_text().splitlines():
             json.loads(line)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A completed (simulated) run of the smoke workload, to replay."""
+    from tests.conftest import invoke
+
+    run = tmp_path_factory.mktemp("recorded") / "run"
+    result = invoke("simulate", "--workload", SMOKE, "--output", run)
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def test_a_replay_with_no_room_for_its_workload_names_it_and_leaves_nothing(
+    recorded: Path, tmp_path: Path
+) -> None:
+    # It blamed the recorded run ("--from-run RUN: cannot replay it: OSError: [Errno 27] File too
+    # large"), with exit 2, a usage error.
+    out = tmp_path / "replay"
+    proc = asyncroll("simulate", "--from-run", recorded, "--output", out, limit_bytes=100)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == (
+        f"error: {out / 'replay-workload.jsonl'}: cannot write (File too large); nothing written, {out} "
+        "removed\n"
+    )
+    assert not out.exists()
+
+
+def test_a_replay_with_no_room_for_its_receipt_leaves_nothing_behind(recorded: Path, tmp_path: Path) -> None:
+    # The replay workload fit, run.json did not: the directory was left holding the replay workload
+    # alone, and the same command given again once there was room was refused ("already exists").
+    out = tmp_path / "replay"
+    size = len(SMOKE.read_bytes())
+    proc = asyncroll("simulate", "--from-run", recorded, "--output", out, limit_bytes=2 * size)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.endswith(
+        f"error: run failed: run.json: cannot write (File too large); nothing written, {out} removed\n"
+    ), proc.stderr
+    assert not out.exists()

@@ -16,6 +16,7 @@ from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
 from asyncroll.clock import VirtualClock
 from asyncroll.config import RunConfig
 from asyncroll.errors import OutputExistsError, UsageError, WorkloadError
+from asyncroll.outputs.lines import OutputWriteError
 from asyncroll.runtime.pool import WorkerFactory
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.signals import interruptible
@@ -146,7 +147,12 @@ def simulate(
         receipt_extra=extra,
         model_capacity=capacity,
     )
-    return clock.run(interruptible(run) if signals else run.execute())
+    outcome = clock.run(interruptible(run) if signals else run.execute())
+    if derived is not None and outcome.status == "failed" and not (config.output / "run.json").exists():
+        # no room for the first run.json: the directory, made for this replay, holds only its workload
+        remove_output(config.output, derived.made_parents)
+        outcome.error = f"{outcome.error}; nothing written, {config.output} removed"
+    return outcome
 
 
 def backend_for(settings: SimulationSettings, clock: VirtualClock) -> tuple[Backend, int | None]:
@@ -210,6 +216,9 @@ def prepare_from_run(
         if created:
             remove_output(output, made)
         raise
+    except OutputWriteError as exc:  # no room for the replay workload: not the recorded run's fault
+        remove_output(output, made)
+        raise OutputWriteError(f"{exc}; nothing written, {output} removed") from exc
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         # a run directory this code cannot read (another version, or damaged) is bad input, not a crash
         remove_output(output, made)

@@ -53,6 +53,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.json_depth import json_loads
+from asyncroll.outputs.lines import TextOutput
 from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
 from asyncroll.simulation.measured import (
     Measured,
@@ -345,7 +346,7 @@ def derive_workload(
     _check_results_match(run_dir, measured)
     root = _tool_root(run_dir, receipt, workload, tool_root)
     written: set[str] = set()
-    with destination.open("w", encoding="utf-8") as out:
+    with TextOutput(destination) as out:  # a full disk: an OutputWriteError naming it
         for _, pid, problem in iter_problems(workload):
             if pid in measured.started:
                 check_against_script(problem, pid, measured)
