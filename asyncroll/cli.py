@@ -17,6 +17,7 @@ from typer.core import TyperCommand
 
 from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
+from asyncroll.commands.common import stdout_lost
 from asyncroll.commands.single_values import SingleValueCommand
 
 app = typer.Typer(
@@ -86,6 +87,8 @@ def main() -> None:
         app()
     except SystemExit as exc:  # click ends every command this way
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code == 0 and stdout_lost():  # the output asked for did not all arrive (| head -1)
+            code = exc.code = 1
         cli_signals.leave_with(code)
         raise
     except KeyboardInterrupt:  # a Ctrl-C no command caught (say, as one ended): 130, no traceback

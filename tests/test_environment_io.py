@@ -8,6 +8,7 @@ cannot grow past the limit (``EFBIG``), as a full file system refuses with ``ENO
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.experiments import read, write_config
 
 pytestmark = pytest.mark.timeout(60)
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -99,3 +101,78 @@ def test_a_replay_with_no_room_for_its_receipt_leaves_nothing_behind(recorded: P
         f"error: run failed: run.json: cannot write (File too large); nothing written, {out} removed\n"
     ), proc.stderr
     assert not out.exists()
+
+
+def closed_pipe() -> int:
+    """The write end of a pipe whose reader has gone (``| head -1`` once head has exited): a write to it
+    fails with EPIPE (Python ignores SIGPIPE). The caller closes it."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+def test_a_reader_gone_from_stdout_silences_the_summary_not_the_runs_error(tmp_path: Path) -> None:
+    # `asyncroll simulate … | head -1`, on a full disk: the summary's BrokenPipeError ended the command
+    # there, before the run's error reached stderr; the user saw nothing at all.
+    out = tmp_path / "run"
+    pipe = closed_pipe()
+    try:
+        proc = asyncroll("simulate", "--workload", SMOKE, "--output", out, limit_bytes=6000, stdout=pipe)
+    finally:
+        os.close(pipe)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "error: run failed: events.jsonl: cannot write (File too large)" in proc.stderr, proc.stderr
+    assert read(out / "run.json")["status"] == "failed"
+
+
+def test_a_complete_run_whose_reader_has_gone_exits_1_and_stays_complete(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    pipe = closed_pipe()
+    try:
+        proc = asyncroll("simulate", "--workload", SMOKE, "--output", out, stdout=pipe)
+    finally:
+        os.close(pipe)
+    assert (proc.returncode, proc.stderr) == (1, "")  # the output it was asked for did not arrive
+    receipt = read(out / "run.json")
+    assert receipt["status"] == "complete" and receipt["exit_code"] == 0
+    assert (out / "summary.json").is_file() and (out / "timeline.html").is_file()
+
+
+#: ``asyncroll experiment run`` with a stand-in for each arm (starting nothing): the runner's own work.
+FAKE_ARMS = """
+import sys
+import asyncroll.experiment.runner as runner
+from tests.lean_experiment import fake_arm
+runner.run_arm = fake_arm()
+from asyncroll.cli import main
+sys.argv = ["asyncroll", "experiment", "run", "--config", sys.argv[1], "--output", sys.argv[2]]
+main()
+"""
+
+
+def test_an_experiment_whose_reader_has_gone_runs_on(tmp_path: Path) -> None:
+    # `asyncroll experiment run … | tee log`, and tee ends (the terminal closed under nohup): the next
+    # progress line's BrokenPipeError failed the experiment ("unexpected error: BrokenPipeError") with
+    # arms still to run.
+    config = write_config(tmp_path, stages={}, pairs=2)
+    out = tmp_path / "out"
+    pipe = closed_pipe()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", FAKE_ARMS, str(config), str(out)],
+            stdout=pipe,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=45,
+            cwd=REPO,
+        )
+    finally:
+        os.close(pipe)
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1, proc.stderr  # its stand-in arms failed
+    assert proc.stderr.startswith("experiment complete; failed arms kept and reported"), proc.stderr
+    experiment = read(out / "experiment.json")
+    assert experiment["status"] == "complete" and experiment["error"] is None
+    assert {arm["status"] for arm in experiment["arms"].values()} == {"failed"}  # the stand-ins' verdict
+    assert len(experiment["arms"]) == 4

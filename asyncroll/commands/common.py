@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
 Opt = typer.Option
+_stdout_lost: list[bool] = []  # once stdout's reader has gone (say)
 
 #: ``--policy`` help, shared by ``run`` and ``simulate`` (the registry in asyncroll.policies is the truth).
 POLICY_HELP = (
@@ -23,6 +26,30 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def say(text: str) -> None:
+    """``text`` on stdout. A reader that has gone (``| head -1`` once head has exited, a ``tee`` that
+    ended) silences stdout for the rest of the command instead of ending it there with a
+    ``BrokenPipeError``: what it still has to do, and to say on stderr (a run's error), is done and said;
+    it then exits 1, as click's own commands do (:func:`stdout_lost`, ``cli.main``)."""
+    if _stdout_lost:
+        return
+    try:
+        typer.echo(text)
+    except BrokenPipeError:
+        _stdout_lost.append(True)
+        try:  # what is still buffered, and the interpreter's last flush, go nowhere instead of failing
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # a stdout with no descriptor of its own
+            pass
+
+
+def stdout_lost() -> bool:
+    """Whether :func:`say` found stdout's reader gone during this command."""
+    return bool(_stdout_lost)
+
+
 def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
     if not summary:
         return
@@ -32,7 +59,7 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
     makespan = "n/a" if summary["makespan_s"] is None else f"{summary['makespan_s']:.3f}s"
     evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)
     evaluations = f", code evaluations {evaluated}" if evaluated else ""
-    typer.echo(
+    say(
         f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
         f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']}{evaluations} | "
         f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import Opt, fail
+from asyncroll.commands.common import Opt, fail, say
 
 experiment_app = typer.Typer(
     help="Paired policy experiments: a fresh inference server per arm, staged gates, receipts, resume.",
@@ -40,14 +40,17 @@ def experiment_run(
     from asyncroll.experiment.runner import ExperimentRunner
 
     cfg = _experiment_config(config)
-    runner = ExperimentRunner(cfg, output, resume=resume, config_path=config, echo=typer.echo)
+    runner = ExperimentRunner(cfg, output, resume=resume, config_path=config, echo=say)
     try:
         outcome = runner.run()
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
     except OSError as exc:  # a receipt that could not be written (a full disk): the files say how far it got
         raise fail(f"experiment failed: {exc}; --resume continues it once there is room", 1) from None
-    typer.echo(outcome.message, err=outcome.exit_code != 0)
+    if outcome.exit_code == 0:
+        say(outcome.message)
+    else:
+        typer.echo(outcome.message, err=True)
     raise typer.Exit(outcome.exit_code)
 
 

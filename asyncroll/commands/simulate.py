@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports
+from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, say, warn_exports
 from asyncroll.commands.simulate_flags import (
     DEFAULT_JITTER,
     SIMULATE_ONLY,
@@ -263,7 +263,7 @@ def simulate(
                 progress=_sweep_progress(progress),
                 argv=list(sys.argv),
             )
-            typer.echo(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
+            say(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             raise typer.Exit(0)
         given = dict(values)  # the user's own settings, not those kept from a recorded run
         origins: dict[str, str] = {}
@@ -381,7 +381,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     b = outcome.summary.get("bounds") if outcome.summary else None
     if b:
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
-        typer.echo(f"lower bound {b['lower_bound_s']:.3f}s ({b['binding']}) | efficiency {eff}")
+        say(f"lower bound {b['lower_bound_s']:.3f}s ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
 
 
