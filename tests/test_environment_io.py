@@ -176,3 +176,26 @@ def test_an_experiment_whose_reader_has_gone_runs_on(tmp_path: Path) -> None:
     assert experiment["status"] == "complete" and experiment["error"] is None
     assert {arm["status"] for arm in experiment["arms"].values()} == {"failed"}  # the stand-ins' verdict
     assert len(experiment["arms"]) == 4
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_a_server_program_that_cannot_be_looked_up_is_a_pre_flight_refusal(
+    tmp_path: Path, command: str
+) -> None:
+    # A folder on the program's way that the user may not search (EACCES; root may search any, so a
+    # name too long stands in: ENAMETOOLONG) raised out of the pre-flight check: `run` said "experiment
+    # failed: [Errno 36] …; --resume continues it once there is room" (exit 1, nothing to resume),
+    # `plan` printed a traceback.
+    from tests.conftest import invoke
+
+    program = f"{tmp_path}/{'x' * 300}/serve"
+    config = write_config(tmp_path, **{"server.command": [program, "--port", "{port}"]})
+    out = tmp_path / "out"
+    args: list[str | Path] = ["--config", config]
+    if command == "run":
+        args += ["--output", out]
+    result = invoke("experiment", command, *args)
+    said = f"server.command[0]: {program!r} cannot be looked up: File name too long"
+    assert said in result.output, result.output
+    assert result.exit_code == (2 if command == "run" else 0), result.output
+    assert not out.exists()

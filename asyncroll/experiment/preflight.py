@@ -34,10 +34,13 @@ def executable_problem(cfg: ExperimentConfig) -> str | None:
     where = "server.command[0]"
     if os.path.dirname(program):  # a path: subprocess runs it as it is, relative to the current folder
         path = Path(program)
-        if not path.exists():
-            return f"{where}: {shown} does not exist"
-        if path.is_dir():
-            return f"{where}: {shown} is a directory, not a program"
+        try:
+            if not path.exists():
+                return f"{where}: {shown} does not exist"
+            if path.is_dir():
+                return f"{where}: {shown} is a directory, not a program"
+        except OSError as exc:  # a folder on its way this user may not search, a name too long
+            return f"{where}: {shown} cannot be looked up: {exc.strerror or exc}"
         if not os.access(path, os.X_OK):
             return f"{where}: {shown} is not executable (chmod +x it, or put its interpreter first)"
         return None
