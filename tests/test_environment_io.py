@@ -199,3 +199,17 @@ def test_a_server_program_that_cannot_be_looked_up_is_a_pre_flight_refusal(
     assert said in result.output, result.output
     assert result.exit_code == (2 if command == "run" else 0), result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("reader", ["gone", "/dev/full"])
+def test_serve_sim_whose_listening_line_cannot_be_written_says_so(reader: str) -> None:
+    # It said "error: cannot listen on 127.0.0.1:0: Broken pipe" (exit 2), blaming the address.
+    if reader == "/dev/full" and not Path(reader).exists():
+        pytest.skip("no /dev/full here")
+    pipe = closed_pipe() if reader == "gone" else os.open(reader, os.O_WRONLY)
+    try:
+        proc = asyncroll("serve-sim", "--port", "0", stdout=pipe)
+    finally:
+        os.close(pipe)
+    why = "Broken pipe" if reader == "gone" else "No space left on device"
+    assert (proc.returncode, proc.stderr) == (1, f"error: stdout: cannot write ({why}); serve-sim stopped\n")

@@ -56,6 +56,7 @@ def serve_sim(
     The first line printed is "serve-sim listening on http://HOST:PORT ...".
     """
     from asyncroll.backends.server_model import ServerModelConfig
+    from asyncroll.outputs.lines import OutputWriteError
     from asyncroll.serve_sim.config import FaultConfig, SimConfig
     from asyncroll.serve_sim.server import serve_forever
 
@@ -95,6 +96,8 @@ def serve_sim(
         raise fail("--invalid-action-rate needs --no-enforce-schema (an enforcing server never sends one)")
     try:
         code = serve_forever(sim, host, port, log_level=log_level)
+    except OutputWriteError as exc:
+        raise fail(str(exc), 1) from None
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     raise typer.Exit(code)

@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from asyncroll.outputs.lines import OutputWriteError
 from asyncroll.serve_sim.app import SimApp
 from asyncroll.serve_sim.config import SimConfig
 
@@ -167,11 +168,16 @@ def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         running = start_thread(sock, sim, server, done=done)
-        print(
-            f"serve-sim listening on {running.url} (model {config.model!r}, "
-            f"metrics {config.metrics_flavor}, port {sock.getsockname()[1]})",
-            flush=True,
-        )
+        try:
+            print(
+                f"serve-sim listening on {running.url} (model {config.model!r}, "
+                f"metrics {config.metrics_flavor}, port {sock.getsockname()[1]})",
+                flush=True,
+            )
+        except OSError as exc:  # stdout closed or full: no one can learn the URL (nor is it a bind error)
+            stop(running, 30.0)
+            why = exc.strerror or exc
+            raise OutputWriteError(f"stdout: cannot write ({why}); serve-sim stopped") from exc
         done.wait()
         stop(running, 30.0)
     finally:
