@@ -126,9 +126,13 @@ def test_a_reader_gone_from_stdout_silences_the_summary_not_the_runs_error(tmp_p
     assert read(out / "run.json")["status"] == "failed"
 
 
-def test_a_complete_run_whose_reader_has_gone_exits_1_and_stays_complete(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reader", ["gone", "/dev/full"])
+def test_a_complete_run_whose_stdout_fails_exits_1_and_stays_complete(tmp_path: Path, reader: str) -> None:
+    # > /dev/full (a stdout redirected to a file on a full disk) was an OSError traceback.
+    if reader == "/dev/full" and not Path(reader).exists():
+        pytest.skip("no /dev/full here")
     out = tmp_path / "run"
-    pipe = closed_pipe()
+    pipe = closed_pipe() if reader == "gone" else os.open(reader, os.O_WRONLY)
     try:
         proc = asyncroll("simulate", "--workload", SMOKE, "--output", out, stdout=pipe)
     finally:

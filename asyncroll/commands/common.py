@@ -28,14 +28,15 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def say(text: str) -> None:
     """``text`` on stdout. A reader that has gone (``| head -1`` once head has exited, a ``tee`` that
-    ended) silences stdout for the rest of the command instead of ending it there with a
-    ``BrokenPipeError``: what it still has to do, and to say on stderr (a run's error), is done and said;
-    it then exits 1, as click's own commands do (:func:`stdout_lost`, ``cli.main``)."""
+    ended), or a stdout on a full disk, silences stdout for the rest of the command instead of ending it
+    there with a ``BrokenPipeError`` or ``OSError``: what it still has to do, and to say on stderr (a
+    run's error), is done and said; it then exits 1, as click's own commands do on a broken pipe
+    (:func:`stdout_lost`, ``cli.main``)."""
     if _stdout_lost:
         return
     try:
         typer.echo(text)
-    except BrokenPipeError:
+    except OSError:  # EPIPE; ENOSPC (> /dev/full, a file on a full disk)
         _stdout_lost.append(True)
         try:  # what is still buffered, and the interpreter's last flush, go nowhere instead of failing
             devnull = os.open(os.devnull, os.O_WRONLY)
