@@ -74,15 +74,17 @@ class VirtualClock:
 
     virtual = True
 
-    def __init__(self, start: float = 0.0, wall_start: float | None = None) -> None:
+    def __init__(self, start: float = 0.0, wall: Callable[[], float] = time.time) -> None:
         self._now = float(start)
-        self._wall_offset = (time.time() if wall_start is None else wall_start) - self._now
+        self._wall = wall
 
     def now(self) -> float:
         return self._now
 
     def wall(self) -> float:
-        return self._wall_offset + self._now
+        """The real wall clock (``wall``): a receipt says when a simulation ran, not a virtual date (an
+        hour of virtual time simulated in a second said it had finished an hour later)."""
+        return self._wall()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

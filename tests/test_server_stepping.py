@@ -30,7 +30,7 @@ Log = list[tuple[str, float]]
 def _run(cfg: ServerModelConfig, stepping: bool, script: Any) -> tuple[Log, Any, int]:
     """Run ``script(server, log, tg)`` beside the engine; return the log, the server's snapshot and
     its batch seconds, and how many steps the engine's task ended itself (not in place)."""
-    clock = VirtualClock(wall_start=0.0)
+    clock = VirtualClock(wall=lambda: 0.0)
     log: Log = []
     woke = 0
 
@@ -335,7 +335,7 @@ def test_a_step_that_raises_in_place_fails_the_sleeper_not_the_loop(raises_in: s
     """``next_sleep`` and ``step`` run in the sleeper's place: what they raise reaches the sleeper's
     ``await`` (its task fails as if its own code had raised it; a run's task group then fails the run
     and writes its outputs). It used to escape the event loop itself, past every task's clean-up."""
-    clock = VirtualClock(wall_start=0.0)
+    clock = VirtualClock(wall=lambda: 0.0)
     calls = {"next_sleep": 0, "step": 0}
 
     def next_sleep() -> float:

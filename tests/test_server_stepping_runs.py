@@ -305,7 +305,7 @@ def _two_servers(seed: int, stepping: bool) -> tuple[list[tuple[str, float]], An
     withdrawals = [
         (rng.randrange(len(requests)), round(rng.random() * 3, 2)) for _ in range(rng.randint(0, 3))
     ]
-    clock = VirtualClock(wall_start=0.0)
+    clock = VirtualClock(wall=lambda: 0.0)
     log: list[tuple[str, float]] = []
     woke = 0
 
