@@ -66,9 +66,11 @@ class EventLog:
             self._write(event)
         return self._origin
 
-    def emit(self, event: Event) -> None:
-        """Stamp ``t`` on a freshly built event, write it as one line and hand it to the subscribers."""
-        now = self._clock.now()
+    def emit(self, event: Event, at: float | None = None) -> None:
+        """Stamp ``t`` on a freshly built event, write it as one line and hand it to the subscribers.
+        ``at``: the clock reading the event happened at, when its caller read one for a duration the
+        event carries (that duration then equals the difference of the events' ``t``); else now."""
+        now = self._clock.now() if at is None else at
         if self._origin is None:
             # Hold the few pre-measurement events with their absolute time; written at start or close.
             if len(self._pending) < self._MAX_PENDING:

@@ -3,10 +3,19 @@ durations events and summary.json carry, and the clock a summary says its durati
 
 from __future__ import annotations
 
+import random
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from asyncroll.clock import VirtualClock
+from asyncroll.config import build_config
+from asyncroll.outputs.statistics import distribution
+from asyncroll.runtime.run import Run, prepare
+from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from tests.cli_runs import load_run
 from tests.conftest import tool_problem, write_workload
 from tests.simulations import simulate_here
@@ -29,3 +38,68 @@ def test_a_simulations_receipt_times_are_when_it_ran_not_virtual_time(tmp_path: 
         assert before - 0.001 <= stamp.timestamp() <= after + 0.001, (name, receipt[name])
     [started] = [e for e in events if e.event == "measurement_started"]
     assert before <= started.wall_time <= after
+
+
+class _JitteryClock(VirtualClock):
+    """Virtual time that also moves on by a seeded random 0–1 ms at every read, as a real clock moves
+    between two reads by however much work lies between them: a duration and an event's ``t`` read
+    separately then differ, deterministically."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self._rng = random.Random(seed)
+
+    def now(self) -> float:
+        self._now += self._rng.uniform(0.0, 0.001)
+        return self._now
+
+
+def _close(recorded: float, derived: float) -> bool:
+    return abs(recorded - derived) <= 2.5e-6  # each of t, t and the duration rounded to the microsecond
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_duration_in_the_events_is_the_difference_of_their_t(tmp_path: Path, seed: int) -> None:
+    """queued_s, latency_s, waited_s and duration_s equal the difference of the ``t`` of the events that
+    begin and end them, and measurement_started is at t = 0 (the origin of every ``t``): a user who
+    recomputes a summary's distributions from events.jsonl gets its numbers. Each was read from the clock
+    apart from the event's own ``t`` (measurement_started at t = 0.0006 in a real run; a model queue
+    wait of 4 µs between events 26 µs apart)."""
+    problems = [tool_problem(f"p{i}", model_ms=40, cpu_ms=30, turns=2) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    cfg = build_config(
+        {"workload": workload, "output": out, "max_inflight_model_requests": 2, "cpu_workers": 1}
+    )
+    clock = _JitteryClock(seed)
+    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+    outcome = clock.run(run.execute())
+    assert outcome.status == "complete"
+    _receipt, summary, events = load_run(out)
+    by: dict[str, list[Any]] = {}
+    for e in events:
+        by.setdefault(e.event, []).append(e)
+    assert by["measurement_started"][0].t == 0.0
+    measured = [e.t for e in events if e.event not in ("worker_ready", "measurement_started")]
+    assert measured == sorted(measured) and measured[0] >= 0.0
+
+    started = {e.id: e.t for e in by["trajectory_started"]}
+    durations = [e.t - started[e.id] for e in by["trajectory_finished"]]
+    assert all(_close(e.duration_s, d) for e, d in zip(by["trajectory_finished"], durations, strict=True))
+    enqueued = {e.request_id: e.t for e in by["model_enqueued"]}
+    slot = {e.request_id: e.t for e in by["model_started"]}
+    assert all(_close(e.queued_s, e.t - enqueued[e.request_id]) for e in by["model_started"])
+    assert all(_close(e.latency_s, e.t - slot[e.request_id]) for e in by["model_finished"])
+    queued = {e.job_id: e.t for e in by["cpu_enqueued"]}
+    assert all(_close(e.waited_s, e.t - queued[e.job_id]) for e in by["cpu_selected"])
+
+    derived = {
+        "trajectory_s": durations,
+        "model_queue_s": [e.t - enqueued[e.request_id] for e in by["model_started"]],
+        "model_latency_s": [e.t - slot[e.request_id] for e in by["model_finished"]],
+        "cpu_queue_s": [e.t - queued[e.job_id] for e in by["cpu_selected"]],
+    }
+    for name, values in derived.items():
+        recomputed = distribution(values)
+        for stat in ("min", "p50", "p95", "max"):
+            assert _close(summary["latency"][name][stat], float(recomputed[stat] or 0.0)), (name, stat)

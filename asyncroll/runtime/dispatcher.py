@@ -164,7 +164,8 @@ class CpuDispatcher:
                 arg_bytes=spec.arg_bytes,
                 queue_depth=len(self._queue),
                 resubmission=spec.resubmission,
-            )
+            ),
+            at=view.enqueued_at,
         )
         queue_range = self._ranges.start("cpu queue", job_id)
         self._dispatch()
@@ -278,7 +279,8 @@ class CpuDispatcher:
                     )
                     if self._log_candidates
                     else [],
-                )
+                ),
+                at=selected_at,
             )
             worker = self._pool.worker(slot)
             self._events.emit(

@@ -123,10 +123,11 @@ class ModelGate:
         self._next_id += 1
         rid = self._next_id
         clock, events = self._clock, self._events
-        events.emit(
-            ModelEnqueued(id=trajectory_id, request_id=rid, turn=turn, outstanding=self.outstanding + 1)
-        )
         queued_at = clock.now()
+        events.emit(
+            ModelEnqueued(id=trajectory_id, request_id=rid, turn=turn, outstanding=self.outstanding + 1),
+            at=queued_at,
+        )
         waiting = self._ranges.start("model wait", rid)
         try:
             await self._limiter.acquire()
@@ -143,7 +144,8 @@ class ModelGate:
                     turn=turn,
                     inflight=self._limiter.holding,
                     queued_s=round(started - queued_at, 6),
-                )
+                ),
+                at=started,
             )
             try:
                 response = await request()
@@ -154,12 +156,13 @@ class ModelGate:
                     self._failures += 1
                 else:
                     self._cancelled += 1
+                ended = clock.now()
                 events.emit(
                     ModelFailed(
                         id=trajectory_id,
                         request_id=rid,
                         turn=turn,
-                        latency_s=round(clock.now() - started, 6),
+                        latency_s=round(ended - started, 6),
                         kind=failure.kind,
                         error=str(failure)[:1000],
                         status=failure.status,
@@ -168,20 +171,23 @@ class ModelGate:
                         attempts=failure.attempts,
                         prompt_tokens=failure.prompt_tokens,
                         completion_tokens=failure.completion_tokens,
-                    )
+                    ),
+                    at=ended,
                 )
                 raise
+            ended = clock.now()
             events.emit(
                 ModelFinished(
                     id=trajectory_id,
                     request_id=rid,
                     turn=turn,
-                    latency_s=round(clock.now() - started, 6),
+                    latency_s=round(ended - started, 6),
                     action=response.action.type,
                     prompt_tokens=response.prompt_tokens,
                     completion_tokens=response.completion_tokens,
                     finish_reason=response.finish_reason,
-                )
+                ),
+                at=ended,
             )
             return response
         finally:

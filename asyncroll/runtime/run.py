@@ -286,7 +286,8 @@ class Run:
                             max_active_trajectories=limits.max_active_trajectories,
                             max_inflight_model_requests=limits.max_inflight_model_requests,
                             cpu_workers=limits.cpu_workers,
-                        )
+                        ),
+                        at=origin,  # t = 0: every other t is seconds since this event
                     )
                     files.transition("running", clock.wall())
                     outer.create_task(sampler.run())

@@ -126,7 +126,8 @@ class TrajectoryRunner:
     async def run(self, index: int, traj_id: str, problem: Problem, active: int) -> TrajectoryResult:
         started = self._clock.now()
         self._events.emit(
-            TrajectoryStarted(id=traj_id, index=index, prompt_chars=len(problem.prompt), active=active)
+            TrajectoryStarted(id=traj_id, index=index, prompt_chars=len(problem.prompt), active=active),
+            at=started,
         )
         state = _State(traj_id, index, started)
         messages: list[dict[str, Any]] = [{"role": "user", "content": problem.prompt}]
@@ -153,7 +154,8 @@ class TrajectoryRunner:
                 observations_cut=state.observations_cut,
                 # a code problem is judged by its tests (one_repair), whatever reference it carries
                 has_reference=problem.reference_answer is not None and problem.protocol != "one_repair",
-            )
+            ),
+            at=state.ended,  # when its duration ends
         )
         return result
 
@@ -339,6 +341,7 @@ class _State:
     #: whether that program passed. Dropped, it left one_repair's and accuracy's denominators, and
     #: every such failure (all of a first program that failed) raised the pass rates.
     evaluation: Evaluation | None = None
+    ended: float | None = None  # the clock when it finished
 
     def finish(
         self,
@@ -352,6 +355,7 @@ class _State:
         evaluation = self.evaluation
         if correct is None and evaluation is not None:
             correct = evaluation.passed
+        self.ended = now
         return TrajectoryResult(
             self.id,
             self.index,
