@@ -152,6 +152,9 @@ class SummaryModel(_Open):
     status: Literal["complete", "failed", "interrupted"]
     policy: str
     limits: dict[str, int]
+    # what its durations are: seconds of real time, or a simulation's virtual seconds (None: written
+    # before the field)
+    clock: Literal["monotonic", "virtual"] | None = None
     makespan_s: float | None  # None: the measured window never opened
     counts: Counts
     rates: dict[str, float | int | None]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncroll.clock import VirtualClock
+from asyncroll.clock import SystemClock, VirtualClock
 from asyncroll.config import build_config
 from asyncroll.outputs.statistics import distribution
 from asyncroll.runtime.run import Run, prepare
@@ -103,3 +103,23 @@ def test_every_duration_in_the_events_is_the_difference_of_their_t(tmp_path: Pat
         recomputed = distribution(values)
         for stat in ("min", "p50", "p95", "max"):
             assert _close(summary["latency"][name][stat], float(recomputed[stat] or 0.0)), (name, stat)
+
+
+def test_a_summary_says_which_clock_its_durations_are_on(tmp_path: Path) -> None:
+    """A simulation's makespan, latencies and "per wall hour" rates are virtual seconds; its summary.json
+    (and the line printed) did not say so, and read exactly like a measured run's."""
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("a", model_ms=5, cpu_ms=5)])
+    result = simulate_here("--workload", workload, "--output", tmp_path / "sim")
+    assert result.exit_code == 0, result.output
+    _receipt, simulated, _events = load_run(tmp_path / "sim")
+    assert simulated["clock"] == "virtual"
+    assert "makespan 0.015s (virtual clock)" in result.output
+
+    cfg = build_config({"workload": workload, "output": tmp_path / "real"})
+    clock = SystemClock()
+    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+    outcome = clock.run(run.execute())
+    assert outcome.status == "complete" and outcome.summary is not None
+    assert outcome.summary["clock"] == "monotonic"
+    _receipt, measured, _events = load_run(tmp_path / "real")
+    assert measured["clock"] == "monotonic"

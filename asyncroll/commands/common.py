@@ -58,6 +58,8 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
     tput = summary["throughput"]["completed_per_wall_hour"]
     exact = "n/a" if acc["exact"] is None else f"{acc['exact']:.3f}"
     makespan = "n/a" if summary["makespan_s"] is None else f"{summary['makespan_s']:.3f}s"
+    if summary.get("clock") == "virtual":  # a simulation: not seconds anybody waited
+        makespan += " (virtual clock)"
     evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)
     evaluations = f", code evaluations {evaluated}" if evaluated else ""
     say(

@@ -309,13 +309,15 @@ class SummaryBuilder:
         server_batch_s: float | None = None,
         dedicated_gpu: bool = False,
         no_telemetry_source: str | None = None,
+        virtual: bool = False,
     ) -> dict[str, Any]:
         """``dedicated_gpu``: the user declared one GPU allocated to this run (``completed_per_gpu_hour``);
         ``model_capacity`` and ``server_batch_s``: a simulated server's batch limit and the requests' time in
         its batch (see :meth:`~asyncroll.outputs.bounds.WorkMeter.bounds`). ``makespan_s`` None: the measured
         window never opened (the run failed or was interrupted while starting); whatever depends on it is
         null, never zero. ``no_telemetry_source``: why no telemetry source was probed, as the run knows it
-        (else the notes list every possible reason)."""
+        (else the notes list every possible reason). ``virtual``: the run's clock was virtual (a simulation):
+        every duration, the makespan and the per-hour rates are virtual seconds."""
         self.resources.no_source = no_telemetry_source
         measured = makespan_s is not None
         makespan_s = makespan_s or 0.0
@@ -333,6 +335,7 @@ class SummaryBuilder:
             "status": status,
             "policy": policy,
             "limits": limits,
+            "clock": "virtual" if virtual else "monotonic",
             "makespan_s": round(makespan_s, 6) if measured else None,
             "counts": {
                 "trajectories": self.started,

@@ -372,6 +372,7 @@ class Run:
                     server_batch_s=getattr(self._backend, "batch_seconds", None),
                     dedicated_gpu=cfg.dedicated_gpu,
                     no_telemetry_source=sampler.no_source_note(),
+                    virtual=clock.virtual,
                 )
             except Exception as exc:  # noqa: BLE001 - no summary.json; run.json says why, events stay whole
                 status = "interrupted" if status == "interrupted" else "failed"
