@@ -3,8 +3,11 @@ durations events and summary.json carry, and the clock a summary says its durati
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -123,3 +126,29 @@ def test_a_summary_says_which_clock_its_durations_are_on(tmp_path: Path) -> None
     assert outcome.summary["clock"] == "monotonic"
     _receipt, measured, _events = load_run(tmp_path / "real")
     assert measured["clock"] == "monotonic"
+
+
+def _wall(reads: Iterator[int], step: float) -> float:
+    return 1.8e9 + step * next(reads)
+
+
+def test_a_wall_clock_step_moves_only_the_receipts_times(tmp_path: Path) -> None:
+    """The wall clock (NTP may step it during a run) is read for run.json's times and
+    measurement_started.wall_time only: a wall clock that jumps back an hour at every read leaves every
+    duration of the summary as it is on a steady one."""
+    workload = write_workload(
+        tmp_path / "w.jsonl", [tool_problem(f"p{i}", model_ms=7, cpu_ms=11) for i in range(3)]
+    )
+    summaries = []
+    for name, step in (("steady", 0.0), ("stepping", -3600.0)):
+        reads = itertools.count()
+        clock = VirtualClock(wall=functools.partial(_wall, reads, step))
+        cfg = build_config({"workload": workload, "output": tmp_path / name})
+        run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+        outcome = clock.run(run.execute())
+        assert outcome.status == "complete" and outcome.summary is not None
+        summaries.append(outcome.summary)
+        receipt, _summary, _events = load_run(tmp_path / name)
+        assert (receipt["complete_at"] < receipt["created_at"]) is (step < 0)
+    assert summaries[0] == summaries[1]
+    assert summaries[0]["makespan_s"] == 0.036  # 7 + 11 + 7 ms, the third waits 11 ms for a worker
