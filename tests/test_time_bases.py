@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import random
 import time
 from collections.abc import Iterator
@@ -109,14 +110,15 @@ def test_every_duration_in_the_events_is_the_difference_of_their_t(tmp_path: Pat
 
 
 def test_a_summary_says_which_clock_its_durations_are_on(tmp_path: Path) -> None:
-    """A simulation's makespan, latencies and "per wall hour" rates are virtual seconds; its summary.json
-    (and the line printed) did not say so, and read exactly like a measured run's."""
+    """A simulation's makespan, latencies and "per wall hour" rates are virtual seconds; its summary.json,
+    the line printed and trace.json did not say so, and read exactly like a measured run's."""
     workload = write_workload(tmp_path / "w.jsonl", [tool_problem("a", model_ms=5, cpu_ms=5)])
     result = simulate_here("--workload", workload, "--output", tmp_path / "sim")
     assert result.exit_code == 0, result.output
     _receipt, simulated, _events = load_run(tmp_path / "sim")
     assert simulated["clock"] == "virtual"
     assert "makespan 0.015s (virtual clock)" in result.output
+    assert json.loads((tmp_path / "sim" / "trace.json").read_text())["metadata"]["clock"] == "virtual"
 
     cfg = build_config({"workload": workload, "output": tmp_path / "real"})
     clock = SystemClock()
@@ -126,6 +128,7 @@ def test_a_summary_says_which_clock_its_durations_are_on(tmp_path: Path) -> None
     assert outcome.summary["clock"] == "monotonic"
     _receipt, measured, _events = load_run(tmp_path / "real")
     assert measured["clock"] == "monotonic"
+    assert json.loads((tmp_path / "real" / "trace.json").read_text())["metadata"]["clock"] == "monotonic"
 
 
 def _wall(reads: Iterator[int], step: float) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from asyncroll.json_depth import json_loads
 from asyncroll.outputs.activity import collect_activity
 from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Track
 from asyncroll.outputs.spool import Spool
@@ -110,8 +111,9 @@ def _events(a: Activity) -> tuple[Iterator[dict[str, Any]], Body]:
     return meta(), body(a.t_min)
 
 
-def _metadata(a: Activity) -> dict[str, Any]:
+def _metadata(a: Activity, clock: str | None) -> dict[str, Any]:
     info = {
+        "clock": clock,
         "events": a.events,
         "unknown_events": dict(a.unknown),
         "invalid_lines": a.invalid_lines,
@@ -153,7 +155,7 @@ def _sorted(events: Body, encode: Encoder, spool: Path) -> Iterator[bytes]:
             run.close()
 
 
-def _write(path: Path, a: Activity, encode: Encoder) -> None:
+def _write(path: Path, a: Activity, encode: Encoder, clock: str | None) -> None:
     meta, body = _events(a)
     with path.open("wb") as out:
         out.write(b'{"traceEvents":[')
@@ -161,7 +163,7 @@ def _write(path: Path, a: Activity, encode: Encoder) -> None:
         for data in itertools.chain(map(encode, meta), _sorted(body, encode, path.parent)):
             out.write(data if first else b"," + data)
             first = False
-        out.write(b'],"displayTimeUnit":"ms","metadata":' + encode(_metadata(a)) + b"}")
+        out.write(b'],"displayTimeUnit":"ms","metadata":' + encode(_metadata(a, clock)) + b"}")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -175,6 +177,16 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _clock(receipt: Path) -> str | None:
+    """What the trace's times are, as run.json says: ``virtual`` (a simulation), ``monotonic`` (measured),
+    or None when it cannot be read."""
+    try:
+        simulated = json_loads(receipt.read_bytes()).get("simulated")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return None if not isinstance(simulated, bool) else "virtual" if simulated else "monotonic"
+
+
 def write_trace(run_dir: Path, activity: Activity | None = None) -> Path:
     """Write ``run_dir/trace.json`` from ``run_dir/events.jsonl`` (or its already collected
     ``activity``); returns its path. The file is streamed, one event at a time, in the bytes that encoding
@@ -182,12 +194,13 @@ def write_trace(run_dir: Path, activity: Activity | None = None) -> Path:
     when orjson refuses a value (ints beyond 64 bits)."""
     path = run_dir / "trace.json"
     a = activity or collect_activity(run_dir / "events.jsonl")
+    clock = _clock(run_dir / "run.json")
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         try:
-            _write(tmp, a, _orjson)
+            _write(tmp, a, _orjson, clock)
         except TypeError:
-            _write(tmp, a, _stdlib)
+            _write(tmp, a, _stdlib, clock)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # a failed export leaves no half-written file behind
