@@ -160,6 +160,8 @@ def test_a_server_outage_is_recorded_counted_and_drawn(tmp_path: Path) -> None:
     circuit = outcome.summary["model"]["circuit"]
     assert circuit["opened"] == 1 and not circuit["open_at_end"]
     assert circuit["paused_s"] == pytest.approx(closed.t - opened.t, abs=1e-5)
+    # the event's own paused_s spans the two events' t (each rounded to the microsecond)
+    assert abs(closed.paused_s - (closed.t - opened.t)) <= 2.5e-6
     assert circuit["requests_waited"] == len(waits)
     assert circuit["request_wait_s"] == pytest.approx(sum(w.waited_s for w in waits), abs=1e-5)
     trace = json.loads((out / "trace.json").read_text())

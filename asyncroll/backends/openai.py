@@ -184,8 +184,9 @@ class OpenAIBackend:
                 if await self._healthy():
                     self.circuit.close()
                     if self._events is not None:
-                        paused = round(self._clock.now() - opened, 6)
-                        self._events.emit(ServerAvailable(paused_s=paused, probes=probes))
+                        now = self._clock.now()
+                        paused = round(now - opened, 6)
+                        self._events.emit(ServerAvailable(paused_s=paused, probes=probes), at=now)
                     break
                 down = self._clock.now() - opened
                 if down >= self.settings.server_down_timeout:
@@ -304,7 +305,10 @@ class OpenAIBackend:
             snap = self.circuit.snapshot()
             reason = f"{exc.kind}: {exc}" + ("" if probe is None else f"; then {probe}")
             self._events.emit(
-                ServerUnavailable(failures=snap.consecutive_failures, reason=reason[:500], opened=snap.opened)
+                ServerUnavailable(
+                    failures=snap.consecutive_failures, reason=reason[:500], opened=snap.opened
+                ),
+                at=snap.open_since,  # paused_s, in server_available, runs from here
             )
 
     async def _wait_for_server(self, request: ModelRequest, attempt: int) -> None:
