@@ -3,6 +3,7 @@ durations events and summary.json carry, and the clock a summary says its durati
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import json
@@ -19,7 +20,9 @@ from asyncroll.clock import SystemClock, VirtualClock
 from asyncroll.config import build_config
 from asyncroll.outputs.statistics import distribution
 from asyncroll.runtime.run import Run, prepare
-from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
+from asyncroll.runtime.virtual_worker import VirtualWorker, builtin_duration, virtual_factory
+from asyncroll.workers.process import CallResult
+from asyncroll.workers.protocol import JobRequest
 from tests.cli_runs import load_run
 from tests.conftest import tool_problem, write_workload
 from tests.simulations import simulate_here
@@ -155,3 +158,51 @@ def test_a_wall_clock_step_moves_only_the_receipts_times(tmp_path: Path) -> None
         assert (receipt["complete_at"] < receipt["created_at"]) is (step < 0)
     assert summaries[0] == summaries[1]
     assert summaries[0]["makespan_s"] == 0.036  # 7 + 11 + 7 ms, the third waits 11 ms for a worker
+
+
+class _SlowToKill(VirtualWorker):
+    """A virtual worker whose job, cancelled, takes 50 ms to end: a real worker's process tree is killed
+    (and reaped) before the cancelled job's ``cpu_failed``."""
+
+    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a worker
+        try:
+            return await super().call(request, timeout)
+        except asyncio.CancelledError:
+            await self._clock.sleep(0.05)
+            raise
+
+
+def test_a_stop_is_not_client_cpu_blocked_time(tmp_path: Path) -> None:
+    """A run stopped while one trajectory's tool job runs and another's model request is in flight: the
+    stop cancels the request at once and the job only once its worker is killed. In between nothing is
+    outstanding for the model and a CPU job is pending: the stop itself was counted as client CPU-blocked
+    time (here 50 ms of a run that was never blocked), and as a blocked interval."""
+    problems = [tool_problem("tool", model_ms=10, cpu_ms=1000), tool_problem("model", model_ms=500, cpu_ms=1)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    cfg = build_config({"workload": workload, "output": tmp_path / "run"})
+    clock = VirtualClock()
+    measuring = asyncio.Event()
+    run = Run(
+        prepare(cfg, ["test"]),
+        clock,
+        worker_factory=lambda index, generation: _SlowToKill(index, generation, clock),
+        subscribers=(lambda e: measuring.set() if e.event == "measurement_started" else None,),
+    )
+
+    async def stopped_at(seconds: float) -> None:
+        task = asyncio.create_task(run.execute())
+        await measuring.wait()  # start-up waits for a real thread (an import): stop in measured time
+        await clock.sleep(seconds)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    clock.run(stopped_at(0.2))
+    _receipt, summary, events = load_run(tmp_path / "run")
+    assert summary["status"] == "interrupted"
+    [cancelled_request] = [e for e in events if e.event == "model_failed"]
+    [cancelled_job] = [e for e in events if e.event == "cpu_failed"]
+    assert cancelled_request.kind == "cancelled" and cancelled_job.reason == "cancelled"
+    assert cancelled_job.t - cancelled_request.t == pytest.approx(0.05)
+    assert summary["client_cpu_blocked"]["seconds"] == 0.0
+    assert summary["client_cpu_blocked"]["intervals"] == 0

@@ -5,7 +5,8 @@ Blocked means, at the same instant: at least one active trajectory, zero model r
 inference server gets nothing from this client: it is the client-side half of "model starvation"
 (MEASUREMENT.md). Integrated exactly over the event stream's own timestamps. An interval is a span of
 positive length: the state can hold for an instant only (events at one timestamp, e.g. a simulated grade
-job of 0 s), which adds no time and is not counted as an interval.
+job of 0 s), which adds no time and is not counted as an interval. A request a stop cancelled stays
+outstanding: the stop itself is not blocked time.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class BlockedMeter:
     def __call__(self, event: Event) -> None:
         delta = _DELTAS.get(type(event))
         if delta is None:
+            return
+        if delta[1] and type(event) is ModelFailed and event.kind == "cancelled":
+            # A stop cancelled it, not an answer: the client did not turn to wait on its CPU (the stop
+            # cancels requests at once and a running job only once its worker is killed).
             return
         # ``blocked`` before and after, spelled out: this runs for most events of a run
         was = self.active > 0 and self.outstanding == 0 and self.pending > 0
