@@ -37,6 +37,9 @@ class MeasurementStarted(Event):
     max_active_trajectories: int
     max_inflight_model_requests: int
     cpu_workers: int
+    #: what every ``t`` is on: real seconds, or a simulation's virtual ones (``wall_time`` is real in both,
+    #: so wall_time + t is a date only on a monotonic clock); None in a file written before the field
+    clock: Literal["monotonic", "virtual"] | None = None
 
 
 class MeasurementFinished(Event):

@@ -114,12 +114,14 @@ def test_every_duration_in_the_events_is_the_difference_of_their_t(tmp_path: Pat
 
 def test_a_summary_says_which_clock_its_durations_are_on(tmp_path: Path) -> None:
     """A simulation's makespan, latencies and "per wall hour" rates are virtual seconds; its summary.json,
-    the line printed and trace.json did not say so, and read exactly like a measured run's."""
+    the line printed, trace.json and events.jsonl (whose measurement_started has the real wall_time beside
+    virtual t) did not say so, and read exactly like a measured run's."""
     workload = write_workload(tmp_path / "w.jsonl", [tool_problem("a", model_ms=5, cpu_ms=5)])
     result = simulate_here("--workload", workload, "--output", tmp_path / "sim")
     assert result.exit_code == 0, result.output
-    _receipt, simulated, _events = load_run(tmp_path / "sim")
+    _receipt, simulated, events = load_run(tmp_path / "sim")
     assert simulated["clock"] == "virtual"
+    assert [e.clock for e in events if e.event == "measurement_started"] == ["virtual"]
     assert "makespan 0.015s (virtual clock)" in result.output
     assert json.loads((tmp_path / "sim" / "trace.json").read_text())["metadata"]["clock"] == "virtual"
 
@@ -129,8 +131,9 @@ def test_a_summary_says_which_clock_its_durations_are_on(tmp_path: Path) -> None
     outcome = clock.run(run.execute())
     assert outcome.status == "complete" and outcome.summary is not None
     assert outcome.summary["clock"] == "monotonic"
-    _receipt, measured, _events = load_run(tmp_path / "real")
+    _receipt, measured, events = load_run(tmp_path / "real")
     assert measured["clock"] == "monotonic"
+    assert [e.clock for e in events if e.event == "measurement_started"] == ["monotonic"]
     assert json.loads((tmp_path / "real" / "trace.json").read_text())["metadata"]["clock"] == "monotonic"
 
 

@@ -286,6 +286,7 @@ class Run:
                             max_active_trajectories=limits.max_active_trajectories,
                             max_inflight_model_requests=limits.max_inflight_model_requests,
                             cpu_workers=limits.cpu_workers,
+                            clock="virtual" if clock.virtual else "monotonic",
                         ),
                         at=origin,  # t = 0: every other t is seconds since this event
                     )
