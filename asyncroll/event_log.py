@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
 from pydantic import BaseModel
@@ -34,8 +34,6 @@ def _stamp(event: Event, t: float) -> None:
 
 class EventLog:
     """The single writer of ``events.jsonl`` (or of nothing, for tests), with synchronous subscribers."""
-
-    _MAX_PENDING: ClassVar[int] = 10_000
 
     def __init__(self, clock: Clock, path: Path | None = None) -> None:
         self._clock = clock
@@ -72,10 +70,11 @@ class EventLog:
         event carries (that duration then equals the difference of the events' ``t``); else now."""
         now = self._clock.now() if at is None else at
         if self._origin is None:
-            # Hold the few pre-measurement events with their absolute time; written at start or close.
-            if len(self._pending) < self._MAX_PENDING:
-                _stamp(event, now)
-                self._pending.append(event)
+            # Hold the pre-measurement events with their absolute time; written at start or close. All of
+            # them: they are bounded by the configuration (a worker_ready and at most a few start-up
+            # restarts per worker, the telemetry probe), and a cap of 10,000 dropped the workers past it.
+            _stamp(event, now)
+            self._pending.append(event)
             return
         event.__dict__["t"] = round(now - self._origin, 6)  # _stamp, spelled out on the hot path
         self._write(event)

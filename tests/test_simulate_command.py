@@ -348,3 +348,16 @@ def test_a_signal_interrupts_a_simulation_as_it_does_a_run(tmp_path: Path, sig: 
     assert receipt_data["status"] == "interrupted" and receipt_data["error"] == f"interrupted by {sig.name}"
     assert summary["status"] == "interrupted" and summary["counts"]["unfinished"] > 0
     assert events[-1].event == "measurement_finished" and events[-1].status == "interrupted"
+
+
+@pytest.mark.timeout(120)
+def test_every_worker_start_is_recorded_at_the_largest_worker_count(tmp_path: Path) -> None:
+    """The events before measurement_started (a worker_ready per worker) wait in memory until the clock
+    starts; past 10,000 of them the rest were dropped without a word: at --cpu-workers 10240,
+    events.jsonl (and the exports drawn from it) lacked 240 workers' start-up."""
+    out = tmp_path / "sim"
+    done = simulate_here("--workload", SMOKE, "--output", out, "--cpu-workers", "10240")
+    assert done.exit_code == 0, done.output
+    lines = (out / "events.jsonl").read_text().splitlines()
+    ready = [json.loads(line)["worker"] for line in lines if '"worker_ready"' in line]
+    assert sorted(ready) == list(range(10240))
