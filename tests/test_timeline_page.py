@@ -4,6 +4,7 @@ down-sampled past its limits with notes that say so, its script run in Node agai
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -230,3 +231,18 @@ def test_a_span_on_a_row_of_several_trajectories_names_its_trajectory(
     monkeypatch.setattr(timeline, "MAX_TRAJECTORY_ROWS", 4_000)
     alone = timeline_data(tmp_path / "run")  # one trajectory a row: its row names it
     assert "failed" in {alone["strings"][s[5]] for s in alone["spans"]}
+
+
+def test_thinned_reorder_markers_cover_the_whole_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_INSTANTS the page kept the *first* reorders and dropped the rest: a 10k-trajectory run
+    under the pressure policy (21,013 reorders) showed none in its last 20 s, as if the policy had stopped
+    reordering in the batch's tail, while the page said the reorders were "thinned"."""
+    monkeypatch.setattr(timeline, "MAX_INSTANTS", 10)
+    events = [e for i in range(40) for e in trajectory(f"t{i}", i, i * 1.0, worker=i % 2, reordered=True)]
+    data = timeline_data(make_run(tmp_path, events))
+    kept = sorted(i[1] / 1e6 for i in data["instants"] if data["strings"][i[2]] == "reorder")
+    assert len(data["instants"]) == 10 and len(kept) == 10
+    assert kept[0] < 4.0 and kept[-1] > 36.0  # from the start of the run to its end
+    assert max(b - a for a, b in itertools.pairwise(kept)) <= 5.0  # evenly: every 4th
+    note = "10 of 40 markers drawn: scheduler reorders thinned evenly over the run (10 of 40)."
+    assert note in data["notes"]

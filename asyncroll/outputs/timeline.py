@@ -7,8 +7,9 @@ data sits in a ``<script type="application/json">`` block with ``<``, ``>`` and 
 (a trajectory id such as ``</script>``) can end the block early. Large runs are down-sampled, never silently
 truncated: past ``MAX_SPANS`` the trajectory spans (unless they alone are too many) and failed/incomplete
 spans (up to that limit) stay individual, the rest are merged per row into bars (spans closer than about a
-pixel at full view); long counter lines keep each bucket's maximum and last value; the page says what stayed
-exact and what was merged or thinned. A telemetry counter's line is broken wherever its samples were null
+pixel at full view); long counter lines keep each bucket's maximum and last value; past ``MAX_INSTANTS``
+markers (scheduler reorders first) are thinned evenly over the run; the page says what stayed exact and
+what was merged or thinned. A telemetry counter's line is broken wherever its samples were null
 (the page never holds the last good value across a gap), and the telemetry section lists those gaps.
 The header's and the telemetry section's text come from :mod:`asyncroll.outputs.timeline_panels`.
 """
@@ -175,15 +176,30 @@ def _window(a: Activity) -> list[float]:
     return [round(lo - a.t_min, 6), round(max(hi - a.t_min, lo - a.t_min + 1e-6), 6)]
 
 
-def _instants(a: Activity) -> list[Span]:
-    """The markers drawn: all but scheduler reorders first, then reorders, at most ``MAX_INSTANTS``."""
-    first: list[Span] = []
-    reorders: list[Span] = []
+def _instants(a: Activity) -> tuple[list[Span], str | None]:
+    """The markers drawn, at most ``MAX_INSTANTS``: all but scheduler reorders first, then as many reorders
+    as fit. A kind with more keeps every k-th of its markers, evenly over the run (keeping the first ones
+    cut the run's end off: no reorder drawn in the batch's tail); the page's note says so (None: all drawn).
+    """
+    reorders = sum(s.cat == "reorder" for s in a.instants)
+    counts = (len(a.instants) - reorders, reorders)  # other markers, reorders
+    room = min(counts[0], MAX_INSTANTS)
+    keep = (room, min(reorders, MAX_INSTANTS - room))
+    kept: tuple[list[Span], list[Span]] = ([], [])
+    seen = [0, 0]
     for s in a.instants:
-        kept = reorders if s.cat == "reorder" else first
-        if len(kept) < MAX_INSTANTS:
-            kept.append(s)
-    return (first + reorders)[:MAX_INSTANTS]
+        kind = int(s.cat == "reorder")
+        i, n, k = seen[kind], counts[kind], keep[kind]
+        seen[kind] += 1
+        if (i + 1) * k // n > i * k // n:  # the i-th of n, when k of them are kept evenly (all: k == n)
+            kept[kind].append(s)
+    thinned = [
+        f"{label} thinned evenly over the run ({k:,} of {n:,})"
+        for label, n, k in zip(("other markers", "scheduler reorders"), counts, keep, strict=True)
+        if k < n
+    ]
+    note = f"{sum(keep):,} of {len(a.instants):,} markers drawn: {'; '.join(thinned)}." if thinned else None
+    return kept[0] + kept[1], note
 
 
 def timeline_data(
@@ -228,7 +244,7 @@ def timeline_data(
     gap = max(a.t_max - t0, 1e-6) / BUCKETS
     bars, gap = _aggregate(rest, t0, gap) if rest.count else ([], 0.0)
     spans = sorted(spans, key=lambda s: s.cat != "trajectory")
-    instants = _instants(a)
+    instants, thinned_instants = _instants(a)
     notes = [f"{len(spans):,} of {len(a.spans):,} spans drawn individually."]
     if rest.count:
         exact = "Trajectory spans and failed" if own_row else "Trajectory spans are in them too; failed"
@@ -246,8 +262,8 @@ def timeline_data(
         notes.append(f"Counters thinned to each bucket's maximum and last value: {', '.join(thinned)}.")
     if per > 1:
         notes.append(f"{len(a.trajectories):,} trajectories: {per} per row, in order of start.")
-    if len(instants) < len(a.instants):
-        notes.append(f"{len(instants):,} of {len(a.instants):,} markers drawn (scheduler reorders thinned).")
+    if thinned_instants is not None:
+        notes.append(thinned_instants)
     if a.unknown or a.invalid_lines:
         kinds = ", ".join(f"{k} ({n})" for k, n in a.unknown.items()) or "none"
         notes.append(f"Skipped lines: unknown event types: {kinds}; invalid lines: {a.invalid_lines}.")
