@@ -338,3 +338,74 @@ def test_every_way_a_job_leaves_its_worker_clears_what_it_had_left() -> None:
 
     left = clock.run(scenario())
     assert len(left) == 5 and all(entries == {} for entries in left.values()), left
+
+
+@pytest.mark.parametrize(("policy", "reads"), [("fifo", False), ("tool_first", False), ("asyncroll", True)])
+def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estimated(
+    policy: str, reads: bool
+) -> None:
+    """In the batch's tail the dispatcher estimated the remaining work of every queued job at every
+    decision, for every policy (so that FIFO logs them too): with thousands queued that was most of a
+    simulation's CPU. A policy that never reads them gets none, and only the jobs its decision logs (its
+    own job and the candidates) are estimated, to the same values."""
+    import asyncio
+
+    from asyncroll.clock import VirtualClock
+    from asyncroll.event_log import EventLog
+    from asyncroll.runtime.dispatcher import MAX_CANDIDATES, CpuDispatcher, JobSpec
+    from asyncroll.runtime.model_gate import ModelGate
+    from asyncroll.runtime.pool import WorkerPool
+    from asyncroll.runtime.virtual_worker import VirtualWorker
+    from tests.conftest import EventCapture
+
+    clock, capture = VirtualClock(), EventCapture()
+    calls = [0]  # estimates made
+
+    class Estimator:
+        observations = 0
+
+        def estimate(self, job: JobView, predicted: float | None = None) -> float | None:
+            calls[0] += 1
+            return job.job_id / 8  # exact in binary: logged as is
+
+        def __call__(self, event: object) -> None:
+            pass
+
+    chosen = get_policy(policy)
+    seen: list[int] = []  # estimates in each snapshot
+
+    class Watching:
+        name = chosen.name
+        reads_remaining = getattr(chosen, "reads_remaining", True)
+
+        def choose(self, snapshot: QueueSnapshot) -> Any:
+            seen.append(len(snapshot.remaining))
+            return chosen.choose(snapshot)
+
+    async def main() -> None:
+        events = EventLog(clock)
+        events.subscribe(capture)
+        pool = WorkerPool(1, lambda index, generation: VirtualWorker(index, generation, clock), clock, events)
+        gate = ModelGate(4, clock, events)
+        tail = {"remaining": Estimator(), "admission_pending": lambda: False}
+        dispatcher = CpuDispatcher(pool, Watching(), gate, clock, events, 30, **tail)  # type: ignore[arg-type]
+        events.start_measurement()
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            spec = JobSpec("t", "tool", "sleep_ms", {"milliseconds": 5}, 0)
+            jobs = [tg.create_task(dispatcher.run(spec)) for _ in range(20)]
+            for task in jobs:
+                assert (await task).ok
+            await pool.aclose()
+
+    clock.run(main())
+    depths = [e.queue_depth for e in capture.of(CpuSelected)]
+    assert len(seen) == len(depths) == 20 and max(depths) > 2 * MAX_CANDIDATES
+    if reads:  # every queued job, at every decision (and nothing more: the logged ones are the snapshot's)
+        assert seen == depths and calls[0] == sum(depths)
+    else:  # the decision's own job and the (at most 8) candidates
+        assert set(seen) == {0} and calls[0] == sum(1 + min(n, MAX_CANDIDATES) for n in depths)
+    for event in capture.of(CpuSelected):
+        assert event.remaining_s == event.job_id / 8
+        assert [c.remaining_s for c in event.candidates] == [c.job_id / 8 for c in event.candidates]
+    assert max(len(e.candidates) for e in capture.of(CpuSelected)) == MAX_CANDIDATES

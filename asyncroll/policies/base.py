@@ -52,7 +52,8 @@ class QueueSnapshot:
     admission_pending: bool = True  # a problem waits for an active slot (False: the batch's tail)
     workers: int = 1  # the pool's size
     # aligned with ``jobs``: mean remaining service of the job's trajectory after jobs like it (None:
-    # none seen yet); filled only in the batch's tail, where the critical-path rule reads it
+    # none seen yet); filled only in the batch's tail, where the critical-path rule reads it, and only
+    # for a policy that reads it (``Policy``)
     remaining: tuple[float | None, ...] = ()
     # predicted seconds still to run on the jobs the workers hold (Σ max(0, min(predicted, the tool
     # timeout) − elapsed)); filled, like ``remaining``, only in the tail, where the balanced rule's
@@ -74,6 +75,10 @@ class Decision:
 
 
 class Policy(Protocol):
+    """``choose`` picks the next job. A policy may also say ``reads_remaining = False``: it never reads
+    ``QueueSnapshot.remaining``, so the dispatcher leaves it empty (and estimates only the jobs each
+    decision logs) instead of estimating every queued job at every decision in the tail."""
+
     @property
     def name(self) -> str: ...
 

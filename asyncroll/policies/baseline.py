@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from asyncroll.policies.base import Decision, QueueSnapshot
 
@@ -13,6 +14,7 @@ class Fifo:
     """Oldest job first. ``sync`` is this policy with admission forced to one trajectory."""
 
     name: str = "fifo"
+    reads_remaining: ClassVar[bool] = False
 
     def choose(self, snapshot: QueueSnapshot) -> Decision:
         return Decision(snapshot.oldest.job_id, "fifo")
@@ -23,6 +25,7 @@ class ToolFirst:
     """Jobs that unlock further model turns (tool, evaluate) before terminal grade jobs; non-preemptive."""
 
     name: str = "tool_first"
+    reads_remaining: ClassVar[bool] = False
 
     def choose(self, snapshot: QueueSnapshot) -> Decision:
         # jobs are oldest first, so the first non-grade job is the oldest of its class.

@@ -90,6 +90,11 @@ class PressurePolicy:
     critical_path: bool = False
     straggler: bool = False
 
+    @property
+    def reads_remaining(self) -> bool:
+        """Whether :meth:`choose` reads the tail's remaining-work estimates (the critical-path rules)."""
+        return self.critical_path
+
     @staticmethod
     def _straggler(snapshot: QueueSnapshot) -> int | None:
         """The longest predicted tool/evaluation job if it would end the batch alone: longer than the

@@ -67,6 +67,23 @@ class _Queued:
     future: asyncio.Future[int] = field(repr=False)  # resolves to the worker slot
 
 
+class _Wait(asyncio.Future[int]):
+    """A queued job's wait for a worker slot. A stop cancels it at once, but the job leaves the queue
+    only when its task runs again; each cancellation is counted as it happens, so that the dispatcher
+    looks for such jobs only after one (it looked through the whole queue at every decision: O(queue)
+    per decision, with thousands queued most of a simulation's CPU)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_cancel: Callable[[], None]) -> None:
+        super().__init__(loop=loop)
+        self._on_cancel = on_cancel
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        cancelled = super().cancel(msg)
+        if cancelled:
+            self._on_cancel()
+        return cancelled
+
+
 @dataclass(frozen=True, slots=True)
 class DispatcherSnapshot:
     queued: int
@@ -109,6 +126,10 @@ class CpuDispatcher:
         self._tool_keys = dict(tool_keys or {})
         self._predictor = predictor or DurationPredictor()
         self._remaining = remaining
+        # whether the policy reads every queued job's remaining-work estimate (a policy that does not say
+        # is taken to): for one that does not, only the estimates its decisions log are computed
+        self._reads_remaining: bool = getattr(policy, "reads_remaining", True)
+        self._cancelled_waits = 0  # waits cancelled since the dispatcher last dropped their jobs
         # worker slot → (selected at, predicted seconds) of the job it runs: what the running jobs have left,
         # which the balanced rule's straggler guard weighs in the tail
         self._running: dict[int, tuple[float, float]] = {}
@@ -150,7 +171,7 @@ class CpuDispatcher:
             spec.test_bytes,
             spec.code_bytes,
         )
-        queued = _Queued(view, spec, asyncio.get_running_loop().create_future())
+        queued = _Queued(view, spec, _Wait(asyncio.get_running_loop(), self._wait_cancelled))
         self._queue[job_id] = queued
         self._views[job_id] = view
         self._peak_queued = max(self._peak_queued, len(self._queue))
@@ -188,6 +209,9 @@ class CpuDispatcher:
         self._ranges.end(queue_range)
         return await self._execute(slot, queued)
 
+    def _wait_cancelled(self) -> None:
+        self._cancelled_waits += 1
+
     def _dispatch(self) -> None:
         queue = self._queue
         if not queue or not self._pool.idle:
@@ -197,9 +221,11 @@ class CpuDispatcher:
         # A stop cancels a queued job's wait at once, but the job leaves the queue only when its task runs
         # again: one freed worker in between must not be handed to it. (Nothing below awaits, so no wait
         # is cancelled while this runs.)
-        for job_id in [k for k, q in queue.items() if q.future.cancelled()]:
-            del self._views[job_id]
-            self._predictor.forget(queue.pop(job_id).view)
+        if self._cancelled_waits:
+            self._cancelled_waits = 0
+            for job_id in [k for k, q in queue.items() if q.future.cancelled()]:
+                del self._views[job_id]
+                self._predictor.forget(queue.pop(job_id).view)
         while queue:
             slot = self._pool.take_idle()
             if slot is None:
@@ -209,10 +235,10 @@ class CpuDispatcher:
             predictions = self._predictor.predict(jobs)  # cached per job until the next refit
             pending = self._admission_pending()
             estimate = None if pending or self._remaining is None else self._remaining.estimate
-            remaining = (
-                ()
-                if estimate is None
-                else tuple([estimate(j, p.seconds) for j, p in zip(jobs, predictions, strict=True)])
+            remaining = (  # else estimated below for the logged jobs only (the same values)
+                tuple([estimate(j, p.seconds) for j, p in zip(jobs, predictions, strict=True)])
+                if estimate is not None and self._reads_remaining
+                else ()
             )
             running_left = 0.0
             if estimate is not None:
@@ -259,7 +285,7 @@ class CpuDispatcher:
                     predicted_s=round(predictions[index].seconds, 6),
                     prediction_source=predictions[index].source,
                     observations=self._predictor.observations,
-                    remaining_s=_rounded(remaining[index]) if remaining else None,
+                    remaining_s=None if estimate is None else _rounded(self._left(index, snapshot)),
                     running_left_s=None if estimate is None else round(running_left, 6),
                     # the candidates' fields validated into Candidates in one call: 8 Candidate(...) calls
                     # took twice as long (each one a Python __init__ and a validation), the same records
@@ -270,7 +296,9 @@ class CpuDispatcher:
                                 "predicted_s": round(p.seconds, 6),
                                 "source": p.source,
                                 "waited_s": round(now - j.enqueued_at, 6),
-                                "remaining_s": _rounded(remaining[i]) if remaining else None,
+                                "remaining_s": None
+                                if estimate is None
+                                else _rounded(self._left(i, snapshot)),
                             }
                             for i, (j, p) in enumerate(
                                 zip(jobs[:MAX_CANDIDATES], predictions[:MAX_CANDIDATES], strict=True)
@@ -295,6 +323,14 @@ class CpuDispatcher:
             # a job runs at most the tool timeout: a longer prediction would count time it cannot take
             self._running[slot] = (selected_at, min(predictions[index].seconds, self._timeout))
             chosen.future.set_result(slot)
+
+    def _left(self, i: int, snapshot: QueueSnapshot) -> float | None:
+        """The ``i``-th queued job's remaining-work estimate (the tail only): the snapshot's, else
+        computed now (a pure function of the estimator's state, which no decision changes)."""
+        if snapshot.remaining:
+            return snapshot.remaining[i]
+        assert self._remaining is not None
+        return self._remaining.estimate(snapshot.jobs[i], snapshot.predictions[i].seconds)
 
     def _failed(self, job: _Queued, slot: int, since: float, reason: FailureReason, error: str) -> None:
         self._events.emit(
