@@ -17,7 +17,7 @@ from typer.core import TyperCommand
 
 from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
-from asyncroll.commands.common import stdout_lost
+from asyncroll.commands.common import say, stdout_lost
 from asyncroll.commands.single_values import SingleValueCommand
 
 app = typer.Typer(
@@ -39,7 +39,7 @@ def _print_version(wanted: bool) -> None:
         installed = version("asyncroll")
     except PackageNotFoundError:  # run from a checkout that was never installed
         from asyncroll import __version__ as installed
-    typer.echo(f"asyncroll {installed}")
+    say(f"asyncroll {installed}")
     raise typer.Exit(0)
 
 

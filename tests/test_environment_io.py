@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,39 @@ def test_serve_sim_whose_listening_line_cannot_be_written_says_so(reader: str) -
         os.close(pipe)
     why = "Broken pipe" if reader == "gone" else "No space left on device"
     assert (proc.returncode, proc.stderr) == (1, f"error: stdout: cannot write ({why}); serve-sim stopped\n")
+
+
+@pytest.mark.parametrize("reader", ["gone", "/dev/full"])
+def test_timeline_whose_stdout_fails_still_records_the_new_exports(
+    recorded: Path, tmp_path: Path, reader: str
+) -> None:
+    # `asyncroll timeline RUN > /dev/full` was an OSError traceback, and `… | head -0` once head had
+    # exited ended it at its "wrote …" line: both before run.json recorded the exports it had rewritten.
+    if reader == "/dev/full" and not Path(reader).exists():
+        pytest.skip("no /dev/full here")
+    run = tmp_path / "run"
+    shutil.copytree(recorded, run)
+    (run / "trace.json").unlink()
+    pipe = closed_pipe() if reader == "gone" else os.open(reader, os.O_WRONLY)
+    try:
+        proc = asyncroll("timeline", run, stdout=pipe)
+    finally:
+        os.close(pipe)
+    assert (proc.returncode, proc.stderr) == (1, "")  # the line asked for did not arrive
+    assert (run / "trace.json").is_file()
+    assert read(run / "run.json")["exports_regenerated"]["trace.json"]["ok"] is True
+
+
+@pytest.mark.parametrize("command", [("schema", "summary"), ("validate", str(SMOKE)), ("--version",)])
+def test_a_command_that_only_prints_to_a_full_disk_exits_1_without_a_traceback(
+    command: tuple[str, ...],
+) -> None:
+    # Each was an OSError traceback (No space left on device).
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        proc = asyncroll(*command, stdout=full)
+    finally:
+        os.close(full)
+    assert (proc.returncode, proc.stderr) == (1, "")

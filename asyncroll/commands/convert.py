@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from asyncroll.commands.common import Opt, fail
+from asyncroll.commands.common import Opt, fail, say
 
 
 def convert_toolmath(
@@ -58,7 +58,7 @@ def convert_toolmath(
         else f"; run with --tool-root {functions_dir}"
     )
     left_out = f", {report.skipped} left out by --skip-unsupported" if report.skipped else ""
-    typer.echo(
+    say(
         f"{output}: {report.written} of {report.problems - report.skipped} problems "
         f"({report.records} tool records{left_out}), seed {seed}{hint}"
     )
@@ -94,7 +94,7 @@ def convert_livecodebench(
         raise fail(str(exc)) from None
     kept = report.rows - report.skipped
     dropped = ", dropped by --stdin-only" if report.skipped else ""
-    typer.echo(
+    say(
         f"{output}: {report.written} of {kept} problems ({report.rows} source row(s), "
         f"{report.functional} functional{dropped}), seed {seed}"
     )

@@ -69,7 +69,7 @@ def experiment_plan(
         plan = checked_plan(cfg, output)  # a declared workload.sha256 is checked, as `run` checks it
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
-    typer.echo(plan)
+    say(plan)
 
 
 @experiment_app.command("schema")
@@ -77,7 +77,7 @@ def experiment_schema() -> None:
     """Print the JSON Schema of an experiment config."""
     from asyncroll.experiment.config import ExperimentConfig
 
-    typer.echo(json.dumps(ExperimentConfig.model_json_schema(), indent=2))
+    say(json.dumps(ExperimentConfig.model_json_schema(), indent=2))
 
 
 def report(
@@ -93,4 +93,4 @@ def report(
         files = write_report(comparison, output, figure=figure)
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
-    typer.echo("wrote " + ", ".join(str(f) for f in files))
+    say("wrote " + ", ".join(str(f) for f in files))

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import Opt, fail
+from asyncroll.commands.common import Opt, fail, say
 from asyncroll.json_depth import json_loads
 
 
@@ -41,9 +41,7 @@ def validate(
             typer.echo(f"... and {scan.truncated} more errors", err=True)
         typer.echo(f"{workload}: {scan.error_summary()}", err=True)
         raise typer.Exit(2)
-    typer.echo(
-        f"{workload}: ok, {scan.count} problems, {len(scan.tools)} distinct tools, sha256 {scan.sha256}"
-    )
+    say(f"{workload}: ok, {scan.count} problems, {len(scan.tools)} distinct tools, sha256 {scan.sha256}")
 
 
 def schema(
@@ -56,7 +54,7 @@ def schema(
     if which != "all" and which not in all_schemas:
         raise fail(f"unknown schema {which!r}; choose from {', '.join(['all', *all_schemas])}")
     chosen = all_schemas if which == "all" else all_schemas[which]
-    typer.echo(json.dumps(chosen, indent=2))
+    say(json.dumps(chosen, indent=2))
 
 
 def timeline(
@@ -89,7 +87,7 @@ def timeline(
     failed = [f"{name}: {exports[name]['error']}" for name in EXPORTS if not exports[name]["ok"]]
     if failed:
         raise fail("export failed: " + "; ".join(failed), 1)
-    typer.echo(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
+    say(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
     from asyncroll.outputs.receipt import record_regenerated_exports
 
     unrecorded = record_regenerated_exports(run_dir, exports)

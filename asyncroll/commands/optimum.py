@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from asyncroll.commands.common import Opt, fail
+from asyncroll.commands.common import Opt, fail, say
 from asyncroll.json_depth import json_loads
 
 
@@ -47,13 +47,13 @@ def optimum(
     except UsageError as exc:
         raise fail(str(exc)) from exc
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        say(json.dumps(result, indent=2))
         return
 
     def fmt(value: float | None, unit: str = "s") -> str:
         return "n/a" if value is None else f"{value:.3f}{unit}"
 
-    typer.echo(
+    say(
         f"{result['status']}: {result['trajectories']} trajectories, {result['steps']} steps, "
         f"solved in {result['solve_wall_s']:.1f}s\n"
         f"makespan {fmt(result['makespan_s'])} | analytic bound {fmt(result['analytic_bound_s'])} | "
@@ -63,10 +63,10 @@ def optimum(
         f"makespan ÷ best schedule {fmt(result['makespan_over_best_schedule'], '')}"
     )
     for note in result["notes"]:
-        typer.echo(f"note: {note}")
+        say(f"note: {note}")
     if result["status"] in ("feasible", "unknown"):
         found = "its best schedule is not proven optimal" if result["status"] == "feasible" else "no schedule"
-        typer.echo(
+        say(
             f"note: {found} within --time-limit {time_limit:g}s; a longer one may find a shorter schedule "
             "or prove a higher bound"
         )
