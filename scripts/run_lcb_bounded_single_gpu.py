@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from asyncroll.commands.common import say, stdout_lost
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import load_experiment_config
 from asyncroll.experiment.preflight import checked_plan
@@ -43,17 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_experiment_config(args.config, overrides)
         if args.plan:
-            print(checked_plan(cfg, args.output))  # refuses a wrong --workload-sha256 as the run does
-            return 0
-        outcome = ExperimentRunner(cfg, args.output, resume=args.resume, config_path=args.config).run()
+            say(checked_plan(cfg, args.output))  # refuses a wrong --workload-sha256 as the run does
+            return 1 if stdout_lost() else 0
+        # progress through say(), as `asyncroll experiment run`: a reader gone from stdout (| tee that
+        # ended) silences it and the experiment runs on
+        runner = ExperimentRunner(cfg, args.output, resume=args.resume, config_path=args.config, echo=say)
+        outcome = runner.run()
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a receipt that could not be written (a full disk)
         print(f"error: experiment failed: {exc}; --resume continues it once there is room", file=sys.stderr)
         return 1
-    print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
-    return outcome.exit_code
+    if outcome.exit_code:
+        print(outcome.message, file=sys.stderr)
+        return outcome.exit_code
+    say(outcome.message)
+    return 1 if stdout_lost() else 0  # the output asked for did not all arrive, as the CLI says
 
 
 if __name__ == "__main__":

@@ -254,3 +254,42 @@ def test_a_command_that_only_prints_to_a_full_disk_exits_1_without_a_traceback(
     finally:
         os.close(full)
     assert (proc.returncode, proc.stderr) == (1, "")
+
+
+#: ``scripts/run_lcb_bounded_single_gpu.py`` with a stand-in for each arm, as ``FAKE_ARMS``.
+FAKE_ARMS_SCRIPT = """
+import runpy, sys
+import asyncroll.experiment.runner as runner
+from tests.lean_experiment import fake_arm
+runner.run_arm = fake_arm()
+config, out = sys.argv[1:3]
+sys.argv = ["run_lcb_bounded_single_gpu.py", "--config", config, "--output", out, "--model-path", "sim",
+            "--workload", "examples/smoke.jsonl"]
+runpy.run_path("scripts/run_lcb_bounded_single_gpu.py", run_name="__main__")
+"""
+
+
+def test_the_single_gpu_script_whose_reader_has_gone_runs_on(tmp_path: Path) -> None:
+    # It "does what asyncroll experiment run does", but its progress lines were print(): once `| tee log`
+    # ended, the next one's BrokenPipeError failed the experiment ("error: experiment failed: [Errno 32]
+    # Broken pipe; --resume continues it once there is room") with arms still to run.
+    config = write_config(tmp_path, stages={}, pairs=2)
+    out = tmp_path / "out"
+    pipe = closed_pipe()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", FAKE_ARMS_SCRIPT, str(config), str(out)],
+            stdout=pipe,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=45,
+            cwd=REPO,
+        )
+    finally:
+        os.close(pipe)
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1, proc.stderr  # its stand-in arms failed
+    assert proc.stderr.startswith("experiment complete; failed arms kept and reported"), proc.stderr
+    experiment = read(out / "experiment.json")
+    assert experiment["status"] == "complete" and experiment["error"] is None
+    assert len(experiment["arms"]) == 4
