@@ -293,3 +293,23 @@ def test_the_single_gpu_script_whose_reader_has_gone_runs_on(tmp_path: Path) -> 
     experiment = read(out / "experiment.json")
     assert experiment["status"] == "complete" and experiment["error"] is None
     assert len(experiment["arms"]) == 4
+
+
+def test_an_experiments_warning_reaches_stderr_when_stdout_has_gone(tmp_path: Path) -> None:
+    # "stderr still says everything (a run's error, a warning)": the runner's own warning was a progress
+    # line on stdout, dropped with the rest of it once the reader had gone.
+    config = write_config(tmp_path, stages={}, pairs=1, **{"workload.sha256": None})
+    pipe = closed_pipe()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", FAKE_ARMS, str(config), str(tmp_path / "out")],
+            stdout=pipe,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=45,
+            cwd=REPO,
+        )
+    finally:
+        os.close(pipe)
+    assert proc.returncode == 1, proc.stderr  # its stand-in arms failed
+    assert proc.stderr.startswith("warning: workload.sha256 not declared; this experiment pins"), proc.stderr

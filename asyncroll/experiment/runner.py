@@ -42,6 +42,7 @@ runner's leftovers were killed (they may hold it); a refusal then is recorded in
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -93,12 +94,16 @@ class ExperimentRunner:
         resume: bool = False,
         config_path: Path | None = None,
         echo: Callable[[str], None] = print,
+        warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
     ) -> None:
+        """``echo``: the progress lines (stdout); ``warn``: a warning (stderr, which still says it when
+        stdout's reader has gone)."""
         self.cfg = cfg
         self.output = output
         self.resume = resume
         self.config_path = config_path
         self.echo = echo
+        self.warn = warn
         self.plan = build_plan(cfg)
         self._lock: OutputLock | None = None
         self._deadline_at: float | None = None
@@ -113,7 +118,7 @@ class ExperimentRunner:
         # on --resume the port waits until the dead runner's leftovers (which may hold it) are killed
         self._preflight(port=not self.resume)
         if self.cfg.workload.sha256 is None:
-            self.echo(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
+            self.warn(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
         fp = fingerprint(self.cfg, sha, tools)
         if EVALUATOR_TOOL in tools:  # before any arm: on cgroup v2 the clients start in the runner's leaf
             cgroups_v2.prepare_for_children()
