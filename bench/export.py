@@ -58,7 +58,9 @@ def make_run(target_events: int, tmp: Path) -> Path:
     clock = VirtualClock()
     real_export = rundir.export
 
-    def no_export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def no_export(
+        out: Path, final: Mapping[str, Any] | None = None, stop: rundir.ExportStop | None = None
+    ) -> dict[str, Any]:
         return {}  # the run's own export is what we time below, separately
 
     rundir.export = no_export

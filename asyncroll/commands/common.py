@@ -79,10 +79,15 @@ def _policy(scheduler: dict[str, Any]) -> str:
 
 
 def warn_exports(failed: dict[str, str], output: Path) -> None:
-    """Say on stderr which exports were not written (a full disk, say), and how to write them later."""
+    """Say on stderr which exports were not written (a full disk, say, or skipped by a stop signal), and
+    how to write them later."""
+    from asyncroll.outputs.rundir import skipped as exports_skipped
+
     for name, why in failed.items():
+        skipped = exports_skipped(why)  # a stop signal during the exports
+        said = f"was {why}" if skipped else f"was not written ({why})"
         typer.echo(
-            f"warning: {name} was not written ({why}); `asyncroll timeline {output}` writes it from "
-            "events.jsonl once there is room",
+            f"warning: {name} {said}; `asyncroll timeline {output}` writes it from events.jsonl"
+            + ("" if skipped else " once there is room"),
             err=True,
         )

@@ -292,11 +292,12 @@ def _run(cfg: Any) -> int:
                 typer.echo(
                     f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True
                 )
+                warn_exports(outcome.exports_failed, cfg.output)
                 return EXIT_INTERRUPTED
             print_summary(outcome.summary, cfg.output)
             warn_exports(outcome.exports_failed, cfg.output)
             if outcome.late_signal:
-                typer.echo(late_signal_note(outcome.late_signal), err=True)
+                typer.echo(late_signal_note(outcome.late_signal, outcome.exports_failed), err=True)
             if outcome.error:
                 typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
             return outcome.exit_code

@@ -346,6 +346,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     """Print a single simulation's outcome and exit with its code."""
     if outcome.status == "interrupted" and outcome.summary is None:
         typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
+        warn_exports(outcome.exports_failed, cfg.output)
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, cfg.output)
     warn_exports(outcome.exports_failed, cfg.output)
@@ -375,7 +376,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     if outcome.late_signal:
         from asyncroll.runtime.signals import late_signal_note
 
-        typer.echo(late_signal_note(outcome.late_signal), err=True)
+        typer.echo(late_signal_note(outcome.late_signal, outcome.exports_failed), err=True)
     if outcome.error:
         typer.echo(f"error: run {outcome.status}: {outcome.error}", err=True)
     b = outcome.summary.get("bounds") if outcome.summary else None

@@ -2,17 +2,19 @@
 
 ``run.json`` first (``preparing``), then ``events.jsonl`` and ``results.jsonl`` (with ``--transcripts``,
 ``transcripts.jsonl`` too) as the run goes, ``summary.json`` at the end, then the exports
-(``trace.json``, ``timeline.html``) outside the measured window, and ``run.json`` last with the final
-status. With ``out=None`` nothing is written (a sweep cell needs only its summary), through the same
-calls.
+(``trace.json``, ``timeline.html``) outside the measured window (a stop signal then skips them), and
+``run.json`` last with the final status. With ``out=None`` nothing is written (a sweep cell needs only
+its summary), through the same calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +82,14 @@ class RunDirectory:
         status: Status,
         wall: float,
         error: str | None = None,
+        stop: ExportStop | None = None,
         **receipt: Any,
     ) -> str | None:
         """Close results (and transcripts), write the summary (none: a summary that could not be built,
-        which ``error`` names) and the exports, then the final receipt (with ``receipt``'s sections
-        too). A summary.json or a final run.json the disk had no room for fails the run (an interrupted
-        one stays interrupted): the error it then ended with is returned (else None)."""
+        which ``error`` names) and the exports (which a stop signal skips, with ``stop``), then the final
+        receipt (with ``receipt``'s sections too). A summary.json or a final run.json the disk had no room
+        for fails the run (an interrupted one stays interrupted): the error it then ended with is returned
+        (else None)."""
         for lines in (self._results, self._transcripts):
             if lines is not None:
                 lines.close()
@@ -104,7 +108,7 @@ class RunDirectory:
         # The exports are written before the final receipt (whose ``exports`` records them), so they are
         # told the final status: run.json still says "preparing" if the run never started.
         final = {"status": status, **({"error": error} if error else {})}
-        exports = export(self.out, final)
+        exports = export(self.out, final, stop)
         self.exports_failed = {  # (a benchmark may skip the exports: then none is named)
             name: str(entry.get("error"))
             for name in EXPORTS
@@ -142,14 +146,92 @@ def open_run_files(
 
 #: The files :func:`export` writes; its result has an ``{"ok": …}`` entry for each.
 EXPORTS = ("trace.json", "timeline.html")
+#: From this size of events.jsonl on (≈ 35k events, 1-2 s of exports; 30k trajectories: ≈ 600k events,
+#: 30 s), a run says on stderr that it writes them and how to skip them: one that prints nothing for half
+#: a minute after Ctrl-C gets a second Ctrl-C, then a kill -9 that loses the final run.json.
+ANNOUNCE_BYTES = 10 << 20
 
 
-def export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
+class ExportsSkipped(BaseException):
+    """Raised in :func:`export` by a stop signal (:class:`ExportStop`): the exports not written yet are
+    skipped. A BaseException, as KeyboardInterrupt is: an export's ``except Exception`` would record a
+    failure and go on with the next one."""
+
+
+class ExportStop:
+    """Lets a stop signal skip a run's exports. :meth:`signal` is called from the run's handler
+    (:func:`asyncroll.runtime.signals.interruptible`) for every stop signal; while :func:`export` runs
+    armed with it in the handler's thread (the main one), it raises :class:`ExportsSkipped` there, once:
+    the clean-up it unwinds (a temporary file removed) is never cut short by another."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None  # the first stop signal, whenever it came
+        self._thread: int | None = None  # the thread writing the exports, while it does
+        self._raised = False
+
+    def signal(self, name: str) -> None:
+        self.received = self.received or name
+        if self._thread == threading.get_ident() and not self._raised:
+            self._raised = True
+            raise ExportsSkipped(name)
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        self._thread = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._thread = None
+
+    def announce(self, out: Path) -> None:
+        """Say on stderr what is written now, when events.jsonl is large enough for that to take a while."""
+        try:
+            size = (out / "events.jsonl").stat().st_size
+        except OSError:
+            return
+        if size < ANNOUNCE_BYTES:
+            return
+        again = "again " if self.received else ""
+        with contextlib.suppress(OSError, ValueError):  # a stderr gone or closed: the exports go on
+            sys.stderr.write(
+                f"writing trace.json and timeline.html from events.jsonl ({size / 2**20:.0f} MiB) … "
+                f"(Ctrl-C {again}to skip them; `asyncroll timeline {out}` writes them later)\n"
+            )
+            sys.stderr.flush()
+
+
+def export(
+    out: Path, final: Mapping[str, Any] | None = None, stop: ExportStop | None = None
+) -> dict[str, Any]:
     """trace.json and timeline.html from one pass over events.jsonl; a failed export is recorded, never
     fatal: the run's data is safe. ``asyncroll timeline RUN_DIR`` calls this again after the fact (an
     interrupted run, or a run written by an older version). ``bench/export.py`` times it. ``final``:
-    receipt fields (status, error) about to be written, which override run.json's."""
+    receipt fields (status, error) about to be written, which override run.json's. ``stop``: a stop signal
+    during the exports skips those not written yet (recorded ``"skipped": true``); none is left half
+    written."""
     exports: dict[str, Any] = {}
+    try:
+        with contextlib.nullcontext() if stop is None else stop.armed():
+            if stop is not None:  # armed already: a signal the moment the line is out skips them
+                stop.announce(out)
+            _export(out, final, exports)
+    except ExportsSkipped as skip:
+        for name in EXPORTS:
+            why = f"{_SKIPPED} {skip} received while the exports were written"
+            exports.setdefault(name, {"ok": False, "skipped": True, "error": why})
+    return exports
+
+
+_SKIPPED = "skipped:"
+
+
+def skipped(why: str) -> bool:
+    """Whether an export's ``error`` (as :attr:`RunDirectory.exports_failed` holds it) says a stop signal
+    skipped it, rather than that it failed."""
+    return why.startswith(_SKIPPED)
+
+
+def _export(out: Path, final: Mapping[str, Any] | None, exports: dict[str, Any]) -> None:
     began = time.perf_counter()
     try:
         from asyncroll.outputs.activity import collect_activity
@@ -157,7 +239,8 @@ def export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
         activity = collect_activity(out / "events.jsonl")
     except Exception as exc:  # noqa: BLE001 - an export must never lose the run's data
         error = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        return {"trace.json": error, "timeline.html": error}
+        exports.update({"trace.json": error, "timeline.html": error})
+        return
     parse_s = time.perf_counter() - began
     for name, module, function, extra in (
         ("trace.json", "trace", "write_trace", ()),
@@ -175,4 +258,3 @@ def export(out: Path, final: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "invalid_lines": activity.invalid_lines,
         "unknown_types": sum(activity.unknown.values()),
     }
-    return exports

@@ -31,7 +31,7 @@ from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.lines import OutputWriteError, json_line
 from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions
-from asyncroll.outputs.rundir import open_run_files
+from asyncroll.outputs.rundir import ExportStop, open_run_files
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
@@ -108,6 +108,8 @@ class Run:
         self._subscribers = subscribers
         self._policy = policy
         self.interrupt_reason: str | None = None
+        self.exports_stop: ExportStop | None = None  # set by interruptible: a stop signal skips the exports
+        self.exports_failed: dict[str, str] = {}  # once finished, as RunOutcome's (an interrupted run too)
         self._receipt_extra = receipt_extra or {}
         self._model_capacity = model_capacity
         self._record = record
@@ -380,14 +382,15 @@ class Run:
                 error = "; ".join(filter(None, (error, f"summary: cannot be built ({_describe(exc)})")))
             events.close()
             telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}  # why not probed
-            unwritten = files.finish(result, status, clock.wall(), error, **telemetry)
+            unwritten = files.finish(result, status, clock.wall(), error, self.exports_stop, **telemetry)
+            self.exports_failed = files.exports_failed
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
                 if result is not None:
                     result["status"] = status  # the summary printed says what run.json says
             if late is not None:
                 raise late
-        return RunOutcome(status, exit_code(status), result, error, exports_failed=files.exports_failed)
+        return RunOutcome(status, exit_code(status), result, error, exports_failed=self.exports_failed)
 
 
 async def _in_daemon_thread(fn: Callable[[], None]) -> None:

@@ -8,10 +8,12 @@ import asyncio
 import dataclasses
 import signal
 import threading
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
 from asyncroll.outputs.receipt import EXIT_INTERRUPTED
+from asyncroll.outputs.rundir import ExportStop, skipped
 from asyncroll.runtime.run import Run, RunOutcome
 
 #: The signals that stop a run: Ctrl-C, a polite kill, and the terminal going away.
@@ -34,7 +36,8 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
     stretch (building the summary, writing the exports), whose signal a loop callback would only see after
     the handlers were removed — the signal lost. The cancellation itself goes through the loop. A signal
     that arrives after every trajectory has finished (cleanup, exports) leaves the run ``complete``; the
-    outcome's ``late_signal`` names it, for the caller to report."""
+    outcome's ``late_signal`` names it, for the caller to report. Any signal while the exports are written
+    (a second Ctrl-C, say) skips those not written yet (:class:`~asyncroll.outputs.rundir.ExportStop`)."""
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     assert task is not None
@@ -45,11 +48,13 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
             task.cancel(f"{name} received")
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if run.interrupt_reason is None:
-            name = signal.Signals(signum).name
             run.interrupt_reason = name
             loop.call_soon_threadsafe(cancel, name)
+        stop.signal(name)  # while the exports are written: raises there, skipping those not written yet
 
+    stop = ExportStop()
     installed: list[tuple[signal.Signals, Any]] = []
     for sig in STOP_SIGNALS:
         previous = signal.getsignal(sig)
@@ -60,6 +65,7 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
         except (ValueError, OSError):  # not the main thread, or no signals here
             continue
         installed.append((sig, previous))
+    run.exports_stop = stop if installed else None  # the exports say how to skip them only if one can
     try:
         outcome = await run.execute()
         if run.interrupt_reason is not None:
@@ -69,16 +75,21 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
         if run.interrupt_reason is None:
             raise
         task.uncancel()  # handled: this task's later awaits must not see the cancellation again
-        return RunOutcome("interrupted", EXIT_INTERRUPTED, None, f"interrupted by {run.interrupt_reason}")
+        reason = f"interrupted by {run.interrupt_reason}"
+        return RunOutcome("interrupted", EXIT_INTERRUPTED, None, reason, exports_failed=run.exports_failed)
     finally:
         finished = True
         for sig, previous in installed:
             signal.signal(sig, signal.SIG_DFL if previous is None else previous)
 
 
-def late_signal_note(name: str) -> str:
-    """What the CLI says when a signal came after every trajectory had finished."""
-    return f"{name} received after every trajectory had finished: the run is complete and so are its outputs"
+def late_signal_note(name: str, exports_failed: Mapping[str, str] | None = None) -> str:
+    """What the CLI says when a signal came after every trajectory had finished (``exports_failed``: as
+    :class:`RunOutcome`'s, whose exports a signal may have skipped, which the CLI said before)."""
+    said = f"{name} received after every trajectory had finished: the run is complete"
+    if any(skipped(why) for why in (exports_failed or {}).values()):
+        return f"{said}, its exports skipped"
+    return f"{said} and so are its outputs"
 
 
 class CommandSignals:
