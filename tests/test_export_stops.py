@@ -165,3 +165,19 @@ def test_a_small_run_does_not_announce_its_exports(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "writing trace.json" not in result.stderr
     assert (tmp_path / "out" / "trace.json").is_file()
+
+
+@pytest.mark.timeout(180)
+def test_a_signal_while_asyncroll_timeline_writes_says_so_and_keeps_the_exports_there(tmp_path: Path) -> None:
+    """``asyncroll timeline`` (half a minute on a large run) used to exit 130 on Ctrl-C without a word."""
+    out = tmp_path / "out"
+    assert cli("simulate", "--workload", SMOKE, "--output", out).returncode == 0
+    before = {name: (out / name).read_bytes() for name in ("trace.json", "timeline.html")}
+    (out / "trace.json").write_bytes(b"{}")  # an old one, replaced only by a whole new one
+    before["trace.json"] = b"{}"
+    code, stderr = _stopped_in_the_exports(tmp_path, "none", signal.SIGINT, "timeline", out)
+    assert code == 130, stderr
+    assert f"interrupted by SIGINT; {out}: an export not finished is left as it was" in stderr
+    assert "Traceback" not in stderr
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []

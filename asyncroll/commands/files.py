@@ -83,7 +83,17 @@ def timeline(
             "kept",
             1,
         )
-    exports = export(run_dir, _never_finished(run_dir))
+    try:
+        exports = export(run_dir, _never_finished(run_dir))
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli_signals.guard): exit 130, said
+        from asyncroll.cli_signals import interrupted_by
+
+        typer.echo(
+            f"interrupted by {interrupted_by() or 'SIGINT'}; {run_dir}: an export not finished is left as "
+            "it was (none is half written)",
+            err=True,
+        )
+        raise typer.Exit(130) from None
     failed = [f"{name}: {exports[name]['error']}" for name in EXPORTS if not exports[name]["ok"]]
     if failed:
         raise fail("export failed: " + "; ".join(failed), 1)
