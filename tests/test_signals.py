@@ -28,10 +28,11 @@ from asyncroll.events import (
     TrajectoryFinished,
 )
 from asyncroll.policies import get_policy
+from asyncroll.runtime.cleanup import cleanup
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
-from asyncroll.runtime.run import Run, RunOutcome, _cleanup, prepare
+from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.signals import interruptible
 from asyncroll.runtime.virtual_worker import VirtualWorker
 from tests.conftest import tool_problem, write_workload
@@ -291,7 +292,7 @@ def test_a_failing_or_cancelled_cleanup_step_does_not_skip_the_next() -> None:
         ran.append("closes")
 
     with pytest.raises(RuntimeError, match="cannot close"):
-        asyncio.run(_cleanup(fails, None, closes))
+        asyncio.run(cleanup(fails, None, closes))
     assert ran == ["fails", "closes"]
 
     async def cancelled_during_the_first() -> None:
@@ -303,7 +304,7 @@ def test_a_failing_or_cancelled_cleanup_step_does_not_skip_the_next() -> None:
             task.cancel()  # the caller is cancelled while this step runs (shielded: it finishes)
             await asyncio.sleep(0.01)
 
-        await _cleanup(slow, fails, closes)
+        await cleanup(slow, fails, closes)
 
     ran.clear()
     with pytest.raises(asyncio.CancelledError):

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +38,7 @@ from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
 from asyncroll.policies.registry import canonical_policy, estimator_for
 from asyncroll.runtime.admission import Admission
+from asyncroll.runtime.cleanup import cleanup, shielded
 from asyncroll.runtime.collaborators import (
     default_backend,
     evaluator_options,
@@ -312,7 +313,7 @@ class Run:
 
                             remove_dead_workers_leftovers()
 
-                    await _cleanup(
+                    await cleanup(
                         None if live is None else live.aclose,
                         sampler.stop,
                         pool.aclose,
@@ -335,7 +336,7 @@ class Run:
             late: asyncio.CancelledError | None = None
             if live is not None:  # idempotent; here for a failure before the inner cleanup ran
                 try:
-                    await _shielded(live.aclose())
+                    await shielded(live.aclose())
                 except asyncio.CancelledError as exc:  # the summary and the receipt are written first
                     late = exc
                     if status == "complete" and self.interrupt_reason is not None:
@@ -417,38 +418,6 @@ async def _in_daemon_thread(fn: Callable[[], None]) -> None:
 
     threading.Thread(target=target, name=f"asyncroll-{fn.__name__}", daemon=True).start()
     await done
-
-
-async def _cleanup(*steps: Callable[[], Awaitable[Any]] | None) -> None:
-    """Run every cleanup step to its end, in order, even if the caller is cancelled during one or one
-    fails (either used to skip the steps after it, the worker pool's among them); then raise the
-    cancellation, else the first failure."""
-    cancelled: asyncio.CancelledError | None = None
-    failed: Exception | None = None
-    for step in steps:
-        if step is None:
-            continue
-        try:
-            await _shielded(step())
-        except asyncio.CancelledError as exc:
-            cancelled = exc
-        except Exception as exc:  # noqa: BLE001 - raised below, after the other steps ran
-            failed = failed or exc
-    if cancelled is not None:
-        raise cancelled
-    if failed is not None:
-        raise failed
-
-
-async def _shielded(coro: Any) -> None:
-    """Await cleanup even if the caller is being cancelled again."""
-    task = asyncio.ensure_future(coro)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
-            await task
-        raise
 
 
 def _describe(exc: BaseException) -> str:
