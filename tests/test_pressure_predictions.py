@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from typing import Any
 
 import numpy as np
@@ -214,3 +215,50 @@ def test_the_window_holds_what_one_observation_at_a_time_would_have_written() ->
         if rng.random() < (0.03 if i >= 250 else 0.3):  # late: more than a whole window between refits
             predict(_job(10**6 + i))
     assert refits > 20 and longest > window
+
+
+def test_predictor_update_makes_the_same_predictions_as_predict_to_the_bit() -> None:
+    """The dispatcher keeps the queue's predictions and has the predictor ``update`` only the jobs queued
+    since its last call (the whole queue after a refit): the same jobs must be predicted in the same
+    batches as ``predict(queue)`` did, since a batch of at most 8 jobs is computed another way than a
+    larger one (a few ulps apart): every prediction equal to the bit, through refits, first evaluations
+    known, jobs leaving the queue, small and large batches."""
+    rng = random.Random(7)
+    whole, incremental = DurationPredictor(), DurationPredictor()
+    queue: dict[int, JobView] = {}
+    kept: dict[int, Prediction] = {}  # the incremental caller's predictions of the queue
+    new: list[JobView] = []
+    next_id = 0
+    for _ in range(600):
+        for _ in range(rng.choice((0, 0, 1, 1, 2, 3, 12, 40))):  # small batches and large ones
+            next_id += 1
+            job = _job(
+                next_id,
+                size=rng.randint(1, 5000),
+                tool=rng.choice(("a", "b")),
+                resub=rng.random() < 0.3,
+                traj=f"t{next_id % 50}",
+            )
+            queue[job.job_id] = job
+            new.append(job)
+        if not queue:
+            continue
+        jobs = tuple(queue.values())
+        expected = whole.predict(jobs)
+        for job in incremental.update(lambda: jobs, [j for j in new if j.job_id in queue]):  # noqa: B023
+            kept[job.job_id] = incremental.prediction(job.job_id)
+        new.clear()
+        assert tuple(kept) == tuple(queue)  # in the queue's order
+        got = tuple(kept.values())
+        assert [(p.seconds.hex(), p.source) for p in got] == [(p.seconds.hex(), p.source) for p in expected]
+        for _ in range(rng.randint(0, min(4, len(queue)))):  # some leave the queue: run and observed, or not
+            job = queue.pop(rng.choice(tuple(queue)))
+            del kept[job.job_id]
+            if rng.random() < 0.1:
+                whole.forget(job)
+                incremental.forget(job)
+            else:
+                seconds = 0.001 * job.arg_bytes * (2.0 if job.tool == "a" else 1.0)
+                whole.observe(job, seconds)
+                incremental.observe(job, seconds)
+    assert whole.refits == incremental.refits > 40 and whole.observations > 1000

@@ -409,3 +409,88 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
         assert event.remaining_s == event.job_id / 8
         assert [c.remaining_s for c in event.candidates] == [c.job_id / 8 for c in event.candidates]
     assert max(len(e.candidates) for e in capture.of(CpuSelected)) == MAX_CANDIDATES
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("policy", "reads"), [("fifo", False), ("tool_first", False), ("asyncroll", True)])
+def test_a_decision_predicts_only_the_jobs_queued_since_the_last_one(policy: str, reads: bool) -> None:
+    """The predictor caches each queued job's prediction until the model changes, but the dispatcher had
+    it look up every queued job twice at every decision (which ones lack a prediction, then all of them,
+    for the snapshot): O(queue) per decision whatever the policy, with thousands queued a third of a
+    simulation's CPU. The dispatcher now keeps the queue's predictions and has only the newly queued jobs
+    predicted (while the model does not change, as here: this predictor learns nothing); a policy that
+    never reads them (fifo, tool_first) gets none, and the logged ones are the same."""
+    import asyncio
+
+    from asyncroll.clock import VirtualClock
+    from asyncroll.event_log import EventLog
+    from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+    from asyncroll.runtime.model_gate import ModelGate
+    from asyncroll.runtime.pool import WorkerPool
+    from asyncroll.runtime.virtual_worker import VirtualWorker
+    from tests.conftest import EventCapture
+
+    lookups = [0]  # the predictor's per-job cache operations
+
+    class Counting(dict[int, Prediction]):
+        def __contains__(self, key: object) -> bool:
+            lookups[0] += 1
+            return super().__contains__(key)
+
+        def __getitem__(self, key: int) -> Prediction:
+            lookups[0] += 1
+            return super().__getitem__(key)
+
+    class Still(DurationPredictor):
+        """Learns nothing: the model, and so every prediction made, never changes."""
+
+        def observe(self, job: JobView, seconds: float, *, censored: bool = False) -> None:
+            self.forget(job)
+
+    predictor = Still()
+    predictor._cache = Counting()
+    clock, capture = VirtualClock(), EventCapture()
+    chosen = get_policy(policy)
+    seen: list[int] = []  # predictions in each snapshot
+
+    class Watching:
+        name = chosen.name
+        reads_remaining = getattr(chosen, "reads_remaining", True)
+        reads_predictions = getattr(chosen, "reads_predictions", True)
+
+        def choose(self, snapshot: QueueSnapshot) -> Any:
+            seen.append(len(snapshot.predictions))
+            return chosen.choose(snapshot)
+
+    n = 200
+    grades = {i for i in range(n) if i % 3 == 0}  # tool_first reorders: grade jobs go last
+
+    async def main() -> None:
+        events = EventLog(clock)
+        events.subscribe(capture)
+        pool = WorkerPool(1, lambda index, generation: VirtualWorker(index, generation, clock), clock, events)
+        gate = ModelGate(4, clock, events)
+        dispatcher = CpuDispatcher(pool, Watching(), gate, clock, events, 30, predictor=predictor)  # type: ignore[arg-type]
+        events.start_measurement()
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            specs = [
+                JobSpec(f"t{i}", "grade" if i in grades else "tool", "sleep_ms", {"milliseconds": 5}, 0)
+                for i in range(n)
+            ]
+            jobs = [tg.create_task(dispatcher.run(spec)) for spec in specs]
+            for task in jobs:
+                assert (await task).ok
+            await pool.aclose()
+
+    clock.run(main())
+    depths = [e.queue_depth for e in capture.of(CpuSelected)]
+    assert len(depths) == n and max(depths) >= n - 1
+    # each job predicted once and read back once (it was 2 × the queue at each decision: ~40,000 here)
+    assert lookups[0] <= 3 * n, lookups[0]
+    assert seen == (depths if reads else [0] * n)
+    for event in capture.of(CpuSelected):
+        assert event.predicted_s == 0.1 and event.prediction_source == "prior"
+        assert all(c.predicted_s == 0.1 and c.source == "prior" for c in event.candidates)
+    if policy == "tool_first":
+        assert sum(e.reordered for e in capture.of(CpuSelected)) > 0

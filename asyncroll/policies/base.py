@@ -47,7 +47,8 @@ class QueueSnapshot:
     model_outstanding: int
     inflight_capacity: int
     free_workers: int
-    predictions: tuple[Prediction, ...] = ()  # aligned with ``jobs``
+    # aligned with ``jobs``; empty for a policy that never reads them (``Policy``)
+    predictions: tuple[Prediction, ...] = ()
     starvation_threshold: int = 1
     admission_pending: bool = True  # a problem waits for an active slot (False: the batch's tail)
     workers: int = 1  # the pool's size
@@ -77,7 +78,10 @@ class Decision:
 class Policy(Protocol):
     """``choose`` picks the next job. A policy may also say ``reads_remaining = False``: it never reads
     ``QueueSnapshot.remaining``, so the dispatcher leaves it empty (and estimates only the jobs each
-    decision logs) instead of estimating every queued job at every decision in the tail."""
+    decision logs) instead of estimating every queued job at every decision in the tail; and
+    ``reads_predictions = False``: it never reads ``QueueSnapshot.predictions``, which the dispatcher then
+    leaves empty instead of gathering every queued job's prediction at every decision (they are still
+    made, and logged, all the same)."""
 
     @property
     def name(self) -> str: ...

@@ -15,6 +15,7 @@ class Fifo:
 
     name: str = "fifo"
     reads_remaining: ClassVar[bool] = False
+    reads_predictions: ClassVar[bool] = False
 
     def choose(self, snapshot: QueueSnapshot) -> Decision:
         return Decision(snapshot.oldest.job_id, "fifo")
@@ -26,6 +27,7 @@ class ToolFirst:
 
     name: str = "tool_first"
     reads_remaining: ClassVar[bool] = False
+    reads_predictions: ClassVar[bool] = False
 
     def choose(self, snapshot: QueueSnapshot) -> Decision:
         # jobs are oldest first, so the first non-grade job is the oldest of its class.

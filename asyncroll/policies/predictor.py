@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -167,19 +167,45 @@ class DurationPredictor:
     def predict(self, jobs: Sequence[JobView]) -> tuple[Prediction, ...]:
         if not jobs:
             return ()
-        # Refit once per batch of new observations: after every one while data is scarce, then after
-        # every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more),
-        # and at least every half window: the window holds only the newest observations, so a longer gap
-        # would let observations (the slowest, censored ones too) pass through it without any fit.
+        self._refit_if_due()
+        self._fill(jobs)
+        cache = self._cache
+        return tuple([cache[j.job_id] for j in jobs])  # faster than a generator, at every dispatch
+
+    def update(self, queue: Callable[[], Sequence[JobView]], new: Sequence[JobView]) -> Sequence[JobView]:
+        """:meth:`predict` for a caller that keeps a queue's predictions itself (the dispatcher): ``new`` are
+        the jobs queued (oldest first) since its previous call, ``queue()`` the whole queue, oldest first,
+        which must not be empty. Returns the jobs whose prediction is new — ``new``, or the whole queue
+        after a refit — to be read with :meth:`prediction`: the same jobs, computed in the same batches
+        (so to the same bits) as ``predict(queue())``, which looks through the whole queue for them at
+        every call (O(queue) per dispatch, with thousands queued a third of a simulation's CPU)."""
+        jobs = queue() if self._refit_if_due() else new
+        self._fill(jobs)
+        return jobs
+
+    def prediction(self, job_id: int) -> Prediction:
+        """A job's prediction, made by :meth:`predict` or :meth:`update` since the last refit."""
+        return self._cache[job_id]
+
+    def _refit_if_due(self) -> bool:
+        """Refit once per batch of new observations: after every one while data is scarce, then after
+        every ~3% more data (a refit costs ~1 ms; a model of 500 points barely moves with one more), and at
+        least every half window: the window holds only the newest observations, so a longer gap would let
+        observations (the slowest, censored ones too) pass through it without any fit. True: refitted
+        (every prediction made before is forgotten)."""
         if self._dirty and self._pending >= max(1, min(self.observations // 32, len(self._y) // 2)):
             self._refit()
-        # A queued job's prediction changes only when the model does: compute each once per model.
+            return True
+        return False
+
+    def _fill(self, jobs: Sequence[JobView]) -> None:
+        """Predict the jobs not predicted by the current model yet, in one batch (a queued job's prediction
+        changes only when the model does: each is computed once per model)."""
         cache = self._cache
         missing = [j for j in jobs if j.job_id not in cache]
         if missing:
             for job, prediction in zip(missing, self._compute(missing), strict=True):
                 cache[job.job_id] = prediction
-        return tuple([cache[j.job_id] for j in jobs])  # faster than a generator, at every dispatch
 
     def _compute(self, jobs: Sequence[JobView]) -> list[Prediction]:
         if self._coef is None:

@@ -19,7 +19,7 @@ from asyncroll.errors import WorkerDied, WorkerTimeout
 from asyncroll.event_log import EventLog
 from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted
 from asyncroll.policies import JobView, Policy, QueueSnapshot
-from asyncroll.policies.base import JobKind
+from asyncroll.policies.base import JobKind, Prediction
 from asyncroll.policies.predictor import DurationPredictor
 from asyncroll.policies.remaining import RemainingEstimator
 from asyncroll.runtime.model_gate import ModelGate
@@ -129,6 +129,12 @@ class CpuDispatcher:
         # whether the policy reads every queued job's remaining-work estimate (a policy that does not say
         # is taken to): for one that does not, only the estimates its decisions log are computed
         self._reads_remaining: bool = getattr(policy, "reads_remaining", True)
+        # ... and its predictions: for one that does not, the snapshot holds none (they are still made and
+        # logged: the predictions of the queued jobs are kept here, in the queue's order, and only the
+        # jobs queued since the last decision are predicted at the next, unless the model changed)
+        self._reads_predictions: bool = getattr(policy, "reads_predictions", True)
+        self._predicted: dict[int, Prediction] = {}  # the queued jobs' predictions, in the queue's order
+        self._unpredicted: list[JobView] = []  # jobs queued since the last prediction, oldest first
         self._cancelled_waits = 0  # waits cancelled since the dispatcher last dropped their jobs
         # worker slot → (selected at, predicted seconds) of the job it runs: what the running jobs have left,
         # which the balanced rule's straggler guard weighs in the tail
@@ -174,6 +180,7 @@ class CpuDispatcher:
         queued = _Queued(view, spec, _Wait(asyncio.get_running_loop(), self._wait_cancelled))
         self._queue[job_id] = queued
         self._views[job_id] = view
+        self._unpredicted.append(view)
         self._peak_queued = max(self._peak_queued, len(self._queue))
         self._events.emit(
             CpuEnqueued(
@@ -204,6 +211,7 @@ class CpuDispatcher:
                     self._pool.release(queued.future.result())
                 elif self._queue.pop(job_id, None) is not None:
                     del self._views[job_id]
+                    self._predicted.pop(job_id, None)
                     self._predictor.forget(view)
                 raise
         self._ranges.end(queue_range)
@@ -225,6 +233,7 @@ class CpuDispatcher:
             self._cancelled_waits = 0
             for job_id in [k for k, q in queue.items() if q.future.cancelled()]:
                 del self._views[job_id]
+                self._predicted.pop(job_id, None)
                 self._predictor.forget(queue.pop(job_id).view)
         while queue:
             slot = self._pool.take_idle()
@@ -232,11 +241,12 @@ class CpuDispatcher:
                 return
             now = self._clock.now()
             jobs = tuple(self._views.values())
-            predictions = self._predictor.predict(jobs)  # cached per job until the next refit
+            known = self._predictions(jobs)  # the queue's, in its order
+            predictions = tuple(known.values()) if self._reads_predictions else ()
             pending = self._admission_pending()
             estimate = None if pending or self._remaining is None else self._remaining.estimate
             remaining = (  # else estimated below for the logged jobs only (the same values)
-                tuple([estimate(j, p.seconds) for j, p in zip(jobs, predictions, strict=True)])
+                tuple([estimate(j, p.seconds) for j, p in zip(jobs, known.values(), strict=True)])
                 if estimate is not None and self._reads_remaining
                 else ()
             )
@@ -258,9 +268,13 @@ class CpuDispatcher:
                 running_left,
             )
             decision = self._policy.choose(snapshot)
-            index = tuple(queue).index(decision.job_id)  # the queue's keys are the jobs' ids, in order
+            # the chosen job's place in the queue, where the snapshot's estimates are read (the queue's keys
+            # are the jobs' ids, in order)
+            index = tuple(queue).index(decision.job_id) if remaining else None
+            candidates = [(j, known[j.job_id]) for j in jobs[:MAX_CANDIDATES]] if self._log_candidates else []
             chosen = queue.pop(decision.job_id)
             del self._views[decision.job_id]
+            prediction = known.pop(decision.job_id)
             oldest = jobs[0]
             reordered = chosen.view.job_id != oldest.job_id
             self._decisions += 1
@@ -282,10 +296,12 @@ class CpuDispatcher:
                     reordered=reordered,
                     eligible=decision.eligible,
                     threshold=self._threshold,
-                    predicted_s=round(predictions[index].seconds, 6),
-                    prediction_source=predictions[index].source,
+                    predicted_s=round(prediction.seconds, 6),
+                    prediction_source=prediction.source,
                     observations=self._predictor.observations,
-                    remaining_s=None if estimate is None else _rounded(self._left(index, snapshot)),
+                    remaining_s=None
+                    if estimate is None
+                    else _rounded(self._left(chosen.view, prediction, snapshot, index)),
                     running_left_s=None if estimate is None else round(running_left, 6),
                     # the candidates' fields validated into Candidates in one call: 8 Candidate(...) calls
                     # took twice as long (each one a Python __init__ and a validation), the same records
@@ -298,11 +314,9 @@ class CpuDispatcher:
                                 "waited_s": round(now - j.enqueued_at, 6),
                                 "remaining_s": None
                                 if estimate is None
-                                else _rounded(self._left(i, snapshot)),
+                                else _rounded(self._left(j, p, snapshot, i)),
                             }
-                            for i, (j, p) in enumerate(
-                                zip(jobs[:MAX_CANDIDATES], predictions[:MAX_CANDIDATES], strict=True)
-                            )
+                            for i, (j, p) in enumerate(candidates)
                         ]
                     )
                     if self._log_candidates
@@ -321,16 +335,31 @@ class CpuDispatcher:
                 )
             )
             # a job runs at most the tool timeout: a longer prediction would count time it cannot take
-            self._running[slot] = (selected_at, min(predictions[index].seconds, self._timeout))
+            self._running[slot] = (selected_at, min(prediction.seconds, self._timeout))
             chosen.future.set_result(slot)
 
-    def _left(self, i: int, snapshot: QueueSnapshot) -> float | None:
-        """The ``i``-th queued job's remaining-work estimate (the tail only): the snapshot's, else
-        computed now (a pure function of the estimator's state, which no decision changes)."""
+    def _predictions(self, jobs: tuple[JobView, ...]) -> dict[int, Prediction]:
+        """The queued jobs' predictions (cached per job until the next refit), in the queue's order: only
+        the jobs queued since the last call are predicted, unless the model changed."""
+        predicted, views = self._predicted, self._views
+        new = [v for v in self._unpredicted if v.job_id in views]  # not those cancelled meanwhile
+        self._unpredicted.clear()
+        prediction = self._predictor.prediction
+        for job in self._predictor.update(lambda: jobs, new):
+            predicted[job.job_id] = prediction(job.job_id)  # a job already there keeps its place
+        return predicted
+
+    def _left(
+        self, job: JobView, prediction: Prediction, snapshot: QueueSnapshot, i: int | None
+    ) -> float | None:
+        """A queued job's remaining-work estimate (the tail only): the snapshot's (``i``: the job's place in
+        the queue), else computed now (a pure function of the estimator's state, which no decision
+        changes)."""
         if snapshot.remaining:
+            assert i is not None
             return snapshot.remaining[i]
         assert self._remaining is not None
-        return self._remaining.estimate(snapshot.jobs[i], snapshot.predictions[i].seconds)
+        return self._remaining.estimate(job, prediction.seconds)
 
     def _failed(self, job: _Queued, slot: int, since: float, reason: FailureReason, error: str) -> None:
         self._events.emit(
