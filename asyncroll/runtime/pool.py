@@ -15,6 +15,7 @@ at close, every one left that carries an origin of this pool's workers, and the 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,7 +90,11 @@ class WorkerPool:
         self._clock = clock
         self._events = events
         self._workers: list[Worker | None] = [None] * size
+        # The idle slots: a heap (the lowest index first) and the same slots as a set. A sorted list cost
+        # O(workers) per job (a membership check, a sort and a pop from its front: with 10,240 simulated
+        # workers, a quarter of a simulation's CPU); the heap hands out the same slots in O(log workers).
         self._idle: list[int] = []
+        self._idle_set: set[int] = set()
         self._busy: set[int] = set()
         self._restarting: set[int] = set()
         self._peak_busy = 0
@@ -138,10 +143,11 @@ class WorkerPool:
         A slot whose worker is known to have died (its exit seen, its watcher not yet run: a few loop
         turns) is replaced, not handed out: its job would fail without ever reaching a worker."""
         while self._idle and not self._closing and not self.worker(self._idle[0]).alive:
-            self.replace_soon(self._idle[0], "died")  # takes it out of the idle list
+            self.replace_soon(self._idle[0], "died")  # takes it out of the idle slots
         if not self._idle:
             return None
-        slot = self._idle.pop(0)
+        slot = heapq.heappop(self._idle)
+        self._idle_set.discard(slot)
         self._busy.add(slot)
         self._peak_busy = max(self._peak_busy, len(self._busy))
         return slot
@@ -163,10 +169,10 @@ class WorkerPool:
 
     def release(self, slot: int) -> None:
         """Return a healthy slot after its job (or after its replacement started)."""
-        assert slot not in self._idle, f"worker slot {slot} released twice"
+        assert slot not in self._idle_set, f"worker slot {slot} released twice"
         self._busy.discard(slot)
-        self._idle.append(slot)
-        self._idle.sort()
+        heapq.heappush(self._idle, slot)
+        self._idle_set.add(slot)
         self.on_available()
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -192,7 +198,8 @@ class WorkerPool:
         except asyncio.CancelledError:  # Ctrl-C while workers start: none may outlive the run
             await asyncio.shield(self.kill())
             raise
-        self._idle = list(range(self._size))
+        self._idle = list(range(self._size))  # sorted: a heap already
+        self._idle_set = set(self._idle)
         for slot in range(self._size):
             tg.create_task(self._watch(slot, self.worker(slot)))
 
@@ -345,14 +352,16 @@ class WorkerPool:
 
     def _out_of_service(self, slot: int) -> None:
         self._busy.discard(slot)
-        if slot in self._idle:
+        if slot in self._idle_set:  # a worker that died idle (rare): O(workers) here
+            self._idle_set.discard(slot)
             self._idle.remove(slot)
+            heapq.heapify(self._idle)
         self._restarting.add(slot)
 
     async def _watch(self, slot: int, worker: Worker) -> None:
         """Notice a worker that dies while idle (killed from outside) and replace it at once."""
         await worker.wait_exit()
-        if not self._closing and self._workers[slot] is worker and slot in self._idle:
+        if not self._closing and self._workers[slot] is worker and slot in self._idle_set:
             self.replace_soon(slot, "died")
 
     def cpu_seconds(self) -> float | None:
