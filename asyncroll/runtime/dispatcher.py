@@ -110,8 +110,9 @@ class CpuDispatcher:
         ranges: Ranges = NO_RANGES,
         log_candidates: bool = True,
     ) -> None:
-        """``predictor`` (one per run) predicts every queued job at each dispatch, whatever the policy,
-        so predictions are logged and comparable under FIFO too; it learns from every finished job.
+        """``predictor`` (one per run) predicts every queued job, once per model (after each refit), whatever
+        the policy, so predictions are logged and comparable under FIFO too; it learns from every finished
+        job.
         ``remaining`` (one per run, subscribed to the run's events) estimates the work each queued job
         unlocks; it is read only in the batch's tail (no problem waits for admission).
         ``log_candidates=False`` leaves each ``cpu_selected`` event's candidate list empty: a run that
