@@ -12,11 +12,12 @@ Workload: seeded, small arguments (so that the runtime, not JSON parsing of larg
 16 inflight, 4 workers. Run: ``python -m bench.simspeed [--sizes 1000,10000,30000] [--repeats 3]``.
 
 ``--parts`` adds a second table: the CPU that the policy code itself takes per trajectory — the duration
-predictor (predict with its refits, observe) and the remaining-work estimator the policy subscribes (the
-default's chain, ``StepwiseWork``, or the per-trajectory means, ``RemainingWork``: its event handling and
-its lookups) — under the default policy and under ``fifo`` (which logs predictions too). Each call is timed
-with the thread's CPU clock, in separate runs (the timers add their own cost to the rate). Whatever engine
-runs this policy code pays at least that much per trajectory, so ``10⁶ ÷ µs`` is a ceiling on its rate.
+predictor (``update``, the predictions the dispatcher asks for, with its refits; ``observe``) and the
+remaining-work estimator the policy subscribes (the default's chain, ``StepwiseWork``, or the per-trajectory
+means, ``RemainingWork``: its event handling and its lookups) — under the default policy and under ``fifo``
+(which logs predictions too). Each call is timed with the thread's CPU clock, in separate runs (the timers add
+their own cost to the rate). Whatever engine runs this policy code pays at least that much per trajectory, so
+``10⁶ ÷ µs`` is a ceiling on its rate.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ timer_s = spent.pop("nothing") / calls.pop("nothing")  # what the timing itself 
 if parts:
     from asyncroll.policies.predictor import DurationPredictor
     from asyncroll.policies.remaining import RemainingWork, StepwiseWork, _Subscriber
-    for name in ("predict", "observe"):
+    for name in ("update", "observe"):  # update: the dispatcher's predictions, refits included
         timed(DurationPredictor, name)
     timed(_Subscriber, "__call__")  # both estimators' event handling (the class they share)
     for estimator in (RemainingWork, StepwiseWork):  # whichever the policy subscribed

@@ -120,7 +120,7 @@ def test_the_simulation_speed_bench_runs_both_modes_on_a_tiny_workload() -> None
     # --parts times the estimator the policy subscribed: it timed only the per-trajectory means, which
     # the default rule (the chain) no longer subscribes, so its events and lookups went uncounted
     calls = one(12, False, workload, "asyncroll", parts=True)["calls"]
-    assert calls["__call__"] > 0 and calls["estimate"] > 0 and calls["predict"] > 0, calls
+    assert calls["__call__"] > 0 and calls["estimate"] > 0 and calls["update"] > 0, calls
 
 
 @pytest.mark.timeout(60)
