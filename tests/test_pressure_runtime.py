@@ -189,11 +189,12 @@ def test_what_the_running_jobs_have_left_is_capped_at_the_tool_timeout(
             seen.append(snapshot)
             return BALANCED.choose(snapshot)
 
-    def predict_long(self: DurationPredictor, jobs: Any) -> tuple[Prediction, ...]:
-        return tuple(Prediction(50.0, "ridge") for _ in jobs)
+    def predict_long(self: DurationPredictor, jobs: Any) -> list[Prediction]:
+        return [Prediction(50.0, "ridge") for _ in jobs]
 
     monkeypatch.setattr(run_module, "get_policy", lambda *a, **k: Spy())
-    monkeypatch.setattr(DurationPredictor, "predict", predict_long)
+    # every prediction the dispatcher gets, however it asks (``predict`` or ``update``)
+    monkeypatch.setattr(DurationPredictor, "_compute", predict_long)
     problems, files = _synthetic(24)
     outcome, _, _ = virtual_run(
         problems,
@@ -209,6 +210,7 @@ def test_what_the_running_jobs_have_left_is_capped_at_the_tool_timeout(
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 24
     tail = [s for s in seen if s.remaining]
     assert tail and any(s.running_left > 0 for s in tail)
+    assert all(p.seconds == 50.0 for s in seen for p in s.predictions)  # the long predictions were read
     # one worker runs a job while the other decides: at most one timeout's worth left
     assert all(s.running_left <= 5.0 + 1e-9 for s in tail)
 
