@@ -7,12 +7,14 @@ cannot grow past the limit (``EFBIG``), as a full file system refuses with ``ENO
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -104,23 +106,42 @@ def test_a_replay_with_no_room_for_its_receipt_leaves_nothing_behind(recorded: P
     assert not out.exists()
 
 
-def closed_pipe() -> int:
-    """The write end of a pipe whose reader has gone (``| head -1`` once head has exited): a write to it
-    fails with EPIPE (Python ignores SIGPIPE). The caller closes it."""
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    return write_end
+@contextlib.contextmanager
+def failing_stdout(reader: str = "gone") -> Iterator[int]:
+    """A descriptor to give a child as its stdout, closed after: ``gone``, the write end of a pipe whose
+    reader has gone (``| head -1`` once head has exited; a write fails with EPIPE, Python ignores
+    SIGPIPE), or ``/dev/full`` (a file on a full disk: ENOSPC)."""
+    if reader == "gone":
+        read_end, fd = os.pipe()
+        os.close(read_end)
+    elif Path(reader).exists():
+        fd = os.open(reader, os.O_WRONLY)
+    else:
+        pytest.skip(f"no {reader} here")
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def python_c(script: str, *args: str | Path, stdout: int) -> subprocess.CompletedProcess[str]:
+    """``python -c SCRIPT ARGS`` from the repository's root."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=45,
+        cwd=REPO,
+    )
 
 
 def test_a_reader_gone_from_stdout_silences_the_summary_not_the_runs_error(tmp_path: Path) -> None:
     # `asyncroll simulate … | head -1`, on a full disk: the summary's BrokenPipeError ended the command
     # there, before the run's error reached stderr; the user saw nothing at all.
     out = tmp_path / "run"
-    pipe = closed_pipe()
-    try:
+    with failing_stdout() as pipe:
         proc = asyncroll("simulate", "--workload", SMOKE, "--output", out, limit_bytes=6000, stdout=pipe)
-    finally:
-        os.close(pipe)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "error: run failed: events.jsonl: cannot write (File too large)" in proc.stderr, proc.stderr
@@ -130,14 +151,9 @@ def test_a_reader_gone_from_stdout_silences_the_summary_not_the_runs_error(tmp_p
 @pytest.mark.parametrize("reader", ["gone", "/dev/full"])
 def test_a_complete_run_whose_stdout_fails_exits_1_and_stays_complete(tmp_path: Path, reader: str) -> None:
     # > /dev/full (a stdout redirected to a file on a full disk) was an OSError traceback.
-    if reader == "/dev/full" and not Path(reader).exists():
-        pytest.skip("no /dev/full here")
     out = tmp_path / "run"
-    pipe = closed_pipe() if reader == "gone" else os.open(reader, os.O_WRONLY)
-    try:
+    with failing_stdout(reader) as pipe:
         proc = asyncroll("simulate", "--workload", SMOKE, "--output", out, stdout=pipe)
-    finally:
-        os.close(pipe)
     assert (proc.returncode, proc.stderr) == (1, "")  # the output it was asked for did not arrive
     receipt = read(out / "run.json")
     assert receipt["status"] == "complete" and receipt["exit_code"] == 0
@@ -156,24 +172,30 @@ main()
 """
 
 
-def test_an_experiment_whose_reader_has_gone_runs_on(tmp_path: Path) -> None:
+#: ``scripts/run_lcb_bounded_single_gpu.py`` with a stand-in for each arm, as ``FAKE_ARMS``.
+FAKE_ARMS_SCRIPT = """
+import runpy, sys
+import asyncroll.experiment.runner as runner
+from tests.lean_experiment import fake_arm
+runner.run_arm = fake_arm()
+config, out = sys.argv[1:3]
+sys.argv = ["run_lcb_bounded_single_gpu.py", "--config", config, "--output", out, "--model-path", "sim",
+            "--workload", "examples/smoke.jsonl"]
+runpy.run_path("scripts/run_lcb_bounded_single_gpu.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", [FAKE_ARMS, FAKE_ARMS_SCRIPT], ids=["experiment run", "single-gpu script"])
+def test_an_experiment_whose_reader_has_gone_runs_on(tmp_path: Path, script: str) -> None:
     # `asyncroll experiment run … | tee log`, and tee ends (the terminal closed under nohup): the next
     # progress line's BrokenPipeError failed the experiment ("unexpected error: BrokenPipeError") with
-    # arms still to run.
+    # arms still to run. The single-GPU script "does what asyncroll experiment run does", but its progress
+    # lines were print(): "error: experiment failed: [Errno 32] Broken pipe; --resume continues it once
+    # there is room".
     config = write_config(tmp_path, stages={}, pairs=2)
     out = tmp_path / "out"
-    pipe = closed_pipe()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", FAKE_ARMS, str(config), str(out)],
-            stdout=pipe,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=45,
-            cwd=REPO,
-        )
-    finally:
-        os.close(pipe)
+    with failing_stdout() as pipe:
+        proc = python_c(script, config, out, stdout=pipe)
     assert "Traceback" not in proc.stderr
     assert proc.returncode == 1, proc.stderr  # its stand-in arms failed
     assert proc.stderr.startswith("experiment complete; failed arms kept and reported"), proc.stderr
@@ -209,13 +231,8 @@ def test_a_server_program_that_cannot_be_looked_up_is_a_pre_flight_refusal(
 @pytest.mark.parametrize("reader", ["gone", "/dev/full"])
 def test_serve_sim_whose_listening_line_cannot_be_written_says_so(reader: str) -> None:
     # It said "error: cannot listen on 127.0.0.1:0: Broken pipe" (exit 2), blaming the address.
-    if reader == "/dev/full" and not Path(reader).exists():
-        pytest.skip("no /dev/full here")
-    pipe = closed_pipe() if reader == "gone" else os.open(reader, os.O_WRONLY)
-    try:
+    with failing_stdout(reader) as pipe:
         proc = asyncroll("serve-sim", "--port", "0", stdout=pipe)
-    finally:
-        os.close(pipe)
     why = "Broken pipe" if reader == "gone" else "No space left on device"
     assert (proc.returncode, proc.stderr) == (1, f"error: stdout: cannot write ({why}); serve-sim stopped\n")
 
@@ -226,16 +243,11 @@ def test_timeline_whose_stdout_fails_still_records_the_new_exports(
 ) -> None:
     # `asyncroll timeline RUN > /dev/full` was an OSError traceback, and `… | head -0` once head had
     # exited ended it at its "wrote …" line: both before run.json recorded the exports it had rewritten.
-    if reader == "/dev/full" and not Path(reader).exists():
-        pytest.skip("no /dev/full here")
     run = tmp_path / "run"
     shutil.copytree(recorded, run)
     (run / "trace.json").unlink()
-    pipe = closed_pipe() if reader == "gone" else os.open(reader, os.O_WRONLY)
-    try:
+    with failing_stdout(reader) as pipe:
         proc = asyncroll("timeline", run, stdout=pipe)
-    finally:
-        os.close(pipe)
     assert (proc.returncode, proc.stderr) == (1, "")  # the line asked for did not arrive
     assert (run / "trace.json").is_file()
     assert read(run / "run.json")["exports_regenerated"]["trace.json"]["ok"] is True
@@ -256,60 +268,11 @@ def test_a_command_that_only_prints_to_a_full_disk_exits_1_without_a_traceback(
     assert (proc.returncode, proc.stderr) == (1, "")
 
 
-#: ``scripts/run_lcb_bounded_single_gpu.py`` with a stand-in for each arm, as ``FAKE_ARMS``.
-FAKE_ARMS_SCRIPT = """
-import runpy, sys
-import asyncroll.experiment.runner as runner
-from tests.lean_experiment import fake_arm
-runner.run_arm = fake_arm()
-config, out = sys.argv[1:3]
-sys.argv = ["run_lcb_bounded_single_gpu.py", "--config", config, "--output", out, "--model-path", "sim",
-            "--workload", "examples/smoke.jsonl"]
-runpy.run_path("scripts/run_lcb_bounded_single_gpu.py", run_name="__main__")
-"""
-
-
-def test_the_single_gpu_script_whose_reader_has_gone_runs_on(tmp_path: Path) -> None:
-    # It "does what asyncroll experiment run does", but its progress lines were print(): once `| tee log`
-    # ended, the next one's BrokenPipeError failed the experiment ("error: experiment failed: [Errno 32]
-    # Broken pipe; --resume continues it once there is room") with arms still to run.
-    config = write_config(tmp_path, stages={}, pairs=2)
-    out = tmp_path / "out"
-    pipe = closed_pipe()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", FAKE_ARMS_SCRIPT, str(config), str(out)],
-            stdout=pipe,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=45,
-            cwd=REPO,
-        )
-    finally:
-        os.close(pipe)
-    assert "Traceback" not in proc.stderr
-    assert proc.returncode == 1, proc.stderr  # its stand-in arms failed
-    assert proc.stderr.startswith("experiment complete; failed arms kept and reported"), proc.stderr
-    experiment = read(out / "experiment.json")
-    assert experiment["status"] == "complete" and experiment["error"] is None
-    assert len(experiment["arms"]) == 4
-
-
 def test_an_experiments_warning_reaches_stderr_when_stdout_has_gone(tmp_path: Path) -> None:
     # "stderr still says everything (a run's error, a warning)": the runner's own warning was a progress
     # line on stdout, dropped with the rest of it once the reader had gone.
     config = write_config(tmp_path, stages={}, pairs=1, **{"workload.sha256": None})
-    pipe = closed_pipe()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", FAKE_ARMS, str(config), str(tmp_path / "out")],
-            stdout=pipe,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=45,
-            cwd=REPO,
-        )
-    finally:
-        os.close(pipe)
+    with failing_stdout() as pipe:
+        proc = python_c(FAKE_ARMS, config, tmp_path / "out", stdout=pipe)
     assert proc.returncode == 1, proc.stderr  # its stand-in arms failed
     assert proc.stderr.startswith("warning: workload.sha256 not declared; this experiment pins"), proc.stderr
