@@ -18,10 +18,12 @@ from typer.core import TyperCommand
 from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
 from asyncroll.commands.common import say, stdout_lost
+from asyncroll.commands.help_page import HelpGroup
 from asyncroll.commands.single_values import SingleValueCommand
 
 app = typer.Typer(
     name="asyncroll",
+    cls=HelpGroup,
     help="Run agentic rollouts with bounded trajectories, model requests and warm CPU workers; measure them.",
     no_args_is_help=True,
     add_completion=False,

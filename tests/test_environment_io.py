@@ -253,18 +253,24 @@ def test_timeline_whose_stdout_fails_still_records_the_new_exports(
     assert read(run / "run.json")["exports_regenerated"]["trace.json"]["ok"] is True
 
 
-@pytest.mark.parametrize("command", [("schema", "summary"), ("validate", str(SMOKE)), ("--version",)])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("schema", "summary"),
+        ("validate", str(SMOKE)),
+        ("--version",),
+        ("--help",),  # click printed the help pages itself: the same traceback
+        ("run", "--help"),
+        ("experiment", "--help"),
+        ("experiment", "run", "--help"),
+    ],
+)
 def test_a_command_that_only_prints_to_a_full_disk_exits_1_without_a_traceback(
     command: tuple[str, ...],
 ) -> None:
     # Each was an OSError traceback (No space left on device).
-    if not Path("/dev/full").exists():
-        pytest.skip("no /dev/full here")
-    full = os.open("/dev/full", os.O_WRONLY)
-    try:
+    with failing_stdout("/dev/full") as full:
         proc = asyncroll(*command, stdout=full)
-    finally:
-        os.close(full)
     assert (proc.returncode, proc.stderr) == (1, "")
 
 

@@ -9,8 +9,10 @@ from typing import Annotated, Any
 import typer
 
 from asyncroll.commands.common import Opt, fail, say
+from asyncroll.commands.help_page import HelpGroup
 
 experiment_app = typer.Typer(
+    cls=HelpGroup,
     help="Paired policy experiments: a fresh inference server per arm, staged gates, receipts, resume.",
     no_args_is_help=True,
     rich_markup_mode=None,  # plain help: rich (its markdown renderer) costs ~0.2 s of start-up

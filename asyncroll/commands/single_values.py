@@ -14,6 +14,8 @@ from typing import Any
 
 from typer.core import TyperCommand
 
+from asyncroll.commands.help_page import HelpThroughSay
+
 
 def repeated_single_values(order: Iterable[Any]) -> list[tuple[str, int]]:
     """The options of one value among ``order`` (the parser's params, once per occurrence), each with how
@@ -29,8 +31,9 @@ def repeated_single_values(order: Iterable[Any]) -> list[tuple[str, int]]:
     return repeated
 
 
-class SingleValueCommand(TyperCommand):
-    """A command whose options of one value may each be given once."""
+class SingleValueCommand(HelpThroughSay, TyperCommand):
+    """A command whose options of one value may each be given once (and whose ``--help`` goes through
+    ``say``: :mod:`asyncroll.commands.help_page`)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not ctx.resilient_parsing:  # shell completion parses partial lines: never refused there
