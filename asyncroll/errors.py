@@ -4,6 +4,7 @@
     ├── UsageError                 bad flags or config; exit code 2
     │   ├── WorkloadError          a workload file is malformed (carries file:line: field: message)
     │   └── OutputExistsError      --output already exists; nothing is touched
+    ├── OutputWriteError           an output file could not be written (a full disk); exit code 1
     ├── WorkerError                a tool worker could not do its job
     │   ├── WorkerStartupError     a worker did not become ready within its deadline
     │   │   ├── ToolsNotLoaded     its tools did not import
@@ -43,6 +44,11 @@ class WorkloadError(UsageError):
 
 class OutputExistsError(UsageError):
     """The output directory exists; asyncroll never overwrites a run."""
+
+
+class OutputWriteError(AsyncrollError):
+    """An output file (a run's, a conversion's) could not be written: its message names the file and the
+    reason. Not a usage error: the same command succeeds once there is room."""
 
 
 class WorkerError(AsyncrollError):

@@ -12,8 +12,9 @@ import orjson
 from pydantic import BaseModel
 
 from asyncroll.clock import Clock
+from asyncroll.errors import OutputWriteError
 from asyncroll.events import Event
-from asyncroll.outputs.lines import LineFile, OutputWriteError
+from asyncroll.outputs.lines import LineFile
 
 Subscriber = Callable[[Event], None]
 

@@ -211,7 +211,7 @@ def test_a_run_with_no_room_even_for_its_receipt_is_a_clean_failure_that_leaves_
 
 def test_an_event_log_that_cannot_be_created_fails_the_run_in_its_receipt(tmp_path: Path) -> None:
     from asyncroll.clock import VirtualClock
-    from asyncroll.outputs.lines import OutputWriteError
+    from asyncroll.errors import OutputWriteError
     from asyncroll.outputs.rundir import open_run_files
 
     out = tmp_path / "run"

@@ -282,3 +282,16 @@ def test_an_experiments_warning_reaches_stderr_when_stdout_has_gone(tmp_path: Pa
         proc = python_c(FAKE_ARMS, config, tmp_path / "out", stdout=pipe)
     assert proc.returncode == 1, proc.stderr  # its stand-in arms failed
     assert proc.stderr.startswith("warning: workload.sha256 not declared; this experiment pins"), proc.stderr
+
+
+@pytest.mark.parametrize("command", ["convert-livecodebench", "convert-toolmath"])
+def test_a_conversion_whose_disk_fills_up_exits_1_not_as_a_usage_error(tmp_path: Path, command: str) -> None:
+    # It exited 2, which the CLI documents as a usage error: the same command succeeds once there is room.
+    from tests.conversions import LCB_ROW, TM_EXAMPLE, TM_SAMPLE
+
+    out = tmp_path / "converted" / "workload.jsonl"
+    source = ("--source", LCB_ROW) if command == "convert-livecodebench" else ("--source", TM_SAMPLE)
+    tools = () if command == "convert-livecodebench" else ("--functions-dir", TM_EXAMPLE)
+    proc = asyncroll(command, *source, *tools, "--output", out, limit_bytes=100)
+    assert (proc.returncode, proc.stderr) == (1, f"error: --output {out}: cannot write: File too large\n")
+    assert not (tmp_path / "converted").exists()  # nothing published, the folder it made removed

@@ -38,7 +38,7 @@ def convert_toolmath(
 ) -> None:
     """Convert ToolMATH tool records: one problem per source problem, with all its tools."""
     from asyncroll.convert.toolmath import convert_toolmath as convert
-    from asyncroll.errors import UsageError
+    from asyncroll.errors import AsyncrollError
 
     try:
         report = convert(
@@ -50,8 +50,8 @@ def convert_toolmath(
             answers_from_solution=answers_from_solution,
             skip_unsupported=skip_unsupported,
         )
-    except UsageError as exc:
-        raise fail(str(exc)) from None
+    except AsyncrollError as exc:  # a usage error (2), or a write that failed (a full disk: 1)
+        raise fail(str(exc), exc.exit_code) from None
     hint = (
         ""
         if output.parent.resolve() == functions_dir.resolve()
@@ -86,12 +86,12 @@ def convert_livecodebench(
 ) -> None:
     """Convert LiveCodeBench code-generation rows to one-repair problems evaluated by lcb_evaluate."""
     from asyncroll.convert.livecodebench import convert_livecodebench as convert
-    from asyncroll.errors import UsageError
+    from asyncroll.errors import AsyncrollError
 
     try:
         report = convert(source, output, limit=limit, seed=seed, stdin_only=stdin_only)
-    except UsageError as exc:
-        raise fail(str(exc)) from None
+    except AsyncrollError as exc:  # a usage error (2), or a write that failed (a full disk: 1)
+        raise fail(str(exc), exc.exit_code) from None
     kept = report.rows - report.skipped
     dropped = ", dropped by --stdin-only" if report.skipped else ""
     say(

@@ -56,7 +56,7 @@ def serve_sim(
     The first line printed is "serve-sim listening on http://HOST:PORT ...".
     """
     from asyncroll.backends.server_model import ServerModelConfig
-    from asyncroll.outputs.lines import OutputWriteError
+    from asyncroll.errors import OutputWriteError
     from asyncroll.serve_sim.config import FaultConfig, SimConfig
     from asyncroll.serve_sim.server import serve_forever
 

@@ -134,8 +134,7 @@ def simulate(
     flags = {k: v for k, v in locals().items() if v is not None and k != "from_runs"}
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.config import build_config
-    from asyncroll.errors import SimulationError, UsageError
-    from asyncroll.outputs.lines import OutputWriteError
+    from asyncroll.errors import OutputWriteError, SimulationError, UsageError
     from asyncroll.simulation.engine import Assumed, SimulationSettings, prepare_from_run
     from asyncroll.simulation.engine import simulate as run_simulation
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from asyncroll.errors import UsageError
+from asyncroll.errors import OutputWriteError, UsageError
 
 
 def check_destination(source: Path, output: Path) -> None:
@@ -125,8 +125,8 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
         published = True
     except UsageError:
         raise
-    except OSError as exc:  # e.g. the disk filled up: nothing was published
-        raise UsageError(f"--output {output}: cannot write: {exc.strerror or exc}") from exc
+    except OSError as exc:  # e.g. the disk filled up: nothing was published (not a usage error: exit 1)
+        raise OutputWriteError(f"--output {output}: cannot write: {exc.strerror or exc}") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

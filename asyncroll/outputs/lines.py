@@ -19,11 +19,7 @@ from typing import Any
 
 import orjson
 
-from asyncroll.errors import AsyncrollError
-
-
-class OutputWriteError(AsyncrollError):
-    """A run's output file could not be written (its message names the file and the reason)."""
+from asyncroll.errors import OutputWriteError
 
 
 def json_line(data: dict[str, Any]) -> bytes:

@@ -23,8 +23,9 @@ from typing import Any, Literal
 import psutil
 
 from asyncroll import __version__
+from asyncroll.errors import OutputWriteError
 from asyncroll.json_depth import json_loads
-from asyncroll.outputs.lines import OutputWriteError, write_all
+from asyncroll.outputs.lines import write_all
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
 RECEIPT_SCHEMA_VERSION = 1

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.clock import Clock
+from asyncroll.errors import OutputWriteError
 from asyncroll.event_log import EventLog
-from asyncroll.outputs.lines import LineFile, OutputWriteError
+from asyncroll.outputs.lines import LineFile
 from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_atomic
 
 

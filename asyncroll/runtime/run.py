@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from asyncroll.backends.base import Backend
 from asyncroll.clock import Clock
-from asyncroll.errors import AsyncrollError
+from asyncroll.errors import AsyncrollError, OutputWriteError
 from asyncroll.event_log import Subscriber
 from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
-from asyncroll.outputs.lines import OutputWriteError, json_line
+from asyncroll.outputs.lines import json_line
 from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions
 from asyncroll.outputs.rundir import ExportStop, open_run_files
 from asyncroll.outputs.summary import SummaryBuilder

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from asyncroll.outputs.lines import OutputWriteError
+from asyncroll.errors import OutputWriteError
 from asyncroll.serve_sim.app import SimApp
 from asyncroll.serve_sim.config import SimConfig
 

@@ -15,8 +15,7 @@ from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
 from asyncroll.clock import VirtualClock
 from asyncroll.config import RunConfig
-from asyncroll.errors import OutputExistsError, UsageError, WorkloadError
-from asyncroll.outputs.lines import OutputWriteError
+from asyncroll.errors import OutputExistsError, OutputWriteError, UsageError, WorkloadError
 from asyncroll.runtime.pool import WorkerFactory
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.signals import interruptible

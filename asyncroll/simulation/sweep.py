@@ -30,8 +30,7 @@ from typing import Any
 
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
-from asyncroll.errors import OutputExistsError, SimulationError, UsageError
-from asyncroll.outputs.lines import OutputWriteError
+from asyncroll.errors import OutputExistsError, OutputWriteError, SimulationError, UsageError
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
