@@ -295,3 +295,18 @@ def test_a_conversion_whose_disk_fills_up_exits_1_not_as_a_usage_error(tmp_path:
     proc = asyncroll(command, *source, *tools, "--output", out, limit_bytes=100)
     assert (proc.returncode, proc.stderr) == (1, f"error: --output {out}: cannot write: File too large\n")
     assert not (tmp_path / "converted").exists()  # nothing published, the folder it made removed
+
+
+def test_a_report_whose_disk_fills_up_exits_1_not_as_a_usage_error(tmp_path: Path) -> None:
+    # It exited 2 ("cannot write the report" was raised as a usage error), as the conversions did.
+    from tests.test_experiment_inputs import comparison
+
+    path = tmp_path / "comparison.json"
+    path.write_text(json.dumps(comparison()))
+    out = tmp_path / "report"
+    proc = asyncroll("report", "--comparison", path, "--output", out, limit_bytes=200)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        f"error: --output {out}: cannot write the report: File too large\n",
+    )
+    assert sorted(os.listdir(tmp_path)) == ["comparison.json"]  # no report, no staging folder left

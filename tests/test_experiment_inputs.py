@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import asyncroll.experiment.report as report_module
-from asyncroll.errors import UsageError
+from asyncroll.errors import OutputWriteError, UsageError
 from asyncroll.experiment.comparison import MAX_MAGNITUDE, MIN_MAGNITUDE
 from asyncroll.experiment.config import load_experiment_config
 from asyncroll.experiment.report import load_comparison, write_report
@@ -332,8 +332,8 @@ def test_a_report_that_fails_midway_leaves_nothing(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(Path, "write_text", full_disk)
     path = tmp_path / "comparison.json"
     path.write_bytes(json.dumps(comparison()).encode())
-    with pytest.raises(UsageError, match="cannot write the report: No space left on device"):
-        write_report(path, tmp_path / "r", figure=False)
+    with pytest.raises(OutputWriteError, match="cannot write the report: No space left on device"):
+        write_report(path, tmp_path / "r", figure=False)  # exit 1: not a usage error
     assert not (tmp_path / "r").exists() and leftovers(tmp_path) == []
 
 

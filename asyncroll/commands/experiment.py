@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,6 +11,8 @@ import typer
 
 from asyncroll.commands.common import Opt, fail, say
 from asyncroll.commands.help_page import HelpGroup
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
 
 experiment_app = typer.Typer(
     cls=HelpGroup,
@@ -48,7 +51,8 @@ def experiment_run(
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
     except OSError as exc:  # a receipt that could not be written (a full disk): the files say how far it got
-        raise fail(f"experiment failed: {exc}; --resume continues it once there is room", 1) from None
+        room = " once there is room" if exc.errno in _NO_ROOM else ""
+        raise fail(f"experiment failed: {exc}; --resume continues it{room}", 1) from None
     if outcome.exit_code == 0:
         say(outcome.message)
     else:
@@ -88,11 +92,11 @@ def report(
     figure: Annotated[bool, Opt("--figure", help="Also draw the three-panel figure (PNG and PDF).")] = False,
 ) -> None:
     """Report an experiment: medians, paired ratios, % change with t and bootstrap intervals, figure."""
-    from asyncroll.errors import UsageError
+    from asyncroll.errors import AsyncrollError
     from asyncroll.experiment.report import write_report
 
     try:
         files = write_report(comparison, output, figure=figure)
-    except UsageError as exc:
+    except AsyncrollError as exc:  # a usage error (2), or a report that could not be written (1)
         raise fail(str(exc), exc.exit_code) from None
     say("wrote " + ", ".join(str(f) for f in files))

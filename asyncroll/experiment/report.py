@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from asyncroll.errors import UsageError
+from asyncroll.errors import OutputWriteError, UsageError
 from asyncroll.experiment.comparison import COUNTS, DENOMINATORS, METRICS, validate_comparison
 from asyncroll.experiment.config import read_json_file
 from asyncroll.experiment.report_markdown import markdown
@@ -241,8 +241,8 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
                     (output / stale).unlink(missing_ok=True)
         else:
             staging.rename(output)
-    except OSError as exc:
-        raise UsageError(f"--output {output}: cannot write the report: {exc.strerror or exc}") from None
+    except OSError as exc:  # a full disk, say: not a usage error (exit 1)
+        raise OutputWriteError(f"--output {output}: cannot write the report: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when it became output
     return [output / name for name in names]
