@@ -169,7 +169,8 @@ def test_a_small_run_does_not_announce_its_exports(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_signal_while_asyncroll_timeline_writes_says_so_and_keeps_the_exports_there(tmp_path: Path) -> None:
-    """``asyncroll timeline`` (half a minute on a large run) used to exit 130 on Ctrl-C without a word."""
+    """``asyncroll timeline`` (half a minute on a large run) used to exit 130 on Ctrl-C without a word, and
+    to say nothing while it wrote either."""
     out = tmp_path / "out"
     assert cli("simulate", "--workload", SMOKE, "--output", out).returncode == 0
     before = {name: (out / name).read_bytes() for name in ("trace.json", "timeline.html")}
@@ -177,6 +178,7 @@ def test_a_signal_while_asyncroll_timeline_writes_says_so_and_keeps_the_exports_
     before["trace.json"] = b"{}"
     code, stderr = _stopped_in_the_exports(tmp_path, "none", signal.SIGINT, "timeline", out)
     assert code == 130, stderr
+    assert stderr.startswith("writing trace.json and timeline.html from events.jsonl (0 MiB) …\n"), stderr
     assert f"interrupted by SIGINT; {out}: an export not finished is left as it was" in stderr
     assert "Traceback" not in stderr
     assert {name: (out / name).read_bytes() for name in before} == before

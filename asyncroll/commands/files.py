@@ -74,7 +74,7 @@ def timeline(
     still = _still_running(run_dir)
     if still is not None:
         raise fail(f"{run_dir}: the run is still going ({still}); its own exports follow when it ends")
-    from asyncroll.outputs.rundir import EXPORTS, export
+    from asyncroll.outputs.rundir import EXPORTS, announce_exports, export
 
     exported = [name for name in EXPORTS if (run_dir / name).exists()]
     if (run_dir / "events.jsonl").stat().st_size == 0 and exported:
@@ -83,6 +83,7 @@ def timeline(
             "kept",
             1,
         )
+    announce_exports(run_dir)
     try:
         exports = export(run_dir, _never_finished(run_dir))
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli_signals.guard): exit 130, said

@@ -186,19 +186,24 @@ class ExportStop:
 
     def announce(self, out: Path) -> None:
         """Say on stderr what is written now, when events.jsonl is large enough for that to take a while."""
-        try:
-            size = (out / "events.jsonl").stat().st_size
-        except OSError:
-            return
-        if size < ANNOUNCE_BYTES:
-            return
         again = "again " if self.received else ""
-        with contextlib.suppress(OSError, ValueError):  # a stderr gone or closed: the exports go on
-            sys.stderr.write(
-                f"writing trace.json and timeline.html from events.jsonl ({size / 2**20:.0f} MiB) … "
-                f"(Ctrl-C {again}to skip them; `asyncroll timeline {out}` writes them later)\n"
-            )
-            sys.stderr.flush()
+        announce_exports(out, f" (Ctrl-C {again}to skip them; `asyncroll timeline {out}` writes them later)")
+
+
+def announce_exports(out: Path, how: str = "") -> None:
+    """``writing trace.json and timeline.html … HOW`` on stderr when ``out``'s events.jsonl is at least
+    :data:`ANNOUNCE_BYTES`: the exports take a while, and a command silent for half a minute looks hung."""
+    try:
+        size = (out / "events.jsonl").stat().st_size
+    except OSError:
+        return
+    if size < ANNOUNCE_BYTES:
+        return
+    with contextlib.suppress(OSError, ValueError):  # a stderr gone or closed: the exports go on
+        sys.stderr.write(
+            f"writing trace.json and timeline.html from events.jsonl ({size / 2**20:.0f} MiB) …{how}\n"
+        )
+        sys.stderr.flush()
 
 
 def export(
