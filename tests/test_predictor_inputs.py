@@ -26,9 +26,9 @@ def test_evaluation_and_grade_sizes_are_bytes(
     seen: list[JobView] = []
     real = predictor.features
 
-    def record(job: JobView) -> list[float]:
+    def record(job: JobView, bucket: int | None = None) -> list[float]:
         seen.append(job)
-        return real(job)
+        return real(job, bucket)
 
     code: dict[str, Any] = _code_problem("code", [False, True])
     for action in code["script"]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import zlib
 from typing import Any
 
 import numpy as np
@@ -262,3 +263,51 @@ def test_predictor_update_makes_the_same_predictions_as_predict_to_the_bit() -> 
                 whole.observe(job, seconds)
                 incremental.observe(job, seconds)
     assert whole.refits == incremental.refits > 40 and whole.observations > 1000
+
+
+def tool_bucket(name: str) -> int:
+    """The bucket a tool's name hashes to (CRC-32: the same in every process, unlike ``hash``)."""
+    from asyncroll.policies.predictor import HASH_BUCKETS
+
+    return zlib.crc32(name.encode()) % HASH_BUCKETS
+
+
+def test_tools_whose_names_share_a_hash_bucket_are_still_told_apart() -> None:
+    """The tool's identity is hashed into 8 one-hot buckets, and two names share one whenever their CRC-32s
+    agree mod 8 (``search`` and ``sql`` do, as ``lookup`` and ``slow``, ``spin_ms`` and ``lcb_evaluate``):
+    a 5 ms tool and a 2 s tool with the same arguments' size were both predicted at their geometric mean,
+    ~100 ms, for ever. A run's first 8 tools get a bucket each."""
+    from asyncroll.policies.predictor import HASH_BUCKETS
+
+    pairs = [("search", "sql"), ("lookup", "slow"), ("spin_ms", "lcb_evaluate")]
+    for cheap, costly in pairs:
+        assert tool_bucket(cheap) == tool_bucket(costly)
+        p = DurationPredictor()
+        for i in range(100):
+            p.observe(_job(i, tool=cheap), 0.005)
+            p.observe(_job(1000 + i, tool=costly), 2.0)
+        fast, slow = p.predict([_job(5000, tool=cheap), _job(5001, tool=costly)])
+        assert fast.seconds < 0.01 and slow.seconds > 1.0, (cheap, costly, fast, slow)
+    # as many tools as buckets, every one hashed to the same bucket: each still learns its own cost
+    names = [n for n in (f"tool{i}" for i in range(10_000)) if tool_bucket(n) == 0][:HASH_BUCKETS]
+    p = DurationPredictor()
+    for i in range(50):
+        for k, name in enumerate(names):
+            p.observe(_job(100 * i + k, tool=name), 0.01 * 2**k)
+    predicted = p.predict([_job(10**6 + k, tool=name) for k, name in enumerate(names)])
+    for k, x in enumerate(predicted):
+        assert x.seconds == pytest.approx(0.01 * 2**k, rel=0.1)
+
+
+def test_a_tool_hashed_like_the_grade_job_keeps_its_bucket() -> None:
+    """A grade job has a feature of its own, so sharing its bucket costs a tool nothing: the grade job
+    claims none, and a tool hashed to it keeps its bucket (the same rows, the same predictions)."""
+    from asyncroll.policies.predictor import features
+
+    tool = next(n for n in (f"tool{i}" for i in range(10_000)) if tool_bucket(n) == tool_bucket("__grade__"))
+    p = DurationPredictor()
+    grade = JobView(1, "t1", "grade", "__grade__", 1, 0.0, arg_bytes=3)
+    p.observe(grade, 0.001)
+    job = _job(2, tool=tool)
+    p.observe(job, 0.2)
+    assert p._new_x == [features(grade), features(job)]

@@ -243,8 +243,8 @@ def test_features_never_read_declared_results_or_expected_outputs(
         seen: dict[tuple[str, bool], list[float]] = {}  # by job: (problem, repair); job ids follow timing
         real = predictor.features
 
-        def record(job: JobView) -> list[float]:
-            row = seen[(job.trajectory_id, job.resubmission)] = real(job)
+        def record(job: JobView, bucket: int | None = None) -> list[float]:
+            row = seen[(job.trajectory_id, job.resubmission)] = real(job, bucket)
             return row
 
         with monkeypatch.context() as patch:

@@ -3,7 +3,9 @@
 Features are computed before execution from the job alone (never from its outputs): a bias, log bytes of
 tool arguments, whether the job is a resubmission (the trajectory already ran this tool), whether it is
 a grade job, log of the number of test cases, log bytes of test inputs, log bytes of submitted code, and the
-tool's identity hashed into a few one-hot buckets so that multi-tool workloads are told apart.
+tool's identity in one of a few one-hot buckets so that multi-tool workloads are told apart: the bucket
+its name hashes to (CRC-32, the same in every process), or the next free one when another tool of the run
+already has that (so up to ``HASH_BUCKETS`` tools never share one, whatever their names).
 
 The target is ``log(seconds) − log(prior)``, fitted by scikit-learn's ridge solver (``ridge_regression``,
 the solver behind ``Ridge``) without a separate intercept, so the penalty pulls every coefficient — the
@@ -35,7 +37,14 @@ MIN_S, MAX_S = 0.001, 60.0
 SMALL_BATCH = 8
 
 
-def features(job: JobView) -> list[float]:
+def tool_bucket(tool: str) -> int:
+    """The one-hot bucket a tool's name hashes to: CRC-32, the same in every process (``hash`` of a str
+    is not)."""
+    return zlib.crc32(tool.encode()) % HASH_BUCKETS
+
+
+def features(job: JobView, bucket: int | None = None) -> list[float]:
+    """The job's row; ``bucket``: its tool's one-hot bucket (default: the one its name hashes to)."""
     row = [
         1.0,
         math.log1p(job.arg_bytes),
@@ -47,9 +56,9 @@ def features(job: JobView) -> list[float]:
         math.log1p(job.test_bytes),
         math.log1p(job.code_bytes),
     ]
-    bucket = [0.0] * HASH_BUCKETS
-    bucket[zlib.crc32(job.tool.encode()) % HASH_BUCKETS] = 1.0
-    return row + bucket
+    onehot = [0.0] * HASH_BUCKETS
+    onehot[tool_bucket(job.tool) if bucket is None else bucket] = 1.0
+    return row + onehot
 
 
 class DurationPredictor:
@@ -82,6 +91,8 @@ class DurationPredictor:
         self._free: list[int] = list(range(63, -1, -1))  # free rows, lowest last (popped first)
         self._cache: dict[int, Prediction] = {}  # job id → prediction by the current model
         self._remember = remember
+        self._buckets: dict[str, int] = {}  # tool → its one-hot bucket in this run
+        self._taken: set[int] = set()  # the buckets a tool has
         self.observations = 0
         self.censored = 0
         self.refits = 0
@@ -92,7 +103,7 @@ class DurationPredictor:
         self._cache.pop(job.job_id, None)
         row = self._rows.pop(job.job_id, None)
         self._release(job.job_id)
-        self._new_x.append(row if row is not None else features(job))
+        self._new_x.append(row if row is not None else self._features(job))
         self._new_y.append(math.log(seconds) - self._log_prior)
         if len(self._new_y) == len(self._y):  # a whole window waits: the older ones would be overwritten
             self._flush()
@@ -140,6 +151,25 @@ class DurationPredictor:
         self._pending = 0
         self.refits += 1
         self._cache.clear()  # every prediction was the old model's
+
+    def _features(self, job: JobView) -> list[float]:
+        """The job's row, with its tool's bucket in this run: the bucket its name hashes to, unless another
+        tool already has that one — then the next free one, so that up to ``HASH_BUCKETS`` tools are told
+        apart whatever their names (two hashed to one bucket were predicted alike: a 5 ms tool and a 2 s
+        one both at ~100 ms); past that, the hashed bucket, shared. A grade job has a feature of its own
+        and takes its hashed bucket without claiming it."""
+        if job.kind == "grade":
+            return features(job)
+        bucket = self._buckets.get(job.tool)
+        if bucket is None:
+            bucket = tool_bucket(job.tool)
+            taken = self._taken
+            if len(taken) < HASH_BUCKETS:  # else every bucket has a tool: share the hashed one
+                while bucket in taken:
+                    bucket = (bucket + 1) % HASH_BUCKETS
+                taken.add(bucket)
+            self._buckets[job.tool] = bucket
+        return features(job, bucket)
 
     def forget(self, job: JobView) -> None:
         """A queued job that will never be observed (its caller gave up)."""
@@ -214,7 +244,7 @@ class DurationPredictor:
             rows = self._rows
             for job in jobs:
                 if job.job_id not in rows:
-                    rows[job.job_id] = features(job)
+                    rows[job.job_id] = self._features(job)
             if len(jobs) <= SMALL_BATCH:  # numpy's per-call overhead dwarfs a few 15-term dot products
                 coef, prior = self._coef_list, self._log_prior
                 seconds = [min(max(math.exp(_dot(rows[j.job_id], coef) + prior), MIN_S), MAX_S) for j in jobs]
