@@ -149,6 +149,24 @@ def test_bindings_inside_functions_and_classes_do_not_count(tmp_path: Path, sour
     assert "defines no top-level 'f'" in _problems(tmp_path, [_tool_line(1, "t.py")])[0]
 
 
+@pytest.mark.parametrize(
+    ("defined", "named"),
+    [("cafe\u0301", "cafe\u0301"), ("\ufb01nd", "\ufb01nd"), ("find", "\ufb01nd")],
+)
+def test_a_tool_name_python_would_normalise_says_so(tmp_path: Path, defined: str, named: str) -> None:
+    """Python reads a file's identifiers NFKC-normalised: ``def café`` typed with a combining accent (NFD)
+    binds ``café`` in one code point, ``def ﬁnd`` (a ligature) binds ``find``. A workload that names the
+    tool as typed in the file was told the file defines no such name, a name that looked exactly like
+    the one in the file: the refusal says what Python binds instead, and what to name the tool."""
+    import unicodedata
+
+    (tmp_path / "t.py").write_text(f"def {defined}(x):\n    return x\n", encoding="utf-8")
+    (problem,) = _problems(tmp_path, [_tool_line(1, "t.py", named)])
+    binds = unicodedata.normalize("NFKC", named)
+    assert f"defines no top-level {named!r}" in problem and f"name the tool {binds!r}" in problem
+    assert "NFKC" in problem
+
+
 def test_each_tool_file_is_parsed_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "t.py").write_text("def f(x):\n    return x\n\ndef g(x):\n    return x\n")
     parsed: list[Path] = []

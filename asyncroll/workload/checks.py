@@ -4,6 +4,7 @@ inputs, and the one-repair protocol's metadata. Each check returns ``(field, mes
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,14 @@ def _check_implementation(
     if parsed.error is not None:
         return f"{implementation!r} {parsed.error}", None
     if not parsed.binds(name):
+        # Python reads identifiers NFKC-normalised: ``def ﬁnd`` binds ``find``, whatever the file shows
+        binds = unicodedata.normalize("NFKC", name)
+        if binds != name and parsed.binds(binds):
+            return (
+                f"{implementation!r} defines no top-level {name!r}: Python reads the names in a file "
+                f"NFKC-normalised, and the file binds {binds!r}, that name normalised; "
+                f"name the tool {binds!r}"
+            ), None
         return (
             f"{implementation!r} defines no top-level {name!r} "
             "(no def, class, assignment or import at module level binds that name)"
