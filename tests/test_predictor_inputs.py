@@ -65,3 +65,26 @@ def test_more_tests_scale_an_evaluation_like_a_size_not_an_exponential() -> None
     same, more = p.predict([_evaluation(10, 50), _evaluation(11, 200)])
     assert same.source == more.source == "ridge" and abs(same.seconds - 0.5) < 0.05
     assert 0.5 < more.seconds < 0.5 * 16  # more tests cost more, by less than the count squared
+
+
+def test_tool_argument_sizes_are_utf8_bytes(virtual_run: VirtualRun) -> None:
+    """A tool call's ``arg_bytes`` (the predictor's feature and ``cpu_enqueued``'s field) counted the JSON
+    text with every non-ASCII character escaped: ``ü`` as 6 bytes (``\\u00fc``), an emoji as 12, where
+    its UTF-8 takes 2 and 4 — the same argument weighed 2-3x more in any script but Latin."""
+    import json
+
+    arguments = {"text": "grüße ✓ 🙂" * 10}
+    problem = {
+        "id": "p",
+        "prompt": "p",
+        "tools": [{"name": "echo", "inputs": {"text": "str"}, "implementation": "t.py"}],
+        "script": [
+            {"type": "tool", "name": "echo", "arguments": arguments, "latency_ms": 5, "cpu_ms": 5},
+            {"type": "final", "answer": "x", "latency_ms": 5},
+        ],
+    }
+    tool_files = {"t.py": "def echo(text: str) -> str:\n    return text\n"}
+    outcome, cap, _ = virtual_run([problem], tool_files=tool_files, cpu_workers=1)
+    assert outcome.status == "complete"
+    (enqueued,) = cap.of(CpuEnqueued)
+    assert enqueued.arg_bytes == len(json.dumps(arguments, ensure_ascii=False).encode())

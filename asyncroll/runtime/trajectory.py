@@ -237,7 +237,9 @@ class TrajectoryRunner:
         self, state: _State, problem: Problem, action: ToolAction, turn: int
     ) -> tuple[str, str | None]:
         tool, arguments = tool_call(problem, action)
-        arg_bytes = len(JSON_TEXT.encode(action.arguments))
+        # UTF-8 bytes, as every size the predictor reads (an escaped ``\u00fc`` took 6 where UTF-8 takes 2);
+        # a lone surrogate a model's JSON may carry is counted, not an error
+        arg_bytes = len(JSON_TEXT.encode(action.arguments).encode("utf-8", "surrogatepass"))
         cost_s = None if action.cpu_ms is None else action.cpu_ms / 1000.0
         resubmission = tool.key in state.tools_run
         state.tools_run.add(tool.key)

@@ -93,8 +93,9 @@ class JobRequest:
     report_rss: bool = False
 
 
-JSON_TEXT = json.JSONEncoder(default=str)  # json.dumps(value, default=str), without a new encoder per call
-_OBSERVATION_TEXT = json.JSONEncoder(default=str, ensure_ascii=False)
+#: json.dumps(value, default=str, ensure_ascii=False), without a new encoder per call
+JSON_TEXT = json.JSONEncoder(default=str, ensure_ascii=False)
+_OBSERVATION_TEXT = JSON_TEXT
 
 
 def observation(value: Any, limit: int) -> tuple[str, int]:
