@@ -28,6 +28,7 @@ from asyncroll.evaluator.budget import (
 )
 from asyncroll.json_checks import Bool, Float, Int, unique_keys
 from asyncroll.json_depth import json_loads
+from asyncroll.locale_names import OsPath
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -97,11 +98,11 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # inf: never meant
 
-    workload: Path
-    output: Path
+    workload: OsPath
+    output: OsPath
     backend: BackendName = "scripted"
     policy: PolicyName = "fifo"
-    tool_root: Path | None = None
+    tool_root: OsPath | None = None
     model: str | None = None
     endpoint: str = "http://localhost:8000"
     limit: Int | None = Field(default=None, ge=1)

@@ -23,6 +23,7 @@ from asyncroll.config import MIN_TELEMETRY_INTERVAL_S
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 from asyncroll.json_depth import TOO_DEEP, json_loads
+from asyncroll.locale_names import OsPath, OsStr
 
 #: Placeholders every server command template may use; ``server.vars`` adds more.
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
@@ -93,12 +94,12 @@ class _Strict(BaseModel):
 class ServerSpec(_Strict):
     """How to start (and judge the readiness of) one fresh inference server per arm."""
 
-    command: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_COMMAND), min_length=1)
+    command: list[OsStr] = Field(default_factory=lambda: list(DEFAULT_VLLM_COMMAND), min_length=1)
     kind: Literal["vllm", "sglang", "transformers", "generic"] = "vllm"
-    host: str = Field(default="127.0.0.1", min_length=1)
+    host: OsStr = Field(default="127.0.0.1", min_length=1)
     port: Int = Field(default=8000, ge=0, le=65535, description="0: pick a free port for each arm.")
-    env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
-    vars: dict[str, str] = Field(default_factory=dict, description="Extra {placeholders} of the command.")
+    env: dict[OsStr, OsStr] = Field(default_factory=dict, description="Added to the server's environment.")
+    vars: dict[str, OsStr] = Field(default_factory=dict, description="Extra {placeholders} of the command.")
     readiness_paths: list[str] = Field(default_factory=lambda: ["/health", "/v1/models"], min_length=1)
     startup_timeout_s: Float = Field(default=900.0, gt=0)
     stop_grace_s: Float = Field(default=30.0, ge=0)
@@ -114,19 +115,19 @@ class ServerSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    path: str = Field(
+    path: OsStr = Field(
         min_length=1,
         description="Model path or hub id handed to the server as written (a relative path: from the "
         "folder `run` starts in, not the config's).",
     )
-    revision: str = Field(default="main", min_length=1, description="Pin a commit for a real experiment.")
-    served_name: str = Field(min_length=1, description="The name requests use (--served-model-name).")
+    revision: OsStr = Field(default="main", min_length=1, description="Pin a commit for a real experiment.")
+    served_name: OsStr = Field(min_length=1, description="The name requests use (--served-model-name).")
 
 
 class WorkloadSpec(_Strict):
-    path: Path
+    path: OsPath
     sha256: str | None = Field(default=None, description="Expected SHA-256; a mismatch refuses to run.")
-    tool_root: Path | None = None
+    tool_root: OsPath | None = None
     description: str = ""
 
     @field_validator("sha256")
@@ -164,7 +165,7 @@ class ClientSpec(_Strict):
     tool_timeout: Float = Field(default=60.0, gt=0)
     dedicated_gpu: Bool = True
     telemetry_interval: Float = Field(default=0.2, ge=MIN_TELEMETRY_INTERVAL_S)
-    extra_args: list[str] = Field(
+    extra_args: list[OsStr] = Field(
         default_factory=list, description="More `asyncroll run` flags; never one the plan sets."
     )
     deadline_s: Float = Field(default=7200.0, gt=0, description="Client wall deadline per arm.")
@@ -188,7 +189,7 @@ class GpuSpec(_Strict):
 class ArmSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     policy: str = Field(min_length=1)
-    extra_args: list[str] = Field(
+    extra_args: list[OsStr] = Field(
         default_factory=list, description="This arm's extra `asyncroll run` flags; never one the plan sets."
     )
 

@@ -53,6 +53,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.json_depth import json_loads
+from asyncroll.locale_names import unspellable
 from asyncroll.outputs.lines import TextOutput
 from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
 from asyncroll.simulation.measured import (
@@ -250,6 +251,12 @@ def _statuses(path: Path) -> dict[str, str]:
 def _run_workload(run_dir: Path, recorded: dict[str, Any], given: Path | None) -> Path:
     """The run's workload file: ``given`` (its copy) or the path run.json records, with the same SHA-256."""
     path = Path(recorded["path"]) if given is None else given
+    why = unspellable(path) if given is None else None
+    if why is not None:  # else is_file() says False: it would "no longer exist"
+        raise UsageError(
+            f"--from-run {run_dir}: its workload (run.json's workload.path) {why}; or pass --workload with "
+            "a copy of it"
+        )
     if given is None and not path.is_file():
         raise UsageError(
             f"--from-run {run_dir}: its workload {path} no longer exists (a run recorded elsewhere: pass "
@@ -281,6 +288,12 @@ def _tool_root(run_dir: Path, receipt: dict[str, Any], workload: Path, override:
     cwd = receipt.get("cwd")
     if not root.is_absolute() and isinstance(cwd, str) and Path(cwd).is_absolute():
         root = Path(cwd) / root
+    why = unspellable(root)
+    if why is not None:
+        raise UsageError(
+            f"--from-run {run_dir}: the run's --tool-root (config.tool_root) {why}; or pass --tool-root with "
+            "where its tools are"
+        )
     if root.is_absolute():
         if not root.is_dir():  # not a flag the user gave: named as the run's, with the way out
             raise UsageError(
