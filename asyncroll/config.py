@@ -26,7 +26,7 @@ from asyncroll.evaluator.budget import (
     MIN_MEMORY_LIMIT_MB,
     tool_timeout_cap,
 )
-from asyncroll.json_checks import Bool, Float, Int, unique_keys
+from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
 
@@ -311,7 +311,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     by field name, and each field's name as the file spells it (for error messages). Two spellings of one
     setting (``cpu-workers`` and ``cpu_workers``) are refused: which one wins would be a guess."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark (Notepad's) as a workload's
     except OSError as exc:
         raise UsageError(f"--config {path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -324,6 +324,10 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise UsageError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
+    surrogate = lone_surrogate_at(data)  # JSON escapes one ("\udc80"); no later write could hold it
+    if surrogate is not None:
+        where = "a setting's name" if surrogate == "line" else f"setting {surrogate.split('.')[0]!r}"
+        raise UsageError(f"--config {path}: {where}: {LONE_SURROGATE}")
     values: dict[str, Any] = {}
     spelled: dict[str, str] = {}
     for key, value in data.items():

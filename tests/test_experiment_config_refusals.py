@@ -153,3 +153,11 @@ def test_a_gate_on_a_metric_the_summary_has_not_is_refused_by_the_config(tmp_pat
     )
     with pytest.raises(UsageError, match=r"summary\.json\.status is not a number"):
         load_experiment_config(not_a_number)
+
+
+def test_an_experiment_config_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """A config saved by Notepad (a UTF-8 byte order mark) was refused: "invalid JSON: Unexpected UTF-8
+    BOM (decode using utf-8-sig)"; a workload with one is accepted."""
+    config = write_config(tmp_path, seed=7)
+    config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())
+    assert load_experiment_config(config).seed == 7

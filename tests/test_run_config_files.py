@@ -120,3 +120,38 @@ def test_a_config_file_that_cannot_be_read_as_settings_is_named(
     )
     assert result.exit_code == 2 and not seen
     assert f"--config {config}: {message}" in result.stderr
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notepad's UTF-8 (a byte order mark) and CRLF line ends, accepted in a workload, were refused in a
+    settings file: "not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)" (and "not valid TOML:
+    Invalid statement")."""
+    for name, text in (("run.json", '{"cpu_workers": 3}\r\n'), ("run.toml", "cpu_workers = 3\r\n")):
+        config = tmp_path / name
+        config.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        result, seen = run_in_process(
+            monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+        )
+        assert result.exit_code == 0, result.stderr
+        assert seen[0].cpu_workers == 3
+
+
+def test_a_lone_surrogate_in_a_config_file_is_refused_naming_file_and_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JSON lets ``"\\udc80"`` through: as a setting's name it was refused as "Input should be a valid
+    string, unable to parse raw data as a unicode string" (no file, no setting), and as a ``model`` it
+    was taken and written into run.json, which no UTF-8 reader accepts."""
+    for text, where in (
+        ('{"cpu_workers": 2, "x\\udc80": 1}', "a setting's name"),
+        ('{"model": "m\\udc80"}', "setting 'model'"),
+    ):
+        config = tmp_path / "run.json"
+        config.write_text(text)
+        result, seen = run_in_process(
+            monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+        )
+        assert result.exit_code == 2 and not seen
+        assert f"--config {config}: {where}: not valid Unicode: a lone UTF-16 surrogate" in result.stderr

@@ -367,7 +367,7 @@ def read_json_file(path: Path) -> Any:
     a key given twice in one object (``json`` would keep the last silently), an integer past Python's
     4,300-digit limit, or nesting past its recursion limit."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark (Notepad's) as a workload's
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
