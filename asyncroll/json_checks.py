@@ -10,6 +10,7 @@ it) then fails. Inputs are checked once, where they are read, and refused with t
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Strict
@@ -46,12 +47,21 @@ def may_hold_surrogate(raw: bytes) -> bool:
     return _SURROGATE_ESCAPE.search(raw) is not None
 
 
-def lone_surrogate_at(data: Any) -> str | None:
-    """Where the first string (value or key) of parsed JSON holding a lone surrogate is, or None."""
+#: What a file name's byte that is not UTF-8 becomes when Python decodes it (``surrogateescape``): a path
+#: written by asyncroll itself (a run directory under ``LC_ALL=C``, or named in Latin-1) holds these.
+_FILE_NAME_BYTE = re.compile("[\udc80-\udcff]")
+
+
+def lone_surrogate_at(data: Any, file_names: Collection[str] = ()) -> str | None:
+    """Where the first string (value or key) of parsed JSON holding a lone surrogate is, or None. The
+    values of the keys ``file_names`` (paths, and messages that quote one) may hold a file name's
+    undecodable bytes (U+DC80-U+DCFF), as Python spells them."""
     stack: list[tuple[str, Any]] = [("", data)]
     while stack:
         where, value = stack.pop()
         if isinstance(value, str):
+            if file_names and where.rpartition(".")[2] in file_names:
+                value = _FILE_NAME_BYTE.sub("", value)
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:

@@ -257,6 +257,30 @@ def test_a_damaged_comparison_is_refused_and_writes_nothing(tmp_path: Path, chan
     report_refused(tmp_path, path, message)
 
 
+def test_a_comparison_of_an_experiment_in_a_folder_not_named_in_utf8_reports(tmp_path: Path) -> None:
+    """An experiment whose --output is not UTF-8 (``exp-\\xe9``, or any non-ASCII name under ``LC_ALL=C``)
+    records its runs' directories with the name's bytes as Python decodes them (``"exp-\\udce9"``): `report`
+    refused the experiment's own comparison.json ("run_dir: not valid Unicode"). A failed arm's error that
+    quotes such a path is written into REPORT.md (UTF-8) with its escape; ``"\\ud800"``, which no file
+    name gives, stays refused."""
+    folder = "exp-" + b"\xe9".decode("utf-8", "surrogateescape")
+    data = comparison()
+    for pair in data["pairs"]:
+        for entry in pair["arms"].values():
+            entry["run_dir"] = f"{folder}/arms/{entry['id']}/run"
+    data["failed_arms"] = [{"id": "qualification-2-a", "error": f"no server: see {folder}/server.log"}]
+    path = write(tmp_path, data)
+    done = invoke("report", "--comparison", path, "--output", tmp_path / "r")
+    assert done.exit_code == 0, done.output
+    text = (tmp_path / "r" / "REPORT.md").read_bytes().decode("utf-8")
+    assert "- `qualification-2-a`: no server: see exp-\\udce9/server.log" in text
+    data["pairs"][0]["arms"]["a"]["run_dir"] = "exp-\ud800"
+    (tmp_path / "bad").mkdir()
+    report_refused(
+        tmp_path / "bad", write(tmp_path / "bad", data), "pairs[0].arms.a.run_dir: not valid Unicode"
+    )
+
+
 def test_metric_values_at_the_bounds_give_finite_json(tmp_path: Path) -> None:
     """The extremes the report accepts: every statistic stays finite, aggregate.json is strict JSON."""
     data = comparison(pairs=3)

@@ -343,7 +343,9 @@ def validate_comparison(data: Any) -> None:
     """Raise ValueError, one line naming what is wrong, unless ``data`` is a comparison.json to report."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
-    surrogate = lone_surrogate_at(data)  # REPORT.md is UTF-8: such a string could not be written
+    # REPORT.md is UTF-8: such a string could not be written; a run directory's name (and an error that
+    # quotes a path) may hold a file name's undecodable bytes, written there as their escapes
+    surrogate = lone_surrogate_at(data, file_names=("run_dir", "error"))
     if surrogate is not None:
         raise ValueError(f"{'a key' if surrogate == 'line' else surrogate}: {LONE_SURROGATE}")
     try:

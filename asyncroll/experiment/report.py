@@ -232,7 +232,8 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
             files = draw(comparison, agg, staging / "figure")
             names += [f.name for f in files]
             text += f"\n![three panels]({files[0].name})\n"
-        (staging / names[1]).write_text(text, encoding="utf-8")
+        # a path's undecodable bytes (in a failed arm's error) as their escapes, \udce9: the file is UTF-8
+        (staging / names[1]).write_text(text, encoding="utf-8", errors="backslashreplace")
         if existing:
             for name in names:
                 os.replace(staging / name, output / name)
