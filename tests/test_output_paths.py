@@ -4,6 +4,7 @@ at once: the loser never touches the winner's directory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,9 @@ def test_a_run_whose_directory_is_removed_under_it_ends_failed_with_the_reason(t
     shutil.rmtree(out)
     error = files.finish({"status": "complete"}, "complete", 2.0)
     assert error is not None
-    assert error.startswith("summary.json: cannot write (No such file or directory)")
-    assert error.endswith("run.json: cannot write (No such file or directory); it still says 'running'")
+    gone = f"{out} was moved or removed while the run ran"
+    assert error.startswith(f"summary.json: cannot write ({gone})")
+    assert error.endswith(f"run.json: cannot write ({gone}); it still says 'running'")
     assert set(files.exports_failed) == {"trace.json", "timeline.html"}
     assert not out.exists()  # nothing made anew
 
@@ -150,3 +152,86 @@ def test_the_worker_log_folder_is_made_with_the_first_worker_after_the_receipt(t
     worker = factory(0, 0)  # not started: a worker process starts only when the pool starts it
     assert isinstance(worker, ProcessWorker)
     assert (out / "workers").is_dir() and worker.log_path == out / "workers" / "worker-0.log"
+
+
+def _another_run_at(out: Path) -> dict[str, bytes]:
+    """A second run started at ``out`` (after the first one's directory was moved away): its files."""
+    out.mkdir()
+    mine = {
+        name: f"the second run's {name}\n".encode() for name in ("run.json", "summary.json", "events.jsonl")
+    }
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    return mine
+
+
+def test_a_run_whose_directory_is_moved_writes_its_last_files_there_not_into_a_new_run_at_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `mv X X.old` during a long run, then a second run with --output X: when the first one finished it
+    # wrote its summary.json, final run.json and exports into X, over the second run's (its exports drawn
+    # from the second run's events), and said "complete … outputs: X"; X.old said "running" forever.
+    # Reproduced with two real `asyncroll simulate` processes.
+    from asyncroll.outputs.rundir import RunDirectory
+
+    out, moved = tmp_path / "run", tmp_path / "run.old"
+    finish = RunDirectory.finish
+    second: dict[str, bytes] = {}
+
+    def moved_then_finished(self: RunDirectory, *args: Any, **kwargs: Any) -> str | None:
+        out.rename(moved)
+        second.update(_another_run_at(out))
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunDirectory, "finish", moved_then_finished)
+    result = invoke("simulate", "--workload", SMOKE, "--output", out)
+    assert result.exit_code == 0, result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == second  # untouched
+    receipt = json.loads((moved / "run.json").read_text())
+    assert receipt["status"] == "complete" and receipt["exports"]["trace.json"]["ok"]
+    assert json.loads((moved / "summary.json").read_text())["counts"]["completed"] == 3
+    assert (moved / "timeline.html").is_file() and (moved / "trace.json").is_file()
+    assert f"outputs: {moved}" in result.stdout
+    assert f"{out} was moved while the run ran" in result.stderr
+
+
+def test_a_run_whose_directory_is_removed_never_writes_into_a_new_one_at_its_path(tmp_path: Path) -> None:
+    # `rm -rf X` during a run, then a second run made X: the first one's last files went into it.
+    import shutil
+
+    from asyncroll.outputs.rundir import RunDirectory
+
+    out = tmp_path / "run"
+    out.mkdir()
+    files = RunDirectory(out, {"config": {}}, 0.0)
+    files.transition("running", 1.0)
+    shutil.rmtree(out)
+    second = _another_run_at(out)
+    error = files.finish({"status": "complete"}, "complete", 2.0)
+    assert error is not None and f"{out} was moved or removed while the run ran" in error
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == second
+
+
+def test_a_run_whose_directory_is_removed_says_so_and_offers_no_command_that_cannot_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It printed "outputs: X" for a directory that was gone and, for each export, "`asyncroll timeline X`
+    # writes it from events.jsonl once there is room": there was no events.jsonl, nor a full disk.
+    import shutil
+
+    from asyncroll.outputs.rundir import RunDirectory
+
+    out = tmp_path / "run"
+    finish = RunDirectory.finish
+
+    def removed_then_finished(self: RunDirectory, *args: Any, **kwargs: Any) -> str | None:
+        shutil.rmtree(out)
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunDirectory, "finish", removed_then_finished)
+    result = invoke("simulate", "--workload", SMOKE, "--output", out)
+    assert result.exit_code == 1, result.output
+    assert f"outputs: {out} (no longer there)" in result.stdout
+    assert f"summary.json: cannot write ({out} was moved or removed while the run ran)" in result.stderr
+    assert "asyncroll timeline" not in result.stderr
+    assert not out.exists()

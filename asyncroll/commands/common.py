@@ -68,7 +68,7 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
         f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "
         f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {_policy(sch)}: "
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
-        f"{summary['workers']['restarts']}\noutputs: {output}"
+        f"{summary['workers']['restarts']}\noutputs: {output}{'' if output.exists() else ' (no longer there)'}"
     )
 
 
@@ -76,6 +76,12 @@ def _policy(scheduler: dict[str, Any]) -> str:
     """``asyncroll (asyncroll_repair)``: the name given and, when it differs, the rule it ran."""
     name, rule = scheduler["policy"], scheduler.get("policy_rule")
     return name if rule in (None, name) else f"{name} ({rule})"
+
+
+def warn_moved(moved_to: Path | None, output: Path) -> None:
+    """Say on stderr where a run's files are when its directory was moved while it ran."""
+    if moved_to is not None:
+        typer.echo(f"note: {output} was moved while the run ran: its files are in {moved_to}", err=True)
 
 
 def warn_exports(failed: dict[str, str], output: Path) -> None:
@@ -86,6 +92,9 @@ def warn_exports(failed: dict[str, str], output: Path) -> None:
     for name, why in failed.items():
         skipped = exports_skipped(why)  # a stop signal during the exports
         said = f"was {why}" if skipped else f"was not written ({why})"
+        if not (output / "events.jsonl").is_file():  # a directory removed while the run ran
+            typer.echo(f"warning: {name} {said}", err=True)
+            continue
         typer.echo(
             f"warning: {name} {said}; `asyncroll timeline {output}` writes it from events.jsonl"
             + ("" if skipped else " once there is room"),

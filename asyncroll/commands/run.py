@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports
+from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports, warn_moved
 
 
 def run(
@@ -288,14 +288,14 @@ def _run(cfg: Any) -> int:
         async def main() -> int:
             outcome = await interruptible(runner)
             signals.hold()
+            output = outcome.output(cfg.output)
+            warn_moved(outcome.moved_to, cfg.output)
             if runner.interrupt_reason is not None and outcome.status == "interrupted":
-                typer.echo(
-                    f"interrupted by {runner.interrupt_reason}; partial outputs in {cfg.output}", err=True
-                )
-                warn_exports(outcome.exports_failed, cfg.output)
+                typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {output}", err=True)
+                warn_exports(outcome.exports_failed, output)
                 return EXIT_INTERRUPTED
-            print_summary(outcome.summary, cfg.output)
-            warn_exports(outcome.exports_failed, cfg.output)
+            print_summary(outcome.summary, output)
+            warn_exports(outcome.exports_failed, output)
             if outcome.late_signal:
                 typer.echo(late_signal_note(outcome.late_signal, outcome.exports_failed), err=True)
             if outcome.error:

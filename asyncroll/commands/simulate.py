@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, say, warn_exports
+from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, say, warn_exports, warn_moved
 from asyncroll.commands.simulate_flags import (
     DEFAULT_JITTER,
     SIMULATE_ONLY,
@@ -343,14 +343,16 @@ def simulate(
 
 def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> NoReturn:
     """Print a single simulation's outcome and exit with its code."""
+    output = outcome.output(cfg.output)
+    warn_moved(outcome.moved_to, cfg.output)
     if outcome.status == "interrupted" and outcome.summary is None:
-        typer.echo(f"{outcome.error}; partial outputs in {cfg.output}", err=True)
-        warn_exports(outcome.exports_failed, cfg.output)
+        typer.echo(f"{outcome.error}; partial outputs in {output}", err=True)
+        warn_exports(outcome.exports_failed, output)
         raise typer.Exit(outcome.exit_code)
-    print_summary(outcome.summary, cfg.output)
-    warn_exports(outcome.exports_failed, cfg.output)
+    print_summary(outcome.summary, output)
+    warn_exports(outcome.exports_failed, output)
     if from_run is not None and outcome.summary is not None:
-        _say_ended_otherwise(from_run, cfg.output)
+        _say_ended_otherwise(from_run, output)
     untimed, passed = assumed.untimed, assumed.passed
     if untimed:
         tools = ", ".join(f"{Path(tool).name} ×{n}" for tool, n in untimed.most_common(5))

@@ -172,7 +172,7 @@ class Receipt:
     """The one writer of ``run.json``."""
 
     def __init__(self, path: Path, body: dict[str, Any], wall: float) -> None:
-        self._path = path
+        self.path = path  # where it is written: a run directory moved while it ran is followed
         self._data: dict[str, Any] = {
             "schema_version": RECEIPT_SCHEMA_VERSION,
             "status": "preparing",
@@ -181,10 +181,16 @@ class Receipt:
             "error": None,
         }
         try:
-            write_json_atomic(self._path, self._data)
+            write_json_atomic(self.path, self._data)
         except OSError as exc:
             raise OutputWriteError(f"run.json: cannot write ({exc.strerror or exc})") from exc
         self._written = dict(self._data)
+
+    @property
+    def written_status(self) -> Status:
+        """The status of the receipt last written whole."""
+        status: Status = self._written["status"]
+        return status
 
     @property
     def status(self) -> Status:
@@ -196,12 +202,12 @@ class Receipt:
         when neither way below can write it (the receipt on disk is then the last one written, whole)."""
         self._data.update(fields)
         try:
-            write_json_atomic(self._path, self._data)
+            write_json_atomic(self.path, self._data)
         except OSError as exc:
             # A full disk has no room for a second copy; the old receipt's own bytes can hold the new one
             # (compact if need be): rewritten in place, a reader could meet it half-written (better than a
             # stale status). Never past the old size: a write that needs new blocks would be cut short.
-            if not _rewrite_in_place(self._path, self._data):
+            if not _rewrite_in_place(self.path, self._data):
                 raise OutputWriteError(
                     f"run.json: cannot write ({exc.strerror or exc}); it still says "
                     f"{self._written['status']!r}"

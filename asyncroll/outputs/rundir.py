@@ -10,7 +10,9 @@ its summary), through the same calls.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
+import os
 import sys
 import threading
 import time
@@ -30,7 +32,9 @@ class RunDirectory:
         self, out: Path | None, receipt_body: dict[str, Any], wall: float, *, transcripts: bool = False
     ) -> None:
         self.out = out
+        self.moved_to: Path | None = None  # where ``out`` was moved while the run ran (found at finish)
         self.exports_failed: dict[str, str] = {}  # export → why it was not written (after finish)
+        self._dir = None if out is None else _open_directory(out)  # which directory is this run's own
         self._results: LineFile | None = None
         self._transcripts: LineFile | None = None
         # OutputWriteError: no room even for run.json (nothing is written)
@@ -53,7 +57,34 @@ class RunDirectory:
                 lines.close()
         with contextlib.suppress(OutputWriteError):
             self.transition("failed", wall, error=error, exit_code=exit_code("failed"))
+        self._close_directory()
         return OutputWriteError(error)
+
+    def _here(self) -> Path:
+        """The run's own directory now: ``out``, or (Linux) the path it was moved to while the run ran,
+        which :attr:`moved_to` then holds. Raises FileNotFoundError when it was removed, or moved where
+        it cannot be found: what is at ``out`` then (a new run's directory) is never written to."""
+        assert self.out is not None
+        if self._dir is None:  # not opened: the path is all there is
+            return self.out
+        own = os.fstat(self._dir)
+        handle = Path(f"/proc/self/fd/{self._dir}")  # Linux: the directory itself, wherever it is now
+        for where in (self.out, self.moved_to, handle):
+            with contextlib.suppress(OSError):
+                if where is None or own.st_nlink == 0 or not _same(os.stat(where), own):
+                    continue
+                if where == handle:  # its real path (a removed one's would not be found: " (deleted)")
+                    where = Path(os.readlink(handle))
+                    if not _same(os.stat(where), own):
+                        continue
+                self.moved_to = None if where == self.out else where
+                return where
+        raise FileNotFoundError(errno.ENOENT, f"{self.out} was moved or removed while the run ran")
+
+    def _close_directory(self) -> None:
+        if self._dir is not None:
+            os.close(self._dir)
+            self._dir = None
 
     @property
     def events_path(self) -> Path | None:
@@ -61,11 +92,24 @@ class RunDirectory:
 
     def update(self, **fields: Any) -> None:
         if self._receipt is not None:
+            self._follow(self._receipt)
             self._receipt.update(**fields)
 
     def transition(self, status: Status, wall: float, **fields: Any) -> None:
         if self._receipt is not None:
+            self._follow(self._receipt)
             self._receipt.transition(status, wall, **fields)
+
+    def _follow(self, receipt: Receipt) -> None:
+        """Point the receipt at run.json where this run's directory is now; raises
+        :class:`~asyncroll.outputs.lines.OutputWriteError` when it is gone (the receipt then keeps the
+        last one it wrote)."""
+        try:
+            receipt.path = self._here() / "run.json"
+        except OSError as exc:
+            raise OutputWriteError(
+                f"run.json: cannot write ({exc.strerror or exc}); it still says {receipt.written_status!r}"
+            ) from exc
 
     def write_result(self, line: bytes) -> None:
         """One line of results.jsonl, whole or not at all (:class:`~asyncroll.outputs.lines.LineFile`)."""
@@ -98,8 +142,9 @@ class RunDirectory:
             return None
         failed = None
         try:
+            here = self._here()
             if summary is not None:
-                write_json_atomic(self.out / "summary.json", summary)
+                write_json_atomic(here / "summary.json", summary)
         except OSError as exc:
             if status != "interrupted":  # an interrupted run stays so (exit 130, as the command says)
                 status = "failed"
@@ -109,7 +154,11 @@ class RunDirectory:
         # The exports are written before the final receipt (whose ``exports`` records them), so they are
         # told the final status: run.json still says "preparing" if the run never started.
         final = {"status": status, **({"error": error} if error else {})}
-        exports = export(self.out, final, stop)
+        try:
+            exports = export(self._here(), final, stop)
+        except OSError as exc:
+            why = {"ok": False, "error": f"{type(exc).__name__}: {exc.strerror or exc}"}
+            exports = {name: why for name in EXPORTS}
         self.exports_failed = {  # (a benchmark may skip the exports: then none is named)
             name: str(entry.get("error"))
             for name in EXPORTS
@@ -121,6 +170,7 @@ class RunDirectory:
             )
         except OutputWriteError as exc:  # no room for the final receipt either: the caller says so
             failed = "; ".join(filter(None, (error, str(exc))))
+        self._close_directory()
         return failed
 
 
@@ -143,6 +193,18 @@ def open_run_files(
         return files, EventLog(clock, files.events_path)
     except OSError as exc:
         raise files.abandon(f"events.jsonl: cannot create ({exc.strerror or exc})", clock.wall()) from exc
+
+
+def _open_directory(out: Path) -> int | None:
+    """A handle on the run's directory (none where it cannot be opened: its path is then all there is)."""
+    try:
+        return os.open(out, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 #: The files :func:`export` writes; its result has an ``{"ok": …}`` entry for each.

@@ -70,6 +70,12 @@ class RunOutcome:
     late_signal: str | None = None  # SIGINT/SIGTERM that came after every trajectory had finished
     #: exports (trace.json, timeline.html) that could not be written → why (run.json has them too)
     exports_failed: dict[str, str] = field(default_factory=dict)
+    #: where the run's directory was moved while it ran (its last files were written there), if it was
+    moved_to: Path | None = None
+
+    def output(self, given: Path) -> Path:
+        """Where the run's files are: ``given`` (``--output``), or where it was moved to."""
+        return self.moved_to or given
 
 
 class Run:
@@ -111,6 +117,7 @@ class Run:
         self.interrupt_reason: str | None = None
         self.exports_stop: ExportStop | None = None  # set by interruptible: a stop signal skips the exports
         self.exports_failed: dict[str, str] = {}  # once finished, as RunOutcome's (an interrupted run too)
+        self.moved_to: Path | None = None  # once finished, as RunOutcome's
         self._receipt_extra = receipt_extra or {}
         self._model_capacity = model_capacity
         self._record = record
@@ -384,14 +391,21 @@ class Run:
             events.close()
             telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}  # why not probed
             unwritten = files.finish(result, status, clock.wall(), error, self.exports_stop, **telemetry)
-            self.exports_failed = files.exports_failed
+            self.exports_failed, self.moved_to = files.exports_failed, files.moved_to
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
                 if result is not None:
                     result["status"] = status  # the summary printed says what run.json says
             if late is not None:
                 raise late
-        return RunOutcome(status, exit_code(status), result, error, exports_failed=self.exports_failed)
+        return RunOutcome(
+            status,
+            exit_code(status),
+            result,
+            error,
+            exports_failed=self.exports_failed,
+            moved_to=self.moved_to,
+        )
 
 
 async def _in_daemon_thread(fn: Callable[[], None]) -> None:

@@ -76,7 +76,14 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
             raise
         task.uncancel()  # handled: this task's later awaits must not see the cancellation again
         reason = f"interrupted by {run.interrupt_reason}"
-        return RunOutcome("interrupted", EXIT_INTERRUPTED, None, reason, exports_failed=run.exports_failed)
+        return RunOutcome(
+            "interrupted",
+            EXIT_INTERRUPTED,
+            None,
+            reason,
+            exports_failed=run.exports_failed,
+            moved_to=run.moved_to,
+        )
     finally:
         finished = True
         for sig, previous in installed:
