@@ -381,6 +381,28 @@ def test_a_report_written_again_replaces_only_its_own_files(tmp_path: Path) -> N
     assert strict_json(out / "aggregate.json")["pairs_complete"] == 2
 
 
+def test_a_report_into_a_folder_that_holds_no_report_never_replaces_files_of_the_same_names(
+    tmp_path: Path,
+) -> None:
+    # `--output ~/paper` (a folder of one's own, never given to report before): its REPORT.md was
+    # replaced and its figure.png deleted ("a figure an earlier call drew"; none had).
+    path = write(tmp_path, comparison())
+    out = tmp_path / "paper"
+    out.mkdir()
+    (out / "REPORT.md").write_text("my own report")
+    (out / "figure.png").write_text("my own figure")
+    with pytest.raises(UsageError, match=r"paper holds REPORT\.md, figure\.png but no aggregate\.json"):
+        write_report(path, out, figure=False)
+    assert sorted(os.listdir(out)) == ["REPORT.md", "figure.png"]
+    assert (out / "REPORT.md").read_text() == "my own report"
+    assert (out / "figure.png").read_text() == "my own figure"
+    (out / "REPORT.md").unlink()
+    (out / "figure.png").unlink()
+    (out / "notes.txt").write_text("mine")  # a folder holding none of those names takes a report
+    assert write_report(path, out, figure=False) == [out / "aggregate.json", out / "REPORT.md"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("section", ["model", "workload"])
 def test_an_override_into_a_section_that_is_not_an_object_is_a_named_error(
     tmp_path: Path, section: str, capsys: pytest.CaptureFixture[str]

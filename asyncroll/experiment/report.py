@@ -201,6 +201,13 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
     figure. Nothing else in ``output`` is touched."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} is a file, not a directory")
+    if output.is_dir() and not os.path.lexists(output / "aggregate.json"):  # no report was written there
+        taken = [n for n in ("REPORT.md", "figure.png", "figure.pdf") if os.path.lexists(output / n)]
+        if taken:
+            raise UsageError(
+                f"--output {output} holds {', '.join(taken)} but no aggregate.json: not a report's folder, "
+                "whose files a report replaces (choose another folder)"
+            )
     comparison = load_comparison(comparison_path)
     agg = aggregate(comparison)
     try:  # the statistics of checked values are finite; if one is not, it is refused, never written
