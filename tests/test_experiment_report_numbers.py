@@ -144,6 +144,21 @@ def test_an_output_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
     assert afile.read_text() == ""
 
 
+@pytest.mark.timeout(30)
+def test_an_output_name_too_long_is_a_usage_error(tmp_path: Path) -> None:
+    # `experiment run` said "experiment failed: [Errno 36] File name too long: …; --resume continues it
+    # once there is room" (exit 1): a full disk's advice, for a name that can never be made.
+    long = tmp_path / ("x" * 300)
+    done = invoke(
+        "experiment", "run", "--config", write_config(tmp_path, stages={}, pairs=1), "--output", long
+    )
+    assert done.exit_code == 2, done.output
+    assert done.stderr == f"error: --output {long}: cannot be used: File name too long\n"
+    path = write(tmp_path, comparison([({}, {})]))
+    done = invoke("report", "--comparison", path, "--output", long)
+    assert done.exit_code == 2 and "File name too long" in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_a_failed_arms_cause_is_shown() -> None:
     tail = (
         "client exited with code 1; log tail:\n"

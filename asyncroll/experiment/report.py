@@ -199,6 +199,12 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
     temporary folder inside ``output``, then replaces its own files, each by a rename, and removes a
     figure an earlier call drew that this one does not: a folder never pairs a new report with an old
     figure. Nothing else in ``output`` is touched."""
+    try:
+        os.stat(output)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a name too long, a parent that is a file: it cannot be made either
+        raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from None
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} is a file, not a directory")
     if output.is_dir() and not os.path.lexists(output / "aggregate.json"):  # no report was written there

@@ -42,6 +42,8 @@ runner's leftovers were killed (they may hold it); a refusal then is recorded in
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
 import traceback
@@ -200,8 +202,14 @@ class ExperimentRunner:
 
     def _open(self, fp: dict[str, Any]) -> ExperimentReceipt:
         path = self.output / "experiment.json"
-        if self.output.exists() and not self.output.is_dir():
-            raise UsageError(f"--output {self.output} is a file, not a directory")
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a name too long, or a parent that is a file
+            if exc.errno == errno.ENOTDIR and self.output.is_file():
+                raise UsageError(f"--output {self.output} is a file, not a directory") from None
+            raise UsageError(f"--output {self.output}: cannot be used: {exc.strerror or exc}") from None
         if not path.exists():
             if self.resume:
                 raise UsageError(f"--resume: {path} does not exist; nothing to resume")
