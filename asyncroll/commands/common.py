@@ -62,13 +62,14 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
         makespan += " (virtual clock)"
     evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)
     evaluations = f", code evaluations {evaluated}" if evaluated else ""
+    gone = "" if output.exists() else " (no longer there)"  # removed while the run ran
     say(
         f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
         f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']}{evaluations} | "
         f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "
         f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {_policy(sch)}: "
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
-        f"{summary['workers']['restarts']}\noutputs: {output}{'' if output.exists() else ' (no longer there)'}"
+        f"{summary['workers']['restarts']}\noutputs: {output}{gone}"
     )
 
 
