@@ -205,9 +205,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    if args.output is not None:  # checked before minutes of measuring, never overwritten
+        if os.path.lexists(args.output):
+            parser.error(f"--output {args.output} already exists; choose a new file")
+        if not args.output.absolute().parent.is_dir():
+            parser.error(f"--output {args.output}: its folder does not exist")
     result = asyncio.run(measure(args))
+    unwritten = None
     if args.output:
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            with args.output.open("x", encoding="utf-8") as handle:
+                handle.write(json.dumps(result, indent=2) + "\n")
+        except OSError as exc:  # it appeared meanwhile, or the disk is full: the JSON goes to stdout below
+            unwritten = (
+                f"error: --output {args.output}: cannot write ({exc.strerror or exc}); the result follows"
+            )
     s = result["summary"]
     host, pkgs = result["machine"], result["versions"]
     print(
@@ -224,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = sum(sum(p["errors"].values()) for p in result["repeats"])
     if failed:
         print(f"errors: {[p['errors'] for p in result['repeats']]}", file=sys.stderr)
-    return 1 if failed else 0
+    if unwritten is not None:
+        print(unwritten, file=sys.stderr)
+        print(json.dumps(result, indent=2))
+    return 1 if failed or unwritten else 0
 
 
 if __name__ == "__main__":

@@ -137,3 +137,49 @@ def test_serving_ablation_counts_odd_replies_without_failing_the_pass() -> None:
     assert [r["errors"] for r in results[:3]] == [{"bad_response": 2}] * 3
     assert all(r["ok"] == 0 for r in results[:3])
     assert results[3]["errors"] == {} and results[3]["ok"] == 2 and results[3]["output_tokens"] == 10
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["existing", "no_parent", "a_directory"])
+def test_serving_ablation_refuses_an_output_it_cannot_write_before_measuring(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --output was written only after every repeat (minutes of GPU time), with write_text: an existing
+    # file was overwritten, and a missing folder or a directory lost the whole measurement to a traceback.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
+    assert spec is not None and spec.loader is not None
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    measured: list[bool] = []
+
+    async def measure(args: Any) -> dict[str, Any]:
+        measured.append(True)
+        raise AssertionError("measured before the output was checked")
+
+    monkeypatch.setattr(ablation, "measure", measure)
+    output = {
+        "existing": tmp_path / "r.json",
+        "no_parent": tmp_path / "no" / "r.json",
+        "a_directory": tmp_path,
+    }[where]
+    if where == "existing":
+        output.write_text("an earlier result\n")
+    with pytest.raises(SystemExit) as exited:
+        ablation.main(
+            [
+                "--endpoint",
+                "http://127.0.0.1:9",
+                "--model",
+                "m",
+                "--workload",
+                "w.jsonl",
+                "--output",
+                str(output),
+            ]
+        )
+    assert exited.value.code == 2 and not measured
+    assert f"--output {output}" in capsys.readouterr().err
+    if where == "existing":
+        assert output.read_text() == "an earlier result\n"
