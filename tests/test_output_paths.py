@@ -235,3 +235,27 @@ def test_a_run_whose_directory_is_removed_says_so_and_offers_no_command_that_can
     assert f"summary.json: cannot write ({out} was moved or removed while the run ran)" in result.stderr
     assert "asyncroll timeline" not in result.stderr
     assert not out.exists()
+
+
+def test_a_worker_started_after_the_run_directory_moved_logs_there_not_into_a_new_run_at_its_path(
+    tmp_path: Path,
+) -> None:
+    # A replacement worker made its log folder at --output and appended to worker-0.log there: after
+    # `mv X X.old` and a second run at X, into the second run's worker log.
+    from asyncroll.config import build_config
+    from asyncroll.outputs.rundir import RunDirectory
+    from asyncroll.runtime.collaborators import process_worker_factory
+    from asyncroll.workers import ProcessWorker
+    from asyncroll.workload import scan_workload
+
+    out, moved = tmp_path / "run", tmp_path / "run.old"
+    out.mkdir()
+    files = RunDirectory(out, {"config": {}}, 0.0)
+    cfg = build_config({"workload": SMOKE, "output": out})
+    scan = scan_workload(SMOKE, SMOKE.parent, scripted=True)
+    factory = process_worker_factory(cfg, scan, lambda path: "", files.here)
+    out.rename(moved)
+    second = _another_run_at(out)
+    worker = factory(0, 1)  # not started
+    assert isinstance(worker, ProcessWorker) and worker.log_path == moved / "workers" / "worker-0.log"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == second

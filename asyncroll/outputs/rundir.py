@@ -60,7 +60,7 @@ class RunDirectory:
         self._close_directory()
         return OutputWriteError(error)
 
-    def _here(self) -> Path:
+    def here(self) -> Path:
         """The run's own directory now: ``out``, or (Linux) the path it was moved to while the run ran,
         which :attr:`moved_to` then holds. Raises FileNotFoundError when it was removed, or moved where
         it cannot be found: what is at ``out`` then (a new run's directory) is never written to."""
@@ -105,7 +105,7 @@ class RunDirectory:
         :class:`~asyncroll.outputs.lines.OutputWriteError` when it is gone (the receipt then keeps the
         last one it wrote)."""
         try:
-            receipt.path = self._here() / "run.json"
+            receipt.path = self.here() / "run.json"
         except OSError as exc:
             raise OutputWriteError(
                 f"run.json: cannot write ({exc.strerror or exc}); it still says {receipt.written_status!r}"
@@ -142,7 +142,7 @@ class RunDirectory:
             return None
         failed = None
         try:
-            here = self._here()
+            here = self.here()
             if summary is not None:
                 write_json_atomic(here / "summary.json", summary)
         except OSError as exc:
@@ -155,7 +155,7 @@ class RunDirectory:
         # told the final status: run.json still says "preparing" if the run never started.
         final = {"status": status, **({"error": error} if error else {})}
         try:
-            exports = export(self._here(), final, stop)
+            exports = export(self.here(), final, stop)
         except OSError as exc:
             why = {"ok": False, "error": f"{type(exc).__name__}: {exc.strerror or exc}"}
             exports = {name: why for name in EXPORTS}

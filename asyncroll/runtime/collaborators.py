@@ -52,17 +52,20 @@ def default_backend(config: RunConfig, clock: Clock) -> Backend:
 
 
 def process_worker_factory(
-    config: RunConfig, scan: WorkloadScan, sha256: Callable[[Path], str]
+    config: RunConfig,
+    scan: WorkloadScan,
+    sha256: Callable[[Path], str],
+    output: Callable[[], Path] | None = None,
 ) -> WorkerFactory:
     """Workers that preload the workload's tools, each file only if it still has the SHA-256 that
-    ``sha256`` gives (run.json's: the receipt is written before the first worker starts)."""
+    ``sha256`` gives (run.json's: the receipt is written before the first worker starts). ``output``:
+    the run's directory where it is now (moved while the run ran: never a new run's at ``--output``)."""
     from asyncroll.workers.process import ProcessWorker
-
-    logs = config.output / "workers"
 
     def factory(index: int, generation: int) -> Worker:
         # made with the first worker, after run.json: a folder that cannot be made (a full disk) fails
         # the run in its receipt; made before it, it was a traceback that left the output behind
+        logs = (config.output if output is None else output()) / "workers"
         logs.mkdir(exist_ok=True)
         specs = [ToolSpec(name) for name in BUILTIN_TOOLS]
         for src in scan.tools.values():

@@ -31,7 +31,7 @@ from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.lines import json_line
 from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions
-from asyncroll.outputs.rundir import ExportStop, open_run_files
+from asyncroll.outputs.rundir import ExportStop, RunDirectory, open_run_files
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
@@ -108,8 +108,9 @@ class Run:
         self.clock = clock
         self.out = prepared.config.output
         self._sha256: dict[Path, str] = {}
+        self._files: RunDirectory | None = None  # once execute has opened them
         self._factory = worker_factory or process_worker_factory(
-            prepared.config, prepared.scan, self._tool_sha256
+            prepared.config, prepared.scan, self._tool_sha256, self._output
         )
         self._backend = backend or default_backend(prepared.config, clock)
         self._subscribers = subscribers
@@ -122,6 +123,10 @@ class Run:
         self._model_capacity = model_capacity
         self._record = record
         self._ranges = ranges  # NVTX ranges; None: real ones with --nvtx, else no-ops
+
+    def _output(self) -> Path:
+        """The run's directory where it is now (it may have been moved while the run ran)."""
+        return self.out if self._files is None or self._files.out is None else self._files.here()
 
     def _tool_sha256(self, path: Path) -> str:
         """A tool file's SHA-256, read once: what run.json records is what every worker checks."""
@@ -183,6 +188,7 @@ class Run:
             files, events = open_run_files(out, self._receipt_body(), clock, transcripts=cfg.transcripts)
         except OutputWriteError as exc:  # no room for the run's files: nothing has started
             return RunOutcome("failed", exit_code("failed"), None, str(exc))
+        self._files = files
         summary = SummaryBuilder()
         events.subscribe(summary)
         for subscriber in self._subscribers:
