@@ -246,6 +246,19 @@ def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tm
     assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → completed": 1}
 
 
+def test_endings_changed_by_a_replays_own_settings_are_put_down_to_them(
+    two_tools: Path, tmp_path: Path
+) -> None:
+    """A replay with a lower --max-turns ends the run's completed trajectories at max_turns. The warning
+    put that down to a model error, a tool error or a worker death that the script could not replay, of
+    which the run had none: it now names the setting that changed, the run's value beside it."""
+    result = simulate_here("--from-run", two_tools, "--output", tmp_path / "replay", "--max-turns", "2")
+    assert result.exit_code == 0, result.output
+    assert "2 trajectories ended otherwise than in the run (2 completed → max_turns)" in result.stderr
+    assert "the replay's --max-turns 2 (the run's: 8) changed where they end" in result.stderr
+    assert "worker death" not in result.stderr
+
+
 def test_a_replay_refused_for_its_workload_names_the_runs_workload_lines(tmp_path: Path) -> None:
     """A tool file gone since the run refused the replay with lines of OUT/replay-workload.jsonl, a file
     removed with the refused output: the error now names the run's own workload, file and line."""

@@ -22,6 +22,7 @@ from asyncroll.commands.simulate_flags import (
     sweep_jobs,
     warn_replay,
     warn_unread,
+    why_ended_otherwise,
 )
 from asyncroll.json_depth import json_loads
 
@@ -409,12 +410,10 @@ def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         )
     if changes:
         counts = ", ".join(f"{n} {change}" for change, n in sorted(changes.items()))
-        typer.echo(
-            f"warning: {sum(changes.values())} trajectories ended otherwise than in the run ({counts}): a "
-            "model error, a tool error or a worker death cannot fail a replayed script, so their turns "
-            "after it took the script's timings",
-            err=True,
-        )
+        run = json_loads((run_dir / "run.json").read_text(encoding="utf-8"))["config"]
+        why = why_ended_otherwise(changes, run, receipt["config"])
+        n = sum(changes.values())
+        typer.echo(f"warning: {n} trajectories ended otherwise than in the run ({counts}): {why}", err=True)
 
 
 def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:

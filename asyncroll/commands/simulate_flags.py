@@ -108,6 +108,37 @@ def warn_replay(derived: DerivedRun, from_run: Path, *, policy_given: bool) -> N
         )
 
 
+#: The settings a replay may change that decide where a trajectory ends (config field → flag).
+ENDING_SETTINGS = {
+    "max_turns": "--max-turns",
+    "tool_timeout": "--tool-timeout",
+    "tool_errors": "--tool-errors",
+}
+
+
+def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], replay: Mapping[str, Any]) -> str:
+    """Why a replay's trajectories ended otherwise than the run's (``changes``: ``"recorded → replayed"``
+    counts; ``run``, ``replay``: the two configs): the ending settings the replay changed, named with the
+    run's values, and, where the run failed a trajectory, that a script cannot fail on a model error, a
+    tool error or a worker death."""
+
+    def shown(value: object) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    changed = [
+        f"{flag} {shown(replay[key])} (the run's: {shown(run[key])})"
+        for key, flag in ENDING_SETTINGS.items()
+        if key in run and run[key] != replay[key]
+    ]
+    why = [f"the replay's {', '.join(changed)} changed where they end"] if changed else []
+    if not changed or any(change.startswith("failed →") for change in changes):
+        why.append(
+            "a model error, a tool error or a worker death cannot fail a replayed script, so their turns "
+            "after it took the script's timings"
+        )
+    return "; ".join(why)
+
+
 def refuse_single_run_forms(flags: Mapping[str, tuple[object, str]]) -> None:
     """A sweep takes its policies and limits from its list flags; a single-run form would be ignored."""
     from asyncroll.errors import UsageError
