@@ -182,6 +182,20 @@ def test_pressure_flags_unread_by_the_policy_are_named(tmp_path: Path) -> None:
     assert replay.exit_code == 0 and "has no effect" not in replay.stderr  # aging 1 was the recorded run's
 
 
+def test_sync_says_an_active_limit_has_no_effect_as_run_does(tmp_path: Path) -> None:
+    """``run --policy sync --max-active-trajectories 8`` warns that the limit has no effect (sync runs one
+    trajectory at a time); ``simulate`` ran the same settings without a word."""
+    args = ("--workload", SMOKE, "--policy", "sync")
+    given = simulate_here(*args, "--output", tmp_path / "a", "--max-active-trajectories", "8")
+    assert given.exit_code == 0, given.output
+    assert (
+        "warning: --policy sync runs one trajectory at a time: --max-active-trajectories 8 has no effect"
+        in (given.stderr)
+    )
+    plain = simulate_here(*args, "--output", tmp_path / "b")
+    assert plain.exit_code == 0 and "no effect" not in plain.stderr
+
+
 def test_gpu_first_warns_and_two_names_of_one_policy_are_refused_in_a_sweep(tmp_path: Path) -> None:
     single = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--policy", "gpu_first")
     assert single.exit_code == 0 and "--policy gpu_first is a deprecated alias of tool_first" in single.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,17 @@ POLICY_HELP = (
     "pressure-aware policy: asyncroll_repair); for comparison: asyncroll_chain, asyncroll_critical, "
     "asyncroll_balanced, asyncroll_unlock, asyncroll_seed, asyncroll_guarded"
 )
+
+
+def warn_sync_active(policy: str, given: Iterable[str], active: int) -> None:
+    """``--policy sync`` runs one trajectory at a time: an active limit given above 1 is said to do
+    nothing (run.json's ``config.limits`` records the 1 in effect)."""
+    if policy == "sync" and "max_active_trajectories" in given and active > 1:
+        typer.echo(
+            f"warning: --policy sync runs one trajectory at a time: --max-active-trajectories {active} has "
+            "no effect",
+            err=True,
+        )
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, warn_exports, warn_moved
+from asyncroll.commands.common import (
+    POLICY_HELP,
+    Opt,
+    fail,
+    print_summary,
+    warn_exports,
+    warn_moved,
+    warn_sync_active,
+)
 
 
 def run(
@@ -230,12 +238,7 @@ def run(
         raise fail(str(exc), exc.exit_code) from None
     if cfg.policy == "gpu_first":
         typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
-    if cfg.policy == "sync" and "max_active_trajectories" in values and cfg.max_active_trajectories > 1:
-        typer.echo(
-            f"warning: --policy sync runs one trajectory at a time: --max-active-trajectories "
-            f"{cfg.max_active_trajectories} has no effect",
-            err=True,
-        )
+    warn_sync_active(cfg.policy, values, cfg.max_active_trajectories)
     from asyncroll.policies.registry import unread_pressure_flags
 
     for flag in unread_pressure_flags(values, [cfg.policy]):

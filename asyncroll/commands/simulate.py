@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from asyncroll.commands.common import POLICY_HELP, Opt, fail, print_summary, say, warn_exports, warn_moved
+from asyncroll.commands.common import (
+    POLICY_HELP,
+    Opt,
+    fail,
+    print_summary,
+    say,
+    warn_exports,
+    warn_moved,
+    warn_sync_active,
+)
 from asyncroll.commands.simulate_flags import (
     DEFAULT_JITTER,
     SIMULATE_ONLY,
@@ -283,6 +292,7 @@ def simulate(
         cap_simulated_workers([cfg.cpu_workers], origins.get("cpu_workers", "--cpu-workers"))  # replays too
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
+        warn_sync_active(cfg.policy, given, cfg.max_active_trajectories)
         warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
         if derived is not None and from_run is not None:
             warn_replay(derived, from_run, policy_given="policy" in given)
