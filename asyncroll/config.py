@@ -171,8 +171,10 @@ class RunConfig(BaseModel):
                 problems.append(f"--api-key-env {self.api_key_env}: {key_problem}")
         if "metrics_host" in self.model_fields_set and self.metrics_port is None:
             problems.append("--metrics-host only applies with --metrics-port")
-        if not self.telemetry and (self.metrics_url or self.nvml_device is not None):
-            problems.append("--no-telemetry conflicts with --metrics-url/--nvml-device")
+        sources = {"--metrics-url": self.metrics_url, "--nvml-device": self.nvml_device}
+        asked = [flag for flag, value in sources.items() if value is not None and value != ""]
+        if not self.telemetry and asked:
+            problems.append(f"--no-telemetry conflicts with {', '.join(asked)}")
         for flag, url in (("--endpoint", self.endpoint), ("--metrics-url", self.metrics_url)):
             problem = None if url is None else http_url_problem(url)
             if url is not None and problem is not None:
@@ -360,8 +362,8 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
         msg = msg.removeprefix("Value error, ")
     if not loc:  # a check across settings: its message names them as flags
         for key, origin in origins.items():
-            flag = "--" + key.replace("_", "-")
-            found = re.search(rf"{re.escape(flag)}(?![\w-])", msg)
+            name = key.replace("_", "-")  # a switch turned off is named as its --no- form
+            found = re.search(rf"--(?:no-)?{re.escape(name)}(?![\w-])", msg)
             if found is not None:  # the first mention says where the value came from
                 msg = f"{msg[: found.end()]} ({origin}){msg[found.end() :]}"
         return msg

@@ -95,6 +95,23 @@ def test_a_check_across_settings_names_those_read_from_the_config_file(
     assert f"--config {config}: settings 'cpu-workers' and 'cpu_workers' are the same setting" in twice.stderr
 
 
+def test_a_switch_turned_off_in_a_config_file_is_named_as_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``telemetry = false`` in a config file and ``--metrics-url`` given: the refusal blamed a
+    ``--no-telemetry`` the user never typed, and named --nvml-device, which nobody gave."""
+    config = tmp_path / "run.toml"
+    config.write_text("telemetry = false\n")
+    args = ("--config", config, "--workload", SMOKE, "--metrics-url", "http://127.0.0.1:1/metrics")
+    result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r")
+    assert result.exit_code == 2 and not seen
+    assert (
+        f"--no-telemetry (--config {config}: setting 'telemetry') conflicts with --metrics-url"
+        in result.stderr
+    )
+    assert "--nvml-device" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
