@@ -88,6 +88,23 @@ def test_a_config_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path
     refused(invoke("experiment", "plan", "--config", path), "seed", "dedicated_gpu", "max_tokens")
 
 
+def test_a_gate_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path: Path) -> None:
+    """A gate's threshold was read laxly: ``"value": "3"`` as 3 and ``"value": true`` as 1, so a quoted or
+    mistyped threshold judged a stage silently. It is a number, as every other number of the config."""
+    for value in ("3", True):
+        gates = [{"metric": "counts.completed", "op": ">=", "value": value}]
+        path = write_config(tmp_path, stages={"qualification": {"arms": ["fifo"], "gates": gates}}, pairs=1)
+        with pytest.raises(UsageError, match=r"stages\.qualification\.gates\.0\.value: Input should be"):
+            load_experiment_config(path)
+        refused(invoke("experiment", "plan", "--config", path), str(path), "gates.0.value")
+    gates = [
+        {"metric": "counts.completed", "op": ">=", "value": 3},
+        {"metric": "accuracy.exact", "op": ">=", "value": 0.5},
+    ]
+    path = write_config(tmp_path, stages={"qualification": {"arms": ["fifo"], "gates": gates}}, pairs=1)
+    assert [g.value for g in load_experiment_config(path).stages.qualification.gates] == [3, 0.5]  # type: ignore[union-attr]
+
+
 def test_a_config_key_given_twice_is_refused_not_last_wins(tmp_path: Path) -> None:
     path = tmp_path / "dup.json"
     path.write_text(config_text(tmp_path).replace('"pairs": 1', '"pairs": 2, "pairs": 7', 1))

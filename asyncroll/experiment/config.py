@@ -243,7 +243,7 @@ class Gate(_Strict):
 
     metric: str = Field(min_length=1, description="Dotted path into summary.json, e.g. counts.completed.")
     op: GateOp
-    value: float
+    value: Float
     arm: str | None = None
 
     @field_validator("metric")
