@@ -346,6 +346,25 @@ def config_file_origins(path: Path, spelled: Mapping[str, str], keys: Iterable[s
     return {key: f"--config {path}: setting {spelled.get(key, key)!r}" for key in keys}
 
 
+def config_file_paths_missing(config: Path, cfg: RunConfig, origins: Mapping[str, str]) -> list[str]:
+    """A relative ``workload`` or ``tool_root`` read from the config file ``config`` that is not found
+    from the current directory, where it is taken from (as a flag's): each named with its setting, and
+    with a hint where the file's folder holds it (an experiment config's paths are taken from there)."""
+    out: list[str] = []
+    for key in ("workload", "tool_root"):
+        path: Path | None = getattr(cfg, key)
+        if key not in origins or path is None or path.is_absolute() or os.path.lexists(path):
+            continue
+        hint = ""
+        if os.path.lexists(config.parent / path):
+            hint = f"; relative to the config file's folder it is {config.parent / path}: write that path"
+        out.append(
+            f"{origins[key]}: {str(path)!r} not found from the current directory {Path.cwd()} (a relative "
+            f"path in a config file is taken from there, as a flag's is){hint}"
+        )
+    return out
+
+
 def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = None) -> RunConfig:
     """Validate settings into a RunConfig, turning every problem into one clear line. ``origins`` names
     where a setting came from when that was not a flag (``--config FILE: setting 'polcy'``)."""

@@ -172,3 +172,31 @@ def test_a_lone_surrogate_in_a_config_file_is_refused_naming_file_and_setting(
         )
         assert result.exit_code == 2 and not seen
         assert f"--config {config}: {where}: not valid Unicode: a lone UTF-16 surrogate" in result.stderr
+
+
+def test_a_relative_path_of_a_config_file_that_is_not_there_names_the_file_and_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative ``workload`` or ``tool_root`` of a config file is taken from the current directory (as
+    an experiment config's is not: it takes its file's folder). Written relative to the file, it was
+    refused as ``error: ../w.jsonl: cannot read: No such file or directory``, naming neither the file,
+    the setting nor where it was looked for."""
+    (tmp_path / "w.jsonl").write_bytes(SMOKE.read_bytes())
+    (tmp_path / "tools").mkdir()
+    folder, elsewhere = tmp_path / "cfg", tmp_path / "a" / "b"
+    folder.mkdir()
+    elsewhere.mkdir(parents=True)
+    config = folder / "run.toml"
+    config.write_text('workload = "../w.jsonl"\ntool-root = "../tools"\n')
+    monkeypatch.chdir(elsewhere)
+    result, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "r")
+    assert result.exit_code == 2 and not seen
+    for key in ("workload", "tool-root"):
+        assert f"--config {config}: setting '{key}': '../" in result.stderr, result.stderr
+    assert f"not found from the current directory {elsewhere}" in result.stderr
+    assert "relative to the config file's folder" in result.stderr  # where it is: said so
+    assert not (tmp_path / "r").exists()
+    monkeypatch.chdir(folder)  # from the folder they were written for, they are found
+    ok, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "r")
+    assert ok.exit_code == 0, ok.stderr
+    assert seen[0].workload == Path("../w.jsonl")

@@ -212,7 +212,12 @@ def run(
     flags.pop("endpoint", None)
     if endpoint:
         flags["endpoint"] = endpoint[0]
-    from asyncroll.config import build_config, config_file_origins, load_config_file
+    from asyncroll.config import (
+        build_config,
+        config_file_origins,
+        config_file_paths_missing,
+        load_config_file,
+    )
     from asyncroll.errors import UsageError
 
     if "gpu_slots" in flags:
@@ -234,6 +239,9 @@ def run(
         if missing:
             raise UsageError(f"missing required option(s): {', '.join(missing)}")
         cfg = build_config(values, origins)
+        not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
+        if not_found:
+            raise UsageError("\n".join(not_found))
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
     if cfg.policy == "gpu_first":
