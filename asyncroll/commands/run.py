@@ -98,8 +98,10 @@ def run(
     aging_weight: Annotated[
         float | None, Opt(help="Soft aging weight for the pressure policy (0.02).")
     ] = None,
-    nvtx: Annotated[bool | None, Opt("--nvtx", help="Emit NVTX ranges.")] = None,
-    dedicated_gpu: Annotated[bool | None, Opt("--dedicated-gpu", help="Declare one dedicated GPU.")] = None,
+    nvtx: Annotated[bool | None, Opt("--nvtx/--no-nvtx", help="Emit NVTX ranges.")] = None,
+    dedicated_gpu: Annotated[
+        bool | None, Opt("--dedicated-gpu/--no-dedicated-gpu", help="Declare one dedicated GPU.")
+    ] = None,
     progress: Annotated[
         bool | None,
         Opt(
@@ -127,7 +129,7 @@ def run(
     transcripts: Annotated[
         bool | None,
         Opt(
-            "--transcripts",
+            "--transcripts/--no-transcripts",
             help="Also write transcripts.jsonl: each ended trajectory's conversation (prompt, each reply's "
             "text and action, tool results and repair messages as the model saw them); off: it is large.",
         ),
@@ -135,7 +137,7 @@ def run(
     allow_weak_isolation: Annotated[
         bool | None,
         Opt(
-            "--allow-weak-isolation",
+            "--allow-weak-isolation/--no-allow-weak-isolation",
             help="Run untrusted code (lcb_evaluate) even when a sandbox layer is missing (recorded).",
         ),
     ] = None,
@@ -160,7 +162,7 @@ def run(
     replay: Annotated[
         bool | None,
         Opt(
-            "--replay",
+            "--replay/--no-replay",
             help="HTTP backends: actions from the workload script; the server decodes each action's "
             "output_tokens (else --max-tokens).",
         ),
