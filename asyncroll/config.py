@@ -29,6 +29,7 @@ from asyncroll.evaluator.budget import (
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
+from asyncroll.setting_names import unknown_setting
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -58,6 +59,8 @@ ServerKind = Literal["vllm", "sglang", "transformers", "generic"]
 #: clear message, so that no flag pretends to work.
 AVAILABLE_BACKENDS = ("scripted", "vllm", "openai")
 DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
+#: Settings by a deprecated flag's name (``--gpu-slots``): a config file that spells one is told the name.
+ALIASES = {"gpu_slots": "max_inflight_model_requests"}
 #: At most this many worker *processes* (``asyncroll run``; simulated ones: below): each holds
 #: tens of MB, and 100,000 were once accepted until the kernel's OOM killer ended the run.
 MAX_PROCESS_WORKERS = 1024
@@ -334,6 +337,11 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     spelled: dict[str, str] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        if isinstance(value, dict):  # a TOML table, a JSON object: no setting is one
+            raise UsageError(
+                f"--config {path}: setting {key!r}: a group of settings, not a value: a run's settings are "
+                "the file's top-level keys, in no section"
+            )
         if name in spelled:
             raise UsageError(f"--config {path}: settings {spelled[name]!r} and {key!r} are the same setting")
         values[name], spelled[name] = value, str(key)
@@ -388,5 +396,5 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
         return msg
     where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":
-        return f"{where}: unknown setting"
+        return f"{where}: {unknown_setting(loc[0], RunConfig.model_fields, aliases=ALIASES)}"
     return f"{where}: {msg}"

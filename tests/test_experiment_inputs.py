@@ -105,6 +105,20 @@ def test_a_gate_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path: 
     assert [g.value for g in load_experiment_config(path).stages.qualification.gates] == [3, 0.5]  # type: ignore[union-attr]
 
 
+def test_a_setting_in_the_wrong_section_or_misspelled_says_what_was_meant(tmp_path: Path) -> None:
+    """``"cpu_workers"`` at the top level (it is ``client.cpu_workers``) or ``client.max_active`` were
+    refused as "Extra inputs are not permitted", which says neither that the key is unknown nor where it
+    belongs."""
+    path = write_config(tmp_path, stages={}, pairs=1, cpu_workers=4, **{"client.max_active_trajectory": 4})
+    with pytest.raises(UsageError) as info:
+        load_experiment_config(path)
+    said = str(info.value)
+    assert f"{path}: cpu_workers: unknown setting (a setting of client: client.cpu_workers)" in said, said
+    assert f"{path}: client.max_active_trajectory: unknown setting (did you mean " in said, said
+    assert "'max_active_trajectories'?)" in said and "Extra inputs" not in said
+    refused(invoke("experiment", "plan", "--config", path), "client.cpu_workers")
+
+
 def test_a_config_key_given_twice_is_refused_not_last_wins(tmp_path: Path) -> None:
     path = tmp_path / "dup.json"
     path.write_text(config_text(tmp_path).replace('"pairs": 1', '"pairs": 2, "pairs": 7', 1))

@@ -222,3 +222,26 @@ def test_a_switch_a_config_file_turns_on_can_be_turned_off_by_a_flag(
     )
     assert on.exit_code == 0, on.output
     assert seen[0].transcripts is True
+
+
+def test_a_misspelled_or_grouped_setting_of_a_config_file_says_what_was_meant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``polcy``, ``gpu-slots`` (the deprecated flag's name) and a ``[run]`` table of settings were each
+    refused as "unknown setting", nothing more: the run's settings are the file's top-level keys."""
+    config = tmp_path / "run.toml"
+    config.write_text('polcy = "fifo"\ngpu-slots = 2\nmax_active_trajectory = 4\n')
+    args = ("--config", config, "--workload", SMOKE, "--output", tmp_path / "r")
+    result, seen = run_in_process(monkeypatch, *args)
+    assert result.exit_code == 2 and not seen
+    for key, meant in (
+        ("polcy", "policy"),
+        ("gpu-slots", "max_inflight_model_requests"),
+        ("max_active_trajectory", "max_active_trajectories"),
+    ):
+        assert f"setting {key!r}: unknown setting (did you mean {meant!r}?)" in result.stderr, result.stderr
+    config.write_text('[run]\ncpu_workers = 2\npolicy = "fifo"\n')
+    grouped, seen = run_in_process(monkeypatch, *args)
+    assert grouped.exit_code == 2 and not seen
+    assert f"--config {config}: setting 'run': " in grouped.stderr
+    assert "settings are the file's top-level keys, in no section" in grouped.stderr

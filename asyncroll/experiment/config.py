@@ -24,6 +24,7 @@ from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 from asyncroll.json_depth import TOO_DEEP, json_loads
 from asyncroll.locale_names import OsPath, OsStr
+from asyncroll.setting_names import unknown_setting
 
 #: Placeholders every server command template may use; ``server.vars`` adds more.
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
@@ -364,6 +365,16 @@ class ExperimentConfig(_Strict):
         return next(a for a in self.arms if a.name == name)
 
 
+#: The sections of a config holding settings, each with its settings' names (for an unknown key's hint).
+SECTIONS: dict[str, type[_Strict]] = {
+    "server": ServerSpec,
+    "model": ModelSpec,
+    "workload": WorkloadSpec,
+    "client": ClientSpec,
+    "gpu": GpuSpec,
+}
+
+
 def read_json_file(path: Path) -> Any:
     """The JSON value in ``path``, or a UsageError that names the file: unreadable, not UTF-8, not JSON,
     a key given twice in one object (``json`` would keep the last silently), an integer past Python's
@@ -424,5 +435,11 @@ def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) 
         lines = []
         for err in exc.errors(include_url=False):
             where = ".".join(str(p) for p in err["loc"]) or "config"
-            lines.append(f"{path}: {where}: {str(err['msg']).removeprefix('Value error, ')}")
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":  # where it belongs, or what it may be a misspelling of
+                here, _, key = where.rpartition(".")
+                spec = SECTIONS.get(here, None if here else ExperimentConfig)  # arms, stages: no hint
+                others = {name: other.model_fields for name, other in SECTIONS.items() if name != here}
+                msg = unknown_setting(key, spec.model_fields if spec else (), others)
+            lines.append(f"{path}: {where}: {msg}")
         raise UsageError("\n".join(lines)) from None
