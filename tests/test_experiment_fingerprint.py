@@ -94,6 +94,23 @@ def test_a_resume_from_another_folder_with_relative_model_and_server_paths_is_re
     assert from_a["detail"]["paths"] == {}
 
 
+def test_a_resume_with_an_edited_config_is_refused_naming_the_settings_that_changed(tmp_path: Path) -> None:
+    """A config edited between the start and a ``--resume`` was refused as ``config: 1a2b3c4d5e6f →
+    9f8e7d6c5b4a``: two hashes, and nothing to say which of its settings to put back."""
+    from asyncroll.experiment.fingerprint import FingerprintMismatch, fingerprint, require_same
+
+    started = fingerprint(lean(tmp_path), "0" * 64, {})
+    edited = lean(tmp_path, **{"client.max_turns": 6, "pairs": 2, "description": "edited"})
+    with pytest.raises(FingerprintMismatch) as refused:
+        require_same(started, fingerprint(edited, "0" * 64, {}), "resume")
+    said = str(refused.value)
+    assert "config: client.max_turns 4 → 6, description " in said, said
+    assert "pairs 1 → 2" in said, said
+    old = {**started, "detail": {k: v for k, v in started["detail"].items() if k != "config"}}
+    with pytest.raises(FingerprintMismatch, match=r"config: [0-9a-f]{12} → [0-9a-f]{12}"):
+        require_same(old, fingerprint(edited, "0" * 64, {}), "resume")  # a receipt without it: the hashes
+
+
 def _git(cwd: Path, *args: str) -> str:
     done = subprocess.run(
         ["git", "-c", "user.email=qa@example.invalid", "-c", "user.name=qa", *args],

@@ -111,14 +111,26 @@ def resolved_paths(cfg: ExperimentConfig) -> dict[str, str]:
     return out
 
 
+def _settings(data: Any, prefix: str = "") -> dict[str, str]:
+    """A config's settings by dotted name (``client.max_turns``), each value as JSON text: what a refusal
+    names when the config changed."""
+    if not isinstance(data, dict) or not data:
+        return {prefix: json.dumps(data, sort_keys=True)}
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        out.update(_settings(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
 def fingerprint(cfg: ExperimentConfig, workload_sha256: str, tools: dict[str, Path | None]) -> dict[str, Any]:
     """Every component with its own hash, and ``sha256`` over all of them."""
     tool_hashes = {key: None if path is None else file_sha256(path) for key, path in sorted(tools.items())}
     software = versions()
     code = code_version()
     paths = resolved_paths(cfg)
+    config = cfg.model_dump(mode="json")
     components = {
-        "config": _sha(cfg.model_dump(mode="json")),
+        "config": _sha(config),
         "workload": workload_sha256,
         "tools": _sha(tool_hashes),
         "code": _sha({key: code[key] for key in CODE_HASHED}),
@@ -128,7 +140,13 @@ def fingerprint(cfg: ExperimentConfig, workload_sha256: str, tools: dict[str, Pa
     return {
         "sha256": _sha(components),
         "components": components,
-        "detail": {"tools": tool_hashes, "code": code, "software": software, "paths": paths},
+        "detail": {
+            "tools": tool_hashes,
+            "code": code,
+            "software": software,
+            "paths": paths,
+            "config": _settings(config),  # not hashed again: named in a refusal
+        },
     }
 
 
@@ -146,8 +164,11 @@ def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -
     old, new = recorded.get("components", {}), current.get("components", {})
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     detail = []
+    named = ["code", "software", "tools", "paths"]
+    if "config" in recorded.get("detail", {}):  # an experiment started before it was recorded: hashes
+        named.append("config")
     for key in changed:
-        if key in ("code", "software", "tools", "paths"):
+        if key in named:
             before, after = recorded.get("detail", {}).get(key) or {}, current["detail"].get(key) or {}
             diff = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))}
             parts = [f"{k} {_short(b)} → {_short(a)}" for k, (b, a) in diff.items() if b != a]
