@@ -92,7 +92,7 @@ def test_a_gate_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path: 
     """A gate's threshold was read laxly: ``"value": "3"`` as 3 and ``"value": true`` as 1, so a quoted or
     mistyped threshold judged a stage silently. It is a number, as every other number of the config."""
     for value in ("3", True):
-        gates = [{"metric": "counts.completed", "op": ">=", "value": value}]
+        gates: list[dict[str, Any]] = [{"metric": "counts.completed", "op": ">=", "value": value}]
         path = write_config(tmp_path, stages={"qualification": {"arms": ["fifo"], "gates": gates}}, pairs=1)
         with pytest.raises(UsageError, match=r"stages\.qualification\.gates\.0\.value: Input should be"):
             load_experiment_config(path)
@@ -102,7 +102,8 @@ def test_a_gate_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path: 
         {"metric": "accuracy.exact", "op": ">=", "value": 0.5},
     ]
     path = write_config(tmp_path, stages={"qualification": {"arms": ["fifo"], "gates": gates}}, pairs=1)
-    assert [g.value for g in load_experiment_config(path).stages.qualification.gates] == [3, 0.5]  # type: ignore[union-attr]
+    stage = load_experiment_config(path).stages.qualification
+    assert stage is not None and [g.value for g in stage.gates] == [3, 0.5]
 
 
 def test_a_setting_in_the_wrong_section_or_misspelled_says_what_was_meant(tmp_path: Path) -> None:

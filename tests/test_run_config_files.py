@@ -205,14 +205,24 @@ def test_a_relative_path_of_a_config_file_that_is_not_there_names_the_file_and_t
 def test_a_switch_a_config_file_turns_on_can_be_turned_off_by_a_flag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ "Flags override" the file, but ``--transcripts``, ``--dedicated-gpu``, ``--nvtx``,
+    """Flags override the file, but ``--transcripts``, ``--dedicated-gpu``, ``--nvtx``,
     ``--allow-weak-isolation`` and ``--replay`` had no ``--no-`` form: a file's ``true`` could not be
     overridden at all (click: "No such option: --no-transcripts")."""
     switches = ("transcripts", "dedicated_gpu", "nvtx", "allow_weak_isolation", "replay")
     config = tmp_path / "run.toml"
     config.write_text("".join(f"{name} = true\n" for name in switches))
     off = ["--no-" + name.replace("_", "-") for name in switches]
-    args = ("--config", config, "--workload", SMOKE, "--backend", "vllm", "--model", "m", *off)
+    args: tuple[str | Path, ...] = (
+        "--config",
+        config,
+        "--workload",
+        SMOKE,
+        "--backend",
+        "vllm",
+        "--model",
+        "m",
+    )
+    args += tuple(off)
     result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r")
     assert result.exit_code == 0, result.output
     assert [getattr(seen[0], name) for name in switches] == [False] * len(switches)
