@@ -220,7 +220,8 @@ class SummaryBuilder:
 
     def _cpu_finished(self, event: CpuFinished) -> None:
         predicted = self._predicted.pop(event.job_id, None)
-        if predicted is not None and event.ok and event.execute_s > 0:
+        # no grade job: predicted at the floor, run in µs (0 s simulated: no log), they would only raise r
+        if predicted is not None and event.ok and event.execute_s > 0 and event.kind != "grade":
             log_pred, log_actual = math.log(predicted[0]), math.log(event.execute_s)
             for key in ("all", "repairs" if predicted[1] else "first"):
                 self.pairs[key][0].append(log_pred)
