@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -93,14 +94,26 @@ def state(pid: int) -> tuple[str, int, int] | None:
         return None
 
 
+#: A process in the middle of an ``exec`` (just spawned, or a shell exec'ing the server it wraps) shows an
+#: empty environment for a moment: a child read right after its spawn was found without its origin
+#: one time in six. An empty read is tried again for up to this many seconds.
+EXEC_WINDOW_S = 0.2
+
+
 def environ(pid: int) -> dict[str, str] | None:
     """The environment ``pid`` started with (what its ancestors passed on), or ``None`` where it cannot be
-    read: gone, a zombie, or another user's."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as env:
-            data = env.read()
-    except OSError:
-        return None
+    read: gone, a zombie, or another user's. An empty one is read again through :data:`EXEC_WINDOW_S`
+    (an ``exec`` under way), so only a process that really has none costs that wait."""
+    deadline = time.monotonic() + EXEC_WINDOW_S
+    while True:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as env:
+                data = env.read()
+        except OSError:
+            return None
+        if data or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)
     pairs = (item.partition(b"=") for item in data.split(b"\0") if item)
     return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
 

@@ -172,3 +172,25 @@ def test_the_sweep_never_kills_the_group_of_a_process_that_reuses_a_recorded_pid
         with contextlib.suppress(ProcessLookupError):
             os.killpg(innocent.pid, signal.SIGKILL)
         innocent.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_process_looked_at_while_it_execs_still_carries_its_origin() -> None:
+    """A process shows an empty environment for a moment while it execs (just spawned, or a shell exec'ing
+    the server it wraps): read right after its spawn, one time in six it carried no origin, so a stop that
+    came then (a Ctrl-C cut its spawn short) did not find it and left it running, holding the GPU. The
+    flaky ``test_a_signal_while_a_process_is_spawned_still_stops_it[client]`` was this."""
+    import subprocess
+
+    from asyncroll.experiment.orphans import ORIGIN_ENV, origin_of
+
+    env = {**os.environ, ORIGIN_ENV: "server:0"}
+    missed = 0
+    for _ in range(40):
+        proc = subprocess.Popen(["sh", "-c", "sleep 30", "origin-test"], env=env, start_new_session=True)
+        try:
+            missed += origin_of(proc.pid) != "server:0"  # at once: its exec may still be under way
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the shell and its sleep (forked, where it does not exec)
+            proc.wait(10)
+    assert missed == 0
