@@ -19,7 +19,7 @@ The server and the client share the machine's cores, so on a small machine the t
 measure both processes' CPU, not the network. The model gate (one limiter + three events per request) is
 not in this loop; ``bench/overhead.py`` measures it.
 
-Run: ``python -m bench.client [--repeats 5] [--requests 400] [--sequential 300]``.
+Run: ``python -m bench.client [--repeats 5] [--requests 400] [--sequential 300] [--json NEW_FILE]``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +41,7 @@ from asyncroll.backends.base import ModelRequest
 from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.clock import SystemClock
 from asyncroll.http_proxy import client_settings
+from asyncroll.outputs import result_file
 from asyncroll.workload import Problem
 from bench.common import machine, number_arg, quantiles
 
@@ -158,10 +160,13 @@ def main() -> None:
         default=300,
         help="requests per sequential measurement",
     )
-    parser.add_argument("--json", help="also write the raw figures to this file")
+    parser.add_argument("--json", type=Path, help="also write the raw figures to this new file")
     args = parser.parse_args()
+    if args.json is not None and (why := result_file.refusal(args.json, "--json")):
+        parser.error(why)  # checked before measuring, never overwritten
     proc, url = start_server()
-    raw: dict[str, Any] = {"machine": machine(), "args": vars(args), "sequential": [], "throughput": {}}
+    settings = {**vars(args), "json": None if args.json is None else str(args.json)}
+    raw: dict[str, Any] = {"machine": machine(), "args": settings, "sequential": [], "throughput": {}}
     try:
         raw["in_process_us"] = [in_process(2000) for _ in range(args.repeats)]
         for _ in range(args.repeats):
@@ -204,9 +209,12 @@ def main() -> None:
     for inflight, values in raw["throughput"].items():
         lo, mid, hi = quantiles(values)
         print(f"| {inflight} | {lo:.0f} | {mid:.0f} | {hi:.0f} |")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(raw, handle, indent=2)
+    if args.json is not None:
+        unwritten = result_file.write_new(args.json, json.dumps(raw, indent=2) + "\n", "--json")
+        if unwritten is not None:  # it appeared meanwhile, or the disk is full: the figures go to stdout
+            print(unwritten, file=sys.stderr)
+            print(json.dumps(raw, indent=2))
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import httpx
 
 from asyncroll.backends.exchange import MAX_RESPONSE_BYTES
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+from asyncroll.outputs import result_file
 from asyncroll.outputs.receipt import cpu_model
 
 
@@ -205,21 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
-    if args.output is not None:  # checked before minutes of measuring, never overwritten
-        if os.path.lexists(args.output):
-            parser.error(f"--output {args.output} already exists; choose a new file")
-        if not args.output.absolute().parent.is_dir():
-            parser.error(f"--output {args.output}: its folder does not exist")
+    if args.output is not None and (why := result_file.refusal(args.output, "--output")):
+        parser.error(why)  # checked before minutes of measuring, never overwritten
     result = asyncio.run(measure(args))
     unwritten = None
-    if args.output:
-        try:
-            with args.output.open("x", encoding="utf-8") as handle:
-                handle.write(json.dumps(result, indent=2) + "\n")
-        except OSError as exc:  # it appeared meanwhile, or the disk is full: the JSON goes to stdout below
-            unwritten = (
-                f"error: --output {args.output}: cannot write ({exc.strerror or exc}); the result follows"
-            )
+    if args.output:  # one that appeared meanwhile, or a full disk: the JSON goes to stdout below
+        unwritten = result_file.write_new(args.output, json.dumps(result, indent=2) + "\n", "--output")
     s = result["summary"]
     host, pkgs = result["machine"], result["versions"]
     print(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +148,75 @@ def test_the_knobs_bench_prints_each_cell_with_its_spread_over_seeds() -> None:
 
     assert cell_text([0.036, -0.002, 0.043]) == "-0.2% / +3.6% / +4.3%"
     assert cell_text([0.0, 0.0, 0.0]) == "+0.0% / +0.0% / +0.0%"
+
+
+class _Stopped:
+    """A stand-in for the serve-sim process bench.client starts: already stopped, nothing to read."""
+
+    stdout = None
+
+    def terminate(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def poll(self) -> int:
+        return 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["existing", "no_parent", "a_directory"])
+def test_the_client_bench_checks_its_json_file_before_starting_the_server(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench.client --json`` was opened with "w" after every repeat: an existing file was overwritten,
+    and a missing folder or a directory lost a minute of measuring to a traceback at the very end."""
+    from bench import client
+
+    def start_server() -> Any:
+        raise AssertionError("the server started before --json was checked")
+
+    monkeypatch.setattr(client, "start_server", start_server)
+    output = {"existing": tmp_path / "r.json", "no_parent": tmp_path / "no" / "r.json"}.get(where, tmp_path)
+    if where == "existing":
+        output.write_text("an earlier result\n")
+    monkeypatch.setattr(sys, "argv", ["client", "--repeats", "1", "--json", str(output)])
+    with pytest.raises(SystemExit) as exit_info:
+        client.main()
+    assert exit_info.value.code == 2 and f"--json {output}" in capsys.readouterr().err
+    if where == "existing":
+        assert output.read_text() == "an earlier result\n"
+
+
+@pytest.mark.timeout(30)
+def test_the_client_bench_prints_its_figures_when_the_json_file_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --json file that appeared while the bench measured is neither overwritten nor the end of the
+    figures: they go to stdout, and the exit status says the file was not written."""
+    from bench import client
+
+    output = tmp_path / "r.json"
+
+    def in_process(n: int) -> float:
+        output.write_text("written meanwhile\n")
+        return 150.0
+
+    async def sequential(url: str, n: int) -> dict[str, float]:
+        return dict.fromkeys(("wall_ms", "client_cpu_us", "httpx_cpu_us", "asyncroll_cpu_us"), 1.0)
+
+    async def throughput(url: str, inflight: int, n: int) -> float:
+        return 100.0
+
+    monkeypatch.setattr(client, "start_server", lambda: (_Stopped(), "http://127.0.0.1:9"))
+    monkeypatch.setattr(client, "in_process", in_process)
+    monkeypatch.setattr(client, "sequential", sequential)
+    monkeypatch.setattr(client, "throughput", throughput)
+    monkeypatch.setattr(sys, "argv", ["client", "--repeats", "1", "--json", str(output)])
+    with pytest.raises(SystemExit) as exit_info:
+        client.main()
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 1 and f"--json {output}: cannot write" in err
+    assert output.read_text() == "written meanwhile\n"
+    assert json.loads(out[out.index("\n{") :])["in_process_us"] == [150.0]
