@@ -12,10 +12,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from asyncroll.clock import Clock, SystemClock, VirtualClock
-from asyncroll.config import build_config
+from asyncroll.config import PolicyName, build_config
 from asyncroll.outputs.receipt import cpu_model
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
@@ -143,3 +143,16 @@ def sizes_arg(text: str) -> list[int]:
     if any(not item.strip() for item in items):
         raise argparse.ArgumentTypeError(f"an empty item in {text!r}")
     return [parse(item.strip()) for item in items]
+
+
+def policy_arg(text: str) -> str:
+    """An argparse type: a policy name the runtime knows (``--policy`` of ``asyncroll run``)."""
+    known = get_args(PolicyName)
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown policy {text!r}; known: {', '.join(known)}")
+    return text
+
+
+def policies_arg(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of policy names the runtime knows."""
+    return [policy_arg(item.strip()) for item in text.split(",")]

@@ -34,7 +34,7 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
-from bench.common import machine, number_arg, quantiles, write_workload
+from bench.common import machine, number_arg, quantiles, sizes_arg, write_workload
 from bench.simspeed import small_workload
 
 EVENTS_PER_TRAJECTORY = 20  # roughly, for this workload; the table reports the real count
@@ -135,11 +135,17 @@ def fmt(xs: list[float], digits: int = 3) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--events", default="1000,10000,100000")
+    parser.add_argument(
+        "--events",
+        type=sizes_arg,
+        default=[1000, 10000, 100000],
+        help="comma-separated run sizes, events (about 20 a trajectory)",
+    )
     parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=5)
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    print(f"command: python -m bench.export --events {args.events} --repeats {args.repeats}")
+    sizes = ",".join(map(str, args.events))
+    print(f"command: python -m bench.export --events {sizes} --repeats {args.repeats}")
     print(
         "| events | trajectories | parse events.jsonl s | write trace.json s | write timeline.html s "
         "| trace.json MB | timeline.html MB | export peak RSS MB (after imports) | page "
@@ -148,7 +154,7 @@ def main() -> None:
     print("|---:|---:|---|---|---|---:|---:|---:|---|---|---|")
     tmp = Path(tempfile.mkdtemp(prefix="asyncroll-export-"))
     try:
-        for target in (int(x) for x in args.events.split(",")):
+        for target in args.events:
             out = make_run(target, tmp)
             events = sum(1 for _ in (out / "events.jsonl").open("rb"))
             trajectories = sum(1 for _ in (out / "results.jsonl").open("rb"))

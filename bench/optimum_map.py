@@ -29,7 +29,7 @@ from asyncroll.simulation.engine import SimulationSettings, simulate
 from asyncroll.simulation.optimum import Instance, instance_from_run, solve
 from asyncroll.simulation.perturb import perturb_workload
 from bench import synthetic
-from bench.common import machine, number_arg, scratch
+from bench.common import machine, number_arg, policy_arg, scratch
 from bench.paired import interval
 
 POINTS = ((4, 4, 1), (4, 4, 2), (8, 4, 2), (8, 4, 4), (16, 8, 2))
@@ -61,7 +61,7 @@ def _work(instance: Instance) -> list[list[tuple[str, float]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--policy", default="asyncroll")
+    parser.add_argument("--policy", type=policy_arg, default="asyncroll", help="the policy against fifo")
     parser.add_argument("--n", type=number_arg(int, 1, 1_000_000), default=20)
     parser.add_argument("--seeds", type=number_arg(int, 1, 1_000_000), default=5)
     parser.add_argument("--time-limit", type=number_arg(float, 0, 86_400, low_open=True), default=30.0)

@@ -24,7 +24,7 @@ from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
-from bench.common import machine, number_arg, scratch
+from bench.common import machine, number_arg, policies_arg, scratch
 from bench.paired import interval
 
 MIXES = (300.0, 500.0, 600.0)  # crunch ms; model ms is 400 throughout
@@ -67,7 +67,12 @@ def cells(rows: list[dict[str, Any]], policy: str, seeds: int) -> list[dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--policies", default="asyncroll,asyncroll_seed")
+    parser.add_argument(
+        "--policies",
+        type=policies_arg,
+        default="asyncroll,asyncroll_seed",
+        help="comma-separated policies, each against fifo",
+    )
     parser.add_argument("--seeds", type=number_arg(int, 1, 1_000_000), default=5)
     parser.add_argument("--n", type=number_arg(int, 1, 1_000_000), default=200)
     parser.add_argument(
@@ -77,7 +82,7 @@ def main() -> None:
         help="processes running cells at once",
     )
     args = parser.parse_args()
-    policies = tuple(args.policies.split(","))
+    policies = tuple(args.policies)
     tmp = scratch("map-")
     print(f"machine: {machine()}")
     print(f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6")

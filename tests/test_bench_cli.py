@@ -51,6 +51,14 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("optimum_map", ["--time-limit", "0"], "--time-limit: must be a finite number > 0"),
         ("pressure_knobs", ["--jobs", "0"], "--jobs: must be an integer >= 1"),
         ("transformers_serve", ["--hf-python", "x", "--n", "0"], "--n: must be an integer >= 1"),
+        # Each of these was a traceback after the machine line and the work before it: an --events
+        # size parsed only when its run was due, an unknown policy when its first cell was simulated.
+        ("export", ["--events", "1.5"], "--events: not an integer: '1.5'"),
+        ("export", ["--events", "1000,0"], "--events: must be an integer >= 1"),
+        ("export", ["--events", "1000,"], "an empty item"),
+        ("pressure_map", ["--policies", "asyncrol"], "--policies: unknown policy 'asyncrol'"),
+        ("pressure_map", ["--policies", "asyncroll,"], "--policies: unknown policy ''"),
+        ("optimum_map", ["--policy", "nope"], "--policy: unknown policy 'nope'"),
     ],
 )
 def test_bench_arguments_are_checked_before_anything_runs(
