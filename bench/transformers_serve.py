@@ -22,7 +22,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import machine, number_arg, quantiles, write_workload
+from bench.common import machine, number_arg, quantiles, scratch, sizes_arg, write_workload
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -82,22 +81,31 @@ def start_engine(hf_python: Path, model: Path, log: Path, ready_timeout: float =
             argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     engine = Engine(f"http://127.0.0.1:{port}", str(model), process, log)
+    try:  # its own session: a Ctrl-C here reaches only this process, which must stop it
+        wait_ready(engine, ready_timeout)
+    except BaseException:
+        engine.stop()
+        raise
+    return engine
+
+
+def wait_ready(engine: Engine, ready_timeout: float) -> None:
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if engine.process.poll() is not None:
             raise RuntimeError(
-                f"transformers serve exited ({process.returncode}); log: {log.read_text()[-2000:]}"
+                f"transformers serve exited ({engine.process.returncode}); "
+                f"log: {engine.log.read_text()[-2000:]}"
             )
         try:
             with httpx.stream("GET", f"{engine.url}/health", timeout=2) as health:  # the status only
                 if health.status_code == 200:
-                    return engine
+                    return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    engine.stop()
     raise RuntimeError(
-        f"transformers serve not ready within {ready_timeout:g}s; log: {log.read_text()[-2000:]}"
+        f"transformers serve not ready within {ready_timeout:g}s; log: {engine.log.read_text()[-2000:]}"
     )
 
 
@@ -197,13 +205,25 @@ def table_row(inflight: int, rows: list[dict[str, Any]], n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--hf-python", type=Path, required=True)
-    parser.add_argument("--inflight", default="1,4,16")
+    parser.add_argument(
+        "--hf-python",
+        type=Path,
+        required=True,
+        help="the Python of an environment with torch and transformers[serving] (its bin/ has transformers)",
+    )
+    parser.add_argument("--inflight", type=sizes_arg, default=[1, 4, 16], help="comma-separated limits")
     parser.add_argument("--n", type=number_arg(int, 1, 1_000_000), default=32)
     parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=3)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="asyncroll-hf-"))
-    model = build_model(args.hf_python, tmp / "tiny-llama")
+    for program in (args.hf_python, args.hf_python.parent / "transformers"):
+        if not os.access(program, os.X_OK) or program.is_dir():
+            parser.error(f"--hf-python {args.hf_python}: {program} is not an executable file")
+    tmp = scratch("hf-")  # the model, the server's log and every run: removed at exit
+    try:
+        model = build_model(args.hf_python, tmp / "tiny-llama")
+    except subprocess.CalledProcessError as exc:
+        why = exc.stderr.decode(errors="replace")[-2000:]
+        raise SystemExit(f"error: building the model with {args.hf_python} failed:\n{why}") from None
     path = write_workload(tmp / "workload.jsonl", workload(args.n))
     engine = start_engine(args.hf_python, model, tmp / "server.log")
     print(f"machine: {machine()}")
@@ -213,7 +233,7 @@ def main() -> None:
     print("| inflight | completed | requests/s (min / med / max) | latency p50 s (median) | p95 s (median) |")
     print("|---:|---:|---|---:|---:|")
     try:
-        for inflight in (int(x) for x in args.inflight.split(",")):
+        for inflight in args.inflight:
             rows = [
                 run_client(engine, path, tmp / f"run-{inflight}-{r}", inflight, "--replay")
                 for r in range(args.repeats)

@@ -59,6 +59,15 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("pressure_map", ["--policies", "asyncrol"], "--policies: unknown policy 'asyncrol'"),
         ("pressure_map", ["--policies", "asyncroll,"], "--policies: unknown policy ''"),
         ("optimum_map", ["--policy", "nope"], "--policy: unknown policy 'nope'"),
+        # bench.transformers_serve parsed --inflight only with the engine up, and a missing
+        # --hf-python was a FileNotFoundError traceback from the model build
+        (
+            "transformers_serve",
+            ["--hf-python", "x", "--inflight", "0"],
+            "--inflight: must be an integer >= 1",
+        ),
+        ("transformers_serve", ["--hf-python", "x", "--inflight", "4,"], "an empty item"),
+        ("transformers_serve", ["--hf-python", "no/python"], "no/python is not an executable file"),
     ],
 )
 def test_bench_arguments_are_checked_before_anything_runs(
@@ -228,3 +237,72 @@ def test_the_client_bench_prints_its_figures_when_the_json_file_cannot_be_writte
     assert exit_info.value.code == 1 and f"--json {output}: cannot write" in err
     assert output.read_text() == "written meanwhile\n"
     assert json.loads(out[out.index("\n{") :])["in_process_us"] == [150.0]
+
+
+def fake_hf_environment(root: Path, python: str, transformers: str) -> Path:
+    """A bin/ folder with a ``python`` and a ``transformers`` program (shell scripts); returns the python."""
+    bin_dir = root / "hf" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, body in (("python", python), ("transformers", transformers)):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir / "python"
+
+
+@pytest.mark.timeout(90)
+def test_the_transformers_bench_says_why_the_model_build_failed_and_leaves_no_files(tmp_path: Path) -> None:
+    """The model build's output was captured and dropped: a CalledProcessError traceback, no reason, and
+    the temporary folder (asyncroll-hf-*: model, runs, server log) was never removed, on success either."""
+    import subprocess
+
+    hf_python = fake_hf_environment(
+        tmp_path, "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1", "exit 1"
+    )
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(BENCH.parent), "TMPDIR": str(temp)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.transformers_serve", "--hf-python", str(hf_python)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "building the model" in done.stderr and "No module named 'torch'" in done.stderr
+    assert list(temp.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_transformers_bench_stops_the_engine_when_interrupted_while_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine runs in its own session, so a Ctrl-C at the terminal reaches only the bench: one while it
+    waited for /health (up to 3 minutes) left ``transformers serve`` running, holding its port."""
+    import subprocess
+
+    from bench import transformers_serve
+
+    hf_python = fake_hf_environment(tmp_path, "exit 1", "exec sleep 60")
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def recording_popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    def interrupt(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers_serve.subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(transformers_serve.httpx, "stream", interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            transformers_serve.start_engine(hf_python, tmp_path, tmp_path / "server.log")
+        assert len(started) == 1 and started[0].poll() is not None
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
