@@ -206,6 +206,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    try:  # read before measuring, as the measurement will read it
+        load_prompts(args.workload, 1)
+    except OSError as exc:
+        parser.error(f"--workload {args.workload}: cannot read ({exc.strerror or exc})")
+    except UnicodeDecodeError as exc:
+        parser.error(
+            f"--workload {args.workload}: cannot read (not UTF-8 text: {exc.reason} at byte {exc.start})"
+        )
     if args.output is not None and (why := result_file.refusal(args.output, "--output")):
         parser.error(why)  # checked before minutes of measuring, never overwritten
     result = asyncio.run(measure(args))

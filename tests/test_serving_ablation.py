@@ -166,6 +166,7 @@ def test_serving_ablation_refuses_an_output_it_cannot_write_before_measuring(
     }[where]
     if where == "existing":
         output.write_text("an earlier result\n")
+    (tmp_path / "w.jsonl").write_text('{"prompt": "p"}\n')
     with pytest.raises(SystemExit) as exited:
         ablation.main(
             [
@@ -174,7 +175,7 @@ def test_serving_ablation_refuses_an_output_it_cannot_write_before_measuring(
                 "--model",
                 "m",
                 "--workload",
-                "w.jsonl",
+                str(tmp_path / "w.jsonl"),
                 "--output",
                 str(output),
             ]
@@ -183,3 +184,30 @@ def test_serving_ablation_refuses_an_output_it_cannot_write_before_measuring(
     assert f"--output {output}" in capsys.readouterr().err
     if where == "existing":
         assert output.read_text() == "an earlier result\n"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["missing", "a_directory", "not_utf8"])
+def test_serving_ablation_refuses_a_workload_it_cannot_read_before_measuring(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A missing --workload was a FileNotFoundError traceback (a directory: IsADirectoryError, bytes that
+    # are not UTF-8: UnicodeDecodeError) out of the measurement, exit 1, not a usage error.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
+    assert spec is not None and spec.loader is not None
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+
+    async def measure(args: Any) -> dict[str, Any]:
+        raise AssertionError("measured before the workload was read")
+
+    monkeypatch.setattr(ablation, "measure", measure)
+    workload = {"missing": tmp_path / "w.jsonl", "a_directory": tmp_path, "not_utf8": tmp_path / "w.jsonl"}
+    if where == "not_utf8":
+        workload[where].write_bytes(b'{"prompt": "caf\xe9"}\n')
+    args = ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--workload", str(workload[where])]
+    with pytest.raises(SystemExit) as exited:
+        ablation.main(args)
+    assert exited.value.code == 2 and f"--workload {workload[where]}: cannot read" in capsys.readouterr().err
