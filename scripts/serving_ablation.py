@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):
+        parser.error("--request-timeout must be a finite number > 0")
     try:  # read before measuring, as the measurement will read it
         load_prompts(args.workload, 1)
     except OSError as exc:

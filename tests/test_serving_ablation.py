@@ -211,3 +211,22 @@ def test_serving_ablation_refuses_a_workload_it_cannot_read_before_measuring(
     with pytest.raises(SystemExit) as exited:
         ablation.main(args)
     assert exited.value.code == 2 and f"--workload {workload[where]}: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_serving_ablation_refuses_a_request_timeout_that_is_not_positive(
+    timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0 or -1 timed out every request and reported 0 requests/s; nan was a ValueError traceback group.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
+    assert spec is not None and spec.loader is not None
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    args = ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--workload", "w.jsonl"]
+    with pytest.raises(SystemExit) as exited:
+        ablation.main([*args, f"--request-timeout={timeout}"])
+    assert exited.value.code == 2
+    assert "--request-timeout must be a finite number > 0" in capsys.readouterr().err
