@@ -1,10 +1,11 @@
 """Build a tiny random-weight Llama chat model on disk, offline, for testing against a real engine.
 
-``python scripts/make_tiny_llama.py OUT_DIR`` (needs ``torch``, ``transformers`` and ``tokenizers``:
-``pip install torch==2.13.0 'transformers[serving]'``). Writes a ~110k-parameter ``LlamaForCausalLM``
-(hidden 64, 2 layers, ``initializer_range`` 0.5 so that greedy output varies with the prompt) and a
-byte-level BPE tokenizer trained here on a few KB of text, with a ChatML-style chat template, both saved
-with ``save_pretrained``. Nothing is downloaded. It is a model nobody should use for anything but
+``python scripts/make_tiny_llama.py OUT_DIR`` (a new or empty folder: nothing is overwritten; needs
+``torch``, ``transformers`` and ``tokenizers``: ``pip install torch==2.13.0 'transformers[serving]'``).
+Writes a ~110k-parameter ``LlamaForCausalLM`` (hidden 64, 2 layers, ``initializer_range`` 0.5 so that
+greedy output varies with the prompt) and a byte-level BPE tokenizer trained here on a few KB of text,
+with a ChatML-style chat template, both saved with ``save_pretrained``.
+Nothing is downloaded. It is a model nobody should use for anything but
 exercising an inference server: its output is noise, by construction.
 
 A Llama model type is deliberate: ``transformers serve`` applies a response parser to Qwen2 models that
@@ -13,6 +14,7 @@ strips whitespace.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -32,9 +34,15 @@ CORPUS = [
 
 
 def build(out: Path) -> None:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    try:
+        import torch
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    except ImportError as exc:
+        sys.exit(
+            f"error: make_tiny_llama.py needs torch, transformers and tokenizers ({exc}): "
+            "pip install torch==2.13.0 'transformers[serving]'"
+        )
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
@@ -76,5 +84,10 @@ if __name__ == "__main__":
         print("usage: python scripts/make_tiny_llama.py OUT_DIR\n\n" + (__doc__ or ""))
         sys.exit(0)
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: python scripts/make_tiny_llama.py OUT_DIR")
-    build(Path(sys.argv[1]))
+        print("usage: python scripts/make_tiny_llama.py OUT_DIR", file=sys.stderr)
+        sys.exit(2)
+    out = Path(sys.argv[1])
+    if os.path.lexists(out) and not (out.is_dir() and not any(out.iterdir())):
+        print(f"error: {out} already exists; choose a new folder (nothing is overwritten)", file=sys.stderr)
+        sys.exit(2)
+    build(out)

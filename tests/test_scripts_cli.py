@@ -49,4 +49,38 @@ def test_grammar_check_names_a_workload_that_is_not_there(tmp_path: Path) -> Non
 @pytest.mark.timeout(90)
 def test_make_tiny_llama_refuses_an_option_for_its_directory(tmp_path: Path) -> None:
     done = run_script("make_tiny_llama.py", ["--out"], tmp_path)
-    assert done.returncode == 1 and "usage:" in done.stderr and list(tmp_path.iterdir()) == []
+    assert done.returncode == 2 and "usage:" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("what", ["a_model", "a_file"])
+def test_make_tiny_llama_never_writes_over_what_is_there(what: str, tmp_path: Path) -> None:
+    """OUT_DIR was created with exist_ok and saved into: an existing model's config.json, weights and
+    tokenizer were replaced by the random one's."""
+    target = tmp_path / "model"
+    if what == "a_model":
+        target.mkdir()
+        (target / "config.json").write_text('{"model_type": "qwen2"}\n')
+    else:
+        target.write_text("a file\n")
+    done = run_script("make_tiny_llama.py", [str(target)], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"{target} already exists" in done.stderr
+    assert (target / "config.json" if what == "a_model" else target).read_text() in (
+        '{"model_type": "qwen2"}\n',
+        "a file\n",
+    )
+
+
+@pytest.mark.timeout(90)
+def test_make_tiny_llama_says_what_it_needs_without_the_engine_packages(tmp_path: Path) -> None:
+    """Without torch it was a ModuleNotFoundError traceback, and bench.transformers_serve, which runs it
+    with captured output, said nothing at all."""
+    import importlib.util  # the script runs with this interpreter
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: the script would build a model")
+    done = run_script("make_tiny_llama.py", [str(tmp_path / "model")], tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "needs torch, transformers and tokenizers" in done.stderr
+    assert list(tmp_path.iterdir()) == []
