@@ -7,10 +7,10 @@ measures what a user waits for before any command runs. Run: ``python -m bench.s
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench.common import machine, number_arg, quantiles
 
@@ -19,8 +19,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=number_arg(int, 1, 1_000_000), default=15)
     args = parser.parse_args()
-    exe = shutil.which("asyncroll")
-    commands = {"asyncroll --help": [exe, "--help"]} if exe else {}
+    # this interpreter's own script, not whichever asyncroll PATH finds first (another installation)
+    exe = Path(sys.executable).with_name("asyncroll")
+    commands = {"asyncroll --help": [str(exe), "--help"]} if exe.is_file() else {}
     commands["python -m asyncroll.cli --help"] = [sys.executable, "-m", "asyncroll.cli", "--help"]
     print(f"machine: {machine()}")
     print("| command | min s | median s | max s | repeats |\n|---|---:|---:|---:|---:|")

@@ -306,3 +306,27 @@ def test_the_transformers_bench_stops_the_engine_when_interrupted_while_it_start
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
+
+
+@pytest.mark.timeout(90)
+def test_the_startup_bench_times_the_asyncroll_of_its_own_installation(tmp_path: Path) -> None:
+    """bench.startup timed whichever ``asyncroll`` came first on PATH: another installation's (another
+    version's start-up), or, run with a virtual environment's python not activated, none at all."""
+    import subprocess
+
+    if not (Path(sys.executable).parent / "asyncroll").exists():
+        pytest.skip("this interpreter's installation has no asyncroll script beside it")
+    other = tmp_path / "other-bin"
+    other.mkdir()
+    (other / "asyncroll").write_text(f"#!/bin/sh\ntouch {tmp_path / 'wrong-asyncroll-ran'}\n")
+    (other / "asyncroll").chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.startup", "--repeats", "1"],
+        cwd=tmp_path,
+        env={"PATH": f"{other}:/usr/bin:/bin", "PYTHONPATH": str(BENCH.parent)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| `asyncroll --help` |" in done.stdout and not (tmp_path / "wrong-asyncroll-ran").exists()
