@@ -330,3 +330,21 @@ def test_the_startup_bench_times_the_asyncroll_of_its_own_installation(tmp_path:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| `asyncroll --help` |" in done.stdout and not (tmp_path / "wrong-asyncroll-ran").exists()
+
+
+def test_the_pressure_map_measures_every_policy_against_the_operating_points_bound() -> None:
+    """``sync`` admits one trajectory at a time, so its run's own lower bound is its serial makespan: its
+    ratio to that was 1.000, "100% of FIFO's gap closed, half closed", for a schedule 2.5 times longer."""
+    from bench.pressure_map import cells
+
+    rows = [
+        {"policy": policy, "active": 8, "inflight": 4, "workers": 1, "seed": seed, **figures}
+        for seed in range(3)
+        for policy, figures in (
+            ("fifo", {"makespan_s": 12.0 + seed, "lower_bound_s": 10.0}),
+            ("sync", {"makespan_s": 30.0 + seed, "lower_bound_s": 30.0 + seed}),
+        )
+    ]
+    (cell,) = cells(rows, "sync", 3)
+    assert cell["ratio"] == pytest.approx(3.1) and cell["closed"] < 0
+    assert cell["verdict"] == "WORSE, < half closed"
