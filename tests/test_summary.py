@@ -10,6 +10,7 @@ from asyncroll.events import (
     CpuFinished,
     CpuSelected,
     Event,
+    JobKind,
     ModelFailed,
     ModelFinished,
     ModelStarted,
@@ -220,7 +221,7 @@ def test_no_window_or_an_empty_one_is_null_with_why_never_zero() -> None:
 
 
 def predicted_job(
-    job: int, predicted: float, actual: float, source: str, repair: bool = False, kind: str = "tool"
+    job: int, predicted: float, actual: float, source: str, repair: bool = False, kind: JobKind = "tool"
 ) -> list[Event]:
     """One job (a tool call unless ``kind`` says otherwise) of trajectory ``a``: enqueued, selected with
     ``predicted`` seconds, run in ``actual``."""
