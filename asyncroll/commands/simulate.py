@@ -30,6 +30,7 @@ from asyncroll.commands.simulate_flags import (
     refuse_single_run_forms,
     sweep_jobs,
     warn_replay,
+    warn_sync_rows,
     warn_unread,
     why_ended_otherwise,
 )
@@ -245,6 +246,8 @@ def simulate(
                 DEFAULT_JITTER if jitter is None else jitter,
             )
             refuse_aliases(spec.policies)
+            if active is not None:  # as with --max-active-trajectories: said when given (sweep.md says it)
+                warn_sync_rows(spec.policies, spec.active)
             cap_simulated_workers(spec.workers, "--workers")
             warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
             for name in spec.policies:

@@ -80,6 +80,18 @@ def refuse_aliases(policies: Sequence[str]) -> None:
             )
 
 
+def warn_sync_rows(policies: Sequence[str], active: Sequence[int]) -> None:
+    """A sweep's ``sync`` runs one trajectory at a time: its rows at an active limit above 1 are said to be
+    those of 1 (as ``--policy sync --max-active-trajectories N`` is; sweep.md says it under the table)."""
+    ignored = ", ".join(str(n) for n in sorted(active) if n > 1)
+    if "sync" in policies and ignored:
+        typer.echo(
+            f"warning: --policies sync runs one trajectory at a time: --active {ignored} has no effect on "
+            "its rows",
+            err=True,
+        )
+
+
 def warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> None:
     from asyncroll.policies.registry import unread_pressure_flags
 

@@ -99,6 +99,13 @@ def markdown(agg: list[dict[str, Any]]) -> str:
             f"{c['seeds']} seed(s)"
             for c in failing
         ]
+    ignored = sorted({c["active"] for c in agg if c["policy"] == "sync" and c["active"] > 1})
+    if ignored:  # one simulation under several labels: said, as simulate --policy sync says it
+        lines += [
+            "",
+            f"sync runs one trajectory at a time: its rows at active {', '.join(map(str, ignored))} ran with "
+            "1 active trajectory (their numbers are those of active 1).",
+        ]
     return "\n".join(lines) + "\n"
 
 
