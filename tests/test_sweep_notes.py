@@ -1,11 +1,13 @@
 """What a sweep says beside its numbers, as a single ``simulate`` of a cell says it: ``sync``'s rows at an
-active limit it does not use."""
+active limit it does not use, and the jobs and verdicts its simulations assumed for want of a declaration."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.cli_runs import SMOKE
+from tests.conftest import REPO, write_workload
 from tests.simulations import simulate_here
 
 SWEEP = ("--sweep", "--seeds", "1", "--jobs", "1", "--no-progress")
@@ -31,3 +33,38 @@ def test_sync_rows_at_an_active_limit_above_one_say_they_ran_one_trajectory(tmp_
     )
     assert plain.exit_code == 0, plain.output
     assert "one trajectory at a time" not in plain.stderr + (tmp_path / "t" / "sweep.md").read_text()
+
+
+def test_a_sweep_says_what_its_simulations_assumed_as_simulate_does(tmp_path: Path) -> None:
+    """A file tool without ``cpu_ms`` takes 0 s and a submission without ``passes`` passes: a single
+    ``simulate`` says so on stderr; a sweep of the same workload gave tables built on those assumptions
+    without a word."""
+    (tmp_path / "mine.py").write_text("def work(n):\n    return sum(range(n))\n")
+    tool = {"name": "work", "inputs": {"n": "int"}, "implementation": "mine.py"}
+    call = {"type": "tool", "name": "work", "arguments": {"n": 5}, "latency_ms": 10}
+    final = {"type": "final", "answer": "10", "latency_ms": 10}
+    problems = [{"id": p, "prompt": "sum", "tools": [tool], "script": [call, final]} for p in "ab"]
+    untimed = write_workload(tmp_path / "a.jsonl", problems)
+    swept = simulate_here(
+        "--workload", untimed, "--output", tmp_path / "s", *SWEEP, "--policies", "fifo,tool_first"
+    )
+    assert swept.exit_code == 0, swept.output
+    assert (
+        "warning: 4 CPU job(s) over the sweep's 2 simulations took 0 s (mine.py::work ×4) because their "
+        "script gives no cpu_ms" in swept.stderr
+    )
+    lcb = REPO / "examples" / "livecodebench" / "workload.jsonl"
+    n = len(lcb.read_text().splitlines())
+    passed = simulate_here("--workload", lcb, "--output", tmp_path / "l", *SWEEP, "--policies", "fifo")
+    assert passed.exit_code == 0, passed.output
+    assert (
+        f"warning: {n} submission(s) over the sweep's 1 simulations passed because their script declares no "
+        "verdict" in passed.stderr
+    )
+    timed = [{**p, "script": [{**call, "cpu_ms": 5}, final]} for p in problems]
+    quiet = simulate_here(
+        "--workload", write_workload(tmp_path / "b.jsonl", timed), "--output", tmp_path / "q", *SWEEP
+    )
+    assert quiet.exit_code == 0, quiet.output
+    assert "warning" not in quiet.stderr
+    assert json.loads((tmp_path / "q" / "sweep.json").read_text())["complete"]

@@ -29,6 +29,7 @@ from asyncroll.commands.simulate_flags import (
     refuse_aliases,
     refuse_single_run_forms,
     sweep_jobs,
+    warn_assumed,
     warn_replay,
     warn_sync_rows,
     warn_unread,
@@ -264,6 +265,7 @@ def simulate(
 
             if output_exists(output):
                 raise UsageError(f"--output {output} already exists; asyncroll never overwrites a run")
+            assumed = Assumed()
             rows = run_sweep(
                 cfg0.workload,
                 cfg0.resolved_tool_root,
@@ -274,8 +276,10 @@ def simulate(
                 jobs=processes,
                 progress=_sweep_progress(progress),
                 argv=list(sys.argv),
+                assumed=assumed,
             )
             say(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
+            warn_assumed(assumed, replay=False, over=f" over the sweep's {len(rows)} simulations")
             raise typer.Exit(0)
         given = dict(values)  # the user's own settings, not those kept from a recorded run
         origins: dict[str, str] = {}
@@ -367,27 +371,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     warn_exports(outcome.exports_failed, output)
     if from_run is not None and outcome.summary is not None:
         _say_ended_otherwise(from_run, output)
-    untimed, passed = assumed.untimed, assumed.passed
-    if untimed:
-        tools = ", ".join(f"{Path(tool).name} ×{n}" for tool, n in untimed.most_common(5))
-        tools += ", …" if len(untimed) > 5 else ""
-        why = (
-            "their script gives no cpu_ms: declare each step's cpu_ms, or simulate --from-run a real run to "
-            "replay measured times"
-            if from_run is None
-            else "the run never ran them (their trajectories went further in the replay), so nothing "
-            "measured their cost"
-        )
-        typer.echo(f"warning: {untimed.total()} CPU job(s) took 0 s ({tools}) because {why}", err=True)
-    if passed:
-        why = (
-            "their script declares no verdict (code is never run in a simulation), so no repair turn "
-            'followed them: declare each submit\'s "passes", or simulate --from-run a real run to replay '
-            "its verdicts"
-            if from_run is None
-            else "the run never evaluated them (their trajectories went further in the replay)"
-        )
-        typer.echo(f"warning: {passed} submission(s) passed because {why}", err=True)
+    warn_assumed(assumed, replay=from_run is not None)
     if outcome.late_signal:
         from asyncroll.runtime.signals import late_signal_note
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
+    from asyncroll.simulation.engine import Assumed
     from asyncroll.simulation.from_run import DerivedRun
 
 
@@ -118,6 +119,33 @@ def warn_replay(derived: DerivedRun, from_run: Path, *, policy_given: bool) -> N
             "without cpu_ms, a pass for a submission without a verdict) replays as if measured",
             err=True,
         )
+
+
+def warn_assumed(assumed: Assumed, *, replay: bool, over: str = "") -> None:
+    """What the simulation(s) assumed for want of a declaration in the script (a job without a cost took
+    0 s, a submission without a verdict passed), counted on stderr; ``replay``: a ``--from-run`` replay;
+    ``over``: where the counts come from (a sweep's: `` over the sweep's N simulations``)."""
+    untimed, passed = assumed.untimed, assumed.passed
+    if untimed:
+        tools = ", ".join(f"{Path(tool).name} ×{n}" for tool, n in untimed.most_common(5))
+        tools += ", …" if len(untimed) > 5 else ""
+        why = (
+            "their script gives no cpu_ms: declare each step's cpu_ms, or simulate --from-run a real run to "
+            "replay measured times"
+            if not replay
+            else "the run never ran them (their trajectories went further in the replay), so nothing "
+            "measured their cost"
+        )
+        typer.echo(f"warning: {untimed.total()} CPU job(s){over} took 0 s ({tools}) because {why}", err=True)
+    if passed:
+        why = (
+            "their script declares no verdict (code is never run in a simulation), so no repair turn "
+            'followed them: declare each submit\'s "passes", or simulate --from-run a real run to replay '
+            "its verdicts"
+            if not replay
+            else "the run never evaluated them (their trajectories went further in the replay)"
+        )
+        typer.echo(f"warning: {passed} submission(s){over} passed because {why}", err=True)
 
 
 #: The settings a replay may change that decide where a trajectory ends (config field → flag).

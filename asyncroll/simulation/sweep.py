@@ -36,7 +36,7 @@ from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
 from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.runtime.signals import STOP_SIGNALS, interruptible
-from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
+from asyncroll.simulation.engine import Assumed, SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
 from asyncroll.simulation.sweep_table import aggregate, markdown
 from asyncroll.workload import WorkloadScan, scan_workload
@@ -90,6 +90,7 @@ def run_sweep(
     jobs: int = 1,
     progress: Callable[[int, int, dict[str, Any]], None] | None = None,
     argv: list[str] | None = None,
+    assumed: Assumed | None = None,
 ) -> list[dict[str, Any]]:
     """Run every cell; ``output`` must be a new directory (created here).
 
@@ -99,7 +100,8 @@ def run_sweep(
     ``jobs`` > 1 runs cells in that many fresh processes. Each cell is a deterministic function of its
     inputs, so the rows are the same, in the same order, for any ``jobs`` (tested); a custom arm's
     policy object must then be picklable. ``progress(done, total, row)`` is called after each row, in
-    order. ``argv`` is the command line recorded in ``sweep.json`` (default: this process's)."""
+    order. ``argv`` is the command line recorded in ``sweep.json`` (default: this process's).
+    ``assumed`` sums what the simulations assumed for want of a declaration (see :class:`Assumed`)."""
     record = _record(workload, tool_root, base, sys.argv if argv is None else argv)
     try:
         output.mkdir(parents=True)
@@ -129,8 +131,11 @@ def run_sweep(
         pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
     stopped: BaseException | None = None
     try:
-        for row in map(run_cell, cells) if pool is None else pool.map(run_cell, cells):
+        for row, made in map(run_cell, cells) if pool is None else pool.map(run_cell, cells):
             rows.append(row)
+            if assumed is not None:
+                assumed.untimed.update(made.untimed)
+                assumed.passed += made.passed
             if progress is not None:
                 progress(len(rows), len(cells), row)
     except _FinishedThenStopped as exc:  # the signal came after this cell had finished: its row counts
@@ -212,8 +217,8 @@ def _scan(workload: Path, tool_root: Path, limit: int | None) -> WorkloadScan:
     return scan_workload(workload, tool_root, scripted=True, limit=limit)
 
 
-def run_cell(cell: Cell) -> dict[str, Any]:
-    """Simulate one cell without writing files; its row of ``sweep.csv``."""
+def run_cell(cell: Cell) -> tuple[dict[str, Any], Assumed]:
+    """Simulate one cell without writing files; its row of ``sweep.csv`` and what it assumed."""
     active, inflight, workers = cell.point
     config = build_config(
         {
@@ -227,14 +232,14 @@ def run_cell(cell: Cell) -> dict[str, Any]:
             "cpu_workers": workers,
         }
     )
-    clock = VirtualClock()
+    clock, assumed = VirtualClock(), Assumed()
     backend, capacity = backend_for(cell.settings, clock)
     run = Run(
         PreparedRun(config, _scan(cell.workload, cell.tool_root, cell.base.get("limit")), ["sweep"]),
         clock,
         backend=backend,
         model_capacity=capacity,
-        worker_factory=workers_for(cell.settings, clock),
+        worker_factory=workers_for(cell.settings, clock, assumed=assumed),
         record=False,
         policy=cell.rule,
     )
@@ -266,7 +271,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     }
     if outcome.late_signal:  # the cell finished, then a signal came: its row counts, the sweep stops
         raise _FinishedThenStopped(outcome.late_signal, row)
-    return row
+    return row, assumed
 
 
 def usable_cpus() -> int:
