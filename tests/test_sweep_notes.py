@@ -4,7 +4,11 @@ active limit it does not use, and the jobs and verdicts its simulations assumed 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.cli_runs import SMOKE
 from tests.conftest import REPO, write_workload
@@ -68,3 +72,28 @@ def test_a_sweep_says_what_its_simulations_assumed_as_simulate_does(tmp_path: Pa
     assert quiet.exit_code == 0, quiet.output
     assert "warning" not in quiet.stderr
     assert json.loads((tmp_path / "q" / "sweep.json").read_text())["complete"]
+
+
+def test_a_stop_while_a_seeds_workload_is_written_leaves_no_workload_cut_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a seed's jittered workload was being written left it cut short in ``workloads/`` (a
+    full disk removes it, README): a workload that reads as whole but holds only the first problems, one
+    ``simulate --workload OUT/workloads/seed-N.jsonl`` away from a silently smaller simulation."""
+    from asyncroll.simulation import perturb
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+
+    real = perturb.iter_problems
+
+    def stopped_after_one(source: Path) -> Iterator[Any]:
+        first = next(iter(real(source)))
+        yield first
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(perturb, "iter_problems", stopped_after_one)
+    spec = SweepSpec(("fifo",), (2,), (2,), (1,), 1, 0.2)
+    out = tmp_path / "s"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(SMOKE, SMOKE.parent, {}, spec, SimulationSettings(), out)
+    assert list((out / "workloads").iterdir()) == []

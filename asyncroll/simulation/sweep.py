@@ -116,7 +116,7 @@ def run_sweep(
         seeded = output / "workloads" / f"seed-{seed}.jsonl"
         try:
             perturb_workload(workload, seeded, seed, spec.jitter)
-        except OutputWriteError:  # a full disk: no workload cut short is left, for a cell to be run from
+        except BaseException:  # a full disk, a signal: no workload cut short is left for a cell to run
             seeded.unlink(missing_ok=True)
             raise
         scan_workload(seeded, tool_root, scripted=True, limit=base.get("limit")).raise_if_invalid()
