@@ -208,7 +208,9 @@ def test_a_sweep_in_worker_processes_gives_the_same_rows_in_the_same_order(
 
 def test_a_cell_whose_run_fails_stops_the_sweep_and_names_the_cell(tmp_path: Path) -> None:
     """A run that fails (here its policy raises) has no meaningful makespan: the sweep must not record
-    one as if it were a result."""
+    one as if it were a result. What ran before it is kept, marked partial, and the error says where:
+    it used to leave a directory of seeded workloads only, which refused the same command again without
+    a word about it."""
     from dataclasses import dataclass
 
     from asyncroll.errors import SimulationError
@@ -226,11 +228,34 @@ def test_a_cell_whose_run_fails_stops_the_sweep_and_names_the_cell(tmp_path: Pat
     problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(6)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     spec = SweepSpec(("fifo",), (4,), (4,), (1,), 1, 0.2)
-    with pytest.raises(SimulationError, match=r"sweep cell broken at 4 / 4 / 1, seed 0: .*ended failed.*"):
+    out = tmp_path / "s"
+    with pytest.raises(
+        SimulationError, match=r"sweep cell broken at 4 / 4 / 1, seed 0: .*ended failed.*"
+    ) as err:
+        run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out, {"broken": lambda _: Broken()})
+    kept = f"; the simulation before it is in {out} (sweep.md, marked partial)"
+    assert str(err.value).endswith(kept + "; a new --output runs the sweep again")
+    [row] = csv.DictReader((out / "sweep.csv").read_text().splitlines())  # fifo's, run before the broken
+    assert row["policy"] == "fifo"
+    partial = (
+        "**Partial: stopped by a failed simulation (broken at 4 / 4 / 1, seed 0) after 1 of 2 simulations**"
+    )
+    assert (out / "sweep.md").read_text().startswith(partial)
+    document = json.loads((out / "sweep.json").read_text())
+    assert (document["complete"], document["simulations"]) == (False, {"done": 1, "total": 2})
+    # the first cell failing: nothing ran, the seeded workloads are what is there, and the error says so
+    spec = SweepSpec((), (4,), (4,), (1,), 1, 0.2)
+    with pytest.raises(SimulationError, match=r"; its seeded workloads are in .*first.workloads; a new"):
         run_sweep(
-            workload, tmp_path, {}, spec, SimulationSettings(), tmp_path / "s", {"broken": lambda _: Broken()}
+            workload,
+            tmp_path,
+            {},
+            spec,
+            SimulationSettings(),
+            tmp_path / "first",
+            {"broken": lambda _: Broken()},
         )
-    assert not (tmp_path / "s" / "sweep.csv").exists()
+    assert sorted(p.name for p in (tmp_path / "first").iterdir()) == ["workloads"]
 
 
 @pytest.mark.timeout(60)

@@ -155,6 +155,21 @@ def run_sweep(
     if isinstance(stopped, KeyboardInterrupt) and rows:  # what finished is kept, marked partial
         _write(output, rows, spec, settings, record, total=len(cells), stopped=str(stopped) or "SIGINT")
         raise SweepInterrupted(str(stopped), len(rows), len(cells)) from stopped
+    if isinstance(stopped, SimulationError):  # a cell failed: what ran is kept, and where it is said
+        failed = cells[len(rows)]  # the cells run and report in order: the first one without its row
+        if rows:
+            point = " / ".join(map(str, failed.point))
+            why = f"a failed simulation ({failed.label} at {point}, seed {failed.seed})"
+            _write(output, rows, spec, settings, record, total=len(cells), stopped=why)
+            before = (
+                "the simulation before it is"
+                if len(rows) == 1
+                else f"the {len(rows)} simulations before it are"
+            )
+            kept = f"{before} in {output} (sweep.md, marked partial)"
+        else:
+            kept = f"its seeded workloads are in {output / 'workloads'}"
+        raise SimulationError(f"{stopped}; {kept}; a new --output runs the sweep again") from stopped
     raise stopped
 
 
