@@ -120,7 +120,7 @@ def simulate(
     inflight: Annotated[str | None, Opt(help="sweep: comma-separated inflight limits (default 4).")] = None,
     workers: Annotated[str | None, Opt(help="sweep: comma-separated worker counts (default 2).")] = None,
     seeds: Annotated[
-        int | None, Opt(help="sweep: seeds per cell, timings jittered per seed (5; at most 1000).")
+        int | None, Opt(help="sweep: seeds per cell, 0 to N-1, timings jittered per seed (5; at most 1000).")
     ] = None,
     jitter: Annotated[
         float | None, Opt(help="sweep: sigma of the mean-one lognormal timing jitter (0.25; at most 5).")
