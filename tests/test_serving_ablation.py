@@ -18,6 +18,30 @@ from tests.children import end
 from tests.experiments import CLI, ROOT, read
 
 
+def load_ablation() -> Any:
+    """scripts/serving_ablation.py as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
+    assert spec is not None and spec.loader is not None
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    return ablation
+
+
+def never_measure(ablation: Any, monkeypatch: pytest.MonkeyPatch, before: str) -> list[bool]:
+    """Make ``ablation``'s measurement fail the test if it starts (``before``: what must come first); the
+    list returned records whether it was called."""
+    measured: list[bool] = []
+
+    async def measure(args: Any) -> dict[str, Any]:
+        measured.append(True)
+        raise AssertionError(f"measured before {before}")
+
+    monkeypatch.setattr(ablation, "measure", measure)
+    return measured
+
+
 @pytest.mark.timeout(60)
 def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
     """The model-only measurement against a real loopback server: counts, tokens and percentiles agree."""
@@ -94,17 +118,13 @@ def test_serving_ablation_counts_odd_replies_without_failing_the_pass() -> None:
     is one ``bad_response``, not an exception that ends the pass; good replies are still measured."""
     import argparse
     import asyncio
-    import importlib.util
     from http.server import BaseHTTPRequestHandler
 
     import httpx
 
     from tests.loopback import LoopbackServer
 
-    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
-    assert spec is not None and spec.loader is not None
-    ablation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ablation)
+    ablation = load_ablation()
     bodies = [b"<html>busy</html>", b"[1, 2]", b'{"usage": 7}', b'{"usage": {"completion_tokens": 5}}']
 
     class Handler(BaseHTTPRequestHandler):
@@ -146,19 +166,8 @@ def test_serving_ablation_refuses_an_output_it_cannot_write_before_measuring(
 ) -> None:
     # --output was written only after every repeat (minutes of GPU time), with write_text: an existing
     # file was overwritten, and a missing folder or a directory lost the whole measurement to a traceback.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
-    assert spec is not None and spec.loader is not None
-    ablation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ablation)
-    measured: list[bool] = []
-
-    async def measure(args: Any) -> dict[str, Any]:
-        measured.append(True)
-        raise AssertionError("measured before the output was checked")
-
-    monkeypatch.setattr(ablation, "measure", measure)
+    ablation = load_ablation()
+    measured = never_measure(ablation, monkeypatch, "the output was checked")
     output = {
         "existing": tmp_path / "r.json",
         "no_parent": tmp_path / "no" / "r.json",
@@ -193,17 +202,8 @@ def test_serving_ablation_refuses_a_workload_it_cannot_read_before_measuring(
 ) -> None:
     # A missing --workload was a FileNotFoundError traceback (a directory: IsADirectoryError, bytes that
     # are not UTF-8: UnicodeDecodeError) out of the measurement, exit 1, not a usage error.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
-    assert spec is not None and spec.loader is not None
-    ablation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ablation)
-
-    async def measure(args: Any) -> dict[str, Any]:
-        raise AssertionError("measured before the workload was read")
-
-    monkeypatch.setattr(ablation, "measure", measure)
+    ablation = load_ablation()
+    never_measure(ablation, monkeypatch, "the workload was read")
     workload = {"missing": tmp_path / "w.jsonl", "a_directory": tmp_path, "not_utf8": tmp_path / "w.jsonl"}
     if where == "not_utf8":
         workload[where].write_bytes(b'{"prompt": "caf\xe9"}\n')
@@ -219,12 +219,7 @@ def test_serving_ablation_refuses_a_request_timeout_that_is_not_positive(
     timeout: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # 0 or -1 timed out every request and reported 0 requests/s; nan was a ValueError traceback group.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("serving_ablation", ROOT / "scripts/serving_ablation.py")
-    assert spec is not None and spec.loader is not None
-    ablation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ablation)
+    ablation = load_ablation()
     args = ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--workload", "w.jsonl"]
     with pytest.raises(SystemExit) as exited:
         ablation.main([*args, f"--request-timeout={timeout}"])
