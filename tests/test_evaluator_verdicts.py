@@ -193,3 +193,14 @@ def test_an_expected_output_larger_than_the_default_stdout_cap_fits() -> None:
     flood, _ = evaluate("while True:\n    print('x' * 4096)\n", big)  # still bounded: 2 × 8.8 MB + 64 KiB
     assert verdict(flood) == "output_limit_exceeded"
     assert f"more than {2 * 4 * n + 64 * 1024} bytes" in flood["feedback"]["error"]
+
+
+@real_process
+def test_annotations_are_evaluated_when_defined_as_in_livecodebench() -> None:
+    """LiveCodeBench execs the program's text as it is, so an annotation naming a class defined further
+    down fails with a NameError when its ``def`` runs: the harness's own ``from __future__ import
+    annotations`` must not reach the program's ``compile``."""
+    program = "def total(xs: list[Pair]) -> int:\n    return sum(xs)\n\nclass Pair:\n    pass\n\nprint(3)\n"
+    result, _ = evaluate(program)
+    assert verdict(result) == "runtime_error"
+    assert "NameError: name 'Pair' is not defined" in result["feedback"]["error"]

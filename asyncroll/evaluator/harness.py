@@ -265,7 +265,8 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             lines = sys.stdin.read().split("\n")
             args = [json.loads(line) for line in lines if line.strip()]
         _prelude(namespace)
-        compiled = compile(code, "solution.py", "exec")
+        # dont_inherit: the harness's own ``from __future__ import annotations`` stays out of the program
+        compiled = compile(code, "solution.py", "exec", dont_inherit=True)
         _register_source(code)
         if func_name:
             exec(compiled, namespace)
