@@ -184,3 +184,17 @@ def test_subclass_results_are_sent_as_the_content_their_eq_compares() -> None:
     for never in ({Apart("a"): 1, Apart("a"): 2}, {S("a"): {1: 1}}, [S("a"), (1,)]):
         with pytest.raises(TypeError):
             _plain(never)
+
+
+@real_process
+def test_the_prelude_binds_the_module_names_livecodebench_binds_and_not_typing() -> None:
+    """LiveCodeBench's import header runs ``from typing import *`` but never ``import typing``: a solution
+    that names ``typing.List`` without importing it fails there with a NameError, so it must here."""
+    tests = [{"input": "[1, 1, 2]", "output": "2", "testtype": "functional"}]
+    program = (
+        "class Solution:\n    def kinds(self, xs: {}) -> int:\n        return len(collections.Counter(xs))\n"
+    )
+    assert evaluate(program.format("List[int]"), tests, func_name="kinds")[0]["passed"]
+    result, _ = evaluate(program.format("typing.List[int]"), tests, func_name="kinds")
+    assert verdict(result) == "runtime_error"
+    assert "NameError: name 'typing' is not defined" in result["feedback"]["error"]

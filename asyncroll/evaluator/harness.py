@@ -74,6 +74,9 @@ PRELUDE_MODULES = (
     "builtins",
     "typing",
 )
+# The names its header then binds to the modules themselves (``import m``): neither ``builtins`` nor
+# ``typing``, so a program naming ``typing.List`` without importing it fails there and here alike.
+PRELUDE_MODULE_NAMES = tuple(name for name in PRELUDE_MODULES if name not in ("builtins", "typing"))
 RECURSION_LIMIT = 50000
 FUNCTIONAL_MODULE = "tmp_sol"  # LiveCodeBench's module name for a call-based solution
 ERROR_LIMIT = 4000
@@ -87,7 +90,8 @@ KEY_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7,
 
 
 def _prelude(namespace: dict[str, Any]) -> None:
-    """``from m import *`` then ``import m`` for each prelude module, as LiveCodeBench does."""
+    """``from m import *`` for each prelude module, then ``import m`` for those of
+    :data:`PRELUDE_MODULE_NAMES`, as LiveCodeBench does."""
     import importlib
 
     for name in PRELUDE_MODULES:
@@ -98,9 +102,8 @@ def _prelude(namespace: dict[str, Any]) -> None:
         for attr in public:
             if hasattr(module, attr):
                 namespace[attr] = getattr(module, attr)
-    for name in PRELUDE_MODULES:
-        if name != "builtins":
-            namespace[name] = sys.modules[name]
+    for name in PRELUDE_MODULE_NAMES:
+        namespace[name] = sys.modules[name]
     sys.setrecursionlimit(RECURSION_LIMIT)
 
 
