@@ -198,3 +198,13 @@ def test_the_prelude_binds_the_module_names_livecodebench_binds_and_not_typing()
     result, _ = evaluate(program.format("typing.List[int]"), tests, func_name="kinds")
     assert verdict(result) == "runtime_error"
     assert "NameError: name 'typing' is not defined" in result["feedback"]["error"]
+
+
+@real_process
+def test_what_a_functional_solution_prints_does_not_count() -> None:
+    """LiveCodeBench judges a call-based solution by its return value alone and never reads its stdout:
+    debugging prints past the stdout cap (8 MiB) must not turn a right answer into a verdict."""
+    tests = [{"input": "[1, 1, 2]", "output": "3", "testtype": "functional"}]
+    program = "class Solution:\n    def size(self, xs):\n        print('x' * (9 << 20))\n        return 3\n"
+    result, _ = evaluate(program, tests, func_name="size")
+    assert result["passed"], result

@@ -23,9 +23,10 @@ when no ``tool_timeout_s`` is given. The limits' defaults, bounds and this rule 
 :mod:`~asyncroll.evaluator.budget`; ``asyncroll run`` sets them with ``--test-timeout``,
 ``--evaluation-timeout`` and ``--test-memory-mb``. A program stopped by the budget gets
 ``time_limit_exceeded`` with an ``error`` that names the budget and what set it (``--tool-timeout`` for
-the cap): problems with many slow tests need a larger ``--tool-timeout``. stdout is capped at 8 MiB
-per test, raised for a test whose expected output is larger to twice its size plus 64 KiB (at most
-128 MiB); a functional result's JSON, at twice that cap (``output_limit_exceeded`` past it).
+the cap): problems with many slow tests need a larger ``--tool-timeout``. A stdin program's stdout is
+capped at 8 MiB per test, raised for a test whose expected output is larger to twice its size plus
+64 KiB (at most 128 MiB); a functional result's JSON, at twice that cap (``output_limit_exceeded`` past
+it). A functional solution's stdout goes to ``/dev/null``: LiveCodeBench judges only its return value.
 
 The evaluation runs test by test in a fresh temporary directory and stops at the first failing test.
 The result is ``{"passed", "tests_run", "tests_total", "feedback", "timed_out"}``; ``feedback`` is

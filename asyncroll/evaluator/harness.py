@@ -258,6 +258,11 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
         sys.modules[FUNCTIONAL_MODULE] = module
         namespace: dict[str, Any] = vars(module)
         namespace["__builtins__"] = __builtins__
+        # LiveCodeBench judges the returned value and never reads stdout: debugging prints go to
+        # /dev/null, so they cannot reach the stdout cap and turn a right answer into a verdict.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
     else:
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     sys.argv = ["solution.py"]
