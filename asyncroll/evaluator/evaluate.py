@@ -39,9 +39,26 @@ naming the field.
 Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/testing_util.py``), and why:
 
 * each test runs in a fresh sandboxed process (LiveCodeBench runs all tests in one process), so the
-  wall deadline also covers interpreter start-up and the prelude imports (tens of milliseconds);
-* stdin is a real file, so ``sys.stdin.buffer`` and ``open(0)`` work (LiveCodeBench patches
-  ``sys.stdin`` with a ``StringIO``, on which ``sys.stdin.buffer`` fails);
+  wall deadline also covers interpreter start-up and the prelude imports (tens of milliseconds), and
+  nothing carries over from one test to the next: LiveCodeBench calls one ``Solution()`` instance (one
+  module) for all of a problem's tests, so state kept on it or on the class leaks between tests there;
+* a stdin program runs as a script (``__main__``). LiveCodeBench moves its imports to the top and wraps
+  every other statement in a function it calls, so there a ``global x`` in one of the program's
+  functions names a module variable, not the program's top-level ``x`` (a ``NameError``), and an ``if
+  __name__ == "__main__":`` block runs only as the last statement; both run normally here, and so
+  does a ``from __future__`` import (a ``SyntaxError`` there, in both modes: LiveCodeBench puts its
+  import header before the program's text);
+* stdin and stdout are real files, so ``sys.stdin.buffer``, ``open(0)``, ``sys.stdout.buffer`` and
+  ``os.write(1, …)`` work, and so does a ``stdout`` imported from ``sys`` (LiveCodeBench patches
+  ``sys.stdin`` with a ``StringIO``, on which ``.buffer`` fails, and captures output by swapping
+  ``sys.stdout`` for one after the program's imports ran, so writes through an earlier-bound ``stdout``
+  or fd 1 are lost there);
+* the sandbox, not a guard that disables functions, confines the program: ``quit()`` and
+  ``os.getcwd()`` work here (LiveCodeBench's ``reliability_guard`` sets them, and other ``os``,
+  ``shutil`` and ``subprocess`` functions, to ``None``, so calling them is a runtime error there);
+* a program's process ends when its code does: a thread it started and did not join is killed, and
+  only what was printed by then counts (LiveCodeBench's capture also ends when the code returns, so
+  there such a thread's later output is lost too, depending on timing);
 * a functional result is compared after a JSON round trip. A top-level tuple counts as a list (as in
   LiveCodeBench) and a subclass of ``int``, ``float``, ``str``, ``list`` or ``dict`` (``IntEnum``, a
   ``str`` ``Enum``, ``defaultdict``, ``Counter``, ``OrderedDict``; dict keys included, at any depth) as

@@ -18,7 +18,8 @@ Steps, in order:
    in the namespace (so their CPU time is counted), and when the harness exits the kernel kills
    whatever remains — descendants that called ``setsid`` included;
 5. the program's process runs the code with the modules LiveCodeBench's harness pre-imports in scope
-   — as ``__main__`` in stdin mode (LiveCodeBench runs such a program as a script), as the module
+   — as ``__main__`` in stdin mode (a script; LiveCodeBench wraps its statements in a function
+   instead, see :mod:`~asyncroll.evaluator.evaluate` for what that changes), as the module
    ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution in a ``tmp_sol`` module,
    so an ``if __name__ == "__main__":`` test block in it does not run, and calls
    ``Solution().<func_name>`` when the program's text holds ``class Solution``, else its module-level
