@@ -158,8 +158,8 @@ def run_sweep(
     if isinstance(stopped, SimulationError):  # a cell failed: what ran is kept, and where it is said
         failed = cells[len(rows)]  # the cells run and report in order: the first one without its row
         if rows:
-            point = " / ".join(map(str, failed.point))
-            why = f"a failed simulation ({failed.label} at {point}, seed {failed.seed})"
+            at = " / ".join(map(str, failed.point))
+            why = f"a failed simulation ({failed.label} at {at}, seed {failed.seed})"
             _write(output, rows, spec, settings, record, total=len(cells), stopped=why)
             before = (
                 "the simulation before it is"
