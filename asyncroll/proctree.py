@@ -96,14 +96,26 @@ def state(pid: int) -> tuple[str, int, int] | None:
 
 #: A process in the middle of an ``exec`` (just spawned, or a shell exec'ing the server it wraps) shows an
 #: empty environment for a moment: a child read right after its spawn was found without its origin
-#: one time in six. An empty read is tried again for up to this many seconds.
+#: one time in six. An empty read of a process younger than this many seconds is tried again until it
+#: is that old: one older (a kernel thread, a zombie, an ``env -i`` helper) is read once, and a scan of
+#: many processes waits this long at most in all.
 EXEC_WINDOW_S = 0.2
+
+
+def _age(pid: int) -> float:
+    """Seconds since ``pid`` started (0 where that cannot be read: a young process is the safe guess)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            ticks = int(stat.read().rpartition(b")")[2].split()[19])  # starttime, since boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, AttributeError):
+        return 0.0
 
 
 def environ(pid: int) -> dict[str, str] | None:
     """The environment ``pid`` started with (what its ancestors passed on), or ``None`` where it cannot be
-    read: gone, a zombie, or another user's. An empty one is read again through :data:`EXEC_WINDOW_S`
-    (an ``exec`` under way), so only a process that really has none costs that wait."""
+    read: gone, a zombie, or another user's. An empty one of a process younger than
+    :data:`EXEC_WINDOW_S` is read again until it is that old (an ``exec`` may be under way)."""
     deadline = time.monotonic() + EXEC_WINDOW_S
     while True:
         try:
@@ -111,7 +123,7 @@ def environ(pid: int) -> dict[str, str] | None:
                 data = env.read()
         except OSError:
             return None
-        if data or time.monotonic() >= deadline:
+        if data or time.monotonic() >= deadline or _age(pid) >= EXEC_WINDOW_S:
             break
         time.sleep(0.001)
     pairs = (item.partition(b"=") for item in data.split(b"\0") if item)
