@@ -5,6 +5,7 @@ at once: the loser never touches the winner's directory."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,34 @@ def test_a_worker_started_after_the_run_directory_moved_logs_there_not_into_a_ne
     worker = factory(0, 1)  # not started
     assert isinstance(worker, ProcessWorker) and worker.log_path == moved / "workers" / "worker-0.log"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == second
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="/proc")
+def test_a_run_whose_receipt_cannot_be_written_keeps_no_handle_on_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The handle on the run's directory (kept to follow it if moved) was opened before run.json and never
+    # closed when run.json found no room: one descriptor lost per run in a process running many (a
+    # bench, a test session).
+    import errno
+
+    import asyncroll.outputs.receipt as receipt
+    from asyncroll.clock import VirtualClock
+    from asyncroll.errors import OutputWriteError
+    from asyncroll.outputs.rundir import open_run_files
+
+    def full(path: Path, data: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(receipt, "write_json_atomic", full)
+    out = tmp_path / "run"
+    out.mkdir()
+    before = _open_fds()
+    with pytest.raises(OutputWriteError, match="nothing written"):
+        open_run_files(out, {"config": {}}, VirtualClock())
+    assert _open_fds() == before
+    assert not out.exists()

@@ -37,8 +37,11 @@ class RunDirectory:
         self._dir = None if out is None else _open_directory(out)  # which directory is this run's own
         self._results: LineFile | None = None
         self._transcripts: LineFile | None = None
-        # OutputWriteError: no room even for run.json (nothing is written)
-        self._receipt = None if out is None else Receipt(out / "run.json", receipt_body, wall)
+        try:  # OutputWriteError: no room even for run.json (nothing is written)
+            self._receipt = None if out is None else Receipt(out / "run.json", receipt_body, wall)
+        except OutputWriteError:
+            self._close_directory()
+            raise
         if out is None:
             return
         try:
