@@ -369,7 +369,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, output)
     warn_exports(outcome.exports_failed, output)
-    if from_run is not None and outcome.summary is not None:
+    if from_run is not None and outcome.summary is not None and output.is_dir():  # not removed meanwhile
         _say_ended_otherwise(from_run, output)
     warn_assumed(assumed, replay=from_run is not None)
     if outcome.late_signal:
