@@ -259,6 +259,41 @@ def test_endings_changed_by_a_replays_own_settings_are_put_down_to_them(
     assert "worker death" not in result.stderr
 
 
+def test_a_replay_with_no_room_to_record_its_changed_endings_still_says_them(
+    two_tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the replay is written, its run.json is rewritten to record the endings that changed: with no
+    room for that copy (a full disk), the command ended in an OSError traceback after a good replay."""
+    import errno
+
+    import asyncroll.outputs.receipt as receipt_module
+    import asyncroll.simulation.from_run as from_run
+
+    compared: list[bool] = []
+    real_compare, real_write = from_run.ended_otherwise, receipt_module.write_json_atomic
+
+    def compare(*args: Any) -> Any:
+        compared.append(True)
+        return real_compare(*args)
+
+    def write(path: Path, data: Any) -> None:
+        if compared:  # the rewrite after the replay: the disk is full by then
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, data)
+
+    monkeypatch.setattr(from_run, "ended_otherwise", compare)
+    monkeypatch.setattr(receipt_module, "write_json_atomic", write)
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", two_tools, "--output", replay, "--max-turns", "2")
+    assert result.exit_code == 0, result.output
+    assert (
+        f"warning: {replay / 'run.json'}: cannot record what follows (No space left on device)"
+        in result.stderr
+    )
+    assert "2 trajectories ended otherwise than in the run (2 completed → max_turns)" in result.stderr
+    assert json.loads((replay / "run.json").read_text())["status"] == "complete"  # whole, as it was
+
+
 def test_a_replay_refused_for_its_workload_names_the_runs_workload_lines(tmp_path: Path) -> None:
     """A tool file gone since the run refused the replay with lines of OUT/replay-workload.jsonl, a file
     removed with the refused output: the error now names the run's own workload, file and line."""

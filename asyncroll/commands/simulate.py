@@ -397,7 +397,10 @@ def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
     receipt = json_loads(receipt_path.read_text(encoding="utf-8"))
     found = {"ended_otherwise": changes, "restarts_not_replayed": restarts}
     receipt["simulation"]["replayed"].update({k: v for k, v in found.items() if v})
-    write_json_atomic(receipt_path, receipt)
+    try:
+        write_json_atomic(receipt_path, receipt)
+    except OSError as exc:  # no room for a second copy: the replay's run.json stays whole as it was
+        typer.echo(f"warning: {receipt_path}: cannot record what follows ({exc.strerror or exc})", err=True)
     if restarts:
         lost = ", ".join(f"{reason}: {n}" for reason, n in restarts.items())
         typer.echo(
