@@ -72,6 +72,7 @@ class RunOutcome:
     exports_failed: dict[str, str] = field(default_factory=dict)
     #: where the run's directory was moved while it ran (its last files were written there), if it was
     moved_to: Path | None = None
+    opened: bool = True  # False: no room for the run's first files; nothing was written, nothing ran
 
     def output(self, given: Path) -> Path:
         """Where the run's files are: ``given`` (``--output``), or where it was moved to."""
@@ -187,7 +188,7 @@ class Run:
         try:
             files, events = open_run_files(out, self._receipt_body(), clock, transcripts=cfg.transcripts)
         except OutputWriteError as exc:  # no room for the run's files: nothing has started
-            return RunOutcome("failed", exit_code("failed"), None, str(exc))
+            return RunOutcome("failed", exit_code("failed"), None, str(exc), opened=False)
         self._files = files
         summary = SummaryBuilder()
         events.subscribe(summary)

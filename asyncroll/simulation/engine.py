@@ -147,8 +147,10 @@ def simulate(
         model_capacity=capacity,
     )
     outcome = clock.run(interruptible(run) if signals else run.execute())
-    if derived is not None and outcome.status == "failed" and not (config.output / "run.json").exists():
-        # no room for the first run.json: the directory, made for this replay, holds only its workload
+    if derived is not None and not outcome.opened and not (config.output / "run.json").exists():
+        # no room for the first run.json: the directory, made for this replay, holds only its workload (a
+        # run.json missing there for another reason — the directory moved or removed while the replay ran
+        # — does not make what stands at that path now this replay's to remove)
         remove_output(config.output, derived.made_parents)
         outcome.error = f"{outcome.error}; nothing written, {config.output} removed"
     return outcome
