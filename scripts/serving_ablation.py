@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=4, help="Untimed requests first.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=600.0)
-    parser.add_argument("--output", type=Path, help="Write the full result as JSON here.")
+    parser.add_argument(
+        "--output", type=Path, help="Write the full result as JSON to this new file (its folder must exist)."
+    )
     args = parser.parse_args(argv)
     for name in ("concurrency", "requests", "max_tokens", "repeats"):
         if getattr(args, name) < 1:
