@@ -430,7 +430,7 @@ class SummaryBuilder:
                         for name, key in PEARSON_FIELDS.items()
                         if (why := pearson_missing(*self.pairs[key])) is not None
                     },
-                    "note": "log predicted vs log actual execute time, tool calls and evaluations that finished ok",
+                    "note": "log-log predicted vs actual execute time: tool and evaluate jobs finished ok",
                 },
             },
             "workers": {"restarts": self.restarts.total(), "restarts_by_reason": dict(self.restarts)},
