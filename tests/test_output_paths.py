@@ -238,11 +238,14 @@ def test_a_run_whose_directory_is_removed_says_so_and_offers_no_command_that_can
     assert not out.exists()
 
 
-def test_a_replay_whose_directory_is_removed_fails_with_the_reason_not_a_traceback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("then", ["removed", "replaced"])
+def test_a_replay_whose_directory_is_removed_fails_with_the_reason_and_removes_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
 ) -> None:
     # simulate --from-run then compared the replay's endings with the run's from the removed directory:
     # an uncaught "--from-run REPLAY: cannot read results.jsonl" (a traceback, and no "error: run failed").
+    # And with no run.json at --output it took itself for a replay that found no room for its first
+    # run.json, and removed the directory there: "replaced", a second replay's, preparing at that path.
     import shutil
 
     from asyncroll.outputs.rundir import RunDirectory
@@ -253,41 +256,22 @@ def test_a_replay_whose_directory_is_removed_fails_with_the_reason_not_a_traceba
 
     def removed_then_finished(self: RunDirectory, *args: Any, **kwargs: Any) -> str | None:
         shutil.rmtree(out)
+        if then == "replaced":  # another replay at the same path, its workload written, no run.json yet
+            out.mkdir()
+            (out / "replay-workload.jsonl").write_text("{}\n")
         return finish(self, *args, **kwargs)
 
     monkeypatch.setattr(RunDirectory, "finish", removed_then_finished)
     result = invoke("simulate", "--from-run", source, "--output", out)
     assert result.exit_code == 1, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert f"outputs: {out} (no longer there)" in result.stdout
     assert f"error: run failed: summary.json: cannot write ({out} was moved or removed" in result.stderr
-    assert not out.exists()
-
-
-def test_a_replay_whose_directory_is_removed_never_removes_a_new_one_at_its_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A failed replay with no run.json at --output took itself for one that found no room for its first
-    # run.json and removed the directory there: after its own was removed, a second replay's, preparing.
-    import shutil
-
-    from asyncroll.outputs.rundir import RunDirectory
-
-    source, out = tmp_path / "source", tmp_path / "replay"
-    assert invoke("simulate", "--workload", SMOKE, "--output", source).exit_code == 0
-    finish = RunDirectory.finish
-
-    def replaced_then_finished(self: RunDirectory, *args: Any, **kwargs: Any) -> str | None:
-        shutil.rmtree(out)
-        out.mkdir()  # another replay at the same path, its workload written, no run.json yet
-        (out / "replay-workload.jsonl").write_text("{}\n")
-        return finish(self, *args, **kwargs)
-
-    monkeypatch.setattr(RunDirectory, "finish", replaced_then_finished)
-    result = invoke("simulate", "--from-run", source, "--output", out)
-    assert result.exit_code == 1, result.output
-    assert (out / "replay-workload.jsonl").read_text() == "{}\n"
     assert f"nothing written, {out} removed" not in result.stderr
+    if then == "removed":
+        assert f"outputs: {out} (no longer there)" in result.stdout
+        assert not out.exists()
+    else:
+        assert (out / "replay-workload.jsonl").read_text() == "{}\n"
 
 
 def test_a_worker_started_after_the_run_directory_moved_logs_there_not_into_a_new_run_at_its_path(

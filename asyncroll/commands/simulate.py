@@ -369,7 +369,9 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, output)
     warn_exports(outcome.exports_failed, output)
-    if from_run is not None and outcome.summary is not None and output.is_dir():  # not removed meanwhile
+    # a failed replay's endings are not compared: its directory may be gone (moved or removed), and what
+    # stands at its path then another's
+    if from_run is not None and outcome.summary is not None and outcome.status == "complete":
         _say_ended_otherwise(from_run, output)
     warn_assumed(assumed, replay=from_run is not None)
     if outcome.late_signal:
