@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -58,14 +59,16 @@ REQUEST = ModelRequest("p", PROBLEM, 0, [{"role": "user", "content": PROBLEM.pro
 INFLIGHT = (1, 4, 16, 64, 256)
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
+def start_server(start_timeout: float = 60.0) -> tuple[subprocess.Popen[str], str]:
     cmd = [
         sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0", "--max-num-seqs", "1024",
         "--step-base-ms", "0.001", "--step-per-seq-ms", "0", "--prefill-ms-per-token", "0",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    line = proc.stdout.readline()
+    # a server that hangs before its first line would hang the benchmark with it
+    ready, _, _ = select.select([proc.stdout], [], [], start_timeout)
+    line = proc.stdout.readline() if ready else f"(no line in {start_timeout:g} s)"
     if not line.startswith("serve-sim listening on "):
         proc.kill()
         proc.wait(timeout=30)

@@ -8,6 +8,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -87,6 +88,17 @@ def run_once(
     began = time.perf_counter()
     outcome = clock.run(run.execute())
     return outcome, tmp / "run", time.perf_counter() - began
+
+
+def run_child(argv: list[str], *, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark's child process with its output captured. A child that fails ends the benchmark
+    with its command and the end of its stderr (``check=True`` gave a CalledProcessError traceback that
+    named the command and hid the reason, which the capture had kept)."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-20:]) or "(nothing on stderr)"
+        raise SystemExit(f"{' '.join(argv[:4])} … exited with {done.returncode}:\n{tail}")
+    return done
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:

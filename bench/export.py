@@ -34,7 +34,7 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
-from bench.common import machine, number_arg, quantiles, sizes_arg, write_workload
+from bench.common import machine, number_arg, quantiles, run_child, sizes_arg, write_workload
 from bench.simspeed import small_workload
 
 EVENTS_PER_TRAJECTORY = 20  # roughly, for this workload; the table reports the real count
@@ -121,9 +121,7 @@ def peak_rss_mb(out: Path) -> tuple[float, float] | None:
     """(peak RSS, RSS after imports) in MB of a fresh process that exports ``out`` once (Linux only)."""
     if not Path("/proc/self/status").exists():
         return None
-    proc = subprocess.run(
-        [sys.executable, "-c", PEAK_RSS, str(out)], capture_output=True, text=True, timeout=3600, check=True
-    )
+    proc = run_child([sys.executable, "-c", PEAK_RSS, str(out)], timeout=3600)
     base, peak = (int(x) / 1024 for x in proc.stdout.split())
     return peak, base
 

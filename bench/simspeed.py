@@ -27,12 +27,11 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, number_arg, quantiles, scratch, sizes_arg, write_workload
+from bench.common import machine, number_arg, quantiles, run_child, scratch, sizes_arg, write_workload
 
 CHILD = r"""
 import json, sys, tempfile, time
@@ -144,7 +143,7 @@ def one(
         policy,
         "1" if parts else "0",
     ]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+    out = run_child(argv)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

@@ -7,12 +7,11 @@ measures what a user waits for before any command runs. Run: ``python -m bench.s
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.common import machine, number_arg, quantiles
+from bench.common import machine, number_arg, quantiles, run_child
 
 
 def main() -> None:
@@ -29,7 +28,7 @@ def main() -> None:
         times = []
         for _ in range(args.repeats):
             began = time.perf_counter()
-            subprocess.run(argv, check=True, capture_output=True)
+            run_child(argv)
             times.append(time.perf_counter() - began)
         lo, mid, hi = quantiles(times)
         print(f"| `{name}` | {lo:.3f} | {mid:.3f} | {hi:.3f} | {args.repeats} |")

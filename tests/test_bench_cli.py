@@ -348,3 +348,33 @@ def test_the_pressure_map_measures_every_policy_against_the_operating_points_bou
     (cell,) = cells(rows, "sync", 3)
     assert cell["ratio"] == pytest.approx(3.1) and cell["closed"] < 0
     assert cell["verdict"] == "WORSE, < half closed"
+
+
+@pytest.mark.timeout(30)
+def test_the_client_bench_gives_up_on_a_server_that_never_says_it_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench read serve-sim's first line with no time limit: a server that hung before it (a port it
+    waited for, an import stuck on a network file system) hung the benchmark, with nothing said."""
+    from bench import client
+
+    silent = tmp_path / "python"
+    silent.write_text(f"#!/bin/sh\ntouch {tmp_path / 'started'}\nexec sleep 60\n")
+    silent.chmod(0o755)
+    monkeypatch.setattr(client.sys, "executable", str(silent))
+    with pytest.raises(RuntimeError, match=r"serve-sim did not start: '\(no line in 0.5 s\)'"):
+        client.start_server(start_timeout=0.5)
+    assert (tmp_path / "started").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_bench_child_ends_it_with_the_childs_own_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check=True`` on a captured child (bench.simspeed's measured process, bench.startup's command,
+    bench.export's memory probe) gave a CalledProcessError traceback that hid the child's stderr."""
+    from bench import simspeed
+
+    monkeypatch.setattr(simspeed, "CHILD", "import sys; sys.exit('the child could not import its workload')")
+    with pytest.raises(SystemExit) as exit_info:
+        simspeed.one(10, False, Path("unused.jsonl"))
+    assert "exited with 1" in str(exit_info.value)
+    assert "the child could not import its workload" in str(exit_info.value)
