@@ -121,6 +121,38 @@ def test_an_interrupted_sweep_keeps_the_simulations_it_finished(tmp_path: Path) 
     assert document["rows"][:2] == json.loads((out / "sweep.json").read_text())["rows"]
 
 
+@pytest.mark.timeout(60)
+def test_a_partial_sweeps_table_says_how_many_seeds_each_cell_stands_on(tmp_path: Path) -> None:
+    """Stopped in its second seed, a sweep's cells stand on 2 seeds or 1; sweep.md showed their spreads
+    side by side with no way to tell which were over fewer seeds."""
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepInterrupted, SweepSpec, run_sweep
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo", "tool_first"), (2, 4), (2,), (1,), 2, 0.2)
+
+    def stop_after_five(done: int, total: int, row: dict[str, object]) -> None:
+        if done == 5:  # seed 0's four cells, then seed 1's first (fifo at 2 / 2 / 1)
+            raise KeyboardInterrupt("SIGINT")
+
+    out = tmp_path / "s"
+    with pytest.raises(SweepInterrupted):
+        run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out, progress=stop_after_five)
+    table = [line for line in (out / "sweep.md").read_text().splitlines() if line.startswith("|")]
+    assert table[0].startswith("| policy | active | inflight | workers | seeds |")
+    seeds = {tuple(cell.strip() for cell in row.split("|")[1:6]) for row in table[2:]}
+    assert seeds == {
+        ("fifo", "2", "2", "1", "2"),
+        ("tool_first", "2", "2", "1", "1"),
+        ("fifo", "4", "2", "1", "1"),
+        ("tool_first", "4", "2", "1", "1"),
+    }
+    whole = tmp_path / "whole"  # every cell on the same seeds: no column for it
+    run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), whole)
+    assert (whole / "sweep.md").read_text().startswith("| policy | active | inflight | workers | makespan")
+
+
 STOP_CELLS = """
 import sys, time, os
 from concurrent.futures import ProcessPoolExecutor

@@ -78,16 +78,22 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(agg: list[dict[str, Any]]) -> str:
+    # Cells that stand on different numbers of seeds (a sweep stopped part-way) show each one's count.
+    uneven = len({c["seeds"] for c in agg}) > 1
     lines = [
-        "| policy | active | inflight | workers | makespan s (min / med / max) | completed per hour "
+        "| policy | active | inflight | workers |"
+        + (" seeds |" if uneven else "")
+        + " makespan s (min / med / max) | completed per hour "
         "| efficiency (min / med / max) | CPU-blocked s | reorders "
         "| makespan vs fifo, paired (min / med / max) |",
-        "|---|---:|---:|---:|---|---|---|---|---|---|",
+        "|---|---:|---:|---:|" + ("---:|" if uneven else "") + "---|---|---|---|---|---|",
     ]
     for c in sorted(agg, key=_cell_order):
         lines.append(
             f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} "
-            f"| {_shown(c['makespan_s'])} | {_shown(c['completed_per_hour'], 0)} | {_shown(c['efficiency'])} "
+            + (f"| {c['seeds']} " if uneven else "")
+            + f"| {_shown(c['makespan_s'])} | {_shown(c['completed_per_hour'], 0)} "
+            f"| {_shown(c['efficiency'])} "
             f"| {_shown(c['cpu_blocked_s'])} | {_shown_count(c['reorders'])} "
             f"| {_shown_change(c['vs_fifo'])} |"
         )
