@@ -157,3 +157,28 @@ def test_a_model_list_that_cannot_be_decoded_is_generic_not_unreachable() -> Non
 
         kind, source = asyncio.run(probe())
     assert kind == "generic" and source.startswith("probed: /v1/models answered unreadably (DecodingError")
+
+
+@pytest.mark.timeout(60)
+def test_a_run_directory_removed_while_the_warmup_fails_still_reports_the_warmups_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json names the server also when its start fails, from a ``finally``: with the directory gone
+    (removed while the run started, or no room left) that write's own error replaced the warm-up's, so
+    the run said "run.json: cannot write" and never why the server was refused."""
+    import shutil
+
+    real_warmup = OpenAIBackend.warmup
+
+    async def warmup_after_the_directory_is_removed(self: OpenAIBackend, requests: int) -> int:
+        shutil.rmtree(tmp_path / "run0")
+        return await real_warmup(self, requests)
+
+    monkeypatch.setattr(OpenAIBackend, "warmup", warmup_after_the_directory_is_removed)
+    with serve() as running:
+        outcome, capture, out = http_run(
+            tmp_path, final_problems(2), running.url, model="gpt-9", warmup_requests=1
+        )
+    assert outcome.status == "failed" and not capture.of(TrajectoryStarted) and not out.exists()
+    assert outcome.error is not None and outcome.error.startswith("warm-up request 1/1 failed: HTTP 404")
+    assert "was moved or removed while the run ran" in outcome.error  # said after it

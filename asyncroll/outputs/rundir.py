@@ -93,10 +93,16 @@ class RunDirectory:
     def events_path(self) -> Path | None:
         return None if self.out is None else self.out / "events.jsonl"
 
-    def update(self, **fields: Any) -> None:
+    def update(self, *, best_effort: bool = False, **fields: Any) -> None:
+        """Rewrite run.json with ``fields``. ``best_effort``: while another error is on its way out, a
+        run.json that cannot be written is left as it was, so that the error reported is that one."""
         if self._receipt is not None:
-            self._follow(self._receipt)
-            self._receipt.update(**fields)
+            try:
+                self._follow(self._receipt)
+                self._receipt.update(**fields)
+            except OutputWriteError:
+                if not best_effort:
+                    raise
 
     def transition(self, status: Status, wall: float, **fields: Any) -> None:
         if self._receipt is not None:

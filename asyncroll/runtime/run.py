@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -286,9 +287,9 @@ class Run:
                     try:  # run.json names the server, its probed kind and the warm-up's retries, also
                         await self._backend.start(outer)  # when the start or the warm-up fails
                         warm = await self._backend.warmup(cfg.warmup_requests)
-                    finally:
+                    finally:  # a run.json that cannot be written must not hide why the start failed
                         if describe is not None:
-                            files.update(backend=describe())
+                            files.update(backend=describe(), best_effort=sys.exception() is not None)
                     files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
                     await sampler.probe()
                     files.update(telemetry=sampler.receipt())
