@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,9 @@ def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
     assert order == ["pair1-fifo", "pair1-asyncroll", "pair2-asyncroll", "pair2-fifo"]
     started = {k: v["started_at"] for k, v in exp["arms"].items()}
     assert sorted(order, key=started.__getitem__) == order
+    # ISO 8601 in UTC like every other *_at of the receipt (they were epoch seconds beside ISO strings)
+    assert all(datetime.fromisoformat(at).utcoffset() == timedelta(0) for at in started.values())
+    assert all(datetime.fromisoformat(a["finished_at"]) for a in exp["arms"].values() if "finished_at" in a)
     # every arm: fresh server, readiness, evidence, whole group stopped, nothing left running
     ports = set()
     for arm_id in order:

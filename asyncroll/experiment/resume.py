@@ -9,14 +9,13 @@ each arm it runs the same way (:func:`record_arm`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncroll.experiment.orphans import sweep_orphan
 from asyncroll.experiment.plan import ArmPlan
-from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line, read_json
+from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, one_line, read_json
 
 
 def arm_dir(output: Path, arm: ArmPlan) -> Path:
@@ -43,7 +42,7 @@ def record_arm(
         error=error,
         failed_step=data.get("failed_step"),
         run_dir=str(arm_dir(output, arm) / "run"),
-        finished_at=time.time(),
+        finished_at=now_iso(),
         server_evidence=data.get("server", {}).get("startup_evidence"),
     )
     echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))

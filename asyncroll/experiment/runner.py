@@ -69,7 +69,7 @@ from asyncroll.experiment.gates import evaluate_gates, gate_text
 from asyncroll.experiment.lock import LOCK_NAME, OutputLock
 from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
 from asyncroll.experiment.preflight import check_workload
-from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, one_line
+from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, one_line
 from asyncroll.experiment.resume import arm_dir, finished_arm, record_arm, recover
 from asyncroll.experiment.signals import SignalGuard
 from asyncroll.proctree import is_subreaper, set_subreaper
@@ -332,7 +332,7 @@ class ExperimentRunner:
 
     def _run_one(self, receipt: ExperimentReceipt, arm: ArmPlan) -> None:
         directory = arm_dir(self.output, arm)
-        receipt.set_arm(arm.id, status="running", dir=str(directory), started_at=time.time())
+        receipt.set_arm(arm.id, status="running", dir=str(directory), started_at=now_iso())
         self.echo(f"[{arm.id}] policy {arm.policy}, seed {arm.seed}: starting")
         try:
             result = run_arm(
@@ -371,7 +371,7 @@ class ExperimentRunner:
                 record_arm(receipt, self.output, self.echo, arm, finished)
             else:
                 receipt.set_arm(
-                    arm.id, status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time()
+                    arm.id, status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=now_iso()
                 )
             raise
 
