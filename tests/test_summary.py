@@ -204,6 +204,57 @@ def test_blocked_intervals_count_only_spans_of_positive_length() -> None:
     assert (at_once["seconds"], at_once["intervals"]) == (0.0, 0)
 
 
+def test_a_blocked_stretch_left_and_rejoined_at_one_instant_is_one_interval() -> None:
+    """a's job runs 0-0.5 s while b's jobs follow one another through model turns of 0 s (a simulated
+    action without ``latency_ms``): the client is blocked throughout, yet the summary said 4 intervals,
+    as if each instant b spent on a model turn split the stretch. A state that holds for an instant adds
+    no time and is no interval; neither does the instant the state is left and entered again (nor a
+    0 s job after the end, entered and left at one instant)."""
+    from asyncroll.events import CpuEnqueued, ModelEnqueued
+
+    request = iter(range(1, 100))
+
+    def turn(t: float, tid: str, job: int | None) -> list[Event]:
+        rid = next(request)
+        events: list[Event] = [
+            _at(t, ModelEnqueued(id=tid, request_id=rid, turn=0, outstanding=1)),
+            _at(t, ModelFinished(id=tid, request_id=rid, turn=0, latency_s=0.0, action="tool")),
+        ]
+        if job is not None:
+            enqueued = CpuEnqueued(
+                id=tid, job_id=job, kind="tool", tool="t", turn=0, arg_bytes=1, queue_depth=1
+            )
+            events.append(_at(t, enqueued))
+        return events
+
+    def done(t: float, tid: str, job: int) -> Event:
+        finished = CpuFinished(
+            id=tid,
+            job_id=job,
+            worker=0,
+            kind="tool",
+            tool="t",
+            ok=True,
+            execute_s=0.1,
+            cpu_s=None,
+            roundtrip_s=0.1,
+        )
+        return _at(t, finished)
+
+    events: list[Event] = [
+        _at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
+        _at(0.0, TrajectoryStarted(id="b", index=1, prompt_chars=1, active=2)),
+        *turn(0.0, "a", 1),
+        *turn(0.0, "b", 2),
+    ]
+    for k, t in enumerate((0.1, 0.2, 0.3)):
+        events += [done(t, "b", 2 + k), *turn(t, "b", 3 + k)]
+    events += [done(0.4, "b", 5), *turn(0.4, "b", None), done(0.5, "a", 1)]
+    events += [*turn(0.5, "a", 6), done(0.5, "a", 6)]  # a 0 s job at the end: entered and left at once
+    blocked = _build(events, 0.5)["client_cpu_blocked"]
+    assert (blocked["seconds"], blocked["intervals"]) == (0.5, 1)
+
+
 def test_no_window_or_an_empty_one_is_null_with_why_never_zero() -> None:
     never = _build([], None)
     assert never["client_cpu_blocked"]["intervals"] is None  # was 0 beside seconds: null

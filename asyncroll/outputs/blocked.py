@@ -5,8 +5,9 @@ Blocked means, at the same instant: at least one active trajectory, zero model r
 inference server gets nothing from this client: it is the client-side half of "model starvation"
 (MEASUREMENT.md). Integrated exactly over the event stream's own timestamps. An interval is a span of
 positive length: the state can hold for an instant only (events at one timestamp, e.g. a simulated grade
-job of 0 s), which adds no time and is not counted as an interval. A request a stop cancelled stays
-outstanding: the stop itself is not blocked time.
+job of 0 s), which adds no time and is not counted as an interval; nor does a state that leaves it
+for an instant only split an interval in two (a simulated model turn of 0 s between two jobs). A request
+a stop cancelled stays outstanding: the stop itself is not blocked time.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class BlockedMeter:
         self.blocked_s = 0.0
         self._closed = 0  # intervals of positive length that have ended
         self._since: float | None = None
+        self._start = 0.0  # when the interval under way began (before any instant it was left for)
+        self._left: tuple[float, float] | None = None  # (end, start) of the last interval counted
 
     @property
     def blocked(self) -> bool:
@@ -64,16 +67,21 @@ class BlockedMeter:
         self.pending += delta[2]
         now = self.active > 0 and self.outstanding == 0 and self.pending > 0
         if now and not was:
-            self._since = event.t
+            self._since, self._start = event.t, event.t
+            if self._left is not None and self._left[0] == event.t:  # left and entered again at once
+                self._closed -= 1  # the same interval goes on
+                self._start = self._left[1]
+            self._left = None
         elif was and not now and self._since is not None:
-            if event.t > self._since:
-                self.blocked_s += event.t - self._since
+            self.blocked_s += event.t - self._since
+            if event.t > self._start:
                 self._closed += 1
+                self._left = (event.t, self._start)
             self._since = None
 
     def intervals(self, end: float) -> int:
         """Blocked intervals of positive length up to ``end`` (one still open counts if it began before)."""
-        return self._closed + (self._since is not None and end > self._since)
+        return self._closed + (self._since is not None and end > self._start)
 
     def total(self, end: float) -> float:
         """Blocked seconds up to ``end`` (an interval still open is closed there)."""
