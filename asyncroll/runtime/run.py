@@ -316,7 +316,7 @@ class Run:
                     status = "complete"
                 finally:
                     # The measured window ends here, before any cleanup; read CPU while workers live.
-                    finished_at = clock.now()
+                    finished_at = trajectories.window_end(status == "complete")
                     cpu_end = (client_cpu(), pool.cpu_seconds())
                     if origin is not None:  # telemetry sampled during the cleanup is clipped to it
                         summary.end_window(finished_at - origin)

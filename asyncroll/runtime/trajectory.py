@@ -122,6 +122,13 @@ class TrajectoryRunner:
         self._evaluator_options = dict(evaluator_options or {})
         self._max_observation_chars = max_observation_chars
         self._transcripts = transcripts
+        self.last_end: float | None = None  # when the latest trajectory ended (its clock's time)
+
+    def window_end(self, complete: bool) -> float:
+        """When the measured window ends: a complete run's at its last trajectory's end (the makespan
+        is that, as the events say; what the event loop ran after it, such as the kill of a worker whose
+        job timed out, is outside it), any other run's now (its stop has ended its work)."""
+        return self.last_end if complete and self.last_end is not None else self._clock.now()
 
     async def run(self, index: int, traj_id: str, problem: Problem, active: int) -> TrajectoryResult:
         started = self._clock.now()
@@ -157,6 +164,7 @@ class TrajectoryRunner:
             ),
             at=state.ended,  # when its duration ends
         )
+        self.last_end = state.ended
         return result
 
     async def _loop(
