@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 from asyncroll.policies import JobView, Prediction, QueueSnapshot, get_policy
 from asyncroll.policies.base import JobKind
 from asyncroll.policies.pressure import PressurePolicy
+from tests.conftest import REPO
 from tests.pressure_policies import BALANCED, CRITICAL, GUARDED, SEED, UNLOCK
 
 Job = tuple[JobKind, float, float]  # kind, predicted s, waited s
@@ -38,6 +40,24 @@ def snap(
 def test_hard_aging_wins_over_everything() -> None:
     decision = SEED.choose(snap(("tool", 0.5, 10), ("grade", 9.0, 31), ("tool", 0.01, 40)))
     assert (decision.job_id, decision.reason, decision.eligible) == (2, "hard_starvation_fifo", False)
+
+
+def test_a_trigger_that_held_is_not_eligible_when_hard_aging_or_no_prediction_took_it() -> None:
+    """MEASUREMENT.md defined an eligible decision as one whose trigger held (≥ 2 queued, model outstanding
+    < threshold): counted that way from cpu_selected events, a simulated run under the guarded rule had 86
+    eligible decisions more than summary.json's, every one a hard-aged pick. The rules mark eligible only
+    their own choice; the definition says so."""
+    aged = SEED.choose(snap(("tool", 0.5, 10), ("tool", 0.01, 40), outstanding=0, threshold=4))
+    no_predictions = replace(snap(("tool", 0.5, 1), ("tool", 0.01, 2), outstanding=0), predictions=())
+    unpredicted = SEED.choose(no_predictions)
+    assert (aged.reason, aged.eligible) == ("hard_starvation_fifo", False)
+    assert (unpredicted.reason, unpredicted.eligible) == ("not_eligible_no_predictions", False)
+    text = (REPO / "MEASUREMENT.md").read_text(encoding="utf-8")
+    definition = text[text.index("`eligible_decisions` counts") :].split("`reorders` counts")[0]
+    assert (
+        "`hard_starvation_fifo`) or" in definition
+        and "(`not_eligible_no_predictions`) is not eligible" in definition
+    )
 
 
 def test_not_eligible_means_fifo() -> None:
