@@ -164,7 +164,7 @@ class TrajectoryRunner:
             ),
             at=state.ended,  # when its duration ends
         )
-        self.last_end = state.ended
+        self.last_end = state.ended if self.last_end is None else max(self.last_end, state.ended)
         return result
 
     async def _loop(
