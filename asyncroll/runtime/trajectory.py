@@ -164,7 +164,8 @@ class TrajectoryRunner:
             ),
             at=state.ended,  # when its duration ends
         )
-        self.last_end = state.ended if self.last_end is None else max(self.last_end, state.ended)
+        if state.ended is not None:
+            self.last_end = state.ended if self.last_end is None else max(self.last_end, state.ended)
         return result
 
     async def _loop(
