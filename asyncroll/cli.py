@@ -10,6 +10,7 @@ complete, 1 run failed, 2 usage or validation error, 130 interrupted.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -17,7 +18,7 @@ from typer.core import TyperCommand
 
 from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
-from asyncroll.commands.common import say, stdout_lost
+from asyncroll.commands.common import fail, say, stdout_lost
 from asyncroll.commands.help_page import HelpGroup
 from asyncroll.commands.single_values import SingleValueCommand
 
@@ -52,7 +53,13 @@ def _options(
         typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """The app's own options (``--version``); each command has its own."""
+    """The app's own options (``--version``); each command has its own. Runs before any command: one
+    started in a directory that was removed since (``rmdir`` from another shell) is refused here, not
+    with a traceback from the first relative path or ``os.getcwd()`` it meets."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise fail("the current directory no longer exists (removed?): cd into one that does") from None
 
 
 # Registered in the order ``asyncroll --help`` lists them.

@@ -1,0 +1,61 @@
+"""Commands in environments unlike a developer's: a current directory that was removed, a stderr that
+was closed, descriptor and process limits, a umask that leaves new directories unwritable. Each ends
+with one clear line on stderr and its documented exit code, never a traceback, and leaves no process
+and no half-made directory behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(90)
+SMOKE = REPO / "examples" / "smoke.jsonl"
+
+
+def asyncroll(
+    *args: str | Path,
+    cwd: Path | None = None,
+    prepare: Callable[[], None] | None = None,
+    stderr: int | None = subprocess.PIPE,
+) -> subprocess.CompletedProcess[str]:
+    """``asyncroll ARGS`` in a new interpreter, ``prepare`` run in the child before it starts."""
+    return subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        timeout=75,
+        cwd=cwd,
+        preexec_fn=prepare,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--workload", SMOKE, "--output", "out", "--no-progress"],
+        ["simulate", "--workload", SMOKE, "--output", "out"],
+        ["simulate", "--sweep", "--workload", SMOKE, "--output", "out", "--seeds", "1", "--jobs", "1"],
+    ],
+    ids=["run", "simulate", "sweep"],
+)
+def test_a_command_whose_current_directory_was_removed_says_so(tmp_path: Path, command: list[str]) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+
+    def remove_cwd() -> None:
+        os.rmdir(gone)  # the child is in it already: its working directory no longer exists
+
+    done = asyncroll(*command, cwd=gone, prepare=remove_cwd)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "current directory" in done.stderr and "no longer exists" in done.stderr
+    assert not gone.exists()  # nothing was made at a path relative to it
