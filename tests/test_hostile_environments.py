@@ -59,3 +59,15 @@ def test_a_command_whose_current_directory_was_removed_says_so(tmp_path: Path, c
     assert "Traceback" not in done.stderr
     assert "current directory" in done.stderr and "no longer exists" in done.stderr
     assert not gone.exists()  # nothing was made at a path relative to it
+
+
+@pytest.mark.parametrize("progress", [[], ["--progress"]], ids=["default", "asked"])
+def test_a_sweep_with_stderr_closed_runs_and_writes_its_tables(tmp_path: Path, progress: list[str]) -> None:
+    def close_stderr() -> None:
+        os.close(2)  # `2>&-`: Python starts with sys.stderr None
+
+    out = tmp_path / "sweep"
+    args = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "1", "--jobs", "1"]
+    done = asyncroll(*args, *progress, prepare=close_stderr, stderr=None)
+    assert done.returncode == 0
+    assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()

@@ -421,6 +421,8 @@ def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
 def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:
     """A line on stderr redrawn after each cell (``--progress``; by default only on a terminal)."""
     stream = sys.stderr
+    if stream is None:  # started with stderr closed (`2>&-`): Python has no sys.stderr, nowhere to draw
+        return None
     if not (stream.isatty() if wanted is None else wanted):
         return None
     tty = stream.isatty()
