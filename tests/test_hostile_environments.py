@@ -6,6 +6,7 @@ and no half-made directory behind."""
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Callable
@@ -71,3 +72,24 @@ def test_a_sweep_with_stderr_closed_runs_and_writes_its_tables(tmp_path: Path, p
     done = asyncroll(*args, *progress, prepare=close_stderr, stderr=None)
     assert done.returncode == 0
     assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()
+
+
+def _files(limit: int) -> Callable[[], None]:
+    def lower() -> None:  # `ulimit -n LIMIT`
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return lower
+
+
+def test_a_sweep_whose_cell_processes_cannot_start_names_the_limit(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    args = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "2", "--jobs", "2"]
+    done = asyncroll(*args, "--no-progress", prepare=_files(13))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Too many open files" in done.stderr and "hold 13 open files: ulimit -n" in done.stderr
+    assert "--jobs 1" in done.stderr  # the way out: the cells in the sweep's own process
+    assert not (out / "sweep.json").exists()
+    # the advice holds: the cells in the sweep's own process need no more descriptors
+    done = asyncroll(*args[:5], tmp_path / "again", *args[6:-2], "--jobs", "1", prepare=_files(13))
+    assert done.returncode == 0, done.stderr

@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ from asyncroll.errors import OutputExistsError, OutputWriteError, SimulationErro
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
+from asyncroll.process_limits import limit_note
 from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.runtime.signals import STOP_SIGNALS, interruptible
 from asyncroll.simulation.engine import Assumed, SimulationSettings, backend_for, workers_for
@@ -131,7 +132,7 @@ def run_sweep(
         pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
     stopped: BaseException | None = None
     try:
-        for row, made in map(run_cell, cells) if pool is None else pool.map(run_cell, cells):
+        for row, made in map(run_cell, cells) if pool is None else _cells_in(pool, cells, jobs):
             rows.append(row)
             if assumed is not None:
                 assumed.untimed.update(made.untimed)
@@ -171,6 +172,20 @@ def run_sweep(
             kept = f"its seeded workloads are in {output / 'workloads'}"
         raise SimulationError(f"{stopped}; {kept}; a new --output runs the sweep again") from stopped
     raise stopped
+
+
+def _cells_in(
+    pool: ProcessPoolExecutor, cells: list[Cell], jobs: int
+) -> Iterator[tuple[dict[str, Any], Assumed]]:
+    """The cells' results from ``pool``, which starts its processes as the cells are handed to it: one
+    that cannot start (``ulimit -n`` or ``-u`` reached) is a :class:`SimulationError` that says so."""
+    try:
+        return pool.map(run_cell, cells)
+    except OSError as exc:
+        raise SimulationError(
+            f"cannot start the sweep's cell processes (--jobs {jobs}): {exc.strerror or exc}"
+            f"{limit_note(exc)}; --jobs 1 runs the cells in this process"
+        ) from exc
 
 
 class SweepInterrupted(KeyboardInterrupt):

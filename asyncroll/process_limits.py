@@ -1,0 +1,26 @@
+"""The process limit behind an error, named in its message: on a shared cluster or a CI box a low
+``ulimit -n`` (open files) or ``ulimit -u`` (processes and threads of the user) refuses a worker or a
+sweep's cell process with ``EMFILE`` or ``EAGAIN``, whose text alone does not say which limit to raise."""
+
+from __future__ import annotations
+
+import errno
+import resource
+
+
+def limit_note(exc: BaseException) -> str:
+    """`` (ulimit -n 16: …)`` for an error that a limit of this process explains, else ``""``."""
+    if not isinstance(exc, OSError):
+        return ""
+    if exc.errno == errno.EMFILE:
+        return f" (this process may hold {_soft(resource.RLIMIT_NOFILE)} open files: ulimit -n)"
+    if exc.errno == errno.EAGAIN and hasattr(resource, "RLIMIT_NPROC"):
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        if soft != resource.RLIM_INFINITY:  # else a transient shortage of the kernel's, not a limit
+            return f" (this user may run {soft} processes and threads: ulimit -u)"
+    return ""
+
+
+def _soft(which: int) -> str:
+    soft = resource.getrlimit(which)[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
