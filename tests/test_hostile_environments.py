@@ -5,6 +5,7 @@ and no half-made directory behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -12,8 +13,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
+from asyncroll.events import parse_event
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(90)
@@ -48,7 +51,9 @@ def asyncroll(
     ],
     ids=["run", "simulate", "sweep"],
 )
-def test_a_command_whose_current_directory_was_removed_says_so(tmp_path: Path, command: list[str]) -> None:
+def test_a_command_whose_current_directory_was_removed_says_so(
+    tmp_path: Path, command: list[str | Path]
+) -> None:
     gone = tmp_path / "gone"
     gone.mkdir()
 
@@ -68,7 +73,18 @@ def test_a_sweep_with_stderr_closed_runs_and_writes_its_tables(tmp_path: Path, p
         os.close(2)  # `2>&-`: Python starts with sys.stderr None
 
     out = tmp_path / "sweep"
-    args = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "1", "--jobs", "1"]
+    args: list[str | Path] = [
+        "simulate",
+        "--sweep",
+        "--workload",
+        SMOKE,
+        "--output",
+        out,
+        "--seeds",
+        "1",
+        "--jobs",
+        "1",
+    ]
     done = asyncroll(*args, *progress, prepare=close_stderr, stderr=None)
     assert done.returncode == 0
     assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()
@@ -83,7 +99,18 @@ def _files(limit: int) -> Callable[[], None]:
 
 def test_a_sweep_whose_cell_processes_cannot_start_names_the_limit(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    args = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "2", "--jobs", "2"]
+    args: list[str | Path] = [
+        "simulate",
+        "--sweep",
+        "--workload",
+        SMOKE,
+        "--output",
+        out,
+        "--seeds",
+        "2",
+        "--jobs",
+        "2",
+    ]
     done = asyncroll(*args, "--no-progress", prepare=_files(13))
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
@@ -93,3 +120,33 @@ def test_a_sweep_whose_cell_processes_cannot_start_names_the_limit(tmp_path: Pat
     # the advice holds: the cells in the sweep's own process need no more descriptors
     done = asyncroll(*args[:5], tmp_path / "again", *args[6:-2], "--jobs", "1", prepare=_files(13))
     assert done.returncode == 0, done.stderr
+
+
+def test_a_run_whose_workers_cannot_start_names_the_limit_and_leaves_no_worker(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args: list[str | Path] = [
+        "run",
+        "--workload",
+        SMOKE,
+        "--output",
+        out,
+        "--cpu-workers",
+        "8",
+        "--no-progress",
+    ]
+    done = asyncroll(*args, prepare=_files(32))  # some workers start, then a spawn finds no descriptor
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Too many open files (this process may hold 32 open files: ulimit -n)" in done.stderr
+    assert "OSError(24" not in done.stderr  # an error's text, not its repr
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and "ulimit -n" in receipt["error"]
+    for line in (out / "events.jsonl").read_text().splitlines():
+        parse_event(line)  # whole lines only
+    pid = str(receipt["pid"])
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "asyncroll.workers.child" in (p.info["cmdline"] or []) and pid in (p.info["cmdline"] or [])
+    ]
+    assert left == []

@@ -38,6 +38,7 @@ from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
 from asyncroll.policies.registry import canonical_policy, estimator_for
+from asyncroll.process_limits import limit_note
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.cleanup import cleanup, shielded
 from asyncroll.runtime.collaborators import (
@@ -445,4 +446,4 @@ async def _in_daemon_thread(fn: Callable[[], None]) -> None:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, AsyncrollError) else str(exc)
+    return str(exc) if isinstance(exc, AsyncrollError) else f"{type(exc).__name__}: {exc}{limit_note(exc)}"

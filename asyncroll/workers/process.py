@@ -26,6 +26,7 @@ import psutil
 
 from asyncroll import proctree
 from asyncroll.errors import ToolsNotLoaded, WorkerDied, WorkerStartupError, WorkerTimeout
+from asyncroll.process_limits import limit_note
 from asyncroll.workers.orphans import new_origin
 from asyncroll.workers.protocol import (
     HEADER,
@@ -128,7 +129,9 @@ class ProcessWorker:
                 "(--worker-startup-timeout)"
             ) from exc
         except OSError as exc:
-            raise WorkerStartupError(f"worker {self.index}: could not spawn: {exc!r}") from exc
+            raise WorkerStartupError(
+                f"worker {self.index}: could not spawn: {exc.strerror or repr(exc)}{limit_note(exc)}"
+            ) from exc
         self._proc, self._log_offset = spawned.process, spawned.log_offset
         self._pipes = [spawned.replies, spawned.jobs]
         self.pid = self._proc.pid
