@@ -38,7 +38,6 @@ def asyncroll(
         timeout=75,
         cwd=cwd,
         preexec_fn=prepare,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
 
@@ -150,3 +149,29 @@ def test_a_run_whose_workers_cannot_start_names_the_limit_and_leaves_no_worker(t
         if "asyncroll.workers.child" in (p.info["cmdline"] or []) and pid in (p.info["cmdline"] or [])
     ]
     assert left == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a directory of mode 000: needs a non-root user")
+@pytest.mark.parametrize("umask", [0o777, 0o277], ids=["0777", "0277"])
+@pytest.mark.parametrize("command", ["run", "simulate", "sweep", "replay"])
+def test_a_umask_that_leaves_the_output_unwritable_is_refused_and_nothing_left(
+    tmp_path: Path, umask: int, command: str
+) -> None:
+    recorded = tmp_path / "recorded"
+    assert asyncroll("simulate", "--workload", SMOKE, "--output", recorded).returncode == 0
+    out = tmp_path / "out"
+    commands: dict[str, list[str | Path]] = {
+        "run": ["run", "--workload", SMOKE, "--no-progress"],
+        "simulate": ["simulate", "--workload", SMOKE],
+        "sweep": ["simulate", "--sweep", "--workload", SMOKE, "--seeds", "1", "--jobs", "1"],
+        "replay": ["simulate", "--from-run", recorded],
+    }
+
+    def set_umask() -> None:
+        os.umask(umask)
+
+    done = asyncroll(*commands[command], "--output", out, prepare=set_umask)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"--output {out}: made with mode {0o777 & ~umask:04o}" in done.stderr and "umask" in done.stderr
+    assert not out.exists()

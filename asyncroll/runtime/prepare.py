@@ -5,7 +5,9 @@ directory is created last, so a refused run leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,7 @@ def prepare(
             raise OutputExistsError(f"--output {config.output} already exists") from exc
         except OSError as exc:
             raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
+        refuse_unwritable(config.output)
         if made is not None:
             made.append(config.output)
     return PreparedRun(config, scan, list(argv or sys.argv), isolation)
@@ -84,6 +87,20 @@ def output_exists(output: Path) -> bool:
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot be used: {exc.strerror or exc}") from exc
     return True
+
+
+def refuse_unwritable(output: Path) -> None:
+    """``output`` was just made, empty: one this process cannot write in (a umask of 0777 or 0277 made it
+    so) is removed again and refused, before a run.json or a workload fails in it with a traceback."""
+    if os.access(output, os.W_OK | os.X_OK):
+        return
+    mode = stat.S_IMODE(output.stat().st_mode)
+    with contextlib.suppress(OSError):
+        output.rmdir()
+    raise UsageError(
+        f"--output {output}: made with mode {mode:04o} (the umask's), in which this process cannot write; "
+        "removed again: set a umask that leaves its owner rwx (umask 022 or 077)"
+    )
 
 
 def _isolation(config: RunConfig) -> dict[str, Any]:

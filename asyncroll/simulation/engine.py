@@ -197,7 +197,7 @@ def prepare_from_run(
     """Create ``output`` and write the replay workload into it (removed again if that fails or is
     interrupted). Whatever the run directory holds, a failure to read it is a :class:`UsageError`."""
     from asyncroll.cli_signals import deferred
-    from asyncroll.runtime.prepare import output_exists
+    from asyncroll.runtime.prepare import output_exists, refuse_unwritable
     from asyncroll.simulation.from_run import derive_workload
 
     if output_exists(output):
@@ -212,6 +212,7 @@ def prepare_from_run(
                 remove_output(None, made)
                 raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
             created = True
+        refuse_unwritable(output)
         derived = derive_workload(run_dir, output / "replay-workload.jsonl", tool_root, workload)
     except UsageError:
         if created:

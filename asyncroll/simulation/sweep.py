@@ -35,6 +35,7 @@ from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
 from asyncroll.process_limits import limit_note
+from asyncroll.runtime.prepare import refuse_unwritable
 from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.runtime.signals import STOP_SIGNALS, interruptible
 from asyncroll.simulation.engine import Assumed, SimulationSettings, backend_for, workers_for
@@ -110,6 +111,7 @@ def run_sweep(
         raise OutputExistsError(f"--output {output} already exists") from exc
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
+    refuse_unwritable(output)
     (output / "workloads").mkdir()
     _scan.cache_clear()  # a scan is cached by path: a later sweep may reuse a deleted output's paths
     cells: list[Cell] = []
