@@ -1,6 +1,7 @@
 """The process limit behind an error, named in its message: on a shared cluster or a CI box a low
-``ulimit -n`` (open files) or ``ulimit -u`` (processes and threads of the user) refuses a worker or a
-sweep's cell process with ``EMFILE`` or ``EAGAIN``, whose text alone does not say which limit to raise."""
+``ulimit -n`` (open files) or ``ulimit -u`` (processes and threads of the user) refuses a worker, a
+thread or a sweep's cell process with ``EMFILE``, ``EAGAIN`` or "can't start new thread", whose text
+alone does not say which limit to raise."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import resource
 
 
 def limit_note(exc: BaseException) -> str:
-    """`` (ulimit -n 16: …)`` for an error that a limit of this process explains, else ``""``."""
-    if not isinstance(exc, OSError):
-        return ""
-    if exc.errno == errno.EMFILE:
+    """`` (this process may hold 16 open files: ulimit -n)`` for an error that a limit of this process
+    explains, else ``""``."""
+    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
         return f" (this process may hold {_soft(resource.RLIMIT_NOFILE)} open files: ulimit -n)"
-    if exc.errno == errno.EAGAIN and hasattr(resource, "RLIMIT_NPROC"):
+    no_thread = isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+    no_process = isinstance(exc, OSError) and exc.errno == errno.EAGAIN
+    if (no_thread or no_process) and hasattr(resource, "RLIMIT_NPROC"):
         soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
         if soft != resource.RLIM_INFINITY:  # else a transient shortage of the kernel's, not a limit
             return f" (this user may run {soft} processes and threads: ulimit -u)"

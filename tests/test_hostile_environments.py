@@ -28,6 +28,7 @@ def asyncroll(
     cwd: Path | None = None,
     prepare: Callable[[], None] | None = None,
     stderr: int | None = subprocess.PIPE,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``asyncroll ARGS`` in a new interpreter, ``prepare`` run in the child before it starts."""
     return subprocess.run(
@@ -38,6 +39,7 @@ def asyncroll(
         timeout=75,
         cwd=cwd,
         preexec_fn=prepare,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -175,3 +177,48 @@ def test_a_umask_that_leaves_the_output_unwritable_is_refused_and_nothing_left(
     assert "Traceback" not in done.stderr
     assert f"--output {out}: made with mode {0o777 & ~umask:04o}" in done.stderr and "umask" in done.stderr
     assert not out.exists()
+
+
+def _one_process() -> None:  # `ulimit -u 1`: this process only, no thread nor child more
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+
+
+#: OpenBLAS that cannot start its threads raises SIGINT in the process (README: it reads "interrupted by
+#: SIGINT"); one BLAS thread starts none, so the limit is met by asyncroll's own threads and processes.
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
+NEEDS_A_USER = pytest.mark.skipif(
+    os.geteuid() == 0, reason="RLIMIT_NPROC does not bind root: needs a non-root user"
+)
+
+
+@NEEDS_A_USER
+def test_a_run_that_can_start_no_thread_nor_worker_names_the_process_limit(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = asyncroll(
+        "run",
+        "--workload",
+        SMOKE,
+        "--output",
+        out,
+        "--no-progress",
+        prepare=_one_process,
+        env=ONE_BLAS_THREAD,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed"
+    for part in receipt["error"].split("; "):  # a thread and a worker may each have failed
+        assert part.endswith("(this user may run 1 processes and threads: ulimit -u)"), part
+    assert receipt["error"] in done.stderr
+
+
+@NEEDS_A_USER
+def test_a_sweep_that_can_start_no_cell_process_names_the_process_limit(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    args: list[str | Path] = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "2"]
+    done = asyncroll(*args, "--jobs", "2", prepare=_one_process, env=ONE_BLAS_THREAD)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "cannot start the sweep's cell processes (--jobs 2)" in done.stderr
+    assert "(this user may run 1 processes and threads: ulimit -u); --jobs 1 runs" in done.stderr

@@ -129,12 +129,15 @@ def run_sweep(
             cells.append(Cell(seeded, tool_root, base, settings, label, rule, point, seed))
     rows: list[dict[str, Any]] = []
     pool = None
-    if jobs > 1 and len(cells) > 1:
-        context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
-        pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
     stopped: BaseException | None = None
     try:
-        for row, made in map(run_cell, cells) if pool is None else _cells_in(pool, cells, jobs):
+        if jobs > 1 and len(cells) > 1:
+            with _starting(jobs):
+                context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
+                pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
+        with _starting(jobs):  # the pool starts its processes as the cells are handed to it
+            results = map(run_cell, cells) if pool is None else pool.map(run_cell, cells)
+        for row, made in results:
             rows.append(row)
             if assumed is not None:
                 assumed.untimed.update(made.untimed)
@@ -176,13 +179,12 @@ def run_sweep(
     raise stopped
 
 
-def _cells_in(
-    pool: ProcessPoolExecutor, cells: list[Cell], jobs: int
-) -> Iterator[tuple[dict[str, Any], Assumed]]:
-    """The cells' results from ``pool``, which starts its processes as the cells are handed to it: one
-    that cannot start (``ulimit -n`` or ``-u`` reached) is a :class:`SimulationError` that says so."""
+@contextlib.contextmanager
+def _starting(jobs: int) -> Iterator[None]:
+    """The sweep's cell processes (and multiprocessing's resource tracker) being started: one that cannot
+    start (``ulimit -n`` or ``-u`` reached) is a :class:`SimulationError` that says so, not a traceback."""
     try:
-        return pool.map(run_cell, cells)
+        yield
     except OSError as exc:
         raise SimulationError(
             f"cannot start the sweep's cell processes (--jobs {jobs}): {exc.strerror or exc}"
