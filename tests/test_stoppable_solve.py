@@ -154,3 +154,14 @@ def test_a_solver_that_overruns_its_time_limit_is_stopped_and_its_result_kept() 
     solver = _Solver()
     assert solve_stoppably(solver, None, stop_grace_s=0.2, time_limit_s=0.1) == "stopped"
     assert solver.stopped.is_set()
+
+
+@pytest.mark.timeout(60)
+def test_leaving_without_the_solvers_result_ends_the_process_with_stderr_closed() -> None:
+    """``_leave`` wrote its reason to ``sys.stderr`` unguarded: started with ``2>&-`` (stderr None) it
+    raised instead of ending the process, which then waited on the solver's thread still in C++."""
+    code = "from asyncroll.simulation.stoppable_solve import _leave; _leave('leaving', 7)"
+    done = subprocess.run(
+        ["sh", "-c", f'exec "{sys.executable}" -c "{code}" 2>&-'], cwd=REPO, timeout=30, capture_output=True
+    )
+    assert done.returncode == 7

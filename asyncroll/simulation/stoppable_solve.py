@@ -95,6 +95,9 @@ def solve_stoppably(
 def _leave(message: str, code: int) -> None:
     """Says why on stderr and ends the process at once: the solver's thread is still in C++, and an
     ordinary exit would wait for it or abort on it (exit 134)."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # stderr closed (2>&-: None), gone, or full
+        pass
     os._exit(code)
