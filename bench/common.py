@@ -17,14 +17,18 @@ from typing import Any, get_args
 
 from asyncroll.clock import Clock, SystemClock, VirtualClock
 from asyncroll.config import PolicyName, build_config
-from asyncroll.outputs.receipt import cpu_model
+from asyncroll.outputs.receipt import cpu_model, host
 from asyncroll.runtime.run import Run, RunOutcome, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
 
 
 def machine() -> str:
+    usable = host()["usable_cpus"]  # a benchmark run under taskset or a cpuset says so
+    cpus = f"{os.cpu_count()} logical CPUs" + (
+        f" ({usable} usable)" if usable not in (None, os.cpu_count()) else ""
+    )
     return (
-        f"{platform.node()}: {cpu_model()}, {os.cpu_count()} logical CPUs, "
+        f"{platform.node()}: {cpu_model()}, {cpus}, "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
     )
 

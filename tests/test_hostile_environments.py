@@ -222,3 +222,20 @@ def test_a_sweep_that_can_start_no_cell_process_names_the_process_limit(tmp_path
     assert "Traceback" not in done.stderr
     assert "cannot start the sweep's cell processes (--jobs 2)" in done.stderr
     assert "(this user may run 1 processes and threads: ulimit -u); --jobs 1 runs" in done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_run_json_says_how_many_cpus_the_run_could_use(tmp_path: Path) -> None:
+    """Under ``taskset -c 0`` (or a container's cpuset) run.json's host said only ``cpu_count``, the
+    machine's: a run limited to one CPU read as one on all of them."""
+    done = asyncroll(
+        "simulate",
+        "--workload",
+        SMOKE,
+        "--output",
+        tmp_path / "out",
+        prepare=lambda: os.sched_setaffinity(0, {0}),
+    )
+    assert done.returncode == 0, done.stderr
+    host = json.loads((tmp_path / "out" / "run.json").read_text())["host"]
+    assert host["usable_cpus"] == 1 and host["cpu_count"] == os.cpu_count()

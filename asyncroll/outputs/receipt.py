@@ -159,6 +159,8 @@ def host() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        # the CPUs this process may run on (taskset, a container's cpuset): what its workers share
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_bytes": psutil.virtual_memory().total,
         "python_executable": sys.executable,
     }
