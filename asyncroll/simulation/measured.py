@@ -9,6 +9,7 @@ line: a replay must never put the script's timing where the run measured one.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Iterator
@@ -35,7 +36,11 @@ def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         for line_no, raw in enumerate(handle, start=1):
             try:
                 row = json_loads(raw)
-            except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, past Python's limits
+            except json.JSONDecodeError as exc:  # its own "line 1 column 5" counts within the line
+                raise UsageError(
+                    f"--from-run {path}:{line_no}: not valid JSON ({exc.msg}, column {exc.colno})"
+                ) from None
+            except (ValueError, RecursionError) as exc:  # not UTF-8, past Python's limits
                 raise UsageError(f"--from-run {path}:{line_no}: not valid JSON ({exc})") from None
             if not isinstance(row, dict):
                 raise UsageError(f"--from-run {path}:{line_no}: not a JSON object")

@@ -5,6 +5,7 @@ that changed since its scan."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -185,7 +186,9 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
         ]
     except RecursionError:
         return None, [("line", f"cannot be read: {TOO_DEEP}")]
-    except ValueError as exc:  # JSONDecodeError, an int past Python's digit limit
+    except json.JSONDecodeError as exc:  # its own "line 1 column 5 (char 4)" counts within the line
+        return None, [("line", f"not valid JSON: {exc.msg} (column {exc.colno})")]
+    except ValueError as exc:  # an int past Python's digit limit
         return None, [("line", f"not valid JSON: {exc}")]
     if not isinstance(data, dict):
         return None, [("line", f"expected a JSON object, got {type(data).__name__}")]
