@@ -34,3 +34,34 @@ def test_a_replayed_runs_line_that_is_not_json_names_its_column_not_a_line_1_of_
     said = str(info.value)
     assert f"--from-run {events}:2: not valid JSON (Expecting property name" in said, said
     assert "column 15" in said and "line 1" not in said and "char" not in said
+
+
+def test_an_unknown_workload_field_is_called_one_and_its_likely_spelling_is_suggested(tmp_path: Path) -> None:
+    """pydantic's "Extra inputs are not permitted" said neither that the key is unknown nor what it may be
+    a misspelling of (a config file's unknown setting says both)."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(
+        '{"prompt": "p", "scirpt": [], "reference": "1", "tools": [{"name": "t", "implmentation": "t.py"}]}\n'
+        '{"prompt": "p", "script": [{"type": "tool", "name": "t", "args": {}}, {"type": "final", '
+        '"answer": "1", "latensy_ms": 5}]}\n'
+    )
+    done = invoke("validate", workload)
+    assert done.exit_code == 2, done.output
+    for line, where, meant in (
+        (1, "scirpt", "script"),
+        (1, "reference", "reference_answer"),
+        (1, "tools[0].implmentation", "implementation"),
+        (2, "script[1].final.latensy_ms", "latency_ms"),
+    ):
+        assert f"{workload}:{line}: {where}: unknown field (did you mean {meant!r}?)" in done.stderr
+    assert f"{workload}:2: script[0].tool.args: unknown field\n" in done.stderr
+    assert "Extra inputs" not in done.stderr
+
+
+def test_a_setting_cut_short_in_a_config_file_suggests_the_one_it_starts(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("max_inflight = 3\n")
+    done = invoke("run", "--config", config, "--workload", tmp_path / "w.jsonl", "--output", tmp_path / "r")
+    assert done.exit_code == 2, done.output
+    said = "setting 'max_inflight': unknown setting (did you mean 'max_inflight_model_requests'?)"
+    assert said in done.stderr, done.stderr

@@ -15,14 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from asyncroll.errors import WorkloadError
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate, unique_keys
 from asyncroll.json_depth import TOO_DEEP, json_loads
+from asyncroll.setting_names import unknown_setting
 from asyncroll.tool_files import ToolFile
 from asyncroll.workload.checks import check_problem
-from asyncroll.workload.models import MAX_REPORTED_PROBLEMS, Problem
+from asyncroll.workload.models import (
+    MAX_REPORTED_PROBLEMS,
+    FinalAction,
+    Problem,
+    SubmitAction,
+    Tool,
+    ToolAction,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +223,19 @@ def _field_error(error: Any) -> tuple[str, str]:
     if error["type"] == "union_tag_invalid":
         tag = error.get("ctx", {}).get("tag")
         return f"{where}.type", f"{tag!r} is not an action's type: {_ACTION_TYPES}"
+    if error["type"] == "extra_forbidden":  # pydantic: "Extra inputs are not permitted"
+        loc = error["loc"]
+        model = _ACTION_MODELS.get(loc[-2], Tool) if len(loc) > 1 else Problem
+        return where, unknown_setting(str(loc[-1]), model.model_fields, noun="field")
     return where, error["msg"].removeprefix("Value error, ")
 
+
+#: The model of an action's fields, by the action's type (its place in an error: script[0].tool.key).
+_ACTION_MODELS: dict[Any, type[BaseModel]] = {
+    "tool": ToolAction,
+    "final": FinalAction,
+    "submit": SubmitAction,
+}
 
 _FILE_KINDS = (
     (stat.S_ISFIFO, "a pipe"),
