@@ -65,3 +65,23 @@ def test_a_setting_cut_short_in_a_config_file_suggests_the_one_it_starts(tmp_pat
     assert done.exit_code == 2, done.output
     said = "setting 'max_inflight': unknown setting (did you mean 'max_inflight_model_requests'?)"
     assert said in done.stderr, done.stderr
+
+
+TIME_LIMIT = "--time-limit must be a finite number of seconds > 0"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said", "not_said"),
+    [
+        (["--threads", "0"], "--threads must be ≥ 1, got 0", "--time-limit"),
+        (["--time-limit", "0"], f"{TIME_LIMIT}, got 0", "--threads"),
+        (["--time-limit", "nan"], f"{TIME_LIMIT}, got nan", "--threads"),
+    ],
+)
+def test_optimum_names_the_one_flag_that_is_wrong_and_its_value(
+    tmp_path: Path, flags: list[str], said: str, not_said: str
+) -> None:
+    """Either wrong flag was refused as "--time-limit must be a finite number > 0 and --threads ≥ 1"."""
+    done = invoke("optimum", tmp_path, *flags)
+    assert done.exit_code == 2, done.output
+    assert f"error: {said}" in done.stderr and not_said not in done.stderr, done.stderr

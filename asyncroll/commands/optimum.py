@@ -28,8 +28,10 @@ def optimum(
 
     if not run_dir.is_dir():
         raise fail(f"{run_dir}: not a directory")
-    if not (0 < time_limit < math.inf) or threads < 1:  # (NaN fails the first test)
-        raise fail("--time-limit must be a finite number > 0 and --threads ≥ 1")
+    if not (0 < time_limit < math.inf):  # (NaN fails it too)
+        raise fail(f"--time-limit must be a finite number of seconds > 0, got {time_limit:g}")
+    if threads < 1:
+        raise fail(f"--threads must be ≥ 1, got {threads}")
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
         status = json_loads((run_dir / "run.json").read_text()).get("status")
