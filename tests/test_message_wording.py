@@ -85,3 +85,22 @@ def test_optimum_names_the_one_flag_that_is_wrong_and_its_value(
     done = invoke("optimum", tmp_path, *flags)
     assert done.exit_code == 2, done.output
     assert f"error: {said}" in done.stderr and not_said not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "offered"),
+    [
+        (["simulate", "--config", "c.toml"], None),  # click offered --inflight: 60% alike
+        (["run", "--max-inflight", "3"], "--max-inflight-model-requests"),
+        (["run", "--worklaod", "w.jsonl"], "--workload"),
+        (["convert-toolmath", "--functions", "f"], "--functions-dir"),
+    ],
+)
+def test_an_unknown_option_is_offered_only_what_it_likely_meant(args: list[str], offered: str | None) -> None:
+    done = invoke(*args)
+    assert done.exit_code == 2 and done.stdout == "", done.output
+    assert f"No such option: {args[1]}" in done.stderr, done.stderr
+    if offered is None:
+        assert "Possible options" not in done.stderr, done.stderr
+    else:
+        assert f"(Possible options: {offered})" in done.stderr, done.stderr

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from difflib import get_close_matches
 from typing import Any
 
+from typer._click.exceptions import NoSuchOption
 from typer.core import TyperCommand
 
 from asyncroll.commands.help_page import HelpThroughSay
@@ -31,13 +33,32 @@ def repeated_single_values(order: Iterable[Any]) -> list[tuple[str, int]]:
     return repeated
 
 
+def likely_options(typed: str, known: Iterable[str]) -> list[str]:
+    """What an unknown option most likely meant: a close spelling of one of ``known``, or the options
+    whose names start with it (cut short: ``--max-inflight``). click offered any name 60% alike, which
+    sent ``simulate --config`` to ``--inflight``."""
+    names = sorted(set(known))
+    close = get_close_matches(typed, names, n=3, cutoff=0.75)
+    longer = [name for name in names if name.startswith(typed) and name not in close]
+    return close + (longer if len(close) + len(longer) <= 3 else [])
+
+
 class SingleValueCommand(HelpThroughSay, TyperCommand):
     """A command whose options of one value may each be given once (and whose ``--help`` goes through
-    ``say``: :mod:`asyncroll.commands.help_page`)."""
+    ``say``: :mod:`asyncroll.commands.help_page`); an unknown option is answered with the options it
+    most likely meant (:func:`likely_options`), or none."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if not ctx.resilient_parsing:  # shell completion parses partial lines: never refused there
-            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
-            for name, n in repeated_single_values(order):
-                ctx.fail(f"Option '{name}' given {n} times: it takes one value (give it once)")
-        return super().parse_args(ctx, args)
+        try:
+            if not ctx.resilient_parsing:  # shell completion parses partial lines: never refused there
+                _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+                for name, n in repeated_single_values(order):
+                    ctx.fail(f"Option '{name}' given {n} times: it takes one value (give it once)")
+            return super().parse_args(ctx, args)
+        except NoSuchOption as exc:
+            if exc.option_name.startswith("--"):
+                known = [
+                    name for param in self.get_params(ctx) for name in (*param.opts, *param.secondary_opts)
+                ]
+                exc.possibilities = likely_options(exc.option_name, (n for n in known if n.startswith("--")))
+            raise
