@@ -43,7 +43,13 @@ class WorkloadError(UsageError):
 
 
 class OutputExistsError(UsageError):
-    """The output directory exists; asyncroll never overwrites a run."""
+    """The output directory exists; asyncroll never overwrites a run. One message for every command that
+    makes a run directory (run, simulate, a replay, a sweep), naming the path and the way out."""
+
+    def __init__(self, output: object) -> None:
+        super().__init__(
+            f"--output {output} already exists; asyncroll never overwrites a run (choose a new directory)"
+        )
 
 
 class OutputWriteError(AsyncrollError):

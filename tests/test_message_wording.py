@@ -9,7 +9,11 @@ import pytest
 
 from asyncroll.errors import UsageError
 from asyncroll.simulation.measured import jsonl_rows
-from tests.conftest import invoke
+from tests.conftest import REPO, invoke
+from tests.experiments import SMOKE as EXPERIMENT
+
+SMOKE = REPO / "examples" / "smoke.jsonl"
+TOOLMATH = REPO / "examples" / "toolmath"
 
 
 def test_a_workload_line_that_is_not_json_names_its_column_not_a_line_1_of_its_own(tmp_path: Path) -> None:
@@ -104,3 +108,44 @@ def test_an_unknown_option_is_offered_only_what_it_likely_meant(args: list[str],
         assert "Possible options" not in done.stderr, done.stderr
     else:
         assert f"(Possible options: {offered})" in done.stderr, done.stderr
+
+
+def test_every_command_that_makes_a_run_directory_refuses_an_existing_one_in_the_same_words(
+    tmp_path: Path,
+) -> None:
+    """run and simulate said "(choose a new directory)"; a replay said only "asyncroll never overwrites a
+    run", and a sweep (or a run whose directory appeared meanwhile) "--output X already exists"."""
+    recorded = tmp_path / "recorded"
+    assert invoke("simulate", "--workload", SMOKE, "--output", recorded).exit_code == 0
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    said = (
+        f"error: --output {taken} already exists; asyncroll never overwrites a run (choose a new directory)"
+    )
+    for args in (
+        ["run", "--workload", SMOKE],
+        ["simulate", "--workload", SMOKE],
+        ["simulate", "--workload", SMOKE, "--sweep"],
+        ["simulate", "--from-run", recorded],
+    ):
+        done = invoke(*args, "--output", taken)
+        assert done.exit_code == 2 and done.stdout == "", (args, done.output)
+        assert said in done.stderr, (args, done.stderr)
+    assert list(taken.iterdir()) == []
+
+
+def test_a_conversion_or_an_experiment_refusing_its_output_says_what_to_choose(tmp_path: Path) -> None:
+    taken = tmp_path / "w.jsonl"
+    taken.write_text("")
+    done = invoke(
+        "convert-toolmath",
+        *("--source", TOOLMATH / "ToolMATH.json", "--functions-dir", TOOLMATH, "--output", taken),
+    )
+    assert done.exit_code == 2 and "conversions never overwrite a file (choose a new one)" in done.stderr
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    done = invoke("experiment", "run", "--config", EXPERIMENT, "--output", tmp_path / "busy")
+    assert done.exit_code == 2, done.output
+    assert (
+        "exists and is not empty; asyncroll never overwrites (choose a new or empty directory)" in done.stderr
+    )

@@ -146,7 +146,7 @@ def simulate(
     flags = {k: v for k, v in locals().items() if v is not None and k != "from_runs"}
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.config import build_config
-    from asyncroll.errors import OutputWriteError, SimulationError, UsageError
+    from asyncroll.errors import OutputExistsError, OutputWriteError, SimulationError, UsageError
     from asyncroll.simulation.engine import Assumed, SimulationSettings, prepare_from_run
     from asyncroll.simulation.engine import simulate as run_simulation
 
@@ -264,7 +264,7 @@ def simulate(
             from asyncroll.runtime.prepare import output_exists
 
             if output_exists(output):
-                raise UsageError(f"--output {output} already exists; asyncroll never overwrites a run")
+                raise OutputExistsError(output)
             assumed = Assumed()
             rows = run_sweep(
                 cfg0.workload,

@@ -34,7 +34,9 @@ def _check_destination(source: Path, output: Path) -> None:
     ):
         raise UsageError(f"--output {output} is the source file; choose a new file")
     if output.exists() or output.is_symlink():
-        raise UsageError(f"--output {output} already exists; conversions never overwrite a file")
+        raise UsageError(
+            f"--output {output} already exists; conversions never overwrite a file (choose a new one)"
+        )
     if output.name in ("", ".", ".."):
         raise UsageError(f"--output {output} is not a file name")
 

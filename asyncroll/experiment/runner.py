@@ -216,7 +216,8 @@ class ExperimentRunner:
             try:
                 if self.output.exists() and any(p.name != LOCK_NAME for p in self.output.iterdir()):
                     raise UsageError(
-                        f"--output {self.output} exists and is not empty; asyncroll never overwrites"
+                        f"--output {self.output} exists and is not empty; asyncroll never overwrites "
+                        "(choose a new or empty directory)"
                     )
                 self.output.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

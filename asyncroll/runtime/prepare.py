@@ -48,10 +48,7 @@ def prepare(
     if problems:
         raise UsageError("\n".join(problems))
     if not output_ready and output_exists(config.output):
-        raise OutputExistsError(
-            f"--output {config.output} already exists; asyncroll never overwrites a run "
-            f"(choose a new directory)"
-        )
+        raise OutputExistsError(config.output)
     tool_root = config.resolved_tool_root
     if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
         raise UsageError(f"--tool-root {tool_root}: not a directory")  # the scan names the workload
@@ -68,7 +65,7 @@ def prepare(
         try:
             config.output.mkdir(parents=True, exist_ok=False)
         except FileExistsError as exc:
-            raise OutputExistsError(f"--output {config.output} already exists") from exc
+            raise OutputExistsError(config.output) from exc
         except OSError as exc:
             raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
         refuse_unwritable(config.output)

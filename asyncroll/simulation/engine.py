@@ -201,7 +201,7 @@ def prepare_from_run(
     from asyncroll.simulation.from_run import derive_workload
 
     if output_exists(output):
-        raise OutputExistsError(f"--output {output} already exists; asyncroll never overwrites a run")
+        raise OutputExistsError(output)
     made = tuple(p for p in output.absolute().parents if not p.exists())  # nearest first
     created = False
     try:

@@ -108,7 +108,7 @@ def run_sweep(
     try:
         output.mkdir(parents=True)
     except FileExistsError as exc:  # a dangling symbolic link too
-        raise OutputExistsError(f"--output {output} already exists") from exc
+        raise OutputExistsError(output) from exc
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
     refuse_unwritable(output)
