@@ -149,3 +149,14 @@ def test_a_conversion_or_an_experiment_refusing_its_output_says_what_to_choose(t
     assert (
         "exists and is not empty; asyncroll never overwrites (choose a new or empty directory)" in done.stderr
     )
+
+
+@pytest.mark.parametrize("extra", [["run"], ["simulate"], ["simulate", "--sweep"]])
+def test_a_workload_that_is_not_there_is_refused_naming_the_flag(tmp_path: Path, extra: list[str]) -> None:
+    """It said "w.jsonl: cannot read: ...", where a missing --config, --source or --from-run workload is
+    refused naming its flag."""
+    missing = tmp_path / "w.jsonl"
+    done = invoke(*extra, "--workload", missing, "--output", tmp_path / "out")
+    assert done.exit_code == 2 and done.stdout == "", done.output
+    assert f"error: --workload {missing}: cannot read: No such file or directory" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()

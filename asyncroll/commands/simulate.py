@@ -259,7 +259,7 @@ def simulate(
             from asyncroll.workload import scan_workload
 
             scan_workload(
-                cfg0.workload, cfg0.resolved_tool_root, scripted=True, limit=cfg0.limit
+                cfg0.workload, cfg0.resolved_tool_root, scripted=True, limit=cfg0.limit, flag="--workload"
             ).raise_if_invalid()
             from asyncroll.runtime.prepare import output_exists
 

@@ -52,9 +52,8 @@ def prepare(
     tool_root = config.resolved_tool_root
     if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
         raise UsageError(f"--tool-root {tool_root}: not a directory")  # the scan names the workload
-    scan = scan_workload(
-        config.workload, tool_root, scripted=config.backend == "scripted" or config.replay, limit=config.limit
-    )
+    scripted = config.backend == "scripted" or config.replay
+    scan = scan_workload(config.workload, tool_root, scripted=scripted, limit=config.limit, flag="--workload")
     scan.raise_if_invalid()
     isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
     if output_ready:

@@ -272,10 +272,13 @@ def _open_regular(path: Path) -> tuple[BinaryIO, FileIdentity]:
         raise
 
 
-def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | None = None) -> WorkloadScan:
+def scan_workload(
+    path: Path, tool_root: Path, *, scripted: bool, limit: int | None = None, flag: str = ""
+) -> WorkloadScan:
     """Validate every line (up to ``limit`` problems); collect every error instead of stopping.
 
-    A workload that cannot be read or is not a regular file is one error of the scan, like any other.
+    A workload that cannot be read or is not a regular file is one error of the scan, like any other,
+    naming the ``flag`` that gave the path where there is one (``--workload w.jsonl: cannot read``).
     (A script that ends with a tool call is valid: under ``--max-turns`` at most its length the run ends
     it as ``max_turns``; beyond, its trajectory fails with ``script_exhausted``, counted.)"""
     scan = WorkloadScan(path=path)
@@ -287,7 +290,7 @@ def scan_workload(path: Path, tool_root: Path, *, scripted: bool, limit: int | N
         handle, identity = _open_regular(path)
     except WorkloadError as exc:
         for message in exc.problems:
-            scan.add_problem(message)
+            scan.add_problem(f"{flag} {message}" if flag else message)
         return scan
     with handle:
         for line_no, raw in enumerate(handle, start=1):
