@@ -3,6 +3,7 @@ in the same words for the same situation whichever command says it."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,22 @@ def test_a_workload_that_is_not_there_is_refused_naming_the_flag(tmp_path: Path,
     assert done.exit_code == 2 and done.stdout == "", done.output
     assert f"error: --workload {missing}: cannot read: No such file or directory" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_port_in_use_is_refused_saying_what_to_do_without_pythons_address_tuple(tmp_path: Path) -> None:
+    """``run --metrics-port`` said "Address already in use (while attempting to bind on address
+    ('127.0.0.1', 41234))", a repr of socket's; neither it nor serve-sim said what to do (the experiment
+    pre-flight says: stop it, or pick a free port)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        run = invoke("run", "--workload", SMOKE, "--output", tmp_path / "r", "--metrics-port", str(port))
+        serve = invoke("serve-sim", "--port", str(port))
+    assert run.exit_code == 2 and serve.exit_code == 2, (run.output, serve.output)
+    assert f"--metrics-port {port} on 127.0.0.1: cannot listen: Address already in use; " in run.stderr
+    assert "choose another --metrics-port (0 picks a free one)" in run.stderr, run.stderr
+    assert "attempting" not in run.stderr and "('" not in run.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use; " in serve.stderr, serve.stderr
+    assert "choose another --port (0 picks a free one)" in serve.stderr
+    assert not (tmp_path / "r").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 from typing import Annotated
 
@@ -99,5 +100,7 @@ def serve_sim(
     except OutputWriteError as exc:
         raise fail(str(exc), 1) from None
     except OSError as exc:
-        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        hint = "; stop what holds it, or choose another --port (0 picks a free one)"
+        reason = f"{exc.strerror or exc}{hint if exc.errno == errno.EADDRINUSE else ''}"
+        raise fail(f"cannot listen on {host}:{port}: {reason}") from None
     raise typer.Exit(code)

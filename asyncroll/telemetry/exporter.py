@@ -32,15 +32,19 @@ PREFIX = "asyncroll"
 
 def listen_error(host: str, port: int) -> str | None:
     """Why :class:`MetricsExporter` could not listen on ``host``:``port`` now (None: it could), found by
-    binding the way ``prometheus_client`` will: the first passive address of ``host`` (IPv4 or IPv6)."""
+    binding the way ``prometheus_client`` will: the first passive address of ``host`` (IPv4 or IPv6).
+    A port in use says what to do about it."""
+    import errno
     import socket
 
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         with socket.create_server((host, port), family=family):
             return None
-    except OSError as exc:
-        return str(exc.strerror or exc)
+    except OSError as exc:  # create_server's strerror ends "(while attempting to bind on address ('::', 80))"
+        reason = str(exc.strerror or exc).split(" (while attempting to bind", 1)[0]
+        hint = "; stop what holds it, or choose another --metrics-port (0 picks a free one)"
+        return f"{reason}{hint if exc.errno == errno.EADDRINUSE else ''}"
 
 
 class RuntimeCollector(Collector):
