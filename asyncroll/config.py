@@ -11,6 +11,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
+from json import JSONDecodeError
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -326,7 +327,13 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         # tomllib refuses a key given twice itself; json keeps the last one unless told otherwise
         data = tomllib.loads(text) if toml else json_loads(text, object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, TOMLDecodeError, a repeated key
-        raise UsageError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {exc}") from exc
+        why = (
+            f"{exc.msg} (line {exc.lineno}, column {exc.colno})" if isinstance(exc, JSONDecodeError) else exc
+        )
+        # a .yaml or .cfg file is read as JSON: say so, or "not valid JSON" reads as a broken byte
+        plain = toml or path.suffix.lower() == ".json"
+        read_as = "" if plain else " (a --config file is JSON, or TOML named .toml)"
+        raise UsageError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {why}{read_as}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
     surrogate = lone_surrogate_at(data)  # JSON escapes one ("\udc80"); no later write could hold it

@@ -180,3 +180,21 @@ def test_a_port_in_use_is_refused_saying_what_to_do_without_pythons_address_tupl
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use; " in serve.stderr, serve.stderr
     assert "choose another --port (0 picks a free one)" in serve.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_config_file_read_as_json_that_is_not_says_how_it_is_read(tmp_path: Path) -> None:
+    """``--config run.yaml`` was refused as "not valid JSON: Expecting value: line 1 column 1 (char 0)":
+    nothing said that a file not named .toml is read as JSON."""
+    config = tmp_path / "run.yaml"
+    config.write_text("max_turns: 3\n")
+    done = invoke("run", "--config", config, "--workload", SMOKE, "--output", tmp_path / "r")
+    assert done.exit_code == 2 and done.stdout == "", done.output
+    said = f"--config {config}: not valid JSON: Expecting value (line 1, column 1) (a --config file is JSON"
+    assert said in done.stderr and "char" not in done.stderr, done.stderr
+    config = tmp_path / "run.json"
+    config.write_text('{"max_turns": 3,}')
+    done = invoke("run", "--config", config, "--workload", SMOKE, "--output", tmp_path / "r")
+    assert (
+        "not valid JSON: Expecting property name enclosed in double quotes (line 1, column 17)" in done.stderr
+    )
+    assert "TOML" not in done.stderr and not (tmp_path / "r").exists()
