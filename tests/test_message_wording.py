@@ -123,12 +123,13 @@ def test_every_command_that_makes_a_run_directory_refuses_an_existing_one_in_the
     said = (
         f"error: --output {taken} already exists; asyncroll never overwrites a run (choose a new directory)"
     )
-    for args in (
+    commands: list[list[str | Path]] = [
         ["run", "--workload", SMOKE],
         ["simulate", "--workload", SMOKE],
         ["simulate", "--workload", SMOKE, "--sweep"],
         ["simulate", "--from-run", recorded],
-    ):
+    ]
+    for args in commands:
         done = invoke(*args, "--output", taken)
         assert done.exit_code == 2 and done.stdout == "", (args, done.output)
         assert said in done.stderr, (args, done.stderr)
