@@ -46,10 +46,10 @@ class OutputExistsError(UsageError):
     """The output directory exists; asyncroll never overwrites a run. One message for every command that
     makes a run directory (run, simulate, a replay, a sweep), naming the path and the way out."""
 
-    def __init__(self, output: object) -> None:
-        super().__init__(
-            f"--output {output} already exists; asyncroll never overwrites a run (choose a new directory)"
-        )
+    def __init__(self, output: object, where: str | None = None) -> None:
+        # ``where``: the setting's source when not the flag (a config file's ``output``)
+        named = f"--output {output}" if where is None else f"{where} ({output})"
+        super().__init__(f"{named} already exists; asyncroll never overwrites a run (choose a new directory)")
 
 
 class OutputWriteError(AsyncrollError):

@@ -255,3 +255,20 @@ def test_a_misspelled_or_grouped_setting_of_a_config_file_says_what_was_meant(
     assert grouped.exit_code == 2 and not seen
     assert f"--config {config}: setting 'run': " in grouped.stderr
     assert "settings are the file's top-level keys, in no section" in grouped.stderr
+
+
+def test_an_existing_output_read_from_a_config_file_is_named_as_the_files_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``output`` from the config file that already existed was refused as "--output X already
+    exists", a flag the user never typed; a flag's own output is still named as the flag."""
+    existing = tmp_path / "done"
+    existing.mkdir()
+    config = tmp_path / "run.toml"
+    config.write_text(f'workload = "{SMOKE}"\noutput = "{existing}"\n')
+    result, seen = run_in_process(monkeypatch, "--config", config)
+    assert result.exit_code == 2 and not seen
+    assert f"--config {config}: setting 'output' ({existing}) already exists" in result.stderr
+    assert "choose a new directory" in result.stderr and "--output" not in result.stderr
+    result, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "new")
+    assert result.exit_code == 0 and seen[0].output == tmp_path / "new"

@@ -220,7 +220,7 @@ def run(
         config_file_paths_missing,
         load_config_file,
     )
-    from asyncroll.errors import UsageError
+    from asyncroll.errors import OutputExistsError, UsageError
 
     if "gpu_slots" in flags:
         warnings.warn(
@@ -244,6 +244,11 @@ def run(
         not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
         if not_found:
             raise UsageError("\n".join(not_found))
+        if "output" in origins:  # named as the file writes it, not as a flag nobody typed
+            from asyncroll.runtime.prepare import output_exists
+
+            if output_exists(cfg.output):
+                raise OutputExistsError(cfg.output, origins["output"])
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
     if cfg.policy == "gpu_first":
