@@ -35,7 +35,8 @@ def test_missing_layers_are_refused_unless_weak_isolation_is_allowed(monkeypatch
     monkeypatch.setattr(isolation, "detect", lambda: weak)
     with pytest.raises(IsolationError, match="cgroup_pids: probe said so") as caught:
         isolation.require()
-    assert "allow_weak_isolation=True" in str(caught.value)
+    # a CLI user is told the flag first (the Python argument came first, the flag in brackets)
+    assert "or pass --allow-weak-isolation (allow_weak_isolation=True from Python)" in str(caught.value)
     assert isolation.require(allow_weak=True) is weak
     recorded = isolation.isolation_report(allow_weak=True)
     assert recorded["weak"] is True and recorded["missing"] == ["cgroup_pids"] and recorded["allowed_weak"]

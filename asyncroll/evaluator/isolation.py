@@ -374,8 +374,8 @@ def require(allow_weak: bool = False) -> IsolationReport:
             "untrusted code cannot be isolated on this machine; missing layers:\n"
             + "\n".join(lines)
             + "\nrun as root on Linux with util-linux and writable memory/pids cgroups (v1, or a v2 group of "
-            "asyncroll's own), "
-            "or pass allow_weak_isolation=True (--allow-weak-isolation) to run with the layers that work"
+            "asyncroll's own), or pass --allow-weak-isolation (allow_weak_isolation=True from Python) "
+            "to run with the layers that work"
         )
     return report
 
