@@ -199,3 +199,20 @@ def test_a_config_file_read_as_json_that_is_not_says_how_it_is_read(tmp_path: Pa
         "not valid JSON: Expecting property name enclosed in double quotes (line 1, column 17)" in done.stderr
     )
     assert "TOML" not in done.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.timeout(90)
+def test_a_run_that_ends_before_its_measurement_says_no_trajectory_ran(tmp_path: Path) -> None:
+    """A server refused at the warm-up printed "failed: 0/0 completed, 0 failed, ... makespan n/a" for a
+    3-problem workload: read as a workload of none."""
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    out = tmp_path / "r"
+    done = invoke(
+        "run", "--workload", REPO / "examples" / "smoke.jsonl", "--output", out, "--backend", "vllm",
+        "--endpoint", f"http://127.0.0.1:{port}", "--model", "m", "--no-progress", "--cpu-workers", "1",
+    )  # fmt: skip
+    assert done.exit_code == 1
+    assert done.stdout == f"failed before the measurement started: no trajectory ran\noutputs: {out}\n"
+    assert "warm-up request 1/2 failed" in done.stderr

@@ -75,6 +75,9 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
     evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)
     evaluations = f", code evaluations {evaluated}" if evaluated else ""
     gone = "" if output.exists() else " (no longer there)"  # removed while the run ran
+    if summary["makespan_s"] is None and not c["trajectories"]:  # it ended before its clock started
+        say(f"{summary['status']} before the measurement started: no trajectory ran\noutputs: {output}{gone}")
+        return
     say(
         f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
         f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']}{evaluations} | "
