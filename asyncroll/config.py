@@ -177,6 +177,7 @@ class RunConfig(BaseModel):
             problems.append("--metrics-host only applies with --metrics-port")
         sources = {"--metrics-url": self.metrics_url, "--nvml-device": self.nvml_device}
         asked = [flag for flag, value in sources.items() if value is not None and value != ""]
+        asked += ["--telemetry-interval"] if "telemetry_interval" in self.model_fields_set else []
         if not self.telemetry and asked:
             problems.append(f"--no-telemetry conflicts with {', '.join(asked)}")
         for flag, url in (("--endpoint", self.endpoint), ("--metrics-url", self.metrics_url)):

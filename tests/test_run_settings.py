@@ -39,6 +39,8 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
         (["--aging-weight", "inf"], "--aging-weight: Input should be a finite number"),
         (["--tool-timeout", "inf"], "--tool-timeout: Input should be a finite number"),
         (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),
+        # an interval for samples nobody takes was accepted without a word
+        (["--no-telemetry", "--telemetry-interval", "2"], "conflicts with --telemetry-interval"),
         (["--metrics-url", "localhost:8000/metrics"], "must be an http:// or https:// URL"),
         (
             ["--backend", "openai", "--model", "sim", "--endpoint", "127.0.0.1:18101"],
