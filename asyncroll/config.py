@@ -56,9 +56,6 @@ PolicyName = Literal[
 BackendName = Literal["scripted", "vllm", "openai"]
 ServerKind = Literal["vllm", "sglang", "transformers", "generic"]
 
-#: Backends whose implementation has landed. The others are accepted by the parser and refused with a
-#: clear message, so that no flag pretends to work.
-AVAILABLE_BACKENDS = ("scripted", "vllm", "openai")
 DEPRECATED_ALIASES = {"gpu_first": "tool_first"}
 #: Settings by a deprecated flag's name (``--gpu-slots``): a config file that spells one is told the name.
 ALIASES = {"gpu_slots": "max_inflight_model_requests"}

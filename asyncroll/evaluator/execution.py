@@ -18,7 +18,6 @@ class Execution:
     stderr: str = ""
     done: dict[str, object] | None = None
     exit_status: int | None = None
-    launcher_status: int | None = None
     wall_s: float = 0.0
     timed_out: bool = False
     output_exceeded: bool = False

@@ -384,7 +384,7 @@ class Sandbox:
         if proc.poll() is None:  # normally already killed by _collect
             self._stop(proc)
         try:
-            out.launcher_status = proc.wait(timeout=CLEANUP_S)
+            proc.wait(timeout=CLEANUP_S)
         except subprocess.TimeoutExpired as exc:
             raise SandboxError(f"the sandbox launcher (pid {proc.pid}) survived SIGKILL") from exc
         finally:

@@ -131,7 +131,6 @@ class ManagedProcess:
     env: dict[str, str] = field(default_factory=dict)
     role: str = "process"
     popen: subprocess.Popen[bytes] | None = None
-    started_wall: float | None = None
     origin: str | None = None
 
     def start(self) -> None:
@@ -146,7 +145,6 @@ class ManagedProcess:
                 env={**os.environ, **self.env, ORIGIN_ENV: self.origin},
                 start_new_session=True,
             )
-        self.started_wall = time.time()
 
     @property
     def pid(self) -> int:

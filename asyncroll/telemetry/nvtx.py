@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol
 
 RangeName = Literal["run", "model wait", "model request", "cpu queue", "cpu execution"]
-RANGE_NAMES: tuple[RangeName, ...] = ("run", "model wait", "model request", "cpu queue", "cpu execution")
 DOMAIN = "asyncroll"
 _COLORS: dict[RangeName, str] = {
     "run": "white",

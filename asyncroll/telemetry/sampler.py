@@ -95,7 +95,6 @@ class TelemetrySampler:
         self._seq = 0
         self.samples = 0
         self.errors = 0
-        self.skipped_slots = 0
         self.failed = False  # the sampling loop itself broke (a bug): no further samples
         self._stop = asyncio.Event()
         self._running = False
@@ -225,7 +224,6 @@ class TelemetrySampler:
             due = start + slot * self.interval
             if now > due:  # the sample overran its slot: skip to the next grid point still ahead
                 missed = int((now - due) // self.interval) + 1
-                self.skipped_slots += missed
                 slot += missed
                 due = start + slot * self.interval
             with contextlib.suppress(TimeoutError):
