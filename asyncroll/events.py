@@ -1,13 +1,13 @@
-"""Typed event records and the JSONL writer.
+"""Typed event records of ``events.jsonl`` and their parser (:func:`parse_event`).
 
 Every event is a frozen pydantic record with an ``event`` tag. On disk each line is one JSON object with
 the envelope ``v`` (schema version), ``t`` (seconds since ``measurement_started``; negative for the few
 events before it), ``event`` and ``id`` (the trajectory id, or null for run-level events). Payloads that
 may be large or secret (prompts, code, tests, tool arguments) are logged as sizes, never verbatim.
 
-:class:`EventLog` is the one writer: a whole line per ``write`` on an unbuffered file, so a run killed at
-any instant leaves a file whose every line is valid JSON. Subscribers (the summary, tests) see each event
-as it is written; nothing keeps the whole stream in memory.
+:class:`~asyncroll.event_log.EventLog` is the one writer: a whole line per ``write`` on an unbuffered
+file, so a run killed at any instant leaves a file whose every line is valid JSON. Subscribers (the
+summary, tests) see each event as it is written; nothing keeps the whole stream in memory.
 """
 
 from __future__ import annotations

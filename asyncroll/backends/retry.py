@@ -7,13 +7,13 @@ capped at ``max_delay`` (a negative or NaN value asks for nothing: the backoff s
 off unless ``--max-retries`` asks for them.
 
 The :class:`Circuit` is how a server that stays down pauses the run instead of failing every trajectory:
-after ``threshold`` consecutive *unavailable* failures (no connection, a reset, 502/503/504, or a reply
-that never came within ``--request-timeout`` from a server whose health probe then fails too — a frozen
+after ``--circuit-failures`` consecutive *unavailable* failures (no connection, a reset, 502/503/504, or a
+reply that never came within ``--request-timeout`` from a server whose health probe then fails too — a frozen
 server, as against a slow one that still answers it; any other answer from the server — a 200, a 429, a
 500 — ends the run of them) it opens;
 while open, admission admits no new trajectory and requests wait before their next attempt; a probe of
 ``GET /health`` (``/v1/models`` where a server has no ``/health``) closes it again, and a circuit open
-longer than ``down_timeout`` fails the run.
+longer than ``--server-down-timeout`` fails the run.
 """
 
 from __future__ import annotations
