@@ -8,8 +8,9 @@ window → receipt final.
 The real workers and backend it runs with, unless given others, are built in
 :mod:`asyncroll.runtime.collaborators`.
 
-Cancellation (SIGINT/SIGTERM at the CLI edge) propagates; cleanup — killing worker trees, closing files,
-writing the summary and the receipt marked ``interrupted`` — runs shielded from a second cancellation.
+Cancellation (SIGINT/SIGTERM/SIGHUP at the CLI edge) propagates; cleanup — killing worker trees, closing
+files, writing the summary and the receipt marked ``interrupted`` — runs shielded from a second
+cancellation.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class RunOutcome:
     exit_code: int
     summary: dict[str, Any] | None
     error: str | None = None
-    late_signal: str | None = None  # SIGINT/SIGTERM that came after every trajectory had finished
+    late_signal: str | None = None  # a stop signal that came after every trajectory had finished
     #: exports (trace.json, timeline.html) that could not be written → why (run.json has them too)
     exports_failed: dict[str, str] = field(default_factory=dict)
     #: where the run's directory was moved while it ran (its last files were written there), if it was

@@ -104,8 +104,9 @@ def simulate(
 ) -> RunOutcome:
     """Validate, then run on a virtual clock; the output directory is the same as ``asyncroll run``'s.
 
-    ``signals``: SIGINT and SIGTERM interrupt the run as they do ``asyncroll run`` — run.json records
-    ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a summary.
+    ``signals``: SIGINT, SIGTERM and SIGHUP interrupt the run as they do ``asyncroll run`` — run.json
+    records ``interrupted by SIGTERM`` — and the outcome is ``interrupted`` (exit code 130), without a
+    summary.
     ``assumed``: filled with what the script left undeclared (jobs without a cost, submissions without
     a verdict). ``made``: as :func:`~asyncroll.runtime.prepare.prepare`'s."""
     try:

@@ -193,7 +193,7 @@ def _starting(jobs: int) -> Iterator[None]:
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """A sweep stopped by SIGINT/SIGTERM after ``done`` of ``total`` cells; their rows were written."""
+    """A sweep stopped by SIGINT/SIGTERM/SIGHUP after ``done`` of ``total`` cells; their rows were written."""
 
     def __init__(self, signal_name: str, done: int, total: int) -> None:
         super().__init__(signal_name)
@@ -211,9 +211,9 @@ class _FinishedThenStopped(KeyboardInterrupt):
 def _stop(pool: ProcessPoolExecutor, *, kill: bool) -> None:
     """End the sweep's cell processes. ``kill``: the sweep stops, so the running cells are killed (a
     cell writes nothing, and an unfinished cell's row is dropped anyway) instead of waited for; a signal
-    that comes while waiting kills them too. Cells ignore SIGINT and SIGTERM (the sweep owns those), so
-    a wait that a second Ctrl-C cut short used to leave them running and the interpreter's exit waiting
-    on them for ever."""
+    that comes while waiting kills them too. Cells ignore SIGINT, SIGTERM and SIGHUP (the sweep owns
+    those), so a wait that a second Ctrl-C cut short used to leave them running and the interpreter's
+    exit waiting on them for ever."""
     # ProcessPoolExecutor has no public list of its processes; this attribute exists from 3.8 to 3.13.
     processes = list((getattr(pool, "_processes", None) or {}).values())
     if kill:
