@@ -38,12 +38,12 @@ CPU_JOBS = (
     "each job's cpu_ms, else the milliseconds of spin_ms/sleep_ms, else 0 s (a file tool's call or an "
     "evaluation without cpu_ms takes no time; --from-run replays measured ones)"
 )
-#: Built-in tools whose zero-cost default is right (or whose cost is their argument).
 #: How a simulated submission is judged (recorded in run.json): untrusted code is never run.
 VERDICTS = (
     "a submission passes unless its action declares passes: false (code is never run in a simulation; "
     "--from-run replays the recorded verdicts)"
 )
+#: Built-in tools whose zero-cost default is right (or whose cost is their argument).
 _TIMED_BUILTINS = frozenset({"spin_ms", "sleep_ms", "add", GRADE_TOOL})
 _EVALUATE = "lcb_evaluate"
 
