@@ -1,2 +1,2 @@
 """Everything a run leaves behind: run.json, results.jsonl, transcripts.jsonl, summary.json, trace.json,
-timeline.html."""
+timeline.html (events.jsonl's one writer is :mod:`asyncroll.event_log`)."""
