@@ -1,7 +1,8 @@
 """The trajectory loop: model turn → action → CPU job → observation, until an answer or ``max_turns``.
 
 A model failure or a failed tool job ends only its own trajectory (``failed`` with the error); the run
-goes on. Errors that are not asyncroll's own (bugs) are not swallowed here.
+goes on. With ``--tool-errors observe`` a failed tool job's error is the model's observation instead, and
+the trajectory goes on. Errors that are not asyncroll's own (bugs) are not swallowed here.
 """
 
 from __future__ import annotations
