@@ -1,4 +1,5 @@
-"""What every command shares: the option shorthand, a usage error, and the compact summary line."""
+"""What every command shares: the option shorthand, a usage error, stdout that outlives its reader
+(:func:`say`), the run warnings and the compact summary line."""
 
 from __future__ import annotations
 
