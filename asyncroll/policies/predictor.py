@@ -13,7 +13,7 @@ bias included — toward the prior (~100 ms): a weak prior that a handful of obs
 resubmission uses the same trajectory's first run of that tool when it is known
 (``same_problem_first_evaluation``). Timed-out jobs are observed *censored* at the timeout, never
 dropped. The model refits lazily, once, at the first prediction after new observations (after each of
-the first 32, then after every ~3% more, but at least once per half window, so that no observation
+the first 63, then after every ~3% more, but at least once per half window, so that no observation
 leaves the window unfitted), on a bounded window (a ring buffer of the newest observations); predicting
 the whole queue is one matrix product. Predictions are clamped to [1 ms, 60 s]. One instance per run:
 state never leaks between runs.
