@@ -3,7 +3,8 @@
     AsyncrollError
     ├── UsageError                 bad flags or config; exit code 2
     │   ├── WorkloadError          a workload file is malformed (carries file:line: field: message)
-    │   └── OutputExistsError      --output already exists; nothing is touched
+    │   ├── OutputExistsError      --output already exists; nothing is touched
+    │   └── FingerprintMismatch*   an experiment resumed or staged under a changed protocol
     ├── OutputWriteError           an output file could not be written (a full disk); exit code 1
     ├── WorkerError                a tool worker could not do its job
     │   ├── WorkerStartupError     a worker did not become ready within its deadline
@@ -13,7 +14,12 @@
     │   └── WorkerDied             the worker process exited while it held a job
     ├── ModelError                 a model call failed; isolated to its trajectory
     │   └── InvalidActionError     the model answered with an action that does not validate
+    ├── IsolationError*            a sandbox layer lcb_evaluate requires is missing (no weak isolation)
+    ├── SandboxError*              the sandbox could not start a test or clean up after one
     └── SimulationError            a sweep's simulated run did not complete (e.g. its policy raised)
+
+(*) defined in the module that raises them: :class:`~asyncroll.experiment.fingerprint.FingerprintMismatch`,
+:class:`~asyncroll.evaluator.isolation.IsolationError`, :class:`~asyncroll.evaluator.sandbox.SandboxError`.
 
 CLI-facing errors carry ``exit_code``. Foreign errors are mapped at the boundary and chained
 with ``from exc``.
