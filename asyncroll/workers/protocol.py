@@ -95,7 +95,6 @@ class JobRequest:
 
 #: json.dumps(value, default=str, ensure_ascii=False), without a new encoder per call
 JSON_TEXT = json.JSONEncoder(default=str, ensure_ascii=False)
-_OBSERVATION_TEXT = JSON_TEXT
 
 
 def observation(value: Any, limit: int) -> tuple[str, int]:
@@ -109,14 +108,14 @@ def observation(value: Any, limit: int) -> tuple[str, int]:
     untrusted input) is written whole: JSON numbers have no such limit, and it is the tool's own
     result."""
     try:
-        text = _OBSERVATION_TEXT.encode(value)
+        text = JSON_TEXT.encode(value)
     except ValueError:
         limit_digits = sys.get_int_max_str_digits()
         if not limit_digits:
             raise
         sys.set_int_max_str_digits(0)
         try:
-            text = _OBSERVATION_TEXT.encode(value)
+            text = JSON_TEXT.encode(value)
         finally:
             sys.set_int_max_str_digits(limit_digits)
     if not text.isascii():
