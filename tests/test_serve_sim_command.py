@@ -1,6 +1,6 @@
 """The serve-sim command and its settings: values no server could serve are refused (in the settings and
 on the command line, exit 2), a port it cannot listen on is a usage error, and the real command prints
-its port and stops on SIGTERM."""
+its port and stops on SIGTERM or SIGHUP."""
 
 from __future__ import annotations
 
@@ -43,7 +43,10 @@ def test_non_finite_settings_are_refused(value: float) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_cli_subprocess_prints_the_port_and_stops_on_sigterm(stop: signal.Signals) -> None:
+    """A hangup (the terminal closed) stops it as SIGTERM does: gracefully, exit 0. It raised the CLI's
+    KeyboardInterrupt instead: exit 130, and the server thread died with the process, no grace."""
     cmd = [
         sys.executable,
         "-m",
@@ -70,7 +73,7 @@ def test_cli_subprocess_prints_the_port_and_stops_on_sigterm() -> None:
                 "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
             )
             assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 1
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         _, stderr = proc.communicate(timeout=15)
         assert proc.returncode == 0, stderr
     finally:

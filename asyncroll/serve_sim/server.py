@@ -153,8 +153,9 @@ def serve_in_thread(
 
 
 def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "warning") -> int:
-    """The CLI: bind, print the URL (and the port, for ``--port 0``), serve until SIGINT/SIGTERM, then
-    shut down gracefully and return 0 (1 if the server stopped on its own, e.g. a failed start-up)."""
+    """The CLI: bind, print the URL (and the port, for ``--port 0``), serve until SIGINT, SIGTERM or
+    SIGHUP (one that ``nohup`` ignores stays ignored), then shut down gracefully and return 0 (1 if the
+    server stopped on its own, e.g. a failed start-up)."""
     sock = bind(host, port)
     sim = SimApp(config)
     server = make_server(sim, log_level=log_level)
@@ -165,7 +166,11 @@ def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "
         signalled.append(signum)
         done.set()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stops = [signal.SIGINT, signal.SIGTERM]
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is not None and signal.getsignal(hangup) != signal.SIG_IGN:
+        stops.append(hangup)
+    previous = {sig: signal.signal(sig, on_signal) for sig in stops}
     try:
         running = start_thread(sock, sim, server, done=done)
         try:
