@@ -8,9 +8,8 @@ window → receipt final.
 The real workers and backend it runs with, unless given others, are built in
 :mod:`asyncroll.runtime.collaborators`.
 
-Cancellation (SIGINT/SIGTERM/SIGHUP at the CLI edge) propagates; cleanup — killing worker trees, closing
-files, writing the summary and the receipt marked ``interrupted`` — runs shielded from a second
-cancellation.
+Cancellation (a stop signal at the CLI edge) propagates; cleanup — killing worker trees, closing files,
+writing the summary and the receipt marked ``interrupted`` — runs shielded from a second cancellation.
 """
 
 from __future__ import annotations
