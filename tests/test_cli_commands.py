@@ -93,3 +93,13 @@ def test_the_report_module_entry_point_shows_its_own_usage() -> None:
     )
     assert result.returncode == 0 and result.stdout.startswith("Usage: python -m asyncroll.report [OPTIONS]")
     assert "--comparison" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "name"), [("timeline", "RUN_DIR"), ("optimum", "RUN_DIR"), ("validate", "WORKLOAD")]
+)
+def test_a_missing_argument_is_named_as_the_docs_name_it(command: str, name: str) -> None:
+    """typer named them by their Python parameters ('run_dir', '{workload}'), not as README does."""
+    done = invoke(command)
+    assert done.exit_code == 2 and f"Missing argument '{name}'" in done.stderr
+    assert f"asyncroll {command} [OPTIONS] {{{name}}}" in done.stderr

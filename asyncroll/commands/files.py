@@ -14,7 +14,7 @@ from asyncroll.json_depth import json_loads
 
 
 def validate(
-    workload: Annotated[Path, typer.Argument(help="Workload JSONL to check.")],
+    workload: Annotated[Path, typer.Argument(help="Workload JSONL to check.", metavar="WORKLOAD")],
     tool_root: Annotated[
         Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
     ] = None,
@@ -58,7 +58,7 @@ def schema(
 
 
 def timeline(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory holding events.jsonl.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run directory holding events.jsonl.", metavar="RUN_DIR")],
 ) -> None:
     """Regenerate trace.json and timeline.html of a finished (or interrupted) run from its events."""
     try:

@@ -15,7 +15,7 @@ from asyncroll.json_depth import json_loads
 
 
 def optimum(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (real or simulated).")],
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (real or simulated).", metavar="RUN_DIR")],
     time_limit: Annotated[float, Opt(help="Solver time limit in seconds.")] = 60.0,
     threads: Annotated[int, Opt(help="Solver threads.")] = 2,
     as_json: Annotated[bool, Opt("--json", help="Print the result as JSON.")] = False,
