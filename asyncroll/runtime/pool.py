@@ -2,8 +2,9 @@
 
 It owns N worker slots. A slot is *idle* (ready for a job), *busy* (holding a job) or *restarting*. A
 worker that timed out, died holding a job, or was found dead while idle is killed with its whole process
-tree and replaced by a fresh one of the next generation, preloaded and warmed before the slot takes work
-again. Every replacement is a ``worker_restarting`` event and is counted.
+tree, and one that a job left above ``--worker-max-rss-mb`` is closed; either is replaced by a fresh one
+of the next generation, preloaded and warmed before the slot takes work again. Every replacement is a
+``worker_restarting`` event and is counted.
 
 Process workers leave nothing behind (:mod:`asyncroll.workers.orphans`): while the pool runs them, the
 runtime is a child subreaper, so what a worker that died had detached (``setsid -f``, a double fork, a
