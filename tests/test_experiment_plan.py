@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncroll.experiment.config import load_experiment_config
-from asyncroll.experiment.plan import build_plan, pair_order
+from asyncroll.experiment.plan import build_plan, client_command, pair_order
 from asyncroll.experiment.server import startup_evidence
 from tests.conftest import invoke
 from tests.experiments import ROOT, SMOKE, cli, write_config
@@ -130,3 +130,22 @@ def test_startup_evidence_from_a_vllm_log() -> None:
     assert "FLASH_ATTN" in ev["attention_backend"]
     assert ev["compile"] == ["torch.compile takes 21.3 s in total"]
     assert ev["cuda_graph"][0].startswith("Graph capturing finished in 14 secs")
+
+
+def test_every_client_command_is_accepted_by_run_without_server_telemetry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """server.metrics_path null and gpu null: the plan adds --no-telemetry, and with it
+    --telemetry-interval (which run refuses beside --no-telemetry): every arm failed at once with exit 2."""
+    import asyncroll.commands.run as run_command
+    from asyncroll.config import RunConfig
+
+    accepted: list[RunConfig] = []
+    monkeypatch.setattr(run_command, "_run", lambda cfg: accepted.append(cfg) or 0)
+    cfg = load_experiment_config(write_config(tmp_path, **{"server.metrics_path": None}))
+    for arm in build_plan(cfg):
+        command = client_command(cfg, arm, 8000, tmp_path / "arms" / arm.id / "run")
+        assert "--no-telemetry" in command
+        done = invoke(*command[command.index("run") :])
+        assert done.exit_code == 0, done.stderr
+    assert accepted and not any(c.telemetry for c in accepted)

@@ -136,8 +136,6 @@ def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir
         str(c.request_timeout),
         "--tool-timeout",
         str(c.tool_timeout),
-        "--telemetry-interval",
-        str(c.telemetry_interval),
         "--seed",
         str(arm.seed),
         "--no-progress",
@@ -154,8 +152,10 @@ def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir
         cmd += ["--nvml-device", str(cfg.gpu.index)]
     if cfg.server.metrics_path is not None:
         cmd += ["--metrics-url", url + cfg.server.metrics_path]
-    elif cfg.gpu is None:
+    if cfg.server.metrics_path is None and cfg.gpu is None:  # run refuses an interval with --no-telemetry
         cmd.append("--no-telemetry")
+    else:
+        cmd += ["--telemetry-interval", str(c.telemetry_interval)]
     return cmd + list(c.extra_args) + list(cfg.arm(arm.arm).extra_args)
 
 
