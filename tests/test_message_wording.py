@@ -41,6 +41,26 @@ def test_a_replayed_runs_line_that_is_not_json_names_its_column_not_a_line_1_of_
     assert "column 15" in said and "line 1" not in said and "char" not in said
 
 
+def test_an_optimum_runs_event_line_that_is_not_json_names_its_column_not_a_line_1_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """``asyncroll optimum`` read events.jsonl with json's own text: "events.jsonl line 2: not JSON:
+    Expecting property name ...: line 1 column 15 (char 14)", line 2 and line 1 in one message."""
+    from asyncroll.simulation.run_instance import instance_from_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    summary = '{"makespan_s": 1, "limits": %s, "bounds": {"model_capacity": 1, "lower_bound_s": 1}}'
+    (run / "summary.json").write_text(summary % str(limits).replace("'", '"'))
+    (run / "events.jsonl").write_text('{"v": 1, "t": 0, "event": "a", "id": null}\n{"event": "b",}\n')
+    with pytest.raises(UsageError) as info:
+        instance_from_run(run)
+    said = str(info.value)
+    assert f"{run}/events.jsonl line 2: not valid JSON (Expecting property name" in said, said
+    assert "column 15" in said and "line 1" not in said and "char" not in said
+
+
 def test_an_unknown_workload_field_is_called_one_and_its_likely_spelling_is_suggested(tmp_path: Path) -> None:
     """pydantic's "Extra inputs are not permitted" said neither that the key is unknown nor what it may be
     a misspelling of (a config file's unknown setting says both)."""

@@ -9,6 +9,7 @@ is refused (:class:`UsageError`) rather than solved as less work than the run di
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,8 @@ def instance_from_run(run_dir: Path) -> Instance:
                 if summary is None and not raw.endswith(b"\n"):  # killed in the middle of a write
                     notes.append(f"events.jsonl line {number} was cut short when the run stopped: ignored")
                     break
+                if isinstance(exc, json.JSONDecodeError):  # its own "line 1 column 5" counts within the line
+                    raise UsageError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from exc
                 raise UsageError(f"{where}: not JSON: {exc}") from exc
             if not isinstance(event, dict):
                 raise UsageError(f"{where}: not a JSON object")
