@@ -10,7 +10,6 @@ complete, 1 run failed, 2 usage or validation error, 130 interrupted.
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
@@ -18,9 +17,9 @@ from typer.core import TyperCommand
 
 from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
-from asyncroll.commands.common import fail, say, stdout_lost
+from asyncroll.commands.common import say, stdout_lost
 from asyncroll.commands.help_page import HelpGroup
-from asyncroll.commands.single_values import SingleValueCommand
+from asyncroll.commands.single_values import PathlessCommand, SingleValueCommand
 
 app = typer.Typer(
     name="asyncroll",
@@ -53,13 +52,7 @@ def _options(
         typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """The app's own options (``--version``); each command has its own. Runs before any command: one
-    started in a directory that was removed since (``rmdir`` from another shell) is refused here, not
-    with a traceback from the first relative path or ``os.getcwd()`` it meets."""
-    try:
-        os.getcwd()
-    except FileNotFoundError:
-        raise fail("the current directory no longer exists (removed?): cd into one that does") from None
+    """The app's own options (``--version``); each command has its own."""
 
 
 # Registered in the order ``asyncroll --help`` lists them.
@@ -68,10 +61,10 @@ app.command()(files.timeline)
 app.command()(simulate.simulate)
 app.command()(optimum.optimum)
 app.command()(files.validate)
-app.command()(files.schema)
+app.command(cls=PathlessCommand)(files.schema)
 app.command("convert-toolmath")(convert.convert_toolmath)
 app.command("convert-livecodebench")(convert.convert_livecodebench)
-app.command("serve-sim")(serve.serve_sim)
+app.command("serve-sim", cls=PathlessCommand)(serve.serve_sim)
 app.add_typer(experiment.experiment_app, name="experiment")
 app.command()(experiment.report)
 

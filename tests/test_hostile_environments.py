@@ -68,6 +68,45 @@ def test_a_command_whose_current_directory_was_removed_says_so(
     assert not gone.exists()  # nothing was made at a path relative to it
 
 
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [(["run", "--help"], "Usage: "), (["simulate", "--help"], "Usage: "), (["schema", "events"], '"$defs"')],
+    ids=["run-help", "simulate-help", "schema"],
+)
+def test_what_needs_no_current_directory_works_in_one_that_was_removed(
+    tmp_path: Path, command: list[str], said: str
+) -> None:
+    """A command's --help, and a command that takes no path, never use the current directory: the
+    removed-directory refusal (meant for the paths a command makes or reads) refused them too."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = asyncroll(*command, cwd=gone, prepare=lambda: os.rmdir(gone))
+    assert done.returncode == 0, done.stderr
+    assert said in done.stdout and "no longer exists" not in done.stderr
+
+
+def test_serve_sim_serves_from_a_current_directory_that_was_removed(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=gone,
+        preexec_fn=lambda: os.rmdir(gone),
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()  # the server's first line, or "" once it exited
+        assert first.startswith("serve-sim listening on "), server.communicate(timeout=60)
+        server.terminate()
+        assert server.wait(timeout=60) == 0
+    finally:
+        server.kill()
+        server.communicate(timeout=60)
+
+
 @pytest.mark.parametrize("progress", [[], ["--progress"]], ids=["default", "asked"])
 def test_a_sweep_with_stderr_closed_runs_and_writes_its_tables(tmp_path: Path, progress: list[str]) -> None:
     def close_stderr() -> None:

@@ -8,6 +8,7 @@ Options meant to repeat (``multiple=True``: a ``list[...]`` parameter; ``count=T
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterable
 from difflib import get_close_matches
@@ -16,6 +17,7 @@ from typing import Any
 from typer._click.exceptions import NoSuchOption
 from typer.core import TyperCommand
 
+from asyncroll.commands.common import fail
 from asyncroll.commands.help_page import HelpThroughSay
 
 
@@ -46,7 +48,22 @@ def likely_options(typed: str, known: Iterable[str]) -> list[str]:
 class SingleValueCommand(HelpThroughSay, TyperCommand):
     """A command whose options of one value may each be given once (and whose ``--help`` goes through
     ``say``: :mod:`asyncroll.commands.help_page`); an unknown option is answered with the options it
-    most likely meant (:func:`likely_options`), or none."""
+    most likely meant (:func:`likely_options`), or none. Started in a current directory that was removed
+    since (``rmdir`` from another shell), it is refused (exit 2), not with a traceback from the first
+    relative path or ``os.getcwd()`` it meets: after parsing, so that its ``--help`` is still shown."""
+
+    #: False for a command that takes no path (:class:`PathlessCommand`): it never needs the directory
+    uses_cwd = True
+
+    def invoke(self, ctx: Any) -> Any:
+        if self.uses_cwd:
+            try:
+                os.getcwd()
+            except FileNotFoundError:
+                raise fail(
+                    "the current directory no longer exists (removed?): cd into one that does"
+                ) from None
+        return super().invoke(ctx)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
@@ -62,3 +79,9 @@ class SingleValueCommand(HelpThroughSay, TyperCommand):
                 ]
                 exc.possibilities = likely_options(exc.option_name, (n for n in known if n.startswith("--")))
             raise
+
+
+class PathlessCommand(SingleValueCommand):
+    """A command that takes no path (``serve-sim``, ``schema``): it runs in a removed current directory."""
+
+    uses_cwd = False
