@@ -130,6 +130,24 @@ def test_a_sweep_with_stderr_closed_runs_and_writes_its_tables(tmp_path: Path, p
     assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()
 
 
+def test_a_sweeps_progress_into_a_stderr_whose_reader_left_keeps_the_sweep(tmp_path: Path) -> None:
+    """``--progress`` with stderr a pipe nobody reads any more (``2>&1 | head -1`` once head has exited):
+    the first line raised BrokenPipeError out of the sweep, which exited 1 with no table written. A run's
+    progress line stops drawing instead; so does a sweep's."""
+
+    def reader_gone() -> None:
+        read, write = os.pipe()
+        os.dup2(write, 2)  # every write to stderr now fails with EPIPE
+        os.close(read)
+        os.close(write)
+
+    out = tmp_path / "sweep"
+    args = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "2", "--jobs", "1"]
+    done = asyncroll(*args, "--progress", prepare=reader_gone, stderr=None)
+    assert done.returncode == 0
+    assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()
+
+
 def _files(limit: int) -> Callable[[], None]:
     def lower() -> None:  # `ulimit -n LIMIT`
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))

@@ -426,15 +426,22 @@ def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]],
     if not (stream.isatty() if wanted is None else wanted):
         return None
     tty = stream.isatty()
+    failed = False
 
     def report(done: int, total: int, row: dict[str, Any]) -> None:
+        nonlocal failed
+        if failed:  # a stream that failed once (its reader gone, a full disk) draws no more
+            return
         line = (
             f"[{done}/{total}] {row['policy']} {row['active']} / {row['inflight']} / {row['workers']} "
             f"seed {row['seed']}: makespan {row['makespan_s']:.3f} s"
         )
-        stream.write(
-            ("\r" + line.ljust(79) if tty else line + "\n") + ("\n" if tty and done == total else "")
-        )
-        stream.flush()
+        try:
+            stream.write(
+                ("\r" + line.ljust(79) if tty else line + "\n") + ("\n" if tty and done == total else "")
+            )
+            stream.flush()
+        except (OSError, ValueError):  # as a run's progress line: it ends the line, never the sweep
+            failed = True
 
     return report
