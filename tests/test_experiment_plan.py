@@ -141,7 +141,12 @@ def test_every_client_command_is_accepted_by_run_without_server_telemetry(
     from asyncroll.config import RunConfig
 
     accepted: list[RunConfig] = []
-    monkeypatch.setattr(run_command, "_run", lambda cfg: accepted.append(cfg) or 0)
+
+    def accept(cfg: RunConfig) -> int:  # what run would run, not run
+        accepted.append(cfg)
+        return 0
+
+    monkeypatch.setattr(run_command, "_run", accept)
     cfg = load_experiment_config(write_config(tmp_path, **{"server.metrics_path": None}))
     for arm in build_plan(cfg):
         command = client_command(cfg, arm, 8000, tmp_path / "arms" / arm.id / "run")

@@ -142,8 +142,8 @@ def test_a_sweeps_progress_into_a_stderr_whose_reader_left_keeps_the_sweep(tmp_p
         os.close(write)
 
     out = tmp_path / "sweep"
-    args = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "2", "--jobs", "1"]
-    done = asyncroll(*args, "--progress", prepare=reader_gone, stderr=None)
+    args: list[str | Path] = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "2"]
+    done = asyncroll(*args, "--jobs", "1", "--progress", prepare=reader_gone, stderr=None)
     assert done.returncode == 0
     assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()
 
