@@ -56,6 +56,11 @@ class OutputExistsError(UsageError):
         # ``where``: the setting's source when not the flag (a config file's ``output``)
         named = f"--output {output}" if where is None else f"{where} ({output})"
         super().__init__(f"{named} already exists; asyncroll never overwrites a run (choose a new directory)")
+        self.output, self.where = output, where
+
+    def __reduce__(self) -> tuple[type[OutputExistsError], tuple[object, str | None]]:
+        # rebuilt from its output, not its message (pickled across a process pool, or copied)
+        return type(self), (self.output, self.where)
 
 
 class OutputWriteError(AsyncrollError):

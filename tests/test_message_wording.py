@@ -236,3 +236,18 @@ def test_a_run_that_ends_before_its_measurement_says_no_trajectory_ran(tmp_path:
     assert done.exit_code == 1
     assert done.stdout == f"failed before the measurement started: no trajectory ran\noutputs: {out}\n"
     assert "warm-up request 1/2 failed" in done.stderr
+
+
+def test_an_existing_output_error_keeps_its_words_through_a_pickle_and_a_copy() -> None:
+    """Rebuilt from its message (what pickling an exception does: a process pool's, ``copy``), it read
+    "--output --output X already exists; ... already exists; ..."."""
+    import copy
+    import pickle
+
+    from asyncroll.errors import OutputExistsError
+
+    for where in (None, "--config c.toml: setting 'output'"):
+        error = OutputExistsError(Path("runs/x"), where)
+        for again in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+            assert type(again) is OutputExistsError and str(again) == str(error)
+            assert str(again).count("already exists") == 1
