@@ -7,7 +7,8 @@ called ``setsid`` or was re-parented. That makes it both a limit and a reliable 
 Each test gets a fresh group named ``asyncroll-<worker pid>-<n>``, created *under the worker's own
 cgroup* of each controller (so the machine's own limits on the worker still apply), joined by the
 sandboxed process before it execs, emptied and removed after the test. Groups left behind by a dead
-worker are removed the next time a :class:`CgroupFactory` starts.
+worker are removed the next time a :class:`CgroupFactory` starts; those of a dead worker whose pid
+is alive again (reused) stay, and a worker with that pid skips their names (:func:`fresh_name`).
 
 This module is cgroup v1. On a host with neither a v1 ``memory`` nor a v1 ``pids`` hierarchy (a pure
 cgroup-v2 host), :mod:`~.cgroups_v2` provides the same groups on the unified hierarchy, with a
@@ -142,6 +143,17 @@ class TestGroup:
                     time.sleep(0.001)
 
 
+def fresh_name(roots: list[Path]) -> str:
+    """A test group name of this process's (``asyncroll-<pid>-<n>``) that none of ``roots`` holds yet.
+    The counter never repeats a name in one process, so one that exists was left by a dead process that
+    had this pid (a run killed outright; pids are reused): kept by the clean-up (the pid is alive) and
+    skipped here, never taken over."""
+    while True:
+        name = f"{PREFIX}{os.getpid()}-{next(_COUNTER)}"
+        if not any((root / name).exists() for root in roots):
+            return name
+
+
 class CgroupFactory:
     """Creates one :class:`TestGroup` per test under the worker's own ``memory`` and ``pids`` groups."""
 
@@ -156,7 +168,7 @@ class CgroupFactory:
 
     def create(self, memory_bytes: int, max_pids: int) -> TestGroup:
         """A fresh group per controller with its limit written; raises :class:`CgroupError`."""
-        name = f"{PREFIX}{os.getpid()}-{next(_COUNTER)}"
+        name = fresh_name(list(self._roots()))
         made: list[Path] = []
         try:
             if self.memory_root is not None:

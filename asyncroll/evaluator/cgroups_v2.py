@@ -42,7 +42,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncroll.evaluator.cgroups import _COUNTER, PREFIX, CgroupError, TestGroup, _remove_stale, v1_roots
+from asyncroll.evaluator.cgroups import (
+    PREFIX,
+    CgroupError,
+    TestGroup,
+    _remove_stale,
+    fresh_name,
+    v1_roots,
+)
 
 CONTROLLERS = ("memory", "pids")
 LEAF = re.compile(rf"{PREFIX}\d+")  # a process leaf; a per-test group is asyncroll-<pid>-<n>
@@ -247,7 +254,7 @@ class CgroupV2Factory:
 
     def create(self, memory_bytes: int, max_pids: int) -> TestGroupV2:
         """A fresh group with its limits written; raises :class:`CgroupError`."""
-        d = self.domain / f"{PREFIX}{os.getpid()}-{next(_COUNTER)}"
+        d = self.domain / fresh_name([self.domain])
         try:
             d.mkdir()
         except OSError as exc:
