@@ -87,7 +87,7 @@ def _stopped_in_the_exports(
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert ready.exists(), proc.communicate(timeout=10)
-        assert ready.read_text() == {"trace": ".trace.json.tmp", "announce": "announced"}[where]
+        assert ready.read_text() == {"trace": f".trace.json.{proc.pid}.tmp", "announce": "announced"}[where]
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
     finally:

@@ -22,6 +22,13 @@ import orjson
 from asyncroll.errors import OutputWriteError
 
 
+def staging_path(path: Path) -> Path:
+    """A hidden name beside ``path`` to write it under before the rename over ``path``: this process's
+    own (its pid), so two processes writing the same file at once (two ``asyncroll timeline`` of one
+    run) never truncate or rename each other's half-written file."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
 def json_line(data: dict[str, Any]) -> bytes:
     """One JSON line (results, transcripts): orjson, or the stdlib encoder for what orjson refuses."""
     try:

@@ -25,7 +25,7 @@ import psutil
 from asyncroll import __version__
 from asyncroll.errors import OutputWriteError
 from asyncroll.json_depth import json_loads
-from asyncroll.outputs.lines import write_all
+from asyncroll.outputs.lines import staging_path, write_all
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
 RECEIPT_SCHEMA_VERSION = 1
@@ -58,7 +58,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` to a temporary file next to ``path``, then rename it over ``path``: a reader sees the
     old file or the new one, never half of one. A failed write (a full disk) removes the temporary file
     and raises."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = staging_path(path)
     try:
         with tmp.open("w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, sort_keys=False, default=str)

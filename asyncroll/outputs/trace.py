@@ -21,6 +21,7 @@ import orjson
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.activity import collect_activity
 from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Track
+from asyncroll.outputs.lines import staging_path
 from asyncroll.outputs.spool import Spool
 
 Encoder = Callable[[Any], bytes]
@@ -168,7 +169,7 @@ def _write(path: Path, a: Activity, encode: Encoder, clock: str | None) -> None:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half an export."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = staging_path(path)
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
@@ -195,7 +196,7 @@ def write_trace(run_dir: Path, activity: Activity | None = None) -> Path:
     path = run_dir / "trace.json"
     a = activity or collect_activity(run_dir / "events.jsonl")
     clock = _clock(run_dir / "run.json")
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = staging_path(path)
     try:
         try:
             _write(tmp, a, _orjson, clock)

@@ -1,0 +1,71 @@
+"""Two ``asyncroll timeline`` processes regenerating the same run's exports at once (two terminals, or a
+script run twice): each writes under a temporary name of its own, so neither renames or truncates the
+other's half-written file and both succeed. Real processes at a deterministic point: the first waits,
+its trace.json written under its temporary name and not yet renamed, until the second has finished
+(a hook, 30 s at most); every process has a hard timeout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.children import end
+from tests.cli_runs import SMOKE, cli
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(120)
+
+#: ``asyncroll timeline RUN`` (argv[3]) whose trace.json, once written under its temporary name, waits
+#: there until the file argv[2] exists, after creating the file argv[1].
+PAUSED = """
+import sys, time
+from pathlib import Path
+import asyncroll.outputs.trace as trace
+paused, go = Path(sys.argv[1]), Path(sys.argv[2])
+real_write = trace._write
+def _write(path, *args):
+    real_write(path, *args)
+    paused.write_text(path.name)
+    deadline = time.monotonic() + 30
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+trace._write = _write
+sys.argv = ["asyncroll", "timeline", sys.argv[3]]
+from asyncroll.cli import main
+main()
+"""
+
+
+def test_two_timeline_commands_at_once_on_one_run_both_succeed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    made = cli("simulate", "--workload", SMOKE, "--output", out)
+    assert made.returncode == 0, made.stderr
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    first = subprocess.Popen(
+        [sys.executable, "-c", PAUSED, str(paused), str(go), str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not paused.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert paused.exists(), first.communicate(timeout=10)
+        second = cli("timeline", out)  # the neighbour, start to end, while the first waits
+        go.touch()
+        _, first_err = first.communicate(timeout=60)
+    finally:
+        end(first)
+    assert second.returncode == 0, second.stderr
+    assert first.returncode == 0, first_err  # was: FileNotFoundError: '.trace.json.tmp' -> 'trace.json'
+    json.loads((out / "trace.json").read_text())
+    json.loads((out / "run.json").read_text())
+    assert (out / "timeline.html").read_text().rstrip().endswith("</html>")
+    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
