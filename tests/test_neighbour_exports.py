@@ -1,12 +1,17 @@
-"""Two ``asyncroll timeline`` processes regenerating the same run's exports at once (two terminals, or a
+"""Commands run on a run directory from another terminal.
+
+Two ``asyncroll timeline`` processes regenerating the same run's exports at once (two terminals, or a
 script run twice): each writes under a temporary name of its own, so neither renames or truncates the
 other's half-written file and both succeed. Real processes at a deterministic point: the first waits,
 its trace.json written under its temporary name and not yet renamed, until the second has finished
-(a hook, 30 s at most); every process has a hard timeout."""
+(a hook, 30 s at most). And ``asyncroll optimum`` on a run still going. Every process has a hard
+timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +21,8 @@ import pytest
 
 from tests.children import end
 from tests.cli_runs import SMOKE, cli
-from tests.conftest import REPO
+from tests.cli_runs import _wait_for as wait_for
+from tests.conftest import REPO, tool_problem, write_workload
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,3 +75,32 @@ def test_two_timeline_commands_at_once_on_one_run_both_succeed(tmp_path: Path) -
     json.loads((out / "run.json").read_text())
     assert (out / "timeline.html").read_text().rstrip().endswith("</html>")
     assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_optimum_of_a_run_still_going_says_so_not_that_it_stopped(tmp_path: Path) -> None:
+    """``asyncroll optimum RUN`` from another terminal while the run works: the work recorded so far is
+    solved, and what it prints says the run is still going; not that it never finished or was killed."""
+    problems = [tool_problem(f"p{i}", model_ms=5, cpu_ms=60_000) for i in range(2)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", "run", "--workload", str(workload), "--output", str(out)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        solved = cli("optimum", out, "--time-limit", "10", "--threads", "1", "--json")
+        assert run.poll() is None  # it was still going throughout
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)  # its workers stopped by the run itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.wait(60)
+        end(run)
+    assert solved.returncode == 0, solved.stderr
+    said = solved.stderr + " ".join(json.loads(solved.stdout)["notes"])
+    assert "still going" in said
+    for wrong in ("never finished", "stopped before", "when the run stopped"):
+        assert wrong not in said, said

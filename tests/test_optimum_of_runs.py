@@ -5,6 +5,8 @@ warning; a damaged run or numbers no run could have are refused; a cut search sa
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -183,7 +185,9 @@ def test_optimum_of_a_killed_run_without_summary(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").unlink()
     receipt = json.loads((run / "run.json").read_text())
-    (run / "run.json").write_text(json.dumps({**receipt, "status": "running"}))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # the killed run's process: gone
+    gone.wait(30)
+    (run / "run.json").write_text(json.dumps({**receipt, "status": "running", "pid": gone.pid}))
     # kill -9 can cut the last line short
     events = (run / "events.jsonl").read_text().splitlines()
     (run / "events.jsonl").write_text("\n".join(events) + "\n" + events[-1][:10])

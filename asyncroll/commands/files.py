@@ -71,7 +71,7 @@ def timeline(
         raise fail(f"{run_dir}: not a directory")
     if not (run_dir / "events.jsonl").is_file():
         raise fail(f"{run_dir}: no events.jsonl (not a run directory?)")
-    still = _still_running(run_dir)
+    still = still_running(run_dir)
     if still is not None:
         raise fail(f"{run_dir}: the run is still going ({still}); its own exports follow when it ends")
     from asyncroll.outputs.rundir import EXPORTS, announce_exports, export
@@ -126,7 +126,7 @@ def _never_finished(run_dir: Path) -> dict[str, Any] | None:
     return {"status": status, "error": "run.json never finalised: its process ended without a word (killed?)"}
 
 
-def _still_running(run_dir: Path) -> str | None:
+def still_running(run_dir: Path) -> str | None:
     """Why ``run_dir`` belongs to a run in progress (its receipt says so and its process, on this host,
     is alive), else None. A run killed outright keeps ``running`` in its receipt; it can be exported."""
     import socket

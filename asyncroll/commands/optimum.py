@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from asyncroll.commands.common import Opt, fail, say
+from asyncroll.commands.files import still_running
 from asyncroll.json_depth import json_loads
 
 
@@ -35,7 +36,14 @@ def optimum(
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
         status = json_loads((run_dir / "run.json").read_text()).get("status")
-    if status is not None and status != "complete":
+    still_going = still_running(run_dir)
+    if still_going is not None:
+        typer.echo(
+            f"warning: the run is still going ({still_going}): only the work it has recorded so far is "
+            "solved (steps still running now, and trajectories not started yet, are left out)",
+            err=True,
+        )
+    elif status is not None and status != "complete":
         # "running": run.json was never finalised (the run was killed, or is still going)
         ended = "never finished (run.json says running)" if status == "running" else f"ended {status}"
         typer.echo(
@@ -44,7 +52,7 @@ def optimum(
             err=True,
         )
     try:
-        instance = instance_from_run(run_dir)
+        instance = instance_from_run(run_dir, still_going=still_going is not None)
         result = solve(instance, time_limit_s=time_limit, threads=threads).describe(instance)
     except UsageError as exc:
         raise fail(str(exc)) from exc

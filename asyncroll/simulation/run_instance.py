@@ -106,12 +106,14 @@ def _duration(event: dict[str, Any], name: str, where: str) -> float:
     return value
 
 
-def instance_from_run(run_dir: Path) -> Instance:
+def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
     """Read a run directory's ``events.jsonl`` and ``summary.json`` (a real or a simulated run).
 
     A run stopped before it wrote ``summary.json`` (killed, ``run.json`` still says ``running``) is read
     from ``events.jsonl`` alone: its limits from ``measurement_started`` (or ``run.json``'s config), its
     analytic bound recomputed from the recorded steps; its makespan is unknown (None) and ``notes`` say so.
+    ``still_going``: the run's process is alive (read from another terminal), and the notes say that
+    rather than that it stopped.
     """
     path = run_dir / "summary.json"
     summary: Any = None
@@ -161,7 +163,8 @@ def instance_from_run(run_dir: Path) -> Instance:
                 event = json_loads(raw)
             except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, past Python's limits
                 if summary is None and not raw.endswith(b"\n"):  # killed in the middle of a write
-                    notes.append(f"events.jsonl line {number} was cut short when the run stopped: ignored")
+                    cut = "is still being written" if still_going else "was cut short when the run stopped"
+                    notes.append(f"events.jsonl line {number} {cut}: ignored")
                     break
                 if isinstance(exc, json.JSONDecodeError):  # its own "line 1 column 5" counts within the line
                     raise UsageError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from exc
@@ -207,8 +210,8 @@ def instance_from_run(run_dir: Path) -> Instance:
             notes.append("limits read from run.json's config (events.jsonl has no measurement_started)")
         recorded = "" if last_t is None else f" (its last recorded event is at t = {last_t:.6g} s)"
         notes.append(
-            f"the run stopped before it wrote summary.json: its makespan is unknown{recorded}, so it is "
-            "not compared with the bounds"
+            f"the run {'is still going' if still_going else 'stopped before it wrote summary.json'}: its "
+            f"makespan is unknown{recorded}, so it is not compared with the bounds"
         )
         notes.append("analytic bound recomputed from the recorded steps, not read from summary.json")
     if not order:
