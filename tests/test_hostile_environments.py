@@ -107,43 +107,31 @@ def test_serve_sim_serves_from_a_current_directory_that_was_removed(tmp_path: Pa
         server.communicate(timeout=60)
 
 
-@pytest.mark.parametrize("progress", [[], ["--progress"]], ids=["default", "asked"])
-def test_a_sweep_with_stderr_closed_runs_and_writes_its_tables(tmp_path: Path, progress: list[str]) -> None:
-    def close_stderr() -> None:
-        os.close(2)  # `2>&-`: Python starts with sys.stderr None
-
-    out = tmp_path / "sweep"
-    args: list[str | Path] = [
-        "simulate",
-        "--sweep",
-        "--workload",
-        SMOKE,
-        "--output",
-        out,
-        "--seeds",
-        "1",
-        "--jobs",
-        "1",
-    ]
-    done = asyncroll(*args, *progress, prepare=close_stderr, stderr=None)
-    assert done.returncode == 0
-    assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()
+def _close_stderr() -> None:
+    os.close(2)  # `2>&-`: Python starts with sys.stderr None
 
 
-def test_a_sweeps_progress_into_a_stderr_whose_reader_left_keeps_the_sweep(tmp_path: Path) -> None:
-    """``--progress`` with stderr a pipe nobody reads any more (``2>&1 | head -1`` once head has exited):
-    the first line raised BrokenPipeError out of the sweep, which exited 1 with no table written. A run's
-    progress line stops drawing instead; so does a sweep's."""
+def _stderr_reader_gone() -> None:
+    read, write = os.pipe()
+    os.dup2(write, 2)  # `2>&1 | head -1` once head has exited: every write to stderr fails with EPIPE
+    os.close(read)
+    os.close(write)
 
-    def reader_gone() -> None:
-        read, write = os.pipe()
-        os.dup2(write, 2)  # every write to stderr now fails with EPIPE
-        os.close(read)
-        os.close(write)
 
+@pytest.mark.parametrize(
+    ("prepare", "progress"),
+    [(_close_stderr, []), (_close_stderr, ["--progress"]), (_stderr_reader_gone, ["--progress"])],
+    ids=["closed", "closed-progress", "reader-gone-progress"],
+)
+def test_a_sweep_whose_stderr_is_closed_or_gone_runs_and_writes_its_tables(
+    tmp_path: Path, prepare: Callable[[], None], progress: list[str]
+) -> None:
+    """Its progress line read ``sys.stderr.isatty()`` on None (stderr closed), and a reader gone raised
+    BrokenPipeError out of the sweep: each exited 1 with no table written. A run's progress line stops
+    drawing instead; so does a sweep's."""
     out = tmp_path / "sweep"
     args: list[str | Path] = ["simulate", "--sweep", "--workload", SMOKE, "--output", out, "--seeds", "2"]
-    done = asyncroll(*args, "--jobs", "1", "--progress", prepare=reader_gone, stderr=None)
+    done = asyncroll(*args, "--jobs", "1", *progress, prepare=prepare, stderr=None)
     assert done.returncode == 0
     assert (out / "sweep.json").is_file() and (out / "sweep.md").is_file()
 
