@@ -121,6 +121,8 @@ def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
         # between the two probes of one poll
         assert arm["server"]["via"] in ("/health", "/v1/models") and arm["server"]["models"] == ["sim"]
         assert arm["server"]["startup_evidence"]["listening"]
+        assert arm["server"]["listener"]["verified"] is True  # the socket that answered is its own
+        assert arm["server"]["listener"]["pid"] == arm["server"]["process"]["pid"]
         assert arm["server"]["stop"]["how"] == "term" and arm["server"]["stop"]["leftover"] == []
         assert arm["client"]["exit_code"] == 0
         ports.add(arm["server"]["url"])

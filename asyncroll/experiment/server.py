@@ -21,10 +21,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import psutil
 
 from asyncroll.clock import SystemClock
+from asyncroll.experiment import listener
 from asyncroll.experiment.orphans import ORIGIN_ENV, adopted_from, adopted_orphans, kill_adopted
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.json_depth import json_loads
@@ -272,10 +274,29 @@ class InferenceServer:
                         last_error = f"{path}: {exc}"
                         continue
                     if status == 200:
+                        owner = self._owner()
                         models = await self._models(client)
-                        return {"ready_s": round(time.monotonic() - began, 3), "via": path, "models": models}
+                        ready_s = round(time.monotonic() - began, 3)
+                        return {"ready_s": ready_s, "via": path, "models": models, "listener": owner}
                     last_error = f"{path}: HTTP {status}"
                 await asyncio.sleep(0.1)
+
+    def _owner(self) -> dict[str, Any]:
+        """The server's process that listens on the endpoint's port (:mod:`.listener`); a
+        :class:`ServerStartError` naming the port and its holder when another process answered."""
+        url = urlsplit(self.base_url)
+        host = url.hostname or "127.0.0.1"
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            return listener.owner(self.process.pid, self.process.origin, host, port)
+        except listener.ForeignListener as exc:
+            raise ServerStartError(
+                f"{url.netloc} answered the readiness probe, but no process of the server started for this "
+                f"arm (pid {self.process.pid}) listens there: {exc} holds that port, and the arm would have "
+                "measured it, not its own server. Stop it, or choose another port (server.port; 0 picks a "
+                f"free one for each arm). Server log {self.process.log}; its tail:\n"
+                + (tail(self.process.log) or "(empty log)")
+            ) from None
 
     async def _get(self, client: httpx.AsyncClient, path: str, limit_s: float) -> tuple[int, bytes]:
         """``GET path``: ``limit_s`` per phase, a whole-exchange deadline and a body cap

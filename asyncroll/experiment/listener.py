@@ -1,0 +1,116 @@
+"""Whose server answered the readiness probe: the socket listening on the endpoint's port must be one of
+the arm's own server (its process, a descendant, or what it detached carrying its origin).
+
+A port chosen by ``free_port`` is released before the server binds it, and a real server loads its model
+for tens of seconds before it listens; meanwhile another process (a neighbour's experiment, a user's own
+vLLM serving the same model name) may hold that port and answer the probes, and the arm would measure it.
+
+Each process's own sockets are read (``Process.net_connections``, ``connections`` before psutil 6.0),
+which needs no root for our own processes. The system-wide socket table (root on some systems) is only
+used, where it can be read, to name the process that holds the port instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any
+
+import psutil
+
+from asyncroll.experiment.orphans import carrying
+from asyncroll.proctree import descendants
+
+#: Addresses a listening socket answers every local address of its family on.
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+class ForeignListener(Exception):
+    """Another process than the server holds the port (the message says which, where it can be seen)."""
+
+
+def inet_sockets(proc: psutil.Process) -> list[Any]:
+    """``proc``'s TCP/UDP sockets, under the name this psutil gives the call."""
+    method = getattr(proc, "net_connections", None) or proc.connections
+    return list(method(kind="inet"))
+
+
+def addresses(host: str, port: int) -> set[str]:
+    """The addresses ``host`` names (what a probe of it may reach), ``host`` itself where it resolves not."""
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except OSError:
+        found = set()
+    return found | {host.strip("[]")}
+
+
+def _listens(conn: Any, port: int, where: set[str]) -> bool:
+    laddr = conn.laddr
+    return bool(
+        conn.status == psutil.CONN_LISTEN and laddr and laddr.port == port and laddr.ip in where | WILDCARDS
+    )
+
+
+def describe(pid: int) -> str:
+    """``pid 123 (python3: python -m … serve-sim --port 8000)``, as much of it as can be read."""
+    try:
+        proc = psutil.Process(pid)
+        name = proc.name()
+        with contextlib.suppress(psutil.Error):
+            line = " ".join(proc.cmdline())[:200]
+            if line:
+                name = f"{name}: {line}"
+        return f"pid {pid} ({name})"
+    except psutil.Error:
+        return f"pid {pid}"
+
+
+def owner(leader: int, origin: str | None, host: str, port: int) -> dict[str, Any]:
+    """Which of the server's processes listens on ``host:port``: ``{"verified": True, "pid", "name",
+    "address"}``; ``{"verified": False, "why"}`` where this platform cannot tell. Raises
+    :class:`ForeignListener` when none of them does (then another process answered the probe)."""
+    where = addresses(host, port)
+    try:
+        tree = [psutil.Process(leader), *descendants(leader)]
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        # what it detached (``setsid -f``, a launcher that daemonizes) is only looked for if needed
+        found = _listener(tree, port, where) or _listener(carrying(origin), port, where)
+    except (psutil.AccessDenied, NotImplementedError, AttributeError) as exc:
+        why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        return {"verified": False, "why": f"this platform does not tell which process holds a socket ({why})"}
+    if found is None:
+        raise ForeignListener(_holder(port, where))
+    return found
+
+
+def _listener(procs: list[psutil.Process], port: int, where: set[str]) -> dict[str, Any] | None:
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            for conn in inet_sockets(proc):
+                if _listens(conn, port, where):
+                    ip = f"[{conn.laddr.ip}]" if ":" in conn.laddr.ip else conn.laddr.ip
+                    return {"verified": True, "pid": proc.pid, "name": proc.name(), "address": f"{ip}:{port}"}
+    return None
+
+
+def _holder(port: int, where: set[str]) -> str:
+    """Who holds the port, as well as can be seen: the system-wide table where it can be read, else each
+    process this user may look at."""
+    try:
+        table = psutil.net_connections(kind="inet")
+    except (psutil.Error, NotImplementedError, OSError):
+        table = None
+    if table is not None:
+        pids = {c.pid for c in table if _listens(c, port, where)}
+        seen = sorted(p for p in pids if p is not None)
+        if seen:
+            return ", ".join(describe(p) for p in seen)
+        if pids:
+            return "a process this user cannot see (another user's, or the system's)"
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, NotImplementedError):
+            if any(_listens(c, port, where) for c in inet_sockets(proc)):
+                return describe(proc.pid)
+    return "a process this user cannot see (another user's, or the system's)"

@@ -1,0 +1,124 @@
+"""An arm measures its own server, not a neighbour's: a port chosen by ``free_port`` is free only until
+the server binds it, and a real server loads its model for tens of seconds before it listens. Another
+process holding that port (a neighbour's experiment, a user's own vLLM serving the same model name)
+answered the readiness probes, and the arm's whole measurement ran against it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from asyncroll.experiment import listener
+from asyncroll.experiment.server import InferenceServer, ServerStartError, free_port, port_in_use
+
+
+def neighbour_serve_sim(port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``asyncroll serve-sim`` on ``port`` serving the model ``m``, listening when this returns."""
+    command = [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", str(port), "--model", "m"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not port_in_use("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"the neighbour serve-sim did not listen: {log.read_text()}")
+        time.sleep(0.05)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_neighbour_holding_the_port_is_not_taken_for_the_arms_server(tmp_path: Path) -> None:
+    port = free_port("127.0.0.1")
+    neighbour = neighbour_serve_sim(port, tmp_path / "neighbour.log")
+    # ours never binds (a vLLM still loading its model, or one that will fail to bind)
+    server = InferenceServer(["sleep", "60"], f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    try:
+        server.start()
+        with pytest.raises(ServerStartError) as caught:
+            server.wait_ready(["/health", "/v1/models"], 20.0)
+    finally:
+        server.stop(2.0)
+        stop(neighbour)
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}" in message
+    assert f"pid {neighbour.pid}" in message and "serve-sim" in message  # who holds it
+    assert "Stop it" in message and "server.port" in message  # what to do
+
+
+@pytest.mark.timeout(60)
+def test_our_own_server_listening_is_recorded_as_the_owner(tmp_path: Path) -> None:
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", str(port), "--model", "m"]
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    try:
+        server.start()
+        ready = server.wait_ready(["/health", "/v1/models"], 30.0)
+    finally:
+        server.stop(5.0)
+    owner = ready["listener"]
+    assert owner["verified"] is True and owner["pid"] == server.process.pid
+    assert owner["address"] == f"127.0.0.1:{port}"
+
+
+@pytest.mark.timeout(60)
+def test_a_listener_the_server_started_in_a_child_counts_as_its_own(tmp_path: Path) -> None:
+    """A shell or launcher that runs the real server as its child (vLLM's API server, SGLang)."""
+    port = free_port("127.0.0.1")
+    serve = f"{sys.executable} -m asyncroll.cli serve-sim --port {port} --model m; true"
+    server = InferenceServer(["sh", "-c", serve], f"http://127.0.0.1:{port}", tmp_path / "s.log", {}, "m")
+    try:
+        server.start()
+        ready = server.wait_ready(["/health"], 30.0)
+        child = ready["listener"]["pid"]
+        assert child != server.process.pid and psutil.Process(child).ppid() == server.process.pid
+    finally:
+        server.stop(5.0)
+    assert ready["listener"]["verified"] is True
+
+
+@pytest.mark.timeout(60)
+def test_a_platform_that_cannot_tell_whose_socket_it_is_records_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unsupported(proc: psutil.Process) -> list[Any]:
+        raise NotImplementedError("no socket table here")
+
+    monkeypatch.setattr(listener, "inet_sockets", unsupported)
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", str(port), "--model", "m"]
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    try:
+        server.start()
+        ready = server.wait_ready(["/health"], 30.0)
+    finally:
+        server.stop(5.0)
+    assert ready["listener"]["verified"] is False
+    assert "no socket table here" in ready["listener"]["why"]
+
+
+def test_both_psutil_spellings_of_a_processs_sockets_are_used() -> None:
+    """``Process.net_connections`` exists from psutil 6.0 on; older versions (the floor is 5.9) call it
+    ``connections``."""
+
+    class Old:
+        def connections(self, kind: str) -> list[str]:
+            return [f"old {kind}"]
+
+    class New(Old):
+        def net_connections(self, kind: str) -> list[str]:
+            return [f"new {kind}"]
+
+    assert listener.inet_sockets(Old()) == ["old inet"]  # type: ignore[arg-type]
+    assert listener.inet_sockets(New()) == ["new inet"]  # type: ignore[arg-type]
