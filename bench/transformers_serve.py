@@ -26,9 +26,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from asyncroll.experiment import listener
 from bench.common import machine, number_arg, quantiles, scratch, sizes_arg, write_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,6 +102,7 @@ def wait_ready(engine: Engine, ready_timeout: float) -> None:
         try:
             with httpx.stream("GET", f"{engine.url}/health", timeout=2) as health:  # the status only
                 if health.status_code == 200:
+                    check_listener(engine)
                     return
         except httpx.HTTPError:
             pass
@@ -107,6 +110,19 @@ def wait_ready(engine: Engine, ready_timeout: float) -> None:
     raise RuntimeError(
         f"transformers serve not ready within {ready_timeout:g}s; log: {engine.log.read_text()[-2000:]}"
     )
+
+
+def check_listener(engine: Engine) -> None:
+    """The port is free only until the engine binds it, and the engine loads for a while before it does:
+    the process that answered must be the engine (or one it started), not a neighbour on that port."""
+    url = urlsplit(engine.url)
+    try:
+        listener.owner(engine.process.pid, None, url.hostname or "127.0.0.1", url.port or 80)
+    except listener.ForeignListener as exc:
+        raise RuntimeError(
+            f"{url.netloc} answered, but transformers serve (pid {engine.process.pid}) does not listen "
+            f"there: {exc} holds that port; stop it and run again"
+        ) from None
 
 
 def workload(n: int, tool_tokens: int = 24, final_tokens: int = 16) -> list[dict[str, Any]]:

@@ -122,3 +122,20 @@ def test_both_psutil_spellings_of_a_processs_sockets_are_used() -> None:
 
     assert listener.inet_sockets(Old()) == ["old inet"]  # type: ignore[arg-type]
     assert listener.inet_sockets(New()) == ["new inet"]  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_the_transformers_bench_does_not_measure_a_neighbour_on_its_port(tmp_path: Path) -> None:
+    """``bench.transformers_serve`` picks its port the same way and waited for any ``/health`` answer."""
+    from bench.transformers_serve import Engine, wait_ready
+
+    port = free_port("127.0.0.1")
+    neighbour = neighbour_serve_sim(port, tmp_path / "neighbour.log")
+    ours = subprocess.Popen(["sleep", "60"], start_new_session=True)  # still loading its model
+    engine = Engine(f"http://127.0.0.1:{port}", "m", ours, tmp_path / "server.log")
+    try:
+        with pytest.raises(RuntimeError, match=f"pid {neighbour.pid} .*serve-sim"):
+            wait_ready(engine, 20.0)
+    finally:
+        stop(ours)
+        stop(neighbour)
