@@ -58,6 +58,28 @@ def test_a_neighbour_holding_the_port_is_not_taken_for_the_arms_server(tmp_path:
 
 
 @pytest.mark.timeout(60)
+def test_a_server_whose_listener_is_not_checked_is_trusted_and_recorded_so(tmp_path: Path) -> None:
+    """``server.check_listener: false``: a container's daemon listens outside the command's processes,
+    so the check would fail every arm; whoever answers is then trusted, and arm.json says it was not
+    checked."""
+    from asyncroll.experiment.config import ServerSpec
+
+    assert ServerSpec().check_listener is True
+    assert ServerSpec.model_validate({"check_listener": False}).check_listener is False
+    port = free_port("127.0.0.1")
+    neighbour = neighbour_serve_sim(port, tmp_path / "neighbour.log")  # stands in for the daemon's proxy
+    url = f"http://127.0.0.1:{port}"
+    server = InferenceServer(["sleep", "60"], url, tmp_path / "server.log", {}, "m", check_listener=False)
+    try:
+        server.start()
+        ready = server.wait_ready(["/health", "/v1/models"], 20.0)
+    finally:
+        server.stop(2.0)
+        stop(neighbour)
+    assert ready["listener"] == {"verified": False, "why": "not checked: server.check_listener is false"}
+
+
+@pytest.mark.timeout(60)
 def test_our_own_server_listening_is_recorded_as_the_owner(tmp_path: Path) -> None:
     port = free_port("127.0.0.1")
     command = [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", str(port), "--model", "m"]

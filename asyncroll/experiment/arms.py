@@ -200,7 +200,9 @@ def _steps(
         )
     command = server_command(cfg, port)
     url = endpoint(cfg, port)
-    server = InferenceServer(command, url, arm_dir / "server.log", cfg.server.env, cfg.model.served_name)
+    server = InferenceServer(
+        command, url, arm_dir / "server.log", cfg.server.env, cfg.model.served_name, cfg.server.check_listener
+    )
     receipt.transition(
         "starting_server", server={"command": command, "env": dict(cfg.server.env), "url": url}
     )

@@ -107,6 +107,8 @@ class ServerSpec(_Strict):
     startup_timeout_s: Float = Field(default=900.0, gt=0)
     stop_grace_s: Float = Field(default=30.0, ge=0)
     metrics_path: str | None = Field(default="/metrics", description="null: no server telemetry.")
+    # false: whoever listens on the port is trusted (a container's daemon listens outside the command)
+    check_listener: bool = Field(default=True, description="false: trust whoever listens on the port.")
 
     @field_validator("readiness_paths")
     @classmethod
