@@ -77,7 +77,7 @@ def owner(leader: int, origin: str | None, host: str, port: int) -> dict[str, An
     try:
         # what it detached (``setsid -f``, a launcher that daemonizes) is only looked for if needed
         found = _listener(tree, port, where) or _listener(carrying(origin), port, where)
-    except (psutil.AccessDenied, NotImplementedError, AttributeError) as exc:
+    except (psutil.AccessDenied, NotImplementedError) as exc:
         why = f"{type(exc).__name__}: {exc}".rstrip(": ")
         return {"verified": False, "why": f"this platform does not tell which process holds a socket ({why})"}
     if found is None:
