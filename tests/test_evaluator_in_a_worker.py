@@ -24,6 +24,7 @@ from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
 from tests.evaluations import (
     ADD,
     ADD_PROGRAM,
+    WEAK_UNLESS_ROOT,
     ZIGZAG,
     fragment_3708,
     leftovers,
@@ -44,11 +45,11 @@ def test_a_worker_survives_a_hostile_program_and_keeps_evaluating() -> None:
             pid = worker.pid
             assert pid is not None
             worker_pids.append(pid)
-            hostile = {"code": FORK_BOMB, "tests": ADD, "time_limit_s": 1.0}
+            hostile = {"code": FORK_BOMB, "tests": ADD, "time_limit_s": 1.0, **WEAK_UNLESS_ROOT}
             bomb = (await worker.call(JobRequest(1, "lcb_evaluate", hostile), timeout=30)).reply
             assert bomb.ok, bomb.error
             assert bomb.value["feedback"]["verdict"] == "time_limit_exceeded"
-            good = {"code": ZIGZAG, "tests": tests, "func_name": func_name}
+            good = {"code": ZIGZAG, "tests": tests, "func_name": func_name, **WEAK_UNLESS_ROOT}
             after = (await worker.call(JobRequest(2, "lcb_evaluate", good), timeout=30)).reply
             assert after.ok and after.value["passed"] and after.value["tests_run"] == 2
             bad = (

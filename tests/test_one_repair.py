@@ -17,6 +17,7 @@ from asyncroll.runtime.virtual_worker import builtin_duration
 from asyncroll.workers.protocol import JobRequest
 from asyncroll.workload import scan_workload
 from tests.conftest import VirtualRun, write_workload
+from tests.evaluations import ISOLATED
 
 SECRET_INPUT = "hidden-input-7fd3"
 
@@ -159,6 +160,7 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # The evaluator's limits as flags: their names reach the real evaluator, which refuses unknown ones.
     limits = ("--test-timeout", "5", "--evaluation-timeout", "50", "--test-memory-mb", "1024")
+    limits += () if ISOLATED else ("--allow-weak-isolation",)  # a non-root developer's machine
     result = cli(
         "run", "--workload", workload, "--output", out, "--policy", "asyncroll", *limits, timeout=150
     )
@@ -181,7 +183,8 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     assert (receipt["config"]["test_timeout"], receipt["config"]["evaluation_timeout"]) == (5, 50)
     assert receipt["config"]["test_memory_mb"] == 1024
     sandbox = receipt["isolation"]["untrusted_code"]  # which isolation was in force, as probed
-    assert sandbox["weak"] is False and sandbox["layers"]["unprivileged_uid"]["active"] is True
+    assert sandbox["weak"] is not ISOLATED and sandbox["layers"]["unprivileged_uid"]["active"] is ISOLATED
+    assert sandbox["allowed_weak"] is not ISOLATED
     # Replaying the run in simulation repairs exactly where the run did, with no code executed.
     replay = tmp_path / "replay"
     replayed_run = invoke("simulate", "--from-run", out, "--output", replay, "--policy", "fifo")
