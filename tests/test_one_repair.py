@@ -159,8 +159,8 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     workload = REPO / "examples" / "livecodebench" / "workload.jsonl"
     out = tmp_path / "run"
     # The evaluator's limits as flags: their names reach the real evaluator, which refuses unknown ones.
-    limits = ("--test-timeout", "5", "--evaluation-timeout", "50", "--test-memory-mb", "1024")
-    limits += () if ISOLATED else ("--allow-weak-isolation",)  # a non-root developer's machine
+    limits = ["--test-timeout", "5", "--evaluation-timeout", "50", "--test-memory-mb", "1024"]
+    limits += [] if ISOLATED else ["--allow-weak-isolation"]  # a non-root developer's machine
     result = cli(
         "run", "--workload", workload, "--output", out, "--policy", "asyncroll", *limits, timeout=150
     )
