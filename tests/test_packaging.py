@@ -53,6 +53,22 @@ def test_the_typer_and_pydantic_floors_are_versions_the_cli_runs_on() -> None:
     assert floors["pydantic"] >= (2, 10), floors["pydantic"]
 
 
+def test_click_is_reached_only_through_the_module_that_finds_typers_copy() -> None:
+    """typer 0.26 on carries its own click (``typer._click``), typer 0.19-0.25 (the floor allows them) runs
+    on the ``click`` package. ``from typer._click.exceptions import NoSuchOption`` (2026-12-03) failed
+    every command, ``--help`` included, with typer 0.19.0 installed (2026-12-04, Python 3.11): a
+    ``ModuleNotFoundError`` before any output. :mod:`asyncroll.commands.click_errors` takes the classes
+    from whichever click typer runs on; with typer 0.19.0 and click 8.2.0 every command then ran (only
+    click's own wording of usage lines and suggestions differs)."""
+    pattern = re.compile(r"^\s*(from|import)\s+(typer\._click|click)\b", re.MULTILINE)
+    reaching = sorted(
+        str(path.relative_to(REPO))
+        for path in PACKAGE.rglob("*.py")
+        if pattern.search(path.read_text(encoding="utf-8")) and path.name != "click_errors.py"
+    )
+    assert reaching == [], reaching
+
+
 def test_the_tests_declare_the_click_their_runner_needs() -> None:
     """typer 0.19 (the floor) allows click 8.0.0, and the CLI runs on it: with typer 0.19.0 and click
     8.0.0 (2026-12-03, Python 3.11) an option of one value given twice is refused (exit 2, naming it) and

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from difflib import get_close_matches
 from typing import Any
 
-from typer._click.exceptions import NoSuchOption
 from typer.core import TyperCommand
 
+from asyncroll.commands.click_errors import NoSuchOption
 from asyncroll.commands.common import fail
 from asyncroll.commands.help_page import HelpThroughSay
 
