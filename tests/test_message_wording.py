@@ -131,6 +131,20 @@ def test_an_unknown_option_is_offered_only_what_it_likely_meant(args: list[str],
         assert f"(Possible options: {offered})" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(
+    ("typed", "offered"),
+    [
+        ("convert", "one of 'convert-livecodebench', 'convert-toolmath'?"),
+        ("conver-livecodebench", "'convert-livecodebench'?"),
+        ("simulat", "'simulate'?"),
+    ],
+)
+def test_a_command_typed_as_the_start_of_several_is_offered_all_of_them(typed: str, offered: str) -> None:
+    done = invoke(typed)
+    assert done.exit_code == 2 and done.stdout == "", done.output
+    assert f"No such command '{typed}'. Did you mean {offered}" in done.stderr, done.stderr
+
+
 def test_every_command_that_makes_a_run_directory_refuses_an_existing_one_in_the_same_words(
     tmp_path: Path,
 ) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
+from asyncroll.commands.click_errors import UsageError
 from asyncroll.commands.common import say
 
 
@@ -31,4 +32,18 @@ class HelpThroughSay:
 
 
 class HelpGroup(HelpThroughSay, TyperGroup):
-    """The app's groups (``asyncroll``, ``asyncroll experiment``)."""
+    """The app's groups (``asyncroll``, ``asyncroll experiment``). A command typed as the start of several
+    (``asyncroll convert``) is offered all of them: click's close-match suggestion named only the
+    likeliest by spelling (``convert-toolmath``, not ``convert-livecodebench``)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except UsageError as error:
+            typed = args[0] if args else ""
+            started = sorted(name for name in self.commands if typed and name.startswith(typed))
+            if len(started) > 1 and error.message.startswith("No such command"):
+                offered = ", ".join(repr(name) for name in started)
+                said = f"No such command {typed!r}. Did you mean one of {offered}?"
+                raise UsageError(said, ctx=error.ctx) from None  # not click's own suggestion after it
+            raise
