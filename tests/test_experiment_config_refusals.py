@@ -4,6 +4,7 @@ wrong workload SHA-256, an infinite setting, a gate on a metric the summary has 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,6 +154,35 @@ def test_a_gate_on_a_metric_the_summary_has_not_is_refused_by_the_config(tmp_pat
     )
     with pytest.raises(UsageError, match=r"summary\.json\.status is not a number"):
         load_experiment_config(not_a_number)
+
+
+def _without_default_additional_properties(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            key: _without_default_additional_properties(value)
+            for key, value in node.items()
+            if not (key == "additionalProperties" and value is True)
+        }
+    return [_without_default_additional_properties(v) for v in node] if isinstance(node, list) else node
+
+
+def test_a_gate_below_an_untyped_section_is_accepted_as_pydantic_before_2_11_writes_the_schema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pydantic 2.10 (the floor) writes a ``dict[str, Any]`` section as ``{"type": "object"}``, leaving
+    out ``additionalProperties: true`` (JSON Schema's default): a gate on ``model.failed.transport`` was
+    refused with "summary.json.model has no 'failed'" (found with every dependency at its floor)."""
+    from asyncroll.experiment.config import metric_problem
+    from asyncroll.schemas import SummaryModel
+
+    schema = _without_default_additional_properties(SummaryModel.model_json_schema())
+    monkeypatch.setattr(SummaryModel, "model_json_schema", classmethod(lambda cls: schema))
+    assert metric_problem("model.failed.transport") is None
+    assert metric_problem("counts.completed") is None
+    assert metric_problem("status.x") == "summary.json.status has no 'x'"
+    assert metric_problem(
+        "counts.nonexistent",
+    ).startswith("summary.json.counts has no 'nonexistent'")
 
 
 def test_an_experiment_config_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:

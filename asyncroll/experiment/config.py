@@ -230,8 +230,8 @@ def metric_problem(path: str) -> str | None:
             node = fields[part]
         elif fields is None and isinstance(node.get("additionalProperties"), dict):
             node = node["additionalProperties"]
-        elif fields is None and node.get("additionalProperties") is True:
-            return None  # an untyped section (model, tools, workers, …): nothing more to check here
+        elif fields is None and node.get("type") == "object" and node.get("additionalProperties", True):
+            return None  # untyped (model, tools, …; pydantic < 2.11 leaves additionalProperties out)
         else:
             known = f" (it has {', '.join(sorted(fields))})" if fields else ""
             return f"{walked} has no {part!r}{known}"
