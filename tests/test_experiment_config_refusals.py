@@ -180,9 +180,7 @@ def test_a_gate_below_an_untyped_section_is_accepted_as_pydantic_before_2_11_wri
     assert metric_problem("model.failed.transport") is None
     assert metric_problem("counts.completed") is None
     assert metric_problem("status.x") == "summary.json.status has no 'x'"
-    assert metric_problem(
-        "counts.nonexistent",
-    ).startswith("summary.json.counts has no 'nonexistent'")
+    assert str(metric_problem("counts.nonexistent")).startswith("summary.json.counts has no 'nonexistent'")
 
 
 def test_an_experiment_config_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
