@@ -13,6 +13,7 @@ import contextlib
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -128,9 +129,15 @@ def start_thread(
 
 
 def stop(running: RunningSim, timeout: float) -> None:
+    """Stop gracefully within ``timeout``. A server still starting is let finish its start-up first:
+    uvicorn 0.30 (the floor) told to exit mid-start-up cancelled the lifespan's receive and logged a
+    traceback (serve-sim whose listening line could not be written stopped at once)."""
+    deadline = time.monotonic() + timeout
+    while not running.server.started and running.thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
     running.sim.stopping = True  # before uvicorn can cancel a request: it answers 503 (SimApp.chat)
     running.server.should_exit = True
-    running.thread.join(timeout)
+    running.thread.join(max(0.0, deadline - time.monotonic()))
     if running.thread.is_alive():
         raise RuntimeError(f"serve-sim at {running.url} did not stop within {timeout}s")
 
