@@ -3,6 +3,7 @@ unknown and zero baselines), unknown metrics in the report, and stage gates on u
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -40,13 +41,15 @@ def test_bootstrap_is_seeded_and_agrees_with_scipy() -> None:
     assert a == bootstrap_interval(DATA, seed=7, resamples=20_000)
     assert a != bootstrap_interval(DATA, seed=8, resamples=20_000)
     assert a.low is not None and a.high is not None and a.low < a.mean < a.high  # type: ignore[operator]
+    # scipy 1.15 renamed the seed's keyword rng; 1.10 (the floor) knows only random_state
+    seed = "rng" if "rng" in inspect.signature(scipy_stats.bootstrap).parameters else "random_state"
     ref = scipy_stats.bootstrap(
         (DATA,),
         lambda x, axis: x.mean(axis=axis),
         n_resamples=20_000,
         method="percentile",
         confidence_level=0.95,
-        rng=7,
+        **{seed: 7},
     ).confidence_interval
     assert a.low == pytest.approx(ref.low, abs=0.08) and a.high == pytest.approx(ref.high, abs=0.08)
 
