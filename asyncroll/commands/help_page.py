@@ -7,6 +7,7 @@ from :class:`HelpThroughSay`: a stdout that fails silences it and the command ex
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from typing import Any
 
 from typer.core import TyperGroup
@@ -32,18 +33,23 @@ class HelpThroughSay:
 
 
 class HelpGroup(HelpThroughSay, TyperGroup):
-    """The app's groups (``asyncroll``, ``asyncroll experiment``). A command typed as the start of several
-    (``asyncroll convert``) is offered all of them: click's close-match suggestion named only the
-    likeliest by spelling (``convert-toolmath``, not ``convert-livecodebench``)."""
+    """The app's groups (``asyncroll``, ``asyncroll experiment``). An unknown command is offered the
+    commands it starts (``asyncroll convert``: both converters; click's close match named only
+    ``convert-toolmath``), else the close spellings, in the same words whichever typer is installed
+    (typer 0.19, the floor, offered none)."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         try:
             return super().resolve_command(ctx, args)
         except UsageError as error:
-            typed = args[0] if args else ""
-            started = sorted(name for name in self.commands if typed and name.startswith(typed))
-            if len(started) > 1 and error.message.startswith("No such command"):
-                offered = ", ".join(repr(name) for name in started)
-                said = f"No such command {typed!r}. Did you mean one of {offered}?"
-                raise UsageError(said, ctx=error.ctx) from None  # not click's own suggestion after it
-            raise
+            if not args or not error.message.startswith("No such command"):
+                raise
+            typed, names = args[0], sorted(self.commands)
+            offered = [name for name in names if typed and name.startswith(typed)] or get_close_matches(
+                typed, names
+            )
+            said = f"No such command {typed!r}."
+            if offered:
+                listed = ", ".join(repr(name) for name in offered)
+                said += f" Did you mean {'one of ' if len(offered) > 1 else ''}{listed}?"
+            raise UsageError(said, ctx=error.ctx) from None
