@@ -4,6 +4,7 @@ without importing anything heavy), and the report module's own entry point."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -102,4 +103,5 @@ def test_a_missing_argument_is_named_as_the_docs_name_it(command: str, name: str
     """typer named them by their Python parameters ('run_dir', '{workload}'), not as README does."""
     done = invoke(command)
     assert done.exit_code == 2 and f"Missing argument '{name}'" in done.stderr
-    assert f"asyncroll {command} [OPTIONS] {{{name}}}" in done.stderr
+    # click 8.5 braces a required argument's metavar in the usage line, click 8.2 (the dev floor) does not
+    assert re.search(rf"asyncroll {command} \[OPTIONS\] \{{?{name}\}}?\n", done.stderr), done.stderr
