@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -154,3 +156,19 @@ def test_the_license_text_is_in_the_repository_and_in_the_wheel_metadata() -> No
     assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
     assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
     assert _pyproject()["project"]["license-files"] == ["LICENSE"]
+
+
+def test_ci_pins_every_dependency_at_the_floor_pyproject_declares(tmp_path: Path) -> None:
+    """``.ci/run`` runs the suite again on ``scripts/dependency_floors.py``'s pins."""
+    script = REPO / "scripts" / "dependency_floors.py"
+    pins = subprocess.run(
+        [sys.executable, script], cwd=REPO, capture_output=True, text=True, check=True, timeout=30
+    ).stdout.split()
+    expected = {name: ".".join(map(str, version)) for name, version in _floors().items()}
+    assert {p.split("==")[0].lower(): p.split("==")[1] for p in pins if not p.startswith("click")} == expected
+    assert any(p.startswith("click==8.") for p in pins)
+    assert "dependency_floors.py" in (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    loose = tmp_path / "pyproject.toml"
+    loose.write_text('[project]\ndependencies = ["numpy"]\n[project.optional-dependencies]\ndev = []\n')
+    refused = subprocess.run([sys.executable, script, loose], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and "'numpy' is not NAME>=VERSION" in refused.stderr

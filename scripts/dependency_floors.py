@@ -1,0 +1,35 @@
+"""Print pip requirements that pin every dependency of ``pyproject.toml`` at its floor (``NAME>=V`` becomes
+``NAME==V``), plus the dev extra's click (the tests' ``CliRunner`` needs its floor, 8.2), one per line.
+
+``.ci/run`` installs the project into a second environment with them and runs the whole suite there, so a
+floor stays a version the package runs on (pip keeps any version that meets a floor in a user's
+environment). Run: ``python scripts/dependency_floors.py [PYPROJECT]``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+FLOOR = re.compile(r"([A-Za-z0-9_.-]+)>=([0-9][0-9.]*)")
+
+
+def floors(pyproject: Path) -> list[str]:
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    wanted = [
+        *project["dependencies"],
+        *(r for r in project["optional-dependencies"]["dev"] if r.startswith("click")),
+    ]
+    pins = []
+    for requirement in wanted:
+        match = FLOOR.fullmatch(requirement.strip())
+        if match is None:
+            raise SystemExit(f"{pyproject}: {requirement!r} is not NAME>=VERSION; pin its floor by hand")
+        pins.append(f"{match[1]}=={match[2]}")
+    return pins
+
+
+if __name__ == "__main__":
+    print("\n".join(floors(Path(sys.argv[1] if len(sys.argv) > 1 else "pyproject.toml"))))
