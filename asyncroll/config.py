@@ -387,6 +387,10 @@ def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = Non
         raise UsageError("\n".join(_describe(err, origins or {}) for err in exc.errors())) from exc
 
 
+#: pydantic's range errors: its message names the bound, so the value given is added
+_BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
 def _describe(err: Any, origins: Mapping[str, str]) -> str:
     loc = [str(p) for p in err.get("loc", ())]
     msg = str(err.get("msg", "invalid"))
@@ -402,4 +406,7 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
     where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":
         return f"{where}: {unknown_setting(loc[0], RunConfig.model_fields, aliases=ALIASES)}"
+    if err.get("type") in _BOUNDS:
+        given = err.get("input")
+        msg += f" (got {format(given, 'g') if isinstance(given, float) else repr(given)})"
     return f"{where}: {msg}"

@@ -164,11 +164,11 @@ def test_a_run_without_a_threshold_replays_without_one(synthetic: Path, tmp_path
     [
         (
             ["--starvation-threshold", "0"],
-            "--starvation-threshold: Input should be greater than or equal to 1",
+            "--starvation-threshold: Input should be greater than or equal to 1 (got 0)",
         ),
-        (["--aging-seconds", "0"], "--aging-seconds: Input should be greater than 0"),
+        (["--aging-seconds", "0"], "--aging-seconds: Input should be greater than 0 (got 0)"),
         (["--aging-seconds", "nan"], "--aging-seconds: Input should be a finite number"),
-        (["--aging-weight", "-1"], "--aging-weight: Input should be greater than or equal to 0"),
+        (["--aging-weight", "-1"], "--aging-weight: Input should be greater than or equal to 0 (got -1)"),
         (["--aging-weight", "inf"], "--aging-weight: Input should be a finite number"),
     ],
 )
