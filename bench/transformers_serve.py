@@ -119,10 +119,13 @@ def check_listener(engine: Engine) -> None:
     try:
         listener.owner(engine.process.pid, None, url.hostname or "127.0.0.1", url.port or 80)
     except listener.ForeignListener as exc:
-        raise RuntimeError(
-            f"{url.netloc} answered, but transformers serve (pid {engine.process.pid}) does not listen "
-            f"there: {exc} holds that port; stop it and run again"
-        ) from None
+        ours = f"transformers serve (pid {engine.process.pid})"
+        what = (
+            f"{ours} listens there, but so does {exc} (a port shared with SO_REUSEPORT)"
+            if exc.shared
+            else f"{ours} does not listen there: {exc} holds that port"
+        )
+        raise RuntimeError(f"{url.netloc} answered, but {what}; stop it and run again") from None
 
 
 def workload(n: int, tool_tokens: int = 24, final_tokens: int = 16) -> list[dict[str, Any]]:

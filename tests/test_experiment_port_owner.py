@@ -161,3 +161,65 @@ def test_the_transformers_bench_does_not_measure_a_neighbour_on_its_port(tmp_pat
     finally:
         stop(ours)
         stop(neighbour)
+
+
+# A server that binds its port with SO_REUSEPORT, as vLLM's ``create_server_socket`` does: the kernel
+# lets a second such socket of the same user bind and listen on the same port beside the first.
+SHARED_PORT_SERVER = """
+import http.server, json, socket, sys
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+class Server(http.server.HTTPServer):
+    def server_bind(self):
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+
+Server(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def listens(pid: int, port: int) -> bool:
+    try:
+        sockets = listener.inet_sockets(psutil.Process(pid))
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in sockets)
+
+
+@pytest.mark.timeout(60)
+def test_a_neighbour_sharing_the_port_beside_the_arms_server_fails_the_start(tmp_path: Path) -> None:
+    """vLLM binds with SO_REUSEPORT: a neighbour's vLLM of the same user on the same port binds beside
+    ours, both listen, and the kernel spreads the arm's connections between them. Our own listener being
+    there too does not make the arm's measurement its own server's."""
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-c", SHARED_PORT_SERVER, str(port)]
+    with (tmp_path / "neighbour.log").open("wb") as out:
+        neighbour = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    try:
+        deadline = time.monotonic() + 30
+        while not listens(neighbour.pid, port):
+            assert neighbour.poll() is None and time.monotonic() < deadline, "the neighbour did not listen"
+            time.sleep(0.05)
+        server.start()
+        while not listens(server.process.pid, port):  # both listen before the first probe
+            assert server.process.poll() is None and time.monotonic() < deadline, "ours did not listen"
+            time.sleep(0.05)
+        with pytest.raises(ServerStartError) as caught:
+            server.wait_ready(["/health", "/v1/models"], 20.0)
+    finally:
+        server.stop(2.0)
+        stop(neighbour)
+    message = str(caught.value)
+    assert f"pid {neighbour.pid}" in message and f"127.0.0.1:{port}" in message
+    assert "SO_REUSEPORT" in message and "server.port" in message

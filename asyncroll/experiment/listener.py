@@ -5,9 +5,14 @@ A port chosen by ``free_port`` is released before the server binds it, and a rea
 for tens of seconds before it listens; meanwhile another process (a neighbour's experiment, a user's own
 vLLM serving the same model name) may hold that port and answer the probes, and the arm would measure it.
 
+A port can also be shared: vLLM binds with ``SO_REUSEPORT``, so a second vLLM of the same user binds the
+same address and port beside the first, both listen, and the kernel spreads connections between them. Our
+own listener being there is then not enough: another process listening beside it (at the same address, or
+a more specific one, which the kernel prefers) fails the check too.
+
 Each process's own sockets are read (``Process.net_connections``, ``connections`` before psutil 6.0),
-which needs no root for our own processes. The system-wide socket table (root on some systems) is only
-used, where it can be read, to name the process that holds the port instead.
+which needs no root for our own processes. The system-wide socket table (root on some systems) is used,
+where it can be read, to name the process that holds the port instead, and to find one that shares it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from asyncroll.experiment.orphans import carrying
+from asyncroll.experiment.orphans import carrying, origin_of
 from asyncroll.proctree import descendants
 
 #: Addresses a listening socket answers every local address of its family on.
@@ -26,7 +31,12 @@ WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
 class ForeignListener(Exception):
-    """Another process than the server holds the port (the message says which, where it can be seen)."""
+    """Another process than the server holds the port (the message says which, where it can be seen);
+    ``shared``: the server listens there too, beside it (both bound with ``SO_REUSEPORT``)."""
+
+    def __init__(self, holder: str, shared: bool = False) -> None:
+        super().__init__(holder)
+        self.shared = shared
 
 
 def inet_sockets(proc: psutil.Process) -> list[Any]:
@@ -82,6 +92,9 @@ def owner(leader: int, origin: str | None, host: str, port: int) -> dict[str, An
         return {"verified": False, "why": f"this platform does not tell which process holds a socket ({why})"}
     if found is None:
         raise ForeignListener(_holder(port, where))
+    beside = _beside(leader, origin, port, where, found["address"].rsplit(":", 1)[0].strip("[]"))
+    if beside:
+        raise ForeignListener(beside, shared=True)
     return found
 
 
@@ -93,6 +106,34 @@ def _listener(procs: list[psutil.Process], port: int, where: set[str]) -> dict[s
                     ip = f"[{conn.laddr.ip}]" if ":" in conn.laddr.ip else conn.laddr.ip
                     return {"verified": True, "pid": proc.pid, "name": proc.name(), "address": f"{ip}:{port}"}
     return None
+
+
+def _beside(leader: int, origin: str | None, port: int, where: set[str], mine: str) -> str:
+    """Other processes listening on the port beside the server's socket at ``mine`` (the same address, or a
+    more specific one than our wildcard), as the system-wide table shows them; "" when none is seen."""
+    try:
+        table = psutil.net_connections(kind="inet")
+    except (psutil.Error, NotImplementedError, OSError):
+        return ""
+    pids = {
+        c.pid
+        for c in table
+        if c.pid is not None
+        and _listens(c, port, where)
+        and (c.laddr.ip == mine or (mine in WILDCARDS and c.laddr.ip not in WILDCARDS))
+    }
+    return ", ".join(describe(p) for p in sorted(pids) if not _ours(p, leader, origin))
+
+
+def _ours(pid: int, leader: int, origin: str | None) -> bool:
+    """``pid`` is the server's: its leader, a descendant, or what it detached (carrying its origin)."""
+    try:
+        proc = psutil.Process(pid)
+        if pid == leader or any(p.pid == leader for p in proc.parents()):
+            return True
+    except psutil.Error:
+        return True  # gone since the table was read: it holds nothing now
+    return origin is not None and origin_of(pid) == origin
 
 
 def _holder(port: int, where: set[str]) -> str:

@@ -299,11 +299,21 @@ class InferenceServer:
         try:
             return listener.owner(self.process.pid, self.process.origin, host, port)
         except listener.ForeignListener as exc:
+            if exc.shared:  # both bound with SO_REUSEPORT (vLLM does): the kernel spreads connections
+                what = (
+                    f"{url.netloc}: the server started for this arm (pid {self.process.pid}) listens there, "
+                    f"but so does {exc} (the port is shared, SO_REUSEPORT), and the kernel would have sent "
+                    "part of the arm's requests to it"
+                )
+            else:
+                what = (
+                    f"{url.netloc} answered the readiness probe, but no process of the server started for "
+                    f"this arm (pid {self.process.pid}) listens there: {exc} holds that port, and the arm "
+                    "would have measured it, not its own server"
+                )
             raise ServerStartError(
-                f"{url.netloc} answered the readiness probe, but no process of the server started for this "
-                f"arm (pid {self.process.pid}) listens there: {exc} holds that port, and the arm would have "
-                "measured it, not its own server. Stop it, or choose another port (server.port; 0 picks a "
-                f"free one for each arm). Server log {self.process.log}; its tail:\n"
+                f"{what}. Stop it, or choose another port (server.port; 0 picks a free one for each "
+                f"arm). Server log {self.process.log}; its tail:\n"
                 + (tail(self.process.log) or "(empty log)")
             ) from None
 
