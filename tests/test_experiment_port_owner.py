@@ -5,6 +5,7 @@ answered the readiness probes, and the arm's whole measurement ran against it.""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -223,3 +224,36 @@ def test_a_neighbour_sharing_the_port_beside_the_arms_server_fails_the_start(tmp
     message = str(caught.value)
     assert f"pid {neighbour.pid}" in message and f"127.0.0.1:{port}" in message
     assert "SO_REUSEPORT" in message and "server.port" in message
+
+
+def can_bind(host: str) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("bind", "host"), [("127.0.0.1", "0.0.0.0"), ("::1", "::")])
+def test_a_wildcard_host_reaches_a_server_on_loopback_and_it_is_its_own(
+    tmp_path: Path, bind: str, host: str
+) -> None:
+    """``server.host: 0.0.0.0`` with a command that binds loopback (SGLang's default, or a command that
+    does not pass ``{host}``): a connection to the wildcard address goes to loopback, so the probes reach
+    our server, which the check took for a process 'this user cannot see'."""
+    if not can_bind(bind):
+        pytest.skip(f"this host cannot bind {bind}")
+    port = free_port(bind)
+    command = [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--host", bind, "--port", str(port)]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    server = InferenceServer([*command, "--model", "m"], url, tmp_path / "server.log", {}, "m")
+    try:
+        server.start()
+        ready = server.wait_ready(["/health"], 30.0)
+    finally:
+        server.stop(5.0)
+    owner = ready["listener"]
+    assert owner["verified"] is True and owner["pid"] == server.process.pid

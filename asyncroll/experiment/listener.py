@@ -28,6 +28,8 @@ from asyncroll.proctree import descendants
 
 #: Addresses a listening socket answers every local address of its family on.
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+#: Where a connection to a wildcard address goes: the kernel sends it to loopback.
+LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 class ForeignListener(Exception):
@@ -46,12 +48,14 @@ def inet_sockets(proc: psutil.Process) -> list[Any]:
 
 
 def addresses(host: str, port: int) -> set[str]:
-    """The addresses ``host`` names (what a probe of it may reach), ``host`` itself where it resolves not."""
+    """The addresses ``host`` names (what a probe of it may reach), ``host`` itself where it resolves not;
+    a wildcard host's loopback too (``server.host: 0.0.0.0`` with a server that binds 127.0.0.1)."""
     try:
         found = {str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
     except OSError:
         found = set()
-    return found | {host.strip("[]")}
+    found.add(host.strip("[]"))
+    return found | {LOOPBACK[a] for a in found if a in LOOPBACK}
 
 
 def _listens(conn: Any, port: int, where: set[str]) -> bool:
