@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -104,3 +105,26 @@ def test_optimum_of_a_run_still_going_says_so_not_that_it_stopped(tmp_path: Path
     assert "still going" in said
     for wrong in ("never finished", "stopped before", "when the run stopped"):
         assert wrong not in said, said
+
+
+def test_what_a_killed_writer_left_staged_is_cleared_by_the_next_writer(tmp_path: Path) -> None:
+    """A writer killed mid-write (the OOM killer, during a large trace.json) leaves its staging file. With
+    one name per process the next writer no longer overwrote it, and it stayed beside the run for good (a
+    trace can be hundreds of MB). One a live process is writing (a neighbour, now) is left alone."""
+    out = tmp_path / "run"
+    made = cli("simulate", "--workload", SMOKE, "--output", out)
+    assert made.returncode == 0, made.stderr
+    never = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # a pid no process can have
+    dead = [
+        out / f".trace.json.{never}.tmp",
+        out / f".timeline.html.{never}.tmp",
+        out / f".run.json.{never}.tmp",
+    ]
+    for path in dead:
+        path.write_text("{half of it")
+    live = out / f".trace.json.{os.getpid()}.tmp"  # this test's process: alive throughout
+    live.write_text("{being written")
+    again = cli("timeline", out)
+    assert again.returncode == 0, again.stderr
+    assert [p.name for p in dead if p.exists()] == []
+    assert live.exists()

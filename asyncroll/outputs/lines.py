@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 
 from asyncroll.errors import OutputWriteError
 
@@ -27,6 +29,23 @@ def staging_path(path: Path) -> Path:
     own (its pid), so two processes writing the same file at once (two ``asyncroll timeline`` of one
     run) never truncate or rename each other's half-written file."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def clear_staged(path: Path) -> None:
+    """Remove what writers of ``path`` killed mid-write (the OOM killer) left under their staging names,
+    those whose process no longer runs: with a name per process no later writer overwrites them, and a
+    trace.json's can be hundreds of MB. A live process's (a neighbour writing now) is left alone."""
+    with contextlib.suppress(OSError):
+        for left in path.parent.glob(glob.escape(f".{path.name}.") + "*.tmp"):
+            if _ended(left.name[len(path.name) + 2 : -len(".tmp")]):
+                left.unlink(missing_ok=True)
+
+
+def _ended(pid: str) -> bool:
+    try:
+        return pid.isdigit() and not psutil.pid_exists(int(pid))
+    except OverflowError:  # too large for a pid: not a staging name of ours
+        return False
 
 
 def json_line(data: dict[str, Any]) -> bytes:

@@ -25,7 +25,7 @@ import psutil
 from asyncroll import __version__
 from asyncroll.errors import OutputWriteError
 from asyncroll.json_depth import json_loads
-from asyncroll.outputs.lines import staging_path, write_all
+from asyncroll.outputs.lines import clear_staged, staging_path, write_all
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
 RECEIPT_SCHEMA_VERSION = 1
@@ -66,6 +66,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        clear_staged(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if exc.filename is None or exc.filename == str(tmp):  # a full disk says nothing of which file

@@ -21,7 +21,7 @@ import orjson
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.activity import collect_activity
 from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Track
-from asyncroll.outputs.lines import staging_path
+from asyncroll.outputs.lines import clear_staged, staging_path
 from asyncroll.outputs.spool import Spool
 
 Encoder = Callable[[Any], bytes]
@@ -173,6 +173,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
+        clear_staged(path)
     except BaseException:  # a full disk: no half-written temporary file left beside the run
         tmp.unlink(missing_ok=True)
         raise
@@ -203,6 +204,7 @@ def write_trace(run_dir: Path, activity: Activity | None = None) -> Path:
         except TypeError:
             _write(tmp, a, _stdlib, clock)
         os.replace(tmp, path)
+        clear_staged(path)
     finally:
         tmp.unlink(missing_ok=True)  # a failed export leaves no half-written file behind
     return path
