@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 
 from asyncroll.errors import OutputWriteError
 
@@ -42,10 +41,16 @@ def clear_staged(path: Path) -> None:
 
 
 def _ended(pid: str) -> bool:
-    try:
-        return pid.isdigit() and not psutil.pid_exists(int(pid))
-    except OverflowError:  # too large for a pid: not a staging name of ours
+    """No process has ``pid`` now (without psutil: a worker imports this module, and stays light)."""
+    if not pid.isdigit() or int(pid) == 0:
         return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # another user's process (alive), or too large for a pid
+        return False
+    return False
 
 
 def json_line(data: dict[str, Any]) -> bytes:
