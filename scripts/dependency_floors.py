@@ -3,13 +3,13 @@
 
 ``.ci/run`` installs the project into a second environment with them and runs the whole suite there, so a
 floor stays a version the package runs on (pip keeps any version that meets a floor in a user's
-environment). Run: ``python scripts/dependency_floors.py [PYPROJECT]``.
+environment). Run: ``python scripts/dependency_floors.py [PYPROJECT]`` (default: ./pyproject.toml).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 import tomllib
 from pathlib import Path
 
@@ -31,5 +31,15 @@ def floors(pyproject: Path) -> list[str]:
     return pins
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pyproject", nargs="?", type=Path, default=Path("pyproject.toml"))
+    pyproject = parser.parse_args(argv).pyproject
+    try:
+        print("\n".join(floors(pyproject)))
+    except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
+        raise SystemExit(f"{pyproject}: cannot read its dependencies: {exc}") from None
+
+
 if __name__ == "__main__":
-    print("\n".join(floors(Path(sys.argv[1] if len(sys.argv) > 1 else "pyproject.toml"))))
+    main()
