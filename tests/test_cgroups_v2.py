@@ -13,6 +13,7 @@ never moved: a stand-in process plays the asyncroll process that :func:`prepare`
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -452,3 +453,35 @@ def test_without_v1_hierarchies_the_probe_uses_cgroup_v2_and_names_the_missing_c
     for name in ("cgroup_memory", "cgroup_pids"):
         assert report["layers"][name]["detail"].startswith("cgroup v2: "), report["layers"][name]
     assert all(p.is_mount() for p in v1)  # the host's own mounts are as they were
+
+
+def test_a_stale_group_this_user_may_not_remove_is_left_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group a dead root run left where an ordinary user's runs make theirs (``/sys/fs/cgroup/pids``
+    itself) cannot be removed by that user: the clean-up at the end of every run of a code workload
+    retried it for its whole ``wait_s``, 2 s on the event loop, as if the kernel were still emptying
+    it. Only a busy group is waited for."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    roots = stale, busy = [tmp_path / "root", tmp_path / "busy"]
+    for root in roots:
+        (root / f"{PREFIX}{int(dead.stdout)}-1").mkdir(parents=True)
+    refusals = {stale: errno.EACCES, busy: errno.EBUSY}
+    removable = Path.rmdir
+
+    def rmdir(path: Path) -> None:
+        if path.parent in refusals:
+            raise OSError(refusals[path.parent], os.strerror(refusals[path.parent]), str(path))
+        removable(path)
+
+    monkeypatch.setattr(Path, "rmdir", rmdir)
+
+    def sleep(seconds: float) -> None:
+        raise AssertionError(f"waited for a group it may not remove ({seconds} s)")
+
+    monkeypatch.setattr(cgroups.time, "sleep", sleep)
+    remove_stale_groups([stale], wait_s=60.0)
+    assert (stale / f"{PREFIX}{int(dead.stdout)}-1").is_dir()
+    assert cgroups._remove_stale(busy) == 1  # still waited for, as before
+    del refusals[busy]
+    assert cgroups._remove_stale(busy) == 0 and not any(busy.iterdir())

@@ -211,7 +211,8 @@ def remove_stale_groups(roots: list[Path] | None = None, wait_s: float = 2.0) ->
 
 def _remove_stale(root: Path) -> int:
     """Remove empty groups a dead worker left behind (name ``asyncroll-<pid>-<n>``, pid not running);
-    returns how many could not be removed yet."""
+    returns how many could not be removed yet (still busy). One this user may not remove (another
+    user's, root's say) is left alone, not waited for."""
     left = 0
     with contextlib.suppress(OSError):
         for d in root.iterdir():
@@ -221,6 +222,7 @@ def _remove_stale(root: Path) -> int:
             if owner.isdigit() and not Path(f"/proc/{owner}").exists():
                 try:
                     d.rmdir()
-                except OSError:
-                    left += 1
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY:  # its last process is still being torn down
+                        left += 1
     return left
