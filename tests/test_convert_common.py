@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.selection import rank_key, select
 from asyncroll.errors import UsageError
+from tests.conftest import REPO
 from tests.conversions import lcb_rows, write_jsonl
 
 # --- selection and boxed answers (pure) --------------------------------------------------------------
@@ -77,6 +81,30 @@ def test_atomic_writer_never_clobbers_a_file_that_appears_meanwhile(tmp_path: Pa
     fresh = tmp_path / "sub" / "fresh.jsonl"
     assert write_jsonl_atomic(fresh, [{"b": 1, "a": "é"}]) == 1
     assert fresh.read_bytes() == '{"b":1,"a":"é"}\n'.encode()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("umask", "mode"), [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)], ids=["077", "022", "002"]
+)
+def test_a_converted_workload_gets_the_mode_the_umask_gives_a_new_file(
+    tmp_path: Path, umask: int, mode: int
+) -> None:
+    """A LiveCodeBench workload holds the hidden tests: under ``umask 077`` its owner's alone, like a
+    run directory. The converter made every output 0644 (its temporary file's 0600 widened by hand),
+    readable by every user of a shared machine whatever the umask said."""
+    out = tmp_path / "lcb.jsonl"
+    source = REPO / "examples" / "livecodebench" / "test.jsonl"
+    convert = ["convert-livecodebench", "--source", str(source), "--output", str(out), "--limit", "1"]
+    done = subprocess.run(
+        ["sh", "-c", f'umask {umask:03o} && exec "$0" "$@"', sys.executable, "-m", "asyncroll.cli", *convert],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == mode
+    assert [p.name for p in tmp_path.iterdir()] == ["lcb.jsonl"]
 
 
 def test_jsonl_rows_are_read_again_by_offset_and_a_changed_source_is_refused(tmp_path: Path) -> None:

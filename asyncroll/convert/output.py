@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -100,12 +100,14 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
     except OSError as exc:
         _remove_empty(created)
         raise UsageError(f"--output {output}: cannot create its folder: {exc.strerror or exc}") from exc
+    tmp = parent / f".{output.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=parent)
+        # 0666 less the umask, as for any new file (mkstemp's 0600, widened to 0644, ignored a umask 077:
+        # a workload's hidden tests were readable by every user)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as exc:
         _remove_empty(created)
         raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}") from exc
-    tmp = Path(tmp_name)
     count = 0
     published = False
     try:
@@ -115,7 +117,6 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
                 count += 1
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
         try:
             os.link(tmp, output)  # no-clobber publish: fails if output exists
         except FileExistsError:
