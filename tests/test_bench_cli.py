@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -377,3 +378,24 @@ def test_a_failed_bench_child_ends_it_with_the_childs_own_reason(monkeypatch: py
         simspeed.one(10, False, Path("unused.jsonl"))
     assert "exited with 1" in str(exit_info.value)
     assert "the child could not import its workload" in str(exit_info.value)
+
+
+@pytest.mark.timeout(180)
+def test_the_evaluator_bench_measures_the_layers_this_user_has() -> None:
+    """As a user other than root the workers' evaluations were refused (IsolationError: no weak
+    isolation allowed), and the bench died on an AssertionError traceback after printing that isolation
+    was weak; it measures what this machine gives, as its isolation line says."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.evaluator", "--repeats", "1", "--evals", "1", "--tests", "1"],
+        cwd=BENCH.parent,
+        env={**os.environ, "PYTHONPATH": str(BENCH.parent)},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    isolation = "isolation: full;" if os.geteuid() == 0 else "isolation: weak, missing unprivileged_uid"
+    assert isolation in done.stdout, done.stdout
+    assert "| evaluations/s, 2 workers (1 test each)" in done.stdout
