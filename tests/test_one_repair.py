@@ -165,6 +165,11 @@ def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
         "run", "--workload", workload, "--output", out, "--policy", "asyncroll", *limits, timeout=150
     )
     assert result.returncode == 0, result.stderr
+    # allowed, weak isolation is said on stderr too, not only in run.json (a config file's setting)
+    weak = (
+        "warning: untrusted code runs with weak isolation (--allow-weak-isolation): missing unprivileged_uid"
+    )
+    assert (weak in result.stderr) is not ISOLATED, result.stderr
     rows = _results(out)
     assert len(rows) == 4
     assert all(r["passed"] and r["repair_attempted"] and r["generations"] == 2 for r in rows.values())

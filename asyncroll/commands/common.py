@@ -33,6 +33,17 @@ def warn_sync_active(policy: str, given: Iterable[str], active: int) -> None:
         )
 
 
+def warn_weak_isolation(isolation: dict[str, Any] | None) -> None:
+    """Say on stderr which sandbox layers a run of untrusted code goes without, when
+    ``--allow-weak-isolation`` (or a config file's ``allow_weak_isolation``) let it start without them."""
+    if isolation and isolation.get("weak"):
+        typer.echo(
+            "warning: untrusted code runs with weak isolation (--allow-weak-isolation): missing "
+            f"{', '.join(isolation['missing'])}; why each is missing: run.json, isolation.untrusted_code",
+            err=True,
+        )
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` on stderr and return the exit to raise (2: a usage error)."""
     typer.echo(f"error: {message}", err=True)

@@ -16,6 +16,7 @@ from asyncroll.commands.common import (
     warn_exports,
     warn_moved,
     warn_sync_active,
+    warn_weak_isolation,
 )
 
 
@@ -300,6 +301,7 @@ def _run(cfg: Any) -> int:
         except UsageError as exc:
             typer.echo(f"error: {exc}", err=True)
             return exc.exit_code
+        warn_weak_isolation(prepared.isolation)
         clock = SystemClock()
         runner = Run(prepared, clock)
 
