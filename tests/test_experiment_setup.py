@@ -442,3 +442,44 @@ def test_the_plan_prints_the_servers_environment_and_the_arm_records_it(
     assert arm["server"]["env"] == {"QA_MARK": "two words"}
     assert line == "  server: " + shlex.join(["env", "QA_MARK=two words", *arm["server"]["command"]])
     assert "mark=two words" in (tmp_path / "out" / "arms" / "pair1-fifo" / "server.log").read_text()
+
+
+LCB_EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "livecodebench" / "workload.jsonl")
+
+
+def test_a_code_workload_this_machines_sandbox_cannot_isolate_is_refused_before_any_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As an ordinary user each arm's client refused to run untrusted code (exit 2) only once its server
+    was up, a model loaded for minutes, and the first stage then failed its gate as if that were a
+    result, using up the output directory."""
+    monkeypatch.setattr(runner_module.cgroups_v2, "prepare_for_children", lambda: None)  # this process stays
+    monkeypatch.setattr(preflight, "isolation_report", lambda: {"weak": True, "missing": ["pid_namespace"]})
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+    code = {"workload.path": LCB_EXAMPLE, "workload.sha256": None}
+    out = tmp_path / "out"
+    with pytest.raises(UsageError) as refused:
+        ExperimentRunner(lean(tmp_path, **code), out, echo=lambda _: None, warn=lambda _: None).run()
+    assert "no arm was started" in str(refused.value) and "sandbox lacks pid_namespace" in str(refused.value)
+    assert "clients of fifo, asyncroll would refuse" in str(refused.value)
+    assert '"--allow-weak-isolation" to client.extra_args' in str(refused.value)
+    assert not out.exists() and calls == []
+    # allowed in every arm (the client's own flags, or each arm's), nothing is refused
+    allowed = lean(tmp_path, **code, **{"client.extra_args": ["--allow-weak-isolation"]})
+    assert ExperimentRunner(allowed, out, echo=lambda _: None, warn=lambda _: None).run().exit_code == 0
+    assert calls == ["pair1-fifo", "pair1-asyncroll"]
+    # one arm that takes it back is refused, by name
+    arms = [{"name": "fifo", "policy": "fifo"}, {"name": "asyncroll", "policy": "asyncroll"}]
+    arms[1]["extra_args"] = ["--no-allow-weak-isolation"]  # type: ignore[assignment]
+    mixed = lean(tmp_path, **code, **{"client.extra_args": ["--allow-weak-isolation"], "arms": arms})
+    with pytest.raises(UsageError, match="clients of asyncroll would refuse"):
+        ExperimentRunner(mixed, tmp_path / "mixed", echo=lambda _: None, warn=lambda _: None).run()
+
+
+@pytest.mark.timeout(120)
+def test_the_pre_flight_isolation_probe_is_the_clients() -> None:
+    from tests.evaluations import ISOLATED
+
+    report = preflight.isolation_report()
+    assert report["weak"] is not ISOLATED and report["allowed_weak"] is False

@@ -8,18 +8,23 @@ same problems as notes and still prints the plan.
 
 Only what can be checked honestly is checked: that the server command's program resolves (a path to an
 executable file, or a name found on the ``PATH`` the server will get, ``server.env`` included, as
-``subprocess`` resolves it), and that a fixed ``server.port`` can be bound on ``server.host`` now. A port
-chosen per arm (``server.port: 0``) is not checked; neither is a port that becomes busy later (each arm
-checks its own before it starts its server).
+``subprocess`` resolves it), that a fixed ``server.port`` can be bound on ``server.host`` now, and, for a
+code workload, that the sandbox the clients will probe has every layer unless each arm allows weak
+isolation (``run`` only: it is this machine's). A port chosen per arm (``server.port: 0``) is not checked;
+neither is a port that becomes busy later (each arm checks its own before it starts its server).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import ExperimentConfig
@@ -78,6 +83,49 @@ def problems(cfg: ExperimentConfig, *, port: bool = True) -> list[str]:
     """Every pre-flight problem of ``cfg`` on this machine, now (``port=False``: the program only)."""
     found = [executable_problem(cfg), port_problem(cfg) if port else None]
     return [p for p in found if p is not None]
+
+
+WEAK_FLAGS = ("--allow-weak-isolation", "--no-allow-weak-isolation")
+
+
+def isolation_problem(cfg: ExperimentConfig) -> str | None:
+    """Why the clients of a code workload (``lcb_evaluate``) would refuse to start (None: they would
+    not): this machine's sandbox lacks a layer, and an arm does not pass ``--allow-weak-isolation``. Each
+    arm's client refused only once its server was up (a model loaded for minutes), and the first stage
+    then failed its gate as if that were a result. Probed as the clients probe it, in a process the runner
+    starts (call after :func:`~asyncroll.evaluator.cgroups_v2.prepare_for_children`)."""
+    strict = [
+        arm.name
+        for arm in cfg.arms
+        if [a for a in (*cfg.client.extra_args, *arm.extra_args) if a in WEAK_FLAGS][-1:] != [WEAK_FLAGS[0]]
+    ]
+    if not strict:
+        return None
+    report = isolation_report()
+    if not report.get("weak"):
+        return None
+    return (
+        f"workload: it runs untrusted code (lcb_evaluate), and this machine's sandbox lacks "
+        f"{', '.join(report.get('missing') or ['its layers'])} (`python -m asyncroll.evaluator.isolation` "
+        f"says why): the clients of {', '.join(strict)} would refuse to start, each once its server was up. "
+        "Run as root with util-linux and writable memory/pids cgroups (README: the sandbox), or add "
+        '"--allow-weak-isolation" to client.extra_args to run the programs with the layers that work'
+    )
+
+
+def isolation_report() -> dict[str, Any]:
+    """``python -m asyncroll.evaluator.isolation``'s report (the probe forks: not in the runner itself)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "asyncroll.evaluator.isolation"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        report = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}  # no verdict: each client probes for itself, as before
+    return report if isinstance(report, dict) else {}
 
 
 def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:

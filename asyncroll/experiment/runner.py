@@ -124,6 +124,9 @@ class ExperimentRunner:
         fp = fingerprint(self.cfg, sha, tools)
         if EVALUATOR_TOOL in tools:  # before any arm: on cgroup v2 the clients start in the runner's leaf
             cgroups_v2.prepare_for_children()
+            weak = preflight.isolation_problem(self.cfg)
+            if weak is not None:
+                raise self._refusal([weak])
         # a child subreaper (Linux): what a server or a client detaches (setsid -f, a double fork) is
         # re-parented to the runner, not init, so the stop of the process it came from finds and kills it
         subreaper = is_subreaper()
