@@ -1,5 +1,6 @@
 """The CPU time of what the sandbox kills or reaps (a program killed alive, a child a finished program
-left spinning) reaches the worker's account."""
+left spinning) reaches the worker's account: with every layer as root, with those that work (no PID
+namespace) as another user."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from asyncroll.evaluator import isolation
 from asyncroll.evaluator.sandbox import Limits, Sandbox
-from tests.evaluations import leftovers, real_process, requires_isolation
+from tests.evaluations import leftovers, real_process
 
 SPENDS_CPU_THEN_FLOODS = """
 import sys, time
@@ -21,7 +22,6 @@ time.sleep(1000)
 """
 
 
-@requires_isolation
 @real_process
 def test_a_killed_programs_cpu_time_reaches_the_workers_account(tmp_path: Path) -> None:
     """A program still running when its test ends is killed before its harness: the init of a PID
@@ -58,7 +58,6 @@ print(3)
 """
 
 
-@requires_isolation
 @real_process
 def test_the_cpu_time_of_what_a_finished_program_left_running_reaches_the_workers_account(
     tmp_path: Path,
