@@ -47,6 +47,28 @@ def test_a_replay_to_an_output_name_too_long_is_a_usage_error(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recorded"]
 
 
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes in a directory of mode 0555: needs a non-root user"
+)
+def test_the_timeline_of_a_run_this_user_may_not_write_in_says_so(tmp_path: Path) -> None:
+    """Another user's run (or one made read-only): each export failed with its staging file's name,
+    ``export failed: trace.json: PermissionError: [Errno 13] Permission denied: 'RUN/.trace.json.123.tmp';
+    timeline.html: PermissionError: ... 'RUN/.asyncroll-export-xyz'``, exit 1."""
+    run = tmp_path / "run"
+    assert invoke("simulate", "--workload", SMOKE, "--output", run).exit_code == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    run.chmod(0o555)
+    try:
+        result = invoke("timeline", run)
+    finally:
+        run.chmod(0o755)
+    assert result.exit_code == 2, result.output
+    assert (
+        f"error: {run}: this user may not write there, where trace.json and timeline.html go" in result.stderr
+    )
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
 def test_the_timeline_of_a_name_too_long_is_a_usage_error(tmp_path: Path) -> None:
     result = invoke("timeline", tmp_path / TOO_LONG)
     assert result.exit_code == 2, result.output

@@ -71,6 +71,11 @@ def timeline(
         raise fail(f"{run_dir}: not a directory")
     if not (run_dir / "events.jsonl").is_file():
         raise fail(f"{run_dir}: no events.jsonl (not a run directory?)")
+    if not os.access(run_dir, os.W_OK | os.X_OK):  # another user's run, say: the exports go beside events
+        raise fail(
+            f"{run_dir}: this user may not write there, where trace.json and timeline.html go; copy the run "
+            "directory (cp -r) and give the copy"
+        )
     still = still_running(run_dir)
     if still is not None:
         raise fail(f"{run_dir}: the run is still going ({still}); its own exports follow when it ends")
