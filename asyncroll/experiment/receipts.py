@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from asyncroll.errors import UsageError
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.receipt import write_json_atomic
 
@@ -101,7 +102,6 @@ class ExperimentReceipt:
     def __init__(self, path: Path, data: dict[str, Any]) -> None:
         self.path = path
         self.data = data
-        self.write()
 
     @classmethod
     def create(cls, path: Path, body: dict[str, Any]) -> ExperimentReceipt:
@@ -116,11 +116,41 @@ class ExperimentReceipt:
             "stop_reason": None,
             "error": None,
         }
-        return cls(path, data)
+        receipt = cls(path, data)
+        receipt.write()
+        return receipt
 
     @classmethod
     def load(cls, path: Path) -> ExperimentReceipt:
-        return cls(path, read_json(path))
+        """``experiment.json`` as it is (a resume writes it once it goes on, not while it is checked);
+        one this version cannot resume — cut, not an experiment's, another schema version — is a
+        UsageError naming the file and what is wrong."""
+        try:
+            data = read_json(path)
+        except (OSError, RecursionError) as exc:
+            raise UsageError(f"{path}: cannot be read ({exc}); nothing was resumed") from None
+        except ValueError as exc:
+            why = str(exc) if str(exc).startswith(str(path)) else f"{path}: not valid JSON ({exc})"
+            raise UsageError(f"{why}; nothing was resumed") from None
+        kind, version = data.get("kind"), data.get("schema_version")
+        if kind != "asyncroll.experiment" or version != SCHEMA_VERSION:
+            raise UsageError(
+                f"{path}: kind {kind!r}, schema_version {version!r}: not an experiment receipt this "
+                f"asyncroll resumes (kind 'asyncroll.experiment', schema_version {SCHEMA_VERSION}); resume "
+                "it with the asyncroll that started it, or start a new experiment in a new directory"
+            )
+        for key, kind_of in (
+            ("fingerprint", dict),
+            ("plan", list),
+            ("stages", dict),
+            ("arms", dict),
+            ("resumes", list),
+        ):
+            if key not in data:
+                raise UsageError(f"{path}: no {key!r}: not an experiment receipt this asyncroll resumes")
+            if not isinstance(data[key], kind_of):
+                raise UsageError(f"{path}: {key!r} is not an {'object' if kind_of is dict else 'array'}")
+        return cls(path, data)
 
     def write(self) -> None:
         self.data["updated_at"] = now_iso()

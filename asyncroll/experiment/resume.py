@@ -89,7 +89,7 @@ def recover(
         moved.append(arm.id)
     receipt.data["resumes"].append(
         {
-            "at": receipt.data["updated_at"],
+            "at": now_iso(),
             "status_before": receipt.data["status"],
             "stop_reason_before": receipt.data.get("stop_reason"),
             "unfinished_arms_set_aside": moved,

@@ -1,0 +1,61 @@
+"""Outputs another asyncroll wrote, read by this one: what it reads is checked for its schema version,
+and what it cannot read is refused naming the file and field, never a traceback or a rewritten file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncroll.errors import UsageError
+from asyncroll.experiment.receipts import ExperimentReceipt
+
+RECEIPT = {
+    "schema_version": 1,
+    "kind": "asyncroll.experiment",
+    "status": "interrupted",
+    "fingerprint": {"sha256": "0" * 64, "components": {}, "detail": {}},
+    "plan": [],
+    "stages": {},
+    "arms": {},
+    "resumes": [],
+    "updated_at": "2026-12-01T00:00:00.000+00:00",
+}
+
+
+def test_loading_an_experiment_receipt_for_a_resume_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    """``--resume`` read experiment.json by rewriting it (a new ``updated_at``) before checking that it
+    could resume at all: an experiment an older asyncroll started, whose resume is refused because the
+    protocol changed, had its receipt changed by the refusal."""
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps(RECEIPT, indent=2))
+    before = path.read_bytes()
+    receipt = ExperimentReceipt.load(path)
+    assert receipt.data["updated_at"] == RECEIPT["updated_at"]
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"schema_version": 1, "kind": "asyncroll.exp', "not valid JSON"),
+        ("[]", "not a JSON object"),
+        (json.dumps({**RECEIPT, "schema_version": 2}), "schema_version 2"),
+        (json.dumps({**RECEIPT, "kind": "asyncroll.comparison"}), "kind 'asyncroll.comparison'"),
+        (json.dumps({k: v for k, v in RECEIPT.items() if k != "fingerprint"}), "no 'fingerprint'"),
+        (json.dumps({**RECEIPT, "fingerprint": "abc"}), "'fingerprint' is not an object"),
+    ],
+)
+def test_an_experiment_receipt_this_version_cannot_resume_is_refused_naming_it(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """A cut, foreign or other-version experiment.json was a KeyError or JSONDecodeError traceback on
+    ``--resume``; it is a usage error naming the file and what is wrong, and the file is kept."""
+    path = tmp_path / "experiment.json"
+    path.write_text(text)
+    with pytest.raises(UsageError) as refused:
+        ExperimentReceipt.load(path)
+    assert str(path) in str(refused.value)
+    assert said in str(refused.value)
+    assert path.read_text() == text
