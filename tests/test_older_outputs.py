@@ -4,12 +4,14 @@ and what it cannot read is refused naming the file and field, never a traceback 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.receipts import ExperimentReceipt
+from tests.conftest import REPO, invoke
 
 RECEIPT = {
     "schema_version": 1,
@@ -59,3 +61,48 @@ def test_an_experiment_receipt_this_version_cannot_resume_is_refused_naming_it(
     assert str(path) in str(refused.value)
     assert said in str(refused.value)
     assert path.read_text() == text
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory (a simulation of the smoke workload: no process, no server)."""
+    run = tmp_path_factory.mktemp("recorded") / "run"
+    done = invoke("simulate", "--workload", REPO / "examples" / "smoke.jsonl", "--output", run)
+    assert done.exit_code == 0, done.output
+    return run
+
+
+def other_version(recorded: Path, tmp_path: Path, name: str) -> Path:
+    """A copy of ``recorded`` whose ``name`` says schema version 2 (events: every line's ``v``)."""
+    run = tmp_path / "run"
+    shutil.copytree(recorded, run)
+    path = run / name
+    if name == "events.jsonl":
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**e, "v": 2}) + "\n" for e in lines))
+    else:
+        path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": 2}, indent=2))
+    return run
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("events.jsonl", "events.jsonl line 1: event schema version 2; this asyncroll reads version 1"),
+        ("run.json", "run.json: schema_version 2; this asyncroll reads run.json version 1"),
+    ],
+)
+def test_timeline_refuses_a_run_of_another_schema_version_and_keeps_its_files(
+    recorded: Path, tmp_path: Path, name: str, said: str
+) -> None:
+    """``asyncroll timeline`` drew events of any ``v`` as this version's and wrote into a run.json of any
+    ``schema_version`` (``optimum`` and ``simulate --from-run`` refuse both): a run another version wrote
+    is refused naming the file, line and version, its exports and receipt left as they were."""
+    run = other_version(recorded, tmp_path, name)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    result = invoke("timeline", run)
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert "Traceback" not in result.output
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+

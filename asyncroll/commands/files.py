@@ -81,6 +81,12 @@ def timeline(
         raise fail(f"{run_dir}: the run is still going ({still}); its own exports follow when it ends")
     from asyncroll.outputs.rundir import EXPORTS, announce_exports, export
 
+    other = _other_schema_version(run_dir)
+    if other is not None:
+        raise fail(
+            f"{other}: draw it with the asyncroll that wrote the run (run.json: versions.asyncroll); its "
+            "files are kept as they are"
+        )
     exported = [name for name in EXPORTS if (run_dir / name).exists()]
     if (run_dir / "events.jsonl").stat().st_size == 0 and exported:
         raise fail(
@@ -116,6 +122,45 @@ def timeline(
             "short or damaged?) and were skipped: the exports show only the valid ones",
             err=True,
         )
+
+
+def _other_schema_version(run_dir: Path) -> str | None:
+    """Where ``run_dir`` says another schema version wrote it — run.json's ``schema_version``, or the
+    ``v`` of the first event in events.jsonl (one version writes a whole run) — else None. An unreadable
+    file is not judged here: the exports skip or report what they cannot read."""
+    from asyncroll.events import SCHEMA_VERSION
+    from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION
+
+    try:
+        receipt = json_loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        receipt = None
+    if (
+        isinstance(receipt, dict)
+        and receipt.get("schema_version", RECEIPT_SCHEMA_VERSION) != RECEIPT_SCHEMA_VERSION
+    ):
+        return (
+            f"{run_dir / 'run.json'}: schema_version {repr(receipt['schema_version'])[:40]}; this "
+            f"asyncroll reads run.json version {RECEIPT_SCHEMA_VERSION} only"
+        )
+    try:
+        handle = (run_dir / "events.jsonl").open("rb")
+    except OSError:
+        return None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            try:
+                event = json_loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(event, dict) and "v" in event:
+                if event["v"] == SCHEMA_VERSION:
+                    return None
+                return (
+                    f"{run_dir / 'events.jsonl'} line {number}: event schema version "
+                    f"{repr(event['v'])[:40]}; this asyncroll reads version {SCHEMA_VERSION} only"
+                )
+    return None
 
 
 def _never_finished(run_dir: Path) -> dict[str, Any] | None:
