@@ -106,3 +106,11 @@ def test_timeline_refuses_a_run_of_another_schema_version_and_keeps_its_files(
     assert "Traceback" not in result.output
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
 
+
+def test_optimum_refuses_a_summary_of_another_schema_version(recorded: Path, tmp_path: Path) -> None:
+    """``optimum`` read limits, makespan and analytic bound from a summary.json of any schema version
+    (it refuses another events version): such a summary is refused naming it."""
+    run = other_version(recorded, tmp_path, "summary.json")
+    result = invoke("optimum", run)
+    assert result.exit_code == 2, result.output
+    assert "summary.json: schema_version 2; this asyncroll reads summary.json version 1 only" in result.output

@@ -20,6 +20,7 @@ from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.floats import left_to_right_sum
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.bounds import admission_order_makespan
+from asyncroll.outputs.summary import SUMMARY_SCHEMA_VERSION as SUMMARY_VERSION
 from asyncroll.workload import MAX_DURATION_MS
 
 StepKind = Literal["model", "cpu"]
@@ -132,6 +133,11 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
         raise UsageError(f"{run_dir}: cannot read summary.json: {exc}") from exc
     makespan: float | None = None
     analytic: float | None = None
+    if isinstance(summary, dict) and summary.get("schema_version", SUMMARY_VERSION) != SUMMARY_VERSION:
+        raise UsageError(
+            f"{path}: schema_version {repr(summary['schema_version'])[:40]}; this asyncroll reads "
+            f"summary.json version {SUMMARY_VERSION} only"
+        )
     if summary is not None:
         try:
             limits, bounds = summary["limits"], summary["bounds"]
