@@ -37,6 +37,9 @@ def test_missing_layers_are_refused_unless_weak_isolation_is_allowed(monkeypatch
         isolation.require()
     # a CLI user is told the flag first (the Python argument came first, the flag in brackets)
     assert "or pass --allow-weak-isolation (allow_weak_isolation=True from Python)" in str(caught.value)
+    # and what a program could do without the layer, not only the probe's reason ("unshare failed: …")
+    assert "cgroup_pids: probe said so\n    without it: processes are bounded per user" in str(caught.value)
+    assert set(isolation.LOSSES) == set(isolation.REQUIRED)
     assert isolation.require(allow_weak=True) is weak
     recorded = isolation.isolation_report(allow_weak=True)
     assert recorded["weak"] is True and recorded["missing"] == ["cgroup_pids"] and recorded["allowed_weak"]

@@ -63,6 +63,17 @@ REQUIRED = (
     "cgroup_memory",
     "cgroup_pids",
 )
+#: What a program under test can do when a required layer is missing (said beside the probe's reason).
+LOSSES = {
+    "unprivileged_uid": "a program runs as this user and can read or change whatever it can",
+    "rlimits": "a program's memory, CPU time, file sizes, open files and processes are unbounded",
+    "pid_namespace": "a descendant that leaves the process group (setsid) can outlive its test",
+    "private_root": "a program can read every file this user can: workloads, hidden tests, homes",
+    "net_namespace": "a program can open network connections",
+    "ipc_namespace": "shared memory or message queues a program leaves outlive its test",
+    "cgroup_memory": "a tree of processes is bounded per process (its address space), not as a whole",
+    "cgroup_pids": "processes are bounded per user (RLIMIT_NPROC), not per test",
+}
 PROBE_PROGRAM = """
 import ctypes, errno, json, os, platform, resource, socket
 keyctl = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
@@ -369,7 +380,10 @@ def require(allow_weak: bool = False) -> IsolationReport:
     report = detect()
     if report.missing and not allow_weak:
         details = {layer.name: layer.detail for layer in report.layers}
-        lines = [f"  {name}: {details.get(name, 'not detected')}" for name in report.missing]
+        lines = [
+            f"  {name}: {details.get(name, 'not detected')}\n    without it: {LOSSES.get(name, 'unknown')}"
+            for name in report.missing
+        ]
         raise IsolationError(
             "untrusted code cannot be isolated on this machine; missing layers:\n"
             + "\n".join(lines)
