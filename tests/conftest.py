@@ -54,6 +54,16 @@ def invoke(*args: str | Path) -> Result:
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A completed simulated run of the smoke workload (no process, no server), once per module; a module
+    that needs another recorded run defines its own ``recorded``."""
+    run = tmp_path_factory.mktemp("recorded") / "run"
+    done = invoke("simulate", "--workload", REPO / "examples" / "smoke.jsonl", "--output", run)
+    assert done.exit_code == 0, done.output
+    return run
+
+
 VirtualRun = Callable[..., tuple[RunOutcome, EventCapture, Path]]
 
 

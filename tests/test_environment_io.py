@@ -66,17 +66,6 @@ def test_a_sweep_whose_disk_fills_up_names_the_file_without_a_traceback(
             json.loads(line)
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A completed (simulated) run of the smoke workload, to replay."""
-    from tests.conftest import invoke
-
-    run = tmp_path_factory.mktemp("recorded") / "run"
-    result = invoke("simulate", "--workload", SMOKE, "--output", run)
-    assert result.exit_code == 0, result.output
-    return run
-
-
 def test_a_replay_with_no_room_for_its_workload_names_it_and_leaves_nothing(
     recorded: Path, tmp_path: Path
 ) -> None:

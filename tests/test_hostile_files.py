@@ -21,14 +21,6 @@ def refused(result: Any, *words: str) -> None:
     assert all(w in result.output for w in words), result.output
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("rec") / "run"
-    result = invoke("simulate", "--workload", REPO / "examples" / "smoke.jsonl", "--output", out)
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def damaged(recorded: Path, tmp_path: Path, name: str, content: bytes) -> Path:
     copy = tmp_path / "copy"
     shutil.copytree(recorded, copy)

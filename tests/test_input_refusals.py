@@ -72,13 +72,6 @@ def test_a_server_command_placeholder_with_a_format_spec_is_refused_naming_the_t
         assert "no {port} placeholder" not in done.stderr  # it is there, only shaped
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("rec") / "run"
-    assert invoke("simulate", "--workload", SMOKE, "--output", out).exit_code == 0
-    return out
-
-
 def damaged(recorded: Path, tmp_path: Path, name: str, line: int, field: str, value: object) -> Path:
     copy = tmp_path / "copy"
     shutil.copytree(recorded, copy)

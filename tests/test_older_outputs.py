@@ -11,7 +11,7 @@ import pytest
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.receipts import ExperimentReceipt
-from tests.conftest import REPO, invoke
+from tests.conftest import invoke
 
 RECEIPT = {
     "schema_version": 1,
@@ -61,15 +61,6 @@ def test_an_experiment_receipt_this_version_cannot_resume_is_refused_naming_it(
     assert str(path) in str(refused.value)
     assert said in str(refused.value)
     assert path.read_text() == text
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run directory (a simulation of the smoke workload: no process, no server)."""
-    run = tmp_path_factory.mktemp("recorded") / "run"
-    done = invoke("simulate", "--workload", REPO / "examples" / "smoke.jsonl", "--output", run)
-    assert done.exit_code == 0, done.output
-    return run
 
 
 def other_version(recorded: Path, tmp_path: Path, name: str) -> Path:
