@@ -15,6 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import asyncroll
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,3 +174,42 @@ def test_ci_pins_every_dependency_at_the_floor_pyproject_declares(tmp_path: Path
     loose.write_text('[project]\ndependencies = ["numpy"]\n[project.optional-dependencies]\ndev = []\n')
     refused = subprocess.run([sys.executable, script, loose], capture_output=True, text=True, timeout=30)
     assert refused.returncode == 1 and "'numpy' is not NAME>=VERSION" in refused.stderr
+
+
+@pytest.mark.timeout(60)
+def test_ci_stops_when_the_floors_cannot_be_listed_not_running_the_suite_on_the_newest(
+    tmp_path: Path,
+) -> None:
+    """A requirement ``scripts/dependency_floors.py`` cannot pin (``numpy`` without a floor, a range)
+    made it exit 1 inside ``$(...)``: pip then installed the newest versions and the "floors" suite ran,
+    and passed, on them. The floors step of ``.ci/run`` is run here with pip and pytest stubbed."""
+    lines = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    first = next(i for i, line in enumerate(lines) if "dependency_floors.py" in line and "#" not in line)
+    last = next(i for i in range(first, len(lines)) if lines[i] == "fi")
+    step = "\n".join(lines[first : last + 1])
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "dependency_floors.py").write_bytes(
+        (REPO / "scripts" / "dependency_floors.py").read_bytes()
+    )
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\ndependencies = ["numpy"]\n[project.optional-dependencies]\ndev = []\n'
+    )
+    bin_dir, venv = tmp_path / "bin", tmp_path / ".venv-floors" / "bin"
+    bin_dir.mkdir()
+    venv.mkdir(parents=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    for stub, where in (("python3", bin_dir), ("pip", venv), ("python", venv)):
+        (where / stub).write_text(f'#!/bin/sh\necho "{stub} $*" >> "{tmp_path}/calls"\n')
+        (where / stub).chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", f"set -uo pipefail\n{step}\n"],
+        cwd=tmp_path,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    assert done.returncode != 0, (done.stderr, calls)
+    assert "'numpy' is not NAME>=VERSION" in done.stderr
+    assert "pytest" not in calls, calls
