@@ -406,7 +406,12 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
     where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":
         return f"{where}: {unknown_setting(loc[0], RunConfig.model_fields, aliases=ALIASES)}"
-    if err.get("type") in _BOUNDS:
-        given = err.get("input")
-        msg += f" (got {format(given, 'g') if isinstance(given, float) else repr(given)})"
-    return f"{where}: {msg}"
+    return f"{where}: {msg}{given(err)}"
+
+
+def given(err: Any) -> str:
+    """`` (got 0)`` after a pydantic range error (its message names only the bound), else ""."""
+    if err.get("type") not in _BOUNDS:
+        return ""
+    value = err.get("input")
+    return f" (got {format(value, 'g') if isinstance(value, float) else repr(value)})"

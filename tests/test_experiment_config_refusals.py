@@ -189,3 +189,15 @@ def test_an_experiment_config_with_a_byte_order_mark_is_read(tmp_path: Path) -> 
     config = write_config(tmp_path, seed=7)
     config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())
     assert load_experiment_config(config).seed == 7
+
+
+def test_an_experiment_setting_out_of_range_is_quoted_beside_its_bound(tmp_path: Path) -> None:
+    """``run``'s flags and config files quote the value beside pydantic's bound (``(got 0)``); an
+    experiment config said only ``client.max_turns: Input should be greater than or equal to 1``, and
+    the arm's ``stop_grace_s`` or ``port`` its user had to find in the file."""
+    with pytest.raises(UsageError) as refused:
+        lean(tmp_path, **{"client.max_turns": 0, "server.port": 70000, "server.stop_grace_s": -0.5})
+    said = str(refused.value)
+    assert "client.max_turns: Input should be greater than or equal to 1 (got 0)" in said, said
+    assert "server.port: Input should be less than or equal to 65535 (got 70000)" in said, said
+    assert "server.stop_grace_s: Input should be greater than or equal to 0 (got -0.5)" in said, said

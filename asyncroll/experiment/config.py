@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from asyncroll.config import MIN_TELEMETRY_INTERVAL_S
+from asyncroll.config import MIN_TELEMETRY_INTERVAL_S, given
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 from asyncroll.json_depth import TOO_DEEP, json_loads
@@ -437,7 +437,7 @@ def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) 
         lines = []
         for err in exc.errors(include_url=False):
             where = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = str(err["msg"]).removeprefix("Value error, ")
+            msg = str(err["msg"]).removeprefix("Value error, ") + given(err)
             if err["type"] == "extra_forbidden":  # where it belongs, or what it may be a misspelling of
                 here, _, key = where.rpartition(".")
                 spec = SECTIONS.get(here, None if here else ExperimentConfig)  # arms, stages: no hint
