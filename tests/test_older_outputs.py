@@ -47,6 +47,14 @@ def test_loading_an_experiment_receipt_for_a_resume_leaves_the_file_as_it_was(tm
         (json.dumps({**RECEIPT, "kind": "asyncroll.comparison"}), "kind 'asyncroll.comparison'"),
         (json.dumps({k: v for k, v in RECEIPT.items() if k != "fingerprint"}), "no 'fingerprint'"),
         (json.dumps({**RECEIPT, "fingerprint": "abc"}), "'fingerprint' is not an object"),
+        (json.dumps({k: v for k, v in RECEIPT.items() if k != "status"}), "no 'status'"),
+        (json.dumps({**RECEIPT, "stages": {"qualification": {}}}), "no 'stages.qualification.status'"),
+        (json.dumps({**RECEIPT, "arms": {"a": {"status": "failed"}}}), "no 'arms.a.attempts_interrupted'"),
+        (json.dumps({**RECEIPT, "arms": {"a": []}}), "no 'arms.a.status'"),
+        (
+            json.dumps({**RECEIPT, "arms": {"a": {"status": 3, "attempts_interrupted": []}}}),
+            "'arms.a.status' is not a string",
+        ),
     ],
 )
 def test_an_experiment_receipt_this_version_cannot_resume_is_refused_naming_it(

@@ -139,17 +139,12 @@ class ExperimentReceipt:
                 f"asyncroll resumes (kind 'asyncroll.experiment', schema_version {SCHEMA_VERSION}); resume "
                 "it with the asyncroll that started it, or start a new experiment in a new directory"
             )
-        for key, kind_of in (
-            ("fingerprint", dict),
-            ("plan", list),
-            ("stages", dict),
-            ("arms", dict),
-            ("resumes", list),
-        ):
-            if key not in data:
-                raise UsageError(f"{path}: no {key!r}: not an experiment receipt this asyncroll resumes")
-            if not isinstance(data[key], kind_of):
-                raise UsageError(f"{path}: {key!r} is not an {'object' if kind_of is dict else 'array'}")
+        _check(path, data, "", (("status", str), ("fingerprint", dict), ("plan", list), ("stages", dict)))
+        _check(path, data, "", (("arms", dict), ("resumes", list)))
+        for name, stage in data["stages"].items():
+            _check(path, stage, f"stages.{name}.", (("status", str),))
+        for name, arm in data["arms"].items():
+            _check(path, arm, f"arms.{name}.", (("status", str), ("attempts_interrupted", list)))
         return cls(path, data)
 
     def write(self) -> None:
@@ -173,3 +168,13 @@ class ExperimentReceipt:
     def set_stage(self, stage: str, **fields: Any) -> None:
         self.data["stages"][stage].update(fields)
         self.write()
+
+
+def _check(path: Path, data: Any, where: str, fields: tuple[tuple[str, type], ...]) -> None:
+    """A UsageError naming the first of ``fields`` missing from ``data`` or not of its type."""
+    names: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
+    for key, kind_of in fields:
+        if not isinstance(data, dict) or key not in data:
+            raise UsageError(f"{path}: no {where + key!r}: not an experiment receipt this asyncroll resumes")
+        if not isinstance(data[key], kind_of):
+            raise UsageError(f"{path}: {where + key!r} is not {names[kind_of]}")
