@@ -4,6 +4,7 @@ again by offset."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import stat
 import subprocess
@@ -81,6 +82,23 @@ def test_atomic_writer_never_clobbers_a_file_that_appears_meanwhile(tmp_path: Pa
     fresh = tmp_path / "sub" / "fresh.jsonl"
     assert write_jsonl_atomic(fresh, [{"b": 1, "a": "é"}]) == 1
     assert fresh.read_bytes() == '{"b":1,"a":"é"}\n'.encode()
+
+
+def test_what_a_killed_convert_left_staged_is_cleared_and_a_stale_own_name_is_no_obstacle(
+    tmp_path: Path,
+) -> None:
+    """A convert killed mid-write left its hidden temporary file (a workload can be large) for good; the
+    writer now stages under the shared per-process name and clears what dead writers left."""
+    from asyncroll.convert.output import write_jsonl_atomic
+
+    out = tmp_path / "w.jsonl"
+    never = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # a pid no process can have
+    dead = tmp_path / f".w.jsonl.{never}.tmp"
+    own = tmp_path / f".w.jsonl.{os.getpid()}.tmp"  # as a dead process with this pid left it
+    for left in (dead, own):
+        left.write_text("half a workload")
+    assert write_jsonl_atomic(out, [{"id": 1}]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.jsonl"]
 
 
 @pytest.mark.timeout(60)

@@ -12,12 +12,12 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import OutputWriteError, UsageError
+from asyncroll.outputs.lines import clear_staged, staging_path
 
 
 def check_destination(source: Path, output: Path) -> None:
@@ -100,8 +100,9 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
     except OSError as exc:
         _remove_empty(created)
         raise UsageError(f"--output {output}: cannot create its folder: {exc.strerror or exc}") from exc
-    tmp = parent / f".{output.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = staging_path(output)  # this process's name: one a dead process with our pid left is stale
     try:
+        tmp.unlink(missing_ok=True)
         # 0666 less the umask, as for any new file (mkstemp's 0600, widened to 0644, ignored a umask 077:
         # a workload's hidden tests were readable by every user)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -126,6 +127,7 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
                 raise UsageError(f"--output {output} appeared while converting; not overwritten") from None
             os.replace(tmp, output)
         published = True
+        clear_staged(output)  # what converts killed mid-write left (a workload can be large)
     except UsageError:
         raise
     except OSError as exc:  # e.g. the disk filled up: nothing was published (not a usage error: exit 1)
