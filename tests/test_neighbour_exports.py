@@ -128,3 +128,36 @@ def test_what_a_killed_writer_left_staged_is_cleared_by_the_next_writer(tmp_path
     assert again.returncode == 0, again.stderr
     assert [p.name for p in dead if p.exists()] == []
     assert live.exists()
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-folder", "existing-folder"])
+def test_what_a_killed_report_left_staged_is_cleared_by_the_next_report(
+    tmp_path: Path, existing: bool
+) -> None:
+    """``report`` stages its files in a hidden folder (beside its output, or inside it when the folder is
+    there already) and renames them into place. One killed midway (an OOM kill while drawing the figure)
+    left that folder, under a random name no later report ever looked at. A dead process's folder is now
+    removed by the next report, one a live process is writing is left alone, and one left under this
+    process's own pid (a dead namesake's) is no obstacle."""
+    from asyncroll.experiment.report import write_report
+    from tests.test_experiment_inputs import comparison
+
+    source = tmp_path / "comparison.json"
+    source.write_text(json.dumps(comparison()))
+    out = tmp_path / "r"
+    home = out if existing else tmp_path
+    if existing:
+        out.mkdir()
+    never = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # a pid no process can have
+    dead = home / f".r.{never}.tmp"
+    own = home / f".r.{os.getpid()}.tmp"
+    live = home / f".r.{os.getppid()}.tmp"  # pytest's parent: alive throughout
+    for folder in (dead, own, live):
+        folder.mkdir()
+        (folder / "aggregate.json").write_text("{half of it")
+    write_report(source, out, figure=False)
+    assert not dead.exists() and not own.exists()
+    assert (live / "aggregate.json").read_text() == "{half of it"
+    assert sorted(p.name for p in out.iterdir()) == (
+        sorted(["REPORT.md", "aggregate.json", live.name]) if existing else ["REPORT.md", "aggregate.json"]
+    )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from asyncroll.experiment.comparison import COUNTS, DENOMINATORS, METRICS, valid
 from asyncroll.experiment.config import read_json_file
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import median, paired_change
+from asyncroll.outputs.lines import clear_staged, remove_staged, staging_path
 
 #: Pooled rates: name → (numerator count, denominator count), both summed over the complete pairs.
 POOLED_RATES: dict[str, tuple[str, str]] = {
@@ -232,7 +232,10 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
     home = output if existing else output.parent
     try:
         home.mkdir(parents=True, exist_ok=True)
-        staging = home / f".{output.name or 'report'}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        # the shared per-process staging name: what a killed report left is cleared by the next one
+        staging = staging_path(home / (output.name or "report"))
+        clear_staged(home / (output.name or "report"))
+        remove_staged(staging)  # a dead process with this pid left it
         staging.mkdir()
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from None

@@ -15,6 +15,7 @@ import errno
 import glob
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,20 @@ def staging_path(path: Path) -> Path:
 def clear_staged(path: Path) -> None:
     """Remove what writers of ``path`` killed mid-write (the OOM killer) left under their staging names,
     those whose process no longer runs: with a name per process no later writer overwrites them, and a
-    trace.json's can be hundreds of MB. A live process's (a neighbour writing now) is left alone."""
+    trace.json's can be hundreds of MB. A live process's (a neighbour writing now) is left alone. A
+    staged folder (an experiment report's) goes with what it holds."""
     with contextlib.suppress(OSError):
         for left in path.parent.glob(glob.escape(f".{path.name}.") + "*.tmp"):
             if _ended(left.name[len(path.name) + 2 : -len(".tmp")]):
-                left.unlink(missing_ok=True)
+                remove_staged(left)
+
+
+def remove_staged(left: Path) -> None:
+    """Remove one staged file, or a staged folder with what it holds (never what a link points to)."""
+    if left.is_dir() and not left.is_symlink():
+        shutil.rmtree(left, ignore_errors=True)
+    else:
+        left.unlink(missing_ok=True)
 
 
 def _ended(pid: str) -> bool:
