@@ -1,0 +1,69 @@
+"""The duration predictor's documented numbers, checked against literals rather than its own constants:
+predictions clamped to [1 ms, 60 s] on every path, and a queued job predicted again once the model
+changed (a prediction kept from the old model would rank the queue by the prior for the rest of the run)."""
+
+from __future__ import annotations
+
+from asyncroll.policies import JobView, Prediction
+from asyncroll.policies.predictor import DurationPredictor
+
+
+def _job(i: int, size: int = 100, *, resub: bool = False, traj: str | None = None) -> JobView:
+    return JobView(i, traj or f"t{i}", "tool", "crunch", 0, 0.0, arg_bytes=size, resubmission=resub)
+
+
+def _steep() -> DurationPredictor:
+    """A predictor that learned time ∝ argument bytes (1 µs per byte): it extrapolates far below 1 ms
+    for a tiny job and far above 60 s for a huge one."""
+    p = DurationPredictor()
+    for i in range(100):
+        size = 100 * (1 + i % 20)
+        p.observe(_job(i, size), size / 1e6)
+    return p
+
+
+def test_a_few_queued_jobs_are_clamped_to_1_ms_and_60_s() -> None:
+    tiny, huge = _steep().predict([_job(1000, 0), _job(1001, 10**12)])
+    assert (tiny, huge) == (Prediction(0.001, "ridge"), Prediction(60.0, "ridge"))
+
+
+def test_a_large_queue_is_clamped_to_1_ms_and_60_s() -> None:
+    """More than 8 jobs are predicted in one matrix product: the same clamp."""
+    jobs = [_job(1000 + i, 0 if i % 2 else 10**12) for i in range(12)]
+    seconds = {x.seconds for x in _steep().predict(jobs)}
+    assert seconds == {0.001, 60.0}
+
+
+def test_a_repair_predicted_by_its_first_evaluation_is_clamped_too() -> None:
+    p = DurationPredictor()
+    p.observe(_job(1, traj="quick"), 1e-5)
+    p.observe(_job(2, traj="slow"), 1e5)
+    quick, slow = p.predict([_job(3, resub=True, traj="quick"), _job(4, resub=True, traj="slow")])
+    assert quick == Prediction(0.001, "same_problem_first_evaluation")
+    assert slow == Prediction(60.0, "same_problem_first_evaluation")
+
+
+def test_a_queued_job_is_predicted_again_after_a_refit() -> None:
+    """A job queued under the prior and still queued after the model learned is predicted by the model."""
+    p = DurationPredictor()
+    queued = [_job(1000, 2000), _job(1001, 100)]
+    assert p.predict(queued) == (Prediction(0.1, "prior"), Prediction(0.1, "prior"))
+    for i in range(100):
+        size = 100 * (1 + i % 20)
+        p.observe(_job(i, size), size / 1000)
+    long, short = p.predict(queued)
+    assert (long.source, short.source) == ("ridge", "ridge")
+    assert short.seconds < 0.5 < long.seconds
+
+
+def test_update_gives_the_whole_queue_new_predictions_after_a_refit() -> None:
+    p = DurationPredictor()
+    queued = [_job(1000, 2000), _job(1001, 100)]
+    assert list(p.update(lambda: queued, queued)) == queued
+    assert p.prediction(1000) == Prediction(0.1, "prior")
+    for i in range(100):
+        size = 100 * (1 + i % 20)
+        p.observe(_job(i, size), size / 1000)
+    assert list(p.update(lambda: queued, [])) == queued  # refitted: every queued job is new to the model
+    assert p.prediction(1000).source == p.prediction(1001).source == "ridge"
+    assert p.prediction(1001).seconds < 0.5 < p.prediction(1000).seconds
