@@ -4,6 +4,8 @@ changed (a prediction kept from the old model would rank the queue by the prior 
 
 from __future__ import annotations
 
+import pytest
+
 from asyncroll.policies import JobView, Prediction
 from asyncroll.policies.predictor import DurationPredictor
 
@@ -67,3 +69,28 @@ def test_update_gives_the_whole_queue_new_predictions_after_a_refit() -> None:
     assert list(p.update(lambda: queued, [])) == queued  # refitted: every queued job is new to the model
     assert p.prediction(1000).source == p.prediction(1001).source == "ridge"
     assert p.prediction(1001).seconds < 0.5 < p.prediction(1000).seconds
+
+
+def test_a_job_slower_than_the_60_s_clamp_is_learned_at_its_own_time() -> None:
+    """Observations are kept up to 10 × the 60 s clamp: a 30 s evaluation is learned as 30 s (its repair
+    predicted at 30 s, the tool's next job near it), a 200 s one as 200 s, predicted at the 60 s clamp."""
+    p = DurationPredictor()
+    for i in range(20):
+        p.observe(_job(i, traj=f"slow{i}"), 30.0)
+    p.observe(_job(100, traj="slower"), 200.0)
+    repair, slower_repair, fresh = p.predict(
+        [_job(101, resub=True, traj="slow0"), _job(102, resub=True, traj="slower"), _job(103)]
+    )
+    assert repair == Prediction(30.0, "same_problem_first_evaluation")
+    assert slower_repair == Prediction(60.0, "same_problem_first_evaluation")
+    assert fresh.source == "ridge" and 20.0 < fresh.seconds <= 60.0
+
+
+@pytest.mark.timeout(20)
+def test_a_ninth_tool_shares_a_bucket_instead_of_looking_for_a_free_one_forever() -> None:
+    """Eight one-hot buckets: eight tools get one each, the ninth shares its hashed bucket."""
+    p = DurationPredictor()
+    for i in range(9):
+        p.observe(JobView(i, "t", "tool", f"tool{i}", 0, 0.0), 0.1 * (i + 1))
+    assert len(p.predict([JobView(100 + i, "t", "tool", f"tool{i}", 0, 0.0) for i in range(9)])) == 9
+    assert len(set(p._buckets.values())) == 8 and len(p._buckets) == 9
