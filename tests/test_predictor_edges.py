@@ -94,3 +94,12 @@ def test_a_ninth_tool_shares_a_bucket_instead_of_looking_for_a_free_one_forever(
         p.observe(JobView(i, "t", "tool", f"tool{i}", 0, 0.0), 0.1 * (i + 1))
     assert len(p.predict([JobView(100 + i, "t", "tool", f"tool{i}", 0, 0.0) for i in range(9)])) == 9
     assert len(set(p._buckets.values())) == 8 and len(p._buckets) == 9
+
+
+def test_the_oldest_first_evaluation_is_forgotten_first() -> None:
+    """Past ``remember`` trajectories the oldest first evaluation goes: a recent repair keeps its own."""
+    p = DurationPredictor(remember=2)
+    for i, traj in enumerate(("old", "mid", "new")):
+        p.observe(_job(i, traj=traj), 2.0 + i)
+    old, new = p.predict([_job(10, resub=True, traj="old"), _job(11, resub=True, traj="new")])
+    assert old.source == "ridge" and new == Prediction(4.0, "same_problem_first_evaluation")
