@@ -1,0 +1,80 @@
+"""The lower bound's terms at their edges: a run stopped with trajectories still active, a trajectory that
+did no work, the rounding clamp's tolerance (0.5 µs per recorded duration plus 1 µs), terms to the µs."""
+
+from __future__ import annotations
+
+from asyncroll.outputs.bounds import WorkMeter
+
+LIMITS = {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1}
+
+
+def test_a_stopped_run_counts_the_work_of_its_active_trajectories() -> None:
+    """Stopped with ``b`` active (5 s done, not finished) and ``c`` admitted with nothing done yet: the
+    longest trajectory is ``b``'s 5 s, and in admission order ``c`` (0 s) adds nothing after ``a``, ``b``."""
+    work = WorkMeter()
+    for name in ("a", "b"):
+        work.admitted(name)
+    work.add("a", 1.0, model=True)
+    work.finished("a")
+    work.add("b", 5.0, model=False)
+    work.admitted("c")
+    terms = work.bounds(10.0, LIMITS)["terms"]
+    assert terms["longest_trajectory_s"] == 5.0
+    assert terms["trajectory_work_s"] == 3.0
+    assert terms["admission_order_s"] == 5.0  # a (1 s) and b (5 s) on two slots, c after a: 1 + 0
+    assert terms["cpu_execute_s"] == 5.0 and terms["model_service_s"] == 0.5
+
+
+def test_an_unfinished_trajectory_in_the_tail_of_the_admission_order_counts() -> None:
+    """One slot: ``a`` (1 s, finished) then ``b`` (2 s so far, still active) — the slot is busy 3 s."""
+    work = WorkMeter()
+    limits = {**LIMITS, "max_active_trajectories": 1}
+    work.admitted("a")
+    work.add("a", 1.0, model=True)
+    work.finished("a")
+    work.admitted("b")
+    work.add("b", 2.0, model=False)
+    bounds = work.bounds(4.0, limits)
+    assert bounds["terms"]["admission_order_s"] == 3.0
+    assert (bounds["binding"], bounds["lower_bound_s"], bounds["efficiency"]) == (
+        "trajectory_work_s",
+        3.0,
+        0.75,
+    )
+
+
+def test_a_trajectory_that_did_no_work_adds_none() -> None:
+    work = WorkMeter()
+    work.admitted("idle")
+    work.finished("idle")
+    bounds = work.bounds(1.0, LIMITS)
+    assert bounds["lower_bound_s"] == 0.0 and set(bounds["terms"].values()) == {0.0}
+
+
+def test_the_rounding_clamp_allows_half_a_microsecond_per_duration_plus_one() -> None:
+    """Three recorded durations: up to 2.5 µs above the makespan is their rounding (the bound is clamped to
+    the makespan); 3 µs above it is not."""
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    work = WorkMeter()
+    for seconds in (1.0, 1.0, 1.000003):
+        work.add("t", seconds, model=True)
+    near = work.bounds(3.000001, limits)
+    assert (near["rounding_clamped"], near["lower_bound_s"], near["efficiency"]) == (True, 3.000001, 1.0)
+    far = work.bounds(3.0, limits)
+    assert (far["rounding_clamped"], far["lower_bound_s"], far["efficiency"]) == (False, 3.000003, 1.000001)
+
+
+def test_every_term_is_given_to_the_microsecond() -> None:
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    work = WorkMeter()
+    work.add("t", 0.123456, model=True)
+    work.add("t", 0.654321, model=False)
+    work.finished("t")
+    terms = work.bounds(1.0, limits)["terms"]
+    assert terms == {
+        "model_service_s": 0.123456,
+        "cpu_execute_s": 0.654321,
+        "trajectory_work_s": 0.777777,
+        "longest_trajectory_s": 0.777777,
+        "admission_order_s": 0.0,  # never admitted through ``admitted``: not in the admission order
+    }
