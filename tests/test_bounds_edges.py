@@ -78,3 +78,12 @@ def test_every_term_is_given_to_the_microsecond() -> None:
         "longest_trajectory_s": 0.777777,
         "admission_order_s": 0.0,  # never admitted through ``admitted``: not in the admission order
     }
+
+
+def test_the_server_batch_term_spreads_the_time_in_the_batch_over_its_slots() -> None:
+    """8 s of requests' time in a batch of 4 slots: at least 2 s, above latency ÷ client capacity (1 s)."""
+    work = WorkMeter()
+    work.add("t", 2.0, model=True)
+    bounds = work.bounds(4.0, LIMITS, model_capacity=4, server_batch_s=8.0)
+    assert bounds["terms"]["model_service_s"] == 2.0 and bounds["totals"]["server_batch_s"] == 8.0
+    assert (bounds["binding"], bounds["server_batch_capacity"]) == ("model_service_s", 4)
