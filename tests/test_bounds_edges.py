@@ -64,20 +64,22 @@ def test_the_rounding_clamp_allows_half_a_microsecond_per_duration_plus_one() ->
     assert (far["rounding_clamped"], far["lower_bound_s"], far["efficiency"]) == (False, 3.000003, 1.000001)
 
 
-def test_every_term_is_given_to_the_microsecond() -> None:
+def test_every_term_and_total_is_given_to_the_microsecond() -> None:
     limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
     work = WorkMeter()
+    work.admitted("t")
     work.add("t", 0.123456, model=True)
     work.add("t", 0.654321, model=False)
     work.finished("t")
-    terms = work.bounds(1.0, limits)["terms"]
-    assert terms == {
+    bounds = work.bounds(1.0, limits)
+    assert bounds["terms"] == {
         "model_service_s": 0.123456,
         "cpu_execute_s": 0.654321,
         "trajectory_work_s": 0.777777,
         "longest_trajectory_s": 0.777777,
-        "admission_order_s": 0.0,  # never admitted through ``admitted``: not in the admission order
+        "admission_order_s": 0.777777,
     }
+    assert bounds["totals"] == {"model_service_s": 0.123456, "cpu_execute_s": 0.654321}
 
 
 def test_the_server_batch_term_spreads_the_time_in_the_batch_over_its_slots() -> None:
