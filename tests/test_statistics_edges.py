@@ -3,7 +3,7 @@ correlation's stated reason for two pairs and for a spread too small to square."
 
 from __future__ import annotations
 
-from asyncroll.outputs.statistics import distribution, pearson, pearson_missing
+from asyncroll.outputs.statistics import distribution, pearson, pearson_missing, ratio
 
 
 def test_an_empty_distribution_counts_nothing_and_has_no_values() -> None:
@@ -42,3 +42,12 @@ def test_a_spread_whose_squares_underflow_is_no_variance_not_a_division_by_zero(
     assert pearson(tiny, [1.0, 2.0, 3.0]) is None and pearson([1.0, 2.0, 3.0], tiny) is None
     assert pearson_missing(tiny, [1.0, 2.0, 3.0]) == "no variance"
     assert pearson_missing([1.0, 2.0, 3.0], tiny) == "no variance"
+
+
+def test_a_ratio_is_given_to_six_decimals_and_missing_over_nothing() -> None:
+    assert (ratio(1.0, 3.0), ratio(2.0, 3.0), ratio(0.0, 5.0), ratio(1.0, 0.0)) == (
+        0.333333,
+        0.666667,
+        0.0,
+        None,
+    )
