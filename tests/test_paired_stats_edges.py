@@ -47,3 +47,19 @@ def test_empty_intervals_rest_on_no_pair() -> None:
 def test_the_t_quantile_refuses_what_has_none(q: float, df: float) -> None:
     with pytest.raises(ValueError, match="t_ppf needs 0 < q < 1 and df > 0"):
         t_ppf(q, df)
+
+
+def test_a_value_undefined_in_every_pair_leaves_no_interval() -> None:
+    change = paired_change(
+        [None, 1.0], [2.0, None], seed=0, resamples=100, undefined_values=["eligible_decisions = 0"] * 2
+    )
+    assert (change["unknown_pairs"], change["undefined_pairs"]) == (0, 2)
+    none = {
+        "n": 0,
+        "mean": None,
+        "low": None,
+        "high": None,
+        "note": "undefined in every pair: a value undefined (eligible_decisions = 0)",
+    }
+    for key in ("mean_difference_t95", "mean_percent_change_t95", "mean_percent_change_bootstrap95"):
+        assert change[key] == none
