@@ -19,6 +19,17 @@ def test_pairs_left_out_for_different_reasons_are_counted_together() -> None:
         undefined_values=[None, None, "eligible_decisions = 0", None, None],
     )
     assert (change["unknown_pairs"], change["undefined_pairs"]) == (1, 2)
+    assert change["ratios"] == [1.5, None, None, None, 1.25]
+    assert change["percent_change"] == [50.0, None, None, None, 25.0]
+    assert change["pair_notes"] == [
+        None,
+        "unknown (not measured)",
+        "undefined (eligible_decisions = 0)",
+        "undefined (baseline 0, treatment 1)",
+        None,
+    ]
+    percent = change["mean_percent_change_t95"]
+    assert isinstance(percent, dict) and percent["n"] == 0
     difference = change["mean_difference_t95"]
     assert isinstance(difference, dict) and difference["n"] == 3
     assert difference["note"] == (
