@@ -1,0 +1,83 @@
+"""The model gate's counts and events on a virtual clock: what the live view, the summary and the policies
+read (the limit, requests in flight and queued, the peak, started / failed / cancelled requests) and the
+fields of each request's ``model_*`` events, for a scripted set of latencies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from asyncroll.backends.base import ModelResponse
+from asyncroll.clock import VirtualClock
+from asyncroll.errors import ModelError
+from asyncroll.event_log import EventCapture, EventLog
+from asyncroll.events import ModelEnqueued, ModelFailed, ModelFinished, ModelStarted
+from asyncroll.runtime.model_gate import ModelGate, ModelGateSnapshot
+from asyncroll.workload.models import FinalAction
+
+
+def _after(
+    clock: VirtualClock, seconds: float, fails: bool = False
+) -> Callable[[], Awaitable[ModelResponse]]:
+    async def request() -> ModelResponse:
+        await clock.sleep(seconds)
+        if fails:
+            raise ModelError("http_status", "server said no", status=500, response_received=True)
+        return ModelResponse(FinalAction(type="final", answer=1), prompt_tokens=3, completion_tokens=4)
+
+    return request
+
+
+@pytest.mark.timeout(10)
+def test_a_gate_of_two_counts_three_requests_and_their_events() -> None:
+    """Limit 2; at t=0 request 1 (1 s), request 2 (3 s, fails) and request 3 (2 s) arrive: 3 waits for
+    1's slot and runs from t=1 to t=3; a fourth, in flight when it is cancelled at t=3.5, ends cancelled."""
+    clock = VirtualClock()
+    capture = EventCapture()
+    events = EventLog(clock)
+    events.subscribe(capture)
+    events.start_measurement()
+    gate = ModelGate(2, clock, events)
+    seen: list[ModelGateSnapshot] = []
+
+    async def scenario() -> None:
+        calls = [
+            asyncio.create_task(gate.call("a", 0, _after(clock, 1.0))),
+            asyncio.create_task(gate.call("b", 0, _after(clock, 3.0, fails=True))),
+            asyncio.create_task(gate.call("c", 0, _after(clock, 2.0))),
+        ]
+        await asyncio.sleep(0)
+        seen.append(gate.snapshot())  # t=0: two in flight, one queued
+        assert gate.limit == 2 and gate.outstanding == 3
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(results[1], ModelError) and not isinstance(results[0], BaseException)
+        seen.append(gate.snapshot())  # t=3: one failure, none cancelled
+        late = asyncio.create_task(gate.call("d", 1, _after(clock, 5.0)))
+        await clock.sleep(0.5)
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        seen.append(gate.snapshot())
+
+    clock.run(scenario())
+    assert seen == [
+        ModelGateSnapshot(limit=2, inflight=2, queued=1, peak_inflight=2, requests=3, failures=0, started=2),
+        ModelGateSnapshot(limit=2, inflight=0, queued=0, peak_inflight=2, requests=3, failures=1, started=3),
+        ModelGateSnapshot(
+            limit=2, inflight=0, queued=0, peak_inflight=2, requests=4, failures=1, started=4, cancelled=1
+        ),
+    ]
+    assert seen[0].outstanding == 3
+    enqueued = [(e.id, e.request_id, e.outstanding) for e in capture.of(ModelEnqueued)]
+    assert enqueued == [("a", 1, 1), ("b", 2, 2), ("c", 3, 3), ("d", 4, 1)]
+    started = [(e.request_id, e.inflight, e.queued_s) for e in capture.of(ModelStarted)]
+    assert started == [(1, 1, 0.0), (2, 2, 0.0), (3, 2, 1.0), (4, 1, 0.0)]
+    finished = [(e.request_id, e.t, e.latency_s, e.completion_tokens) for e in capture.of(ModelFinished)]
+    assert finished == [(1, 1.0, 1.0, 4), (3, 3.0, 2.0, 4)]
+    failed = [
+        (e.request_id, e.t, e.latency_s, e.kind, e.status, e.response_received)
+        for e in capture.of(ModelFailed)
+    ]
+    assert failed == [(2, 3.0, 3.0, "http_status", 500, True), (4, 3.5, 0.5, "cancelled", None, False)]
