@@ -1,0 +1,87 @@
+"""Admission on a virtual clock: at most ``limit`` trajectories at once, problems read only when a slot is
+free, ``pending`` while one waits for a slot, and a slot handed back when the server check or the task group
+refuses the trajectory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from asyncroll.clock import VirtualClock
+from asyncroll.runtime.admission import Admission
+from asyncroll.runtime.limiter import LimiterSnapshot
+
+
+@pytest.mark.timeout(10)
+def test_two_slots_run_five_problems_two_at_a_time_reading_each_when_a_slot_frees() -> None:
+    """Problem i takes i+1 seconds; with 2 slots they start at t = 0, 0, 1, 2, 4 (each when the earliest
+    running one ends), the stream is read at most one problem ahead of the slots, and ``pending`` is True
+    while a read problem waits for one."""
+    clock = VirtualClock()
+    admission = Admission(2)
+    log: list[tuple[str, float, int, int | str]] = []
+
+    def problems() -> Iterator[int]:
+        for i in range(5):
+            log.append(("read", clock.now(), admission.active, i))
+            yield i
+
+    async def start(index: int, item: int) -> None:
+        log.append(("start", clock.now(), admission.active, item))
+        assert index == item and admission.active <= 2
+        await clock.sleep(item + 1)
+
+    async def scenario() -> tuple[LimiterSnapshot, bool]:
+        async with asyncio.TaskGroup() as tg:
+            runner = tg.create_task(admission.run(tg, problems(), start))
+            await clock.sleep(0.5)
+            during = (admission.snapshot(), admission.pending)
+            await runner
+            assert not admission.pending  # the stream is exhausted: the batch's tail
+        assert admission.active == 0
+        return during
+
+    snapshot, pending = clock.run(scenario())
+    assert (snapshot.holding, snapshot.waiting, snapshot.limit, pending) == (2, 1, 2, True)
+    assert [(what, t, item) for what, t, _, item in log] == [
+        ("read", 0.0, 0),
+        ("read", 0.0, 1),
+        ("read", 0.0, 2),  # waits for a slot: the only problem read ahead
+        ("start", 0.0, 0),
+        ("start", 0.0, 1),
+        ("read", 1.0, 3),
+        ("start", 1.0, 2),
+        ("read", 2.0, 4),
+        ("start", 2.0, 3),
+        ("start", 4.0, 4),
+    ]
+    assert max(active for what, _, active, _ in log if what == "start") <= 2
+
+
+@pytest.mark.timeout(10)
+def test_a_failing_server_check_hands_its_slot_back() -> None:
+    """``ready`` raising (the run stops while the server is down) propagates and leaves no slot held."""
+    clock = VirtualClock()
+    calls = 0
+
+    async def ready() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("server down and the run is stopping")
+
+    admission = Admission(3, ready)
+    started: list[int] = []
+
+    async def start(index: int, item: int) -> None:
+        started.append(item)
+
+    async def scenario() -> None:
+        async with asyncio.TaskGroup() as tg:
+            with pytest.raises(RuntimeError):
+                await admission.run(tg, iter(range(4)), start)
+
+    clock.run(scenario())
+    assert started == [0] and admission.active == 0 and not admission.pending
