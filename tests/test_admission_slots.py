@@ -21,6 +21,7 @@ def test_two_slots_run_five_problems_two_at_a_time_reading_each_when_a_slot_free
     while a read problem waits for one."""
     clock = VirtualClock()
     admission = Admission(2)
+    assert not admission.pending  # nothing read yet
     log: list[tuple[str, float, int, int | str]] = []
 
     def problems() -> Iterator[int]:
