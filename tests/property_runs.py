@@ -19,22 +19,12 @@ from hypothesis import strategies as st
 
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.config import build_config
+from asyncroll.policies.registry import PRESSURE_POLICIES
 from asyncroll.simulation.engine import SimulationSettings, simulate
 from tests.conftest import write_workload
 
-POLICIES = (
-    "sync",
-    "fifo",
-    "tool_first",
-    "asyncroll",
-    "asyncroll_seed",
-    "asyncroll_guarded",
-    "asyncroll_unlock",
-    "asyncroll_critical",
-    "asyncroll_balanced",
-    "asyncroll_chain",
-    "asyncroll_repair",
-)
+#: Every registered policy but the deprecated alias ``gpu_first`` (``tool_first`` under another name).
+POLICIES = ("sync", "fifo", "tool_first", "asyncroll", *PRESSURE_POLICIES)
 #: Deterministic, no database, no deadline (a loaded machine must not fail an example for its speed).
 PROPS = settings(
     derandomize=True,

@@ -7,34 +7,11 @@ import math
 import random
 from dataclasses import replace
 
-from asyncroll.policies import JobView, Prediction, QueueSnapshot, get_policy
+from asyncroll.policies import Prediction, QueueSnapshot, get_policy
 from asyncroll.policies.base import JobKind
 from asyncroll.policies.pressure import PressurePolicy
 from tests.conftest import REPO
-from tests.pressure_policies import BALANCED, CRITICAL, GUARDED, SEED, UNLOCK
-
-Job = tuple[JobKind, float, float]  # kind, predicted s, waited s
-
-
-def snap(
-    *jobs: Job,
-    outstanding: int = 0,
-    threshold: int = 4,
-    now: float = 100.0,
-    pending: bool = True,
-    workers: int = 1,
-    remaining: tuple[float | None, ...] = (),
-    running_left: float = 0.0,
-) -> QueueSnapshot:
-    """Jobs as (kind, predicted seconds, waited seconds), oldest first."""
-    views = tuple(
-        JobView(job_id=i + 1, trajectory_id=f"t{i}", kind=kind, tool="x", turn=0, enqueued_at=now - waited)
-        for i, (kind, _, waited) in enumerate(jobs)
-    )
-    predictions = tuple(Prediction(pred, "ridge") for _, pred, _ in jobs)
-    return QueueSnapshot(
-        now, views, outstanding, 4, 1, predictions, threshold, pending, workers, remaining, running_left
-    )
+from tests.pressure_policies import BALANCED, CRITICAL, GUARDED, SEED, UNLOCK, Job, snap
 
 
 def test_hard_aging_wins_over_everything() -> None:

@@ -3,32 +3,7 @@ comparison, a dropped sign or a changed constant would flip while every mid-rang
 
 from __future__ import annotations
 
-from asyncroll.policies import JobView, Prediction, QueueSnapshot
-from asyncroll.policies.base import JobKind
-from tests.pressure_policies import BALANCED, CRITICAL, GUARDED, SEED, UNLOCK
-
-Job = tuple[JobKind, float, float]  # kind, predicted s, waited s
-
-
-def snap(
-    *jobs: Job,
-    outstanding: int = 0,
-    threshold: int = 4,
-    pending: bool = True,
-    workers: int = 1,
-    remaining: tuple[float | None, ...] = (),
-    running_left: float = 0.0,
-) -> QueueSnapshot:
-    """Jobs as (kind, predicted seconds, waited seconds), oldest first; ids 1, 2, … in that order."""
-    now = 100.0
-    views = tuple(
-        JobView(job_id=i + 1, trajectory_id=f"t{i}", kind=kind, tool="x", turn=0, enqueued_at=now - waited)
-        for i, (kind, _, waited) in enumerate(jobs)
-    )
-    predictions = tuple(Prediction(pred, "ridge") for _, pred, _ in jobs)
-    return QueueSnapshot(
-        now, views, outstanding, 4, 1, predictions, threshold, pending, workers, remaining, running_left
-    )
+from tests.pressure_policies import BALANCED, CRITICAL, GUARDED, SEED, UNLOCK, Job, snap
 
 
 def test_relative_aging_drains_the_queue_on_one_worker_at_the_whole_sum() -> None:
