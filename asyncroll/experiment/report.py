@@ -233,8 +233,9 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
     try:
         home.mkdir(parents=True, exist_ok=True)
         # the shared per-process staging name: what a killed report left is cleared by the next one
-        staging = staging_path(home / (output.name or "report"))
-        clear_staged(home / (output.name or "report"))
+        named = home / (output.name or "report")
+        clear_staged(named)
+        staging = staging_path(named)
         remove_staged(staging)  # a dead process with this pid left it
         staging.mkdir()
     except OSError as exc:
