@@ -86,3 +86,34 @@ def test_a_failing_server_check_hands_its_slot_back() -> None:
 
     clock.run(scenario())
     assert started == [0] and admission.active == 0 and not admission.pending
+
+
+@pytest.mark.timeout(10)
+def test_a_group_shutting_down_refuses_the_trajectory_and_gets_its_slot_back() -> None:
+    """A trajectory failed and its task group is shutting down when admission, holding a fresh slot, hands
+    it the next one: the group refuses it (``RuntimeError``), the slot is handed back, nothing starts, and
+    the trajectory's coroutine is closed (never a "coroutine was never awaited" warning, which this suite
+    turns into an error)."""
+    clock = VirtualClock()
+    admission = Admission(2)
+    started: list[int] = []
+
+    async def start(index: int, item: int) -> None:
+        started.append(item)
+
+    async def fails() -> None:
+        raise ValueError("a trajectory failed")
+
+    async def scenario() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(fails())
+            with pytest.raises(asyncio.CancelledError):
+                await clock.sleep(1)  # the failure cancels the group's body: the group is shutting down
+            with pytest.raises(RuntimeError):
+                await admission.run(tg, iter([7]), start)
+            assert admission.active == 0 and not admission.pending
+
+    with pytest.raises(ExceptionGroup) as failed:
+        clock.run(scenario())
+    assert [type(e) for e in failed.value.exceptions] == [ValueError]
+    assert started == [] and admission.active == 0
