@@ -6,6 +6,7 @@ A workload is 1–25 scripted problems: tool calls mixing ``spin_ms``/``sleep_ms
 one-repair submissions that pass, fail or declare nothing. Settings: every registered policy, the three
 limits, ``max_turns``, ``--tool-errors``, sometimes a tool timeout some jobs pass (or end exactly at),
 the pressure policies' knobs, and a fixed-latency or batching server with or without overheads.
+``contended_settings`` with ``workloads(cpu=LONG_MS)``: the same, CPU-bound, for the reordering policies.
 """
 
 from __future__ import annotations
@@ -38,18 +39,18 @@ MS = st.one_of(st.sampled_from([0, 1, 5, 10, 20, 50]), st.integers(0, 300))
 
 
 @st.composite
-def tool_problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
+def tool_problem(draw: st.DrawFn, pid: str, cpu: st.SearchStrategy[int] = MS) -> dict[str, Any]:
     tools = draw(
         st.lists(st.sampled_from(["spin_ms", "sleep_ms", "add"]), min_size=1, max_size=3, unique=True)
     )
     script: list[dict[str, Any]] = []
     for _ in range(draw(st.integers(0, 6) | st.integers(2, 6))):
         name = draw(st.sampled_from(tools))
-        arguments = {"a": draw(st.integers(-9, 9)), "b": 2} if name == "add" else {"milliseconds": draw(MS)}
+        arguments = {"a": draw(st.integers(-9, 9)), "b": 2} if name == "add" else {"milliseconds": draw(cpu)}
         step: dict[str, Any] = {"type": "tool", "name": name, "arguments": arguments}
         step["latency_ms"] = draw(st.none() | MS)
         if draw(st.booleans()):
-            step["cpu_ms"] = draw(MS)
+            step["cpu_ms"] = draw(cpu)
         if draw(st.booleans()):
             step["output_tokens"] = draw(st.integers(1, 40))
         script.append(step)
@@ -88,10 +89,10 @@ def code_problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
 
 
 @st.composite
-def workloads(draw: st.DrawFn) -> list[dict[str, Any]]:
+def workloads(draw: st.DrawFn, cpu: st.SearchStrategy[int] = MS) -> list[dict[str, Any]]:
     n = draw(st.integers(1, 25) | st.integers(12, 25))  # many, often: queues form
     return [
-        draw(code_problem(f"p{i}") if draw(st.integers(0, 3)) == 0 else tool_problem(f"p{i}"))
+        draw(code_problem(f"p{i}") if draw(st.integers(0, 3)) == 0 else tool_problem(f"p{i}", cpu))
         for i in range(n)
     ]
 
@@ -113,6 +114,26 @@ def run_settings(draw: st.DrawFn) -> dict[str, Any]:
         out["aging_weight"] = draw(st.sampled_from([0.0, 0.02, 1.0]))
         if draw(st.booleans()):
             out["starvation_threshold"] = draw(st.integers(1, 8))
+    return out
+
+
+#: Tool jobs that outlast most model turns (``MS`` draws up to 300 ms for both): with the settings below
+#: jobs queue behind one or two workers, so the reordering policies reorder in most examples.
+LONG_MS = st.integers(100, 400)
+
+
+@st.composite
+def contended_settings(draw: st.DrawFn) -> dict[str, Any]:
+    """``run_settings`` where CPU is the bottleneck, for the policies that can reorder: many active
+    trajectories, one or two workers."""
+    out = draw(run_settings())
+    out["policy"] = draw(st.sampled_from(("tool_first", "asyncroll", *PRESSURE_POLICIES)))
+    out["max_active_trajectories"] = draw(st.integers(4, 8))
+    out["cpu_workers"] = draw(st.integers(1, 2))
+    out.pop("tool_timeout", None)
+    if not out["policy"].startswith("asyncroll"):  # knobs ``run_settings`` drew for another policy
+        for knob in ("aging_seconds", "aging_weight", "starvation_threshold"):
+            out.pop(knob, None)
     return out
 
 
