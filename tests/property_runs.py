@@ -134,6 +134,8 @@ def contended_settings(draw: st.DrawFn) -> dict[str, Any]:
     if not out["policy"].startswith("asyncroll"):  # knobs ``run_settings`` drew for another policy
         for knob in ("aging_seconds", "aging_weight", "starvation_threshold"):
             out.pop(knob, None)
+    else:  # hard aging at 50 or 200 ms would take nearly every decision from the rules after it
+        out["aging_seconds"] = draw(st.sampled_from([1.0, 30.0]))
     return out
 
 
