@@ -270,3 +270,17 @@ def test_a_summary_without_a_window_keeps_its_missing_values_missing() -> None:
     assert summary["client_cpu_blocked"]["fraction_of_makespan"] is None
     assert summary["model"]["circuit"]["paused_s"] is None
     assert summary["counts"]["completed"] == 1  # what was counted stays counted
+
+
+def test_bounds_from_the_streams_work() -> None:
+    """Work per trajectory (model latencies + execute times, a failed job's round trip): a 3.701 s,
+    b 4.1 s, c 2.0 s, d 1.0 s (unfinished); model 7 s over 2 in flight, CPU 3.801 s over 2 workers."""
+    bounds = _summary()["bounds"]
+    assert bounds["terms"] == {
+        "model_service_s": 3.5,
+        "cpu_execute_s": 1.9005,
+        "trajectory_work_s": 2.70025,  # 10.801 s over 4 active slots
+        "longest_trajectory_s": 4.1,
+        "admission_order_s": 4.1,  # a, b, c, d placed on 4 slots in order
+    }
+    assert (bounds["lower_bound_s"], bounds["efficiency"]) == (4.1, 0.205)
