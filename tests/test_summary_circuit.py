@@ -74,3 +74,9 @@ def test_an_outage_open_at_the_end_counts_up_to_the_end() -> None:
         "request_wait_s": 0.0,
     }
     assert _circuit([_down(1.0)], None)["paused_s"] is None  # no window: unknown, not 0
+
+
+def test_circuit_seconds_are_rounded_to_the_microsecond() -> None:
+    events = [_down(1.0), _up(1.1234567), _at(1.2, ModelPaused(turn=0, attempt=1, waited_s=0.2345678))]
+    circuit = _circuit(events, 10.0)
+    assert (circuit["paused_s"], circuit["request_wait_s"]) == (0.123457, 0.234568)

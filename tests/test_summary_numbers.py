@@ -284,3 +284,20 @@ def test_bounds_from_the_streams_work() -> None:
         "admission_order_s": 4.1,  # a, b, c, d placed on 4 slots in order
     }
     assert (bounds["lower_bound_s"], bounds["efficiency"]) == (4.1, 0.205)
+
+
+def test_phase_totals_are_rounded_to_the_microsecond() -> None:
+    from asyncroll.events import ModelStarted
+
+    builder = SummaryBuilder()
+    for event in (
+        TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1),
+        ModelStarted(id="a", request_id=1, turn=0, inflight=1, queued_s=0.1234567),
+        TrajectoryFinished(id="a", status="completed", turns=1, tool_calls=0, duration_s=1.0),
+    ):
+        builder(event)
+    summary = builder.build(
+        makespan_s=1.0, policy="fifo", limits=LIMITS, cpu_cost={}, peaks={}, status="complete"
+    )
+    assert summary["phases"]["model_queue_s"] == 0.123457
+    assert summary["phases"]["fractions_of_trajectory_time"]["model_queue_s"] == 0.123457
