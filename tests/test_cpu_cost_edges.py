@@ -35,12 +35,12 @@ def test_a_simulation_has_no_cpu_cost_even_with_readings() -> None:
 
 
 def test_each_number_is_rounded_to_the_microsecond() -> None:
-    """Client 0.1234567 s, workers 0.3 s, 3 completions: per completion 0.4234567 / 3."""
-    cost = cpu_cost((0.0, 0.5), (0.1234567, 0.8), replaced=False, completed=3)
+    """Client 0.1234567 s, workers 0.3000014 s, 3 completions: per completion 0.423458 / 3."""
+    cost = cpu_cost((0.0, 0.5), (0.1234567, 0.8000014), replaced=False, completed=3)
     assert cost == {
         "client_cpu_s": 0.123457,
-        "workers_cpu_s": 0.3,
-        "total_cpu_s": 0.423457,
-        "per_completion_s": 0.141152,
+        "workers_cpu_s": 0.300001,
+        "total_cpu_s": 0.423458,
+        "per_completion_s": 0.141153,
         "reason": None,
     }
