@@ -18,6 +18,8 @@ def test_the_metadata_counts_every_event_read_from_its_origin(tmp_path: Path) ->
     assert metadata["time_origin_s"] == 0.5  # the first event's t
     activity = collect_activity(run / "events.jsonl")
     assert (activity.t_min, activity.t_max) == (0.5, max(e.t for e in events))
+    # the timeline's layout gives trajectories their own row up to a count of their spans
+    assert activity.spans.trajectory_spans == sum(span.cat == "trajectory" for span in activity.spans) == 1
 
 
 def test_a_missing_events_file_counts_no_event(tmp_path: Path) -> None:
