@@ -48,10 +48,6 @@ class BlockedMeter:
         self._start = 0.0  # when the interval under way began (before any instant it was left for)
         self._left: tuple[float, float] | None = None  # (end, start) of the last interval counted
 
-    @property
-    def blocked(self) -> bool:
-        return self.active > 0 and self.outstanding == 0 and self.pending > 0
-
     def __call__(self, event: Event) -> None:
         delta = _DELTAS.get(type(event))
         if delta is None:
