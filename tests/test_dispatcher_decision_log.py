@@ -1,0 +1,84 @@
+"""What the dispatcher tells the policy and logs with each decision (``cpu_selected`` in events.jsonl,
+MEASUREMENT.md): the queue it saw (depth, oldest job, up to 8 candidates oldest first with their waits
+and predictions), the policy's reason and eligibility, whether the pick reordered the queue, and the
+counts behind the live view (decisions, reorders, peak queue)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncroll.events import CpuEnqueued, CpuSelected, CpuStarted
+from asyncroll.policies import QueueSnapshot
+from asyncroll.policies.base import Decision
+from asyncroll.runtime.dispatcher import DispatcherSnapshot
+from tests.dispatcher_rig import Rig, Scripted, run_rig, sleep_job
+
+
+def _newest(snapshot: QueueSnapshot) -> Decision:
+    if len(snapshot.jobs) == 1:
+        return Decision(snapshot.oldest.job_id, "alone")
+    return Decision(snapshot.jobs[-1].job_id, "newest", eligible=True)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_decision_logs_the_queue_it_saw_and_the_policys_pick(workers: int) -> None:
+    """The workers run ``workers`` 100 ms jobs; ten more jobs queue 1.2345 ms apart meanwhile (waits
+    logged to the microsecond), and the policy picks the newest each time: the first pick after the queue
+    filled skips nine older jobs."""
+    policy = Scripted(_newest)
+    counts: list[DispatcherSnapshot] = []
+    enqueued: list[float] = []
+
+    async def scenario(rig: Rig) -> None:
+        tasks = [rig.submit(sleep_job(100.0044)) for _ in range(workers)]
+        for _ in range(10):
+            await rig.clock.sleep(0.0012345)
+            enqueued.append(rig.clock.now())
+            tasks.append(rig.submit(sleep_job(100)))
+        await rig.clock.sleep(0.001)
+        counts.append(rig.dispatcher.snapshot())  # ten queued, none picked yet
+        for task in tasks:
+            assert (await task).ok
+        counts.append(rig.dispatcher.snapshot())
+
+    capture = run_rig(scenario, policy, workers=workers, starvation_threshold=3)
+    jobs = workers + 10
+    assert [e.queue_depth for e in capture.of(CpuEnqueued)] == [1] * workers + list(range(1, 11))
+    selected = capture.of(CpuSelected)
+    assert len(selected) == len(policy.seen) == jobs
+    assert [e.job_id for e in capture.of(CpuStarted)] == [e.job_id for e in selected]
+
+    first = selected[workers]  # the first decision with the ten queued
+    first_seen = policy.seen[workers]
+    queued = list(range(workers + 1, jobs + 1))
+    assert [j.job_id for j in first_seen.jobs] == queued
+    assert (first.job_id, first.reason, first.eligible, first.reordered) == (jobs, "newest", True, True)
+    assert (first.queue_depth, first.oldest_job_id, first.threshold) == (10, workers + 1, 3)
+    assert (first.worker, first.policy) == (0, "scripted")
+    assert first_seen.now == pytest.approx(0.1000044)
+    assert first.waited_s == round(first_seen.now - enqueued[-1], 6) == 0.087659
+    assert [c.job_id for c in first.candidates] == queued[:8]  # the oldest eight, oldest first
+    for i, candidate in enumerate(first.candidates):
+        assert candidate.waited_s == round(first_seen.now - enqueued[i], 6)
+        predicted = first_seen.predictions[i]
+        assert (candidate.predicted_s, candidate.source) == (round(predicted.seconds, 6), predicted.source)
+    assert first.predicted_s == round(first_seen.predictions[-1].seconds, 6)
+
+    # what the policy was told besides the queue
+    for seen in policy.seen:
+        assert (seen.workers, seen.starvation_threshold, seen.inflight_capacity) == (workers, 3, 2)
+        assert seen.admission_pending and seen.remaining == () and seen.running_left == 0.0
+        assert len(seen.predictions) == len(seen.jobs)
+    # at t=0 the first job had every worker free; later each decision has the one worker just freed
+    assert [s.free_workers for s in policy.seen[:workers]] == list(range(workers, 0, -1))
+    assert all(s.free_workers == 1 for s in policy.seen[workers:])
+
+    alone = [e for e in selected if e.reason == "alone"]
+    assert alone and all(not e.eligible and not e.reordered and e.oldest_job_id == e.job_id for e in alone)
+    reorders = sum(e.reordered for e in selected)
+    assert reorders == 10 - workers + (workers - 1)  # every pick from a queue of two or more
+    assert counts == [
+        DispatcherSnapshot(queued=10, decisions=workers, reorders=0, peak_queued=10),
+        DispatcherSnapshot(queued=0, decisions=jobs, reorders=reorders, peak_queued=10),
+    ]
