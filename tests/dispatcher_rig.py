@@ -58,17 +58,18 @@ def run_rig(
     workers: int = 1,
     model_limit: int = 2,
     tool_timeout: float = 30.0,
+    worker: type[VirtualWorker] = VirtualWorker,
     **options: Any,
 ) -> EventCapture:
-    """Runs ``scenario`` against a fresh dispatcher (``options``: its keyword arguments) and returns the
-    captured events; the pool is closed at the end."""
+    """Runs ``scenario`` against a fresh dispatcher (``options``: its keyword arguments) with ``workers``
+    workers of the class ``worker`` and returns the captured events; the pool is closed at the end."""
     clock = VirtualClock()
     capture = EventCapture()
 
     async def main() -> None:
         events = EventLog(clock)
         events.subscribe(capture)
-        pool = WorkerPool(workers, lambda i, g: VirtualWorker(i, g, clock), clock, events)
+        pool = WorkerPool(workers, lambda i, g: worker(i, g, clock), clock, events)
         gate = ModelGate(model_limit, clock, events)
         dispatcher = CpuDispatcher(pool, policy, gate, clock, events, tool_timeout, **options)
         events.start_measurement()
