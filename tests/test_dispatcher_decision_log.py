@@ -31,6 +31,7 @@ def test_a_decision_logs_the_queue_it_saw_and_the_policys_pick(workers: int) -> 
     enqueued: list[float] = []
 
     async def scenario(rig: Rig) -> None:
+        counts.append(rig.dispatcher.snapshot())  # nothing queued yet: every count 0
         tasks = [rig.submit(sleep_job(100.0044)) for _ in range(workers)]
         for _ in range(10):
             await rig.clock.sleep(0.0012345)
@@ -79,6 +80,7 @@ def test_a_decision_logs_the_queue_it_saw_and_the_policys_pick(workers: int) -> 
     reorders = sum(e.reordered for e in selected)
     assert reorders == 10 - workers + (workers - 1)  # every pick from a queue of two or more
     assert counts == [
+        DispatcherSnapshot(queued=0, decisions=0, reorders=0, peak_queued=0),
         DispatcherSnapshot(queued=10, decisions=workers, reorders=0, peak_queued=10),
         DispatcherSnapshot(queued=0, decisions=jobs, reorders=reorders, peak_queued=10),
     ]
