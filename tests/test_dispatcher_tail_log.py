@@ -46,8 +46,7 @@ def test_the_tail_logs_the_estimates_it_decided_on(rule: type[Scripted]) -> None
         for task in tasks:
             assert (await task).ok
 
-    tail = {"remaining": Estimator(), "admission_pending": lambda: False}
-    capture = run_rig(scenario, policy, workers=2, **tail)
+    capture = run_rig(scenario, policy, workers=2, remaining=Estimator(), admission_pending=lambda: False)
     selected = capture.of(CpuSelected)
     decision = next(e for e in selected if e.queue_depth == 3)  # job 2 finished, 3-5 queued
     assert decision.job_id == 5 and decision.reordered
