@@ -166,3 +166,26 @@ def test_a_job_stopped_as_a_worker_frees_is_dropped_with_its_prediction() -> Non
     assert [(e.job_id, e.queue_depth) for e in capture.of(CpuSelected)] == [(1, 1), (2, 2), (4, 1)]
     assert [[j.job_id for j in s.jobs] for s in policy.seen] == [[1], [2, 3], [4]]
     assert [len(s.predictions) for s in policy.seen] == [1, 2, 1]
+
+
+@pytest.mark.timeout(30)
+def test_every_nvtx_range_of_a_stopped_job_is_ended() -> None:
+    """``--nvtx``: the queue-wait range of a job stopped while queued, and both ranges of one stopped while
+    it runs, are ended (a range left open spans the rest of the profile)."""
+    from tests.test_nvtx import RecordingRanges
+
+    ranges = RecordingRanges()
+
+    async def scenario(rig: Rig) -> None:
+        running = rig.submit(sleep_job(100))
+        await rig.clock.sleep(0.01)
+        queued = rig.submit(sleep_job(100))
+        await rig.clock.sleep(0.01)
+        for task in (queued, running):
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    run_rig(scenario, Scripted(), ranges=ranges)
+    assert [name for _, name, _ in ranges.started] == ["cpu queue", "cpu execution", "cpu queue"]
+    assert sorted(ranges.ended) == [0, 1, 2]
