@@ -82,3 +82,13 @@ def test_waiters_cancelled_before_a_release_drops_them_end_cancelled() -> None:
     results, snapshot = asyncio.run(scenario())
     assert [type(r) for r in results] == [asyncio.CancelledError, asyncio.CancelledError, type(None)]
     assert snapshot == LimiterSnapshot(limit=1, holding=1, waiting=0, peak_holding=1, total_acquired=2)
+
+
+def test_a_release_with_no_slot_held_is_refused() -> None:
+    """A double release would leave ``holding`` at −1 and let one more in than the limit from then on."""
+    limiter = FifoLimiter(1)
+    with pytest.raises(RuntimeError, match=r"release\(\) with no slot held"):
+        limiter.release()
+    assert limiter.snapshot() == LimiterSnapshot(
+        limit=1, holding=0, waiting=0, peak_holding=0, total_acquired=0
+    )

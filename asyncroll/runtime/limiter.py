@@ -74,4 +74,6 @@ class FifoLimiter:
                 self._total += 1
                 waiter.set_result(None)
                 return
+        if self._holding == 0:
+            raise RuntimeError("release() with no slot held")
         self._holding -= 1
