@@ -56,7 +56,8 @@ class BlockedMeter:
             # A stop cancelled it, not an answer: the client did not turn to wait on its CPU (the stop
             # cancels requests at once and a running job only once its worker is killed).
             return
-        # ``blocked`` before and after, spelled out: this runs for most events of a run
+        # blocked (≥ 1 active, 0 outstanding, ≥ 1 pending) before and after, inline: this runs for most
+        # events of a run
         was = self.active > 0 and self.outstanding == 0 and self.pending > 0
         self.active += delta[0]
         self.outstanding += delta[1]
