@@ -21,6 +21,7 @@ from asyncroll.events import (
     TrajectoryStarted,
 )
 from asyncroll.outputs.blocked import BlockedMeter
+from tests.blocked_reference import blocked_reference
 
 
 def _at(t: float, event: Event) -> Event:
@@ -85,34 +86,9 @@ def _stream(rng: random.Random, n: int) -> list[Event]:
 
 
 def _reference(events: list[Event], end: float) -> tuple[float, int]:
-    """Blocked seconds and intervals up to ``end`` (≥ the last event), from the state after each instant."""
-    steps = {
-        "trajectory_started": (1, 0, 0),
-        "trajectory_finished": (-1, 0, 0),
-        "model_enqueued": (0, 1, 0),
-        "model_finished": (0, -1, 0),
-        "model_failed": (0, -1, 0),
-        "cpu_enqueued": (0, 0, 1),
-        "cpu_finished": (0, 0, -1),
-        "cpu_failed": (0, 0, -1),
-    }
-    state = [0, 0, 0]
-    after: dict[float, bool] = {}  # the state after every event at that instant
-    for event in events:
-        if not (isinstance(event, ModelFailed) and event.kind == "cancelled"):
-            for i, d in enumerate(steps[event.event]):
-                state[i] += d
-        after[event.t] = state[0] > 0 and state[1] == 0 and state[2] > 0
-    times = sorted(after)
-    seconds, intervals, running = 0.0, 0, False
-    for t, until in zip(times, [*times[1:], end], strict=True):
-        span = until - t
-        if after[t] and span > 0:
-            seconds += span
-            intervals += not running
-            running = True
-        elif span > 0:
-            running = False
+    seconds, intervals = blocked_reference(
+        ({"t": e.t, "event": e.event, "kind": getattr(e, "kind", None)} for e in events), end
+    )
     return round(seconds, 6), intervals
 
 

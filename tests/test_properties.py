@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter, defaultdict
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from hypothesis import event, given, settings
 
 from asyncroll.schemas import schemas
 from asyncroll.simulation.engine import SimulationSettings
+from tests.blocked_reference import blocked_reference
 from tests.property_runs import (
     LONG_MS,
     OVERHEAD_MS,
@@ -248,7 +248,7 @@ def check_summary(summary: dict[str, Any], events: list[dict[str, Any]], peaks: 
     started_at = {e["id"]: e["t"] for e in by["trajectory_started"]}
     for e in ended:
         assert abs(e["duration_s"] - (e["t"] - started_at[e["id"]])) < 2e-6, e
-    blocked_s, intervals = blocked(events)
+    blocked_s, intervals = blocked_reference(events)
     assert abs(summary["client_cpu_blocked"]["seconds"] - blocked_s) < 1e-5, (
         summary["client_cpu_blocked"],
         blocked_s,
@@ -335,35 +335,6 @@ def check_endings(
             if e["event"] == "model_finished":
                 latency = (scripts[e["id"]][e["turn"]].get("latency_ms") or 0) / 1000
                 assert abs(e["latency_s"] - latency - server.turn_overhead_ms / 1000) < 2e-6, e
-
-
-def blocked(events: list[dict[str, Any]]) -> tuple[float, int]:
-    """Seconds (and maximal intervals of positive length) with ≥ 1 active trajectory, no model request
-    outstanding and ≥ 1 CPU job pending, from the state after all the events of each instant."""
-    deltas = {
-        "trajectory_started": (1, 0, 0),
-        "trajectory_finished": (-1, 0, 0),
-        "model_enqueued": (0, 1, 0),
-        "model_finished": (0, -1, 0),
-        "model_failed": (0, -1, 0),
-        "cpu_enqueued": (0, 0, 1),
-        "cpu_finished": (0, 0, -1),
-        "cpu_failed": (0, 0, -1),
-    }
-    state = [0, 0, 0]
-    after: dict[float, bool] = {}
-    for e in events:
-        for i, d in enumerate(deltas.get(e["event"], (0, 0, 0))):
-            state[i] += d
-        after[e["t"]] = state[0] > 0 and state[1] == 0 and state[2] > 0
-    times = sorted(after)
-    seconds, intervals, inside = 0.0, 0, False
-    for t, t_next in pairwise(times):
-        if after[t]:
-            seconds += t_next - t
-            intervals += not inside
-        inside = after[t]
-    return seconds, intervals
 
 
 @PROPS
