@@ -13,7 +13,14 @@ from asyncroll.backends.base import ModelResponse
 from asyncroll.clock import VirtualClock
 from asyncroll.errors import ModelError
 from asyncroll.event_log import EventCapture, EventLog
-from asyncroll.events import ModelEnqueued, ModelFailed, ModelFinished, ModelStarted
+from asyncroll.events import (
+    ModelEnqueued,
+    ModelFailed,
+    ModelFinished,
+    ModelStarted,
+    ServerAvailable,
+    ServerUnavailable,
+)
 from asyncroll.runtime.model_gate import ModelGate, ModelGateSnapshot
 from asyncroll.workload.models import FinalAction
 
@@ -81,3 +88,33 @@ def test_a_gate_of_two_counts_three_requests_and_their_events() -> None:
         for e in capture.of(ModelFailed)
     ]
     assert failed == [(2, 3.0, 3.0, "http_status", 500, True), (4, 3.5, 0.5, "cancelled", None, False)]
+
+
+class _SteppedClock(VirtualClock):
+    """A virtual clock the gate takes for a real one: it follows the server circuit only there."""
+
+    virtual = False
+
+
+def test_the_seconds_the_server_circuit_was_open_add_up_across_openings() -> None:
+    """``server_unavailable_s`` (the live metrics' ``server_unavailable_seconds``): open from t=10 to 13,
+    then again from t=20, read at t=21.5: 3 + 1.5 s, two openings, open now."""
+    clock = _SteppedClock()
+    events = EventLog(clock)
+    events.start_measurement()
+    gate = ModelGate(1, clock, events)
+    for at, event in (
+        (10.0, ServerUnavailable(failures=3, reason="connect", opened=1)),
+        (13.0, ServerAvailable(paused_s=3.0, probes=2)),
+        (20.0, ServerUnavailable(failures=3, reason="connect", opened=2)),
+    ):
+        clock.advance(at - clock.now())
+        events.emit(event)
+    clock.advance(1.5)
+    snap = gate.snapshot()
+    assert (snap.server_unavailable, snap.server_unavailable_count) == (True, 2)
+    assert snap.server_unavailable_s == pytest.approx(4.5, abs=1e-9)
+    clock.advance(0.5)
+    events.emit(ServerAvailable(paused_s=2.0, probes=1))
+    snap = gate.snapshot()
+    assert (snap.server_unavailable, snap.server_unavailable_s) == (False, pytest.approx(5.0, abs=1e-9))
