@@ -1,0 +1,80 @@
+"""The report's tables when pairs are missing: no complete pair, an unfinished arm, a comparison.json
+written before the run order was recorded."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from asyncroll.experiment.comparison import validate_comparison
+from asyncroll.experiment.report import POOLED_RATES, aggregate
+from asyncroll.experiment.report_markdown import markdown
+from tests.fake_comparison import comparison
+
+ROWS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"makespan_s": 2.0}, {"makespan_s": 1.0}),
+    ({"makespan_s": 4.0}, {"makespan_s": 3.0}),
+]
+
+
+def test_with_no_complete_pair_every_pooled_rate_says_so() -> None:
+    data = comparison(ROWS, errors={"pair1-b": "boom", "pair2-a": "boom"})
+    agg = aggregate(data)
+    for arm in ("a", "b"):
+        pooled = agg["pooled"][arm]
+        assert pooled["pairs"] == 0 and pooled["totals"] == {}
+        assert {rate: pooled[rate] for rate in POOLED_RATES} == dict.fromkeys(POOLED_RATES)
+        assert pooled["notes"] == dict.fromkeys(POOLED_RATES, "unknown (no complete pair)")
+    text = markdown(agg)
+    row = next(line for line in text.splitlines() if line.startswith("| b | "))
+    assert row == "| b | " + " | ".join(["unknown (no complete pair)"] * 4) + " |"
+
+
+def test_an_unfinished_arm_is_listed_and_no_complete_arm_is() -> None:
+    data = comparison(ROWS)
+    arm = data["pairs"][1]["arms"]["b"]
+    arm.update(status="interrupted", error="the experiment's deadline passed")
+    data["pairs"][1]["complete"] = False
+    validate_comparison(copy.deepcopy(data))
+    agg = aggregate(data)
+    assert agg["complete_pairs"] == [1]
+    assert agg["failures"] == [
+        {
+            "pair": 2,
+            "arm": "b",
+            "id": "pair2-b",
+            "status": "interrupted",
+            "error": "the experiment's deadline passed",
+        }
+    ]
+    text = markdown(agg)
+    unfinished = text[text.index("Unfinished arms") :].strip().splitlines()[1:]
+    assert unfinished == ["", "- `pair2-b`: interrupted: the experiment's deadline passed"]
+
+
+def test_a_comparison_without_the_run_order_is_still_reported() -> None:
+    data = comparison(ROWS)
+    for pair in data["pairs"]:
+        del pair["order"]  # written before the order was recorded
+    agg = aggregate(data)
+    assert agg["orders"] == [] and agg["pairs_complete"] == 2
+    assert "Order of the arms" not in markdown(agg)
+
+
+def test_pooled_rates_are_sums_over_sums_even_below_one() -> None:
+    """Two pairs of 3 completions in 0.001 GPU-hour each: 6 / 0.002 = 3,000 per GPU-hour, not one pair's
+    rate and not undefined for a denominator below 1."""
+    b = {"counts.completed": 2, "cpu_cost.total_cpu_s": 0.5, "scheduler.eligible_decisions": 4}
+    agg = aggregate(comparison([({}, b), ({}, {**b, "scheduler.reorders": 1})]))
+    a, t = agg["pooled"]["a"], agg["pooled"]["b"]
+    rates = ("completed_per_gpu_hour", "cpu_s_per_completion", "completion_rate", "accuracy_exact")
+    assert [a[r] for r in rates] == pytest.approx([3000.0, 0.1, 1.0, 1.0]) and a["activation_rate"] is None
+    unevaluated = {"pass_rate_first": "unknown (passed_first and evaluated not measured)"}
+    assert a["notes"] == {**unevaluated, "activation_rate": "undefined (eligible_decisions = 0)"}
+    assert [t[r] for r in (*rates, "activation_rate")] == pytest.approx([2000.0, 0.25, 4 / 6, 1.0, 1 / 8])
+    assert t["notes"] == unevaluated
+    rows = markdown(agg).splitlines()
+    assert "| a | 1 | 3000 | 0.1 | undefined (eligible_decisions = 0) |" in rows
+    assert "| b | 0.6667 | 2000 | 0.25 | 0.125 |" in rows
