@@ -78,3 +78,11 @@ def test_pooled_rates_are_sums_over_sums_even_below_one() -> None:
     rows = markdown(agg).splitlines()
     assert "| a | 1 | 3000 | 0.1 | undefined (eligible_decisions = 0) |" in rows
     assert "| b | 0.6667 | 2000 | 0.25 | 0.125 |" in rows
+
+
+def test_a_comparison_without_its_bootstrap_settings_uses_and_reports_the_defaults() -> None:
+    data = comparison(ROWS)
+    del data["seed"], data["bootstrap_resamples"]  # optional in comparison.json: 0 and 10,000
+    validate_comparison(copy.deepcopy(data))
+    bootstrap = aggregate(data)["bootstrap"]
+    assert (bootstrap["seed"], bootstrap["resamples"]) == (0, 10_000)
