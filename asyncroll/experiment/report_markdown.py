@@ -4,7 +4,6 @@ that has none."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from asyncroll.experiment.receipts import one_line
@@ -21,7 +20,9 @@ def fmt(value: Any, spec: str | None = None) -> str:
 
 
 def _number(x: float, sign: str = "") -> str:
-    return format(x, f"{sign},.0f") if abs(x) >= 1e4 and math.isfinite(x) else format(x, f"{sign}.4g")
+    # whole wherever four significant digits would take an exponent: from 1e4 as rounded (9,999.7 too)
+    short = format(x, f"{sign}.4g")
+    return format(x, f"{sign},.0f") if "e+" in short else short
 
 
 def _interval(d: dict[str, Any], percent: bool = True) -> str:

@@ -1,0 +1,90 @@
+"""REPORT.md's rows as a reader sees them: every section under its heading, a paired row's % changes
+with their intervals, one pair (no interval), values written as whole numbers in comparison.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncroll.experiment.report import aggregate
+from asyncroll.experiment.report_markdown import fmt, markdown
+from tests.fake_comparison import comparison
+
+ROWS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"makespan_s": 2.0}, {"makespan_s": 1.0}),
+    ({"makespan_s": 4.0}, {"makespan_s": 3.0}),
+]
+HEADINGS = [
+    "## Stages",
+    "| stage | status | gates |",
+    "## Per-policy medians (complete pairs)",
+    "| metric | a (fifo) | b (asyncroll) |",
+    "## Paired: b vs a",
+    "## Pooled rates (sums over complete pairs)",
+    "| arm | completion rate | completions per GPU-hour | CPU-s per completion | activation rate |",
+    "## Quality (sums over complete pairs)",
+    "## Failures",
+    "| arm | failed trajectories | max_turns | model failures | worker restarts |",
+    "Failed arms (kept, never re-run):",
+]
+
+
+def rows(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(start)]
+
+
+def test_every_table_is_under_its_heading_in_order() -> None:
+    lines = markdown(aggregate(comparison(ROWS))).splitlines()
+    at = [lines.index(heading) for heading in HEADINGS]
+    assert at == sorted(at)
+
+
+def test_a_paired_row_gives_each_pairs_ratio_and_the_mean_change_in_percent() -> None:
+    """Ratios 0.5 and 0.75: -50% and -25%, a mean of -37.5%; the difference is -1 s in both pairs."""
+    assert rows(markdown(aggregate(comparison(ROWS))), "| makespan, s |") == [
+        "| makespan, s | 3 | 2 |",
+        "| makespan, s | p1 0.5000, p2 0.7500 | -37.50% [-196.33%, +121.33%] (n=2) "
+        "| -37.50% [-50.00%, -25.00%] (n=2; 2 pairs: only 3 distinct resamples) | -1 [-1, -1] (n=2) |",
+    ]
+
+
+def test_one_pair_of_whole_numbers_has_its_values_and_no_interval() -> None:
+    data = comparison(ROWS[:1])
+    for arm in data["pairs"][0]["arms"].values():  # a comparison.json may hold 2, not 2.0
+        arm["metrics"]["makespan_s"] = int(arm["metrics"]["makespan_s"])
+    why = "(n=1; no interval: an interval needs at least 2 pairs)"
+    assert rows(markdown(aggregate(data)), "| makespan, s |") == [
+        "| makespan, s | 2 | 1 |",
+        f"| makespan, s | p1 0.5000 | -50.00% {why} | -50.00% {why} | -1 {why} |",
+    ]
+
+
+def test_a_metric_no_pair_measured_is_unknown_in_every_column() -> None:
+    unknown = "unknown (no pair with a known value)"
+    assert rows(markdown(aggregate(comparison(ROWS))), "| completions per wall hour |") == [
+        "| completions per wall hour | unknown | unknown |",
+        "| completions per wall hour | p1 unknown (not measured), p2 unknown (not measured) "
+        f"| {unknown} | {unknown} | {unknown} |",
+    ]
+
+
+def test_the_same_order_is_flagged_from_two_complete_pairs_not_one() -> None:
+    flag = "**Every complete pair ran in the same order**"
+    assert flag in markdown(aggregate(comparison(ROWS)))
+    one = markdown(aggregate(comparison(ROWS, errors={"pair2-b": "boom"})))
+    assert "p1 a → b; p2 a → b." in one and flag not in one
+
+
+def test_a_value_that_rounds_to_ten_thousand_is_written_whole_not_as_1e04() -> None:
+    """Four significant digits of 9,999.7 are 1e+04: it was printed so, the one exponent a large value
+    still got (a mean difference of +9,999.7 s read ``+1e+04``)."""
+    assert [fmt(x) for x in (10_000.0, 9_999.7, 9_999.5, 9_999.4, -9_999.7, 2)] == [
+        "10,000",
+        "10,000",
+        "10,000",
+        "9999",
+        "-10,000",
+        "2",
+    ]
+    data = comparison([({"makespan_s": 1.0}, {"makespan_s": 10_000.7})])
+    row = rows(markdown(aggregate(data)), "| makespan, s |")[1]
+    assert "| +10,000 (n=1; " in row and "e+" not in row
