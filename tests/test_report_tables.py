@@ -86,3 +86,14 @@ def test_a_comparison_without_its_bootstrap_settings_uses_and_reports_the_defaul
     validate_comparison(copy.deepcopy(data))
     bootstrap = aggregate(data)["bootstrap"]
     assert (bootstrap["seed"], bootstrap["resamples"]) == (0, 10_000)
+
+
+def test_the_server_versions_line_flags_a_version_that_differs_between_arms() -> None:
+    data = comparison(ROWS)
+    line = "Server versions seen in the arms' logs: "
+    assert line + "none parsed." in markdown(aggregate(data)).splitlines()
+    data["server_versions"] = {"vllm_version": ["0.6.1", "0.6.2"], "sglang_version": ["0.4.1"]}
+    assert (
+        line + "vllm_version 0.6.1, 0.6.2 (**differs between arms**); sglang_version 0.4.1."
+        in markdown(aggregate(data)).splitlines()
+    )
