@@ -15,7 +15,9 @@ from tests.fake_comparison import comparison, nest
 
 def experiment(baseline: str | None) -> dict[str, Any]:
     """A smoke arm (no pair) that failed, then two pairs of arms ``a`` and ``b``, run b first in pair 2."""
-    plan = [{"id": "smoke-a", "stage": "smoke", "pair": None, "arm": "a", "policy": "fifo", "seed": 0}]
+    plan: list[dict[str, Any]] = [
+        {"id": "smoke-a", "stage": "smoke", "pair": None, "arm": "a", "policy": "fifo", "seed": 0}
+    ]
     for p, order in enumerate((("a", "b"), ("b", "a"))):
         plan += [
             {"id": f"pair{p + 1}-{a}", "stage": "comparison", "pair": p, "arm": a, "policy": a, "seed": p}
