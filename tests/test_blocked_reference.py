@@ -10,9 +10,6 @@ import random
 import pytest
 
 from asyncroll.events import (
-    CpuEnqueued,
-    CpuFailed,
-    CpuFinished,
     Event,
     ModelEnqueued,
     ModelFailed,
@@ -22,11 +19,7 @@ from asyncroll.events import (
 )
 from asyncroll.outputs.blocked import BlockedMeter
 from tests.blocked_reference import blocked_reference
-
-
-def _at(t: float, event: Event) -> Event:
-    event.__dict__["t"] = t  # as EventLog stamps it
-    return event
+from tests.event_records import at, cpu_enqueued, cpu_failed, cpu_finished
 
 
 def _stream(rng: random.Random, n: int) -> list[Event]:
@@ -55,33 +48,14 @@ def _stream(rng: random.Random, n: int) -> list[Event]:
             event = ModelFailed(id="a", request_id=1, turn=0, latency_s=0.0, kind=kind, error="x")
         elif choice in (5, 6) or pending == 0:
             pending += 1
-            event = CpuEnqueued(id="a", job_id=1, kind="tool", tool="t", turn=0, arg_bytes=1, queue_depth=1)
+            event = cpu_enqueued()
         elif choice == 7:
             pending -= 1
-            event = CpuFinished(
-                id="a",
-                job_id=1,
-                worker=0,
-                kind="tool",
-                tool="t",
-                ok=True,
-                execute_s=0.0,
-                cpu_s=None,
-                roundtrip_s=0.0,
-            )
+            event = cpu_finished()
         else:
             pending -= 1
-            event = CpuFailed(
-                id="a",
-                job_id=1,
-                worker=0,
-                kind="tool",
-                tool="t",
-                reason="timeout",
-                roundtrip_s=0.0,
-                error="x",
-            )
-        events.append(_at(t, event))
+            event = cpu_failed()
+        events.append(at(t, event))
     return events
 
 

@@ -20,6 +20,7 @@ from asyncroll.events import (
 from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.statistics import distribution, pearson, pearson_missing
 from asyncroll.outputs.summary import SummaryBuilder
+from tests.event_records import at
 
 LIMITS = {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1}
 
@@ -143,11 +144,6 @@ def test_cancelled_tool_calls_are_not_in_the_error_rate() -> None:
     assert tools["error_rate"] == 1.0
 
 
-def _at(t: float, event: Event) -> Event:
-    event.__dict__["t"] = t  # as EventLog stamps it
-    return event
-
-
 def _build(events: list[Event], makespan_s: float | None) -> dict[str, Any]:
     builder = SummaryBuilder()
     for event in events:
@@ -165,11 +161,11 @@ def test_blocked_intervals_count_only_spans_of_positive_length() -> None:
 
     def job(t0: float, t1: float, tid: str, jid: int) -> list[Event]:
         return [
-            _at(
+            at(
                 t0,
                 CpuEnqueued(id=tid, job_id=jid, kind="grade", tool="g", turn=0, arg_bytes=1, queue_depth=1),
             ),
-            _at(
+            at(
                 t1,
                 CpuFinished(
                     id=tid,
@@ -186,14 +182,14 @@ def test_blocked_intervals_count_only_spans_of_positive_length() -> None:
         ]
 
     events: list[Event] = [
-        _at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
-        _at(0.0, ModelEnqueued(id="a", request_id=1, turn=0, outstanding=1)),
-        _at(1.0, ModelFinished(id="a", request_id=1, turn=0, latency_s=1.0, action="tool")),
+        at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
+        at(0.0, ModelEnqueued(id="a", request_id=1, turn=0, outstanding=1)),
+        at(1.0, ModelFinished(id="a", request_id=1, turn=0, latency_s=1.0, action="tool")),
         *job(1.0, 1.5, "a", 1),  # blocked 1.0-1.5: one interval
-        _at(1.5, ModelEnqueued(id="a", request_id=2, turn=1, outstanding=1)),
-        _at(2.0, ModelFinished(id="a", request_id=2, turn=1, latency_s=0.5, action="final")),
+        at(1.5, ModelEnqueued(id="a", request_id=2, turn=1, outstanding=1)),
+        at(2.0, ModelFinished(id="a", request_id=2, turn=1, latency_s=0.5, action="final")),
         *job(2.0, 2.0, "a", 2),  # an instant: no interval
-        _at(2.0, TrajectoryFinished(id="a", status="completed", turns=2, tool_calls=0, duration_s=2.0)),
+        at(2.0, TrajectoryFinished(id="a", status="completed", turns=2, tool_calls=0, duration_s=2.0)),
     ]
     blocked = _build(events, 2.0)["client_cpu_blocked"]
     assert blocked["seconds"] == 0.5 and blocked["intervals"] == 1
@@ -217,14 +213,14 @@ def test_a_blocked_stretch_left_and_rejoined_at_one_instant_is_one_interval() ->
     def turn(t: float, tid: str, job: int | None) -> list[Event]:
         rid = next(request)
         events: list[Event] = [
-            _at(t, ModelEnqueued(id=tid, request_id=rid, turn=0, outstanding=1)),
-            _at(t, ModelFinished(id=tid, request_id=rid, turn=0, latency_s=0.0, action="tool")),
+            at(t, ModelEnqueued(id=tid, request_id=rid, turn=0, outstanding=1)),
+            at(t, ModelFinished(id=tid, request_id=rid, turn=0, latency_s=0.0, action="tool")),
         ]
         if job is not None:
             enqueued = CpuEnqueued(
                 id=tid, job_id=job, kind="tool", tool="t", turn=0, arg_bytes=1, queue_depth=1
             )
-            events.append(_at(t, enqueued))
+            events.append(at(t, enqueued))
         return events
 
     def done(t: float, tid: str, job: int) -> Event:
@@ -239,11 +235,11 @@ def test_a_blocked_stretch_left_and_rejoined_at_one_instant_is_one_interval() ->
             cpu_s=None,
             roundtrip_s=0.1,
         )
-        return _at(t, finished)
+        return at(t, finished)
 
     events: list[Event] = [
-        _at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
-        _at(0.0, TrajectoryStarted(id="b", index=1, prompt_chars=1, active=2)),
+        at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
+        at(0.0, TrajectoryStarted(id="b", index=1, prompt_chars=1, active=2)),
         *turn(0.0, "a", 1),
         *turn(0.0, "b", 2),
     ]
@@ -261,8 +257,8 @@ def test_no_window_or_an_empty_one_is_null_with_why_never_zero() -> None:
     assert never["throughput"]["completed_per_wall_hour"] is None
     assert never["throughput"]["per_wall_hour_reason"] == "the measured window never opened"
     events: list[Event] = [
-        _at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
-        _at(0.0, TrajectoryFinished(id="a", status="completed", turns=1, tool_calls=0, duration_s=0.0)),
+        at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
+        at(0.0, TrajectoryFinished(id="a", status="completed", turns=1, tool_calls=0, duration_s=0.0)),
     ]
     empty = _build(events, 0.0)["throughput"]
     assert empty["completed_per_wall_hour"] is None and empty["trajectories_per_wall_hour"] is None

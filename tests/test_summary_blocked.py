@@ -7,46 +7,29 @@ from __future__ import annotations
 from typing import Any
 
 from asyncroll.events import (
-    CpuEnqueued,
-    CpuFinished,
-    Event,
     ModelEnqueued,
     ModelFinished,
     TrajectoryFinished,
     TrajectoryStarted,
 )
 from asyncroll.outputs.summary import SummaryBuilder
+from tests.event_records import at, cpu_enqueued, cpu_finished
 
 LIMITS = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
 
 
-def _at(t: float, event: Event) -> Event:
-    event.__dict__["t"] = t  # as EventLog stamps it
-    return event
-
-
 def _summary(makespan_s: float) -> dict[str, Any]:
     """A model turn 0-1 s, a tool job 1-1.1234567 s (blocked: nothing for the model), a final turn."""
-    job = CpuFinished(
-        id="a",
-        job_id=1,
-        worker=0,
-        kind="tool",
-        tool="t",
-        ok=True,
-        execute_s=0.1,
-        cpu_s=None,
-        roundtrip_s=0.1234567,
-    )
+    job = cpu_finished(execute_s=0.1, roundtrip_s=0.1234567)
     events = [
-        _at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
-        _at(0.0, ModelEnqueued(id="a", request_id=1, turn=0, outstanding=1)),
-        _at(1.0, ModelFinished(id="a", request_id=1, turn=0, latency_s=1.0, action="tool")),
-        _at(1.0, CpuEnqueued(id="a", job_id=1, kind="tool", tool="t", turn=0, arg_bytes=1, queue_depth=1)),
-        _at(1.1234567, job),
-        _at(1.1234567, ModelEnqueued(id="a", request_id=2, turn=1, outstanding=1)),
-        _at(2.0000014, ModelFinished(id="a", request_id=2, turn=1, latency_s=0.8765447, action="final")),
-        _at(
+        at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
+        at(0.0, ModelEnqueued(id="a", request_id=1, turn=0, outstanding=1)),
+        at(1.0, ModelFinished(id="a", request_id=1, turn=0, latency_s=1.0, action="tool")),
+        at(1.0, cpu_enqueued()),
+        at(1.1234567, job),
+        at(1.1234567, ModelEnqueued(id="a", request_id=2, turn=1, outstanding=1)),
+        at(2.0000014, ModelFinished(id="a", request_id=2, turn=1, latency_s=0.8765447, action="final")),
+        at(
             2.0000014,
             TrajectoryFinished(id="a", status="completed", turns=2, tool_calls=1, duration_s=2.0000014),
         ),

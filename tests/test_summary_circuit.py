@@ -7,21 +7,17 @@ from typing import Any
 
 from asyncroll.events import Event, ModelPaused, ServerAvailable, ServerUnavailable
 from asyncroll.outputs.summary import SummaryBuilder
+from tests.event_records import at
 
 LIMITS = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
 
 
-def _at(t: float, event: Event) -> Event:
-    event.__dict__["t"] = t  # as EventLog stamps it
-    return event
-
-
 def _down(t: float) -> Event:
-    return _at(t, ServerUnavailable(failures=3, reason="refused", opened=1))
+    return at(t, ServerUnavailable(failures=3, reason="refused", opened=1))
 
 
 def _up(t: float) -> Event:
-    return _at(t, ServerAvailable(paused_s=0.0, probes=1))
+    return at(t, ServerAvailable(paused_s=0.0, probes=1))
 
 
 def _circuit(events: list[Event], makespan_s: float | None) -> dict[str, Any]:
@@ -50,8 +46,8 @@ def test_paused_seconds_are_clipped_to_the_window() -> None:
         _up(13.0),
     ]
     events += [
-        _at(6.0, ModelPaused(turn=0, attempt=1, waited_s=0.75)),
-        _at(6.5, ModelPaused(turn=1, attempt=1, waited_s=0.5)),
+        at(6.0, ModelPaused(turn=0, attempt=1, waited_s=0.75)),
+        at(6.5, ModelPaused(turn=1, attempt=1, waited_s=0.5)),
     ]
     circuit = _circuit(events, 10.0)
     assert circuit == {
@@ -77,6 +73,6 @@ def test_an_outage_open_at_the_end_counts_up_to_the_end() -> None:
 
 
 def test_circuit_seconds_are_rounded_to_the_microsecond() -> None:
-    events = [_down(1.0), _up(1.1234567), _at(1.2, ModelPaused(turn=0, attempt=1, waited_s=0.2345678))]
+    events = [_down(1.0), _up(1.1234567), at(1.2, ModelPaused(turn=0, attempt=1, waited_s=0.2345678))]
     circuit = _circuit(events, 10.0)
     assert (circuit["paused_s"], circuit["request_wait_s"]) == (0.123457, 0.234568)

@@ -21,6 +21,7 @@ from asyncroll.events import (
     WorkerRestarting,
 )
 from asyncroll.outputs.summary import SummaryBuilder
+from tests.event_records import cpu_enqueued, cpu_failed, cpu_finished
 
 LIMITS = {"max_active_trajectories": 4, "max_inflight_model_requests": 2, "cpu_workers": 2}
 
@@ -46,37 +47,16 @@ def _selected(
 
 
 def _finished(tid: str, job: int, kind: JobKind, ok: bool, execute: float, roundtrip: float) -> CpuFinished:
-    return CpuFinished(
-        id=tid,
-        job_id=job,
-        worker=0,
-        kind=kind,
-        tool="t",
-        ok=ok,
-        execute_s=execute,
-        cpu_s=None,
-        roundtrip_s=roundtrip,
-        error=None if ok else "boom",
-    )
+    error = None if ok else "boom"
+    return cpu_finished(tid, job, kind=kind, ok=ok, execute_s=execute, roundtrip_s=roundtrip, error=error)
 
 
 def _failed(tid: str, job: int, kind: JobKind, reason: Any) -> CpuFailed:
-    return CpuFailed(
-        id=tid, job_id=job, worker=0, kind=kind, tool="t", reason=reason, roundtrip_s=1.0, error="x"
-    )
+    return cpu_failed(tid, job, kind=kind, reason=reason, roundtrip_s=1.0)
 
 
 def _enqueued(tid: str, job: int, resubmission: bool = False) -> CpuEnqueued:
-    return CpuEnqueued(
-        id=tid,
-        job_id=job,
-        kind="tool",
-        tool="t",
-        turn=0,
-        arg_bytes=1,
-        queue_depth=1,
-        resubmission=resubmission,
-    )
+    return cpu_enqueued(tid, job, resubmission=resubmission)
 
 
 def _stream() -> list[Event]:
