@@ -84,6 +84,10 @@ DAMAGE = {
         lambda c: c["pairs"][0]["arms"]["b"]["metrics"].pop("makespan_s"),
         "pairs[0] (pair 1).arms.b.metrics: no entry for ['makespan_s'] (null if not measured)",
     ),
+    "pair_number_twice": (
+        lambda c: c["pairs"][1].update(pair=1),
+        "pairs: pair number(s) [1] appear more than once",
+    ),
     "pair_0": (
         lambda c: c["pairs"][0].update(pair=0),
         "pairs[0].pair: Input should be greater than or equal to 1",

@@ -88,3 +88,17 @@ def test_a_value_that_rounds_to_ten_thousand_is_written_whole_not_as_1e04() -> N
     data = comparison([({"makespan_s": 1.0}, {"makespan_s": 10_000.7})])
     row = rows(markdown(aggregate(data)), "| makespan, s |")[1]
     assert "| +10,000 (n=1; " in row and "e+" not in row
+
+
+def test_a_huge_percent_change_is_written_with_thousands_separators() -> None:
+    """A ratio of 10,001: +1,000,000% (it was printed ``+1000000.00%``, unlike every other large value)."""
+    data = comparison([({"makespan_s": 1.0}, {"makespan_s": 10_001.0})])
+    row = rows(markdown(aggregate(data)), "| makespan, s |")[1]
+    assert "| +1,000,000.00% (n=1; " in row
+
+
+def test_a_quality_rate_neither_of_whose_counts_was_measured_says_so_once() -> None:
+    """Nothing was evaluated: the first-pass rate's note alone, not followed by ``(unknown / unknown)``;
+    a rate with its counts known keeps them."""
+    quality = rows(markdown(aggregate(comparison(ROWS))), "| a |")[1]
+    assert quality == ("| a | 1 (6 / 6) | unknown (passed_first and evaluated not measured) |")

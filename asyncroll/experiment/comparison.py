@@ -316,6 +316,9 @@ class ComparisonFile(_Read):
         keys = [m.key for m in self.metrics]
         if len(set(keys)) != len(keys):
             problems.append("metrics: duplicate keys")
+        numbers = [pair.pair for pair in self.pairs]
+        if twice := sorted({n for n in numbers if numbers.count(n) > 1}):
+            problems.append(f"pairs: pair number(s) {twice} appear more than once")
         for i, pair in enumerate(self.pairs):
             where = f"pairs[{i}] (pair {pair.pair})"
             absent = [a for a in self.arms if a not in pair.arms]

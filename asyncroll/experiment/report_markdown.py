@@ -29,7 +29,7 @@ def _interval(d: dict[str, Any], percent: bool = True) -> str:
     """A mean with its interval and ``n`` (the pairs it rests on), or why there is none."""
 
     def num(x: float) -> str:
-        return f"{x:+.2f}%" if percent else _number(x, "+")
+        return f"{x:+,.2f}%" if percent else _number(x, "+")
 
     note = d.get("note")
     if d["mean"] is None:
@@ -62,6 +62,15 @@ def _observed(gate: dict[str, Any]) -> str:
 def _rate(pooled: dict[str, Any], rate: str) -> str:
     value = pooled.get(rate)
     return fmt(value) if value is not None else pooled.get("notes", {}).get(rate, "unknown")
+
+
+def _rate_of(pooled: dict[str, Any], rate: str, num: str, den: str) -> str:
+    """A pooled rate with the counts it rests on (``0.5 (3 / 6)``); when neither count was measured, the
+    rate's note alone says so (not ``unknown (… not measured) (unknown / unknown)``)."""
+    t = pooled["totals"]
+    if t.get(num) is None and t.get(den) is None:
+        return _rate(pooled, rate)
+    return f"{_rate(pooled, rate)} ({fmt(t.get(num), '.0f')} / {fmt(t.get(den), '.0f')})"
 
 
 def _run_order(agg: dict[str, Any]) -> list[str]:
@@ -189,12 +198,10 @@ def markdown(agg: dict[str, Any]) -> str:
         "|---|---|---|",
     ]
     for arm in arms:
-        p, t = agg["pooled"][arm], agg["pooled"][arm]["totals"]
+        p = agg["pooled"][arm]
         out.append(
-            f"| {arm} | {_rate(p, 'accuracy_exact')} ({fmt(t.get('correct'), '.0f')} / "
-            f"{fmt(t.get('graded'), '.0f')}) "
-            f"| {_rate(p, 'pass_rate_first')} ({fmt(t.get('passed_first'), '.0f')} / "
-            f"{fmt(t.get('evaluated'), '.0f')}) |"
+            f"| {arm} | {_rate_of(p, 'accuracy_exact', 'correct', 'graded')} "
+            f"| {_rate_of(p, 'pass_rate_first', 'passed_first', 'evaluated')} |"
         )
     out += [
         "",
