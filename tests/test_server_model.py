@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from asyncroll.backends.server_model import MAX_COST_MS, BatchingServer, Generation, ServerModelConfig
+from asyncroll.backends.server_model import (
+    MAX_COST_MS,
+    BatchingServer,
+    Generation,
+    ServerModelConfig,
+    ServerSnapshot,
+)
 from asyncroll.clock import VirtualClock
 
 CFG = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, prefill_ms_per_token=0.1)
@@ -18,10 +25,15 @@ CFG = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, 
 
 def _serve(requests: list[tuple[float, int, int]], cfg: ServerModelConfig = CFG) -> list[Generation]:
     """Submit (arrival s, prompt tokens, output tokens) requests; return their generations in order."""
-    clock = VirtualClock()
+    return _serve_on(BatchingServer(cfg, VirtualClock()), requests)
+
+
+def _serve_on(server: BatchingServer, requests: list[tuple[float, int, int]]) -> list[Generation]:
+    """:func:`_serve` on this server (of a fresh virtual clock), whose counters the caller reads after."""
+    clock = server.clock
+    assert isinstance(clock, VirtualClock)
 
     async def main() -> list[Generation]:
-        server = BatchingServer(cfg, clock)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(server.serve())
 
@@ -62,6 +74,21 @@ def test_max_num_seqs_queues_the_rest_fcfs() -> None:
 def test_arrival_mid_step_waits_for_the_next_step() -> None:
     gens = _serve([(0.0, 0, 3), (0.005, 0, 1)])
     assert gens[1].queued_s == pytest.approx(0.006)  # admitted when the first 11 ms step ends
+
+
+def test_the_counters_and_batch_seconds_follow_the_steps() -> None:
+    """What serve-sim's /sim/stats and the lower bound's server term read: all zero before any request,
+    then the steps of a hand-computed timeline (a request admitted beside another, a prefill each)."""
+    server = BatchingServer(CFG, VirtualClock())
+    assert server.snapshot() == ServerSnapshot(0, 0, 0, 0, 0.0, 0, 0) and server.batch_seconds == 0
+    a, b = _serve_on(server, [(0.0, 100, 3), (0.005, 50, 1)])
+    # step 1 (0–21 ms): a alone, 10 + 1 + 0.1×100; step 2 (21–38 ms): b joins, 10 + 2 + 0.1×50, b's only
+    # token; step 3 (38–49 ms): a alone again, 10 + 1
+    assert (b.queued_s, b.ttft_s, b.latency_s) == pytest.approx((0.016, 0.033, 0.033))
+    assert (a.queued_s, a.ttft_s, a.latency_s) == pytest.approx((0.0, 0.021, 0.049))
+    snap = server.snapshot()
+    assert snap == ServerSnapshot(0, 0, 2, 3, pytest.approx(0.049), 4, 150)  # type: ignore[arg-type]
+    assert server.batch_seconds == pytest.approx(0.049 + 0.017)
 
 
 def test_config_is_validated() -> None:
@@ -181,6 +208,30 @@ def test_help_calls_the_step_base_the_fixed_part_of_every_step(command: str) -> 
     words = " ".join(shown.replace("│", " ").split())
     assert "at batch 1" not in words
     assert "fixed step time, any batch" in words.lower()
+
+
+def test_the_defaults_are_the_ones_both_front_ends_state() -> None:
+    """simulate takes its server model's defaults from ServerModelConfig and states them in its help;
+    serve-sim declares its own: a default changed in one place would make the two front ends (and the
+    help) describe different servers."""
+    import inspect
+
+    from asyncroll.commands.serve import serve_sim
+    from tests.conftest import invoke
+
+    defaults = asdict(ServerModelConfig())
+    stated = {
+        "max_num_seqs": 256,
+        "step_base_ms": 12.0,
+        "step_per_seq_ms": 0.08,
+        "prefill_ms_per_token": 0.03,
+    }
+    assert defaults == stated
+    parameters = inspect.signature(serve_sim).parameters
+    assert {name: parameters[name].default for name in defaults} == stated
+    words = " ".join(invoke("simulate", "--help").stdout.replace("│", " ").split())
+    for shown in ("running-batch limit (256)", "any batch (12 ms)", "(0.08 ms)", "(0.03 ms)"):
+        assert shown in words
 
 
 @pytest.mark.parametrize(
