@@ -217,6 +217,7 @@ def test_the_defaults_are_the_ones_both_front_ends_state() -> None:
     import inspect
 
     from asyncroll.commands.serve import serve_sim
+    from asyncroll.simulation.engine import SimulationSettings
     from tests.conftest import invoke
 
     defaults = asdict(ServerModelConfig())
@@ -229,8 +230,16 @@ def test_the_defaults_are_the_ones_both_front_ends_state() -> None:
     assert defaults == stated
     parameters = inspect.signature(serve_sim).parameters
     assert {name: parameters[name].default for name in defaults} == stated
+    # both size prompts and replies at the same characters per token
+    assert SimulationSettings.chars_per_token == parameters["chars_per_token"].default == 4.0
     words = " ".join(invoke("simulate", "--help").stdout.replace("│", " ").split())
-    for shown in ("running-batch limit (256)", "any batch (12 ms)", "(0.08 ms)", "(0.03 ms)"):
+    for shown in (
+        "running-batch limit (256)",
+        "any batch (12 ms)",
+        "(0.08 ms)",
+        "(0.03 ms)",
+        "(4; at least 0.01)",
+    ):
         assert shown in words
 
 
@@ -280,3 +289,40 @@ def test_simulate_times_concurrent_turns_as_the_model_does(
     if trajectories % 2 == 0:
         assert bounds["efficiency"] == pytest.approx(1.0)
     assert bounds["lower_bound_s"] <= outcome.summary["makespan_s"]
+
+
+@pytest.mark.parametrize(
+    ("trajectories", "latencies", "batch_s"),
+    [
+        (1, [0.038], 0.033),  # 3 steps of 10 + 1 ms, then 5 ms of the client's
+        # the third is admitted when the pair's last step ends (36 ms), not when their overheads do
+        (3, [0.041, 0.041, 0.074], 0.036 + 0.036 + 0.033),
+    ],
+)
+def test_a_batching_simulation_adds_the_turn_overhead_after_the_server_s_time(
+    tmp_path: Path, trajectories: int, latencies: list[float], batch_s: float
+) -> None:
+    """--turn-overhead-ms under --server batching: each turn pays it once its generation is done, outside
+    the running batch (its slot is free meanwhile), as a client's own cost would be."""
+    from asyncroll.config import build_config
+    from asyncroll.simulation.engine import SimulationSettings, simulate
+    from tests.conftest import write_workload
+
+    problems = [
+        {"id": f"p{i}", "prompt": "x", "script": [{"type": "final", "answer": 1, "output_tokens": 3}]}
+        for i in range(trajectories)
+    ]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    config = build_config({"workload": workload, "output": tmp_path / "out", "max_active_trajectories": 8})
+    model = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, prefill_ms_per_token=0)
+    outcome = simulate(config, SimulationSettings("batching", model, turn_overhead_ms=5.0), ["test"])
+    assert outcome.summary is not None
+    finished = [
+        json.loads(line)
+        for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()
+        if '"model_finished"' in line
+    ]
+    assert sorted(e["latency_s"] for e in finished) == pytest.approx(latencies)
+    assert outcome.summary["makespan_s"] == pytest.approx(max(latencies))
+    # the requests' time in the batch leaves the overheads (and the third's wait) out
+    assert outcome.summary["bounds"]["totals"]["server_batch_s"] == pytest.approx(batch_s)
