@@ -96,9 +96,15 @@ def test_simulation_settings_refuse_what_the_cli_refuses() -> None:
         {"chars_per_token": 0.0},
         {"turn_overhead_ms": float("nan")},
         {"job_overhead_ms": float("inf")},
+        {"turn_overhead_ms": -1.0},  # a finite cost is still refused out of range: below 0 or above a day
+        {"job_overhead_ms": 86_400_001.0},
+        {"turn_overhead_ms": 86_400_001.0},
+        {"job_overhead_ms": -0.5},
     ):
         with pytest.raises(ValueError, match="must be a finite number"):
             SimulationSettings(**bad)  # type: ignore[arg-type]
+    # and accept what it accepts, up to one day
+    SimulationSettings(turn_overhead_ms=86_400_000.0, job_overhead_ms=86_400_000.0)
     # the server model's costs are refused by its own config, for serve-sim too (test_server_model.py)
     with pytest.raises(ValueError, match="--step-base-ms must be a finite number"):
         ServerModelConfig(step_base_ms=float("inf"))
