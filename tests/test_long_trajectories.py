@@ -114,6 +114,34 @@ def test_conversations_evicted_from_the_size_cache_are_sized_again(monkeypatch: 
     assert rendered > 40 * 39 // 2  # sized whole every turn
 
 
+@pytest.mark.timeout(30)
+def test_a_conversation_shorter_than_its_sized_prefix_is_sized_whole() -> None:
+    """A trajectory asked again from an earlier point (its conversation shorter than the one sized on
+    its last turn) is sized from its first message, to what the HTTP backend would send; at one
+    character per token, to the character."""
+    clock = VirtualClock()
+    backend = SimulatedServerBackend(BatchingServer(ServerModelConfig(max_num_seqs=4), clock), 1.0)
+    problem = _long_problem("a", 5)
+    first: list[dict[str, Any]] = [{"role": "user", "content": problem.prompt}]
+
+    async def main() -> tuple[int | None, int | None]:
+        async with asyncio.TaskGroup() as tg:
+            await backend.start(tg)
+            alone = await backend.complete(ModelRequest("a", problem, 0, first))
+            later = [
+                *first,
+                {"role": "assistant", "action": alone.action, "turn": 0},
+                {"role": "tool", "content": "1" * 7, "turn": 0, "name": "add"},
+            ]
+            await backend.complete(ModelRequest("a", problem, 1, later))
+            again = await backend.complete(ModelRequest("a", problem, 0, first))
+            await backend.aclose()
+        return alone.prompt_tokens, again.prompt_tokens
+
+    alone, again = clock.run(main())
+    assert alone == again == prompt_tokens(render_messages(problem, first, 0), 1.0)
+
+
 @pytest.mark.timeout(60)
 def test_a_2000_turn_trajectory_simulates_end_to_end_with_every_output(tmp_path: Path) -> None:
     """A 2,000-turn trajectory through the pressure policy, the batching server, transcripts and both
