@@ -230,6 +230,8 @@ def test_the_defaults_are_the_ones_both_front_ends_state() -> None:
     assert defaults == stated
     parameters = inspect.signature(serve_sim).parameters
     assert {name: parameters[name].default for name in defaults} == stated
+    # no overheads unless asked for (bench's "pure model" simulations rely on it)
+    assert (SimulationSettings().turn_overhead_ms, SimulationSettings().job_overhead_ms) == (0, 0)
     # both size prompts and replies at the same characters per token
     assert SimulationSettings.chars_per_token == parameters["chars_per_token"].default == 4.0
     words = " ".join(invoke("simulate", "--help").stdout.replace("│", " ").split())
@@ -326,3 +328,6 @@ def test_a_batching_simulation_adds_the_turn_overhead_after_the_server_s_time(
     assert outcome.summary["makespan_s"] == pytest.approx(max(latencies))
     # the requests' time in the batch leaves the overheads (and the third's wait) out
     assert outcome.summary["bounds"]["totals"]["server_batch_s"] == pytest.approx(batch_s)
+    # a simulated server is never warmed up: none of the requested warm-up requests was sent
+    receipt = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert receipt["warmup"] == {"requested": 2, "sent": 0}

@@ -26,7 +26,7 @@ def test_jitter_is_deterministic_mean_one_and_keyed() -> None:
 def test_perturbed_workload_keeps_actions_and_sets_costs(tmp_path: Path) -> None:
     source = write_workload(tmp_path / "w.jsonl", [tool_problem("a", model_ms=100, cpu_ms=50, turns=2)])
     same = tmp_path / "same.jsonl"
-    perturb_workload(source, same, seed=0, sigma=0.0)
+    assert perturb_workload(source, same, seed=0, sigma=0.0) == 1  # the problems written
     row = json.loads(same.read_text())
     assert [a["latency_ms"] for a in row["script"]] == [100, 100, 100]
     assert [a.get("cpu_ms") for a in row["script"]] == [50, 50, None]  # sleep_ms argument → cpu_ms
