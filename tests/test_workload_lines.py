@@ -11,7 +11,7 @@ import pytest
 
 from asyncroll.errors import WorkloadError
 from asyncroll.schemas import schemas
-from asyncroll.workload import iter_problems, scan_workload
+from asyncroll.workload import MAX_REPORTED_PROBLEMS, iter_problems, scan_workload
 from tests.conftest import REPO
 from tests.workload_scans import GOOD, _problems, _write
 
@@ -116,6 +116,23 @@ def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> Non
     assert (
         scan_workload(tmp_path / "w.jsonl", tmp_path, scripted=True).error_summary()
         == "1 error (0 workload lines)"
+    )
+
+
+def test_errors_past_the_reported_ones_are_counted_not_listed(tmp_path: Path) -> None:
+    """At most MAX_REPORTED_PROBLEMS errors are listed; the rest still count, in the summary and as the
+    report's last line."""
+    extra = 5
+    path = _write(tmp_path, ["{not json"] * (MAX_REPORTED_PROBLEMS + extra))
+    scan = scan_workload(path, tmp_path, scripted=True)
+    assert len(scan.problems) == MAX_REPORTED_PROBLEMS and scan.truncated == extra
+    total = MAX_REPORTED_PROBLEMS + extra
+    assert scan.error_summary() == f"{total} errors in {total} of {total} workload lines"
+    with pytest.raises(WorkloadError) as refused:
+        scan.raise_if_invalid()
+    assert refused.value.problems[-1] == f"... and {extra} more errors"
+    assert refused.value.problems[-2] == f"{path}:{MAX_REPORTED_PROBLEMS}: line: not valid JSON: " + (
+        "Expecting property name enclosed in double quotes (column 2)"
     )
 
 
