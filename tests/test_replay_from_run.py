@@ -373,3 +373,43 @@ def test_a_run_recorded_elsewhere_replays_with_its_workload_where_it_is_now(tmp_
     wrong = simulate_here("--from-run", run, "--workload", other, "--output", tmp_path / "wrong")
     assert wrong.exit_code == 2 and "is not the workload the run read" in wrong.stderr
     assert not (tmp_path / "wrong").exists()
+
+
+def _code_problem(pid: str, verdicts: list[bool]) -> dict[str, Any]:
+    """A one-repair problem whose submissions take the declared ``verdicts`` in the recorded run."""
+    return {
+        "id": pid,
+        "prompt": f"write {pid}",
+        "tools": [{"name": "lcb_evaluate"}],
+        "script": [
+            {"type": "submit", "code": f"print({i})", "latency_ms": 10, "cpu_ms": 40, "passes": v}
+            for i, v in enumerate(verdicts)
+        ],
+        "metadata": {
+            "reference_tests": [{"input": "1", "output": "1", "testtype": "stdin"}],
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
+        },
+    }
+
+
+@pytest.mark.timeout(60)
+def test_a_replay_repairs_exactly_where_the_run_did(tmp_path: Path) -> None:
+    """Each submission keeps the verdict the run reached (results.jsonl): every program before the last
+    failed, the last passed or not."""
+    verdicts = {"first": [True, False], "fixed": [False, True], "bad": [False, False]}
+    problems = [_code_problem(pid, v) for pid, v in verdicts.items()]
+    run = tmp_path / "run"
+    assert (
+        simulate_here("--workload", write_workload(tmp_path / "w.jsonl", problems), "--output", run).exit_code
+        == 0
+    )
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", run, "--output", replay)
+    assert result.exit_code == 0, result.output
+    replayed = {
+        p["id"]: [a.get("passes") for a in p["script"]]
+        for p in map(json.loads, (replay / "replay-workload.jsonl").read_text().splitlines())
+    }
+    assert replayed["fixed"] == [False, True] and replayed["bad"] == [False, False]
+    assert replayed["first"][0] is True  # its second program was never reached, in the run or the replay
+    assert _statuses(replay) == _statuses(run)
