@@ -141,3 +141,30 @@ def test_a_file_replaced_by_rename_during_the_stream_is_harmless(tmp_path: Path)
     # ... but a run that had not opened it yet refuses the replacement
     with pytest.raises(WorkloadError, match="changed since it was validated"):
         next(iter_problems(path, identity=scan.identity))
+
+
+def _interrupted_fdopen(real: Any) -> Any:
+    """``os.fdopen`` interrupted (Ctrl-C, SIGTERM) after its file object took the descriptor over: the
+    object is freed as the interrupt unwinds, closing the descriptor (closed here at once, as it is)."""
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        real(fd, *args, **kwargs).close()
+        raise KeyboardInterrupt
+
+    return fdopen
+
+
+def test_an_interrupt_inside_fdopen_is_not_turned_into_a_bad_file_descriptor_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM landing there made the caller close the descriptor a second time: ``OSError: [Errno 9]
+    Bad file descriptor`` replaced the interrupt (a sweep stopped with exit 1, not 130), and the second
+    close could have closed another file that had reused the number."""
+    from asyncroll.convert.rows import RowSource
+
+    path = _smoke_copy(tmp_path)
+    monkeypatch.setattr(os, "fdopen", _interrupted_fdopen(os.fdopen))
+    with pytest.raises(KeyboardInterrupt):
+        scan_workload(path, REPO / "examples", scripted=True)
+    with pytest.raises(KeyboardInterrupt):
+        list(RowSource(path).scan())

@@ -83,10 +83,10 @@ class RowSource:
                     "(e.g. `zcat test.jsonl.gz > test.jsonl`)"
                 )
             os.set_blocking(fd, True)
-            return os.fdopen(fd, "rb")
         except BaseException:
             os.close(fd)
             raise
+        return os.fdopen(fd, "rb")  # it owns the descriptor from here on (see workload.scan)
 
     def load(self, ref: RowRef) -> Any:
         """The row ``ref`` points at (read again for JSONL, after checking the line is unchanged)."""

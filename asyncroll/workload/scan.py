@@ -266,10 +266,13 @@ def _open_regular(path: Path) -> tuple[BinaryIO, FileIdentity]:
                 ]
             )
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb"), FileIdentity.of(st)
+        identity = FileIdentity.of(st)
     except BaseException:
         os.close(fd)
         raise
+    # outside the try: the file object fdopen builds owns the descriptor, and closes it if an interrupt
+    # lands inside fdopen; closing it here as well would close it twice (another file's by then)
+    return os.fdopen(fd, "rb"), identity
 
 
 def scan_workload(
