@@ -245,6 +245,12 @@ def test_the_defaults_are_the_ones_both_front_ends_state() -> None:
         assert shown in words
 
 
+def _model_latencies(out: Path) -> list[float]:
+    """Every model request's latency in a run's events.jsonl, sorted."""
+    lines = (out / "events.jsonl").read_text().splitlines()
+    return sorted(json.loads(line)["latency_s"] for line in lines if '"model_finished"' in line)
+
+
 @pytest.mark.parametrize(
     ("trajectories", "latencies"),
     [
@@ -279,12 +285,7 @@ def test_simulate_times_concurrent_turns_as_the_model_does(
     model = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, prefill_ms_per_token=0)
     outcome = simulate(config, SimulationSettings("batching", model), ["test"])
     assert outcome.summary is not None
-    finished = [
-        json.loads(line)
-        for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()
-        if '"model_finished"' in line
-    ]
-    assert sorted(e["latency_s"] for e in finished) == pytest.approx(latencies)
+    assert _model_latencies(tmp_path / "out") == pytest.approx(latencies)
     assert outcome.summary["makespan_s"] == pytest.approx(max(latencies))
     bounds = outcome.summary["bounds"]
     # the batch's time over its two slots is the whole makespan whenever the batch is never short
@@ -319,12 +320,7 @@ def test_a_batching_simulation_adds_the_turn_overhead_after_the_server_s_time(
     model = ServerModelConfig(max_num_seqs=2, step_base_ms=10.0, step_per_seq_ms=1.0, prefill_ms_per_token=0)
     outcome = simulate(config, SimulationSettings("batching", model, turn_overhead_ms=5.0), ["test"])
     assert outcome.summary is not None
-    finished = [
-        json.loads(line)
-        for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()
-        if '"model_finished"' in line
-    ]
-    assert sorted(e["latency_s"] for e in finished) == pytest.approx(latencies)
+    assert _model_latencies(tmp_path / "out") == pytest.approx(latencies)
     assert outcome.summary["makespan_s"] == pytest.approx(max(latencies))
     # the requests' time in the batch leaves the overheads (and the third's wait) out
     assert outcome.summary["bounds"]["totals"]["server_batch_s"] == pytest.approx(batch_s)
