@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncroll.workload import scan_workload
 from tests.conftest import REPO, invoke
 from tests.experiments import SMOKE as EXPERIMENT
 from tests.experiments import write_config
@@ -56,6 +57,38 @@ def test_a_scripted_sleep_past_one_day_is_refused_by_validation(tmp_path: Path) 
     assert not out.exists()
     workload.write_text(line.replace("1" + "0" * 400, "86400000"))  # one day exactly is a valid duration
     assert invoke("validate", workload).exit_code == 0
+
+
+def _sleep_line(milliseconds: int | float, implementation: str | None = None) -> str:
+    tool: dict[str, object] = {"name": "sleep_ms"}
+    if implementation is not None:
+        tool.update(implementation=implementation, inputs={"milliseconds": "number"})
+    action = {"type": "tool", "name": "sleep_ms", "arguments": {"milliseconds": milliseconds}}
+    return json.dumps({"prompt": "p", "tools": [tool], "script": [action, {"type": "final", "answer": 1}]})
+
+
+def test_a_sleep_past_one_day_is_shown_as_a_number_while_a_float_can_hold_it(tmp_path: Path) -> None:
+    # Past 10**300 an integer is described, not formatted: formatting one past a float's range raised
+    # OverflowError out of validation.
+    workload = tmp_path / "w.jsonl"
+    durations = (10**300 - 1, 10**300, 10**310)
+    workload.write_text("".join(_sleep_line(ms) + "\n" for ms in durations))
+    problems = scan_workload(workload, tmp_path, scripted=True).problems
+    shown = ("1e+300", "an integer of 301+ digits", "an integer of 301+ digits")
+    assert problems == [
+        f"{workload}:{n}: script[0].arguments.milliseconds: {s} is past one day (86400000 ms): a typo "
+        "would stall the run"
+        for n, s in enumerate(shown, 1)
+    ]
+
+
+def test_a_trusted_tools_milliseconds_argument_is_not_a_simulated_duration(tmp_path: Path) -> None:
+    # Only the built-in sleep_ms and spin_ms take their argument as the job's duration; a tool file's
+    # function of the same name gets its argument as given (its simulated cost is its cpu_ms).
+    (tmp_path / "t.py").write_text("def sleep_ms(milliseconds):\n    return milliseconds\n")
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(_sleep_line(10**9, implementation="t.py") + "\n")
+    assert scan_workload(workload, tmp_path, scripted=True).problems == []
 
 
 def test_a_server_command_placeholder_with_a_format_spec_is_refused_naming_the_token(tmp_path: Path) -> None:

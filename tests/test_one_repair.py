@@ -150,6 +150,27 @@ def test_loader_rejects_broken_one_repair_problems(tmp_path: Path, change: Any, 
     assert any(field in p and ":1:" in p for p in scan.problems), scan.problems
 
 
+@pytest.mark.parametrize("tests", [[], 5, {"input": "1", "output": "1"}, "1 1"])
+def test_reference_tests_that_are_not_a_non_empty_list_are_refused(tmp_path: Path, tests: Any) -> None:
+    # An empty list would run a submission against no test at all (and "pass" it); anything but a list is
+    # not a list of tests, whatever its truthiness.
+    problem = _code_problem("x", [True])
+    problem["metadata"]["reference_tests"] = tests
+    workload = write_workload(tmp_path / "w.jsonl", [problem])
+    scan = scan_workload(workload, tmp_path, scripted=True)
+    needs = "metadata.reference_tests: the one-repair protocol needs a non-empty list of tests"
+    assert scan.problems == [f"{workload}:1: {needs}"], scan.problems
+
+
+@pytest.mark.parametrize(("generations", "valid"), [(1, True), (10, True), (0, False), (11, False)])
+def test_max_generations_runs_from_1_to_10(tmp_path: Path, generations: int, valid: bool) -> None:
+    problem = _code_problem("x", [True], max_generations=generations)
+    workload = write_workload(tmp_path / "w.jsonl", [problem])
+    scan = scan_workload(workload, tmp_path, scripted=True)
+    refused = f"{workload}:1: metadata.prompt_metadata.max_generations: must be an integer from 1 to 10"
+    assert scan.problems == ([] if valid else [refused]), scan.problems
+
+
 @pytest.mark.timeout(180)
 def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     """The scripted example end to end: real workers, the real sandboxed evaluator, one repair each."""

@@ -167,6 +167,19 @@ def test_a_tool_name_python_would_normalise_says_so(tmp_path: Path, defined: str
     assert "NFKC" in problem
 
 
+def test_a_name_python_would_normalise_but_the_file_does_not_bind_either_way_is_plainly_missing(
+    tmp_path: Path,
+) -> None:
+    # The NFKC hint is given only when the file binds the normalised name: otherwise it would name a
+    # binding the file does not hold.
+    (tmp_path / "t.py").write_text("def other(x):\n    return x\n", encoding="utf-8")
+    (problem,) = _problems(tmp_path, [_tool_line(1, "t.py", "\ufb01nd")])
+    assert problem.endswith(
+        "tools[0].implementation: 't.py' defines no top-level '\ufb01nd' "
+        "(no def, class, assignment or import at module level binds that name)"
+    ), problem
+
+
 def test_each_tool_file_is_parsed_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "t.py").write_text("def f(x):\n    return x\n\ndef g(x):\n    return x\n")
     parsed: list[Path] = []
