@@ -171,6 +171,17 @@ def test_max_generations_runs_from_1_to_10(tmp_path: Path, generations: int, val
     assert scan.problems == ([] if valid else [refused]), scan.problems
 
 
+def test_the_protocol_defaults_to_one_repair_and_its_default_instruction() -> None:
+    from asyncroll.workload import Problem
+    from asyncroll.workload.models import DEFAULT_REPAIR_INSTRUCTION
+
+    problem = _code_problem("x", [False, True])
+    del problem["metadata"]["prompt_metadata"]["max_generations"]
+    settings = Problem.model_validate(problem).one_repair
+    assert settings is not None and settings.max_generations == 2  # a first answer and one repair
+    assert settings.repair_instruction == DEFAULT_REPAIR_INSTRUCTION
+
+
 @pytest.mark.timeout(180)
 def test_bundled_livecodebench_example_repairs_for_real(tmp_path: Path) -> None:
     """The scripted example end to end: real workers, the real sandboxed evaluator, one repair each."""

@@ -334,3 +334,16 @@ def test_bound_arguments_are_coerced_strictly_like_the_models(tmp_path: Path) ->
         "scale": "2.0",
         "ks": "[1, 2]",
     }
+
+
+def test_a_tool_file_named_like_a_built_in_takes_its_own_inputs_not_the_built_ins(tmp_path: Path) -> None:
+    # A trusted ``add`` declaring no inputs takes none: the built-in add's ``a`` and ``b`` are not its own.
+    (tmp_path / "t.py").write_text("def add():\n    return 3\n")
+    tool = {"name": "add", "implementation": "t.py"}
+    line = {
+        "id": 1,
+        "prompt": "p",
+        "tools": [tool],
+        "script": [{"type": "tool", "name": "add", "arguments": {}}, {"type": "final", "answer": 3}],
+    }
+    assert _problems(tmp_path, [json.dumps(line)]) == []

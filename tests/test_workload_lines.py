@@ -208,3 +208,13 @@ def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> 
     marked.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
     assert scan_workload(marked, tmp_path, scripted=True).problems == []
     assert [pid for _, pid, _ in iter_problems(marked)] == ["smoke-add", "smoke-sleep", "smoke-answer"]
+
+
+def test_durations_from_zero_and_output_tokens_from_one_are_accepted(tmp_path: Path) -> None:
+    edge = {"latency_ms": 0, "output_tokens": 1}
+    script = [{**GOOD["script"][0], **edge, "cpu_ms": 0}, {**GOOD["script"][1], **edge}]
+    assert _problems(tmp_path, [json.dumps({**GOOD, "script": script})]) == []
+    below = [{**GOOD["script"][0], "cpu_ms": -0.5, "output_tokens": 0}, GOOD["script"][1]]
+    problems = _problems(tmp_path, [json.dumps({**GOOD, "script": below})])
+    fields = sorted(p.split(": ")[1] for p in problems)
+    assert fields == ["script[0].tool.cpu_ms", "script[0].tool.output_tokens"], problems
