@@ -211,10 +211,11 @@ def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> 
 
 
 def test_durations_from_zero_and_output_tokens_from_one_are_accepted(tmp_path: Path) -> None:
+    tool, final = json.loads(json.dumps(GOOD["script"]))
     edge = {"latency_ms": 0, "output_tokens": 1}
-    script = [{**GOOD["script"][0], **edge, "cpu_ms": 0}, {**GOOD["script"][1], **edge}]
+    script = [{**tool, **edge, "cpu_ms": 0}, {**final, **edge}]
     assert _problems(tmp_path, [json.dumps({**GOOD, "script": script})]) == []
-    below = [{**GOOD["script"][0], "cpu_ms": -0.5, "output_tokens": 0}, GOOD["script"][1]]
+    below = [{**tool, "cpu_ms": -0.5, "output_tokens": 0}, final]
     problems = _problems(tmp_path, [json.dumps({**GOOD, "script": below})])
     fields = sorted(p.split(": ")[1] for p in problems)
     assert fields == ["script[0].tool.cpu_ms", "script[0].tool.output_tokens"], problems
