@@ -81,6 +81,12 @@ class BlockedMeter:
         return self._closed + (self._since is not None and end > self._start)
 
     def total(self, end: float) -> float:
-        """Blocked seconds up to ``end`` (an interval still open is closed there)."""
+        """Blocked seconds up to ``end`` (an interval still open is closed there).
+
+        ``end`` must not lie before an interval that has already closed: closed intervals are summed, not
+        kept, so one that ended after ``end`` would count whole. Callers ask at or after the last event
+        fed; ``ResourceMeter._fold`` also asks at a window edge clipped to [0, makespan], which happens only
+        for a sample outside that span: none lies before 0 (sampling starts with the measurement), and no
+        interval closes after the makespan (no trajectory is active then)."""
         open_s = end - self._since if self._since is not None else 0.0
         return round(self.blocked_s + max(0.0, open_s), 6)
