@@ -44,6 +44,14 @@ def test_lines_with_different_token_counts_differ_without_parsing_a_number(
     assert compare_stdout(line, "3") == f"line 1: {line[:200]!r} != '3'"
 
 
+def test_a_mismatched_line_is_quoted_to_200_characters_on_each_side() -> None:
+    """The reason for a wrong line quotes at most 200 characters of the program's line and of the expected
+    one, whichever way it differs (token count or token values): feedback stays short whatever the test."""
+    got, want = "a" * 300, "b" * 300
+    assert compare_stdout(got, want) == f"line 1: {got[:200]!r} != {want[:200]!r}"  # same token count
+    assert compare_stdout("1", f"2 {want}") == f"line 1: '1' != {f'2 {want}'[:200]!r}"  # different counts
+
+
 @real_process
 def test_a_correct_program_passes_the_real_codeforces_tests() -> None:
     tests, statement = real_1873_a()
