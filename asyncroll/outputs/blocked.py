@@ -84,9 +84,10 @@ class BlockedMeter:
         """Blocked seconds up to ``end`` (an interval still open is closed there).
 
         ``end`` must not lie before an interval that has already closed: closed intervals are summed, not
-        kept, so one that ended after ``end`` would count whole. Callers ask at or after the last event
-        fed; ``ResourceMeter._fold`` also asks at a window edge clipped to [0, makespan], which happens only
-        for a sample outside that span: none lies before 0 (sampling starts with the measurement), and no
-        interval closes after the makespan (no trajectory is active then)."""
+        kept, so one that ended after ``end`` would count whole. The summary asks at the makespan, and
+        ``ResourceMeter._fold`` at a window edge clipped to [0, makespan] (only for a sample outside that
+        span): no sample lies before 0 (sampling starts with the measurement), and no event changes the
+        state after the makespan (a complete run has no trajectory left; a stopped run's cancellations are
+        emitted by its cancelled trajectories, before its window closes)."""
         open_s = end - self._since if self._since is not None else 0.0
         return round(self.blocked_s + max(0.0, open_s), 6)
