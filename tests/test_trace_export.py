@@ -288,3 +288,36 @@ def test_a_parent_span_comes_before_a_child_of_the_same_extent(tmp_path: Path) -
         else:
             first[key] = e
     assert ties  # the smoke workload's answer-only trajectory is one such tie
+
+
+def test_the_trace_layout_names_each_process_and_thread_in_order(tmp_path: Path) -> None:
+    """Perfetto draws what the metadata says: one process per kind (trajectories, workers, model request
+    slots, scheduler), sorted in that order, each thread named and sorted from 1 (tid 0 carries the process's
+    own metadata); each counter is drawn under the process it belongs to."""
+    trace = load_trace(make_run(tmp_path, normal_events()))
+    meta = [(e["name"], e["pid"], e["tid"], e["args"]) for e in trace["traceEvents"] if e["ph"] == "M"]
+    processes = [("trajectories", 1), ("workers", 2), ("model requests", 3), ("scheduler", 4)]
+    threads = [(1, "trajectory a"), (1, "trajectory b"), (1, "trajectory c"), (2, "worker 0")]
+    threads += [(2, "worker 1"), (3, "request slot 0"), (4, "scheduler")]
+    expected = []
+    for name, pid in processes:
+        expected += [
+            ("process_name", pid, 0, {"name": name}),
+            ("process_sort_index", pid, 0, {"sort_index": pid}),
+        ]
+    tid = {1: 0, 2: 0, 3: 0, 4: 0}
+    for pid, name in threads:
+        tid[pid] += 1
+        expected += [("thread_name", pid, tid[pid], {"name": name})]
+        expected += [("thread_sort_index", pid, tid[pid], {"sort_index": tid[pid]})]
+    assert meta == expected
+    counters = {(e["name"], e["pid"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "C"}
+    assert counters == {
+        ("active trajectories", 1, 0),
+        ("CPU queue depth", 2, 0),
+        ("model requests outstanding", 3, 0),
+    }
+    slices = {(e["cat"], e["pid"]) for e in trace["traceEvents"] if e["ph"] in "Xi"}
+    assert {pid for cat, pid in slices if cat in ("trajectory", "model_queue", "cpu_queue")} == {1}
+    assert {pid for cat, pid in slices if cat in ("execute", "worker")} == {2}
+    assert {pid for cat, pid in slices if cat in ("measurement", "reorder")} == {4}
