@@ -161,6 +161,18 @@ def test_a_vllm_without_log_stats_is_named_as_the_likely_cause() -> None:
     assert "--disable-log-stats" in NO_STATS_HINT
 
 
+@pytest.mark.timeout(30)
+def test_a_404_at_metrics_names_the_servers_that_serve_none_there() -> None:
+    """transformers serve has no ``/metrics`` and SGLang serves one only with ``--enable-metrics``: the
+    probe's reason says so, where a bare "HTTP 404" left the user to guess."""
+    with MetricsServer(lambda n: (404, '{"detail":"Not Found"}')) as server:
+        message = asyncio.run(probe_refusal(server.url, "auto"))
+    assert message == (
+        f"GET {server.url}: HTTP 404: the server exposes no Prometheus metrics there "
+        "(transformers serve has none; SGLang needs --enable-metrics)"
+    )
+
+
 class _ClosesIdleConnections(BaseHTTPRequestHandler):
     """HTTP/1.1 keep-alive; a request that comes on a connection already used is the one the server's
     keep-alive timer closed the connection under (uvicorn, vLLM's and SGLang's server, closes one idle

@@ -38,6 +38,8 @@ def test_sglang_names_are_read_and_auto_detected() -> None:
     assert detect_flavor(SGLANG_TEXT) == "sglang"
     assert detect_flavor(VLLM_V1) == "vllm" and detect_flavor(VLLM_V0) == "vllm"
     assert detect_flavor("python_gc_objects_collected_total 3\n") is None
+    # a gauge whose name only begins with the running gauge's is another metric: it decides nothing
+    assert detect_flavor("sglang:num_running_reqs_offline_batch 0\n") is None
     reading = parse_metrics(SGLANG_TEXT, SGLANG, "meta-llama/Llama-3.1-8B-Instruct")
     assert (reading.running, reading.waiting, reading.kv_cache_usage) == (6.0, 3.0, 0.28)
     assert list(reading.prompt_tokens.values()) == [8.128902e06]

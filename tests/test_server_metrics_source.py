@@ -143,6 +143,23 @@ def test_a_small_counter_dip_is_an_invalid_rate_and_a_fall_to_near_zero_a_reset(
 
 
 @pytest.mark.timeout(30)
+def test_a_failed_read_is_an_error_with_no_values_and_no_counter_reset(
+    metrics_server: Callable[..., MetricsServer],
+) -> None:
+    """The sampler copies a read's ``counter_resets`` into its sample even when the read failed: a server
+    that answers 500 after the probe must not be counted as restarted, nor read as zeros."""
+
+    def failing(n: int) -> tuple[int, str]:
+        return (200, 'vllm:num_requests_running{model_name="sim"} 1\n') if n == 1 else (500, "engine dead")
+
+    url = metrics_server(failing).url
+    samples = read_samples(url, 2)
+    assert [s.error for s in samples] == [f"GET {url}: HTTP 500"] * 2
+    got = [(s.running, s.generation_tokens_per_s, s.counter_resets) for s in samples]
+    assert got == [(None, None, 0)] * 2
+
+
+@pytest.mark.timeout(30)
 def test_the_metrics_source_detects_sglang_and_honours_a_declared_kind(
     metrics_server: Callable[..., MetricsServer],
 ) -> None:
