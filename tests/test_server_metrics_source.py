@@ -49,6 +49,19 @@ def test_a_counter_that_falls_a_little_is_invalid_and_only_a_fall_to_half_is_a_r
     assert rate.resets == 1
 
 
+def test_a_fall_to_exactly_half_is_a_reset_and_a_reading_not_after_the_last_is_skipped() -> None:
+    """A fall to at most half its last reading is a reset. A reading taken at (or before) a series' last
+    reading measures nothing (no division by a zero interval) and keeps that reading for the next one."""
+    rate = CounterRate()
+    a = (("engine", "0"),)
+    assert tuple(rate.update({a: 100.0}, at=1.0)) == (None, 0, 0)
+    assert tuple(rate.update({a: 150.0}, at=1.0)) == (None, 0, 0)  # the same time: skipped
+    assert tuple(rate.update({a: 50.0}, at=0.5)) == (None, 0, 0)  # earlier: skipped
+    assert tuple(rate.update({a: 120.0}, at=2.0)) == (20.0, 0, 0)  # from the kept 100 at 1.0
+    assert tuple(rate.update({a: 60.0}, at=3.0)) == (60.0, 1, 0)  # exactly half: a reset, 60 in 1 s
+    assert rate.resets == 1
+
+
 def read_samples(url: str, reads: int) -> list[ServerSample]:
     """Probe ``url`` once, then take ``reads`` samples 1 s apart on a made-up clock (exact rates)."""
     times = iter(float(i) for i in range(reads))
