@@ -22,6 +22,7 @@ from asyncroll.events import (
     TrajectoryStarted,
     parse_event,
 )
+from asyncroll.outputs.resources import gpu_hour
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.schemas import SummaryModel
 
@@ -64,7 +65,7 @@ def _blocked_stream(block_from: float, block_to: float) -> list[Event]:
     ]
 
 
-def _summarise(events: list[Event], makespan: float, **build: Any) -> dict[str, Any]:
+def _summarise(events: list[Event], makespan: float | None, **build: Any) -> dict[str, Any]:
     builder = SummaryBuilder()
     for event in sorted(events, key=lambda e: e.t):  # stable: equal times keep their order
         builder(event)
@@ -199,3 +200,139 @@ def test_samples_taken_after_the_measured_window_are_clipped_to_it() -> None:
         status="complete",
     )["resources"]
     assert res["server_coverage_s"] == 0.65 and res["server_coverage_fraction"] == 1.0
+
+
+def test_the_telemetry_section_counts_what_the_samples_say_and_averages_only_what_was_read() -> None:
+    """Samples, errors, counter resets and nulls are summed over the samples; a null value is left out of
+    its quantity's count, mean and max (never read as 0); read times and lateness are distributions."""
+
+    def sample(seq: int, running: float | None, util: float | None, **fields: Any) -> ResourceSample:
+        return ResourceSample(
+            t=0.5 * (seq - 1),
+            seq=seq,
+            server_running=running,
+            server_waiting=None if running is None else running / 2,
+            gpu_util_pct=util,
+            collection_s={"server_metrics": (0.002, 0.004, 0.006)[seq - 1], "nvml": 0.001},
+            late_s=0.1 * (seq - 1),
+            **fields,
+        )
+
+    error = {"server_running": "error", "server_waiting": "error"}
+    samples = [
+        sample(1, 2.0, 40.0, counter_resets=1, kv_cache_usage=0.5),
+        sample(2, None, 80.0, nulls=error, errors=["server_metrics: GET u: HTTP 500"]),
+        sample(3, 4.0, None, nulls={"gpu_util_pct": "missing"}, counter_resets=2),
+    ]
+    tele = _summarise([_probe(0.5, "server_metrics", "nvml"), *samples], 1.0)["telemetry"]
+    assert (tele["samples"], tele["errors"], tele["counter_resets"]) == (3, 1, 3)
+    assert tele["nulls"] == {
+        "gpu_util_pct": {"missing": 1},
+        "server_running": {"error": 1},
+        "server_waiting": {"error": 1},
+    }
+    assert tele["values"] == {
+        "server_running": {"n": 2, "mean": 3.0, "max": 4.0},
+        "server_waiting": {"n": 2, "mean": 1.5, "max": 2.0},
+        "kv_cache_usage": {"n": 1, "mean": 0.5, "max": 0.5},
+        "gpu_util_pct": {"n": 2, "mean": 60.0, "max": 80.0},
+    }
+    assert tele["collection_s"]["server_metrics"] == {
+        "count": 3,
+        "mean": 0.004,
+        "min": 0.002,
+        "p50": 0.004,
+        "p95": 0.0058,
+        "max": 0.006,
+    }
+    assert tele["collection_s"]["nvml"]["count"] == 3
+    assert (tele["late_s"]["count"], tele["late_s"]["max"]) == (3, 0.2)
+    assert tele["note"] is None and tele["interval_s"] == 0.5
+
+
+def test_the_gpu_is_low_at_ten_percent_and_a_window_with_one_unknown_end_is_not_gpu_covered() -> None:
+    """``GPU_IDLE_PCT`` is inclusive: 10 % is low, 10.5 % is not. A window whose one end lacks the GPU's
+    utilisation is server-covered only: it adds nothing to GPU or joint coverage."""
+    utils = {0.25: 10.0, 0.5: 10.0, 1.0: None, 1.5: 10.5, 2.0: 0.0}
+    samples = [_sample(t, i + 1, util=u) for i, (t, u) in enumerate(utils.items())]
+    # blocked over [0.3, 1.75]: 0.2 s of [0.25, 0.5], 0.25 s of [1.5, 2] (after 1.2 s blocked before it)
+    res = _summarise([_probe(0.5, "server_metrics", "nvml"), *_blocked_stream(0.3, 1.75), *samples], 2.0)[
+        "resources"
+    ]
+    assert res["windows"] == {
+        "total": 4,
+        "too_long": 0,
+        "server_covered": 4,
+        "gpu_covered": 2,  # [.25, .5] and [1.5, 2]
+        "joint_covered": 2,
+        "server_idle": 4,
+        "idle_candidate": 1,  # [.25, .5]: 10 % at both ends; [1.5, 2] starts at 10.5 %
+    }
+    assert (res["server_coverage_s"], res["server_coverage_fraction"]) == (1.75, 0.875)
+    assert (res["gpu_coverage_s"], res["joint_coverage_s"], res["joint_coverage_fraction"]) == (
+        0.75,
+        0.75,
+        0.375,
+    )
+    assert (res["blocked_in_server_coverage_s"], res["blocked_in_joint_coverage_s"]) == (1.45, 0.45)
+    assert (res["sampled_starvation_s"], res["sampled_starvation_coverage_s"]) == (1.45, 1.75)
+    assert (res["cpu_idle_candidate_s"], res["cpu_idle_candidate_coverage_s"]) == (0.2, 0.75)
+    assert res["cpu_idle_candidate_fraction_of_coverage"] == 0.266667
+
+
+def test_a_window_needs_both_server_gauges_and_three_intervals_allow_for_float_sums() -> None:
+    """A sample with running but no waiting leaves the server's state unknown: its windows are not
+    covered (not "busy"). Samples at 0.6 and 1.5 s, 0.3 s apart, are three intervals apart, though in
+    floats 1.5 - 0.6 = 0.9 > 3 × 0.3 = 0.8999999999999999."""
+    half = ResourceSample(t=0.5, seq=2, server_running=0.0, nulls={"server_waiting": "missing"})
+    res = _summarise([_probe(0.5, "server_metrics"), _sample(0.0, 1), half, _sample(1.0, 3)], 1.0)[
+        "resources"
+    ]
+    assert res["windows"]["total"] == 2 and res["windows"]["server_covered"] == 0
+    assert res["sampled_starvation_s"] is None and res["server_coverage_s"] == 0.0
+    res = _summarise([_probe(0.3, "server_metrics"), _sample(0.6, 1), _sample(1.5, 2)], 1.5)["resources"]
+    assert res["windows"]["too_long"] == 0 and res["server_coverage_s"] == 0.9
+
+
+def _clipped(end: float, sample_times: tuple[float, ...]) -> dict[str, Any]:
+    """The resources section of a run stopped at ``end`` while blocked on a tool call since 0.5 s (its
+    end is never seen), with a sample (server idle) at each of ``sample_times``, the later ones taken
+    during the run's cleanup."""
+    builder = SummaryBuilder()
+    events = [_probe(0.2, "server_metrics"), *(e for e in _blocked_stream(0.5, 2.0) if e.t <= end)]
+    events += [_sample(t, i + 1) for i, t in enumerate(sample_times)]
+    ended = False
+    for event in sorted(events, key=lambda e: e.t):
+        if event.t > end and not ended:
+            builder.end_window(end)
+            ended = True
+        builder(event)
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    summary = builder.build(
+        makespan_s=end, policy="fifo", limits=limits, cpu_cost={}, peaks={}, status="complete"
+    )
+    return dict(summary["resources"])
+
+
+def test_a_clipped_window_counts_only_the_blocked_time_inside_the_measured_window() -> None:
+    """[0.4, 0.7] is clipped at 0.6: the client was blocked 0.1 s of it inside the window (0.2 s of the
+    whole window), not the clipped span's 0.2 s. A window that starts where the measured window ends is
+    none."""
+    res = _clipped(0.6, (0.0, 0.2, 0.4, 0.7))
+    assert res["windows"]["total"] == 3 and res["server_coverage_s"] == 0.6
+    assert res["sampled_starvation_s"] == 0.1 and res["blocked_in_server_coverage_s"] == 0.1
+    at_end = _clipped(0.4, (0.0, 0.2, 0.4, 0.6))
+    assert at_end["windows"]["total"] == 2 and at_end["windows"]["server_covered"] == 2
+    assert at_end["server_coverage_s"] == 0.4
+
+
+def test_a_window_that_never_opened_has_null_fractions_and_no_gpu_hours() -> None:
+    """The run stopped while starting (no makespan): coverage fractions are null (not a division by a
+    zero makespan), and so are GPU-hours, with why; a 0.7 s window still has its per-hour rate."""
+    summary = _summarise([_probe(0.5, "server_metrics"), _sample(0.0, 1)], None, dedicated_gpu=True)
+    res = summary["resources"]
+    assert res["server_coverage_fraction"] is None and res["joint_coverage_fraction"] is None
+    assert res["client_cpu_blocked_s"] is None and res["sampled_starvation_s"] is None
+    assert summary["throughput"]["completed_per_gpu_hour"] is None
+    assert summary["throughput"]["completed_per_gpu_hour_reason"] == "the measured window is empty"
+    assert gpu_hour(1, 0.7, True)["completed_per_gpu_hour"] == 5142.857143  # 3600 / 0.7
