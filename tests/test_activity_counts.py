@@ -1,10 +1,12 @@
-"""The numbers trace.json's metadata states about the events it drew: how many valid lines it read and
-the time origin, for a run with events and for one whose events file is missing."""
+"""The numbers trace.json's metadata states about the events it drew (how many valid lines it read and
+the time origin, with events and with the events file missing), and the counters both views draw:
+active trajectories, CPU queue depth (jobs cancelled in the queue too) and model requests and slots."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from asyncroll import events as ev
 from asyncroll.outputs.activity import collect_activity
 from tests.export_checks import load_trace
 from tests.synthetic_runs import make_run, trajectory
@@ -28,3 +30,73 @@ def test_a_missing_events_file_counts_no_event(tmp_path: Path) -> None:
     assert (metadata["events"], metadata["time_origin_s"]) == (0, 0.0)
     activity = collect_activity(tmp_path / "run" / "events.jsonl")
     assert (activity.events, activity.t_min, activity.t_max) == (0, 0.0, 0.0)
+
+
+def test_overlapping_trajectories_count_up_and_down_and_use_two_request_slots(tmp_path: Path) -> None:
+    """Two trajectories at once: the active count goes 1, 2, 1, 0; both jobs wait together (depth 2) and
+    leave one by one; their first model requests overlap, so two request slots, each used in turn."""
+    first = trajectory("a", 0, 0.0, worker=0)
+    second = [
+        e.model_copy(update={"queue_depth": 2}) if isinstance(e, ev.CpuEnqueued) else e
+        for e in trajectory("b", 1, 0.005, worker=1)
+    ]
+    activity = collect_activity(make_run(tmp_path, first + second) / "events.jsonl")
+    values = {name: [v for _, v in series] for name, series in activity.counters.items()}
+    assert values["active_trajectories"] == [1, 2, 1, 0]
+    assert values["cpu_queue_depth"] == [1, 2, 1, 0]
+    assert values["model_outstanding"] == [1, 2, 1, 0] * 2  # a start changes nothing: not drawn again
+    assert activity.model_lanes == 2
+    lanes = [span.track for span in activity.spans if span.cat == "model"]
+    assert sorted(set(lanes)) == [("model", 0), ("model", 1), ("trajectory", "a"), ("trajectory", "b")]
+
+
+def test_a_job_cancelled_in_the_queue_leaves_it_and_is_drawn_cancelled(tmp_path: Path) -> None:
+    """Three jobs wait; a stop cancels the last while two wait, the first leaves as it is selected, then the
+    stop cancels the second: the depth falls one at a time to 0, and a cancelled job's queue span says so."""
+    events: list[ev.Event] = [ev.TrajectoryStarted(t=0.0, id="a", index=0, prompt_chars=1, active=1)]
+    for job, t in ((1, 0.1), (2, 0.2), (3, 0.21)):
+        events.append(
+            ev.CpuEnqueued(
+                t=t, id="a", job_id=job, kind="tool", tool="add", turn=0, arg_bytes=1, queue_depth=job
+            )
+        )
+    for job, t in ((3, 0.22), (2, 0.3)):
+        events.append(
+            ev.CpuFailed(
+                t=t,
+                id="a",
+                job_id=job,
+                worker=-1,
+                kind="tool",
+                tool="add",
+                reason="cancelled",
+                roundtrip_s=0.1,
+                error="stop",
+            )
+        )
+    events.append(
+        ev.CpuSelected(
+            t=0.25,
+            id="a",
+            job_id=1,
+            worker=0,
+            policy="fifo",
+            reason="fifo",
+            queue_depth=1,
+            model_outstanding=0,
+            waited_s=0.15,
+            oldest_job_id=1,
+            reordered=False,
+        )
+    )
+    activity = collect_activity(make_run(tmp_path, events) / "events.jsonl")
+    assert list(activity.counters["cpu_queue_depth"]) == [
+        (0.1, 1),
+        (0.2, 2),
+        (0.21, 3),
+        (0.22, 2),
+        (0.25, 1),
+        (0.3, 0),
+    ]
+    queued = {span.args["job_id"]: span.state for span in activity.spans if span.cat == "cpu_queue"}
+    assert queued == {1: "ok", 2: "cancelled", 3: "cancelled"}
