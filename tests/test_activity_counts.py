@@ -100,3 +100,27 @@ def test_a_job_cancelled_in_the_queue_leaves_it_and_is_drawn_cancelled(tmp_path:
     ]
     queued = {span.args["job_id"]: span.state for span in activity.spans if span.cat == "cpu_queue"}
     assert queued == {1: "ok", 2: "cancelled", 3: "cancelled"}
+
+
+def test_a_failed_job_that_never_began_is_an_unmatched_end_and_leaves_the_queue_depth_alone(
+    tmp_path: Path,
+) -> None:
+    events: list[ev.Event] = [
+        ev.TrajectoryStarted(t=0.0, id="a", index=0, prompt_chars=1, active=1),
+        ev.CpuEnqueued(t=0.1, id="a", job_id=1, kind="tool", tool="add", turn=0, arg_bytes=1, queue_depth=1),
+        ev.CpuFailed(
+            t=0.2,
+            id="a",
+            job_id=9,
+            worker=0,
+            kind="tool",
+            tool="add",
+            reason="timeout",
+            roundtrip_s=1.0,
+            error="x",
+        ),
+    ]
+    activity = collect_activity(make_run(tmp_path, events) / "events.jsonl")
+    assert list(activity.counters["cpu_queue_depth"]) == [(0.1, 1)]
+    unmatched = [(span.track, span.label) for span in activity.instants if span.args.get("job_id") == 9]
+    assert unmatched == [(("trajectory", "a"), "add (unmatched end)"), (("worker", 0), "add (unmatched end)")]
