@@ -124,3 +124,29 @@ def test_a_failed_job_that_never_began_is_an_unmatched_end_and_leaves_the_queue_
     assert list(activity.counters["cpu_queue_depth"]) == [(0.1, 1)]
     unmatched = [(span.track, span.label) for span in activity.instants if span.args.get("job_id") == 9]
     assert unmatched == [(("trajectory", "a"), "add (unmatched end)"), (("worker", 0), "add (unmatched end)")]
+
+
+def test_a_request_that_fails_in_the_queue_ends_its_queue_span_and_one_that_fails_running_its_request(
+    tmp_path: Path,
+) -> None:
+    """Request 1 is cancelled while still queued, request 2 fails after it started: each failure closes
+    the span it happened in (the queue's, or the request's on the trajectory and its request slot)."""
+    events: list[ev.Event] = [ev.TrajectoryStarted(t=0.0, id="a", index=0, prompt_chars=1, active=1)]
+    events += [ev.ModelEnqueued(t=0.1, id="a", request_id=n, turn=0, outstanding=n) for n in (1, 2)]
+    events.append(ev.ModelStarted(t=0.2, id="a", request_id=2, turn=0, inflight=1, queued_s=0.1))
+    for n, kind, t in ((1, "cancelled", 0.3), (2, "http_status", 0.4)):
+        events.append(ev.ModelFailed(t=t, id="a", request_id=n, turn=0, latency_s=0.1, kind=kind, error="x"))
+    activity = collect_activity(make_run(tmp_path, events) / "events.jsonl")
+    spans = sorted(
+        (s.cat, s.args["request_id"], s.track, s.state, s.end)
+        for s in activity.spans
+        if s.cat != "trajectory"
+    )
+    assert spans == [
+        ("model", 2, ("model", 0), "failed", 0.4),
+        ("model", 2, ("trajectory", "a"), "failed", 0.4),
+        ("model_queue", 1, ("trajectory", "a"), "cancelled", 0.3),
+        ("model_queue", 2, ("trajectory", "a"), "ok", 0.2),
+    ]
+    assert not activity.instants  # nothing unmatched
+    assert [v for _, v in activity.counters["model_outstanding"]] == [1, 2, 1, 0]
