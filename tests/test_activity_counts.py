@@ -150,3 +150,35 @@ def test_a_request_that_fails_in_the_queue_ends_its_queue_span_and_one_that_fail
     ]
     assert not activity.instants  # nothing unmatched
     assert [v for _, v in activity.counters["model_outstanding"]] == [1, 2, 1, 0]
+
+
+def finished_job(t: float, started: float, finished: float) -> ev.CpuFinished:
+    return ev.CpuFinished(
+        t=t,
+        id="a",
+        job_id=1,
+        worker=0,
+        kind="tool",
+        tool="add",
+        ok=True,
+        execute_s=finished - started,
+        cpu_s=0.0,
+        roundtrip_s=0.1,
+        started=started,
+        finished=finished,
+    )
+
+
+def test_the_childs_execution_is_drawn_inside_its_job_or_where_it_says_without_one(tmp_path: Path) -> None:
+    """The child's own execution times come from another clock's rounding: inside a job that began they are
+    clamped to the job's span; for a job whose start was never seen they are drawn as they are."""
+    started = ev.CpuStarted(t=1.0, id="a", job_id=1, worker=0, pid=7, generation=0)
+    for name in ("in", "alone"):
+        (tmp_path / name).mkdir()
+    inside = collect_activity(
+        make_run(tmp_path / "in", [started, finished_job(2.0, 0.9, 2.5)]) / "events.jsonl"
+    )
+    alone = collect_activity(make_run(tmp_path / "alone", [finished_job(2.0, 0.9, 2.5)]) / "events.jsonl")
+    execute = [(s.track, s.start, s.end, s.state) for s in inside.spans if s.cat == "execute"]
+    assert execute == [(("worker", 0), 1.0, 2.0, "ok")]  # on the worker's track, under its job
+    assert [(s.start, s.end) for s in alone.spans if s.cat == "execute"] == [(0.9, 2.5)]
