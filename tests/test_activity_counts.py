@@ -1,6 +1,7 @@
-"""The numbers trace.json's metadata states about the events it drew (how many valid lines it read and
-the time origin, with events and with the events file missing), and the counters both views draw:
-active trajectories, CPU queue depth (jobs cancelled in the queue too) and model requests and slots."""
+"""What both views draw from a run's events (``collect_activity``): the counts trace.json's metadata
+states (valid lines read, the time origin, damaged and unknown lines), the counters (active trajectories,
+CPU queue depth with jobs cancelled in the queue, model requests and their slots), where a failed request
+or job ends its span, a job's own execution inside it, and a telemetry gap still open at the end."""
 
 from __future__ import annotations
 
@@ -182,3 +183,23 @@ def test_the_childs_execution_is_drawn_inside_its_job_or_where_it_says_without_o
     execute = [(s.track, s.start, s.end, s.state) for s in inside.spans if s.cat == "execute"]
     assert execute == [(("worker", 0), 1.0, 2.0, "ok")]  # on the worker's track, under its job
     assert [(s.start, s.end) for s in alone.spans if s.cat == "execute"] == [(0.9, 2.5)]
+
+
+def test_a_gap_still_open_at_the_last_sample_ends_there(tmp_path: Path) -> None:
+    samples: list[ev.Event] = [ev.ResourceSample(t=0.0, seq=0, server_running=2.0)]
+    samples += [
+        ev.ResourceSample(t=t, seq=n, nulls={"server_running": "error"}) for n, t in ((1, 0.1), (2, 0.2))
+    ]
+    activity = collect_activity(make_run(tmp_path, samples) / "events.jsonl")
+    gaps = [(g.name, g.start, g.end, g.samples, g.reasons) for g in activity.counter_gaps]
+    assert gaps == [("server_running", 0.1, 0.2, 2, ["error"])]
+
+
+def test_a_damaged_line_of_a_known_event_is_invalid_and_one_of_an_unknown_event_is_counted_by_name(
+    tmp_path: Path,
+) -> None:
+    """A line that names an event this version knows but fails its schema is damaged (invalid); a line
+    that names an event this version does not know is from a newer schema (unknown, by name)."""
+    damaged = ('{"v":1,"t":0.1,"event":"cpu_finished","id":"a"}', '{"v":1,"t":0.2,"event":"from_later"}')
+    activity = collect_activity(make_run(tmp_path, [], extra_lines=damaged) / "events.jsonl")
+    assert (activity.invalid_lines, dict(activity.unknown)) == (1, {"from_later": 1})
