@@ -9,6 +9,7 @@ from pathlib import Path
 
 from asyncroll import events as ev
 from asyncroll.outputs.activity import collect_activity
+from tests.event_records import at, cpu_enqueued, cpu_failed, cpu_finished
 from tests.export_checks import load_trace
 from tests.synthetic_runs import make_run, trajectory
 
@@ -55,26 +56,11 @@ def test_a_job_cancelled_in_the_queue_leaves_it_and_is_drawn_cancelled(tmp_path:
     """Three jobs wait; a stop cancels the last while two wait, the first leaves as it is selected, then the
     stop cancels the second: the depth falls one at a time to 0, and a cancelled job's queue span says so."""
     events: list[ev.Event] = [ev.TrajectoryStarted(t=0.0, id="a", index=0, prompt_chars=1, active=1)]
-    for job, t in ((1, 0.1), (2, 0.2), (3, 0.21)):
-        events.append(
-            ev.CpuEnqueued(
-                t=t, id="a", job_id=job, kind="tool", tool="add", turn=0, arg_bytes=1, queue_depth=job
-            )
-        )
-    for job, t in ((3, 0.22), (2, 0.3)):
-        events.append(
-            ev.CpuFailed(
-                t=t,
-                id="a",
-                job_id=job,
-                worker=-1,
-                kind="tool",
-                tool="add",
-                reason="cancelled",
-                roundtrip_s=0.1,
-                error="stop",
-            )
-        )
+    events += [
+        at(t, cpu_enqueued(job=job, tool="add", queue_depth=job))
+        for job, t in ((1, 0.1), (2, 0.2), (3, 0.21))
+    ]
+    events += [at(t, cpu_failed(job=job, tool="add", reason="cancelled")) for job, t in ((3, 0.22), (2, 0.3))]
     events.append(
         ev.CpuSelected(
             t=0.25,
@@ -108,18 +94,8 @@ def test_a_failed_job_that_never_began_is_an_unmatched_end_and_leaves_the_queue_
 ) -> None:
     events: list[ev.Event] = [
         ev.TrajectoryStarted(t=0.0, id="a", index=0, prompt_chars=1, active=1),
-        ev.CpuEnqueued(t=0.1, id="a", job_id=1, kind="tool", tool="add", turn=0, arg_bytes=1, queue_depth=1),
-        ev.CpuFailed(
-            t=0.2,
-            id="a",
-            job_id=9,
-            worker=0,
-            kind="tool",
-            tool="add",
-            reason="timeout",
-            roundtrip_s=1.0,
-            error="x",
-        ),
+        at(0.1, cpu_enqueued(tool="add")),
+        at(0.2, cpu_failed(job=9, tool="add")),
     ]
     activity = collect_activity(make_run(tmp_path, events) / "events.jsonl")
     assert list(activity.counters["cpu_queue_depth"]) == [(0.1, 1)]
@@ -154,20 +130,7 @@ def test_a_request_that_fails_in_the_queue_ends_its_queue_span_and_one_that_fail
 
 
 def finished_job(t: float, started: float, finished: float) -> ev.CpuFinished:
-    return ev.CpuFinished(
-        t=t,
-        id="a",
-        job_id=1,
-        worker=0,
-        kind="tool",
-        tool="add",
-        ok=True,
-        execute_s=finished - started,
-        cpu_s=0.0,
-        roundtrip_s=0.1,
-        started=started,
-        finished=finished,
-    )
+    return at(t, cpu_finished(tool="add", execute_s=finished - started, started=started, finished=finished))
 
 
 def test_the_childs_execution_is_drawn_inside_its_job_or_where_it_says_without_one(tmp_path: Path) -> None:
