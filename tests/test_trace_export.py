@@ -91,6 +91,7 @@ def test_incomplete_unmatched_and_unknown_lines(tmp_path: Path) -> None:
     assert all(e["ts"] + e["dur"] == last and e["args"]["state"] == "incomplete" for e in incomplete)
     unmatched = [e for e in body if e["name"] == "add (unmatched end)"]
     assert len(unmatched) == 2 and all(e["ph"] == "i" for e in unmatched)  # trajectory y and worker 1
+    assert all(e["args"]["state"] == "unmatched" for e in unmatched)
     assert trace["metadata"]["unknown_events"] == {"from_the_future": 1}
     assert trace["metadata"]["invalid_lines"] == 1
 
