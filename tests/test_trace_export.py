@@ -322,3 +322,18 @@ def test_the_trace_layout_names_each_process_and_thread_in_order(tmp_path: Path)
     assert {pid for cat, pid in slices if cat in ("trajectory", "model_queue", "cpu_queue")} == {1}
     assert {pid for cat, pid in slices if cat in ("execute", "worker")} == {2}
     assert {pid for cat, pid in slices if cat in ("measurement", "reorder")} == {4}
+
+
+def test_a_trace_sorted_in_chunks_on_disk_is_the_one_sorted_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above ``SORT_CHUNK`` events the body is sorted in runs that wait on disk and are merged: every event
+    comes back, in the same order as one sort in memory (the memory test above only weighs the export)."""
+    events = [e for i in range(12) for e in trajectory(f"t{i}", i, 0.01 * i, worker=i % 3)]
+    for name in ("memory", "disk"):
+        (tmp_path / name).mkdir()
+    in_memory = load_trace(make_run(tmp_path / "memory", events))
+    monkeypatch.setattr(trace_export, "SORT_CHUNK", 7)
+    on_disk = load_trace(make_run(tmp_path / "disk", events))
+    assert len(in_memory["traceEvents"]) > 10 * 7
+    assert on_disk["traceEvents"] == in_memory["traceEvents"]
