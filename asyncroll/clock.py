@@ -7,10 +7,12 @@ Everything in the runtime asks a :class:`Clock` for ``now()`` and ``sleep()``. T
 * :class:`VirtualClock`: virtual time driven by its own event loop. Whenever the loop has nothing ready
   and would block until its next timer, time jumps to that timer instead. A ten-minute scripted workload
   runs in milliseconds and every timestamp is exact and repeatable, which is what scheduling tests and
-  the simulator need. Real I/O still works (it is polled), but a virtual loop must not wait on real
-  processes: their time does not jump. A task that sleeps in many small steps (the batching server
-  model: one per decoded token) can let the loop do its steps in place while nothing else happens
-  (:meth:`VirtualClock.sleep_stepping`): the same results without a round of the loop per step.
+  the simulator need. Timers fall on a nanosecond grid (:func:`on_grid`): sleeps that add up to the
+  same instant end at the same instant, however the float sums round. Real I/O still works (it is
+  polled), but a virtual loop must not wait on real processes: their time does not jump. A task that
+  sleeps in many small steps (the batching server model: one per decoded token) can let the loop do its
+  steps in place while nothing else happens (:meth:`VirtualClock.sleep_stepping`): the same results
+  without a round of the loop per step.
 
 Real worker processes (``asyncroll.workers``) stamp their IPC and execution times with ``time.monotonic``
 directly: they only ever run beside a :class:`SystemClock`, which is that same clock.
@@ -19,6 +21,7 @@ directly: they only ever run beside a :class:`SystemClock`, which is that same c
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import inspect
 import math
@@ -26,9 +29,10 @@ import selectors
 import time
 from asyncio import base_events
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class Clock(Protocol):
@@ -167,6 +171,26 @@ _PURGE_FRACTION: float = base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION  # ty
 #: While callbacks are ready, a virtual loop polls real file descriptors once per this many iterations.
 POLL_EVERY = 32
 
+#: Timers per second of virtual time: a virtual loop's timers fall on this grid (:func:`on_grid`).
+GRID_PER_S = 1_000_000_000
+#: From here on (2^53 ns ≈ 104 days) the grid is finer than the floats themselves: times are left as they are.
+_GRID_UNTIL_S = 2.0**53 / GRID_PER_S
+
+
+def on_grid(when: float) -> float:
+    """``when`` on the nanosecond grid: the same float for every sum that lands on the same nanosecond.
+
+    Without it, float rounding decided which of two timers due at one instant ran first: a request sent at
+    0.16 s that takes 0.1775 s and one sent at 0.335 s that takes 0.0025 s end at 0.3375 s, as two floats
+    one ulp apart, and that order changed when the same durations were recorded and replayed
+    (``simulate --from-run``), which sleeps 0.1775 as one number, not as 0.175 + 0.0025. On the grid both
+    are due at one instant, and the heap of timers orders them as it orders every tie: by the timers
+    set so far, which a replay sets as its source did. Far out (≥ 104 days) it is the identity: there,
+    floats are coarser than a nanosecond."""
+    if not abs(when) < _GRID_UNTIL_S:  # also leaves inf and nan alone, for asyncio to deal with
+        return when
+    return round(when * GRID_PER_S) / GRID_PER_S
+
 
 class _VirtualSelector(selectors.BaseSelector):
     """Polls real file descriptors without blocking; turns a timed wait into a jump of virtual time."""
@@ -253,8 +277,8 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
         Everything the loop would do otherwise is done the same way: the timer is popped from and pushed
         to the heap when the loop and the sleeper would (so equal-time timers keep their order), time
         jumps by ``when - now`` as in :meth:`_run_once` (the same floats), the new timer is due at
-        ``now + delay`` as ``call_later`` makes it. Nothing else would happen means: nothing ready, no
-        other timer due at the end of the sleep, the next timer not a cancelled one and no purge of
+        ``on_grid(now + delay)`` as ``call_later`` makes it. Nothing else would happen means: nothing
+        ready, no other timer due at the end of the sleep, the next timer not a cancelled one and no purge of
         cancelled timers due (``_run_once`` would remove those between the wake-up and the next sleep),
         and the next sleep ends later than now (one that ends within the clock's resolution would be
         run without a jump of time). A callback made ready meanwhile (a signal's handler, a thread's
@@ -288,7 +312,8 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
             try:
                 if not (ready or purge) and (nxt is None or (nxt._when >= end_time and not nxt._cancelled)):
                     delay = next_sleep()
-                if delay is None or not now + delay >= end_time:
+                when = None if delay is None else on_grid(now + delay)  # as call_later would set it
+                if when is None or not when >= end_time:
                     ready.append(head)  # ... and wakes the sleeper, which does the rest
                     return []
                 step()
@@ -296,7 +321,7 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
                 if not future.done():
                     future.set_exception(exc)
                 return []
-            head._when = now + delay  # the sleeper's next call_later(delay)
+            head._when = when  # the sleeper's next call_later(delay)
             heappush(sched, head)
             head._scheduled = True
             if ready or sched[0] is not head:  # ready: a signal's handler or a thread added a callback
@@ -318,6 +343,17 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_clock.now()
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[*Ts], object],
+        *args: *Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """Every timer of this loop (``call_later``, ``asyncio.sleep``, ``asyncio.timeout``) is made here:
+        on the grid (:func:`on_grid`)."""
+        return super().call_at(on_grid(when), callback, *args, context=context)
 
     # asyncio runs a timer when it lies below ``time() + _clock_resolution`` (the monotonic clock's, 1 ns).
     # From 2^24 s of virtual time (≈ 194 days) adding 1 ns to ``now`` rounds back to ``now``: time jumped
