@@ -4,12 +4,14 @@ hard aging first (the oldest aged job), then eligibility (≥ 2 jobs and model o
 threshold, with predictions), then the rule's own choice, grade jobs after tool and evaluation jobs where
 the docstring of :mod:`asyncroll.policies.pressure` says so.
 
-Derandomised, no example database (as ``tests/test_properties.py``)."""
+Derandomised, no example database, no constants drawn from the modules imported so far (as
+``tests/test_properties.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +19,7 @@ from asyncroll.policies.base import JobView, Prediction, QueueSnapshot
 from asyncroll.policies.registry import PRESSURE_POLICIES, get_policy
 
 PROPS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
+pytestmark = pytest.mark.usefixtures("hypothesis_without_local_constants")
 NAMES = ("sync", "fifo", "tool_first", "gpu_first", "asyncroll", *PRESSURE_POLICIES)
 #: A few values shared by many jobs, so that ties (equal waits, equal predictions) are common.
 SECONDS = st.one_of(st.sampled_from([0.0, 0.001, 0.1, 1.0]), st.floats(0.0, 60.0))

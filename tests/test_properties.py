@@ -24,8 +24,10 @@ server model and a few pressure knobs, simulates it, and checks:
 - the same simulation twice writes the same summary, results and events (but ``wall_time``), and a
   replay (``simulate --from-run``) of a fixed-latency one takes its latencies and its makespan.
 
-Hypothesis is derandomised with no example database (``PROPS`` in ``tests/property_runs.py``), so every
-run tries the same examples: nothing here depends on the machine's load.
+Hypothesis is derandomised with no example database (``PROPS`` in ``tests/property_runs.py``) and draws
+no constants from the modules imported so far (``hypothesis_without_local_constants`` in
+``tests/conftest.py``), so every run tries the same examples: nothing here depends on the machine's load
+or on the tests run before.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 from hypothesis import event, given, settings
 
 from asyncroll.schemas import schemas
@@ -72,6 +75,7 @@ def event_validators() -> dict[str, jsonschema.Draft202012Validator]:
 
 
 EVENT_SCHEMAS = event_validators()
+pytestmark = pytest.mark.usefixtures("hypothesis_without_local_constants")
 
 
 def check_limits(events: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, int]:
