@@ -134,6 +134,7 @@ class Resources(BaseModel):
     gpu_coverage_s: float
     joint_coverage_s: float
     joint_coverage_fraction: float | None
+    too_long_s: float  # seconds of the measured window in windows longer than max_gap_s: covered by none
     client_cpu_blocked_s: float | None  # None: the measured window never opened
     blocked_in_server_coverage_s: float | None
     blocked_in_joint_coverage_s: float | None

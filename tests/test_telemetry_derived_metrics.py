@@ -129,6 +129,7 @@ def test_windows_more_than_three_intervals_apart_or_missing_values_are_not_cover
     }
     assert res["max_gap_s"] == 1.5
     assert res["server_coverage_s"] == 1.5
+    assert res["too_long_s"] == 1.6  # [2.5, 4.1]; [0, 1] lacks a value but is not too long
     assert res["sampled_starvation_s"] == 1.5  # blocked [1, 2.5]; the blocked [2.5, 3] is in the gap
     assert res["client_cpu_blocked_s"] == 2.0
     # no GPU source: the idle candidate is null with the reason, not zero

@@ -156,7 +156,7 @@ class ResourceMeter:
         self.windows["total"] += 1
         if b.t - a.t > MAX_GAP_INTERVALS * interval + 1e-9:
             self.windows["too_long"] += 1
-            self.seconds["uncovered_gap"] += span
+            self.seconds["too_long"] += span
             return
         server = a.server_idle is not None and b.server_idle is not None
         gpu = a.gpu_low is not None and b.gpu_low is not None
@@ -258,6 +258,7 @@ class ResourceMeter:
             "gpu_coverage_s": round(sec["gpu"], 6),
             "joint_coverage_s": round(joint_s, 6),
             "joint_coverage_fraction": _ratio(joint_s, makespan_s),
+            "too_long_s": round(sec["too_long"], 6),
             "client_cpu_blocked_s": self._blocked.total(makespan_s) if measured else None,
             "blocked_in_server_coverage_s": round(sec["blocked_in_server"], 6) if measured else None,
             "blocked_in_joint_coverage_s": round(sec["blocked_in_joint"], 6) if measured else None,
