@@ -134,7 +134,9 @@ class Resources(BaseModel):
     gpu_coverage_s: float
     joint_coverage_s: float
     joint_coverage_fraction: float | None
-    too_long_s: float  # seconds of the measured window in windows longer than max_gap_s: covered by none
+    # seconds of the measured window in windows longer than max_gap_s, covered by no source (None: a
+    # summary from before it was reported)
+    too_long_s: float | None = None
     client_cpu_blocked_s: float | None  # None: the measured window never opened
     blocked_in_server_coverage_s: float | None
     blocked_in_joint_coverage_s: float | None
