@@ -4,6 +4,7 @@ servers."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -142,3 +143,19 @@ def hypothesis_without_local_constants() -> Iterator[None]:
         providers.CONSTANTS_CACHE.cache.clear()  # pools drawn from the modules' constants so far
         yield
     providers.CONSTANTS_CACHE.cache.clear()
+
+
+@pytest.fixture
+def sighup_not_ignored() -> Iterator[None]:
+    """For a test that expects SIGHUP to stop a command: under ``nohup`` SIGHUP is ignored in this process
+    and in every process it starts, and asyncroll rightly keeps an ignored SIGHUP ignored (what the user of
+    ``nohup`` asked for), so such a test failed there. SIGHUP takes its default action for the test and
+    the processes it starts; the inherited disposition comes back after it."""
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -126,6 +126,7 @@ def _long_run(run: Path) -> Path:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("sighup_not_ignored")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_during_the_solve_exits_130_at_once(tmp_path: Path, sig: signal.Signals) -> None:
     """The solve ran in C++ where no Python signal handler runs: SIGTERM and SIGHUP waited for the whole

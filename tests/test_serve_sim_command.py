@@ -43,6 +43,7 @@ def test_non_finite_settings_are_refused(value: float) -> None:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.usefixtures("sighup_not_ignored")
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_cli_subprocess_prints_the_port_and_stops_on_sigterm(stop: signal.Signals) -> None:
     """A hangup (the terminal closed) stops it as SIGTERM does: gracefully, exit 0. It raised the CLI's

@@ -114,6 +114,7 @@ def test_a_signal_mid_run_interrupts(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("sighup_not_ignored")
 def test_sighup_interrupts_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
     """The terminal going away used to kill the run outright, run.json left at "running" for ever."""
     outcome, backend, out = run_with(tmp_path, on_event=TrajectoryFinished, sig=signal.SIGHUP)
@@ -121,6 +122,7 @@ def test_sighup_interrupts_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
     assert status(out) == "interrupted" and backend.closed
 
 
+@pytest.mark.usefixtures("sighup_not_ignored")
 def test_command_signals_interrupt_before_the_run_and_only_record_after_it() -> None:
     from asyncroll.runtime.signals import CommandSignals
 
