@@ -129,14 +129,13 @@ def hypothesis_without_local_constants() -> Iterator[None]:
     stay). A Hypothesis without the function (the pinned floor, 6.100) has no such pool: nothing to do."""
     try:
         from hypothesis.internal.conjecture import providers
-    except ImportError:  # pragma: no cover - a layout this patch does not know: it has nothing to pin
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:  # a Hypothesis before the pool (the 6.100 floor) or one that moved it
         yield
         return
     if not hasattr(providers, "_get_local_constants"):
         yield
         return
-    from hypothesis.internal.constants_ast import Constants
-
     empty = Constants()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(providers, "_get_local_constants", lambda: empty)
