@@ -1,0 +1,296 @@
+"""The OpenAI-compatible backend on its own (``httpx.MockTransport``, virtual clock, no server): what a
+retried, failed or unreadable turn reports (attempts, status, the retry events and their delays), what a
+warm-up counts, how long the circuit watch waits before it fails the run, and what run.json records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import httpx
+import pytest
+
+from asyncroll.backends.base import ModelRequest
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+from asyncroll.backends.retry import RetryPolicy
+from asyncroll.clock import VirtualClock
+from asyncroll.errors import InvalidActionError, ModelError
+from asyncroll.event_log import EventCapture, EventLog
+from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
+from asyncroll.workload import Problem
+from tests.http_backend import FINAL, completion
+
+Handler = Callable[[httpx.Request], httpx.Response]
+REQUEST = ModelRequest("t", Problem.model_validate({"prompt": "p"}), 0, [{"role": "user", "content": "p"}])
+
+
+def replies(*answers: int | dict[str, Any] | bytes) -> Handler:
+    """A chat endpoint answering each POST with the next of ``answers`` (a status with an error body, a
+    JSON body with 200, or raw bytes with 200), then the last again; every GET (a probe) is 200."""
+    queue = list(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json={})
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(answer, int):
+            return httpx.Response(answer, json={"error": {"message": "busy"}})
+        if isinstance(answer, bytes):
+            return httpx.Response(200, content=answer)
+        return httpx.Response(200, json=answer)
+
+    return handler
+
+
+def settings(**values: Any) -> HttpSettings:
+    base: dict[str, Any] = {"endpoint": "http://server", "model": "m", "inflight": 1, "circuit_failures": 0}
+    return HttpSettings(**(base | values))
+
+
+def on_virtual_clock(
+    handler: Handler, body: Callable[[OpenAIBackend], Coroutine[Any, Any, Any]], **values: Any
+) -> tuple[Any, OpenAIBackend, EventCapture, VirtualClock]:
+    """Run ``body(backend)`` on a virtual clock against ``handler``; the backend's events are captured."""
+    clock = VirtualClock(start=100.0)
+    capture = EventCapture()
+    backend = OpenAIBackend(settings(**values), clock, transport=httpx.MockTransport(handler))
+
+    async def main() -> Any:
+        events = EventLog(clock)
+        events.subscribe(capture)
+        events.start_measurement()
+        backend.bind_events(events)
+        try:
+            return await body(backend)
+        finally:
+            await backend.aclose()
+
+    return clock.run(main()), backend, capture, clock
+
+
+def complete(handler: Handler, **values: Any) -> tuple[Any, OpenAIBackend, EventCapture, VirtualClock]:
+    return on_virtual_clock(handler, lambda backend: backend.complete(REQUEST), **values)
+
+
+RETRY = RetryPolicy(max_retries=2, base_delay=1.0, max_delay=8.0)
+
+
+def test_a_turn_retried_to_success_counts_each_retry_with_its_attempt_and_delay() -> None:
+    response, backend, capture, clock = complete(replies(503, 429, completion(FINAL)), retry=RETRY)
+    assert response.action.type == "final"
+    assert (response.prompt_tokens, response.completion_tokens, response.text) == (5, 3, FINAL)
+    assert response.finish_reason == "stop"
+    rng = random.Random(0)  # the backend's jitter, seeded by --seed
+    delays = [round(1.0 * (1 - 0.25 * rng.random()), 6), round(2.0 * (1 - 0.25 * rng.random()), 6)]
+    retried = capture.of(ModelRetrying)
+    assert [(e.attempt, e.kind, e.status, e.delay_s) for e in retried] == [
+        (1, "http_status", 503, delays[0]),
+        (2, "http_status", 429, delays[1]),
+    ]
+    assert backend.retries == 2
+    assert clock.now() == pytest.approx(100.0 + sum(delays))
+
+
+def test_a_turn_that_fails_every_attempt_says_how_many_it_made() -> None:
+    with pytest.raises(ModelError) as caught:
+        complete(replies(503), retry=RETRY)
+    err = caught.value
+    assert (err.kind, err.status, err.response_received, err.attempts) == ("http_status", 503, True, 3)
+    assert str(err).endswith(" (after 3 attempts)"), str(err)
+
+
+def test_a_turn_failed_at_its_only_attempt_does_not_speak_of_attempts() -> None:
+    with pytest.raises(ModelError) as caught:
+        complete(replies(400))
+    err = caught.value
+    assert (err.kind, err.status, err.attempts) == ("http_status", 400, 1)
+    assert "attempts" not in str(err), str(err)
+
+
+def test_a_reply_that_is_no_completion_is_a_bad_response_after_its_attempts() -> None:
+    with pytest.raises(ModelError) as caught:
+        complete(replies(503, b"<html>not an api</html>"), retry=RETRY)
+    err = caught.value
+    assert (err.kind, err.status, err.response_received, err.attempts) == ("bad_response", 200, True, 2)
+    assert str(err).startswith("HTTP 200 body is not an OpenAI chat completion ("), str(err)
+    assert str(err).endswith(": b'<html>not an api</html>'"), str(err)
+    assert err.parse_s == 0.0  # virtual time: parsing took none
+
+
+def test_an_invalid_action_keeps_the_usage_text_and_attempts_of_its_completion() -> None:
+    reply = completion("not an action", usage={"prompt_tokens": 7, "completion_tokens": 11})
+    with pytest.raises(InvalidActionError) as caught:
+        complete(replies(503, reply), retry=RETRY)
+    err = caught.value
+    assert (err.kind, err.status, err.response_received, err.attempts) == ("invalid_action", 200, True, 2)
+    assert (err.prompt_tokens, err.completion_tokens) == (7, 11)
+    assert (err.text, err.finish_reason, err.parse_s) == ("not an action", "stop", 0.0)
+
+
+def test_a_warmup_retried_to_success_counts_its_retries() -> None:
+    done, backend, capture, _ = on_virtual_clock(
+        replies(503, 503, completion(FINAL)), lambda b: b.warmup(2), retry=RETRY
+    )
+    assert (done, backend.warmup_retries) == (2, 2)
+    assert capture.of(ModelRetrying) == []  # before the clock: counted in run.json, not as events
+    assert backend.describe()["warmup_retries"] == 2
+
+
+def test_a_warmup_that_keeps_failing_names_its_request_and_attempts() -> None:
+    with pytest.raises(ModelError) as caught:
+        on_virtual_clock(replies(completion(FINAL), 503), lambda b: b.warmup(3), retry=RETRY)
+    err = caught.value
+    assert (err.kind, err.status) == ("http_status", 503)
+    assert str(err).startswith("warm-up request 2/3 failed after 3 attempts: HTTP 503"), str(err)
+    with pytest.raises(ModelError) as caught:
+        on_virtual_clock(replies(400), lambda b: b.warmup(1), retry=RETRY)
+    assert str(caught.value).startswith("warm-up request 1/1 failed: HTTP 400"), str(caught.value)
+
+
+def test_a_warmup_reply_that_is_no_completion_fails_at_once() -> None:
+    with pytest.raises(ModelError) as caught:
+        on_virtual_clock(replies(completion(FINAL), b"<html/>"), lambda b: b.warmup(2), retry=RETRY)
+    err = caught.value
+    assert (err.kind, err.status) == ("bad_response", 200)
+    assert str(err).startswith("warm-up request 2/2: HTTP 200 body is not an OpenAI chat completion")
+
+
+def health(*statuses: int) -> Handler:
+    """A server whose ``GET /health`` answers ``statuses`` in turn (then the last again)."""
+    queue = list(statuses)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(queue.pop(0) if len(queue) > 1 else queue[0], json={})
+
+    return handler
+
+
+async def watch_opened_circuit(backend: OpenAIBackend, watched: float) -> None:
+    """Open the circuit (two unavailable failures) and run the watch for ``watched`` virtual seconds."""
+    clock = backend._clock
+    async with asyncio.TaskGroup() as tg:
+        await backend.start(tg)
+        await asyncio.sleep(1.0)
+        assert not backend.circuit.record_unavailable(clock.now())
+        assert backend.circuit.record_unavailable(clock.now())  # opened at t=101
+        await asyncio.sleep(watched)
+        await backend.aclose()
+
+
+def test_the_watch_closes_the_circuit_at_the_first_healthy_probe_and_says_after_how_long() -> None:
+    _, backend, capture, _ = on_virtual_clock(
+        health(503, 503, 503, 200),
+        lambda b: watch_opened_circuit(b, 10.0),
+        circuit_failures=2,
+        probe_interval=0.5,
+        server_kind="vllm",
+    )
+    available = capture.of(ServerAvailable)
+    assert [(e.paused_s, e.probes) for e in available] == [(1.5, 4)]
+    assert available[0].t == 2.5  # from measurement start at t=100
+    assert not backend.circuit.is_open
+
+
+def test_a_server_down_for_the_timeout_fails_the_run_with_how_long_and_the_last_probe() -> None:
+    with pytest.raises(ExceptionGroup) as caught:
+        on_virtual_clock(
+            health(503),
+            lambda b: watch_opened_circuit(b, 10.0),
+            circuit_failures=2,
+            probe_interval=0.5,
+            server_down_timeout=3.0,
+            server_kind="vllm",
+        )
+    (err,) = caught.value.exceptions
+    assert isinstance(err, ModelError) and err.kind == "server_down"
+    assert str(err) == (
+        "the server at http://server stayed unavailable for 3.0s (--server-down-timeout 3; last probe: "
+        "GET /health: HTTP 503); admission was paused meanwhile"
+    )
+
+
+def test_a_request_that_waited_for_the_circuit_says_how_long() -> None:
+    async def body(backend: OpenAIBackend) -> Any:
+        clock = backend._clock
+        assert backend.circuit.record_unavailable(clock.now())  # circuit_failures 1: open at t=100
+
+        async def close_later() -> None:
+            await asyncio.sleep(2.5)
+            backend.circuit.close()
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(close_later())
+            response = await backend.complete(REQUEST)
+        return response
+
+    response, _, capture, _ = on_virtual_clock(replies(completion(FINAL)), body, circuit_failures=1)
+    assert response.action.type == "final"
+    assert [(e.attempt, e.waited_s) for e in capture.of(ModelPaused)] == [(1, 2.5)]
+
+
+def test_run_json_records_the_settings_declared_probed_and_sent() -> None:
+    backend = OpenAIBackend(
+        settings(replay=True, server_kind="sglang", retry=RETRY, circuit_failures=3, api_key_env="KEY"),
+        VirtualClock(),
+    )
+    described = backend.describe()
+    assert described == described | {
+        "mode": "replay",
+        "server_kind": "sglang",
+        "server_kind_source": "declared",
+        "replay_fixed_length": "min_tokens + ignore_eos",
+        "pool_connections": 1,
+        "max_retries": 2,
+        "circuit_failures": 3,
+        "api_key": "from the environment variable KEY",
+    }
+    agent = OpenAIBackend(settings(), VirtualClock()).describe()
+    assert (agent["mode"], agent["server_kind_source"], agent["replay_fixed_length"]) == (
+        "agent",
+        "unknown",
+        None,
+    )
+    assert agent["api_key"] is None
+    assert json.dumps(described)  # run.json
+
+
+def never_answers(health_status: int, probes: list[str]) -> Handler:
+    """A server whose chat requests time out; its health probe answers ``health_status``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            raise httpx.ReadTimeout("", request=request)
+        probes.append(request.url.path)
+        return httpx.Response(health_status, json={})
+
+    return handler
+
+
+@pytest.mark.parametrize(("health_status", "frozen"), [(503, True), (200, False)])
+def test_a_timed_out_request_counts_towards_the_circuit_only_when_the_health_probe_fails(
+    health_status: int, frozen: bool
+) -> None:
+    probes: list[str] = []
+    err, backend, capture, _ = on_virtual_clock(
+        never_answers(health_status, probes), failing_turn, circuit_failures=1
+    )
+    assert err.kind == "timeout" and probes == ["/health"]
+    assert backend.circuit.snapshot().opened == int(frozen)
+    reasons = [e.reason for e in capture.of(ServerUnavailable)]
+    assert reasons == ([f"timeout: {err}; then GET /health: HTTP 503"] if frozen else [])
+
+
+def test_no_health_probe_follows_a_timeout_when_the_circuit_is_off() -> None:
+    probes: list[str] = []
+    with pytest.raises(ModelError):
+        complete(never_answers(503, probes), circuit_failures=0)
+    assert probes == []
+
+
+async def failing_turn(backend: OpenAIBackend) -> ModelError:
+    with pytest.raises(ModelError) as caught:
+        await backend.complete(REQUEST)
+    return caught.value
