@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from asyncroll.backends import openai
 from asyncroll.backends.base import ModelRequest
+from asyncroll.backends.completion import Completion, read_completion
 from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.backends.retry import RetryPolicy
 from asyncroll.clock import VirtualClock
@@ -51,10 +53,13 @@ def settings(**values: Any) -> HttpSettings:
 
 
 def on_virtual_clock(
-    handler: Handler, body: Callable[[OpenAIBackend], Coroutine[Any, Any, Any]], **values: Any
+    handler: Handler,
+    body: Callable[[OpenAIBackend], Coroutine[Any, Any, Any]],
+    clock: VirtualClock | None = None,
+    **values: Any,
 ) -> tuple[Any, OpenAIBackend, EventCapture, VirtualClock]:
     """Run ``body(backend)`` on a virtual clock against ``handler``; the backend's events are captured."""
-    clock = VirtualClock(start=100.0)
+    clock = clock or VirtualClock(start=100.0)
     capture = EventCapture()
     backend = OpenAIBackend(settings(**values), clock, transport=httpx.MockTransport(handler))
 
@@ -71,11 +76,24 @@ def on_virtual_clock(
     return clock.run(main()), backend, capture, clock
 
 
+def slow_reading(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """A virtual clock on which reading a reply takes 1.2345678 ms (parse_s is rounded to the µs)."""
+    clock = VirtualClock(start=100.0)
+
+    def read(payload: bytes) -> Completion:
+        clock.advance(0.0012345678)
+        return read_completion(payload)
+
+    monkeypatch.setattr(openai, "read_completion", read)
+    return clock
+
+
 def complete(handler: Handler, **values: Any) -> tuple[Any, OpenAIBackend, EventCapture, VirtualClock]:
     return on_virtual_clock(handler, lambda backend: backend.complete(REQUEST), **values)
 
 
 RETRY = RetryPolicy(max_retries=2, base_delay=1.0, max_delay=8.0)
+ONE_RETRY = RetryPolicy(max_retries=1, base_delay=1.0, max_delay=8.0)
 
 
 def test_a_turn_retried_to_success_counts_each_retry_with_its_attempt_and_delay() -> None:
@@ -90,16 +108,17 @@ def test_a_turn_retried_to_success_counts_each_retry_with_its_attempt_and_delay(
         (1, "http_status", 503, delays[0]),
         (2, "http_status", 429, delays[1]),
     ]
+    assert [e.error[:8] for e in retried] == ["HTTP 503", "HTTP 429"]
     assert backend.retries == 2
     assert clock.now() == pytest.approx(100.0 + sum(delays))
 
 
 def test_a_turn_that_fails_every_attempt_says_how_many_it_made() -> None:
     with pytest.raises(ModelError) as caught:
-        complete(replies(503), retry=RETRY)
+        complete(replies(503), retry=ONE_RETRY)
     err = caught.value
-    assert (err.kind, err.status, err.response_received, err.attempts) == ("http_status", 503, True, 3)
-    assert str(err).endswith(" (after 3 attempts)"), str(err)
+    assert (err.kind, err.status, err.response_received, err.attempts) == ("http_status", 503, True, 2)
+    assert str(err).endswith(" (after 2 attempts)"), str(err)
 
 
 def test_a_turn_failed_at_its_only_attempt_does_not_speak_of_attempts() -> None:
@@ -110,24 +129,29 @@ def test_a_turn_failed_at_its_only_attempt_does_not_speak_of_attempts() -> None:
     assert "attempts" not in str(err), str(err)
 
 
-def test_a_reply_that_is_no_completion_is_a_bad_response_after_its_attempts() -> None:
+def test_a_reply_that_is_no_completion_is_a_bad_response_after_its_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = slow_reading(monkeypatch)
     with pytest.raises(ModelError) as caught:
-        complete(replies(503, b"<html>not an api</html>"), retry=RETRY)
+        complete(replies(503, b"<html>not an api</html>"), clock=clock, retry=RETRY)
     err = caught.value
     assert (err.kind, err.status, err.response_received, err.attempts) == ("bad_response", 200, True, 2)
     assert str(err).startswith("HTTP 200 body is not an OpenAI chat completion ("), str(err)
     assert str(err).endswith(": b'<html>not an api</html>'"), str(err)
-    assert err.parse_s == 0.0  # virtual time: parsing took none
+    assert err.parse_s == 0.001235
 
 
-def test_an_invalid_action_keeps_the_usage_text_and_attempts_of_its_completion() -> None:
+def test_an_invalid_action_keeps_the_usage_text_and_attempts_of_its_completion(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     reply = completion("not an action", usage={"prompt_tokens": 7, "completion_tokens": 11})
     with pytest.raises(InvalidActionError) as caught:
-        complete(replies(503, reply), retry=RETRY)
+        complete(replies(503, reply), clock=slow_reading(monkeypatch), retry=RETRY)
     err = caught.value
     assert (err.kind, err.status, err.response_received, err.attempts) == ("invalid_action", 200, True, 2)
     assert (err.prompt_tokens, err.completion_tokens) == (7, 11)
-    assert (err.text, err.finish_reason, err.parse_s) == ("not an action", "stop", 0.0)
+    assert (err.text, err.finish_reason, err.parse_s) == ("not an action", "stop", 0.001235)
 
 
 def test_a_warmup_retried_to_success_counts_its_retries() -> None:
@@ -141,10 +165,10 @@ def test_a_warmup_retried_to_success_counts_its_retries() -> None:
 
 def test_a_warmup_that_keeps_failing_names_its_request_and_attempts() -> None:
     with pytest.raises(ModelError) as caught:
-        on_virtual_clock(replies(completion(FINAL), 503), lambda b: b.warmup(3), retry=RETRY)
+        on_virtual_clock(replies(completion(FINAL), 503), lambda b: b.warmup(3), retry=ONE_RETRY)
     err = caught.value
     assert (err.kind, err.status) == ("http_status", 503)
-    assert str(err).startswith("warm-up request 2/3 failed after 3 attempts: HTTP 503"), str(err)
+    assert str(err).startswith("warm-up request 2/3 failed after 2 attempts: HTTP 503"), str(err)
     with pytest.raises(ModelError) as caught:
         on_virtual_clock(replies(400), lambda b: b.warmup(1), retry=RETRY)
     assert str(caught.value).startswith("warm-up request 1/1 failed: HTTP 400"), str(caught.value)
@@ -156,6 +180,7 @@ def test_a_warmup_reply_that_is_no_completion_fails_at_once() -> None:
     err = caught.value
     assert (err.kind, err.status) == ("bad_response", 200)
     assert str(err).startswith("warm-up request 2/2: HTTP 200 body is not an OpenAI chat completion")
+    assert str(err).endswith(": b'<html/>'"), str(err)
 
 
 def health(*statuses: int) -> Handler:
