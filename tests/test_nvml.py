@@ -4,9 +4,7 @@ bindings' calls against a binding-level double (no GPU on this machine)."""
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,6 +13,7 @@ from asyncroll.telemetry import nvml as nvml_module
 from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
 from tests.conftest import tool_problem
 from tests.metrics_loopback import real_clock_run
+from tests.nvml_double import fake_pynvml
 
 
 @pytest.mark.timeout(60)
@@ -46,43 +45,13 @@ def test_nvml_without_a_driver_says_so() -> None:
         NvmlSource(0).probe()
 
 
-class _FakeNVMLError(Exception):
-    pass
-
-
-def _fake_pynvml(*, count: int, util_supported: bool) -> types.ModuleType:
-    """A stand-in for the ``pynvml`` bindings with the calls NvmlSource makes (no GPU here)."""
-    fake = types.ModuleType("pynvml")
-    fake.NVMLError = _FakeNVMLError  # type: ignore[attr-defined]
-    calls: list[str] = []
-
-    def utilization(handle: object) -> Any:
-        if not util_supported:
-            raise _FakeNVMLError("Not Supported")
-        return types.SimpleNamespace(gpu=37, memory=12)
-
-    fake.__dict__.update(
-        calls=calls,
-        nvmlInit=lambda: calls.append("init"),
-        nvmlShutdown=lambda: calls.append("shutdown"),
-        nvmlDeviceGetCount=lambda: count,
-        nvmlDeviceGetHandleByIndex=lambda i: ("handle", i),
-        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
-        nvmlDeviceGetUUID=lambda h: "GPU-1234",
-        nvmlSystemGetDriverVersion=lambda: "550.54",
-        nvmlDeviceGetUtilizationRates=utilization,
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=10 * 2**30, total=80 * 2**30, free=0),
-    )
-    return fake
-
-
 def test_nvml_reads_through_the_bindings_and_nulls_what_the_device_refuses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The calls and the handling of their answers, against a binding-level double: the values reach the
     sample, an unsupported reading is null with its error, an unknown index is refused. (On a real GPU
     this code calls the same functions of nvidia-ml-py; that path is not exercised on this machine.)"""
-    fake = _fake_pynvml(count=2, util_supported=True)
+    fake = fake_pynvml(count=2, util_supported=True)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     source = NvmlSource(1)
     detail = source.probe()
@@ -97,7 +66,7 @@ def test_nvml_reads_through_the_bindings_and_nulls_what_the_device_refuses(
     with pytest.raises(NvmlUnavailable, match=r"NVML sees 2 device\(s\)"):
         NvmlSource(2).probe()
 
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(count=1, util_supported=False))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=1, util_supported=False))
     mig = NvmlSource(0)
     assert mig.probe()["unsupported_at_probe"] == ["gpu_mem_util_pct", "gpu_util_pct"]
     sample = mig.read()
