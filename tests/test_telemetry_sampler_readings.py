@@ -189,3 +189,74 @@ def test_the_final_read_is_bounded_and_a_long_error_is_cut_not_lost() -> None:
         assert s.server_running is None and s.kv_cache_usage is None
         assert set(s.nulls) == set(SERVER_FIELDS.values()) and set(s.nulls.values()) == {"error"}
     assert sampler.errors == 2
+
+
+def _sample_for(
+    seconds: float, server: ServerMetricsSource, first: Callable[[Any], None] | None = None
+) -> tuple[TelemetrySampler, list[ResourceSample]]:
+    """Probe ``server`` (interval 0.5 s), start the measurement, let the sampler run ``seconds`` of
+    (virtual) time, stop it. ``first``: a subscriber that sees each event before the capture does."""
+    clock = PacedClock(start=START)
+
+    async def go() -> tuple[TelemetrySampler, EventCapture]:
+        events = EventLog(clock)
+        if first is not None:
+            events.subscribe(first)
+        capture = EventCapture()
+        events.subscribe(capture)
+        sampler = TelemetrySampler(clock, events, interval=0.5, server=server)
+        await sampler.probe()
+        events.start_measurement()
+        task = asyncio.create_task(sampler.run())
+        await asyncio.sleep(seconds)
+        await sampler.stop()
+        await task
+        return sampler, capture
+
+    sampler, capture = clock.run(go())
+    return sampler, capture.of(ResourceSample)
+
+
+@pytest.mark.timeout(30)
+def test_a_sampling_loop_that_breaks_says_so_in_the_final_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug that ends the sampling loop (here: its second sample raises) left only a gap in the samples,
+    with no reason anywhere a user could see; the final sample's errors now say what broke and where."""
+    original = TelemetrySampler._sample
+    calls = 0
+
+    async def second_breaks(self: TelemetrySampler, late: float, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("a bug")
+        await original(self, late, **kwargs)
+
+    monkeypatch.setattr(TelemetrySampler, "_sample", second_breaks)
+    sampler, [first, final] = _sample_for(2.0, ScriptedServer([0.0]))
+    assert (first.seq, first.errors) == (1, [])
+    assert final.seq == 2 and final.t == 2.0 and final.server_running == 1.0  # the final read still happened
+    assert final.errors == [
+        "sampler: the sampling loop broke after sample 1 (RuntimeError: a bug): "
+        "no sample between that one and this last one"
+    ]
+    assert sampler.failed and sampler.errors == 2  # the break, and the final sample's note
+
+
+@pytest.mark.timeout(30)
+def test_samples_that_could_not_be_recorded_are_counted_in_the_final_sample() -> None:
+    """A subscriber that raises on the second and third samples: those two are lost, sampling goes on,
+    and the final sample says how many were lost."""
+    seen = 0
+
+    def failing(event: Any) -> None:
+        nonlocal seen
+        if isinstance(event, ResourceSample):
+            seen += 1
+            if seen in (2, 3):
+                raise RuntimeError("subscriber bug")
+
+    sampler, samples = _sample_for(1.75, ScriptedServer([0.0]), first=failing)
+    assert [s.seq for s in samples] == [1, 4, 5]  # 2 and 3 lost; the loop took 1 to 4, stop() took 5
+    assert [s.errors for s in samples[:-1]] == [[], []]
+    assert samples[-1].errors == ["sampler: 2 sample(s) could not be recorded (emitting the event failed)"]
+    assert not sampler.failed and sampler.errors == 3

@@ -11,10 +11,12 @@ Lifecycle inside a run (``asyncroll/runtime/run.py``)::
               then the sources are closed
 
 It never crashes a run: every exception while sampling is caught, written into that sample's
-``errors`` and counted; the sampler goes on. Cancellation always propagates. It never holds a run up
-either: a server read is bounded by its own deadline (``ServerMetricsSource.deadline_s``), and
-``stop()`` waits for the loop at most that long plus :data:`STOP_MARGIN_S` before cancelling it
-(the run's cleanup is shielded from a signal, so an unbounded wait there would outlast SIGTERM).
+``errors`` and counted; the sampler goes on. Should the sampling loop itself break (a bug), or a sample
+fail to be emitted, sampling stops or that sample is lost, and the final sample's ``errors`` says so.
+Cancellation always propagates. It never holds a run up either: a server read is bounded by its own
+deadline (``ServerMetricsSource.deadline_s``), and ``stop()`` waits for the loop at most that long
+plus :data:`STOP_MARGIN_S` before cancelling it (the run's cleanup is shielded from a signal, so an
+unbounded wait there would outlast SIGTERM).
 
 Sources: the server's ``/metrics`` (``--metrics-url``; with ``--backend vllm`` or a declared vLLM/SGLang
 ``--server-kind`` it defaults to ``<endpoint>/metrics``; the names are those of the declared kind, else
@@ -96,6 +98,10 @@ class TelemetrySampler:
         self.samples = 0
         self.errors = 0
         self.failed = False  # the sampling loop itself broke (a bug): no further samples
+        # what went wrong outside any sample's sources (the loop broke, a sample could not be emitted):
+        # said in the final sample's ``errors``, so that a gap in the samples comes with its reason
+        self._unsampled: list[str] = []
+        self._unemitted = 0
         self._stop = asyncio.Event()
         self._running = False
         self._finished = asyncio.Event()
@@ -207,9 +213,13 @@ class TelemetrySampler:
         self._task = asyncio.current_task()
         try:
             await self._loop()
-        except Exception:  # noqa: BLE001 - telemetry never crashes a run
+        except Exception as exc:  # noqa: BLE001 - telemetry never crashes a run
             self.errors += 1
             self.failed = True
+            self._unsampled.append(
+                f"sampler: the sampling loop broke after sample {self._seq} ({type(exc).__name__}: {exc}): "
+                "no sample between that one and this last one"
+            )
         finally:
             self._finished.set()
 
@@ -245,8 +255,16 @@ class TelemetrySampler:
             stuck: str | None = None
             if not await self._loop_left(limit):  # counted once, in the final sample's errors
                 stuck = f"sampling did not stop within {limit:g} s (a read hung); cancelled, not read again"
-            await self._sample(late=0.0, limit=limit, stuck=stuck)
+            await self._sample(late=0.0, limit=limit, stuck=stuck, notes=self._notes())
         await self.aclose()
+
+    def _notes(self) -> list[str]:
+        """What the final sample says of the samples that were never taken or never recorded."""
+        notes = list(self._unsampled)
+        if self._unemitted:
+            lost = self._unemitted
+            notes.append(f"sampler: {lost} sample(s) could not be recorded (emitting the event failed)")
+        return notes
 
     async def _loop_left(self, limit: float) -> bool:
         """Whether the sampling loop left within ``limit`` s; if not, it is cancelled (and awaited)."""
@@ -269,13 +287,20 @@ class TelemetrySampler:
         if self._server is not None:
             await self._server.aclose()
 
-    async def _sample(self, late: float, limit: float | None = None, stuck: str | None = None) -> None:
+    async def _sample(
+        self,
+        late: float,
+        limit: float | None = None,
+        stuck: str | None = None,
+        notes: list[str] | None = None,
+    ) -> None:
         """Collect one sample from every available source and emit it; count and record any failure.
-        ``limit`` bounds the server read (beyond its own deadline); ``stuck`` skips it, saying why."""
+        ``limit`` bounds the server read (beyond its own deadline); ``stuck`` skips it, saying why;
+        ``notes``: the sampler's own failures, among the sample's errors."""
         self._seq += 1
         values: dict[str, Any] = {}
         nulls: dict[str, str] = {}
-        errors: list[str] = []
+        errors: list[str] = list(notes or ())
         timing: dict[str, float] = {}
         clock = self._clock
         if self._server_on and self._server is not None:
@@ -338,6 +363,7 @@ class TelemetrySampler:
             self.samples += 1
         except Exception:  # noqa: BLE001 - e.g. a subscriber failed: counted, and sampling goes on
             self.errors += 1
+            self._unemitted += 1
 
 
 class _Skipped(Exception):
