@@ -1,0 +1,123 @@
+"""The progress line at its edges: the first instant of measurement, a line exactly as wide as the terminal,
+a shorter redraw over a longer one, the terminal's width read from a real pseudo-terminal, a closed
+stream, and :class:`RunView`'s elapsed time (stopped at the end, never negative). No run, no sleeps."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import pty
+import struct
+import termios
+from types import SimpleNamespace
+
+from asyncroll.runtime.progress import ProgressLine, RunSnapshot, RunView, progress_enabled, render_progress
+from tests.test_live_view import snap
+
+
+def test_the_first_instant_and_a_fraction_of_a_second_give_a_rate() -> None:
+    """At measurement start (elapsed 0) the rate is 0 and the ETA unknown, never a division by zero; half
+    a second with one trajectory ended is 2/s, whatever the clock's grain."""
+    assert render_progress(snap({}, 0.0), width=200).startswith(
+        "0/10   0% | 0.00/s | ETA unknown | completed 0"
+    )
+    assert render_progress(snap({"completed": 1}, 0.5), width=200).startswith(
+        "1/10  10% | 2.00/s | ETA 0:04 |"
+    )
+    assert "| completed 0 | failed 2 |" in render_progress(snap({"failed": 2}, 1.0), width=200)
+
+
+def test_a_line_exactly_as_wide_as_allowed_is_not_cut() -> None:
+    full = render_progress(snap({"completed": 3}, 8.0), width=500)
+    assert render_progress(snap({"completed": 3}, 8.0), width=len(full)) == full
+    assert render_progress(snap({"completed": 3}, 8.0), width=len(full) - 1) == full[: len(full) - 4] + "..."
+
+
+class _Switch:
+    def __init__(self, *snaps: RunSnapshot) -> None:
+        self._snaps = list(snaps)
+
+    def snapshot(self) -> RunSnapshot:
+        return self._snaps.pop(0)
+
+
+def test_a_shorter_redraw_blanks_exactly_the_old_tail() -> None:
+    long, short = snap({"completed": 3}, 8.0, restarts=12), snap({"completed": 3}, 8.0)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 201, 0, 0))  # room for both lines
+
+    class Wide(io.StringIO):  # written here, sized by the pseudo-terminal
+        def fileno(self) -> int:
+            return follower
+
+    stream = Wide()
+    try:
+        line = ProgressLine(_Switch(long, short, short), stream)  # type: ignore[arg-type]
+        line.draw()
+        line.draw()
+        line.draw()
+    finally:
+        os.close(follower)
+        os.close(leader)
+    first, second, third = stream.getvalue().split("\r")[1:]
+    assert first == render_progress(long, 200) and len(first) > len(render_progress(short, 200))
+    assert second == render_progress(short, 200) + " " * (len(first) - len(render_progress(short, 200)))
+    assert third == render_progress(short, 200)  # nothing left to blank
+
+
+def test_the_width_is_one_less_than_the_terminal_and_120_when_unknown() -> None:
+    leader, follower = pty.openpty()
+    try:
+        with open(follower, "w", closefd=False) as tty:
+            for columns, width in ((60, 59), (10, 20), (0, 120)):  # 0 columns: the size was never set
+                fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+                assert ProgressLine(_Switch(), tty)._width() == width, columns  # type: ignore[arg-type]
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert ProgressLine(_Switch(), io.StringIO())._width() == 120  # type: ignore[arg-type]
+
+
+def test_a_closed_stream_gets_no_line() -> None:
+    closed = io.StringIO()
+    closed.close()
+    assert not progress_enabled(None, closed) and not progress_enabled(True, closed)
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.t = now
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_elapsed_counts_from_the_origin_stops_at_the_end_and_is_never_negative() -> None:
+    base = snap({}, None)
+    limiters = {
+        name: SimpleNamespace(snapshot=lambda value=value: value)
+        for name, value in (("admission", base.admission), ("gate", base.model), ("dispatcher", base.cpu))
+    }
+    marks: dict[str, float | None] = {"origin": None, "ended": None}
+    finished = {"completed": 1}
+    clock = _Clock(100.0)
+    view = RunView(
+        total=10,
+        clock=clock,  # type: ignore[arg-type]
+        pool=SimpleNamespace(snapshot=lambda: base.pool),  # type: ignore[arg-type]
+        finished=finished,
+        origin=lambda: marks["origin"],
+        ended=lambda: marks["ended"],
+        **limiters,  # type: ignore[arg-type]
+    )
+    assert view.snapshot().elapsed_s is None  # before measurement
+    marks["origin"] = 98.0
+    assert view.snapshot().elapsed_s == 2.0
+    clock.t = 97.5  # a reading just before the origin (another clock's grain): 0, not negative
+    assert view.snapshot().elapsed_s == 0.0
+    marks["ended"], clock.t = 99.25, 500.0  # cleanup after the end does not count
+    taken = view.snapshot()
+    assert taken.elapsed_s == 1.25 and taken.admission == base.admission and taken.pool == base.pool
+    finished["completed"] = 5  # the snapshot is a copy: later counts do not change it
+    assert taken.finished == {"completed": 1} and view.snapshot().completed == 5
