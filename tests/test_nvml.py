@@ -63,7 +63,7 @@ def test_nvml_reads_through_the_bindings_and_nulls_what_the_device_refuses(
     source.close()
     assert fake.calls == ["init", "shutdown"]
 
-    with pytest.raises(NvmlUnavailable, match=r"NVML sees 2 device\(s\)"):
+    with pytest.raises(NvmlUnavailable, match=r"NVML sees 2 device\(s\), physical indices 0\.\.1 \("):
         NvmlSource(2).probe()
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=1, util_supported=False))
