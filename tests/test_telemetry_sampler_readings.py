@@ -65,10 +65,12 @@ def sampled(
     nvml: NvmlSource | None = None,
     samples: int,
     hog: tuple[float, float] | None = None,
+    clock: PacedClock | None = None,
 ) -> tuple[TelemetrySampler, list[ResourceProbe], list[ResourceSample]]:
     """Probe, start the measurement, sample until ``samples`` were taken, stop (one more sample).
-    ``hog=(at, for_s)``: at ``at`` s into the measurement the loop is blocked for ``for_s`` s."""
-    clock = PacedClock(start=START)
+    ``hog=(at, for_s)``: at ``at`` s into the measurement the loop is blocked for ``for_s`` s.
+    ``clock``: a fresh one at ``START`` unless given (a source that takes time on it needs it)."""
+    clock = PacedClock(start=START) if clock is None else clock
 
     async def go() -> tuple[TelemetrySampler, EventCapture]:
         events = EventLog(clock)
@@ -259,4 +261,4 @@ def test_samples_that_could_not_be_recorded_are_counted_in_the_final_sample() ->
     assert [s.seq for s in samples] == [1, 4, 5]  # 2 and 3 lost; the loop took 1 to 4, stop() took 5
     assert [s.errors for s in samples[:-1]] == [[], []]
     assert samples[-1].errors == ["sampler: 2 sample(s) could not be recorded (emitting the event failed)"]
-    assert not sampler.failed and sampler.errors == 3
+    assert not sampler.failed and sampler.errors == 3 and sampler.samples == 3  # recorded ones only

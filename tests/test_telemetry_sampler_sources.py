@@ -1,0 +1,152 @@
+"""Which source the sampler reads and what it says of each, on the scripted rig of
+``tests/test_telemetry_sampler_readings.py``: a source whose probe failed is never read (its fields are
+simply absent, not null as errors), read times are kept to the microsecond, a final read that fails
+otherwise than by its limit keeps its own error, and the per-read server timeout ``from_config`` sets is
+max(1 s, 3 intervals) (MEASUREMENT.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncroll.config import RunConfig
+from asyncroll.event_log import EventLog
+from asyncroll.telemetry.nvml import GpuSample, NvmlSource
+from asyncroll.telemetry.sampler import (
+    GPU_FIELDS,
+    SERVER_FIELDS,
+    STOP_MARGIN_S,
+    TelemetrySampler,
+    metrics_flavor,
+    metrics_url,
+)
+from asyncroll.telemetry.server_metrics import MetricsUnavailable
+from tests.nvml_double import fake_pynvml
+from tests.test_telemetry_sampler_readings import START, PacedClock, ScriptedServer, sampled
+
+NVML_READ_S = 0.1234567  # a read time with a seventh decimal: recorded rounded to the microsecond
+
+
+class TimedNvml(NvmlSource):
+    """An NVML source (over the fake bindings) whose every read holds the loop for ``NVML_READ_S``."""
+
+    clock: PacedClock | None = None
+
+    def read(self) -> GpuSample:
+        assert self.clock is not None
+        self.clock.advance(NVML_READ_S)
+        return super().read()
+
+
+@pytest.mark.timeout(30)
+def test_a_server_that_failed_its_probe_is_not_read_while_the_gpu_is_sampled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=1, util_supported=True))
+    server = ScriptedServer([], probe_error=MetricsUnavailable("GET refused"))
+    sampler, [probe], samples = sampled(0.5, server=server, nvml=NvmlSource(0), samples=2)
+    assert [(s.source, s.available) for s in probe.sources] == [("server_metrics", False), ("nvml", True)]
+    assert server.started == []  # never read after its probe failed
+    assert len(samples) == 3 and sampler.errors == 0
+    assert sampler.stop_limit_s == STOP_MARGIN_S  # no server read to wait for
+    for s in samples:
+        assert s.gpu_util_pct == 37.0 and s.server_running is None
+        assert s.nulls == {} and s.errors == [] and s.collection_s == {"nvml": 0.0}
+
+
+@pytest.mark.timeout(30)
+def test_a_gpu_that_failed_its_probe_is_not_read_while_the_server_is_sampled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=0, util_supported=True))
+    sampler, [probe], samples = sampled(0.5, server=ScriptedServer([0.25]), nvml=NvmlSource(0), samples=1)
+    assert [(s.source, s.available) for s in probe.sources] == [("server_metrics", True), ("nvml", False)]
+    assert [s.server_running for s in samples] == [0.0, 1.0]
+    for s in samples:
+        assert s.gpu_util_pct is None and not set(GPU_FIELDS) & set(s.nulls)
+        assert s.errors == [] and set(s.collection_s) == {"server_metrics"}
+    assert sampler.errors == 0
+
+
+@pytest.mark.timeout(30)
+def test_probe_and_read_times_are_kept_to_the_microsecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each probe, the first server read and each NVML read take 0.1234567 s: recorded as 0.123457 (the
+    probe's NVML time is that of its own first read)."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=1, util_supported=True))
+    clock = PacedClock(start=START)
+    nvml = TimedNvml(0)
+    nvml.clock = clock
+    server = ScriptedServer([NVML_READ_S], probe_s=NVML_READ_S)
+    sampler, [probe], samples = sampled(0.5, server=server, nvml=nvml, samples=1, clock=clock)
+    assert [s.collection_s for s in probe.sources] == [0.123457, 0.123457]
+    assert [s.collection_s for s in samples] == [
+        {"server_metrics": 0.123457, "nvml": 0.123457},
+        {"server_metrics": 0.0, "nvml": 0.123457},  # the final read: past the script, instant
+    ]
+    assert sampler.errors == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_late_wake_up_is_kept_to_the_microsecond() -> None:
+    """The loop is held from 0.375 s for 0.2469134 s: the second sample is 0.1219134 s late, kept as
+    0.121913."""
+    _, _, samples = sampled(0.5, server=ScriptedServer([]), samples=2, hog=(0.375, 2 * NVML_READ_S))
+    assert [s.late_s for s in samples] == [0.0, 0.121913, 0.0]
+
+
+@pytest.mark.timeout(30)
+def test_a_final_read_that_fails_otherwise_keeps_its_own_error() -> None:
+    """Only a final read cut off by stop()'s limit is "no sample within"; one that fails by itself within
+    it says its own error, as a read in the loop does."""
+    server = ScriptedServer([0.0, RuntimeError("connection reset")])
+    sampler, _, [first, final] = sampled(0.5, server=server, samples=1)
+    assert first.errors == [] and first.server_running == 0.0
+    assert final.errors == ["server_metrics: RuntimeError: connection reset"]
+    assert final.nulls == dict.fromkeys(SERVER_FIELDS.values(), "error")
+    assert sampler.errors == 1
+
+
+@pytest.mark.parametrize(("interval", "timeout"), [(0.2, 1.0), (0.5, 1.5)])
+def test_from_config_bounds_each_server_read_by_three_intervals_and_at_least_one_second(
+    tmp_path: Path, interval: float, timeout: float
+) -> None:
+    cfg = RunConfig(
+        workload=tmp_path / "w.jsonl",
+        output=tmp_path / "out",
+        backend="vllm",
+        model="m",
+        telemetry_interval=interval,
+    )
+    clock = PacedClock()
+    sampler = TelemetrySampler.from_config(cfg, clock, EventLog(clock))
+    assert sampler.interval == interval
+    server = sampler._server
+    assert server is not None and server.url == "http://localhost:8000/metrics"
+    assert server.setting == "vllm" and sampler._nvml is None  # no --nvml-device: no GPU source
+    assert server.timeout == timeout
+
+
+@pytest.mark.parametrize(
+    ("server_kind", "url", "flavor"),
+    [
+        ("sglang", "http://localhost:8000/metrics", "sglang"),  # declared: its names, at the endpoint
+        (None, None, None),  # an undeclared server: no /metrics assumed
+        ("generic", None, None),
+    ],
+)
+def test_metrics_names_and_url_follow_the_declared_server_kind(
+    tmp_path: Path, server_kind: str | None, url: str | None, flavor: str | None
+) -> None:
+    cfg = RunConfig.model_validate(
+        {"workload": tmp_path / "w.jsonl", "output": tmp_path / "out", "backend": "openai", "model": "m"}
+        | ({} if server_kind is None else {"server_kind": server_kind})
+    )
+    assert metrics_url(cfg) == url
+    assert metrics_flavor(cfg) == (flavor or "auto")
+    given = cfg.model_copy(update={"metrics_url": "http://gpu-host:9400/metrics"})
+    clock = PacedClock()
+    server = TelemetrySampler.from_config(given, clock, EventLog(clock))._server
+    assert server is not None and server.url == "http://gpu-host:9400/metrics"
+    assert server.setting == (flavor or "auto")  # the declared names, else detected
