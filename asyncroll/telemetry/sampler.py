@@ -100,7 +100,7 @@ class TelemetrySampler:
         self.failed = False  # the sampling loop itself broke (a bug): no further samples
         # what went wrong outside any sample's sources (the loop broke, a sample could not be emitted):
         # said in the final sample's ``errors``, so that a gap in the samples comes with its reason
-        self._unsampled: list[str] = []
+        self._broke: str | None = None
         self._unemitted = 0
         self._stop = asyncio.Event()
         self._running = False
@@ -216,7 +216,7 @@ class TelemetrySampler:
         except Exception as exc:  # noqa: BLE001 - telemetry never crashes a run
             self.errors += 1
             self.failed = True
-            self._unsampled.append(
+            self._broke = (
                 f"sampler: the sampling loop broke after sample {self._seq} ({type(exc).__name__}: {exc}): "
                 "no sample between that one and this last one"
             )
@@ -260,7 +260,7 @@ class TelemetrySampler:
 
     def _notes(self) -> list[str]:
         """What the final sample says of the samples that were never taken or never recorded."""
-        notes = list(self._unsampled)
+        notes = [] if self._broke is None else [self._broke]
         if self._unemitted:
             lost = self._unemitted
             notes.append(f"sampler: {lost} sample(s) could not be recorded (emitting the event failed)")
