@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, Event
+from asyncroll.events import CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, Event
 
 E = TypeVar("E", bound=Event)
 
@@ -20,6 +20,13 @@ def at(t: float, event: E) -> E:
 def cpu_enqueued(tid: str = "a", job: int = 1, **fields: Any) -> CpuEnqueued:
     values: dict[str, Any] = {"kind": "tool", "tool": "t", "turn": 0, "arg_bytes": 1, "queue_depth": 1}
     return CpuEnqueued(id=tid, job_id=job, **{**values, **fields})
+
+
+def cpu_selected(tid: str = "a", job: int = 1, **fields: Any) -> CpuSelected:
+    """A FIFO pick of the only queued job (the oldest), handed to worker 0 at once."""
+    values: dict[str, Any] = {"worker": 0, "policy": "fifo", "reason": "fifo", "queue_depth": 1}
+    values.update(model_outstanding=0, waited_s=0.0, oldest_job_id=job, reordered=False)
+    return CpuSelected(id=tid, job_id=job, **{**values, **fields})
 
 
 def cpu_finished(tid: str = "a", job: int = 1, **fields: Any) -> CpuFinished:

@@ -9,6 +9,7 @@ from typing import Any
 
 from asyncroll import events as ev
 from tests.conftest import REPO
+from tests.event_records import cpu_selected
 
 
 def make_run(tmp_path: Path, events: list[ev.Event], extra_lines: tuple[str, ...] = (), **files: Any) -> Path:
@@ -33,18 +34,8 @@ def trajectory(tid: str, i: int, base: float, worker: int, reordered: bool = Fal
         ev.CpuEnqueued(
             t=base + 0.05, id=tid, job_id=job, kind="tool", tool="add", turn=0, arg_bytes=8, queue_depth=1
         ),
-        ev.CpuSelected(
-            t=base + 0.06,
-            id=tid,
-            job_id=job,
-            worker=worker,
-            policy="asyncroll",
-            reason="fifo",
-            queue_depth=1,
-            model_outstanding=0,
-            waited_s=0.01,
-            oldest_job_id=job,
-            reordered=reordered,
+        cpu_selected(
+            tid, job, t=base + 0.06, worker=worker, policy="asyncroll", waited_s=0.01, reordered=reordered
         ),
         ev.CpuStarted(t=base + 0.06, id=tid, job_id=job, worker=worker, pid=100 + worker, generation=0),
         ev.CpuFinished(
@@ -96,19 +87,7 @@ def timeout_events() -> list[ev.Event]:
         ev.CpuEnqueued(
             t=0.0, id="slow", job_id=7, kind="tool", tool="spin_ms", turn=0, arg_bytes=4, queue_depth=1
         ),
-        ev.CpuSelected(
-            t=0.0,
-            id="slow",
-            job_id=7,
-            worker=0,
-            policy="fifo",
-            reason="fifo",
-            queue_depth=1,
-            model_outstanding=0,
-            waited_s=0.0,
-            oldest_job_id=7,
-            reordered=False,
-        ),
+        cpu_selected("slow", 7, t=0.0),
         ev.CpuStarted(t=0.01, id="slow", job_id=7, worker=0, pid=100, generation=0),
         ev.CpuFailed(
             t=1.01,

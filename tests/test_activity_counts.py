@@ -9,7 +9,7 @@ from pathlib import Path
 
 from asyncroll import events as ev
 from asyncroll.outputs.activity import collect_activity
-from tests.event_records import at, cpu_enqueued, cpu_failed, cpu_finished
+from tests.event_records import at, cpu_enqueued, cpu_failed, cpu_finished, cpu_selected
 from tests.export_checks import load_trace
 from tests.synthetic_runs import make_run, trajectory
 
@@ -61,21 +61,7 @@ def test_a_job_cancelled_in_the_queue_leaves_it_and_is_drawn_cancelled(tmp_path:
         for job, t in ((1, 0.1), (2, 0.2), (3, 0.21))
     ]
     events += [at(t, cpu_failed(job=job, tool="add", reason="cancelled")) for job, t in ((3, 0.22), (2, 0.3))]
-    events.append(
-        ev.CpuSelected(
-            t=0.25,
-            id="a",
-            job_id=1,
-            worker=0,
-            policy="fifo",
-            reason="fifo",
-            queue_depth=1,
-            model_outstanding=0,
-            waited_s=0.15,
-            oldest_job_id=1,
-            reordered=False,
-        )
-    )
+    events.append(at(0.25, cpu_selected(waited_s=0.15)))
     activity = collect_activity(make_run(tmp_path, events) / "events.jsonl")
     assert list(activity.counters["cpu_queue_depth"]) == [
         (0.1, 1),

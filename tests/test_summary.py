@@ -8,7 +8,6 @@ from typing import Any
 from asyncroll.events import (
     CpuFailed,
     CpuFinished,
-    CpuSelected,
     Event,
     JobKind,
     ModelFailed,
@@ -20,7 +19,7 @@ from asyncroll.events import (
 from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.statistics import distribution, pearson, pearson_missing
 from asyncroll.outputs.summary import SummaryBuilder
-from tests.event_records import at
+from tests.event_records import at, cpu_selected
 
 LIMITS = {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1}
 
@@ -31,21 +30,6 @@ def summarise(events: list[Event]) -> dict[str, Any]:
         builder(event)
     return builder.build(
         makespan_s=20.0, policy="fifo", limits=LIMITS, cpu_cost={}, peaks={}, status="complete"
-    )
-
-
-def selected(tid: str, job: int, waited: float) -> CpuSelected:
-    return CpuSelected(
-        id=tid,
-        job_id=job,
-        worker=0,
-        policy="fifo",
-        reason="fifo",
-        queue_depth=1,
-        model_outstanding=0,
-        waited_s=waited,
-        oldest_job_id=job,
-        reordered=False,
     )
 
 
@@ -60,13 +44,13 @@ def test_phases_cover_failed_work_and_only_finished_trajectories() -> None:
         ModelFinished(id="a", request_id=1, turn=0, latency_s=2.0, action="tool"),
         ModelStarted(id="b", request_id=2, turn=0, inflight=1, queued_s=9.0),  # b never finishes
         ModelFailed(id="b", request_id=2, turn=0, latency_s=4.0, kind="timeout", error="x"),
-        selected("a", 1, 0.25),
+        cpu_selected("a", 1, waited_s=0.25),
         CpuFailed(
             id="a", job_id=1, worker=0, kind="tool", tool="t", reason="timeout", roundtrip_s=3.0, error="x"
         ),
         ModelStarted(id="a", request_id=3, turn=1, inflight=1, queued_s=0.0),
         ModelFailed(id="a", request_id=3, turn=1, latency_s=1.0, kind="invalid_action", error="x"),
-        selected("a", 2, 0.0),
+        cpu_selected("a", 2),
         CpuFinished(
             id="a",
             job_id=2,
@@ -278,7 +262,7 @@ def predicted_job(
         CpuEnqueued(
             id="a", job_id=job, kind=kind, tool="x", turn=0, arg_bytes=1, queue_depth=1, resubmission=repair
         ),
-        selected("a", job, 0.0).model_copy(update={"predicted_s": predicted, "prediction_source": source}),
+        cpu_selected("a", job, predicted_s=predicted, prediction_source=source),
         CpuFinished(
             id="a",
             job_id=job,

@@ -21,7 +21,7 @@ from asyncroll.events import (
     WorkerRestarting,
 )
 from asyncroll.outputs.summary import SummaryBuilder
-from tests.event_records import cpu_enqueued, cpu_failed, cpu_finished
+from tests.event_records import cpu_enqueued, cpu_failed, cpu_finished, cpu_selected
 
 LIMITS = {"max_active_trajectories": 4, "max_inflight_model_requests": 2, "cpu_workers": 2}
 
@@ -29,16 +29,13 @@ LIMITS = {"max_active_trajectories": 4, "max_inflight_model_requests": 2, "cpu_w
 def _selected(
     tid: str, job: int, waited: float, reason: str, eligible: bool, reordered: bool, source: str | None
 ) -> CpuSelected:
-    return CpuSelected(
-        id=tid,
-        job_id=job,
-        worker=0,
+    return cpu_selected(
+        tid,
+        job,
         policy="asyncroll",
         reason=reason,
         queue_depth=3,
-        model_outstanding=0,
         waited_s=waited,
-        oldest_job_id=job,
         reordered=reordered,
         eligible=eligible,
         predicted_s=None if source is None else 0.1 * job,

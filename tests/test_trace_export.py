@@ -19,6 +19,7 @@ from asyncroll.outputs import trace as trace_export
 from asyncroll.outputs.spool import Spool
 from asyncroll.outputs.timeline import timeline_data, write_timeline
 from tests.conftest import invoke
+from tests.event_records import cpu_selected
 from tests.export_checks import check_trace_format, chromium_page, load_trace, page_data, thread_names
 from tests.synthetic_runs import (
     RUN,
@@ -188,19 +189,7 @@ def stopped_events() -> list[ev.Event]:
         ev.CpuEnqueued(
             t=1.1, id="job", job_id=8, kind="tool", tool="spin_ms", turn=0, arg_bytes=4, queue_depth=1
         ),
-        ev.CpuSelected(
-            t=1.1,
-            id="job",
-            job_id=8,
-            worker=1,
-            policy="fifo",
-            reason="fifo",
-            queue_depth=1,
-            model_outstanding=0,
-            waited_s=0.0,
-            oldest_job_id=8,
-            reordered=False,
-        ),
+        cpu_selected("job", 8, t=1.1, worker=1),
         ev.CpuStarted(t=1.1, id="job", job_id=8, worker=1, pid=101, generation=0),
         ev.CpuFailed(
             t=1.5,
