@@ -9,7 +9,7 @@ from typing import Any
 
 from asyncroll import events as ev
 from tests.conftest import REPO
-from tests.event_records import cpu_selected
+from tests.event_records import cpu_finished, cpu_selected
 
 
 def make_run(tmp_path: Path, events: list[ev.Event], extra_lines: tuple[str, ...] = (), **files: Any) -> Path:
@@ -114,18 +114,7 @@ def broken_events() -> list[ev.Event]:
         ev.TrajectoryStarted(t=0.0, id="x", index=0, prompt_chars=5, active=1),
         ev.ModelEnqueued(t=0.0, id="x", request_id=1, turn=0, outstanding=1),
         ev.ModelStarted(t=0.1, id="x", request_id=1, turn=0, inflight=1, queued_s=0.1),
-        ev.CpuFinished(
-            t=0.5,
-            id="y",
-            job_id=99,
-            worker=1,
-            kind="tool",
-            tool="add",
-            ok=True,
-            execute_s=0.1,
-            cpu_s=None,
-            roundtrip_s=0.1,
-        ),
+        cpu_finished("y", 99, t=0.5, worker=1, tool="add", execute_s=0.1, roundtrip_s=0.1),
         ev.MeasurementFinished(t=0.8, status="interrupted", makespan_s=0.8),
     ]
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from asyncroll.events import (
     CpuFailed,
-    CpuFinished,
     Event,
     JobKind,
     ModelFailed,
@@ -19,7 +18,7 @@ from asyncroll.events import (
 from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.statistics import distribution, pearson, pearson_missing
 from asyncroll.outputs.summary import SummaryBuilder
-from tests.event_records import at, cpu_selected
+from tests.event_records import at, cpu_finished, cpu_selected
 
 LIMITS = {"max_active_trajectories": 2, "max_inflight_model_requests": 2, "cpu_workers": 1}
 
@@ -51,17 +50,7 @@ def test_phases_cover_failed_work_and_only_finished_trajectories() -> None:
         ModelStarted(id="a", request_id=3, turn=1, inflight=1, queued_s=0.0),
         ModelFailed(id="a", request_id=3, turn=1, latency_s=1.0, kind="invalid_action", error="x"),
         cpu_selected("a", 2),
-        CpuFinished(
-            id="a",
-            job_id=2,
-            worker=0,
-            kind="grade",
-            tool="__grade__",
-            ok=True,
-            execute_s=0.5,
-            cpu_s=None,
-            roundtrip_s=0.6,
-        ),
+        cpu_finished("a", 2, kind="grade", tool="__grade__", execute_s=0.5, roundtrip_s=0.6),
         TrajectoryFinished(id="a", status="failed", turns=2, tool_calls=1, duration_s=8.0),
     ]
     phases = summarise(events)["phases"]
@@ -97,20 +86,7 @@ def test_cancelled_tool_calls_are_not_in_the_error_rate() -> None:
         TrajectoryStarted(id=t, index=i, prompt_chars=1, active=1) for i, t in enumerate("ab")
     ]
     for job, tid in enumerate("ab"):
-        events.append(
-            CpuFinished(
-                id=tid,
-                job_id=job,
-                worker=0,
-                kind="tool",
-                tool="t",
-                ok=False,
-                execute_s=0.1,
-                cpu_s=None,
-                roundtrip_s=0.1,
-                error="boom",
-            )
-        )
+        events.append(cpu_finished(tid, job, ok=False, execute_s=0.1, roundtrip_s=0.1, error="boom"))
         events.append(
             CpuFailed(
                 id=tid,
@@ -151,17 +127,7 @@ def test_blocked_intervals_count_only_spans_of_positive_length() -> None:
             ),
             at(
                 t1,
-                CpuFinished(
-                    id=tid,
-                    job_id=jid,
-                    worker=0,
-                    kind="grade",
-                    tool="g",
-                    ok=True,
-                    execute_s=t1 - t0,
-                    cpu_s=None,
-                    roundtrip_s=t1 - t0,
-                ),
+                cpu_finished(tid, jid, kind="grade", tool="g", execute_s=t1 - t0, roundtrip_s=t1 - t0),
             ),
         ]
 
@@ -208,18 +174,7 @@ def test_a_blocked_stretch_left_and_rejoined_at_one_instant_is_one_interval() ->
         return events
 
     def done(t: float, tid: str, job: int) -> Event:
-        finished = CpuFinished(
-            id=tid,
-            job_id=job,
-            worker=0,
-            kind="tool",
-            tool="t",
-            ok=True,
-            execute_s=0.1,
-            cpu_s=None,
-            roundtrip_s=0.1,
-        )
-        return at(t, finished)
+        return at(t, cpu_finished(tid, job, execute_s=0.1, roundtrip_s=0.1))
 
     events: list[Event] = [
         at(0.0, TrajectoryStarted(id="a", index=0, prompt_chars=1, active=1)),
@@ -263,17 +218,7 @@ def predicted_job(
             id="a", job_id=job, kind=kind, tool="x", turn=0, arg_bytes=1, queue_depth=1, resubmission=repair
         ),
         cpu_selected("a", job, predicted_s=predicted, prediction_source=source),
-        CpuFinished(
-            id="a",
-            job_id=job,
-            worker=0,
-            kind=kind,
-            tool="x",
-            ok=True,
-            execute_s=actual,
-            cpu_s=None,
-            roundtrip_s=actual,
-        ),
+        cpu_finished("a", job, kind=kind, tool="x", execute_s=actual, roundtrip_s=actual),
     ]
 
 

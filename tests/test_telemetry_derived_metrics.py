@@ -11,7 +11,6 @@ import pytest
 
 from asyncroll.events import (
     CpuEnqueued,
-    CpuFinished,
     Event,
     ModelEnqueued,
     ModelFinished,
@@ -25,6 +24,7 @@ from asyncroll.events import (
 from asyncroll.outputs.resources import gpu_hour
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.schemas import SummaryModel
+from tests.event_records import cpu_finished
 
 
 def _sample(t: float, seq: int, running: float | None = 0.0, util: float | None = None) -> ResourceSample:
@@ -47,18 +47,7 @@ def _blocked_stream(block_from: float, block_to: float) -> list[Event]:
         CpuEnqueued(
             t=block_from, id="a", job_id=1, kind="tool", tool="t", turn=0, arg_bytes=0, queue_depth=0
         ),
-        CpuFinished(
-            t=block_to,
-            id="a",
-            job_id=1,
-            worker=0,
-            kind="tool",
-            tool="t",
-            ok=True,
-            execute_s=1,
-            cpu_s=1,
-            roundtrip_s=1,
-        ),
+        cpu_finished(t=block_to, execute_s=1, cpu_s=1, roundtrip_s=1),
         TrajectoryFinished(
             t=block_to, id="a", status="completed", turns=1, tool_calls=1, duration_s=block_to
         ),
