@@ -14,6 +14,7 @@
     │   └── WorkerDied             the worker process exited while it held a job
     ├── ModelError                 a model call failed; isolated to its trajectory
     │   └── InvalidActionError     the model answered with an action that does not validate
+    ├── PolicyError                a policy chose a job that is not in the queue it was shown (its bug)
     ├── IsolationError*            a sandbox layer lcb_evaluate requires is missing (no weak isolation)
     ├── SandboxError*              the sandbox could not start a test or clean up after one
     └── SimulationError            a sweep's simulated run did not complete (e.g. its policy raised)
@@ -134,6 +135,11 @@ class ModelError(AsyncrollError):
         self.text = text
         self.finish_reason = finish_reason
         super().__init__(message)
+
+
+class PolicyError(AsyncrollError):
+    """A policy's ``choose`` named a job that is not in the queue it was shown: a bug in that policy
+    (the built-in ones choose from the snapshot). The run fails with this message, not a bare KeyError."""
 
 
 class InvalidActionError(ModelError):

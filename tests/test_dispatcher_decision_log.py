@@ -5,8 +5,11 @@ counts behind the live view (decisions, reorders, peak queue)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from asyncroll.errors import PolicyError
 from asyncroll.events import CpuEnqueued, CpuSelected, CpuStarted
 from asyncroll.policies import QueueSnapshot
 from asyncroll.policies.base import Decision
@@ -84,3 +87,25 @@ def test_a_decision_logs_the_queue_it_saw_and_the_policys_pick(workers: int) -> 
         DispatcherSnapshot(queued=10, decisions=workers, reorders=0, peak_queued=10),
         DispatcherSnapshot(queued=0, decisions=jobs, reorders=reorders, peak_queued=10),
     ]
+
+
+@pytest.mark.timeout(30)
+def test_a_policy_that_chooses_a_job_not_in_its_queue_is_named_with_the_jobs_it_was_shown() -> None:
+    """A policy's bug (here: a job id it made up) fails the run with a message that names the policy,
+    its pick and the queue it saw, not a bare ``KeyError: 999`` from deep in the dispatcher."""
+
+    async def scenario(rig: Rig) -> None:
+        busy = rig.submit(sleep_job(100))  # the one worker: the next ten jobs queue behind it
+        await rig.clock.sleep(0.001)
+        tasks = [rig.submit(sleep_job(10)) for _ in range(10)]
+        await asyncio.gather(busy, *tasks)
+
+    policy = Scripted(lambda s: Decision(s.oldest.job_id if len(s.jobs) == 1 else 999, "made up"))
+    with pytest.raises(ExceptionGroup) as raised:
+        run_rig(scenario, policy)
+    error = raised.value.exceptions[0]
+    assert isinstance(error, PolicyError)
+    assert str(error) == (
+        "policy 'scripted' chose job 999, not one of the 10 queued job(s) it was shown "
+        "(ids 2, 3, 4, 5, 6, 7, 8, 9, ...)"
+    )

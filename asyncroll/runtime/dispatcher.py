@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from asyncroll.clock import Clock
-from asyncroll.errors import WorkerDied, WorkerTimeout
+from asyncroll.errors import PolicyError, WorkerDied, WorkerTimeout
 from asyncroll.event_log import EventLog
 from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted
 from asyncroll.policies import JobView, Policy, QueueSnapshot
@@ -269,6 +269,14 @@ class CpuDispatcher:
                 running_left,
             )
             decision = self._policy.choose(snapshot)
+            if decision.job_id not in queue:
+                shown = [str(j.job_id) for j in jobs[:MAX_CANDIDATES]] + ["..."] * (
+                    len(jobs) > MAX_CANDIDATES
+                )
+                raise PolicyError(
+                    f"policy {self._policy.name!r} chose job {decision.job_id!r}, not one of the {len(jobs)} "
+                    f"queued job(s) it was shown (ids {', '.join(shown)})"
+                )
             # the chosen job's place in the queue, where the snapshot's estimates are read (the queue's keys
             # are the jobs' ids, in order)
             index = tuple(queue).index(decision.job_id) if remaining else None
