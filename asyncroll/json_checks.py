@@ -5,6 +5,9 @@ strict scalar types a settings file's values are validated as (pydantic's lax mo
 ``"\\ud800"`` is valid JSON text, and Python's and pydantic-core's parsers decode it into a string holding
 a lone surrogate; every later UTF-8 write of that string (events.jsonl, a converted workload, a hash of
 it) then fails. Inputs are checked once, where they are read, and refused with the field's place.
+
+A file that is not JSON text at all yet (gzip-compressed, a zip archive, a Parquet shard) is named as such
+by its first bytes (:func:`container_kind`), for a converter's source and a workload alike.
 """
 
 from __future__ import annotations
@@ -84,3 +87,31 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"key {key!r} is given twice in one object")
         out[key] = value
     return out
+
+
+#: Leading bytes of the files a download may be instead of JSON text, what each is, and how to get its
+#: JSON Lines (``{out}``: the file to write them to).
+_CONTAINERS = (
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first (`zcat FILE > {out}`)"),
+    (
+        b"PAR1",
+        "a Parquet file",
+        "export its rows as JSON Lines first (e.g. pandas `read_parquet(FILE)"
+        ".to_json('{out}', orient='records', lines=True)`)",
+    ),
+    (b"PK\x03\x04", "a zip archive", "extract the JSON file from it first"),
+    (b"(\xb5/\xfd", "zstd-compressed", "decompress it first (`zstd -d FILE -o {out}`)"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (`xz -dk FILE`)"),
+    (b"BZh", "bzip2-compressed", "decompress it first (`bzip2 -dk FILE`)"),
+)
+
+
+def container_kind(head: bytes, out: str) -> str | None:
+    """What a file that starts with ``head`` (its first 8 bytes) is when it is a compressed file or an
+    archive rather than JSON text, with the way to its JSON Lines (``out``: the file name to suggest):
+    "gzip-compressed, not JSON text: decompress it first (…)". None for anything else: it would otherwise
+    be "not UTF-8 text", "not valid JSON" or a UTF-16 file's NUL bytes."""
+    for magic, what, how in _CONTAINERS:
+        if head.startswith(magic):
+            return f"{what}, not JSON text: {how.format(out=out)}"
+    return None

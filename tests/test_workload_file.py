@@ -59,6 +59,27 @@ def test_a_symlink_to_a_regular_file_is_accepted(tmp_path: Path) -> None:
     assert [pid for _, pid, _ in iter_problems(link, identity=scan.identity)][-1] == "smoke-answer"
 
 
+def test_a_compressed_workload_is_named_as_such_with_the_way_to_its_lines(tmp_path: Path) -> None:
+    """A ``workload.jsonl.gz`` (or a zip of it) was told "holds NUL bytes ...: a UTF-16 or UTF-32 file? save
+    it as UTF-8" on its first line (or "not valid UTF-8"), which sends a user to re-encode a file that needs
+    decompressing; the converters already name such a source. Nothing of it is read as lines."""
+    import gzip
+    import zipfile
+
+    smoke = (REPO / "examples" / "smoke.jsonl").read_bytes()
+    packed = tmp_path / "w.jsonl.gz"
+    packed.write_bytes(gzip.compress(smoke, mtime=0))
+    zipped = tmp_path / "w.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.writestr("w.jsonl", smoke)
+    for path, what in ((packed, "gzip-compressed"), (zipped, "a zip archive")):
+        scan = scan_workload(path, tmp_path, scripted=True, flag="--workload")
+        assert scan.count == 0 and len(scan.problems) == 1, scan.problems
+        assert scan.problems[0].startswith(f"--workload {path}: {what}, not JSON text: "), scan.problems
+        assert "UTF-16" not in scan.problems[0]
+    assert "zcat" in scan_workload(packed, tmp_path, scripted=True).problems[0]
+
+
 @pytest.mark.timeout(60)
 def test_run_from_a_pipe_is_a_usage_error_and_creates_nothing(tmp_path: Path) -> None:
     out = tmp_path / "run"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import OutputWriteError, UsageError
+from asyncroll.json_checks import container_kind
 from asyncroll.outputs.lines import clear_staged, staging_path
 
 
@@ -53,28 +54,12 @@ def read_source(source: Path) -> bytes:
     return data
 
 
-#: Leading bytes of the files a dataset download may be instead of JSON text, and how to get the JSON.
-_CONTAINERS = (
-    (b"\x1f\x8b", "gzip-compressed", "decompress it first (`zcat FILE > rows.jsonl`)"),
-    (
-        b"PAR1",
-        "a Parquet file",
-        "export its rows as JSON Lines first (e.g. pandas `read_parquet(FILE)"
-        ".to_json('rows.jsonl', orient='records', lines=True)`)",
-    ),
-    (b"PK\x03\x04", "a zip archive", "extract the JSON file from it first"),
-    (b"(\xb5/\xfd", "zstd-compressed", "decompress it first (`zstd -d FILE -o rows.jsonl`)"),
-    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (`xz -dk FILE`)"),
-    (b"BZh", "bzip2-compressed", "decompress it first (`bzip2 -dk FILE`)"),
-)
-
-
 def refuse_container(source: Path, head: bytes) -> None:
     """A source that starts like a compressed file or an archive is named as such (it would otherwise be
     "not UTF-8 text" or "not valid JSON"), with the way to its JSON rows."""
-    for magic, what, how in _CONTAINERS:
-        if head.startswith(magic):
-            raise UsageError(f"--source {source} is {what}, not JSON text: {how}")
+    kind = container_kind(head, "rows.jsonl")
+    if kind is not None:
+        raise UsageError(f"--source {source} is {kind}")
 
 
 def sha256_hex(data: bytes) -> str:

@@ -5,6 +5,7 @@ that changed since its scan."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -18,7 +19,13 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ValidationError
 
 from asyncroll.errors import WorkloadError
-from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate, unique_keys
+from asyncroll.json_checks import (
+    LONE_SURROGATE,
+    container_kind,
+    lone_surrogate_at,
+    may_hold_surrogate,
+    unique_keys,
+)
 from asyncroll.json_depth import TOO_DEEP, json_loads
 from asyncroll.setting_names import unknown_setting
 from asyncroll.tool_files import ToolFile
@@ -245,7 +252,7 @@ _FILE_KINDS = (
 )
 
 
-def _open_regular(path: Path) -> tuple[BinaryIO, FileIdentity]:
+def _open_regular(path: Path) -> tuple[io.BufferedReader, FileIdentity]:
     """Open a workload for reading, or raise :class:`WorkloadError` unless it is a regular file (after
     symlinks): a run reads its workload twice, and a pipe would be empty the second time."""
     try:
@@ -296,6 +303,10 @@ def scan_workload(
             scan.add_problem(f"{flag} {message}" if flag else message)
         return scan
     with handle:
+        container = container_kind(handle.peek(8)[:8], "workload.jsonl")
+        if container is not None:  # its first "line" was "a UTF-16 or UTF-32 file?" or "not UTF-8"
+            scan.add_problem(f"{flag} {path}: {container}" if flag else f"{path}: {container}")
+            return scan
         for line_no, raw in enumerate(handle, start=1):
             digest.update(raw)
             if not raw.strip() or (limit is not None and scan.count >= limit):
