@@ -22,7 +22,8 @@ def validate(
         str, Opt(help="Backend the workload is meant for (scripted needs scripts).")
     ] = "scripted",
 ) -> None:
-    """Check a workload without running it; reports every problem, not just the first."""
+    """Check a workload without running it; reports every problem, not just the first (a line's
+    cross-field checks — its tools, its script's calls, a duplicate id — once its fields are valid)."""
     from typing import get_args
 
     from asyncroll.config import BackendName
