@@ -349,3 +349,21 @@ def test_a_run_whose_receipt_cannot_be_written_keeps_no_handle_on_its_directory(
         open_run_files(out, {"config": {}}, VirtualClock())
     assert _open_fds() == before
     assert not out.exists()
+
+
+def test_a_timeline_that_writes_one_export_of_two_records_it_and_says_which_failed(tmp_path: Path) -> None:
+    """trace.json is a directory (cannot be replaced); timeline.html is rewritten all the same: run.json's
+    ``exports_regenerated`` says so (it was left as before, naming no new export) and the error says
+    which was written as well as which failed."""
+    run = tmp_path / "run"
+    assert invoke("simulate", "--workload", SMOKE, "--output", run).exit_code == 0
+    (run / "trace.json").unlink()
+    (run / "trace.json").mkdir()
+    (run / "timeline.html").unlink()
+    result = invoke("timeline", run)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: export failed: trace.json: ")
+    assert result.stderr.endswith(f" ({run / 'timeline.html'} was written)\n")
+    regenerated = json.loads((run / "run.json").read_text())["exports_regenerated"]
+    assert (regenerated["trace.json"]["ok"], regenerated["timeline.html"]["ok"]) == (False, True)
+    assert (run / "timeline.html").is_file() and (run / "trace.json").is_dir()

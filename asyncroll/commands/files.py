@@ -107,12 +107,17 @@ def timeline(
             err=True,
         )
         raise typer.Exit(130) from None
-    failed = [f"{name}: {exports[name]['error']}" for name in EXPORTS if not exports[name]["ok"]]
-    if failed:
-        raise fail("export failed: " + "; ".join(failed), 1)
-    say(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
     from asyncroll.outputs.receipt import record_regenerated_exports
 
+    failed = [f"{name}: {exports[name]['error']}" for name in EXPORTS if not exports[name]["ok"]]
+    written = [str(run_dir / name) for name in EXPORTS if exports[name]["ok"]]
+    if failed:
+        # the one written is the run's export now: run.json says so, and which one failed
+        unrecorded = record_regenerated_exports(run_dir, exports) if written else None
+        kept = f" ({written[0]} was written)" if written else ""
+        note = "" if unrecorded is None else f"; warning: {unrecorded}"
+        raise fail("export failed: " + "; ".join(failed) + kept + note, 1)
+    say(f"wrote {run_dir / 'trace.json'} and {run_dir / 'timeline.html'}")
     unrecorded = record_regenerated_exports(run_dir, exports)
     if unrecorded is not None:
         typer.echo(f"warning: {unrecorded}", err=True)
