@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from asyncroll.experiment.comparison import validate_comparison
+from asyncroll.experiment.comparison import build_comparison, validate_comparison
 from asyncroll.experiment.report import POOLED_RATES, aggregate
 from asyncroll.experiment.report_markdown import markdown
 from tests.fake_comparison import comparison
@@ -97,3 +97,66 @@ def test_the_server_versions_line_flags_a_version_that_differs_between_arms() ->
         line + "vllm_version 0.6.1, 0.6.2 (**differs between arms**); sglang_version 0.4.1."
         in markdown(aggregate(data)).splitlines()
     )
+
+
+def staged(qualification: str, stage: str, status: str) -> dict[str, Any]:
+    """comparison.json of an experiment that ended ``status`` in its qualification stage (``stage``, its
+    one arm ``qualification``), before its one pair ran."""
+    plan: list[dict[str, Any]] = [
+        {
+            "id": "qualification-1-a",
+            "stage": "qualification",
+            "pair": None,
+            "arm": "a",
+            "policy": "a",
+            "seed": 0,
+        }
+    ] + [
+        {"id": f"pair1-{a}", "stage": "comparison", "pair": 0, "arm": a, "policy": a, "seed": 0} for a in "ab"
+    ]
+    experiment = {
+        "config": {
+            "name": "x",
+            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
+            "baseline": "a",
+            "seed": 0,
+            "bootstrap_resamples": 200,
+        },
+        "status": status,
+        "fingerprint": {"sha256": "f" * 64},
+        "stages": {
+            "qualification": {"status": stage, "arms": ["qualification-1-a"], "gates": []},
+            "comparison": {"status": "pending", "arms": [], "gates": []},
+        },
+        "plan": plan,
+        "arms": {
+            "qualification-1-a": {"status": qualification},
+            "pair1-a": {"status": "pending"},
+            "pair1-b": {"status": "pending"},
+        },
+    }
+    data = build_comparison(experiment, {})
+    validate_comparison(copy.deepcopy(data))
+    return data
+
+
+def test_an_arm_interrupted_in_a_stage_before_the_pairs_is_listed_as_unfinished() -> None:
+    """Ctrl-C during qualification: the interrupted qualification arm is unfinished too, not only the
+    pairs' arms that never started."""
+    text = markdown(aggregate(staged("interrupted", "running", "interrupted")))
+    unfinished = text[text.index("Unfinished arms (not failed; `--resume` runs them)") :].strip().splitlines()
+    assert unfinished[2:] == [
+        "- `qualification-1-a`: interrupted",
+        "- `pair1-a`: pending",
+        "- `pair1-b`: pending",
+    ]
+
+
+def test_after_a_failed_gate_the_arms_not_run_are_not_promised_to_a_resume() -> None:
+    """A failed gate stops the experiment for good (``--resume`` says "stopped earlier at …" and runs
+    nothing): the report must not say that ``--resume`` runs the arms left pending."""
+    text = markdown(aggregate(staged("complete", "failed", "stopped")))
+    assert "`--resume` runs them" not in text
+    heading = "Arms not run (stage qualification failed its gate; `--resume` does not run them):"
+    arms = text[text.index(heading) :].strip().splitlines()
+    assert arms[2:] == ["- `pair1-a`: pending", "- `pair1-b`: pending"]

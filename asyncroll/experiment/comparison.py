@@ -2,7 +2,8 @@
 
 Each arm's summary.json is read through ``SummaryModel`` (so a schema drift fails loudly) and reduced to
 the metrics below; a value the run could not measure stays ``null`` ("unknown" in the report), never 0.
-Failed arms appear with their error; a pair is complete only when every arm in it completed.
+Failed arms appear with their error, unfinished ones (any stage's) with their status; a pair is complete only
+when every arm in it completed.
 ``validate_comparison`` is the reader's side: ``asyncroll report`` refuses a file that is damaged,
 inconsistent or of another schema version, naming what is wrong, instead of computing from it.
 """
@@ -144,11 +145,22 @@ def build_comparison(
     policies = {a["name"]: a["policy"] for a in config["arms"]}
     pairs: dict[int, dict[str, Any]] = {}
     failed: list[dict[str, Any]] = []
+    unfinished: list[dict[str, Any]] = []  # every stage's: interrupted, pending or still running
     for plan in experiment["plan"]:
         record = experiment["arms"][plan["id"]]
         if record.get("status") == "failed":
             failed.append(
                 {"id": plan["id"], "stage": plan["stage"], "arm": plan["arm"], "error": record.get("error")}
+            )
+        elif record.get("status") != "complete":
+            unfinished.append(
+                {
+                    "id": plan["id"],
+                    "stage": plan["stage"],
+                    "arm": plan["arm"],
+                    "status": record.get("status", "not_run"),
+                    "error": record.get("error"),
+                }
             )
         if plan["pair"] is None:
             continue
@@ -194,6 +206,7 @@ def build_comparison(
         ],
         "pairs": [pairs[k] for k in sorted(pairs)],
         "failed_arms": failed,
+        "unfinished_arms": unfinished,
         "server_versions": versions,
     }
 
@@ -274,6 +287,10 @@ class _FailedArm(_Read):
     error: str | None = None
 
 
+class _UnfinishedArm(_FailedArm):
+    status: str
+
+
 class ComparisonFile(_Read):
     """comparison.json as ``asyncroll report`` needs it: the types and the cross-references."""
 
@@ -291,6 +308,7 @@ class ComparisonFile(_Read):
     metrics: list[_MetricEntry]
     pairs: list[_PairEntry]
     failed_arms: list[_FailedArm] = Field(default_factory=list)
+    unfinished_arms: list[_UnfinishedArm] = Field(default_factory=list)
     stages: dict[str, _Stage] = Field(default_factory=dict)
     server_versions: dict[str, list[str]] = Field(default_factory=dict)
 

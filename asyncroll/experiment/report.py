@@ -158,6 +158,11 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         for arm, a in p["arms"].items()
         if a["status"] != "complete"
     ]
+    # every stage's arms not finished (interrupted, pending), and any pair's arm so (a comparison.json
+    # written before ``unfinished_arms`` lists the pairs' alone)
+    unfinished = list(comparison.get("unfinished_arms", []))
+    listed = {u["id"] for u in unfinished}
+    unfinished += [f for f in failures if f["status"] != "failed" and f["id"] not in listed]
     return {
         "experiment": comparison.get("experiment"),
         "experiment_status": comparison.get("experiment_status"),
@@ -183,6 +188,7 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "pooled": pooled,
         "failures": failures,
         "failed_arms": comparison.get("failed_arms", []),
+        "unfinished_arms": unfinished,
         "server_versions": comparison.get("server_versions", {}),
         "stages": comparison.get("stages", {}),
         "metrics": comparison["metrics"],

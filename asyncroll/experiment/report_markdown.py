@@ -221,10 +221,18 @@ def markdown(agg: dict[str, Any]) -> str:
         )
     out += ["", "Failed arms (kept, never re-run):", ""]
     out += [f"- `{f['id']}`: {one_line(f.get('error'))}" for f in agg["failed_arms"]] or ["- none"]
-    # interrupted (Ctrl-C, the experiment's deadline) or never reached: not failures; --resume runs them
-    unfinished = [f for f in agg["failures"] if f["status"] != "failed"]
+    # interrupted (Ctrl-C, the experiment's deadline) or never reached: not failures; --resume runs them,
+    # unless a stage failed its gate: the experiment stopped there for good
+    unfinished = agg["unfinished_arms"]
+    gate = next((s for s, state in agg["stages"].items() if state.get("status") == "failed"), None)
     if unfinished:
-        out += ["", "Unfinished arms (not failed; `--resume` runs them):", ""]
+        out += [
+            "",
+            f"Arms not run (stage {gate} failed its gate; `--resume` does not run them):"
+            if gate is not None
+            else "Unfinished arms (not failed; `--resume` runs them):",
+            "",
+        ]
         for f in unfinished:
             out.append(
                 f"- `{f['id']}`: {f['status']}" + (f": {one_line(f['error'])}" if f.get("error") else "")
