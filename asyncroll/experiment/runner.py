@@ -145,6 +145,9 @@ class ExperimentRunner:
                     return self._run_all(receipt)
                 except ExperimentInterrupted as exc:
                     reason = f"interrupted by {exc}"  # also the report's reason for the status
+                    for state in receipt.data["stages"].values():  # the stage cut: never left "running"
+                        if state["status"] == "running":
+                            state["status"] = "interrupted"  # --resume runs it again, as a running one
                     receipt.set_status("interrupted", error=reason, stop_reason=reason)
                     self._write_comparison(receipt)
                     ignored = (
