@@ -201,3 +201,15 @@ def test_an_experiment_setting_out_of_range_is_quoted_beside_its_bound(tmp_path:
     assert "client.max_turns: Input should be greater than or equal to 1 (got 0)" in said, said
     assert "server.port: Input should be less than or equal to 65535 (got 70000)" in said, said
     assert "server.stop_grace_s: Input should be greater than or equal to 0 (got -0.5)" in said, said
+
+
+def test_a_workload_path_not_found_names_the_setting_in_the_plan_and_the_run(tmp_path: Path) -> None:
+    """A relative ``workload.path`` is taken from the config's folder: one not found there is refused
+    naming the setting (as ``run`` names ``--workload``), not only as a path the user never wrote."""
+    config = write_config(tmp_path, **{"workload.path": "../examples/smoke.jsonl"})
+    missing = f"workload.path {tmp_path / '..' / 'examples' / 'smoke.jsonl'}: cannot read"
+    run = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    plan = invoke("experiment", "plan", "--config", config)
+    assert run.exit_code == plan.exit_code == 2, plan.output
+    assert missing in plan.stderr and missing in run.stderr, (plan.stderr, run.stderr)
+    assert not (tmp_path / "out").exists()

@@ -133,7 +133,9 @@ def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
     from asyncroll.workload import scan_workload
 
     root = (cfg.workload.tool_root or cfg.workload.path.parent).resolve()
-    scan = scan_workload(cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit)
+    scan = scan_workload(
+        cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit, flag="workload.path"
+    )
     scan.raise_if_invalid()
     if cfg.workload.sha256 is not None and scan.sha256 != cfg.workload.sha256:
         raise UsageError(
