@@ -192,6 +192,8 @@ def test_a_failed_stage_stops_the_experiment_before_the_comparison(tmp_path: Pat
     assert not (out / "arms" / "pair1-fifo").exists()
     again = invoke("experiment", "run", "--config", config, "--output", out, "--resume")
     assert again.exit_code == 1 and "stopped earlier at qualification" in again.stderr
+    # the resume keeps why it stopped (REPORT.md's status line), not only that it had stopped before
+    assert "stage qualification failed its gate" in read(out / "experiment.json")["stop_reason"]
 
 
 @pytest.mark.timeout(240)

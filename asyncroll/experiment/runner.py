@@ -287,7 +287,10 @@ class ExperimentRunner:
             if state["status"] in ("passed", "not_configured", "complete"):
                 continue
             if state["status"] == "failed":
-                return self._finish(receipt, "stopped", f"stopped earlier at {stage}")
+                reason = (
+                    f"stage {stage} failed its gate (stopped earlier at {stage}: a resume runs nothing more)"
+                )
+                return self._finish(receipt, "stopped", reason)
             arms = [a for a in self.plan if a.stage == stage]
             receipt.set_stage(stage, status="running", arms=[a.id for a in arms])
             for arm in arms:
