@@ -178,3 +178,19 @@ def test_fault_draws_are_seeded() -> None:
             runs.append([client.post("/v1/chat/completions", json=body()).status_code for _ in range(20)])
     assert runs[0] == runs[1]
     assert {200, 500, 503} <= set(runs[0])
+
+
+def test_fault_rates_are_chances_of_a_draw_and_the_first_drawn_applies() -> None:
+    """README's example: --rate-429 0.6 --rate-500 0.6 answers about 60% 429 and 24% (0.4 × 0.6) 500, not
+    60% of each; every request draws every rate, so slowness comes on top of a fault."""
+    from asyncroll.serve_sim.faults import FaultPlan
+
+    plan = FaultPlan(FaultConfig(rate_429=0.6, rate_500=0.6, slow_rate=0.5), seed=7, enforce_schema=True)
+    draws = [plan.draw() for _ in range(20_000)]
+    share = {f: sum(d[0] == f for d in draws) / len(draws) for f in ("http_429", "http_500", None)}
+    assert share["http_429"] == pytest.approx(0.6, abs=0.015)
+    assert share["http_500"] == pytest.approx(0.24, abs=0.015)
+    assert share[None] == pytest.approx(0.16, abs=0.015)
+    slow_429 = sum(1 for fault, slow in draws if slow and fault == "http_429") / len(draws)
+    assert slow_429 == pytest.approx(0.3, abs=0.015)
+    assert plan.injected["http_500"] == sum(d[0] == "http_500" for d in draws)

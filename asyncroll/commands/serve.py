@@ -54,7 +54,9 @@ def serve_sim(
     """Serve an OpenAI-compatible inference-server simulator (batching engine in real time, faults, metrics).
 
     Endpoints: POST /v1/chat/completions, GET /health, GET /v1/models, GET /metrics, GET /sim/stats.
-    The first line printed is "serve-sim listening on http://HOST:PORT ...".
+    The first line printed is "serve-sim listening on http://HOST:PORT ...". Fault rates are drawn
+    independently per request, in the order 429, 500, 503, reset, truncate, malformed, invalid action; the
+    first drawn applies (--rate-429 0.6 --rate-500 0.6: about 60% 429 and 24% 500).
     """
     from asyncroll.backends.server_model import ServerModelConfig
     from asyncroll.errors import OutputWriteError
