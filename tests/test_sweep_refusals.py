@@ -123,3 +123,20 @@ def test_a_sweep_of_a_recorded_run_is_refused_saying_how_to_sweep_its_timings(tm
     workload = replay / "replay-workload.jsonl"
     swept = simulate_here(*sweep, "--workload", workload, "--tool-root", root, "--output", tmp_path / "s")
     assert swept.exit_code == 0, swept.output
+
+
+def test_a_sweep_reads_no_line_past_its_limit_as_simulate_does(tmp_path: Path) -> None:
+    """``--limit N`` runs the first N problems: ``simulate`` never reads a line past them, but a sweep's
+    seeded workloads were jittered from the whole file, so a bad third line failed ``--limit 2`` with
+    exit 2 ("nothing created") after the output directory and its empty ``workloads/`` were made."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(SMOKE.read_text().splitlines()[2] + "\n" + '{"id": "x", "prompt": 3}\n')
+    single = simulate_here("--workload", workload, "--output", tmp_path / "one", "--limit", "1")
+    assert single.exit_code == 0, single.output
+    out = tmp_path / "sweep"
+    args = ("--policies", "fifo", "--seeds", "2", "--jobs", "1", "--no-progress", "--limit", "1")
+    swept = simulate_here("--sweep", "--workload", workload, "--output", out, *args)
+    assert swept.exit_code == 0, swept.output
+    for seed in (0, 1):  # the problems the cells ran, jittered; the same makespans as one run of each
+        assert len((out / "workloads" / f"seed-{seed}.jsonl").read_text().splitlines()) == 1
+    assert [row["completed"] for row in json.loads((out / "sweep.json").read_text())["rows"]] == [1, 1]

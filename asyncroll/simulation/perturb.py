@@ -35,12 +35,15 @@ def factor(seed: int, problem: str, turn: int, kind: str, sigma: float) -> float
     return math.exp(rng.gauss(-sigma * sigma / 2.0, sigma))
 
 
-def perturb_workload(source: Path, destination: Path, seed: int, sigma: float) -> int:
-    """Write ``source`` with jittered timings to ``destination``; returns the number of problems. A
+def perturb_workload(
+    source: Path, destination: Path, seed: int, sigma: float, limit: int | None = None
+) -> int:
+    """Write ``source`` with jittered timings to ``destination`` (its first ``limit`` problems: the lines
+    past them are never read, as a run's ``--limit`` reads none); returns the number of problems. A
     failure to write ``destination`` (a full disk) is an :class:`OutputWriteError` that names it."""
     count = 0
     with TextOutput(destination) as out:
-        for _, pid, problem in iter_problems(source):
+        for _, pid, problem in iter_problems(source, limit):
             script = []
             for turn, action in enumerate(problem.script or []):
                 update: dict[str, Any] = {}

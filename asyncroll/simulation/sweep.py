@@ -118,7 +118,7 @@ def run_sweep(
     for seed in range(spec.seeds):
         seeded = output / "workloads" / f"seed-{seed}.jsonl"
         try:
-            perturb_workload(workload, seeded, seed, spec.jitter)
+            perturb_workload(workload, seeded, seed, spec.jitter, base.get("limit"))
         except BaseException:  # a full disk, a signal: no workload cut short is left for a cell to run
             seeded.unlink(missing_ok=True)
             raise
