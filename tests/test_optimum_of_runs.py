@@ -324,3 +324,28 @@ def test_a_solve_cut_by_the_time_limit_says_a_longer_one_may_do_better(
     monkeypatch.setattr(optimum_module, "solve", real)
     solved = invoke("optimum", run, "--time-limit", "30", "--threads", "1")
     assert solved.exit_code == 0 and "optimal" in solved.stdout and "a longer one may" not in solved.stdout
+
+
+def test_optimum_of_a_stopped_run_says_its_cancelled_steps_count_up_to_the_stop(tmp_path: Path) -> None:
+    """A request a stopped run cancelled ends with ``model_failed`` (kind ``cancelled``) and its latency
+    up to the stop, which the solve counts (as the summary's bound does); the warning said that "steps
+    still running when it stopped" were left out. A run killed while preparing "ended preparing"."""
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p", model_ms=10, cpu_ms=5)])
+    run = tmp_path / "run"
+    assert invoke("simulate", "--workload", workload, "--output", run).exit_code == 0
+    receipt = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**receipt, "status": "interrupted"}))
+    lines = (run / "events.jsonl").read_text().splitlines()
+    steps = sum('"model_finished"' in line or '"cpu_finished"' in line for line in lines)
+    last = max(i for i, line in enumerate(lines) if '"model_finished"' in line)
+    cancelled = {**json.loads(lines[last]), "event": "model_failed", "kind": "cancelled", "status": None}
+    lines[last] = json.dumps(cancelled)
+    (run / "events.jsonl").write_text("\n".join(lines) + "\n")
+    result = invoke("optimum", run, "--time-limit", "5", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["steps"] == steps  # the cancelled request among them
+    assert "a request or job it cancelled counts up to the stop" in result.stderr
+    assert "still running when it stopped" not in result.stderr
+    (run / "run.json").write_text(json.dumps({**receipt, "status": "preparing", "pid": None}))
+    preparing = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
+    assert "warning: the run never finished (run.json says preparing)" in preparing.stderr

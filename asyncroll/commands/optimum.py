@@ -43,12 +43,17 @@ def optimum(
             "solved (steps still running now, and trajectories not started yet, are left out)",
             err=True,
         )
-    elif status is not None and status != "complete":
-        # "running": run.json was never finalised (the run was killed, or is still going)
-        ended = "never finished (run.json says running)" if status == "running" else f"ended {status}"
+    elif status in ("preparing", "running"):  # run.json never finalised: the run was killed
         typer.echo(
-            f"warning: the run {ended}: only the work it recorded is solved (steps still running "
-            "when it stopped, and trajectories never started, are left out)",
+            f"warning: the run never finished (run.json says {status}): only the work it recorded is "
+            "solved (steps still running when it was killed, and trajectories never started, are left out)",
+            err=True,
+        )
+    elif status is not None and status != "complete":
+        # A stopped run ends what it cancels with their time so far (model_failed, cpu_failed): counted.
+        typer.echo(
+            f"warning: the run ended {status}: only the work it recorded is solved (a request or job it "
+            "cancelled counts up to the stop; trajectories never started are left out)",
             err=True,
         )
     try:
