@@ -342,3 +342,33 @@ def test_waits_inside_the_runs_measured_latencies_are_said_and_recorded(
     assert receipt["simulation"]["replayed"]["model_waits"] == {"model_retrying": 1}
     plain = simulate_here("--from-run", knobbed, "--output", tmp_path / "plain")
     assert plain.exit_code == 0 and "measured latencies" not in plain.stderr
+
+
+def test_a_run_of_the_first_n_problems_replays_without_reading_the_lines_past_them(tmp_path: Path) -> None:
+    """``--limit N`` never reads a line past the first N problems, so a run of them is complete; its
+    replay read the whole workload, and a bad line past them refused it (``lines 3:`` of a run of 2); a
+    tool file gone made the refusal name every line of the workload, not only those the run had."""
+    smoke = SMOKE.read_text().splitlines()
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(f"{smoke[2]}\n{smoke[0]}\n" + '{"id": "x", "prompt": 3}\n')
+    run = tmp_path / "run"
+    assert simulate_here("--workload", workload, "--output", run, "--limit", "2").exit_code == 0
+    replay = simulate_here("--from-run", run, "--output", tmp_path / "replay")
+    assert replay.exit_code == 0, replay.output
+    assert len((tmp_path / "replay" / "replay-workload.jsonl").read_text().splitlines()) == 2
+    (tmp_path / "tools.py").write_text("def f(x):\n    return x\n")
+    tool = {"name": "f", "inputs": {"x": "int"}, "implementation": "tools.py"}
+    script = [{"type": "tool", "name": "f", "arguments": {"x": 1}}, {"type": "final", "answer": "1"}]
+    filed = tmp_path / "filed.jsonl"
+    filed.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": "p", "tools": [tool], "script": script}) + "\n"
+            for i in range(3)
+        )
+    )
+    first = tmp_path / "first"
+    assert simulate_here("--workload", filed, "--output", first, "--limit", "1").exit_code == 0
+    (tmp_path / "tools.py").unlink()
+    gone = simulate_here("--from-run", first, "--output", tmp_path / "gone")
+    assert gone.exit_code == 2 and f"{filed}:1: tools[0].implementation" in gone.stderr, gone.output
+    assert f"{filed}:2:" not in gone.stderr

@@ -115,7 +115,10 @@ def simulate(
         if derived is not None and derived.source_workload is not None:
             # its lines name the replay workload, removed with the refused output: told against the run's
             scan_workload(
-                derived.source_workload, config.resolved_tool_root, scripted=True, limit=config.limit
+                derived.source_workload,
+                config.resolved_tool_root,
+                scripted=True,
+                limit=derived.source_limit,
             ).raise_if_invalid()
         raise
     clock = VirtualClock()

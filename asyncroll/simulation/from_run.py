@@ -110,6 +110,8 @@ class DerivedRun:
     source_simulated: bool = False
     #: the recorded run's own workload, whose lines a refusal of the replay workload is told against
     source_workload: Path | None = None
+    #: the run's ``--limit``: the lines of its workload past that many problems it never read
+    source_limit: int | None = None
     #: why the replay keeps another policy name than the run's ``--policy`` (see :func:`_rule_that_ran`)
     policy_note: str | None = None
     #: the run's ``model_retrying`` and ``model_paused`` events: waits (retry back-off, an open circuit)
@@ -271,7 +273,9 @@ def _run_workload(run_dir: Path, recorded: dict[str, Any], given: Path | None) -
     return path
 
 
-def _tool_root(run_dir: Path, receipt: dict[str, Any], workload: Path, override: Path | None) -> Path:
+def _tool_root(
+    run_dir: Path, receipt: dict[str, Any], workload: Path, override: Path | None, limit: int | None
+) -> Path:
     """The tool root the run used, absolute.
 
     A relative ``--tool-root`` was resolved against the directory the run started in. Where run.json
@@ -301,7 +305,7 @@ def _tool_root(run_dir: Path, receipt: dict[str, Any], workload: Path, override:
                 "directory (moved, or a run recorded elsewhere): pass --tool-root with where its tools are"
             )
         return root.resolve()
-    inferred = _root_from_tool_files(receipt, workload)
+    inferred = _root_from_tool_files(receipt, workload, limit)
     if inferred is None:
         raise UsageError(
             f"--from-run {run_dir}: the run's --tool-root {recorded!r} is relative to the directory it was "
@@ -310,13 +314,13 @@ def _tool_root(run_dir: Path, receipt: dict[str, Any], workload: Path, override:
     return inferred
 
 
-def _root_from_tool_files(receipt: dict[str, Any], workload: Path) -> Path | None:
+def _root_from_tool_files(receipt: dict[str, Any], workload: Path, limit: int | None) -> Path | None:
     """The one root R with ``(R / implementation).resolve()`` equal to every tool file run.json records,
     or None when no tool file was recorded or they disagree."""
     files = {key: entry.get("path") for key, entry in receipt["tools"].items() if entry}
     candidates: set[Path] = set()
     checked: list[tuple[str, str]] = []
-    for _, _, problem in iter_problems(workload):
+    for _, _, problem in iter_problems(workload, limit):
         for tool in problem.tools:
             path = files.pop(tool.key, None)
             if tool.implementation is None or not isinstance(path, str):
@@ -352,15 +356,18 @@ def derive_workload(
     timeout = config["tool_timeout"]
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
         raise UsageError(f"--from-run {run_dir / 'run.json'}: config.tool_timeout is not a positive number")
+    limit = config.get("limit")  # the lines past the run's first `limit` problems were never read
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise UsageError(f"--from-run {run_dir / 'run.json'}: config.limit is not a count of problems >= 1")
     measured = read_measurements(run_dir, float(timeout))
     if not measured.started:
         raise UsageError(f"--from-run {run_dir}: the run started no trajectory; nothing to replay")
     verdicts = _verdicts(run_dir)
     _check_results_match(run_dir, measured)
-    root = _tool_root(run_dir, receipt, workload, tool_root)
+    root = _tool_root(run_dir, receipt, workload, tool_root, limit)
     written: set[str] = set()
     with TextOutput(destination) as out:  # a full disk: an OutputWriteError naming it
-        for _, pid, problem in iter_problems(workload):
+        for _, pid, problem in iter_problems(workload, limit):
             if pid in measured.started:
                 check_against_script(problem, pid, measured)
                 out.write(_replay(problem, pid, measured, verdicts).model_dump_json() + "\n")
@@ -387,6 +394,7 @@ def derive_workload(
         measured.replacement_startup(),
         source_simulated=receipt.get("simulated") is True,
         source_workload=workload,
+        source_limit=limit,
         policy_note=note,
         model_waits=tuple(sorted(waits.items())),
     )
