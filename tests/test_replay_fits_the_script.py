@@ -105,6 +105,11 @@ def _of_a_trajectory_never_started(events: list[dict[str, Any]]) -> Edit:
     return events, i + 1
 
 
+def _cut_short_at_a_line_boundary(events: list[dict[str, Any]]) -> Edit:
+    last = max(i for i, e in enumerate(events) if e["event"] == "model_finished")
+    return events[:last], _line(events, "trajectory_started", id=events[last]["id"]) + 1
+
+
 MISFITS: list[tuple[Any, str]] = [
     (
         _no_cpu_finished,
@@ -130,6 +135,11 @@ MISFITS: list[tuple[Any, str]] = [
     (
         _last_request_missing,
         r"'p0' finished after 3 model turns, but 2 have a model_finished or model_failed",
+    ),
+    (
+        # the last request's measurement and every later event gone: its turn took the script's latency
+        _cut_short_at_a_line_boundary,
+        r"trajectory 'p\d' started, but it has no trajectory_finished event",
     ),
     (
         _of_a_trajectory_never_started,

@@ -179,10 +179,10 @@ def _verdicts(run_dir: Path) -> dict[str, tuple[int, bool]]:
 
 
 def _check_results_match(run_dir: Path, measured: Measured) -> None:
-    """In a complete run every trajectory that started ended with one ``results.jsonl`` row, and every
-    row's trajectory started. A trajectory whose events were removed from ``events.jsonl`` (or a file cut
-    at a line boundary) would otherwise vanish from the replay silently, and its work with it: refused,
-    naming the file and line that has what the other lacks."""
+    """In a complete run every trajectory that started ended (``trajectory_finished``, one ``results.jsonl``
+    row), and every row's trajectory started. A trajectory whose events were removed from ``events.jsonl``
+    (or a file cut at a line boundary) would otherwise vanish from the replay, or its last turns take the
+    script's timings, silently: refused, naming the file and line that has what the other lacks."""
     path = run_dir / "results.jsonl"
     ended: dict[str, int] = {}
     for line_no, row in jsonl_rows(path):
@@ -203,6 +203,12 @@ def _check_results_match(run_dir: Path, measured: Measured) -> None:
             raise UsageError(
                 f"--from-run {measured.where(line_no)}: trajectory {tid!r} started, but {path} has no "
                 "row for it, as every trajectory of a complete run has (the file cut short?)"
+            )
+        if tid not in measured.finished:  # its last measurements may be gone with it, unnoticed
+            raise UsageError(
+                f"--from-run {measured.where(line_no)}: trajectory {tid!r} started, but it has no "
+                "trajectory_finished event, as every trajectory of a complete run has (events removed, or "
+                "the file cut short?): the replay would give its unrecorded turns the script's timings"
             )
 
 
