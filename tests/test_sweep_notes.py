@@ -86,8 +86,8 @@ def test_a_stop_while_a_seeds_workload_is_written_leaves_no_workload_cut_short(
 
     real = perturb.iter_problems
 
-    def stopped_after_one(source: Path) -> Iterator[Any]:
-        first = next(iter(real(source)))
+    def stopped_after_one(source: Path, limit: int | None = None) -> Iterator[Any]:
+        first = next(iter(real(source, limit)))
         yield first
         raise KeyboardInterrupt
 
