@@ -99,6 +99,8 @@ TIME_LIMIT = "--time-limit must be a finite number of seconds > 0"
     ("flags", "said", "not_said"),
     [
         (["--threads", "0"], "--threads must be ≥ 1, got 0", "--time-limit"),
+        # CP-SAT refuses more workers as an invalid model: "unknown", "a longer --time-limit may do better"
+        (["--threads", "10001"], "--threads must be at most 10000 (CP-SAT's limit), got 10001", "--time"),
         (["--time-limit", "0"], f"{TIME_LIMIT}, got 0", "--threads"),
         (["--time-limit", "nan"], f"{TIME_LIMIT}, got nan", "--threads"),
     ],

@@ -14,6 +14,9 @@ from asyncroll.commands.common import Opt, fail, say
 from asyncroll.commands.files import still_running
 from asyncroll.json_depth import json_loads
 
+#: The most solver workers CP-SAT accepts (its parameter check; 10001 made the solve "unknown" at once).
+MAX_THREADS = 10_000
+
 
 def optimum(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (real or simulated).", metavar="RUN_DIR")],
@@ -33,6 +36,8 @@ def optimum(
         raise fail(f"--time-limit must be a finite number of seconds > 0, got {time_limit:g}")
     if threads < 1:
         raise fail(f"--threads must be ≥ 1, got {threads}")
+    if threads > MAX_THREADS:  # CP-SAT reports more as an invalid model, which read as "no schedule in time"
+        raise fail(f"--threads must be at most {MAX_THREADS} (CP-SAT's limit), got {threads}")
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
         status = json_loads((run_dir / "run.json").read_text()).get("status")
