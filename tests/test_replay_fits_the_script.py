@@ -269,6 +269,23 @@ def test_endings_changed_by_a_replays_own_settings_are_put_down_to_them(
     assert "worker death" not in result.stderr
 
 
+def test_turns_a_replay_goes_on_to_past_the_runs_max_turns_are_said_to_be_scripted(
+    tmp_path: Path,
+) -> None:
+    """A run stopped at ``--max-turns 1`` measured one turn per trajectory; a replay with a higher limit
+    runs the rest at the script's timings, which the warning did not say (only that the limit changed)."""
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=5, turns=2) for i in range(2)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    run = tmp_path / "run"
+    assert simulate_here("--workload", workload, "--output", run, "--max-turns", "1").exit_code == 0
+    result = simulate_here("--from-run", run, "--output", tmp_path / "replay", "--max-turns", "8")
+    assert result.exit_code == 0, result.output
+    assert "(2 max_turns → completed): the replay's --max-turns 8 (the run's: 1) changed" in result.stderr
+    assert (
+        "the turns past the run's --max-turns 1 took the script's timings (never measured)" in result.stderr
+    )
+
+
 def test_a_replay_with_no_room_to_record_its_changed_endings_still_says_them(
     two_tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -159,8 +159,8 @@ ENDING_SETTINGS = {
 def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], replay: Mapping[str, Any]) -> str:
     """Why a replay's trajectories ended otherwise than the run's (``changes``: ``"recorded → replayed"``
     counts; ``run``, ``replay``: the two configs): the ending settings the replay changed, named with the
-    run's values, and, where the run failed a trajectory, that a script cannot fail on a model error, a
-    tool error or a worker death."""
+    run's values; where the run stopped a trajectory at its max_turns, that the turns past it are scripted;
+    where the run failed one, that a script cannot fail on a model error, a tool error or a worker death."""
 
     def shown(value: object) -> str:
         return f"{value:g}" if isinstance(value, float) else str(value)
@@ -171,6 +171,11 @@ def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], repl
         if key in run and run[key] != replay[key]
     ]
     why = [f"the replay's {', '.join(changed)} changed where they end"] if changed else []
+    if any(change.startswith("max_turns →") for change in changes) and "max_turns" in run:
+        why.append(
+            f"the turns past the run's --max-turns {run['max_turns']} took the script's timings "
+            "(never measured)"
+        )
     if not changed or any(change.startswith("failed →") for change in changes):
         why.append(
             "a model error, a tool error or a worker death cannot fail a replayed script, so their turns "
