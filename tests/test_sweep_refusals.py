@@ -61,6 +61,11 @@ def test_options_of_one_mode_are_refused_outside_it(tmp_path: Path) -> None:
     fixed = simulate_here("--workload", SMOKE, "--output", tmp_path / "b", "--max-num-seqs", "8")
     assert fixed.exit_code == 2 and "--max-num-seqs applies only with --server batching" in fixed.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    shown = simulate_here("--workload", SMOKE, "--output", tmp_path / "c", "--progress")
+    assert shown.exit_code == 2 and "--progress applies only with --sweep" in shown.stderr
+    # --no-progress asks for nothing a single simulation would show (a script passes it to run and simulate)
+    quiet = simulate_here("--workload", SMOKE, "--output", tmp_path / "d", "--no-progress")
+    assert quiet.exit_code == 0, quiet.output
 
 
 @pytest.mark.timeout(60)

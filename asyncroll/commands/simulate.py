@@ -176,7 +176,7 @@ def simulate(
             "--seeds": seeds,
             "--jitter": jitter,
             "--jobs": jobs,
-            "--progress": progress,
+            "--progress": progress or None,  # --no-progress asks for nothing: a single run shows none
         }
         only_with(sweeping, sweep, "--sweep")
         if sweep and transcripts:
