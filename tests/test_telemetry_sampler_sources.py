@@ -6,6 +6,7 @@ max(1 s, 3 intervals) (MEASUREMENT.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -150,3 +151,24 @@ def test_metrics_names_and_url_follow_the_declared_server_kind(
     server = TelemetrySampler.from_config(given, clock, EventLog(clock))._server
     assert server is not None and server.url == "http://gpu-host:9400/metrics"
     assert server.setting == (flavor or "auto")  # the declared names, else detected
+
+
+@pytest.mark.timeout(30)
+def test_without_a_source_the_note_names_what_would_request_one(tmp_path: Path) -> None:
+    """``--backend vllm --server-kind transformers`` assumes no /metrics (nothing is assumed of a server
+    that is neither vLLM nor SGLang): the note must not send the user to the --backend vllm they gave."""
+    cfg = RunConfig(
+        workload=tmp_path / "w.jsonl",
+        output=tmp_path / "out",
+        backend="vllm",
+        model="m",
+        server_kind="transformers",
+    )
+    assert metrics_url(cfg) is None
+    clock = PacedClock()
+    sampler = TelemetrySampler.from_config(cfg, clock, EventLog(clock))
+    asyncio.run(sampler.probe())
+    note = sampler.no_source_note()
+    assert note.startswith("no telemetry source requested") and "--metrics-url" in note
+    assert "--server-kind vllm|sglang" in note and "--nvml-device" in note
+    assert "or --backend vllm;" not in note  # what this run gave, and it did not request one

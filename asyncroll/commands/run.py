@@ -80,7 +80,10 @@ def run(
     ] = None,
     metrics_url: Annotated[
         str | None,
-        Opt(help="Server /metrics URL (vLLM or SGLang names; default ENDPOINT/metrics for --backend vllm)."),
+        Opt(
+            help="Server /metrics URL (vLLM or SGLang names; default ENDPOINT/metrics for a declared "
+            "--server-kind vllm|sglang, as --backend vllm declares vllm)."
+        ),
     ] = None,
     telemetry: Annotated[
         bool | None,

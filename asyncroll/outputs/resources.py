@@ -213,7 +213,8 @@ class ResourceMeter:
         if self.no_source is not None:
             return self.no_source
         return (
-            "no telemetry source probed: none requested (--metrics-url, or --backend vllm; --nvml-device), "
+            "no telemetry source probed: none requested (--metrics-url, or a vLLM/SGLang server declared: "
+            "--server-kind vllm|sglang, the default of --backend vllm; --nvml-device), "
             "--no-telemetry, a simulation (it reads none), or the run stopped before the probe"
         )
 

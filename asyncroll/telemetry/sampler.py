@@ -201,7 +201,10 @@ class TelemetrySampler:
             return "telemetry off (--no-telemetry)"
         if self._clock.virtual:
             return "a simulation (virtual clock) reads no server or GPU telemetry"
-        return "no telemetry source requested (--metrics-url, or --backend vllm; --nvml-device)"
+        return (
+            "no telemetry source requested (--metrics-url, or a vLLM/SGLang server declared: "
+            "--server-kind vllm|sglang, the default of --backend vllm; --nvml-device)"
+        )
 
     async def run(self) -> None:
         """Sample on a fixed grid until :meth:`stop`. Never raises, except on cancellation: a failure
