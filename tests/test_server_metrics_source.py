@@ -14,7 +14,7 @@ import pytest
 from asyncroll.clock import SystemClock
 from asyncroll.telemetry.counter_rate import CounterRate
 from asyncroll.telemetry.server_metrics import VLLM, ServerMetricsSource, ServerSample
-from tests.metrics_expositions import SGLANG_TEXT
+from tests.metrics_expositions import SGLANG_TEXT, VLLM_V1
 from tests.metrics_loopback import MetricsServer
 
 
@@ -231,3 +231,26 @@ def test_a_large_exposition_is_parsed_off_the_event_loop(
     got = asyncio.run(go())
     assert (got.running, got.waiting, got.kv_cache_usage) == (1000.0, 1000.0, 1.0)
     assert len(parsed_on) == 2 and threading.get_ident() not in parsed_on  # the probe's and the read's
+
+
+@pytest.mark.parametrize(
+    ("declared", "text", "served", "flag"),
+    [
+        ("vllm", SGLANG_TEXT, "SGLang's (sglang:num_running_reqs)", "--server-kind sglang"),
+        ("sglang", VLLM_V1, "vLLM's (vllm:num_requests_running)", "--server-kind vllm"),
+    ],
+)
+def test_a_declared_kind_that_is_not_the_servers_says_which_names_it_serves(
+    declared: str, text: str, served: str, flag: str
+) -> None:
+    """``--backend vllm`` (it declares vLLM) against an SGLang server: the probe finds SGLang's names, so the
+    reason says so and which --server-kind reads them, not the --disable-log-stats hint of a vLLM without
+    stats (which sent the user looking for a flag the server never had)."""
+    from asyncroll.telemetry.server_metrics import NAMES, MetricsUnavailable, _probe_reading
+
+    with pytest.raises(MetricsUnavailable) as info:
+        _probe_reading("http://h/metrics", text, NAMES[declared], model=None)  # type: ignore[index]
+    message = str(info.value)
+    assert message.startswith(f"GET http://h/metrics: no {NAMES[declared].running} in the response")  # type: ignore[index]
+    assert served in message and flag in message
+    assert "--disable-log-stats" not in message

@@ -273,7 +273,13 @@ def _probe_reading(
             )
         names = NAMES[found]
     elif not any(_sample_name(line) == names.running for line in text.splitlines()):
-        hint = NO_STATS_HINT if names is VLLM else ""
+        served = detect_flavor(text)  # the other server's names: the declared kind is not the server's
+        if served is not None and served != names.flavor:
+            other = NAMES[served]
+            label = "vLLM" if served == "vllm" else "SGLang"
+            hint = f", which has {label}'s ({other.running}): read them with --server-kind {served}"
+        else:
+            hint = NO_STATS_HINT if names is VLLM else ""
         raise MetricsUnavailable(f"GET {url}: no {names.running} in the response{hint}")
     return names, parse_metrics(text, names, model)
 
