@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from asyncroll.config import RunConfig
 from asyncroll.events import Candidate, Event, SourceStatus
-from tests.conftest import REPO
+from tests.conftest import REPO, invoke
 from tests.simulations import simulate_here
 
 GLOSSARY = (REPO / "MEASUREMENT.md").read_text(encoding="utf-8")
@@ -97,6 +97,8 @@ def test_the_glossary_names_every_key_a_run_writes(tmp_path: Path) -> None:
     assert first.exit_code == 0, first.output
     second = simulate_here("--from-run", sim, "--output", replay)
     assert second.exit_code == 0, second.output
+    regenerated = invoke("timeline", sim)  # run.json's exports_regenerated: keys only this writes
+    assert regenerated.exit_code == 0, regenerated.output
     # run.json's config holds every RunConfig field under its option's name (``asyncroll schema config``
     # describes them); the keys it adds beside them are in the glossary
     options = {("config", name) for name in RunConfig.model_fields}
