@@ -310,7 +310,7 @@ class ResourceSample(Event):
     collection_s: dict[str, float] = Field(default_factory=dict)
     nulls: dict[str, str] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
-    late_s: float = 0.0
+    late_s: float | None = 0.0  # null: the final sample, taken at the stop, has no grid point to be late for
 
 
 AnyEvent = Annotated[

@@ -107,7 +107,7 @@ def test_samples_keep_to_the_grid_and_a_late_or_overrunning_one_is_recorded_not_
     server = ScriptedServer([0.25, 1.5, 0.5, 0.0])
     sampler, _, samples = sampled(0.5, server=server, samples=4, hog=(0.375, 0.25))
     assert [round(t - START, 6) for t in server.started] == [0.0, 0.625, 2.5, 3.0, 3.0]  # then the final
-    assert [s.late_s for s in samples] == [0.0, 0.125, 0.0, 0.0, 0.0]
+    assert [s.late_s for s in samples] == [0.0, 0.125, 0.0, 0.0, None]  # the final one: off the grid
     assert [s.collection_s for s in samples] == [{"server_metrics": d} for d in (0.25, 1.5, 0.5, 0.0, 0.0)]
     assert [s.t for s in samples] == [0.25, 2.125, 3.0, 3.0, 3.0]
     assert [s.server_running for s in samples] == [0.0, 1.0, 2.0, 3.0, 4.0]

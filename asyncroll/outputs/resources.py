@@ -126,7 +126,8 @@ class ResourceMeter:
             self.nulls[name][why] += 1
         for source, seconds in event.collection_s.items():
             self.collection[source].append(seconds)
-        self.late.append(event.late_s)
+        if event.late_s is not None:  # the final sample has no grid point
+            self.late.append(event.late_s)
         for name, mean in self.values.items():
             mean.add(getattr(event, name))
         running, waiting, util = event.server_running, event.server_waiting, event.gpu_util_pct

@@ -258,7 +258,7 @@ class TelemetrySampler:
             stuck: str | None = None
             if not await self._loop_left(limit):  # counted once, in the final sample's errors
                 stuck = f"sampling did not stop within {limit:g} s (a read hung); cancelled, not read again"
-            await self._sample(late=0.0, limit=limit, stuck=stuck, notes=self._notes())
+            await self._sample(late=None, limit=limit, stuck=stuck, notes=self._notes())
         await self.aclose()
 
     def _notes(self) -> list[str]:
@@ -292,7 +292,7 @@ class TelemetrySampler:
 
     async def _sample(
         self,
-        late: float,
+        late: float | None,
         limit: float | None = None,
         stuck: str | None = None,
         notes: list[str] | None = None,
@@ -359,7 +359,7 @@ class TelemetrySampler:
                     collection_s=timing,
                     nulls=nulls,
                     errors=[e[:500] for e in errors],
-                    late_s=round(late, 6),
+                    late_s=None if late is None else round(late, 6),
                     **values,
                 )
             )
