@@ -43,6 +43,7 @@ def test_cli_run_samples_a_loopback_server_and_reports_starvation_with_coverage(
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr
+    assert "warning: telemetry" not in result.stderr  # the source answered
     events = [parse_event(line) for line in (out / "events.jsonl").read_text().splitlines()]
     summary = json.loads((out / "summary.json").read_text())
     receipt = json.loads((out / "run.json").read_text())
@@ -110,6 +111,31 @@ def test_a_server_without_metrics_is_unavailable_not_zeros(
     assert res["server_coverage_s"] == 0.0 and res["server_coverage_fraction"] == 0.0
     assert summary["telemetry"]["sources"]["server_metrics"]["available"] is False
     assert server.scrapes == 1
+
+
+@pytest.mark.timeout(90)
+def test_the_command_warns_of_a_requested_source_that_was_unavailable(
+    tmp_path: Path, metrics_server: Callable[..., MetricsServer]
+) -> None:
+    """A run that asked for telemetry and measured without it says so on stderr, with the reason, not
+    only in summary.json: its numbers must not pass for a run measured with it."""
+    server = metrics_server(lambda n: (404, '{"detail":"Not Found"}'))
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "asyncroll.cli", "run", "--no-progress"),
+            *("--workload", str(REPO / "examples" / "smoke.jsonl"), "--output", str(tmp_path / "run")),
+            *("--metrics-url", server.url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=80,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith(
+        f"warning: telemetry: server_metrics unavailable (GET {server.url}: HTTP 404"
+    )
+    assert result.stderr.endswith("this run has no server_metrics values (summary.json: telemetry.sources)\n")
 
 
 @pytest.mark.timeout(60)

@@ -100,6 +100,20 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
     )
 
 
+def warn_telemetry(summary: dict[str, Any] | None) -> None:
+    """Say on stderr which telemetry source the run asked for (``--metrics-url``, a declared server's
+    ``/metrics``, ``--nvml-device``) was unavailable, and why: a run that measured without it must not
+    look like one that measured with it (the reason is also in summary.json's ``telemetry.sources``)."""
+    sources = ((summary or {}).get("telemetry") or {}).get("sources") or {}
+    for name, status in sources.items():
+        if not status.get("available"):
+            typer.echo(
+                f"warning: telemetry: {name} unavailable ({status.get('reason')}): this run has no {name} "
+                "values (summary.json: telemetry.sources)",
+                err=True,
+            )
+
+
 def _policy(scheduler: dict[str, Any]) -> str:
     """``asyncroll (asyncroll_repair)``: the name given and, when it differs, the rule it ran."""
     name, rule = scheduler["policy"], scheduler.get("policy_rule")

@@ -16,6 +16,7 @@ from asyncroll.commands.common import (
     warn_exports,
     warn_moved,
     warn_sync_active,
+    warn_telemetry,
     warn_weak_isolation,
 )
 
@@ -315,9 +316,11 @@ def _run(cfg: Any) -> int:
             warn_moved(outcome.moved_to, cfg.output)
             if runner.interrupt_reason is not None and outcome.status == "interrupted":
                 typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {output}", err=True)
+                warn_telemetry(outcome.summary)
                 warn_exports(outcome.exports_failed, output)
                 return EXIT_INTERRUPTED
             print_summary(outcome.summary, output)
+            warn_telemetry(outcome.summary)
             warn_exports(outcome.exports_failed, output)
             if outcome.late_signal:
                 typer.echo(late_signal_note(outcome.late_signal, outcome.exports_failed), err=True)
