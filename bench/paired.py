@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncroll.experiment.stats import t_interval
+from asyncroll.runtime.run import RunOutcome
 from bench import synthetic
 from bench.common import machine, number_arg, points_arg, quantiles, run_once, scratch
 
@@ -40,6 +41,20 @@ def spread(xs: Sequence[float | None], fmt: str = "{:.1f}") -> str:
         return "unknown"
     lo, mid, hi = quantiles([x for x in xs if x is not None])
     return " / ".join(fmt.format(v) for v in (lo, mid, hi))
+
+
+def incomplete(policy: str, point: tuple[int, int, int], seed: int, n: int, outcome: RunOutcome) -> str:
+    """Why the bench stops at a run that did not complete every trajectory: completions per hour are
+    compared only over the same work (a crunch job past the 60 s tool timeout fails its trajectory)."""
+    where = f"{policy} at {'/'.join(map(str, point))}, seed {seed}"
+    if outcome.summary is None:
+        return f"bench.paired: the run of {where} ended {outcome.status}: {outcome.error}"
+    counts = outcome.summary["counts"]
+    return (
+        f"bench.paired: the run of {where} completed {counts['completed']} of {n} trajectories "
+        f"({counts['failed']} failed, {counts['max_turns']} at max turns); the comparison needs every "
+        "trajectory completed (a job over the 60 s tool timeout fails its trajectory: lower --cpu-ms)"
+    )
 
 
 def main() -> None:
@@ -78,7 +93,8 @@ def main() -> None:
                     max_turns=6,
                 )
                 s = outcome.summary
-                assert s is not None and s["counts"]["completed"] == args.n
+                if s is None or s["counts"]["completed"] != args.n:
+                    raise SystemExit(incomplete(policy, point, seed, args.n, outcome))
                 rows[policy].append(
                     {
                         "per_hour": s["throughput"]["completed_per_wall_hour"],

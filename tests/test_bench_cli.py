@@ -399,3 +399,23 @@ def test_the_evaluator_bench_measures_the_layers_this_user_has() -> None:
     isolation = "isolation: full;" if os.geteuid() == 0 else "isolation: weak, missing unprivileged_uid"
     assert isolation in done.stdout, done.stdout
     assert "| evaluations/s, 2 workers (1 test each)" in done.stdout
+
+
+def test_a_paired_run_that_did_not_complete_every_trajectory_ends_the_bench_with_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A crunch job past the 60 s tool timeout (``--cpu-ms`` allows 60,000 ms, heavy-tailed) fails its
+    trajectory; the bench then stopped on a bare ``AssertionError`` traceback."""
+    import bench.paired as paired
+    from asyncroll.runtime.run import RunOutcome
+
+    counts = {"completed": 1, "failed": 1, "max_turns": 0}
+    outcome = RunOutcome("complete", 0, {"counts": counts})
+    monkeypatch.setattr(paired, "run_once", lambda *args, **kwargs: (outcome, Path(), 0.0))
+    monkeypatch.setattr(sys, "argv", ["paired", "--seeds", "1", "--n", "2", "--points", "2/1/1"])
+    with pytest.raises(SystemExit) as exit_info:
+        paired.main()
+    message = str(exit_info.value.code)
+    assert "the run of fifo at 2/1/1, seed 0 completed 1 of 2 trajectories" in message
+    assert "(1 failed, 0 at max turns)" in message
+    assert "lower --cpu-ms" in message
