@@ -419,3 +419,20 @@ def test_a_paired_run_that_did_not_complete_every_trajectory_ends_the_bench_with
     assert "the run of fifo at 2/1/1, seed 0 completed 1 of 2 trajectories" in message
     assert "(1 failed, 0 at max turns)" in message
     assert "lower --cpu-ms" in message
+
+
+def test_the_pressure_map_gives_no_share_of_a_gap_within_rounding_of_the_bound() -> None:
+    """FIFO on the bound but for float rounding (ratio 1.0000002) has no gap to close: "n/a", not a "0%"
+    (or, for a policy a little behind it, an absurd "-50000%")."""
+    from bench.pressure_map import cells
+
+    rows = [
+        {"policy": policy, "active": 4, "inflight": 4, "workers": 4, "seed": seed, **figures}
+        for seed in range(3)
+        for policy, figures in (
+            ("fifo", {"makespan_s": 10.000002, "lower_bound_s": 10.0}),
+            ("asyncroll", {"makespan_s": 10.01, "lower_bound_s": 10.0}),
+        )
+    ]
+    (cell,) = cells(rows, "asyncroll", 3)
+    assert cell["closed"] is None
