@@ -170,5 +170,19 @@ def policy_arg(text: str) -> str:
 
 
 def policies_arg(text: str) -> list[str]:
-    """An argparse type: a comma-separated list of policy names the runtime knows."""
-    return [policy_arg(item.strip()) for item in text.split(",")]
+    """An argparse type: a comma-separated list of policy names the runtime knows, no policy twice
+    (``asyncroll`` is the default rule's name, ``gpu_first`` is ``tool_first``): each would be a
+    duplicate row of its table."""
+    from asyncroll.policies.registry import canonical_policy
+
+    names = [policy_arg(item.strip()) for item in text.split(",")]
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(canonical_policy(name), name)
+        if other == name and names.count(name) > 1:
+            raise argparse.ArgumentTypeError(f"{name!r} given twice")
+        if other != name:
+            raise argparse.ArgumentTypeError(
+                f"{other!r} and {name!r} are one policy ({canonical_policy(name)})"
+            )
+    return names

@@ -89,6 +89,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     policies = tuple(args.policies)
+    if "fifo" in policies:
+        parser.error("--policies: each is measured against fifo; fifo against itself says nothing")
     tmp = scratch("map-")
     print(f"machine: {machine()}")
     print(f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import runpy
@@ -102,6 +103,27 @@ def test_operating_points_parse_in_order() -> None:
     from bench.common import points_arg
 
     assert points_arg("32/4/1, 8/4/2") == [(32, 4, 1), (8, 4, 2)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("asyncroll,asyncroll", "'asyncroll' given twice"),
+        (
+            "asyncroll,asyncroll_repair",
+            "'asyncroll' and 'asyncroll_repair' are one policy (asyncroll_repair)",
+        ),
+        ("tool_first, gpu_first", "'tool_first' and 'gpu_first' are one policy (tool_first)"),
+    ],
+)
+def test_a_policy_named_twice_in_a_bench_is_refused(text: str, message: str) -> None:
+    """Each would be a duplicate row of the bench's table (bench.pressure_map ran the rule twice)."""
+    from bench.common import policies_arg
+
+    assert policies_arg("asyncroll_seed, asyncroll") == ["asyncroll_seed", "asyncroll"]
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        policies_arg(text)
+    assert str(refused.value) == message
 
 
 def test_every_runnable_bench_module_is_found() -> None:
