@@ -259,12 +259,9 @@ def run(
     if cfg.policy == "gpu_first":
         typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
     warn_sync_active(cfg.policy, values, cfg.max_active_trajectories)
-    from asyncroll.policies.registry import unread_pressure_flags
+    from asyncroll.commands.simulate_flags import warn_unread
 
-    for flag in unread_pressure_flags(values, [cfg.policy]):
-        typer.echo(
-            f"warning: {flag} has no effect with --policy {cfg.policy} (read by asyncroll only)", err=True
-        )
+    warn_unread(values, [cfg.policy], f"--policy {cfg.policy}")
     raise typer.Exit(_run(cfg))
 
 

@@ -97,7 +97,11 @@ def warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> No
     from asyncroll.policies.registry import unread_pressure_flags
 
     for flag in unread_pressure_flags(given, policies):
-        typer.echo(f"warning: {flag} has no effect with {what} (read by asyncroll only)", err=True)
+        typer.echo(
+            f"warning: {flag} has no effect with {what} (read only by the pressure-aware policies: "
+            "asyncroll, asyncroll_*)",
+            err=True,
+        )
 
 
 def warn_replay(derived: DerivedRun, from_run: Path, *, policy_given: bool) -> None:
