@@ -189,6 +189,27 @@ def test_hidden_tests_reach_a_transcript_only_as_the_repair_message_showed_them(
         assert SHOWN not in (tmp_path / "run" / name).read_text(), name
 
 
+def test_a_repair_message_no_turn_sends_is_not_written(tmp_path: Path) -> None:
+    """A failing program on the last turn --max-turns allows gets no repair turn: its repair message is
+    never sent, so the first failing case (a hidden test) was never shown and is not written."""
+    workload = write_workload(tmp_path / "w.jsonl", [_code_problem("p", [False, True])])
+    cfg = build_config(
+        {"workload": workload, "output": tmp_path / "run", "transcripts": True, "max_turns": 1}
+    )
+    clock = VirtualClock()
+    run = Run(
+        prepare(cfg, ["test"]),
+        clock,
+        worker_factory=lambda index, generation: _FeedbackWorker(index, generation, clock),
+    )
+    outcome = clock.run(run.execute())
+    assert outcome.status == "complete", outcome.error
+    row = _lines(tmp_path / "run" / "transcripts.jsonl")["p"]
+    assert row["status"] == "max_turns"
+    assert row["messages"][-1] == _reply(0, {"type": "submit", "code": "print(0)"})
+    assert SHOWN not in (tmp_path / "run" / "transcripts.jsonl").read_text()
+
+
 @pytest.mark.timeout(60)
 def test_the_http_backend_records_the_server_s_text_and_finish_reason(tmp_path: Path) -> None:
     """The raw completion text exactly as received (spacing and all), the server's token counts and

@@ -208,6 +208,8 @@ class TrajectoryRunner:
                 )
                 if passed or state.generations >= protocol.max_generations:
                     return state.finish(self._clock.now(), "completed", correct=passed)
+                if turn + 1 == self._max_turns:  # no turn sends it: its failing (hidden) case stays unshown
+                    break
                 feedback = format_feedback(verdict.get("feedback"))
                 repair = f"{protocol.repair_instruction}\n\n{feedback}"
                 messages.append({"role": "user", "content": repair, "turn": turn})
