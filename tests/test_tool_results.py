@@ -69,6 +69,9 @@ def test_non_finite_floats_become_strings_and_reprs_lose_memory_addresses() -> N
     }
     json.dumps(converted, allow_nan=False)  # valid JSON: raises on a bare NaN
     assert to_jsonable(run_job) == "<function run_job>"
+    # a key that is no JSON scalar is written as its text, an object's address left out there too
+    keys = to_jsonable({(1, run_job): 1, frozenset([run_job]): 2})
+    assert keys == {"(1, <function run_job>)": 1, "frozenset({<function run_job>})": 2}
 
 
 def test_a_subclass_becomes_its_base_value_whatever_it_overrides() -> None:

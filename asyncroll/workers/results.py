@@ -133,7 +133,7 @@ class _Conversion:
         if isinstance(converted, _SCALARS):
             return converted
         try:
-            return str(key)
+            return _ADDRESS.sub("", str(key))  # a tuple key holding an object: no address here either
         except Exception:  # noqa: BLE001 - a tuple key holding an object whose __repr__ raises
             return _repr(key)
 
