@@ -10,13 +10,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from asyncroll.evaluator import isolation
+from asyncroll.evaluator import isolation, sandbox
 from asyncroll.evaluator.isolation import IsolationError, IsolationReport, Layer
+from asyncroll.evaluator.preexec import tasks_of
 from asyncroll.evaluator.sandbox import Layers, Sandbox
 from tests.evaluations import (
     HOST_ROOT_LINKS,
@@ -235,3 +237,22 @@ def test_without_a_private_root_the_sandbox_uid_cannot_read_the_hidden_inputs_in
         assert leftovers(since) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@real_process
+def test_a_program_run_as_the_runtime_s_own_user_gets_its_processes_beyond_the_user_s_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RLIMIT_NPROC counts every task (process or thread) of the user: a program that runs as the
+    runtime's own user (weak isolation, no uid switch) may start its 64 on top of those the user has.
+    With 64 in all, a user whose session already ran 64 tasks (any desktop) had the harness's own fork
+    fail in every test: each program, a correct one too, was judged a runtime error."""
+    assert tasks_of(os.getuid()) >= threading.active_count()
+    assert tasks_of(2**31 - 5) == 0  # no such user
+    monkeypatch.setattr(sandbox, "tasks_of", lambda uid: 5000)  # the user's session: 5000 tasks
+    scratch = tmp_path / "eval"
+    scratch.mkdir(mode=0o700)
+    code = scratch / "solution.py"
+    code.write_text("import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC)[0])\n")
+    execution = Sandbox(Layers(python=sys.executable)).run(code, b"", scratch, wall_s=10.0)
+    assert execution.stdout == b"5064\n", execution

@@ -47,7 +47,7 @@ from asyncroll.errors import AsyncrollError
 from asyncroll.evaluator.cgroups import CgroupFactory, TestGroup
 from asyncroll.evaluator.cgroups_v2 import CgroupV2Factory
 from asyncroll.evaluator.execution import Execution
-from asyncroll.evaluator.preexec import PreExec
+from asyncroll.evaluator.preexec import PreExec, tasks_of
 from asyncroll.proctree import all_gone, children, is_subreaper, set_subreaper
 
 MiB = 1 << 20
@@ -225,7 +225,7 @@ class Sandbox:
                         cwd=work,
                         env=self._environment(work),
                         start_new_session=True,
-                        preexec_fn=PreExec(limits, group),
+                        preexec_fn=PreExec(limits, group, self._tasks_in_use()),
                     )
             except OSError as exc:
                 if group is not None:
@@ -249,6 +249,11 @@ class Sandbox:
                 os.close(exit_r)
                 os.close(lifeline_w)
         return result
+
+    def _tasks_in_use(self) -> int:
+        """The tasks a program that runs as this process's user (no uid switch) starts with: its
+        ``RLIMIT_NPROC`` counts all of them. A program switched to ``nobody`` starts with none."""
+        return tasks_of(os.getuid()) if self.layers.uid is None else 0
 
     def _work_dir(self, scratch: Path, index: int) -> Path:
         if self.layers.private_root:
