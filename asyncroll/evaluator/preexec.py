@@ -29,6 +29,9 @@ class PreExec:
         so every program, for a user whose session already ran 64."""
         cpu = math.ceil(limits.time_limit_s) + 1
         nproc = limits.processes * (limits.nproc_headroom if group is not None else 1) + tasks_in_use
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        if hard != resource.RLIM_INFINITY:  # a non-root process cannot raise its hard limit
+            nproc = min(nproc, hard)
         self.rlimits = [
             (resource.RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
             (resource.RLIMIT_CPU, cpu, cpu + 1),
