@@ -5,6 +5,7 @@ Every timing here is exact: scripted model latencies and job durations run in vi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,30 @@ def test_tool_error_fails_trajectory_or_is_observed(
     assert outcome.summary is not None and outcome.summary["tools"]["errors"] == 1
     if mode == "fail":
         assert "boom" in (finished.error or "")
+
+
+def test_an_observed_tool_error_is_cut_to_max_observation_chars_like_a_result(
+    virtual_run: VirtualRun, tmp_path: Path
+) -> None:
+    """docs/TOOLS.md: under --tool-errors observe the error text is the observation, and an observation
+    longer than --max-observation-chars is cut, with its note, and counted (an error of up to 2,000
+    characters reached the model whole)."""
+    name = "boom_" + "x" * 120
+    (tmp_path / "tool.py").write_text(f"def {name}(x):\n    raise ValueError(x)\n")
+    bad = {
+        "id": "bad",
+        "prompt": "p",
+        "tools": [{"name": name, "inputs": {"x": "int"}, "implementation": "tool.py"}],
+        "script": [{"type": "tool", "name": name, "arguments": {"x": 1}}, {"type": "final", "answer": "x"}],
+    }
+    outcome, cap, out = virtual_run([bad], tool_errors="observe", max_observation_chars=100, transcripts=True)
+    row = json.loads((out / "transcripts.jsonl").read_text())
+    shown = row["messages"][2]["content"]
+    assert shown.startswith(f"tool {name!r} failed: "[:100])
+    assert shown.endswith("]") and "\n[tool result cut: the first 100 of " in shown
+    assert len(shown.split("\n[tool result cut:")[0]) == 100
+    assert cap.of(TrajectoryFinished)[0].observations_cut == 1
+    assert outcome.summary is not None and outcome.summary["tools"]["observations_cut"] == 1
 
 
 def test_model_failure_is_isolated_to_its_trajectory(virtual_run: VirtualRun) -> None:

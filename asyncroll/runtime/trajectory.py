@@ -275,6 +275,9 @@ class TrajectoryRunner:
                 text = cut_observation(text, chars)
             return text, None
         error = f"tool {action.name!r} failed: {outcome.error}"
+        if self._tool_errors == "observe" and len(error) > self._max_observation_chars:
+            state.observations_cut += 1  # the error is the model's observation: cut as a result is
+            return cut_observation(error[: self._max_observation_chars], len(error)), error
         return error, error
 
     async def _grade(self, state: _State, problem: Problem, action: FinalAction, turn: int) -> bool | None:
