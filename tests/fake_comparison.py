@@ -7,6 +7,17 @@ from typing import Any
 from asyncroll.experiment.comparison import build_comparison
 
 
+def two_arms() -> dict[str, Any]:
+    """experiment.json's config of a two-arm experiment (a = fifo, the baseline; b = asyncroll), fresh."""
+    return {
+        "name": "x",
+        "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
+        "baseline": "a",
+        "seed": 0,
+        "bootstrap_resamples": 200,
+    }
+
+
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in flat.items():
@@ -28,13 +39,7 @@ def comparison(
     experiment's stage records (gates and their verdicts)."""
     n = len(rows)
     experiment = {
-        "config": {
-            "name": "x",
-            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
-            "baseline": "a",
-            "seed": 0,
-            "bootstrap_resamples": 200,
-        },
+        "config": two_arms(),
         "status": "complete",
         "fingerprint": {"sha256": "f" * 64},
         "stages": stages or {},

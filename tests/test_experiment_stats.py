@@ -15,6 +15,7 @@ from asyncroll.experiment.gates import evaluate_gates
 from asyncroll.experiment.report import aggregate
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import bootstrap_interval, paired_change, t_interval, t_ppf
+from tests.fake_comparison import two_arms
 
 # --- statistics against SciPy -------------------------------------------------------------------------
 
@@ -78,13 +79,7 @@ def test_paired_change_handles_unknown_and_zero_baselines() -> None:
 
 def test_report_marks_unknown_metrics() -> None:
     experiment = {
-        "config": {
-            "name": "x",
-            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
-            "baseline": "a",
-            "seed": 0,
-            "bootstrap_resamples": 200,
-        },
+        "config": two_arms(),
         "status": "complete",
         "fingerprint": {"sha256": "f" * 64},
         "stages": {},

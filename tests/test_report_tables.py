@@ -11,7 +11,7 @@ import pytest
 from asyncroll.experiment.comparison import build_comparison, validate_comparison
 from asyncroll.experiment.report import POOLED_RATES, aggregate
 from asyncroll.experiment.report_markdown import markdown
-from tests.fake_comparison import comparison
+from tests.fake_comparison import comparison, two_arms
 
 ROWS: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"makespan_s": 2.0}, {"makespan_s": 1.0}),
@@ -115,13 +115,7 @@ def staged(qualification: str, stage: str, status: str) -> dict[str, Any]:
         {"id": f"pair1-{a}", "stage": "comparison", "pair": 0, "arm": a, "policy": a, "seed": 0} for a in "ab"
     ]
     experiment = {
-        "config": {
-            "name": "x",
-            "arms": [{"name": "a", "policy": "fifo"}, {"name": "b", "policy": "asyncroll"}],
-            "baseline": "a",
-            "seed": 0,
-            "bootstrap_resamples": 200,
-        },
+        "config": two_arms(),
         "status": status,
         "fingerprint": {"sha256": "f" * 64},
         "stages": {

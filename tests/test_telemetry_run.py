@@ -21,6 +21,12 @@ from tests.conftest import REPO, tool_problem, write_workload
 from tests.metrics_loopback import MetricsServer, idle_vllm, real_clock_run
 
 
+def _cli_run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``asyncroll run ARGS`` in a process of its own (80 s at most), its output captured."""
+    command = [sys.executable, "-m", "asyncroll.cli", "run", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=80, cwd=REPO)
+
+
 @pytest.mark.timeout(90)
 def test_cli_run_samples_a_loopback_server_and_reports_starvation_with_coverage(
     tmp_path: Path, metrics_server: Callable[..., MetricsServer]
@@ -30,17 +36,10 @@ def test_cli_run_samples_a_loopback_server_and_reports_starvation_with_coverage(
         tmp_path / "w.jsonl", [tool_problem("p1", model_ms=20, cpu_ms=250, turns=3, tool="sleep_ms")]
     )
     out = tmp_path / "run"
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "asyncroll.cli", "run"),
-            *("--workload", str(workload), "--output", str(out)),
-            *("--max-active-trajectories", "1", "--cpu-workers", "1", "--model", "sim"),
-            *("--metrics-url", server.url, "--telemetry-interval", "0.1", "--dedicated-gpu"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=80,
-        cwd=REPO,
+    result = _cli_run(
+        *("--workload", workload, "--output", out),
+        *("--max-active-trajectories", "1", "--cpu-workers", "1", "--model", "sim"),
+        *("--metrics-url", server.url, "--telemetry-interval", "0.1", "--dedicated-gpu"),
     )
     assert result.returncode == 0, result.stderr
     assert "warning: telemetry" not in result.stderr  # the source answered
@@ -120,16 +119,14 @@ def test_the_command_warns_of_a_requested_source_that_was_unavailable(
     """A run that asked for telemetry and measured without it says so on stderr, with the reason, not
     only in summary.json: its numbers must not pass for a run measured with it."""
     server = metrics_server(lambda n: (404, '{"detail":"Not Found"}'))
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "asyncroll.cli", "run", "--no-progress"),
-            *("--workload", str(REPO / "examples" / "smoke.jsonl"), "--output", str(tmp_path / "run")),
-            *("--metrics-url", server.url),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=80,
-        cwd=REPO,
+    result = _cli_run(
+        "--no-progress",
+        "--workload",
+        REPO / "examples" / "smoke.jsonl",
+        "--output",
+        tmp_path / "run",
+        "--metrics-url",
+        server.url,
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.startswith(

@@ -164,11 +164,11 @@ class _FeedbackWorker(VirtualWorker):
         return replace(result, reply=replace(result.reply, value=verdict))
 
 
-def test_hidden_tests_reach_a_transcript_only_as_the_repair_message_showed_them(tmp_path: Path) -> None:
-    """The repair message is recorded exactly as sent — the first failing case is what the protocol shows
-    the model — but no other hidden test, the evaluator's arguments or its verdict."""
-    workload = write_workload(tmp_path / "w.jsonl", [_code_problem("p", [False, False])])
-    cfg = build_config({"workload": workload, "output": tmp_path / "run", "transcripts": True})
+def _feedback_run(tmp_path: Path, passes: list[bool], **settings: Any) -> dict[str, Any]:
+    """A virtual run of one code problem whose programs pass as ``passes`` says, on workers that give a
+    failing program's feedback; its transcript row."""
+    workload = write_workload(tmp_path / "w.jsonl", [_code_problem("p", passes)])
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", "transcripts": True, **settings})
     clock = VirtualClock()
     run = Run(
         prepare(cfg, ["test"]),
@@ -177,7 +177,14 @@ def test_hidden_tests_reach_a_transcript_only_as_the_repair_message_showed_them(
     )
     outcome = clock.run(run.execute())
     assert outcome.status == "complete", outcome.error
-    row = _lines(tmp_path / "run" / "transcripts.jsonl")["p"]
+    row: dict[str, Any] = _lines(tmp_path / "run" / "transcripts.jsonl")["p"]
+    return row
+
+
+def test_hidden_tests_reach_a_transcript_only_as_the_repair_message_showed_them(tmp_path: Path) -> None:
+    """The repair message is recorded exactly as sent — the first failing case is what the protocol shows
+    the model — but no other hidden test, the evaluator's arguments or its verdict."""
+    row = _feedback_run(tmp_path, [False, False])
     assert row["messages"][2] == {
         "role": "user",
         "turn": 0,
@@ -192,19 +199,7 @@ def test_hidden_tests_reach_a_transcript_only_as_the_repair_message_showed_them(
 def test_a_repair_message_no_turn_sends_is_not_written(tmp_path: Path) -> None:
     """A failing program on the last turn --max-turns allows gets no repair turn: its repair message is
     never sent, so the first failing case (a hidden test) was never shown and is not written."""
-    workload = write_workload(tmp_path / "w.jsonl", [_code_problem("p", [False, True])])
-    cfg = build_config(
-        {"workload": workload, "output": tmp_path / "run", "transcripts": True, "max_turns": 1}
-    )
-    clock = VirtualClock()
-    run = Run(
-        prepare(cfg, ["test"]),
-        clock,
-        worker_factory=lambda index, generation: _FeedbackWorker(index, generation, clock),
-    )
-    outcome = clock.run(run.execute())
-    assert outcome.status == "complete", outcome.error
-    row = _lines(tmp_path / "run" / "transcripts.jsonl")["p"]
+    row = _feedback_run(tmp_path, [False, True], max_turns=1)
     assert row["status"] == "max_turns"
     assert row["messages"][-1] == _reply(0, {"type": "submit", "code": "print(0)"})
     assert SHOWN not in (tmp_path / "run" / "transcripts.jsonl").read_text()
