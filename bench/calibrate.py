@@ -30,18 +30,21 @@ from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from bench import synthetic
-from bench.common import events, machine, number_arg, quantiles, run_once, scratch
+from bench.common import events, incomplete, machine, number_arg, quantiles, run_once, scratch
 
 Point = tuple[int, int, int]
 POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2), (32, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
 
 
-def verdicts(real: dict[str, list[float]], simulated: dict[str, float]) -> tuple[list[str], int, int, int]:
+def verdicts(
+    real: dict[str, list[float]], simulated: dict[str, float]
+) -> tuple[list[str], int, int, int, int]:
     """Pairwise comparison of a simulated ranking with the real one (see the module docstring).
-    Returns a line per pair and the counts of (agreeing decided, contradicting decided, tied) pairs."""
+    Returns a line per pair and the counts of (agreeing decided, contradicting decided, decided but
+    simulated equal, tied) pairs: equal simulated makespans order a decided pair neither way."""
     lines: list[str] = []
-    agree = contradict = ties = 0
+    agree = contradict = unordered = ties = 0
     names = list(real)
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
@@ -58,11 +61,14 @@ def verdicts(real: dict[str, list[float]], simulated: dict[str, float]) -> tuple
             elif sim == truth:
                 agree += 1
                 word = "agrees"
+            elif sim == "=":
+                unordered += 1
+                word = "not ordered by the simulation"
             else:
                 contradict += 1
                 word = "CONTRADICTS"
             lines.append(f"{a} {truth} {b} real; {a} {sim} {b} simulated: {word}")
-    return lines, agree, contradict, ties
+    return lines, agree, contradict, unordered, ties
 
 
 def overheads(run_dir: Path, workload: Path) -> tuple[float, float]:
@@ -92,8 +98,10 @@ def overheads(run_dir: Path, workload: Path) -> tuple[float, float]:
 
 
 def simulated(
-    workload: Path, policy: str, point: tuple[int, int, int], settings: SimulationSettings
+    workload: Path, policy: str, point: tuple[int, int, int], settings: SimulationSettings, seed: int = 1
 ) -> float:
+    """The simulated makespan of a workload (``seed``: the draw it was generated from, named when a
+    trajectory did not complete)."""
     active, inflight, workers = point
     cfg = build_config(
         {
@@ -117,7 +125,10 @@ def simulated(
         record=False,
     )
     outcome = clock.run(run.execute())
-    assert outcome.summary is not None and outcome.summary["counts"]["failed"] == 0
+    n = len(workload.read_text().splitlines())
+    if outcome.summary is None or outcome.summary["counts"]["completed"] != n:
+        where = f"{policy} at {'/'.join(map(str, point))}, seed {seed}"
+        raise SystemExit(incomplete("bench (simulated)", where, n, outcome))
     return float(outcome.summary["makespan_s"])
 
 
@@ -170,7 +181,9 @@ def main() -> None:
                     cpu_workers=point[2],
                     max_turns=6,
                 )
-                assert outcome.summary is not None and outcome.summary["counts"]["completed"] == args.n
+                if outcome.summary is None or outcome.summary["counts"]["completed"] != args.n:
+                    where = f"{policy} at {'/'.join(map(str, point))}, real, repeat {repeat + 1}"
+                    raise SystemExit(incomplete("bench.calibrate", where, args.n, outcome))
                 real[policy].append(outcome.summary["makespan_s"])
                 t, j = overheads(run_dir, workload)
                 turn_ms.append(t)
@@ -192,19 +205,20 @@ def main() -> None:
             )
         rankings.append((point, real, pure, tuned))
 
-    totals = {"pure model": [0, 0, 0], "with overheads": [0, 0, 0]}
+    totals = {"pure model": [0, 0, 0, 0], "with overheads": [0, 0, 0, 0]}
     for point, real, pure, tuned in rankings:
         print(f"\n{point[0]} / {point[1]} / {point[2]}:")
         for label, sim in (("pure model", pure), ("with overheads", tuned)):
-            lines, agree, contradict, ties = verdicts(real, sim)
-            for k, v in enumerate((agree, contradict, ties)):
+            lines, *counts = verdicts(real, sim)
+            for k, v in enumerate(counts):
                 totals[label][k] += v
             print(f"- {label}: " + "; ".join(lines))
     print()
-    for label, (agree, contradict, ties) in totals.items():
+    for label, (agree, contradict, unordered, ties) in totals.items():
         print(
             f"- {label}: of the real pairwise differences outside noise, {agree} ordered the same, "
-            f"{contradict} the other way; {ties} pairs tied within the real spread"
+            f"{contradict} the other way, {unordered} not at all (equal simulated makespans); {ties} "
+            "pairs tied within the real spread"
         )
 
 

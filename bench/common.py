@@ -105,6 +105,19 @@ def run_child(argv: list[str], *, timeout: float | None = None) -> subprocess.Co
     return done
 
 
+def incomplete(bench: str, where: str, n: int, outcome: RunOutcome) -> str:
+    """Why a bench stops at a run (real or simulated) that did not complete every trajectory: its
+    figures compare the same work (a crunch job past the 60 s tool timeout fails its trajectory)."""
+    if outcome.summary is None:
+        return f"{bench}: the run of {where} ended {outcome.status}: {outcome.error}"
+    counts = outcome.summary["counts"]
+    return (
+        f"{bench}: the run of {where} completed {counts['completed']} of {n} trajectories "
+        f"({counts['failed']} failed, {counts['max_turns']} at max turns); the comparison needs every "
+        "trajectory completed (a job over the 60 s tool timeout fails its trajectory: lower --cpu-ms)"
+    )
+
+
 def events(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 

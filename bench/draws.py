@@ -28,10 +28,14 @@ POLICIES = ("fifo", "tool_first", "asyncroll", "asyncroll_chain")
 
 
 def changes(
-    workload: Path, point: tuple[int, int, int], settings: SimulationSettings, policies: list[str]
+    workload: Path,
+    point: tuple[int, int, int],
+    settings: SimulationSettings,
+    policies: list[str],
+    seed: int = 1,
 ) -> dict[str, float]:
     """Each policy's simulated makespan on one draw, as a change against the first policy's."""
-    makespans = {policy: simulated(workload, policy, point, settings) for policy in policies}
+    makespans = {policy: simulated(workload, policy, point, settings, seed) for policy in policies}
     base = makespans[policies[0]]
     return {policy: makespans[policy] / base - 1 for policy in policies[1:]}
 
@@ -85,7 +89,7 @@ def main() -> None:
         for mode, settings in modes.items():
             by_policy: dict[str, dict[int, float]] = {p: {} for p in policies[1:]}
             for seed, workload in workloads.items():
-                for policy, change in changes(workload, point, settings, policies).items():
+                for policy, change in changes(workload, point, settings, policies, seed).items():
                     by_policy[policy][seed] = change
             print(f"\n### {point[0]} active / {point[1]} inflight / {point[2]} workers, {mode}\n")
             print(

@@ -19,7 +19,7 @@ from typing import Any
 
 from asyncroll.experiment.stats import t_interval
 from asyncroll.runtime.run import RunOutcome
-from bench import synthetic
+from bench import common, synthetic
 from bench.common import machine, number_arg, points_arg, quantiles, run_once, scratch
 
 POINTS = ((8, 4, 2), (8, 4, 1))
@@ -44,16 +44,8 @@ def spread(xs: Sequence[float | None], fmt: str = "{:.1f}") -> str:
 
 
 def incomplete(policy: str, point: tuple[int, int, int], seed: int, n: int, outcome: RunOutcome) -> str:
-    """Why the bench stops at a run that did not complete every trajectory: completions per hour are
-    compared only over the same work (a crunch job past the 60 s tool timeout fails its trajectory)."""
-    where = f"{policy} at {'/'.join(map(str, point))}, seed {seed}"
-    if outcome.summary is None:
-        return f"bench.paired: the run of {where} ended {outcome.status}: {outcome.error}"
-    counts = outcome.summary["counts"]
-    return (
-        f"bench.paired: the run of {where} completed {counts['completed']} of {n} trajectories "
-        f"({counts['failed']} failed, {counts['max_turns']} at max turns); the comparison needs every "
-        "trajectory completed (a job over the 60 s tool timeout fails its trajectory: lower --cpu-ms)"
+    return common.incomplete(
+        "bench.paired", f"{policy} at {'/'.join(map(str, point))}, seed {seed}", n, outcome
     )
 
 
