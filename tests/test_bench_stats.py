@@ -45,3 +45,14 @@ def test_the_evaluator_bench_takes_the_true_median_of_an_even_count(monkeypatch:
     ticks = iter([0.0, 0.001, 1.0, 1.002, 2.0, 2.003, 3.0, 3.010])  # 1, 2, 3 and 10 ms
     monkeypatch.setattr(evaluator, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
     assert evaluator._command_ms([sys.executable, "-c", "pass"], 4) == pytest.approx(2.5)
+
+
+def test_the_optimum_map_gives_no_share_of_a_gap_within_rounding_of_the_proven_bound() -> None:
+    """FIFO on the proven optimum but for float rounding printed "1.000" and "gap closed 0%" (a policy a
+    little behind it, an absurd "-50000%"); the pressure map says "n/a" there."""
+    from bench.optimum_map import gap_closed
+
+    assert gap_closed(1.0000002, 1.0000002) == "n/a"
+    assert gap_closed(1.0000002, 1.0001) == "n/a"
+    assert gap_closed(1.0, 1.0) == "n/a"
+    assert gap_closed(1.2, 1.1) == "50%"
