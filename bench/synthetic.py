@@ -207,8 +207,10 @@ def main(argv: list[str] | None = None) -> None:
             noise=args.noise,
             repair_fraction=args.repair_fraction,
         )
-    except (FileExistsError, ValueError) as exc:
+    except ValueError as exc:
         parser.error(str(exc))
+    except OSError as exc:  # the refused tools file (its own message), or a folder that cannot be made
+        parser.error(str(exc) if exc.errno is None else f"cannot write --output {args.output}: {exc}")
     print(f"wrote {args.n} problems to {args.output} and {args.output.parent / TOOLS_FILE}")
 
 

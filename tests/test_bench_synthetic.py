@@ -38,6 +38,22 @@ def test_synthetic_refuses_parameters_outside_their_documented_range(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("under", ["a-file/w.jsonl", "a-file/sub/w.jsonl"])
+def test_synthetic_says_why_it_cannot_make_the_outputs_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], under: str
+) -> None:
+    """An --output under a path that is a file (a typo): a usage error naming it, not a
+    NotADirectoryError traceback."""
+    from bench import synthetic
+
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic.main(["--n", "1", "--output", str(tmp_path / under)])
+    assert exit_info.value.code == 2
+    assert f"cannot write --output {tmp_path / under}:" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
 def test_synthetic_never_overwrites_another_tools_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
