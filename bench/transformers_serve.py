@@ -4,8 +4,9 @@ Builds a tiny random-weight Llama (``scripts/make_tiny_llama.py``; offline), sta
 ``transformers serve MODEL --device cpu --continuous-batching`` with a sized KV cache in its own process
 group, waits for ``/health``, then runs a scripted workload with ``asyncroll run --backend openai
 --server-kind transformers --replay`` at each inflight limit (real HTTP, real decoding of the scripted
-token budgets) and reports per setting: wall time, completed trajectories, model requests/s, median and
-p95 model latency, and completion tokens per request. The server is stopped (its whole group) at the end.
+token budgets) and reports per setting: completed trajectories, model requests/s, median and p95 model
+latency. The server is stopped (its whole group) at the end; an engine that does not start, or a client
+run that writes no summary, ends the bench with why (the engine's or the client's last output).
 
 Needs a Python environment with the engine: ``python3 -m venv .venv-hf && .venv-hf/bin/pip install
 torch==2.13.0 'transformers[serving]'`` (pin torch: its CPU wheel; an unpinned one pulls a CUDA build).
@@ -244,7 +245,10 @@ def main() -> None:
         why = exc.stderr.decode(errors="replace")[-2000:]
         raise SystemExit(f"error: building the model with {args.hf_python} failed:\n{why}") from None
     path = write_workload(tmp / "workload.jsonl", workload(args.n))
-    engine = start_engine(args.hf_python, model, tmp / "server.log")
+    try:
+        engine = start_engine(args.hf_python, model, tmp / "server.log")
+    except RuntimeError as exc:  # it exited, never answered /health, or another process holds its port
+        raise SystemExit(f"error: {exc}") from None
     print(f"machine: {machine()}")
     print(
         f"transformers serve (tiny random Llama, CPU, continuous batching); {args.n} trajectories × 2 turns"
@@ -258,6 +262,8 @@ def main() -> None:
                 for r in range(args.repeats)
             ]
             print(table_row(inflight, rows, args.n))
+    except RuntimeError as exc:  # a client run that wrote no summary
+        raise SystemExit(f"error: {exc}") from None
     finally:
         engine.stop()
 

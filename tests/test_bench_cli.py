@@ -297,6 +297,29 @@ def test_the_transformers_bench_says_why_the_model_build_failed_and_leaves_no_fi
     assert list(temp.iterdir()) == []
 
 
+@pytest.mark.timeout(90)
+def test_the_transformers_bench_says_why_the_engine_did_not_start_and_leaves_no_files(tmp_path: Path) -> None:
+    """An engine that exits before it answers /health (no weights, a bad flag): its log's reason, not a
+    RuntimeError traceback."""
+    import subprocess
+
+    hf_python = fake_hf_environment(tmp_path, "exit 0", "echo 'OSError: no weights here' >&2; exit 3")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(BENCH.parent), "TMPDIR": str(temp)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.transformers_serve", "--hf-python", str(hf_python)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "transformers serve exited (3)" in done.stderr and "OSError: no weights here" in done.stderr
+    assert list(temp.iterdir()) == []
+
+
 @pytest.mark.timeout(60)
 def test_the_transformers_bench_stops_the_engine_when_interrupted_while_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
