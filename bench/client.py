@@ -71,8 +71,10 @@ def start_server(start_timeout: float = 60.0) -> tuple[subprocess.Popen[str], st
     line = proc.stdout.readline() if ready else f"(no line in {start_timeout:g} s)"
     if not line.startswith("serve-sim listening on "):
         proc.kill()
-        proc.wait(timeout=30)
+        code = proc.wait(timeout=30)
         proc.stdout.close()
+        if not line:  # it closed its stdout: it exited, its reason on stderr above
+            line = f"(it exited with {code} before saying it listens)"
         raise RuntimeError(f"serve-sim did not start: {line!r}")
     return proc, line.split()[3]
 
@@ -167,7 +169,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.json is not None and (why := result_file.refusal(args.json, "--json")):
         parser.error(why)  # checked before measuring, never overwritten
-    proc, url = start_server()
+    try:
+        proc, url = start_server()
+    except RuntimeError as exc:  # serve-sim's own reason, if it gave one, is on stderr above
+        raise SystemExit(f"bench.client: {exc}") from None
     settings = {**vars(args), "json": None if args.json is None else str(args.json)}
     raw: dict[str, Any] = {"machine": machine(), "args": settings, "sequential": [], "throughput": {}}
     try:

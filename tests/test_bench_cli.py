@@ -412,6 +412,26 @@ def test_the_client_bench_gives_up_on_a_server_that_never_says_it_listens(
         client.start_server(start_timeout=0.5)
 
 
+def test_the_client_bench_says_serve_sim_did_not_start_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve-sim exiting before it listens (an import error, a bad flag) ended the bench on a
+    RuntimeError traceback."""
+    from bench import client
+
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho 'ImportError: no uvicorn' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(client.sys, "executable", str(failing))
+    monkeypatch.setattr(sys, "argv", ["client", "--repeats", "1"])
+    with pytest.raises(SystemExit) as exit_info:
+        client.main()
+    assert (
+        exit_info.value.code
+        == "bench.client: serve-sim did not start: '(it exited with 1 before saying it listens)'"
+    )
+
+
 @pytest.mark.timeout(60)
 def test_a_failed_bench_child_ends_it_with_the_childs_own_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """``check=True`` on a captured child (bench.simspeed's measured process, bench.startup's command,
