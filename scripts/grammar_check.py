@@ -29,6 +29,7 @@ from typing import Any
 
 from asyncroll.backends.action_schema import schema_errors, turn_schema
 from asyncroll.coerce import TYPE_NAMES
+from asyncroll.errors import WorkloadError
 from asyncroll.workload import Problem, iter_problems
 
 EOS = 256
@@ -187,11 +188,15 @@ def main(paths: list[str]) -> int:
     if missing:
         print(f"error: not a workload file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    try:  # read before the engines: a workload that is not valid is named whether or not one is installed
+        problems = [(f"{p}:{pid}", problem) for p in paths for _, pid, problem in iter_problems(Path(p))]
+    except WorkloadError as exc:  # each line FILE:LINE: field: message
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     found = engines()
     if not found:
         print("no grammar engine installed (pip install xgrammar llguidance outlines-core)", file=sys.stderr)
         return 2
-    problems = [(f"{p}:{pid}", problem) for p in paths for _, pid, problem in iter_problems(Path(p))]
     seen: set[str] = set()
     failed = False
     for label, problem in problems + feature_problems():

@@ -47,6 +47,16 @@ def test_grammar_check_names_a_workload_that_is_not_there(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(90)
+def test_grammar_check_names_the_line_of_a_workload_that_is_not_valid(tmp_path: Path) -> None:
+    """A workload line that is not JSON ended the check on a WorkloadError traceback (with an engine
+    installed; without one it said only that no engine is installed)."""
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "prompt": "p"}\nnope\n')
+    done = run_script("grammar_check.py", ["bad.jsonl"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "bad.jsonl:2: line: not valid JSON" in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(90)
 def test_make_tiny_llama_refuses_an_option_for_its_directory(tmp_path: Path) -> None:
     done = run_script("make_tiny_llama.py", ["--out"], tmp_path)
     assert done.returncode == 2 and "usage:" in done.stderr and list(tmp_path.iterdir()) == []
