@@ -12,8 +12,9 @@ makespans with their error against the real median, and whether each ranks the p
 Ranking is judged pair by pair, with the real noise taken into account: a real pair is *decided* when
 the two policies' real makespan ranges (min–max over repeats) do not overlap, otherwise it is a tie
 within noise. The simulator *contradicts* reality when it orders a decided pair the other way; it agrees
-on a decided pair when it orders it the same way. Ties are reported, not scored: no simulator can be
-right or wrong about a difference that reality itself does not resolve.
+on a decided pair when it orders it the same way; equal simulated makespans order it neither way
+(counted apart). Ties are reported, not scored: no simulator can be right or wrong about a difference
+that reality itself does not resolve.
 
 Run: ``python -m bench.calibrate [--repeats 3] [--n 40]`` (``--repeats`` at least 2).
 """
