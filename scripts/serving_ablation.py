@@ -8,8 +8,8 @@ concurrency against any OpenAI-compatible endpoint (no tools, no CPU work), for 
 Prompts are the workload's ``prompt`` fields in file order (cycled when more requests than problems), so
 the same workload gives the same request sequence on every stack. ``--fixed-length`` asks every
 request for exactly ``--max-tokens`` tokens (``min_tokens`` + ``ignore_eos``, vLLM/SGLang), which
-removes the model's own stopping decisions from a comparison of stacks. Each repeat is reported; the
-summary gives min / median / max over repeats. See SERVING_ABLATION.md.
+removes the model's own stopping decisions from a comparison of stacks. Each repeat is in the JSON
+(``--output``); the table printed gives min / median / max over repeats. See SERVING_ABLATION.md.
 """
 
 from __future__ import annotations
