@@ -14,3 +14,10 @@ def left_to_right_sum(values: Iterable[float]) -> float:
     for value in values:
         total += value
     return total
+
+
+def shown(value: float) -> str:
+    """``value`` as short as ``:g`` writes it where that reads back as the same number, else in full: a
+    refused value just past a bound (86400001 ms, 0.0099999) must not read as the bound itself."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)

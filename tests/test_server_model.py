@@ -108,6 +108,11 @@ def test_config_is_validated() -> None:
         ({"step_per_seq_ms": -0.5}, "--step-per-seq-ms must be from 0 to 86400000 ms (one day), got -0.5"),
         ({"prefill_ms_per_token": 1e300}, "--prefill-ms-per-token must be from 0 to 86400000 ms"),
         ({"step_base_ms": 1e300}, "--step-base-ms must be from 0 to 86400000 ms (one day), got 1e+300"),
+        # just past the bound: the value in full, never a rounding of it that reads as the bound
+        (
+            {"step_base_ms": 86_400_001.0},
+            "--step-base-ms must be from 0 to 86400000 ms (one day), got 86400001.0",
+        ),
         ({"step_base_ms": -math.inf}, "--step-base-ms must be a finite number, got -inf"),
         ({"step_per_seq_ms": math.inf}, "--step-per-seq-ms must be a finite number, got inf"),
         (

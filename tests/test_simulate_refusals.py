@@ -74,6 +74,10 @@ def test_simulated_workers_are_bounded_as_real_ones_are(tmp_path: Path) -> None:
         (["--tool-timeout", "nan"], "--tool-timeout: must be a finite number"),
         (["--sweep", "--jitter", "nan"], "--jitter: must be a finite number"),
         (["--sweep", "--jitter", "50"], "--jitter: must be at most 5"),
+        # a value just past a bound is shown in full, not rounded by 6 digits to the bound itself
+        (["--job-overhead-ms", "86400000.5"], "at most 86400000 ms (one day), got 86400000.5\n"),
+        (["--server", "batching", "--chars-per-token", "0.00999999"], "must be >= 0.01, got 0.00999999\n"),
+        (["--sweep", "--jitter", "5.0000001"], "--jitter: must be at most 5, got 5.0000001\n"),
     ],
 )
 def test_non_finite_and_out_of_range_numbers_are_refused_before_anything_exists(

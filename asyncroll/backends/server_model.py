@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from asyncroll.clock import Clock, VirtualClock
+from asyncroll.floats import shown
 
 COST_FIELDS = ("step_base_ms", "step_per_seq_ms", "prefill_ms_per_token")
 #: The largest step or per-token cost (ms): one day, the limit of a workload's declared durations
@@ -57,7 +58,7 @@ class ServerModelConfig:
                 raise ValueError(f"{_flag(name)} must be a finite number, got {value}")
             if not 0 <= value <= MAX_COST_MS:
                 raise ValueError(
-                    f"{_flag(name)} must be from 0 to {MAX_COST_MS:.0f} ms (one day), got {value:g}"
+                    f"{_flag(name)} must be from 0 to {MAX_COST_MS:.0f} ms (one day), got {shown(value)}"
                 )
         if self.step_base_ms + self.step_per_seq_ms <= 0:
             raise ValueError(

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from asyncroll.floats import shown
+
 if TYPE_CHECKING:
     from asyncroll.simulation.engine import Assumed
     from asyncroll.simulation.from_run import DerivedRun
@@ -232,10 +234,10 @@ def check_numbers(**given: float | None) -> None:
         if not math.isfinite(value):
             raise UsageError(f"{flag}: must be a finite number, got {value}")
         if value < low or (value == low and not inclusive):
-            raise UsageError(f"{flag}: must be {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+            raise UsageError(f"{flag}: must be {'>=' if inclusive else '>'} {low:g}, got {shown(value)}")
         if value > high:
             limit = f"{high:.0f} ms (one day)" if high == MAX_COST_MS else f"{high:g}"
-            raise UsageError(f"{flag}: must be at most {limit}, got {value:g}")
+            raise UsageError(f"{flag}: must be at most {limit}, got {shown(value)}")
 
 
 def sweep_jobs(seeds: int | None, jobs: int | None) -> int:
