@@ -51,7 +51,7 @@ def test_a_scripted_sleep_past_one_day_is_refused_by_validation(tmp_path: Path) 
     assert f"{workload}:1: script[0].arguments.milliseconds: an integer of 301+ digits is past one day" in (
         result.output
     )
-    assert f"{workload}:2: script[0].arguments.milliseconds: 8.64e+07 is past one day" in result.output
+    assert f"{workload}:2: script[0].arguments.milliseconds: 86400001 is past one day" in result.output
     out = tmp_path / "run"
     assert invoke("simulate", "--workload", workload, "--output", out).exit_code == 2
     assert not out.exists()
@@ -71,10 +71,19 @@ def test_a_sleep_past_one_day_is_shown_as_a_number_while_a_float_can_hold_it(tmp
     # Past 10**300 an integer is described, not formatted: formatting one past a float's range raised
     # OverflowError out of validation.
     workload = tmp_path / "w.jsonl"
-    durations = (10**300 - 1, 10**300, 10**310)
+    # Just past the bound, the value is shown in full: "8.64e+07 is past one day (86400000 ms)" read as
+    # the bound itself.
+    durations = (10**300 - 1, 10**300, 10**310, 86_400_001, 86_400_000.01, 1e20)
     workload.write_text("".join(_sleep_line(ms) + "\n" for ms in durations))
     problems = scan_workload(workload, tmp_path, scripted=True).problems
-    shown = ("1e+300", "an integer of 301+ digits", "an integer of 301+ digits")
+    shown = (
+        "1e+300",
+        "an integer of 301+ digits",
+        "an integer of 301+ digits",
+        "86400001",
+        "86400000.01",
+        "1e+20",
+    )
     assert problems == [
         f"{workload}:{n}: script[0].arguments.milliseconds: {s} is past one day (86400000 ms): a typo "
         "would stall the run"

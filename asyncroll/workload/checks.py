@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.coerce import argument_errors, bound_errors
+from asyncroll.floats import shown
 from asyncroll.tool_files import ToolFile, ToolFunction
 from asyncroll.workload.models import (
     _EVALUATOR_ONLY_BY_SUBMIT,
@@ -128,11 +129,14 @@ def _duration_problems(where: str, arguments: dict[str, Any]) -> list[tuple[str,
     with "run failed: OverflowError" (it is the simulated job's duration)."""
     value = arguments.get("milliseconds")
     if isinstance(value, int | float) and not isinstance(value, bool) and value > MAX_DURATION_MS:
-        shown = f"{value:.3g}" if isinstance(value, float) or value < 10**300 else "an integer of 301+ digits"
+        if isinstance(value, int) and value >= 10**300:
+            what = "an integer of 301+ digits"
+        else:  # in full where a rounding would read as the bound itself (86400001 as 8.64e+07)
+            what = str(value) if isinstance(value, int) and value < 10**16 else shown(float(value))
         return [
             (
                 f"{where}.arguments.milliseconds",
-                f"{shown} is past one day ({MAX_DURATION_MS} ms): a typo would stall the run",
+                f"{what} is past one day ({MAX_DURATION_MS} ms): a typo would stall the run",
             )
         ]
     return []
