@@ -27,6 +27,7 @@ from asyncroll.evaluator.budget import (
     MIN_MEMORY_LIMIT_MB,
     tool_timeout_cap,
 )
+from asyncroll.floats import shown
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
@@ -205,7 +206,7 @@ class RunConfig(BaseModel):
         for flag, value in given.items():
             if value is not None and value > cap:
                 out.append(
-                    f"{flag} {value:g} does not fit under --tool-timeout {self.tool_timeout:g}: an "
+                    f"{flag} {shown(value)} does not fit under --tool-timeout {self.tool_timeout:g}: an "
                     f"evaluation must end within {cap:g}s (the tool timeout less a margin of max(1 s, 10%), "
                     "at least half of it) for its verdict to come back before the worker is killed; raise "
                     f"--tool-timeout or lower {flag}"
@@ -213,8 +214,8 @@ class RunConfig(BaseModel):
         per_test, total = given["--test-timeout"], given["--evaluation-timeout"]
         if per_test is not None and total is not None and per_test > total:
             out.append(
-                f"--test-timeout {per_test:g} is longer than --evaluation-timeout {total:g}, the budget "
-                "of a whole evaluation: no test could run that long"
+                f"--test-timeout {shown(per_test)} is longer than --evaluation-timeout {shown(total)}, "
+                "the budget of a whole evaluation: no test could run that long"
             )
         return out
 

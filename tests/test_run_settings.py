@@ -124,6 +124,12 @@ def test_evaluator_limits_are_run_flags_bound_to_every_evaluation(
             ["--test-timeout", "8", "--evaluation-timeout", "5"],
             "--test-timeout 8 is longer than --evaluation-timeout 5",
         ),
+        # just past the cap: shown in full, not rounded to the cap it was compared with ("54 ... within 54s")
+        (["--test-timeout", "54.0000001"], "--test-timeout 54.0000001 does not fit under --tool-timeout 60"),
+        (
+            ["--test-timeout", "7.0000001", "--evaluation-timeout", "7"],
+            "--test-timeout 7.0000001 is longer than --evaluation-timeout 7,",
+        ),
     ],
 )
 def test_evaluator_limits_that_cannot_hold_are_refused(
