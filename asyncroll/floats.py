@@ -1,4 +1,4 @@
-"""Float arithmetic that gives the same bits on every Python version."""
+"""Float arithmetic that gives the same bits on every Python version, and a float shown as it was given."""
 
 from __future__ import annotations
 
