@@ -4,6 +4,7 @@ long tool result cut before the model sees it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from asyncroll.config import build_config
 from asyncroll.errors import UsageError
 from tests.cli_runs import SMOKE, assert_gone, cli, load_run, worker_pids
-from tests.conftest import invoke, write_workload
+from tests.conftest import invoke, tool_problem, write_workload
 
 OUTPUT_FILES = {"run.json", "events.jsonl", "results.jsonl", "summary.json", "trace.json", "timeline.html"}
 
@@ -74,7 +75,12 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
     assert not out.exists()
     validate = cli("validate", workload)
     assert validate.returncode == 2 and "2 errors in 1 of 4 workload lines" in validate.stderr
-    assert invoke("validate", SMOKE).exit_code == 0
+    ok = invoke("validate", SMOKE)
+    sha = hashlib.sha256(SMOKE.read_bytes()).hexdigest()
+    assert (ok.exit_code, ok.stdout) == (0, f"{SMOKE}: ok, 3 problems, 2 distinct tools, sha256 {sha}\n")
+    one = write_workload(tmp_path / "one.jsonl", [tool_problem("p", model_ms=1, cpu_ms=1)])
+    said = invoke("validate", one).stdout  # "1 problems, 1 distinct tools" before
+    assert said.startswith(f"{one}: ok, 1 problem, 1 distinct tool, sha256 ")
     # validate refuses the options run refuses
     bogus = invoke("validate", SMOKE, "--backend", "bogus")
     assert bogus.exit_code == 2 and "choose from scripted, vllm, openai" in bogus.stderr

@@ -42,7 +42,9 @@ def validate(
             typer.echo(f"... and {scan.truncated} more errors", err=True)
         typer.echo(f"{workload}: {scan.error_summary()}", err=True)
         raise typer.Exit(2)
-    say(f"{workload}: ok, {scan.count} problems, {len(scan.tools)} distinct tools, sha256 {scan.sha256}")
+    problems = f"{scan.count} problem{'' if scan.count == 1 else 's'}"
+    tools = f"{len(scan.tools)} distinct tool{'' if len(scan.tools) == 1 else 's'}"
+    say(f"{workload}: ok, {problems}, {tools}, sha256 {scan.sha256}")
 
 
 def schema(
