@@ -177,15 +177,33 @@ class SummaryModel(_Open):
     resources: Resources
 
 
+#: pydantic's names of a bound where JSON Schema has its own: pydantic writes them raw for a bounded
+#: optional setting whose type has its own validator (``Int | None = Field(ge=1)``), and a validator
+#: ignores a keyword it does not know (``asyncroll schema config`` accepted ``"limit": 0``).
+_BOUND_KEYWORDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+
+
+def standard_bounds(node: Any) -> Any:
+    """``node`` (a JSON Schema) with each numeric bound under its JSON Schema keyword."""
+    if isinstance(node, list):
+        return [standard_bounds(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    numeric = node.get("type") in ("integer", "number")  # not "properties": a setting may be named "ge"
+    return {(_BOUND_KEYWORDS.get(k, k) if numeric else k): standard_bounds(v) for k, v in node.items()}
+
+
 def schemas() -> dict[str, Any]:
     from asyncroll.config import RunConfig
     from asyncroll.events import EVENT_ADAPTER
     from asyncroll.workload import Problem
 
-    return {
-        "workload": Problem.model_json_schema(),
-        "events": EVENT_ADAPTER.json_schema(),
-        "run": RunReceiptModel.model_json_schema(),
-        "summary": SummaryModel.model_json_schema(),
-        "config": RunConfig.model_json_schema(),
-    }
+    return standard_bounds(
+        {
+            "workload": Problem.model_json_schema(),
+            "events": EVENT_ADAPTER.json_schema(),
+            "run": RunReceiptModel.model_json_schema(),
+            "summary": SummaryModel.model_json_schema(),
+            "config": RunConfig.model_json_schema(),
+        }
+    )

@@ -291,3 +291,42 @@ def test_a_number_past_a_floats_range_is_refused_not_read_as_infinity(tmp_path: 
     shown = number if len(number) <= 40 else number[:37] + "..."
     message = f"line: the number {shown} is too large for a 64-bit float (it would read as infinity)"
     assert problems == [f"{tmp_path / 'w.jsonl'}:{n}: {message}" for n in (1, 2)], problems
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("limit", 0),
+        ("worker_max_rss_mb", 63),
+        ("worker_max_rss_mb", 2**30 + 1),
+        ("nvml_device", -1),
+        ("starvation_threshold", 0),
+        ("metrics_port", 65536),
+        ("cpu_workers", 0),
+        ("evaluation_timeout", 0.0),
+    ],
+)
+def test_the_printed_config_schema_refuses_a_setting_out_of_range_as_the_run_does(
+    setting: str, value: int | float
+) -> None:
+    """pydantic wrote a bounded optional integer's bounds as ``ge``/``le``, which no JSON Schema validator
+    reads: `asyncroll schema config` accepted ``"limit": 0`` and ``"metrics_port": 65536``."""
+    from asyncroll.config import build_config
+    from asyncroll.errors import UsageError
+
+    settings: dict[str, Any] = {"workload": "w.jsonl", "output": "out", setting: value}
+    assert not jsonschema.Draft202012Validator(schemas()["config"]).is_valid(settings)
+    with pytest.raises(UsageError, match=f"--{setting.replace('_', '-')}: "):
+        build_config(settings)
+    settings[setting] = None if setting != "cpu_workers" else 1  # the schema still takes the default
+    assert jsonschema.Draft202012Validator(schemas()["config"]).is_valid(settings)
+
+
+def test_the_printed_experiment_schema_bounds_the_clients_limit() -> None:
+    from tests.conftest import invoke
+
+    result = invoke("experiment", "schema")
+    assert result.exit_code == 0, result.output
+    limit = json.loads(result.stdout)["$defs"]["ClientSpec"]["properties"]["limit"]
+    assert {"minimum": 1, "type": "integer"} in limit["anyOf"], limit
+    assert '"ge"' not in result.stdout and '"le"' not in result.stdout

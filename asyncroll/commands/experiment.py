@@ -82,8 +82,9 @@ def experiment_plan(
 def experiment_schema() -> None:
     """Print the JSON Schema of an experiment config."""
     from asyncroll.experiment.config import ExperimentConfig
+    from asyncroll.schemas import standard_bounds
 
-    say(json.dumps(ExperimentConfig.model_json_schema(), indent=2))
+    say(json.dumps(standard_bounds(ExperimentConfig.model_json_schema()), indent=2))
 
 
 def report(
