@@ -272,3 +272,21 @@ def test_an_existing_output_read_from_a_config_file_is_named_as_the_files_settin
     assert "choose a new directory" in result.stderr and "--output" not in result.stderr
     result, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "new")
     assert result.exit_code == 0 and seen[0].output == tmp_path / "new"
+
+
+def test_more_worker_processes_than_the_cap_in_a_config_file_are_refused_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap was checked after validation, against the flag: a file's ``cpu_workers`` was named as a
+    ``--cpu-workers`` nobody typed."""
+    config = tmp_path / "run.json"
+    config.write_text('{"cpu_workers": 5000}')
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 2 and not seen and not (tmp_path / "r").exists()
+    assert f"--config {config}: setting 'cpu_workers': 5000: at most 1024 worker processes" in result.stderr
+    flag, seen = run_in_process(
+        monkeypatch, "--workload", SMOKE, "--output", tmp_path / "r", "--cpu-workers", "1025"
+    )
+    assert flag.exit_code == 2 and not seen and "--cpu-workers: 1025: at most 1024" in flag.stderr

@@ -220,6 +220,7 @@ def run(
     if endpoint:
         flags["endpoint"] = endpoint[0]
     from asyncroll.config import (
+        MAX_PROCESS_WORKERS,
         build_config,
         config_file_origins,
         config_file_paths_missing,
@@ -249,6 +250,12 @@ def run(
         not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
         if not_found:
             raise UsageError("\n".join(not_found))
+        if cfg.cpu_workers > MAX_PROCESS_WORKERS:  # simulated workers may be more: not a RunConfig bound
+            where = origins.get("cpu_workers", "--cpu-workers")
+            raise UsageError(
+                f"{where}: {cfg.cpu_workers}: at most {MAX_PROCESS_WORKERS} worker processes (each is a "
+                "Python process holding tens of MB)"
+            )
         if "output" in origins:  # named as the file writes it, not as a flag nobody typed
             from asyncroll.runtime.prepare import output_exists
 
@@ -269,19 +276,11 @@ def _run(cfg: Any) -> int:
     import shutil
 
     from asyncroll.clock import SystemClock
-    from asyncroll.config import MAX_PROCESS_WORKERS
     from asyncroll.errors import UsageError
     from asyncroll.outputs.receipt import EXIT_INTERRUPTED
     from asyncroll.runtime.run import Run, prepare
     from asyncroll.runtime.signals import CommandSignals, interruptible, late_signal_note
 
-    if cfg.cpu_workers > MAX_PROCESS_WORKERS:
-        typer.echo(
-            f"error: --cpu-workers {cfg.cpu_workers}: at most {MAX_PROCESS_WORKERS} worker processes "
-            "(each is a Python process holding tens of MB)",
-            err=True,
-        )
-        return 2
     if cfg.metrics_port is not None:  # a busy or foreign address is a usage error, before any output exists
         from asyncroll.telemetry.exporter import listen_error
 
