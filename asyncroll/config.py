@@ -35,6 +35,8 @@ from asyncroll.setting_names import unknown_setting
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
+#: The largest ``--config`` file read: its settings take well under a kilobyte.
+MAX_CONFIG_BYTES = 1 << 20
 MIN_WORKER_RSS_MB = 64  # below a bare worker interpreter's own footprint every job would replace it
 #: --telemetry-interval's floor, s: a server's /metrics read takes milliseconds; below this the sampler
 #: would read back to back, taking CPU from the run it measures and a sample per read into the log.
@@ -316,7 +318,14 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     by field name, and each field's name as the file spells it (for error messages). Two spellings of one
     setting (``cpu-workers`` and ``cpu_workers``) are refused: which one wins would be a guess."""
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte order mark (Notepad's) as a workload's
+        with path.open("rb") as file:  # not read_text: /dev/zero or a mistaken model file filled memory
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise UsageError(
+                f"--config {path}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a file of settings (a run's "
+                "settings take well under a kilobyte)"
+            )
+        text = raw.decode("utf-8-sig")  # a byte order mark (Notepad's) as a workload's
     except OSError as exc:
         raise UsageError(f"--config {path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

@@ -290,3 +290,22 @@ def test_more_worker_processes_than_the_cap_in_a_config_file_are_refused_naming_
         monkeypatch, "--workload", SMOKE, "--output", tmp_path / "r", "--cpu-workers", "1025"
     )
     assert flag.exit_code == 2 and not seen and "--cpu-workers: 1025: at most 1024" in flag.stderr
+
+
+def test_a_config_file_past_its_size_cap_is_refused_before_it_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was read whole: ``--config /dev/zero`` (or a model file given by mistake) filled memory
+    and ended in a MemoryError traceback. At most 1 MiB is read."""
+    config = tmp_path / "run.json"
+    config.write_text("{}" + " " * (1 << 20))  # valid JSON, but no file of settings is this large
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 2 and not seen and not (tmp_path / "r").exists()
+    assert f"--config {config}: larger than 1 MiB: not a file of settings" in result.stderr
+    config.write_text("{}" + " " * ((1 << 20) - 2))  # exactly the cap
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 0 and len(seen) == 1, result.output
