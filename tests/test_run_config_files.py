@@ -309,3 +309,16 @@ def test_a_config_file_past_its_size_cap_is_refused_before_it_is_read_whole(
         monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
     )
     assert result.exit_code == 0 and len(seen) == 1, result.output
+
+
+def test_a_path_setting_that_is_not_a_string_is_named_without_pydantics_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``"workload": 5`` was refused as "Input is not a valid path for <class 'pathlib.Path'>"."""
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"workload": ["w.jsonl"], "output": 5, "tool_root": None}))
+    result, seen = run_in_process(monkeypatch, "--config", config)
+    assert result.exit_code == 2 and not seen
+    for key in ("workload", "output"):
+        assert f"--config {config}: setting '{key}': Input should be a path, as a string" in result.stderr
+    assert "class" not in result.stderr and "tool_root" not in result.stderr  # null: the default
