@@ -338,6 +338,9 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         why = (
             f"{exc.msg} (line {exc.lineno}, column {exc.colno})" if isinstance(exc, JSONDecodeError) else exc
         )
+        at = re.search(r"\(at line (\d+), column \d+\)", str(exc)) if toml else None
+        if at is not None and int(at[1]) <= len(lines := text.split("\n")):  # tomllib names no key: the line
+            why = f"{exc}: {lines[int(at[1]) - 1].strip()[:120]!r}"
         # a .yaml or .cfg file is read as JSON: say so, or "not valid JSON" reads as a broken byte
         plain = toml or path.suffix.lower() == ".json"
         read_as = "" if plain else " (a --config file is JSON, or TOML named .toml)"

@@ -120,10 +120,15 @@ def test_a_switch_turned_off_in_a_config_file_is_named_as_the_files(
             b'{"cpu_workers": 1, "cpu_workers": 2}',
             "not valid JSON: key 'cpu_workers' is given twice",
         ),
+        (  # tomllib's message names no key: the line that repeats it is quoted
+            "twice.toml",
+            b"cpu_workers = 1\r\ncpu_workers = 2\r\n",
+            "not valid TOML: Cannot overwrite a value (at line 2, column 16): 'cpu_workers = 2'",
+        ),
         ("latin1.json", b'{"model": "caf\xe9"}', "not UTF-8 text (invalid continuation byte at byte 14)"),
         ("deep.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON: "),
     ],
-    ids=["repeated-key", "not-utf8", "deep"],
+    ids=["repeated-key", "repeated-toml-key", "not-utf8", "deep"],
 )
 def test_a_config_file_that_cannot_be_read_as_settings_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, content: bytes, message: str
