@@ -327,3 +327,20 @@ def test_a_path_setting_that_is_not_a_string_is_named_without_pydantics_class(
     for key in ("workload", "output"):
         assert f"--config {config}: setting '{key}': Input should be a path, as a string" in result.stderr
     assert "class" not in result.stderr and "tool_root" not in result.stderr  # null: the default
+
+
+def test_a_config_file_path_starting_with_a_tilde_is_refused_not_made_a_folder_named_tilde(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No shell expands a config file's ``"output": "~/runs/a"``: the run made ``./~/runs/a`` (which a
+    later ``rm -rf ~`` to clean up would take for the home directory)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"workload": str(SMOKE), "output": "~/runs/a"}))
+    result, seen = run_in_process(monkeypatch, "--config", config)
+    assert result.exit_code == 2 and not seen and not (tmp_path / "~").exists()
+    said = f"--config {config}: setting 'output': '~/runs/a': a config file's path is not expanded"
+    assert said in result.stderr and f"write {tmp_path / 'home' / 'runs' / 'a'}" in result.stderr
+    flag, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "r")
+    assert flag.exit_code == 0 and len(seen) == 1, flag.output  # a flag's path is the shell's business
