@@ -336,7 +336,9 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         data = tomllib.loads(text) if toml else json_loads(text, object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, TOMLDecodeError, a repeated key
         why = (
-            f"{exc.msg} (line {exc.lineno}, column {exc.colno})" if isinstance(exc, JSONDecodeError) else exc
+            f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
+            if isinstance(exc, JSONDecodeError)
+            else str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]  # Python's advice to a programmer
         )
         at = re.search(r"\(at line (\d+), column \d+\)", str(exc)) if toml else None
         if at is not None and int(at[1]) <= len(lines := text.split("\n")):  # tomllib names no key: the line

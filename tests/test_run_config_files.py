@@ -127,8 +127,14 @@ def test_a_switch_turned_off_in_a_config_file_is_named_as_the_files(
         ),
         ("latin1.json", b'{"model": "caf\xe9"}', "not UTF-8 text (invalid continuation byte at byte 14)"),
         ("deep.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON: "),
+        (  # Python's own advice ("use sys.set_int_max_str_digits()") was shown to the user
+            "digits.toml",
+            b"seed = " + b"9" * 5000 + b"\n",
+            "not valid TOML: Exceeds the limit (4300 digits) for integer string conversion: value has 5000 "
+            "digits\n",
+        ),
     ],
-    ids=["repeated-key", "repeated-toml-key", "not-utf8", "deep"],
+    ids=["repeated-key", "repeated-toml-key", "not-utf8", "deep", "digits"],
 )
 def test_a_config_file_that_cannot_be_read_as_settings_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, content: bytes, message: str
