@@ -470,3 +470,12 @@ def test_an_override_into_a_section_that_is_not_an_object_is_a_named_error(
     assert script.main([*args, "--plan"]) == 2  # it raised TypeError
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: {section}: an object is expected here"), err
+
+
+def test_more_client_workers_than_run_takes_are_refused_before_any_server_starts(tmp_path: Path) -> None:
+    """``client.cpu_workers`` 5000 passed `experiment plan`, and `experiment run` started each arm's
+    server (a model load, with vLLM) only for the client to refuse it: `run` takes at most 1024."""
+    path = write_config(tmp_path, stages={}, pairs=1, **{"client.cpu_workers": 5000})
+    with pytest.raises(UsageError, match=r"client\.cpu_workers: Input should be less than or equal to 1024"):
+        load_experiment_config(path)
+    refused(invoke("experiment", "plan", "--config", path), "client.cpu_workers", "(got 5000)")

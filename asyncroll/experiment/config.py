@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from asyncroll.config import MIN_TELEMETRY_INTERVAL_S, given
+from asyncroll.config import MAX_PROCESS_WORKERS, MIN_TELEMETRY_INTERVAL_S, given
 from asyncroll.errors import UsageError
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
 from asyncroll.json_depth import TOO_DEEP, json_loads
@@ -161,7 +161,7 @@ class ClientSpec(_Strict):
     replay: Bool = False
     max_active_trajectories: Int = Field(default=8, ge=1)
     max_inflight_model_requests: Int = Field(default=4, ge=1)
-    cpu_workers: Int = Field(default=2, ge=1)
+    cpu_workers: Int = Field(default=2, ge=1, le=MAX_PROCESS_WORKERS)  # as `run` caps it: before any server
     max_turns: Int = Field(default=8, ge=1)
     max_tokens: Int = Field(default=2048, ge=1)
     warmup_requests: Int = Field(default=2, ge=0)
