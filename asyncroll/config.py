@@ -425,7 +425,7 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
     msg = str(err.get("msg", "invalid"))
     if msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
-    if err.get("type") == "path_type":  # pydantic's names its class: "for <class 'pathlib.Path'>"
+    if err.get("type") == "path_type":  # pydantic's message names its class (<class 'pathlib.Path'>)
         msg = "Input should be a path, as a string"
     if not loc:  # a check across settings: its message names them as flags
         for key, origin in origins.items():
