@@ -28,6 +28,7 @@ from typing import Any
 from asyncroll.events import ResourceProbe, ResourceSample
 from asyncroll.outputs.blocked import BlockedMeter
 from asyncroll.outputs.statistics import distribution
+from asyncroll.telemetry import REQUESTED_BY
 
 MAX_GAP_INTERVALS = 3
 GPU_IDLE_PCT = 10.0
@@ -214,9 +215,8 @@ class ResourceMeter:
         if self.no_source is not None:
             return self.no_source
         return (
-            "no telemetry source probed: none requested (--metrics-url, or a vLLM/SGLang server declared: "
-            "--server-kind vllm|sglang, the default of --backend vllm; --nvml-device), "
-            "--no-telemetry, a simulation (it reads none), or the run stopped before the probe"
+            f"no telemetry source probed: none requested ({REQUESTED_BY}), --no-telemetry, a simulation (it "
+            "reads none), or the run stopped before the probe"
         )
 
     def _why_not(self, source: str, what: str) -> str:

@@ -12,3 +12,10 @@ Telemetry is optional and never crashes a run: a source that cannot be reached i
 *unavailable* with its reason, and a value that is missing or invalid is ``null`` and counted, never
 zero. The derived metrics (sampled starvation, coverage) live in :mod:`asyncroll.outputs.resources`.
 """
+
+#: What requests a telemetry source (said where a run has none): one wording for the sampler's note and
+#: the summary's.
+REQUESTED_BY = (
+    "--metrics-url, or a vLLM/SGLang server declared: --server-kind vllm|sglang, the default of --backend "
+    "vllm; --nvml-device"
+)

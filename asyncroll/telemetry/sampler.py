@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from asyncroll.clock import Clock
 from asyncroll.event_log import EventLog
 from asyncroll.events import ResourceProbe, ResourceSample, SourceStatus
+from asyncroll.telemetry import REQUESTED_BY
 from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
 from asyncroll.telemetry.server_metrics import FlavorSetting, MetricsUnavailable, ServerMetricsSource
 
@@ -201,10 +202,7 @@ class TelemetrySampler:
             return "telemetry off (--no-telemetry)"
         if self._clock.virtual:
             return "a simulation (virtual clock) reads no server or GPU telemetry"
-        return (
-            "no telemetry source requested (--metrics-url, or a vLLM/SGLang server declared: "
-            "--server-kind vllm|sglang, the default of --backend vllm; --nvml-device)"
-        )
+        return f"no telemetry source requested ({REQUESTED_BY})"
 
     async def run(self) -> None:
         """Sample on a fixed grid until :meth:`stop`. Never raises, except on cancellation: a failure
