@@ -186,16 +186,16 @@ def policies_arg(text: str) -> list[str]:
     """An argparse type: a comma-separated list of policy names the runtime knows, no policy twice
     (``asyncroll`` is the default rule's name, ``gpu_first`` is ``tool_first``): each would be a
     duplicate row of its table."""
-    from asyncroll.policies.registry import canonical_policy
+    from asyncroll.policies.registry import canonical_policy, two_names_of_one
 
     names = [policy_arg(item.strip()) for item in text.split(",")]
-    seen: dict[str, str] = {}
-    for name in names:
-        other = seen.setdefault(canonical_policy(name), name)
-        if other == name and names.count(name) > 1:
-            raise argparse.ArgumentTypeError(f"{name!r} given twice")
-        if other != name:
-            raise argparse.ArgumentTypeError(
-                f"{other!r} and {name!r} are one policy ({canonical_policy(name)})"
-            )
+    pair = two_names_of_one(names)
+    if pair is not None:
+        first, second = pair
+        why = (
+            "given twice"
+            if first == second
+            else f"and {second!r} are one policy ({canonical_policy(second)})"
+        )
+        raise argparse.ArgumentTypeError(f"{first!r} {why}")
     return names

@@ -69,18 +69,16 @@ def refuse_aliases(policies: Sequence[str]) -> None:
     """Two names of one policy would be two identical rows of the sweep: refused like a repeated name;
     the deprecated ``gpu_first`` is said to be so."""
     from asyncroll.errors import UsageError
-    from asyncroll.policies.registry import canonical_policy
+    from asyncroll.policies.registry import canonical_policy, two_names_of_one
 
     if "gpu_first" in policies:
         typer.echo("warning: --policies gpu_first is a deprecated alias of tool_first", err=True)
-    seen: dict[str, str] = {}
-    for name in policies:
-        other = seen.setdefault(canonical_policy(name), name)
-        if other != name:
-            raise UsageError(
-                f"--policies: {other!r} and {name!r} are the same policy ({canonical_policy(name)}); "
-                "each value is one cell of the sweep"
-            )
+    pair = two_names_of_one(policies)
+    if pair is not None and pair[0] != pair[1]:  # a name given twice is refused as repeated, elsewhere
+        raise UsageError(
+            f"--policies: {pair[0]!r} and {pair[1]!r} are the same policy ({canonical_policy(pair[1])}); "
+            "each value is one cell of the sweep"
+        )
 
 
 def warn_sync_rows(policies: Sequence[str], active: Sequence[int]) -> None:

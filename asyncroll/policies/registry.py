@@ -53,6 +53,18 @@ def canonical_policy(name: str) -> str:
     return {**DEPRECATED_ALIASES, "asyncroll": DEFAULT_PRESSURE}.get(name, name)
 
 
+def two_names_of_one(names: Iterable[str]) -> tuple[str, str] | None:
+    """The first two of ``names`` that run one policy (``asyncroll`` and its rule, ``gpu_first`` and
+    ``tool_first``, or one name given twice), or None: each would be a duplicate row of a table."""
+    seen: dict[str, str] = {}
+    for name in names:
+        rule = canonical_policy(name)
+        if rule in seen:
+            return seen[rule], name
+        seen[rule] = name
+    return None
+
+
 def estimator_for(policy: str) -> RemainingEstimator:
     """The remaining-work estimator a run subscribes for its policy (the rule's name, as ``get_policy``
     builds it): the chain rules' step-by-step chain (the repair rule's with a first evaluation's own
