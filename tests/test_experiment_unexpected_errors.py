@@ -46,3 +46,6 @@ def test_an_unexpected_error_outside_an_arm_is_recorded(
     assert exp["status"] == "failed" and exp["error"] == "unexpected error: RuntimeError: boom"
     assert "RuntimeError: boom" in exp["error_traceback"]
     assert exp["arms"]["pair1-fifo"]["status"] == "failed" and (out / "comparison.json").is_file()
+    # the stage the crash cut is not left "running" (nor "failed", which is a failed gate): --resume runs it
+    assert [s["status"] for s in exp["stages"].values()].count("interrupted") == 1
+    assert "running" not in {s["status"] for s in exp["stages"].values()}

@@ -145,9 +145,7 @@ class ExperimentRunner:
                     return self._run_all(receipt)
                 except ExperimentInterrupted as exc:
                     reason = f"interrupted by {exc}"  # also the report's reason for the status
-                    for state in receipt.data["stages"].values():  # the stage cut: never left "running"
-                        if state["status"] == "running":
-                            state["status"] = "interrupted"  # --resume runs it again, as a running one
+                    _mark_cut_stages(receipt)
                     receipt.set_status("interrupted", error=reason, stop_reason=reason)
                     self._write_comparison(receipt)
                     ignored = (
@@ -197,6 +195,7 @@ class ExperimentRunner:
         error = str(exc) if isinstance(exc, UsageError) else f"unexpected error: {type(exc).__name__}: {exc}"
         written = "experiment.json"  # a full disk: it keeps its last state; --resume reads each arm.json
         try:
+            _mark_cut_stages(receipt)
             receipt.set_status("failed", error=error, error_traceback=traceback.format_exc())
             written = "comparison.json"  # built from the arms' summaries: the same error may stop it
             self._write_comparison(receipt)
@@ -403,3 +402,11 @@ class ExperimentRunner:
             if arm.stage == COMPARISON and receipt.arm(arm.id)["status"] == "complete":
                 summaries[arm.id] = load_summary(arm_dir(self.output, arm))
         write_comparison(self.output / "comparison.json", build_comparison(receipt.data, summaries))
+
+
+def _mark_cut_stages(receipt: ExperimentReceipt) -> None:
+    """The stage a stop or a crash cut is never left "running": it is ``interrupted`` (not failed, which
+    means a failed gate) and ``--resume`` runs it again, as it would a running one."""
+    for state in receipt.data["stages"].values():
+        if state["status"] == "running":
+            state["status"] = "interrupted"
