@@ -42,11 +42,12 @@ class UsageError(AsyncrollError):
 
 
 class WorkloadError(UsageError):
-    """One or more problems in a workload file, each formatted ``FILE:LINE: field: message``."""
+    """One or more problems in a workload file, each formatted ``FILE:LINE: field: message``; the message
+    ends with ``summary`` where there is one (``FILE: 4 errors in 3 of 10 workload lines``)."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], summary: str | None = None) -> None:
         self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+        super().__init__("\n".join([*self.problems, *([summary] if summary else [])]))
 
 
 class OutputExistsError(UsageError):

@@ -82,6 +82,12 @@ def test_invalid_workload_raises_with_all_problems(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError) as info:
         scan.raise_if_invalid()
     assert len(info.value.problems) == 2
+    # what `run` and `simulate` print ends with validate's count of errors and lines
+    assert str(info.value).splitlines()[-1] == f"{path}: 2 errors in 2 of 2 workload lines"
+    unreadable = scan_workload(tmp_path / "missing.jsonl", tmp_path, scripted=True)
+    with pytest.raises(WorkloadError) as info:
+        unreadable.raise_if_invalid()  # one error, no lines read: no count
+    assert str(info.value) == f"{tmp_path / 'missing.jsonl'}: cannot read: No such file or directory"
 
 
 def test_empty_workload_is_an_error(tmp_path: Path) -> None:

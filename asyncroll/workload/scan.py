@@ -103,9 +103,12 @@ class WorkloadScan:
         return f"{errors} in {self.invalid_lines} of {lines}" if self.invalid_lines else f"{errors} ({lines})"
 
     def raise_if_invalid(self) -> None:
+        """Raise the errors found, ending with :meth:`error_summary`'s count as ``validate`` prints it
+        (where lines were read: a file that could not be read has its one error)."""
         if self.problems:
             extra = [f"... and {self.truncated} more errors"] if self.truncated else []
-            raise WorkloadError(self.problems + extra)
+            count = f"{self.path}: {self.error_summary()}" if self.identity is not None else None
+            raise WorkloadError(self.problems + extra, count)
 
 
 def problem_id(problem: Problem, line_no: int) -> str:
