@@ -6,8 +6,9 @@ strict scalar types a settings file's values are validated as (pydantic's lax mo
 a lone surrogate; every later UTF-8 write of that string (events.jsonl, a converted workload, a hash of
 it) then fails. Inputs are checked once, where they are read, and refused with the field's place.
 
-A file that is not JSON text at all yet (gzip-compressed, a zip archive, a Parquet shard) is named as such
-by its first bytes (:func:`container_kind`), for a converter's source and a workload alike.
+A file that is not UTF-8 JSON text at all yet (gzip-compressed, a zip archive, a Parquet shard, UTF-16 or
+UTF-32 text) is named as such by its first bytes (:func:`container_kind`), for a converter's source and a
+workload alike.
 """
 
 from __future__ import annotations
@@ -107,11 +108,35 @@ _CONTAINERS = (
 
 
 def container_kind(head: bytes, out: str) -> str | None:
-    """What a file that starts with ``head`` (its first 8 bytes) is when it is a compressed file or an
-    archive rather than JSON text, with the way to its JSON Lines (``out``: the file name to suggest):
-    "gzip-compressed, not JSON text: decompress it first (…)". None for anything else: it would otherwise
-    be "not UTF-8 text", "not valid JSON" or a UTF-16 file's NUL bytes."""
+    """What a file that starts with ``head`` (its first 8 bytes) is when it is a compressed file, an
+    archive or UTF-16/UTF-32 text rather than UTF-8 JSON text, with the way to its JSON Lines (``out``: the
+    file name to suggest): "gzip-compressed, not JSON text: decompress it first (…)". None for anything
+    else: it would otherwise be "not UTF-8 text", "not valid JSON" or NUL bytes on every line."""
     for magic, what, how in _CONTAINERS:
         if head.startswith(magic):
             return f"{what}, not JSON text: {how.format(out=out)}"
+    wide = _wide_encoding(head)
+    if wide is not None:
+        return f"{wide} text, not UTF-8: convert it first (`iconv -f {wide} -t UTF-8 FILE > {out}`)"
+    return None
+
+
+def _wide_encoding(head: bytes) -> str | None:
+    """UTF-16 or UTF-32 (with its byte order) judged by the first bytes: a JSON text starts with an ASCII
+    character, which those encodings pad with NUL bytes (never in UTF-8 JSON text); a byte order mark
+    before it is skipped. None where no NUL says so (a stray ``FF FE`` before UTF-8 text, say)."""
+    if b"\0" not in head:
+        return None
+    for bom in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff", b"\xff\xfe", b"\xfe\xff"):
+        if head.startswith(bom):
+            head = head[len(bom) :]
+            break
+    if head[1:4] == b"\0\0\0" and head[:1] != b"\0":
+        return "UTF-32LE"
+    if head[:3] == b"\0\0\0" and head[3:4] != b"\0":
+        return "UTF-32BE"
+    if head[1:2] == b"\0" and head[:1] != b"\0":
+        return "UTF-16LE"
+    if head[:1] == b"\0" and head[1:2] != b"\0":
+        return "UTF-16BE"
     return None

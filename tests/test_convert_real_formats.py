@@ -316,8 +316,11 @@ def test_a_compressed_or_parquet_source_is_named_as_such_with_the_way_to_its_row
     records.write_bytes(gzip.compress((TM_EXAMPLE / "ToolMATH.json").read_bytes()))
     parquet = tmp_path / "test-00000-of-00001.parquet"
     parquet.write_bytes(b"PAR1" + bytes(64) + b"PAR1")
+    wide = tmp_path / "test-utf16.jsonl"  # saved by a Windows editor
+    wide.write_bytes(LCB_ROW.read_text().encode("utf-16"))
     out = tmp_path / "w.jsonl"
     for args, what in (
+        (("convert-livecodebench", "--source", wide), "is UTF-16LE text, not UTF-8: convert it first"),
         (("convert-livecodebench", "--source", rows), "is gzip-compressed, not JSON text: decompress it"),
         (("convert-livecodebench", "--source", parquet), "is a Parquet file, not JSON text: export its rows"),
         (

@@ -198,12 +198,30 @@ def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> 
     decode byte 0x0a" on its first line and "Expecting value" on its last. A UTF-8 byte order mark (and
     CRLF line ends) stay accepted, by validation and by the run's stream alike."""
     text = (REPO / "examples" / "smoke.jsonl").read_text()
-    for name, data in (("be.jsonl", text.encode("utf-16-be")), ("le.jsonl", text.encode("utf-16"))):
-        path = tmp_path / name
-        path.write_bytes(data)
-        problems = scan_workload(path, tmp_path, scripted=True).problems
-        nul = ": line: holds NUL bytes, which no JSON text does: a UTF-16 or UTF-32 file? save it as UTF-8"
-        assert problems and all(p.endswith(nul) for p in problems), problems
+    # named once for the whole file, with its byte order (each line was once one error, plus one for
+    # the NUL byte after the last newline), and converted back by the command it gives
+    for encoding, named in (
+        ("utf-16-be", "UTF-16BE"),
+        ("utf-16", "UTF-16LE"),  # with its byte order mark, as PowerShell writes it
+        ("utf-16-le", "UTF-16LE"),
+        ("utf-32", "UTF-32LE"),
+        ("utf-32-be", "UTF-32BE"),
+    ):
+        path = tmp_path / f"{encoding}.jsonl"
+        path.write_bytes(text.encode(encoding))
+        scan = scan_workload(path, tmp_path, scripted=True)
+        assert scan.problems == [
+            f"{path}: {named} text, not UTF-8: convert it first "
+            f"(`iconv -f {named} -t UTF-8 FILE > workload.jsonl`)"
+        ]
+        assert scan.count == 0
+        assert path.read_bytes().decode(named).lstrip("\ufeff") == text
+    nul_later = tmp_path / "nul.jsonl"  # a NUL byte past the first bytes: that line's error
+    nul_later.write_bytes(text.encode() + b'{"id": "\x00"}\n')
+    nul = ": line: holds NUL bytes, which no JSON text does: a UTF-16 or UTF-32 file? save it as UTF-8"
+    assert [
+        p.removeprefix(str(nul_later)) for p in scan_workload(nul_later, tmp_path, scripted=True).problems
+    ] == [":4" + nul]
     stray = tmp_path / "stray.jsonl"
     stray.write_bytes(b"\xff\xfe\n" + text.encode())
     assert scan_workload(stray, tmp_path, scripted=True).problems == [
