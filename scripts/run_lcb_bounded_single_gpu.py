@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.revision:
         overrides["model.revision"] = args.revision
     try:
-        cfg = load_experiment_config(args.config, overrides)
+        flags = {"model.path": "--model-path", "workload.path": "--workload"}
+        flags |= {"workload.sha256": "--workload-sha256", "model.revision": "--revision"}
+        cfg = load_experiment_config(args.config, overrides, flags)
         if args.plan:
             say(checked_plan(cfg, args.output))  # refuses a wrong --workload-sha256 as the run does
             return 1 if stdout_lost() else 0

@@ -88,7 +88,7 @@ def test_the_plan_refuses_a_wrong_workload_sha256_as_the_run_does(
     run = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
     plan = invoke("experiment", "plan", "--config", config)
     assert run.exit_code == plan.exit_code == 2, plan.output
-    assert "is not the config's workload.sha256" in plan.stderr and plan.stderr == run.stderr
+    assert "is not the declared workload.sha256" in plan.stderr and plan.stderr == run.stderr
     assert not (tmp_path / "out").exists()
     smoke = hashlib.sha256((ROOT / "examples" / "smoke.jsonl").read_bytes()).hexdigest()
     matching = invoke("experiment", "plan", "--config", write_config(tmp_path, **{"workload.sha256": smoke}))
@@ -115,7 +115,12 @@ def test_the_plan_refuses_a_wrong_workload_sha256_as_the_run_does(
     capsys.readouterr()
     assert script.main([*args, "--workload-sha256", wrong]) == 2
     refused = capsys.readouterr()
-    assert refused.out == "" and "is not the config's workload.sha256 " + wrong in refused.err
+    assert refused.out == "" and "is not the declared workload.sha256 " + wrong in refused.err
+    # a refused value of the script's own options is blamed on the option, not the config file
+    assert script.main([*args, "--workload-sha256", "abc"]) == 2
+    assert capsys.readouterr().err == "error: --workload-sha256: sha256 must be 64 lowercase hex digits\n"
+    assert script.main([*args[:3], "", *args[4:]]) == 2
+    assert capsys.readouterr().err.startswith("error: --model-path: String should have at least 1 character")
     lcb = hashlib.sha256(workload.read_bytes()).hexdigest()
     assert script.main([*args, "--workload-sha256", lcb]) == 0
     assert f"expected sha256 {lcb}" in capsys.readouterr().out

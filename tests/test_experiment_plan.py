@@ -20,7 +20,7 @@ from tests.experiments import ROOT, SMOKE, cli, write_config
 def test_workload_sha256_mismatch_refuses_before_anything_starts(tmp_path: Path) -> None:
     config = write_config(tmp_path, **{"workload.sha256": "0" * 64})
     done = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
-    assert done.exit_code == 2 and "is not the config's workload.sha256" in done.stderr
+    assert done.exit_code == 2 and "is not the declared workload.sha256" in done.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -398,9 +398,11 @@ def read_json_file(path: Path) -> Any:
         raise UsageError(f"{path}: invalid JSON: {TOO_DEEP}") from None
 
 
-def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+def load_experiment_config(
+    path: Path, overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None
+) -> ExperimentConfig:
     """Read, override (dotted keys such as ``model.path``) and validate; a relative ``workload.path`` or
-    ``workload.tool_root`` → the file's folder.
+    ``workload.tool_root`` → the file's folder. ``flags``: the option that gave an override, blamed for it.
 
     Raises UsageError with one line per problem, naming the file and the field. A string that is not
     valid Unicode (a lone surrogate escape such as ``"\\ud800"``, which JSON allows) is refused here, where
@@ -443,5 +445,6 @@ def load_experiment_config(path: Path, overrides: dict[str, Any] | None = None) 
                 spec = SECTIONS.get(here, None if here else ExperimentConfig)  # arms, stages: no hint
                 others = {name: other.model_fields for name, other in SECTIONS.items() if name != here}
                 msg = unknown_setting(key, spec.model_fields if spec else (), others)
-            lines.append(f"{path}: {where}: {msg}")
+            flag = (flags or {}).get(where)
+            lines.append(f"{flag}: {msg}" if flag else f"{path}: {where}: {msg}")
         raise UsageError("\n".join(lines)) from None

@@ -139,7 +139,7 @@ def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
     scan.raise_if_invalid()
     if cfg.workload.sha256 is not None and scan.sha256 != cfg.workload.sha256:
         raise UsageError(
-            f"{cfg.workload.path}: sha256 {scan.sha256} is not the config's workload.sha256 "
+            f"{cfg.workload.path}: sha256 {scan.sha256} is not the declared workload.sha256 "
             f"{cfg.workload.sha256}; wrong file or a changed workload"
         )
     return scan.sha256, {key: tool.path for key, tool in scan.tools.items()}
