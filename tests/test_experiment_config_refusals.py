@@ -196,6 +196,23 @@ def test_an_experiment_config_with_a_byte_order_mark_is_read(tmp_path: Path) -> 
     assert load_experiment_config(config).seed == 7
 
 
+def test_an_experiment_config_or_comparison_past_its_size_is_refused_unread(tmp_path: Path) -> None:
+    """``--config /dev/zero`` (or a model file given by mistake) was read whole until memory ran out, as
+    ``run --config`` was before its cap: a config is at most 1 MiB, a comparison.json at most 256 MiB."""
+    config = write_config(tmp_path, seed=7)
+    config.write_bytes(config.read_bytes() + b" " * (1 << 20))
+    with pytest.raises(UsageError, match=r"\.json: larger than 1 MiB: not a file this command reads"):
+        load_experiment_config(config)
+    plan = invoke("experiment", "plan", "--config", "/dev/zero")
+    assert (
+        plan.exit_code == 2
+        and plan.stderr == "error: /dev/zero: larger than 1 MiB: not a file this command reads\n"
+    )
+    report = invoke("report", "--comparison", "/dev/zero", "--output", tmp_path / "report")
+    assert report.exit_code == 2 and "/dev/zero: larger than 256 MiB" in report.stderr
+    assert not (tmp_path / "report").exists()
+
+
 def test_an_experiment_setting_out_of_range_is_quoted_beside_its_bound(tmp_path: Path) -> None:
     """``run``'s flags and config files quote the value beside pydantic's bound (``(got 0)``); an
     experiment config said only ``client.max_turns: Input should be greater than or equal to 1``, and

@@ -11,7 +11,6 @@ relative to the folder ``run`` starts in (where they lead from there is part of 
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from pathlib import Path
@@ -21,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from asyncroll.config import MAX_PROCESS_WORKERS, MIN_TELEMETRY_INTERVAL_S, given
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
-from asyncroll.json_depth import TOO_DEEP, json_loads
+from asyncroll.experiment.json_file import read_json_file
+from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at
 from asyncroll.locale_names import OsPath, OsStr
 from asyncroll.setting_names import unknown_setting
 
@@ -375,27 +374,6 @@ SECTIONS: dict[str, type[_Strict]] = {
     "client": ClientSpec,
     "gpu": GpuSpec,
 }
-
-
-def read_json_file(path: Path) -> Any:
-    """The JSON value in ``path``, or a UsageError that names the file: unreadable, not UTF-8, not JSON,
-    a key given twice in one object (``json`` would keep the last silently), an integer past Python's
-    4,300-digit limit, or nesting past its recursion limit."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte order mark (Notepad's) as a workload's
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    try:
-        return json_loads(text, object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    except ValueError as exc:  # a repeated key, an integer past Python's digit limit
-        message = str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]
-        raise UsageError(f"{path}: invalid JSON: {message}") from None
-    except RecursionError:
-        raise UsageError(f"{path}: invalid JSON: {TOO_DEEP}") from None
 
 
 def load_experiment_config(

@@ -18,7 +18,7 @@ from typing import Any
 
 from asyncroll.errors import OutputWriteError, UsageError
 from asyncroll.experiment.comparison import COUNTS, DENOMINATORS, METRICS, validate_comparison
-from asyncroll.experiment.config import read_json_file
+from asyncroll.experiment.json_file import read_json_file
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import median, paired_change
 from asyncroll.outputs.lines import clear_staged, remove_staged, staging_path
@@ -38,7 +38,7 @@ def load_comparison(path: Path) -> dict[str, Any]:
     """comparison.json, checked (types, cross-references, schema version, numbers the statistics can
     take); UsageError in one line. Not UTF-8, not JSON, a key given twice, an integer past Python's digit
     limit or nesting past its recursion limit are refused as the file is read (``read_json_file``)."""
-    data = read_json_file(path)
+    data = read_json_file(path, limit=COMPARISON_MAX_BYTES)
     try:
         validate_comparison(data)
     except ValueError as exc:
@@ -83,6 +83,8 @@ def pooled_rates(totals: dict[str, float], pairs: int) -> tuple[dict[str, float 
 #: unknown (the activation rate of a run with no eligible decision, e.g. every FIFO arm; the CPU-s per
 #: completion and the accuracy of an arm with no completion). Metric key → its count's key.
 _COUNT_OF_PATH = {path: key for key, path in COUNTS}
+#: comparison.json holds each arm's summary: megabytes for many pairs, never this much
+COMPARISON_MAX_BYTES = 256 << 20
 UNDEFINED_WHEN_ZERO = {
     m.key: _COUNT_OF_PATH[DENOMINATORS[m.path]]
     for m in METRICS

@@ -1,0 +1,38 @@
+"""Reading one JSON file an experiment command is given (its config, a comparison.json), refusing with the
+file's name what the ``json`` module would read wrongly or at any cost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from asyncroll.config import MAX_CONFIG_BYTES
+from asyncroll.errors import UsageError
+from asyncroll.json_checks import unique_keys
+from asyncroll.json_depth import TOO_DEEP, json_loads
+
+
+def read_json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """The JSON value in ``path``, or a UsageError that names the file: larger than ``limit`` bytes,
+    unreadable, not UTF-8, not JSON, a key given twice in one object (``json`` would keep the last
+    silently), an integer past Python's 4,300-digit limit, or nesting past its recursion limit."""
+    try:
+        with path.open("rb") as file:  # not read_text: /dev/zero or a mistaken model file filled memory
+            raw = file.read(limit + 1)
+        if len(raw) > limit:
+            raise UsageError(f"{path}: larger than {limit >> 20} MiB: not a file this command reads")
+        text = raw.decode("utf-8-sig")  # a byte order mark (Notepad's) as a workload's
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json_loads(text, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    except ValueError as exc:  # a repeated key, an integer past Python's digit limit
+        message = str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]
+        raise UsageError(f"{path}: invalid JSON: {message}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid JSON: {TOO_DEEP}") from None
