@@ -149,6 +149,15 @@ def number_arg(kind: type, low: float, high: float, *, low_open: bool = False) -
     return parse
 
 
+def cell_jobs(text: str) -> int:
+    """An argparse type for a map's ``--jobs`` (processes running cells at once): at least 1, and more
+    than the CPUs this process may use is lowered to them, said on stderr, as ``simulate --sweep --jobs``
+    does (``--jobs 1000`` started a process per cell on a 2-core machine)."""
+    from asyncroll.commands.simulate_flags import sweep_jobs
+
+    return sweep_jobs(None, number_arg(int, 1, 1_000_000)(text))
+
+
 def points_arg(text: str) -> list[tuple[int, int, int]]:
     """An argparse type: comma-separated operating points, each ``active/inflight/workers``
     (positive integers), e.g. ``8/4/2,32/4/1``."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench.common import events, machine, run_once, tool_chain
+from bench.common import events, incomplete, machine, run_once, tool_chain
 
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("active tight", {"max_active_trajectories": 3, "max_inflight_model_requests": 64, "cpu_workers": 8}),
@@ -44,7 +44,8 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---|---:|")
     for name, limits in CASES:
         outcome, run_dir, _ = run_once(tool_chain(48, 3, 30, tool="sleep_ms", cpu_ms=30), **limits)
-        assert outcome.summary is not None
+        if outcome.summary is None or outcome.summary["counts"]["completed"] != 48:
+            raise SystemExit(incomplete("bench.limits", f"case {name}", 48, outcome))
         peaks = outcome.summary["peaks"]
         evs = events(run_dir)
         observed = (

@@ -41,7 +41,7 @@ from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from asyncroll.workload import ToolAction, iter_problems
 from bench import synthetic
-from bench.common import machine, number_arg, scratch
+from bench.common import cell_jobs, machine, number_arg, scratch
 from bench.pressure_map import MIXES
 
 CELLS = ((4, 4, 1), (4, 4, 2), (8, 4, 1), (8, 4, 2), (8, 4, 4), (16, 4, 2), (32, 4, 2), (16, 8, 2))
@@ -104,9 +104,9 @@ def main() -> None:
     parser.add_argument("--n", type=number_arg(int, 1, 1_000_000), default=200)
     parser.add_argument(
         "--jobs",
-        type=number_arg(int, 1, 1_000_000),
+        type=cell_jobs,
         default=usable_cpus(),
-        help="processes running cells at once",
+        help="processes running cells at once (default and at most: the CPUs this process may use)",
     )
     args = parser.parse_args()
     tmp = scratch("oracle-")

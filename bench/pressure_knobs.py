@@ -15,7 +15,7 @@ import argparse
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
-from bench.common import machine, number_arg, quantiles, scratch
+from bench.common import cell_jobs, machine, quantiles, scratch
 
 POINTS = ((8, 1), (8, 2), (32, 1), (32, 2))
 
@@ -29,9 +29,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--jobs",
-        type=number_arg(int, 1, 1_000_000),
+        type=cell_jobs,
         default=usable_cpus(),
-        help="processes running cells at once",
+        help="processes running cells at once (default and at most: the CPUs this process may use)",
     )
     args = parser.parse_args()
     tmp = scratch("knobs-")

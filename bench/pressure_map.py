@@ -25,7 +25,7 @@ from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
 from bench import synthetic
-from bench.common import machine, number_arg, policies_arg, scratch
+from bench.common import cell_jobs, machine, number_arg, policies_arg, scratch
 from bench.paired import interval
 
 MIXES = (300.0, 500.0, 600.0)  # crunch ms; model ms is 400 throughout
@@ -83,9 +83,9 @@ def main() -> None:
     parser.add_argument("--n", type=number_arg(int, 1, 1_000_000), default=200)
     parser.add_argument(
         "--jobs",
-        type=number_arg(int, 1, 1_000_000),
+        type=cell_jobs,
         default=usable_cpus(),
-        help="processes running cells at once",
+        help="processes running cells at once (default and at most: the CPUs this process may use)",
     )
     args = parser.parse_args()
     policies = tuple(args.policies)

@@ -17,7 +17,7 @@ import json
 import math
 from collections import Counter
 
-from bench.common import events, final_only, machine, number_arg, quantiles, run_once
+from bench.common import events, final_only, incomplete, machine, number_arg, quantiles, run_once
 
 SETTINGS = (1, 2, 4, 8, 16, 64, 256)
 
@@ -29,7 +29,8 @@ def one(n: int, inflight: int, latency_ms: float) -> tuple[float, list[tuple[str
         max_inflight_model_requests=inflight,
         cpu_workers=2,
     )
-    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == n
+    if outcome.summary is None or outcome.summary["counts"]["completed"] != n:
+        raise SystemExit(incomplete("bench.scaling", f"{n} trajectories, {inflight} inflight", n, outcome))
     results = sorted(
         (r["id"], r["status"], json.dumps(r["answer"]))
         for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())

@@ -481,6 +481,31 @@ def test_a_paired_run_that_did_not_complete_every_trajectory_ends_the_bench_with
     assert "lower --cpu-ms" in message
 
 
+def test_scaling_and_limits_end_with_why_on_a_run_that_did_not_complete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both stopped on a bare ``AssertionError`` (bench.limits on no summary only: a run with failed
+    trajectories went on to compare peaks of different work)."""
+    import bench.limits as limits
+    import bench.scaling as scaling
+    from asyncroll.runtime.run import RunOutcome
+
+    counts = {"completed": 1, "failed": 47, "max_turns": 0}
+    outcome = RunOutcome("complete", 0, {"counts": counts})
+    for bench in (limits, scaling):
+        monkeypatch.setattr(bench, "run_once", lambda *args, **kwargs: (outcome, Path(), 0.0))
+    with pytest.raises(SystemExit) as exit_info:
+        scaling.one(48, 4, 0.0)
+    assert "bench.scaling: the run of 48 trajectories, 4 inflight completed 1 of 48" in str(
+        exit_info.value.code
+    )
+    monkeypatch.setattr(sys, "argv", ["limits"])
+    with pytest.raises(SystemExit) as exit_info:
+        limits.main()
+    assert "bench.limits: the run of case " in str(exit_info.value.code)
+    assert "completed 1 of 48 trajectories (47 failed" in str(exit_info.value.code)
+
+
 def test_the_pressure_map_gives_no_share_of_a_gap_within_rounding_of_the_bound() -> None:
     """FIFO on the bound but for float rounding (ratio 1.0000002) has no gap to close: "n/a", not a "0%"
     (or, for a policy a little behind it, an absurd "-50000%")."""
@@ -496,3 +521,18 @@ def test_the_pressure_map_gives_no_share_of_a_gap_within_rounding_of_the_bound()
     ]
     (cell,) = cells(rows, "asyncroll", 3)
     assert cell["closed"] is None
+
+
+def test_a_maps_jobs_past_the_cpus_is_lowered_to_them_as_the_sweeps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bench.pressure_map/oracle_map/pressure_knobs took ``--jobs 1000`` as it came: a process per cell
+    on a 2-core machine; ``simulate --sweep --jobs`` lowers it to the usable CPUs and says so."""
+    from asyncroll.simulation.sweep import usable_cpus
+    from bench.common import cell_jobs
+
+    assert cell_jobs("1") == 1 and capsys.readouterr().err == ""
+    assert cell_jobs("1000") == usable_cpus()
+    assert f"warning: --jobs 1000: this process may use {usable_cpus()} CPU(s)" in capsys.readouterr().err
+    with pytest.raises(argparse.ArgumentTypeError, match="must be an integer >= 1"):
+        cell_jobs("0")
