@@ -97,6 +97,7 @@ from asyncroll.evaluator.compare import compare_stdout, compare_value
 from asyncroll.evaluator.execution import Execution
 from asyncroll.evaluator.isolation import PROBE_PREFIX, IsolationReport, require
 from asyncroll.evaluator.sandbox import Limits, MiB, Sandbox
+from asyncroll.workers.results import without_addresses
 
 FIELD_LIMIT = 1000
 OUTPUT_SLACK_BYTES = 64 * 1024
@@ -328,7 +329,7 @@ def _judge(
         if "unrepresentable" in done:
             return fail(
                 "wrong_answer",
-                got=str(done["unrepresentable"]),
+                got=without_addresses(str(done["unrepresentable"])),  # an object's: the same every run
                 detail="the returned value can never equal a JSON value under == "
                 "(a nested tuple, set, non-string dict key, object or an int too long for JSON)",
             )

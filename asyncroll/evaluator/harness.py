@@ -206,7 +206,7 @@ def _shown(value: Any) -> str:
     try:
         return repr(value)[:ERROR_LIMIT]
     except ValueError as exc:
-        return f"<a {type(value).__name__} that cannot be shown: {exc}>"
+        return f"<{type(value).__name__} that cannot be shown: {exc}>"
 
 
 def _error(exc: BaseException) -> str:

@@ -32,6 +32,11 @@ _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 """Non-finite floats as strings (JSON has no such numbers), as pydantic's ``ser_json_inf_nan="strings"``."""
 
 
+def without_addresses(text: str) -> str:
+    """``text`` without the memory addresses of default reprs (`` at 0x7f…``): different in every run."""
+    return _ADDRESS.sub("", text)
+
+
 def check_result(value: Any) -> None:
     """Refuse what a plain call cannot complete: a coroutine, a generator or another awaitable would be
     returned with the tool's body never run (validation refuses an ``async def`` or generator tool that
@@ -133,7 +138,7 @@ class _Conversion:
         if isinstance(converted, _SCALARS):
             return converted
         try:
-            return _ADDRESS.sub("", str(key))  # a tuple key holding an object: no address here either
+            return without_addresses(str(key))  # a tuple key holding an object: no address here either
         except Exception:  # noqa: BLE001 - a tuple key holding an object whose __repr__ raises
             return _repr(key)
 
@@ -144,6 +149,6 @@ _Container = dict[Any, Any] | list[Any] | tuple[Any, ...] | set[Any] | frozenset
 def _repr(value: Any) -> str:
     """``repr(value)`` without memory addresses, so that the same result reads the same in every run."""
     try:
-        return _ADDRESS.sub("", repr(value))
+        return without_addresses(repr(value))
     except Exception:  # noqa: BLE001 - a broken __repr__ must not kill the worker
         return f"<unrepresentable {type(value).__name__}>"
