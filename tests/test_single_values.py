@@ -119,3 +119,43 @@ def test_options_meant_to_repeat_still_repeat() -> None:
     result = runner.invoke(app, ["--tag", "a", "--name", "n", "--name", "m"])
     _usage_error(result, "--name")
     assert runner.invoke(app, ["--help", "--help"]).exit_code == 0
+
+
+def test_every_path_of_every_command_given_empty_is_refused_naming_it() -> None:
+    """``Path("")`` is the current directory: ``--tool-root "$ROOT"`` with ``ROOT`` unset ran with the
+    current directory as the tool root, silently, and ``--output ""`` said "--output . already exists"."""
+    import inspect
+    from typing import get_type_hints
+
+    from asyncroll.cli import app
+    from asyncroll.commands.single_values import _is_path
+
+    def leaves(group: Any, path: str) -> list[tuple[str, Any]]:
+        found: list[tuple[str, Any]] = []
+        for name, command in group.commands.items():
+            sub = f"{path} {name}".strip()
+            found += leaves(command, sub) if hasattr(command, "commands") else [(sub, command)]
+        return found
+
+    checked = []
+    for name, command in leaves(typer.main.get_command(app), ""):
+        hints = get_type_hints(inspect.unwrap(command.callback))
+        for param in command.params:
+            if not _is_path(hints.get(param.name)):
+                continue
+            option = param.param_type_name == "option"
+            result = invoke(*name.split(), *([param.opts[0]] if option else []), "")
+            shown = (
+                f"Option '{param.opts[0]}'" if option else f"Argument '{param.metavar or param.name.upper()}'"
+            )
+            assert result.exit_code == 2, (name, param.name, result.output)
+            assert f"Error: {shown} is an empty path (an unset shell variable?)" in result.stderr, (
+                result.stderr
+            )
+            checked.append(f"{name} {shown}")
+    assert {"run Option '--tool-root'", "timeline Argument 'RUN_DIR'", "report Option '--output'"} <= set(
+        checked
+    )
+    assert len(checked) >= 20, checked
+    # a string option given empty is not a path: its own check answers
+    assert "empty path" not in invoke("run", "--workload", str(SMOKE), "--policy", "").stderr

@@ -8,11 +8,13 @@ Options meant to repeat (``multiple=True``: a ``list[...]`` parameter; ``count=T
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections import Counter
 from collections.abc import Iterable
 from difflib import get_close_matches
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args, get_type_hints
 
 from typer.core import TyperCommand
 
@@ -33,6 +35,29 @@ def repeated_single_values(order: Iterable[Any]) -> list[tuple[str, int]]:
             continue  # --help: it ends the command before anything is read
         repeated.append(("/".join([*param.opts, *param.secondary_opts]), n))
     return repeated
+
+
+def empty_paths(callback: Any, params: Iterable[Any], values: dict[str, Any]) -> list[str]:
+    """The path options and arguments given as an empty string (``--tool-root "$ROOT"`` with ``ROOT``
+    unset), which ``Path("")`` reads as the current directory, silently: each as errors show it. The
+    command function's annotations say which parameters are paths (only read when a value is empty)."""
+    given = {name: v if isinstance(v, list | tuple) else [v] for name, v in values.items()}
+    if callback is None or not any("" in v for v in given.values()):
+        return []
+    hints = get_type_hints(inspect.unwrap(callback))
+    empty = []
+    for param in params:
+        if "" in given.get(param.name, ()) and _is_path(hints.get(param.name)):
+            opt = param.param_type_name == "option"
+            empty.append(
+                f"Option '{param.opts[0]}'" if opt else f"Argument '{param.metavar or param.name.upper()}'"
+            )
+    return empty
+
+
+def _is_path(hint: Any) -> bool:
+    """``Path``, ``Path | None`` or ``list[Path]``."""
+    return hint is Path or any(_is_path(arg) for arg in get_args(hint))
 
 
 def likely_options(typed: str, known: Iterable[str]) -> list[str]:
@@ -68,9 +93,11 @@ class SingleValueCommand(HelpThroughSay, TyperCommand):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
             if not ctx.resilient_parsing:  # shell completion parses partial lines: never refused there
-                _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+                values, _, order = self.make_parser(ctx).parse_args(args=list(args))
                 for name, n in repeated_single_values(order):
                     ctx.fail(f"Option '{name}' given {n} times: it takes one value (give it once)")
+                for name in empty_paths(self.callback, self.get_params(ctx), values):
+                    ctx.fail(f"{name} is an empty path (an unset shell variable?): give a file or folder")
             return super().parse_args(ctx, args)
         except NoSuchOption as exc:
             if exc.option_name.startswith("--"):
