@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator
 
 _Name = TypeVar("_Name", str, Path)
 
@@ -43,7 +43,13 @@ def _spelled(value: _Name) -> _Name:
     return value
 
 
+def _not_empty(value: object) -> object:
+    if value == "":  # Path("") is the current directory: a file's "tool_root": "" meant it, silently
+        raise ValueError("an empty path: give a file or folder")
+    return value
+
+
 #: A string or path setting that is handed to the operating system as it is (refused by validation when
-#: this locale cannot encode it).
+#: this locale cannot encode it; a path given as an empty string is refused too).
 OsStr = Annotated[str, AfterValidator(_spelled)]
-OsPath = Annotated[Path, AfterValidator(_spelled)]
+OsPath = Annotated[Path, BeforeValidator(_not_empty), AfterValidator(_spelled)]

@@ -350,3 +350,25 @@ def test_a_config_file_path_starting_with_a_tilde_is_refused_not_made_a_folder_n
     assert said in result.stderr and f"write {tmp_path / 'home' / 'runs' / 'a'}" in result.stderr
     flag, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "r")
     assert flag.exit_code == 0 and len(seen) == 1, flag.output  # a flag's path is the shell's business
+
+
+def test_a_config_file_path_given_empty_is_refused_not_read_as_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``"tool_root": ""`` ran with the current directory as the tool root, silently (``Path("")`` is
+    ``.``), and an experiment's ``workload.path: ""`` became the config's own folder."""
+    from asyncroll.errors import UsageError
+    from asyncroll.experiment.config import load_experiment_config
+
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"workload": str(SMOKE), "output": "out", "tool_root": ""}))
+    result, seen = run_in_process(monkeypatch, "--config", config)
+    assert result.exit_code == 2 and not seen and not (tmp_path / "out").exists()
+    assert f"--config {config}: setting 'tool_root': an empty path: give a file or folder" in result.stderr
+    experiment = tmp_path / "experiment.json"
+    experiment.write_text(json.dumps({"workload": {"path": "", "tool_root": ""}}))
+    with pytest.raises(UsageError) as refused:
+        load_experiment_config(experiment)
+    for key in ("path", "tool_root"):
+        assert f"{experiment}: workload.{key}: an empty path: give a file or folder" in str(refused.value)

@@ -409,7 +409,7 @@ def load_experiment_config(
     workload = data.get("workload")
     if isinstance(workload, dict):
         for key in ("path", "tool_root"):
-            if isinstance(workload.get(key), str) and not Path(workload[key]).is_absolute():
+            if isinstance(workload.get(key), str) and workload[key] and not Path(workload[key]).is_absolute():
                 workload[key] = str(base / workload[key])
     try:
         return ExperimentConfig.model_validate(data)
