@@ -372,3 +372,28 @@ def test_a_config_file_path_given_empty_is_refused_not_read_as_the_current_direc
         load_experiment_config(experiment)
     for key in ("path", "tool_root"):
         assert f"{experiment}: workload.{key}: an empty path: give a file or folder" in str(refused.value)
+
+
+def test_a_config_files_missing_tool_root_or_busy_metrics_port_is_blamed_on_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both were blamed on ``--tool-root`` / ``--metrics-port``, flags nobody typed."""
+    import socket
+
+    config = tmp_path / "run.json"
+    config.write_text(
+        json.dumps({"workload": str(SMOKE), "output": "out", "tool_root": str(tmp_path / "no")})
+    )
+    result, seen = run_in_process(monkeypatch, "--config", config)
+    assert result.exit_code == 2 and not seen, result.output
+    assert f"--config {config}: setting 'tool_root': {tmp_path / 'no'}: not a directory" in result.stderr
+    assert "--tool-root" not in result.stderr
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config.write_text(json.dumps({"workload": str(SMOKE), "output": "out", "metrics_port": port}))
+        result, seen = run_in_process(monkeypatch, "--config", config)
+    assert result.exit_code == 2 and not seen, result.output
+    said = f"error: --config {config}: setting 'metrics_port': {port} on 127.0.0.1: cannot listen: "
+    assert said in result.stderr, result.stderr

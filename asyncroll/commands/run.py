@@ -261,6 +261,16 @@ def run(
 
             if output_exists(cfg.output):
                 raise OutputExistsError(cfg.output, origins["output"])
+        if "tool_root" in origins and cfg.tool_root is not None and not cfg.tool_root.is_dir():
+            raise UsageError(f"{origins['tool_root']}: {cfg.tool_root}: not a directory")
+        if cfg.metrics_port is not None:  # a busy or foreign address, before any output exists
+            from asyncroll.telemetry.exporter import listen_error
+
+            reason = listen_error(cfg.metrics_host, cfg.metrics_port)
+            if reason is not None:
+                source = origins.get("metrics_port")
+                port = f"{source}: {cfg.metrics_port}" if source else f"--metrics-port {cfg.metrics_port}"
+                raise UsageError(f"{port} on {cfg.metrics_host}: cannot listen: {reason}")
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
     if cfg.policy == "gpu_first":
@@ -281,16 +291,6 @@ def _run(cfg: Any) -> int:
     from asyncroll.runtime.run import Run, prepare
     from asyncroll.runtime.signals import CommandSignals, interruptible, late_signal_note
 
-    if cfg.metrics_port is not None:  # a busy or foreign address is a usage error, before any output exists
-        from asyncroll.telemetry.exporter import listen_error
-
-        reason = listen_error(cfg.metrics_host, cfg.metrics_port)
-        if reason is not None:
-            typer.echo(
-                f"error: --metrics-port {cfg.metrics_port} on {cfg.metrics_host}: cannot listen: {reason}",
-                err=True,
-            )
-            return 2
     # Validation and set-up stop on SIGINT, SIGTERM or SIGHUP too (exit 130); the run itself has its own
     # handlers (interruptible); once its outcome is final a signal is only recorded (CommandSignals).
     signals = CommandSignals()
