@@ -338,6 +338,8 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         why = (
             f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
             if isinstance(exc, JSONDecodeError)
+            else "arrays or inline tables nested too deep (Python's recursion limit)"
+            if toml and isinstance(exc, RecursionError)
             else str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]  # Python's advice to a programmer
         )
         at = re.search(r"\(at line (\d+), column \d+\)", str(exc)) if toml else None

@@ -78,3 +78,12 @@ def test_settings_files_past_the_limit_are_named_errors(tmp_path: Path) -> None:
     experiment.write_text('{"description": ' + nested(MAX_JSON_DEPTH) + "}")
     with pytest.raises(UsageError, match=f"{experiment}: invalid JSON: {TOO_DEEP}"):
         load_experiment_config(experiment)
+    # a TOML settings file has no depth of its own: tomllib stops at Python's recursion limit, which
+    # said only "maximum recursion depth exceeded"
+    toml = tmp_path / "run.toml"
+    toml.write_text("description = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(UsageError) as refused:
+        load_config_file(toml)
+    assert str(refused.value) == (
+        f"--config {toml}: not valid TOML: arrays or inline tables nested too deep (Python's recursion limit)"
+    )
