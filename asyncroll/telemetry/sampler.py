@@ -50,6 +50,10 @@ SERVER_FIELDS = {
 }
 GPU_FIELDS = ("gpu_util_pct", "gpu_mem_util_pct", "gpu_mem_used_bytes", "gpu_mem_total_bytes")
 PROBE_TIMEOUT_S = 5.0
+#: The longest a server read may take, whatever the interval: a /metrics read takes milliseconds, and a
+#: frozen server with ``--telemetry-interval 60`` held the run's start (the probe) and its end (the
+#: last read) for minutes each.
+MAX_READ_TIMEOUT_S = 10.0
 #: How much longer than a read's deadline ``stop()`` waits for the sampling loop, and the final sample.
 STOP_MARGIN_S = 0.5
 
@@ -115,7 +119,7 @@ class TelemetrySampler:
         url = metrics_url(cfg)
         server = None
         if url is not None:
-            timeout = max(1.0, 3 * cfg.telemetry_interval)
+            timeout = min(max(1.0, 3 * cfg.telemetry_interval), MAX_READ_TIMEOUT_S)
             server = ServerMetricsSource(url, flavor=metrics_flavor(cfg), model=cfg.model, timeout=timeout)
         nvml = NvmlSource(cfg.nvml_device) if cfg.telemetry and cfg.nvml_device is not None else None
         return cls(
