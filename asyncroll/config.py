@@ -189,6 +189,8 @@ class RunConfig(BaseModel):
                 f"--endpoint {self.endpoint!r}: give the server's root URL, without /v1 "
                 "(asyncroll requests /v1/chat/completions under it)"
             )
+        if "?" in self.endpoint:  # httpx sends POST /?QUERY/v1/chat/completions: the server's root
+            problems.append(f"--endpoint {self.endpoint!r}: give the server's root URL, without a query")
         problems += self._evaluator_problems()
         if problems:
             raise ValueError("; ".join(problems))

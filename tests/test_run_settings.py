@@ -54,6 +54,10 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://"],
             "--endpoint 'http://': names no host",
         ),
+        (  # httpx put the query before the path: POST /?x=1/v1/chat/completions, the server's root
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:8000/?x=1"],
+            "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without a query",
+        ),
         (  # click kept the last one silently: a user expecting routing across servers got one server
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://a:1", "--endpoint", "http://b:2"],
             "--endpoint given 2 times: a run sends every request to one server",
