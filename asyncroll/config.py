@@ -184,13 +184,12 @@ class RunConfig(BaseModel):
             problem = None if url is None else http_url_problem(url)
             if url is not None and problem is not None:
                 problems.append(f"{flag} {masked_url(url)!r}: {problem}")
-        if self.endpoint.rstrip("/").endswith("/v1"):  # an OpenAI SDK base_url: requests would 404
+        if self.endpoint.rstrip("/").endswith("/v1") or "?" in self.endpoint:
+            # an OpenAI SDK base_url (requests would 404), or a query: httpx sends POST /?QUERY/v1/…
             problems.append(
-                f"--endpoint {self.endpoint!r}: give the server's root URL, without /v1 "
-                "(asyncroll requests /v1/chat/completions under it)"
+                f"--endpoint {masked_url(self.endpoint)!r}: give the server's root URL, without /v1 or a "
+                "query (asyncroll requests /v1/chat/completions under it)"
             )
-        if "?" in self.endpoint:  # httpx sends POST /?QUERY/v1/chat/completions: the server's root
-            problems.append(f"--endpoint {self.endpoint!r}: give the server's root URL, without a query")
         problems += self._evaluator_problems()
         if problems:
             raise ValueError("; ".join(problems))

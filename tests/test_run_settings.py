@@ -56,7 +56,7 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
         ),
         (  # httpx put the query before the path: POST /?x=1/v1/chat/completions, the server's root
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:8000/?x=1"],
-            "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without a query",
+            "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without /v1 or a query",
         ),
         (  # click kept the last one silently: a user expecting routing across servers got one server
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://a:1", "--endpoint", "http://b:2"],
@@ -209,6 +209,12 @@ def test_credentials_in_a_url_are_refused_and_not_echoed(flag: str) -> None:
     message = str(caught.value)
     assert "alice:***@127.0.0.1:8000" in message and "s3cret" not in message
     assert "carries credentials" in message and "--api-key-env" in message
+    if flag == "endpoint":  # its other checks (an SDK base_url, a query) printed the password
+        for suffix in ("/v1", "/?q=1"):
+            settings[flag] = url + suffix
+            with pytest.raises(UsageError) as caught:
+                build_config(settings)
+            assert "s3cret" not in str(caught.value) and "alice:***@" in str(caught.value)
     settings[flag] = "http://bob@[::1]:8000"
     with pytest.raises(UsageError, match=r"'http://bob@\[::1\]:8000': carries credentials"):
         build_config(settings)
