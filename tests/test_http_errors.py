@@ -240,3 +240,50 @@ def test_an_error_status_with_an_unreadable_body_is_still_that_status(
     assert outcome.summary is not None
     assert outcome.summary["model"]["retries"] == {"http_status": 2}
     assert outcome.summary["rates"]["validity_denominator"] == 2  # one finished, one 200 unreadable
+
+
+@pytest.mark.timeout(30)
+def test_a_request_cancelled_during_a_retry_counts_its_attempts() -> None:
+    """Two 429s retried, the third attempt in flight when the run stops: its ``model_failed`` (kind
+    ``cancelled``) said ``attempts: 1`` whatever the retries before it (two ``model_retrying`` events)."""
+    import httpx
+
+    from asyncroll.backends.base import ModelRequest
+    from asyncroll.event_log import EventCapture, EventLog
+    from asyncroll.runtime.model_gate import ModelGate
+    from asyncroll.workload import Problem
+
+    calls: list[int] = []
+    third = asyncio.Event()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) < 3:
+            return httpx.Response(429, headers={"retry-after": "0"}, text="busy")
+        third.set()
+        await asyncio.Event().wait()  # never answers
+        raise AssertionError("unreachable")
+
+    async def scenario() -> EventCapture:
+        clock, capture = SystemClock(), EventCapture()
+        events = EventLog(clock)
+        events.subscribe(capture)
+        events.start_measurement()
+        settings = HttpSettings(endpoint="http://server", model="m", inflight=1, retry=RetryPolicy(5))
+        backend = OpenAIBackend(settings, clock, transport=httpx.MockTransport(answer))
+        backend.bind_events(events)
+        gate = ModelGate(1, clock, events)
+        problem = Problem.model_validate({"id": "p", "prompt": "Answer."})
+        request = ModelRequest("p", problem, 0, [{"role": "user", "content": "Answer."}])
+        call = asyncio.create_task(gate.call("p", 0, lambda: backend.complete(request)))
+        await third.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await backend.aclose()
+        return capture
+
+    capture = asyncio.run(scenario())
+    assert [e.attempt for e in capture.of(ModelRetrying)] == [1, 2]
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "cancelled" and failed.attempts == 3

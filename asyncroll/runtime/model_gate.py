@@ -26,6 +26,7 @@ from asyncroll.events import (
     ModelEnqueued,
     ModelFailed,
     ModelFinished,
+    ModelRetrying,
     ModelStarted,
     ServerAvailable,
     ServerUnavailable,
@@ -34,9 +35,7 @@ from asyncroll.runtime.limiter import FifoLimiter
 from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
 
 #: How a request in flight when the run is stopped is recorded (never raised: the cancellation is).
-_CANCELLED = ModelError(
-    "cancelled", "the run was stopped while this request was in flight", response_received=False
-)
+_CANCELLED = "the run was stopped while this request was in flight"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +75,14 @@ class ModelGate:
         self._down_since: float | None = None  # when the server circuit opened (clock time), while open
         self._down_count = 0
         self._down_s = 0.0
+        self._retried: dict[tuple[str, int], int] = {}  # (trajectory, turn) in flight → model_retrying seen
         if not clock.virtual:  # only an HTTP backend opens a circuit; a simulation pays nothing for this
             events.subscribe(self._follow_server)
 
     def _follow_server(self, event: Event) -> None:
-        if type(event) is ServerUnavailable:
+        if type(event) is ModelRetrying and event.id is not None and (event.id, event.turn) in self._retried:
+            self._retried[event.id, event.turn] += 1  # a cancelled request's attempts
+        elif type(event) is ServerUnavailable:
             self._down_count += 1
             self._down_since = self._clock.now()
         elif type(event) is ServerAvailable and self._down_since is not None:
@@ -135,6 +137,7 @@ class ModelGate:
             self._ranges.end(waiting)
         serving = self._ranges.start("model request", rid)
         self._started += 1
+        self._retried[trajectory_id, turn] = 0
         try:
             started = clock.now()
             events.emit(
@@ -151,7 +154,7 @@ class ModelGate:
                 response = await request()
             except (ModelError, asyncio.CancelledError) as exc:
                 # A request the stopping run cancelled (the server may still be working on it) ends too.
-                failure = exc if isinstance(exc, ModelError) else _CANCELLED
+                failure = exc if isinstance(exc, ModelError) else self._cancelled_error(trajectory_id, turn)
                 if failure is exc:
                     self._failures += 1
                 else:
@@ -191,5 +194,12 @@ class ModelGate:
             )
             return response
         finally:
+            self._retried.pop((trajectory_id, turn), None)
             self._ranges.end(serving)
             self._limiter.release()
+
+    def _cancelled_error(self, trajectory_id: str, turn: int) -> ModelError:
+        """How a request in flight when the run stopped is recorded: its attempts are the first plus one
+        per ``model_retrying`` (an HTTP backend's retries) it had."""
+        attempts = 1 + self._retried.get((trajectory_id, turn), 0)
+        return ModelError("cancelled", _CANCELLED, response_received=False, attempts=attempts)
