@@ -185,7 +185,6 @@ class RunConfig(BaseModel):
             if url is not None and problem is not None:
                 problems.append(f"{flag} {masked_url(url)!r}: {problem}")
         if self.endpoint.rstrip("/").endswith("/v1") or "?" in self.endpoint:
-            # an OpenAI SDK base_url (requests would 404), or a query: httpx sends POST /?QUERY/v1/…
             problems.append(
                 f"--endpoint {masked_url(self.endpoint)!r}: give the server's root URL, without /v1 or a "
                 "query (asyncroll requests /v1/chat/completions under it)"
