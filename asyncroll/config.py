@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from json import JSONDecodeError
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -32,6 +31,7 @@ from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surroga
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
 from asyncroll.setting_names import unknown_setting
+from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -260,57 +260,6 @@ class RunConfig(BaseModel):
             if missing is not None:
                 out.append(missing)
         return out
-
-
-def http_url_problem(url: str) -> str | None:
-    """Why ``url`` is not a usable http(s) URL of a server (None: it is). ``127.0.0.1:8000`` without a
-    scheme would otherwise get as far as the first request and fail there with a misleading error."""
-    if url != url.strip():
-        return "has leading or trailing whitespace"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
-    except ValueError as exc:
-        return f"not a valid URL ({exc})"
-    if parts.scheme not in ("http", "https"):
-        return "must be an http:// or https:// URL (e.g. http://127.0.0.1:8000)"
-    if not parts.hostname:
-        return "names no host (e.g. http://127.0.0.1:8000)"
-    if parts.username is not None or parts.password is not None:
-        return (
-            "carries credentials (user:password@), which run.json would keep in its command and config: "
-            "not accepted (a server's API key goes in an environment variable named by --api-key-env, "
-            "sent as 'Authorization: Bearer'; only the variable's name is recorded)"
-        )
-    return None
-
-
-def api_key_problem(key: str | None) -> str | None:
-    """Why the value of ``--api-key-env``'s variable cannot be sent as ``Authorization: Bearer KEY``
-    (None: it can). Never shows the key: a value h11 refuses (a newline read with it from a file) made
-    every request fail with ``Illegal header value b'Bearer …'``, the key written into every output."""
-    if not key:
-        return "that environment variable is not set or empty"
-    if key != key.strip():
-        return "its value has leading or trailing whitespace (a newline read with it from a file?)"
-    if not all("!" <= c <= "~" for c in key):
-        return (
-            "its value holds a character an API key cannot have in an HTTP header (only visible ASCII: "
-            "no spaces, control characters or non-ASCII letters)"
-        )
-    return None
-
-
-def masked_url(url: str) -> str:
-    """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for messages)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-    except ValueError:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
 
 
 def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

@@ -54,6 +54,14 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://"],
             "--endpoint 'http://': names no host",
         ),
+        (  # httpx took it for port 80: a run against a server on 8000 sat paused on an open circuit
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:"],
+            "--endpoint 'http://127.0.0.1:': has an empty port after its ':'",
+        ),
+        (
+            ["--metrics-url", "http://[::1]:/metrics"],
+            "--metrics-url 'http://[::1]:/metrics': has an empty port",
+        ),
         (  # httpx put the query before the path: POST /?x=1/v1/chat/completions, the server's root
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:8000/?x=1"],
             "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without /v1 or a query",
