@@ -264,6 +264,7 @@ def test_run_json_records_the_settings_declared_probed_and_sent() -> None:
     described = backend.describe()
     assert described == described | {
         "mode": "replay",
+        "structured_output": False,  # a replay sends no response_format: it said True
         "server_kind": "sglang",
         "server_kind_source": "declared",
         "replay_fixed_length": "min_tokens + ignore_eos",
@@ -278,7 +279,7 @@ def test_run_json_records_the_settings_declared_probed_and_sent() -> None:
         "unknown",
         None,
     )
-    assert agent["api_key"] is None
+    assert agent["api_key"] is None and agent["structured_output"] is True
     assert json.dumps(described)  # run.json
 
 

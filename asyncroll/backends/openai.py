@@ -137,7 +137,7 @@ class OpenAIBackend:
             "endpoint": s.endpoint,
             "model": s.model,
             "mode": "replay" if s.replay else "agent",
-            "structured_output": s.structured,
+            "structured_output": s.structured and not s.replay,  # a replay sends no response_format
             "server_kind": self._kind,
             "server_kind_source": self._kind_source,
             "replay_fixed_length": REPLAY_FIXED_LENGTH.get(self._kind or "") if s.replay else None,
