@@ -167,6 +167,8 @@ def test_an_echoed_action_nested_too_deep_for_a_recursive_schema_is_a_counted_40
         ({"max_tokens": 30, "ignore_eos": True}, 30, "length"),
         ({"max_tokens": 30}, 9, "stop"),
         ({"max_tokens": 3}, 3, "length"),  # cut
+        ({"max_tokens": 9}, 9, "length"),  # exactly as long: its EOS would be a 10th token (said "stop")
+        ({"max_tokens": 9, "ignore_eos": True}, 9, "length"),  # a replay's echoed action of max_tokens
     ],
 )
 def test_finish_reason_is_length_only_when_max_tokens_stopped_the_reply(

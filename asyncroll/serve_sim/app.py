@@ -22,8 +22,8 @@ same messages). Prompt tokens = characters of all message contents ÷ ``chars_pe
 The reply's tokens are its characters ÷ ``chars_per_token``; ``min_tokens`` raises that, ``ignore_eos``
 makes it exactly ``max_tokens``; a reply longer than ``max_tokens`` is cut there with
 ``finish_reason: "length"``, as a real server cuts it. A reply that ends before ``max_tokens`` (``min_tokens``
-below it included: the model stops once it may) ends with ``"stop"``; one carried to ``max_tokens`` by
-``ignore_eos`` or ``min_tokens`` with ``"length"``.
+below it included: the model stops once it may) ends with ``"stop"``; one that reaches ``max_tokens`` —
+carried there by ``ignore_eos`` or ``min_tokens``, or exactly that long — with ``"length"``.
 """
 
 from __future__ import annotations
@@ -268,11 +268,11 @@ class SimApp:
             content = PROSE
         content_tokens = sizes.tokens(len(content), cfg.chars_per_token)
         tokens = max_tokens if ignore_eos else min(max(content_tokens, min_tokens), max_tokens)
-        finish = "stop"
+        # "length" once max_tokens is reached (cut there; EOS ignored or held back by min_tokens up to it;
+        # or a reply exactly that long: its EOS would have been one token more), else the model stopped
+        finish = "length" if tokens == max_tokens else "stop"
         if content_tokens > max_tokens:
-            content, finish = content[: int(max_tokens * cfg.chars_per_token)], "length"
-        elif content_tokens < tokens == max_tokens:  # EOS ignored or held back (min_tokens) up to the limit
-            finish = "length"
+            content = content[: int(max_tokens * cfg.chars_per_token)]
         self._seq += 1
         seq = self._seq
         self._in_engine[seq] = prompt_tokens + tokens
