@@ -372,3 +372,20 @@ def test_a_run_of_the_first_n_problems_replays_without_reading_the_lines_past_th
     gone = simulate_here("--from-run", first, "--output", tmp_path / "gone")
     assert gone.exit_code == 2 and f"{filed}:1: tools[0].implementation" in gone.stderr, gone.output
     assert f"{filed}:2:" not in gone.stderr
+
+
+def test_a_sync_run_replayed_under_another_policy_says_which_active_slots_it_takes(tmp_path: Path) -> None:
+    """A ``--policy sync`` run runs one trajectory at a time whatever its configured
+    ``--max-active-trajectories``; its replay under another policy took the configured number, silently."""
+    source = tmp_path / "sync"
+    assert simulate_here("--workload", SMOKE, "--policy", "sync", "--output", source).exit_code == 0
+    replay = simulate_here("--from-run", source, "--policy", "fifo", "--output", tmp_path / "fifo")
+    assert replay.exit_code == 0, replay.output
+    said = (
+        f"warning: --from-run {source} ran --policy sync, one trajectory at a time; this replay under "
+        "--policy fifo takes its configured --max-active-trajectories 16: add --max-active-trajectories 1"
+    )
+    assert said in replay.stderr, replay.stderr
+    for args in (["--policy", "fifo", "--max-active-trajectories", "1"], []):  # at the run's one; sync again
+        quiet = simulate_here("--from-run", source, *args, "--output", tmp_path / f"quiet{len(args)}")
+        assert quiet.exit_code == 0 and "one trajectory at a time" not in quiet.stderr, quiet.stderr

@@ -302,7 +302,7 @@ def simulate(
         warn_sync_active(cfg.policy, given, cfg.max_active_trajectories)
         warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
         if derived is not None and from_run is not None:
-            warn_replay(derived, from_run, policy_given="policy" in given)
+            warn_replay(derived, from_run, given=given, policy=cfg.policy, active=cfg.max_active_trajectories)
         assumed = Assumed()
         outcome = run_simulation(
             cfg,

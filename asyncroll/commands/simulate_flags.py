@@ -104,11 +104,24 @@ def warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> No
         )
 
 
-def warn_replay(derived: DerivedRun, from_run: Path, *, policy_given: bool) -> None:
+def warn_replay(
+    derived: DerivedRun, from_run: Path, *, given: Iterable[str], policy: str, active: int
+) -> None:
     """What a replay of ``from_run`` must say before it starts: the rule it keeps when ``asyncroll`` named
-    another then (unless ``--policy`` chose one), and that a simulated run's timings are not measurements."""
-    if derived.policy_note and not policy_given:
+    another then (unless ``--policy`` chose one), the active slots of a ``sync`` run replayed under another
+    policy (the run's configured number, not the one it ran), and that a simulated run's timings are not
+    measurements. ``given``: the settings flags gave; ``policy``, ``active``: the replay's."""
+    given = set(given)
+    if derived.policy_note and "policy" not in given:
         typer.echo(f"warning: {derived.policy_note}", err=True)
+    sync_run = derived.source_config.get("policy") == "sync" and policy != "sync"
+    if sync_run and active > 1 and "max_active_trajectories" not in given:
+        typer.echo(
+            f"warning: --from-run {from_run} ran --policy sync, one trajectory at a time; this replay "
+            f"under --policy {policy} takes its configured --max-active-trajectories {active}: add "
+            "--max-active-trajectories 1 to replay it at the run's one",
+            err=True,
+        )
     if derived.model_waits:
         waits = ", ".join(f"{kind} ×{n}" for kind, n in derived.model_waits)
         typer.echo(
