@@ -7,13 +7,17 @@ cannot grow past the limit (``EFBIG``), as a full file system refuses with ``ENO
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
+import termios
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -261,6 +265,36 @@ def test_a_command_that_only_prints_to_a_full_disk_exits_1_without_a_traceback(
     with failing_stdout("/dev/full") as full:
         proc = asyncroll(*command, stdout=full)
     assert (proc.returncode, proc.stderr) == (1, "")
+
+
+def test_a_reader_gone_in_the_middle_of_the_schemas_exits_1() -> None:
+    # `asyncroll schema | head -1`: the schemas (≈ 90 kB) fill the pipe, head reads and exits while the
+    # write waits for room. The write came back short and TextIOWrapper dropped the rest without an
+    # error: the output was cut, and the command exited 0.
+    with subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", "schema"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            fd = proc.stdout.fileno()
+            capacity = fcntl.fcntl(fd, 1032)  # F_GETPIPE_SZ
+            queued = array.array("i", [0])
+            while proc.poll() is None:  # until the pipe is full: the writer waits in its write
+                fcntl.ioctl(fd, termios.FIONREAD, queued)
+                if queued[0] >= capacity:
+                    break
+                time.sleep(0.01)
+            assert proc.poll() is None, "the schemas fit in the pipe: nothing to cut"
+            os.read(fd, 5)  # head -1's first read, then head exits
+            proc.stdout.close()
+            assert proc.wait(timeout=45) == 1
+            assert proc.stderr.read() == b""
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def test_an_experiments_warning_reaches_stderr_when_stdout_has_gone(tmp_path: Path) -> None:

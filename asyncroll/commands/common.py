@@ -59,7 +59,7 @@ def say(text: str) -> None:
     if _stdout_lost:
         return
     try:
-        typer.echo(text)
+        _echo_whole(text)
     except OSError:  # EPIPE; ENOSPC (> /dev/full, a file on a full disk)
         _stdout_lost.append(True)
         try:  # what is still buffered, and the interpreter's last flush, go nowhere instead of failing
@@ -68,6 +68,24 @@ def say(text: str) -> None:
             os.close(devnull)
         except (OSError, ValueError):  # a stdout with no descriptor of its own
             pass
+
+
+def _echo_whole(text: str) -> None:
+    """``typer.echo(text)``, but a short write is not taken for a whole one: a reader that leaves while a
+    write waits for room in the pipe (``asyncroll schema | head -1``: 90 kB) makes the buffered stdout
+    return a short count, which the text layer drops with the rest of the text, unsaid. The rest is
+    written again here, and fails as a reader that had gone before does (EPIPE)."""
+    stream = sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:  # a stream of text alone (or none: stdout closed): as typer writes it
+        typer.echo(text)
+        return
+    stream.flush()
+    rest = memoryview(f"{text}\n".encode(stream.encoding or "utf-8", stream.errors or "strict"))
+    while rest:
+        written = buffer.write(rest)
+        rest = rest[written or len(rest) :]  # None or 0 (no room, non-blocking): as the text layer did
+    buffer.flush()
 
 
 def stdout_lost() -> bool:
