@@ -121,6 +121,32 @@ def test_an_interrupted_sweep_keeps_the_simulations_it_finished(tmp_path: Path) 
     assert document["rows"][:2] == json.loads((out / "sweep.json").read_text())["rows"]
 
 
+def test_a_sweep_stopped_while_waiting_on_its_cell_processes_names_the_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGHUP while a `--jobs 2` sweep waited on its cell processes: stderr said "interrupted by SIGHUP"
+    but sweep.json's stopped_by and sweep.md said SIGINT (the CLI's handler raises a bare
+    KeyboardInterrupt there; only a cell's own run names its signal)."""
+    from asyncroll import cli_signals
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepInterrupted, SweepSpec, run_sweep
+
+    monkeypatch.setattr(cli_signals, "_received", [])
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(3)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo", "tool_first"), (2,), (2,), (1,), 1, 0.2)
+
+    def hangup_after_one(done: int, total: int, row: dict[str, object]) -> None:
+        cli_signals._interrupt(signal.SIGHUP, None)  # the guard's handler, as SIGHUP arrives
+
+    out = tmp_path / "s"
+    with pytest.raises(SweepInterrupted) as stopped:
+        run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out, progress=hangup_after_one)
+    assert str(stopped.value) == "SIGHUP"
+    assert json.loads((out / "sweep.json").read_text())["stopped_by"] == "SIGHUP"
+    assert (out / "sweep.md").read_text().startswith("**Partial: stopped by SIGHUP after 1 of 2")
+
+
 @pytest.mark.timeout(60)
 def test_a_partial_sweeps_table_says_how_many_seeds_each_cell_stands_on(tmp_path: Path) -> None:
     """Stopped in its second seed, a sweep's cells stand on 2 seeds or 1; sweep.md showed their spreads

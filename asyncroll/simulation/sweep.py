@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncroll import cli_signals
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.errors import OutputExistsError, OutputWriteError, SimulationError, UsageError
@@ -159,8 +160,11 @@ def run_sweep(
         _write(output, rows, spec, settings, record, total=len(cells))
         return rows
     if isinstance(stopped, KeyboardInterrupt) and rows:  # what finished is kept, marked partial
-        _write(output, rows, spec, settings, record, total=len(cells), stopped=str(stopped) or "SIGINT")
-        raise SweepInterrupted(str(stopped), len(rows), len(cells)) from stopped
+        # a cell's own run names its signal; one that came while this process waited on its cell processes
+        # (--jobs above 1) is the CLI's bare KeyboardInterrupt, whose signal cli_signals recorded
+        name = str(stopped) or cli_signals.interrupted_by() or "SIGINT"
+        _write(output, rows, spec, settings, record, total=len(cells), stopped=name)
+        raise SweepInterrupted(name, len(rows), len(cells)) from stopped
     if isinstance(stopped, SimulationError):  # a cell failed: what ran is kept, and where it is said
         failed = cells[len(rows)]  # the cells run and report in order: the first one without its row
         if rows:
