@@ -277,6 +277,7 @@ def simulate(
                 progress=_sweep_progress(progress),
                 argv=list(sys.argv),
                 assumed=assumed,
+                made=made,
             )
             say(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             warn_assumed(assumed, replay=False, over=f" over the sweep's {len(rows)} simulations")
@@ -323,8 +324,9 @@ def simulate(
         raise fail(str(exc), getattr(exc, "exit_code", 2)) from None
     except KeyboardInterrupt as exc:  # outside a run (a run itself returns an interrupted outcome)
         ours = bool(made) or derived is not None  # --from-run: made by prepare_from_run
+        done = getattr(exc, "done", None)  # a sweep that kept the simulations it finished
         if (
-            not sweep
+            (not sweep or done is None)  # a sweep stopped before any simulation finished: seeds alone
             and ours
             and output is not None
             and output.is_dir()
@@ -340,7 +342,6 @@ def simulate(
             if output is not None and output.exists() and (ours or sweep)
             else "nothing written"
         )
-        done = getattr(exc, "done", None)  # a sweep that kept the simulations it finished
         if done is not None:
             where = (
                 f"{done} of {getattr(exc, 'total', '?')} simulations finished: their rows are in "

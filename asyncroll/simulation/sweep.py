@@ -94,8 +94,9 @@ def run_sweep(
     progress: Callable[[int, int, dict[str, Any]], None] | None = None,
     argv: list[str] | None = None,
     assumed: Assumed | None = None,
+    made: list[Path] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every cell; ``output`` must be a new directory (created here).
+    """Run every cell; ``output`` must be a new directory (created here, and appended to ``made`` then).
 
     ``custom`` adds arms by label, each a policy object built from the seed's jittered workload (a
     bench's oracle rule that reads the scripted durations); their rows carry the label.
@@ -112,6 +113,8 @@ def run_sweep(
         raise OutputExistsError(output) from exc
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
+    if made is not None:
+        made.append(output)
     refuse_unwritable(output)
     (output / "workloads").mkdir()
     _scan.cache_clear()  # a scan is cached by path: a later sweep may reuse a deleted output's paths
@@ -138,11 +141,11 @@ def run_sweep(
                 pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
         with _starting(jobs):  # the pool starts its processes as the cells are handed to it
             results = map(run_cell, cells) if pool is None else pool.map(run_cell, cells)
-        for row, made in results:
+        for row, cell_assumed in results:
             rows.append(row)
             if assumed is not None:
-                assumed.untimed.update(made.untimed)
-                assumed.passed += made.passed
+                assumed.untimed.update(cell_assumed.untimed)
+                assumed.passed += cell_assumed.passed
             if progress is not None:
                 progress(len(rows), len(cells), row)
     except _FinishedThenStopped as exc:  # the signal came after this cell had finished: its row counts
