@@ -297,6 +297,21 @@ def test_a_reader_gone_in_the_middle_of_the_schemas_exits_1() -> None:
             proc.wait()
 
 
+@pytest.mark.parametrize("command", [["schema", "workload"], ["validate", "examples/smoke.jsonl"]])
+def test_a_command_started_with_stdout_closed_exits_1(command: list[str]) -> None:
+    # `asyncroll schema >&-`: Python starts with no sys.stdout, and click's echo wrote to nothing: exit 0,
+    # as if the output asked for had arrived.
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        preexec_fn=lambda: os.close(1),  # the child alone, before exec: it starts with fd 1 closed
+        timeout=45,
+    )
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
+
+
 def test_an_experiments_warning_reaches_stderr_when_stdout_has_gone(tmp_path: Path) -> None:
     # "stderr still says everything (a run's error, a warning)": the runner's own warning was a progress
     # line on stdout, dropped with the rest of it once the reader had gone.

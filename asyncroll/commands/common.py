@@ -55,8 +55,12 @@ def say(text: str) -> None:
     ended), or a stdout on a full disk, silences stdout for the rest of the command instead of ending it
     there with a ``BrokenPipeError`` or ``OSError``: what it still has to do, and to say on stderr (a
     run's error), is done and said; it then exits 1, as click's own commands do on a broken pipe
-    (:func:`stdout_lost`, ``cli.main``)."""
+    (:func:`stdout_lost`, ``cli.main``). A stdout closed before the command started (``>&-``: Python has
+    no ``sys.stdout`` then) is one too: the output asked for goes nowhere."""
     if _stdout_lost:
+        return
+    if sys.stdout is None:
+        _stdout_lost.append(True)
         return
     try:
         _echo_whole(text)
