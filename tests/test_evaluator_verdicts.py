@@ -212,3 +212,19 @@ def test_annotations_are_evaluated_when_defined_as_in_livecodebench() -> None:
     result, _ = evaluate(program)
     assert verdict(result) == "runtime_error"
     assert "NameError: name 'Pair' is not defined" in result["feedback"]["error"]
+
+
+@real_process
+def test_big_integers_convert_to_and_from_text_up_to_livecodebench_s_digit_limit() -> None:
+    """LiveCodeBench's metrics module raises Python's 4,300-digit limit on int ↔ str conversion to
+    50,000 before its tests run, so ``int(input())`` of a 6,001-digit number and ``print`` of one pass
+    there; here they were a runtime_error ("Exceeds the limit (4300 digits)")."""
+    tests = [{"input": "1" + "0" * 6000 + "\n", "output": "1" + "0" * 6001 + "\n"}]
+    result, _ = evaluate("print(10 * int(input()))\n", tests)
+    assert result["passed"], result["feedback"]
+    too_long, _ = evaluate("print(10 ** 50000)\n", [{"input": "", "output": "1"}])  # 50,001 digits
+    assert verdict(too_long) == "runtime_error"
+    assert "Exceeds the limit (50000 digits)" in too_long["feedback"]["error"]
+    functional = [{"input": "", "output": "6021", "testtype": "functional"}]
+    program = "class Solution:\n    def f(self):\n        return len(str(2 ** 20000))\n"
+    assert evaluate(program, functional, func_name="f")[0]["passed"]

@@ -17,11 +17,12 @@ Steps, in order:
    program cannot kill it; once that process has ended the harness kills and reaps every process left
    in the namespace (so their CPU time is counted), and when the harness exits the kernel kills
    whatever remains — descendants that called ``setsid`` included;
-5. the program's process runs the code with the modules LiveCodeBench's harness pre-imports in scope
-   — as ``__main__`` in stdin mode (a script; LiveCodeBench wraps its statements in a function
-   instead, see :mod:`~asyncroll.evaluator.evaluate` for what that changes), as the module
-   ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution in a ``tmp_sol`` module,
-   so an ``if __name__ == "__main__":`` test block in it does not run, and calls
+5. the program's process runs the code with the modules LiveCodeBench's harness pre-imports in scope,
+   its recursion limit (50,000) and its limit on int ↔ str conversion (50,000 digits, which
+   LiveCodeBench's metrics module sets) — as ``__main__`` in stdin mode (a script; LiveCodeBench
+   wraps its statements in a function instead, see :mod:`~asyncroll.evaluator.evaluate` for what that
+   changes), as the module ``tmp_sol`` in functional mode (LiveCodeBench execs a call-based solution
+   in a ``tmp_sol`` module, so an ``if __name__ == "__main__":`` test block in it does not run, and calls
    ``Solution().<func_name>`` when the program's text holds ``class Solution``, else its module-level
    function ``<func_name>``, as LiveCodeBench's ``compile_code`` does) — and reports one ``done``
    record; the harness writes an ``exit`` record with the program process's wait status on an fd of
@@ -79,6 +80,9 @@ PRELUDE_MODULES = (
 # ``typing``, so a program naming ``typing.List`` without importing it fails there and here alike.
 PRELUDE_MODULE_NAMES = tuple(name for name in PRELUDE_MODULES if name not in ("builtins", "typing"))
 RECURSION_LIMIT = 50000
+#: LiveCodeBench's metrics module raises Python's limit on int <-> str conversion (4,300 digits) to this
+#: before it runs any test, so a program may print or parse ints of up to 50,000 digits there.
+INT_MAX_STR_DIGITS = 50000
 FUNCTIONAL_MODULE = "tmp_sol"  # LiveCodeBench's module name for a call-based solution
 ERROR_LIMIT = 4000
 TRACE_FRAMES = 64  # innermost frames formatted: a runaway recursion has ~RECURSION_LIMIT of them
@@ -106,6 +110,13 @@ def _prelude(namespace: dict[str, Any]) -> None:
     for name in PRELUDE_MODULE_NAMES:
         namespace[name] = sys.modules[name]
     sys.setrecursionlimit(RECURSION_LIMIT)
+
+
+def _set_digit_limit(digits: int) -> None:
+    """Python's limit on int <-> str conversion (an interpreter older than the limit has none to set)."""
+    setter = getattr(sys, "set_int_max_str_digits", None)
+    if setter is not None:
+        setter(digits)
 
 
 def _write(fd: int, line: str) -> None:
@@ -268,12 +279,14 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     sys.argv = ["solution.py"]
     line: str  # the done record's JSON, built inside the try: a result can fail to encode
+    digit_limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # the worker reads records so
     try:
         args = None
         if func_name:
             lines = sys.stdin.read().split("\n")
             args = [json.loads(line) for line in lines if line.strip()]
         _prelude(namespace)
+        _set_digit_limit(INT_MAX_STR_DIGITS)
         # dont_inherit: the harness's own ``from __future__ import annotations`` stays out of the program
         compiled = compile(code, "solution.py", "exec", dont_inherit=True)
         _register_source(code)
@@ -284,6 +297,9 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             if isinstance(result, tuple):
                 result = list(result)  # LiveCodeBench forgives a top-level tuple
             sys.stdout.flush()
+            # No expected value the worker reads holds an int past its limit: such a result is shown as
+            # one that can never match, not written as a record the worker could not read.
+            _set_digit_limit(digit_limit)
             try:
                 line = json.dumps({"kind": "done", "ok": True, "result": _plain(result)})
             except (TypeError, RecursionError, ValueError):  # ValueError: an int past the digit limit
