@@ -70,7 +70,11 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   wrong (and so is a subclass whose overridden ``__eq__`` would accept a different value);
 * the total budget is capped below the caller's tool timeout (above); LiveCodeBench's is not capped;
 * memory: 768 MiB of address space per process by default plus a cgroup cap on the whole tree
-  (LiveCodeBench's ``run_test`` calls its guard without a memory limit).
+  (LiveCodeBench's ``run_test`` calls its guard without a memory limit);
+* the program runs on the sandbox's interpreter (the virtualenv's base Python, or a system one the
+  unprivileged user can run: ``isolation.py``) in isolated mode (``-I``): it imports the standard
+  library and what that interpreter has installed, never the run's virtualenv packages, whereas
+  LiveCodeBench's program runs in its own environment, numpy included.
 """
 
 from __future__ import annotations
