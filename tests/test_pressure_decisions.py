@@ -32,7 +32,7 @@ def test_a_trigger_that_held_is_not_eligible_when_hard_aging_or_no_prediction_to
     text = (REPO / "MEASUREMENT.md").read_text(encoding="utf-8")
     definition = text[text.index("`eligible_decisions` counts") :].split("`reorders` counts")[0]
     assert (
-        "`hard_starvation_fifo`) or" in definition
+        "hard aging took (`hard_starvation_fifo`" in definition
         and "(`not_eligible_no_predictions`) is not eligible" in definition
     )
 
