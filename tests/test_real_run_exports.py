@@ -138,8 +138,11 @@ def test_a_run_that_fails_before_measurement_shows_its_final_status(tmp_path: Pa
     result = cli("run", "--workload", SMOKE, "--output", out, *args)
     assert result.returncode == 1, result.stderr
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
-    status = dict(page_data((out / "timeline.html").read_text())["header"])["status"]
+    page = page_data((out / "timeline.html").read_text())
+    status = dict(page["header"])["status"]
     assert status.startswith("failed (") and "warm-up request 1/2 failed" in status
+    # nor "not probed yet" as if the run went on: the telemetry note of the final receipt
+    assert page["telemetry"]["note"] == "not probed: the run stopped before the probe"
 
 
 def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -> None:

@@ -161,8 +161,9 @@ class RunDirectory:
                 filter(None, (error, f"summary.json: cannot write ({exc.strerror or exc})"))
             )
         # The exports are written before the final receipt (whose ``exports`` records them), so they are
-        # told the final status: run.json still says "preparing" if the run never started.
-        final = {"status": status, **({"error": error} if error else {})}
+        # told the final status and sections: run.json still says "preparing" (and its telemetry "not
+        # probed yet") if the run never started.
+        final = {"status": status, **receipt, **({"error": error} if error else {})}
         try:
             exports = export(self.here(), final, stop)
         except OSError as exc:
