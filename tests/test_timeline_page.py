@@ -246,3 +246,46 @@ def test_thinned_reorder_markers_cover_the_whole_run(tmp_path: Path, monkeypatch
     assert max(b - a for a, b in itertools.pairwise(kept)) <= 5.0  # evenly: every 4th
     note = "10 of 40 markers drawn: scheduler reorders thinned evenly over the run (10 of 40)."
     assert note in data["notes"]
+
+
+AXIS_HARNESS = r"""
+const html = require("fs").readFileSync(process.argv[2], "utf8");
+const data = html.match(/<script type="application\/json" id="data">([\s\S]*?)<\/script>/)[1];
+const code = html.match(/<script>([\s\S]*?)<\/script>/)[1];
+let texts = [];
+const ctx = new Proxy({fillText: (t) => texts.push(String(t))}, {get: (t, k) => (k in t ? t[k] : () => {}),
+  set: (t, k, v) => ((t[k] = v), true)});
+const els = {};
+const mk = (id) => ({id, textContent: id === "data" ? data : "", style: {}, dataset: {}, kids: [], on: {},
+  append(...c) { this.kids.push(...c); }, addEventListener(type, f) { this.on[type] = f; },
+  getContext: () => ctx,
+  getBoundingClientRect: () => ({left: 0, top: 0, width: 1200}), parentElement: {clientWidth: 1200}});
+global.document = {getElementById: (id) => (els[id] ||= mk(id)), createElement: mk, body: mk("body")};
+global.window = mk("window");
+global.location = {hash: ""};
+global.requestAnimationFrame = (f) => f();
+const ticks = () => texts.filter((t) => / s$/.test(t));
+new Function(code)();
+const out = {opened: ticks()};
+for (let i = 0; i < 60; i++) els.tl.on.wheel({deltaY: -200, clientX: 700, preventDefault() {}});
+texts = []; window.on.resize(); out.zoomed = ticks(); out.view = document.body.dataset.view;
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize("length", [0.0, 0.12])
+def test_time_axis_ticks_are_distinct(tmp_path: Path, length: float) -> None:
+    """A run of no length (a simulation of 0 ms turns opens on a 1 µs window) and any run zoomed in to the
+    page's 1 µs limit drew ticks 0.1 µs apart labelled to the microsecond: "0 s 0 s 0 s ... 0.000001 s"."""
+    events = trajectory("a", 0, 0.0, worker=0) if length else normal_events()[:1]
+    page = write_timeline(make_run(tmp_path, events))
+    harness = tmp_path / "axis.js"
+    harness.write_text(AXIS_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    view = [float(t) for t in out["view"].split("-")]
+    assert view[1] - view[0] < 2e-6  # zoomed in to the limit
+    for ticks in (out["opened"], out["zoomed"]):
+        assert ticks and len(ticks) == len(set(ticks)), ticks
