@@ -12,6 +12,8 @@ import struct
 import termios
 from types import SimpleNamespace
 
+import pytest
+
 from asyncroll.runtime.progress import ProgressLine, RunSnapshot, RunView, progress_enabled, render_progress
 from tests.test_live_view import snap
 
@@ -64,6 +66,71 @@ def test_a_shorter_redraw_blanks_exactly_the_old_tail() -> None:
     assert first == render_progress(long, 200) and len(first) > len(render_progress(short, 200))
     assert second == render_progress(short, 200) + " " * (len(first) - len(render_progress(short, 200)))
     assert third == render_progress(short, 200)  # nothing left to blank
+
+
+class _Sized(io.StringIO):
+    """Written here, sized by a pseudo-terminal's follower end (``fd``), which the test resizes."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _columns(fd: int, columns: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+
+
+def test_a_redraw_after_the_terminal_narrowed_stays_within_it() -> None:
+    """A terminal narrowed from 201 to 50 columns: the redraw blanks the old tail only up to the new width
+    (49 characters in all); 70 more blanks would wrap, and the next \\r would leave the rows above behind."""
+    long = snap({"completed": 3}, 8.0, restarts=12)
+    leader, follower = pty.openpty()
+    stream = _Sized(follower)
+    try:
+        _columns(follower, 201)
+        line = ProgressLine(_Switch(long, long), stream)  # type: ignore[arg-type]
+        line.draw()
+        _columns(follower, 50)
+        line.draw()
+    finally:
+        os.close(follower)
+        os.close(leader)
+    first, second = stream.getvalue().split("\r")[1:]
+    assert first == render_progress(long, 200) and len(first) > 49
+    assert second == render_progress(long, 49) and len(second) == 49
+
+
+def test_the_sweeps_line_fits_a_narrow_terminal_and_blanks_a_longer_one() -> None:
+    """The sweep's cell line on a 40-column terminal is cut to 39 characters (it was padded to 79: each
+    redraw wrapped and left a row behind); a shorter line blanks the rest of the one before it."""
+    from asyncroll.commands.simulate import _sweep_progress
+
+    row = {"policy": "tool_first", "active": 16, "inflight": 4, "workers": 2, "seed": 0, "makespan_s": 5.6}
+    leader, follower = pty.openpty()
+    stream = _Sized(follower)
+    try:
+        _columns(follower, 40)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("sys.stderr", stream)
+            report = _sweep_progress(None)
+            assert report is not None
+            report(1, 3, row)
+            _columns(follower, 200)
+            report(2, 3, row)
+            report(3, 3, {**row, "policy": "fifo"})
+    finally:
+        os.close(follower)
+        os.close(leader)
+    first, second, third = stream.getvalue().split("\r")[1:]
+    full = "[2/3] tool_first 16 / 4 / 2 seed 0: makespan 5.600 s"
+    assert first == full.replace("[2/3]", "[1/3]")[:36] + "..." and second == full
+    assert third == "[3/3] fifo 16 / 4 / 2 seed 0: makespan 5.600 s      \n"
 
 
 def test_the_width_is_one_less_than_the_terminal_and_120_when_unknown() -> None:

@@ -427,10 +427,10 @@ def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]],
     if not (stream.isatty() if wanted is None else wanted):
         return None
     tty = stream.isatty()
-    failed = False
+    failed, drawn = False, 0
 
     def report(done: int, total: int, row: dict[str, Any]) -> None:
-        nonlocal failed
+        nonlocal failed, drawn
         if failed:  # a stream that failed once (its reader gone, a full disk) draws no more
             return
         line = (
@@ -438,9 +438,11 @@ def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]],
             f"seed {row['seed']}: makespan {row['makespan_s']:.3f} s"
         )
         try:
-            stream.write(
-                ("\r" + line.ljust(79) if tty else line + "\n") + ("\n" if tty and done == total else "")
-            )
+            if tty:  # within the terminal's width as it is now, as a run's progress line
+                from asyncroll.runtime.progress import line_width, redraw
+
+                line, drawn = redraw(line, drawn, width := line_width(stream)), min(len(line), width)
+            stream.write(line + ("\n" if not tty or done == total else ""))
             stream.flush()
         except (OSError, ValueError):  # as a run's progress line: it ends the line, never the sweep
             failed = True

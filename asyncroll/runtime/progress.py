@@ -149,6 +149,22 @@ def render_progress(snap: RunSnapshot, width: int = 120) -> str:
     return line if len(line) <= width else line[: max(1, width - 3)] + "..."  # ASCII: any terminal
 
 
+def line_width(stream: TextIO) -> int:
+    """One less than the terminal's columns (a full-width line would wrap); 120 when unknown."""
+    columns = 0
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        columns = os.get_terminal_size(stream.fileno()).columns
+    return max(20, columns - 1) if columns > 0 else 120
+
+
+def redraw(line: str, drawn: int, width: int) -> str:
+    """``\\r``, then ``line`` cut to ``width``, then blanks over the rest of the line drawn before (``drawn``
+    characters long) but never past ``width``: a terminal narrowed since that line was drawn would wrap a
+    wider redraw, and each later ``\\r`` would return to its last row only, leaving rows behind."""
+    line = line if len(line) <= width else line[: max(1, width - 3)] + "..."
+    return "\r" + line + " " * max(0, min(drawn, width) - len(line))
+
+
 def progress_enabled(setting: bool | None, stream: TextIO) -> bool:
     """On when asked or by default, and only if ``stream`` is a terminal (never into a pipe or a file)."""
     if setting is False:
@@ -171,17 +187,13 @@ class ProgressLine:
         self.redraws = 0
 
     def _width(self) -> int:
-        """One less than the terminal's columns (a full-width line would wrap); 120 when unknown."""
-        columns = 0
-        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
-            columns = os.get_terminal_size(self._stream.fileno()).columns
-        return max(20, columns - 1) if columns > 0 else 120
+        return line_width(self._stream)
 
     def draw(self) -> None:
         """Draw the line once, overwriting the previous one."""
-        line = render_progress(self._view.snapshot(), self._width())
-        pad = " " * max(0, self._drawn - len(line))
-        self._stream.write("\r" + line + pad)
+        width = self._width()
+        line = render_progress(self._view.snapshot(), width)
+        self._stream.write(redraw(line, self._drawn, width))
         self._stream.flush()
         self._drawn = len(line)
         self.redraws += 1
