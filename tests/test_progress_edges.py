@@ -10,11 +10,14 @@ import os
 import pty
 import struct
 import termios
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from asyncroll.commands.sweep_progress import SweepProgress
 from asyncroll.runtime.progress import ProgressLine, RunSnapshot, RunView, progress_enabled, render_progress
+from tests.cli_runs import SMOKE
 from tests.test_live_view import snap
 
 
@@ -106,24 +109,30 @@ def test_a_redraw_after_the_terminal_narrowed_stays_within_it() -> None:
     assert second == render_progress(long, 49) and len(second) == 49
 
 
+def _sweep_line(follower: int, columns: int) -> tuple[_Sized, SweepProgress]:
+    _columns(follower, columns)
+    stream = _Sized(follower)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.stderr", stream)
+        line = SweepProgress.wanted(None)
+    assert line is not None
+    return stream, line
+
+
+_ROW = {"policy": "tool_first", "active": 16, "inflight": 4, "workers": 2, "seed": 0, "makespan_s": 5.6}
+
+
 def test_the_sweeps_line_fits_a_narrow_terminal_and_blanks_a_longer_one() -> None:
     """The sweep's cell line on a 40-column terminal is cut to 39 characters (it was padded to 79: each
     redraw wrapped and left a row behind); a shorter line blanks the rest of the one before it."""
-    from asyncroll.commands.simulate import _sweep_progress
-
-    row = {"policy": "tool_first", "active": 16, "inflight": 4, "workers": 2, "seed": 0, "makespan_s": 5.6}
     leader, follower = pty.openpty()
-    stream = _Sized(follower)
     try:
-        _columns(follower, 40)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("sys.stderr", stream)
-            report = _sweep_progress(None)
-            assert report is not None
-            report(1, 3, row)
-            _columns(follower, 200)
-            report(2, 3, row)
-            report(3, 3, {**row, "policy": "fifo"})
+        stream, report = _sweep_line(follower, 40)
+        report(1, 3, _ROW)
+        _columns(follower, 200)
+        report(2, 3, _ROW)
+        report(3, 3, {**_ROW, "policy": "fifo"})
+        report.end()  # the last cell ended the line already
     finally:
         os.close(follower)
         os.close(leader)
@@ -131,6 +140,21 @@ def test_the_sweeps_line_fits_a_narrow_terminal_and_blanks_a_longer_one() -> Non
     full = "[2/3] tool_first 16 / 4 / 2 seed 0: makespan 5.600 s"
     assert first == full.replace("[2/3]", "[1/3]")[:36] + "..." and second == full
     assert third == "[3/3] fifo 16 / 4 / 2 seed 0: makespan 5.600 s      \n"
+
+
+def test_a_sweep_stopped_early_ends_its_line() -> None:
+    """Interrupted after 1 of 3 cells (`simulate` calls ``end`` then), the line ends, so the message that
+    follows ("interrupted by SIGINT; …") starts its own line instead of being glued to the cell's."""
+    leader, follower = pty.openpty()
+    try:
+        stream, report = _sweep_line(follower, 100)
+        report(1, 3, _ROW)
+        report.end()
+        report.end()  # once
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert stream.getvalue() == "\r[1/3] tool_first 16 / 4 / 2 seed 0: makespan 5.600 s\n"
 
 
 def test_the_width_is_one_less_than_the_terminal_and_120_when_unknown() -> None:
@@ -188,3 +212,32 @@ def test_elapsed_counts_from_the_origin_stops_at_the_end_and_is_never_negative()
     assert taken.elapsed_s == 1.25 and taken.admission == base.admission and taken.pool == base.pool
     finished["completed"] = 5  # the snapshot is a copy: later counts do not change it
     assert taken.finished == {"completed": 1} and view.snapshot().completed == 5
+
+
+def test_an_interrupted_sweep_says_so_on_a_line_of_its_own(tmp_path: Path) -> None:
+    """`simulate --sweep` on a terminal, interrupted after its first cell: "interrupted by SIGINT; …" used
+    to be glued to the cell's line ("…makespan 5.600 sinterrupted by SIGINT; 1 of 3 …")."""
+    import typer
+
+    from asyncroll.cli import app
+
+    def interrupted(*_args: object, progress: SweepProgress, **_kwargs: object) -> None:
+        progress(1, 3, _ROW)
+        raise KeyboardInterrupt
+
+    leader, follower = pty.openpty()
+    try:
+        _columns(follower, 100)
+        stream = _Sized(follower)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("asyncroll.simulation.sweep.run_sweep", interrupted)
+            patch.setattr("sys.stderr", stream)
+            args = ["simulate", "--workload", SMOKE, "--output", tmp_path / "sweep", "--sweep", "--jobs", "1"]
+            code = typer.main.get_command(app).main(list(map(str, args)), standalone_mode=False)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert code == 130
+    assert stream.getvalue().startswith(
+        "\r[1/3] tool_first 16 / 4 / 2 seed 0: makespan 5.600 s\ninterrupted by SIGINT; "
+    ), stream.getvalue()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -35,6 +34,7 @@ from asyncroll.commands.simulate_flags import (
     warn_unread,
     why_ended_otherwise,
 )
+from asyncroll.commands.sweep_progress import SweepProgress
 from asyncroll.json_depth import json_loads
 
 if TYPE_CHECKING:  # imported lazily below: the CLI's start-up stays light
@@ -266,19 +266,24 @@ def simulate(
             if output_exists(output):
                 raise OutputExistsError(output)
             assumed = Assumed()
-            rows = run_sweep(
-                cfg0.workload,
-                cfg0.resolved_tool_root,
-                values,
-                spec,
-                settings,
-                output,
-                jobs=processes,
-                progress=_sweep_progress(progress),
-                argv=list(sys.argv),
-                assumed=assumed,
-                made=made,
-            )
+            line = SweepProgress.wanted(progress)
+            try:
+                rows = run_sweep(
+                    cfg0.workload,
+                    cfg0.resolved_tool_root,
+                    values,
+                    spec,
+                    settings,
+                    output,
+                    jobs=processes,
+                    progress=line,
+                    argv=list(sys.argv),
+                    assumed=assumed,
+                    made=made,
+                )
+            finally:  # a sweep stopped early: what stderr says next starts a line of its own
+                if line is not None:
+                    line.end()
             say(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             warn_assumed(assumed, replay=False, over=f" over the sweep's {len(rows)} simulations")
             raise typer.Exit(0)
@@ -417,34 +422,3 @@ def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         why = why_ended_otherwise(changes, run, receipt["config"])
         n = sum(changes.values())
         typer.echo(f"warning: {n} trajectories ended otherwise than in the run ({counts}): {why}", err=True)
-
-
-def _sweep_progress(wanted: bool | None) -> Callable[[int, int, dict[str, Any]], None] | None:
-    """A line on stderr redrawn after each cell (``--progress``; by default only on a terminal)."""
-    stream = sys.stderr
-    if stream is None:  # started with stderr closed (`2>&-`): Python has no sys.stderr, nowhere to draw
-        return None
-    if not (stream.isatty() if wanted is None else wanted):
-        return None
-    tty = stream.isatty()
-    failed, drawn = False, 0
-
-    def report(done: int, total: int, row: dict[str, Any]) -> None:
-        nonlocal failed, drawn
-        if failed:  # a stream that failed once (its reader gone, a full disk) draws no more
-            return
-        line = (
-            f"[{done}/{total}] {row['policy']} {row['active']} / {row['inflight']} / {row['workers']} "
-            f"seed {row['seed']}: makespan {row['makespan_s']:.3f} s"
-        )
-        try:
-            if tty:  # within the terminal's width as it is now, as a run's progress line
-                from asyncroll.runtime.progress import line_width, redraw
-
-                line, drawn = redraw(line, drawn, width := line_width(stream)), min(len(line), width)
-            stream.write(line + ("\n" if not tty or done == total else ""))
-            stream.flush()
-        except (OSError, ValueError):  # as a run's progress line: it ends the line, never the sweep
-            failed = True
-
-    return report
