@@ -1,6 +1,7 @@
 """The progress line at its edges: the first instant of measurement, a line exactly as wide as the terminal,
-a shorter redraw over a longer one, the terminal's width read from a real pseudo-terminal, a closed
-stream, and :class:`RunView`'s elapsed time (stopped at the end, never negative). No run, no sleeps."""
+a shorter redraw over a longer one, a terminal narrowed between two draws, the terminal's width read from a
+real pseudo-terminal, a closed stream, and :class:`RunView`'s elapsed time (stopped at the end, never
+negative); the sweep's cell line on a narrow terminal and when the sweep stops early. No run, no sleeps."""
 
 from __future__ import annotations
 
