@@ -213,3 +213,13 @@ def test_ci_stops_when_the_floors_cannot_be_listed_not_running_the_suite_on_the_
     assert done.returncode != 0, (done.stderr, calls)
     assert "'numpy' is not NAME>=VERSION" in done.stderr
     assert "pytest" not in calls, calls
+
+
+def test_the_sdist_ships_no_test_suite_it_cannot_run() -> None:
+    """Built with setuptools 84.2.1 (``python -m build``, 2026-12-05), the sdist held the 177
+    ``tests/test_*.py`` that setuptools adds by default but not ``conftest.py``, the helper modules and
+    fixtures they import, nor the examples/, bench/ and scripts/ they read: ``pytest`` in the unpacked
+    sdist failed to collect. MANIFEST.in leaves the tests out; the wheel's files are the same."""
+    assert (REPO / "tests" / "conftest.py").is_file(), "the tests need files that are not test modules"
+    manifest = (REPO / "MANIFEST.in").read_text(encoding="utf-8").splitlines()
+    assert "prune tests" in [line.strip() for line in manifest if not line.lstrip().startswith("#")]
