@@ -27,7 +27,15 @@ from asyncroll.evaluator.budget import (
     tool_timeout_cap,
 )
 from asyncroll.floats import shown
-from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at, unique_keys
+from asyncroll.json_checks import (
+    LONE_SURROGATE,
+    Bool,
+    Float,
+    Int,
+    json_error_text,
+    lone_surrogate_at,
+    unique_keys,
+)
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
 from asyncroll.setting_names import unknown_setting
@@ -289,7 +297,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             if isinstance(exc, JSONDecodeError)
             else "arrays or inline tables nested too deep (Python's recursion limit)"
             if toml and isinstance(exc, RecursionError)
-            else str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]  # Python's advice to a programmer
+            else json_error_text(exc)
         )
         at = re.search(r"\(at line (\d+), column \d+\)", str(exc)) if toml else None
         if at is not None and int(at[1]) <= len(lines := text.split("\n")):  # tomllib names no key: the line

@@ -140,3 +140,10 @@ def _wide_encoding(head: bytes) -> str | None:
     if head[:1] == b"\0" and head[1:2] != b"\0":
         return "UTF-16BE"
     return None
+
+
+def json_error_text(exc: BaseException) -> str:
+    """What a JSON parser's error says, without the advice Python adds for an integer past its digit
+    limit (``; use sys.set_int_max_str_digits() to increase the limit``): a call for a programmer, which
+    no flag or file of asyncroll lets a user make."""
+    return str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, invoke
+from tests.conversions import lcb_rows
 
 BIG_INT = "9" * 4301  # past Python's int-string limit (4,300 digits)
 DEEP = "[" * 3000 + "]" * 3000  # past the JSON reader's recursion limit
@@ -68,4 +69,46 @@ def test_converters_refuse_rows_they_cannot_hold(tmp_path: Path) -> None:
     tools.write_text(json.dumps([{"name": "f", "source_problem": "\udfff"}]))
     result = invoke("convert-toolmath", "--source", tools, "--functions-dir", functions, "--output", out)
     refused(result, "[0].source_problem: not valid Unicode")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "text"),
+    [
+        ("validate", "w.jsonl", '{"id": ' + BIG_INT + ', "prompt": "x"}\n'),
+        ("convert-toolmath", "tm.json", '[{"name": "f", "zz": ' + BIG_INT + "}]"),
+        ("convert-livecodebench", "lcb.json", '[{"question_id": ' + BIG_INT + "}]"),
+        ("convert-livecodebench", "lcb.jsonl", '{"question_id": ' + BIG_INT + "}\n"),
+        (
+            "convert-livecodebench",
+            "meta.jsonl",
+            json.dumps({**lcb_rows()[0], "metadata": '{"k": ' + BIG_INT + "}"}) + "\n",
+        ),
+    ],
+)
+def test_an_integer_past_pythons_digit_limit_is_named_without_advice_for_a_programmer(
+    tmp_path: Path, command: str, name: str, text: str
+) -> None:
+    """``validate`` and both converters passed on Python's own message, which ends "use
+    sys.set_int_max_str_digits() to increase the limit": a call no flag or file of asyncroll makes.
+    A ``--config`` file and an experiment config already said only what the number is."""
+    source = tmp_path / name
+    source.write_text(text)
+    out = tmp_path / "out.jsonl"
+    args: list[str | Path] = [command, source]
+    if command == "convert-toolmath":
+        args = [
+            command,
+            "--source",
+            source,
+            "--functions-dir",
+            REPO / "examples" / "toolmath",
+            "--output",
+            out,
+        ]
+    elif command == "convert-livecodebench":
+        args = [command, "--source", source, "--output", out]
+    result = invoke(*args)
+    refused(result, "Exceeds the limit (4300 digits) for integer string conversion: value has 4301 digits")
+    assert "set_int_max_str_digits" not in result.output, result.output
     assert not out.exists()

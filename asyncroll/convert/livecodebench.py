@@ -26,6 +26,7 @@ from asyncroll.convert.output import check_destination, write_jsonl_atomic
 from asyncroll.convert.rows import RowRef, RowSource
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError
+from asyncroll.json_checks import json_error_text
 from asyncroll.json_depth import json_loads
 
 REQUIRED = ("question_id", "question_content", "public_test_cases", "private_test_cases")
@@ -216,7 +217,7 @@ def _func_name(field: str) -> tuple[str | None, str | None]:
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON: {exc.msg}"
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
-        return None, f"cannot be read as JSON: {exc}"
+        return None, f"cannot be read as JSON: {json_error_text(exc)}"
     if not isinstance(meta, dict):
         return None, f"expected a JSON object, got {type(meta).__name__}"
     name = meta.get("func_name")

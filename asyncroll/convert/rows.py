@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 from asyncroll.convert.output import refuse_container
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
+from asyncroll.json_checks import LONE_SURROGATE, json_error_text, lone_surrogate_at, may_hold_surrogate
 from asyncroll.json_depth import json_loads
 
 
@@ -108,7 +108,8 @@ class RowSource:
         except json.JSONDecodeError as exc:
             raise UsageError(f"{self.path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
         except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
-            raise UsageError(f"{self.path}: cannot be read as JSON: {exc or type(exc).__name__}") from None
+            why = json_error_text(exc) or type(exc).__name__
+            raise UsageError(f"{self.path}: cannot be read as JSON: {why}") from None
         surrogate = lone_surrogate_at(whole) if may_hold_surrogate(data) else None
         if surrogate is not None:
             raise UsageError(f"{self.path}: {surrogate}: {LONE_SURROGATE}")
@@ -142,7 +143,7 @@ class RowSource:
                 self.problems.append(f"{where}: invalid line: not valid JSON: {exc.msg} (column {exc.colno})")
                 continue
             except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
-                self.problems.append(f"{where}: invalid line: cannot be read as JSON: {exc}")
+                self.problems.append(f"{where}: invalid line: cannot be read as JSON: {json_error_text(exc)}")
                 continue
             surrogate = lone_surrogate_at(row) if may_hold_surrogate(raw) else None
             if surrogate is not None:

@@ -36,7 +36,7 @@ from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.output import check_destination, read_source, sha256_hex, write_jsonl_atomic
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at, may_hold_surrogate
+from asyncroll.json_checks import LONE_SURROGATE, json_error_text, lone_surrogate_at, may_hold_surrogate
 from asyncroll.json_depth import json_loads
 
 FUNCTIONS_SUBDIR = "function_ToolMATH"
@@ -131,7 +131,7 @@ def parse_records(
     except json.JSONDecodeError as exc:
         raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
-        raise UsageError(f"{source}: cannot be read as JSON: {exc}") from None
+        raise UsageError(f"{source}: cannot be read as JSON: {json_error_text(exc)}") from None
     surrogate = lone_surrogate_at(raw) if may_hold_surrogate(data) else None
     if surrogate is not None:
         raise UsageError(f"{source}: {surrogate}: {LONE_SURROGATE}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from asyncroll.config import MAX_CONFIG_BYTES
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import unique_keys
+from asyncroll.json_checks import json_error_text, unique_keys
 from asyncroll.json_depth import TOO_DEEP, json_loads
 
 
@@ -32,7 +32,7 @@ def read_json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
     except ValueError as exc:  # a repeated key, an integer past Python's digit limit
-        message = str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]
+        message = json_error_text(exc)
         raise UsageError(f"{path}: invalid JSON: {message}") from None
     except RecursionError:
         raise UsageError(f"{path}: invalid JSON: {TOO_DEEP}") from None

@@ -22,6 +22,7 @@ from asyncroll.errors import WorkloadError
 from asyncroll.json_checks import (
     LONE_SURROGATE,
     container_kind,
+    json_error_text,
     lone_surrogate_at,
     may_hold_surrogate,
     unique_keys,
@@ -207,7 +208,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     except json.JSONDecodeError as exc:  # its own "line 1 column 5 (char 4)" counts within the line
         return None, [("line", f"not valid JSON: {exc.msg} (column {exc.colno})")]
     except ValueError as exc:  # an int past Python's digit limit
-        return None, [("line", f"not valid JSON: {exc}")]
+        return None, [("line", f"not valid JSON: {json_error_text(exc)}")]
     if not isinstance(data, dict):
         return None, [("line", f"expected a JSON object, got {type(data).__name__}")]
     surrogate = lone_surrogate_at(data)
