@@ -80,18 +80,20 @@ def test_experiment_commands_refuse_a_repeated_option(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def leaves(group: Any, path: str = "") -> list[tuple[str, Any]]:
+    """Every command of the assembled app under ``group``, by its full name (``experiment run``)."""
+    found: list[tuple[str, Any]] = []
+    for name, command in group.commands.items():
+        sub = f"{path} {name}".strip()
+        found += leaves(command, sub) if hasattr(command, "commands") else [(sub, command)]
+    return found
+
+
 def test_every_command_of_the_app_refuses_repeated_single_values() -> None:
     """Checked on the assembled app, so a command added later cannot miss it."""
     from asyncroll.cli import app
 
-    def leaves(group: Any, path: str) -> list[tuple[str, Any]]:
-        found: list[tuple[str, Any]] = []
-        for name, command in group.commands.items():
-            sub = f"{path} {name}".strip()
-            found += leaves(command, sub) if hasattr(command, "commands") else [(sub, command)]
-        return found
-
-    commands = leaves(typer.main.get_command(app), "")
+    commands = leaves(typer.main.get_command(app))
     assert {"run", "simulate", "optimum", "experiment run", "experiment plan", "report"} <= {
         name for name, _ in commands
     }
@@ -130,15 +132,8 @@ def test_every_path_of_every_command_given_empty_is_refused_naming_it() -> None:
     from asyncroll.cli import app
     from asyncroll.commands.single_values import _is_path
 
-    def leaves(group: Any, path: str) -> list[tuple[str, Any]]:
-        found: list[tuple[str, Any]] = []
-        for name, command in group.commands.items():
-            sub = f"{path} {name}".strip()
-            found += leaves(command, sub) if hasattr(command, "commands") else [(sub, command)]
-        return found
-
     checked = []
-    for name, command in leaves(typer.main.get_command(app), ""):
+    for name, command in leaves(typer.main.get_command(app)):
         hints = get_type_hints(inspect.unwrap(command.callback))
         for param in command.params:
             if not _is_path(hints.get(param.name)):

@@ -103,12 +103,14 @@ def test_the_downsampling_note_says_what_was_merged(tmp_path: Path, monkeypatch:
     assert "CPU queue depth (" in thinned and "model requests outstanding (" in thinned
 
 
-NODE_HARNESS = r"""
+#: The page's data and script read from its file, and a DOM just large enough to draw it (``ctx``: the
+#: canvas context each harness defines), for Node.
+PAGE = r"""
 const html = require("fs").readFileSync(process.argv[2], "utf8");
 const data = html.match(/<script type="application\/json" id="data">([\s\S]*?)<\/script>/)[1];
 const code = html.match(/<script>([\s\S]*?)<\/script>/)[1];
-const ctx = new Proxy({}, {get: (t, k) => (k in t ? t[k] : () => undefined),
-  set: (t, k, v) => ((t[k] = v), true)});
+"""
+DOM = r"""
 const els = {};
 const mk = (id) => ({id, textContent: id === "data" ? data : "", style: {}, dataset: {}, kids: [], on: {},
   append(...c) { this.kids.push(...c); }, addEventListener(type, f) { this.on[type] = f; },
@@ -116,6 +118,16 @@ const mk = (id) => ({id, textContent: id === "data" ? data : "", style: {}, data
   getBoundingClientRect: () => ({left: 0, top: 0, width: 1200}), parentElement: {clientWidth: 1200}});
 global.document = {getElementById: (id) => (els[id] ||= mk(id)), createElement: mk, body: mk("body")};
 global.window = mk("window");
+"""
+
+NODE_HARNESS = (
+    PAGE
+    + r"""
+const ctx = new Proxy({}, {get: (t, k) => (k in t ? t[k] : () => undefined),
+  set: (t, k, v) => ((t[k] = v), true)});
+"""
+    + DOM
+    + r"""
 global.window.devicePixelRatio = 2;
 global.location = {hash: ""};
 global.requestAnimationFrame = (f) => f();
@@ -138,6 +150,7 @@ els.ball.on.click();
 out.whole = document.body.dataset.view;
 console.log(JSON.stringify(out));
 """
+)
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
@@ -248,20 +261,15 @@ def test_thinned_reorder_markers_cover_the_whole_run(tmp_path: Path, monkeypatch
     assert note in data["notes"]
 
 
-AXIS_HARNESS = r"""
-const html = require("fs").readFileSync(process.argv[2], "utf8");
-const data = html.match(/<script type="application\/json" id="data">([\s\S]*?)<\/script>/)[1];
-const code = html.match(/<script>([\s\S]*?)<\/script>/)[1];
+AXIS_HARNESS = (
+    PAGE
+    + r"""
 let texts = [];
 const ctx = new Proxy({fillText: (t) => texts.push(String(t))}, {get: (t, k) => (k in t ? t[k] : () => {}),
   set: (t, k, v) => ((t[k] = v), true)});
-const els = {};
-const mk = (id) => ({id, textContent: id === "data" ? data : "", style: {}, dataset: {}, kids: [], on: {},
-  append(...c) { this.kids.push(...c); }, addEventListener(type, f) { this.on[type] = f; },
-  getContext: () => ctx,
-  getBoundingClientRect: () => ({left: 0, top: 0, width: 1200}), parentElement: {clientWidth: 1200}});
-global.document = {getElementById: (id) => (els[id] ||= mk(id)), createElement: mk, body: mk("body")};
-global.window = mk("window");
+"""
+    + DOM
+    + r"""
 global.location = {hash: ""};
 global.requestAnimationFrame = (f) => f();
 const ticks = () => texts.filter((t) => / s$/.test(t));
@@ -271,6 +279,7 @@ for (let i = 0; i < 60; i++) els.tl.on.wheel({deltaY: -200, clientX: 700, preven
 texts = []; window.on.resize(); out.zoomed = ticks(); out.view = document.body.dataset.view;
 console.log(JSON.stringify(out));
 """
+)
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
