@@ -59,7 +59,10 @@ def make_run(target_events: int, tmp: Path) -> Path:
     real_export = rundir.export
 
     def no_export(
-        out: Path, final: Mapping[str, Any] | None = None, stop: rundir.ExportStop | None = None
+        out: Path,
+        final: Mapping[str, Any] | None = None,
+        stop: rundir.ExportStop | None = None,
+        into: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         return {}  # the run's own export is what we time below, separately
 

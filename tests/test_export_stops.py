@@ -183,3 +183,34 @@ def test_a_signal_while_asyncroll_timeline_writes_says_so_and_keeps_the_exports_
     assert "Traceback" not in stderr
     assert {name: (out / name).read_bytes() for name in before} == before
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_signal_after_timeline_rewrote_trace_json_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while ``asyncroll timeline`` wrote timeline.html, its new trace.json already in place:
+    run.json did not say that trace.json was rewritten (nor that timeline.html was not)."""
+    from typer.testing import CliRunner
+
+    import asyncroll.outputs.timeline as timeline
+    from asyncroll.cli import app
+
+    out = tmp_path / "out"
+    assert cli("simulate", "--workload", SMOKE, "--output", out).returncode == 0
+    page = (out / "timeline.html").read_bytes()
+
+    def stopped(*_args: Any, **_kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(timeline, "write_timeline", stopped)
+    result = CliRunner().invoke(app, ["timeline", str(out)])
+    assert result.exit_code == 130, result.output
+    assert f"{out / 'trace.json'} was written" in result.stderr, result.stderr
+    regenerated = json.loads((out / "run.json").read_text())["exports_regenerated"]
+    assert regenerated["trace.json"]["ok"] is True
+    assert regenerated["timeline.html"] == {
+        "ok": False,
+        "skipped": True,
+        "error": "skipped: SIGINT received while the exports were written",
+    }
+    assert (out / "timeline.html").read_bytes() == page  # left as it was

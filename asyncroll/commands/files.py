@@ -98,18 +98,28 @@ def timeline(
             1,
         )
     announce_exports(run_dir)
+    from asyncroll.outputs.receipt import record_regenerated_exports
+
+    exports: dict[str, Any] = {}
     try:
-        exports = export(run_dir, _never_finished(run_dir))
+        export(run_dir, _never_finished(run_dir), into=exports)
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli_signals.guard): exit 130, said
         from asyncroll.cli_signals import interrupted_by
+        from asyncroll.outputs.rundir import mark_skipped
 
+        by = interrupted_by() or "SIGINT"
+        done = [name for name in EXPORTS if exports.get(name, {}).get("ok")]
+        note = ""
+        if done:  # the one written is the run's export now: run.json says so, and which was skipped
+            mark_skipped(exports, by)
+            unrecorded = record_regenerated_exports(run_dir, exports)
+            note = f"; {run_dir / done[0]} was written" + ("" if unrecorded is None else f" ({unrecorded})")
         typer.echo(
-            f"interrupted by {interrupted_by() or 'SIGINT'}; {run_dir}: an export not finished is left as "
-            "it was (none is half written)",
+            f"interrupted by {by}; {run_dir}: an export not finished is left as it was (none is half "
+            f"written){note}",
             err=True,
         )
         raise typer.Exit(130) from None
-    from asyncroll.outputs.receipt import record_regenerated_exports
 
     failed = [f"{name}: {exports[name]['error']}" for name in EXPORTS if not exports[name]["ok"]]
     written = [str(run_dir / name) for name in EXPORTS if exports[name]["ok"]]

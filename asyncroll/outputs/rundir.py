@@ -279,28 +279,37 @@ def announce_exports(out: Path, how: str = "") -> None:
 
 
 def export(
-    out: Path, final: Mapping[str, Any] | None = None, stop: ExportStop | None = None
+    out: Path,
+    final: Mapping[str, Any] | None = None,
+    stop: ExportStop | None = None,
+    into: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """trace.json and timeline.html from one pass over events.jsonl; a failed export is recorded, never
     fatal: the run's data is safe. ``asyncroll timeline RUN_DIR`` calls this again after the fact (an
     interrupted run, or a run written by an older version). ``bench/export.py`` times it. ``final``:
     receipt fields (status, error) about to be written, which override run.json's. ``stop``: a stop signal
     during the exports skips those not written yet (recorded ``"skipped": true``); none is left half
-    written."""
-    exports: dict[str, Any] = {}
+    written. ``into``: the dict each export's result is put in as it ends (returned too), which says what
+    was written when a KeyboardInterrupt cuts the exports (``asyncroll timeline``'s Ctrl-C)."""
+    exports: dict[str, Any] = {} if into is None else into
     try:
         with contextlib.nullcontext() if stop is None else stop.armed():
             if stop is not None:  # armed already: a signal the moment the line is out skips them
                 stop.announce(out)
             _export(out, final, exports)
     except ExportsSkipped as skip:
-        for name in EXPORTS:
-            why = f"{_SKIPPED} {skip} received while the exports were written"
-            exports.setdefault(name, {"ok": False, "skipped": True, "error": why})
+        mark_skipped(exports, str(skip))
     return exports
 
 
 _SKIPPED = "skipped:"
+
+
+def mark_skipped(exports: dict[str, Any], signal: str) -> None:
+    """Each export not in ``exports`` yet recorded as skipped by the stop ``signal``."""
+    for name in EXPORTS:
+        why = f"{_SKIPPED} {signal} received while the exports were written"
+        exports.setdefault(name, {"ok": False, "skipped": True, "error": why})
 
 
 def skipped(why: str) -> bool:
