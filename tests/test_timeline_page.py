@@ -83,7 +83,10 @@ def test_timeline_downsamples_large_runs(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(merged) == len({(c[0], c[3]) for c in bars}) < len(bars)
     assert any(n.startswith("Down-sampled:") for n in data["notes"])
     assert data["notes"][0] == f"9 of {data['total_spans']} spans drawn individually."
-    assert "Trajectory spans and failed/incomplete spans stay exact." in data["notes"][1]
+    assert "Trajectory spans and failed, cancelled and incomplete spans stay exact." in data["notes"][1]
+    monkeypatch.setattr(timeline, "BUCKETS", 1)  # a gap of the whole run (> 1 s): in ms, not 1.23e+03
+    gap = next(n for n in timeline_data(tmp_path / "run")["notes"] if n.startswith("Down-sampled:"))
+    assert re.search(r"gaps under [1-9][\d,]* ms", gap) and "e+" not in gap, gap
 
 
 def test_the_downsampling_note_says_what_was_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,7 +101,8 @@ def test_the_downsampling_note_says_what_was_merged(tmp_path: Path, monkeypatch:
     merged = {data["cats"][c[3]] for c in data["bars"]}
     assert "trajectory" in merged and any(data["states"][c[4]] != "ok" for c in data["bars"])
     note = next(n for n in data["notes"] if n.startswith("Down-sampled:"))
-    assert "Trajectory spans are in them too; failed/incomplete spans stay exact (the first 2; 1 more" in note
+    exact = "failed, cancelled and incomplete spans stay exact (the first 2; 1 more"
+    assert f"Trajectory spans are in them too; {exact}" in note
     thinned = next(n for n in data["notes"] if n.startswith("Counters thinned"))
     assert "CPU queue depth (" in thinned and "model requests outstanding (" in thinned
 

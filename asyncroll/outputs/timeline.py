@@ -5,12 +5,13 @@ anything) so it can be mailed or archived with the run. It draws the same spans 
 from :func:`asyncroll.outputs.activity.collect_activity`) on a ``<canvas>`` with wheel zoom and drag pan. The
 data sits in a ``<script type="application/json">`` block with ``<``, ``>`` and ``&`` escaped, so no value
 (a trajectory id such as ``</script>``) can end the block early. Large runs are down-sampled, never silently
-truncated: past ``MAX_SPANS`` the trajectory spans (unless they alone are too many) and failed/incomplete
-spans (up to that limit) stay individual, the rest are merged per row into bars (spans closer than about a
-pixel at full view); long counter lines keep each bucket's maximum and last value; past ``MAX_INSTANTS``
-markers (scheduler reorders first) are thinned evenly over the run; the page says what stayed exact and
-what was merged or thinned. A telemetry counter's line is broken wherever its samples were null
-(the page never holds the last good value across a gap), and the telemetry section lists those gaps.
+truncated: past ``MAX_SPANS`` the trajectory spans (unless they alone are too many) and failed, cancelled
+or incomplete spans (up to that limit) stay individual, the rest are merged per row into bars (spans
+closer than about a pixel at full view); long counter lines keep each bucket's maximum and last value;
+past ``MAX_INSTANTS`` markers (scheduler reorders first) are thinned evenly over the run; the page says
+what stayed exact and what was merged or thinned. A telemetry counter's line is broken wherever its
+samples were null (the page never holds the last good value across a gap), and the telemetry section
+lists those gaps.
 The header's and the telemetry section's text come from :mod:`asyncroll.outputs.timeline_panels`.
 """
 
@@ -249,10 +250,11 @@ def timeline_data(
     if rest.count:
         exact = "Trajectory spans and failed" if own_row else "Trajectory spans are in them too; failed"
         more = f" (the first {len(bad):,}; {bad_merged:,} more merged into the bars)" if bad_merged else ""
+        ms = gap * 1e3  # 1,850 ms, not 1.85e+03
         notes.append(
             f"Down-sampled: the other {rest.count:,} spans are merged into {len(bars):,} bars (same row and"
-            f" kind, gaps under {gap * 1e3:.3g} ms; shade = share of the bar busy). {exact}/incomplete"
-            f" spans stay exact{more}."
+            f" kind, gaps under {f'{ms:,.0f}' if ms >= 100 else f'{ms:.3g}'} ms; shade = share of the bar"
+            f" busy). {exact}, cancelled and incomplete spans stay exact{more}."
         )
     labels = {k: COUNTER_LABELS.get(k) or RESOURCE_LABELS[k] for k in a.counters}
     thinned = [
