@@ -42,7 +42,11 @@ def telemetry_events() -> list[ev.Event]:
 
 def test_telemetry_samples_become_counters_and_the_panel_says_why_not(tmp_path: Path) -> None:
     summary = {
-        "telemetry": {"samples": 4, "nulls": {"gpu_util_pct": {"missing": 4}}},
+        "telemetry": {
+            "samples": 4,
+            "nulls": {"gpu_util_pct": {"missing": 4}},
+            "values": {"server_running": {"n": 4, "mean": 0.75, "max": 2.0}},
+        },
         "resources": {
             "sampled_starvation_s": 0.05,
             "sampled_starvation_fraction_of_coverage": 0.1,
@@ -85,6 +89,8 @@ def test_telemetry_samples_become_counters_and_the_panel_says_why_not(tmp_path: 
     ]
     lines = dict(data["telemetry"]["lines"])
     assert lines["samples"] == "4" and lines["null values"] == 'gpu_util_pct: {"missing": 4}'
+    # was "mean server_running": '{"n": 4, "mean": 0.75, "max": 2.0}', a label over a JSON object
+    assert lines["server_running"] == "mean 0.75, max 2, n 4"
     assert (
         lines["drawn as counters"]
         == "server requests running, server requests waiting, server KV-cache usage"

@@ -141,8 +141,11 @@ def telemetry_panel(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -
                 continue
             text = json.dumps(value)[:200] if isinstance(value, list | dict) else _fmt(value)
             lines.append([f"{name}.{key}", text])
-    for name, value in _sub(tele, "values").items():
-        lines.append([f"mean {name}", json.dumps(value)[:200] if isinstance(value, dict) else _fmt(value)])
+    for name, value in _sub(tele, "values").items():  # {n, mean, max} of the samples with a value
+        shown = [
+            f"{k} {_fmt(value[k])}" for k in ("mean", "max", "n") if isinstance(value, dict) and k in value
+        ]
+        lines.append([name, ", ".join(shown) or json.dumps(value)[:200]])
     if tele.get("counter_resets"):
         lines.append(["counter resets", _fmt(tele["counter_resets"])])
     nulls = tele.get("nulls")
