@@ -193,3 +193,36 @@ def test_a_gate_on_a_ratio_over_no_event_reads_undefined_in_the_report_as_in_its
         aggregate(comparison([({}, {})], stages={"qualification": {"status": "failed", "gates": unmeasured}}))
     )
     assert "accuracy.exact[a] = unknown (arm failed or metric not measured) >= 0.5: FAIL" in text
+
+
+@pytest.mark.parametrize(
+    ("op", "threshold", "observed", "report", "console"),
+    [
+        (">=", 0.9, 0.89996, "0.89996 >= 0.9: FAIL", "0.89996 >= 0.9: no"),
+        (">=", 0.9, 0.8999996, "0.8999996 >= 0.9: FAIL", "0.8999996 >= 0.9: no"),
+        ("<=", 0.05, 0.0500004, "0.0500004 <= 0.05: FAIL", "0.0500004 <= 0.05: no"),
+        ("==", 1.0, 1.00000001, "1.00000001 == 1: FAIL", "1.00000001 == 1: no"),
+        (">=", 0.9, 0.91, "0.91 >= 0.9: pass", "0.91 >= 0.9: ok"),
+        (">=", 3, 12344.0, "12,344 >= 3: pass", "12344 >= 3: ok"),
+    ],
+)
+def test_a_gate_verdict_never_contradicts_its_values_as_written(
+    op: str, threshold: float, observed: float, report: str, console: str
+) -> None:
+    """A coverage gate of 0.89996 >= 0.9 failed, and REPORT.md's stage table wrote it "0.9 >= 0.9:
+    FAIL" (four significant digits), the runner's line "0.9 >= 0.9: no" past six: a verdict its own
+    numbers contradict. The values are written with as many digits as it takes to read as the verdict."""
+    from asyncroll.experiment.config import Gate
+    from asyncroll.experiment.gates import evaluate_gates, gate_text
+
+    metric = "resources.server_coverage_fraction"
+    verdicts = evaluate_gates(
+        [Gate(metric=metric, op=op, value=threshold)],  # type: ignore[arg-type]
+        ["a"],
+        {"a": {"resources": {"server_coverage_fraction": observed}}},
+    )
+    assert gate_text(verdicts, []) == f" ({metric}[a] = {console})"
+    stages = {"qualification": {"status": "failed", "gates": verdicts}}
+    text = markdown(aggregate(comparison([({}, {})], stages=stages)))
+    row = next(line for line in text.splitlines() if line.startswith("| qualification |"))
+    assert f"{metric}[a] = {report} |" in row

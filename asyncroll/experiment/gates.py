@@ -49,11 +49,30 @@ def evaluate_gates(
     return verdicts
 
 
+def comparison_text(verdict: dict[str, Any], observed: str) -> str:
+    """``<observed> <op> <threshold>`` of a gate's verdict, ``observed`` the observed value as written
+    (or the note of one that is None), the threshold with ``g``. Unless, read back, they compare the other
+    way than the values do (0.89996 >= 0.9 written "0.9 >= 0.9", a failed gate that reads as passed):
+    then both with as many significant digits as it takes (17 give every double back)."""
+    value, op, raw = verdict["value"], verdict["op"], verdict["observed"]
+    threshold = format(value, "g")
+    compare = OPS.get(op)  # None: a hand-edited comparison.json's operator, nothing to keep consistent
+    if raw is not None and compare is not None:
+        verdict_of_values = compare(raw, value)
+        digits = 4
+        while (
+            digits <= 17 and compare(float(observed.replace(",", "")), float(threshold)) != verdict_of_values
+        ):
+            digits += 1
+            observed, threshold = format(raw, f".{digits}g"), format(value, f".{digits}g")
+    return f"{observed} {op} {threshold}"
+
+
 def gate_text(verdicts: list[dict[str, Any]], failed_arms: list[str]) -> str:
     parts = [
         f"{v['metric']}[{v['arm']}] = "
-        f"{v['note'] or 'unknown' if v['observed'] is None else format(v['observed'], 'g')} "
-        f"{v['op']} {v['value']:g}: {'ok' if v['passed'] else 'no'}"
+        + comparison_text(v, v["note"] or "unknown" if v["observed"] is None else format(v["observed"], "g"))
+        + f": {'ok' if v['passed'] else 'no'}"
         for v in verdicts
     ]
     if failed_arms:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from asyncroll.experiment.gates import comparison_text
 from asyncroll.experiment.receipts import one_line
 
 
@@ -138,7 +139,7 @@ def markdown(agg: dict[str, Any]) -> str:
     ]
     for stage, state in agg["stages"].items():
         gates = "; ".join(
-            f"{g['metric']}[{g['arm']}] = {_observed(g)} {g['op']} {g['value']:g}: "
+            f"{g['metric']}[{g['arm']}] = {comparison_text(g, _observed(g))}: "
             f"{'pass' if g['passed'] else 'FAIL'}"
             for g in state.get("gates", [])
         )
