@@ -102,3 +102,16 @@ def test_a_quality_rate_neither_of_whose_counts_was_measured_says_so_once() -> N
     a rate with its counts known keeps them."""
     quality = rows(markdown(aggregate(comparison(ROWS))), "| a |")[1]
     assert quality == ("| a | 1 (6 / 6) | unknown (passed_first and evaluated not measured) |")
+
+
+def test_a_ratio_too_small_for_four_decimals_is_not_written_as_zero() -> None:
+    """Starvation of 3 s cut to 0.1 ms: a ratio of 3.3e-05, written "p1 0.0000", as if the treatment had
+    measured 0; a ratio of 0 is still 0.0000."""
+    data = comparison(
+        [
+            ({"resources.sampled_starvation_s": 3.0}, {"resources.sampled_starvation_s": 0.0001}),
+            ({"resources.sampled_starvation_s": 2.0}, {"resources.sampled_starvation_s": 0.0}),
+        ]
+    )
+    row = rows(markdown(aggregate(data)), "| sampled model starvation, s |")[1]
+    assert row.startswith("| sampled model starvation, s | p1 3.333e-05, p2 0.0000 |")

@@ -42,6 +42,13 @@ def _interval(d: dict[str, Any], percent: bool = True) -> str:
     )
 
 
+def _ratio(r: float) -> str:
+    """A pair's ratio to four decimals; one so small that they round it to 0.0000 (a starvation of 3 s
+    cut to 0.1 ms) with four significant digits, since only a ratio of 0 is written 0."""
+    text = format(r, ".4f")
+    return format(r, ".4g") if r != 0 and float(text) == 0 else text
+
+
 def _per_pair(d: dict[str, Any]) -> str:
     """Each complete pair's ratio, named by its pair number (``p3 1.1000``): once a pair with a failed
     arm is excluded, a ratio's position is no longer its pair's number."""
@@ -49,7 +56,7 @@ def _per_pair(d: dict[str, Any]) -> str:
     notes = d.get("pair_notes") or [None] * len(ratios)
     numbers = d.get("pair_numbers") or list(range(1, len(ratios) + 1))
     cells = [
-        f"p{k} " + (fmt(r, ".4f") if r is not None else (n or "unknown"))
+        f"p{k} " + (_ratio(r) if r is not None else (n or "unknown"))
         for k, r, n in zip(numbers, ratios, notes, strict=True)
     ]
     return ", ".join(cells) or "none"
