@@ -286,7 +286,9 @@ class ExperimentConfig(_Strict):
     pairs: Int = Field(default=3, ge=1)
     order: Literal["alternating", "balanced", "fixed"] = "alternating"
     seed: Int = Field(
-        default=0, ge=0, description="Client --seed of pair i is seed + i; the bootstrap's seed (>= 0)."
+        default=0,
+        ge=0,
+        description="Client --seed of pair1 is seed, of pair2 seed + 1, …; the bootstrap's seed (>= 0).",
     )
     stages: Stages = Field(default_factory=Stages)
     deadline_s: Float | None = Field(
