@@ -94,8 +94,8 @@ DAMAGE = {
     ),
     "one_arm": (lambda c: c.update(arms=["a"]), "arms: List should have at least 2 items"),
     "no_resample": (
-        lambda c: c.update(bootstrap_resamples=0),
-        "bootstrap_resamples: Input should be greater than or equal to 1",
+        lambda c: c.update(bootstrap_resamples=99),  # 1 was accepted: a zero-width "95%" interval
+        "bootstrap_resamples: Input should be greater than or equal to 100",
     ),
     "nan_gate": (
         lambda c: c["stages"]["comparison"]["gates"][0].update(observed=float("nan")),

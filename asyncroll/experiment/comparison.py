@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from asyncroll.experiment.config import MAX_BOOTSTRAP_RESAMPLES
+from asyncroll.experiment.config import MAX_BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_RESAMPLES
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
 from asyncroll.outputs.receipt import write_json_atomic
 
@@ -304,7 +304,8 @@ class ComparisonFile(_Read):
     baseline: str
     policies: dict[str, str]
     seed: int = Field(default=0, ge=0)
-    bootstrap_resamples: int = Field(default=10_000, ge=1, le=MAX_BOOTSTRAP_RESAMPLES)
+    # as the config asks (a hand-edited comparison.json's 1 resample drew a zero-width "95%" interval)
+    bootstrap_resamples: int = Field(default=10_000, ge=MIN_BOOTSTRAP_RESAMPLES, le=MAX_BOOTSTRAP_RESAMPLES)
     metrics: list[_MetricEntry]
     pairs: list[_PairEntry]
     failed_arms: list[_FailedArm] = Field(default_factory=list)

@@ -71,6 +71,8 @@ GateOp = Literal[">=", "<=", ">", "<", "==", "!="]
 #: The most bootstrap resamples: the report draws them at once (8 bytes per resample and pair, twice),
 #: so 10^10 of them asked for 149 GiB and ended `asyncroll report` with a MemoryError.
 MAX_BOOTSTRAP_RESAMPLES = 1_000_000
+#: The fewest: a percentile interval of fewer resamples is mostly the extreme draws themselves.
+MIN_BOOTSTRAP_RESAMPLES = 100
 
 DEFAULT_VLLM_COMMAND = [
     "vllm",
@@ -297,7 +299,7 @@ class ExperimentConfig(_Strict):
         description="Wall deadline of each `run` or `--resume`, from its start: it stops the experiment "
         "(the arm it cuts is interrupted, not failed; --resume runs it again with a new deadline).",
     )
-    bootstrap_resamples: Int = Field(default=10_000, ge=100, le=MAX_BOOTSTRAP_RESAMPLES)
+    bootstrap_resamples: Int = Field(default=10_000, ge=MIN_BOOTSTRAP_RESAMPLES, le=MAX_BOOTSTRAP_RESAMPLES)
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
