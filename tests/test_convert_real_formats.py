@@ -171,6 +171,17 @@ def test_toolmath_cli_skip_unsupported_lists_what_it_left_out(tmp_path: Path) ->
     ) in result.stderr
 
 
+def test_toolmath_skip_unsupported_help_does_not_call_the_declared_matrices_unsupported() -> None:
+    """The flag's help named the release's List[List[float]] matrices as the type it skips, but they are
+    declared types (they convert without the flag): the help must not send a user to a flag they do not
+    need."""
+    result = invoke("convert-toolmath", "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    assert "List[List[float]] matrices); they are listed" not in text
+    assert "List[List[float]] matrices are declared" in text
+
+
 # --- LiveCodeBench: a source that is not a regular file ----------------------------------------------
 
 

@@ -31,7 +31,8 @@ def convert_toolmath(
         Opt(
             "--skip-unsupported",
             help="Leave out problems whose tools take an input type a workload cannot declare "
-            "(the release's List[List[float]] matrices); they are listed on stderr. Without it they are "
+            "(a tuple, say; the release's List[List[float]] matrices are declared); they are listed on "
+            "stderr. Without it they are "
             "errors.",
         ),
     ] = False,
