@@ -13,6 +13,7 @@ workload alike.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection
 from typing import Annotated, Any
@@ -147,3 +148,12 @@ def json_error_text(exc: BaseException) -> str:
     limit (``; use sys.set_int_max_str_digits() to increase the limit``): a call for a programmer, which
     no flag or file of asyncroll lets a user make."""
     return str(exc).split("; use sys.set_int_max_str_digits()", 1)[0]
+
+
+def line_column(exc: json.JSONDecodeError) -> int:
+    """The 1-based column of ``exc`` in the one JSONL line it parsed. ``json`` counts the line's own
+    newline: a line cut short (``{"id": "a"`` and its newline) failed at its "line 2 column 1", shown as
+    "column 1", the line's first character, where the same text without the newline said its end."""
+    end = len(exc.doc.rstrip("\r\n"))
+    pos = min(exc.pos, end)
+    return pos - exc.doc.rfind("\n", 0, pos)

@@ -61,6 +61,49 @@ def test_an_optimum_runs_event_line_that_is_not_json_names_its_column_not_a_line
     assert "column 16" in said and "line 1" not in said and "char" not in said
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_a_workload_line_cut_short_names_its_end_not_column_1(tmp_path: Path, ending: str) -> None:
+    """A line cut short (a missing brace, a trailing comma: a pretty-printed example pasted as is) said
+    "(column 1)", the line's first character: json counted the error on a "line 2" after the line's own
+    newline. Without the newline the same line said its end; now both do."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"prompt": "p",' + ending + '{"prompt": "p"' + ending, newline="")
+    done = invoke("validate", workload)
+    assert done.exit_code == 2, done.output
+    assert (
+        f"{workload}:1: line: not valid JSON: Expecting property name enclosed in double quotes (column 16)"
+        in (done.stderr)
+    ), done.stderr
+    assert f"{workload}:2: line: not valid JSON: Expecting ',' delimiter (column 15)" in done.stderr
+
+
+def test_other_jsonl_readers_name_the_end_of_a_line_cut_short(tmp_path: Path) -> None:
+    """--from-run's events, optimum's events and convert-livecodebench's rows said "column 1" too."""
+    from asyncroll.convert.livecodebench import convert_livecodebench
+    from asyncroll.simulation.run_instance import instance_from_run
+
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"event": "a"}\n{"event": "b"\n')
+    with pytest.raises(
+        UsageError, match=r"events.jsonl:2: not valid JSON \(Expecting ',' delimiter, column 14\)"
+    ):
+        list(jsonl_rows(events))
+    run = tmp_path / "run"
+    run.mkdir()
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    summary = '{"makespan_s": 1, "limits": %s, "bounds": {"model_capacity": 1, "lower_bound_s": 1}}'
+    (run / "summary.json").write_text(summary % str(limits).replace("'", '"'))
+    (run / "events.jsonl").write_text('{"v": 1, "t": 0, "event": "a", "id": null}\n{"event": "b"\n')
+    with pytest.raises(UsageError, match=r"line 2: not valid JSON \(Expecting ',' delimiter, column 14\)"):
+        instance_from_run(run)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question_id": "a"}\n{"question_id": "b"\n')
+    with pytest.raises(
+        UsageError, match=r"rows.jsonl:2: invalid line: not valid JSON: Expecting ',' delimiter \(column 20\)"
+    ):
+        convert_livecodebench(rows, tmp_path / "w.jsonl")
+
+
 def test_an_unknown_workload_field_is_called_one_and_its_likely_spelling_is_suggested(tmp_path: Path) -> None:
     """pydantic's "Extra inputs are not permitted" said neither that the key is unknown nor what it may be
     a misspelling of (a config file's unknown setting says both)."""

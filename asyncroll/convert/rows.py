@@ -21,7 +21,13 @@ from typing import Any, BinaryIO
 
 from asyncroll.convert.output import refuse_container
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import LONE_SURROGATE, json_error_text, lone_surrogate_at, may_hold_surrogate
+from asyncroll.json_checks import (
+    LONE_SURROGATE,
+    json_error_text,
+    line_column,
+    lone_surrogate_at,
+    may_hold_surrogate,
+)
 from asyncroll.json_depth import json_loads
 
 
@@ -140,7 +146,8 @@ class RowSource:
                 self.problems.append(f"{where}: invalid line: not UTF-8: {exc}")
                 continue
             except json.JSONDecodeError as exc:
-                self.problems.append(f"{where}: invalid line: not valid JSON: {exc.msg} (column {exc.colno})")
+                column = line_column(exc)
+                self.problems.append(f"{where}: invalid line: not valid JSON: {exc.msg} (column {column})")
                 continue
             except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
                 self.problems.append(f"{where}: invalid line: cannot be read as JSON: {json_error_text(exc)}")

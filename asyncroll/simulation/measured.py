@@ -19,6 +19,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
+from asyncroll.json_checks import line_column
 from asyncroll.json_depth import json_loads
 from asyncroll.workload import MAX_DURATION_MS, Problem, SubmitAction, ToolAction
 
@@ -38,7 +39,7 @@ def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 row = json_loads(raw)
             except json.JSONDecodeError as exc:  # its own "line 1 column 5" counts within the line
                 raise UsageError(
-                    f"--from-run {path}:{line_no}: not valid JSON ({exc.msg}, column {exc.colno})"
+                    f"--from-run {path}:{line_no}: not valid JSON ({exc.msg}, column {line_column(exc)})"
                 ) from None
             except (ValueError, RecursionError) as exc:  # not UTF-8, past Python's limits
                 raise UsageError(f"--from-run {path}:{line_no}: not valid JSON ({exc})") from None

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.floats import left_to_right_sum
+from asyncroll.json_checks import line_column
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.outputs.summary import SUMMARY_SCHEMA_VERSION as SUMMARY_VERSION
@@ -173,7 +174,8 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
                     notes.append(f"events.jsonl line {number} {cut}: ignored")
                     break
                 if isinstance(exc, json.JSONDecodeError):  # its own "line 1 column 5" counts within the line
-                    raise UsageError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from exc
+                    column = line_column(exc)
+                    raise UsageError(f"{where}: not valid JSON ({exc.msg}, column {column})") from exc
                 raise UsageError(f"{where}: not JSON: {exc}") from exc
             if not isinstance(event, dict):
                 raise UsageError(f"{where}: not a JSON object")

@@ -23,6 +23,7 @@ from asyncroll.json_checks import (
     LONE_SURROGATE,
     container_kind,
     json_error_text,
+    line_column,
     lone_surrogate_at,
     may_hold_surrogate,
     unique_keys,
@@ -206,7 +207,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     except RecursionError:
         return None, [("line", f"cannot be read: {TOO_DEEP}")]
     except json.JSONDecodeError as exc:  # its own "line 1 column 5 (char 4)" counts within the line
-        return None, [("line", f"not valid JSON: {exc.msg} (column {exc.colno})")]
+        return None, [("line", f"not valid JSON: {exc.msg} (column {line_column(exc)})")]
     except ValueError as exc:  # an int past Python's digit limit
         return None, [("line", f"not valid JSON: {json_error_text(exc)}")]
     if not isinstance(data, dict):
