@@ -165,6 +165,22 @@ def test_a_result_whose_shared_parts_multiply_fails_the_call(monkeypatch: pytest
     assert to_jsonable(distinct) == distinct
 
 
+def test_a_result_nested_past_64_levels_is_cut_there_to_a_repr() -> None:
+    """TOOLS.md: "Nesting deeper than 64 levels is cut to a repr"; 65 levels were kept."""
+
+    def nested(levels: int) -> Any:
+        value: Any = 0
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    assert to_jsonable(nested(results.MAX_DEPTH)) == nested(results.MAX_DEPTH)  # 64 levels: kept whole
+    cut = to_jsonable(nested(results.MAX_DEPTH + 1))
+    for _ in range(results.MAX_DEPTH):
+        cut = cut[0]
+    assert cut == "[0]"  # the 65th level, as its repr
+
+
 def test_whatever_a_tool_raises_is_a_tool_error() -> None:
     class Custom(BaseException):
         pass

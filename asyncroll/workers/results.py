@@ -84,7 +84,7 @@ class _Conversion:
             return value
         if kind is float:
             return value if math.isfinite(value) else _NON_FINITE[repr(value)]
-        if depth > MAX_DEPTH:
+        if depth >= MAX_DEPTH:  # the containers at depths 0 to MAX_DEPTH - 1: MAX_DEPTH levels kept
             return _repr(value)
         # a subclass (IntEnum, StrEnum, numpy.float64, ...) → its base value, read through the base type's
         # own method: the subclass may override __int__, __float__ or __str__ (an Enum's str is its name)
