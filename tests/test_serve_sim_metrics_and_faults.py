@@ -4,6 +4,7 @@ a client that disconnects, and the faults it injects (statuses, resets, bad bodi
 from __future__ import annotations
 
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -194,3 +195,23 @@ def test_fault_rates_are_chances_of_a_draw_and_the_first_drawn_applies() -> None
     slow_429 = sum(1 for fault, slow in draws if slow and fault == "http_429") / len(draws)
     assert slow_429 == pytest.approx(0.3, abs=0.015)
     assert plan.injected["http_500"] == sum(d[0] == "http_500" for d in draws)
+
+
+@pytest.mark.timeout(30)
+def test_a_client_that_disconnects_while_sending_its_body_is_counted_499() -> None:
+    """A client gone before its body arrived in full is aborted as one gone later: status 499 in
+    ``/sim/stats``; it was counted under no status, with a ``ClientDisconnect`` traceback on stderr."""
+    with sim() as (running, _client):
+        host, port = running.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"model": '
+            )
+            deadline = time.monotonic() + 10
+            while running.stats()["inflight"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the handler is reading the body
+        while (stats := running.stats())["inflight"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stats["requests"] == 1 and stats["inflight"] == 0
+        assert stats["statuses"] == {"499": 1}

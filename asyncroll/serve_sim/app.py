@@ -43,7 +43,7 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -218,6 +218,8 @@ class SimApp:
         try:
             raw = await request.body()
             response = await _unless_disconnected(request, self._chat(request, raw))
+        except ClientDisconnect:  # gone while sending its body: aborted as any other client that left
+            response = Response(status_code=CLIENT_CLOSED)
         except BadRequest as exc:
             response = JSONResponse(error_body(str(exc), exc.status, exc.kind), status_code=exc.status)
         except asyncio.CancelledError:
