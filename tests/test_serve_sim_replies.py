@@ -95,6 +95,11 @@ def test_enforcement_refuses_an_echo_that_violates_the_schema() -> None:
         (b"[1, 2]", 400, "must be a JSON object"),
         (json.dumps(body(model="gpt-9")).encode(), 404, "The model `gpt-9` does not exist"),
         (json.dumps(body(messages=[])).encode(), 400, "'messages' must be a non-empty list"),
+        (
+            json.dumps(body(messages=[{"role": "user", "content": ["hello", 1]}])).encode(),
+            400,
+            "messages[0].content[0] must be an object",
+        ),
         (json.dumps(body(max_tokens=0)).encode(), 400, "'max_tokens' must be an integer >= 1"),
         (json.dumps(body(max_tokens=5, min_tokens=9)).encode(), 400, "'min_tokens' (9) must be <="),
         (json.dumps(body(max_tokens=40_000)).encode(), 400, "maximum context length is 32768"),

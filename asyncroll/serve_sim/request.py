@@ -54,6 +54,9 @@ def checked_messages(messages: Any) -> list[dict[str, Any]]:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict):  # sizing would count it as nothing; vLLM refuses it too
+                raise BadRequest(f"messages[{i}].content[{j}] must be an object (a content part)")
     return messages
 
 
