@@ -124,3 +124,8 @@ def test_why_a_port_cannot_be_used_is_said_exactly() -> None:
     )
     # TEST-NET-1 (RFC 5737): never a local address, refused at once, no name lookup
     assert listen_error("192.0.2.1", 0) == os.strerror(errno.EADDRNOTAVAIL)
+    # an IPv6 host is written in brackets: "cannot listen on ::1:8000" read as no address at all
+    v6 = MetricsExporter(RuntimeCollector(_Fixed(snap({}, 1.0))), 1, host="2001:db8::1")  # type: ignore[arg-type]
+    with pytest.raises(AsyncrollError) as caught:
+        v6.start()  # RFC 3849's documentation prefix: never local, refused at once
+    assert str(caught.value).startswith("--metrics-port 1: cannot listen on [2001:db8::1]:1: "), caught.value

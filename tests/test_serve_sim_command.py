@@ -131,3 +131,20 @@ def test_a_port_it_cannot_listen_on_is_a_usage_error_as_for_run() -> None:
         result = invoke("serve-sim", "--port", str(port))
     assert result.exit_code == 2, result.output
     assert f"error: cannot listen on 127.0.0.1:{port}: " in result.stderr
+
+
+@pytest.mark.timeout(30)
+def test_an_ipv6_address_it_cannot_listen_on_is_written_in_brackets() -> None:
+    """It said "cannot listen on ::1:33765", an address no URL or client reads."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    with socket.socket(socket.AF_INET6) as holder:
+        try:
+            holder.bind(("::1", 0))
+        except OSError as exc:
+            pytest.skip(f"::1 cannot be bound here: {exc}")
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = invoke("serve-sim", "--host", "::1", "--port", str(port))
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot listen on [::1]:{port}: " in result.stderr, result.stderr

@@ -104,5 +104,6 @@ def serve_sim(
     except OSError as exc:
         hint = "; stop what holds it, or choose another --port (0 picks a free one)"
         reason = f"{exc.strerror or exc}{hint if exc.errno == errno.EADDRINUSE else ''}"
-        raise fail(f"cannot listen on {host}:{port}: {reason}") from None
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 host in brackets
+        raise fail(f"cannot listen on {address}: {reason}") from None
     raise typer.Exit(code)

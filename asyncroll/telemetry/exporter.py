@@ -186,8 +186,9 @@ class MetricsExporter:
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 host in brackets
             raise AsyncrollError(
-                f"--metrics-port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+                f"--metrics-port {port}: cannot listen on {address}: {exc.strerror or exc}"
             ) from exc
         self.port = int(self._server.server_port)
         return self
