@@ -262,10 +262,11 @@ def test_requests_outliving_the_graceful_shutdown_get_a_503_not_a_500_and_a_trac
     sock = bind("127.0.0.1", 0)
     sim_app = SimApp(SimConfig(engine=slow))
     records = _Records()
+    server = make_server(sim_app)  # its logging configuration first: it drops the handlers it finds
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addHandler(records)
     try:
-        running = start_thread(sock, sim_app, make_server(sim_app))
+        running = start_thread(sock, sim_app, server)
         long_request = body(max_tokens=2000, ignore_eos=True)  # 100 s of decode steps: never finishes here
         with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=running.url, timeout=30) as client:
             futures = [pool.submit(client.post, "/v1/chat/completions", json=long_request) for _ in range(3)]
@@ -283,6 +284,12 @@ def test_requests_outliving_the_graceful_shutdown_get_a_503_not_a_500_and_a_trac
     assert error["type"] == "ServiceUnavailableError" and "shutting down" in error["message"]
     assert sim_app.statuses == {503: 3} and sim_app.inflight == 0
     assert not [m for m in records.messages if "Exception in ASGI application" in m], records.messages
+    # uvicorn's "ERROR: Cancel 3 running task(s), timeout graceful shutdown exceeded": the documented stop
+    assert (
+        "3 request(s) still running after the 2 s grace: answered 503 (serve-sim stopping)"
+        in records.messages
+    )
+    assert not [m for m in records.messages if m.startswith("Cancel")], records.messages
 
 
 @pytest.mark.timeout(30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -60,6 +61,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _GraceNote(logging.Filter):
+    """uvicorn's ``ERROR: Cancel N running task(s), timeout graceful shutdown exceeded`` is serve-sim's
+    documented stop (those requests are answered 503): said as a warning, in words of what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Cancel %s running task(s)"):
+            record.msg = "%s request(s) still running after the 2 s grace: answered 503 (serve-sim stopping)"
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def make_server(sim: SimApp, *, log_level: str = "warning") -> uvicorn.Server:
     config = uvicorn.Config(
         sim.app,
@@ -70,6 +82,9 @@ def make_server(sim: SimApp, *, log_level: str = "warning") -> uvicorn.Server:
         timeout_graceful_shutdown=2,
         timeout_keep_alive=30,
     )
+    log = logging.getLogger("uvicorn.error")  # configured by the Config just made
+    if not any(isinstance(f, _GraceNote) for f in log.filters):
+        log.addFilter(_GraceNote())
     return uvicorn.Server(config)
 
 
