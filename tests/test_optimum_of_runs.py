@@ -267,6 +267,28 @@ def test_optimum_refuses_recorded_numbers_no_run_could_have(
     assert re.search(message, str(refused.value)), str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("section", "name", "value"),
+    [
+        # a ZeroDivisionError, an IndexError, or a solve "infeasible" with no schedule, instead of a refusal
+        ("limits", "cpu_workers", 0),
+        ("limits", "max_active_trajectories", 0),
+        ("limits", "cpu_workers", -2),
+        ("bounds", "model_capacity", 0),
+    ],
+)
+def test_optimum_refuses_a_summary_whose_limits_no_run_could_have(
+    tmp_path: Path, section: str, name: str, value: int
+) -> None:
+    run = _hand_made_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary[section][name] = value
+    (run / "summary.json").write_text(json.dumps(summary))
+    result = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
+    assert result.exit_code == 2, result.output
+    assert "summary.json: limits must be ≥ 1" in result.stderr and f"{name} {value}" in result.stderr
+
+
 def test_optimum_reads_a_consistent_hand_made_run(tmp_path: Path) -> None:
     instance = instance_from_run(_hand_made_run(tmp_path / "run"))
     assert [s.seconds for s in instance.chains[0]] == [0.1, 0.05]

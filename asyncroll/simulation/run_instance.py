@@ -152,6 +152,11 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
                 float(summary["makespan_s"]),
                 float(bounds["lower_bound_s"]),
             )
+            if min(active, capacity, workers) < 1:  # a division by zero, or "infeasible", further on
+                raise UsageError(
+                    f"{path}: limits must be ≥ 1, got max_active_trajectories {active}, "
+                    f"bounds.model_capacity {capacity}, cpu_workers {workers}"
+                )
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{path}: not an asyncroll summary (missing or malformed {exc})") from exc
     chains: dict[str, list[Step]] = {}
