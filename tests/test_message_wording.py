@@ -3,6 +3,7 @@ in the same words for the same situation whichever command says it."""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -41,6 +42,17 @@ def test_a_replayed_runs_line_that_is_not_json_names_its_column_not_a_line_1_of_
     assert "column 16" in said and "line 1" not in said and "char" not in said
 
 
+def _run_with_second_event(tmp_path: Path, line: str) -> Path:
+    """A run directory with a minimal summary.json and an events.jsonl whose second line is ``line``."""
+    run = tmp_path / "run"
+    run.mkdir()
+    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    summary = {"makespan_s": 1, "limits": limits, "bounds": {"model_capacity": 1, "lower_bound_s": 1}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "events.jsonl").write_text('{"v": 1, "t": 0, "event": "a", "id": null}\n' + line + "\n")
+    return run
+
+
 def test_an_optimum_runs_event_line_that_is_not_json_names_its_column_not_a_line_1_of_its_own(
     tmp_path: Path,
 ) -> None:
@@ -48,12 +60,7 @@ def test_an_optimum_runs_event_line_that_is_not_json_names_its_column_not_a_line
     Expecting property name ...: line 1 column 15 (char 14)", line 2 and line 1 in one message."""
     from asyncroll.simulation.run_instance import instance_from_run
 
-    run = tmp_path / "run"
-    run.mkdir()
-    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
-    summary = '{"makespan_s": 1, "limits": %s, "bounds": {"model_capacity": 1, "lower_bound_s": 1}}'
-    (run / "summary.json").write_text(summary % str(limits).replace("'", '"'))
-    (run / "events.jsonl").write_text('{"v": 1, "t": 0, "event": "a", "id": null}\n{"event": "b", oops}\n')
+    run = _run_with_second_event(tmp_path, '{"event": "b", oops}')
     with pytest.raises(UsageError) as info:
         instance_from_run(run)
     said = str(info.value)
@@ -88,12 +95,7 @@ def test_other_jsonl_readers_name_the_end_of_a_line_cut_short(tmp_path: Path) ->
         UsageError, match=r"events.jsonl:2: not valid JSON \(Expecting ',' delimiter, column 14\)"
     ):
         list(jsonl_rows(events))
-    run = tmp_path / "run"
-    run.mkdir()
-    limits = {"max_active_trajectories": 1, "max_inflight_model_requests": 1, "cpu_workers": 1}
-    summary = '{"makespan_s": 1, "limits": %s, "bounds": {"model_capacity": 1, "lower_bound_s": 1}}'
-    (run / "summary.json").write_text(summary % str(limits).replace("'", '"'))
-    (run / "events.jsonl").write_text('{"v": 1, "t": 0, "event": "a", "id": null}\n{"event": "b"\n')
+    run = _run_with_second_event(tmp_path, '{"event": "b"')
     with pytest.raises(UsageError, match=r"line 2: not valid JSON \(Expecting ',' delimiter, column 14\)"):
         instance_from_run(run)
     rows = tmp_path / "rows.jsonl"
