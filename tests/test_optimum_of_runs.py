@@ -252,6 +252,9 @@ def _hand_made_run(run: Path, latency: object = 0.1, v: object = 1) -> Path:
         (0.1, 2, "line 1: event schema version 2; this asyncroll reads version 1 only"),
         # a step longer than the whole run: a "proven lower bound" of 100 s above a 0.15 s makespan
         (100.0, 1, "need at least 100.05 s .* but summary.json's makespan is 0.15 s"),
+        # half a millisecond over: past the events' rounding, within the 1 ms once allowed, it was solved
+        # to a "proven" bound of 0.1505 s above the 0.15 s makespan
+        (0.1005, 1, "need at least 0.1505 s .* but summary.json's makespan is 0.15 s"),
     ],
 )
 def test_optimum_refuses_recorded_numbers_no_run_could_have(

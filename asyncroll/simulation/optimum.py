@@ -38,7 +38,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from asyncroll.errors import UsageError
-from asyncroll.simulation.run_instance import Instance, Step, StepKind, analytic_bound, instance_from_run
+from asyncroll.simulation.run_instance import (
+    Instance,
+    Step,
+    StepKind,
+    analytic_bound,
+    instance_from_run,
+    rounding_slack_s,
+)
 from asyncroll.simulation.stoppable_solve import solve_stoppably
 
 __all__ = ["Instance", "Optimum", "Step", "StepKind", "analytic_bound", "instance_from_run", "solve"]
@@ -180,8 +187,7 @@ def solve(
     # met the bound, and "makespan ÷ proven bound" read 0.99999934. Within that, the bound is the makespan.
     clamped = False
     if instance.makespan_s is not None:
-        steps = sum(len(chain) for chain in instance.chains)
-        clamped = instance.makespan_s < lower <= instance.makespan_s + 5e-7 * steps + 1e-6
+        clamped = instance.makespan_s < lower <= instance.makespan_s + rounding_slack_s(instance)
         lower = instance.makespan_s if clamped else lower
     if best is not None:
         # The schedule is of the floored durations: on many sub-resolution steps it can fall below

@@ -248,14 +248,19 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
         # cannot exceed the run's makespan (beyond the events' rounding to the microsecond): where it does,
         # events.jsonl and summary.json do not describe one run, and every number solved would be wrong.
         need = analytic_bound(instance)
-        steps = sum(len(chain) for chain in instance.chains)
-        if need > makespan + 1e-3 + 1e-6 * steps:
+        if need > makespan + rounding_slack_s(instance):  # beyond it, optimum's bound would pass the makespan
             raise UsageError(
                 f"{run_dir}: the steps events.jsonl records need at least {need:.6g} s under the run's "
                 f"limits, but summary.json's makespan is {makespan:.6g} s: the two files do not describe "
                 "one run (one of them damaged or replaced)"
             )
     return instance
+
+
+def rounding_slack_s(instance: Instance) -> float:
+    """How far a bound of the recorded steps may exceed the run's makespan by the events' rounding of
+    each duration to 1 µs alone: half a microsecond a step, and one for the makespan's own."""
+    return 5e-7 * sum(len(chain) for chain in instance.chains) + 1e-6
 
 
 def _check_counts(run_dir: Path, summary: dict[str, Any], instance: Instance) -> None:
