@@ -279,7 +279,8 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     sys.argv = ["solution.py"]
     line: str  # the done record's JSON, built inside the try: a result can fail to encode
-    digit_limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # the worker reads records so
+    # the limit the worker reads records under: put back before a result is written (0: no limit here)
+    digit_limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
     try:
         args = None
         if func_name:
