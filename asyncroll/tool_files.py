@@ -4,7 +4,9 @@ Workload validation checks each tool's implementation file before a run starts a
 compile, and its module level must bind the tool's name (a ``def``, ``class``, assignment or import),
 so that a typo fails in validation, with the file and line, instead of in a worker seconds later.
 
-When the name is bound exactly once, by a plain (undecorated) ``def``, its signature is known too
+When the name is bound exactly once, by a module-level assignment of a literal (``x = 5``, ``x = [1]``),
+it cannot be called, and validation says so. When it is bound exactly once, by a plain (undecorated)
+``def``, its signature is known too
 (:class:`ToolFunction`): validation then refuses an ``async def`` or generator function (calling it would
 run none of its body) and compares the declared inputs with the parameters, because workers call a tool
 with keyword arguments only (``tool(**arguments)``). Anything else (a decorated function, a class, an
@@ -111,6 +113,8 @@ class ToolFile:
     dynamic: bool = False
     error: str | None = None
     functions: Mapping[str, ToolFunction] = field(default_factory=dict)
+    literals: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    """Names surely bound to a literal, never callable: ``(line, what it is)``, e.g. ``(3, "an int")``."""
 
     def binds(self, name: str) -> bool:
         return self.dynamic or name in self.names
@@ -138,7 +142,12 @@ class ToolFile:
         except MemoryError:  # what CPython's parser raises for nesting deeper than its stack
             return cls(error="is not valid Python source: nested too deeply for the parser")
         bindings = _Bindings(tree)
-        return cls(frozenset(bindings.counts), bindings.dynamic, functions=bindings.known_functions())
+        return cls(
+            frozenset(bindings.counts),
+            bindings.dynamic,
+            functions=bindings.known_functions(),
+            literals=bindings.known_literals(),
+        )
 
 
 class _Bindings:
@@ -148,6 +157,13 @@ class _Bindings:
         self.counts: Counter[str] = Counter()
         self.defs: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
         self.star_lines: list[int] = []
+        self.assigned: dict[str, tuple[int, ast.expr]] = {
+            target.id: (node.lineno, node.value)
+            for node in tree.body
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Name)
+        }
         todo: list[ast.AST] = list(tree.body)
         while todo:
             node = todo.pop()
@@ -186,6 +202,34 @@ class _Bindings:
             and self.counts[node.name] == 1
             and all(line < node.lineno for line in self.star_lines)
         }
+
+    def known_literals(self) -> dict[str, tuple[int, str]]:
+        """The names whose only binding is a module-level assignment of a literal (after every star
+        import), with its line and kind: ``x = 5`` makes ``x`` an int, which no worker can call."""
+        out: dict[str, tuple[int, str]] = {}
+        for name, (line, value) in self.assigned.items():
+            kind = _literal_kind(value)
+            if kind and self.counts[name] == 1 and all(star < line for star in self.star_lines):
+                out[name] = (line, kind)
+        return out
+
+
+def _literal_kind(value: ast.expr) -> str | None:
+    """What a literal expression makes ("an int", "a list"...), or None when it may be callable."""
+    if isinstance(value, ast.Constant):
+        kind = "None" if value.value is None else type(value.value).__name__
+    elif isinstance(value, ast.JoinedStr):
+        kind = "str"
+    else:
+        kinds = {ast.List: "list", ast.ListComp: "list", ast.Tuple: "tuple", ast.Dict: "dict"}
+        kinds |= {ast.DictComp: "dict", ast.Set: "set", ast.SetComp: "set", ast.GeneratorExp: "generator"}
+        found = kinds.get(type(value))
+        if found is None:
+            return None
+        kind = found
+    if kind == "None":
+        return "None"
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
 def _yields(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

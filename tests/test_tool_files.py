@@ -141,6 +141,45 @@ def test_every_top_level_binding_of_the_tool_name_counts(tmp_path: Path, source:
 
 
 @pytest.mark.parametrize(
+    ("source", "kind", "line"),
+    [
+        ("f = 5\n", "an int", 1),
+        ("import math\n\nf: str = 'x'\n", "a str", 3),
+        ("f = None\n", "None", 1),
+        ("f = [1, 2]\n", "a list", 1),
+        ("f = {i: i for i in range(3)}\n", "a dict", 1),
+        ("g = f = f'{1}'\n", "a str", 1),
+        ("f = (i for i in range(3))\n", "a generator", 1),
+    ],
+)
+def test_a_tool_name_bound_only_to_a_literal_fails_validation(
+    tmp_path: Path, source: str, kind: str, line: int
+) -> None:
+    """``f = 5`` binds the name, but a worker can never call it: validation says so, with the line, rather
+    than letting the run fail at worker start-up."""
+    (tmp_path / "t.py").write_text(source)
+    assert _problems(tmp_path, [_tool_line(1, "t.py")]) == [
+        f"{tmp_path / 'w.jsonl'}:1: tools[0].implementation: 't.py' binds 'f' to {kind} at line {line}, "
+        "which cannot be called: a tool must be a function (a def) that a worker calls with the arguments"
+    ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "f = 5\ndef f(x):\n    return x\n",  # rebound by a def
+        "f = 5\nfrom math import *\n",  # a star import may rebind it
+        "f = abs\n",
+        "f = (abs)\n",
+        "if True:\n    f = 5\nelse:\n    f = abs\n",
+    ],
+)
+def test_a_literal_binding_that_may_be_rebound_is_left_to_the_worker(tmp_path: Path, source: str) -> None:
+    (tmp_path / "t.py").write_text(source)
+    assert _problems(tmp_path, [_tool_line(1, "t.py")]) == []
+
+
+@pytest.mark.parametrize(
     "source",
     ["def g():\n    f = 1\n", "class C:\n    def f(self):\n        pass\n", "g = lambda f: f\n", "# f\n"],
 )

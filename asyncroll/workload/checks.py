@@ -232,4 +232,10 @@ def _check_implementation(
             f"{implementation!r} defines no top-level {name!r} "
             "(no def, class, assignment or import at module level binds that name)"
         ), None
+    if name in parsed.literals:
+        line, kind = parsed.literals[name]
+        return (
+            f"{implementation!r} binds {name!r} to {kind} at line {line}, which cannot be called: "
+            "a tool must be a function (a def) that a worker calls with the arguments"
+        ), None
     return None, parsed.function(name)
