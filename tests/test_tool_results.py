@@ -46,6 +46,23 @@ def test_to_jsonable_converts_python_and_numpy_like_values() -> None:
     assert isinstance(to_jsonable(cyclic), list)
 
 
+def test_keys_that_json_would_write_as_one_string_stay_apart() -> None:
+    """``{1: "a", "1": "b"}`` is two keys in Python but one in JSON: a reader of the observation or of
+    results.jsonl would keep only the last. The str key stays; each other one says its type."""
+    value = {1: "int", "1": "str", None: "none", "null": "str", 1.5: "float", "x": {True: "b", "true": "s"}}
+    assert to_jsonable(value) == {
+        "1 (int)": "int",
+        "1": "str",
+        "null (NoneType)": "none",
+        "null": "str",
+        1.5: "float",
+        "x": {"true (bool)": "b", "true": "s"},
+    }
+    assert to_jsonable({1: "a", 2: "b"}) == {1: "a", 2: "b"}  # no collision: ints stay ints
+    big = 10**5000
+    assert to_jsonable({big: "a", "1": "b"}) == {big: "a", "1": "b"}
+
+
 def test_non_finite_floats_become_strings_and_reprs_lose_memory_addresses() -> None:
     """An observation is JSON the model can read, and the same result reads the same in every run."""
 

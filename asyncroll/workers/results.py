@@ -6,8 +6,10 @@ observation") is the table this module implements.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections import Counter
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import Any
 
@@ -124,7 +126,17 @@ class _Conversion:
 
     def _container(self, value: _Container, depth: int) -> Any:
         if isinstance(value, dict):
-            return {self._key(k, depth): self.convert(v, depth) for k, v in value.items()}
+            pairs = [(k, self._key(k, depth), self.convert(v, depth)) for k, v in value.items()]
+            texts = Counter(_key_text(key) for _, key, _ in pairs)
+            if len(texts) == len(pairs):
+                return {key: item for _, key, item in pairs}
+            # keys that JSON would write as one string (1 and "1"): each that is not a str says its type
+            return {
+                f"{_key_text(key)} ({type(k).__name__})"
+                if texts[_key_text(key)] > 1 and not isinstance(key, str)
+                else key: item
+                for k, key, item in pairs
+            }
         items = [self.convert(v, depth) for v in value]
         if isinstance(value, list | tuple):
             return items
@@ -141,6 +153,16 @@ class _Conversion:
             return without_addresses(str(key))  # a tuple key holding an object: no address here either
         except Exception:  # noqa: BLE001 - a tuple key holding an object whose __repr__ raises
             return _repr(key)
+
+
+def _key_text(key: Any) -> str:
+    """The string a JSON object writes for a converted key (``json.dumps`` reads keys this way)."""
+    if isinstance(key, str):
+        return key
+    try:
+        return json.dumps(key)
+    except ValueError:  # an int past Python's digit limit: no str key of this worker's can equal it
+        return f"<int of {key.bit_length()} bits>"
 
 
 _Container = dict[Any, Any] | list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any]
