@@ -99,6 +99,26 @@ def test_malformed_private_tests_are_clear_errors(field: str, message: str) -> N
         decode_private(field)
 
 
+def test_functional_tests_hold_ints_of_up_to_livecodebench_s_50000_digits() -> None:
+    """LiveCodeBench reads a functional test under its raised digit limit (50,000): a 5,001-digit argument
+    or expected value is a real test there, and was refused here ("Exceeds the limit (4300 digits)") by the
+    converter and by the evaluator's checks that validation runs. Past 50,000 digits both refuse it."""
+    from asyncroll.evaluator.cases import check_test
+
+    big = "1" + "0" * 5000
+    test = {"input": f"{big}\n[{big}]", "output": big, "testtype": "functional"}
+    assert decode_private(json.dumps([test])) == [test]
+    assert check_test(0, test, "f").expected_value == 10**5000
+    too_long = {"input": "1" + "0" * 50_000, "output": "1", "testtype": "functional"}
+    message = "an int of more than 50,000 digits (LiveCodeBench's limit on reading ints)"
+    with pytest.raises(WireFormatError, match=re_escape(f"test [0].input line 1: cannot be read: {message}")):
+        decode_private(json.dumps([too_long]))
+    with pytest.raises(ValueError, match=re_escape(f"tests[0].input line 1 is not a JSON value: {message}")):
+        check_test(0, too_long, "f")
+    with pytest.raises(ValueError, match=re_escape(f"tests[0].output is not a JSON value: {message}")):
+        check_test(0, {**too_long, "input": "1", "output": too_long["input"]}, "f")
+
+
 def test_decompression_is_capped(monkeypatch: Any) -> None:
     import asyncroll.convert.lcb_tests as lcb_tests
 

@@ -37,11 +37,29 @@ def test_functional_results_compare_like_livecodebench() -> None:
 
 
 @real_process
-@pytest.mark.parametrize("returned", ["10 ** 5000", "[1, {'k': 10 ** 5000}]"])
+def test_ints_of_up_to_50000_digits_pass_as_arguments_expected_and_returned_values() -> None:
+    """LiveCodeBench reads a functional test's lines and compares the returned value under its raised
+    digit limit (50,000), so a test with a 5,001-digit argument or expected value runs there. Here the
+    evaluator refused such a test ("Exceeds the limit (4300 digits)") and a program returning such an int
+    was told it could never match."""
+    big = "1" + "0" * 5000
+    tests = [{"input": f"{big}\n2", "output": "2" + "0" * 5000, "testtype": "functional"}]
+    program = "class Solution:\n    def f(self, a, b):\n        return a * b\n"
+    result, _ = evaluate(program, tests, func_name="f")
+    assert result["passed"], result["feedback"]
+    result, _ = evaluate(program.replace("a * b", "a * b + 1"), tests, func_name="f")
+    assert verdict(result) == "wrong_answer", result
+    assert result["feedback"]["detail"] == "returned value differs from the expected value"
+    assert result["feedback"]["got"].startswith("2000")
+
+
+@real_process
+@pytest.mark.parametrize("returned", ["10 ** 50000", "[1, {'k': 10 ** 50000}]"])
 def test_an_int_too_long_for_json_is_a_wrong_answer_not_a_lost_report(returned: str) -> None:
-    """Python refuses to write an int of more than 4,300 digits as text (and so as JSON): the expected
-    value, read as JSON, cannot hold one, so LiveCodeBench's ``==`` is false. It was a runtime_error
-    'exited with status 0 before finishing normally': the report failed to encode and was lost."""
+    """An int of more than 50,000 digits (LiveCodeBench's limit on int <-> str conversion) cannot be
+    written as text (nor as JSON): the expected value, read as JSON, cannot hold one, so LiveCodeBench's
+    ``==`` is false. It was a runtime_error 'exited with status 0 before finishing normally': the report
+    failed to encode and was lost."""
     tests = [{"input": "", "output": "1", "testtype": "functional"}]
     program = f"class Solution:\n    def f(self):\n        return {returned}\n"
     result, _ = evaluate(program, tests, func_name="f")

@@ -21,6 +21,7 @@ import pickle
 import zlib
 from typing import Any
 
+from asyncroll.evaluator.lcb_json import lcb_loads
 from asyncroll.json_checks import LONE_SURROGATE
 from asyncroll.json_depth import json_loads
 
@@ -114,13 +115,13 @@ def _check_functional(i: int, inputs: str, output: str) -> None:
     for n, line in enumerate(inputs.split("\n"), start=1):
         if line.strip():
             try:
-                json_loads(line)
+                lcb_loads(line)
             except json.JSONDecodeError as exc:
                 raise WireFormatError(f"test [{i}].input line {n}: not a JSON value: {exc.msg}") from None
-            except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, nesting
+            except (ValueError, RecursionError) as exc:  # an int past LiveCodeBench's digit limit, nesting
                 raise WireFormatError(f"test [{i}].input line {n}: cannot be read: {exc}") from None
     try:
-        json_loads(output)
+        lcb_loads(output)
     except json.JSONDecodeError as exc:
         raise WireFormatError(f"test [{i}].output: not a JSON value: {exc.msg}") from None
     except (ValueError, RecursionError) as exc:

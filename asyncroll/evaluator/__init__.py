@@ -5,7 +5,8 @@ input, whole tree killed after), :mod:`~.preexec` (its child's set-up before ``e
 :mod:`~.cgroups` (per-test memory/pids groups, cgroup v1),
 :mod:`~.cgroups_v2` (the same on cgroup v2, for hosts without v1 memory/pids hierarchies),
 :mod:`~.harness` (the code that runs inside the sandbox), :mod:`~.compare` (LiveCodeBench's
-comparison), :mod:`~.cases` (test records, checked: workload validation runs the same checks),
+comparison), :mod:`~.lcb_json` (functional tests' JSON under LiveCodeBench's 50,000-digit int limit),
+:mod:`~.cases` (test records, checked: workload validation runs the same checks),
 :mod:`~.budget` (the time and memory limits' defaults, bounds and total budget, which ``asyncroll
 run``'s flags are checked against) and :mod:`~.evaluate` (``lcb_evaluate``).
 Nothing is imported here eagerly: a tool worker imports the evaluator only on its first

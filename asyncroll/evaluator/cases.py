@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncroll.evaluator.compare import parse_expected
-from asyncroll.json_depth import json_loads
+from asyncroll.evaluator.lcb_json import lcb_loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ def check_test(i: int, test: Any, func_name: str | None) -> Case:
         for n, line in enumerate(test["input"].split("\n"), start=1):
             if line.strip():
                 try:
-                    json_loads(line)
+                    lcb_loads(line)
                 except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply (JsonTooDeep)
                     raise ValueError(f"tests[{i}].input line {n} is not a JSON value: {exc}") from None
         try:

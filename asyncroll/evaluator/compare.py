@@ -16,7 +16,7 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from asyncroll.json_depth import json_loads
+from asyncroll.evaluator.lcb_json import lcb_loads
 
 
 def stripped_lines(text: str) -> list[str]:
@@ -58,8 +58,9 @@ def compare_stdout(got: str, expected: str) -> str | None:
 
 
 def parse_expected(output: str) -> Any:
-    """The expected value of a functional test (one JSON value); ``ValueError`` if it is not JSON."""
-    return json_loads(output)
+    """The expected value of a functional test (one JSON value, its ints of up to 50,000 digits as
+    LiveCodeBench reads them); ``ValueError`` if it is not JSON."""
+    return lcb_loads(output)
 
 
 def compare_value(got: Any, expected: Any) -> str | None:

@@ -9,6 +9,8 @@ import os
 import signal
 from dataclasses import dataclass
 
+from asyncroll.evaluator.lcb_json import lcb_digit_limit
+
 
 @dataclass(slots=True)
 class Execution:
@@ -51,9 +53,11 @@ class Execution:
 
 def _record(line: bytes, kind: str) -> dict[str, object] | None:
     """The JSON object on ``line`` if it is a record of ``kind``; ``None`` for anything else, including a
-    line the program made unreadable (not JSON, not UTF-8, nested past the parser's recursion limit)."""
+    line the program made unreadable (not JSON, not UTF-8, nested past the parser's recursion limit, an
+    int past LiveCodeBench's 50,000 digits)."""
     try:
-        record = json.loads(line)
+        with lcb_digit_limit():  # a returned int of up to 50,000 digits, as LiveCodeBench reads it
+            record = json.loads(line)
     except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) and record.get("kind") == kind else None

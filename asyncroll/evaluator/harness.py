@@ -279,15 +279,15 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     sys.argv = ["solution.py"]
     line: str  # the done record's JSON, built inside the try: a result can fail to encode
-    # the limit the worker reads records under: put back before a result is written (0: no limit here)
-    digit_limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
     try:
         args = None
+        # before the arguments are read: LiveCodeBench reads them under its limit too (the worker's
+        # checks read them under it, and read the done record under it)
+        _set_digit_limit(INT_MAX_STR_DIGITS)
         if func_name:
             lines = sys.stdin.read().split("\n")
             args = [json.loads(line) for line in lines if line.strip()]
         _prelude(namespace)
-        _set_digit_limit(INT_MAX_STR_DIGITS)
         # dont_inherit: the harness's own ``from __future__ import annotations`` stays out of the program
         compiled = compile(code, "solution.py", "exec", dont_inherit=True)
         _register_source(code)
@@ -298,9 +298,10 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             if isinstance(result, tuple):
                 result = list(result)  # LiveCodeBench forgives a top-level tuple
             sys.stdout.flush()
-            # No expected value the worker reads holds an int past its limit: such a result is shown as
-            # one that can never match, not written as a record the worker could not read.
-            _set_digit_limit(digit_limit)
+            # No expected value holds an int past LiveCodeBench's limit (the worker reads records under
+            # it): such a result is shown as one that can never match, not written as a record the worker
+            # could not read. The program may have changed the limit: set it again.
+            _set_digit_limit(INT_MAX_STR_DIGITS)
             try:
                 line = json.dumps({"kind": "done", "ok": True, "result": _plain(result)})
             except (TypeError, RecursionError, ValueError):  # ValueError: an int past the digit limit
