@@ -23,10 +23,18 @@
 :class:`~asyncroll.evaluator.isolation.IsolationError`, :class:`~asyncroll.evaluator.sandbox.SandboxError`.
 
 CLI-facing errors carry ``exit_code``. Foreign errors are mapped at the boundary and chained
-with ``from exc``.
+with ``from exc``. :func:`no_directory` words the commonest refusal of a path.
 """
 
 from __future__ import annotations
+
+import os
+
+
+def no_directory(path: str | os.PathLike[str]) -> str:
+    """Why ``path``, which is no directory, cannot be used as one: "does not exist" (a dangling symlink
+    too) or "not a directory" (a file, a pipe...)."""
+    return "not a directory" if os.path.exists(path) else "does not exist"
 
 
 class AsyncrollError(Exception):

@@ -256,8 +256,10 @@ def test_toolmath_file_level_errors(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match=r"ao5wa0.py: not valid Python: line 2"):
         convert_toolmath(TM_SAMPLE, funcs, out)
-    with pytest.raises(UsageError, match=r"--functions-dir .* is not a directory"):
+    with pytest.raises(UsageError, match=r"--functions-dir .*missing: does not exist"):
         convert_toolmath(TM_SAMPLE, tmp_path / "missing", out)
+    with pytest.raises(UsageError, match=r"--functions-dir .*ao5wa0.py: not a directory"):
+        convert_toolmath(TM_SAMPLE, funcs / "function_ToolMATH" / "ao5wa0.py", out)
     with pytest.raises(UsageError, match="--limit must be a positive integer, got 0"):
         convert_toolmath(TM_SAMPLE, TM_EXAMPLE, out, limit=0)
     with pytest.raises(UsageError, match="is the source file"):

@@ -62,7 +62,10 @@ def test_optimum_refuses_what_is_not_a_run(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "no summary.json nor a readable run.json (not a run directory?)" in result.stderr
     result = invoke("optimum", tmp_path / "missing")
-    assert result.exit_code == 2 and "not a directory" in result.stderr
+    assert result.exit_code == 2 and "missing: does not exist" in result.stderr  # was "not a directory"
+    (tmp_path / "file").write_text("")
+    result = invoke("optimum", tmp_path / "file")
+    assert result.exit_code == 2 and "file: not a directory" in result.stderr
 
 
 @pytest.mark.timeout(120)

@@ -162,7 +162,7 @@ def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -
     )
     # the refusals and the regenerations below in this process (the real command: above)
     missing = invoke("timeline", tmp_path / "nope")
-    assert missing.exit_code == 2 and "nope: not a directory" in missing.stderr
+    assert missing.exit_code == 2 and "nope: does not exist" in missing.stderr
     (tmp_path / "empty").mkdir()
     empty = invoke("timeline", tmp_path / "empty")
     assert empty.exit_code == 2 and "no events.jsonl" in empty.stderr

@@ -386,7 +386,7 @@ def test_a_config_files_missing_tool_root_or_busy_metrics_port_is_blamed_on_the_
     )
     result, seen = run_in_process(monkeypatch, "--config", config)
     assert result.exit_code == 2 and not seen, result.output
-    assert f"--config {config}: setting 'tool_root': {tmp_path / 'no'}: not a directory" in result.stderr
+    assert f"--config {config}: setting 'tool_root': {tmp_path / 'no'}: does not exist" in result.stderr
     assert "--tool-root" not in result.stderr
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

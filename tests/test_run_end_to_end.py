@@ -85,7 +85,9 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
     bogus = invoke("validate", SMOKE, "--backend", "bogus")
     assert bogus.exit_code == 2 and "choose from scripted, vllm, openai" in bogus.stderr
     nowhere = invoke("validate", SMOKE, "--tool-root", tmp_path / "missing")
-    assert nowhere.exit_code == 2 and "not a directory" in nowhere.stderr
+    assert nowhere.exit_code == 2 and "missing: does not exist" in nowhere.stderr
+    not_dir = invoke("validate", SMOKE, "--tool-root", SMOKE)
+    assert not_dir.exit_code == 2 and f"--tool-root {SMOKE}: not a directory" in not_dir.stderr
 
 
 def test_a_workload_in_a_missing_folder_is_named_not_the_default_tool_root(tmp_path: Path) -> None:

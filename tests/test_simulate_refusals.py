@@ -17,7 +17,7 @@ def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
     assert neither.exit_code == 2 and "give --workload, or --from-run" in neither.stderr
     missing = simulate_here("--from-run", tmp_path / "nope", "--output", tmp_path / "b")
     assert (
-        missing.exit_code == 2 and "nope: not a directory (a run directory holds run.json)" in missing.stderr
+        missing.exit_code == 2 and "nope: does not exist (a run directory holds run.json)" in missing.stderr
     )
     assert not (tmp_path / "b").exists()
     (tmp_path / "empty").mkdir()

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from asyncroll.commands.common import Opt, fail, say
+from asyncroll.errors import no_directory
 from asyncroll.json_depth import json_loads
 
 
@@ -32,7 +33,7 @@ def validate(
     if backend not in get_args(BackendName):  # the same choices `run` accepts
         raise fail(f"--backend {backend!r}: choose from {', '.join(get_args(BackendName))}")
     if tool_root is not None and not tool_root.is_dir():
-        raise fail(f"--tool-root {tool_root}: not a directory")
+        raise fail(f"--tool-root {tool_root}: {no_directory(tool_root)}")
     root = (tool_root or workload.parent).resolve()
     scan = scan_workload(workload, root, scripted=backend == "scripted")
     if scan.problems:
@@ -71,7 +72,7 @@ def timeline(
     except OSError as exc:
         raise fail(f"{run_dir}: {exc.strerror or exc}") from None
     if not run_dir.is_dir():
-        raise fail(f"{run_dir}: not a directory")
+        raise fail(f"{run_dir}: {no_directory(run_dir)}")
     if not (run_dir / "events.jsonl").is_file():
         raise fail(f"{run_dir}: no events.jsonl (not a run directory?)")
     if not os.access(run_dir, os.W_OK | os.X_OK):  # another user's run, say: the exports go beside events

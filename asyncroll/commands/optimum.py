@@ -27,11 +27,11 @@ def optimum(
     """How short could exactly this run's work have been? Solves the schedule of its recorded durations
     under its limits (CP-SAT; needs the `optimum` extra) and reports a proven lower bound on the makespan,
     the best schedule found, and how far the run was from both. Proves optimality only on small runs."""
-    from asyncroll.errors import UsageError
+    from asyncroll.errors import UsageError, no_directory
     from asyncroll.simulation.optimum import instance_from_run, solve
 
     if not run_dir.is_dir():
-        raise fail(f"{run_dir}: not a directory")
+        raise fail(f"{run_dir}: {no_directory(run_dir)}")
     if not (0 < time_limit < math.inf):  # (NaN fails it too)
         raise fail(f"--time-limit must be a finite number of seconds > 0, got {time_limit:g}")
     if threads < 1:

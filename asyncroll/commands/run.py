@@ -226,7 +226,7 @@ def run(
         config_file_paths_missing,
         load_config_file,
     )
-    from asyncroll.errors import OutputExistsError, UsageError
+    from asyncroll.errors import OutputExistsError, UsageError, no_directory
 
     if "gpu_slots" in flags:
         warnings.warn(
@@ -262,7 +262,7 @@ def run(
             if output_exists(cfg.output):
                 raise OutputExistsError(cfg.output, origins["output"])
         if "tool_root" in origins and cfg.tool_root is not None and not cfg.tool_root.is_dir():
-            raise UsageError(f"{origins['tool_root']}: {cfg.tool_root}: not a directory")
+            raise UsageError(f"{origins['tool_root']}: {cfg.tool_root}: {no_directory(cfg.tool_root)}")
         if cfg.metrics_port is not None:  # a busy or foreign address, before any output exists
             from asyncroll.telemetry.exporter import listen_error
 

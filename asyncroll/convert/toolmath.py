@@ -35,7 +35,7 @@ from asyncroll.coerce import check_type_name
 from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.output import check_destination, read_source, sha256_hex, write_jsonl_atomic
 from asyncroll.convert.selection import check_limit, select
-from asyncroll.errors import UsageError
+from asyncroll.errors import UsageError, no_directory
 from asyncroll.json_checks import LONE_SURROGATE, json_error_text, lone_surrogate_at, may_hold_surrogate
 from asyncroll.json_depth import json_loads
 
@@ -99,7 +99,7 @@ def convert_toolmath(
     check_limit(limit)
     check_destination(source, output)
     if not functions_dir.is_dir():
-        raise UsageError(f"--functions-dir {functions_dir} is not a directory")
+        raise UsageError(f"--functions-dir {functions_dir}: {no_directory(functions_dir)}")
     data = read_source(source)
     records = parse_records(data, source, functions_dir, skip_unsupported=skip_unsupported)
     problems = group_problems(records, source)

@@ -15,7 +15,7 @@ from typing import Any
 
 from asyncroll.cli_signals import deferred
 from asyncroll.config import RunConfig
-from asyncroll.errors import OutputExistsError, UsageError
+from asyncroll.errors import OutputExistsError, UsageError, no_directory
 from asyncroll.workload import EVALUATOR_TOOL, WorkloadScan, scan_workload
 
 
@@ -51,7 +51,7 @@ def prepare(
         raise OutputExistsError(config.output)
     tool_root = config.resolved_tool_root
     if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
-        raise UsageError(f"--tool-root {tool_root}: not a directory")  # the scan names the workload
+        raise UsageError(f"--tool-root {tool_root}: {no_directory(tool_root)}")  # the scan names the workload
     scripted = config.backend == "scripted" or config.replay
     scan = scan_workload(config.workload, tool_root, scripted=scripted, limit=config.limit, flag="--workload")
     scan.raise_if_invalid()

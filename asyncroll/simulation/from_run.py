@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncroll.errors import UsageError
+from asyncroll.errors import UsageError, no_directory
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import unspellable
 from asyncroll.outputs.lines import TextOutput
@@ -122,7 +122,8 @@ class DerivedRun:
 def _load_receipt(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     if not run_dir.is_dir():
-        raise UsageError(f"--from-run {run_dir}: not a directory (a run directory holds run.json)")
+        why = no_directory(run_dir)
+        raise UsageError(f"--from-run {run_dir}: {why} (a run directory holds run.json)")
     if not path.exists():
         raise UsageError(f"--from-run {run_dir}: no run.json (not a run directory?)")
     try:
