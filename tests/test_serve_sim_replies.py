@@ -103,6 +103,12 @@ def test_enforcement_refuses_an_echo_that_violates_the_schema() -> None:
         (json.dumps(body(max_tokens=0)).encode(), 400, "'max_tokens' must be an integer >= 1"),
         (json.dumps(body(max_tokens=5, min_tokens=9)).encode(), 400, "'min_tokens' (9) must be <="),
         (json.dumps(body(max_tokens=40_000)).encode(), 400, "maximum context length is 32768"),
+        (json.dumps(body(max_tokens=40_000)).encode(), 400, " in the completion). Please reduce the length"),
+        (  # no max_tokens asked: the messages alone are too long ("1 in the completion" before)
+            json.dumps(body(messages=[{"role": "user", "content": "x" * 140_000}])).encode(),
+            400,
+            "tokens in the messages, Please reduce the length of the messages.",
+        ),
         (json.dumps(body(response_format={"type": "xml"})).encode(), 400, "response_format.type"),
         (
             json.dumps(body(response_format=fmt({"type": "object", "required": 5}))).encode(),

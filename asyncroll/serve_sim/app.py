@@ -246,11 +246,18 @@ class SimApp:
         refuse_unsupported(body)
         prompt_tokens = sizes.prompt_tokens(checked_messages(body.get("messages")), cfg.chars_per_token)
         max_tokens, min_tokens, ignore_eos = lengths(body, cfg.max_model_len - prompt_tokens)
-        if prompt_tokens + max_tokens > cfg.max_model_len:
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            if prompt_tokens >= cfg.max_model_len:  # no room for one token: vLLM's words for this case
+                raise BadRequest(
+                    f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                    f"requested {prompt_tokens} tokens in the messages, Please reduce the length of the "
+                    "messages."
+                )
+        elif prompt_tokens + max_tokens > cfg.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
-                "the completion)."
+                "the completion). Please reduce the length of the messages or completion."
             )
         schema = response_schema(body.get("response_format"))
         if schema is not None and cfg.faults.reject_schema:
