@@ -24,6 +24,13 @@ if TYPE_CHECKING:  # imported where used: tests.metrics_loopback imports this mo
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _no_columns_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress lines take their width from ``COLUMNS`` when it is set: every test sees the width of
+    its terminal (a pseudo-terminal's, or none), whatever the shell running the suite exported."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def write_workload(path: Path, problems: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(p) + "\n" for p in problems), encoding="utf-8")
     return path

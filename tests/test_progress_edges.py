@@ -158,17 +158,28 @@ def test_a_sweep_stopped_early_ends_its_line() -> None:
     assert stream.getvalue() == "\r[1/3] tool_first 16 / 4 / 2 seed 0: makespan 5.600 s\n"
 
 
-def test_the_width_is_one_less_than_the_terminal_and_120_when_unknown() -> None:
+def test_the_width_is_one_less_than_the_terminal_and_120_when_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The terminal's columns, or ``COLUMNS`` when set to a positive number (it was ignored)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
     leader, follower = pty.openpty()
     try:
         with open(follower, "w", closefd=False) as tty:
             for columns, width in ((60, 59), (10, 20), (0, 120)):  # 0 columns: the size was never set
                 fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
                 assert ProgressLine(_Switch(), tty)._width() == width, columns  # type: ignore[arg-type]
+            for setting, width in (("100", 99), ("0", 59), ("-5", 59), ("wide", 59), ("", 59)):
+                monkeypatch.setenv("COLUMNS", setting)
+                fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+                assert ProgressLine(_Switch(), tty)._width() == width, setting  # type: ignore[arg-type]
     finally:
         os.close(follower)
         os.close(leader)
+    monkeypatch.delenv("COLUMNS")
     assert ProgressLine(_Switch(), io.StringIO())._width() == 120  # type: ignore[arg-type]
+    monkeypatch.setenv("COLUMNS", "70")
+    assert ProgressLine(_Switch(), io.StringIO())._width() == 69  # type: ignore[arg-type]
 
 
 def test_a_closed_stream_gets_no_line() -> None:

@@ -150,10 +150,14 @@ def render_progress(snap: RunSnapshot, width: int = 120) -> str:
 
 
 def line_width(stream: TextIO) -> int:
-    """One less than the terminal's columns (a full-width line would wrap); 120 when unknown."""
+    """One less than the terminal's columns (a full-width line would wrap): ``COLUMNS`` when it is set to
+    a positive number (as ``shutil.get_terminal_size`` and ``ls`` read it), else the terminal's size; 120
+    when unknown."""
     columns = 0
+    with contextlib.suppress(ValueError):
+        columns = max(0, int(os.environ.get("COLUMNS", "")))
     with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        columns = os.get_terminal_size(stream.fileno()).columns
+        columns = columns or os.get_terminal_size(stream.fileno()).columns
     return max(20, columns - 1) if columns > 0 else 120
 
 
