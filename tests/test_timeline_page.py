@@ -127,8 +127,8 @@ global.window = mk("window");
 NODE_HARNESS = (
     PAGE
     + r"""
-const ctx = new Proxy({}, {get: (t, k) => (k in t ? t[k] : () => undefined),
-  set: (t, k, v) => ((t[k] = v), true)});
+const ctx = new Proxy({measureText: (t) => ({width: 6 * String(t).length})},
+  {get: (t, k) => (k in t ? t[k] : () => undefined), set: (t, k, v) => ((t[k] = v), true)});
 """
     + DOM
     + r"""
@@ -268,9 +268,11 @@ def test_thinned_reorder_markers_cover_the_whole_run(tmp_path: Path, monkeypatch
 AXIS_HARNESS = (
     PAGE
     + r"""
-let texts = [];
-const ctx = new Proxy({fillText: (t) => texts.push(String(t))}, {get: (t, k) => (k in t ? t[k] : () => {}),
-  set: (t, k, v) => ((t[k] = v), true)});
+let texts = [], edges = [];  // each text, and each tick label's left and right edge (6 px a character)
+const ctx = new Proxy({fillText: (t, x) => { texts.push(String(t));
+  if (/ s$/.test(String(t))) edges.push([x - 3 * String(t).length, x + 3 * String(t).length]); },
+  measureText: (t) => ({width: 6 * String(t).length})},
+  {get: (t, k) => (k in t ? t[k] : () => {}), set: (t, k, v) => ((t[k] = v), true)});
 """
     + DOM
     + r"""
@@ -278,7 +280,7 @@ global.location = {hash: ""};
 global.requestAnimationFrame = (f) => f();
 const ticks = () => texts.filter((t) => / s$/.test(t));
 new Function(code)();
-const out = {opened: ticks()};
+const out = {opened: ticks(), edges};
 for (let i = 0; i < 60; i++) els.tl.on.wheel({deltaY: -200, clientX: 700, preventDefault() {}});
 texts = []; window.on.resize(); out.zoomed = ticks(); out.view = document.body.dataset.view;
 console.log(JSON.stringify(out));
@@ -302,3 +304,6 @@ def test_time_axis_ticks_are_distinct(tmp_path: Path, length: float) -> None:
     assert view[1] - view[0] < 2e-6  # zoomed in to the limit
     for ticks in (out["opened"], out["zoomed"]):
         assert ticks and len(ticks) == len(set(ticks)), ticks
+    # every label whole between the row labels (180 px) and the canvas's right edge (1,200 px): one
+    # centred on a tick near the right edge was cut in half
+    assert all(left >= 180 and right <= 1200 for left, right in out["edges"]), out["edges"]

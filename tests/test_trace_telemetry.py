@@ -96,6 +96,11 @@ def test_telemetry_samples_become_counters_and_the_panel_says_why_not(tmp_path: 
         == "server requests running, server requests waiting, server KV-cache usage"
     )
     assert len(data["counters"]) == 6
+    # a counter's colour follows its name: "server requests running" is the 4th colour in every run's page
+    # (it was the counter's place on the page, which changes with the counters a run has)
+    colours = dict(zip([label for label, _ in data["counters"]], data["counter_colours"], strict=True))
+    assert colours["server requests running"] == 3 and colours["CPU queue depth"] == 0
+    assert len(set(data["counter_colours"])) == 6
     assert dict(data["header"])["sampled starvation"] == (
         "0.05 s = 10.0% of 0.5 s covered by server samples (coverage 80.0% of the 0.6 s makespan)"
     )

@@ -43,6 +43,8 @@ BUCKETS = 1_000  # at full view, spans closer than 1/BUCKETS of the run merge wh
 CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute", "circuit")
 #: span states, least severe first: a bar of merged spans shows the most severe of them
 STATES = ("ok", "cancelled", "failed", "incomplete", "unmatched")
+#: every counter, in the order of the page's palette: a counter's colour is its place here
+COUNTER_COLOURS = (*COUNTER_LABELS, *RESOURCE_LABELS)
 _ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
 
 
@@ -300,6 +302,8 @@ def timeline_data(
             for s in instants
         ],
         "counters": [[labels[k], _thin(v, t0)] for k, v in a.counters.items() if v],
+        # each counter's colour by its name, not its place: the same in every run's page
+        "counter_colours": [COUNTER_COLOURS.index(k) for k, v in a.counters.items() if v],
         "strings": list(strings),
         "total_spans": len(a.spans),
     }
