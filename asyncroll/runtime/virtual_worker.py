@@ -5,7 +5,9 @@ dispatcher, policies, pool, restarts — run deterministically in virtual time, 
 is tested and how the simulator reuses the real runtime. Built-in tools compute their real value;
 ``spin_ms``/``sleep_ms`` take their argument as duration. A job longer than the tool timeout behaves as a
 real one does: the worker "dies" and is replaced. A replacement may take a start-up time (a replay's
-measured ones), during which its slot takes no job, as a real replacement's does while it starts.
+measured ones), during which its slot takes no job, as a real replacement's does while it starts. A
+per-job overhead (a simulation's ``--job-overhead-ms``: the runtime's dispatch and hand-off) holds the
+worker before the job's execution and is not part of its ``execute_s``, as in a real worker's reply.
 """
 
 from __future__ import annotations
@@ -46,15 +48,19 @@ class VirtualWorker:
         duration: Duration = builtin_duration,
         simulate_tools: bool = False,
         startup_s: float = 0.0,
+        overhead_s: float = 0.0,
     ) -> None:
         """``simulate_tools``: a trusted file tool (which a virtual worker cannot run) succeeds with a
         null value instead of failing — what a simulation of scripted actions wants. ``startup_s``: the
-        seconds :meth:`start` takes on the clock (reported in ``worker_ready``)."""
-        if not (math.isfinite(startup_s) and startup_s >= 0):
-            raise ValueError(f"startup_s must be a finite number >= 0, got {startup_s}")
+        seconds :meth:`start` takes on the clock (reported in ``worker_ready``). ``overhead_s``: the
+        seconds each job holds the worker before it executes (not in its ``execute_s``)."""
+        for name, value in (("startup_s", startup_s), ("overhead_s", overhead_s)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         self.index = index
         self.generation = generation
         self.startup_s = startup_s
+        self._overhead = overhead_s
         self._clock = clock
         self._duration = duration
         self._simulate_tools = simulate_tools
@@ -76,20 +82,21 @@ class VirtualWorker:
     async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
         sent = self._clock.now()
         seconds = self._duration(request)
-        if seconds > timeout:
+        if self._overhead + seconds > timeout:
             await self._clock.sleep(timeout)
             self._exited.set()
             raise WorkerTimeout(
                 f"job {request.job_id} ({request.tool}) exceeded the {timeout:g}s tool timeout"
             )
-        await self._clock.sleep(seconds)
+        await self._clock.sleep(self._overhead + seconds)  # one timer: the same instants as one duration
         finished = self._clock.now()
+        started = max(sent, finished - seconds)  # the overhead first, then the execution
         ok, value, error = _evaluate(request, self._simulate_tools)
         if ok and request.observation_chars is not None:
             value = observation(value, request.observation_chars)
         self.jobs += 1
         # no process ran it: no CPU time or serialisation to report (null, never a made-up number)
-        reply = JobReply(request.job_id, ok, value, error, sent, finished, seconds, None, None)
+        reply = JobReply(request.job_id, ok, value, error, started, finished, seconds, None, None)
         return CallResult(reply, sent, finished)
 
     async def kill(self) -> None:
@@ -133,10 +140,12 @@ def virtual_factory(
     *,
     simulate_tools: bool = False,
     replacement_startup: Sequence[float] = (),
+    overhead_s: float = 0.0,
 ) -> Callable[[int, int], VirtualWorker]:
     """Virtual workers on ``clock``. The initial ones (generation 0) are ready at once: they start before
     the measured window. The k-th replacement (generation > 0, in the order replacements start) takes
-    ``replacement_startup[k]`` seconds to start; any beyond those take their median (none given: 0)."""
+    ``replacement_startup[k]`` seconds to start; any beyond those take their median (none given: 0).
+    Each job holds its worker ``overhead_s`` before it executes."""
     startups = tuple(replacement_startup)
     beyond = statistics.median(startups) if startups else 0.0
     replacements = itertools.count()
@@ -146,6 +155,6 @@ def virtual_factory(
         if generation > 0:
             k = next(replacements)
             startup = startups[k] if k < len(startups) else beyond
-        return VirtualWorker(index, generation, clock, duration, simulate_tools, startup)
+        return VirtualWorker(index, generation, clock, duration, simulate_tools, startup, overhead_s)
 
     return factory

@@ -179,10 +179,10 @@ def workers_for(
     replacement_startup: tuple[float, ...] = (),
     assumed: Assumed | None = None,
 ) -> WorkerFactory:
-    """Virtual workers whose jobs take their declared cost plus the per-job overhead; replacements take
-    ``replacement_startup`` to start (a replay's measured ones; see :func:`virtual_factory`).
-    ``assumed`` collects what the script left undeclared (see :class:`Assumed`)."""
-    extra = settings.job_overhead_ms / 1000
+    """Virtual workers whose jobs execute for their declared cost, each holding its worker the per-job
+    overhead before (not in its ``execute_s``, as a real job's execute time leaves out the runtime's
+    dispatch); replacements take ``replacement_startup`` to start (a replay's measured ones; see
+    :func:`virtual_factory`). ``assumed`` collects what the script left undeclared (see :class:`Assumed`)."""
 
     def duration(request: JobRequest) -> float:
         if assumed is not None:
@@ -190,9 +190,12 @@ def workers_for(
                 assumed.untimed[request.tool] += 1
             if request.tool == _EVALUATE and request.declared is None:
                 assumed.passed += 1
-        return builtin_duration(request) + extra
+        return builtin_duration(request)
 
-    return virtual_factory(clock, duration, simulate_tools=True, replacement_startup=replacement_startup)
+    overhead = settings.job_overhead_ms / 1000
+    return virtual_factory(
+        clock, duration, simulate_tools=True, replacement_startup=replacement_startup, overhead_s=overhead
+    )
 
 
 def prepare_from_run(
