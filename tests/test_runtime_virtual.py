@@ -496,3 +496,36 @@ def test_a_summary_that_cannot_be_built_fails_the_run_and_says_why(
     assert lines[-1]["event"] == "measurement_finished"  # the measurement itself ended; the run did not
     assert len((out / "results.jsonl").read_text().splitlines()) == 3
     assert (out / "trace.json").exists() and (out / "timeline.html").exists()
+
+
+def test_start_up_restarts_of_a_run_that_never_started_are_counted_in_the_summary(tmp_path: Path) -> None:
+    """A worker killed each time it starts is replaced (``startup_failed``) until the slot's third start
+    fails the run: the held ``worker_restarting`` events are written at the end, and summary.json counts
+    them as events.jsonl has them (the summary used to be built before they were flushed: 0 restarts)."""
+    from asyncroll.clock import VirtualClock
+    from asyncroll.config import build_config
+    from asyncroll.errors import WorkerStartupError
+    from asyncroll.runtime.run import Run, prepare
+    from asyncroll.runtime.virtual_worker import VirtualWorker, virtual_factory
+    from tests.conftest import write_workload
+
+    clock = VirtualClock()
+    virtual = virtual_factory(clock)
+
+    class KilledAtStart(VirtualWorker):
+        async def start(self) -> None:
+            raise WorkerStartupError(f"worker {self.index} died during start-up: SIGKILL", retry=True)
+
+    def factory(index: int, generation: int) -> VirtualWorker:
+        worker = virtual(index, generation)
+        return worker if index else KilledAtStart(index, generation, clock)
+
+    workload = write_workload(tmp_path / "w.jsonl", _problems(2, model_ms=10, cpu_ms=10))
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", "cpu_workers": 2})
+    outcome = clock.run(Run(prepare(cfg, ["test"]), clock, worker_factory=factory).execute())
+    assert (outcome.status, outcome.exit_code) == ("failed", 1)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    restarts = [e["reason"] for e in lines if e["event"] == "worker_restarting"]
+    assert restarts == ["startup_failed", "startup_failed"]  # three starts of slot 0: two replacements
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["workers"] == {"restarts": 2, "restarts_by_reason": {"startup_failed": 2}}

@@ -373,6 +373,7 @@ class Run:
                     events.emit(finished)
                 if status == "complete" and events.write_error is not None:
                     status, error = "failed", str(events.write_error)
+            events.close()  # before the summary: it counts the start-up events held when no window opened
             peaks = {
                 "active_trajectories": admission.snapshot().peak_holding,
                 "inflight_model_requests": gate.snapshot().peak_inflight,
@@ -397,7 +398,6 @@ class Run:
             except Exception as exc:  # noqa: BLE001 - no summary.json; run.json says why, events stay whole
                 status = "interrupted" if status == "interrupted" else "failed"
                 error = "; ".join(filter(None, (error, f"summary: cannot be built ({_describe(exc)})")))
-            events.close()
             telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}  # why not probed
             unwritten = files.finish(result, status, clock.wall(), error, self.exports_stop, **telemetry)
             self.exports_failed, self.moved_to = files.exports_failed, files.moved_to
