@@ -146,6 +146,7 @@ def test_cancelling_a_call_kills_the_worker_and_propagates() -> None:
     [
         ((ToolSpec("nope", COUNTER),), 10, "no callable named 'nope'"),
         ((ToolSpec("whatever", TOOLS / "broken_import.py"),), 10, "broken on purpose"),
+        ((ToolSpec("f", TOOLS / "closes_stdio_then_raises.py"),), 10, "broken after closing stdio"),
         ((ToolSpec("f", TOOLS / "missing.py"),), 10, "FileNotFoundError"),
         ((ToolSpec("lcb_nonexistent"),), 10, "unknown built-in tool"),
         (
@@ -158,6 +159,7 @@ def test_cancelling_a_call_kills_the_worker_and_propagates() -> None:
     ids=[
         "missing-function",
         "raises-on-import",
+        "raises-on-import-without-stdio",
         "missing-file",
         "unknown-builtin",
         "startup-timeout",

@@ -24,6 +24,7 @@ descendant itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -302,7 +303,8 @@ def _run(args: argparse.Namespace) -> int:
             tools = load_tools(specs)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the runtime, then exit
             error = str(exc) if isinstance(exc, ToolLoadError) else describe(exc)
-            print(f"asyncroll worker start-up failed: {error}", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError, ValueError):  # the import closed fd 2 or sys.stderr
+                print(f"asyncroll worker start-up failed: {error}", file=sys.stderr, flush=True)
             write_all(args.out_fd, encode(StartupFailed(error[: 2 * ERROR_LIMIT])))
             return 1
         ready = Ready(os.getpid(), [spec.key for spec in specs], time.monotonic() - started)
