@@ -244,6 +244,28 @@ def test_a_forked_child_that_returns_from_the_tool_exits_there(tmp_path: Path) -
 
 
 @real_process
+def test_a_forked_child_that_raises_out_of_the_tool_is_logged_with_its_error(tmp_path: Path) -> None:
+    """A forked child that raises out of the tool (``sys.exit`` in it too) ends there like one that
+    returns, and the worker log says what it raised (it said "returned from the tool", the error lost)."""
+    tool = tmp_path / "forks.py"
+    tool.write_text(
+        "import os\n\ndef fork():\n    pid = os.fork()\n    if pid == 0:\n"
+        "        raise ValueError('child failed')\n    return os.waitpid(pid, 0)[1] >> 8\n"
+    )
+    log = tmp_path / "worker-0.log"
+
+    async def main() -> None:
+        worker = await started(ToolSpec("fork", tool), log_path=log)
+        assert (await worker.call(job(1, "fork"), 5)).reply.value == 1
+        await worker.aclose()
+
+    run(main())
+    text = log.read_text()
+    assert "forked (pid" in text and "raised ValueError: child failed out of the tool" in text
+    assert "returned from the tool" not in text
+
+
+@real_process
 def test_tool_imports_helpers_from_its_folder_not_the_cwd_and_sigint_still_kills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

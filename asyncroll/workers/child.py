@@ -211,7 +211,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         result, error = None, describe(exc)
     finished = time.monotonic()
     if os.getpid() != pid:
-        _leave_fork(request.tool)
+        _leave_fork(request.tool, error)
     cpu_s = time.process_time() - cpu0 + _children_cpu() - children0
     t1 = time.monotonic()
     try:
@@ -240,12 +240,13 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
     return encode(reply, value_blob=blob)
 
 
-def _leave_fork(tool: str) -> NoReturn:
-    """End a process the tool forked that returned from the tool (or raised out of it) instead of calling
-    ``os._exit``: it would answer the job in the worker's place (its result, its CPU time, negative) and
-    go on serving the next job while the worker waited for it."""
+def _leave_fork(tool: str, error: str | None) -> NoReturn:
+    """End a process the tool forked that returned from the tool (or raised ``error`` out of it) instead
+    of calling ``os._exit``: it would answer the job in the worker's place (its result, its CPU time,
+    negative) and go on serving the next job while the worker waited for it."""
+    left = "returned from the tool" if error is None else f"raised {error} out of the tool"
     print(
-        f"asyncroll worker: a process that tool {tool!r} forked (pid {os.getpid()}) returned from the tool "
+        f"asyncroll worker: a process that tool {tool!r} forked (pid {os.getpid()}) {left} "
         "instead of calling os._exit(); it exits here with status 1",
         file=sys.stderr,
         flush=True,
