@@ -287,6 +287,7 @@ def test_a_worker_killed_while_it_starts_is_replaced_but_its_own_failure_fails_t
         assert isinstance(failure, WorkerStartupError) and "died during start-up" in str(failure)
         assert failure.retry == (exits == 0)
         assert ("exit status 3" in str(failure)) == (exits > 0)
+        assert ("could not be started in 3 attempts" in str(failure)) == (exits == 0)  # each start killed
     assert [(r.worker, r.generation, r.reason) for r in capture.of(WorkerRestarting)] == [
         (0, g, "startup_failed") for g in range(1, restarts + 1)
     ]

@@ -215,8 +215,13 @@ class WorkerPool:
                 await self._start_slot(slot, generation)
                 return
             except WorkerStartupError as exc:
-                if not exc.retry or generation == MAX_RESTART_ATTEMPTS - 1:
+                if not exc.retry:
                     raise
+                if generation == MAX_RESTART_ATTEMPTS - 1:  # say so: each start was killed, not just one
+                    raise WorkerStartupError(
+                        f"worker {slot} could not be started in {MAX_RESTART_ATTEMPTS} attempts: {exc}",
+                        retry=True,
+                    ) from exc
 
     async def _start_slot(self, slot: int, generation: int) -> Worker:
         worker = self._factory(slot, generation)
