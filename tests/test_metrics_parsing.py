@@ -68,6 +68,15 @@ def test_missing_series_and_nan_are_null_and_named_never_zero() -> None:
     assert empty.nulls["prompt_tokens"] == "missing" and empty.running == 0.0
 
 
+def test_a_kv_cache_usage_above_one_is_invalid_not_a_fraction_reported() -> None:
+    """KV-cache usage is a fraction (1 = full): a server that reports 7.5 (a percentage, or a bug) gives
+    no usage, named invalid, rather than a "fraction" of 7.5 in every sample and in summary.json."""
+    for flavor, text in ((VLLM, "vllm:kv_cache_usage_perc 7.5\n"), (SGLANG, "sglang:token_usage 1.25\n")):
+        reading = parse_metrics(text, flavor, None)
+        assert reading.kv_cache_usage is None and reading.nulls["kv_cache_usage"] == "invalid"
+    assert parse_metrics("vllm:kv_cache_usage_perc 1.0\n", VLLM, None).kv_cache_usage == 1.0
+
+
 def test_a_malformed_line_spoils_only_its_own_quantity() -> None:
     text = VLLM_V1 + f'vllm:num_requests_waiting{{engine="3",model_name="{MODEL}"}} not-a-number\n'
     reading = parse_metrics(text, VLLM, MODEL)

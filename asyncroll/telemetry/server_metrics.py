@@ -196,9 +196,9 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
         series[name].append((key, float(sample.value)))
     nulls: dict[str, NullReason] = {}
 
-    def gauge(key: str, name: str, combine: Any) -> float | None:
+    def gauge(key: str, name: str, combine: Any, upper: float = math.inf) -> float | None:
         values = [v for _, v in series[name]]
-        if name in broken or name in duplicated or any(not _finite(v) for v in values):
+        if name in broken or name in duplicated or any(not _finite(v) or v > upper for v in values):
             nulls[key] = "invalid"
             return None
         if not values:
@@ -212,7 +212,7 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
     if kv_metric is None:
         kv, nulls["kv_cache_usage"] = None, "missing"
     else:
-        kv = gauge("kv_cache_usage", kv_metric, max)
+        kv = gauge("kv_cache_usage", kv_metric, max, upper=1.0)  # a fraction: above 1 is no usage
 
     def counter(key: str, name: str) -> dict[SeriesKey, float]:
         """The good series (the quantity itself is null when any series is not good: see ``nulls``)."""
