@@ -1,5 +1,17 @@
-"""``python -m asyncroll …``: the same command line as ``asyncroll …``."""
+"""The ``asyncroll`` command and ``python -m asyncroll …``: the command line of :mod:`asyncroll.cli`.
 
-from asyncroll.cli import main
+The CLI's modules import under :func:`asyncroll.cli_signals.starting`: a Ctrl-C (or SIGTERM, SIGHUP) in
+that first fraction of a second exits 130 with one line instead of a traceback from inside an import.
+"""
 
-main()
+from asyncroll import cli_signals
+
+
+def main() -> None:
+    with cli_signals.starting():
+        from asyncroll.cli import main as cli_main
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

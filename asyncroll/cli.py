@@ -83,18 +83,29 @@ def _single_values_once(typer_app: typer.Typer) -> None:
 _single_values_once(app)
 
 
+def _unhandled_interrupt(exc: SystemExit) -> bool:
+    """Whether ``exc`` is typer's exit for a KeyboardInterrupt that no command handled (parsing the options,
+    building the settings): ``raise Exit(130) from`` the interrupt, then ``sys.exit`` inside its handler.
+    Such an exit said nothing; a command that handles its interrupt says what it kept and exits 130 itself."""
+    ended = exc.__context__
+    return ended is not None and isinstance(ended.__cause__, KeyboardInterrupt)
+
+
 def main() -> None:
     cli_signals.guard()  # SIGTERM and SIGHUP stop the command as Ctrl-C does, from the first instant
     try:
         app()
     except SystemExit as exc:  # click ends every command this way
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code == 130 and _unhandled_interrupt(exc):  # typer's silent exit for a Ctrl-C: say so
+            typer.echo(f"interrupted by {cli_signals.interrupted_by() or 'SIGINT'}", err=True)
         if code == 0 and stdout_lost():  # the output asked for did not all arrive (| head -1)
             code = exc.code = 1
         cli_signals.leave_with(code)
         raise
     except KeyboardInterrupt:  # a Ctrl-C no command caught (say, as one ended): 130, no traceback
         cli_signals.leave_with(130)
+        typer.echo(f"interrupted by {cli_signals.interrupted_by() or 'SIGINT'}", err=True)
         raise SystemExit(130) from None
     except Exception as exc:
         name = cli_signals.interrupted_by()

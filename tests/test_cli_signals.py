@@ -142,7 +142,60 @@ def test_sigterm_while_run_reads_its_settings_exits_130(tmp_path: Path) -> None:
         end(proc)
     assert code == 130, stderr
     assert "Traceback" not in stderr
+    assert stderr.endswith("interrupted by SIGTERM\n"), stderr  # it said nothing at all
     assert not out.exists()
+
+
+#: The ``asyncroll`` command's entry point, with a stop signal sent to the process as typer (the first of
+#: the CLI's heavy imports) starts to import.
+STOP_WHILE_IMPORTING = """
+import importlib.abc, os, signal, sys
+
+SIG = int(sys.argv[1])
+
+class Stop(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "typer":
+            os.kill(os.getpid(), SIG)
+        return None
+
+sys.meta_path.insert(0, Stop())
+sys.argv = ["asyncroll", "validate", sys.argv[2]]
+from asyncroll.__main__ import main
+main()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_cli_imports_exits_130_with_one_line(sig: signal.Signals) -> None:
+    """The first ≈ 0.3 s of every command import typer and pydantic, before :func:`cli_signals.guard`: a
+    Ctrl-C there printed a KeyboardInterrupt traceback from inside an import and ended the process by the
+    signal (status -2); a SIGTERM killed it outright (-15)."""
+    code, stdout, stderr = outputs(python(STOP_WHILE_IMPORTING, str(int(sig)), str(SMOKE)))
+    assert code == 130, stderr
+    assert (stdout, stderr) == ("", f"interrupted by {sig.name} while starting: nothing done\n")
+
+
+def test_starting_puts_the_handlers_back_and_leaves_an_ignored_signal_ignored() -> None:
+    from asyncroll import cli_signals
+
+    def mine(_signum: int, _frame: object) -> None:
+        pass
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+        signal.signal(signal.SIGTERM, mine)
+        with cli_signals.starting():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 #: main() with one more command, in which a Ctrl-C arrives and is turned into an ImportError, as numpy's
