@@ -23,7 +23,7 @@ from asyncroll.convert.toolmath import convert_toolmath
 from asyncroll.errors import UsageError
 from asyncroll.workload import Problem
 from tests.cli_runs import cli
-from tests.conftest import invoke
+from tests.conftest import REPO, invoke
 from tests.conversions import (
     _MISSING,
     LCB_EXAMPLE,
@@ -359,6 +359,33 @@ def test_lcb_cli_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
     result = invoke("convert-livecodebench", "--source", LCB_ROW, "--output", LCB_ROW)
     assert result.exit_code == 2 and "is the source file" in result.stderr
     assert not out.exists()
+
+
+def test_a_limit_past_the_source_is_said(tmp_path: Path) -> None:
+    """``--limit 219`` on a source of one row wrote 1 problem and said only "1 of 1 problems": a protocol
+    that names its workload's size found out from the checksum later."""
+    result = invoke(
+        "convert-livecodebench", "--source", LCB_ROW, "--output", tmp_path / "a.jsonl", "--limit", "219"
+    )
+    assert result.exit_code == 0, result.output
+    assert "note: --limit 219 asked for more problems than the source holds: 1 written" in result.stderr
+    exact = invoke(
+        "convert-livecodebench", "--source", LCB_ROW, "--output", tmp_path / "b.jsonl", "--limit", "1"
+    )
+    assert exact.exit_code == 0 and "note:" not in exact.stderr
+    tools = invoke(
+        "convert-toolmath",
+        "--source",
+        REPO / "examples" / "toolmath" / "ToolMATH.json",
+        "--functions-dir",
+        REPO / "examples" / "toolmath",
+        "--output",
+        tmp_path / "t.jsonl",
+        "--limit",
+        "500",
+    )
+    assert tools.exit_code == 0, tools.output
+    assert "note: --limit 500 asked for more problems than the source holds: " in tools.stderr
 
 
 def _only_pending_complaints(workload: Path, backend: str) -> None:

@@ -63,6 +63,7 @@ def convert_toolmath(
         f"{output}: {report.written} of {report.problems - report.skipped} problems "
         f"({report.records} tool records{left_out}), seed {seed}{hint}"
     )
+    _fewer_than_limit(report.written, limit)
     if report.left_out:
         more = f", and {len(report.left_out) - 10} more" if len(report.left_out) > 10 else ""
         typer.echo(
@@ -99,3 +100,14 @@ def convert_livecodebench(
         f"{output}: {report.written} of {kept} problems ({report.rows} source row(s), "
         f"{report.functional} functional{dropped}), seed {seed}"
     )
+    _fewer_than_limit(report.written, limit)
+
+
+def _fewer_than_limit(written: int, limit: int | None) -> None:
+    """Say so when the source held fewer problems than ``--limit`` asked for: a protocol that names a
+    workload size (219 problems) should not find out from a checksum later."""
+    if limit is not None and written < limit:
+        typer.echo(
+            f"note: --limit {limit} asked for more problems than the source holds: {written} written",
+            err=True,
+        )
