@@ -163,6 +163,25 @@ def test_sync_says_an_active_limit_has_no_effect(tmp_path: Path, monkeypatch: py
     assert "no effect" not in plain.stderr
 
 
+@pytest.mark.timeout(60)
+def test_evaluator_settings_for_a_workload_without_code_say_they_do_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--test-timeout`` and the other evaluator settings were accepted without a word for a workload that
+    evaluates no code: a user tuning them saw nothing change."""
+    from asyncroll.commands.common import warn_no_evaluations
+
+    result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--test-timeout", "2")
+    assert result.returncode == 0, result.stderr
+    want = "warning: --test-timeout has no effect: no problem of the workload evaluates code (lcb_evaluate)"
+    assert want in result.stderr
+    warn_no_evaluations({"test_timeout", "test_memory_mb", "policy"}, {"lcb_evaluate", "add"})
+    warn_no_evaluations({"policy"}, {"add"})
+    assert capsys.readouterr().err == ""
+    warn_no_evaluations({"allow_weak_isolation", "evaluation_timeout"}, set())
+    assert "--evaluation-timeout, --allow-weak-isolation have no effect" in capsys.readouterr().err
+
+
 def test_gpu_slots_is_a_deprecated_alias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The alias only sets --max-inflight-model-requests, which the receipt and summary then report as
     any setting (the real runs above): checked in this process."""

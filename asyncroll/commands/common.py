@@ -33,6 +33,30 @@ def warn_sync_active(policy: str, given: Iterable[str], active: int) -> None:
         )
 
 
+#: Settings only a code evaluation (``lcb_evaluate``) reads: config field → flag.
+EVALUATOR_SETTINGS = {
+    "test_timeout": "--test-timeout",
+    "evaluation_timeout": "--evaluation-timeout",
+    "test_memory_mb": "--test-memory-mb",
+    "allow_weak_isolation": "--allow-weak-isolation",
+}
+
+
+def warn_no_evaluations(given: Iterable[str], tools: Iterable[str]) -> None:
+    """The evaluator's settings among ``given`` said to do nothing when no problem of the workload
+    evaluates code (no ``lcb_evaluate``): a flag that silently does nothing misleads."""
+    from asyncroll.workload.models import EVALUATOR_TOOL
+
+    unread = [flag for key, flag in EVALUATOR_SETTINGS.items() if key in set(given)]
+    if unread and EVALUATOR_TOOL not in set(tools):
+        verb = "has" if len(unread) == 1 else "have"
+        typer.echo(
+            f"warning: {', '.join(unread)} {verb} no effect: no problem of the workload evaluates code "
+            f"({EVALUATOR_TOOL})",
+            err=True,
+        )
+
+
 def warn_weak_isolation(isolation: dict[str, Any] | None) -> None:
     """Say on stderr which sandbox layers a run of untrusted code goes without, when
     ``--allow-weak-isolation`` (or a config file's ``allow_weak_isolation``) let it start without them."""

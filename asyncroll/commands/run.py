@@ -15,6 +15,7 @@ from asyncroll.commands.common import (
     print_summary,
     warn_exports,
     warn_moved,
+    warn_no_evaluations,
     warn_sync_active,
     warn_telemetry,
     warn_weak_isolation,
@@ -302,6 +303,7 @@ def _run(cfg: Any) -> int:
             typer.echo(f"error: {exc}", err=True)
             return exc.exit_code
         warn_weak_isolation(prepared.isolation)
+        warn_no_evaluations(cfg.model_fields_set, prepared.scan.tools)
         clock = SystemClock()
         runner = Run(prepared, clock)
 
