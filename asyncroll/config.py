@@ -177,6 +177,8 @@ class RunConfig(BaseModel):
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 problems.append(f"{', '.join(given)} only {verb} to HTTP backends (--backend vllm|openai)")
+            if "model" in self.model_fields_set and self.metrics_url is None:  # it names no one's metrics
+                problems.append("--model only applies to HTTP backends, or with --metrics-url (its filter)")
         if self.api_key_env is not None:
             key_problem = api_key_problem(os.environ.get(self.api_key_env))
             if key_problem is not None:
