@@ -154,3 +154,18 @@ def test_after_a_failed_gate_the_arms_not_run_are_not_promised_to_a_resume() -> 
     heading = "Arms not run (stage qualification failed its gate; `--resume` does not run them):"
     arms = text[text.index(heading) :].strip().splitlines()
     assert arms[2:] == ["- `pair1-a`: pending", "- `pair1-b`: pending"]
+
+
+def test_a_change_that_rounds_to_zero_is_never_written_negative() -> None:
+    """A mean of -0.001% printed "-0.00%" (and a difference of -0.0 "-0"): a direction the figure does not
+    have at the precision shown."""
+    from asyncroll.experiment.report_markdown import _interval, fmt
+
+    assert (
+        _interval({"mean": -0.001, "low": -0.004, "high": 0.002, "n": 3}) == "+0.00% [+0.00%, +0.00%] (n=3)"
+    )
+    assert _interval({"mean": -1.5, "low": -2.0, "high": -1.0, "n": 3}) == "-1.50% [-2.00%, -1.00%] (n=3)"
+    assert _interval(
+        {"mean": -0.0, "low": None, "high": None, "n": 1, "note": "one pair"}, percent=False
+    ) == ("+0 (n=1; no interval: one pair)")
+    assert fmt(-0.0) == "0" and fmt(-1e-9) == "-1e-09"

@@ -21,16 +21,17 @@ def fmt(value: Any, spec: str | None = None) -> str:
 
 
 def _number(x: float, sign: str = "") -> str:
-    # whole wherever four significant digits would take an exponent: from 1e4 as rounded (9,999.7 too)
-    short = format(x, f"{sign}.4g")
-    return format(x, f"{sign},.0f") if "e+" in short else short
+    # whole wherever four significant digits would take an exponent: from 1e4 as rounded (9,999.7 too);
+    # "z": a value that rounds to zero is 0, never "-0"
+    short = format(x, f"{sign}z.4g")
+    return format(x, f"{sign}z,.0f") if "e+" in short else short
 
 
 def _interval(d: dict[str, Any], percent: bool = True) -> str:
     """A mean with its interval and ``n`` (the pairs it rests on), or why there is none."""
 
     def num(x: float) -> str:
-        return f"{x:+,.2f}%" if percent else _number(x, "+")
+        return f"{x:+z,.2f}%" if percent else _number(x, "+")  # -0.001% is +0.00%, not -0.00%
 
     note = d.get("note")
     if d["mean"] is None:
