@@ -194,3 +194,77 @@ def test_a_process_looked_at_while_it_execs_still_carries_its_origin() -> None:
             os.killpg(proc.pid, signal.SIGKILL)  # the shell and its sleep (forked, where it does not exec)
             proc.wait(10)
     assert missed == 0
+
+
+#: The runner in a subprocess, SIGKILLed (as by ``kill -9`` or the OOM killer) right after it spawned
+#: the arm's process of ``role`` and before its receipt recorded that process.
+_KILLED_AFTER_SPAWN = """
+import os, signal, sys
+from pathlib import Path
+import asyncroll.experiment.arms as arms
+from asyncroll.experiment.config import load_experiment_config
+from asyncroll.experiment.runner import ExperimentRunner
+from asyncroll.experiment.server import ManagedProcess
+
+config, out, role, client = sys.argv[1:5]
+real = ManagedProcess.record
+def record(self):
+    if self.role == role:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self)
+ManagedProcess.record = record
+arms.client_command = lambda *_args: client.split()
+ExperimentRunner(load_experiment_config(Path(config)), Path(out), echo=print).run()
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("role", ["server", "client"])
+def test_a_resume_kills_what_a_runner_killed_before_recording_its_spawn_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str
+) -> None:
+    """A runner killed (``kill -9``) after it spawned an arm's server, or its client, and before its
+    receipt recorded the process: the receipt had no pid, the resume's sweep said "none recorded" and
+    the process ran on (a server holding the GPU; a client writing into the arm's directory, where the
+    resume's own attempt of the arm runs). Its origin is now recorded before the spawn, and the sweep
+    kills what carries it."""
+    import subprocess
+    import sys
+
+    from tests.experiments import write_config
+    from tests.lean_experiment import ready_server
+
+    marker = f"sleep 66{os.getpid() % 10}.5"
+    server = ready_server(tmp_path)
+    if role == "server":  # never ready; the runner is killed before it polls
+        server["command"] = ["sh", "-c", f"exec {marker}", "{port}"]
+    config = write_config(tmp_path, stages={}, pairs=1, server=server)
+    out = tmp_path / "out"
+    calls: list[str] = []
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _KILLED_AFTER_SPAWN, str(config), str(out), role, marker],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+        assert len(running(marker)) == 1  # left running by the dead runner, recorded nowhere but its origin
+        monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+        from asyncroll.experiment.config import load_experiment_config
+
+        outcome = ExperimentRunner(
+            load_experiment_config(config), out, resume=True, echo=lambda _: None
+        ).run()
+        left = running(marker)
+    finally:
+        for proc in running(marker):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        from tests.experiments import kill_recorded
+
+        kill_recorded(out)
+    assert left == [], f"the dead runner's {role} still runs after the resume"
+    assert outcome.status == "complete" and calls == ["pair1-fifo", "pair1-asyncroll"], outcome.message
+    swept = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]["orphans"]
+    assert swept[role].startswith("no pid recorded; killed what carried its origin: pid "), swept

@@ -204,7 +204,13 @@ def _steps(
         command, url, arm_dir / "server.log", cfg.server.env, cfg.model.served_name, cfg.server.check_listener
     )
     receipt.transition(
-        "starting_server", server={"command": command, "env": dict(cfg.server.env), "url": url}
+        "starting_server",
+        server={
+            "command": command,
+            "env": dict(cfg.server.env),
+            "url": url,
+            "origin": server.process.planned_origin,  # before the spawn: see recover
+        },
     )
     live.server = server  # before the spawn: a signal the moment it is spawned still stops it
     try:
@@ -233,10 +239,10 @@ def _steps(
     command = client_command(cfg, plan, port, run_dir)
     client = ManagedProcess(command, arm_dir / "client.log", role="client")
     live.client = client  # before the spawn: a signal the moment it is spawned still stops it
+    planned = {"command": command, "run_dir": str(run_dir), "origin": client.planned_origin}
+    receipt.transition("running_client", client=planned)  # before the spawn: see recover
     client.start()
-    receipt.transition(
-        "running_client", client={"command": command, "run_dir": str(run_dir), "process": client.record()}
-    )
+    receipt.update(client={**planned, "process": client.record()})
     began = time.monotonic()
     end, code = _wait_client(client, server, deadline_s, time_left)
     ended = time.monotonic()

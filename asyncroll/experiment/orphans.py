@@ -38,9 +38,10 @@ def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
 
     A leader that is gone is never taken for its group: its pid, and so its group id, may be another
     process's now (a reboot, pid reuse), and a ``killpg`` of that id killed an unrelated process group."""
-    if not record or record.get("pid") is None:
+    if not record or (record.get("pid") is None and not record.get("origin")):
         return "none recorded"
-    outcome = _sweep_leader(record, grace_s)
+    # only its origin: the runner died between the spawn and its record of the process
+    outcome = "no pid recorded" if record.get("pid") is None else _sweep_leader(record, grace_s)
     left = carrying(record.get("origin"))
     if left:
         killed = kill_adopted(left, grace_s)

@@ -71,7 +71,12 @@ def recover(
         if (where / "arm.json").is_file():
             data = read_json(where / "arm.json")
             for role in ("client", "server"):
-                swept[role] = sweep_orphan(data.get(role, {}).get("process"))
+                recorded_role = data.get(
+                    role, {}
+                )  # no process yet: killed after the spawn, before its record
+                swept[role] = sweep_orphan(
+                    recorded_role.get("process") or {"origin": recorded_role.get("origin")}
+                )
             if data.get("status") in TERMINAL:  # it finished; the runner died before recording it
                 record_arm(receipt, output, echo, arm, data)
                 recorded.append(arm.id)

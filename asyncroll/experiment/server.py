@@ -134,10 +134,16 @@ class ManagedProcess:
     role: str = "process"
     popen: subprocess.Popen[bytes] | None = None
     origin: str | None = None
+    #: The origin ``start`` will give it, known before the spawn: recorded then, a runner killed between
+    #: the spawn and its record of the process still leaves the resume a way to find it.
+    planned_origin: str = ""
+
+    def __post_init__(self) -> None:
+        self.planned_origin = f"{self.role}:{secrets.token_hex(8)}"
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        self.origin = f"{self.role}:{secrets.token_hex(8)}"
+        self.origin = self.planned_origin
         with self.log.open("ab") as handle:
             self.popen = subprocess.Popen(
                 self.command,
