@@ -111,6 +111,32 @@ def test_a_resume_with_an_edited_config_is_refused_naming_the_settings_that_chan
         require_same(old, fingerprint(edited, "0" * 64, {}), "resume")  # a receipt without it: the hashes
 
 
+def test_a_resume_under_a_hand_edited_recorded_version_is_refused_not_run_into_failed_arms(
+    tmp_path: Path,
+) -> None:
+    """experiment.json's recorded asyncroll version edited (its hashes left alone): the resume compared
+    only the hashes and went on, and each arm it ran then failed (its client "ran 0.1.0, the experiment
+    pinned 0.0.9"), a failed arm that no resume may run again. The recorded versions are compared too."""
+    import copy
+
+    from asyncroll.experiment.fingerprint import FingerprintMismatch, fingerprint, require_same
+
+    cfg = lean(tmp_path)
+    started = fingerprint(cfg, "0" * 64, {})
+    require_same(copy.deepcopy(started), fingerprint(cfg, "0" * 64, {}), "resume")  # untouched: the same
+    edited = copy.deepcopy(started)
+    edited["detail"]["software"]["asyncroll"] = "0.0.9"
+    edited["detail"]["code"]["package"] = "0.0.9"
+    with pytest.raises(FingerprintMismatch) as refused:
+        require_same(edited, fingerprint(cfg, "0" * 64, {}), "resume")
+    said = str(refused.value)
+    version = started["detail"]["software"]["asyncroll"]
+    assert f"software: asyncroll 0.0.9 → {version}" in said and f"package 0.0.9 → {version}" in said, said
+    edited["detail"]["code"] = {**started["detail"]["code"], "describe": "v0-dirty", "commit": "0" * 40}
+    edited["detail"]["software"] = started["detail"]["software"]
+    require_same(edited, fingerprint(cfg, "0" * 64, {}), "resume")  # describe and commit: not hashed
+
+
 def _git(cwd: Path, *args: str) -> str:
     done = subprocess.run(
         ["git", "-c", "user.email=qa@example.invalid", "-c", "user.name=qa", *args],

@@ -159,10 +159,11 @@ def _short(value: Any) -> Any:
 
 def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -> None:
     """Refuse (FingerprintMismatch naming each changed component) unless both fingerprints agree."""
-    if recorded.get("sha256") == current.get("sha256"):
+    edited = _edited_detail(recorded, current)
+    if recorded.get("sha256") == current.get("sha256") and not edited:
         return
     old, new = recorded.get("components", {}), current.get("components", {})
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    changed = sorted({k for k in set(old) | set(new) if old.get(k) != new.get(k)} | set(edited))
     detail = []
     named = ["code", "software", "tools", "paths"]
     if "config" in recorded.get("detail", {}):  # an experiment started before it was recorded: hashes
@@ -179,3 +180,19 @@ def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -
         f"{what}: the protocol changed since the experiment started ({'; '.join(detail)}); "
         "start a new experiment in a new output directory instead of mixing protocols"
     )
+
+
+def _edited_detail(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Hashed components whose recorded detail differs from today's though the hashes agree: a receipt
+    edited by hand (its versions are what each arm's client must show, so the arms would fail on it)."""
+    before, after = recorded.get("detail", {}), current.get("detail", {})
+    edited = []
+    for key in ("tools", "software", "paths", "code"):
+        if key not in before:  # an experiment started before it was recorded
+            continue
+        old, new = before[key] or {}, after.get(key) or {}
+        if key == "code":
+            old, new = ({k: d.get(k) for k in CODE_HASHED} for d in (old, new))
+        if old != new:
+            edited.append(key)
+    return edited
