@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -206,3 +207,24 @@ def test_unstarted_worker_is_safe_to_close_and_refuses_calls() -> None:
         await worker.kill()
 
     run(main())
+
+
+@real_process
+def test_a_worker_that_exits_mid_job_names_its_log(tmp_path: Path) -> None:
+    """A tool that ends its worker with an exit status of its own (``os._exit``; an ``OSError`` after it
+    closed the worker's pipes) said only "closed its reply pipe, exit status 3": the traceback that says
+    why is in the worker's log, which the message did not name."""
+    tools = tmp_path / "leaving.py"
+    tools.write_text("import os\n\ndef leave() -> None:\n    print('leaving', flush=True)\n    os._exit(3)\n")
+    log = tmp_path / "worker-1.log"
+
+    async def main() -> None:
+        worker = await started(ToolSpec("leave", tools), log_path=log)
+        try:
+            with pytest.raises(WorkerDied, match=rf"exit status 3; its log: {re.escape(str(log))}$"):
+                await worker.call(job(1, "leave"), timeout=10)
+        finally:
+            await worker.aclose()
+
+    run(main())
+    assert "leaving" in log.read_text()

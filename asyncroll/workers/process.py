@@ -273,6 +273,8 @@ class ProcessWorker:
         if status is not None:
             how = f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
             what = f"{what}, {how}"
+            if status > 0 and self.log_path is not None:  # an exit of its own: the why is in its log
+                what = f"{what}; its log: {self.log_path}"
         return f"worker {self.index} (pid {self.pid}) {what}"
 
     async def wait_exit(self) -> int:
