@@ -243,3 +243,24 @@ def test_durations_from_zero_and_output_tokens_from_one_are_accepted(tmp_path: P
     problems = _problems(tmp_path, [json.dumps({**GOOD, "script": below})])
     fields = sorted(p.split(": ")[1] for p in problems)
     assert fields == ["script[0].tool.cpu_ms", "script[0].tool.output_tokens"], problems
+
+
+def test_an_error_echoes_at_most_a_bounded_part_of_a_huge_value(tmp_path: Path) -> None:
+    """A value the message quotes (an id, an unknown key, tool or action type) of a megabyte was printed
+    whole: each such error line was as long as the value, up to 200 of them."""
+    big = "k" * 1_000_000
+    lines = [
+        json.dumps({**GOOD, "id": big}),
+        json.dumps({**GOOD, "id": big}),  # duplicate id
+        json.dumps({**GOOD, "id": "b", big: 1}),  # unknown field
+        json.dumps({**GOOD, "id": "c", "script": [{"type": big}]}),
+        json.dumps({**GOOD, "id": "d", "script": [{"type": "tool", "name": big, "arguments": {}}]}),
+    ]
+    problems = _problems(tmp_path, lines)
+    assert len(problems) == 4
+    assert all(len(p) < 2_000 for p in problems), [len(p) for p in problems]
+    duplicate, unknown, action_type, tool = problems
+    assert duplicate.startswith(f"{tmp_path / 'w.jsonl'}:2: id: duplicate id 'kkk")
+    assert duplicate.endswith("(first on line 1)") and "characters left out" in duplicate
+    assert f"{tmp_path / 'w.jsonl'}:3: kkk" in unknown
+    assert ":4: script[0].type: 'kkk" in action_type and ":5: script[0].name: unknown tool 'kkk" in tool

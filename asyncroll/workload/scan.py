@@ -136,6 +136,20 @@ def _location(loc: tuple[Any, ...]) -> str:
     return out or "line"
 
 
+#: The most of an error's field or message shown: one quotes the line's own value (an id, an unknown key,
+#: tool or action type), which a line may hold at any size (a duplicate id of a whole prompt was echoed
+#: whole, each error line as long as the value).
+MAX_SHOWN_CHARS = 1_000
+
+
+def _clipped(text: str) -> str:
+    """``text``, its middle left out past :data:`MAX_SHOWN_CHARS` (its end kept: "(first on line 3)")."""
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    head, tail = text[:600], text[-300:]
+    return f"{head}... [{len(text) - 900:,} characters left out] ...{tail}"
+
+
 #: Constants Python's and pydantic-core's JSON parsers accept but JSON does not have.
 _NON_STANDARD_CONSTANTS = (b"NaN", b"Infinity")
 
@@ -330,7 +344,7 @@ def scan_workload(
                     )
                     scan.tools.setdefault(tool.key, ToolSource(tool.key, tool.name, impl))
             for fld, message in issues:
-                scan.add_problem(f"{path}:{line_no}: {fld}: {message}")
+                scan.add_problem(f"{path}:{line_no}: {_clipped(fld)}: {_clipped(message)}")
             scan.invalid_lines += bool(issues)
             scan.count += 1
         if FileIdentity.of(os.fstat(handle.fileno())) != identity:
