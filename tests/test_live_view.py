@@ -401,3 +401,28 @@ def test_an_output_path_that_is_not_utf8_still_scrapes() -> None:
         exporter.stop()
     assert values["asyncroll_run_info{output=/tmp/run-?,policy=fifo}"] == 1
     assert values["asyncroll_trajectories_completed_total"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_scrape_asking_for_some_names_gets_them() -> None:
+    """``/metrics?name[]=…`` (prometheus_client's filter) answered an empty body: with ``auto_describe``
+    off the registry knew no name of the collector's. ``describe`` names every family without a snapshot."""
+    from asyncroll.telemetry.exporter import MetricsExporter, RuntimeCollector
+
+    class View:
+        def snapshot(self) -> RunSnapshot:
+            return snap({"completed": 2}, 1.0)
+
+    collector = RuntimeCollector(View(), info={"policy": "fifo"})  # type: ignore[arg-type]
+    described = [(f.name, f.type, f.samples) for f in collector.describe()]
+    assert [(name, kind) for name, kind, _ in described] == [(f.name, f.type) for f in collector.collect()]
+    assert all(samples == [] for _, _, samples in described)
+    exporter = MetricsExporter(collector, 0).start()
+    try:
+        query = "?name[]=asyncroll_workers&name[]=asyncroll_trajectories_completed_total"
+        with urllib.request.urlopen(exporter.url + query, timeout=10) as reply:
+            body = reply.read().decode()
+    finally:
+        exporter.stop()
+    samples = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
+    assert samples == {"asyncroll_workers": 2.0, "asyncroll_trajectories_completed_total": 2.0}

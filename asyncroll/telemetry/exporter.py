@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -83,67 +83,88 @@ class RuntimeCollector(Collector):
         return result.result(timeout=SNAPSHOT_TIMEOUT_S)
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
+        return self._families(self.snapshot())
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    def describe(self) -> Iterator[Metric]:
+        """The families :meth:`collect` yields, without their samples and without a snapshot: what lets a
+        scrape that asks for some names (``/metrics?name[]=asyncroll_workers``) find them (the registry's
+        ``auto_describe`` is off, so it would not run :meth:`collect` to learn them: the answer was empty)."""
+        return self._families(None)
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    def _families(self, snap: RunSnapshot | None) -> Iterator[Metric]:
+        def value(read: Callable[[RunSnapshot], float]) -> float | None:
+            return None if snap is None else read(snap)
+
+        def gauge(name: str, doc: str, read: Callable[[RunSnapshot], float]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value(read))
+
+        def counter(name: str, doc: str, read: Callable[[RunSnapshot], float]) -> CounterMetricFamily:
+            return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value(read))
 
         if self._info:
-            yield InfoMetricFamily(f"{PREFIX}_run", "Static facts of this run.", value=self._info)
-        yield gauge("trajectories_total", "Trajectories in the workload (after --limit).", snap.total)
-        yield gauge("active_trajectories", "Trajectories holding an admission slot.", snap.admission.holding)
-        yield gauge("active_trajectories_limit", "--max-active-trajectories.", snap.admission.limit)
-        yield gauge("model_requests_inflight", "Model requests holding a slot.", snap.model.inflight)
-        yield gauge("model_requests_queued", "Model requests waiting for a slot.", snap.model.queued)
-        yield gauge("model_requests_limit", "--max-inflight-model-requests.", snap.model.limit)
-        yield gauge("cpu_queue_depth", "CPU jobs waiting for a worker.", snap.cpu.queued)
-        yield gauge("workers_busy", "Tool workers running a job.", snap.pool.busy)
-        yield gauge("workers_idle", "Tool workers ready for a job.", snap.pool.idle)
-        yield gauge("workers_restarting", "Tool workers being replaced.", snap.pool.restarting)
-        yield gauge("workers", "Size of the tool worker pool (--cpu-workers).", snap.pool.size)
-        elapsed = -1.0 if snap.elapsed_s is None else snap.elapsed_s
-        yield gauge("measurement_elapsed_seconds", "Seconds since measurement start (-1: before).", elapsed)
+            info = self._info if snap is not None else None
+            yield InfoMetricFamily(f"{PREFIX}_run", "Static facts of this run.", value=info)
+        yield gauge("trajectories_total", "Trajectories in the workload (after --limit).", lambda s: s.total)
+        yield gauge(
+            "active_trajectories", "Trajectories holding an admission slot.", lambda s: s.admission.holding
+        )
+        yield gauge("active_trajectories_limit", "--max-active-trajectories.", lambda s: s.admission.limit)
+        yield gauge("model_requests_inflight", "Model requests holding a slot.", lambda s: s.model.inflight)
+        yield gauge("model_requests_queued", "Model requests waiting for a slot.", lambda s: s.model.queued)
+        yield gauge("model_requests_limit", "--max-inflight-model-requests.", lambda s: s.model.limit)
+        yield gauge("cpu_queue_depth", "CPU jobs waiting for a worker.", lambda s: s.cpu.queued)
+        yield gauge("workers_busy", "Tool workers running a job.", lambda s: s.pool.busy)
+        yield gauge("workers_idle", "Tool workers ready for a job.", lambda s: s.pool.idle)
+        yield gauge("workers_restarting", "Tool workers being replaced.", lambda s: s.pool.restarting)
+        yield gauge("workers", "Size of the tool worker pool (--cpu-workers).", lambda s: s.pool.size)
+        yield gauge(
+            "measurement_elapsed_seconds",
+            "Seconds since measurement start (-1: before).",
+            lambda s: -1.0 if s.elapsed_s is None else s.elapsed_s,
+        )
         finished = CounterMetricFamily(
             f"{PREFIX}_trajectories_finished", "Trajectories that ended, by status.", labels=["status"]
         )
-        for status in sorted({"completed", "failed", *snap.finished}):
-            finished.add_metric([status], snap.finished.get(status, 0))
+        by_status = {} if snap is None else snap.finished
+        for status in sorted({"completed", "failed", *by_status}) if snap is not None else ():
+            finished.add_metric([status], by_status.get(status, 0))
         yield finished
-        yield counter("trajectories_completed", "Trajectories that completed.", snap.completed)
-        yield counter("trajectories_failed", "Trajectories that failed.", snap.failed)
-        yield counter("trajectories_started", "Trajectories admitted.", snap.admission.total_acquired)
-        yield counter("model_requests", "Model requests that took a slot.", snap.model.started)
+        yield counter("trajectories_completed", "Trajectories that completed.", lambda s: s.completed)
+        yield counter("trajectories_failed", "Trajectories that failed.", lambda s: s.failed)
+        yield counter("trajectories_started", "Trajectories admitted.", lambda s: s.admission.total_acquired)
+        yield counter("model_requests", "Model requests that took a slot.", lambda s: s.model.started)
         yield counter(
             "model_requests_enqueued",
             "Model requests enqueued (waiting for a slot or beyond).",
-            snap.model.requests,
+            lambda s: s.model.requests,
         )
         yield counter(
             "model_request_failures",
             "Model requests that failed (not counting those cancelled when the run stopped).",
-            snap.model.failures,
+            lambda s: s.model.failures,
         )
         yield gauge(
             "server_unavailable",
             "1 while the inference server is unavailable (HTTP circuit open, admission paused), else 0.",
-            float(snap.model.server_unavailable),
+            lambda s: float(s.model.server_unavailable),
         )
         yield counter(
             "server_unavailable_events",
             "Times the inference server became unavailable (the HTTP circuit opened).",
-            snap.model.server_unavailable_count,
+            lambda s: s.model.server_unavailable_count,
         )
         yield counter(
             "server_unavailable_seconds",
             "Seconds the inference server was unavailable (admission paused), the current outage included.",
-            snap.model.server_unavailable_s,
+            lambda s: s.model.server_unavailable_s,
         )
-        yield counter("scheduler_decisions", "CPU dispatch decisions of the policy.", snap.cpu.decisions)
-        yield counter("scheduler_reorders", "Decisions that skipped the oldest CPU job.", snap.cpu.reorders)
-        yield counter("worker_restarts", "Tool workers killed and replaced.", snap.pool.restarts)
+        yield counter(
+            "scheduler_decisions", "CPU dispatch decisions of the policy.", lambda s: s.cpu.decisions
+        )
+        yield counter(
+            "scheduler_reorders", "Decisions that skipped the oldest CPU job.", lambda s: s.cpu.reorders
+        )
+        yield counter("worker_restarts", "Tool workers killed and replaced.", lambda s: s.pool.restarts)
 
 
 def _utf8(text: str) -> str:
