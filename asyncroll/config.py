@@ -173,7 +173,12 @@ class RunConfig(BaseModel):
         if self.backend != "scripted" and not self.model:
             problems.append(f"--model is required with --backend {self.backend}")
         if self.backend == "scripted":
-            given = ["--" + name.replace("_", "-") for name in HTTP_ONLY if name in self.model_fields_set]
+            # each flag as given: a switch turned off is its --no- form (--no-structured-output)
+            given = [
+                ("--no-" if getattr(self, name) is False else "--") + name.replace("_", "-")
+                for name in HTTP_ONLY
+                if name in self.model_fields_set
+            ]
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 problems.append(f"{', '.join(given)} only {verb} to HTTP backends (--backend vllm|openai)")

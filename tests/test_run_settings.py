@@ -35,6 +35,9 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
         (["--backend", "vllm"], "--model is required with --backend vllm"),
         (["--max-retries", "1"], "--max-retries only applies to HTTP backends"),
         (["--warmup-requests", "3"], "--warmup-requests only applies to HTTP backends"),
+        # the flag as typed: "--structured-output only applies" named a flag the user never gave
+        (["--no-structured-output"], "error: --no-structured-output only applies to HTTP backends"),
+        (["--no-replay", "--max-retries", "1"], "--no-replay, --max-retries only apply to HTTP backends"),
         # a scripted run reads no model and scrapes no server: the name did nothing, without a word
         (["--model", "m"], "--model only applies to HTTP backends, or with --metrics-url (its filter)"),
         (["--policy", "lifo"], "--policy: Input should be"),
