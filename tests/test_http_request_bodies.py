@@ -246,3 +246,43 @@ def test_a_lone_surrogate_in_a_message_is_sent_escaped_not_a_failed_run() -> Non
     assert received[0] == b'{"messages":[{"role":"user","content":"bad \\ud800 value"}]}'
     assert json.loads(received[0])["messages"][0]["content"] == "bad \ud800 value"
     assert received[1] == '{"messages":[{"role":"user","content":"café"}]}'.encode()
+
+
+def test_a_key_the_server_echoes_in_an_error_is_masked() -> None:
+    """A server (a gateway) that echoed the request's key in its error body had it written to
+    events.jsonl, results.jsonl, trace.json, timeline.html (and run.json, from a warm-up or the
+    server-kind probe): the error text now masks the key, also where the text is cut through it."""
+    import httpx
+
+    from asyncroll.backends.exchange import AttemptFailed, post_chat
+    from asyncroll.backends.probes import probe_kind
+    from asyncroll.errors import ModelError
+
+    secret = "sk-echoed-7c2f9e41"
+
+    def echo(status: int, pad: int) -> httpx.MockTransport:
+        def answer(request: httpx.Request) -> httpx.Response:
+            said = "x" * pad + f"invalid key {request.headers['authorization']}"
+            return httpx.Response(status, json={"error": said})
+
+        return httpx.MockTransport(answer)
+
+    async def chat(pad: int) -> str:
+        headers = {"authorization": f"Bearer {secret}"}
+        async with httpx.AsyncClient(base_url="http://s", headers=headers, transport=echo(401, pad)) as c:
+            with pytest.raises(AttemptFailed) as failed:
+                await post_chat(c, {"model": "m"}, {}, 5.0)
+        return str(failed.value)
+
+    async def probe() -> str:
+        headers = {"authorization": f"Bearer {secret}"}
+        async with httpx.AsyncClient(base_url="http://s", headers=headers, transport=echo(503, 0)) as c:
+            with pytest.raises(ModelError) as failed:
+                await probe_kind(c, "http://s", 5.0)
+        return str(failed.value)
+
+    whole, cut = asyncio.run(chat(0)), asyncio.run(chat(466))  # the 500-character cut falls in the key
+    assert "HTTP 401" in whole and "invalid key Bearer ***" in whole and secret not in whole
+    assert secret[:8] not in cut
+    said = asyncio.run(probe())
+    assert "HTTP 503" in said and "***" in said and secret not in said

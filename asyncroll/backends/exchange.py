@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import orjson
 
-from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.http_errors import describe_transport_error, server_text
 from asyncroll.backends.retry import means_unavailable
-from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
+from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 
 #: Words in a 400 body that mean the server refused the structured-output request itself.
 _SCHEMA_WORDS = ("schema", "response_format", "grammar", "guided", "json_object", "structured")
@@ -130,7 +130,7 @@ async def post_chat(
         raise _unreadable(head, f"unreadable response ({type(exc).__name__}: {exc})") from exc
     status = response.status_code
     if not is_success(status):
-        text = body_text(payload, 500)
+        text = server_text(payload, 500, client.headers)
         kind = "http_status"
         if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):
             kind = "schema_rejected"

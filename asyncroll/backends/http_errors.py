@@ -1,4 +1,5 @@
-"""One readable line for an ``httpx`` transport error, whatever its text.
+"""One readable line for an ``httpx`` transport error, whatever its text; a server's error body as
+text, with the API key masked (:func:`server_text`).
 
 Many of httpx's transport errors carry no text at all (``str(ReadError())`` is ``""``: the socket was
 reset, or the server closed the connection mid-response), so ``f"{name}: {exc}"`` printed ``ReadError: ``.
@@ -8,6 +9,8 @@ along the exception's MRO, so this module imports nothing heavy (``--help`` stay
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 #: What an httpx exception class means, for one that carries no text (most specific names first).
 _MEANING = {
@@ -38,3 +41,15 @@ def describe_transport_error(exc: BaseException) -> str:
     if not text:
         text = next((_MEANING[c.__name__] for c in type(exc).__mro__ if c.__name__ in _MEANING), "")
     return f"{type(exc).__name__}: {text or 'the connection failed'}"
+
+
+def server_text(body: bytes, limit_chars: int, headers: Mapping[str, str]) -> str:
+    """A server's error body as text for a message (at most ``limit_chars``), with the API key the
+    request carried (``headers``: the client's, ``authorization: Bearer KEY``) masked: a server that
+    echoes the key in its error would otherwise have it written to events, results and run.json. Masked
+    before the cut, so that no cut leaves part of it."""
+    auth = headers.get("authorization") or ""
+    key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+    room = limit_chars + len(key)
+    text = body[: 4 * room].decode("utf-8", "replace")[:room]  # as http_read.body_text reads it
+    return (text.replace(key, "***") if key else text)[:limit_chars]

@@ -8,10 +8,10 @@ import json
 
 import httpx
 
-from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.http_errors import describe_transport_error, server_text
 from asyncroll.config import ServerKind
 from asyncroll.errors import ModelError
-from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
+from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 
 KIND_FROM_OWNER: dict[str, ServerKind] = {"vllm": "vllm", "sglang": "sglang"}
 #: The most of a ``/v1/models`` or ``/health`` answer read (a model list of many adapters fits easily).
@@ -56,9 +56,9 @@ async def probe_kind(
         raise ModelError(
             "http_status",
             f"cannot probe the server kind at {endpoint}/v1/models: it answered HTTP {response.status_code} "
-            f"({body_text(body, 200)!r}), which says nothing of what it is; retry once the server is "
-            "ready, or declare its kind with --server-kind vllm|sglang|transformers|generic to skip the "
-            "probe",
+            f"({server_text(body, 200, client.headers)!r}), which says nothing of what it is; retry once "
+            "the server is ready, or declare its kind with --server-kind vllm|sglang|transformers|generic "
+            "to skip the probe",
             status=response.status_code,
         )
     try:
