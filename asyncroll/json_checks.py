@@ -103,8 +103,8 @@ _CONTAINERS = (
     ),
     (b"PK\x03\x04", "a zip archive", "extract the JSON file from it first"),
     (b"(\xb5/\xfd", "zstd-compressed", "decompress it first (`zstd -d FILE -o {out}`)"),
-    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (`xz -dk FILE`)"),
-    (b"BZh", "bzip2-compressed", "decompress it first (`bzip2 -dk FILE`)"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (`xzcat FILE > {out}`)"),
+    (b"BZh", "bzip2-compressed", "decompress it first (`bzcat FILE > {out}`)"),
 )
 
 

@@ -80,6 +80,31 @@ def test_a_compressed_workload_is_named_as_such_with_the_way_to_its_lines(tmp_pa
     assert "zcat" in scan_workload(packed, tmp_path, scripted=True).problems[0]
 
 
+def test_the_way_to_an_xz_or_bzip2_workloads_lines_works_whatever_the_files_name(tmp_path: Path) -> None:
+    """A compressed workload named like the text it holds (``w.jsonl``) was told `xz -dk FILE` (which skips a
+    file without the ``.xz`` suffix: "Filename has an unknown suffix") or `bzip2 -dk FILE` (which writes
+    ``FILE.out``); the way given must work for any name, as `zcat FILE > …` does for gzip."""
+    import bz2
+    import lzma
+    import shlex
+    import shutil
+
+    if not (shutil.which("xzcat") and shutil.which("bzcat")):
+        pytest.skip("needs xzcat and bzcat (xz-utils, bzip2)")
+    smoke = (REPO / "examples" / "smoke.jsonl").read_bytes()
+    for name, packed in (("xz.jsonl", lzma.compress(smoke)), ("bz2.jsonl", bz2.compress(smoke))):
+        path = tmp_path / name
+        path.write_bytes(packed)
+        problem = scan_workload(path, tmp_path, scripted=True).problems[0]
+        command = problem.split("`")[1]
+        assert "FILE" in command and "workload.jsonl" in command, problem
+        subprocess.run(
+            command.replace("FILE", shlex.quote(str(path))), shell=True, cwd=tmp_path, check=True, timeout=10
+        )
+        assert (tmp_path / "workload.jsonl").read_bytes() == smoke, problem
+        (tmp_path / "workload.jsonl").unlink()
+
+
 @pytest.mark.timeout(60)
 def test_run_from_a_pipe_is_a_usage_error_and_creates_nothing(tmp_path: Path) -> None:
     out = tmp_path / "run"
