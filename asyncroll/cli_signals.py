@@ -50,9 +50,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def starting() -> Iterator[None]:
     """While the block runs (the CLI's imports), a stop signal ends the process: exit 130, "interrupted by
-    SIGINT while starting: nothing done" on stderr, no traceback. A signal the process was started
-    ignoring stays ignored (as Python leaves an ignored SIGINT, and as :func:`guard` leaves a ``nohup``'s
-    SIGHUP). The handlers in place before are put back after. Main thread only."""
+    SIGINT while starting: nothing done" on stderr, no traceback. A SIGHUP the process was started
+    ignoring (``nohup``) stays ignored, as :func:`guard` leaves it; an ignored SIGINT or SIGTERM (a script's
+    background job starts with SIGINT ignored) stops it, as it does once :func:`guard` runs. The handlers in
+    place before are put back after. Main thread only."""
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         with contextlib.suppress(OSError):
@@ -64,7 +65,7 @@ def starting() -> Iterator[None]:
     previous: dict[signal.Signals, Any] = {}
     try:
         for sig in _stop_signals():
-            if signal.getsignal(sig) == signal.SIG_IGN:
+            if sig == getattr(signal, "SIGHUP", None) and signal.getsignal(sig) == signal.SIG_IGN:
                 continue
             try:
                 previous[sig] = signal.signal(sig, stop)

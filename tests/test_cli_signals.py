@@ -177,6 +177,17 @@ def test_a_signal_while_the_cli_imports_exits_130_with_one_line(sig: signal.Sign
     assert (stdout, stderr) == ("", f"interrupted by {sig.name} while starting: nothing done\n")
 
 
+@pytest.mark.timeout(120)
+def test_a_sigint_the_process_was_started_ignoring_stops_it_while_it_imports_as_later() -> None:
+    """A background job of a script (``asyncroll run … &``) starts with SIGINT ignored. The command honours
+    it from its options on (:func:`cli_signals.guard`, the run's handlers: only a ``nohup``'s SIGHUP stays
+    ignored), but while its modules imported it stayed ignored: a ``kill -INT`` in the first ≈ 0.3 s was
+    lost and the run went on to exit 0, one a moment later stopped it (exit 130)."""
+    script = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n" + STOP_WHILE_IMPORTING
+    code, stdout, stderr = outputs(python(script, str(int(signal.SIGINT)), str(SMOKE)))
+    assert (code, stdout, stderr) == (130, "", "interrupted by SIGINT while starting: nothing done\n")
+
+
 def test_starting_puts_the_handlers_back_and_leaves_an_ignored_signal_ignored() -> None:
     from asyncroll import cli_signals
 
