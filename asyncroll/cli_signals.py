@@ -62,19 +62,32 @@ def starting() -> Iterator[None]:
             )
         raise SystemExit(130)
 
+    with _handled_by(stop, keep_nohup=True):
+        yield
+
+
+@contextlib.contextmanager
+def _handled_by(handler: Any, *, keep_nohup: bool = False) -> Iterator[None]:
+    """``handler`` takes each stop signal while the block runs; the handlers in place before are put back
+    after. ``keep_nohup``: a SIGHUP the process was started ignoring stays ignored. Main thread only
+    (a signal's Python handler runs there); elsewhere nothing changes."""
     previous: dict[signal.Signals, Any] = {}
     try:
         for sig in _stop_signals():
-            if sig == getattr(signal, "SIGHUP", None) and signal.getsignal(sig) == signal.SIG_IGN:
+            if (
+                keep_nohup
+                and sig == getattr(signal, "SIGHUP", None)
+                and signal.getsignal(sig) == signal.SIG_IGN
+            ):
                 continue
             try:
-                previous[sig] = signal.signal(sig, stop)
+                previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread
                 break
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig, before in previous.items():
+            signal.signal(sig, signal.SIG_DFL if before is None else before)
 
 
 def guard() -> None:
@@ -140,17 +153,10 @@ def deferred() -> Iterator[None]:
     def note(signum: int, _frame: FrameType | None) -> None:
         pending.append(signum)
 
-    previous: dict[signal.Signals, Any] = {}
     try:
-        for sig in _stop_signals():
-            try:
-                previous[sig] = signal.signal(sig, note)
-            except ValueError:  # not the main thread
-                break
-        yield
+        with _handled_by(note):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         if pending:  # the first only: one stop is what the handler in place acts on
             signal.raise_signal(pending[0])
 
