@@ -63,6 +63,15 @@ def test_keys_that_json_would_write_as_one_string_stay_apart() -> None:
     assert to_jsonable({big: "a", "1": "b"}) == {big: "a", "1": "b"}
 
 
+def test_a_renamed_key_never_takes_the_place_of_another() -> None:
+    """The renaming itself keeps every key: a str key already spelt ``"1 (int)"``, a tuple key beside
+    the str its repr is, two NaN keys (which Python keeps apart and JSON would write as one)."""
+    assert to_jsonable({1: "a", "1": "b", "1 (int)": "c"}) == {"1 (int #2)": "a", "1": "b", "1 (int)": "c"}
+    assert to_jsonable({(1, 2): "t", "(1, 2)": "s"}) == {"(1, 2) (tuple)": "t", "(1, 2)": "s"}
+    nans = to_jsonable({float("nan"): "a", float("nan"): "b", "NaN": "c"})
+    assert nans == {"NaN (float)": "a", "NaN (float #2)": "b", "NaN": "c"}
+
+
 def test_non_finite_floats_become_strings_and_reprs_lose_memory_addresses() -> None:
     """An observation is JSON the model can read, and the same result reads the same in every run."""
 

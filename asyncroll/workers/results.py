@@ -127,16 +127,8 @@ class _Conversion:
     def _container(self, value: _Container, depth: int) -> Any:
         if isinstance(value, dict):
             pairs = [(k, self._key(k, depth), self.convert(v, depth)) for k, v in value.items()]
-            texts = Counter(_key_text(key) for _, key, _ in pairs)
-            if len(texts) == len(pairs):
-                return {key: item for _, key, item in pairs}
-            # keys that JSON would write as one string (1 and "1"): each that is not a str says its type
-            return {
-                f"{_key_text(key)} ({type(k).__name__})"
-                if texts[_key_text(key)] > 1 and not isinstance(key, str)
-                else key: item
-                for k, key, item in pairs
-            }
+            keys = _distinct_keys([(k, key) for k, key, _ in pairs])
+            return {key: item for key, (_, _, item) in zip(keys, pairs, strict=True)}
         items = [self.convert(v, depth) for v in value]
         if isinstance(value, list | tuple):
             return items
@@ -153,6 +145,31 @@ class _Conversion:
             return without_addresses(str(key))  # a tuple key holding an object: no address here either
         except Exception:  # noqa: BLE001 - a tuple key holding an object whose __repr__ raises
             return _repr(key)
+
+
+def _distinct_keys(pairs: list[tuple[Any, Any]]) -> list[Any]:
+    """The converted keys of ``(key, converted)`` pairs, with those that JSON would write as one string
+    (``1`` and ``"1"``, ``(1, 2)`` and ``"(1, 2)"``) kept apart: each whose key is not a str says its type
+    (``"1 (int)"``), and a name already taken (a str key ``"1 (int)"``, two NaN keys) is numbered
+    (``"1 (int #2)"``)."""
+    texts = Counter(_key_text(converted) for _, converted in pairs)
+    if len(texts) == len(pairs):
+        return [converted for _, converted in pairs]
+    kept = [texts[_key_text(converted)] == 1 or isinstance(key, str) for key, converted in pairs]
+    taken = {_key_text(converted) for (_, converted), keep in zip(pairs, kept, strict=True) if keep}
+    out: list[Any] = []
+    for (key, converted), keep in zip(pairs, kept, strict=True):
+        if keep:
+            out.append(converted)
+            continue
+        text, kind = _key_text(converted), type(key).__name__
+        name, n = f"{text} ({kind})", 1
+        while name in taken:
+            n += 1
+            name = f"{text} ({kind} #{n})"
+        taken.add(name)
+        out.append(name)
+    return out
 
 
 def _key_text(key: Any) -> str:
