@@ -5,8 +5,9 @@ compile, and its module level must bind the tool's name (a ``def``, ``class``, a
 so that a typo fails in validation, with the file and line, instead of in a worker seconds later.
 
 When the name is bound exactly once, by a module-level assignment of a literal (``x = 5``, ``x = [1]``),
-it cannot be called, and validation says so. When it is bound exactly once, by a plain (undecorated)
-``def``, its signature is known too
+it cannot be called, and validation says so (unless the module may bind names at run time: ``globals()``,
+``setattr``, ``exec``, ``sys.modules[...].x = ``, which may fill such a placeholder). When it is bound
+exactly once, by a plain (undecorated) ``def``, its signature is known too
 (:class:`ToolFunction`): validation then refuses an ``async def`` or generator function (calling it would
 run none of its body) and compares the declared inputs with the parameters, because workers call a tool
 with keyword arguments only (``tool(**arguments)``). Anything else (a decorated function, a class, an
@@ -191,6 +192,7 @@ class _Bindings:
         # a later tool call): one more place that binds it.
         self.counts.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
         self.dynamic = bool(self.star_lines) or "__getattr__" in self.counts
+        self.rebinds_at_run_time = any(_binds_by_name(node) for node in ast.walk(tree))
 
     def known_functions(self) -> dict[str, ToolFunction]:
         """The defs whose name nothing else binds: not decorated (a decorator may return anything), the
@@ -207,11 +209,31 @@ class _Bindings:
         """The names whose only binding is a module-level assignment of a literal (after every star
         import), with its line and kind: ``x = 5`` makes ``x`` an int, which no worker can call."""
         out: dict[str, tuple[int, str]] = {}
+        if self.rebinds_at_run_time:  # ``tool = None`` then ``globals()["tool"] = make()``: a placeholder
+            return out
         for name, (line, value) in self.assigned.items():
             kind = _literal_kind(value)
             if kind and self.counts[name] == 1 and all(star < line for star in self.star_lines):
                 out[name] = (line, kind)
         return out
+
+
+#: Calls that may bind a module-level name no statement shows (``globals()["f"] = g``, ``setattr(...)``).
+_NAME_BINDERS = frozenset({"globals", "vars", "locals", "setattr", "exec"})
+
+
+def _binds_by_name(node: ast.AST) -> bool:
+    """Whether ``node`` may bind a module-level name at run time: a call of one of :data:`_NAME_BINDERS`,
+    or an assignment to an attribute of ``sys.modules[...]``."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id in _NAME_BINDERS
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Subscript)
+        and isinstance(node.value.value, ast.Attribute)
+        and node.value.value.attr == "modules"
+    )
 
 
 def _literal_kind(value: ast.expr) -> str | None:

@@ -172,6 +172,12 @@ def test_a_tool_name_bound_only_to_a_literal_fails_validation(
         "f = abs\n",
         "f = (abs)\n",
         "if True:\n    f = 5\nelse:\n    f = abs\n",
+        # a placeholder filled at import time by a binding no statement shows
+        "f = None\ndef _make():\n    return abs\nglobals()['f'] = _make()\n",
+        "f = None\nglobals().update(f=abs)\n",
+        "import sys\nf = None\nsetattr(sys.modules[__name__], 'f', abs)\n",
+        "import sys\nf = None\nsys.modules[__name__].f = abs\n",
+        "f = None\nexec('def f(x):\\n    return x')\n",
     ],
 )
 def test_a_literal_binding_that_may_be_rebound_is_left_to_the_worker(tmp_path: Path, source: str) -> None:
