@@ -187,6 +187,14 @@ def test_evaluator_settings_for_a_workload_without_code_say_they_do_nothing(
     assert "--evaluation-timeout, --allow-weak-isolation have no effect" in capsys.readouterr().err
 
 
+def test_evaluator_settings_given_as_an_iterator_are_all_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """``given`` is any iterable: a generator was spent by the first setting's test, the others unnamed."""
+    from asyncroll.commands.common import warn_no_evaluations
+
+    warn_no_evaluations(iter(["test_timeout", "test_memory_mb"]), iter(["add"]))
+    assert "--test-timeout, --test-memory-mb have no effect" in capsys.readouterr().err
+
+
 def test_gpu_slots_is_a_deprecated_alias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The alias only sets --max-inflight-model-requests, which the receipt and summary then report as
     any setting (the real runs above): checked in this process."""

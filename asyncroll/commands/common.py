@@ -47,7 +47,8 @@ def warn_no_evaluations(given: Iterable[str], tools: Iterable[str]) -> None:
     evaluates code (no ``lcb_evaluate``): a flag that silently does nothing misleads."""
     from asyncroll.workload.models import EVALUATOR_TOOL
 
-    unread = [flag for key, flag in EVALUATOR_SETTINGS.items() if key in set(given)]
+    given = set(given)  # read once: an iterator would be spent by the first setting's test
+    unread = [flag for key, flag in EVALUATOR_SETTINGS.items() if key in given]
     if unread and EVALUATOR_TOOL not in set(tools):
         verb = "has" if len(unread) == 1 else "have"
         typer.echo(
