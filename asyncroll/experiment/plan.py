@@ -104,7 +104,7 @@ def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir
     cmd = [
         sys.executable,
         "-m",
-        "asyncroll.cli",
+        "asyncroll",  # the command's own entry: a stop while it imports exits 130 with one line
         "run",
         "--workload",
         str(cfg.workload.path),
