@@ -71,12 +71,9 @@ def recover(
         if (where / "arm.json").is_file():
             data = read_json(where / "arm.json")
             for role in ("client", "server"):
-                recorded_role = data.get(
-                    role, {}
-                )  # no process yet: killed after the spawn, before its record
-                swept[role] = sweep_orphan(
-                    recorded_role.get("process") or {"origin": recorded_role.get("origin")}
-                )
+                # no process recorded: the runner was killed after the spawn, before its record of it
+                entry = data.get(role, {})
+                swept[role] = sweep_orphan(entry.get("process") or {"origin": entry.get("origin")})
             if data.get("status") in TERMINAL:  # it finished; the runner died before recording it
                 record_arm(receipt, output, echo, arm, data)
                 recorded.append(arm.id)
