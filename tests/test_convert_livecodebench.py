@@ -103,8 +103,10 @@ def test_functional_tests_hold_ints_of_up_to_livecodebench_s_50000_digits() -> N
     """LiveCodeBench reads a functional test under its raised digit limit (50,000): a 5,001-digit argument
     or expected value is a real test there, and was refused here ("Exceeds the limit (4300 digits)") by the
     converter and by the evaluator's checks that validation runs. Past 50,000 digits both refuse it."""
+    from asyncroll.evaluator import harness, lcb_json
     from asyncroll.evaluator.cases import check_test
 
+    assert lcb_json.LCB_INT_DIGITS == harness.INT_MAX_STR_DIGITS  # the program's limit, and the readers'
     big = "1" + "0" * 5000
     test = {"input": f"{big}\n[{big}]", "output": big, "testtype": "functional"}
     assert decode_private(json.dumps([test])) == [test]
