@@ -73,13 +73,15 @@ def write_config(tmp: Path, **changes: Any) -> Path:
 
 
 def wait_for_client(runner: subprocess.Popen[bytes], arm_json: Path, log: Path, within_s: float = 60) -> None:
-    """Until the arm's receipt says its client runs: synchronise on the receipt, not on a guessed delay."""
+    """Until the arm's receipt says its client runs and records the client's process (the status is written
+    before the spawn, its process after it): synchronise on the receipt, not on a guessed delay."""
     deadline = time.monotonic() + within_s
     while True:
         assert runner.poll() is None, log.read_text()
         assert time.monotonic() < deadline, f"{arm_json.parent.name} never reached its client"
         try:
-            if read(arm_json)["status"] == "running_client":
+            data = read(arm_json)
+            if data["status"] == "running_client" and data.get("client", {}).get("process"):
                 return
         except (OSError, ValueError):
             pass

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,17 @@ import pytest
 from asyncroll.experiment.config import load_experiment_config
 from tests.children import end
 from tests.conftest import invoke
-from tests.experiments import CLI, ROOT, SMOKE, alive, kill_recorded, read, recorded_processes, write_config
+from tests.experiments import (
+    CLI,
+    ROOT,
+    SMOKE,
+    alive,
+    kill_recorded,
+    read,
+    recorded_processes,
+    wait_for_client,
+    write_config,
+)
 
 
 @pytest.mark.timeout(90)
@@ -134,17 +143,7 @@ def test_sigterm_stops_the_arm_cleanly(tmp_path: Path) -> None:
     log.close()
     arm_json = out / "arms" / "pair1-fifo" / "arm.json"
     try:
-        deadline = time.monotonic() + 40
-        while True:
-            assert runner.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "runner.log"
-            ).read_text()
-            try:
-                if read(arm_json)["status"] == "running_client":
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.02)
+        wait_for_client(runner, arm_json, tmp_path / "runner.log", 40)  # its client spawned and recorded
         live = read(arm_json)
         # a --resume (or a new run) on a directory a live runner uses is refused; nothing is touched
         for resume in (True, False):
