@@ -238,20 +238,24 @@ def _binds_by_name(node: ast.AST) -> bool:
 
 def _literal_kind(value: ast.expr) -> str | None:
     """What a literal expression makes ("an int", "a list"...), or None when it may be callable."""
-    if isinstance(value, ast.Constant):
-        kind = "None" if value.value is None else type(value.value).__name__
-    elif isinstance(value, ast.JoinedStr):
-        kind = "str"
-    else:
-        kinds = {ast.List: "list", ast.ListComp: "list", ast.Tuple: "tuple", ast.Dict: "dict"}
-        kinds |= {ast.DictComp: "dict", ast.Set: "set", ast.SetComp: "set", ast.GeneratorExp: "generator"}
-        found = kinds.get(type(value))
-        if found is None:
-            return None
-        kind = found
-    if kind == "None":
+    if isinstance(value, ast.Constant) and value.value is None:
         return "None"
-    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    kind = type(value.value).__name__ if isinstance(value, ast.Constant) else _LITERALS.get(type(value))
+    return None if kind is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+#: The literal expressions other than constants, by what they make.
+_LITERALS: dict[type[ast.expr], str] = {
+    ast.JoinedStr: "str",
+    ast.List: "list",
+    ast.ListComp: "list",
+    ast.Tuple: "tuple",
+    ast.Dict: "dict",
+    ast.DictComp: "dict",
+    ast.Set: "set",
+    ast.SetComp: "set",
+    ast.GeneratorExp: "generator",
+}
 
 
 def _yields(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
