@@ -15,7 +15,7 @@ from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.clock import SystemClock
 from asyncroll.config import build_config
 from asyncroll.errors import UsageError
-from asyncroll.events import ModelFinished, TrajectoryFinished
+from asyncroll.events import ModelFailed, ModelFinished, TrajectoryFinished
 from asyncroll.serve_sim.config import FaultConfig
 from asyncroll.workload import FinalAction, Problem
 from tests.http_backend import (
@@ -286,3 +286,32 @@ def test_a_key_the_server_echoes_in_an_error_is_masked() -> None:
     assert secret[:8] not in cut
     said = asyncio.run(probe())
     assert "HTTP 503" in said and "***" in said and secret not in said
+
+
+@pytest.mark.timeout(60)
+def test_a_key_a_server_echoes_in_a_2xx_that_is_no_completion_is_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2xx body that is no chat completion is quoted in its ``bad_response`` error (a turn's, or the
+    warm-up's that fails the run): a gateway echoing the key there had it written to events.jsonl,
+    results.jsonl and run.json. The quote and the reason now mask it, as an error status's body is."""
+    from tests.hostile_http import HostileServer, json_reply
+
+    secret = "sk-echoed-2xx-91ad"
+    monkeypatch.setenv("ASYNCROLL_TEST_KEY", secret)
+    echo = json_reply({"choices": [{"message": {"content": [{"type": f"key {secret}"}]}}], "k": secret})
+    with HostileServer([echo]) as server:
+        turn, capture, out = http_run(
+            tmp_path, final_problems(1), server.url, api_key_env="ASYNCROLL_TEST_KEY"
+        )
+        warm, _, warm_out = http_run(
+            tmp_path, final_problems(1), server.url, api_key_env="ASYNCROLL_TEST_KEY", warmup_requests=1
+        )
+    assert turn.status == "complete", turn.error  # the failure is the trajectory's, not the run's
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "bad_response" and "body is not an OpenAI chat completion" in failed.error
+    assert "'key ***'" in failed.error and '"k":"***"' in failed.error.replace(" ", ""), failed.error
+    assert warm.status == "failed" and warm.error is not None and "warm-up request 1/1" in warm.error
+    assert secret not in warm.error and "***" in warm.error
+    for run_dir in (out, warm_out):
+        assert not [f for f in run_dir.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]

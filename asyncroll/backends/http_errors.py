@@ -53,3 +53,19 @@ def server_text(body: bytes, limit_chars: int, headers: Mapping[str, str]) -> st
     room = limit_chars + len(key)
     text = body[: 4 * room].decode("utf-8", "replace")[:room]  # as http_read.body_text reads it
     return (text.replace(key, "***") if key else text)[:limit_chars]
+
+
+def mask_key(text: str, headers: Mapping[str, str]) -> str:
+    """``text`` with the API key of ``headers`` (``authorization: Bearer KEY``) replaced by ``***``."""
+    auth = headers.get("authorization") or ""
+    key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+    return text.replace(key, "***") if key else text
+
+
+def quoted_body(body: bytes, limit_bytes: int, headers: Mapping[str, str]) -> str:
+    """The first ``limit_bytes`` of a body the client could not read (a 2xx that is no completion), as
+    its bytes' ``repr``, with the API key masked as :func:`server_text` masks it (before the cut)."""
+    auth = headers.get("authorization") or ""
+    key = auth[len("Bearer ") :].encode("utf-8", "replace") if auth.startswith("Bearer ") else b""
+    head = body[: limit_bytes + len(key)]
+    return repr((head.replace(key, b"***") if key else head)[:limit_bytes])

@@ -48,6 +48,7 @@ from asyncroll.backends.action_schema import is_code_workload, parse_action, too
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.backends.completion import NotACompletion, read_completion
 from asyncroll.backends.exchange import AttemptFailed, post_chat
+from asyncroll.backends.http_errors import mask_key, quoted_body
 from asyncroll.backends.http_settings import HttpSettings
 from asyncroll.backends.probes import healthy, probe_kind
 from asyncroll.backends.request_body import REPLAY_FIXED_LENGTH, action_headers, chat_body, warmup_body
@@ -223,8 +224,7 @@ class OpenAIBackend:
                 except NotACompletion as exc:  # as a turn's reply would be: bad_response, not retried
                     raise ModelError(
                         "bad_response",
-                        f"warm-up request {i + 1}/{requests}: HTTP {status} body is not an OpenAI chat "
-                        f"completion ({exc}): {payload[:200]!r}",
+                        f"warm-up request {i + 1}/{requests}: {self._not_a_completion(status, exc, payload)}",
                         status=status,
                     ) from exc
                 except AttemptFailed as exc:
@@ -324,6 +324,13 @@ class OpenAIBackend:
                     ModelPaused(id=request.trajectory_id, turn=request.turn, attempt=attempt, waited_s=waited)
                 )
 
+    def _not_a_completion(self, status: int, exc: NotACompletion, payload: bytes) -> str:
+        """What a 2xx body that is no chat completion was, its head quoted; the API key masked (a
+        gateway that echoes it would have it written to events, results and run.json)."""
+        headers = self._http().headers
+        why, head = mask_key(str(exc), headers), quoted_body(payload, 200, headers)
+        return f"HTTP {status} body is not an OpenAI chat completion ({why}): {head}"
+
     def _parse(
         self, request: ModelRequest, scripted: Action | None, status: int, payload: bytes, attempts: int
     ) -> ModelResponse:
@@ -333,7 +340,7 @@ class OpenAIBackend:
         except NotACompletion as exc:
             raise ModelError(
                 "bad_response",
-                f"HTTP {status} body is not an OpenAI chat completion ({exc}): {payload[:200]!r}",
+                self._not_a_completion(status, exc, payload),
                 status=status,
                 response_received=True,
                 parse_s=round(self._clock.now() - parse_start, 6),
