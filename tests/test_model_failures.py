@@ -204,6 +204,37 @@ def test_a_transient_error_from_the_model_list_is_no_server_kind(status: int) ->
     assert asyncio.run(probe(404)) == ("generic", "probed: /v1/models answered HTTP 404 without a model list")
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("status", "key"), [(401, None), (403, None), (401, "sk-wrong-one")])
+def test_a_server_that_refuses_the_key_is_said_at_the_probe(status: int, key: str | None) -> None:
+    """A server started with an API key answered the probe 401 without one: it was recorded as a
+    ``generic`` server "without a model list", and every request then failed on its own. The probe now
+    fails the start, saying a key is wanted (or that the one given was refused), the key masked."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json={"error": f"bad key {request.headers.get('authorization')}"})
+
+    async def probe() -> None:
+        settings = HttpSettings(endpoint="http://server", model="m", inflight=1, api_key=key)
+        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(answer))
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await backend.start(tg)
+            finally:
+                await backend.aclose()
+
+    with pytest.raises(ExceptionGroup) as raised:
+        asyncio.run(probe())
+    (error,) = raised.value.exceptions
+    assert isinstance(error, ModelError) and error.status == status
+    said = str(error)
+    assert f"refused GET /v1/models: HTTP {status}" in said
+    if key is None:
+        assert "it wants an API key" in said and "--api-key-env" in said
+    else:
+        assert "refused the API key --api-key-env gave" in said and key not in said and "***" in said
+
+
 @pytest.mark.timeout(60)
 def test_results_say_how_many_attempts_a_failed_request_made(tmp_path: Path) -> None:
     """A request that failed after its retries read in results.jsonl exactly as one that was never

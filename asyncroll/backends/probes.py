@@ -31,9 +31,10 @@ async def probe_kind(
     """``GET /v1/models``: vLLM and SGLang name themselves in ``owned_by``; anything else is generic.
     Returns the kind and how it was found, for the receipt.
 
-    Only an unreachable server, or one that answered a transient error (408, 429, 5xx: starting up,
-    overloaded — no word on what it is), is an error here (:class:`ModelError`); a server without a
-    usable model list is generic, and the receipt says why."""
+    Only an unreachable server, one that answered a transient error (408, 429, 5xx: starting up,
+    overloaded — no word on what it is), or one that refused the request's key (401, 403: it would
+    refuse every chat request too) is an error here (:class:`ModelError`); a server without a usable
+    model list is generic, and the receipt says why."""
     limit = min(10.0, request_timeout)
     try:
         response, body = await get_bounded(client, "/v1/models", limit)
@@ -59,6 +60,19 @@ async def probe_kind(
             f"({server_text(body, 200, client.headers)!r}), which says nothing of what it is; retry once "
             "the server is ready, or declare its kind with --server-kind vllm|sglang|transformers|generic "
             "to skip the probe",
+            status=response.status_code,
+        )
+    if response.status_code in (401, 403):  # the key: every chat request would be refused as well
+        sent = "authorization" in client.headers
+        raise ModelError(
+            "http_status",
+            f"the server at {endpoint} refused GET /v1/models: HTTP {response.status_code} "
+            f"({server_text(body, 200, client.headers)!r}); "
+            + (
+                "it refused the API key --api-key-env gave"
+                if sent
+                else "it wants an API key: name the environment variable that holds it with --api-key-env"
+            ),
             status=response.status_code,
         )
     try:
