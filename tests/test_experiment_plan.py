@@ -154,3 +154,18 @@ def test_every_client_command_is_accepted_by_run_without_server_telemetry(
         done = invoke(*command[command.index("run") :])
         assert done.exit_code == 0, done.stderr
     assert accepted and not any(c.telemetry for c in accepted)
+
+
+def test_a_transformers_server_gets_no_metrics_url_unless_one_is_given(tmp_path: Path) -> None:
+    """``transformers serve`` serves no ``/metrics``: with the default path every arm's client scraped a
+    404 and warned it unavailable. Its default is now none; a path given is still used."""
+    unset = load_experiment_config(write_config(tmp_path, **{"server.kind": "transformers"}))
+    assert unset.server.metrics_path is None
+    for arm in build_plan(unset):
+        assert "--metrics-url" not in client_command(unset, arm, 8000, tmp_path / "run")
+    given = load_experiment_config(
+        write_config(tmp_path, **{"server.kind": "transformers", "server.metrics_path": "/m"})
+    )
+    assert given.server.metrics_path == "/m"
+    vllm = load_experiment_config(write_config(tmp_path, **{"server.kind": "vllm"}))
+    assert "--metrics-url" in client_command(vllm, build_plan(vllm)[0], 8000, tmp_path / "run")

@@ -107,9 +107,20 @@ class ServerSpec(_Strict):
     readiness_paths: list[str] = Field(default_factory=lambda: ["/health", "/v1/models"], min_length=1)
     startup_timeout_s: Float = Field(default=900.0, gt=0)
     stop_grace_s: Float = Field(default=30.0, ge=0)
-    metrics_path: str | None = Field(default="/metrics", description="null: no server telemetry.")
+    metrics_path: str | None = Field(
+        default="/metrics",
+        description="null: no server telemetry. Unset with kind transformers: null (it serves no metrics).",
+    )
     # false: whoever listens on the port is trusted (a container's daemon listens outside the command)
     check_listener: bool = Field(default=True, description="false: trust whoever listens on the port.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_metrics_from_transformers(cls, data: Any) -> Any:
+        """``transformers serve`` has no ``/metrics``: every arm's client warned it unavailable."""
+        if isinstance(data, dict) and data.get("kind") == "transformers" and "metrics_path" not in data:
+            return {**data, "metrics_path": None}
+        return data
 
     @field_validator("readiness_paths")
     @classmethod
