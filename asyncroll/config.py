@@ -38,6 +38,7 @@ from asyncroll.json_checks import (
 )
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
+from asyncroll.receipt_settings import is_receipt, receipt_settings
 from asyncroll.setting_names import unknown_setting
 from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url
 
@@ -315,6 +316,8 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise UsageError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {why}{read_as}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
+    if is_receipt(data):  # a run's run.json: that run's settings (asyncroll/receipt_settings.py)
+        data = receipt_settings(data, {name: f.default for name, f in RunConfig.model_fields.items()})
     surrogate = lone_surrogate_at(data)  # JSON escapes one ("\udc80"); no later write could hold it
     if surrogate is not None:
         where = "a setting's name" if surrogate == "line" else f"setting {surrogate.split('.')[0]!r}"

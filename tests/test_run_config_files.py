@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_runs import SMOKE, cli, load_run, run_in_process
+from tests.cli_runs import REPO, SMOKE, cli, load_run, run_in_process
 
 
 def test_config_file_with_flag_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -397,3 +397,38 @@ def test_a_config_files_missing_tool_root_or_busy_metrics_port_is_blamed_on_the_
     assert result.exit_code == 2 and not seen, result.output
     said = f"error: --config {config}: setting 'metrics_port': {port} on 127.0.0.1: cannot listen: "
     assert said in result.stderr, result.stderr
+
+
+def test_a_runs_receipt_is_a_config_file_for_running_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config RUN/run.json`` re-runs a run with its settings. It was refused ("setting 'limits': a group
+    of settings"), and with the derived keys removed by hand every recorded default of a scripted run
+    (``endpoint``, ``seed``, ``max_retries``…) was refused as an HTTP-only setting. Now: the derived keys
+    and the output are left out, the workload is the file the run read and a relative tool root is taken
+    from the run's directory, whatever the current directory; a flag still wins."""
+    first = tmp_path / "first"
+    done = cli(
+        "run", "--workload", "examples/toolmath/workload.jsonl", "--tool-root", "examples/toolmath",
+        "--output", first, "--policy", "asyncroll", "--cpu-workers", "1", "--max-turns", "5",
+        "--aging-seconds", "12", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    recorded = json.loads((first / "run.json").read_text())["config"]
+    monkeypatch.chdir(tmp_path)  # not the directory the run's relative paths were given from
+    again, seen = run_in_process(monkeypatch, "--config", first / "run.json", "--output", "second")
+    assert again.exit_code == 0, again.stderr
+    (cfg,) = seen
+    assert cfg.workload == REPO / "examples" / "toolmath" / "workload.jsonl"
+    assert cfg.tool_root == REPO / "examples" / "toolmath" and cfg.output == Path("second")
+    changed = {k for k, v in cfg.model_dump(mode="json").items() if recorded[k] != v}
+    assert changed == {"workload", "tool_root", "output"}
+    flagged, seen = run_in_process(
+        monkeypatch, "--config", first / "run.json", "--output", "third", "--policy", "fifo"
+    )
+    assert flagged.exit_code == 0 and seen[0].policy == "fifo" and seen[0].aging_seconds == 12
+    unnamed, seen = run_in_process(monkeypatch, "--config", first / "run.json")
+    assert unnamed.exit_code == 2 and not seen
+    assert (
+        f"missing required option(s): --output (--config {first / 'run.json'} gives none)" in unnamed.stderr
+    )

@@ -246,7 +246,8 @@ def run(
         values.update(flags)
         missing = [f"--{k}" for k in ("workload", "output") if k not in values]
         if missing:
-            raise UsageError(f"missing required option(s): {', '.join(missing)}")
+            given = "" if config is None else f" (--config {config} gives none)"
+            raise UsageError(f"missing required option(s): {', '.join(missing)}{given}")
         cfg = build_config(values, origins)
         not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
         if not_found:

@@ -1,0 +1,39 @@
+"""A finished run's settings, read back from its ``run.json`` for ``asyncroll run --config RUN/run.json``.
+
+``run.json`` records the merged settings under ``config`` with three values the run derived from them
+(``policy_canonical``, ``limits``, ``starvation_threshold_effective``), the workload by its resolved path,
+and the directory relative paths were taken from (``cwd``). Re-running a run reads them back as a config
+file's settings: the derived values are left out (they are derived again), as is ``output`` (the run's own
+directory exists, and is never overwritten: the new run's ``--output`` is given by flag), the workload is
+the file the run read (its absolute path, whatever the current directory), a relative ``tool_root`` is
+taken from the run's ``cwd``, and a value equal to its default is left out, so that the run's recorded
+defaults (``endpoint`` of a scripted run) are not taken for settings given against its backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+#: The keys of run.json's ``config`` that the run derived, not settings (runtime/run.py writes them).
+DERIVED = ("policy_canonical", "limits", "starvation_threshold_effective")
+
+
+def is_receipt(data: Mapping[str, Any]) -> bool:
+    """Whether a ``--config`` file's object is a run's ``run.json`` (not a file of settings)."""
+    return isinstance(data.get("config"), dict) and "schema_version" in data and "command" in data
+
+
+def receipt_settings(data: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of the run whose ``run.json`` is ``data``, as above (``defaults``: each setting's
+    default, by field name)."""
+    config: dict[str, Any] = dict(data["config"])
+    for key in (*DERIVED, "output"):
+        config.pop(key, None)
+    workload = data.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("path"), str):
+        config["workload"] = workload["path"]  # resolved when the run started
+    cwd, root = data.get("cwd"), config.get("tool_root")
+    if isinstance(cwd, str) and isinstance(root, str) and not os.path.isabs(root):
+        config["tool_root"] = os.path.join(cwd, root)
+    return {key: value for key, value in config.items() if key not in defaults or value != defaults[key]}
