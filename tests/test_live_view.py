@@ -225,7 +225,7 @@ def test_metrics_port_scraped_during_a_real_run(tmp_path: Path) -> None:
     mid = scrapes[-1]
     assert mid["asyncroll_cpu_queue_depth"] >= 1, scrapes  # caught mid-run, with work queued
     assert mid["asyncroll_measurement_elapsed_seconds"] > 0
-    assert mid["asyncroll_trajectories_total"] == 4 and mid["asyncroll_workers"] == 1
+    assert mid["asyncroll_workload_trajectories"] == 4 and mid["asyncroll_workers"] == 1
     assert mid["asyncroll_workers_busy"] == 1 and mid["asyncroll_worker_restarts_total"] == 0
     assert 1 <= mid["asyncroll_active_trajectories"] <= mid["asyncroll_active_trajectories_limit"] == 16
     assert 0 <= mid["asyncroll_model_requests_inflight"] <= mid["asyncroll_model_requests_limit"] == 4

@@ -98,7 +98,7 @@ def test_stop_releases_the_port_at_once_and_twice_is_harmless() -> None:
     exporter = MetricsExporter(RuntimeCollector(_Fixed(snap({}, 1.0))), 0).start()  # type: ignore[arg-type]
     try:
         port = exporter.port
-        assert port is not None and _scrape(exporter.url)["asyncroll_trajectories_total"] == 10
+        assert port is not None and _scrape(exporter.url)["asyncroll_workload_trajectories"] == 10
     finally:
         exporter.stop()
     assert listen_error("127.0.0.1", port) is None  # free again, in this very process
@@ -129,3 +129,14 @@ def test_why_a_port_cannot_be_used_is_said_exactly() -> None:
     with pytest.raises(AsyncrollError) as caught:
         v6.start()  # RFC 3849's documentation prefix: never local, refused at once
     assert str(caught.value).startswith("--metrics-port 1: cannot listen on [2001:db8::1]:1: "), caught.value
+
+
+def test_only_counters_are_named_total() -> None:
+    """Prometheus keeps the ``_total`` suffix for counters: the gauge of the workload's size was
+    ``asyncroll_trajectories_total``, which any tool reads as a counter."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    collector = RuntimeCollector(_Fixed(snap({}, None)))  # type: ignore[arg-type]
+    gauges = [f.name for f in collector.describe() if isinstance(f, GaugeMetricFamily)]
+    assert "asyncroll_workload_trajectories" in gauges
+    assert not [name for name in gauges if name.endswith("_total")]

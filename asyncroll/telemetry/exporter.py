@@ -104,7 +104,9 @@ class RuntimeCollector(Collector):
         if self._info:
             info = self._info if snap is not None else None
             yield InfoMetricFamily(f"{PREFIX}_run", "Static facts of this run.", value=info)
-        yield gauge("trajectories_total", "Trajectories in the workload (after --limit).", lambda s: s.total)
+        yield gauge(
+            "workload_trajectories", "Trajectories in the workload (after --limit).", lambda s: s.total
+        )
         yield gauge(
             "active_trajectories", "Trajectories holding an admission slot.", lambda s: s.admission.holding
         )
