@@ -50,8 +50,10 @@ def test_a_zero_baseline_is_undefined_never_unknown_and_no_pair_is_dropped_silen
     assert "+0.1333 [" in row and "(n=3)" in row and "unknown" not in row and "-50.00%" not in row
     makespan = next(line for line in paired if line.startswith("| makespan, s |"))
     assert "(n=2; 1 of 3 pairs left out (pair 3: a value not measured))" in makespan
-    assert "| makespan, s | 2 | 1 |" in text.replace(" (n=2 of 3)", "")
-    assert "2 (n=2 of 3)" in text  # the baseline's median rests on the 2 pairs that measured it
+    assert "| makespan, s | 2 | 1 |" in text.replace(" (n=2 of 3: pair 3 not measured)", "")
+    # the baseline's median rests on the 2 pairs that measured it; the third's value is unknown, which
+    # is not the starvation fraction's "undefined" (a ratio over a measured 0)
+    assert "2 (n=2 of 3: pair 3 not measured)" in text
 
 
 def write(tmp: Path, data: dict[str, Any], name: str = "comparison.json") -> Path:
@@ -281,3 +283,19 @@ def test_pairs_with_an_undefined_value_are_left_out_and_named() -> None:
     t95 = d["mean_percent_change_t95"]
     assert t95["n"] == 2 and t95["mean"] == pytest.approx(-25.0)
     assert "1 of 3 pairs left out (pair 1: a value undefined (eligible_decisions = 0))" in t95["note"]
+
+
+def test_a_median_over_some_pairs_says_which_were_left_out_and_why() -> None:
+    """A median over 2 of 3 pairs said only "(n=2 of 3)": whether the third value was unknown (not
+    measured) or undefined (a ratio over a measured 0) was not said. Each left-out pair is named."""
+    fifo = {"scheduler.activation_rate": 0.25, "scheduler.eligible_decisions": 4}
+    idle = {"scheduler.activation_rate": None, "scheduler.eligible_decisions": 0}
+    lost = {"scheduler.activation_rate": None, "scheduler.eligible_decisions": None}
+    mine = {"scheduler.activation_rate": 0.5, "scheduler.eligible_decisions": 4}
+    agg = aggregate(comparison([(fifo, mine), (idle, mine), (lost, mine), (fifo, mine)]))
+    assert agg["median_left_out"]["a"]["activation_rate"] == (
+        "pair 2 undefined (eligible_decisions = 0); pair 3 not measured"
+    )
+    assert "activation_rate" not in agg["median_left_out"]["b"]
+    row = next(line for line in markdown(agg).splitlines() if line.startswith("| activation rate"))
+    assert "0.25 (n=2 of 4: pair 2 undefined (eligible_decisions = 0); pair 3 not measured) | 0.5 |" in row

@@ -129,6 +129,20 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         }
         for arm in arms
     }
+    median_left_out = {
+        arm: {
+            k: "; ".join(
+                f"pair {p['pair']} " + (f"undefined ({why})" if why else "not measured")
+                for p, v, why in zip(
+                    complete, values(arm, k, complete), undefined(k, complete, arm), strict=True
+                )
+                if v is None
+            )
+            for k in keys
+            if medians[arm][k] is not None and median_n[arm][k] < len(complete)
+        }
+        for arm in arms
+    }
     paired: dict[str, dict[str, Any]] = {}
     for arm in arms:
         if arm == baseline:
@@ -186,6 +200,7 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "medians": medians,
         "median_n": median_n,
         "median_notes": median_notes,
+        "median_left_out": median_left_out,
         "paired": paired,
         "pooled": pooled,
         "failures": failures,

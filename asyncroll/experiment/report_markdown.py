@@ -166,9 +166,14 @@ def markdown(agg: dict[str, Any]) -> str:
             n = agg.get("median_n", {}).get(a, {}).get(key, complete)
             value = agg["medians"][a][key]
             note = agg.get("median_notes", {}).get(a, {}).get(key)
+            left = agg.get("median_left_out", {}).get(a, {}).get(key)
             cells.append(
                 (note if value is None and note else fmt(value))
-                + (f" (n={n} of {complete})" if value is not None and n < complete else "")
+                + (
+                    f" (n={n} of {complete}{f': {left}' if left else ''})"
+                    if value is not None and n < complete
+                    else ""
+                )
             )
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     for arm, per_metric in agg["paired"].items():
