@@ -117,3 +117,29 @@ def test_a_group_shutting_down_refuses_the_trajectory_and_gets_its_slot_back() -
         clock.run(scenario())
     assert [type(e) for e in failed.value.exceptions] == [ValueError]
     assert started == [] and admission.active == 0
+
+
+@pytest.mark.timeout(10)
+def test_a_trajectory_cancelled_before_it_ran_hands_its_slot_back() -> None:
+    """A trajectory fails and hands its slot to admission, which starts the next one in the same loop turn;
+    the failure then cancels that task before it ever ran (its coroutine never reached the ``finally`` that
+    releases): its slot is handed back all the same, not held for the rest of the run (the live view's
+    ``active`` counted a trajectory that never started)."""
+    clock = VirtualClock()
+    admission = Admission(1)
+    started: list[int] = []
+
+    async def start(index: int, item: int) -> None:
+        started.append(item)
+        if item == 0:
+            raise ValueError("a trajectory failed")
+
+    async def scenario() -> None:
+        async with asyncio.TaskGroup() as tg:
+            await admission.run(tg, iter(range(3)), start)
+
+    with pytest.raises(ExceptionGroup) as failed:
+        clock.run(scenario())
+    assert [type(e) for e in failed.value.exceptions] == [ValueError]
+    assert started == [0]
+    assert admission.active == 0, admission.snapshot()

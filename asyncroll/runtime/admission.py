@@ -53,18 +53,39 @@ class Admission:
                         raise
             finally:
                 self._blocked = False
-            held = self._hold(start, index, item)
+            slot = _Slot(self._limiter)
+            held = self._hold(start, index, item, slot)
             try:
-                tg.create_task(held)
+                task = tg.create_task(held)
             except RuntimeError:  # the group is shutting down (a task failed): nothing starts
                 held.close()
-                self._limiter.release()
+                slot.release()
                 raise
+            # A task cancelled before it ever ran (a trajectory failed and the group cancelled the one
+            # just admitted in its slot) never reaches _hold's ``finally``: its slot is released here.
+            task.add_done_callback(slot.release)
 
-    async def _hold(self, start: Callable[[int, P], Awaitable[None]], index: int, item: P) -> None:
+    async def _hold(
+        self, start: Callable[[int, P], Awaitable[None]], index: int, item: P, slot: _Slot
+    ) -> None:
         # The trajectory's coroutine is made here, inside its task: a task cancelled before it ever ran
         # leaves no coroutine behind that nobody awaited.
         try:
             await start(index, item)
         finally:
-            self._limiter.release()
+            slot.release()
+
+
+class _Slot:
+    """One admitted trajectory's slot, released once: when its task ends (``_hold``'s ``finally``, in the
+    task's last step), or by the task's done callback for a task cancelled before it ran."""
+
+    __slots__ = ("_limiter",)
+
+    def __init__(self, limiter: FifoLimiter) -> None:
+        self._limiter: FifoLimiter | None = limiter
+
+    def release(self, _task: object = None) -> None:
+        limiter, self._limiter = self._limiter, None
+        if limiter is not None:
+            limiter.release()
