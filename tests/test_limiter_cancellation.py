@@ -59,7 +59,8 @@ def test_a_slot_granted_to_a_waiter_cancelled_in_the_same_step_passes_to_the_nex
 
     handed_on, held, after = asyncio.run(scenario())
     assert handed_on
-    assert held == LimiterSnapshot(limit=1, holding=1, waiting=0, peak_holding=1, total_acquired=3)
+    # the first acquire and the second waiter's: the grant the cancelled waiter never used is not counted
+    assert held == LimiterSnapshot(limit=1, holding=1, waiting=0, peak_holding=1, total_acquired=2)
     assert (after.holding, after.waiting) == (0, 0)
 
 

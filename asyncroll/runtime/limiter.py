@@ -60,7 +60,9 @@ class FifoLimiter:
             await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled():
-                # Granted and cancelled in the same step: hand the slot on.
+                # Granted and cancelled in the same step: hand the slot on; the grant was never used (a
+                # slot that passed through counted once per waiter it passed to).
+                self._total -= 1
                 self.release()
             elif waiter in self._waiters:  # release() may already have dropped a cancelled waiter
                 self._waiters.remove(waiter)
