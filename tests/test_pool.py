@@ -476,3 +476,34 @@ def test_handing_out_and_taking_back_a_worker_among_thousands_is_not_o_workers()
     clock.run(main())
     # a heap: ~2 log2(2048) = 22 per operation at most; the sorted list made thousands
     assert compared[0] <= 30 * rounds, compared[0]
+
+
+@pytest.mark.timeout(10)
+def test_a_replacement_asked_for_while_the_run_shuts_down_adds_no_error() -> None:
+    """A job that timed out (or lost its worker) in the loop turn in which another task failed the run
+    asked for a replacement from a group already shutting down: ``create_task`` raised, a second error
+    ("TaskGroup … is shutting down") stood beside the real cause, and the replacement's coroutine was
+    never awaited. Now no replacement starts, and the run's error is its cause alone."""
+    clock = VirtualClock()
+    events = EventLog(clock)
+    events.start_measurement()
+    pool = WorkerPool(1, lambda i, g: VirtualWorker(i, g, clock), clock, events)
+
+    async def fail() -> None:
+        raise ValueError("the real cause")
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as tg:
+            await pool.start(tg)
+            tg.create_task(fail())
+            try:
+                await asyncio.Event().wait()  # the failure aborts the group: this wait is cancelled
+            except asyncio.CancelledError:
+                pool.replace_soon(0, "timeout")  # a timed-out job's worker, in the same turn
+                raise
+            finally:
+                await pool.aclose()
+
+    with pytest.raises(ExceptionGroup) as raised:
+        clock.run(main())
+    assert [type(e) for e in raised.value.exceptions] == [ValueError]

@@ -269,7 +269,12 @@ class WorkerPool:
         self._replaced = True
         old = self.worker(slot)
         self._restarting_event(slot, old, old.generation + 1, reason)
-        task = self._tg.create_task(self._replace(slot, old, retire=reason == "memory"))
+        replacement = self._replace(slot, old, retire=reason == "memory")
+        try:
+            task = self._tg.create_task(replacement)
+        except RuntimeError:  # the run's group is shutting down (a task failed): its end needs no worker
+            replacement.close()
+            return
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
