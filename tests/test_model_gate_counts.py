@@ -118,3 +118,32 @@ def test_the_seconds_the_server_circuit_was_open_add_up_across_openings() -> Non
     events.emit(ServerAvailable(paused_s=2.0, probes=1))
     snap = gate.snapshot()
     assert (snap.server_unavailable, snap.server_unavailable_s) == (False, pytest.approx(5.0, abs=1e-9))
+
+
+@pytest.mark.timeout(10)
+def test_a_backend_bug_ends_its_request_with_model_failed() -> None:
+    """A backend that raised what no backend should (a ``KeyError``: a bug) left its request with only
+    ``model_enqueued`` and ``model_started``: the promise that every request holding a slot ends in an
+    event broke, and the summary's requests did not add up. It now ends ``model_failed`` kind
+    ``internal`` naming the error, is counted a failure, and the bug itself still propagates."""
+    clock = VirtualClock()
+    capture = EventCapture()
+    events = EventLog(clock)
+    events.subscribe(capture)
+    events.start_measurement()
+    gate = ModelGate(1, clock, events)
+
+    async def buggy() -> ModelResponse:
+        await clock.sleep(0.5)
+        raise KeyError("choices")
+
+    async def scenario() -> None:
+        with pytest.raises(KeyError):
+            await gate.call("a", 0, buggy)
+
+    clock.run(scenario())
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "internal" and failed.error == "the backend raised KeyError: 'choices'"
+    assert failed.latency_s == 0.5
+    snap = gate.snapshot()
+    assert (snap.failures, snap.cancelled, snap.inflight) == (1, 0, 0)

@@ -152,13 +152,15 @@ class ModelGate:
             )
             try:
                 response = await request()
-            except (ModelError, asyncio.CancelledError) as exc:
-                # A request the stopping run cancelled (the server may still be working on it) ends too.
-                failure = exc if isinstance(exc, ModelError) else self._cancelled_error(trajectory_id, turn)
-                if failure is exc:
-                    self._failures += 1
-                else:
+            except (Exception, asyncio.CancelledError) as exc:
+                # A request the stopping run cancelled (the server may still be working on it) ends too,
+                # as does one whose backend raised what no backend should (a bug: it fails the run).
+                if isinstance(exc, asyncio.CancelledError):
+                    failure = self._cancelled_error(trajectory_id, turn)
                     self._cancelled += 1
+                else:
+                    failure = exc if isinstance(exc, ModelError) else _backend_bug(exc)
+                    self._failures += 1
                 ended = clock.now()
                 events.emit(
                     ModelFailed(
@@ -203,3 +205,9 @@ class ModelGate:
         per ``model_retrying`` (an HTTP backend's retries) it had."""
         attempts = 1 + self._retried.get((trajectory_id, turn), 0)
         return ModelError("cancelled", _CANCELLED, response_received=False, attempts=attempts)
+
+
+def _backend_bug(exc: Exception) -> ModelError:
+    """What a backend's own error (not a :class:`ModelError`: a bug) records on its request's
+    ``model_failed``: kind ``internal``, the error named."""
+    return ModelError("internal", f"the backend raised {type(exc).__name__}: {exc}")
