@@ -187,6 +187,29 @@ def test_evaluator_settings_for_a_workload_without_code_say_they_do_nothing(
     assert "--evaluation-timeout, --allow-weak-isolation have no effect" in capsys.readouterr().err
 
 
+def test_a_telemetry_interval_without_a_source_says_it_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--telemetry-interval`` with no telemetry source to sample (the scripted backend, no --metrics-url
+    or --nvml-device; an openai server of undeclared kind) was accepted without a word, as the evaluator's
+    and the pressure policy's settings no longer are; with a source it is read and nothing is said."""
+    args = ("--workload", SMOKE, "--telemetry-interval", "1")
+    alone, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "a")
+    assert alone.exit_code == 0, alone.output
+    assert "warning: --telemetry-interval has no effect: no telemetry source is sampled" in alone.stderr
+    openai = ("--backend", "openai", "--model", "m")
+    probed, _ = run_in_process(monkeypatch, *args, *openai, "--output", tmp_path / "b")
+    assert "--telemetry-interval has no effect" in probed.stderr
+    for source in (["--metrics-url", "http://127.0.0.1:9/metrics"], ["--nvml-device", "0"]):
+        read, _ = run_in_process(monkeypatch, *args, *source, "--output", tmp_path / source[0][2:])
+        assert read.exit_code == 0 and "no effect" not in read.stderr, read.output
+    vllm_args = ("--backend", "vllm", "--model", "m", "--output", tmp_path / "v")
+    vllm, _ = run_in_process(monkeypatch, *args, *vllm_args)
+    assert vllm.exit_code == 0 and "no effect" not in vllm.stderr, vllm.output
+    plain, _ = run_in_process(monkeypatch, "--workload", SMOKE, "--output", tmp_path / "p")
+    assert "no effect" not in plain.stderr
+
+
 def test_evaluator_settings_given_as_an_iterator_are_all_named(capsys: pytest.CaptureFixture[str]) -> None:
     """``given`` is any iterable: a generator was spent by the first setting's test, the others unnamed."""
     from asyncroll.commands.common import warn_no_evaluations

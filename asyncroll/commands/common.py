@@ -58,6 +58,22 @@ def warn_no_evaluations(given: Iterable[str], tools: Iterable[str]) -> None:
         )
 
 
+def warn_no_telemetry_source(cfg: Any) -> None:
+    """``--telemetry-interval`` said to do nothing when the run samples no telemetry source (no
+    ``--metrics-url``, no declared vLLM/SGLang server, no ``--nvml-device``): run.json would record an
+    interval nothing was sampled at."""
+    if "telemetry_interval" not in cfg.model_fields_set:
+        return
+    from asyncroll.telemetry import REQUESTED_BY
+    from asyncroll.telemetry.sampler import metrics_url
+
+    if cfg.telemetry and metrics_url(cfg) is None and cfg.nvml_device is None:
+        typer.echo(
+            f"warning: --telemetry-interval has no effect: no telemetry source is sampled ({REQUESTED_BY})",
+            err=True,
+        )
+
+
 def warn_weak_isolation(isolation: dict[str, Any] | None) -> None:
     """Say on stderr which sandbox layers a run of untrusted code goes without, when
     ``--allow-weak-isolation`` (or a config file's ``allow_weak_isolation``) let it start without them."""

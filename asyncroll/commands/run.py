@@ -16,6 +16,7 @@ from asyncroll.commands.common import (
     warn_exports,
     warn_moved,
     warn_no_evaluations,
+    warn_no_telemetry_source,
     warn_sync_active,
     warn_telemetry,
     warn_weak_isolation,
@@ -281,6 +282,7 @@ def run(
     from asyncroll.commands.simulate_flags import warn_unread
 
     warn_unread(values, [cfg.policy], f"--policy {cfg.policy}")
+    warn_no_telemetry_source(cfg)
     raise typer.Exit(_run(cfg))
 
 
