@@ -210,6 +210,21 @@ def test_a_telemetry_interval_without_a_source_says_it_does_nothing(
     assert "no effect" not in plain.stderr
 
 
+@pytest.mark.parametrize("switch", ["--structured-output", "--no-structured-output"])
+def test_structured_output_with_replay_says_it_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str
+) -> None:
+    """A replay sends no response_format (its actions are the script's; run.json's backend section says
+    ``structured_output: false``): either switch given with ``--replay`` was accepted without a word."""
+    http = ("--workload", SMOKE, "--backend", "vllm", "--model", "m")
+    result, seen = run_in_process(monkeypatch, *http, "--output", tmp_path / "a", "--replay", switch)
+    assert result.exit_code == 0 and seen, result.output
+    assert f"warning: {switch} has no effect with --replay" in result.stderr
+    agent, _ = run_in_process(monkeypatch, *http, "--output", tmp_path / "b", switch)
+    plain, _ = run_in_process(monkeypatch, *http, "--output", tmp_path / "c", "--replay")
+    assert "no effect" not in agent.stderr + plain.stderr, agent.output + plain.output
+
+
 def test_evaluator_settings_given_as_an_iterator_are_all_named(capsys: pytest.CaptureFixture[str]) -> None:
     """``given`` is any iterable: a generator was spent by the first setting's test, the others unnamed."""
     from asyncroll.commands.common import warn_no_evaluations

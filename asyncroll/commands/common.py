@@ -74,6 +74,18 @@ def warn_no_telemetry_source(cfg: Any) -> None:
         )
 
 
+def warn_replay_structured(cfg: Any) -> None:
+    """``--structured-output``/``--no-structured-output`` said to do nothing with ``--replay``: a replay
+    sends no response_format (its actions are the script's; run.json's ``backend.structured_output``)."""
+    if cfg.replay and "structured_output" in cfg.model_fields_set:
+        switch = "--structured-output" if cfg.structured_output else "--no-structured-output"
+        typer.echo(
+            f"warning: {switch} has no effect with --replay (a replay sends no response_format: its "
+            "actions are the workload's scripted ones)",
+            err=True,
+        )
+
+
 def warn_weak_isolation(isolation: dict[str, Any] | None) -> None:
     """Say on stderr which sandbox layers a run of untrusted code goes without, when
     ``--allow-weak-isolation`` (or a config file's ``allow_weak_isolation``) let it start without them."""

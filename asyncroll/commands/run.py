@@ -17,6 +17,7 @@ from asyncroll.commands.common import (
     warn_moved,
     warn_no_evaluations,
     warn_no_telemetry_source,
+    warn_replay_structured,
     warn_sync_active,
     warn_telemetry,
     warn_weak_isolation,
@@ -79,7 +80,10 @@ def run(
     ] = None,
     structured_output: Annotated[
         bool | None,
-        Opt("--structured-output/--no-structured-output", help="HTTP backends: JSON-schema actions."),
+        Opt(
+            "--structured-output/--no-structured-output",
+            help="HTTP backends: JSON-schema actions (agent mode; a --replay sends no schema).",
+        ),
     ] = None,
     metrics_url: Annotated[
         str | None,
@@ -283,6 +287,7 @@ def run(
 
     warn_unread(values, [cfg.policy], f"--policy {cfg.policy}")
     warn_no_telemetry_source(cfg)
+    warn_replay_structured(cfg)
     raise typer.Exit(_run(cfg))
 
 
