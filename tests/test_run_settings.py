@@ -225,6 +225,14 @@ def test_structured_output_with_replay_says_it_does_nothing(
     assert "no effect" not in agent.stderr + plain.stderr, agent.output + plain.output
 
 
+@pytest.mark.timeout(60)
+def test_a_limit_past_the_workload_is_said(tmp_path: Path) -> None:
+    """``--limit 100`` on a 3-problem workload ran 3 without a word, where the converters say it."""
+    result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--limit", "100")
+    assert result.returncode == 0, result.stderr
+    assert "note: --limit 100 asked for more problems than the workload holds: 3 run" in result.stderr
+
+
 def test_evaluator_settings_given_as_an_iterator_are_all_named(capsys: pytest.CaptureFixture[str]) -> None:
     """``given`` is any iterable: a generator was spent by the first setting's test, the others unnamed."""
     from asyncroll.commands.common import warn_no_evaluations

@@ -183,6 +183,20 @@ def test_pressure_flags_unread_by_the_policy_are_named(tmp_path: Path) -> None:
     assert replay.exit_code == 0 and "has no effect" not in replay.stderr  # aging 1 was the recorded run's
 
 
+def test_a_limit_past_the_workload_is_said_as_the_converters_say_it(tmp_path: Path) -> None:
+    """``--limit 100`` on a 3-problem workload simulated 3 without a word (the converters say it); a sweep
+    says it once; a limit the workload fills says nothing."""
+    past = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--limit", "100")
+    assert past.exit_code == 0, past.output
+    assert "note: --limit 100 asked for more problems than the workload holds: 3 simulated" in past.stderr
+    sweep = ("--workload", SMOKE, "--sweep", "--seeds", "1", "--jobs", "1", "--policies", "fifo")
+    swept = simulate_here(*sweep, "--output", tmp_path / "b", "--limit", "4")
+    assert swept.exit_code == 0, swept.output
+    assert swept.stderr.count("note: --limit 4 asked for more problems than the workload holds: 3") == 1
+    fits = simulate_here("--workload", SMOKE, "--output", tmp_path / "c", "--limit", "3")
+    assert fits.exit_code == 0 and "note" not in fits.stderr, fits.output
+
+
 def test_sync_says_an_active_limit_has_no_effect_as_run_does(tmp_path: Path) -> None:
     """``run --policy sync --max-active-trajectories 8`` warns that the limit has no effect (sync runs one
     trajectory at a time); ``simulate`` ran the same settings without a word."""

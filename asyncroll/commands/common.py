@@ -86,6 +86,17 @@ def warn_replay_structured(cfg: Any) -> None:
         )
 
 
+def note_limit_past(limit: int | None, count: int, done: str) -> None:
+    """Say so when the workload held fewer problems than ``--limit`` asked for (``done``: what became of
+    them, ``run``), as the converters say it: a protocol that names a batch size should not find out from
+    the summary's count later."""
+    if limit is not None and count < limit:
+        typer.echo(
+            f"note: --limit {limit} asked for more problems than the workload holds: {count} {done}",
+            err=True,
+        )
+
+
 def warn_weak_isolation(isolation: dict[str, Any] | None) -> None:
     """Say on stderr which sandbox layers a run of untrusted code goes without, when
     ``--allow-weak-isolation`` (or a config file's ``allow_weak_isolation``) let it start without them."""

@@ -12,6 +12,7 @@ from asyncroll.commands.common import (
     POLICY_HELP,
     Opt,
     fail,
+    note_limit_past,
     print_summary,
     warn_exports,
     warn_moved,
@@ -312,6 +313,7 @@ def _run(cfg: Any) -> int:
             return exc.exit_code
         warn_weak_isolation(prepared.isolation)
         warn_no_evaluations(cfg.model_fields_set, prepared.scan.tools)
+        note_limit_past(cfg.limit, prepared.scan.count, "run")
         clock = SystemClock()
         runner = Run(prepared, clock)
 

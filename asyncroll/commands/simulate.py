@@ -12,6 +12,7 @@ from asyncroll.commands.common import (
     POLICY_HELP,
     Opt,
     fail,
+    note_limit_past,
     print_summary,
     say,
     warn_exports,
@@ -258,9 +259,11 @@ def simulate(
                     raise UsageError(str(exc).replace("--policy:", f"--policies: {name!r}:", 1)) from None
             from asyncroll.workload import scan_workload
 
-            scan_workload(
+            scan = scan_workload(
                 cfg0.workload, cfg0.resolved_tool_root, scripted=True, limit=cfg0.limit, flag="--workload"
-            ).raise_if_invalid()
+            )
+            scan.raise_if_invalid()
+            note_limit_past(cfg0.limit, scan.count, "in each simulation")
             from asyncroll.runtime.prepare import output_exists
 
             if output_exists(output):
@@ -375,6 +378,8 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
         raise typer.Exit(outcome.exit_code)
     print_summary(outcome.summary, output)
     warn_exports(outcome.exports_failed, output)
+    if from_run is None and outcome.status == "complete" and outcome.summary is not None:
+        note_limit_past(cfg.limit, outcome.summary["counts"]["trajectories"], "simulated")
     # a failed replay's endings are not compared: its directory may be gone (moved or removed), and what
     # stands at its path then another's
     if from_run is not None and outcome.summary is not None and outcome.status == "complete":
