@@ -53,6 +53,8 @@ def test_optimum_of_a_recorded_run(tmp_path: Path) -> None:
     assert report["status"] == "optimal"
     assert report["lower_bound_s"] == report["best_schedule_s"] == pytest.approx(1.12)
     assert report["analytic_bound_s"] < report["lower_bound_s"] < report["makespan_s"]
+    # what the bound was proven under: a 'feasible' result cannot be reproduced without it
+    assert report["solver"] == {"time_limit_s": 30.0, "threads": 1}
     plain = invoke("optimum", run, "--time-limit", "30", "--threads", "1")
     assert "proven lower bound" in plain.stdout and "makespan ÷ best schedule" in plain.stdout
 

@@ -64,6 +64,8 @@ def optimum(
     try:
         instance = instance_from_run(run_dir, still_going=still_going is not None)
         result = solve(instance, time_limit_s=time_limit, threads=threads).describe(instance)
+        # what the bound was proven under: a 'feasible' result is reproduced only with the same two
+        result["solver"] = {"time_limit_s": time_limit, "threads": threads}
     except UsageError as exc:
         raise fail(str(exc)) from exc
     if as_json:
