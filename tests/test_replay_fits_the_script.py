@@ -248,7 +248,7 @@ def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tm
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", recorded, "--output", replay)
     assert result.exit_code == 0, result.output
-    assert "1 trajectories ended otherwise than in the run (1 failed → completed)" in result.stderr
+    assert "1 trajectory ended otherwise than in the run (1 failed → completed)" in result.stderr
     # the job the run never ran has no measured cost: said so, without advising the replay it already is
     assert "1 CPU job(s) took 0 s (boom.py::boom ×1) because the run never ran them" in result.stderr
     assert "simulate --from-run a real run" not in result.stderr

@@ -426,4 +426,5 @@ def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         run = json_loads((run_dir / "run.json").read_text(encoding="utf-8"))["config"]
         why = why_ended_otherwise(changes, run, receipt["config"])
         n = sum(changes.values())
-        typer.echo(f"warning: {n} trajectories ended otherwise than in the run ({counts}): {why}", err=True)
+        what = "trajectory" if n == 1 else "trajectories"
+        typer.echo(f"warning: {n} {what} ended otherwise than in the run ({counts}): {why}", err=True)
