@@ -113,6 +113,9 @@ def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--chars-per-token", "1e-310"], "--chars-per-token must be >= 0.01, got 1e-310"),
         (["--chars-per-token", "0.001"], "--chars-per-token must be >= 0.01, got 0.001"),
         (["--log-level", "bogus"], "--log-level must be one of critical, error, warning, info, debug, trace"),
+        # served, with the KV gauge pinned at 1.0, where vLLM refuses to start: no sequence of the
+        # context length fits in the cache
+        (["--kv-cache-tokens", "1000"], "--max-model-len 32768 is larger than the KV cache holds"),
     ):
         result = invoke("serve-sim", "--port", "0", *args)
         assert result.exit_code == 2 and not served, (args, result.output)

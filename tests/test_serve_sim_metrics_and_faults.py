@@ -57,7 +57,7 @@ def test_metrics_use_the_servers_exact_names_under_load(flavor: str, names: tupl
     engine = ServerModelConfig(
         max_num_seqs=2, step_base_ms=30.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
     )
-    with sim(engine=engine, metrics_flavor=flavor, kv_cache_tokens=1000) as (_, client):
+    with sim(engine=engine, metrics_flavor=flavor, kv_cache_tokens=1000, max_model_len=1000) as (_, client):
         running_name, waiting_name, kv_name, prompt_name, gen_name = names
         idle = scrape(client)
         assert set(names) <= set(idle)

@@ -75,5 +75,11 @@ class SimConfig:
             )
         if self.kv_cache_tokens < 1 or self.max_model_len < 1:
             raise ValueError("--kv-cache-tokens and --max-model-len must be >= 1")
+        if self.kv_cache_tokens < self.max_model_len:  # vLLM refuses to start so: one sequence cannot fit
+            raise ValueError(
+                f"--max-model-len {self.max_model_len} is larger than the KV cache holds (--kv-cache-tokens "
+                f"{self.kv_cache_tokens}): one sequence of that length could not fit (vLLM refuses to start "
+                "so); lower --max-model-len or raise --kv-cache-tokens"
+            )
         if self.metrics_flavor not in ("vllm", "sglang"):
             raise ValueError(f"--metrics-flavor must be vllm or sglang, got {self.metrics_flavor!r}")
