@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from asyncroll.backends.openai import OpenAIBackend
+from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.clock import SystemClock
 from asyncroll.config import build_config
@@ -63,6 +63,21 @@ def http_run(
         subscribers=(capture,),
     )
     return asyncio.run(run.execute()), capture, tmp_path / name
+
+
+async def start_and_close(handler: Any, **settings: Any) -> OpenAIBackend:
+    """An HTTP backend started (its kind probed) against ``handler`` (an httpx mock transport's), then
+    closed; what ``start`` raised propagates in the task group's ExceptionGroup."""
+    import httpx
+
+    config = HttpSettings(endpoint="http://server", model="m", inflight=1, **settings)
+    backend = OpenAIBackend(config, SystemClock(), transport=httpx.MockTransport(handler))
+    async with asyncio.TaskGroup() as tg:
+        try:
+            await backend.start(tg)
+        finally:
+            await backend.aclose()  # stops the circuit watch that start() leaves running
+    return backend
 
 
 def serve(**settings: Any) -> contextlib.AbstractContextManager[RunningSim]:

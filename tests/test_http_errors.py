@@ -19,7 +19,7 @@ from asyncroll.errors import ModelError, UsageError
 from asyncroll.events import ModelFailed, ModelFinished, ModelRetrying, TrajectoryFinished
 from asyncroll.serve_sim.config import FaultConfig
 from tests.hostile_http import HostileServer, json_reply, raw_reply
-from tests.http_backend import FINAL, FakeOpenAI, completion, final_problems, http_run, serve
+from tests.http_backend import FINAL, FakeOpenAI, completion, final_problems, http_run, serve, start_and_close
 
 ERROR_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str, int | None, bool, bool]] = {
     "reset": ({"faults": FaultConfig(reset_rate=0.5)}, {}, "transport", None, False, False),
@@ -110,17 +110,8 @@ def test_transport_errors_without_text_still_say_what_happened() -> None:
     def hang(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("", request=request)
 
-    async def probe() -> None:
-        settings = HttpSettings(endpoint="http://server", model="m", inflight=1)
-        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(hang))
-        async with asyncio.TaskGroup() as tg:
-            try:
-                await backend.start(tg)
-            finally:
-                await backend.aclose()
-
     with pytest.raises(ExceptionGroup) as raised:
-        asyncio.run(probe())
+        asyncio.run(start_and_close(hang))
     assert raised.group_contains(ModelError, match=r"\(ReadTimeout: no response within the timeout\)")
 
 

@@ -23,7 +23,7 @@ from asyncroll.events import ModelFailed, TrajectoryFinished, TrajectoryStarted
 from asyncroll.http_proxy import client_settings, on_this_machine
 from asyncroll.serve_sim.config import FaultConfig
 from tests.conftest import invoke, write_workload
-from tests.http_backend import FINAL, final_problems, http_run, serve
+from tests.http_backend import FINAL, final_problems, http_run, serve, start_and_close
 from tests.loopback import LoopbackServer
 from tests.test_one_repair import _code_problem
 
@@ -214,17 +214,8 @@ def test_a_server_that_refuses_the_key_is_said_at_the_probe(status: int, key: st
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status, json={"error": f"bad key {request.headers.get('authorization')}"})
 
-    async def probe() -> None:
-        settings = HttpSettings(endpoint="http://server", model="m", inflight=1, api_key=key)
-        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(answer))
-        async with asyncio.TaskGroup() as tg:
-            try:
-                await backend.start(tg)
-            finally:
-                await backend.aclose()
-
     with pytest.raises(ExceptionGroup) as raised:
-        asyncio.run(probe())
+        asyncio.run(start_and_close(answer, api_key=key))
     (error,) = raised.value.exceptions
     assert isinstance(error, ModelError) and error.status == status
     said = str(error)

@@ -18,7 +18,7 @@ from asyncroll.errors import ModelError
 from asyncroll.events import ModelRetrying, TrajectoryStarted
 from asyncroll.serve_sim.config import FaultConfig
 from tests.hostile_http import HostileServer, json_reply, raw_reply, trickle_json
-from tests.http_backend import FINAL, completion, final_problems, http_run, serve
+from tests.http_backend import FINAL, completion, final_problems, http_run, serve, start_and_close
 
 
 @pytest.mark.timeout(60)
@@ -84,13 +84,7 @@ def test_server_kind_probe_without_a_model_list() -> None:
     import httpx
 
     async def probe(handler: Any) -> tuple[str | None, str]:
-        settings = HttpSettings(endpoint="http://server", model="m", inflight=1)
-        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(handler))
-        async with asyncio.TaskGroup() as tg:
-            try:
-                await backend.start(tg)
-            finally:
-                await backend.aclose()
+        backend = await start_and_close(handler)
         return backend.server_kind, backend.describe()["server_kind_source"]
 
     kind, source = asyncio.run(probe(lambda request: httpx.Response(404, text="Not Found")))
