@@ -103,3 +103,16 @@ def test_the_oldest_first_evaluation_is_forgotten_first() -> None:
         p.observe(_job(i, traj=traj), 2.0 + i)
     old, new = p.predict([_job(10, resub=True, traj="old"), _job(11, resub=True, traj="new")])
     assert old.source == "ridge" and new == Prediction(4.0, "same_problem_first_evaluation")
+
+
+def test_a_repair_is_never_the_first_evaluation_of_a_later_repair() -> None:
+    """Only a trajectory's first run of a tool stands for its repairs: a repair observed while that first
+    run is unknown (forgotten, or never observed) is learned by the model, not remembered as the first."""
+    p = DurationPredictor()
+    p.observe(_job(1, resub=True, traj="a"), 7.0)
+    (again,) = p.predict([_job(2, resub=True, traj="a")])
+    assert again.source == "ridge"
+    p.observe(_job(3, traj="b"), 2.0)
+    p.observe(_job(4, traj="b"), 5.0)  # a second first run (resubmission not flagged): the first one stands
+    (repair,) = p.predict([_job(5, resub=True, traj="b")])
+    assert repair == Prediction(2.0, "same_problem_first_evaluation")

@@ -311,3 +311,18 @@ def test_a_tool_hashed_like_the_grade_job_keeps_its_bucket() -> None:
     job = _job(2, tool=tool)
     p.observe(job, 0.2)
     assert p._new_x == [features(grade), features(job)]
+
+
+def test_a_grade_job_sharing_a_tools_bucket_is_told_apart_by_its_own_feature() -> None:
+    """The grade feature is what tells a grade job from a tool hashed to the grade job's bucket: with the
+    same argument sizes, a 1 ms grade job and a 1 s tool are each predicted near their own time (without
+    it the two rows are equal and both are predicted at their geometric mean)."""
+    tool = next(n for n in (f"tool{i}" for i in range(10_000)) if tool_bucket(n) == tool_bucket("__grade__"))
+    p = DurationPredictor()
+    for i in range(50):
+        p.observe(JobView(i, f"g{i}", "grade", "__grade__", 1, 0.0, arg_bytes=100), 0.001)
+        p.observe(_job(1000 + i, tool=tool), 1.0)
+    grade, job = p.predict(
+        [JobView(5000, "g", "grade", "__grade__", 1, 0.0, arg_bytes=100), _job(5001, tool=tool)]
+    )
+    assert grade.seconds < 0.005 and job.seconds > 0.5, (grade, job)

@@ -1,5 +1,6 @@
 """The chain's remaining-work estimate at its edges: a first evaluation after turn 0 (its own predicted
-time stands for its repair's at any turn), and a next job not seen to finish yet."""
+time stands for its repair's at any turn, and only a first evaluation's, only for its own tool), a next job
+not seen to finish yet, and a failed model request's latency (service like a finished one's)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from asyncroll.events import CpuEnqueued, CpuFinished, ModelFinished
+from asyncroll.events import CpuEnqueued, CpuFinished, ModelFailed, ModelFinished, TrajectoryFinished
 from asyncroll.policies import JobView
-from asyncroll.policies.remaining import StepwiseWork
+from asyncroll.policies.remaining import RemainingWork, StepwiseWork
 from tests.test_remaining_chain import Script
 
 
@@ -54,3 +55,57 @@ def test_a_next_job_not_seen_to_finish_counts_at_the_mean_of_every_finished_job(
     unseen = StepwiseWork()
     _queued_repairs(unseen, first_finishes=False)
     assert unseen.estimate(first) == pytest.approx(0.2)  # no job finished yet: the repair counts 0 s
+
+
+def test_only_a_first_evaluation_stands_for_its_repair() -> None:
+    """Two repairs in a row (``max_generations`` 3): after the first repair comes the second, but the
+    first repair's prediction (its first evaluation's time) is not the second's: the chain's mean is."""
+    work = StepwiseWork(own_repair=True)
+    for i in range(4):
+        script = Script(f"t{i}", work)
+        script.model(0, 0.4)
+        script.job(0, 0.3)
+        script.model(1, 0.4)
+        script.job(1, 1.0, resub=True)
+        script.model(1, 0.4)
+        script.job(3, 1.0, resub=True)
+        script.finish()
+    repair = JobView(9, "y", "tool", "crunch", 1, 0.0, resubmission=True)
+    assert work.estimate(repair) == pytest.approx(1.4)
+    assert work.estimate(repair, 5.0) == pytest.approx(1.4)
+
+
+def _job(work: Any, tid: str, job_id: int, tool: str, turn: int, seconds: float, resub: bool) -> None:
+    common: dict[str, Any] = {"id": tid, "job_id": job_id, "kind": "tool", "tool": tool}
+    work(CpuEnqueued(**common, turn=turn, arg_bytes=1, queue_depth=1, resubmission=resub))
+    work(CpuFinished(**common, worker=0, ok=True, execute_s=seconds, cpu_s=None, roundtrip_s=seconds))
+
+
+def test_a_first_run_stands_only_for_a_resubmission_of_its_own_tool() -> None:
+    """After a first ``lookup`` comes a resubmission of another tool (``crunch``, 2 s): the lookup's own
+    predicted time says nothing about it."""
+    work = StepwiseWork(own_repair=True)
+    for i in range(4):
+        tid = f"m{i}"
+        _job(work, tid, 10 * i + 1, "lookup", 0, 0.1, False)
+        work(ModelFinished(id=tid, request_id=i, turn=1, latency_s=0.2, action="tool"))
+        _job(work, tid, 10 * i + 2, "crunch", 1, 2.0, True)
+        work(TrajectoryFinished(id=tid, status="completed", turns=2, tool_calls=2, duration_s=3.0))
+    lookup = JobView(99, "y", "tool", "lookup", 0, 0.0)
+    assert work.estimate(lookup) == pytest.approx(2.2)
+    assert work.estimate(lookup, 9.0) == pytest.approx(2.2)
+
+
+def test_a_failed_model_requests_latency_is_service_after_the_job() -> None:
+    """A model request that failed after 2 s served its trajectory for 2 s, as a finished one would:
+    both estimators count it in the work after the job before it."""
+    means, chain = RemainingWork(), StepwiseWork(1)
+    for i in range(2):
+        tid = f"f{i}"
+        for work in (means, chain):
+            _job(work, tid, i, "crunch", 0, 0.3, False)
+            work(ModelFailed(id=tid, request_id=i, turn=1, latency_s=2.0, kind="timeout", error="x"))
+            work(TrajectoryFinished(id=tid, status="failed", turns=1, tool_calls=1, duration_s=3.0))
+    job = JobView(99, "y", "tool", "crunch", 0, 0.0)
+    assert means.estimate(job) == pytest.approx(2.0)
+    assert chain.estimate(job) == pytest.approx(2.0)
