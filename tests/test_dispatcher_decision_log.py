@@ -68,6 +68,12 @@ def test_a_decision_logs_the_queue_it_saw_and_the_policys_pick(workers: int) -> 
         predicted = first_seen.predictions[i]
         assert (candidate.predicted_s, candidate.source) == (round(predicted.seconds, 6), predicted.source)
     assert first.predicted_s == round(first_seen.predictions[-1].seconds, 6)
+    # the model supply the policy saw (no model request here: 0, not the gate's limit of 2), and the
+    # predictor's observations: every job finished before the decision
+    assert all(
+        e.model_outstanding == s.model_outstanding == 0 for e, s in zip(selected, policy.seen, strict=True)
+    )
+    assert [e.observations for e in selected] == [0] * workers + list(range(1, 11))
 
     # what the policy was told besides the queue
     for seen in policy.seen:
