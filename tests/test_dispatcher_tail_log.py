@@ -64,3 +64,26 @@ def test_the_tail_logs_the_estimates_it_decided_on(rule: type[Scripted]) -> None
     assert seen.running_left == pytest.approx(selected[0].predicted_s - 0.0123456, abs=1e-6)
     assert seen.running_left > 0.05
     assert decision.running_left_s == round(seen.running_left, 6)
+
+
+@pytest.mark.timeout(30)
+def test_a_running_job_past_its_prediction_has_nothing_left_not_less() -> None:
+    """Job 1 (predicted at the 100 ms prior) has run 300 ms when job 2 ends: it counts 0 s left, never
+    -0.2 s (which would make the running jobs look shorter than nothing to the straggler guard)."""
+    policy = Scripted(_newest)
+
+    async def scenario(rig: Rig) -> None:
+        await rig.clock.sleep(0.001)
+        tasks = [rig.submit(sleep_job(1000)), rig.submit(sleep_job(300))]  # both workers busy
+        await rig.clock.sleep(0.01)
+        tasks += [rig.submit(sleep_job(10)) for _ in range(3)]  # jobs 3-5 queue
+        for task in tasks:
+            assert (await task).ok
+
+    capture = run_rig(scenario, policy, workers=2, remaining=Estimator(), admission_pending=lambda: False)
+    selected = capture.of(CpuSelected)
+    assert selected[0].predicted_s == 0.1
+    decision = next(e for e in selected if e.queue_depth == 3)  # job 2 finished, 3-5 queued
+    seen = policy.seen[selected.index(decision)]
+    assert seen.now == pytest.approx(0.301)
+    assert (seen.running_left, decision.running_left_s) == (0.0, 0.0)
