@@ -29,6 +29,9 @@ def hint_only(monkeypatch: pytest.MonkeyPatch) -> None:
         ([chain(("c", 1)), chain(("m", 2)), chain(("m", 1), ("c", 1))], (1, 4, 4), 5.0),
         # Admission in workload order: the long trajectory comes last and cannot be started first.
         ([chain(("c", 1)), chain(("c", 1)), chain(("c", 3))], (2, 1, 2), 4.0),
+        # ... where the analytic bound does not see it (3 s): the model-only trajectory cannot start before
+        # the second, which queues for the one worker behind the first, so a slot frees at 1 s at best: 4.
+        ([chain(("c", 1)), chain(("c", 2), ("m", 1)), chain(("m", 1))], (2, 2, 1), 4.0),
         # A chain's own order: CPU then model, model then CPU, one of each resource: 3 (not 4).
         ([chain(("c", 1), ("m", 2)), chain(("m", 1), ("c", 2))], (2, 1, 1), 3.0),
     ],
