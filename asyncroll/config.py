@@ -317,7 +317,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
     if is_receipt(data):  # a run's run.json: that run's settings (asyncroll/receipt_settings.py)
-        data = receipt_settings(data, {name: f.default for name, f in RunConfig.model_fields.items()})
+        data = receipt_settings(data)
     surrogate = lone_surrogate_at(data)  # JSON escapes one ("\udc80"); no later write could hold it
     if surrogate is not None:
         where = "a setting's name" if surrogate == "line" else f"setting {surrogate.split('.')[0]!r}"
@@ -334,7 +334,19 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         if name in spelled:
             raise UsageError(f"--config {path}: settings {spelled[name]!r} and {key!r} are the same setting")
         values[name], spelled[name] = value, str(key)
-    return values, spelled
+    return {k: v for k, v in values.items() if not _is_default(k, v)}, spelled
+
+
+def _is_default(name: str, value: Any) -> bool:
+    """Whether a file's value is its setting's default, of the default's own JSON type (``2.0`` or ``true``
+    is no default of 2 or 1: it is refused as a flag's would be). Such a value is left out, as if not
+    written: a shared file, or a run's recorded settings, that spells a default out (``endpoint`` read with
+    the scripted backend, ``evaluation_timeout = null``) is no setting given against the run."""
+    field = RunConfig.model_fields.get(name)
+    if field is None or field.is_required():
+        return False
+    default = field.default
+    return type(value) is type(default) and value == default
 
 
 def config_file_origins(path: Path, spelled: Mapping[str, str], keys: Iterable[str]) -> dict[str, str]:

@@ -6,8 +6,9 @@ and the directory relative paths were taken from (``cwd``). Re-running a run rea
 file's settings: the derived values are left out (they are derived again), as is ``output`` (the run's own
 directory exists, and is never overwritten: the new run's ``--output`` is given by flag), the workload is
 the file the run read (its absolute path, whatever the current directory), a relative ``tool_root`` is
-taken from the run's ``cwd``, and a value equal to its default is left out, so that the run's recorded
-defaults (``endpoint`` of a scripted run) are not taken for settings given against its backend."""
+taken from the run's ``cwd``; a value equal to its default is left out, as from any config file
+(:func:`asyncroll.config.load_config_file`), so that the run's recorded defaults (``endpoint`` of a
+scripted run) are not taken for settings given against its backend."""
 
 from __future__ import annotations
 
@@ -24,9 +25,8 @@ def is_receipt(data: Mapping[str, Any]) -> bool:
     return isinstance(data.get("config"), dict) and "schema_version" in data and "command" in data
 
 
-def receipt_settings(data: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of the run whose ``run.json`` is ``data``, as above (``defaults``: each setting's
-    default, by field name)."""
+def receipt_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of the run whose ``run.json`` is ``data``, as above."""
     config: dict[str, Any] = dict(data["config"])
     for key in (*DERIVED, "output"):
         config.pop(key, None)
@@ -36,4 +36,4 @@ def receipt_settings(data: Mapping[str, Any], defaults: Mapping[str, Any]) -> di
     cwd, root = data.get("cwd"), config.get("tool_root")
     if isinstance(cwd, str) and isinstance(root, str) and not os.path.isabs(root):
         config["tool_root"] = os.path.join(cwd, root)
-    return {key: value for key, value in config.items() if key not in defaults or value != defaults[key]}
+    return config

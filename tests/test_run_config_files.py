@@ -432,3 +432,38 @@ def test_a_runs_receipt_is_a_config_file_for_running_it_again(
     assert (
         f"missing required option(s): --output (--config {first / 'run.json'} gives none)" in unnamed.stderr
     )
+
+
+def test_a_default_spelled_out_in_a_config_file_is_no_setting_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that spells a default out (a team's shared file run once with the scripted backend) had it
+    refused as an HTTP-only setting given, or warned about as doing nothing
+    (``"evaluation_timeout": null``). A default of the default's own type is now as if not written; one
+    of another JSON type (``2.0`` workers, ``false`` retries) is refused as before."""
+    config = tmp_path / "shared.json"
+    config.write_text(
+        json.dumps(
+            {
+                "endpoint": "http://localhost:8000",
+                "seed": 0,
+                "max_retries": 0,
+                "evaluation_timeout": None,
+                "telemetry_interval": 0.2,
+                "metrics_host": "127.0.0.1",
+                "cpu_workers": 1,
+            }
+        )
+    )
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "warning" not in result.stderr and seen[0].cpu_workers == 1
+    assert seen[0].model_fields_set >= {"cpu_workers"} and "endpoint" not in seen[0].model_fields_set
+    for typed in ({"cpu_workers": 2.0}, {"max_retries": False}):
+        config.write_text(json.dumps(typed))
+        refused, seen = run_in_process(
+            monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r2"
+        )
+        assert refused.exit_code == 2 and not seen, typed
