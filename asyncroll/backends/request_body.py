@@ -4,8 +4,9 @@ of a warm-up request, and the scripted action's echo header in replay (``X-Async
 
 In replay the server does real work of the scripted size: ``max_tokens`` = the action's
 ``output_tokens`` (else ``--max-tokens``), plus ``min_tokens``/``ignore_eos`` on vLLM and SGLang, or a
-fixed length in ``generation_config`` on ``transformers serve`` (:data:`REPLAY_FIXED_LENGTH` names how,
-for run.json). In agent mode with structured output the body carries the turn's JSON schema.
+fixed length in ``generation_config`` on ``transformers serve`` (``min_new_tokens`` and no ``eos_token_id``;
+:data:`REPLAY_FIXED_LENGTH` names how, for run.json). In agent mode with structured output the body carries
+the turn's JSON schema.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ MAX_ACTION_HEADER = 8192
 REPLAY_FIXED_LENGTH = {
     "vllm": "min_tokens + ignore_eos",
     "sglang": "min_tokens + ignore_eos",
-    "transformers": "generation_config min_new_tokens/max_new_tokens",
+    "transformers": "generation_config min_new_tokens/max_new_tokens + eos_token_id []",
     "generic": "none: max_tokens is an upper bound only",
 }
 
@@ -56,7 +57,10 @@ def chat_body(
             body["min_tokens"] = budget
             body["ignore_eos"] = True
         elif kind == "transformers":
-            body["generation_config"] = json.dumps({"max_new_tokens": budget, "min_new_tokens": budget})
+            # continuous batching (--continuous-batching) drops min_new_tokens but takes eos_token_id: with no
+            # end-of-sequence token the decode runs to max_new_tokens on both of its paths (transformers 5.25)
+            fixed = {"max_new_tokens": budget, "min_new_tokens": budget, "eos_token_id": []}
+            body["generation_config"] = json.dumps(fixed)
     elif s.structured:
         body["response_format"] = response_format(turn_schema(request.problem, request.turn))
     return body

@@ -49,8 +49,10 @@ def test_replay_drives_the_real_engine(engine: Engine, tmp_path: Path, inflight:
     assert row["returncode"] == 0, row["stderr"][-2000:]
     summary = row["summary"]
     assert summary["counts"]["completed"] == 8 and summary["model"]["finished"] == 16
-    # continuous batching honours max_tokens per request: never more than the scripted budget
-    assert row["completion_tokens"] and all(0 < t <= 12 for t in row["completion_tokens"])
+    # each reply decodes its action's scripted budget, no more and no fewer
+    finished = [e for e in row["events"] if e["event"] == "model_finished"]
+    budgets = [12 if e["action"] == "tool" else 6 for e in finished]
+    assert [e["completion_tokens"] for e in finished] == budgets
     started = [e for e in row["events"] if e["event"] == "model_started"]
     assert max(e["inflight"] for e in started) <= inflight
     # no /metrics on this server: reported unavailable with its reason, no sample values invented
@@ -70,3 +72,16 @@ def test_unenforced_schema_fails_loudly_in_agent_mode(engine: Engine, tmp_path: 
     assert summary["model"]["failed"].get("invalid_action") == 2
     failed = [e for e in row["events"] if e["event"] == "model_failed"]
     assert all(e["kind"] == "invalid_action" and e["status"] == 200 for e in failed)
+
+
+@pytest.mark.timeout(600)
+def test_replay_decodes_the_whole_budget_past_an_end_of_sequence(engine: Engine, tmp_path: Path) -> None:
+    # the smoke workload at 64 tokens a turn: the random model ends one of its replies (smoke-sleep's first)
+    # after 20 tokens, and continuous batching drops min_new_tokens: only no eos_token_id keeps it decoding
+    smoke = Path(__file__).resolve().parents[2] / "examples" / "smoke.jsonl"
+    row = run_client(engine, smoke, tmp_path / "run", 3, "--replay", "--max-tokens", "64")
+    assert row["returncode"] == 0, row["stderr"][-2000:]
+    assert row["summary"]["counts"]["completed"] == 3
+    finished = [e for e in row["events"] if e["event"] == "model_finished"]
+    assert len(finished) == 5
+    assert [(e["completion_tokens"], e["finish_reason"]) for e in finished] == [(64, "length")] * 5
