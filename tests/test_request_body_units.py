@@ -77,3 +77,18 @@ def test_the_warmup_is_small_deterministic_and_shaped_like_the_runs_requests() -
     assert warmup_body(settings(max_tokens=8))["max_tokens"] == 8  # never more than a turn may ask
     assert "response_format" not in warmup_body(settings(structured=False))
     assert "response_format" not in warmup_body(settings(replay=True))
+
+
+def test_a_replay_warmup_fixes_its_length_as_the_runs_turns_do() -> None:
+    vllm = warmup_body(settings(replay=True), "vllm")
+    assert (vllm["max_tokens"], vllm["min_tokens"], vllm["ignore_eos"]) == (16, 16, True)
+    transformers = warmup_body(settings(replay=True, max_tokens=8), "transformers")
+    assert json.loads(transformers["generation_config"]) == {
+        "max_new_tokens": 8,
+        "min_new_tokens": 8,
+        "eos_token_id": [],
+    }
+    generic = warmup_body(settings(replay=True), "generic")
+    assert set(generic) == {"model", "messages", "temperature", "max_tokens", "seed"}
+    agent = warmup_body(settings(), "vllm")  # agent mode: a free-length reply, as its turns
+    assert "min_tokens" not in agent and "ignore_eos" not in agent

@@ -211,7 +211,7 @@ class OpenAIBackend:
         """Send ``requests`` small untimed requests, each retried like a turn (``--max-retries``); a
         request that still fails, or whose reply is no chat completion (a page a wrong --endpoint
         serves with 200), fails the run before the clock starts. Its content is not judged."""
-        body = warmup_body(self.settings)
+        body = warmup_body(self.settings, self._kind)
         retry = self.settings.retry
         for i in range(requests):
             attempt = 0

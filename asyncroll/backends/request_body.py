@@ -51,19 +51,23 @@ def chat_body(
         "seed": s.seed,
     }
     if scripted is not None:
-        budget = scripted.output_tokens or s.max_tokens
-        body["max_tokens"] = budget
-        if kind in ("vllm", "sglang"):
-            body["min_tokens"] = budget
-            body["ignore_eos"] = True
-        elif kind == "transformers":
-            # continuous batching (--continuous-batching) drops min_new_tokens but takes eos_token_id: with no
-            # end-of-sequence token the decode runs to max_new_tokens on both of its paths (transformers 5.25)
-            fixed = {"max_new_tokens": budget, "min_new_tokens": budget, "eos_token_id": []}
-            body["generation_config"] = json.dumps(fixed)
+        fix_length(body, kind, scripted.output_tokens or s.max_tokens)
     elif s.structured:
         body["response_format"] = response_format(turn_schema(request.problem, request.turn))
     return body
+
+
+def fix_length(body: dict[str, Any], kind: ServerKind | None, budget: int) -> None:
+    """Ask ``kind`` to decode exactly ``budget`` tokens (replay), as :data:`REPLAY_FIXED_LENGTH` says."""
+    body["max_tokens"] = budget
+    if kind in ("vllm", "sglang"):
+        body["min_tokens"] = budget
+        body["ignore_eos"] = True
+    elif kind == "transformers":
+        # continuous batching (--continuous-batching) drops min_new_tokens but takes eos_token_id: with no
+        # end-of-sequence token the decode runs to max_new_tokens on both of its paths (transformers 5.25)
+        fixed = {"max_new_tokens": budget, "min_new_tokens": budget, "eos_token_id": []}
+        body["generation_config"] = json.dumps(fixed)
 
 
 def action_headers(scripted: Action | None) -> dict[str, str]:
@@ -74,8 +78,10 @@ def action_headers(scripted: Action | None) -> dict[str, str]:
     return {ACTION_HEADER: echo} if len(echo) <= MAX_ACTION_HEADER else {}
 
 
-def warmup_body(s: HttpSettings) -> dict[str, Any]:
-    """A small untimed request, shaped like the run's own (its schema when they carry one)."""
+def warmup_body(s: HttpSettings, kind: ServerKind | None = None) -> dict[str, Any]:
+    """A small untimed request, shaped like the run's own: their schema when they carry one, their fixed
+    decode length in replay (a server that refuses those fields, as ``transformers serve`` refuses vLLM's
+    ``min_tokens``, fails the warm-up rather than every turn of a run said complete)."""
     body: dict[str, Any] = {
         "model": s.model,
         "messages": [{"role": "user", "content": 'Reply with {"type": "final", "answer": "ok"}.'}],
@@ -83,6 +89,8 @@ def warmup_body(s: HttpSettings) -> dict[str, Any]:
         "max_tokens": min(16, s.max_tokens),
         "seed": s.seed,
     }
-    if s.structured and not s.replay:
+    if s.replay:
+        fix_length(body, kind, body["max_tokens"])
+    elif s.structured:
         body["response_format"] = response_format(final_schema())
     return body
