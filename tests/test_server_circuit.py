@@ -285,3 +285,25 @@ def test_aclose_closes_the_client_even_when_the_watch_failed() -> None:
 
     backend = asyncio.run(main())
     assert backend._client is None and backend._watch is None
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_ends_with_the_server_down_says_so(tmp_path: Path) -> None:
+    """Every trajectory failed at the outage before admission paused: the run ended ``complete``, exit 0,
+    "0/3 completed", with only summary.json's ``open_at_end`` saying the server was down. It is now said
+    on stderr."""
+    from tests.cli_runs import SMOKE, cli
+
+    out = tmp_path / "run"
+    done = cli(
+        "run", "--workload", SMOKE, "--output", out, "--backend", "vllm", "--model", "m",
+        "--endpoint", f"http://127.0.0.1:{free_port()}", "--warmup-requests", "0",
+        "--circuit-failures", "3", "--no-telemetry", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "summary.json").read_text())["model"]["circuit"]["open_at_end"]
+    assert "warning: the server was still unavailable when the run ended (admission paused 1 time(s)" in (
+        done.stderr
+    )
+    up = cli("run", "--workload", SMOKE, "--output", tmp_path / "scripted", "--no-progress")
+    assert up.returncode == 0 and "unavailable" not in up.stderr

@@ -200,6 +200,20 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
             )
 
 
+def warn_server_down(summary: dict[str, Any] | None) -> None:
+    """Say on stderr that the HTTP server was still unavailable when the run ended: a run whose every
+    trajectory failed at the outage ends ``complete`` (exit 0) with nothing else saying so
+    (summary.json's ``model.circuit.open_at_end``)."""
+    circuit = (((summary or {}).get("model") or {}).get("circuit")) or {}
+    if circuit.get("open_at_end"):
+        typer.echo(
+            f"warning: the server was still unavailable when the run ended (admission paused "
+            f"{circuit.get('opened')} time(s), {circuit.get('paused_s')} s in all): trajectories that failed "
+            "at the outage are counted failed (summary.json: model.circuit, model.failed)",
+            err=True,
+        )
+
+
 def _policy(scheduler: dict[str, Any]) -> str:
     """``asyncroll (asyncroll_repair)``: the name given and, when it differs, the rule it ran."""
     name, rule = scheduler["policy"], scheduler.get("policy_rule")

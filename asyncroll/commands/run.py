@@ -19,6 +19,7 @@ from asyncroll.commands.common import (
     warn_no_evaluations,
     warn_no_telemetry_source,
     warn_replay_structured,
+    warn_server_down,
     warn_sync_active,
     warn_telemetry,
     warn_weak_isolation,
@@ -329,6 +330,7 @@ def _run(cfg: Any) -> int:
                 return EXIT_INTERRUPTED
             print_summary(outcome.summary, output)
             warn_telemetry(outcome.summary)
+            warn_server_down(outcome.summary)
             warn_exports(outcome.exports_failed, output)
             if outcome.late_signal:
                 typer.echo(late_signal_note(outcome.late_signal, outcome.exports_failed), err=True)
