@@ -316,3 +316,21 @@ def test_a_key_a_server_echoes_in_a_2xx_that_is_no_completion_is_masked(
     assert secret not in warm.error and "***" in warm.error
     for run_dir in (out, warm_out):
         assert not [f for f in run_dir.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+
+
+@pytest.mark.timeout(90)
+def test_a_replay_whose_length_is_not_fixed_says_so(tmp_path: Path) -> None:
+    """A replay on a server of kind generic (``transformers serve`` is probed so: ``owned_by: local``)
+    sends only max_tokens, an upper bound: replies shorter than scripted read as ``finish_reason stop``,
+    and only run.json's ``replay_fixed_length`` said so. It is now said on stderr; not for a vLLM server."""
+    from tests.cli_runs import SMOKE, cli
+
+    with serve() as running:
+        args: tuple[str | Path, ...] = ("--workload", SMOKE, "--backend", "openai", "--model", "sim")
+        args += ("--endpoint", running.url, "--replay", "--max-tokens", "8", "--no-progress")
+        args += ("--no-telemetry", "--warmup-requests", "0")
+        generic = cli("run", *args, "--output", tmp_path / "generic", "--server-kind", "generic")
+        fixed = cli("run", *args, "--output", tmp_path / "vllm", "--server-kind", "vllm")
+    assert generic.returncode == 0 and fixed.returncode == 0, generic.stderr + fixed.stderr
+    assert "warning: --replay: the decode length was not fixed on this server (kind generic" in generic.stderr
+    assert "decode length" not in fixed.stderr

@@ -214,6 +214,28 @@ def warn_server_down(summary: dict[str, Any] | None) -> None:
         )
 
 
+def warn_replay_length_unfixed(output: Path) -> None:
+    """Say on stderr that a replay's decode length was not fixed: on a server probed as ``generic``
+    (``transformers serve`` names itself ``owned_by: local``) ``max_tokens`` is an upper bound only, and a
+    reply that ended early reads as ``finish_reason stop`` with nothing else saying so (run.json:
+    ``backend.replay_fixed_length``)."""
+    from asyncroll.json_depth import json_loads
+
+    try:
+        backend = json_loads((output / "run.json").read_text(encoding="utf-8")).get("backend") or {}
+    except (OSError, ValueError, AttributeError):
+        return  # no receipt to read: the run's own error says why
+    fixed = backend.get("replay_fixed_length")
+    if backend.get("mode") == "replay" and isinstance(fixed, str) and fixed.startswith("none"):
+        typer.echo(
+            f"warning: --replay: the decode length was not fixed on this server (kind "
+            f"{backend.get('server_kind')}, {backend.get('server_kind_source')}): max_tokens is an upper "
+            "bound only, so replies may be shorter than scripted; declare --server-kind "
+            "vllm|sglang|transformers if it is one of them",
+            err=True,
+        )
+
+
 def _policy(scheduler: dict[str, Any]) -> str:
     """``asyncroll (asyncroll_repair)``: the name given and, when it differs, the rule it ran."""
     name, rule = scheduler["policy"], scheduler.get("policy_rule")

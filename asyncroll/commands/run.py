@@ -18,6 +18,7 @@ from asyncroll.commands.common import (
     warn_moved,
     warn_no_evaluations,
     warn_no_telemetry_source,
+    warn_replay_length_unfixed,
     warn_replay_structured,
     warn_server_down,
     warn_sync_active,
@@ -331,6 +332,7 @@ def _run(cfg: Any) -> int:
             print_summary(outcome.summary, output)
             warn_telemetry(outcome.summary)
             warn_server_down(outcome.summary)
+            warn_replay_length_unfixed(output)
             warn_exports(outcome.exports_failed, output)
             if outcome.late_signal:
                 typer.echo(late_signal_note(outcome.late_signal, outcome.exports_failed), err=True)
