@@ -100,7 +100,8 @@ def test_the_figure_names_a_ratio_over_zero_undefined_as_the_report_does(tmp_pat
     lost = {"cpu_cost.per_completion_s": None}  # no count recorded: not known to be 0
     data = comparison([(none, some), (some, some), (lost, some)])
     agg = aggregate(data)
-    assert "| client+worker CPU-s per completion | 2 (n=1 of 3) | 2 |" in markdown(agg)
+    said = "2 (n=1 of 3: pair 1 undefined (completed = 0); pair 3 not measured)"
+    assert f"| client+worker CPU-s per completion | {said} | 2 |" in markdown(agg)
     complete = [p for p in data["pairs"] if p["complete"]]
     undefined = figure.undefined_values(complete, ["a", "b"], "cpu_s_per_completion")
     assert undefined == {(1, "a"): "completed = 0"}
