@@ -6,9 +6,10 @@ and the directory relative paths were taken from (``cwd``). Re-running a run rea
 file's settings: the derived values are left out (they are derived again), as is ``output`` (the run's own
 directory exists, and is never overwritten: the new run's ``--output`` is given by flag), the workload is
 the file the run read (its absolute path, whatever the current directory), a relative ``tool_root`` is
-taken from the run's ``cwd``; a value equal to its default is left out, as from any config file
-(:func:`asyncroll.config.load_config_file`), so that the run's recorded defaults (``endpoint`` of a
-scripted run) are not taken for settings given against its backend."""
+taken from the run's ``cwd``, a ``--policy asyncroll`` recorded when that name meant another pressure rule
+(``policy_canonical``) runs that rule by its own name; a value equal to its default is left out, as from
+any config file (:func:`asyncroll.config.load_config_file`), so that the run's recorded defaults
+(``endpoint`` of a scripted run) are not taken for settings given against its backend."""
 
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ def is_receipt(data: Mapping[str, Any]) -> bool:
 
 def receipt_settings(data: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of the run whose ``run.json`` is ``data``, as above."""
+    from asyncroll.policies.registry import canonical_policy
+
     config: dict[str, Any] = dict(data["config"])
+    rule, today = config.get("policy_canonical"), canonical_policy("asyncroll")
+    if config.get("policy") == "asyncroll" and isinstance(rule, str) and rule != today:
+        config["policy"] = rule  # the pressure rule `asyncroll` named when the run was recorded
     for key in (*DERIVED, "output"):
         config.pop(key, None)
     workload = data.get("workload")

@@ -467,3 +467,30 @@ def test_a_default_spelled_out_in_a_config_file_is_no_setting_given(
             monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r2"
         )
         assert refused.exit_code == 2 and not seen, typed
+
+
+def test_a_receipt_of_an_older_asyncroll_run_runs_the_rule_that_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--policy asyncroll`` names whichever pressure rule was the default when the run was recorded
+    (run.json's ``policy_canonical``, e.g. ``asyncroll_critical`` before 2026-12-03). Re-running such a run
+    from its run.json ran today's rule under the same name, another policy than the run's, without a word;
+    now it runs the rule that ran, by its own name (a flag still wins). A run of today's rule is unchanged."""
+    from asyncroll.policies.registry import canonical_policy
+
+    first = tmp_path / "first"
+    done = cli("run", "--workload", SMOKE, "--output", first, "--policy", "asyncroll", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    receipt = json.loads((first / "run.json").read_text())
+    assert receipt["config"]["policy_canonical"] == canonical_policy("asyncroll") != "asyncroll_critical"
+    today, seen = run_in_process(monkeypatch, "--config", first / "run.json", "--output", tmp_path / "b")
+    assert today.exit_code == 0 and seen[0].policy == "asyncroll", today.stderr
+    receipt["config"]["policy_canonical"] = "asyncroll_critical"  # as a run of 2026-12-02 recorded it
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(receipt))
+    again, seen = run_in_process(monkeypatch, "--config", older, "--output", tmp_path / "c")
+    assert again.exit_code == 0 and seen[0].policy == "asyncroll_critical", again.stderr
+    flag, seen = run_in_process(
+        monkeypatch, "--config", older, "--output", tmp_path / "d", "--policy", "asyncroll"
+    )
+    assert flag.exit_code == 0 and seen[0].policy == "asyncroll", flag.stderr
