@@ -226,6 +226,36 @@ def test_a_server_that_refuses_the_key_is_said_at_the_probe(status: int, key: st
         assert "refused the API key --api-key-env gave" in said and key not in said and "***" in said
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("status", "key"), [(401, None), (403, "sk-wrong-one")])
+def test_a_declared_server_that_refuses_the_key_is_said_at_the_warmup(status: int, key: str | None) -> None:
+    """A declared server kind (``--backend vllm``, every experiment arm) skips the probe that says a key
+    is wanted: the warm-up's 401/403 stopped the run with the server's text alone, not a word of
+    ``--api-key-env``. It now says what the probe says, the key masked."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json={"error": f"bad key {request.headers.get('authorization')}"})
+
+    async def warm() -> None:
+        settings = HttpSettings(
+            endpoint="http://server", model="m", inflight=1, api_key=key, server_kind="vllm"
+        )
+        backend = OpenAIBackend(settings, SystemClock(), transport=httpx.MockTransport(answer))
+        try:
+            await backend.warmup(1)
+        finally:
+            await backend.aclose()
+
+    with pytest.raises(ModelError) as raised:
+        asyncio.run(warm())
+    said = str(raised.value)
+    assert raised.value.status == status and f"warm-up request 1/1 failed: HTTP {status}" in said
+    if key is None:
+        assert "it wants an API key: name the environment variable that holds it with --api-key-env" in said
+    else:
+        assert "it refused the API key --api-key-env gave" in said and key not in said and "***" in said
+
+
 @pytest.mark.timeout(60)
 def test_results_say_how_many_attempts_a_failed_request_made(tmp_path: Path) -> None:
     """A request that failed after its retries read in results.jsonl exactly as one that was never

@@ -5,6 +5,7 @@ back (``/health``, while the circuit is open). A trickling or endless answer can
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import httpx
 
@@ -23,6 +24,17 @@ async def get_bounded(client: httpx.AsyncClient, path: str, limit_s: float) -> t
     request = client.build_request("GET", path, timeout=limit_s)
     deadline = request_deadline_s(limit_s)
     return await read_bounded(client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=deadline)
+
+
+#: The statuses of a server that wants an API key, or refused the one sent.
+KEY_REFUSED = (401, 403)
+
+
+def key_refused(headers: Mapping[str, str]) -> str:
+    """What a 401/403 means for the run: a key is wanted, or the one ``--api-key-env`` gave was refused."""
+    if "authorization" in headers:
+        return "it refused the API key --api-key-env gave"
+    return "it wants an API key: name the environment variable that holds it with --api-key-env"
 
 
 async def probe_kind(
@@ -62,17 +74,11 @@ async def probe_kind(
             "to skip the probe",
             status=response.status_code,
         )
-    if response.status_code in (401, 403):  # the key: every chat request would be refused as well
-        sent = "authorization" in client.headers
+    if response.status_code in KEY_REFUSED:  # the key: every chat request would be refused as well
         raise ModelError(
             "http_status",
             f"the server at {endpoint} refused GET /v1/models: HTTP {response.status_code} "
-            f"({server_text(body, 200, client.headers)!r}); "
-            + (
-                "it refused the API key --api-key-env gave"
-                if sent
-                else "it wants an API key: name the environment variable that holds it with --api-key-env"
-            ),
+            f"({server_text(body, 200, client.headers)!r}); {key_refused(client.headers)}",
             status=response.status_code,
         )
     try:
