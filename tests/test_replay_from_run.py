@@ -413,3 +413,22 @@ def test_a_replay_repairs_exactly_where_the_run_did(tmp_path: Path) -> None:
     assert replayed["fixed"] == [False, True] and replayed["bad"] == [False, False]
     assert replayed["first"][0] is True  # its second program was never reached, in the run or the replay
     assert _statuses(replay) == _statuses(run)
+
+
+def test_a_replay_whose_output_another_command_makes_meanwhile_says_it_exists(
+    recorded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replays given one --output at the same instant: both pass the first look, one mkdir wins. The
+    other is refused as any command is whose output exists (it said 'cannot create: File exists'), and
+    what the winner wrote there is left as it was."""
+    from asyncroll.errors import OutputExistsError
+    from asyncroll.runtime import prepare
+    from asyncroll.simulation.engine import prepare_from_run
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text("{}")  # the winner's
+    monkeypatch.setattr(prepare, "output_exists", lambda path: False)  # it was not there when looked at
+    with pytest.raises(OutputExistsError, match=r"already exists; asyncroll never overwrites a run"):
+        prepare_from_run(recorded, out)
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]

@@ -217,6 +217,8 @@ def prepare_from_run(
                 output.mkdir(parents=True)
             except OSError as exc:  # not made here (it may be another's, made meanwhile): only its parents go
                 remove_output(None, made)
+                if isinstance(exc, FileExistsError) and exc.filename == str(output):  # made since the look
+                    raise OutputExistsError(output) from exc
                 raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
             created = True
         refuse_unwritable(output)
