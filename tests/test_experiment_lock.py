@@ -73,3 +73,30 @@ def test_a_killed_runner_leaves_no_lock_behind(tmp_path: Path) -> None:
         OutputLock.acquire(tmp_path).release()
     finally:
         end(holder)
+
+
+def test_a_runner_that_took_the_directory_during_the_checks_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runners started at once on one --output: the other took the lock and made ``arms`` while this
+    one checked its workload (before experiment.json exists). This one names the runner, as the lock does,
+    rather than calling the directory a foreign non-empty one (``exists and is not empty``)."""
+    cfg = lean(tmp_path)
+    out = tmp_path / "out"
+    check = runner_module.check_workload
+    held: list[OutputLock] = []
+
+    def other_runner_arrives(*args: Any, **kwargs: Any) -> Any:
+        out.mkdir()
+        held.append(OutputLock.acquire(out))
+        (out / "arms").mkdir()
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "check_workload", other_runner_arrives)
+    monkeypatch.setattr(runner_module, "run_arm", fake_arm())
+    try:
+        with pytest.raises(UsageError, match=f"being run by pid {os.getpid()} on "):
+            ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    finally:
+        held[0].release()
+    assert sorted(p.name for p in out.iterdir()) == ["arms", "experiment.lock"]

@@ -220,6 +220,8 @@ class ExperimentRunner:
                 raise UsageError(f"--resume: {path} does not exist; nothing to resume")
             try:
                 if self.output.exists() and any(p.name != LOCK_NAME for p in self.output.iterdir()):
+                    # a runner started at the same instant may have locked it since the first look
+                    OutputLock.refuse_if_held(self.output)
                     raise UsageError(
                         f"--output {self.output} exists and is not empty; asyncroll never overwrites "
                         "(choose a new or empty directory)"
