@@ -12,16 +12,16 @@ summary, tests) see each event as it is written; nothing keeps the whole stream 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 
 class Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    v: int = SCHEMA_VERSION
+    v: Literal[1] = SCHEMA_VERSION  # a line of another version is no event of this one (skipped, counted)
     t: float = 0.0
     event: str
     id: str | None = None

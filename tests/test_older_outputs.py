@@ -113,3 +113,26 @@ def test_optimum_refuses_a_summary_of_another_schema_version(recorded: Path, tmp
     result = invoke("optimum", run)
     assert result.exit_code == 2, result.output
     assert "summary.json: schema_version 2; this asyncroll reads summary.json version 1 only" in result.output
+
+
+def test_an_event_of_another_version_in_the_middle_of_a_run_is_not_drawn(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """Only the first event's ``v`` was checked: a hand-joined file whose later lines another version wrote
+    had those lines drawn as this version's events. Such a line is now no valid event: skipped and counted,
+    as a damaged line is."""
+    from asyncroll.events import parse_event
+
+    run = tmp_path / "mixed"
+    shutil.copytree(recorded, run)
+    path = run / "events.jsonl"
+    lines = path.read_text().splitlines()
+    later = json.loads(lines[5])
+    later["v"] = 2
+    lines[5] = json.dumps(later)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError):
+        parse_event(lines[5])
+    result = invoke("timeline", run)
+    assert result.exit_code == 0, result.output
+    assert f"1 line(s) of {path} are not valid events" in result.stderr
