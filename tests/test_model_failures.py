@@ -257,6 +257,24 @@ def test_a_declared_server_that_refuses_the_key_is_said_at_the_warmup(status: in
 
 
 @pytest.mark.timeout(60)
+def test_a_turn_refused_for_its_key_says_so(tmp_path: Path) -> None:
+    """With a declared kind and no warm-up nothing probes the server first: each turn failed on its own
+    with "HTTP 401: …" and the server's text alone. A 401/403 turn's error now says a key is wanted."""
+    from tests.hostile_http import HostileServer, raw_reply
+
+    refuse = raw_reply(401, {"content-type": "application/json"}, b'{"error": "Unauthorized"}')
+    with HostileServer([refuse]) as server:
+        outcome, capture, _ = http_run(tmp_path, final_problems(1), server.url, server_kind="vllm")
+    assert outcome.status == "complete", outcome.error
+    (failed,) = capture.of(ModelFailed)
+    assert failed.kind == "http_status" and failed.status == 401
+    assert failed.error == (
+        'HTTP 401: {"error": "Unauthorized"} (it wants an API key: name the environment variable that holds '
+        "it with --api-key-env)"
+    )
+
+
+@pytest.mark.timeout(60)
 def test_results_say_how_many_attempts_a_failed_request_made(tmp_path: Path) -> None:
     """A request that failed after its retries read in results.jsonl exactly as one that was never
     retried ("model http_status: HTTP 500: …"): only events.jsonl had its attempts. The warm-up already

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import orjson
 
-from asyncroll.backends.http_errors import describe_transport_error, server_text
+from asyncroll.backends.http_errors import KEY_REFUSED, describe_transport_error, key_refused, server_text
 from asyncroll.backends.retry import means_unavailable
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 
@@ -136,6 +136,8 @@ async def post_chat(
             kind = "schema_rejected"
         if status == 404:  # a wrong --endpoint or model route: say which URL was asked
             text = f"{text} (POST {response.request.url})"
+        if status in KEY_REFUSED:  # the key: every request is refused alike, and the body may not say so
+            text = f"{text} ({key_refused(client.headers)})"
         if status in _REDIRECTS:  # never followed: a chat completion is not a page to chase
             text = f"{text} (redirect to {response.headers.get('location', 'nowhere')!r}, not followed)"
         raise AttemptFailed(kind, f"HTTP {status}: {text}", status, response.headers, True)

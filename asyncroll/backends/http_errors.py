@@ -69,3 +69,14 @@ def quoted_body(body: bytes, limit_bytes: int, headers: Mapping[str, str]) -> st
     key = auth[len("Bearer ") :].encode("utf-8", "replace") if auth.startswith("Bearer ") else b""
     head = body[: limit_bytes + len(key)]
     return repr((head.replace(key, b"***") if key else head)[:limit_bytes])
+
+
+#: The statuses of a server that wants an API key, or refused the one sent.
+KEY_REFUSED = (401, 403)
+
+
+def key_refused(headers: Mapping[str, str]) -> str:
+    """What a 401/403 means for the run: a key is wanted, or the one ``--api-key-env`` gave was refused."""
+    if "authorization" in headers:
+        return "it refused the API key --api-key-env gave"
+    return "it wants an API key: name the environment variable that holds it with --api-key-env"

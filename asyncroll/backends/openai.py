@@ -50,7 +50,7 @@ from asyncroll.backends.completion import NotACompletion, read_completion
 from asyncroll.backends.exchange import AttemptFailed, post_chat
 from asyncroll.backends.http_errors import mask_key, quoted_body
 from asyncroll.backends.http_settings import HttpSettings
-from asyncroll.backends.probes import KEY_REFUSED, healthy, key_refused, probe_kind
+from asyncroll.backends.probes import healthy, probe_kind
 from asyncroll.backends.request_body import REPLAY_FIXED_LENGTH, action_headers, chat_body, warmup_body
 from asyncroll.backends.retry import Circuit, is_retryable
 from asyncroll.backends.scripted import scripted_action
@@ -233,11 +233,9 @@ class OpenAIBackend:
                         await self._clock.sleep(retry.delay(attempt, self._rng, exc.headers))
                         continue
                     tries = f" after {attempt} attempts" if attempt > 1 else ""
-                    # a declared server kind skips the probe that says so (--backend vllm, an experiment)
-                    key = f"; {key_refused(self._http().headers)}" if exc.status in KEY_REFUSED else ""
                     raise ModelError(
                         exc.kind,
-                        f"warm-up request {i + 1}/{requests} failed{tries}: {exc}{key}",
+                        f"warm-up request {i + 1}/{requests} failed{tries}: {exc}",
                         status=exc.status,
                     ) from exc
         return requests

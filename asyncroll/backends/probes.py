@@ -5,11 +5,10 @@ back (``/health``, while the circuit is open). A trickling or endless answer can
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 import httpx
 
-from asyncroll.backends.http_errors import describe_transport_error, server_text
+from asyncroll.backends.http_errors import KEY_REFUSED, describe_transport_error, key_refused, server_text
 from asyncroll.config import ServerKind
 from asyncroll.errors import ModelError
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
@@ -24,17 +23,6 @@ async def get_bounded(client: httpx.AsyncClient, path: str, limit_s: float) -> t
     request = client.build_request("GET", path, timeout=limit_s)
     deadline = request_deadline_s(limit_s)
     return await read_bounded(client, request, limit_bytes=MAX_PROBE_BYTES, deadline_s=deadline)
-
-
-#: The statuses of a server that wants an API key, or refused the one sent.
-KEY_REFUSED = (401, 403)
-
-
-def key_refused(headers: Mapping[str, str]) -> str:
-    """What a 401/403 means for the run: a key is wanted, or the one ``--api-key-env`` gave was refused."""
-    if "authorization" in headers:
-        return "it refused the API key --api-key-env gave"
-    return "it wants an API key: name the environment variable that holds it with --api-key-env"
 
 
 async def probe_kind(
