@@ -47,7 +47,11 @@ def serve_sim(
     slow_rate: Annotated[float, Opt(help="Fraction delayed by --slow-s before the engine.")] = 0.0,
     slow_s: Annotated[float, Opt(help="Delay of a slow request, s.")] = 1.0,
     reject_schema: Annotated[
-        bool, Opt("--reject-schema", help="Refuse every json_schema request with 400 (as vLLM does).")
+        bool,
+        Opt(
+            "--reject-schema",
+            help="Refuse every json_schema request with 400 (as vLLM answers a schema it cannot compile).",
+        ),
     ] = False,
     log_level: Annotated[str, Opt(help="uvicorn log level: " + " | ".join(LOG_LEVELS) + ".")] = "warning",
 ) -> None:
