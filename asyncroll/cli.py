@@ -91,10 +91,11 @@ def _unhandled_interrupt(exc: SystemExit) -> bool:
     return ended is not None and isinstance(ended.__cause__, KeyboardInterrupt)
 
 
-def main() -> None:
+def main(typer_app: typer.Typer | None = None, prog_name: str | None = None) -> None:
+    """Run ``typer_app`` (default: the whole ``asyncroll`` app) with the CLI's exit codes and signals."""
     cli_signals.guard()  # SIGTERM and SIGHUP stop the command as Ctrl-C does, from the first instant
     try:
-        app()
+        (typer_app or app)(prog_name=prog_name)
     except SystemExit as exc:  # click ends every command this way
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code == 130 and _unhandled_interrupt(exc):  # typer's silent exit for a Ctrl-C: say so

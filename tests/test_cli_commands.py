@@ -4,9 +4,11 @@ without importing anything heavy), and the report module's own entry point."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,6 +96,31 @@ def test_the_report_module_entry_point_shows_its_own_usage() -> None:
     )
     assert result.returncode == 0 and result.stdout.startswith("Usage: python -m asyncroll.report [OPTIONS]")
     assert "--comparison" in result.stdout
+
+
+def test_the_report_module_entry_point_is_the_same_command_as_asyncroll_report(tmp_path: Path) -> None:
+    # ARCHITECTURE and its docstring call it the same as `asyncroll report`; it took the last of two
+    # --comparison silently, and a --help to a stdout that fails ended in an OSError traceback.
+    def report_module(*args: str, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "asyncroll.report", *args],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+        )
+
+    twice = report_module("--comparison", "a.json", "--comparison", "b.json", "--output", str(tmp_path / "r"))
+    assert twice.returncode == 2, twice.stderr
+    assert "Option '--comparison' given 2 times" in twice.stderr
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `| head -0` once head has exited: a write fails with EPIPE
+    try:
+        lost = report_module("--help", stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert (lost.returncode, lost.stderr) == (1, "")
 
 
 @pytest.mark.parametrize(
