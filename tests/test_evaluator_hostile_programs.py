@@ -178,3 +178,16 @@ def test_the_status_pipe_keeps_its_first_line_found_in_the_bytes_just_read() -> 
     status += b'"}\n{"kind": "exit"}\n'
     _first_line_only(status, caps, 3, before)
     assert bytes(status).endswith(b'x"}\n') and caps[3] == len(status) == 131
+
+
+@pytest.mark.parametrize("mib", [20, 200], ids=["20MiB", "200MiB"])
+def test_a_returned_value_past_the_record_cap_is_an_output_limit_verdict(mib: int) -> None:
+    """A functional result whose JSON is past twice the stdout cap (16 MiB) is output_limit_exceeded. At
+    200 MiB the harness once built two more whole copies of the record (the line with its newline, then
+    its bytes) after the program's value and its JSON: past the 768 MiB address space, a MemoryError out
+    of the harness's write, judged 'the program exited with status 0 before finishing normally' though
+    the program had returned."""
+    program = f"class Solution:\n    def f(self, x):\n        return 'x' * ({mib} * 1024 * 1024)\n"
+    result, _ = evaluate(program, [{"input": "1", "output": "3"}], func_name="f", time_limit_s=6.0)
+    assert verdict(result) == "output_limit_exceeded", result
+    assert "the returned value took more than 16777216 bytes as JSON" in result["feedback"]["error"], result

@@ -119,11 +119,19 @@ def _set_digit_limit(digits: int) -> None:
         setter(digits)
 
 
+WRITE_CHUNK = 1 << 20
+
+
 def _write(fd: int, line: str) -> None:
-    """Write one record (its JSON text) and a newline to ``fd``."""
-    data = (line + "\n").encode()
-    while data:
-        data = data[os.write(fd, data) :]
+    """Write one record (its JSON text) and a newline to ``fd``, a slice at a time: a functional result's
+    record may be hundreds of MiB, and a whole copy of it (with its newline, then as bytes) could take
+    the address space that the program's value and its JSON left (a MemoryError here, outside the
+    program's verdict). The JSON is ASCII, so no character is split between slices."""
+    for start in range(0, len(line), WRITE_CHUNK):
+        data = line[start : start + WRITE_CHUNK].encode()
+        while data:
+            data = data[os.write(fd, data) :]
+    os.write(fd, b"\n")
 
 
 def _mount(
