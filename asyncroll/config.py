@@ -341,12 +341,14 @@ def _is_default(name: str, value: Any) -> bool:
     """Whether a file's value is its setting's default, of the default's own JSON type (``2.0`` or ``true``
     is no default of 2 or 1: it is refused as a flag's would be). Such a value is left out, as if not
     written: a shared file, or a run's recorded settings, that spells a default out (``endpoint`` read with
-    the scripted backend, ``evaluation_timeout = null``) is no setting given against the run."""
+    the scripted backend, ``evaluation_timeout = null``) is no setting given against the run. A whole
+    number is a float default's value too (TOML's ``request_timeout = 120``, as ``--request-timeout 120``)."""
     field = RunConfig.model_fields.get(name)
     if field is None or field.is_required():
         return False
     default = field.default
-    return type(value) is type(default) and value == default
+    whole = type(value) is int and type(default) is float  # not a bool: no float setting takes one
+    return (type(value) is type(default) or whole) and value == default
 
 
 def config_file_origins(path: Path, spelled: Mapping[str, str], keys: Iterable[str]) -> dict[str, str]:

@@ -494,3 +494,24 @@ def test_a_receipt_of_an_older_asyncroll_run_runs_the_rule_that_ran(
         monkeypatch, "--config", older, "--output", tmp_path / "d", "--policy", "asyncroll"
     )
     assert flag.exit_code == 0 and seen[0].policy == "asyncroll", flag.stderr
+
+
+def test_a_toml_integer_spelling_a_float_default_is_no_setting_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TOML writes a whole number of seconds without a point (``request_timeout = 120``): the float
+    default 120.0 spelled so was kept as a setting given, and refused with the scripted backend as an
+    HTTP-only one, while ``120.0`` was left out. An int of a float default's value is that default (a
+    flag's ``--request-timeout 120`` is the float 120.0); a bool is not."""
+    config = tmp_path / "shared.toml"
+    config.write_text("request_timeout = 120\nserver_down_timeout = 120\ntool_timeout = 60\n")
+    result, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert not seen[0].model_fields_set & {"request_timeout", "server_down_timeout", "tool_timeout"}
+    config.write_text("request_timeout = 90\n")  # not the default: an HTTP-only setting given
+    refused, seen = run_in_process(
+        monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r2"
+    )
+    assert refused.exit_code == 2 and not seen and "only applies to HTTP backends" in refused.stderr
