@@ -307,3 +307,22 @@ def test_a_run_that_ends_with_the_server_down_says_so(tmp_path: Path) -> None:
     )
     up = cli("run", "--workload", SMOKE, "--output", tmp_path / "scripted", "--no-progress")
     assert up.returncode == 0 and "unavailable" not in up.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("failures", ["5", "0"], ids=["below-the-circuit-threshold", "circuit-off"])
+def test_a_run_whose_server_never_answered_says_so(tmp_path: Path, failures: str) -> None:
+    """Fewer trajectories than --circuit-failures (the default 5 against a 3-problem workload), or the
+    circuit off: every request failed at a server that was down, the circuit never opened, and the run
+    ended ``complete``, exit 0, with nothing on stderr saying the server never answered."""
+    from tests.cli_runs import SMOKE, cli
+
+    out = tmp_path / "run"
+    done = cli(
+        "run", "--workload", SMOKE, "--output", out, "--backend", "vllm", "--model", "m",
+        "--endpoint", f"http://127.0.0.1:{free_port()}", "--warmup-requests", "0",
+        "--circuit-failures", failures, "--no-telemetry", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not json.loads((out / "summary.json").read_text())["model"]["circuit"]["open_at_end"]
+    assert "warning: no model request succeeded (3 failed: transport 3)" in done.stderr, done.stderr

@@ -203,13 +203,23 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
 def warn_server_down(summary: dict[str, Any] | None) -> None:
     """Say on stderr that the HTTP server was still unavailable when the run ended: a run whose every
     trajectory failed at the outage ends ``complete`` (exit 0) with nothing else saying so
-    (summary.json's ``model.circuit.open_at_end``)."""
-    circuit = (((summary or {}).get("model") or {}).get("circuit")) or {}
+    (summary.json's ``model.circuit.open_at_end``). A run whose every model request failed, the circuit
+    never open (fewer failures than ``--circuit-failures``, or it off), is said too."""
+    model = (summary or {}).get("model") or {}
+    circuit = model.get("circuit") or {}
+    failed = model.get("failed") or {}
     if circuit.get("open_at_end"):
         typer.echo(
             f"warning: the server was still unavailable when the run ended (admission paused "
             f"{circuit.get('opened')} time(s), {circuit.get('paused_s')} s in all): trajectories that failed "
             "at the outage are counted failed (summary.json: model.circuit, model.failed)",
+            err=True,
+        )
+    elif failed and not model.get("finished"):
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(failed.items()))
+        typer.echo(
+            f"warning: no model request succeeded ({sum(failed.values())} failed: {kinds}): is the server "
+            "up? (results.jsonl: each trajectory's error)",
             err=True,
         )
 
