@@ -326,3 +326,21 @@ def test_a_run_whose_server_never_answered_says_so(tmp_path: Path, failures: str
     assert done.returncode == 0, done.stderr
     assert not json.loads((out / "summary.json").read_text())["model"]["circuit"]["open_at_end"]
     assert "warning: no model request succeeded (3 failed: transport 3)" in done.stderr, done.stderr
+
+
+def test_replies_that_all_failed_say_nothing_of_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    """ "is the server up?" is for failures of reaching it: a random model whose every reply is an invalid
+    action answered every request (the server is up), and a scripted backend's own failures have none."""
+    from asyncroll.commands.common import warn_server_down
+
+    def model(failed: dict[str, int], paused: float | None = 0.000105) -> dict[str, Any]:
+        circuit = {"open_at_end": paused is not None, "opened": 1, "paused_s": paused}
+        return {"model": {"finished": 0, "failed": failed, "circuit": circuit}}
+
+    warn_server_down(model({"invalid_action": 3}, paused=None))
+    warn_server_down(model({"invalid_action": 2, "transport": 1}, paused=None))
+    assert capsys.readouterr().err == ""
+    warn_server_down(model({"timeout": 2, "http_status": 1}, paused=None))
+    assert "no model request succeeded (3 failed: http_status 1, timeout 2)" in capsys.readouterr().err
+    warn_server_down(model({"transport": 3}))
+    assert "admission paused 1 time(s), 0.000 s in all" in capsys.readouterr().err

@@ -209,13 +209,17 @@ def warn_server_down(summary: dict[str, Any] | None) -> None:
     circuit = model.get("circuit") or {}
     failed = model.get("failed") or {}
     if circuit.get("open_at_end"):
+        paused = circuit.get("paused_s")
+        seconds = f"{paused:.3f} s" if isinstance(paused, (int, float)) else "an unknown time"
         typer.echo(
             f"warning: the server was still unavailable when the run ended (admission paused "
-            f"{circuit.get('opened')} time(s), {circuit.get('paused_s')} s in all): trajectories that failed "
+            f"{circuit.get('opened')} time(s), {seconds} in all): trajectories that failed "
             "at the outage are counted failed (summary.json: model.circuit, model.failed)",
             err=True,
         )
-    elif failed and not model.get("finished"):
+    # only failures of reaching the server: replies it gave (invalid actions, a scripted backend's own
+    # failures) say it is up
+    elif failed and not model.get("finished") and set(failed) <= {"transport", "timeout", "http_status"}:
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(failed.items()))
         typer.echo(
             f"warning: no model request succeeded ({sum(failed.values())} failed: {kinds}): is the server "
