@@ -332,6 +332,11 @@ def _judge(
     if not done.get("ok"):
         return fail("runtime_error", error=f"{done.get('error', '')}".rstrip() + memory)
     if functional:
+        if done.get("too_large"):  # as a record past the cap: the value is too large to be written
+            return fail(
+                "output_limit_exceeded",
+                error="the returned value could not be written as JSON within the test's memory limit",
+            )
         if "unrepresentable" in done:
             return fail(
                 "wrong_answer",

@@ -39,7 +39,8 @@ A ``done`` record is ``{"kind": "done", "ok": true}`` (stdin mode), ``{"kind": "
 "result": <JSON>}`` (functional mode), ``{"kind": "done", "ok": false, "error": "<traceback>"}`` or,
 for a functional result that LiveCodeBench's ``==`` can never match against a JSON value (a nested
 tuple, a set, an int-keyed dict, an object, an int past the digit limit of str conversion),
-``{"kind": "done", "ok": true, "unrepresentable": "<repr>"}``. A ``str``, ``list`` or ``dict`` subclass
+``{"kind": "done", "ok": true, "unrepresentable": "<repr>"}``; one whose JSON does not fit in the memory
+left beside it, ``{"kind": "done", "ok": true, "too_large": true}``. A ``str``, ``list`` or ``dict`` subclass
 (``defaultdict``, ``Counter``, ``OrderedDict``, an ``Enum`` mixed with ``str``, a dict keyed by ``str``
 subclasses) equals the plain value under ``==``, so it
 is sent as its plain string, list or dict. The program can write to the status
@@ -314,6 +315,9 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
                 line = json.dumps({"kind": "done", "ok": True, "result": _plain(result)})
             except (TypeError, RecursionError, ValueError):  # ValueError: an int past the digit limit
                 line = json.dumps({"kind": "done", "ok": True, "unrepresentable": _shown(result)})
+            except MemoryError:  # its JSON does not fit beside it under the address-space limit
+                result = None
+                line = json.dumps({"kind": "done", "ok": True, "too_large": True})
         else:
             # LiveCodeBench swallows SystemExit: exit(…) after printing is a normal end. (No
             # contextlib here: every import is paid once per test.)
