@@ -178,3 +178,31 @@ def test_a_reply_without_declared_tokens_has_serve_sim_s_size_on_the_simulator()
     sim_response, _, http_response, _ = _one_turn_on_both_front_ends(request, engine, 1.0, None)
     reply = json.dumps({"type": "final", "answer": "42"})
     assert sim_response.completion_tokens == http_response.completion_tokens == len(reply)
+
+
+@pytest.mark.timeout(30)
+def test_characters_are_divided_by_the_chars_per_token_as_written() -> None:
+    """``--chars-per-token 0.7``: 21 characters are 30 tokens, as written (21 ÷ 0.7). In floats 21 / 0.7
+    is 30.000000000000004, so both front ends counted 31, and a reply cut at ``max_tokens`` 10 of a
+    ``--chars-per-token`` 0.29 server kept 2 characters (10 × 0.29 = 2.9000000000000004: 2, right) but at
+    ``max_tokens`` 100 kept 28 (28.999999999999996) where 29 fit."""
+    from asyncroll.serve_sim import sizes
+
+    assert sizes.tokens(21, 0.7) == 30
+    assert sizes.tokens(22, 0.7) == 32  # 31.43: rounded up
+    assert sizes.tokens(29, 0.29) == 100
+    assert sizes.tokens(0, 0.7) == 1
+    assert sizes.chars(100, 0.29) == 29
+    assert sizes.chars(10, 0.29) == 2
+    assert sizes.chars(1, 0.7) == 0
+    engine = ServerModelConfig(step_base_ms=1.0)
+    with (
+        serve_in_thread(SimConfig(engine=engine, chars_per_token=0.29)) as running,
+        httpx.Client(base_url=running.url, timeout=10) as client,
+    ):
+        body = {"model": "sim", "messages": [{"role": "user", "content": "x" * 29}], "max_tokens": 100}
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 100
+    # the seeded policy's reply, {"type": "final", "answer": "answer-N"}, cut at 100 tokens: 29 characters
+    assert r.json()["choices"][0]["message"]["content"] == '{"type": "final", "answer": "'

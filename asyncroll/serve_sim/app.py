@@ -281,7 +281,7 @@ class SimApp:
         # or a reply exactly that long: its EOS would have been one token more), else the model stopped
         finish = "length" if tokens == max_tokens else "stop"
         if content_tokens > max_tokens:
-            content = content[: int(max_tokens * cfg.chars_per_token)]
+            content = content[: sizes.chars(max_tokens, cfg.chars_per_token)]
         self._seq += 1
         seq = self._seq
         self._in_engine[seq] = prompt_tokens + tokens

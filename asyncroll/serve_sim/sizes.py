@@ -10,8 +10,9 @@ of the HTTP stack, which the simulator does not load.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 #: The fewest characters per token either front end accepts: fewer would turn a prompt into more tokens
@@ -34,9 +35,25 @@ def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
     return total
 
 
+@lru_cache(maxsize=64)
+def _ratio(chars_per_token: float) -> tuple[int, int]:
+    """``chars_per_token`` as the decimal it was written as (its shortest repr), numerator and
+    denominator: 0.7 is 7/10, not the float just below it, by which 21 characters were 31 tokens."""
+    exact = Fraction(repr(float(chars_per_token)))
+    return exact.numerator, exact.denominator
+
+
 def tokens(chars: int, chars_per_token: float) -> int:
-    """``chars`` as tokens: rounded up, at least one (an empty prompt or reply still takes a token)."""
-    return max(1, math.ceil(chars / chars_per_token))
+    """``chars`` as tokens: rounded up, at least one (an empty prompt or reply still takes a token).
+    Exact: 21 characters at 0.7 are 30 tokens (21 / 0.7 in floats is 30.000000000000004)."""
+    numerator, denominator = _ratio(chars_per_token)
+    return max(1, -(-chars * denominator // numerator))
+
+
+def chars(tokens: int, chars_per_token: float) -> int:
+    """The most characters ``tokens`` tokens hold (rounded down; exact, as :func:`tokens`)."""
+    numerator, denominator = _ratio(chars_per_token)
+    return tokens * numerator // denominator
 
 
 def prompt_tokens(messages: Iterable[Mapping[str, Any]], chars_per_token: float) -> int:
