@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncroll.event_log import EventCapture
 from asyncroll.events import CpuSelected
 from asyncroll.policies import JobView, QueueSnapshot
 from asyncroll.policies.base import Decision
@@ -38,15 +39,7 @@ class Blind(Scripted):
 def test_the_tail_logs_the_estimates_it_decided_on(rule: type[Scripted]) -> None:
     policy = rule(_newest)
 
-    async def scenario(rig: Rig) -> None:
-        await rig.clock.sleep(0.001)
-        tasks = [rig.submit(sleep_job(1000)), rig.submit(sleep_job(12.3456))]  # both workers busy
-        await rig.clock.sleep(0.01)
-        tasks += [rig.submit(sleep_job(10)) for _ in range(3)]  # jobs 3-5 queue
-        for task in tasks:
-            assert (await task).ok
-
-    capture = run_rig(scenario, policy, workers=2, remaining=Estimator(), admission_pending=lambda: False)
+    capture = _two_running_three_queued(policy, second_ms=12.3456)
     selected = capture.of(CpuSelected)
     decision = next(e for e in selected if e.queue_depth == 3)  # job 2 finished, 3-5 queued
     assert decision.job_id == 5 and decision.reordered
@@ -72,18 +65,25 @@ def test_a_running_job_past_its_prediction_has_nothing_left_not_less() -> None:
     -0.2 s (which would make the running jobs look shorter than nothing to the straggler guard)."""
     policy = Scripted(_newest)
 
-    async def scenario(rig: Rig) -> None:
-        await rig.clock.sleep(0.001)
-        tasks = [rig.submit(sleep_job(1000)), rig.submit(sleep_job(300))]  # both workers busy
-        await rig.clock.sleep(0.01)
-        tasks += [rig.submit(sleep_job(10)) for _ in range(3)]  # jobs 3-5 queue
-        for task in tasks:
-            assert (await task).ok
-
-    capture = run_rig(scenario, policy, workers=2, remaining=Estimator(), admission_pending=lambda: False)
+    capture = _two_running_three_queued(policy, second_ms=300)
     selected = capture.of(CpuSelected)
     assert selected[0].predicted_s == 0.1
     decision = next(e for e in selected if e.queue_depth == 3)  # job 2 finished, 3-5 queued
     seen = policy.seen[selected.index(decision)]
     assert seen.now == pytest.approx(0.301)
     assert (seen.running_left, decision.running_left_s) == (0.0, 0.0)
+
+
+def _two_running_three_queued(policy: Scripted, second_ms: float) -> EventCapture:
+    """Jobs 1 (1 s) and 2 (``second_ms``) start at 1 ms on the two workers; jobs 3-5 (10 ms) queue at
+    11 ms: the decision at job 2's end chooses among them."""
+
+    async def scenario(rig: Rig) -> None:
+        await rig.clock.sleep(0.001)
+        tasks = [rig.submit(sleep_job(1000)), rig.submit(sleep_job(second_ms))]  # both workers busy
+        await rig.clock.sleep(0.01)
+        tasks += [rig.submit(sleep_job(10)) for _ in range(3)]  # jobs 3-5 queue
+        for task in tasks:
+            assert (await task).ok
+
+    return run_rig(scenario, policy, workers=2, remaining=Estimator(), admission_pending=lambda: False)
