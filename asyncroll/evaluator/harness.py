@@ -316,7 +316,6 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             except (TypeError, RecursionError, ValueError):  # ValueError: an int past the digit limit
                 line = json.dumps({"kind": "done", "ok": True, "unrepresentable": _shown(result)})
             except MemoryError:  # its JSON does not fit beside it under the address-space limit
-                result = None
                 line = json.dumps({"kind": "done", "ok": True, "too_large": True})
         else:
             # LiveCodeBench swallows SystemExit: exit(…) after printing is a normal end. (No
