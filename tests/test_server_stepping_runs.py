@@ -228,14 +228,17 @@ def test_the_asyncio_debug_mode_steps_the_loop_and_gives_the_same_run(
 
 # --- a stop signal to the real command ---------------------------------------------------------------
 
-#: one request of a million tokens decoding alone at a batch of one: ≈ 2 µs of CPU per step in place
+#: requests of a million tokens (the most one may script) decoding one at a time at a batch of one:
+#: ≈ 2 µs of CPU per step in place, ≈ 2–3 s each. Three, so that a test slow to see the first start (a
+#: loaded machine) still signals mid-decode: one request ended before the signal, and the run with it.
 _LONG = [
     {
-        "id": "long",
+        "id": f"long{i}",
         "prompt": "x",
         "tools": [],
         "script": [{"type": "final", "answer": 1, "output_tokens": 1_000_000}],
     }
+    for i in range(3)
 ]
 
 
@@ -245,12 +248,21 @@ def test_a_signal_in_a_long_stretch_stops_the_simulation_at_once(tmp_path: Path,
     """The signal lands while the loop steps the one sequence in place (it wakes no task for a million
     steps): its handler's callback is seen at the next step, the request is cancelled mid-decode, and the
     command ends as documented (exit 130, run.json ``interrupted by SIG…``, valid events) within moments,
-    not when the decode would have ended (≈ 2 s of CPU later, 12,080 s of virtual time)."""
+    not when the decode would have ended (≈ 2 s of CPU later, 12,080 s of virtual time per request)."""
     workload = write_workload(tmp_path / "w.jsonl", _LONG)
     out = tmp_path / "sim"
     args = ["simulate", "--workload", str(workload), "--output", str(out), "--server", "batching"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncroll.cli", *args, "--max-num-seqs", "1"],
+        [
+            sys.executable,
+            "-m",
+            "asyncroll.cli",
+            *args,
+            "--max-num-seqs",
+            "1",
+            "--max-inflight-model-requests",
+            "1",
+        ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
