@@ -43,13 +43,18 @@ def describe_transport_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text or 'the connection failed'}"
 
 
+def _key(headers: Mapping[str, str]) -> str:
+    """The API key the request carried (``authorization: Bearer KEY``), or ``""``."""
+    auth = headers.get("authorization") or ""
+    return auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+
+
 def server_text(body: bytes, limit_chars: int, headers: Mapping[str, str]) -> str:
     """A server's error body as text for a message (at most ``limit_chars``), with the API key the
     request carried (``headers``: the client's, ``authorization: Bearer KEY``) masked: a server that
     echoes the key in its error would otherwise have it written to events, results and run.json. Masked
     before the cut, so that no cut leaves part of it."""
-    auth = headers.get("authorization") or ""
-    key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+    key = _key(headers)
     room = limit_chars + len(key)
     text = body[: 4 * room].decode("utf-8", "replace")[:room]  # as http_read.body_text reads it
     return (text.replace(key, "***") if key else text)[:limit_chars]
@@ -57,16 +62,14 @@ def server_text(body: bytes, limit_chars: int, headers: Mapping[str, str]) -> st
 
 def mask_key(text: str, headers: Mapping[str, str]) -> str:
     """``text`` with the API key of ``headers`` (``authorization: Bearer KEY``) replaced by ``***``."""
-    auth = headers.get("authorization") or ""
-    key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+    key = _key(headers)
     return text.replace(key, "***") if key else text
 
 
 def quoted_body(body: bytes, limit_bytes: int, headers: Mapping[str, str]) -> str:
     """The first ``limit_bytes`` of a body the client could not read (a 2xx that is no completion), as
     its bytes' ``repr``, with the API key masked as :func:`server_text` masks it (before the cut)."""
-    auth = headers.get("authorization") or ""
-    key = auth[len("Bearer ") :].encode("utf-8", "replace") if auth.startswith("Bearer ") else b""
+    key = _key(headers).encode("utf-8", "replace")
     head = body[: limit_bytes + len(key)]
     return repr((head.replace(key, b"***") if key else head)[:limit_bytes])
 
