@@ -150,7 +150,10 @@ def workload(n: int, tool_tokens: int = 24, final_tokens: int = 16) -> list[dict
     ]
 
 
-def run_client(engine: Engine, workload_path: Path, out: Path, inflight: int, *extra: str) -> dict[str, Any]:
+def run_client(
+    engine: Engine, workload_path: Path, out: Path, inflight: int, *extra: str, probe: bool = False
+) -> dict[str, Any]:
+    """One ``asyncroll run`` against the engine; ``probe`` leaves its kind to the probe of ``/v1/models``."""
     argv = [
         sys.executable,
         "-m",
@@ -161,7 +164,13 @@ def run_client(engine: Engine, workload_path: Path, out: Path, inflight: int, *e
         "--output",
         str(out),
     ]
-    argv += ["--backend", "openai", "--server-kind", "transformers", "--model", engine.model]
+    argv += [
+        "--backend",
+        "openai",
+        *([] if probe else ["--server-kind", "transformers"]),
+        "--model",
+        engine.model,
+    ]
     argv += ["--endpoint", engine.url, "--max-inflight-model-requests", str(inflight)]
     argv += ["--max-active-trajectories", str(max(inflight, 1) * 2), "--cpu-workers", "2", "--no-progress"]
     argv += ["--request-timeout", "120", *extra]

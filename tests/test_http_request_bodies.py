@@ -320,7 +320,7 @@ def test_a_key_a_server_echoes_in_a_2xx_that_is_no_completion_is_masked(
 
 @pytest.mark.timeout(90)
 def test_a_replay_whose_length_is_not_fixed_says_so(tmp_path: Path) -> None:
-    """A replay on a server of kind generic (``transformers serve`` is probed so: ``owned_by: local``)
+    """A replay on a server of kind generic (one that names no engine in its model list)
     sends only max_tokens, an upper bound: replies shorter than scripted read as ``finish_reason stop``,
     and only run.json's ``replay_fixed_length`` said so. It is now said on stderr; not for a vLLM server."""
     from tests.cli_runs import SMOKE, cli

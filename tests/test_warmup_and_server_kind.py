@@ -92,6 +92,13 @@ def test_server_kind_probe_without_a_model_list() -> None:
     listed = {"data": [{"id": "m", "owned_by": "huggingface"}]}
     kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=listed)))
     assert kind == "generic" and "huggingface" in source
+    status = {"status": {"value": "unloaded"}}  # transformers serve 5.x: a local model is owned_by "local"
+    served = {"data": [{"id": "m", "owned_by": "local", **status}, {"id": "n", "owned_by": "", **status}]}
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=served)))
+    assert kind == "transformers" and "status.value loaded|unloaded" in source
+    partly = {"data": [{"id": "m", "owned_by": "local", **status}, {"id": "n", "status": "ready"}]}
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=partly)))
+    assert kind == "generic" and "names no engine" in source
     deep = b'{"data": ' + b"[" * 100_000  # json raises RecursionError here, not a ValueError
     kind, source = asyncio.run(probe(lambda request: httpx.Response(200, content=deep)))
     assert kind == "generic" and "HTTP 200 without a model list" in source

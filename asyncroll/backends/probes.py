@@ -28,7 +28,8 @@ async def get_bounded(client: httpx.AsyncClient, path: str, limit_s: float) -> t
 async def probe_kind(
     client: httpx.AsyncClient, endpoint: str, request_timeout: float
 ) -> tuple[ServerKind, str]:
-    """``GET /v1/models``: vLLM and SGLang name themselves in ``owned_by``; anything else is generic.
+    """``GET /v1/models``: vLLM and SGLang name themselves in ``owned_by``, ``transformers serve`` by a
+    ``status`` of each model; anything else is generic.
     Returns the kind and how it was found, for the receipt.
 
     Only an unreachable server, one that answered a transient error (408, 429, 5xx: starting up,
@@ -70,13 +71,27 @@ async def probe_kind(
             status=response.status_code,
         )
     try:
-        owners = {str(m.get("owned_by", "")) for m in json.loads(body)["data"]}
+        models = json.loads(body)["data"]
+        owners = {str(m.get("owned_by", "")) for m in models}
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return "generic", f"probed: /v1/models answered HTTP {response.status_code} without a model list"
     for owner, kind in KIND_FROM_OWNER.items():
         if owner in owners:
             return kind, f"probed: /v1/models owned_by={owner!r}"
-    return "generic", f"probed: /v1/models owned_by={sorted(owners)!r} is not vllm or sglang"
+    if models and all(_transformers_status(m) for m in models):
+        return "transformers", "probed: /v1/models gives each model a status.value loaded|unloaded"
+    return (
+        "generic",
+        f"probed: /v1/models owned_by={sorted(owners)!r} names no engine, nor a status per model",
+    )
+
+
+def _transformers_status(model: object) -> bool:
+    """``transformers serve`` (5.x) names no engine in ``owned_by`` (a local model is ``local``, a Hub one
+    its organisation) but lists each model with ``"status": {"value": "loaded"|"unloaded"}``, a field of
+    its own (OpenAI's list has none)."""
+    status = model.get("status") if isinstance(model, dict) else None
+    return isinstance(status, dict) and status.get("value") in ("loaded", "unloaded")
 
 
 async def healthy(client: httpx.AsyncClient, request_timeout: float) -> tuple[bool, str]:

@@ -229,8 +229,8 @@ def warn_server_down(summary: dict[str, Any] | None) -> None:
 
 
 def warn_replay_length_unfixed(output: Path) -> None:
-    """Say on stderr that a replay's decode length was not fixed: on a server probed as ``generic``
-    (``transformers serve`` names itself ``owned_by: local``) ``max_tokens`` is an upper bound only, and a
+    """Say on stderr that a replay's decode length was not fixed: on a server probed as ``generic`` (one
+    naming no engine, e.g. an older ``transformers serve``) ``max_tokens`` is an upper bound only, and a
     reply that ended early reads as ``finish_reason stop`` with nothing else saying so (run.json:
     ``backend.replay_fixed_length``)."""
     from asyncroll.json_depth import json_loads

@@ -79,8 +79,12 @@ def test_replay_decodes_the_whole_budget_past_an_end_of_sequence(engine: Engine,
     # the smoke workload at 64 tokens a turn: the random model ends one of its replies (smoke-sleep's first)
     # after 20 tokens, and continuous batching drops min_new_tokens: only no eos_token_id keeps it decoding
     smoke = Path(__file__).resolve().parents[2] / "examples" / "smoke.jsonl"
-    row = run_client(engine, smoke, tmp_path / "run", 3, "--replay", "--max-tokens", "64")
+    # its kind probed, not declared: transformers serve 5.x lists each model with a status of its own
+    row = run_client(engine, smoke, tmp_path / "run", 3, "--replay", "--max-tokens", "64", probe=True)
     assert row["returncode"] == 0, row["stderr"][-2000:]
+    backend = json.loads((tmp_path / "run" / "run.json").read_text())["backend"]
+    assert backend["server_kind"] == "transformers", backend["server_kind_source"]
+    assert "decode length was not fixed" not in row["stderr"]
     assert row["summary"]["counts"]["completed"] == 3
     finished = [e for e in row["events"] if e["event"] == "model_finished"]
     assert len(finished) == 5
