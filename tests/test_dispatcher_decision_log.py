@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from asyncroll.clock import VirtualClock
 from asyncroll.errors import PolicyError
 from asyncroll.events import CpuEnqueued, CpuSelected, CpuStarted
 from asyncroll.policies import QueueSnapshot
@@ -115,3 +116,33 @@ def test_a_policy_that_chooses_a_job_not_in_its_queue_is_named_with_the_jobs_it_
         "policy 'scripted' chose job 999, not one of the 10 queued job(s) it was shown "
         "(ids 2, 3, 4, 5, 6, 7, 8, 9, ...)"
     )
+
+
+@pytest.mark.timeout(30)
+def test_a_slow_decision_counts_in_the_chosen_jobs_wait_not_in_the_candidates_waits() -> None:
+    """``waited_s`` of ``cpu_selected`` runs to the selection (the decision's own time included: what the
+    job really waited); each candidate's is at the snapshot the policy saw (what it decided on). A policy
+    taking 7 ms to choose (the clock advanced inside ``choose``) tells them apart."""
+    clocks: list[VirtualClock] = []
+
+    def slow(snapshot: QueueSnapshot) -> Decision:
+        clocks[0].advance(0.007)
+        return Decision(snapshot.oldest.job_id, "oldest")
+
+    policy = Scripted(slow)
+
+    async def scenario(rig: Rig) -> None:
+        clocks.append(rig.clock)
+        busy = rig.submit(sleep_job(100))
+        await rig.clock.sleep(0.001)
+        tasks = [rig.submit(sleep_job(10)) for _ in range(3)]
+        await asyncio.gather(busy, *tasks)
+
+    capture = run_rig(scenario, policy, log_candidates=True)
+    queued = capture.of(CpuEnqueued)[1].t  # the three queued at once, once the first decision ended
+    second = capture.of(CpuSelected)[1]  # the first pick from the three
+    seen = policy.seen[1]
+    assert (queued, seen.now) == pytest.approx((0.007, 0.107))  # the first job ran 100 ms after it
+    assert second.t == pytest.approx(0.114)
+    assert second.waited_s == round(second.t - queued, 6) == 0.107
+    assert [c.waited_s for c in second.candidates] == [round(seen.now - queued, 6)] * 3 == [0.1] * 3
