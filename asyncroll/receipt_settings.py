@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 #: The keys of run.json's ``config`` that the run derived, not settings (runtime/run.py writes them).
@@ -26,14 +27,23 @@ def is_receipt(data: Mapping[str, Any]) -> bool:
     return isinstance(data.get("config"), dict) and "schema_version" in data and "command" in data
 
 
-def receipt_settings(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of the run whose ``run.json`` is ``data``, as above."""
+def rule_then(data: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The pressure rule a recorded ``--policy asyncroll`` ran, and today's, where they differ."""
     from asyncroll.policies.registry import canonical_policy
 
-    config: dict[str, Any] = dict(data["config"])
+    config = data["config"]
     rule, today = config.get("policy_canonical"), canonical_policy("asyncroll")
     if config.get("policy") == "asyncroll" and isinstance(rule, str) and rule != today:
-        config["policy"] = rule  # the pressure rule `asyncroll` named when the run was recorded
+        return rule, today
+    return None
+
+
+def receipt_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of the run whose ``run.json`` is ``data``, as above."""
+    config: dict[str, Any] = dict(data["config"])
+    changed = rule_then(data)
+    if changed is not None:
+        config["policy"] = changed[0]  # the pressure rule `asyncroll` named when the run was recorded
     for key in (*DERIVED, "output"):
         config.pop(key, None)
     workload = data.get("workload")
@@ -43,3 +53,21 @@ def receipt_settings(data: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(cwd, str) and isinstance(root, str) and not os.path.isabs(root):
         config["tool_root"] = os.path.join(cwd, root)
     return config
+
+
+def policy_note(path: Path) -> str | None:
+    """What a re-run from the receipt at ``path`` must say when it runs another rule than today's
+    ``asyncroll`` (None for a file of settings, or a run of any other policy)."""
+    from asyncroll.json_depth import json_loads
+
+    try:
+        data = json_loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return None  # the file was read once already: a file that changed since says nothing here
+    changed = rule_then(data) if isinstance(data, dict) and is_receipt(data) else None
+    if changed is None:
+        return None
+    return (
+        f"--config {path}: the run's --policy asyncroll was the rule {changed[0]} then (policy_canonical); "
+        f"this run runs {changed[0]}, not today's asyncroll ({changed[1]}); give --policy to choose"
+    )

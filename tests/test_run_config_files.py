@@ -485,15 +485,22 @@ def test_a_receipt_of_an_older_asyncroll_run_runs_the_rule_that_ran(
     assert receipt["config"]["policy_canonical"] == canonical_policy("asyncroll") != "asyncroll_critical"
     today, seen = run_in_process(monkeypatch, "--config", first / "run.json", "--output", tmp_path / "b")
     assert today.exit_code == 0 and seen[0].policy == "asyncroll", today.stderr
+    assert "policy_canonical" not in today.stderr
     receipt["config"]["policy_canonical"] = "asyncroll_critical"  # as a run of 2026-12-02 recorded it
     older = tmp_path / "older.json"
     older.write_text(json.dumps(receipt))
     again, seen = run_in_process(monkeypatch, "--config", older, "--output", tmp_path / "c")
     assert again.exit_code == 0 and seen[0].policy == "asyncroll_critical", again.stderr
+    assert (  # said, as simulate --from-run says it of a replay
+        f"warning: --config {older}: the run's --policy asyncroll was the rule asyncroll_critical then "
+        f"(policy_canonical); this run runs asyncroll_critical, not today's asyncroll "
+        f"({canonical_policy('asyncroll')}); give --policy to choose"
+    ) in again.stderr
     flag, seen = run_in_process(
         monkeypatch, "--config", older, "--output", tmp_path / "d", "--policy", "asyncroll"
     )
     assert flag.exit_code == 0 and seen[0].policy == "asyncroll", flag.stderr
+    assert "policy_canonical" not in flag.stderr
 
 
 def test_a_toml_integer_spelling_a_float_default_is_no_setting_given(

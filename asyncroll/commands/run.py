@@ -260,6 +260,11 @@ def run(
         not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
         if not_found:
             raise UsageError("\n".join(not_found))
+        if config is not None and "policy" not in flags:
+            from asyncroll.receipt_settings import policy_note
+
+            if (note := policy_note(config)) is not None:
+                typer.echo(f"warning: {note}", err=True)
         if cfg.cpu_workers > MAX_PROCESS_WORKERS:  # simulated workers may be more: not a RunConfig bound
             where = origins.get("cpu_workers", "--cpu-workers")
             raise UsageError(
