@@ -310,6 +310,53 @@ def test_a_run_that_ends_with_the_server_down_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_run_stopped_while_the_server_is_down_says_it_was_down(tmp_path: Path) -> None:
+    """Ctrl-C while admission waits for a server that is down (the circuit open, --server-down-timeout
+    far off): the stop said only "interrupted by SIGINT", though summary.json's ``open_at_end`` said the
+    server was down at the end; it is said on stderr as at the end of a complete or failed run (as is an
+    unavailable telemetry source: the interrupted outcome carries no summary, both read it from none)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.children import end
+    from tests.conftest import REPO
+    from tests.simulations import signal_and_wait
+
+    workload = write_workload(tmp_path / "w.jsonl", final_problems(10))
+    out = tmp_path / "run"
+    command = [
+        "run", "--workload", workload, "--output", out, "--backend", "vllm", "--model", "m",
+        "--endpoint", f"http://127.0.0.1:{free_port()}", "--warmup-requests", "0", "--max-retries", "0",
+        "--circuit-failures", "2", "--server-down-timeout", "300", "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", *map(str, command)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        events = out / "events.jsonl"
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and proc.poll() is None:
+            if events.exists() and '"server_unavailable"' in events.read_text():
+                break
+            time.sleep(0.05)
+        stderr = signal_and_wait(proc, signal.SIGINT)
+    finally:
+        end(proc)
+    assert proc.returncode == 130, stderr
+    assert json.loads((out / "summary.json").read_text())["model"]["circuit"]["open_at_end"]
+    assert "interrupted by SIGINT" in stderr
+    down = "warning: the server was still unavailable when the run ended (admission paused 1 time(s)"
+    assert down in stderr
+    assert "warning: telemetry: server_metrics unavailable" in stderr  # also read from summary.json now
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("failures", ["5", "0"], ids=["below-the-circuit-threshold", "circuit-off"])
 def test_a_run_whose_server_never_answered_says_so(tmp_path: Path, failures: str) -> None:
     """Fewer trajectories than --circuit-failures (the default 5 against a 3-problem workload), or the

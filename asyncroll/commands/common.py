@@ -200,6 +200,17 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
             )
 
 
+def written_summary(output: Path) -> dict[str, Any] | None:
+    """The run's summary.json as written (an interrupted run's outcome carries none), or None."""
+    from asyncroll.json_depth import json_loads
+
+    try:
+        summary = json_loads((output / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None  # not written (stopped before it): nothing to warn of from it
+    return summary if isinstance(summary, dict) else None
+
+
 def warn_server_down(summary: dict[str, Any] | None) -> None:
     """Say on stderr that the HTTP server was still unavailable when the run ended: a run whose every
     trajectory failed at the outage ends ``complete`` (exit 0) with nothing else saying so

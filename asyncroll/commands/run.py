@@ -24,6 +24,7 @@ from asyncroll.commands.common import (
     warn_sync_active,
     warn_telemetry,
     warn_weak_isolation,
+    written_summary,
 )
 
 
@@ -331,7 +332,9 @@ def _run(cfg: Any) -> int:
             warn_moved(outcome.moved_to, cfg.output)
             if runner.interrupt_reason is not None and outcome.status == "interrupted":
                 typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {output}", err=True)
-                warn_telemetry(outcome.summary)
+                written = written_summary(output)  # an interrupted outcome carries none: the file's
+                warn_telemetry(written)
+                warn_server_down(written)  # stopped while waiting for a server that was down
                 warn_exports(outcome.exports_failed, output)
                 return EXIT_INTERRUPTED
             print_summary(outcome.summary, output)
