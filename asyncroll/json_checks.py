@@ -91,6 +91,26 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words with its article (``null``, ``an array``, ``an object``):
+    a message about a user's file names no Python type (``NoneType``, ``list``, ``dict``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"  # no JSON parser makes one; a caller's own value
+
+
 #: Leading bytes of the files a download may be instead of JSON text, what each is, and how to get its
 #: JSON Lines (``{out}``: the file to write them to).
 _CONTAINERS = (

@@ -283,7 +283,7 @@ def _row(**changes: Any) -> dict[str, Any]:
         ([_row(private_test_cases=_MISSING)], "private_test_cases: missing"),
         ([_row(public_test_cases="[]", private_test_cases="")], "the problem has no tests"),
         ([_row(public_test_cases="[{")], "public_test_cases: JSON is not valid"),
-        ([_row(question_id=1873)], "question_id: expected a string, got int"),
+        ([_row(question_id=1873)], "question_id: expected a string, got an integer"),
         ([_row(metadata="{nope")], "metadata: not valid JSON"),
         (
             [_row(public_test_cases='[{"input": "\\ud800", "output": "x", "testtype": "stdin"}]')],
@@ -294,8 +294,19 @@ def _row(**changes: Any) -> dict[str, Any]:
             [_row(metadata='{"func_name": "f"}')],
             "public_test_cases: test [0] is 'stdin' but metadata.func_name is 'f'",
         ),
-        (["just a string"], ": expected rows (a JSON array, object or JSONL), got a str"),
-        ([_row(), "just a string"], ":2: expected a row object, got str"),
+        (["just a string"], ": expected rows (a JSON array, object or JSONL), got a string"),
+        ([None], ": expected rows (a JSON array, object or JSONL), got null"),
+        ([_row(), "just a string"], ":2: expected a row object, got a string"),
+        ([_row(), [1]], ":2: expected a row object, got an array"),
+        ([_row(metadata="[1]")], "metadata: expected a JSON object, got an array"),
+        (
+            [_row(public_test_cases='[{"input": 1, "output": "x", "testtype": "stdin"}]')],
+            "public_test_cases: test [0].input: expected a string, got an integer",
+        ),
+        (
+            [_row(public_test_cases='{"input": "1"}')],
+            "public_test_cases: expected a list of tests, got an object",
+        ),
     ],
 )
 def test_lcb_bad_rows_are_named_and_nothing_is_written(tmp_path: Path, rows: list[Any], message: str) -> None:
@@ -334,14 +345,19 @@ def test_lcb_file_level_errors(tmp_path: Path) -> None:
         convert_livecodebench(broken_first, out)
     assert f"{broken_first}:1: invalid line" in str(caught.value)
     assert f"{broken_first}:3: invalid line" in str(caught.value)
-    for first in ("[1, 2, 3]", "42", '"header"', "null"):  # a first line that is JSON but not a row
+    for first, kind in (
+        ("[1, 2, 3]", "an array"),
+        ("42", "an integer"),
+        ('"header"', "a string"),
+        ("null", "null"),
+    ):
         not_a_row = tmp_path / "not-a-row-first.jsonl"
         not_a_row.write_text(f"{first}\n{good}\n", encoding="utf-8")
         with pytest.raises(UsageError) as caught:  # was: "not-a-row-first.jsonl:2:1: ... Extra data"
             convert_livecodebench(not_a_row, out)
         assert (
             str(caught.value)
-            == f"{not_a_row}:1: expected a row object, got {type(json.loads(first)).__name__}"
+            == f"{not_a_row}:1: expected a row object, got {kind}"  # JSON's words: it was "got NoneType"
         )
     too_long = tmp_path / ("a" * 300 + ".jsonl")
     with pytest.raises(UsageError, match="cannot write there: File name too long"):

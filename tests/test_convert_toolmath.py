@@ -203,7 +203,7 @@ def _bad(records: list[dict[str, Any]], index: int, **changes: Any) -> list[dict
         (lambda r: _bad(r, 1, level=_MISSING), "record [1] ('absolute_value_a'): level: missing"),
         (
             lambda r: _bad(r, 0, level=5),
-            "record [0] ('absolute_difference'): level: expected a string, got int",
+            "record [0] ('absolute_difference'): level: expected a string, got an integer",
         ),
         (lambda r: _bad(r, 0, inputs=["x"]), "inputs: expected an object"),
         (lambda r: _bad(r, 0, name="not a name"), "name: 'not a name' is not a Python function name"),
@@ -226,9 +226,9 @@ def _bad(records: list[dict[str, Any]], index: int, **changes: Any) -> list[dict
             "record [4]: name: tool 'circle_center_from_standard_coeffs_a' appears twice in one problem "
             "(also record [3])",
         ),
-        (lambda r: [*r, "a string"], "record [12]: expected a tool record object, got str"),
+        (lambda r: [*r, "a string"], "record [12]: expected a tool record object, got a string"),
         (lambda r: [], "the list holds no tool records"),
-        (lambda r: {"records": r}, "expected a JSON list of tool records, got a dict"),
+        (lambda r: {"records": r}, "expected a JSON list of tool records, got an object"),
     ],
 )
 def test_toolmath_bad_records_are_named_and_nothing_is_written(

@@ -178,6 +178,16 @@ def test_lines_python_cannot_hold_are_named_errors_not_crashes(tmp_path: Path) -
     assert ":4: metadata.ok: not valid Unicode" in problems[3]
 
 
+def test_a_line_of_another_json_type_is_named_in_json_words(tmp_path: Path) -> None:
+    """A line that is no object was "got NoneType", "got list", "got str": Python's names, not the file's."""
+    problems = _problems(tmp_path, ["null", "[1]", '"x"', "5", "true"])
+    kinds = ["null", "an array", "a string", "an integer", "a boolean"]
+    assert problems == [
+        f"{tmp_path / 'w.jsonl'}:{i}: line: expected a JSON object, got {kind}"
+        for i, kind in enumerate(kinds, 1)
+    ]
+
+
 def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     """pydantic-core and ``json`` keep the last of a repeated key: a second ``reference_answer`` graded
     every answer against it, silently."""

@@ -22,7 +22,7 @@ import zlib
 from typing import Any
 
 from asyncroll.evaluator.lcb_json import lcb_loads
-from asyncroll.json_checks import LONE_SURROGATE
+from asyncroll.json_checks import LONE_SURROGATE, json_kind
 from asyncroll.json_depth import json_loads
 
 TEST_TYPES = ("stdin", "functional")
@@ -90,14 +90,14 @@ def encode_private(tests: list[dict[str, str]]) -> str:
 def check_tests(value: Any) -> list[dict[str, str]]:
     """A list of ``{input, output, testtype}`` with string fields; functional tests parse as JSON."""
     if not isinstance(value, list):
-        raise WireFormatError(f"expected a list of tests, got {type(value).__name__}")
+        raise WireFormatError(f"expected a list of tests, got {json_kind(value)}")
     tests: list[dict[str, str]] = []
     for i, test in enumerate(value):
         if not isinstance(test, dict):
-            raise WireFormatError(f"test [{i}]: expected an object, got {type(test).__name__}")
+            raise WireFormatError(f"test [{i}]: expected an object, got {json_kind(test)}")
         for key in ("input", "output", "testtype"):
             if not isinstance(test.get(key), str):
-                got = "missing" if key not in test else f"a {type(test[key]).__name__}"
+                got = "missing" if key not in test else f"got {json_kind(test[key])}"
                 raise WireFormatError(f"test [{i}].{key}: expected a string, {got}")
             try:  # a lone surrogate (escaped in the JSON, or in the pickled str) cannot be written as UTF-8
                 test[key].encode("utf-8")

@@ -26,7 +26,7 @@ from asyncroll.convert.output import check_destination, write_jsonl_atomic
 from asyncroll.convert.rows import RowRef, RowSource
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import json_error_text
+from asyncroll.json_checks import json_error_text, json_kind
 from asyncroll.json_depth import json_loads
 
 REQUIRED = ("question_id", "question_content", "public_test_cases", "private_test_cases")
@@ -165,13 +165,13 @@ def _line_order(message: str) -> int:
 def parse_row(where: str, row: Any) -> tuple[CodeProblem | None, list[str]]:
     """One row → a :class:`CodeProblem`, or the list of what is wrong with it."""
     if not isinstance(row, dict):
-        return None, [f"{where}: expected a row object, got {type(row).__name__}"]
+        return None, [f"{where}: expected a row object, got {json_kind(row)}"]
     qid = row.get("question_id")
     if isinstance(qid, str) and qid.strip():
         where = f"{where} (question_id {qid!r})"
     issues = [f"{where}: {name}: missing" for name in REQUIRED if name not in row]
     issues += [
-        f"{where}: {name}: expected a string, got {type(row[name]).__name__}"
+        f"{where}: {name}: expected a string, got {json_kind(row[name])}"
         for name in (*REQUIRED, *OPTIONAL)
         if name in row and not isinstance(row[name], str)
     ]
@@ -219,7 +219,7 @@ def _func_name(field: str) -> tuple[str | None, str | None]:
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
         return None, f"cannot be read as JSON: {json_error_text(exc)}"
     if not isinstance(meta, dict):
-        return None, f"expected a JSON object, got {type(meta).__name__}"
+        return None, f"expected a JSON object, got {json_kind(meta)}"
     name = meta.get("func_name")
     if name is None:
         return None, None

@@ -24,6 +24,7 @@ from asyncroll.errors import UsageError
 from asyncroll.json_checks import (
     LONE_SURROGATE,
     json_error_text,
+    json_kind,
     line_column,
     lone_surrogate_at,
     may_hold_surrogate,
@@ -128,8 +129,8 @@ class RowSource:
                 where = f"{self.path}: row [{i}]"
                 yield row, RowRef(where, row=row)
         else:
-            kind = type(whole).__name__
-            raise UsageError(f"{self.path}: expected rows (a JSON array, object or JSONL), got a {kind}")
+            kind = json_kind(whole)
+            raise UsageError(f"{self.path}: expected rows (a JSON array, object or JSONL), got {kind}")
 
     def _jsonl(self, handle: Any) -> Iterator[tuple[Any, RowRef]]:
         digest = hashlib.sha256()

@@ -36,7 +36,13 @@ from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.output import check_destination, read_source, sha256_hex, write_jsonl_atomic
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError, no_directory
-from asyncroll.json_checks import LONE_SURROGATE, json_error_text, lone_surrogate_at, may_hold_surrogate
+from asyncroll.json_checks import (
+    LONE_SURROGATE,
+    json_error_text,
+    json_kind,
+    lone_surrogate_at,
+    may_hold_surrogate,
+)
 from asyncroll.json_depth import json_loads
 
 FUNCTIONS_SUBDIR = "function_ToolMATH"
@@ -136,7 +142,7 @@ def parse_records(
     if surrogate is not None:
         raise UsageError(f"{source}: {surrogate}: {LONE_SURROGATE}")
     if not isinstance(raw, list):
-        raise UsageError(f"{source}: expected a JSON list of tool records, got a {type(raw).__name__}")
+        raise UsageError(f"{source}: expected a JSON list of tool records, got {json_kind(raw)}")
     if not raw:
         raise UsageError(f"{source}: the list holds no tool records")
     root = functions_dir.resolve()
@@ -312,14 +318,14 @@ def _raise(problems: list[str], hint: str | None = None) -> None:
 
 def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | None, list[str]]:
     if not isinstance(item, dict):
-        return None, [f"expected a tool record object, got {type(item).__name__}"]
+        return None, [f"expected a tool record object, got {json_kind(item)}"]
     issues: list[str] = []
     for name in (*STRING_FIELDS, "inputs"):
         if name not in item:
             issues.append(f"{name}: missing")
     for name in STRING_FIELDS:
         if name in item and not isinstance(item[name], str):
-            issues.append(f"{name}: expected a string, got {type(item[name]).__name__}")
+            issues.append(f"{name}: expected a string, got {json_kind(item[name])}")
     if issues:
         return None, issues
     tool_name, problem = item["name"], item["source_problem"]
@@ -331,11 +337,11 @@ def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | 
     type_issues: list[str] = []  # a well-formed type a workload cannot declare: the caller decides
     unsupported: list[str] = []
     if not isinstance(inputs, dict):
-        issues.append(f"inputs: expected an object of argument → type, got {type(inputs).__name__}")
+        issues.append(f"inputs: expected an object of argument → type, got {json_kind(inputs)}")
     else:
         for arg, type_name in inputs.items():
             if not isinstance(type_name, str):
-                issues.append(f"inputs.{arg}: expected a type string, got {type(type_name).__name__}")
+                issues.append(f"inputs.{arg}: expected a type string, got {json_kind(type_name)}")
                 continue
             try:
                 check_type_name(arg, type_name)

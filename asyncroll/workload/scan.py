@@ -23,6 +23,7 @@ from asyncroll.json_checks import (
     LONE_SURROGATE,
     container_kind,
     json_error_text,
+    json_kind,
     line_column,
     lone_surrogate_at,
     may_hold_surrogate,
@@ -225,7 +226,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     except ValueError as exc:  # an int past Python's digit limit
         return None, [("line", f"not valid JSON: {json_error_text(exc)}")]
     if not isinstance(data, dict):
-        return None, [("line", f"expected a JSON object, got {type(data).__name__}")]
+        return None, [("line", f"expected a JSON object, got {json_kind(data)}")]
     surrogate = lone_surrogate_at(data)
     if surrogate is not None:
         return None, [(surrogate, LONE_SURROGATE)]
