@@ -66,8 +66,7 @@ def test_every_field_error_of_a_line_is_reported(tmp_path: Path) -> None:
     path = _write(tmp_path, [json.dumps({"id": True, "script": [action], "colour": "red"})])
     problems = scan_workload(path, tmp_path, scripted=True).problems
     for fld in (
-        "id.str",
-        "id.int",
+        "id",
         "prompt",
         "script[0].final.latency_ms",
         "script[0].final.output_tokens",
@@ -186,6 +185,16 @@ def test_a_line_of_another_json_type_is_named_in_json_words(tmp_path: Path) -> N
         f"{tmp_path / 'w.jsonl'}:{i}: line: expected a JSON object, got {kind}"
         for i, kind in enumerate(kinds, 1)
     ]
+
+
+@pytest.mark.parametrize(("pid", "kind"), [("1.5", "a number"), ("true", "a boolean"), ("[1]", "an array")])
+def test_an_id_of_another_type_is_one_error_at_id(tmp_path: Path, pid: str, kind: str) -> None:
+    """An id is a string or an integer: another type was two errors at fields no line has, one per member
+    of the union ("id.str: Input should be a valid string", "id.int: Input should be a valid integer")."""
+    problems = _problems(
+        tmp_path, [f'{{"id": {pid}, "prompt": "p", "script": [{{"type": "final", "answer": 1}}]}}']
+    )
+    assert problems == [f"{tmp_path / 'w.jsonl'}:1: id: must be a string or an integer, not {kind}"]
 
 
 def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:

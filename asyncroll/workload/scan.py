@@ -233,7 +233,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     try:
         return Problem.model_validate(data), []
     except ValidationError as exc:
-        return None, [_field_error(e) for e in exc.errors(include_url=False)]
+        return None, list(dict.fromkeys(_field_error(e) for e in exc.errors(include_url=False)))
 
 
 #: The action types, as a message lists them.
@@ -245,6 +245,9 @@ def _field_error(error: Any) -> tuple[str, str]:
     discriminated union) is named at its ``type``: pydantic said "script[0]: Unable to extract tag using
     discriminator 'type'" and "script[0]: Input tag 'answer' found using 'type' does not match ..."."""
     where = _location(error["loc"])
+    if len(error["loc"]) == 2 and error["loc"][0] == "id" and error["type"] in ("string_type", "int_type"):
+        # one error per member of the union: "id.str: Input should be a valid string", then "id.int: ..."
+        return "id", f"must be a string or an integer, not {json_kind(error['input'])}"
     if error["type"] == "union_tag_not_found":
         return f"{where}.type", f"Field required: an action's type is {_ACTION_TYPES}"
     if error["type"] == "union_tag_invalid":
