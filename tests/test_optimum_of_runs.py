@@ -5,6 +5,7 @@ warning; a damaged run or numbers no run could have are refused; a cut search sa
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -295,6 +296,55 @@ def test_optimum_refuses_a_summary_whose_limits_no_run_could_have(
     result = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
     assert result.exit_code == 2, result.output
     assert "summary.json: limits must be ≥ 1" in result.stderr and f"{name} {value}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # "invalid literal for int() with base 10: 'x'"; 1.5 was read as 1
+        (
+            lambda s: s["limits"].update(cpu_workers="x"),
+            "limits: cpu_workers must be a whole number, not a string 'x'",
+        ),
+        (
+            lambda s: s["limits"].update(cpu_workers=1.5),
+            "limits: cpu_workers must be a whole number, not a number 1.5",
+        ),
+        # a traceback each: "cannot convert float infinity to integer", and CP-SAT's "Unable to cast"
+        (
+            lambda s: s["limits"].update(cpu_workers=math.inf),
+            "cpu_workers must be a whole number, not a number inf",
+        ),
+        (lambda s: s["bounds"].update(model_capacity=10**30), "bounds: model_capacity must fit in 64 bits"),
+        (
+            lambda s: s.update(makespan_s=math.nan),
+            "makespan_s must be a finite number of seconds from 0, got nan",
+        ),
+        (lambda s: s.update(limits=[1]), "not an asyncroll summary (missing or malformed 'limits')"),
+    ],
+)
+def test_optimum_names_a_summary_value_of_the_wrong_kind(tmp_path: Path, edit: Any, message: str) -> None:
+    """Each was Python's own words (or a traceback, or "makespan nans" printed as a result)."""
+    run = _hand_made_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    edit(summary)
+    (run / "summary.json").write_text(json.dumps(summary))
+    result = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {run / 'summary.json'}: ") and message in result.stderr, (
+        result.stderr
+    )
+    assert "Traceback" not in result.output
+
+
+def test_optimum_says_why_events_cannot_be_read_in_words(tmp_path: Path) -> None:
+    """It was "[Errno 21] Is a directory: '.../events.jsonl'", the OSError as Python prints it."""
+    run = _hand_made_run(tmp_path / "run")
+    (run / "events.jsonl").unlink()
+    (run / "events.jsonl").mkdir()
+    result = invoke("optimum", run)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {run}: cannot read events.jsonl: Is a directory\n"
 
 
 def test_optimum_reads_a_consistent_hand_made_run(tmp_path: Path) -> None:

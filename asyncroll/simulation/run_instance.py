@@ -18,7 +18,7 @@ from typing import Any, Literal
 from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.floats import left_to_right_sum
-from asyncroll.json_checks import line_column
+from asyncroll.json_checks import INT64_MAX, json_kind, line_column
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.outputs.summary import SUMMARY_SCHEMA_VERSION as SUMMARY_VERSION
@@ -62,15 +62,38 @@ def _run_status(run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
 
 def _limits(values: Any, where: str) -> tuple[int, int, int]:
     """(active, model capacity, workers) from a ``limits`` mapping, as the summary computes them."""
-    try:
-        active = int(values["max_active_trajectories"])
-        inflight = int(values["max_inflight_model_requests"])
-        workers = int(values["cpu_workers"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{where}: missing or malformed limit {exc}") from exc
+    if not isinstance(values, dict):
+        raise UsageError(f"{where}: missing or malformed limits (got {json_kind(values)}, not an object)")
+    active, inflight, workers = (
+        _whole(values, name, where)
+        for name in ("max_active_trajectories", "max_inflight_model_requests", "cpu_workers")
+    )
     if min(active, inflight, workers) < 1:
         raise UsageError(f"{where}: limits must be ≥ 1, got {values}")
     return active, min(inflight, active), workers  # the summary's model capacity
+
+
+def _whole(values: dict[str, Any], name: str, where: str) -> int:
+    """``values[name]``: a JSON integer within 64 bits (as a run's setting is), else refused naming it.
+    ``int()`` took 1.5 as 1 and "2" as 2, and said "invalid literal for int() with base 10: 'x'" or
+    "cannot convert float infinity to integer" (a traceback); 10**30 reached the solver, a traceback too."""
+    if name not in values:
+        raise UsageError(f"{where}: missing or malformed limit {name!r} (missing)")
+    value = values[name]
+    if not isinstance(value, int) or isinstance(value, bool):
+        shown = json_kind(value) + (f" {value!r}"[:40] if isinstance(value, float | str) else "")
+        raise UsageError(f"{where}: {name} must be a whole number, not {shown}")
+    if abs(value) > INT64_MAX:
+        raise UsageError(f"{where}: {name} must fit in 64 bits (at most {INT64_MAX})")
+    return value
+
+
+def _seconds(values: dict[str, Any], name: str, where: str) -> float:
+    """``values[name]``: a finite number of seconds from 0 (a NaN makespan was shown as "makespan nans")."""
+    value = values[name]
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf:
+        raise UsageError(f"{where}: {name} must be a finite number of seconds from 0, got {value!r}"[:300])
+    return float(value)
 
 
 def _number(event: dict[str, Any], name: str, where: str) -> float:
@@ -141,24 +164,32 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
         )
     if summary is not None:
         try:
+            if not isinstance(summary, dict):
+                raise UsageError(f"{path}: not an asyncroll summary ({json_kind(summary)}, not an object)")
             limits, bounds = summary["limits"], summary["bounds"]
             if bounds is None or summary["makespan_s"] is None:
                 raise UsageError(
                     f"{path}: the run never opened its measured window: there is no work to solve"
                 )
-            active, workers = int(limits["max_active_trajectories"]), int(limits["cpu_workers"])
-            capacity, makespan, analytic = (
-                int(bounds["model_capacity"]),
-                float(summary["makespan_s"]),
-                float(bounds["lower_bound_s"]),
-            )
-            if min(active, capacity, workers) < 1:  # a division by zero, or "infeasible", further on
-                raise UsageError(
-                    f"{path}: limits must be ≥ 1, got max_active_trajectories {active}, "
-                    f"bounds.model_capacity {capacity}, cpu_workers {workers}"
-                )
-        except (KeyError, TypeError, ValueError) as exc:
+            if not isinstance(limits, dict) or not isinstance(bounds, dict):
+                raise KeyError("limits" if not isinstance(limits, dict) else "bounds")
+            for values, name in ((bounds, "lower_bound_s"), (summary, "makespan_s")):
+                if name not in values:
+                    raise KeyError(name)
+        except KeyError as exc:
             raise UsageError(f"{path}: not an asyncroll summary (missing or malformed {exc})") from exc
+        active = _whole(limits, "max_active_trajectories", f"{path}: limits")
+        workers = _whole(limits, "cpu_workers", f"{path}: limits")
+        capacity = _whole(bounds, "model_capacity", f"{path}: bounds")
+        makespan, analytic = (
+            _seconds(summary, "makespan_s", str(path)),
+            _seconds(bounds, "lower_bound_s", str(path)),
+        )
+        if min(active, capacity, workers) < 1:  # a division by zero, or "infeasible", further on
+            raise UsageError(
+                f"{path}: limits must be ≥ 1, got max_active_trajectories {active}, "
+                f"bounds.model_capacity {capacity}, cpu_workers {workers}"
+            )
     chains: dict[str, list[Step]] = {}
     order: list[str] = []
     begins: list[float] = []
@@ -167,7 +198,7 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
     try:
         handle = (run_dir / "events.jsonl").open("rb")
     except OSError as exc:
-        raise UsageError(f"{run_dir}: cannot read events.jsonl: {exc}") from exc
+        raise UsageError(f"{run_dir}: cannot read events.jsonl: {exc.strerror or exc}") from exc
     with handle:
         for number, raw in enumerate(handle, 1):
             where = f"{run_dir}/events.jsonl line {number}"
