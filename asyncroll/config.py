@@ -39,7 +39,7 @@ from asyncroll.json_checks import (
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
 from asyncroll.receipt_settings import is_receipt, receipt_settings
-from asyncroll.setting_names import unknown_setting
+from asyncroll.setting_names import unknown_setting, validation_message
 from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
@@ -405,11 +405,7 @@ _BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 def _describe(err: Any, origins: Mapping[str, str]) -> str:
     loc = [str(p) for p in err.get("loc", ())]
-    msg = str(err.get("msg", "invalid"))
-    if msg.startswith("Value error, "):
-        msg = msg.removeprefix("Value error, ")
-    if err.get("type") == "path_type":  # pydantic's message names its class (<class 'pathlib.Path'>)
-        msg = "Input should be a path, as a string"
+    msg = validation_message(err)
     if not loc:  # a check across settings: its message names them as flags
         for key, origin in origins.items():
             name = key.replace("_", "-")  # a switch turned off is named as its --no- form

@@ -5,6 +5,26 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from difflib import get_close_matches
+from typing import Any
+
+from asyncroll.json_checks import json_kind
+
+#: pydantic's errors for a value that is no object where one is expected, whose messages speak Python:
+#: "Input should be a valid dictionary or instance of ArmSpec" (a class name), "... or object to extract
+#: fields from" (an action that is no object), "Input should be a valid dictionary".
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type", "dataclass_type"})
+
+
+def validation_message(err: Mapping[str, Any]) -> str:
+    """One pydantic error's message in the product's words, where pydantic's names a Python type (a
+    class, ``<class 'pathlib.Path'>``) or a Python object; else pydantic's own, less "Value error, ".
+    Every reader that turns a ValidationError into lines uses this, so each says it the same way."""
+    kind = err.get("type")
+    if kind in _NOT_AN_OBJECT:
+        return f"expected a JSON object, got {json_kind(err.get('input'))}"
+    if kind == "path_type":  # pydantic: "Input is not a valid path for <class 'pathlib.Path'>"
+        return "Input should be a path, as a string"
+    return str(err.get("msg", "invalid")).removeprefix("Value error, ")
 
 
 def unknown_setting(

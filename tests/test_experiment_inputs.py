@@ -88,6 +88,21 @@ def test_a_config_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path
     refused(invoke("experiment", "plan", "--config", path), "seed", "dedicated_gpu", "max_tokens")
 
 
+def test_a_section_that_is_no_object_is_named_without_a_python_class(tmp_path: Path) -> None:
+    """pydantic said "Input should be a valid dictionary or instance of ModelSpec" (and ArmSpec, Stages):
+    a class of the product's code, which the config's reader never sees."""
+    path = write_config(
+        tmp_path, model=None, stages=[], arms=[{"name": "fifo", "policy": "fifo"}, "asyncroll"]
+    )
+    with pytest.raises(UsageError) as info:
+        load_experiment_config(path)
+    assert str(info.value).splitlines() == [
+        f"{path}: model: expected a JSON object, got null",
+        f"{path}: arms.1: expected a JSON object, got a string",
+        f"{path}: stages: expected a JSON object, got an array",
+    ]
+
+
 def test_a_gate_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path: Path) -> None:
     """A gate's threshold was read laxly: ``"value": "3"`` as 3 and ``"value": true`` as 1, so a quoted or
     mistyped threshold judged a stage silently. It is a number, as every other number of the config."""

@@ -197,6 +197,26 @@ def test_an_id_of_another_type_is_one_error_at_id(tmp_path: Path, pid: str, kind
     assert problems == [f"{tmp_path / 'w.jsonl'}:1: id: must be a string or an integer, not {kind}"]
 
 
+def test_a_field_that_is_no_object_is_named_without_a_python_class(tmp_path: Path) -> None:
+    """pydantic said "Input should be a valid dictionary or instance of Tool" (a class of the product's
+    code) and "... or object to extract fields from" (an action)."""
+    final = '[{"type": "final", "answer": 1}]'
+    problems = _problems(
+        tmp_path,
+        [
+            f'{{"prompt": "p", "tools": ["add"], "script": {final}}}',
+            '{"prompt": "p", "script": ["final"]}',
+            f'{{"prompt": "p", "script": {final}, "metadata": 5}}',
+        ],
+    )
+    path = tmp_path / "w.jsonl"
+    assert problems == [
+        f"{path}:1: tools[0]: expected a JSON object, got a string",
+        f"{path}:2: script[0]: expected a JSON object, got a string",
+        f"{path}:3: metadata: expected a JSON object, got an integer",
+    ]
+
+
 def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     """pydantic-core and ``json`` keep the last of a repeated key: a second ``reference_answer`` graded
     every answer against it, silently."""

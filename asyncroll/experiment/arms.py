@@ -58,6 +58,7 @@ from asyncroll.experiment.server import (
     tail,
 )
 from asyncroll.schemas import RunReceiptModel, SummaryModel
+from asyncroll.setting_names import validation_message
 
 #: Seconds the client gets to finish its receipt after TERM at its deadline or on an interrupt.
 CLIENT_GRACE_S = 20.0
@@ -420,8 +421,8 @@ def load_summary(arm_dir: Path) -> dict[str, Any] | None:
         SummaryModel.model_validate(data)
     except ValidationError as exc:
         where = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
-            for error in exc.errors()[:5]
+            f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {validation_message(error)}"
+            for error in exc.errors(include_url=False)[:5]
         )
         raise UsageError(f"{path}: not a summary.json this asyncroll reads: {where}") from None
     except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, not an object

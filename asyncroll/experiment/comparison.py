@@ -28,6 +28,7 @@ from pydantic import (
 from asyncroll.experiment.config import MAX_BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_RESAMPLES
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
 from asyncroll.outputs.receipt import write_json_atomic
+from asyncroll.setting_names import validation_message
 
 COMPARISON_SCHEMA_VERSION = 1
 
@@ -377,7 +378,7 @@ def validate_comparison(data: Any) -> None:
         parts = []
         for err in errors[:3]:
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-            message = str(err["msg"]).removeprefix("Value error, ")
+            message = validation_message(err)
             parts.append(f"{where}: {message}" if where else message)
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         raise ValueError("; ".join(parts) + more) from None

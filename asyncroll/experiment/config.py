@@ -23,7 +23,7 @@ from asyncroll.errors import UsageError
 from asyncroll.experiment.json_file import read_json_file
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at
 from asyncroll.locale_names import OsPath, OsStr
-from asyncroll.setting_names import unknown_setting
+from asyncroll.setting_names import unknown_setting, validation_message
 
 #: Placeholders every server command template may use; ``server.vars`` adds more.
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
@@ -432,7 +432,7 @@ def load_experiment_config(
         lines = []
         for err in exc.errors(include_url=False):
             where = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = str(err["msg"]).removeprefix("Value error, ") + given(err)
+            msg = validation_message(err) + given(err)
             if err["type"] == "extra_forbidden":  # where it belongs, or what it may be a misspelling of
                 here, _, key = where.rpartition(".")
                 spec = SECTIONS.get(here, None if here else ExperimentConfig)  # arms, stages: no hint

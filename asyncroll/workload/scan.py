@@ -30,7 +30,7 @@ from asyncroll.json_checks import (
     unique_keys,
 )
 from asyncroll.json_depth import TOO_DEEP, json_loads
-from asyncroll.setting_names import unknown_setting
+from asyncroll.setting_names import unknown_setting, validation_message
 from asyncroll.tool_files import ToolFile
 from asyncroll.workload.checks import check_problem
 from asyncroll.workload.models import (
@@ -257,7 +257,7 @@ def _field_error(error: Any) -> tuple[str, str]:
         loc = error["loc"]
         model = _ACTION_MODELS.get(loc[-2], Tool) if len(loc) > 1 else Problem
         return where, unknown_setting(str(loc[-1]), model.model_fields, noun="field")
-    return where, error["msg"].removeprefix("Value error, ")
+    return where, validation_message(error)
 
 
 #: The model of an action's fields, by the action's type (its place in an error: script[0].tool.key).
