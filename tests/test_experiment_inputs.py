@@ -88,6 +88,15 @@ def test_a_config_value_of_the_wrong_json_type_is_refused_not_converted(tmp_path
     refused(invoke("experiment", "plan", "--config", path), "seed", "dedicated_gpu", "max_tokens")
 
 
+def test_a_config_cut_short_says_where(tmp_path: Path) -> None:
+    """It said "experiment.json:3: invalid JSON: Unterminated string starting at", the place left out."""
+    path = tmp_path / "experiment.json"
+    path.write_text('{\n  "name": "x",\n  "description": "cut sh')
+    with pytest.raises(UsageError) as info:
+        load_experiment_config(path)
+    assert str(info.value) == f"{path}: invalid JSON: Unterminated string starting at (line 3, column 18)"
+
+
 def test_a_section_that_is_no_object_is_named_without_a_python_class(tmp_path: Path) -> None:
     """pydantic said "Input should be a valid dictionary or instance of ModelSpec" (and ArmSpec, Stages):
     a class of the product's code, which the config's reader never sees."""

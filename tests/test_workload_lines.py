@@ -217,6 +217,14 @@ def test_a_field_that_is_no_object_is_named_without_a_python_class(tmp_path: Pat
     ]
 
 
+def test_a_line_cut_short_inside_a_string_is_said_to_be_unterminated(tmp_path: Path) -> None:
+    """Its newline was read as the string's next character: "Invalid control character at"."""
+    problems = _problems(tmp_path, [json.dumps(GOOD), '{"id": "b", "prompt": "cut sh'])
+    assert problems == [
+        f"{tmp_path / 'w.jsonl'}:2: line: not valid JSON: Unterminated string starting at (column 23)"
+    ]
+
+
 def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     """pydantic-core and ``json`` keep the last of a repeated key: a second ``reference_answer`` graded
     every answer against it, silently."""

@@ -30,7 +30,8 @@ def read_json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
     try:
         return json_loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+        # its place after the message, as --config says it: "Unterminated string starting at" ended there
+        raise UsageError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     except ValueError as exc:  # a repeated key, an integer past Python's digit limit
         message = json_error_text(exc)
         raise UsageError(f"{path}: invalid JSON: {message}") from None

@@ -208,8 +208,13 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     except UnicodeDecodeError as exc:
         return None, [("line", f"not valid UTF-8: {exc}")]
     try:
+        # without its line end: a line cut short inside a string was "Invalid control character at", the
+        # newline read as the string's next character
         data = json_loads(
-            text, parse_constant=_reject_constant, object_pairs_hook=unique_keys, parse_float=_finite_float
+            text.rstrip("\r\n"),
+            parse_constant=_reject_constant,
+            object_pairs_hook=unique_keys,
+            parse_float=_finite_float,
         )
     except _NonStandardConstant as exc:
         return None, [
