@@ -318,6 +318,20 @@ def test_lcb_bad_rows_are_named_and_nothing_is_written(tmp_path: Path, rows: lis
     assert not out.exists()
 
 
+@pytest.mark.parametrize("as_array", [False, True])
+def test_lcb_a_row_key_given_twice_is_refused(tmp_path: Path, as_array: bool) -> None:
+    """``json`` keeps the last of a repeated key: a row naming its question_id twice was converted under the
+    second, silently (a workload line, a --config file and a ToolMATH source refuse one)."""
+    text = json.dumps(_row())[:-1] + ', "question_id": "other"}'
+    source = tmp_path / ("rows.json" if as_array else "rows.jsonl")
+    source.write_text(f"[{text}]" if as_array else text + "\n", encoding="utf-8")
+    out = tmp_path / "w.jsonl"
+    with pytest.raises(UsageError) as caught:
+        convert_livecodebench(source, out)
+    assert "key 'question_id' is given twice in one object" in str(caught.value), str(caught.value)
+    assert str(source) in str(caught.value) and not out.exists()
+
+
 def test_lcb_file_level_errors(tmp_path: Path) -> None:
     good = json.dumps(_row())
     source = tmp_path / "rows.jsonl"

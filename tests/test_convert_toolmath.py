@@ -193,6 +193,18 @@ def _bad(records: list[dict[str, Any]], index: int, **changes: Any) -> list[dict
     return records
 
 
+def test_toolmath_a_record_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """``json`` keeps the last of a repeated key: a record naming its tool twice was converted under the
+    second name, silently."""
+    source = tmp_path / "ToolMATH.json"
+    source.write_text(json.dumps(tool_records()).replace('"name": ', '"name": "twice", "name": ', 1))
+    out = tmp_path / "w.jsonl"
+    with pytest.raises(UsageError) as caught:
+        convert_toolmath(source, TM_EXAMPLE, out)
+    assert str(caught.value) == f"{source}: cannot be read as JSON: key 'name' is given twice in one object"
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [

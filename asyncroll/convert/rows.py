@@ -28,6 +28,7 @@ from asyncroll.json_checks import (
     line_column,
     lone_surrogate_at,
     may_hold_surrogate,
+    unique_keys,
 )
 from asyncroll.json_depth import json_loads
 
@@ -104,12 +105,13 @@ class RowSource:
             raw = handle.read(ref.length)
         if hashlib.sha256(raw).digest() != ref.sha256:
             raise UsageError(f"{ref.where}: the source changed while it was being converted")
-        return json_loads(raw)
+        return json_loads(raw, object_pairs_hook=unique_keys)
 
     def _whole(self, data: bytes) -> Iterator[tuple[Any, RowRef]]:
         self.sha256 = hashlib.sha256(data).hexdigest()
         try:
-            whole = json_loads(data.decode("utf-8-sig"))  # a leading byte-order mark is dropped
+            # a leading byte-order mark is dropped; a key given twice is refused (json keeps the last)
+            whole = json_loads(data.decode("utf-8-sig"), object_pairs_hook=unique_keys)
         except UnicodeDecodeError as exc:
             raise UsageError(f"{self.path}: not UTF-8 text: {exc}") from None
         except json.JSONDecodeError as exc:
@@ -142,7 +144,7 @@ class RowSource:
                 continue
             where = f"{self.path}:{line_no}"
             try:
-                row = json_loads(raw)
+                row = json_loads(raw, object_pairs_hook=unique_keys)
             except UnicodeDecodeError as exc:
                 self.problems.append(f"{where}: invalid line: not UTF-8: {exc}")
                 continue

@@ -42,6 +42,7 @@ from asyncroll.json_checks import (
     json_kind,
     lone_surrogate_at,
     may_hold_surrogate,
+    unique_keys,
 )
 from asyncroll.json_depth import json_loads
 
@@ -133,7 +134,7 @@ def parse_records(
     except UnicodeDecodeError as exc:
         raise UsageError(f"{source}: not UTF-8 text: {exc}") from None
     try:
-        raw = json_loads(text)
+        raw = json_loads(text, object_pairs_hook=unique_keys)  # a key given twice: json keeps the last
     except json.JSONDecodeError as exc:
         raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
