@@ -33,6 +33,7 @@ from asyncroll.json_checks import (
     Float,
     Int,
     json_error_text,
+    json_kind,
     lone_surrogate_at,
     unique_keys,
 )
@@ -318,6 +319,14 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise UsageError(f"--config {path}: must hold an object of settings")
     if is_receipt(data):  # a run's run.json: that run's settings (asyncroll/receipt_settings.py)
         data = receipt_settings(data)
+    elif "schema_version" in data and "command" in data:  # no settings file holds these: they are no setting
+        # run.json's shape with its settings damaged: read as a settings file, it was refused for its
+        # first object ("setting 'versions': a group of settings"), which says nothing of what is wrong
+        held = json_kind(data["config"]) if "config" in data else "missing"
+        raise UsageError(
+            f"--config {path}: a run's run.json whose 'config' is {held}, not an object of settings: "
+            "nothing to run again"
+        )
     surrogate = lone_surrogate_at(data)  # JSON escapes one ("\udc80"); no later write could hold it
     if surrogate is not None:
         where = "a setting's name" if surrogate == "line" else f"setting {surrogate.split('.')[0]!r}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -431,6 +432,26 @@ def test_a_runs_receipt_is_a_config_file_for_running_it_again(
     assert unnamed.exit_code == 2 and not seen
     assert (
         f"missing required option(s): --output (--config {first / 'run.json'} gives none)" in unnamed.stderr
+    )
+
+
+@pytest.mark.parametrize("config", [[1], None, "missing"])
+def test_a_run_json_whose_settings_are_damaged_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: Any
+) -> None:
+    """Read as a settings file, it was refused for its first object: "setting 'versions': a group of
+    settings, not a value", which names neither the file's kind nor what is wrong with it."""
+    receipt: dict[str, Any] = {"schema_version": 1, "status": "complete", "command": ["asyncroll", "run"]}
+    receipt |= {"config": config} if config != "missing" else {}
+    receipt["versions"] = {"asyncroll": "0"}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(receipt))
+    result, seen = run_in_process(monkeypatch, "--config", path, "--output", tmp_path / "again")
+    assert result.exit_code == 2 and not seen and not (tmp_path / "again").exists()
+    held = {"[1]": "an array", "None": "null", "missing": "missing"}[str(config)]
+    assert result.stderr == (
+        f"error: --config {path}: a run's run.json whose 'config' is {held}, not an object of settings: "
+        "nothing to run again\n"
     )
 
 
