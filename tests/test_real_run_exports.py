@@ -257,3 +257,8 @@ def test_regenerated_exports_are_recorded_beside_the_runs_own(smoke_run: Path, t
     odd = invoke("timeline", run)
     assert odd.exit_code == 0 and "is not a receipt (not a JSON object); left as it was" in odd.stderr
     assert (run / "run.json").read_text() == "[]"
+    (run / "run.json").write_text('{"status": "compl')  # cut short: it was "(JSONDecodeError: ...)"
+    cut = invoke("timeline", run)
+    said = f"{run / 'run.json'} is not valid JSON (Unterminated string starting at, line 1, column 12)"
+    assert cut.exit_code == 0 and f"{said}; left as it was" in cut.stderr, cut.stderr
+    assert "Error" not in cut.stderr

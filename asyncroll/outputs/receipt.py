@@ -24,6 +24,7 @@ import psutil
 
 from asyncroll import __version__
 from asyncroll.errors import OutputWriteError
+from asyncroll.json_checks import json_error_text
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.lines import clear_staged, staging_path, write_all
 
@@ -117,8 +118,12 @@ def record_regenerated_exports(run_dir: Path, exports: dict[str, Any]) -> str | 
         receipt = json_loads(path.read_bytes())
     except FileNotFoundError:
         return f"no {path}: nothing to record the new exports in"
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        return f"{path} is not readable JSON ({type(exc).__name__}: {exc}); left as it was"
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc}); left as it was"
+    except json.JSONDecodeError as exc:  # not "(JSONDecodeError: ...)": Python's class, not the file's fault
+        return f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}, column {exc.colno}); left as it was"
+    except (ValueError, RecursionError) as exc:  # not UTF-8, a digit limit; RecursionError: nested too deeply
+        return f"{path} is not readable JSON ({json_error_text(exc) or exc}); left as it was"
     if not isinstance(receipt, dict):
         return f"{path} is not a receipt (not a JSON object); left as it was"
     receipt["exports_regenerated"] = {"at": _iso(time.time()), "asyncroll": __version__, **exports}
