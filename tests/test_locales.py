@@ -119,3 +119,42 @@ def test_a_replay_of_a_run_whose_workload_the_locale_cannot_spell_says_so(tmp_pa
     _refused(proc, "its workload (run.json's workload.path) ")
     assert "no longer exists" not in proc.stderr and "pass --workload with a copy" in proc.stderr
     assert not (tmp_path / "replay").exists()
+
+
+def test_help_and_optimum_write_their_own_non_ascii_text_under_an_ascii_locale(tmp_path: Path) -> None:
+    """Under the ASCII locale ``run --help`` (its ×), ``validate --help`` (—), ``experiment --help`` (→),
+    ``convert-toolmath --help`` (…) and ``optimum RUN`` (÷) ended in a UnicodeEncodeError traceback,
+    exit 1: stdout was encoded strictly in the locale's encoding. It is written as click writes to an
+    ASCII stdout, in UTF-8."""
+    for command in ("run", "simulate", "validate", "experiment", "convert-toolmath"):
+        proc = ascii_cli(command, "--help", cwd=tmp_path)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "Usage: " in proc.stdout
+    run = tmp_path / "run"
+    assert ascii_cli("simulate", "--workload", SMOKE, "--output", run, cwd=tmp_path).returncode == 0
+    proc = ascii_cli("optimum", run, cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "makespan ÷ proven bound" in proc.stdout
+
+
+def test_a_path_with_a_non_utf8_byte_is_written_as_its_bytes_on_a_strict_stdout(tmp_path: Path) -> None:
+    """Under a UTF-8 locale such as en_US.UTF-8 Python's stdout is strict (only C, POSIX and UTF-8 mode
+    get ``surrogateescape``): ``validate`` of a file in a folder named with a Latin-1 byte ended in
+    'surrogates not allowed', exit 1, and ``run`` did so after its run. The name is written as its bytes."""
+    folder = tmp_path / os.fsdecode(b"caf\xe9")
+    folder.mkdir()
+    workload = folder / "w.jsonl"
+    workload.write_bytes(SMOKE.read_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING", "PYTHONUTF8"))}
+    env.update(LC_ALL="C.UTF-8", PYTHONIOENCODING="utf-8:strict", PYTHONPATH=str(REPO))
+    for args in (["validate", workload], ["simulate", "--workload", workload, "--output", folder / "sim"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
+            capture_output=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=env,
+            check=False,
+        )
+        assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode(errors="replace")
+        assert b"caf\xe9" in proc.stdout, proc.stdout

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 from collections.abc import Iterable
@@ -149,11 +150,36 @@ def _echo_whole(text: str) -> None:
         typer.echo(text)
         return
     stream.flush()
-    rest = memoryview(f"{text}\n".encode(stream.encoding or "utf-8", stream.errors or "strict"))
+    rest = memoryview(stdout_bytes(f"{text}\n", stream.encoding))
     while rest:
         written = buffer.write(rest)
         rest = rest[written or len(rest) :]  # None or 0 (no room, non-blocking): as the text layer did
     buffer.flush()
+
+
+def _bytes_or_escape(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """An encoding error handler: a byte Python decoded with ``surrogateescape`` (a file name that is not
+    UTF-8, given as an argument) is that byte again; anything else the encoding cannot hold is its
+    backslash escape."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    char = exc.object[exc.start]
+    if 0xDC80 <= ord(char) <= 0xDCFF:
+        return bytes([ord(char) - 0xDC00]), exc.start + 1
+    return char.encode("ascii", "backslashreplace").decode("ascii"), exc.start + 1
+
+
+codecs.register_error("asyncroll_bytes_or_escape", _bytes_or_escape)
+
+
+def stdout_bytes(text: str, encoding: str | None) -> bytes:
+    """``text`` as stdout's bytes. An ASCII stdout (``LC_ALL=C`` with UTF-8 mode off) gets UTF-8, as click
+    writes to one (the ×, ÷, → and … of the help pages and reports were a UnicodeEncodeError); a name given
+    as a path keeps its bytes, under a locale whose stdout is strict (en_US.UTF-8) too."""
+    encoding = encoding or "utf-8"
+    if codecs.lookup(encoding).name == "ascii":
+        encoding = "utf-8"
+    return text.encode(encoding, "asyncroll_bytes_or_escape")
 
 
 def stdout_lost() -> bool:
