@@ -24,8 +24,12 @@ _Name = TypeVar("_Name", str, Path)
 
 def unspellable(name: str | os.PathLike[str]) -> str | None:
     """Why ``name`` cannot be passed to the operating system (a path, an argument, an environment value)
-    under this process's locale, or None when it can."""
+    under this process's locale (or under any: a NUL character), or None when it can."""
     text = os.fspath(name)
+    if (
+        "\0" in text
+    ):  # JSON and TOML can spell one; the system call is refused (ValueError: embedded null byte)
+        return f"{text!r}: a NUL character, which no file name, argument or environment value can hold"
     try:
         os.fsencode(text)
     except UnicodeEncodeError as exc:

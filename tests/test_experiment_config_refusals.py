@@ -235,3 +235,14 @@ def test_a_workload_path_not_found_names_the_setting_in_the_plan_and_the_run(tmp
     assert run.exit_code == plan.exit_code == 2, plan.output
     assert missing in plan.stderr and missing in run.stderr, (plan.stderr, run.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_nul_in_a_path_or_argument_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    """JSON lets ``"\\u0000"`` through: a workload.path holding one ended ``experiment plan`` in a
+    ``ValueError: embedded null byte`` traceback; no file name or argument can hold it."""
+    for key, value in (("workload.path", "/tmp/w\x00.jsonl"), ("model.served_name", "m\x00")):
+        config = write_config(tmp_path, **{key: value})
+        with pytest.raises(UsageError, match=rf"{key}: .*a NUL character"):
+            load_experiment_config(config)
+        result = invoke("experiment", "plan", "--config", config)
+        assert result.exit_code == 2 and "a NUL character" in result.stderr, result.stderr

@@ -186,6 +186,21 @@ def test_a_lone_surrogate_in_a_config_file_is_refused_naming_file_and_setting(
         assert f"--config {config}: {where}: not valid Unicode: a lone UTF-16 surrogate" in result.stderr
 
 
+def test_a_nul_in_a_config_file_path_is_refused_naming_file_and_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JSON lets ``"\\u0000"`` through: an ``output`` or ``workload`` holding one ended ``run`` in a
+    ``ValueError: embedded null byte`` traceback (a ``tool_root`` was "not found"); no file name holds one."""
+    for setting in ("workload", "output", "tool_root"):
+        settings = {"workload": str(SMOKE), "output": str(tmp_path / "r"), setting: "a\u0000b"}
+        config = tmp_path / "run.json"
+        config.write_text(json.dumps(settings))
+        result, seen = run_in_process(monkeypatch, "--config", config)
+        assert result.exit_code == 2 and not seen, result.stderr
+        assert f"--config {config}: setting '{setting}': 'a\\x00b': a NUL character" in result.stderr
+        assert not (tmp_path / "r").exists() and not (tmp_path / "a").exists()
+
+
 def test_a_relative_path_of_a_config_file_that_is_not_there_names_the_file_and_the_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
