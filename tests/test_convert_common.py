@@ -101,6 +101,30 @@ def test_what_a_killed_convert_left_staged_is_cleared_and_a_stale_own_name_is_no
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.jsonl"]
 
 
+def test_an_output_named_near_the_file_name_limit_is_written_and_its_staged_leftovers_cleared(
+    tmp_path: Path,
+) -> None:
+    """A legal name of 243 to 255 bytes (``中`` is three) was refused, 'cannot write there: File name too
+    long': the hidden staging name beside it adds a dot, the pid and .tmp. Past the limit it is shortened
+    (a digest of the whole name kept), and what a dead writer left under it is cleared as before."""
+    from asyncroll.convert.output import write_jsonl_atomic
+    from asyncroll.outputs.lines import staging_path
+
+    never = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    for name in ("中" * 85, "c" + "a" * 250, "a" * 239):
+        out = tmp_path / name
+        assert len(os.fsencode(staging_path(out).name)) <= 255
+        assert staging_path(out).name.endswith(f".{os.getpid()}.tmp")
+        dead = staging_path(out).with_name(staging_path(out).name.replace(str(os.getpid()), str(never)))
+        dead.write_text("half a workload")
+        assert write_jsonl_atomic(out, [{"id": "é"}]) == 1
+        assert out.read_text(encoding="utf-8") == '{"id":"é"}\n'
+        assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+        out.unlink()
+    assert staging_path(tmp_path / "w.jsonl").name == f".w.jsonl.{os.getpid()}.tmp"  # a short name as it was
+    assert staging_path(tmp_path / ("a" * 240)) != staging_path(tmp_path / ("a" * 239 + "b"))
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("umask", "mode"), [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)], ids=["077", "022", "002"]

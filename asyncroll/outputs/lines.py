@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -23,12 +24,29 @@ import orjson
 
 from asyncroll.errors import OutputWriteError
 
+#: Bytes a staged name may take before its ``.PID.tmp`` (a file name holds 255; a pid up to 10 digits).
+_STEM_BYTES = 255 - len(".4294967295.tmp")
+
 
 def staging_path(path: Path) -> Path:
     """A hidden name beside ``path`` to write it under before the rename over ``path``: this process's
     own (its pid), so two processes writing the same file at once (two ``asyncroll timeline`` of one
     run) never truncate or rename each other's half-written file."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f"{_staged_stem(path)}.{os.getpid()}.tmp")
+
+
+def _staged_stem(path: Path) -> str:
+    """``.NAME``, the staged name less its ``.PID.tmp``. A ``path`` whose name is near the file name limit
+    (a legal 250-byte output) keeps as much of it as fits, then a digest of the whole name: ``.NAME.PID.tmp``
+    was too long to create ('File name too long')."""
+    stem = f".{path.name}"
+    encoded = os.fsencode(stem)
+    if len(encoded) <= _STEM_BYTES:
+        return stem
+    digest = "~" + hashlib.sha256(encoded).hexdigest()[:16]
+    while len(os.fsencode(stem)) > _STEM_BYTES - len(digest):  # whole characters, never half of one
+        stem = stem[:-1]
+    return stem + digest
 
 
 def clear_staged(path: Path) -> None:
@@ -37,8 +55,9 @@ def clear_staged(path: Path) -> None:
     trace.json's can be hundreds of MB. A live process's (a neighbour writing now) is left alone. A
     staged folder (an experiment report's) goes with what it holds."""
     with contextlib.suppress(OSError):
-        for left in path.parent.glob(glob.escape(f".{path.name}.") + "*.tmp"):
-            if _ended(left.name[len(path.name) + 2 : -len(".tmp")]):
+        stem = _staged_stem(path)
+        for left in path.parent.glob(glob.escape(f"{stem}.") + "*.tmp"):
+            if _ended(left.name[len(stem) + 1 : -len(".tmp")]):
                 remove_staged(left)
 
 
