@@ -75,6 +75,21 @@ def test_toolmath_real_samples_group_tools_by_problem(tmp_path: Path) -> None:
     assert scan.problems == [] and scan.count == 2 and len(scan.tools) == 5
 
 
+def test_the_tool_root_hint_is_quoted_for_the_shell(tmp_path: Path) -> None:
+    """``run with --tool-root fn 中`` for a folder with a space (or a ``;``) was pasted as two words, or two
+    commands: the folder is written as a shell word."""
+    import shlex
+    import shutil
+
+    functions = tmp_path / "fn dir; é"
+    shutil.copytree(TM_EXAMPLE, functions)
+    out = tmp_path / "out" / "sample.jsonl"
+    result = invoke("convert-toolmath", "--source", TM_SAMPLE, "--functions-dir", functions, "--output", out)
+    assert result.exit_code == 0, result.stderr
+    hint = result.stdout.rstrip("\n").split("; run with ", 1)[1]
+    assert shlex.split(hint) == ["--tool-root", str(functions)], hint
+
+
 @real_process
 def test_toolmath_sample_with_one_tool_per_problem_and_cli_validate(tmp_path: Path) -> None:
     out = tmp_path / "sample.jsonl"

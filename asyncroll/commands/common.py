@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import shlex
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -311,7 +312,7 @@ def warn_exports(failed: dict[str, str], output: Path) -> None:
             typer.echo(f"warning: {name} {said}", err=True)
             continue
         typer.echo(
-            f"warning: {name} {said}; `asyncroll timeline {output}` writes it from events.jsonl"
-            + ("" if skipped else " once there is room"),
+            f"warning: {name} {said}; `asyncroll timeline {shlex.quote(str(output))}` writes it from "
+            "events.jsonl" + ("" if skipped else " once there is room"),
             err=True,
         )

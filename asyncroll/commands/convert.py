@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -56,7 +57,7 @@ def convert_toolmath(
     hint = (
         ""
         if output.parent.resolve() == functions_dir.resolve()
-        else f"; run with --tool-root {functions_dir}"
+        else f"; run with --tool-root {shlex.quote(str(functions_dir))}"
     )
     left_out = f", {report.skipped} left out by --skip-unsupported" if report.skipped else ""
     say(

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import importlib
 import os
+import shlex
 import sys
 import threading
 import time
@@ -259,7 +260,8 @@ class ExportStop:
     def announce(self, out: Path) -> None:
         """Say on stderr what is written now, when events.jsonl is large enough for that to take a while."""
         again = "again " if self.received else ""
-        announce_exports(out, f" (Ctrl-C {again}to skip them; `asyncroll timeline {out}` writes them later)")
+        later = f"`asyncroll timeline {shlex.quote(str(out))}` writes them later"
+        announce_exports(out, f" (Ctrl-C {again}to skip them; {later})")
 
 
 def announce_exports(out: Path, how: str = "") -> None:
