@@ -28,13 +28,23 @@ with ``from exc``. :func:`no_directory` words the commonest refusal of a path.
 
 from __future__ import annotations
 
+import errno
 import os
 
 
 def no_directory(path: str | os.PathLike[str]) -> str:
     """Why ``path``, which is no directory, cannot be used as one: "does not exist" (a dangling symlink
-    too) or "not a directory" (a file, a pipe...)."""
-    return "not a directory" if os.path.exists(path) else "does not exist"
+    too), "not a directory" (a file, a pipe...), or the system's reason it cannot be looked up (a symlink
+    loop, a folder on the way that may not be searched, a name too long), which was "does not exist"."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) or not exc.strerror:
+            return "does not exist"
+        return exc.strerror
+    except ValueError:  # a NUL character
+        return "does not exist"
+    return "not a directory"
 
 
 class AsyncrollError(Exception):

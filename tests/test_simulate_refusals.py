@@ -20,6 +20,10 @@ def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
         missing.exit_code == 2 and "nope: does not exist (a run directory holds run.json)" in missing.stderr
     )
     assert not (tmp_path / "b").exists()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # there, but no folder can be reached through it
+    looped = simulate_here("--from-run", tmp_path / "loop", "--output", tmp_path / "b")
+    assert looped.exit_code == 2 and "loop: Too many levels of symbolic links (a run" in looped.stderr
+    assert "does not exist" not in looped.stderr and not (tmp_path / "b").exists()
     (tmp_path / "empty").mkdir()
     empty = simulate_here("--from-run", tmp_path / "empty", "--output", tmp_path / "b")
     assert empty.exit_code == 2 and "empty: no run.json (not a run directory?)" in empty.stderr
