@@ -265,7 +265,11 @@ class RunConfig(BaseModel):
 
     @property
     def resolved_tool_root(self) -> Path:
-        return (self.tool_root or self.workload.parent).resolve()
+        root = self.tool_root or self.workload.parent
+        try:
+            return root.resolve()
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError on 3.11): no folder, refused as such
+            return root.absolute()
 
     def unavailable_features(self) -> list[str]:
         """Flags that parse but whose feature has not landed yet: each refused with its reason."""

@@ -90,6 +90,22 @@ def test_malformed_workload_names_file_line_field_and_creates_nothing(tmp_path: 
     assert not_dir.exit_code == 2 and f"--tool-root {SMOKE}: not a directory" in not_dir.stderr
 
 
+def test_a_tool_root_that_is_a_symlink_loop_is_named_as_one(tmp_path: Path) -> None:
+    """``--tool-root LOOP`` (a symlink to itself) ended run and simulate in 'RuntimeError: Symlink loop'
+    tracebacks (Path.resolve on 3.11), and validate called it "does not exist"."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for args in (
+        ("run", "--workload", SMOKE, "--output", tmp_path / "r", "--tool-root", loop),
+        ("simulate", "--workload", SMOKE, "--output", tmp_path / "r", "--tool-root", loop),
+        ("validate", SMOKE, "--tool-root", loop),
+    ):
+        result = invoke(*args)
+        assert result.exit_code == 2, result.stderr or result.exception
+        assert f"--tool-root {loop}: Too many levels of symbolic links" in result.stderr
+        assert not (tmp_path / "r").exists()
+
+
 def test_a_workload_in_a_missing_folder_is_named_not_the_default_tool_root(tmp_path: Path) -> None:
     from asyncroll.runtime.run import prepare
 
