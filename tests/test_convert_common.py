@@ -17,7 +17,7 @@ import pytest
 from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.selection import rank_key, select
 from asyncroll.errors import UsageError
-from tests.conftest import REPO
+from tests.conftest import REPO, invoke
 from tests.conversions import lcb_rows, write_jsonl
 
 # --- selection and boxed answers (pure) --------------------------------------------------------------
@@ -123,6 +123,28 @@ def test_an_output_named_near_the_file_name_limit_is_written_and_its_staged_left
         out.unlink()
     assert staging_path(tmp_path / "w.jsonl").name == f".w.jsonl.{os.getpid()}.tmp"  # a short name as it was
     assert staging_path(tmp_path / ("a" * 240)) != staging_path(tmp_path / ("a" * 239 + "b"))
+
+
+def test_a_source_or_output_that_is_a_symlink_loop_is_named(tmp_path: Path) -> None:
+    """``--source LOOP`` or ``--output LOOP`` (a symlink to itself) ended both converters in 'RuntimeError:
+    Symlink loop' tracebacks (Path.resolve on 3.11)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    source = REPO / "examples" / "livecodebench" / "test.jsonl"
+    cases: tuple[tuple[list[str | Path], str], ...] = (
+        (["--source", loop, "--output", tmp_path / "o.jsonl"], f"{loop}: cannot read: Too many levels"),
+        (["--source", source, "--output", loop], f"--output {loop} already exists"),
+    )
+    for args, said in cases:
+        result = invoke("convert-livecodebench", *args)
+        assert result.exit_code == 2 and said in result.stderr, result.stderr or result.exception
+    functions = REPO / "examples" / "toolmath"
+    toolmath = invoke(
+        "convert-toolmath", "--source", loop, "--functions-dir", functions, "--output", tmp_path / "t"
+    )
+    assert toolmath.exit_code == 2, toolmath.exception
+    assert f"{loop}: cannot read: Too many levels" in toolmath.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
 
 
 @pytest.mark.timeout(60)
