@@ -246,3 +246,17 @@ def test_a_nul_in_a_path_or_argument_is_refused_naming_the_setting(tmp_path: Pat
             load_experiment_config(config)
         result = invoke("experiment", "plan", "--config", config)
         assert result.exit_code == 2 and "a NUL character" in result.stderr, result.stderr
+
+
+def test_a_tool_root_or_workload_folder_that_is_a_symlink_loop_is_named(tmp_path: Path) -> None:
+    """workload.tool_root (or the workload's folder) a symlink to itself ended ``experiment plan`` in a
+    'RuntimeError: Symlink loop' traceback (Path.resolve on 3.11)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for key, value, said in (
+        ("workload.tool_root", str(loop), f"workload.tool_root {loop}: Too many levels of symbolic links"),
+        ("workload.path", str(loop / "w.jsonl"), f"{loop / 'w.jsonl'}: cannot read: Too many levels"),
+    ):
+        result = invoke("experiment", "plan", "--config", write_config(tmp_path, **{key: value}))
+        assert result.exit_code == 2, result.exception
+        assert said in result.stderr, result.stderr

@@ -104,6 +104,8 @@ def test_a_tool_root_that_is_a_symlink_loop_is_named_as_one(tmp_path: Path) -> N
         assert result.exit_code == 2, result.stderr or result.exception
         assert f"--tool-root {loop}: Too many levels of symbolic links" in result.stderr
         assert not (tmp_path / "r").exists()
+    inside = invoke("validate", loop / "w.jsonl")  # a workload in it (its folder the tool root): a traceback
+    assert inside.exit_code == 2 and f"{loop / 'w.jsonl'}: cannot read: Too many levels" in inside.stderr
 
 
 def test_a_workload_in_a_missing_folder_is_named_not_the_default_tool_root(tmp_path: Path) -> None:

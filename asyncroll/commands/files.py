@@ -34,7 +34,11 @@ def validate(
         raise fail(f"--backend {backend!r}: choose from {', '.join(get_args(BackendName))}")
     if tool_root is not None and not tool_root.is_dir():
         raise fail(f"--tool-root {tool_root}: {no_directory(tool_root)}")
-    root = (tool_root or workload.parent).resolve()
+    root = tool_root or workload.parent
+    try:
+        root = root.resolve()
+    except RuntimeError:  # a symlink loop (3.11): a workload in it is refused as unreadable by the scan
+        root = root.absolute()
     scan = scan_workload(workload, root, scripted=backend == "scripted")
     if scan.problems:
         for line in scan.problems:

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asyncroll.errors import UsageError
+from asyncroll.errors import UsageError, no_directory
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.plan import render_plan, server_command
 
@@ -132,7 +132,14 @@ def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
     """Validate the workload as the client will read it; its SHA-256 must match the declared one."""
     from asyncroll.workload import scan_workload
 
-    root = (cfg.workload.tool_root or cfg.workload.path.parent).resolve()
+    given = cfg.workload.tool_root
+    if given is not None and not given.is_dir():
+        raise UsageError(f"workload.tool_root {given}: {no_directory(given)}")
+    root = given or cfg.workload.path.parent
+    try:
+        root = root.resolve()
+    except RuntimeError:  # a symlink loop (3.11): the workload in it is refused as unreadable by the scan
+        root = root.absolute()
     scan = scan_workload(
         cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit, flag="workload.path"
     )

@@ -323,7 +323,10 @@ def scan_workload(
     digest = hashlib.sha256()
     ids: dict[str, int] = {}
     tool_files: dict[Path, ToolFile] = {}
-    tool_root = tool_root.resolve()
+    try:
+        tool_root = tool_root.resolve()
+    except RuntimeError:  # a symlink loop (3.11): a workload in it is refused as unreadable just below
+        tool_root = tool_root.absolute()
     try:
         handle, identity = _open_regular(path)
     except WorkloadError as exc:
