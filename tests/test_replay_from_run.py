@@ -393,6 +393,22 @@ def _code_problem(pid: str, verdicts: list[bool]) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
+def test_a_replay_workload_that_is_no_file_says_what_it_is(tmp_path: Path) -> None:
+    """``simulate --from-run RUN --workload W`` called a folder, or a symlink loop, "no such file"."""
+    run = tmp_path / "run"
+    assert simulate_here("--workload", SMOKE, "--output", run).exit_code == 0
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for given, said in (
+        (tmp_path, "is a directory, not a workload file"),
+        (loop, "Too many levels of symbolic links"),
+        (tmp_path / "gone.jsonl", "no such file"),
+    ):
+        result = simulate_here("--from-run", run, "--workload", given, "--output", tmp_path / "r")
+        assert result.exit_code == 2 and f"--workload {given}: {said}" in result.stderr, result.stderr
+        assert not (tmp_path / "r").exists()
+
+
 def test_a_replay_repairs_exactly_where_the_run_did(tmp_path: Path) -> None:
     """Each submission keeps the verdict the run reached (results.jsonl): every program before the last
     failed, the last passed or not."""
