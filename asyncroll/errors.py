@@ -23,13 +23,14 @@
 :class:`~asyncroll.evaluator.isolation.IsolationError`, :class:`~asyncroll.evaluator.sandbox.SandboxError`.
 
 CLI-facing errors carry ``exit_code``. Foreign errors are mapped at the boundary and chained
-with ``from exc``. :func:`no_directory` words the commonest refusal of a path.
+with ``from exc``. :func:`no_directory` and :func:`no_file` word the commonest refusals of a path.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 
 
 def no_directory(path: str | os.PathLike[str]) -> str:
@@ -45,6 +46,21 @@ def no_directory(path: str | os.PathLike[str]) -> str:
     except ValueError:  # a NUL character
         return "does not exist"
     return "not a directory"
+
+
+def no_file(path: str | os.PathLike[str], what: str) -> str:
+    """Why ``path``, which is no regular file, cannot be used as ``what``: "no such file" (a dangling
+    symlink too), "is a directory, not WHAT", "not a regular file", or the system's reason it cannot be
+    looked up (as :func:`no_directory`)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) or not exc.strerror:
+            return "no such file"
+        return exc.strerror
+    except ValueError:  # a NUL character
+        return "no such file"
+    return f"is a directory, not {what}" if stat.S_ISDIR(mode) else "not a regular file"
 
 
 class AsyncrollError(Exception):

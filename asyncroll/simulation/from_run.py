@@ -46,14 +46,12 @@ the script. Everything read from the run directory is checked; a file this versi
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncroll.errors import UsageError, no_directory
+from asyncroll.errors import UsageError, no_directory, no_file
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import unspellable
 from asyncroll.outputs.lines import TextOutput
@@ -274,25 +272,12 @@ def _run_workload(run_dir: Path, recorded: dict[str, Any], given: Path | None) -
             "--workload with a copy of it)"
         )
     if not path.is_file():
-        raise UsageError(f"--workload {path}: {_no_file(path)}")
+        raise UsageError(f"--workload {path}: {no_file(path, 'a workload file')}")
     if file_sha256(path) != recorded["sha256"]:
         what = f"its workload {path} changed since the run" if given is None else f"--workload {path} is not "
         what += "" if given is None else f"the workload the run read ({recorded['path']})"
         raise UsageError(f"--from-run {run_dir}: {what} (SHA-256 differs from run.json's)")
     return path
-
-
-def _no_file(path: Path) -> str:
-    """Why ``path``, which is no regular file, cannot be a replay's workload (all were "no such file")."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        return (
-            "no such file" if exc.errno in (errno.ENOENT, errno.ENOTDIR) or not exc.strerror else exc.strerror
-        )
-    except ValueError:  # a NUL character
-        return "no such file"
-    return "is a directory, not a workload file" if stat.S_ISDIR(mode) else "not a regular file"
 
 
 def _tool_root(
