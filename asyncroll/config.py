@@ -39,7 +39,7 @@ from asyncroll.json_checks import (
 )
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
-from asyncroll.receipt_settings import is_receipt, receipt_settings
+from asyncroll.receipt_settings import is_receipt, other_version, receipt_settings
 from asyncroll.setting_names import unknown_setting, validation_message
 from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url
 
@@ -322,6 +322,8 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must hold an object of settings")
     if is_receipt(data):  # a run's run.json: that run's settings (asyncroll/receipt_settings.py)
+        if (other := other_version(data)) is not None:
+            raise UsageError(f"--config {path}: {other}")
         data = receipt_settings(data)
     elif "schema_version" in data and "command" in data:  # no settings file holds these: they are no setting
         # run.json's shape with its settings damaged: read as a settings file, it was refused for its

@@ -27,6 +27,20 @@ def is_receipt(data: Mapping[str, Any]) -> bool:
     return isinstance(data.get("config"), dict) and "schema_version" in data and "command" in data
 
 
+def other_version(data: Mapping[str, Any]) -> str | None:
+    """Why a run.json another schema version wrote is not read (its settings may be named or meant
+    otherwise: ``simulate --from-run`` and ``timeline`` refuse it too), else None."""
+    from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION
+
+    version = data.get("schema_version")
+    if version == RECEIPT_SCHEMA_VERSION and not isinstance(version, bool):
+        return None
+    return (
+        f"a run's run.json of schema_version {repr(version)[:40]}; this asyncroll reads run.json version "
+        f"{RECEIPT_SCHEMA_VERSION} only: give its settings in a file of settings, or as flags"
+    )
+
+
 def rule_then(data: Mapping[str, Any]) -> tuple[str, str] | None:
     """The pressure rule a recorded ``--policy asyncroll`` ran, and today's, where they differ."""
     from asyncroll.policies.registry import canonical_policy

@@ -470,6 +470,28 @@ def test_a_run_json_whose_settings_are_damaged_says_so(
     )
 
 
+@pytest.mark.parametrize("version", [99, "1", True, None])
+def test_a_run_json_of_another_schema_version_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: Any
+) -> None:
+    """A run.json another version of asyncroll wrote (its settings may be named or meant otherwise) ran
+    silently as this version's settings; ``simulate --from-run`` and ``timeline`` refuse it."""
+    receipt: dict[str, Any] = {"schema_version": version, "status": "complete", "command": ["asyncroll"]}
+    receipt["config"] = {"workload": str(SMOKE), "policy": "fifo"}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(receipt))
+    result, seen = run_in_process(monkeypatch, "--config", path, "--output", tmp_path / "again")
+    assert result.exit_code == 2 and not seen and not (tmp_path / "again").exists()
+    assert result.stderr == (
+        f"error: --config {path}: a run's run.json of schema_version {version!r}; this asyncroll reads "
+        "run.json version 1 only: give its settings in a file of settings, or as flags\n"
+    )
+    receipt["schema_version"] = 1
+    path.write_text(json.dumps(receipt))
+    result, seen = run_in_process(monkeypatch, "--config", path, "--output", tmp_path / "again")
+    assert result.exit_code == 0 and seen[0].policy == "fifo", result.stderr
+
+
 def test_a_default_spelled_out_in_a_config_file_is_no_setting_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
