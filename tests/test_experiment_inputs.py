@@ -142,6 +142,15 @@ def test_a_setting_in_the_wrong_section_or_misspelled_says_what_was_meant(tmp_pa
     assert f"{path}: client.max_active_trajectory: unknown setting (did you mean " in said, said
     assert "'max_active_trajectories'?)" in said and "Extra inputs" not in said
     refused(invoke("experiment", "plan", "--config", path), "client.cpu_workers")
+    # the policy is an arm's (it was "client.policy: unknown setting"), and a key of an arm is spelled
+    # against an arm's settings (it was "arms.0.polcy: unknown setting")
+    arms = [{"name": "a", "polcy": "fifo"}]
+    path = write_config(tmp_path, stages={}, pairs=1, arms=arms, **{"client.policy": "fifo"})
+    with pytest.raises(UsageError) as info:
+        load_experiment_config(path)
+    said = str(info.value)
+    assert f"{path}: client.policy: unknown setting (a setting of arms[]: arms[].policy)" in said, said
+    assert f"{path}: arms.0.polcy: unknown setting (did you mean 'policy'?)" in said, said
 
 
 def test_a_config_key_given_twice_is_refused_not_last_wins(tmp_path: Path) -> None:

@@ -435,8 +435,10 @@ def load_experiment_config(
             msg = validation_message(err) + given(err)
             if err["type"] == "extra_forbidden":  # where it belongs, or what it may be a misspelling of
                 here, _, key = where.rpartition(".")
-                spec = SECTIONS.get(here, None if here else ExperimentConfig)  # arms, stages: no hint
+                arm = re.fullmatch(r"arms\.\d+", here) is not None
+                spec = ArmSpec if arm else SECTIONS.get(here, None if here else ExperimentConfig)  # stages
                 others = {name: other.model_fields for name, other in SECTIONS.items() if name != here}
+                others |= {} if arm else {"arms[]": ArmSpec.model_fields}  # an arm's policy, its flags
                 msg = unknown_setting(key, spec.model_fields if spec else (), others)
             flag = (flags or {}).get(where)
             lines.append(f"{flag}: {msg}" if flag else f"{path}: {where}: {msg}")
