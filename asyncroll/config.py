@@ -35,6 +35,7 @@ from asyncroll.json_checks import (
     json_error_text,
     json_kind,
     lone_surrogate_at,
+    not_utf8,
     unique_keys,
 )
 from asyncroll.json_depth import json_loads
@@ -299,7 +300,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     except OSError as exc:
         raise UsageError(f"--config {path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise UsageError(f"--config {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        raise UsageError(f"--config {path}: {not_utf8(exc)}") from exc
     toml = path.suffix.lower() == ".toml"  # anything else is read as JSON
     try:
         # tomllib refuses a key given twice itself; json keeps the last one unless told otherwise

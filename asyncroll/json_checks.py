@@ -177,3 +177,16 @@ def line_column(exc: json.JSONDecodeError) -> int:
     end = len(exc.doc.rstrip("\r\n"))
     pos = min(exc.pos, end)
     return pos - exc.doc.rfind("\n", 0, pos)
+
+
+def not_utf8(exc: UnicodeDecodeError, *, of_line: bool = False) -> str:
+    """A text that is not UTF-8, in one wording for every reader: ``not UTF-8 text (invalid start byte at
+    byte 896, line 3)`` for a whole file (its line where past the first), ``… at byte 12 of the line)`` for
+    one line of a JSONL file whose line the caller names (the codec's own message, "'utf-8' codec can't
+    decode byte 0xe9 in position 896", named neither)."""
+    if of_line:
+        where = f"byte {exc.start} of the line"
+    else:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        where = f"byte {exc.start}" + (f", line {line}" if line > 1 else "")
+    return f"not UTF-8 text ({exc.reason} at {where})"

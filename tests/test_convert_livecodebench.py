@@ -438,3 +438,24 @@ def test_lcb_output_passes_the_loader_but_for_features_still_landing(tmp_path: P
     convert_livecodebench(write_jsonl(tmp_path / "rows.jsonl", lcb_rows()), out)
     _only_pending_complaints(out, "openai")
     _only_pending_complaints(LCB_EXAMPLE / "workload.jsonl", "scripted")
+
+
+def test_a_source_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
+    """The codec's own words ("'utf-8' codec can't decode byte 0xe9 in position 896: invalid continuation
+    byte") named neither the line nor anything a user could find in an editor; every reader now says it
+    as ``--config`` does, with the line of a whole-file source."""
+    rows = [json.dumps(row) for row in lcb_rows()[:2]]
+    array = tmp_path / "rows.json"
+    array.write_bytes(("[\n" + rows[0] + ",\n").encode() + b'"caf\xe9"\n]\n')
+    with pytest.raises(UsageError) as refused:
+        convert_livecodebench(array, tmp_path / "a.jsonl")
+    at = len(("[\n" + rows[0] + ",\n").encode()) + 4
+    assert str(refused.value) == f"{array}: not UTF-8 text (invalid continuation byte at byte {at}, line 3)"
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_bytes((rows[0] + "\n").encode() + b'{"question_id": "caf\xe9"}\n')
+    with pytest.raises(UsageError) as refused:
+        convert_livecodebench(jsonl, tmp_path / "b.jsonl")
+    assert (
+        f"{jsonl}:2: invalid line: not UTF-8 text (invalid continuation byte at byte 20 of the line)"
+        in str(refused.value)
+    )

@@ -272,8 +272,7 @@ def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> 
     stray = tmp_path / "stray.jsonl"
     stray.write_bytes(b"\xff\xfe\n" + text.encode())
     assert scan_workload(stray, tmp_path, scripted=True).problems == [
-        f"{stray}:1: line: not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid "
-        "start byte"
+        f"{stray}:1: line: not UTF-8 text (invalid start byte at byte 0 of the line)"
     ]
     marked = tmp_path / "marked.jsonl"
     marked.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())

@@ -28,6 +28,7 @@ from asyncroll.json_checks import (
     line_column,
     lone_surrogate_at,
     may_hold_surrogate,
+    not_utf8,
     unique_keys,
 )
 from asyncroll.json_depth import json_loads
@@ -113,7 +114,7 @@ class RowSource:
             # a leading byte-order mark is dropped; a key given twice is refused (json keeps the last)
             whole = json_loads(data.decode("utf-8-sig"), object_pairs_hook=unique_keys)
         except UnicodeDecodeError as exc:
-            raise UsageError(f"{self.path}: not UTF-8 text: {exc}") from None
+            raise UsageError(f"{self.path}: {not_utf8(exc)}") from None
         except json.JSONDecodeError as exc:
             raise UsageError(f"{self.path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
         except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
@@ -146,7 +147,7 @@ class RowSource:
             try:
                 row = json_loads(raw, object_pairs_hook=unique_keys)
             except UnicodeDecodeError as exc:
-                self.problems.append(f"{where}: invalid line: not UTF-8: {exc}")
+                self.problems.append(f"{where}: invalid line: {not_utf8(exc, of_line=True)}")
                 continue
             except json.JSONDecodeError as exc:
                 column = line_column(exc)

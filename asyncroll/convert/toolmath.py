@@ -42,6 +42,7 @@ from asyncroll.json_checks import (
     json_kind,
     lone_surrogate_at,
     may_hold_surrogate,
+    not_utf8,
     unique_keys,
 )
 from asyncroll.json_depth import json_loads
@@ -132,7 +133,7 @@ def parse_records(
     try:
         text = data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is not JSON
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{source}: not UTF-8 text: {exc}") from None
+        raise UsageError(f"{source}: {not_utf8(exc)}") from None
     try:
         raw = json_loads(text, object_pairs_hook=unique_keys)  # a key given twice: json keeps the last
     except json.JSONDecodeError as exc:

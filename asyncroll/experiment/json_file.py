@@ -9,7 +9,7 @@ from typing import Any
 
 from asyncroll.config import MAX_CONFIG_BYTES
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import json_error_text, unique_keys
+from asyncroll.json_checks import json_error_text, not_utf8, unique_keys
 from asyncroll.json_depth import TOO_DEEP, json_loads
 
 
@@ -26,7 +26,7 @@ def read_json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise UsageError(f"{path}: {not_utf8(exc)}") from None
     try:
         return json_loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:

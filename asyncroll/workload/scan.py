@@ -27,6 +27,7 @@ from asyncroll.json_checks import (
     line_column,
     lone_surrogate_at,
     may_hold_surrogate,
+    not_utf8,
     unique_keys,
 )
 from asyncroll.json_depth import TOO_DEEP, json_loads
@@ -206,7 +207,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
         # UTF-8 (a byte order mark is let through): json.loads would guess UTF-16 or UTF-32 from the bytes
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        return None, [("line", f"not valid UTF-8: {exc}")]
+        return None, [("line", not_utf8(exc, of_line=True))]
     try:
         # without its line end: a line cut short inside a string was "Invalid control character at", the
         # newline read as the string's next character
