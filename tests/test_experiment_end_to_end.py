@@ -242,3 +242,7 @@ def test_figure_names_a_pair_with_an_unknown_value(experiment: dict[str, Any], t
     assert unknown_note(partial, ["fifo", "asyncroll"]) == "unknown: p2 (fifo)"
     paths = draw(comparison, aggregate(comparison), tmp_path / "figure")
     assert all(path.stat().st_size > 5000 for path in paths)
+    # drawn again: the same bytes, the PDF too (it held its /CreationDate, another at each draw)
+    again = draw(comparison, aggregate(comparison), tmp_path / "again")
+    assert [a.read_bytes() for a in again] == [p.read_bytes() for p in paths]
+    assert b"/CreationDate" not in paths[1].read_bytes()  # the same second would hold the same date

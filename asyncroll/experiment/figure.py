@@ -175,7 +175,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
         fontsize=11,
     )
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    for path in paths:
-        fig.savefig(path, dpi=150)
+    for path in paths:  # no creation date in the PDF: the same comparison draws the same bytes
+        fig.savefig(path, dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
     plt.close(fig)
     return paths
