@@ -225,6 +225,21 @@ def test_a_line_cut_short_inside_a_string_is_said_to_be_unterminated(tmp_path: P
     ]
 
 
+def test_a_file_of_lines_ending_in_cr_only_is_said_to_be_one(tmp_path: Path) -> None:
+    """An old Mac file (lines ending in CR alone) is one line to a JSONL reader, and JSON reads a CR as a
+    space: it was "line 1: not valid JSON: Extra data (column 124)", which named no cause."""
+    path = tmp_path / "w.jsonl"
+    first = json.dumps(GOOD)
+    path.write_bytes((first + "\r" + json.dumps({**GOOD, "id": "b"}) + "\r").encode())
+    assert [p.removeprefix(str(path)) for p in scan_workload(path, tmp_path, scripted=True).problems] == [
+        f":1: line: not valid JSON: Extra data (column {len(first) + 2}): a second object after a lone "
+        "carriage return: lines ending in CR only? end them in LF"
+    ]
+    assert _problems(tmp_path, [first + " " + first]) == [  # no CR: no word of one
+        f"{tmp_path / 'w.jsonl'}:1: line: not valid JSON: Extra data (column {len(first) + 2})"
+    ]
+
+
 def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     """pydantic-core and ``json`` keep the last of a repeated key: a second ``reference_answer`` graded
     every answer against it, silently."""

@@ -228,7 +228,11 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
     except RecursionError:
         return None, [("line", f"cannot be read: {TOO_DEEP}")]
     except json.JSONDecodeError as exc:  # its own "line 1 column 5 (char 4)" counts within the line
-        return None, [("line", f"not valid JSON: {exc.msg} (column {line_column(exc)})")]
+        why = f"not valid JSON: {exc.msg} (column {line_column(exc)})"
+        if exc.msg == "Extra data" and exc.doc[: exc.pos].rstrip(" \t").endswith("\r"):
+            # CR alone ends a line only in old Mac files: JSON reads it as a space between two objects
+            why += ": a second object after a lone carriage return: lines ending in CR only? end them in LF"
+        return None, [("line", why)]
     except ValueError as exc:  # an int past Python's digit limit
         return None, [("line", f"not valid JSON: {json_error_text(exc)}")]
     if not isinstance(data, dict):
