@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 #: A readiness probe's per-phase timeout, and the most of its answer read (a model list fits easily).
 PROBE_TIMEOUT_S = 5.0
 MAX_PROBE_BYTES = 8 << 20
+#: How long a stop waits for KILLed processes to be gone before it lists what is left as ``leftover``.
+KILL_SETTLE_S = 5.0
 
 #: Startup evidence: (key, pattern). The first group, if any, is the value; else the whole line is kept.
 EVIDENCE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -215,6 +217,11 @@ class ManagedProcess:
             how = "kill"
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)  # anything left in the group (normally nothing)
+        # a KILLed process is gone once it is scheduled to die: on a loaded machine not at once (a child
+        # still exiting was listed as leftover, a process that outlived the stop)
+        settle = time.monotonic() + KILL_SETTLE_S
+        while not all_gone(tree) and time.monotonic() < settle:
+            time.sleep(0.01)
         leftover = [p.pid for p in tree if not all_gone([p])]
         detached = adopted_from(self.origin, exclude=self.pid)
         orphans = kill_adopted(detached, min(grace_s, 5.0)) if detached else []
