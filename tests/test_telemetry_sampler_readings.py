@@ -66,10 +66,13 @@ def sampled(
     samples: int,
     hog: tuple[float, float] | None = None,
     clock: PacedClock | None = None,
+    before_run_s: float = 0.0,
 ) -> tuple[TelemetrySampler, list[ResourceProbe], list[ResourceSample]]:
     """Probe, start the measurement, sample until ``samples`` were taken, stop (one more sample).
     ``hog=(at, for_s)``: at ``at`` s into the measurement the loop is blocked for ``for_s`` s.
-    ``clock``: a fresh one at ``START`` unless given (a source that takes time on it needs it)."""
+    ``clock``: a fresh one at ``START`` unless given (a source that takes time on it needs it).
+    ``before_run_s``: the loop is held that long between the measurement's start and the sampler's
+    first run (a real run's trajectories take the loop first)."""
     clock = PacedClock(start=START) if clock is None else clock
 
     async def go() -> tuple[TelemetrySampler, EventCapture]:
@@ -81,6 +84,7 @@ def sampled(
         sampler = TelemetrySampler(clock, events, interval=interval, server=server, nvml=nvml)
         await sampler.probe()
         events.start_measurement()
+        clock.advance(before_run_s)
 
         async def hogging(at: float, for_s: float) -> None:
             await asyncio.sleep(at)
@@ -113,6 +117,17 @@ def test_samples_keep_to_the_grid_and_a_late_or_overrunning_one_is_recorded_not_
     assert [s.server_running for s in samples] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert all(s.nulls == {"kv_cache_usage": "missing"} and s.errors == [] for s in samples)
     assert sampler.errors == 0 and not sampler.failed
+
+
+@pytest.mark.timeout(30)
+def test_the_grid_starts_at_the_measurement_start_and_a_late_first_sample_says_so() -> None:
+    """The sample at measurement start whose task first ran 0.3 s after it is 0.3 s late, and the
+    grid stays on the measurement's multiples of the interval (0.5, 1.0 s), not shifted by the 0.3 s
+    (a loaded real run's first sample began 12.5 ms after t = 0 and said 3 µs late)."""
+    server = ScriptedServer([0.0, 0.0, 0.0])
+    _, _, samples = sampled(0.5, server=server, samples=3, before_run_s=0.3)
+    assert [round(t - START, 6) for t in server.started] == [0.3, 0.5, 1.0, 1.0]  # then the final
+    assert [s.late_s for s in samples] == [0.3, 0.0, 0.0, None]
 
 
 @pytest.mark.timeout(30)

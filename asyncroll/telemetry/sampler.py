@@ -230,7 +230,10 @@ class TelemetrySampler:
 
     async def _loop(self) -> None:
         clock = self._clock
-        start = clock.now()
+        # The grid starts at the measurement's start (its first sample is the one at t = 0), not when
+        # this task first ran: a loaded loop runs the trajectories first, and that delay is late_s.
+        origin = self._events.origin
+        start = clock.now() if origin is None else origin
         slot = 0
         while not self._stop.is_set():
             await self._sample(late=max(0.0, clock.now() - (start + slot * self.interval)))
