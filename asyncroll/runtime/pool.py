@@ -121,7 +121,8 @@ class WorkerPool:
 
     @property
     def replaced_any(self) -> bool:
-        """True once any worker was replaced (its CPU time before death is then unknown)."""
+        """True once a running pool replaced a worker (its CPU time before death is then unknown); a
+        replacement while the pool starts is not one (the measured window's CPU reading follows it)."""
         return self._replaced
 
     @property
@@ -207,8 +208,7 @@ class WorkerPool:
     async def _first_start(self, slot: int) -> None:
         for generation in range(MAX_RESTART_ATTEMPTS):
             if generation:  # the previous generation was killed from outside while it started
-                old = self.worker(slot)
-                self._replaced = True
+                old = self.worker(slot)  # not _replaced: the window's CPU reading starts after this one
                 await self._kill_orphans(slot, old)
                 self._restarting_event(slot, old, generation, "startup_failed")
             try:
