@@ -148,3 +148,39 @@ def test_stop_cancels_a_sampling_loop_stuck_past_its_deadline(
         "server_metrics: sampling did not stop within 1.1 s (a read hung); cancelled, not read again"
     ]
     assert final.nulls["server_running"] == "error"
+
+
+def test_token_rates_are_timed_from_each_get_s_start_not_its_body_s_arrival() -> None:
+    """The server reads its counters as it handles the GET; its body then travels for a time that varies
+    (here 1 ms, 40 ms, 1 ms). Rates of a steady 1,000 tokens/s over the bodies' arrivals read
+    1,000 × 100 ÷ 139 ≈ 719, then ≈ 1,639; over the GETs' starts, 100 ms apart, 1,000 both times."""
+    clock = [0.0]
+    travel = iter([0.001, 0.001, 0.040, 0.001])
+
+    class Travelling(ServerMetricsSource):
+        async def _get(self, limit_s: float) -> bytes:
+            generated = 1000.0 * clock[0]  # read by the server as it handles the GET
+            clock[0] += next(travel)
+            return (
+                "# TYPE vllm:num_requests_running gauge\n"
+                'vllm:num_requests_running{model_name="sim"} 1.0\n'
+                'vllm:num_requests_waiting{model_name="sim"} 0.0\n'
+                'vllm:kv_cache_usage_perc{model_name="sim"} 0.5\n'
+                "# TYPE vllm:prompt_tokens_total counter\n"
+                'vllm:prompt_tokens_total{model_name="sim"} 0.0\n'
+                "# TYPE vllm:generation_tokens_total counter\n"
+                f'vllm:generation_tokens_total{{model_name="sim"}} {generated}\n'
+            ).encode()
+
+    async def main() -> list[ServerSample]:
+        source = Travelling("http://127.0.0.1:9/metrics", model="sim", timeout=1.0)
+        await source.probe(1.0)
+        samples = []
+        for start in (1.0, 1.1, 1.2):
+            clock[0] = start
+            samples.append(await source.read(lambda: clock[0]))
+        return samples
+
+    samples = asyncio.run(main())
+    assert samples[0].generation_tokens_per_s is None  # the first reading: no rate yet
+    assert [s.generation_tokens_per_s for s in samples[1:]] == [pytest.approx(1000.0)] * 2

@@ -403,12 +403,15 @@ class ServerMetricsSource:
 
     async def read(self, now: Callable[[], float]) -> ServerSample:
         """One sample: fetch, parse, turn counters into rates. Never raises for a bad server. The rates'
-        time is ``now()`` when the body was received, not when its parse (in a thread) ended."""
+        time is ``now()`` as the ``GET`` went out, as Prometheus stamps a scrape: the server reads its
+        counters as it handles the request, before its body travels (a loaded loopback run: 1-13 ms after
+        the ``GET`` began, 1-47 ms before the body arrived; stamped at the arrival, single rates of a
+        steady 1,000 tokens/s read 354 to 1,856)."""
+        at = now()
         try:
             body = await self._get(self.timeout)
         except MetricsUnavailable as exc:
             return ServerSample(error=str(exc))
-        at = now()
         names = self.names
         assert names is not None, "read() before a successful probe()"
         reading = await asyncio.to_thread(lambda: parse_metrics(body_text(body), names, self.model))
