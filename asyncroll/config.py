@@ -325,7 +325,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     if is_receipt(data):  # a run's run.json: that run's settings (asyncroll/receipt_settings.py)
         if (other := other_version(data)) is not None:
             raise UsageError(f"--config {path}: {other}")
-        data = receipt_settings(data)
+        data = receipt_settings(data, path)
     elif "schema_version" in data and "command" in data:  # no settings file holds these: they are no setting
         # run.json's shape with its settings damaged: read as a settings file, it was refused for its
         # first object ("setting 'versions': a group of settings"), which says nothing of what is wrong

@@ -7,8 +7,9 @@ file's settings: the derived values are left out (they are derived again), as is
 directory exists, and is never overwritten: the new run's ``--output`` is given by flag), the workload is
 the file the run read (its absolute path, whatever the current directory), a relative ``tool_root`` is
 taken from the run's ``cwd``, a ``--policy asyncroll`` recorded when that name meant another pressure rule
-(``policy_canonical``) runs that rule by its own name; a value equal to its default is left out, as from
-any config file (:func:`asyncroll.config.load_config_file`), so that the run's recorded defaults
+(``policy_canonical``; in a run.json written before 2026-12-03, which held the name there, the
+``cpu_selected`` events beside it) runs that rule by its own name; a value equal to its default is left
+out, as from any config file (:func:`asyncroll.config.load_config_file`), so that the run's recorded defaults
 (``endpoint`` of a scripted run) are not taken for settings given against its backend."""
 
 from __future__ import annotations
@@ -41,22 +42,55 @@ def other_version(data: Mapping[str, Any]) -> str | None:
     )
 
 
-def rule_then(data: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The pressure rule a recorded ``--policy asyncroll`` ran, and today's, where they differ."""
-    from asyncroll.policies.registry import canonical_policy
+def rule_then(data: Mapping[str, Any], path: Path) -> tuple[str | None, str, str] | None:
+    """The pressure rule a recorded ``--policy asyncroll`` ran (None: not recorded), today's, and where
+    the first was read, where they differ. A run.json written before 2026-12-03 holds the name as given in
+    ``policy_canonical`` (``asyncroll``): the rule is read from the ``cpu_selected`` events beside it."""
+    from asyncroll.policies.registry import PRESSURE_POLICIES, canonical_policy
 
     config = data["config"]
     rule, today = config.get("policy_canonical"), canonical_policy("asyncroll")
-    if config.get("policy") == "asyncroll" and isinstance(rule, str) and rule != today:
-        return rule, today
-    return None
+    if config.get("policy") != "asyncroll" or not isinstance(rule, str):
+        return None
+    if rule != "asyncroll":
+        return None if rule == today else (rule, today, "policy_canonical")
+    rules = _rules_in_events(path.parent / "events.jsonl")
+    if len(rules) == 1 and rules <= set(PRESSURE_POLICIES):
+        (ran,) = rules
+        return None if ran == today else (ran, today, "its cpu_selected events")
+    return None, today, "policy_canonical 'asyncroll', written before run.json named the rule"
 
 
-def receipt_settings(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of the run whose ``run.json`` is ``data``, as above."""
+def _rules_in_events(events: Path) -> set[str]:
+    """The policies the ``cpu_selected`` events in ``events`` name (none where it cannot be read)."""
+    from asyncroll.json_depth import json_loads
+
+    rules: set[str] = set()
+    try:
+        with events.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if '"cpu_selected"' not in line:
+                    continue
+                try:
+                    row = json_loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if (
+                    isinstance(row, dict)
+                    and row.get("event") == "cpu_selected"
+                    and isinstance(row.get("policy"), str)
+                ):
+                    rules.add(row["policy"])
+    except OSError:
+        return set()
+    return rules
+
+
+def receipt_settings(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The settings of the run whose ``run.json`` (at ``path``) is ``data``, as above."""
     config: dict[str, Any] = dict(data["config"])
-    changed = rule_then(data)
-    if changed is not None:
+    changed = rule_then(data, path)
+    if changed is not None and changed[0] is not None:
         config["policy"] = changed[0]  # the pressure rule `asyncroll` named when the run was recorded
     for key in (*DERIVED, "output"):
         config.pop(key, None)
@@ -78,10 +112,17 @@ def policy_note(path: Path) -> str | None:
         data = json_loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError, RecursionError):
         return None  # the file was read once already: a file that changed since says nothing here
-    changed = rule_then(data) if isinstance(data, dict) and is_receipt(data) else None
+    changed = rule_then(data, path) if isinstance(data, dict) and is_receipt(data) else None
     if changed is None:
         return None
+    rule, today, where = changed
+    if rule is None:
+        return (
+            f"--config {path}: the run's --policy asyncroll ran a pressure rule its run.json does not name "
+            f"({where}), nor a cpu_selected event beside it; this run runs today's asyncroll ({today}); "
+            "give --policy to choose"
+        )
     return (
-        f"--config {path}: the run's --policy asyncroll was the rule {changed[0]} then (policy_canonical); "
-        f"this run runs {changed[0]}, not today's asyncroll ({changed[1]}); give --policy to choose"
+        f"--config {path}: the run's --policy asyncroll was the rule {rule} then ({where}); "
+        f"this run runs {rule}, not today's asyncroll ({today}); give --policy to choose"
     )

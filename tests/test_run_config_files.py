@@ -561,6 +561,49 @@ def test_a_receipt_of_an_older_asyncroll_run_runs_the_rule_that_ran(
     assert "policy_canonical" not in flag.stderr
 
 
+def test_a_receipt_written_before_run_json_named_the_rule_runs_the_rule_its_events_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before 2026-12-03 run.json's ``policy_canonical`` held the name as given: ``asyncroll`` for a run of
+    ``--policy asyncroll`` (the rule that ran is named by its ``cpu_selected`` events only, as
+    ``simulate --from-run`` reads it). Re-running such a run ran today's rule and said 'the rule asyncroll
+    then ... this run runs asyncroll, not today's asyncroll'; now it runs the rule its events name, and a
+    run.json with no such events beside it says the rule is not recorded and today's runs."""
+    from asyncroll.policies.registry import canonical_policy
+
+    first = tmp_path / "first"
+    done = cli("run", "--workload", SMOKE, "--output", first, "--policy", "asyncroll", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    older = tmp_path / "older"  # as a run of 2026-12-02 (asyncroll_critical) wrote it
+    older.mkdir()
+    receipt = json.loads((first / "run.json").read_text())
+    receipt["config"]["policy_canonical"] = "asyncroll"
+    (older / "run.json").write_text(json.dumps(receipt))
+    events = (first / "events.jsonl").read_text()
+    assert f'"policy":"{canonical_policy("asyncroll")}"' in events
+    events = events.replace(f'"policy":"{canonical_policy("asyncroll")}"', '"policy":"asyncroll_critical"')
+    (older / "events.jsonl").write_text(events)
+    again, seen = run_in_process(monkeypatch, "--config", older / "run.json", "--output", tmp_path / "b")
+    assert again.exit_code == 0 and seen[0].policy == "asyncroll_critical", again.stderr
+    assert (
+        f"warning: --config {older / 'run.json'}: the run's --policy asyncroll was the rule "
+        "asyncroll_critical then (its cpu_selected events); this run runs asyncroll_critical, not today's "
+        f"asyncroll "
+        f"({canonical_policy('asyncroll')}); give --policy to choose"
+    ) in again.stderr
+    alone = tmp_path / "alone.json"  # the run.json copied away from its events
+    alone.write_text(json.dumps(receipt))
+    today, seen = run_in_process(monkeypatch, "--config", alone, "--output", tmp_path / "c")
+    assert today.exit_code == 0 and seen[0].policy == "asyncroll", today.stderr
+    assert (
+        f"warning: --config {alone}: the run's --policy asyncroll ran a pressure rule its run.json does not "
+        "name (policy_canonical 'asyncroll', written before run.json named the rule), nor a cpu_selected "
+        f"event beside it; this run runs today's asyncroll ({canonical_policy('asyncroll')}); give --policy "
+        "to choose"
+    ) in today.stderr
+    assert "was the rule asyncroll then" not in today.stderr
+
+
 def test_a_toml_integer_spelling_a_float_default_is_no_setting_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
