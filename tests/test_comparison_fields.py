@@ -67,6 +67,16 @@ def test_the_rule_an_arms_policy_ran_reaches_the_report() -> None:
     assert "| metric | a (fifo) | b (asyncroll = asyncroll_repair) |" in markdown(agg)
 
 
+def test_an_asyncroll_arm_whose_rule_no_summary_recorded_says_so() -> None:
+    """A comparison.json written before summaries named the rule (2026-12-03) holds no policy_rule: its
+    ``asyncroll`` arm ran that day's default (asyncroll_critical), and the report labelled it bare
+    ``asyncroll``, read as today's rule; it says the rule is not recorded (a rule-free name stays bare)."""
+    data = comparison(ROWS)
+    assert [p["arms"]["b"]["policy_rule"] for p in data["pairs"]] == [None, None]
+    agg = aggregate(data)
+    assert "| metric | a (fifo) | b (asyncroll = rule not recorded) |" in markdown(agg)
+
+
 @pytest.mark.parametrize(("value", "read"), [(1e50, True), (1.5e50, False), (1e-50, True), (9e-51, False)])
 def test_the_magnitudes_the_report_computes_with_are_bounded_where_documented(
     value: float, read: bool

@@ -17,7 +17,7 @@ HEADINGS = [
     "## Stages",
     "| stage | status | gates |",
     "## Per-policy medians (complete pairs)",
-    "| metric | a (fifo) | b (asyncroll) |",
+    "| metric | a (fifo) | b (asyncroll = rule not recorded) |",
     "## Paired: b vs a",
     "## Pooled rates (sums over complete pairs)",
     "| arm | completion rate | completions per GPU-hour | CPU-s per completion | activation rate |",

@@ -105,9 +105,13 @@ def _run_order(agg: dict[str, Any]) -> list[str]:
 
 def policy_label(agg: dict[str, Any], arm: str) -> str:
     """``asyncroll = asyncroll_repair``: an arm's policy and, when the name differs from it, the rule its
-    runs ran (from their summaries; ``asyncroll`` names the default rule of its version)."""
+    runs ran (from their summaries; ``asyncroll`` names the default rule of its version, which summaries
+    written before they named the rule leave unsaid: ``asyncroll = rule not recorded``)."""
     policy = agg["policies"][arm]
-    rules = [r for r in agg.get("policy_rules", {}).get(arm, []) if r != policy]
+    recorded = agg.get("policy_rules", {}).get(arm, [])
+    rules = [r for r in recorded if r != policy]
+    if not recorded and policy == "asyncroll":
+        rules = ["rule not recorded"]
     return f"{policy} = {' / '.join(rules)}" if rules else policy
 
 
