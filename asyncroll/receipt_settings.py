@@ -103,26 +103,37 @@ def receipt_settings(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
     return config
 
 
-def policy_note(path: Path) -> str | None:
-    """What a re-run from the receipt at ``path`` must say when it runs another rule than today's
-    ``asyncroll`` (None for a file of settings, or a run of any other policy)."""
+def receipt_notes(path: Path, policy_given: bool) -> list[str]:
+    """What a re-run from the receipt at ``path`` must say (nothing for a file of settings): that it runs
+    another rule than today's ``asyncroll`` (unless ``--policy`` chose one), and that a simulation's
+    receipt is run for real (its server model and virtual clock are no settings of ``run``)."""
     from asyncroll.json_depth import json_loads
 
     try:
         data = json_loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError, RecursionError):
-        return None  # the file was read once already: a file that changed since says nothing here
-    changed = rule_then(data, path) if isinstance(data, dict) and is_receipt(data) else None
+        return []  # the file was read once already: a file that changed since says nothing here
+    if not (isinstance(data, dict) and is_receipt(data)):
+        return []
+    notes = []
+    if data.get("simulated") is True:
+        notes.append(
+            f"--config {path}: the run.json of a simulation: this run is real (its simulated server "
+            "and virtual clock are no settings of run; asyncroll simulate --workload ... re-simulates)"
+        )
+    changed = None if policy_given else rule_then(data, path)
     if changed is None:
-        return None
+        return notes
     rule, today, where = changed
     if rule is None:
-        return (
+        notes.append(
             f"--config {path}: the run's --policy asyncroll ran a pressure rule its run.json does not name "
             f"({where}), nor a cpu_selected event beside it; this run runs today's asyncroll ({today}); "
             "give --policy to choose"
         )
-    return (
-        f"--config {path}: the run's --policy asyncroll was the rule {rule} then ({where}); "
-        f"this run runs {rule}, not today's asyncroll ({today}); give --policy to choose"
-    )
+    else:
+        notes.append(
+            f"--config {path}: the run's --policy asyncroll was the rule {rule} then ({where}); "
+            f"this run runs {rule}, not today's asyncroll ({today}); give --policy to choose"
+        )
+    return notes

@@ -527,11 +527,30 @@ def test_a_default_spelled_out_in_a_config_file_is_no_setting_given(
         assert refused.exit_code == 2 and not seen, typed
 
 
+def test_a_simulations_run_json_is_run_for_real_and_said_to_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Simulate first, then run for real: a simulation's run.json re-runs its settings with real workers,
+    and said nothing of its simulated server and virtual clock, which no setting of run carries."""
+    sim = tmp_path / "sim"
+    done = cli("simulate", "--workload", SMOKE, "--output", sim, "--policy", "fifo")
+    assert done.returncode == 0, done.stderr
+    real, seen = run_in_process(monkeypatch, "--config", sim / "run.json", "--output", tmp_path / "real")
+    assert real.exit_code == 0 and seen[0].policy == "fifo", real.stderr
+    said = f"warning: --config {sim / 'run.json'}: the run.json of a simulation: this run is real"
+    assert said in real.stderr
+    first = tmp_path / "first"
+    assert cli("run", "--workload", SMOKE, "--output", first, "--no-progress").returncode == 0
+    again, _ = run_in_process(monkeypatch, "--config", first / "run.json", "--output", tmp_path / "again")
+    assert again.exit_code == 0 and "simulation" not in again.stderr, again.stderr
+
+
 def test_a_receipt_of_an_older_asyncroll_run_runs_the_rule_that_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--policy asyncroll`` names whichever pressure rule was the default when the run was recorded
-    (run.json's ``policy_canonical``, e.g. ``asyncroll_critical`` before 2026-12-03). Re-running such a run
+    (run.json's ``policy_canonical`` since 9edd2cf, e.g. ``asyncroll_critical`` until 2026-12-03; before
+    that commit it held the name as given, read from the events: the test below). Re-running such a run
     from its run.json ran today's rule under the same name, another policy than the run's, without a word;
     now it runs the rule that ran, by its own name (a flag still wins). A run of today's rule is unchanged."""
     from asyncroll.policies.registry import canonical_policy
@@ -544,7 +563,7 @@ def test_a_receipt_of_an_older_asyncroll_run_runs_the_rule_that_ran(
     today, seen = run_in_process(monkeypatch, "--config", first / "run.json", "--output", tmp_path / "b")
     assert today.exit_code == 0 and seen[0].policy == "asyncroll", today.stderr
     assert "policy_canonical" not in today.stderr
-    receipt["config"]["policy_canonical"] = "asyncroll_critical"  # as a run of 2026-12-02 recorded it
+    receipt["config"]["policy_canonical"] = "asyncroll_critical"  # as a run of the critical rule recorded it
     older = tmp_path / "older.json"
     older.write_text(json.dumps(receipt))
     again, seen = run_in_process(monkeypatch, "--config", older, "--output", tmp_path / "c")

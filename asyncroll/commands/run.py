@@ -261,10 +261,10 @@ def run(
         not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
         if not_found:
             raise UsageError("\n".join(not_found))
-        if config is not None and "policy" not in flags:
-            from asyncroll.receipt_settings import policy_note
+        if config is not None:
+            from asyncroll.receipt_settings import receipt_notes
 
-            if (note := policy_note(config)) is not None:
+            for note in receipt_notes(config, policy_given="policy" in flags):
                 typer.echo(f"warning: {note}", err=True)
         if cfg.cpu_workers > MAX_PROCESS_WORKERS:  # simulated workers may be more: not a RunConfig bound
             where = origins.get("cpu_workers", "--cpu-workers")
