@@ -166,7 +166,11 @@ class RuntimeCollector(Collector):
         yield counter(
             "scheduler_reorders", "Decisions that skipped the oldest CPU job.", lambda s: s.cpu.reorders
         )
-        yield counter("worker_restarts", "Tool workers killed and replaced.", lambda s: s.pool.restarts)
+        yield counter(
+            "worker_restarts",
+            "Tool workers replaced (timed out, died, or above --worker-max-rss-mb).",
+            lambda s: s.pool.restarts,
+        )
 
 
 def _utf8(text: str) -> str:
