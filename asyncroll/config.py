@@ -202,10 +202,10 @@ class RunConfig(BaseModel):
             problem = None if url is None else http_url_problem(url)
             if url is not None and problem is not None:
                 problems.append(f"{flag} {masked_url(url)!r}: {problem}")
-        if self.endpoint.rstrip("/").endswith("/v1") or "?" in self.endpoint:
+        if self.endpoint.rstrip("/").endswith("/v1") or "?" in self.endpoint or "#" in self.endpoint:
             problems.append(
-                f"--endpoint {masked_url(self.endpoint)!r}: give the server's root URL, without /v1 or a "
-                "query (asyncroll requests /v1/chat/completions under it)"
+                f"--endpoint {masked_url(self.endpoint)!r}: give the server's root URL, without /v1, a "
+                "query or a fragment (asyncroll requests /v1/chat/completions under it)"
             )
         problems += self._evaluator_problems()
         if problems:

@@ -69,7 +69,13 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
         ),
         (  # httpx put the query before the path: POST /?x=1/v1/chat/completions, the server's root
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:8000/?x=1"],
-            "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without /v1 or a query",
+            "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without /v1, a query or a "
+            "fragment",
+        ),
+        (  # httpx sent the chat requests to the root, but /metrics went to http://h:8000#x/metrics (a 404)
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:8000#x"],
+            "--endpoint 'http://127.0.0.1:8000#x': give the server's root URL, without /v1, a query or a "
+            "fragment",
         ),
         (  # click kept the last one silently: a user expecting routing across servers got one server
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://a:1", "--endpoint", "http://b:2"],
