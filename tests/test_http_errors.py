@@ -4,6 +4,7 @@ and retried (or not) as its class says."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,46 @@ def test_a_request_cancelled_during_a_retry_counts_its_attempts() -> None:
     assert [e.attempt for e in capture.of(ModelRetrying)] == [1, 2]
     (failed,) = capture.of(ModelFailed)
     assert failed.kind == "cancelled" and failed.attempts == 3
+
+
+TLS = Path(__file__).parent / "fixtures" / "tls"  # a self-signed certificate for localhost and 127.0.0.1
+
+
+async def start_and_warm(url: str) -> int:
+    """One warm-up request to a declared vLLM server at ``url`` (its kind not probed)."""
+    backend = OpenAIBackend(
+        HttpSettings(endpoint=url, model="m", inflight=1, server_kind="vllm", request_timeout=5),
+        SystemClock(),
+    )
+    try:
+        return await backend.warmup(1)
+    finally:
+        await backend.aclose()
+
+
+def warmup_error(url: str) -> str:
+    with pytest.raises(ModelError) as raised:
+        asyncio.run(start_and_warm(url))
+    return str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_certificate_not_trusted_says_to_name_its_ca(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An https server with a self-signed certificate (a cluster's own CA) failed with OpenSSL's words
+    alone ('certificate verify failed: self-signed certificate'), nothing on what to do; the environment's
+    SSL_CERT_FILE is the way, and it works."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(TLS / "self_signed.pem", TLS / "self_signed.key")
+    with FakeOpenAI([completion(FINAL)]) as server:
+        server._server.socket = context.wrap_socket(server._server.socket, server_side=True)
+        url = server.url.replace("http://", "https://")
+        message = warmup_error(url)
+        assert "certificate verify failed" in message, message
+        assert "name the CA certificate that signed it with SSL_CERT_FILE=PATH" in message, message
+        monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "self_signed.pem"))
+        assert asyncio.run(start_and_warm(url)) == 1  # the hint's way works
+    with FakeOpenAI([completion(FINAL)]) as server:  # https:// to a plain HTTP server
+        message = warmup_error(server.url.replace("http://", "https://"))
+        assert "no TLS at the other end: is it a plain http:// server?" in message, message

@@ -31,16 +31,41 @@ _MEANING = {
 }
 
 
+#: What to do about a certificate this machine does not trust (``ssl.SSLCertVerificationError``).
+_UNTRUSTED = (
+    "the server's certificate is not trusted here: name the CA certificate that signed it with "
+    "SSL_CERT_FILE=PATH (a self-signed one: that certificate itself), or a folder of them with SSL_CERT_DIR"
+)
+_NO_TLS = "no TLS at the other end: is it a plain http:// server?"
+
+
+def _tls_hint(exc: BaseException) -> str:
+    """What to do about the ``ssl`` error under ``exc`` (httpx's error wraps httpcore's, which wraps it)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        name = type(cause).__name__
+        if name == "SSLCertVerificationError":
+            return _UNTRUSTED
+        if name == "SSLError" and "WRONG_VERSION_NUMBER" in str(cause):  # an http:// server's plain reply
+            return _NO_TLS
+        cause = cause.__cause__ or cause.__context__
+    return ""
+
+
 def describe_transport_error(exc: BaseException) -> str:
     """``"ReadError: the connection was closed or reset while reading the response"``, or the error's
-    own text where it has one (``"ConnectError: [Errno 111] Connection refused"``)."""
+    own text where it has one (``"ConnectError: [Errno 111] Connection refused"``); a TLS failure says
+    what to do (an untrusted certificate: SSL_CERT_FILE)."""
     text = str(exc).strip()
     cause = exc.__cause__ or exc.__context__
     if not text and cause is not None:
         text = str(cause).strip()
     if not text:
         text = next((_MEANING[c.__name__] for c in type(exc).__mro__ if c.__name__ in _MEANING), "")
-    return f"{type(exc).__name__}: {text or 'the connection failed'}"
+    hint = _tls_hint(exc)
+    return f"{type(exc).__name__}: {text or 'the connection failed'}" + (f" ({hint})" if hint else "")
 
 
 def _key(headers: Mapping[str, str]) -> str:
