@@ -10,12 +10,14 @@ Go's and Ruby's HTTP clients and browsers do, a loopback host — ``localhost``,
 ``127.0.0.0/8`` (Debian's ``127.0.1.1`` too, and IPv4-mapped: ``::ffff:127.0.0.1``), ``::1`` — is
 reached directly, and so is an unspecified address (``0.0.0.0``, what vLLM prints it listens on), which
 also means this machine. Any other host keeps the environment's
-proxy and CA settings.
+proxy and CA settings; :func:`environment_proxy` names the proxy it then goes through, for messages.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,6 +38,28 @@ def on_this_machine(url: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 (Python < 3.13 says not loopback)
     return address.is_loopback or address.is_unspecified
+
+
+def environment_proxy(url: str) -> str | None:
+    """The proxy the environment sends requests to ``url`` through, with the variable that names it
+    (``"http://proxy:3128, from http_proxy"``, its password masked), or None: none is set, ``no_proxy``
+    names the host, or the host is this machine (:func:`client_settings`). Read as httpx reads it
+    (urllib's ``getproxies``: the lower-case variable first, ``all_proxy`` for any scheme)."""
+    from asyncroll.url_checks import masked_url
+
+    if on_this_machine(url):
+        return None
+    try:
+        parts = urlsplit(url)
+        proxies = urllib.request.getproxies()
+        for key in (parts.scheme, "all"):
+            proxy = proxies.get(key)
+            if proxy and not urllib.request.proxy_bypass(parts.netloc):
+                name = f"{key}_proxy" if os.environ.get(f"{key}_proxy") else f"{key}_proxy".upper()
+                return f"{masked_url(proxy)}, from {name}"
+    except ValueError:
+        return None
+    return None
 
 
 def client_settings(url: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ and retried (or not) as its class says."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from asyncroll.clock import SystemClock
 from asyncroll.config import build_config
 from asyncroll.errors import ModelError, UsageError
 from asyncroll.events import ModelFailed, ModelFinished, ModelRetrying, TrajectoryFinished
+from asyncroll.http_proxy import environment_proxy
 from asyncroll.serve_sim.config import FaultConfig
 from tests.hostile_http import HostileServer, json_reply, raw_reply
 from tests.http_backend import FINAL, FakeOpenAI, completion, final_problems, http_run, serve, start_and_close
@@ -322,3 +324,51 @@ def test_a_certificate_not_trusted_says_to_name_its_ca(monkeypatch: pytest.Monke
     with FakeOpenAI([completion(FINAL)]) as server:  # https:// to a plain HTTP server
         message = warmup_error(server.url.replace("http://", "https://"))
         assert "no TLS at the other end: is it a plain http:// server?" in message, message
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.timeout(60)
+def test_a_warmup_that_reaches_no_server_names_the_url_and_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'warm-up request 1/2 failed: ConnectError: All connection attempts failed' named no URL (a wrong
+    port, or [::1] where the server listens on 127.0.0.1), nor the environment's proxy that was the one
+    not answering (the server may be up): both are said, the proxy's password masked."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    port = closed_port()
+    message = warmup_error(f"http://127.0.0.1:{port}")
+    assert message.startswith("warm-up request 1/1 failed: ConnectError:"), message
+    assert message.endswith(
+        f"(POST http://127.0.0.1:{port}/v1/chat/completions); check that the server runs at --endpoint"
+    ), message
+    monkeypatch.setenv("HTTP_PROXY", f"http://me:secret@127.0.0.1:{port}")
+    message = warmup_error("http://192.0.2.1:8000")  # another host: through the proxy, which is not there
+    assert (
+        f"(POST http://192.0.2.1:8000/v1/chat/completions through the environment's proxy "
+        f"http://me:***@127.0.0.1:{port}, from HTTP_PROXY); check that the server runs at --endpoint, "
+        "and that the proxy runs and reaches it (or go around it: no_proxy=192.0.2.1)" in message
+    ), message
+    assert "secret" not in message
+    with pytest.raises(ExceptionGroup) as raised:  # the probe of --backend openai says it too
+        asyncio.run(start_and_close_at("http://192.0.2.1:8000"))
+    assert raised.group_contains(
+        ModelError, match=r"\(ConnectError: .*, through the environment's proxy http://me:\*\*\*@127"
+    )
+    monkeypatch.setenv("NO_PROXY", "192.0.2.1")
+    assert environment_proxy("http://192.0.2.1:8000") is None
+    assert environment_proxy(f"http://127.0.0.1:{port}") is None  # this machine: never through a proxy
+
+
+async def start_and_close_at(url: str) -> None:
+    settings = HttpSettings(endpoint=url, model="m", inflight=1, request_timeout=5)
+    backend = OpenAIBackend(settings, SystemClock())
+    async with asyncio.TaskGroup() as tg:
+        try:
+            await backend.start(tg)  # probes the server's kind
+        finally:
+            await backend.aclose()

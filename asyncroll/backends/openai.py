@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import random
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -59,7 +60,7 @@ from asyncroll.config import ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
-from asyncroll.http_proxy import client_settings
+from asyncroll.http_proxy import client_settings, environment_proxy
 from asyncroll.workload import Action, ToolAction
 
 __all__ = ["HttpSettings", "OpenAIBackend"]
@@ -235,10 +236,24 @@ class OpenAIBackend:
                     tries = f" after {attempt} attempts" if attempt > 1 else ""
                     raise ModelError(
                         exc.kind,
-                        f"warm-up request {i + 1}/{requests} failed{tries}: {exc}",
+                        f"warm-up request {i + 1}/{requests} failed{tries}: {exc}{self._where(exc)}",
                         status=exc.status,
                     ) from exc
         return requests
+
+    def _where(self, exc: AttemptFailed) -> str:
+        """Where a failed warm-up went, for its error: a request that got no reply names its URL, and
+        one sent through the environment's proxy names the proxy (the one not answering, or answering)."""
+        proxy = environment_proxy(self.settings.endpoint)
+        via = "" if proxy is None else f" through the environment's proxy {proxy}"
+        if exc.received:
+            return f" (sent{via})" if via else ""
+        url = f"{self.settings.endpoint}/v1/chat/completions"
+        hint = "check that the server runs at --endpoint"
+        if via:
+            host = urlsplit(self.settings.endpoint).hostname
+            hint += f", and that the proxy runs and reaches it (or go around it: no_proxy={host})"
+        return f" (POST {url}{via}); {hint}"
 
     def build_body(self, request: ModelRequest, scripted: Action | None) -> dict[str, Any]:
         """The ``/v1/chat/completions`` body for one turn (public so tests can pin the exact payload)."""

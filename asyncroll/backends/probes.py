@@ -11,6 +11,7 @@ import httpx
 from asyncroll.backends.http_errors import KEY_REFUSED, describe_transport_error, key_refused, server_text
 from asyncroll.config import ServerKind
 from asyncroll.errors import ModelError
+from asyncroll.http_proxy import environment_proxy
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 
 KIND_FROM_OWNER: dict[str, ServerKind] = {"vllm": "vllm", "sglang": "sglang"}
@@ -45,9 +46,11 @@ async def probe_kind(
             if isinstance(exc, httpx.TransportError)
             else f"no complete answer within {request_deadline_s(limit):g}s"
         )
+        proxy = environment_proxy(endpoint)
+        via = "" if proxy is None else f", through the environment's proxy {proxy}"
         raise ModelError(
             "transport",
-            f"cannot probe the server kind at {endpoint}/v1/models ({why}); check that the server runs "
+            f"cannot probe the server kind at {endpoint}/v1/models ({why}{via}); check that the server runs "
             "at --endpoint, or declare its kind with --server-kind vllm|sglang|transformers|generic to "
             "skip the probe",
         ) from exc
