@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import struct
 import threading
 from http.server import BaseHTTPRequestHandler
@@ -229,3 +230,21 @@ def test_a_kept_alive_connection_closed_under_a_request_is_retried_on_a_new_one(
         errors = asyncio.run(go())
     assert errors == [None, None, None]
     assert len(set(_ClosesIdleConnections.served)) == 4  # each answered GET on a connection of its own
+
+
+@pytest.mark.timeout(30)
+def test_an_https_metrics_url_with_an_untrusted_certificate_says_to_name_its_ca(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the model requests say it (SSL_CERT_FILE); the scrape's warning was OpenSSL's words alone."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    tls = Path(__file__).parent / "fixtures" / "tls"
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls / "self_signed.pem", tls / "self_signed.key")
+    with MetricsServer(idle_vllm) as server:
+        server._server.socket = context.wrap_socket(server._server.socket, server_side=True)
+        url = server.url.replace("http://", "https://")
+        message = asyncio.run(probe_refusal(url, "vllm"))
+    assert message.startswith(f"GET {url}: ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED]"), message
+    assert "name the CA certificate that signed it with SSL_CERT_FILE=PATH" in message, message

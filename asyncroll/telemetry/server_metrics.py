@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from asyncroll.backends.http_errors import describe_transport_error
 from asyncroll.http_proxy import client_settings
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.telemetry.counter_rate import CounterRate, SeriesKey
@@ -335,6 +336,8 @@ class ServerMetricsSource:
             raise MetricsUnavailable(
                 f"GET {self.url}: {exc}; a Prometheus exposition is ~100 KB, so this is no metrics page"
             ) from exc
+        except httpx.TransportError as exc:  # no answer: its words, and what to do about a TLS failure
+            raise MetricsUnavailable(f"GET {self.url}: {describe_transport_error(exc)}") from exc
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise MetricsUnavailable(f"GET {self.url}: {type(exc).__name__}: {exc}") from exc
         if response.next_request is not None:
