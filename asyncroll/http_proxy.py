@@ -62,6 +62,21 @@ def environment_proxy(url: str) -> str | None:
     return None
 
 
+def socks_problem(url: str) -> str:
+    """What to do where httpx cannot make a client of ``url`` for want of ``socksio`` (an ImportError):
+    a proxy the environment names is a SOCKS one (httpx opens a transport for each proxy variable set,
+    whichever scheme ``url`` has)."""
+    from asyncroll.url_checks import masked_url
+
+    found = [(key, proxy) for key, proxy in urllib.request.getproxies().items() if proxy.startswith("socks")]
+    key, proxy = found[0] if found else ("all", "socks")
+    name = f"{key}_proxy" if os.environ.get(f"{key}_proxy") else f"{key}_proxy".upper()
+    return (
+        f"the environment's proxy {masked_url(proxy)}, from {name}, is a SOCKS proxy, which needs the "
+        f"socksio package (pip install 'httpx[socks]'), or go around it: no_proxy={urlsplit(url).hostname}"
+    )
+
+
 def client_settings(url: str) -> dict[str, Any]:
     """Keyword arguments for an ``httpx`` client of the server at ``url``: for one on this machine, the
     environment's proxies off (``trust_env=False``) and, for ``https``, its CA settings

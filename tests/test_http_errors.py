@@ -4,6 +4,7 @@ and retried (or not) as its class says."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import socket
 import ssl
 import sys
@@ -372,3 +373,27 @@ async def start_and_close_at(url: str) -> None:
             await backend.start(tg)  # probes the server's kind
         finally:
             await backend.aclose()
+
+
+@pytest.mark.timeout(60)
+def test_a_socks_proxy_without_socksio_is_named_with_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """all_proxy=socks5://… (set on many clusters) for a server on another host failed the run with
+    'ImportError: Using SOCKS proxy, but the 'socksio' package is not installed', naming neither the
+    variable nor the way around it."""
+    pytest.importorskip("httpx")
+    if importlib.util.find_spec("socksio") is not None:
+        pytest.skip("socksio is installed: httpx can use the SOCKS proxy")
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("ALL_PROXY", "socks5://me:secret@127.0.0.1:1")
+    message = warmup_error("http://192.0.2.1:8000")
+    assert message == (
+        "the environment's proxy socks5://me:***@127.0.0.1:1, from ALL_PROXY, is a SOCKS proxy, which "
+        "needs the socksio package (pip install 'httpx[socks]'), or go around it: no_proxy=192.0.2.1"
+    ), message
+    monkeypatch.delenv("ALL_PROXY")
+    monkeypatch.setenv("https_proxy", "socks5h://127.0.0.1:1")  # httpx opens it for an http:// server too
+    assert warmup_error("http://192.0.2.1:8000").startswith(
+        "the environment's proxy socks5h://127.0.0.1:1, from https_proxy, is a SOCKS proxy"
+    )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import socket
 import ssl
 import struct
@@ -248,3 +249,20 @@ def test_an_https_metrics_url_with_an_untrusted_certificate_says_to_name_its_ca(
         message = asyncio.run(probe_refusal(url, "vllm"))
     assert message.startswith(f"GET {url}: ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED]"), message
     assert "name the CA certificate that signed it with SSL_CERT_FILE=PATH" in message, message
+
+
+@pytest.mark.timeout(30)
+def test_a_socks_proxy_without_socksio_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scrape's warning was 'ImportError: Using SOCKS proxy, but the 'socksio' package is not
+    installed', naming neither the variable nor the way around it."""
+    if importlib.util.find_spec("socksio") is not None:
+        pytest.skip("socksio is installed: httpx can use the SOCKS proxy")
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("all_proxy", "socks5://127.0.0.1:1")
+    url = "http://192.0.2.1:8000/metrics"
+    assert asyncio.run(probe_refusal(url, "vllm")) == (
+        f"GET {url}: the environment's proxy socks5://127.0.0.1:1, from all_proxy, is a SOCKS proxy, which "
+        "needs the socksio package (pip install 'httpx[socks]'), or go around it: no_proxy=192.0.2.1"
+    )

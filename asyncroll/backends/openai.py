@@ -60,7 +60,7 @@ from asyncroll.config import ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
-from asyncroll.http_proxy import client_settings, environment_proxy
+from asyncroll.http_proxy import client_settings, environment_proxy, socks_problem
 from asyncroll.workload import Action, ToolAction
 
 __all__ = ["HttpSettings", "OpenAIBackend"]
@@ -102,23 +102,29 @@ class OpenAIBackend:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            n = self.settings.inflight
-            key = self.settings.api_key
-            self._client = httpx.AsyncClient(
-                base_url=self.settings.endpoint,
-                headers={} if key is None else {"authorization": f"Bearer {key}"},
-                timeout=httpx.Timeout(self.settings.request_timeout),
-                # no max_connections: the model gate limits requests (see the module docstring). Idle
-                # connections are dropped before uvicorn (vLLM's and SGLang's server) drops them at 5 s:
-                # at httpx's own 5 s a request could be sent on a connection the server is closing, and
-                # fail as transport, charged to a healthy request and to the circuit
-                limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S
-                ),
-                transport=self._transport,
-                **client_settings(self.settings.endpoint),  # no environment proxy for this machine
-            )
+            try:
+                self._client = self._new_client()
+            except ImportError as exc:  # a socks5:// proxy in the environment, and no socksio installed
+                raise ModelError("transport", socks_problem(self.settings.endpoint)) from exc
         return self._client
+
+    def _new_client(self) -> httpx.AsyncClient:
+        n = self.settings.inflight
+        key = self.settings.api_key
+        return httpx.AsyncClient(
+            base_url=self.settings.endpoint,
+            headers={} if key is None else {"authorization": f"Bearer {key}"},
+            timeout=httpx.Timeout(self.settings.request_timeout),
+            # no max_connections: the model gate limits requests (see the module docstring). Idle
+            # connections are dropped before uvicorn (vLLM's and SGLang's server) drops them at 5 s:
+            # at httpx's own 5 s a request could be sent on a connection the server is closing, and
+            # fail as transport, charged to a healthy request and to the circuit
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S
+            ),
+            transport=self._transport,
+            **client_settings(self.settings.endpoint),  # no environment proxy for this machine
+        )
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         """Open the client, learn the server kind (declared, else probed) and start the circuit watch."""
