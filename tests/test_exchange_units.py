@@ -52,7 +52,10 @@ def test_a_success_is_exactly_the_2xx_range() -> None:
 def test_every_redirect_is_named_with_its_target_and_not_followed(status: int) -> None:
     failed = failure(answer(status, b"moved", location="http://elsewhere.invalid/x"))
     assert (failed.kind, failed.status, failed.received) == ("http_status", status, True)
-    assert str(failed) == f"HTTP {status}: moved (redirect to 'http://elsewhere.invalid/x', not followed)"
+    assert str(failed) == (
+        f"HTTP {status}: moved (redirect to 'http://elsewhere.invalid/x', not followed: give --endpoint the "
+        "root URL it leads to)"
+    )
 
 
 def test_a_status_that_is_no_redirect_is_not_called_one() -> None:
@@ -201,3 +204,14 @@ def test_body_text_is_utf8_cut_to_its_characters() -> None:
     assert body_text(text.encode()) == text
     assert body_text(b"ok\xffgo") == "ok\ufffdgo"
     assert body_text("€€€".encode(), 2) == "€€"  # three bytes each: the cut is in characters, not bytes
+
+
+def test_a_redirect_with_an_empty_body_names_its_reason_and_its_whole_target() -> None:
+    """A reverse proxy's 308 (to https://, or another prefix) has no body and a relative Location: the
+    error was 'HTTP 308:  (redirect to '/llm/v1/chat/completions', not followed)'."""
+    failed = failure(answer(308, location="/llm/v1/chat/completions"))
+    assert str(failed) == (
+        "HTTP 308: Permanent Redirect (redirect to 'http://server/llm/v1/chat/completions', not followed: "
+        "give --endpoint the root URL it leads to)"
+    )
+    assert str(failure(answer(304))) == "HTTP 304: Not Modified"

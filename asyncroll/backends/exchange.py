@@ -25,6 +25,7 @@ import orjson
 from asyncroll.backends.http_errors import KEY_REFUSED, describe_transport_error, key_refused, server_text
 from asyncroll.backends.retry import means_unavailable
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+from asyncroll.url_checks import masked_url
 
 #: Words in a 400 body that mean the server refused the structured-output request itself.
 _SCHEMA_WORDS = ("schema", "response_format", "grammar", "guided", "json_object", "structured")
@@ -75,6 +76,19 @@ def _unreadable(head: list[httpx.Response], why: str) -> AttemptFailed:
             "http_status", f"HTTP {status} (body unreadable: {why})", status, response.headers, True
         )
     return AttemptFailed("bad_response", why, head[0].status_code if head else None, None, True)
+
+
+def _target(response: httpx.Response) -> str:
+    """Where a redirect leads, as a whole URL (a reverse proxy's Location is often a path), and what to
+    do about it; 'nowhere' for one without a Location."""
+    location = response.headers.get("location")
+    if location is None:
+        return "'nowhere', not followed"
+    try:
+        whole = masked_url(str(response.request.url.join(location)))  # a user:password@ in it: masked
+    except (httpx.InvalidURL, ValueError):
+        return f"{location!r}, not followed"
+    return f"{whole!r}, not followed: give --endpoint the root URL it leads to"
 
 
 def request_body(body: dict[str, Any]) -> bytes:
@@ -130,7 +144,7 @@ async def post_chat(
         raise _unreadable(head, f"unreadable response ({type(exc).__name__}: {exc})") from exc
     status = response.status_code
     if not is_success(status):
-        text = server_text(payload, 500, client.headers)
+        text = server_text(payload, 500, client.headers) or response.reason_phrase  # no body: its reason
         kind = "http_status"
         if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):
             kind = "schema_rejected"
@@ -139,6 +153,6 @@ async def post_chat(
         if status in KEY_REFUSED:  # the key: every request is refused alike, and the body may not say so
             text = f"{text} ({key_refused(client.headers)})"
         if status in _REDIRECTS:  # never followed: a chat completion is not a page to chase
-            text = f"{text} (redirect to {response.headers.get('location', 'nowhere')!r}, not followed)"
+            text = f"{text} (redirect to {_target(response)})"
         raise AttemptFailed(kind, f"HTTP {status}: {text}", status, response.headers, True)
     return status, payload
