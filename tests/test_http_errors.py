@@ -347,6 +347,12 @@ def test_a_warmup_that_reaches_no_server_names_the_url_and_the_proxy(monkeypatch
     assert message.endswith(
         f"(POST http://127.0.0.1:{port}/v1/chat/completions); check that the server runs at --endpoint"
     ), message
+    with FakeOpenAI([completion(FINAL)], delays=[3.0]) as slow:  # connected, answered too late
+        message = asyncio.run(warm_slowly(slow.url))
+    assert message == (
+        "warm-up request 1/1 failed: no response within 0.5s (ReadTimeout) "
+        f"(POST {slow.url}/v1/chat/completions)"
+    ), message
     monkeypatch.setenv("HTTP_PROXY", f"http://me:secret@127.0.0.1:{port}")
     message = warmup_error("http://192.0.2.1:8000")  # another host: through the proxy, which is not there
     assert (
@@ -397,3 +403,15 @@ def test_a_socks_proxy_without_socksio_is_named_with_what_to_do(monkeypatch: pyt
     assert warmup_error("http://192.0.2.1:8000").startswith(
         "the environment's proxy socks5h://127.0.0.1:1, from https_proxy, is a SOCKS proxy"
     )
+
+
+async def warm_slowly(url: str) -> str:
+    """The error of one warm-up request with a 0.5 s request timeout."""
+    settings = HttpSettings(endpoint=url, model="m", inflight=1, server_kind="vllm", request_timeout=0.5)
+    backend = OpenAIBackend(settings, SystemClock())
+    try:
+        with pytest.raises(ModelError) as raised:
+            await backend.warmup(1)
+    finally:
+        await backend.aclose()
+    return str(raised.value)

@@ -255,6 +255,8 @@ class OpenAIBackend:
         if exc.received:
             return f" (sent{via})" if via else ""
         url = f"{self.settings.endpoint}/v1/chat/completions"
+        if exc.kind == "timeout" and not exc.no_connection:  # connected: a server slower than the timeout
+            return f" (POST {url}{via})"
         hint = "check that the server runs at --endpoint"
         if via:
             host = urlsplit(self.settings.endpoint).hostname
