@@ -22,6 +22,8 @@ def http_url_problem(url: str) -> str | None:
         return "names no host (e.g. http://127.0.0.1:8000)"
     if parts.netloc.endswith(":"):  # http://127.0.0.1: is port 80 to httpx: a port left out by mistake
         return "has an empty port after its ':' (e.g. http://127.0.0.1:8000)"
+    if parts.port == 0:  # a port to listen on (any free one), never one to connect to
+        return "has port 0, where no server listens (serve-sim --port 0 prints the port it chose)"
     if parts.username is not None or parts.password is not None:
         return (
             "carries credentials (user:password@), which run.json would keep in its command and config: "

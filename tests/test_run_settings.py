@@ -72,6 +72,11 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
             "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without /v1, a query or a "
             "fragment",
         ),
+        (  # serve-sim --port 0 picks a free port: 0 itself, copied, got as far as the warm-up's ConnectError
+            ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:0"],
+            "--endpoint 'http://127.0.0.1:0': has port 0, where no server listens (serve-sim --port 0 prints "
+            "the port it chose)",
+        ),
         (  # httpx sent the chat requests to the root, but /metrics went to http://h:8000#x/metrics (a 404)
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:8000#x"],
             "--endpoint 'http://127.0.0.1:8000#x': give the server's root URL, without /v1, a query or a "
