@@ -62,19 +62,37 @@ def environment_proxy(url: str) -> str | None:
     return None
 
 
-def socks_problem(url: str) -> str:
-    """What to do where httpx cannot make a client of ``url`` for want of ``socksio`` (an ImportError):
-    a proxy the environment names is a SOCKS one (httpx opens a transport for each proxy variable set,
-    whichever scheme ``url`` has)."""
+def proxy_problem(url: str, exc: Exception) -> str | None:
+    """What to do where httpx cannot make a client of ``url`` because of a proxy the environment names
+    (httpx opens a transport for each proxy variable set, whichever scheme ``url`` has): a SOCKS one
+    wants ``socksio`` (an ImportError), one of another scheme (``ftp://``) is refused (a ValueError).
+    None: no proxy the environment names explains ``exc``."""
     from asyncroll.url_checks import masked_url
 
-    found = [(key, proxy) for key, proxy in urllib.request.getproxies().items() if proxy.startswith("socks")]
-    key, proxy = found[0] if found else ("all", "socks")
+    usable = ("http", "https", "socks5", "socks5h")  # a proxy without a scheme is taken as http://
+    socks = isinstance(exc, ImportError)
+    found = [
+        (key, proxy)
+        for key, proxy in urllib.request.getproxies().items()
+        if key in ("http", "https", "all")  # those httpx reads
+        and (
+            proxy.startswith("socks")
+            if socks
+            else "://" in proxy and proxy.split("://")[0].lower() not in usable
+        )
+    ]
+    host = urlsplit(url).hostname
+    if not found:
+        return None
+    key, proxy = found[0]
     name = f"{key}_proxy" if os.environ.get(f"{key}_proxy") else f"{key}_proxy".upper()
-    return (
-        f"the environment's proxy {masked_url(proxy)}, from {name}, is a SOCKS proxy, which needs the "
-        f"socksio package (pip install 'httpx[socks]'), or go around it: no_proxy={urlsplit(url).hostname}"
+    what = (
+        "is a SOCKS proxy, which needs the socksio package (pip install 'httpx[socks]')"
+        if socks
+        else "is no http://, https:// or socks5:// URL: fix it"
     )
+    head = f"the environment's proxy {masked_url(proxy)}, from {name}, {what}, "
+    return head + f"or go around it: no_proxy={host}"
 
 
 def client_settings(url: str) -> dict[str, Any]:

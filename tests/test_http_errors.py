@@ -403,6 +403,11 @@ def test_a_socks_proxy_without_socksio_is_named_with_what_to_do(monkeypatch: pyt
     assert warmup_error("http://192.0.2.1:8000").startswith(
         "the environment's proxy socks5h://127.0.0.1:1, from https_proxy, is a SOCKS proxy"
     )
+    monkeypatch.setenv("https_proxy", "ftp://127.0.0.1:1")  # httpx refused it: 'ValueError: Unknown scheme'
+    assert warmup_error("http://192.0.2.1:8000") == (
+        "the environment's proxy ftp://127.0.0.1:1, from https_proxy, is no http://, https:// or socks5:// "
+        "URL: fix it, or go around it: no_proxy=192.0.2.1"
+    )
 
 
 async def warm_slowly(url: str) -> str:

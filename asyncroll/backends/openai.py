@@ -60,7 +60,7 @@ from asyncroll.config import ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
-from asyncroll.http_proxy import client_settings, environment_proxy, socks_problem
+from asyncroll.http_proxy import client_settings, environment_proxy, proxy_problem
 from asyncroll.workload import Action, ToolAction
 
 __all__ = ["HttpSettings", "OpenAIBackend"]
@@ -104,8 +104,14 @@ class OpenAIBackend:
         if self._client is None:
             try:
                 self._client = self._new_client()
-            except ImportError as exc:  # a socks5:// proxy in the environment, and no socksio installed
-                raise ModelError("transport", socks_problem(self.settings.endpoint)) from exc
+            except (
+                ImportError,
+                ValueError,
+            ) as exc:  # the environment's proxy: socks5:// (no socksio), ftp://
+                problem = proxy_problem(self.settings.endpoint, exc)
+                if problem is None:
+                    raise
+                raise ModelError("transport", problem) from exc
         return self._client
 
     def _new_client(self) -> httpx.AsyncClient:
