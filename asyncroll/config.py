@@ -42,7 +42,7 @@ from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
 from asyncroll.receipt_settings import is_receipt, other_version, receipt_settings
 from asyncroll.setting_names import unknown_setting, validation_message
-from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url
+from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url, not_a_root
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -202,7 +202,7 @@ class RunConfig(BaseModel):
             problem = None if url is None else http_url_problem(url)
             if url is not None and problem is not None:
                 problems.append(f"{flag} {masked_url(url)!r}: {problem}")
-        if self.endpoint.rstrip("/").endswith("/v1") or "?" in self.endpoint or "#" in self.endpoint:
+        if not_a_root(self.endpoint):
             problems.append(
                 f"--endpoint {masked_url(self.endpoint)!r}: give the server's root URL, without /v1, a "
                 "query or a fragment (asyncroll requests /v1/chat/completions under it)"

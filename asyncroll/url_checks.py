@@ -33,6 +33,16 @@ def http_url_problem(url: str) -> str | None:
     return None
 
 
+#: The ends of an OpenAI API URL that are no server root: an SDK's base_url, a curl example's whole URL.
+_API_PATHS = ("/v1", "/v1/chat/completions", "/v1/completions", "/v1/models")
+
+
+def not_a_root(endpoint: str) -> bool:
+    """Whether ``endpoint`` is an OpenAI API URL under a server's root (``…/v1``, ``…/v1/chat/completions``)
+    or carries a query or fragment: asyncroll requests ``/v1/chat/completions`` under the root."""
+    return endpoint.rstrip("/").endswith(_API_PATHS) or "?" in endpoint or "#" in endpoint
+
+
 def api_key_problem(key: str | None) -> str | None:
     """Why the value of ``--api-key-env``'s variable cannot be sent as ``Authorization: Bearer KEY``
     (None: it can). Never shows the key: a value h11 refuses (a newline read with it from a file) made

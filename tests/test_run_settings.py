@@ -72,6 +72,17 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
             "--endpoint 'http://127.0.0.1:8000/?x=1': give the server's root URL, without /v1, a query or a "
             "fragment",
         ),
+        (  # a curl example's whole URL: POST /v1/chat/completions/v1/chat/completions, 404 at the warm-up
+            [
+                "--backend",
+                "vllm",
+                "--model",
+                "sim",
+                "--endpoint",
+                "http://127.0.0.1:8000/v1/chat/completions",
+            ],
+            "--endpoint 'http://127.0.0.1:8000/v1/chat/completions': give the server's root URL, without /v1",
+        ),
         (  # serve-sim --port 0 picks a free port: 0 itself, copied, got as far as the warm-up's ConnectError
             ["--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:0"],
             "--endpoint 'http://127.0.0.1:0': has port 0, where no server listens (serve-sim --port 0 prints "
