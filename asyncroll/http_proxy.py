@@ -95,6 +95,21 @@ def proxy_problem(url: str, exc: Exception) -> str | None:
     return head + f"or go around it: no_proxy={host}"
 
 
+def environment_problem(url: str, exc: Exception) -> str | None:
+    """What to do where httpx cannot make a client of ``url`` because of the environment's settings: a
+    proxy (:func:`proxy_problem`), or ``SSL_CERT_FILE``/``SSL_CERT_DIR`` that cannot be read as CA
+    certificates (an OSError; httpx reads them for any client that takes the environment's settings).
+    None: nothing in the environment explains ``exc``."""
+    if not isinstance(exc, OSError):
+        return proxy_problem(url, exc)
+    name = next((n for n in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(n)), None)
+    if name is None:
+        return None
+    why = exc.strerror or str(exc)
+    value = os.environ[name]
+    return f"the environment's {name}={value} cannot be read as CA certificates ({why}): fix or unset it"
+
+
 def client_settings(url: str) -> dict[str, Any]:
     """Keyword arguments for an ``httpx`` client of the server at ``url``: for one on this machine, the
     environment's proxies off (``trust_env=False``) and, for ``https``, its CA settings

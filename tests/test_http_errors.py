@@ -420,3 +420,19 @@ async def warm_slowly(url: str) -> str:
     finally:
         await backend.aclose()
     return str(raised.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("url", ["https://127.0.0.1:9", "http://192.0.2.1:8000"])
+def test_an_ssl_cert_file_that_cannot_be_read_is_named(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSL_CERT_FILE naming no file (a path from another machine) failed the run with 'FileNotFoundError:
+    [Errno 2] No such file or directory', naming neither the variable nor the file (httpx reads it for any
+    server but one on this machine over http://, whose client takes no environment settings)."""
+    monkeypatch.setenv("SSL_CERT_FILE", "/nonexistent/ca.pem")
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    message = warmup_error(url)
+    assert message.startswith(
+        "the environment's SSL_CERT_FILE=/nonexistent/ca.pem cannot be read as CA certificates (No such file"
+    ), message
+    monkeypatch.setenv("SSL_CERT_FILE", __file__)  # a file, of no certificate
+    assert "the environment's SSL_CERT_FILE=" in warmup_error(url)

@@ -60,7 +60,7 @@ from asyncroll.config import ServerKind
 from asyncroll.errors import InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
-from asyncroll.http_proxy import client_settings, environment_proxy, proxy_problem
+from asyncroll.http_proxy import client_settings, environment_problem, environment_proxy
 from asyncroll.workload import Action, ToolAction
 
 __all__ = ["HttpSettings", "OpenAIBackend"]
@@ -104,11 +104,8 @@ class OpenAIBackend:
         if self._client is None:
             try:
                 self._client = self._new_client()
-            except (
-                ImportError,
-                ValueError,
-            ) as exc:  # the environment's proxy: socks5:// (no socksio), ftp://
-                problem = proxy_problem(self.settings.endpoint, exc)
+            except (ImportError, ValueError, OSError) as exc:  # the environment's proxy or CA file
+                problem = environment_problem(self.settings.endpoint, exc)
                 if problem is None:
                     raise
                 raise ModelError("transport", problem) from exc

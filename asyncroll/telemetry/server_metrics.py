@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.backends.http_errors import describe_transport_error
-from asyncroll.http_proxy import client_settings, proxy_problem
+from asyncroll.http_proxy import client_settings, environment_problem
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.telemetry.counter_rate import CounterRate, SeriesKey
 
@@ -320,11 +320,8 @@ class ServerMetricsSource:
                 self._client = httpx.AsyncClient(
                     limits=httpx.Limits(max_connections=None), **client_settings(self.url)
                 )
-            except (
-                ImportError,
-                ValueError,
-            ) as exc:  # the environment's proxy: socks5:// (no socksio), ftp://
-                problem = proxy_problem(self.url, exc)
+            except (ImportError, ValueError, OSError) as exc:  # the environment's proxy or CA file
+                problem = environment_problem(self.url, exc)
                 if problem is None:
                     raise
                 raise MetricsUnavailable(f"GET {self.url}: {problem}") from exc
