@@ -71,15 +71,16 @@ def proxy_problem(url: str, exc: Exception) -> str | None:
 
     usable = ("http", "https", "socks5", "socks5h")  # a proxy without a scheme is taken as http://
     socks = isinstance(exc, ImportError)
+
+    def refused(proxy: str) -> bool:  # httpx before 0.28 (the floor is 0.27) knows no socks5h either
+        scheme = proxy.split("://")[0].lower() if "://" in proxy else "http"
+        return scheme not in usable or f"'{scheme}://" in str(exc)
+
     found = [
         (key, proxy)
         for key, proxy in urllib.request.getproxies().items()
         if key in ("http", "https", "all")  # those httpx reads
-        and (
-            proxy.startswith("socks")
-            if socks
-            else "://" in proxy and proxy.split("://")[0].lower() not in usable
-        )
+        and (proxy.startswith("socks") if socks else refused(proxy))
     ]
     host = urlsplit(url).hostname
     if not found:
