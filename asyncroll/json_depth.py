@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from itertools import accumulate
+from pathlib import Path
 from typing import Any
 
 #: The deepest nesting of arrays and objects any JSON input may hold, on every Python version. Below 3.11's
@@ -54,3 +55,14 @@ def json_loads(text: str | bytes, **kwargs: Any) -> Any:
     if opening > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
         raise JsonTooDeep(TOO_DEEP)
     return value
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None where there is none to read: no file, unreadable, not UTF-8,
+    not JSON (past Python's digit limit, or nested deeper than :data:`MAX_JSON_DEPTH`), or another value
+    than an object. For the readers that go on without a file (a receipt, a summary) an error names."""
+    try:
+        data = json_loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None

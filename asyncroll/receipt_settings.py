@@ -107,13 +107,10 @@ def receipt_notes(path: Path, policy_given: bool) -> list[str]:
     """What a re-run from the receipt at ``path`` must say (nothing for a file of settings): that it runs
     another rule than today's ``asyncroll`` (unless ``--policy`` chose one), and that a simulation's
     receipt is run for real (its server model and virtual clock are no settings of ``run``)."""
-    from asyncroll.json_depth import json_loads
+    from asyncroll.json_depth import read_json_object
 
-    try:
-        data = json_loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError, RecursionError):
-        return []  # the file was read once already: a file that changed since says nothing here
-    if not (isinstance(data, dict) and is_receipt(data)):
+    data = read_json_object(path)  # None: the file was read once already; one changed since says nothing here
+    if not (data is not None and is_receipt(data)):
         return []
     notes = []
     if data.get("simulated") is True:

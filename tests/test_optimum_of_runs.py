@@ -71,6 +71,14 @@ def test_optimum_refuses_what_is_not_a_run(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "file: not a directory" in result.stderr
 
 
+def test_optimum_of_a_run_json_nested_too_deeply_is_a_refusal(tmp_path: Path) -> None:
+    # a damaged receipt: its JsonTooDeep was a traceback
+    (tmp_path / "run.json").write_text("[" * 600 + "]" * 600)
+    result = invoke("optimum", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert "no summary.json nor a readable run.json (not a run directory?)" in result.stderr
+
+
 @pytest.mark.timeout(120)
 def test_optimum_of_a_real_run_is_below_its_makespan(tmp_path: Path) -> None:
     # Real worker processes sleeping, scripted model latencies: the run's own schedule is one the solver

@@ -229,13 +229,9 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
 
 def written_summary(output: Path) -> dict[str, Any] | None:
     """The run's summary.json as written (an interrupted run's outcome carries none), or None."""
-    from asyncroll.json_depth import json_loads
+    from asyncroll.json_depth import read_json_object
 
-    try:
-        summary = json_loads((output / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None  # not written (stopped before it): nothing to warn of from it
-    return summary if isinstance(summary, dict) else None
+    return read_json_object(output / "summary.json")  # None: not written (stopped before it)
 
 
 def warn_server_down(summary: dict[str, Any] | None) -> None:
@@ -271,11 +267,10 @@ def warn_replay_length_unfixed(output: Path) -> None:
     naming no engine, e.g. an older ``transformers serve``) ``max_tokens`` is an upper bound only, and a
     reply that ended early reads as ``finish_reason stop`` with nothing else saying so (run.json:
     ``backend.replay_fixed_length``)."""
-    from asyncroll.json_depth import json_loads
+    from asyncroll.json_depth import read_json_object
 
-    try:
-        backend = json_loads((output / "run.json").read_text(encoding="utf-8")).get("backend") or {}
-    except (OSError, ValueError, AttributeError):
+    backend = (read_json_object(output / "run.json") or {}).get("backend")
+    if not isinstance(backend, dict):
         return  # no receipt to read: the run's own error says why
     fixed = backend.get("replay_fixed_length")
     if backend.get("mode") == "replay" and isinstance(fixed, str) and fixed.startswith("none"):

@@ -11,7 +11,7 @@ import typer
 
 from asyncroll.commands.common import Opt, fail, say
 from asyncroll.errors import no_directory
-from asyncroll.json_depth import json_loads
+from asyncroll.json_depth import json_loads, read_json_object
 
 
 def validate(
@@ -154,12 +154,9 @@ def _other_schema_version(run_dir: Path) -> str | None:
     from asyncroll.events import SCHEMA_VERSION
     from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION
 
-    try:
-        receipt = json_loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        receipt = None
+    receipt = read_json_object(run_dir / "run.json")
     if (
-        isinstance(receipt, dict)
+        receipt is not None
         and receipt.get("schema_version", RECEIPT_SCHEMA_VERSION) != RECEIPT_SCHEMA_VERSION
     ):
         return (
@@ -189,11 +186,8 @@ def _other_schema_version(run_dir: Path) -> str | None:
 def _never_finished(run_dir: Path) -> dict[str, Any] | None:
     """For a run whose receipt still says preparing or running, its process gone (killed outright): the
     page's status says so, rather than "running". None for a run that ended (its receipt says how)."""
-    try:
-        receipt = json_loads((run_dir / "run.json").read_text())
-        status = receipt["status"]
-    except (OSError, ValueError, RecursionError, KeyError, TypeError):
-        return None
+    receipt = read_json_object(run_dir / "run.json") or {}
+    status = receipt.get("status")
     if status not in ("preparing", "running") or receipt.get("error"):
         return None
     return {"status": status, "error": "run.json never finalised: its process ended without a word (killed?)"}

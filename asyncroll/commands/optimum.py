@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
@@ -12,7 +11,7 @@ import typer
 
 from asyncroll.commands.common import Opt, fail, say
 from asyncroll.commands.files import still_running
-from asyncroll.json_depth import json_loads
+from asyncroll.json_depth import read_json_object
 
 #: The most solver workers CP-SAT accepts (its parameter check; 10001 made the solve "unknown" at once).
 MAX_THREADS = 10_000
@@ -38,9 +37,7 @@ def optimum(
         raise fail(f"--threads must be ≥ 1, got {threads}")
     if threads > MAX_THREADS:  # CP-SAT reports more as an invalid model, which read as "no schedule in time"
         raise fail(f"--threads must be at most {MAX_THREADS} (CP-SAT's limit), got {threads}")
-    status = None
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        status = json_loads((run_dir / "run.json").read_text()).get("status")
+    status = (read_json_object(run_dir / "run.json") or {}).get("status")
     still_going = still_running(run_dir)
     if still_going is not None:
         typer.echo(

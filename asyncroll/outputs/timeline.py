@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from asyncroll.json_depth import json_loads
+from asyncroll.json_depth import read_json_object
 from asyncroll.outputs.activity import collect_activity
 from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Series, Span, Track
 from asyncroll.outputs.timeline_panels import header_lines, telemetry_panel
@@ -46,14 +46,6 @@ STATES = ("ok", "cancelled", "failed", "incomplete", "unmatched")
 #: every counter, in the order of the page's palette: a counter's colour is its place here
 COUNTER_COLOURS = (*COUNTER_LABELS, *RESOURCE_LABELS)
 _ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json_loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _rows(a: Activity) -> tuple[list[list[Any]], dict[Track, int], int]:
@@ -211,7 +203,8 @@ def timeline_data(
     """Everything the page draws, as plain JSON: header, rows, spans, cells, instants, counters, notes.
     ``final``: receipt fields about to be written (the run's final status), overriding run.json's."""
     a = activity or collect_activity(run_dir / "events.jsonl")
-    run, summary = _read_json(run_dir / "run.json"), _read_json(run_dir / "summary.json")
+    run = read_json_object(run_dir / "run.json") or {}
+    summary = read_json_object(run_dir / "summary.json") or {}
     if final:
         run = {**run, **final}
     rows, index, per = _rows(a)

@@ -19,7 +19,7 @@ from asyncroll.errors import UsageError
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.floats import left_to_right_sum
 from asyncroll.json_checks import INT64_MAX, json_kind, line_column
-from asyncroll.json_depth import json_loads
+from asyncroll.json_depth import json_loads, read_json_object
 from asyncroll.outputs.bounds import admission_order_makespan
 from asyncroll.outputs.summary import SUMMARY_SCHEMA_VERSION as SUMMARY_VERSION
 from asyncroll.workload import MAX_DURATION_MS
@@ -50,11 +50,8 @@ class Instance:
 
 def _run_status(run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
     """``run.json``'s status and config, or None where it cannot be read."""
-    try:
-        receipt = json_loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        return None, None
-    if not isinstance(receipt, dict):
+    receipt = read_json_object(run_dir / "run.json")
+    if receipt is None:
         return None, None
     status, config = receipt.get("status"), receipt.get("config")
     return (status if isinstance(status, str) else None), (config if isinstance(config, dict) else None)
