@@ -176,6 +176,14 @@ def test_toolmath_answers_from_solution_are_labelled(tmp_path: Path) -> None:
     assert problems["toolmath-6"]["reference_answer"] == "-1004"
     assert problems["toolmath-3"]["reference_answer"] == "5"
     assert problems["toolmath-3"]["metadata"]["reference_answer_source"].startswith("derived:")
+    cli_out = tmp_path / "cli.jsonl"
+    said = invoke(
+        "convert-toolmath",
+        *("--source", tmp_path / "s.json", "--functions-dir", TM_EXAMPLE, "--output", cli_out),
+        "--answers-from-solution",
+    )
+    assert said.exit_code == 0, said.output
+    assert "note: 1 problem(s) have no \\boxed{} answer and no reference_answer: toolmath-0\n" in said.stderr
 
 
 def test_toolmath_records_of_one_problem_that_give_different_answers_leave_it_without_one(

@@ -134,8 +134,9 @@ def test_a_switch_turned_off_in_a_config_file_is_named_as_the_files(
             "not valid TOML: Exceeds the limit (4300 digits) for integer string conversion: value has 5000 "
             "digits\n",
         ),
+        ("list.json", b'[{"cpu_workers": 1}]', "must hold an object of settings"),
     ],
-    ids=["repeated-key", "repeated-toml-key", "not-utf8", "deep", "digits"],
+    ids=["repeated-key", "repeated-toml-key", "not-utf8", "deep", "digits", "not-an-object"],
 )
 def test_a_config_file_that_cannot_be_read_as_settings_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, content: bytes, message: str
@@ -149,6 +150,14 @@ def test_a_config_file_that_cannot_be_read_as_settings_is_named(
     )
     assert result.exit_code == 2 and not seen
     assert f"--config {config}: {message}" in result.stderr
+
+
+def test_a_config_file_that_is_a_folder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, seen = run_in_process(
+        monkeypatch, "--config", tmp_path, "--workload", SMOKE, "--output", tmp_path / "r"
+    )
+    assert result.exit_code == 2 and not seen
+    assert f"--config {tmp_path}: cannot read: Is a directory" in result.stderr
 
 
 def test_a_config_file_with_a_byte_order_mark_is_read(

@@ -34,6 +34,20 @@ def test_simulate_refuses_bad_invocations(tmp_path: Path) -> None:
     assert refused.exit_code == 2 and list(exists.iterdir()) == []
     bad_server = simulate_here("--workload", SMOKE, "--output", tmp_path / "d", "--server", "quantum")
     assert bad_server.exit_code == 2 and not (tmp_path / "d").exists()
+    no_output = simulate_here("--workload", SMOKE)
+    assert no_output.exit_code == 2 and "missing required option: --output" in no_output.stderr
+
+
+def test_a_replay_refuses_what_the_recorded_run_decides(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert simulate_here("--workload", SMOKE, "--output", run).exit_code == 0
+    twice = simulate_here("--from-run", run, "--from-run", run, "--output", tmp_path / "a")
+    assert twice.exit_code == 2 and "--from-run given 2 times: a replay is of one run" in twice.stderr
+    limited = simulate_here("--from-run", run, "--limit", "2", "--output", tmp_path / "b")
+    assert limited.exit_code == 2 and "--limit comes from the recorded run with --from-run" in limited.stderr
+    no_output = simulate_here("--from-run", run)
+    assert no_output.exit_code == 2 and "missing required option: --output" in no_output.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_simulated_workers_are_bounded_as_real_ones_are(tmp_path: Path) -> None:
