@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import httpx
 
 from asyncroll.backends.exchange import MAX_RESPONSE_BYTES
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+from asyncroll.json_checks import not_utf8
 from asyncroll.outputs import result_file
 from asyncroll.outputs.receipt import cpu_model
 
@@ -38,7 +40,8 @@ from asyncroll.outputs.receipt import cpu_model
 def load_prompts(path: Path, count: int) -> list[str]:
     """The first ``count`` prompts of the workload, cycled; errors name the file and line."""
     prompts: list[str] = []
-    with path.open(encoding="utf-8") as handle:
+    # decoded whole: a text stream's UnicodeDecodeError gives the byte's place in its 8 KiB chunk
+    with io.StringIO(path.read_bytes().decode("utf-8"), newline=None) as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -216,9 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         parser.error(f"--workload {args.workload}: cannot read ({exc.strerror or exc})")
     except UnicodeDecodeError as exc:
-        parser.error(
-            f"--workload {args.workload}: cannot read (not UTF-8 text: {exc.reason} at byte {exc.start})"
-        )
+        parser.error(f"--workload {args.workload}: {not_utf8(exc)}")
     if args.output is not None and (why := result_file.refusal(args.output, "--output")):
         parser.error(why)  # checked before minutes of measuring, never overwritten
     result = asyncio.run(measure(args))

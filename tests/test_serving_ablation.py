@@ -210,7 +210,25 @@ def test_serving_ablation_refuses_a_workload_it_cannot_read_before_measuring(
     args = ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--workload", str(workload[where])]
     with pytest.raises(SystemExit) as exited:
         ablation.main(args)
-    assert exited.value.code == 2 and f"--workload {workload[where]}: cannot read" in capsys.readouterr().err
+    said = "not UTF-8 text (invalid continuation byte at byte 15)" if where == "not_utf8" else "cannot read"
+    assert exited.value.code == 2 and f"--workload {workload[where]}: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+def test_serving_ablation_names_where_a_workload_is_not_utf8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # read as text, its place was the byte's in the decoder's 8 KiB chunk (7,823 for 16,015), with no line
+    ablation = load_ablation()
+    never_measure(ablation, monkeypatch, "the workload was read")
+    workload = tmp_path / "w.jsonl"
+    workload.write_bytes(b'{"prompt": "p"}\n' * 1000 + b'{"prompt": "caf\xe9"}\n')
+    args = ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--workload", str(workload)]
+    with pytest.raises(SystemExit) as exited:
+        ablation.main(args)
+    said = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert f"{workload}: not UTF-8 text (invalid continuation byte at byte 16015, line 1001)" in said
 
 
 @pytest.mark.timeout(30)
