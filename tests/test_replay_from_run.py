@@ -262,6 +262,13 @@ def _drop_last_trajectory(lines: list[str]) -> list[str]:
             lambda d: _edit_lines(d / "results.jsonl", lambda lines: lines[:-1]),
             r"events\.jsonl:\d+: trajectory '[^']+' started, but .*results\.jsonl has no row for it",
         ),
+        (  # a run stopped before its first trajectory: its events hold the workers and the start only
+            lambda d: _edit_lines(
+                d / "events.jsonl",
+                lambda lines: [ln for ln in lines if '"worker_ready"' in ln or '"measurement_started"' in ln],
+            ),
+            r"the run started no trajectory; nothing to replay",
+        ),
     ],
 )
 def test_from_run_refuses_damaged_or_other_version_run_dirs_naming_the_file(
