@@ -283,6 +283,25 @@ def test_run_json_records_the_settings_declared_probed_and_sent() -> None:
     assert json.dumps(described)  # run.json
 
 
+def test_run_json_records_the_environments_proxy_the_requests_went_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxied run's latencies include the proxy's, and nothing in run.json said one was used."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://me:secret@proxy.example:3128")
+
+    def proxy(endpoint: str) -> Any:
+        return OpenAIBackend(settings(endpoint=endpoint), VirtualClock()).describe()["proxy"]
+
+    assert proxy("https://gpu.example:8000") == "http://me:***@proxy.example:3128, from HTTPS_PROXY"
+    assert proxy("http://gpu.example:8000") is None  # no http_proxy set
+    assert proxy("https://127.0.0.1:8000") is None  # this machine: never through a proxy
+    monkeypatch.setenv("no_proxy", "gpu.example")
+    assert proxy("https://gpu.example:8000") is None
+
+
 def never_answers(health_status: int, probes: list[str]) -> Handler:
     """A server whose chat requests time out; its health probe answers ``health_status``."""
 

@@ -158,6 +158,9 @@ class OpenAIBackend:
             "circuit_failures": s.circuit_failures,
             "server_down_timeout_s": s.server_down_timeout,
             "api_key": None if s.api_key_env is None else f"from the environment variable {s.api_key_env}",
+            # the environment's proxy the requests went through (its password masked), or None: a proxied
+            # run's latencies include the proxy's
+            "proxy": environment_proxy(s.endpoint),
         }
 
     async def aclose(self) -> None:
