@@ -37,6 +37,7 @@ from asyncroll.json_checks import (
     lone_surrogate_at,
     not_utf8,
     unique_keys,
+    utf8_text,
 )
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
@@ -296,7 +297,7 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
                 f"--config {path}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a file of settings (a run's "
                 "settings take well under a kilobyte)"
             )
-        text = raw.decode("utf-8-sig")  # a byte order mark (Notepad's) as a workload's
+        text = utf8_text(raw)  # a byte order mark (Notepad's) as a workload's
     except OSError as exc:
         raise UsageError(f"--config {path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

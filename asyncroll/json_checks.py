@@ -13,6 +13,7 @@ workload alike.
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Collection
@@ -177,6 +178,19 @@ def line_column(exc: json.JSONDecodeError) -> int:
     end = len(exc.doc.rstrip("\r\n"))
     pos = min(exc.pos, end)
     return pos - exc.doc.rfind("\n", 0, pos)
+
+
+def utf8_text(raw: bytes) -> str:
+    """``raw`` as UTF-8 text, a leading byte order mark (Notepad's) dropped. Where it is not UTF-8, the
+    error's places are ``raw``'s: ``utf-8-sig`` counts from after the mark, so :func:`not_utf8` said a
+    byte 3 before the one a hex editor shows (a config's byte 14 was "byte 11")."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        mark = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+        if not mark:
+            raise
+        raise UnicodeDecodeError("utf-8", raw, exc.start + mark, exc.end + mark, exc.reason) from None
 
 
 def not_utf8(exc: UnicodeDecodeError, *, of_line: bool = False) -> str:

@@ -459,3 +459,14 @@ def test_a_source_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
         f"{jsonl}:2: invalid line: not UTF-8 text (invalid continuation byte at byte 20 of the line)"
         in str(refused.value)
     )
+    marked = tmp_path / "marked.json"  # a byte order mark is a file's first 3 bytes: counted in the place
+    marked.write_bytes(b"\xef\xbb\xbf" + array.read_bytes())
+    with pytest.raises(UsageError) as refused:
+        convert_livecodebench(marked, tmp_path / "c.jsonl")
+    said = f"{marked}: not UTF-8 text (invalid continuation byte at byte {at + 3}, line 3)"
+    assert str(refused.value) == said
+    marked_line = tmp_path / "marked.jsonl"
+    marked_line.write_bytes(b'\xef\xbb\xbf{"question_id": "caf\xe9"}\n' + (rows[0] + "\n").encode())
+    with pytest.raises(UsageError) as refused:
+        convert_livecodebench(marked_line, tmp_path / "d.jsonl")
+    assert str(refused.value) == f"{marked_line}: not UTF-8 text (invalid continuation byte at byte 23)"

@@ -127,6 +127,11 @@ def test_a_switch_turned_off_in_a_config_file_is_named_as_the_files(
             "not valid TOML: Cannot overwrite a value (at line 2, column 16): 'cpu_workers = 2'",
         ),
         ("latin1.json", b'{"model": "caf\xe9"}', "not UTF-8 text (invalid continuation byte at byte 14)"),
+        (  # the byte's place in the file: the codec counted from after a byte order mark (byte 14 here)
+            "marked.json",
+            b'\xef\xbb\xbf{"model": "caf\xe9"}',
+            "not UTF-8 text (invalid continuation byte at byte 17)",
+        ),
         ("deep.json", b"[" * 100_000 + b"]" * 100_000, "not valid JSON: "),
         (  # Python's own advice ("use sys.set_int_max_str_digits()") was shown to the user
             "digits.toml",
@@ -136,7 +141,15 @@ def test_a_switch_turned_off_in_a_config_file_is_named_as_the_files(
         ),
         ("list.json", b'[{"cpu_workers": 1}]', "must hold an object of settings"),
     ],
-    ids=["repeated-key", "repeated-toml-key", "not-utf8", "deep", "digits", "not-an-object"],
+    ids=[
+        "repeated-key",
+        "repeated-toml-key",
+        "not-utf8",
+        "not-utf8-after-bom",
+        "deep",
+        "digits",
+        "not-an-object",
+    ],
 )
 def test_a_config_file_that_cannot_be_read_as_settings_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, content: bytes, message: str

@@ -289,6 +289,11 @@ def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> 
     assert scan_workload(stray, tmp_path, scripted=True).problems == [
         f"{stray}:1: line: not UTF-8 text (invalid start byte at byte 0 of the line)"
     ]
+    marked_stray = tmp_path / "marked_stray.jsonl"  # the byte's place in the line, its byte order mark in it
+    marked_stray.write_bytes(b'\xef\xbb\xbf{"id": "\xff"}\n' + text.encode())
+    assert scan_workload(marked_stray, tmp_path, scripted=True).problems == [
+        f"{marked_stray}:1: line: not UTF-8 text (invalid start byte at byte 11 of the line)"
+    ]
     marked = tmp_path / "marked.jsonl"
     marked.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
     assert scan_workload(marked, tmp_path, scripted=True).problems == []

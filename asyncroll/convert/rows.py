@@ -30,6 +30,7 @@ from asyncroll.json_checks import (
     may_hold_surrogate,
     not_utf8,
     unique_keys,
+    utf8_text,
 )
 from asyncroll.json_depth import json_loads
 
@@ -112,7 +113,7 @@ class RowSource:
         self.sha256 = hashlib.sha256(data).hexdigest()
         try:
             # a leading byte-order mark is dropped; a key given twice is refused (json keeps the last)
-            whole = json_loads(data.decode("utf-8-sig"), object_pairs_hook=unique_keys)
+            whole = json_loads(utf8_text(data), object_pairs_hook=unique_keys)
         except UnicodeDecodeError as exc:
             raise UsageError(f"{self.path}: {not_utf8(exc)}") from None
         except json.JSONDecodeError as exc:

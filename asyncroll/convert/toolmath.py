@@ -44,6 +44,7 @@ from asyncroll.json_checks import (
     may_hold_surrogate,
     not_utf8,
     unique_keys,
+    utf8_text,
 )
 from asyncroll.json_depth import json_loads
 
@@ -131,7 +132,7 @@ def parse_records(
     ``skip_unsupported``, an input type a workload cannot declare marks the record
     (:attr:`ToolRecord.unsupported`) instead of being an error."""
     try:
-        text = data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is not JSON
+        text = utf8_text(data)  # a byte-order mark (Windows editors) is not JSON
     except UnicodeDecodeError as exc:
         raise UsageError(f"{source}: {not_utf8(exc)}") from None
     try:

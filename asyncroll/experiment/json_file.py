@@ -9,7 +9,7 @@ from typing import Any
 
 from asyncroll.config import MAX_CONFIG_BYTES
 from asyncroll.errors import UsageError
-from asyncroll.json_checks import json_error_text, not_utf8, unique_keys
+from asyncroll.json_checks import json_error_text, not_utf8, unique_keys, utf8_text
 from asyncroll.json_depth import TOO_DEEP, json_loads
 
 
@@ -22,7 +22,7 @@ def read_json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
             raw = file.read(limit + 1)
         if len(raw) > limit:
             raise UsageError(f"{path}: larger than {limit >> 20} MiB: not a file this command reads")
-        text = raw.decode("utf-8-sig")  # a byte order mark (Notepad's) as a workload's
+        text = utf8_text(raw)  # a byte order mark (Notepad's) as a workload's
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

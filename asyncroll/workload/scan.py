@@ -29,6 +29,7 @@ from asyncroll.json_checks import (
     may_hold_surrogate,
     not_utf8,
     unique_keys,
+    utf8_text,
 )
 from asyncroll.json_depth import TOO_DEEP, json_loads
 from asyncroll.setting_names import unknown_setting, validation_message
@@ -205,7 +206,7 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
         ]
     try:
         # UTF-8 (a byte order mark is let through): json.loads would guess UTF-16 or UTF-32 from the bytes
-        text = raw.decode("utf-8-sig")
+        text = utf8_text(raw)
     except UnicodeDecodeError as exc:
         return None, [("line", not_utf8(exc, of_line=True))]
     try:
