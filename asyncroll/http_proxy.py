@@ -65,8 +65,8 @@ def environment_proxy(url: str) -> str | None:
 def proxy_problem(url: str, exc: Exception) -> str | None:
     """What to do where httpx cannot make a client of ``url`` because of a proxy the environment names
     (httpx opens a transport for each proxy variable set, whichever scheme ``url`` has): a SOCKS one
-    wants ``socksio`` (an ImportError), one of another scheme (``ftp://``) is refused (a ValueError).
-    None: no proxy the environment names explains ``exc``."""
+    wants ``socksio`` (an ImportError), one of another scheme (``ftp://``) is refused (a ValueError);
+    ``no_proxy`` does not go around either. None: no proxy the environment names explains ``exc``."""
     from asyncroll.url_checks import masked_url
 
     usable = ("http", "https", "socks5", "socks5h")  # a proxy without a scheme is taken as http://
@@ -82,7 +82,6 @@ def proxy_problem(url: str, exc: Exception) -> str | None:
         if key in ("http", "https", "all")  # those httpx reads
         and (proxy.startswith("socks") if socks else refused(proxy))
     ]
-    host = urlsplit(url).hostname
     if not found:
         return None
     key, proxy = found[0]
@@ -92,8 +91,13 @@ def proxy_problem(url: str, exc: Exception) -> str | None:
         if socks
         else "is no http://, https:// or socks5:// URL: fix it"
     )
+    # httpx opens a transport for every proxy variable as it makes the client, whatever the host: a
+    # no_proxy naming the server's host (what this said to set) leaves the same error
     head = f"the environment's proxy {masked_url(proxy)}, from {name}, {what}, "
-    return head + f"or go around it: no_proxy={host}"
+    return head + (
+        f"or unset it for this command (env -u {name} asyncroll ...; no_proxy cannot go around it: httpx "
+        "opens every proxy named)"
+    )
 
 
 def environment_problem(url: str, exc: Exception) -> str | None:

@@ -399,11 +399,16 @@ def test_a_socks_proxy_without_socksio_is_named_with_what_to_do(monkeypatch: pyt
         for variable in (name, name.upper()):
             monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("ALL_PROXY", "socks5://me:secret@127.0.0.1:1")
-    message = warmup_error("http://192.0.2.1:8000")
-    assert message == (
+    said = (
         "the environment's proxy socks5://me:***@127.0.0.1:1, from ALL_PROXY, is a SOCKS proxy, which "
-        "needs the socksio package (pip install 'httpx[socks]'), or go around it: no_proxy=192.0.2.1"
-    ), message
+        "needs the socksio package (pip install 'httpx[socks]'), or unset it for this command (env -u "
+        "ALL_PROXY asyncroll ...; no_proxy cannot go around it: httpx opens every proxy named)"
+    )
+    message = warmup_error("http://192.0.2.1:8000")
+    assert message == said, message
+    monkeypatch.setenv("no_proxy", "192.0.2.1")  # the advice was no_proxy=192.0.2.1: it is no way around
+    assert warmup_error("http://192.0.2.1:8000") == said
+    monkeypatch.delenv("no_proxy")
     monkeypatch.delenv("ALL_PROXY")
     monkeypatch.setenv("https_proxy", "socks5h://127.0.0.1:1")  # httpx opens it for an http:// server too
     socks5h = "is a SOCKS proxy" if _httpx_at_least(0, 28) else "is no http://, https:// or socks5:// URL"
@@ -413,7 +418,8 @@ def test_a_socks_proxy_without_socksio_is_named_with_what_to_do(monkeypatch: pyt
     monkeypatch.setenv("https_proxy", "ftp://127.0.0.1:1")  # httpx refused it: 'ValueError: Unknown scheme'
     assert warmup_error("http://192.0.2.1:8000") == (
         "the environment's proxy ftp://127.0.0.1:1, from https_proxy, is no http://, https:// or socks5:// "
-        "URL: fix it, or go around it: no_proxy=192.0.2.1"
+        "URL: fix it, or unset it for this command (env -u https_proxy asyncroll ...; no_proxy cannot go "
+        "around it: httpx opens every proxy named)"
     )
 
 

@@ -264,5 +264,6 @@ def test_a_socks_proxy_without_socksio_says_what_to_do(monkeypatch: pytest.Monke
     url = "http://192.0.2.1:8000/metrics"
     assert asyncio.run(probe_refusal(url, "vllm")) == (
         f"GET {url}: the environment's proxy socks5://127.0.0.1:1, from all_proxy, is a SOCKS proxy, which "
-        "needs the socksio package (pip install 'httpx[socks]'), or go around it: no_proxy=192.0.2.1"
+        "needs the socksio package (pip install 'httpx[socks]'), or unset it for this command (env -u "
+        "all_proxy asyncroll ...; no_proxy cannot go around it: httpx opens every proxy named)"
     )
