@@ -48,6 +48,11 @@ def test_a_replay_refuses_what_the_recorded_run_decides(tmp_path: Path) -> None:
     no_output = simulate_here("--from-run", run)
     assert no_output.exit_code == 2 and "missing required option: --output" in no_output.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # Path.resolve: 'RuntimeError: Symlink loop' (3.11)
+    looped = simulate_here("--from-run", run, "--tool-root", tmp_path / "loop", "--output", tmp_path / "c")
+    assert looped.exit_code == 2, looped.output
+    assert f"--tool-root {tmp_path / 'loop'}: Too many levels of symbolic links" in looped.stderr
+    assert "Traceback" not in looped.output and not (tmp_path / "c").exists()
 
 
 def test_simulated_workers_are_bounded_as_real_ones_are(tmp_path: Path) -> None:

@@ -289,7 +289,10 @@ def _tool_root(
     records that directory (``cwd``) it is used; otherwise the root is recovered from the resolved tool
     file paths run.json records, and if those do not pin it down the user must pass ``--tool-root``."""
     if override is not None:
-        return override.resolve()
+        try:
+            return override.resolve()
+        except RuntimeError:  # a symlink loop (3.11): refused as no folder by the run's checks, as run's is
+            return override.absolute()
     recorded = receipt["config"].get("tool_root")
     if recorded is None:
         return workload.parent.resolve()  # what the run did: the workload's folder
