@@ -46,7 +46,14 @@ CASES = {
     "not on PATH": (lambda tmp: "asyncroll-no-such-server", "is not found on PATH"),
     "not executable": (lambda tmp: str(program(tmp, executable=False)), "is not executable"),
     "a directory": (lambda tmp: str(tmp), "is a directory, not a program"),
+    # Path.exists() passes over ELOOP: the loop was said to be a program that "does not exist"
+    "a symlink loop": (lambda tmp: str(_loop(tmp)), "cannot be looked up: Too many levels of symbolic links"),
 }
+
+
+def _loop(tmp: Path) -> Path:
+    (tmp / "vllm").symlink_to(tmp / "vllm")
+    return tmp / "vllm"
 
 
 @pytest.mark.timeout(30)

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +41,15 @@ def executable_problem(cfg: ExperimentConfig) -> str | None:
     if os.path.dirname(program):  # a path: subprocess runs it as it is, relative to the current folder
         path = Path(program)
         try:
-            if not path.exists():
+            mode = path.stat().st_mode  # not Path.exists(): it passes over a symlink loop (ELOOP) as absent
+        except OSError as exc:  # a folder on its way this user may not search, a name too long, a loop
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return f"{where}: {shown} does not exist"
-            if path.is_dir():
-                return f"{where}: {shown} is a directory, not a program"
-        except OSError as exc:  # a folder on its way this user may not search, a name too long
             return f"{where}: {shown} cannot be looked up: {exc.strerror or exc}"
+        except ValueError:  # a NUL character (refused with the config's settings before this)
+            return f"{where}: {shown} does not exist"
+        if stat.S_ISDIR(mode):
+            return f"{where}: {shown} is a directory, not a program"
         if not os.access(path, os.X_OK):
             return f"{where}: {shown} is not executable (chmod +x it, or put its interpreter first)"
         return None
