@@ -41,6 +41,7 @@ from asyncroll.json_checks import (
 )
 from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import OsPath
+from asyncroll.paths import resolved
 from asyncroll.receipt_settings import is_receipt, other_version, receipt_settings
 from asyncroll.setting_names import unknown_setting, validation_message
 from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url, not_a_root
@@ -267,11 +268,7 @@ class RunConfig(BaseModel):
 
     @property
     def resolved_tool_root(self) -> Path:
-        root = self.tool_root or self.workload.parent
-        try:
-            return root.resolve()
-        except (OSError, RuntimeError):  # a symlink loop (RuntimeError on 3.11): no folder, refused as such
-            return root.absolute()
+        return resolved(self.tool_root or self.workload.parent)  # a symlink loop: refused as no folder
 
     def unavailable_features(self) -> list[str]:
         """Flags that parse but whose feature has not landed yet: each refused with its reason."""

@@ -12,6 +12,7 @@ import typer
 from asyncroll.commands.common import Opt, fail, say
 from asyncroll.errors import no_directory
 from asyncroll.json_depth import json_loads, read_json_object
+from asyncroll.paths import resolved
 
 
 def validate(
@@ -35,10 +36,7 @@ def validate(
     if tool_root is not None and not tool_root.is_dir():
         raise fail(f"--tool-root {tool_root}: {no_directory(tool_root)}")
     root = tool_root or workload.parent
-    try:
-        root = root.resolve()
-    except RuntimeError:  # a symlink loop (3.11): a workload in it is refused as unreadable by the scan
-        root = root.absolute()
+    root = resolved(root)  # a symlink loop: a workload in it is refused as unreadable by the scan
     scan = scan_workload(workload, root, scripted=backend == "scripted")
     if scan.problems:
         for line in scan.problems:

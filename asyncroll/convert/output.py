@@ -19,6 +19,7 @@ from typing import Any
 from asyncroll.errors import OutputWriteError, UsageError
 from asyncroll.json_checks import container_kind
 from asyncroll.outputs.lines import clear_staged, staging_path
+from asyncroll.paths import resolved
 
 
 def check_destination(source: Path, output: Path) -> None:
@@ -29,15 +30,8 @@ def check_destination(source: Path, output: Path) -> None:
         raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}") from exc
 
 
-def _resolved(path: Path) -> Path:
-    try:
-        return path.resolve()
-    except RuntimeError:  # a symlink loop (3.11): the source is refused as unreadable, an output as there
-        return path.absolute()
-
-
 def _check_destination(source: Path, output: Path) -> None:
-    if _resolved(source) == _resolved(output) or (
+    if resolved(source) == resolved(output) or (
         output.exists() and source.exists() and os.path.samefile(source, output)
     ):
         raise UsageError(f"--output {output} is the source file; choose a new file")

@@ -30,6 +30,7 @@ from typing import Any
 from asyncroll.errors import UsageError, no_directory
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.plan import render_plan, server_command
+from asyncroll.paths import resolved
 
 
 def executable_problem(cfg: ExperimentConfig) -> str | None:
@@ -140,10 +141,7 @@ def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
     if given is not None and not given.is_dir():
         raise UsageError(f"workload.tool_root {given}: {no_directory(given)}")
     root = given or cfg.workload.path.parent
-    try:
-        root = root.resolve()
-    except RuntimeError:  # a symlink loop (3.11): the workload in it is refused as unreadable by the scan
-        root = root.absolute()
+    root = resolved(root)  # a symlink loop: the workload in it is refused as unreadable by the scan
     scan = scan_workload(
         cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit, flag="workload.path"
     )

@@ -56,6 +56,7 @@ from asyncroll.json_depth import json_loads
 from asyncroll.locale_names import unspellable
 from asyncroll.outputs.lines import TextOutput
 from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
+from asyncroll.paths import resolved
 from asyncroll.simulation.measured import (
     Measured,
     check_against_script,
@@ -289,10 +290,7 @@ def _tool_root(
     records that directory (``cwd``) it is used; otherwise the root is recovered from the resolved tool
     file paths run.json records, and if those do not pin it down the user must pass ``--tool-root``."""
     if override is not None:
-        try:
-            return override.resolve()
-        except RuntimeError:  # a symlink loop (3.11): refused as no folder by the run's checks, as run's is
-            return override.absolute()
+        return resolved(override)  # a symlink loop: refused as no folder by the run's checks, as run's is
     recorded = receipt["config"].get("tool_root")
     if recorded is None:
         return workload.parent.resolve()  # what the run did: the workload's folder

@@ -32,6 +32,7 @@ from asyncroll.json_checks import (
     utf8_text,
 )
 from asyncroll.json_depth import TOO_DEEP, json_loads
+from asyncroll.paths import resolved
 from asyncroll.setting_names import unknown_setting, validation_message
 from asyncroll.tool_files import ToolFile
 from asyncroll.workload.checks import check_problem
@@ -329,10 +330,7 @@ def scan_workload(
     digest = hashlib.sha256()
     ids: dict[str, int] = {}
     tool_files: dict[Path, ToolFile] = {}
-    try:
-        tool_root = tool_root.resolve()
-    except RuntimeError:  # a symlink loop (3.11): a workload in it is refused as unreadable just below
-        tool_root = tool_root.absolute()
+    tool_root = resolved(tool_root)  # a symlink loop: a workload in it is refused as unreadable below
     try:
         handle, identity = _open_regular(path)
     except WorkloadError as exc:
