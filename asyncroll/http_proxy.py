@@ -62,9 +62,9 @@ def environment_proxy(url: str) -> str | None:
     return None
 
 
-def proxy_problem(url: str, exc: Exception) -> str | None:
-    """What to do where httpx cannot make a client of ``url`` because of a proxy the environment names
-    (httpx opens a transport for each proxy variable set, whichever scheme ``url`` has): a SOCKS one
+def proxy_problem(exc: Exception) -> str | None:
+    """What to do where httpx cannot make a client because of a proxy the environment names (httpx
+    opens a transport for each proxy variable set, whichever server the client is for): a SOCKS one
     wants ``socksio`` (an ImportError), one of another scheme (``ftp://``) is refused (a ValueError);
     ``no_proxy`` does not go around either. None: no proxy the environment names explains ``exc``."""
     from asyncroll.url_checks import masked_url
@@ -100,13 +100,13 @@ def proxy_problem(url: str, exc: Exception) -> str | None:
     )
 
 
-def environment_problem(url: str, exc: Exception) -> str | None:
-    """What to do where httpx cannot make a client of ``url`` because of the environment's settings: a
+def environment_problem(exc: Exception) -> str | None:
+    """What to do where httpx cannot make a client because of the environment's settings: a
     proxy (:func:`proxy_problem`), or ``SSL_CERT_FILE``/``SSL_CERT_DIR`` that cannot be read as CA
     certificates (an OSError; httpx reads them for any client that takes the environment's settings).
     None: nothing in the environment explains ``exc``."""
     if not isinstance(exc, OSError):
-        return proxy_problem(url, exc)
+        return proxy_problem(exc)
     name = next((n for n in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(n)), None)
     if name is None:
         return None

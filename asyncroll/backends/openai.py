@@ -105,7 +105,7 @@ class OpenAIBackend:
             try:
                 self._client = self._new_client()
             except (ImportError, ValueError, OSError) as exc:  # the environment's proxy or CA file
-                problem = environment_problem(self.settings.endpoint, exc)
+                problem = environment_problem(exc)
                 if problem is None:
                     raise
                 raise ModelError("transport", problem) from exc

@@ -321,7 +321,7 @@ class ServerMetricsSource:
                     limits=httpx.Limits(max_connections=None), **client_settings(self.url)
                 )
             except (ImportError, ValueError, OSError) as exc:  # the environment's proxy or CA file
-                problem = environment_problem(self.url, exc)
+                problem = environment_problem(exc)
                 if problem is None:
                     raise
                 raise MetricsUnavailable(f"GET {self.url}: {problem}") from exc
