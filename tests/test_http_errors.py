@@ -110,6 +110,17 @@ def test_transport_errors_without_text_still_say_what_happened() -> None:
             raise httpx.ReadError("") from inner
     except httpx.ReadError as exc:
         assert describe_transport_error(exc) == "ReadError: socket closed"  # the cause's text first
+    # a plain-HTTP reply read as a TLS record: OpenSSL 3.0's words (tested for real below) and 3.5's
+    for words in ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "[SSL] packet length too long"):
+        try:
+            try:
+                raise ssl.SSLError(1, words)
+            except ssl.SSLError as inner:
+                raise httpx.ConnectError(str(inner)) from inner
+        except httpx.ConnectError as exc:
+            assert describe_transport_error(exc).endswith(
+                "(no TLS at the other end: is it a plain http:// server?)"
+            )
 
     def hang(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("", request=request)

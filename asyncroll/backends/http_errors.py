@@ -37,6 +37,8 @@ _UNTRUSTED = (
     "SSL_CERT_FILE=PATH (a self-signed one: that certificate itself), or a folder of them with SSL_CERT_DIR"
 )
 _NO_TLS = "no TLS at the other end: is it a plain http:// server?"
+#: How OpenSSL words a plain-HTTP reply read as a TLS record: 3.0's, and 3.5's (packet length too long).
+_PLAIN_REPLY = ("WRONG_VERSION_NUMBER", "packet length too long")
 
 
 def _tls_hint(exc: BaseException) -> str:
@@ -48,7 +50,7 @@ def _tls_hint(exc: BaseException) -> str:
         name = type(cause).__name__
         if name == "SSLCertVerificationError":
             return _UNTRUSTED
-        if name == "SSLError" and "WRONG_VERSION_NUMBER" in str(cause):  # an http:// server's plain reply
+        if name == "SSLError" and any(sign in str(cause) for sign in _PLAIN_REPLY):
             return _NO_TLS
         cause = cause.__cause__ or cause.__context__
     return ""
