@@ -508,36 +508,3 @@ def test_a_replacement_asked_for_while_the_run_shuts_down_adds_no_error() -> Non
     with pytest.raises(ExceptionGroup) as raised:
         clock.run(main())
     assert [type(e) for e in raised.value.exceptions] == [ValueError]
-
-
-@pytest.mark.timeout(60)
-def test_the_workers_cpu_reads_while_a_replacement_starts(tmp_path: Path) -> None:
-    """A worker retired (``memory``) as the window ends: while the old one is killed its CPU is unknown;
-    once reaped (its CPU among the reaped children's) the reading holds it while the replacement starts —
-    a tool importing for a second here — where it was null until the replacement was ready."""
-    tool = tmp_path / "slow_import.py"
-    tool.write_text("import time\n\ntime.sleep(1.0)\n\n\ndef f():\n    return 1\n")
-    clock = SystemClock()
-    events = EventLog(clock)
-    events.start_measurement()
-    spec = [ToolSpec("f", tool)]
-    pool = WorkerPool(1, lambda i, g: ProcessWorker(i, spec, generation=g, startup_timeout=30), clock, events)
-    readings: list[float | None] = []
-
-    async def main() -> None:
-        async with asyncio.TaskGroup() as tg:
-            await pool.start(tg)
-            old = pool.worker(0)
-            pool.replace_soon(0, "memory")
-            assert pool.cpu_seconds() is None  # the old worker not yet closed and reaped
-            await _until(lambda: pool.worker(0) is not old)  # reaped; the new one importing its tool
-            assert isinstance(old, ProcessWorker) and old.returncode is not None
-            assert pool.snapshot().restarting == 1
-            readings.append(pool.cpu_seconds())
-            await _until(lambda: pool.snapshot().idle == 1)
-            readings.append(pool.cpu_seconds())
-            await pool.aclose()
-
-    _run(main)
-    starting, ready = readings
-    assert starting is not None and ready is not None and ready >= starting

@@ -99,7 +99,6 @@ class WorkerPool:
         self._idle_set: set[int] = set()
         self._busy: set[int] = set()
         self._restarting: set[int] = set()
-        self._unreaped: set[int] = set()  # slots whose replaced worker is not yet killed and reaped
         self._peak_busy = 0
         self._restarts = 0
         self._closing = False
@@ -261,7 +260,6 @@ class WorkerPool:
         if self._closing or slot in self._restarting:
             return
         self._out_of_service(slot)
-        self._unreaped.add(slot)
         old = self.worker(slot)
         self._restarting_event(slot, old, old.generation + 1, reason)
         replacement = self._replace(slot, old, retire=reason == "memory")
@@ -285,7 +283,6 @@ class WorkerPool:
             return
         await (old.aclose() if retire else old.kill())
         await self._kill_orphans(slot, old)
-        self._unreaped.discard(slot)  # its CPU, and its orphans', is among the reaped children's now
         generation = old.generation + 1
         last_error: Exception | None = None
         for attempt in range(MAX_RESTART_ATTEMPTS):
@@ -376,18 +373,17 @@ class WorkerPool:
         from the kernel's tick counts) plus those of every child this process has reaped
         (``RUSAGE_CHILDREN``: a replaced worker's whole life once its replacement has reaped it, and an
         adopted orphan's), so that the difference of two readings counts a worker replaced between them.
-        None while a replaced worker is being killed (neither readable nor reaped for certain) or if a
-        current worker cannot be read (a virtual one, one that died); while its replacement starts, the
-        slot's unreadable worker (the old one, reaped; the new one not spawned yet) counts 0."""
-        if self._unreaped:
+        None while a replacement is under way (the old worker neither readable nor reaped for certain) or
+        if a current worker cannot be read (a virtual one, one that died)."""
+        if self._restarting:
             return None
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         total = usage.ru_utime + usage.ru_stime
-        for slot, worker in enumerate(self._workers):
+        for worker in self._workers:
             value = worker.cpu_seconds() if worker is not None else None
-            if value is None and slot not in self._restarting:
+            if value is None:
                 return None
-            total += value or 0.0
+            total += value
         return total
 
     async def aclose(self) -> None:
