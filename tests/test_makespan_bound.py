@@ -88,7 +88,7 @@ def test_client_cpu_blocked_time_is_exact(virtual_run: VirtualRun) -> None:
 def test_cpu_cost_is_unknown_rather_than_zero_when_it_cannot_be_measured() -> None:
     from asyncroll.outputs.cpu_cost import cpu_cost
 
-    known = cpu_cost((1.0, 10.0), (3.0, 16.0), completed=4)
+    known = cpu_cost((1.0, 10.0), (3.0, 16.0), replaced=False, completed=4)
     assert known == {
         "client_cpu_s": 2.0,
         "workers_cpu_s": 6.0,
@@ -96,9 +96,15 @@ def test_cpu_cost_is_unknown_rather_than_zero_when_it_cannot_be_measured() -> No
         "per_completion_s": 2.0,
         "reason": None,
     }
-    assert cpu_cost(None, (3.0, 16.0), 4)["client_cpu_s"] is None
-    virtual = cpu_cost((1.0, None), (3.0, None), completed=4)
+    assert cpu_cost(None, (3.0, 16.0), False, 4)["client_cpu_s"] is None
+    replaced = cpu_cost((1.0, 10.0), (3.0, 16.0), replaced=True, completed=4)
+    assert (
+        replaced["client_cpu_s"] == 2.0
+        and replaced["total_cpu_s"] is None
+        and "replaced" in replaced["reason"]
+    )
+    virtual = cpu_cost((1.0, None), (3.0, None), replaced=False, completed=4)
     assert virtual["workers_cpu_s"] is None and virtual["per_completion_s"] is None
-    nothing = cpu_cost((1.0, 10.0), (3.0, 16.0), completed=0)
+    nothing = cpu_cost((1.0, 10.0), (3.0, 16.0), replaced=False, completed=0)
     assert nothing["total_cpu_s"] == 8.0 and nothing["per_completion_s"] is None
     assert nothing["reason"] == "no trajectory completed"

@@ -70,7 +70,7 @@ def test_idle_worker_killed_from_outside_is_replaced() -> None:
             assert new.pid != old_pid and new.generation == 1
             result = await new.call(JobRequest(1, "add", {"a": 2, "b": 3}), timeout=10)
             assert result.reply.value == 5
-            assert pool.snapshot().restarts == 1 and pool.cpu_seconds() is not None  # the old one reaped
+            assert pool.snapshot().restarts == 1 and pool.replaced_any
             await pool.aclose()
 
     _run(main)
@@ -226,7 +226,7 @@ def test_a_replacement_the_end_of_the_run_stops_mid_kill_is_still_counted() -> N
         return outcome, cap, pool
 
     outcome, cap, pool = clock.run(scenario())
-    assert outcome.failure == "worker_died"
+    assert outcome.failure == "worker_died" and pool.replaced_any
     assert [(e.worker, e.generation, e.reason) for e in cap.of(WorkerRestarting)] == [(0, 1, "died")]
     assert pool.snapshot().restarts == 1
 
@@ -260,7 +260,8 @@ def test_a_worker_killed_while_it_starts_is_replaced_but_its_own_failure_fails_t
 ) -> None:
     """A worker killed by a signal while it starts is replaced like a later death, recorded and counted
     (``startup_failed``), up to three starts of the slot; a worker whose start fails by itself (its tool
-    import exits) fails the pool's start at once, as it would again."""
+    import exits) fails the pool's start at once, as it would again. A start-up replacement leaves the
+    workers' CPU measurable (``replaced_any`` stays false)."""
     tool = tmp_path / "tool.py"
     tool.write_text(_KILLED_AT_START.format(kills=kills, exits=exits))
     clock = SystemClock()
@@ -276,7 +277,6 @@ def test_a_worker_killed_while_it_starts_is_replaced_but_its_own_failure_fails_t
             await pool.start(tg)
             value = (await pool.worker(0).call(JobRequest(1, "f", {}), timeout=10)).reply.value
             assert value == kills and pool.worker(0).generation == kills
-            assert pool.cpu_seconds() is not None  # a start-up replacement leaves the workers' CPU read
             await pool.aclose()
 
     if started:
@@ -293,6 +293,9 @@ def test_a_worker_killed_while_it_starts_is_replaced_but_its_own_failure_fails_t
         (0, g, "startup_failed") for g in range(1, restarts + 1)
     ]
     assert pool.snapshot().restarts == restarts
+    # before the measured window: the CPU read at its start is the replacement's, whole, so the workers'
+    # CPU stays measurable (a start-up replacement made summary.json's workers_cpu_s null)
+    assert not pool.replaced_any
     assert int((tmp_path / "tool.starts").read_text()) == restarts + 1  # every start imported the tool
     assert [r.generation for r in capture.of(WorkerReady)] == ([kills] if started else [])
     worker = pool.worker(0)  # the last generation: closed with the pool, or killed with the failed start

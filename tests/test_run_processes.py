@@ -49,54 +49,8 @@ def test_tool_timeout_kills_and_replaces_the_worker(tmp_path: Path) -> None:
     started_after = [e for e in events if e.event == "cpu_started" and e.id == "after"]
     assert started_after[0].pid == ready[1].pid and started_after[0].generation == 1
     assert summary["workers"]["restarts"] == 1
-    # the killed worker's CPU is counted (reaped by the runtime: RUSAGE_CHILDREN), not made unknown
-    assert summary["cpu_cost"]["workers_cpu_s"] is not None and summary["cpu_cost"]["reason"] is None
+    assert summary["cpu_cost"]["workers_cpu_s"] is None and "replaced" in summary["cpu_cost"]["reason"]
     assert_gone(worker_pids(events))
-
-
-@pytest.mark.timeout(60)
-def test_a_replaced_workers_cpu_counts_in_the_runs_cpu_cost(tmp_path: Path) -> None:
-    """A worker that burns a second of CPU and dies holding its job: the workers' CPU was null ("a worker
-    was replaced during the run; its CPU time before death is unknown"), in every run with a tool timeout,
-    a crash or a memory replacement. Its whole life's CPU now counts, read as its replacement reaped it."""
-    tool = tmp_path / "burn.py"
-    tool.write_text(
-        "import os, signal, time\n\n"
-        "def burn(seconds):\n"
-        "    while time.process_time() < seconds:\n"
-        "        pass\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n\n"
-        "def noop():\n"
-        "    return 1\n"
-    )
-    burning = {
-        "id": "burn",
-        "prompt": "p",
-        "reference_answer": "1",
-        "tools": [{"name": "burn", "inputs": {"seconds": "number"}, "implementation": "burn.py"}],
-        "script": [
-            {"type": "tool", "name": "burn", "arguments": {"seconds": 1.0}, "latency_ms": 0},
-            {"type": "final", "answer": "1"},
-        ],
-    }
-    after = {  # a job for the replacement, so the window ends with it started (not still replacing)
-        **burning,
-        "id": "after",
-        "tools": [{"name": "noop", "inputs": {}, "implementation": "burn.py"}],
-        "script": [{"type": "tool", "name": "noop", "arguments": {}}, {"type": "final", "answer": "1"}],
-    }
-    workload = write_workload(tmp_path / "w.jsonl", [burning, after])
-    out = tmp_path / "run"
-    result = cli(
-        "run", "--workload", workload, "--output", out, "--cpu-workers", "1", "--max-active-trajectories", "1"
-    )
-    assert result.returncode == 0, result.stderr
-    _, summary, events = load_run(out)
-    assert [e.reason for e in events if e.event == "worker_restarting"] == ["died"]
-    cost = summary["cpu_cost"]
-    assert cost["reason"] is None, cost
-    # ≥ 1 s of process CPU burnt, less what the worker had spent before the window (its start-up, ~0.2 s)
-    assert cost["workers_cpu_s"] >= 0.7, cost
 
 
 @pytest.mark.timeout(90)

@@ -15,13 +15,13 @@ def client_cpu() -> float:
 def cpu_cost(
     start: tuple[float, float | None] | None,
     end: tuple[float, float | None] | None,
+    replaced: bool,
     completed: int,
     simulated: bool = False,
 ) -> dict[str, Any]:
-    """Client + worker CPU core-seconds during measurement (the pool's readings: a worker replaced in the
-    window counts whole, :meth:`~asyncroll.runtime.pool.WorkerPool.cpu_seconds`); not a property of a
-    simulated run (the simulator's own CPU would make its summary differ run to run). Worker CPU comes
-    from the kernel's per-process tick counts: 10 ms steps per worker."""
+    """Client + worker CPU core-seconds during measurement; unknown if a worker was replaced, and not a
+    property of a simulated run (the simulator's own CPU would make its summary differ run to run).
+    Worker CPU comes from the kernel's per-process tick counts: 10 ms steps per worker."""
     if simulated:
         return {
             "client_cpu_s": None,
@@ -41,12 +41,13 @@ def cpu_cost(
     client = round(end[0] - start[0], 6)
     reason = None
     workers: float | None
-    if start[1] is None or end[1] is None:
+    if replaced:
+        workers, reason = None, "a worker was replaced during the run; its CPU time before death is unknown"
+    elif start[1] is None or end[1] is None:
         workers = None
         reason = (
             "worker CPU time unavailable: a worker could not be read at the start or the end of the "
-            "window (virtual workers, a worker killed as the run stopped or still being replaced, or "
-            "psutil could not read it)"
+            "window (virtual workers, a worker killed as the run stopped, or psutil could not read it)"
         )
     else:
         workers = round(end[1] - start[1], 6)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -101,6 +100,7 @@ class WorkerPool:
         self._restarting: set[int] = set()
         self._peak_busy = 0
         self._restarts = 0
+        self._replaced = False
         self._closing = False
         self._tg: asyncio.TaskGroup | None = None
         self._replacing: set[asyncio.Task[None]] = set()
@@ -118,6 +118,12 @@ class WorkerPool:
             self._peak_busy,
             self._restarts,
         )
+
+    @property
+    def replaced_any(self) -> bool:
+        """True once a running pool replaced a worker (its CPU time before death is then unknown); a
+        replacement while the pool starts is not one (the measured window's CPU reading follows it)."""
+        return self._replaced
 
     @property
     def orphans_killed(self) -> int:
@@ -202,7 +208,7 @@ class WorkerPool:
     async def _first_start(self, slot: int) -> None:
         for generation in range(MAX_RESTART_ATTEMPTS):
             if generation:  # the previous generation was killed from outside while it started
-                old = self.worker(slot)
+                old = self.worker(slot)  # not _replaced: the window's CPU reading starts after this one
                 await self._kill_orphans(slot, old)
                 self._restarting_event(slot, old, generation, "startup_failed")
             try:
@@ -260,6 +266,7 @@ class WorkerPool:
         if self._closing or slot in self._restarting:
             return
         self._out_of_service(slot)
+        self._replaced = True
         old = self.worker(slot)
         self._restarting_event(slot, old, old.generation + 1, reason)
         replacement = self._replace(slot, old, retire=reason == "memory")
@@ -369,16 +376,8 @@ class WorkerPool:
             self.replace_soon(slot, "died")
 
     def cpu_seconds(self) -> float | None:
-        """CPU seconds of the workers so far: the current ones' (their own and their reaped children's,
-        from the kernel's tick counts) plus those of every child this process has reaped
-        (``RUSAGE_CHILDREN``: a replaced worker's whole life once its replacement has reaped it, and an
-        adopted orphan's), so that the difference of two readings counts a worker replaced between them.
-        None while a replacement is under way (the old worker neither readable nor reaped for certain) or
-        if a current worker cannot be read (a virtual one, one that died)."""
-        if self._restarting:
-            return None
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        total = usage.ru_utime + usage.ru_stime
+        """CPU seconds of the current workers (None if any reading is unavailable)."""
+        total = 0.0
         for worker in self._workers:
             value = worker.cpu_seconds() if worker is not None else None
             if value is None:

@@ -366,7 +366,7 @@ class Run:
             if status == "complete" and events.write_error is not None:  # swallowed where it was raised
                 status, error = "failed", str(events.write_error)
             makespan = None if origin is None else (finished_at or clock.now()) - origin
-            cost = cpu_cost(cpu_start, cpu_end, summary.status["completed"], clock.virtual)
+            cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"], clock.virtual)
             if makespan is not None:
                 with contextlib.suppress(OutputWriteError):  # its line found no room: failed just below
                     finished = MeasurementFinished(status=status, makespan_s=round(makespan, 6), reason=error)
