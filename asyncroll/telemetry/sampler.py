@@ -4,9 +4,10 @@ Lifecycle inside a run (``asyncroll/runtime/run.py``)::
 
     probe()   before measurement_started: one read of each requested source → ``resource_probe``
               (available or not, and why not); sources that failed are not sampled again
-    run()     a task of the run's task group: a ``resource_sample`` at once, then every
-              ``--telemetry-interval`` on a fixed grid (a late sample does not shift the next ones;
-              missed slots are skipped and show up as a longer gap)
+    run()     a task of the run's task group: a ``resource_sample`` for each point of a fixed grid of
+              ``--telemetry-interval`` from measurement start (t = 0 the first, ``late_s`` how late it
+              began; a late sample does not shift the next ones; missed slots are skipped and show up
+              as a longer gap)
     stop()    after the measured window closed: one last sample, so the tail of the run is covered,
               then the sources are closed
 
