@@ -33,34 +33,34 @@ import os
 import stat
 
 
+def _looked_up(path: str | os.PathLike[str]) -> int | str | None:
+    """``path``'s mode; else the system's reason it cannot be looked up (a symlink loop, a folder on the
+    way that may not be searched, a name too long); None where it does not exist (a dangling symlink, a
+    file on the way, a NUL character)."""
+    try:
+        return os.stat(path).st_mode
+    except OSError as exc:
+        return None if exc.errno in (errno.ENOENT, errno.ENOTDIR) or not exc.strerror else exc.strerror
+    except ValueError:  # a NUL character
+        return None
+
+
 def no_directory(path: str | os.PathLike[str]) -> str:
     """Why ``path``, which is no directory, cannot be used as one: "does not exist" (a dangling symlink
     too), "not a directory" (a file, a pipe...), or the system's reason it cannot be looked up (a symlink
     loop, a folder on the way that may not be searched, a name too long), which was "does not exist"."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR) or not exc.strerror:
-            return "does not exist"
-        return exc.strerror
-    except ValueError:  # a NUL character
-        return "does not exist"
-    return "not a directory"
+    found = _looked_up(path)
+    return "does not exist" if found is None else found if isinstance(found, str) else "not a directory"
 
 
 def no_file(path: str | os.PathLike[str], what: str) -> str:
     """Why ``path``, which is no regular file, cannot be used as ``what``: "no such file" (a dangling
     symlink too), "is a directory, not WHAT", "not a regular file", or the system's reason it cannot be
     looked up (as :func:`no_directory`)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR) or not exc.strerror:
-            return "no such file"
-        return exc.strerror
-    except ValueError:  # a NUL character
-        return "no such file"
-    return f"is a directory, not {what}" if stat.S_ISDIR(mode) else "not a regular file"
+    found = _looked_up(path)
+    if found is None or isinstance(found, str):
+        return "no such file" if found is None else found
+    return f"is a directory, not {what}" if stat.S_ISDIR(found) else "not a regular file"
 
 
 class AsyncrollError(Exception):
