@@ -147,6 +147,27 @@ def test_a_source_or_output_that_is_a_symlink_loop_is_named(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
 
 
+def test_an_output_through_a_folder_not_made_yet_that_names_an_existing_file_is_refused_first(
+    tmp_path: Path,
+) -> None:
+    """``--output new/../taken.jsonl`` with ``new`` not there: the path could not be looked up, so it
+    was taken as free; the write made ``new``, and the run ended with "appeared while converting" (a race
+    it was not), leaving ``new`` behind. It is refused before any work, as any existing output is."""
+    taken = tmp_path / "taken.jsonl"
+    taken.write_text("kept\n")
+    output = tmp_path / "new" / ".." / "taken.jsonl"
+    source = REPO / "examples" / "livecodebench" / "test.jsonl"
+    result = invoke("convert-livecodebench", "--source", source, "--output", output)
+    assert result.exit_code == 2, result.stderr or result.exception
+    assert f"--output {output} already exists" in result.stderr, result.stderr
+    assert taken.read_text() == "kept\n" and not (tmp_path / "new").exists()
+    fresh = invoke(
+        "convert-livecodebench", "--source", source, "--output", tmp_path / "new2" / ".." / "a.jsonl"
+    )
+    assert fresh.exit_code == 0, fresh.stderr or fresh.exception  # a free name by the same way is written
+    assert (tmp_path / "a.jsonl").is_file()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("umask", "mode"), [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)], ids=["077", "022", "002"]

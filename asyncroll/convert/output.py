@@ -35,7 +35,11 @@ def _check_destination(source: Path, output: Path) -> None:
         output.exists() and source.exists() and os.path.samefile(source, output)
     ):
         raise UsageError(f"--output {output} is the source file; choose a new file")
-    if output.exists() or output.is_symlink():
+    # a folder on the way that does not exist yet ("new/../taken.jsonl"): the kernel cannot look the path
+    # up, but once the write has made "new", the path is the one ".." reduces it to (it appeared "while
+    # converting"); with every folder there, the kernel's answer stands (a symlink's ".." is not lexical)
+    planned = Path(os.path.normpath(output)) if not output.parent.exists() else output
+    if output.exists() or output.is_symlink() or planned.exists() or planned.is_symlink():
         raise UsageError(
             f"--output {output} already exists; conversions never overwrite a file (choose a new one)"
         )
