@@ -62,6 +62,31 @@ def test_an_http_date_retry_after_counts_from_now_and_a_past_one_is_now() -> Non
     assert retry_after_s({"retry-after": date}) == 0.0  # long past by the real clock
 
 
+@pytest.mark.parametrize("zone", ["UTC0", "JST-9", "EST5"])  # POSIX zones: no tzdata needed
+@pytest.mark.parametrize(
+    "date",
+    [
+        "Wed, 21 Oct 2015 07:28:00 GMT",  # IMF-fixdate
+        "Wednesday, 21-Oct-15 07:28:00 GMT",  # RFC 850
+        "Wed Oct 21 07:28:00 2015",  # asctime: no zone written, GMT all the same (RFC 9110 §5.6.7)
+    ],
+)
+def test_every_http_date_form_is_gmt_whatever_the_local_time_zone(
+    date: str, zone: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An asctime date names no zone; it was read in the machine's: 0 s (retried at once) east of
+    Greenwich, hours (the cap) west of it, for a server that asked for 2.5 s."""
+    import time
+
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        assert retry_after_s({"retry-after": date}, now_epoch=1445412477.5) == 2.5
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_a_requested_delay_is_capped_and_honoured_exactly_below_the_cap() -> None:
     policy = RetryPolicy(max_retries=3, base_delay=0.5, max_delay=2.0)
     rng = random.Random(0)

@@ -2,9 +2,9 @@
 
 Retries follow the OpenAI Python client: only 408, 409, 429, any status ≥ 500, connection errors and
 timeouts are retried; the delay is ``min(base × 2^(attempt-1), max_delay)`` scaled by a jitter in
-``[0.75, 1]``; a ``retry-after-ms`` or ``retry-after`` header (seconds or an HTTP date) replaces it,
-capped at ``max_delay`` (a negative or NaN value asks for nothing: the backoff stands). Retries are
-off unless ``--max-retries`` asks for them.
+``[0.75, 1]``; a ``retry-after-ms`` or ``retry-after`` header (seconds or an HTTP date, GMT in each of
+its three forms) replaces it, capped at ``max_delay`` (a negative or NaN value asks for nothing: the
+backoff stands). Retries are off unless ``--max-retries`` asks for them.
 
 The :class:`Circuit` is how a server that stays down pauses the run instead of failing every trajectory:
 after ``--circuit-failures`` consecutive *unavailable* failures (no connection, a reset, 502/503/504, or a
@@ -19,6 +19,7 @@ longer than ``--server-down-timeout`` fails the run.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import random
 import time
@@ -68,6 +69,8 @@ def retry_after_s(headers: Mapping[str, str] | None, now_epoch: float | None = N
         when = email.utils.parsedate_to_datetime(raw)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # asctime (or '-0000') names no zone: an HTTP-date is GMT, not local time
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - (time.time() if now_epoch is None else now_epoch))
 
 
