@@ -391,3 +391,26 @@ def test_replies_that_all_failed_say_nothing_of_the_server(capsys: pytest.Captur
     assert "no model request succeeded (3 failed: http_status 1, timeout 2)" in capsys.readouterr().err
     warn_server_down(model({"transport": 3}))
     assert "admission paused 1 time(s), 0.000 s in all" in capsys.readouterr().err
+
+
+def test_a_stopped_run_whose_every_ended_request_failed_to_reach_the_server_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C on a run against a server that is down, the circuit never open (off, or fewer failures than
+    its threshold): the requests the stop cut (kind ``cancelled``) had no answer either, and the run said
+    nothing of the server (a stopped run whose circuit was open says it is down)."""
+    from asyncroll.commands.common import warn_server_down
+
+    circuit = {"open_at_end": False, "opened": 0, "paused_s": 0.0}
+    warn_server_down(
+        {"model": {"finished": 0, "failed": {"transport": 5, "cancelled": 2}, "circuit": circuit}}
+    )
+    assert "warning: no model request succeeded (5 failed: transport 5)" in capsys.readouterr().err
+    warn_server_down({"model": {"finished": 0, "failed": {"cancelled": 2}, "circuit": circuit}})
+    warn_server_down(
+        {"model": {"finished": 0, "failed": {"invalid_action": 1, "cancelled": 2}, "circuit": circuit}}
+    )
+    warn_server_down(
+        {"model": {"finished": 1, "failed": {"transport": 1, "cancelled": 2}, "circuit": circuit}}
+    )
+    assert capsys.readouterr().err == ""  # none ended, or the server answered one

@@ -238,7 +238,8 @@ def warn_server_down(summary: dict[str, Any] | None) -> None:
     """Say on stderr that the HTTP server was still unavailable when the run ended: a run whose every
     trajectory failed at the outage ends ``complete`` (exit 0) with nothing else saying so
     (summary.json's ``model.circuit.open_at_end``). A run whose every model request failed, the circuit
-    never open (fewer failures than ``--circuit-failures``, or it off), is said too."""
+    never open (fewer failures than ``--circuit-failures``, or it off), is said too, also when a stop cut
+    the requests still running (kind ``cancelled``)."""
     model = (summary or {}).get("model") or {}
     circuit = model.get("circuit") or {}
     failed = model.get("failed") or {}
@@ -252,11 +253,13 @@ def warn_server_down(summary: dict[str, Any] | None) -> None:
             err=True,
         )
     # only failures of reaching the server: replies it gave (invalid actions, a scripted backend's own
-    # failures) say it is up
-    elif failed and not model.get("finished") and set(failed) <= {"transport", "timeout", "http_status"}:
-        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(failed.items()))
+    # failures) say it is up; the requests a stop cut (cancelled) say nothing either way
+    elif (ended := {k: n for k, n in failed.items() if k != "cancelled"}) and not model.get("finished"):
+        if not set(ended) <= {"transport", "timeout", "http_status"}:
+            return
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(ended.items()))
         typer.echo(
-            f"warning: no model request succeeded ({sum(failed.values())} failed: {kinds}): is the server "
+            f"warning: no model request succeeded ({sum(ended.values())} failed: {kinds}): is the server "
             "up? (results.jsonl: each trajectory's error)",
             err=True,
         )
