@@ -113,6 +113,27 @@ def test_a_turn_retried_to_success_counts_each_retry_with_its_attempt_and_delay(
     assert clock.now() == pytest.approx(100.0 + sum(delays))
 
 
+#: A retry-after that reads as an HTTP date with a day or zone too large for the C library's int
+OVERFLOWING_DATE = "99999999999999999999 Feb 2026 00:00:00 GMT"
+
+
+def test_a_retry_after_too_large_to_be_a_date_is_no_delay_asked_for_the_backoff_stands() -> None:
+    """The date parser raised OverflowError from inside the retry: the request ended as kind
+    ``internal`` (the backend's own bug), which failed the whole run (the warm-up's, too)."""
+    queue = [httpx.Response(429, headers={"retry-after": OVERFLOWING_DATE}, json={}), None]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return queue.pop(0) or httpx.Response(200, json=completion(FINAL))
+
+    response, _, capture, _ = complete(handler, retry=ONE_RETRY)
+    assert response.action.type == "final"
+    delay = round(1.0 * (1 - 0.25 * random.Random(0).random()), 6)  # the backoff, jittered
+    assert [(e.status, e.delay_s) for e in capture.of(ModelRetrying)] == [(429, delay)]
+    queue[:] = [httpx.Response(429, headers={"retry-after": OVERFLOWING_DATE}, json={}), None]
+    _, backend, _, _ = on_virtual_clock(handler, lambda backend: backend.warmup(1), retry=ONE_RETRY)
+    assert backend.warmup_retries == 1
+
+
 def test_a_turn_that_fails_every_attempt_says_how_many_it_made() -> None:
     with pytest.raises(ModelError) as caught:
         complete(replies(503), retry=ONE_RETRY)

@@ -87,6 +87,21 @@ def test_every_http_date_form_is_gmt_whatever_the_local_time_zone(
         time.tzset()
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "99999999999999999999 Feb 2026 00:00:00 GMT",  # a day past the C library's int
+        "Mon, 01 Jan 2026 99999999999999999999:00:00 GMT",  # an hour past it
+        "Mon, 01 Jan 2026 00:00:00 +99999999999999999999",  # a zone past it
+    ],
+)
+def test_a_date_too_large_for_the_parser_asks_for_no_delay(value: str) -> None:
+    """email.utils raised OverflowError for these (not ValueError): it came out of the retry itself."""
+    assert retry_after_s({"retry-after": value}) is None
+    policy = RetryPolicy(max_retries=1, base_delay=0.5, max_delay=8.0)
+    assert 0.375 <= policy.delay(1, random.Random(0), {"retry-after": value}) <= 0.5  # the backoff
+
+
 def test_a_requested_delay_is_capped_and_honoured_exactly_below_the_cap() -> None:
     policy = RetryPolicy(max_retries=3, base_delay=0.5, max_delay=2.0)
     rng = random.Random(0)

@@ -67,7 +67,7 @@ def retry_after_s(headers: Mapping[str, str] | None, now_epoch: float | None = N
         return seconds if seconds >= 0 else None
     try:
         when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a day, hour or zone past a C int: OverflowError
         return None
     if when.tzinfo is None:  # asctime (or '-0000') names no zone: an HTTP-date is GMT, not local time
         when = when.replace(tzinfo=datetime.UTC)
