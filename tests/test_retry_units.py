@@ -53,6 +53,8 @@ def test_retry_after_ms_is_read_first_and_zero_means_now() -> None:
     assert retry_after_s({"retry-after-ms": "later"}) is None
     assert retry_after_s({"retry-after-ms": "-1", "retry-after": "2"}) == 2.0
     assert retry_after_s({}) is None and retry_after_s(None) is None
+    for zero in ({"retry-after-ms": "-0"}, {"retry-after": "-0"}):  # no "delay_s": -0.0 in events.jsonl
+        assert str(retry_after_s(zero)) == "0.0"
 
 
 def test_an_http_date_retry_after_counts_from_now_and_a_past_one_is_now() -> None:

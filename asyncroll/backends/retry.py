@@ -55,7 +55,7 @@ def retry_after_s(headers: Mapping[str, str] | None, now_epoch: float | None = N
         except ValueError:
             value = -1.0
         if value >= 0:
-            return value
+            return value + 0.0  # -0 (a "-0" header) is 0: events would show "delay_s": -0.0
     raw = headers.get("retry-after")
     if raw is None:
         return None
@@ -64,7 +64,7 @@ def retry_after_s(headers: Mapping[str, str] | None, now_epoch: float | None = N
     except ValueError:
         pass
     else:  # a negative or NaN delay is no delay the server asked for (as in retry-after-ms): backoff
-        return seconds if seconds >= 0 else None
+        return seconds + 0.0 if seconds >= 0 else None
     try:
         when = email.utils.parsedate_to_datetime(raw)
     except (TypeError, ValueError, OverflowError):  # a day, hour or zone past a C int: OverflowError
