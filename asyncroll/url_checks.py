@@ -60,12 +60,21 @@ def api_key_problem(key: str | None) -> str | None:
 
 
 def masked_url(url: str) -> str:
-    """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for messages)."""
+    """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for messages and
+    run.json; a user name given alone is shown). A URL without a scheme (a proxy variable's
+    ``me:pw@proxy:3128``, which httpx takes as http://), one whose password holds an unescaped ``#``, ``/``
+    or ``?`` (where urlsplit ends the host: a port that is no number) and one urlsplit cannot read (an
+    unclosed ``[``) are masked up to their last ``@``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
     try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
+        parts = urlsplit(url if sep else f"http://{url}")
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number: the host ended early
+        cut = parts.netloc.rfind("@")  # rest starts with the netloc
     except ValueError:
+        cut = rest.rfind("@")
+    if cut < 0:
         return url
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
+    user, colon, _ = rest[:cut].partition(":")
+    return f"{scheme}{sep}{user}:***{rest[cut:]}" if colon else url

@@ -323,6 +323,35 @@ def test_run_json_records_the_environments_proxy_the_requests_went_through(
     assert proxy("https://gpu.example:8000") is None
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        # no scheme (httpx takes it as http://): urlsplit read 'me' as the scheme, no password
+        ("me:secret@proxy.example:3128", "me:***@proxy.example:3128"),
+        # a '#', '/' or '?' left unescaped in the password: urlsplit's host ended there, with no '@'
+        ("http://me:se#cret@proxy.example:3128", "http://me:***@proxy.example:3128"),
+        ("http://me:se/cret@proxy.example:3128", "http://me:***@proxy.example:3128"),
+        ("http://me:se?cret@proxy.example:3128", "http://me:***@proxy.example:3128"),
+        # a URL urlsplit cannot read at all (an unclosed '['): it was shown as given
+        ("http://me:secret@[::1", "http://me:***@[::1"),
+        ("http://me:secret@proxy.example:3128", "http://me:***@proxy.example:3128"),
+        ("http://proxy.example:3128", "http://proxy.example:3128"),
+    ],
+)
+def test_run_json_never_records_a_proxys_password_however_it_is_written(
+    value: str, shown: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json's backend.proxy (and every message naming the proxy) kept the password of a proxy
+    variable without a scheme, or one whose password held an unescaped '#', '/' or '?'."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", value)
+    described = OpenAIBackend(settings(endpoint="https://gpu.example:8000"), VirtualClock()).describe()
+    assert described["proxy"] == f"{shown}, from HTTPS_PROXY"
+    assert "secret" not in json.dumps(described)
+
+
 def never_answers(health_status: int, probes: list[str]) -> Handler:
     """A server whose chat requests time out; its health probe answers ``health_status``."""
 
