@@ -69,6 +69,26 @@ def test_the_timeline_of_a_run_this_user_may_not_write_in_says_so(tmp_path: Path
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
 
 
+def test_the_timeline_of_a_run_never_writes_through_a_link_planted_at_a_staging_name(tmp_path: Path) -> None:
+    """A run folder another user may write in (a group's, made under umask 002): a symbolic link at
+    ``.trace.json.PID.tmp`` (or run.json's, timeline.html's), PID the next ``asyncroll timeline``'s, made
+    it truncate and overwrite the file the link named, anywhere that user may write, with the export."""
+    run = tmp_path / "run"
+    assert invoke("simulate", "--workload", SMOKE, "--output", run).exit_code == 0
+    victims = {}
+    for name in ("trace.json", "timeline.html", "run.json"):
+        victim = tmp_path / f"victim-{name}"
+        victim.write_text("precious\n")
+        victims[name] = victim
+        (run / f".{name}.{os.getpid()}.tmp").symlink_to(victim)  # invoke runs in this process
+    result = invoke("timeline", run)
+    assert result.exit_code == 0, result.output
+    for name, victim in victims.items():
+        assert victim.read_text() == "precious\n", name
+        assert not (run / name).is_symlink() and (run / name).stat().st_size > 100, name
+    assert "exports_regenerated" in json.loads((run / "run.json").read_text())
+
+
 def test_the_timeline_of_a_name_too_long_is_a_usage_error(tmp_path: Path) -> None:
     result = invoke("timeline", tmp_path / TOO_LONG)
     assert result.exit_code == 2, result.output

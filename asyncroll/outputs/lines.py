@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -33,6 +33,21 @@ def staging_path(path: Path) -> Path:
     own (its pid), so two processes writing the same file at once (two ``asyncroll timeline`` of one
     run) never truncate or rename each other's half-written file."""
     return path.with_name(f"{_staged_stem(path)}.{os.getpid()}.tmp")
+
+
+def open_staged(tmp: Path, mode: str) -> IO[Any]:
+    """Create the staging file ``tmp`` anew for writing (``mode`` ``"w"``, UTF-8, or ``"wb"``), with the mode
+    the umask gives a new file. What is at that name is removed first (a dead writer's with this pid, or
+    a link another user planted in a folder both may write in), and the file is made with ``O_EXCL``,
+    so a link is never followed: opened plainly, one made the write truncate the file it named."""
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:
+        return os.fdopen(fd, mode, encoding="utf-8") if "b" not in mode else os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _staged_stem(path: Path) -> str:

@@ -26,7 +26,7 @@ from asyncroll import __version__
 from asyncroll.errors import OutputWriteError
 from asyncroll.json_checks import json_error_text
 from asyncroll.json_depth import json_loads
-from asyncroll.outputs.lines import clear_staged, staging_path, write_all
+from asyncroll.outputs.lines import clear_staged, open_staged, staging_path, write_all
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
 RECEIPT_SCHEMA_VERSION = 1
@@ -61,7 +61,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     and raises."""
     tmp = staging_path(path)
     try:
-        with tmp.open("w", encoding="utf-8") as handle:
+        with open_staged(tmp, "w") as handle:
             json.dump(data, handle, indent=2, sort_keys=False, default=str)
             handle.write("\n")
             handle.flush()

@@ -21,7 +21,7 @@ import orjson
 from asyncroll.json_depth import json_loads
 from asyncroll.outputs.activity import collect_activity
 from asyncroll.outputs.activity_model import COUNTER_LABELS, RESOURCE_LABELS, Activity, Track
-from asyncroll.outputs.lines import clear_staged, staging_path
+from asyncroll.outputs.lines import clear_staged, open_staged, staging_path
 from asyncroll.outputs.spool import Spool
 
 Encoder = Callable[[Any], bytes]
@@ -158,7 +158,7 @@ def _sorted(events: Body, encode: Encoder, spool: Path) -> Iterator[bytes]:
 
 def _write(path: Path, a: Activity, encode: Encoder, clock: str | None) -> None:
     meta, body = _events(a)
-    with path.open("wb") as out:
+    with open_staged(path, "wb") as out:
         out.write(b'{"traceEvents":[')
         first = True
         for data in itertools.chain(map(encode, meta), _sorted(body, encode, path.parent)):
@@ -171,7 +171,8 @@ def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half an export."""
     tmp = staging_path(path)
     try:
-        tmp.write_text(text, encoding="utf-8")
+        with open_staged(tmp, "w") as out:
+            out.write(text)
         os.replace(tmp, path)
         clear_staged(path)
     except BaseException:  # a full disk: no half-written temporary file left beside the run
