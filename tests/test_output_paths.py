@@ -197,6 +197,43 @@ def test_the_worker_log_folder_is_made_with_the_first_worker_after_the_receipt(t
     assert (out / "workers").is_dir() and worker.log_path == out / "workers" / "worker-0.log"
 
 
+def test_worker_logs_are_never_written_through_a_link_planted_in_the_run(tmp_path: Path) -> None:
+    """A run folder another user may write in (a group's, made under umask 002): a symbolic link planted
+    at ``RUN/workers`` or ``RUN/workers/worker-0.log`` before the first worker started made every tool's
+    prints go into (append to) the file or folder the link named, anywhere this user may write."""
+    from asyncroll.config import build_config
+    from asyncroll.runtime.collaborators import process_worker_factory
+    from asyncroll.workers import ProcessWorker
+    from asyncroll.workers.spawn import _open_log
+    from asyncroll.workload import scan_workload
+
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    cfg = build_config({"workload": SMOKE, "output": out})
+    factory = process_worker_factory(cfg, scan_workload(SMOKE, SMOKE.parent, scripted=True), lambda path: "")
+    (out / "workers").symlink_to(elsewhere)
+    with pytest.raises(OSError, match="not a folder this run made"):
+        factory(0, 0)
+    (out / "workers").unlink()
+    worker = factory(0, 0)
+    assert isinstance(worker, ProcessWorker) and worker.log_path is not None
+    log_path, victim = worker.log_path, tmp_path / "victim"
+    victim.write_text("precious\n")
+    log_path.symlink_to(victim)
+    with pytest.raises(OSError):
+        _open_log(log_path)
+    assert victim.read_text() == "precious\n"
+    log_path.unlink()
+    log, offset = _open_log(log_path)  # a real log: made, then appended to by a replacement
+    assert log is not None and offset == 0
+    log.write(b"x")
+    log.close()
+    log, offset = _open_log(log_path)
+    assert log is not None and offset == 1
+    log.close()
+
+
 def _another_run_at(out: Path) -> dict[str, bytes]:
     """A second run started at ``out`` (after the first one's directory was moved away): its files."""
     out.mkdir()

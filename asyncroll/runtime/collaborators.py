@@ -61,12 +61,12 @@ def process_worker_factory(
     ``sha256`` gives (run.json's: the receipt is written before the first worker starts). ``output``:
     the run's directory where it is now (moved while the run ran: never a new run's at ``--output``)."""
     from asyncroll.workers.process import ProcessWorker
+    from asyncroll.workers.spawn import log_folder
 
     def factory(index: int, generation: int) -> Worker:
         # made with the first worker, after run.json: a folder that cannot be made (a full disk) fails
         # the run in its receipt; made before it, it was a traceback that left the output behind
-        logs = (config.output if output is None else output()) / "workers"
-        logs.mkdir(exist_ok=True)
+        logs = log_folder((config.output if output is None else output()) / "workers")
         specs = [ToolSpec(name) for name in BUILTIN_TOOLS]
         for src in scan.tools.values():
             if src.path is not None:

@@ -18,6 +18,7 @@ as running the file as a script would (``PYTHONPATH`` is still honoured, and pas
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import sys
@@ -93,8 +94,23 @@ def log_tail(log_path: Path | None, offset: int) -> str:
 def _open_log(log_path: Path | None) -> tuple[IO[bytes] | None, int]:
     if log_path is None:
         return None, 0
-    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed right after spawn
-    return log, log.tell()
+    # never through a link (one planted in a run folder another user may write in): O_NOFOLLOW
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    log = os.fdopen(fd, "ab")  # handed to the child, closed right after spawn
+    return log, log.seek(0, os.SEEK_END)
+
+
+def log_folder(path: Path) -> Path:
+    """Make ``path``, the run's ``workers`` folder, or take the one an earlier worker of the run made;
+    anything else there (a link another user planted in a run folder both may write in, a file) is
+    refused, so that no worker's log goes where it leads."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if path.is_symlink() or not path.is_dir():
+            why = "not a folder this run made (a symbolic link or a file)"
+            raise OSError(errno.EEXIST, why, str(path)) from None
+    return path
 
 
 def _environment(origin: str) -> dict[str, str]:
