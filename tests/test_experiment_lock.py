@@ -100,3 +100,24 @@ def test_a_runner_that_took_the_directory_during_the_checks_is_named(
     finally:
         held[0].release()
     assert sorted(p.name for p in out.iterdir()) == ["arms", "experiment.lock"]
+
+
+def test_a_lock_that_is_a_link_is_refused_and_what_it_names_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder holding only ``experiment.lock`` counts as empty, so another user could make one (in /tmp,
+    or a folder both may write in) whose lock is a symbolic link: the runner truncated the file the link
+    named and wrote its pid record there, anywhere this user may write."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "experiment.lock").symlink_to(victim)
+    monkeypatch.setattr(runner_module, "run_arm", fake_arm())
+    with pytest.raises(UsageError, match=r"experiment\.lock: cannot open the runner's lock: a symbolic link"):
+        ExperimentRunner(lean(tmp_path), out, echo=lambda _: None).run()
+    with pytest.raises(UsageError, match="cannot open the runner's lock"):
+        OutputLock.acquire(out)
+    OutputLock.refuse_if_held(out)  # a check that creates nothing: a link is no runner's lock
+    assert victim.read_text() == "precious\n"
+    assert sorted(p.name for p in out.iterdir()) == ["experiment.lock"]

@@ -17,6 +17,7 @@ machine: on a network filesystem two machines may not see each other's lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -28,6 +29,7 @@ from asyncroll.experiment.receipts import now_iso
 from asyncroll.outputs.lines import write_all
 
 LOCK_NAME = "experiment.lock"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class OutputLock:
@@ -42,9 +44,12 @@ class OutputLock:
         """Lock ``directory`` for this process, or raise UsageError naming the runner that holds it."""
         path = directory / LOCK_NAME
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # never through a link: one planted in a folder another user made would have the record
+            # truncate and overwrite the file it names
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError as exc:
-            raise UsageError(f"{path}: cannot open the runner's lock: {exc.strerror or exc}") from None
+            why = "a symbolic link, which no runner makes" if exc.errno == errno.ELOOP else exc.strerror
+            raise UsageError(f"{path}: cannot open the runner's lock: {why}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -71,7 +76,7 @@ class OutputLock:
         directory was refused by the pre-flight instead, for the fixed port the live arm's server holds,
         with the advice to stop that server."""
         try:
-            fd = os.open(directory / LOCK_NAME, os.O_RDWR)
+            fd = os.open(directory / LOCK_NAME, os.O_RDWR | _NOFOLLOW)
         except OSError:
             return  # no lock file yet (or none readable: acquire says so)
         try:
