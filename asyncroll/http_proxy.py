@@ -71,8 +71,11 @@ def proxy_problem(exc: Exception) -> str | None:
 
     usable = ("http", "https", "socks5", "socks5h")  # a proxy without a scheme is taken as http://
     socks = isinstance(exc, ImportError)
+    unreadable = type(exc).__name__ == "InvalidURL"  # httpx's, raised for a proxy URL it cannot parse
 
     def refused(proxy: str) -> bool:  # httpx before 0.28 (the floor is 0.27) knows no socks5h either
+        if unreadable:
+            return not _readable_by_httpx(proxy)
         scheme = proxy.split("://")[0].lower() if "://" in proxy else "http"
         return scheme not in usable or f"'{scheme}://" in str(exc)
 
@@ -89,6 +92,9 @@ def proxy_problem(exc: Exception) -> str | None:
     what = (
         "is a SOCKS proxy, which needs the socksio package (pip install 'httpx[socks]')"
         if socks
+        else "is no URL httpx can read (a '#', '/', '?' or '@' in its user name or password must be "
+        "%-escaped: %23, %2F, %3F, %40): fix it"
+        if unreadable
         else "is no http://, https:// or socks5:// URL: fix it"
     )
     # httpx opens a transport for every proxy variable as it makes the client, whatever the host: a
@@ -98,6 +104,18 @@ def proxy_problem(exc: Exception) -> str | None:
         f"or unset it for this command (env -u {name} asyncroll ...; no_proxy cannot go around it: httpx "
         "opens every proxy named)"
     )
+
+
+def _readable_by_httpx(proxy: str) -> bool:
+    """Whether httpx reads ``proxy`` as a URL (its words for one it cannot quote part of the password:
+    ``Invalid port: 'se'`` for ``http://me:se#cret@host``, so they are never shown)."""
+    import httpx
+
+    try:
+        httpx.URL(proxy if "://" in proxy else f"http://{proxy}")
+    except (httpx.InvalidURL, ValueError):
+        return False
+    return True
 
 
 def environment_problem(exc: Exception) -> str | None:

@@ -432,6 +432,16 @@ def test_a_socks_proxy_without_socksio_is_named_with_what_to_do(monkeypatch: pyt
         "URL: fix it, or unset it for this command (env -u https_proxy asyncroll ...; no_proxy cannot go "
         "around it: httpx opens every proxy named)"
     )
+    # a '#' left unescaped in the password: httpx's 'InvalidURL: Invalid port: 'se'' (the password's
+    # start) was the run's error, in run.json, naming neither the proxy nor its variable
+    monkeypatch.setenv("https_proxy", "http://me:se#cret@127.0.0.1:1")
+    message = warmup_error("http://192.0.2.1:8000")
+    assert message == (
+        "the environment's proxy http://me:***@127.0.0.1:1, from https_proxy, is no URL httpx can read "
+        "(a '#', '/', '?' or '@' in its user name or password must be %-escaped: %23, %2F, %3F, %40): fix "
+        "it, or unset it for this command (env -u https_proxy asyncroll ...; no_proxy cannot go around it: "
+        "httpx opens every proxy named)"
+    ), message
 
 
 async def warm_slowly(url: str) -> str:

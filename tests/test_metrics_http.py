@@ -267,3 +267,20 @@ def test_a_socks_proxy_without_socksio_says_what_to_do(monkeypatch: pytest.Monke
         "needs the socksio package (pip install 'httpx[socks]'), or unset it for this command (env -u "
         "all_proxy asyncroll ...; no_proxy cannot go around it: httpx opens every proxy named)"
     )
+
+
+@pytest.mark.timeout(30)
+def test_a_proxy_httpx_cannot_read_is_named_without_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A '#' left unescaped in a proxy's password: the scrape's warning was httpx's 'InvalidURL: Invalid
+    port: 'se'', the password's start, naming neither the proxy nor its variable."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("http_proxy", "http://me:se#cret@127.0.0.1:1")
+    url = "http://192.0.2.1:8000/metrics"
+    message = asyncio.run(probe_refusal(url, "vllm"))
+    assert message.startswith(
+        f"GET {url}: the environment's proxy http://me:***@127.0.0.1:1, from http_proxy, is no URL httpx "
+        "can read"
+    ), message
+    assert "se#cret" not in message and "'se'" not in message

@@ -104,7 +104,8 @@ class OpenAIBackend:
         if self._client is None:
             try:
                 self._client = self._new_client()
-            except (ImportError, ValueError, OSError) as exc:  # the environment's proxy or CA file
+            # the environment's proxy (InvalidURL: one httpx cannot parse) or CA file
+            except (ImportError, ValueError, OSError, httpx.InvalidURL) as exc:
                 problem = environment_problem(exc)
                 if problem is None:
                     raise

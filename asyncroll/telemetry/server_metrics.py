@@ -320,7 +320,8 @@ class ServerMetricsSource:
                 self._client = httpx.AsyncClient(
                     limits=httpx.Limits(max_connections=None), **client_settings(self.url)
                 )
-            except (ImportError, ValueError, OSError) as exc:  # the environment's proxy or CA file
+            # the environment's proxy (InvalidURL: one httpx cannot parse) or CA file
+            except (ImportError, ValueError, OSError, httpx.InvalidURL) as exc:
                 problem = environment_problem(exc)
                 if problem is None:
                     raise
