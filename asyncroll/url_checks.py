@@ -15,6 +15,8 @@ def http_url_problem(url: str) -> str | None:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
     except ValueError as exc:
+        if masked_url(url) != url:  # a password with an unescaped '#', '/' or '?': the error quotes it
+            return _CREDENTIALS
         return f"not a valid URL ({exc})"
     if parts.scheme not in ("http", "https"):
         return "must be an http:// or https:// URL (e.g. http://127.0.0.1:8000)"
@@ -25,12 +27,15 @@ def http_url_problem(url: str) -> str | None:
     if parts.port == 0:  # a port to listen on (any free one), never one to connect to
         return "has port 0, where no server listens (serve-sim --port 0 prints the port it chose)"
     if parts.username is not None or parts.password is not None:
-        return (
-            "carries credentials (user:password@), which run.json would keep in its command and config: "
-            "not accepted (a server's API key goes in an environment variable named by --api-key-env, "
-            "sent as 'Authorization: Bearer'; only the variable's name is recorded)"
-        )
+        return _CREDENTIALS
     return None
+
+
+_CREDENTIALS = (
+    "carries credentials (user:password@), which run.json would keep in its command and config: "
+    "not accepted (a server's API key goes in an environment variable named by --api-key-env, "
+    "sent as 'Authorization: Bearer'; only the variable's name is recorded)"
+)
 
 
 #: The ends of an OpenAI API URL that are no server root: an SDK's base_url, a curl example's whole URL.

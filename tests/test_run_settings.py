@@ -326,3 +326,9 @@ def test_credentials_in_a_url_are_refused_and_not_echoed(flag: str) -> None:
     settings[flag] = "http://bob@[::1]:8000"
     with pytest.raises(UsageError, match=r"'http://bob@\[::1\]:8000': carries credentials"):
         build_config(settings)
+    for bad in ("http://alice:s3#cret@127.0.0.1:8000", "http://alice:s3/cret@127.0.0.1:8000"):
+        settings[flag] = bad  # urlsplit's 'Port could not be cast to integer value as 's3'' was quoted
+        with pytest.raises(UsageError) as caught:
+            build_config(settings)
+        assert "alice:***@127.0.0.1:8000" in str(caught.value) and "s3" not in str(caught.value)
+        assert "carries credentials" in str(caught.value)
