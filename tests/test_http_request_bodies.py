@@ -289,6 +289,29 @@ def test_a_key_the_server_echoes_in_an_error_is_masked() -> None:
     assert "HTTP 503" in said and "***" in said and secret not in said
 
 
+def test_a_key_a_server_echoes_json_escaped_is_masked() -> None:
+    """A gateway whose JSON escapes '/' as '\\/' (PHP's json_encode) or a key's '"' and '\\' echoed the
+    key in a form the mask did not look for: a base64 key (holding '/') was written whole."""
+    import httpx
+
+    from asyncroll.backends.exchange import AttemptFailed, post_chat
+
+    async def chat(secret: str, body: bytes) -> str:
+        headers = {"authorization": f"Bearer {secret}"}
+        transport = httpx.MockTransport(lambda request: httpx.Response(401, content=body))
+        async with httpx.AsyncClient(base_url="http://s", headers=headers, transport=transport) as c:
+            with pytest.raises(AttemptFailed) as failed:
+                await post_chat(c, {"model": "m"}, {}, 5.0)
+        return str(failed.value)
+
+    slash = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY"
+    said = asyncio.run(chat(slash, b'{"error":"invalid key wJalrXUtnFEMI\\/K7MDENG\\/bPxRfiCY"}'))
+    assert "invalid key ***" in said and "K7MDENG" not in said, said
+    quote = 'sk-"quoted\\key'
+    said = asyncio.run(chat(quote, json.dumps({"error": f"invalid key {quote}"}).encode()))
+    assert "invalid key ***" in said and "quoted" not in said, said
+
+
 @pytest.mark.timeout(60)
 def test_a_key_a_server_echoes_in_a_2xx_that_is_no_completion_is_masked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

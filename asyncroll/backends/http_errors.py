@@ -10,6 +10,7 @@ along the exception's MRO, so this module imports nothing heavy (``--help`` stay
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 #: What an httpx exception class means, for one that carries no text (most specific names first).
@@ -76,29 +77,46 @@ def _key(headers: Mapping[str, str]) -> str:
     return auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
 
 
+def _echoes(key: str) -> list[str]:
+    """The forms in which a server's text may hold ``key``: as sent, and JSON-escaped (its ``"`` and
+    ``\\``, and its ``/`` as ``\\/``, as PHP's json_encode writes it), longest first; none for no key."""
+    if not key:
+        return []
+    escaped = json.dumps(key)[1:-1]
+    return sorted({key, escaped, escaped.replace("/", "\\/")}, key=len, reverse=True)
+
+
+def _masked(text: str, key: str) -> str:
+    for echo in _echoes(key):
+        text = text.replace(echo, "***")
+    return text
+
+
 def server_text(body: bytes, limit_chars: int, headers: Mapping[str, str]) -> str:
     """A server's error body as text for a message (at most ``limit_chars``), with the API key the
-    request carried (``headers``: the client's, ``authorization: Bearer KEY``) masked: a server that
-    echoes the key in its error would otherwise have it written to events, results and run.json. Masked
-    before the cut, so that no cut leaves part of it."""
+    request carried (``headers``: the client's, ``authorization: Bearer KEY``) masked, as sent or
+    JSON-escaped: a server that echoes the key in its error would otherwise have it written to events,
+    results and run.json. Masked before the cut, so that no cut leaves part of it."""
     key = _key(headers)
-    room = limit_chars + len(key)
+    room = limit_chars + 2 * len(key)  # a JSON-escaped key is at most twice as long
     text = body[: 4 * room].decode("utf-8", "replace")[:room]  # as http_read.body_text reads it
-    return (text.replace(key, "***") if key else text)[:limit_chars]
+    return _masked(text, key)[:limit_chars]
 
 
 def mask_key(text: str, headers: Mapping[str, str]) -> str:
-    """``text`` with the API key of ``headers`` (``authorization: Bearer KEY``) replaced by ``***``."""
-    key = _key(headers)
-    return text.replace(key, "***") if key else text
+    """``text`` with the API key of ``headers`` (``authorization: Bearer KEY``), as sent or JSON-escaped,
+    replaced by ``***``."""
+    return _masked(text, _key(headers))
 
 
 def quoted_body(body: bytes, limit_bytes: int, headers: Mapping[str, str]) -> str:
     """The first ``limit_bytes`` of a body the client could not read (a 2xx that is no completion), as
     its bytes' ``repr``, with the API key masked as :func:`server_text` masks it (before the cut)."""
-    key = _key(headers).encode("utf-8", "replace")
-    head = body[: limit_bytes + len(key)]
-    return repr((head.replace(key, b"***") if key else head)[:limit_bytes])
+    echoes = [e.encode("utf-8", "replace") for e in _echoes(_key(headers))]
+    head = body[: limit_bytes + 2 * max(map(len, echoes), default=0)]
+    for echo in echoes:
+        head = head.replace(echo, b"***")
+    return repr(head[:limit_bytes])
 
 
 #: The statuses of a server that wants an API key, or refused the one sent.
