@@ -4,6 +4,7 @@ way no library server would (odd bodies, trickles, resets)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
@@ -13,8 +14,19 @@ class LoopbackServer:
     """Serves ``handler`` on 127.0.0.1 while in a ``with``; ``url`` is its base address."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        #: what the handler threads raised (a client that hung up, a TLS handshake it refused): kept here,
+        #: never printed — socketserver printed it to stderr, where a handler thread still running after
+        #: its test ended put a traceback into a later test's captured stderr
+        self.errors: list[BaseException] = []
+        errors = self.errors
+
         class Server(ThreadingHTTPServer):
             daemon_threads = True  # a handler still writing never holds up the test's end
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                error = sys.exc_info()[1]
+                if error is not None:
+                    errors.append(error)
 
         self._server = Server(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
