@@ -111,6 +111,41 @@ def test_server_kind_probe_without_a_model_list() -> None:
     assert raised.group_contains(ModelError, match="or declare its kind with --server-kind")
 
 
+@pytest.mark.timeout(30)
+def test_the_kind_probe_is_retried_as_the_warmup_is() -> None:
+    """A server still starting (503 on ``/v1/models``, or no answer yet) failed the run at the probe
+    whatever ``--max-retries`` said, though the warm-up after it retries: the probe is retried the same
+    way, counted with the warm-up's retries; a refused key is not retried."""
+    import httpx
+
+    from asyncroll.backends.retry import RetryPolicy
+
+    def starting(answers: list[httpx.Response | None]) -> Any:
+        def handler(request: httpx.Request) -> httpx.Response:
+            answer = answers.pop(0) if len(answers) > 1 else answers[0]
+            if answer is None:
+                raise httpx.ConnectError("connection refused", request=request)
+            return answer
+
+        return handler
+
+    vllm = httpx.Response(200, json={"data": [{"id": "m", "owned_by": "vllm"}]})
+    loading = httpx.Response(503, text="loading")
+    fast = RetryPolicy(2, base_delay=0.001, max_delay=0.001)
+    backend = asyncio.run(start_and_close(starting([None, loading, vllm]), retry=fast))
+    assert backend.server_kind == "vllm" and backend.warmup_retries == 2
+    with pytest.raises(ExceptionGroup) as raised:
+        asyncio.run(start_and_close(starting([loading]), retry=fast))
+    assert raised.group_contains(ModelError, match=r"HTTP 503 .*\(after 3 attempts\)$")
+    with pytest.raises(ExceptionGroup) as raised:  # without --max-retries: the first answer decides
+        asyncio.run(start_and_close(starting([loading, vllm])))
+    assert raised.group_contains(ModelError, match="HTTP 503")
+    refused = httpx.Response(401, text="no key")
+    with pytest.raises(ExceptionGroup) as raised:
+        asyncio.run(start_and_close(starting([refused, vllm]), retry=fast))
+    assert raised.group_contains(ModelError, match=r"HTTP 401 \('no key'\); ")
+
+
 @pytest.mark.timeout(60)
 def test_a_trickling_probe_answer_ends_at_its_deadline() -> None:
     """``/v1/models`` (the server-kind probe) and ``/health`` (the down-server probe) had only httpx's

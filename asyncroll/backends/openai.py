@@ -138,8 +138,22 @@ class OpenAIBackend:
         self._watch = tg.create_task(self._watch_circuit())
 
     async def _probe_kind(self, client: httpx.AsyncClient) -> tuple[ServerKind, str]:
-        """The server's kind and how it was found (:func:`~asyncroll.backends.probes.probe_kind`)."""
-        return await probe_kind(client, self.settings.endpoint, self.settings.request_timeout)
+        """The server's kind and how it was found (:func:`~asyncroll.backends.probes.probe_kind`), the
+        probe retried as the warm-up's requests are (``--max-retries``; no reply, or 408/429/5xx from a
+        server still starting), counted with them in ``warmup_retries``."""
+        retry, attempt = self.settings.retry, 0
+        while True:
+            attempt += 1
+            try:
+                return await probe_kind(client, self.settings.endpoint, self.settings.request_timeout)
+            except ModelError as exc:
+                if attempt > retry.max_retries or not is_retryable(exc.kind, exc.status):
+                    if attempt == 1:
+                        raise
+                    tries = f"{exc} (after {attempt} attempts)"
+                    raise ModelError(exc.kind, tries, status=exc.status, attempts=attempt) from exc
+                self.warmup_retries += 1  # before the clock: counted in run.json, not as events
+                await self._clock.sleep(retry.delay(attempt, self._rng))
 
     def describe(self) -> dict[str, Any]:
         """The backend's settings for run.json: what was declared, probed and sent."""
