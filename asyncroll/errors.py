@@ -32,6 +32,10 @@ import errno
 import os
 import stat
 
+#: The words of the error that fails a run whose server stayed down past ``--server-down-timeout``
+#: (the HTTP backend's), by which the CLI knows that error already says the outage.
+SERVER_DOWN_SAID = "stayed unavailable for"
+
 
 def _looked_up(path: str | os.PathLike[str]) -> int | str | None:
     """``path``'s mode; else the system's reason it cannot be looked up (a symlink loop, a folder on the

@@ -313,3 +313,26 @@ def test_an_existing_output_error_keeps_its_words_through_a_pickle_and_a_copy() 
         for again in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
             assert type(again) is OutputExistsError and str(again) == str(error)
             assert str(again).count("already exists") == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_run_failed_by_a_server_that_stayed_down_says_it_once_and_counts_what_it_cut(
+    tmp_path: Path,
+) -> None:
+    """A run failed by ``--server-down-timeout`` printed "0/3 completed, 0 failed" (its 3 trajectories,
+    retrying when the failure cut them, in no count shown) and a warning that "trajectories that failed at
+    the outage are counted failed" — none had — before the error that says the outage."""
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    out = tmp_path / "r"
+    done = invoke(
+        "run", "--workload", SMOKE, "--output", out, "--backend", "openai", "--server-kind", "vllm",
+        "--endpoint", f"http://127.0.0.1:{port}", "--model", "m", "--replay", "--warmup-requests", "0",
+        "--circuit-failures", "2", "--server-down-timeout", "0.5", "--max-retries", "3", "--no-progress",
+    )  # fmt: skip
+    assert done.exit_code == 1, done.output
+    assert done.stdout.startswith("failed: 0/3 completed, 0 failed, 0 max_turns, 3 unfinished | "), (
+        done.stdout
+    )
+    assert "still unavailable" not in done.stderr and done.stderr.count("stayed unavailable for") == 1

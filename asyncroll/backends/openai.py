@@ -57,7 +57,7 @@ from asyncroll.backends.retry import Circuit, is_retryable
 from asyncroll.backends.scripted import scripted_action
 from asyncroll.clock import Clock
 from asyncroll.config import ServerKind
-from asyncroll.errors import InvalidActionError, ModelError
+from asyncroll.errors import SERVER_DOWN_SAID, InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
 from asyncroll.http_proxy import client_settings, environment_problem, environment_proxy
@@ -221,7 +221,7 @@ class OpenAIBackend:
                 if down >= self.settings.server_down_timeout:
                     raise ModelError(
                         "server_down",
-                        f"the server at {self.settings.endpoint} stayed unavailable for {down:.1f}s "
+                        f"the server at {self.settings.endpoint} {SERVER_DOWN_SAID} {down:.1f}s "
                         f"(--server-down-timeout {self.settings.server_down_timeout:g}; last probe: "
                         f"{self._last_probe}); admission was paused meanwhile",
                     )

@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from asyncroll.errors import SERVER_DOWN_SAID
+
 Opt = typer.Option
 _stdout_lost: list[bool] = []  # once stdout's reader has gone (say)
 
@@ -203,9 +205,10 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
     if summary["makespan_s"] is None and not c["trajectories"]:  # it ended before its clock started
         say(f"{summary['status']} before the measurement started: no trajectory ran\noutputs: {output}{gone}")
         return
+    unfinished = f", {c['unfinished']} unfinished" if c.get("unfinished") else ""  # cut by a stop or failure
     say(
         f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
-        f"{c['max_turns']} max_turns | tool calls {summary['tools']['calls']}{evaluations} | "
+        f"{c['max_turns']} max_turns{unfinished} | tool calls {summary['tools']['calls']}{evaluations} | "
         f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "
         f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {_policy(sch)}: "
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
@@ -234,16 +237,20 @@ def written_summary(output: Path) -> dict[str, Any] | None:
     return read_json_object(output / "summary.json")  # None: not written (stopped before it)
 
 
-def warn_server_down(summary: dict[str, Any] | None) -> None:
+def warn_server_down(summary: dict[str, Any] | None, error: str | None = None) -> None:
     """Say on stderr that the HTTP server was still unavailable when the run ended: a run whose every
     trajectory failed at the outage ends ``complete`` (exit 0) with nothing else saying so
     (summary.json's ``model.circuit.open_at_end``). A run whose every model request failed, the circuit
     never open (fewer failures than ``--circuit-failures``, or it off), is said too, also when a stop cut
-    the requests still running (kind ``cancelled``)."""
+    the requests still running (kind ``cancelled``). ``error``: the run's own, printed after this; one
+    that is the outage (``--server-down-timeout`` ran out) says it already, and better: the warning's
+    "trajectories that failed at the outage" were, there, cut by the run's failure, not failed."""
     model = (summary or {}).get("model") or {}
     circuit = model.get("circuit") or {}
     failed = model.get("failed") or {}
     if circuit.get("open_at_end"):
+        if error is not None and SERVER_DOWN_SAID in error:
+            return
         paused = circuit.get("paused_s")
         seconds = f"{paused:.3f} s" if isinstance(paused, (int, float)) else "an unknown time"
         typer.echo(

@@ -339,7 +339,7 @@ def _run(cfg: Any) -> int:
                 return EXIT_INTERRUPTED
             print_summary(outcome.summary, output)
             warn_telemetry(outcome.summary)
-            warn_server_down(outcome.summary)
+            warn_server_down(outcome.summary, outcome.error)
             warn_replay_length_unfixed(output)
             warn_exports(outcome.exports_failed, output)
             if outcome.late_signal:
