@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -424,3 +425,34 @@ def test_a_timeline_that_writes_one_export_of_two_records_it_and_says_which_fail
     regenerated = json.loads((run / "run.json").read_text())["exports_regenerated"]
     assert (regenerated["trace.json"]["ok"], regenerated["timeline.html"]["ok"]) == (False, True)
     assert (run / "timeline.html").is_file() and (run / "trace.json").is_dir()
+
+
+def test_text_outputs_a_receipt_rewrite_and_a_server_log_never_write_through_a_planted_link(
+    tmp_path: Path,
+) -> None:
+    """A symbolic link at the name (planted in a folder another user may write in) made a
+    ``TextOutput`` (a perturbed or replayed workload), run.json's rewrite in place and an experiment's
+    server/client log write into the file the link named."""
+    from asyncroll.errors import OutputWriteError
+    from asyncroll.experiment.server import ManagedProcess
+    from asyncroll.outputs.lines import TextOutput
+    from asyncroll.outputs.receipt import _rewrite_in_place
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious and long enough to hold a small rewrite in place\n")
+    before = victim.read_text()
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(victim)
+    with pytest.raises(OutputWriteError, match=r"out\.jsonl: cannot write"), TextOutput(link) as out:
+        out.write("x\n")
+    assert _rewrite_in_place(link, {"a": 1}) is False  # the receipt is then staged and renamed instead
+    log = tmp_path / "arm" / "server.log"
+    log.parent.mkdir()
+    log.symlink_to(victim)
+    with pytest.raises(OSError):
+        ManagedProcess([sys.executable, "-c", "print('hi')"], log).start()
+    assert victim.read_text() == before and link.is_symlink()
+    real = tmp_path / "real.jsonl"
+    with TextOutput(real) as out:  # a plain file is written as before
+        out.write("x\n")
+    assert real.read_text() == "x\n"

@@ -146,7 +146,8 @@ class ManagedProcess:
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.origin = self.planned_origin
-        with self.log.open("ab") as handle:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)  # never through a link
+        with os.fdopen(os.open(self.log, flags, 0o666), "ab") as handle:
             self.popen = subprocess.Popen(
                 self.command,
                 stdin=subprocess.DEVNULL,

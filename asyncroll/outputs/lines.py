@@ -157,10 +157,11 @@ class TextOutput:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            self._file = path.open("w", encoding="utf-8")
+        try:  # never through a link (one planted where another user may write): it would be truncated
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
         except OSError as exc:
             raise self._error(exc) from exc
+        self._file = os.fdopen(fd, "w", encoding="utf-8")
 
     def _error(self, exc: OSError) -> OutputWriteError:
         return OutputWriteError(f"{self.path}: cannot write ({exc.strerror or exc})")

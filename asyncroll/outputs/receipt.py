@@ -85,7 +85,7 @@ def _rewrite_in_place(path: Path, data: Any) -> bool:
     indented = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     compact = json.dumps(data, separators=(",", ":"), sort_keys=False, default=str) + "\n"
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))  # a link: staged and renamed instead
     except OSError:
         return False
     try:

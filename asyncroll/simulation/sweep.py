@@ -32,6 +32,7 @@ from asyncroll import cli_signals
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.errors import OutputExistsError, OutputWriteError, SimulationError, UsageError
+from asyncroll.outputs.lines import open_staged
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
@@ -407,7 +408,7 @@ def _write(
     ):
         staged = output / f".{name}.tmp"
         try:
-            with staged.open("w", encoding="utf-8", newline="") as handle:
+            with open_staged(staged, "w") as handle:  # never through a link planted at the staged name
                 handle.write(text)
             os.replace(staged, output / name)
         except OSError as exc:  # a full disk: said in one line, naming the file
