@@ -66,7 +66,8 @@ def api_key_problem(key: str | None) -> str | None:
 
 def masked_url(url: str) -> str:
     """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for messages and
-    run.json; a user name given alone is shown). A URL without a scheme (a proxy variable's
+    run.json); a user name given alone is masked whole (``http://TOKEN@proxy``: many proxies and gateways
+    take a token there). A URL without a scheme (a proxy variable's
     ``me:pw@proxy:3128``, which httpx takes as http://), one whose password holds an unescaped ``#``, ``/``
     or ``?`` (where urlsplit ends the host: a port that is no number) and one urlsplit cannot read (an
     unclosed ``[``) are masked up to their last ``@``."""
@@ -82,4 +83,4 @@ def masked_url(url: str) -> str:
     if cut < 0:
         return url
     user, colon, _ = rest[:cut].partition(":")
-    return f"{scheme}{sep}{user}:***{rest[cut:]}" if colon else url
+    return f"{scheme}{sep}{user}:***{rest[cut:]}" if colon else f"{scheme}{sep}***{rest[cut:]}"

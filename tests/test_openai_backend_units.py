@@ -336,6 +336,9 @@ def test_run_json_records_the_environments_proxy_the_requests_went_through(
         ("http://me:secret@[::1", "http://me:***@[::1"),
         ("http://me:secret@proxy.example:3128", "http://me:***@proxy.example:3128"),
         ("http://proxy.example:3128", "http://proxy.example:3128"),
+        # a token given as the user name alone (http://TOKEN@proxy, as many proxies and gateways take it)
+        ("http://tok3n-secret@proxy.example:3128", "http://***@proxy.example:3128"),
+        ("tok3n-secret@proxy.example:3128", "***@proxy.example:3128"),
     ],
 )
 def test_run_json_never_records_a_proxys_password_however_it_is_written(
