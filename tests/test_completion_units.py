@@ -114,3 +114,13 @@ def test_why_no_action_came_says_the_most_telling_thing_first() -> None:
     assert Completion(None, 7, None, None).why_invalid() == " (finish_reason='7')"
     assert Completion("x", "stop", None, None).why_invalid() == ""
     assert Completion("x", None, None, None).why_invalid() == ""
+
+
+def test_a_huge_finish_reason_beside_native_tool_calls_is_cut_as_any_other_is() -> None:
+    # the server sets finish_reason: beside tool_calls it was quoted whole, so a 10 MB one (or a list of
+    # megabytes) went whole into the error that events, results, trace.json and timeline.html keep
+    for reason, shown in (("f" * 150, repr("f" * 100)), (["x" * 60] * 3, repr(str(["x" * 60] * 3)[:100]))):
+        why = Completion(None, reason, None, None, tool_calls=True).why_invalid()
+        assert f"native tool_calls, finish_reason={shown}:" in why
+        assert len(why) < 400
+    assert "finish_reason=None:" in Completion(None, None, None, None, tool_calls=True).why_invalid()

@@ -48,7 +48,7 @@ class Completion:
             return " (finish_reason=length: max_tokens cut it short)"
         if self.tool_calls:
             return (
-                f" (the server answered with native tool_calls, finish_reason={self.finish_reason!r}: "
+                f" (the server answered with native tool_calls, finish_reason={self._reason_shown()}: "
                 "asyncroll reads actions as JSON text in the message content; serve the model without "
                 "automatic tool choice)"
             )
@@ -57,8 +57,13 @@ class Completion:
         if self.reasoning_only:
             return " (the message has reasoning but no content: no answer followed the reasoning)"
         if self.finish_reason not in (None, "stop"):  # content_filter, say: the server's why
-            return f" (finish_reason={str(self.finish_reason)[:100]!r})"
+            return f" (finish_reason={self._reason_shown()})"
         return ""
+
+    def _reason_shown(self) -> str:
+        """``finish_reason`` quoted for a message, cut to 100 characters: the server sets it, and one of
+        megabytes would be written whole into the error that events and results keep."""
+        return "None" if self.finish_reason is None else repr(str(self.finish_reason)[:100])
 
 
 def _json_kind(value: Any) -> str:
