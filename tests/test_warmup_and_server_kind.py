@@ -99,6 +99,15 @@ def test_server_kind_probe_without_a_model_list() -> None:
     partly = {"data": [{"id": "m", "owned_by": "local", **status}, {"id": "n", "status": "ready"}]}
     kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=partly)))
     assert kind == "generic" and "names no engine" in source
+    # owned_by is the server's: the receipt (run.json's backend.server_kind_source) held a 3 MB one
+    # whole, and every one of a 50,000-model list
+    huge = {"data": [{"id": "m", "owned_by": "o" * 1_000_000}]}
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=huge)))
+    assert kind == "generic" and f"owned_by=[{'o' * 100!r}] names no engine" in source
+    many = {"data": [{"id": f"m{i}", "owned_by": f"org{i:05}"} for i in range(5000)]}
+    kind, source = asyncio.run(probe(lambda request: httpx.Response(200, json=many)))
+    assert kind == "generic" and "'org00009'] and 4,990 more names no engine" in source
+    assert len(source) < 400
     deep = b'{"data": ' + b"[" * 100_000  # json raises RecursionError here, not a ValueError
     kind, source = asyncio.run(probe(lambda request: httpx.Response(200, content=deep)))
     assert kind == "generic" and "HTTP 200 without a model list" in source
