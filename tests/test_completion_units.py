@@ -76,6 +76,12 @@ def test_text_parts_are_joined_and_any_other_part_is_named() -> None:
         message_text([{"type": "text", "text": 5}])
     with pytest.raises(NotACompletion, match=r"content\[0\] is not a text part \(type a JSON string\)"):
         message_text(["a"])
+    # the server writes the part's type: a 5 MB one was quoted whole into the error that events,
+    # results, trace.json and timeline.html keep
+    for kind, shown in (("x" * 150, repr("x" * 100)), (["y" * 60] * 3, repr(["y" * 60] * 3)[:100])):
+        with pytest.raises(NotACompletion) as caught:
+            message_text([{"type": kind}])
+        assert str(caught.value) == f"choices[0].message.content[0] is not a text part (type {shown})"
 
 
 def test_the_finish_reason_is_recorded_as_text_cut_to_100_characters() -> None:

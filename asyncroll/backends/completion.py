@@ -71,6 +71,12 @@ def _json_kind(value: Any) -> str:
     return names.get(type(value), "number")
 
 
+def _quoted(value: Any) -> str:
+    """``value`` quoted for a message, at most 100 characters of it: the server writes it, and one of
+    megabytes would be kept whole in the error that events and results hold."""
+    return repr(value[:100]) if isinstance(value, str) else repr(value)[:100]
+
+
 def message_text(content: Any) -> str | None:
     """A message's ``content`` as text: a string as is, ``null`` as None, a list of text parts
     (``[{"type": "text", "text": ...}, ...]``, as some OpenAI-compatible servers send) joined in order.
@@ -85,7 +91,7 @@ def message_text(content: Any) -> str | None:
     texts: list[str] = []
     for i, part in enumerate(content):
         if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-            what = repr(part.get("type")) if isinstance(part, dict) else f"a JSON {_json_kind(part)}"
+            what = _quoted(part.get("type")) if isinstance(part, dict) else f"a JSON {_json_kind(part)}"
             raise NotACompletion(f"choices[0].message.content[{i}] is not a text part (type {what})")
         texts.append(part["text"])
     return "".join(texts)
