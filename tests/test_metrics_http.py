@@ -11,6 +11,7 @@ import struct
 import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,6 +144,32 @@ def test_a_model_with_invalid_series_is_not_taken_for_another_model() -> None:
         detail = asyncio.run(go())
     assert detail["model_filter"] == "sim" and "model_filter_note" not in detail
     assert detail["other_models"] == ["other"]
+
+
+@pytest.mark.timeout(30)
+def test_the_model_names_a_server_labels_its_metrics_with_are_quoted_bounded() -> None:
+    """The ``model_name`` labels of other models were copied whole into the probe's refusal and into
+    ``other_models`` (summary.json, run.json): a server's megabyte label, or thousands of them, whole."""
+    huge, many = "m" * 1_000_000, [f"model-{i}" for i in range(50)]
+
+    def labelled(names: list[str]) -> Any:
+        lines = "".join(f'vllm:num_requests_running{{model_name="{n}"}} 1\n' for n in names)
+        return lambda n: (200, lines + 'vllm:num_requests_waiting{model_name="sim"} 0\n')
+
+    with MetricsServer(labelled([huge, *many])) as server:
+        message = asyncio.run(probe_refusal(server.url, "vllm"))
+    assert len(message) < 2_000 and f"'{'m' * 100}', 'model-0'" in message and "and 41 more" in message
+    with MetricsServer(labelled(["sim", huge, *many])) as server:
+
+        async def go() -> dict[str, Any]:
+            source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
+            try:
+                return await source.probe(5.0)
+            finally:
+                await source.aclose()
+
+        detail = asyncio.run(go())
+    assert detail["other_models"] == [name[:100] for name in sorted([huge, *many])[:10]]
 
 
 def test_a_vllm_without_log_stats_is_named_as_the_likely_cause() -> None:

@@ -11,7 +11,7 @@ along the exception's MRO, so this module imports nothing heavy (``--help`` stay
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 #: What an httpx exception class means, for one that carries no text (most specific names first).
 _MEANING = {
@@ -128,3 +128,11 @@ def key_refused(headers: Mapping[str, str]) -> str:
     if "authorization" in headers:
         return "it refused the API key --api-key-env gave"
     return "it wants an API key: name the environment variable that holds it with --api-key-env"
+
+
+def few_names(names: Sequence[str], count: int = 10, width: int = 100) -> str:
+    """The first ``count`` of names a server gave (a model list's ``owned_by``, the ``model_name`` labels
+    of its metrics), each cut to ``width`` characters, and how many more: a receipt or an error that
+    quoted them whole would keep a megabyte name, or a list of thousands, whole."""
+    more = f" and {len(names) - count:,} more" if len(names) > count else ""
+    return f"{[name[:width] for name in names[:count]]!r}{more}"

@@ -8,7 +8,13 @@ import json
 
 import httpx
 
-from asyncroll.backends.http_errors import KEY_REFUSED, describe_transport_error, key_refused, server_text
+from asyncroll.backends.http_errors import (
+    KEY_REFUSED,
+    describe_transport_error,
+    few_names,
+    key_refused,
+    server_text,
+)
 from asyncroll.config import ServerKind
 from asyncroll.errors import ModelError
 from asyncroll.http_proxy import environment_proxy
@@ -85,16 +91,8 @@ async def probe_kind(
         return "transformers", "probed: /v1/models gives each model a status.value loaded|unloaded"
     return (
         "generic",
-        f"probed: /v1/models owned_by={_shown(owners)} names no engine, nor a status per model",
+        f"probed: /v1/models owned_by={few_names(sorted(owners))} names no engine, nor a status per model",
     )
-
-
-def _shown(owners: set[str]) -> str:
-    """The first 10 owners, each cut to 100 characters, and how many more: the server writes them, and
-    the receipt (run.json) would keep a megabyte ``owned_by``, or a list of thousands of models, whole."""
-    first = sorted(owners)
-    more = f" and {len(first) - 10:,} more" if len(first) > 10 else ""
-    return f"{[owner[:100] for owner in first[:10]]!r}{more}"
 
 
 def _transformers_status(model: object) -> bool:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from asyncroll.backends.http_errors import describe_transport_error
+from asyncroll.backends.http_errors import describe_transport_error, few_names
 from asyncroll.http_proxy import client_settings, environment_problem
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.telemetry.counter_rate import CounterRate, SeriesKey
@@ -386,13 +386,13 @@ class ServerMetricsSource:
             if len(reading.other_models) > 1:
                 raise MetricsUnavailable(
                     f"GET {self.url}: no series for model_name={self.model!r}; the server reports "
-                    f"{', '.join(repr(m) for m in reading.other_models)} (check --model)"
+                    f"{few_names(reading.other_models)} (check --model)"
                 )
             # One model served, under another name: vLLM and SGLang count the requests for a LoRA adapter,
             # or for a second --served-model-name, under the first served name of the base model.
             served = reading.other_models[0]
             note = (
-                f"no series for model_name={self.model!r}; the server reports only {served!r} (the "
+                f"no series for model_name={self.model!r}; the server reports only {served[:100]!r} (the "
                 "name it counts a LoRA adapter's or a second served name's requests under): read instead"
             )
             self.model = served
@@ -408,7 +408,8 @@ class ServerMetricsSource:
         if note is not None:
             detail["model_filter_note"] = note
         if reading.other_models:
-            detail["other_models"] = list(reading.other_models)
+            # the server's words, bounded: a receipt would keep a megabyte label, or thousands, whole
+            detail["other_models"] = [model[:100] for model in reading.other_models[:10]]
         return detail
 
     async def read(self, now: Callable[[], float]) -> ServerSample:
