@@ -112,6 +112,19 @@ def test_a_blank_id_is_refused(tmp_path: Path, pid: str) -> None:
     )
 
 
+def test_an_id_too_long_is_refused(tmp_path: Path) -> None:
+    """A megabyte id was accepted: it is written into every event of its trajectory (20 turns: 58 MB of
+    events.jsonl, a 17 MB trace.json)."""
+    (problem,) = _problems(tmp_path, [json.dumps({**GOOD, "id": "x" * 1001})])
+    assert problem.startswith(f"{tmp_path / 'w.jsonl'}:1: id: 1,001 characters: at most 1,000 (it names")
+    assert len(problem) < 300
+    validator = jsonschema.Draft202012Validator(schemas()["workload"])
+    assert not validator.is_valid({**GOOD, "id": "x" * 1001})
+    assert validator.is_valid({**GOOD, "id": "x" * 1000}) and not _problems(
+        tmp_path, [json.dumps({**GOOD, "id": "x" * 1000})]
+    )
+
+
 def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> None:
     missing = scan_workload(tmp_path / "missing.jsonl", tmp_path, scripted=True)
     assert missing.error_summary() == "1 error; no line was read"
@@ -314,10 +327,10 @@ def test_durations_from_zero_and_output_tokens_from_one_are_accepted(tmp_path: P
 def test_an_error_echoes_at_most_a_bounded_part_of_a_huge_value(tmp_path: Path) -> None:
     """A value the message quotes (an id, an unknown key, tool or action type) of a megabyte was printed
     whole: each such error line was as long as the value, up to 200 of them."""
-    big = "k" * 1_000_000
+    big, longest_id = "k" * 1_000_000, "k" * 1_000  # a longer id is refused (its own test)
     lines = [
-        json.dumps({**GOOD, "id": big}),
-        json.dumps({**GOOD, "id": big}),  # duplicate id
+        json.dumps({**GOOD, "id": longest_id}),
+        json.dumps({**GOOD, "id": longest_id}),  # duplicate id
         json.dumps({**GOOD, "id": "b", big: 1}),  # unknown field
         json.dumps({**GOOD, "id": "c", "script": [{"type": big}]}),
         json.dumps({**GOOD, "id": "d", "script": [{"type": "tool", "name": big, "arguments": {}}]}),

@@ -107,8 +107,11 @@ class Tool(_Strict):
         return self.inputs
 
 
+#: The longest string id: it names its trajectory in every event, result and trace span (a megabyte id
+#: made a run of 20 turns write 58 MB of events).
+MAX_ID_CHARS = 1000
 #: An id as the printed JSON Schema states it: a string holding more than whitespace, or an integer.
-_ID_STRING = WithJsonSchema({"type": "string", "pattern": r"\S"})
+_ID_STRING = WithJsonSchema({"type": "string", "pattern": r"\S", "maxLength": MAX_ID_CHARS})
 
 
 class Problem(_Strict):
@@ -125,6 +128,11 @@ class Problem(_Strict):
         # The id names the trajectory in events, results and reports: an invisible one names nothing.
         if isinstance(value, str) and not value.strip():
             raise ValueError("must not be empty or blank (leave 'id' out to use the line number)")
+        if isinstance(value, str) and len(value) > MAX_ID_CHARS:
+            raise ValueError(
+                f"{len(value):,} characters: at most {MAX_ID_CHARS:,} (it names the trajectory in every "
+                "event and result; keep a long key in metadata)"
+            )
         return value
 
     @property
