@@ -474,3 +474,60 @@ def test_an_ssl_cert_file_that_cannot_be_read_is_named(url: str, monkeypatch: py
         assert "SSL_CERT_FILE" not in message and "ConnectError" in message, message
     monkeypatch.setenv("SSL_CERT_FILE", __file__)  # a file, of no certificate
     assert "the environment's SSL_CERT_FILE=" in warmup_error(url)
+
+
+_NO_FILES_LEFT = """
+import asyncio, os, socket
+import httpx
+from asyncroll.backends.http_errors import describe_transport_error
+
+async def main() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/"
+    async with httpx.AsyncClient() as client:
+        try:  # a refused connection first: every module a failed connect needs is imported
+            await client.get(url)
+        except httpx.ConnectError:
+            pass
+        held = []
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        try:
+            await client.get(url)
+        except httpx.ConnectError as exc:
+            message = describe_transport_error(exc)
+        for fd in held:
+            os.close(fd)
+        print(message)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_this_process_has_no_descriptor_for_says_so_with_the_limit() -> None:
+    """A run at ``ulimit -n`` with many requests in flight: the socket cannot be made (EMFILE), and httpx
+    says 'ConnectError: All connection attempts failed', as for a server that is down; the run's events
+    and the warm-up's error sent the user to the server. The limit of this process is named."""
+    import resource
+    import subprocess
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_FILES_LEFT],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        preexec_fn=low_limit,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "ConnectError: All connection attempts failed: [Errno 24] Too many open files "
+        "(this process may hold 64 open files: ulimit -n)"
+    ), done.stdout

@@ -10,8 +10,11 @@ along the exception's MRO, so this module imports nothing heavy (``--help`` stay
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Mapping, Sequence
+
+from asyncroll.process_limits import limit_note
 
 #: What an httpx exception class means, for one that carries no text (most specific names first).
 _MEANING = {
@@ -57,18 +60,36 @@ def _tls_hint(exc: BaseException) -> str:
     return ""
 
 
+def _no_descriptor(exc: BaseException) -> OSError | None:
+    """The error under ``exc`` that is this machine's (no descriptor left for the socket: EMFILE, ENFILE),
+    not the server's; anyio says 'All connection attempts failed' for it, as for a server that is down."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def describe_transport_error(exc: BaseException) -> str:
     """``"ReadError: the connection was closed or reset while reading the response"``, or the error's
     own text where it has one (``"ConnectError: [Errno 111] Connection refused"``); a TLS failure says
-    what to do (an untrusted certificate: SSL_CERT_FILE)."""
+    what to do (an untrusted certificate: SSL_CERT_FILE); a socket this process had no descriptor for
+    names the limit (ulimit -n)."""
     text = str(exc).strip()
     cause = exc.__cause__ or exc.__context__
     if not text and cause is not None:
         text = str(cause).strip()
     if not text:
         text = next((_MEANING[c.__name__] for c in type(exc).__mro__ if c.__name__ in _MEANING), "")
+    text = text or "the connection failed"
+    local = _no_descriptor(exc)
+    if local is not None:  # ': [Errno 24] Too many open files (this process may hold 64 ...: ulimit -n)'
+        text += ("" if str(local) in text else f": {local}") + limit_note(local)
     hint = _tls_hint(exc)
-    return f"{type(exc).__name__}: {text or 'the connection failed'}" + (f" ({hint})" if hint else "")
+    return f"{type(exc).__name__}: {text}" + (f" ({hint})" if hint else "")
 
 
 def _key(headers: Mapping[str, str]) -> str:
