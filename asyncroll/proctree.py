@@ -173,9 +173,10 @@ def all_gone(processes: list[psutil.Process]) -> bool:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU of ``pid`` and of the children it reaped, or ``None`` if unreadable."""
+    """User + system CPU of ``pid`` and of the children it reaped, or ``None`` if unreadable (gone, or
+    its /proc file cannot be opened: no descriptor left at ``ulimit -n`` is an OSError, no psutil.Error)."""
     try:
         times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
+    except (psutil.Error, OSError):
         return None
     return float(times.user + times.system + times.children_user + times.children_system)

@@ -339,3 +339,43 @@ def test_round_trip_micro_check(capsys: pytest.CaptureFixture[str]) -> None:
     trips = run(main())
     with capsys.disabled():
         print(f"\n[workers] add round trip over 100 calls: median {statistics.median(trips) * 1e6:.0f} µs")
+
+
+_CPU_WITH_NO_DESCRIPTOR_LEFT = """
+import os
+from asyncroll import proctree
+assert proctree.cpu_seconds(os.getpid()) is not None  # psutil imported and working
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+reading = proctree.cpu_seconds(os.getpid())
+for fd in held:
+    os.close(fd)
+print(reading)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_cpu_reading_with_no_descriptor_left_is_unknown_not_an_error() -> None:
+    """psutil reads /proc/PID/stat; at ``ulimit -n`` (a run with many requests in flight) the open raised
+    OSError EMFILE, not a psutil.Error: the run's closing CPU reading failed a run whose every trajectory
+    had ended ('run failed: OSError: [Errno 24] Too many open files: '/proc/PID/stat''). Unreadable is
+    None, as the reading promises."""
+    import resource
+    import subprocess
+    import sys
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CPU_WITH_NO_DESCRIPTOR_LEFT],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        preexec_fn=low_limit,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
