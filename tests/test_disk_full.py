@@ -313,3 +313,24 @@ def test_a_run_whose_last_event_line_finds_no_room_fails_instead_of_raising(tmp_
     assert receipt["status"] == "failed" and receipt["error"] == outcome.error
     events = [json.loads(line)["event"] for line in (out / "events.jsonl").read_bytes().splitlines()]
     assert "trajectory_finished" in events and "measurement_finished" not in events
+
+
+def test_an_export_that_failed_for_no_lack_of_room_is_not_told_to_wait_for_room(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run at ``ulimit -n`` whose exports found no descriptor said 'writes it from events.jsonl once there
+    is room': a full disk's advice. Only a full disk, a quota or a file size limit gets it."""
+    from asyncroll.commands.common import warn_exports
+
+    (tmp_path / "events.jsonl").write_text("")
+    warn_exports(
+        {
+            "trace.json": "OSError: [Errno 24] Too many open files: '/run/.asyncroll-export-1'",
+            "timeline.html": "OSError: [Errno 28] No space left on device",
+        },
+        tmp_path,
+    )
+    trace, timeline = capsys.readouterr().err.splitlines()
+    assert trace.startswith("warning: trace.json was not written (OSError: [Errno 24]")
+    assert trace.endswith("writes it from events.jsonl"), trace
+    assert timeline.endswith("writes it from events.jsonl once there is room"), timeline

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import errno
 import os
 import shlex
 import sys
@@ -316,8 +317,10 @@ def warn_exports(failed: dict[str, str], output: Path) -> None:
         if not (output / "events.jsonl").is_file():  # a directory removed while the run ran
             typer.echo(f"warning: {name} {said}", err=True)
             continue
+        # a full disk, a quota, a file size limit: not a descriptor limit (ulimit -n) nor a refusal
+        room = any(f"[Errno {e}]" in why for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
         typer.echo(
             f"warning: {name} {said}; `asyncroll timeline {shlex.quote(str(output))}` writes it from "
-            "events.jsonl" + ("" if skipped else " once there is room"),
+            "events.jsonl" + (" once there is room" if room and not skipped else ""),
             err=True,
         )
