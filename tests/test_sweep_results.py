@@ -424,3 +424,34 @@ def test_reorders_are_shown_as_counts() -> None:
     two = markdown(aggregate(rows[:2]))  # the median of two seeds: a half
     assert "| 136 / 150 / 164 |" in two
     assert "| 1 / 1.5 / 2 |" in markdown(aggregate([{**r, "reorders": r["seed"] + 1} for r in rows[:2]]))
+
+
+def test_a_first_cell_failing_after_its_workloads_were_removed_does_not_point_at_them(tmp_path: Path) -> None:
+    """The sweep's folder removed while its first cell ran (a scratch cleaner): the cell failed reading its
+    seeded workload, and the error said 'its seeded workloads are in OUT/workloads', which was gone."""
+    import shutil
+    from dataclasses import dataclass
+
+    from asyncroll.errors import SimulationError
+    from asyncroll.policies.base import Decision, QueueSnapshot
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+
+    out = tmp_path / "s"
+
+    @dataclass(frozen=True)
+    class Removing:
+        name: str = "removing"
+
+        def choose(self, snapshot: QueueSnapshot) -> Decision:
+            shutil.rmtree(out, ignore_errors=True)
+            raise RuntimeError("the sweep's folder was removed")
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec((), (4,), (4,), (1,), 1, 0.2)
+    with pytest.raises(SimulationError) as err:
+        run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out, {"removing": lambda _: Removing()})
+    assert "seeded workloads are in" not in str(err.value)
+    removed = f"; {out / 'workloads'} was removed while the sweep ran; a new --output runs the sweep again"
+    assert str(err.value).endswith(removed), err.value

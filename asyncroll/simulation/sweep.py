@@ -181,8 +181,10 @@ def run_sweep(
                 else f"the {len(rows)} simulations before it are"
             )
             kept = f"{before} in {output} (sweep.md, marked partial)"
-        else:
+        elif (output / "workloads").is_dir():
             kept = f"its seeded workloads are in {output / 'workloads'}"
+        else:  # removed while the sweep ran (a scratch cleaner): nothing of it is left to point at
+            kept = f"{output / 'workloads'} was removed while the sweep ran"
         raise SimulationError(f"{stopped}; {kept}; a new --output runs the sweep again") from stopped
     raise stopped
 
