@@ -1,7 +1,9 @@
 """The process limit behind an error, named in its message: on a shared cluster or a CI box a low
 ``ulimit -n`` (open files) or ``ulimit -u`` (processes and threads of the user) refuses a worker, a
-thread or a sweep's cell process with ``EMFILE``, ``EAGAIN`` or "can't start new thread", whose text
-alone does not say which limit to raise."""
+thread or a sweep's cell process with ``EMFILE``, ``EAGAIN`` or "can't start new thread", and a low
+``ulimit -v`` (address space) fails an allocation or the import of a compiled module (``MemoryError``,
+``ENOMEM``, "failed to map segment from shared object"), whose text alone does not say which limit to
+raise."""
 
 from __future__ import annotations
 
@@ -20,6 +22,15 @@ def limit_note(exc: BaseException) -> str:
         soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
         if soft != resource.RLIM_INFINITY:  # else a transient shortage of the kernel's, not a limit
             return f" (this user may run {soft} processes and threads: ulimit -u)"
+    no_memory = (
+        isinstance(exc, MemoryError)
+        or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM)
+        or (isinstance(exc, ImportError) and "failed to map segment" in str(exc))
+    )
+    if no_memory and hasattr(resource, "RLIMIT_AS"):
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:  # else the machine's memory ran out: no limit of ours to name
+            return f" (this process may use {soft / 2**20:,.0f} MiB of address space: ulimit -v)"
     return ""
 
 

@@ -284,3 +284,25 @@ def test_run_json_says_how_many_cpus_the_run_could_use(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     host = json.loads((tmp_path / "out" / "run.json").read_text())["host"]
     assert host["usable_cpus"] == 1 and host["cpu_count"] == os.cpu_count()
+
+
+@pytest.mark.timeout(30)
+def test_an_allocation_a_low_address_space_limit_refuses_names_the_limit() -> None:
+    """Under ``ulimit -v`` a run failed with "MemoryError" or "ImportError: …so: failed to map segment
+    from shared object" (a compiled module's import), nothing saying which limit to raise."""
+    if resource.getrlimit(resource.RLIMIT_AS)[1] != resource.RLIM_INFINITY:
+        pytest.skip("this process's address space has a hard limit already")
+    script = (
+        "import errno, resource\n"
+        "from asyncroll.process_limits import limit_note\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "print(repr(limit_note(MemoryError())))  # no limit: the machine's memory ran out\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+        "for exc in (MemoryError(), OSError(errno.ENOMEM, 'Cannot allocate memory'),\n"
+        "            ImportError('x.so: failed to map segment from shared object'), ImportError('no x')):\n"
+        "    print(repr(limit_note(exc)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    said = " (this process may use 3,072 MiB of address space: ulimit -v)"
+    assert done.stdout.splitlines() == ["''", repr(said), repr(said), repr(said), "''"]
