@@ -37,3 +37,25 @@ def limit_note(exc: BaseException) -> str:
 def _soft(which: int) -> str:
     soft = resource.getrlimit(which)[0]
     return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+
+
+#: Below this address-space limit (``ulimit -v``) ``run`` and ``simulate`` warn before they start.
+LOW_ADDRESS_SPACE = 2 << 30
+
+
+def address_space_warning() -> str | None:
+    """What to say before a run under a low ``ulimit -v``, else None. The run's threads, worker pool and
+    numerical libraries reserve far more address space than they use (a glibc malloc arena per thread,
+    OpenBLAS's buffers): under about 700 MiB a run hung in its start-up, OpenBLAS retrying for ever an
+    allocation the limit refused, holding the interpreter so that SIGTERM could not stop it."""
+    if not hasattr(resource, "RLIMIT_AS"):
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft == resource.RLIM_INFINITY or soft >= LOW_ADDRESS_SPACE:
+        return None
+    return (
+        f"warning: this process may use {soft / 2**20:,.0f} MiB of address space (ulimit -v): its threads, "
+        "workers and numerical libraries reserve far more than they use, and under about 1 GiB a run can "
+        "fail, or hang where OpenBLAS retries an allocation the limit refuses (then only SIGKILL stops "
+        "it); limit memory with a cgroup instead (systemd-run --user --scope -p MemoryMax=...)"
+    )

@@ -306,3 +306,29 @@ def test_an_allocation_a_low_address_space_limit_refuses_names_the_limit() -> No
     assert done.returncode == 0, done.stderr
     said = " (this process may use 3,072 MiB of address space: ulimit -v)"
     assert done.stdout.splitlines() == ["''", repr(said), repr(said), repr(said), "''"]
+
+
+def _address_space(limit: int) -> Callable[[], None]:
+    def prepare() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    return prepare
+
+
+@pytest.mark.timeout(120)
+def test_a_run_under_a_low_address_space_limit_says_so_before_it_starts(tmp_path: Path) -> None:
+    """Under ``ulimit -v 400000`` a run hung in its start-up for good (OpenBLAS retrying an allocation
+    the limit refused, deaf to SIGTERM), nothing said; ``run`` and ``simulate`` warn first. (1.5 GiB, at
+    which both still work, is tested here: the hang itself would need SIGKILL.)"""
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2 << 30:
+        pytest.skip("this process's address space has a low hard limit already")
+    said = "warning: this process may use 1,536 MiB of address space (ulimit -v): "
+    for command in (["run", "--cpu-workers", "1"], ["simulate"]):
+        out = tmp_path / command[0]
+        args: list[str | Path] = [*command, "--workload", SMOKE, "--output", out, "--no-progress"]
+        done = asyncroll(*args, prepare=_address_space(1536 << 20), env={"OPENBLAS_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.startswith(said) and "only SIGKILL stops it" in done.stderr, done.stderr
+        done = asyncroll(*args[:-3], "--output", tmp_path / f"{command[0]}-free", "--no-progress")
+        assert done.returncode == 0 and "ulimit -v" not in done.stderr, done.stderr

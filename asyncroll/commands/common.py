@@ -102,6 +102,15 @@ def note_limit_past(limit: int | None, count: int, done: str) -> None:
         )
 
 
+def warn_low_address_space() -> None:
+    """Said before a run or simulation starts (a hang in its start-up would leave nothing said): a low
+    ``ulimit -v`` (:func:`asyncroll.process_limits.address_space_warning`)."""
+    from asyncroll.process_limits import address_space_warning
+
+    if (warning := address_space_warning()) is not None:
+        typer.echo(warning, err=True)
+
+
 def warn_weak_isolation(isolation: dict[str, Any] | None) -> None:
     """Say on stderr which sandbox layers a run of untrusted code goes without, when
     ``--allow-weak-isolation`` (or a config file's ``allow_weak_isolation``) let it start without them."""

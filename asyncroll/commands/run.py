@@ -15,6 +15,7 @@ from asyncroll.commands.common import (
     note_limit_past,
     print_summary,
     warn_exports,
+    warn_low_address_space,
     warn_moved,
     warn_no_evaluations,
     warn_no_telemetry_source,
@@ -312,6 +313,7 @@ def _run(cfg: Any) -> int:
     # Validation and set-up stop on SIGINT, SIGTERM or SIGHUP too (exit 130); the run itself has its own
     # handlers (interruptible); once its outcome is final a signal is only recorded (CommandSignals).
     signals = CommandSignals()
+    warn_low_address_space()
     made: list[Path] = []  # the output directory, once this command made it (not another's)
     try:
         try:

@@ -16,6 +16,7 @@ from asyncroll.commands.common import (
     print_summary,
     say,
     warn_exports,
+    warn_low_address_space,
     warn_moved,
     warn_sync_active,
 )
@@ -156,6 +157,7 @@ def simulate(
     from asyncroll.runtime.signals import CommandSignals
 
     signals = CommandSignals()
+    warn_low_address_space()
     final = False
     made: list[Path] = []  # the output directory, once this command made it (not another's)
     try:
