@@ -422,24 +422,43 @@ def test_the_connection_pool_asks_the_import_system_nothing(monkeypatch: pytest.
     assert lookups == []
 
 
-def test_turns_go_round_clients_of_a_few_connections_each(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.timeout(60)
+def test_requests_go_round_a_few_connection_pools_of_the_one_client(monkeypatch: pytest.MonkeyPatch) -> None:
     """httpcore's pool walks every connection (and, per idle one, all of them again) at each request's
-    start and end, on the event loop: one client for 64 requests in flight spent 58% of the loop there.
-    The turns go round ceil(inflight / 8) clients; all of them are closed with the backend."""
-    used: list[httpx.AsyncClient] = []
-    post_chat = openai.post_chat
+    start and end, on the event loop: one pool for 64 requests in flight spent 58% of the loop there.
+    The one client's requests go round ceil(inflight / 8) pools (real ones, to a loopback server); all
+    of them are closed with the backend."""
+    from asyncroll.backends.transport import PoolsTransport
+    from asyncroll.clock import SystemClock
+    from tests.http_backend import serve
 
-    async def spied(client: httpx.AsyncClient, *args: Any) -> Any:
-        used.append(client)
-        return await post_chat(client, *args)
+    handled: list[int] = []
+    closed: list[int] = []
 
-    monkeypatch.setattr(openai, "post_chat", spied)
+    async def six_turns(url: str) -> OpenAIBackend:
+        backend = OpenAIBackend(HttpSettings(endpoint=url, model="sim", inflight=20), SystemClock())
+        transport = backend._http()._transport
+        assert isinstance(transport, PoolsTransport) and len(transport.pools) == 3
+        for i, pool in enumerate(transport.pools):
+            handle, close = pool.handle_async_request, pool.aclose
 
-    async def six_turns(backend: OpenAIBackend) -> None:
-        for _ in range(6):
-            await backend.complete(REQUEST)
+            async def counted(request: httpx.Request, i: int = i, handle: Any = handle) -> httpx.Response:
+                handled.append(i)
+                return await handle(request)
 
-    on_virtual_clock(replies(completion(FINAL)), six_turns, inflight=20)
-    clients = list(dict.fromkeys(used))
-    assert len(clients) == 3 and [used.count(c) for c in clients] == [2, 2, 2]
-    assert all(c.is_closed for c in clients)
+            async def noted(i: int = i, close: Any = close) -> None:
+                closed.append(i)
+                await close()
+
+            monkeypatch.setattr(pool, "handle_async_request", counted)
+            monkeypatch.setattr(pool, "aclose", noted)
+        try:
+            for _ in range(6):
+                await backend.complete(REQUEST)
+        finally:
+            await backend.aclose()
+        return backend
+
+    with serve() as running:
+        asyncio.run(six_turns(running.url))
+    assert sorted(handled) == [0, 0, 1, 1, 2, 2] and sorted(closed) == [0, 1, 2]

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP backend (``--backend vllm|openai``, SPEC §7).
 
-Persistent ``httpx.AsyncClient`` objects, one per :data:`CLIENT_SHARE` of the inflight limit (the turns go
-round them), each keeping up to the inflight limit's connections alive, send
+One persistent :class:`httpx.AsyncClient` per run, its connections in a few pools
+(:mod:`asyncroll.backends.transport`) each keeping up to the inflight limit's connections alive, sends
 ``POST {endpoint}/v1/chat/completions``. Two modes:
 
 * **agent** (default): the server's reply *is* the action. With structured output (the default) the
@@ -56,6 +56,7 @@ from asyncroll.backends.probes import healthy, probe_kind
 from asyncroll.backends.request_body import REPLAY_FIXED_LENGTH, action_headers, chat_body, warmup_body
 from asyncroll.backends.retry import Circuit, is_retryable
 from asyncroll.backends.scripted import scripted_action
+from asyncroll.backends.transport import pools_transport
 from asyncroll.clock import Clock
 from asyncroll.config import ServerKind
 from asyncroll.errors import SERVER_DOWN_SAID, InvalidActionError, ModelError
@@ -68,11 +69,6 @@ __all__ = ["HttpSettings", "OpenAIBackend"]
 
 #: Seconds an idle connection is kept for reuse: below the 5 s after which uvicorn closes one.
 KEEPALIVE_S = 4.0
-#: Model requests in flight per client. httpcore's pool walks all its connections, and for each idle one
-#: all of them again, at every request's start and end, on the event loop: at 64 in flight one client's
-#: pool took 2.4 ms a pass, 58% of the loop (a 640-trajectory loopback run took as long as at 16). The
-#: turns go round clients of up to this many each, so a pass walks a few connections.
-CLIENT_SHARE = 8
 
 
 class OpenAIBackend:
@@ -86,8 +82,6 @@ class OpenAIBackend:
         self._clock = clock
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
-        self._clients: list[httpx.AsyncClient] = []  # the turns' clients (the first is _client)
-        self._turns = 0
         self._events: EventLog | None = None
         self._rng = random.Random(settings.seed)
         self.circuit = Circuit(settings.circuit_failures)
@@ -120,30 +114,22 @@ class OpenAIBackend:
                 raise ModelError("transport", problem) from exc
         return self._client
 
-    def _turn_client(self) -> httpx.AsyncClient:
-        """The client of the next model turn: round the clients, -(-inflight // CLIENT_SHARE) of them."""
-        if not self._clients:
-            shares = -(-self.settings.inflight // CLIENT_SHARE)
-            self._clients = [self._http(), *(self._new_client() for _ in range(shares - 1))]
-        self._turns += 1
-        return self._clients[self._turns % len(self._clients)]
-
     def _new_client(self) -> httpx.AsyncClient:
         n = self.settings.inflight
         key = self.settings.api_key
+        settings = client_settings(self.settings.endpoint)  # no environment proxy for this machine
+        # no max_connections: the model gate limits requests (see the module docstring). Idle
+        # connections are dropped before uvicorn (vLLM's and SGLang's server) drops them at 5 s:
+        # at httpx's own 5 s a request could be sent on a connection the server is closing, and
+        # fail as transport, charged to a healthy request and to the circuit
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S)
         return httpx.AsyncClient(
             base_url=self.settings.endpoint,
             headers={} if key is None else {"authorization": f"Bearer {key}"},
             timeout=httpx.Timeout(self.settings.request_timeout),
-            # no max_connections: the model gate limits requests (see the module docstring). Idle
-            # connections are dropped before uvicorn (vLLM's and SGLang's server) drops them at 5 s:
-            # at httpx's own 5 s a request could be sent on a connection the server is closing, and
-            # fail as transport, charged to a healthy request and to the circuit
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S
-            ),
-            transport=self._transport,
-            **client_settings(self.settings.endpoint),  # no environment proxy for this machine
+            limits=limits,  # the environment's proxies' transports (mounted by the client) keep theirs
+            transport=self._transport or pools_transport(n, limits, settings),
+            **settings,
         )
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
@@ -207,11 +193,8 @@ class OpenAIBackend:
                 if not watch.cancelled():
                     watch.exception()  # retrieved: reported once, by the task group
         finally:
-            clients, self._clients = self._clients[1:], []
             if self._client is not None:
-                clients.insert(0, self._client)
-                self._client = None
-            for client in clients:
+                client, self._client = self._client, None
                 await client.aclose()
 
     async def wait_available(self) -> None:
@@ -317,7 +300,7 @@ class OpenAIBackend:
             if self.circuit.is_open:
                 await self._wait_for_server(request, attempt)
             try:
-                status, payload = await post_chat(self._turn_client(), body, headers, s.request_timeout)
+                status, payload = await post_chat(self._http(), body, headers, s.request_timeout)
                 break
             except AttemptFailed as exc:
                 # A reply that never came (kind timeout, connected) is a slow server or a frozen one: the
