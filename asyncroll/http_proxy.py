@@ -62,6 +62,16 @@ def environment_proxy(url: str) -> str | None:
     return None
 
 
+def proxies_in_play(url: str) -> bool:
+    """Whether an ``httpx`` client of the server at ``url`` takes the environment's proxy variables
+    (``http_proxy``, ``https_proxy``, ``all_proxy``: it opens a transport for each, whatever the host): a
+    server not on this machine while one is set. A client given a transport of its own takes none."""
+    if on_this_machine(url):
+        return False
+    proxies = urllib.request.getproxies()
+    return any(proxies.get(key) for key in ("http", "https", "all"))
+
+
 def proxy_problem(exc: Exception) -> str | None:
     """What to do where httpx cannot make a client because of a proxy the environment names (httpx
     opens a transport for each proxy variable set, whichever server the client is for): a SOCKS one

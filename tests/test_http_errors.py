@@ -149,7 +149,8 @@ def test_a_slow_reply_times_out_inside_httpx_and_never_locks_the_pool(tmp_path: 
     assert failed.kind == "timeout" and "(ReadTimeout)" in failed.error
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 2
     backend = OpenAIBackend(HttpSettings(endpoint=server.url, model="m", inflight=4), SystemClock())
-    pool = backend._http()._transport._pool  # type: ignore[attr-defined]
+    (transport,) = backend._http()._transport.pools  # type: ignore[attr-defined]  # 4 in flight: one pool
+    pool = transport._pool
     assert (pool._max_connections, pool._max_keepalive_connections) == (sys.maxsize, 4)  # no limit
 
 

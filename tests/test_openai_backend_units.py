@@ -462,3 +462,30 @@ def test_requests_go_round_a_few_connection_pools_of_the_one_client(monkeypatch:
     with serve() as running:
         asyncio.run(six_turns(running.url))
     assert sorted(handled) == [0, 0, 1, 1, 2, 2] and sorted(closed) == [0, 1, 2]
+
+
+def test_a_remote_server_behind_the_environments_proxy_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client given a transport of its own takes none of the environment's proxies: the connection
+    pools are for servers the environment sends no proxy to (this machine's, or with none set)."""
+    from asyncroll.backends.transport import PoolsTransport
+    from asyncroll.clock import SystemClock
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+
+    def transport_of(endpoint: str) -> Any:
+        settings = HttpSettings(endpoint=endpoint, model="m", inflight=64)
+        return OpenAIBackend(settings, SystemClock())._http()._transport
+
+    assert len(transport_of("http://gpu.example:8000").pools) == 8
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    assert isinstance(transport_of("http://127.0.0.1:8000"), PoolsTransport)  # never proxied
+    proxied = OpenAIBackend(
+        HttpSettings(endpoint="http://gpu.example:8000", model="m", inflight=64), SystemClock()
+    )
+    client = proxied._http()
+    assert not isinstance(client._transport, PoolsTransport)
+    assert client._transport_for_url(httpx.URL("http://gpu.example:8000/v1/chat/completions")) is not (
+        client._transport
+    )  # the proxy's

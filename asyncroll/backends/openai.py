@@ -62,7 +62,7 @@ from asyncroll.config import ServerKind
 from asyncroll.errors import SERVER_DOWN_SAID, InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
-from asyncroll.http_proxy import client_settings, environment_problem, environment_proxy
+from asyncroll.http_proxy import client_settings, environment_problem, environment_proxy, proxies_in_play
 from asyncroll.workload import Action, ToolAction
 
 __all__ = ["HttpSettings", "OpenAIBackend"]
@@ -127,10 +127,18 @@ class OpenAIBackend:
             base_url=self.settings.endpoint,
             headers={} if key is None else {"authorization": f"Bearer {key}"},
             timeout=httpx.Timeout(self.settings.request_timeout),
-            limits=limits,  # the environment's proxies' transports (mounted by the client) keep theirs
-            transport=self._transport or pools_transport(n, limits, settings),
+            limits=limits,
+            transport=self._transport or self._pools(limits, settings),
             **settings,
         )
+
+    def _pools(self, limits: httpx.Limits, settings: dict[str, Any]) -> httpx.AsyncBaseTransport | None:
+        """The client's connections in a few pools (:mod:`asyncroll.backends.transport`), or None (httpx's
+        one pool) where the environment's proxies are in play: a client given a transport takes none of
+        them, and a proxied request goes through the proxy's own transport anyway."""
+        if proxies_in_play(self.settings.endpoint):
+            return None
+        return pools_transport(self.settings.inflight, limits, settings)
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         """Open the client, learn the server kind (declared, else probed) and start the circuit watch."""
