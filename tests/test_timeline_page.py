@@ -307,3 +307,35 @@ def test_time_axis_ticks_are_distinct(tmp_path: Path, length: float) -> None:
     # every label whole between the row labels (180 px) and the canvas's right edge (1,200 px): one
     # centred on a tick near the right edge was cut in half
     assert all(left >= 180 and right <= 1200 for left, right in out["edges"]), out["edges"]
+
+
+def _palette(html: str, name: str) -> dict[str, str]:
+    """One colour table of the page's script: ``const NAME = {key: "#rrggbb", ...}`` or ``[...]``."""
+    body = re.search(rf"const {name} = [{{\[](.*?)[}}\]];", html, re.S)
+    assert body, name
+    pairs = re.findall(r'(\w+): "(#[0-9a-f]{3,6})"', body.group(1))
+    if pairs:
+        return dict(pairs)
+    return {str(i): c for i, c in enumerate(re.findall(r'"(#[0-9a-f]{6})"', body.group(1)))}
+
+
+def test_counter_colours_mean_nothing_else_on_the_page() -> None:
+    """The counter lanes had the span and marker colours: CPU queue depth was the orange of "incomplete (no
+    end)", model requests outstanding the blue of "model", active trajectories the green of "cpu", GPU memory
+    the cyan of "telemetry probe", each pair side by side in the one legend. Every counter has a colour of its
+    own, far (RGB distance 60) from every colour that means something else."""
+    html = (Path(timeline.__file__).parent / "timeline.html").read_text()
+    others = {f"{t}.{k}": c for t in ("CAT", "ST", "TRAJ", "INST") for k, c in _palette(html, t).items()}
+    others.pop("INST.measurement")  # the dashed line marking measurement start, in no legend
+    counters = list(_palette(html, "COUNTER").values())
+    assert len(set(counters)) == len(counters) >= len(timeline.COUNTER_COLOURS)
+
+    def rgb(c: str) -> tuple[int, ...]:
+        return tuple(int(c[i : i + 2], 16) for i in (1, 3, 5))
+
+    def far(a: str, b: str) -> bool:
+        return sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5 >= 60
+
+    near = [(k, c, o) for c in counters for k, o in others.items() if not far(c, o)]
+    near += [(a, b, "") for a, b in itertools.combinations(counters, 2) if not far(a, b)]
+    assert not near
