@@ -339,3 +339,44 @@ def test_counter_colours_mean_nothing_else_on_the_page() -> None:
     near = [(k, c, o) for c in counters for k, o in others.items() if not far(c, o)]
     near += [(a, b, "") for a, b in itertools.combinations(counters, 2) if not far(a, b)]
     assert not near
+
+
+LABEL_HARNESS = (
+    PAGE
+    + r"""
+const texts = [];
+const ctx = new Proxy({fillText: (t) => { texts.push(String(t)); },
+  measureText: (t) => ({width: 6 * String(t).length})},
+  {get: (t, k) => (k in t ? t[k] : () => {}), set: (t, k, v) => ((t[k] = v), true)});
+"""
+    + DOM
+    + r"""
+global.location = {hash: ""};
+global.requestAnimationFrame = (f) => f();
+new Function(code)();
+console.log(JSON.stringify(texts.filter((t) => t.startsWith("max "))));
+"""
+)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_a_counters_maximum_is_written_with_its_significant_digits(tmp_path: Path) -> None:
+    """A counter lane's label gave its maximum to three decimals: a KV-cache usage peaking at 0.0004 read
+    "max 0" over a line drawn to the top of its lane; a token rate "max 3950.864"."""
+    page = write_timeline(make_run(tmp_path, normal_events()))
+    data = page_data(page.read_text())
+    data["counters"] = [["server KV-cache usage", [[0, 0.0002], [10, 0.0004]]], ["tokens", [[0, 3950.864]]]]
+    data["counter_colours"] = [5, 6]
+    page.write_text(
+        re.sub(
+            r'(id="data">).*?(</script>)',
+            lambda m: m[1] + json.dumps(data) + m[2],
+            page.read_text(),
+            flags=re.S,
+        )
+    )
+    harness = tmp_path / "labels.js"
+    harness.write_text(LABEL_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["max 0.0004", "max 3951"]

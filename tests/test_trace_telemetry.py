@@ -197,3 +197,24 @@ def test_a_page_with_gaps_and_an_outage_draws_in_headless_chromium(tmp_path: Pat
     attrs, console = chromium_page(page, tmp_path)
     assert console == [] and "error" not in attrs, attrs
     assert attrs["counters"] == str(len(page_data(page.read_text())["counters"]))
+
+
+def test_small_and_large_telemetry_values_keep_their_significant_digits(tmp_path: Path) -> None:
+    """A KV-cache usage of 0.02% (a small model on a large GPU) read 'mean 0, max 0' in the telemetry panel,
+    a measured value drawn as zero; a rate read to the thousandth of a token ('mean 2,298.506')."""
+    samples = [ev.ResourceSample(t=0.1 * i, seq=i, kv_cache_usage=0.0002 * (i + 1)) for i in range(2)]
+    summary = {
+        "telemetry": {
+            "samples": 2,
+            "values": {
+                "kv_cache_usage": {"n": 2, "mean": 0.0003, "max": 0.0004},
+                "prompt_tokens_per_s": {"n": 2, "mean": 2298.506, "max": 4172.72},
+            },
+        },
+        "throughput": {"completed_per_wall_hour": 33629.327967},
+    }
+    data = timeline_data(make_run(tmp_path, [*samples, *trajectory("a", 0, 0.0, worker=0)], summary=summary))
+    lines = dict(data["telemetry"]["lines"])
+    assert lines["kv_cache_usage"] == "mean 0.0003, max 0.0004, n 2"
+    assert lines["prompt_tokens_per_s"] == "mean 2,298.5, max 4,172.7, n 2"
+    assert dict(data["header"])["throughput"] == "33,629.3 completed / wall hour"

@@ -23,7 +23,11 @@ def _fmt(value: Any, unit: str = "") -> str:
     if value is None:
         return "unknown"
     if isinstance(value, float):
-        return f"{value:,.3f}".rstrip("0").rstrip(".") + unit
+        # three decimals, one past 1,000 (no rate to the thousandth), three significant digits below 0.1:
+        # a measured 0.0004 read 0, a value drawn as zero
+        if 0 < abs(value) < 0.1:
+            return f"{value:.3g}" + unit
+        return f"{value:,.{1 if abs(value) >= 1000 else 3}f}".rstrip("0").rstrip(".") + unit
     return (f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)) + unit
 
 
