@@ -380,3 +380,18 @@ def test_a_counters_maximum_is_written_with_its_significant_digits(tmp_path: Pat
     proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == ["max 0.0004", "max 3951"]
+
+
+def test_the_header_names_the_rule_the_policy_ran(tmp_path: Path) -> None:
+    """`--policy asyncroll` names a pressure rule that has changed over time; the run's summary line says
+    'policy asyncroll (asyncroll_repair)', the page's header said 'asyncroll' alone. A run.json written before
+    the rule was recorded (policy_canonical 'asyncroll') is shown as it is."""
+    for canonical, shown in (
+        ("asyncroll_repair", "asyncroll (asyncroll_repair)"),
+        ("asyncroll", "asyncroll"),
+    ):
+        run_json = json.loads(json.dumps(RUN))
+        run_json["config"]["policy_canonical"] = canonical
+        (tmp_path / canonical).mkdir()
+        data = timeline_data(make_run(tmp_path / canonical, normal_events(), summary=SUMMARY, run=run_json))
+        assert dict(data["header"])["policy"] == shown

@@ -57,7 +57,7 @@ def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> l
     return [
         ["status", _fmt(status) + (f" ({error})" if error else "")],
         *(clock if simulated else []),
-        ["policy", _fmt(config.get("policy") or summary.get("policy") or a.run.get("policy"))],
+        ["policy", _policy(config.get("policy") or summary.get("policy") or a.run.get("policy"), config)],
         ["limits", limits],
         [
             "completions",
@@ -73,6 +73,13 @@ def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> l
         ["sampled starvation", _starvation(_sub(summary, "resources"), makespan)],
         *_circuit(_sub(_sub(summary, "model"), "circuit"), a),
     ]
+
+
+def _policy(name: Any, config: dict[str, Any]) -> str:
+    """The policy as given, with the rule it ran where that is another name (``asyncroll``'s pressure rule,
+    a deprecated alias's policy), as the run's summary line says it: ``asyncroll (asyncroll_repair)``."""
+    rule = config.get("policy_canonical")
+    return _fmt(name) + (f" ({rule})" if name and isinstance(rule, str) and rule != name else "")
 
 
 def _circuit(circuit: dict[str, Any], a: Activity) -> list[list[str]]:
