@@ -395,3 +395,37 @@ def test_the_header_names_the_rule_the_policy_ran(tmp_path: Path) -> None:
         (tmp_path / canonical).mkdir()
         data = timeline_data(make_run(tmp_path / canonical, normal_events(), summary=SUMMARY, run=run_json))
         assert dict(data["header"])["policy"] == shown
+
+
+LEGEND_HARNESS = (
+    PAGE
+    + r"""
+const ctx = new Proxy({measureText: (t) => ({width: 6 * String(t).length})},
+  {get: (t, k) => (k in t ? t[k] : () => {}), set: (t, k, v) => ((t[k] = v), true)});
+"""
+    + DOM
+    + r"""
+global.location = {hash: ""};
+global.requestAnimationFrame = (f) => f();
+new Function(code)();
+const keys = els.legend.kids.map((k) => [k.className, k.kids.map((c) => c.className || c.textContent)]);
+console.log(JSON.stringify(keys));
+"""
+)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_each_legend_key_keeps_its_swatch_beside_its_label(tmp_path: Path) -> None:
+    """The legend was a flat run of swatches and labels: at 800 px a line ended on a swatch whose label began
+    the next line ('CPU queue depth ■' / 'model requests outstanding'), a colour read as the wrong label's.
+    Each key is one element that does not wrap."""
+    page = write_timeline(make_run(tmp_path, normal_events(), summary=SUMMARY, run=RUN))
+    html = page.read_text()
+    assert ".key{white-space:nowrap}" in html
+    harness = tmp_path / "legend.js"
+    harness.write_text(LEGEND_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    keys = json.loads(proc.stdout)
+    assert len(keys) > 10 and all(cls == "key" and kids[0] == "sw" and len(kids) == 2 for cls, kids in keys)
+    assert ["key", ["sw", "CPU queue depth"]] in keys
