@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncroll import events as ev
 from asyncroll.outputs import timeline
 from asyncroll.outputs.activity_model import Series
 from asyncroll.outputs.timeline import timeline_data, write_timeline
@@ -429,3 +430,16 @@ def test_each_legend_key_keeps_its_swatch_beside_its_label(tmp_path: Path) -> No
     keys = json.loads(proc.stdout)
     assert len(keys) > 10 and all(cls == "key" and kids[0] == "sw" and len(kids) == 2 for cls, kids in keys)
     assert ["key", ["sw", "CPU queue depth"]] in keys
+
+
+def test_a_run_stopped_before_its_measurement_opens_on_a_readable_window(tmp_path: Path) -> None:
+    """A run whose warm-up failed (or a Ctrl-C during start-up) has only its workers' ready markers, 30 µs
+    apart: the page opened on those 30 µs, its axis 15 ticks from '-8.263018 s' to '-8.262988 s'. It opens
+    on a second from the first marker, the whole run still one click away."""
+    events: list[ev.Event] = [
+        ev.WorkerReady(t=-8.263018, worker=0, pid=1, generation=0, startup_s=0.1),
+        ev.WorkerReady(t=-8.262988, worker=1, pid=2, generation=0, startup_s=0.1),
+    ]
+    data = timeline_data(make_run(tmp_path, events, run={"status": "failed", "error": "warm-up failed"}))
+    assert data["window"] == [0.0, 1.0]
+    assert round(data["t1"] - data["t0"], 6) == 0.00003  # "whole run" is still the 30 µs

@@ -39,6 +39,7 @@ MAX_TRAJECTORY_ROWS = 4_000
 SHARED_FIRST_ABOVE = 200  # trajectory rows beyond which workers and request slots are drawn on top
 MAX_COUNTER_POINTS = 4_000
 MAX_BARS = 30_000
+UNMEASURED_WINDOW_S = 1.0  # the page's first view of a run that stopped before measuring, at least
 BUCKETS = 1_000  # at full view, spans closer than 1/BUCKETS of the run merge when down-sampled
 CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute", "circuit")
 #: span states, least severe first: a bar of merged spans shows the most severe of them
@@ -162,6 +163,8 @@ def _window(a: Activity) -> list[float]:
     """The measured window in seconds after ``t_min``: the page opens on it (worker start-up before the
     clock can be seconds long and would squeeze the run into a sliver); the whole run is a click away."""
     starts = [s.start for s in a.instants if s.name == "measurement started"]
+    if not starts and a.t_max - a.t_min < UNMEASURED_WINDOW_S:  # stopped before measuring: start-up markers
+        return [0.0, UNMEASURED_WINDOW_S]  # µs apart drew an axis of '-8.263018 s' ... '-8.262988 s'
     lo = starts[0] if starts else a.t_min
     makespan = a.run.get("makespan_s")  # measurement_finished comes after cleanup; the makespan does not
     hi = lo + makespan if isinstance(makespan, int | float) and makespan > 0 else a.t_max
