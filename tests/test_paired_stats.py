@@ -122,6 +122,10 @@ def test_the_figure_names_a_ratio_over_zero_undefined_as_the_report_does(tmp_pat
 
     fig = drawn(data, "figure")
     assert note in [t.get_text() for t in fig.axes[2].texts]
+    # the note is under the panel (it sat inside, over its lowest points: pair 1's 0.011 in a real run)
+    fig.canvas.draw()
+    [text] = [t for t in fig.axes[2].texts if t.get_text() == note]
+    assert text.get_window_extent().y1 <= fig.axes[2].get_window_extent().y0
     plt.close(fig)
     # no baseline median: the treatment's bar still carries the legend's "median"
     fig = drawn(comparison([(none, some), (none, some)]), "figure1")

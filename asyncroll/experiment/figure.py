@@ -111,15 +111,18 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
             if known:
                 ax.plot(*zip(*known, strict=True), "o", mfc="none", color="0.55", ms=4, zorder=2)
                 drawn = True
-        if partial:
-            ax.text(
-                0.02,
-                0.02,
+        ax.set_xlabel(direction, fontsize=8, color="0.35")
+        if partial:  # under the panel's x label: inside the axes it ran over the lowest points
+            ax.annotate(
                 unknown_note(partial, arms, undefined),
-                transform=ax.transAxes,
+                (0.5, 0),
+                xycoords=ax.xaxis.label,
+                xytext=(0, -2),
+                textcoords="offset points",
                 fontsize=7,
                 color="firebrick",
-                va="bottom",
+                ha="center",
+                va="top",
             )
         for k, (number, ys) in enumerate(lines):
             ax.plot(xs, ys, "-o", color="0.55", lw=1.2, ms=4, zorder=2)
@@ -166,7 +169,6 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
         ax.set_xticks(xs, [f"{a}\n({policy_label(agg, a)})" for a in arms])
         ax.set_xlim(-0.5, len(arms) - 0.5)
         ax.set_title(label, fontsize=10)
-        ax.set_xlabel(direction, fontsize=8, color="0.35")
         ax.grid(axis="y", color="0.9")
         if drawn:
             ax.legend(loc="best", fontsize=7, frameon=False)
