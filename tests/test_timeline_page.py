@@ -69,6 +69,16 @@ def test_timeline_with_no_summary(tmp_path: Path) -> None:
     assert [data["strings"][i[4]] for i in data["instants"]].count("add (unmatched end)") == 2
 
 
+def test_the_status_line_names_the_status_once(tmp_path: Path) -> None:
+    """An interrupted run's header read "interrupted (interrupted by SIGINT)"."""
+    for i, (error, shown) in enumerate(
+        [("interrupted by SIGINT", "interrupted (by SIGINT)"), ("server down", "interrupted (server down)")]
+    ):
+        (tmp_path / str(i)).mkdir()
+        run = make_run(tmp_path / str(i), broken_events(), run={"status": "interrupted", "error": error})
+        assert dict(timeline_data(run)["header"])["status"] == shown
+
+
 def test_timeline_downsamples_large_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timeline, "MAX_SPANS", 10)
     events = [e for i in range(6) for e in trajectory(f"t{i}", i, 0.2 * i, worker=i % 2)]

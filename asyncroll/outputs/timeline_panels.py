@@ -31,6 +31,17 @@ def _fmt(value: Any, unit: str = "") -> str:
     return (f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)) + unit
 
 
+def _status(status: Any, error: str | None) -> str:
+    """``interrupted (by SIGINT)``, not ``interrupted (interrupted by SIGINT)``: an error that starts by
+    naming the status says it once."""
+    shown = _fmt(status)
+    if not error:
+        return shown
+    if isinstance(status, str) and error.startswith(f"{status} "):
+        error = error[len(status) + 1 :]
+    return f"{shown} ({error})"
+
+
 def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> list[list[str]]:
     """Label/value pairs for the page header; every field is optional (summaries evolve separately)."""
     config, counts, sched = _sub(run, "config"), _sub(summary, "counts"), _sub(summary, "scheduler")
@@ -55,7 +66,7 @@ def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> l
     )
     clock = [["clock", "virtual: a simulation (asyncroll simulate), no process or server ran"]]
     return [
-        ["status", _fmt(status) + (f" ({error})" if error else "")],
+        ["status", _status(status, error)],
         *(clock if simulated else []),
         ["policy", _policy(config.get("policy") or summary.get("policy") or a.run.get("policy"), config)],
         ["limits", limits],
