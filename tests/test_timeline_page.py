@@ -79,6 +79,21 @@ def test_the_status_line_names_the_status_once(tmp_path: Path) -> None:
         assert dict(timeline_data(run)["header"])["status"] == shown
 
 
+def test_the_completions_line_counts_the_problems_never_started(tmp_path: Path) -> None:
+    """A run stopped before it started any trajectory read "0 of 0 completed" for a workload of 200."""
+    counts = {"trajectories": 0, "completed": 0, "failed": 0}
+    for i, (problems, shown) in enumerate(
+        [
+            (200, "0 of 0 completed, 0 failed, 200 of the workload's 200 never started"),
+            (0, "0 of 0 completed, 0 failed"),
+        ]
+    ):
+        (tmp_path / str(i)).mkdir()
+        receipt = {"status": "failed", "workload": {"problems": problems}}
+        run = make_run(tmp_path / str(i), broken_events(), run=receipt, summary={"counts": counts})
+        assert dict(timeline_data(run)["header"])["completions"] == shown
+
+
 def test_timeline_downsamples_large_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timeline, "MAX_SPANS", 10)
     events = [e for i in range(6) for e in trajectory(f"t{i}", i, 0.2 * i, worker=i % 2)]

@@ -31,6 +31,15 @@ def _fmt(value: Any, unit: str = "") -> str:
     return (f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)) + unit
 
 
+def _never_started(counts: dict[str, Any], workload: dict[str, Any]) -> str:
+    """``, 200 of the workload's 200 never started``: a run stopped before it started them all read
+    "0 of 0 completed", as if its workload were empty (``counts.trajectories`` counts those started)."""
+    started, problems = counts.get("trajectories"), workload.get("problems")
+    if not isinstance(started, int) or not isinstance(problems, int) or problems <= started:
+        return ""
+    return f", {problems - started:,} of the workload's {problems:,} never started"
+
+
 def _status(status: Any, error: str | None) -> str:
     """``interrupted (by SIGINT)``, not ``interrupted (interrupted by SIGINT)``: an error that starts by
     naming the status says it once."""
@@ -73,7 +82,7 @@ def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> l
         [
             "completions",
             f"{_fmt(counts.get('completed'))} of {_fmt(counts.get('trajectories'))} completed, "
-            f"{_fmt(counts.get('failed'))} failed",
+            f"{_fmt(counts.get('failed'))} failed" + _never_started(counts, _sub(run, "workload")),
         ],
         [
             "throughput",
