@@ -161,3 +161,59 @@ def test_what_a_killed_report_left_staged_is_cleared_by_the_next_report(
     assert sorted(p.name for p in out.iterdir()) == (
         sorted(["REPORT.md", "aggregate.json", live.name]) if existing else ["REPORT.md", "aggregate.json"]
     )
+
+
+#: ``asyncroll report --comparison argv[3] --output argv[4]`` that, once it has decided whether the
+#: output folder exists, creates the file argv[1] and waits until the file argv[2] exists.
+PAUSED_REPORT = """
+import sys, time
+from pathlib import Path
+import asyncroll.experiment.report as report
+paused, go = Path(sys.argv[1]), Path(sys.argv[2])
+real_clear = report.clear_staged
+def clear_staged(path):
+    paused.touch()
+    deadline = time.monotonic() + 30
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    real_clear(path)
+report.clear_staged = clear_staged
+sys.argv = ["asyncroll", "report", "--comparison", sys.argv[3], "--output", sys.argv[4]]
+from asyncroll.cli import main
+main()
+"""
+
+
+def test_two_reports_at_once_into_one_new_folder_both_succeed(tmp_path: Path) -> None:
+    """Two ``asyncroll report`` of one comparison into the same new --output at once (two terminals, two
+    CI jobs): the one that finds the folder made by the other meanwhile replaces its files, as a report
+    into an existing report's folder does. It failed, exit 1, with 'cannot write the report: Directory
+    not empty' (its staged folder could not be renamed over the other's)."""
+    from tests.test_experiment_inputs import comparison
+
+    source = tmp_path / "comparison.json"
+    source.write_text(json.dumps(comparison()))
+    out = tmp_path / "r"
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    first = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_REPORT, str(paused), str(go), str(source), str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not paused.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert paused.exists(), first.communicate(timeout=10)
+        second = cli("report", "--comparison", source, "--output", out)  # start to end, while the first waits
+        go.touch()
+        _, first_err = first.communicate(timeout=60)
+    finally:
+        end(first)
+    assert second.returncode == 0, second.stderr
+    assert first.returncode == 0, first_err
+    assert sorted(p.name for p in out.iterdir()) == ["REPORT.md", "aggregate.json"]
+    json.loads((out / "aggregate.json").read_text())
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

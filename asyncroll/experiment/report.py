@@ -10,6 +10,7 @@ statistic says how many pairs it rests on (``n``) and which it left out.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -221,7 +222,8 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
     writing it again into an existing ``output`` (after ``--resume`` added pairs) stages its files in a
     temporary folder inside ``output``, then replaces its own files, each by a rename, and removes a
     figure an earlier call drew that this one does not: a folder never pairs a new report with an old
-    figure. Nothing else in ``output`` is touched."""
+    figure. One that finds ``output`` made meanwhile (a neighbour's report, at once) replaces its files
+    so too, from its staged folder beside it. Nothing else in ``output`` is touched."""
     try:
         os.stat(output)
     except FileNotFoundError:
@@ -274,14 +276,19 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
             text += f"\n![three panels]({files[0].name})\n"
         # a path's undecodable bytes (in a failed arm's error) as their escapes, \udce9: the file is UTF-8
         (staging / names[1]).write_text(text, encoding="utf-8", errors="backslashreplace")
+        if not existing:
+            try:
+                staging.rename(output)
+            except OSError as exc:  # a neighbour's report of it made the folder meanwhile: replace its files
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not output.is_dir():
+                    raise
+                existing = True
         if existing:
             for name in names:
                 os.replace(staging / name, output / name)
             for stale in ("figure.png", "figure.pdf"):
                 if stale not in names:
                     (output / stale).unlink(missing_ok=True)
-        else:
-            staging.rename(output)
     except OSError as exc:  # a full disk, say: not a usage error (exit 1)
         raise OutputWriteError(f"--output {output}: cannot write the report: {exc.strerror or exc}") from None
     finally:
