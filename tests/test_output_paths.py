@@ -293,20 +293,27 @@ def test_a_run_whose_directory_is_removed_never_writes_into_a_new_one_at_its_pat
     assert {p.name: p.read_bytes() for p in out.iterdir()} == second
 
 
+@pytest.mark.parametrize("then", ["removed", "replaced"])
 def test_a_run_whose_directory_is_removed_says_so_and_offers_no_command_that_cannot_work(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
 ) -> None:
     # It printed "outputs: X" for a directory that was gone and, for each export, "`asyncroll timeline X`
     # writes it from events.jsonl once there is room": there was no events.jsonl, nor a full disk.
+    # "replaced": `rm -rf X` and a second run at X (a script run again, a retried CI job) while the first
+    # ran: the first said "outputs: X" and offered `asyncroll timeline X` for its exports, the second
+    # run's directory (reproduced with two real `asyncroll run` processes).
     import shutil
 
     from asyncroll.outputs.rundir import RunDirectory
 
     out = tmp_path / "run"
     finish = RunDirectory.finish
+    second: dict[str, bytes] = {}
 
     def removed_then_finished(self: RunDirectory, *args: Any, **kwargs: Any) -> str | None:
         shutil.rmtree(out)
+        if then == "replaced":
+            second.update(_another_run_at(out))
         return finish(self, *args, **kwargs)
 
     monkeypatch.setattr(RunDirectory, "finish", removed_then_finished)
@@ -315,7 +322,10 @@ def test_a_run_whose_directory_is_removed_says_so_and_offers_no_command_that_can
     assert f"outputs: {out} (no longer there)" in result.stdout
     assert f"summary.json: cannot write ({out} was moved or removed while the run ran)" in result.stderr
     assert "asyncroll timeline" not in result.stderr
-    assert not out.exists()
+    if then == "replaced":
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == second
+    else:
+        assert not out.exists()
 
 
 @pytest.mark.parametrize("then", ["removed", "replaced"])

@@ -200,7 +200,9 @@ def stdout_lost() -> bool:
     return bool(_stdout_lost)
 
 
-def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
+def print_summary(summary: dict[str, Any] | None, output: Path, *, gone: bool = False) -> None:
+    """The run's one summary line and where its files are (``gone``: its directory was removed while it
+    ran, whatever is at ``output`` now)."""
     if not summary:
         return
     c, acc, sch = summary["counts"], summary["accuracy"], summary["scheduler"]
@@ -211,9 +213,9 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
         makespan += " (virtual clock)"
     evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)
     evaluations = f", code evaluations {evaluated}" if evaluated else ""
-    gone = "" if output.exists() else " (no longer there)"  # removed while the run ran
+    where = f"{output} (no longer there)" if gone or not output.exists() else output  # removed as it ran
     if summary["makespan_s"] is None and not c["trajectories"]:  # it ended before its clock started
-        say(f"{summary['status']} before the measurement started: no trajectory ran\noutputs: {output}{gone}")
+        say(f"{summary['status']} before the measurement started: no trajectory ran\noutputs: {where}")
         return
     unfinished = f", {c['unfinished']} unfinished" if c.get("unfinished") else ""  # cut by a stop or failure
     say(
@@ -222,7 +224,7 @@ def print_summary(summary: dict[str, Any] | None, output: Path) -> None:
         f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "
         f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {_policy(sch)}: "
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
-        f"{summary['workers']['restarts']}\noutputs: {output}{gone}"
+        f"{summary['workers']['restarts']}\noutputs: {where}"
     )
 
 
@@ -315,15 +317,16 @@ def warn_moved(moved_to: Path | None, output: Path) -> None:
         typer.echo(f"note: {output} was moved while the run ran: its files are in {moved_to}", err=True)
 
 
-def warn_exports(failed: dict[str, str], output: Path) -> None:
+def warn_exports(failed: dict[str, str], output: Path, *, gone: bool = False) -> None:
     """Say on stderr which exports were not written (a full disk, say, or skipped by a stop signal), and
-    how to write them later."""
+    how to write them later (not when the run's directory was removed while it ran, ``gone``: what is at
+    ``output`` now, if anything, is not the run's)."""
     from asyncroll.outputs.rundir import skipped as exports_skipped
 
     for name, why in failed.items():
         skipped = exports_skipped(why)  # a stop signal during the exports
         said = f"was {why}" if skipped else f"was not written ({why})"
-        if not (output / "events.jsonl").is_file():  # a directory removed while the run ran
+        if gone or not (output / "events.jsonl").is_file():  # a directory removed while the run ran
             typer.echo(f"warning: {name} {said}", err=True)
             continue
         # a full disk, a quota, a file size limit: not a descriptor limit (ulimit -n) nor a refusal

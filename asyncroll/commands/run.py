@@ -332,18 +332,21 @@ def _run(cfg: Any) -> int:
             signals.hold()
             output = outcome.output(cfg.output)
             warn_moved(outcome.moved_to, cfg.output)
+            where = f"{output} (no longer there)" if outcome.gone else output  # removed while it ran
             if runner.interrupt_reason is not None and outcome.status == "interrupted":
-                typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {output}", err=True)
-                written = written_summary(output)  # an interrupted outcome carries none: the file's
+                typer.echo(f"interrupted by {runner.interrupt_reason}; partial outputs in {where}", err=True)
+                # an interrupted outcome carries none: the file's (none of a run whose directory is gone)
+                written = None if outcome.gone else written_summary(output)
                 warn_telemetry(written)
                 warn_server_down(written)  # stopped while waiting for a server that was down
-                warn_exports(outcome.exports_failed, output)
+                warn_exports(outcome.exports_failed, output, gone=outcome.gone)
                 return EXIT_INTERRUPTED
-            print_summary(outcome.summary, output)
+            print_summary(outcome.summary, output, gone=outcome.gone)
             warn_telemetry(outcome.summary)
             warn_server_down(outcome.summary, outcome.error)
-            warn_replay_length_unfixed(output)
-            warn_exports(outcome.exports_failed, output)
+            if not outcome.gone:  # what is at its path now is not its run.json
+                warn_replay_length_unfixed(output)
+            warn_exports(outcome.exports_failed, output, gone=outcome.gone)
             if outcome.late_signal:
                 typer.echo(late_signal_note(outcome.late_signal, outcome.exports_failed), err=True)
             if outcome.error:

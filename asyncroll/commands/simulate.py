@@ -375,11 +375,12 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     output = outcome.output(cfg.output)
     warn_moved(outcome.moved_to, cfg.output)
     if outcome.status == "interrupted" and outcome.summary is None:
-        typer.echo(f"{outcome.error}; partial outputs in {output}", err=True)
-        warn_exports(outcome.exports_failed, output)
+        gone = " (no longer there)" if outcome.gone else ""  # removed while the run ran
+        typer.echo(f"{outcome.error}; partial outputs in {output}{gone}", err=True)
+        warn_exports(outcome.exports_failed, output, gone=outcome.gone)
         raise typer.Exit(outcome.exit_code)
-    print_summary(outcome.summary, output)
-    warn_exports(outcome.exports_failed, output)
+    print_summary(outcome.summary, output, gone=outcome.gone)
+    warn_exports(outcome.exports_failed, output, gone=outcome.gone)
     if from_run is None and outcome.status == "complete" and outcome.summary is not None:
         note_limit_past(cfg.limit, outcome.summary["counts"]["trajectories"], "simulated")
     # a failed replay's endings are not compared: its directory may be gone (moved or removed), and what

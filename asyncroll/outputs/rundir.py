@@ -34,6 +34,7 @@ class RunDirectory:
     ) -> None:
         self.out = out
         self.moved_to: Path | None = None  # where ``out`` was moved while the run ran (found at finish)
+        self.gone = False  # ``out`` was removed (or moved out of sight) while the run ran (found at finish)
         self.exports_failed: dict[str, str] = {}  # export → why it was not written (after finish)
         self._dir = None if out is None else _open_directory(out)  # which directory is this run's own
         self._results: LineFile | None = None
@@ -83,6 +84,7 @@ class RunDirectory:
                         continue
                 self.moved_to = None if where == self.out else where
                 return where
+        self.gone = True  # what is at ``out`` now, if anything, is not this run's (another run's, say)
         raise FileNotFoundError(errno.ENOENT, f"{self.out} was moved or removed while the run ran")
 
     def _close_directory(self) -> None:

@@ -74,6 +74,9 @@ class RunOutcome:
     exports_failed: dict[str, str] = field(default_factory=dict)
     #: where the run's directory was moved while it ran (its last files were written there), if it was
     moved_to: Path | None = None
+    #: its directory was removed (or moved out of sight) while it ran: what is at ``--output`` now, if
+    #: anything, is not the run's (a second run's, made at its path meanwhile)
+    gone: bool = False
     opened: bool = True  # False: no room for the run's first files; nothing was written, nothing ran
 
     def output(self, given: Path) -> Path:
@@ -122,6 +125,7 @@ class Run:
         self.exports_stop: ExportStop | None = None  # set by interruptible: a stop signal skips the exports
         self.exports_failed: dict[str, str] = {}  # once finished, as RunOutcome's (an interrupted run too)
         self.moved_to: Path | None = None  # once finished, as RunOutcome's
+        self.gone = False  # once finished, as RunOutcome's
         self._receipt_extra = receipt_extra or {}
         self._model_capacity = model_capacity
         self._record = record
@@ -401,6 +405,7 @@ class Run:
             telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}  # why not probed
             unwritten = files.finish(result, status, clock.wall(), error, self.exports_stop, **telemetry)
             self.exports_failed, self.moved_to = files.exports_failed, files.moved_to
+            self.gone = files.gone
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
                 if result is not None:
@@ -414,6 +419,7 @@ class Run:
             error,
             exports_failed=self.exports_failed,
             moved_to=self.moved_to,
+            gone=self.gone,
         )
 
 

@@ -83,6 +83,7 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
             reason,
             exports_failed=run.exports_failed,
             moved_to=run.moved_to,
+            gone=run.gone,
         )
     finally:
         finished = True
