@@ -74,9 +74,7 @@ class RunOutcome:
     exports_failed: dict[str, str] = field(default_factory=dict)
     #: where the run's directory was moved while it ran (its last files were written there), if it was
     moved_to: Path | None = None
-    #: its directory was removed (or moved out of sight) while it ran: what is at ``--output`` now, if
-    #: anything, is not the run's (a second run's, made at its path meanwhile)
-    gone: bool = False
+    gone: bool = False  # its directory was removed while it ran: what is at --output now is not its own
     opened: bool = True  # False: no room for the run's first files; nothing was written, nothing ran
 
     def output(self, given: Path) -> Path:
@@ -124,8 +122,8 @@ class Run:
         self.interrupt_reason: str | None = None
         self.exports_stop: ExportStop | None = None  # set by interruptible: a stop signal skips the exports
         self.exports_failed: dict[str, str] = {}  # once finished, as RunOutcome's (an interrupted run too)
-        self.moved_to: Path | None = None  # once finished, as RunOutcome's
-        self.gone = False  # once finished, as RunOutcome's
+        self.moved_to: Path | None = None  # once finished, as RunOutcome's, and so is gone
+        self.gone = False
         self._receipt_extra = receipt_extra or {}
         self._model_capacity = model_capacity
         self._record = record
@@ -404,23 +402,16 @@ class Run:
                 error = "; ".join(filter(None, (error, f"summary: cannot be built ({_describe(exc)})")))
             telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}  # why not probed
             unwritten = files.finish(result, status, clock.wall(), error, self.exports_stop, **telemetry)
-            self.exports_failed, self.moved_to = files.exports_failed, files.moved_to
-            self.gone = files.gone
+            self.exports_failed, self.moved_to, self.gone = files.exports_failed, files.moved_to, files.gone
             if unwritten is not None:  # summary.json found no room on the disk
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
                 if result is not None:
                     result["status"] = status  # the summary printed says what run.json says
             if late is not None:
                 raise late
-        return RunOutcome(
-            status,
-            exit_code(status),
-            result,
-            error,
-            exports_failed=self.exports_failed,
-            moved_to=self.moved_to,
-            gone=self.gone,
-        )
+        outcome = RunOutcome(status, exit_code(status), result, error, exports_failed=self.exports_failed)
+        outcome.moved_to, outcome.gone = self.moved_to, self.gone
+        return outcome
 
 
 async def _in_daemon_thread(fn: Callable[[], None]) -> None:
