@@ -60,7 +60,7 @@ def test_progress_line_is_a_function_of_the_snapshot() -> None:
     assert "ETA unknown" in render_progress(snap({}, 5.0))
     done = render_progress(snap({"completed": 9, "max_turns": 1}, 4000.0, restarts=2), width=200)
     # a trajectory that ran out of turns is not a success: the line says so
-    assert done.startswith("10/10 100% | 0.00/s | done in 1:06:40 | completed 9 | failed 0 | max_turns 1 |")
+    assert done.startswith("10/10 100% | 9.0/h | done in 1:06:40 | completed 9 | failed 0 | max_turns 1 |")
     assert done.endswith("restarts 2")
     short = render_progress(snap({"completed": 3}, 8.0), width=30)
     assert len(short) == 30 and short.endswith("...") and short.isascii()

@@ -253,3 +253,11 @@ def test_an_interrupted_sweep_says_so_on_a_line_of_its_own(tmp_path: Path) -> No
     assert stream.getvalue().startswith(
         "\r[1/3] tool_first 16 / 4 / 2 seed 0: makespan 5.600 s\ninterrupted by SIGINT; "
     ), stream.getvalue()
+
+
+def test_a_slow_run_gives_its_rate_per_hour() -> None:
+    """Minutes-long trajectories end a few an hour: 9 in an hour was '0.00/s', read as a stalled run."""
+    line = render_progress(snap({"completed": 9}, 3600.0), width=200)
+    assert line.startswith("9/10  90% | 9.0/h | ETA 6:40 |")
+    assert "| 0.042/h | ETA 216:00:00 |" in render_progress(snap({"completed": 1}, 86400.0), width=200)
+    assert "| 0.10/s |" in render_progress(snap({"completed": 1}, 10.0), width=200)  # 360/h: still per second

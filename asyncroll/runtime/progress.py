@@ -112,13 +112,22 @@ def _duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def _rate(per_s: float) -> str:
+    """Ended trajectories per second, or per hour below 0.1/s: a run of minutes-long trajectories ends a
+    few an hour, which two decimals per second wrote as "0.00/s" (0.0025/s), read as a stalled run."""
+    if per_s == 0 or per_s >= 0.1:
+        return f"{per_s:.2f}/s"
+    per_h = per_s * 3600
+    return f"{per_h:.1f}/h" if per_h >= 1 else f"{per_h:.2g}/h"  # one a day: 0.042/h, not 0.0/h
+
+
 def render_progress(snap: RunSnapshot, width: int = 120) -> str:
     """The progress line for one snapshot: ASCII, at most ``width`` characters, no control characters.
 
     ``done/total`` counts every ended trajectory, then how they ended (completed, failed and, when any,
-    max_turns); the rate is ended trajectories per second of measured time and the ETA extrapolates it
-    (unknown until one has ended). Queue depths: model requests waiting for a slot, CPU jobs waiting for
-    a worker, and busy workers of the pool.
+    max_turns); the rate is ended trajectories per second of measured time (per hour below 0.1/s) and the
+    ETA extrapolates it (unknown until one has ended). Queue depths: model requests waiting for a slot,
+    CPU jobs waiting for a worker, and busy workers of the pool.
     """
     done, total = snap.done, snap.total
     pct = f" {100 * done / total:3.0f}%" if total else ""
@@ -127,7 +136,7 @@ def render_progress(snap: RunSnapshot, width: int = 120) -> str:
         parts.append("starting (workers, warm-up)")
     else:
         rate = done / snap.elapsed_s if snap.elapsed_s > 0 else 0.0
-        parts.append(f"{rate:.2f}/s")
+        parts.append(_rate(rate))
         if done >= total and total:
             parts.append(f"done in {_duration(snap.elapsed_s)}")
         elif rate > 0:
