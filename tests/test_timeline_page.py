@@ -335,6 +335,49 @@ def test_time_axis_ticks_are_distinct(tmp_path: Path, length: float) -> None:
     assert all(left >= 180 and right <= 1200 for left, right in out["edges"]), out["edges"]
 
 
+LABELS_HARNESS = (
+    PAGE
+    + r"""
+let edges = [];  // each tick label's left and right edge in this frame (6 px a character)
+const ctx = new Proxy({fillText: (t, x) => { const n = String(t).length;
+  if (/ s$/.test(String(t))) edges.push([x - 3 * n, x + 3 * n, String(t)]); },
+  measureText: (t) => ({width: 6 * String(t).length})},
+  {get: (t, k) => (k in t ? t[k] : () => {}), set: (t, k, v) => ((t[k] = v), true)});
+"""
+    + DOM
+    + r"""
+global.location = {hash: ""};
+global.requestAnimationFrame = (f) => f();
+new Function(code)();
+const frames = [edges];
+for (let i = 0; i < 70; i++) {
+  edges = []; els.tl.on.wheel({deltaY: -200, clientX: 700, preventDefault() {}});
+  edges = []; window.on.resize(); frames.push(edges); }  // drawn again: at the zoom limit a wheel does not
+console.log(JSON.stringify(frames));
+"""
+)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_a_long_runs_axis_labels_do_not_overlap(tmp_path: Path) -> None:
+    """A 30-hour run zoomed in labels its ticks '52277.387805 s': up to 17 ticks of 14 characters drawn 60
+    px apart on a 1,200 px page ran into each other at every zoom level, unreadable. Ticks are spaced for
+    their labels, and a label pushed in at an edge is left out where it would cover its neighbour's."""
+    events = trajectory("a", 0, 0.0, worker=0) + trajectory("b", 1, 108000.0, worker=1)
+    page = write_timeline(make_run(tmp_path, events))
+    harness = tmp_path / "labels.js"
+    harness.write_text(LABELS_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    frames = json.loads(proc.stdout)
+    assert frames[0][-1][2] == "100000 s" and all(len(e[2]) >= 14 for e in frames[-1]), frames[-1]
+    for labels in frames:
+        assert labels  # still an axis (one tick at the 1 µs zoom limit)
+        ordered = sorted(labels)
+        for (_, right, a), (left, _, b) in itertools.pairwise(ordered):
+            assert right <= left, (a, b, labels)
+
+
 def _palette(html: str, name: str) -> dict[str, str]:
     """One colour table of the page's script: ``const NAME = {key: "#rrggbb", ...}`` or ``[...]``."""
     body = re.search(rf"const {name} = [{{\[](.*?)[}}\]];", html, re.S)
