@@ -455,3 +455,22 @@ def test_a_first_cell_failing_after_its_workloads_were_removed_does_not_point_at
     assert "seeded workloads are in" not in str(err.value)
     removed = f"; {out / 'workloads'} was removed while the sweep ran; a new --output runs the sweep again"
     assert str(err.value).endswith(removed), err.value
+
+
+def test_completions_per_hour_keep_their_significant_digits() -> None:
+    """Hours-long trajectories complete a few an hour: the table showed the rate as whole numbers, so
+    0.41, 0.44 and 0.47 an hour read "0 / 0 / 0" (none completed?) and 2.71 against 3.24 read "3 / 3"."""
+    from asyncroll.simulation.sweep_table import aggregate, markdown
+
+    row: dict[str, Any] = {"active": 1, "inflight": 4, "workers": 1, "makespan_s": 500000.0, "reorders": 0}
+    row |= {"efficiency": 0.9, "cpu_blocked_s": 0.5, "failed": 0}
+    rows = [
+        {**row, "policy": policy, "seed": seed, "completed_per_hour": v}
+        for policy, values in (("fifo", (0.41, 0.44, 0.47)), ("tool_first", (2.71, 3.24, 14.954188)))
+        for seed, v in enumerate(values)
+    ]
+    table = markdown(aggregate(rows))
+    assert "| 0.41 / 0.44 / 0.47 |" in table
+    assert "| 2.71 / 3.24 / 14.95 |" in table
+    big = [{**rows[0], "completed_per_hour": 1830942935.61184}]
+    assert "| 1,830,942,936 / 1,830,942,936 / 1,830,942,936 |" in markdown(aggregate(big))

@@ -17,10 +17,10 @@ def _spread(values: list[float]) -> Spread:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def _shown(spread: Spread, digits: int = 3) -> str:
+def _shown(spread: Spread) -> str:
     if spread is None:
         return "n/a"
-    return " / ".join(f"{spread[k]:.{digits}f}" for k in ("min", "median", "max"))
+    return " / ".join(f"{spread[k]:.3f}" for k in ("min", "median", "max"))
 
 
 def _shown_count(spread: Spread) -> str:
@@ -28,6 +28,20 @@ def _shown_count(spread: Spread) -> str:
     if spread is None:
         return "n/a"
     return " / ".join(f"{spread[k]:.1f}".removesuffix(".0") for k in ("min", "median", "max"))
+
+
+def _shown_rate(spread: Spread) -> str:
+    """A rate's spread to four significant digits, whole with thousands separators from 10,000 (as the
+    experiment report writes them): hours-long trajectories complete a few an hour, which whole numbers
+    wrote as "0 / 0 / 0"."""
+    if spread is None:
+        return "n/a"
+
+    def one(x: float) -> str:
+        short = format(x, "z.4g")
+        return format(x, "z,.0f") if "e+" in short else short
+
+    return " / ".join(one(spread[k]) for k in ("min", "median", "max"))
 
 
 def _shown_change(spread: Spread) -> str:
@@ -92,7 +106,7 @@ def markdown(agg: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {c['policy']} | {c['active']} | {c['inflight']} | {c['workers']} "
             + (f"| {c['seeds']} " if uneven else "")
-            + f"| {_shown(c['makespan_s'])} | {_shown(c['completed_per_hour'], 0)} "
+            + f"| {_shown(c['makespan_s'])} | {_shown_rate(c['completed_per_hour'])} "
             f"| {_shown(c['efficiency'])} "
             f"| {_shown(c['cpu_blocked_s'])} | {_shown_count(c['reorders'])} "
             f"| {_shown_change(c['vs_fifo'])} |"
