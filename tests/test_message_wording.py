@@ -336,3 +336,20 @@ def test_a_run_failed_by_a_server_that_stayed_down_says_it_once_and_counts_what_
         done.stdout
     )
     assert "still unavailable" not in done.stderr and done.stderr.count("stayed unavailable for") == 1
+
+
+def test_a_slow_runs_summary_line_gives_its_completions_per_hour(tmp_path: Path) -> None:
+    """Two day-long trajectories one after the other: two completions in 48 hours, 0.042 an hour, were
+    printed '0.0 completed/h' beside '2/2 completed'."""
+    line = {
+        "id": "slow",
+        "prompt": "x",
+        "script": [{"type": "final", "answer": "1", "latency_ms": 86_400_000}],
+    }
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps(line) + "\n" + json.dumps({**line, "id": "slow2"}) + "\n")
+    done = invoke(
+        "simulate", "--workload", workload, "--output", tmp_path / "r", "--max-active-trajectories", "1"
+    )
+    assert done.exit_code == 0, done.output
+    assert "| makespan 172800.000s (virtual clock) | 0.042 completed/h |" in done.stdout

@@ -200,6 +200,11 @@ def stdout_lost() -> bool:
     return bool(_stdout_lost)
 
 
+def _per_hour(rate: float | None) -> str:
+    """One decimal, two significant digits below 1: days-long trajectories' 0.042 an hour is no "0.0"."""
+    return "n/a" if rate is None else f"{rate:.1f}" if rate >= 1 or rate == 0 else f"{rate:.2g}"
+
+
 def print_summary(summary: dict[str, Any] | None, output: Path, *, gone: bool = False) -> None:
     """The run's one summary line and where its files are (``gone``: its directory was removed while it
     ran, whatever is at ``output`` now)."""
@@ -222,7 +227,7 @@ def print_summary(summary: dict[str, Any] | None, output: Path, *, gone: bool = 
         f"{summary['status']}: {c['completed']}/{c['trajectories']} completed, {c['failed']} failed, "
         f"{c['max_turns']} max_turns{unfinished} | tool calls {summary['tools']['calls']}{evaluations} | "
         f"exact accuracy {exact} (n={acc['denominator']}) | makespan {makespan} | "
-        f"{'n/a' if tput is None else f'{tput:.1f}'} completed/h | policy {_policy(sch)}: "
+        f"{_per_hour(tput)} completed/h | policy {_policy(sch)}: "
         f"{sch['decisions']} decisions, {sch['reorders']} reorders | worker restarts "
         f"{summary['workers']['restarts']}\noutputs: {where}"
     )
