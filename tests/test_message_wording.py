@@ -353,3 +353,17 @@ def test_a_slow_runs_summary_line_gives_its_completions_per_hour(tmp_path: Path)
     )
     assert done.exit_code == 0, done.output
     assert "| makespan 172800.000s (virtual clock) | 0.042 completed/h |" in done.stdout
+
+
+def test_a_sub_millisecond_simulation_gives_its_makespan_to_the_microsecond(tmp_path: Path) -> None:
+    """Scripted turns of a few µs: a makespan of 98 µs was printed 'makespan 0.000s' beside millions of
+    completions an hour, its lower bound '0.000s'."""
+    lines = [{"id": f"p{i}", "prompt": "x", "script": [{"type": "final", "answer": "1", "latency_ms": 0.049}]}
+             for i in range(2)]  # fmt: skip
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "r"
+    done = invoke("simulate", "--workload", workload, "--output", out, "--max-active-trajectories", "1")
+    assert done.exit_code == 0, done.output
+    assert "| makespan 0.000098s (virtual clock) |" in done.stdout
+    assert "lower bound 0.000098s (model_service_s)" in done.stdout

@@ -205,6 +205,11 @@ def _per_hour(rate: float | None) -> str:
     return "n/a" if rate is None else f"{rate:.1f}" if rate >= 1 or rate == 0 else f"{rate:.2g}"
 
 
+def seconds(value: float) -> str:
+    """A duration to the millisecond, to the microsecond below one (a run of µs turns: no "0.000s")."""
+    return f"{value:.3f}s" if value == 0 or abs(value) >= 0.001 else f"{value:.6f}s"
+
+
 def print_summary(summary: dict[str, Any] | None, output: Path, *, gone: bool = False) -> None:
     """The run's one summary line and where its files are (``gone``: its directory was removed while it
     ran, whatever is at ``output`` now)."""
@@ -213,7 +218,7 @@ def print_summary(summary: dict[str, Any] | None, output: Path, *, gone: bool = 
     c, acc, sch = summary["counts"], summary["accuracy"], summary["scheduler"]
     tput = summary["throughput"]["completed_per_wall_hour"]
     exact = "n/a" if acc["exact"] is None else f"{acc['exact']:.3f}"
-    makespan = "n/a" if summary["makespan_s"] is None else f"{summary['makespan_s']:.3f}s"
+    makespan = "n/a" if summary["makespan_s"] is None else seconds(summary["makespan_s"])
     if summary.get("clock") == "virtual":  # a simulation: not seconds anybody waited
         makespan += " (virtual clock)"
     evaluated = summary["tools"]["jobs_by_kind"].get("evaluate", 0)

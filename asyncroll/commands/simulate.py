@@ -15,6 +15,7 @@ from asyncroll.commands.common import (
     note_limit_past,
     print_summary,
     say,
+    seconds,
     warn_exports,
     warn_low_address_space,
     warn_moved,
@@ -397,7 +398,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     b = outcome.summary.get("bounds") if outcome.summary else None
     if b:
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
-        say(f"lower bound {b['lower_bound_s']:.3f}s ({b['binding']}) | efficiency {eff}")
+        say(f"lower bound {seconds(b['lower_bound_s'])} ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
 
 
