@@ -60,6 +60,24 @@ def test_optimum_of_a_recorded_run(tmp_path: Path) -> None:
     assert "proven lower bound" in plain.stdout and "makespan ÷ best schedule" in plain.stdout
 
 
+def test_optimum_of_a_sub_millisecond_run_gives_its_times_to_the_microsecond(tmp_path: Path) -> None:
+    """A simulation of µs turns: 'makespan 0.000s | analytic bound 0.000s | proven lower bound 0.000s'."""
+    lines = [{"id": f"p{i}", "prompt": "x", "script": [{"type": "final", "answer": "1", "latency_ms": 0.049}]}
+             for i in range(2)]  # fmt: skip
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = tmp_path / "run"
+    assert (
+        invoke(
+            "simulate", "--workload", workload, "--output", run, "--max-active-trajectories", "1"
+        ).exit_code
+        == 0
+    )
+    plain = invoke("optimum", run, "--time-limit", "30", "--threads", "1")
+    assert plain.exit_code == 0, plain.stderr
+    assert "makespan 0.000098s | analytic bound 0.000098s | proven lower bound 0.000098s" in plain.stdout
+
+
 def test_optimum_refuses_what_is_not_a_run(tmp_path: Path) -> None:
     result = invoke("optimum", tmp_path)
     assert result.exit_code == 2

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from asyncroll.commands.common import Opt, fail, say
+from asyncroll.commands.common import Opt, fail, say, seconds
 from asyncroll.commands.files import still_running
 from asyncroll.json_depth import read_json_object
 
@@ -69,8 +69,8 @@ def optimum(
         say(json.dumps(result, indent=2))
         return
 
-    def fmt(value: float | None, unit: str = "s") -> str:
-        return "n/a" if value is None else f"{value:.3f}{unit}"
+    def fmt(value: float | None, unit: str = "s") -> str:  # times to the µs below a millisecond
+        return "n/a" if value is None else seconds(value) if unit == "s" else f"{value:.3f}{unit}"
 
     say(
         f"{result['status']}: {result['trajectories']} trajectories, {result['steps']} steps, "
