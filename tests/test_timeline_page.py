@@ -378,6 +378,49 @@ def test_a_long_runs_axis_labels_do_not_overlap(tmp_path: Path) -> None:
             assert right <= left, (a, b, labels)
 
 
+HOVER_HARNESS = (
+    PAGE
+    + r"""
+const ctx = new Proxy({measureText: (t) => ({width: 6 * String(t).length})},
+  {get: (t, k) => (k in t ? t[k] : () => undefined), set: (t, k, v) => ((t[k] = v), true)});
+"""
+    + DOM
+    + r"""
+global.location = {hash: ""};
+global.requestAnimationFrame = (f) => f();
+new Function(code)();
+const D = JSON.parse(data), [W0, W1] = D.window, tips = [];
+for (const s of D.spans.filter((s) => s[3] !== 0)) {  // each inner span, hovered at its middle (rows 16 px)
+  const mid = (s[1] + s[2] / 2) / 1e6, x = 180 + ((mid - W0) / (W1 - W0)) * 1020;
+  els.tl.on.mousemove({clientX: x, clientY: s[0] * 16 + 8}); tips.push(els.tip.textContent); }
+console.log(JSON.stringify(tips));
+"""
+)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_a_long_spans_tooltip_gives_its_duration_in_seconds(tmp_path: Path) -> None:
+    """A model request of 57 minutes was 'duration 3442132.416 ms' in its tooltip, beside a start and an
+    axis in seconds; a span of a second or more says seconds, a shorter one milliseconds."""
+    events: list[ev.Event] = [
+        ev.TrajectoryStarted(t=0.0, id="a", index=0, prompt_chars=10, active=1),
+        ev.ModelEnqueued(t=0.0, id="a", request_id=1, turn=0, outstanding=1),
+        ev.ModelStarted(t=0.0005, id="a", request_id=1, turn=0, inflight=1, queued_s=0.0005),
+        ev.ModelFinished(t=3442.1329, id="a", request_id=1, turn=0, latency_s=3442.1324, action="final"),
+        ev.TrajectoryFinished(
+            t=3442.1329, id="a", status="completed", turns=1, tool_calls=0, duration_s=3442.1329
+        ),
+    ]
+    page = write_timeline(make_run(tmp_path, events))
+    harness = tmp_path / "hover.js"
+    harness.write_text(HOVER_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    tips = json.loads(proc.stdout)
+    assert any("start 0.0005 s, duration 3442.1324 s" in tip for tip in tips), tips
+    assert any("start 0 s, duration 0.5 ms" in tip for tip in tips), tips  # the queue wait
+
+
 def _palette(html: str, name: str) -> dict[str, str]:
     """One colour table of the page's script: ``const NAME = {key: "#rrggbb", ...}`` or ``[...]``."""
     body = re.search(rf"const {name} = [{{\[](.*?)[}}\]];", html, re.S)
