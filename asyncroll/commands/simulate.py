@@ -34,6 +34,7 @@ from asyncroll.commands.simulate_flags import (
     warn_assumed,
     warn_replay,
     warn_sync_rows,
+    warn_timed_out,
     warn_unread,
     why_ended_otherwise,
 )
@@ -389,6 +390,8 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     if from_run is not None and outcome.summary is not None and outcome.status == "complete":
         _say_ended_otherwise(from_run, output)
     warn_assumed(assumed, replay=from_run is not None)
+    if from_run is None:  # a replay's timeouts are the recorded run's, at its own timeout
+        warn_timed_out(outcome.summary, cfg.tool_timeout)
     if outcome.late_signal:
         from asyncroll.runtime.signals import late_signal_note
 

@@ -295,3 +295,16 @@ def csv_list(text: str, kind: type[str] | type[int], flag: str) -> tuple[Any, ..
             f"{flag}: {', '.join(repeated)} given more than once; each value is one cell of the sweep"
         )
     return tuple(values)
+
+
+def warn_timed_out(summary: dict[str, Any] | None, tool_timeout: float) -> None:
+    """Tool jobs the simulation timed out, said on stderr: a workload's ``cpu_ms`` longer than
+    ``--tool-timeout`` (60 s by default) times out as a real run's would, each a failed trajectory and a
+    replaced worker, with nothing else saying why (a workload of minutes-long jobs: 1,921 of 2,000)."""
+    timed_out = (((summary or {}).get("tools") or {}).get("failures") or {}).get("timeout")
+    if timed_out:
+        typer.echo(
+            f"warning: {timed_out:,} tool job(s) ran past --tool-timeout {tool_timeout:g} s and timed out, "
+            "as in a real run (their cpu_ms is longer): raise --tool-timeout to simulate them finishing",
+            err=True,
+        )
