@@ -144,6 +144,13 @@ def test_an_output_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
     done = invoke("report", "--comparison", path, "--output", afile / "sub")
     assert done.exit_code == 2 and "cannot create" in done.stderr
     assert afile.read_text() == ""
+    dangling = tmp_path / "dangling"  # it said "cannot write the report: Not a directory", exit 1
+    dangling.symlink_to(tmp_path / "nowhere" / "deeper")
+    done = invoke("report", "--comparison", path, "--output", dangling)
+    said = (
+        f"error: --output {dangling} is a symbolic link to {tmp_path / 'nowhere' / 'deeper'}, which does not"
+    )
+    assert done.exit_code == 2 and said in done.stderr, done.stderr
 
 
 @pytest.mark.timeout(30)

@@ -232,6 +232,12 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
         raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from None
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} is a file, not a directory")
+    if output.is_symlink() and not output.exists():  # the staged folder cannot be renamed over it
+        target = os.readlink(output)
+        raise UsageError(
+            f"--output {output} is a symbolic link to {target}, which does not exist: make that folder, or "
+            "give another --output"
+        )
     if output.is_dir() and not os.path.lexists(output / "aggregate.json"):  # no report was written there
         taken = [n for n in ("REPORT.md", "figure.png", "figure.pdf") if os.path.lexists(output / n)]
         if taken:
