@@ -4,6 +4,7 @@ in the same words for the same situation whichever command says it."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -233,6 +234,19 @@ def test_a_conversion_or_an_experiment_refusing_its_output_says_what_to_choose(t
     assert (
         "exists and is not empty; asyncroll never overwrites (choose a new or empty directory)" in done.stderr
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_an_experiment_refuses_an_empty_folder_of_another_users(tmp_path: Path) -> None:
+    """An existing empty --output was taken whoever owned it: its owner (a folder planted in a shared
+    /tmp) could then plant links in it or read what the arms wrote."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    done = invoke("experiment", "run", "--config", EXPERIMENT, "--output", theirs)
+    assert done.exit_code == 2, done.output
+    assert f"--output {theirs}: an empty folder of another user's (uid 65534)" in done.stderr
+    assert list(theirs.iterdir()) == []
 
 
 @pytest.mark.parametrize("extra", [["run"], ["simulate"], ["simulate", "--sweep"]])

@@ -226,6 +226,12 @@ class ExperimentRunner:
                         f"--output {self.output} exists and is not empty; asyncroll never overwrites "
                         "(choose a new or empty directory)"
                     )
+                if self.output.exists() and (owner := self.output.stat().st_uid) != os.geteuid():
+                    # its owner may plant links in it, or read what the arms write there
+                    raise UsageError(
+                        f"--output {self.output}: an empty folder of another user's (uid {owner}); an "
+                        "experiment writes into a new folder or an empty one of its own (choose another)"
+                    )
                 self.output.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise UsageError(f"--output {self.output}: {exc.strerror or exc}") from None
