@@ -175,7 +175,10 @@ def test_a_run_whose_directory_is_removed_under_it_ends_failed_with_the_reason(t
     assert error is not None
     gone = f"{out} was moved or removed while the run ran"
     assert error.startswith(f"summary.json: cannot write ({gone})")
-    assert error.endswith(f"run.json: cannot write ({gone}); it still says 'running'")
+    # not "it still says 'running'": no run.json says anything any more
+    assert error.endswith(
+        f"run.json: cannot write ({gone}); it was gone with the directory, last written 'running'"
+    )
     assert set(files.exports_failed) == {"trace.json", "timeline.html"}
     assert not out.exists()  # nothing made anew
 

@@ -114,13 +114,14 @@ class RunDirectory:
 
     def _follow(self, receipt: Receipt) -> None:
         """Point the receipt at run.json where this run's directory is now; raises
-        :class:`~asyncroll.outputs.lines.OutputWriteError` when it is gone (the receipt then keeps the
-        last one it wrote)."""
+        :class:`~asyncroll.outputs.lines.OutputWriteError` when it is gone, with the run.json it held
+        (what it last said is named: no file says it any more)."""
         try:
             receipt.path = self.here() / "run.json"
         except OSError as exc:
             raise OutputWriteError(
-                f"run.json: cannot write ({exc.strerror or exc}); it still says {receipt.written_status!r}"
+                f"run.json: cannot write ({exc.strerror or exc}); it was gone with the directory, last "
+                f"written {receipt.written_status!r}"
             ) from exc
 
     def write_result(self, line: bytes) -> None:
