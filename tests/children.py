@@ -23,3 +23,16 @@ def end(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
             if stream is not None:
                 with contextlib.suppress(OSError):  # stdin: a flush to a dead reader
                     stream.close()
+
+
+def python_with_open_files(script: str, limit: int, timeout: float = 50) -> subprocess.CompletedProcess[str]:
+    """``python -c script`` under ``ulimit -n limit`` (the soft limit; the hard one kept)."""
+    import resource
+    import sys
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, preexec_fn=low_limit
+    )

@@ -514,19 +514,9 @@ def test_a_connection_this_process_has_no_descriptor_for_says_so_with_the_limit(
     """A run at ``ulimit -n`` with many requests in flight: the socket cannot be made (EMFILE), and httpx
     says 'ConnectError: All connection attempts failed', as for a server that is down; the run's events
     and the warm-up's error sent the user to the server. The limit of this process is named."""
-    import resource
-    import subprocess
+    from tests.children import python_with_open_files
 
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-
-    done = subprocess.run(
-        [sys.executable, "-c", _NO_FILES_LEFT],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        preexec_fn=low_limit,
-    )
+    done = python_with_open_files(_NO_FILES_LEFT, 64)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "ConnectError: All connection attempts failed: [Errno 24] Too many open files "

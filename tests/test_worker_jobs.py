@@ -364,18 +364,7 @@ def test_a_cpu_reading_with_no_descriptor_left_is_unknown_not_an_error() -> None
     OSError EMFILE, not a psutil.Error: the run's closing CPU reading failed a run whose every trajectory
     had ended ('run failed: OSError: [Errno 24] Too many open files: '/proc/PID/stat''). Unreadable is
     None, as the reading promises."""
-    import resource
-    import subprocess
-    import sys
+    from tests.children import python_with_open_files
 
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-
-    done = subprocess.run(
-        [sys.executable, "-c", _CPU_WITH_NO_DESCRIPTOR_LEFT],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        preexec_fn=low_limit,
-    )
+    done = python_with_open_files(_CPU_WITH_NO_DESCRIPTOR_LEFT, 64)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
