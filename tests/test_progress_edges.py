@@ -261,3 +261,10 @@ def test_a_slow_run_gives_its_rate_per_hour() -> None:
     assert line.startswith("9/10  90% | 9.0/h | ETA 6:40 |")
     assert "| 0.042/h | ETA 216:00:00 |" in render_progress(snap({"completed": 1}, 86400.0), width=200)
     assert "| 0.10/s |" in render_progress(snap({"completed": 1}, 10.0), width=200)  # 360/h: still per second
+
+
+def test_a_sweep_cell_of_microseconds_gives_its_makespan_to_the_microsecond() -> None:
+    """A cell of µs turns printed "makespan 0.000 s"."""
+    stream = io.StringIO()
+    SweepProgress(stream)(1, 1, {**_ROW, "makespan_s": 0.000098})
+    assert stream.getvalue() == "[1/1] tool_first 16 / 4 / 2 seed 0: makespan 0.000098 s\n"

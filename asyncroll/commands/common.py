@@ -205,9 +205,9 @@ def _per_hour(rate: float | None) -> str:
     return "n/a" if rate is None else f"{rate:.1f}" if rate >= 1 or rate == 0 else f"{rate:.2g}"
 
 
-def seconds(value: float) -> str:
+def seconds(value: float, unit: str = "s") -> str:
     """A duration to the millisecond, to the microsecond below one (a run of µs turns: no "0.000s")."""
-    return f"{value:.3f}s" if value == 0 or abs(value) >= 0.001 else f"{value:.6f}s"
+    return f"{value:.3f}{unit}" if value == 0 or abs(value) >= 0.001 else f"{value:.6f}{unit}"
 
 
 def print_summary(summary: dict[str, Any] | None, output: Path, *, gone: bool = False) -> None:

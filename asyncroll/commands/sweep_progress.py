@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from asyncroll.commands.common import seconds
+
 
 class SweepProgress:
     """Called with ``(done, total, row)`` after each cell; :meth:`end` ends a line a stop cut short.
@@ -31,7 +33,7 @@ class SweepProgress:
     def __call__(self, done: int, total: int, row: dict[str, Any]) -> None:
         line = (
             f"[{done}/{total}] {row['policy']} {row['active']} / {row['inflight']} / {row['workers']} "
-            f"seed {row['seed']}: makespan {row['makespan_s']:.3f} s"
+            f"seed {row['seed']}: makespan {seconds(row['makespan_s'], ' s')}"
         )
         if not self._tty:
             self._write(line + "\n")
