@@ -125,6 +125,15 @@ def test_an_id_too_long_is_refused(tmp_path: Path) -> None:
     )
 
 
+def test_an_integer_id_too_long_is_refused(tmp_path: Path) -> None:
+    """The cap was on string ids only: an integer id of 3,000 digits (JSON's integers are unbounded) was
+    accepted and named its trajectory in every event, as a 3,000-character string id may not."""
+    rest = json.dumps({key: value for key, value in GOOD.items() if key != "id"})
+    (problem,) = _problems(tmp_path, ['{"id": ' + "9" * 3000 + ", " + rest[1:]])
+    assert problem.startswith(f"{tmp_path / 'w.jsonl'}:1: id: 3,000 characters: at most 1,000"), problem
+    assert not _problems(tmp_path, [json.dumps({**GOOD, "id": int("9" * 1000)})])
+
+
 def test_the_error_count_does_not_call_an_error_a_problem(tmp_path: Path) -> None:
     missing = scan_workload(tmp_path / "missing.jsonl", tmp_path, scripted=True)
     assert missing.error_summary() == "1 error; no line was read"

@@ -128,9 +128,11 @@ class Problem(_Strict):
         # The id names the trajectory in events, results and reports: an invisible one names nothing.
         if isinstance(value, str) and not value.strip():
             raise ValueError("must not be empty or blank (leave 'id' out to use the line number)")
-        if isinstance(value, str) and len(value) > MAX_ID_CHARS:
+        # an integer too: JSON's are unbounded, and one of thousands of digits names it as long a string
+        chars = len(value) if isinstance(value, str) else len(str(value)) if isinstance(value, int) else 0
+        if chars > MAX_ID_CHARS:
             raise ValueError(
-                f"{len(value):,} characters: at most {MAX_ID_CHARS:,} (it names the trajectory in every "
+                f"{chars:,} characters: at most {MAX_ID_CHARS:,} (it names the trajectory in every "
                 "event and result; keep a long key in metadata)"
             )
         return value
