@@ -477,8 +477,12 @@ def test_a_counters_maximum_is_written_with_its_significant_digits(tmp_path: Pat
     "max 0" over a line drawn to the top of its lane; a token rate "max 3950.864"."""
     page = write_timeline(make_run(tmp_path, normal_events()))
     data = page_data(page.read_text())
-    data["counters"] = [["server KV-cache usage", [[0, 0.0002], [10, 0.0004]]], ["tokens", [[0, 3950.864]]]]
-    data["counter_colours"] = [5, 6]
+    data["counters"] = [
+        ["server KV-cache usage", [[0, 0.0002], [10, 0.0004]]],
+        ["tokens", [[0, 3950.864]]],
+        ["CPU queue depth", [[0, 12345]]],  # a count: four significant digits read "max 12350"
+    ]
+    data["counter_colours"] = [5, 6, 7]
     page.write_text(
         re.sub(
             r'(id="data">).*?(</script>)',
@@ -491,7 +495,7 @@ def test_a_counters_maximum_is_written_with_its_significant_digits(tmp_path: Pat
     harness.write_text(LABEL_HARNESS)
     proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == ["max 0.0004", "max 3951"]
+    assert json.loads(proc.stdout) == ["max 0.0004", "max 3951", "max 12345"]
 
 
 def test_the_header_names_the_rule_the_policy_ran(tmp_path: Path) -> None:
