@@ -155,6 +155,42 @@ def test_the_kind_probe_is_retried_as_the_warmup_is() -> None:
     assert raised.group_contains(ModelError, match=r"HTTP 401 \('no key'\); ")
 
 
+def test_the_kind_probe_honours_the_servers_retry_after() -> None:
+    """The probe's retries waited their backoff whatever a 503 said: a server loading its weights that
+    asked for 'retry-after: 30' was asked again at once, as the warm-up's requests and the turns never
+    are (README: retried the same way, honouring retry-after)."""
+    import httpx
+
+    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+    from asyncroll.backends.retry import RetryPolicy
+    from asyncroll.clock import SystemClock
+
+    waits: list[float] = []
+
+    class Waits(SystemClock):
+        async def sleep(self, seconds: float) -> None:
+            waits.append(seconds)
+
+    answers = [
+        httpx.Response(503, headers={"retry-after": "30"}, text="loading"),
+        httpx.Response(200, json={"data": [{"id": "m", "owned_by": "vllm"}]}),
+    ]
+    settings = HttpSettings(
+        endpoint="http://server", model="m", inflight=1, retry=RetryPolicy(1, base_delay=0.001, max_delay=60)
+    )
+    backend = OpenAIBackend(settings, Waits(), transport=httpx.MockTransport(lambda request: answers.pop(0)))
+
+    async def start() -> None:
+        async with asyncio.TaskGroup() as tg:
+            try:
+                await backend.start(tg)
+            finally:
+                await backend.aclose()
+
+    asyncio.run(start())
+    assert backend.server_kind == "vllm" and waits == [30.0]
+
+
 @pytest.mark.timeout(60)
 def test_a_trickling_probe_answer_ends_at_its_deadline() -> None:
     """``/v1/models`` (the server-kind probe) and ``/health`` (the down-server probe) had only httpx's

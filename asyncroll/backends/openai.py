@@ -52,7 +52,7 @@ from asyncroll.backends.completion import NotACompletion, read_completion
 from asyncroll.backends.exchange import AttemptFailed, post_chat
 from asyncroll.backends.http_errors import mask_key, quoted_body
 from asyncroll.backends.http_settings import HttpSettings
-from asyncroll.backends.probes import healthy, probe_kind
+from asyncroll.backends.probes import NotReady, healthy, probe_kind
 from asyncroll.backends.request_body import REPLAY_FIXED_LENGTH, action_headers, chat_body, warmup_body
 from asyncroll.backends.retry import Circuit, is_retryable
 from asyncroll.backends.scripted import scripted_action
@@ -163,7 +163,8 @@ class OpenAIBackend:
                     tries = f"{exc} (after {attempt} attempts)"
                     raise ModelError(exc.kind, tries, status=exc.status, attempts=attempt) from exc
                 self.warmup_retries += 1  # before the clock: counted in run.json, not as events
-                await self._clock.sleep(retry.delay(attempt, self._rng))
+                headers = exc.headers if isinstance(exc, NotReady) else None  # its retry-after, honoured
+                await self._clock.sleep(retry.delay(attempt, self._rng, headers))
 
     def describe(self) -> dict[str, Any]:
         """The backend's settings for run.json: what was declared, probed and sent."""

@@ -20,6 +20,18 @@ from asyncroll.errors import ModelError
 from asyncroll.http_proxy import environment_proxy
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 
+
+class NotReady(ModelError):
+    """The probe's answer from a server not ready yet (408, 429, 5xx), with its headers: a retry waits
+    what its ``retry-after`` asks, as a turn's does."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, headers: httpx.Headers | None = None
+    ) -> None:
+        super().__init__("http_status", message, status=status)
+        self.headers = headers
+
+
 KIND_FROM_OWNER: dict[str, ServerKind] = {"vllm": "vllm", "sglang": "sglang"}
 #: The most of a ``/v1/models`` or ``/health`` answer read (a model list of many adapters fits easily).
 MAX_PROBE_BYTES = 8 << 20
@@ -64,13 +76,13 @@ async def probe_kind(
         return "generic", f"probed: /v1/models answered unreadably ({type(exc).__name__}: {exc})"
     if response.status_code in (408, 429) or response.status_code >= 500:  # not ready, or overloaded
         # not an answer about its model list: "generic" would drop --replay's fixed decode length
-        raise ModelError(
-            "http_status",
+        raise NotReady(
             f"cannot probe the server kind at {endpoint}/v1/models: it answered HTTP {response.status_code} "
             f"({server_text(body, 200, client.headers)!r}), which says nothing of what it is; retry once "
             "the server is ready, or declare its kind with --server-kind vllm|sglang|transformers|generic "
             "to skip the probe",
             status=response.status_code,
+            headers=response.headers,
         )
     if response.status_code in KEY_REFUSED:  # the key: every chat request would be refused as well
         raise ModelError(
