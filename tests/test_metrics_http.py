@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import socket
 import ssl
 import struct
@@ -170,6 +171,29 @@ def test_the_model_names_a_server_labels_its_metrics_with_are_quoted_bounded() -
 
         detail = asyncio.run(go())
     assert detail["other_models"] == [name[:100] for name in sorted([huge, *many])[:10]]
+
+
+@pytest.mark.timeout(30)
+def test_the_one_other_model_read_instead_is_recorded_bounded() -> None:
+    """A server whose one ``model_name`` label is not --model is read under it (a LoRA adapter's name):
+    the receipt's ``model_filter`` held that label whole, a megabyte one a megabyte in run.json and
+    summary.json, though ``other_models`` and the note quote it bounded."""
+    huge = "m" * 1_000_000
+    lines = f'vllm:num_requests_running{{model_name="{huge}"}} 1\n'
+    lines += f'vllm:num_requests_waiting{{model_name="{huge}"}} 0\n'
+    with MetricsServer(lambda n: (200, lines)) as server:
+
+        async def go() -> dict[str, Any]:
+            source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
+            try:
+                return await source.probe(5.0)
+            finally:
+                await source.aclose()
+
+        detail = asyncio.run(go())
+    assert "read instead" in detail["model_filter_note"]
+    assert detail["model_filter"] == huge[:1_000]
+    assert len(json.dumps(detail)) < 3_000
 
 
 def test_a_vllm_without_log_stats_is_named_as_the_likely_cause() -> None:

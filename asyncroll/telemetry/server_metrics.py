@@ -401,7 +401,8 @@ class ServerMetricsSource:
             "url": self.url,
             "flavor": names.flavor,
             "flavor_setting": self.setting,
-            "model_filter": self.model,
+            # a label read instead is the server's: bounded (a long served path keeps its 1,000 characters)
+            "model_filter": None if self.model is None else self.model[:1_000],
             "kv_cache_metric": reading.kv_cache_metric,
             "missing_at_probe": sorted(reading.nulls),
         }
