@@ -5,8 +5,9 @@ httpcore's pool walks all of its connections, and for each idle one all of them 
 request's start and end, on the event loop: with 64 requests in flight one pool spent 58% of a loopback
 run's loop there (2.4 ms a pass), and the run took as long as at 16 in flight. Pools of up to
 :data:`POOL_SHARE` requests in flight each keep a pass short. The client (its base URL, headers,
-timeouts, the environment's proxies, which it mounts on transports of their own) is unchanged: one per
-run, as SPEC §7 asks.
+timeouts) is unchanged: one per run, as SPEC §7 asks. A client given a transport takes none of the
+environment's proxy variables, so the backend uses these pools only where none is in play
+(:meth:`asyncroll.backends.openai.OpenAIBackend._pools`).
 """
 
 from __future__ import annotations
