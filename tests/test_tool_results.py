@@ -327,3 +327,22 @@ def test_a_tool_that_returns_a_coroutine_generator_or_awaitable_fails() -> None:
         assert (reply.ok, reply.value) == (False, None)
         assert reply.error is not None and reply.error.startswith(f"TypeError: the tool returned {what}")
     assert ran == []
+
+
+def test_a_tool_that_met_a_full_disk_on_a_write_naming_no_file_is_told_its_prints_need_room() -> None:
+    """A tool printing to a worker log at a full disk or a file size limit failed with a bare
+    "OSError: [Errno 27] File too large", nothing saying the write was its print to the run's log."""
+    import errno
+
+    def prints() -> None:
+        raise OSError(errno.EFBIG, "File too large")
+
+    def opens() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out.bin")
+
+    said = _in_process(prints).error
+    assert said == (
+        "OSError: [Errno 27] File too large (no room for a write that names no file: the tool's prints go "
+        "to the run's workers/ log)"
+    )
+    assert _in_process(opens).error == "OSError: [Errno 28] No space left on device: '/data/out.bin'"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import json
@@ -167,6 +168,17 @@ def describe(exc: BaseException) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _no_room(exc: BaseException) -> str:
+    """A hint for a tool that met a full disk (or a file size limit, a quota) on a write that names no
+    file: its prints go to the run's worker log (``workers/worker-N.log``), so a print failed that way
+    too, and a bare ``OSError: [Errno 27] File too large`` did not say so."""
+    if not isinstance(exc, OSError) or exc.filename is not None:
+        return ""
+    if exc.errno not in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return ""
+    return " (no room for a write that names no file: the tool's prints go to the run's workers/ log)"
+
+
 def _signalled(exc: BaseException) -> bool:
     """Whether ``exc`` is the ``KeyboardInterrupt`` of a SIGINT sent to the worker (which must end it, as
     it always has), not one that tool code raised (a tool error like any other)."""
@@ -208,7 +220,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
     except BaseException as exc:  # a failing tool is a result, not a crash; a real SIGINT still ends us
         if _signalled(exc):
             raise
-        result, error = None, describe(exc)
+        result, error = None, describe(exc) + _no_room(exc)
     finished = time.monotonic()
     if os.getpid() != pid:
         _leave_fork(request.tool, error)
