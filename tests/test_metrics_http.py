@@ -68,6 +68,15 @@ def test_a_metrics_url_that_redirects_is_followed() -> None:
     assert server.scrapes == 6  # each GET: the redirect, then the page
 
 
+async def probe_detail(url: str) -> dict[str, Any]:
+    """What the probe of ``url`` (vLLM's names, ``--model sim``) records for the run."""
+    source = ServerMetricsSource(url, flavor="vllm", model="sim", timeout=5.0)
+    try:
+        return await source.probe(5.0)
+    finally:
+        await source.aclose()
+
+
 async def probe_refusal(url: str, flavor: FlavorSetting) -> str:
     """Why the probe of ``url`` refuses the source (it must)."""
     source = ServerMetricsSource(url, flavor=flavor, model="sim", timeout=5.0)
@@ -134,15 +143,7 @@ def test_a_model_with_invalid_series_is_not_taken_for_another_model() -> None:
         )
 
     with MetricsServer(nan_sim) as server:
-
-        async def go() -> dict[str, object]:
-            source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
-            try:
-                return await source.probe(5.0)
-            finally:
-                await source.aclose()
-
-        detail = asyncio.run(go())
+        detail = asyncio.run(probe_detail(server.url))
     assert detail["model_filter"] == "sim" and "model_filter_note" not in detail
     assert detail["other_models"] == ["other"]
 
@@ -161,15 +162,7 @@ def test_the_model_names_a_server_labels_its_metrics_with_are_quoted_bounded() -
         message = asyncio.run(probe_refusal(server.url, "vllm"))
     assert len(message) < 2_000 and f"'{'m' * 100}', 'model-0'" in message and "and 41 more" in message
     with MetricsServer(labelled(["sim", huge, *many])) as server:
-
-        async def go() -> dict[str, Any]:
-            source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
-            try:
-                return await source.probe(5.0)
-            finally:
-                await source.aclose()
-
-        detail = asyncio.run(go())
+        detail = asyncio.run(probe_detail(server.url))
     assert detail["other_models"] == [name[:100] for name in sorted([huge, *many])[:10]]
 
 
@@ -182,15 +175,7 @@ def test_the_one_other_model_read_instead_is_recorded_bounded() -> None:
     lines = f'vllm:num_requests_running{{model_name="{huge}"}} 1\n'
     lines += f'vllm:num_requests_waiting{{model_name="{huge}"}} 0\n'
     with MetricsServer(lambda n: (200, lines)) as server:
-
-        async def go() -> dict[str, Any]:
-            source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=5.0)
-            try:
-                return await source.probe(5.0)
-            finally:
-                await source.aclose()
-
-        detail = asyncio.run(go())
+        detail = asyncio.run(probe_detail(server.url))
     assert "read instead" in detail["model_filter_note"]
     assert detail["model_filter"] == huge[:1_000]
     assert len(json.dumps(detail)) < 3_000
