@@ -65,11 +65,27 @@ def environment_proxy(url: str) -> str | None:
 def proxies_in_play(url: str) -> bool:
     """Whether an ``httpx`` client of the server at ``url`` takes the environment's proxy variables
     (``http_proxy``, ``https_proxy``, ``all_proxy``: it opens a transport for each, whatever the host): a
-    server not on this machine while one is set. A client given a transport of its own takes none."""
+    server not on this machine while one is set and ``no_proxy`` does not name it. A client given a
+    transport of its own takes none."""
     if on_this_machine(url):
         return False
     proxies = urllib.request.getproxies()
-    return any(proxies.get(key) for key in ("http", "https", "all"))
+    return any(proxies.get(key) for key in ("http", "https", "all")) and not _httpx_goes_direct(url)
+
+
+def _httpx_goes_direct(url: str) -> bool:
+    """Whether a client httpx makes from the environment sends requests to ``url`` directly, though a
+    proxy variable is set: ``no_proxy`` names the host (the common cluster setup: the GPU nodes in it).
+    Asked of httpx itself, whose reading of ``no_proxy`` (``*``, suffixes, IPs; no CIDR ranges) urllib's
+    differs from, through its routing (not public API: anything unexpected reads as not direct)."""
+    import httpx
+
+    try:
+        with httpx.Client() as client:
+            return bool(client._transport_for_url(httpx.URL(url)) is client._transport)
+    # a proxy httpx refuses (the client's own making then says so), unreadable CA files, or httpx changed
+    except (AttributeError, ImportError, OSError, ValueError, httpx.InvalidURL):
+        return False
 
 
 def proxy_problem(exc: Exception) -> str | None:

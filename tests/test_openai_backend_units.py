@@ -489,3 +489,31 @@ def test_a_remote_server_behind_the_environments_proxy_keeps_it(monkeypatch: pyt
     assert client._transport_for_url(httpx.URL("http://gpu.example:8000/v1/chat/completions")) is not (
         client._transport
     )  # the proxy's
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "pooled"),
+    [
+        *[("gpu.example", True), (".example", True), ("*", True), ("10.1.2.3", True)],
+        *[("other.example", False), ("10.0.0.0/8", False)],  # httpx reads no CIDR range: it proxies 10.1.2.3
+    ],
+)
+def test_a_remote_server_no_proxy_names_gets_the_connection_pools(
+    monkeypatch: pytest.MonkeyPatch, no_proxy: str, pooled: bool
+) -> None:
+    """A cluster's proxy variables (set for pip) with its GPU nodes in ``no_proxy``: httpx reaches the
+    node directly, so the client keeps the connection pools (it had httpx's one pool whenever a proxy
+    variable was set); a host ``no_proxy`` does not name, as httpx reads it, still goes through the proxy."""
+    from asyncroll.backends.transport import PoolsTransport
+    from asyncroll.clock import SystemClock
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    monkeypatch.setenv("no_proxy", no_proxy)
+    host = "10.1.2.3" if no_proxy[0].isdigit() else "gpu.example"
+    client = OpenAIBackend(
+        HttpSettings(endpoint=f"http://{host}:8000", model="m", inflight=64), SystemClock()
+    )._http()
+    assert isinstance(client._transport, PoolsTransport) is pooled
