@@ -453,6 +453,28 @@ def test_counter_colours_mean_nothing_else_on_the_page() -> None:
     assert not near
 
 
+def test_legend_colours_of_different_meanings_are_apart() -> None:
+    """An incomplete trajectory's row (pale orange) had nearly the colour of a "model queue" span drawn on
+    it (RGB distance 32): the waits of a trajectory left unfinished vanished into its row. Colours of
+    different meanings are at least 45 apart; a trajectory row done is the trajectory span's colour, and
+    an unmatched span is one colour wherever it is drawn."""
+    html = (Path(timeline.__file__).parent / "timeline.html").read_text()
+    colours = {f"{t}.{k}": c for t in ("CAT", "ST", "TRAJ", "INST") for k, c in _palette(html, t).items()}
+    same = {("CAT.trajectory", "TRAJ.ok"), ("ST.unmatched", "TRAJ.unmatched")}
+
+    def distance(a: str, b: str) -> float:
+        full = ["#" + "".join(d * 2 for d in c[1:]) if len(c) == 4 else c for c in (a, b)]  # "#000"
+        rgb = [[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in full]
+        return sum((x - y) ** 2 for x, y in zip(*rgb, strict=True)) ** 0.5
+
+    near = [
+        (a, b, round(distance(colours[a], colours[b])))
+        for a, b in itertools.combinations(colours, 2)
+        if (a, b) not in same and distance(colours[a], colours[b]) < 45
+    ]
+    assert not near
+
+
 LABEL_HARNESS = (
     PAGE
     + r"""
