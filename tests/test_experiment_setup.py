@@ -18,6 +18,7 @@ import asyncroll.experiment.runner as runner_module
 from asyncroll.errors import UsageError
 from asyncroll.experiment import preflight
 from asyncroll.experiment.runner import ExperimentRunner
+from asyncroll.experiment.server import free_port
 from tests.conftest import invoke
 from tests.experiments import read, write_config
 from tests.lean_experiment import lean
@@ -127,9 +128,63 @@ def test_a_busy_fixed_port_is_refused_before_any_arm_and_checked_again_by_each_a
     cfg = load_experiment_config(config)
     arm = build_plan(cfg)[0]
     receipt = run_arm(cfg, arm, out / "arms" / arm.id, Expected("0" * 64, {}, {}), 10.0)
-    assert receipt.status == "failed" and receipt.data["failed_step"] == "starting_server"
-    assert "already accepts connections" in receipt.data["error"]
+    # another process's port is not the arm's failure: it is cut, and a resume runs it once it is free
+    assert (receipt.status, receipt.data["interrupted_by"]) == ("interrupted", "port_busy")
+    assert receipt.data["cut_step"] == "starting_server" and receipt.data["error"].startswith(
+        f"server.port: 127.0.0.1:{busy_port} is held by pid {os.getpid()} ("
+    )
     assert "process" not in receipt.data.get("server", {})  # no server was started
+
+
+@pytest.mark.timeout(120)
+def test_a_port_a_neighbour_binds_before_an_arm_stops_the_experiment_and_a_resume_runs_the_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A neighbour's server (vLLM reserves its port before it loads its model, and listens only then) bound
+    the fixed port after the pre-flight: nothing accepted connections, so the arm started its server, which
+    died on 'address already in use', and the arm failed, never to be run again, though nothing had been
+    measured. Now the arm is not run (interrupted by ``port_busy``, before its server starts), the
+    experiment stops with the reason (exit 1), and ``--resume`` runs it once the port is free."""
+    port = free_port("127.0.0.1")
+    cfg = lean(tmp_path, **{"server.port": port})
+    out = tmp_path / "out"
+    holder = socket.socket()  # bound, not listening: a connection to it is refused
+    real_run_arm = runner_module.run_arm
+
+    def neighbour_binds(*args: Any, **kwargs: Any) -> Any:
+        if holder.getsockname()[1] == 0:
+            holder.bind(("127.0.0.1", port))
+        return real_run_arm(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "run_arm", neighbour_binds)
+    try:
+        outcome = ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    finally:
+        holder.close()
+    assert (outcome.status, outcome.exit_code) == ("stopped", 1), outcome.message
+    assert (
+        f"server.port: 127.0.0.1:{port} is held by a socket that is bound but does not listen (a server "
+        "reserving it, such as a vLLM still loading its model); pair1-fifo was not run (interrupted, not "
+        "failed): --resume runs it once the port is free"
+    ) in outcome.message
+    exp = read(out / "experiment.json")
+    first = exp["arms"]["pair1-fifo"]
+    assert (first["status"], first["interrupted_by"], first["cut_step"]) == (
+        "interrupted",
+        "port_busy",
+        "starting_server",
+    )
+    assert exp["stages"]["comparison"]["status"] == "port_busy"
+    assert "server" not in read(out / "arms" / "pair1-fifo" / "arm.json")  # no server was started
+    monkeypatch.setattr(runner_module, "run_arm", real_run_arm)  # the neighbour has gone: the port is free
+    resumed = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    assert (resumed.status, resumed.exit_code) == ("complete", 0), resumed.message
+    exp = read(out / "experiment.json")
+    assert {k: v["status"] for k, v in exp["arms"].items()} == {
+        "pair1-fifo": "complete",
+        "pair1-asyncroll": "complete",
+    }
+    assert exp["arms"]["pair1-fifo"]["attempts_interrupted"][0]["interrupted_by"] == "port_busy"
 
 
 @pytest.mark.timeout(30)

@@ -18,7 +18,8 @@ The experiment's deadline (``time_left``) is not a failure of the arm: when it c
 starts or the client runs, the arm's processes are stopped as usual and the arm ends ``interrupted``
 (``interrupted_by: "deadline"``), like an arm cut by Ctrl-C, so a resume runs it again. Neither is a GPU
 that another job keeps busy past ``gpu.idle_wait_s``: the arm ends ``interrupted`` before its server
-starts (``interrupted_by: "gpu_busy"``). The client's own
+starts (``interrupted_by: "gpu_busy"``), nor a server port that another process holds before the server
+starts (``interrupted_by: "port_busy"``, ``port_busy.py``). The client's own
 deadline (``client.deadline_s``) is part of the protocol: an arm that passes it fails.
 
 The client is stopped however it ended (``ManagedProcess.stop``, a no-op for the leader once it exited):
@@ -47,6 +48,7 @@ from asyncroll.errors import UsageError
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.gpu import GpuBusyError, GpuCheckError, check_gpu
 from asyncroll.experiment.plan import ArmPlan, client_command, endpoint, server_command
+from asyncroll.experiment.port_busy import port_busy
 from asyncroll.experiment.receipts import TERMINAL, ArmReceipt, read_json
 from asyncroll.experiment.server import (
     InferenceServer,
@@ -54,7 +56,6 @@ from asyncroll.experiment.server import (
     ReadinessTimeout,
     ServerStartError,
     free_port,
-    port_in_use,
     tail,
 )
 from asyncroll.schemas import RunReceiptModel, SummaryModel
@@ -80,11 +81,18 @@ class ArmFailed(RuntimeError):
         self.step = step
 
 
+#: What a resume of an arm cut before its server started waits for, by what cut it.
+RESUME_WHEN = {"gpu_busy": "the GPU is idle", "port_busy": "the port is free"}
+
+
 class ArmCut(RuntimeError):
     """The arm was not let finish — the experiment's deadline came during ``step`` (``by="deadline"``),
-    or the GPU stayed busy before it started (``"gpu_busy"``) — so it ends interrupted, not failed."""
+    or before it started the GPU stayed busy (``"gpu_busy"``) or another process held the server's port
+    (``"port_busy"``) — so it ends interrupted, not failed."""
 
-    def __init__(self, step: str, message: str, by: Literal["deadline", "gpu_busy"] = "deadline") -> None:
+    def __init__(
+        self, step: str, message: str, by: Literal["deadline", "gpu_busy", "port_busy"] = "deadline"
+    ) -> None:
         super().__init__(message)
         self.step = step
         self.by = by
@@ -194,11 +202,9 @@ def _steps(
         raise ArmCut("checking_gpu", "the experiment's deadline came while the GPU was checked")
 
     port = cfg.server.port or free_port(cfg.server.host)
-    if port_in_use(cfg.server.host, port):
-        raise ArmFailed(
-            "starting_server",
-            f"{cfg.server.host}:{port} already accepts connections: another server is running there",
-        )
+    busy = port_busy(cfg.server.host, port, fixed=bool(cfg.server.port))
+    if busy is not None:  # another process's, not the arm's: nothing was measured
+        raise ArmCut("starting_server", busy, by="port_busy")
     command = server_command(cfg, port)
     url = endpoint(cfg, port)
     server = InferenceServer(

@@ -95,7 +95,7 @@ def owner(leader: int, origin: str | None, host: str, port: int) -> dict[str, An
         why = f"{type(exc).__name__}: {exc}".rstrip(": ")
         return {"verified": False, "why": f"this platform does not tell which process holds a socket ({why})"}
     if found is None:
-        raise ForeignListener(_holder(port, where))
+        raise ForeignListener(holder(port, where))
     beside = _beside(leader, origin, port, where, found["address"].rsplit(":", 1)[0].strip("[]"))
     if beside:
         raise ForeignListener(beside, shared=True)
@@ -140,7 +140,7 @@ def _ours(pid: int, leader: int, origin: str | None) -> bool:
     return origin is not None and origin_of(pid) == origin
 
 
-def _holder(port: int, where: set[str]) -> str:
+def holder(port: int, where: set[str]) -> str:
     """Who holds the port, as well as can be seen: the system-wide table where it can be read, else each
     process this user may look at."""
     try:

@@ -31,7 +31,9 @@ the stage ``deadline``; the cut arm is ``interrupted`` (``interrupted_by: "deadl
 the comparison does not count it as a failed arm and ``--resume`` runs it again. Finished arms keep what
 they recorded. A declared GPU that another job keeps busy past ``gpu.idle_wait_s`` stops the experiment
 the same way, before the arm's server starts: the arm is ``interrupted`` (``interrupted_by: "gpu_busy"``),
-the stage ``gpu_busy``, and ``--resume`` runs it once the GPU is idle.
+the stage ``gpu_busy``, and ``--resume`` runs it once the GPU is idle. So does a server port that another
+process (a neighbour's server) holds when the arm is about to start its server (``interrupted_by:
+"port_busy"``, the stage ``port_busy``; ``--resume`` runs it once the port is free).
 
 Before anything is created or changed, the setup is checked once (``preflight.py``): a server program
 that cannot be found or a fixed port another process holds is refused with exit status 2, naming the
@@ -57,6 +59,7 @@ from asyncroll.evaluator import cgroups_v2
 from asyncroll.experiment import preflight
 from asyncroll.experiment.arms import (
     PROTOCOL_STEP,
+    RESUME_WHEN,
     Expected,
     ExperimentInterrupted,
     load_summary,
@@ -319,13 +322,14 @@ class ExperimentRunner:
                     return self._finish(
                         receipt, "stopped", self._deadline_reason(f"cut {arm.id} while {step} (interrupted)")
                     )
-                if record["status"] == "interrupted" and record.get("interrupted_by") == "gpu_busy":
-                    receipt.set_stage(stage, status="gpu_busy")
+                by = record.get("interrupted_by")
+                if record["status"] == "interrupted" and by in RESUME_WHEN:  # gpu_busy, port_busy
+                    receipt.set_stage(stage, status=by)
                     return self._finish(
                         receipt,
                         "stopped",
                         f"{one_line(record.get('error'))}; {arm.id} was not run (interrupted, not failed): "
-                        "--resume runs it once the GPU is idle",
+                        f"--resume runs it once {RESUME_WHEN[by]}",
                     )
             if stage == COMPARISON:
                 receipt.set_stage(stage, status="complete")
