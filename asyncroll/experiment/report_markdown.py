@@ -239,8 +239,8 @@ def markdown(agg: dict[str, Any]) -> str:
         )
     out += ["", "Failed arms (kept, never re-run):", ""]
     out += [f"- `{f['id']}`: {one_line(f.get('error'))}" for f in agg["failed_arms"]] or ["- none"]
-    # interrupted (Ctrl-C, the experiment's deadline) or never reached: not failures; --resume runs them,
-    # unless a stage failed its gate: the experiment stopped there for good
+    # interrupted (Ctrl-C, the deadline, a busy GPU or server port) or never reached: not failures;
+    # --resume runs them, unless a stage failed its gate: the experiment stopped there for good
     unfinished = agg["unfinished_arms"]
     gate = next((s for s, state in agg["stages"].items() if state.get("status") == "failed"), None)
     if unfinished:
