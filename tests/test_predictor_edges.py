@@ -36,6 +36,24 @@ def test_a_large_queue_is_clamped_to_1_ms_and_60_s() -> None:
     assert seconds == {0.001, 60.0}
 
 
+def _one_byte_apart() -> DurationPredictor:
+    """A tool whose arguments were 9 or 10 bytes, the 9-byte jobs 0.1 ms and the 10-byte ones 600 s: the
+    fit's slope on log argument bytes is ~150, so a 1 MB argument is e^700 s and more beyond the prior."""
+    p = DurationPredictor()
+    for i in range(1024):
+        p.observe(_job(i, 9 if i % 2 else 10), 1e-4 if i % 2 else 600.0)
+    return p
+
+
+@pytest.mark.parametrize("queued", [1, 12], ids=["a few jobs", "a large queue"])
+def test_an_extrapolation_past_a_float_is_clamped_to_60_s(queued: int) -> None:
+    """A linear prediction past ~709 (log seconds) has no float exponential: the few-job path raised
+    OverflowError ('math range error': a simulation of such a tool failed with it), and the matrix path
+    printed numpy's 'overflow encountered in exp' RuntimeWarning (an error under the tests' filters)."""
+    jobs = [_job(5000 + i, 10**6) for i in range(queued)]
+    assert set(_one_byte_apart().predict(jobs)) == {Prediction(60.0, "ridge")}
+
+
 def test_a_repair_predicted_by_its_first_evaluation_is_clamped_too() -> None:
     p = DurationPredictor()
     p.observe(_job(1, traj="quick"), 1e-5)

@@ -34,6 +34,10 @@ from asyncroll.policies.base import JobView, Prediction
 HASH_BUCKETS = 8
 FEATURES = 7 + HASH_BUCKETS
 MIN_S, MAX_S = 0.001, 60.0
+#: the largest exponent a prediction is taken the exponential of: anything above it is clamped to ``MAX_S``
+#: anyway, and a fit extrapolated far past its data (a 1 MB argument to a tool seen with 9 and 10 bytes)
+#: can reach log seconds past ~709, whose exponential is no float (OverflowError, numpy's RuntimeWarning)
+EXP_CAP = math.log(MAX_S) + 1.0
 SMALL_BATCH = 8
 
 
@@ -247,13 +251,17 @@ class DurationPredictor:
                     rows[job.job_id] = self._features(job)
             if len(jobs) <= SMALL_BATCH:  # numpy's per-call overhead dwarfs a few 15-term dot products
                 coef, prior = self._coef_list, self._log_prior
-                seconds = [min(max(math.exp(_dot(rows[j.job_id], coef) + prior), MIN_S), MAX_S) for j in jobs]
+                seconds = [
+                    min(max(math.exp(min(_dot(rows[j.job_id], coef) + prior, EXP_CAP)), MIN_S), MAX_S)
+                    for j in jobs
+                ]
             else:
                 slot = self._slot
                 # the slots first: taking one may grow ``_queued``, which must be read after that
                 slots = [slot(j.job_id, rows[j.job_id]) for j in jobs]
                 matrix = self._queued[slots]
-                seconds = np.clip(np.exp(matrix @ self._coef + self._log_prior), MIN_S, MAX_S).tolist()
+                log_s = np.minimum(matrix @ self._coef + self._log_prior, EXP_CAP)
+                seconds = np.clip(np.exp(log_s), MIN_S, MAX_S).tolist()
             base = [Prediction(s, "ridge") for s in seconds]
         first = self._first
         for i, job in enumerate(jobs):
