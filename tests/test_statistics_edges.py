@@ -51,3 +51,10 @@ def test_a_ratio_is_given_to_six_decimals_and_missing_over_nothing() -> None:
         0.0,
         None,
     )
+
+
+def test_a_correlation_rounded_to_zero_is_never_negative_zero() -> None:
+    """An r between -0.00005 and 0 rounded to four places was ``-0.0`` in summary.json."""
+    ys = [0.037158, 0.189529, 0.953229, 0.716225, 0.678945, 0.645058, 0.79212, 0.284097, 0.036567, 0.506291]
+    r = pearson(list(range(10)), ys)
+    assert r == 0 and str(r) == "0.0"

@@ -41,7 +41,7 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     syy = left_to_right_sum((y - my) ** 2 for y in ys)
     if sxx <= 0 or syy <= 0:
         return None
-    return round(sxy / math.sqrt(sxx * syy), 4)
+    return round(sxy / math.sqrt(sxx * syy), 4) + 0.0  # never -0.0
 
 
 def pearson_missing(xs: Sequence[float], ys: Sequence[float]) -> str | None:
