@@ -5,6 +5,7 @@ and no half-made directory behind."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -18,6 +19,7 @@ import pytest
 
 from asyncroll.events import parse_event
 from tests.conftest import REPO
+from tests.simulations import simulate_here
 
 pytestmark = pytest.mark.timeout(90)
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -267,6 +269,34 @@ def test_a_sweep_that_can_start_no_cell_process_names_the_process_limit(tmp_path
     assert "Traceback" not in done.stderr
     assert "cannot start the sweep's cell processes (--jobs 2)" in done.stderr
     assert "(this user may run 1 processes and threads: ulimit -u); --jobs 1 runs" in done.stderr
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="semaphores live in /dev/shm on Linux; --jobs is lowered to the usable CPUs: needs 2",
+)
+def test_a_sweep_that_can_make_no_semaphore_names_dev_shm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container or sandbox whose /dev/shm is read-only or absent: the cell pool's semaphores cannot be
+    made there (sem_open's OSError names no file). The error read 'cannot start the sweep's cell processes
+    (--jobs 2): Read-only file system' (or 'No such file or directory'), naming no path."""
+    import _multiprocessing
+
+    class NoShm:
+        SEM_VALUE_MAX = _multiprocessing.SemLock.SEM_VALUE_MAX
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(_multiprocessing, "SemLock", NoShm)
+    out = tmp_path / "sweep"
+    done = simulate_here("--sweep", "--workload", SMOKE, "--output", out, "--jobs", "2", "--no-progress")
+    assert done.exit_code == 1, done.stderr
+    assert (
+        "cannot start the sweep's cell processes (--jobs 2): cannot make a semaphore in /dev/shm: "
+        "Read-only file system; --jobs 1 runs the cells in this process" in done.stderr
+    ), done.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")

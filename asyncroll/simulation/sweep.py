@@ -137,7 +137,7 @@ def run_sweep(
     stopped: BaseException | None = None
     try:
         if jobs > 1 and len(cells) > 1:
-            with _starting(jobs):
+            with _starting(jobs, semaphores=True):
                 context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
                 pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
         with _starting(jobs):  # the pool starts its processes as the cells are handed to it
@@ -190,15 +190,21 @@ def run_sweep(
 
 
 @contextlib.contextmanager
-def _starting(jobs: int) -> Iterator[None]:
+def _starting(jobs: int, semaphores: bool = False) -> Iterator[None]:
     """The sweep's cell processes (and multiprocessing's resource tracker) being started: one that cannot
-    start (``ulimit -n`` or ``-u`` reached) is a :class:`SimulationError` that says so, not a traceback."""
+    start (``ulimit -n`` or ``-u`` reached) is a :class:`SimulationError` that says so, not a traceback.
+    ``semaphores``: the pool's making, whose semaphores live in /dev/shm on Linux; sem_open's error names
+    no file, so a read-only or missing /dev/shm (a container's, a sandbox's) is named here."""
     try:
         yield
     except OSError as exc:
+        note = limit_note(exc)
+        where = ""
+        if semaphores and not note and exc.filename is None and sys.platform.startswith("linux"):
+            where = "cannot make a semaphore in /dev/shm: "
         raise SimulationError(
-            f"cannot start the sweep's cell processes (--jobs {jobs}): {exc.strerror or exc}"
-            f"{limit_note(exc)}; --jobs 1 runs the cells in this process"
+            f"cannot start the sweep's cell processes (--jobs {jobs}): {where}{exc.strerror or exc}"
+            f"{note}; --jobs 1 runs the cells in this process"
         ) from exc
 
 
