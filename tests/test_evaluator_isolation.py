@@ -20,6 +20,7 @@ from asyncroll.evaluator import isolation, sandbox
 from asyncroll.evaluator.isolation import IsolationError, IsolationReport, Layer
 from asyncroll.evaluator.preexec import tasks_of
 from asyncroll.evaluator.sandbox import Layers, Sandbox
+from tests.conftest import REPO, invoke
 from tests.evaluations import (
     HOST_ROOT_LINKS,
     ROW_1873_A,
@@ -256,3 +257,24 @@ def test_a_program_run_as_the_runtime_s_own_user_gets_its_processes_beyond_the_u
     code.write_text("import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC)[0])\n")
     execution = Sandbox(Layers(python=sys.executable)).run(code, b"", scratch, wall_s=10.0)
     assert execution.stdout == b"5064\n", execution
+
+
+def test_no_usable_temporary_directory_is_refused_naming_tmpdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container with a read-only root (no emptyDir on /tmp) and a TMPDIR that is missing or read-only:
+    the probe's scratch folder could not be made, and `asyncroll run` on a code workload ended in
+    tempfile's FileNotFoundError traceback, nothing saying to set TMPDIR."""
+    missing = tmp_path / "missing"
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile looks again, and finds no candidate usable
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(missing)])
+    monkeypatch.setenv("TMPDIR", str(missing))
+    with pytest.raises(IsolationError, match="set TMPDIR to a folder this user may write in"):
+        isolation.require(allow_weak=True)
+    out = tmp_path / "run"
+    workload = REPO / "examples" / "livecodebench" / "workload.jsonl"
+    done = invoke("run", "--workload", workload, "--output", out, "--allow-weak-isolation", "--no-progress")
+    assert done.exit_code == 2, done.stderr
+    assert "untrusted code needs a folder for its scratch files: No usable temporary directory" in done.stderr
+    assert str(missing) in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()

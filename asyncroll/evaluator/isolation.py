@@ -376,7 +376,15 @@ def detect() -> IsolationReport:
 
 def require(allow_weak: bool = False) -> IsolationReport:
     """The detected report; raises :class:`IsolationError` naming every missing required layer unless
-    ``allow_weak`` is true."""
+    ``allow_weak`` is true, or when there is no temporary folder for the probe's and the evaluations'
+    scratch files (a read-only /tmp and a TMPDIR missing or read-only: tempfile's traceback before)."""
+    try:
+        tempfile.gettempdir()
+    except OSError as exc:
+        raise IsolationError(
+            f"untrusted code needs a folder for its scratch files: {exc.strerror or exc}; "
+            "set TMPDIR to a folder this user may write in"
+        ) from exc
     report = detect()
     if report.missing and not allow_weak:
         details = {layer.name: layer.detail for layer in report.layers}
