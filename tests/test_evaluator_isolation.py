@@ -260,7 +260,7 @@ def test_a_program_run_as_the_runtime_s_own_user_gets_its_processes_beyond_the_u
 
 
 def test_no_usable_temporary_directory_is_refused_naming_tmpdir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A container with a read-only root (no emptyDir on /tmp) and a TMPDIR that is missing or read-only:
     the probe's scratch folder could not be made, and `asyncroll run` on a code workload ended in
@@ -271,6 +271,10 @@ def test_no_usable_temporary_directory_is_refused_naming_tmpdir(
     monkeypatch.setenv("TMPDIR", str(missing))
     with pytest.raises(IsolationError, match="set TMPDIR to a folder this user may write in"):
         isolation.require(allow_weak=True)
+    monkeypatch.setattr(sys, "argv", ["isolation"])  # `python -m asyncroll.evaluator.isolation` says so too
+    assert isolation.main() == 1
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.startswith("error: untrusted code needs a folder for its scratch")
     out = tmp_path / "run"
     workload = REPO / "examples" / "livecodebench" / "workload.jsonl"
     done = invoke("run", "--workload", workload, "--output", out, "--allow-weak-isolation", "--no-progress")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -537,6 +538,32 @@ def test_a_code_workload_this_machines_sandbox_cannot_isolate_is_refused_before_
     mixed = lean(tmp_path, **code, **{"client.extra_args": ["--allow-weak-isolation"], "arms": arms})
     with pytest.raises(UsageError, match="clients of asyncroll would refuse"):
         ExperimentRunner(mixed, tmp_path / "mixed", echo=lambda _: None, warn=lambda _: None).run()
+
+
+def test_a_code_workload_with_no_usable_temporary_folder_is_refused_before_any_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only /tmp and a TMPDIR missing: each client refused only once its server was up (its
+    isolation probe could make no scratch folder), and the pre-flight probe's own failure read as 'no
+    verdict', so every arm was started anyway, even with weak isolation allowed."""
+    monkeypatch.setattr(runner_module.cgroups_v2, "prepare_for_children", lambda: None)
+    monkeypatch.setattr(preflight, "isolation_report", lambda: {})  # the probe's process failed
+    missing = tmp_path / "missing"
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(missing)])
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+    code = {"workload.path": LCB_EXAMPLE, "workload.sha256": None}
+    allowed = lean(tmp_path, **code, **{"client.extra_args": ["--allow-weak-isolation"]})
+    out = tmp_path / "out"
+    with pytest.raises(UsageError) as refused:
+        ExperimentRunner(allowed, out, echo=lambda _: None, warn=lambda _: None).run()
+    assert "no arm was started" in str(refused.value)
+    assert "(lcb_evaluate), and untrusted code needs a folder for its scratch files: No usable" in str(
+        refused.value
+    )
+    assert "set TMPDIR to a folder this user may write in" in str(refused.value)
+    assert not out.exists() and calls == []
 
 
 @pytest.mark.timeout(120)

@@ -374,17 +374,26 @@ def detect() -> IsolationReport:
     return IsolationReport(tuple(layers), base, root, version)
 
 
+def scratch_problem() -> str | None:
+    """Why no folder can be made for the probe's and the evaluations' scratch files (tempfile finds no
+    usable temporary directory: a read-only /tmp, TMPDIR missing or read-only), or ``None``."""
+    try:
+        tempfile.gettempdir()
+    except OSError as exc:
+        return (
+            f"untrusted code needs a folder for its scratch files: {exc.strerror or exc}; "
+            "set TMPDIR to a folder this user may write in"
+        )
+    return None
+
+
 def require(allow_weak: bool = False) -> IsolationReport:
     """The detected report; raises :class:`IsolationError` naming every missing required layer unless
     ``allow_weak`` is true, or when there is no temporary folder for the probe's and the evaluations'
     scratch files (a read-only /tmp and a TMPDIR missing or read-only: tempfile's traceback before)."""
-    try:
-        tempfile.gettempdir()
-    except OSError as exc:
-        raise IsolationError(
-            f"untrusted code needs a folder for its scratch files: {exc.strerror or exc}; "
-            "set TMPDIR to a folder this user may write in"
-        ) from exc
+    no_scratch = scratch_problem()
+    if no_scratch is not None:
+        raise IsolationError(no_scratch)
     report = detect()
     if report.missing and not allow_weak:
         details = {layer.name: layer.detail for layer in report.layers}
@@ -412,6 +421,10 @@ def main() -> int:
     """``python -m asyncroll.evaluator.isolation [--allow-weak]``: print the report as JSON; exit 1 when
     a required layer is missing (and weakness was not allowed)."""
     allow_weak = "--allow-weak" in sys.argv[1:]
+    no_scratch = scratch_problem()
+    if no_scratch is not None:
+        print(f"error: {no_scratch}", file=sys.stderr)
+        return 1
     report = isolation_report(allow_weak)
     print(json.dumps(report, indent=2))
     return 1 if report["weak"] and not allow_weak else 0

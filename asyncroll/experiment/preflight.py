@@ -98,7 +98,13 @@ def isolation_problem(cfg: ExperimentConfig) -> str | None:
     not): this machine's sandbox lacks a layer, and an arm does not pass ``--allow-weak-isolation``. Each
     arm's client refused only once its server was up (a model loaded for minutes), and the first stage
     then failed its gate as if that were a result. Probed as the clients probe it, in a process the runner
-    starts (call after :func:`~asyncroll.evaluator.cgroups_v2.prepare_for_children`)."""
+    starts (call after :func:`~asyncroll.evaluator.cgroups_v2.prepare_for_children`). No temporary folder
+    for the evaluations' scratch files (a read-only /tmp, TMPDIR missing) refuses every arm, weak or not."""
+    from asyncroll.evaluator.isolation import scratch_problem
+
+    no_scratch = scratch_problem()  # the clients inherit this environment: they would find none either
+    if no_scratch is not None:
+        return f"workload: it runs untrusted code (lcb_evaluate), and {no_scratch}"
     strict = [
         arm.name
         for arm in cfg.arms
