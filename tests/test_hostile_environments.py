@@ -201,7 +201,7 @@ def test_a_run_whose_workers_cannot_start_names_the_limit_and_leaves_no_worker(t
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a directory of mode 000: needs a non-root user")
-@pytest.mark.parametrize("umask", [0o777, 0o277], ids=["0777", "0277"])
+@pytest.mark.parametrize("umask", [0o777, 0o277, 0o444], ids=["0777", "0277", "0444"])
 @pytest.mark.parametrize("command", ["run", "simulate", "sweep", "replay"])
 def test_a_umask_that_leaves_the_output_unwritable_is_refused_and_nothing_left(
     tmp_path: Path, umask: int, command: str

@@ -87,15 +87,17 @@ def output_exists(output: Path) -> bool:
 
 def refuse_unwritable(output: Path) -> None:
     """``output`` was just made, empty: one this process cannot write in (a umask of 0777 or 0277 made it
-    so) is removed again and refused, before a run.json or a workload fails in it with a traceback."""
-    if os.access(output, os.W_OK | os.X_OK):
+    so), or read (0444: the run finished, then its exports could not read its events.jsonl, and a sweep
+    failed reading its seeded workload), is removed again and refused, before a run.json or a workload
+    fails in it."""
+    if os.access(output, os.R_OK | os.W_OK | os.X_OK):
         return
     mode = stat.S_IMODE(output.stat().st_mode)
     with contextlib.suppress(OSError):
         output.rmdir()
     raise UsageError(
-        f"--output {output}: made with mode {mode:04o} (the umask's), in which this process cannot write; "
-        "removed again: set a umask that leaves its owner rwx (umask 022 or 077)"
+        f"--output {output}: made with mode {mode:04o} (the umask's), in which this process cannot read or "
+        "write; removed again: set a umask that leaves its owner rwx (umask 022 or 077)"
     )
 
 
