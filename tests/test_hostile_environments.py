@@ -226,6 +226,27 @@ def test_a_umask_that_leaves_the_output_unwritable_is_refused_and_nothing_left(
     assert not out.exists()
 
 
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a directory of mode 000: needs a non-root user")
+@pytest.mark.parametrize("umask", [0o277, 0o444], ids=["0277", "0444"])
+def test_an_experiment_under_a_umask_that_leaves_its_output_unusable_is_refused_before_any_arm(
+    tmp_path: Path, umask: int
+) -> None:
+    """Under umask 0277 the runner failed on its own lock ('cannot open the runner's lock: Permission
+    denied'), leaving the folder; under 0444 it started each arm's server and every client refused its
+    run folder, the first stage failing its gate as if that were a result."""
+    out = tmp_path / "out"
+    config = REPO / "experiments" / "serve_sim_smoke.json"
+
+    def set_umask() -> None:
+        os.umask(umask)
+
+    done = asyncroll("experiment", "run", "--config", config, "--output", out, prepare=set_umask)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "starting" not in done.stderr
+    assert f"--output {out}: made with mode {0o777 & ~umask:04o} (the umask's)" in done.stderr
+    assert not out.exists()
+
+
 def _one_process() -> None:  # `ulimit -u 1`: this process only, no thread nor child more
     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
 

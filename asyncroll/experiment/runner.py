@@ -76,6 +76,7 @@ from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, 
 from asyncroll.experiment.resume import arm_dir, finished_arm, record_arm, recover
 from asyncroll.experiment.signals import SignalGuard
 from asyncroll.proctree import is_subreaper, set_subreaper
+from asyncroll.runtime.prepare import refuse_unwritable
 from asyncroll.workload import EVALUATOR_TOOL
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -235,9 +236,12 @@ class ExperimentRunner:
                         f"--output {self.output}: an empty folder of another user's (uid {owner}); an "
                         "experiment writes into a new folder or an empty one of its own (choose another)"
                     )
+                made = not self.output.exists()
                 self.output.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise UsageError(f"--output {self.output}: {exc.strerror or exc}") from None
+            if made:  # a umask of 0277 or 0444: refused, as run refuses it, before any server starts
+                refuse_unwritable(self.output)
         self._lock = OutputLock.acquire(self.output)
         plan = [a.to_dict() for a in self.plan]
         if path.exists():  # read again under the lock: another runner may have created it meanwhile
