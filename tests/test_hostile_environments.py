@@ -20,6 +20,7 @@ import pytest
 from asyncroll.events import parse_event
 from tests.conftest import REPO
 from tests.simulations import simulate_here
+from tests.unprivileged import as_user, skip_unless_bound
 
 pytestmark = pytest.mark.timeout(90)
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -200,12 +201,14 @@ def test_a_run_whose_workers_cannot_start_names_the_limit_and_leaves_no_worker(t
     assert left == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a directory of mode 000: needs a non-root user")
 @pytest.mark.parametrize("umask", [0o777, 0o277, 0o444], ids=["0777", "0277", "0444"])
 @pytest.mark.parametrize("command", ["run", "simulate", "sweep", "replay"])
 def test_a_umask_that_leaves_the_output_unwritable_is_refused_and_nothing_left(
     tmp_path: Path, umask: int, command: str
 ) -> None:
+    """Bound by file permissions as an ordinary user (root writes in a folder of mode 000):
+    ``tests/unprivileged.py``."""
+    skip_unless_bound()
     recorded = tmp_path / "recorded"
     assert asyncroll("simulate", "--workload", SMOKE, "--output", recorded).returncode == 0
     out = tmp_path / "out"
@@ -219,28 +222,29 @@ def test_a_umask_that_leaves_the_output_unwritable_is_refused_and_nothing_left(
     def set_umask() -> None:
         os.umask(umask)
 
-    done = asyncroll(*commands[command], "--output", out, prepare=set_umask)
+    done = asyncroll(*commands[command], "--output", out, prepare=as_user(set_umask))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert f"--output {out}: made with mode {0o777 & ~umask:04o}" in done.stderr and "umask" in done.stderr
     assert not out.exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a directory of mode 000: needs a non-root user")
 @pytest.mark.parametrize("umask", [0o277, 0o444], ids=["0277", "0444"])
 def test_an_experiment_under_a_umask_that_leaves_its_output_unusable_is_refused_before_any_arm(
     tmp_path: Path, umask: int
 ) -> None:
     """Under umask 0277 the runner failed on its own lock ('cannot open the runner's lock: Permission
     denied'), leaving the folder; under 0444 it started each arm's server and every client refused its
-    run folder, the first stage failing its gate as if that were a result."""
+    run folder, the first stage failing its gate as if that were a result. Bound by file permissions as an
+    ordinary user."""
+    skip_unless_bound()
     out = tmp_path / "out"
     config = REPO / "experiments" / "serve_sim_smoke.json"
 
     def set_umask() -> None:
         os.umask(umask)
 
-    done = asyncroll("experiment", "run", "--config", config, "--output", out, prepare=set_umask)
+    done = asyncroll("experiment", "run", "--config", config, "--output", out, prepare=as_user(set_umask))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "starting" not in done.stderr
     assert f"--output {out}: made with mode {0o777 & ~umask:04o} (the umask's)" in done.stderr

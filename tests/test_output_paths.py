@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, invoke
+from tests.unprivileged import as_user, skip_unless_bound
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
 TOO_LONG = "x" * 300  # one name longer than any file system's 255 bytes: every stat of it fails
@@ -48,22 +50,23 @@ def test_a_replay_to_an_output_name_too_long_is_a_usage_error(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recorded"]
 
 
-@pytest.mark.skipif(
-    os.geteuid() == 0, reason="root writes in a directory of mode 0555: needs a non-root user"
-)
+@pytest.mark.timeout(60)
 def test_the_timeline_of_a_run_this_user_may_not_write_in_says_so(tmp_path: Path) -> None:
     """Another user's run (or one made read-only): each export failed with its staging file's name,
     ``export failed: trace.json: PermissionError: [Errno 13] Permission denied: 'RUN/.trace.json.123.tmp';
-    timeline.html: PermissionError: ... 'RUN/.asyncroll-export-xyz'``, exit 1."""
+    timeline.html: PermissionError: ... 'RUN/.asyncroll-export-xyz'``, exit 1. Run bound by file
+    permissions as an ordinary user (root writes in a folder of mode 0555): ``tests/unprivileged.py``."""
+    skip_unless_bound()
     run = tmp_path / "run"
     assert invoke("simulate", "--workload", SMOKE, "--output", run).exit_code == 0
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     run.chmod(0o555)
     try:
-        result = invoke("timeline", run)
+        command = [sys.executable, "-m", "asyncroll.cli", "timeline", str(run)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=45, preexec_fn=as_user())
     finally:
         run.chmod(0o755)
-    assert result.exit_code == 2, result.output
+    assert result.returncode == 2, result.stderr
     assert (
         f"error: {run}: this user may not write there, where trace.json and timeline.html go" in result.stderr
     )
