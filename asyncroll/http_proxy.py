@@ -44,17 +44,17 @@ def environment_proxy(url: str) -> str | None:
     """The proxy the environment sends requests to ``url`` through, with the variable that names it
     (``"http://proxy:3128, from http_proxy"``, its password masked), or None: none is set, ``no_proxy``
     names the host, or the host is this machine (:func:`client_settings`). Read as httpx reads it
-    (urllib's ``getproxies``: the lower-case variable first, ``all_proxy`` for any scheme)."""
+    (urllib's ``getproxies``: the lower-case variable first, ``all_proxy`` for any scheme; ``no_proxy``
+    as :func:`proxies_in_play` reads it: urllib's reading of ``.domain`` and ``*`` differs)."""
     from asyncroll.url_checks import masked_url
 
-    if on_this_machine(url):
-        return None
     try:
-        parts = urlsplit(url)
+        if not proxies_in_play(url):
+            return None
         proxies = urllib.request.getproxies()
-        for key in (parts.scheme, "all"):
+        for key in (urlsplit(url).scheme, "all"):
             proxy = proxies.get(key)
-            if proxy and not urllib.request.proxy_bypass(parts.netloc):
+            if proxy:
                 name = f"{key}_proxy" if os.environ.get(f"{key}_proxy") else f"{key}_proxy".upper()
                 return f"{masked_url(proxy)}, from {name}"
     except ValueError:

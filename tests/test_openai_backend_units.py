@@ -555,3 +555,38 @@ def test_a_remote_server_no_proxy_names_gets_the_connection_pools(
         HttpSettings(endpoint=f"http://{host}:8000", model="m", inflight=64), SystemClock()
     )._http()
     assert isinstance(client._transport, PoolsTransport) is pooled
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "host", "proxied"),
+    [
+        (".gpu.example", "gpu.example", True),  # httpx: '*.gpu.example', names under it only; urllib: it too
+        ("other.example,*", "gpu.example", False),  # httpx: a '*' anywhere in the list; urllib: '*' alone
+        ("gpu.example", "gpu.example", False),
+        ("other.example", "gpu.example", True),
+    ],
+)
+def test_run_json_names_the_proxy_httpx_sends_through(
+    monkeypatch: pytest.MonkeyPatch, no_proxy: str, host: str, proxied: bool
+) -> None:
+    """run.json's ``proxy`` (and the hint of a request that got no reply) read ``no_proxy`` as urllib
+    does, the requests went as httpx reads it: with ``no_proxy=.gpu.example`` the requests to gpu.example
+    went through the proxy while run.json said none, and with ``no_proxy=other.example,*`` they went
+    directly while it named the proxy. Both now say what httpx does, as the choice of pools does."""
+    from asyncroll.backends.transport import PoolsTransport
+    from asyncroll.clock import SystemClock
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variable in (name, name.upper()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    monkeypatch.setenv("no_proxy", no_proxy)
+    url = f"http://{host}:8000"
+    backend = OpenAIBackend(HttpSettings(endpoint=url, model="m", inflight=9), SystemClock())
+    client = backend._http()
+    direct = isinstance(client._transport, PoolsTransport)
+    with httpx.Client() as plain:  # how httpx itself routes it
+        assert (plain._transport_for_url(httpx.URL(f"{url}/v1")) is not plain._transport) is proxied
+    assert direct is not proxied
+    said = backend.describe()["proxy"]
+    assert said == ("http://proxy.example:3128, from http_proxy" if proxied else None), said
