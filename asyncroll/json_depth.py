@@ -19,12 +19,11 @@ from typing import Any
 MAX_JSON_DEPTH = 500
 TOO_DEEP = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-_STRING_BYTES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_BRACKET_BYTES = re.compile(rb"[\[\]{}]")
-_STEP_BYTES = {b"[": 1, b"{": 1, b"]": -1, b"}": -1}
+# A string (matched whole, so that its brackets do not count; its group empty) or a bracket (its group).
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|([\[\]{}])')
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1, "": 0}
+_TOKEN_BYTES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|([\[\]{}])')
+_STEP_BYTES = {b"[": 1, b"{": 1, b"]": -1, b"}": -1, b"": 0}
 
 
 class JsonTooDeep(RecursionError):
@@ -34,11 +33,12 @@ class JsonTooDeep(RecursionError):
 
 def json_depth(text: str | bytes) -> int:
     """How deep valid JSON text nests its arrays and objects (brackets inside strings do not count)."""
+    # One pass, no copy of the text: each token found is an empty or one-character value, which Python
+    # shares (a copy without the strings made an object per piece between them: a LiveCodeBench line of
+    # a million tests, 69 MB, took 1.2 GB to measure).
     if isinstance(text, str):
-        brackets = _BRACKET.findall(_STRING.sub("", text))
-        return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
-    found = _BRACKET_BYTES.findall(_STRING_BYTES.sub(b"", text))
-    return max(accumulate(map(_STEP_BYTES.__getitem__, found)), default=0)
+        return max(accumulate(map(_STEP.__getitem__, _TOKEN.findall(text))), default=0)
+    return max(accumulate(map(_STEP_BYTES.__getitem__, _TOKEN_BYTES.findall(text))), default=0)
 
 
 def json_loads(text: str | bytes, **kwargs: Any) -> Any:
