@@ -4,6 +4,7 @@ report itself, ids, and lines that cannot be read (JSON Python cannot hold, keys
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import jsonschema
@@ -11,7 +12,7 @@ import pytest
 
 from asyncroll.errors import WorkloadError
 from asyncroll.schemas import schemas
-from asyncroll.workload import MAX_REPORTED_PROBLEMS, iter_problems, scan_workload
+from asyncroll.workload import MAX_REPORTED_PROBLEMS, Problem, iter_problems, scan_workload
 from tests.conftest import REPO
 from tests.workload_scans import GOOD, _problems, _write
 
@@ -274,6 +275,27 @@ def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     assert len(problems) == 2, problems
     assert ":1: line: not valid JSON: key 'reference_answer' is given twice in one object" in problems[0]
     assert ":2: line: not valid JSON: key 'answer' is given twice in one object" in problems[1]
+
+
+def test_the_repeated_key_check_does_not_build_a_second_copy_of_the_line(tmp_path: Path) -> None:
+    """The scan's check for a key given twice parsed the line again into a whole tree beside the problem
+    already parsed: a LiveCodeBench problem of 1,000,000 tests (a 69 MB line) took 2.5 GB to validate, the
+    problem itself 0.9 GB. The check keeps no object, so the scan's peak is that of the problem's parse."""
+    tests = [{"input": f"1\n{i}\n", "output": f"{i}\n", "testtype": "stdin"} for i in range(20_000)]
+    line = json.dumps({**GOOD, "metadata": {"tests": tests}})
+    path = _write(tmp_path, [line])
+    tracemalloc.start()
+    try:
+        Problem.model_validate_json(line.encode())
+        parse_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        tracemalloc.clear_traces()
+        scan = scan_workload(path, tmp_path, scripted=True)
+        scan_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert scan.problems == []
+    assert scan_peak < 1.5 * parse_peak, (scan_peak, parse_peak)
 
 
 def test_a_workload_is_utf8_and_a_utf16_file_is_named_as_one(tmp_path: Path) -> None:
