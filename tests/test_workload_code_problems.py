@@ -111,3 +111,28 @@ def test_functional_tests_nested_too_deeply_are_named_errors_not_crashes(tmp_pat
     assert len(problems) == 2, problems
     assert ":1: metadata.reference_tests[0].input: line 1 is not a JSON value: " + TOO_DEEP in problems[0]
     assert ":2: metadata.reference_tests[0].output: is not a JSON value: " + TOO_DEEP in problems[1]
+
+
+def test_tests_too_large_for_a_workers_message_are_refused(tmp_path: Path, monkeypatch: Any) -> None:
+    """Every evaluation sends the tests to a worker in one message of at most MAX_FRAME (1 GiB): a problem
+    of more passed validation and then failed the whole run at its first evaluation ('run failed:
+    ProtocolError: frame of N bytes exceeds the 1073741824-byte limit'), every other trajectory with it.
+    The limit (half the message, leaving room for the program) counts UTF-8 bytes."""
+    from asyncroll.workers.protocol import MAX_FRAME
+    from asyncroll.workload import checks
+
+    assert checks.MAX_TESTS_BYTES == MAX_FRAME // 2
+    monkeypatch.setattr(checks, "MAX_TESTS_BYTES", 100)
+    tests = [{"input": "é" * 25, "output": "x" * 25}, {"input": "", "output": "1"}]
+    meta = {"prompt_metadata": {"protocol": "one_repair"}, "reference_tests": tests}
+    line = {"id": "c", "prompt": "p", "tools": [{"name": "lcb_evaluate"}], "metadata": meta}
+    assert _problems(tmp_path, [json.dumps(line)], scripted=False) == []  # 76 bytes
+    tests[1]["output"] = "1" * 25  # 100 bytes: at the limit
+    assert _problems(tmp_path, [json.dumps(line)], scripted=False) == []
+    tests[1]["output"] += "1"
+    problems = _problems(tmp_path, [json.dumps(line)], scripted=False)
+    assert problems == [
+        f"{tmp_path / 'w.jsonl'}:1: metadata.reference_tests: 101 bytes of test inputs and outputs (UTF-8): "
+        "at most 100, half of the largest message a worker takes (each evaluation sends them to its worker "
+        "with the program)"
+    ], problems

@@ -11,6 +11,7 @@ from typing import Any
 from asyncroll.coerce import argument_errors, bound_errors
 from asyncroll.floats import shown
 from asyncroll.tool_files import ToolFile, ToolFunction
+from asyncroll.workers.protocol import MAX_FRAME
 from asyncroll.workload.models import (
     _EVALUATOR_ONLY_BY_SUBMIT,
     BUILTIN_TOOLS,
@@ -156,6 +157,16 @@ def _check_function(
     return out
 
 
+MAX_TESTS_BYTES = MAX_FRAME // 2
+"""The most bytes a one-repair problem's tests may hold: every evaluation sends them, with the program, to a
+worker in one message of at most :data:`~asyncroll.workers.protocol.MAX_FRAME`; a problem past that failed
+the whole run at its first evaluation."""
+
+
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     evaluator = problem.tool(EVALUATOR_TOOL)
@@ -178,6 +189,17 @@ def _check_one_repair(problem: Problem) -> list[tuple[str, str]]:
             except ValueError as exc:  # "tests[i].field message" → field, message
                 field, _, message = str(exc).partition(" ")
                 out.append((f"metadata.reference_{field}", message))
+        if not out:
+            size = sum(_utf8_size(test.get(key, "")) for test in tests for key in ("input", "output"))
+            if size > MAX_TESTS_BYTES:
+                out.append(
+                    (
+                        "metadata.reference_tests",
+                        f"{size:,} bytes of test inputs and outputs (UTF-8): at most {MAX_TESTS_BYTES:,}, "
+                        "half of the largest message a worker takes (each evaluation sends them to its "
+                        "worker with the program)",
+                    )
+                )
     prompt_meta = meta["prompt_metadata"]
     generations = prompt_meta.get("max_generations", 2)
     if not isinstance(generations, int) or isinstance(generations, bool) or not 1 <= generations <= 10:
