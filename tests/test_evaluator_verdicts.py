@@ -4,6 +4,7 @@ runtime errors, exit codes, time limits and budgets, output caps."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -228,3 +229,16 @@ def test_big_integers_convert_to_and_from_text_up_to_livecodebench_s_digit_limit
     functional = [{"input": "", "output": "6021", "testtype": "functional"}]
     program = "class Solution:\n    def f(self):\n        return len(str(2 ** 20000))\n"
     assert evaluate(program, functional, func_name="f")[0]["passed"]
+
+
+@real_process
+def test_the_budget_counts_from_the_callers_call_not_from_the_tests_arrival() -> None:
+    """Carrying a million tests to the worker took ~4 s before the evaluator started (pickled on the
+    runtime's event loop, then decoded): the budget, counted from the evaluator's own start, ran past the
+    runtime's tool timeout, which killed the worker (the trajectory failed, 'ran past 20s') instead of a
+    time_limit_exceeded verdict. The runtime passes ``called_at``; the budget counts from it."""
+    called_at = time.monotonic() - 2.5  # the tests took 2.5 s to arrive
+    result, elapsed = evaluate("while True:\n    pass\n", tool_timeout_s=4.0, called_at=called_at)
+    assert verdict(result) == "time_limit_exceeded" and result["timed_out"] is True
+    assert "the evaluation's total time budget of 3s" in result["feedback"]["error"], result["feedback"]
+    assert elapsed < 2.0, elapsed  # the 0.5 s the budget had left (and the sandbox's start), not 3 s

@@ -210,10 +210,19 @@ def lcb_evaluate(
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     allow_weak_isolation: bool = False,
     tool_timeout_s: float | None = None,
+    called_at: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``code`` on ``tests``; see the module docstring for the contract, the total budget and
-    the result."""
+    the result. ``called_at`` is the caller's ``time.monotonic()`` as it began the call (the runtime's,
+    the same clock on Linux): the budget counts from it, so the time the tests took to reach this worker
+    (a million tests: seconds) comes out of the budget, not out of the margin left before the caller's
+    tool timeout kills the worker."""
     started = time.monotonic()
+    if called_at is not None:
+        bad = isinstance(called_at, bool) or not isinstance(called_at, int | float)
+        if bad or not math.isfinite(called_at):
+            raise ValueError(f"called_at must be a time.monotonic() reading, got {called_at!r}")
+        started = min(started, float(called_at))
     cases = _validate(
         code, tests, func_name, time_limit_s, total_time_limit_s, memory_limit_mb, tool_timeout_s
     )

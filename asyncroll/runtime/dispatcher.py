@@ -8,6 +8,7 @@ count) and returns a decision, which is logged as ``cpu_selected``. Jobs are nev
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -392,10 +393,13 @@ class CpuDispatcher:
         worker = self._pool.worker(slot)
         spec, view = job.spec, job.view
         tool = self._tool_keys.get(spec.tool, spec.tool)
+        arguments = spec.arguments
+        if spec.kind == "evaluate":  # its budget counts from here: carrying the tests takes time too
+            arguments = {**arguments, "called_at": time.monotonic()}
         request = JobRequest(
             view.job_id,
             tool,
-            spec.arguments,
+            arguments,
             spec.cost_s,
             spec.declared,
             spec.observation_chars,
