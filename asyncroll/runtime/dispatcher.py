@@ -25,6 +25,7 @@ from asyncroll.policies.predictor import DurationPredictor
 from asyncroll.policies.remaining import RemainingEstimator
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
+from asyncroll.runtime.slot_wait import SlotWait
 from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
 from asyncroll.workers.protocol import JobRequest
 
@@ -66,23 +67,6 @@ class _Queued:
     view: JobView
     spec: JobSpec
     future: asyncio.Future[int] = field(repr=False)  # resolves to the worker slot
-
-
-class _Wait(asyncio.Future[int]):
-    """A queued job's wait for a worker slot. A stop cancels it at once, but the job leaves the queue
-    only when its task runs again; each cancellation is counted as it happens, so that the dispatcher
-    looks for such jobs only after one (it looked through the whole queue at every decision: O(queue)
-    per decision, with thousands queued most of a simulation's CPU)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_cancel: Callable[[], None]) -> None:
-        super().__init__(loop=loop)
-        self._on_cancel = on_cancel
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        cancelled = super().cancel(msg)
-        if cancelled:
-            self._on_cancel()
-        return cancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +163,7 @@ class CpuDispatcher:
             spec.test_bytes,
             spec.code_bytes,
         )
-        queued = _Queued(view, spec, _Wait(asyncio.get_running_loop(), self._wait_cancelled))
+        queued = _Queued(view, spec, SlotWait(asyncio.get_running_loop(), self._wait_cancelled))
         self._queue[job_id] = queued
         self._views[job_id] = view
         self._unpredicted.append(view)
@@ -393,13 +377,12 @@ class CpuDispatcher:
         worker = self._pool.worker(slot)
         spec, view = job.spec, job.view
         tool = self._tool_keys.get(spec.tool, spec.tool)
-        arguments = spec.arguments
-        if spec.kind == "evaluate":  # its budget counts from here: carrying the tests takes time too
-            arguments = {**arguments, "called_at": time.monotonic()}
+        # an evaluation's budget counts from here: carrying its tests to the worker takes time too
+        stamp = {"called_at": time.monotonic()} if spec.kind == "evaluate" else {}
         request = JobRequest(
             view.job_id,
             tool,
-            arguments,
+            {**spec.arguments, **stamp},
             spec.cost_s,
             spec.declared,
             spec.observation_chars,
