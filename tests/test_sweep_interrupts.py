@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,3 +228,64 @@ def test_a_signal_while_the_sweep_waits_for_its_cells_kills_them(tmp_path: Path)
     calls, exitcode, seconds = out.stdout.split()
     assert calls == "2" and exitcode == str(-signal.SIGKILL)
     assert float(seconds) < 30
+
+
+class _DiesWhenTold:
+    """A custom arm whose cell process kills itself (as the OOM killer would) at its first decision, once
+    the sweep has a row (it writes ``go``): a cell process that dies under the pool, after a finished cell."""
+
+    name = "fifo"
+
+    def __init__(self, go: Path) -> None:
+        self.go = go
+
+    def choose(self, snapshot: Any) -> Any:
+        wait_until(self.go.exists, "the sweep's first row")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+def test_a_cell_process_killed_under_the_sweep_is_a_failed_cell(tmp_path: Path) -> None:
+    """A cell process killed outright (SIGKILL: the OOM killer) broke the pool: the sweep ended in a
+    BrokenProcessPool traceback (exit 1) and threw away the simulations that had finished, leaving only
+    the seed workloads. Now it is a failed cell: the rows so far are written, marked partial, and the
+    error says the process was killed and by what."""
+    import multiprocessing
+
+    from asyncroll.errors import SimulationError
+    from asyncroll.policies.baseline import Fifo
+    from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import SweepSpec, run_sweep
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(6)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = SweepSpec(("fifo",), (2,), (2,), (1,), 2, 0.2)
+    go = tmp_path / "go"
+
+    def dies_in_seed_1(seeded: Path) -> Any:
+        return _DiesWhenTold(go) if seeded.name == "seed-1.jsonl" else Fifo()
+
+    def first_row(done: int, total: int, row: dict[str, object]) -> None:
+        go.touch()
+
+    out = tmp_path / "s"
+    with pytest.raises(SimulationError) as failed:
+        run_sweep(
+            workload,
+            tmp_path,
+            {},
+            spec,
+            SimulationSettings(),
+            out,
+            custom={"dies": dies_in_seed_1},
+            jobs=2,
+            progress=first_row,
+        )
+    message = str(failed.value)
+    assert "a sweep cell process ended abruptly (killed by SIGKILL" in message, message
+    assert f"in {out} (sweep.md, marked partial)" in message, message
+    document = json.loads((out / "sweep.json").read_text())
+    assert document["complete"] is False and 1 <= document["simulations"]["done"] < 4
+    assert document["stopped_by"] == "a cell process that ended abruptly"
+    assert (out / "sweep.md").read_text().startswith("**Partial: stopped by a cell process that ended")
+    assert not multiprocessing.active_children()

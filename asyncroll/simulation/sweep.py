@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,9 @@ def run_sweep(
         if progress is not None:
             progress(len(rows), len(cells), exc.row)
         stopped = exc
+    except BrokenProcessPool as exc:  # a cell process killed (the OOM killer): a failed cell, said so
+        stopped = SimulationError(_died(pool))
+        stopped.__cause__ = exc
     except BaseException as exc:  # noqa: BLE001 - raised again below, once the cell processes are gone
         stopped = exc
     if pool is not None:
@@ -174,6 +178,8 @@ def run_sweep(
         if rows:
             at = " / ".join(map(str, failed.point))
             why = f"a failed simulation ({failed.label} at {at}, seed {failed.seed})"
+            if isinstance(stopped.__cause__, BrokenProcessPool):  # which cell it ran is not known
+                why = "a cell process that ended abruptly"
             _write(output, rows, spec, settings, record, total=len(cells), stopped=why)
             before = (
                 "the simulation before it is"
@@ -187,6 +193,20 @@ def run_sweep(
             kept = f"{output / 'workloads'} was removed while the sweep ran"
         raise SimulationError(f"{stopped}; {kept}; a new --output runs the sweep again") from stopped
     raise stopped
+
+
+def _died(pool: ProcessPoolExecutor | None) -> str:
+    """What ended the pool: a cell process that died under it (SIGKILL: the OOM killer, say), by its exit
+    code (read before the sweep kills the others, which ignore the pool's SIGTERM and still run)."""
+    processes, deadline = list((getattr(pool, "_processes", None) or {}).values()), time.monotonic() + 1
+    # its pipe closes a moment before its exit status can be read
+    while not (codes := [p.exitcode for p in processes if p.exitcode]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    how = f"exit code {codes[0]}" if codes else "its exit code unknown"
+    if codes and codes[0] < 0:
+        name = next((s.name for s in signal.Signals if s == -codes[0]), f"signal {-codes[0]}")
+        how = f"killed by {name}" + (": the OOM killer's signal when memory runs out" * (name == "SIGKILL"))
+    return f"a sweep cell process ended abruptly ({how}); the cells it and the others were running are lost"
 
 
 @contextlib.contextmanager
