@@ -18,7 +18,7 @@ import pytest
 
 from tests.children import end
 from tests.conftest import REPO, tool_problem, write_workload
-from tests.simulations import signal_and_wait, start_slow_cli, wait_until
+from tests.simulations import signal_and_wait, simulate_here, start_slow_cli, wait_until
 
 
 @pytest.mark.timeout(90)
@@ -289,3 +289,35 @@ def test_a_cell_process_killed_under_the_sweep_is_a_failed_cell(tmp_path: Path) 
     assert document["stopped_by"] == "a cell process that ended abruptly"
     assert (out / "sweep.md").read_text().startswith("**Partial: stopped by a cell process that ended")
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("table", ["sweep.csv", "sweep.md", "sweep.json"])
+def test_a_signal_while_a_whole_sweeps_tables_are_written_leaves_them_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str
+) -> None:
+    """Every cell had finished and the tables were being written when Ctrl-C came: its KeyboardInterrupt
+    cut the writing short, and the CLI took the sweep for one stopped before any simulation finished:
+    it removed the folder, tables already written with it, and said 'nothing written' (exit 130). A
+    signal after the last cell leaves the sweep whole (README): the tables are written, exit 0."""
+    from asyncroll.simulation import sweep
+
+    opened = sweep.open_staged
+
+    def interrupted(staged: Path, mode: str) -> Any:
+        if staged.name == f".{table}.tmp":
+            signal.raise_signal(signal.SIGINT)  # as Ctrl-C arrives
+        return opened(staged, mode)
+
+    monkeypatch.setattr(sweep, "open_staged", interrupted)
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(3)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "s"
+    args: list[str | Path] = ["--workload", workload, "--output", out, "--policies", "fifo,sync"]
+    args += ["--seeds", "2", "--jobs", "1"]
+    result = simulate_here("--sweep", *args)
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "sweep.json").read_text())
+    assert document["complete"] is True and document["simulations"] == {"done": 4, "total": 4}
+    assert (out / "sweep.md").read_text().startswith("| policy |")
+    assert len((out / "sweep.csv").read_text().splitlines()) == 5
+    assert not list(out.glob(".*.tmp"))

@@ -197,9 +197,9 @@ def run_sweep(
 
 def _died(pool: ProcessPoolExecutor | None) -> str:
     """What ended the pool: a cell process that died under it (SIGKILL: the OOM killer, say), by its exit
-    code (read before the sweep kills the others, which ignore the pool's SIGTERM and still run)."""
+    code (read before the sweep kills the others, which ignore the pool's SIGTERM and still run; waited
+    for: its pipe closes a moment before its exit status can be read)."""
     processes, deadline = list((getattr(pool, "_processes", None) or {}).values()), time.monotonic() + 1
-    # its pipe closes a moment before its exit status can be read
     while not (codes := [p.exitcode for p in processes if p.exitcode]) and time.monotonic() < deadline:
         time.sleep(0.01)
     how = f"exit code {codes[0]}" if codes else "its exit code unknown"
@@ -402,48 +402,49 @@ def _write(
     total: int,
     stopped: str | None = None,
 ) -> None:
-    """sweep.csv, sweep.md and sweep.json, each written whole (a temporary file renamed over it).
-    ``stopped``: the signal that stopped the sweep after ``len(rows)`` of ``total`` cells; the tables
-    then hold those cells only and say so (``complete`` false in sweep.json, a first line in sweep.md)."""
-    table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=COLUMNS, lineterminator="\r\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    agg = aggregate(rows)
-    note = ""
-    if stopped is not None:
-        note = (
-            f"**Partial: stopped by {stopped} after {len(rows)} of {total} simulations**; a cell's spread "
-            "and its change against fifo are over the seeds that finished.\n\n"
-        )
-    document = {
-        "workload": record["workload"],
-        "spec": asdict(spec),
-        # the rule each name ran: ``asyncroll`` names whichever is the default when the sweep runs
-        "policy_rules": {name: canonical_policy(name) for name in spec.policies},
-        "simulation": settings.describe(),
-        **{k: v for k, v in record.items() if k != "workload"},
-        "complete": stopped is None,
-        "simulations": {"done": len(rows), "total": total},
-        "stopped_by": stopped,
-        "rows": rows,
-        "cells": agg,
-    }
-    for name, text in (
-        ("sweep.csv", table.getvalue()),
-        ("sweep.md", note + markdown(agg)),
-        ("sweep.json", json.dumps(document, indent=2)),
-    ):
-        staged = output / f".{name}.tmp"
-        try:
-            with open_staged(staged, "w") as handle:  # never through a link planted at the staged name
-                handle.write(text)
-            os.replace(staged, output / name)
-        except OSError as exc:  # a full disk: said in one line, naming the file
-            staged.unlink(missing_ok=True)
-            raise OutputWriteError(
-                f"{output / name}: cannot write ({exc.strerror or exc}); the sweep's tables are incomplete"
-            ) from exc
-        except BaseException:
-            staged.unlink(missing_ok=True)
-            raise
+    """sweep.csv, sweep.md and sweep.json, each written whole (a temporary file renamed over it). ``stopped``:
+    what stopped the sweep after ``len(rows)`` of ``total`` cells; the tables then hold those cells only and
+    say so (``complete`` false in sweep.json, a first line in sweep.md). A stop signal meanwhile waits until
+    they are written, then is dropped: the sweep stops anyway, or every cell had finished (it is whole)."""
+    with contextlib.suppress(KeyboardInterrupt), cli_signals.deferred():
+        table = io.StringIO()
+        writer = csv.DictWriter(table, fieldnames=COLUMNS, lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        agg = aggregate(rows)
+        note = ""
+        if stopped is not None:
+            note = (
+                f"**Partial: stopped by {stopped} after {len(rows)} of {total} simulations**; a cell's "
+                "spread and its change against fifo are over the seeds that finished.\n\n"
+            )
+        document = {
+            "workload": record["workload"],
+            "spec": asdict(spec),
+            # the rule each name ran: ``asyncroll`` names whichever is the default when the sweep runs
+            "policy_rules": {name: canonical_policy(name) for name in spec.policies},
+            "simulation": settings.describe(),
+            **{k: v for k, v in record.items() if k != "workload"},
+            "complete": stopped is None,
+            "simulations": {"done": len(rows), "total": total},
+            "stopped_by": stopped,
+            "rows": rows,
+            "cells": agg,
+        }
+        for name, text in (
+            ("sweep.csv", table.getvalue()),
+            ("sweep.md", note + markdown(agg)),
+            ("sweep.json", json.dumps(document, indent=2)),
+        ):
+            staged = output / f".{name}.tmp"
+            try:
+                with open_staged(staged, "w") as handle:  # never through a link planted at the staged name
+                    handle.write(text)
+                os.replace(staged, output / name)
+            except OSError as exc:  # a full disk: said in one line, naming the file
+                staged.unlink(missing_ok=True)
+                why = f"cannot write ({exc.strerror or exc}); the sweep's tables are incomplete"
+                raise OutputWriteError(f"{output / name}: {why}") from exc
+            except BaseException:
+                staged.unlink(missing_ok=True)
+                raise
