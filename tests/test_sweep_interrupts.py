@@ -321,3 +321,52 @@ def test_a_signal_while_a_whole_sweeps_tables_are_written_leaves_them_whole(
     assert (out / "sweep.md").read_text().startswith("| policy |")
     assert len((out / "sweep.csv").read_text().splitlines()) == 5
     assert not list(out.glob(".*.tmp"))
+
+
+SIGNAL_AT_START = """
+import os, signal, sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from asyncroll.simulation.engine import SimulationSettings
+from asyncroll.simulation.sweep import SweepSpec, run_sweep
+
+spawn = ProcessPoolExecutor._spawn_process
+
+
+def spawn_then_signal(self):  # Ctrl-C to the terminal's process group as a cell process starts
+    spawn(self)
+    child = list(self._processes.values())[-1]
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        os.kill(child.pid, sig)
+
+
+if __name__ == "__main__":
+    ProcessPoolExecutor._spawn_process = spawn_then_signal
+    here = Path(sys.argv[1])
+    spec = SweepSpec(("fifo", "tool_first"), (2,), (2,), (1,), 2, 0.2)
+    rows = run_sweep(here / "w.jsonl", here, {}, spec, SimulationSettings(), here / "s", jobs=2)
+    print(len(rows))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_signal_as_the_cell_processes_start_is_left_to_the_sweep(tmp_path: Path) -> None:
+    """A Ctrl-C to the terminal's process group (the sweep and its cells) while the cell processes were
+    starting, before each set itself to ignore it, interrupted their imports: each printed a
+    KeyboardInterrupt traceback (a SIGTERM or SIGHUP killed it, breaking the pool). They start with the
+    stop signals blocked until they ignore them: the sweep alone acts on the signal."""
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(3)]
+    write_workload(tmp_path / "w.jsonl", problems)
+    script = tmp_path / "signal_at_start.py"
+    script.write_text(SIGNAL_AT_START)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["4"], out.stderr
+    assert "Traceback" not in out.stderr, out.stderr

@@ -5,10 +5,11 @@ before its run starts and after its outcome is final (:class:`CommandSignals`)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -22,6 +23,22 @@ STOP_SIGNALS = tuple(
 )
 
 _SIGHUP = getattr(signal, "SIGHUP", None)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """The stop signals blocked while the block runs (where the OS has signal masks), then delivered. A
+    process started inside inherits the mask: it gets none of them until it unblocks them (a sweep's cell
+    process, once it ignores them), so a Ctrl-C to the terminal's process group as it starts cannot
+    interrupt its start-up (multiprocessing's resource tracker starts this way)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:

@@ -40,7 +40,7 @@ from asyncroll.policies.registry import canonical_policy
 from asyncroll.process_limits import limit_note
 from asyncroll.runtime.prepare import refuse_unwritable
 from asyncroll.runtime.run import PreparedRun, Run
-from asyncroll.runtime.signals import STOP_SIGNALS, interruptible
+from asyncroll.runtime.signals import STOP_SIGNALS, interruptible, stop_signals_blocked
 from asyncroll.simulation.engine import Assumed, SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
 from asyncroll.simulation.sweep_table import aggregate, markdown
@@ -141,7 +141,7 @@ def run_sweep(
             with _starting(jobs, semaphores=True):
                 context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
                 pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
-        with _starting(jobs):  # the pool starts its processes as the cells are handed to it
+        with _starting(jobs), stop_signals_blocked():  # the pool starts its processes as cells come
             results = map(run_cell, cells) if pool is None else pool.map(run_cell, cells)
         for row, cell_assumed in results:
             rows.append(row)
@@ -358,6 +358,8 @@ def _cell_process(sweep_pid: int) -> None:
     SIGTERM and holds both ends of its task queue, so nothing else would ever end it."""
     for sig in STOP_SIGNALS:  # SIGINT, SIGTERM and SIGHUP: the sweep's to act on
         signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked as it started (stop_signals_blocked): dropped now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     threading.Thread(target=_exit_with, args=(sweep_pid,), name="sweep-watch", daemon=True).start()
 
 
