@@ -370,3 +370,30 @@ def test_a_stop_signal_as_the_cell_processes_start_is_left_to_the_sweep(tmp_path
     )
     assert out.returncode == 0 and out.stdout.split() == ["4"], out.stderr
     assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_signal_while_a_finished_sweep_prints_its_table_keeps_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a finished sweep printed its table (stdout a pager's pipe, full: a 500-cell table is
+    78 kB) was taken for a sweep stopped before any simulation finished: the folder, its tables and all,
+    was removed ('interrupted by SIGINT; nothing written', exit 130). The sweep is kept, and said to
+    have finished (still exit 130: the printing was stopped)."""
+    from asyncroll.commands import simulate
+
+    said = simulate.say
+
+    def interrupted(text: str) -> None:
+        signal.raise_signal(signal.SIGINT)  # as Ctrl-C arrives while stdout blocks
+        said(text)
+
+    monkeypatch.setattr(simulate, "say", interrupted)
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(3)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "s"
+    args: list[str | Path] = ["--workload", workload, "--output", out, "--policies", "fifo,sync"]
+    result = simulate_here("--sweep", *args, "--seeds", "2", "--jobs", "1")
+    assert result.exit_code == 130, result.output
+    assert f"interrupted by SIGINT; the sweep had finished: its tables are in {out}" in result.output
+    assert json.loads((out / "sweep.json").read_text())["complete"] is True
+    assert len((out / "sweep.csv").read_text().splitlines()) == 5

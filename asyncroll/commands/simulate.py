@@ -160,7 +160,7 @@ def simulate(
 
     signals = CommandSignals()
     warn_low_address_space()
-    final = False
+    final = swept = False
     made: list[Path] = []  # the output directory, once this command made it (not another's)
     try:
         if server not in ("fixed", "batching"):
@@ -291,6 +291,7 @@ def simulate(
             finally:  # a sweep stopped early: what stderr says next starts a line of its own
                 if line is not None:
                     line.end()
+            swept = True  # the tables are written: a signal while they print (a pager's full pipe) stops
             say(markdown(aggregate(rows)) + f"{len(rows)} simulations; tables in {output}")
             warn_assumed(assumed, replay=False, over=f" over the sweep's {len(rows)} simulations")
             raise typer.Exit(0)
@@ -338,7 +339,7 @@ def simulate(
         ours = bool(made) or derived is not None  # --from-run: made by prepare_from_run
         done = getattr(exc, "done", None)  # a sweep that kept the simulations it finished
         if (
-            (not sweep or done is None)  # a sweep stopped before any simulation finished: seeds alone
+            (not sweep or (done is None and not swept))  # a sweep stopped before any simulation finished
             and ours
             and output is not None
             and output.is_dir()
@@ -354,6 +355,8 @@ def simulate(
             if output is not None and output.exists() and (ours or sweep)
             else "nothing written"
         )
+        if swept:  # the printing, not the sweep: its tables are whole
+            where = f"the sweep had finished: its tables are in {output}"
         if done is not None:
             where = (
                 f"{done} of {getattr(exc, 'total', '?')} simulations finished: their rows are in "
