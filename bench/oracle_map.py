@@ -38,7 +38,8 @@ from asyncroll.experiment.stats import t_interval
 from asyncroll.floats import left_to_right_sum
 from asyncroll.policies.base import Decision, Policy, QueueSnapshot
 from asyncroll.simulation.engine import SimulationSettings
-from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
+from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from asyncroll.simulation.sweep_cells import usable_cpus
 from asyncroll.workload import ToolAction, iter_problems
 from bench import synthetic
 from bench.common import cell_jobs, machine, number_arg, scratch

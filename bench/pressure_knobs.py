@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from asyncroll.simulation.engine import SimulationSettings
-from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
+from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from asyncroll.simulation.sweep_cells import usable_cpus
 from bench import synthetic
 from bench.common import cell_jobs, machine, quantiles, scratch
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
-from asyncroll.simulation.sweep import SweepSpec, run_sweep, usable_cpus
+from asyncroll.simulation.sweep import SweepSpec, run_sweep
+from asyncroll.simulation.sweep_cells import usable_cpus
 from bench import synthetic
 from bench.common import cell_jobs, machine, number_arg, policies_arg, scratch
 from bench.paired import interval

@@ -528,7 +528,7 @@ def test_a_maps_jobs_past_the_cpus_is_lowered_to_them_as_the_sweeps(
 ) -> None:
     """bench.pressure_map/oracle_map/pressure_knobs took ``--jobs 1000`` as it came: a process per cell
     on a 2-core machine; ``simulate --sweep --jobs`` lowers it to the usable CPUs and says so."""
-    from asyncroll.simulation.sweep import usable_cpus
+    from asyncroll.simulation.sweep_cells import usable_cpus
     from bench.common import cell_jobs
 
     assert cell_jobs("1") == 1 and capsys.readouterr().err == ""

@@ -187,10 +187,11 @@ import sys, time, os
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing
 
-from asyncroll.simulation import sweep
+from asyncroll.simulation import sweep_cells
 
 if __name__ == "__main__":
-    pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), sweep._cell_process, (os.getpid(),))
+    spawn = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(1, spawn, sweep_cells.cell_process, (os.getpid(),))
     pool.submit(time.sleep, 600)  # a long cell; cell processes ignore SIGINT and SIGTERM
     while not pool._processes:
         time.sleep(0.01)
@@ -205,7 +206,7 @@ if __name__ == "__main__":
 
     pool.shutdown = interrupted_once
     began = time.monotonic()
-    sweep._stop(pool, kill=False)
+    sweep_cells.stop(pool, kill=False)
     print(len(calls), cell.exitcode, round(time.monotonic() - began, 1))
 """
 

@@ -32,7 +32,7 @@ def test_more_jobs_than_usable_cpus_are_lowered_to_them_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--jobs 64`` on a 2-CPU machine started 64 cell processes (≈ 140 MB each) fighting for 2 CPUs."""
-    from asyncroll.simulation import sweep
+    from asyncroll.simulation import sweep, sweep_cells
 
     given: list[int] = []
     real_run_sweep: Callable[..., Any] = sweep.run_sweep
@@ -41,7 +41,7 @@ def test_more_jobs_than_usable_cpus_are_lowered_to_them_with_a_warning(
         given.append(jobs)
         return real_run_sweep(*args, jobs=1, **kwargs)  # the cells' processes are not this test's subject
 
-    monkeypatch.setattr(sweep, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(sweep_cells, "usable_cpus", lambda: 2)
     monkeypatch.setattr(sweep, "run_sweep", recording)
     args = ("--sweep", "--workload", SMOKE, "--policies", "fifo", "--seeds", "1")
     many = simulate_here(*args, "--output", tmp_path / "many", "--jobs", "64")

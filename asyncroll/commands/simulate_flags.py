@@ -255,7 +255,8 @@ def sweep_jobs(seeds: int | None, jobs: int | None) -> int:
     """Check ``--seeds`` (1 to MAX_SEEDS) and return the processes a sweep runs at once: ``--jobs``, at most
     the CPUs this process may use (more is lowered to that, said on stderr), every one by default."""
     from asyncroll.errors import UsageError
-    from asyncroll.simulation.sweep import MAX_SEEDS, usable_cpus
+    from asyncroll.simulation.sweep import MAX_SEEDS
+    from asyncroll.simulation.sweep_cells import usable_cpus
 
     if seeds is not None and not 1 <= seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds: must be from 1 to {MAX_SEEDS}, got {seeds}")

@@ -18,11 +18,8 @@ import itertools
 import json
 import multiprocessing
 import os
-import signal
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
@@ -37,12 +34,12 @@ from asyncroll.outputs.lines import open_staged
 from asyncroll.outputs.receipt import file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
-from asyncroll.process_limits import limit_note
 from asyncroll.runtime.prepare import refuse_unwritable
 from asyncroll.runtime.run import PreparedRun, Run
-from asyncroll.runtime.signals import STOP_SIGNALS, interruptible, stop_signals_blocked
+from asyncroll.runtime.signals import interruptible, stop_signals_blocked
 from asyncroll.simulation.engine import Assumed, SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
+from asyncroll.simulation.sweep_cells import cell_process, died, starting, stop
 from asyncroll.simulation.sweep_table import aggregate, markdown
 from asyncroll.workload import WorkloadScan, scan_workload
 
@@ -138,10 +135,10 @@ def run_sweep(
     stopped: BaseException | None = None
     try:
         if jobs > 1 and len(cells) > 1:
-            with _starting(jobs, semaphores=True):
+            with starting(jobs, semaphores=True):
                 context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
-                pool = ProcessPoolExecutor(min(jobs, len(cells)), context, _cell_process, (os.getpid(),))
-        with _starting(jobs), stop_signals_blocked():  # the pool starts its processes as cells come
+                pool = ProcessPoolExecutor(min(jobs, len(cells)), context, cell_process, (os.getpid(),))
+        with starting(jobs), stop_signals_blocked():  # the pool starts its processes as cells come
             results = map(run_cell, cells) if pool is None else pool.map(run_cell, cells)
         for row, cell_assumed in results:
             rows.append(row)
@@ -156,12 +153,12 @@ def run_sweep(
             progress(len(rows), len(cells), exc.row)
         stopped = exc
     except BrokenProcessPool as exc:  # a cell process killed (the OOM killer): a failed cell, said so
-        stopped = SimulationError(_died(pool))
+        stopped = SimulationError(died(pool))
         stopped.__cause__ = exc
     except BaseException as exc:  # noqa: BLE001 - raised again below, once the cell processes are gone
         stopped = exc
     if pool is not None:
-        _stop(pool, kill=stopped is not None)  # a signal during this wait is one more reason to stop
+        stop(pool, kill=stopped is not None)  # a signal during this wait is one more reason to stop
     if stopped is not None and len(rows) == len(cells) and isinstance(stopped, KeyboardInterrupt):
         stopped = None  # every cell had finished: the sweep is whole
     if stopped is None:
@@ -195,39 +192,6 @@ def run_sweep(
     raise stopped
 
 
-def _died(pool: ProcessPoolExecutor | None) -> str:
-    """What ended the pool: a cell process that died under it (SIGKILL: the OOM killer, say), by its exit
-    code (read before the sweep kills the others, which ignore the pool's SIGTERM and still run; waited
-    for: its pipe closes a moment before its exit status can be read)."""
-    processes, deadline = list((getattr(pool, "_processes", None) or {}).values()), time.monotonic() + 1
-    while not (codes := [p.exitcode for p in processes if p.exitcode]) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    how = f"exit code {codes[0]}" if codes else "its exit code unknown"
-    if codes and codes[0] < 0:
-        name = next((s.name for s in signal.Signals if s == -codes[0]), f"signal {-codes[0]}")
-        how = f"killed by {name}" + (": the OOM killer's signal when memory runs out" * (name == "SIGKILL"))
-    return f"a sweep cell process ended abruptly ({how}); the cells it and the others were running are lost"
-
-
-@contextlib.contextmanager
-def _starting(jobs: int, semaphores: bool = False) -> Iterator[None]:
-    """The sweep's cell processes (and multiprocessing's resource tracker) being started: one that cannot
-    start (``ulimit -n`` or ``-u`` reached) is a :class:`SimulationError` that says so, not a traceback.
-    ``semaphores``: the pool's making, whose semaphores live in /dev/shm on Linux; sem_open's error names
-    no file, so a read-only or missing /dev/shm (a container's, a sandbox's) is named here."""
-    try:
-        yield
-    except OSError as exc:
-        note = limit_note(exc)
-        where = ""
-        if semaphores and not note and exc.filename is None and sys.platform.startswith("linux"):
-            where = "cannot make a semaphore in /dev/shm: "
-        raise SimulationError(
-            f"cannot start the sweep's cell processes (--jobs {jobs}): {where}{exc.strerror or exc}"
-            f"{note}; --jobs 1 runs the cells in this process"
-        ) from exc
-
-
 class SweepInterrupted(KeyboardInterrupt):
     """A sweep stopped by SIGINT/SIGTERM/SIGHUP after ``done`` of ``total`` cells; their rows were written."""
 
@@ -242,30 +206,6 @@ class _FinishedThenStopped(KeyboardInterrupt):
     def __init__(self, signal_name: str, row: dict[str, Any]) -> None:
         super().__init__(signal_name)
         self.row = row
-
-
-def _stop(pool: ProcessPoolExecutor, *, kill: bool) -> None:
-    """End the sweep's cell processes. ``kill``: the sweep stops, so the running cells are killed (a
-    cell writes nothing, and an unfinished cell's row is dropped anyway) instead of waited for; a signal
-    that comes while waiting kills them too. Cells ignore SIGINT, SIGTERM and SIGHUP (the sweep owns
-    those), so a wait that a second Ctrl-C cut short used to leave them running and the interpreter's
-    exit waiting on them for ever."""
-    # ProcessPoolExecutor has no public list of its processes; this attribute exists from 3.8 to 3.13.
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    if kill:
-        _kill(processes)
-    while True:
-        try:
-            pool.shutdown(wait=True, cancel_futures=True)
-            return
-        except KeyboardInterrupt:
-            _kill(processes)
-
-
-def _kill(processes: list[Any]) -> None:
-    for process in processes:
-        with contextlib.suppress(Exception):  # already gone
-            process.kill()
 
 
 @dataclass(frozen=True)
@@ -342,31 +282,6 @@ def run_cell(cell: Cell) -> tuple[dict[str, Any], Assumed]:
     if outcome.late_signal:  # the cell finished, then a signal came: its row counts, the sweep stops
         raise _FinishedThenStopped(outcome.late_signal, row)
     return row, assumed
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def _cell_process(sweep_pid: int) -> None:
-    """Set up a cell process. It leaves Ctrl-C, SIGTERM and SIGHUP (sent to the whole process group, say)
-    to the sweep, which stops it when it unwinds; and it ends itself as soon as the sweep is gone however that
-    happened (SIGKILL, the OOM killer, a SIGTERM to a script that installed no handler): it ignores
-    SIGTERM and holds both ends of its task queue, so nothing else would ever end it."""
-    for sig in STOP_SIGNALS:  # SIGINT, SIGTERM and SIGHUP: the sweep's to act on
-        signal.signal(sig, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):  # blocked as it started (stop_signals_blocked): dropped now
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    threading.Thread(target=_exit_with, args=(sweep_pid,), name="sweep-watch", daemon=True).start()
-
-
-def _exit_with(sweep_pid: int, every_s: float = 0.5) -> None:
-    while os.getppid() == sweep_pid:
-        time.sleep(every_s)
-    os._exit(1)
 
 
 def _record(workload: Path, tool_root: Path, base: dict[str, Any], argv: list[str]) -> dict[str, Any]:
