@@ -441,6 +441,7 @@ def test_requests_go_round_a_few_connection_pools_of_the_one_client(monkeypatch:
         backend = OpenAIBackend(HttpSettings(endpoint=url, model="sim", inflight=20), SystemClock())
         transport = backend._http()._transport
         assert isinstance(transport, PoolsTransport) and len(transport.pools) == 3
+        assert backend.describe()["connection_pools"] == 3  # run.json says how many
         for i, pool in enumerate(transport.pools):
             handle, close = pool.handle_async_request, pool.aclose
 
@@ -522,11 +523,13 @@ def test_a_remote_server_behind_the_environments_proxy_keeps_it(monkeypatch: pyt
     proxied = OpenAIBackend(
         HttpSettings(endpoint="http://gpu.example:8000", model="m", inflight=64), SystemClock()
     )
+    assert proxied.describe()["connection_pools"] is None  # no client made yet
     client = proxied._http()
     assert not isinstance(client._transport, PoolsTransport)
     assert client._transport_for_url(httpx.URL("http://gpu.example:8000/v1/chat/completions")) is not (
         client._transport
     )  # the proxy's
+    assert proxied.describe()["connection_pools"] == 1  # run.json: httpx's own pool
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,7 @@ class OpenAIBackend:
         self._clock = clock
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._pool_count: int | None = None  # the client's connection pools (1: httpx's own), once made
         self._events: EventLog | None = None
         self._rng = random.Random(settings.seed)
         self.circuit = Circuit(settings.circuit_failures)
@@ -136,9 +137,13 @@ class OpenAIBackend:
         """The client's connections in a few pools (:mod:`asyncroll.backends.transport`), or None (httpx's
         one pool) where the environment's proxies are in play: a client given a transport takes none of
         them, and a proxied request goes through the proxy's own transport anyway."""
-        if proxies_in_play(self.settings.endpoint):
-            return None
-        return pools_transport(self.settings.inflight, limits, settings)
+        pools = (
+            None
+            if proxies_in_play(self.settings.endpoint)
+            else pools_transport(self.settings.inflight, limits, settings)
+        )
+        self._pool_count = 1 if pools is None else len(pools.pools)
+        return pools
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         """Open the client, learn the server kind (declared, else probed) and start the circuit watch."""
@@ -179,6 +184,7 @@ class OpenAIBackend:
             "server_kind_source": self._kind_source,
             "replay_fixed_length": REPLAY_FIXED_LENGTH.get(self._kind or "") if s.replay else None,
             "pool_connections": s.inflight,
+            "connection_pools": self._pool_count,  # null: no client was made (or a transport was given)
             "max_retries": s.retry.max_retries,
             "warmup_retries": self.warmup_retries,
             "circuit_failures": s.circuit_failures,
