@@ -23,7 +23,13 @@ LONG = "x" * 3000  # an error longer than an event keeps
 class Faulty(VirtualWorker):
     """``die`` kills the worker 0.2500013 s into the job; ``fail_long`` fails with a 3000-char error."""
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a worker
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - as a worker
+        *,
+        large: bool = False,
+    ) -> CallResult:
         if request.tool == "die":
             await self._clock.sleep(0.2500013)
             self._exited.set()

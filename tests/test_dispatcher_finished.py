@@ -15,7 +15,13 @@ class Measured(VirtualWorker):
     """A job of the tool ``measured`` reports CPU and serialisation times, and its reply arrives
     11.1111 ms after it finished (the round trip is the runtime's, not the worker's execute time)."""
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a worker
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - as a worker
+        *,
+        large: bool = False,
+    ) -> CallResult:
         if request.tool != "measured":
             return await super().call(request, timeout)
         plain = await super().call(JobRequest(request.job_id, "sleep_ms", request.arguments), timeout)

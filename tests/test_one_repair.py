@@ -279,3 +279,26 @@ def test_a_repair_whose_evaluation_fails_is_recorded_as_attempted(virtual_run: V
     assert row["status"] == "failed" and "evaluation failed" in row["error"]
     assert (row["passed"], row["repair_attempted"], row["generations"]) == (False, True, 1)
     assert outcome.summary is not None
+
+
+def test_an_evaluation_is_sent_as_a_large_request_and_a_tool_call_is_not(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An evaluation's tests are pickled a slice at a time (the loop running between); a tool call, a few
+    hundred bytes, is encoded in one piece as before (no pause added to every job)."""
+    from asyncroll.runtime.virtual_worker import VirtualWorker
+    from tests.conftest import tool_problem
+
+    sent: list[tuple[str, bool]] = []
+    real = VirtualWorker.call
+
+    async def call(self: VirtualWorker, request: JobRequest, timeout: float, *, large: bool = False) -> Any:  # noqa: ASYNC109
+        sent.append((request.tool, large))
+        return await real(self, request, timeout, large=large)
+
+    monkeypatch.setattr(VirtualWorker, "call", call)
+    outcome, _, _ = virtual_run(
+        [_code_problem("code", [False, True]), tool_problem("t", model_ms=1, cpu_ms=2, turns=1)]
+    )
+    assert outcome.status == "complete"
+    assert sorted(sent) == [("lcb_evaluate", True), ("lcb_evaluate", True), ("sleep_ms", False)]

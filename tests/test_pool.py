@@ -111,7 +111,13 @@ class _MortalWorker(VirtualWorker):
     def die(self) -> None:
         self._exited.set()
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - as a real worker
+        *,
+        large: bool = False,
+    ) -> CallResult:
         if self._exited.is_set():
             raise WorkerDied(f"worker {self.index} is not running")
         return await super().call(request, timeout)
@@ -195,7 +201,13 @@ def test_a_job_is_not_handed_a_worker_known_to_have_died() -> None:
 class _DyingWorker(_MortalWorker):
     """Dies under its job; killing what is left of it takes a second (a real tree takes time too)."""
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - as a real worker
+        *,
+        large: bool = False,
+    ) -> CallResult:
         self.die()
         raise WorkerDied(f"worker {self.index} died under job {request.job_id}")
 

@@ -167,7 +167,13 @@ class _SlowToKill(VirtualWorker):
     """A virtual worker whose job, cancelled, takes 50 ms to end: a real worker's process tree is killed
     (and reaped) before the cancelled job's ``cpu_failed``."""
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a worker
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - as a worker
+        *,
+        large: bool = False,
+    ) -> CallResult:
         try:
             return await super().call(request, timeout)
         except asyncio.CancelledError:

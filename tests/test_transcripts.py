@@ -148,7 +148,13 @@ def test_simulated_replies_are_no_model_s_text() -> None:
 class _FeedbackWorker(VirtualWorker):
     """Evaluates as the real evaluator reports a failure: the first hidden test as the failing case."""
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a worker
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - as a worker
+        *,
+        large: bool = False,
+    ) -> CallResult:
         result = await super().call(request, timeout)
         if request.tool != "lcb_evaluate" or result.reply.value["passed"]:
             return result

@@ -228,3 +228,33 @@ def test_a_worker_that_exits_mid_job_names_its_log(tmp_path: Path) -> None:
 
     run(main())
     assert "leaving" in log.read_text()
+
+
+@real_process
+def test_a_worker_killed_while_a_large_request_is_written_fails_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large request is written a piece at a time as the pipe takes it: the worker dying in between
+    (killed after the first piece) ends the call with WorkerDied, the wait for the pipe ending with it."""
+
+    async def main() -> None:
+        worker = await started(ToolSpec("sizes", TOOLS / "sizes.py"))
+        assert worker.pid is not None
+        pid, taken = worker.pid, worker._job_pipe.taken
+        written: list[bool] = []
+
+        async def kill_then_wait() -> None:
+            if not written:
+                written.append(worker._sent)
+                os.kill(pid, signal.SIGKILL)
+            await taken()
+
+        monkeypatch.setattr(worker._job_pipe, "taken", kill_then_wait)
+        tests = [{"input": "x" * 1000, "output": str(i)} for i in range(50_000)]  # 50 MB
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            await worker.call(job(1, "sizes", tests=tests), timeout=15, large=True)
+        assert written == [True] and not worker.alive
+        await worker.kill()
+        assert gone(pid)
+
+    run(main())

@@ -9,12 +9,14 @@ import json
 import os
 import signal
 import statistics
+import time
 from pathlib import Path
 
 import pytest
 
 from asyncroll.errors import WorkerDied
 from asyncroll.workers import ToolSpec
+from asyncroll.workers.protocol import encode
 from tests.worker_processes import COUNTER, TOOLS, gone, job, real_process, run, started
 
 
@@ -368,3 +370,68 @@ def test_a_cpu_reading_with_no_descriptor_left_is_unknown_not_an_error() -> None
 
     done = python_with_open_files(_CPU_WITH_NO_DESCRIPTOR_LEFT, 64)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
+
+
+SIZES = TOOLS / "sizes.py"
+
+
+@real_process
+def test_a_large_request_is_encoded_with_the_event_loop_running() -> None:
+    """A request of ~50 MB of tests (an evaluation's) is pickled a slice at a time: the loop's longest
+    stall until it is sent stays far below the time pickling it in one piece takes (it was that long).
+    Relative, not absolute, so that a loaded machine slows both; stalls while the pipe drains (the
+    machine's other processes) are not the encoding's and are left out."""
+    tests = [{"input": f"{i:0150d}", "output": str(i)} for i in range(300_000)]
+    request = job(1, "sizes", tests=tests, code="c")
+    t0 = time.monotonic()
+    encode(request)
+    whole_s = time.monotonic() - t0
+
+    async def main() -> float:
+        worker = await started(ToolSpec("sizes", SIZES))
+        stop, gaps = asyncio.Event(), list[tuple[float, float]]()
+
+        async def probe() -> None:  # each gap between its wake-ups, with when it began
+            last = time.monotonic()
+            while not stop.is_set():
+                await asyncio.sleep(0.001)
+                now = time.monotonic()
+                gaps.append((now - last, last))
+                last = now
+
+        prober = asyncio.create_task(probe())
+        await asyncio.sleep(0.01)
+        result = await worker.call(request, timeout=15, large=True)
+        stop.set()
+        await prober
+        assert result.reply.ok, result.reply.error
+        inputs = sum(150 + len(str(i)) for i in range(300_000))
+        assert result.reply.value == [300_000, inputs, tests[-1]["input"], "c"]
+        await worker.aclose()
+        return max(gap for gap, began in gaps if began < result.sent)
+
+    gap = run(main())
+    assert whole_s > 0.05  # enough to see (~0.4 s on a loaded 2-CPU VM)
+    assert gap < whole_s / 2, f"the loop stalled {gap:.3f}s; pickling the request whole takes {whole_s:.3f}s"
+
+
+@real_process
+def test_a_call_cancelled_while_its_request_is_encoded_leaves_the_worker_usable() -> None:
+    async def main() -> None:
+        worker = await started(ToolSpec("sizes", SIZES), ToolSpec("add"))
+        tests = [{"input": str(i), "output": ""} for i in range(50_000)]
+        call = asyncio.create_task(worker.call(job(1, "sizes", tests=tests), timeout=15, large=True))
+        await asyncio.sleep(0)  # the call encodes its first slice, then lets the loop run
+        assert not call.done()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert worker.alive  # nothing of the job was written: no half frame in its pipe, not busy
+        result = await worker.call(job(2, "sizes", tests=tests[:3], code="d"), timeout=5, large=True)
+        assert result.reply.value == [3, 3, "2", "d"]
+        result = await worker.call(job(3, "add", a=1, b=2), timeout=5)  # a small one, in one piece
+        assert result.reply.value == 3
+        await worker.aclose()
+        assert worker.returncode == 0
+
+    run(main())

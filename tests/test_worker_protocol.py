@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from asyncroll.workers import JobReply, JobRequest, ProtocolError, Ready, StartupFailed
-from asyncroll.workers.protocol import Message, decode, encode, frame
+from asyncroll.workers.protocol import Message, decode, encode, frame, frame_in_slices
 
 
 def test_messages_round_trip_through_frames() -> None:
@@ -43,3 +43,21 @@ def test_child_module_imports_stay_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_request_framed_in_slices_decodes_as_encoded_whole() -> None:
+    tests = [{"input": str(i), "output": "x" * (i % 7)} for i in range(5000)]
+    for arguments in ({"code": "c", "tests": tests, "none": [], "n": 3}, {"few": [1]}, {}):
+        request = JobRequest(9, "lcb_evaluate", arguments, 0.5, {"passed": 1}, None, True)
+        parts: list[bytes] = []
+        pauses = sum(1 for _ in frame_in_slices(request, parts))
+        data = b"".join(parts)
+        assert pauses >= sum(len(v) > 0 for v in arguments.values() if isinstance(v, list))  # a pause a slice
+        assert int.from_bytes(data[:4], "big") == len(data) - 4
+        assert decode(data[4:]) == decode(encode(request)[4:]) == request
+    parts = []
+    for _ in frame_in_slices(JobRequest(1, "t", {"a": list(range(10))}), parts):
+        pass
+    parts[-1] = pickle.dumps({"not": "a list"})
+    with pytest.raises(ProtocolError, match="not a list"):
+        decode(b"".join(parts[1:]))

@@ -391,9 +391,11 @@ class CpuDispatcher:
         sent = self._clock.now()
         execution = self._ranges.start("cpu execution", view.job_id)
         try:
-            result = await worker.call(request, self._timeout)
+            # an evaluation's tests are pickled a slice at a time, the other trajectories running between
+            result = await worker.call(request, self._timeout, large=spec.kind == "evaluate")
         except asyncio.CancelledError:
-            # The run is stopping: the worker's tree was killed under the job. Say so, then propagate.
+            # The run is stopping: the worker's tree was killed under the job (unless it had none of it yet:
+            # its request still being encoded). Say so, then propagate.
             self._cancelled(job, slot, sent)
             raise
         except (WorkerTimeout, WorkerDied) as exc:

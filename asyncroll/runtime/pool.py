@@ -52,7 +52,13 @@ class Worker(Protocol):
 
     async def start(self) -> None: ...
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult: ...  # noqa: ASYNC109 - expiry kills the worker tree
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - expiry kills the worker tree
+        *,
+        large: bool = False,
+    ) -> CallResult: ...
 
     async def kill(self) -> None: ...
 

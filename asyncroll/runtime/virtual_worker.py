@@ -79,7 +79,13 @@ class VirtualWorker:
         if self.startup_s:
             await self._clock.sleep(self.startup_s)
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109 - as a real worker
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109 - as a real worker
+        *,
+        large: bool = False,
+    ) -> CallResult:
         sent = self._clock.now()
         seconds = self._duration(request)
         if self._overhead + seconds > timeout:

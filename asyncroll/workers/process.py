@@ -39,6 +39,7 @@ from asyncroll.workers.protocol import (
     ToolSpec,
     decode,
     encode,
+    frame_in_slices,
     payload_length,
 )
 from asyncroll.workers.spawn import log_tail, spawn, tools_frame
@@ -57,6 +58,42 @@ class CallResult:
     @property
     def round_trip_s(self) -> float:
         return self.received - self.sent
+
+
+class _JobPipe(asyncio.Protocol):
+    """The job pipe's flow control: a large request writes its next piece once the pipe has taken the last
+    one, so the transport's buffer never holds (nor copies again on each write) more than a piece of it."""
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._paused = False  # the worker is gone: nothing more will be taken, nothing waits for it
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def taken(self) -> None:
+        """Once the pipe has taken what was written (down to the transport's low-water mark); the event
+        loop runs once at least."""
+        if not self._paused:
+            await asyncio.sleep(0)
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
 
 class ProcessWorker:
@@ -87,12 +124,14 @@ class ProcessWorker:
         self._reader: asyncio.StreamReader | None = None
         self._read_transport: asyncio.ReadTransport | None = None
         self._write_transport: asyncio.WriteTransport | None = None
+        self._job_pipe = _JobPipe()
         self._pump: asyncio.Task[None] | None = None
         self._exit: asyncio.Task[int] | None = None
         self._killer: asyncio.Task[None] | None = None
         self._pending: asyncio.Future[tuple[Message, float]] | None = None
         self._broken: str | None = None
         self._busy = False
+        self._sent = False  # the current call's request was written
         self._log_offset = 0
         self._pipes: list[IO[bytes]] = []
         self._doomed: list[psutil.Process] = []  # descendants already signalled
@@ -142,7 +181,7 @@ class ProcessWorker:
         self._pending = loop.create_future()  # the handshake is the first frame
         try:
             self._read_transport, _ = await loop.connect_read_pipe(lambda: reader_protocol, self._pipes[0])
-            self._write_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, self._pipes[1])
+            self._write_transport, _ = await loop.connect_write_pipe(lambda: self._job_pipe, self._pipes[1])
             self._write_transport.write(tools_frame(self.tools))  # buffered: the worker reads it first
             self._pump = loop.create_task(self._pump_frames(), name=f"worker-{self.index}-reader")
             async with asyncio.timeout_at(deadline):
@@ -187,17 +226,28 @@ class ProcessWorker:
             raise WorkerDied(f"dummy call answered {result.reply!r}")
         self.rest_rss_bytes = result.reply.rss_bytes
 
-    async def call(self, request: JobRequest, timeout: float) -> CallResult:  # noqa: ASYNC109
+    async def call(
+        self,
+        request: JobRequest,
+        timeout: float,  # noqa: ASYNC109
+        *,
+        large: bool = False,
+    ) -> CallResult:
         """Run one job. Raises :class:`WorkerTimeout` (tree killed) past ``timeout`` seconds and
         :class:`WorkerDied` if the worker exits or its channel breaks; a tool's own exception is a
-        reply with ``ok=False``. Cancelling the call kills the worker's tree before re-raising.
+        reply with ``ok=False``. Cancelling the call kills the worker's tree before re-raising, unless
+        nothing of the job was sent yet.
 
-        ``timeout`` is a parameter, not the caller's scope, because its expiry must kill the tree.
+        ``timeout`` is a parameter, not the caller's scope, because its expiry must kill the tree; it
+        counts the request's encoding too. ``large`` (an evaluation, its tests in the arguments): the
+        request's list arguments are pickled a slice at a time, the event loop running in between
+        (:func:`~asyncroll.workers.protocol.frame_in_slices`); a small request is encoded in one go.
         """
         assert not self._busy, "a ProcessWorker runs one job at a time"
+        self._sent = False
         try:
             async with asyncio.timeout(timeout):
-                return await self._exchange(request)
+                return await self._exchange(request, large=large)
         except TimeoutError:
             await self.kill()
             raise WorkerTimeout(
@@ -205,7 +255,9 @@ class ProcessWorker:
                 f"{timeout:g}s; its process tree was killed"
             ) from None
         except asyncio.CancelledError:
-            # The job was sent (nothing awaits before the write): the worker is mid-job, unusable.
+            if not self._sent:  # cancelled while its request was encoded: the worker has none of it
+                raise
+            # The job was sent: the worker is mid-job, unusable.
             self._broken = self._broken or "was cancelled during a job"
             if self.pid is not None and self.returncode is None:
                 self._doomed += proctree.descendants(self.pid)
@@ -214,16 +266,29 @@ class ProcessWorker:
                 await self.kill(grace=0.0)
             raise
 
-    async def _exchange(self, request: JobRequest) -> CallResult:
-        if not self.alive or self._write_transport is None or self._write_transport.is_closing():
-            raise WorkerDied(self._death_reason())
-        future: asyncio.Future[tuple[Message, float]] = asyncio.get_running_loop().create_future()
-        self._pending = future
+    async def _exchange(self, request: JobRequest, *, large: bool = False) -> CallResult:
+        self._check_channel()
         self._busy = True
         try:
-            data = encode(request)
+            if large:
+                parts: list[bytes] = []
+                for _ in frame_in_slices(request, parts):
+                    await asyncio.sleep(0)  # the other trajectories run between slices
+                self._check_channel()  # it may have died meanwhile
+            else:
+                parts = [encode(request)]
+            assert self._write_transport is not None
+            future: asyncio.Future[tuple[Message, float]] = asyncio.get_running_loop().create_future()
+            self._pending = future
             sent = time.monotonic()
-            self._write_transport.write(data)
+            self._sent = True  # from here a cancelled call leaves the worker mid-job: it is killed
+            parts.reverse()
+            while parts:  # each piece is the transport's once written (what the pipe has not taken)
+                self._write_transport.write(parts.pop())
+                if large and parts:
+                    await self._job_pipe.taken()
+                    if self._write_transport.is_closing():  # it died: the reply future says how
+                        break
             message, received = await future
         finally:
             self._busy = False
@@ -233,6 +298,10 @@ class ProcessWorker:
             raise WorkerDied(f"worker {self.index} answered job {request.job_id} with {message!r}")
         self._outside = message.children
         return CallResult(message, sent, received)
+
+    def _check_channel(self) -> None:
+        if not self.alive or self._write_transport is None or self._write_transport.is_closing():
+            raise WorkerDied(self._death_reason())
 
     async def _pump_frames(self) -> None:
         """Read frames for as long as the worker writes them; hand each to the waiting call."""

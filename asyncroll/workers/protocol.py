@@ -4,7 +4,9 @@ Each message is one frame: a 4-byte big-endian length, then a pickle (protocol 5
 ``(tag, *fields)``. Only builtin values ever cross the channel (tool values are made JSON-safe in the
 worker first), so both ends decode with an unpickler that refuses every global: a frame can carry
 data, never a callable. Messages are frozen dataclasses; the tuple form keeps encode/decode a few
-microseconds, which matters because a tool round trip is budgeted at ~300 µs.
+microseconds, which matters because a tool round trip is budgeted at ~300 µs. A large job request (an
+evaluation's tests) may instead carry its list arguments as further pickles after the tuple, a slice
+each (:func:`frame_in_slices`), so that the runtime's event loop runs between them.
 
 The frames travel on two dedicated pipes, never on the worker's stdout/stderr, so a tool that prints
 cannot corrupt the channel. Stdlib only: the worker process imports this module at start-up.
@@ -17,7 +19,8 @@ import json
 import pickle
 import struct
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from pathlib import Path
@@ -27,6 +30,8 @@ HEADER = struct.Struct(">I")
 """Frame header: payload length, 4 bytes big-endian."""
 MAX_FRAME = 1 << 30
 PICKLE_PROTOCOL = 5
+SLICE_S = 0.002
+"""About how long :func:`frame_in_slices` pickles before it pauses (the slice's length adapts to it)."""
 
 
 class ProtocolError(Exception):
@@ -175,6 +180,10 @@ Message = JobRequest | JobReply | Ready | StartupFailed
 _TAGS: dict[type[Any], str] = {JobRequest: "job", JobReply: "reply", Ready: "ready", StartupFailed: "failed"}
 _CLASSES: dict[str, type[Any]] = {tag: cls for cls, tag in _TAGS.items()}
 _ARITY: dict[str, int] = {tag: len(fields(cls)) for cls, tag in _TAGS.items()}
+_SLICED = "job*"
+"""A job request whose list arguments follow its message in slices; one more field: ``((key, slices), ...)``
+(:func:`frame_in_slices`)."""
+_ARITY[_SLICED] = _ARITY["job"] + 1
 
 
 def _field_getter(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
@@ -193,14 +202,19 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         raise ProtocolError(f"frame refers to a global ({module}.{name}); only plain data is allowed")
 
 
-def loads(payload: bytes) -> Any:
-    """Unpickle plain data; any reference to a class or function is refused."""
+def _load(stream: io.BytesIO) -> Any:
+    """The next pickle in ``stream`` (plain data only), each with a memo of its own."""
     try:
-        return _DataOnlyUnpickler(io.BytesIO(payload)).load()
+        return _DataOnlyUnpickler(stream).load()
     except ProtocolError:
         raise
     except Exception as exc:  # any unpickling failure means a corrupt frame
         raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
+
+
+def loads(payload: bytes) -> Any:
+    """Unpickle plain data; any reference to a class or function is refused."""
+    return _load(io.BytesIO(payload))
 
 
 def dumps(value: Any) -> bytes:
@@ -229,14 +243,67 @@ def encode(message: Message, *, value_blob: bytes | None = None) -> bytes:
     return frame(dumps((_TAGS[cls], *values)))
 
 
+def frame_in_slices(request: JobRequest, parts: list[bytes]) -> Iterator[None]:
+    """One frame for ``request``, as :func:`encode` makes it but for its list arguments (an evaluation's
+    tests), each pickled a slice at a time after the message: a generator that pauses after each slice
+    (about :data:`SLICE_S` of pickling), so that an event loop can run between them. A problem's million
+    tests took 1.5 s to pickle in one piece, every other trajectory waiting. Once it is exhausted,
+    ``parts`` holds the frame, header first, in pieces to write in order."""
+    arguments = dict(request.arguments)
+    slices: list[bytes] = []
+    sliced: list[tuple[str, int]] = []
+    for key, value in request.arguments.items():
+        if type(value) is not list:
+            continue
+        start, step, count = 0, 1, 0
+        while start < len(value):
+            t0 = time.perf_counter()
+            slices.append(dumps(value[start : start + step]))
+            took = time.perf_counter() - t0
+            start, count = start + step, count + 1
+            if took < SLICE_S / 2:
+                step *= 2
+            elif took > SLICE_S * 2:
+                step = max(1, step // 2)
+            yield
+        arguments[key] = None
+        sliced.append((key, count))
+    values = _GETTERS[JobRequest](request)
+    head = dumps((_SLICED, *values[:2], arguments, *values[3:], tuple(sliced)))
+    length = len(head) + sum(map(len, slices))
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    parts += [HEADER.pack(length), head, *slices]
+
+
+def _joined(stream: io.BytesIO, data: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A sliced job's message (``job*``) as a plain one, its list arguments read back from ``stream``."""
+    arguments, sliced = data[3], data[-1]
+    if not isinstance(arguments, dict) or not isinstance(sliced, tuple):
+        raise ProtocolError("sliced job request without its arguments or slices")
+    for key, count in sliced:
+        items: list[Any] = []
+        for _ in range(count):
+            part = _load(stream)
+            if not isinstance(part, list):
+                raise ProtocolError(f"a slice of argument {key!r} is a {type(part).__name__}, not a list")
+            items += part
+        arguments[key] = items
+    return ("job", *data[1:-1])
+
+
 def decode(payload: bytes) -> Message:
     """The message in one frame's payload (header already stripped)."""
-    data = loads(payload)
-    if not isinstance(data, tuple) or not data or data[0] not in _CLASSES:
+    stream = io.BytesIO(payload)
+    data = _load(stream)
+    if not isinstance(data, tuple) or not data or data[0] not in _ARITY:
         raise ProtocolError(f"not a protocol message: {type(data).__name__}")
     tag = data[0]
     if len(data) - 1 != _ARITY[tag]:
         raise ProtocolError(f"{tag!r} message has {len(data) - 1} fields, expected {_ARITY[tag]}")
+    if tag == _SLICED:
+        data = _joined(stream, data)
+        tag = "job"
     if tag == "reply":
         if not isinstance(data[3], bytes):
             raise ProtocolError("reply value is not a pickled blob")
