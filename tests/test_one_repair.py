@@ -302,3 +302,26 @@ def test_an_evaluation_is_sent_as_a_large_request_and_a_tool_call_is_not(
     )
     assert outcome.status == "complete"
     assert sorted(sent) == [("lcb_evaluate", True), ("lcb_evaluate", True), ("sleep_ms", False)]
+
+
+def test_a_problems_test_sizes_are_measured_once_not_at_every_evaluation(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-repair settings, with the tests' byte size (a predictor feature, which walks every test on
+    the event loop: 0.16 s for 1,000,000 tests), are made once per problem; they were made again at
+    every evaluation, the repair's included."""
+    from asyncroll.workload import models
+
+    made: list[int] = []
+
+    class Counted(models.OneRepair):
+        __slots__ = ()
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(models, "OneRepair", Counted)
+    outcome, cap, _ = virtual_run([_code_problem("code", [False, True])], cpu_workers=1)
+    assert outcome.status == "complete" and len(cap.of(CpuEnqueued)) == 2  # the first answer, the repair
+    assert len(made) == 1

@@ -3,7 +3,8 @@ what a line may declare (SPEC §5). Cross-field checks pydantic cannot express a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
@@ -145,9 +146,10 @@ class Problem(_Strict):
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
 
-    @property
+    @cached_property
     def one_repair(self) -> OneRepair | None:
-        """The code-evaluation protocol's settings (validated by the loader), or None."""
+        """The code-evaluation protocol's settings (validated by the loader), or None; made once (its
+        ``test_bytes`` walks every test), not at each evaluation."""
         if self.protocol != "one_repair":
             return None
         meta = self.metadata
@@ -170,8 +172,8 @@ class OneRepair:
     func_name: str | None
     max_generations: int
     repair_instruction: str
+    test_bytes: int = field(init=False)
+    """Bytes of the tests' inputs, UTF-8 encoded (a predictor feature: bytes, not characters)."""
 
-    @property
-    def test_bytes(self) -> int:
-        """Bytes of the tests' inputs, UTF-8 encoded (a predictor feature: bytes, not characters)."""
-        return sum(len(t.get("input", "").encode()) for t in self.tests)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "test_bytes", sum(len(t.get("input", "").encode()) for t in self.tests))
