@@ -34,8 +34,9 @@ def stop_signals_blocked() -> Iterator[None]:
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:  # a stop signal that came just before has its handler run inside pthread_sigmask, once they are
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # blocked: its KeyboardInterrupt unblocks them
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
