@@ -165,3 +165,20 @@ def sighup_not_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.fixture
+def sigint_not_ignored() -> Iterator[None]:
+    """For a test that expects SIGINT to stop a command or a child: a shell script's background job
+    (``pytest … &``, ``nohup pytest … &``) starts with SIGINT ignored, as POSIX has it, and so does
+    every process it starts, and asyncroll rightly keeps an ignored SIGINT ignored; such a test failed
+    there (a signalled command exit 0 instead of 130, a child that never stopped). Python's own handler
+    takes it for the test (its children start with the default action); the ignoring comes back after."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -133,6 +133,7 @@ def test_a_command_interrupted_before_its_run_never_removes_a_directory_another_
 
 
 @pytest.mark.parametrize("command", ["run", "simulate", "replay"])
+@pytest.mark.usefixtures("sigint_not_ignored")
 def test_a_signal_just_as_the_output_directory_is_made_leaves_no_directory(
     command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

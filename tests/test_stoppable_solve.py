@@ -119,6 +119,7 @@ finally:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("sigint_not_ignored")
 def test_a_solver_that_ignores_the_stop_is_left_behind_after_the_grace() -> None:
     """CP-SAT on a 10,000-step instance went on for minutes after stop_search (SIGINT and SIGTERM did
     not end `asyncroll optimum`; it took kill -9): after the grace the process says so and exits 130 at

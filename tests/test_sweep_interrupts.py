@@ -373,6 +373,7 @@ def test_a_stop_signal_as_the_cell_processes_start_is_left_to_the_sweep(tmp_path
     assert "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.usefixtures("sigint_not_ignored")
 def test_a_signal_while_a_finished_sweep_prints_its_table_keeps_the_sweep(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

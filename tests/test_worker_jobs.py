@@ -268,6 +268,7 @@ def test_a_forked_child_that_raises_out_of_the_tool_is_logged_with_its_error(tmp
 
 
 @real_process
+@pytest.mark.usefixtures("sigint_not_ignored")
 def test_tool_imports_helpers_from_its_folder_not_the_cwd_and_sigint_still_kills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
