@@ -251,6 +251,29 @@ def test_an_experiment_under_a_umask_that_leaves_its_output_unusable_is_refused_
     assert not out.exists()
 
 
+@pytest.mark.parametrize("umask", [0o277, 0o444], ids=["0277", "0444"])
+def test_an_experiment_into_an_empty_folder_under_a_umask_that_leaves_new_folders_unusable_is_refused(
+    tmp_path: Path, umask: int
+) -> None:
+    """An empty --output made beforehand (an experiment's is allowed) escaped the check of a new one: under
+    0444 every arm's folder was made unusable, each client refused its run folder and the first stage failed
+    its gate as if that were a result, its experiment.json left unreadable (0222). Checked before the lock, on
+    a folder made in it as an arm's will be, and nothing is left in it."""
+    skip_unless_bound()
+    out = tmp_path / "out"
+    out.mkdir()
+    config = REPO / "experiments" / "serve_sim_smoke.json"
+
+    def set_umask() -> None:
+        os.umask(umask)
+
+    done = asyncroll("experiment", "run", "--config", config, "--output", out, prepare=as_user(set_umask))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "starting" not in done.stderr
+    assert f"--output {out}: a folder made in it gets mode {0o777 & ~umask:04o} (the umask's)" in done.stderr
+    assert list(out.iterdir()) == []
+
+
 def _one_process() -> None:  # `ulimit -u 1`: this process only, no thread nor child more
     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
 

@@ -76,7 +76,7 @@ from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, 
 from asyncroll.experiment.resume import arm_dir, finished_arm, record_arm, recover
 from asyncroll.experiment.signals import SignalGuard
 from asyncroll.proctree import is_subreaper, set_subreaper
-from asyncroll.runtime.prepare import refuse_unwritable
+from asyncroll.runtime.prepare import refuse_unusable_umask, refuse_unwritable
 from asyncroll.workload import EVALUATOR_TOOL
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -242,6 +242,7 @@ class ExperimentRunner:
                 raise UsageError(f"--output {self.output}: {exc.strerror or exc}") from None
             if made:  # a umask of 0277 or 0444: refused, as run refuses it, before any server starts
                 refuse_unwritable(self.output)
+        refuse_unusable_umask(self.output)  # an empty --output of its own, or a resume: the arms' folders
         self._lock = OutputLock.acquire(self.output)
         plan = [a.to_dict() for a in self.plan]
         if path.exists():  # read again under the lock: another runner may have created it meanwhile

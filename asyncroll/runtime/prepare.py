@@ -101,6 +101,29 @@ def refuse_unwritable(output: Path) -> None:
     )
 
 
+def refuse_unusable_umask(output: Path) -> None:
+    """A folder made in ``output`` now (as each arm's folder will be) must be usable by this process: one
+    the umask leaves unreadable or unwritable to its owner (0277, 0444) is refused, for an ``output`` that
+    already existed too (an empty one, a resume), where :func:`refuse_unwritable` never looked. The probe
+    folder is removed again; one that cannot be made is left for the caller's own use of ``output`` to say."""
+    probe = output / f".umask-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return
+    try:
+        usable = os.access(probe, os.R_OK | os.W_OK | os.X_OK)
+        mode = stat.S_IMODE(probe.stat().st_mode)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+    if not usable:
+        raise UsageError(
+            f"--output {output}: a folder made in it gets mode {mode:04o} (the umask's), in which this "
+            "process cannot read or write: set a umask that leaves its owner rwx (umask 022 or 077)"
+        )
+
+
 def _isolation(config: RunConfig) -> dict[str, Any]:
     from asyncroll.evaluator.isolation import IsolationError, isolation_report, require
 
