@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import json
 import os
 import signal
@@ -399,3 +400,29 @@ def test_a_signal_while_a_finished_sweep_prints_its_table_keeps_the_sweep(
     assert f"interrupted by SIGINT; the sweep had finished: its tables are in {out}" in result.output
     assert json.loads((out / "sweep.json").read_text())["complete"] is True
     assert len((out / "sweep.csv").read_text().splitlines()) == 5
+
+
+def test_a_table_that_cannot_be_written_while_a_signal_waits_is_still_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop signal during the tables' writing waits until they are written, then is dropped; a table that
+    could not be written meanwhile (a full disk) was dropped with it: the deferred signal's KeyboardInterrupt
+    replaced the write error and was swallowed, so the sweep said it had finished, 'tables in' a folder with
+    no sweep.json (exit 0)."""
+    from asyncroll.simulation import sweep
+
+    def full(staged: Path, mode: str) -> Any:
+        if staged.name == ".sweep.json.tmp":
+            signal.raise_signal(signal.SIGINT)  # as Ctrl-C arrives
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return opened(staged, mode)
+
+    opened = sweep.open_staged
+    monkeypatch.setattr(sweep, "open_staged", full)
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p", model_ms=10, cpu_ms=30, turns=2)])
+    out = tmp_path / "s"
+    args: list[str | Path] = ["--workload", workload, "--output", out, "--policies", "fifo", "--seeds", "1"]
+    result = simulate_here("--sweep", *args, "--jobs", "1")
+    assert result.exit_code not in (0, 130), result.output
+    assert "sweep.json: cannot write (No space left on device)" in result.output
+    assert not (out / "sweep.json").exists()

@@ -322,46 +322,67 @@ def _write(
     """sweep.csv, sweep.md and sweep.json, each written whole (a temporary file renamed over it). ``stopped``:
     what stopped the sweep after ``len(rows)`` of ``total`` cells; the tables then hold those cells only and
     say so (``complete`` false in sweep.json, a first line in sweep.md). A stop signal meanwhile waits until
-    they are written, then is dropped: the sweep stops anyway, or every cell had finished (it is whole)."""
+    they are written, then is dropped: the sweep stops anyway, or every cell had finished (it is whole). A
+    table that could not be written is raised all the same (the dropped signal's KeyboardInterrupt replaced
+    it, and the sweep said it had finished)."""
+    failed: OutputWriteError | None = None
     with contextlib.suppress(KeyboardInterrupt), cli_signals.deferred():
-        table = io.StringIO()
-        writer = csv.DictWriter(table, fieldnames=COLUMNS, lineterminator="\r\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        agg = aggregate(rows)
-        note = ""
-        if stopped is not None:
-            note = (
-                f"**Partial: stopped by {stopped} after {len(rows)} of {total} simulations**; a cell's "
-                "spread and its change against fifo are over the seeds that finished.\n\n"
-            )
-        document = {
-            "workload": record["workload"],
-            "spec": asdict(spec),
-            # the rule each name ran: ``asyncroll`` names whichever is the default when the sweep runs
-            "policy_rules": {name: canonical_policy(name) for name in spec.policies},
-            "simulation": settings.describe(),
-            **{k: v for k, v in record.items() if k != "workload"},
-            "complete": stopped is None,
-            "simulations": {"done": len(rows), "total": total},
-            "stopped_by": stopped,
-            "rows": rows,
-            "cells": agg,
-        }
-        for name, text in (
-            ("sweep.csv", table.getvalue()),
-            ("sweep.md", note + markdown(agg)),
-            ("sweep.json", json.dumps(document, indent=2)),
-        ):
-            staged = output / f".{name}.tmp"
-            try:
-                with open_staged(staged, "w") as handle:  # never through a link planted at the staged name
-                    handle.write(text)
-                os.replace(staged, output / name)
-            except OSError as exc:  # a full disk: said in one line, naming the file
-                staged.unlink(missing_ok=True)
-                why = f"cannot write ({exc.strerror or exc}); the sweep's tables are incomplete"
-                raise OutputWriteError(f"{output / name}: {why}") from exc
-            except BaseException:
-                staged.unlink(missing_ok=True)
-                raise
+        failed = _write_tables(output, rows, spec, settings, record, total, stopped)
+    if failed is not None:
+        raise failed
+
+
+def _write_tables(
+    output: Path,
+    rows: list[dict[str, Any]],
+    spec: SweepSpec,
+    settings: SimulationSettings,
+    record: dict[str, Any],
+    total: int,
+    stopped: str | None,
+) -> OutputWriteError | None:
+    """:func:`_write`'s tables; one that cannot be written ends it, its error returned."""
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=COLUMNS, lineterminator="\r\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    agg = aggregate(rows)
+    note = ""
+    if stopped is not None:
+        note = (
+            f"**Partial: stopped by {stopped} after {len(rows)} of {total} simulations**; a cell's "
+            "spread and its change against fifo are over the seeds that finished.\n\n"
+        )
+    document = {
+        "workload": record["workload"],
+        "spec": asdict(spec),
+        # the rule each name ran: ``asyncroll`` names whichever is the default when the sweep runs
+        "policy_rules": {name: canonical_policy(name) for name in spec.policies},
+        "simulation": settings.describe(),
+        **{k: v for k, v in record.items() if k != "workload"},
+        "complete": stopped is None,
+        "simulations": {"done": len(rows), "total": total},
+        "stopped_by": stopped,
+        "rows": rows,
+        "cells": agg,
+    }
+    for name, text in (
+        ("sweep.csv", table.getvalue()),
+        ("sweep.md", note + markdown(agg)),
+        ("sweep.json", json.dumps(document, indent=2)),
+    ):
+        staged = output / f".{name}.tmp"
+        try:
+            with open_staged(staged, "w") as handle:  # never through a link planted at the staged name
+                handle.write(text)
+            os.replace(staged, output / name)
+        except OSError as exc:  # a full disk: said in one line, naming the file
+            staged.unlink(missing_ok=True)
+            why = f"cannot write ({exc.strerror or exc}); the sweep's tables are incomplete"
+            error = OutputWriteError(f"{output / name}: {why}")
+            error.__cause__ = exc
+            return error
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+    return None
