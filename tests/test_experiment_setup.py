@@ -572,3 +572,50 @@ def test_the_pre_flight_isolation_probe_is_the_clients() -> None:
 
     report = preflight.isolation_report()
     assert report["weak"] is not ISOLATED and report["allowed_weak"] is False
+
+
+def test_a_port_reserved_as_vllm_reserves_it_is_held_and_a_time_wait_is_not() -> None:
+    """vLLM reserves its port with SO_REUSEADDR and SO_REUSEPORT before it loads its model, and listens only
+    then. The probe binds with SO_REUSEADDR (an earlier arm's connection in TIME_WAIT must not count), which
+    Linux lets it do beside such a socket: the port read as free, and the arm's server started on it beside
+    the neighbour's. A port whose only other socket is a connection in TIME_WAIT stays free."""
+    from asyncroll.experiment.port_busy import BOUND_ONLY, port_busy
+
+    with socket.socket() as reserved:
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+        assert port_busy("127.0.0.1", port) == f"server.port: 127.0.0.1:{port} is held by {BOUND_ONLY}"
+    assert port_busy("127.0.0.1", port) is None
+
+    with socket.socket() as server:  # the server closes first: its side of the connection is in TIME_WAIT
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            accepted, _ = server.accept()
+            accepted.close()
+            client.recv(1)  # the server's FIN
+    assert port_busy("127.0.0.1", port) is None
+
+
+def test_the_preflight_refuses_a_fixed_port_reserved_as_vllm_reserves_it() -> None:
+    """The pre-flight binds with SO_REUSEADDR too: a port a loading vLLM had reserved (SO_REUSEADDR and
+    SO_REUSEPORT, not listening yet) passed it, and each arm then met it."""
+    from asyncroll.experiment.port_busy import BOUND_ONLY
+
+    with socket.socket() as reserved:
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+        cfg = SimpleNamespace(server=SimpleNamespace(host="127.0.0.1", port=port))
+        assert preflight.port_problem(cfg) == (  # type: ignore[arg-type]
+            f"server.port: 127.0.0.1:{port} is held by {BOUND_ONLY}; stop it, or set server.port to 0 to "
+            "pick a free port for each arm"
+        )
+    assert preflight.port_problem(cfg) is None  # type: ignore[arg-type]

@@ -6,7 +6,9 @@ so the arm is cut (``interrupted_by: "port_busy"``) and ``--resume`` runs it onc
 
 The port is probed as the server will bind it (``SO_REUSEADDR``, so a connection of an earlier arm's
 server in ``TIME_WAIT`` does not count): that finds a socket that only binds it, as vLLM reserves its
-port before it loads its model and listens only then, which a connection attempt is refused by. A
+port before it loads its model and listens only then, which a connection attempt is refused by; one
+that set ``SO_REUSEADDR`` itself (vLLM's does), which that bind goes beside, is found by a bind without it
+that nothing in the socket table explains. A
 connection is tried as well (a host that is not this machine's cannot be bound, but a server there still
 answers the probes). The holder is named where the system's socket table shows it: a socket that only
 binds is not listed there. Only a port held before the server starts is checked here: a server that dies
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import errno
 import socket
+
+import psutil
 
 from asyncroll.experiment.listener import addresses, holder
 from asyncroll.experiment.server import port_in_use
@@ -39,6 +43,8 @@ def port_busy(host: str, port: int, *, fixed: bool = True) -> str | None:
             sock.bind((host, port))
     except OSError as exc:  # another error (a host that is not this machine's): the server will say
         bound_elsewhere = exc.errno == errno.EADDRINUSE
+    if not bound_elsewhere:
+        bound_elsewhere = reserved(family, host, port)
     listening = port_in_use(host, port)
     if not (bound_elsewhere or listening):
         return None
@@ -48,3 +54,22 @@ def port_busy(host: str, port: int, *, fixed: bool = True) -> str | None:
     else:
         who = holder(port, addresses(host, port)) if listening else BOUND_ONLY
     return f"{field}: {host}:{port} is held by {who}"
+
+
+def reserved(family: int, host: str, port: int) -> bool:
+    """Bound by a socket that set ``SO_REUSEADDR`` (vLLM reserves its port so, with ``SO_REUSEPORT``), which
+    the probe above binds beside (Linux lets two such sockets bind while neither listens): a bind without
+    it is refused, and no socket the system lists there explains that (a connection in TIME_WAIT, which
+    refuses it too, is listed; a socket that only binds is not). Unknown (the table unreadable): not held."""
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, port))
+        return False
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            return False
+    try:
+        listed = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return False
+    return not any(conn.laddr and conn.laddr.port == port for conn in listed)

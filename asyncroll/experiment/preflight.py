@@ -30,6 +30,7 @@ from typing import Any
 from asyncroll.errors import UsageError, no_directory
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.plan import render_plan, server_command
+from asyncroll.experiment.port_busy import BOUND_ONLY, reserved
 from asyncroll.paths import resolved
 
 
@@ -81,6 +82,11 @@ def port_problem(cfg: ExperimentConfig) -> str | None:
                 "stop it, or set server.port to 0 to pick a free port for each arm"
             )
         return f"server.host/server.port: cannot bind {host}:{port}: {exc.strerror or exc}"
+    if port and reserved(family, host, port):  # bound beside one that set SO_REUSEADDR (a vLLM loading)
+        return (
+            f"server.port: {host}:{port} is held by {BOUND_ONLY}; stop it, or set server.port to 0 to pick a "
+            "free port for each arm"
+        )
     return None
 
 
