@@ -3,6 +3,7 @@ servers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from collections.abc import Callable, Iterator
@@ -157,14 +158,8 @@ def sighup_not_ignored() -> Iterator[None]:
     and in every process it starts, and asyncroll rightly keeps an ignored SIGHUP ignored (what the user of
     ``nohup`` asked for), so such a test failed there. SIGHUP takes its default action for the test and
     the processes it starts; the inherited disposition comes back after it."""
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+    with _not_ignored(signal.SIGHUP, signal.SIG_DFL):
         yield
-        return
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 @pytest.fixture
@@ -174,11 +169,18 @@ def sigint_not_ignored() -> Iterator[None]:
     every process it starts, and asyncroll rightly keeps an ignored SIGINT ignored; such a test failed
     there (a signalled command exit 0 instead of 130, a child that never stopped). Python's own handler
     takes it for the test (its children start with the default action); the ignoring comes back after."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    with _not_ignored(signal.SIGINT, signal.default_int_handler):
+        yield
+
+
+@contextlib.contextmanager
+def _not_ignored(sig: signal.Signals, handler: Any) -> Iterator[None]:
+    """``handler`` takes ``sig`` inside where this process was started ignoring it; ignored again after."""
+    if signal.getsignal(sig) is not signal.SIG_IGN:
         yield
         return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(sig, signal.SIG_IGN)
