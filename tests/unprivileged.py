@@ -38,10 +38,13 @@ finally:
 """
 
 
+#: Looked up here, not in the forked child: a dlopen there could wait for ever on a lock another thread held
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _drop_permission_capabilities() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
     for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if _PRCTL(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), f"cannot drop capability {cap} from the bounding set")
 
 
