@@ -230,15 +230,20 @@ def test_a_umask_that_leaves_the_output_unwritable_is_refused_and_nothing_left(
 
 
 @pytest.mark.parametrize("umask", [0o277, 0o444], ids=["0277", "0444"])
+@pytest.mark.parametrize("made", [False, True], ids=["new", "empty"])
 def test_an_experiment_under_a_umask_that_leaves_its_output_unusable_is_refused_before_any_arm(
-    tmp_path: Path, umask: int
+    tmp_path: Path, umask: int, made: bool
 ) -> None:
     """Under umask 0277 the runner failed on its own lock ('cannot open the runner's lock: Permission
     denied'), leaving the folder; under 0444 it started each arm's server and every client refused its
-    run folder, the first stage failing its gate as if that were a result. Bound by file permissions as an
-    ordinary user."""
+    run folder, the first stage failing its gate as if that were a result. An empty --output made
+    beforehand (an experiment's is allowed) escaped the check of a new one, its experiment.json left
+    unreadable (0222): it is checked before the lock, on a folder made in it as an arm's will be, and
+    nothing is left in it. Bound by file permissions as an ordinary user."""
     skip_unless_bound()
     out = tmp_path / "out"
+    if made:
+        out.mkdir()
     config = REPO / "experiments" / "serve_sim_smoke.json"
 
     def set_umask() -> None:
@@ -247,31 +252,10 @@ def test_an_experiment_under_a_umask_that_leaves_its_output_unusable_is_refused_
     done = asyncroll("experiment", "run", "--config", config, "--output", out, prepare=as_user(set_umask))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "starting" not in done.stderr
-    assert f"--output {out}: made with mode {0o777 & ~umask:04o} (the umask's)" in done.stderr
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("umask", [0o277, 0o444], ids=["0277", "0444"])
-def test_an_experiment_into_an_empty_folder_under_a_umask_that_leaves_new_folders_unusable_is_refused(
-    tmp_path: Path, umask: int
-) -> None:
-    """An empty --output made beforehand (an experiment's is allowed) escaped the check of a new one: under
-    0444 every arm's folder was made unusable, each client refused its run folder and the first stage failed
-    its gate as if that were a result, its experiment.json left unreadable (0222). Checked before the lock, on
-    a folder made in it as an arm's will be, and nothing is left in it."""
-    skip_unless_bound()
-    out = tmp_path / "out"
-    out.mkdir()
-    config = REPO / "experiments" / "serve_sim_smoke.json"
-
-    def set_umask() -> None:
-        os.umask(umask)
-
-    done = asyncroll("experiment", "run", "--config", config, "--output", out, prepare=as_user(set_umask))
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr and "starting" not in done.stderr
-    assert f"--output {out}: a folder made in it gets mode {0o777 & ~umask:04o} (the umask's)" in done.stderr
-    assert list(out.iterdir()) == []
+    mode = f"{0o777 & ~umask:04o} (the umask's)"
+    said = f"a folder made in it gets mode {mode}" if made else f"made with mode {mode}"
+    assert f"--output {out}: {said}" in done.stderr
+    assert (list(out.iterdir()) == []) if made else not out.exists()
 
 
 def _one_process() -> None:  # `ulimit -u 1`: this process only, no thread nor child more
