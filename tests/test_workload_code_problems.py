@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from asyncroll.json_depth import TOO_DEEP
+from asyncroll.workload.models import Problem
 from tests.workload_scans import _problems
 
 
@@ -136,3 +137,15 @@ def test_tests_too_large_for_a_workers_message_are_refused(tmp_path: Path, monke
         "at most 100, half of the largest message a worker takes (each evaluation sends them to its worker "
         "with the program)"
     ], problems
+
+
+def test_a_copy_with_other_metadata_has_its_own_protocol_not_the_originals() -> None:
+    meta = {"prompt_metadata": {"protocol": "one_repair"}, "reference_tests": [{"input": "1", "output": "1"}]}
+    problem = Problem(prompt="p", metadata=meta)
+    assert problem.one_repair is not None and problem.one_repair.test_bytes == 1  # made and cached
+    tests = [{"input": "12345", "output": "1"}]
+    other = problem.model_copy(update={"metadata": {**meta, "reference_tests": tests}})
+    assert other.one_repair is not None and other.one_repair.tests == tests
+    assert other.one_repair.test_bytes == 5
+    assert problem.model_copy(update={"metadata": {}}).one_repair is None
+    assert problem.model_copy(deep=True).one_repair == problem.one_repair

@@ -3,9 +3,10 @@ what a line may declare (SPEC §5). Cross-field checks pydantic cannot express a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
@@ -145,6 +146,13 @@ class Problem(_Strict):
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copy = super().model_copy(update=update, deep=deep)
+        # pydantic copies the instance dict, cached values included: a copy with other metadata would
+        # keep this problem's protocol and tests
+        copy.__dict__.pop("one_repair", None)
+        return copy
 
     @cached_property
     def one_repair(self) -> OneRepair | None:
