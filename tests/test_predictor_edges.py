@@ -134,3 +134,15 @@ def test_a_repair_is_never_the_first_evaluation_of_a_later_repair() -> None:
     p.observe(_job(4, traj="b"), 5.0)  # a second first run (resubmission not flagged): the first one stands
     (repair,) = p.predict([_job(5, resub=True, traj="b")])
     assert repair == Prediction(2.0, "same_problem_first_evaluation")
+
+
+def test_a_duration_that_is_not_a_number_is_not_learned() -> None:
+    """``max(nan, 1e-4)`` is NaN: a NaN duration got through the clamp, and once in the window every
+    prediction was the fit's NaN (then the 1 ms clamp: the ranking gone). ±inf are clamped as before."""
+    p = _steep()
+    p.observe(_job(2001, 300), float("nan"))
+    p.observe(_job(2002, 300), float("inf"))
+    p.observe(_job(2003, 300), float("-inf"))
+    assert p.observations == 102
+    small, big = p.predict([_job(2004, 1500), _job(2005, 20_000)])
+    assert 0.001 < small.seconds < big.seconds < 60.0

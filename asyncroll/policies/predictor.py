@@ -103,10 +103,12 @@ class DurationPredictor:
 
     def observe(self, job: JobView, seconds: float, *, censored: bool = False) -> None:
         """Learn from a finished job (``censored``: it hit the timeout; ``seconds`` is the timeout)."""
-        seconds = min(max(seconds, MIN_S / 10), MAX_S * 10)
         self._cache.pop(job.job_id, None)
         row = self._rows.pop(job.job_id, None)
         self._release(job.job_id)
+        if math.isnan(seconds):  # passes the clamp below as NaN, and one NaN in the window fits NaN for all
+            return
+        seconds = min(max(seconds, MIN_S / 10), MAX_S * 10)
         self._new_x.append(row if row is not None else self._features(job))
         self._new_y.append(math.log(seconds) - self._log_prior)
         if len(self._new_y) == len(self._y):  # a whole window waits: the older ones would be overwritten
