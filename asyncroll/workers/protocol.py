@@ -281,7 +281,10 @@ def _joined(stream: io.BytesIO, data: tuple[Any, ...]) -> tuple[Any, ...]:
     arguments, sliced = data[3], data[-1]
     if not isinstance(arguments, dict) or not isinstance(sliced, tuple):
         raise ProtocolError("sliced job request without its arguments or slices")
-    for key, count in sliced:
+    for entry in sliced:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and type(entry[1]) is int and entry[1] >= 0):
+            raise ProtocolError(f"sliced job request names its slices as {entry!r}, not (argument, count)")
+        key, count = entry
         items: list[Any] = []
         for _ in range(count):
             part = _load(stream)
