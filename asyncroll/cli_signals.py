@@ -66,6 +66,13 @@ def starting() -> Iterator[None]:
         yield
 
 
+def put_back(sig: signal.Signals, previous: Any) -> None:
+    """Give ``sig`` back the handler :func:`signal.getsignal` or :func:`signal.signal` returned before:
+    ``None`` when it was installed from outside Python (C code, an embedding program), which
+    :func:`signal.signal` refuses (TypeError); the OS default stands in for it."""
+    signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+
+
 @contextlib.contextmanager
 def _handled_by(handler: Any, *, keep_nohup: bool = False) -> Iterator[None]:
     """``handler`` takes each stop signal while the block runs; the handlers in place before are put back
@@ -87,7 +94,7 @@ def _handled_by(handler: Any, *, keep_nohup: bool = False) -> Iterator[None]:
         yield
     finally:
         for sig, before in previous.items():
-            signal.signal(sig, signal.SIG_DFL if before is None else before)
+            put_back(sig, before)
 
 
 def guard() -> None:

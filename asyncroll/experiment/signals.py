@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
+from asyncroll.cli_signals import put_back
 from asyncroll.experiment.arms import ExperimentInterrupted
 
 
@@ -41,7 +42,7 @@ class SignalGuard:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            put_back(sig, handler)
 
     def hold(self) -> None:
         """From now on every signal is counted and ignored (the runner is already winding down)."""

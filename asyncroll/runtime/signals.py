@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
+from asyncroll.cli_signals import put_back
 from asyncroll.outputs.receipt import EXIT_INTERRUPTED
 from asyncroll.outputs.rundir import ExportStop, skipped
 from asyncroll.runtime.run import Run, RunOutcome
@@ -106,7 +107,7 @@ async def interruptible(run: Run, *, keep_ignored: bool = False) -> RunOutcome:
     finally:
         finished = True
         for sig, previous in installed:
-            signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+            put_back(sig, previous)
 
 
 def late_signal_note(name: str, exports_failed: Mapping[str, str] | None = None) -> str:
@@ -176,5 +177,5 @@ class CommandSignals:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig, previous in self._previous.items():
-            signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+            put_back(sig, previous)
         self._previous = {}

@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from asyncroll.cli_signals import put_back
 from asyncroll.errors import OutputWriteError
 from asyncroll.serve_sim.app import SimApp
 from asyncroll.serve_sim.config import SimConfig
@@ -209,6 +210,6 @@ def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "
         stop(running, 30.0)
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            put_back(sig, handler)
         sock.close()
     return 0 if signalled else 1
