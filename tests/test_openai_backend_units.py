@@ -458,6 +458,7 @@ def test_requests_go_round_a_few_connection_pools_of_the_one_client(monkeypatch:
         try:
             for _ in range(6):
                 await backend.complete(REQUEST)
+            assert transport.in_flight == [0, 0, 0]  # each request ended with its response
         finally:
             await backend.aclose()
         return backend

@@ -1,0 +1,122 @@
+"""The HTTP backend's connection pools: each request goes to the pool with the fewest in flight, counted
+until its response is closed; equals take requests in turn."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from asyncroll.backends.transport import PoolsTransport
+
+
+class _Body(httpx.AsyncByteStream):
+    """A body streamed as a server's is (a response made with its content is closed before it returns)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
+
+
+def _pool(name: str, gates: dict[str, asyncio.Event], log: list[str]) -> httpx.MockTransport:
+    async def handle(request: httpx.Request) -> httpx.Response:
+        label = request.url.path.strip("/")
+        log.append(f"{label}@{name}")
+        await gates[label].wait()
+        return httpx.Response(200, stream=_Body(label.encode()))
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.timeout(30)
+def test_a_request_goes_to_the_least_busy_pool_not_the_next_in_turn() -> None:
+    """a → p0, b → p1, c → p0; a and c done: d goes to the idle p0 (in turn it went to p1, which still
+    has b in flight), then e to p1 and f to p0 in turn again, both at one each."""
+    log: list[str] = []
+
+    async def scenario() -> list[int]:
+        gates = {label: asyncio.Event() for label in "abcdef"}
+        transport = PoolsTransport([_pool("p0", gates, log), _pool("p1", gates, log)])
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+
+            async def get(label: str) -> str:
+                return (await client.get(f"/{label}")).text
+
+            tasks = {label: asyncio.create_task(get(label)) for label in "abc"}
+            await asyncio.sleep(0)
+            assert transport.in_flight == [2, 1]
+            gates["a"].set()
+            gates["c"].set()
+            assert [await tasks["a"], await tasks["c"]] == ["a", "c"]
+            assert transport.in_flight == [0, 1]  # a response read in full ends its request
+            tasks |= {label: asyncio.create_task(get(label)) for label in "def"}
+            await asyncio.sleep(0)
+            seen = list(transport.in_flight)
+            for gate in gates.values():
+                gate.set()
+            await asyncio.gather(*tasks.values())
+            assert transport.in_flight == [0, 0]
+            return seen
+
+    assert asyncio.run(scenario()) == [2, 2]
+    assert log == ["a@p0", "b@p1", "c@p0", "d@p0", "e@p1", "f@p0"]
+
+
+@pytest.mark.timeout(30)
+def test_a_request_that_fails_or_a_response_never_read_still_ends() -> None:
+    async def scenario() -> list[int]:
+        def handle(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/fail":
+                raise httpx.ConnectError("refused", request=request)
+            if request.url.path == "/in-memory":
+                return httpx.Response(200, text="in memory")  # closed already
+            return httpx.Response(200, stream=_Body(b"ok"))
+
+        transport = PoolsTransport([httpx.MockTransport(handle), httpx.MockTransport(handle)])
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.get("/fail")
+            async with client.stream("GET", "/ok"):
+                assert transport.in_flight == [0, 1]  # the first pool's failed request ended
+            # its body never read: closed all the same
+            assert (await client.get("/in-memory")).text == "in memory"
+        return transport.in_flight
+
+    assert asyncio.run(scenario()) == [0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_no_pool_holds_more_than_its_share_when_the_client_holds_no_more_than_the_pools_shares() -> None:
+    """16 requests in flight over 2 pools, of random lengths: each pool holds at most 8 at any time
+    (taken in turn regardless, each peaked at 10 here)."""
+    rng = random.Random(7)
+    now = [0, 0]
+    peak = [0, 0]
+
+    def pool(i: int) -> httpx.MockTransport:
+        async def handle(request: httpx.Request) -> httpx.Response:
+            now[i] += 1
+            peak[i] = max(peak[i], now[i])
+            await asyncio.sleep(rng.uniform(0, 0.004))
+            now[i] -= 1
+            return httpx.Response(200, stream=_Body(b"x"))
+
+        return httpx.MockTransport(handle)
+
+    async def scenario() -> None:
+        transport = PoolsTransport([pool(0), pool(1)])
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+
+            async def one_client() -> None:
+                for _ in range(25):
+                    await client.get("/")
+
+            await asyncio.gather(*(one_client() for _ in range(16)))
+
+    asyncio.run(scenario())
+    assert peak == [8, 8]
