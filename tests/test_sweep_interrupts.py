@@ -426,3 +426,32 @@ def test_a_table_that_cannot_be_written_while_a_signal_waits_is_still_an_error(
     assert result.exit_code not in (0, 130), result.output
     assert "sweep.json: cannot write (No space left on device)" in result.output
     assert not (out / "sweep.json").exists()
+
+
+def test_an_unexpected_error_in_a_cell_keeps_the_simulations_that_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error no one foresaw (a defect, not a failed simulation) ended the sweep in its traceback and
+    threw the finished rows away; they are written, marked partial, and the error says where."""
+    from asyncroll.simulation import sweep
+    from asyncroll.simulation.engine import SimulationSettings
+
+    real = sweep.run_cell
+
+    def breaks_on_the_third(cell: sweep.Cell) -> Any:
+        if cell.seed == 1 and cell.point == (2, 2, 1):
+            raise RuntimeError("a defect")
+        return real(cell)
+
+    monkeypatch.setattr(sweep, "run_cell", breaks_on_the_third)
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=30, turns=2) for i in range(4)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    spec = sweep.SweepSpec(("fifo",), (2,), (2,), (1,), 2, 0.2)
+    out = tmp_path / "s"
+    with pytest.raises(RuntimeError, match="a defect") as failed:
+        sweep.run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out)
+    assert failed.value.__notes__ == [f"the simulation that finished is in {out} (sweep.md, marked partial)"]
+    document = json.loads((out / "sweep.json").read_text())
+    assert document["complete"] is False and document["simulations"]["done"] == 1
+    assert document["stopped_by"] == "an unexpected error (RuntimeError)"
+    assert len((out / "sweep.csv").read_text().splitlines()) == 2

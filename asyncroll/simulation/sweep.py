@@ -189,6 +189,13 @@ def run_sweep(
         else:  # removed while the sweep ran (a scratch cleaner): nothing of it is left to point at
             kept = f"{output / 'workloads'} was removed while the sweep ran"
         raise SimulationError(f"{stopped}; {kept}; a new --output runs the sweep again") from stopped
+    if isinstance(stopped, Exception) and rows:  # unforeseen (a defect): what finished is kept all the same
+        why = f"an unexpected error ({type(stopped).__name__})"
+        _write(output, rows, spec, settings, record, total=len(cells), stopped=why)
+        kept = (
+            "simulation that finished is" if len(rows) == 1 else f"{len(rows)} simulations that finished are"
+        )
+        stopped.add_note(f"the {kept} in {output} (sweep.md, marked partial)")
     raise stopped
 
 
