@@ -112,6 +112,34 @@ def _age(pid: int) -> float:
         return 0.0
 
 
+def start_mark(pid: int) -> str | None:
+    """Which process holds ``pid``, on no wall clock: the boot's id and the process's start in clock ticks
+    since that boot (``/proc``). A process given the pid later, after a reboot too, has another mark, and
+    no wall-clock step changes it (psutil's ``create_time`` is the boot time in wall-clock seconds plus
+    the start: NTP stepping the clock an hour moves it an hour). None where ``/proc`` cannot tell."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            ticks = int(stat.read().rpartition(b")")[2].split()[19])  # starttime, since boot
+    except (OSError, IndexError, ValueError):
+        return None
+    return f"{boot}:{ticks}"
+
+
+def same_process(pid: int, mark: object, create_time: object) -> bool:
+    """Whether ``pid`` is still the process recorded with ``mark`` (:func:`start_mark`) or, in a record
+    made before marks were (or where /proc could not tell), with psutil's ``create_time``."""
+    if isinstance(mark, str):
+        return start_mark(pid) == mark
+    try:
+        return (
+            isinstance(create_time, int | float)
+            and abs(psutil.Process(pid).create_time() - create_time) < 0.01
+        )
+    except psutil.Error:
+        return False
+
+
 def environ(pid: int) -> dict[str, str] | None:
     """The environment ``pid`` started with (what its ancestors passed on), or ``None`` where it cannot be
     read: gone, a zombie, or another user's. An empty one of a process younger than

@@ -268,3 +268,41 @@ def test_a_resume_kills_what_a_runner_killed_before_recording_its_spawn_left(
     assert outcome.status == "complete" and calls == ["pair1-fifo", "pair1-asyncroll"], outcome.message
     swept = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]["orphans"]
     assert swept[role].startswith("no pid recorded; killed what carried its origin: pid "), swept
+
+
+@pytest.mark.timeout(30)
+def test_a_wall_clock_step_before_the_resume_still_finds_the_recorded_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psutil's create_time is the boot time in wall-clock seconds plus the process's start since boot,
+    so NTP stepping the clock an hour between the runner's record and the resume moved it an hour: the
+    recorded server read as another process ("gone"), its tree was not killed, and a descendant that
+    carries no origin (it cleared its environment) was left running. The record's start mark is on the
+    kernel's boot clock, which no step moves."""
+    import psutil._pslinux as pslinux
+
+    from asyncroll.experiment.orphans import sweep_orphan
+
+    marker = f"sleep 98{os.getpid() % 10}.5"
+    server = ManagedProcess(["sh", "-c", f"env -i {marker} & exec sleep 1003"], tmp_path / "s.log")
+    server.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not running(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        record = server.record()
+        stepped = pslinux.boot_time() + 3600.0  # /proc/stat's btime after the clock stepped an hour on
+        monkeypatch.setattr(pslinux, "boot_time", lambda: stepped)
+        assert sweep_orphan(json.loads(json.dumps(record)), grace_s=2.0) == "killed"
+        assert server.wait(10) is not None
+        deadline = time.monotonic() + 5
+        while running(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running(marker) == []  # the descendant that carried no origin went with the tree
+    finally:
+        for proc in running(marker):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from asyncroll.proctree import all_gone, children, descendants, environ, reap, signal_tree
+from asyncroll.proctree import all_gone, children, descendants, environ, reap, same_process, signal_tree
 
 #: Inherited by everything a started process starts: tells whose an orphan the runner adopted is.
 ORIGIN_ENV = "ASYNCROLL_EXPERIMENT_ORIGIN"
@@ -52,14 +52,14 @@ def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
 
 def _sweep_leader(record: dict[str, Any], grace_s: float) -> str:
     pid = int(record["pid"])
+    # none recorded: nothing proves the pid is still ours; a wall-clock step since the record moves
+    # create_time, not the start mark (a record from before marks has only create_time)
+    if not same_process(pid, record.get("start_mark"), record.get("create_time")):
+        return "gone"  # what outlived it in its group carries its origin: found by sweep_orphan
     try:
         proc = psutil.Process(pid)
-        recorded = record.get("create_time")  # none recorded: nothing proves the pid is still ours
-        same = recorded is not None and abs(proc.create_time() - float(recorded)) < 0.01
     except psutil.Error:
-        same = False
-    if not same:
-        return "gone"  # what outlived it in its group carries its origin: found by sweep_orphan
+        return "gone"
     tree = [proc, *descendants(pid)]
     signal_tree(pid, signal.SIGTERM, tree)
     deadline = time.monotonic() + grace_s

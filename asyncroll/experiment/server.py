@@ -30,7 +30,7 @@ from asyncroll.experiment import listener
 from asyncroll.experiment.orphans import ORIGIN_ENV, adopted_from, adopted_orphans, kill_adopted
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
 from asyncroll.json_depth import json_loads
-from asyncroll.proctree import all_gone, children, descendants, signal_tree
+from asyncroll.proctree import all_gone, children, descendants, signal_tree, start_mark
 
 if TYPE_CHECKING:
     import httpx
@@ -171,6 +171,7 @@ class ManagedProcess:
             "pid": self.pid,
             "pgid": self.pid,
             "create_time": create_time,
+            "start_mark": start_mark(self.pid),  # which process, whatever the wall clock does meanwhile
             "log": str(self.log),
             "origin": self.origin,
         }
