@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -169,10 +170,15 @@ def test_timeline_command_regenerates_exports(smoke_run: Path, tmp_path: Path) -
     # a receipt that says running, of a process that is alive (this one): the run's own exports will
     # follow, so none are written under it; once that process is gone (killed outright), they are
     receipt = json.loads((run / "run.json").read_text())
-    receipt.update(status="running", pid=os.getpid())
+    from asyncroll.proctree import start_mark
+
+    receipt.update(status="running", pid=os.getpid(), pid_start=start_mark(os.getpid()))
     (run / "run.json").write_text(json.dumps(receipt))
     going = invoke("timeline", run)
     assert going.exit_code == 2 and "the run is still going" in going.stderr
+    # a receipt written before pid_start: this process started before its created_at
+    (run / "run.json").write_text(json.dumps({k: v for k, v in receipt.items() if k != "pid_start"}))
+    assert invoke("timeline", run).exit_code == 2
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
@@ -262,3 +268,33 @@ def test_regenerated_exports_are_recorded_beside_the_runs_own(smoke_run: Path, t
     said = f"{run / 'run.json'} is not valid JSON (Unterminated string starting at, line 1, column 12)"
     assert cut.exit_code == 0 and f"{said}; left as it was" in cut.stderr, cut.stderr
     assert "Error" not in cut.stderr
+
+
+def test_a_run_still_going_is_seen_so_after_the_wall_clock_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``timeline`` and ``optimum`` ask whether a run whose receipt says running is still going: its pid
+    alive and the same process. That was psutil's create_time against the receipt's created_at, and
+    create_time is /proc/stat's wall-clock boot time plus the start: NTP stepping the clock an hour on
+    mid-run made the running process look an hour younger than its receipt, so ``timeline`` wrote its
+    exports (and run.json) under a run still writing them. The receipt's pid_start mark moves with no
+    step; one pid given to a later process does not carry it."""
+    import psutil._pslinux as pslinux
+
+    from asyncroll.commands.files import still_running
+    from asyncroll.outputs.receipt import host
+    from asyncroll.proctree import start_mark
+
+    receipt = {
+        "status": "running",
+        "pid": os.getpid(),
+        "pid_start": start_mark(os.getpid()),
+        "host": host(),
+        "created_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+    }
+    (tmp_path / "run.json").write_text(json.dumps(receipt))
+    stepped = pslinux.boot_time() + 3600.0  # /proc/stat's btime after the clock stepped an hour on
+    monkeypatch.setattr(pslinux, "boot_time", lambda: stepped)
+    assert still_running(tmp_path) == f"status 'running', process {os.getpid()} alive"
+    (tmp_path / "run.json").write_text(json.dumps({**receipt, "pid_start": "another boot:1"}))
+    assert still_running(tmp_path) is None  # the pid is another process's now

@@ -199,6 +199,8 @@ def still_running(run_dir: Path) -> str | None:
 
     import psutil
 
+    from asyncroll.proctree import start_mark
+
     try:
         receipt = json_loads((run_dir / "run.json").read_text())
         status, pid = receipt["status"], receipt["pid"]
@@ -208,10 +210,13 @@ def still_running(run_dir: Path) -> str | None:
         return None
     if status not in ("preparing", "running") or not isinstance(pid, int) or hostname != socket.gethostname():
         return None
+    mark = receipt.get("pid_start")
     try:
         process = psutil.Process(pid)
-        # the same process, not a later one given a reused pid: it started before the receipt was written
-        alive = process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= created + 1
+        # the same process, not a later one given a reused pid: its start mark (no wall-clock step moves
+        # it); a receipt without one: it started before the receipt was written
+        same = start_mark(pid) == mark if isinstance(mark, str) else process.create_time() <= created + 1
+        alive = same and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return None
     return f"status {status!r}, process {pid} alive" if alive else None

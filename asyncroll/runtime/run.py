@@ -39,6 +39,7 @@ from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
 from asyncroll.policies.registry import canonical_policy, estimator_for
 from asyncroll.process_limits import limit_note
+from asyncroll.proctree import start_mark
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.cleanup import cleanup, shielded
 from asyncroll.runtime.collaborators import (
@@ -149,6 +150,7 @@ class Run:
             "command": self.argv,
             "cwd": os.getcwd(),  # where relative paths in the command (and config) were resolved
             "pid": os.getpid(),  # while the status says running: is the run still going?
+            "pid_start": start_mark(os.getpid()),  # which process that pid is, whatever the wall clock does
             "config": {
                 **cfg.model_dump(mode="json"),
                 "policy_canonical": canonical_policy(cfg.policy),  # the rule `asyncroll` named then
