@@ -306,3 +306,33 @@ def test_a_median_over_some_pairs_says_which_were_left_out_and_why() -> None:
     assert "activation_rate" not in agg["median_left_out"]["b"]
     row = next(line for line in markdown(agg).splitlines() if line.startswith("| activation rate"))
     assert "0.25 (n=2 of 4: pair 2 undefined (eligible_decisions = 0); pair 3 not measured) | 0.5 |" in row
+
+
+@pytest.mark.timeout(30)
+def test_a_comparison_older_than_its_experiment_says_so(tmp_path: Path) -> None:
+    """A resume killed outright (kill -9, the OOM killer, a reboot) leaves the comparison.json of the
+    runner before it, while experiment.json beside it says running and holds the arms finished since:
+    the report said 'interrupted (by SIGTERM). Pairs complete: 0 of 2' as the experiment's state, nothing
+    saying that comparison.json was older. It now says so, on stderr and in REPORT.md."""
+    data = comparison([({}, {}), ({}, {})])
+    data["experiment_status"], data["stop_reason"] = "interrupted", "interrupted by SIGTERM"
+    path = write(tmp_path, data)
+    receipt = tmp_path / "experiment.json"
+    receipt.write_text(
+        json.dumps({"kind": "asyncroll.experiment", "status": "running", "fingerprint": {"sha256": "f" * 64}})
+    )
+    done = invoke("report", "--comparison", path, "--output", tmp_path / "r")
+    assert done.exit_code == 0, done.output
+    said = f"warning: {receipt} says the experiment is 'running', this comparison.json 'interrupted'"
+    assert said in done.stderr, done.stderr
+    assert "--resume" in done.stderr
+    assert "says the experiment is 'running'" in (tmp_path / "r" / "REPORT.md").read_text()
+    for status, fingerprint in (("interrupted", "f" * 64), ("running", "0" * 64)):  # in step; another's
+        receipt.write_text(
+            json.dumps(
+                {"kind": "asyncroll.experiment", "status": status, "fingerprint": {"sha256": fingerprint}}
+            )
+        )
+        done = invoke("report", "--comparison", path, "--output", tmp_path / "r")
+        assert done.exit_code == 0 and "warning" not in done.stderr, done.stderr
+        assert "says the experiment is" not in (tmp_path / "r" / "REPORT.md").read_text()

@@ -97,7 +97,7 @@ def report(
     from asyncroll.experiment.report import write_report
 
     try:
-        files = write_report(comparison, output, figure=figure)
+        files = write_report(comparison, output, figure=figure, warn=lambda text: typer.echo(text, err=True))
     except AsyncrollError as exc:  # a usage error (2), or a report that could not be written (1)
         raise fail(str(exc), exc.exit_code) from None
     say("wrote " + ", ".join(str(f) for f in files))

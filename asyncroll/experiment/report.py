@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,36 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[Path]:
+def older_than_experiment(comparison_path: Path, comparison: dict[str, Any]) -> str | None:
+    """Why ``comparison`` is older than the experiment it is of: experiment.json beside it (of the same
+    fingerprint) says another status. A runner writes comparison.json only as it ends, so a resume still
+    going, or one killed outright (kill -9, the OOM killer, a reboot), leaves the one before it there while
+    experiment.json holds the arms finished since. None when they agree or no such experiment.json is
+    there (a comparison.json copied elsewhere, an experiment.json unreadable or of another experiment)."""
+    path = comparison_path.parent / "experiment.json"
+    try:
+        receipt = read_json_file(path, limit=COMPARISON_MAX_BYTES)
+    except UsageError:
+        return None
+    if not isinstance(receipt, dict) or receipt.get("kind") != "asyncroll.experiment":
+        return None
+    fingerprint = receipt.get("fingerprint")
+    if not isinstance(fingerprint, dict) or fingerprint.get("sha256") != comparison.get("fingerprint"):
+        return None
+    status, then = receipt.get("status"), comparison.get("experiment_status")
+    if not isinstance(status, str) or status == then:
+        return None
+    return (
+        f"{path} says the experiment is {status[:40]!r}, this comparison.json {then!r}: it was written "
+        "before the experiment's last runner ended (one still going, or killed outright: kill -9, the OOM "
+        "killer, a reboot), so arms finished since are not in this report; `asyncroll experiment run "
+        "--resume` (the same --config and --output) writes comparison.json again"
+    )
+
+
+def write_report(
+    comparison_path: Path, output: Path, *, figure: bool, warn: Callable[[str], None] | None = None
+) -> list[Path]:
     """Write REPORT.md and aggregate.json (and the figure) into ``output``; returns the files written.
 
     Everything is computed, then written into a new hidden temporary folder next to ``output``; only
@@ -222,8 +252,10 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
     writing it again into an existing ``output`` (after ``--resume`` added pairs) stages its files in a
     temporary folder inside ``output``, then replaces its own files, each by a rename, and removes a
     figure an earlier call drew that this one does not: a folder never pairs a new report with an old
-    figure. One that finds ``output`` made meanwhile (a neighbour's report, at once) replaces its files
-    so too, from its staged folder beside it. Nothing else in ``output`` is touched."""
+    figure. A comparison.json older than the experiment.json beside it is reported, and said to be so
+    (in REPORT.md, aggregate.json and to ``warn``). One that finds ``output`` made meanwhile (a
+    neighbour's report, at once) replaces its files so too, from its staged folder beside it. Nothing
+    else in ``output`` is touched."""
     try:
         os.stat(output)
     except FileNotFoundError:
@@ -247,6 +279,10 @@ def write_report(comparison_path: Path, output: Path, *, figure: bool) -> list[P
             )
     comparison = load_comparison(comparison_path)
     agg = aggregate(comparison)
+    if (older := older_than_experiment(comparison_path, comparison)) is not None:
+        agg["older_than_experiment"] = older
+        if warn is not None:
+            warn(f"warning: {older}")
     try:  # the statistics of checked values are finite; if one is not, it is refused, never written
         agg_text = json.dumps(agg, indent=2, allow_nan=False, default=str) + "\n"
     except ValueError:

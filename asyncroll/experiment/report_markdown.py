@@ -127,6 +127,11 @@ def markdown(agg: dict[str, Any]) -> str:
         + f". Pairs complete: {agg['pairs_complete']} of {agg['pairs_total']}. Baseline: `{base}` "
         f"({policy_label(agg, base)}). Protocol fingerprint `{(agg['fingerprint'] or 'unknown')[:16]}`.",
         "",
+        *(
+            [f"**Older than the experiment:** {agg['older_than_experiment']}", ""]
+            if "older_than_experiment" in agg
+            else []
+        ),
         'Every number below is computed by `asyncroll report` from `comparison.json`; "unknown" marks a '
         'metric the run could not measure (never a zero), "undefined" a ratio of measured values whose '
         "denominator is 0 (a baseline of 0: the % change is undefined, the difference is not). Only "
