@@ -267,3 +267,25 @@ def test_a_signal_during_a_resumes_recovery_waits_for_it_then_interrupts() -> No
         guard.raise_deferred()  # once
         signal.raise_signal(signal.SIGTERM)  # a later signal is counted, as before
         assert guard.ignored == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("role", ["server", "client"])
+def test_an_arm_process_killed_by_a_signal_is_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str
+) -> None:
+    """A client (or a server) killed outright (the OOM killer, kill -9) before it wrote a word: the arm
+    said 'client exited with code -9; log tail:' and nothing after it, where a server that died while the
+    client ran was said to be 'killed by SIGKILL'. Both now name the signal, and an empty log as such."""
+    import asyncroll.experiment.arms as arms_module
+    from tests.lean_experiment import lean, one_arm, ready_server
+
+    suicide = ["sh", "-c", "kill -9 $$"]
+    server = ready_server(tmp_path)
+    if role == "server":
+        server["command"] = [*suicide, "{port}"]
+    monkeypatch.setattr(arms_module, "client_command", lambda *_args: suicide)
+    arm = one_arm(lean(tmp_path, server=server), tmp_path / "out")
+    assert arm["status"] == "failed", arm
+    said = f"{role} was killed by SIGKILL (exit code -9)"
+    assert arm["error"].startswith(said) and arm["error"].endswith("log tail:\n(empty log)"), arm["error"]

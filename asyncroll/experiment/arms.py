@@ -34,8 +34,6 @@ file hashes and software versions, and the arm's policy and seed.
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +53,7 @@ from asyncroll.experiment.server import (
     ManagedProcess,
     ReadinessTimeout,
     ServerStartError,
+    exit_words,
     free_port,
     tail,
 )
@@ -304,13 +303,9 @@ def _wait_client(
 
 
 def _server_died(server: InferenceServer, client_code: int | None) -> str:
-    code = server.process.poll()
-    how = f"exited with code {code}"
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
     return (
-        f"server {how} while the client ran; the client was stopped (its exit code {client_code}); "
+        f"server {exit_words(server.process.poll())} while the client ran; the client was stopped "
+        f"(its exit code {client_code}); "
         f"server log {server.process.log}; its tail:\n{tail(server.process.log) or '(empty log)'}"
     )
 
@@ -377,7 +372,8 @@ def _check_client(
     from asyncroll.config import DEPRECATED_ALIASES
 
     if code != 0:
-        raise ArmFailed("running_client", f"client exited with code {code}; log tail:\n{tail(log)}")
+        why = f"client {exit_words(code)}; log tail:\n{tail(log) or '(empty log)'}"
+        raise ArmFailed("running_client", why)
     try:
         run = RunReceiptModel.model_validate(read_json(run_dir / "run.json"))
         summary = SummaryModel.model_validate(read_json(run_dir / "summary.json"))

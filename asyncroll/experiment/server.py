@@ -112,6 +112,15 @@ def startup_evidence(log_text: str) -> dict[str, list[str]]:
     return found
 
 
+def exit_words(code: int | None) -> str:
+    """How a started process ended, in words: ``exited with code 3``, or for one a signal killed (the OOM
+    killer's SIGKILL: code -9) ``was killed by SIGKILL (exit code -9)``."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name} (exit code {code})"
+    return f"exited with code {code}"
+
+
 def tail(path: Path, limit: int = 2000) -> str:
     try:
         with path.open("rb") as handle:
@@ -280,7 +289,7 @@ class InferenceServer:
                 code = self.process.poll()
                 if code is not None:
                     raise ServerStartError(
-                        f"server exited with code {code} before it was ready; log tail:\n"
+                        f"server {exit_words(code)} before it was ready; log tail:\n"
                         + (tail(self.process.log) or "(empty log)")
                     )
                 for path in paths:
