@@ -465,5 +465,26 @@ def test_optimum_of_a_stopped_run_says_its_cancelled_steps_count_up_to_the_stop(
     assert "a request or job it cancelled counts up to the stop" in result.stderr
     assert "still running when it stopped" not in result.stderr
     (run / "run.json").write_text(json.dumps({**receipt, "status": "preparing", "pid": None}))
+    (run / "summary.json").unlink()  # killed while preparing: no summary either
     preparing = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
     assert "warning: the run never finished (run.json says preparing)" in preparing.stderr
+
+
+def test_optimum_of_a_run_killed_after_its_summary_says_only_its_exports_are_missing(tmp_path: Path) -> None:
+    """A run killed (kill -9, a container's stop) while it wrote its exports: summary.json is whole, run.json
+    still says running. The solve uses all of its work and its makespan, as it should, but the warning said
+    that 'steps still running when it was killed, and trajectories never started, are left out': none
+    were."""
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p", model_ms=10, cpu_ms=5)])
+    run = tmp_path / "run"
+    assert invoke("simulate", "--workload", workload, "--output", run).exit_code == 0
+    receipt = json.loads((run / "run.json").read_text())
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # the killed run's process: gone
+    gone.wait(30)
+    (run / "run.json").write_text(json.dumps({**receipt, "status": "running", "pid": gone.pid}))
+    result = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
+    assert result.exit_code == 0, result.stderr
+    assert "left out" not in result.stderr and "never finished" not in result.stderr, result.stderr
+    said = "note: the run was killed after it wrote summary.json (which says 'complete'; run.json still says"
+    assert said in result.stderr, result.stderr
+    assert "makespan n/a" not in result.stdout

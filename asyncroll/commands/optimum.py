@@ -39,6 +39,15 @@ def optimum(
         raise fail(f"--threads must be at most {MAX_THREADS} (CP-SAT's limit), got {threads}")
     status = (read_json_object(run_dir / "run.json") or {}).get("status")
     still_going = still_running(run_dir)
+    if still_going is None and status in ("preparing", "running"):  # killed; maybe after its summary
+        ended = (read_json_object(run_dir / "summary.json") or {}).get("status")
+        if isinstance(ended, str):  # its work all recorded: only its exports and final run.json are not
+            typer.echo(
+                f"note: the run was killed after it wrote summary.json (which says {ended[:40]!r}; run.json "
+                f"still says {status}): only its exports and its final run.json are missing",
+                err=True,
+            )
+            status = ended
     if still_going is not None:
         typer.echo(
             f"warning: the run is still going ({still_going}): only the work it has recorded so far is "
