@@ -97,11 +97,35 @@ def test_from_run_refuses_a_run_that_did_not_complete(recorded: Path, tmp_path: 
     shutil.copytree(recorded, source)
     receipt = json.loads((source / "run.json").read_text())
     (source / "run.json").write_text(json.dumps({**receipt, "status": status}))
+    if status in ("running", "preparing"):  # killed before its summary: none written
+        (source / "summary.json").unlink()
     out = tmp_path / "out"
     result = simulate_here("--from-run", source, "--output", out)
     assert result.exit_code == 2
     assert f"the run's status is {status!r}, not 'complete'" in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_from_run_replays_a_run_killed_after_its_summary(recorded: Path, tmp_path: Path) -> None:
+    """A run killed (kill -9, a container's stop) while it wrote its exports: every turn and job was
+    measured and summary.json says complete, but run.json still says running. It was refused as a run of
+    which 'only part of its model turns and jobs were measured', though nothing was missing, and no
+    command finalises run.json: the run could never be replayed."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(recorded, source)
+    for name in ("trace.json", "timeline.html"):
+        (source / name).unlink()
+    receipt = json.loads((source / "run.json").read_text())
+    (source / "run.json").write_text(json.dumps({**receipt, "status": "running"}))
+    killed = simulate_here("--from-run", source, "--output", tmp_path / "killed")
+    assert killed.exit_code == 0, killed.output
+    whole = simulate_here("--from-run", recorded, "--output", tmp_path / "whole")
+    assert whole.exit_code == 0, whole.output
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("killed", "whole")]
+    assert summaries[0]["makespan_s"] == summaries[1]["makespan_s"]
 
 
 @pytest.mark.timeout(60)

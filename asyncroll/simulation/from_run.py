@@ -30,7 +30,9 @@ Only a run that completed is replayed: an interrupted, failed or killed run meas
 turns and jobs (a job still running when it stopped never finished: no duration exists for it), and the
 rest would silently take the workload's scripted timings. ``asyncroll optimum`` reads such a run all the
 same, because leaving out what was never recorded keeps its bound valid (and its notes say so); a replay
-re-runs every trajectory to its end and would have to invent those timings, so it refuses. Within a
+re-runs every trajectory to its end and would have to invent those timings, so it refuses. (A run killed
+after its summary.json said complete, while it wrote its exports, measured everything: it is replayed,
+though its run.json still says running.) Within a
 complete run every measurement must fit the workload's script, or the replay would silently keep the
 script's timing where the run measured one: each tool or evaluation job ends with ``cpu_finished`` or
 ``cpu_failed`` (a job left without one, or cancelled, is refused), each model request is at a turn of
@@ -52,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError, no_directory, no_file
-from asyncroll.json_depth import json_loads
+from asyncroll.json_depth import json_loads, read_json_object
 from asyncroll.locale_names import unspellable
 from asyncroll.outputs.lines import TextOutput
 from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
@@ -140,6 +142,8 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
             f"{RECEIPT_SCHEMA_VERSION} only"
         )
     status = receipt.get("status")
+    if status == "running" and (read_json_object(run_dir / "summary.json") or {}).get("status") == "complete":
+        status = "complete"  # killed after its summary, while it wrote its exports: every step was measured
     if status != "complete":
         killed = " (killed, or still going: run.json was never finalised)" if status == "running" else ""
         raise UsageError(
