@@ -294,10 +294,10 @@ def test_a_replay_with_no_room_to_record_its_changed_endings_still_says_them(
     import errno
 
     import asyncroll.outputs.receipt as receipt_module
-    import asyncroll.simulation.from_run as from_run
+    import asyncroll.simulation.replay_changes as replay_changes
 
     compared: list[bool] = []
-    real_compare, real_write = from_run.ended_otherwise, receipt_module.write_json_atomic
+    real_compare, real_write = replay_changes.ended_otherwise, receipt_module.write_json_atomic
 
     def compare(*args: Any) -> Any:
         compared.append(True)
@@ -308,7 +308,7 @@ def test_a_replay_with_no_room_to_record_its_changed_endings_still_says_them(
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(path, data)
 
-    monkeypatch.setattr(from_run, "ended_otherwise", compare)
+    monkeypatch.setattr(replay_changes, "ended_otherwise", compare)
     monkeypatch.setattr(receipt_module, "write_json_atomic", write)
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", two_tools, "--output", replay, "--max-turns", "2")

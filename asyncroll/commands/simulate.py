@@ -411,7 +411,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
 def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
     """Trajectories the replay could not end as the run did: said on stderr, recorded in run.json."""
     from asyncroll.outputs.receipt import write_json_atomic
-    from asyncroll.simulation.from_run import ended_otherwise, restarts_not_replayed
+    from asyncroll.simulation.replay_changes import ended_otherwise, restarts_not_replayed
 
     changes, restarts = ended_otherwise(run_dir, replay), restarts_not_replayed(run_dir, replay)
     if not changes and not restarts:
