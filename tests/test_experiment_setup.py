@@ -532,10 +532,10 @@ def test_a_code_workload_this_machines_sandbox_cannot_isolate_is_refused_before_
     allowed = lean(tmp_path, **code, **{"client.extra_args": ["--allow-weak-isolation"]})
     assert ExperimentRunner(allowed, out, echo=lambda _: None, warn=lambda _: None).run().exit_code == 0
     assert calls == ["pair1-fifo", "pair1-asyncroll"]
-    # one arm that takes it back is refused, by name
+    # one arm that does not allow it is refused, by name
     arms = [{"name": "fifo", "policy": "fifo"}, {"name": "asyncroll", "policy": "asyncroll"}]
-    arms[1]["extra_args"] = ["--no-allow-weak-isolation"]  # type: ignore[assignment]
-    mixed = lean(tmp_path, **code, **{"client.extra_args": ["--allow-weak-isolation"], "arms": arms})
+    arms[0]["extra_args"] = ["--allow-weak-isolation"]  # type: ignore[assignment]
+    mixed = lean(tmp_path, **code, **{"arms": arms})
     with pytest.raises(UsageError, match="clients of asyncroll would refuse"):
         ExperimentRunner(mixed, tmp_path / "mixed", echo=lambda _: None, warn=lambda _: None).run()
 
@@ -619,3 +619,58 @@ def test_the_preflight_refuses_a_fixed_port_reserved_as_vllm_reserves_it() -> No
             "pick a free port for each arm"
         )
     assert preflight.port_problem(cfg) is None  # type: ignore[arg-type]
+
+
+CLIENT_FLAG_CASES = {
+    "out of range": (["--aging-weight", "-1"], "--aging-weight: Input should be greater than or equal to 0"),
+    "not a number": (["--starvation-threshold", "x"], "Invalid value for '--starvation-threshold'"),
+    "unknown flag": (["--aging-wieght", "0.1"], "No such option: --aging-wieght"),
+    "help": (["--help"], "--help among them: the client would run nothing"),
+    # client.extra_args gives it too: the client refuses an option given twice
+    "given twice": (
+        ["--no-allow-weak-isolation"],
+        "Option '--allow-weak-isolation/--no-allow-weak-isolation' given 2 times",
+    ),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(CLIENT_FLAG_CASES))
+def test_an_arm_whose_client_would_refuse_its_flags_is_refused_before_any_arm(
+    tmp_path: Path, case: str
+) -> None:
+    """An arm's extra_args its client refuses (exit 2) were found only when that arm's server had started,
+    after the stages before it had run on the GPU: the activation gate failed as if that were a result."""
+    extra, problem = CLIENT_FLAG_CASES[case]
+    arms = [
+        {"name": "fifo", "policy": "fifo"},
+        {"name": "asyncroll", "policy": "asyncroll", "extra_args": extra},
+    ]
+    config = write_config(tmp_path, arms=arms, **{"client.extra_args": ["--allow-weak-isolation"]})
+    out = tmp_path / "out"
+    done = invoke("experiment", "run", "--config", config, "--output", out)
+    assert done.exit_code == 2, done.stderr
+    assert done.stderr.startswith("error: pre-flight check failed; no arm was started:")
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith(f"{config}: arms[asyncroll]: ")]
+    assert len(lines) == 1 and problem in lines[0], done.stderr
+    assert not out.exists()
+    plan = invoke("experiment", "plan", "--config", config)
+    assert plan.exit_code == 0 and "pre-flight on this machine, now" in plan.stdout
+    assert "  arms[asyncroll]: " in plan.stdout and problem in plan.stdout and "arms[fifo]" not in plan.stdout
+
+
+def test_the_shipped_experiments_clients_accept_their_flags() -> None:
+    from asyncroll.experiment.config import load_experiment_config
+
+    for path in sorted((Path(__file__).parents[1] / "experiments").glob("*.json")):
+        assert preflight.client_flag_problems(load_experiment_config(path)) == [], path
+
+
+def test_a_client_flag_every_arm_shares_is_named_once_with_its_arms(tmp_path: Path) -> None:
+    from asyncroll.experiment.config import load_experiment_config
+
+    config = write_config(tmp_path, **{"client.extra_args": ["--aging-weight", "-1"]})
+    assert preflight.client_flag_problems(load_experiment_config(config)) == [
+        "arms[fifo], arms[asyncroll]: the client's flags (client.extra_args and the arm's extra_args), as "
+        "asyncroll run reads them: --aging-weight: Input should be greater than or equal to 0 (got -1)"
+    ]

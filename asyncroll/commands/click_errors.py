@@ -8,8 +8,8 @@ and an import of ``typer._click`` on typer 0.19-0.25 failed every command with `
 from __future__ import annotations
 
 try:
-    from typer._click.exceptions import NoSuchOption, UsageError
+    from typer._click.exceptions import ClickException, NoSuchOption, UsageError
 except ModuleNotFoundError:  # typer < 0.26
-    from click.exceptions import NoSuchOption, UsageError  # type: ignore[assignment,no-redef]
+    from click.exceptions import ClickException, NoSuchOption, UsageError  # type: ignore[assignment,no-redef]
 
-__all__ = ["NoSuchOption", "UsageError"]
+__all__ = ["ClickException", "NoSuchOption", "UsageError"]

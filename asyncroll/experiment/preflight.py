@@ -8,7 +8,8 @@ same problems as notes and still prints the plan.
 
 Only what can be checked honestly is checked: that the server command's program resolves (a path to an
 executable file, or a name found on the ``PATH`` the server will get, ``server.env`` included, as
-``subprocess`` resolves it), that a fixed ``server.port`` can be bound on ``server.host`` now, and, for a
+``subprocess`` resolves it), that each arm's client accepts its flags (``extra_args`` included), that a
+fixed ``server.port`` can be bound on ``server.host`` now, and, for a
 code workload, that the sandbox the clients will probe has every layer unless each arm allows weak
 isolation (``run`` only: it is this machine's). A port chosen per arm (``server.port: 0``) is not checked;
 neither is a port that becomes busy later (each arm checks its own before it starts its server).
@@ -91,9 +92,56 @@ def port_problem(cfg: ExperimentConfig) -> str | None:
 
 
 def problems(cfg: ExperimentConfig, *, port: bool = True) -> list[str]:
-    """Every pre-flight problem of ``cfg`` on this machine, now (``port=False``: the program only)."""
+    """Every pre-flight problem of ``cfg`` on this machine, now (``port=False``: the program and the
+    clients' flags only)."""
     found = [executable_problem(cfg), port_problem(cfg) if port else None]
-    return [p for p in found if p is not None]
+    return [p for p in found if p is not None] + client_flag_problems(cfg)
+
+
+def client_flag_problems(cfg: ExperimentConfig) -> list[str]:
+    """What each arm's client (``asyncroll run`` with ``client.extra_args`` and the arm's ``extra_args``)
+    would refuse in its flags (exit 2): an unknown flag, a value of the wrong type or out of range
+    (``--aging-weight -1``, ``--starvation-threshold 0``). Read by the client's own parser and settings,
+    so such an arm was found only once its server had started, after the stages before it had run."""
+    import typer
+
+    from asyncroll.cli import app
+    from asyncroll.commands.click_errors import ClickException
+    from asyncroll.config import build_config
+    from asyncroll.errors import UsageError as SettingsError
+    from asyncroll.experiment.plan import ArmPlan, client_command
+
+    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    refused: dict[str, list[str]] = {}
+    for spec in cfg.arms:
+        arm = ArmPlan(
+            id=spec.name, stage="", pair=None, position=0, arm=spec.name, policy=spec.policy, seed=0
+        )
+        args = client_command(cfg, arm, 1, Path("OUTPUT", "run"))[4:]  # after `python -m asyncroll run`
+        if "--help" in args:  # the client would print its help and exit 0, running nothing
+            refused.setdefault("--help among them: the client would run nothing", []).append(spec.name)
+            continue
+        try:
+            with run.make_context("run", args) as ctx:
+                flags = {k: v for k, v in ctx.params.items() if k != "config" and v is not None}
+            if flags.get("endpoint"):
+                flags["endpoint"] = flags["endpoint"][0]
+            if "gpu_slots" in flags:
+                flags.setdefault("max_inflight_model_requests", flags.pop("gpu_slots"))
+            build_config(flags)
+        except ClickException as exc:
+            problem = exc.format_message()
+        except SettingsError as exc:
+            problem = str(exc)
+        else:
+            continue
+        refused.setdefault(problem, []).append(spec.name)
+    # a problem of client.extra_args is every arm's: said once, naming them
+    return [
+        f"{', '.join(f'arms[{name}]' for name in names)}: the client's flags (client.extra_args and the "
+        f"arm's extra_args), as asyncroll run reads them: {problem}"
+        for problem, names in refused.items()
+    ]
 
 
 WEAK_FLAGS = ("--allow-weak-isolation", "--no-allow-weak-isolation")
