@@ -260,3 +260,19 @@ def test_a_tool_root_or_workload_folder_that_is_a_symlink_loop_is_named(tmp_path
         result = invoke("experiment", "plan", "--config", write_config(tmp_path, **{key: value}))
         assert result.exit_code == 2, result.exception
         assert said in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("policy", "meant"), [("FIFO", "fifo"), ("asyncrol", "asyncroll"), ("tool-first", "tool_first")]
+)
+def test_an_unknown_arm_policy_names_the_known_ones_and_the_likely_one(
+    tmp_path: Path, policy: str, meant: str
+) -> None:
+    """It said only "unknown policy 'FIFO'": run, simulate and bench list the names; a config did not."""
+    arms = [{"name": "fifo", "policy": "fifo"}, {"name": "asyncroll", "policy": policy}]
+    with pytest.raises(UsageError) as refused:
+        lean(tmp_path, arms=arms)
+    assert (
+        f"arms[asyncroll].policy: unknown policy {policy!r} (did you mean {meant!r}?; known: sync, fifo, "
+        in str(refused.value)
+    )

@@ -203,6 +203,21 @@ class GpuSpec(_Strict):
     )
 
 
+def _meant(policy: str) -> str:
+    """`` (did you mean 'fifo'?; known: ...)`` after an unknown policy: the names, and the likely one
+    where there is one (another case, a hyphen for the underscore, a letter missing)."""
+    from difflib import get_close_matches
+
+    from asyncroll.config import PolicyName
+
+    known: tuple[str, ...] = PolicyName.__args__  # type: ignore[attr-defined]
+    spelled = {name.replace("_", ""): name for name in known}
+    meant = spelled.get(policy.lower().replace("-", "").replace("_", ""))
+    close = [meant] if meant else get_close_matches(policy.lower(), known, n=1, cutoff=0.8)
+    likely = f"did you mean {close[0]!r}?; " if close else ""
+    return f" ({likely}known: {', '.join(known)})"
+
+
 class ArmSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     policy: str = Field(min_length=1)
@@ -322,10 +337,10 @@ class ExperimentConfig(_Strict):
             problems.append(f"baseline: {self.baseline!r} is not an arm ({names})")
         from asyncroll.config import PolicyName
 
-        policies = set(PolicyName.__args__)  # type: ignore[attr-defined]
+        policies = PolicyName.__args__  # type: ignore[attr-defined]
         for arm in self.arms:
             if arm.policy not in policies:
-                problems.append(f"arms[{arm.name}].policy: unknown policy {arm.policy!r}")
+                problems.append(f"arms[{arm.name}].policy: unknown policy {arm.policy!r}{_meant(arm.policy)}")
         for stage in STAGES:
             spec: StageSpec | None = getattr(self.stages, stage)
             if spec is None:
