@@ -674,3 +674,18 @@ def test_a_client_flag_every_arm_shares_is_named_once_with_its_arms(tmp_path: Pa
         "arms[fifo], arms[asyncroll]: the client's flags (client.extra_args and the arm's extra_args), as "
         "asyncroll run reads them: --aging-weight: Input should be greater than or equal to 0 (got -1)"
     ]
+
+
+def test_an_arm_under_the_deprecated_alias_is_warned_about_by_the_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: gpu_first is a deprecated alias of tool_first, with a warning; an arm's warning went only to
+    its client's log, which nobody reads when the arm completes."""
+    monkeypatch.setattr(runner_module, "run_arm", fake_arms([]))
+    arms = [{"name": "fifo", "policy": "fifo"}, {"name": "old", "policy": "gpu_first"}]
+    warned: list[str] = []
+    cfg = lean(tmp_path, arms=arms)
+    assert (
+        ExperimentRunner(cfg, tmp_path / "out", echo=lambda _: None, warn=warned.append).run().exit_code == 0
+    )
+    assert "warning: arms[old].policy: gpu_first is a deprecated alias of tool_first" in warned
