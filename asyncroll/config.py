@@ -430,6 +430,12 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
     where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":
         return f"{where}: {unknown_setting(loc[0], RunConfig.model_fields, aliases=ALIASES)}"
+    if loc == ["policy"] and err.get("type") == "literal_error" and isinstance(err.get("input"), str):
+        from asyncroll.policies.registry import likely_policy
+
+        meant = likely_policy(err["input"])
+        if meant is not None:  # another case, a hyphen: the list alone left the user to spot it
+            return f"{where}: {msg} (did you mean {meant!r}?)"
     return f"{where}: {msg}{given(err)}"
 
 

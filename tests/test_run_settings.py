@@ -41,6 +41,10 @@ def test_gpu_first_is_a_deprecated_alias_of_tool_first(
         # a scripted run reads no model and scrapes no server: the name did nothing, without a word
         (["--model", "m"], "--model only applies to HTTP backends, or with --metrics-url (its filter)"),
         (["--policy", "lifo"], "--policy: Input should be"),
+        # another case or a hyphen: the list of twelve names alone left the user to spot it
+        (["--policy", "FIFO"], "or 'asyncroll_repair' (did you mean 'fifo'?)"),
+        (["--policy", "tool-first"], "(did you mean 'tool_first'?)"),
+        (["--policy", "asyncrol"], "(did you mean 'asyncroll'?)"),
         (["--aging-weight", "inf"], "--aging-weight: Input should be a finite number"),
         (["--tool-timeout", "inf"], "--tool-timeout: Input should be a finite number"),
         (["--no-telemetry", "--metrics-url", "http://x/metrics"], "--no-telemetry conflicts"),

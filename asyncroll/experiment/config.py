@@ -206,16 +206,12 @@ class GpuSpec(_Strict):
 def _meant(policy: str) -> str:
     """`` (did you mean 'fifo'?; known: ...)`` after an unknown policy: the names, and the likely one
     where there is one (another case, a hyphen for the underscore, a letter missing)."""
-    from difflib import get_close_matches
-
     from asyncroll.config import PolicyName
+    from asyncroll.policies.registry import likely_policy
 
-    known: tuple[str, ...] = PolicyName.__args__  # type: ignore[attr-defined]
-    spelled = {name.replace("_", ""): name for name in known}
-    meant = spelled.get(policy.lower().replace("-", "").replace("_", ""))
-    close = [meant] if meant else get_close_matches(policy.lower(), known, n=1, cutoff=0.8)
-    likely = f"did you mean {close[0]!r}?; " if close else ""
-    return f" ({likely}known: {', '.join(known)})"
+    meant = likely_policy(policy)
+    likely = f"did you mean {meant!r}?; " if meant else ""
+    return f" ({likely}known: {', '.join(PolicyName.__args__)})"  # type: ignore[attr-defined]
 
 
 class ArmSpec(_Strict):

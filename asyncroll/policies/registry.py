@@ -53,6 +53,20 @@ def canonical_policy(name: str) -> str:
     return {**DEPRECATED_ALIASES, "asyncroll": DEFAULT_PRESSURE}.get(name, name)
 
 
+def likely_policy(name: str) -> str | None:
+    """The policy an unknown ``name`` most likely meant (another case, a hyphen for an underscore, a
+    letter missing or wrong: ``FIFO``, ``tool-first``, ``asyncrol``), or None."""
+    from difflib import get_close_matches
+
+    from asyncroll.config import PolicyName
+
+    known: tuple[str, ...] = PolicyName.__args__  # type: ignore[attr-defined]
+    spelled = {policy.replace("_", ""): policy for policy in known}
+    meant = spelled.get(name.lower().replace("-", "").replace("_", ""))
+    close = get_close_matches(name.lower(), known, n=1, cutoff=0.8)
+    return meant or (close[0] if close else None)
+
+
 def two_names_of_one(names: Iterable[str]) -> tuple[str, str] | None:
     """The first two of ``names`` that run one policy (``asyncroll`` and its rule, ``gpu_first`` and
     ``tool_first``, or one name given twice), or None: each would be a duplicate row of a table."""
