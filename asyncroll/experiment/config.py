@@ -203,17 +203,6 @@ class GpuSpec(_Strict):
     )
 
 
-def _meant(policy: str) -> str:
-    """`` (did you mean 'fifo'?; known: ...)`` after an unknown policy: the names, and the likely one
-    where there is one (another case, a hyphen for the underscore, a letter missing)."""
-    from asyncroll.config import PolicyName
-    from asyncroll.policies.registry import likely_policy
-
-    meant = likely_policy(policy)
-    likely = f"did you mean {meant!r}?; " if meant else ""
-    return f" ({likely}known: {', '.join(PolicyName.__args__)})"  # type: ignore[attr-defined]
-
-
 class ArmSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     policy: str = Field(min_length=1)
@@ -332,11 +321,13 @@ class ExperimentConfig(_Strict):
         if self.baseline is not None and self.baseline not in names:
             problems.append(f"baseline: {self.baseline!r} is not an arm ({names})")
         from asyncroll.config import PolicyName
+        from asyncroll.policies.registry import unknown_policy_hint
 
         policies = PolicyName.__args__  # type: ignore[attr-defined]
         for arm in self.arms:
             if arm.policy not in policies:
-                problems.append(f"arms[{arm.name}].policy: unknown policy {arm.policy!r}{_meant(arm.policy)}")
+                hint = unknown_policy_hint(arm.policy)
+                problems.append(f"arms[{arm.name}].policy: unknown policy {arm.policy!r}{hint}")
         for stage in STAGES:
             spec: StageSpec | None = getattr(self.stages, stage)
             if spec is None:

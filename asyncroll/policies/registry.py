@@ -67,6 +67,16 @@ def likely_policy(name: str) -> str | None:
     return meant or (close[0] if close else None)
 
 
+def unknown_policy_hint(name: str) -> str:
+    """`` (did you mean 'fifo'?; known: ...)`` after an unknown policy: the names, and the likely one
+    where there is one (another case, a hyphen for the underscore, a letter missing)."""
+    from asyncroll.config import PolicyName
+
+    meant = likely_policy(name)
+    likely = f"did you mean {meant!r}?; " if meant else ""
+    return f" ({likely}known: {', '.join(PolicyName.__args__)})"  # type: ignore[attr-defined]
+
+
 def two_names_of_one(names: Iterable[str]) -> tuple[str, str] | None:
     """The first two of ``names`` that run one policy (``asyncroll`` and its rule, ``gpu_first`` and
     ``tool_first``, or one name given twice), or None: each would be a duplicate row of a table."""
