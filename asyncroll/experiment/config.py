@@ -29,8 +29,8 @@ from asyncroll.setting_names import unknown_setting, validation_message
 BUILTIN_PLACEHOLDERS = ("python", "host", "port", "model_path", "served_model_name", "revision")
 STAGES = ("qualification", "opportunity", "activation")
 #: ``asyncroll run`` flags the plan sets for every arm (``plan.client_command``), with their negations.
-#: ``extra_args`` may not repeat them: the client keeps the last value given, so an arm's extra flag would
-#: silently replace its policy, seed, workload or output. ``--config`` is refused too: a run config file
+#: ``extra_args`` may not repeat them: they are the protocol's (an arm's policy, seed, workload, output),
+#: and the client refuses an option given twice anyway. ``--config`` is refused too: a run config file
 #: could carry any setting, and its content is not part of the protocol fingerprint.
 MANAGED_CLIENT_FLAGS = frozenset(
     {
