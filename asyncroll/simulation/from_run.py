@@ -145,6 +145,11 @@ def _load_receipt(run_dir: Path) -> dict[str, Any]:
     status = receipt.get("status")
     if status == "running" and (read_json_object(run_dir / "summary.json") or {}).get("status") == "complete":
         status = "complete"  # killed after its summary, while it wrote its exports: every step was measured
+    if status == "preparing":  # killed (or still going) before its measured window: nothing to replay
+        raise UsageError(
+            f"--from-run {run_dir}: the run's status is 'preparing' (killed, or still starting: it never "
+            "began its measured window), so none of its model turns and jobs were measured"
+        )
     if status != "complete":
         killed = " (killed, or still going: run.json was never finalised)" if status == "running" else ""
         raise UsageError(
