@@ -185,9 +185,10 @@ def sizes_arg(text: str) -> list[int]:
 
 def policy_arg(text: str) -> str:
     """An argparse type: a policy name the runtime knows (``--policy`` of ``asyncroll run``)."""
-    known = get_args(PolicyName)
-    if text not in known:
-        raise argparse.ArgumentTypeError(f"unknown policy {text!r}; known: {', '.join(known)}")
+    from asyncroll.policies.registry import unknown_policy_hint
+
+    if text not in get_args(PolicyName):
+        raise argparse.ArgumentTypeError(f"unknown policy {text!r}{unknown_policy_hint(text)}")
     return text
 
 

@@ -58,7 +58,11 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("export", ["--events", "1.5"], "--events: not an integer: '1.5'"),
         ("export", ["--events", "1000,0"], "--events: must be an integer >= 1"),
         ("export", ["--events", "1000,"], "an empty item"),
-        ("pressure_map", ["--policies", "asyncrol"], "--policies: unknown policy 'asyncrol'"),
+        (
+            "pressure_map",
+            ["--policies", "asyncrol"],
+            "--policies: unknown policy 'asyncrol' (did you mean 'asyncroll'?; known: ",
+        ),
         ("pressure_map", ["--policies", "asyncroll,"], "--policies: unknown policy ''"),
         ("optimum_map", ["--policy", "nope"], "--policy: unknown policy 'nope'"),
         # bench.transformers_serve parsed --inflight only with the engine up, and a missing
