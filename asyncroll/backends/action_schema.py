@@ -123,6 +123,10 @@ def system_prompt(problem: Problem, turn_schema_: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The key under which a conversation's assistant entry keeps its rendered text (:func:`render_message`).
+RENDERED = "rendered"
+
+
 def render_messages(problem: Problem, messages: list[dict[str, Any]], turn: int) -> list[dict[str, str]]:
     """asyncroll's conversation → OpenAI chat messages.
 
@@ -140,13 +144,17 @@ def render_messages(problem: Problem, messages: list[dict[str, Any]], turn: int)
 def render_message(message: dict[str, Any], code: bool) -> dict[str, str]:
     """One entry of asyncroll's conversation as :func:`render_messages` sends it (``code``: the problem
     is a code workload's, :func:`is_code_workload`). It depends on that entry alone, so a client that
-    sizes every turn's prompt can size each entry once (:mod:`asyncroll.backends.simulated`)."""
+    sizes every turn's prompt can size each entry once (:mod:`asyncroll.backends.simulated`). An
+    assistant entry's text is kept in the entry (``RENDERED``): every later turn sends it again, and
+    rendering it anew each time made a trajectory of n turns cost O(n²)."""
     role = message.get("role")
     if role == "assistant":
-        action = message["action"]
-        if isinstance(action, SubmitAction) and code:
-            return {"role": "assistant", "content": action.code}
-        return {"role": "assistant", "content": json.dumps(model_view(action))}
+        kept = message.get(RENDERED)
+        if kept is None or kept[0] != code:
+            action = message["action"]
+            submitted = isinstance(action, SubmitAction) and code
+            kept = message[RENDERED] = (code, action.code if submitted else json.dumps(model_view(action)))
+        return {"role": "assistant", "content": kept[1]}
     if role == "tool":
         return {"role": "user", "content": f"Tool result: {message.get('content', '')}"}
     return {"role": str(role or "user"), "content": str(message.get("content", ""))}
