@@ -580,3 +580,13 @@ def test_a_run_stopped_before_its_measurement_opens_on_a_readable_window(tmp_pat
     data = timeline_data(make_run(tmp_path, events, run={"status": "failed", "error": "warm-up failed"}))
     assert data["window"] == [0.0, 1.0]
     assert round(data["t1"] - data["t0"], 6) == 0.00003  # "whole run" is still the 30 µs
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(1.85, "1,850 ms"), (0.1, "100 ms"), (0.0025, "2.5 ms"), (0.001, "1 ms"), (4e-5, "40 µs")]
+    + [(1e-9, "1 µs")],
+)
+def test_the_downsampling_gap_is_said_in_a_unit_that_fits(seconds: float, text: str) -> None:
+    """A simulation of near-zero makespan said 'gaps under 1e-06 ms'."""
+    assert timeline.gap_text(seconds) == text

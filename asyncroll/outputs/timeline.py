@@ -200,6 +200,17 @@ def _instants(a: Activity) -> tuple[list[Span], str | None]:
     return kept[0] + kept[1], note
 
 
+def gap_text(seconds: float) -> str:
+    """``1,850 ms`` (not 1.85e+03), ``2.5 ms``, ``40 µs``; times are whole µs, so no gap is under 1 µs
+    (a near-zero simulated makespan gave "gaps under 1e-06 ms")."""
+    ms = seconds * 1e3
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 1:
+        return f"{ms:.3g} ms"
+    return f"{max(ms * 1e3, 1.0):.3g} µs"
+
+
 def timeline_data(
     run_dir: Path, activity: Activity | None = None, final: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -248,10 +259,9 @@ def timeline_data(
     if rest.count:
         exact = "Trajectory spans and failed" if own_row else "Trajectory spans are in them too; failed"
         more = f" (the first {len(bad):,}; {bad_merged:,} more merged into the bars)" if bad_merged else ""
-        ms = gap * 1e3  # 1,850 ms, not 1.85e+03
         notes.append(
             f"Down-sampled: the other {rest.count:,} spans are merged into {len(bars):,} bars (same row and"
-            f" kind, gaps under {f'{ms:,.0f}' if ms >= 100 else f'{ms:.3g}'} ms; shade = share of the bar"
+            f" kind, gaps under {gap_text(gap)}; shade = share of the bar"
             f" busy). {exact}, cancelled and incomplete spans stay exact{more}."
         )
     labels = {k: COUNTER_LABELS.get(k) or RESOURCE_LABELS[k] for k in a.counters}
