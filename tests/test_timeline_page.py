@@ -584,8 +584,14 @@ def test_a_run_stopped_before_its_measurement_opens_on_a_readable_window(tmp_pat
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(1.85, "1,850 ms"), (0.1, "100 ms"), (0.0025, "2.5 ms"), (0.001, "1 ms"), (4e-5, "40 µs")]
-    + [(1e-9, "1 µs")],
+    [
+        (1.85, "1,850 ms"),
+        (0.1, "100 ms"),
+        (0.0025, "2.5 ms"),
+        (0.001, "1 ms"),
+        (4e-5, "40 µs"),
+        (1e-9, "1 µs"),
+    ],
 )
 def test_the_downsampling_gap_is_said_in_a_unit_that_fits(seconds: float, text: str) -> None:
     """A simulation of near-zero makespan said 'gaps under 1e-06 ms'."""
