@@ -120,3 +120,23 @@ def test_no_pool_holds_more_than_its_share_when_the_client_holds_no_more_than_th
 
     asyncio.run(scenario())
     assert peak == [8, 8]
+
+
+@pytest.mark.timeout(30)
+def test_closing_closes_every_pool_and_says_each_failure() -> None:
+    closed: list[int] = []
+
+    class Failing(httpx.AsyncBaseTransport):
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        async def aclose(self) -> None:
+            closed.append(self.i)
+            if self.i:
+                raise OSError(f"pool {self.i} could not close")
+
+    transport = PoolsTransport([Failing(0), Failing(1), Failing(2)])
+    with pytest.raises(OSError, match="pool 1 could not close") as failed:
+        asyncio.run(transport.aclose())
+    assert closed == [0, 1, 2]
+    assert failed.value.__notes__ == ["closing another pool failed too: OSError: pool 2 could not close"]

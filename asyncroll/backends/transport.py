@@ -53,7 +53,8 @@ class PoolsTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        """Close every pool, each even if another's close failed; the first failure is raised."""
+        """Close every pool, each even if another's close failed; the first failure is raised, the others
+        noted on it."""
         failures: list[Exception] = []
         for pool in self.pools:
             try:
@@ -61,6 +62,8 @@ class PoolsTransport(httpx.AsyncBaseTransport):
             except Exception as exc:  # noqa: BLE001 - kept, raised once all are closed
                 failures.append(exc)
         if failures:
+            for other in failures[1:]:
+                failures[0].add_note(f"closing another pool failed too: {type(other).__name__}: {other}")
             raise failures[0]
 
 
