@@ -63,7 +63,9 @@ def test_a_request_framed_in_slices_decodes_as_encoded_whole() -> None:
         decode(b"".join(parts[1:]))
 
 
-@pytest.mark.parametrize("slices", [((),), (("a", "2"),), (("a", -1),), (("a", 1, 2),), ("a",)])
+@pytest.mark.parametrize(
+    "slices", [((),), (("a", "2"),), (("a", -1),), (("a", 1, 2),), ("a",), ((["a"], 0),), ((b"a", 0),)]
+)
 def test_a_sliced_request_with_a_malformed_slice_list_is_a_protocol_error(slices: tuple[object, ...]) -> None:
     """A ``job*`` frame's slice list is read from the pipe: a malformed one is the protocol's error (the
     worker reports it as such), not a ValueError or TypeError from unpacking it."""

@@ -282,7 +282,9 @@ def _joined(stream: io.BytesIO, data: tuple[Any, ...]) -> tuple[Any, ...]:
     if not isinstance(arguments, dict) or not isinstance(sliced, tuple):
         raise ProtocolError("sliced job request without its arguments or slices")
     for entry in sliced:
-        if not (isinstance(entry, tuple) and len(entry) == 2 and type(entry[1]) is int and entry[1] >= 0):
+        # an argument's name (an unhashable one raised TypeError) and how many slices it has
+        named = isinstance(entry, tuple) and len(entry) == 2 and type(entry[0]) is str
+        if not (named and type(entry[1]) is int and entry[1] >= 0):
             raise ProtocolError(f"sliced job request names its slices as {entry!r}, not (argument, count)")
         key, count = entry
         items: list[Any] = []
