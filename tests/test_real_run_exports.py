@@ -295,6 +295,8 @@ def test_a_run_still_going_is_seen_so_after_the_wall_clock_steps(
     (tmp_path / "run.json").write_text(json.dumps(receipt))
     stepped = pslinux.boot_time() + 3600.0  # /proc/stat's btime after the clock stepped an hour on
     monkeypatch.setattr(pslinux, "boot_time", lambda: stepped)
+    # psutil before 6 keeps the boot time it read first (BOOT_TIME): stepped too
+    monkeypatch.setattr(pslinux, "BOOT_TIME", stepped, raising=False)
     assert still_running(tmp_path) == f"status 'running', process {os.getpid()} alive"
     (tmp_path / "run.json").write_text(json.dumps({**receipt, "pid_start": "another boot:1"}))
     assert still_running(tmp_path) is None  # the pid is another process's now
