@@ -36,6 +36,9 @@ class RunReceiptModel(_Open):
     command: list[str]
     cwd: str
     pid: int
+    #: which process ``pid`` is: the boot's id and its start in clock ticks since boot (null where /proc
+    #: cannot tell; absent from a run.json written before 2026-12-06)
+    pid_start: str | None = None
     config: dict[str, Any]
     simulated: bool
     versions: dict[str, str | None]

@@ -25,6 +25,17 @@ def test_schema_command_prints_every_schema() -> None:
     assert "cpu_selected" in json.dumps(schemas["events"])
 
 
+def test_the_run_schema_declares_every_key_a_run_writes(tmp_path: Path) -> None:
+    """MEASUREMENT.md lists run.json's keys as ``asyncroll schema run`` does; pid_start was written
+    (and documented there) but left out of the schema."""
+    out = tmp_path / "run"
+    done = invoke("simulate", "--workload", REPO / "examples" / "smoke.jsonl", "--output", out)
+    assert done.exit_code == 0, done.output
+    written = set(json.loads((out / "run.json").read_text()))
+    declared = set(json.loads(cli("schema", "run").stdout)["properties"])
+    assert written - declared == set()
+
+
 def test_version_prints_the_installed_package_version() -> None:
     from importlib.metadata import version
 
