@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -88,6 +89,7 @@ def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path
     arm = read(arm_json)
     assert arm["status"] == "failed" and arm["failed_step"] == "running_client"
     assert arm["error"].startswith("server was killed by SIGKILL (exit code -9) while the client ran")
+    assert re.search(r"the client was stopped \(it (exited with code|was killed by SIG)", arm["error"])
     assert str(out / "arms" / "qualification-1-fifo" / "server.log") in arm["error"]
     assert arm["client"]["wall_s"] < 15  # not the client's 45 s deadline
     assert not any(alive(p) for p in recorded_processes(out))

@@ -425,11 +425,13 @@ def test_the_connection_pool_asks_the_import_system_nothing(monkeypatch: pytest.
 
 
 @pytest.mark.timeout(60)
-def test_requests_go_round_a_few_connection_pools_of_the_one_client(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_requests_are_spread_over_a_few_connection_pools_of_the_one_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """httpcore's pool walks every connection (and, per idle one, all of them again) at each request's
     start and end, on the event loop: one pool for 64 requests in flight spent 58% of the loop there.
-    The one client's requests go round ceil(inflight / 8) pools (real ones, to a loopback server); all
-    of them are closed with the backend."""
+    The one client's requests are spread over ceil(inflight / 8) pools (real ones, to a loopback server:
+    one at a time, each goes to the next of the idle pools); all of them are closed with the backend."""
     from asyncroll.backends.transport import PoolsTransport
     from asyncroll.clock import SystemClock
     from tests.http_backend import serve

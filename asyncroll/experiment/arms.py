@@ -305,7 +305,7 @@ def _wait_client(
 def _server_died(server: InferenceServer, client_code: int | None) -> str:
     return (
         f"server {exit_words(server.process.poll())} while the client ran; the client was stopped "
-        f"(its exit code {client_code}); "
+        f"(it {exit_words(client_code)}); "
         f"server log {server.process.log}; its tail:\n{tail(server.process.log) or '(empty log)'}"
     )
 
