@@ -121,6 +121,8 @@ def test_the_figure_names_a_ratio_over_zero_undefined_as_the_report_does(tmp_pat
         return kept[0]
 
     fig = drawn(data, "figure")
+    assert figure.fit_note(note) == "unknown: p3 (a);\nundefined (completed = 0): p1 (a)"  # two lines
+    note = figure.fit_note(note)
     assert note in [t.get_text() for t in fig.axes[2].texts]
     # the note is under the panel (it sat inside, over its lowest points: pair 1's 0.011 in a real run)
     fig.canvas.draw()
@@ -231,3 +233,41 @@ def test_a_gate_verdict_never_contradicts_its_values_as_written(
     text = markdown(aggregate(comparison([({}, {})], stages=stages)))
     row = next(line for line in text.splitlines() if line.startswith("| qualification |"))
     assert f"{metric}[a] = {report} |" in row
+
+
+def test_a_long_unknown_note_is_wrapped_and_the_figure_keeps_its_layout(tmp_path: Path) -> None:
+    """Starvation not measured in any of 12 pairs (a server without /metrics): the panel's note named
+    every pair on one line, far wider than the panel; matplotlib's constrained layout collapsed ('axes
+    sizes collapsed to zero' UserWarning, so `report --figure` under -W error crashed), and without the
+    layout the notes were drawn below the figure's edge, cut off."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from asyncroll.experiment import figure
+
+    starved = "resources.sampled_starvation_fraction_of_coverage"
+    data = comparison([({GPU_HOUR: 100.0, starved: None}, {GPU_HOUR: 110.0, starved: None})] * 20)
+    kept: list[Any] = []
+    close = plt.close
+    try:
+        plt.close = kept.append  # type: ignore[assignment]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            figure.draw(data, aggregate(data), tmp_path / "figure")
+    finally:
+        plt.close = close
+    fig = kept[0]
+    fig.canvas.draw()
+    [note] = [t for t in fig.axes[1].texts if t.get_text().startswith("unknown: p1 (a, b)")]
+    lines = note.get_text().splitlines()
+    assert 1 < len(lines) <= figure.NOTE_LINES and all(len(line) <= figure.NOTE_WIDTH for line in lines)
+    assert lines[-1] == "… and 9 more (REPORT.md names each)", lines  # p1-p11 named
+    box, page = note.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0  # on the page, not cut off
+    plt.close(fig)
+    # a short note is left as it was; what fits on the last line is named, not counted
+    assert figure.fit_note("unknown: p3 (a); p4 (b)") == "unknown: p3 (a); p4 (b)"
+    twelve = figure.fit_note("unknown: " + "; ".join(f"p{i} (a, b)" for i in range(1, 13)))
+    assert twelve.splitlines()[-1] == "p12 (a, b)"

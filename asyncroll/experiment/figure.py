@@ -39,6 +39,12 @@ def require_matplotlib() -> None:
 
 Values = list[float | None]
 
+#: The panel's note of unknown or undefined pairs: at most this many characters a line and this many lines
+#: (12 in wide at 7 pt: a third of the figure). One line naming every pair ran far past its panel, and
+#: matplotlib's constrained layout gave up ('axes sizes collapsed to zero'), leaving the notes off the page.
+NOTE_WIDTH = 48
+NOTE_LINES = 4
+
 
 def pair_values(
     complete: list[dict[str, Any]], arms: list[str], key: str
@@ -73,6 +79,23 @@ def unknown_note(
             groups.setdefault(reason, []).append(f"p{number} ({', '.join(named)})")
     order = sorted(groups, key=lambda reason: reason != "unknown")  # unknown first, as before
     return "; ".join(f"{reason}: " + "; ".join(groups[reason]) for reason in order)
+
+
+def fit_note(note: str) -> str:
+    """``note`` (from :func:`unknown_note`) broken into lines of :data:`NOTE_WIDTH` between its entries; past
+    :data:`NOTE_LINES` lines the rest are counted, not named (REPORT.md's medians table names each pair)."""
+    entries = note.split("; ")
+    pieces = [f"{entry};" for entry in entries[:-1]] + entries[-1:]
+    lines: list[str] = []
+    for k, piece in enumerate(pieces):
+        if lines and len(lines[-1]) + 1 + len(piece) <= NOTE_WIDTH:
+            lines[-1] += f" {piece}"
+        elif len(lines) < NOTE_LINES - 1 or len(" ".join(pieces[k:])) <= NOTE_WIDTH:
+            lines.append(piece)
+        else:  # the last line says how many are left
+            lines.append(f"… and {len(pieces) - k} more (REPORT.md names each)")
+            break
+    return "\n".join(lines)
 
 
 def undefined_values(complete: list[dict[str, Any]], arms: list[str], key: str) -> dict[tuple[int, str], str]:
@@ -114,7 +137,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
         ax.set_xlabel(direction, fontsize=8, color="0.35")
         if partial:  # under the panel's x label: inside the axes it ran over the lowest points
             ax.annotate(
-                unknown_note(partial, arms, undefined),
+                fit_note(unknown_note(partial, arms, undefined)),
                 (0.5, 0),
                 xycoords=ax.xaxis.label,
                 xytext=(0, -2),
