@@ -271,3 +271,28 @@ def test_a_long_unknown_note_is_wrapped_and_the_figure_keeps_its_layout(tmp_path
     assert figure.fit_note("unknown: p3 (a); p4 (b)") == "unknown: p3 (a); p4 (b)"
     twelve = figure.fit_note("unknown: " + "; ".join(f"p{i} (a, b)" for i in range(1, 13)))
     assert twelve.splitlines()[-1] == "p12 (a, b)"
+
+
+def test_a_long_arm_name_is_broken_on_its_tick_and_the_figure_keeps_its_layout(tmp_path: Path) -> None:
+    """Arm names have no length limit (letters, digits, _ . -, no spaces): a 60-character one as the x tick
+    label made matplotlib's constrained layout give up ('axes sizes collapsed to zero' UserWarning: the
+    panels drawn over each other, and `report --figure` under -W error crashed)."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from asyncroll.experiment import figure
+
+    long = "asyncroll_repair_active32_inflight16_workers8_aging30s_weight0.02"
+    data = comparison([({GPU_HOUR: 100.0}, {GPU_HOUR: 110.0})] * 3)
+    data["arms"] = [long if a == "b" else a for a in data["arms"]]
+    data["policies"] = {(long if a == "b" else a): p for a, p in data["policies"].items()}
+    for pair in data["pairs"]:
+        pair["order"] = [long if a == "b" else a for a in pair["order"]]
+        pair["arms"] = {(long if a == "b" else a): v for a, v in pair["arms"].items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = figure.draw(data, aggregate(data), tmp_path / "figure")
+    assert all(path.stat().st_size > 5000 for path in paths)
+    label = figure.tick_label(long, "asyncroll = asyncroll_repair")
+    assert label.splitlines() == [long[:30], long[30:60], long[60:], "(asyncroll = asyncroll_repair)"]
+    assert figure.tick_label("fifo", "fifo") == "fifo\n(fifo)"

@@ -10,6 +10,7 @@ never "unknown". matplotlib is the ``figures`` extra, imported only here.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ Values = list[float | None]
 #: matplotlib's constrained layout gave up ('axes sizes collapsed to zero'), leaving the notes off the page.
 NOTE_WIDTH = 48
 NOTE_LINES = 4
+#: An arm's name on its tick: at most this many characters a line (a policy label is up to about 30).
+TICK_WIDTH = 30
 
 
 def pair_values(
@@ -96,6 +99,12 @@ def fit_note(note: str) -> str:
             lines.append(f"… and {len(pieces) - k} more (REPORT.md names each)")
             break
     return "\n".join(lines)
+
+
+def tick_label(arm: str, policy: str) -> str:
+    """An arm's x tick: its name, broken every :data:`TICK_WIDTH` characters (arm names have no length
+    limit and no spaces; a 60-character one collapsed the layout as a long note did), over its policy."""
+    return "\n".join([*textwrap.wrap(arm, TICK_WIDTH, break_on_hyphens=False), f"({policy})"])
 
 
 def undefined_values(complete: list[dict[str, Any]], arms: list[str], key: str) -> dict[tuple[int, str], str]:
@@ -189,7 +198,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 color="firebrick",
             )
             ax.set_yticks([])
-        ax.set_xticks(xs, [f"{a}\n({policy_label(agg, a)})" for a in arms])
+        ax.set_xticks(xs, [tick_label(a, policy_label(agg, a)) for a in arms])
         ax.set_xlim(-0.5, len(arms) - 0.5)
         ax.set_title(label, fontsize=10)
         ax.grid(axis="y", color="0.9")
