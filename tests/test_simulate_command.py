@@ -4,6 +4,7 @@ seed, and a signal mid-simulation."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.simspeed import small_workload
 from tests.children import end
 from tests.cli_runs import SMOKE, cli, load_run
 from tests.conftest import REPO, tool_problem, write_workload
@@ -425,3 +427,62 @@ def test_jobs_longer_than_the_tool_timeout_are_said_to_have_timed_out(tmp_path: 
     assert "warning: 1 tool job(s) ran past --tool-timeout 1 s and timed out, as in a real run" in done.stderr
     done = cli("simulate", "--workload", workload, "--output", tmp_path / "t", "--tool-timeout", "6")
     assert done.returncode == 0 and "timed out" not in done.stderr, done.stderr
+
+
+#: sha256 of events.jsonl (``wall_time`` of measurement_started blanked: the one measured field),
+#: results.jsonl and summary.json of the simulations below, as the runtime wrote them when they were
+#: recorded. A change of speed must leave every byte alone; a change that means to alter these outputs
+#: records the new digests (the asyncroll policy's ridge fits could differ in the last bits elsewhere).
+OUTPUT_DIGESTS: dict[tuple[int, str], tuple[str, str, str]] = {
+    (1, "fifo"): (
+        "b62dceacbd3422dd5ff097b6bc91d7723c4abe301a247eb1b76004bde8fed7f4",
+        "38a9c185431b6a0f8321dc005a0cb718228e28493fd737c7526d4e3f88ff7ff3",
+        "46c4a98547297bf092459c50ef2a4a9d306e9fa8d1d8b4c847ada378a9172d4b",
+    ),
+    (2, "tool_first"): (
+        "90604e58fdf6e66ce3d8a50c6c6659011a3d807fbe8d8b4a3bcea5b813b63b9b",
+        "05e76bb5f2cf541b6095fdccbd74669c4b4e5f9b1ac3f2f6db9b61860f9d1cee",
+        "e4eda62143226c457a2bda2f92a3a54e4e0d611ac29ba67703ca4010772b80ba",
+    ),
+    (3, "asyncroll"): (
+        "3d399fda5719d27612de3a2d4182cf7a6db63ad356d2aad2719c996ce4ffcf37",
+        "de866a99344c8faa0ff4bba932b6fd26ff35e2b81574a17182d1ab0a42dace51",
+        "8cce58aeb55e402a999607769a6703cac3195e7d3e6e59d22d2155a70f31ee60",
+    ),
+    (1, "asyncroll"): (
+        "1e8e6ec6b2e23136ca06d9a19636e7fe543daa283c09126a8a839bb47d9c9945",
+        "4f43fee67273fa8e03b0054286a2c19efe20e341001fc6339a484d6f9f5dcdc4",
+        "42b12c32c848c48956dd1959cb38113fad45979f11c3dfd2be4c98e968297b6d",
+    ),
+}
+
+
+def _output_digests(out: Path) -> tuple[str, str, str]:
+    events = re.sub(rb'"wall_time":[0-9.e+-]+', b'"wall_time":0', (out / "events.jsonl").read_bytes())
+    return (
+        hashlib.sha256(events).hexdigest(),
+        hashlib.sha256((out / "results.jsonl").read_bytes()).hexdigest(),
+        hashlib.sha256((out / "summary.json").read_bytes()).hexdigest(),
+    )
+
+
+@pytest.mark.parametrize(("seed", "policy"), sorted(OUTPUT_DIGESTS))
+def test_simulated_outputs_are_byte_for_byte_as_recorded(tmp_path: Path, seed: int, policy: str) -> None:
+    workload = write_workload(tmp_path / "w.jsonl", small_workload(60, seed=seed))
+    out = tmp_path / "sim"
+    result = simulate_here(
+        "--workload",
+        workload,
+        "--output",
+        out,
+        "--policy",
+        policy,
+        "--max-active-trajectories",
+        "16",
+        "--max-inflight-model-requests",
+        "4",
+        "--cpu-workers",
+        "3",
+    )
+    assert result.exit_code == 0, result.output
+    assert _output_digests(out) == OUTPUT_DIGESTS[seed, policy]
