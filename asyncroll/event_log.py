@@ -41,7 +41,8 @@ class EventLog:
         self._origin: float | None = None
         self._pending: list[Event] = []
         self._subscribers: list[Subscriber] = []
-        self._file: LineFile | None = None if path is None else LineFile(path)
+        # A real run's lines are written by a thread: a slow file system (NFS) never holds up the loop.
+        self._file: LineFile | None = None if path is None else LineFile(path, background=not clock.virtual)
 
     @property
     def origin(self) -> float | None:
@@ -100,8 +101,9 @@ class EventLog:
             subscriber(event)
 
     def close(self) -> None:
-        """Write anything still pending (relative to now) and close the file. Idempotent; never raises:
-        a line that finds no room is recorded (:attr:`write_error`), as during the run."""
+        """Write anything still pending (relative to now) and close the file, once every line queued for
+        it is written. Idempotent; never raises: a line that finds no room is recorded
+        (:attr:`write_error`), as during the run."""
         if self._pending:
             origin = self._clock.now()
             pending, self._pending = self._pending, []

@@ -7,15 +7,18 @@ write to a full file system is short and then fails with ``ENOSPC``. No mount or
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import resource
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, tool_problem
 
 pytestmark = pytest.mark.timeout(120)
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -125,6 +128,7 @@ def test_an_export_that_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
 def test_an_experiment_lock_that_cannot_be_written_is_a_clean_error(tmp_path: Path) -> None:
     script = r"""
 import sys
+import threading
 from pathlib import Path
 from asyncroll.errors import UsageError
 from asyncroll.experiment.lock import OutputLock
@@ -334,3 +338,108 @@ def test_an_export_that_failed_for_no_lack_of_room_is_not_told_to_wait_for_room(
     assert trace.startswith("warning: trace.json was not written (OSError: [Errno 24]")
     assert trace.endswith("writes it from events.jsonl"), trace
     assert timeline.endswith("writes it from events.jsonl once there is room"), timeline
+
+
+class _GatedWrites:
+    """``write_all`` of the lines module for files named ``name``: each waits for ``gate`` (a file system
+    that is slow, as NFS is when its server is busy); the ``fail_at``-th (from 1) fails as a full disk."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str, fail_at: int | None = None) -> None:
+        import asyncroll.outputs.lines as lines
+
+        self.gate, self.calls = threading.Event(), 0
+        self.name, self.fail_at, self._real = name, fail_at, lines.write_all
+        monkeypatch.setattr(lines, "write_all", self)
+
+    def __call__(self, fd: int, data: bytes, offset: int | None = None) -> None:
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(self.name):
+            self._real(fd, data, offset)
+            return
+        assert self.gate.wait(60), "the test never opened the gate"
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._real(fd, data, offset)
+
+
+def test_a_real_runs_event_log_goes_on_while_a_write_is_held_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On NFS a write can take milliseconds (seconds when the server is busy); written from the event loop,
+    # every event held up every trajectory (2 ms a write: makespan +12%; 20 ms: 3.1 times as long).
+    from asyncroll.clock import SystemClock
+    from asyncroll.event_log import EventLog
+    from asyncroll.events import WorkerReady
+
+    writes = _GatedWrites(monkeypatch, "events.jsonl")
+    log = EventLog(SystemClock(), tmp_path / "events.jsonl")
+    log.start_measurement()
+
+    def emit_all() -> None:
+        for i in range(50):
+            log.emit(WorkerReady(worker=i, generation=0, pid=None, startup_s=0.1))
+
+    emitter = threading.Thread(target=emit_all)
+    emitter.start()
+    emitter.join(30)
+    held, written = emitter.is_alive(), (tmp_path / "events.jsonl").read_bytes()
+    writes.gate.set()  # the file system answers
+    emitter.join(30)
+    assert not held, "emit waited on the file system"
+    assert written == b""  # every event emitted while the first write was still held up
+    log.close()  # writes what is queued first
+    lines = (tmp_path / "events.jsonl").read_bytes().splitlines()
+    assert [json.loads(line)["worker"] for line in lines] == list(range(50))  # every line, in order
+    assert log.write_error is None
+
+
+@pytest.mark.parametrize("close_fails", [False, True])
+def test_a_background_line_file_still_raises_its_first_failure_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, close_fails: bool
+) -> None:
+    from asyncroll.outputs.lines import LineFile, OutputWriteError
+
+    writes = _GatedWrites(monkeypatch, "lines.jsonl", fail_at=3)
+    writes.gate.set()
+    f = LineFile(tmp_path / "lines.jsonl", background=True)
+    if close_fails:  # NFS reports a failed write again when the file is closed (EIO)
+        real_close, fd = os.close, f._fd
+
+        def close(n: int) -> None:
+            real_close(n)
+            if n == fd:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(os, "close", close)
+    for i in range(3):
+        f.write(b'{"i": %d}\n' % i)
+    deadline = threading.Event()
+    for _ in range(3000):  # until the writer's thread has met the failure (no sleep-and-hope)
+        if f.error is not None:
+            break
+        deadline.wait(0.01)
+    assert f.error is not None
+    with pytest.raises(OutputWriteError, match=r"^lines.jsonl: cannot write \(No space left on device\)"):
+        f.write(b'{"i": 3}\n')  # the first write after the failure raises it
+    f.write(b'{"i": 4}\n')  # once: later lines are dropped quietly
+    f.close()
+    assert str(f.error).startswith("lines.jsonl: cannot write")
+    assert (tmp_path / "lines.jsonl").read_bytes() == b'{"i": 0}\n{"i": 1}\n'
+
+
+def test_a_real_run_whose_last_result_line_finds_no_room_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Written by a thread, the last line's failure is raised by no later write: the run checks at close.
+    from tests.metrics_loopback import real_clock_run
+
+    writes = _GatedWrites(monkeypatch, "results.jsonl", fail_at=2)
+    writes.gate.set()
+    problems = [tool_problem(f"p{i}", model_ms=1, cpu_ms=1) for i in range(2)]
+    outcome, _capture, summary = real_clock_run(tmp_path, problems, max_active_trajectories=1)
+    assert outcome.status == "failed" and outcome.exit_code == 1
+    assert outcome.error is not None and outcome.error.startswith("results.jsonl: cannot write")
+    assert summary["status"] == "failed"
+    receipt = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert receipt["status"] == "failed" and receipt["error"] == outcome.error
+    assert len((tmp_path / "run" / "results.jsonl").read_bytes().splitlines()) == 1

@@ -6,6 +6,14 @@ line is written whole or not at all — a partial line is cut off again, so each
 JSON — and the first failure is kept (:attr:`LineFile.error`), the file closed, and
 :class:`OutputWriteError` raised once. Later lines are dropped silently: the run that owns the file fails
 with that first error.
+
+A file opened with ``background=True`` (a real run's: on NFS, Lustre or GPFS a write can take
+milliseconds, and seconds when the file server is busy) is written by a thread of its own:
+:meth:`LineFile.write` queues the line and returns, the event loop never waiting on the file system
+unless the queue already holds ``QUEUE_BYTES``. The thread writes each line as soon as it is queued,
+in order; :meth:`LineFile.close` writes what is still queued before it closes the file. The first
+failure is raised by the first :meth:`LineFile.write` after it, or, when it was the last line's, kept
+in :attr:`LineFile.error` for the owner to read after :meth:`LineFile.close`.
 """
 
 from __future__ import annotations
@@ -17,12 +25,19 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
 from asyncroll.errors import OutputWriteError
+
+#: Bytes of lines a background writer may hold before :meth:`LineFile.write` waits for it (a slow disk's
+#: backlog, in memory).
+QUEUE_BYTES = 16 << 20
 
 #: Bytes a staged name may take before its ``.PID.tmp`` (a file name holds 255; a pid up to 10 digits).
 _STEM_BYTES = 255 - len(".4294967295.tmp")
@@ -121,13 +136,25 @@ def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
 class LineFile:
     """A new file (never an existing one) that takes whole lines; see the module docstring."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, background: bool = False) -> None:
         self.path = path
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self._size = 0
         self.error: OutputWriteError | None = None
+        self._raised = False  # the error was raised by a write (once)
+        self._writer = None if not background else _Writer(self._write_now, path.name)
 
     def write(self, line: bytes) -> None:
+        if self._writer is None:
+            self._write_now(line)
+        elif self.error is not None:  # the writer's line failed: raised once, by the next line
+            if not self._raised:
+                self._raised = True
+                raise self.error
+        else:
+            self._writer.put(line)
+
+    def _write_now(self, line: bytes) -> None:
         if self._fd is None:  # closed, or failed before: the owner knows
             return
         try:
@@ -135,18 +162,69 @@ class LineFile:
         except OSError as exc:
             with contextlib.suppress(OSError):  # the partial line a short write left
                 os.ftruncate(self._fd, self._size)
-            self.close()
+            with contextlib.suppress(OSError):  # NFS tells a failed write again at close (EIO)
+                self._close_fd()
             self.error = OutputWriteError(
                 f"{self.path.name}: cannot write ({exc.strerror or exc}); lines written before are kept",
             )
+            self._raised = self._writer is None
             raise self.error from exc
         self._size += len(line)
 
     def close(self) -> None:
-        """Idempotent."""
+        """Idempotent. A background writer writes every line still queued first."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        self._close_fd()
+
+    def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+class _Writer:
+    """A thread that writes queued lines in order with ``write`` (which records its own failures)."""
+
+    def __init__(self, write: Callable[[bytes], None], name: str) -> None:
+        self._write = write
+        self._lines: deque[bytes] = deque()
+        self._bytes = 0
+        self._closing = False
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"asyncroll {name} writer", daemon=True)
+        self._thread.start()
+
+    def put(self, line: bytes) -> None:
+        with self._ready:
+            while self._lines and self._bytes + len(line) > QUEUE_BYTES:  # the disk is that far behind
+                self._ready.wait()
+            self._lines.append(line)
+            self._bytes += len(line)
+            self._ready.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._lines and not self._closing:
+                    self._ready.wait()
+                if not self._lines:
+                    return
+                line = self._lines[0]  # left queued while written: close() waits for it too
+            with contextlib.suppress(OutputWriteError):  # kept in LineFile.error; later lines dropped
+                self._write(line)
+            with self._ready:
+                self._lines.popleft()
+                self._bytes -= len(line)
+                self._ready.notify_all()
+
+    def close(self) -> None:
+        """Write what is queued, then end the thread."""
+        with self._ready:
+            self._closing = True
+            self._ready.notify_all()
+        self._thread.join()
 
 
 class TextOutput:

@@ -30,8 +30,16 @@ from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_ato
 
 class RunDirectory:
     def __init__(
-        self, out: Path | None, receipt_body: dict[str, Any], wall: float, *, transcripts: bool = False
+        self,
+        out: Path | None,
+        receipt_body: dict[str, Any],
+        wall: float,
+        *,
+        transcripts: bool = False,
+        background: bool = False,
     ) -> None:
+        """``background``: results.jsonl and transcripts.jsonl are written by threads of their own (a real
+        run's: a slow file system never holds up the event loop)."""
         self.out = out
         self.moved_to: Path | None = None  # where ``out`` was moved while the run ran (found at finish)
         self.gone = False  # ``out`` was removed (or moved out of sight) while the run ran (found at finish)
@@ -47,9 +55,9 @@ class RunDirectory:
         if out is None:
             return
         try:
-            self._results = LineFile(out / "results.jsonl")
+            self._results = LineFile(out / "results.jsonl", background=background)
             if transcripts:
-                self._transcripts = LineFile(out / "transcripts.jsonl")
+                self._transcripts = LineFile(out / "transcripts.jsonl", background=background)
         except OSError as exc:
             name = Path(exc.filename or "").name
             raise self.abandon(f"{name}: cannot create ({exc.strerror or exc})", wall) from exc
@@ -134,6 +142,15 @@ class RunDirectory:
         if self._transcripts is not None:
             self._transcripts.write(line)
 
+    def close_lines(self) -> OutputWriteError | None:
+        """Close results.jsonl (and transcripts.jsonl) once every line queued for them is written. Why one
+        stopped being written (a full disk), if one did: a failure of the last lines queued is raised by
+        no write. Idempotent."""
+        for lines in (self._results, self._transcripts):
+            if lines is not None:
+                lines.close()
+        return next((f.error for f in (self._results, self._transcripts) if f is not None and f.error), None)
+
     def finish(
         self,
         summary: dict[str, Any] | None,
@@ -148,9 +165,7 @@ class RunDirectory:
         receipt (with ``receipt``'s sections too). A summary.json or a final run.json the disk had no room
         for fails the run (an interrupted one stays interrupted): the error it then ended with is returned
         (else None)."""
-        for lines in (self._results, self._transcripts):
-            if lines is not None:
-                lines.close()
+        self.close_lines()
         if self.out is None:
             return None
         failed = None
@@ -196,7 +211,9 @@ def open_run_files(
     directory made read-only): run.json then says failed, or — not written at all — the directory this
     run made is removed again if empty."""
     try:
-        files = RunDirectory(out, receipt_body, clock.wall(), transcripts=transcripts)
+        files = RunDirectory(
+            out, receipt_body, clock.wall(), transcripts=transcripts, background=not clock.virtual
+        )
     except OutputWriteError as exc:
         if out is not None and not (out / "run.json").exists():
             with contextlib.suppress(OSError):  # only an empty directory: never anyone's files

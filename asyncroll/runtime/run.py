@@ -378,6 +378,11 @@ class Run:
                 if status == "complete" and events.write_error is not None:
                     status, error = "failed", str(events.write_error)
             events.close()  # before the summary: it counts the start-up events held when no window opened
+            # The last lines queued (a real run's: written by threads) are on disk now, or failed.
+            closed = files.close_lines()
+            lost = events.write_error or closed
+            if status == "complete" and lost is not None:
+                status, error = "failed", str(lost)
             peaks = {
                 "active_trajectories": admission.snapshot().peak_holding,
                 "inflight_model_requests": gate.snapshot().peak_inflight,
