@@ -18,8 +18,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +46,7 @@ from asyncroll.runtime.collaborators import (
     process_worker_factory,
     worker_tool_keys,
 )
+from asyncroll.runtime.daemon_thread import in_daemon_thread
 from asyncroll.runtime.dispatcher import CpuDispatcher
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerFactory, WorkerPool
@@ -284,7 +283,7 @@ class Run:
                 if live is not None and (metrics := live.start(outer)) is not None:
                     files.update(metrics=metrics)
                 # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
-                importing = outer.create_task(_in_daemon_thread(warm_import))
+                importing = outer.create_task(in_daemon_thread(warm_import))
                 try:  # from the first worker on, the cleanup below closes whatever was started
                     await pool.start(outer)
                     await importing
@@ -419,32 +418,6 @@ class Run:
         outcome = RunOutcome(status, exit_code(status), result, error, exports_failed=self.exports_failed)
         outcome.moved_to, outcome.gone = self.moved_to, self.gone
         return outcome
-
-
-async def _in_daemon_thread(fn: Callable[[], None]) -> None:
-    """Run ``fn`` in a daemon thread and await it. Unlike ``asyncio.to_thread``, an interrupted run does
-    not wait for it at exit (importing scikit-learn takes seconds; Ctrl-C during start-up should not)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def settle(error: BaseException | None) -> None:
-        if not done.done():
-            if error is None:
-                done.set_result(None)
-            else:
-                done.set_exception(error)
-
-    def target() -> None:
-        error: BaseException | None = None
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-            error = exc
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting
-            loop.call_soon_threadsafe(settle, error)
-
-    threading.Thread(target=target, name=f"asyncroll-{fn.__name__}", daemon=True).start()
-    await done
 
 
 def _describe(exc: BaseException) -> str:
