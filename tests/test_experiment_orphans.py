@@ -22,6 +22,16 @@ from tests.lean_experiment import lean
 from tests.test_experiment_setup import fake_arms
 
 
+def _kill_all(marker: str, leader: ManagedProcess) -> None:
+    """A test's clean-up: every live process of ``marker``, and ``leader``'s process group."""
+    for proc in running(marker):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait(10)
+
+
 def running(marker: str) -> list[psutil.Process]:
     """Live processes whose command line is ``marker``."""
     found = []
@@ -70,12 +80,7 @@ def test_a_resume_kills_what_the_dead_runners_server_had_detached(
         outcome = ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
         left = running(marker)
     finally:
-        for proc in running(marker):
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(10)
+        _kill_all(marker, server)
     assert outcome.status == "complete" and calls == ["pair1-fifo", "pair1-asyncroll"], outcome.message
     assert left == []
     swept = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"][0]["orphans"]
@@ -166,12 +171,7 @@ def test_the_sweep_never_kills_the_group_of_a_process_that_reuses_a_recorded_pid
         assert said == f"gone; killed what carried its origin: pid {member} ({marker})", said
         assert running(marker) == []
     finally:
-        for proc in running(marker):
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(innocent.pid, signal.SIGKILL)
-        innocent.wait(10)
+        _kill_all(marker, innocent)
 
 
 @pytest.mark.timeout(60)
@@ -302,9 +302,4 @@ def test_a_wall_clock_step_before_the_resume_still_finds_the_recorded_server(
             time.sleep(0.02)
         assert running(marker) == []  # the descendant that carried no origin went with the tree
     finally:
-        for proc in running(marker):
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(10)
+        _kill_all(marker, server)
