@@ -443,3 +443,7 @@ def test_a_real_run_whose_last_result_line_finds_no_room_fails(
     receipt = json.loads((tmp_path / "run" / "run.json").read_text())
     assert receipt["status"] == "failed" and receipt["error"] == outcome.error
     assert len((tmp_path / "run" / "results.jsonl").read_bytes().splitlines()) == 1
+    # events.jsonl's last line says how the run ended as run.json does (it said complete, no reason)
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    finished = [e for e in events if e["event"] == "measurement_finished"]
+    assert [(e["status"], e["reason"]) for e in finished] == [("failed", outcome.error)]

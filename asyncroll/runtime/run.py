@@ -366,8 +366,12 @@ class Run:
                     elif status != "interrupted":
                         status = "interrupted"
                         error = f"interrupted by {self.interrupt_reason or 'cancellation'}"
-            if status == "complete" and events.write_error is not None:  # swallowed where it was raised
-                status, error = "failed", str(events.write_error)
+            # No trajectory writes results.jsonl (transcripts.jsonl) now: the last lines queued (a real run's,
+            # written by threads) are on disk, or failed, before measurement_finished says how the run ended.
+            closed = files.close_lines()
+            lost = events.write_error or closed  # an event's: swallowed where it was raised
+            if status == "complete" and lost is not None:
+                status, error = "failed", str(lost)
             makespan = None if origin is None else (finished_at or clock.now()) - origin
             cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"], clock.virtual)
             if makespan is not None:
@@ -377,11 +381,8 @@ class Run:
                 if status == "complete" and events.write_error is not None:
                     status, error = "failed", str(events.write_error)
             events.close()  # before the summary: it counts the start-up events held when no window opened
-            # The last lines queued (a real run's: written by threads) are on disk now, or failed.
-            closed = files.close_lines()
-            lost = events.write_error or closed
-            if status == "complete" and lost is not None:
-                status, error = "failed", str(lost)
+            if status == "complete" and events.write_error is not None:  # the last lines queued (a thread's)
+                status, error = "failed", str(events.write_error)
             peaks = {
                 "active_trajectories": admission.snapshot().peak_holding,
                 "inflight_model_requests": gate.snapshot().peak_inflight,
