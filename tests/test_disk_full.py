@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -447,3 +448,45 @@ def test_a_real_run_whose_last_result_line_finds_no_room_fails(
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     finished = [e for e in events if e["event"] == "measurement_finished"]
     assert [(e["status"], e["reason"]) for e in finished] == [("failed", outcome.error)]
+
+
+def test_a_background_failure_raised_while_the_writer_records_it_is_raised_only_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer's thread set the error, then whether it counted as raised: a write on the event loop
+    # raising it in between had its mark overwritten, and the next line raised the same error again.
+    from asyncroll.outputs.lines import LineFile, OutputWriteError
+
+    raised_here = threading.Event()
+
+    class Interleaved(LineFile):
+        @property  # type: ignore[override]
+        def _writer(self) -> Any:
+            if self.__dict__.get("error") is not None and threading.current_thread().name.endswith(" writer"):
+                assert raised_here.wait(30)  # the event loop raises the error now, before it is marked
+            return self.__dict__["writer"]
+
+        @_writer.setter
+        def _writer(self, value: Any) -> None:
+            self.__dict__["writer"] = value
+
+    writes = _GatedWrites(monkeypatch, "lines.jsonl", fail_at=1)
+    writes.gate.set()
+    f = Interleaved(tmp_path / "lines.jsonl", background=True)
+    f.write(b'{"i": 0}\n')
+    for _ in range(3000):  # until the writer's thread has met the failure (no sleep-and-hope)
+        if f.error is not None:
+            break
+        raised_here.wait(0.01)
+    with pytest.raises(OutputWriteError):
+        f.write(b'{"i": 1}\n')
+    raised_here.set()
+    queue = f.__dict__["writer"]._lines
+    for _ in range(3000):  # until the writer's thread is done with the failed line
+        if not queue:
+            break
+        threading.Event().wait(0.01)
+    assert not queue
+    f.write(b'{"i": 2}\n')  # once: dropped quietly (it raised the same error again)
+    f.close()
+    assert (tmp_path / "lines.jsonl").read_bytes() == b""

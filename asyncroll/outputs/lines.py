@@ -164,10 +164,12 @@ class LineFile:
                 os.ftruncate(self._fd, self._size)
             with contextlib.suppress(OSError):  # NFS tells a failed write again at close (EIO)
                 self._close_fd()
+            # Marked before the error is set: a writer's thread marking it after, a write on the event loop
+            # that raised it in between had its mark undone, and the next line raised it again.
+            self._raised = self._writer is None
             self.error = OutputWriteError(
                 f"{self.path.name}: cannot write ({exc.strerror or exc}); lines written before are kept",
             )
-            self._raised = self._writer is None
             raise self.error from exc
         self._size += len(line)
 
