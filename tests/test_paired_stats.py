@@ -296,3 +296,33 @@ def test_a_long_arm_name_is_broken_on_its_tick_and_the_figure_keeps_its_layout(t
     label = figure.tick_label(long, "asyncroll = asyncroll_repair")
     assert label.splitlines() == [long[:30], long[30:60], long[60:], "(asyncroll = asyncroll_repair)"]
     assert figure.tick_label("fifo", "fifo") == "fifo\n(fifo)"
+
+
+def test_a_note_naming_long_arms_is_broken_within_its_entries_and_the_figure_keeps_its_layout(
+    tmp_path: Path,
+) -> None:
+    """An entry of the unknown note names the pair's arms: with two arms of about 60 characters (as long as
+    the one a tick broke) one entry was a line of 140, never broken (the note broke only between entries),
+    and the layout collapsed again ('axes sizes collapsed to zero': `report --figure` under -W error
+    crashed)."""
+    pytest.importorskip("matplotlib")
+    import json
+    import warnings
+
+    from asyncroll.experiment import figure
+
+    a = "fifo_active32_inflight16_workers8_baseline_repeat_2026_12_06"
+    b = "asyncroll_repair_active32_inflight16_workers8_aging30s_weight0.02"
+    starved = "resources.sampled_starvation_fraction_of_coverage"
+    data = comparison([({GPU_HOUR: 100.0, starved: None}, {GPU_HOUR: 110.0, starved: None})] * 3)
+    data = json.loads(json.dumps(data).replace('"a"', json.dumps(a)).replace('"b"', json.dumps(b)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = figure.draw(data, aggregate(data), tmp_path / "figure")
+    assert all(path.stat().st_size > 5000 for path in paths)
+    note = figure.fit_note(f"unknown: p1 ({a}, {b}); p2 ({a}, {b}); p3 ({a}, {b})")
+    lines = note.splitlines()
+    assert len(lines) <= figure.NOTE_LINES and all(len(line) <= figure.NOTE_WIDTH for line in lines), lines
+    assert lines[0].startswith("unknown: p1 (fifo_") and lines[-1] == "… and 2 more (REPORT.md names each)", (
+        lines
+    )

@@ -86,15 +86,19 @@ def unknown_note(
 
 def fit_note(note: str) -> str:
     """``note`` (from :func:`unknown_note`) broken into lines of :data:`NOTE_WIDTH` between its entries; past
-    :data:`NOTE_LINES` lines the rest are counted, not named (REPORT.md's medians table names each pair)."""
+    :data:`NOTE_LINES` lines the rest are counted, not named (REPORT.md's medians table names each pair).
+    An entry longer than a line (a pair of long arm names) is broken within, as a tick's name is."""
     entries = note.split("; ")
     pieces = [f"{entry};" for entry in entries[:-1]] + entries[-1:]
     lines: list[str] = []
     for k, piece in enumerate(pieces):
+        parts = textwrap.wrap(piece, NOTE_WIDTH, break_on_hyphens=False)
         if lines and len(lines[-1]) + 1 + len(piece) <= NOTE_WIDTH:
             lines[-1] += f" {piece}"
-        elif len(lines) < NOTE_LINES - 1 or len(" ".join(pieces[k:])) <= NOTE_WIDTH:
-            lines.append(piece)
+        elif len(lines) + len(parts) < NOTE_LINES or (
+            len(lines) < NOTE_LINES and len(" ".join(pieces[k:])) <= NOTE_WIDTH
+        ):
+            lines.extend(parts)
         else:  # the last line says how many are left
             lines.append(f"… and {len(pieces) - k} more (REPORT.md names each)")
             break
