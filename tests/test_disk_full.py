@@ -7,6 +7,7 @@ write to a full file system is short and then fails with ``ENOSPC``. No mount or
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -490,3 +491,37 @@ def test_a_background_failure_raised_while_the_writer_records_it_is_raised_only_
     f.write(b'{"i": 2}\n')  # once: dropped quietly (it raised the same error again)
     f.close()
     assert (tmp_path / "lines.jsonl").read_bytes() == b""
+
+
+def test_a_background_writer_that_meets_another_exception_still_fails_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only OutputWriteError was caught in the writer's thread: any other (a MemoryError on a host out of
+    # memory) ended the thread with a traceback, the lines queued after it were lost with no error (a run
+    # said complete), and once 16 MiB were queued every write waited for a thread that was gone: a hang.
+    import asyncroll.outputs.lines as lines
+    from asyncroll.outputs.lines import LineFile, OutputWriteError
+
+    real = lines.write_all
+
+    def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+        if data.startswith(b'{"i": 1}'):
+            raise MemoryError
+        real(fd, data, offset)
+
+    monkeypatch.setattr(lines, "write_all", write_all)
+    monkeypatch.setattr(lines, "QUEUE_BYTES", 20)  # two lines: the third waits for the thread
+    f = LineFile(tmp_path / "lines.jsonl", background=True)
+
+    def write_five() -> None:
+        for i in range(5):
+            with contextlib.suppress(OutputWriteError):  # raised once, by a line after the failure
+                f.write(b'{"i": %d}\n' % i)
+
+    emitter = threading.Thread(target=write_five, daemon=True)
+    emitter.start()
+    emitter.join(30)
+    assert not emitter.is_alive(), "a write waited for a writer's thread that had ended"
+    f.close()
+    assert str(f.error) == "lines.jsonl: cannot write (MemoryError); lines written before are kept"
+    assert (tmp_path / "lines.jsonl").read_bytes() == b'{"i": 0}\n'

@@ -142,7 +142,7 @@ class LineFile:
         self._size = 0
         self.error: OutputWriteError | None = None
         self._raised = False  # the error was raised by a write (once)
-        self._writer = None if not background else _Writer(self._write_now, path.name)
+        self._writer = None if not background else _Writer(self._write_queued, path.name)
 
     def write(self, line: bytes) -> None:
         if self._writer is None:
@@ -172,6 +172,26 @@ class LineFile:
             )
             raise self.error from exc
         self._size += len(line)
+
+    def _write_queued(self, line: bytes) -> None:
+        """The writer thread's :meth:`_write_now`. Any other exception (a MemoryError) fails the file as a
+        write error does: it ended the thread, the later lines lost unsaid, and a full queue then hung."""
+        try:
+            self._write_now(line)
+        except OutputWriteError:
+            pass  # kept in :attr:`error`; later lines dropped
+        except BaseException as exc:  # noqa: BLE001 - told by the next write, or read after close
+            if self._fd is None:  # failed before: the owner knows
+                return
+            with contextlib.suppress(OSError):  # the partial line it may have left
+                os.ftruncate(self._fd, self._size)
+            with contextlib.suppress(OSError):
+                self._close_fd()
+            self._raised = self._writer is None  # before the error is set, as in _write_now
+            self.error = OutputWriteError(
+                f"{self.path.name}: cannot write ({type(exc).__name__}{f': {exc}' if str(exc) else ''}); "
+                "lines written before are kept",
+            )
 
     def close(self) -> None:
         """Idempotent. A background writer writes every line still queued first."""
@@ -214,8 +234,7 @@ class _Writer:
                 if not self._lines:
                     return
                 line = self._lines[0]  # left queued while written: close() waits for it too
-            with contextlib.suppress(OutputWriteError):  # kept in LineFile.error; later lines dropped
-                self._write(line)
+            self._write(line)  # records its own failures (LineFile.error); later lines dropped
             with self._ready:
                 self._lines.popleft()
                 self._bytes -= len(line)
