@@ -525,3 +525,35 @@ def test_a_background_writer_that_meets_another_exception_still_fails_the_file(
     f.close()
     assert str(f.error) == "lines.jsonl: cannot write (MemoryError); lines written before are kept"
     assert (tmp_path / "lines.jsonl").read_bytes() == b'{"i": 0}\n'
+
+
+def test_a_close_interrupted_while_the_writer_writes_leaves_it_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close whose wait for the writer was interrupted (a second Ctrl-C in a program whose SIGINT
+    handler raises) gave the writer up: the next close closed the descriptor under the thread still
+    writing the queued lines (EBADF, or another file that took the descriptor's number)."""
+    from asyncroll.outputs.lines import LineFile
+
+    writes = _GatedWrites(monkeypatch, "lines.jsonl")
+    f = LineFile(tmp_path / "lines.jsonl", background=True)
+    for i in range(5):
+        f.write(b'{"i": %d}\n' % i)
+    writer = f._writer
+    assert writer is not None
+    real_join, interrupted = writer._thread.join, list[bool]()
+
+    def join(timeout: float | None = None) -> None:
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        real_join(timeout)
+
+    monkeypatch.setattr(writer._thread, "join", join)
+    with pytest.raises(KeyboardInterrupt):
+        f.close()
+    assert f._fd is not None  # still the writer's
+    writes.gate.set()
+    f.close()
+    assert f.error is None
+    assert (tmp_path / "lines.jsonl").read_bytes() == b"".join(b'{"i": %d}\n' % i for i in range(5))

@@ -194,10 +194,11 @@ class LineFile:
             )
 
     def close(self) -> None:
-        """Idempotent. A background writer writes every line still queued first."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        """Idempotent. A background writer writes every line still queued first; a close interrupted while
+        it waits (a KeyboardInterrupt) leaves the file open to it, for the next close to wait again."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         self._close_fd()
 
     def _close_fd(self) -> None:
