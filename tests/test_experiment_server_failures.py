@@ -186,3 +186,27 @@ def test_a_server_that_trickles_its_readiness_answer_times_out_at_the_deadline(t
         assert time.monotonic() - began < 3.0 + request_deadline_s(PROBE_TIMEOUT_S) - PROBE_TIMEOUT_S + 2.0
     finally:
         server.stop(2.0)
+
+
+@pytest.mark.parametrize(
+    ("stopped", "code", "said"),
+    [
+        (True, 130, "the client was stopped (it exited with code 130); "),
+        (True, None, "the client was stopped; "),  # no exit status came back: not 'exited with code None'
+        (False, 1, "the client then exited with code 1; "),  # it ended on its own: nobody stopped it
+    ],
+)
+def test_a_server_that_died_says_how_the_client_ended(
+    tmp_path: Path, stopped: bool, code: int | None, said: str
+) -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from asyncroll.experiment import arms
+    from asyncroll.experiment.server import InferenceServer
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    server = cast(InferenceServer, SimpleNamespace(process=SimpleNamespace(poll=lambda: -9, log=log)))
+    text = arms._server_died(server, code, stopped=stopped)
+    assert text.startswith(f"server was killed by SIGKILL (exit code -9) while the client ran; {said}"), text

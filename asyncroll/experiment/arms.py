@@ -260,7 +260,7 @@ def _steps(
     wall = round(ended - began, 3)
     receipt.update(client={**receipt.data["client"], "exit_code": code, "wall_s": wall, "stop": stop})
     if end == "server" or (code != 0 and server.process.poll() is not None):
-        raise ArmFailed("running_client", _server_died(server, code))
+        raise ArmFailed("running_client", _server_died(server, code, stopped=end == "server"))
     if end == "deadline":
         raise ArmFailed("running_client", f"client passed its deadline of {deadline_s:g}s and was stopped")
     if end == "cut":
@@ -302,10 +302,17 @@ def _wait_client(
             return "server", server_code
 
 
-def _server_died(server: InferenceServer, client_code: int | None) -> str:
+def _server_died(server: InferenceServer, client_code: int | None, *, stopped: bool) -> str:
+    """``stopped``: the runner stopped the client when it saw the server gone; else the client ended on
+    its own (failing, its server gone)."""
+    if not stopped:
+        client = f"the client then {exit_words(client_code)}"
+    elif client_code is None:  # no exit status came back
+        client = "the client was stopped"
+    else:
+        client = f"the client was stopped (it {exit_words(client_code)})"
     return (
-        f"server {exit_words(server.process.poll())} while the client ran; the client was stopped "
-        f"(it {exit_words(client_code)}); "
+        f"server {exit_words(server.process.poll())} while the client ran; {client}; "
         f"server log {server.process.log}; its tail:\n{tail(server.process.log) or '(empty log)'}"
     )
 
