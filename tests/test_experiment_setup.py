@@ -4,6 +4,7 @@ and named by ``experiment plan``; a resume checks the port once the dead runner'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -574,6 +575,17 @@ def test_the_pre_flight_isolation_probe_is_the_clients() -> None:
     assert report["weak"] is not ISOLATED and report["allowed_weak"] is False
 
 
+@contextlib.contextmanager
+def _reserved_as_vllm_reserves() -> Iterator[int]:
+    """A loopback port bound with SO_REUSEADDR and SO_REUSEPORT, not listening (a loading vLLM's)."""
+    with socket.socket() as reserved:
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserved.bind(("127.0.0.1", 0))
+        yield reserved.getsockname()[1]
+
+
 def test_a_port_reserved_as_vllm_reserves_it_is_held_and_a_time_wait_is_not() -> None:
     """vLLM reserves its port with SO_REUSEADDR and SO_REUSEPORT before it loads its model, and listens only
     then. The probe binds with SO_REUSEADDR (an earlier arm's connection in TIME_WAIT must not count), which
@@ -581,12 +593,7 @@ def test_a_port_reserved_as_vllm_reserves_it_is_held_and_a_time_wait_is_not() ->
     the neighbour's. A port whose only other socket is a connection in TIME_WAIT stays free."""
     from asyncroll.experiment.port_busy import BOUND_ONLY, port_busy
 
-    with socket.socket() as reserved:
-        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        reserved.bind(("127.0.0.1", 0))
-        port = reserved.getsockname()[1]
+    with _reserved_as_vllm_reserves() as port:
         assert port_busy("127.0.0.1", port) == f"server.port: 127.0.0.1:{port} is held by {BOUND_ONLY}"
     assert port_busy("127.0.0.1", port) is None
 
@@ -607,12 +614,7 @@ def test_the_preflight_refuses_a_fixed_port_reserved_as_vllm_reserves_it() -> No
     SO_REUSEPORT, not listening yet) passed it, and each arm then met it."""
     from asyncroll.experiment.port_busy import BOUND_ONLY
 
-    with socket.socket() as reserved:
-        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        reserved.bind(("127.0.0.1", 0))
-        port = reserved.getsockname()[1]
+    with _reserved_as_vllm_reserves() as port:
         cfg = SimpleNamespace(server=SimpleNamespace(host="127.0.0.1", port=port))
         assert preflight.port_problem(cfg) == (  # type: ignore[arg-type]
             f"server.port: 127.0.0.1:{port} is held by {BOUND_ONLY}; stop it, or set server.port to 0 to "
