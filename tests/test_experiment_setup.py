@@ -691,3 +691,12 @@ def test_an_arm_under_the_deprecated_alias_is_warned_about_by_the_runner(
         ExperimentRunner(cfg, tmp_path / "out", echo=lambda _: None, warn=warned.append).run().exit_code == 0
     )
     assert "warning: arms[old].policy: gpu_first is a deprecated alias of tool_first" in warned
+
+
+def test_the_plan_warns_about_an_arm_under_the_deprecated_alias_as_the_run_does(tmp_path: Path) -> None:
+    arms = [{"name": "fifo", "policy": "fifo"}, {"name": "old", "policy": "gpu_first"}]
+    config = write_config(tmp_path, arms=arms, stages={}, baseline="fifo")
+    plan = invoke("experiment", "plan", "--config", config)
+    assert plan.exit_code == 0, plan.output
+    assert "warning: arms[old].policy: gpu_first is a deprecated alias of tool_first" in plan.stderr
+    assert "deprecated" not in plan.stdout  # the plan itself stays the commands

@@ -68,13 +68,15 @@ def experiment_plan(
     """Validate a config (and the workload against a declared workload.sha256, as `run` does) and print
     every server and client command, in order; starts nothing."""
     from asyncroll.errors import UsageError
-    from asyncroll.experiment.preflight import checked_plan
+    from asyncroll.experiment.preflight import checked_plan, deprecated_policies
 
     cfg = _experiment_config(config)
     try:
         plan = checked_plan(cfg, output)  # a declared workload.sha256 is checked, as `run` checks it
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
+    for warning in deprecated_policies(cfg):
+        typer.echo(warning, err=True)
     say(plan)
 
 

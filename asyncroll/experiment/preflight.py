@@ -214,6 +214,18 @@ def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
     return scan.sha256, {key: tool.path for key, tool in scan.tools.items()}
 
 
+def deprecated_policies(cfg: ExperimentConfig) -> list[str]:
+    """A warning for each arm under a deprecated policy alias (``gpu_first``), as run and simulate warn."""
+    from asyncroll.config import DEPRECATED_ALIASES
+
+    said = "warning: arms[{}].policy: {} is a deprecated alias of {}"
+    return [
+        said.format(arm.name, arm.policy, DEPRECATED_ALIASES[arm.policy])
+        for arm in cfg.arms
+        if arm.policy in DEPRECATED_ALIASES
+    ]
+
+
 def checked_plan(cfg: ExperimentConfig, output: Path | None) -> str:
     """The plan as the dry run of :meth:`ExperimentRunner.run` (``experiment plan``, the LiveCodeBench
     script's ``--plan``): where the config declares ``workload.sha256``, the workload is first checked

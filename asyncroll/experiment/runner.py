@@ -125,12 +125,8 @@ class ExperimentRunner:
         self._preflight(port=not self.resume)
         if self.cfg.workload.sha256 is None:
             self.warn(f"warning: workload.sha256 not declared; this experiment pins the workload at {sha}")
-        from asyncroll.config import DEPRECATED_ALIASES
-
-        for arm in self.cfg.arms:  # said by each client too, in its log, which nobody reads when it completes
-            if arm.policy in DEPRECATED_ALIASES:
-                rule = DEPRECATED_ALIASES[arm.policy]
-                self.warn(f"warning: arms[{arm.name}].policy: {arm.policy} is a deprecated alias of {rule}")
+        for warning in preflight.deprecated_policies(self.cfg):  # each client says it only in its log
+            self.warn(warning)
         fp = fingerprint(self.cfg, sha, tools)
         if EVALUATOR_TOOL in tools:  # before any arm: on cgroup v2 the clients start in the runner's leaf
             cgroups_v2.prepare_for_children()
