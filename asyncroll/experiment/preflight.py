@@ -124,10 +124,8 @@ def client_flag_problems(cfg: ExperimentConfig) -> list[str]:
         try:
             with run.make_context("run", args) as ctx:
                 flags = {k: v for k, v in ctx.params.items() if k != "config" and v is not None}
-            if flags.get("endpoint"):
-                flags["endpoint"] = flags["endpoint"][0]
-            if "gpu_slots" in flags:
-                flags.setdefault("max_inflight_model_requests", flags.pop("gpu_slots"))
+            if flags.get("endpoint"):  # click's list: the plan gives it once (a second one is refused,
+                flags["endpoint"] = flags["endpoint"][0]  # as --gpu-slots is, by the config's managed flags)
             build_config(flags)
         except ClickException as exc:
             problem = exc.format_message()
