@@ -95,8 +95,11 @@ def test_progress_line_redraws_in_place_and_ends_with_a_newline() -> None:
         await task
 
     asyncio.run(three_redraws())
+    assert line.wait(5)
     text = stream.getvalue()
-    assert text.count("\r") == line.redraws >= 4 and text.endswith("\n") and text.count("\n") == 1
+    # the terminal's thread draws the latest line handed to it: one redraw may replace another unwritten
+    assert 2 <= text.count("\r") <= line.redraws and line.redraws >= 4
+    assert text.endswith("\n") and text.count("\n") == 1
     assert text.split("\r")[-1].startswith(f"{line.redraws}/10")  # the final state, drawn by stop()
     assert progress_enabled(None, stream) and progress_enabled(True, stream)
     assert not progress_enabled(False, stream) and not progress_enabled(None, io.StringIO())

@@ -1,7 +1,8 @@
 """The progress line at its edges: the first instant of measurement, a line exactly as wide as the terminal,
 a shorter redraw over a longer one, a terminal narrowed between two draws, the terminal's width read from a
-real pseudo-terminal, a closed stream, and :class:`RunView`'s elapsed time (stopped at the end, never
-negative); the sweep's cell line on a narrow terminal and when the sweep stops early. No run, no sleeps."""
+real pseudo-terminal, a paused terminal (Ctrl-S), a closed or failing stream, and :class:`RunView`'s elapsed
+time (stopped at the end, never negative); the sweep's cell line on a narrow terminal and when the sweep
+stops early. No run, no sleeps."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import fcntl
 import io
 import os
 import pty
+import select
 import struct
 import termios
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,7 +62,7 @@ def test_a_shorter_redraw_blanks_exactly_the_old_tail() -> None:
 
     stream = Wide()
     try:
-        line = ProgressLine(_Switch(long, short, short), stream)  # type: ignore[arg-type]
+        line = ProgressLine(_Switch(long, short, short), stream, background=False)  # type: ignore[arg-type]
         line.draw()
         line.draw()
         line.draw()
@@ -70,6 +73,53 @@ def test_a_shorter_redraw_blanks_exactly_the_old_tail() -> None:
     assert first == render_progress(long, 200) and len(first) > len(render_progress(short, 200))
     assert second == render_progress(short, 200) + " " * (len(first) - len(render_progress(short, 200)))
     assert third == render_progress(short, 200)  # nothing left to blank
+
+
+class _Counting:
+    """A run view whose n-th snapshot has n trajectories completed (of 10)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def snapshot(self) -> RunSnapshot:
+        self.calls += 1
+        return snap({"completed": self.calls}, 8.0)
+
+
+@pytest.mark.timeout(30)
+def test_a_paused_terminal_holds_the_drawing_thread_never_the_run() -> None:
+    """Ctrl-S pauses a terminal's output (``tcflow(TCOOFF)`` on a real pseudo-terminal): once its buffer is
+    full, a write waits for Ctrl-Q. 3,000 redraws (~600 KB, far past any tty buffer) are handed over at once,
+    as the event loop would; after the resume the final line is the last one on the screen, once."""
+    leader, follower = pty.openpty()
+    _columns(follower, 201)
+    termios.tcflow(follower, termios.TCOOFF)
+    stream = io.TextIOWrapper(io.FileIO(follower, "w", closefd=False), write_through=True)
+    view = _Counting()
+    try:
+        line = ProgressLine(view, stream)  # type: ignore[arg-type]
+        started = time.monotonic()
+        for _ in range(3000):
+            line.draw()
+        line.stop()
+        handed_in = time.monotonic() - started
+        assert not line.wait(0.2)  # still held by the paused terminal
+        termios.tcflow(follower, termios.TCOON)
+        seen = b""
+        deadline = time.monotonic() + 20
+        while not seen.endswith(b"\n") and time.monotonic() < deadline:
+            if select.select([leader], [], [], 0.5)[0]:
+                seen += os.read(leader, 65536)
+        assert line.wait(5)
+    finally:
+        stream.close()
+        os.close(follower)
+        os.close(leader)
+    assert handed_in < 10, handed_in  # never waited for the terminal (before: blocked until the timeout)
+    text = seen.decode()
+    assert text.count("\n") == 1 and text.count("\r") < 3001
+    # the final state, drawn by stop() (the terminal writes the newline as \\r\\n)
+    assert text.removesuffix("\r\n").split("\r")[-1].startswith("3001/10"), text[-300:]
 
 
 class _Sized(io.StringIO):
@@ -98,7 +148,7 @@ def test_a_redraw_after_the_terminal_narrowed_stays_within_it() -> None:
     stream = _Sized(follower)
     try:
         _columns(follower, 201)
-        line = ProgressLine(_Switch(long, long), stream)  # type: ignore[arg-type]
+        line = ProgressLine(_Switch(long, long), stream, background=False)  # type: ignore[arg-type]
         line.draw()
         _columns(follower, 50)
         line.draw()
@@ -180,6 +230,26 @@ def test_the_width_is_one_less_than_the_terminal_and_120_when_unknown(
     assert ProgressLine(_Switch(), io.StringIO())._width() == 120  # type: ignore[arg-type]
     monkeypatch.setenv("COLUMNS", "70")
     assert ProgressLine(_Switch(), io.StringIO())._width() == 69  # type: ignore[arg-type]
+
+
+class _Failing(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        raise OSError(5, "Input/output error")  # the terminal went away (ssh dropped)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_stream_that_fails_ends_the_drawing_never_the_run(background: bool) -> None:
+    stream = _Failing()
+    line = ProgressLine(_Counting(), stream, background=background)  # type: ignore[arg-type]
+    for _ in range(4):
+        line.draw()
+    line.stop()
+    assert line.wait(5) and stream.writes == 1 and line.redraws == 5  # the first write failed: no other
 
 
 def test_a_closed_stream_gets_no_line() -> None:

@@ -8,6 +8,8 @@ snapshot, so what the line says is tested without a terminal.
 
 The line is drawn on stderr and only when stderr is a terminal: ``asyncroll run … > out.txt`` or a pipe
 gets no control characters (``\\r`` redraws, a final newline), and ``--no-progress`` turns it off anywhere.
+It is written by a thread of its own (:class:`Terminal`): a terminal paused with Ctrl-S, or an ssh session
+that stopped reading, blocks that thread's write and never the event loop.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import contextlib
 import io
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from asyncroll.clock import Clock
 from asyncroll.runtime.admission import Admission
+from asyncroll.runtime.daemon_thread import in_daemon_thread
 from asyncroll.runtime.dispatcher import CpuDispatcher, DispatcherSnapshot
 from asyncroll.runtime.limiter import LimiterSnapshot
 from asyncroll.runtime.model_gate import ModelGate, ModelGateSnapshot
@@ -154,8 +158,7 @@ def render_progress(snap: RunSnapshot, width: int = 120) -> str:
     parts.append(f"workers busy {snap.pool.busy}/{snap.pool.size}")
     if snap.pool.restarts:
         parts.append(f"restarts {snap.pool.restarts}")
-    line = " | ".join(parts)
-    return line if len(line) <= width else line[: max(1, width - 3)] + "..."  # ASCII: any terminal
+    return _cut(" | ".join(parts), width)
 
 
 def line_width(stream: TextIO) -> int:
@@ -170,11 +173,15 @@ def line_width(stream: TextIO) -> int:
     return max(20, columns - 1) if columns > 0 else 120
 
 
+def _cut(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: max(1, width - 3)] + "..."  # ASCII: any terminal
+
+
 def redraw(line: str, drawn: int, width: int) -> str:
     """``\\r``, then ``line`` cut to ``width``, then blanks over the rest of the line drawn before (``drawn``
     characters long) but never past ``width``: a terminal narrowed since that line was drawn would wrap a
     wider redraw, and each later ``\\r`` would return to its last row only, leaving rows behind."""
-    line = line if len(line) <= width else line[: max(1, width - 3)] + "..."
+    line = _cut(line, width)
     return "\r" + line + " " * max(0, min(drawn, width) - len(line))
 
 
@@ -188,48 +195,127 @@ def progress_enabled(setting: bool | None, stream: TextIO) -> bool:
         return False
 
 
-class ProgressLine:
-    """Redraws :func:`render_progress` in place with ``\\r`` about twice a second until :meth:`stop`."""
+class Terminal:
+    """Draws progress lines on ``stream`` in place: ``\\r``, the line, blanks over the tail of the line drawn
+    before it (:func:`redraw`), and a newline after the final one.
 
-    def __init__(self, view: RunView, stream: TextIO | None = None, period: float = REDRAW_S) -> None:
+    ``background``: the writes happen on a thread of its own, which draws only the latest line handed to it.
+    A write to a terminal paused with Ctrl-S (or an ssh session whose client stopped reading) blocks once
+    the terminal's buffer is full; on the event loop that stopped the whole run (no dispatch, no admission)
+    until the terminal was resumed. Now only this thread waits, and lines handed meanwhile replace each
+    other. The tail to blank is the last line *written*, not the last handed over (one replaced before it
+    was written was never on the screen). A stream that fails (closed terminal) ends the drawing, never
+    the run.
+    """
+
+    def __init__(self, stream: TextIO, *, background: bool = True) -> None:
+        self._stream = stream
+        self._drawn = 0  # length of the last line written, to blank its tail on a shorter redraw
+        self._broken = False
+        self._ready = threading.Condition()
+        self._pending: tuple[str, int, bool] | None = None  # the latest (line, width, final) not yet written
+        self._ended = False  # the final line was handed over: later lines are dropped
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._draw_latest, name="asyncroll-progress", daemon=True)
+            self._thread.start()
+
+    def show(self, line: str, width: int, *, final: bool = False) -> None:
+        """Draw ``line`` (cut to ``width``), ending it with a newline if ``final``; returns at once in the
+        background. Nothing is drawn after the final line."""
+        if self._thread is None:
+            if not self._ended:
+                self._ended = final
+                self._write(line, width, final)
+            return
+        with self._ready:
+            if self._ended:
+                return
+            self._ended = final
+            self._pending = (line, width, final)
+            self._ready.notify()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the final line is written (or the stream failed); False if ``timeout`` passed first.
+        Call after a ``final`` line was shown."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _draw_latest(self) -> None:
+        final = False
+        while not final:
+            with self._ready:
+                while self._pending is None:
+                    self._ready.wait()
+                (line, width, final), self._pending = self._pending, None
+            self._write(line, width, final)
+
+    def _write(self, line: str, width: int, final: bool) -> None:
+        if self._broken:
+            return
+        text = redraw(line, self._drawn, width)
+        try:
+            self._stream.write(text + "\n" if final else text)
+            self._stream.flush()
+        except (OSError, ValueError):  # a closed terminal: no more lines, the run goes on
+            self._broken = True
+            return
+        self._drawn = 0 if final else len(_cut(line, width))
+
+
+class ProgressLine:
+    """Redraws :func:`render_progress` in place with ``\\r`` about twice a second until :meth:`stop`.
+
+    Snapshots are taken and rendered on the event loop; the :class:`Terminal` writes them (in the
+    background unless ``background=False``)."""
+
+    def __init__(
+        self,
+        view: RunView,
+        stream: TextIO | None = None,
+        period: float = REDRAW_S,
+        *,
+        background: bool = True,
+    ) -> None:
         self._view = view
         self._stream = stream or sys.stderr
         self._period = period
         self._stop = asyncio.Event()
-        self._drawn = 0  # length of the last line drawn, to blank its tail on a shorter redraw
+        self._terminal = Terminal(self._stream, background=background)
         self.redraws = 0
 
     def _width(self) -> int:
         return line_width(self._stream)
 
-    def draw(self) -> None:
-        """Draw the line once, overwriting the previous one."""
+    def draw(self, *, final: bool = False) -> None:
+        """Render the line once and hand it to the terminal, overwriting the previous one."""
         width = self._width()
-        line = render_progress(self._view.snapshot(), width)
-        self._stream.write(redraw(line, self._drawn, width))
-        self._stream.flush()
-        self._drawn = len(line)
+        self._terminal.show(render_progress(self._view.snapshot(), width), width, final=final)
         self.redraws += 1
 
     async def run(self) -> None:
-        """Redraw until :meth:`stop`; a failing stream (closed terminal) ends the line, never the run."""
-        try:
-            while not self._stop.is_set():
-                self.draw()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self._period)
-        except (OSError, ValueError):
-            return
+        """Redraw until :meth:`stop`."""
+        while not self._stop.is_set():
+            self.draw()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._period)
 
     def stop(self) -> None:
-        """Stop redrawing; draw the final state and end the line with a newline."""
+        """Stop redrawing; draw the final state and end the line with a newline (see :meth:`wait`)."""
         if self._stop.is_set():
             return
         self._stop.set()
-        with contextlib.suppress(OSError, ValueError):
-            self.draw()
-            self._stream.write("\n")
-            self._stream.flush()
+        self.draw(final=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the final line is on the stream (:meth:`Terminal.wait`)."""
+        return self._terminal.wait(timeout)
+
+    def join(self) -> None:
+        """:meth:`wait` with no timeout."""
+        self._terminal.wait()
 
 
 class LiveView:
@@ -280,6 +366,8 @@ class LiveView:
         waiting for the loop to take its snapshot)."""
         if self._line is not None:
             self._line.stop()
+            # in a daemon thread: the loop stays free (signals) while a paused terminal holds the last line
+            await in_daemon_thread(self._line.join)
         if self._task is not None and not self._task.done():  # done: cancelled with its task group
             await self._task
         if self._exporter is not None:
