@@ -40,6 +40,9 @@ class MeasurementStarted(Event):
     #: what every ``t`` is on: real seconds, or a simulation's virtual ones (``wall_time`` is real in both,
     #: so wall_time + t is a date only on a monotonic clock); None in a file written before the field
     clock: Literal["monotonic", "virtual"] | None = None
+    #: the event loop is watched for stalls at least this long (``loop_stalled``); None: not watched (a
+    #: simulation, whose clock is virtual, or a file written before the watch existed)
+    loop_stall_s: float | None = None
 
 
 class MeasurementFinished(Event):
@@ -47,6 +50,15 @@ class MeasurementFinished(Event):
     status: Literal["complete", "failed", "interrupted"]
     makespan_s: float
     reason: str | None = None
+
+
+class LoopStalled(Event):
+    """The client's event loop woke ``late_s`` seconds later than it asked to, at ``t``: from ``t - late_s``
+    to ``t`` something held the loop (a blocking call on it, or no CPU to spare for the client) and the run
+    admitted, dispatched and read nothing. Only stalls of at least ``measurement_started.loop_stall_s``."""
+
+    event: Literal["loop_stalled"] = "loop_stalled"
+    late_s: float
 
 
 class WorkerReady(Event):
@@ -316,6 +328,7 @@ class ResourceSample(Event):
 AnyEvent = Annotated[
     MeasurementStarted
     | MeasurementFinished
+    | LoopStalled
     | WorkerReady
     | WorkerRestarting
     | TrajectoryStarted

@@ -126,6 +126,19 @@ class Bounds(BaseModel):
     totals: dict[str, float]
 
 
+class EventLoop(BaseModel):
+    """Stalls of the client's event loop in the measured window (``loop_stalled``); null figures when the
+    loop was not watched (a simulation) or the window never opened."""
+
+    watched: bool
+    stall_threshold_s: float | None
+    stalls: int | None
+    stalled_s: float | None
+    longest_stall_s: float | None
+    fraction_of_makespan: float | None
+    note: str
+
+
 class Resources(BaseModel):
     """Coverage-aware resource metrics (MEASUREMENT.md): every estimate with its coverage, null if none."""
 
@@ -175,6 +188,7 @@ class SummaryModel(_Open):
     bounds: Bounds | None
     client_cpu_blocked: dict[str, float | int | str | None]
     peaks: dict[str, int]
+    event_loop: EventLoop | None = None  # None: written before the section
     cpu_cost: dict[str, float | str | None]
     telemetry: dict[str, Any]
     resources: Resources

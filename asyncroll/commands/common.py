@@ -252,6 +252,27 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
             )
 
 
+#: A run whose event loop stalled for at least this fraction of its makespan is warned about on stderr.
+STALLED_WARNING_FRACTION = 0.05
+
+
+def warn_loop_stalls(summary: dict[str, Any] | None) -> None:
+    """Say on stderr that the client's event loop stalled for a good part of the run (summary.json's
+    ``event_loop``): for that long nothing was admitted, dispatched or read, and the queue waits and
+    latencies measured include it, whatever the policy did."""
+    loop = (summary or {}).get("event_loop") or {}
+    fraction, stalled = loop.get("fraction_of_makespan"), loop.get("stalled_s")
+    if not isinstance(fraction, (int, float)) or fraction < STALLED_WARNING_FRACTION:
+        return
+    typer.echo(
+        f"warning: the client's event loop stalled {loop.get('stalls')} time(s), {stalled:.3f} s in all "
+        f"({100 * fraction:.0f}% of the makespan; longest {loop.get('longest_stall_s'):.3f} s): meanwhile "
+        "nothing was admitted, dispatched or read (a blocking call in the client, or no CPU to spare for "
+        "it), and queue waits and latencies include that time (summary.json: event_loop)",
+        err=True,
+    )
+
+
 def written_summary(output: Path) -> dict[str, Any] | None:
     """The run's summary.json as written (an interrupted run's outcome carries none), or None."""
     from asyncroll.json_depth import read_json_object

@@ -15,6 +15,7 @@ from asyncroll.commands.common import (
     note_limit_past,
     print_summary,
     warn_exports,
+    warn_loop_stalls,
     warn_low_address_space,
     warn_moved,
     warn_no_evaluations,
@@ -344,6 +345,7 @@ def _run(cfg: Any) -> int:
             print_summary(outcome.summary, output, gone=outcome.gone)
             warn_telemetry(outcome.summary)
             warn_server_down(outcome.summary, outcome.error)
+            warn_loop_stalls(outcome.summary)
             if not outcome.gone:  # what is at its path now is not its run.json
                 warn_replay_length_unfixed(output)
             warn_exports(outcome.exports_failed, output, gone=outcome.gone)

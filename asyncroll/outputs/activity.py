@@ -18,7 +18,8 @@ A telemetry value that a sample did not give (``null``) is never drawn as the la
 counter series gets a ``None`` point where the value stops being known (``timeline.html`` breaks its line
 there) and the run of null samples becomes a :class:`CounterGap`. The HTTP backend's server circuit
 (``server_unavailable`` → ``server_available``) is a "server unavailable" span on the scheduler track, and
-a request's wait for it (``model_paused``) a span inside that request on its trajectory. The types drawn
+a request's wait for it (``model_paused``) a span inside that request on its trajectory; a stall of the
+event loop (``loop_stalled``) is an "event loop stalled" span on the scheduler track. The types drawn
 (:class:`Activity`, :class:`Span`, :class:`SpanLog`, ...) are in :mod:`asyncroll.outputs.activity_model`.
 """
 
@@ -294,6 +295,12 @@ class _Pairer:
 
     def on_server_available(self, e: ev.ServerAvailable) -> None:
         self.end("circuit", 0, e.t, "ok", (("scheduler", 0),), None, _pick(e, "paused_s", "probes"))
+
+    def on_loop_stalled(self, e: ev.LoopStalled) -> None:
+        # the event loop was held from t - late_s to t: never drawn before the run's first event
+        start = min(e.t, max(e.t - e.late_s, self.a.t_min))
+        name, args = "event loop stalled", _pick(e, "late_s")
+        self.a.spans.append(Span(("scheduler", 0), "loop_stall", name, start, e.t, "ok", args))
 
     def on_resource_probe(self, e: ev.ResourceProbe) -> None:
         sources = [s.model_dump(mode="json", exclude={"detail"}) for s in e.sources]

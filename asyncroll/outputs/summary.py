@@ -22,6 +22,8 @@ from asyncroll.events import (
     CpuFinished,
     CpuSelected,
     Event,
+    LoopStalled,
+    MeasurementStarted,
     ModelFailed,
     ModelFinished,
     ModelPaused,
@@ -38,6 +40,7 @@ from asyncroll.events import (
 from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.blocked import BlockedMeter
 from asyncroll.outputs.bounds import WorkMeter
+from asyncroll.outputs.pauses import CircuitMeter, LoopStallMeter
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
 from asyncroll.outputs.statistics import distribution, pearson, pearson_missing, ratio
 from asyncroll.policies.registry import canonical_policy
@@ -74,11 +77,8 @@ class SummaryBuilder:
         self.model_failed: Counter[str] = Counter()
         self.model_retries: Counter[str] = Counter()  # failed attempts that were retried, by error kind
         self.finish_reasons: Counter[str] = Counter()  # finished requests by the server's finish_reason
-        # The HTTP backend's server circuit: (opened at, closed at or None) per opening, and the waits
-        # of requests that found it open (inside their latency).
-        self.circuit_spans: list[list[float | None]] = []
-        self.circuit_waits = 0
-        self.circuit_wait_s = 0.0
+        self.circuit = CircuitMeter()  # the HTTP backend's server circuit
+        self.loop = LoopStallMeter()  # stalls of the client's event loop
         self.tool_calls = 0
         self.tool_failed = 0  # tool calls that failed (timeout, worker died), not cancelled ones
         self.tool_cancelled = 0  # tool calls the run cancelled when it stopped: no outcome
@@ -124,9 +124,11 @@ class SummaryBuilder:
             ModelFinished: self._model_finished,
             ModelFailed: self._model_failed,
             ModelRetrying: self._model_retrying,
-            ModelPaused: self._model_paused,
-            ServerUnavailable: self._server_unavailable,
-            ServerAvailable: self._server_available,
+            ModelPaused: self.circuit.on_paused,
+            ServerUnavailable: self.circuit.on_unavailable,
+            ServerAvailable: self.circuit.on_available,
+            MeasurementStarted: self.loop.on_started,
+            LoopStalled: self.loop.on_stalled,
             CpuEnqueued: self._cpu_enqueued,
             CpuSelected: self._cpu_selected,
             CpuFinished: self._cpu_finished,
@@ -172,35 +174,6 @@ class SummaryBuilder:
 
     def _model_retrying(self, event: ModelRetrying) -> None:
         self.model_retries[event.kind] += 1
-
-    def _model_paused(self, event: ModelPaused) -> None:
-        self.circuit_waits += 1
-        self.circuit_wait_s += event.waited_s
-
-    def _server_unavailable(self, event: ServerUnavailable) -> None:
-        self.circuit_spans.append([event.t, None])
-
-    def _server_available(self, event: ServerAvailable) -> None:
-        if self.circuit_spans and self.circuit_spans[-1][1] is None:
-            self.circuit_spans[-1][1] = event.t
-
-    def _circuit(self, makespan_s: float | None) -> dict[str, Any]:
-        """How often the server circuit opened and how long admission was paused inside the measured
-        window (an opening still open at the end counts up to the end of the window)."""
-        paused: float | None = None
-        if makespan_s is not None:
-            paused = 0.0
-            for opened, closed in self.circuit_spans:
-                assert opened is not None
-                end = makespan_s if closed is None else min(closed, makespan_s)
-                paused += max(0.0, end - max(opened, 0.0))
-        return {
-            "opened": len(self.circuit_spans),
-            "paused_s": None if paused is None else round(paused, 6),
-            "open_at_end": bool(self.circuit_spans) and self.circuit_spans[-1][1] is None,
-            "requests_waited": self.circuit_waits,
-            "request_wait_s": round(self.circuit_wait_s, 6),
-        }
 
     def _cpu_enqueued(self, event: CpuEnqueued) -> None:
         self._resubmission[event.job_id] = event.resubmission
@@ -379,7 +352,7 @@ class SummaryBuilder:
                 "finish_reasons": dict(self.finish_reasons),
                 "failed": dict(self.model_failed),
                 "retries": dict(self.model_retries),
-                "circuit": self._circuit(makespan_s if measured else None),
+                "circuit": self.circuit.build(makespan_s if measured else None),
             },
             "tools": {
                 "calls": self.tool_calls,
@@ -444,6 +417,7 @@ class SummaryBuilder:
                 "definition": "≥1 active trajectory, 0 model requests outstanding, ≥1 CPU job pending",
             },
             "peaks": peaks,
+            "event_loop": self.loop.build(makespan_s if measured else None),
             "cpu_cost": cpu_cost,
             "telemetry": self.resources.telemetry(),
             "resources": self.resources.build(makespan_s, measured),

@@ -41,7 +41,7 @@ MAX_COUNTER_POINTS = 4_000
 MAX_BARS = 30_000
 UNMEASURED_WINDOW_S = 1.0  # the page's first view of a run that stopped before measuring, at least
 BUCKETS = 1_000  # at full view, spans closer than 1/BUCKETS of the run merge when down-sampled
-CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute", "circuit")
+CATS = ("trajectory", "model_queue", "model", "cpu_queue", "cpu", "execute", "circuit", "loop_stall")
 #: span states, least severe first: a bar of merged spans shows the most severe of them
 STATES = ("ok", "cancelled", "failed", "incomplete", "unmatched")
 #: every counter, in the order of the page's palette: a counter's colour is its place here

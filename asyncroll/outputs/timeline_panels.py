@@ -92,6 +92,7 @@ def header_lines(a: Activity, run: dict[str, Any], summary: dict[str, Any]) -> l
         ["reorders", f"{_fmt(sched.get('reorders'))} of {_fmt(sched.get('decisions'))} scheduler decisions"],
         ["sampled starvation", _starvation(_sub(summary, "resources"), makespan)],
         *_circuit(_sub(_sub(summary, "model"), "circuit"), a),
+        *_stalls(_sub(summary, "event_loop")),
     ]
 
 
@@ -118,6 +119,21 @@ def _circuit(circuit: dict[str, Any], a: Activity) -> list[list[str]]:
             f" {_fmt(circuit.get('request_wait_s'), ' s')} for it (inside model latency)"
         )
     return [["server unavailable", text]]
+
+
+def _stalls(loop: dict[str, Any]) -> list[list[str]]:
+    """A header line when the client's event loop stalled (``loop_stalled``): nothing moved meanwhile."""
+    stalls = loop.get("stalls")
+    if not isinstance(stalls, int) or not stalls:
+        return []
+    return [
+        [
+            "event loop stalled",
+            f"{_times(stalls)}, {_fmt(loop.get('stalled_s'), ' s')} in the measured window (longest "
+            f"{_fmt(loop.get('longest_stall_s'), ' s')}; scheduler row): nothing admitted, dispatched or "
+            "read meanwhile",
+        ]
+    ]
 
 
 def _times(n: int) -> str:

@@ -48,6 +48,7 @@ from asyncroll.runtime.collaborators import (
 )
 from asyncroll.runtime.daemon_thread import in_daemon_thread
 from asyncroll.runtime.dispatcher import CpuDispatcher
+from asyncroll.runtime.loop_watch import STALL_S, watch_loop
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerFactory, WorkerPool
 from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
@@ -247,6 +248,7 @@ class Run:
         cpu_end: tuple[float, float | None] | None = None
         finished_at: float | None = None
         run_range: Any = None
+        watch: asyncio.Task[None] | None = None
 
         # The live view (progress line, --metrics-port) reads the limiters' snapshots; real time only.
         view = RunView(
@@ -309,11 +311,14 @@ class Run:
                             max_inflight_model_requests=limits.max_inflight_model_requests,
                             cpu_workers=limits.cpu_workers,
                             clock="virtual" if clock.virtual else "monotonic",
+                            loop_stall_s=None if clock.virtual else STALL_S,
                         ),
                         at=origin,  # t = 0: every other t is seconds since this event
                     )
                     files.transition("running", clock.wall())
                     outer.create_task(sampler.run())
+                    if not clock.virtual:
+                        watch = outer.create_task(watch_loop(clock, events))
                     async with OrderedTaskGroup() as tg:
                         problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
                         await admission.run(tg, problems, trajectory)
@@ -321,6 +326,8 @@ class Run:
                 finally:
                     # The measured window ends here, before any cleanup; read CPU while workers live.
                     finished_at = trajectories.window_end(status == "complete")
+                    if watch is not None:
+                        watch.cancel()
                     cpu_end = (client_cpu(), pool.cpu_seconds())
                     if origin is not None:  # telemetry sampled during the cleanup is clipped to it
                         summary.end_window(finished_at - origin)

@@ -1,0 +1,162 @@
+"""Stalls of the client's event loop: :func:`watch_loop` on a real loop held by a blocking call, the
+``event_loop`` summary section built from ``loop_stalled`` events (clipped to the measured window; null when
+the loop was not watched), and a real run whose client was stopped (SIGSTOP: no CPU for it) for 0.6 s, which
+its events, summary, trace and timeline all say."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncroll.clock import SystemClock
+from asyncroll.commands.common import warn_loop_stalls
+from asyncroll.event_log import EventLog
+from asyncroll.events import Event, LoopStalled, MeasurementStarted
+from asyncroll.outputs.pauses import LoopStallMeter
+from asyncroll.runtime.loop_watch import watch_loop
+from tests.children import end
+from tests.cli_runs import _wait_for, load_run
+from tests.conftest import REPO, tool_problem, write_workload
+
+
+@pytest.mark.timeout(20)
+def test_a_blocking_call_on_the_loop_is_a_stall_as_long_as_it() -> None:
+    clock = SystemClock()
+    log = EventLog(clock)
+    seen: list[Event] = []
+    log.subscribe(seen.append)
+    log.start_measurement()
+
+    async def main() -> None:
+        watch = asyncio.create_task(watch_loop(clock, log))
+        await asyncio.sleep(0.12)  # the watch is asleep now
+        time.sleep(0.5)  # noqa: ASYNC251 - the blocking call under test
+        await asyncio.sleep(0.12)  # the watch woke and recorded it
+        watch.cancel()
+
+    asyncio.run(main())
+    stalls = [e for e in seen if isinstance(e, LoopStalled)]
+    # woke 0.45-0.5 s late (it had up to one probe period of its sleep left); a loaded machine adds, never
+    # takes away, so only the lower end is certain
+    assert any(e.late_s >= 0.44 for e in stalls), stalls
+
+
+def _started(loop_stall_s: float | None) -> MeasurementStarted:
+    return MeasurementStarted(
+        wall_time=0.0,
+        policy="fifo",
+        max_active_trajectories=1,
+        max_inflight_model_requests=1,
+        cpu_workers=1,
+        loop_stall_s=loop_stall_s,
+    )
+
+
+def test_the_summary_counts_stalls_inside_the_window_only() -> None:
+    meter = LoopStallMeter()
+    meter.on_started(_started(0.1))
+    for t, late in ((0.05, 0.2), (1.0, 0.3), (2.0, 0.25), (9.0, 0.5)):  # began before t=0; ; ; after the end
+        meter.on_stalled(LoopStalled(t=t, late_s=late))
+    section = meter.build(makespan_s=2.1)
+    assert section["watched"] and section["stall_threshold_s"] == 0.1
+    assert section["stalls"] == 3 and section["stalled_s"] == pytest.approx(0.05 + 0.3 + 0.25)
+    assert section["longest_stall_s"] == pytest.approx(0.3)
+    assert section["fraction_of_makespan"] == pytest.approx(0.6 / 2.1, abs=1e-6)
+    calm = LoopStallMeter()
+    calm.on_started(_started(0.1))
+    assert calm.build(3.0) | {"note": None} == {
+        "watched": True,
+        "stall_threshold_s": 0.1,
+        "stalls": 0,
+        "stalled_s": 0.0,
+        "longest_stall_s": 0.0,
+        "fraction_of_makespan": 0.0,
+        "note": None,
+    }
+
+
+@pytest.mark.parametrize("threshold", [None, 0.1])
+def test_an_unwatched_loop_or_an_unopened_window_has_no_figures(threshold: float | None) -> None:
+    """A simulation (or an events.jsonl from before the watch) is not watched: its figures are unknown,
+    never 0; nor are they known for a watched run whose measured window never opened."""
+    meter = LoopStallMeter()
+    meter.on_started(_started(threshold))
+    section = meter.build(5.0 if threshold is None else None)
+    assert section["watched"] is (threshold is not None)
+    assert [section[k] for k in ("stalls", "stalled_s", "longest_stall_s", "fraction_of_makespan")] == [
+        None
+    ] * 4
+    assert "not watched" in section["note"] if threshold is None else "never opened" in section["note"]
+
+
+@pytest.mark.timeout(90)
+def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
+    """The client process is stopped (SIGSTOP) for 0.6 s once its first job started, as a machine with no
+    CPU to spare would: its workers go on, the loop does not. The run completes, and its events, summary,
+    trace.json and timeline.html record a stall of at least 0.5 s, and stderr warns of it."""
+    problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=150, turns=3) for i in range(4)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "asyncroll.cli",
+        "run",
+        "--workload",
+        str(workload),
+        "--output",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [*command, "--cpu-workers", "1", "--no-progress"], cwd=REPO, stderr=subprocess.PIPE
+    )
+    try:
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.6)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        end(proc)
+    assert proc.returncode == 0, stderr
+    assert b"warning: the client's event loop stalled" in stderr and b"summary.json: event_loop" in stderr
+    _receipt, summary, events = load_run(out)
+    started = next(e for e in events if isinstance(e, MeasurementStarted))
+    assert started.clock == "monotonic" and started.loop_stall_s == 0.1
+    assert max(e.late_s for e in events if isinstance(e, LoopStalled)) >= 0.5
+    loop = summary["event_loop"]
+    assert loop["watched"] and loop["stalls"] >= 1 and loop["longest_stall_s"] >= 0.5
+    assert loop["stalled_s"] >= loop["longest_stall_s"] and 0 < loop["fraction_of_makespan"] < 1
+    trace = json.loads((out / "trace.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e.get("name") == "event loop stalled"]
+    assert slices and max(e["dur"] for e in slices) >= 500_000  # µs
+    assert "event loop stalled" in (out / "timeline.html").read_text()
+
+
+def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan(capsys: pytest.CaptureFixture[str]) -> None:
+    def loop(fraction: float | None) -> dict[str, object]:
+        stalled = None if fraction is None else 10 * fraction
+        return {
+            "event_loop": {
+                "stalls": 2,
+                "stalled_s": stalled,
+                "longest_stall_s": 0.3,
+                "fraction_of_makespan": fraction,
+            }
+        }
+
+    for quiet in (None, {}, {"event_loop": None}, loop(None), loop(0.049)):
+        warn_loop_stalls(quiet)  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""
+    warn_loop_stalls(loop(0.05))
+    assert (
+        "stalled 2 time(s), 0.500 s in all (5% of the makespan; longest 0.300 s)" in capsys.readouterr().err
+    )
