@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from asyncroll.cpus import usable_cpus
 from asyncroll.events import parse_event
 from tests.conftest import REPO
 from tests.simulations import simulate_here
@@ -304,7 +305,7 @@ def test_a_sweep_that_can_start_no_cell_process_names_the_process_limit(tmp_path
 
 
 @pytest.mark.skipif(
-    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    not sys.platform.startswith("linux") or usable_cpus() < 2,
     reason="semaphores live in /dev/shm on Linux; --jobs is lowered to the usable CPUs: needs 2",
 )
 def test_a_sweep_that_can_make_no_semaphore_names_dev_shm(

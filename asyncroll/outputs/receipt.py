@@ -23,6 +23,7 @@ from typing import Any, Literal
 import psutil
 
 from asyncroll import __version__
+from asyncroll.cpus import quota_cpus, usable_cpus
 from asyncroll.errors import OutputWriteError
 from asyncroll.json_checks import json_error_text
 from asyncroll.json_depth import json_loads
@@ -165,8 +166,10 @@ def host() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
-        # the CPUs this process may run on (taskset, a container's cpuset): what its workers share
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        # the CPUs this process may use (taskset, a container's cpuset, fewer under a cgroup CPU quota:
+        # docker --cpus): what its workers share
+        "usable_cpus": usable_cpus(),
+        "cpu_quota": quota_cpus(),  # the quota's CPUs (docker --cpus=1.5: 1.5), null without one
         "memory_bytes": psutil.virtual_memory().total,
         "python_executable": sys.executable,
     }

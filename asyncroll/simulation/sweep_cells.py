@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from asyncroll.cpus import usable_cpus as usable_cpus  # bench and the sweep read it here
 from asyncroll.errors import SimulationError
 from asyncroll.process_limits import limit_note
 from asyncroll.runtime.signals import STOP_SIGNALS
@@ -74,13 +75,6 @@ def kill_all(processes: list[Any]) -> None:
     for process in processes:
         with contextlib.suppress(Exception):  # already gone
             process.kill()
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def cell_process(sweep_pid: int) -> None:
