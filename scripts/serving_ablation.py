@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from asyncroll.backends.exchange import MAX_RESPONSE_BYTES
+from asyncroll.cpus import usable_cpus
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 from asyncroll.json_checks import not_utf8
 from asyncroll.outputs import result_file
@@ -136,6 +137,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable_cpus(),  # taskset, a cpuset, a cgroup CPU quota: fewer than the machine's
     }
 
 
@@ -229,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     s = result["summary"]
     host, pkgs = result["machine"], result["versions"]
     print(
-        f"machine: {host['cpu']}, {host['logical_cpus']} logical CPUs, Python {host['python']}, "
+        f"machine: {host['cpu']}, {host['logical_cpus']} logical CPUs"
+        + (f" ({host['usable_cpus']} usable)" if host["usable_cpus"] != host["logical_cpus"] else "")
+        + f", Python {host['python']}, "
         f"{host['platform']}; " + ", ".join(f"{name} {v or 'not installed'}" for name, v in pkgs.items())
     )
     print(

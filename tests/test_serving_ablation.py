@@ -243,3 +243,14 @@ def test_serving_ablation_refuses_a_request_timeout_that_is_not_positive(
         ablation.main([*args, f"--request-timeout={timeout}"])
     assert exited.value.code == 2
     assert "--request-timeout must be a finite number > 0" in capsys.readouterr().err
+
+
+def test_the_machine_says_the_cpus_the_client_could_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client run under ``taskset -c 0`` or ``docker --cpus=1`` (beside the server, on its cores) said
+    only the host's logical CPUs: its figures read as those of a client with every CPU of the machine."""
+    from asyncroll import cpus
+
+    ablation = load_ablation()
+    monkeypatch.setattr(cpus, "affinity_cpus", lambda: 1)
+    assert ablation.machine()["usable_cpus"] == 1
+    assert ablation.machine()["logical_cpus"] == os.cpu_count()
