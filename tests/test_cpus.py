@@ -132,3 +132,30 @@ def test_a_sweep_runs_as_many_cells_at_once_as_the_quota_allows(
     assert sweep_jobs(None, None) == 1
     assert sweep_jobs(None, 4) == 1
     assert "warning: --jobs 4: this process may use 1 CPU(s)" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_with_more_workers_than_usable_cpus_says_so(tmp_path: Path, workers: int) -> None:
+    """``asyncroll run`` confined to one CPU (its affinity mask, as ``taskset -c`` sets it): two workers are
+    noted on stderr (CPU-bound tools would take turns), one is not; the run itself is not refused."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.cli_runs import SMOKE
+    from tests.conftest import REPO
+
+    one = min(os.sched_getaffinity(0))
+    command = [sys.executable, "-m", "asyncroll.cli", "run", "--workload", str(SMOKE)]
+    done = subprocess.run(
+        [*command, "--output", str(tmp_path / "o"), "--cpu-workers", str(workers), "--no-progress"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        preexec_fn=lambda: os.sched_setaffinity(0, {one}),
+    )
+    assert done.returncode == 0, done.stderr
+    noted = "note: --cpu-workers 2, but this process may use 1 CPU(s)" in done.stderr
+    assert noted is (workers == 2), done.stderr

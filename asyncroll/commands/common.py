@@ -38,6 +38,21 @@ def warn_sync_active(policy: str, given: Iterable[str], active: int) -> None:
         )
 
 
+def note_workers_past_cpus(workers: int) -> None:
+    """Say on stderr when a run has more tool workers than CPUs it may use (its affinity mask, its cgroup's
+    CPU quota: a cpuset, ``docker --cpus``): CPU-bound tools then take turns on them, and their execute
+    times include the wait for a CPU. Tools that sleep or wait on I/O are not slowed, so it is no error."""
+    from asyncroll.cpus import usable_cpus
+
+    cpus = usable_cpus()
+    if workers > cpus:
+        typer.echo(
+            f"note: --cpu-workers {workers}, but this process may use {cpus} CPU(s) (affinity mask, cgroup "
+            "quota): CPU-bound tools take turns on them, and their execute times include the wait for a CPU",
+            err=True,
+        )
+
+
 #: Settings only a code evaluation (``lcb_evaluate``) reads: config field → flag.
 EVALUATOR_SETTINGS = {
     "test_timeout": "--test-timeout",

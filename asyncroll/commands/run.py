@@ -13,6 +13,7 @@ from asyncroll.commands.common import (
     Opt,
     fail,
     note_limit_past,
+    note_workers_past_cpus,
     print_summary,
     warn_exports,
     warn_loop_stalls,
@@ -325,6 +326,7 @@ def _run(cfg: Any) -> int:
         warn_weak_isolation(prepared.isolation)
         warn_no_evaluations(cfg.model_fields_set, prepared.scan.tools)
         note_limit_past(cfg.limit, prepared.scan.count, "run")
+        note_workers_past_cpus(cfg.limits.cpu_workers)
         clock = SystemClock()
         runner = Run(prepared, clock)
 
