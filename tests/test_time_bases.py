@@ -215,3 +215,31 @@ def test_a_stop_is_not_client_cpu_blocked_time(tmp_path: Path) -> None:
     assert cancelled_job.t - cancelled_request.t == pytest.approx(0.05)
     assert summary["client_cpu_blocked"]["seconds"] == 0.0
     assert summary["client_cpu_blocked"]["intervals"] == 0
+
+
+def test_run_json_says_running_before_the_measured_window_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing run.json (fsync, rename) takes ~10 ms on a local disk and seconds on a busy NFS. Its
+    "running" rewrite happened just after measurement_started, inside the window: a write that took 5 s
+    (the clock moved on by 5 s during it, here) put every trajectory's start at t ≥ 5 and 5 s more into
+    the makespan. It happens before the window opens now."""
+    from asyncroll.outputs.receipt import Receipt
+
+    clock = VirtualClock()
+    transition = Receipt.transition
+
+    def slow(self: Receipt, status: Any, wall: float, **fields: Any) -> None:
+        if status == "running":
+            clock._now += 5.0  # the write's time
+        transition(self, status, wall, **fields)
+
+    monkeypatch.setattr(Receipt, "transition", slow)
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p", model_ms=100, cpu_ms=100)])
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", "cpu_workers": 1})
+    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+    assert clock.run(run.execute()).status == "complete"
+    receipt, summary, events = load_run(tmp_path / "run")
+    assert receipt["status"] == "complete" and "running_at" in receipt
+    first = next(e for e in events if e.event == "trajectory_started")
+    assert first.t == 0.0 and summary["makespan_s"] == pytest.approx(0.3, abs=0.01)

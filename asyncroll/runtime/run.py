@@ -299,6 +299,9 @@ class Run:
                     files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
                     await sampler.probe()
                     files.update(telemetry=sampler.receipt())
+                    # run.json says "running" before the window opens: its write (fsync, rename) takes ~10 ms
+                    # on a local disk and seconds on a busy NFS, time no trajectory could use
+                    files.transition("running", clock.wall())
                     # CPU read first (psutil takes ~1 ms per worker): measurement_started is at t = 0
                     cpu_start = (client_cpu(), pool.cpu_seconds())
                     origin = events.start_measurement()
@@ -315,7 +318,6 @@ class Run:
                         ),
                         at=origin,  # t = 0: every other t is seconds since this event
                     )
-                    files.transition("running", clock.wall())
                     outer.create_task(sampler.run())
                     if not clock.virtual:
                         watch = outer.create_task(watch_loop(clock, events))
