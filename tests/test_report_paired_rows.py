@@ -23,7 +23,8 @@ HEADINGS = [
     "| arm | completion rate | completions per GPU-hour | CPU-s per completion | activation rate |",
     "## Quality (sums over complete pairs)",
     "## Failures",
-    "| arm | failed trajectories | max_turns | model failures | worker restarts |",
+    "| arm | failed trajectories | max_turns | model failures | worker restarts "
+    "| client event loop stalled, s |",
     "Failed arms (kept, never re-run):",
 ]
 
@@ -65,6 +66,18 @@ def test_a_metric_no_pair_measured_is_unknown_in_every_column() -> None:
         "| completions per wall hour | p1 unknown (not measured), p2 unknown (not measured) "
         f"| {unknown} | {unknown} | {unknown} |",
     ]
+
+
+def test_the_failures_table_sums_the_clients_loop_stalls_where_every_pair_measured_them() -> None:
+    """An arm whose client's event loop stalled (summary.json ``event_loop.stalled_s``) says for how long in
+    all, summed over the complete pairs; an arm with a pair that did not watch its loop (an older client)
+    says unknown, not the sum of the others."""
+    stalled = [
+        ({"event_loop.stalled_s": 0.25}, {"event_loop.stalled_s": 1.5}),
+        ({"event_loop.stalled_s": 0.0}, {}),
+    ]
+    assert rows(markdown(aggregate(comparison(stalled))), "| a |")[-1].endswith("| unknown | 0.25 |")
+    assert rows(markdown(aggregate(comparison(stalled))), "| b |")[-1].endswith("| unknown | unknown |")
 
 
 def test_the_same_order_is_flagged_from_two_complete_pairs_not_one() -> None:

@@ -231,16 +231,20 @@ def markdown(agg: dict[str, Any]) -> str:
         "## Failures",
         "",
         "Trajectory counts are sums over the complete pairs, like the rates above: a pair with a failed "
-        "or unfinished arm counts in none of its arms. Every failed and unfinished arm is listed below.",
+        "or unfinished arm counts in none of its arms. Every failed and unfinished arm is listed below. "
+        "The client's event loop stalled: seconds it was held (summary.json's event_loop), in which nothing "
+        "was admitted, dispatched or read, whatever the policy; unknown for a run that did not watch it.",
         "",
-        "| arm | failed trajectories | max_turns | model failures | worker restarts |",
-        "|---|---|---|---|---|",
+        "| arm | failed trajectories | max_turns | model failures | worker restarts "
+        "| client event loop stalled, s |",
+        "|---|---|---|---|---|---|",
     ]
     for arm in arms:
         t = agg["pooled"][arm]["totals"]
         out.append(
             f"| {arm} | {fmt(t.get('failed'), '.0f')} | {fmt(t.get('max_turns'), '.0f')} "
-            f"| {fmt(t.get('model_failures'), '.0f')} | {fmt(t.get('worker_restarts'), '.0f')} |"
+            f"| {fmt(t.get('model_failures'), '.0f')} | {fmt(t.get('worker_restarts'), '.0f')} "
+            f"| {fmt(t.get('loop_stalled_s'))} |"
         )
     out += ["", "Failed arms (kept, never re-run):", ""]
     out += [f"- `{f['id']}`: {one_line(f.get('error'))}" for f in agg["failed_arms"]] or ["- none"]
