@@ -4,6 +4,7 @@ pseudo-terminal) and ``--metrics-port`` (scraped over real HTTP while a real run
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import io
 import json
@@ -62,6 +63,8 @@ def test_progress_line_is_a_function_of_the_snapshot() -> None:
     # a trajectory that ran out of turns is not a success: the line says so
     assert done.startswith("10/10 100% | 9.0/h | done in 1:06:40 | completed 9 | failed 0 | max_turns 1 |")
     assert done.endswith("restarts 2")
+    stalled = dataclasses.replace(snap({"completed": 3}, 8.0), loop_stalls=2, loop_stalled_s=1.26)
+    assert render_progress(stalled, width=200).endswith("| workers busy 2/2 | loop stalled 1.3s")
     short = render_progress(snap({"completed": 3}, 8.0), width=30)
     assert len(short) == 30 and short.endswith("...") and short.isascii()
     assert "\r" not in line and "\n" not in line

@@ -1,4 +1,5 @@
-"""Stalls of the client's event loop: :func:`watch_loop` on a real loop held by a blocking call, the
+"""Stalls of the client's event loop: :class:`LoopWatch` on a real loop held by a blocking call (its
+events, and the counts the live view reads), the
 ``event_loop`` summary section built from ``loop_stalled`` events (clipped to the measured window; null when
 the loop was not watched), and a real run whose client was stopped (SIGSTOP: no CPU for it) for 0.6 s, which
 its events, summary, trace and timeline all say."""
@@ -6,6 +7,7 @@ its events, summary, trace and timeline all say."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,10 +23,11 @@ from asyncroll.commands.common import warn_loop_stalls
 from asyncroll.event_log import EventLog
 from asyncroll.events import Event, LoopStalled, MeasurementStarted
 from asyncroll.outputs.pauses import LoopStallMeter
-from asyncroll.runtime.loop_watch import watch_loop
+from asyncroll.runtime.loop_watch import LoopWatch
 from tests.children import end
 from tests.cli_runs import _wait_for, load_run
 from tests.conftest import REPO, tool_problem, write_workload
+from tests.test_live_view import _scrape
 
 
 @pytest.mark.timeout(20)
@@ -35,8 +38,10 @@ def test_a_blocking_call_on_the_loop_is_a_stall_as_long_as_it() -> None:
     log.subscribe(seen.append)
     log.start_measurement()
 
+    loop_watch = LoopWatch(clock, log)
+
     async def main() -> None:
-        watch = asyncio.create_task(watch_loop(clock, log))
+        watch = asyncio.create_task(loop_watch.run())
         await asyncio.sleep(0.12)  # the watch is asleep now
         time.sleep(0.5)  # noqa: ASYNC251 - the blocking call under test
         await asyncio.sleep(0.12)  # the watch woke and recorded it
@@ -47,6 +52,9 @@ def test_a_blocking_call_on_the_loop_is_a_stall_as_long_as_it() -> None:
     # woke 0.45-0.5 s late (it had up to one probe period of its sleep left); a loaded machine adds, never
     # takes away, so only the lower end is certain
     assert any(e.late_s >= 0.44 for e in stalls), stalls
+    assert loop_watch.stalls == len(stalls) and loop_watch.stalled_s == pytest.approx(
+        sum(e.late_s for e in stalls)
+    )
 
 
 def _started(loop_stall_s: float | None) -> MeasurementStarted:
@@ -115,14 +123,18 @@ def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
         "--output",
         str(out),
     ]
-    proc = subprocess.Popen(
-        [*command, "--cpu-workers", "1", "--no-progress"], cwd=REPO, stderr=subprocess.PIPE
-    )
+    flags = ["--cpu-workers", "1", "--no-progress", "--metrics-port", "0"]
+    proc = subprocess.Popen([*command, *flags], cwd=REPO, stderr=subprocess.PIPE)
+    scraped: dict[str, float] = {}
     try:
         _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        port = json.loads((out / "run.json").read_text())["metrics"]["port"]
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(0.6)
         os.kill(proc.pid, signal.SIGCONT)
+        with contextlib.suppress(OSError):  # the run ended first: the summary below still says it
+            while proc.poll() is None and not scraped.get("asyncroll_event_loop_stalls_total"):
+                scraped = _scrape(f"http://127.0.0.1:{port}/metrics")
         _, stderr = proc.communicate(timeout=60)
     finally:
         end(proc)
@@ -139,6 +151,9 @@ def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
     slices = [e for e in trace["traceEvents"] if e.get("name") == "event loop stalled"]
     assert slices and max(e["dur"] for e in slices) >= 500_000  # µs
     assert "event loop stalled" in (out / "timeline.html").read_text()
+    if scraped:  # the live view's counters (--metrics-port), scraped before the run ended
+        assert scraped["asyncroll_event_loop_stalls_total"] >= 1, scraped
+        assert scraped["asyncroll_event_loop_stalled_seconds_total"] >= 0.5, scraped
 
 
 def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan(capsys: pytest.CaptureFixture[str]) -> None:

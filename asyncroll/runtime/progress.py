@@ -29,6 +29,7 @@ from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.daemon_thread import in_daemon_thread
 from asyncroll.runtime.dispatcher import CpuDispatcher, DispatcherSnapshot
 from asyncroll.runtime.limiter import LimiterSnapshot
+from asyncroll.runtime.loop_watch import LoopWatch
 from asyncroll.runtime.model_gate import ModelGate, ModelGateSnapshot
 from asyncroll.runtime.pool import PoolSnapshot, WorkerPool
 
@@ -50,6 +51,8 @@ class RunSnapshot:
     cpu: DispatcherSnapshot
     pool: PoolSnapshot
     finished: Mapping[str, int]
+    loop_stalls: int = 0  # stalls of the event loop so far (a real run's watch), and their seconds
+    loop_stalled_s: float = 0.0
 
     @property
     def completed(self) -> int:
@@ -80,6 +83,7 @@ class RunView:
         finished: Mapping[str, int],
         origin: Callable[[], float | None],
         ended: Callable[[], float | None] = lambda: None,
+        loop: LoopWatch | None = None,
     ) -> None:
         """``finished``: the status counter the summary builder keeps (read, never written);
         ``origin``/``ended``: the clock readings at measurement start and end, or None before them (the
@@ -93,6 +97,7 @@ class RunView:
         self._finished = finished
         self._origin = origin
         self._ended = ended
+        self._loop = loop
 
     def snapshot(self) -> RunSnapshot:
         origin, ended = self._origin(), self._ended()
@@ -106,6 +111,8 @@ class RunView:
             pool=self._pool.snapshot(),
             # a copy: callers (the exporter) take snapshots on the event loop's thread, never beside it
             finished={k: int(self._finished.get(k, 0)) for k in tuple(self._finished)},
+            loop_stalls=0 if self._loop is None else self._loop.stalls,
+            loop_stalled_s=0.0 if self._loop is None else self._loop.stalled_s,
         )
 
 
@@ -158,6 +165,8 @@ def render_progress(snap: RunSnapshot, width: int = 120) -> str:
     parts.append(f"workers busy {snap.pool.busy}/{snap.pool.size}")
     if snap.pool.restarts:
         parts.append(f"restarts {snap.pool.restarts}")
+    if snap.loop_stalls:
+        parts.append(f"loop stalled {snap.loop_stalled_s:.1f}s")
     return _cut(" | ".join(parts), width)
 
 

@@ -48,7 +48,7 @@ from asyncroll.runtime.collaborators import (
 )
 from asyncroll.runtime.daemon_thread import in_daemon_thread
 from asyncroll.runtime.dispatcher import CpuDispatcher
-from asyncroll.runtime.loop_watch import STALL_S, watch_loop
+from asyncroll.runtime.loop_watch import STALL_S, LoopWatch
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerFactory, WorkerPool
 from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
@@ -250,6 +250,7 @@ class Run:
         run_range: Any = None
         watch: asyncio.Task[None] | None = None
 
+        loop_watch = None if clock.virtual else LoopWatch(clock, events)
         # The live view (progress line, --metrics-port) reads the limiters' snapshots; real time only.
         view = RunView(
             total=self.scan.count,
@@ -261,6 +262,7 @@ class Run:
             finished=summary.status,
             origin=lambda: origin,
             ended=lambda: finished_at,
+            loop=loop_watch,
         )
         live = None
         if not clock.virtual and self._record:
@@ -319,8 +321,8 @@ class Run:
                         at=origin,  # t = 0: every other t is seconds since this event
                     )
                     outer.create_task(sampler.run())
-                    if not clock.virtual:
-                        watch = outer.create_task(watch_loop(clock, events))
+                    if loop_watch is not None:
+                        watch = outer.create_task(loop_watch.run())
                     async with OrderedTaskGroup() as tg:
                         problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
                         await admission.run(tg, problems, trajectory)

@@ -171,6 +171,16 @@ class RuntimeCollector(Collector):
             "Tool workers replaced (timed out, died, or above --worker-max-rss-mb).",
             lambda s: s.pool.restarts,
         )
+        yield counter(
+            "event_loop_stalls",
+            "Times the client's event loop woke 0.1 s or more late (held by a blocking call, or no CPU).",
+            lambda s: s.loop_stalls,
+        )
+        yield counter(
+            "event_loop_stalled_seconds",
+            "Seconds the client's event loop was held in those stalls (nothing admitted, dispatched, read).",
+            lambda s: s.loop_stalled_s,
+        )
 
 
 def _utf8(text: str) -> str:
