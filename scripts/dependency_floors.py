@@ -13,7 +13,8 @@ import re
 import tomllib
 from pathlib import Path
 
-FLOOR = re.compile(r"([A-Za-z0-9_.-]+)>=([0-9][0-9.]*)")
+# NAME>=FLOOR, or NAME>=FLOOR,<CAP (a next major version that is another API: httpx 1.0)
+FLOOR = re.compile(r"([A-Za-z0-9_.-]+)>=([0-9][0-9.]*)(?:,<[0-9][0-9.]*)?")
 
 
 def floors(pyproject: Path) -> list[str]:
@@ -26,7 +27,10 @@ def floors(pyproject: Path) -> list[str]:
     for requirement in wanted:
         match = FLOOR.fullmatch(requirement.strip())
         if match is None:
-            raise SystemExit(f"{pyproject}: {requirement!r} is not NAME>=VERSION; pin its floor by hand")
+            raise SystemExit(
+                f"{pyproject}: {requirement!r} is not NAME>=VERSION"
+                " (or NAME>=VERSION,<CAP); pin its floor by hand"
+            )
         pins.append(f"{match[1]}=={match[2]}")
     return pins
 

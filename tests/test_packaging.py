@@ -30,7 +30,7 @@ def _pyproject() -> dict[str, Any]:
 def _floors() -> dict[str, tuple[int, ...]]:
     floors: dict[str, tuple[int, ...]] = {}
     for requirement in _pyproject()["project"]["dependencies"]:
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement)
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)(?:,<[0-9.]+)?", requirement)
         assert match, f"{requirement!r}: expected NAME>=VERSION"
         floors[match[1].lower()] = tuple(int(part) for part in match[2].split("."))
     return floors
@@ -63,6 +63,21 @@ def test_the_typer_and_pydantic_floors_are_versions_the_cli_runs_on() -> None:
     floors = _floors()
     assert floors["typer"] >= (0, 19), floors["typer"]
     assert floors["pydantic"] >= (2, 10), floors["pydantic"]
+
+
+def test_httpx_1_0_whose_api_the_http_backend_does_not_use_is_not_installed() -> None:
+    """httpx 1.0 is another API: its pre-release 1.0.dev6 (2026-12-06) has no ``AsyncClient``,
+    ``AsyncBaseTransport``, ``AsyncHTTPTransport`` nor ``HTTPError``. Under ``httpx>=0.27``,
+    ``pip install --pre`` installed it (and pip will install 1.0 itself the day it ships), and every run
+    against a server (``--backend vllm|openai``, experiment's clients) died at its start with
+    ``AttributeError: module 'httpx' has no attribute 'AsyncBaseTransport'``. The requirement stops below
+    1.0, pre-releases of it included (PEP 440: ``<1`` admits no 1.0 pre-release)."""
+    from packaging.requirements import Requirement
+
+    (httpx,) = (r for r in map(Requirement, _pyproject()["project"]["dependencies"]) if r.name == "httpx")
+    assert not httpx.specifier.contains("1.0.dev6", prereleases=True), httpx
+    assert not httpx.specifier.contains("1.0.0"), httpx
+    assert httpx.specifier.contains("0.29.0") and httpx.specifier.contains("0.27.0"), httpx
 
 
 def test_click_is_reached_only_through_the_module_that_finds_typers_copy() -> None:
