@@ -121,11 +121,28 @@ def simulate_faulty(
     return outcome, summary, events, results
 
 
+def check_failure_counts(summary: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """The summary counts each failure and restart the events show once, under its name."""
+    model_failed = Counter(e["kind"] for e in events if e["event"] == "model_failed")
+    assert summary["model"]["failed"] == dict(model_failed)
+    assert summary["model"]["requests"] == model_failed.total() + sum(
+        e["event"] == "model_finished" for e in events
+    )
+    cpu_failed = [e for e in events if e["event"] == "cpu_failed"]
+    assert summary["tools"]["failures"] == dict(Counter(e["reason"] for e in cpu_failed))
+    restarts = Counter(e["reason"] for e in events if e["event"] == "worker_restarting")
+    assert summary["workers"]["restarts_by_reason"] == dict(restarts)
+    assert summary["workers"]["restarts"] == restarts.total()
+    tool_ends = [e for e in events if e["event"] in ("cpu_finished", "cpu_failed") and e["kind"] == "tool"]
+    assert summary["tools"]["calls"] == len(tool_ends)
+
+
 def check_failure_books(
     summary: dict[str, Any], events: list[dict[str, Any]], results: list[dict[str, Any]]
 ) -> None:
     """Every failure counted once under its name; each job and request ends once; each worker whose job
     timed out is replaced once; results.jsonl holds each trajectory's ending once."""
+    check_failure_counts(summary, events)
     by: dict[str, list[dict[str, Any]]] = {}
     for e in events:
         by.setdefault(e["event"], []).append(e)
@@ -265,3 +282,66 @@ def test_a_real_run_whose_tools_raise_die_and_hang_keeps_its_books(tmp_path: Pat
         assert ended["hang"]["error"].endswith("ran past 1s; its process tree was killed")
     else:  # each failure handed back to the model, whose script goes on to its answer
         assert {ended[pid]["status"] for pid in ("raise", "die", "hang")} == {"completed"}
+
+
+@settings(PROPS, max_examples=25)
+@given(
+    problems=workloads(cpu=FAULTY_MS),
+    values=faulty_settings(),
+    server=SERVERS,
+    stop_at=st.sampled_from([0.0, 0.001, 0.05, 0.2, 0.5]),
+)
+def test_a_simulation_stopped_midway_ends_every_job_and_request_once(
+    problems: list[dict[str, Any]], values: dict[str, Any], server: SimulationSettings, stop_at: float
+) -> None:
+    """A simulation stopped by SIGTERM ``stop_at`` virtual seconds into its measured window (trajectories
+    cancelled mid-way): every job and request that started has exactly one end event (``cancelled`` for
+    those the stop cut; one still queued has none, MEASUREMENT.md), the summary counts the failures and
+    restarts the events show, every event validates, time never goes backwards, and the run is
+    ``interrupted`` (exit code 130, as its ``measurement_finished`` says) or, stopped after every
+    trajectory ended, ``complete``."""
+    import asyncio
+    import signal
+    from unittest import mock
+
+    from asyncroll.config import build_config
+    from asyncroll.event_log import EventLog
+    from asyncroll.simulation import engine
+    from tests.conftest import write_workload
+
+    start = EventLog.start_measurement
+
+    def stop_later(log: EventLog) -> float:  # the stop is timed from the measured window's start
+        asyncio.get_running_loop().call_later(stop_at, signal.raise_signal, signal.SIGTERM)
+        return start(log)
+
+    with tempfile.TemporaryDirectory(prefix="faultprops-") as folder:
+        workload = write_workload(Path(folder) / "w.jsonl", problems)
+        out = Path(folder) / "run"
+        cfg = build_config({"workload": workload, "output": out, **values})
+        with mock.patch.object(EventLog, "start_measurement", stop_later):
+            outcome = engine.simulate(cfg, server, ["test"], signals=True)
+        text = (out / "events.jsonl").read_text(encoding="utf-8")
+        receipt = json.loads((out / "run.json").read_text(encoding="utf-8"))
+        summary_text = (out / "summary.json").read_text(encoding="utf-8")
+    events = [json.loads(line) for line in text.splitlines()]
+    assert outcome.status in ("interrupted", "complete"), outcome.error
+    assert receipt["status"] == outcome.status
+    assert outcome.exit_code == (130 if outcome.status == "interrupted" else 0)
+    for e in events:
+        EVENT_SCHEMAS[e["event"]].validate(e)
+    times = [e["t"] for e in events]
+    assert times == sorted(times)
+    # every job and request that started ends once; one still queued was never sent (MEASUREMENT.md)
+    for key, begun, ends in (
+        ("job_id", "cpu_started", ("cpu_finished", "cpu_failed")),
+        ("request_id", "model_started", ("model_finished", "model_failed")),
+    ):
+        ended = Counter(e[key] for e in events if e["event"] in ends)
+        assert set(ended.values()) <= {1}, ended
+        assert set(ended) == {e[key] for e in events if e["event"] == begun}, (key, ended)
+    summary = json.loads(summary_text)
+    check_failure_counts(summary, events)
+    (end,) = [e for e in events if e["event"] == "measurement_finished"]
+    assert end["status"] == outcome.status
+    event(outcome.status)
