@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from asyncroll.backends.server_model import ServerModelConfig
@@ -26,12 +26,14 @@ from tests.conftest import write_workload
 
 #: Every registered policy but the deprecated alias ``gpu_first`` (``tool_first`` under another name).
 POLICIES = ("sync", "fifo", "tool_first", "asyncroll", *PRESSURE_POLICIES)
-#: Deterministic, no database, no deadline (a loaded machine must not fail an example for its speed).
+#: Deterministic, no database, no deadline (a loaded machine must not fail an example for its speed); no
+#: ``explain`` phase: on a failing example it re-ran each simulation for minutes before reporting it.
 PROPS = settings(
     derandomize=True,
     database=None,
     deadline=None,
     max_examples=60,
+    phases=[phase for phase in Phase if phase is not Phase.explain],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 #: A few durations (ms) shared by many steps, so that events often fall on the same virtual instant.
