@@ -256,6 +256,32 @@ def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tm
     assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → completed": 1}
 
 
+def test_a_trajectory_that_failed_in_both_after_other_turns_is_counted(tmp_path: Path) -> None:
+    """A tool's error under --tool-errors fail ended a trajectory at its first turn in the run; the
+    replayed script goes on past it, runs out and fails too, after other turns, which took the script's
+    timings. Only a change of status was counted: a replay that failed it anew said nothing."""
+    (tmp_path / "boom.py").write_text("def boom(x):\n    raise ValueError(x)\n")
+    tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
+    script = [
+        {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
+        {"type": "tool", "name": "boom", "arguments": {"x": 2}, "latency_ms": 10},  # never run for real
+    ]  # no final: the script runs out
+    problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
+    workload = write_workload(tmp_path / "w.jsonl", [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)])
+    recorded = tmp_path / "recorded"
+    cfg = build_config({"workload": workload, "output": recorded, "tool_errors": "fail"})
+    clock = VirtualClock()
+    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+    assert clock.run(run.execute()).status == "complete"
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert "1 trajectory ended otherwise than in the run (1 failed → failed (other turns))" in result.stderr
+    assert "a model error, a tool error or a worker death cannot fail a replayed script" in result.stderr
+    receipt = json.loads((replay / "run.json").read_text())
+    assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → failed (other turns)": 1}
+
+
 def test_endings_changed_by_a_replays_own_settings_are_put_down_to_them(
     two_tools: Path, tmp_path: Path
 ) -> None:

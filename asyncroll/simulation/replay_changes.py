@@ -11,17 +11,20 @@ from asyncroll.simulation.measured import jsonl_rows
 
 
 def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
-    """How many trajectories ended with another status in the replay than in the run, by ``"recorded →
-    replayed"``. A trajectory that failed in the run on a model error, a tool's error under
-    ``--tool-errors fail`` or its worker's death goes on in the replay (a script cannot fail that way),
-    and its turns after the failure take the script's timings, which the run never measured."""
-    recorded = _statuses(run_dir / "results.jsonl")
+    """How many trajectories ended otherwise in the replay than in the run, by ``"recorded → replayed"``
+    status, or ``"failed → failed (other turns)"`` where the status stayed and the turns did not. A
+    trajectory that failed in the run on a model error, a tool's error under ``--tool-errors fail`` or its
+    worker's death goes on in the replay (a script cannot fail that way), and its turns after the failure
+    take the script's timings, which the run never measured; it may then fail anew (its script runs
+    out) with the same status after other turns."""
+    recorded = _endings(run_dir / "results.jsonl")
     changes: dict[str, int] = {}
-    for pid, status in _statuses(replay_dir / "results.jsonl").items():
+    for pid, (status, turns) in _endings(replay_dir / "results.jsonl").items():
         before = recorded.get(pid)
-        if before is not None and before != status:
-            key = f"{before} → {status}"
-            changes[key] = changes.get(key, 0) + 1
+        if before is None or before == (status, turns):
+            continue
+        key = f"{before[0]} → {status}" + (" (other turns)" if before[0] == status else "")
+        changes[key] = changes.get(key, 0) + 1
     return changes
 
 
@@ -45,10 +48,15 @@ def _restarts(path: Path) -> dict[str, int]:
     return out
 
 
-def _statuses(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _endings(path: Path) -> dict[str, tuple[str, int | None]]:
+    """Each trajectory's status and turns (None where a line has no integer ``turns``)."""
+    out: dict[str, tuple[str, int | None]] = {}
     for line_no, row in jsonl_rows(path):
         if "id" not in row or not isinstance(row.get("status"), str):
             raise UsageError(f"--from-run {path}:{line_no}: 'id' or 'status' is not valid")
-        out[str(row["id"])] = row["status"]
+        turns = row.get("turns")
+        out[str(row["id"])] = (
+            row["status"],
+            turns if isinstance(turns, int) and not isinstance(turns, bool) else None,
+        )
     return out
