@@ -103,16 +103,68 @@ def receipt_settings(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
     return config
 
 
-def receipt_notes(path: Path, policy_given: bool) -> list[str]:
+def changed_files(data: Mapping[str, Any], workload: Path, tool_root: Path | None) -> list[str]:
+    """The files the run read that are no longer as it read them: its workload, where ``workload`` (the
+    new run's) is the recorded file, and each file tool, where the new run's ``tool_root`` (None: the
+    workload's folder) is the recorded run's. Each is named with the SHA-256 recorded and what it is now."""
+    from asyncroll.outputs.receipt import file_sha256
+
+    def change(what: str, path: Path, sha: object) -> list[str]:
+        if not isinstance(sha, str):
+            return []
+        try:
+            now = file_sha256(path)
+        except OSError as error:
+            state = f"now unreadable: {error.strerror or error}"
+        else:
+            if now == sha:
+                return []
+            state = f"SHA-256 {now[:12]}… now"
+        return [f"{what} {path} (SHA-256 {sha[:12]}… when the run read it, {state})"]
+
+    changed: list[str] = []
+    recorded = data.get("workload")
+    if not (isinstance(recorded, dict) and isinstance(recorded.get("path"), str)):
+        return changed
+    if os.path.abspath(workload) == os.path.abspath(recorded["path"]):
+        changed += change("the workload", Path(recorded["path"]), recorded.get("sha256"))
+    recorded_root, cwd = data["config"].get("tool_root"), data.get("cwd")
+    if recorded_root is None:
+        recorded_root = os.path.dirname(recorded["path"])
+    elif isinstance(recorded_root, str) and isinstance(cwd, str):
+        recorded_root = os.path.join(cwd, recorded_root)
+    root = tool_root if tool_root is not None else workload.parent
+    tools = data.get("tools")
+    if not isinstance(tools, dict) or not isinstance(recorded_root, str):
+        return changed
+    if os.path.abspath(root) != os.path.abspath(recorded_root):
+        return changed  # another tool root given: other files, as asked
+    for name, tool in sorted(tools.items()):
+        if isinstance(tool, dict) and isinstance(tool.get("path"), str):
+            changed += change(f"tool {name}'s file", Path(tool["path"]), tool.get("sha256"))
+    return changed
+
+
+def receipt_notes(
+    path: Path, policy_given: bool, workload: Path | None = None, tool_root: Path | None = None
+) -> list[str]:
     """What a re-run from the receipt at ``path`` must say (nothing for a file of settings): that it runs
-    another rule than today's ``asyncroll`` (unless ``--policy`` chose one), and that a simulation's
-    receipt is run for real (its server model and virtual clock are no settings of ``run``)."""
+    another rule than today's ``asyncroll`` (unless ``--policy`` chose one), that a simulation's
+    receipt is run for real (its server model and virtual clock are no settings of ``run``), and that a
+    file the run read (its workload, a tool's file) has changed since, where the new run reads the same
+    (``workload``, ``tool_root``: the new run's): the same settings, another run."""
     from asyncroll.json_depth import read_json_object
 
     data = read_json_object(path)  # None: the file was read once already; one changed since says nothing here
     if not (data is not None and is_receipt(data)):
         return []
     notes = []
+    files = [] if workload is None else changed_files(data, workload, tool_root)
+    if files:
+        notes.append(
+            f"--config {path}: changed since that run read it: {'; '.join(files)}: this run has its "
+            "settings, not its input"
+        )
     if data.get("simulated") is True:
         notes.append(
             f"--config {path}: the run.json of a simulation: this run is real (its simulated server "

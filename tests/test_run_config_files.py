@@ -664,3 +664,43 @@ def test_a_toml_integer_spelling_a_float_default_is_no_setting_given(
         monkeypatch, "--config", config, "--workload", SMOKE, "--output", tmp_path / "r2"
     )
     assert refused.exit_code == 2 and not seen and "only applies to HTTP backends" in refused.stderr
+
+
+def test_a_rerun_from_a_receipt_says_which_files_the_run_read_have_changed_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config RUN/run.json`` reads the workload and tool files where the run read them, and ran
+    whatever they hold now without a word: an edited workload (or tool) ran as 'the run again', where
+    ``simulate --from-run`` refuses a workload whose SHA-256 is not the recorded one. Now each changed
+    file is named with its recorded and present SHA-256 (a workload or tool root given by flag reads other
+    files, as asked: nothing said)."""
+    import shutil
+
+    folder = tmp_path / "toolmath"
+    shutil.copytree(REPO / "examples" / "toolmath", folder)
+    first = tmp_path / "first"
+    done = cli(
+        "run", "--workload", folder / "workload.jsonl", "--output", first, "--limit", "1", "--no-progress"
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    receipt = first / "run.json"
+    same, seen = run_in_process(monkeypatch, "--config", receipt, "--output", tmp_path / "b")
+    assert same.exit_code == 0 and seen and "changed since" not in same.stderr, same.stderr
+    recorded = json.loads(receipt.read_text())
+    tool = next(t for t in recorded["tools"].values() if t is not None)
+    with open(tool["path"], "a") as file:
+        file.write("\n# edited\n")
+    workload = folder / "workload.jsonl"
+    workload.write_text(workload.read_text().splitlines()[0] + "\n")
+    again, seen = run_in_process(monkeypatch, "--config", receipt, "--output", tmp_path / "c")
+    assert again.exit_code == 0 and seen, again.stderr
+    said = f"warning: --config {receipt}: changed since that run read it: the workload {workload} (SHA-256 "
+    assert said in again.stderr and f"'s file {tool['path']} (SHA-256 {tool['sha256'][:12]}" in again.stderr
+    assert again.stderr.count("changed since") == 1
+    assert "this run has its settings, not its input" in again.stderr
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)  # its tools under another root: the files given, not the run's
+    elsewhere, seen = run_in_process(
+        monkeypatch, "--config", receipt, "--output", tmp_path / "d", "--workload", other / "workload.jsonl"
+    )
+    assert elsewhere.exit_code == 0 and seen and "changed since" not in elsewhere.stderr, elsewhere.stderr

@@ -267,7 +267,8 @@ def run(
         if config is not None:
             from asyncroll.receipt_settings import receipt_notes
 
-            for note in receipt_notes(config, policy_given="policy" in flags):
+            notes = receipt_notes(config, "policy" in flags, cfg.workload, cfg.tool_root)
+            for note in notes:
                 typer.echo(f"warning: {note}", err=True)
         if cfg.cpu_workers > MAX_PROCESS_WORKERS:  # simulated workers may be more: not a RunConfig bound
             where = origins.get("cpu_workers", "--cpu-workers")
