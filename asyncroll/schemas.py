@@ -42,7 +42,12 @@ class RunReceiptModel(_Open):
     config: dict[str, Any]
     simulated: bool
     versions: dict[str, str | None]
+    #: the package's version, its source digest and its checkout's git describe and commit (null: not a
+    #: checkout that tracks it); absent from a run.json written before 2026-12-06
+    code: dict[str, str | None] | None = None
     host: dict[str, Any]
+    #: the environment variables that change what a run does, where set (absent before 2026-12-06)
+    environment: dict[str, str] | None = None
     workload: dict[str, Any]
     tools: dict[str, dict[str, str] | None]
     isolation: dict[str, Any]

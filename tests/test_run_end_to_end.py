@@ -52,6 +52,42 @@ def test_smoke_run_under_every_policy(tmp_path: Path, policy: str) -> None:
     assert_gone(worker_pids(events))
 
 
+@pytest.mark.timeout(60)
+def test_a_receipt_names_the_code_cpu_and_environment_that_change_a_result(tmp_path: Path) -> None:
+    """run.json named asyncroll by its version alone (0.1.0 in every checkout, dirty or not), the machine
+    without its CPU model and none of the environment that changes what a run does: README's advice to
+    set OMP_NUM_THREADS=1 for CPU-bound tools, PYTHONHASHSEED, TZ, a proxy. Now ``code`` is the package
+    as an experiment's fingerprint names it (describe and commit of this checkout), ``host.cpu_model`` the
+    CPU, and ``environment`` those variables where set, a proxy's password masked, nothing else (no key)."""
+    import os
+    import subprocess
+    import sys
+
+    from asyncroll.code_identity import code_version
+    from asyncroll.outputs.receipt import cpu_model
+    from tests.cli_runs import REPO
+
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "7", "TZ": "Europe/Paris", "SECRET_KEY": "sk-12345"}
+    env |= {"https_proxy": "http://me:hunter2@proxy.example:3128", "no_proxy": "localhost"}
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", "run", "--workload", SMOKE, "--output", out, "--no-progress"],
+        capture_output=True, text=True, timeout=50, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    receipt, _, _ = load_run(out)
+    assert receipt["code"] == code_version() and len(receipt["code"]["source_sha256"]) == 64
+    assert receipt["code"]["commit"] is not None or not (REPO / ".git").exists()
+    assert receipt["host"]["cpu_model"] == cpu_model()
+    recorded = receipt["environment"]
+    assert recorded["OMP_NUM_THREADS"] == "1" and recorded["TZ"] == "Europe/Paris"
+    assert recorded["PYTHONHASHSEED"] == "7" and recorded["no_proxy"] == "localhost"
+    assert recorded["https_proxy"] == "http://me:***@proxy.example:3128"
+    text = (out / "run.json").read_text()
+    assert "hunter2" not in text and "sk-12345" not in text and "SECRET_KEY" not in text
+
+
 def test_existing_output_is_refused_and_untouched(tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()

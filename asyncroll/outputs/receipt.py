@@ -160,11 +160,51 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+#: Environment variables that change what a run does or measures, recorded in run.json's ``environment``
+#: where set: the thread pools of a worker's libraries (BLAS, OpenMP), str hashing, time zone and locale
+#: (file-name encoding), the GPUs visible, the proxies the HTTP client goes through (their passwords
+#: masked) and the certificates it trusts. Others are not recorded (they may hold secrets).
+BEHAVIOUR_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "PYTHONHASHSEED",
+    "PYTHONUTF8",
+    "PYTHONOPTIMIZE",
+    "PYTHONPATH",
+    "TZ",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "CUDA_VISIBLE_DEVICES",
+    *(f"{name}_proxy" for name in ("http", "https", "all", "no")),
+    *(f"{name}_PROXY" for name in ("HTTP", "HTTPS", "ALL", "NO")),
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
+
+
+def environment() -> dict[str, str]:
+    """The :data:`BEHAVIOUR_VARIABLES` set in this process's environment (a proxy's password masked)."""
+    from asyncroll.url_checks import masked_url
+
+    out = {}
+    for name in BEHAVIOUR_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None:
+            proxy = name.lower().endswith("_proxy") and name.lower() != "no_proxy"
+            out[name] = masked_url(value) if proxy else value
+    return out
+
+
 def host() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         # the CPUs this process may use (taskset, a container's cpuset, fewer under a cgroup CPU quota:
         # docker --cpus): what its workers share

@@ -24,12 +24,13 @@ from typing import Any, Literal
 
 from asyncroll.backends.base import Backend
 from asyncroll.clock import Clock
+from asyncroll.code_identity import code_version_once
 from asyncroll.errors import AsyncrollError, OutputWriteError
 from asyncroll.event_log import Subscriber
 from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.lines import json_line
-from asyncroll.outputs.receipt import exit_code, file_sha256, host, versions
+from asyncroll.outputs.receipt import environment, exit_code, file_sha256, host, versions
 from asyncroll.outputs.rundir import ExportStop, RunDirectory, open_run_files
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
@@ -159,7 +160,9 @@ class Run:
             },
             "simulated": self.clock.virtual,
             "versions": versions(),
+            "code": code_version_once(),  # which checkout or installed copy of asyncroll ran
             "host": host(),
+            "environment": environment(),  # the variables that change what a run does, where set
             "workload": {
                 "path": str(cfg.workload.resolve()),
                 "sha256": self.scan.sha256,
