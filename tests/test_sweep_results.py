@@ -260,7 +260,8 @@ def test_a_cell_whose_run_fails_stops_the_sweep_and_names_the_cell(tmp_path: Pat
 
 @pytest.mark.timeout(60)
 def test_sweep_json_records_what_produced_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncroll.outputs.receipt import file_sha256, versions
+    from asyncroll.code_identity import code_version
+    from asyncroll.outputs.receipt import environment, file_sha256, versions
 
     (tmp_path / "tools").mkdir()
     out = tmp_path / "sweep"
@@ -280,7 +281,10 @@ def test_sweep_json_records_what_produced_it(tmp_path: Path, monkeypatch: pytest
         "tool_root": str((tmp_path / "tools").resolve()),
     }
     assert record["versions"] == versions() and record["host"]["cpu_count"] == os.cpu_count()
-    assert record["command"] == argv
+    assert record["command"] == argv and record["cwd"] == os.getcwd()
+    # which asyncroll (checkout commit, source digest) and environment, as run.json records them: a
+    # sweep's command has relative paths and '0.1.0' names every checkout
+    assert record["code"] == code_version() and record["environment"] == environment()
     assert [r["completed"] for r in record["rows"]] == [2]
 
 

@@ -28,10 +28,11 @@ from typing import Any
 
 from asyncroll import cli_signals
 from asyncroll.clock import VirtualClock
+from asyncroll.code_identity import code_version_once
 from asyncroll.config import build_config
 from asyncroll.errors import OutputExistsError, OutputWriteError, SimulationError, UsageError
 from asyncroll.outputs.lines import open_staged
-from asyncroll.outputs.receipt import file_sha256, host, versions
+from asyncroll.outputs.receipt import environment, file_sha256, host, versions
 from asyncroll.policies.base import Policy
 from asyncroll.policies.registry import canonical_policy
 from asyncroll.runtime.prepare import refuse_unwritable
@@ -311,8 +312,11 @@ def _record(workload: Path, tool_root: Path, base: dict[str, Any], argv: list[st
             "aging_weight": config.aging_weight,
         },
         "command": list(argv),
+        "cwd": os.getcwd(),  # where the command's relative paths were taken from
         "versions": versions(),
+        "code": code_version_once(),  # which asyncroll ran: its policies and simulator decide every row
         "host": host(),
+        "environment": environment(),
     }
 
 
