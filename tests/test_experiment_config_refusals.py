@@ -276,3 +276,31 @@ def test_an_unknown_arm_policy_names_the_known_ones_and_the_likely_one(
         f"arms[asyncroll].policy: unknown policy {policy!r} (did you mean {meant!r}?; known: sync, fifo, "
         in str(refused.value)
     )
+
+
+def test_an_experiments_own_experiment_json_is_a_config_for_running_it_again(tmp_path: Path) -> None:
+    """``experiment run --config RUN/experiment.json`` (as ``run --config RUN/run.json`` re-runs a run) was
+    refused with a wall of 'unknown setting' lines, one per key of the receipt (``model: Field required``
+    first), though the receipt holds the whole config. Now its ``config`` is read, the workload by the path
+    it resolved; an arm.json or comparison.json is refused by its kind, in one line."""
+    import json
+
+    from asyncroll.experiment.receipts import ExperimentReceipt
+
+    config = load_experiment_config(write_config(tmp_path))
+    out = tmp_path / "done"
+    out.mkdir()
+    body = {"name": config.name, "config": config.model_dump(mode="json")}
+    ExperimentReceipt.create(out / "experiment.json", body)
+    again = load_experiment_config(out / "experiment.json")
+    assert again == config
+    plan = invoke("experiment", "plan", "--config", out / "experiment.json")
+    assert plan.exit_code == 0, plan.output
+    arm = tmp_path / "arm.json"
+    arm.write_text(json.dumps({"schema_version": 1, "kind": "asyncroll.experiment.arm", "status": "done"}))
+    with pytest.raises(UsageError) as refused:
+        load_experiment_config(arm)
+    assert str(refused.value) == (
+        f"{arm}: a record of kind 'asyncroll.experiment.arm', not an experiment config: give the "
+        "experiment's config file, or its experiment.json (whose 'config' is read)"
+    )

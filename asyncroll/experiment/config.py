@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from asyncroll.config import MAX_PROCESS_WORKERS, MIN_TELEMETRY_INTERVAL_S, given
 from asyncroll.errors import UsageError
-from asyncroll.experiment.json_file import read_json_file
+from asyncroll.experiment.json_file import read_json_file, receipt_config
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at
 from asyncroll.locale_names import OsPath, OsStr
 from asyncroll.setting_names import unknown_setting, validation_message
@@ -406,6 +406,7 @@ def load_experiment_config(
     data = read_json_file(path)
     if not isinstance(data, dict):
         raise UsageError(f"{path}: an experiment config is a JSON object")
+    data = receipt_config(path, data)
     data.pop("$schema", None)
     for key, value in (overrides or {}).items():
         node = data

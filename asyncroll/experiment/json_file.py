@@ -37,3 +37,22 @@ def read_json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> Any:
         raise UsageError(f"{path}: invalid JSON: {message}") from None
     except RecursionError:
         raise UsageError(f"{path}: invalid JSON: {TOO_DEEP}") from None
+
+
+def receipt_config(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """The config an experiment's ``experiment.json`` (at ``path``) records, to run that experiment again
+    (its workload by the absolute path it resolved); any other JSON object as it is. Another of the
+    experiment's records (an ``arm.json``, a ``comparison.json``), or an ``experiment.json`` without an
+    object of settings, is refused by its kind: read as a config, each of its keys was an unknown setting."""
+    kind = data.get("kind")
+    if not (isinstance(kind, str) and kind.startswith("asyncroll.")):
+        return data
+    if kind == "asyncroll.experiment" and isinstance(data.get("config"), dict):
+        return dict(data["config"])
+    held = f"a record of kind {kind!r}"
+    if kind == "asyncroll.experiment":
+        held = "an experiment.json without its config"
+    raise UsageError(
+        f"{path}: {held}, not an experiment config: give the experiment's config file, or its "
+        "experiment.json (whose 'config' is read)"
+    )
