@@ -32,6 +32,11 @@ def test_smoke_run_under_every_policy(tmp_path: Path, policy: str) -> None:
     # and SciPy under scikit-learn: a result can only be reproduced with the same libraries)
     for library in ("scikit-learn", "numpy", "scipy", "threadpoolctl", "pydantic"):
         assert receipt["versions"][library], library
+    # and every one that writes its outputs (orjson: each line's bytes, a float's digits) or carries its
+    # requests (httpcore, h11 under httpx), parses its flags (click) or serves serve-sim (starlette, uvicorn)
+    for library in ("orjson", "httpcore", "h11", "click", "starlette", "uvicorn"):
+        assert receipt["versions"][library], library
+    assert "nvidia-ml-py" in receipt["versions"]  # null where not installed: GPU telemetry
     assert summary["counts"]["completed"] == 3
     assert summary["tools"]["calls"] == 2
     assert summary["accuracy"]["exact"] == 1.0 and summary["accuracy"]["denominator"] == 3

@@ -40,15 +40,24 @@ def exit_code(status: Status) -> int:
     return {"complete": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAILED)
 
 
-#: The libraries whose versions a receipt records: the runtime's, and every one whose code decides a
+#: The libraries whose versions a receipt records: the runtime's (orjson writes every output line, httpcore
+#: and h11 carry every model request, click parses the flags, starlette and uvicorn serve serve-sim, an
+#: experiment's simulated server; nvidia-ml-py reads the GPU), and every one whose code decides a
 #: simulated result (the predictor's ridge fit: scikit-learn, NumPy, SciPy and the BLAS threadpoolctl pins).
 _PACKAGES = (
     "anyio",
     "httpx",
+    "httpcore",
+    "h11",
     "pydantic",
     "typer",
+    "click",
+    "orjson",
     "psutil",
     "prometheus-client",
+    "starlette",
+    "uvicorn",
+    "nvidia-ml-py",
     "scikit-learn",
     "numpy",
     "scipy",
