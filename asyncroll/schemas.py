@@ -40,6 +40,8 @@ class RunReceiptModel(_Open):
     #: cannot tell; absent from a run.json written before 2026-12-06)
     pid_start: str | None = None
     config: dict[str, Any]
+    #: the settings of ``config`` that were given, the others being defaults (absent before 2026-12-06)
+    config_given: list[str] | None = None
     simulated: bool
     versions: dict[str, str | None]
     #: the package's version, its source digest and its checkout's git describe and commit (null: not a

@@ -704,3 +704,18 @@ def test_a_rerun_from_a_receipt_says_which_files_the_run_read_have_changed_since
         monkeypatch, "--config", receipt, "--output", tmp_path / "d", "--workload", other / "workload.jsonl"
     )
     assert elsewhere.exit_code == 0 and seen and "changed since" not in elsewhere.stderr, elsewhere.stderr
+
+
+def test_a_receipt_says_which_settings_were_given_and_which_are_defaults(tmp_path: Path) -> None:
+    """run.json's ``config`` holds every setting, given or not; which were given was told only by the
+    command line, where ``--config FILE`` names a file that may have changed or gone since. Now
+    ``config_given`` names them: the flags and the file's values (one equal to its default is as if
+    not written, README), the rest being defaults another version may change."""
+    config = tmp_path / "settings.toml"
+    config.write_text("cpu_workers = 1\nmax_turns = 8\n")
+    out = tmp_path / "r"
+    done = cli("run", "--config", config, "--workload", SMOKE, "--output", out, "--policy", "tool_first")
+    assert done.returncode == 0, done.stderr
+    receipt, _, _ = load_run(out)
+    assert receipt["config_given"] == ["cpu_workers", "output", "policy", "workload"]
+    assert receipt["config"]["max_turns"] == 8 and receipt["config"]["cpu_workers"] == 1

@@ -158,6 +158,9 @@ class Run:
                 "limits": cfg.limits.model_dump(),
                 "starvation_threshold_effective": cfg.effective_starvation_threshold,
             },
+            # which of them were given (a flag, a --config file's value other than its default), the rest
+            # being defaults, which another version may change
+            "config_given": sorted(cfg.model_fields_set),
             "simulated": self.clock.virtual,
             "versions": versions(),
             "code": code_version_once(),  # which checkout or installed copy of asyncroll ran
