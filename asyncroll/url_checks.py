@@ -3,7 +3,8 @@ a URL is shown in a message (its password masked)."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import re
+from urllib.parse import unquote_plus, urlsplit
 
 
 def http_url_problem(url: str) -> str | None:
@@ -28,13 +29,38 @@ def http_url_problem(url: str) -> str | None:
         return "has port 0, where no server listens (serve-sim --port 0 prints the port it chose)"
     if parts.username is not None or parts.password is not None:
         return _CREDENTIALS
+    if _query_credentials(url):
+        return _QUERY_CREDENTIALS
     return None
+
+
+#: Query parameters that carry a credential: a gateway's ``?token=``, ``?api_key=``, a signed URL's
+#: ``X-Amz-Signature`` (the name lower-cased, ``-`` read as ``_``).
+_CREDENTIAL_PARAM = re.compile(
+    r"(?:^|_)(?:token|key|apikey|secret|password|passwd|pwd|auth|sig|signature|credentials?)$"
+)
+
+
+def _credential_param(name: str) -> bool:
+    return _CREDENTIAL_PARAM.search(unquote_plus(name).strip().lower().replace("-", "_")) is not None
+
+
+def _query_credentials(url: str) -> bool:
+    """Whether ``url``'s query has a parameter named as a credential (:data:`_CREDENTIAL_PARAM`)."""
+    query = url.partition("?")[2].partition("#")[0]
+    return any(_credential_param(part.partition("=")[0]) for part in re.split("[&;]", query) if part)
 
 
 _CREDENTIALS = (
     "carries credentials (user:password@), which run.json would keep in its command and config: "
     "not accepted (a server's API key goes in an environment variable named by --api-key-env, "
     "sent as 'Authorization: Bearer'; only the variable's name is recorded)"
+)
+_QUERY_CREDENTIALS = (
+    "carries a credential in its query (a token, key, secret, password or signature parameter), which "
+    "run.json would keep in its command and config: not accepted (a server's API key goes in an "
+    "environment variable named by --api-key-env, sent as 'Authorization: Bearer'; only the variable's "
+    "name is recorded)"
 )
 
 
@@ -66,7 +92,8 @@ def api_key_problem(key: str | None) -> str | None:
 
 def masked_url(url: str) -> str:
     """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for messages and
-    run.json); a user name given alone is masked whole (``http://TOKEN@proxy``: many proxies and gateways
+    run.json), and the value of a query parameter named as a credential (``?token=***``); a user name given
+    alone is masked whole (``http://TOKEN@proxy``: many proxies and gateways
     take a token there). A URL without a scheme (a proxy variable's
     ``me:pw@proxy:3128``, which httpx takes as http://), one whose password holds an unescaped ``#``, ``/``
     or ``?`` (where urlsplit ends the host: a port that is no number) and one urlsplit cannot read (an
@@ -81,6 +108,21 @@ def masked_url(url: str) -> str:
     except ValueError:
         cut = rest.rfind("@")
     if cut < 0:
-        return url
+        return _masked_query(url)
     user, colon, _ = rest[:cut].partition(":")
-    return f"{scheme}{sep}{user}:***{rest[cut:]}" if colon else f"{scheme}{sep}***{rest[cut:]}"
+    masked = f"{scheme}{sep}{user}:***{rest[cut:]}" if colon else f"{scheme}{sep}***{rest[cut:]}"
+    return _masked_query(masked)
+
+
+def _masked_query(url: str) -> str:
+    """``url`` with the value of each query parameter named as a credential shown as ``***``."""
+    head, mark, rest = url.partition("?")
+    if not mark:
+        return url
+    query, hash_mark, fragment = rest.partition("#")
+    parts = re.split("([&;])", query)
+    for i, part in enumerate(parts):
+        name, equals, _ = part.partition("=")
+        if equals and _credential_param(name):
+            parts[i] = f"{name}=***"
+    return f"{head}?{''.join(parts)}{hash_mark}{fragment}"

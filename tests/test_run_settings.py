@@ -336,3 +336,24 @@ def test_credentials_in_a_url_are_refused_and_not_echoed(flag: str) -> None:
             build_config(settings)
         assert "alice:***@127.0.0.1:8000" in str(caught.value) and "s3" not in str(caught.value)
         assert "carries credentials" in str(caught.value)
+
+
+@pytest.mark.parametrize("flag", ["endpoint", "metrics_url"])
+def test_a_credential_in_a_urls_query_is_refused_and_not_echoed(flag: str) -> None:
+    """``--metrics-url 'http://gpu:9400/metrics?token=SECRET'`` (a gateway's scrape token) was accepted
+    and the token kept verbatim in run.json's command and config, as a password in ``user:password@``
+    was before it was refused; ``--endpoint`` refused its query, quoting the token. Both are refused now
+    with the value masked; a query of other parameters (a metrics filter) is accepted as before."""
+    url = "http://127.0.0.1:8000" + ("/metrics" if flag == "metrics_url" else "")
+    settings = {"workload": "w", "output": "o", "backend": "vllm", "model": "m", flag: ""}
+    queries = ("?token=s3cret", "?n=vllm&api_key=s3cret", "?X-Amz-Signature=s3cret", "?access-token=s3cret")
+    for query in queries:
+        settings[flag] = url + query
+        with pytest.raises(UsageError) as caught:
+            build_config(settings)
+        message = str(caught.value)
+        assert "s3cret" not in message and "=***" in message, message
+        assert "carries a credential in its query" in message and "--api-key-env" in message
+    if flag == "metrics_url":
+        settings[flag] = url + "?name[]=vllm:num_requests_running&monkey=1"
+        assert build_config(settings).metrics_url == settings[flag]
