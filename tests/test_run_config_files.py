@@ -719,3 +719,26 @@ def test_a_receipt_says_which_settings_were_given_and_which_are_defaults(tmp_pat
     receipt, _, _ = load_run(out)
     assert receipt["config_given"] == ["cpu_workers", "output", "policy", "workload"]
     assert receipt["config"]["max_turns"] == 8 and receipt["config"]["cpu_workers"] == 1
+
+
+def test_a_files_sha256_is_read_a_block_at_a_time(tmp_path: Path) -> None:
+    """``file_sha256`` (a sweep's workload, ``simulate --from-run``'s check, a re-run's check of the files
+    its run read) held the whole file in memory: a 2 GB workload took 2 GB more. It streams now."""
+    import hashlib
+    import tracemalloc
+
+    from asyncroll.outputs.receipt import file_sha256
+
+    path = tmp_path / "big.jsonl"
+    block = b"x" * (1 << 20)
+    with path.open("wb") as file:
+        for _ in range(48):
+            file.write(block)
+    tracemalloc.start()
+    try:
+        digest = file_sha256(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert digest == hashlib.sha256(block * 48).hexdigest()
+    assert peak < 8 << 20, peak

@@ -225,7 +225,9 @@ def host() -> dict[str, Any]:
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The SHA-256 of the file at ``path``, read a block at a time (a workload may be gigabytes)."""
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 class Receipt:
