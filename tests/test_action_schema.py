@@ -168,3 +168,22 @@ def test_a_tool_call_that_fits_no_branch_says_what_is_wrong() -> None:
         assert str(caught.value).startswith(f"the action does not match the turn's schema: {error}")
     with pytest.raises(InvalidActionError, match=r"\['type'\]: 'final' where this turn takes a tool call"):
         parse_action('{"type": "final", "answer": "5"}', schema, structured=True, code=False)
+
+
+def test_a_number_past_a_floats_range_is_an_invalid_action() -> None:
+    """``1e999`` in a tool call's arguments read as infinity: the call ran with ``inf`` and its transcript
+    line was written with ``Infinity`` (with an integer past 64 bits beside it, where the stdlib encoder
+    writes the line) or ``null`` (orjson's): invalid JSON for jq, JSON.parse and DuckDB, or a wrong record.
+    The workload refuses such a number; a model's reply is an invalid action, as one with NaN is."""
+    schema = turn_schema(Problem.model_validate({"prompt": "p", "tools": [ADD]}), 0)
+    for big in ("1e999", "-1E400", "1" + "0" * 400 + ".5"):
+        reply = '{"type": "tool", "name": "add", "arguments": {"a": ' + big + ', "b": 1}}'
+        with pytest.raises(InvalidActionError, match="too large for a 64-bit float"):
+            parse_action(reply, schema, structured=True, code=False)
+    largest = parse_action(
+        '{"type": "tool", "name": "add", "arguments": {"a": 1.7976931348623157e308, "b": -0.0}}',
+        schema,
+        structured=True,
+        code=False,
+    )
+    assert isinstance(largest, ToolAction) and largest.arguments == {"a": 1.7976931348623157e308, "b": 0.0}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from functools import lru_cache
 from typing import Any
@@ -212,6 +213,19 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON number")
 
 
+class _TooLargeNumber(ValueError):
+    pass
+
+
+def _finite_float(text: str) -> float:
+    """``json``'s ``parse_float``: a number past a float's range (``1e999``) reads as infinity, silently; the
+    tool then ran with ``inf`` and the transcript recorded it as ``Infinity`` (not JSON) or ``null``."""
+    value = float(text)
+    if math.isinf(value):
+        raise _TooLargeNumber(text if len(text) <= 40 else f"{text[:37]}...")
+    return value
+
+
 def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, code: bool) -> Action:
     """Turn a model's reply into an action, or raise :class:`InvalidActionError` saying why.
 
@@ -228,7 +242,11 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
         return SubmitAction(type="submit", code=source)
     body = text if structured else strip_fence(text)
     try:
-        data = json_loads(body, parse_constant=_not_json)
+        data = json_loads(body, parse_constant=_not_json, parse_float=_finite_float)
+    except _TooLargeNumber as exc:
+        raise InvalidActionError(
+            f"the action holds the number {exc}, too large for a 64-bit float (it would read as infinity)"
+        ) from exc
     except JsonTooDeep as exc:  # valid JSON, refused: nested deeper than any action needs
         raise InvalidActionError(f"the response is refused ({exc}): {text[:200]!r}") from exc
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int past the digit limit
