@@ -128,3 +128,20 @@ def test_a_ratio_too_small_for_four_decimals_is_not_written_as_zero() -> None:
     )
     row = rows(markdown(aggregate(data)), "| sampled model starvation, s |")[1]
     assert row.startswith("| sampled model starvation, s | p1 3.333e-05, p2 0.0000 |")
+
+
+def test_counts_are_written_as_integers() -> None:
+    """comparison.json's counts and aggregate.json's pooled totals were floats (``"completed": 3.0``),
+    which a strictly typed reader (Go's ``int``, serde's ``u64``) refuses; a float count (GPU-hours, CPU-s)
+    stays a float."""
+    import json
+
+    from asyncroll.experiment.comparison import arm_values
+
+    values = arm_values({"counts": {"completed": 3}, "model": {"failed": {"transport": 2, "cancelled": 1}}})
+    assert (
+        json.dumps(values["counts"]["completed"]) == "3"
+        and json.dumps(values["counts"]["model_failures"]) == "2"
+    )
+    totals = aggregate(comparison(ROWS))["pooled"]["a"]["totals"]
+    assert json.dumps(totals["completed"]) == "6" and json.dumps(totals["total_cpu_s"]) == "0.6"

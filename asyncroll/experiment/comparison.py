@@ -118,14 +118,23 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _count(value: Any) -> int | float | None:
+    """A count as the summary wrote it: an integer stays one (``3``, not ``3.0``, which a strictly typed
+    reader of comparison.json, Go's ``int`` or serde's ``u64``, refuses); a float (GPU-hours, CPU-s) stays
+    a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
 def arm_values(summary: dict[str, Any] | None) -> dict[str, Any]:
     """The metrics and counts of one arm's summary (all None without a summary)."""
     metrics = {m.key: None if summary is None else _number(dig(summary, m.path)) for m in METRICS}
-    counts = {k: None if summary is None else _number(dig(summary, p)) for k, p in COUNTS}
+    counts = {k: None if summary is None else _count(dig(summary, p)) for k, p in COUNTS}
     model_failed = None if summary is None else dig(summary, "model.failed")
     # a request the stop cancelled did not fail: the run was interrupted under it
     counts["model_failures"] = (
-        float(sum(v for k, v in model_failed.items() if k != "cancelled"))
+        sum(v for k, v in model_failed.items() if k != "cancelled")
         if isinstance(model_failed, dict)
         else None
     )

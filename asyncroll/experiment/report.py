@@ -50,13 +50,14 @@ def load_comparison(path: Path) -> dict[str, Any]:
 
 def pooled_totals(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Each count summed over ``rows`` (one arm's entries in the complete pairs); a count that is unknown
-    (null or absent) in any of them is left out: a sum with a gap in it is not a total."""
+    (null or absent) in any of them is left out: a sum with a gap in it is not a total. A sum of integers
+    is an integer (written ``3``, not ``3.0``)."""
     names = {name for row in rows for name in row["counts"]}
     totals: dict[str, float] = {}
     for name in sorted(names):
         values = [row["counts"].get(name) for row in rows]
         if all(v is not None for v in values):
-            totals[name] = float(sum(values))
+            totals[name] = sum(values)
     return totals
 
 
