@@ -207,10 +207,13 @@ def test_a_warmup_reply_that_is_no_completion_fails_at_once() -> None:
 
 
 def health(*statuses: int) -> Handler:
-    """A server whose ``GET /health`` answers ``statuses`` in turn (then the last again)."""
+    """A server whose ``GET /health`` answers ``statuses`` in turn (then the last again); it has no
+    ``GET /version`` (the start's one probe of it)."""
     queue = list(statuses)
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/version":
+            return httpx.Response(404)
         return httpx.Response(queue.pop(0) if len(queue) > 1 else queue[0], json={})
 
     return handler

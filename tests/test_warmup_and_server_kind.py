@@ -1,5 +1,5 @@
 """Before the clock starts: the warm-up requests (retried like turns, a wrong model failing the run) and
-the probe that tells the server's kind from its model list."""
+the probes that tell the server's kind from its model list and its engine's version."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import asyncroll
 from asyncroll.backends.openai import HttpSettings, OpenAIBackend
 from asyncroll.clock import SystemClock
 from asyncroll.errors import ModelError
@@ -33,6 +34,52 @@ def test_warmup_and_probed_server_kind(tmp_path: Path) -> None:
     assert receipt["warmup"] == {"requested": 3, "sent": 3}
     assert receipt["backend"]["server_kind"] == "sglang"
     assert receipt["backend"]["server_kind_source"].startswith("probed")
+    # the engine's version, as SGLang answers GET /version (serve-sim says what it is)
+    assert receipt["backend"]["server_version"] == f"asyncroll serve-sim {asyncroll.__version__}"
+    assert receipt["backend"]["server_version_source"] == "GET /version"
+
+
+def _version_of(kind: str, handler: Any) -> tuple[str | None, str]:
+    import httpx
+
+    from asyncroll.backends.probes import probe_version
+
+    async def probe() -> tuple[str | None, str]:
+        async with httpx.AsyncClient(base_url="http://server", transport=httpx.MockTransport(handler)) as c:
+            return await probe_version(c, kind, 30.0)  # type: ignore[arg-type]
+
+    return asyncio.run(probe())
+
+
+def test_the_engines_version_is_best_effort_and_says_why_it_is_missing() -> None:
+    """vLLM and SGLang answer ``GET /version`` with ``{"version": ...}``: recorded (cut to 100 characters);
+    any other answer, or none, leaves it null with the reason, and never fails the run; a server of
+    another kind is not asked."""
+    import httpx
+
+    def answers(response: httpx.Response) -> Any:
+        return lambda request: response if request.url.path == "/version" else httpx.Response(500)
+
+    assert _version_of("vllm", answers(httpx.Response(200, json={"version": " 0.11.2 "}))) == (
+        "0.11.2",
+        "GET /version",
+    )
+    assert _version_of("sglang", answers(httpx.Response(200, json={"version": "v" * 500})))[0] == "v" * 100
+    for reply, why in (
+        (httpx.Response(404), "GET /version: HTTP 404"),
+        (httpx.Response(200, text="<html/>"), "GET /version: HTTP 200 without a version string"),
+        (httpx.Response(200, json={"version": 11}), "GET /version: HTTP 200 without a version string"),
+        (httpx.Response(200, json=["0.1"]), "GET /version: HTTP 200 without a version string"),
+    ):
+        assert _version_of("vllm", answers(reply)) == (None, why)
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    version, why = _version_of("vllm", refused)
+    assert version is None and why.startswith("GET /version: ConnectError") and "refused" in why
+    for kind in ("generic", "transformers"):
+        assert _version_of(kind, refused) == (None, f"not asked: a {kind} server has no GET /version")
 
 
 @pytest.mark.timeout(60)
@@ -178,7 +225,11 @@ def test_the_kind_probe_honours_the_servers_retry_after() -> None:
     settings = HttpSettings(
         endpoint="http://server", model="m", inflight=1, retry=RetryPolicy(1, base_delay=0.001, max_delay=60)
     )
-    backend = OpenAIBackend(settings, Waits(), transport=httpx.MockTransport(lambda request: answers.pop(0)))
+
+    def answer(request: httpx.Request) -> httpx.Response:  # no GET /version (the start's one probe of it)
+        return httpx.Response(404) if request.url.path == "/version" else answers.pop(0)
+
+    backend = OpenAIBackend(settings, Waits(), transport=httpx.MockTransport(answer))
 
     async def start() -> None:
         async with asyncio.TaskGroup() as tg:

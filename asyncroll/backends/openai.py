@@ -52,7 +52,7 @@ from asyncroll.backends.completion import NotACompletion, read_completion
 from asyncroll.backends.exchange import AttemptFailed, post_chat
 from asyncroll.backends.http_errors import mask_key, quoted_body
 from asyncroll.backends.http_settings import HttpSettings
-from asyncroll.backends.probes import NotReady, healthy, probe_kind
+from asyncroll.backends.probes import NotReady, healthy, probe_kind, probe_version
 from asyncroll.backends.request_body import REPLAY_FIXED_LENGTH, action_headers, chat_body, warmup_body
 from asyncroll.backends.retry import Circuit, is_retryable
 from asyncroll.backends.scripted import scripted_action
@@ -88,6 +88,7 @@ class OpenAIBackend:
         self.circuit = Circuit(settings.circuit_failures)
         self._kind: ServerKind | None = settings.server_kind
         self._kind_source = "declared" if settings.server_kind else "unknown"
+        self._version: tuple[str | None, str] = (None, "not asked yet (the backend did not start)")
         self._watch: asyncio.Task[None] | None = None
         self.retries = 0
         self.warmup_retries = 0
@@ -150,6 +151,7 @@ class OpenAIBackend:
         client = self._http()
         if self._kind is None:
             self._kind, self._kind_source = await self._probe_kind(client)
+        self._version = await probe_version(client, self._kind, self.settings.request_timeout)
         self._watch = tg.create_task(self._watch_circuit())
 
     async def _probe_kind(self, client: httpx.AsyncClient) -> tuple[ServerKind, str]:
@@ -182,6 +184,9 @@ class OpenAIBackend:
             "structured_output": s.structured and not s.replay,  # a replay sends no response_format
             "server_kind": self._kind,
             "server_kind_source": self._kind_source,
+            # the engine's version (vLLM, SGLang: GET /version), or null and why not
+            "server_version": self._version[0],
+            "server_version_source": self._version[1],
             "replay_fixed_length": REPLAY_FIXED_LENGTH.get(self._kind or "") if s.replay else None,
             "pool_connections": s.inflight,
             "connection_pools": self._pool_count,  # null: no client was made (or a transport was given)

@@ -1,6 +1,7 @@
-"""The HTTP backend's two probes of a server, each a bounded ``GET`` (:mod:`asyncroll.http_read`): what
-kind of server it is (``/v1/models``, once at start), and whether a server that stopped answering is
-back (``/health``, while the circuit is open). A trickling or endless answer cannot hold either up."""
+"""The HTTP backend's probes of a server, each a bounded ``GET`` (:mod:`asyncroll.http_read`): what kind
+of server it is (``/v1/models``, once at start), which version of its engine (``/version``, once at start,
+best effort), and whether a server that stopped answering is back (``/health``, while the circuit is
+open). A trickling or endless answer cannot hold any of them up."""
 
 from __future__ import annotations
 
@@ -105,6 +106,41 @@ async def probe_kind(
         "generic",
         f"probed: /v1/models owned_by={few_names(sorted(owners))} names no engine, nor a status per model",
     )
+
+
+#: Server kinds whose engine answers ``GET /version`` with ``{"version": "..."}`` (vLLM, SGLang; serve-sim,
+#: which stands in for vLLM, too).
+VERSIONED_KINDS = ("vllm", "sglang")
+#: The longest version string recorded (a server's answer is not trusted to be short).
+MAX_VERSION_CHARS = 100
+
+
+async def probe_version(
+    client: httpx.AsyncClient, kind: ServerKind, request_timeout: float
+) -> tuple[str | None, str]:
+    """The engine's own version and how it was found, or None and why not, for run.json: a comparison of
+    runs against "vllm" says nothing of which vLLM. Best effort and once, before the clock: whatever the
+    server answers (no route, an error, no answer at all), the run goes on."""
+    if kind not in VERSIONED_KINDS:
+        return None, f"not asked: a {kind} server has no GET /version"
+    limit = min(5.0, request_timeout)
+    try:
+        response, body = await get_bounded(client, "/version", limit)
+    except httpx.HTTPError as exc:
+        return None, f"GET /version: {describe_transport_error(exc)}"
+    except TimeoutError:
+        return None, f"GET /version: no complete answer within {request_deadline_s(limit):g}s"
+    except ResponseTooLarge as exc:
+        return None, f"GET /version: {exc}"
+    if response.status_code != 200:
+        return None, f"GET /version: HTTP {response.status_code}"
+    try:
+        version = json.loads(body)["version"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        version = None
+    if not isinstance(version, str) or not version.strip():
+        return None, "GET /version: HTTP 200 without a version string"
+    return version.strip()[:MAX_VERSION_CHARS], "GET /version"
 
 
 def _transformers_status(model: object) -> bool:

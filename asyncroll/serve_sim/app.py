@@ -48,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from asyncroll import __version__ as asyncroll_version
 from asyncroll.backends.server_model import BatchingServer, ServerSnapshot
 from asyncroll.clock import Clock, SystemClock
 from asyncroll.json_depth import json_loads
@@ -138,6 +139,7 @@ class SimApp:
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/version", self.version, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/sim/stats", self.stats, methods=["GET"]),
                 Route("/sim/reset-stats", self.reset_stats, methods=["POST"]),
@@ -179,6 +181,10 @@ class SimApp:
             "max_model_len": self.config.max_model_len,
         }
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def version(self, request: Request) -> Response:
+        """As vLLM and SGLang answer it; a client's run.json records it (``backend.server_version``)."""
+        return JSONResponse({"version": f"asyncroll serve-sim {asyncroll_version}"})
 
     async def metrics(self, request: Request) -> Response:
         return Response(exposition(self._registry), media_type="text/plain; version=0.0.4; charset=utf-8")
