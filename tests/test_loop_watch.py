@@ -175,3 +175,39 @@ def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan(capsys: pytest
     assert (
         "stalled 2 time(s), 0.500 s in all (5% of the makespan; longest 0.300 s)" in capsys.readouterr().err
     )
+
+
+@pytest.mark.timeout(90)
+def test_an_interrupted_run_whose_loop_stalled_is_warned_about_too(tmp_path: Path) -> None:
+    """An interrupted run writes summary.json too, and `run` says what it tells (telemetry, a server that
+    was down): a stalled event loop, which may be why the run seemed stuck and was stopped, is said too."""
+    problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=150, turns=3) for i in range(60)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "asyncroll.cli",
+        "run",
+        "--workload",
+        str(workload),
+        "--output",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [*command, "--cpu-workers", "1", "--no-progress"], cwd=REPO, stderr=subprocess.PIPE
+    )
+    try:
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.6)
+        os.kill(proc.pid, signal.SIGCONT)
+        _wait_for(out / "events.jsonl", '"event":"loop_stalled"')
+        os.kill(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        end(proc)
+    assert proc.returncode == 130, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["event_loop"]["fraction_of_makespan"] >= 0.05, summary["event_loop"]
+    assert b"warning: the client's event loop stalled" in stderr, stderr

@@ -343,6 +343,7 @@ def _run(cfg: Any) -> int:
                 written = None if outcome.gone else written_summary(output)
                 warn_telemetry(written)
                 warn_server_down(written)  # stopped while waiting for a server that was down
+                warn_loop_stalls(written)  # stopped, maybe, because it seemed stuck: its loop was held
                 warn_exports(outcome.exports_failed, output, gone=outcome.gone)
                 return EXIT_INTERRUPTED
             print_summary(outcome.summary, output, gone=outcome.gone)
