@@ -4,6 +4,7 @@ pseudo-terminal) and ``--metrics-port`` (scraped over real HTTP while a real run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fcntl
 import io
@@ -432,3 +433,48 @@ def test_a_scrape_asking_for_some_names_gets_them() -> None:
         exporter.stop()
     samples = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
     assert samples == {"asyncroll_workers": 2.0, "asyncroll_trajectories_completed_total": 2.0}
+
+
+@pytest.mark.timeout(90)
+def test_a_terminal_paused_at_the_end_of_a_run_holds_only_its_last_line(tmp_path: Path) -> None:
+    """A terminal paused with Ctrl-S (and left so: the user is away) holds the progress line's writes.
+    The run's end waited for its final line before anything else: every trajectory had finished, but
+    summary.json was not written, run.json said "running" and the workers lived on until Ctrl-Q. The
+    outputs are written first now; the final line is on the terminal once resumed, and the run exits 0."""
+    problems = [tool_problem(f"p{i}", model_ms=20, cpu_ms=20) for i in range(4)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "run"
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+    termios.tcflow(follower, termios.TCOOFF)  # Ctrl-S: every write to the terminal waits
+    command = ["run", "--workload", str(workload), "--output", str(out), "--cpu-workers", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    seen = b""
+    try:
+        deadline = time.monotonic() + 25
+        status = None
+        while status != "complete" and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                status = json.loads((out / "run.json").read_text())["status"]
+        assert status == "complete" and (out / "summary.json").exists(), status
+        termios.tcflow(follower, termios.TCOON)  # Ctrl-Q
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([leader], [], [], 0.2)[0]:
+                seen += os.read(leader, 65536)
+        assert proc.wait(timeout=5) == 0
+        while select.select([leader], [], [], 0)[0]:
+            seen += os.read(leader, 65536)
+    finally:
+        end(proc)
+        os.close(follower)
+        os.close(leader)
+    assert seen.endswith(b"\r\n") and seen.count(b"\n") == 1
+    assert seen.removesuffix(b"\r\n").split(b"\r")[-1].startswith(b"4/4 100%"), seen[-300:]

@@ -246,8 +246,9 @@ class Terminal:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the final line is written (or the stream failed); False if ``timeout`` passed first.
-        Call after a ``final`` line was shown."""
-        if self._thread is None:
+        Call after a ``final`` line was shown (without one, nothing is waited for: the thread would wait
+        for lines forever)."""
+        if self._thread is None or not self._ended:
             return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -371,13 +372,26 @@ class LiveView:
         return described
 
     async def aclose(self) -> None:
-        """Final progress line, then release the metrics port (off the loop: a scrape in flight may be
-        waiting for the loop to take its snapshot)."""
+        """Hand the final progress line to its thread (:meth:`drained` waits until it is on the terminal),
+        then release the metrics port (off the loop: a scrape in flight may be waiting for the loop to take
+        its snapshot)."""
         if self._line is not None:
             self._line.stop()
-            # in a daemon thread: the loop stays free (signals) while a paused terminal holds the last line
-            await in_daemon_thread(self._line.join)
         if self._task is not None and not self._task.done():  # done: cancelled with its task group
             await self._task
         if self._exporter is not None:
             await asyncio.to_thread(self._exporter.stop)
+
+    async def drained(self, at_most_s: float | None = None) -> None:
+        """Wait until the final progress line is on the terminal (after :meth:`aclose`), or ``at_most_s``
+        passed: before anything else is written to it. A run waits for it without a timeout after its
+        outputs are written, so that a terminal paused with Ctrl-S holds this wait only, never the
+        summary, run.json or the closing of the workers. In a daemon thread: the loop stays free (signals)
+        meanwhile."""
+        line = self._line
+        if line is not None:
+
+            def final_line() -> None:
+                line.wait(at_most_s)
+
+            await in_daemon_thread(final_line)

@@ -63,6 +63,9 @@ from asyncroll.telemetry.sampler import TelemetrySampler
 from asyncroll.workload import EVALUATOR_TOOL, Problem, iter_problems
 
 Status = Literal["complete", "failed", "interrupted"]
+#: How long a run waits for its final progress line before writing its outputs (a terminal draws it at
+#: once; one paused with Ctrl-S is waited for only after them)
+LINE_WAIT_S = 1.0
 
 
 @dataclass
@@ -373,6 +376,8 @@ class Run:
             if live is not None:  # idempotent; here for a failure before the inner cleanup ran
                 try:
                     await shielded(live.aclose())
+                    # its final line drawn before the exports' note on stderr, unless the terminal holds it
+                    await shielded(live.drained(LINE_WAIT_S))
                 except asyncio.CancelledError as exc:  # the summary and the receipt are written first
                     late = exc
                     if status == "complete" and self.interrupt_reason is not None:
@@ -431,6 +436,17 @@ class Run:
                 status, error = "interrupted" if status == "interrupted" else "failed", unwritten
                 if result is not None:
                     result["status"] = status  # the summary printed says what run.json says
+            if live is not None:  # the final line on the terminal before anything the caller says there;
+                # after the outputs: a terminal paused with Ctrl-S held the run's end (no summary.json,
+                # run.json "running", its workers alive) until resumed
+                try:
+                    await shielded(live.drained())
+                except asyncio.CancelledError:
+                    if self.interrupt_reason is None:
+                        raise
+                    task = asyncio.current_task()  # the signal is recorded: the caller reports it, and the
+                    if task is not None:  # outcome written stays the outcome
+                        task.uncancel()
             if late is not None:
                 raise late
         outcome = RunOutcome(status, exit_code(status), result, error, exports_failed=self.exports_failed)
