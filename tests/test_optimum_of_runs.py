@@ -488,3 +488,16 @@ def test_optimum_of_a_run_killed_after_its_summary_says_only_its_exports_are_mis
     said = "note: the run was killed after it wrote summary.json (which says 'complete'; run.json still says"
     assert said in result.stderr, result.stderr
     assert "makespan n/a" not in result.stdout
+
+
+def test_optimum_of_a_run_whose_event_loop_stalled_says_the_makespan_includes_it(tmp_path: Path) -> None:
+    """A run whose client's event loop stalled (summary.json ``event_loop``): its makespan holds that time,
+    in which nothing moved whatever the schedule, and ``makespan ÷ best schedule`` blamed it on the
+    schedule without a word. The notes say it; a run whose loop did not stall has none."""
+    run = _hand_made_run(tmp_path / "run")
+    assert not any("event loop" in n for n in instance_from_run(run).notes)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["event_loop"] = {"watched": True, "stalls": 1, "stalled_s": 0.05, "fraction_of_makespan": 0.333}
+    (run / "summary.json").write_text(json.dumps(summary))
+    notes = instance_from_run(run).notes
+    assert any("event loop stalled 0.050 s" in n and "33%" in n for n in notes), notes

@@ -255,6 +255,16 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
             f"makespan is unknown{recorded}, so it is not compared with the bounds"
         )
         notes.append("analytic bound recomputed from the recorded steps, not read from summary.json")
+    loop = summary.get("event_loop") if isinstance(summary, dict) else None
+    stalled = loop.get("stalled_s") if isinstance(loop, dict) else None
+    if isinstance(stalled, int | float) and not isinstance(stalled, bool) and stalled > 0:
+        share = loop.get("fraction_of_makespan") if isinstance(loop, dict) else None
+        part = f" ({100 * share:.0f}% of it)" if isinstance(share, int | float) else ""
+        notes.append(
+            f"the client's event loop stalled {stalled:.3f} s in the measured window (summary.json "
+            f"event_loop): the makespan includes that time{part}, in which nothing was admitted, dispatched "
+            "or read whatever the schedule"
+        )
     if not order:
         raise UsageError(f"{run_dir}: the run started no trajectory")
     instance = Instance(
