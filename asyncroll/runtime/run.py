@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,21 +23,19 @@ from typing import Any, Literal
 
 from asyncroll.backends.base import Backend
 from asyncroll.clock import Clock
-from asyncroll.code_identity import code_version_once
 from asyncroll.errors import AsyncrollError, OutputWriteError
 from asyncroll.event_log import Subscriber
 from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.lines import json_line
-from asyncroll.outputs.receipt import environment, exit_code, file_sha256, host, versions
+from asyncroll.outputs.receipt import exit_code, file_sha256
 from asyncroll.outputs.rundir import ExportStop, RunDirectory, open_run_files
 from asyncroll.outputs.summary import SummaryBuilder
 from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
-from asyncroll.policies.registry import canonical_policy, estimator_for
+from asyncroll.policies.registry import estimator_for
 from asyncroll.process_limits import limit_note
-from asyncroll.proctree import start_mark
 from asyncroll.runtime.admission import Admission
 from asyncroll.runtime.cleanup import cleanup, shielded
 from asyncroll.runtime.collaborators import (
@@ -55,12 +52,13 @@ from asyncroll.runtime.pool import WorkerFactory, WorkerPool
 from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
 from asyncroll.runtime.prepare import prepare as prepare
 from asyncroll.runtime.progress import LiveView, RunView
+from asyncroll.runtime.receipt_body import receipt_body
 from asyncroll.runtime.task_group import OrderedTaskGroup
 from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
 from asyncroll.runtime.transcript import transcript_line
 from asyncroll.telemetry.nvtx import Ranges, make_ranges
 from asyncroll.telemetry.sampler import TelemetrySampler
-from asyncroll.workload import EVALUATOR_TOOL, Problem, iter_problems
+from asyncroll.workload import Problem, iter_problems
 
 Status = Literal["complete", "failed", "interrupted"]
 #: How long a run waits for its final progress line before writing its outputs (a terminal draws it at
@@ -110,6 +108,7 @@ class Run:
         ``cpu_selected`` events, which only the summary and ``subscribers`` see, list no candidates;
         ``policy`` replaces the configured one (a bench's oracle rule that reads the scripted future; the
         receipt and summary still name the configured policy)."""
+        self._prepared = prepared
         self.config = prepared.config
         self.scan = prepared.scan
         self.argv = prepared.argv
@@ -144,64 +143,18 @@ class Run:
             self._sha256[path] = file_sha256(path)
         return self._sha256[path]
 
-    def _receipt_body(self) -> dict[str, Any]:
-        cfg = self.config
-        tools = {
-            key: None if src.path is None else {"path": str(src.path), "sha256": self._tool_sha256(src.path)}
-            for key, src in sorted(self.scan.tools.items())
-        }
-        return {
-            "command": self.argv,
-            "cwd": os.getcwd(),  # where relative paths in the command (and config) were resolved
-            "pid": os.getpid(),  # while the status says running: is the run still going?
-            "pid_start": start_mark(os.getpid()),  # which process that pid is, whatever the wall clock does
-            "config": {
-                **cfg.model_dump(mode="json"),
-                "policy_canonical": canonical_policy(cfg.policy),  # the rule `asyncroll` named then
-                "limits": cfg.limits.model_dump(),
-                "starvation_threshold_effective": cfg.effective_starvation_threshold,
-            },
-            # which of them were given (a flag, a --config file's value other than its default), the rest
-            # being defaults, which another version may change
-            "config_given": sorted(cfg.model_fields_set),
-            "simulated": self.clock.virtual,
-            "versions": versions(),
-            "code": code_version_once(),  # which checkout or installed copy of asyncroll ran
-            "host": host(),
-            "environment": environment(),  # the variables that change what a run does, where set
-            "workload": {
-                "path": str(cfg.workload.resolve()),
-                "sha256": self.scan.sha256,
-                "problems": self.scan.count,
-            },
-            "tools": tools,
-            "isolation": {
-                "tool_workers": "one OS process per worker, each leading its own session and process group; "
-                "workload tools are trusted code",
-                "untrusted_code": self._untrusted_code(),
-            },
-            "telemetry": {
-                "requested": cfg.telemetry,
-                "sources": [],
-                "note": "not probed yet (the probe runs after the model warm-up, before the clock)",
-            },
-            **self._receipt_extra,
-        }
-
-    def _untrusted_code(self) -> dict[str, Any] | None:
-        """The sandbox in force for ``lcb_evaluate`` (None: the workload runs no untrusted code)."""
-        if EVALUATOR_TOOL not in self.scan.tools:
-            return None
-        if self._isolation is not None:
-            return self._isolation
-        return {"note": "not probed: these workers do not run the code (simulated or virtual workers)"}
-
     async def execute(self) -> RunOutcome:
         cfg, clock = self.config, self.clock
         ranges = self._ranges or make_ranges(cfg.nvtx)  # before any output exists: it can refuse
         out = self.out if self._record else None
         try:
-            files, events = open_run_files(out, self._receipt_body(), clock, transcripts=cfg.transcripts)
+            body = receipt_body(
+                self._prepared,
+                simulated=clock.virtual,
+                tool_sha256=self._tool_sha256,
+                extra=self._receipt_extra,
+            )
+            files, events = open_run_files(out, body, clock, transcripts=cfg.transcripts)
         except OutputWriteError as exc:  # no room for the run's files: nothing has started
             return RunOutcome("failed", exit_code("failed"), None, str(exc), opened=False)
         self._files = files
