@@ -54,8 +54,9 @@ class MeasurementFinished(Event):
 
 class LoopStalled(Event):
     """The client's event loop woke ``late_s`` seconds later than it asked to, at ``t``: from ``t - late_s``
-    to ``t`` something held the loop (a blocking call on it, or no CPU to spare for the client) and the run
-    admitted, dispatched and read nothing. Only stalls of at least ``measurement_started.loop_stall_s``."""
+    to ``t`` the loop could not run its callbacks in time (a blocking call held it, it had more work than it
+    could run, or the client got no CPU), and admission, dispatch and the reading of responses waited for
+    it. Only stalls of at least ``measurement_started.loop_stall_s``."""
 
     event: Literal["loop_stalled"] = "loop_stalled"
     late_s: float

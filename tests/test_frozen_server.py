@@ -103,7 +103,7 @@ def test_a_slow_server_that_answers_its_health_probe_never_opens_the_circuit(
     tmp_path: Path, circuit_failures: int
 ) -> None:
     """Each timeout is followed by one health probe, which answers: the circuit stays closed. With the
-    circuit off (``--circuit-failures 0``) no probe is sent: nothing would count it."""
+    circuit off (``--circuit-failures 0``) no health probe is sent: nothing would count it."""
     SlowHandler.probes.clear()
     settings = {**SETTINGS, "circuit_failures": circuit_failures}
     with LoopbackServer(SlowHandler) as server:
@@ -113,4 +113,5 @@ def test_a_slow_server_that_answers_its_health_probe_never_opens_the_circuit(
     assert outcome.status == "complete", outcome.error
     assert not capture.of(ServerUnavailable)
     assert [e.kind for e in capture.of(ModelFailed)] == ["timeout"] * 4
-    assert SlowHandler.probes == (["/health"] * 4 if circuit_failures else [])
+    # the start's one GET /version (answered 404 here), then a health probe per timeout
+    assert SlowHandler.probes == ["/version", *(["/health"] * 4 if circuit_failures else [])]

@@ -156,7 +156,9 @@ def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
         assert scraped["asyncroll_event_loop_stalled_seconds_total"] >= 0.5, scraped
 
 
-def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan(capsys: pytest.CaptureFixture[str]) -> None:
+def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan_and_half_a_second(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     def loop(fraction: float | None) -> dict[str, object]:
         stalled = None if fraction is None else 10 * fraction
         return {
@@ -168,7 +170,10 @@ def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan(capsys: pytest
             }
         }
 
-    for quiet in (None, {}, {"event_loop": None}, loop(None), loop(0.049)):
+    short = {
+        "event_loop": {"stalls": 1, "stalled_s": 0.2, "longest_stall_s": 0.2, "fraction_of_makespan": 0.2}
+    }
+    for quiet in (None, {}, {"event_loop": None}, loop(None), loop(0.049), short):
         warn_loop_stalls(quiet)  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""
     warn_loop_stalls(loop(0.05))

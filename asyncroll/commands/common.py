@@ -267,23 +267,28 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
             )
 
 
-#: A run whose event loop stalled for at least this fraction of its makespan is warned about on stderr.
+#: A run whose event loop stalled for at least this fraction of its makespan, and this many seconds, is
+#: warned about on stderr (a single 0.1 s hiccup of a loaded machine in a 1 s run is not worth a warning).
 STALLED_WARNING_FRACTION = 0.05
+STALLED_WARNING_S = 0.5
 
 
 def warn_loop_stalls(summary: dict[str, Any] | None) -> None:
     """Say on stderr that the client's event loop stalled for a good part of the run (summary.json's
-    ``event_loop``): for that long nothing was admitted, dispatched or read, and the queue waits and
-    latencies measured include it, whatever the policy did."""
+    ``event_loop``): for that long admission, dispatch and the reading of responses waited for the loop,
+    and the queue waits and latencies measured include it, whatever the policy did."""
     loop = (summary or {}).get("event_loop") or {}
     fraction, stalled = loop.get("fraction_of_makespan"), loop.get("stalled_s")
-    if not isinstance(fraction, (int, float)) or fraction < STALLED_WARNING_FRACTION:
+    if not isinstance(fraction, (int, float)) or not isinstance(stalled, (int, float)):
+        return
+    if fraction < STALLED_WARNING_FRACTION or stalled < STALLED_WARNING_S:
         return
     typer.echo(
         f"warning: the client's event loop stalled {loop.get('stalls')} time(s), {stalled:.3f} s in all "
         f"({100 * fraction:.0f}% of the makespan; longest {loop.get('longest_stall_s'):.3f} s): meanwhile "
-        "nothing was admitted, dispatched or read (a blocking call in the client, or no CPU to spare for "
-        "it), and queue waits and latencies include that time (summary.json: event_loop)",
+        "admission, dispatch and the reading of responses waited for the loop (a blocking call in the "
+        "client, more work than the loop could run, or no CPU to spare for it), and queue waits and "
+        "latencies include that time (summary.json: event_loop)",
         err=True,
     )
 

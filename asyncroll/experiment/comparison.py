@@ -84,7 +84,7 @@ COUNTS: tuple[tuple[str, str], ...] = (
     ("eligible_decisions", "scheduler.eligible_decisions"),
     ("reorders", "scheduler.reorders"),
     ("worker_restarts", "workers.restarts"),
-    ("loop_stalled_s", "event_loop.stalled_s"),  # the client's event loop held: nothing moved meanwhile
+    ("loop_stalled_s", "event_loop.stalled_s"),  # the client's event loop held: all waited
     ("model_requests", "model.requests"),
     ("allocated_gpu_hours", "throughput.allocated_gpu_hours"),
     ("total_cpu_s", "cpu_cost.total_cpu_s"),

@@ -232,8 +232,9 @@ def markdown(agg: dict[str, Any]) -> str:
         "",
         "Trajectory counts are sums over the complete pairs, like the rates above: a pair with a failed "
         "or unfinished arm counts in none of its arms. Every failed and unfinished arm is listed below. "
-        "The client's event loop stalled: seconds it was held (summary.json's event_loop), in which nothing "
-        "was admitted, dispatched or read, whatever the policy; unknown for a run that did not watch it.",
+        "The client's event loop stalled: seconds it was held (summary.json's event_loop), in which "
+        "admission, dispatch and the reading of responses waited for it, whatever the policy; unknown for a "
+        "run that did not watch it.",
         "",
         "| arm | failed trajectories | max_turns | model failures | worker restarts "
         "| client event loop stalled, s |",

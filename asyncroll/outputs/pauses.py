@@ -5,11 +5,12 @@ Two meters, each fed its events by :class:`~asyncroll.outputs.summary.SummaryBui
 * :class:`CircuitMeter`: the HTTP backend's server circuit (``server_unavailable`` → ``server_available``):
   how often it opened, how long admission was paused inside the measured window, and the waits of requests
   that found it open (inside their latency). The ``model.circuit`` section.
-* :class:`LoopStallMeter`: stalls of the client's event loop (``loop_stalled``): while a blocking call held
-  the loop (a slow write, a long computation on it, a machine with no CPU to spare for the client), no
-  trajectory was admitted, no job dispatched and no response read, whatever the schedule; a summary that
-  only knew queues and latencies blamed that time on them. The ``event_loop`` section; null figures where
-  the loop was not watched (a simulation: its clock is virtual; a file written before the watch existed).
+* :class:`LoopStallMeter`: stalls of the client's event loop (``loop_stalled``): while the loop was held (a
+  blocking call on it: a slow write, a long computation; more work than it could run; a machine with no CPU
+  to spare for the client), admission, dispatch and the reading of responses waited for it, whatever the
+  schedule; a summary that only knew queues and latencies blamed that time on them. The ``event_loop``
+  section; null figures where the loop was not watched (a simulation: its clock is virtual; a file written
+  before the watch existed).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class LoopStallMeter:
             "longest_stall_s": round(max(lengths, default=0.0), 6),
             "fraction_of_makespan": round(sum(lengths) / makespan_s, 6) if makespan_s > 0 else None,
             "note": (
-                "the client's event loop woke at least stall_threshold_s late: for that long it admitted, "
-                "dispatched and read nothing (a blocking call on it, or no CPU to spare for the client)"
+                "the client's event loop woke at least stall_threshold_s late: for that long it was held (a "
+                "blocking call, more work than it could run, or no CPU to spare for the client), and "
+                "admission, dispatch and the reading of responses waited for it"
             ),
         }

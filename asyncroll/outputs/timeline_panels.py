@@ -122,7 +122,7 @@ def _circuit(circuit: dict[str, Any], a: Activity) -> list[list[str]]:
 
 
 def _stalls(loop: dict[str, Any]) -> list[list[str]]:
-    """A header line when the client's event loop stalled (``loop_stalled``): nothing moved meanwhile."""
+    """A header line when the client's event loop stalled (``loop_stalled``): all waited for it."""
     stalls = loop.get("stalls")
     if not isinstance(stalls, int) or not stalls:
         return []
@@ -130,8 +130,8 @@ def _stalls(loop: dict[str, Any]) -> list[list[str]]:
         [
             "event loop stalled",
             f"{_times(stalls)}, {_fmt(loop.get('stalled_s'), ' s')} in the measured window (longest "
-            f"{_fmt(loop.get('longest_stall_s'), ' s')}; scheduler row): nothing admitted, dispatched or "
-            "read meanwhile",
+            f"{_fmt(loop.get('longest_stall_s'), ' s')}; scheduler row): admission, dispatch and reading "
+            "waited for it",
         ]
     ]
 

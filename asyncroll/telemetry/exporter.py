@@ -178,7 +178,7 @@ class RuntimeCollector(Collector):
         )
         yield counter(
             "event_loop_stalled_seconds",
-            "Seconds the client's event loop was held in those stalls (nothing admitted, dispatched, read).",
+            "Seconds the client's event loop was held in those stalls (admission, dispatch, reads waited).",
             lambda s: s.loop_stalled_s,
         )
 
