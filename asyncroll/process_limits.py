@@ -59,3 +59,40 @@ def address_space_warning() -> str | None:
         "fail, or hang where OpenBLAS retries an allocation the limit refuses (then only SIGKILL stops "
         "it); limit memory with a cgroup instead (systemd-run --user --scope -p MemoryMax=...)"
     )
+
+
+#: Open files a run holds besides its model connections, per worker and in all (its output files, the
+#: event loop's, the workers' pipes and process handles): an estimate with room to spare.
+FILES_PER_WORKER = 4
+FILES_BESIDES = 64
+
+
+def open_files_for(inflight: int, workers: int) -> str | None:
+    """Lets a run against a server hold a connection per request in flight: raises the soft open-files
+    limit (``ulimit -n``) towards what ``inflight`` connections and ``workers`` need, as far as the hard
+    limit allows, and returns a warning where the hard limit is below that, else None. Under a common
+    ``ulimit -n 1024`` a run with 1,024 requests in flight had requests past it fail mid-run as transport
+    errors ('Too many open files'), which opened the circuit as if the server were down, and the
+    trajectories they were for failed."""
+    needed = inflight + FILES_PER_WORKER * workers + FILES_BESIDES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            target = soft
+    if target >= needed:
+        return None
+    return (
+        f"warning: {inflight} model requests in flight and {workers} worker(s) need about {needed} open "
+        f"files, but this process may hold {target} (ulimit -n, its hard limit {_soft_hard(hard)}): "
+        "requests past it fail as transport errors ('Too many open files') and open the circuit as if the "
+        "server were down; raise ulimit -n or lower --max-inflight-model-requests"
+    )
+
+
+def _soft_hard(limit: int) -> str:
+    return "unlimited" if limit == resource.RLIM_INFINITY else str(limit)

@@ -395,3 +395,53 @@ def test_a_run_under_a_low_address_space_limit_says_so_before_it_starts(tmp_path
         assert done.stderr.startswith(said) and "only SIGKILL stops it" in done.stderr, done.stderr
         done = asyncroll(*args[:-3], "--output", tmp_path / f"{command[0]}-free", "--no-progress")
         assert done.returncode == 0 and "ulimit -v" not in done.stderr, done.stderr
+
+
+def _open_files(soft: int, hard: int) -> Callable[[], None]:
+    def prepare() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return prepare
+
+
+@pytest.mark.timeout(60)
+def test_open_files_for_many_requests_in_flight_are_raised_to_the_hard_limit_or_warned_about() -> None:
+    """Under ``ulimit -n 1024`` a run with 1,024 requests in flight had those past it fail mid-run as
+    transport errors ('Too many open files'), the circuit opening as if the server were down (31 of 2,000
+    trajectories failed against serve-sim); the soft limit is raised as far as the hard limit allows, and
+    a hard limit too low for the requests is said before the run starts."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1024:
+        pytest.skip("this process's open-files hard limit is below 1024 already")
+    code = (
+        "import resource; from asyncroll.process_limits import open_files_for; "
+        "print(repr(open_files_for(600, 2))); print(resource.getrlimit(resource.RLIMIT_NOFILE)); "
+        "print(repr(open_files_for(2000, 2))); print(resource.getrlimit(resource.RLIMIT_NOFILE))"
+    )
+    low = _open_files(200, 1024)
+    argv = [sys.executable, "-c", code]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, preexec_fn=low)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["None", "(672, 1024)"]  # 600 connections, 2 workers' 8 files, 64 besides
+    assert lines[3] == "(1024, 1024)"
+    assert "2000 model requests in flight and 2 worker(s) need about 2072 open files" in lines[2]
+    assert "may hold 1024 (ulimit -n, its hard limit 1024)" in lines[2]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_with_more_requests_in_flight_than_open_files_says_so_before_it_starts(tmp_path: Path) -> None:
+    args: list[str | Path] = [
+        "run",
+        "--backend",
+        "openai",
+        "--model",
+        "m",
+        "--endpoint",
+        "http://127.0.0.1:9",
+    ]
+    args += ["--workload", SMOKE, "--cpu-workers", "1", "--no-progress", "--max-inflight-model-requests"]
+    warning = "warning: 2000 model requests in flight and 1 worker(s) need about 2068 open files"
+    done = asyncroll(*args, "2000", "--output", tmp_path / "low", prepare=_open_files(200, 1024))
+    assert warning in done.stderr, done.stderr
+    done = asyncroll(*args, "600", "--output", tmp_path / "raised", prepare=_open_files(200, 1024))
+    assert "open files" not in done.stderr, done.stderr

@@ -117,6 +117,18 @@ def note_limit_past(limit: int | None, count: int, done: str) -> None:
         )
 
 
+def open_files_for_requests(cfg: Any) -> None:
+    """Before a run against a server: room for a connection per request in flight under ``ulimit -n``
+    (:func:`asyncroll.process_limits.open_files_for`), said on stderr where the hard limit leaves none."""
+    from asyncroll.process_limits import open_files_for
+
+    if cfg.backend == "scripted":
+        return
+    warning = open_files_for(cfg.limits.max_inflight_model_requests, cfg.limits.cpu_workers)
+    if warning is not None:
+        typer.echo(warning, err=True)
+
+
 def warn_low_address_space() -> None:
     """Said before a run or simulation starts (a hang in its start-up would leave nothing said): a low
     ``ulimit -v`` (:func:`asyncroll.process_limits.address_space_warning`)."""

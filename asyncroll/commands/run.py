@@ -14,6 +14,7 @@ from asyncroll.commands.common import (
     fail,
     note_limit_past,
     note_workers_past_cpus,
+    open_files_for_requests,
     print_summary,
     warn_exports,
     warn_loop_stalls,
@@ -317,6 +318,7 @@ def _run(cfg: Any) -> int:
     # handlers (interruptible); once its outcome is final a signal is only recorded (CommandSignals).
     signals = CommandSignals()
     warn_low_address_space()
+    open_files_for_requests(cfg)
     made: list[Path] = []  # the output directory, once this command made it (not another's)
     try:
         try:
