@@ -7,6 +7,7 @@ raise."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import resource
 
@@ -92,6 +93,27 @@ def open_files_for(inflight: int, workers: int) -> str | None:
         "requests past it fail as transport errors ('Too many open files') and open the circuit as if the "
         "server were down; raise ulimit -n or lower --max-inflight-model-requests"
     )
+
+
+#: The open files a server raises its soft limit to (vLLM's API server does the same with 65,535): a
+#: connection per request a client has in flight, whatever the batch holds.
+SERVER_OPEN_FILES = 65535
+
+
+def open_files_for_server(target: int = SERVER_OPEN_FILES) -> int:
+    """Raise the soft open-files limit (``ulimit -n``) towards ``target``, as far as the hard limit
+    allows, as a server does that must take a connection per request its clients have in flight (under a
+    common ``ulimit -n 1024`` a client with 1,024 in flight ran serve-sim out of descriptors). Returns the
+    soft limit now in force; never lowers it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    wanted = target if hard == resource.RLIM_INFINITY else min(hard, target)
+    if wanted > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    return soft
 
 
 def _soft_hard(limit: int) -> str:

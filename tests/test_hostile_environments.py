@@ -428,6 +428,34 @@ def test_open_files_for_many_requests_in_flight_are_raised_to_the_hard_limit_or_
     assert "may hold 1024 (ulimit -n, its hard limit 1024)" in lines[2]
 
 
+@pytest.mark.timeout(60)
+def test_serve_sim_raises_its_open_files_limit_as_vllm_does() -> None:
+    """serve-sim takes a connection per request its clients have in flight: under ``ulimit -n 200`` (hard
+    limit 1024) a client with more in flight ran it out of descriptors. It raises its soft limit as far as
+    the hard limit allows (vLLM's server raises its own to 65,535), never past it."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1024:
+        pytest.skip("this process's open-files hard limit is below 1024 already")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_open_files(200, 1024),
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+        assert first.startswith("serve-sim listening on "), server.communicate(timeout=60)
+        limits = Path(f"/proc/{server.pid}/limits").read_text().splitlines()
+        [files] = [line.split()[3:5] for line in limits if line.startswith("Max open files")]
+        assert files == ["1024", "1024"]  # soft raised from 200 to the hard limit
+        server.terminate()
+        assert server.wait(timeout=60) == 0
+    finally:
+        server.kill()
+        server.communicate(timeout=60)
+
+
 @pytest.mark.timeout(120)
 def test_a_run_with_more_requests_in_flight_than_open_files_says_so_before_it_starts(tmp_path: Path) -> None:
     args: list[str | Path] = [

@@ -24,6 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from asyncroll.cli_signals import put_back
 from asyncroll.errors import OutputWriteError
+from asyncroll.process_limits import open_files_for_server
 from asyncroll.serve_sim.app import SimApp
 from asyncroll.serve_sim.config import SimConfig
 
@@ -178,7 +179,9 @@ def serve_in_thread(
 def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "warning") -> int:
     """The CLI: bind, print the URL (and the port, for ``--port 0``), serve until SIGINT, SIGTERM or
     SIGHUP (one that ``nohup`` ignores stays ignored), then shut down gracefully and return 0 (1 if the
-    server stopped on its own, e.g. a failed start-up)."""
+    server stopped on its own, e.g. a failed start-up). The soft open-files limit is raised first, as
+    vLLM's server raises its own (:func:`~asyncroll.process_limits.open_files_for_server`)."""
+    open_files_for_server()
     sock = bind(host, port)
     sim = SimApp(config)
     server = make_server(sim, log_level=log_level)
