@@ -282,6 +282,30 @@ def test_a_trajectory_that_failed_in_both_after_other_turns_is_counted(tmp_path:
     assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → failed (other turns)": 1}
 
 
+@pytest.mark.parametrize(
+    ("stalled_s", "fraction", "warned"), [(0.6, 0.2, True), (0.2, 0.2, False), (None, None, False)]
+)
+def test_a_replay_of_a_run_whose_loop_stalled_says_its_latencies_hold_the_stalls(
+    tmp_path: Path, stalled_s: float | None, fraction: float | None, warned: bool
+) -> None:
+    """A request the run's client measured across a stall of its event loop counts the stall as model
+    latency, and the replay takes it as such: said when the run's summary.json says its loop stalled 5%
+    of the makespan and 0.5 s or more (as ``run`` warns), not otherwise (nor for a run not watched)."""
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p", model_ms=5, cpu_ms=5)])
+    recorded = tmp_path / "recorded"
+    cfg = build_config({"workload": workload, "output": recorded})
+    clock = VirtualClock()
+    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+    assert clock.run(run.execute()).status == "complete"
+    summary = json.loads((recorded / "summary.json").read_text())
+    summary["event_loop"] |= {"stalled_s": stalled_s, "fraction_of_makespan": fraction}
+    (recorded / "summary.json").write_text(json.dumps(summary))
+    result = simulate_here("--from-run", recorded, "--output", tmp_path / "replay")
+    assert result.exit_code == 0, result.output
+    said = "warning: the run's event loop stalled 0.600 s (20% of its makespan; summary.json: event_loop)"
+    assert (said in result.stderr) is warned, result.stderr
+
+
 def test_endings_changed_by_a_replays_own_settings_are_put_down_to_them(
     two_tools: Path, tmp_path: Path
 ) -> None:

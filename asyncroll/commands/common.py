@@ -279,16 +279,12 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
             )
 
 
-#: A run whose event loop stalled for at least this fraction of its makespan, and this many seconds, is
-#: warned about on stderr (a single 0.1 s hiccup of a loaded machine in a 1 s run is not worth a warning).
-STALLED_WARNING_FRACTION = 0.05
-STALLED_WARNING_S = 0.5
-
-
 def warn_loop_stalls(summary: dict[str, Any] | None) -> None:
     """Say on stderr that the client's event loop stalled for a good part of the run (summary.json's
     ``event_loop``): for that long admission, dispatch and the reading of responses waited for the loop,
     and the queue waits and latencies measured include it, whatever the policy did."""
+    from asyncroll.outputs.pauses import STALLED_WARNING_FRACTION, STALLED_WARNING_S
+
     loop = (summary or {}).get("event_loop") or {}
     fraction, stalled = loop.get("fraction_of_makespan"), loop.get("stalled_s")
     if not isinstance(fraction, (int, float)) or not isinstance(stalled, (int, float)):

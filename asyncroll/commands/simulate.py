@@ -392,6 +392,10 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     # stands at its path then another's
     if from_run is not None and outcome.summary is not None and outcome.status == "complete":
         _say_ended_otherwise(from_run, output)
+        from asyncroll.simulation.replay_changes import stalls_taken
+
+        if (stalls := stalls_taken(from_run)) is not None:
+            typer.echo(stalls, err=True)
     warn_assumed(assumed, replay=from_run is not None)
     if from_run is None:  # a replay's timeouts are the recorded run's, at its own timeout
         warn_timed_out(outcome.summary, cfg.tool_timeout)

@@ -19,6 +19,11 @@ from typing import Any
 
 from asyncroll.events import LoopStalled, MeasurementStarted, ModelPaused, ServerAvailable, ServerUnavailable
 
+#: A run whose event loop stalled for at least this fraction of its makespan, and this many seconds, is
+#: warned about on stderr (a single 0.1 s hiccup of a loaded machine in a 1 s run is not worth a warning).
+STALLED_WARNING_FRACTION = 0.05
+STALLED_WARNING_S = 0.5
+
 
 class CircuitMeter:
     def __init__(self) -> None:

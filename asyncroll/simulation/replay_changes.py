@@ -1,6 +1,7 @@
 """What a replay (``simulate --from-run``) ended otherwise than the run it replays: trajectories whose
 status changed, and the run's worker replacements the replay lacks. Said on stderr and recorded in the
-replay's run.json (``simulation.replayed``)."""
+replay's run.json (``simulation.replayed``). Also what the replay took from the run that the run's own
+client put there: the stalls of its event loop, inside the latencies it measured (:func:`stalls_taken`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,27 @@ def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
         key = f"{before[0]} → {status}" + (" (other turns)" if before[0] == status else "")
         changes[key] = changes.get(key, 0) + 1
     return changes
+
+
+def stalls_taken(run_dir: Path) -> str | None:
+    """A warning when the recorded run's event loop stalled for 5% of its makespan and 0.5 s or more
+    (summary.json's ``event_loop``, as ``run`` warns): its model latencies were measured by that loop, so
+    a request that spanned a stall counts it as model time, and the replay takes it as such."""
+    from asyncroll.json_depth import read_json_object
+    from asyncroll.outputs.pauses import STALLED_WARNING_FRACTION, STALLED_WARNING_S
+
+    loop = (read_json_object(run_dir / "summary.json") or {}).get("event_loop")
+    loop = loop if isinstance(loop, dict) else {}
+    fraction, stalled = loop.get("fraction_of_makespan"), loop.get("stalled_s")
+    if not isinstance(fraction, int | float) or not isinstance(stalled, int | float):
+        return None
+    if fraction < STALLED_WARNING_FRACTION or stalled < STALLED_WARNING_S:
+        return None
+    return (
+        f"warning: the run's event loop stalled {stalled:.3f} s ({100 * fraction:.0f}% of its makespan; "
+        "summary.json: event_loop): a model request it measured across a stall counts the stall as model "
+        "latency, and so does this replay"
+    )
 
 
 def restarts_not_replayed(run_dir: Path, replay_dir: Path) -> dict[str, int]:
