@@ -135,6 +135,7 @@ def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
         with contextlib.suppress(OSError):  # the run ended first: the summary below still says it
             while proc.poll() is None and not scraped.get("asyncroll_event_loop_stalls_total"):
                 scraped = _scrape(f"http://127.0.0.1:{port}/metrics")
+                time.sleep(0.05)
         _, stderr = proc.communicate(timeout=60)
     finally:
         end(proc)

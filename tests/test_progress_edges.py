@@ -89,11 +89,11 @@ class _Counting:
 @pytest.mark.timeout(30)
 def test_a_paused_terminal_holds_the_drawing_thread_never_the_run() -> None:
     """Ctrl-S pauses a terminal's output (``tcflow(TCOOFF)`` on a real pseudo-terminal): once its buffer is
-    full, a write waits for Ctrl-Q. 3,000 redraws (~600 KB, far past any tty buffer) are handed over at once,
-    as the event loop would; after the resume the final line is the last one on the screen, once."""
+    full (a pseudo-terminal's at once), a write waits for Ctrl-Q. 3,000 redraws are handed over at once, as
+    the event loop would; after the resume the final line is the last one on the screen, once."""
     leader, follower = pty.openpty()
     _columns(follower, 201)
-    termios.tcflow(follower, termios.TCOOFF)
+    termios.tcflow(follower, termios.TCOOFF)  # a stopped pseudo-terminal takes no byte: a write waits at once
     stream = io.TextIOWrapper(io.FileIO(follower, "w", closefd=False), write_through=True)
     view = _Counting()
     try:
