@@ -34,15 +34,16 @@ def http_url_problem(url: str) -> str | None:
     return None
 
 
-#: Query parameters that carry a credential: a gateway's ``?token=``, ``?api_key=``, a signed URL's
-#: ``X-Amz-Signature`` (the name lower-cased, ``-`` read as ``_``).
+#: Query parameters that carry a credential: a gateway's ``?token=``, ``?api_key=``, ``?accessToken=``, a
+#: signed URL's ``X-Amz-Signature`` (the name lower-cased, ``-`` and a camelCase break read as ``_``).
 _CREDENTIAL_PARAM = re.compile(
     r"(?:^|_)(?:token|key|apikey|secret|password|passwd|pwd|auth|sig|signature|credentials?)$"
 )
 
 
 def _credential_param(name: str) -> bool:
-    return _CREDENTIAL_PARAM.search(unquote_plus(name).strip().lower().replace("-", "_")) is not None
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", unquote_plus(name).strip())  # accessToken: access_Token
+    return _CREDENTIAL_PARAM.search(words.lower().replace("-", "_")) is not None
 
 
 def _query_credentials(url: str) -> bool:

@@ -357,3 +357,18 @@ def test_a_credential_in_a_urls_query_is_refused_and_not_echoed(flag: str) -> No
     if flag == "metrics_url":
         settings[flag] = url + "?name[]=vllm:num_requests_running&monkey=1"
         assert build_config(settings).metrics_url == settings[flag]
+
+
+@pytest.mark.parametrize("query", ["?accessToken=s3cret", "?n=vllm&authToken=s3cret", "?sessionToken=s3cret"])
+def test_a_camel_case_credential_in_a_urls_query_is_refused(query: str) -> None:
+    """``?accessToken=`` (a camelCase name, as many gateways and SDKs spell it) named a credential as
+    ``?access_token=`` does, but only ``_`` and ``-`` were read as word breaks: it was accepted and its
+    token kept verbatim in run.json's command and config. A camelCase name that is no credential
+    (``?keyName=``, ``?monkeyBusiness=``) is still accepted."""
+    url = "http://127.0.0.1:8000/metrics"
+    settings = {"workload": "w", "output": "o", "backend": "vllm", "model": "m", "metrics_url": url + query}
+    with pytest.raises(UsageError) as caught:
+        build_config(settings)
+    assert "s3cret" not in str(caught.value) and "carries a credential in its query" in str(caught.value)
+    settings["metrics_url"] = url + "?keyName=a&monkeyBusiness=b&name[]=vllm:num_requests_running"
+    assert build_config(settings).metrics_url == settings["metrics_url"]
