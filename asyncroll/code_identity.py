@@ -61,11 +61,15 @@ def code_version() -> dict[str, str | None]:
 
 
 def _git(root: Path, *args: str) -> str | None:
-    """``git -C root ARGS``'s output, or None when it fails or git cannot run."""
+    """``git -C root ARGS``'s output, or None when it fails or git cannot run.
+
+    A checkout owned by another user (a lab's shared install, run by each of its users) is trusted as
+    ``safe.directory``, which git otherwise refuses as of 'dubious ownership', recording no commit as if
+    the package were an installed copy: it is trusted already, as this process imports its code. Only a
+    checkout whose top is ``root`` is: an unrelated one above ``site-packages`` stays refused."""
+    argv = ["git", "-c", f"safe.directory={root}", "-C", str(root), *args]
     try:
-        done = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None

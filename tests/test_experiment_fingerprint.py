@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -188,3 +189,27 @@ def test_a_checkout_that_tracks_the_package_records_its_commit(
     code = fingerprint_module.code_version()
     assert code["commit"] == _git(checkout, "rev-parse", "HEAD")
     assert code["describe"] == _git(checkout, "rev-parse", "--short", "HEAD")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown a checkout")
+def test_a_checkout_owned_by_another_user_records_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared checkout (a lab's ``/opt/asyncroll``, installed editable by its admin) run by another user:
+    git refused it as of 'dubious ownership' (safe.directory), and run.json's ``code`` recorded no
+    commit and no describe, as for an installed copy, though the package imported is that checkout's."""
+    checkout = tmp_path / "shared-checkout"
+    checkout.mkdir()
+    _git(checkout, "init", "-q")
+    _package_in(checkout, monkeypatch)
+    _git(checkout, "add", "asyncroll/__init__.py")
+    _git(checkout, "commit", "-q", "-m", "the package")
+    commit, short = _git(checkout, "rev-parse", "HEAD"), _git(checkout, "rev-parse", "--short", "HEAD")
+    for path in [checkout, *checkout.rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)  # nobody's
+    argv = ["git", "-C", str(checkout), "rev-parse", "HEAD"]
+    refused = subprocess.run(argv, capture_output=True, check=False, timeout=30)
+    assert refused.returncode != 0  # git's own refusal, which asyncroll's record must not take for none
+    code = fingerprint_module.code_version()
+    assert code["commit"] == commit and code["describe"] == short, code
