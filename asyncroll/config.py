@@ -44,7 +44,13 @@ from asyncroll.locale_names import OsPath
 from asyncroll.paths import resolved
 from asyncroll.receipt_settings import is_receipt, other_version, receipt_settings
 from asyncroll.setting_names import unknown_setting, validation_message
-from asyncroll.url_checks import api_key_problem, http_url_problem, masked_url, not_a_root
+from asyncroll.url_checks import (
+    api_key_problem,
+    http_url_problem,
+    masked_url,
+    metrics_url_problem,
+    not_a_root,
+)
 
 #: The longest tool result (JSON text) a model is shown by default: about 25k tokens.
 DEFAULT_MAX_OBSERVATION_CHARS = 100_000
@@ -200,8 +206,12 @@ class RunConfig(BaseModel):
         asked += ["--telemetry-interval"] if "telemetry_interval" in self.model_fields_set else []
         if not self.telemetry and asked:
             problems.append(f"--no-telemetry conflicts with {', '.join(asked)}")
-        for flag, url in (("--endpoint", self.endpoint), ("--metrics-url", self.metrics_url)):
-            problem = None if url is None else http_url_problem(url)
+        checks = (
+            ("--endpoint", self.endpoint, http_url_problem),
+            ("--metrics-url", self.metrics_url, metrics_url_problem),
+        )
+        for flag, url, check in checks:
+            problem = None if url is None else check(url)
             if url is not None and problem is not None:
                 problems.append(f"{flag} {masked_url(url)!r}: {problem}")
         if not_a_root(self.endpoint):

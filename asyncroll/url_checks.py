@@ -52,17 +52,30 @@ def _query_credentials(url: str) -> bool:
     return any(_credential_param(part.partition("=")[0]) for part in re.split("[&;]", query) if part)
 
 
+_KEY_ADVICE = (
+    "a server's API key goes in an environment variable named by --api-key-env, sent as "
+    "'Authorization: Bearer'; only the variable's name is recorded"
+)
 _CREDENTIALS = (
     "carries credentials (user:password@), which run.json would keep in its command and config: "
-    "not accepted (a server's API key goes in an environment variable named by --api-key-env, "
-    "sent as 'Authorization: Bearer'; only the variable's name is recorded)"
+    f"not accepted ({_KEY_ADVICE})"
 )
 _QUERY_CREDENTIALS = (
     "carries a credential in its query (a token, key, secret, password or signature parameter), which "
-    "run.json would keep in its command and config: not accepted (a server's API key goes in an "
-    "environment variable named by --api-key-env, sent as 'Authorization: Bearer'; only the variable's "
-    "name is recorded)"
+    f"run.json would keep in its command and config: not accepted ({_KEY_ADVICE})"
 )
+#: What a refused ``--metrics-url`` says instead of :data:`_KEY_ADVICE`: its scrape sends no key.
+METRICS_KEY_ADVICE = (
+    "the /metrics scrape sends no key: give a URL that serves the metrics without one, as vLLM's and "
+    "SGLang's do"
+)
+
+
+def metrics_url_problem(url: str) -> str | None:
+    """:func:`http_url_problem` for a ``--metrics-url``, whose refusal for a credential does not advise
+    ``--api-key-env``: telemetry's scrape sends no key."""
+    problem = http_url_problem(url)
+    return None if problem is None else problem.replace(_KEY_ADVICE, METRICS_KEY_ADVICE)
 
 
 #: The ends of an OpenAI API URL that are no server root: an SDK's base_url, a curl example's whole URL.

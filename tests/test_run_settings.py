@@ -320,7 +320,8 @@ def test_credentials_in_a_url_are_refused_and_not_echoed(flag: str) -> None:
         build_config(settings)
     message = str(caught.value)
     assert "alice:***@127.0.0.1:8000" in message and "s3cret" not in message
-    assert "carries credentials" in message and "--api-key-env" in message
+    advice = "--api-key-env" if flag == "endpoint" else "the /metrics scrape sends no key"
+    assert "carries credentials" in message and advice in message
     if flag == "endpoint":  # its other checks (an SDK base_url, a query) printed the password
         for suffix in ("/v1", "/?q=1"):
             settings[flag] = url + suffix
@@ -353,7 +354,8 @@ def test_a_credential_in_a_urls_query_is_refused_and_not_echoed(flag: str) -> No
             build_config(settings)
         message = str(caught.value)
         assert "s3cret" not in message and "=***" in message, message
-        assert "carries a credential in its query" in message and "--api-key-env" in message
+        advice = "--api-key-env" if flag == "endpoint" else "the /metrics scrape sends no key"
+        assert "carries a credential in its query" in message and advice in message
     if flag == "metrics_url":
         settings[flag] = url + "?name[]=vllm:num_requests_running&monkey=1"
         assert build_config(settings).metrics_url == settings[flag]
@@ -372,3 +374,17 @@ def test_a_camel_case_credential_in_a_urls_query_is_refused(query: str) -> None:
     assert "s3cret" not in str(caught.value) and "carries a credential in its query" in str(caught.value)
     settings["metrics_url"] = url + "?keyName=a&monkeyBusiness=b&name[]=vllm:num_requests_running"
     assert build_config(settings).metrics_url == settings["metrics_url"]
+
+
+@pytest.mark.parametrize("credential", ["http://alice:s3cret@127.0.0.1:8000/metrics", "?token=s3cret"])
+def test_a_metrics_url_refused_for_its_credential_gives_no_api_key_advice(credential: str) -> None:
+    """``--metrics-url`` with a token was refused with the advice to give the key by ``--api-key-env``,
+    'sent as Authorization: Bearer': telemetry's scrape sends no key (README), so that advice led to a
+    scrape refused 401 with every metric missing. It now says so; ``--endpoint``'s advice is unchanged."""
+    url = credential if credential.startswith("http") else "http://127.0.0.1:8000/metrics" + credential
+    settings = {"workload": "w", "output": "o", "backend": "vllm", "model": "m", "metrics_url": url}
+    with pytest.raises(UsageError) as caught:
+        build_config(settings)
+    message = str(caught.value)
+    assert "s3cret" not in message and "--api-key-env" not in message, message
+    assert "the /metrics scrape sends no key" in message, message
