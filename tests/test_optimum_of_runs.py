@@ -492,8 +492,8 @@ def test_optimum_of_a_run_killed_after_its_summary_says_only_its_exports_are_mis
 
 def test_optimum_of_a_run_whose_event_loop_stalled_says_the_makespan_includes_it(tmp_path: Path) -> None:
     """A run whose client's event loop stalled (summary.json ``event_loop``): its makespan holds that time,
-    in which nothing moved whatever the schedule, and ``makespan ÷ best schedule`` blamed it on the
-    schedule without a word. The notes say it; a run whose loop did not stall has none."""
+    in which admission, dispatch and reading waited for the loop, and ``makespan ÷ best schedule`` blamed
+    it on the schedule without a word. The notes say it; a run whose loop did not stall has none."""
     run = _hand_made_run(tmp_path / "run")
     assert not any("event loop" in n for n in instance_from_run(run).notes)
     summary = json.loads((run / "summary.json").read_text())
@@ -501,3 +501,5 @@ def test_optimum_of_a_run_whose_event_loop_stalled_says_the_makespan_includes_it
     (run / "summary.json").write_text(json.dumps(summary))
     notes = instance_from_run(run).notes
     assert any("event loop stalled 0.050 s" in n and "33%" in n for n in notes), notes
+    # a loop with more work than it can run is late too: it waited, not 'nothing was admitted' (README)
+    assert any("waited for the loop" in n and "nothing was" not in n for n in notes), notes

@@ -262,8 +262,8 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
         part = f" ({100 * share:.0f}% of it)" if isinstance(share, int | float) else ""
         notes.append(
             f"the client's event loop stalled {stalled:.3f} s in the measured window (summary.json "
-            f"event_loop): the makespan includes that time{part}, in which nothing was admitted, dispatched "
-            "or read whatever the schedule"
+            f"event_loop): the makespan includes that time{part}, in which admission, dispatch and the "
+            "reading of responses waited for the loop, whatever the schedule"
         )
     if not order:
         raise UsageError(f"{run_dir}: the run started no trajectory")
