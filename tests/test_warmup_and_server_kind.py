@@ -82,6 +82,21 @@ def test_the_engines_version_is_best_effort_and_says_why_it_is_missing() -> None
         assert _version_of(kind, refused) == (None, f"not asked: a {kind} server has no GET /version")
 
 
+def test_an_engine_version_that_is_no_printable_text_is_not_recorded() -> None:
+    """A server's ``/version`` answer holding a lone UTF-16 surrogate (``"\\ud800"``) was recorded as it
+    was, and run.json written with it is no standard JSON (README: every output is, save a path's
+    undecodable bytes); a control character or line break in it would be printed as it is. Such an answer
+    is no version string: null, and why."""
+    import httpx
+
+    for raw in (b'{"version": "0.11\\ud800"}', b'{"version": "0.11\\n\\u001b[2J"}'):
+        reply = httpx.Response(200, content=raw, headers={"content-type": "application/json"})
+        answer = _version_of("vllm", lambda request, reply=reply: reply)
+        assert answer == (None, "GET /version: HTTP 200 without a version string"), (raw, answer)
+    unicode = httpx.Response(200, json={"version": "0.11.2+cu128 é"})
+    assert _version_of("vllm", lambda request: unicode)[0] == "0.11.2+cu128 é"
+
+
 @pytest.mark.timeout(60)
 def test_warmup_requests_are_retried_like_turns(tmp_path: Path) -> None:
     """A transient 429/503 during the untimed warm-up is retried under ``--max-retries`` (counted in

@@ -138,7 +138,8 @@ async def probe_version(
         version = json.loads(body)["version"]
     except (ValueError, KeyError, TypeError, RecursionError):
         version = None
-    if not isinstance(version, str) or not version.strip():
+    # not printable: a control character, or a lone surrogate ("\\ud800": run.json would be no standard JSON)
+    if not isinstance(version, str) or not version.strip() or not version.strip().isprintable():
         return None, "GET /version: HTTP 200 without a version string"
     return version.strip()[:MAX_VERSION_CHARS], "GET /version"
 
