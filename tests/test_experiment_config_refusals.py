@@ -304,3 +304,20 @@ def test_an_experiments_own_experiment_json_is_a_config_for_running_it_again(tmp
         f"{arm}: a record of kind 'asyncroll.experiment.arm', not an experiment config: give the "
         "experiment's config file, or its experiment.json (whose 'config' is read)"
     )
+
+
+def test_a_runs_run_json_given_as_an_experiment_config_is_refused_in_one_line(tmp_path: Path) -> None:
+    """An arm's client run.json (``DIR/arms/.../run.json``) given to ``experiment plan --config`` was
+    refused with one 'Field required' or 'unknown setting' line per key of the receipt (27 here), as an
+    arm.json was before: it has no ``kind``. It is refused as what it is, in one line, naming the
+    command that re-runs it."""
+    from tests.cli_runs import SMOKE
+
+    run = tmp_path / "run"
+    done = invoke("run", "--workload", SMOKE, "--output", run, "--no-progress")
+    assert done.exit_code == 0, done.output
+    with pytest.raises(UsageError) as refused:
+        load_experiment_config(run / "run.json")
+    message = str(refused.value)
+    assert message.startswith(f"{run / 'run.json'}: a run's run.json, not an experiment config"), message
+    assert "asyncroll run --config" in message and "\n" not in message, message

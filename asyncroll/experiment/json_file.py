@@ -44,6 +44,13 @@ def receipt_config(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     (its workload by the absolute path it resolved); any other JSON object as it is. Another of the
     experiment's records (an ``arm.json``, a ``comparison.json``), or an ``experiment.json`` without an
     object of settings, is refused by its kind: read as a config, each of its keys was an unknown setting."""
+    from asyncroll.receipt_settings import is_receipt
+
+    if "kind" not in data and is_receipt(data):  # a run's (an arm's client's, say): it has no kind
+        raise UsageError(
+            f"{path}: a run's run.json, not an experiment config (asyncroll run --config re-runs that run): "
+            "give the experiment's config file, or its experiment.json (whose 'config' is read)"
+        )
     kind = data.get("kind")
     if not (isinstance(kind, str) and kind.startswith("asyncroll.")):
         return data
