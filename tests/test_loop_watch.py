@@ -105,12 +105,11 @@ def test_an_unwatched_loop_or_an_unopened_window_has_no_figures(threshold: float
     assert "not watched" in section["note"] if threshold is None else "never opened" in section["note"]
 
 
-@pytest.mark.timeout(90)
-def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
-    """The client process is stopped (SIGSTOP) for 0.6 s once its first job started, as a machine with no
-    CPU to spare would: its workers go on, the loop does not. The run completes, and its events, summary,
-    trace.json and timeline.html record a stall of at least 0.5 s, and stderr warns of it."""
-    problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=150, turns=3) for i in range(4)]
+def _stalled_run(tmp_path: Path, trajectories: int, *flags: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """``asyncroll run`` of ``trajectories`` problems (3 turns of 50 ms model time and 150 ms jobs, one
+    worker), stopped (SIGSTOP) for 0.6 s once its first job started, as a machine with no CPU to spare for
+    the client would: its workers go on, its loop does not. The process, resumed, and its output folder."""
+    problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=150, turns=3) for i in range(trajectories)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     out = tmp_path / "run"
     command = [
@@ -123,15 +122,28 @@ def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
         "--output",
         str(out),
     ]
-    flags = ["--cpu-workers", "1", "--no-progress", "--metrics-port", "0"]
-    proc = subprocess.Popen([*command, *flags], cwd=REPO, stderr=subprocess.PIPE)
-    scraped: dict[str, float] = {}
+    proc = subprocess.Popen(
+        [*command, "--cpu-workers", "1", "--no-progress", *flags], cwd=REPO, stderr=subprocess.PIPE
+    )
     try:
         _wait_for(out / "events.jsonl", '"event":"cpu_started"')
-        port = json.loads((out / "run.json").read_text())["metrics"]["port"]
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(0.6)
         os.kill(proc.pid, signal.SIGCONT)
+    except BaseException:
+        end(proc)
+        raise
+    return proc, out
+
+
+@pytest.mark.timeout(90)
+def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
+    """A run whose client got no CPU for 0.6 s completes, and its events, summary, trace.json and
+    timeline.html record a stall of at least 0.5 s, stderr warns of it and the live counters count it."""
+    proc, out = _stalled_run(tmp_path, 4, "--metrics-port", "0")
+    scraped: dict[str, float] = {}
+    try:
+        port = json.loads((out / "run.json").read_text())["metrics"]["port"]
         with contextlib.suppress(OSError):  # the run ended first: the summary below still says it
             while proc.poll() is None and not scraped.get("asyncroll_event_loop_stalls_total"):
                 scraped = _scrape(f"http://127.0.0.1:{port}/metrics")
@@ -187,27 +199,8 @@ def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan_and_half_a_sec
 def test_an_interrupted_run_whose_loop_stalled_is_warned_about_too(tmp_path: Path) -> None:
     """An interrupted run writes summary.json too, and `run` says what it tells (telemetry, a server that
     was down): a stalled event loop, which may be why the run seemed stuck and was stopped, is said too."""
-    problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=150, turns=3) for i in range(60)]
-    workload = write_workload(tmp_path / "w.jsonl", problems)
-    out = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "asyncroll.cli",
-        "run",
-        "--workload",
-        str(workload),
-        "--output",
-        str(out),
-    ]
-    proc = subprocess.Popen(
-        [*command, "--cpu-workers", "1", "--no-progress"], cwd=REPO, stderr=subprocess.PIPE
-    )
+    proc, out = _stalled_run(tmp_path, 60)
     try:
-        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
-        os.kill(proc.pid, signal.SIGSTOP)
-        time.sleep(0.6)
-        os.kill(proc.pid, signal.SIGCONT)
         _wait_for(out / "events.jsonl", '"event":"loop_stalled"')
         os.kill(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)

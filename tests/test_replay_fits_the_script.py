@@ -227,59 +227,48 @@ def test_a_killed_run_is_refused_for_its_status_not_for_the_job_it_left_running(
     assert "has no cpu_finished" not in result.stderr and not out.exists()
 
 
-def test_a_trajectory_that_failed_in_the_run_and_not_in_the_replay_is_counted(tmp_path: Path) -> None:
+def _recorded_virtually(tmp_path: Path, problems: list[dict[str, Any]], **settings: Any) -> Path:
+    """A run of ``problems`` on a virtual clock with virtual workers (each job its declared time): its
+    folder, to replay."""
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    recorded = tmp_path / "recorded"
+    cfg = build_config({"workload": workload, "output": recorded, **settings})
+    clock = VirtualClock()
+    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
+    assert clock.run(run.execute()).status == "complete"
+    return recorded
+
+
+@pytest.mark.parametrize(
+    ("final", "change"), [(True, "failed → completed"), (False, "failed → failed (other turns)")]
+)
+def test_a_trajectory_that_failed_in_the_run_and_otherwise_in_the_replay_is_counted(
+    tmp_path: Path, final: bool, change: str
+) -> None:
     """A tool's error under --tool-errors fail ended a trajectory in the run; a replayed script cannot
-    fail that way, so the replay goes on with the script's timings. It said nothing: now stderr and
-    run.json count the trajectories that ended otherwise."""
+    fail that way, so the replay goes on with the script's timings, and completes, or runs out of script
+    and fails anew after other turns. It said nothing: now stderr and run.json count the trajectories
+    that ended otherwise (first only those whose status changed)."""
     (tmp_path / "boom.py").write_text("def boom(x):\n    raise ValueError(x)\n")
     tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
-    script = [
+    script: list[dict[str, Any]] = [
         {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
         {"type": "tool", "name": "boom", "arguments": {"x": 2}, "latency_ms": 10},  # never run for real
-        {"type": "final", "answer": "1", "latency_ms": 10},
     ]
+    script += [{"type": "final", "answer": "1", "latency_ms": 10}] if final else []  # else it runs out
     problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
-    workload = write_workload(tmp_path / "w.jsonl", [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)])
-    recorded = tmp_path / "recorded"
-    cfg = build_config({"workload": workload, "output": recorded, "tool_errors": "fail"})
-    clock = VirtualClock()
-    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
-    assert clock.run(run.execute()).status == "complete"
+    ok = tool_problem("ok", model_ms=5, cpu_ms=5)
+    recorded = _recorded_virtually(tmp_path, [*problems, ok], tool_errors="fail")
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", recorded, "--output", replay)
     assert result.exit_code == 0, result.output
-    assert "1 trajectory ended otherwise than in the run (1 failed → completed)" in result.stderr
-    # the job the run never ran has no measured cost: said so, without advising the replay it already is
-    assert "1 CPU job(s) took 0 s (boom.py::boom ×1) because the run never ran them" in result.stderr
-    assert "simulate --from-run a real run" not in result.stderr
-    receipt = json.loads((replay / "run.json").read_text())
-    assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → completed": 1}
-
-
-def test_a_trajectory_that_failed_in_both_after_other_turns_is_counted(tmp_path: Path) -> None:
-    """A tool's error under --tool-errors fail ended a trajectory at its first turn in the run; the
-    replayed script goes on past it, runs out and fails too, after other turns, which took the script's
-    timings. Only a change of status was counted: a replay that failed it anew said nothing."""
-    (tmp_path / "boom.py").write_text("def boom(x):\n    raise ValueError(x)\n")
-    tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
-    script = [
-        {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
-        {"type": "tool", "name": "boom", "arguments": {"x": 2}, "latency_ms": 10},  # never run for real
-    ]  # no final: the script runs out
-    problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
-    workload = write_workload(tmp_path / "w.jsonl", [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)])
-    recorded = tmp_path / "recorded"
-    cfg = build_config({"workload": workload, "output": recorded, "tool_errors": "fail"})
-    clock = VirtualClock()
-    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
-    assert clock.run(run.execute()).status == "complete"
-    replay = tmp_path / "replay"
-    result = simulate_here("--from-run", recorded, "--output", replay)
-    assert result.exit_code == 0, result.output
-    assert "1 trajectory ended otherwise than in the run (1 failed → failed (other turns))" in result.stderr
+    assert f"1 trajectory ended otherwise than in the run (1 {change})" in result.stderr
     assert "a model error, a tool error or a worker death cannot fail a replayed script" in result.stderr
+    if final:  # the job the run never ran has no measured cost: said so, without advising the replay it is
+        assert "1 CPU job(s) took 0 s (boom.py::boom ×1) because the run never ran them" in result.stderr
+        assert "simulate --from-run a real run" not in result.stderr
     receipt = json.loads((replay / "run.json").read_text())
-    assert receipt["simulation"]["replayed"]["ended_otherwise"] == {"failed → failed (other turns)": 1}
+    assert receipt["simulation"]["replayed"]["ended_otherwise"] == {change: 1}
 
 
 @pytest.mark.parametrize(
@@ -291,12 +280,7 @@ def test_a_replay_of_a_run_whose_loop_stalled_says_its_latencies_hold_the_stalls
     """A request the run's client measured across a stall of its event loop counts the stall as model
     latency, and the replay takes it as such: said when the run's summary.json says its loop stalled 5%
     of the makespan and 0.5 s or more (as ``run`` warns), not otherwise (nor for a run not watched)."""
-    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p", model_ms=5, cpu_ms=5)])
-    recorded = tmp_path / "recorded"
-    cfg = build_config({"workload": workload, "output": recorded})
-    clock = VirtualClock()
-    run = Run(prepare(cfg, ["test"]), clock, worker_factory=virtual_factory(clock, builtin_duration))
-    assert clock.run(run.execute()).status == "complete"
+    recorded = _recorded_virtually(tmp_path, [tool_problem("p", model_ms=5, cpu_ms=5)])
     summary = json.loads((recorded / "summary.json").read_text())
     summary["event_loop"] |= {"stalled_s": stalled_s, "fraction_of_makespan": fraction}
     (recorded / "summary.json").write_text(json.dumps(summary))
