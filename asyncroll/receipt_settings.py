@@ -9,8 +9,8 @@ the file the run read (its absolute path, whatever the current directory), a rel
 taken from the run's ``cwd``, a ``--policy asyncroll`` recorded when that name meant another pressure rule
 (``policy_canonical``; in a run.json written before 2026-12-03, which held the name there, the
 ``cpu_selected`` events beside it) runs that rule by its own name; a value equal to its default is left
-out, as from any config file (:func:`asyncroll.config.load_config_file`), so that the run's recorded defaults
-(``endpoint`` of a scripted run) are not taken for settings given against its backend."""
+out, as from any config file (:func:`asyncroll.config_file.load_config_file`), so that the run's recorded
+defaults (``endpoint`` of a scripted run) are not taken for settings given against its backend."""
 
 from __future__ import annotations
 

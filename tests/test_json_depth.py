@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncroll.config import load_config_file
+from asyncroll.config_file import load_config_file
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import load_experiment_config
 from asyncroll.json_depth import MAX_JSON_DEPTH, TOO_DEEP, JsonTooDeep, json_depth, json_loads

@@ -233,13 +233,8 @@ def run(
     flags.pop("endpoint", None)
     if endpoint:
         flags["endpoint"] = endpoint[0]
-    from asyncroll.config import (
-        MAX_PROCESS_WORKERS,
-        build_config,
-        config_file_origins,
-        config_file_paths_missing,
-        load_config_file,
-    )
+    from asyncroll.config import MAX_PROCESS_WORKERS, build_config
+    from asyncroll.config_file import config_file_origins, config_file_paths_missing, load_config_file
     from asyncroll.errors import OutputExistsError, UsageError, no_directory
 
     if "gpu_slots" in flags:
