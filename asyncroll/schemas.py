@@ -28,7 +28,7 @@ class RunReceiptModel(_Open):
     """``run.json``. The fields after ``error`` appear as the run gets that far: the time of each status
     it reached, the warm-up, the backend's settings (an HTTP backend), the live view's address
     (``--metrics-port``), the simulator's settings (a simulation); and, once it ended, the exports and
-    the exit code."""
+    the exit code; ``exports_regenerated`` once ``asyncroll timeline`` wrote them again."""
 
     schema_version: int
     status: Literal["preparing", "running", "complete", "failed", "interrupted"]
@@ -65,6 +65,8 @@ class RunReceiptModel(_Open):
     simulation: dict[str, Any] | None = None
     exports: dict[str, Any] | None = None
     exit_code: int | None = None
+    #: added by ``asyncroll timeline``: when, by which version, and each regenerated export's result
+    exports_regenerated: dict[str, Any] | None = None
 
 
 class Counts(BaseModel):

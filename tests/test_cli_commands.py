@@ -36,6 +36,20 @@ def test_the_run_schema_declares_every_key_a_run_writes(tmp_path: Path) -> None:
     assert written - declared == set()
 
 
+def test_the_run_schema_declares_the_key_timeline_adds(tmp_path: Path) -> None:
+    """`asyncroll timeline RUN_DIR` adds exports_regenerated to run.json (MEASUREMENT.md lists it among
+    run.json's keys, which `asyncroll schema run` describes); the schema left it out."""
+    out = tmp_path / "run"
+    done = invoke("simulate", "--workload", REPO / "examples" / "smoke.jsonl", "--output", out)
+    assert done.exit_code == 0, done.output
+    again = invoke("timeline", out)
+    assert again.exit_code == 0, again.output
+    written = set(json.loads((out / "run.json").read_text()))
+    assert "exports_regenerated" in written
+    declared = set(json.loads(cli("schema", "run").stdout)["properties"])
+    assert written - declared == set()
+
+
 def test_version_prints_the_installed_package_version() -> None:
     from importlib.metadata import version
 
