@@ -105,6 +105,15 @@ def test_an_unwatched_loop_or_an_unopened_window_has_no_figures(threshold: float
     assert "not watched" in section["note"] if threshold is None else "never opened" in section["note"]
 
 
+def test_a_run_that_ended_before_its_window_opened_says_so() -> None:
+    """A real run that failed before measurement_started (a worker that could not spawn) has no
+    measurement_started to read: its note says the window never opened, not that it was a simulation or
+    an older run, which it was not."""
+    section = LoopStallMeter().build(None)
+    assert section["watched"] is False and section["stalls"] is None
+    assert "never opened" in section["note"] and "simulation" not in section["note"]
+
+
 def _stalled_run(tmp_path: Path, trajectories: int, *flags: str) -> tuple[subprocess.Popen[bytes], Path]:
     """``asyncroll run`` of ``trajectories`` problems (3 turns of 50 ms model time and 150 ms jobs, one
     worker), stopped (SIGSTOP) for 0.6 s once its first job started, as a machine with no CPU to spare for

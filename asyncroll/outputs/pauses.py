@@ -66,9 +66,11 @@ class LoopStallMeter:
     def __init__(self) -> None:
         self.threshold_s: float | None = None  # from measurement_started: None, the loop was not watched
         self._spans: list[tuple[float, float]] = []  # (began, ended), clipped to the window at the end
+        self._opened = False  # measurement_started was read: the window opened
 
     def on_started(self, event: MeasurementStarted) -> None:
         self.threshold_s = event.loop_stall_s
+        self._opened = True
 
     def on_stalled(self, event: LoopStalled) -> None:
         self._spans.append((event.t - event.late_s, event.t))
@@ -79,7 +81,10 @@ class LoopStallMeter:
         watched = self.threshold_s is not None
         base: dict[str, Any] = {"watched": watched, "stall_threshold_s": self.threshold_s}
         if not watched or makespan_s is None:
-            why = "the window never opened" if watched else "not watched (a simulation, or an older run)"
+            if watched or not self._opened:
+                why = "the window never opened"
+            else:
+                why = "not watched (a simulation, or an older run)"
             nulls = dict.fromkeys(("stalls", "stalled_s", "longest_stall_s", "fraction_of_makespan"))
             return base | nulls | {"note": why}
         inside = [
