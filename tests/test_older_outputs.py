@@ -115,6 +115,17 @@ def test_optimum_refuses_a_summary_of_another_schema_version(recorded: Path, tmp
     assert "summary.json: schema_version 2; this asyncroll reads summary.json version 1 only" in result.output
 
 
+def test_optimum_refuses_a_run_json_of_another_schema_version(recorded: Path, tmp_path: Path) -> None:
+    """MEASUREMENT.md: a run another schema version wrote is refused, judged by run.json and the first
+    event, as timeline and simulate --from-run refuse it; optimum judged summary.json and the events only,
+    and solved a run whose run.json said schema_version 2 (reading its status as this version's)."""
+    run = other_version(recorded, tmp_path, "run.json")
+    result = invoke("optimum", run)
+    assert result.exit_code == 2, result.output
+    assert "run.json: schema_version 2; this asyncroll reads run.json version 1 only" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_an_event_of_another_version_in_the_middle_of_a_run_is_not_drawn(
     recorded: Path, tmp_path: Path
 ) -> None:

@@ -87,7 +87,7 @@ def timeline(
         raise fail(f"{run_dir}: the run is still going ({still}); its own exports follow when it ends")
     from asyncroll.outputs.rundir import EXPORTS, announce_exports, export
 
-    other = _other_schema_version(run_dir)
+    other = other_schema_version(run_dir)
     if other is not None:
         raise fail(
             f"{other}: draw it with the asyncroll that wrote the run (run.json: versions.asyncroll); its "
@@ -145,7 +145,7 @@ def timeline(
         )
 
 
-def _other_schema_version(run_dir: Path) -> str | None:
+def other_schema_version(run_dir: Path) -> str | None:
     """Where ``run_dir`` says another schema version wrote it — run.json's ``schema_version``, or the
     ``v`` of the first event in events.jsonl (one version writes a whole run) — else None. An unreadable
     file is not judged here: the exports skip or report what they cannot read."""

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from asyncroll.commands.common import Opt, fail, say, seconds
-from asyncroll.commands.files import still_running
+from asyncroll.commands.files import other_schema_version, still_running
 from asyncroll.json_depth import read_json_object
 
 #: The most solver workers CP-SAT accepts (its parameter check; 10001 made the solve "unknown" at once).
@@ -37,6 +37,9 @@ def optimum(
         raise fail(f"--threads must be ≥ 1, got {threads}")
     if threads > MAX_THREADS:  # CP-SAT reports more as an invalid model, which read as "no schedule in time"
         raise fail(f"--threads must be at most {MAX_THREADS} (CP-SAT's limit), got {threads}")
+    other = other_schema_version(run_dir)  # a run another version wrote: run.json or its first event
+    if other is not None:
+        raise fail(f"{other}: solve it with the asyncroll that wrote the run (run.json: versions.asyncroll)")
     status = (read_json_object(run_dir / "run.json") or {}).get("status")
     still_going = still_running(run_dir)
     if still_going is None and status in ("preparing", "running"):  # killed; maybe after its summary
