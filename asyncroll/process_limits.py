@@ -69,9 +69,10 @@ FILES_BESIDES = 64
 
 
 def open_files_for(inflight: int, workers: int) -> str | None:
-    """Lets a run against a server hold a connection per request in flight: raises the soft open-files
-    limit (``ulimit -n``) towards what ``inflight`` connections and ``workers`` need, as far as the hard
-    limit allows, and returns a warning where the hard limit is below that, else None. Under a common
+    """Lets a run hold its workers' pipes and, against a server, a connection per request in flight
+    (``inflight``; 0 for a scripted run): raises the soft open-files limit (``ulimit -n``) towards what
+    ``inflight`` connections and ``workers`` need, as far as the hard limit allows, and returns a warning
+    where the hard limit is below that, else None. Under a common
     ``ulimit -n 1024`` a run with 1,024 requests in flight had requests past it fail mid-run as transport
     errors ('Too many open files'), which opened the circuit as if the server were down, and the
     trajectories they were for failed."""
@@ -87,6 +88,12 @@ def open_files_for(inflight: int, workers: int) -> str | None:
             target = soft
     if target >= needed:
         return None
+    if not inflight:  # a scripted run: its workers' pipes alone
+        return (
+            f"warning: {workers} worker(s) need about {needed} open files, but this process may hold "
+            f"{target} (ulimit -n, its hard limit {_soft_hard(hard)}): workers past it cannot start ('Too "
+            "many open files'); raise ulimit -n or lower --cpu-workers"
+        )
     return (
         f"warning: {inflight} model requests in flight and {workers} worker(s) need about {needed} open "
         f"files, but this process may hold {target} (ulimit -n, its hard limit {_soft_hard(hard)}): "

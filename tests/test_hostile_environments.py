@@ -473,3 +473,18 @@ def test_a_run_with_more_requests_in_flight_than_open_files_says_so_before_it_st
     assert warning in done.stderr, done.stderr
     done = asyncroll(*args, "600", "--output", tmp_path / "raised", prepare=_open_files(200, 1024))
     assert "open files" not in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_scripted_run_raises_its_open_files_for_its_workers(tmp_path: Path) -> None:
+    """A scripted run's workers need pipes too: 8 workers under a soft ``ulimit -n 24`` (hard limit 1024)
+    could not start ('Too many open files') although the hard limit had room; the soft limit is raised
+    for them now, and a hard limit too low is said before the run starts."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1024:
+        pytest.skip("this process's open-files hard limit is below 1024 already")
+    args: list[str | Path] = ["run", "--workload", SMOKE, "--cpu-workers", "8", "--no-progress"]
+    done = asyncroll(*args, "--output", tmp_path / "raised", prepare=_open_files(24, 1024))
+    assert done.returncode == 0 and "open files" not in done.stderr, done.stderr
+    done = asyncroll(*args, "--output", tmp_path / "low", prepare=_open_files(24, 24))
+    assert "warning: 8 worker(s) need about 96 open files, but this process may hold 24" in done.stderr
+    assert done.returncode != 0, done.stderr  # as before: a worker that cannot start fails the run

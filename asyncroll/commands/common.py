@@ -118,13 +118,13 @@ def note_limit_past(limit: int | None, count: int, done: str) -> None:
 
 
 def open_files_for_requests(cfg: Any) -> None:
-    """Before a run against a server: room for a connection per request in flight under ``ulimit -n``
-    (:func:`asyncroll.process_limits.open_files_for`), said on stderr where the hard limit leaves none."""
+    """Before a run: room under ``ulimit -n`` for its workers' pipes and, against a server, a connection per
+    request in flight (:func:`asyncroll.process_limits.open_files_for`), said on stderr where the hard limit
+    leaves none."""
     from asyncroll.process_limits import open_files_for
 
-    if cfg.backend == "scripted":
-        return
-    warning = open_files_for(cfg.limits.max_inflight_model_requests, cfg.limits.cpu_workers)
+    inflight = 0 if cfg.backend == "scripted" else cfg.limits.max_inflight_model_requests
+    warning = open_files_for(inflight, cfg.limits.cpu_workers)
     if warning is not None:
         typer.echo(warning, err=True)
 

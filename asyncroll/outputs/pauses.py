@@ -95,7 +95,7 @@ class LoopStallMeter:
         lengths = [ended - began for began, ended in inside]
         return base | {
             "stalls": len(lengths),
-            "stalled_s": round(sum(lengths), 6),
+            "stalled_s": round(float(sum(lengths)), 6),  # 0.0, not 0, where there was none
             "longest_stall_s": round(max(lengths, default=0.0), 6),
             "fraction_of_makespan": round(sum(lengths) / makespan_s, 6) if makespan_s > 0 else None,
             "note": (
