@@ -147,3 +147,24 @@ def test_an_event_of_another_version_in_the_middle_of_a_run_is_not_drawn(
     result = invoke("timeline", run)
     assert result.exit_code == 0, result.output
     assert f"1 line(s) of {path} are not valid events" in result.stderr
+
+
+def test_exports_an_older_run_had_regenerated_say_which_code_drew_them(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """``exports_regenerated`` said only ``asyncroll: 0.1.0``, the version every checkout has: a run that an
+    older asyncroll wrote (no ``code`` in its run.json, 0.1.0 in its ``versions``) and this one redrew said
+    the same version for both, so which code drew the timeline a user opens could not be told. It names the
+    code as run.json's ``code`` does."""
+    from asyncroll.code_identity import code_version_once
+
+    run = tmp_path / "older"
+    shutil.copytree(recorded, run)
+    receipt = json.loads((run / "run.json").read_text())
+    receipt.pop("code", None)  # as 175efe0 wrote it: no ``code``
+    (run / "run.json").write_text(json.dumps(receipt))
+    result = invoke("timeline", run)
+    assert result.exit_code == 0, result.output
+    regenerated = json.loads((run / "run.json").read_text())["exports_regenerated"]
+    assert regenerated["code"] == code_version_once()
+    assert "code" not in {k for k in json.loads((run / "run.json").read_text()) if k != "exports_regenerated"}

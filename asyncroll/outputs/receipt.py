@@ -23,6 +23,7 @@ from typing import Any, Literal
 import psutil
 
 from asyncroll import __version__
+from asyncroll.code_identity import code_version_once
 from asyncroll.cpus import quota_cpus, usable_cpus
 from asyncroll.errors import OutputWriteError
 from asyncroll.json_checks import json_error_text
@@ -119,7 +120,7 @@ def _rewrite_in_place(path: Path, data: Any) -> bool:
 
 
 def record_regenerated_exports(run_dir: Path, exports: dict[str, Any]) -> str | None:
-    """Add ``exports_regenerated`` (when, by which version, each export's result) to a finished run's
+    """Add ``exports_regenerated`` (when, by which version and code, each export's result) to a finished run's
     run.json after ``asyncroll timeline`` wrote its exports again, beside the run's own ``exports``, which
     may say they failed (a full disk) or hold an older version's. None, or why run.json was left as it
     was (none, not a receipt, not writable): the exports are written either way."""
@@ -136,7 +137,9 @@ def record_regenerated_exports(run_dir: Path, exports: dict[str, Any]) -> str | 
         return f"{path} is not readable JSON ({json_error_text(exc) or exc}); left as it was"
     if not isinstance(receipt, dict):
         return f"{path} is not a receipt (not a JSON object); left as it was"
-    receipt["exports_regenerated"] = {"at": _iso(time.time()), "asyncroll": __version__, **exports}
+    # ``code`` as run.json's: every checkout is version 0.1.0, and the run may be an older asyncroll's
+    regenerated = {"at": _iso(time.time()), "asyncroll": __version__, "code": code_version_once()}
+    receipt["exports_regenerated"] = regenerated | exports
     try:
         write_json_atomic(path, receipt)
     except OSError as exc:
