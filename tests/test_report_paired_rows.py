@@ -145,3 +145,19 @@ def test_counts_are_written_as_integers() -> None:
     )
     totals = aggregate(comparison(ROWS))["pooled"]["a"]["totals"]
     assert json.dumps(totals["completed"]) == "6" and json.dumps(totals["total_cpu_s"]) == "0.6"
+
+
+def test_an_older_comparisons_float_counts_are_pooled_as_integers() -> None:
+    """A comparison.json written before counts were integers (175efe0 wrote ``"completed": 3.0``) reported
+    by this version gave aggregate.json pooled totals of ``6.0``, which the strictly typed reader this
+    version writes integers for refuses; a count is a whole number whichever version wrote it, and a float
+    count (GPU-hours, CPU-s, stalled seconds) stays a float."""
+    import json
+
+    data = comparison(ROWS)
+    for pair in data["pairs"]:
+        for entry in pair["arms"].values():
+            entry["counts"] = {k: None if v is None else float(v) for k, v in entry["counts"].items()}
+    totals = aggregate(data)["pooled"]["a"]["totals"]
+    assert json.dumps(totals["completed"]) == "6" and json.dumps(totals["trajectories"]) == "6"
+    assert json.dumps(totals["total_cpu_s"]) == "0.6"

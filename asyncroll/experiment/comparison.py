@@ -89,6 +89,8 @@ COUNTS: tuple[tuple[str, str], ...] = (
     ("allocated_gpu_hours", "throughput.allocated_gpu_hours"),
     ("total_cpu_s", "cpu_cost.total_cpu_s"),
 )
+#: The counts above measured in seconds or hours, not a number of things: the rest are whole numbers.
+FLOAT_COUNTS = frozenset({"loop_stalled_s", "allocated_gpu_hours", "total_cpu_s"})
 
 #: Summary ratios and the summary count each is over: a null ratio whose count is 0 is *undefined* (a
 #: ratio over no events: a run with no completion has no CPU-s per completion), not unknown.

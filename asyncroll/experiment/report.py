@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import OutputWriteError, UsageError
-from asyncroll.experiment.comparison import COUNTS, DENOMINATORS, METRICS, validate_comparison
+from asyncroll.experiment.comparison import (
+    COUNTS,
+    DENOMINATORS,
+    FLOAT_COUNTS,
+    METRICS,
+    validate_comparison,
+)
 from asyncroll.experiment.json_file import read_json_file
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import median, paired_change
@@ -51,13 +57,16 @@ def load_comparison(path: Path) -> dict[str, Any]:
 def pooled_totals(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Each count summed over ``rows`` (one arm's entries in the complete pairs); a count that is unknown
     (null or absent) in any of them is left out: a sum with a gap in it is not a total. A sum of integers
-    is an integer (written ``3``, not ``3.0``)."""
+    is an integer (written ``3``, not ``3.0``), and so is a whole count of things an older comparison.json
+    wrote as a float (``3.0``, before 2026-12-06)."""
     names = {name for row in rows for name in row["counts"]}
     totals: dict[str, float] = {}
     for name in sorted(names):
         values = [row["counts"].get(name) for row in rows]
         if all(v is not None for v in values):
-            totals[name] = sum(values)
+            total = sum(values)
+            whole = name not in FLOAT_COUNTS and isinstance(total, float) and total.is_integer()
+            totals[name] = int(total) if whole else total
     return totals
 
 
