@@ -213,3 +213,26 @@ def test_a_checkout_owned_by_another_user_records_its_commit(
     assert refused.returncode != 0  # git's own refusal, which asyncroll's record must not take for none
     code = fingerprint_module.code_version()
     assert code["commit"] == commit and code["describe"] == short, code
+
+
+def test_a_resume_of_an_older_experiment_says_a_version_it_did_not_record_was_not_recorded(
+    tmp_path: Path,
+) -> None:
+    """An experiment 175efe0 started recorded no click, orjson, uvicorn… versions: its refused resume said
+    ``click None → 8.5.1``, as it says ``nvidia-ml-py 13.6 → None`` for a package not installed now, so the
+    older experiment read as if it had run without click. A name the receipt lacks is "not recorded"."""
+    import copy
+
+    from asyncroll.experiment.fingerprint import FingerprintMismatch, fingerprint, require_same
+
+    cfg = lean(tmp_path)
+    now = fingerprint(cfg, "0" * 64, {})
+    older = copy.deepcopy(now)
+    del older["detail"]["software"]["click"]
+    older["detail"]["software"]["orjson"] = None
+    older["components"]["software"] = "0" * 64
+    with pytest.raises(FingerprintMismatch) as refused:
+        require_same(older, now, "resume")
+    said = str(refused.value)
+    assert f"click (not recorded) → {now['detail']['software']['click']}" in said, said
+    assert f"orjson None → {now['detail']['software']['orjson']}" in said, said

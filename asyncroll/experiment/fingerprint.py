@@ -90,6 +90,10 @@ def fingerprint(cfg: ExperimentConfig, workload_sha256: str, tools: dict[str, Pa
     }
 
 
+#: In a refusal, a name the receipt does not hold at all (an older version's records fewer).
+_UNRECORDED = "(not recorded)"
+
+
 def _short(value: Any) -> Any:
     """A hex digest cut to 12 digits (enough to tell two apart in a message); anything else as it is."""
     if isinstance(value, str) and len(value) >= 40 and all(c in "0123456789abcdef" for c in value):
@@ -111,7 +115,10 @@ def require_same(recorded: dict[str, Any], current: dict[str, Any], what: str) -
     for key in changed:
         if key in named:
             before, after = recorded.get("detail", {}).get(key) or {}, current["detail"].get(key) or {}
-            diff = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))}
+            # a name one side lacks (an older receipt recorded fewer) is "not recorded", not None
+            diff = {
+                k: (before.get(k, _UNRECORDED), after.get(k, _UNRECORDED)) for k in sorted({*before, *after})
+            }
             parts = [f"{k} {_short(b)} → {_short(a)}" for k, (b, a) in diff.items() if b != a]
             detail.append(f"{key}: {', '.join(parts) or f'{_short(old.get(key))} → {_short(new.get(key))}'}")
         else:
