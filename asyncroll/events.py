@@ -40,9 +40,6 @@ class MeasurementStarted(Event):
     #: what every ``t`` is on: real seconds, or a simulation's virtual ones (``wall_time`` is real in both,
     #: so wall_time + t is a date only on a monotonic clock); None in a file written before the field
     clock: Literal["monotonic", "virtual"] | None = None
-    #: the event loop is watched for stalls at least this long (``loop_stalled``); None: not watched (a
-    #: simulation, whose clock is virtual, or a file written before the watch existed)
-    loop_stall_s: float | None = None
 
 
 class MeasurementFinished(Event):
@@ -52,11 +49,23 @@ class MeasurementFinished(Event):
     reason: str | None = None
 
 
+class LoopWatched(Event):
+    """A real run watches its event loop through the measured window (once, at its start): it sleeps
+    ``probe_s`` at a time, and a wake-up ``stall_s`` or more late is a ``loop_stalled``. None in a
+    simulation (its clock is virtual) or in a file written before the watch existed. An event of its own,
+    not a field of ``measurement_started``: an older asyncroll skips an event type it does not know, but
+    took a ``measurement_started`` with a field it did not know for a damaged line."""
+
+    event: Literal["loop_watched"] = "loop_watched"
+    probe_s: float
+    stall_s: float
+
+
 class LoopStalled(Event):
     """The client's event loop woke ``late_s`` seconds later than it asked to, at ``t``: from ``t - late_s``
     to ``t`` the loop could not run its callbacks in time (a blocking call held it, it had more work than it
     could run, or the client got no CPU), and admission, dispatch and the reading of responses waited for
-    it. Only stalls of at least ``measurement_started.loop_stall_s``."""
+    it. Only stalls of at least ``loop_watched.stall_s``."""
 
     event: Literal["loop_stalled"] = "loop_stalled"
     late_s: float
@@ -329,6 +338,7 @@ class ResourceSample(Event):
 AnyEvent = Annotated[
     MeasurementStarted
     | MeasurementFinished
+    | LoopWatched
     | LoopStalled
     | WorkerReady
     | WorkerRestarting

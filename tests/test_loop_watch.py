@@ -21,7 +21,7 @@ import pytest
 from asyncroll.clock import SystemClock
 from asyncroll.commands.common import warn_loop_stalls
 from asyncroll.event_log import EventLog
-from asyncroll.events import Event, LoopStalled, MeasurementStarted
+from asyncroll.events import Event, LoopStalled, LoopWatched, MeasurementStarted
 from asyncroll.outputs.pauses import LoopStallMeter
 from asyncroll.runtime.loop_watch import LoopWatch
 from tests.children import end
@@ -57,20 +57,20 @@ def test_a_blocking_call_on_the_loop_is_a_stall_as_long_as_it() -> None:
     assert loop_watch.stalls == len(stalls) and loop_watch.stalled_s == pytest.approx(total, abs=1e-5)
 
 
-def _started(loop_stall_s: float | None) -> MeasurementStarted:
-    return MeasurementStarted(
-        wall_time=0.0,
-        policy="fifo",
-        max_active_trajectories=1,
-        max_inflight_model_requests=1,
-        cpu_workers=1,
-        loop_stall_s=loop_stall_s,
+def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:
+    """The window opens (measurement_started) and, unless ``stall_s`` is None (a simulation, an older
+    run), the loop is watched (loop_watched)."""
+    started = MeasurementStarted(
+        wall_time=0.0, policy="fifo", max_active_trajectories=1, max_inflight_model_requests=1, cpu_workers=1
     )
+    meter.on_started(started)
+    if stall_s is not None:
+        meter.on_watched(LoopWatched(probe_s=0.05, stall_s=stall_s))
 
 
 def test_the_summary_counts_stalls_inside_the_window_only() -> None:
     meter = LoopStallMeter()
-    meter.on_started(_started(0.1))
+    _watched(meter, 0.1)
     for t, late in ((0.05, 0.2), (1.0, 0.3), (2.0, 0.25), (9.0, 0.5)):  # began before t=0; ; ; after the end
         meter.on_stalled(LoopStalled(t=t, late_s=late))
     section = meter.build(makespan_s=2.1)
@@ -79,7 +79,7 @@ def test_the_summary_counts_stalls_inside_the_window_only() -> None:
     assert section["longest_stall_s"] == pytest.approx(0.3)
     assert section["fraction_of_makespan"] == pytest.approx(0.6 / 2.1, abs=1e-6)
     calm = LoopStallMeter()
-    calm.on_started(_started(0.1))
+    _watched(calm, 0.1)
     assert calm.build(3.0) | {"note": None} == {
         "watched": True,
         "stall_threshold_s": 0.1,
@@ -96,7 +96,7 @@ def test_an_unwatched_loop_or_an_unopened_window_has_no_figures(threshold: float
     """A simulation (or an events.jsonl from before the watch) is not watched: its figures are unknown,
     never 0; nor are they known for a watched run whose measured window never opened."""
     meter = LoopStallMeter()
-    meter.on_started(_started(threshold))
+    _watched(meter, threshold)
     section = meter.build(5.0 if threshold is None else None)
     assert section["watched"] is (threshold is not None)
     assert [section[k] for k in ("stalls", "stalled_s", "longest_stall_s", "fraction_of_makespan")] == [
@@ -164,7 +164,8 @@ def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
     assert b"warning: the client's event loop stalled" in stderr and b"summary.json: event_loop" in stderr
     _receipt, summary, events = load_run(out)
     started = next(e for e in events if isinstance(e, MeasurementStarted))
-    assert started.clock == "monotonic" and started.loop_stall_s == 0.1
+    [watched] = [e for e in events if isinstance(e, LoopWatched)]
+    assert started.clock == "monotonic" and (watched.t, watched.probe_s, watched.stall_s) == (0.0, 0.05, 0.1)
     assert max(e.late_s for e in events if isinstance(e, LoopStalled)) >= 0.5
     loop = summary["event_loop"]
     assert loop["watched"] and loop["stalls"] >= 1 and loop["longest_stall_s"] >= 0.5

@@ -435,22 +435,22 @@ def test_jobs_longer_than_the_tool_timeout_are_said_to_have_timed_out(tmp_path: 
 #: records the new digests (the asyncroll policy's ridge fits could differ in the last bits elsewhere).
 OUTPUT_DIGESTS: dict[tuple[int, str], tuple[str, str, str]] = {
     (1, "fifo"): (
-        "ebd7c43d3a3656cdaae54f8d6631e5e4ab8ae65808be025a787a7d96de5113be",
+        "b62dceacbd3422dd5ff097b6bc91d7723c4abe301a247eb1b76004bde8fed7f4",
         "38a9c185431b6a0f8321dc005a0cb718228e28493fd737c7526d4e3f88ff7ff3",
         "144611701230afe39a25f0b587565d82ad982b5984c3f9f6b55c2002b084ba6b",
     ),
     (2, "tool_first"): (
-        "cb05b76dc948cf3eb767c42cb54674f54ef0956e693b041c63cd53b6d4c83881",
+        "90604e58fdf6e66ce3d8a50c6c6659011a3d807fbe8d8b4a3bcea5b813b63b9b",
         "05e76bb5f2cf541b6095fdccbd74669c4b4e5f9b1ac3f2f6db9b61860f9d1cee",
         "c6b6c3368bbb3189fa75580daff40f275aa016ed9477583d5d7138e5a958516d",
     ),
     (3, "asyncroll"): (
-        "a2b93ff092f1e06d67d962ef52e65a638417ac46383416731b82232d706101d5",
+        "3d399fda5719d27612de3a2d4182cf7a6db63ad356d2aad2719c996ce4ffcf37",
         "de866a99344c8faa0ff4bba932b6fd26ff35e2b81574a17182d1ab0a42dace51",
         "5d6236f27aa41b1176099dede0292084a557c19558175dcb5d49f733ddb03b49",
     ),
     (1, "asyncroll"): (
-        "fec6c8ff91d44db2fc9cd1762bed59417529b9e03c1e9e533ee624a25f9e9934",
+        "1e8e6ec6b2e23136ca06d9a19636e7fe543daa283c09126a8a839bb47d9c9945",
         "4f43fee67273fa8e03b0054286a2c19efe20e341001fc6339a484d6f9f5dcdc4",
         "6779e687c8c118873ff2163044882d62c45618fadcb01228a3721995b6b79d46",
     ),

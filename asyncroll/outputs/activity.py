@@ -296,6 +296,9 @@ class _Pairer:
     def on_server_available(self, e: ev.ServerAvailable) -> None:
         self.end("circuit", 0, e.t, "ok", (("scheduler", 0),), None, _pick(e, "paused_s", "probes"))
 
+    def on_loop_watched(self, e: ev.LoopWatched) -> None:
+        pass  # the watch's settings: the summary's; nothing to draw
+
     def on_loop_stalled(self, e: ev.LoopStalled) -> None:
         # the event loop was held from t - late_s to t: never drawn before the run's first event
         start = min(e.t, max(e.t - e.late_s, self.a.t_min))

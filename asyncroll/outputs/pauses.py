@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncroll.events import LoopStalled, MeasurementStarted, ModelPaused, ServerAvailable, ServerUnavailable
+from asyncroll.events import (
+    LoopStalled,
+    LoopWatched,
+    MeasurementStarted,
+    ModelPaused,
+    ServerAvailable,
+    ServerUnavailable,
+)
 
 #: A run whose event loop stalled for at least this fraction of its makespan, and this many seconds, is
 #: warned about on stderr (a single 0.1 s hiccup of a loaded machine in a 1 s run is not worth a warning).
@@ -64,13 +71,15 @@ class CircuitMeter:
 
 class LoopStallMeter:
     def __init__(self) -> None:
-        self.threshold_s: float | None = None  # from measurement_started: None, the loop was not watched
+        self.threshold_s: float | None = None  # from loop_watched: None, the loop was not watched
         self._spans: list[tuple[float, float]] = []  # (began, ended), clipped to the window at the end
         self._opened = False  # measurement_started was read: the window opened
 
     def on_started(self, event: MeasurementStarted) -> None:
-        self.threshold_s = event.loop_stall_s
         self._opened = True
+
+    def on_watched(self, event: LoopWatched) -> None:
+        self.threshold_s = event.stall_s
 
     def on_stalled(self, event: LoopStalled) -> None:
         self._spans.append((event.t - event.late_s, event.t))

@@ -15,7 +15,7 @@ import asyncio
 
 from asyncroll.clock import Clock
 from asyncroll.event_log import EventLog
-from asyncroll.events import LoopStalled
+from asyncroll.events import LoopStalled, LoopWatched
 
 #: How long the watch sleeps at a time: ~20 wake-ups a second, a few µs each.
 PROBE_S = 0.05
@@ -36,6 +36,10 @@ class LoopWatch:
         self.stall_s = stall_s
         self.stalls = 0
         self.stalled_s = 0.0
+
+    def announce(self) -> LoopWatched:
+        """The ``loop_watched`` event: the loop is watched, and how (emitted as the window opens)."""
+        return LoopWatched(probe_s=self.probe_s, stall_s=self.stall_s)
 
     async def run(self) -> None:
         """Sleep ``probe_s`` at a time until cancelled."""

@@ -46,7 +46,7 @@ from asyncroll.runtime.collaborators import (
 )
 from asyncroll.runtime.daemon_thread import in_daemon_thread
 from asyncroll.runtime.dispatcher import CpuDispatcher
-from asyncroll.runtime.loop_watch import STALL_S, LoopWatch
+from asyncroll.runtime.loop_watch import LoopWatch
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerFactory, WorkerPool
 from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
@@ -278,12 +278,12 @@ class Run:
                             max_inflight_model_requests=limits.max_inflight_model_requests,
                             cpu_workers=limits.cpu_workers,
                             clock="virtual" if clock.virtual else "monotonic",
-                            loop_stall_s=None if clock.virtual else STALL_S,
                         ),
                         at=origin,  # t = 0: every other t is seconds since this event
                     )
                     outer.create_task(sampler.run())
                     if loop_watch is not None:
+                        events.emit(loop_watch.announce(), at=origin)
                         watch = outer.create_task(loop_watch.run())
                     async with OrderedTaskGroup() as tg:
                         problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
