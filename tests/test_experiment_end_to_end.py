@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import asyncroll
 from asyncroll.experiment.config import load_experiment_config
 from asyncroll.experiment.plan import build_plan
 from asyncroll.experiment.report import aggregate
@@ -131,6 +132,8 @@ def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
     comparison = read(out / "comparison.json")
     assert [p["complete"] for p in comparison["pairs"]] == [True, True]
     assert comparison["failed_arms"] == []
+    # the engine's version each arm's client recorded (serve-sim answers GET /version as vLLM does)
+    assert comparison["server_versions"]["GET /version"] == [f"asyncroll serve-sim {asyncroll.__version__}"]
     for pair in comparison["pairs"]:
         for arm in pair["arms"].values():
             assert arm["counts"]["completed"] == 3

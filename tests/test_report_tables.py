@@ -90,7 +90,7 @@ def test_a_comparison_without_its_bootstrap_settings_uses_and_reports_the_defaul
 
 def test_the_server_versions_line_flags_a_version_that_differs_between_arms() -> None:
     data = comparison(ROWS)
-    line = "Server versions seen in the arms' logs: "
+    line = "Server versions seen in the arms' logs (and answered to their clients' GET /version): "
     assert line + "none parsed." in markdown(aggregate(data)).splitlines()
     data["server_versions"] = {"vllm_version": ["0.6.1", "0.6.2"], "sglang_version": ["0.4.1"]}
     assert (

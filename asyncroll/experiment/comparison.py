@@ -149,10 +149,27 @@ def _rule(summary: dict[str, Any] | None) -> str | None:
     return rule if isinstance(rule, str) else None
 
 
+#: comparison.json's ``server_versions`` key for the engine's version each arm's client recorded (its
+#: run.json's ``backend.server_version``, asked with ``GET /version``) beside those parsed from server logs.
+REPORTED_VERSION = "GET /version"
+
+
+def reported_version(arm_dir: Path) -> str | None:
+    """The engine's version an arm's client recorded in its run.json (None: none, or no run.json)."""
+    from asyncroll.json_depth import read_json_object
+
+    backend = (read_json_object(arm_dir / "run" / "run.json") or {}).get("backend")
+    version = backend.get("server_version") if isinstance(backend, dict) else None
+    return version if isinstance(version, str) else None
+
+
 def build_comparison(
-    experiment: dict[str, Any], summaries: Mapping[str, dict[str, Any] | None]
+    experiment: dict[str, Any],
+    summaries: Mapping[str, dict[str, Any] | None],
+    reported: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """comparison.json from experiment.json's data and each comparison arm's summary (None if absent)."""
+    """comparison.json from experiment.json's data and each comparison arm's summary (None if absent);
+    ``reported``: the engine's version each arm's client recorded (:func:`reported_version`)."""
     config = experiment["config"]
     arm_names = [a["name"] for a in config["arms"]]
     policies = {a["name"]: a["policy"] for a in config["arms"]}
@@ -196,6 +213,9 @@ def build_comparison(
             if key.endswith("_version"):
                 versions.setdefault(key, [])
                 versions[key] += [v for v in values if v not in versions[key]]
+    for version in (reported or {}).values():
+        if version is not None and version not in versions.setdefault(REPORTED_VERSION, []):
+            versions[REPORTED_VERSION].append(version)
     for pair in pairs.values():
         pair["complete"] = all(
             pair["arms"][n]["status"] == "complete" for n in arm_names if n in pair["arms"]

@@ -139,7 +139,7 @@ def markdown(agg: dict[str, Any]) -> str:
         "on, and any pair it leaves out is named.",
         "",
         *_run_order(agg),
-        "Server versions seen in the arms' logs: "
+        "Server versions seen in the arms' logs (and answered to their clients' GET /version): "
         + (
             "; ".join(
                 f"{k} {', '.join(v)}" + (" (**differs between arms**)" if len(v) > 1 else "")

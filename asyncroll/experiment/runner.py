@@ -65,7 +65,7 @@ from asyncroll.experiment.arms import (
     load_summary,
     run_arm,
 )
-from asyncroll.experiment.comparison import build_comparison, write_comparison
+from asyncroll.experiment.comparison import build_comparison, reported_version, write_comparison
 from asyncroll.experiment.config import STAGES, ExperimentConfig
 from asyncroll.experiment.fingerprint import fingerprint, require_same
 from asyncroll.experiment.gates import evaluate_gates, gate_text
@@ -416,11 +416,13 @@ class ExperimentRunner:
         return Outcome(status, code, message + f"\ncomparison: {self.output / 'comparison.json'}")
 
     def _write_comparison(self, receipt: ExperimentReceipt) -> None:
-        summaries = {}
+        summaries, reported = {}, {}
         for arm in self.plan:
             if arm.stage == COMPARISON and receipt.arm(arm.id)["status"] == "complete":
                 summaries[arm.id] = load_summary(arm_dir(self.output, arm))
-        write_comparison(self.output / "comparison.json", build_comparison(receipt.data, summaries))
+                reported[arm.id] = reported_version(arm_dir(self.output, arm))
+        comparison = build_comparison(receipt.data, summaries, reported)
+        write_comparison(self.output / "comparison.json", comparison)
 
 
 def _mark_cut_stages(receipt: ExperimentReceipt) -> None:
