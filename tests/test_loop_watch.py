@@ -89,6 +89,8 @@ def test_the_summary_counts_stalls_inside_the_window_only() -> None:
         "fraction_of_makespan": 0.0,
         "note": None,
     }
+    # seconds are a float in summary.json even where there were none (0 == 0.0: the dict compares equal)
+    assert type(calm.build(3.0)["stalled_s"]) is float and type(calm.build(3.0)["longest_stall_s"]) is float
 
 
 @pytest.mark.parametrize("threshold", [None, 0.1])
