@@ -17,7 +17,7 @@ from asyncroll.clock import Clock
 from asyncroll.event_log import EventLog
 from asyncroll.events import LoopStalled, LoopWatched
 
-#: How long the watch sleeps at a time: ~20 wake-ups a second, a few µs each.
+#: How long the watch sleeps at a time: 20 wake-ups a second, one timer callback each.
 PROBE_S = 0.05
 #: A wake-up at least this late is a stall (an idle loop wakes late by well under a millisecond).
 STALL_S = 0.1
