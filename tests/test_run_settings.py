@@ -251,6 +251,39 @@ def test_structured_output_with_replay_says_it_does_nothing(
     assert "no effect" not in agent.stderr + plain.stderr, agent.output + plain.output
 
 
+@pytest.mark.parametrize(
+    ("given", "off", "want"),
+    [
+        (
+            ("--retry-max-delay", "3"),
+            ("--max-retries", "0"),
+            "--retry-max-delay has no effect with --max-retries 0",
+        ),
+        (
+            ("--server-down-timeout", "5"),
+            ("--circuit-failures", "0"),
+            "--server-down-timeout has no effect with --circuit-failures 0",
+        ),
+    ],
+)
+def test_a_retry_or_circuit_setting_with_its_mechanism_off_says_it_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: tuple[str, str], off: tuple[str, str], want: str
+) -> None:
+    """``--retry-max-delay`` caps the delay of a retry and ``--server-down-timeout`` bounds an open circuit:
+    with no retries (``--max-retries 0``, the default) or no circuit (``--circuit-failures 0``) neither is
+    ever read, and both were accepted without a word, the run recording a setting that did nothing."""
+    http = ("--workload", SMOKE, "--backend", "openai", "--model", "m")
+    for name, args in (("off", off), ("default", ())):
+        if name == "default" and off[0] == "--circuit-failures":
+            continue  # the circuit is on by default (5)
+        result, seen = run_in_process(monkeypatch, *http, *given, *args, "--output", tmp_path / name)
+        assert result.exit_code == 0 and seen, result.output
+        assert f"warning: {want}" in result.stderr
+    on = ("--max-retries", "2") if off[0] == "--max-retries" else ("--circuit-failures", "3")
+    used, _ = run_in_process(monkeypatch, *http, *given, *on, "--output", tmp_path / "on")
+    assert used.exit_code == 0 and "no effect" not in used.stderr, used.output
+
+
 @pytest.mark.timeout(60)
 def test_a_limit_past_the_workload_is_said(tmp_path: Path) -> None:
     """``--limit 100`` on a 3-problem workload ran 3 without a word, where the converters say it."""

@@ -106,6 +106,25 @@ def warn_replay_structured(cfg: Any) -> None:
         )
 
 
+#: HTTP settings read only by a mechanism another setting can turn off: config field → (flag, the
+#: setting that turns it off, its value then, what is then never done).
+UNREAD_WHEN_OFF = {
+    "retry_max_delay": ("--retry-max-delay", "max_retries", 0, "no request is retried"),
+    "server_down_timeout": ("--server-down-timeout", "circuit_failures", 0, "the circuit never opens"),
+}
+
+
+def warn_mechanism_off(cfg: Any) -> None:
+    """``--retry-max-delay`` said to do nothing without retries (``--max-retries 0``, the default) and
+    ``--server-down-timeout`` without a circuit (``--circuit-failures 0``): run.json would record a
+    setting that nothing read."""
+    for name, (flag, switch, off, why) in UNREAD_WHEN_OFF.items():
+        if name in cfg.model_fields_set and getattr(cfg, switch) == off:
+            typer.echo(
+                f"warning: {flag} has no effect with --{switch.replace('_', '-')} {off} ({why})", err=True
+            )
+
+
 def note_limit_past(limit: int | None, count: int, done: str) -> None:
     """Say so when the workload held fewer problems than ``--limit`` asked for (``done``: what became of
     them, ``run``), as the converters say it: a protocol that names a batch size should not find out from

@@ -19,6 +19,7 @@ from asyncroll.commands.common import (
     warn_exports,
     warn_loop_stalls,
     warn_low_address_space,
+    warn_mechanism_off,
     warn_moved,
     warn_no_evaluations,
     warn_no_telemetry_source,
@@ -297,6 +298,7 @@ def run(
     warn_unread(values, [cfg.policy], f"--policy {cfg.policy}")
     warn_no_telemetry_source(cfg)
     warn_replay_structured(cfg)
+    warn_mechanism_off(cfg)
     raise typer.Exit(_run(cfg))
 
 
