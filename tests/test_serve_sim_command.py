@@ -116,11 +116,18 @@ def test_cli_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         # served, with the KV gauge pinned at 1.0, where vLLM refuses to start: no sequence of the
         # context length fits in the cache
         (["--kv-cache-tokens", "1000"], "--max-model-len 32768 is larger than the KV cache holds"),
+        # served with the setting unread: no request is answered 429 or delayed
+        (["--retry-after", "3"], "--retry-after needs --rate-429 (no request is answered 429)"),
+        (["--slow-s", "5"], "--slow-s needs --slow-rate (no request is delayed)"),
+        (["--retry-after", "3", "--rate-429", "0"], "--retry-after needs --rate-429"),
     ):
         result = invoke("serve-sim", "--port", "0", *args)
         assert result.exit_code == 2 and not served, (args, result.output)
         assert needle in result.stderr
     assert invoke("serve-sim", "--port", "0").exit_code == 0 and len(served) == 1  # the recorder works
+    for args in (["--retry-after", "3", "--rate-429", "0.1"], ["--slow-s", "5", "--slow-rate", "0.5"]):
+        assert invoke("serve-sim", "--port", "0", *args).exit_code == 0, args
+    assert served[1].faults.retry_after_s == 3 and served[2].faults.slow_s == 5
 
 
 @pytest.mark.timeout(30)

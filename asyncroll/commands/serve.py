@@ -15,6 +15,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def serve_sim(
+    ctx: typer.Context,
     host: Annotated[str, Opt(help="Address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, Opt(help="Port; 0 picks a free one (printed on the first line).")] = 8000,
     model: Annotated[str, Opt(help="The served model name requests must use.")] = "sim",
@@ -37,7 +38,9 @@ def serve_sim(
     rate_429: Annotated[float, Opt("--rate-429", help="Fraction of requests answered 429.")] = 0.0,
     rate_500: Annotated[float, Opt("--rate-500", help="Fraction answered 500.")] = 0.0,
     rate_503: Annotated[float, Opt("--rate-503", help="Fraction answered 503.")] = 0.0,
-    retry_after: Annotated[float, Opt(help="retry-after of a 429, s (negative: none).")] = 1.0,
+    retry_after: Annotated[
+        float, Opt(help="retry-after of a 429, s (negative: none; with --rate-429).")
+    ] = 1.0,
     reset_rate: Annotated[float, Opt(help="Fraction whose connection is reset before a response.")] = 0.0,
     truncate_rate: Annotated[float, Opt(help="Fraction whose body is cut off mid-way.")] = 0.0,
     malformed_rate: Annotated[float, Opt(help="Fraction answered 200 with a body that is not JSON.")] = 0.0,
@@ -45,7 +48,7 @@ def serve_sim(
         float, Opt(help="With --no-enforce-schema: fraction answered with prose, not an action.")
     ] = 0.0,
     slow_rate: Annotated[float, Opt(help="Fraction delayed by --slow-s before the engine.")] = 0.0,
-    slow_s: Annotated[float, Opt(help="Delay of a slow request, s.")] = 1.0,
+    slow_s: Annotated[float, Opt(help="Delay of a slow request, s (with --slow-rate).")] = 1.0,
     reject_schema: Annotated[
         bool,
         Opt(
@@ -101,6 +104,14 @@ def serve_sim(
         raise fail(str(exc)) from None
     if invalid_action_rate and enforce_schema:
         raise fail("--invalid-action-rate needs --no-enforce-schema (an enforcing server never sends one)")
+    # a setting of a fault that is never drawn would be served unread, as if it shaped the replies
+    for name, flag, rate, needs, why in (
+        ("retry_after", "--retry-after", rate_429, "--rate-429", "no request is answered 429"),
+        ("slow_s", "--slow-s", slow_rate, "--slow-rate", "no request is delayed"),
+    ):
+        source = ctx.get_parameter_source(name)  # by name: typer may carry a click of its own
+        if not rate and source is not None and source.name == "COMMANDLINE":
+            raise fail(f"{flag} needs {needs} ({why})")
     try:
         code = serve_forever(sim, host, port, log_level=log_level)
     except OutputWriteError as exc:
