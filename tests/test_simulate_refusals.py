@@ -47,6 +47,13 @@ def test_a_replay_refuses_what_the_recorded_run_decides(tmp_path: Path) -> None:
     assert limited.exit_code == 2 and "--limit comes from the recorded run with --from-run" in limited.stderr
     no_output = simulate_here("--from-run", run)
     assert no_output.exit_code == 2 and "missing required option: --output" in no_output.stderr
+    # the measured latencies hold the client's cost per turn already (bench/calibrate measures the overhead
+    # as the latency beyond the scripted one): adding it again made every turn of the replay longer
+    overhead = simulate_here("--from-run", run, "--turn-overhead-ms", "1", "--output", tmp_path / "o")
+    assert overhead.exit_code == 2 and not (tmp_path / "o").exists(), overhead.output
+    assert "--turn-overhead-ms does not apply with --from-run" in overhead.stderr
+    jobs = simulate_here("--from-run", run, "--job-overhead-ms", "1", "--output", tmp_path / "j")
+    assert jobs.exit_code == 0, jobs.output  # a replayed job takes its execute time: its dispatch is apart
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     (tmp_path / "loop").symlink_to(tmp_path / "loop")  # Path.resolve: 'RuntimeError: Symlink loop' (3.11)
     looped = simulate_here("--from-run", run, "--tool-root", tmp_path / "loop", "--output", tmp_path / "c")

@@ -101,7 +101,7 @@ def simulate(
         float | None, Opt(help="batching: characters per token for size estimates (4; at least 0.01).")
     ] = None,
     turn_overhead_ms: Annotated[
-        float, Opt(help="Client cost added to every model turn (ms, 0 to one day).")
+        float, Opt(help="Client cost added to every model turn (ms, 0 to one day; not with --from-run).")
     ] = 0.0,
     job_overhead_ms: Annotated[
         float, Opt(help="Dispatch + IPC cost added to every CPU job (ms, 0 to one day).")
@@ -226,6 +226,12 @@ def simulate(
             raise UsageError(
                 "--from-run replays the run's measured model latencies; --server batching would replace "
                 "them with the server model's, from token counts the recorded run does not carry"
+            )
+        if from_run is not None and turn_overhead_ms:
+            raise UsageError(
+                "--turn-overhead-ms does not apply with --from-run: the run's measured model latencies, "
+                "which the replay takes, already hold the client's own cost per turn (the latency beyond "
+                "the scripted one, which --turn-overhead-ms adds to a workload's latency_ms)"
             )
         if output is None:
             raise UsageError("missing required option: --output")
