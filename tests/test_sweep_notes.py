@@ -39,6 +39,21 @@ def test_sync_rows_at_an_active_limit_above_one_say_they_ran_one_trajectory(tmp_
     assert "one trajectory at a time" not in plain.stderr + (tmp_path / "t" / "sweep.md").read_text()
 
 
+def test_seeds_without_jitter_say_they_repeat_one_simulation(tmp_path: Path) -> None:
+    """A seed only draws the timing jitter: under ``--jitter 0`` every seed runs the same durations, so
+    ``--seeds 3`` ran each cell three times alike and its min / median / max read as three samples that
+    agree. Said on stderr; one seed, or a jitter, draws nothing of it."""
+    args = ("--workload", SMOKE, "--sweep", "--jobs", "1", "--no-progress", "--policies", "fifo")
+    repeated = simulate_here(*args, "--output", tmp_path / "a", "--seeds", "3", "--jitter", "0")
+    assert repeated.exit_code == 0, repeated.output
+    assert "warning: --jitter 0 draws no jitter: the 3 seeds run the same durations" in repeated.stderr
+    default = simulate_here(*args, "--output", tmp_path / "b", "--jitter", "0")  # 5 seeds by default
+    assert "the 5 seeds run the same durations" in default.stderr
+    for other in (("--seeds", "1", "--jitter", "0"), ("--seeds", "3", "--jitter", "0.1")):
+        quiet = simulate_here(*args, "--output", tmp_path / other[1], *other)
+        assert quiet.exit_code == 0 and "draws no jitter" not in quiet.stderr, quiet.output
+
+
 def test_a_sweep_says_what_its_simulations_assumed_as_simulate_does(tmp_path: Path) -> None:
     """A file tool without ``cpu_ms`` takes 0 s and a submission without ``passes`` passes: a single
     ``simulate`` says so on stderr; a sweep of the same workload gave tables built on those assumptions

@@ -35,6 +35,7 @@ from asyncroll.commands.simulate_flags import (
     warn_replay,
     warn_sync_rows,
     warn_timed_out,
+    warn_unjittered_seeds,
     warn_unread,
     why_ended_otherwise,
 )
@@ -262,6 +263,7 @@ def simulate(
                 warn_sync_rows(spec.policies, spec.active)
             cap_simulated_workers(spec.workers, "--workers")
             warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
+            warn_unjittered_seeds(spec.seeds, spec.jitter)
             for name in spec.policies:
                 try:
                     build_config({**values, "output": output, "policy": name})

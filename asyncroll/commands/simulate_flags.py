@@ -93,6 +93,19 @@ def warn_sync_rows(policies: Sequence[str], active: Sequence[int]) -> None:
         )
 
 
+def warn_unjittered_seeds(seeds: int, jitter: float) -> None:
+    """A seed draws only the timing jitter: under ``--jitter 0`` each of a sweep's seeds runs the same
+    durations, so every cell is one simulation run ``seeds`` times alike, its min / median / max one value
+    that reads as agreeing samples."""
+    if seeds > 1 and jitter == 0:
+        typer.echo(
+            f"warning: --jitter 0 draws no jitter: the {seeds} seeds run the same durations, each cell one "
+            f"simulation {seeds} times alike (its min / median / max are one value); give --seeds 1, or a "
+            "--jitter above 0",
+            err=True,
+        )
+
+
 def warn_unread(given: dict[str, Any], policies: Sequence[str], what: str) -> None:
     from asyncroll.policies.registry import unread_pressure_flags
 
