@@ -284,6 +284,18 @@ def test_a_retry_or_circuit_setting_with_its_mechanism_off_says_it_does_nothing(
     assert used.exit_code == 0 and "no effect" not in used.stderr, used.output
 
 
+def test_an_inflight_limit_above_the_active_one_is_said_by_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``simulate`` says it: at most one model request per active trajectory is ever in flight."""
+    args = ("--workload", SMOKE, "--max-active-trajectories", "2", "--max-inflight-model-requests", "8")
+    result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "a")
+    assert result.exit_code == 0 and seen, result.output
+    assert "warning: --max-inflight-model-requests 8 has no effect above --max-active-trajectories 2" in (
+        result.stderr
+    )
+
+
 @pytest.mark.timeout(60)
 def test_a_limit_past_the_workload_is_said(tmp_path: Path) -> None:
     """``--limit 100`` on a 3-problem workload ran 3 without a word, where the converters say it."""

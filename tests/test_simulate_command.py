@@ -213,6 +213,40 @@ def test_sync_says_an_active_limit_has_no_effect_as_run_does(tmp_path: Path) -> 
     assert plain.exit_code == 0 and "no effect" not in plain.stderr
 
 
+def test_an_inflight_limit_above_the_active_one_says_it_has_no_effect(tmp_path: Path) -> None:
+    """A trajectory has one model request at a time at most, so an inflight limit above the active one
+    never binds (the summary's model capacity is their minimum): ``--max-inflight-model-requests 8`` with
+    ``--max-active-trajectories 2`` ran as 2, and a sweep's ``--inflight 2,8`` at ``--active 2`` wrote two
+    rows of one simulation, without a word."""
+    args = ("--workload", SMOKE, "--max-active-trajectories", "2")
+    above = simulate_here(*args, "--output", tmp_path / "a", "--max-inflight-model-requests", "8")
+    assert above.exit_code == 0, above.output
+    want = "warning: --max-inflight-model-requests 8 has no effect above --max-active-trajectories 2"
+    assert want in above.stderr
+    sync = simulate_here(
+        "--workload",
+        SMOKE,
+        "--policy",
+        "sync",
+        "--output",
+        tmp_path / "s",
+        "--max-inflight-model-requests",
+        "2",
+    )
+    assert "--max-inflight-model-requests 2 has no effect above --policy sync's one" in sync.stderr
+    for inflight in ("2", "1"):
+        fits = simulate_here(
+            *args, "--output", tmp_path / inflight, "--max-inflight-model-requests", inflight
+        )
+        assert fits.exit_code == 0 and "no effect" not in fits.stderr, fits.output
+    sweep = ("--workload", SMOKE, "--sweep", "--seeds", "1", "--jobs", "1", "--policies", "fifo")
+    swept = simulate_here(*sweep, "--output", tmp_path / "w", "--active", "2,4", "--inflight", "2,8")
+    assert swept.exit_code == 0, swept.output
+    assert "warning: --inflight 8 has no effect at --active 2, 4" in swept.stderr
+    plain = simulate_here(*sweep, "--output", tmp_path / "p", "--active", "4,8", "--inflight", "2,4")
+    assert "no effect" not in plain.stderr, plain.output
+
+
 def test_gpu_first_warns_and_two_names_of_one_policy_are_refused_in_a_sweep(tmp_path: Path) -> None:
     single = simulate_here("--workload", SMOKE, "--output", tmp_path / "a", "--policy", "gpu_first")
     assert single.exit_code == 0 and "--policy gpu_first is a deprecated alias of tool_first" in single.stderr

@@ -38,6 +38,20 @@ def warn_sync_active(policy: str, given: Iterable[str], active: int) -> None:
         )
 
 
+def warn_inflight_past_active(policy: str, given: Iterable[str], inflight: int, active: int) -> None:
+    """An inflight limit given above the active one (one, under ``sync``) said to do nothing: a trajectory
+    has at most one model request at a time, so no more than the active trajectories are ever in flight
+    (the summary's model capacity is the smaller of the two)."""
+    in_effect = 1 if policy == "sync" else active
+    if "max_inflight_model_requests" in set(given) and inflight > in_effect:
+        above = "--policy sync's one" if policy == "sync" else f"--max-active-trajectories {active}"
+        typer.echo(
+            f"warning: --max-inflight-model-requests {inflight} has no effect above {above}: a trajectory "
+            f"has one model request at a time at most, so {in_effect} at most are ever in flight",
+            err=True,
+        )
+
+
 def note_workers_past_cpus(workers: int) -> None:
     """Say on stderr when a run has more tool workers than CPUs it may use (its affinity mask, its cgroup's
     CPU quota: a cpuset, ``docker --cpus``): CPU-bound tools then take turns on them, and their execute

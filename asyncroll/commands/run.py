@@ -17,6 +17,7 @@ from asyncroll.commands.common import (
     open_files_for_requests,
     print_summary,
     warn_exports,
+    warn_inflight_past_active,
     warn_loop_stalls,
     warn_low_address_space,
     warn_mechanism_off,
@@ -293,6 +294,9 @@ def run(
     if cfg.policy == "gpu_first":
         typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
     warn_sync_active(cfg.policy, values, cfg.max_active_trajectories)
+    warn_inflight_past_active(
+        cfg.policy, values, cfg.max_inflight_model_requests, cfg.max_active_trajectories
+    )
     from asyncroll.commands.simulate_flags import warn_unread
 
     warn_unread(values, [cfg.policy], f"--policy {cfg.policy}")

@@ -17,6 +17,7 @@ from asyncroll.commands.common import (
     say,
     seconds,
     warn_exports,
+    warn_inflight_past_active,
     warn_low_address_space,
     warn_moved,
     warn_sync_active,
@@ -32,6 +33,7 @@ from asyncroll.commands.simulate_flags import (
     refuse_single_run_forms,
     sweep_jobs,
     warn_assumed,
+    warn_inflight_rows,
     warn_replay,
     warn_sync_rows,
     warn_timed_out,
@@ -264,6 +266,8 @@ def simulate(
             cap_simulated_workers(spec.workers, "--workers")
             warn_unread(values, spec.policies, "--policies " + ",".join(spec.policies))
             warn_unjittered_seeds(spec.seeds, spec.jitter)
+            if inflight is not None:
+                warn_inflight_rows(spec.inflight, spec.active)
             for name in spec.policies:
                 try:
                     build_config({**values, "output": output, "policy": name})
@@ -322,6 +326,9 @@ def simulate(
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
         warn_sync_active(cfg.policy, given, cfg.max_active_trajectories)
+        warn_inflight_past_active(
+            cfg.policy, given, cfg.max_inflight_model_requests, cfg.max_active_trajectories
+        )
         warn_unread(given, [cfg.policy], f"--policy {cfg.policy}")
         if derived is not None and from_run is not None:
             warn_replay(derived, from_run, given=given, policy=cfg.policy, active=cfg.max_active_trajectories)

@@ -93,6 +93,20 @@ def warn_sync_rows(policies: Sequence[str], active: Sequence[int]) -> None:
         )
 
 
+def warn_inflight_rows(inflight: Sequence[int], active: Sequence[int]) -> None:
+    """A sweep's ``--inflight`` values above an ``--active`` one: at most one model request per active
+    trajectory is in flight, so those rows are the simulation at the active limit under another label."""
+    for value in sorted(set(inflight)):
+        below = [str(a) for a in sorted(set(active)) if a < value]
+        if below:
+            typer.echo(
+                f"warning: --inflight {value} has no effect at --active {', '.join(below)} (a trajectory has "
+                "one model request at a time at most): those rows are the simulation at an inflight limit "
+                "equal to the active one",
+                err=True,
+            )
+
+
 def warn_unjittered_seeds(seeds: int, jitter: float) -> None:
     """A seed draws only the timing jitter: under ``--jitter 0`` each of a sweep's seeds runs the same
     durations, so every cell is one simulation run ``seeds`` times alike, its min / median / max one value
