@@ -31,6 +31,7 @@ from asyncroll.commands.simulate_flags import (
     only_with,
     refuse_aliases,
     refuse_single_run_forms,
+    say_ended_otherwise,
     sweep_jobs,
     warn_assumed,
     warn_inflight_rows,
@@ -39,10 +40,8 @@ from asyncroll.commands.simulate_flags import (
     warn_timed_out,
     warn_unjittered_seeds,
     warn_unread,
-    why_ended_otherwise,
 )
 from asyncroll.commands.sweep_progress import SweepProgress
-from asyncroll.json_depth import json_loads
 
 if TYPE_CHECKING:  # imported lazily below: the CLI's start-up stays light
     from asyncroll.simulation.engine import Assumed
@@ -406,7 +405,7 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
     # a failed replay's endings are not compared: its directory may be gone (moved or removed), and what
     # stands at its path then another's
     if from_run is not None and outcome.summary is not None and outcome.status == "complete":
-        _say_ended_otherwise(from_run, output)
+        say_ended_otherwise(from_run, output)
         from asyncroll.simulation.replay_changes import stalls_taken
 
         if (stalls := stalls_taken(from_run)) is not None:
@@ -425,35 +424,3 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
         say(f"lower bound {seconds(b['lower_bound_s'])} ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
-
-
-def _say_ended_otherwise(run_dir: Path, replay: Path) -> None:
-    """Trajectories the replay could not end as the run did: said on stderr, recorded in run.json."""
-    from asyncroll.outputs.receipt import write_json_atomic
-    from asyncroll.simulation.replay_changes import ended_otherwise, restarts_not_replayed
-
-    changes, restarts = ended_otherwise(run_dir, replay), restarts_not_replayed(run_dir, replay)
-    if not changes and not restarts:
-        return
-    receipt_path = replay / "run.json"
-    receipt = json_loads(receipt_path.read_text(encoding="utf-8"))
-    found = {"ended_otherwise": changes, "restarts_not_replayed": restarts}
-    receipt["simulation"]["replayed"].update({k: v for k, v in found.items() if v})
-    try:
-        write_json_atomic(receipt_path, receipt)
-    except OSError as exc:  # no room for a second copy: the replay's run.json stays whole as it was
-        typer.echo(f"warning: {receipt_path}: cannot record what follows ({exc.strerror or exc})", err=True)
-    if restarts:
-        lost = ", ".join(f"{reason}: {n}" for reason, n in restarts.items())
-        typer.echo(
-            f"warning: {sum(restarts.values())} worker replacement(s) of the run not replayed ({lost}): a "
-            "worker's death or memory replacement is not replayed, nor its replacement's start-up",
-            err=True,
-        )
-    if changes:
-        counts = ", ".join(f"{n} {change}" for change, n in sorted(changes.items()))
-        run = json_loads((run_dir / "run.json").read_text(encoding="utf-8"))["config"]
-        why = why_ended_otherwise(changes, run, receipt["config"])
-        n = sum(changes.values())
-        what = "trajectory" if n == 1 else "trajectories"
-        typer.echo(f"warning: {n} {what} ended otherwise than in the run ({counts}): {why}", err=True)

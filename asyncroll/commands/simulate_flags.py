@@ -336,3 +336,36 @@ def warn_timed_out(summary: dict[str, Any] | None, tool_timeout: float) -> None:
             "as in a real run (their cpu_ms is longer): raise --tool-timeout to simulate them finishing",
             err=True,
         )
+
+
+def say_ended_otherwise(run_dir: Path, replay: Path) -> None:
+    """Trajectories the replay could not end as the run did: said on stderr, recorded in run.json."""
+    from asyncroll.json_depth import json_loads
+    from asyncroll.outputs.receipt import write_json_atomic
+    from asyncroll.simulation.replay_changes import ended_otherwise, restarts_not_replayed
+
+    changes, restarts = ended_otherwise(run_dir, replay), restarts_not_replayed(run_dir, replay)
+    if not changes and not restarts:
+        return
+    receipt_path = replay / "run.json"
+    receipt = json_loads(receipt_path.read_text(encoding="utf-8"))
+    found = {"ended_otherwise": changes, "restarts_not_replayed": restarts}
+    receipt["simulation"]["replayed"].update({k: v for k, v in found.items() if v})
+    try:
+        write_json_atomic(receipt_path, receipt)
+    except OSError as exc:  # no room for a second copy: the replay's run.json stays whole as it was
+        typer.echo(f"warning: {receipt_path}: cannot record what follows ({exc.strerror or exc})", err=True)
+    if restarts:
+        lost = ", ".join(f"{reason}: {n}" for reason, n in restarts.items())
+        typer.echo(
+            f"warning: {sum(restarts.values())} worker replacement(s) of the run not replayed ({lost}): a "
+            "worker's death or memory replacement is not replayed, nor its replacement's start-up",
+            err=True,
+        )
+    if changes:
+        counts = ", ".join(f"{n} {change}" for change, n in sorted(changes.items()))
+        run = json_loads((run_dir / "run.json").read_text(encoding="utf-8"))["config"]
+        why = why_ended_otherwise(changes, run, receipt["config"])
+        n = sum(changes.values())
+        what = "trajectory" if n == 1 else "trajectories"
+        typer.echo(f"warning: {n} {what} ended otherwise than in the run ({counts}): {why}", err=True)
