@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import asyncroll
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
 from tests.experiments import alive, kill_recorded, read, recorded_processes
@@ -70,8 +71,12 @@ def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path
                 data = read(arm_json)
             except (OSError, ValueError):
                 data = {}
-            if data.get("status") == "running_client":
-                time.sleep(1.0)
+            try:  # the client's own run is measuring: its backend started (and asked the version)
+                running = read(arm_json.parent / "run" / "run.json").get("status") == "running"
+            except (OSError, ValueError):
+                running = False
+            if data.get("status") == "running_client" and running:
+                time.sleep(0.5)
                 os.kill(data["server"]["process"]["pid"], signal.SIGKILL)
                 killed.append(time.monotonic())
                 return
@@ -93,6 +98,9 @@ def test_a_server_that_dies_while_the_client_runs_fails_the_arm_at_once(tmp_path
     assert str(out / "arms" / "qualification-1-fifo" / "server.log") in arm["error"]
     assert arm["client"]["wall_s"] < 15  # not the client's 45 s deadline
     assert not any(alive(p) for p in recorded_processes(out))
+    # the engine version its client got is listed, as a failed arm's server log versions are
+    versions = read(out / "comparison.json")["server_versions"]
+    assert versions.get("GET /version") == [f"asyncroll serve-sim {asyncroll.__version__}"], versions
 
 
 def test_startup_evidence_records_attention_backend_names_as_logged() -> None:

@@ -420,7 +420,9 @@ class ExperimentRunner:
         for arm in self.plan:
             if arm.stage == COMPARISON and receipt.arm(arm.id)["status"] == "complete":
                 summaries[arm.id] = load_summary(arm_dir(self.output, arm))
-                reported[arm.id] = reported_version(arm_dir(self.output, arm))
+            # every arm's, as the versions parsed from every arm's server log: a failed arm's server of
+            # another version is flagged too
+            reported[arm.id] = reported_version(arm_dir(self.output, arm))
         comparison = build_comparison(receipt.data, summaries, reported)
         write_comparison(self.output / "comparison.json", comparison)
 
