@@ -290,7 +290,9 @@ def test_a_signal_in_a_long_stretch_stops_the_simulation_at_once(tmp_path: Path,
     assert summary["status"] == "interrupted"
     failed = [e for e in parsed if e.event == "model_failed"]
     assert len(failed) == 1 and failed[0].kind == "cancelled"
-    assert 0 < failed[0].latency_s < 12_000  # mid-decode
+    # cancelled before its decode ended; 0 where the signal landed before the first step (the request's
+    # model_started is written before the loop steps it: a failure seen once in a whole-suite run)
+    assert 0 <= failed[0].latency_s < 12_000
     assert parsed[-1].event == "measurement_finished" and parsed[-1].status == "interrupted"
 
 
