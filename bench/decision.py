@@ -114,7 +114,7 @@ def tail_snapshot(
 ) -> QueueSnapshot:
     """The tail: no problem waits for admission; the remaining work of every queued job read as the
     dispatcher reads it (the estimator, given each job's prediction)."""
-    remaining = tuple([estimator.estimate(j, p.seconds) for j, p in zip(queue, predictions, strict=True)])
+    remaining = estimator.estimate_queue(queue, [p.seconds for p in predictions])
     return QueueSnapshot(NOW, queue, 0, 4, 1, predictions, 4, False, 2, remaining, 0.0)
 
 

@@ -18,6 +18,10 @@ means, ``RemainingWork``: its event handling and its lookups) — under the defa
 (which logs predictions too). Each call is timed with the thread's CPU clock, in separate runs (the timers add
 their own cost to the rate). Whatever engine runs this policy code pays at least that much per trajectory, so
 ``10⁶ ÷ µs`` is a ceiling on its rate.
+
+``--at-once`` adds a third table: each size with every problem admitted at once (active = trajectories),
+so the CPU queue holds thousands of jobs and every decision sees them all, under the default policy,
+``fifo`` and ``tool_first`` (CPU seconds of the measured window, summary only).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
 n, record, workload = int(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
-policy, parts = sys.argv[4], sys.argv[5] == "1"
+policy, parts, active = sys.argv[4], sys.argv[5] == "1", int(sys.argv[6])
 rundir.export = lambda out, final=None, stop=None: {}
 spent, calls = {}, {}
 def timed(cls, name):
@@ -69,10 +73,11 @@ if parts:
         timed(DurationPredictor, name)
     timed(_Subscriber, "__call__")  # both estimators' event handling (the class they share)
     for estimator in (RemainingWork, StepwiseWork):  # whichever the policy subscribed
-        timed(estimator, "estimate")
+        for name in ("estimate", "estimate_queue"):  # a decision's logged jobs; a tail snapshot's queue
+            timed(estimator, name)
 scratch = tempfile.TemporaryDirectory(prefix="asyncroll-simspeed-")  # removed at exit
 tmp = Path(scratch.name)
-cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": 64,
+cfg = build_config({"workload": workload, "output": tmp / "run", "max_active_trajectories": active,
                     "max_inflight_model_requests": 16, "cpu_workers": 4, "max_turns": 6,
                     "policy": policy})
 clock = VirtualClock()
@@ -131,7 +136,7 @@ def small_workload(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def one(
-    n: int, record: bool, workload: Path, policy: str = "asyncroll", parts: bool = False
+    n: int, record: bool, workload: Path, policy: str = "asyncroll", parts: bool = False, active: int = 64
 ) -> dict[str, Any]:
     argv = [
         sys.executable,
@@ -142,6 +147,7 @@ def one(
         str(workload),
         policy,
         "1" if parts else "0",
+        str(active),
     ]
     out = run_child(argv)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -154,6 +160,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=number_arg(int, 1, 1000), default=3)
     parser.add_argument(
         "--parts", action="store_true", help="also measure the policy code's own CPU per trajectory"
+    )
+    parser.add_argument(
+        "--at-once",
+        action="store_true",
+        help="also run every problem admitted at once (active = trajectories: a CPU queue of thousands), "
+        "per policy",
     )
     args = parser.parse_args()
     sizes: list[int] = args.sizes
@@ -199,6 +211,19 @@ def main() -> None:
                 print(
                     f"| {n} | {policy} | {lo:.0f} / {mid:.0f} / {hi:.0f} | {share:.0%} | {1e6 / mid:,.0f} |"
                 )
+    if args.at_once:
+        print()
+        print(
+            "| trajectories, all admitted at once | policy | CPU s of the run (min / med / max) "
+            "| trajectories per CPU-second (median) |"
+        )
+        print("|---:|---|---|---:|")
+        for n in sizes:
+            workload = tmp / f"w{n}.jsonl"
+            for policy in ("asyncroll", "fifo", "tool_first"):
+                runs = [one(n, False, workload, policy, active=n) for _ in range(args.repeats)]
+                lo, mid, hi = quantiles([r["window_cpu_s"] for r in runs])
+                print(f"| {n} | {policy} | {lo:.1f} / {mid:.1f} / {hi:.1f} | {n / mid:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ a policy that never reads the estimates gets none but logs the same values."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from asyncroll.event_log import EventCapture
@@ -21,6 +23,9 @@ class Estimator:
 
     def estimate(self, job: JobView, predicted: float | None = None) -> float | None:
         return job.job_id * 0.1234567
+
+    def estimate_queue(self, jobs: Sequence[JobView], predicted: Sequence[float]) -> tuple[float | None, ...]:
+        return tuple(self.estimate(job, seconds) for job, seconds in zip(jobs, predicted, strict=True))
 
     def __call__(self, event: object) -> None:
         pass

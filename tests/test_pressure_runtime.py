@@ -4,6 +4,7 @@ in the fit, features that never read declared results, and the dispatcher's tabl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -369,6 +370,11 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
         def estimate(self, job: JobView, predicted: float | None = None) -> float | None:
             calls[0] += 1
             return job.job_id / 8  # exact in binary: logged as is
+
+        def estimate_queue(
+            self, jobs: Sequence[JobView], predicted: Sequence[float]
+        ) -> tuple[float | None, ...]:
+            return tuple(self.estimate(job, seconds) for job, seconds in zip(jobs, predicted, strict=True))
 
         def __call__(self, event: object) -> None:
             pass

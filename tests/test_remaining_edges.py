@@ -4,12 +4,14 @@ not seen to finish yet, and a failed model request's latency (service like a fin
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from asyncroll.events import CpuEnqueued, CpuFinished, ModelFailed, ModelFinished, TrajectoryFinished
 from asyncroll.policies import JobView
+from asyncroll.policies.base import JobKind
 from asyncroll.policies.remaining import RemainingWork, StepwiseWork
 from tests.test_remaining_chain import Script
 
@@ -109,3 +111,48 @@ def test_a_failed_model_requests_latency_is_service_after_the_job() -> None:
     job = JobView(99, "y", "tool", "crunch", 0, 0.0)
     assert means.estimate(job) == pytest.approx(2.0)
     assert chain.estimate(job) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("make", [lambda: StepwiseWork(own_repair=True), StepwiseWork, RemainingWork])
+def test_a_whole_queue_is_estimated_as_each_job_alone(make: Any) -> None:
+    """``estimate_queue`` (what the dispatcher asks at each decision in the tail) gives each job's own
+    ``estimate`` exactly — jobs queued (their keys read from their ``CpuEnqueued``), jobs of keys never
+    seen, first evaluations with their own predicted times — as the chain keeps learning in between."""
+    rng = random.Random(7)
+    work = make()
+    queue: list[JobView] = []
+    next_id = 1000
+    for round_ in range(6):
+        for i in range(8):
+            script = Script(f"r{round_}-{i}", work)
+            script.model(0, rng.uniform(0.1, 1.0))
+            script.job(0, rng.uniform(0.01, 2.0))
+            if rng.random() < 0.5:
+                script.model(1, rng.uniform(0.1, 1.0))
+                script.job(1, rng.uniform(0.01, 2.0), resub=True)
+            script.model(2, 0.1)
+            script.job(2, 0.001)
+            script.finish()
+        for _ in range(20):  # queued, not finished: the key from the event
+            next_id += 1
+            turn, resub = rng.choice([(0, False), (1, True), (2, False)])
+            kind: JobKind = "grade" if turn == 2 else "tool"
+            tool = "__grade__" if kind == "grade" else "crunch"
+            work(
+                CpuEnqueued(
+                    id=f"q{next_id}",
+                    job_id=next_id,
+                    kind=kind,
+                    tool=tool,
+                    turn=turn,
+                    arg_bytes=1,
+                    queue_depth=1,
+                    resubmission=resub,
+                )
+            )
+            queue.append(JobView(next_id, f"q{next_id}", kind, tool, turn, 0.0, resubmission=resub))
+        queue.append(JobView(next_id + 10_000, "never", "tool", "other", 5, 0.0))  # a key never seen
+        predicted = [rng.uniform(0.001, 3.0) for _ in queue]
+        alone = tuple(work.estimate(job, seconds) for job, seconds in zip(queue, predicted, strict=True))
+        assert work.estimate_queue(queue, predicted) == alone
+        assert alone[-1] is None and any(value is not None for value in alone[:-1])

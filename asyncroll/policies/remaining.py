@@ -27,7 +27,7 @@ uses: :func:`asyncroll.policies.registry.estimator_for`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +57,11 @@ class RemainingEstimator(Protocol):
     observations: int
 
     def estimate(self, job: JobView, predicted: float | None = None) -> float | None: ...
+
+    def estimate_queue(self, jobs: Sequence[JobView], predicted: Sequence[float]) -> tuple[float | None, ...]:
+        """``estimate(job, seconds)`` of every queued job with its predicted seconds, the same values: what
+        the dispatcher asks at each decision in the tail, where the queue may hold thousands of jobs."""
+        ...
 
     def __call__(self, event: Event) -> None: ...
 
@@ -106,6 +111,15 @@ class RemainingWork(_Subscriber):
         key = key_of(job)
         count = self._count.get(key)
         return None if count is None else self._sum[key] / count
+
+    def estimate_queue(self, jobs: Sequence[JobView], predicted: Sequence[float]) -> tuple[float | None, ...]:
+        total, count = self._sum, self._count
+        values: list[float | None] = []
+        for job in jobs:
+            key = key_of(job)
+            seen = count.get(key)
+            values.append(None if seen is None else total[key] / seen)
+        return tuple(values)
 
     def _model_done(self, event: ModelFinished | ModelFailed) -> None:
         self._add(event.id, event.latency_s)
@@ -204,23 +218,50 @@ class StepwiseWork(_Subscriber):
         own resubmission's (a repair evaluates nearly the same program on the same tests, and the
         predictor itself predicts a repair by its first evaluation's time) instead of the mean of every
         resubmission after its key: a long first evaluation has a long repair ahead."""
-        key = key_of(job)
-        number = self._ids.get(key)
+        after, repairs = self._per_key(self._ids.get(key_of(job)))
+        if after is not None and predicted is not None:
+            for weight, mean in repairs:
+                after += weight * (predicted - mean)
+        return after
+
+    def estimate_queue(self, jobs: Sequence[JobView], predicted: Sequence[float]) -> tuple[float | None, ...]:
+        """Each job's ``estimate(job, seconds)``, the same arithmetic, with the work shared by the jobs of
+        one key done once per key: a queue of thousands (every problem admitted at once, CPU the
+        bottleneck) holds a few dozen keys. A job's key is read from its ``CpuEnqueued`` (by job id), else
+        made from the job."""
+        queued, ids = self._queued, self._ids
+        per_key: dict[int | None, tuple[float | None, Repairs]] = {}
+        values: list[float | None] = []
+        for job, seconds in zip(jobs, predicted, strict=True):
+            number = queued.get(job.job_id)
+            if number is None:
+                number = ids.get(key_of(job))
+            entry = per_key.get(number)
+            if entry is None:
+                entry = per_key[number] = self._per_key(number)
+            after, repairs = entry
+            if repairs and after is not None:
+                for weight, mean in repairs:
+                    after += weight * (seconds - mean)
+            values.append(after)
+        return tuple(values)
+
+    def _per_key(self, number: int | None) -> tuple[float | None, Repairs]:
+        """A key's expectation after it (None: unknown), and the repairs that a job's own predicted time
+        adjusts it by (none: it is used as is; only with ``own_repair``, after a first run)."""
         if number is None or self._from[number] < self._min:
-            return None
+            return None, ()
         if self._dirty or self._every_changed:
             self._forget()
         after = self._memo[number]
         if after is _UNSET:
             after = self._after(number)
-        if after is None or predicted is None or not self._own_repair or key[2]:
-            return after
+        if after is None or not self._own_repair or self._keys[number][2]:
+            return after, ()
         repairs = self._repairs[number]
         if repairs is None:
             repairs = self._repairs[number] = self._repairs_after(number)
-        for weight, mean in repairs:
-            after += weight * (predicted - mean)
-        return after
+        return after, repairs
 
     def _repairs_after(self, number: int) -> Repairs:
         """The resubmissions of the same tool seen to follow a key: (probability, mean execute time)

@@ -230,14 +230,14 @@ class CpuDispatcher:
             known = self._predictions(jobs)  # the queue's, in its order
             predictions = tuple(known.values()) if self._reads_predictions else ()
             pending = self._admission_pending()
-            estimate = None if pending or self._remaining is None else self._remaining.estimate
+            estimator = None if pending else self._remaining
             remaining = (  # else estimated below for the logged jobs only (the same values)
-                tuple([estimate(j, p.seconds) for j, p in zip(jobs, known.values(), strict=True)])
-                if estimate is not None and self._reads_remaining
+                estimator.estimate_queue(jobs, [p.seconds for p in known.values()])
+                if estimator is not None and self._reads_remaining
                 else ()
             )
             running_left = 0.0
-            if estimate is not None:
+            if estimator is not None:
                 for started, predicted in self._running.values():
                     running_left += max(0.0, predicted - (now - started))
             snapshot = QueueSnapshot(
@@ -294,9 +294,9 @@ class CpuDispatcher:
                     prediction_source=prediction.source,
                     observations=self._predictor.observations,
                     remaining_s=None
-                    if estimate is None
+                    if estimator is None
                     else _rounded(self._left(chosen.view, prediction, snapshot, index)),
-                    running_left_s=None if estimate is None else round(running_left, 6),
+                    running_left_s=None if estimator is None else round(running_left, 6),
                     # the candidates' fields validated into Candidates in one call: 8 Candidate(...) calls
                     # took twice as long (each one a Python __init__ and a validation), the same records
                     candidates=_CANDIDATES.validate_python(
@@ -307,7 +307,7 @@ class CpuDispatcher:
                                 "source": p.source,
                                 "waited_s": round(now - j.enqueued_at, 6),
                                 "remaining_s": None
-                                if estimate is None
+                                if estimator is None
                                 else _rounded(self._left(j, p, snapshot, i)),
                             }
                             for i, (j, p) in enumerate(candidates)
