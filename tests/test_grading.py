@@ -20,6 +20,29 @@ def test_grade_collapses_whitespace_only(answer: str, reference: str, correct: b
     assert grade(answer, reference) is correct
 
 
+# README (Conversions, ToolMATH): no MATH-style answer equivalence. Each pair is right under the MATH
+# benchmark's ``is_equiv`` (it canonicalises both sides) but wrong here, or wrong under both (last two).
+@pytest.mark.parametrize(
+    ("answer", "reference"),
+    [
+        ("0.5", r"\frac{1}{2}"),
+        ("1/2", r"\frac{1}{2}"),
+        (r"\dfrac{1}{2}", r"\frac{1}{2}"),
+        (r"\frac12", r"\frac{1}{2}"),
+        (r"\frac {1}{2}", r"\frac{1}{2}"),
+        ("x=3", "3"),
+        (r"5\text{ cm}", "5"),
+        ("50", r"50\%"),
+        ("(1, 2)", "(1,2)"),
+        (r"\sqrt2", r"\sqrt{2}"),
+        ("3.0", "3"),
+        ("1,000", "1000"),
+    ],
+)
+def test_grade_has_no_math_answer_equivalence(answer: str, reference: str) -> None:
+    assert grade(answer, reference) is False
+
+
 @pytest.mark.timeout(60)
 def test_an_answer_that_is_not_a_string_is_graded_on_its_json_text(virtual_run: VirtualRun) -> None:
     """``true`` matches "true", ``1.0`` does not match "1", ``null`` is "null" (not Python's "None"), and
