@@ -44,6 +44,9 @@ def test_rank_is_sha256_of_seed_and_key_and_selection_ignores_order() -> None:
         ("the set $\\boxed{\\{1, 2\\}}$", "\\{1, 2\\}"),
         ("first \\boxed{1}, then the answer \\boxed{ 2 }", "2"),
         ("\\fbox{-1004}", "-1004"),
+        # MATH's last_boxed_only_string: the last \boxed, and \fbox only in a solution with no \boxed
+        ("so \\boxed{3}; checked: \\fbox{4}", "3"),
+        ("\\fbox{1} then \\fbox{2}", "2"),
         ("so $x = \\boxed 7$.", "7"),
         ("no box here", None),
         ("\\boxeds{3} is not a box", None),

@@ -1,7 +1,8 @@
 """Extract the ``\\boxed{…}`` answer from a MATH solution (``convert-toolmath --answers-from-solution``).
 
-Follows the MATH benchmark's own convention (``last_boxed_only_string``): the *last* ``\\boxed`` (or
-``\\fbox``) in the solution is the answer. Its argument is found by matching braces, so nested groups
+Follows the MATH benchmark's own convention (``last_boxed_only_string``): the *last* ``\\boxed`` in the
+solution is the answer, or the last ``\\fbox`` in a solution that has no ``\\boxed`` (a ``\\fbox`` after a
+``\\boxed`` does not replace it). Its argument is found by matching braces, so nested groups
 such as ``\\boxed{\\frac{1}{2}}`` come out whole; escaped braces (``\\{``, ``\\}``) are literal text, not
 grouping. The unbraced form ``\\boxed 5`` takes the next token.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-_COMMANDS = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BOXED = re.compile(r"\\boxed(?![A-Za-z])")
+_FBOX = re.compile(r"\\fbox(?![A-Za-z])")
 
 
 class BoxedError(ValueError):
@@ -18,8 +20,9 @@ class BoxedError(ValueError):
 
 
 def last_boxed(solution: str) -> str | None:
-    """The argument of the last ``\\boxed``/``\\fbox`` in ``solution``, stripped; ``None`` if none."""
-    matches = list(_COMMANDS.finditer(solution))
+    """The argument of the last ``\\boxed`` in ``solution`` (of the last ``\\fbox`` where there is no
+    ``\\boxed``), stripped; ``None`` if neither."""
+    matches = list(_BOXED.finditer(solution)) or list(_FBOX.finditer(solution))
     if not matches:
         return None
     start = matches[-1].end()
