@@ -242,3 +242,14 @@ def test_the_budget_counts_from_the_callers_call_not_from_the_tests_arrival() ->
     assert verdict(result) == "time_limit_exceeded" and result["timed_out"] is True
     assert "the evaluation's total time budget of 3s" in result["feedback"]["error"], result["feedback"]
     assert elapsed < 2.0, elapsed  # the 0.5 s the budget had left (and the sandbox's start), not 3 s
+
+
+@real_process
+def test_blank_input_lines_of_a_functional_test_are_skipped() -> None:
+    """evaluate.py's list of differences from LiveCodeBench: a functional test's blank input lines (a
+    trailing newline, an empty line between arguments) are skipped, each other line being one argument
+    (LiveCodeBench reads a blank line as JSON and errs)."""
+    tests = [{"input": "1\n\n2\n", "output": "3", "testtype": "functional"}]
+    program = "class Solution:\n    def f(self, a, b):\n        return a + b\n"
+    result, _ = evaluate(program, tests, func_name="f")
+    assert result["passed"], result["feedback"]

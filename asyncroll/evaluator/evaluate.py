@@ -68,6 +68,9 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which never equal
   a JSON value under ``==``, but a numpy scalar that LiveCodeBench's ``==`` would accept is also judged
   wrong (and so is a subclass whose overridden ``__eq__`` would accept a different value);
+* a functional test's blank input lines (a trailing newline, say) are skipped, each other line being one
+  argument; LiveCodeBench reads every line as JSON, a blank one included, so there a problem with such a
+  test fails whatever the program (its grader errs before running any test), and here it is judged;
 * the total budget is capped below the caller's tool timeout (above); LiveCodeBench's is not capped;
 * memory: 768 MiB of address space per process by default plus a cgroup cap on the whole tree
   (LiveCodeBench's ``run_test`` calls its guard without a memory limit);
