@@ -197,12 +197,19 @@ def test_the_bootstrap_counts_distinct_resamples() -> None:
         multisets = sum(1 for _ in itertools.combinations_with_replacement(range(n), n))
         assert distinct_resamples(n) == multisets
     assert [distinct_resamples(n) for n in (2, 3, 4)] == [3, 10, 35]
-    assert bootstrap_interval([1.0, 2.0], seed=0, resamples=200).note == "2 pairs: only 3 distinct resamples"
+
+    def first(note: str | None) -> str | None:  # the note's count of resamples (then its coverage's)
+        return None if note is None else note.split("; ")[0]
+
     assert (
-        bootstrap_interval([1.0, 2.0, 4.0], seed=0, resamples=200).note
+        first(bootstrap_interval([1.0, 2.0], seed=0, resamples=200).note)
+        == "2 pairs: only 3 distinct resamples"
+    )
+    assert (
+        first(bootstrap_interval([1.0, 2.0, 4.0], seed=0, resamples=200).note)
         == "3 pairs: only 10 distinct resamples"
     )
-    assert bootstrap_interval([1.0, 2.0, 4.0, 5.0, 7.0], seed=0, resamples=100).note is None  # 126 ≥ 100
+    assert "distinct" not in str(bootstrap_interval([1.0, 2.0, 4.0, 5.0, 7.0], seed=0, resamples=100).note)
 
 
 def test_bench_min_median_max_uses_the_true_median() -> None:
