@@ -6,10 +6,30 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
 import asyncroll
+
+#: Git's variables that say which repository and work tree to read (of ``git rev-parse --local-env-vars``,
+#: which git itself clears before working in another repository): a git hook exports ``GIT_DIR`` and
+#: ``GIT_INDEX_FILE``, and with them git read that repository, not the one holding the package.
+GIT_REPOSITORY_VARIABLES = (
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_DIR",
+    "GIT_GRAFT_FILE",
+    "GIT_IMPLICIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_INTERNAL_SUPER_PREFIX",
+    "GIT_NO_REPLACE_OBJECTS",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_PREFIX",
+    "GIT_REPLACE_REF_BASE",
+    "GIT_SHALLOW_FILE",
+    "GIT_WORK_TREE",
+)
 
 #: What the package is made of (its modules and its package data, ``timeline.html``): nothing else in its
 #: folder — an editor's swap or backup file, a bytecode cache — is code a client runs.
@@ -66,10 +86,13 @@ def _git(root: Path, *args: str) -> str | None:
     A checkout owned by another user (a lab's shared install, run by each of its users) is trusted as
     ``safe.directory``, which git otherwise refuses as of 'dubious ownership', recording no commit as if
     the package were an installed copy: it is trusted already, as this process imports its code. Only a
-    checkout whose top is ``root`` is: an unrelated one above ``site-packages`` stays refused."""
+    checkout whose top is ``root`` is: an unrelated one above ``site-packages`` stays refused. Git finds
+    the repository from ``root`` alone, whatever ``GIT_DIR`` and the like say
+    (:data:`GIT_REPOSITORY_VARIABLES`)."""
     argv = ["git", "-c", f"safe.directory={root}", "-C", str(root), *args]
+    env = {name: value for name, value in os.environ.items() if name not in GIT_REPOSITORY_VARIABLES}
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None

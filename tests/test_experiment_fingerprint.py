@@ -192,6 +192,37 @@ def test_a_checkout_that_tracks_the_package_records_its_commit(
 
 
 @pytest.mark.timeout(60)
+def test_git_variables_in_the_environment_do_not_name_another_checkout_as_the_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from a git hook (which exports ``GIT_DIR``, ``GIT_INDEX_FILE``…) or a shell that set them: git
+    read the repository they name instead of the one holding the package, so an installed copy recorded
+    an asyncroll checkout's commit as its own (``-dirty``: site-packages taken for its work tree), and a
+    checkout run with another repository's ``GIT_DIR`` recorded none."""
+    checkout = tmp_path / "asyncroll-checkout"
+    checkout.mkdir()
+    _git(checkout, "init", "-q")
+    _package_in(checkout, monkeypatch)
+    _git(checkout, "add", "asyncroll/__init__.py")
+    _git(checkout, "commit", "-q", "-m", "the package")
+    commit = _git(checkout, "rev-parse", "HEAD")
+    other = tmp_path / "other"
+    other.mkdir()
+    _git(other, "init", "-q")
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(other))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(other / ".git" / "index"))
+    assert fingerprint_module.code_version()["commit"] == commit
+    # an installed copy, with the asyncroll checkout's repository named
+    _package_in(tmp_path / "venv" / "site-packages", monkeypatch)
+    monkeypatch.setenv("GIT_DIR", str(checkout / ".git"))
+    monkeypatch.delenv("GIT_WORK_TREE")
+    monkeypatch.setenv("GIT_INDEX_FILE", str(checkout / ".git" / "index"))
+    code = fingerprint_module.code_version()
+    assert code["commit"] is None and code["describe"] is None, code
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown a checkout")
 def test_a_checkout_owned_by_another_user_records_its_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
