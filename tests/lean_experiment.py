@@ -20,7 +20,7 @@ def lean(tmp: Path, **changes: Any) -> ExperimentConfig:
 
 
 def is_client(process: ManagedProcess) -> bool:
-    return process.command[1:4] == ["-m", "asyncroll", "run"]
+    return process.command[1:5] == ["-P", "-m", "asyncroll", "run"]
 
 
 def fake_arm(status: str = "failed", error: str | None = "fake arm") -> Any:

@@ -169,3 +169,30 @@ def test_a_transformers_server_gets_no_metrics_url_unless_one_is_given(tmp_path:
     assert given.server.metrics_path == "/m"
     vllm = load_experiment_config(write_config(tmp_path, **{"server.kind": "vllm"}))
     assert "--metrics-url" in client_command(vllm, build_plan(vllm)[0], 8000, tmp_path / "run")
+
+
+@pytest.mark.timeout(60)
+def test_a_client_imports_the_runners_asyncroll_whatever_folder_the_experiment_runs_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed asyncroll's experiment run from a folder holding another ``asyncroll`` (a checkout of
+    another commit, say): ``python -m asyncroll run`` put the working directory first on ``sys.path``, so
+    every arm's client ran that folder's code while experiment.json's fingerprint named the runner's."""
+    import os
+    import subprocess
+
+    from asyncroll.experiment import preflight
+    from asyncroll.experiment.plan import client_environment
+
+    other = tmp_path / "asyncroll"
+    other.mkdir()
+    (other / "__init__.py").write_text("raise SystemExit('not the runner s asyncroll')\n", encoding="utf-8")
+    (other / "__main__.py").write_text("", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_experiment_config(write_config(tmp_path))
+    command = client_command(cfg, build_plan(cfg)[0], 8000, tmp_path / "run")
+    python = command[: command.index("run")]
+    env = {**os.environ, **client_environment()}  # as ManagedProcess starts the client
+    done = subprocess.run([*python, "--version"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("asyncroll "), done.stderr
+    assert "layers" in preflight.isolation_report()  # the runner's probe of the sandbox: {} (no verdict)

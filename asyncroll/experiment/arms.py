@@ -45,7 +45,7 @@ from pydantic import ValidationError
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.gpu import GpuBusyError, GpuCheckError, check_gpu
-from asyncroll.experiment.plan import ArmPlan, client_command, endpoint, server_command
+from asyncroll.experiment.plan import ArmPlan, client_command, client_environment, endpoint, server_command
 from asyncroll.experiment.port_busy import port_busy
 from asyncroll.experiment.receipts import TERMINAL, ArmReceipt, read_json
 from asyncroll.experiment.server import (
@@ -243,7 +243,7 @@ def _steps(
 
     run_dir = arm_dir / "run"
     command = client_command(cfg, plan, port, run_dir)
-    client = ManagedProcess(command, arm_dir / "client.log", role="client")
+    client = ManagedProcess(command, arm_dir / "client.log", client_environment(), role="client")
     live.client = client  # before the spawn: a signal the moment it is spawned still stops it
     planned = {"command": command, "run_dir": str(run_dir), "origin": client.planned_origin}
     receipt.transition("running_client", client=planned)  # before the spawn: see recover

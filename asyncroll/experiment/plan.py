@@ -10,6 +10,7 @@ AB for two arms), which balances both the first position and the carry-over betw
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from pathlib import Path
 from asyncroll.experiment.config import STAGES, ExperimentConfig
 
 COMPARISON = "comparison"
+#: The folder holding the asyncroll package the runner imported (site-packages, or a checkout's top).
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +100,25 @@ def endpoint(cfg: ExperimentConfig, port: int | str) -> str:
     return f"http://{host}:{port}"
 
 
+def client_environment() -> dict[str, str]:
+    """What a client's environment (and the runner's own probes', ``python -P -m asyncroll…``) sets:
+    ``PYTHONPATH`` with the folder holding the runner's asyncroll first, so that the client imports this
+    very asyncroll, whatever the installation (as a worker does: :mod:`asyncroll.workers.spawn`)."""
+    given = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, given) if p)}
+
+
 def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir: Path) -> list[str]:
-    """``asyncroll run …`` for one arm: the shared client flags, the arm's policy and seed, its run dir."""
+    """``asyncroll run …`` for one arm: the shared client flags, the arm's policy and seed, its run dir.
+
+    ``-P`` keeps the working directory off the client's ``sys.path``: an experiment run from a folder
+    holding another ``asyncroll`` (a checkout of another commit) ran that code in every arm's client,
+    while the fingerprint in experiment.json named the runner's."""
     c = cfg.client
     url = endpoint(cfg, port)
     cmd = [
         sys.executable,
+        "-P",
         "-m",
         "asyncroll",  # the command's own entry: a stop while it imports exits 130 with one line
         "run",

@@ -30,7 +30,7 @@ from typing import Any
 
 from asyncroll.errors import UsageError, no_directory
 from asyncroll.experiment.config import ExperimentConfig
-from asyncroll.experiment.plan import render_plan, server_command
+from asyncroll.experiment.plan import client_environment, render_plan, server_command
 from asyncroll.experiment.port_busy import BOUND_ONLY, reserved
 from asyncroll.paths import resolved
 
@@ -117,7 +117,8 @@ def client_flag_problems(cfg: ExperimentConfig) -> list[str]:
         arm = ArmPlan(
             id=spec.name, stage="", pair=None, position=0, arm=spec.name, policy=spec.policy, seed=0
         )
-        args = client_command(cfg, arm, 1, Path("OUTPUT", "run"))[4:]  # after `python -m asyncroll run`
+        command = client_command(cfg, arm, 1, Path("OUTPUT", "run"))
+        args = command[command.index("run") + 1 :]  # after `python -P -m asyncroll run`
         if "--help" in args:  # the client would print its help and exit 0, running nothing
             refused.setdefault("--help among them: the client would run nothing", []).append(spec.name)
             continue
@@ -180,10 +181,11 @@ def isolation_report() -> dict[str, Any]:
     """``python -m asyncroll.evaluator.isolation``'s report (the probe forks: not in the runner itself)."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "asyncroll.evaluator.isolation"],
+            [sys.executable, "-P", "-m", "asyncroll.evaluator.isolation"],  # as the clients: client_command
             capture_output=True,
             text=True,
             timeout=120,
+            env={**os.environ, **client_environment()},
         )
         report = json.loads(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError):
