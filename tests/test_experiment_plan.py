@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncroll.experiment.config import load_experiment_config
-from asyncroll.experiment.plan import build_plan, client_command, pair_order
+from asyncroll.experiment.plan import build_plan, client_command, pair_order, server_command
 from asyncroll.experiment.server import startup_evidence
 from tests.conftest import invoke
 from tests.experiments import ROOT, SMOKE, cli, write_config
@@ -177,7 +177,8 @@ def test_a_client_imports_the_runners_asyncroll_whatever_folder_the_experiment_r
 ) -> None:
     """An installed asyncroll's experiment run from a folder holding another ``asyncroll`` (a checkout of
     another commit, say): ``python -m asyncroll run`` put the working directory first on ``sys.path``, so
-    every arm's client ran that folder's code while experiment.json's fingerprint named the runner's."""
+    every arm's client ran that folder's code while experiment.json's fingerprint named the runner's, and
+    so did serve-sim as the arms' server (``{python} -m asyncroll.cli serve-sim``)."""
     import os
     import subprocess
 
@@ -196,3 +197,7 @@ def test_a_client_imports_the_runners_asyncroll_whatever_folder_the_experiment_r
     done = subprocess.run([*python, "--version"], capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 0 and done.stdout.startswith("asyncroll "), done.stderr
     assert "layers" in preflight.isolation_report()  # the runner's probe of the sandbox: {} (no verdict)
+    server = server_command(cfg, 8000)  # serve-sim's: {python} -m asyncroll.cli serve-sim
+    python = server[: server.index("serve-sim")]
+    done = subprocess.run([*python, "--version"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("asyncroll "), done.stderr

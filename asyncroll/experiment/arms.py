@@ -45,7 +45,14 @@ from pydantic import ValidationError
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.gpu import GpuBusyError, GpuCheckError, check_gpu
-from asyncroll.experiment.plan import ArmPlan, client_command, client_environment, endpoint, server_command
+from asyncroll.experiment.plan import (
+    ArmPlan,
+    client_command,
+    client_environment,
+    endpoint,
+    server_command,
+    serves_this_asyncroll,
+)
 from asyncroll.experiment.port_busy import port_busy
 from asyncroll.experiment.receipts import TERMINAL, ArmReceipt, read_json
 from asyncroll.experiment.server import (
@@ -206,8 +213,9 @@ def _steps(
         raise ArmCut("starting_server", busy, by="port_busy")
     command = server_command(cfg, port)
     url = endpoint(cfg, port)
+    env = {**client_environment(), **cfg.server.env} if serves_this_asyncroll(cfg) else cfg.server.env
     server = InferenceServer(
-        command, url, arm_dir / "server.log", cfg.server.env, cfg.model.served_name, cfg.server.check_listener
+        command, url, arm_dir / "server.log", env, cfg.model.served_name, cfg.server.check_listener
     )
     receipt.transition(
         "starting_server",

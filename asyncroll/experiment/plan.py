@@ -82,7 +82,18 @@ def server_command(cfg: ExperimentConfig, port: int | str) -> list[str]:
         "revision": cfg.model.revision,
         **cfg.server.vars,
     }
-    return [token.format(**values) for token in cfg.server.command]
+    command = [token.format(**values) for token in cfg.server.command]
+    if serves_this_asyncroll(cfg):  # as a client: this very asyncroll, not the working folder's
+        command.insert(1, "-P")
+    return command
+
+
+def serves_this_asyncroll(cfg: ExperimentConfig) -> bool:
+    """Whether the server is asyncroll's own (``{python} -m asyncroll… serve-sim``): started, as a client
+    is, with ``-P`` and :func:`client_environment`, or a folder holding another ``asyncroll`` (a checkout
+    of another commit) served every arm with that folder's code."""
+    given = cfg.server.command
+    return given[:2] == ["{python}", "-m"] and len(given) > 2 and given[2].split(".")[0] == "asyncroll"
 
 
 def server_launch(cfg: ExperimentConfig, port: int | str) -> list[str]:
