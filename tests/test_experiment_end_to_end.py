@@ -142,7 +142,7 @@ def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
 
 def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_path: Path) -> None:
     """After each arm, the client's run.json must show the plan's policy and seed and the experiment's
-    pinned tool hashes and software versions, not only its workload (extra_args could once override)."""
+    pinned tool hashes, software versions and code, not only its workload (extra_args could once override)."""
     from asyncroll.experiment.arms import ArmFailed, Expected, _check_client
 
     out: Path = experiment["out"]
@@ -176,6 +176,11 @@ def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_pat
         check({"tools.add": {"path": "/elsewhere/add.py", "sha256": "0" * 64}}, {})
     with pytest.raises(ArmFailed, match=r"software version httpx: ran 0\.0, the experiment pinned"):
         check({"versions.httpx": "0.0"}, {})
+    # the client imported another asyncroll (another folder's copy): its source digest is not the runner's
+    with pytest.raises(ArmFailed, match=r"code source_sha256: ran 0{64}, the experiment pinned [0-9a-f]{64}"):
+        check({"code.source_sha256": "0" * 64}, {})
+    with pytest.raises(ArmFailed, match=r"code package: ran None, the experiment pinned"):
+        check({"code": None}, {})
 
 
 @pytest.mark.timeout(180)

@@ -29,14 +29,15 @@ server's stop, which lists only what the server left.
 When the client has exited, the protocol fingerprint is computed again (``protocol_check``; a file
 changed while the arm ran does not show in the check before it), then the client's outputs are checked
 against the plan: the run complete, and its ``run.json`` naming the experiment's workload SHA-256, tool
-file hashes and software versions, and the arm's policy and seed.
+file hashes, software versions and code (the package version and source digest: the client imported the
+runner's asyncroll, not another copy), and the arm's policy and seed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +45,7 @@ from pydantic import ValidationError
 
 from asyncroll.errors import UsageError
 from asyncroll.experiment.config import ExperimentConfig
+from asyncroll.experiment.fingerprint import CODE_HASHED
 from asyncroll.experiment.gpu import GpuBusyError, GpuCheckError, check_gpu
 from asyncroll.experiment.plan import (
     ArmPlan,
@@ -115,12 +117,19 @@ class Expected:
     workload_sha256: str
     tools: dict[str, str | None]
     software: dict[str, str | None]
+    # the package version and source digest the runner pinned (CODE_HASHED); empty for an experiment
+    # started before they were recorded
+    code: dict[str, str | None] = field(default_factory=dict)
 
     @classmethod
     def from_fingerprint(cls, fp: dict[str, Any]) -> Expected:
         detail = fp.get("detail", {})
+        code = detail.get("code") or {}
         return cls(
-            fp["components"]["workload"], dict(detail.get("tools", {})), dict(detail.get("software", {}))
+            fp["components"]["workload"],
+            dict(detail.get("tools", {})),
+            dict(detail.get("software", {})),
+            {key: code.get(key) for key in CODE_HASHED} if code else {},
         )
 
 
@@ -402,6 +411,9 @@ def _check_client(
     tools = {key: None if entry is None else entry.get("sha256") for key, entry in run.tools.items()}
     problems += _differences("tool file", tools, expected.tools)
     problems += _differences("software version", run.versions, expected.software)
+    if expected.code:  # the client imported the runner's asyncroll, not another copy (another folder's)
+        ran_code = run.code or {}
+        problems += _differences("code", {key: ran_code.get(key) for key in expected.code}, expected.code)
     policies = {plan.policy, DEPRECATED_ALIASES.get(plan.policy, plan.policy)}
     if run.config.get("policy") != plan.policy or summary.policy not in policies:
         ran = f"{run.config.get('policy')!r} (summary: {summary.policy!r})"
