@@ -57,6 +57,33 @@ def test_a_blocking_call_on_the_loop_is_a_stall_as_long_as_it() -> None:
     assert loop_watch.stalls == len(stalls) and loop_watch.stalled_s == pytest.approx(total, abs=1e-5)
 
 
+@pytest.mark.timeout(20)
+def test_a_loop_held_before_the_watch_first_runs_is_a_stall_too() -> None:
+    """The run creates the telemetry's task (its sample at t = 0) before the watch's: a blocking first
+    sample held the loop before the watch ever slept, and the watch, timing its first sleep from its own
+    start, saw nothing. Its first wake-up is due ``probe_s`` after it was announced."""
+    clock = SystemClock()
+    log = EventLog(clock)
+    seen: list[Event] = []
+    log.subscribe(seen.append)
+    log.start_measurement()
+    loop_watch = LoopWatch(clock, log)
+
+    async def blocking_first_sample() -> None:
+        time.sleep(0.5)  # noqa: ASYNC251 - the blocking call under test
+
+    async def main() -> None:
+        first = asyncio.create_task(blocking_first_sample())  # created first: it runs first
+        log.emit(loop_watch.announce())
+        watch = asyncio.create_task(loop_watch.run())
+        await first
+        await asyncio.sleep(0.12)
+        watch.cancel()
+
+    asyncio.run(main())
+    stalls = [e.late_s for e in seen if isinstance(e, LoopStalled)]
+    assert any(late >= 0.4 for late in stalls), stalls
+
 def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:
     """The window opens (measurement_started) and, unless ``stall_s`` is None (a simulation, an older
     run), the loop is watched (loop_watched)."""

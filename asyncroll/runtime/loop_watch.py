@@ -36,19 +36,24 @@ class LoopWatch:
         self.stall_s = stall_s
         self.stalls = 0
         self.stalled_s = 0.0
+        self._since: float | None = None  # when the watch was announced: its first wake-up is due then
 
     def announce(self) -> LoopWatched:
-        """The ``loop_watched`` event: the loop is watched, and how (emitted as the window opens)."""
+        """The ``loop_watched`` event: the loop is watched, and how (emitted as the window opens). The
+        first wake-up is due ``probe_s`` after this, however late :meth:`run` first runs: the tasks
+        created before it (the telemetry's first sample, at t = 0) may hold the loop first."""
+        self._since = self._clock.now()
         return LoopWatched(probe_s=self.probe_s, stall_s=self.stall_s)
 
     async def run(self) -> None:
         """Sleep ``probe_s`` at a time until cancelled."""
         clock = self._clock
+        asked = (clock.now() if self._since is None else self._since) + self.probe_s
         while True:
-            asked = clock.now() + self.probe_s
-            await asyncio.sleep(self.probe_s)
+            await asyncio.sleep(max(0.0, asked - clock.now()))
             late = clock.now() - asked
             if late >= self.stall_s:
                 self.stalls += 1
                 self.stalled_s += late
                 self._events.emit(LoopStalled(late_s=round(late, 6)))
+            asked = clock.now() + self.probe_s
