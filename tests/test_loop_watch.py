@@ -84,6 +84,7 @@ def test_a_loop_held_before_the_watch_first_runs_is_a_stall_too() -> None:
     stalls = [e.late_s for e in seen if isinstance(e, LoopStalled)]
     assert any(late >= 0.4 for late in stalls), stalls
 
+
 def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:
     """The window opens (measurement_started) and, unless ``stall_s`` is None (a simulation, an older
     run), the loop is watched (loop_watched)."""

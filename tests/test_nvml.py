@@ -4,6 +4,8 @@ bindings' calls against a binding-level double (no GPU on this machine)."""
 from __future__ import annotations
 
 import sys
+import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,46 @@ def test_nvml_reads_through_the_bindings_and_nulls_what_the_device_refuses(
     assert sample.util_pct is None and sample.nulls["gpu_util_pct"] == "invalid"
     assert sample.mem_total_bytes == 80 * 2**30 and "Not Supported" in (sample.error or "")
     assert nvml_module.EXTRA_HINT in str(NvmlUnavailable(nvml_module.EXTRA_HINT))
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_nvml_read_holds_neither_the_run_nor_its_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU that fell off the bus can block NVML calls for minutes (nvidia-smi hangs with it). The first
+    read after the probe hangs 2 s here: it is given up after the read limit, the samples while it hangs
+    say so without starting another read, and once it has returned the GPU is read again. Read on the
+    event loop, it held the whole run for those 2 s (a loop stall of ~2 s)."""
+    from asyncroll.events import LoopStalled
+
+    fake = fake_pynvml(count=1, util_supported=True)
+    reads, released = [0], threading.Event()
+
+    def utilization(handle: object) -> object:
+        reads[0] += 1
+        if reads[0] == 2:  # the first read after the probe's own
+            released.wait(2.0)
+        return types.SimpleNamespace(gpu=37, memory=12)
+
+    fake.nvmlDeviceGetUtilizationRates = utilization  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(nvml_module, "READ_LIMIT_S", 0.3)
+    try:
+        outcome, capture, _ = real_clock_run(
+            tmp_path,
+            [tool_problem("p1", model_ms=1500, cpu_ms=5)],
+            nvml_device=0,
+            telemetry_interval=0.1,
+        )
+    finally:
+        released.set()
+    assert outcome.status == "complete"
+    assert [e.late_s for e in capture.of(LoopStalled) if e.late_s >= 1.0] == []
+    samples = capture.of(ResourceSample)
+    first = samples[0]
+    assert first.errors == ["nvml: no reading within 0.3 s: NVML did not return"]
+    assert first.gpu_util_pct is None and set(first.nulls.values()) == {"error"}
+    stuck = [s for s in samples if any("has still not returned; not read again" in e for e in s.errors)]
+    assert stuck, [s.errors for s in samples]
+    assert samples[-1].errors == [] and samples[-1].gpu_util_pct == 37.0  # read again once it returned
+    assert reads[0] == 2 + len(samples) - 1 - len(stuck)  # no read started while one hung

@@ -81,7 +81,9 @@ def sampled(
         events.subscribe(capture)
         enough = asyncio.Event()
         events.subscribe(lambda e: enough.set() if len(capture.of(ResourceSample)) >= samples else None)
-        sampler = TelemetrySampler(clock, events, interval=interval, server=server, nvml=nvml)
+        sampler = TelemetrySampler(
+            clock, events, interval=interval, server=server, nvml=nvml, gpu_off_loop=False
+        )
         await sampler.probe()
         events.start_measurement()
         clock.advance(before_run_s)

@@ -9,22 +9,36 @@ Without the package, without a driver, or with an index NVML does not know, the 
 A reading that NVML refuses (``NotSupported`` on a MIG slice, a GPU that fell off the bus) is ``null``
 with its error, never zero.
 
+A run reads NVML off its event loop (:meth:`NvmlSource.read_off_loop`): NVML calls take microseconds,
+but on a GPU that fell off the bus they can block for minutes, as ``nvidia-smi`` does, and a read on the
+loop held the whole run (its requests, its timers, its Ctrl-C) for as long.
+
 Utilisation is NVML's ``utilization.gpu``: the percentage of the driver's last sample period (1/6 s
 to 1 s, by GPU) during which at least one kernel ran. It says nothing about how full the GPU was.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import threading
+import time
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 EXTRA_HINT = "pip install 'asyncroll[telemetry]'"
+#: The longest a sample waits for an NVML read before giving it up.
+READ_LIMIT_S = 2.0
 
 
 class NvmlUnavailable(Exception):
     """NVML cannot be used on this host for this device; the message says why."""
+
+
+class NvmlStuck(Exception):
+    """An NVML read did not return in time (or an earlier one still has not); the message says which."""
 
 
 @dataclass(slots=True)
@@ -53,6 +67,8 @@ class NvmlSource:
         self.index = index
         self._nvml: ModuleType | None = None
         self._handle: Any = None
+        self._pending: concurrent.futures.Future[GpuSample] | None = None  # the read off the loop
+        self._pending_since = 0.0
 
     def probe(self) -> dict[str, Any]:
         """Initialise NVML and open the device. Raises :class:`NvmlUnavailable` with the reason."""
@@ -94,8 +110,36 @@ class NvmlSource:
             detail["unsupported_at_probe"] = sorted(first.nulls)
         return detail
 
+    async def read_off_loop(self, limit: float | None = None) -> GpuSample:
+        """:meth:`read` in a daemon thread of its own, waited for at most ``limit`` s (default
+        :data:`READ_LIMIT_S`): a hung NVML call
+        holds neither the event loop nor the interpreter's exit (a pool's worker thread would be joined
+        at exit). One read at a time: while one has not returned, the next raises :class:`NvmlStuck` at
+        once instead of starting another thread that would hang as well."""
+        pending = self._pending
+        if pending is not None and not pending.done():
+            waited = time.monotonic() - self._pending_since
+            raise NvmlStuck(f"the read begun {waited:.1f} s ago has still not returned; not read again")
+        future: concurrent.futures.Future[GpuSample] = concurrent.futures.Future()
+
+        def work() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(self.read())
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting sample
+                    future.set_exception(exc)
+
+        self._pending, self._pending_since = future, time.monotonic()
+        threading.Thread(target=work, name="asyncroll-nvml-read", daemon=True).start()
+        limit = READ_LIMIT_S if limit is None else limit
+        try:
+            async with asyncio.timeout(limit):
+                return await asyncio.wrap_future(future)
+        except TimeoutError:
+            raise NvmlStuck(f"no reading within {limit:g} s: NVML did not return") from None
+
     def read(self) -> GpuSample:
-        """Utilisation and memory now. NVML calls take microseconds; they run on the event loop."""
+        """Utilisation and memory now (blocking: NVML calls take microseconds, but may hang)."""
         nvml, handle = self._nvml, self._handle
         assert nvml is not None, "read() before a successful probe()"
         sample = GpuSample()
@@ -117,9 +161,10 @@ class NvmlSource:
         return sample
 
     def close(self) -> None:
-        """Shut NVML down once (idempotent)."""
+        """Shut NVML down once (idempotent); not while a read is stuck in it (the shutdown would wait on
+        the same driver: NVML is left to the process's exit)."""
         nvml, self._nvml = self._nvml, None
-        if nvml is not None:
+        if nvml is not None and (self._pending is None or self._pending.done()):
             # The driver may have gone away under us: then there is nothing left to release.
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()

@@ -15,9 +15,10 @@ It never crashes a run: every exception while sampling is caught, written into t
 ``errors`` and counted; the sampler goes on. Should the sampling loop itself break (a bug), or a sample
 fail to be emitted, sampling stops or that sample is lost, and the final sample's ``errors`` says so.
 Cancellation always propagates. It never holds a run up either: a server read is bounded by its own
-deadline (``ServerMetricsSource.deadline_s``), and ``stop()`` waits for the loop at most that long
-plus :data:`STOP_MARGIN_S` before cancelling it (the run's cleanup is shielded from a signal, so an
-unbounded wait there would outlast SIGTERM).
+deadline (``ServerMetricsSource.deadline_s``), an NVML read runs in a thread and is given up after
+:data:`~asyncroll.telemetry.nvml.READ_LIMIT_S` (a stuck one is not read again), and ``stop()`` waits
+for the loop at most that long plus :data:`STOP_MARGIN_S` before cancelling it (the run's cleanup is
+shielded from a signal, so an unbounded wait there would outlast SIGTERM).
 
 Sources: the server's ``/metrics`` (``--metrics-url``; with ``--backend vllm`` or a declared vLLM/SGLang
 ``--server-kind`` it defaults to ``<endpoint>/metrics``; the names are those of the declared kind, else
@@ -34,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 from asyncroll.clock import Clock
 from asyncroll.event_log import EventLog
 from asyncroll.events import ResourceProbe, ResourceSample, SourceStatus
-from asyncroll.telemetry import REQUESTED_BY
-from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
+from asyncroll.telemetry import REQUESTED_BY, nvml
+from asyncroll.telemetry.nvml import NvmlSource, NvmlStuck, NvmlUnavailable
 from asyncroll.telemetry.server_metrics import FlavorSetting, MetricsUnavailable, ServerMetricsSource
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class TelemetrySampler:
         server: ServerMetricsSource | None = None,
         nvml: NvmlSource | None = None,
         enabled: bool = True,
+        gpu_off_loop: bool = True,
     ) -> None:
         self._clock = clock
         self._events = events
@@ -97,6 +99,9 @@ class TelemetrySampler:
         self.enabled = enabled
         self._server = server
         self._nvml = nvml
+        # NVML read in a thread of its own (a real run); False: on the loop, taking exactly the time its
+        # reading advances a scripted clock (tests of what the samples record)
+        self._gpu_off_loop = gpu_off_loop
         self._server_on = False
         self._nvml_on = False
         self._statuses: list[SourceStatus] = []
@@ -252,6 +257,8 @@ class TelemetrySampler:
     def stop_limit_s(self) -> float:
         """The longest :meth:`stop` waits for the loop to leave, and then for the final server read."""
         read = self._server.deadline_s if self._server_on and self._server is not None else 0.0
+        if self._nvml_on and self._gpu_off_loop:  # a sample reads the GPU after the server
+            read += nvml.READ_LIMIT_S
         return read + STOP_MARGIN_S
 
     async def stop(self) -> None:
@@ -343,7 +350,7 @@ class TelemetrySampler:
         if self._nvml_on and self._nvml is not None:
             began = clock.now()
             try:
-                gpu = self._nvml.read()
+                gpu = await self._nvml.read_off_loop() if self._gpu_off_loop else self._nvml.read()
                 values.update(
                     gpu_util_pct=gpu.util_pct,
                     gpu_mem_util_pct=gpu.mem_util_pct,
@@ -353,6 +360,9 @@ class TelemetrySampler:
                 nulls.update(gpu.nulls)
                 if gpu.error is not None:
                     errors.append(f"nvml: {gpu.error}")
+            except NvmlStuck as exc:
+                nulls.update(dict.fromkeys(GPU_FIELDS, "error"))
+                errors.append(f"nvml: {exc}")
             except Exception as exc:  # noqa: BLE001 - a sampler bug must not end the run; recorded
                 nulls.update(dict.fromkeys(GPU_FIELDS, "error"))
                 errors.append(f"nvml: {type(exc).__name__}: {exc}")
