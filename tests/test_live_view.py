@@ -478,3 +478,89 @@ def test_a_terminal_paused_at_the_end_of_a_run_holds_only_its_last_line(tmp_path
         os.close(leader)
     assert seen.endswith(b"\r\n") and seen.count(b"\n") == 1
     assert seen.removesuffix(b"\r\n").split(b"\r")[-1].startswith(b"4/4 100%"), seen[-300:]
+
+
+#: A session of its own on the pseudo-terminal ``argv[1]`` (its controlling terminal, ``stty tostop`` set)
+#: running ``asyncroll ARGS`` as a background job, stderr on the terminal, as ``asyncroll run … &`` in an
+#: interactive shell; says how the job ended ("exit N") or that the terminal stopped it.
+BACKGROUND_JOB = """
+import os, signal, sys, termios, time
+os.setsid()
+tty = os.open(sys.argv[1], os.O_RDWR)  # the session's controlling terminal; this group is its foreground
+attrs = termios.tcgetattr(tty)
+attrs[3] |= termios.TOSTOP
+termios.tcsetattr(tty, termios.TCSANOW, attrs)
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)  # a job of its own, not the terminal's foreground
+    os.dup2(tty, 2)
+    os.execv(sys.executable, [sys.executable, "-m", "asyncroll.cli", *sys.argv[2:]])
+deadline = time.monotonic() + 40
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+    if done and os.WIFSTOPPED(status):
+        print("stopped by", signal.Signals(os.WSTOPSIG(status)).name, flush=True)
+        attrs[3] &= ~termios.TOSTOP  # let it write and stop
+        termios.tcsetattr(tty, termios.TCSANOW, attrs)
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+        _, status = os.waitpid(pid, 0)
+        break
+    if done:
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+print("exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["run"], "complete: 3/3 completed"),
+        (["simulate", "--sweep", "--seeds", "1", "--active", "1,2", "--policies", "fifo"], "| policy"),
+    ],
+    ids=["run", "sweep"],
+)
+def test_a_run_in_the_background_of_its_terminal_draws_no_line_and_is_not_stopped(
+    tmp_path: Path, command: list[str], said: str
+) -> None:
+    """``asyncroll run … &`` in an interactive shell: stderr is the terminal, but the shell and what is typed
+    there own it. The line was drawn over the shell's prompt and, under ``stty tostop``, the first line's
+    write stopped the whole run (SIGTTOU: 'Stopped (tty output)') with run.json "preparing", until ``fg``;
+    a sweep's line likewise. A line is drawn only while the command is the terminal's foreground job, as
+    git draws its progress."""
+    leader, follower = pty.openpty()
+    out = tmp_path / "out"
+    try:
+        args = [*command, "--workload", str(SMOKE), "--output", str(out)]
+        proc = subprocess.run(
+            [sys.executable, "-c", BACKGROUND_JOB, os.ttyname(follower), *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=50,
+        )
+        os.close(follower)
+        drawn = b""
+        while select.select([leader], [], [], 0.2)[0]:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: nothing left on the terminal
+                break
+            if not data:
+                break
+            drawn += data
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(follower)
+        os.close(leader)
+    assert proc.stdout.splitlines()[-1] == "exit 0", proc.stdout + proc.stderr
+    assert "stopped" not in proc.stdout and proc.stdout.startswith(said), proc.stdout
+    if command == ["run"]:
+        assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    assert b"\r" not in drawn, drawn

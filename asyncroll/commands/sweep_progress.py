@@ -38,15 +38,19 @@ class SweepProgress:
         if not self._tty:
             self._write(line + "\n")
             return
-        from asyncroll.runtime.progress import line_width, redraw
+        from asyncroll.runtime.progress import in_foreground, line_width, redraw
 
+        if not in_foreground(self._stream):  # a background job (`&`) leaves the terminal to the shell
+            return
         width = line_width(self._stream)
         self._write(redraw(line, self._drawn, width) + ("\n" if done == total else ""))
         self._drawn = 0 if done == total else min(len(line), width)
 
     def end(self) -> None:
         """End a redrawn line the sweep left unfinished (no-op otherwise)."""
-        if self._drawn:
+        from asyncroll.runtime.progress import in_foreground
+
+        if self._drawn and in_foreground(self._stream):
             self._drawn = 0
             self._write("\n")
 

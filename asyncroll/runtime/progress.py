@@ -194,6 +194,18 @@ def redraw(line: str, drawn: int, width: int) -> str:
     return "\r" + line + " " * max(0, min(drawn, width) - len(line))
 
 
+def in_foreground(stream: TextIO) -> bool:
+    """Whether this process's group is the foreground job of the terminal ``stream`` is (True where that
+    cannot be told: no terminal, not the controlling one, a closed stream). A job in the background
+    (``asyncroll run … &`` in an interactive shell) leaves the terminal to the shell: a line drawn there
+    lands on its prompt, and under ``stty tostop`` the write stops the whole process (SIGTTOU) until
+    ``fg``. Asked before each line, as git does, so that a job brought back with ``fg`` draws again."""
+    try:
+        return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+    except (AttributeError, OSError, ValueError):
+        return True
+
+
 def progress_enabled(setting: bool | None, stream: TextIO) -> bool:
     """On when asked or by default, and only if ``stream`` is a terminal (never into a pipe or a file)."""
     if setting is False:
@@ -263,7 +275,7 @@ class Terminal:
             self._write(line, width, final)
 
     def _write(self, line: str, width: int, final: bool) -> None:
-        if self._broken:
+        if self._broken or not in_foreground(self._stream):  # a background job leaves the terminal alone
             return
         text = redraw(line, self._drawn, width)
         try:
