@@ -158,3 +158,22 @@ def test_a_path_with_a_non_utf8_byte_is_written_as_its_bytes_on_a_strict_stdout(
         )
         assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode(errors="replace")
         assert b"caf\xe9" in proc.stdout, proc.stdout
+
+
+def test_an_error_names_a_non_ascii_path_as_it_was_given_on_stderr(tmp_path: Path) -> None:
+    """An error on stderr names the path as typed, as stdout does (the path's own bytes): under ``LC_ALL=C``
+    with UTF-8 mode off, ``validate 数据/nope.jsonl`` said '??????/nope.jsonl: cannot read' (click replaced
+    each byte with '?'), and under a UTF-8 locale a Latin-1 byte was written as the escape ``\\udce9``."""
+    proc = ascii_cli("validate", "数据/nope.jsonl", cwd=tmp_path)
+    assert proc.returncode == 2 and "数据/nope.jsonl: cannot read" in proc.stderr, proc.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING", "PYTHONUTF8"))}
+    env.update(LC_ALL="C.UTF-8", PYTHONPATH=str(REPO))
+    latin = subprocess.run(
+        [sys.executable, "-m", "asyncroll.cli", "validate", os.fsdecode(b"caf\xe9/nope.jsonl")],
+        capture_output=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert latin.returncode == 2 and b"caf\xe9/nope.jsonl: cannot read" in latin.stderr, latin.stderr

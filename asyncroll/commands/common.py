@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import os
 import shlex
@@ -253,6 +254,21 @@ def stdout_bytes(text: str, encoding: str | None) -> bytes:
     if codecs.lookup(encoding).name == "ascii":
         encoding = "utf-8"
     return text.encode(encoding, "asyncroll_bytes_or_escape")
+
+
+def stderr_keeps_paths() -> None:
+    """stderr writes a path as it was given, as :func:`say` does on stdout: an argument Python decoded with
+    ``surrogateescape`` (any non-ASCII name under an ASCII locale, a non-UTF-8 byte under a UTF-8 one) is
+    its bytes again, where click wrote a '?' per byte (an ASCII stderr, which click writes UTF-8 to) or
+    Python the escape ``\\udce9``. Anything else the encoding cannot hold stays backslash-escaped."""
+    stream = sys.stderr
+    if stream is None or not hasattr(stream, "reconfigure"):  # closed (`2>&-`), or replaced by a caller
+        return
+    encoding = stream.encoding or "utf-8"
+    if codecs.lookup(encoding).name == "ascii":
+        encoding = "utf-8"  # as click writes to an ASCII stream
+    with contextlib.suppress(OSError, ValueError, LookupError):
+        stream.reconfigure(encoding=encoding, errors="asyncroll_bytes_or_escape")
 
 
 def stdout_lost() -> bool:
