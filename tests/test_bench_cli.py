@@ -545,3 +545,34 @@ def test_a_maps_jobs_past_the_cpus_is_lowered_to_them_as_the_sweeps(
     assert f"warning: --jobs 1000: this process may use {usable_cpus()} CPU(s)" in capsys.readouterr().err
     with pytest.raises(argparse.ArgumentTypeError, match="must be an integer >= 1"):
         cell_jobs("0")
+
+
+@pytest.mark.timeout(120)
+def test_the_counterfactual_bench_replays_every_real_run_under_every_policy(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench.counterfactual: each real run of a policy is replayed (simulate --from-run) under each
+    policy, as it is and with the job overhead; a row per pair A → B, and every replay completes (one that
+    did not ends the bench)."""
+    import bench.counterfactual as cf
+
+    made: list[tuple[str, float, float]] = []
+
+    def counted(run_dir: Path, policy: str, job_overhead_ms: float, n: int) -> float:
+        makespan = replay(run_dir, policy, job_overhead_ms, n)
+        made.append((policy, job_overhead_ms, makespan))
+        return makespan
+
+    replay = cf.replay
+    monkeypatch.setattr(cf, "replay", counted)
+    monkeypatch.setattr(sys, "argv", ["counterfactual", "--n", "4", "--repeats", "2", "--points", "4/2/1"])
+    cf.main()
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 4 / 2 / 1 |")]
+    pairs = [row.split(" | ")[1] for row in rows]
+    assert pairs == [f"{a} → {b}" for a in cf.POLICIES for b in cf.POLICIES], out
+    assert all(row.count("%)") == 2 and row.count(" / ") == 8 for row in rows), rows
+    # 3 sources × 2 repeats × 3 targets, each as it is and with a measured overhead (> 0)
+    assert len(made) == 36 and all(m > 0 for _, _, m in made), made
+    assert sum(j == 0 for _, j, _ in made) == 18 and all(j > 0 for _, j, _ in made if j != 0)
+    assert out.count("\n4 / 2 / 1, from ") == 3 and "naive: B's replay against A's real" in out
