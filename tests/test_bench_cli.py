@@ -36,6 +36,8 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("calibrate", ["--repeats", "0"], "--repeats: must be an integer >= 2"),
         ("calibrate", ["--n", "0"], "--n: must be an integer >= 1"),
         ("calibrate", ["--cpu-ms", "0"], "--cpu-ms: must be a finite number > 0"),
+        ("counterfactual", ["--repeats", "1"], "--repeats: must be an integer >= 2"),
+        ("counterfactual", ["--points", "8/4"], "'8/4' is not an operating point"),
         # Each of these was a traceback (IndexError, StatisticsError, FileNotFoundError) after set-up,
         # or, for bench.pressure_map, tables with a header and no row and exit 0.
         ("overhead", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
