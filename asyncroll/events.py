@@ -71,6 +71,17 @@ class LoopStalled(Event):
     late_s: float
 
 
+class ProcessStopped(Event):
+    """The client process was stopped (job control: Ctrl-Z, ``kill -STOP``) and continued (``SIGCONT``), at
+    ``t``: the watch's wake-up that spans the stop came ``stopped_s`` late (from ``t - stopped_s`` to ``t``
+    nothing of the client ran). Recorded instead of a ``loop_stalled``: a stop is no stall of the loop. The
+    seconds are the watch's lateness, a lower bound of the stop with a grain of ``loop_watched.probe_s``.
+    An event of its own, as ``loop_watched`` is: an older asyncroll skips an event type it does not know."""
+
+    event: Literal["process_stopped"] = "process_stopped"
+    stopped_s: float
+
+
 class WorkerReady(Event):
     event: Literal["worker_ready"] = "worker_ready"
     worker: int
@@ -340,6 +351,7 @@ AnyEvent = Annotated[
     | MeasurementFinished
     | LoopWatched
     | LoopStalled
+    | ProcessStopped
     | WorkerReady
     | WorkerRestarting
     | TrajectoryStarted

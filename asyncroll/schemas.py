@@ -146,6 +146,11 @@ class EventLoop(BaseModel):
     longest_stall_s: float | None
     fraction_of_makespan: float | None
     note: str
+    #: stops of the whole process (job control: ``process_stopped``), apart from the stalls; absent in a
+    #: file written before they were told apart (its stops counted as stalls)
+    stops: int | None = None
+    stopped_s: float | None = None
+    stopped_fraction_of_makespan: float | None = None
 
 
 class Resources(BaseModel):

@@ -2,7 +2,8 @@
 events, and the counts the live view reads), the
 ``event_loop`` summary section built from ``loop_stalled`` events (clipped to the measured window; null when
 the loop was not watched), and a real run whose client was stopped (SIGSTOP: no CPU for it) for 0.6 s, which
-its events, summary, trace and timeline all say."""
+its events, summary, trace and timeline all say: as a stop of the process (job control, ``process_stopped``),
+counted apart from the loop's stalls."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from asyncroll.clock import SystemClock
 from asyncroll.commands.common import warn_loop_stalls
 from asyncroll.event_log import EventLog
-from asyncroll.events import Event, LoopStalled, LoopWatched, MeasurementStarted
+from asyncroll.events import Event, LoopStalled, LoopWatched, MeasurementStarted, ProcessStopped
 from asyncroll.outputs.pauses import LoopStallMeter
 from asyncroll.runtime.loop_watch import LoopWatch
 from tests.children import end
@@ -85,6 +86,40 @@ def test_a_loop_held_before_the_watch_first_runs_is_a_stall_too() -> None:
     assert any(late >= 0.4 for late in stalls), stalls
 
 
+@pytest.mark.timeout(20)
+def test_a_late_wake_up_that_spans_a_sigcont_is_a_stop_not_a_stall() -> None:
+    """A process stopped (Ctrl-Z, SIGSTOP) and continued wakes as late as it was stopped: the watch's
+    SIGCONT handler tells that from a stall. Here a blocking call stands in for the stop and the process
+    sends itself the SIGCONT meanwhile; the handler before is put back afterwards."""
+    clock = SystemClock()
+    log = EventLog(clock)
+    seen: list[Event] = []
+    log.subscribe(seen.append)
+    log.start_measurement()
+    loop_watch = LoopWatch(clock, log)
+    before = signal.getsignal(signal.SIGCONT)
+
+    async def main() -> None:
+        with loop_watch.continued_handled():
+            watch = asyncio.create_task(loop_watch.run())
+            await asyncio.sleep(0.12)
+            os.kill(os.getpid(), signal.SIGCONT)
+            time.sleep(0.5)  # noqa: ASYNC251 - the "stop"
+            await asyncio.sleep(0.12)
+            time.sleep(0.5)  # noqa: ASYNC251 - a blocking call after it: a stall again
+            await asyncio.sleep(0.12)
+            watch.cancel()
+
+    asyncio.run(main())
+    assert signal.getsignal(signal.SIGCONT) == before
+    stops = [e.stopped_s for e in seen if isinstance(e, ProcessStopped)]
+    stalls = [e.late_s for e in seen if isinstance(e, LoopStalled)]
+    assert len(stops) == 1 and stops[0] >= 0.44, seen
+    assert any(late >= 0.44 for late in stalls), seen
+    assert loop_watch.stops == 1 and loop_watch.stopped_s == pytest.approx(stops[0], abs=1e-5)
+    assert loop_watch.stalls == len(stalls)
+
+
 def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:
     """The window opens (measurement_started) and, unless ``stall_s`` is None (a simulation, an older
     run), the loop is watched (loop_watched)."""
@@ -116,9 +151,26 @@ def test_the_summary_counts_stalls_inside_the_window_only() -> None:
         "longest_stall_s": 0.0,
         "fraction_of_makespan": 0.0,
         "note": None,
+        "stops": 0,
+        "stopped_s": 0.0,
+        "stopped_fraction_of_makespan": 0.0,
     }
     # seconds are a float in summary.json even where there were none (0 == 0.0: the dict compares equal)
     assert type(calm.build(3.0)["stalled_s"]) is float and type(calm.build(3.0)["longest_stall_s"]) is float
+
+
+def test_the_summary_counts_stops_apart_from_stalls() -> None:
+    meter = LoopStallMeter()
+    _watched(meter, 0.1)
+    meter.on_stalled(LoopStalled(t=1.0, late_s=0.3))
+    for t, stopped in ((3.0, 1.5), (9.0, 2.0)):  # the second continued after the end: clipped to it
+        meter.on_stopped(ProcessStopped(t=t, stopped_s=stopped))
+    section = meter.build(makespan_s=8.0)
+    assert section["stalls"] == 1 and section["stalled_s"] == pytest.approx(0.3)
+    assert section["stops"] == 2 and section["stopped_s"] == pytest.approx(1.5 + 1.0)
+    assert section["stopped_fraction_of_makespan"] == pytest.approx(2.5 / 8.0)
+    assert section["fraction_of_makespan"] == pytest.approx(0.3 / 8.0)
+    assert "the process was stopped (job control" in section["note"]
 
 
 @pytest.mark.parametrize("threshold", [None, 0.1])
@@ -146,8 +198,9 @@ def test_a_run_that_ended_before_its_window_opened_says_so() -> None:
 
 def _stalled_run(tmp_path: Path, trajectories: int, *flags: str) -> tuple[subprocess.Popen[bytes], Path]:
     """``asyncroll run`` of ``trajectories`` problems (3 turns of 50 ms model time and 150 ms jobs, one
-    worker), stopped (SIGSTOP) for 0.6 s once its first job started, as a machine with no CPU to spare for
-    the client would: its workers go on, its loop does not. The process, resumed, and its output folder."""
+    worker), stopped (SIGSTOP, as Ctrl-Z's SIGTSTP does) for 0.6 s once its first job started, then
+    continued (SIGCONT, as ``fg``): its workers go on, its loop does not. The process, resumed, and its
+    output folder."""
     problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=150, turns=3) for i in range(trajectories)]
     workload = write_workload(tmp_path / "w.jsonl", problems)
     out = tmp_path / "run"
@@ -176,37 +229,47 @@ def _stalled_run(tmp_path: Path, trajectories: int, *flags: str) -> tuple[subpro
 
 
 @pytest.mark.timeout(90)
-def test_a_run_whose_client_got_no_cpu_says_how_long(tmp_path: Path) -> None:
-    """A run whose client got no CPU for 0.6 s completes, and its events, summary, trace.json and
-    timeline.html record a stall of at least 0.5 s, stderr warns of it and the live counters count it."""
+def test_a_run_stopped_by_job_control_says_so_apart_from_stalls(tmp_path: Path) -> None:
+    """A run stopped for 0.6 s (kill -STOP … kill -CONT, as Ctrl-Z … fg) completes, and its events,
+    summary, trace.json and timeline.html record a stop of at least 0.5 s, stderr warns of it and the live
+    counters count it: as a stop of the process, not a stall of its event loop (it was "a blocking call in
+    the client, more work than the loop could run, or no CPU", none of which it was)."""
     proc, out = _stalled_run(tmp_path, 4, "--metrics-port", "0")
     scraped: dict[str, float] = {}
     try:
         port = json.loads((out / "run.json").read_text())["metrics"]["port"]
         with contextlib.suppress(OSError):  # the run ended first: the summary below still says it
-            while proc.poll() is None and not scraped.get("asyncroll_event_loop_stalls_total"):
+            while proc.poll() is None and not scraped.get("asyncroll_process_stops_total"):
                 scraped = _scrape(f"http://127.0.0.1:{port}/metrics")
                 time.sleep(0.05)
         _, stderr = proc.communicate(timeout=60)
     finally:
         end(proc)
     assert proc.returncode == 0, stderr
-    assert b"warning: the client's event loop stalled" in stderr and b"summary.json: event_loop" in stderr
+    assert b"warning: the process was stopped (job control: Ctrl-Z, SIGSTOP) 1 time(s)" in stderr, stderr
+    assert b"summary.json: event_loop" in stderr
     _receipt, summary, events = load_run(out)
     started = next(e for e in events if isinstance(e, MeasurementStarted))
     [watched] = [e for e in events if isinstance(e, LoopWatched)]
     assert started.clock == "monotonic" and (watched.t, watched.probe_s, watched.stall_s) == (0.0, 0.05, 0.1)
-    assert max(e.late_s for e in events if isinstance(e, LoopStalled)) >= 0.5
+    [stop] = [e for e in events if isinstance(e, ProcessStopped)]
+    assert stop.stopped_s >= 0.5
+    # the wake-up that spanned the stop is no stall: no stall overlaps it
+    stalls = [e for e in events if isinstance(e, LoopStalled)]
+    assert not [e for e in stalls if e.t > stop.t - stop.stopped_s and e.t - e.late_s < stop.t], stalls
     loop = summary["event_loop"]
-    assert loop["watched"] and loop["stalls"] >= 1 and loop["longest_stall_s"] >= 0.5
-    assert loop["stalled_s"] >= loop["longest_stall_s"] and 0 < loop["fraction_of_makespan"] < 1
+    assert loop["watched"] and loop["stops"] == 1 and loop["stopped_s"] >= 0.5
+    assert 0 < loop["stopped_fraction_of_makespan"] < 1
+    assert loop["stalled_s"] == pytest.approx(sum(e.late_s for e in stalls), abs=1e-5)
+    assert "the process was stopped (job control" in loop["note"]
+    assert summary["makespan_s"] >= loop["stopped_s"]  # the makespan is the wall time: the stop inside it
     trace = json.loads((out / "trace.json").read_text())
-    slices = [e for e in trace["traceEvents"] if e.get("name") == "event loop stalled"]
+    slices = [e for e in trace["traceEvents"] if e.get("name") == "process stopped (job control)"]
     assert slices and max(e["dur"] for e in slices) >= 500_000  # µs
-    assert "event loop stalled" in (out / "timeline.html").read_text()
+    assert "process stopped (job control)" in (out / "timeline.html").read_text()
     if scraped:  # the live view's counters (--metrics-port), scraped before the run ended
-        assert scraped["asyncroll_event_loop_stalls_total"] >= 1, scraped
-        assert scraped["asyncroll_event_loop_stalled_seconds_total"] >= 0.5, scraped
+        assert scraped["asyncroll_process_stops_total"] >= 1, scraped
+        assert scraped["asyncroll_process_stopped_seconds_total"] >= 0.5, scraped
 
 
 def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan_and_half_a_second(
@@ -236,17 +299,18 @@ def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan_and_half_a_sec
 
 
 @pytest.mark.timeout(90)
-def test_an_interrupted_run_whose_loop_stalled_is_warned_about_too(tmp_path: Path) -> None:
+def test_an_interrupted_run_that_was_stopped_is_warned_about_too(tmp_path: Path) -> None:
     """An interrupted run writes summary.json too, and `run` says what it tells (telemetry, a server that
-    was down): a stalled event loop, which may be why the run seemed stuck and was stopped, is said too."""
+    was down): a stop of the process, which may be why the run seemed stuck and was interrupted, is said
+    too."""
     proc, out = _stalled_run(tmp_path, 60)
     try:
-        _wait_for(out / "events.jsonl", '"event":"loop_stalled"')
+        _wait_for(out / "events.jsonl", '"event":"process_stopped"')
         os.kill(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:
         end(proc)
     assert proc.returncode == 130, stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["event_loop"]["fraction_of_makespan"] >= 0.05, summary["event_loop"]
-    assert b"warning: the client's event loop stalled" in stderr, stderr
+    assert summary["event_loop"]["stopped_s"] >= 0.5, summary["event_loop"]
+    assert b"warning: the process was stopped (job control" in stderr, stderr

@@ -331,10 +331,20 @@ def warn_telemetry(summary: dict[str, Any] | None) -> None:
 def warn_loop_stalls(summary: dict[str, Any] | None) -> None:
     """Say on stderr that the client's event loop stalled for a good part of the run (summary.json's
     ``event_loop``): for that long admission, dispatch and the reading of responses waited for the loop,
-    and the queue waits and latencies measured include it, whatever the policy did."""
+    and the queue waits and latencies measured include it, whatever the policy did. A stop of the whole
+    process (job control: ``stopped_s``) is said apart, from half a second on: it is no stall."""
     from asyncroll.outputs.pauses import STALLED_WARNING_FRACTION, STALLED_WARNING_S
 
     loop = (summary or {}).get("event_loop") or {}
+    stopped, stopped_fraction = loop.get("stopped_s"), loop.get("stopped_fraction_of_makespan")
+    if isinstance(stopped, (int, float)) and stopped >= STALLED_WARNING_S:
+        share = f" ({100 * stopped_fraction:.0f}% of the makespan)" if stopped_fraction is not None else ""
+        typer.echo(
+            f"warning: the process was stopped (job control: Ctrl-Z, SIGSTOP) {loop.get('stops')} time(s), "
+            f"for {stopped:.3f} s in all{share}: the makespan and the completed-per-hour rate include that "
+            "time, and so do the queue waits and latencies that spanned it (summary.json: event_loop)",
+            err=True,
+        )
     fraction, stalled = loop.get("fraction_of_makespan"), loop.get("stalled_s")
     if not isinstance(fraction, (int, float)) or not isinstance(stalled, (int, float)):
         return

@@ -19,7 +19,8 @@ counter series gets a ``None`` point where the value stops being known (``timeli
 there) and the run of null samples becomes a :class:`CounterGap`. The HTTP backend's server circuit
 (``server_unavailable`` → ``server_available``) is a "server unavailable" span on the scheduler track, and
 a request's wait for it (``model_paused``) a span inside that request on its trajectory; a stall of the
-event loop (``loop_stalled``) is an "event loop stalled" span on the scheduler track. The types drawn
+event loop (``loop_stalled``) is an "event loop stalled" span on the scheduler track, and a stop of the whole
+process (``process_stopped``: job control) a "process stopped (job control)" one. The types drawn
 (:class:`Activity`, :class:`Span`, :class:`SpanLog`, ...) are in :mod:`asyncroll.outputs.activity_model`.
 """
 
@@ -303,6 +304,12 @@ class _Pairer:
         # the event loop was held from t - late_s to t: never drawn before the run's first event
         start = min(e.t, max(e.t - e.late_s, self.a.t_min))
         name, args = "event loop stalled", _pick(e, "late_s")
+        self.a.spans.append(Span(("scheduler", 0), "loop_stall", name, start, e.t, "ok", args))
+
+    def on_process_stopped(self, e: ev.ProcessStopped) -> None:
+        # the process was stopped (Ctrl-Z, SIGSTOP) from t - stopped_s to t: no stall, drawn apart by name
+        start = min(e.t, max(e.t - e.stopped_s, self.a.t_min))
+        name, args = "process stopped (job control)", _pick(e, "stopped_s")
         self.a.spans.append(Span(("scheduler", 0), "loop_stall", name, start, e.t, "ok", args))
 
     def on_resource_probe(self, e: ev.ResourceProbe) -> None:

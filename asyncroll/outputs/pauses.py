@@ -10,7 +10,8 @@ Two meters, each fed its events by :class:`~asyncroll.outputs.summary.SummaryBui
   to spare for the client), admission, dispatch and the reading of responses waited for it, whatever the
   schedule; a summary that only knew queues and latencies blamed that time on them. The ``event_loop``
   section; null figures where the loop was not watched (a simulation: its clock is virtual; a file written
-  before the watch existed).
+  before the watch existed). Stops of the whole process (job control: ``process_stopped``) are counted
+  apart from the stalls: the makespan includes them, as it is the wall time, and the section says how much.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from asyncroll.events import (
     LoopWatched,
     MeasurementStarted,
     ModelPaused,
+    ProcessStopped,
     ServerAvailable,
     ServerUnavailable,
 )
@@ -73,6 +75,7 @@ class LoopStallMeter:
     def __init__(self) -> None:
         self.threshold_s: float | None = None  # from loop_watched: None, the loop was not watched
         self._spans: list[tuple[float, float]] = []  # (began, ended), clipped to the window at the end
+        self._stops: list[tuple[float, float]] = []  # likewise, of the process's stops (job control)
         self._opened = False  # measurement_started was read: the window opened
 
     def on_started(self, event: MeasurementStarted) -> None:
@@ -84,6 +87,9 @@ class LoopStallMeter:
     def on_stalled(self, event: LoopStalled) -> None:
         self._spans.append((event.t - event.late_s, event.t))
 
+    def on_stopped(self, event: ProcessStopped) -> None:
+        self._stops.append((event.t - event.stopped_s, event.t))
+
     def build(self, makespan_s: float | None) -> dict[str, Any]:
         """Stalls of the event loop inside the measured window: how many, their total and the longest.
         Null figures when the loop was not watched or the window never opened."""
@@ -94,14 +100,26 @@ class LoopStallMeter:
                 why = "the window never opened"
             else:
                 why = "not watched (a simulation, or an older run)"
-            nulls = dict.fromkeys(("stalls", "stalled_s", "longest_stall_s", "fraction_of_makespan"))
+            nulls = dict.fromkeys(
+                (
+                    "stalls",
+                    "stalled_s",
+                    "longest_stall_s",
+                    "fraction_of_makespan",
+                    "stops",
+                    "stopped_s",
+                    "stopped_fraction_of_makespan",
+                )
+            )
             return base | nulls | {"note": why}
-        inside = [
-            (max(0.0, began), min(ended, makespan_s))
-            for began, ended in self._spans
-            if ended > 0 and began < makespan_s
-        ]
-        lengths = [ended - began for began, ended in inside]
+        lengths = _inside(self._spans, makespan_s)
+        stops = _inside(self._stops, makespan_s)
+        stopped = ""
+        if stops:
+            stopped = (
+                f"; besides, the process was stopped (job control: Ctrl-Z, SIGSTOP) {len(stops)} time(s), "
+                f"{sum(stops):.3f} s in all: no stall, but inside the makespan (the wall time) all the same"
+            )
         return base | {
             "stalls": len(lengths),
             "stalled_s": round(float(sum(lengths)), 6),  # 0.0, not 0, where there was none
@@ -110,6 +128,16 @@ class LoopStallMeter:
             "note": (
                 "the client's event loop woke at least stall_threshold_s late: for that long it was held (a "
                 "blocking call, more work than it could run, or no CPU to spare for the client), and "
-                "admission, dispatch and the reading of responses waited for it"
+                "admission, dispatch and the reading of responses waited for it" + stopped
             ),
+            "stops": len(stops),
+            "stopped_s": round(float(sum(stops)), 6),
+            "stopped_fraction_of_makespan": round(sum(stops) / makespan_s, 6) if makespan_s > 0 else None,
         }
+
+
+def _inside(spans: list[tuple[float, float]], makespan_s: float) -> list[float]:
+    """The lengths of ``spans`` clipped to the measured window, those that overlap it."""
+    return [
+        min(ended, makespan_s) - max(0.0, began) for began, ended in spans if ended > 0 and began < makespan_s
+    ]

@@ -122,17 +122,28 @@ def _circuit(circuit: dict[str, Any], a: Activity) -> list[list[str]]:
 
 
 def _stalls(loop: dict[str, Any]) -> list[list[str]]:
-    """A header line when the client's event loop stalled (``loop_stalled``): all waited for it."""
-    stalls = loop.get("stalls")
+    """A header line when the client's event loop stalled (``loop_stalled``): all waited for it; another
+    when the process was stopped (``process_stopped``: job control)."""
+    stalls, stops = loop.get("stalls"), loop.get("stops")
+    lines = []
+    if isinstance(stops, int) and stops:
+        lines.append(
+            [
+                "process stopped",
+                f"{_times(stops)}, {_fmt(loop.get('stopped_s'), ' s')} in the measured window (job control: "
+                "Ctrl-Z, SIGSTOP; scheduler row): inside the makespan, no stall of the event loop",
+            ]
+        )
     if not isinstance(stalls, int) or not stalls:
-        return []
+        return lines
     return [
+        *lines,
         [
             "event loop stalled",
             f"{_times(stalls)}, {_fmt(loop.get('stalled_s'), ' s')} in the measured window (longest "
             f"{_fmt(loop.get('longest_stall_s'), ' s')}; scheduler row): admission, dispatch and reading "
             "waited for it",
-        ]
+        ],
     ]
 
 

@@ -7,15 +7,25 @@ schedule for them. The watch (:class:`LoopWatch`) sleeps :data:`PROBE_S` at a ti
 :data:`STALL_S` late is a stall, recorded with how late it was (a stall shorter than the probe period can go
 unseen: the figures are a lower bound, with a grain of :data:`PROBE_S`). A simulation's clock is virtual: it
 has no watch.
+
+A process stopped by job control (Ctrl-Z, ``kill -STOP``) and continued (``SIGCONT``) wakes late too, as late
+as it was stopped; that is no stall of the loop. While the watch runs, a ``SIGCONT`` handler
+(:meth:`LoopWatch.continued_handled`) counts each continuation, and a late wake-up that spans one is a
+``process_stopped`` event instead, counted apart (:attr:`LoopWatch.stops`, :attr:`LoopWatch.stopped_s`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
+from types import FrameType
 
+from asyncroll.cli_signals import put_back
 from asyncroll.clock import Clock
 from asyncroll.event_log import EventLog
-from asyncroll.events import LoopStalled, LoopWatched
+from asyncroll.events import LoopStalled, LoopWatched, ProcessStopped
 
 #: How long the watch sleeps at a time: 20 wake-ups a second, one timer callback each.
 PROBE_S = 0.05
@@ -24,8 +34,9 @@ STALL_S = 0.1
 
 
 class LoopWatch:
-    """Emits ``loop_stalled`` for each wake-up ``stall_s`` or more late while :meth:`run` runs, and keeps
-    the counts the live view reads (``--metrics-port``, the progress line)."""
+    """Emits ``loop_stalled`` for each wake-up ``stall_s`` or more late while :meth:`run` runs
+    (``process_stopped`` for one that spans a ``SIGCONT``), and keeps the counts the live view reads
+    (``--metrics-port``, the progress line)."""
 
     def __init__(
         self, clock: Clock, events: EventLog, probe_s: float = PROBE_S, stall_s: float = STALL_S
@@ -36,6 +47,9 @@ class LoopWatch:
         self.stall_s = stall_s
         self.stalls = 0
         self.stalled_s = 0.0
+        self.stops = 0  # late wake-ups that spanned a stop of the process (SIGSTOP/SIGTSTP ... SIGCONT)
+        self.stopped_s = 0.0
+        self._continued = 0  # SIGCONTs received while the handler was installed
         self._since: float | None = None  # when the watch was announced: its first wake-up is due then
 
     def announce(self) -> LoopWatched:
@@ -45,15 +59,48 @@ class LoopWatch:
         self._since = self._clock.now()
         return LoopWatched(probe_s=self.probe_s, stall_s=self.stall_s)
 
+    def _on_continued(self, _signum: int, _frame: FrameType | None) -> None:
+        self._continued += 1
+
+    @contextlib.contextmanager
+    def continued_handled(self) -> Iterator[None]:
+        """A ``SIGCONT`` handler in place while the block runs (the handler before is put back after): it
+        counts the continuations of the process, which :meth:`run` tells a stop by. A plain
+        :func:`signal.signal` handler, not the loop's: it runs as soon as the process runs again, before
+        the watch's late wake-up is read (a loop callback may run after it). Main thread only; elsewhere
+        (or where there is no SIGCONT) nothing is installed and a stop reads as a stall, as before."""
+        sig = getattr(signal, "SIGCONT", None)
+        previous = None
+        installed = False
+        if sig is not None:
+            try:
+                previous = signal.signal(sig, self._on_continued)
+                installed = True
+                signal.siginterrupt(sig, False)  # another thread's system call is restarted, not failed
+            except (ValueError, OSError):  # not the main thread
+                pass
+        try:
+            yield
+        finally:
+            if installed and sig is not None:
+                put_back(sig, previous)
+
     async def run(self) -> None:
         """Sleep ``probe_s`` at a time until cancelled."""
         clock = self._clock
         asked = (clock.now() if self._since is None else self._since) + self.probe_s
+        seen = self._continued
         while True:
             await asyncio.sleep(max(0.0, asked - clock.now()))
             late = clock.now() - asked
+            continued, seen = self._continued != seen, self._continued  # read after the late time
             if late >= self.stall_s:
-                self.stalls += 1
-                self.stalled_s += late
-                self._events.emit(LoopStalled(late_s=round(late, 6)))
+                if continued:  # the process was stopped meanwhile: that, not the loop, made it late
+                    self.stops += 1
+                    self.stopped_s += late
+                    self._events.emit(ProcessStopped(stopped_s=round(late, 6)))
+                else:
+                    self.stalls += 1
+                    self.stalled_s += late
+                    self._events.emit(LoopStalled(late_s=round(late, 6)))
             asked = clock.now() + self.probe_s

@@ -53,6 +53,8 @@ class RunSnapshot:
     finished: Mapping[str, int]
     loop_stalls: int = 0  # stalls of the event loop so far (a real run's watch), and their seconds
     loop_stalled_s: float = 0.0
+    process_stops: int = 0  # stops of the whole process (job control), apart from the stalls
+    process_stopped_s: float = 0.0
 
     @property
     def completed(self) -> int:
@@ -113,6 +115,8 @@ class RunView:
             finished={k: int(self._finished.get(k, 0)) for k in tuple(self._finished)},
             loop_stalls=0 if self._loop is None else self._loop.stalls,
             loop_stalled_s=0.0 if self._loop is None else self._loop.stalled_s,
+            process_stops=0 if self._loop is None else self._loop.stops,
+            process_stopped_s=0.0 if self._loop is None else self._loop.stopped_s,
         )
 
 

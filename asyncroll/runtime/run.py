@@ -211,6 +211,7 @@ class Run:
         finished_at: float | None = None
         run_range: Any = None
         watch: asyncio.Task[None] | None = None
+        watch_handlers = contextlib.ExitStack()  # the watch's SIGCONT handler, while it watches
 
         loop_watch = None if clock.virtual else LoopWatch(clock, events)
         # The live view (progress line, --metrics-port) reads the limiters' snapshots; real time only.
@@ -284,6 +285,7 @@ class Run:
                     outer.create_task(sampler.run())
                     if loop_watch is not None:
                         events.emit(loop_watch.announce(), at=origin)
+                        watch_handlers.enter_context(loop_watch.continued_handled())
                         watch = outer.create_task(loop_watch.run())
                     async with OrderedTaskGroup() as tg:
                         problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
@@ -294,6 +296,7 @@ class Run:
                     finished_at = trajectories.window_end(status == "complete")
                     if watch is not None:
                         watch.cancel()
+                    watch_handlers.close()
                     cpu_end = (client_cpu(), pool.cpu_seconds())
                     if origin is not None:  # telemetry sampled during the cleanup is clipped to it
                         summary.end_window(finished_at - origin)

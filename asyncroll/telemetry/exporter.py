@@ -181,6 +181,16 @@ class RuntimeCollector(Collector):
             "Seconds the client's event loop was held in those stalls (admission, dispatch, reads waited).",
             lambda s: s.loop_stalled_s,
         )
+        yield counter(
+            "process_stops",
+            "Times the client process was stopped (job control: Ctrl-Z, SIGSTOP) and continued; no stalls.",
+            lambda s: s.process_stops,
+        )
+        yield counter(
+            "process_stopped_seconds",
+            "Seconds the client process was stopped in those stops (inside the makespan).",
+            lambda s: s.process_stopped_s,
+        )
 
 
 def _utf8(text: str) -> str:
