@@ -46,7 +46,8 @@ def ready_server(tmp: Path) -> dict[str, Any]:
 def one_arm(cfg: ExperimentConfig, out: Path, **kwargs: Any) -> dict[str, Any]:
     """run_arm for the config's first arm in ``out/arms/ID``; its arm.json. Its processes are killed if
     the test fails midway."""
-    from asyncroll.experiment.arms import Expected, run_arm
+    from asyncroll.experiment.arms import run_arm
+    from asyncroll.experiment.client_check import Expected
 
     plan = build_plan(cfg)[0]
     arm_dir = out / "arms" / plan.id

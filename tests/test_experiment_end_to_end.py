@@ -143,7 +143,7 @@ def test_end_to_end_stages_pairs_resume(experiment: dict[str, Any]) -> None:
 def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_path: Path) -> None:
     """After each arm, the client's run.json must show the plan's policy and seed and the experiment's
     pinned tool hashes, software versions and code, not only its workload (extra_args could once override)."""
-    from asyncroll.experiment.arms import ArmFailed, Expected, _check_client
+    from asyncroll.experiment.client_check import ArmFailed, Expected, check_client
 
     out: Path = experiment["out"]
     exp = read(out / "experiment.json")
@@ -163,7 +163,7 @@ def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_pat
         summary.update(summary_changes)
         (run_dir / "run.json").write_text(json.dumps(run))
         (run_dir / "summary.json").write_text(json.dumps(summary))
-        return _check_client(run_dir, 0, tmp_path / "client.log", plan, expected).status
+        return check_client(run_dir, 0, tmp_path / "client.log", plan, expected).status
 
     assert check({}, {}) == "complete"
     with pytest.raises(ArmFailed, match=r"seed 99, not the plan's 20260927"):

@@ -113,7 +113,8 @@ def test_a_busy_fixed_port_is_refused_before_any_arm_and_checked_again_by_each_a
 ) -> None:
     """A stale server on the fixed port would have failed every arm; each arm still checks the port it
     is about to use (it may be taken after the pre-flight), and never measures a stale server."""
-    from asyncroll.experiment.arms import Expected, run_arm
+    from asyncroll.experiment.arms import run_arm
+    from asyncroll.experiment.client_check import Expected
     from asyncroll.experiment.config import load_experiment_config
     from asyncroll.experiment.plan import build_plan
 

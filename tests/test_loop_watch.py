@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncroll.clock import SystemClock
-from asyncroll.commands.common import warn_loop_stalls
+from asyncroll.commands.run_warnings import warn_loop_stalls
 from asyncroll.event_log import EventLog
 from asyncroll.events import Event, LoopStalled, LoopWatched, MeasurementStarted, ProcessStopped
 from asyncroll.outputs.pauses import LoopStallMeter

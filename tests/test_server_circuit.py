@@ -378,7 +378,7 @@ def test_a_run_whose_server_never_answered_says_so(tmp_path: Path, failures: str
 def test_replies_that_all_failed_say_nothing_of_the_server(capsys: pytest.CaptureFixture[str]) -> None:
     """ "is the server up?" is for failures of reaching it: a random model whose every reply is an invalid
     action answered every request (the server is up), and a scripted backend's own failures have none."""
-    from asyncroll.commands.common import warn_server_down
+    from asyncroll.commands.run_warnings import warn_server_down
 
     def model(failed: dict[str, int], paused: float | None = 0.000105) -> dict[str, Any]:
         circuit = {"open_at_end": paused is not None, "opened": 1, "paused_s": paused}
@@ -399,7 +399,7 @@ def test_a_stopped_run_whose_every_ended_request_failed_to_reach_the_server_says
     """Ctrl-C on a run against a server that is down, the circuit never open (off, or fewer failures than
     its threshold): the requests the stop cut (kind ``cancelled``) had no answer either, and the run said
     nothing of the server (a stopped run whose circuit was open says it is down)."""
-    from asyncroll.commands.common import warn_server_down
+    from asyncroll.commands.run_warnings import warn_server_down
 
     circuit = {"open_at_end": False, "opened": 0, "paused_s": 0.0}
     warn_server_down(

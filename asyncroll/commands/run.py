@@ -18,18 +18,20 @@ from asyncroll.commands.common import (
     print_summary,
     warn_exports,
     warn_inflight_past_active,
-    warn_loop_stalls,
     warn_low_address_space,
     warn_mechanism_off,
     warn_moved,
     warn_no_evaluations,
     warn_no_telemetry_source,
-    warn_replay_length_unfixed,
     warn_replay_structured,
-    warn_server_down,
     warn_sync_active,
-    warn_telemetry,
     warn_weak_isolation,
+)
+from asyncroll.commands.run_warnings import (
+    warn_loop_stalls,
+    warn_replay_length_unfixed,
+    warn_server_down,
+    warn_telemetry,
     written_summary,
 )
 

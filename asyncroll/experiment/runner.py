@@ -57,14 +57,8 @@ from typing import Any
 from asyncroll.errors import UsageError
 from asyncroll.evaluator import cgroups_v2
 from asyncroll.experiment import preflight
-from asyncroll.experiment.arms import (
-    PROTOCOL_STEP,
-    RESUME_WHEN,
-    Expected,
-    ExperimentInterrupted,
-    load_summary,
-    run_arm,
-)
+from asyncroll.experiment.arms import PROTOCOL_STEP, RESUME_WHEN, ExperimentInterrupted, run_arm
+from asyncroll.experiment.client_check import Expected, load_summary
 from asyncroll.experiment.comparison import build_comparison, reported_version, write_comparison
 from asyncroll.experiment.config import STAGES, ExperimentConfig
 from asyncroll.experiment.fingerprint import fingerprint, require_same
