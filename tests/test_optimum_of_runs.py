@@ -503,3 +503,15 @@ def test_optimum_of_a_run_whose_event_loop_stalled_says_the_makespan_includes_it
     assert any("event loop stalled 0.050 s" in n and "33%" in n for n in notes), notes
     # a loop with more work than it can run is late too: it waited, not 'nothing was admitted' (README)
     assert any("waited for the loop" in n and "nothing was" not in n for n in notes), notes
+
+
+def test_optimum_of_a_run_stopped_by_job_control_says_the_makespan_includes_the_stop(tmp_path: Path) -> None:
+    """A stop of the whole process (Ctrl-Z, SIGSTOP: summary.json ``event_loop.stopped_s``) is no loop
+    stall, but its time is in the makespan all the same, whatever the schedule: the notes say so."""
+    run = _hand_made_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["event_loop"] = {"watched": True, "stalls": 0, "stalled_s": 0.0, "stops": 1, "stopped_s": 2.5}
+    (run / "summary.json").write_text(json.dumps(summary))
+    notes = instance_from_run(run).notes
+    assert any("stopped (job control) 2.500 s" in n for n in notes), notes
+    assert not any("event loop stalled" in n for n in notes), notes

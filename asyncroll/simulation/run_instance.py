@@ -265,6 +265,12 @@ def instance_from_run(run_dir: Path, *, still_going: bool = False) -> Instance:
             f"event_loop): the makespan includes that time{part}, in which admission, dispatch and the "
             "reading of responses waited for the loop, whatever the schedule"
         )
+    stopped = loop.get("stopped_s") if isinstance(loop, dict) else None
+    if isinstance(stopped, int | float) and not isinstance(stopped, bool) and stopped > 0:
+        notes.append(
+            f"the process was stopped (job control) {stopped:.3f} s in the measured window (summary.json "
+            "event_loop): the makespan includes that time, whatever the schedule"
+        )
     if not order:
         raise UsageError(f"{run_dir}: the run started no trajectory")
     instance = Instance(
