@@ -118,3 +118,38 @@ def test_a_hung_nvml_read_holds_neither_the_run_nor_its_loop(
     assert stuck, [s.errors for s in samples]
     assert samples[-1].errors == [] and samples[-1].gpu_util_pct == 37.0  # read again once it returned
     assert reads[0] == 2 + len(samples) - 1 - len(stuck)  # no read started while one hung
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_nvml_probe_is_given_up_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML's first calls (nvmlInit, the device's name) hang on a GPU that fell off the bus as its reads
+    do. The probe runs off the loop too: given up after its limit, the source unavailable with the reason,
+    never shut down while its init is stuck, and the run goes on. On the loop, it held the run's start (and
+    its Ctrl-C) until NVML returned, then sampled a GPU that hung every read."""
+    fake = fake_pynvml(count=1, util_supported=True)
+    released = threading.Event()
+    calls: list[str] = fake.calls  # type: ignore[attr-defined]
+
+    def init() -> None:
+        calls.append("init")
+        released.wait(3.0)
+
+    fake.nvmlInit = init  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(nvml_module, "PROBE_LIMIT_S", 0.3, raising=False)
+    try:
+        outcome, capture, _ = real_clock_run(
+            tmp_path, [tool_problem("p1", model_ms=5, cpu_ms=5)], nvml_device=0, telemetry_interval=0.1
+        )
+        shut_down_while_stuck = "shutdown" in calls
+    finally:
+        released.set()
+    assert outcome.status == "complete"
+    [status] = capture.of(ResourceProbe)[0].sources
+    assert status.source == "nvml" and not status.available, status
+    assert status.reason == "NVML did not answer within 0.3 s (its init or the device's first read hung)"
+    assert status.collection_s < 2.0
+    assert capture.of(ResourceSample) == []
+    assert not shut_down_while_stuck

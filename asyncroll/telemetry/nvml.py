@@ -24,13 +24,19 @@ import concurrent.futures
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 EXTRA_HINT = "pip install 'asyncroll[telemetry]'"
 #: The longest a sample waits for an NVML read before giving it up.
 READ_LIMIT_S = 2.0
+#: The longest the probe waits for NVML (its init, the device's first read) before giving the source up:
+#: an init takes seconds on a host of many GPUs without the persistence daemon, minutes when one hangs.
+PROBE_LIMIT_S = 30.0
 
 
 class NvmlUnavailable(Exception):
@@ -67,7 +73,7 @@ class NvmlSource:
         self.index = index
         self._nvml: ModuleType | None = None
         self._handle: Any = None
-        self._pending: concurrent.futures.Future[GpuSample] | None = None  # the read off the loop
+        self._pending: concurrent.futures.Future[Any] | None = None  # the probe or read off the loop
         self._pending_since = 0.0
 
     def probe(self) -> dict[str, Any]:
@@ -110,6 +116,35 @@ class NvmlSource:
             detail["unsupported_at_probe"] = sorted(first.nulls)
         return detail
 
+    async def probe_off_loop(self, limit: float | None = None) -> dict[str, Any]:
+        """:meth:`probe` in a daemon thread of its own, waited for at most ``limit`` s (default
+        :data:`PROBE_LIMIT_S`): NVML's first calls hang on a GPU that fell off the bus as its reads do.
+        Given up, the source is :class:`NvmlUnavailable` and never shut down (:meth:`close`) while the
+        probe is stuck; should it return later, NVML is left to the process's exit."""
+        limit = PROBE_LIMIT_S if limit is None else limit
+        try:
+            async with asyncio.timeout(limit):
+                return await asyncio.wrap_future(self._off_loop(self.probe))
+        except TimeoutError:
+            raise NvmlUnavailable(
+                f"NVML did not answer within {limit:g} s (its init or the device's first read hung)"
+            ) from None
+
+    def _off_loop(self, call: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """``call()`` in a daemon thread of its own, begun now: the pending call (one at a time)."""
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def work() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+                    future.set_exception(exc)
+
+        self._pending, self._pending_since = future, time.monotonic()
+        threading.Thread(target=work, name="asyncroll-nvml-read", daemon=True).start()
+        return future
+
     async def read_off_loop(self, limit: float | None = None) -> GpuSample:
         """:meth:`read` in a daemon thread of its own, waited for at most ``limit`` s (default
         :data:`READ_LIMIT_S`): a hung NVML call
@@ -120,17 +155,7 @@ class NvmlSource:
         if pending is not None and not pending.done():
             waited = time.monotonic() - self._pending_since
             raise NvmlStuck(f"the read begun {waited:.1f} s ago has still not returned; not read again")
-        future: concurrent.futures.Future[GpuSample] = concurrent.futures.Future()
-
-        def work() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(self.read())
-                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting sample
-                    future.set_exception(exc)
-
-        self._pending, self._pending_since = future, time.monotonic()
-        threading.Thread(target=work, name="asyncroll-nvml-read", daemon=True).start()
+        future = self._off_loop(self.read)
         limit = READ_LIMIT_S if limit is None else limit
         try:
             async with asyncio.timeout(limit):

@@ -16,7 +16,8 @@ It never crashes a run: every exception while sampling is caught, written into t
 fail to be emitted, sampling stops or that sample is lost, and the final sample's ``errors`` says so.
 Cancellation always propagates. It never holds a run up either: a server read is bounded by its own
 deadline (``ServerMetricsSource.deadline_s``), an NVML read runs in a thread and is given up after
-:data:`~asyncroll.telemetry.nvml.READ_LIMIT_S` (a stuck one is not read again), and ``stop()`` waits
+:data:`~asyncroll.telemetry.nvml.READ_LIMIT_S` (a stuck one is not read again; the probe, NVML's init,
+after :data:`~asyncroll.telemetry.nvml.PROBE_LIMIT_S`, the source then unavailable), and ``stop()`` waits
 for the loop at most that long plus :data:`STOP_MARGIN_S` before cancelling it (the run's cleanup is
 shielded from a signal, so an unbounded wait there would outlast SIGTERM).
 
@@ -176,7 +177,8 @@ class TelemetrySampler:
             detail = {"index": self._nvml.index}
             if reason is None:
                 try:
-                    detail = self._nvml.probe()
+                    off_loop = self._gpu_off_loop
+                    detail = await self._nvml.probe_off_loop() if off_loop else self._nvml.probe()
                     self._nvml_on = True
                 except NvmlUnavailable as exc:
                     reason = str(exc)
