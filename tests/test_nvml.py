@@ -153,3 +153,39 @@ def test_a_hung_nvml_probe_is_given_up_and_the_run_goes_on(
     assert status.collection_s < 2.0
     assert capture.of(ResourceSample) == []
     assert not shut_down_while_stuck
+
+
+@pytest.mark.timeout(30)
+def test_nvml_is_not_shut_down_under_a_read_still_stuck_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() after a read was given up leaves NVML to the process's exit while that read hangs (the
+    shutdown would hang on the same driver), and shuts it down once no read is pending."""
+    import asyncio
+
+    from asyncroll.telemetry.nvml import NvmlStuck
+
+    fake = fake_pynvml(count=1, util_supported=True)
+    calls: list[str] = fake.calls  # type: ignore[attr-defined]
+    hang, returned = threading.Event(), threading.Event()
+
+    def utilization(handle: object) -> object:
+        if hang.is_set():
+            returned.wait(10.0)
+        return types.SimpleNamespace(gpu=37, memory=12)
+
+    fake.nvmlDeviceGetUtilizationRates = utilization  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    stuck, fine = NvmlSource(0), NvmlSource(0)
+    stuck.probe()
+    fine.probe()
+    assert asyncio.run(fine.read_off_loop(limit=5.0)).util_pct == 37.0
+    hang.set()
+    try:
+        with pytest.raises(NvmlStuck, match=r"no reading within 0\.1 s"):
+            asyncio.run(stuck.read_off_loop(limit=0.1))
+        stuck.close()
+        assert calls.count("shutdown") == 0
+    finally:
+        returned.set()
+    fine.close()
+    fine.close()  # once
+    assert calls.count("shutdown") == 1
