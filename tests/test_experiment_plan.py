@@ -5,6 +5,7 @@ orders, and the startup evidence read from a vLLM log."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,19 @@ def test_a_client_imports_the_runners_asyncroll_whatever_folder_the_experiment_r
     python = server[: server.index("serve-sim")]
     done = subprocess.run([*python, "--version"], capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 0 and done.stdout.startswith("asyncroll "), done.stderr
+
+
+def test_a_server_on_another_python_is_started_as_written(tmp_path: Path) -> None:
+    """``server.vars`` naming another ``{python}`` (another environment's serve-sim): the runner knows
+    nothing of that interpreter, so it gets neither ``-P`` (an error before Python 3.11) nor the runner's
+    site-packages first on its ``PYTHONPATH`` (another version's compiled packages); only the runner's own
+    interpreter is started as a client is."""
+    from asyncroll.experiment.plan import serves_this_asyncroll
+
+    other = "/opt/other-env/bin/python"
+    cfg = load_experiment_config(write_config(tmp_path, **{"server.vars": {"python": other}}))
+    command = server_command(cfg, 8000)
+    assert command[:3] == [other, "-m", "asyncroll.cli"], command
+    assert not serves_this_asyncroll(cfg)
+    own = load_experiment_config(write_config(tmp_path))
+    assert server_command(own, 8000)[:2] == [sys.executable, "-P"] and serves_this_asyncroll(own)

@@ -91,8 +91,12 @@ def server_command(cfg: ExperimentConfig, port: int | str) -> list[str]:
 def serves_this_asyncroll(cfg: ExperimentConfig) -> bool:
     """Whether the server is asyncroll's own (``{python} -m asyncroll… serve-sim``): started, as a client
     is, with ``-P`` and :func:`client_environment`, or a folder holding another ``asyncroll`` (a checkout
-    of another commit) served every arm with that folder's code."""
+    of another commit) served every arm with that folder's code. Not when ``server.vars`` names another
+    ``{python}``: the runner knows nothing of that interpreter (``-P`` is an error before Python 3.11, and
+    the runner's site-packages first on its path would hand it another version's compiled packages)."""
     given = cfg.server.command
+    if "python" in cfg.server.vars:
+        return False
     return given[:2] == ["{python}", "-m"] and len(given) > 2 and given[2].split(".")[0] == "asyncroll"
 
 
