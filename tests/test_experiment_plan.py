@@ -218,3 +218,38 @@ def test_a_server_on_another_python_is_started_as_written(tmp_path: Path) -> Non
     assert not serves_this_asyncroll(cfg)
     own = load_experiment_config(write_config(tmp_path))
     assert server_command(own, 8000)[:2] == [sys.executable, "-P"] and serves_this_asyncroll(own)
+
+
+@pytest.mark.timeout(60)
+def test_a_client_imports_the_packages_the_runner_imported_from_the_users_pythonpath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lab's ``PYTHONPATH`` (``module load``: numpy, scipy of the cluster's build) comes before the
+    site-packages of an installed asyncroll in the runner, which records those versions in the
+    fingerprint. The client's path put the runner's whole site-packages before that ``PYTHONPATH``, so
+    each client imported (and recorded) the site-packages' numpy instead, and every arm failed on
+    'software version numpy: ran …, the experiment pinned …'. The runner's asyncroll goes after them."""
+    import os
+    import subprocess
+    import sysconfig
+
+    from asyncroll.experiment import plan
+    from asyncroll.experiment.plan import client_environment
+
+    lab = tmp_path / "lab"
+    (lab / "numpy-0.0.1.dist-info").mkdir(parents=True)
+    (lab / "numpy-0.0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: numpy\nVersion: 0.0.1\n"
+    )
+    site = sysconfig.get_paths()["purelib"]  # where a wheel installs asyncroll, its numpy beside it
+    monkeypatch.setattr(plan, "_PACKAGE_ROOT", site)
+    monkeypatch.setenv("PYTHONPATH", str(lab))
+    probe = "from importlib import metadata; print(metadata.version('numpy'))"
+    runner = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert runner.stdout.strip() == "0.0.1", runner.stderr  # what the runner records
+    env = {**os.environ, **client_environment()}  # as ManagedProcess starts the client
+    client = subprocess.run(
+        [sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=30, env=env
+    )
+    assert client.stdout.strip() == "0.0.1", client.stderr
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(lab), site]

@@ -117,10 +117,16 @@ def endpoint(cfg: ExperimentConfig, port: int | str) -> str:
 
 def client_environment() -> dict[str, str]:
     """What a client's environment (and the runner's own probes', ``python -P -m asyncroll…``) sets:
-    ``PYTHONPATH`` with the folder holding the runner's asyncroll first, so that the client imports this
-    very asyncroll, whatever the installation (as a worker does: :mod:`asyncroll.workers.spawn`)."""
+    ``PYTHONPATH`` with the folder holding the runner's asyncroll on it, so that the client imports this
+    very asyncroll, whatever the installation, though ``-P`` keeps the working folder off its path.
+
+    It goes after the user's own ``PYTHONPATH``, as in the runner, whose path holds them before its
+    site-packages: a lab's numpy or scipy there (``module load``) is the one the runner imported and the
+    fingerprint pinned, and the runner's site-packages first handed every client its own instead (each
+    arm then failed on that software version). An asyncroll on that ``PYTHONPATH`` is the runner's own
+    (it imported it from there), unless the runner ran ``python -m`` in a folder holding another."""
     given = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, given) if p)}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (given, _PACKAGE_ROOT) if p)}
 
 
 def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir: Path) -> list[str]:
