@@ -309,6 +309,32 @@ def test_tool_imports_helpers_from_its_folder_not_the_cwd_and_sigint_still_kills
 
 
 @real_process
+def test_a_tool_imports_from_the_users_pythonpath_before_asyncrolls_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's path keeps the user's ``PYTHONPATH`` first, as the runtime's own has it, and the
+    folder holding asyncroll after it: that folder went first, so a module both hold (a lab's numpy on
+    ``PYTHONPATH`` beside a wheel install's site-packages; here ``bench``, which this checkout's root
+    holds) was imported from asyncroll's folder in the tools and from the user's in the runtime."""
+    lab = tmp_path / "lab"
+    (lab / "bench").mkdir(parents=True)
+    (lab / "bench" / "__init__.py").write_text("WHOSE = 'the lab'\n")
+    (tmp_path / "t.py").write_text(
+        "def whose():\n    import bench\n    return getattr(bench, 'WHOSE', None)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(lab))
+
+    async def main() -> None:
+        worker = await started(ToolSpec("whose", tmp_path / "t.py"))
+        try:
+            assert (await worker.call(job(1, "whose"), 5)).reply.value == "the lab"
+        finally:
+            await worker.kill()
+
+    run(main())
+
+
+@real_process
 def test_cpu_seconds_grow_with_cpu_work() -> None:
     async def main() -> None:
         worker = await started(ToolSpec("spin_ms"))

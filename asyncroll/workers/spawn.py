@@ -114,9 +114,12 @@ def log_folder(path: Path) -> Path:
 
 
 def _environment(origin: str) -> dict[str, str]:
-    # The worker must import this very asyncroll, whatever the installation or working directory.
+    # The worker must import this very asyncroll, whatever the installation or working directory: its
+    # folder goes on PYTHONPATH after the user's own entries, the order the runtime's path has them in
+    # (they come before its site-packages), so a tool imports what the runtime would (a lab's numpy
+    # there, not the one beside a wheel-installed asyncroll).
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), _PACKAGE_ROOT) if p)
     env[ORIGIN_ENV] = origin
     return env
 
