@@ -5,6 +5,7 @@ orders, and the startup evidence read from a vLLM log."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -253,3 +254,23 @@ def test_a_client_imports_the_packages_the_runner_imported_from_the_users_python
     )
     assert client.stdout.strip() == "0.0.1", client.stderr
     assert env["PYTHONPATH"].split(os.pathsep) == [str(lab), site]
+
+
+def test_a_printed_plan_gives_each_asyncroll_it_starts_the_path_run_gives_it(tmp_path: Path) -> None:
+    """``experiment plan`` prints the commands ``run`` starts; ``run`` starts the clients (and asyncroll's
+    own serve-sim) with ``-P`` and the runner's asyncroll folder on ``PYTHONPATH``, which the printed
+    lines left out: started by hand from a checkout that is not installed, they found no asyncroll."""
+    import shlex
+
+    import asyncroll
+    from asyncroll.experiment.plan import render_plan
+
+    root = str(Path(asyncroll.__file__).resolve().parents[1])
+    cfg = load_experiment_config(write_config(tmp_path))  # serve-sim as the arms' server
+    lines = render_plan(cfg, tmp_path / "out").splitlines()
+    for prefix in ("  server: ", "  client: "):
+        line = next(ln for ln in lines if ln.startswith(prefix))
+        words = shlex.split(line.removeprefix(prefix))
+        assert words[0] == "env" and "-P" in words, words
+        paths = next(w for w in words if w.startswith("PYTHONPATH=")).removeprefix("PYTHONPATH=")
+        assert root in paths.split(os.pathsep), (paths, root)

@@ -102,10 +102,21 @@ def serves_this_asyncroll(cfg: ExperimentConfig) -> bool:
 
 def server_launch(cfg: ExperimentConfig, port: int | str) -> list[str]:
     """The server command as a shell would run it: ``env NAME=VALUE …`` first when ``server.env`` adds
-    to its environment (``CUDA_VISIBLE_DEVICES``, an attention backend), so a printed plan started by
-    hand starts the same server as ``run``."""
-    env = [f"{name}={value}" for name, value in cfg.server.env.items()]
-    return (["env", *env] if env else []) + server_command(cfg, port)
+    to its environment (``CUDA_VISIBLE_DEVICES``, an attention backend), and for asyncroll's own server
+    the :func:`client_environment` it gets, so a printed plan started by hand starts the same server as
+    ``run``."""
+    given = {**client_environment(), **cfg.server.env} if serves_this_asyncroll(cfg) else cfg.server.env
+    return _with_env(given) + server_command(cfg, port)
+
+
+def client_launch(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir: Path) -> list[str]:
+    """:func:`client_command` as a shell would run it, with the :func:`client_environment` ``run`` gives
+    it (``-P`` keeps the working folder off its path: without it, a checkout not installed has none)."""
+    return _with_env(client_environment()) + client_command(cfg, arm, port, run_dir)
+
+
+def _with_env(env: dict[str, str]) -> list[str]:
+    return ["env", *(f"{name}={value}" for name, value in env.items())] if env else []
 
 
 def endpoint(cfg: ExperimentConfig, port: int | str) -> str:
@@ -220,7 +231,7 @@ def render_plan(cfg: ExperimentConfig, output: Path | None) -> str:
         where = arm.stage if arm.pair is None else f"pair {arm.pair + 1} position {arm.position + 1}"
         lines.append(f"\n[{arm.id}] {where}: policy {arm.policy}, seed {arm.seed}")
         lines.append("  server: " + shlex.join(server_launch(cfg, port)))
-        lines.append("  client: " + shlex.join(client_command(cfg, arm, port, out / "arms" / arm.id / "run")))
+        lines.append("  client: " + shlex.join(client_launch(cfg, arm, port, out / "arms" / arm.id / "run")))
     for stage in STAGES:
         spec = getattr(cfg.stages, stage)
         for gate in [] if spec is None else spec.gates:
