@@ -24,7 +24,7 @@ HEADINGS = [
     "## Quality (sums over complete pairs)",
     "## Failures",
     "| arm | failed trajectories | max_turns | model failures | worker restarts "
-    "| client event loop stalled, s |",
+    "| client event loop stalled, s | client process stopped, s |",
     "Failed arms (kept, never re-run):",
 ]
 
@@ -78,8 +78,24 @@ def test_the_failures_table_sums_the_clients_loop_stalls_where_every_pair_measur
         ({"event_loop.stalled_s": 0.25}, {"event_loop.stalled_s": 1.5}),
         ({"event_loop.stalled_s": 0.0}, {}),
     ]
-    assert rows(markdown(aggregate(comparison(stalled))), "| a |")[-1].endswith("| unknown | 0.25 |")
-    assert rows(markdown(aggregate(comparison(stalled))), "| b |")[-1].endswith("| unknown | unknown |")
+    assert rows(markdown(aggregate(comparison(stalled))), "| a |")[-1].endswith(
+        "| unknown | 0.25 | unknown |"
+    )
+    assert rows(markdown(aggregate(comparison(stalled))), "| b |")[-1].endswith(
+        "| unknown | unknown | unknown |"
+    )
+
+
+def test_the_failures_table_sums_the_clients_stops_apart_from_their_stalls() -> None:
+    """A client stopped by job control (summary.json ``event_loop.stopped_s``, counted apart from its
+    stalls) says for how long in all, summed over the complete pairs, in a column of its own."""
+    stopped = [
+        ({"event_loop.stalled_s": 0.0, "event_loop.stopped_s": 2.0}, {"event_loop.stalled_s": 0.5}),
+        ({"event_loop.stalled_s": 0.0, "event_loop.stopped_s": 1.5}, {"event_loop.stalled_s": 0.0}),
+    ]
+    text = markdown(aggregate(comparison(stopped)))
+    assert rows(text, "| a |")[-1].endswith("| 0 | 3.5 |"), rows(text, "| a |")
+    assert rows(text, "| b |")[-1].endswith("| 0.5 | unknown |"), rows(text, "| b |")
 
 
 def test_the_same_order_is_flagged_from_two_complete_pairs_not_one() -> None:

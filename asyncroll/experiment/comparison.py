@@ -85,12 +85,13 @@ COUNTS: tuple[tuple[str, str], ...] = (
     ("reorders", "scheduler.reorders"),
     ("worker_restarts", "workers.restarts"),
     ("loop_stalled_s", "event_loop.stalled_s"),  # the client's event loop held: all waited
+    ("process_stopped_s", "event_loop.stopped_s"),  # the client's process stopped (job control)
     ("model_requests", "model.requests"),
     ("allocated_gpu_hours", "throughput.allocated_gpu_hours"),
     ("total_cpu_s", "cpu_cost.total_cpu_s"),
 )
 #: The counts above measured in seconds or hours, not a number of things: the rest are whole numbers.
-FLOAT_COUNTS = frozenset({"loop_stalled_s", "allocated_gpu_hours", "total_cpu_s"})
+FLOAT_COUNTS = frozenset({"loop_stalled_s", "process_stopped_s", "allocated_gpu_hours", "total_cpu_s"})
 
 #: Summary ratios and the summary count each is over: a null ratio whose count is 0 is *undefined* (a
 #: ratio over no events: a run with no completion has no CPU-s per completion), not unknown.

@@ -234,18 +234,20 @@ def markdown(agg: dict[str, Any]) -> str:
         "or unfinished arm counts in none of its arms. Every failed and unfinished arm is listed below. "
         "The client's event loop stalled: seconds it was held (summary.json's event_loop), in which "
         "admission, dispatch and the reading of responses waited for it, whatever the policy; unknown for a "
-        "run that did not watch it.",
+        "run that did not watch it. The client's process stopped: seconds it was stopped by job control "
+        "(Ctrl-Z, SIGSTOP; not counted as stalls), which its makespan and latencies hold; unknown for a "
+        "client that did not tell stops apart.",
         "",
         "| arm | failed trajectories | max_turns | model failures | worker restarts "
-        "| client event loop stalled, s |",
-        "|---|---|---|---|---|---|",
+        "| client event loop stalled, s | client process stopped, s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         t = agg["pooled"][arm]["totals"]
         out.append(
             f"| {arm} | {fmt(t.get('failed'), '.0f')} | {fmt(t.get('max_turns'), '.0f')} "
             f"| {fmt(t.get('model_failures'), '.0f')} | {fmt(t.get('worker_restarts'), '.0f')} "
-            f"| {fmt(t.get('loop_stalled_s'))} |"
+            f"| {fmt(t.get('loop_stalled_s'))} | {fmt(t.get('process_stopped_s'))} |"
         )
     out += ["", "Failed arms (kept, never re-run):", ""]
     out += [f"- `{f['id']}`: {one_line(f.get('error'))}" for f in agg["failed_arms"]] or ["- none"]
