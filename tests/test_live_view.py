@@ -66,6 +66,8 @@ def test_progress_line_is_a_function_of_the_snapshot() -> None:
     assert done.endswith("restarts 2")
     stalled = dataclasses.replace(snap({"completed": 3}, 8.0), loop_stalls=2, loop_stalled_s=1.26)
     assert render_progress(stalled, width=200).endswith("| workers busy 2/2 | loop stalled 1.3s")
+    stopped = dataclasses.replace(stalled, process_stops=1, process_stopped_s=4.96)
+    assert render_progress(stopped, width=200).endswith("| loop stalled 1.3s | stopped 5.0s")
     short = render_progress(snap({"completed": 3}, 8.0), width=30)
     assert len(short) == 30 and short.endswith("...") and short.isascii()
     assert "\r" not in line and "\n" not in line

@@ -171,6 +171,8 @@ def render_progress(snap: RunSnapshot, width: int = 120) -> str:
         parts.append(f"restarts {snap.pool.restarts}")
     if snap.loop_stalls:
         parts.append(f"loop stalled {snap.loop_stalled_s:.1f}s")
+    if snap.process_stops:  # a stop by job control is no stall: said apart, as the summary does
+        parts.append(f"stopped {snap.process_stopped_s:.1f}s")
     return _cut(" | ".join(parts), width)
 
 
