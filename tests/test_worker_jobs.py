@@ -335,6 +335,29 @@ def test_a_tool_imports_from_the_users_pythonpath_before_asyncrolls_own_folder(
 
 
 @real_process
+def test_a_worker_imports_this_asyncroll_though_the_users_pythonpath_holds_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's ``PYTHONPATH`` goes first, but not where one of its entries holds another
+    ``asyncroll`` (a lab's shared install, another checkout) that the runtime did not import (it ran
+    ``python -m asyncroll`` in its checkout): the worker imported that one, and never started."""
+    other = tmp_path / "other"
+    (other / "asyncroll").mkdir(parents=True)
+    (other / "asyncroll" / "__init__.py").write_text("raise ImportError('the other asyncroll')\n")
+    (tmp_path / "t.py").write_text("def one():\n    return 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(other))
+
+    async def main() -> None:
+        worker = await started(ToolSpec("one", tmp_path / "t.py"))
+        try:
+            assert (await worker.call(job(1, "one"), 5)).reply.value == 1
+        finally:
+            await worker.kill()
+
+    run(main())
+
+
+@real_process
 def test_cpu_seconds_grow_with_cpu_work() -> None:
     async def main() -> None:
         worker = await started(ToolSpec("spin_ms"))

@@ -119,9 +119,28 @@ def _environment(origin: str) -> dict[str, str]:
     # (they come before its site-packages), so a tool imports what the runtime would (a lab's numpy
     # there, not the one beside a wheel-installed asyncroll).
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), _PACKAGE_ROOT) if p)
+    env["PYTHONPATH"] = pythonpath_with(_PACKAGE_ROOT, env.get("PYTHONPATH"))
     env[ORIGIN_ENV] = origin
     return env
+
+
+def pythonpath_with(root: str, given: str | None) -> str:
+    """``PYTHONPATH`` for a child that must import the asyncroll held by the folder ``root``: the user's
+    own entries (``given``) first, as the parent's path has them (before its site-packages), ``root``
+    after them; but ``root`` first where an entry before it holds another ``asyncroll`` package (a lab's
+    shared install, another checkout), which the child would import instead: the parent imported its own
+    from ahead of ``PYTHONPATH`` (``python -m asyncroll`` in its checkout). An empty entry is the working
+    folder, to Python as here."""
+    mine = os.path.realpath(root)
+    for entry in given.split(os.pathsep) if given else []:
+        folder = os.path.realpath(entry or os.curdir)
+        if folder == mine:
+            break
+        if os.path.isfile(os.path.join(folder, "asyncroll", "__init__.py")) or os.path.isfile(
+            os.path.join(folder, "asyncroll.py")
+        ):
+            return os.pathsep.join((root, given or ""))
+    return os.pathsep.join(p for p in (given, root) if p)
 
 
 def _pipe_file(fd: int, mode: str) -> IO[bytes]:
