@@ -274,3 +274,28 @@ def test_a_printed_plan_gives_each_asyncroll_it_starts_the_path_run_gives_it(tmp
         assert words[0] == "env" and "-P" in words, words
         paths = next(w for w in words if w.startswith("PYTHONPATH=")).removeprefix("PYTHONPATH=")
         assert root in paths.split(os.pathsep), (paths, root)
+
+
+@pytest.mark.timeout(60)
+def test_a_client_imports_the_runners_asyncroll_though_the_users_pythonpath_holds_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's ``PYTHONPATH`` goes first on a client's, but not where an entry holds another
+    ``asyncroll`` than the runner's (a lab's shared install, another checkout, while the runner ran
+    ``python -m asyncroll`` in its own): each client imported that one instead of the runner's."""
+    import os
+    import subprocess
+
+    import asyncroll
+    from asyncroll.experiment.plan import client_environment
+
+    other = tmp_path / "other"
+    (other / "asyncroll").mkdir(parents=True)
+    (other / "asyncroll" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(other))
+    env = {**os.environ, **client_environment()}  # as ManagedProcess starts the client
+    probe = "import asyncroll; print(asyncroll.__file__)"
+    client = subprocess.run(
+        [sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=30, env=env
+    )
+    assert client.stdout.strip() == asyncroll.__file__, client.stderr

@@ -134,10 +134,11 @@ def client_environment() -> dict[str, str]:
     It goes after the user's own ``PYTHONPATH``, as in the runner, whose path holds them before its
     site-packages: a lab's numpy or scipy there (``module load``) is the one the runner imported and the
     fingerprint pinned, and the runner's site-packages first handed every client its own instead (each
-    arm then failed on that software version). An asyncroll on that ``PYTHONPATH`` is the runner's own
-    (it imported it from there), unless the runner ran ``python -m`` in a folder holding another."""
-    given = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": os.pathsep.join(p for p in (given, _PACKAGE_ROOT) if p)}
+    arm then failed on that software version). Where an entry there holds another asyncroll than the
+    runner's (it ran ``python -m`` in a folder holding its own), the runner's folder goes first instead."""
+    from asyncroll.workers.spawn import pythonpath_with
+
+    return {"PYTHONPATH": pythonpath_with(_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))}
 
 
 def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir: Path) -> list[str]:
