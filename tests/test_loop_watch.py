@@ -120,6 +120,37 @@ def test_a_late_wake_up_that_spans_a_sigcont_is_a_stop_not_a_stall() -> None:
     assert loop_watch.stalls == len(stalls)
 
 
+@pytest.mark.timeout(20)
+def test_a_stop_before_the_watch_first_runs_is_a_stop_too() -> None:
+    """The process stopped (and continued) after the handler went in but before the watch's task first
+    ran (the telemetry's first sample, the admission's first steps run before it): the watch took the
+    continuations counted by then for old ones, and the late first wake-up for a stall."""
+    clock = SystemClock()
+    log = EventLog(clock)
+    seen: list[Event] = []
+    log.subscribe(seen.append)
+    log.start_measurement()
+    loop_watch = LoopWatch(clock, log)
+
+    async def stopped_first() -> None:
+        os.kill(os.getpid(), signal.SIGCONT)
+        time.sleep(0.5)  # noqa: ASYNC251 - the "stop"
+
+    async def main() -> None:
+        first = asyncio.create_task(stopped_first())  # created first: it runs first
+        log.emit(loop_watch.announce())
+        with loop_watch.continued_handled():
+            watch = asyncio.create_task(loop_watch.run())
+            await first
+            await asyncio.sleep(0.12)
+            watch.cancel()
+
+    asyncio.run(main())
+    stops = [e.stopped_s for e in seen if isinstance(e, ProcessStopped)]
+    assert len(stops) == 1 and stops[0] >= 0.4, seen
+    assert not [e for e in seen if isinstance(e, LoopStalled)], seen
+
+
 def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:
     """The window opens (measurement_started) and, unless ``stall_s`` is None (a simulation, an older
     run), the loop is watched (loop_watched)."""

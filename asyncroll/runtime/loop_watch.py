@@ -51,12 +51,14 @@ class LoopWatch:
         self.stopped_s = 0.0
         self._continued = 0  # SIGCONTs received while the handler was installed
         self._since: float | None = None  # when the watch was announced: its first wake-up is due then
+        self._continued_since = 0  # the SIGCONTs counted by then: a stop after it spans the first wake-up
 
     def announce(self) -> LoopWatched:
         """The ``loop_watched`` event: the loop is watched, and how (emitted as the window opens). The
         first wake-up is due ``probe_s`` after this, however late :meth:`run` first runs: the tasks
         created before it (the telemetry's first sample, at t = 0) may hold the loop first."""
         self._since = self._clock.now()
+        self._continued_since = self._continued
         return LoopWatched(probe_s=self.probe_s, stall_s=self.stall_s)
 
     def _on_continued(self, _signum: int, _frame: FrameType | None) -> None:
@@ -89,7 +91,8 @@ class LoopWatch:
         """Sleep ``probe_s`` at a time until cancelled."""
         clock = self._clock
         asked = (clock.now() if self._since is None else self._since) + self.probe_s
-        seen = self._continued
+        # a continuation before the task first ran (after the announcement) spans its first wake-up too
+        seen = self._continued if self._since is None else self._continued_since
         while True:
             await asyncio.sleep(max(0.0, asked - clock.now()))
             late = clock.now() - asked
