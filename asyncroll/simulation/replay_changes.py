@@ -30,32 +30,36 @@ def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
 
 
 def stalls_taken(run_dir: Path) -> str | None:
-    """A warning when the recorded run's process was stopped (job control) for 0.5 s or more, else when
-    its event loop stalled for 5% of its makespan and 0.5 s or more (summary.json's ``event_loop``, as
-    ``run`` warns): its model latencies were measured by that loop, so
-    a request that spanned a stall counts it as model time, and the replay takes it as such."""
+    """Warnings, one a line, when the recorded run's process was stopped (job control) for 0.5 s or more,
+    and when its event loop stalled for 5% of its makespan and 0.5 s or more (summary.json's
+    ``event_loop``, as ``run`` warns of each): its model latencies were measured by that loop, so a
+    request that spanned a stop or a stall counts it as model time, and the replay takes it as such."""
     from asyncroll.json_depth import read_json_object
     from asyncroll.outputs.pauses import STALLED_WARNING_FRACTION, STALLED_WARNING_S
 
     loop = (read_json_object(run_dir / "summary.json") or {}).get("event_loop")
     loop = loop if isinstance(loop, dict) else {}
+    said = []
     stopped = loop.get("stopped_s")
     if isinstance(stopped, int | float) and stopped >= STALLED_WARNING_S:  # as ``run`` warns of a stop
-        return (
+        said.append(
             f"warning: the run's process was stopped (job control) for {stopped:.3f} s (summary.json: "
             "event_loop): a model request it measured across the stop counts the stop as model latency, "
             "and so does this replay"
         )
     fraction, stalled = loop.get("fraction_of_makespan"), loop.get("stalled_s")
-    if not isinstance(fraction, int | float) or not isinstance(stalled, int | float):
-        return None
-    if fraction < STALLED_WARNING_FRACTION or stalled < STALLED_WARNING_S:
-        return None
-    return (
-        f"warning: the run's event loop stalled {stalled:.3f} s ({100 * fraction:.0f}% of its makespan; "
-        "summary.json: event_loop): a model request it measured across a stall counts the stall as model "
-        "latency, and so does this replay"
-    )
+    if (
+        isinstance(fraction, int | float)
+        and isinstance(stalled, int | float)
+        and fraction >= STALLED_WARNING_FRACTION
+        and stalled >= STALLED_WARNING_S
+    ):
+        said.append(
+            f"warning: the run's event loop stalled {stalled:.3f} s ({100 * fraction:.0f}% of its makespan; "
+            "summary.json: event_loop): a model request it measured across a stall counts the stall as "
+            "model latency, and so does this replay"
+        )
+    return "\n".join(said) or None
 
 
 def restarts_not_replayed(run_dir: Path, replay_dir: Path) -> dict[str, int]:
