@@ -577,4 +577,7 @@ def test_the_counterfactual_bench_replays_every_real_run_under_every_policy(
     # 3 sources × 2 repeats × 3 targets, each as it is and with a measured overhead (> 0)
     assert len(made) == 36 and all(m > 0 for _, _, m in made), made
     assert sum(j == 0 for _, j, _ in made) == 18 and all(j > 0 for _, j, _ in made if j != 0)
+    # the overhead is taken by the replays, not only passed: each job holds its worker that much longer
+    with_it, without = (sum(m for _, j, m in made if (j > 0) is overhead) for overhead in (True, False))
+    assert with_it > without, made
     assert out.count("\n4 / 2 / 1, from ") == 3 and "naive: B's replay against A's real" in out
