@@ -109,6 +109,24 @@ def warmed_estimator(rng: random.Random, trajectories: int = 300) -> RemainingEs
     return estimator
 
 
+def announce(estimator: RemainingEstimator, queue: tuple[JobView, ...]) -> None:
+    """The queued jobs' ``CpuEnqueued`` events, as a run's log gives them to the estimator before any
+    decision sees the jobs (it reads each queued job's key from its event)."""
+    for job in queue:
+        estimator(
+            CpuEnqueued(
+                id=job.trajectory_id,
+                job_id=job.job_id,
+                kind=job.kind,
+                tool=job.tool,
+                turn=job.turn,
+                arg_bytes=job.arg_bytes,
+                queue_depth=1,
+                resubmission=job.resubmission,
+            )
+        )
+
+
 def tail_snapshot(
     queue: tuple[JobView, ...], predictions: tuple[Prediction, ...], estimator: RemainingEstimator
 ) -> QueueSnapshot:
@@ -151,6 +169,7 @@ def one_repeat(seed: int, calls: int = 2000) -> tuple[float, ...]:
         policy.choose(ready)
         alone.append((time.perf_counter() - began) * 1e6)
     estimator = warmed_estimator(rng)
+    announce(estimator, queue)
     decision = policy.choose(tail_snapshot(queue, predictor.predict(queue), estimator))
     if decision.reason != TAIL:
         raise RuntimeError(f"the measured tail decision is {decision.reason!r}, not {TAIL!r}")
