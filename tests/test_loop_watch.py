@@ -151,6 +151,48 @@ def test_a_stop_before_the_watch_first_runs_is_a_stop_too() -> None:
     assert not [e for e in seen if isinstance(e, LoopStalled)], seen
 
 
+class _JumpingClock(SystemClock):
+    """Real monotonic time plus an offset a test moves on: a jump of the offset reads to the watch as a
+    wake-up that late, without the test waiting for it."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.monotonic() + self.offset
+
+
+@pytest.mark.timeout(20)
+def test_the_watch_totals_every_stall_and_every_stop() -> None:
+    """``stalls``/``stalled_s`` and ``stops``/``stopped_s`` (the live view's counters) add up every late
+    wake-up, not the last one only: two stalls of 5 and 7 s and two stops of 3 and 4 s."""
+    clock = _JumpingClock()
+    log = EventLog(clock)
+    seen: list[Event] = []
+    log.subscribe(seen.append)
+    log.start_measurement()
+    loop_watch = LoopWatch(clock, log)
+
+    async def main() -> None:
+        with loop_watch.continued_handled():
+            watch = asyncio.create_task(loop_watch.run())
+            for jump, stop in ((5.0, False), (3.0, True), (7.0, False), (4.0, True)):
+                await asyncio.sleep(0.01)  # the watch is asleep now
+                if stop:
+                    os.kill(os.getpid(), signal.SIGCONT)
+                clock.offset += jump
+                await asyncio.sleep(0.12)  # the watch woke and recorded it
+            watch.cancel()
+
+    asyncio.run(main())
+    stops = [e.stopped_s for e in seen if isinstance(e, ProcessStopped)]
+    stalls = [e.late_s for e in seen if isinstance(e, LoopStalled)]
+    assert [round(s) for s in stops] == [3, 4], seen
+    assert [round(s) for s in stalls if s >= 1] == [5, 7], seen  # a loaded machine may add short ones
+    assert loop_watch.stops == 2 and loop_watch.stopped_s == pytest.approx(sum(stops), abs=1e-5)
+    assert loop_watch.stalls == len(stalls) and loop_watch.stalled_s == pytest.approx(sum(stalls), abs=1e-5)
+
+
 def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:
     """The window opens (measurement_started) and, unless ``stall_s`` is None (a simulation, an older
     run), the loop is watched (loop_watched)."""
@@ -202,6 +244,24 @@ def test_the_summary_counts_stops_apart_from_stalls() -> None:
     assert section["stopped_fraction_of_makespan"] == pytest.approx(2.5 / 8.0)
     assert section["fraction_of_makespan"] == pytest.approx(0.3 / 8.0)
     assert "the process was stopped (job control" in section["note"]
+    # a stop wholly after the window is not counted; without a stop the note says none
+    meter.on_stopped(ProcessStopped(t=12.0, stopped_s=1.0))
+    assert meter.build(makespan_s=8.0)["stops"] == 2
+    calm = LoopStallMeter()
+    _watched(calm, 0.1)
+    calm.on_stopped(ProcessStopped(t=12.0, stopped_s=1.0))
+    section = calm.build(makespan_s=8.0)
+    assert section["stops"] == 0 and section["stopped_s"] == 0.0 and "stopped" not in section["note"]
+
+
+def test_a_window_of_no_length_has_no_fractions() -> None:
+    """A makespan of 0 (a window that closed as it opened) has counts but no fraction: no division by
+    zero."""
+    meter = LoopStallMeter()
+    _watched(meter, 0.1)
+    section = meter.build(makespan_s=0.0)
+    assert section["stalls"] == 0 and section["stops"] == 0
+    assert section["fraction_of_makespan"] is None and section["stopped_fraction_of_makespan"] is None
 
 
 @pytest.mark.parametrize("threshold", [None, 0.1])
