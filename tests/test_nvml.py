@@ -15,7 +15,7 @@ from asyncroll.telemetry import nvml as nvml_module
 from asyncroll.telemetry.nvml import NvmlSource, NvmlUnavailable
 from tests.conftest import tool_problem
 from tests.metrics_loopback import real_clock_run
-from tests.nvml_double import fake_pynvml
+from tests.nvml_double import FakeNVMLError, fake_pynvml
 
 
 @pytest.mark.timeout(60)
@@ -189,3 +189,71 @@ def test_nvml_is_not_shut_down_under_a_read_still_stuck_in_it(monkeypatch: pytes
     fine.close()
     fine.close()  # once
     assert calls.count("shutdown") == 1
+
+
+def test_a_refused_probe_shuts_nvml_down_and_every_read_error_is_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe that fails after NVML initialised (an unknown index, a device call that errs) shuts it down
+    again; a read whose every call fails says each error."""
+    fake = fake_pynvml(count=1, util_supported=False)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with pytest.raises(NvmlUnavailable, match="NVML sees 1 device"):
+        NvmlSource(1).probe()
+    assert fake.calls == ["init", "shutdown"]
+
+    def gone(*_: object) -> object:
+        raise FakeNVMLError("GPU is lost")
+
+    fake.__dict__.update(nvmlDeviceGetName=gone)
+    with pytest.raises(NvmlUnavailable, match="--nvml-device 0: GPU is lost"):
+        NvmlSource(0).probe()
+    assert fake.calls == ["init", "shutdown"] * 2
+
+    fake.__dict__.update(nvmlDeviceGetName=lambda h: "GPU")
+    source = NvmlSource(0)
+    source.probe()
+    fake.__dict__.update(nvmlDeviceGetMemoryInfo=gone)
+    sample = source.read()
+    assert sample.error == "utilisation: Not Supported; memory: GPU is lost"
+
+
+@pytest.mark.timeout(20)
+def test_a_read_off_the_loop_keeps_its_limit_its_error_and_a_stuck_nvml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``read_off_loop``: its ``limit`` is the wait (not the default's); an error of the read itself is
+    raised as it is, not as a read that never returned; a hung read runs in a daemon thread (the exit does
+    not wait for it), and ``close`` leaves NVML to the exit while it is stuck."""
+    import asyncio
+
+    fake = fake_pynvml(count=1, util_supported=True)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(nvml_module, "READ_LIMIT_S", 30.0)
+    source = NvmlSource(0)
+    source.probe()
+
+    def broken(handle: object) -> object:
+        raise RuntimeError("bindings broke")
+
+    fake.__dict__.update(nvmlDeviceGetUtilizationRates=broken)
+    with pytest.raises(RuntimeError, match="bindings broke"):
+        asyncio.run(source.read_off_loop())
+
+    release = threading.Event()
+    hung: list[threading.Thread] = []
+
+    def hang(handle: object) -> object:
+        hung.append(threading.current_thread())
+        release.wait(10)
+        return types.SimpleNamespace(gpu=1, memory=1)
+
+    fake.__dict__.update(nvmlDeviceGetUtilizationRates=hang)
+    try:
+        with pytest.raises(nvml_module.NvmlStuck, match=r"no reading within 0\.05 s"):
+            asyncio.run(source.read_off_loop(0.05))
+        assert [t.daemon for t in hung] == [True]
+        source.close()
+        assert fake.calls == ["init"]  # no shutdown while the read is stuck in NVML
+    finally:
+        release.set()
