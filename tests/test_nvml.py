@@ -257,3 +257,32 @@ def test_a_read_off_the_loop_keeps_its_limit_its_error_and_a_stuck_nvml(
         assert fake.calls == ["init"]  # no shutdown while the read is stuck in NVML
     finally:
         release.set()
+
+
+def test_stop_waits_for_a_gpu_read_off_the_loop_as_long_as_it_may_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sample reads the GPU off the loop for up to READ_LIMIT_S: stop() waits that long (and its
+    margin) before it calls the sampling loop stuck; without the GPU (or reading it on the loop) only the
+    margin."""
+    import asyncio
+
+    from asyncroll.clock import SystemClock
+    from asyncroll.event_log import EventLog
+    from asyncroll.telemetry.sampler import STOP_MARGIN_S, TelemetrySampler
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(count=1, util_supported=True))
+    clock = SystemClock()
+
+    async def limits() -> list[float]:
+        found = []
+        for off_loop in (True, False):
+            sampler = TelemetrySampler(
+                clock, EventLog(clock), interval=1.0, nvml=NvmlSource(0), gpu_off_loop=off_loop
+            )
+            await sampler.probe()
+            found.append(sampler.stop_limit_s)
+            await sampler.aclose()
+        return found
+
+    assert asyncio.run(limits()) == [nvml_module.READ_LIMIT_S + STOP_MARGIN_S, STOP_MARGIN_S]
