@@ -159,3 +159,47 @@ def test_a_run_with_more_workers_than_usable_cpus_says_so(tmp_path: Path, worker
     assert done.returncode == 0, done.stderr
     noted = "note: --cpu-workers 2, but this process may use 1 CPU(s)" in done.stderr
     assert noted is (workers == 2), done.stderr
+
+
+def test_the_tightest_quota_counts_and_odd_mounts_are_read_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of two quotas on the way up, the tightest (1.5 under 3); a v1 ``cpuset`` mount is not the ``cpu``
+    hierarchy, nor is a sibling group whose name the group's begins with; a mount point's escaped space
+    is a space; a short mountinfo line is skipped; a period of 0 is no quota."""
+    monkeypatch.setattr(cpus, "affinity_cpus", lambda: 8)
+    for sub in "abc":
+        tmp_path.joinpath(sub).mkdir()
+    proc = fake_proc(
+        tmp_path / "a",
+        "0::/pod/ctr\n",
+        V2,
+        {"cg/pod/cpu.max": "150000 100000\n", "cg/pod/ctr/cpu.max": "300000 100000\n"},
+    )
+    assert cpus.quota_cpus(proc) == 1.5
+
+    root = tmp_path / "b"
+    for name, text in {
+        "c g/cpu.cfs_quota_us": "200000\n",
+        "c g/cpu.cfs_period_us": "100000\n",
+        "set/cpu.cfs_quota_us": "900000\n",
+        "set/cpu.cfs_period_us": "100000\n",
+        "sib/cpu.cfs_quota_us": "800000\n",
+        "sib/cpu.cfs_period_us": "100000\n",
+    }.items():
+        root.joinpath(name).parent.mkdir(parents=True, exist_ok=True)
+        root.joinpath(name).write_text(text)
+    proc = root / "proc"
+    proc.mkdir()
+    proc.joinpath("cgroup").write_text("5:cpuset:/docker/abc2\n3:cpu,cpuacct:/docker/abc2\n0::/\n")
+    spaced = str(root / "c g").replace(" ", "\\040")
+    proc.joinpath("mountinfo").write_text(
+        "1 2 - cgroup2\n"
+        f"30 1 0:1 /docker/abc2 {root / 'set'} rw - cgroup cgroup rw,cpuset\n"
+        f"31 1 0:2 /docker/abc {root / 'sib'} rw - cgroup cgroup rw,cpu,cpuacct\n"
+        f"32 1 0:3 /docker/abc2 {spaced} rw - cgroup cgroup rw,cpu,cpuacct\n"
+    )
+    assert cpus.quota_cpus(proc) == 2.0
+
+    proc = fake_proc(tmp_path / "c", "0::/\n", V2, {"cg/cpu.max": "100000 0\n"})
+    assert cpus.quota_cpus(proc) is None
