@@ -433,3 +433,13 @@ def test_a_metrics_url_refused_for_its_credential_gives_no_api_key_advice(creden
     message = str(caught.value)
     assert "s3cret" not in message and "--api-key-env" not in message, message
     assert "the /metrics scrape sends no key" in message, message
+
+
+def test_a_query_credential_is_found_and_masked_after_a_semicolon_and_as_sig() -> None:
+    """A query's parameters split at ';' as at '&', and ``sig`` (a SAS signature) is a credential."""
+    from asyncroll.url_checks import http_url_problem, masked_url
+
+    for url in ("http://h:8000/?a=1;token=x", "http://h:8000/?sv=1&sig=abc"):
+        assert "carries a credential in its query" in (http_url_problem(url) or ""), url
+    assert masked_url("http://h:8000/?a=1;token=x") == "http://h:8000/?a=1;token=***"
+    assert masked_url("http://h:8000/?sv=1&sig=abc") == "http://h:8000/?sv=1&sig=***"
