@@ -299,3 +299,21 @@ def test_a_client_imports_the_runners_asyncroll_though_the_users_pythonpath_hold
         [sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=30, env=env
     )
     assert client.stdout.strip() == asyncroll.__file__, client.stderr
+
+
+def test_a_runner_that_ignored_pythonpath_gives_its_clients_none_of_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``python -E`` (or ``-I``) the runner ignored the user's ``PYTHONPATH`` and pinned the
+    packages of its own path; its clients were given that ``PYTHONPATH`` all the same, imported a lab's
+    numpy there and every arm failed on 'software version numpy: ran …, the experiment pinned …'."""
+    import os
+    import types
+
+    from asyncroll.experiment import plan
+    from asyncroll.experiment.plan import client_environment
+
+    flags = {name: getattr(sys.flags, name) for name in dir(sys.flags) if not name.startswith(("_", "n_"))}
+    monkeypatch.setattr(sys, "flags", types.SimpleNamespace(**{**flags, "ignore_environment": 1}))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(("/lab/lib", "/lab/other")))
+    assert client_environment() == {"PYTHONPATH": plan._PACKAGE_ROOT}

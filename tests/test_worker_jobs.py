@@ -358,6 +358,40 @@ def test_a_worker_imports_this_asyncroll_though_the_users_pythonpath_holds_anoth
 
 
 @real_process
+def test_a_runtime_that_ignored_pythonpath_starts_workers_that_ignore_it_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -E`` (or ``-I``) keeps the user's ``PYTHONPATH`` off the runtime's path, so it imports
+    and records (run.json ``versions``) its site-packages' numpy; the worker was given that
+    ``PYTHONPATH`` all the same and its tools imported the lab's numpy there instead, without a word."""
+    import sys
+    import types
+
+    lab = tmp_path / "lab"
+    (lab / "numpy-0.0.1.dist-info").mkdir(parents=True)
+    (lab / "numpy-0.0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: numpy\nVersion: 0.0.1\n"
+    )
+    (tmp_path / "t.py").write_text(
+        "def version():\n    from importlib import metadata\n    return metadata.version('numpy')\n"
+    )
+    from importlib import metadata
+
+    flags = {name: getattr(sys.flags, name) for name in dir(sys.flags) if not name.startswith(("_", "n_"))}
+    monkeypatch.setattr(sys, "flags", types.SimpleNamespace(**{**flags, "ignore_environment": 1}))
+    monkeypatch.setenv("PYTHONPATH", str(lab))  # as the runtime started under -E: not on its path
+
+    async def main() -> None:
+        worker = await started(ToolSpec("version", tmp_path / "t.py"))
+        try:
+            assert (await worker.call(job(1, "version"), 5)).reply.value == metadata.version("numpy")
+        finally:
+            await worker.kill()
+
+    run(main())
+
+
+@real_process
 def test_cpu_seconds_grow_with_cpu_work() -> None:
     async def main() -> None:
         worker = await started(ToolSpec("spin_ms"))

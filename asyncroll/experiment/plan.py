@@ -10,7 +10,6 @@ AB for two arms), which balances both the first position and the carry-over betw
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -135,10 +134,11 @@ def client_environment() -> dict[str, str]:
     site-packages: a lab's numpy or scipy there (``module load``) is the one the runner imported and the
     fingerprint pinned, and the runner's site-packages first handed every client its own instead (each
     arm then failed on that software version). Where an entry there holds another asyncroll than the
-    runner's (it ran ``python -m`` in a folder holding its own), the runner's folder goes first instead."""
-    from asyncroll.workers.spawn import pythonpath_with
+    runner's (it ran ``python -m`` in a folder holding its own), the runner's folder goes first instead.
+    A runner under ``python -E`` or ``-I`` ignored the user's entries: its clients get none of them."""
+    from asyncroll.workers.spawn import pythonpath_with, users_pythonpath
 
-    return {"PYTHONPATH": pythonpath_with(_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))}
+    return {"PYTHONPATH": pythonpath_with(_PACKAGE_ROOT, users_pythonpath())}
 
 
 def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir: Path) -> list[str]:

@@ -119,9 +119,16 @@ def _environment(origin: str) -> dict[str, str]:
     # (they come before its site-packages), so a tool imports what the runtime would (a lab's numpy
     # there, not the one beside a wheel-installed asyncroll).
     env = dict(os.environ)
-    env["PYTHONPATH"] = pythonpath_with(_PACKAGE_ROOT, env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = pythonpath_with(_PACKAGE_ROOT, users_pythonpath())
     env[ORIGIN_ENV] = origin
     return env
+
+
+def users_pythonpath() -> str | None:
+    """The user's ``PYTHONPATH`` as this process's path took it: none under ``python -E`` or ``-I``,
+    which kept it off that path, so a child (which honours it) does not import a lab's numpy there
+    while this process imported, and recorded, the one beside it."""
+    return None if sys.flags.ignore_environment else os.environ.get("PYTHONPATH")
 
 
 def pythonpath_with(root: str, given: str | None) -> str:
