@@ -317,3 +317,18 @@ def test_a_runner_that_ignored_pythonpath_gives_its_clients_none_of_it(
     monkeypatch.setattr(sys, "flags", types.SimpleNamespace(**{**flags, "ignore_environment": 1}))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(("/lab/lib", "/lab/other")))
     assert client_environment() == {"PYTHONPATH": plan._PACKAGE_ROOT}
+
+
+def test_a_server_env_pythonpath_keeps_the_runners_asyncroll_for_its_own_server(tmp_path: Path) -> None:
+    """``server.env`` setting ``PYTHONPATH`` for asyncroll's own serve-sim replaced the runner's asyncroll
+    folder there: the server ran whatever asyncroll those entries held (or, from a checkout not installed,
+    found none), with nothing to say so. The entries are kept, the runner's folder goes after them."""
+    import asyncroll
+    from asyncroll.experiment.plan import server_environment
+
+    root = str(Path(asyncroll.__file__).resolve().parents[1])
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    cfg = load_experiment_config(write_config(tmp_path, **{"server.env": {"PYTHONPATH": str(lab), "X": "1"}}))
+    env = server_environment(cfg)
+    assert env["X"] == "1" and env["PYTHONPATH"].split(os.pathsep) == [str(lab), root], env

@@ -50,7 +50,7 @@ from asyncroll.experiment.plan import (
     client_environment,
     endpoint,
     server_command,
-    serves_this_asyncroll,
+    server_environment,
 )
 from asyncroll.experiment.port_busy import port_busy
 from asyncroll.experiment.receipts import TERMINAL, ArmReceipt
@@ -186,7 +186,7 @@ def _steps(
         raise ArmCut("starting_server", busy, by="port_busy")
     command = server_command(cfg, port)
     url = endpoint(cfg, port)
-    env = {**client_environment(), **cfg.server.env} if serves_this_asyncroll(cfg) else cfg.server.env
+    env = server_environment(cfg)
     server = InferenceServer(
         command, url, arm_dir / "server.log", env, cfg.model.served_name, cfg.server.check_listener
     )

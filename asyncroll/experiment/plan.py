@@ -104,8 +104,20 @@ def server_launch(cfg: ExperimentConfig, port: int | str) -> list[str]:
     to its environment (``CUDA_VISIBLE_DEVICES``, an attention backend), and for asyncroll's own server
     the :func:`client_environment` it gets, so a printed plan started by hand starts the same server as
     ``run``."""
-    given = {**client_environment(), **cfg.server.env} if serves_this_asyncroll(cfg) else cfg.server.env
-    return _with_env(given) + server_command(cfg, port)
+    return _with_env(server_environment(cfg)) + server_command(cfg, port)
+
+
+def server_environment(cfg: ExperimentConfig) -> dict[str, str]:
+    """What the server's environment gets on top of the runner's: ``server.env``; for asyncroll's own
+    server also the runner's asyncroll folder on ``PYTHONPATH`` (:func:`client_environment`), after the
+    entries of a ``PYTHONPATH`` that ``server.env`` sets (it replaced the runner's folder, so the server
+    ran whatever asyncroll those entries held, or found none)."""
+    if not serves_this_asyncroll(cfg):
+        return dict(cfg.server.env)
+    from asyncroll.workers.spawn import pythonpath_with, users_pythonpath
+
+    given = cfg.server.env.get("PYTHONPATH", users_pythonpath())
+    return {**cfg.server.env, "PYTHONPATH": pythonpath_with(_PACKAGE_ROOT, given)}
 
 
 def client_launch(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir: Path) -> list[str]:
