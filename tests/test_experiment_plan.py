@@ -332,3 +332,21 @@ def test_a_server_env_pythonpath_keeps_the_runners_asyncroll_for_its_own_server(
     cfg = load_experiment_config(write_config(tmp_path, **{"server.env": {"PYTHONPATH": str(lab), "X": "1"}}))
     env = server_environment(cfg)
     assert env["X"] == "1" and env["PYTHONPATH"].split(os.pathsep) == [str(lab), root], env
+
+
+def test_a_child_runs_without_the_users_site_packages_where_its_parent_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime started with ``python -s`` (or ``-I``) never saw the user's own site-packages; its
+    workers, an experiment's clients and its own server were started without ``-s`` and could import a
+    package from there that it never saw (outside a venv, or in a ``--system-site-packages`` one)."""
+    import types
+
+    from asyncroll.workers.spawn import child_flags
+
+    assert child_flags() == (["-P", "-s"] if sys.flags.no_user_site else ["-P"])
+    monkeypatch.setattr(sys, "flags", types.SimpleNamespace(no_user_site=1, ignore_environment=0))
+    assert child_flags() == ["-P", "-s"]
+    cfg = load_experiment_config(write_config(tmp_path))
+    assert client_command(cfg, build_plan(cfg)[0], 8000, tmp_path / "run")[1:3] == ["-P", "-s"]
+    assert server_command(cfg, 8000)[1:3] == ["-P", "-s"]  # asyncroll's own serve-sim

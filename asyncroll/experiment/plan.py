@@ -83,7 +83,9 @@ def server_command(cfg: ExperimentConfig, port: int | str) -> list[str]:
     }
     command = [token.format(**values) for token in cfg.server.command]
     if serves_this_asyncroll(cfg):  # as a client: this very asyncroll, not the working folder's
-        command.insert(1, "-P")
+        from asyncroll.workers.spawn import child_flags
+
+        command[1:1] = child_flags()
     return command
 
 
@@ -161,9 +163,11 @@ def client_command(cfg: ExperimentConfig, arm: ArmPlan, port: int | str, run_dir
     while the fingerprint in experiment.json named the runner's."""
     c = cfg.client
     url = endpoint(cfg, port)
+    from asyncroll.workers.spawn import child_flags
+
     cmd = [
         sys.executable,
-        "-P",
+        *child_flags(),
         "-m",
         "asyncroll",  # the command's own entry: a stop while it imports exits 130 with one line
         "run",

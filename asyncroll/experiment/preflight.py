@@ -33,6 +33,7 @@ from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.plan import client_environment, render_plan, server_command
 from asyncroll.experiment.port_busy import BOUND_ONLY, reserved
 from asyncroll.paths import resolved
+from asyncroll.workers.spawn import child_flags
 
 
 def executable_problem(cfg: ExperimentConfig) -> str | None:
@@ -181,7 +182,7 @@ def isolation_report() -> dict[str, Any]:
     """``python -m asyncroll.evaluator.isolation``'s report (the probe forks: not in the runner itself)."""
     try:
         done = subprocess.run(
-            [sys.executable, "-P", "-m", "asyncroll.evaluator.isolation"],  # as the clients: client_command
+            [sys.executable, *child_flags(), "-m", "asyncroll.evaluator.isolation"],  # as client_command
             capture_output=True,
             text=True,
             timeout=120,

@@ -53,7 +53,7 @@ async def spawn(log_path: Path | None, origin: str) -> Spawned:
         log, log_offset = _open_log(log_path)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", "-m", "asyncroll.workers.child",
+                sys.executable, *child_flags(), "-m", "asyncroll.workers.child",
                 "--in-fd", str(job_r), "--out-fd", str(reply_w), "--parent-pid", str(os.getpid()),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log or asyncio.subprocess.DEVNULL,
@@ -122,6 +122,15 @@ def _environment(origin: str) -> dict[str, str]:
     env["PYTHONPATH"] = pythonpath_with(_PACKAGE_ROOT, users_pythonpath())
     env[ORIGIN_ENV] = origin
     return env
+
+
+def child_flags() -> list[str]:
+    """The interpreter flags of an asyncroll child (a worker, an experiment's client or own server): ``-P``
+    (the working folder off its path), and ``-s`` where this process runs without the user's own
+    site-packages (``python -s``, ``-I``), so that the child does not import a package from there that
+    this process never saw. (``-E``/``-I`` themselves are not passed on: the child's ``PYTHONPATH`` is
+    how it finds this asyncroll.)"""
+    return ["-P", "-s"] if sys.flags.no_user_site else ["-P"]
 
 
 def users_pythonpath() -> str | None:
