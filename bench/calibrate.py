@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from asyncroll.clock import VirtualClock
@@ -133,6 +134,29 @@ def simulated(
     return float(outcome.summary["makespan_s"])
 
 
+def real_runs(
+    bench: str, workload: Path, point: Point, repeats: int, n: int
+) -> Iterator[tuple[str, float, Path]]:
+    """Each policy's real runs at ``point``, repeat by repeat, each repeat starting with the next policy
+    (so that drift does not favour one): (policy, makespan, run directory) of each, all ``n`` trajectories
+    completed, else the bench ends naming the run."""
+    for repeat in range(repeats):
+        for k in range(len(POLICIES)):
+            policy = POLICIES[(repeat + k) % len(POLICIES)]
+            outcome, run_dir, _ = run_once(
+                workload,
+                policy=policy,
+                max_active_trajectories=point[0],
+                max_inflight_model_requests=point[1],
+                cpu_workers=point[2],
+                max_turns=6,
+            )
+            if outcome.summary is None or outcome.summary["counts"]["completed"] != n:
+                where = f"{policy} at {'/'.join(map(str, point))}, real, repeat {repeat + 1}"
+                raise SystemExit(incomplete(bench, where, n, outcome))
+            yield policy, outcome.summary["makespan_s"], run_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     # A pair is *decided* only where the real ranges (min–max over repeats) are apart: one repeat has no
@@ -171,24 +195,11 @@ def main() -> None:
         turn_ms: list[float] = []
         job_ms: list[float] = []
         real: dict[str, list[float]] = {policy: [] for policy in POLICIES}
-        for repeat in range(args.repeats):  # repeat by repeat, each starting with the next policy
-            for k in range(len(POLICIES)):
-                policy = POLICIES[(repeat + k) % len(POLICIES)]
-                outcome, run_dir, _ = run_once(
-                    workload,
-                    policy=policy,
-                    max_active_trajectories=point[0],
-                    max_inflight_model_requests=point[1],
-                    cpu_workers=point[2],
-                    max_turns=6,
-                )
-                if outcome.summary is None or outcome.summary["counts"]["completed"] != args.n:
-                    where = f"{policy} at {'/'.join(map(str, point))}, real, repeat {repeat + 1}"
-                    raise SystemExit(incomplete("bench.calibrate", where, args.n, outcome))
-                real[policy].append(outcome.summary["makespan_s"])
-                t, j = overheads(run_dir, workload)
-                turn_ms.append(t)
-                job_ms.append(j)
+        for policy, makespan, run_dir in real_runs("bench.calibrate", workload, point, args.repeats, args.n):
+            real[policy].append(makespan)
+            t, j = overheads(run_dir, workload)
+            turn_ms.append(t)
+            job_ms.append(j)
         # The overheads are the runtime's on this machine, not a policy's: one pair per operating point,
         # the median over every run there, so that per-arm measurement noise cannot reorder the arms.
         t, j = statistics.median(turn_ms), statistics.median(job_ms)

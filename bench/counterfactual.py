@@ -30,8 +30,8 @@ from asyncroll.config import build_config
 from asyncroll.simulation.engine import SimulationSettings, prepare_from_run, simulate
 from asyncroll.simulation.from_run import kept_settings
 from bench import synthetic
-from bench.calibrate import overheads, verdicts
-from bench.common import incomplete, machine, number_arg, points_arg, quantiles, run_once, scratch
+from bench.calibrate import overheads, real_runs, verdicts
+from bench.common import incomplete, machine, number_arg, points_arg, quantiles, scratch
 
 Point = tuple[int, int, int]
 POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2))
@@ -142,23 +142,12 @@ def main() -> None:
         real: dict[str, list[float]] = {policy: [] for policy in POLICIES}
         runs: dict[str, list[Path]] = {policy: [] for policy in POLICIES}
         job_ms: dict[str, list[float]] = {policy: [] for policy in POLICIES}
-        for repeat in range(args.repeats):  # repeat by repeat, each starting with the next policy
-            for k in range(len(POLICIES)):
-                policy = POLICIES[(repeat + k) % len(POLICIES)]
-                outcome, run_dir, _ = run_once(
-                    workload,
-                    policy=policy,
-                    max_active_trajectories=point[0],
-                    max_inflight_model_requests=point[1],
-                    cpu_workers=point[2],
-                    max_turns=6,
-                )
-                if outcome.summary is None or outcome.summary["counts"]["completed"] != args.n:
-                    where = f"{policy} at {'/'.join(map(str, point))}, real, repeat {repeat + 1}"
-                    raise SystemExit(incomplete("bench.counterfactual", where, args.n, outcome))
-                real[policy].append(outcome.summary["makespan_s"])
-                runs[policy].append(run_dir)
-                job_ms[policy].append(overheads(run_dir, workload)[1])
+        for policy, makespan, run_dir in real_runs(
+            "bench.counterfactual", workload, point, args.repeats, args.n
+        ):
+            real[policy].append(makespan)
+            runs[policy].append(run_dir)
+            job_ms[policy].append(overheads(run_dir, workload)[1])
         for source in POLICIES:
             pure: dict[str, float] = {}
             tuned: dict[str, float] = {}
