@@ -35,9 +35,10 @@ def http_url_problem(url: str) -> str | None:
 
 
 #: Query parameters that carry a credential: a gateway's ``?token=``, ``?api_key=``, ``?accessToken=``, a
-#: signed URL's ``X-Amz-Signature`` (the name lower-cased, ``-`` and a camelCase break read as ``_``).
+#: signed URL's ``X-Amz-Signature``, an Azure Functions key's ``?code=``, a ``?jwt=`` (the name
+#: lower-cased, ``-`` and a camelCase break read as ``_``).
 _CREDENTIAL_PARAM = re.compile(
-    r"(?:^|_)(?:token|key|apikey|secret|password|passwd|pwd|auth|sig|signature|credentials?)$"
+    r"(?:^|_)(?:token|key|apikey|secret|password|passwd|pwd|auth|sig|signature|credentials?|jwt)$|^code$"
 )
 
 
@@ -61,8 +62,8 @@ _CREDENTIALS = (
     f"not accepted ({_KEY_ADVICE})"
 )
 _QUERY_CREDENTIALS = (
-    "carries a credential in its query (a token, key, secret, password or signature parameter), which "
-    f"run.json would keep in its command and config: not accepted ({_KEY_ADVICE})"
+    "carries a credential in its query (a token, key, secret, password, signature, jwt or code "
+    f"parameter), which run.json would keep in its command and config: not accepted ({_KEY_ADVICE})"
 )
 #: What a refused ``--metrics-url`` says instead of :data:`_KEY_ADVICE`: its scrape sends no key.
 METRICS_KEY_ADVICE = (

@@ -421,6 +421,19 @@ def test_a_camel_case_credential_in_a_urls_query_is_refused(query: str) -> None:
     assert build_config(settings).metrics_url == settings["metrics_url"]
 
 
+@pytest.mark.parametrize("query", ["?code=s3cret", "?n=vllm&jwt=s3cret", "?id_jwt=s3cret"])
+def test_a_function_key_or_a_jwt_in_a_urls_query_is_refused(query: str) -> None:
+    """``?code=`` is how an Azure Functions URL carries its function key, and ``?jwt=`` a bearer token:
+    both were accepted and kept verbatim in run.json's command and config. (``?codec=`` is no key.)"""
+    url = "http://127.0.0.1:8000/metrics"
+    settings = {"workload": "w", "output": "o", "backend": "vllm", "model": "m", "metrics_url": url + query}
+    with pytest.raises(UsageError) as caught:
+        build_config(settings)
+    assert "s3cret" not in str(caught.value) and "carries a credential in its query" in str(caught.value)
+    settings["metrics_url"] = url + "?codec=h264&name[]=vllm:num_requests_running"
+    assert build_config(settings).metrics_url == settings["metrics_url"]
+
+
 @pytest.mark.parametrize("credential", ["http://alice:s3cret@127.0.0.1:8000/metrics", "?token=s3cret"])
 def test_a_metrics_url_refused_for_its_credential_gives_no_api_key_advice(credential: str) -> None:
     """``--metrics-url`` with a token was refused with the advice to give the key by ``--api-key-env``,
