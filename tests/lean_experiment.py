@@ -11,6 +11,7 @@ from typing import Any
 from asyncroll.experiment.config import ExperimentConfig, load_experiment_config
 from asyncroll.experiment.plan import build_plan
 from asyncroll.experiment.server import ManagedProcess
+from asyncroll.workers.spawn import child_flags
 from tests.experiments import kill_recorded, read, write_config
 
 
@@ -20,7 +21,10 @@ def lean(tmp: Path, **changes: Any) -> ExperimentConfig:
 
 
 def is_client(process: ManagedProcess) -> bool:
-    return process.command[1:5] == ["-P", "-m", "asyncroll", "run"]
+    """Whether ``process`` is an arm's client: ``python -P [-s] -m asyncroll run`` (``-s`` where the runner
+    runs without the user's site-packages: ``PYTHONNOUSERSITE``, ``python -s``)."""
+    flags = child_flags()
+    return process.command[1 : len(flags) + 4] == [*flags, "-m", "asyncroll", "run"]
 
 
 def fake_arm(status: str = "failed", error: str | None = "fake arm") -> Any:
