@@ -240,11 +240,12 @@ def test_a_read_off_the_loop_keeps_its_limit_its_error_and_a_stuck_nvml(
     with pytest.raises(RuntimeError, match="bindings broke"):
         asyncio.run(source.read_off_loop())
 
-    release = threading.Event()
+    release, arrived = threading.Event(), threading.Event()
     hung: list[threading.Thread] = []
 
     def hang(handle: object) -> object:
         hung.append(threading.current_thread())
+        arrived.set()
         release.wait(10)
         return types.SimpleNamespace(gpu=1, memory=1)
 
@@ -252,6 +253,8 @@ def test_a_read_off_the_loop_keeps_its_limit_its_error_and_a_stuck_nvml(
     try:
         with pytest.raises(nvml_module.NvmlStuck, match=r"no reading within 0\.05 s"):
             asyncio.run(source.read_off_loop(0.05))
+        # on a loaded machine the read's thread may reach NVML only after the 0.05 s ran out
+        assert arrived.wait(10)
         assert [t.daemon for t in hung] == [True]
         source.close()
         assert fake.calls == ["init"]  # no shutdown while the read is stuck in NVML
