@@ -157,8 +157,9 @@ def real_runs(
             yield policy, outcome.summary["makespan_s"], run_dir
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_real_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--repeats``, ``--n``, ``--model-ms``, ``--cpu-ms``: the real runs and their workload (this bench's
+    and ``bench.counterfactual``'s)."""
     # A pair is *decided* only where the real ranges (min–max over repeats) are apart: one repeat has no
     # range, and every pair would read as decided outside a noise nobody measured.
     parser.add_argument(
@@ -170,6 +171,11 @@ def main() -> None:
     parser.add_argument("--n", type=number_arg(int, 1, 100_000), default=40)
     parser.add_argument("--model-ms", type=number_arg(float, 0, 60_000), default=40.0)
     parser.add_argument("--cpu-ms", type=number_arg(float, 0, 60_000, low_open=True), default=25.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_real_run_arguments(parser)
     args = parser.parse_args()
     workload = synthetic.write(
         scratch("cal-") / "w.jsonl",

@@ -30,8 +30,8 @@ from asyncroll.config import build_config
 from asyncroll.simulation.engine import SimulationSettings, prepare_from_run, simulate
 from asyncroll.simulation.from_run import kept_settings
 from bench import synthetic
-from bench.calibrate import overheads, real_runs, verdicts
-from bench.common import incomplete, machine, number_arg, points_arg, quantiles, scratch
+from bench.calibrate import add_real_run_arguments, overheads, real_runs, verdicts
+from bench.common import incomplete, machine, points_arg, quantiles, scratch
 
 Point = tuple[int, int, int]
 POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2))
@@ -107,15 +107,7 @@ def spread(label: str, xs: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--repeats",
-        type=number_arg(int, 2, 1000),
-        default=3,
-        help="real runs per policy and point (>= 2: the ranking is judged against their spread)",
-    )
-    parser.add_argument("--n", type=number_arg(int, 1, 100_000), default=40)
-    parser.add_argument("--model-ms", type=number_arg(float, 0, 60_000), default=40.0)
-    parser.add_argument("--cpu-ms", type=number_arg(float, 0, 60_000, low_open=True), default=25.0)
+    add_real_run_arguments(parser)
     parser.add_argument(
         "--points",
         type=points_arg,
