@@ -193,6 +193,53 @@ def test_the_watch_totals_every_stall_and_every_stop() -> None:
     assert loop_watch.stalls == len(stalls) and loop_watch.stalled_s == pytest.approx(sum(stalls), abs=1e-5)
 
 
+class _StoppedAtCall(_JumpingClock):
+    """A clock under which the process is "stopped" for 3 s (and continued: SIGCONT) during its
+    ``at``-th reading."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def now(self) -> float:
+        self.calls += 1
+        if self.calls == self.at:
+            os.kill(os.getpid(), signal.SIGCONT)
+            self.offset += 3.0
+            _handlers_run()  # a Python call: the signal's handler runs here, as on a real continuation
+        return super().now()
+
+
+def _handlers_run() -> None:
+    pass
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("at", [3, 4, 5, 6])
+def test_a_stop_is_counted_whichever_reading_of_the_clock_it_falls_in(at: int) -> None:
+    """The watch read the clock twice per wake-up, once for its lateness and once for its next due time:
+    a stop between the two readings was in neither wake-up's lateness (lost), and its continuation then
+    marked the next late wake-up a stop. One reading now serves both, so every stop is counted once."""
+    clock = _StoppedAtCall(at)
+    log = EventLog(clock)
+    seen: list[Event] = []
+    log.subscribe(seen.append)
+    log.start_measurement()
+    loop_watch = LoopWatch(clock, log)
+
+    async def main() -> None:
+        with loop_watch.continued_handled():
+            watch = asyncio.create_task(loop_watch.run())
+            while clock.calls < at + 4:  # noqa: ASYNC110 - the watch reads the clock as it wakes
+                await asyncio.sleep(0.01)
+            watch.cancel()
+
+    asyncio.run(main())
+    stops = [e.stopped_s for e in seen if isinstance(e, ProcessStopped)]
+    assert [round(s) for s in stops] == [3], seen
+    assert not [e for e in seen if isinstance(e, LoopStalled) and e.late_s >= 1], seen
+
+
 def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:
     """The window opens (measurement_started) and, unless ``stall_s`` is None (a simulation, an older
     run), the loop is watched (loop_watched)."""

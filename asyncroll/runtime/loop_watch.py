@@ -95,7 +95,8 @@ class LoopWatch:
         seen = self._continued if self._since is None else self._continued_since
         while True:
             await asyncio.sleep(max(0.0, asked - clock.now()))
-            late = clock.now() - asked
+            now = clock.now()
+            late = now - asked
             continued, seen = self._continued != seen, self._continued  # read after the late time
             if late >= self.stall_s:
                 if continued:  # the process was stopped meanwhile: that, not the loop, made it late
@@ -106,4 +107,6 @@ class LoopWatch:
                     self.stalls += 1
                     self.stalled_s += late
                     self._events.emit(LoopStalled(late_s=round(late, 6)))
-            asked = clock.now() + self.probe_s
+            # from the reading above, not a new one: a stop (or a stall) between the two readings was in
+            # neither wake-up's lateness, and its continuation then marked the next stall a stop
+            asked = now + self.probe_s
