@@ -31,15 +31,19 @@ from tests.conftest import REPO, tool_problem, write_workload
 from tests.test_live_view import _scrape
 
 
-@pytest.mark.timeout(20)
-def test_a_blocking_call_on_the_loop_is_a_stall_as_long_as_it() -> None:
-    clock = SystemClock()
+def _watching(clock: SystemClock) -> tuple[EventLog, list[Event], LoopWatch]:
+    """An event log on ``clock`` with its window open, the events it records, and a watch writing to it."""
     log = EventLog(clock)
     seen: list[Event] = []
     log.subscribe(seen.append)
     log.start_measurement()
+    return log, seen, LoopWatch(clock, log)
 
-    loop_watch = LoopWatch(clock, log)
+
+@pytest.mark.timeout(20)
+def test_a_blocking_call_on_the_loop_is_a_stall_as_long_as_it() -> None:
+    clock = SystemClock()
+    _, seen, loop_watch = _watching(clock)
 
     async def main() -> None:
         watch = asyncio.create_task(loop_watch.run())
@@ -64,11 +68,7 @@ def test_a_loop_held_before_the_watch_first_runs_is_a_stall_too() -> None:
     sample held the loop before the watch ever slept, and the watch, timing its first sleep from its own
     start, saw nothing. Its first wake-up is due ``probe_s`` after it was announced."""
     clock = SystemClock()
-    log = EventLog(clock)
-    seen: list[Event] = []
-    log.subscribe(seen.append)
-    log.start_measurement()
-    loop_watch = LoopWatch(clock, log)
+    log, seen, loop_watch = _watching(clock)
 
     async def blocking_first_sample() -> None:
         time.sleep(0.5)  # noqa: ASYNC251 - the blocking call under test
@@ -92,11 +92,7 @@ def test_a_late_wake_up_that_spans_a_sigcont_is_a_stop_not_a_stall() -> None:
     SIGCONT handler tells that from a stall. Here a blocking call stands in for the stop and the process
     sends itself the SIGCONT meanwhile; the handler before is put back afterwards."""
     clock = SystemClock()
-    log = EventLog(clock)
-    seen: list[Event] = []
-    log.subscribe(seen.append)
-    log.start_measurement()
-    loop_watch = LoopWatch(clock, log)
+    _, seen, loop_watch = _watching(clock)
     before = signal.getsignal(signal.SIGCONT)
 
     async def main() -> None:
@@ -126,11 +122,7 @@ def test_a_stop_before_the_watch_first_runs_is_a_stop_too() -> None:
     ran (the telemetry's first sample, the admission's first steps run before it): the watch took the
     continuations counted by then for old ones, and the late first wake-up for a stall."""
     clock = SystemClock()
-    log = EventLog(clock)
-    seen: list[Event] = []
-    log.subscribe(seen.append)
-    log.start_measurement()
-    loop_watch = LoopWatch(clock, log)
+    log, seen, loop_watch = _watching(clock)
 
     async def stopped_first() -> None:
         os.kill(os.getpid(), signal.SIGCONT)
@@ -167,11 +159,7 @@ def test_the_watch_totals_every_stall_and_every_stop() -> None:
     """``stalls``/``stalled_s`` and ``stops``/``stopped_s`` (the live view's counters) add up every late
     wake-up, not the last one only: two stalls of 5 and 7 s and two stops of 3 and 4 s."""
     clock = _JumpingClock()
-    log = EventLog(clock)
-    seen: list[Event] = []
-    log.subscribe(seen.append)
-    log.start_measurement()
-    loop_watch = LoopWatch(clock, log)
+    _, seen, loop_watch = _watching(clock)
 
     async def main() -> None:
         with loop_watch.continued_handled():
@@ -221,11 +209,7 @@ def test_a_stop_is_counted_whichever_reading_of_the_clock_it_falls_in(at: int) -
     a stop between the two readings was in neither wake-up's lateness (lost), and its continuation then
     marked the next late wake-up a stop. One reading now serves both, so every stop is counted once."""
     clock = _StoppedAtCall(at)
-    log = EventLog(clock)
-    seen: list[Event] = []
-    log.subscribe(seen.append)
-    log.start_measurement()
-    loop_watch = LoopWatch(clock, log)
+    _, seen, loop_watch = _watching(clock)
 
     async def main() -> None:
         with loop_watch.continued_handled():
