@@ -290,22 +290,12 @@ def test_a_replay_of_a_run_whose_loop_stalled_says_its_latencies_hold_the_stalls
     assert (said in result.stderr) is warned, result.stderr
 
 
-def test_a_replay_of_a_run_stopped_by_job_control_says_its_latencies_hold_the_stop(tmp_path: Path) -> None:
-    """A stop of the run's process (Ctrl-Z, SIGSTOP) is counted apart from its loop's stalls
-    (``event_loop.stopped_s``), but a request measured across it holds it just the same."""
-    recorded = _recorded_virtually(tmp_path, [tool_problem("p", model_ms=5, cpu_ms=5)])
-    summary = json.loads((recorded / "summary.json").read_text())
-    summary["event_loop"] |= {"stalled_s": 0.0, "fraction_of_makespan": 0.0, "stops": 1, "stopped_s": 3.0}
-    (recorded / "summary.json").write_text(json.dumps(summary))
-    result = simulate_here("--from-run", recorded, "--output", tmp_path / "replay")
-    assert result.exit_code == 0, result.output
-    assert "warning: the run's process was stopped (job control) for 3.000 s" in result.stderr, result.stderr
-
-
 def test_a_replay_of_a_run_both_stopped_and_stalled_says_both(tmp_path: Path) -> None:
-    """A run stopped by job control whose loop also stalled past the warning's thresholds: the replay
-    warned of the stop alone, and the stalls inside its latencies went unsaid (before stops were told
-    apart, they were one warning)."""
+    """A stop of the run's process (Ctrl-Z, SIGSTOP) is counted apart from its loop's stalls
+    (``event_loop.stopped_s``), but a request measured across it holds it just the same: said. A run so
+    stopped whose loop also stalled past the warning's thresholds: the replay warned of the stop alone,
+    and the stalls inside its latencies went unsaid (before stops were told apart, they were one
+    warning)."""
     recorded = _recorded_virtually(tmp_path, [tool_problem("p", model_ms=5, cpu_ms=5)])
     summary = json.loads((recorded / "summary.json").read_text())
     summary["event_loop"] |= {"stalled_s": 2.0, "fraction_of_makespan": 0.4, "stops": 1, "stopped_s": 3.0}
