@@ -176,16 +176,22 @@ def test_an_installed_package_inside_another_checkout_records_no_commit(
     assert code["package"] == asyncroll.__version__ and len(code["source_sha256"] or "") == 64
 
 
-@pytest.mark.timeout(60)
-def test_a_checkout_that_tracks_the_package_records_its_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _committed_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A git checkout whose one commit holds the package that :func:`_package_in` puts there."""
     checkout = tmp_path / "asyncroll-checkout"
     checkout.mkdir()
     _git(checkout, "init", "-q")
     _package_in(checkout, monkeypatch)
     _git(checkout, "add", "asyncroll/__init__.py")
     _git(checkout, "commit", "-q", "-m", "the package")
+    return checkout
+
+
+@pytest.mark.timeout(60)
+def test_a_checkout_that_tracks_the_package_records_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkout = _committed_checkout(tmp_path, monkeypatch)
     code = fingerprint_module.code_version()
     assert code["commit"] == _git(checkout, "rev-parse", "HEAD")
     assert code["describe"] == _git(checkout, "rev-parse", "--short", "HEAD")
@@ -199,12 +205,7 @@ def test_git_variables_in_the_environment_do_not_name_another_checkout_as_the_co
     read the repository they name instead of the one holding the package, so an installed copy recorded
     an asyncroll checkout's commit as its own (``-dirty``: site-packages taken for its work tree), and a
     checkout run with another repository's ``GIT_DIR`` recorded none."""
-    checkout = tmp_path / "asyncroll-checkout"
-    checkout.mkdir()
-    _git(checkout, "init", "-q")
-    _package_in(checkout, monkeypatch)
-    _git(checkout, "add", "asyncroll/__init__.py")
-    _git(checkout, "commit", "-q", "-m", "the package")
+    checkout = _committed_checkout(tmp_path, monkeypatch)
     commit = _git(checkout, "rev-parse", "HEAD")
     other = tmp_path / "other"
     other.mkdir()
