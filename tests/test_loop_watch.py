@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -222,6 +223,49 @@ def test_a_stop_is_counted_whichever_reading_of_the_clock_it_falls_in(at: int) -
     stops = [e.stopped_s for e in seen if isinstance(e, ProcessStopped)]
     assert [round(s) for s in stops] == [3], seen
     assert not [e for e in seen if isinstance(e, LoopStalled) and e.late_s >= 1], seen
+
+
+@pytest.mark.timeout(20)
+def test_a_sigcont_taken_by_another_thread_still_marks_its_wake_up_a_stop() -> None:
+    """The kernel gives a continued process's SIGCONT to the first of its threads to dequeue it; taken by
+    another thread, the handler runs in the main thread only after that thread ran, which may be after the
+    watch read its late wake-up. The watch waits a grace for it before calling the wake-up a stall: here the
+    SIGCONT reaches the main thread only during that grace (after the reading), and the wake-up is a stop.
+    A late wake-up with no SIGCONT at all waits the whole grace and is a stall; no grace without the
+    handler."""
+    clock = _JumpingClock()
+    _, seen, loop_watch = _watching(clock)
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 1:  # the first late wake-up's SIGCONT comes late; the second has none
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGCONT)
+            _handlers_run()  # a Python call: the handler runs here
+
+    loop_watch.pause = pause
+
+    async def main() -> None:
+        with loop_watch.continued_handled():
+            watch = asyncio.create_task(loop_watch.run())
+            for jump in (3.0, 5.0):
+                await asyncio.sleep(0.01)  # the watch is asleep now
+                clock.offset += jump
+                await asyncio.sleep(0.12)  # the watch woke and recorded it
+        late_unhandled = len(pauses)
+        await asyncio.sleep(0.01)
+        clock.offset += 7.0  # no handler in place now: no grace
+        await asyncio.sleep(0.12)
+        watch.cancel()
+        assert len(pauses) == late_unhandled, pauses
+
+    asyncio.run(main())
+    stops = [e.stopped_s for e in seen if isinstance(e, ProcessStopped)]
+    stalls = [round(e.late_s) for e in seen if isinstance(e, LoopStalled) and e.late_s >= 1]
+    assert [round(s) for s in stops] == [3], seen
+    assert stalls == [5, 7], seen
+    # the stop's grace ended with its SIGCONT; the stall's waited all of it, in tenths
+    assert pauses == [0.001] + [0.001] * 10, pauses
 
 
 def _watched(meter: LoopStallMeter, stall_s: float | None) -> None:

@@ -12,6 +12,10 @@ A process stopped by job control (Ctrl-Z, ``kill -STOP``) and continued (``SIGCO
 as it was stopped; that is no stall of the loop. While the watch runs, a ``SIGCONT`` handler
 (:meth:`LoopWatch.continued_handled`) counts each continuation, and a late wake-up that spans one is a
 ``process_stopped`` event instead, counted apart (:attr:`LoopWatch.stops`, :attr:`LoopWatch.stopped_s`).
+The kernel hands a continued process's SIGCONT to whichever of its threads dequeues it first; taken by
+another thread (an output writer, the exporter's server, a BLAS pool), its handler runs in the main thread
+only once that thread has run, which may be after the watch read its late wake-up. So a late wake-up with
+no continuation counted yet waits up to :data:`CONTINUE_GRACE_S` for one before it is called a stall.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from asyncroll.cli_signals import put_back
@@ -31,6 +36,10 @@ from asyncroll.events import LoopStalled, LoopWatched, ProcessStopped
 PROBE_S = 0.05
 #: A wake-up at least this late is a stall (an idle loop wakes late by well under a millisecond).
 STALL_S = 0.1
+#: How long a late wake-up with no continuation counted waits for a SIGCONT another thread took (its
+#: handler is then pending): the loop is held that long, once per stall, never on a wake-up on time.
+CONTINUE_GRACE_S = 0.01
+_GRACE_STEPS = 10
 
 
 class LoopWatch:
@@ -52,6 +61,9 @@ class LoopWatch:
         self._continued = 0  # SIGCONTs received while the handler was installed
         self._since: float | None = None  # when the watch was announced: its first wake-up is due then
         self._continued_since = 0  # the SIGCONTs counted by then: a stop after it spans the first wake-up
+        self._handled = False  # whether the SIGCONT handler is in place (continued_handled)
+        #: how the grace waits (blocking: the pending handler runs as it returns); a test's seam
+        self.pause: Callable[[float], None] = time.sleep
 
     def announce(self) -> LoopWatched:
         """The ``loop_watched`` event: the loop is watched, and how (emitted as the window opens). The
@@ -77,7 +89,7 @@ class LoopWatch:
         if sig is not None:
             try:
                 previous = signal.signal(sig, self._on_continued)
-                installed = True
+                installed = self._handled = True
                 signal.siginterrupt(sig, False)  # another thread's system call is restarted, not failed
             except (ValueError, OSError):  # not the main thread
                 pass
@@ -85,7 +97,16 @@ class LoopWatch:
             yield
         finally:
             if installed and sig is not None:
+                self._handled = False
                 put_back(sig, previous)
+
+    def _continued_within_grace(self, seen: int) -> bool:
+        """Whether a SIGCONT is counted within :data:`CONTINUE_GRACE_S` (checked every tenth of it)."""
+        for _ in range(_GRACE_STEPS):
+            if self._continued != seen:
+                return True
+            self.pause(CONTINUE_GRACE_S / _GRACE_STEPS)
+        return self._continued != seen
 
     async def run(self) -> None:
         """Sleep ``probe_s`` at a time until cancelled."""
@@ -99,14 +120,17 @@ class LoopWatch:
             late = now - asked
             continued, seen = self._continued != seen, self._continued  # read after the late time
             if late >= self.stall_s:
+                if not continued and self._handled:  # its SIGCONT may be another thread's, not yet handled
+                    continued = self._continued_within_grace(seen)
+                    seen = self._continued
                 if continued:  # the process was stopped meanwhile: that, not the loop, made it late
                     self.stops += 1
                     self.stopped_s += late
-                    self._events.emit(ProcessStopped(stopped_s=round(late, 6)))
+                    self._events.emit(ProcessStopped(stopped_s=round(late, 6)), at=now)
                 else:
                     self.stalls += 1
                     self.stalled_s += late
-                    self._events.emit(LoopStalled(late_s=round(late, 6)))
+                    self._events.emit(LoopStalled(late_s=round(late, 6)), at=now)
             # from the reading above, not a new one: a stop (or a stall) between the two readings was in
             # neither wake-up's lateness, and its continuation then marked the next stall a stop
             asked = now + self.probe_s
