@@ -10,9 +10,13 @@ FIFO's gap to the bound the policy closes, and the goal's verdict: *never worse 
 (the interval's lower end ≤ 0) and, where FIFO is more than 5% above the bound, *at least half of the gap
 closed*.
 
-Run: ``python -m bench.pressure_map [--policies asyncroll,asyncroll_seed] [--seeds 5] [--jobs N]``
-(144 s on a 2-vCPU VM for the default two policies with the default ``--jobs``: every usable CPU; rows
-identical for any ``--jobs``).
+``--starvation-threshold N`` runs every pressure-aware policy with that trigger instead of its default (the
+inflight limit); a threshold above any cell's inflight limit makes every decision with two or more jobs
+queued eligible (the trigger never holds a reorder back).
+
+Run: ``python -m bench.pressure_map [--policies asyncroll,asyncroll_seed] [--seeds 5] [--jobs N]
+[--starvation-threshold N]`` (144 s on a 2-vCPU VM for the default two policies with the default
+``--jobs``: every usable CPU; rows identical for any ``--jobs``).
 """
 
 from __future__ import annotations
@@ -88,16 +92,29 @@ def main() -> None:
         default=usable_cpus(),
         help="processes running cells at once (default and at most: the CPUs this process may use)",
     )
+    parser.add_argument(
+        "--starvation-threshold",
+        type=number_arg(int, 1, 1_000_000),
+        default=None,
+        help="the pressure-aware policies' trigger in every cell (default: each cell's inflight limit)",
+    )
     args = parser.parse_args()
     policies = tuple(args.policies)
     if "fifo" in policies:
         parser.error("--policies: each is measured against fifo; fifo against itself says nothing")
     tmp = scratch("map-")
     print(f"machine: {machine()}")
-    print(f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6")
+    threshold = args.starvation_threshold
+    trigger = "" if threshold is None else f"; starvation threshold {threshold}"
+    print(
+        f"bench.synthetic n={args.n} model_ms=400, seed 0; {args.seeds} jitter seeds (σ 0.25); max_turns 6"
+        f"{trigger}"
+    )
     for cpu_ms in MIXES:
         workload = synthetic.write(tmp / f"syn{cpu_ms:g}.jsonl", args.n, 400.0, cpu_ms, 0)
-        base = {"max_turns": 6}
+        base: dict[str, Any] = {"max_turns": 6}
+        if threshold is not None:
+            base["starvation_threshold"] = threshold
         rows: list[dict[str, Any]] = []
         for n, (active, inflight, workers) in enumerate(GRIDS):
             spec = SweepSpec(("fifo", *policies), active, inflight, workers, args.seeds, 0.25)

@@ -50,6 +50,7 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ("evaluator", ["--tests", "0"], "--tests: must be an integer >= 1"),
         ("pressure_map", ["--seeds", "0"], "--seeds: must be an integer >= 1"),
         ("pressure_map", ["--jobs", "0"], "--jobs: must be an integer >= 1"),
+        ("pressure_map", ["--starvation-threshold", "0"], "--starvation-threshold: must be an integer >= 1"),
         # One seed has no interval, so no arm could be marked worse than FIFO beyond noise: every cell
         # read as not worse (--jobs 0 after it fails fast where --seeds 1 is taken and the map would run).
         ("oracle_map", ["--seeds", "1", "--jobs", "0"], "--seeds: must be an integer >= 2"),
