@@ -17,7 +17,7 @@ from typer.core import TyperCommand
 
 from asyncroll import cli_signals
 from asyncroll.commands import convert, experiment, files, optimum, run, serve, simulate
-from asyncroll.commands.common import say, stderr_keeps_paths, stdout_lost
+from asyncroll.commands.common import say, stderr_keeps_paths, stderr_may_go, stdout_lost
 from asyncroll.commands.help_page import HelpGroup
 from asyncroll.commands.single_values import PathlessCommand, SingleValueCommand
 
@@ -95,6 +95,7 @@ def main(typer_app: typer.Typer | None = None, prog_name: str | None = None) -> 
     """Run ``typer_app`` (default: the whole ``asyncroll`` app) with the CLI's exit codes and signals."""
     cli_signals.guard()  # SIGTERM and SIGHUP stop the command as Ctrl-C does, from the first instant
     stderr_keeps_paths()
+    stderr_may_go()
     try:
         (typer_app or app)(prog_name=prog_name)
     except SystemExit as exc:  # click ends every command this way

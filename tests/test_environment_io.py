@@ -31,7 +31,10 @@ SMOKE = REPO / "examples" / "smoke.jsonl"
 
 
 def asyncroll(
-    *args: str | Path, limit_bytes: int | None = None, stdout: int | None = subprocess.PIPE
+    *args: str | Path,
+    limit_bytes: int | None = None,
+    stdout: int | None = subprocess.PIPE,
+    stderr: int | None = subprocess.PIPE,
 ) -> subprocess.CompletedProcess[str]:
     """``asyncroll ARGS`` in a new interpreter; files past ``limit_bytes`` cannot grow (a full disk)."""
 
@@ -42,7 +45,7 @@ def asyncroll(
     return subprocess.run(
         [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
         stdout=stdout,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         timeout=45,
         preexec_fn=limited,
@@ -151,6 +154,32 @@ def test_a_complete_run_whose_stdout_fails_exits_1_and_stays_complete(tmp_path: 
     receipt = read(out / "run.json")
     assert receipt["status"] == "complete" and receipt["exit_code"] == 0
     assert (out / "summary.json").is_file() and (out / "timeline.html").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("validate", "BAD"), 2),  # `asyncroll validate bad.jsonl 2>&1 | head -2`: its errors, then exit 2
+        (("schema", "bogus"), 2),
+        (("run", "--workload", "BAD", "--output", "OUT"), 2),
+        (("simulate", "--workload", str(SMOKE), "--output", "OUT", "--policy", "gpu_first"), 0),  # a warning
+    ],
+)
+def test_a_reader_gone_from_stderr_keeps_the_commands_exit_code(
+    tmp_path: Path, args: tuple[str, ...], code: int
+) -> None:
+    # The first message to a stderr whose reader had gone raised a BrokenPipeError there: the command
+    # ended with exit 1 (a usage or validation error read as a failed run), a run where it warned.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 5}\n' * 300)
+    out = tmp_path / "run"
+    given = [{"BAD": str(bad), "OUT": str(out)}.get(arg, arg) for arg in args]
+    with failing_stdout() as pipe:
+        proc = asyncroll(*given, stderr=pipe)
+    assert proc.returncode == code, proc.stdout
+    if args[0] == "simulate":
+        assert read(out / "run.json")["status"] == "complete"
+        assert proc.stdout.startswith("complete: 3/3 completed")
 
 
 #: ``asyncroll experiment run`` with a stand-in for each arm (starting nothing): the runner's own work.

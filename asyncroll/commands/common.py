@@ -269,6 +269,55 @@ def stderr_keeps_paths() -> None:
         stream.reconfigure(encoding=encoding, errors="asyncroll_bytes_or_escape")
 
 
+class _StderrOrNothing:
+    """``sys.stderr``, but a write or flush that fails (its reader gone: ``2>&1 | head -2`` once head has
+    exited; a full disk) points descriptor 2 at ``/dev/null`` instead of raising, as Python's documented
+    recipe for a broken pipe does: a message is not the command, which goes on and exits with its own
+    code (2 for a validation error whose lines did not all arrive, not 1 from a ``BrokenPipeError``)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._silence()
+
+    def _silence(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a stderr with no descriptor of its own
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):  # what was buffered goes there
+            self._stream.flush()
+
+    @property
+    def encoding(self) -> str:
+        return str(self._stream.encoding)
+
+    @property
+    def errors(self) -> str | None:
+        return self._stream.errors  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def stderr_may_go() -> None:
+    """A reader of stderr that goes away silences stderr for the rest of the command
+    (:class:`_StderrOrNothing`)."""
+    if sys.stderr is not None and not isinstance(sys.stderr, _StderrOrNothing):
+        sys.stderr = _StderrOrNothing(sys.stderr)  # type: ignore[assignment]
+
+
 def stdout_lost() -> bool:
     """Whether :func:`say` found stdout's reader gone during this command."""
     return bool(_stdout_lost)
