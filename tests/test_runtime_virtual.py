@@ -5,7 +5,9 @@ Every timing here is exact: scripted model latencies and job durations run in vi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -529,3 +531,46 @@ def test_start_up_restarts_of_a_run_that_never_started_are_counted_in_the_summar
     assert restarts == ["startup_failed", "startup_failed"]  # three starts of slot 0: two replacements
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers"] == {"restarts": 2, "restarts_by_reason": {"startup_failed": 2}}
+
+
+def _open_under(folder: Path) -> list[str]:
+    """The files this process holds open in ``folder`` (Linux: /proc/self/fd)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, gone by now
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target == str(folder) or target.startswith(f"{folder}/"):
+                held.append(target)
+    return held
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux: /proc/self/fd")
+@pytest.mark.parametrize(
+    ("raised", "status", "error"),
+    [
+        (RuntimeError("no policy today"), "failed", "RuntimeError: no policy today"),
+        (KeyboardInterrupt(), "interrupted", "interrupted by cancellation"),
+    ],
+)
+def test_a_failure_while_the_run_is_assembled_closes_its_files(
+    virtual_run: VirtualRun,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    raised: BaseException,
+    status: str,
+    error: str,
+) -> None:
+    # Run.execute opened run.json, events.jsonl and results.jsonl (and its directory), then built the
+    # policy, the pool and the rest before its try: a failure there left every one open, and run.json
+    # saying "starting" for ever.
+    from asyncroll.runtime import run as run_module
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise raised
+
+    monkeypatch.setattr(run_module, "get_policy", broken)
+    with pytest.raises(type(raised)):
+        virtual_run([tool_problem("p", model_ms=1, cpu_ms=2, turns=1)])
+    assert _open_under(tmp_path) == []
+    receipt = json.loads((tmp_path / "run0" / "run.json").read_text())
+    assert (receipt["status"], receipt["error"]) == (status, error)

@@ -62,14 +62,14 @@ class RunDirectory:
             name = Path(exc.filename or "").name
             raise self.abandon(f"{name}: cannot create ({exc.strerror or exc})", wall) from exc
 
-    def abandon(self, error: str, wall: float) -> OutputWriteError:
-        """A run that cannot start, a file of its own not created: the receipt says so (if it can); the
-        error to raise."""
+    def abandon(self, error: str, wall: float, status: Status = "failed") -> OutputWriteError:
+        """A run that cannot start (a file of its own not created, a failure, or a stop, as it is set up):
+        its files are closed and the receipt says so (if it can); the error to raise."""
         for lines in (self._results, self._transcripts):
             if lines is not None:
                 lines.close()
         with contextlib.suppress(OutputWriteError):
-            self.transition("failed", wall, error=error, exit_code=exit_code("failed"))
+            self.transition(status, wall, error=error, exit_code=exit_code(status))
         self._close_directory()
         return OutputWriteError(error)
 

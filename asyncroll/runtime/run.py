@@ -158,85 +158,97 @@ class Run:
         except OutputWriteError as exc:  # no room for the run's files: nothing has started
             return RunOutcome("failed", exit_code("failed"), None, str(exc), opened=False)
         self._files = files
-        summary = SummaryBuilder()
-        events.subscribe(summary)
-        for subscriber in self._subscribers:
-            events.subscribe(subscriber)
-        limits = cfg.limits
-        sampler = TelemetrySampler.from_config(cfg, clock, events)
-        max_rss = None if cfg.worker_max_rss_mb is None else cfg.worker_max_rss_mb << 20
-        pool = WorkerPool(limits.cpu_workers, self._factory, clock, events, max_rss_bytes=max_rss)
-        gate = ModelGate(limits.max_inflight_model_requests, clock, events, ranges=ranges)
-        admission = Admission(limits.max_active_trajectories, getattr(self._backend, "wait_available", None))
-        bind_events = getattr(self._backend, "bind_events", None)
-        if bind_events is not None:
-            bind_events(events)
-        policy = self._policy or get_policy(
-            cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight
-        )
-        remaining = estimator_for(policy.name)  # the chain rule's own; the default's for other policies
-        events.subscribe(remaining)
-        dispatcher = CpuDispatcher(
-            pool,
-            policy,
-            gate,
-            clock,
-            events,
-            cfg.tool_timeout,
-            worker_tool_keys(self.scan),
-            predictor=DurationPredictor(),
-            remaining=remaining,
-            starvation_threshold=cfg.effective_starvation_threshold,
-            admission_pending=lambda: admission.pending,
-            ranges=ranges,
-            log_candidates=self._record,
-        )
-        trajectories = TrajectoryRunner(
-            self._backend,
-            gate,
-            dispatcher,
-            clock,
-            events,
-            max_turns=cfg.max_turns,
-            tool_errors=cfg.tool_errors,
-            evaluator_options=evaluator_options(cfg),
-            max_observation_chars=cfg.max_observation_chars,
-            transcripts=cfg.transcripts and self._record,
-        )
-        status: Status = "failed"
-        error: str | None = None
-        origin: float | None = None
-        cpu_start: tuple[float, float | None] | None = None
-        cpu_end: tuple[float, float | None] | None = None
-        finished_at: float | None = None
-        run_range: Any = None
-        watch: asyncio.Task[None] | None = None
-        watch_handlers = contextlib.ExitStack()  # the watch's SIGCONT handler, while it watches
-
-        loop_watch = None if clock.virtual else LoopWatch(clock, events)
-        # The live view (progress line, --metrics-port) reads the limiters' snapshots; real time only.
-        view = RunView(
-            total=self.scan.count,
-            clock=clock,
-            admission=admission,
-            gate=gate,
-            dispatcher=dispatcher,
-            pool=pool,
-            finished=summary.status,
-            origin=lambda: origin,
-            ended=lambda: finished_at,
-            loop=loop_watch,
-        )
-        live = None
-        if not clock.virtual and self._record:
-            info = {"policy": cfg.policy_name, "backend": cfg.backend, "output": str(self.out)}
-            live = LiveView(
-                view,
-                progress=cfg.progress,
-                metrics_port=cfg.metrics_port,
-                metrics_host=cfg.metrics_host,
-                info=info,
+        try:  # a failure (or a stop) before the run's own try below: its files closed, run.json says why
+            summary = SummaryBuilder()
+            events.subscribe(summary)
+            for subscriber in self._subscribers:
+                events.subscribe(subscriber)
+            limits = cfg.limits
+            sampler = TelemetrySampler.from_config(cfg, clock, events)
+            max_rss = None if cfg.worker_max_rss_mb is None else cfg.worker_max_rss_mb << 20
+            pool = WorkerPool(limits.cpu_workers, self._factory, clock, events, max_rss_bytes=max_rss)
+            gate = ModelGate(limits.max_inflight_model_requests, clock, events, ranges=ranges)
+            admission = Admission(
+                limits.max_active_trajectories, getattr(self._backend, "wait_available", None)
             )
+            bind_events = getattr(self._backend, "bind_events", None)
+            if bind_events is not None:
+                bind_events(events)
+            policy = self._policy or get_policy(
+                cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight
+            )
+            remaining = estimator_for(policy.name)  # the chain rule's own; the default's for other policies
+            events.subscribe(remaining)
+            dispatcher = CpuDispatcher(
+                pool,
+                policy,
+                gate,
+                clock,
+                events,
+                cfg.tool_timeout,
+                worker_tool_keys(self.scan),
+                predictor=DurationPredictor(),
+                remaining=remaining,
+                starvation_threshold=cfg.effective_starvation_threshold,
+                admission_pending=lambda: admission.pending,
+                ranges=ranges,
+                log_candidates=self._record,
+            )
+            trajectories = TrajectoryRunner(
+                self._backend,
+                gate,
+                dispatcher,
+                clock,
+                events,
+                max_turns=cfg.max_turns,
+                tool_errors=cfg.tool_errors,
+                evaluator_options=evaluator_options(cfg),
+                max_observation_chars=cfg.max_observation_chars,
+                transcripts=cfg.transcripts and self._record,
+            )
+            status: Status = "failed"
+            error: str | None = None
+            origin: float | None = None
+            cpu_start: tuple[float, float | None] | None = None
+            cpu_end: tuple[float, float | None] | None = None
+            finished_at: float | None = None
+            run_range: Any = None
+            watch: asyncio.Task[None] | None = None
+            watch_handlers = contextlib.ExitStack()  # the watch's SIGCONT handler, while it watches
+
+            loop_watch = None if clock.virtual else LoopWatch(clock, events)
+            # The live view (progress line, --metrics-port) reads the limiters' snapshots; real time only.
+            view = RunView(
+                total=self.scan.count,
+                clock=clock,
+                admission=admission,
+                gate=gate,
+                dispatcher=dispatcher,
+                pool=pool,
+                finished=summary.status,
+                origin=lambda: origin,
+                ended=lambda: finished_at,
+                loop=loop_watch,
+            )
+            live = None
+            if not clock.virtual and self._record:
+                info = {"policy": cfg.policy_name, "backend": cfg.backend, "output": str(self.out)}
+                live = LiveView(
+                    view,
+                    progress=cfg.progress,
+                    metrics_port=cfg.metrics_port,
+                    metrics_host=cfg.metrics_host,
+                    info=info,
+                )
+        except BaseException as exc:
+            events.close()
+            if isinstance(exc, Exception):
+                files.abandon(_describe(exc), clock.wall())
+            else:  # Ctrl-C, SIGTERM or SIGHUP, a cancellation: as the run's own try says it
+                files.abandon(
+                    f"interrupted by {self.interrupt_reason or 'cancellation'}", clock.wall(), "interrupted"
+                )
+            raise
 
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
