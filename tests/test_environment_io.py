@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import io
 import json
 import os
 import resource
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncroll.commands.common import _StderrOrNothing
 from tests.conftest import REPO
 from tests.experiments import read, write_config
 
@@ -180,6 +182,27 @@ def test_a_reader_gone_from_stderr_keeps_the_commands_exit_code(
     if args[0] == "simulate":
         assert read(out / "run.json")["status"] == "complete"
         assert proc.stdout.startswith("complete: 3/3 completed")
+
+
+def test_a_stderr_full_for_now_is_not_taken_for_one_whose_reader_went() -> None:
+    """A non-blocking stderr that cannot take more yet (``BlockingIOError``) still has its reader: the
+    error is the caller's to see, and stderr is not pointed at /dev/null for the rest of the command."""
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+
+        def flush(self) -> None:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+
+        def fileno(self) -> int:
+            raise AssertionError("silenced: descriptor 2 pointed at /dev/null")
+
+    wrapped = _StderrOrNothing(Full())
+    with pytest.raises(BlockingIOError):
+        wrapped.write("warning: x\n")
+    with pytest.raises(BlockingIOError):
+        wrapped.flush()
 
 
 #: ``asyncroll experiment run`` with a stand-in for each arm (starting nothing): the runner's own work.

@@ -281,6 +281,8 @@ class _StderrOrNothing:
     def write(self, text: str) -> int:
         try:
             return int(self._stream.write(text))
+        except BlockingIOError:  # a non-blocking stderr that is full for now: its reader is still there
+            raise
         except OSError:
             self._silence()
             return len(text)
@@ -288,6 +290,8 @@ class _StderrOrNothing:
     def flush(self) -> None:
         try:
             self._stream.flush()
+        except BlockingIOError:
+            raise
         except OSError:
             self._silence()
 
