@@ -3,6 +3,7 @@ SIGKILLed mid-arm and resumed; the clients' runs checked against the plan; the r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 import asyncroll
 from asyncroll.experiment.config import load_experiment_config
-from asyncroll.experiment.plan import build_plan
+from asyncroll.experiment.plan import ArmPlan, build_plan
 from asyncroll.experiment.report import aggregate
 from tests.children import end
 from tests.conftest import invoke
@@ -150,7 +151,15 @@ def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_pat
     plan = next(a for a in build_plan(load_experiment_config(SMOKE)) if a.id == "pair1-fifo")
     expected = Expected.from_fingerprint(exp["fingerprint"])
 
-    def check(run_changes: dict[str, Any], summary_changes: dict[str, Any]) -> str:
+    gone = object()  # a run_changes value: the key is removed
+
+    def check(
+        run_changes: dict[str, Any],
+        summary_changes: dict[str, Any],
+        arm: ArmPlan = plan,
+        code: int | None = 0,
+        written: tuple[str, ...] = ("run.json", "summary.json"),
+    ) -> str:
         run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
         run_dir.mkdir()
         run, summary = (read(out / "arms" / "pair1-fifo" / "run" / n) for n in ("run.json", "summary.json"))
@@ -159,11 +168,15 @@ def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_pat
             *parents, leaf = key.split(".")
             for part in parents:
                 node = node[part]
-            node[leaf] = value
+            if value is gone:
+                del node[leaf]
+            else:
+                node[leaf] = value
         summary.update(summary_changes)
-        (run_dir / "run.json").write_text(json.dumps(run))
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-        return check_client(run_dir, 0, tmp_path / "client.log", plan, expected).status
+        for name, data in (("run.json", run), ("summary.json", summary)):
+            if name in written:
+                (run_dir / name).write_text(json.dumps(data))
+        return check_client(run_dir, code, tmp_path / "client.log", arm, expected).status
 
     assert check({}, {}) == "complete"
     with pytest.raises(ArmFailed, match=r"seed 99, not the plan's 20260927"):
@@ -181,6 +194,31 @@ def test_the_clients_run_must_match_the_plan(experiment: dict[str, Any], tmp_pat
         check({"code.source_sha256": "0" * 64}, {})
     with pytest.raises(ArmFailed, match=r"code package: ran None, the experiment pinned"):
         check({"code": None}, {})
+    with pytest.raises(ArmFailed, match=r"workload sha256 0{64}, not the experiment's [0-9a-f]{64}"):
+        check({"workload.sha256": "0" * 64}, {})
+    # a package the experiment pinned that the client's run lacks, and one it ran that was not pinned
+    with pytest.raises(ArmFailed, match=r"software version numpy: ran None, the experiment pinned \d"):
+        check({"versions.numpy": gone}, {})
+    with pytest.raises(ArmFailed, match=r"software version torch: ran 2\.5, the experiment pinned None"):
+        check({"versions.torch": "2.5"}, {})
+    # the policy in run.json's config alone, or in the summary alone, is not the plan's
+    with pytest.raises(ArmFailed, match=r"policy 'tool_first' \(summary: 'fifo'\), not the plan's 'fifo'"):
+        check({"config.policy": "tool_first"}, {})
+    with pytest.raises(ArmFailed, match=r"policy 'fifo' \(summary: 'tool_first'\), not the plan's 'fifo'"):
+        check({}, {"policy": "tool_first"})
+    # an arm of the deprecated alias: its summary names the policy it stands for
+    old_name = dataclasses.replace(plan, policy="gpu_first")
+    assert check({"config.policy": "gpu_first"}, {"policy": "tool_first"}, old_name) == "complete"
+    # only the pinned parts of the code count (the describe and commit are not pinned)
+    assert check({"code.describe": "elsewhere", "code.commit": "0" * 40}, {}) == "complete"
+    with pytest.raises(ArmFailed, match=r"^client run ended failed$"):
+        check({}, {"status": "failed"})
+    with pytest.raises(
+        ArmFailed, match=r"^client was killed by SIGKILL \(exit code -9\); log tail:\n\(empty log\)$"
+    ):
+        check({}, {}, code=-9)
+    with pytest.raises(ArmFailed, match=r"client outputs unreadable: .*summary\.json"):
+        check({}, {}, written=("run.json",))
 
 
 @pytest.mark.timeout(180)
