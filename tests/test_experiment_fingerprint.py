@@ -195,6 +195,24 @@ def test_a_checkout_that_tracks_the_package_records_its_commit(
     code = fingerprint_module.code_version()
     assert code["commit"] == _git(checkout, "rev-parse", "HEAD")
     assert code["describe"] == _git(checkout, "rev-parse", "--short", "HEAD")
+    # a lightweight tag names it (--tags), and an edit to the package marks it dirty (--dirty)
+    _git(checkout, "tag", "v0.1")
+    assert fingerprint_module.code_version()["describe"] == "v0.1"
+    (checkout / "asyncroll" / "__init__.py").write_text('__version__ = "0.1.1"\n', encoding="utf-8")
+    assert fingerprint_module.code_version()["describe"] == "v0.1-dirty"
+
+
+@pytest.mark.timeout(60)
+def test_a_package_imported_through_a_symlink_records_its_checkouts_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment whose ``asyncroll`` is a symlink to a checkout's package folder runs that
+    checkout's code: its commit is recorded, not none as for the folder the link sits in."""
+    checkout = _committed_checkout(tmp_path, monkeypatch)
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "site-packages" / "asyncroll").symlink_to(checkout / "asyncroll")
+    monkeypatch.setattr(asyncroll, "__file__", str(tmp_path / "site-packages" / "asyncroll" / "__init__.py"))
+    assert fingerprint_module.code_version()["commit"] == _git(checkout, "rev-parse", "HEAD")
 
 
 @pytest.mark.timeout(60)
@@ -221,6 +239,37 @@ def test_git_variables_in_the_environment_do_not_name_another_checkout_as_the_co
     monkeypatch.setenv("GIT_INDEX_FILE", str(checkout / ".git" / "index"))
     code = fingerprint_module.code_version()
     assert code["commit"] is None and code["describe"] is None, code
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "GIT_COMMON_DIR",
+        "GIT_DIR",
+        "GIT_INDEX_FILE",
+        "GIT_INTERNAL_SUPER_PREFIX",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_WORK_TREE",
+    ],
+)
+def test_each_git_variable_alone_leaves_the_code_recorded_as_without_it(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of these, set alone to another repository's value, changed what git read: no commit, no
+    describe, or a describe ``-dirty`` of the other work tree (GIT_WORK_TREE)."""
+    _committed_checkout(tmp_path, monkeypatch)
+    without = fingerprint_module.code_version()
+    other = tmp_path / "other"
+    other.mkdir()
+    _git(other, "init", "-q")
+    (other / "file").write_text("x", encoding="utf-8")
+    _git(other, "add", "file")
+    _git(other, "commit", "-q", "-m", "another repository")
+    values: dict[str, Path | str] = {"GIT_WORK_TREE": other, "GIT_INDEX_FILE": other / ".git" / "index"}
+    values |= {"GIT_OBJECT_DIRECTORY": other / ".git" / "objects", "GIT_INTERNAL_SUPER_PREFIX": "sub/"}
+    monkeypatch.setenv(name, str(values.get(name, other / ".git")))
+    assert fingerprint_module.code_version() == without
 
 
 @pytest.mark.timeout(60)

@@ -135,6 +135,11 @@ def test_the_code_digest_counts_the_packages_sources_not_editor_files(
     (package / "sub" / "runner.py~").write_text("x = 0\n")
     (package / "sub" / "__pycache__").mkdir()
     (package / "sub" / "__pycache__" / "runner.cpython-311.pyc").write_bytes(b"\0")
+    (package / "sub" / ".scratch.py").write_text("x = 3\n")  # hidden: not a module a client imports
+    assert source_digest() == before
+    (package / "sub" / "runner.py").rename(package / "sub" / "runner2.py")  # a module renamed: another one
+    assert source_digest() != before
+    (package / "sub" / "runner2.py").rename(package / "sub" / "runner.py")
     assert source_digest() == before
     (package / "sub" / "page.html").write_text("<p>")
     with_page = source_digest()
