@@ -357,6 +357,38 @@ def test_a_worker_imports_this_asyncroll_though_the_users_pythonpath_holds_anoth
     run(main())
 
 
+def test_a_childs_pythonpath_keeps_the_users_entries_and_this_asyncroll_ahead_of_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pythonpath_with: the user's entries first and this asyncroll's folder after them, unless an entry
+    ahead of that folder (found by its real path) holds another asyncroll, a package or a lone
+    ``asyncroll.py``: then that folder goes first, and every entry of the user's is kept after it."""
+    from asyncroll.workers.spawn import pythonpath_with
+
+    root, lab, other, single = (tmp_path / name for name in ("root", "lab", "other", "single"))
+    for holder in (root, other):
+        (holder / "asyncroll").mkdir(parents=True)
+        (holder / "asyncroll" / "__init__.py").write_text("")
+    lab.mkdir()
+    single.mkdir()
+    (single / "asyncroll.py").write_text("")
+    (tmp_path / "link").symlink_to(root)
+    link = tmp_path / "link"
+
+    def path(*entries: Path | str) -> str:
+        return os.pathsep.join(str(entry) for entry in entries)
+
+    assert pythonpath_with(str(root), None) == pythonpath_with(str(root), "") == str(root)
+    assert pythonpath_with(str(root), path(lab)) == path(lab, root)
+    assert pythonpath_with(str(root), path(lab, other)) == path(root, lab, other)
+    assert pythonpath_with(str(root), path(lab, single)) == path(root, lab, single)
+    # this asyncroll's folder on the user's path already (by another name) ahead of another: it stays there
+    assert pythonpath_with(str(root), path(lab, link, other)) == path(lab, link, other, root)
+    assert pythonpath_with(str(link), path(lab, root, other)) == path(lab, root, other, link)
+    monkeypatch.chdir(other)  # an empty entry is the working folder
+    assert pythonpath_with(str(root), path("", lab)) == path(root, "", lab)
+
+
 @real_process
 def test_a_runtime_that_ignored_pythonpath_starts_workers_that_ignore_it_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
