@@ -513,3 +513,70 @@ def test_a_scripted_run_of_many_workers_raises_its_open_files_enough_for_them(tm
     args: list[str | Path] = ["run", "--workload", SMOKE, "--cpu-workers", "64", "--no-progress"]
     done = asyncroll(*args, "--output", tmp_path / "run", prepare=_open_files(24, 4096))
     assert done.returncode == 0, done.stderr
+
+
+def test_the_limit_notes_warnings_and_raises_under_each_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """process_limits against a stand-in for ``resource`` (any limit, root or not, a raise refused): an
+    unlimited soft limit is no limit to name (a process limit) or is named 'unlimited' (open files); a
+    raise refused leaves the soft limit in force and says so; an unlimited hard limit is no ceiling."""
+    from types import SimpleNamespace
+
+    from asyncroll import process_limits
+    from asyncroll.process_limits import (
+        address_space_warning,
+        limit_note,
+        open_files_for,
+        open_files_for_server,
+    )
+
+    unlimited = -1
+    limits: dict[int, tuple[int, int]] = {}
+    refused: list[str] = []
+
+    def setrlimit(which: int, value: tuple[int, int]) -> None:
+        if refused:
+            raise ValueError("not allowed to raise the limit")
+        limits[which] = value
+
+    fake = SimpleNamespace(
+        RLIMIT_NOFILE=1,
+        RLIMIT_NPROC=2,
+        RLIMIT_AS=3,
+        RLIM_INFINITY=unlimited,
+        getrlimit=lambda which: limits[which],
+        setrlimit=setrlimit,
+    )
+    monkeypatch.setattr(process_limits, "resource", fake)
+    limits |= {fake.RLIMIT_NOFILE: (16, 1024), fake.RLIMIT_NPROC: (1, unlimited)}
+    said = " (this user may run 1 processes and threads: ulimit -u)"
+    assert limit_note(OSError(errno.EAGAIN, "Resource temporarily unavailable")) == said
+    assert limit_note(RuntimeError("can't start new thread")) == said
+    assert limit_note(RuntimeError("another error")) == limit_note(OSError(errno.EPERM, "no")) == ""
+    assert limit_note(OSError(errno.EMFILE, "Too many open files")).startswith(" (this process may hold 16 ")
+    limits |= {fake.RLIMIT_NOFILE: (unlimited, unlimited), fake.RLIMIT_NPROC: (unlimited, unlimited)}
+    assert limit_note(OSError(errno.EAGAIN, "Resource temporarily unavailable")) == ""  # the kernel's
+    assert limit_note(OSError(errno.EMFILE, "Too many open files")).startswith(" (this process may hold unl")
+    # ulimit -v: warned below 2 GiB only
+    limits[fake.RLIMIT_AS] = (2 << 30, unlimited)
+    assert address_space_warning() is None
+    limits[fake.RLIMIT_AS] = ((2 << 30) - (1 << 20), unlimited)
+    assert (address_space_warning() or "").startswith("warning: this process may use 2,047 MiB")
+    # open files: raised as far as needed under an unlimited hard limit, refused: the soft limit said
+    limits[fake.RLIMIT_NOFILE] = (unlimited, unlimited)
+    assert open_files_for(600, 2) is None and limits[fake.RLIMIT_NOFILE] == (unlimited, unlimited)
+    limits[fake.RLIMIT_NOFILE] = (100, unlimited)
+    assert open_files_for(600, 2) is None and limits[fake.RLIMIT_NOFILE] == (676, unlimited)
+    assert open_files_for_server() == 65535 and limits[fake.RLIMIT_NOFILE] == (65535, unlimited)
+    refused.append("yes")
+    limits[fake.RLIMIT_NOFILE] = (100, unlimited)
+    warned = open_files_for(600, 2) or ""
+    assert "may hold 100 (ulimit -n, its hard limit unlimited)" in warned, warned
+    limits[fake.RLIMIT_NOFILE] = (100, 1024)
+    assert "may hold 100 (ulimit -n, its hard limit 1024)" in (open_files_for(0, 20) or "")
+    assert open_files_for_server() == 100 and limits[fake.RLIMIT_NOFILE] == (100, 1024)
+    refused.clear()
+    assert open_files_for_server() == 1024 and limits[fake.RLIMIT_NOFILE] == (1024, 1024)
+    limits[fake.RLIMIT_NOFILE] = (70000, 80000)  # never lowered
+    assert open_files_for_server() == 70000 and limits[fake.RLIMIT_NOFILE] == (70000, 80000)
+    limits[fake.RLIMIT_NOFILE] = (unlimited, unlimited)
+    assert open_files_for_server() == unlimited and limits[fake.RLIMIT_NOFILE] == (unlimited, unlimited)
