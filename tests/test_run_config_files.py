@@ -742,3 +742,55 @@ def test_a_files_sha256_is_read_a_block_at_a_time(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert digest == hashlib.sha256(block * 48).hexdigest()
     assert peak < 8 << 20, peak
+
+
+def test_run_json_body_says_the_runs_settings_code_workload_tools_and_isolation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """receipt_body on its own: the command, where it ran, which process, the settings (the canonical
+    policy, the limits, the effective starvation threshold, which were given), whether simulated, the
+    workload by its resolved path, each tool file with the digest the run checks, and the sandbox in force
+    for untrusted code (none for a workload that runs none; 'not probed' where no isolation was probed)."""
+    import dataclasses
+    import os
+
+    from asyncroll.code_identity import code_version_once
+    from asyncroll.config import RunConfig
+    from asyncroll.outputs.receipt import file_sha256
+    from asyncroll.proctree import start_mark
+    from asyncroll.runtime.prepare import prepare
+    from asyncroll.runtime.receipt_body import receipt_body
+
+    monkeypatch.chdir(REPO)
+    workload = Path("examples/toolmath/workload.jsonl")
+    cfg = RunConfig(workload=workload, output=tmp_path / "out", policy="asyncroll", limit=3, telemetry=False)
+    prepared = prepare(cfg, ["asyncroll", "run", "--limit", "3"], output_ready=True)
+    body = receipt_body(prepared, simulated=True, tool_sha256=lambda path: f"of {path.name}", extra={"x": 1})
+    assert body["command"] == ["asyncroll", "run", "--limit", "3"] and body["cwd"] == str(REPO)
+    assert body["pid"] == os.getpid() and body["pid_start"] == start_mark(os.getpid())
+    assert body["config"]["policy_canonical"] == "asyncroll_repair" and body["config"]["limit"] == 3
+    assert body["config"]["limits"] == cfg.limits.model_dump()
+    assert body["config"]["starvation_threshold_effective"] == cfg.effective_starvation_threshold
+    assert body["config_given"] == ["limit", "output", "policy", "telemetry", "workload"]
+    assert body["simulated"] is True and body["code"] == code_version_once() and body["x"] == 1
+    workload = REPO / workload
+    assert body["workload"] == {"path": str(workload), "sha256": file_sha256(workload), "problems": 3}
+    tools = body["tools"]
+    assert tools and all(tool["sha256"] == f"of {Path(tool['path']).name}" for tool in tools.values())
+    assert sorted(tools) == list(tools) and body["telemetry"]["requested"] is False
+    assert body["isolation"]["untrusted_code"] is None
+    assert receipt_body(prepared, simulated=False, tool_sha256=str, extra={})["simulated"] is False
+    # a workload that runs untrusted code: the isolation probed, or a note that none was
+    lcb = prepare(
+        cfg.model_copy(update={"workload": REPO / "examples" / "livecodebench" / "workload.jsonl"}),
+        output_ready=True,
+    )
+    untrusted = receipt_body(lcb, simulated=True, tool_sha256=str, extra={})["isolation"]["untrusted_code"]
+    assert untrusted == {
+        "note": "not probed: these workers do not run the code (simulated or virtual workers)"
+    }
+    probed = dataclasses.replace(lcb, isolation={"layers": ["a probed one"]})
+    untrusted = receipt_body(probed, simulated=False, tool_sha256=str, extra={})["isolation"][
+        "untrusted_code"
+    ]
+    assert untrusted == {"layers": ["a probed one"]}
