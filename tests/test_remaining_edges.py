@@ -151,6 +151,8 @@ def test_a_whole_queue_is_estimated_as_each_job_alone(make: Any) -> None:
                 )
             )
             queue.append(JobView(next_id, f"q{next_id}", kind, tool, turn, 0.0, resubmission=resub))
+        # a job of a key seen before whose CpuEnqueued was not (its key is made from the job)
+        queue.append(JobView(next_id + 20_000, "unannounced", "tool", "crunch", 0, 0.0))
         queue.append(JobView(next_id + 10_000, "never", "tool", "other", 5, 0.0))  # a key never seen
         predicted = [rng.uniform(0.001, 3.0) for _ in queue]
         alone = tuple(work.estimate(job, seconds) for job, seconds in zip(queue, predicted, strict=True))
