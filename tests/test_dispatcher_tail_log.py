@@ -56,7 +56,7 @@ def test_the_tail_logs_the_estimates_it_decided_on(rule: type[Scripted]) -> None
     if isinstance(policy, Blind):
         assert seen.remaining == ()
     else:
-        assert seen.remaining == tuple(j * 0.1234567 for j in (3, 4, 5))
+        assert tuple(seen.remaining) == tuple(j * 0.1234567 for j in (3, 4, 5))
     # job 1 (predicted p s at 1 ms) has run 12.3456 ms: what it has left, as the policy saw it and logged
     assert seen.now == pytest.approx(0.0133456)
     assert seen.running_left == pytest.approx(selected[0].predicted_s - 0.0123456, abs=1e-6)

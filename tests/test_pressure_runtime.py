@@ -343,14 +343,21 @@ def test_every_way_a_job_leaves_its_worker_clears_what_it_had_left() -> None:
     assert len(left) == 5 and all(entries == {} for entries in left.values()), left
 
 
-@pytest.mark.parametrize(("policy", "reads"), [("fifo", False), ("tool_first", False), ("asyncroll", True)])
+@pytest.mark.parametrize(
+    ("policy", "reads", "aging_s"),
+    [("fifo", False, 30.0), ("tool_first", False, 30.0), ("asyncroll", True, 30.0), ("asyncroll", True, 0.0)],
+    ids=["fifo", "tool_first", "asyncroll", "asyncroll-hard-aging"],
+)
 def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estimated(
-    policy: str, reads: bool
+    policy: str, reads: bool, aging_s: float
 ) -> None:
     """In the batch's tail the dispatcher estimated the remaining work of every queued job at every
     decision, for every policy (so that FIFO logs them too): with thousands queued that was most of a
     simulation's CPU. A policy that never reads them gets none, and only the jobs its decision logs (its
-    own job and the candidates) are estimated, to the same values."""
+    own job and the candidates) are estimated, to the same values. A policy that reads them has them made
+    at its first read, in one call over the queue: a decision that reads none (a single job queued; hard
+    aging, which with every problem admitted at once decided most of them) made none, and its logged jobs
+    are estimated one by one, to the same values."""
     import asyncio
 
     from asyncroll.clock import VirtualClock
@@ -362,7 +369,7 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
     from tests.conftest import EventCapture
 
     clock, capture = VirtualClock(), EventCapture()
-    calls = [0]  # estimates made
+    calls = [0, 0]  # estimates made; estimate_queue calls
 
     class Estimator:
         observations = 0
@@ -374,13 +381,15 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
         def estimate_queue(
             self, jobs: Sequence[JobView], predicted: Sequence[float]
         ) -> tuple[float | None, ...]:
+            calls[1] += 1
             return tuple(self.estimate(job, seconds) for job, seconds in zip(jobs, predicted, strict=True))
 
         def __call__(self, event: object) -> None:
             pass
 
-    chosen = get_policy(policy)
+    chosen = get_policy(policy, aging_seconds=aging_s)
     seen: list[int] = []  # estimates in each snapshot
+    made: list[bool] = []  # whether the decision read (and so made) them
 
     class Watching:
         name = chosen.name
@@ -388,7 +397,9 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
 
         def choose(self, snapshot: QueueSnapshot) -> Any:
             seen.append(len(snapshot.remaining))
-            return chosen.choose(snapshot)
+            decision = chosen.choose(snapshot)
+            made.append(getattr(snapshot.remaining, "made", False))
+            return decision
 
     async def main() -> None:
         events = EventLog(clock)
@@ -409,10 +420,13 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
     clock.run(main())
     depths = [e.queue_depth for e in capture.of(CpuSelected)]
     assert len(seen) == len(depths) == 20 and max(depths) > 2 * MAX_CANDIDATES
-    if reads:  # every queued job, at every decision (and nothing more: the logged ones are the snapshot's)
-        assert seen == depths and calls[0] == sum(depths)
-    else:  # the decision's own job and the (at most 8) candidates
-        assert set(seen) == {0} and calls[0] == sum(1 + min(n, MAX_CANDIDATES) for n in depths)
+    one_by_one = [1 + min(n, MAX_CANDIDATES) for n in depths]  # the decision's own job and the candidates
+    if reads:  # every queued job where the policy read them (and nothing more: the logged ones are those)
+        each = [n if m else k for n, m, k in zip(depths, made, one_by_one, strict=True)]
+        assert seen == depths and calls[0] == sum(each)
+        assert calls[1] == sum(made) and any(made) == (aging_s > 0) and not made[0]  # made[0]: one job queued
+    else:
+        assert set(seen) == {0} and calls[0] == sum(one_by_one) and calls[1] == 0
     for event in capture.of(CpuSelected):
         assert event.remaining_s == event.job_id / 8
         assert [c.remaining_s for c in event.candidates] == [c.job_id / 8 for c in event.candidates]

@@ -6,6 +6,7 @@ the snapshot so that it can be unit-tested from factories and replayed by the si
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
@@ -54,8 +55,9 @@ class QueueSnapshot:
     workers: int = 1  # the pool's size
     # aligned with ``jobs``: mean remaining service of the job's trajectory after jobs like it (None:
     # none seen yet); filled only in the batch's tail, where the critical-path rule reads it, and only
-    # for a policy that reads it (``Policy``)
-    remaining: tuple[float | None, ...] = ()
+    # for a policy that reads it (``Policy``); the dispatcher's are made on the first read of a value
+    # (:class:`~asyncroll.policies.queue_estimates.QueueEstimates`: valid while ``choose`` runs)
+    remaining: Sequence[float | None] = ()
     # predicted seconds still to run on the jobs the workers hold (Σ max(0, min(predicted, the tool
     # timeout) − elapsed)); filled, like ``remaining``, only in the tail, where the balanced rule's
     # straggler guard reads it

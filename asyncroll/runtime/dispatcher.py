@@ -22,6 +22,7 @@ from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, Cpu
 from asyncroll.policies import JobView, Policy, QueueSnapshot
 from asyncroll.policies.base import JobKind, Prediction
 from asyncroll.policies.predictor import DurationPredictor
+from asyncroll.policies.queue_estimates import QueueEstimates
 from asyncroll.policies.remaining import RemainingEstimator
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
@@ -231,8 +232,10 @@ class CpuDispatcher:
             predictions = tuple(known.values()) if self._reads_predictions else ()
             pending = self._admission_pending()
             estimator = None if pending else self._remaining
-            remaining = (  # else estimated below for the logged jobs only (the same values)
-                estimator.estimate_queue(jobs, [p.seconds for p in known.values()])
+            # made when the policy first reads one (most tail decisions, hard aging's, read none); else
+            # estimated below for the logged jobs only (the same values)
+            remaining: QueueEstimates | tuple[()] = (
+                QueueEstimates(estimator, jobs, predictions or tuple(known.values()))
                 if estimator is not None and self._reads_remaining
                 else ()
             )
@@ -262,9 +265,9 @@ class CpuDispatcher:
                     f"policy {self._policy.name!r} chose job {decision.job_id!r}, not one of the {len(jobs)} "
                     f"queued job(s) it was shown (ids {', '.join(shown)})"
                 )
-            # the chosen job's place in the queue, where the snapshot's estimates are read (the queue's keys
-            # are the jobs' ids, in order)
-            index = tuple(queue).index(decision.job_id) if remaining else None
+            # the chosen job's place in the queue, where the snapshot's estimates are read if the policy
+            # made them (the queue's keys are the jobs' ids, in order); else None: each logged job's made
+            index = tuple(queue).index(decision.job_id) if remaining and remaining.made else None
             candidates = [(j, known[j.job_id]) for j in jobs[:MAX_CANDIDATES]] if self._log_candidates else []
             chosen = queue.pop(decision.job_id)
             del self._views[decision.job_id]
@@ -308,7 +311,7 @@ class CpuDispatcher:
                                 "waited_s": round(now - j.enqueued_at, 6),
                                 "remaining_s": None
                                 if estimator is None
-                                else _rounded(self._left(j, p, snapshot, i)),
+                                else _rounded(self._left(j, p, snapshot, None if index is None else i)),
                             }
                             for i, (j, p) in enumerate(candidates)
                         ]
@@ -346,11 +349,10 @@ class CpuDispatcher:
     def _left(
         self, job: JobView, prediction: Prediction, snapshot: QueueSnapshot, i: int | None
     ) -> float | None:
-        """A queued job's remaining-work estimate (the tail only): the snapshot's (``i``: the job's place in
-        the queue), else computed now (a pure function of the estimator's state, which no decision
-        changes)."""
-        if snapshot.remaining:
-            assert i is not None
+        """A queued job's remaining-work estimate (the tail only): the snapshot's where the policy made them
+        (``i``: the job's place in the queue), else computed now (a pure function of the estimator's state,
+        which no decision changes)."""
+        if i is not None:
             return snapshot.remaining[i]
         assert self._remaining is not None
         return self._remaining.estimate(job, prediction.seconds)
