@@ -23,16 +23,20 @@ from asyncroll.evaluator import isolation
 from asyncroll.evaluator.cgroups import PREFIX
 from asyncroll.evaluator.cgroups_v2 import group_roots
 from asyncroll.evaluator.evaluate import lcb_evaluate
+from asyncroll.evaluator.sandbox import CLEANUP_S
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROW_1873_A = FIXTURES / "livecodebench_code_generation_lite_1873_A.jsonl"
 FRAGMENT_3708 = FIXTURES / "livecodebench_functional_fragment_3708.json"
 ADD = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
 ADD_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
-SLACK_S = 3.0
-HOST_ROOT_LINKS = [
-    d for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32") if os.path.lexists(f"/{d}")
-]  # start-up, kill and clean-up on a loaded 2-core machine
+#: How long past its time limit an evaluation may take to end on a loaded 2-core machine: 3 s for its
+#: start-up (cgroup, namespaces, the harness's exec) and the sandbox's own bounds on ending a test (the
+#: program's kill and the pipes' drain, 1 s each; the cgroup's kill and the clean-up, CLEANUP_S each). A
+#: verdict of time_limit_exceeded already says the wall-clock deadline ended the program; this catches an end
+#: that waited for something else. (3 s alone was a guess at the load: a 1 s loop took 4.6 s at a load of 8.)
+SLACK_S = 3.0 + 2 * 1.0 + 2 * CLEANUP_S
+HOST_ROOT_LINKS = [d for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32") if os.path.lexists(f"/{d}")]
 
 ISOLATED = os.geteuid() == 0
 #: Tests of containment itself (escapes, bombs, cgroups, namespaces) skip without root.

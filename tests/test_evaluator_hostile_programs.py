@@ -72,9 +72,11 @@ def test_hostile_programs_end_with_a_verdict_and_leave_nothing(
 def test_descendants_that_escape_the_process_group_are_killed(name: str, program: str) -> None:
     """Also under weak isolation (a user other than root: no PID namespace), where the worker as child
     subreaper and the sweep after the test are what kill an escaped descendant."""
-    result, elapsed = evaluate(program, time_limit_s=2.0)
+    result, _ = evaluate(program, time_limit_s=20.0)
     assert result["passed"], (name, result)  # the answer counts; the escaped descendant dies with the test
-    assert elapsed < 2.0, name  # no waiting for an end of file the descendant withholds
+    # no waiting for an end of file the descendant withholds: that would end at the deadline, timed out (a
+    # bound on the wall time instead, 2 s, failed where a loaded machine took that long to start and end)
+    assert result["timed_out"] is False, name
 
 
 @pytest.mark.parametrize(
