@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -52,6 +54,11 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         orphans = [p for p in recorded_processes(out) if alive(p)]
         runner.kill()  # SIGKILL: no cleanup runs; the arm's server and client are left behind
         runner.wait(10)
+        # The orphaned client's three problems could finish on their own before the resume (seconds to start
+        # on a loaded machine) looks for it, which then found it 'gone', not 'killed'. Stopped, it is still
+        # running when the resume comes, as a longer workload's would be (its SIGTERM waits; SIGKILL ends it).
+        client = read(out / "arms" / "opportunity-1-fifo" / "arm.json")["client"]["process"]
+        os.kill(client["pid"], signal.SIGSTOP)
         killed = read(out / "experiment.json")
         resumed = cli("experiment", "run", "--config", SMOKE, "--output", out, "--resume", timeout=150)
         return {
