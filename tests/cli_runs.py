@@ -77,11 +77,18 @@ def run_in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[
     return CliRunner().invoke(app, ["run", *map(str, args)]), seen
 
 
-def _wait_for(path: Path, needle: str, timeout: float = 30) -> None:
+def _wait_for(
+    path: Path, needle: str, timeout: float = 30, *, writer: subprocess.Popen[Any] | None = None
+) -> None:
+    """Until ``needle`` is in ``path``. Given the process that writes it, while that runs, however long
+    (the test's hard timeout bounds it): a run that has not started its first job after 30 s is a slow one
+    on a loaded machine (imports alone took half of that), not a failed one; one that ended is."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while writer is not None or time.monotonic() < deadline:
         if path.exists() and needle in path.read_text():
             return
+        if writer is not None and writer.poll() is not None:
+            raise AssertionError(f"{needle!r} never appeared in {path}: its run ended ({writer.returncode})")
         time.sleep(0.05)
     raise AssertionError(f"{needle!r} never appeared in {path}")
 
@@ -100,7 +107,7 @@ def _signal_a_running_run(
         text=True,
     )
     try:
-        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"', writer=proc)
         os.kill(proc.pid, sig)
         _, stderr = proc.communicate(timeout=60)
     finally:

@@ -55,7 +55,7 @@ def test_a_signal_test_that_fails_before_the_signal_leaves_no_pipe_open(
     """cli_runs's helper, failing while it waits for the run's first job (as on a loaded machine): its
     process was killed and reaped but its stdout and stderr pipes were left to the garbage collector."""
 
-    def never(path: Path, needle: str, timeout: float = 30) -> None:
+    def never(path: Path, needle: str, timeout: float = 30, *, writer: object = None) -> None:
         raise AssertionError(f"{needle!r} never appeared in {path}")
 
     monkeypatch.setattr(cli_runs, "_wait_for", never)

@@ -384,7 +384,7 @@ def _stalled_run(tmp_path: Path, trajectories: int, *flags: str) -> tuple[subpro
         [*command, "--cpu-workers", "1", "--no-progress", *flags], cwd=REPO, stderr=subprocess.PIPE
     )
     try:
-        _wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        _wait_for(out / "events.jsonl", '"event":"cpu_started"', writer=proc)
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(0.6)
         os.kill(proc.pid, signal.SIGCONT)
@@ -394,7 +394,7 @@ def _stalled_run(tmp_path: Path, trajectories: int, *flags: str) -> tuple[subpro
     return proc, out
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_a_run_stopped_by_job_control_says_so_apart_from_stalls(tmp_path: Path) -> None:
     """A run stopped for 0.6 s (kill -STOP … kill -CONT, as Ctrl-Z … fg) completes, and its events,
     summary, trace.json and timeline.html record a stop of at least 0.5 s, stderr warns of it and the live
@@ -464,14 +464,14 @@ def test_stalls_are_warned_about_from_a_twentieth_of_the_makespan_and_half_a_sec
     )
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_an_interrupted_run_that_was_stopped_is_warned_about_too(tmp_path: Path) -> None:
     """An interrupted run writes summary.json too, and `run` says what it tells (telemetry, a server that
     was down): a stop of the process, which may be why the run seemed stuck and was interrupted, is said
     too."""
     proc, out = _stalled_run(tmp_path, 60)
     try:
-        _wait_for(out / "events.jsonl", '"event":"process_stopped"')
+        _wait_for(out / "events.jsonl", '"event":"process_stopped"', writer=proc)
         os.kill(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:

@@ -91,7 +91,7 @@ def test_optimum_of_a_run_still_going_says_so_not_that_it_stopped(tmp_path: Path
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(out / "events.jsonl", '"event":"cpu_started"')
+        wait_for(out / "events.jsonl", '"event":"cpu_started"', writer=run)
         solved = cli("optimum", out, "--time-limit", "10", "--threads", "1", "--json")
         assert run.poll() is None  # it was still going throughout
     finally:
