@@ -85,9 +85,11 @@ def _wait_for(
     on a loaded machine (imports alone took half of that), not a failed one; one that ended is."""
     deadline = time.monotonic() + timeout
     while writer is not None or time.monotonic() < deadline:
+        ended = writer is not None and writer.poll() is not None  # read first: it may write, then end
         if path.exists() and needle in path.read_text():
             return
-        if writer is not None and writer.poll() is not None:
+        if ended:
+            assert writer is not None
             raise AssertionError(f"{needle!r} never appeared in {path}: its run ended ({writer.returncode})")
         time.sleep(0.05)
     raise AssertionError(f"{needle!r} never appeared in {path}")
