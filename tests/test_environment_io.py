@@ -205,6 +205,30 @@ def test_a_stderr_full_for_now_is_not_taken_for_one_whose_reader_went() -> None:
         wrapped.flush()
 
 
+def test_a_stderr_whose_write_returns_nothing_is_written_to_as_before() -> None:
+    # A caller's stand-in for sys.stderr (a duck-typed writer: ``write`` returns None, no encoding): every
+    # message the CLI wrote through the wrapper raised a TypeError (``int(None)``) after writing it, and its
+    # encoding read as the string 'None', a codec no one has.
+    class Plain:
+        encoding = None
+
+        def __init__(self) -> None:
+            self.parts: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.parts.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    plain = Plain()
+    wrapped = _StderrOrNothing(plain)
+    assert wrapped.write("warning: x\n") == len("warning: x\n")
+    print("error: y", file=wrapped)  # type: ignore[call-overload]
+    assert plain.parts == ["warning: x\n", "error: y", "\n"]
+    assert wrapped.encoding is None
+
+
 #: ``asyncroll experiment run`` with a stand-in for each arm (starting nothing): the runner's own work.
 FAKE_ARMS = """
 import sys

@@ -280,12 +280,13 @@ class _StderrOrNothing:
 
     def write(self, text: str) -> int:
         try:
-            return int(self._stream.write(text))
+            written = self._stream.write(text)
         except BlockingIOError:  # a non-blocking stderr that is full for now: its reader is still there
             raise
         except OSError:
             self._silence()
             return len(text)
+        return len(text) if written is None else int(written)  # a stand-in's write may return nothing
 
     def flush(self) -> None:
         try:
@@ -304,8 +305,8 @@ class _StderrOrNothing:
             self._stream.flush()
 
     @property
-    def encoding(self) -> str:
-        return str(self._stream.encoding)
+    def encoding(self) -> str | None:
+        return self._stream.encoding  # type: ignore[no-any-return]
 
     @property
     def errors(self) -> str | None:
