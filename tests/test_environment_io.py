@@ -229,6 +229,21 @@ def test_a_stderr_whose_write_returns_nothing_is_written_to_as_before() -> None:
     assert wrapped.encoding is None
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux: /proc/self/fd")
+def test_a_failing_stderr_with_no_descriptor_leaks_none() -> None:
+    # A stderr with no descriptor of its own (a caller's StringIO-like stand-in) whose writes fail: each
+    # failed write opened /dev/null to point descriptor 2 at it, and left it open when fileno() raised.
+    class Gone(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    wrapped = _StderrOrNothing(Gone())
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        assert wrapped.write("warning: x\n") == len("warning: x\n")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 #: ``asyncroll experiment run`` with a stand-in for each arm (starting nothing): the runner's own work.
 FAKE_ARMS = """
 import sys

@@ -298,9 +298,12 @@ class _StderrOrNothing:
 
     def _silence(self) -> None:
         with contextlib.suppress(OSError, ValueError):  # a stderr with no descriptor of its own
+            fd = self._stream.fileno()
             devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
         with contextlib.suppress(OSError, ValueError):  # what was buffered goes there
             self._stream.flush()
 
