@@ -5,7 +5,7 @@ a policy that never reads the estimates gets none but logs the same values."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -35,14 +35,26 @@ def _newest(snapshot: QueueSnapshot) -> Decision:
     return Decision(snapshot.jobs[-1].job_id, "newest", eligible=True)
 
 
+def _most_left(snapshot: QueueSnapshot) -> Decision:
+    """The job with the most work left after it, read from the snapshot (the newest, with this estimator)."""
+    if not snapshot.remaining:
+        return _newest(snapshot)
+    best = max(range(len(snapshot.jobs)), key=lambda i: snapshot.remaining[i] or 0.0)
+    return Decision(snapshot.jobs[best].job_id, "most_left", eligible=True)
+
+
 class Blind(Scripted):
     reads_remaining = False
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("rule", [Scripted, Blind], ids=["reads", "blind"])
-def test_the_tail_logs_the_estimates_it_decided_on(rule: type[Scripted]) -> None:
-    policy = rule(_newest)
+@pytest.mark.parametrize(
+    ("rule", "choose"), [(Scripted, _most_left), (Blind, _newest)], ids=["reads", "blind"]
+)
+def test_the_tail_logs_the_estimates_it_decided_on(
+    rule: type[Scripted], choose: Callable[[QueueSnapshot], Decision]
+) -> None:
+    policy = rule(choose)
 
     capture = _two_running_three_queued(policy, second_ms=12.3456)
     selected = capture.of(CpuSelected)
@@ -55,7 +67,8 @@ def test_the_tail_logs_the_estimates_it_decided_on(rule: type[Scripted]) -> None
     seen = policy.seen[selected.index(decision)]
     if isinstance(policy, Blind):
         assert seen.remaining == ()
-    else:
+    else:  # read while the policy chose: the logged values are those it read
+        assert getattr(seen.remaining, "made", None) is True and decision.reason == "most_left"
         assert tuple(seen.remaining) == tuple(j * 0.1234567 for j in (3, 4, 5))
     # job 1 (predicted p s at 1 ms) has run 12.3456 ms: what it has left, as the policy saw it and logged
     assert seen.now == pytest.approx(0.0133456)
