@@ -164,16 +164,21 @@ def test_an_installed_package_inside_another_checkout_records_no_commit(
 ) -> None:
     """``pip install asyncroll`` into a project's ``.venv``: git found the project's checkout above
     site-packages, and experiment.json recorded the project's commit and describe as the code's."""
-    project = tmp_path / "project"
-    project.mkdir()
-    _git(project, "init", "-q")
-    (project / ".gitignore").write_text(".venv/\n", encoding="utf-8")
-    _git(project, "add", ".gitignore")
-    _git(project, "commit", "-q", "-m", "a project that is not asyncroll")
+    project = _one_file_repository(tmp_path / "project", ".gitignore", ".venv/\n")
     _package_in(project / ".venv" / "lib" / "python3.11" / "site-packages", monkeypatch)
     code = fingerprint_module.code_version()
     assert code["commit"] is None and code["describe"] is None, code
     assert code["package"] == asyncroll.__version__ and len(code["source_sha256"] or "") == 64
+
+
+def _one_file_repository(folder: Path, name: str, text: str) -> Path:
+    """A git repository at ``folder`` (made) whose one commit holds one file, not asyncroll."""
+    folder.mkdir()
+    _git(folder, "init", "-q")
+    (folder / name).write_text(text, encoding="utf-8")
+    _git(folder, "add", name)
+    _git(folder, "commit", "-q", "-m", "a repository that is not asyncroll")
+    return folder
 
 
 def _committed_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -260,12 +265,7 @@ def test_each_git_variable_alone_leaves_the_code_recorded_as_without_it(
     describe, or a describe ``-dirty`` of the other work tree (GIT_WORK_TREE)."""
     _committed_checkout(tmp_path, monkeypatch)
     without = fingerprint_module.code_version()
-    other = tmp_path / "other"
-    other.mkdir()
-    _git(other, "init", "-q")
-    (other / "file").write_text("x", encoding="utf-8")
-    _git(other, "add", "file")
-    _git(other, "commit", "-q", "-m", "another repository")
+    other = _one_file_repository(tmp_path / "other", "file", "x")
     values: dict[str, Path | str] = {"GIT_WORK_TREE": other, "GIT_INDEX_FILE": other / ".git" / "index"}
     values |= {"GIT_OBJECT_DIRECTORY": other / ".git" / "objects", "GIT_INTERNAL_SUPER_PREFIX": "sub/"}
     monkeypatch.setenv(name, str(values.get(name, other / ".git")))
