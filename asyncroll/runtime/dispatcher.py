@@ -266,7 +266,8 @@ class CpuDispatcher:
                     f"queued job(s) it was shown (ids {', '.join(shown)})"
                 )
             # the chosen job's place in the queue, where the snapshot's estimates are read if the policy
-            # made them (the queue's keys are the jobs' ids, in order); else None: each logged job's made
+            # made them (the queue's keys are the jobs' ids, in order); else None: each logged job is
+            # estimated alone
             index = tuple(queue).index(decision.job_id) if remaining and remaining.made else None
             candidates = [(j, known[j.job_id]) for j in jobs[:MAX_CANDIDATES]] if self._log_candidates else []
             chosen = queue.pop(decision.job_id)
