@@ -242,21 +242,31 @@ def test_a_signal_while_the_predictor_imports_still_closes_the_pool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Between the pool's start and the measured window the runtime waits for scikit-learn's import
-    (~1 s for real, here too). A stop there must close the workers like any other (the cleanup used to
+    (~1 s for real; here it lasts until a worker is closed, 10 s at most, so the stop lands inside it
+    however late the sender runs). A stop there must close the workers like any other (the cleanup used to
     begin only after that import, so real worker processes outlived the run)."""
-    importing = threading.Event()
+    importing, started, closing = threading.Event(), threading.Event(), threading.Event()
+    closed_during_import: list[bool] = []
 
-    def slow_import() -> None:
+    def slow_import() -> None:  # lasts until the stop closed a worker (10 s at most): no window to miss
         importing.set()
-        time.sleep(1.0)
+        closed_during_import.append(closing.wait(10))
 
     monkeypatch.setattr(run_module, "warm_import", slow_import)
     closed: list[int] = []
+    up: list[int] = []
     clock = VirtualClock()
 
     class Recording(VirtualWorker):
+        async def start(self) -> None:
+            await super().start()
+            up.append(self.index)
+            if len(up) == 2:
+                started.set()
+
         async def aclose(self) -> None:
             closed.append(self.index)
+            closing.set()
             await super().aclose()
 
     problems = [tool_problem("p0", model_ms=1, cpu_ms=1)]
@@ -264,9 +274,8 @@ def test_a_signal_while_the_predictor_imports_still_closes_the_pool(
     cfg = build_config({"workload": workload, "output": tmp_path / "run", "cpu_workers": 2})
     ready: list[bool] = []
 
-    def send_when_ready() -> None:  # the workers are up (virtual: at once); the import still sleeps
-        if importing.wait(10):
-            time.sleep(0.05)
+    def send_when_ready() -> None:  # the workers are up and the import still runs, however late this runs
+        if importing.wait(10) and started.wait(10):
             ready.append(True)
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -280,6 +289,7 @@ def test_a_signal_while_the_predictor_imports_still_closes_the_pool(
     outcome = clock.run(interruptible(run))
     sender.join(5)
     assert ready and outcome.status == "interrupted"
+    assert closed_during_import == [True]  # the cleanup did not wait for the import
     assert sorted(closed) == [0, 1]
 
 
