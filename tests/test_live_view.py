@@ -187,20 +187,22 @@ def _scrape(url: str) -> dict[str, float]:
     return values
 
 
-def _metrics_port(run_json: Path, proc: subprocess.Popen[str], deadline: float) -> int:
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the run ended before it reported its metrics port"
+def _metrics_port(run_json: Path, proc: subprocess.Popen[str]) -> int:
+    """The metrics port in run.json, waiting while the run runs, however long (the test's hard timeout
+    bounds it): a run's start-up on a loaded machine took ~13 s of imports; a fixed deadline guessed."""
+    while True:
+        ended = proc.poll() is not None  # read first: it may write the port, then end
         try:
             port = json.loads(run_json.read_text()).get("metrics", {}).get("port")
         except (OSError, ValueError):  # not written yet
             port = None
         if port:
             return int(port)
+        assert not ended, f"the run ended ({proc.returncode}) before it reported its metrics port"
         time.sleep(0.05)
-    raise AssertionError("run.json never reported the metrics port")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_metrics_port_scraped_during_a_real_run(tmp_path: Path) -> None:
     # One worker, four 600 ms tool jobs arriving together: the CPU queue stays non-empty for ~1.8 s.
     problems = [tool_problem(f"p{i}", model_ms=200, cpu_ms=600) for i in range(4)]
@@ -215,11 +217,11 @@ def test_metrics_port_scraped_during_a_real_run(tmp_path: Path) -> None:
         cwd=REPO,
     )
     try:
-        deadline = time.monotonic() + 45
-        port = _metrics_port(out / "run.json", proc, deadline)
+        # waits while the run runs, however long: the hard timeout bounds it (45 s was a guess at the load)
+        port = _metrics_port(out / "run.json", proc)
         url = f"http://127.0.0.1:{port}/metrics"
         scrapes: list[dict[str, float]] = []
-        while time.monotonic() < deadline and proc.poll() is None:
+        while proc.poll() is None:
             try:
                 scrapes.append(_scrape(url))
             except (urllib.error.URLError, ConnectionError):  # the run ended between poll and scrape
@@ -227,7 +229,7 @@ def test_metrics_port_scraped_during_a_real_run(tmp_path: Path) -> None:
             if scrapes[-1]["asyncroll_cpu_queue_depth"] >= 1:
                 break
             time.sleep(0.05)
-        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
         end(proc)
     assert proc.returncode == 0, stderr
