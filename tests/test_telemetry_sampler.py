@@ -114,12 +114,14 @@ def test_stop_is_bounded_when_the_metrics_trickle_after_the_probe(
         return trickle_metrics(handler, closing)
 
     server = metrics_server(idle_vllm, after_the_probe)
-    source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=0.1)
-    took, samples = _sampler_until_stopped(source, trickling, hard_limit_s=6)
-    assert took < 2 * 0.6 + 2.0  # two reads, each ending at its 0.6 s deadline (slack: a loaded machine)
+    # a 1 s per-phase timeout, 50 times the trickle's 20 ms: with 0.1 s, the trickling thread held off a
+    # loaded machine's CPU for 0.1 s made a read's error a per-phase 'no response within 0.1 s'
+    source = ServerMetricsSource(server.url, flavor="vllm", model="sim", timeout=1.0)
+    took, samples = _sampler_until_stopped(source, trickling, hard_limit_s=12)
+    assert took < 2 * 1.5 + 3.0  # two reads, each ending at its 1.5 s deadline (slack: a loaded machine)
     assert len(samples) == 2  # the loop's one, then the final one
     assert all(
-        s.errors == [f"server_metrics: GET {server.url}: no complete response within 0.6 s"]
+        s.errors == [f"server_metrics: GET {server.url}: no complete response within 1.5 s"]
         and s.nulls["server_running"] == "error"
         for s in samples
     )
