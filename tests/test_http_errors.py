@@ -140,9 +140,11 @@ def test_a_slow_reply_times_out_inside_httpx_and_never_locks_the_pool(tmp_path: 
     from asyncroll.http_read import request_deadline_s
 
     assert request_deadline_s(0.3) == 1.3 and request_deadline_s(120) == 132
-    with FakeOpenAI([completion(FINAL)], delays=[2.0]) as server:
+    # a 2 s timeout, not 0.3 s: every other reply comes from a thread of this process, which a loaded
+    # machine can hold off its CPU for 0.3 s (a second timeout, and two ModelFailed)
+    with FakeOpenAI([completion(FINAL)], delays=[6.0]) as server:
         outcome, capture, _ = http_run(
-            tmp_path, final_problems(3), server.url, max_active_trajectories=1, request_timeout=0.3
+            tmp_path, final_problems(3), server.url, max_active_trajectories=1, request_timeout=2.0
         )
     assert outcome.status == "complete", outcome.error
     (failed,) = capture.of(ModelFailed)
