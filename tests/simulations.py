@@ -63,11 +63,20 @@ def start_slow_cli(tmp_path: Path, *args: str | Path) -> subprocess.Popen[str]:
     )
 
 
-def wait_until(ready: Any, what: str, timeout: float = 30) -> None:
+def wait_until(
+    ready: Any, what: str, timeout: float = 30, *, writer: subprocess.Popen[Any] | None = None
+) -> None:
+    """Until ``ready()``. Given the process that makes it so, while that runs, however long (the test's
+    hard timeout bounds it): a command's start-up on a loaded machine took ~13 s of imports, and a fixed
+    30 s told a slow start from a failed one by a guess; one that ended has failed."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while writer is not None or time.monotonic() < deadline:
+        ended = writer is not None and writer.poll() is not None  # read first: it may write, then end
         if ready():
             return
+        if ended:
+            assert writer is not None
+            raise AssertionError(f"{what} never happened: the process ended ({writer.returncode})")
         time.sleep(0.05)
     raise AssertionError(f"{what} never happened")
 

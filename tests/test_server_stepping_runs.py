@@ -244,7 +244,7 @@ _LONG = [
 ]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_in_a_long_stretch_stops_the_simulation_at_once(tmp_path: Path, sig: signal.Signals) -> None:
     """The signal lands while the loop steps the one sequence in place (it wakes no task for a million
@@ -273,9 +273,9 @@ def test_a_signal_in_a_long_stretch_stops_the_simulation_at_once(tmp_path: Path,
     )
     receipt = out / "run.json"
     try:
-        wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the simulation start")
+        wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the start", writer=proc)
         events = out / "events.jsonl"
-        wait_until(lambda: '"model_started"' in events.read_text(), "the request's start")
+        wait_until(lambda: '"model_started"' in events.read_text(), "the request's start", writer=proc)
         sent = time.monotonic()
         os.kill(proc.pid, sig)
         _, stderr = proc.communicate(timeout=30)

@@ -413,7 +413,7 @@ def test_a_simulated_run_is_the_same_under_another_hash_seed(tmp_path: Path) -> 
 # --- signals --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_interrupts_a_simulation_as_it_does_a_run(tmp_path: Path, sig: signal.Signals) -> None:
     """SIGTERM, like SIGINT, stops the simulation: exit 130, run.json and summary.json say interrupted and
@@ -424,7 +424,7 @@ def test_a_signal_interrupts_a_simulation_as_it_does_a_run(tmp_path: Path, sig: 
     proc = start_slow_cli(tmp_path, "simulate", "--workload", workload, "--output", out)
     receipt = out / "run.json"
     try:
-        wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the simulation start")
+        wait_until(lambda: receipt.exists() and '"running"' in receipt.read_text(), "the start", writer=proc)
         stderr = signal_and_wait(proc, sig)
     finally:
         end(proc)
