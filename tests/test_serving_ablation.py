@@ -42,7 +42,7 @@ def never_measure(ablation: Any, monkeypatch: pytest.MonkeyPatch, before: str) -
     return measured
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
     """The model-only measurement against a real loopback server: counts, tokens and percentiles agree."""
     log = (tmp_path / "sim.log").open("wb")
@@ -55,9 +55,9 @@ def test_serving_ablation_against_serve_sim(tmp_path: Path) -> None:
     )
     log.close()
     try:
-        deadline = time.monotonic() + 30
+        # while it runs, however long its start takes on a loaded machine (the hard timeout bounds it)
         while not (text := (tmp_path / "sim.log").read_text()).startswith("serve-sim listening on "):
-            assert server.poll() is None and time.monotonic() < deadline, text
+            assert server.poll() is None, text
             time.sleep(0.02)
         url = text.split()[3]
         done = subprocess.run(
