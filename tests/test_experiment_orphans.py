@@ -287,9 +287,10 @@ def test_a_wall_clock_step_before_the_resume_still_finds_the_recorded_server(
     server = ManagedProcess(["sh", "-c", f"env -i {marker} & exec sleep 1003"], tmp_path / "s.log")
     server.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while not running(marker) and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert running(marker), "the descendant never started: its end below would prove nothing"
         record = server.record()
         stepped = pslinux.boot_time() + 3600.0  # /proc/stat's btime after the clock stepped an hour on
         monkeypatch.setattr(pslinux, "boot_time", lambda: stepped)
