@@ -59,8 +59,9 @@ def source_digest() -> str:
 
 
 def code_version() -> dict[str, str | None]:
-    """``git describe --always --dirty`` and the commit of the checkout holding the package, if any, and
-    the digest of the package's files.
+    """``git describe --always --tags`` (``-dirty`` after it where a tracked file changed, as ``--dirty``
+    says) and the commit of the checkout holding the package, if any, and the digest of the package's
+    files. Nothing is written to the checkout.
 
     Git is asked only when the package's own files are tracked by the checkout it finds: an installed
     package (``site-packages``) often sits inside an unrelated checkout (a project's ``.venv``), whose
@@ -75,7 +76,13 @@ def code_version() -> dict[str, str | None]:
     }
     if _git(root, "ls-files", "--error-unmatch", "--", f"{package.name}/__init__.py") is None:
         return out
-    out["describe"] = _git(root, "describe", "--always", "--dirty", "--tags")
+    # ``git describe --dirty`` refreshes and rewrites the checkout's index (under .git/index.lock, whatever
+    # GIT_OPTIONAL_LOCKS says): a run killed meanwhile left the user's repository locked. ``git status``
+    # refreshes in memory only (GIT_OPTIONAL_LOCKS=0): the same "-dirty", nothing written.
+    described = _git(root, "describe", "--always", "--tags")
+    changes = _git(root, "status", "--porcelain", "--untracked-files=no")
+    if described is not None and changes is not None:
+        out["describe"] = f"{described}-dirty" if changes else described
     out["commit"] = _git(root, "rev-parse", "HEAD")
     return out
 
@@ -91,6 +98,7 @@ def _git(root: Path, *args: str) -> str | None:
     (:data:`GIT_REPOSITORY_VARIABLES`)."""
     argv = ["git", "-c", f"safe.directory={root}", "-C", str(root), *args]
     env = {name: value for name, value in os.environ.items() if name not in GIT_REPOSITORY_VARIABLES}
+    env["GIT_OPTIONAL_LOCKS"] = "0"  # read the checkout, never write it (status's index refresh)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False, env=env)
     except (OSError, subprocess.SubprocessError):

@@ -208,6 +208,26 @@ def test_a_checkout_that_tracks_the_package_records_its_commit(
 
 
 @pytest.mark.timeout(60)
+def test_recording_the_code_writes_nothing_to_the_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``git describe --dirty`` refreshed and rewrote the checkout's index under ``.git/index.lock``: a
+    run killed meanwhile (a 10 s git timeout, SIGKILL) left the user's repository locked, and their next
+    commit failed. A file touched but unchanged is no change; an edited one is, and nothing is written."""
+    checkout = _committed_checkout(tmp_path, monkeypatch)
+    index = checkout / ".git" / "index"
+    module = checkout / "asyncroll" / "__init__.py"
+    stat = module.stat()
+    os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))  # touched: index is stale
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    assert fingerprint_module.code_version()["describe"] == _git(checkout, "rev-parse", "--short", "HEAD")
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+    module.write_text('__version__ = "0.1.1"\n', encoding="utf-8")
+    assert fingerprint_module.code_version()["describe"].endswith("-dirty")  # type: ignore[union-attr]
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
+
+@pytest.mark.timeout(60)
 def test_a_package_imported_through_a_symlink_records_its_checkouts_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
