@@ -307,15 +307,7 @@ class _StderrOrNothing:
         with contextlib.suppress(OSError, ValueError):  # what was buffered goes there
             self._stream.flush()
 
-    @property
-    def encoding(self) -> str | None:
-        return self._stream.encoding  # type: ignore[no-any-return]
-
-    @property
-    def errors(self) -> str | None:
-        return self._stream.errors  # type: ignore[no-any-return]
-
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # encoding, errors, isatty, fileno, reconfigure: the stream's
         return getattr(self._stream, name)
 
 
