@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+import asyncroll.runtime.run as run_module
+from asyncroll.events import CpuSelected
 from asyncroll.policies import JobView, Prediction
 from asyncroll.policies.predictor import DurationPredictor
+from tests.conftest import VirtualRun, tool_problem
 
 
 def _job(i: int, size: int = 100, *, resub: bool = False, traj: str | None = None) -> JobView:
@@ -114,13 +117,21 @@ def test_a_ninth_tool_shares_a_bucket_instead_of_looking_for_a_free_one_forever(
     assert len(set(p._buckets.values())) == 8 and len(p._buckets) == 9
 
 
-def test_the_oldest_first_evaluation_is_forgotten_first() -> None:
-    """Past ``remember`` trajectories the oldest first evaluation goes: a recent repair keeps its own."""
-    p = DurationPredictor(remember=2)
-    for i, traj in enumerate(("old", "mid", "new")):
-        p.observe(_job(i, traj=traj), 2.0 + i)
-    old, new = p.predict([_job(10, resub=True, traj="old"), _job(11, resub=True, traj="new")])
-    assert old.source == "ridge" and new == Prediction(4.0, "same_problem_first_evaluation")
+def test_an_ended_trajectory_is_forgotten_and_the_others_keep_their_first_evaluation() -> None:
+    """What the predictor keeps for repairs is bounded by the trajectories in flight: an ended one's first
+    runs go (its repairs would come no more), every other one keeps its own, however many have ended
+    (a cap of 10,000 dropped the oldest first, a trajectory still running among them)."""
+    p = DurationPredictor()
+    for i in range(20_000):
+        p.observe(_job(i, traj=f"done{i}"), 1.0)
+        p.end_trajectory(f"done{i}")
+    p.observe(_job(20_000, traj="early"), 2.0)
+    for i in range(20_001, 40_001):
+        p.observe(_job(i, traj=f"later{i}"), 3.0)
+    p.end_trajectory("never-seen")  # nothing to forget: no error
+    early, ended = p.predict([_job(50_000, resub=True, traj="early"), _job(50_001, resub=True, traj="done1")])
+    assert early == Prediction(2.0, "same_problem_first_evaluation") and ended.source == "ridge"
+    assert len(p._first) == 20_001
 
 
 def test_a_repair_is_never_the_first_evaluation_of_a_later_repair() -> None:
@@ -146,3 +157,25 @@ def test_a_duration_that_is_not_a_number_is_not_learned() -> None:
     assert p.observations == 102
     small, big = p.predict([_job(2004, 1500), _job(2005, 20_000)])
     assert 0.001 < small.seconds < big.seconds < 60.0
+
+
+def test_a_run_forgets_each_trajectorys_first_evaluations_when_it_ends(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a run, a repair is still predicted by its trajectory's first run, and when the run ends its
+    predictor keeps nothing for the trajectories that ended (it kept every one of them, up to 10,000)."""
+    made: list[DurationPredictor] = []
+
+    class Kept(DurationPredictor):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(run_module, "DurationPredictor", Kept)
+    problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=100 + 10 * i, turns=2) for i in range(8)]
+    outcome, capture, _ = virtual_run(problems, max_active_trajectories=8, cpu_workers=1, policy="asyncroll")
+    assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 8
+    sources = {e.prediction_source for e in capture.of(CpuSelected) if e.job_id is not None}
+    assert "same_problem_first_evaluation" in sources
+    (predictor,) = made
+    assert predictor.observations == 16 and predictor._first == {}

@@ -11,7 +11,8 @@ The target is ``log(seconds) − log(prior)``, fitted by scikit-learn's ridge so
 the solver behind ``Ridge``) without a separate intercept, so the penalty pulls every coefficient — the
 bias included — toward the prior (~100 ms): a weak prior that a handful of observations overrides. A
 resubmission uses the same trajectory's first run of that tool when it is known
-(``same_problem_first_evaluation``). Timed-out jobs are observed *censored* at the timeout, never
+(``same_problem_first_evaluation``), kept until the trajectory ends
+(:meth:`DurationPredictor.end_trajectory`). Timed-out jobs are observed *censored* at the timeout, never
 dropped. The model refits lazily, once, at the first prediction after new observations (after each of
 the first 63, then after every ~3% more, but at least once per half window, so that no observation
 leaves the window unfitted), on a bounded window (a ring buffer of the newest observations); predicting
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,9 +66,7 @@ def features(job: JobView, bucket: int | None = None) -> list[float]:
 
 
 class DurationPredictor:
-    def __init__(
-        self, prior_s: float = 0.1, alpha: float = 1.0, window: int = 1024, remember: int = 10_000
-    ) -> None:
+    def __init__(self, prior_s: float = 0.1, alpha: float = 1.0, window: int = 1024) -> None:
         self.prior_s = prior_s
         self._log_prior = math.log(prior_s)
         self._alpha = alpha
@@ -86,7 +84,9 @@ class DurationPredictor:
         self._coef_list: list[float] = []
         self._dirty = False
         self._pending = 0  # observations since the last refit
-        self._first: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # trajectory → tool → its first run's seconds, until the trajectory ends (``end_trajectory``): a
+        # repair is predicted by its trajectory's first run, and no job of an ended trajectory comes again
+        self._first: dict[str, dict[str, float]] = {}
         self._rows: dict[int, list[float]] = {}  # feature rows of queued jobs, computed once
         # ... and the same rows in a matrix (a free slot each), so that a large batch is one fancy index,
         # not a list of lists turned into an array at every refit
@@ -94,7 +94,6 @@ class DurationPredictor:
         self._slots: dict[int, int] = {}  # job id → its row in ``_queued``
         self._free: list[int] = list(range(63, -1, -1))  # free rows, lowest last (popped first)
         self._cache: dict[int, Prediction] = {}  # job id → prediction by the current model
-        self._remember = remember
         self._buckets: dict[str, int] = {}  # tool → its one-hot bucket in this run
         self._taken: set[int] = set()  # the buckets a tool has
         self.observations = 0
@@ -118,11 +117,16 @@ class DurationPredictor:
         self.observations += 1
         self.censored += censored
         if not job.resubmission:
-            key = (job.trajectory_id, job.tool)
-            if key not in self._first:
-                self._first[key] = seconds
-                if len(self._first) > self._remember:
-                    self._first.popitem(last=False)
+            first = self._first.get(job.trajectory_id)
+            if first is None:
+                self._first[job.trajectory_id] = {job.tool: seconds}
+            else:
+                first.setdefault(job.tool, seconds)
+
+    def end_trajectory(self, trajectory_id: str) -> None:
+        """The trajectory ended: its first runs are forgotten (no repair of it will come), so that what the
+        predictor keeps is bounded by the trajectories in flight, not by the run's length."""
+        self._first.pop(trajectory_id, None)
 
     def _flush(self) -> None:
         """Write the observations since the last refit into the ring buffer, oldest first (the same rows
@@ -267,7 +271,11 @@ class DurationPredictor:
             base = [Prediction(s, "ridge") for s in seconds]
         first = self._first
         for i, job in enumerate(jobs):
-            if job.resubmission and (known := first.get((job.trajectory_id, job.tool))) is not None:
+            if (
+                job.resubmission
+                and (tools := first.get(job.trajectory_id)) is not None
+                and (known := tools.get(job.tool)) is not None
+            ):
                 base[i] = Prediction(min(max(known, MIN_S), MAX_S), "same_problem_first_evaluation")
         return base
 

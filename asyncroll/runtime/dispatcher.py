@@ -142,6 +142,10 @@ class CpuDispatcher:
     def snapshot(self) -> DispatcherSnapshot:
         return DispatcherSnapshot(len(self._queue), self._decisions, self._reorders, self._peak_queued)
 
+    def trajectory_ended(self, trajectory_id: str) -> None:
+        """No job of this trajectory comes again: what the predictor keeps for it goes."""
+        self._predictor.end_trajectory(trajectory_id)
+
     async def run(self, spec: JobSpec) -> JobOutcome:
         """Queue a job, wait until the policy gives it a worker, run it there and return its outcome.
 

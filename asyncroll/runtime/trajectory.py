@@ -147,6 +147,8 @@ class TrajectoryRunner:
             result = state.finish(self._clock.now(), "failed", error=f"model {exc.kind}: {exc}")
             if (reply := invalid_reply(state.turns - 1, exc)) is not None:  # what the model wrote
                 messages.append(reply)
+        finally:
+            self._dispatcher.trajectory_ended(traj_id)
         if self._transcripts:
             result = replace(result, messages=messages)
         self._events.emit(
