@@ -35,7 +35,7 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path: Path) -> None:
     args += ["--seeds", "2", "--jobs", "1"]
     proc = start_slow_cli(tmp_path, "simulate", "--sweep", *args, "--progress")
     try:
-        wait_until(lambda: (out / "workloads" / "seed-1.jsonl").exists(), "the sweep start")
+        wait_until(lambda: (out / "workloads" / "seed-1.jsonl").exists(), "the sweep start", writer=proc)
         stderr = signal_and_wait(proc, signal.SIGTERM)
     finally:
         end(proc)
@@ -77,7 +77,7 @@ def test_cell_processes_end_when_the_sweep_is_killed_outright(tmp_path: Path) ->
     children: list[psutil.Process] = []
     try:
         sweep = psutil.Process(proc.pid)  # in the try: should it raise, the Popen is still ended
-        wait_until(lambda: len(cells()) >= 2, "two cell processes")
+        wait_until(lambda: len(cells()) >= 2, "two cell processes", writer=proc)
         children = sweep.children(recursive=True)
         proc.kill()
         proc.communicate(timeout=30)
@@ -242,7 +242,9 @@ class _DiesWhenTold:
         self.go = go
 
     def choose(self, snapshot: Any) -> Any:
-        wait_until(self.go.exists, "the sweep's first row")
+        # no fixed deadline (a loaded machine's seed 0 may be slow): the cell process ends with the sweep,
+        # and the test's hard timeout bounds the sweep
+        wait_until(self.go.exists, "the sweep's first row", timeout=600)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
