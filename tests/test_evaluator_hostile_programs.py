@@ -164,7 +164,10 @@ def test_what_a_program_writes_on_the_status_fd_cannot_break_or_forge_the_verdic
     else:
         assert verdict(result) == "runtime_error", result
         assert expected in result["feedback"]["error"], result
-    assert elapsed < 6.0, elapsed
+    # the program's end ended the evaluation, not its 6 s deadline (the flood once kept the worker reading
+    # for seconds); the wall time only bounds a hang (a bound at the limit failed on a loaded machine)
+    assert result["timed_out"] is False, result
+    assert elapsed < 6.0 + SLACK_S, elapsed
 
 
 def test_the_status_pipe_keeps_its_first_line_found_in_the_bytes_just_read() -> None:
