@@ -88,12 +88,19 @@ def check_client(
     return summary
 
 
+#: A name one side does not hold at all: not None (a built-in tool's hash, a package not installed).
+_UNRECORDED = "(not recorded)"
+
+
 def _differences(what: str, ran: dict[str, Any], pinned: dict[str, Any]) -> list[str]:
-    return [
-        f"{what} {key}: ran {ran.get(key)}, the experiment pinned {pinned.get(key)}"
-        for key in sorted(set(ran) | set(pinned))
-        if ran.get(key) != pinned.get(key)
-    ]
+    """Each name whose value differs; one side lacks differs from None (a tool pinned as built-in that the
+    client's run.json does not list at all used to pass)."""
+    differ = []
+    for key in sorted(set(ran) | set(pinned)):
+        if key not in ran or key not in pinned or ran[key] != pinned[key]:
+            had, wanted = ran.get(key, _UNRECORDED), pinned.get(key, _UNRECORDED)
+            differ.append(f"{what} {key}: ran {had}, the experiment pinned {wanted}")
+    return differ
 
 
 def load_summary(arm_dir: Path) -> dict[str, Any] | None:
