@@ -549,7 +549,10 @@ def _open_under(folder: Path) -> list[str]:
     ("raised", "status", "error"),
     [
         (RuntimeError("no policy today"), "failed", "RuntimeError: no policy today"),
-        (KeyboardInterrupt(), "interrupted", "interrupted by cancellation"),
+        # Python's handler raises it for SIGINT: run.json said "interrupted by cancellation", the CLI SIGINT
+        (KeyboardInterrupt(), "interrupted", "interrupted by SIGINT"),
+        # one that names its signal, as CommandSignals raises it
+        (KeyboardInterrupt("SIGTERM"), "interrupted", "interrupted by SIGTERM"),
     ],
 )
 def test_a_failure_while_the_run_is_assembled_closes_its_files(
@@ -574,3 +577,23 @@ def test_a_failure_while_the_run_is_assembled_closes_its_files(
     assert _open_under(tmp_path) == []
     receipt = json.loads((tmp_path / "run0" / "run.json").read_text())
     assert (receipt["status"], receipt["error"]) == (status, error)
+
+
+def test_a_keyboard_interrupt_while_the_trajectories_run_is_recorded_as_sigint(
+    virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A KeyboardInterrupt no handler of the run's took (Python's own raises it for SIGINT) once the window
+    had opened left run.json and measurement_finished saying "failed" with no reason; the CLI said SIGINT."""
+    from asyncroll.runtime import run as run_module
+
+    def interrupted(*_args: Any, **_kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "iter_problems", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        virtual_run([tool_problem("p", model_ms=1, cpu_ms=2, turns=1)])
+    receipt = json.loads((tmp_path / "run0" / "run.json").read_text())
+    assert (receipt["status"], receipt["error"]) == ("interrupted", "interrupted by SIGINT")
+    lines = [json.loads(line) for line in (tmp_path / "run0" / "events.jsonl").read_text().splitlines()]
+    (finished,) = [e for e in lines if e["event"] == "measurement_finished"]
+    assert (finished["status"], finished["reason"]) == ("interrupted", "interrupted by SIGINT")

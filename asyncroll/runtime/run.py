@@ -137,6 +137,15 @@ class Run:
         """The run's directory where it is now (it may have been moved while the run ran)."""
         return self.out if self._files is None or self._files.out is None else self._files.here()
 
+    def _stopped_by(self, exc: BaseException) -> str:
+        """For run.json: the stop signal recorded, else the one a KeyboardInterrupt stands for (SIGINT, what
+        Python raises it for, unless it names another, as the CLI's handlers do), else a cancellation."""
+        if self.interrupt_reason is not None:
+            return self.interrupt_reason
+        if isinstance(exc, KeyboardInterrupt):
+            return str(exc) if str(exc) in ("SIGTERM", "SIGHUP") else "SIGINT"
+        return "cancellation"
+
     def _tool_sha256(self, path: Path) -> str:
         """A tool file's SHA-256, read once: what run.json records is what every worker checks."""
         if path not in self._sha256:
@@ -245,9 +254,7 @@ class Run:
             if isinstance(exc, Exception):
                 files.abandon(_describe(exc), clock.wall())
             else:  # Ctrl-C, SIGTERM or SIGHUP, a cancellation: as the run's own try says it
-                files.abandon(
-                    f"interrupted by {self.interrupt_reason or 'cancellation'}", clock.wall(), "interrupted"
-                )
+                files.abandon(f"interrupted by {self._stopped_by(exc)}", clock.wall(), "interrupted")
             raise
 
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
@@ -337,6 +344,10 @@ class Run:
             else:
                 status, error = "interrupted", f"interrupted by {self.interrupt_reason or 'cancellation'}"
                 raise
+        except KeyboardInterrupt as exc:  # no handler of ours took the signal: Python's own raised it
+            if status != "complete":  # after every trajectory finished the measurement is whole, as above
+                status, error = "interrupted", f"interrupted by {self._stopped_by(exc)}"
+            raise
         except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
             status, error = "failed", _describe(exc)
         finally:
