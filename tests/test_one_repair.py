@@ -92,13 +92,13 @@ def test_repair_turn_carries_instruction_and_feedback(
     from asyncroll.backends import scripted
 
     seen: list[list[dict[str, Any]]] = []
-    original = scripted.scripted_action
+    original = scripted.scripted_step
 
     def spy(request: ModelRequest) -> Any:
         seen.append(list(request.messages))
         return original(request)
 
-    monkeypatch.setattr(scripted, "scripted_action", spy)
+    monkeypatch.setattr(scripted, "scripted_step", spy)
     virtual_run([_code_problem("fixed", [False, True], repair_instruction="FIX IT")])
     assert len(seen) == 2  # the first submission and the repair
     repair_turn = seen[-1]

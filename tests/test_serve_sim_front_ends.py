@@ -15,6 +15,7 @@ from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.config import ServerKind
 from asyncroll.serve_sim.config import SimConfig
 from asyncroll.serve_sim.server import serve_in_thread
+from asyncroll.workload import ErrorStep
 
 
 @pytest.mark.timeout(30)
@@ -153,7 +154,9 @@ def test_a_turn_costs_the_same_prompt_and_prefill_through_either_front_end(
     expected = math.ceil(sum(len(m["content"]) for m in sent) / 3.0)
     assert sim_response.prompt_tokens == http_response.prompt_tokens == expected
     assert sim_engine.prompt_tokens == served["prompt_tokens"] == expected
-    assert sim_response.completion_tokens == http_response.completion_tokens == parsed.script[1].output_tokens
+    step = parsed.script[1]
+    assert not isinstance(step, ErrorStep)
+    assert sim_response.completion_tokens == http_response.completion_tokens == step.output_tokens
     # the same steps, the first with the same prefill: the same engine time (computed, not measured)
     assert served["steps"] == sim_engine.steps and served["busy_s"] == sim_engine.busy_s
     assert sim_engine.busy_s == pytest.approx((sim_engine.steps * 1.0 + expected * 0.5) / 1000)

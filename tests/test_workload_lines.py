@@ -51,7 +51,7 @@ def test_every_problem_is_reported_with_file_line_and_field(tmp_path: Path) -> N
         (4, "tools[0].name", "unknown tool 'frobnicate'"),
         (5, "prompt", "Input should be a valid string"),
         (6, "script[0].arguments.a", "expected number, got bool"),
-        (7, "script[0].type", "'dance' is not an action's type: 'tool', 'final' or 'submit'"),
+        (7, "script[0].type", "'dance' is not an action's type: 'tool', 'final', 'submit' or 'error'"),
         (8, "tools[1].name", "duplicate tool name 'add'"),
         (9, "script", "required by the scripted backend"),
         (10, "tools[0].inputs", "unsupported type 'tensor'"),
@@ -175,8 +175,8 @@ def test_an_action_without_a_known_type_is_named_at_its_type(tmp_path: Path) -> 
     problems = _problems(tmp_path, [json.dumps({"prompt": "p", "script": script})])
     path = tmp_path / "w.jsonl"
     assert problems == [
-        f"{path}:1: script[0].type: Field required: an action's type is 'tool', 'final' or 'submit'",
-        f"{path}:1: script[1].type: 'answer' is not an action's type: 'tool', 'final' or 'submit'",
+        f"{path}:1: script[0].type: Field required: an action's type is 'tool', 'final', 'submit' or 'error'",
+        f"{path}:1: script[1].type: 'answer' is not an action's type: 'tool', 'final', 'submit' or 'error'",
     ]
 
 

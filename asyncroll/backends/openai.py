@@ -13,8 +13,10 @@ One persistent :class:`httpx.AsyncClient` per run, its connections in a few pool
   work of the scripted size: ``max_tokens`` = the action's ``output_tokens`` (else ``--max-tokens``), plus
   ``min_tokens``/``ignore_eos`` on vLLM and SGLang, or a fixed length in ``generation_config`` on
   ``transformers serve``. The scripted action also travels in the ``X-Asyncroll-Action`` header (up to
-  8 KiB), which ``asyncroll serve-sim`` echoes and every other server ignores. The bodies and the header
-  are :mod:`asyncroll.backends.request_body`; the settings, :mod:`asyncroll.backends.http_settings`.
+  8 KiB), which ``asyncroll serve-sim`` echoes and every other server ignores. A script's ``error`` step
+  sends nothing: the request fails after its ``latency_ms``, as the scripted backend's does. The bodies
+  and the header are :mod:`asyncroll.backends.request_body`; the settings,
+  :mod:`asyncroll.backends.http_settings`.
 
 Failures are classified and carried on :class:`~asyncroll.errors.ModelError` (status, whether a complete
 response arrived, parse seconds, attempts): ``transport`` and ``timeout`` (no response), ``http_status``
@@ -55,7 +57,7 @@ from asyncroll.backends.http_settings import HttpSettings
 from asyncroll.backends.probes import NotReady, healthy, probe_kind, probe_version
 from asyncroll.backends.request_body import REPLAY_FIXED_LENGTH, action_headers, chat_body, warmup_body
 from asyncroll.backends.retry import Circuit, is_retryable
-from asyncroll.backends.scripted import scripted_action
+from asyncroll.backends.scripted import scripted_failure, scripted_step
 from asyncroll.backends.transport import pools_transport
 from asyncroll.clock import Clock
 from asyncroll.config import ServerKind
@@ -63,7 +65,7 @@ from asyncroll.errors import SERVER_DOWN_SAID, InvalidActionError, ModelError
 from asyncroll.event_log import EventLog
 from asyncroll.events import ModelPaused, ModelRetrying, ServerAvailable, ServerUnavailable
 from asyncroll.http_proxy import client_settings, environment_problem, environment_proxy, proxies_in_play
-from asyncroll.workload import Action, ToolAction
+from asyncroll.workload import Action, ErrorStep, ToolAction
 
 __all__ = ["HttpSettings", "OpenAIBackend"]
 
@@ -312,7 +314,9 @@ class OpenAIBackend:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         s = self.settings
-        scripted = scripted_action(request) if s.replay else None
+        scripted = scripted_step(request) if s.replay else None
+        if isinstance(scripted, ErrorStep):  # a failure the script replays: no request is sent
+            await scripted_failure(scripted, request.turn, self._clock)
         body, headers = self.build_body(request, scripted), action_headers(scripted)
         attempt = 0
         while True:

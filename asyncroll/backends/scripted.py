@@ -2,27 +2,40 @@
 
 Each action may carry ``latency_ms``, which the backend waits on the run's clock, so realistic model time
 can be modelled without a server (and exactly, on a virtual clock). Actions were validated when the
-workload was scanned; running past the end of a script is a model failure of that trajectory.
+workload was scanned; running past the end of a script is a model failure of that trajectory, and so is
+an ``error`` step (:class:`~asyncroll.workload.ErrorStep`), after its ``latency_ms``, with its kind.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import NoReturn
 
 from asyncroll.backends.base import ModelRequest, ModelResponse
 from asyncroll.clock import Clock
 from asyncroll.errors import ModelError
-from asyncroll.workload import Action
+from asyncroll.workload import ErrorStep, ScriptStep
 
 
-def scripted_action(request: ModelRequest) -> Action:
-    """The action a problem's script gives for this turn; running past its end is a model failure."""
+def scripted_step(request: ModelRequest) -> ScriptStep:
+    """The step a problem's script gives for this turn; running past its end is a model failure."""
     script = request.problem.script or []
     if request.turn >= len(script):
         raise ModelError(
             "script_exhausted", f"script has {len(script)} actions; turn {request.turn} asked for another"
         )
     return script[request.turn]
+
+
+async def scripted_failure(step: ErrorStep, turn: int, clock: Clock, overhead_s: float = 0.0) -> NoReturn:
+    """An ``error`` step: no request is sent anywhere; after its ``latency_ms`` (and the turn's overhead)
+    the request fails with the step's kind, message and status."""
+    seconds = (step.latency_ms or 0.0) / 1000.0 + overhead_s
+    if seconds:
+        await clock.sleep(seconds)
+    raise ModelError(
+        step.kind, step.error_text(turn), status=step.status, response_received=step.status is not None
+    )
 
 
 class ScriptedBackend:
@@ -42,7 +55,9 @@ class ScriptedBackend:
         return 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        action = scripted_action(request)
+        action = scripted_step(request)
+        if isinstance(action, ErrorStep):
+            await scripted_failure(action, request.turn, self._clock, self._overhead)
         seconds = (action.latency_ms or 0.0) / 1000.0 + self._overhead
         if seconds:
             await self._clock.sleep(seconds)

@@ -29,10 +29,10 @@ from asyncroll.backends.action_schema import (
     turn_schema,
 )
 from asyncroll.backends.base import ModelRequest, ModelResponse
-from asyncroll.backends.scripted import scripted_action
+from asyncroll.backends.scripted import scripted_failure, scripted_step
 from asyncroll.backends.server_model import BatchingServer
 from asyncroll.serve_sim.sizes import content_chars, tokens
-from asyncroll.workload import FinalAction
+from asyncroll.workload import ErrorStep, FinalAction
 
 #: Conversations whose sized prefix is kept (least recently asked first out). A trajectory's entry is
 #: dropped at its final answer; one that ends otherwise (failed, max_turns) ages out. An evicted one is
@@ -57,7 +57,9 @@ class SimulatedServerBackend:
         return 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        action = scripted_action(request)
+        action = scripted_step(request)
+        if isinstance(action, ErrorStep):  # fails before the server: no batch slot, no tokens
+            await scripted_failure(action, request.turn, self.server.clock, self._overhead)
         prompt = tokens(
             self._prompt_chars(request, final=isinstance(action, FinalAction)), self._chars_per_token
         )

@@ -7,9 +7,12 @@ has no measured duration, only "longer than the timeout": it is replayed as one 
 run's ``tool_timeout``, so at the same timeout it times out again (with a larger ``--tool-timeout`` it
 finishes just after the old one, a lower bound of its true time). Simulating that workload under
 another policy answers "what would policy X have done on exactly this run?". Grade jobs run in virtual
-time at zero cost (real ones take microseconds); a tool that raised in the run succeeds in the replay
-(the scripted actions do not depend on it), and so does a job whose worker died. A trajectory that
-*failed* on one of those (or on a model error) therefore goes on in the replay on the script's timings:
+time at zero cost (real ones take microseconds). A model request that failed in the run fails in the
+replay at the same turn, after its measured latency, with its kind, message and status: the turn becomes
+an ``error`` step (:class:`~asyncroll.workload.ErrorStep`) and ends the script, as it ended the
+trajectory. A tool that raised in the run succeeds in the replay (the scripted actions do not depend on
+it), and so does a job whose worker died. A trajectory that *failed* on one of those therefore goes on in
+the replay on the script's timings:
 ``simulate`` counts such trajectories after the replay
 (:func:`asyncroll.simulation.replay_changes.ended_otherwise`), on stderr and in the replay's run.json
 (``simulation.replayed.ended_otherwise``). A code submission
@@ -54,6 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from asyncroll.errors import UsageError, no_directory, no_file
 from asyncroll.json_depth import json_loads, read_json_object
 from asyncroll.locale_names import unspellable
@@ -62,11 +67,12 @@ from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
 from asyncroll.paths import resolved
 from asyncroll.simulation.measured import (
     Measured,
+    ModelStep,
     check_against_script,
     jsonl_rows,
     read_measurements,
 )
-from asyncroll.workload import Problem, SubmitAction, ToolAction, iter_problems
+from asyncroll.workload import ErrorStep, Problem, ScriptStep, SubmitAction, ToolAction, iter_problems
 
 #: The run's settings a replay keeps unless a flag overrides them: "the run's settings" of the README.
 RUN_SETTINGS = (
@@ -400,12 +406,17 @@ def _rule_that_ran(
 
 
 def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, tuple[int, bool]]) -> Problem:
-    script = []
+    script: list[ScriptStep] = []
     submitted = 0
+    asked = measured.requests.get(pid, {})
     for turn, action in enumerate(problem.script or []):
         update: dict[str, Any] = {}
         if (pid, turn) in measured.model:
             update["latency_ms"] = round(measured.model[(pid, turn)] * 1000.0, 6)
+        step = asked.get(turn)
+        if step is not None and step.failure is not None:  # the request failed: so does the replay's, there
+            script.append(_failure(step, step.failure, update.get("latency_ms"), measured))
+            break
         if isinstance(action, ToolAction | SubmitAction) and (pid, turn) in measured.cpu:
             update["cpu_ms"] = measured.cpu[(pid, turn)]
         if isinstance(action, SubmitAction) and pid in verdicts:
@@ -414,3 +425,22 @@ def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, 
             update["passes"] = passed if submitted >= generations else False
         script.append(action.model_copy(update=update))
     return problem.model_copy(update={"id": pid, "script": script})
+
+
+def _failure(step: ModelStep, kind: str, latency_ms: float | None, measured: Measured) -> ErrorStep:
+    """The ``error`` step that fails a replayed request as the run's failed: its kind, message and status
+    after its measured latency (a failure the run recorded ends its trajectory, so the step is the last)."""
+    try:
+        return ErrorStep(
+            type="error",
+            kind=kind,
+            message=step.error or "",
+            status=step.status,
+            latency_ms=latency_ms,
+        )
+    except ValidationError as exc:  # a kind or status no run records (a hand-edited file)
+        field = ".".join(str(part) for part in exc.errors()[0]["loc"])
+        raise UsageError(
+            f"--from-run {measured.where(step.line)}: 'model_failed' has a {field!r} a replay cannot fail "
+            f"with: {exc.errors()[0]['msg']}"
+        ) from exc

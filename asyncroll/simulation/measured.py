@@ -75,6 +75,8 @@ class ModelStep:
     line: int
     action: str | None  # the action's type; None for a failed request
     failure: str | None  # model_failed's kind
+    error: str | None = None  # model_failed's error (its message)
+    status: int | None = None  # model_failed's HTTP status, if it had one
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,11 +196,16 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 )
             measured.model[(tid, turn)] = duration_s(event, "latency_s", where)
             done = kind == "model_finished"
-            requests[turn] = ModelStep(
-                line_no,
-                required(event, "action", str, where) if done else None,
-                None if done else str(event.get("kind")),
-            )
+            if done:
+                requests[turn] = ModelStep(line_no, required(event, "action", str, where), None)
+            else:
+                status = event.get("status")
+                if status is not None and (not isinstance(status, int) or isinstance(status, bool)):
+                    raise UsageError(f"--from-run {where}: 'model_failed' lacks a valid 'status'")
+                error = event.get("error")
+                requests[turn] = ModelStep(
+                    line_no, None, str(event.get("kind")), error if isinstance(error, str) else None, status
+                )
         elif kind == "cpu_enqueued":
             job = Job(
                 line_no,

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.outputs.lines import TextOutput
-from asyncroll.workload import MAX_DURATION_MS, MAX_OUTPUT_TOKENS, SubmitAction, ToolAction, iter_problems
+from asyncroll.workload import (
+    MAX_DURATION_MS,
+    MAX_OUTPUT_TOKENS,
+    ErrorStep,
+    SubmitAction,
+    ToolAction,
+    iter_problems,
+)
 
 
 def factor(seed: int, problem: str, turn: int, kind: str, sigma: float) -> float:
@@ -50,7 +57,7 @@ def perturb_workload(
                 model = factor(seed, pid, turn, "model", sigma)
                 if action.latency_ms is not None:
                     update["latency_ms"] = min(MAX_DURATION_MS, action.latency_ms * model)
-                if action.output_tokens is not None and model != 1.0:
+                if not isinstance(action, ErrorStep) and action.output_tokens is not None and model != 1.0:
                     update["output_tokens"] = min(
                         MAX_OUTPUT_TOKENS, max(1, round(action.output_tokens * model))
                     )

@@ -19,6 +19,7 @@ from asyncroll.workload.models import (
     EVALUATOR_TOOL,
     MAX_DURATION_MS,
     PENDING_BUILTINS,
+    ErrorStep,
     FinalAction,
     Problem,
     SubmitAction,
@@ -107,6 +108,15 @@ def check_problem(
                 out.append((f"{where}.arguments{exc.path}", exc.message))
             if not errors and declared.implementation is None and declared.name in _TIMED_BUILTINS:
                 out.extend(_duration_problems(where, action.arguments))
+        elif isinstance(action, ErrorStep):
+            if i != len(problem.script) - 1:
+                out.append(
+                    (
+                        f"{where}.type",
+                        f"an 'error' step fails its request, which ends the trajectory: it must be the "
+                        f"script's last step, not {i + 1} of {len(problem.script)}",
+                    )
+                )
         elif isinstance(action, SubmitAction) and problem.protocol != "one_repair":
             out.append((f"{where}.type", "'submit' needs metadata.prompt_metadata.protocol == 'one_repair'"))
         elif isinstance(action, FinalAction) and problem.protocol == "one_repair":

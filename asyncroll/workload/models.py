@@ -3,6 +3,7 @@ what a line may declare (SPEC §5). Cross-field checks pydantic cannot express a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -79,6 +80,44 @@ class SubmitAction(_Strict):
 
 Action = Annotated[ToolAction | FinalAction | SubmitAction, Field(discriminator="type")]
 
+#: A failure kind as ``model_failed`` events record it (``timeout``, ``http_status``, ``transport``, ...).
+FailureKind = Annotated[
+    str, Field(min_length=1, max_length=64, json_schema_extra={"pattern": r"^[a-z][a-z0-9_]*$"})
+]
+
+
+class ErrorStep(_Strict):
+    """A model request that fails, as a script's last step: after ``latency_ms`` the request ends with a
+    model error of ``kind`` (as model_failed events record it), ``message`` and the HTTP ``status`` it
+    carried, if any, and the trajectory fails on it as on a server's error. ``simulate --from-run`` writes
+    one where the run's request failed, so that the replay fails there too. Never a model's reply."""
+
+    type: Literal["error"]
+    kind: FailureKind = "scripted"
+    message: str = ""
+    status: Annotated[int, Field(ge=100, le=599)] | None = None
+    latency_ms: DurationMs | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _a_kind(cls, kind: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", kind):
+            raise ValueError(
+                f"{kind[:40]!r} is no failure kind: lower-case letters, digits and '_', from a letter (as "
+                "model_failed records them: 'timeout', 'http_status', 'transport', ...)"
+            )
+        if kind == "cancelled":  # the outputs tell a stop's cancelled requests from failures by it
+            raise ValueError("'cancelled' is a stopped run's request, not a failure: name another kind")
+        return kind
+
+    def error_text(self, turn: int) -> str:
+        """The failure's message: its own, or one that says where it came from."""
+        return self.message or f"the script's error step at turn {turn}"
+
+
+#: One step of a problem's script: what the model replies (an :data:`Action`), or a failed request.
+ScriptStep = Annotated[ToolAction | FinalAction | SubmitAction | ErrorStep, Field(discriminator="type")]
+
 
 class Tool(_Strict):
     name: str = Field(min_length=1)
@@ -121,7 +160,7 @@ class Problem(_Strict):
     prompt: str
     tools: list[Tool] = Field(default_factory=list)
     reference_answer: str | None = None
-    script: list[Action] | None = None
+    script: list[ScriptStep] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("id")

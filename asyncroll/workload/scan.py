@@ -38,6 +38,7 @@ from asyncroll.tool_files import ToolFile
 from asyncroll.workload.checks import check_problem
 from asyncroll.workload.models import (
     MAX_REPORTED_PROBLEMS,
+    ErrorStep,
     FinalAction,
     Problem,
     SubmitAction,
@@ -256,8 +257,8 @@ def _parse_line(raw: bytes, *, validating: bool = False) -> tuple[Problem | None
         return None, list(dict.fromkeys(_field_error(e) for e in exc.errors(include_url=False)))
 
 
-#: The action types, as a message lists them.
-_ACTION_TYPES = "'tool', 'final' or 'submit'"
+#: A script step's types, as a message lists them.
+_ACTION_TYPES = "'tool', 'final', 'submit' or 'error'"
 
 
 def _field_error(error: Any) -> tuple[str, str]:
@@ -285,6 +286,7 @@ _ACTION_MODELS: dict[Any, type[BaseModel]] = {
     "tool": ToolAction,
     "final": FinalAction,
     "submit": SubmitAction,
+    "error": ErrorStep,
 }
 
 _FILE_KINDS = (

@@ -1,0 +1,199 @@
+"""A script's ``error`` step: a model request that fails after its ``latency_ms`` with its kind, message
+and status, failing its trajectory alone — on the scripted backend, the simulated batching server and an
+HTTP backend's ``--replay`` (which sends no request for it) — and what ``simulate --from-run`` writes
+where the run's request failed, so that the replay fails there too instead of going on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.events import ModelFailed, ModelStarted
+from tests.cli_runs import load_run
+from tests.conftest import VirtualRun, invoke, tool_problem, write_workload
+from tests.http_backend import http_run, requests_of, serve
+from tests.simulations import simulate_here
+
+UNAVAILABLE = {
+    "type": "error",
+    "kind": "http_status",
+    "status": 503,
+    "message": "Unavailable",
+    "latency_ms": 80,
+}
+
+
+def _failing(pid: str, step: dict[str, Any]) -> dict[str, Any]:
+    """One tool call (20 ms, its model turn 50 ms), then ``step``."""
+    tool = {"type": "tool", "name": "sleep_ms", "arguments": {"milliseconds": 20}, "latency_ms": 50}
+    return {"id": pid, "prompt": "p", "tools": [{"name": "sleep_ms"}], "script": [tool, step]}
+
+
+def _results(run: Path) -> dict[str, dict[str, Any]]:
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    return {row["id"]: row for row in rows}
+
+
+def test_an_error_step_fails_its_request_after_its_latency_and_only_its_trajectory(
+    virtual_run: VirtualRun,
+) -> None:
+    problems = [_failing("bad", UNAVAILABLE), tool_problem("ok", model_ms=50, cpu_ms=20)]
+    outcome, capture, out = virtual_run(problems)
+    assert outcome.summary is not None
+    assert outcome.summary["counts"] | {"completed": 1, "failed": 1} == outcome.summary["counts"]
+    assert outcome.summary["model"]["failed"] == {"http_status": 1}
+    (failed,) = capture.of(ModelFailed)
+    assert (failed.id, failed.turn, failed.latency_s) == ("bad", 1, pytest.approx(0.08))
+    assert (failed.kind, failed.status, failed.error, failed.response_received) == (
+        "http_status",
+        503,
+        "Unavailable",
+        True,
+    )
+    bad = _results(out)["bad"]
+    assert (bad["status"], bad["turns"], bad["tool_calls"]) == ("failed", 2, 1)
+    assert bad["error"] == "model http_status: Unavailable"
+    assert bad["duration_s"] == pytest.approx(0.05 + 0.02 + 0.08)
+
+
+def test_an_error_step_with_nothing_but_its_type_says_where_it_came_from(virtual_run: VirtualRun) -> None:
+    _, capture, out = virtual_run([{"id": "e", "prompt": "p", "script": [{"type": "error"}]}])
+    (failed,) = capture.of(ModelFailed)
+    assert (failed.kind, failed.status, failed.latency_s, failed.response_received) == (
+        "scripted",
+        None,
+        0,
+        False,
+    )
+    assert _results(out)["e"]["error"] == "model scripted: the script's error step at turn 0"
+
+
+def test_an_error_step_on_the_batching_server_fails_after_its_own_latency(tmp_path: Path) -> None:
+    """The simulated server's batch never sees the failed request: it fails after its ``latency_ms``,
+    however the server's step time would have priced a reply."""
+    workload = write_workload(tmp_path / "w.jsonl", [_failing("bad", UNAVAILABLE)])
+    done = simulate_here("--workload", workload, "--output", tmp_path / "sim", "--server", "batching")
+    assert done.exit_code == 0, done.output
+    _, summary, events = load_run(tmp_path / "sim")
+    (failed,) = [e for e in events if e.event == "model_failed"]
+    assert (failed.turn, failed.latency_s, failed.kind) == (1, pytest.approx(0.08), "http_status")
+    assert summary["counts"]["failed"] == 1
+
+
+@pytest.mark.parametrize(
+    ("script", "field", "message"),
+    [
+        (
+            [{"type": "error"}, {"type": "final", "answer": 1}],
+            "script[0].type",
+            "an 'error' step fails its request, which ends the trajectory: it must be the script's last "
+            "step, not 1 of 2",
+        ),
+        ([{"type": "error", "kind": "Bad Kind"}], "script[0].error.kind", "'Bad Kind' is no failure kind"),
+        ([{"type": "error", "kind": "cancelled"}], "script[0].error.kind", "'cancelled' is a stopped run's"),
+        (
+            [{"type": "error", "status": 99}],
+            "script[0].error.status",
+            "Input should be greater than or equal to 100",
+        ),
+        ([{"type": "error", "code": 1}], "script[0].error.code", "unknown field"),
+    ],
+)
+def test_a_malformed_error_step_is_refused_naming_its_line_and_field(
+    tmp_path: Path, script: list[dict[str, Any]], field: str, message: str
+) -> None:
+    workload = write_workload(tmp_path / "w.jsonl", [{"id": "x", "prompt": "p", "script": script}])
+    done = invoke("validate", workload)
+    assert done.exit_code != 0
+    assert f"{workload}:1: {field}: {message}" in done.output, done.output
+
+
+def test_a_model_server_can_never_answer_with_an_error_step() -> None:
+    """An error step is a script's: the actions a server's reply is read as are the three of SPEC §5."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from asyncroll.workload import Action
+
+    with pytest.raises(ValidationError):
+        TypeAdapter(Action).validate_python({"type": "error"})
+
+
+@pytest.mark.timeout(60)
+def test_an_http_replay_sends_no_request_for_an_error_step(tmp_path: Path) -> None:
+    with serve() as running:
+        outcome, capture, _ = http_run(
+            tmp_path, [{"id": "e", "prompt": "p", "script": [UNAVAILABLE]}], running.url, replay=True
+        )
+        assert requests_of(running) == []
+    assert outcome.summary is not None and outcome.summary["counts"]["failed"] == 1
+    (failed,) = capture.of(ModelFailed)
+    assert (failed.kind, failed.status, failed.latency_s >= 0.08) == ("http_status", 503, True)
+    assert len(capture.of(ModelStarted)) == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_replay_fails_where_the_run_failed_not_on(tmp_path: Path) -> None:
+    """A real HTTP run (``--replay`` against serve-sim answering 500 to a fifth of its requests, no
+    retries): each failed request failed its trajectory. The replay gave those trajectories the rest of
+    their scripts and counted them as "ended otherwise"; now each fails at the same turn with the same
+    kind, status and message, after the latency the run measured, and nothing ends otherwise."""
+    from asyncroll.serve_sim.config import FaultConfig
+
+    problems = [tool_problem(f"p{i}", model_ms=0, cpu_ms=5, turns=2) for i in range(12)]
+    with serve(faults=FaultConfig(rate_500=0.2), seed=3) as running:  # one at a time: the same draws
+        outcome, _, run = http_run(
+            tmp_path, problems, running.url, replay=True, max_retries=0, max_active_trajectories=1
+        )
+    assert outcome.summary is not None
+    failed = outcome.summary["counts"]["failed"]
+    assert 0 < failed < 12 and outcome.summary["model"]["failed"] == {"http_status": failed}
+    replay = tmp_path / "replay"
+    done = simulate_here("--from-run", run, "--output", replay)
+    assert done.exit_code == 0, done.output
+    assert "ended otherwise" not in done.stderr
+    keys = ("status", "turns", "tool_calls", "error")
+    assert {k: [v[x] for x in keys] for k, v in _results(replay).items()} == {
+        k: [v[x] for x in keys] for k, v in _results(run).items()
+    }
+
+    def failures(folder: Path) -> list[tuple[Any, ...]]:
+        events = load_run(folder)[2]
+        return sorted((e.id, e.turn, e.kind, e.status, e.error) for e in events if e.event == "model_failed")
+
+    assert failures(replay) == failures(run)
+    assert "ended_otherwise" not in json.loads((replay / "run.json").read_text())["simulation"]["replayed"]
+
+
+def test_a_recorded_failure_no_replay_can_fail_with_is_refused_naming_its_line(tmp_path: Path) -> None:
+    workload = write_workload(tmp_path / "w.jsonl", [_failing("bad", UNAVAILABLE)])
+    recorded = tmp_path / "recorded"
+    assert simulate_here("--workload", workload, "--output", recorded).exit_code == 0
+    events = recorded / "events.jsonl"
+    lines = events.read_text().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if '"model_failed"' in line]
+    row = json.loads(lines[at])
+    lines[at] = json.dumps(row | {"kind": "Not A Kind"})
+    events.write_text("\n".join(lines) + "\n")
+    done = simulate_here("--from-run", recorded, "--output", tmp_path / "replay")
+    assert done.exit_code == 2, done.output
+    assert f"{events}:{at + 1}: 'model_failed' has a 'kind' a replay cannot fail with" in done.output
+    assert not (tmp_path / "replay").exists()
+
+
+def test_a_sweeps_jitter_keeps_an_error_step_with_its_latency_jittered(tmp_path: Path) -> None:
+    from asyncroll.simulation.perturb import perturb_workload
+    from asyncroll.workload import ErrorStep, iter_problems
+
+    workload = write_workload(tmp_path / "w.jsonl", [_failing("bad", UNAVAILABLE)])
+    assert perturb_workload(workload, tmp_path / "j.jsonl", seed=7, sigma=0.5) == 1
+    ((_, _, problem),) = list(iter_problems(tmp_path / "j.jsonl"))
+    step = (problem.script or [])[-1]
+    assert isinstance(step, ErrorStep) and (step.kind, step.status, step.message) == (
+        "http_status",
+        503,
+        "Unavailable",
+    )
+    assert step.latency_ms is not None and step.latency_ms != 80 and step.latency_ms > 0
