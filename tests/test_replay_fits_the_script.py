@@ -14,8 +14,11 @@ import pytest
 
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
+from asyncroll.errors import WorkerDied
 from asyncroll.runtime.run import Run, prepare
-from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
+from asyncroll.runtime.virtual_worker import VirtualWorker, builtin_duration, virtual_factory
+from asyncroll.workers.process import CallResult
+from asyncroll.workers.protocol import JobRequest
 from tests.cli_runs import load_run
 from tests.conftest import tool_problem, write_workload
 from tests.simulations import _edit_json, simulate_here
@@ -239,18 +242,29 @@ def _recorded_virtually(tmp_path: Path, problems: list[dict[str, Any]], **settin
     return recorded
 
 
+class _DiesOnBoom(VirtualWorker):
+    """A virtual worker whose process "dies" holding a ``boom`` job (the runtime's real path: a
+    WorkerDied, the job's cpu_failed ``worker_died``, a replacement)."""
+
+    async def call(self, request: JobRequest, timeout: float, *, large: bool = False) -> CallResult:  # noqa: ASYNC109
+        if request.tool.rpartition(":")[2] == "boom":  # a file tool's key: path:name
+            await self.kill()
+            raise WorkerDied(f"worker {self.index} died holding job {request.job_id}")
+        return await super().call(request, timeout, large=large)
+
+
 @pytest.mark.parametrize(
     ("final", "change"), [(True, "failed → completed"), (False, "failed → failed (other turns)")]
 )
 def test_a_trajectory_that_failed_in_the_run_and_otherwise_in_the_replay_is_counted(
     tmp_path: Path, final: bool, change: str
 ) -> None:
-    """A tool's error under --tool-errors fail ended a trajectory in the run; a replayed script cannot
-    fail that way, so the replay goes on with the script's timings, and completes, or runs out of script
-    and fails anew after other turns. It said nothing: now stderr and run.json count the trajectories
-    that ended otherwise (first only those whose status changed)."""
-    (tmp_path / "boom.py").write_text("def boom(x):\n    raise ValueError(x)\n")
+    """A worker's death ended a trajectory in the run; a replayed script cannot fail that way, so the
+    replay goes on with the script's timings, and completes, or runs out of script and fails anew after
+    other turns. It said nothing: now stderr and run.json count the trajectories that ended otherwise
+    (first only those whose status changed)."""
     tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
+    (tmp_path / "boom.py").write_text("def boom(x):\n    return x\n")
     script: list[dict[str, Any]] = [
         {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
         {"type": "tool", "name": "boom", "arguments": {"x": 2}, "latency_ms": 10},  # never run for real
@@ -258,17 +272,58 @@ def test_a_trajectory_that_failed_in_the_run_and_otherwise_in_the_replay_is_coun
     script += [{"type": "final", "answer": "1", "latency_ms": 10}] if final else []  # else it runs out
     problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
     ok = tool_problem("ok", model_ms=5, cpu_ms=5)
-    recorded = _recorded_virtually(tmp_path, [*problems, ok], tool_errors="fail")
+    workload = write_workload(tmp_path / "w.jsonl", [*problems, ok])
+    recorded = tmp_path / "recorded"
+    cfg = build_config({"workload": workload, "output": recorded, "tool_errors": "fail"})
+    clock = VirtualClock()
+
+    def factory(index: int, generation: int) -> VirtualWorker:
+        return _DiesOnBoom(index, generation, clock, builtin_duration, simulate_tools=True)
+
+    assert (
+        clock.run(Run(prepare(cfg, ["test"]), clock, worker_factory=factory).execute()).status == "complete"
+    )
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", recorded, "--output", replay)
     assert result.exit_code == 0, result.output
     assert f"1 trajectory ended otherwise than in the run (1 {change})" in result.stderr
-    assert "a tool error or a worker death cannot fail a replayed script" in result.stderr
+    assert "a worker death cannot fail a replayed script" in result.stderr
     if final:  # the job the run never ran has no measured cost: said so, without advising the replay it is
         assert "1 CPU job(s) took 0 s (boom.py::boom ×1) because the run never ran them" in result.stderr
         assert "simulate --from-run a real run" not in result.stderr
     receipt = json.loads((replay / "run.json").read_text())
     assert receipt["simulation"]["replayed"]["ended_otherwise"] == {change: 1}
+
+
+@pytest.mark.parametrize("tool_errors", ["fail", "observe"])
+def test_a_tool_that_raised_in_the_run_raises_in_the_replay(tmp_path: Path, tool_errors: str) -> None:
+    """A tool's error ended its trajectory in the run (``--tool-errors fail``, the default) or was shown
+    to the model (``observe``). The replay ran the job as if it succeeded: the trajectory completed there,
+    "ended otherwise", and the tool-error count was lost. The job's action now ``raises`` the run's error:
+    the replay fails where the run did, with the same error, and counts the same tool errors."""
+    (tmp_path / "boom.py").write_text("def boom(x):\n    raise ValueError(x)\n")
+    tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
+    script: list[dict[str, Any]] = [
+        {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
+        {"type": "final", "answer": "1", "latency_ms": 10},
+    ]
+    problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
+    recorded = _recorded_virtually(
+        tmp_path, [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)], tool_errors=tool_errors
+    )
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay)
+    assert result.exit_code == 0, result.output
+    assert "ended otherwise" not in result.stderr
+
+    def outcome(folder: Path) -> tuple[Any, ...]:
+        rows = {r["id"]: r for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())}
+        _, summary, events = load_run(folder)
+        errors = [e.error for e in events if e.event == "cpu_finished" and not e.ok]
+        return rows["boom"]["status"], rows["boom"]["error"], summary["tools"]["errors"], errors
+
+    assert outcome(replay) == outcome(recorded)
+    assert outcome(recorded)[0] == ("failed" if tool_errors == "fail" else "completed")
 
 
 @pytest.mark.parametrize(

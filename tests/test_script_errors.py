@@ -1,7 +1,8 @@
 """A script's ``error`` step: a model request that fails after its ``latency_ms`` with its kind, message
 and status, failing its trajectory alone — on the scripted backend, the simulated batching server and an
 HTTP backend's ``--replay`` (which sends no request for it) — and what ``simulate --from-run`` writes
-where the run's request failed, so that the replay fails there too instead of going on."""
+where the run's request failed, so that the replay fails there too instead of going on; and a tool or
+submit action's ``raises``, a job's declared error in a simulation."""
 
 from __future__ import annotations
 
@@ -197,3 +198,29 @@ def test_a_sweeps_jitter_keeps_an_error_step_with_its_latency_jittered(tmp_path:
         "Unavailable",
     )
     assert step.latency_ms is not None and step.latency_ms != 80 and step.latency_ms > 0
+
+
+def test_a_declared_tool_error_fails_the_simulated_job_and_a_real_worker_ignores_it(
+    virtual_run: VirtualRun, tmp_path: Path
+) -> None:
+    """A tool action's ``raises`` (simulation only, as ``cpu_ms``): a simulated job fails with it instead
+    of running, and under ``--tool-errors fail`` its trajectory fails; a real worker runs the tool."""
+    from asyncroll.backends.action_schema import model_view
+    from asyncroll.workload import ToolAction
+
+    step = {"type": "tool", "name": "add", "arguments": {"a": 1, "b": 2}, "raises": "ValueError: no"}
+    problem = {
+        "id": "r",
+        "prompt": "p",
+        "tools": [{"name": "add"}],
+        "script": [step, {"type": "final", "answer": 3}],
+    }
+    outcome, _, out = virtual_run([problem])
+    assert outcome.summary is not None and outcome.summary["tools"]["errors"] == 1
+    assert _results(out)["r"]["status"] == "failed" and "ValueError: no" in _results(out)["r"]["error"]
+    assert "raises" not in model_view(ToolAction.model_validate(step))
+    workload = write_workload(tmp_path / "real.jsonl", [problem])
+    real = tmp_path / "real"
+    done = invoke("run", "--workload", workload, "--output", real, "--cpu-workers", "1")
+    assert done.exit_code == 0, done.output
+    assert _results(real)["r"]["status"] == "completed"

@@ -204,8 +204,8 @@ def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], repl
     """Why a replay's trajectories ended otherwise than the run's (``changes``: ``"recorded → replayed"``
     counts; ``run``, ``replay``: the two configs): the ending settings the replay changed, named with the
     run's values; where the run stopped a trajectory at its max_turns, that the turns past it are scripted;
-    where the run failed one, that a script cannot fail on a tool error or a worker death (a failed model
-    request is replayed as one)."""
+    where the run failed one, that a script cannot fail on a worker death (a failed model request and a
+    tool's error are replayed)."""
 
     def shown(value: object) -> str:
         return f"{value:g}" if isinstance(value, float) else str(value)
@@ -223,8 +223,8 @@ def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], repl
         )
     if not changed or any(change.startswith("failed →") for change in changes):
         why.append(
-            "a tool error or a worker death cannot fail a replayed script (a failed model request fails it "
-            "again), so their turns after it took the script's timings"
+            "a worker death cannot fail a replayed script (a failed model request or a tool's error fails "
+            "it again), so the turns after it took the script's timings"
         )
     return "; ".join(why)
 

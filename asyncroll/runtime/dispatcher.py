@@ -51,6 +51,7 @@ class JobSpec:
     test_bytes: int = 0
     code_bytes: int = 0
     declared: Any = None  # a declared result, returned by simulated workers (see JobRequest)
+    declared_error: str | None = None  # a declared error, raised by simulated workers (see JobRequest)
     observation_chars: int | None = None  # a tool result the model reads: (text, chars) (see JobRequest)
 
 
@@ -394,6 +395,7 @@ class CpuDispatcher:
             spec.declared,
             spec.observation_chars,
             self._pool.reads_rss,
+            spec.declared_error,
         )
         sent = self._clock.now()
         execution = self._ranges.start("cpu execution", view.job_id)

@@ -239,6 +239,7 @@ class TrajectoryRunner:
             test_bytes=protocol.test_bytes,
             code_bytes=code_bytes,
             declared=None if action.passes is None else _declared_verdict(action.passes, len(protocol.tests)),
+            declared_error=action.raises,
         )
         outcome = await self._dispatcher.run(spec)  # a submission, not a tool call: ``generations`` counts it
         if not outcome.ok:
@@ -267,6 +268,7 @@ class TrajectoryRunner:
             cost_s,
             resubmission,
             observation_chars=self._max_observation_chars,
+            declared_error=action.raises,
         )
         outcome = await self._dispatcher.run(spec)
         state.tool_calls += 1

@@ -120,6 +120,8 @@ class VirtualWorker:
 
 
 def _evaluate(request: JobRequest, simulate_tools: bool) -> tuple[bool, Any, str | None]:
+    if request.declared_error is not None:
+        return False, None, request.declared_error
     if request.declared is not None:
         return True, request.declared, None
     if request.tool == "lcb_evaluate" and simulate_tools:

@@ -10,9 +10,10 @@ another policy answers "what would policy X have done on exactly this run?". Gra
 time at zero cost (real ones take microseconds). A model request that failed in the run fails in the
 replay at the same turn, after its measured latency, with its kind, message and status: the turn becomes
 an ``error`` step (:class:`~asyncroll.workload.ErrorStep`) and ends the script, as it ended the
-trajectory. A tool that raised in the run succeeds in the replay (the scripted actions do not depend on
-it), and so does a job whose worker died. A trajectory that *failed* on one of those therefore goes on in
-the replay on the script's timings:
+trajectory. A job that finished with an error in the run (the tool raised, the evaluation failed) fails
+in the replay with the same error (its action's ``raises``), so under ``--tool-errors fail`` its
+trajectory fails there too. A job whose worker died succeeds in the replay: a trajectory that *failed*
+on one therefore goes on in the replay on the script's timings:
 ``simulate`` counts such trajectories after the replay
 (:func:`asyncroll.simulation.replay_changes.ended_otherwise`), on stderr and in the replay's run.json
 (``simulation.replayed.ended_otherwise``). A code submission
@@ -419,6 +420,7 @@ def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, 
             break
         if isinstance(action, ToolAction | SubmitAction) and (pid, turn) in measured.cpu:
             update["cpu_ms"] = measured.cpu[(pid, turn)]
+            update["raises"] = measured.errors.get((pid, turn))  # the job failed so: it fails again
         if isinstance(action, SubmitAction) and pid in verdicts:
             submitted += 1
             generations, passed = verdicts[pid]

@@ -101,6 +101,8 @@ class Measured:
     events: Path
     model: dict[tuple[str, int], float] = field(default_factory=dict)
     cpu: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: a job that finished with an error (``cpu_finished`` ok false: the tool raised) → its error
+    errors: dict[tuple[str, int], str] = field(default_factory=dict)
     started: dict[str, int] = field(default_factory=dict)  # trajectory id -> trajectory_started line
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (worker, generation), in start order
     restarted_at: dict[tuple[int, int], float] = field(default_factory=dict)  # its worker_restarting's t
@@ -230,6 +232,11 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 )
             if kind == "cpu_finished":
                 ms = round(duration_s(event, "execute_s", where) * 1000.0, 6)
+                if event.get("ok") is False:  # the tool raised (or the evaluation failed): replayed so
+                    error = event.get("error")
+                    measured.errors[(job.trajectory, job.turn)] = (
+                        error if isinstance(error, str) and error else "(the run recorded no error)"
+                    )
             elif event.get("reason") == "cancelled":
                 raise UsageError(
                     f"--from-run {where}: {job.describe()} was cancelled while it ran (the run was being "

@@ -14,10 +14,10 @@ from asyncroll.simulation.measured import jsonl_rows
 def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
     """How many trajectories ended otherwise in the replay than in the run, by ``"recorded → replayed"``
     status, or ``"failed → failed (other turns)"`` where the status stayed and the turns did not. A
-    trajectory that failed in the run on a tool's error under ``--tool-errors fail`` or its worker's death
-    goes on in the replay (a script cannot fail that way; a failed model request it replays, as an
-    ``error`` step), and its turns after the failure take the script's timings, which the run never
-    measured; it may then fail anew (its script runs out) with the same status after other turns."""
+    trajectory that failed in the run on its worker's death goes on in the replay (a script cannot fail
+    that way; a failed model request it replays, as an ``error`` step, and a tool's error as its action's
+    ``raises``), and its turns after the failure take the script's timings, which the run never measured;
+    it may then fail anew (its script runs out) with the same status after other turns."""
     recorded = _endings(run_dir / "results.jsonl")
     changes: dict[str, int] = {}
     for pid, (status, turns) in _endings(replay_dir / "results.jsonl").items():
