@@ -224,3 +224,18 @@ def test_a_declared_tool_error_fails_the_simulated_job_and_a_real_worker_ignores
     done = invoke("run", "--workload", workload, "--output", real, "--cpu-workers", "1")
     assert done.exit_code == 0, done.output
     assert _results(real)["r"]["status"] == "completed"
+
+
+@pytest.mark.timeout(60)
+def test_a_scripted_run_whose_every_request_failed_by_its_script_asks_for_no_server(tmp_path: Path) -> None:
+    """No model request succeeded, every failure a kind a server's outage gives: on the scripted backend
+    they are the script's ``error`` steps, and there is no server to be up (it said "is the server up?")."""
+    workload = write_workload(tmp_path / "w.jsonl", [{"id": "e", "prompt": "p", "script": [UNAVAILABLE]}])
+    done = invoke(
+        "run", "--workload", workload, "--output", tmp_path / "run", "--cpu-workers", "1", "--no-progress"
+    )
+    assert done.exit_code == 0, done.output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["model"]["failed"] == {
+        "http_status": 1
+    }
+    assert "no model request succeeded" not in done.stderr, done.stderr

@@ -335,6 +335,9 @@ def _run(cfg: Any) -> int:
         note_workers_past_cpus(cfg.limits.cpu_workers)
         clock = SystemClock()
         runner = Run(prepared, clock)
+        # a scripted backend has no server: its failures are the script's (``error`` steps), not a sign of
+        # one that is down
+        served = cfg.backend != "scripted"
 
         async def main() -> int:
             outcome = await interruptible(runner)
@@ -347,13 +350,15 @@ def _run(cfg: Any) -> int:
                 # an interrupted outcome carries none: the file's (none of a run whose directory is gone)
                 written = None if outcome.gone else written_summary(output)
                 warn_telemetry(written)
-                warn_server_down(written)  # stopped while waiting for a server that was down
+                if served:
+                    warn_server_down(written)  # stopped while waiting for a server that was down
                 warn_loop_stalls(written)  # stopped, maybe, because it seemed stuck: its loop was held
                 warn_exports(outcome.exports_failed, output, gone=outcome.gone)
                 return EXIT_INTERRUPTED
             print_summary(outcome.summary, output, gone=outcome.gone)
             warn_telemetry(outcome.summary)
-            warn_server_down(outcome.summary, outcome.error)
+            if served:
+                warn_server_down(outcome.summary, outcome.error)
             warn_loop_stalls(outcome.summary)
             if not outcome.gone:  # what is at its path now is not its run.json
                 warn_replay_length_unfixed(output)
