@@ -239,3 +239,20 @@ def test_a_scripted_run_whose_every_request_failed_by_its_script_asks_for_no_ser
         "http_status": 1
     }
     assert "no model request succeeded" not in done.stderr, done.stderr
+
+
+def test_a_recorded_failure_with_a_status_past_599_is_replayed(tmp_path: Path) -> None:
+    """HTTP/1.1 carries any three-digit status (some servers answer 999) and a run records it as it came:
+    the replay of that complete run was refused ("'status' a replay cannot fail with")."""
+    workload = write_workload(tmp_path / "w.jsonl", [_failing("bad", UNAVAILABLE)])
+    recorded = tmp_path / "recorded"
+    assert simulate_here("--workload", workload, "--output", recorded).exit_code == 0
+    events = recorded / "events.jsonl"
+    lines = events.read_text().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if '"model_failed"' in line]
+    lines[at] = json.dumps(json.loads(lines[at]) | {"status": 999})  # as a server answering 999 has it
+    events.write_text("\n".join(lines) + "\n")
+    done = simulate_here("--from-run", recorded, "--output", tmp_path / "replay")
+    assert done.exit_code == 0, done.output
+    (failed,) = [e for e in load_run(tmp_path / "replay")[2] if e.event == "model_failed"]
+    assert (failed.kind, failed.status, failed.turn) == ("http_status", 999, 1)

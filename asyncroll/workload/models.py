@@ -102,7 +102,8 @@ class ErrorStep(_Strict):
     type: Literal["error"]
     kind: FailureKind = "scripted"
     message: str = ""
-    status: Annotated[int, Field(ge=100, le=599)] | None = None
+    # any three-digit status, as HTTP/1.1 carries one and a run records it (some servers answer 999)
+    status: Annotated[int, Field(ge=100, le=999)] | None = None
     latency_ms: DurationMs | None = None
 
     @field_validator("kind")
