@@ -256,3 +256,19 @@ def test_a_recorded_failure_with_a_status_past_599_is_replayed(tmp_path: Path) -
     assert done.exit_code == 0, done.output
     (failed,) = [e for e in load_run(tmp_path / "replay")[2] if e.event == "model_failed"]
     assert (failed.kind, failed.status, failed.turn) == ("http_status", 999, 1)
+
+
+@pytest.mark.parametrize("kind", ["timeout", "http_status", "timeout\n", "cancelled", "cancelled_too", "Bad"])
+def test_the_printed_schema_accepts_exactly_the_failure_kinds_validation_accepts(
+    tmp_path: Path, kind: str
+) -> None:
+    """`asyncroll schema workload` is as strict as `validate` about an error step's kind: it accepted
+    ``cancelled`` (a stopped run's request) and a kind with a final newline (Python's ``$``)."""
+    import jsonschema
+
+    from asyncroll.schemas import schemas
+
+    line = {"id": "x", "prompt": "p", "script": [{"type": "error", "kind": kind}]}
+    schema_ok = jsonschema.Draft202012Validator(schemas()["workload"]).is_valid(line)
+    valid = invoke("validate", write_workload(tmp_path / "w.jsonl", [line])).exit_code == 0
+    assert schema_ok is valid and valid is (kind in ("timeout", "http_status", "cancelled_too"))

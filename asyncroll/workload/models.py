@@ -88,8 +88,15 @@ class SubmitAction(_Strict):
 Action = Annotated[ToolAction | FinalAction | SubmitAction, Field(discriminator="type")]
 
 #: A failure kind as ``model_failed`` events record it (``timeout``, ``http_status``, ``transport``, ...).
+#: The printed schema is as strict as validation: its pattern ends in ``(?!\n)$`` (Python's ``$``, a JSON
+#: Schema validator's in Python, also matches before a final newline) and it refuses ``cancelled`` too.
 FailureKind = Annotated[
-    str, Field(min_length=1, max_length=64, json_schema_extra={"pattern": r"^[a-z][a-z0-9_]*$"})
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        json_schema_extra={"pattern": r"^[a-z][a-z0-9_]*(?!\n)$", "not": {"const": "cancelled"}},
+    ),
 ]
 
 
