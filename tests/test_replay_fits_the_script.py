@@ -242,29 +242,18 @@ def _recorded_virtually(tmp_path: Path, problems: list[dict[str, Any]], **settin
     return recorded
 
 
-class _DiesOnBoom(VirtualWorker):
-    """A virtual worker whose process "dies" holding a ``boom`` job (the runtime's real path: a
-    WorkerDied, the job's cpu_failed ``worker_died``, a replacement)."""
-
-    async def call(self, request: JobRequest, timeout: float, *, large: bool = False) -> CallResult:  # noqa: ASYNC109
-        if request.tool.rpartition(":")[2] == "boom":  # a file tool's key: path:name
-            await self.kill()
-            raise WorkerDied(f"worker {self.index} died holding job {request.job_id}")
-        return await super().call(request, timeout, large=large)
-
-
 @pytest.mark.parametrize(
     ("final", "change"), [(True, "failed → completed"), (False, "failed → failed (other turns)")]
 )
 def test_a_trajectory_that_failed_in_the_run_and_otherwise_in_the_replay_is_counted(
     tmp_path: Path, final: bool, change: str
 ) -> None:
-    """A worker's death ended a trajectory in the run; a replayed script cannot fail that way, so the
-    replay goes on with the script's timings, and completes, or runs out of script and fails anew after
-    other turns. It said nothing: now stderr and run.json count the trajectories that ended otherwise
-    (first only those whose status changed)."""
+    """A tool's error ended a trajectory in the run (``--tool-errors fail``); replayed with ``--tool-errors
+    observe`` it goes on with the script's timings, and completes, or runs out of script and fails anew
+    after other turns. It said nothing: now stderr and run.json count the trajectories that ended
+    otherwise (first only those whose status changed), and say which setting changed where they end."""
+    (tmp_path / "boom.py").write_text("def boom(x):\n    raise ValueError(x)\n")
     tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
-    (tmp_path / "boom.py").write_text("def boom(x):\n    return x\n")
     script: list[dict[str, Any]] = [
         {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10, "cpu_ms": 5},
         {"type": "tool", "name": "boom", "arguments": {"x": 2}, "latency_ms": 10},  # never run for real
@@ -272,7 +261,44 @@ def test_a_trajectory_that_failed_in_the_run_and_otherwise_in_the_replay_is_coun
     script += [{"type": "final", "answer": "1", "latency_ms": 10}] if final else []  # else it runs out
     problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
     ok = tool_problem("ok", model_ms=5, cpu_ms=5)
-    workload = write_workload(tmp_path / "w.jsonl", [*problems, ok])
+    recorded = _recorded_virtually(tmp_path, [*problems, ok], tool_errors="fail")
+    replay = tmp_path / "replay"
+    result = simulate_here("--from-run", recorded, "--output", replay, "--tool-errors", "observe")
+    assert result.exit_code == 0, result.output
+    assert f"1 trajectory ended otherwise than in the run (1 {change})" in result.stderr
+    assert "the replay's --tool-errors observe (the run's: fail) changed where they end" in result.stderr
+    if final:  # the job the run never ran has no measured cost: said so, without advising the replay it is
+        assert "1 CPU job(s) took 0 s (boom.py::boom ×1) because the run never ran them" in result.stderr
+        assert "simulate --from-run a real run" not in result.stderr
+    receipt = json.loads((replay / "run.json").read_text())
+    assert receipt["simulation"]["replayed"]["ended_otherwise"] == {change: 1}
+
+
+class _DiesOnBoom(VirtualWorker):
+    """A virtual worker whose process "dies" holding a ``boom`` job (the runtime's real path: a
+    WorkerDied, the job's cpu_failed ``worker_died``, a replacement)."""
+
+    async def call(self, request: JobRequest, timeout: float, *, large: bool = False) -> CallResult:  # noqa: ASYNC109
+        if request.tool.rpartition(":")[2] == "boom":  # a file tool's key: path:name
+            await self._clock.sleep(0.004)
+            await self.kill()
+            raise WorkerDied(f"worker {self.index} died holding job {request.job_id}")
+        return await super().call(request, timeout, large=large)
+
+
+def test_a_job_whose_worker_died_in_the_run_dies_in_the_replay(tmp_path: Path) -> None:
+    """A worker died holding a job and its trajectory failed (``--tool-errors fail``). The replay ran the
+    job to success: the trajectory completed, "ended otherwise", and the replacement the run started was
+    missing. The job's action now says ``worker_dies`` (the death's message, after the time it ran): the
+    replay fails the trajectory with the same error and replaces the worker as the run did."""
+    tool = {"name": "boom", "inputs": {"x": "int"}, "implementation": "boom.py"}
+    (tmp_path / "boom.py").write_text("def boom(x):\n    return x\n")
+    script: list[dict[str, Any]] = [
+        {"type": "tool", "name": "boom", "arguments": {"x": 1}, "latency_ms": 10},
+        {"type": "final", "answer": "1", "latency_ms": 10},
+    ]
+    problems = [{"id": "boom", "prompt": "p", "tools": [tool], "script": script}]
+    workload = write_workload(tmp_path / "w.jsonl", [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)])
     recorded = tmp_path / "recorded"
     cfg = build_config({"workload": workload, "output": recorded, "tool_errors": "fail"})
     clock = VirtualClock()
@@ -286,13 +312,17 @@ def test_a_trajectory_that_failed_in_the_run_and_otherwise_in_the_replay_is_coun
     replay = tmp_path / "replay"
     result = simulate_here("--from-run", recorded, "--output", replay)
     assert result.exit_code == 0, result.output
-    assert f"1 trajectory ended otherwise than in the run (1 {change})" in result.stderr
-    assert "a worker death cannot fail a replayed script" in result.stderr
-    if final:  # the job the run never ran has no measured cost: said so, without advising the replay it is
-        assert "1 CPU job(s) took 0 s (boom.py::boom ×1) because the run never ran them" in result.stderr
-        assert "simulate --from-run a real run" not in result.stderr
-    receipt = json.loads((replay / "run.json").read_text())
-    assert receipt["simulation"]["replayed"]["ended_otherwise"] == {change: 1}
+    assert "ended otherwise" not in result.stderr and "not replayed" not in result.stderr, result.stderr
+
+    def outcome(folder: Path) -> tuple[Any, ...]:
+        rows = {r["id"]: r for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())}
+        events = load_run(folder)[2]
+        died = [(e.reason, e.error, e.roundtrip_s) for e in events if e.event == "cpu_failed"]
+        restarts = [e.reason for e in events if e.event == "worker_restarting"]
+        return rows["boom"]["status"], rows["boom"]["error"], died, restarts
+
+    assert outcome(replay) == outcome(recorded)
+    assert outcome(recorded)[0] == "failed" and outcome(recorded)[3] == ["died"]
 
 
 @pytest.mark.parametrize("tool_errors", ["fail", "observe"])

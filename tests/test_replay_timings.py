@@ -284,10 +284,11 @@ def test_a_replay_of_a_simulation_says_its_timings_were_not_measured(tmp_path: P
 
 
 @pytest.mark.timeout(90)
-def test_a_worker_death_the_replay_cannot_reproduce_is_said_and_recorded(tmp_path: Path) -> None:
+def test_a_real_workers_death_holding_a_job_is_replayed(tmp_path: Path) -> None:
     """A real worker that died (its tool called os._exit) was replaced, and its replacement's start-up
-    held its slot; the replay has no death and no replacement, and said nothing: with --tool-errors
-    observe every trajectory completes in both, so no other warning pointed at the difference."""
+    held its slot. The replay had no death and no replacement (said since as "not replayed"); now the
+    job's action says ``worker_dies``: the replay's worker dies holding it, with the run's message, and is
+    replaced as the run's was, so nothing is left unreplayed."""
     (tmp_path / "die.py").write_text("import os\n\n\ndef die(code):\n    os._exit(code)\n")
     tool = {"name": "die", "inputs": {"code": "int"}, "implementation": "die.py"}
     script = [
@@ -300,13 +301,20 @@ def test_a_worker_death_the_replay_cannot_reproduce_is_said_and_recorded(tmp_pat
     args = ["--tool-errors", "observe", "--no-progress"]
     result = cli("run", "--workload", workload, "--output", real, *args)
     assert result.returncode == 0, result.stderr
-    _, real_summary, _ = load_run(real)
+    _, real_summary, real_events = load_run(real)
     assert real_summary["workers"]["restarts_by_reason"] == {"died": 1}
     assert real_summary["counts"]["completed"] == 2
     replay = tmp_path / "replay"
     replayed = simulate_here("--from-run", real, "--output", replay)
     assert replayed.exit_code == 0, replayed.output
-    assert "ended otherwise" not in replayed.stderr
-    assert "warning: 1 worker replacement(s) of the run not replayed (died: 1)" in replayed.stderr
-    receipt = json.loads((replay / "run.json").read_text())
-    assert receipt["simulation"]["replayed"]["restarts_not_replayed"] == {"died": 1}
+    assert "ended otherwise" not in replayed.stderr and "not replayed" not in replayed.stderr
+    _, summary, events = load_run(replay)
+    assert summary["workers"]["restarts_by_reason"] == {"died": 1} and summary["counts"]["completed"] == 2
+
+    def deaths(of: list[Any]) -> list[tuple[str, str]]:
+        return [(e.reason, e.error) for e in of if e.event == "cpu_failed"]
+
+    assert deaths(events) == deaths(real_events) and len(deaths(events)) == 1
+    assert (
+        "restarts_not_replayed" not in json.loads((replay / "run.json").read_text())["simulation"]["replayed"]
+    )

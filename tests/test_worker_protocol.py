@@ -69,7 +69,8 @@ def test_a_request_framed_in_slices_decodes_as_encoded_whole() -> None:
 def test_a_sliced_request_with_a_malformed_slice_list_is_a_protocol_error(slices: tuple[object, ...]) -> None:
     """A ``job*`` frame's slice list is read from the pipe: a malformed one is the protocol's error (the
     worker reports it as such), not a ValueError or TypeError from unpacking it."""
-    head = pickle.dumps(("job*", 1, "t", {"a": None}, None, None, None, False, None, slices))
-    assert decode(pickle.dumps(("job*", 1, "t", {"a": None}, None, None, None, False, None, ()))) is not None
+    head = pickle.dumps(("job*", 1, "t", {"a": None}, None, None, None, False, None, None, slices))
+    job = ("job*", 1, "t", {"a": None}, None, None, None, False, None, None, ())
+    assert decode(pickle.dumps(job)) is not None
     with pytest.raises(ProtocolError, match="names its slices"):
         decode(head)

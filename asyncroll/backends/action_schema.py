@@ -59,7 +59,7 @@ _INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
 _ACTION: TypeAdapter[Any] = TypeAdapter(Action)
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
 #: Fields of a scripted action that describe the simulation, never what a model writes.
-SCRIPT_ONLY_FIELDS = ("latency_ms", "output_tokens", "cpu_ms", "passes", "raises")
+SCRIPT_ONLY_FIELDS = ("latency_ms", "output_tokens", "cpu_ms", "passes", "raises", "worker_dies")
 
 
 def _closed(properties: dict[str, Any]) -> dict[str, Any]:

@@ -204,8 +204,7 @@ def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], repl
     """Why a replay's trajectories ended otherwise than the run's (``changes``: ``"recorded → replayed"``
     counts; ``run``, ``replay``: the two configs): the ending settings the replay changed, named with the
     run's values; where the run stopped a trajectory at its max_turns, that the turns past it are scripted;
-    where the run failed one, that a script cannot fail on a worker death (a failed model request and a
-    tool's error are replayed)."""
+    where the run failed one and no setting explains it, that the replay did not reproduce that failure."""
 
     def shown(value: object) -> str:
         return f"{value:g}" if isinstance(value, float) else str(value)
@@ -221,10 +220,10 @@ def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], repl
             f"the turns past the run's --max-turns {run['max_turns']} took the script's timings "
             "(never measured)"
         )
-    if not changed or any(change.startswith("failed →") for change in changes):
+    if not changed:
         why.append(
-            "a worker death cannot fail a replayed script (a failed model request or a tool's error fails "
-            "it again), so the turns after it took the script's timings"
+            "the replay did not reproduce how the run ended them, so their later turns took the script's "
+            "timings"
         )
     return "; ".join(why)
 
@@ -360,7 +359,8 @@ def say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         lost = ", ".join(f"{reason}: {n}" for reason, n in restarts.items())
         typer.echo(
             f"warning: {sum(restarts.values())} worker replacement(s) of the run not replayed ({lost}): a "
-            "worker's death or memory replacement is not replayed, nor its replacement's start-up",
+            "worker's death while idle (killed from outside) or memory replacement is not replayed, nor its "
+            "replacement's start-up",
             err=True,
         )
     if changes:

@@ -52,6 +52,7 @@ class JobSpec:
     code_bytes: int = 0
     declared: Any = None  # a declared result, returned by simulated workers (see JobRequest)
     declared_error: str | None = None  # a declared error, raised by simulated workers (see JobRequest)
+    declared_death: str | None = None  # a declared worker death, by simulated workers (see JobRequest)
     observation_chars: int | None = None  # a tool result the model reads: (text, chars) (see JobRequest)
 
 
@@ -396,6 +397,7 @@ class CpuDispatcher:
             spec.observation_chars,
             self._pool.reads_rss,
             spec.declared_error,
+            spec.declared_death,
         )
         sent = self._clock.now()
         execution = self._ranges.start("cpu execution", view.job_id)

@@ -240,6 +240,7 @@ class TrajectoryRunner:
             code_bytes=code_bytes,
             declared=None if action.passes is None else _declared_verdict(action.passes, len(protocol.tests)),
             declared_error=action.raises,
+            declared_death=action.worker_dies,
         )
         outcome = await self._dispatcher.run(spec)  # a submission, not a tool call: ``generations`` counts it
         if not outcome.ok:
@@ -269,6 +270,7 @@ class TrajectoryRunner:
             resubmission,
             observation_chars=self._max_observation_chars,
             declared_error=action.raises,
+            declared_death=action.worker_dies,
         )
         outcome = await self._dispatcher.run(spec)
         state.tool_calls += 1

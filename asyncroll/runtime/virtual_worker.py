@@ -4,7 +4,8 @@ On a :class:`~asyncroll.clock.VirtualClock` this makes the whole runtime — adm
 dispatcher, policies, pool, restarts — run deterministically in virtual time, which is how scheduling
 is tested and how the simulator reuses the real runtime. Built-in tools compute their real value;
 ``spin_ms``/``sleep_ms`` take their argument as duration. A job longer than the tool timeout behaves as a
-real one does: the worker "dies" and is replaced. A replacement may take a start-up time (a replay's
+real one does: the worker "dies" and is replaced; so does one whose job declares its worker's death
+(``worker_dies``), after the job's duration. A replacement may take a start-up time (a replay's
 measured ones), during which its slot takes no job, as a real replacement's does while it starts. A
 per-job overhead (a simulation's ``--job-overhead-ms``: the runtime's dispatch and hand-off) holds the
 worker before the job's execution and is not part of its ``execute_s``, as in a real worker's reply.
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from asyncroll.clock import Clock
-from asyncroll.errors import WorkerTimeout
+from asyncroll.errors import WorkerDied, WorkerTimeout
 from asyncroll.grading import grade
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.process import CallResult
@@ -95,6 +96,9 @@ class VirtualWorker:
                 f"job {request.job_id} ({request.tool}) exceeded the {timeout:g}s tool timeout"
             )
         await self._clock.sleep(self._overhead + seconds)  # one timer: the same instants as one duration
+        if request.declared_death is not None:  # it dies holding the job, as the run's did
+            self._exited.set()
+            raise WorkerDied(request.declared_death)
         finished = self._clock.now()
         started = max(sent, finished - seconds)  # the overhead first, then the execution
         ok, value, error = _evaluate(request, self._simulate_tools)

@@ -12,8 +12,10 @@ replay at the same turn, after its measured latency, with its kind, message and 
 an ``error`` step (:class:`~asyncroll.workload.ErrorStep`) and ends the script, as it ended the
 trajectory. A job that finished with an error in the run (the tool raised, the evaluation failed) fails
 in the replay with the same error (its action's ``raises``), so under ``--tool-errors fail`` its
-trajectory fails there too. A job whose worker died succeeds in the replay: a trajectory that *failed*
-on one therefore goes on in the replay on the script's timings:
+trajectory fails there too; a job whose worker died holding it dies again, with the death's message, after
+the time it ran (its action's ``worker_dies``), and the replay replaces that worker. A trajectory that
+ended otherwise in the replay — its settings changed (``--max-turns``, ``--tool-errors``, ...) — goes on
+on the script's timings past where the run ended it:
 ``simulate`` counts such trajectories after the replay
 (:func:`asyncroll.simulation.replay_changes.ended_otherwise`), on stderr and in the replay's run.json
 (``simulation.replayed.ended_otherwise``). A code submission
@@ -421,6 +423,7 @@ def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, 
         if isinstance(action, ToolAction | SubmitAction) and (pid, turn) in measured.cpu:
             update["cpu_ms"] = measured.cpu[(pid, turn)]
             update["raises"] = measured.errors.get((pid, turn))  # the job failed so: it fails again
+            update["worker_dies"] = measured.deaths.get((pid, turn))  # its worker died: it dies again
         if isinstance(action, SubmitAction) and pid in verdicts:
             submitted += 1
             generations, passed = verdicts[pid]

@@ -103,6 +103,8 @@ class Measured:
     cpu: dict[tuple[str, int], float] = field(default_factory=dict)
     #: a job that finished with an error (``cpu_finished`` ok false: the tool raised) → its error
     errors: dict[tuple[str, int], str] = field(default_factory=dict)
+    #: a job whose worker died holding it (``cpu_failed`` ``worker_died``) → the death's message
+    deaths: dict[tuple[str, int], str] = field(default_factory=dict)
     started: dict[str, int] = field(default_factory=dict)  # trajectory id -> trajectory_started line
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (worker, generation), in start order
     restarted_at: dict[tuple[int, int], float] = field(default_factory=dict)  # its worker_restarting's t
@@ -244,6 +246,11 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 )
             else:
                 ms = round(duration_s(event, "roundtrip_s", where) * 1000.0, 6)
+                if event.get("reason") == "worker_died":  # replayed so: the worker dies holding it
+                    error = event.get("error")
+                    measured.deaths[(job.trajectory, job.turn)] = (
+                        error if isinstance(error, str) and error else "(the run recorded no error)"
+                    )
                 if event.get("reason") == "timeout":
                     # The round trip also holds the kill; all that is known of the job is that it ran past
                     # the timeout. Just over it: it times out again, and a longer timeout gets a lower bound.

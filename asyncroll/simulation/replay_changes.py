@@ -13,11 +13,12 @@ from asyncroll.simulation.measured import jsonl_rows
 
 def ended_otherwise(run_dir: Path, replay_dir: Path) -> dict[str, int]:
     """How many trajectories ended otherwise in the replay than in the run, by ``"recorded → replayed"``
-    status, or ``"failed → failed (other turns)"`` where the status stayed and the turns did not. A
-    trajectory that failed in the run on its worker's death goes on in the replay (a script cannot fail
-    that way; a failed model request it replays, as an ``error`` step, and a tool's error as its action's
-    ``raises``), and its turns after the failure take the script's timings, which the run never measured;
-    it may then fail anew (its script runs out) with the same status after other turns."""
+    status, or ``"failed → failed (other turns)"`` where the status stayed and the turns did not. The
+    replay fails where the run did (a failed model request as an ``error`` step, a tool's error as its
+    action's ``raises``, a worker's death as its ``worker_dies``); a trajectory it ends otherwise (its
+    settings changed, or a failure it does not reproduce) takes the script's timings past where the run
+    ended it, which the run never measured, and may then fail anew (its script runs out) with the same
+    status after other turns."""
     recorded = _endings(run_dir / "results.jsonl")
     changes: dict[str, int] = {}
     for pid, (status, turns) in _endings(replay_dir / "results.jsonl").items():
@@ -64,9 +65,9 @@ def stalls_taken(run_dir: Path) -> str | None:
 
 def restarts_not_replayed(run_dir: Path, replay_dir: Path) -> dict[str, int]:
     """The run's worker replacements the replay lacks, by reason (``worker_restarting``): all but
-    timeouts. A worker that died in the run (holding a job, or idle: killed from outside), or that was
-    replaced for its memory, is not replayed, so its replacement's start-up, when its slot took no job,
-    is missing from the replay."""
+    timeouts. A worker that died holding a job is replayed (its job's ``worker_dies``); one that died
+    idle (killed from outside), or that was replaced for its memory, is not, so its replacement's
+    start-up, when its slot took no job, is missing from the replay."""
     run, replay = (_restarts(folder / "events.jsonl") for folder in (run_dir, replay_dir))
     return {
         k: n - replay.get(k, 0) for k, n in sorted(run.items()) if k != "timeout" and n > replay.get(k, 0)

@@ -83,11 +83,13 @@ class JobRequest:
     simulated worker takes exactly that long; a real worker ignores it. ``declared`` is a declared
     result (a scripted submission's verdict): a simulated worker returns it instead of running the
     tool; a real worker ignores it. ``declared_error``, likewise: a simulated worker fails the job with
-    it (a scripted action's ``raises``); a real worker ignores it. ``observation_chars`` marks a tool job
-    whose result a model will read: the reply's value is then not the result but ``(text, chars)`` from
-    :func:`observation`, so a large result is encoded and cut where it was made — never carried through
-    the pipe whole, nor encoded on the runtime's event loop while every other trajectory waits.
-    ``report_rss`` asks the worker for its resident memory after the job (``--worker-max-rss-mb``).
+    it (a scripted action's ``raises``), and ``declared_death``: it dies holding the job after its
+    duration, with that message (``worker_dies``); a real worker ignores both. ``observation_chars``
+    marks a tool job whose result a model will read: the reply's value is then not the result but
+    ``(text, chars)`` from :func:`observation`, so a large result is encoded and cut where it was made —
+    never carried through the pipe whole, nor encoded on the runtime's event loop while every other
+    trajectory waits. ``report_rss`` asks the worker for its resident memory after the job
+    (``--worker-max-rss-mb``).
     """
 
     job_id: int
@@ -98,6 +100,7 @@ class JobRequest:
     observation_chars: int | None = None
     report_rss: bool = False
     declared_error: str | None = None
+    declared_death: str | None = None
 
 
 #: json.dumps(value, default=str, ensure_ascii=False), without a new encoder per call

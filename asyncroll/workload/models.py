@@ -51,8 +51,9 @@ class _Strict(BaseModel):
 #: A declared duration in milliseconds: finite, from 0 to one day.
 DurationMs = Annotated[float, Field(ge=0, le=MAX_DURATION_MS, allow_inf_nan=False)]
 OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
-#: A job's declared error: a simulated worker fails the job with this message instead of running it (what
-#: ``simulate --from-run`` writes for a job that failed so in the run); a real worker ignores it.
+#: A job's declared error (``raises``) or worker death (``worker_dies``): a simulated worker fails the job
+#: with this message instead of running it, or dies holding it (what ``simulate --from-run`` writes for a
+#: job that failed so in the run); a real worker ignores it.
 DeclaredError = Annotated[str, Field(min_length=1)]
 
 
@@ -64,6 +65,9 @@ class ToolAction(_Strict):
     output_tokens: OutputTokens | None = None
     cpu_ms: DurationMs | None = Field(default=None, description="declared CPU time (simulation only)")
     raises: DeclaredError | None = Field(default=None, description="declared tool error (simulation only)")
+    worker_dies: DeclaredError | None = Field(
+        default=None, description="declared worker death holding the job, its message (simulation only)"
+    )
 
 
 class FinalAction(_Strict):
@@ -82,6 +86,9 @@ class SubmitAction(_Strict):
     passes: bool | None = Field(default=None, description="declared verdict (simulation only)")
     raises: DeclaredError | None = Field(
         default=None, description="declared evaluation error (simulation only)"
+    )
+    worker_dies: DeclaredError | None = Field(
+        default=None, description="declared worker death holding the job, its message (simulation only)"
     )
 
 
