@@ -14,9 +14,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 SCHEMA_VERSION: Final = 1
+#: An event keeps the first this many characters of an error (``model_failed``, ``cpu_finished``,
+#: ``cpu_failed``: :data:`ErrorText`), and a script's declared error or failure message is at most as
+#: long, so that a replay can write back whatever a run recorded.
+MAX_ERROR_CHARS: Final = 1000
+#: An error's text as an event keeps it: its first :data:`MAX_ERROR_CHARS` characters.
+ErrorText = Annotated[str, AfterValidator(lambda text: text[:MAX_ERROR_CHARS])]
 
 
 class Event(BaseModel):
@@ -159,7 +165,7 @@ class ModelFailed(Event):
     turn: int
     latency_s: float
     kind: str
-    error: str
+    error: ErrorText
     status: int | None = None
     response_received: bool | None = None
     parse_s: float | None = None
@@ -286,7 +292,7 @@ class CpuFinished(Event):
     serialize_s: float | None = None
     started: float | None = Field(default=None, description="child start, seconds since measurement start")
     finished: float | None = Field(default=None, description="child finish, seconds since measurement start")
-    error: str | None = None
+    error: ErrorText | None = None
 
 
 class CpuFailed(Event):
@@ -297,7 +303,7 @@ class CpuFailed(Event):
     tool: str
     reason: Literal["timeout", "worker_died", "cancelled"]
     roundtrip_s: float
-    error: str
+    error: ErrorText
 
 
 # --- telemetry -----------------------------------------------------------------------------------------

@@ -272,3 +272,38 @@ def test_the_printed_schema_accepts_exactly_the_failure_kinds_validation_accepts
     schema_ok = jsonschema.Draft202012Validator(schemas()["workload"]).is_valid(line)
     valid = invoke("validate", write_workload(tmp_path / "w.jsonl", [line])).exit_code == 0
     assert schema_ok is valid and valid is (kind in ("timeout", "http_status", "cancelled_too"))
+
+
+@pytest.mark.parametrize(
+    ("step", "field"),
+    [
+        ({"type": "error", "message": "x" * 1001}, "script[0].error.message"),
+        (
+            {"type": "tool", "name": "add", "arguments": {"a": 1, "b": 2}, "raises": "x" * 1001},
+            "script[0].tool.raises",
+        ),
+    ],
+)
+def test_a_declared_message_is_at_most_what_an_event_keeps(
+    tmp_path: Path, step: dict[str, Any], field: str
+) -> None:
+    """Events keep an error's first 1,000 characters, and a replay writes back what they kept: a longer
+    scripted message (a 3 MB one made an 18 MB timeline) is refused, naming its field."""
+    from asyncroll.events import MAX_ERROR_CHARS, CpuFailed
+
+    assert MAX_ERROR_CHARS == 1000
+    problem = {"id": "x", "prompt": "p", "tools": [{"name": "add"}], "script": [step]}
+    done = invoke("validate", write_workload(tmp_path / "w.jsonl", [problem]))
+    assert done.exit_code != 0
+    assert f":1: {field}: String should have at most 1000 characters" in done.output, done.output
+    failed = CpuFailed(
+        id="t",
+        job_id=1,
+        worker=0,
+        kind="tool",
+        tool="add",
+        reason="timeout",
+        roundtrip_s=1.0,
+        error="y" * 5000,
+    )
+    assert failed.error == "y" * 1000

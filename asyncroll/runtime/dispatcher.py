@@ -374,7 +374,7 @@ class CpuDispatcher:
                 tool=job.spec.tool,
                 reason=reason,
                 roundtrip_s=round(self._clock.now() - since, 6),
-                error=error[:1000],
+                error=error,
             )
         )
 
@@ -438,7 +438,7 @@ class CpuDispatcher:
                 serialize_s=None if reply.serialize_s is None else round(reply.serialize_s, 6),
                 started=rel(reply.started),
                 finished=rel(reply.finished),
-                error=None if reply.error is None else reply.error[:1000],
+                error=reply.error,
             )
         )
         self._predictor.observe(view, reply.execute_s)

@@ -169,7 +169,7 @@ class ModelGate:
                         turn=turn,
                         latency_s=round(ended - started, 6),
                         kind=failure.kind,
-                        error=str(failure)[:1000],
+                        error=str(failure),
                         status=failure.status,
                         response_received=failure.response_received,
                         parse_s=failure.parse_s,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from asyncroll.coerce import TYPE_PATTERN, check_type_name
+from asyncroll.events import MAX_ERROR_CHARS
 
 #: Built-in tools (no ``implementation``) and their declared inputs.
 BUILTIN_TOOLS: dict[str, dict[str, str]] = {
@@ -54,7 +55,7 @@ OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
 #: A job's declared error (``raises``) or worker death (``worker_dies``): a simulated worker fails the job
 #: with this message instead of running it, or dies holding it (what ``simulate --from-run`` writes for a
 #: job that failed so in the run); a real worker ignores it.
-DeclaredError = Annotated[str, Field(min_length=1)]
+DeclaredError = Annotated[str, Field(min_length=1, max_length=MAX_ERROR_CHARS)]
 
 
 class ToolAction(_Strict):
@@ -115,7 +116,7 @@ class ErrorStep(_Strict):
 
     type: Literal["error"]
     kind: FailureKind = "scripted"
-    message: str = ""
+    message: Annotated[str, Field(max_length=MAX_ERROR_CHARS)] = ""
     # any three-digit status, as HTTP/1.1 carries one and a run records it (some servers answer 999)
     status: Annotated[int, Field(ge=100, le=999)] | None = None
     latency_ms: DurationMs | None = None
