@@ -188,7 +188,9 @@ def workers_for(
         if assumed is not None:
             if request.cost_s is None and request.tool not in _TIMED_BUILTINS:
                 assumed.untimed[request.tool] += 1
-            if request.tool == _EVALUATE and request.declared is None:
+            # one that fails by its script (its raises, its worker's death) never passes
+            declared = (request.declared, request.declared_error, request.declared_death)
+            if request.tool == _EVALUATE and declared == (None, None, None):
                 assumed.passed += 1
         return builtin_duration(request)
 
