@@ -318,3 +318,63 @@ def test_a_real_workers_death_holding_a_job_is_replayed(tmp_path: Path) -> None:
     assert (
         "restarts_not_replayed" not in json.loads((replay / "run.json").read_text())["simulation"]["replayed"]
     )
+
+
+def _an_idle_death_first(idle_s: float, holding_s: float) -> Any:
+    """The run's replacement after a death holding a job took ``holding_s`` to start; before it, the other
+    worker died idle (killed from outside) and its replacement took ``idle_s``."""
+
+    def edit(lines: list[str]) -> list[str]:
+        out: list[str] = []
+        for line in lines:
+            event = json.loads(line)
+            if event["event"] == "worker_restarting" and event["reason"] == "died":
+                common = {"v": 1, "t": event["t"], "worker": 1 - event["worker"], "generation": 1}
+                killed = {**common, "event": "worker_restarting", "old_pid": None, "reason": "died"}
+                ready = {**common, "event": "worker_ready", "pid": None, "startup_s": idle_s}
+                out += [json.dumps({**killed, "restarts": 1}) + "\n", json.dumps(ready) + "\n"]
+            elif event["event"] == "worker_ready" and event["generation"] == 1:
+                line = json.dumps({**event, "startup_s": holding_s}) + "\n"
+            out.append(line)
+        return out
+
+    return edit
+
+
+def test_a_replayed_death_takes_its_own_replacements_start_up_not_an_idle_deaths(tmp_path: Path) -> None:
+    """The replay replaces a worker that died holding a job (its ``worker_dies``), not one that died idle:
+    its k-th replacement took the k-th start-up of *every* replacement the run started, so the death's
+    replacement took the start-up of the idle death's, replaced first (3 s for 0.2 s)."""
+    die = {"type": "tool", "name": "sleep_ms", "arguments": {"milliseconds": 50}, "latency_ms": 5}
+    problems = [
+        {
+            "id": "die",
+            "prompt": "p",
+            "tools": [{"name": "sleep_ms"}],
+            "script": [{**die, "worker_dies": "killed"}, {"type": "final", "answer": "x", "latency_ms": 5}],
+        },
+        tool_problem("ok", model_ms=5, cpu_ms=5, final_ms=5000),  # the run goes on past either start-up
+    ]
+    recorded = tmp_path / "recorded"
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    result = simulate_here("--workload", workload, "--output", recorded, "--cpu-workers", "2")
+    assert result.exit_code == 0, result.output
+    _edit_lines(recorded / "events.jsonl", _an_idle_death_first(3.0, 0.2))
+    replay = tmp_path / "replay"
+    replayed = simulate_here("--from-run", recorded, "--output", replay)
+    assert replayed.exit_code == 0, replayed.output
+    assert _replacement_startups(replay) == [0.2]
+    receipt = json.loads((replay / "run.json").read_text())
+    assert receipt["simulation"]["replayed"]["restarts_not_replayed"] == {"died": 1}
+
+
+def test_replacements_the_replay_does_not_start_give_only_their_median() -> None:
+    """Where the run replaced only workers the replay does not (a death while idle, memory), every
+    replacement it starts takes their median start-up, not the k-th (nor the initial workers')."""
+    from asyncroll.simulation.measured import Measured
+
+    measured = Measured(Path("events.jsonl"), restarts=[(0, 1), (1, 1), (0, 2)], end=10.0)
+    measured.ready = {(0, 0): 0.01, (1, 0): 0.01, (0, 1): 0.5, (1, 1): 0.1, (0, 2): 0.3}
+    assert measured.replacement_startup() == (0.3,)
+    measured.replayed = {(1, 1)}
+    assert measured.replacement_startup() == (0.1,)

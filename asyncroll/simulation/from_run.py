@@ -25,13 +25,13 @@ run did — no code runs in the replay.
 
 A worker replaced in the run (after a timeout or a death) took a measured time to start, its
 ``worker_ready`` ``startup_s``, during which its slot took no job. The replay's replacements take those
-times: the k-th replacement the replay starts takes the start-up of the k-th one the run started (the
-order of ``worker_restarting``; exact when the replay replaces workers as the run did); any replacement
-beyond the run's count takes their median, and where the run replaced none, the median start-up of its
-initial workers (the only measurement there is). A start attempt that failed in the run is not replayed;
-a replacement still starting when the run ended (no ``worker_ready``) takes at least the rest of the
-measured window.
-The initial workers start before the measured window, in the replay at once.
+times: the k-th replacement the replay starts takes the start-up of the k-th the run started after a job's
+timeout or a death holding one (``worker_restarting`` order; exact when the replay replaces workers as the
+run did), any beyond those their median; where the run replaced workers only otherwise (a death while
+idle, memory), the median of those, and where none, that of its initial workers (all there is). A start
+attempt that failed in the run is not replayed; a replacement still starting when the run ended (no
+``worker_ready``) takes at least the rest of the measured window. The initial workers start before the
+measured window, in the replay at once.
 
 Only a run that completed is replayed: an interrupted, failed or killed run measured only some of its
 turns and jobs (a job still running when it stopped never finished: no duration exists for it), and the

@@ -107,6 +107,9 @@ class Measured:
     deaths: dict[tuple[str, int], str] = field(default_factory=dict)
     started: dict[str, int] = field(default_factory=dict)  # trajectory id -> trajectory_started line
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (worker, generation), in start order
+    #: the restarts a replay starts too: after a tool or evaluation job's timeout or its worker's death
+    #: while it held the job (and a failed start's next attempt), not after a death while idle or memory
+    replayed: set[tuple[int, int]] = field(default_factory=set)
     restarted_at: dict[tuple[int, int], float] = field(default_factory=dict)  # its worker_restarting's t
     end: float | None = None  # the measured window's end (measurement_finished's makespan_s)
     ready: dict[tuple[int, int], float] = field(default_factory=dict)  # (worker, generation) -> start-up s
@@ -121,18 +124,25 @@ class Measured:
         return f"{self.events}:{line}"
 
     def replacement_startup(self) -> tuple[float, ...]:
-        """The start-up of each replacement in the order they started (a failed attempt, followed by
-        another of its worker, has none); one still starting when the run ended took at least the rest of
-        the window, which it takes in the replay. Where none was replaced, the median of the initial
-        workers' as the one value every replacement takes."""
-        replaced = []
+        """The start-up of each replacement the replay starts too (:attr:`replayed`), in the order they
+        started (a failed attempt, followed by another of its worker, has none); one still starting when the
+        run ended took at least the rest of the window, which it takes in the replay. Where the run
+        replaced only workers the replay does not (a death while idle, memory), their median as the one
+        value every replacement takes; where none, the initial workers'."""
+        replaced: list[float] = []
+        others: list[float] = []
         for i, key in enumerate(self.restarts):
             if key in self.ready:
-                replaced.append(self.ready[key])
+                seconds = self.ready[key]
             elif self.end is not None and not any(w == key[0] for w, _ in self.restarts[i + 1 :]):
-                replaced.append(max(0.0, self.end - self.restarted_at[key]))  # stopped while it started
+                seconds = max(0.0, self.end - self.restarted_at[key])  # stopped while it started
+            else:
+                continue
+            (replaced if key in self.replayed else others).append(seconds)
         if replaced:
             return tuple(replaced)
+        if others:
+            return (statistics.median(others),)
         initial = [seconds for (_, generation), seconds in self.ready.items() if generation == 0]
         return (statistics.median(initial),) if initial else ()
 
@@ -148,6 +158,8 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
     path = run_dir / "events.jsonl"
     measured = Measured(path)
     pending: dict[int, Job] = {}  # enqueued tool and evaluation jobs, until they end
+    lost: set[int] = set()  # workers that a tool or evaluation job's timeout or death took, until replaced
+    chain: dict[int, bool] = {}  # each worker's last restart: replayed or not (its next failed start's too)
     timeout_ms = round(tool_timeout_s * 1000.0 + TIMEOUT_MARGIN_MS, 6)
     number = (int, float)
     for line_no, event in jsonl_rows(path):
@@ -161,6 +173,11 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
         if kind in ("worker_restarting", "worker_ready"):
             key = (required(event, "worker", int, where), required(event, "generation", int, where))
             if kind == "worker_restarting":
+                worker, reason = key[0], event.get("reason")
+                chain[worker] = chain.get(worker, False) if reason == "startup_failed" else worker in lost
+                lost.discard(worker)
+                if chain[worker]:
+                    measured.replayed.add(key)
                 measured.restarts.append(key)
                 measured.restarted_at[key] = float(required(event, "t", number, where))
             else:
@@ -246,6 +263,8 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 )
             else:
                 ms = round(duration_s(event, "roundtrip_s", where) * 1000.0, 6)
+                if isinstance(event.get("worker"), int):  # its replacement is replayed too
+                    lost.add(event["worker"])
                 if event.get("reason") == "worker_died":  # replayed so: the worker dies holding it
                     error = event.get("error")
                     measured.deaths[(job.trajectory, job.turn)] = (
