@@ -324,3 +324,34 @@ def test_a_submission_that_fails_by_its_declaration_is_not_said_to_pass(tmp_path
     row = _results(out)[problem["id"]]
     assert row["status"] == "failed" and "boom" in row["error"]
     assert "passed because" not in result.stderr, result.stderr
+
+
+def test_a_recorded_error_longer_than_an_event_keeps_is_replayed_cut_as_events_read_it(
+    tmp_path: Path,
+) -> None:
+    """An events.jsonl whose error texts are longer than an event keeps (edited by hand, or written by
+    another tool) reads as the event models read it: its first 1,000 characters. The replay wrote them
+    whole into its workload, which then refused its own line (``replay-workload.jsonl:1: ... at most
+    1000 characters``) in a folder it had just removed, naming no line of the run."""
+    tool = {"type": "tool", "name": "add", "arguments": {"a": 1, "b": 2}, "latency_ms": 5, "cpu_ms": 5}
+    problems = [
+        {"id": "t", "prompt": "p", "tools": [{"name": "add"}], "script": [{**tool, "raises": "boom"}]},
+        {**_failing("m", UNAVAILABLE), "id": "m"},
+    ]
+    recorded = tmp_path / "recorded"
+    result = simulate_here("--workload", write_workload(tmp_path / "w.jsonl", problems), "--output", recorded)
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in (recorded / "events.jsonl").read_text().splitlines()]
+    for event in events:
+        if event["event"] in ("model_failed", "cpu_finished") and event.get("error"):
+            event["error"] = event["event"][0] * 1500
+    (recorded / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
+    replay = tmp_path / "replay"
+    replayed = simulate_here("--from-run", recorded, "--output", replay)
+    assert replayed.exit_code == 0, replayed.output
+    errors = {
+        e.event: e.error
+        for e in load_run(replay)[2]
+        if e.event in ("model_failed", "cpu_finished") and e.error
+    }
+    assert errors == {"model_failed": "m" * 1000, "cpu_finished": "c" * 1000}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.events import MAX_ERROR_CHARS
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.json_checks import line_column
 from asyncroll.json_depth import json_loads
@@ -225,7 +226,11 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                     raise UsageError(f"--from-run {where}: 'model_failed' lacks a valid 'status'")
                 error = event.get("error")
                 requests[turn] = ModelStep(
-                    line_no, None, str(event.get("kind")), error if isinstance(error, str) else None, status
+                    line_no,
+                    None,
+                    str(event.get("kind")),
+                    _kept(error) if isinstance(error, str) else None,
+                    status,
                 )
         elif kind == "cpu_enqueued":
             job = Job(
@@ -252,10 +257,7 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
             if kind == "cpu_finished":
                 ms = round(duration_s(event, "execute_s", where) * 1000.0, 6)
                 if event.get("ok") is False:  # the tool raised (or the evaluation failed): replayed so
-                    error = event.get("error")
-                    measured.errors[(job.trajectory, job.turn)] = (
-                        error if isinstance(error, str) and error else "(the run recorded no error)"
-                    )
+                    measured.errors[(job.trajectory, job.turn)] = _error(event)
             elif event.get("reason") == "cancelled":
                 raise UsageError(
                     f"--from-run {where}: {job.describe()} was cancelled while it ran (the run was being "
@@ -266,10 +268,7 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 if isinstance(event.get("worker"), int):  # its replacement is replayed too
                     lost.add(event["worker"])
                 if event.get("reason") == "worker_died":  # replayed so: the worker dies holding it
-                    error = event.get("error")
-                    measured.deaths[(job.trajectory, job.turn)] = (
-                        error if isinstance(error, str) and error else "(the run recorded no error)"
-                    )
+                    measured.deaths[(job.trajectory, job.turn)] = _error(event)
                 if event.get("reason") == "timeout":
                     # The round trip also holds the kill; all that is known of the job is that it ran past
                     # the timeout. Just over it: it times out again, and a longer timeout gets a lower bound.
@@ -291,6 +290,18 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
             "scripted cost"
         )
     return measured
+
+
+def _kept(text: str) -> str:
+    """An error's text as an event keeps it (:data:`~asyncroll.events.ErrorText`): a longer one (a file
+    edited by hand) is read as the event models read it, not refused in the replay's own workload."""
+    return text[:MAX_ERROR_CHARS]
+
+
+def _error(event: dict[str, Any]) -> str:
+    """A failed job's error, as its ``raises`` or ``worker_dies`` replays it."""
+    error = event.get("error")
+    return _kept(error) if isinstance(error, str) and error else "(the run recorded no error)"
 
 
 def check_against_script(problem: Problem, pid: str, measured: Measured) -> None:
