@@ -309,20 +309,23 @@ def test_a_declared_message_is_at_most_what_an_event_keeps(
     assert failed.error == "y" * 1000
 
 
-@pytest.mark.parametrize("field", ["raises", "worker_dies"])
-def test_a_submission_that_fails_by_its_declaration_is_not_said_to_pass(tmp_path: Path, field: str) -> None:
-    """A submit without ``passes`` whose evaluation fails by its script (``raises``, ``worker_dies``) never
-    passes: its trajectory fails there. stderr counted it among the submissions that "passed because their
-    script declares no verdict" (a replay of a run whose first evaluation failed said "the run never
-    evaluated them")."""
+@pytest.mark.parametrize(("field", "value"), [("raises", "boom"), ("worker_dies", "boom"), ("cpu_ms", 3000)])
+def test_a_submission_that_fails_by_its_declaration_is_not_said_to_pass(
+    tmp_path: Path, field: str, value: Any
+) -> None:
+    """A submit without ``passes`` whose evaluation fails by its script (``raises``, ``worker_dies``, a
+    ``cpu_ms`` past the tool timeout) never passes: its trajectory fails there. stderr counted it among the
+    submissions that "passed because their script declares no verdict" (a replay of a run whose first
+    evaluation failed said "the run never evaluated them")."""
     example = Path(__file__).resolve().parents[1] / "examples" / "livecodebench" / "workload.jsonl"
     problem = json.loads(example.read_text().splitlines()[0])
-    problem["script"][0][field] = "boom"  # the first of its two submissions, neither with a verdict
+    problem["script"][0][field] = value  # the first of its two submissions, neither with a verdict
     out = tmp_path / "out"
-    result = simulate_here("--workload", write_workload(tmp_path / "w.jsonl", [problem]), "--output", out)
+    workload = write_workload(tmp_path / "w.jsonl", [problem])
+    result = simulate_here("--workload", workload, "--output", out, "--tool-timeout", "1")
     assert result.exit_code == 0, result.output
     row = _results(out)[problem["id"]]
-    assert row["status"] == "failed" and "boom" in row["error"]
+    assert row["status"] == "failed" and ("boom" in row["error"] or "tool timeout" in row["error"])
     assert "passed because" not in result.stderr, result.stderr
 
 

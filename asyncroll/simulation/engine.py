@@ -144,7 +144,11 @@ def simulate(
         prepared,
         clock,
         worker_factory=workers_for(
-            settings, clock, () if derived is None else derived.replacement_startup_s, assumed
+            settings,
+            clock,
+            () if derived is None else derived.replacement_startup_s,
+            assumed,
+            prepared.config.tool_timeout,
         ),
         backend=backend,
         receipt_extra=extra,
@@ -178,23 +182,30 @@ def workers_for(
     clock: VirtualClock,
     replacement_startup: tuple[float, ...] = (),
     assumed: Assumed | None = None,
+    tool_timeout: float = math.inf,
 ) -> WorkerFactory:
     """Virtual workers whose jobs execute for their declared cost, each holding its worker the per-job
     overhead before (not in its ``execute_s``, as a real job's execute time leaves out the runtime's
     dispatch); replacements take ``replacement_startup`` to start (a replay's measured ones; see
-    :func:`virtual_factory`). ``assumed`` collects what the script left undeclared (see :class:`Assumed`)."""
+    :func:`virtual_factory`). ``assumed`` collects what the script left undeclared (see :class:`Assumed`);
+    ``tool_timeout``: the run's, past which a job times out (and a submission does not pass)."""
+    overhead = settings.job_overhead_ms / 1000
 
     def duration(request: JobRequest) -> float:
+        seconds = builtin_duration(request)
         if assumed is not None:
             if request.cost_s is None and request.tool not in _TIMED_BUILTINS:
                 assumed.untimed[request.tool] += 1
-            # one that fails by its script (its raises, its worker's death) never passes
+            # one that fails by its script (its raises, its worker's death) or times out never passes
             declared = (request.declared, request.declared_error, request.declared_death)
-            if request.tool == _EVALUATE and declared == (None, None, None):
+            if (
+                request.tool == _EVALUATE
+                and declared == (None, None, None)
+                and overhead + seconds <= tool_timeout
+            ):
                 assumed.passed += 1
-        return builtin_duration(request)
+        return seconds
 
-    overhead = settings.job_overhead_ms / 1000
     return virtual_factory(
         clock, duration, simulate_tools=True, replacement_startup=replacement_startup, overhead_s=overhead
     )

@@ -257,7 +257,7 @@ def run_cell(cell: Cell) -> tuple[dict[str, Any], Assumed]:
         clock,
         backend=backend,
         model_capacity=capacity,
-        worker_factory=workers_for(cell.settings, clock, assumed=assumed),
+        worker_factory=workers_for(cell.settings, clock, assumed=assumed, tool_timeout=config.tool_timeout),
         record=False,
         policy=cell.rule,
     )
