@@ -14,15 +14,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 
 SCHEMA_VERSION: Final = 1
 #: An event keeps the first this many characters of an error (``model_failed``, ``cpu_finished``,
 #: ``cpu_failed``: :data:`ErrorText`), and a script's declared error or failure message is at most as
 #: long, so that a replay can write back whatever a run recorded.
 MAX_ERROR_CHARS: Final = 1000
-#: An error's text as an event keeps it: its first :data:`MAX_ERROR_CHARS` characters.
-ErrorText = Annotated[str, AfterValidator(lambda text: text[:MAX_ERROR_CHARS])]
+#: An error's text as an event keeps it: its first :data:`MAX_ERROR_CHARS` characters (the schema says so).
+ErrorText = Annotated[
+    str,
+    AfterValidator(lambda text: text[:MAX_ERROR_CHARS]),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": MAX_ERROR_CHARS,
+            "description": f"the error's first {MAX_ERROR_CHARS} characters (a longer one is cut)",
+        }
+    ),
+]
 
 
 class Event(BaseModel):

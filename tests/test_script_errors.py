@@ -358,3 +358,15 @@ def test_a_recorded_error_longer_than_an_event_keeps_is_replayed_cut_as_events_r
         if e.event in ("model_failed", "cpu_finished") and e.error
     }
     assert errors == {"model_failed": "m" * 1000, "cpu_finished": "c" * 1000}
+
+
+def test_the_printed_events_schema_says_an_error_is_cut_to_what_an_event_keeps() -> None:
+    """An event keeps an error's first 1,000 characters, which a script's declared message is held to;
+    ``asyncroll schema events`` said only "string", as if an error's text were whole."""
+    done = invoke("schema", "events")
+    assert done.exit_code == 0, done.output
+    defs = json.loads(done.output)["$defs"]
+    for name in ("CpuFailed", "CpuFinished", "ModelFailed"):
+        error = defs[name]["properties"]["error"]
+        text = next(option for option in error.get("anyOf", [error]) if option["type"] == "string")
+        assert text["maxLength"] == 1000 and "first 1000 characters" in text["description"], name
