@@ -375,6 +375,7 @@ def test_replacements_the_replay_does_not_start_give_only_their_median() -> None
 
     measured = Measured(Path("events.jsonl"), restarts=[(0, 1), (1, 1), (0, 2)], end=10.0)
     measured.ready = {(0, 0): 0.01, (1, 0): 0.01, (0, 1): 0.5, (1, 1): 0.1, (0, 2): 0.3}
+    measured.unreplayed = {(0, 1), (1, 1), (0, 2)}
     assert measured.replacement_startup() == (0.3,)
-    measured.replayed = {(1, 1)}
+    measured.unreplayed = {(0, 1), (0, 2)}
     assert measured.replacement_startup() == (0.1,)

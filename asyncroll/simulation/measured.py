@@ -108,9 +108,9 @@ class Measured:
     deaths: dict[tuple[str, int], str] = field(default_factory=dict)
     started: dict[str, int] = field(default_factory=dict)  # trajectory id -> trajectory_started line
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (worker, generation), in start order
-    #: the restarts a replay starts too: after a tool or evaluation job's timeout or its worker's death
-    #: while it held the job (and a failed start's next attempt), not after a death while idle or memory
-    replayed: set[tuple[int, int]] = field(default_factory=set)
+    #: the restarts a replay does not start: after a death while idle or for memory (and a failed start's
+    #: next attempt), not after a tool or evaluation job's timeout or its worker's death while it held one
+    unreplayed: set[tuple[int, int]] = field(default_factory=set)
     restarted_at: dict[tuple[int, int], float] = field(default_factory=dict)  # its worker_restarting's t
     end: float | None = None  # the measured window's end (measurement_finished's makespan_s)
     ready: dict[tuple[int, int], float] = field(default_factory=dict)  # (worker, generation) -> start-up s
@@ -125,7 +125,7 @@ class Measured:
         return f"{self.events}:{line}"
 
     def replacement_startup(self) -> tuple[float, ...]:
-        """The start-up of each replacement the replay starts too (:attr:`replayed`), in the order they
+        """The start-up of each replacement the replay starts too (not :attr:`unreplayed`), in the order they
         started (a failed attempt, followed by another of its worker, has none); one still starting when the
         run ended took at least the rest of the window, which it takes in the replay. Where the run
         replaced only workers the replay does not (a death while idle, memory), their median as the one
@@ -139,7 +139,7 @@ class Measured:
                 seconds = max(0.0, self.end - self.restarted_at[key])  # stopped while it started
             else:
                 continue
-            (replaced if key in self.replayed else others).append(seconds)
+            (others if key in self.unreplayed else replaced).append(seconds)
         if replaced:
             return tuple(replaced)
         if others:
@@ -177,8 +177,8 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 worker, reason = key[0], event.get("reason")
                 chain[worker] = chain.get(worker, False) if reason == "startup_failed" else worker in lost
                 lost.discard(worker)
-                if chain[worker]:
-                    measured.replayed.add(key)
+                if not chain[worker]:
+                    measured.unreplayed.add(key)
                 measured.restarts.append(key)
                 measured.restarted_at[key] = float(required(event, "t", number, where))
             else:
