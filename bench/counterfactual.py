@@ -43,7 +43,7 @@ def replay(run_dir: Path, policy: str, job_overhead_ms: float, n: int) -> float:
     as the command computes it (its output a scratch directory); a replay that did not complete every
     trajectory ends the bench."""
     output = scratch("replay-") / "replay"
-    derived = prepare_from_run(run_dir, output)
+    derived = prepare_from_run(run_dir, output, job_overhead_ms=job_overhead_ms)
     given = {"policy": policy, "output": output}
     values = {
         **kept_settings(run_dir, derived.source_config, set(given)),

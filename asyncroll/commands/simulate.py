@@ -312,7 +312,7 @@ def simulate(
             if limit is not None:
                 raise UsageError("--limit comes from the recorded run with --from-run")
             build_config({**values, "workload": output / "replay-workload.jsonl"})  # flags checked first
-            derived = prepare_from_run(from_run, output, tool_root, workload)
+            derived = prepare_from_run(from_run, output, tool_root, workload, job_overhead_ms=job_overhead_ms)
             from asyncroll.simulation.from_run import kept_settings
 
             base = kept_settings(from_run, derived.source_config, set(given))

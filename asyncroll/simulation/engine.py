@@ -212,10 +212,16 @@ def workers_for(
 
 
 def prepare_from_run(
-    run_dir: Path, output: Path, tool_root: Path | None = None, workload: Path | None = None
+    run_dir: Path,
+    output: Path,
+    tool_root: Path | None = None,
+    workload: Path | None = None,
+    *,
+    job_overhead_ms: float = 0.0,
 ) -> DerivedRun:
     """Create ``output`` and write the replay workload into it (removed again if that fails or is
-    interrupted). Whatever the run directory holds, a failure to read it is a :class:`UsageError`."""
+    interrupted); ``job_overhead_ms``: the replay's (see :func:`derive_workload`). Whatever the run
+    directory holds, a failure to read it is a :class:`UsageError`."""
     from asyncroll.cli_signals import deferred
     from asyncroll.runtime.prepare import output_exists, refuse_unwritable
     from asyncroll.simulation.from_run import derive_workload
@@ -235,7 +241,9 @@ def prepare_from_run(
                 raise UsageError(f"--output {output}: cannot create: {exc.strerror or exc}") from exc
             created = True
         refuse_unwritable(output)
-        derived = derive_workload(run_dir, output / "replay-workload.jsonl", tool_root, workload)
+        derived = derive_workload(
+            run_dir, output / "replay-workload.jsonl", tool_root, workload, job_overhead_ms=job_overhead_ms
+        )
     except UsageError:
         if created:
             remove_output(output, made)

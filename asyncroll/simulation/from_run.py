@@ -60,8 +60,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from asyncroll.errors import UsageError, no_directory, no_file
 from asyncroll.json_depth import json_loads, read_json_object
 from asyncroll.locale_names import unspellable
@@ -70,12 +68,12 @@ from asyncroll.outputs.receipt import RECEIPT_SCHEMA_VERSION, file_sha256
 from asyncroll.paths import resolved
 from asyncroll.simulation.measured import (
     Measured,
-    ModelStep,
     check_against_script,
+    failure_step,
     jsonl_rows,
     read_measurements,
 )
-from asyncroll.workload import ErrorStep, Problem, ScriptStep, SubmitAction, ToolAction, iter_problems
+from asyncroll.workload import Problem, ScriptStep, SubmitAction, ToolAction, iter_problems
 
 #: The run's settings a replay keeps unless a flag overrides them: "the run's settings" of the README.
 RUN_SETTINGS = (
@@ -324,13 +322,20 @@ def _root_from_tool_files(receipt: dict[str, Any], workload: Path, limit: int | 
 
 
 def derive_workload(
-    run_dir: Path, destination: Path, tool_root: Path | None = None, workload: Path | None = None
+    run_dir: Path,
+    destination: Path,
+    tool_root: Path | None = None,
+    workload: Path | None = None,
+    *,
+    job_overhead_ms: float = 0.0,
 ) -> DerivedRun:
     """Write the replay workload of the completed run in ``run_dir`` to ``destination``.
 
     ``tool_root`` overrides the run's own (needed when run.json cannot say where a relative one was);
     ``workload`` is where the run's workload is now, when not at the path run.json records (a run
-    recorded on another machine): the same bytes, checked by SHA-256."""
+    recorded on another machine): the same bytes, checked by SHA-256. ``job_overhead_ms``: the replay's,
+    which holds a worker before each job; a job whose worker died holding it was measured by its round
+    trip, which holds the run's already, so the replay's ``cpu_ms`` is that round trip less it."""
     receipt = _load_receipt(run_dir)
     config: dict[str, Any] = receipt["config"]
     workload = _run_workload(run_dir, receipt["workload"], workload)
@@ -343,6 +348,8 @@ def derive_workload(
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise UsageError(f"--from-run {run_dir / 'run.json'}: config.limit is not a count of problems >= 1")
     measured = read_measurements(run_dir, float(timeout))
+    for key in measured.deaths:  # the replay's overhead, then the rest of the round trip
+        measured.cpu[key] = max(0.0, round(measured.cpu[key] - job_overhead_ms, 6))
     if not measured.started:
         raise UsageError(f"--from-run {run_dir}: the run started no trajectory; nothing to replay")
     verdicts = _verdicts(run_dir)
@@ -418,7 +425,7 @@ def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, 
             update["latency_ms"] = round(measured.model[(pid, turn)] * 1000.0, 6)
         step = asked.get(turn)
         if step is not None and step.failure is not None:  # the request failed: so does the replay's, there
-            script.append(_failure(step, step.failure, update.get("latency_ms"), measured))
+            script.append(failure_step(step, step.failure, update.get("latency_ms"), measured))
             break
         if isinstance(action, ToolAction | SubmitAction) and (pid, turn) in measured.cpu:
             update["cpu_ms"] = measured.cpu[(pid, turn)]
@@ -430,22 +437,3 @@ def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, 
             update["passes"] = passed if submitted >= generations else False
         script.append(action.model_copy(update=update))
     return problem.model_copy(update={"id": pid, "script": script})
-
-
-def _failure(step: ModelStep, kind: str, latency_ms: float | None, measured: Measured) -> ErrorStep:
-    """The ``error`` step that fails a replayed request as the run's failed: its kind, message and status
-    after its measured latency (a failure the run recorded ends its trajectory, so the step is the last)."""
-    try:
-        return ErrorStep(
-            type="error",
-            kind=kind,
-            message=step.error or "",
-            status=step.status,
-            latency_ms=latency_ms,
-        )
-    except ValidationError as exc:  # a kind or status no run records (a hand-edited file)
-        field = ".".join(str(part) for part in exc.errors()[0]["loc"])
-        raise UsageError(
-            f"--from-run {measured.where(step.line)}: 'model_failed' has a {field!r} a replay cannot fail "
-            f"with: {exc.errors()[0]['msg']}"
-        ) from exc

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from asyncroll.errors import UsageError
 from asyncroll.events import MAX_ERROR_CHARS
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.json_checks import line_column
 from asyncroll.json_depth import json_loads
-from asyncroll.workload import MAX_DURATION_MS, Problem, SubmitAction, ToolAction
+from asyncroll.workload import MAX_DURATION_MS, ErrorStep, Problem, SubmitAction, ToolAction
 
 #: A timed-out job is replayed this much (ms) over the run's tool timeout, so that it times out again.
 TIMEOUT_MARGIN_MS = 0.001
@@ -362,3 +364,22 @@ def check_against_script(problem: Problem, pid: str, measured: Measured) -> None
                 f"{len(asked)} have a model_finished or model_failed event: the replay would give the "
                 "others the script's latency"
             )
+
+
+def failure_step(step: ModelStep, kind: str, latency_ms: float | None, measured: Measured) -> ErrorStep:
+    """The ``error`` step that fails a replayed request as the run's failed: its kind, message and status
+    after its measured latency (a failure the run recorded ends its trajectory, so the step is the last)."""
+    try:
+        return ErrorStep(
+            type="error",
+            kind=kind,
+            message=step.error or "",
+            status=step.status,
+            latency_ms=latency_ms,
+        )
+    except ValidationError as exc:  # a kind or status no run records (a hand-edited file)
+        field = ".".join(str(part) for part in exc.errors()[0]["loc"])
+        raise UsageError(
+            f"--from-run {measured.where(step.line)}: 'model_failed' has a {field!r} a replay cannot fail "
+            f"with: {exc.errors()[0]['msg']}"
+        ) from exc
