@@ -3,12 +3,15 @@ replayed under the same policy and settings reproduces it.
 
 Generated: 2–8 problems of 1–5 steps mixing tool actions with ``cpu_ms``, ``raises`` and ``worker_dies``,
 jobs past a small ``--tool-timeout``, ``error`` steps (random kind, status, message and latency), final
-answers and scripts that run out; the policies ``fifo``, ``tool_first`` and ``asyncroll``, the three
-limits, ``--tool-errors`` and a per-job overhead. Checked: each trajectory's status, turns, tool calls,
-verdict, error and duration (to the microsecond events keep), the makespan, the failed model requests
-(trajectory, turn, kind, status, error), the failed jobs and the jobs that finished with an error, the
-worker replacements, and no warning that a trajectory "ended otherwise" or a replacement was "not
-replayed".
+answers and scripts that run out, and one-repair problems whose submissions pass, fail, declare no
+verdict, raise or lose their worker; the policies ``fifo``, ``tool_first``, ``asyncroll``, ``sync`` and
+``asyncroll_repair``, the three limits, ``--max-turns``, ``--tool-errors`` and a per-job overhead (the
+same ``--job-overhead-ms`` given to the replay, as the run's settings do not carry it). Checked: each
+trajectory's status, turns, tool calls, verdict, error and duration (to the microsecond events keep), the
+makespan, each evaluation's verdict, the failed model requests (trajectory, turn, kind, status, error),
+the failed jobs and the jobs that finished with an error, the worker replacements, and no warning that a
+trajectory "ended otherwise" or a replacement was "not replayed". Nothing had to be narrowed: every
+difference the property found was a defect (the last test here).
 """
 
 from __future__ import annotations
@@ -82,14 +85,45 @@ def problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
 
 @st.composite
 def workloads(draw: st.DrawFn) -> list[dict[str, Any]]:
-    return [draw(problem(f"p{i}")) for i in range(draw(st.integers(2, 8)))]
+    n = draw(st.integers(2, 8))
+    return [
+        draw(code_problem(f"p{i}") if draw(st.integers(0, 3)) == 0 else problem(f"p{i}")) for i in range(n)
+    ]
+
+
+@st.composite
+def code_problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
+    """A one-repair problem: one or two submissions, each passing, failing or declaring no verdict, some
+    past the tool timeout, some that raise or whose worker dies."""
+    script = []
+    for i in range(draw(st.integers(1, 2))):
+        step: dict[str, Any] = {"type": "submit", "code": f"print({i})", "latency_ms": draw(MS)}
+        if draw(st.booleans()):
+            step["cpu_ms"] = draw(MS)
+        verdict = draw(st.sampled_from([True, False, None]))
+        if verdict is not None:
+            step["passes"] = verdict
+        failure = draw(st.sampled_from([None, None, "raises", "worker_dies"]))
+        if failure is not None:
+            step[failure] = f"{failure} in {pid} submission {i}"
+        script.append(step)
+    return {
+        "id": pid,
+        "prompt": f"write a program for {pid}",
+        "tools": [{"name": "lcb_evaluate"}],
+        "script": script,
+        "metadata": {
+            "reference_tests": [{"input": "1", "output": "1", "testtype": "stdin"}],
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
+        },
+    }
 
 
 @st.composite
 def flags(draw: st.DrawFn) -> list[str]:
     out = [
         "--policy",
-        draw(st.sampled_from(["fifo", "tool_first", "asyncroll"])),
+        draw(st.sampled_from(["fifo", "tool_first", "asyncroll", "sync", "asyncroll_repair"])),
         "--max-active-trajectories",
         str(draw(st.integers(1, 4))),
         "--max-inflight-model-requests",
@@ -98,6 +132,8 @@ def flags(draw: st.DrawFn) -> list[str]:
         str(draw(st.integers(1, 3))),
         "--tool-errors",
         draw(st.sampled_from(["fail", "observe"])),
+        "--max-turns",
+        str(draw(st.integers(1, 6))),
     ]
     timeout = draw(TIMEOUTS)
     if timeout is not None:
@@ -116,6 +152,9 @@ def outcome(folder: Path) -> dict[str, Any]:
             if e.event == "trajectory_finished"
         },
         "makespan_s": round(summary["makespan_s"], 6),
+        "verdicts": sorted(
+            (*turn_of[e.job_id], e.ok) for e in events if e.event == "cpu_finished" and e.kind == "evaluate"
+        ),
         "model_failed": sorted(
             (e.id, e.turn, e.kind, e.status, e.error) for e in events if e.event == "model_failed"
         ),
