@@ -68,7 +68,9 @@ def tool_problem(draw: st.DrawFn, pid: str, cpu: st.SearchStrategy[int] = MS) ->
 
 
 @st.composite
-def code_problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
+def code_problem(draw: st.DrawFn, pid: str, failures: bool = False) -> dict[str, Any]:
+    """A one-repair problem: one or two submissions, each passing, failing or declaring no verdict (with
+    ``failures``, some that raise or whose worker dies)."""
     verdicts = draw(st.lists(st.sampled_from([True, False, None]), min_size=1, max_size=2))
     script = []
     for i, verdict in enumerate(verdicts):
@@ -77,6 +79,9 @@ def code_problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
             step["cpu_ms"] = draw(MS)
         if verdict is not None:
             step["passes"] = verdict
+        failure = draw(st.sampled_from([None, None, "raises", "worker_dies"])) if failures else None
+        if failure is not None:
+            step[failure] = f"{failure} in {pid} submission {i}"
         script.append(step)
     return {
         "id": pid,

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 
 from tests.cli_runs import load_run
 from tests.conftest import write_workload
-from tests.property_runs import PROPS
+from tests.property_runs import PROPS, code_problem
 from tests.simulations import simulate_here
 
-pytestmark = [pytest.mark.usefixtures("hypothesis_without_local_constants"), pytest.mark.timeout(100)]
+pytestmark = [pytest.mark.usefixtures("hypothesis_without_local_constants"), pytest.mark.timeout(300)]
 
 #: Durations (ms) shared by many steps, so that events often fall on the same virtual instant, and
 #: around the tool timeouts drawn below (50 and 100 ms): some jobs time out, most do not.
@@ -87,36 +87,9 @@ def problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
 def workloads(draw: st.DrawFn) -> list[dict[str, Any]]:
     n = draw(st.integers(2, 8))
     return [
-        draw(code_problem(f"p{i}") if draw(st.integers(0, 3)) == 0 else problem(f"p{i}")) for i in range(n)
+        draw(code_problem(f"p{i}", failures=True) if draw(st.integers(0, 3)) == 0 else problem(f"p{i}"))
+        for i in range(n)
     ]
-
-
-@st.composite
-def code_problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
-    """A one-repair problem: one or two submissions, each passing, failing or declaring no verdict, some
-    past the tool timeout, some that raise or whose worker dies."""
-    script = []
-    for i in range(draw(st.integers(1, 2))):
-        step: dict[str, Any] = {"type": "submit", "code": f"print({i})", "latency_ms": draw(MS)}
-        if draw(st.booleans()):
-            step["cpu_ms"] = draw(MS)
-        verdict = draw(st.sampled_from([True, False, None]))
-        if verdict is not None:
-            step["passes"] = verdict
-        failure = draw(st.sampled_from([None, None, "raises", "worker_dies"]))
-        if failure is not None:
-            step[failure] = f"{failure} in {pid} submission {i}"
-        script.append(step)
-    return {
-        "id": pid,
-        "prompt": f"write a program for {pid}",
-        "tools": [{"name": "lcb_evaluate"}],
-        "script": script,
-        "metadata": {
-            "reference_tests": [{"input": "1", "output": "1", "testtype": "stdin"}],
-            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
-        },
-    }
 
 
 @st.composite
