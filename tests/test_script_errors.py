@@ -168,19 +168,26 @@ def test_a_replay_fails_where_the_run_failed_not_on(tmp_path: Path) -> None:
     assert "ended_otherwise" not in json.loads((replay / "run.json").read_text())["simulation"]["replayed"]
 
 
-def test_a_recorded_failure_no_replay_can_fail_with_is_refused_naming_its_line(tmp_path: Path) -> None:
+def _recorded_failure_edited(tmp_path: Path, **fields: Any) -> tuple[Path, int]:
+    """A simulated run of one trajectory whose last request fails (an error step), its ``model_failed``
+    event given ``fields``: the run's folder, and that event's line in events.jsonl."""
     workload = write_workload(tmp_path / "w.jsonl", [_failing("bad", UNAVAILABLE)])
     recorded = tmp_path / "recorded"
     assert simulate_here("--workload", workload, "--output", recorded).exit_code == 0
     events = recorded / "events.jsonl"
     lines = events.read_text().splitlines()
     (at,) = [i for i, line in enumerate(lines) if '"model_failed"' in line]
-    row = json.loads(lines[at])
-    lines[at] = json.dumps(row | {"kind": "Not A Kind"})
+    lines[at] = json.dumps(json.loads(lines[at]) | fields)
     events.write_text("\n".join(lines) + "\n")
+    return recorded, at + 1
+
+
+def test_a_recorded_failure_no_replay_can_fail_with_is_refused_naming_its_line(tmp_path: Path) -> None:
+    recorded, line = _recorded_failure_edited(tmp_path, kind="Not A Kind")
     done = simulate_here("--from-run", recorded, "--output", tmp_path / "replay")
     assert done.exit_code == 2, done.output
-    assert f"{events}:{at + 1}: 'model_failed' has a 'kind' a replay cannot fail with" in done.output
+    events = recorded / "events.jsonl"
+    assert f"{events}:{line}: 'model_failed' has a 'kind' a replay cannot fail with" in done.output
     assert not (tmp_path / "replay").exists()
 
 
@@ -244,14 +251,7 @@ def test_a_scripted_run_whose_every_request_failed_by_its_script_asks_for_no_ser
 def test_a_recorded_failure_with_a_status_past_599_is_replayed(tmp_path: Path) -> None:
     """HTTP/1.1 carries any three-digit status (some servers answer 999) and a run records it as it came:
     the replay of that complete run was refused ("'status' a replay cannot fail with")."""
-    workload = write_workload(tmp_path / "w.jsonl", [_failing("bad", UNAVAILABLE)])
-    recorded = tmp_path / "recorded"
-    assert simulate_here("--workload", workload, "--output", recorded).exit_code == 0
-    events = recorded / "events.jsonl"
-    lines = events.read_text().splitlines()
-    (at,) = [i for i, line in enumerate(lines) if '"model_failed"' in line]
-    lines[at] = json.dumps(json.loads(lines[at]) | {"status": 999})  # as a server answering 999 has it
-    events.write_text("\n".join(lines) + "\n")
+    recorded, _ = _recorded_failure_edited(tmp_path, status=999)  # as a server answering 999 has it
     done = simulate_here("--from-run", recorded, "--output", tmp_path / "replay")
     assert done.exit_code == 0, done.output
     (failed,) = [e for e in load_run(tmp_path / "replay")[2] if e.event == "model_failed"]
