@@ -425,7 +425,7 @@ def _replay(problem: Problem, pid: str, measured: Measured, verdicts: dict[str, 
             update["latency_ms"] = round(measured.model[(pid, turn)] * 1000.0, 6)
         step = asked.get(turn)
         if step is not None and step.failure is not None:  # the request failed: so does the replay's, there
-            script.append(failure_step(step, step.failure, update.get("latency_ms"), measured))
+            script.append(failure_step(step, update.get("latency_ms"), measured))
             break
         if isinstance(action, ToolAction | SubmitAction) and (pid, turn) in measured.cpu:
             update["cpu_ms"] = measured.cpu[(pid, turn)]

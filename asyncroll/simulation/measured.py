@@ -366,13 +366,13 @@ def check_against_script(problem: Problem, pid: str, measured: Measured) -> None
             )
 
 
-def failure_step(step: ModelStep, kind: str, latency_ms: float | None, measured: Measured) -> ErrorStep:
+def failure_step(step: ModelStep, latency_ms: float | None, measured: Measured) -> ErrorStep:
     """The ``error`` step that fails a replayed request as the run's failed: its kind, message and status
     after its measured latency (a failure the run recorded ends its trajectory, so the step is the last)."""
     try:
         return ErrorStep(
             type="error",
-            kind=kind,
+            kind=step.failure or "",
             message=step.error or "",
             status=step.status,
             latency_ms=latency_ms,
