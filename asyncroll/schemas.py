@@ -15,6 +15,14 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class Approximate(BaseModel):
+    """A distribution over more samples than are kept exactly: its p50 and p95 come from a quantile sketch,
+    each within ``relative_accuracy`` of a sample at its rank (count, mean, min and max stay exact)."""
+
+    relative_accuracy: float
+    exact_up_to: int  # how many samples a distribution keeps exactly
+
+
 class Distribution(BaseModel):
     count: int
     mean: float | None
@@ -22,6 +30,7 @@ class Distribution(BaseModel):
     p50: float | None
     p95: float | None
     max: float | None
+    approximate: Approximate | None = None  # absent: exact, over every sample
 
 
 class RunReceiptModel(_Open):

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncroll.outputs.bounds import WorkMeter, admission_order_makespan
 from tests.conftest import VirtualRun, tool_problem
@@ -75,3 +80,55 @@ def test_a_run_with_a_huge_active_limit_still_summarises(virtual_run: VirtualRun
     bounds = outcome.summary["bounds"]
     assert bounds["terms"]["admission_order_s"] == pytest.approx(0.25)
     assert bounds["lower_bound_s"] == pytest.approx(outcome.summary["makespan_s"])
+
+
+def slot_free_times(works: list[float], slots: int) -> float:
+    """The list schedule as first written: every slot free at 0, each work on the earliest free one."""
+    free = [0.0] * min(slots, len(works))
+    makespan = 0.0
+    for work in works:
+        end = heapq.heappop(free) + work
+        heapq.heappush(free, end)
+        makespan = max(makespan, end)
+    return makespan
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.floats(min_value=0, max_value=50, allow_nan=False), max_size=40),
+    st.integers(min_value=1, max_value=6),
+    st.randoms(use_true_random=False),
+    st.integers(min_value=0, max_value=40),
+    st.booleans(),
+)
+def test_the_meter_places_works_as_trajectories_end_and_gets_the_same_term(
+    works: list[float], slots: int, rng: random.Random, still_running: int, started_late: bool
+) -> None:
+    """Trajectories end in any order, some still run when the bound is asked for, the slots become known
+    at any point (``measurement_started``) or only then: the term is the whole admission order's, bit for
+    bit, and the meter holds no work of a trajectory that ended after every earlier one."""
+    work = WorkMeter()
+    if not started_late:
+        work.start(slots)
+    for i, seconds in enumerate(works):
+        work.admitted(str(i))
+        work.add(str(i), seconds, model=False)
+    order = list(range(len(works)))
+    rng.shuffle(order)
+    running = set(order[len(order) - still_running :]) if still_running else set()
+    for i in order:
+        if i not in running:
+            work.finished(str(i))
+    first_running = min(running, default=len(works))
+    assert all(position > first_running for position in work._ended) or started_late
+    limits = {"max_active_trajectories": slots, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    terms = work.bounds(10**6, limits)["terms"]
+    assert terms["admission_order_s"] == round(slot_free_times(works, slots), 6)
+
+
+def test_a_meter_asked_about_other_slots_than_it_placed_works_on_refuses() -> None:
+    work = WorkMeter()
+    work.start(2)
+    limits = {"max_active_trajectories": 3, "max_inflight_model_requests": 1, "cpu_workers": 1}
+    with pytest.raises(ValueError, match="placed on 2 active slots, asked about 3"):
+        work.bounds(1.0, limits)

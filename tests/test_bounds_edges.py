@@ -95,12 +95,18 @@ def test_more_inflight_requests_than_active_trajectories_spread_model_time_over_
     """One trajectory has at most one model request out: with 2 active and 8 inflight, at most 2 requests
     are ever in flight, so 10 s of model latency takes at least 5 s (not 10 ÷ 8), and the reported model
     capacity is 2."""
-    work = WorkMeter()
-    for name in ("a", "b"):
-        work.admitted(name)
-        work.add(name, 5.0, model=True)
-        work.finished(name)
-    bounds = work.bounds(6.0, {**LIMITS, "max_inflight_model_requests": 8})
+
+    def two_of_five_seconds() -> WorkMeter:
+        work = WorkMeter()
+        for name in ("a", "b"):
+            work.admitted(name)
+            work.add(name, 5.0, model=True)
+            work.finished(name)
+        return work
+
+    bounds = two_of_five_seconds().bounds(6.0, {**LIMITS, "max_inflight_model_requests": 8})
     assert (bounds["terms"]["model_service_s"], bounds["model_capacity"]) == (5.0, 2)
-    narrow = work.bounds(6.0, {**LIMITS, "max_active_trajectories": 4, "max_inflight_model_requests": 1})
+    narrow = two_of_five_seconds().bounds(
+        6.0, {**LIMITS, "max_active_trajectories": 4, "max_inflight_model_requests": 1}
+    )
     assert (narrow["terms"]["model_service_s"], narrow["model_capacity"]) == (10.0, 1)

@@ -18,30 +18,54 @@ finishes late whatever the dispatch order.
 from __future__ import annotations
 
 import heapq
-from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.statistics import ratio
 
 
-def admission_order_makespan(works: Sequence[float], slots: int) -> float:
-    """The makespan of list-scheduling ``works`` (in admission order) on ``slots`` identical slots.
+class ListSchedule:
+    """Works placed, in the order given, each on the earliest free of ``slots`` identical slots.
 
     Only as many slots as there are works can ever be used: the heap holds no more (an active limit of a
     billion, meaning "all at once", used to allocate eight gigabytes here as the run ended)."""
-    free = [0.0] * min(slots, len(works))  # a heap of slot-free times
-    makespan = 0.0
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.free: list[float] = []  # a heap of the used slots' free times
+        self.makespan = 0.0
+
+    def place(self, work: float) -> None:
+        if len(self.free) < self.slots:  # a slot not used yet: free at 0
+            end = 0.0 + work
+            heapq.heappush(self.free, end)
+        else:
+            end = heapq.heappop(self.free) + work
+            heapq.heappush(self.free, end)
+        self.makespan = max(self.makespan, end)
+
+    def copy(self) -> ListSchedule:
+        twin = ListSchedule(self.slots)
+        twin.free, twin.makespan = list(self.free), self.makespan
+        return twin
+
+
+def admission_order_makespan(works: Iterable[float], slots: int) -> float:
+    """The makespan of list-scheduling ``works`` (in admission order) on ``slots`` identical slots."""
+    schedule = ListSchedule(slots)
     for work in works:
-        end = heapq.heappop(free) + work
-        heapq.heappush(free, end)
-        makespan = max(makespan, end)
-    return makespan
+        schedule.place(work)
+    return schedule.makespan
 
 
 class WorkMeter:
-    """Model service and CPU execution (finished or failed), per active trajectory and in total."""
+    """Model service and CPU execution (finished or failed), per active trajectory and in total.
+
+    The admission-order term is list-scheduled as the run goes: a trajectory's work is placed once every
+    trajectory admitted before it has ended, so the meter keeps only the works that ended ahead of an
+    earlier one still running, not one per trajectory (it knows the slots from ``measurement_started``, or
+    from :meth:`bounds`' limits)."""
 
     def __init__(self) -> None:
         # Work (model service + CPU execution) per active trajectory, folded into totals when it ends.
@@ -51,9 +75,11 @@ class WorkMeter:
         self.durations = 0  # how many (µs-rounded) durations the work sums hold: their rounding error
         self.trajectory_work = 0.0
         self.longest_work = 0.0
-        # Each trajectory's work in admission order (packed doubles), for the admission-order slot term.
-        self._admitted_work = array("d")
+        self._admitted = 0  # trajectories admitted so far: the next one's position in admission order
         self._admitted_at: dict[str | None, int] = {}  # active trajectory → its position there
+        self._ended: dict[int, float] = {}  # position → work, of trajectories ended but not yet placed
+        self._placed = 0  # positions placed on the schedule (every one before it has ended)
+        self._schedule: ListSchedule | None = None  # once the slots are known
 
     def add(self, trajectory: str | None, seconds: float, model: bool) -> None:
         """A model request's latency or a CPU job's execute time (a failed job: its round trip)."""
@@ -64,19 +90,36 @@ class WorkMeter:
             self.cpu_work += seconds
         self._work[trajectory] = self._work.get(trajectory, 0.0) + seconds
 
+    def start(self, slots: int) -> None:
+        """The run's active limit is known (``measurement_started``): place ended works from now on."""
+        if self._schedule is None:
+            self._schedule = ListSchedule(slots)
+            self._place()
+
     def admitted(self, trajectory: str | None) -> None:
         """A trajectory started: it takes the next position in admission order."""
-        self._admitted_at[trajectory] = len(self._admitted_work)
-        self._admitted_work.append(0.0)
+        self._admitted_at[trajectory] = self._admitted
+        self._admitted += 1
 
     def finished(self, trajectory: str | None) -> None:
         """A trajectory ended: its work is folded into the totals."""
         work = self._work.pop(trajectory, 0.0)
         position = self._admitted_at.pop(trajectory, None)
         if position is not None:
-            self._admitted_work[position] = work
+            self._ended[position] = work
+            if position == self._placed:
+                self._place()
         self.trajectory_work += work
         self.longest_work = max(self.longest_work, work)
+
+    def _place(self) -> None:
+        """Place the ended works that follow the placed ones without a gap (a running trajectory's)."""
+        schedule, ended = self._schedule, self._ended
+        if schedule is None:
+            return
+        while self._placed in ended:
+            schedule.place(ended.pop(self._placed))
+            self._placed += 1
 
     def bounds(
         self,
@@ -103,9 +146,17 @@ class WorkMeter:
         capacity = min(limits["max_inflight_model_requests"], active)
         unfinished = left_to_right_sum(self._work.values())
         longest = max([self.longest_work, *self._work.values()])
-        admitted = array("d", self._admitted_work)
+        self.start(active)  # where measurement_started did not
+        placed = self._schedule
+        if placed is None or placed.slots != active:  # one meter, one run: its slots never change
+            raise ValueError(f"works placed on {placed and placed.slots} active slots, asked about {active}")
+        # the works not placed yet, in admission order: ended ones, and running ones' work so far
+        tail = dict(self._ended)
         for trajectory, position in self._admitted_at.items():
-            admitted[position] = self._work.get(trajectory, 0.0)
+            tail[position] = self._work.get(trajectory, 0.0)
+        admission_order = placed.copy()
+        for position in sorted(tail):
+            admission_order.place(tail[position])
         model_term = self.model_work / capacity
         if model_capacity is not None and server_batch_s is not None:
             model_term = max(model_term, server_batch_s / model_capacity)
@@ -115,7 +166,7 @@ class WorkMeter:
             "trajectory_work_s": round((self.trajectory_work + unfinished) / active, 6),
             "longest_trajectory_s": round(longest, 6),
             # last, so that a tie keeps the plainer term's name
-            "admission_order_s": round(admission_order_makespan(admitted, active), 6),
+            "admission_order_s": round(admission_order.makespan, 6),
         }
         binding = max(terms, key=lambda k: terms[k])
         bound = terms[binding]

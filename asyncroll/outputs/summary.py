@@ -2,16 +2,16 @@
 
 :class:`SummaryBuilder` subscribes to the :class:`~asyncroll.event_log.EventLog`; at the end
 :meth:`SummaryBuilder.build` turns its counters and samples into counts, rates, latency distributions
-(min/p50/p95/max), the phase breakdown and scheduler diagnostics. Samples for the exact distributions
-are kept as packed doubles (8 bytes each: 100k trajectories of five turns cost a few MB); everything
-else is a counter, or per *active* trajectory and dropped when it ends. A value that could not be measured is
+(min/p50/p95/max), the phase breakdown and scheduler diagnostics. A distribution's samples are kept as
+packed doubles (8 bytes each) up to 65,536 of them, then in a bounded quantile sketch
+(:mod:`asyncroll.outputs.samples`); everything else is a counter, or per *active* trajectory and dropped
+when it ends. A value that could not be measured is
 ``null`` with a reason, never zero.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -39,12 +39,12 @@ from asyncroll.events import (
     TrajectoryStarted,
     WorkerRestarting,
 )
-from asyncroll.floats import left_to_right_sum
 from asyncroll.outputs.blocked import BlockedMeter
 from asyncroll.outputs.bounds import WorkMeter
 from asyncroll.outputs.pauses import CircuitMeter, LoopStallMeter
 from asyncroll.outputs.resources import ResourceMeter, gpu_hour
-from asyncroll.outputs.statistics import distribution, pearson, pearson_missing, ratio
+from asyncroll.outputs.samples import Pairs, Samples
+from asyncroll.outputs.statistics import ratio
 from asyncroll.policies.registry import canonical_policy
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -100,16 +100,14 @@ class SummaryBuilder:
         self._resubmission: dict[int, bool] = {}
         self._predicted: dict[int, tuple[float, bool]] = {}
         self.prediction_sources: Counter[str] = Counter()
-        self.pairs: dict[str, tuple[array[float], array[float]]] = {
-            k: (array("d"), array("d")) for k in ("all", "repairs", "first")
-        }
+        self.pairs = {k: Pairs() for k in ("all", "repairs", "first")}
         self.work = WorkMeter()  # model service and CPU execution: the makespan lower bound
         # The phase breakdown (PHASES) per active trajectory, folded into ``phase_totals`` when it ends:
         # the breakdown and its denominator (finished trajectories' time) cover the same trajectories.
         self._phases: dict[str | None, list[float]] = {}
         self.phase_totals = [0.0] * len(PHASES)
-        self.samples: dict[str, array[float]] = {
-            k: array("d")
+        self.samples = {
+            k: Samples()
             for k in (
                 "trajectory_s",
                 "model_latency_s",
@@ -129,7 +127,7 @@ class SummaryBuilder:
             ModelPaused: self.circuit.on_paused,
             ServerUnavailable: self.circuit.on_unavailable,
             ServerAvailable: self.circuit.on_available,
-            MeasurementStarted: self.loop.on_started,
+            MeasurementStarted: self._measurement_started,
             LoopWatched: self.loop.on_watched,
             LoopStalled: self.loop.on_stalled,
             ProcessStopped: self.loop.on_stopped,
@@ -155,6 +153,10 @@ class SummaryBuilder:
         if sums is None:
             sums = self._phases[trajectory] = [0.0] * len(PHASES)
         sums[phase] += seconds
+
+    def _measurement_started(self, event: MeasurementStarted) -> None:
+        self.loop.on_started(event)
+        self.work.start(event.max_active_trajectories)
 
     def _model_started(self, event: ModelStarted) -> None:
         self.samples["model_queue_s"].append(event.queued_s)
@@ -201,8 +203,7 @@ class SummaryBuilder:
         if predicted is not None and event.ok and event.execute_s > 0 and event.kind != "grade":
             log_pred, log_actual = math.log(predicted[0]), math.log(event.execute_s)
             for key in ("all", "repairs" if predicted[1] else "first"):
-                self.pairs[key][0].append(log_pred)
-                self.pairs[key][1].append(log_actual)
+                self.pairs[key].append(log_pred, log_actual)
         self._add_work(event.id, event.execute_s, model=False)
         s = self.samples
         self.jobs_by_kind[event.kind] += 1
@@ -307,7 +308,7 @@ class SummaryBuilder:
         hours = makespan_s / 3600.0
         phase_totals = {name: round(total, 6) for name, total in zip(PHASES, self.phase_totals, strict=True)}
         blocked = self.blocked.total(makespan_s) if measured else None
-        trajectory_total = left_to_right_sum(s["trajectory_s"])
+        trajectory_total = s["trajectory_s"].total()
         return {
             "schema_version": SUMMARY_SCHEMA_VERSION,
             "status": status,
@@ -374,7 +375,7 @@ class SummaryBuilder:
                 # results longer than --max-observation-chars, cut before the model saw them
                 "observations_cut": self.observations_cut,
             },
-            "latency": {name: distribution(values) for name, values in s.items()},
+            "latency": {name: values.distribution() for name, values in s.items()},
             "phases": {
                 **phase_totals,
                 "trajectory_total_s": round(float(trajectory_total), 6),
@@ -394,18 +395,18 @@ class SummaryBuilder:
                 "max_queue_depth": peaks.get("queued_cpu_jobs"),
                 "prediction": {
                     "sources": dict(self.prediction_sources),
-                    "pairs": len(self.pairs["all"][0]),
-                    "pearson_log": pearson(*self.pairs["all"]),
-                    "pearson_log_repairs": pearson(*self.pairs["repairs"]),
-                    "pearson_log_first": pearson(*self.pairs["first"]),
+                    "pairs": len(self.pairs["all"]),
+                    "pearson_log": self.pairs["all"].pearson(),
+                    "pearson_log_repairs": self.pairs["repairs"].pearson(),
+                    "pearson_log_first": self.pairs["first"].pearson(),
                     # each correlation's own denominator (null below 3 pairs: say how many there were)
-                    "pairs_repairs": len(self.pairs["repairs"][0]),
-                    "pairs_first": len(self.pairs["first"][0]),
+                    "pairs_repairs": len(self.pairs["repairs"]),
+                    "pairs_first": len(self.pairs["first"]),
                     # why each null correlation is null (a correlation that was computed is not listed)
                     "pearson_null_reasons": {
                         name: why
                         for name, key in PEARSON_FIELDS.items()
-                        if (why := pearson_missing(*self.pairs[key])) is not None
+                        if (why := self.pairs[key].missing()) is not None
                     },
                     "note": "log-log predicted vs actual execute time: tool and evaluate jobs finished ok",
                 },
