@@ -31,6 +31,20 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Final
+
+#: The most characters of an error's text anything keeps or shows: an event (``model_failed``,
+#: ``cpu_finished``, ``cpu_failed``, ``trajectory_finished``), a tool worker's reply, the text a trajectory
+#: fails with (results.jsonl) or shows the model (``--tool-errors observe``), and a script's declared error
+#: or failure message, so that a replay writes back whatever a run recorded and gives back the same text.
+#: Stdlib only here: the tool worker imports it (:mod:`asyncroll.events` re-exports it).
+MAX_ERROR_CHARS: Final = 1000
+
+
+def error_text(text: str) -> str:
+    """``text`` as an error's text is kept and shown: its first :data:`MAX_ERROR_CHARS` characters."""
+    return text[:MAX_ERROR_CHARS]
+
 
 #: The words of the error that fails a run whose server stayed down past ``--server-down-timeout``
 #: (the HTTP backend's), by which the CLI knows that error already says the outage.

@@ -16,15 +16,14 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 
+from asyncroll.errors import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from asyncroll.errors import error_text
+
 SCHEMA_VERSION: Final = 1
-#: An event keeps the first this many characters of an error (``model_failed``, ``cpu_finished``,
-#: ``cpu_failed``: :data:`ErrorText`), and a script's declared error or failure message is at most as
-#: long, so that a replay can write back whatever a run recorded.
-MAX_ERROR_CHARS: Final = 1000
 #: An error's text as an event keeps it: its first :data:`MAX_ERROR_CHARS` characters (the schema says so).
 ErrorText = Annotated[
     str,
-    AfterValidator(lambda text: text[:MAX_ERROR_CHARS]),
+    AfterValidator(error_text),
     WithJsonSchema(
         {
             "type": "string",
@@ -134,7 +133,7 @@ class TrajectoryFinished(Event):
     tool_calls: int
     duration_s: float
     correct: bool | None = None
-    error: str | None = None
+    error: ErrorText | None = None
     generations: int | None = None  # one-repair problems: programs evaluated (2 = a repair was tried)
     observations_cut: int = 0  # tool results cut to --max-observation-chars before the model saw them
     has_reference: bool | None = None  # the problem has a reference_answer (None: a log from before)

@@ -16,7 +16,7 @@ from asyncroll.backends.action_schema import tool_call
 from asyncroll.backends.base import Backend, ModelRequest
 from asyncroll.clock import Clock
 from asyncroll.config import DEFAULT_MAX_OBSERVATION_CHARS
-from asyncroll.errors import InvalidActionError, ModelError
+from asyncroll.errors import InvalidActionError, ModelError, error_text
 from asyncroll.event_log import EventLog
 from asyncroll.events import TrajectoryFinished, TrajectoryStarted
 from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
@@ -280,7 +280,9 @@ class TrajectoryRunner:
                 state.observations_cut += 1
                 text = cut_observation(text, chars)
             return text, None
-        error = f"tool {action.name!r} failed: {outcome.error}"
+        # what the trajectory sees of it (results.jsonl, the observation) is what events keep: a replay
+        # gives back the same text
+        error = error_text(f"tool {action.name!r} failed: {outcome.error}")
         if self._tool_errors == "observe" and len(error) > self._max_observation_chars:
             state.observations_cut += 1  # the error is the model's observation: cut as a result is
             return cut_observation(error[: self._max_observation_chars], len(error)), error
@@ -388,6 +390,6 @@ class _State:
             round(now - self.started, 6),
             answer,
             correct,
-            error,
+            None if error is None else error_text(error),  # as trajectory_finished keeps it
             evaluation,
         )

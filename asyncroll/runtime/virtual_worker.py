@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from asyncroll.clock import Clock
-from asyncroll.errors import WorkerDied, WorkerTimeout
+from asyncroll.errors import WorkerDied, WorkerTimeout, error_text
 from asyncroll.grading import grade
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.process import CallResult
@@ -143,7 +143,7 @@ def _evaluate(request: JobRequest, simulate_tools: bool) -> tuple[bool, Any, str
     try:
         return True, fn(**request.arguments), None
     except Exception as exc:  # noqa: BLE001 - a tool error is data, as in a real worker
-        return False, None, f"{type(exc).__name__}: {exc}"
+        return False, None, error_text(f"{type(exc).__name__}: {exc}")  # as a real worker cuts it
 
 
 def virtual_factory(

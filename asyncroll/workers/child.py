@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any, BinaryIO, NoReturn
 
+from asyncroll.errors import error_text  # stdlib only
 from asyncroll.outputs.lines import write_all  # a whole frame, or an error
 from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.protocol import (
@@ -67,7 +68,8 @@ from asyncroll.workers.upkeep import (
 
 PING = "__ping__"
 """The dummy call's tool name: answers the worker's pid."""
-ERROR_LIMIT = 2000
+#: A start-up failure's text (a tool's import error and its traceback): the run's error, no event's.
+STARTUP_ERROR_LIMIT = 4000
 
 _sigint_received = False
 """Set by the worker's SIGINT handler: tells a real SIGINT from a ``KeyboardInterrupt`` a tool raised."""
@@ -153,7 +155,7 @@ def _load_module(path: Path, index: int, sha256: str | None) -> ModuleType:
 
 
 def describe(exc: BaseException) -> str:
-    """``ExcType: message`` (``ExcType`` alone when the message is empty), cut to :data:`ERROR_LIMIT`.
+    """``ExcType: message`` (``ExcType`` alone when the message is empty), cut to ``MAX_ERROR_CHARS``.
 
     A lone surrogate in the message (a file name decoded with ``surrogateescape``, say) is written as
     its escape, ``\\udcff``: the text goes to events.jsonl and, under ``--tool-errors observe``, to the
@@ -164,8 +166,8 @@ def describe(exc: BaseException) -> str:
         if _signalled(error):
             raise
         message = "<unprintable>"
-    text = (f"{type(exc).__name__}: {message}" if message else type(exc).__name__)[:ERROR_LIMIT]
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = error_text(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+    return error_text(text.encode("utf-8", "backslashreplace").decode("utf-8"))  # an escape is longer
 
 
 def _no_room(exc: BaseException) -> str:
@@ -220,7 +222,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
     except BaseException as exc:  # a failing tool is a result, not a crash; a real SIGINT still ends us
         if _signalled(exc):
             raise
-        result, error = None, describe(exc) + _no_room(exc)
+        result, error = None, error_text(describe(exc) + _no_room(exc))
     finished = time.monotonic()
     if os.getpid() != pid:
         _leave_fork(request.tool, error)
@@ -234,7 +236,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
     except BaseException as exc:  # e.g. a value too large to encode, or whose __repr__ calls sys.exit()
         if _signalled(exc):
             raise
-        ok, error, blob = False, f"its result could not be encoded: {describe(exc)}", dumps(None)
+        ok, error, blob = False, error_text(f"its result could not be encoded: {describe(exc)}"), dumps(None)
     serialize_s = decode_s + time.monotonic() - t1
     reply = JobReply(
         request.job_id,
@@ -318,7 +320,7 @@ def _run(args: argparse.Namespace) -> int:
             error = str(exc) if isinstance(exc, ToolLoadError) else describe(exc)
             with contextlib.suppress(OSError, ValueError):  # the import closed fd 2 or sys.stderr
                 print(f"asyncroll worker start-up failed: {error}", file=sys.stderr, flush=True)
-            write_all(args.out_fd, encode(StartupFailed(error[: 2 * ERROR_LIMIT])))
+            write_all(args.out_fd, encode(StartupFailed(error[:STARTUP_ERROR_LIMIT])))
             return 1
         ready = Ready(os.getpid(), [spec.key for spec in specs], time.monotonic() - started)
         write_all(args.out_fd, encode(ready))
