@@ -172,12 +172,14 @@ class ModelError(AsyncrollError):
         completion_tokens: int | None = None,
         text: str | None = None,
         finish_reason: str | None = None,
+        scripted: bool = False,
     ) -> None:
         """``kind`` classifies the failure (``transport``, ``timeout``, ``http_status``, ``bad_response``,
         ``schema_rejected``, ``invalid_action``, ...). HTTP backends also say what they saw: the status
         code, whether a complete response arrived, the seconds spent parsing it, how many attempts were
         made (retries included), and the token usage, text and finish reason of a completion whose
-        action was invalid (the server did that work; a transcript shows what the model wrote)."""
+        action was invalid (the server did that work; a transcript shows what the model wrote).
+        ``scripted``: a script's ``error`` step failed it (no request was sent anywhere)."""
         self.kind = kind
         self.status = status
         self.response_received = response_received
@@ -187,6 +189,7 @@ class ModelError(AsyncrollError):
         self.completion_tokens = completion_tokens
         self.text = text
         self.finish_reason = finish_reason
+        self.scripted = scripted
         super().__init__(message)
 
 

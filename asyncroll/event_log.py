@@ -90,7 +90,10 @@ class EventLog:
         if self._file is not None:
             # A pydantic record's __dict__ holds exactly its fields, in order, all JSON-native values;
             # orjson encodes it several times faster than model_dump_json, on the hot path of every run.
-            line = orjson.dumps(event.__dict__, default=_fields, option=orjson.OPT_APPEND_NEWLINE)
+            fields = event.__dict__
+            if event.absent_when_none:  # a field added later, written only where it has a value
+                fields = {k: v for k, v in fields.items() if v is not None or k not in event.absent_when_none}
+            line = orjson.dumps(fields, default=_fields, option=orjson.OPT_APPEND_NEWLINE)
             try:
                 self._file.write(line)  # whole or not at all; raises once, the first time it fails
             finally:

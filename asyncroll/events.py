@@ -12,7 +12,7 @@ summary, tests) see each event as it is written; nothing keeps the whole stream 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 
@@ -40,6 +40,9 @@ class Event(BaseModel):
     t: float = 0.0
     event: str
     id: str | None = None
+    #: fields written to events.jsonl only when they are not None (absent otherwise, so that a field added
+    #: later leaves the lines of the events that lack it as they were)
+    absent_when_none: ClassVar[frozenset[str]] = frozenset()
 
 
 # --- run lifecycle -------------------------------------------------------------------------------------
@@ -182,6 +185,12 @@ class ModelFailed(Event):
     # a completion whose action was invalid: its usage, as model_finished records it (null when unknown)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    scripted: bool | None = Field(
+        default=None,
+        description="true: a script's error step failed the request (no request was sent; no server failed "
+        "it); absent otherwise",
+    )
+    absent_when_none: ClassVar[frozenset[str]] = frozenset({"scripted"})
 
 
 class ModelRetrying(Event):

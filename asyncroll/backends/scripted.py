@@ -29,12 +29,17 @@ def scripted_step(request: ModelRequest) -> ScriptStep:
 
 async def scripted_failure(step: ErrorStep, turn: int, clock: Clock, overhead_s: float = 0.0) -> NoReturn:
     """An ``error`` step: no request is sent anywhere; after its ``latency_ms`` (and the turn's overhead)
-    the request fails with the step's kind, message and status."""
+    the request fails with the step's kind, message and status, marked ``scripted`` (its ``model_failed``
+    says so: no server failed it)."""
     seconds = (step.latency_ms or 0.0) / 1000.0 + overhead_s
     if seconds:
         await clock.sleep(seconds)
     raise ModelError(
-        step.kind, step.error_text(turn), status=step.status, response_received=step.status is not None
+        step.kind,
+        step.error_text(turn),
+        status=step.status,
+        response_received=step.status is not None,
+        scripted=True,
     )
 
 

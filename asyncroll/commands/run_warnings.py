@@ -88,8 +88,9 @@ def warn_server_down(summary: dict[str, Any] | None, error: str | None = None) -
             err=True,
         )
     # only failures of reaching the server: replies it gave (invalid actions, a scripted backend's own
-    # failures) say it is up; the requests a stop cut (cancelled) say nothing either way
-    elif (ended := {k: n for k, n in failed.items() if k != "cancelled"}) and not model.get("finished"):
+    # failures) say it is up; the requests a stop cut (cancelled) and those a script's error step failed
+    # (``--replay``: no request sent) say nothing either way
+    elif (ended := _unanswered(failed, model.get("scripted_failures"))) and not model.get("finished"):
         if not set(ended) <= {"transport", "timeout", "http_status"}:
             return
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(ended.items()))
@@ -98,6 +99,13 @@ def warn_server_down(summary: dict[str, Any] | None, error: str | None = None) -
             "up? (results.jsonl: each trajectory's error)",
             err=True,
         )
+
+
+def _unanswered(failed: dict[str, int], scripted: dict[str, int] | None) -> dict[str, int]:
+    """The failed requests by kind less those a stop cut and those a script failed (summary.json's
+    ``model.scripted_failures``; none in a summary written before it)."""
+    left = {k: n - (scripted or {}).get(k, 0) for k, n in failed.items() if k != "cancelled"}
+    return {k: n for k, n in left.items() if n > 0}
 
 
 def warn_replay_length_unfixed(output: Path) -> None:

@@ -176,6 +176,7 @@ class ModelGate:
                         attempts=failure.attempts,
                         prompt_tokens=failure.prompt_tokens,
                         completion_tokens=failure.completion_tokens,
+                        scripted=True if failure.scripted else None,
                     ),
                     at=ended,
                 )
