@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from asyncroll.events import MAX_ERROR_CHARS
+from asyncroll.events import MAX_ERROR_CHARS, TrajectoryFinished
 from tests.cli_runs import load_run
-from tests.conftest import invoke, write_workload
+from tests.conftest import VirtualRun, invoke, write_workload
 from tests.simulations import simulate_here
 
 
@@ -77,3 +77,32 @@ def test_a_long_tool_error_is_what_events_keep_in_results_the_observation_and_a_
     done = simulate_here("--from-run", failed, "--output", replay)
     assert done.exit_code == 0, done.output
     assert _row(replay)["error"] == error
+
+
+def test_a_long_model_failure_is_cut_once_with_its_prefix(virtual_run: VirtualRun) -> None:
+    """A model failure's message (here a script's, at the 1,000 characters a declared message may have;
+    an HTTP backend's invalid-action detail is unbounded) became ``model KIND: message``, longer than
+    any event keeps: results.jsonl and ``trajectory_finished`` now hold the same text, cut to that."""
+    step = {"type": "error", "kind": "http_status", "status": 500, "message": "m" * MAX_ERROR_CHARS}
+    _, capture, out = virtual_run([{"id": "x", "prompt": "p", "script": [step]}])
+    (finished,) = capture.of(TrajectoryFinished)
+    assert (
+        _row(out)["error"]
+        == finished.error
+        == ("model http_status: " + "m" * MAX_ERROR_CHARS)[:MAX_ERROR_CHARS]
+    )
+
+
+def test_the_worker_reports_at_most_what_an_event_keeps() -> None:
+    """The worker reported 2,000 characters (and a lone surrogate's escape could lengthen them): its
+    reply's error is at most :data:`MAX_ERROR_CHARS`, whatever the tool raised."""
+    from asyncroll.workers.child import run_job
+    from asyncroll.workers.protocol import JobReply, JobRequest, decode, encode
+
+    def boom(text: str) -> None:
+        raise ValueError(text)
+
+    for text in ("e" * 5000, b"\xff".decode("utf-8", "surrogateescape") * 5000):
+        reply = decode(run_job({"t": boom}, encode(JobRequest(1, "t", {"text": text}))[4:])[4:])
+        assert isinstance(reply, JobReply) and reply.error is not None
+        assert reply.error.startswith("ValueError: ") and len(reply.error) == MAX_ERROR_CHARS
