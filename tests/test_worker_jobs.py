@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncroll.errors import WorkerDied
+from asyncroll.errors import MAX_ERROR_CHARS, WorkerDied
 from asyncroll.workers import ToolSpec
 from asyncroll.workers.protocol import encode
 from tests.worker_processes import COUNTER, TOOLS, gone, job, real_process, run, started
@@ -99,7 +99,7 @@ def test_tool_exception_is_a_reply_and_the_worker_keeps_serving() -> None:
         reply = (await worker.call(job(1, "fail", message="boom"), 5)).reply
         assert (reply.ok, reply.value, reply.error) == (False, None, "ValueError: boom")
         long = (await worker.call(job(2, "fail", message="x" * 10_000), 5)).reply
-        assert long.error is not None and len(long.error) == 2000
+        assert long.error is not None and len(long.error) == MAX_ERROR_CHARS  # what an event keeps
         unknown = (await worker.call(job(3, "nope"), 5)).reply
         assert not unknown.ok and unknown.error is not None and unknown.error.startswith("KeyError")
         bad_args = (await worker.call(job(4, "count", extra=1), 5)).reply
