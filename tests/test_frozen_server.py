@@ -94,7 +94,12 @@ def test_a_frozen_server_opens_the_circuit_and_fails_the_run_once(tmp_path: Path
     [opened] = capture.of(ServerUnavailable)
     assert opened.reason.startswith("timeout: ") and "; then GET /health" in opened.reason, opened.reason
     started, failed = capture.of(TrajectoryStarted), capture.of(ModelFailed)
-    assert len(started) in (2, 3) and {e.kind for e in failed} == {"timeout"}  # the rest never admitted
+    assert len(started) in (2, 3)  # the rest never admitted
+    # the first two time out; a third, admitted when one of them failed, may have its request out when the
+    # run fails, and the stop cancels it (seen on a loaded machine)
+    assert {e.kind for e in failed} - {"cancelled"} == {"timeout"}
+    cancelled = {e.id for e in failed if e.kind == "cancelled"}
+    assert cancelled <= {s.id for s in started[2:]}, cancelled
 
 
 @pytest.mark.timeout(60)
