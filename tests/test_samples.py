@@ -132,3 +132,20 @@ def test_the_printed_summary_schema_describes_an_approximate_distribution() -> N
     schema = SummaryModel.model_json_schema()
     assert set(schema["$defs"]["Approximate"]["required"]) == {"relative_accuracy", "exact_up_to"}
     assert "approximate" not in schema["$defs"]["Distribution"]["required"]
+
+
+def test_a_metric_of_exactly_the_limit_is_exact_and_the_next_value_sketches_it() -> None:
+    """MEASUREMENT.md says exact "up to 65,536" samples: the 65,536th value keeps the distribution exact,
+    the 65,537th makes it approximate; so for a correlation's pairs."""
+    rng = random.Random(5)
+    values = [rng.lognormvariate(-2, 1.5) for _ in range(EXACT_SAMPLES)]
+    kept, pairs = Samples(), Pairs()
+    for value in values:
+        kept.append(value)
+        pairs.append(value, value * value)
+    assert kept.distribution() == distribution(values)
+    assert pairs.pearson() == pearson(values, [v * v for v in values]) and pairs._n == 0
+    kept.append(1.0)
+    pairs.append(1.0, 1.0)
+    assert kept.distribution()["approximate"]["exact_up_to"] == EXACT_SAMPLES
+    assert pairs.pearson() is not None and pairs._n == EXACT_SAMPLES + 1 == len(pairs)
