@@ -149,3 +149,31 @@ def test_a_metric_of_exactly_the_limit_is_exact_and_the_next_value_sketches_it()
     pairs.append(1.0, 1.0)
     assert kept.distribution()["approximate"]["exact_up_to"] == EXACT_SAMPLES
     assert pairs.pearson() is not None and pairs._n == EXACT_SAMPLES + 1 == len(pairs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.just(0.0), st.floats(min_value=-1e300, max_value=1e300, allow_nan=False)),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_any_finite_values_sketch_within_the_accuracy_negative_ones_too(values: list[float]) -> None:
+    """Durations are never negative, but a sketch given negative values ranks them below the zeros (it put
+    them with the zeros, and gave 0.0 for every one: p50 above the max when all were negative)."""
+    sketch = QuantileSketch()
+    sketch.add(array("d", values))
+    got, want = sketch.distribution(), distribution(values)
+    assert (got["count"], got["min"], got["max"]) == (want["count"], want["min"], want["max"])
+    assert close(got["p50"], want["p50"]) and close(got["p95"], want["p95"])
+
+
+@pytest.mark.parametrize("values", [[1.79e308, 1e308, 1.5e308], [1.5e308, 1.6e308, 1.7e308, 1.0]])
+def test_values_near_the_largest_float_sketch_within_the_accuracy(values: list[float]) -> None:
+    """A bucket's value 2γ^k/(γ+1) overflowed: 2γ^k from half the largest float (then clamped to the max,
+    2% off), γ^k itself within 1% of it (an OverflowError: no summary.json)."""
+    sketch = QuantileSketch()
+    sketch.add(array("d", values))
+    got, want = sketch.distribution(), distribution(values)
+    assert close(got["p50"], want["p50"]) and close(got["p95"], want["p95"])

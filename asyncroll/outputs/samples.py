@@ -16,6 +16,7 @@ decimals).
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from collections import Counter
@@ -32,13 +33,23 @@ _GAMMA: Final = (1 + RELATIVE_ACCURACY) / (1 - RELATIVE_ACCURACY)
 _LOG_GAMMA: Final = math.log(_GAMMA)
 
 
+def _bucket_value(key: int) -> float:
+    """``2γ^k/(γ+1)``: within α of every magnitude in bucket ``k``; infinite where γ^k is past the largest
+    float (a value within 1% of it: clamped to the max)."""
+    try:
+        return _GAMMA**key * (2 / (_GAMMA + 1))  # 2γ^k alone overflows from half the largest float
+    except OverflowError:
+        return math.inf
+
+
 class QuantileSketch:
-    """Non-negative values in buckets ``(γ^(k-1), γ^k]`` (γ = (1+α)/(1-α)), zeros apart. A bucket's value
-    is ``2γ^k/(γ+1)``, within α of every value in it."""
+    """Finite values in buckets ``(γ^(k-1), γ^k]`` of their magnitude (γ = (1+α)/(1-α)), negative ones,
+    zeros and positive ones apart. A bucket's value is ``±2γ^k/(γ+1)``, within α of every value in it."""
 
     def __init__(self) -> None:
-        self.buckets: Counter[int] = Counter()
-        self.zeros = 0  # values ≤ 0 (durations are ≥ 0: a zero wait)
+        self.buckets: Counter[int] = Counter()  # positive values
+        self.negative: Counter[int] = Counter()  # negative values by magnitude (a duration has none)
+        self.zeros = 0
         self.count = 0
         self.total = 0.0  # added left to right in arrival order, as the exact sum would be
         self.min = math.inf
@@ -48,10 +59,10 @@ class QuantileSketch:
         import numpy as np  # only a run past EXACT_SAMPLES values gets here: not on the CLI's start-up path
 
         xs = np.frombuffer(values, dtype=np.float64)
-        positive = xs[xs > 0]
-        keys, counts = np.unique(np.ceil(np.log(positive) / _LOG_GAMMA), return_counts=True)
-        self.buckets.update(dict(zip(keys.astype(int).tolist(), counts.tolist(), strict=True)))
-        self.zeros += len(xs) - len(positive)
+        for store, magnitudes in ((self.buckets, xs[xs > 0]), (self.negative, -xs[xs < 0])):
+            keys, counts = np.unique(np.ceil(np.log(magnitudes) / _LOG_GAMMA), return_counts=True)
+            store.update(dict(zip(keys.astype(int).tolist(), counts.tolist(), strict=True)))
+        self.zeros += int(np.count_nonzero(xs == 0))
         self.count += len(xs)
         self.total = left_to_right_sum([self.total, *values])
         self.min = min(self.min, float(xs.min()))
@@ -59,13 +70,16 @@ class QuantileSketch:
 
     def value_at(self, rank: int) -> float:
         """The estimated value of the ``rank``-th smallest sample (0-based), clamped to [min, max]."""
-        seen = self.zeros
-        if rank < seen:
-            return max(self.min, 0.0)
-        for key in sorted(self.buckets):
-            seen += self.buckets[key]
+        ranked = itertools.chain(
+            ((-_bucket_value(key), self.negative[key]) for key in sorted(self.negative, reverse=True)),
+            [(0.0, self.zeros)],
+            ((_bucket_value(key), self.buckets[key]) for key in sorted(self.buckets)),
+        )
+        seen = 0
+        for value, count in ranked:
+            seen += count
             if rank < seen:
-                return min(self.max, max(self.min, 2 * _GAMMA**key / (_GAMMA + 1)))
+                return min(self.max, max(self.min, value))
         return self.max
 
     def distribution(self) -> dict[str, Any]:
