@@ -17,7 +17,7 @@ class _Open(BaseModel):
 
 class Approximate(BaseModel):
     """A distribution over more samples than are kept exactly: its p50 and p95 come from a quantile sketch,
-    each within ``relative_accuracy`` of a sample at its rank (count, mean, min and max stay exact)."""
+    each within ``relative_accuracy`` of the exact one (count, mean, min and max stay exact)."""
 
     relative_accuracy: float
     exact_up_to: int  # how many samples a distribution keeps exactly
