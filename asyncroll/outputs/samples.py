@@ -5,8 +5,8 @@ gives its exact distribution: every run measured in this repository keeps far fe
 into a logarithmic-bucket quantile sketch (the DDSketch construction, relative accuracy
 :data:`RELATIVE_ACCURACY`), a batch of :data:`EXACT_SAMPLES` at a time: count, mean, min and max stay exact,
 p50 and p95 are within that relative accuracy of the exact ones (each rank's value is), and the
-distribution says ``approximate``. The sketch's memory is bounded by the values' range (a bucket per 1% step of value: about
-2,500 buckets from 1 µs to a day), not by their number. Batches are bucketed with numpy in one step: the
+distribution says ``approximate``. The sketch's memory is bounded by the values' range (a bucket per 1%
+step of value: about 2,500 buckets from 1 µs to a day), not by their number. Batches are bucketed with numpy in one step: the
 ``ddsketch`` package adds one value at a time in Python (≈ 1.6 µs each here, about thirty per trajectory).
 
 Pairs for a correlation keep exact arrays up to the same count, and running co-moments (Welford's online
