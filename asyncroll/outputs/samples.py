@@ -1,13 +1,13 @@
 """A run's samples for summary.json's distributions and correlations, in memory that stops growing.
 
 Up to :data:`EXACT_SAMPLES` values a metric keeps every one (packed doubles, 8 bytes each) and summary.json
-gives its exact distribution: every run measured in this repository keeps far fewer. Past that, values go
-into a logarithmic-bucket quantile sketch (the DDSketch construction, relative accuracy
-:data:`RELATIVE_ACCURACY`), a batch of :data:`EXACT_SAMPLES` at a time: count, mean, min and max stay exact,
-p50 and p95 are within that relative accuracy of the exact ones (each rank's value is), and the
-distribution says ``approximate``. The sketch's memory is bounded by the values' range (a bucket per 1%
-step of value: about 2,500 buckets from 1 µs to a day), not by their number. Batches are bucketed with numpy in one step: the
-``ddsketch`` package adds one value at a time in Python (≈ 1.6 µs each here, about thirty per trajectory).
+gives its exact distribution: every run measured in this repository keeps far fewer. Past that, values go into
+a logarithmic-bucket quantile sketch (the DDSketch construction, relative accuracy :data:`RELATIVE_ACCURACY`),
+a batch of :data:`EXACT_SAMPLES` at a time: count, mean, min and max stay exact, p50 and p95 are within that
+relative accuracy of the exact ones (each rank's value is), and the distribution says ``approximate``. The
+sketch's memory is bounded by the values' range (a bucket per 1% step of value: about 2,500 buckets from 1 µs
+to a day), not by their number. Batches are bucketed with numpy in one step: the ``ddsketch`` package adds one
+value at a time in Python (≈ 1.6 µs each here, about thirty per trajectory).
 
 Pairs for a correlation keep exact arrays up to the same count, and running co-moments (Welford's online
 update) that give the correlation past it: the same but for float rounding (it is written to 4 decimals).
