@@ -200,30 +200,51 @@ ENDING_SETTINGS = {
 }
 
 
-def why_ended_otherwise(changes: Mapping[str, int], run: Mapping[str, Any], replay: Mapping[str, Any]) -> str:
+def why_ended_otherwise(
+    changes: Mapping[str, int],
+    run: Mapping[str, Any],
+    replay: Mapping[str, Any],
+    graded: Mapping[str, int] | None = None,
+) -> str:
     """Why a replay's trajectories ended otherwise than the run's (``changes``: ``"recorded → replayed"``
-    counts; ``run``, ``replay``: the two configs): the ending settings the replay changed, named with the
-    run's values; where the run stopped a trajectory at its max_turns, that the turns past it are scripted;
-    where the run failed one and no setting explains it, that the replay did not reproduce that failure."""
+    counts; ``run``, ``replay``: the two configs; ``graded``: those whose grade job failed in the run, by
+    reason): the ending settings the replay changed, named with the run's values (a changed
+    ``--max-turns`` alone only where a change is to or from ``max_turns``, all it can explain); the grade
+    jobs it could not fail; where the run stopped a trajectory at its max_turns, that the turns past it
+    are scripted; and for the rest, that the replay did not reproduce how the run ended them."""
 
     def shown(value: object) -> str:
         return f"{value:g}" if isinstance(value, float) else str(value)
 
-    changed = [
-        f"{flag} {shown(replay[key])} (the run's: {shown(run[key])})"
-        for key, flag in ENDING_SETTINGS.items()
-        if key in run and run[key] != replay[key]
-    ]
-    why = [f"the replay's {', '.join(changed)} changed where they end"] if changed else []
+    changed = [key for key in ENDING_SETTINGS if key in run and run[key] != replay[key]]
+    graded = graded or {}
+    total, failed_grades = sum(changes.values()), sum(graded.values())
+    if set(changed) - {"max_turns"}:  # a tool setting may explain any change but a failed grade's
+        explained = total - failed_grades
+    else:  # a changed --max-turns explains only a change to or from max_turns
+        explained = sum(n for change, n in changes.items() if changed and "max_turns" in change)
+    why = []
+    if explained:
+        named = [f"{ENDING_SETTINGS[k]} {shown(replay[k])} (the run's: {shown(run[k])})" for k in changed]
+        why.append(f"the replay's {', '.join(named)} changed where they end")
+    if graded:
+        how = ", ".join(f"{reason} ×{n}" for reason, n in sorted(graded.items()))
+        why.append(
+            f"{failed_grades} failed in the run when their final answer's grade job failed ({how}), which "
+            "the replay cannot reproduce: it graded the answer"
+        )
     if any(change.startswith("max_turns →") for change in changes) and "max_turns" in run:
         why.append(
             f"the turns past the run's --max-turns {run['max_turns']} took the script's timings "
             "(never measured)"
         )
-    if not changed:
+    rest = total - explained - failed_grades
+    if rest > 0:
+        them = "them" if rest == total else f"{rest} of them"
+        unexplained = " (--max-turns changes only an ending at max_turns)" if changed else ""
         why.append(
-            "the replay did not reproduce how the run ended them, so their later turns took the script's "
-            "timings"
+            f"the replay did not reproduce how the run ended {them}{unexplained}, so their later turns took "
+            "the script's timings"
         )
     return "; ".join(why)
 
@@ -342,7 +363,12 @@ def say_ended_otherwise(run_dir: Path, replay: Path) -> None:
     """Trajectories the replay could not end as the run did: said on stderr, recorded in run.json."""
     from asyncroll.json_depth import json_loads
     from asyncroll.outputs.receipt import write_json_atomic
-    from asyncroll.simulation.replay_changes import ended_otherwise, restarts_not_replayed
+    from asyncroll.simulation.replay_changes import (
+        ended_otherwise,
+        grade_failures,
+        restarts_not_replayed,
+        unreplayable_restarts,
+    )
 
     changes, restarts = ended_otherwise(run_dir, replay), restarts_not_replayed(run_dir, replay)
     if not changes and not restarts:
@@ -357,16 +383,17 @@ def say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         typer.echo(f"warning: {receipt_path}: cannot record what follows ({exc.strerror or exc})", err=True)
     if restarts:
         lost = ", ".join(f"{reason}: {n}" for reason, n in restarts.items())
+        never = unreplayable_restarts(run_dir)
+        what = ", ".join(f"{held} ×{n}" for reason in restarts for held, n in sorted(never[reason].items()))
         typer.echo(
-            f"warning: {sum(restarts.values())} worker replacement(s) of the run not replayed ({lost}): a "
-            "worker's death while idle (killed from outside) or memory replacement is not replayed, nor its "
-            "replacement's start-up",
+            f"warning: {sum(restarts.values())} worker replacement(s) of the run not replayed ({lost}), nor "
+            f"their start-up: after {what}",
             err=True,
         )
     if changes:
         counts = ", ".join(f"{n} {change}" for change, n in sorted(changes.items()))
         run = json_loads((run_dir / "run.json").read_text(encoding="utf-8"))["config"]
-        why = why_ended_otherwise(changes, run, receipt["config"])
+        why = why_ended_otherwise(changes, run, receipt["config"], grade_failures(run_dir, replay))
         n = sum(changes.values())
         what = "trajectory" if n == 1 else "trajectories"
         typer.echo(f"warning: {n} {what} ended otherwise than in the run ({counts}): {why}", err=True)

@@ -5,6 +5,7 @@ client put there: the stalls of its event loop, inside the latencies it measured
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from asyncroll.errors import UsageError
@@ -64,14 +65,69 @@ def stalls_taken(run_dir: Path) -> str | None:
 
 
 def restarts_not_replayed(run_dir: Path, replay_dir: Path) -> dict[str, int]:
-    """The run's worker replacements the replay lacks, by reason (``worker_restarting``): all but
-    timeouts. A worker that died holding a job is replayed (its job's ``worker_dies``); one that died
-    idle (killed from outside), or that was replaced for its memory, is not, so its replacement's
-    start-up, when its slot took no job, is missing from the replay."""
+    """The run's worker replacements the replay lacks, by reason (``worker_restarting``), as far as the
+    run's events show them beyond any replay (:func:`unreplayable_restarts`): a tool or evaluation job's
+    timeout is replayed (just past the run's timeout) and so is a death holding one (its ``worker_dies``);
+    a grade job's timeout or death, a death while idle (killed from outside), a memory replacement and a
+    failed start are not, so their replacement's start-up, when its slot took no job, is missing. A lack
+    beyond those is the replay's own settings' (a longer ``--tool-timeout``: no timeout, no replacement)."""
     run, replay = (_restarts(folder / "events.jsonl") for folder in (run_dir, replay_dir))
-    return {
-        k: n - replay.get(k, 0) for k, n in sorted(run.items()) if k != "timeout" and n > replay.get(k, 0)
+    never = unreplayable_restarts(run_dir)
+    lacks = {k: min(n - replay.get(k, 0), sum(never.get(k, {}).values())) for k, n in sorted(run.items())}
+    return {k: n for k, n in lacks.items() if n > 0}
+
+
+#: What a replacement no replay reproduces followed: (its reason, the kind of job it held) → as said.
+_UNREPLAYABLE = {
+    ("timeout", "grade"): "a grade job's timeout",
+    ("died", "grade"): "a death holding a grade job",
+    ("died", None): "a death while idle (killed from outside)",
+    ("memory", None): "a memory replacement",
+    ("startup_failed", None): "a failed start",
+}
+
+
+def unreplayable_restarts(run_dir: Path) -> dict[str, Counter[str]]:
+    """The run's worker replacements that no replay reproduces, by reason, each counted by what it followed
+    (a grade job's timeout, a death while idle, ...): a grade job is implicit in the workload (no action
+    carries its cost or its worker's death), and the replay's grade takes 0 s on a worker that never dies
+    idle, never grows, never fails to start. Read from ``events.jsonl``: a job's ``cpu_failed`` (timeout,
+    worker_died) names its kind before its worker's ``worker_restarting``."""
+    held: dict[object, str] = {}  # worker -> the kind of job it lost, until replaced
+    out: dict[str, Counter[str]] = {}
+    for _, row in jsonl_rows(run_dir / "events.jsonl"):
+        if row.get("event") == "cpu_failed" and row.get("reason") in ("timeout", "worker_died"):
+            held[row.get("worker")] = str(row.get("kind"))
+        elif row.get("event") == "worker_restarting":
+            reason = str(row.get("reason"))
+            kind = held.pop(row.get("worker"), None) if reason in ("timeout", "died") else None
+            if kind in ("tool", "evaluate"):
+                continue  # replayed: the job times out again, or its worker_dies
+            what = _UNREPLAYABLE.get((reason, kind), f"a replacement ({reason})")
+            out.setdefault(reason, Counter())[what] += 1
+    return out
+
+
+def grade_failures(run_dir: Path, replay_dir: Path) -> dict[str, int]:
+    """The trajectories that ended otherwise in the replay whose final answer's grade job failed in the
+    run, by ``cpu_failed`` reason (``error`` where it finished not ok): the replay grades that answer (in
+    0 s), so it ends otherwise than the run's failed trajectory."""
+    recorded = _endings(run_dir / "results.jsonl")
+    changed = {
+        pid
+        for pid, ending in _endings(replay_dir / "results.jsonl").items()
+        if recorded.get(pid, ending) != ending
     }
+    out: dict[str, int] = {}
+    for _, row in jsonl_rows(run_dir / "events.jsonl"):
+        event = row.get("event")
+        failed = event == "cpu_finished" and row.get("ok") is False
+        if failed or (event == "cpu_failed" and row.get("reason") in ("timeout", "worker_died")):
+            if row.get("kind") != "grade" or row.get("id") not in changed:
+                continue
+            reason = str(row.get("reason", "error"))
+            out[reason] = out.get(reason, 0) + 1
+    return out
 
 
 def _restarts(path: Path) -> dict[str, int]:
