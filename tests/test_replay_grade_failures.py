@@ -125,3 +125,32 @@ def test_a_change_a_changed_max_turns_cannot_explain_is_said_not_reproduced() ->
     assert alone == "the replay's --max-turns 2 (the run's: 8) changed where they end"
     nothing = why_ended_otherwise({"failed → completed": 1}, {"max_turns": 8}, {"max_turns": 8})
     assert nothing.startswith("the replay did not reproduce how the run ended them, so")
+
+
+@pytest.mark.timeout(120)
+def test_a_grade_jobs_timeout_is_not_hidden_by_a_replays_own_tool_timeouts(
+    grade_timed_out: Path, tmp_path: Path
+) -> None:
+    """The tool job finished in 5 ms in the run (its events edited so); a replay under a 1 µs
+    --tool-timeout times it out instead: one timeout each, yet the grade job's is still not replayed."""
+    run = tmp_path / "run"
+    shutil.copytree(grade_timed_out, run)
+
+    def finished(lines: list[str]) -> list[str]:
+        out, worker = [], None
+        for line in lines:
+            event = json.loads(line)
+            if event["event"] == "cpu_failed" and event["kind"] == "tool":
+                worker = event["worker"]
+                kept = {k: event[k] for k in ("v", "t", "id", "job_id", "worker", "kind", "tool")}
+                event = {**kept, "event": "cpu_finished", "ok": True, "execute_s": 0.005, "cpu_s": None}
+                event["roundtrip_s"] = 0.006
+            elif worker is not None and event.get("worker") == worker and event.get("generation") == 1:
+                continue  # its worker's replacement: it was never replaced
+            out.append(json.dumps(event) + "\n")
+        return out
+
+    _edit_lines(run / "events.jsonl", finished)
+    stderr, replayed = _replayed(run, tmp_path / "replay", "--tool-timeout", "0.000001")
+    assert replayed["restarts_not_replayed"] == {"timeout": 1}
+    assert "after a grade job's timeout ×1" in stderr, stderr

@@ -367,10 +367,10 @@ def say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         ended_otherwise,
         grade_failures,
         restarts_not_replayed,
-        unreplayable_restarts,
     )
 
-    changes, restarts = ended_otherwise(run_dir, replay), restarts_not_replayed(run_dir, replay)
+    changes, lacking = ended_otherwise(run_dir, replay), restarts_not_replayed(run_dir, replay)
+    restarts = {reason: held.total() for reason, held in lacking.items()}
     if not changes and not restarts:
         return
     receipt_path = replay / "run.json"
@@ -383,8 +383,7 @@ def say_ended_otherwise(run_dir: Path, replay: Path) -> None:
         typer.echo(f"warning: {receipt_path}: cannot record what follows ({exc.strerror or exc})", err=True)
     if restarts:
         lost = ", ".join(f"{reason}: {n}" for reason, n in restarts.items())
-        never = unreplayable_restarts(run_dir)
-        what = ", ".join(f"{held} ×{n}" for reason in restarts for held, n in sorted(never[reason].items()))
+        what = ", ".join(f"{held} ×{n}" for counts in lacking.values() for held, n in sorted(counts.items()))
         typer.echo(
             f"warning: {sum(restarts.values())} worker replacement(s) of the run not replayed ({lost}), nor "
             f"their start-up: after {what}",

@@ -64,17 +64,19 @@ def stalls_taken(run_dir: Path) -> str | None:
     return "\n".join(said) or None
 
 
-def restarts_not_replayed(run_dir: Path, replay_dir: Path) -> dict[str, int]:
-    """The run's worker replacements the replay lacks, by reason (``worker_restarting``), as far as the
-    run's events show them beyond any replay (:func:`unreplayable_restarts`): a tool or evaluation job's
-    timeout is replayed (just past the run's timeout) and so is a death holding one (its ``worker_dies``);
-    a grade job's timeout or death, a death while idle (killed from outside), a memory replacement and a
-    failed start are not, so their replacement's start-up, when its slot took no job, is missing. A lack
-    beyond those is the replay's own settings' (a longer ``--tool-timeout``: no timeout, no replacement)."""
-    run, replay = (_restarts(folder / "events.jsonl") for folder in (run_dir, replay_dir))
-    never = unreplayable_restarts(run_dir)
-    lacks = {k: min(n - replay.get(k, 0), sum(never.get(k, {}).values())) for k, n in sorted(run.items())}
-    return {k: n for k, n in lacks.items() if n > 0}
+def restarts_not_replayed(run_dir: Path, replay_dir: Path) -> dict[str, Counter[str]]:
+    """The run's worker replacements the replay lacks, by reason (``worker_restarting``), each counted by
+    what it followed (:func:`unreplayable_restarts`, of the run less the replay's own): a tool or
+    evaluation job's timeout is replayed (just past the run's timeout) and so is a death holding one (its
+    ``worker_dies``); a grade job's timeout or death, a death while idle (killed from outside), a memory
+    replacement and a failed start are not, so their replacement's start-up, when its slot took no job,
+    is missing. A tool job's timeout the replay lacks is its own setting's (a longer ``--tool-timeout``)."""
+    run, replay = (unreplayable_restarts(folder) for folder in (run_dir, replay_dir))
+    lacks = {
+        reason: Counter({what: n - replay.get(reason, Counter())[what] for what, n in held.items()})
+        for reason, held in sorted(run.items())
+    }
+    return {reason: +held for reason, held in lacks.items() if +held}
 
 
 #: What a replacement no replay reproduces followed: (its reason, the kind of job it held) → as said.
@@ -126,15 +128,6 @@ def grade_failures(run_dir: Path, replay_dir: Path) -> dict[str, int]:
             if row.get("kind") != "grade" or row.get("id") not in changed:
                 continue
             reason = str(row.get("reason", "error"))
-            out[reason] = out.get(reason, 0) + 1
-    return out
-
-
-def _restarts(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for _, row in jsonl_rows(path):
-        if row.get("event") == "worker_restarting":
-            reason = str(row.get("reason"))
             out[reason] = out.get(reason, 0) + 1
     return out
 
