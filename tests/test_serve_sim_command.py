@@ -158,3 +158,19 @@ def test_an_ipv6_address_it_cannot_listen_on_is_written_in_brackets() -> None:
         result = invoke("serve-sim", "--host", "::1", "--port", str(port))
     assert result.exit_code == 2, result.output
     assert f"error: cannot listen on [::1]:{port}: " in result.stderr, result.stderr
+
+
+def test_help_names_every_endpoint_the_server_routes() -> None:
+    """`serve-sim --help` lists the endpoints: every route the app serves, with its method (it left out
+    GET /version and POST /sim/reset-stats, which README documents)."""
+    from starlette.routing import Route
+
+    from asyncroll.serve_sim.app import SimApp
+
+    routes = [r for r in SimApp(SimConfig()).app.routes if isinstance(r, Route)]
+    assert len(routes) >= 7
+    text = " ".join(invoke("serve-sim", "--help").output.split())  # help text rewrapped to one line
+    for route in routes:
+        methods = sorted((route.methods or set()) - {"HEAD"})
+        for method in methods:
+            assert f"{method} {route.path}" in text, (method, route.path)
