@@ -74,8 +74,13 @@ def test_a_command_whose_current_directory_was_removed_says_so(
 
 @pytest.mark.parametrize(
     ("command", "said"),
-    [(["run", "--help"], "Usage: "), (["simulate", "--help"], "Usage: "), (["schema", "events"], '"$defs"')],
-    ids=["run-help", "simulate-help", "schema"],
+    [
+        (["run", "--help"], "Usage: "),
+        (["simulate", "--help"], "Usage: "),
+        (["schema", "events"], '"$defs"'),
+        (["experiment", "schema"], '"$defs"'),
+    ],
+    ids=["run-help", "simulate-help", "schema", "experiment-schema"],
 )
 def test_what_needs_no_current_directory_works_in_one_that_was_removed(
     tmp_path: Path, command: list[str], said: str

@@ -11,6 +11,7 @@ import typer
 
 from asyncroll.commands.common import Opt, fail, say
 from asyncroll.commands.help_page import HelpGroup
+from asyncroll.commands.single_values import PathlessCommand
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
 
@@ -80,7 +81,7 @@ def experiment_plan(
     say(plan)
 
 
-@experiment_app.command("schema")
+@experiment_app.command("schema", cls=PathlessCommand)
 def experiment_schema() -> None:
     """Print the JSON Schema of an experiment config."""
     from asyncroll.experiment.config import ExperimentConfig

@@ -109,6 +109,7 @@ class SingleValueCommand(HelpThroughSay, TyperCommand):
 
 
 class PathlessCommand(SingleValueCommand):
-    """A command that takes no path (``serve-sim``, ``schema``): it runs in a removed current directory."""
+    """A command that takes no path (``serve-sim``, ``schema``, ``experiment schema``): it runs in a removed
+    current directory."""
 
     uses_cwd = False
