@@ -408,6 +408,12 @@ def test_a_run_recorded_elsewhere_replays_with_its_workload_where_it_is_now(tmp_
     wrong = simulate_here("--from-run", run, "--workload", other, "--output", tmp_path / "wrong")
     assert wrong.exit_code == 2 and "is not the workload the run read" in wrong.stderr
     assert not (tmp_path / "wrong").exists()
+    here.rename(there)  # back where the run read it, then edited there
+    shutil.copy(other, there / "w.jsonl")
+    edited = simulate_here("--from-run", run, "--output", tmp_path / "edited")
+    assert edited.exit_code == 2 and "changed since the run" in edited.stderr, edited.stderr
+    assert "pass --workload with a copy of the file the run read" in edited.stderr  # what to do about it
+    assert not (tmp_path / "edited").exists()
 
 
 def _code_problem(pid: str, verdicts: list[bool]) -> dict[str, Any]:

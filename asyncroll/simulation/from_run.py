@@ -248,9 +248,14 @@ def _run_workload(run_dir: Path, recorded: dict[str, Any], given: Path | None) -
     if not path.is_file():
         raise UsageError(f"--workload {path}: {no_file(path, 'a workload file')}")
     if file_sha256(path) != recorded["sha256"]:
-        what = f"its workload {path} changed since the run" if given is None else f"--workload {path} is not "
-        what += "" if given is None else f"the workload the run read ({recorded['path']})"
-        raise UsageError(f"--from-run {run_dir}: {what} (SHA-256 differs from run.json's)")
+        what = (
+            f"its workload {path} changed since the run (SHA-256 differs from run.json's): pass --workload "
+            "with a copy of the file the run read"
+            if given is None
+            else f"--workload {path} is not the workload the run read ({recorded['path']}; SHA-256 differs "
+            "from run.json's)"
+        )
+        raise UsageError(f"--from-run {run_dir}: {what}")
     return path
 
 
