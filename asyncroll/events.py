@@ -171,6 +171,17 @@ class ModelFinished(Event):
     finish_reason: str | None = None  # the server's (HTTP backend); null when it sent none, or no server
 
 
+def _true_or_absent(schema: dict[str, Any]) -> None:
+    """``model_failed``'s ``scripted`` as written: true, or absent (never false, nor null: no default)."""
+    schema.clear()
+    schema.update(
+        type="boolean",
+        const=True,
+        description="true: a script's error step failed the request (no request was sent; no server "
+        "failed it); absent otherwise",
+    )
+
+
 class ModelFailed(Event):
     event: Literal["model_failed"] = "model_failed"
     request_id: int
@@ -185,11 +196,8 @@ class ModelFailed(Event):
     # a completion whose action was invalid: its usage, as model_finished records it (null when unknown)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    scripted: bool | None = Field(
-        default=None,
-        description="true: a script's error step failed the request (no request was sent; no server failed "
-        "it); absent otherwise",
-    )
+    #: written only as true (absent otherwise: :attr:`absent_when_none`), as the schema says
+    scripted: bool | None = Field(default=None, json_schema_extra=_true_or_absent)
     absent_when_none: ClassVar[frozenset[str]] = frozenset({"scripted"})
 
 

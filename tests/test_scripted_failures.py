@@ -82,3 +82,15 @@ def test_a_failure_no_script_made_still_asks_for_the_server(capsys: pytest.Captu
     assert "no model request succeeded (1 failed: http_status 1)" in capsys.readouterr().err
     warn_server_down({"model": model})
     assert "no model request succeeded (3 failed: http_status 3)" in capsys.readouterr().err
+
+
+def test_the_printed_events_schema_says_scripted_is_true_or_absent() -> None:
+    """``scripted`` is written only as ``true`` (absent otherwise): ``asyncroll schema events`` said a
+    boolean or null, defaulting to null, which no events.jsonl ever holds (a reader filling defaults from
+    it would write a null that asyncroll never does)."""
+    done = invoke("schema", "events")
+    assert done.exit_code == 0, done.output
+    scripted = json.loads(done.output)["$defs"]["ModelFailed"]["properties"]["scripted"]
+    assert scripted["type"] == "boolean" and scripted["const"] is True, scripted
+    assert "anyOf" not in scripted and "default" not in scripted, scripted
+    assert "absent otherwise" in scripted["description"]
