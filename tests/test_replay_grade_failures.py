@@ -154,3 +154,25 @@ def test_a_grade_jobs_timeout_is_not_hidden_by_a_replays_own_tool_timeouts(
     stderr, replayed = _replayed(run, tmp_path / "replay", "--tool-timeout", "0.000001")
     assert replayed["restarts_not_replayed"] == {"timeout": 1}
     assert "after a grade job's timeout ×1" in stderr, stderr
+
+
+def test_a_failed_grade_the_replay_never_reached_is_not_put_down_to_its_grade(tmp_path: Path) -> None:
+    """Under a lower --max-turns the replay stopped the trajectory before its final answer (failed →
+    max_turns): it never graded that answer, yet the grade job's failure was named as why it ended
+    otherwise ("it graded the answer"), besides the setting that did end it."""
+    from asyncroll.simulation.replay_changes import grade_failures
+
+    run, replay = tmp_path / "run", tmp_path / "replay"
+    for folder, status, turns in ((run, "failed", 3), (replay, "max_turns", 2)):
+        folder.mkdir()
+        (folder / "results.jsonl").write_text(
+            json.dumps({"id": "g", "status": status, "turns": turns}) + "\n"
+        )
+    failed = {"v": 1, "t": 1.0, "event": "cpu_failed", "id": "g", "job_id": 1, "worker": 0, "kind": "grade"}
+    failed |= {"tool": "__grade__", "reason": "timeout", "roundtrip_s": 1.0, "error": "ran past"}
+    (run / "events.jsonl").write_text(json.dumps(failed) + "\n")
+    assert grade_failures(run, replay) == {}
+    why = why_ended_otherwise({"failed → max_turns": 1}, {"max_turns": 8}, {"max_turns": 2}, {})
+    assert why == "the replay's --max-turns 2 (the run's: 8) changed where they end"
+    (replay / "results.jsonl").write_text(json.dumps({"id": "g", "status": "completed", "turns": 3}) + "\n")
+    assert grade_failures(run, replay) == {"timeout": 1}  # graded in the replay: its grade is why

@@ -113,12 +113,13 @@ def unreplayable_restarts(run_dir: Path) -> dict[str, Counter[str]]:
 def grade_failures(run_dir: Path, replay_dir: Path) -> dict[str, int]:
     """The trajectories that ended otherwise in the replay whose final answer's grade job failed in the
     run, by ``cpu_failed`` reason (``error`` where it finished not ok): the replay grades that answer (in
-    0 s), so it ends otherwise than the run's failed trajectory."""
+    0 s), so it completes the run's failed trajectory. One the replay ended before that answer (a lower
+    ``--max-turns``) never graded it: its grade is not why."""
     recorded = _endings(run_dir / "results.jsonl")
     changed = {
         pid
         for pid, ending in _endings(replay_dir / "results.jsonl").items()
-        if recorded.get(pid, ending) != ending
+        if recorded.get(pid, ending) != ending and ending[0] == "completed"
     }
     out: dict[str, int] = {}
     for _, row in jsonl_rows(run_dir / "events.jsonl"):
