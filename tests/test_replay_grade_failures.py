@@ -71,7 +71,10 @@ def test_a_grade_jobs_timeout_is_said_not_replayed_and_ends_its_trajectory_other
         "1 worker replacement(s) of the run not replayed (timeout: 1), nor their start-up: after a " in stderr
     )
     assert "a grade job's timeout ×1" in stderr and "killed from outside" not in stderr
-    assert "grade job failed (timeout ×1), which the replay cannot reproduce: it graded the answer" in stderr
+    assert (
+        "1 failed in the run when the grade job of its final answer failed (timeout ×1), which the replay "
+        "cannot reproduce: it graded the answer" in stderr
+    )
     assert "later turns" not in stderr, stderr
 
 
@@ -84,7 +87,7 @@ def test_a_longer_tool_timeout_is_not_said_to_end_a_failed_grade_otherwise(
     stderr, replayed = _replayed(grade_timed_out, tmp_path / "replay", "--tool-timeout", "5")
     assert replayed["restarts_not_replayed"] == {"timeout": 1}
     assert "changed where they end" not in stderr, stderr
-    assert "grade job failed (timeout ×1), which the replay cannot reproduce" in stderr
+    assert "grade job of its final answer failed (timeout ×1), which the replay cannot reproduce" in stderr
 
 
 @pytest.mark.timeout(120)
@@ -111,7 +114,7 @@ def test_a_death_holding_a_grade_job_is_not_said_to_be_a_death_while_idle(
     stderr, replayed = _replayed(run, tmp_path / "replay")
     assert replayed["restarts_not_replayed"] == {"died": 1}
     assert "after a death holding a grade job ×1" in stderr and "idle" not in stderr, stderr
-    assert "grade job failed (worker_died ×1)" in stderr
+    assert "grade job of its final answer failed (worker_died ×1)" in stderr
 
 
 def test_a_change_a_changed_max_turns_cannot_explain_is_said_not_reproduced() -> None:

@@ -230,8 +230,9 @@ def why_ended_otherwise(
     if graded:
         how = ", ".join(f"{reason} ×{n}" for reason, n in sorted(graded.items()))
         why.append(
-            f"{failed_grades} failed in the run when their final answer's grade job failed ({how}), which "
-            "the replay cannot reproduce: it graded the answer"
+            f"{failed_grades} failed in the run when the grade job of "
+            f"{'its' if failed_grades == 1 else 'their'} final answer failed ({how}), which the replay "
+            "cannot reproduce: it graded the answer"
         )
     if any(change.startswith("max_turns →") for change in changes) and "max_turns" in run:
         why.append(
