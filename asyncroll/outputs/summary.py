@@ -5,8 +5,7 @@
 (min/p50/p95/max), the phase breakdown and scheduler diagnostics. A distribution's samples are kept as
 packed doubles (8 bytes each) up to 65,536 of them, then in a bounded quantile sketch
 (:mod:`asyncroll.outputs.samples`); everything else is a counter, or per *active* trajectory and dropped
-when it ends. A value that could not be measured is
-``null`` with a reason, never zero.
+when it ends. A value that could not be measured is ``null`` with a reason, never zero.
 """
 
 from __future__ import annotations
