@@ -151,6 +151,19 @@ def test_a_metric_of_exactly_the_limit_is_exact_and_the_next_value_sketches_it()
     assert pairs.pearson() is not None and pairs.xs is None and len(pairs) == EXACT_SAMPLES + 1
 
 
+def near(sketched: float | None, values: list[float], p: float) -> bool:
+    """Within the sketch's accuracy of the exact ``p`` quantile of ``values`` (linear interpolation between
+    two ranks): each rank's value is within α of its own, so their interpolation is within α of their
+    magnitudes' interpolation — which is α of the quantile itself only where both have one sign."""
+    assert sketched is not None
+    xs = sorted(values)
+    pos = p * (len(xs) - 1)
+    lo, hi, f = xs[math.floor(pos)], xs[math.ceil(pos)], pos - math.floor(pos)
+    exact = lo + (hi - lo) * f
+    slack = RELATIVE_ACCURACY * (abs(lo) * (1 - f) + abs(hi) * f) + 1e-12 * max(abs(lo), abs(hi))
+    return abs(sketched - exact) <= slack + 2e-6  # and the 6-decimal rounding
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
@@ -161,12 +174,14 @@ def test_a_metric_of_exactly_the_limit_is_exact_and_the_next_value_sketches_it()
 )
 def test_any_finite_values_sketch_within_the_accuracy_negative_ones_too(values: list[float]) -> None:
     """Durations are never negative, but a sketch given negative values ranks them below the zeros (it put
-    them with the zeros, and gave 0.0 for every one: p50 above the max when all were negative)."""
+    them with the zeros, and gave 0.0 for every one: p50 above the max when all were negative). Between a
+    negative and a positive rank the bound is on their magnitudes (:func:`near`): the floors' hypothesis
+    draw [6.04e16, -9.06e14] was off by 0.5% of the p50 itself, within 0.5% of the ranks'."""
     sketch = QuantileSketch()
     sketch.add(array("d", values))
     got, want = sketch.distribution(), distribution(values)
     assert (got["count"], got["min"], got["max"]) == (want["count"], want["min"], want["max"])
-    assert close(got["p50"], want["p50"]) and close(got["p95"], want["p95"])
+    assert near(got["p50"], values, 0.5) and near(got["p95"], values, 0.95)
 
 
 @pytest.mark.parametrize("values", [[1.79e308, 1e308, 1.5e308], [1.5e308, 1.6e308, 1.7e308, 1.0]])
@@ -175,5 +190,5 @@ def test_values_near_the_largest_float_sketch_within_the_accuracy(values: list[f
     2% off), γ^k itself within 1% of it (an OverflowError: no summary.json)."""
     sketch = QuantileSketch()
     sketch.add(array("d", values))
-    got, want = sketch.distribution(), distribution(values)
-    assert close(got["p50"], want["p50"]) and close(got["p95"], want["p95"])
+    got = sketch.distribution()
+    assert near(got["p50"], values, 0.5) and near(got["p95"], values, 0.95)
