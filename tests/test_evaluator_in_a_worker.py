@@ -95,14 +95,17 @@ def test_killing_a_worker_mid_evaluation_leaves_nothing_after_the_next_start() -
     while [x for x in leftovers(since) if not x.startswith("cgroup")] and time.monotonic() < deadline:
         time.sleep(0.05)  # the kernel tears the namespace down asynchronously after the kill
     assert [x for x in leftovers(since) if not x.startswith("cgroup")] == []
+    # The killed worker could not clean up: its groups and its evaluation directory (the program in it)
+    # stay. Any sandbox that starts removes every dead worker's, so one the suite's other process starts
+    # meanwhile may already have (seen once in a whole-suite run): only what is still here is checked.
     stale = leftovers(since, *worker_pids)
-    assert stale and all(x.startswith("cgroup") for x in stale)  # the killed worker could not clean up
+    assert all(x.startswith("cgroup") for x in stale), stale
     Sandbox(isolation.detect().config)  # a sandbox starting removes stale groups (cgroup v1 or v2)
     assert leftovers(since, *worker_pids) == []
     scratch = list(Path(tempfile.gettempdir()).glob(f"{scratch_prefix(worker_pids[0])}*"))
-    assert len(scratch) == 1  # the killed worker's evaluation directory, with the program in it
+    assert len(scratch) <= 1
     remove_stale_scratch()
-    assert not scratch[0].exists()
+    assert not any(path.exists() for path in scratch)
 
 
 @requires_isolation
