@@ -2,16 +2,17 @@
 replayed under the same policy and settings reproduces it.
 
 Generated: 2–8 problems of 1–5 steps mixing tool actions with ``cpu_ms``, ``raises`` and ``worker_dies``,
-jobs past a small ``--tool-timeout``, ``error`` steps (random kind, status, message and latency), final
-answers and scripts that run out, and one-repair problems whose submissions pass, fail, declare no
-verdict, raise or lose their worker; the policies ``fifo``, ``tool_first``, ``asyncroll``, ``sync`` and
-``asyncroll_repair``, the three limits, ``--max-turns``, ``--tool-errors`` and a per-job overhead (the
-same ``--job-overhead-ms`` given to the replay, as the run's settings do not carry it). Checked: each
-trajectory's status, turns, tool calls, verdict, error and duration (to the microsecond events keep), the
-makespan, each evaluation's verdict, the failed model requests (trajectory, turn, kind, status, error),
-the failed jobs and the jobs that finished with an error, the worker replacements, and no warning that a
-trajectory "ended otherwise" or a replacement was "not replayed". Nothing had to be narrowed: every
-difference the property found was a defect (the last test here).
+jobs past a small ``--tool-timeout``, ``error`` steps (random kind, status, message, latency and
+``scripted``), final answers and scripts that run out, and one-repair problems whose submissions pass, fail,
+declare no verdict, raise or lose their worker; the policies ``fifo``, ``tool_first``, ``asyncroll``,
+``sync`` and ``asyncroll_repair``, the three limits, ``--max-turns``, ``--tool-errors`` and a per-job
+overhead (the same ``--job-overhead-ms`` given to the replay, as the run's settings do not carry it).
+Checked: each trajectory's status, turns, tool calls, verdict, error and duration (to the microsecond events
+keep), the makespan, each evaluation's verdict, the failed model requests (trajectory, turn, kind, status,
+error, whether a script or a server failed it) and summary.json's ``model.scripted_failures``, the failed
+jobs and the jobs that finished with an error, the worker replacements, and no warning that a trajectory
+"ended otherwise" or a replacement was "not replayed". Nothing had to be narrowed: every difference the
+property found was a defect (the last test here).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def problem(draw: st.DrawFn, pid: str) -> dict[str, Any]:
             error["status"] = status
         if draw(st.booleans()):
             error["message"] = f"server said no to {pid}"
+        if draw(st.booleans()):
+            error["scripted"] = False  # a server's failure, as a replay of a real run writes it
         script.append(error)
     elif ending == "tool" or not script:  # one step more, then the script runs out
         script.append(draw(tool_step(pid, steps - 1)))
@@ -129,8 +132,9 @@ def outcome(folder: Path) -> dict[str, Any]:
             (*turn_of[e.job_id], e.ok) for e in events if e.event == "cpu_finished" and e.kind == "evaluate"
         ),
         "model_failed": sorted(
-            (e.id, e.turn, e.kind, e.status, e.error) for e in events if e.event == "model_failed"
+            (e.id, e.turn, e.kind, e.status, e.error, e.scripted) for e in events if e.event == "model_failed"
         ),
+        "scripted_failures": summary["model"].get("scripted_failures"),
         "cpu_failed": sorted(
             (*turn_of[e.job_id], e.reason, e.error) for e in events if e.event == "cpu_failed"
         ),

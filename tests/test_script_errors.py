@@ -140,7 +140,9 @@ def test_a_replay_fails_where_the_run_failed_not_on(tmp_path: Path) -> None:
     """A real HTTP run (``--replay`` against serve-sim answering 500 to a fifth of its requests, no
     retries): each failed request failed its trajectory. The replay gave those trajectories the rest of
     their scripts and counted them as "ended otherwise"; now each fails at the same turn with the same
-    kind, status and message, after the latency the run measured, and nothing ends otherwise."""
+    kind, status and message, after the latency the run measured, and nothing ends otherwise. The server
+    failed them, not a script: the replay's are not marked ``scripted`` either (they were, and its
+    summary.json counted ``model.scripted_failures`` the run's had none of)."""
     from asyncroll.serve_sim.config import FaultConfig
 
     problems = [tool_problem(f"p{i}", model_ms=0, cpu_ms=5, turns=2) for i in range(12)]
@@ -162,9 +164,14 @@ def test_a_replay_fails_where_the_run_failed_not_on(tmp_path: Path) -> None:
 
     def failures(folder: Path) -> list[tuple[Any, ...]]:
         events = load_run(folder)[2]
-        return sorted((e.id, e.turn, e.kind, e.status, e.error) for e in events if e.event == "model_failed")
+        return sorted(
+            (e.id, e.turn, e.kind, e.status, e.error, e.scripted) for e in events if e.event == "model_failed"
+        )
 
     assert failures(replay) == failures(run)
+    # the server failed them, in the run and so in the replay: none is the script's own
+    assert {e[-1] for e in failures(replay)} == {None}
+    assert "scripted_failures" not in json.loads((replay / "summary.json").read_text())["model"]
     assert "ended_otherwise" not in json.loads((replay / "run.json").read_text())["simulation"]["replayed"]
 
 
@@ -189,6 +196,19 @@ def test_a_recorded_failure_no_replay_can_fail_with_is_refused_naming_its_line(t
     events = recorded / "events.jsonl"
     assert f"{events}:{line}: 'model_failed' has a 'kind' a replay cannot fail with" in done.output
     assert not (tmp_path / "replay").exists()
+
+
+def test_a_recorded_failure_marked_scripted_otherwise_than_true_is_refused_naming_its_line(
+    tmp_path: Path,
+) -> None:
+    """``scripted`` is true or absent in events.jsonl: any other value (a hand-edited file) would replay
+    the failure as the server's or the script's by a guess."""
+    recorded, line = _recorded_failure_edited(tmp_path, scripted="yes")
+    done = simulate_here("--from-run", recorded, "--output", tmp_path / "replay")
+    assert done.exit_code == 2, done.output
+    assert (
+        f"{recorded / 'events.jsonl'}:{line}: 'model_failed' has a 'scripted' other than true" in done.output
+    )
 
 
 def test_a_sweeps_jitter_keeps_an_error_step_with_its_latency_jittered(tmp_path: Path) -> None:

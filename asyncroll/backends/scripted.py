@@ -30,7 +30,7 @@ def scripted_step(request: ModelRequest) -> ScriptStep:
 async def scripted_failure(step: ErrorStep, turn: int, clock: Clock, overhead_s: float = 0.0) -> NoReturn:
     """An ``error`` step: no request is sent anywhere; after its ``latency_ms`` (and the turn's overhead)
     the request fails with the step's kind, message and status, marked ``scripted`` (its ``model_failed``
-    says so: no server failed it)."""
+    says so: no server failed it) unless the step replays a server's failure (its ``scripted`` false)."""
     seconds = (step.latency_ms or 0.0) / 1000.0 + overhead_s
     if seconds:
         await clock.sleep(seconds)
@@ -39,7 +39,7 @@ async def scripted_failure(step: ErrorStep, turn: int, clock: Clock, overhead_s:
         step.error_text(turn),
         status=step.status,
         response_received=step.status is not None,
-        scripted=True,
+        scripted=step.scripted,
     )
 
 

@@ -10,10 +10,12 @@ another policy answers "what would policy X have done on exactly this run?". Gra
 time at zero cost (real ones take microseconds). A model request that failed in the run fails in the
 replay at the same turn, after its measured latency, with its kind, message and status: the turn becomes
 an ``error`` step (:class:`~asyncroll.workload.ErrorStep`) and ends the script, as it ended the
-trajectory. A job that finished with an error in the run (the tool raised, the evaluation failed) fails
-in the replay with the same error (its action's ``raises``), so under ``--tool-errors fail`` its
-trajectory fails there too; a job whose worker died holding it dies again, with the death's message, after
-the time it ran (its action's ``worker_dies``), and the replay replaces that worker. A trajectory that
+trajectory; a failure the run's server gave replays as a server's (not ``scripted``), one the run's
+script gave as the script's. A job that finished with an error in the run (the tool raised, the
+evaluation failed) fails in the replay with the same error (its action's ``raises``), so under
+``--tool-errors fail`` its trajectory fails there too; a job whose worker died holding it dies again,
+with the death's message, after the time it ran (its action's ``worker_dies``), and the replay replaces
+that worker. A trajectory that
 ended otherwise in the replay — its settings changed (``--max-turns``, ``--tool-errors``, ...) — goes on
 on the script's timings past where the run ended it:
 ``simulate`` counts such trajectories after the replay

@@ -80,6 +80,7 @@ class ModelStep:
     failure: str | None  # model_failed's kind
     error: str | None = None  # model_failed's error (its message)
     status: int | None = None  # model_failed's HTTP status, if it had one
+    scripted: bool = False  # model_failed's scripted: a script's error step failed it, not a server
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +227,9 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                 status = event.get("status")
                 if status is not None and (not isinstance(status, int) or isinstance(status, bool)):
                     raise UsageError(f"--from-run {where}: 'model_failed' lacks a valid 'status'")
+                scripted = event.get("scripted")
+                if scripted is not None and scripted is not True:  # true, or absent: a server's failure
+                    raise UsageError(f"--from-run {where}: 'model_failed' has a 'scripted' other than true")
                 error = event.get("error")
                 requests[turn] = ModelStep(
                     line_no,
@@ -233,6 +237,7 @@ def read_measurements(run_dir: Path, tool_timeout_s: float) -> Measured:
                     str(event.get("kind")),
                     _kept(error) if isinstance(error, str) else None,
                     status,
+                    scripted is True,
                 )
         elif kind == "cpu_enqueued":
             job = Job(
@@ -368,7 +373,8 @@ def check_against_script(problem: Problem, pid: str, measured: Measured) -> None
 
 def failure_step(step: ModelStep, latency_ms: float | None, measured: Measured) -> ErrorStep:
     """The ``error`` step that fails a replayed request as the run's failed: its kind, message and status
-    after its measured latency (a failure the run recorded ends its trajectory, so the step is the last)."""
+    after its measured latency (a failure the run recorded ends its trajectory, so the step is the last),
+    ``scripted`` only where the run's was (a server's failure replays as a server's)."""
     try:
         return ErrorStep(
             type="error",
@@ -376,6 +382,7 @@ def failure_step(step: ModelStep, latency_ms: float | None, measured: Measured) 
             message=step.error or "",
             status=step.status,
             latency_ms=latency_ms,
+            scripted=step.scripted,
         )
     except ValidationError as exc:  # a kind or status no run records (a hand-edited file)
         field = ".".join(str(part) for part in exc.errors()[0]["loc"])

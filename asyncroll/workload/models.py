@@ -112,7 +112,10 @@ class ErrorStep(_Strict):
     """A model request that fails, as a script's last step: after ``latency_ms`` the request ends with a
     model error of ``kind`` (as model_failed events record it), ``message`` and the HTTP ``status`` it
     carried, if any, and the trajectory fails on it as on a server's error. ``simulate --from-run`` writes
-    one where the run's request failed, so that the replay fails there too. Never a model's reply."""
+    one where the run's request failed, so that the replay fails there too. Never a model's reply.
+    ``scripted``: the failure is the script's own (its ``model_failed`` is marked ``scripted``); false for
+    a server's failure that the step replays (``simulate --from-run`` of a request the run's server
+    failed), counted as a server's, as the run counted it."""
 
     type: Literal["error"]
     kind: FailureKind = "scripted"
@@ -120,6 +123,11 @@ class ErrorStep(_Strict):
     # any three-digit status, as HTTP/1.1 carries one and a run records it (some servers answer 999)
     status: Annotated[int, Field(ge=100, le=999)] | None = None
     latency_ms: DurationMs | None = None
+    scripted: bool = Field(
+        default=True,
+        description="the script's own failure (its model_failed says scripted); false: a server's failure "
+        "replayed (simulate --from-run writes it where the run's server failed the request)",
+    )
 
     @field_validator("kind")
     @classmethod
