@@ -52,12 +52,16 @@ def test_timeouts_deaths_and_long_errors_are_reported_and_learned_from() -> None
             await rig.clock.sleep(0.1)  # the replacement (if any) starts
 
     capture = run_rig(scenario, Scripted(), tool_timeout=1.0, worker=Faulty)
-    timeout = "job 1 (sleep_ms) exceeded the 1s tool timeout"
+    timeout = "worker 0 (virtual: no process) job 1 (sleep_ms) ran past 1s; the worker was killed"
     assert [(o.ok, o.failure, o.error) for o in outcomes] == [
         (False, "timeout", timeout),
         (False, "worker_died", LONG),
         (False, None, LONG),  # a tool error: the job ran, its worker is fine
-        (False, "timeout", "job 4 (sleep_ms) exceeded the 1s tool timeout"),
+        (
+            False,
+            "timeout",
+            "worker 0 (virtual: no process) job 4 (sleep_ms) ran past 1s; the worker was killed",
+        ),
     ]
     failed = capture.of(CpuFailed)
     assert [(e.job_id, e.reason, e.worker, e.kind, e.tool) for e in failed] == [

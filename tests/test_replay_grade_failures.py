@@ -8,6 +8,7 @@ real one (real workers, a grade job past a 10 µs tool timeout), made once for t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,35 @@ def test_a_failed_grade_the_replay_never_reached_is_not_put_down_to_its_grade(tm
     assert why == "the replay's --max-turns 2 (the run's: 8) changed where they end"
     (replay / "results.jsonl").write_text(json.dumps({"id": "g", "status": "completed", "turns": 3}) + "\n")
     assert grade_failures(run, replay) == {"timeout": 1}  # graded in the replay: its grade is why
+
+
+#: A tool job's timeout as a worker says it: a real one names its process (``pid``) and says its tree was
+#: killed; a virtual one (a replay's) has neither, and says so. The rest is the same words.
+TIMED_OUT = re.compile(
+    r"worker \d+ \((?P<who>pid \d+|virtual: no process)\) job \d+ \(sleep_ms\) ran past 1e-05s; "
+    r"(?P<killed>its process tree|the worker) was killed"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_jobs_timeout_reads_in_the_replay_as_in_the_run(grade_timed_out: Path, tmp_path: Path) -> None:
+    """The run's worker said "worker N (pid P) job J (sleep_ms) ran past 1e-05s; its process tree was
+    killed"; the replay's virtual worker said "job J (sleep_ms) exceeded the 1e-05s tool timeout", so
+    failures grouped by their text fell apart into two groups between run and replay. It now says the
+    run's words but for what a virtual worker lacks (a pid, a process tree)."""
+    _replayed(grade_timed_out, tmp_path / "replay")
+
+    def timeouts(run: Path) -> list[re.Match[str] | None]:
+        events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+        return [
+            TIMED_OUT.fullmatch(e["error"])
+            for e in events
+            if e["event"] == "cpu_failed" and e["kind"] == "tool"
+        ]
+
+    (recorded,) = timeouts(grade_timed_out)
+    (replayed,) = timeouts(tmp_path / "replay")
+    assert recorded is not None and recorded["who"].startswith("pid "), recorded
+    assert recorded["killed"] == "its process tree"
+    assert replayed is not None, replayed
+    assert (replayed["who"], replayed["killed"]) == ("virtual: no process", "the worker")

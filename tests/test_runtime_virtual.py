@@ -161,7 +161,7 @@ def test_timeout_replaces_worker_and_next_job_succeeds(virtual_run: VirtualRun) 
     restarts = cap.of(WorkerRestarting)
     assert [(r.reason, r.generation) for r in restarts] == [("timeout", 1)]
     finished = {e.id: e for e in cap.of(TrajectoryFinished)}
-    assert finished["slow"].status == "failed" and "timeout" in (finished["slow"].error or "")
+    assert finished["slow"].status == "failed" and "ran past 1s" in (finished["slow"].error or "")
     assert finished["next"].status == "completed"
     started = [e for e in cap.of(CpuStarted) if e.id == "next"]
     assert started[0].generation == 1

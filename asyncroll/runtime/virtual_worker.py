@@ -92,8 +92,10 @@ class VirtualWorker:
         if self._overhead + seconds > timeout:
             await self._clock.sleep(timeout)
             self._exited.set()
+            # a real worker's words (workers/process.py), but for its pid and process tree: it has neither
             raise WorkerTimeout(
-                f"job {request.job_id} ({request.tool}) exceeded the {timeout:g}s tool timeout"
+                f"worker {self.index} (virtual: no process) job {request.job_id} ({request.tool}) ran past "
+                f"{timeout:g}s; the worker was killed"
             )
         await self._clock.sleep(self._overhead + seconds)  # one timer: the same instants as one duration
         if request.declared_death is not None:  # it dies holding the job, as the run's did
