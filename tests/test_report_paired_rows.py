@@ -45,7 +45,7 @@ def test_a_paired_row_gives_each_pairs_ratio_and_the_mean_change_in_percent() ->
         "| makespan, s | 3 | 2 |",
         "| makespan, s | p1 0.5000, p2 0.7500 | -37.50% [-196.33%, +121.33%] (n=2) "
         "| -37.50% [-50.00%, -25.00%] (n=2; 2 pairs: only 3 distinct resamples; at n=2 a percentile "
-        "bootstrap's 95% interval covers the mean about 60% of the time (normal pairs): read the t "
+        "bootstrap's 95% interval covers the mean about 50% of the time (normal pairs): read the t "
         "interval) | -1 [-1, -1] (n=2) |",
     ]
 

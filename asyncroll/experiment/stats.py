@@ -87,9 +87,15 @@ def percentile_bootstrap_coverage(n: int, confidence: float = 0.95) -> float:
     """How often a percentile bootstrap interval of the mean at ``confidence`` covers the true mean of
     ``n`` normal pairs, in the limit of many resamples: the resampled means spread as the plug-in standard
     deviation s·√((n − 1)/n)/√n and the interval takes the normal quantile z, not t(n − 1), so it covers
-    P(|T(n − 1)| ≤ z·√((n − 1)/n)): 75% at 3 pairs, 85% at 5, 90% at 10 for a nominal 95%."""
+    P(|T(n − 1)| ≤ z·√((n − 1)/n)): 75% at 3 pairs, 85% at 5, 90% at 10 for a nominal 95%. Where the
+    resample that draws the smallest pair n times (probability n⁻ⁿ) holds more than the tail (2 and 3 pairs
+    at 95%), the interval's ends are the smallest and the largest pair, which straddle the mean of n
+    pairs from a symmetric distribution with probability 1 − 2¹⁻ⁿ: 50% at 2 pairs (the limit above, 60%,
+    does not hold there), 75% at 3."""
     if n < 2:
         raise ValueError(f"a bootstrap interval needs at least 2 pairs, got {n}")
+    if float(n) ** -n > (1.0 - confidence) / 2.0:
+        return 1.0 - 2.0 ** (1 - n)
     from scipy.stats import norm, t
 
     z = float(norm.ppf(0.5 + confidence / 2.0))
