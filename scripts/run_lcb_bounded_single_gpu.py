@@ -1,4 +1,4 @@
-"""Run the bounded LiveCodeBench experiment on one GPU: a thin entry point over the experiment runner.
+r"""Run the bounded LiveCodeBench experiment on one GPU: a thin entry point over the experiment runner.
 
     python scripts/run_lcb_bounded_single_gpu.py --config experiments/livecodebench_bounded_8x4.json \
         --model-path /models/Qwen2.5-Coder-7B-Instruct --workload data/lcb_stdin_219_seed20260927.jsonl \

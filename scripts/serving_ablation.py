@@ -1,4 +1,4 @@
-"""Model-only serving measurement: requests/s, output tokens/s and latency percentiles at a fixed
+r"""Model-only serving measurement: requests/s, output tokens/s and latency percentiles at a fixed
 concurrency against any OpenAI-compatible endpoint (no tools, no CPU work), for comparing serving stacks.
 
     python scripts/serving_ablation.py --endpoint http://127.0.0.1:8000 --model NAME \

@@ -40,6 +40,20 @@ def test_every_script_prints_usage_for_help_and_writes_nothing(name: str, tmp_pa
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", ["run_lcb_bounded_single_gpu.py", "serving_ablation.py"])
+def test_the_example_command_in_a_scripts_help_keeps_its_line_continuations(
+    name: str, tmp_path: Path
+) -> None:
+    """The usage example in the help of these two scripts is a shell command over several lines ending in
+    ``\\``; in a plain docstring a backslash before the newline joins the lines, so ``--help`` printed one
+    line with runs of spaces in it (``…8x4.json         --model-path …``), not the command the docs show."""
+    done = run_script(name, ["--help"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert " \\\n" in done.stdout, done.stdout[:600]
+    assert "         --" not in done.stdout, done.stdout[:600]
+
+
+@pytest.mark.timeout(90)
 def test_grammar_check_names_a_workload_that_is_not_there(tmp_path: Path) -> None:
     done = run_script("grammar_check.py", ["nowhere.jsonl"], tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
