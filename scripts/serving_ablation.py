@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import io
 import json
 import math
@@ -58,6 +59,9 @@ def load_prompts(path: Path, count: int) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(count)]
 
 
+TEMPERATURE = 0  # greedy: the same prompt gives the same reply on a deterministic stack
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Linear-interpolated percentile of an already sorted list (numpy's default method)."""
     if len(sorted_values) == 1:
@@ -80,7 +84,7 @@ async def one_pass(args: argparse.Namespace, prompts: list[str], client: httpx.A
             "model": args.model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": args.max_tokens,
-            "temperature": 0,
+            "temperature": TEMPERATURE,
             "seed": args.seed,
         }
         if args.fixed_length:
@@ -172,10 +176,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "endpoint": args.endpoint,
         "model": args.model,
         "workload": str(args.workload),
+        "workload_sha256": hashlib.sha256(args.workload.read_bytes()).hexdigest(),
         "concurrency": args.concurrency,
         "requests": args.requests,
         "max_tokens": args.max_tokens,
         "fixed_length": args.fixed_length,
+        # the rest of what was sent and how, so that the file alone says how to repeat it
+        "temperature": TEMPERATURE,
+        "seed": args.seed,
+        "warmup": args.warmup,
+        "request_timeout_s": args.request_timeout,
         "repeats": passes,
         "summary": {
             key: spread([p[key] for p in passes]) for key in ("requests_per_s", "output_tokens_per_s")

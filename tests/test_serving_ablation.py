@@ -254,3 +254,48 @@ def test_the_machine_says_the_cpus_the_client_could_use(monkeypatch: pytest.Monk
     monkeypatch.setattr(cpus, "affinity_cpus", lambda: 1)
     assert ablation.machine()["usable_cpus"] == 1
     assert ablation.machine()["logical_cpus"] == os.cpu_count()
+
+
+@pytest.mark.timeout(30)
+def test_serving_ablation_records_every_setting_that_shapes_the_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The JSON named the workload by its path only and left out the seed, the warm-up and the request
+    timeout (and the temperature sent): a result file could not say which prompts it measured nor how to
+    repeat it, though SERVING_ABLATION.md asks for the same requests on every stack."""
+    import argparse
+    import asyncio
+    import hashlib
+
+    ablation = load_ablation()
+    passes: list[int] = []
+
+    async def one_pass(args: Any, prompts: list[str], client: Any) -> dict[str, Any]:
+        passes.append(len(prompts))
+        lat = {"p50": 1.0, "p90": 1.0, "p99": 1.0, "min": 1.0, "max": 1.0}
+        return {"requests_per_s": 1.0, "output_tokens_per_s": 8.0, "latency_s": lat}
+
+    monkeypatch.setattr(ablation, "one_pass", one_pass)
+    workload = ROOT / "examples/toolmath/workload.jsonl"
+    args = argparse.Namespace(
+        endpoint="http://127.0.0.1:9",
+        model="sim",
+        workload=workload,
+        concurrency=2,
+        requests=3,
+        max_tokens=8,
+        fixed_length=False,
+        repeats=2,
+        warmup=1,
+        seed=7,
+        request_timeout=30.0,
+    )
+    result = asyncio.run(ablation.measure(args))
+    assert passes == [1, 3, 3]  # the warm-up, then two repeats
+    assert result["workload_sha256"] == hashlib.sha256(workload.read_bytes()).hexdigest()
+    assert (result["temperature"], result["seed"], result["warmup"], result["request_timeout_s"]) == (
+        0,
+        7,
+        1,
+        30.0,
+    )
