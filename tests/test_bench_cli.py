@@ -171,9 +171,10 @@ def test_the_simulation_speed_bench_runs_both_modes_on_a_tiny_workload() -> None
     # --parts times the estimator the policy subscribed: it timed only the per-trajectory means, which
     # the default rule (the chain) no longer subscribes, so its events and lookups went uncounted
     # (and, in the tail, each decision's estimates of the whole queue: estimate_queue)
-    calls = one(12, False, workload, "asyncroll", parts=True)["calls"]
+    # with --at-once's active limit (every problem admitted at once): one child for both, a few seconds
+    at_once = one(12, False, workload, "asyncroll", parts=True, active=12)
+    calls = at_once["calls"]
     assert calls["__call__"] > 0 and calls["estimate_queue"] > 0 and calls["update"] > 0, calls
-    at_once = one(12, False, workload, "asyncroll", active=12)  # --at-once: every problem admitted at once
     assert at_once["window_cpu_s"] > 0 and at_once["virtual_makespan_s"] > 0, at_once
 
 
