@@ -199,3 +199,29 @@ def test_a_returned_value_past_the_record_cap_is_an_output_limit_verdict(mib: in
     # runtime error of the program's, is the same verdict
     said = "could not be written as JSON within" if mib == 300 else "took more than 16777216 bytes as JSON"
     assert said in result["feedback"]["error"], result
+
+
+@real_process
+@pytest.mark.xfail(
+    strict=True,
+    reason="harness.py's _run_program formats the program's error only after the program's globals "
+    "still hold every byte and descriptor it took: `import traceback` then fails (MemoryError, or "
+    "OSError EMFILE) inside the except clause and the child's `finally: os._exit(0)` ends it without a "
+    "done record, so the verdict reads 'exited with status 0 before finishing normally' (QA spec2). "
+    "Fix in harness.py, at its 450-line cap: release the program's namespace before formatting, and fall "
+    "back to 'ExcType: message' when formatting fails; then drop this marker",
+)
+@pytest.mark.parametrize(
+    ("program", "error"),
+    [
+        ("blocks = []\nwhile True:\n    blocks.append(bytearray(1000))\n", "MemoryError"),
+        ("files = []\nwhile True:\n    files.append(open(f'f{len(files)}', 'w'))\n", "Too many open files"),
+    ],
+    ids=["small-allocations", "open-files"],
+)
+def test_a_program_that_exhausts_a_limit_gets_its_own_error_as_feedback(program: str, error: str) -> None:
+    """A memory bomb of small allocations (the usual runaway list) or a program that opens files until
+    ``RLIMIT_NOFILE`` refuses one gets a runtime error whose feedback names what it ran out of."""
+    result, _ = evaluate(program, time_limit_s=10.0)
+    assert verdict(result) == "runtime_error", result
+    assert error in result["feedback"]["error"], result["feedback"]
