@@ -202,26 +202,39 @@ def test_a_returned_value_past_the_record_cap_is_an_output_limit_verdict(mib: in
 
 
 @real_process
-@pytest.mark.xfail(
-    strict=True,
-    reason="harness.py's _run_program formats the program's error only after the program's globals "
-    "still hold every byte and descriptor it took: `import traceback` then fails (MemoryError, or "
-    "OSError EMFILE) inside the except clause and the child's `finally: os._exit(0)` ends it without a "
-    "done record, so the verdict reads 'exited with status 0 before finishing normally' (QA spec2). "
-    "Fix in harness.py, at its 450-line cap: release the program's namespace before formatting, and fall "
-    "back to 'ExcType: message' when formatting fails; then drop this marker",
-)
 @pytest.mark.parametrize(
-    ("program", "error"),
+    ("program", "func_name", "error"),
     [
-        ("blocks = []\nwhile True:\n    blocks.append(bytearray(1000))\n", "MemoryError"),
-        ("files = []\nwhile True:\n    files.append(open(f'f{len(files)}', 'w'))\n", "Too many open files"),
+        ("blocks = []\nwhile True:\n    blocks.append(bytearray(1000))\n", None, "MemoryError"),
+        (
+            "files = []\nwhile True:\n    files.append(open(f'f{len(files)}', 'w'))\n",
+            None,
+            "Too many open files",
+        ),
+        # held by the called function's frame, not by a global
+        (
+            "def f(n):\n    blocks = []\n    while True:\n        blocks.append(bytearray(1000))\n",
+            "f",
+            "MemoryError",
+        ),
+        # held where nothing can let it go: the error's type and message alone, no traceback
+        (
+            "import builtins\nbuiltins.kept = []\nwhile True:\n    kept.append(bytearray(1000))\n",
+            None,
+            "MemoryError",
+        ),
     ],
-    ids=["small-allocations", "open-files"],
+    ids=["small-allocations", "open-files", "in-a-function", "out-of-reach"],
 )
-def test_a_program_that_exhausts_a_limit_gets_its_own_error_as_feedback(program: str, error: str) -> None:
+def test_a_program_that_exhausts_a_limit_gets_its_own_error_as_feedback(
+    program: str, func_name: str | None, error: str
+) -> None:
     """A memory bomb of small allocations (the usual runaway list) or a program that opens files until
-    ``RLIMIT_NOFILE`` refuses one gets a runtime error whose feedback names what it ran out of."""
-    result, _ = evaluate(program, time_limit_s=10.0)
+    ``RLIMIT_NOFILE`` refuses one gets a runtime error whose feedback names what it ran out of (formatting
+    the error failed the same way, and the verdict said 'exited with status 0')."""
+    tests = [{"input": "1\n", "output": "3\n"}] if func_name is None else [{"input": "1", "output": "3"}]
+    result, _ = evaluate(program, tests, func_name=func_name, time_limit_s=10.0)
     assert verdict(result) == "runtime_error", result
-    assert error in result["feedback"]["error"], result["feedback"]
+    said = result["feedback"]["error"]
+    assert error in said, result["feedback"]
+    assert ("Traceback" in said) is ("kept" not in program), said  # formatted in full where it could be

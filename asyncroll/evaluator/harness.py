@@ -42,10 +42,9 @@ tuple, a set, an int-keyed dict, an object, an int past the digit limit of str c
 ``{"kind": "done", "ok": true, "unrepresentable": "<repr>"}``; one whose JSON does not fit in the memory
 left beside it, ``{"kind": "done", "ok": true, "too_large": true}``. A ``str``, ``list`` or ``dict`` subclass
 (``defaultdict``, ``Counter``, ``OrderedDict``, an ``Enum`` mixed with ``str``, a dict keyed by ``str``
-subclasses) equals the plain value under ``==``, so it
-is sent as its plain string, list or dict. The program can write to the status
-fd too; that can only claim an answer it could have produced honestly, so the runtime treats the
-records as facts about the program, not about the test.
+subclasses) equals the plain value under ``==``, so it is sent as its plain string, list or dict. The
+program can write to the status fd too; that can only claim an answer it could have produced honestly,
+so the runtime treats the records as facts about the program, not about the test.
 """
 
 from __future__ import annotations
@@ -57,25 +56,9 @@ import sys
 from typing import Any
 
 # The names LiveCodeBench's harness puts in scope before running a solution (its ``import_string``).
-PRELUDE_MODULES = (
-    "string",
-    "re",
-    "datetime",
-    "collections",
-    "heapq",
-    "bisect",
-    "copy",
-    "math",
-    "random",
-    "statistics",
-    "itertools",
-    "functools",
-    "operator",
-    "io",
-    "sys",
-    "json",
-    "builtins",
-    "typing",
+PRELUDE_MODULES = tuple(
+    "string re datetime collections heapq bisect copy math random statistics itertools functools operator io"
+    " sys json builtins typing".split()
 )
 # The names its header then binds to the modules themselves (``import m``): neither ``builtins`` nor
 # ``typing``, so a program naming ``typing.List`` without importing it fails there and here alike.
@@ -327,8 +310,25 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             sys.stdout.flush()
             line = json.dumps({"kind": "done", "ok": True})
     except BaseException as exc:  # noqa: BLE001 - every failure of the program is its verdict
-        line = json.dumps({"kind": "done", "ok": False, "error": _error(exc)})
+        _let_go(namespace, exc.__traceback__)
+        try:
+            line = json.dumps({"kind": "done", "ok": False, "error": _error(exc)})
+        except BaseException:  # noqa: BLE001 - formatting ran out too: the error's type and message
+            line = json.dumps({"kind": "done", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
     _write(status_fd, line)
+
+
+def _let_go(namespace: dict[str, Any], tb: Any) -> None:
+    """Free what a failed program holds (globals, its frames' locals) before formatting its error: out of
+    memory or descriptors, that failed too, and the child ended with no record, the program's error lost."""
+    namespace.clear()
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != "<string>":  # not the harness's own, still running
+            try:  # noqa: SIM105 - no contextlib import in the harness: paid once per test
+                tb.tb_frame.clear()
+            except RuntimeError:  # a frame still executing
+                pass
+        tb = tb.tb_next
 
 
 def deny_kernel_keys() -> bool:
