@@ -56,10 +56,8 @@ import sys
 from typing import Any
 
 # The names LiveCodeBench's harness puts in scope before running a solution (its ``import_string``).
-PRELUDE_MODULES = tuple(
-    "string re datetime collections heapq bisect copy math random statistics itertools functools operator io"
-    " sys json builtins typing".split()
-)
+_PRELUDE = "string re datetime collections heapq bisect copy math random statistics itertools functools"
+PRELUDE_MODULES = (*_PRELUDE.split(), "operator", "io", "sys", "json", "builtins", "typing")
 # The names its header then binds to the modules themselves (``import m``): neither ``builtins`` nor
 # ``typing``, so a program naming ``typing.List`` without importing it fails there and here alike.
 PRELUDE_MODULE_NAMES = tuple(name for name in PRELUDE_MODULES if name not in ("builtins", "typing"))
