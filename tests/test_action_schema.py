@@ -146,6 +146,24 @@ def test_parsing_is_strict_in_both_modes() -> None:
         parse_action("```\n\n```", {}, structured=False, code=True)
 
 
+def test_a_code_reply_with_prose_around_its_fenced_program_submits_the_program() -> None:
+    """--no-structured-output on a code workload: a chat model's usual reply, prose then a fenced program
+    then prose, was submitted whole and failed as a SyntaxError (its repair spent on the prose); the
+    program is read between the last two fence lines, as LiveCodeBench's ``extract_code`` reads it."""
+    reply = (
+        "Here is my solution:\n\n```python\nprint(int(input()) + 2)\n```\n\nIt adds two.\n"
+        "Corrected:\n```python\nn = int(input())\nprint(n + 2)\n```\nDone."
+    )
+    assert parse_action(reply, {}, structured=False, code=True) == SubmitAction(
+        type="submit", code="n = int(input())\nprint(n + 2)"
+    )
+    # one fence line is no fenced program: the reply is taken as it is (plain source)
+    plain = "print('```')\nprint(1)\n"
+    assert parse_action(plain, {}, structured=False, code=True).code == plain  # type: ignore[union-attr]
+    with pytest.raises(InvalidActionError, match="no source"):
+        parse_action("Sorry:\n```python\n\n```\n", {}, structured=False, code=True)
+
+
 def test_a_tool_call_that_fits_no_branch_says_what_is_wrong() -> None:
     """The first turn's ``anyOf`` said of every bad tool call only that it "is not valid under any of the
     given schemas": which argument, which name, or that a tool call was due, is what a user needs."""

@@ -208,6 +208,18 @@ def strip_fence(text: str) -> str:
     return match.group(1) if match else text
 
 
+def extract_source(text: str) -> str:
+    """A code reply's program: inside one fence around the whole reply; else, where two or more lines hold
+    a fence (prose around a fenced program), between the last two of them, as LiveCodeBench's
+    ``extract_code`` reads a reply; else the whole reply, as plain source."""
+    match = _FENCE.match(text)
+    if match:
+        return match.group(1)
+    lines = text.split("\n")
+    fences = [i for i, line in enumerate(lines) if "```" in line]
+    return "\n".join(lines[fences[-2] + 1 : fences[-1]]) if len(fences) >= 2 else text
+
+
 def _not_json(constant: str) -> Any:
     """Python's JSON reader accepts ``NaN``, ``Infinity`` and ``-Infinity``; JSON has no such numbers."""
     raise ValueError(f"{constant} is not a JSON number")
@@ -229,14 +241,15 @@ def _finite_float(text: str) -> float:
 def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, code: bool) -> Action:
     """Turn a model's reply into an action, or raise :class:`InvalidActionError` saying why.
 
-    ``structured=False`` with a code workload accepts plain source (one surrounding fence stripped) as a
-    ``submit``; every other case requires one JSON object that conforms to the turn's ``schema``."""
+    ``structured=False`` with a code workload accepts plain source, or a fenced program with prose around
+    it (:func:`extract_source`), as a ``submit``; every other case requires one JSON object that conforms to
+    the turn's ``schema``."""
     if text is None:
         raise InvalidActionError("the response has no message content")
     if not isinstance(text, str):  # the HTTP backend reads text parts; a caller passing anything else
         raise InvalidActionError(f"the response's content is {type(text).__name__}, not text")
     if code and not structured:
-        source = strip_fence(text)
+        source = extract_source(text)
         if not source.strip():
             raise InvalidActionError("the response holds no source code")
         return SubmitAction(type="submit", code=source)
