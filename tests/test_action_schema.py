@@ -162,6 +162,11 @@ def test_a_code_reply_with_prose_around_its_fenced_program_submits_the_program()
     assert parse_action(plain, {}, structured=False, code=True).code == plain  # type: ignore[union-attr]
     with pytest.raises(InvalidActionError, match="no source"):
         parse_action("Sorry:\n```python\n\n```\n", {}, structured=False, code=True)
+    # structured: a program wholly in one fence inside the JSON is the program (no Python starts with one)
+    one_repair = {"prompt_metadata": {"protocol": "one_repair"}}
+    schema = turn_schema(Problem.model_validate({"prompt": "p", "metadata": one_repair}), 0)
+    fenced = json.dumps({"type": "submit", "code": "```python\nprint(1)\n```"})
+    assert parse_action(fenced, schema, structured=True, code=True).code == "print(1)"  # type: ignore[union-attr]
 
 
 def test_a_tool_call_that_fits_no_branch_says_what_is_wrong() -> None:

@@ -280,6 +280,9 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
     except (ValidationError, RecursionError) as exc:
         detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else "nested too deeply"
         raise InvalidActionError(f"the action does not validate: {detail}") from exc
+    if isinstance(action, SubmitAction) and (fenced := _FENCE.match(action.code)):
+        # a program in one fence inside the JSON (a chat model's habit): no Python starts with one
+        return SubmitAction(type="submit", code=fenced.group(1))
     return action
 
 
