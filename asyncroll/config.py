@@ -210,7 +210,7 @@ class RunConfig(BaseModel):
             )
         problems += self._evaluator_problems()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))  # one line a problem
         return self
 
     def _evaluator_problems(self) -> list[str]:
@@ -287,7 +287,25 @@ def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = Non
     try:
         return RunConfig.model_validate(values)
     except ValidationError as exc:
-        raise UsageError("\n".join(_describe(err, origins or {}) for err in exc.errors())) from exc
+        lines = [_describe(err, origins or {}) for err in exc.errors()]
+        raise UsageError("\n".join(lines + _checks_across(values, exc, origins or {}))) from exc
+
+
+def _checks_across(values: Mapping[str, Any], exc: ValidationError, origins: Mapping[str, str]) -> list[str]:
+    """The checks across settings (``--model`` missing, conflicting flags) that a setting's own error
+    kept pydantic from running: run again without the refused settings, so that every problem is told
+    at once. A check that names a refused setting is left out: it would judge a default nobody gave."""
+    refused = {str(err["loc"][0]) for err in exc.errors() if err.get("loc")}
+    if not refused:
+        return []
+    try:
+        RunConfig.model_validate({k: v for k, v in values.items() if k not in refused})
+    except ValidationError as again:
+        flags = [re.compile(rf"--(?:no-)?{re.escape(name.replace('_', '-'))}(?![\w-])") for name in refused]
+        found = [_describe(err, origins) for err in again.errors() if not err.get("loc")]
+        lines = "\n".join(found).splitlines()  # one problem a line, each judged on its own
+        return [line for line in lines if not any(flag.search(line) for flag in flags)]
+    return []
 
 
 #: pydantic's range errors: its message names the bound, so the value given is added

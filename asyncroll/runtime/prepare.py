@@ -15,7 +15,7 @@ from typing import Any
 
 from asyncroll.cli_signals import deferred
 from asyncroll.config import RunConfig
-from asyncroll.errors import OutputExistsError, UsageError, no_directory
+from asyncroll.errors import OutputExistsError, UsageError, WorkloadError, no_directory
 from asyncroll.workload import EVALUATOR_TOOL, WorkloadScan, scan_workload
 
 
@@ -44,17 +44,28 @@ def prepare(
     ``made``: the output directory is appended to it once made here (a command interrupted before its
     run began removes only a directory it made itself, never one another run made meanwhile).
     """
+    # every problem is told at once, one a line: a refused output did not hide the workload's errors
     problems = config.unavailable_features()
-    if problems:
-        raise UsageError("\n".join(problems))
-    if not output_ready and output_exists(config.output):
-        raise OutputExistsError(config.output)
+    exists = not output_ready and output_exists(config.output)
+    if exists:
+        problems.append(str(OutputExistsError(config.output)))
     tool_root = config.resolved_tool_root
     if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
-        raise UsageError(f"--tool-root {tool_root}: {no_directory(tool_root)}")  # the scan names the workload
+        problems.append(f"--tool-root {tool_root}: {no_directory(tool_root)}")  # the scan names the workload
+        raise UsageError("\n".join(problems))  # no line's tools can be checked without it
     scripted = config.backend == "scripted" or config.replay
     scan = scan_workload(config.workload, tool_root, scripted=scripted, limit=config.limit, flag="--workload")
-    scan.raise_if_invalid()
+    try:
+        scan.raise_if_invalid()
+    except WorkloadError as exc:
+        if not problems:
+            raise
+        count = str(exc)[len("\n".join(exc.problems)) :].lstrip("\n")  # its closing count, if any
+        raise WorkloadError(problems + exc.problems, count or None) from None
+    if exists and len(problems) == 1:
+        raise OutputExistsError(config.output)  # its own type, as callers may tell it apart
+    if problems:
+        raise UsageError("\n".join(problems))
     isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
     if output_ready:
         return PreparedRun(config, scan, list(argv or sys.argv), isolation)
