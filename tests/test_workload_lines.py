@@ -113,6 +113,20 @@ def test_a_blank_id_is_refused(tmp_path: Path, pid: str) -> None:
     )
 
 
+@pytest.mark.parametrize("prompt", ["", "  ", "\n\t"])
+def test_a_blank_prompt_is_refused(tmp_path: Path, prompt: str) -> None:
+    """SPEC §5: ``prompt`` is required; an empty one asks the model nothing (it was run as it was)."""
+    (problem,) = _problems(tmp_path, [json.dumps({**GOOD, "prompt": prompt})])
+    assert (
+        problem == f"{tmp_path / 'w.jsonl'}:1: prompt: must not be empty or blank (the model's first message)"
+    )
+    validator = jsonschema.Draft202012Validator(schemas()["workload"])
+    assert not validator.is_valid({**GOOD, "prompt": prompt})
+    assert validator.is_valid({**GOOD, "prompt": f"{prompt}x"}) and not _problems(
+        tmp_path, [json.dumps({**GOOD, "prompt": f"{prompt}x"})]
+    )
+
+
 def test_an_id_too_long_is_refused(tmp_path: Path) -> None:
     """A megabyte id was accepted: it is written into every event of its trajectory (20 turns: 58 MB of
     events.jsonl, a 17 MB trace.json)."""

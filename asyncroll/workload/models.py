@@ -188,7 +188,7 @@ _ID_STRING = WithJsonSchema({"type": "string", "pattern": r"\S", "maxLength": MA
 
 class Problem(_Strict):
     id: Annotated[str, _ID_STRING] | int | None = None
-    prompt: str
+    prompt: Annotated[str, WithJsonSchema({"type": "string", "pattern": r"\S"})]
     tools: list[Tool] = Field(default_factory=list)
     reference_answer: str | None = None
     script: list[ScriptStep] | None = None
@@ -207,6 +207,14 @@ class Problem(_Strict):
                 f"{chars:,} characters: at most {MAX_ID_CHARS:,} (it names the trajectory in every "
                 "event and result; keep a long key in metadata)"
             )
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_blank(cls, value: str) -> str:
+        # a required prompt that is empty asks the model nothing: a data error, not a problem to run
+        if not value.strip():
+            raise ValueError("must not be empty or blank (the model's first message)")
         return value
 
     @property
