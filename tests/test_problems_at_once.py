@@ -11,7 +11,7 @@ import pytest
 from asyncroll.config import build_config
 from asyncroll.errors import OutputExistsError, UsageError, WorkloadError
 from asyncroll.runtime.prepare import prepare
-from tests.cli_runs import SMOKE, cli
+from tests.cli_runs import SMOKE, cli, run_in_process
 
 
 def _refusal(values: dict[str, object]) -> list[str]:
@@ -98,3 +98,17 @@ def test_the_command_tells_every_problem_and_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "already exists" in result.stderr and "duplicate id '1'" in result.stderr
     assert list(output.iterdir()) == []
+
+
+def test_a_settings_error_does_not_hide_a_taken_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, seen = run_in_process(
+        monkeypatch, "--workload", SMOKE, "--output", tmp_path, "--cpu-workers", "0", "--backend", "vllm"
+    )
+    assert result.exit_code == 2 and not seen
+    assert result.stderr.splitlines() == [
+        "error: --cpu-workers: Input should be greater than or equal to 1 (got 0)",
+        "--model is required with --backend vllm",
+        f"--output {tmp_path} already exists; asyncroll never overwrites a run (choose a new directory)",
+    ]

@@ -260,7 +260,10 @@ def run(
         if missing:
             given = "" if config is None else f" (--config {config} gives none)"
             raise UsageError(f"missing required option(s): {', '.join(missing)}{given}")
-        cfg = build_config(values, origins)
+        try:
+            cfg = build_config(values, origins)
+        except UsageError as exc:  # an output that is taken is told with the settings' errors
+            raise UsageError("\n".join([str(exc), *_taken(values.get("output"), origins)])) from None
         not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
         if not_found:
             raise UsageError("\n".join(not_found))
@@ -306,6 +309,21 @@ def run(
     warn_replay_structured(cfg)
     warn_mechanism_off(cfg)
     raise typer.Exit(_run(cfg))
+
+
+def _taken(output: object, origins: dict[str, str]) -> list[str]:
+    """The refusal of an output directory that exists, as a line to tell with other problems."""
+    from asyncroll.errors import OutputExistsError, UsageError
+    from asyncroll.runtime.prepare import output_exists
+
+    if not isinstance(output, str | Path) or not str(output):
+        return []
+    try:
+        return [str(OutputExistsError(output, origins.get("output")))] if output_exists(Path(output)) else []
+    except UsageError as exc:  # a path that cannot name a directory
+        return [str(exc)]
+    except ValueError:  # a NUL in it: the settings' own error names it
+        return []
 
 
 def _run(cfg: Any) -> int:
