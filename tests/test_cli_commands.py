@@ -157,3 +157,14 @@ def test_a_missing_argument_is_named_as_the_docs_name_it(command: str, name: str
     assert done.exit_code == 2 and f"Missing argument '{name}'" in done.stderr
     # click 8.5 braces a required argument's metavar in the usage line, click 8.2 (the dev floor) does not
     assert re.search(rf"asyncroll {command} \[OPTIONS\] \{{?{name}\}}?\n", done.stderr), done.stderr
+
+
+def test_run_help_names_every_defaulted_choice() -> None:
+    """A choice flag's help says which value it takes when not given (--backend said nothing)."""
+    from typer.testing import CliRunner
+
+    from asyncroll.cli import app
+
+    shown = " ".join(CliRunner().invoke(app, ["run", "--help"], terminal_width=200).stdout.split())
+    assert "scripted (the default) | vllm | openai" in shown
+    assert "fifo (the default)" in shown

@@ -39,7 +39,7 @@ from asyncroll.commands.run_warnings import (
 def run(
     workload: Annotated[Path | None, Opt("--workload", help="Workload JSONL (required).")] = None,
     output: Annotated[Path | None, Opt("--output", help="Run directory to create; must not exist.")] = None,
-    backend: Annotated[str | None, Opt(help="scripted | vllm | openai")] = None,
+    backend: Annotated[str | None, Opt(help="scripted (the default) | vllm | openai")] = None,
     policy: Annotated[str | None, Opt(help=POLICY_HELP)] = None,
     tool_root: Annotated[
         Path | None, Opt(help="Root of trusted tool files (default: the workload's folder).")
