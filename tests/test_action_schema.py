@@ -149,10 +149,10 @@ def test_parsing_is_strict_in_both_modes() -> None:
 def test_a_code_reply_with_prose_around_its_fenced_program_submits_the_program() -> None:
     """--no-structured-output on a code workload: a chat model's usual reply, prose then a fenced program
     then prose, was submitted whole and failed as a SyntaxError (its repair spent on the prose); the
-    program is read between the first two fence lines, as LiveCodeBench's ``extract_code`` reads it."""
+    program is read between the last two fence lines, as LiveCodeBench's ``extract_code`` reads it."""
     reply = (
-        "Here is my solution:\n\n```python\nn = int(input())\nprint(n + 2)\n```\n\nFor example:\n"
-        "```\n$ echo 1 | python solution.py\n3\n```\nDone."
+        "Here is my solution:\n\n```python\nprint(int(input()) + 2)\n```\n\nIt adds two.\n"
+        "Corrected:\n```python\nn = int(input())\nprint(n + 2)\n```\nDone."
     )
     assert parse_action(reply, {}, structured=False, code=True) == SubmitAction(
         type="submit", code="n = int(input())\nprint(n + 2)"

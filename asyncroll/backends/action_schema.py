@@ -210,14 +210,14 @@ def strip_fence(text: str) -> str:
 
 def extract_source(text: str) -> str:
     """A code reply's program: inside one fence around the whole reply; else, where two or more lines hold
-    a fence (prose around a fenced program), between the first two of them, as LiveCodeBench's
+    a fence (prose around a fenced program), between the last two of them, as LiveCodeBench's
     ``extract_code`` reads a reply; else the whole reply, as plain source."""
     match = _FENCE.match(text)
     if match:
         return match.group(1)
     lines = text.split("\n")
     fences = [i for i, line in enumerate(lines) if "```" in line]
-    return "\n".join(lines[fences[0] + 1 : fences[1]]) if len(fences) >= 2 else text
+    return "\n".join(lines[fences[-2] + 1 : fences[-1]]) if len(fences) >= 2 else text
 
 
 def _not_json(constant: str) -> Any:
