@@ -223,8 +223,35 @@ def test_a_returned_value_past_the_record_cap_is_an_output_limit_verdict(mib: in
             None,
             "MemoryError",
         ),
+        # held by the Solution instance the called method filled, which the harness's bound method kept
+        (
+            "class Solution:\n    def f(self, n):\n        self.blocks = []\n        while True:\n"
+            "            self.blocks.append(bytearray(1000))\n",
+            "f",
+            "MemoryError",
+        ),
+        # held by the argument the called function grew, which the harness still held too
+        ("def f(n):\n    while True:\n        n.append(bytearray(1000))\n", "f", "MemoryError"),
+        # held by the frame of the error the program was handling when it raised its own
+        (
+            "def g():\n    big = []\n    while True:\n        big.append(bytearray(1000))\n"
+            "try:\n    g()\nexcept MemoryError:\n    raise KeyError('k')\n",
+            None,
+            "KeyError: 'k'",
+        ),
+        # held by the error itself, a message too large to format beside it: cut (the worker shows its tail)
+        ("kept = 'x' * (400 * 1024 * 1024)\nraise ValueError(kept)\n", None, "xxxxxxxxxx"),
     ],
-    ids=["small-allocations", "open-files", "in-a-function", "out-of-reach"],
+    ids=[
+        "small-allocations",
+        "open-files",
+        "in-a-function",
+        "out-of-reach",
+        "in-self",
+        "in-an-argument",
+        "in-context",
+        "message",
+    ],
 )
 def test_a_program_that_exhausts_a_limit_gets_its_own_error_as_feedback(
     program: str, func_name: str | None, error: str
@@ -232,9 +259,10 @@ def test_a_program_that_exhausts_a_limit_gets_its_own_error_as_feedback(
     """A memory bomb of small allocations (the usual runaway list) or a program that opens files until
     ``RLIMIT_NOFILE`` refuses one gets a runtime error whose feedback names what it ran out of (formatting
     the error failed the same way, and the verdict said 'exited with status 0')."""
-    tests = [{"input": "1\n", "output": "3\n"}] if func_name is None else [{"input": "1", "output": "3"}]
+    tests = [{"input": "1\n", "output": "3\n"}] if func_name is None else [{"input": "[1]", "output": "3"}]
     result, _ = evaluate(program, tests, func_name=func_name, time_limit_s=10.0)
     assert verdict(result) == "runtime_error", result
     said = result["feedback"]["error"]
     assert error in said, result["feedback"]
     assert ("Traceback" in said) is ("kept" not in program), said  # formatted in full where it could be
+    assert len(said) <= 4000, len(said)  # the harness's ERROR_LIMIT, in the fallback too

@@ -67,6 +67,7 @@ RECURSION_LIMIT = 50000
 INT_MAX_STR_DIGITS = 50000
 FUNCTIONAL_MODULE = "tmp_sol"  # LiveCodeBench's module name for a call-based solution
 ERROR_LIMIT = 4000
+WRITE_CHUNK = 1 << 20  # bytes of a record written at a time (see _write)
 TRACE_FRAMES = 64  # innermost frames formatted: a runaway recursion has ~RECURSION_LIMIT of them
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
@@ -99,9 +100,6 @@ def _set_digit_limit(digits: int) -> None:
     setter = getattr(sys, "set_int_max_str_digits", None)
     if setter is not None:
         setter(digits)
-
-
-WRITE_CHUNK = 1 << 20
 
 
 def _write(fd: int, line: str) -> None:
@@ -308,25 +306,29 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
             sys.stdout.flush()
             line = json.dumps({"kind": "done", "ok": True})
     except BaseException as exc:  # noqa: BLE001 - every failure of the program is its verdict
-        _let_go(namespace, exc.__traceback__)
+        method = result = args = None  # a Solution instance, arguments the program grew: with the rest
+        _let_go(namespace, exc)
         try:
             line = json.dumps({"kind": "done", "ok": False, "error": _error(exc)})
         except BaseException:  # noqa: BLE001 - formatting ran out too: the error's type and message
-            line = json.dumps({"kind": "done", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            said = f"{type(exc).__name__}: {str(exc)[:ERROR_LIMIT]}"[:ERROR_LIMIT]  # the message may be huge
+            line = json.dumps({"kind": "done", "ok": False, "error": said})
     _write(status_fd, line)
 
 
-def _let_go(namespace: dict[str, Any], tb: Any) -> None:
-    """Free what a failed program holds (globals, its frames' locals) before formatting its error: out of
-    memory or descriptors, that failed too, and the child ended with no record, the program's error lost."""
+def _let_go(namespace: dict[str, Any], exc: BaseException | None) -> None:
+    """Free what a failed program holds (globals, the locals of its frames and of the errors it was handling
+    when it raised) before formatting its error: out of memory or descriptors, that failed too."""
     namespace.clear()
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename != "<string>":  # not the harness's own, still running
-            try:  # noqa: SIM105 - no contextlib import in the harness: paid once per test
-                tb.tb_frame.clear()
-            except RuntimeError:  # a frame still executing
-                pass
-        tb = tb.tb_next
+    for _ in range(100):  # bounded: a program can make a cycle of __context__
+        tb, exc = (exc.__traceback__, exc.__context__) if exc is not None else (None, None)
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename != "<string>":  # not the harness's own, still running
+                try:  # noqa: SIM105 - no contextlib import in the harness: paid once per test
+                    tb.tb_frame.clear()
+                except RuntimeError:  # a frame still executing
+                    pass
+            tb = tb.tb_next
 
 
 def deny_kernel_keys() -> bool:
