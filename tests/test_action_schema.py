@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from asyncroll.backends.action_schema import parse_action, turn_schema
+from asyncroll.backends.action_schema import extract_source, parse_action, turn_schema
 from asyncroll.coerce import TYPE_NAMES
 from asyncroll.errors import InvalidActionError
 from asyncroll.workload import FinalAction, Problem, SubmitAction, ToolAction
@@ -167,6 +167,26 @@ def test_a_code_reply_with_prose_around_its_fenced_program_submits_the_program()
     schema = turn_schema(Problem.model_validate({"prompt": "p", "metadata": one_repair}), 0)
     fenced = json.dumps({"type": "submit", "code": "```python\nprint(1)\n```"})
     assert parse_action(fenced, schema, structured=True, code=True).code == "print(1)"  # type: ignore[union-attr]
+
+
+def test_a_reply_that_starts_and_ends_with_a_fence_but_holds_two_programs_submits_the_last() -> None:
+    """A reply of a fenced program, prose, then a corrected fenced program starts and ends with a fence:
+    the one-fence pattern took all of it (the prose and the inner fence lines) as the program, a SyntaxError,
+    where LiveCodeBench's ``extract_code`` reads the last program. A structured ``submit`` whose code is
+    fenced so, or fenced with CRLF line ends, is read the same way."""
+    reply = "```python\nprint(1)\n```\nWait, that is wrong. Corrected:\n```python\nprint(2)\n```"
+    assert extract_source(reply) == "print(2)"
+    assert parse_action(reply, {}, structured=False, code=True).code == "print(2)"  # type: ignore[union-attr]
+    # one fenced program holding a fence inside a string (not at a line's start) stays whole
+    program = "print('```')\nprint(1)"
+    assert extract_source(f"```python\n{program}\n```\n") == program
+    one_repair = {"prompt_metadata": {"protocol": "one_repair"}}
+    schema = turn_schema(Problem.model_validate({"prompt": "p", "metadata": one_repair}), 0)
+    for code in (reply, "```python\r\nprint(2)\r\n```"):
+        submitted = parse_action(
+            json.dumps({"type": "submit", "code": code}), schema, structured=True, code=True
+        )
+        assert submitted.code.strip() == "print(2)"  # type: ignore[union-attr]
 
 
 def test_a_tool_call_that_fits_no_branch_says_what_is_wrong() -> None:

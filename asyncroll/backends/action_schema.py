@@ -57,7 +57,9 @@ _INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
     "list[list[float]]": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
 }
 _ACTION: TypeAdapter[Any] = TypeAdapter(Action)
-_FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*[ \t\r]*\n(.*?)\n?```\s*$", re.DOTALL)
+#: A fence line inside what _FENCE matched: the text starts and ends with a fence but holds more blocks.
+_INNER_FENCE = re.compile(r"^[ \t]*```", re.MULTILINE)
 #: Fields of a scripted action that describe the simulation, never what a model writes.
 SCRIPT_ONLY_FIELDS = ("latency_ms", "output_tokens", "cpu_ms", "passes", "raises", "worker_dies")
 
@@ -213,7 +215,7 @@ def extract_source(text: str) -> str:
     a fence (prose around a fenced program), between the last two of them, as LiveCodeBench's
     ``extract_code`` reads a reply; else the whole reply, as plain source."""
     match = _FENCE.match(text)
-    if match:
+    if match and not _INNER_FENCE.search(match.group(1)):
         return match.group(1)
     lines = text.split("\n")
     fences = [i for i, line in enumerate(lines) if "```" in line]
@@ -280,9 +282,9 @@ def parse_action(text: str | None, schema: dict[str, Any], *, structured: bool, 
     except (ValidationError, RecursionError) as exc:
         detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else "nested too deeply"
         raise InvalidActionError(f"the action does not validate: {detail}") from exc
-    if isinstance(action, SubmitAction) and (fenced := _FENCE.match(action.code)):
+    if isinstance(action, SubmitAction) and _FENCE.match(action.code):
         # a program in one fence inside the JSON (a chat model's habit): no Python starts with one
-        return SubmitAction(type="submit", code=fenced.group(1))
+        return SubmitAction(type="submit", code=extract_source(action.code))
     return action
 
 
