@@ -39,11 +39,12 @@ from asyncroll.outputs import result_file
 from asyncroll.outputs.receipt import cpu_model
 
 
-def load_prompts(path: Path, count: int) -> list[str]:
-    """The first ``count`` prompts of the workload, cycled; errors name the file and line."""
+def load_prompts(path: Path, count: int, data: bytes | None = None) -> list[str]:
+    """The first ``count`` prompts of the workload (``data``, the file's bytes, read here if not given),
+    cycled; errors name the file and line."""
     prompts: list[str] = []
     # decoded whole: a text stream's UnicodeDecodeError gives the byte's place in its 8 KiB chunk
-    with io.StringIO(path.read_bytes().decode("utf-8"), newline=None) as handle:
+    with io.StringIO((path.read_bytes() if data is None else data).decode("utf-8"), newline=None) as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -161,7 +162,8 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    prompts = load_prompts(args.workload, args.requests)
+    data = args.workload.read_bytes()  # once: hashed as read, not as the file may be after measuring
+    prompts = load_prompts(args.workload, args.requests, data)
     # No connection limit of the client's own: the semaphore bounds concurrency, and read_bounded's
     # deadline can leak a slot of a limited pool (asyncroll.http_read).
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.concurrency)
@@ -176,7 +178,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "endpoint": args.endpoint,
         "model": args.model,
         "workload": str(args.workload),
-        "workload_sha256": hashlib.sha256(args.workload.read_bytes()).hexdigest(),
+        "workload_sha256": hashlib.sha256(data).hexdigest(),
         "concurrency": args.concurrency,
         "requests": args.requests,
         "max_tokens": args.max_tokens,

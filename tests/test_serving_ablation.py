@@ -299,3 +299,40 @@ def test_serving_ablation_records_every_setting_that_shapes_the_requests(
         1,
         30.0,
     )
+
+
+def test_serving_ablation_hashes_the_workload_it_read_not_the_file_after_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workload's SHA-256 was read from the file after every pass: a workload rewritten meanwhile gave
+    the hash of prompts not sent, and one removed (a temporary file, a cleaned directory) lost the whole
+    measurement to a FileNotFoundError."""
+    import argparse
+    import asyncio
+    import hashlib
+
+    ablation = load_ablation()
+    workload = tmp_path / "workload.jsonl"
+    workload.write_text('{"prompt": "one"}\n', encoding="utf-8")
+    sent = hashlib.sha256(workload.read_bytes()).hexdigest()
+
+    async def one_pass(args: Any, prompts: list[str], client: Any) -> dict[str, Any]:
+        workload.unlink(missing_ok=True)  # gone while it measured
+        lat = {"p50": 1.0, "p90": 1.0, "p99": 1.0, "min": 1.0, "max": 1.0}
+        return {"requests_per_s": 1.0, "output_tokens_per_s": 8.0, "latency_s": lat}
+
+    monkeypatch.setattr(ablation, "one_pass", one_pass)
+    args = argparse.Namespace(
+        endpoint="http://127.0.0.1:9",
+        model="sim",
+        workload=workload,
+        concurrency=1,
+        requests=1,
+        max_tokens=8,
+        fixed_length=False,
+        repeats=1,
+        warmup=0,
+        seed=0,
+        request_timeout=30.0,
+    )
+    assert asyncio.run(ablation.measure(args))["workload_sha256"] == sent
