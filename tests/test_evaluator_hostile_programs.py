@@ -239,6 +239,13 @@ def test_a_returned_value_past_the_record_cap_is_an_output_limit_verdict(mib: in
             None,
             "KeyError: 'k'",
         ),
+        # held by the frame of the error the program raised its own from, after handling it
+        (
+            "def g():\n    big = []\n    while True:\n        big.append(bytearray(1000))\n"
+            "try:\n    g()\nexcept MemoryError as e:\n    err = e\nraise KeyError('k') from err\n",
+            None,
+            "KeyError: 'k'",
+        ),
         # held by the error itself, a message too large to format beside it: cut (the worker shows its tail)
         ("kept = 'x' * (400 * 1024 * 1024)\nraise ValueError(kept)\n", None, "xxxxxxxxxx"),
     ],
@@ -250,6 +257,7 @@ def test_a_returned_value_past_the_record_cap_is_an_output_limit_verdict(mib: in
         "in-self",
         "in-an-argument",
         "in-context",
+        "in-cause",
         "message",
     ],
 )

@@ -317,11 +317,11 @@ def _run_program(code: str, config: dict[str, Any], status_fd: int) -> None:
 
 
 def _let_go(namespace: dict[str, Any], exc: BaseException | None) -> None:
-    """Free what a failed program holds (globals, the locals of its frames and of the errors it was handling
-    when it raised) before formatting its error: out of memory or descriptors, that failed too."""
+    """Free what a failed program holds (globals, the locals in its error's frames and in those of the errors
+    it came from) before formatting its error: out of memory or descriptors, that failed too."""
     namespace.clear()
-    for _ in range(100):  # bounded: a program can make a cycle of __context__
-        tb, exc = (exc.__traceback__, exc.__context__) if exc is not None else (None, None)
+    for _ in range(100):  # bounded: a program can make a cycle of __cause__ or __context__
+        tb, exc = (exc.__traceback__, exc.__cause__ or exc.__context__) if exc is not None else (None, None)
         while tb is not None:
             if tb.tb_frame.f_code.co_filename != "<string>":  # not the harness's own, still running
                 try:  # noqa: SIM105 - no contextlib import in the harness: paid once per test
