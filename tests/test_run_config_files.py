@@ -794,3 +794,18 @@ def test_run_json_body_says_the_runs_settings_code_workload_tools_and_isolation(
         "untrusted_code"
     ]
     assert untrusted == {"layers": ["a probed one"]}
+
+
+def test_a_deprecated_policy_from_a_config_file_is_named_by_its_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warning named ``--policy gpu_first``, a flag nobody typed, for a config file's policy."""
+    config = tmp_path / "run.json"
+    config.write_text('{"policy": "gpu_first"}')
+    args = ("--config", config, "--workload", SMOKE)
+    result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r")
+    assert result.exit_code == 0 and seen, result.stderr
+    said = f"warning: --config {config}: setting 'policy': gpu_first is a deprecated alias of tool_first"
+    assert said in result.stderr and "--policy gpu_first" not in result.stderr, result.stderr
+    flagged, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "f", "--policy", "gpu_first")
+    assert "warning: --policy gpu_first is a deprecated alias of tool_first" in flagged.stderr

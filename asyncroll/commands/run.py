@@ -296,8 +296,9 @@ def run(
                 raise UsageError(f"{port} on {cfg.metrics_host}: cannot listen: {reason}")
     except UsageError as exc:
         raise fail(str(exc), exc.exit_code) from None
-    if cfg.policy == "gpu_first":
-        typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
+    if cfg.policy == "gpu_first":  # named where it was given: a flag, or the config file's setting
+        where = f"{origins['policy']}:" if "policy" in origins else "--policy"
+        typer.echo(f"warning: {where} gpu_first is a deprecated alias of tool_first", err=True)
     warn_sync_active(cfg.policy, values, cfg.max_active_trajectories)
     warn_inflight_past_active(
         cfg.policy, values, cfg.max_inflight_model_requests, cfg.max_active_trajectories
