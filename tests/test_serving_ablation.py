@@ -263,7 +263,6 @@ def test_serving_ablation_records_every_setting_that_shapes_the_requests(
     """The JSON named the workload by its path only and left out the seed, the warm-up and the request
     timeout (and the temperature sent): a result file could not say which prompts it measured nor how to
     repeat it, though SERVING_ABLATION.md asks for the same requests on every stack."""
-    import argparse
     import asyncio
     import hashlib
 
@@ -277,19 +276,7 @@ def test_serving_ablation_records_every_setting_that_shapes_the_requests(
 
     monkeypatch.setattr(ablation, "one_pass", one_pass)
     workload = ROOT / "examples/toolmath/workload.jsonl"
-    args = argparse.Namespace(
-        endpoint="http://127.0.0.1:9",
-        model="sim",
-        workload=workload,
-        concurrency=2,
-        requests=3,
-        max_tokens=8,
-        fixed_length=False,
-        repeats=2,
-        warmup=1,
-        seed=7,
-        request_timeout=30.0,
-    )
+    args = _measure_args(workload, concurrency=2, requests=3, repeats=2, warmup=1, seed=7)
     result = asyncio.run(ablation.measure(args))
     assert passes == [1, 3, 3]  # the warm-up, then two repeats
     assert result["workload_sha256"] == hashlib.sha256(workload.read_bytes()).hexdigest()
@@ -307,7 +294,6 @@ def test_serving_ablation_hashes_the_workload_it_read_not_the_file_after_measuri
     """The workload's SHA-256 was read from the file after every pass: a workload rewritten meanwhile gave
     the hash of prompts not sent, and one removed (a temporary file, a cleaned directory) lost the whole
     measurement to a FileNotFoundError."""
-    import argparse
     import asyncio
     import hashlib
 
@@ -322,17 +308,13 @@ def test_serving_ablation_hashes_the_workload_it_read_not_the_file_after_measuri
         return {"requests_per_s": 1.0, "output_tokens_per_s": 8.0, "latency_s": lat}
 
     monkeypatch.setattr(ablation, "one_pass", one_pass)
-    args = argparse.Namespace(
-        endpoint="http://127.0.0.1:9",
-        model="sim",
-        workload=workload,
-        concurrency=1,
-        requests=1,
-        max_tokens=8,
-        fixed_length=False,
-        repeats=1,
-        warmup=0,
-        seed=0,
-        request_timeout=30.0,
-    )
+    args = _measure_args(workload, concurrency=1, requests=1, repeats=1, warmup=0, seed=0)
     assert asyncio.run(ablation.measure(args))["workload_sha256"] == sent
+
+
+def _measure_args(workload: Path, **given: Any) -> Any:
+    """The script's arguments for ``measure`` against an address nothing answers (``one_pass`` is patched)."""
+    import argparse
+
+    defaults = {"endpoint": "http://127.0.0.1:9", "model": "sim", "max_tokens": 8, "fixed_length": False}
+    return argparse.Namespace(workload=workload, request_timeout=30.0, **defaults, **given)
