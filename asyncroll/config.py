@@ -291,6 +291,11 @@ def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = Non
         raise UsageError("\n".join(lines + _checks_across(values, exc, origins or {}))) from exc
 
 
+#: A setting that a check across settings names in words, not as its flag ("--model only applies to HTTP
+#: backends" judges the backend): such a line is left out as well when that setting was refused.
+_NAMED_OTHERWISE = {"backend": "HTTP backends"}
+
+
 def _checks_across(values: Mapping[str, Any], exc: ValidationError, origins: Mapping[str, str]) -> list[str]:
     """The checks across settings (``--model`` missing, conflicting flags) that a setting's own error
     kept pydantic from running: run again without the refused settings, so that every problem is told
@@ -302,6 +307,7 @@ def _checks_across(values: Mapping[str, Any], exc: ValidationError, origins: Map
         RunConfig.model_validate({k: v for k, v in values.items() if k not in refused})
     except ValidationError as again:
         flags = [re.compile(rf"--(?:no-)?{re.escape(name.replace('_', '-'))}(?![\w-])") for name in refused]
+        flags += [re.compile(re.escape(words)) for name, words in _NAMED_OTHERWISE.items() if name in refused]
         found = [_describe(err, origins) for err in again.errors() if not err.get("loc")]
         lines = "\n".join(found).splitlines()  # one problem a line, each judged on its own
         return [line for line in lines if not any(flag.search(line) for flag in flags)]

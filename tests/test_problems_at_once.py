@@ -46,6 +46,14 @@ def test_a_check_across_a_refused_setting_is_not_told_against_its_default() -> N
     ]
 
 
+def test_a_check_that_depends_on_a_refused_backend_is_not_told() -> None:
+    """--backend vlm is refused: "--model only applies to HTTP backends" would judge --model against the
+    default scripted backend, which nobody gave (the line names the backend in other words than a flag)."""
+    assert _refusal({"backend": "vlm", "model": "m"}) == [
+        "--backend: Input should be 'scripted', 'vllm' or 'openai'"
+    ]
+
+
 def test_checks_across_settings_are_one_line_each() -> None:
     lines = _refusal({"backend": "vllm", "telemetry": False, "nvml_device": 0})
     assert lines == ["--model is required with --backend vllm", "--no-telemetry conflicts with --nvml-device"]
