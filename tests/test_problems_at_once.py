@@ -81,6 +81,20 @@ def test_an_existing_output_does_not_hide_the_workloads_errors(tmp_path: Path) -
     assert sorted(p.name for p in output.iterdir()) == []  # nothing written in it
 
 
+def test_an_output_that_cannot_be_used_does_not_hide_the_workloads_errors(tmp_path: Path) -> None:
+    """An output under a regular file cannot name a directory: told, and the workload's errors with it."""
+    workload = _bad_workload(tmp_path)
+    (tmp_path / "file").write_text("")
+    output = tmp_path / "file" / "run"
+    with pytest.raises(UsageError) as caught:
+        prepare(build_config({"workload": str(workload), "output": str(output)}))
+    assert str(caught.value).splitlines() == [
+        f"--output {output}: cannot be used: Not a directory",
+        f"{workload}:2: id: duplicate id '1' (first on line 1)",
+        f"{workload}: 1 error in 1 of 2 workload lines",
+    ]
+
+
 def test_an_existing_output_and_a_missing_tool_root_are_both_told(tmp_path: Path) -> None:
     output = tmp_path / "taken"
     output.mkdir()

@@ -46,7 +46,11 @@ def prepare(
     """
     # every problem is told at once, one a line: a refused output did not hide the workload's errors
     problems = config.unavailable_features()
-    exists = not output_ready and output_exists(config.output)
+    try:
+        exists = not output_ready and output_exists(config.output)
+    except UsageError as exc:  # a path that cannot name a directory: told with the rest too
+        exists = False
+        problems.append(str(exc))
     if exists:
         problems.append(str(OutputExistsError(config.output)))
     tool_root = config.resolved_tool_root
