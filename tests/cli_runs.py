@@ -69,7 +69,7 @@ def run_in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[
 
     seen: list[Any] = []
 
-    def record(cfg: Any) -> int:
+    def record(cfg: Any, *_: Any) -> int:
         seen.append(cfg)
         return 0
 

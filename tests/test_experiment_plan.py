@@ -144,7 +144,7 @@ def test_every_client_command_is_accepted_by_run_without_server_telemetry(
 
     accepted: list[RunConfig] = []
 
-    def accept(cfg: RunConfig) -> int:  # what run would run, not run
+    def accept(cfg: RunConfig, *_: object) -> int:  # what run would run, not run
         accepted.append(cfg)
         return 0
 

@@ -134,3 +134,21 @@ def test_a_settings_error_does_not_hide_a_taken_output(
         "--model is required with --backend vllm",
         f"--output {tmp_path} already exists; asyncroll never overwrites a run (choose a new directory)",
     ]
+
+
+def test_a_config_files_taken_output_does_not_hide_the_workloads_errors(tmp_path: Path) -> None:
+    """The output read from --config was refused alone, before the workload was read: its errors came
+    only after a second try, as they never did for --output (both named where they were given)."""
+    workload, output = _bad_workload(tmp_path), tmp_path / "taken"
+    output.mkdir()
+    config = tmp_path / "run.toml"
+    config.write_text(f'workload = "{workload}"\noutput = "{output}"\n')
+    result = cli("run", "--config", config, "--no-progress")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-3:] == [
+        f"error: --config {config}: setting 'output' ({output}) already exists; asyncroll never overwrites "
+        "a run (choose a new directory)",
+        f"{workload}:2: id: duplicate id '1' (first on line 1)",
+        f"{workload}: 1 error in 1 of 2 workload lines",
+    ]
+    assert list(output.iterdir()) == []

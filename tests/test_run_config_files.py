@@ -315,10 +315,10 @@ def test_an_existing_output_read_from_a_config_file_is_named_as_the_files_settin
     existing.mkdir()
     config = tmp_path / "run.toml"
     config.write_text(f'workload = "{SMOKE}"\noutput = "{existing}"\n')
-    result, seen = run_in_process(monkeypatch, "--config", config)
-    assert result.exit_code == 2 and not seen
-    assert f"--config {config}: setting 'output' ({existing}) already exists" in result.stderr
-    assert "choose a new directory" in result.stderr and "--output" not in result.stderr
+    refused = cli("run", "--config", config, "--no-progress")  # told as the run prepares, with the rest
+    assert refused.returncode == 2 and list(existing.iterdir()) == []
+    assert f"--config {config}: setting 'output' ({existing}) already exists" in refused.stderr
+    assert "choose a new directory" in refused.stderr and "--output" not in refused.stderr
     result, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "new")
     assert result.exit_code == 0 and seen[0].output == tmp_path / "new"
 
@@ -420,12 +420,14 @@ def test_a_config_files_missing_tool_root_or_busy_metrics_port_is_blamed_on_the_
 
     config = tmp_path / "run.json"
     config.write_text(
-        json.dumps({"workload": str(SMOKE), "output": "out", "tool_root": str(tmp_path / "no")})
+        json.dumps(
+            {"workload": str(SMOKE), "output": str(tmp_path / "out"), "tool_root": str(tmp_path / "no")}
+        )
     )
-    result, seen = run_in_process(monkeypatch, "--config", config)
-    assert result.exit_code == 2 and not seen, result.output
-    assert f"--config {config}: setting 'tool_root': {tmp_path / 'no'}: does not exist" in result.stderr
-    assert "--tool-root" not in result.stderr
+    refused = cli("run", "--config", config, "--no-progress")  # told as the run prepares, with the rest
+    assert refused.returncode == 2 and not (tmp_path / "out").exists(), refused.stderr
+    assert f"--config {config}: setting 'tool_root': {tmp_path / 'no'}: does not exist" in refused.stderr
+    assert "--tool-root" not in refused.stderr
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()

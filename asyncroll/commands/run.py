@@ -239,7 +239,7 @@ def run(
         flags["endpoint"] = endpoint[0]
     from asyncroll.config import MAX_PROCESS_WORKERS, build_config
     from asyncroll.config_file import config_file_origins, config_file_paths_missing, load_config_file
-    from asyncroll.errors import OutputExistsError, UsageError, no_directory
+    from asyncroll.errors import UsageError
 
     if "gpu_slots" in flags:
         warnings.warn(
@@ -279,13 +279,6 @@ def run(
                 f"{where}: {cfg.cpu_workers}: at most {MAX_PROCESS_WORKERS} worker processes (each is a "
                 "Python process holding tens of MB)"
             )
-        if "output" in origins:  # named as the file writes it, not as a flag nobody typed
-            from asyncroll.runtime.prepare import output_exists
-
-            if output_exists(cfg.output):
-                raise OutputExistsError(cfg.output, origins["output"])
-        if "tool_root" in origins and cfg.tool_root is not None and not cfg.tool_root.is_dir():
-            raise UsageError(f"{origins['tool_root']}: {cfg.tool_root}: {no_directory(cfg.tool_root)}")
         if cfg.metrics_port is not None:  # a busy or foreign address, before any output exists
             from asyncroll.telemetry.exporter import listen_error
 
@@ -309,7 +302,7 @@ def run(
     warn_no_telemetry_source(cfg)
     warn_replay_structured(cfg)
     warn_mechanism_off(cfg)
-    raise typer.Exit(_run(cfg))
+    raise typer.Exit(_run(cfg, origins))  # a taken output, a missing tool root: named where given
 
 
 def _taken(output: object, origins: dict[str, str]) -> list[str]:
@@ -327,7 +320,7 @@ def _taken(output: object, origins: dict[str, str]) -> list[str]:
         return []
 
 
-def _run(cfg: Any) -> int:
+def _run(cfg: Any, origins: dict[str, str] | None = None) -> int:
     import shutil
 
     from asyncroll.clock import SystemClock
@@ -344,7 +337,7 @@ def _run(cfg: Any) -> int:
     made: list[Path] = []  # the output directory, once this command made it (not another's)
     try:
         try:
-            prepared = prepare(cfg, probe_isolation=True, made=made)
+            prepared = prepare(cfg, probe_isolation=True, made=made, origins=origins)
         except UsageError as exc:
             typer.echo(f"error: {exc}", err=True)
             return exc.exit_code

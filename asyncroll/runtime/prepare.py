@@ -9,6 +9,7 @@ import contextlib
 import os
 import stat
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ def prepare(
     output_ready: bool = False,
     probe_isolation: bool = False,
     made: list[Path] | None = None,
+    origins: Mapping[str, str] | None = None,
 ) -> PreparedRun:
     """Validate everything before anything starts; creates the output directory last.
 
@@ -43,6 +45,8 @@ def prepare(
     refuse to start when a required one is missing, unless ``--allow-weak-isolation``.
     ``made``: the output directory is appended to it once made here (a command interrupted before its
     run began removes only a directory it made itself, never one another run made meanwhile).
+    ``origins``: where a setting came from when not a flag (``--config FILE: setting 'output'``), as
+    :func:`~asyncroll.config.build_config`'s: a taken output or a missing tool root is named by it.
     """
     # every problem is told at once, one a line: a refused output did not hide the workload's errors
     problems = config.unavailable_features()
@@ -51,11 +55,17 @@ def prepare(
     except UsageError as exc:  # a path that cannot name a directory: told with the rest too
         exists = False
         problems.append(str(exc))
+    where = dict(origins or {})
     if exists:
-        problems.append(str(OutputExistsError(config.output)))
+        problems.append(str(OutputExistsError(config.output, where.get("output"))))
     tool_root = config.resolved_tool_root
     if not tool_root.is_dir() and config.tool_root is not None:  # a workload's own missing folder:
-        problems.append(f"--tool-root {tool_root}: {no_directory(tool_root)}")  # the scan names the workload
+        named = (
+            f"{where['tool_root']}: {config.tool_root}"
+            if "tool_root" in where
+            else f"--tool-root {tool_root}"
+        )
+        problems.append(f"{named}: {no_directory(tool_root)}")  # the scan names the workload
         raise UsageError("\n".join(problems))  # no line's tools can be checked without it
     scripted = config.backend == "scripted" or config.replay
     scan = scan_workload(config.workload, tool_root, scripted=scripted, limit=config.limit, flag="--workload")
@@ -67,7 +77,9 @@ def prepare(
         count = str(exc)[len("\n".join(exc.problems)) :].lstrip("\n")  # its closing count, if any
         raise WorkloadError(problems + exc.problems, count or None) from None
     if exists and len(problems) == 1:
-        raise OutputExistsError(config.output)  # its own type, as callers may tell it apart
+        raise OutputExistsError(
+            config.output, where.get("output")
+        )  # its own type, as callers may tell it apart
     if problems:
         raise UsageError("\n".join(problems))
     isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
@@ -79,7 +91,7 @@ def prepare(
         try:
             config.output.mkdir(parents=True, exist_ok=False)
         except FileExistsError as exc:
-            raise OutputExistsError(config.output) from exc
+            raise OutputExistsError(config.output, where.get("output")) from exc
         except OSError as exc:
             raise UsageError(f"--output {config.output}: cannot create: {exc.strerror or exc}") from exc
         refuse_unwritable(config.output)
