@@ -152,3 +152,24 @@ def test_a_config_files_taken_output_does_not_hide_the_workloads_errors(tmp_path
         f"{workload}: 1 error in 1 of 2 workload lines",
     ]
     assert list(output.iterdir()) == []
+
+
+def test_a_config_files_output_that_cannot_be_used_is_named_as_the_files_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Told with a settings error, or with the workload's, it was "--output X: cannot be used", a flag
+    nobody typed."""
+    (tmp_path / "file").write_text("")
+    output = tmp_path / "file" / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(f'workload = "{SMOKE}"\noutput = "{output}"\n')
+    said = f"--config {config}: setting 'output' ({output}): cannot be used: Not a directory"
+    result, seen = run_in_process(monkeypatch, "--config", config, "--cpu-workers", "0")
+    assert result.exit_code == 2 and not seen
+    assert result.stderr.splitlines()[-1] == said and "--output" not in result.stderr
+    with pytest.raises(UsageError) as caught:
+        prepare(
+            build_config({"workload": str(SMOKE), "output": str(output)}),
+            origins={"output": f"--config {config}: setting 'output'"},
+        )
+    assert str(caught.value) == said

@@ -313,7 +313,8 @@ def _taken(output: object, origins: dict[str, str]) -> list[str]:
     if not isinstance(output, str | Path) or not str(output):
         return []
     try:
-        return [str(OutputExistsError(output, origins.get("output")))] if output_exists(Path(output)) else []
+        taken = output_exists(Path(output), origins.get("output"))
+        return [str(OutputExistsError(output, origins.get("output")))] if taken else []
     except UsageError as exc:  # a path that cannot name a directory
         return [str(exc)]
     except ValueError:  # a NUL in it: the settings' own error names it

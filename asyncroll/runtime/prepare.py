@@ -50,12 +50,12 @@ def prepare(
     """
     # every problem is told at once, one a line: a refused output did not hide the workload's errors
     problems = config.unavailable_features()
+    where = dict(origins or {})
     try:
-        exists = not output_ready and output_exists(config.output)
+        exists = not output_ready and output_exists(config.output, where.get("output"))
     except UsageError as exc:  # a path that cannot name a directory: told with the rest too
         exists = False
         problems.append(str(exc))
-    where = dict(origins or {})
     if exists:
         problems.append(str(OutputExistsError(config.output, where.get("output"))))
     tool_root = config.resolved_tool_root
@@ -100,15 +100,17 @@ def prepare(
     return PreparedRun(config, scan, list(argv or sys.argv), isolation)
 
 
-def output_exists(output: Path) -> bool:
+def output_exists(output: Path, where: str | None = None) -> bool:
     """Whether ``output`` is taken (a dangling symlink too); a path that cannot name a new directory (a
-    name too long for the file system, a parent that is a file) is a usage error."""
+    name too long for the file system, a parent that is a file) is a usage error, naming ``where`` the
+    path came from when not ``--output`` (as :class:`OutputExistsError` does)."""
     try:
         os.lstat(output)
     except FileNotFoundError:
         return False
     except OSError as exc:
-        raise UsageError(f"--output {output}: cannot be used: {exc.strerror or exc}") from exc
+        named = f"--output {output}" if where is None else f"{where} ({output})"
+        raise UsageError(f"{named}: cannot be used: {exc.strerror or exc}") from exc
     return True
 
 
