@@ -173,3 +173,14 @@ def test_a_config_files_output_that_cannot_be_used_is_named_as_the_files_setting
             origins={"output": f"--config {config}: setting 'output'"},
         )
     assert str(caught.value) == said
+
+
+def test_simulate_tells_a_taken_output_with_a_settings_error(tmp_path: Path) -> None:
+    """As run does: simulate's settings error hid the taken output, told only on the next try."""
+    taken = f"--output {tmp_path} already exists; asyncroll never overwrites a run (choose a new directory)"
+    result = cli("simulate", "--workload", SMOKE, "--output", tmp_path, "--cpu-workers", "0", "--no-progress")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: --cpu-workers: Input should be greater than or equal to 1 (got 0)",
+        taken,
+    ]

@@ -307,18 +307,9 @@ def run(
 
 def _taken(output: object, origins: dict[str, str]) -> list[str]:
     """The refusal of an output directory that exists, as a line to tell with other problems."""
-    from asyncroll.errors import OutputExistsError, UsageError
-    from asyncroll.runtime.prepare import output_exists
+    from asyncroll.runtime.prepare import taken_output
 
-    if not isinstance(output, str | Path) or not str(output):
-        return []
-    try:
-        taken = output_exists(Path(output), origins.get("output"))
-        return [str(OutputExistsError(output, origins.get("output")))] if taken else []
-    except UsageError as exc:  # a path that cannot name a directory
-        return [str(exc)]
-    except ValueError:  # a NUL in it: the settings' own error names it
-        return []
+    return taken_output(output, origins.get("output"))
 
 
 def _run(cfg: Any, origins: dict[str, str] | None = None) -> int:

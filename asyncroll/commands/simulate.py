@@ -311,7 +311,7 @@ def simulate(
         if from_run is not None:
             if limit is not None:
                 raise UsageError("--limit comes from the recorded run with --from-run")
-            build_config({**values, "workload": output / "replay-workload.jsonl"})  # flags checked first
+            _settings({**values, "workload": output / "replay-workload.jsonl"}, output)  # flags checked first
             derived = prepare_from_run(from_run, output, tool_root, workload, job_overhead_ms=job_overhead_ms)
             from asyncroll.simulation.from_run import kept_settings
 
@@ -320,7 +320,7 @@ def simulate(
             # a setting kept from the run is named where it came from, not as a flag nobody gave
             receipt = from_run / "run.json"
             origins = {k: f"--from-run {receipt}: config.{k}" for k in base if k not in given}
-        cfg = build_config(values, origins)
+        cfg = build_config(values, origins) if from_run is not None else _settings(values, output)
         cap_simulated_workers([cfg.cpu_workers], origins.get("cpu_workers", "--cpu-workers"))  # replays too
         if cfg.policy == "gpu_first" and "policy" in given:
             typer.echo("warning: --policy gpu_first is a deprecated alias of tool_first", err=True)
@@ -424,3 +424,16 @@ def _report(outcome: Any, cfg: Any, from_run: Path | None, assumed: Assumed) -> 
         eff = "n/a" if b["efficiency"] is None else f"{b['efficiency']:.3f}"
         say(f"lower bound {seconds(b['lower_bound_s'])} ({b['binding']}) | efficiency {eff}")
     raise typer.Exit(outcome.exit_code)
+
+
+def _settings(values: dict[str, Any], output: Path) -> Any:
+    """The run's settings; refused, with ``--output`` too where it is taken (as ``run`` tells it): the
+    output is looked at only later, so one error hid the other."""
+    from asyncroll.config import build_config
+    from asyncroll.errors import UsageError
+    from asyncroll.runtime.prepare import taken_output
+
+    try:
+        return build_config(values)
+    except UsageError as exc:
+        raise UsageError("\n".join([str(exc), *taken_output(output)])) from None

@@ -114,6 +114,20 @@ def output_exists(output: Path, where: str | None = None) -> bool:
     return True
 
 
+def taken_output(output: object, where: str | None = None) -> list[str]:
+    """The refusal of an output directory that exists (or of a path that cannot name one), as a line to
+    tell with a settings error, which stops a command before :func:`prepare` looks; none for a path the
+    settings' own error already names (empty, a NUL in it)."""
+    if not isinstance(output, str | Path) or not str(output):
+        return []
+    try:
+        return [str(OutputExistsError(output, where))] if output_exists(Path(output), where) else []
+    except UsageError as exc:  # a path that cannot name a directory
+        return [str(exc)]
+    except ValueError:  # a NUL in it
+        return []
+
+
 def refuse_unwritable(output: Path) -> None:
     """``output`` was just made, empty: one this process cannot write in (a umask of 0777 or 0277 made it
     so), or read (0444: the run finished, then its exports could not read its events.jsonl, and a sweep
