@@ -304,7 +304,10 @@ def _checks_across(values: Mapping[str, Any], exc: ValidationError, origins: Map
     if not refused:
         return []
     try:
-        RunConfig.model_validate({k: v for k, v in values.items() if k not in refused})
+        kept = {k: v for k, v in values.items() if k not in refused}
+        # a required path refused (or missing): a stand-in, no check across settings reads it
+        stand_ins = {name: "unused" for name in ("workload", "output") if name not in kept}
+        RunConfig.model_validate({**kept, **stand_ins})
     except ValidationError as again:
         flags = [re.compile(rf"--(?:no-)?{re.escape(name.replace('_', '-'))}(?![\w-])") for name in refused]
         flags += [re.compile(re.escape(words)) for name, words in _NAMED_OTHERWISE.items() if name in refused]

@@ -54,6 +54,17 @@ def test_a_check_that_depends_on_a_refused_backend_is_not_told() -> None:
     ]
 
 
+def test_a_refused_required_path_does_not_hide_the_checks_across_settings() -> None:
+    """The re-validation without a refused --workload failed on its absence, before any check across
+    settings ran: "--model is required" was told only on the next try."""
+    with pytest.raises(UsageError) as caught:
+        build_config({"workload": "", "output": "unused", "backend": "vllm"})
+    assert str(caught.value).splitlines() == [
+        "--workload: an empty path: give a file or folder",
+        "--model is required with --backend vllm",
+    ]
+
+
 def test_checks_across_settings_are_one_line_each() -> None:
     lines = _refusal({"backend": "vllm", "telemetry": False, "nvml_device": 0})
     assert lines == ["--model is required with --backend vllm", "--no-telemetry conflicts with --nvml-device"]
