@@ -195,3 +195,17 @@ def test_simulate_tells_a_taken_output_with_a_settings_error(tmp_path: Path) -> 
         "error: --cpu-workers: Input should be greater than or equal to 1 (got 0)",
         taken,
     ]
+
+
+def test_a_sweep_tells_a_taken_output_with_the_workloads_errors(tmp_path: Path) -> None:
+    """As run and simulate do: a sweep told the workload's errors, and its taken output only on the next
+    try."""
+    workload, output = _bad_workload(tmp_path), tmp_path / "taken"
+    output.mkdir()
+    result = cli("simulate", "--sweep", "--workload", workload, "--output", output, "--policies", "fifo")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-3:] == [
+        f"error: --output {output} already exists; asyncroll never overwrites a run (choose a new directory)",
+        f"{workload}:2: id: duplicate id '1' (first on line 1)",
+        f"{workload}: 1 error in 1 of 2 workload lines",
+    ]

@@ -277,9 +277,10 @@ def simulate(
             scan = scan_workload(
                 cfg0.workload, cfg0.resolved_tool_root, scripted=True, limit=cfg0.limit, flag="--workload"
             )
-            scan.raise_if_invalid()
+            from asyncroll.runtime.prepare import output_exists, raise_together, taken_output
+
+            raise_together(taken_output(output), scan)  # a taken output is told with the workload's errors
             note_limit_past(cfg0.limit, scan.count, "in each simulation")
-            from asyncroll.runtime.prepare import output_exists
 
             if output_exists(output):
                 raise OutputExistsError(output)

@@ -69,13 +69,7 @@ def prepare(
         raise UsageError("\n".join(problems))  # no line's tools can be checked without it
     scripted = config.backend == "scripted" or config.replay
     scan = scan_workload(config.workload, tool_root, scripted=scripted, limit=config.limit, flag="--workload")
-    try:
-        scan.raise_if_invalid()
-    except WorkloadError as exc:
-        if not problems:
-            raise
-        count = str(exc)[len("\n".join(exc.problems)) :].lstrip("\n")  # its closing count, if any
-        raise WorkloadError(problems + exc.problems, count or None) from None
+    raise_together(problems, scan)
     if exists and len(problems) == 1:
         raise OutputExistsError(
             config.output, where.get("output")
@@ -98,6 +92,18 @@ def prepare(
         if made is not None:
             made.append(config.output)
     return PreparedRun(config, scan, list(argv or sys.argv), isolation)
+
+
+def raise_together(problems: list[str], scan: WorkloadScan) -> None:
+    """Raise the scan's errors, if any, after ``problems`` found before it (a taken output), one a line,
+    still ending with the scan's closing count."""
+    try:
+        scan.raise_if_invalid()
+    except WorkloadError as exc:
+        if not problems:
+            raise
+        count = str(exc)[len("\n".join(exc.problems)) :].lstrip("\n")  # its closing count, if any
+        raise WorkloadError(problems + exc.problems, count or None) from None
 
 
 def output_exists(output: Path, where: str | None = None) -> bool:
