@@ -326,6 +326,13 @@ def test_gpu_slots_is_a_deprecated_alias(tmp_path: Path, monkeypatch: pytest.Mon
             monkeypatch, *args, "--output", tmp_path / "r2", "--max-inflight-model-requests", "2"
         )
     assert both.exit_code == 2 and not seen and not (tmp_path / "r2").exists()
+    # a refused value is named by the flag the user typed (it said --max-inflight-model-requests)
+    with pytest.warns(DeprecationWarning):
+        zero, seen = run_in_process(
+            monkeypatch, "--workload", SMOKE, "--gpu-slots", "0", "--output", tmp_path / "z"
+        )
+    assert zero.exit_code == 2 and not seen
+    assert "--gpu-slots: " in zero.stderr and "--max-inflight-model-requests:" not in zero.stderr, zero.stderr
 
 
 @pytest.mark.timeout(30)

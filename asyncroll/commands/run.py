@@ -241,6 +241,7 @@ def run(
     from asyncroll.config_file import config_file_origins, config_file_paths_missing, load_config_file
     from asyncroll.errors import UsageError
 
+    given_flags = set(flags)
     if "gpu_slots" in flags:
         warnings.warn(
             "--gpu-slots is deprecated; use --max-inflight-model-requests", DeprecationWarning, stacklevel=1
@@ -255,6 +256,8 @@ def run(
         if config is not None:
             values, spelled = load_config_file(config)
             origins = config_file_origins(config, spelled, values.keys() - flags.keys())
+        if "gpu_slots" in given_flags:  # its errors name the flag the user typed
+            origins["max_inflight_model_requests"] = "--gpu-slots"
         values.update(flags)
         missing = [f"--{k}" for k in ("workload", "output") if k not in values]
         if missing:
