@@ -70,10 +70,8 @@ def prepare(
     scripted = config.backend == "scripted" or config.replay
     scan = scan_workload(config.workload, tool_root, scripted=scripted, limit=config.limit, flag="--workload")
     raise_together(problems, scan)
-    if exists and len(problems) == 1:
-        raise OutputExistsError(
-            config.output, where.get("output")
-        )  # its own type, as callers may tell it apart
+    if exists and len(problems) == 1:  # its own type, as callers may tell it apart
+        raise OutputExistsError(config.output, where.get("output"))
     if problems:
         raise UsageError("\n".join(problems))
     isolation = _isolation(config) if probe_isolation and EVALUATOR_TOOL in scan.tools else None
