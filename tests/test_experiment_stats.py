@@ -152,12 +152,7 @@ def test_a_small_sample_bootstrap_says_it_covers_less_than_95_percent() -> None:
     )
     assert bootstrap_interval([float(i) for i in range(10)], seed=0).note is None  # 90%
     # the figure is what the seeded bootstrap does: 2,000 samples of 5 normal pairs, true mean 0
-    rng = __import__("numpy").random.default_rng(5)
-    covered = 0
-    for k in range(2000):
-        ci = bootstrap_interval(list(rng.normal(0.0, 1.0, 5)), seed=k, resamples=1000)
-        covered += ci.low <= 0.0 <= ci.high  # type: ignore[operator]
-    assert 0.81 <= covered / 2000 <= 0.88
+    assert 0.81 <= _covered(5, seed=5) <= 0.88
 
 
 def test_a_two_pair_bootstrap_interval_is_the_two_pairs_and_covers_half_the_time() -> None:
@@ -175,12 +170,7 @@ def test_a_two_pair_bootstrap_interval_is_the_two_pairs_and_covers_half_the_time
         "2 pairs: only 3 distinct resamples; at n=2 a percentile bootstrap's 95% interval covers the mean"
         " about 50% of the time (normal pairs): read the t interval"
     )
-    rng = __import__("numpy").random.default_rng(2)
-    covered = 0
-    for k in range(2000):
-        ci = bootstrap_interval(list(rng.normal(0.0, 1.0, 2)), seed=k, resamples=1000)
-        covered += ci.low <= 0.0 <= ci.high  # type: ignore[operator]
-    assert 0.46 <= covered / 2000 <= 0.54
+    assert 0.46 <= _covered(2, seed=2) <= 0.54
 
 
 def test_a_bootstrap_coverage_never_exceeds_the_chance_its_pairs_straddle_the_mean() -> None:
@@ -196,3 +186,13 @@ def test_a_bootstrap_coverage_never_exceeds_the_chance_its_pairs_straddle_the_me
             assert coverage <= 1.0 - 2.0 ** (1 - n), (confidence, n, coverage)
         assert coverages == sorted(coverages), confidence
     assert percentile_bootstrap_coverage(4, 0.99) == 0.875
+
+
+def _covered(pairs: int, seed: int, experiments: int = 2000) -> float:
+    """How often the seeded bootstrap's interval of ``pairs`` normal pairs (true mean 0) covers 0."""
+    rng = __import__("numpy").random.default_rng(seed)
+    covered = 0
+    for k in range(experiments):
+        ci = bootstrap_interval(list(rng.normal(0.0, 1.0, pairs)), seed=k, resamples=1000)
+        covered += ci.low <= 0.0 <= ci.high  # type: ignore[operator]
+    return covered / experiments
