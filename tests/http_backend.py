@@ -122,11 +122,12 @@ class FakeOpenAI(LoopbackServer):
         an API key every request must carry (``Authorization: Bearer KEY``), else 401."""
         statuses = get_status or {}
         self.authorizations: list[str | None] = []  # each request's Authorization header
+        self.chat_bodies: list[Any] = []  # each chat request's JSON body, in turn
         waits = iter(delays or [])
 
         served = iter(bodies)
         last = [bodies[-1]]
-        seen = self.authorizations
+        seen, received = self.authorizations, self.chat_bodies
 
         class Handler(BaseHTTPRequestHandler):
             def send(self, obj: Any, status: int = 200) -> None:
@@ -155,9 +156,10 @@ class FakeOpenAI(LoopbackServer):
                 self.send(body, statuses.get(self.path, 200))
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.refused():
                     return
+                received.append(json.loads(body))
                 time.sleep(next(waits, 0.0))
                 last[0] = next(served, last[0])
                 self.send(last[0])

@@ -74,6 +74,36 @@ def test_agent_requests_carry_the_spec_schemas_exactly(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_later_turns_send_the_models_reply_back_exactly_as_it_was_written(tmp_path: Path) -> None:
+    """A model's earlier turn went back to it re-rendered from the parsed action (other spacing and key
+    order; a code reply's prose and fences dropped): not what it wrote, and a prefix cache's miss."""
+    call = ' {"arguments": {"b": 3,  "a": 2}, "name": "add", "type": "tool"}\n'
+    code = {
+        "id": "code",
+        "prompt": "Print 1.",
+        "tools": [{"name": "lcb_evaluate"}],
+        "metadata": {
+            "reference_tests": [{"input": "", "output": "1", "testtype": "stdin"}],
+            "prompt_metadata": {"protocol": "one_repair", "max_generations": 2},
+        },
+    }
+    wrong = "Here it is:\n```python\nprint(2)\n```\nIt prints the answer."
+    with FakeOpenAI([completion(call), completion(FINAL)]) as server:
+        outcome, _, _ = http_run(tmp_path, [{"id": "t", "prompt": "2 + 3?", "tools": [ADD]}], server.url)
+        tool_turn = server.chat_bodies[1]["messages"]
+    with FakeOpenAI([completion(wrong), completion("```python\nprint(1)\n```")]) as server:
+        repaired, capture, _ = http_run(
+            tmp_path, [code], server.url, structured_output=False, allow_weak_isolation=True
+        )
+        repair_turn = server.chat_bodies[1]["messages"]
+    assert outcome.status == repaired.status == "complete"
+    assert tool_turn[2] == {"role": "assistant", "content": call}
+    assert [m["role"] for m in repair_turn] == ["user", "assistant", "user"]
+    assert repair_turn[1] == {"role": "assistant", "content": wrong}
+    assert [(e.status, e.correct) for e in capture.of(TrajectoryFinished)] == [("completed", True)]
+
+
+@pytest.mark.timeout(60)
 def test_no_structured_output_sends_no_schema(tmp_path: Path) -> None:
     with serve() as running:
         outcome, capture, _ = http_run(tmp_path, final_problems(2), running.url, structured_output=False)
@@ -111,6 +141,8 @@ def test_replay_sends_the_scripted_budgets(tmp_path: Path) -> None:
         "arguments": {"a": 2, "b": 3},
     }
     assert json.loads(seen[1]["action_header"]) == {"type": "final", "answer": "5"}
+    # the server's text is no action of the model's: the later turn sends the script's action
+    assert json.loads(seen[1]["body"]["messages"][2]["content"]) == json.loads(seen[0]["action_header"])
     assert [e.completion_tokens for e in capture.of(ModelFinished)] == [7, 13]
     finished = capture.of(TrajectoryFinished)[0]
     assert finished.status == "completed" and finished.correct is True

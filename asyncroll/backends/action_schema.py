@@ -133,9 +133,11 @@ RENDERED = "rendered"
 def render_messages(problem: Problem, messages: list[dict[str, Any]], turn: int) -> list[dict[str, str]]:
     """asyncroll's conversation → OpenAI chat messages.
 
-    Assistant turns become their action as JSON (what the model wrote); tool observations become user
-    messages prefixed ``Tool result:`` (no native tool calling: the action protocol is JSON text, which
-    every OpenAI-compatible server supports)."""
+    Assistant turns become the reply the server sent, exactly as written, where the action was read from
+    it; otherwise (a replay, whose action is the script's; the scripted and simulated backends) their
+    action as JSON, or a code workload's program. Tool observations become user messages prefixed
+    ``Tool result:`` (no native tool calling: the action protocol is JSON text, which every
+    OpenAI-compatible server supports)."""
     code = is_code_workload(problem)
     out: list[dict[str, str]] = []
     if not code:
@@ -148,10 +150,13 @@ def render_message(message: dict[str, Any], code: bool) -> dict[str, str]:
     """One entry of asyncroll's conversation as :func:`render_messages` sends it (``code``: the problem
     is a code workload's, :func:`is_code_workload`). It depends on that entry alone, so a client that
     sizes every turn's prompt can size each entry once (:mod:`asyncroll.backends.simulated`). An
-    assistant entry's text is kept in the entry (``RENDERED``): every later turn sends it again, and
-    rendering it anew each time made a trajectory of n turns cost O(n²)."""
+    assistant entry rendered from its action keeps that text in the entry (``RENDERED``): every later
+    turn sends it again, and rendering it anew each time made a trajectory of n turns cost O(n²)."""
     role = message.get("role")
     if role == "assistant":
+        response = message.get("response")
+        if response is not None and response.read_from_text and response.text is not None:
+            return {"role": "assistant", "content": response.text}
         kept = message.get(RENDERED)
         if kept is None or kept[0] != code:
             action = message["action"]

@@ -14,8 +14,9 @@ class ModelRequest:
     """One model turn. ``messages`` is the conversation so far in asyncroll's own form: the user prompt,
     then ``{"role": "assistant", "action": Action}`` and ``{"role": "tool", "content": str}`` entries
     (and a one-repair protocol's ``user`` repair message). A backend renders it for its server (the
-    scripted backend needs only ``turn``); the other keys of an entry (``turn``, ``response``, a tool's
-    ``name``) are the transcript's (:mod:`asyncroll.runtime.transcript`)."""
+    scripted backend needs only ``turn``); an assistant entry's ``response`` is its :class:`ModelResponse`
+    (whose ``text`` is sent back where the action was read from it); the other keys of an entry
+    (``turn``, a tool's ``name``) are the transcript's (:mod:`asyncroll.runtime.transcript`)."""
 
     trajectory_id: str
     problem: Problem
@@ -33,6 +34,9 @@ class ModelResponse:
     #: wrote one: the scripted and simulated backends take the action from the script, and a text made
     #: up from it would pass for a model's in a transcript.
     text: str | None = None
+    #: The action was read from ``text`` (an agent's turn with an HTTP server; not a replay, whose action
+    #: is the script's): later turns send ``text`` back as the model's turn, exactly as it was written.
+    read_from_text: bool = False
 
 
 class Backend(Protocol):

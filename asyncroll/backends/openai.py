@@ -446,4 +446,5 @@ class OpenAIBackend:
             completion_tokens=completion.completion_tokens,
             finish_reason=completion.finish_reason_text,
             text=completion.content,
+            read_from_text=scripted is None,
         )
