@@ -287,7 +287,7 @@ def build_config(values: dict[str, Any], origins: Mapping[str, str] | None = Non
     try:
         return RunConfig.model_validate(values)
     except ValidationError as exc:
-        lines = [_describe(err, origins or {}) for err in exc.errors()]
+        lines = [_describe(err, origins or {}, values) for err in exc.errors()]
         raise UsageError("\n".join(lines + _checks_across(values, exc, origins or {}))) from exc
 
 
@@ -311,17 +311,32 @@ def _checks_across(values: Mapping[str, Any], exc: ValidationError, origins: Map
     except ValidationError as again:
         flags = [re.compile(rf"--(?:no-)?{re.escape(name.replace('_', '-'))}(?![\w-])") for name in refused]
         flags += [re.compile(re.escape(words)) for name, words in _NAMED_OTHERWISE.items() if name in refused]
-        found = [_describe(err, origins) for err in again.errors() if not err.get("loc")]
+        found = [_describe(err, origins, values) for err in again.errors() if not err.get("loc")]
         lines = "\n".join(found).splitlines()  # one problem a line, each judged on its own
         return [line for line in lines if not any(flag.search(line) for flag in flags)]
     return []
+
+
+def _past_value(msg: str, end: int, value: Any) -> int:
+    """Where the setting's value written right after its flag ends (``--test-timeout 20 does not fit``),
+    so that the note on where the setting came from follows the value rather than splitting the two;
+    ``end`` (the flag's end) when what follows is no value of the setting's (``--model only applies``)."""
+    token = re.match(r" ('[^']*'|[^\s:,]+)", msg[end:])
+    if token is None or value is None or isinstance(value, bool):
+        return end
+    text = token.group(1).strip("'")
+    try:
+        same = float(text) == float(value)
+    except (TypeError, ValueError, OverflowError):
+        same = text == str(value)
+    return end + token.end() if same else end
 
 
 #: pydantic's range errors: its message names the bound, so the value given is added
 _BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 
-def _describe(err: Any, origins: Mapping[str, str]) -> str:
+def _describe(err: Any, origins: Mapping[str, str], values: Mapping[str, Any]) -> str:
     loc = [str(p) for p in err.get("loc", ())]
     msg = validation_message(err)
     if not loc:  # a check across settings: its message names them as flags
@@ -329,7 +344,8 @@ def _describe(err: Any, origins: Mapping[str, str]) -> str:
             name = key.replace("_", "-")  # a switch turned off is named as its --no- form
             found = re.search(rf"--(?:no-)?{re.escape(name)}(?![\w-])", msg)
             if found is not None:  # the first mention says where the value came from
-                msg = f"{msg[: found.end()]} ({origin}){msg[found.end() :]}"
+                end = _past_value(msg, found.end(), values.get(key))
+                msg = f"{msg[:end]} ({origin}){msg[end:]}"
         return msg
     where = origins.get(loc[0]) or "--" + loc[0].replace("_", "-")
     if err.get("type") == "extra_forbidden":

@@ -84,12 +84,17 @@ def test_a_check_across_settings_names_those_read_from_the_config_file(
     args = ("--config", config, "--workload", SMOKE)
     result, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r")
     assert result.exit_code == 2 and not seen
-    assert (
-        f"--test-timeout (--config {config}: setting 'test_timeout') 20 does not fit under " in result.stderr
-    )
-    assert f"--tool-timeout (--config {config}: setting 'tool-timeout') 5" in result.stderr  # as spelled
+    # the note follows the value, as spelled in the file; it split the flag from its value before
+    assert f"--test-timeout 20 (--config {config}: setting 'test_timeout') does not fit " in result.stderr
+    assert f"--tool-timeout 5 (--config {config}: setting 'tool-timeout'): an " in result.stderr
     flag, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "r2", "--tool-timeout", "4")
     assert "does not fit under --tool-timeout 4:" in flag.stderr  # given as a flag: named as one
+    config.write_text('backend = "vllm"\n')
+    http, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "r4")
+    assert f"--model is required with --backend vllm (--config {config}: setting 'backend')" in http.stderr
+    config.write_text('model = "qwen"\n')  # the word after the flag is no value of the setting's
+    scripted, _ = run_in_process(monkeypatch, *args, "--output", tmp_path / "r5")
+    assert f"--model (--config {config}: setting 'model') only applies to HTTP backends" in scripted.stderr
     config.write_text("cpu-workers = 2\ncpu_workers = 3\n")
     twice, seen = run_in_process(monkeypatch, *args, "--output", tmp_path / "r3")
     assert twice.exit_code == 2 and not seen
