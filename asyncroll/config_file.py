@@ -118,29 +118,34 @@ def config_file_origins(path: Path, spelled: Mapping[str, str], keys: Iterable[s
     return {key: f"--config {path}: setting {spelled.get(key, key)!r}" for key in keys}
 
 
-def config_file_paths_missing(config: Path, cfg: RunConfig, origins: Mapping[str, str]) -> list[str]:
+def config_file_paths_missing(
+    config: Path, values: Mapping[str, Any], origins: Mapping[str, str]
+) -> list[str]:
     """A relative ``workload`` or ``tool_root`` read from the config file ``config`` that is not found
     from the current directory, where it is taken from (as a flag's): each named with its setting, and
     with a hint where the file's folder holds it (an experiment config's paths are taken from there); and
     a path read from it that starts with ``~``, which no shell expanded there (``"output": "~/runs/a"``
-    made a folder named ``~`` in the current directory)."""
+    made a folder named ``~`` in the current directory). Read from the settings as given (``values``),
+    before they are validated, so that these are told with the other settings' problems."""
     out: list[str] = []
     tilde: set[str] = set()
-    for key in ("workload", "output", "tool_root"):
-        text = os.fspath(getattr(cfg, key) or "")
-        if key in origins and os.path.expanduser(text) != text:
+    paths = {
+        key: Path(value)
+        for key in ("workload", "output", "tool_root")
+        if key in origins and isinstance(value := values.get(key), str | os.PathLike) and os.fspath(value)
+    }
+    for key, path in paths.items():
+        text = os.fspath(path)
+        if os.path.expanduser(text) != text:
             tilde.add(key)
             out.append(
                 f"{origins[key]}: {text!r}: a config file's path is not expanded as a shell expands '~' (it "
                 f"is taken as a folder named {text.split('/')[0]!r} in the current directory): write "
                 f"{os.path.expanduser(text)}"
             )
-    for key in ("workload", "tool_root"):
-        path: Path | None = getattr(cfg, key)
-        if key not in origins or path is None or path.is_absolute() or os.path.lexists(path):
-            continue
-        if key in tilde:
-            continue  # said above
+    for key, path in paths.items():
+        if key == "output" or key in tilde or path.is_absolute() or os.path.lexists(path):
+            continue  # an output is made; a path starting with "~" is said above
         hint = ""
         if os.path.lexists(config.parent / path):
             hint = f"; relative to the config file's folder it is {config.parent / path}: write that path"

@@ -378,6 +378,31 @@ def test_a_path_setting_that_is_not_a_string_is_named_without_pydantics_class(
     assert "class" not in result.stderr and "tool_root" not in result.stderr  # null: the default
 
 
+def test_a_config_files_paths_not_found_are_told_with_its_other_settings_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad setting hid the file's paths that are not found (and one starting with ``~``): fixing it
+    only brought the next refusal. Every problem is told at once, each once; a taken output too."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "taken").mkdir()
+    config = tmp_path / "run.toml"
+    config.write_text('workload = "w.jsonl"\ntool_root = "~/tools"\ncpu_workers = 0\noutput = "taken"\n')
+    result, seen = run_in_process(monkeypatch, "--config", config)
+    assert result.exit_code == 2 and not seen
+    lines = result.stderr.removeprefix("error: ").splitlines()
+    assert [line.split(": ")[1] for line in lines] == [
+        "setting 'cpu_workers'",
+        "setting 'tool_root'",
+        "setting 'workload'",
+        "setting 'output' (taken) already exists; asyncroll never overwrites a run (choose a new directory)",
+    ]
+    assert "'w.jsonl' not found from the current directory" in lines[2]
+    config.write_text("workload = 7\ncpu_workers = 0\n")  # a refused path is told once, by its own error
+    refused, _ = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "r")
+    assert refused.exit_code == 2 and refused.stderr.count("setting 'workload'") == 1
+
+
 def test_a_config_file_path_starting_with_a_tilde_is_refused_not_made_a_folder_named_tilde(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

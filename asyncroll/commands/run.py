@@ -265,11 +265,15 @@ def run(
             raise UsageError(f"missing required option(s): {', '.join(missing)}{given}")
         try:
             cfg = build_config(values, origins)
-        except UsageError as exc:  # an output that is taken is told with the settings' errors
-            raise UsageError("\n".join([str(exc), *_taken(values.get("output"), origins)])) from None
-        not_found = [] if config is None else config_file_paths_missing(config, cfg, origins)
+        except UsageError as exc:  # told with the settings' errors: a path not found, an output taken
+            said = str(exc).splitlines()
+            refused = {k for k, o in origins.items() if any(line.startswith(f"{o}:") for line in said)}
+            kept = {k: v for k, v in values.items() if k not in refused}  # each problem told once
+            paths = [] if config is None else config_file_paths_missing(config, kept, origins)
+            raise UsageError("\n".join([*said, *paths, *_taken(values.get("output"), origins)])) from None
+        not_found = [] if config is None else config_file_paths_missing(config, values, origins)
         if not_found:
-            raise UsageError("\n".join(not_found))
+            raise UsageError("\n".join([*not_found, *_taken(values.get("output"), origins)]))
         if config is not None:
             from asyncroll.receipt_settings import receipt_notes
 
