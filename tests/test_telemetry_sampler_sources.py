@@ -172,3 +172,29 @@ def test_without_a_source_the_note_names_what_would_request_one(tmp_path: Path) 
     assert note.startswith("no telemetry source requested") and "--metrics-url" in note
     assert "--server-kind vllm|sglang" in note and "--nvml-device" in note
     assert "or --backend vllm;" not in note  # what this run gave, and it did not request one
+
+
+@pytest.mark.timeout(30)
+def test_a_run_stopped_during_the_probe_says_so_not_that_no_source_was_requested() -> None:
+    """A stop signal while the server's probe was waiting for its answer (a frozen /metrics holds the probe
+    for up to 5 s) left the sampler marked as probed with no source status: summary.json's and run.json's
+    telemetry note then said "no telemetry source requested (--metrics-url, …)" to a run that gave
+    --metrics-url, and run.json kept its "not probed yet" as if the run were still going."""
+    clock = PacedClock(start=START)
+    server = ScriptedServer([], probe_s=60.0)  # its answer never comes before the stop
+
+    async def go() -> TelemetrySampler:
+        sampler = TelemetrySampler(clock, EventLog(clock), interval=0.2, server=server, gpu_off_loop=False)
+        probing = asyncio.create_task(sampler.probe())
+        await asyncio.sleep(1.0)  # the probe is waiting on the server
+        assert server.probe_limits  # (it did start)
+        probing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probing
+        return sampler
+
+    sampler = clock.run(go())
+    assert not sampler.probed  # what run.py reads to write the final receipt's telemetry section
+    assert sampler.no_source_note() == "not probed: the run stopped during the probe"
+    assert sampler.receipt()["note"] == "not probed: the run stopped during the probe"
+    assert sampler.receipt()["sources"] == []

@@ -119,7 +119,8 @@ class TelemetrySampler:
         self._finished = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self.probed = False  # probe() ran (sources requested or not): the run did not stop before it
+        self.probed = False  # probe() ran to its end (sources requested or not): the run did not stop first
+        self._probing = False  # probe() began (a stop during it leaves ``probed`` False)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, clock: Clock, events: EventLog) -> TelemetrySampler:
@@ -145,8 +146,9 @@ class TelemetrySampler:
     async def probe(self) -> None:
         """Read each requested source once, before the clock starts; emit ``resource_probe`` (only when
         a source was requested: a run without telemetry sources carries no telemetry events)."""
-        self.probed = True
+        self._probing = True
         if not self.enabled or (self._server is None and self._nvml is None):
+            self.probed = True
             return
         statuses: list[SourceStatus] = []
         virtual = "not read on a virtual clock (simulation): real readings would not line up with its time"
@@ -194,6 +196,7 @@ class TelemetrySampler:
                 )
             )
         self._statuses = statuses
+        self.probed = True
         self._events.emit(ResourceProbe(interval_s=self.interval, sources=statuses))
 
     def receipt(self) -> dict[str, Any]:
@@ -209,7 +212,7 @@ class TelemetrySampler:
         """Why no source was probed, for the run as configured (``note`` of run.json's and summary.json's
         ``telemetry`` sections when ``sources`` is empty)."""
         if not self.probed:
-            return "not probed: the run stopped before the probe"
+            return f"not probed: the run stopped {'during' if self._probing else 'before'} the probe"
         if not self.enabled:
             return "telemetry off (--no-telemetry)"
         if self._clock.virtual:
