@@ -108,12 +108,22 @@ def output_exists(output: Path, where: str | None = None) -> bool:
     """Whether ``output`` is taken (a dangling symlink too); a path that cannot name a new directory (a
     name too long for the file system, a parent that is a file) is a usage error, naming ``where`` the
     path came from when not ``--output`` (as :class:`OutputExistsError` does)."""
+    named = f"--output {output}" if where is None else f"{where} ({output})"
     try:
         os.lstat(output)
     except FileNotFoundError:
+        # under a link to nothing the parents' mkdir would fail as "exists": name the link instead
+        ancestor = next((p for p in output.parents if os.path.lexists(p)), None)
+        if ancestor is not None and ancestor.is_symlink() and not ancestor.is_dir():
+            try:
+                target = os.readlink(ancestor)
+            except OSError:  # replaced meanwhile: a plain "does not exist" below
+                return False
+            raise UsageError(
+                f"{named}: cannot be used: {ancestor} is a symbolic link to {target}, which does not exist"
+            ) from None
         return False
     except OSError as exc:
-        named = f"--output {output}" if where is None else f"{where} ({output})"
         raise UsageError(f"{named}: cannot be used: {exc.strerror or exc}") from exc
     return True
 
