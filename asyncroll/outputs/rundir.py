@@ -198,7 +198,8 @@ class RunDirectory:
                 status, wall, **receipt, exports=exports, error=error, exit_code=exit_code(status)
             )
         except OutputWriteError as exc:  # no room for the final receipt either: the caller says so
-            failed = "; ".join(filter(None, (error, str(exc))))
+            said = str(exc)  # an earlier rewrite may have failed alike: its reason is the error already
+            failed = error if error is not None and said in error else "; ".join(filter(None, (error, said)))
         self._close_directory()
         return failed
 
