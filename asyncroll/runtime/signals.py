@@ -174,8 +174,14 @@ class CommandSignals:
             self._previous.setdefault(sig, previous)
 
     def restore(self) -> None:
+        """Put the handlers back; after :meth:`hold`, the CLI's own (which raises KeyboardInterrupt) stays
+        replaced by the recording one until the CLI's exit takes over (``leave_with``): a signal while the
+        command returns through click exited 130 after a complete run, or with a traceback."""
         if threading.current_thread() is not threading.main_thread():
             return
+        from asyncroll.cli_signals import is_guard
+
         for sig, previous in self._previous.items():
-            put_back(sig, previous)
+            if not (self._held and is_guard(previous)):
+                put_back(sig, previous)
         self._previous = {}
