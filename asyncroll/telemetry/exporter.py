@@ -119,10 +119,11 @@ class RuntimeCollector(Collector):
         yield gauge("workers_idle", "Tool workers ready for a job.", lambda s: s.pool.idle)
         yield gauge("workers_restarting", "Tool workers being replaced.", lambda s: s.pool.restarting)
         yield gauge("workers", "Size of the tool worker pool (--cpu-workers).", lambda s: s.pool.size)
-        yield gauge(
-            "measurement_elapsed_seconds",
-            "Seconds since measurement start (-1: before).",
-            lambda s: -1.0 if s.elapsed_s is None else s.elapsed_s,
+        elapsed = None if snap is None else snap.elapsed_s  # before the start: no sample (missing, not -1)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_measurement_elapsed_seconds",
+            "Seconds since measurement start (no sample before it).",
+            value=elapsed,
         )
         finished = CounterMetricFamily(
             f"{PREFIX}_trajectories_finished", "Trajectories that ended, by status.", labels=["status"]
