@@ -53,7 +53,7 @@ from asyncroll.experiment.plan import (
     server_environment,
 )
 from asyncroll.experiment.port_busy import port_busy
-from asyncroll.experiment.receipts import TERMINAL, ArmReceipt
+from asyncroll.experiment.receipts import TERMINAL, ArmReceipt, arm_verdict
 from asyncroll.experiment.server import (
     InferenceServer,
     ManagedProcess,
@@ -150,11 +150,7 @@ def run_arm(
 
 
 def _verdict(receipt: ArmReceipt) -> Literal["complete", "failed"] | None:
-    """``failed`` once a step failed, ``complete`` once the client's outputs passed every check (the
-    measurement exists), None while neither is known yet."""
-    if receipt.data["error"] is not None:
-        return "failed"
-    return "complete" if receipt.data.get("summary_status") is not None else None
+    return arm_verdict(receipt.data)
 
 
 def _steps(

@@ -34,6 +34,15 @@ TERMINAL = ("complete", "failed")
 ExperimentStatus = Literal["running", "complete", "stopped", "interrupted", "failed"]
 
 
+def arm_verdict(data: dict[str, Any]) -> Literal["complete", "failed"] | None:
+    """An arm's verdict from its ``arm.json`` data, whatever its status says: ``failed`` once a step
+    failed, ``complete`` once the client's outputs passed every check (the measurement exists), None while
+    neither is known yet. (A cut or interrupted arm also records an error: read it only while it runs.)"""
+    if data.get("error") is not None:
+        return "failed"
+    return "complete" if data.get("summary_status") is not None else None
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 

@@ -15,7 +15,15 @@ from typing import Any
 
 from asyncroll.experiment.orphans import sweep_orphan
 from asyncroll.experiment.plan import ArmPlan
-from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, one_line, read_json
+from asyncroll.experiment.receipts import (
+    TERMINAL,
+    ExperimentReceipt,
+    arm_verdict,
+    now_iso,
+    one_line,
+    read_json,
+)
+from asyncroll.outputs.receipt import write_json_atomic
 
 
 def arm_dir(output: Path, arm: ArmPlan) -> Path:
@@ -29,6 +37,22 @@ def finished_arm(output: Path, arm: ArmPlan) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if data.get("status") in TERMINAL else None
+
+
+def ended_with_verdict(path: Path, data: dict[str, Any], swept: dict[str, Any]) -> dict[str, Any]:
+    """An arm that had its verdict when its runner died (killed while it stopped the arm's processes: the
+    client's outputs had passed the checks, or a step had failed) is ended with it here, once its
+    leftovers are killed (``swept``), as an interrupt at that point ends it (``arms._abort``): a measured
+    arm is not measured again, a failed one is kept, never retried. Any other arm.json is left as it is."""
+    where = data.get("status")
+    verdict = arm_verdict(data)
+    if where in (*TERMINAL, "interrupted") or verdict is None:
+        return data
+    data["status"] = verdict
+    data.setdefault("transitions", []).append({"status": verdict, "at": now_iso()})
+    data.update(interrupted_while=where, stopped_by_resume=swept)
+    write_json_atomic(path, data)
+    return data
 
 
 def record_arm(
@@ -74,6 +98,7 @@ def recover(
                 # no process recorded: the runner was killed after the spawn, before its record of it
                 entry = data.get(role, {})
                 swept[role] = sweep_orphan(entry.get("process") or {"origin": entry.get("origin")})
+            data = ended_with_verdict(where / "arm.json", data, swept)
             if data.get("status") in TERMINAL:  # it finished; the runner died before recording it
                 record_arm(receipt, output, echo, arm, data)
                 recorded.append(arm.id)

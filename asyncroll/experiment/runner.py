@@ -17,7 +17,8 @@ unchanged, kills what a killed runner left behind (each recorded process group a
 detached), moves the unfinished arms' directories aside (``<id>.interrupted-N``, kept and listed) and
 runs only the arms that have not finished (``resume.py``). Finished arms (complete or failed) are never
 run again; an arm whose ``arm.json`` says it finished, though the runner died (or was interrupted)
-before ``experiment.json`` recorded it, is recorded then, not re-run.
+before ``experiment.json`` recorded it, is recorded then, not re-run; so is one that had its verdict
+when the runner died stopping its processes (``resume.ended_with_verdict``).
 
 SIGINT/SIGTERM/SIGHUP interrupt the arm (its processes are stopped, it is marked interrupted); further signals
 while that cleanup runs are counted and ignored, so a second Ctrl-C never leaves a server running. An

@@ -1,0 +1,69 @@
+"""A runner killed outright (kill -9, the OOM killer) while it stopped the processes of an arm that had
+already reached its verdict: ``--resume`` ends that arm with its verdict, as an interrupt at that point
+does, and never runs it again (a measured arm is not measured twice, a failed arm is never retried)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncroll.experiment.runner import ExperimentRunner
+from tests.experiments import kill_recorded, read
+from tests.lean_experiment import lean
+
+
+def as_left_by_a_killed_runner(arm_json: Path, *, failed: bool) -> dict[str, Any]:
+    """The arm.json a runner killed while it stopped the arm's server leaves: its verdict reached (the
+    client's outputs checked, or a step failed), its status ``stopping_server``, no stop recorded."""
+    arm = read(arm_json)
+    assert arm["status"] == "complete" and arm["transitions"][-2]["status"] == "stopping_server"
+    arm["status"] = "stopping_server"
+    arm["transitions"] = arm["transitions"][:-1]
+    arm["server"].pop("stop")
+    if failed:  # a client that failed: the step's error recorded, no summary checked
+        arm.pop("summary_status")
+        arm.update(error="client exited with code 1", failed_step="running_client")
+    arm_json.write_text(json.dumps(arm))
+    return arm
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_ends_an_arm_whose_runner_died_while_stopping_it_with_its_verdict(tmp_path: Path) -> None:
+    cfg, out = lean(tmp_path), tmp_path / "out"
+    try:
+        first = ExperimentRunner(cfg, out, echo=lambda _: None).run()
+    finally:
+        kill_recorded(out)
+    assert first.status == "complete"
+    arms = out / "arms"
+    as_left_by_a_killed_runner(arms / "pair1-fifo" / "arm.json", failed=True)
+    complete = as_left_by_a_killed_runner(arms / "pair1-asyncroll" / "arm.json", failed=False)
+    exp = read(out / "experiment.json")
+    exp["status"] = "running"
+    exp["stages"]["comparison"]["status"] = "running"
+    for record in exp["arms"].values():
+        record["status"] = "running"
+    (out / "experiment.json").write_text(json.dumps(exp))
+
+    lines: list[str] = []
+    try:
+        outcome = ExperimentRunner(cfg, out, resume=True, echo=lines.append).run()
+    finally:
+        kill_recorded(out)
+    assert not list(arms.glob("*.interrupted-*")), lines  # neither arm was run again
+    fifo, treatment = read(arms / "pair1-fifo" / "arm.json"), read(arms / "pair1-asyncroll" / "arm.json")
+    assert fifo["status"] == "failed" and fifo["error"] == "client exited with code 1"
+    assert treatment["status"] == "complete" and treatment["summary_status"] == complete["summary_status"]
+    for arm in (fifo, treatment):
+        assert arm["interrupted_while"] == "stopping_server"
+        assert set(arm["stopped_by_resume"]) == {"client", "server"}
+        assert arm["transitions"][-1]["status"] == arm["status"]
+    exp = read(out / "experiment.json")
+    assert exp["arms"]["pair1-fifo"]["status"] == "failed"
+    assert exp["arms"]["pair1-asyncroll"]["status"] == "complete"
+    assert exp["resumes"][-1]["finished_arms_recorded"] == ["pair1-fifo", "pair1-asyncroll"]
+    assert exp["resumes"][-1]["unfinished_arms_set_aside"] == []
+    assert outcome.status == "complete" and outcome.exit_code == 1  # a failed arm: kept and reported
