@@ -343,3 +343,18 @@ def test_a_comparison_older_than_its_experiment_says_so(tmp_path: Path) -> None:
         done = invoke("report", "--comparison", path, "--output", tmp_path / "r")
         assert done.exit_code == 0 and "warning" not in done.stderr, done.stderr
         assert "says the experiment is" not in (tmp_path / "r" / "REPORT.md").read_text()
+
+
+def test_a_missing_comparison_beside_an_experiment_says_why_and_what_writes_it(tmp_path: Path) -> None:
+    """A first run killed outright (kill -9, the OOM killer) writes no comparison.json: the report said only
+    'cannot read: No such file or directory' beside an experiment.json holding the arms that finished."""
+    (tmp_path / "experiment.json").write_text(
+        json.dumps({"kind": "asyncroll.experiment", "status": "running"})
+    )
+    done = invoke("report", "--comparison", tmp_path / "comparison.json", "--output", tmp_path / "r")
+    assert done.exit_code == 2, done.output
+    assert "No such file or directory" in done.stderr and str(tmp_path / "experiment.json") in done.stderr
+    assert "`asyncroll experiment run --resume`" in done.stderr, done.stderr
+    (tmp_path / "experiment.json").unlink()  # a path with no experiment beside it: said as before
+    done = invoke("report", "--comparison", tmp_path / "comparison.json", "--output", tmp_path / "r")
+    assert done.exit_code == 2 and "--resume" not in done.stderr, done.stderr

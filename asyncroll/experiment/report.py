@@ -46,7 +46,19 @@ def load_comparison(path: Path) -> dict[str, Any]:
     """comparison.json, checked (types, cross-references, schema version, numbers the statistics can
     take); UsageError in one line. Not UTF-8, not JSON, a key given twice, an integer past Python's digit
     limit or nesting past its recursion limit are refused as the file is read (``read_json_file``)."""
-    data = read_json_file(path, limit=COMPARISON_MAX_BYTES)
+    try:
+        data = read_json_file(path, limit=COMPARISON_MAX_BYTES)
+    except UsageError as exc:
+        receipt = path.parent / "experiment.json"
+        if os.path.lexists(path) or not receipt.is_file():
+            raise
+        # a runner writes comparison.json as it ends: none yet, or it was killed outright (kill -9, the OOM
+        # killer, a reboot) before it did, while experiment.json holds the arms that finished
+        raise UsageError(
+            f"{exc}; {receipt} is there: its runner has not written comparison.json (it writes it as it "
+            "ends: it still runs, or was killed outright: kill -9, the OOM killer, a reboot); "
+            "`asyncroll experiment run --resume` (the same --config and --output) writes it as it ends"
+        ) from None
     try:
         validate_comparison(data)
     except ValueError as exc:
