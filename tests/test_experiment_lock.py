@@ -121,3 +121,13 @@ def test_a_lock_that_is_a_link_is_refused_and_what_it_names_left_alone(
     OutputLock.refuse_if_held(out)  # a check that creates nothing: a link is no runner's lock
     assert victim.read_text() == "precious\n"
     assert sorted(p.name for p in out.iterdir()) == ["experiment.lock"]
+
+
+def test_an_output_that_is_a_dangling_symbolic_link_is_named_so(tmp_path: Path) -> None:
+    """--output a symbolic link to a folder not made yet: refused before anything starts, saying so, as the
+    report says it (was ``--output OUT: File exists``); nothing is made at either end."""
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "not-made")
+    with pytest.raises(UsageError, match=r"is a symbolic link to .*not-made, which does not exist"):
+        ExperimentRunner(lean(tmp_path), out, echo=lambda _: None).run()
+    assert out.is_symlink() and not (tmp_path / "not-made").exists()

@@ -233,6 +233,11 @@ class ExperimentRunner:
                         f"--output {self.output}: an empty folder of another user's (uid {owner}); an "
                         "experiment writes into a new folder or an empty one of its own (choose another)"
                     )
+                if self.output.is_symlink() and not self.output.exists():  # mkdir said "File exists"
+                    raise UsageError(
+                        f"--output {self.output} is a symbolic link to {os.readlink(self.output)}, which "
+                        "does not exist: make that folder, or give another --output"
+                    )
                 made = not self.output.exists()
                 self.output.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
