@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 import asyncroll.experiment.runner as runner_module
+from asyncroll.errors import UsageError
 from asyncroll.experiment.arms import ExperimentInterrupted
 from asyncroll.experiment.runner import ExperimentRunner
 from asyncroll.experiment.server import ManagedProcess
@@ -304,3 +305,38 @@ def test_a_wall_clock_step_before_the_resume_still_finds_the_recorded_server(
         assert running(marker) == []  # the descendant that carried no origin went with the tree
     finally:
         _kill_all(marker, server)
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_resume_names_what_its_dead_runner_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume refused for a changed protocol kills nothing (it touches nothing), but the dead runner's
+    server still runs (holding the GPU, say) and the refusal sends the user to a new experiment, whose
+    arms would meet it: the refusal names it, with how to stop it."""
+    server = ManagedProcess(["sleep", "60"], tmp_path / "server.log", role="server")
+
+    def killed_runner(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        arm_dir.mkdir(parents=True)
+        server.start()
+        arm = {"status": "running_client", "server": {"process": server.record()}}
+        (arm_dir / "arm.json").write_text(json.dumps(arm))
+        raise ExperimentInterrupted("SIGKILL")
+
+    try:
+        monkeypatch.setattr(runner_module, "run_arm", killed_runner)
+        assert ExperimentRunner(lean(tmp_path), tmp_path / "out", echo=lambda _: None).run().status == (
+            "interrupted"
+        )
+        changed = lean(tmp_path, description="edited")
+        with pytest.raises(UsageError) as refused:
+            ExperimentRunner(changed, tmp_path / "out", resume=True, echo=lambda _: None).run()
+        assert server.poll() is None  # refused: nothing killed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+    message = str(refused.value)
+    assert "the protocol changed" in message
+    assert f"pid {server.pid} (pair1-fifo's server, process group {server.pid})" in message, message
+    assert f"(kill -- -{server.pid})" in message

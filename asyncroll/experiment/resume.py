@@ -24,6 +24,7 @@ from asyncroll.experiment.receipts import (
     read_json,
 )
 from asyncroll.outputs.receipt import write_json_atomic
+from asyncroll.proctree import same_process
 
 
 def arm_dir(output: Path, arm: ArmPlan) -> Path:
@@ -70,6 +71,34 @@ def record_arm(
         server_evidence=data.get("server", {}).get("startup_evidence"),
     )
     echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
+
+
+def still_running(output: Path, plan: list[ArmPlan]) -> str:
+    """The recorded processes of unfinished arms that still run (a dead runner's server, holding the GPU),
+    in words, with how to stop them; "" when none does. For a resume that is refused before ``recover``
+    kills them: it touches nothing, but the user it sends to a new experiment must know of them."""
+    found, groups = [], []
+    for arm in plan:
+        try:
+            data = read_json(arm_dir(output, arm) / "arm.json")
+        except (OSError, ValueError):
+            continue
+        if data.get("status") in (*TERMINAL, "interrupted"):
+            continue
+        for role in ("server", "client"):
+            record = data.get(role, {}).get("process") or {}
+            pid = record.get("pid")
+            if isinstance(pid, int) and same_process(
+                pid, record.get("start_mark"), record.get("create_time")
+            ):
+                groups.append(f"-{record.get('pgid', pid)}")
+                found.append(f"pid {pid} ({arm.id}'s {role}, process group {groups[-1][1:]})")
+    if not found:
+        return ""
+    return (
+        f"; its dead runner left {', '.join(found)} running: stop it (kill -- {' '.join(groups)}), or undo "
+        "the change and --resume, which stops it"
+    )
 
 
 def recover(

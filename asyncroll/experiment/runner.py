@@ -68,7 +68,7 @@ from asyncroll.experiment.lock import LOCK_NAME, OutputLock
 from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
 from asyncroll.experiment.preflight import check_workload
 from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, one_line
-from asyncroll.experiment.resume import arm_dir, finished_arm, record_arm, recover
+from asyncroll.experiment.resume import arm_dir, finished_arm, record_arm, recover, still_running
 from asyncroll.experiment.signals import SignalGuard
 from asyncroll.proctree import is_subreaper, set_subreaper
 from asyncroll.runtime.prepare import refuse_unusable_umask, refuse_unwritable
@@ -254,9 +254,14 @@ class ExperimentRunner:
                     "(finished arms are kept) or choose a new directory"
                 )
             receipt = ExperimentReceipt.load(path)
-            require_same(receipt.data["fingerprint"], fp, f"resume of {self.output}")
-            if receipt.data["plan"] != plan:
-                raise UsageError(f"resume of {self.output}: the plan changed (arms, pairs, order or seeds)")
+            try:
+                require_same(receipt.data["fingerprint"], fp, f"resume of {self.output}")
+                if receipt.data["plan"] != plan:
+                    raise UsageError(
+                        f"resume of {self.output}: the plan changed (arms, pairs, order or seeds)"
+                    )
+            except UsageError as exc:  # refused before recover: what the dead runner left still runs
+                raise UsageError(f"{exc}{still_running(self.output, self.plan)}") from None
             recover(receipt, self.output, self.plan, self.echo)
             return receipt
         (self.output / "arms").mkdir(parents=True, exist_ok=True)
