@@ -227,7 +227,7 @@ class RunConfig(BaseModel):
         for flag, value in given.items():
             if value is not None and value > cap:
                 out.append(
-                    f"{flag} {shown(value)} does not fit under --tool-timeout {self.tool_timeout:g}: an "
+                    f"{flag} {shown(value)} does not fit under --tool-timeout {shown(self.tool_timeout)}: an "
                     f"evaluation must end within {cap:g}s (the tool timeout less a margin of max(1 s, 10%), "
                     "at least half of it) for its verdict to come back before the worker is killed; raise "
                     f"--tool-timeout or lower {flag}"
@@ -320,15 +320,19 @@ def _checks_across(values: Mapping[str, Any], exc: ValidationError, origins: Map
 def _past_value(msg: str, end: int, value: Any) -> int:
     """Where the setting's value written right after its flag ends (``--test-timeout 20 does not fit``),
     so that the note on where the setting came from follows the value rather than splitting the two;
-    ``end`` (the flag's end) when what follows is no value of the setting's (``--model only applies``)."""
-    token = re.match(r" ('[^']*'|[^\s:,]+)", msg[end:])
+    ``end`` (the flag's end) when what follows is no value of the setting's (``--model only applies``).
+    A string is written as itself or quoted (``!r``), a URL maybe masked (its password as ``***``)."""
+    token = re.match(r""" ('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s:,]+)""", msg[end:])
     if token is None or value is None or isinstance(value, bool):
         return end
-    text = token.group(1).strip("'")
-    try:
-        same = float(text) == float(value)
-    except (TypeError, ValueError, OverflowError):
-        same = text == str(value)
+    text = token.group(1)
+    if isinstance(value, str):
+        same = text in (value, repr(value), repr(masked_url(value)))
+    else:
+        try:
+            same = float(text) == float(value)
+        except (TypeError, ValueError, OverflowError):
+            same = text.strip("'") == str(value)
     return end + token.end() if same else end
 
 
