@@ -4,9 +4,11 @@ Prompt tokens are those ``serve-sim`` counts for the same turn: the messages the
 it (:func:`~asyncroll.backends.action_schema.render_messages`: the system prompt with the turn's schema
 and tools, then the conversation so far), sized by serve-sim's own rule
 (:func:`~asyncroll.serve_sim.sizes.prompt_tokens`), so a turn's prefill costs the same through either
-front end of the server model. Output tokens come from the action's ``output_tokens`` or from the size of
-the action as a model writes it (:func:`~asyncroll.backends.action_schema.model_view`: without the script's
-timing fields), by the same rule: what serve-sim's reply to that action (its echo) measures.
+front end of the server model (against an HTTP run in ``--replay``, whose earlier turns go back rendered
+from their actions, as here; an agent's go back as the text its model wrote). Output tokens come from
+the action's ``output_tokens`` or from the size of the action as a model writes it
+(:func:`~asyncroll.backends.action_schema.model_view`: without the script's timing fields), by the same
+rule: what serve-sim's reply to that action (its echo) measures.
 
 Each conversation entry is rendered and sized once (:func:`~asyncroll.backends.action_schema.render_message`
 depends on the entry alone; a trajectory's conversation only grows), and each turn adds its system prompt:

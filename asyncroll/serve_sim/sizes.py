@@ -4,8 +4,10 @@ One rule for both front ends of :class:`~asyncroll.backends.server_model.Batchin
 applies it to the messages an HTTP client sends, and the simulator's server backend
 (:mod:`asyncroll.backends.simulated`) to the messages the HTTP client's own code renders for the same
 turn (:func:`~asyncroll.backends.action_schema.render_messages`: the system prompt with the turn's schema
-and tool list, then the conversation). A turn therefore costs the same prefill through either. Kept free
-of the HTTP stack, which the simulator does not load.
+and tool list, then the conversation). A turn therefore costs the same prefill through either, where
+the HTTP client renders the model's earlier turns from their actions (``--replay``; an agent's turns go
+back as the text the model wrote, which a script does not hold). Kept free of the HTTP stack, which the
+simulator does not load.
 """
 
 from __future__ import annotations
