@@ -321,3 +321,20 @@ def test_a_runs_run_json_given_as_an_experiment_config_is_refused_in_one_line(tm
     message = str(refused.value)
     assert message.startswith(f"{run / 'run.json'}: a run's run.json, not an experiment config"), message
     assert "asyncroll run --config" in message and "\n" not in message, message
+
+
+def test_a_stop_grace_past_its_bound_is_refused_naming_file_and_field(tmp_path: Path) -> None:
+    """The server's stop is cleanup, deaf to a further Ctrl-C: ``stop_grace_s`` 1e308 was accepted, and
+    a server that ignored SIGTERM held the runner essentially forever."""
+    from asyncroll.experiment.config import MAX_STOP_GRACE_S, ExperimentConfig
+
+    config = write_config(tmp_path, **{"server.stop_grace_s": 1e308})
+    with pytest.raises(UsageError) as refused:
+        load_experiment_config(config)
+    said = str(refused.value)
+    assert f"{config}: server.stop_grace_s: Input should be less than or equal to 600" in said, said
+    assert load_experiment_config(write_config(tmp_path, **{"server.stop_grace_s": MAX_STOP_GRACE_S}))
+    schema = ExperimentConfig.model_json_schema()["$defs"]["ServerSpec"]["properties"]["stop_grace_s"]
+    assert schema["maximum"] == MAX_STOP_GRACE_S
+    protocol = " ".join((ROOT / "PROTOCOL.md").read_text(encoding="utf-8").split())
+    assert f"`server.stop_grace_s`, is at most {MAX_STOP_GRACE_S:g} s" in protocol

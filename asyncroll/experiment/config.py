@@ -74,6 +74,10 @@ GateOp = Literal[">=", "<=", ">", "<", "==", "!="]
 MAX_BOOTSTRAP_RESAMPLES = 1_000_000
 #: The fewest: a percentile interval of fewer resamples is mostly the extreme draws themselves.
 MIN_BOOTSTRAP_RESAMPLES = 100
+#: The longest ``server.stop_grace_s``: the stop of an arm's server is cleanup, during which a further
+#: Ctrl-C or SIGTERM is ignored (so that the server is always stopped); 1e308 was accepted, and a server
+#: that ignored SIGTERM held the runner, deaf to Ctrl-C, essentially forever.
+MAX_STOP_GRACE_S = 600.0
 
 DEFAULT_VLLM_COMMAND = [
     "vllm",
@@ -107,7 +111,12 @@ class ServerSpec(_Strict):
     vars: dict[str, OsStr] = Field(default_factory=dict, description="Extra {placeholders} of the command.")
     readiness_paths: list[str] = Field(default_factory=lambda: ["/health", "/v1/models"], min_length=1)
     startup_timeout_s: Float = Field(default=900.0, gt=0)
-    stop_grace_s: Float = Field(default=30.0, ge=0)
+    stop_grace_s: Float = Field(
+        default=30.0,
+        ge=0,
+        le=MAX_STOP_GRACE_S,
+        description="Seconds between TERM and KILL of the server at an arm's end (a Ctrl-C then waits).",
+    )
     metrics_path: str | None = Field(
         default="/metrics",
         description="null: no server telemetry. Unset with kind transformers: null (it serves no metrics).",
