@@ -35,10 +35,10 @@ def unknown_setting(
     noun: str = "setting",
 ) -> str:
     """``unknown setting``, with what ``key`` may have meant where there is a likely answer: an alias's
-    setting, the closest of ``known`` (the settings where it was found), the ``sections`` (name → their
-    settings) of the file that hold a setting of that name, or the one setting of ``known`` whose name
-    starts with it (a name cut short: ``max_inflight``). ``noun``: what the keys are (a workload line's
-    are fields)."""
+    setting, the closest of ``known`` (the settings where it was found), the one setting of ``known`` whose
+    name starts with it (a name cut short: ``max_inflight``), or the ``sections`` (name → their settings)
+    of the file that hold a setting of that name: the same section's settings first. ``noun``: what the
+    keys are (a workload line's are fields)."""
     name = key.replace("-", "_")
     meant = (aliases or {}).get(name)
     close = get_close_matches(name, sorted(known), n=1, cutoff=0.8)
@@ -46,10 +46,11 @@ def unknown_setting(
         meant = close[0]
     if meant is not None:
         return f"unknown {noun} (did you mean {meant!r}?)"
-    owners = [section for section, names in (sections or {}).items() if name in names]
-    if owners:
-        return f"unknown {noun} (a {noun} of {owners[0]}: {owners[0]}.{name})"
+    # the same section's setting first: ``gpu.name`` is gpu.name_contains, not an arm's name
     longer = [known_name for known_name in known if known_name.startswith(name)]
     if len(longer) == 1:
         return f"unknown {noun} (did you mean {longer[0]!r}?)"
+    owners = [section for section, names in (sections or {}).items() if name in names]
+    if owners:
+        return f"unknown {noun} (a {noun} of {owners[0]}: {owners[0]}.{name})"
     return f"unknown {noun}"

@@ -151,6 +151,12 @@ def test_a_setting_in_the_wrong_section_or_misspelled_says_what_was_meant(tmp_pa
     said = str(info.value)
     assert f"{path}: client.policy: unknown setting (a setting of arms[]: arms[].policy)" in said, said
     assert f"{path}: arms.0.polcy: unknown setting (did you mean 'policy'?)" in said, said
+    # the same section's setting before another section's: ``gpu.name`` was hinted as arms[].name
+    path = write_config(tmp_path, stages={}, pairs=1, gpu={"name": "H100"})
+    with pytest.raises(UsageError) as info:
+        load_experiment_config(path)
+    said = str(info.value)
+    assert f"{path}: gpu.name: unknown setting (did you mean 'name_contains'?)" in said, said
 
 
 def test_a_config_key_given_twice_is_refused_not_last_wins(tmp_path: Path) -> None:
