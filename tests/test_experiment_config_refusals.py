@@ -101,6 +101,7 @@ def test_the_plan_refuses_a_wrong_workload_sha256_as_the_run_does(
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     workload = ROOT / "examples" / "livecodebench" / "workload.jsonl"
+    lcb = hashlib.sha256(workload.read_bytes()).hexdigest()
     args = [
         "--config",
         str(ROOT / "experiments" / "livecodebench_bounded_8x4.json"),
@@ -115,13 +116,17 @@ def test_the_plan_refuses_a_wrong_workload_sha256_as_the_run_does(
     capsys.readouterr()
     assert script.main([*args, "--workload-sha256", wrong]) == 2
     refused = capsys.readouterr()
-    assert refused.out == "" and "is not the declared workload.sha256 " + wrong in refused.err
+    # the workload and its hash came from the script's options: they are named, not the config's settings
+    said = f"error: --workload {workload}: sha256 {lcb} is not the declared --workload-sha256 {wrong}; "
+    assert refused.out == "" and refused.err.startswith(said), refused.err
+    missing = tmp_path / "missing.jsonl"
+    assert script.main([*args[:5], str(missing), *args[6:], "--workload-sha256", lcb]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --workload {missing}: cannot read"), missing
     # a refused value of the script's own options is blamed on the option, not the config file
     assert script.main([*args, "--workload-sha256", "abc"]) == 2
     assert capsys.readouterr().err == "error: --workload-sha256: sha256 must be 64 lowercase hex digits\n"
     assert script.main([*args[:3], "", *args[4:]]) == 2
     assert capsys.readouterr().err.startswith("error: --model-path: String should have at least 1 character")
-    lcb = hashlib.sha256(workload.read_bytes()).hexdigest()
     assert script.main([*args, "--workload-sha256", lcb]) == 0
     assert f"expected sha256 {lcb}" in capsys.readouterr().out
     assert not (tmp_path / "lcb").exists()
@@ -229,7 +234,7 @@ def test_a_workload_path_not_found_names_the_setting_in_the_plan_and_the_run(tmp
     """A relative ``workload.path`` is taken from the config's folder: one not found there is refused
     naming the setting (as ``run`` names ``--workload``), not only as a path the user never wrote."""
     config = write_config(tmp_path, **{"workload.path": "../examples/smoke.jsonl"})
-    missing = f"workload.path {tmp_path / '..' / 'examples' / 'smoke.jsonl'}: cannot read"
+    missing = f"{config}: workload.path {tmp_path / '..' / 'examples' / 'smoke.jsonl'}: cannot read"
     run = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
     plan = invoke("experiment", "plan", "--config", config)
     assert run.exit_code == plan.exit_code == 2, plan.output
@@ -255,11 +260,12 @@ def test_a_tool_root_or_workload_folder_that_is_a_symlink_loop_is_named(tmp_path
     loop.symlink_to(loop)
     for key, value, said in (
         ("workload.tool_root", str(loop), f"workload.tool_root {loop}: Too many levels of symbolic links"),
-        ("workload.path", str(loop / "w.jsonl"), f"{loop / 'w.jsonl'}: cannot read: Too many levels"),
+        ("workload.path", str(loop / "w.jsonl"), f"workload.path {loop / 'w.jsonl'}: cannot read: Too many"),
     ):
-        result = invoke("experiment", "plan", "--config", write_config(tmp_path, **{key: value}))
+        config = write_config(tmp_path, **{key: value})
+        result = invoke("experiment", "plan", "--config", config)
         assert result.exit_code == 2, result.exception
-        assert said in result.stderr, result.stderr
+        assert f"{config}: {said}" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,20 @@ import string
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from asyncroll.config import MAX_PROCESS_WORKERS, MIN_TELEMETRY_INTERVAL_S, given
 from asyncroll.errors import UsageError
 from asyncroll.experiment.json_file import read_json_file, receipt_config
+from asyncroll.experiment.origin import Origin
 from asyncroll.experiment.summary_paths import metric_problem
 from asyncroll.json_checks import LONE_SURROGATE, Bool, Float, Int, lone_surrogate_at
 from asyncroll.locale_names import OsPath, OsStr
@@ -279,6 +288,15 @@ class ExperimentConfig(_Strict):
         "(the arm it cuts is interrupted, not failed; --resume runs it again with a new deadline).",
     )
     bootstrap_resamples: Int = Field(default=10_000, ge=MIN_BOOTSTRAP_RESAMPLES, le=MAX_BOOTSTRAP_RESAMPLES)
+    _origin: Origin = PrivateAttr(default_factory=lambda: Origin())
+
+    def named(self, setting: str, *, lead: bool = True) -> str:
+        """How a message names ``setting`` (``workload.path``): the option that gave it, else the setting,
+        led by the file it is in where ``lead`` (the start of a message, as the config's other errors)."""
+        if setting in self._origin.flags:
+            return self._origin.flags[setting]
+        source = self._origin.source
+        return f"{source}: {setting}" if lead and source is not None else setting
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
@@ -398,7 +416,7 @@ def load_experiment_config(
             if isinstance(workload.get(key), str) and workload[key] and not Path(workload[key]).is_absolute():
                 workload[key] = str(base / workload[key])
     try:
-        return ExperimentConfig.model_validate(data)
+        cfg = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors(include_url=False):
@@ -414,3 +432,5 @@ def load_experiment_config(
             flag = (flags or {}).get(where)
             lines.append(f"{flag}: {msg}" if flag else f"{path}: {where}: {msg}")
         raise UsageError("\n".join(lines)) from None
+    cfg._origin = Origin(path, dict(flags or {}))
+    return cfg

@@ -200,16 +200,18 @@ def check_workload(cfg: ExperimentConfig) -> tuple[str, dict[str, Path | None]]:
 
     given = cfg.workload.tool_root
     if given is not None and not given.is_dir():
-        raise UsageError(f"workload.tool_root {given}: {no_directory(given)}")
+        raise UsageError(f"{cfg.named('workload.tool_root')} {given}: {no_directory(given)}")
     root = given or cfg.workload.path.parent
     root = resolved(root)  # a symlink loop: the workload in it is refused as unreadable by the scan
+    path = cfg.named("workload.path")  # the config file and its setting, or the option that gave it
     scan = scan_workload(
-        cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit, flag="workload.path"
+        cfg.workload.path, root, scripted=cfg.client.replay, limit=cfg.client.limit, flag=path
     )
     scan.raise_if_invalid()
     if cfg.workload.sha256 is not None and scan.sha256 != cfg.workload.sha256:
+        declared = cfg.named("workload.sha256", lead=False)
         raise UsageError(
-            f"{cfg.workload.path}: sha256 {scan.sha256} is not the declared workload.sha256 "
+            f"{path} {cfg.workload.path}: sha256 {scan.sha256} is not the declared {declared} "
             f"{cfg.workload.sha256}; wrong file or a changed workload"
         )
     return scan.sha256, {key: tool.path for key, tool in scan.tools.items()}
