@@ -179,3 +179,14 @@ def test_an_older_comparisons_float_counts_are_pooled_as_integers() -> None:
     totals = aggregate(data)["pooled"]["a"]["totals"]
     assert json.dumps(totals["completed"]) == "6" and json.dumps(totals["trajectories"]) == "6"
     assert json.dumps(totals["total_cpu_s"]) == "0.6"
+
+
+def test_an_arm_that_never_completed_a_run_is_labelled_so_not_as_a_rule_not_recorded() -> None:
+    """A policy none of whose arms completed a run (each failed, or the experiment stopped before) was
+    headed "b (asyncroll = rule not recorded)", as if its runs were older than the rule's record."""
+    errors = {"pair1-b": "server died", "pair2-b": "server died"}
+    agg = aggregate(comparison(ROWS, errors=errors))
+    assert agg["complete_runs"] == {"a": 2, "b": 0}
+    text = markdown(agg)
+    assert "| metric | a (fifo) | b (asyncroll; no run completed) |" in text, text
+    assert "rule not recorded" not in text

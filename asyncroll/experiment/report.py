@@ -216,6 +216,10 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
             arm: sorted({r for p in pairs if (r := p["arms"].get(arm, {}).get("policy_rule"))})
             for arm in arms
         },
+        # each arm's pairs run to completion: none, and its label says it never ran (no rule to name)
+        "complete_runs": {
+            arm: sum(p["arms"].get(arm, {}).get("status") == "complete" for p in pairs) for arm in arms
+        },
         "pairs_total": len(pairs),
         "pairs_complete": len(complete),
         "complete_pairs": [p["pair"] for p in complete],

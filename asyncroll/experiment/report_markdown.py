@@ -106,10 +106,13 @@ def _run_order(agg: dict[str, Any]) -> list[str]:
 def policy_label(agg: dict[str, Any], arm: str) -> str:
     """``asyncroll = asyncroll_repair``: an arm's policy and, when the name differs from it, the rule its
     runs ran (from their summaries; ``asyncroll`` names the default rule of its version, which summaries
-    written before they named the rule leave unsaid: ``asyncroll = rule not recorded``)."""
+    written before they named the rule leave unsaid: ``asyncroll = rule not recorded``). An arm none of
+    whose runs completed has no summary to name it: ``asyncroll; no run completed``."""
     policy = agg["policies"][arm]
     recorded = agg.get("policy_rules", {}).get(arm, [])
     rules = [r for r in recorded if r != policy]
+    if not recorded and agg.get("complete_runs", {}).get(arm) == 0:  # an aggregate.json before: unknown
+        return f"{policy}; no run completed"
     if not recorded and policy == "asyncroll":
         rules = ["rule not recorded"]
     return f"{policy} = {' / '.join(rules)}" if rules else policy
