@@ -309,6 +309,22 @@ def test_a_run_that_ends_with_the_server_down_says_so(tmp_path: Path) -> None:
     assert up.returncode == 0 and "unavailable" not in up.stderr
 
 
+def test_the_server_down_warning_says_no_trajectory_failed_when_none_did(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A stop while admission waited for a server that was down, before any trajectory failed at it: the
+    warning said that "trajectories that failed at the outage are counted failed", of none."""
+    from asyncroll.commands.run_warnings import warn_server_down
+
+    def said(failed: int) -> str:
+        circuit = {"open_at_end": True, "opened": 1, "paused_s": 8.4}
+        warn_server_down({"counts": {"failed": failed}, "model": {"circuit": circuit}})
+        return capsys.readouterr().err
+
+    assert said(0).endswith("8.400 s in all): no trajectory failed (summary.json: model.circuit)\n")
+    assert "trajectories that failed at the outage are counted failed" in said(3)
+
+
 @pytest.mark.timeout(150)
 def test_a_run_stopped_while_the_server_is_down_says_it_was_down(tmp_path: Path) -> None:
     """Ctrl-C while admission waits for a server that is down (the circuit open, --server-down-timeout

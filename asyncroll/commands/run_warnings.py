@@ -81,10 +81,17 @@ def warn_server_down(summary: dict[str, Any] | None, error: str | None = None) -
             return
         paused = circuit.get("paused_s")
         seconds = f"{paused:.3f} s" if isinstance(paused, (int, float)) else "an unknown time"
+        # a stop during the outage may have come before any trajectory failed at it: not said to have
+        none_failed = ((summary or {}).get("counts") or {}).get("failed") == 0
+        told = (
+            "no trajectory failed (summary.json: model.circuit)"
+            if none_failed
+            else "trajectories that failed at the outage are counted failed (summary.json: model.circuit, "
+            "model.failed)"
+        )
         typer.echo(
             f"warning: the server was still unavailable when the run ended (admission paused "
-            f"{circuit.get('opened')} time(s), {seconds} in all): trajectories that failed "
-            "at the outage are counted failed (summary.json: model.circuit, model.failed)",
+            f"{circuit.get('opened')} time(s), {seconds} in all): {told}",
             err=True,
         )
     # only failures of reaching the server: replies it gave (invalid actions, a scripted backend's own
