@@ -9,6 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -174,3 +176,54 @@ def test_help_names_every_endpoint_the_server_routes() -> None:
         methods = sorted((route.methods or set()) - {"HEAD"})
         for method in methods:
             assert f"{method} {route.path}" in text, (method, route.path)
+
+
+class _OneOwnerLock:
+    """A lock that refuses its own holder (a plain Lock would hang it), as a signal handler run in the
+    middle of ``Event.wait`` is: that thread already holds the Event's lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        assert self._owner != threading.get_ident(), "the lock's holder took it again: it would hang"
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self._owner = threading.get_ident()
+        return got
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _is_owned(self) -> bool:
+        return self._owner == threading.get_ident()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_stop_signal_while_waiting_never_takes_the_lock_the_wait_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """serve-sim's SIGTERM handler set the Event its main thread waits on: a signal that landed while
+    ``Event.wait`` held the Event's own lock hung the server for good (seen once on Python 3.12)."""
+    from asyncroll.serve_sim import server
+
+    def start_thread(sock: socket.socket, sim: Any, uv: Any, *, done: threading.Event) -> Any:
+        cond = threading.Condition(_OneOwnerLock())  # type: ignore[arg-type]
+        setattr(done, "_cond", cond)  # noqa: B010 (private: what Event.wait and Event.set hold)
+        with cond:  # as inside done.wait(), between taking the lock and sleeping
+            handler = signal.getsignal(signal.SIGTERM)
+            assert callable(handler)
+            handler(signal.SIGTERM, None)  # what Python runs at the wait's next bytecode
+        return SimpleNamespace(url="http://127.0.0.1:1")
+
+    monkeypatch.setattr(server, "open_files_for_server", lambda: 0)
+    monkeypatch.setattr(server, "start_thread", start_thread)
+    monkeypatch.setattr(server, "stop", lambda running, timeout: None)
+    assert server.serve_forever(SimConfig(), "127.0.0.1", 0) == 0
+    assert capsys.readouterr().out.startswith("serve-sim listening on http://127.0.0.1:1 ")

@@ -224,8 +224,9 @@ def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "
     signalled: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
+        # only recorded: done.set() here takes the lock that the done.wait() it interrupted may hold, and
+        # a SIGTERM in that window hung the server for good (seen on Python 3.12, by chance on any)
         signalled.append(signum)
-        done.set()
 
     stops = [signal.SIGINT, signal.SIGTERM]
     hangup = getattr(signal, "SIGHUP", None)
@@ -244,7 +245,8 @@ def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "
             stop(running, 30.0)
             why = exc.strerror or exc
             raise OutputWriteError(f"stdout: cannot write ({why}); serve-sim stopped") from exc
-        done.wait()
+        while not signalled and not done.wait(0.1):  # a signal is seen within 0.1 s
+            pass
         stop(running, 30.0)
     finally:
         for sig, handler in previous.items():
