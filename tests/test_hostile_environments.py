@@ -192,7 +192,10 @@ def test_a_run_whose_workers_cannot_start_names_the_limit_and_leaves_no_worker(t
     done = asyncroll(*args, prepare=_files(32))  # some workers start, then a spawn finds no descriptor
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
-    assert "Too many open files (this process may hold 32 open files: ulimit -n)" in done.stderr
+    # the file that found no descriptor is named where one was (scipy's, when the predictor's import met
+    # the limit first: on 3.13 now and then), and the limit after it
+    assert "Too many open files" in done.stderr
+    assert " (this process may hold 32 open files: ulimit -n)" in done.stderr
     assert "OSError(24" not in done.stderr  # an error's text, not its repr
     receipt = json.loads((out / "run.json").read_text())
     assert receipt["status"] == "failed" and "ulimit -n" in receipt["error"]
