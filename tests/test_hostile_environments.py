@@ -302,6 +302,44 @@ def test_a_run_that_can_start_no_thread_nor_worker_names_the_process_limit(tmp_p
     assert receipt["error"] in done.stderr
 
 
+def test_a_results_writer_thread_that_cannot_start_fails_the_run_in_its_receipt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test above, as root too (whom ``ulimit -u`` does not bind): results.jsonl's writer thread is
+    refused. It was a traceback from ``RunDirectory``, run.json left saying "preparing"."""
+    import threading
+
+    from asyncroll import process_limits
+    from asyncroll.clock import SystemClock
+    from asyncroll.errors import OutputWriteError
+    from asyncroll.outputs.rundir import open_run_files
+
+    class OneProcess:
+        RLIMIT_NPROC = resource.RLIMIT_NPROC
+        RLIM_INFINITY = resource.RLIM_INFINITY
+
+        @staticmethod
+        def getrlimit(which: int) -> tuple[int, int]:
+            return (1, 1) if which == resource.RLIMIT_NPROC else resource.getrlimit(which)
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(process_limits, "resource", OneProcess)
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    out = tmp_path / "run"
+    out.mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    said = "results.jsonl: cannot start its writer thread (can't start new thread)"
+    with pytest.raises(OutputWriteError) as raised:
+        open_run_files(out, {"config": {}}, SystemClock())
+    assert str(raised.value) == f"{said} (this user may run 1 processes and threads: ulimit -u)"
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and receipt["exit_code"] == 1
+    assert receipt["error"] == str(raised.value)
+    assert len(os.listdir("/proc/self/fd")) == before  # results.jsonl and the directory closed again
+
+
 @NEEDS_A_USER
 def test_a_sweep_that_can_start_no_cell_process_names_the_process_limit(tmp_path: Path) -> None:
     out = tmp_path / "sweep"

@@ -142,7 +142,11 @@ class LineFile:
         self._size = 0
         self.error: OutputWriteError | None = None
         self._raised = False  # the error was raised by a write (once)
-        self._writer = None if not background else _Writer(self._write_queued, path.name)
+        try:  # RuntimeError: no thread can start (a process limit, ulimit -u); the file is closed again
+            self._writer = None if not background else _Writer(self._write_queued, path.name)
+        except BaseException:
+            self._close_fd()
+            raise
 
     def write(self, line: bytes) -> None:
         if self._writer is None:

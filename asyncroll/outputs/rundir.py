@@ -26,6 +26,7 @@ from asyncroll.errors import OutputWriteError
 from asyncroll.event_log import EventLog
 from asyncroll.outputs.lines import LineFile
 from asyncroll.outputs.receipt import Receipt, Status, exit_code, write_json_atomic
+from asyncroll.process_limits import limit_note
 
 
 class RunDirectory:
@@ -54,13 +55,18 @@ class RunDirectory:
             raise
         if out is None:
             return
+        name = "results.jsonl"
         try:
-            self._results = LineFile(out / "results.jsonl", background=background)
+            self._results = LineFile(out / name, background=background)
             if transcripts:
-                self._transcripts = LineFile(out / "transcripts.jsonl", background=background)
+                name = "transcripts.jsonl"
+                self._transcripts = LineFile(out / name, background=background)
         except OSError as exc:
             name = Path(exc.filename or "").name
             raise self.abandon(f"{name}: cannot create ({exc.strerror or exc})", wall) from exc
+        except RuntimeError as exc:  # its writer thread ("can't start new thread": a process limit)
+            why = f"{name}: cannot start its writer thread ({exc}){limit_note(exc)}"
+            raise self.abandon(why, wall) from exc
 
     def abandon(self, error: str, wall: float, status: Status = "failed") -> OutputWriteError:
         """A run that cannot start (a file of its own not created, a failure, or a stop, as it is set up):
