@@ -407,6 +407,8 @@ class Sandbox:
                     if os.waitpid(pid, os.WNOHANG)[0] == 0:
                         continue
                 orphans.remove(pid)
+            if not orphans:  # each re-parented its own children to this worker as it exited: swept next
+                orphans = self._sweep_orphans()
             if orphans and time.monotonic() > deadline:
                 raise SandboxError(f"sandboxed processes {sorted(orphans)} survived SIGKILL")
             if orphans:
