@@ -20,7 +20,8 @@ SMOKE = REPO / "examples" / "smoke.jsonl"
 TOO_LONG = "x" * 300  # one name longer than any file system's 255 bytes: every stat of it fails
 
 
-@pytest.mark.parametrize(
+#: each command that takes an --output: ``run``, ``simulate`` and a sweep, smoke-sized
+EVERY_OUTPUT_COMMAND = pytest.mark.parametrize(
     "command",
     [
         ["run", "--workload", SMOKE, "--no-progress"],
@@ -29,6 +30,9 @@ TOO_LONG = "x" * 300  # one name longer than any file system's 255 bytes: every 
     ],
     ids=["run", "simulate", "sweep"],
 )
+
+
+@EVERY_OUTPUT_COMMAND
 def test_an_output_name_too_long_is_a_usage_error(
     command: list[str | Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

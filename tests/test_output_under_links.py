@@ -8,21 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, invoke
-
-SMOKE = REPO / "examples" / "smoke.jsonl"
+from tests.conftest import invoke
+from tests.test_output_paths import EVERY_OUTPUT_COMMAND
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["run", "--workload", SMOKE, "--no-progress"],
-        ["simulate", "--workload", SMOKE],
-        ["simulate", "--workload", SMOKE, "--sweep", "--policies", "fifo"],
-    ],
-    ids=["run", "simulate", "sweep"],
-)
+@EVERY_OUTPUT_COMMAND
 def test_an_output_under_a_link_to_nothing_names_the_link_not_a_taken_output(
     command: list[str | Path], tmp_path: Path
 ) -> None:
