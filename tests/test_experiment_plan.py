@@ -41,6 +41,23 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     assert "unknown placeholder(s) ['nope']" in done.stderr and "baseline: 'zzz' is not an arm" in done.stderr
 
 
+@pytest.mark.timeout(30)
+def test_a_plan_whose_workload_is_not_here_notes_it_and_run_refuses_it(tmp_path: Path) -> None:
+    """Without a declared SHA-256 the plan does not read the workload (it may be printed elsewhere), but a
+    file missing here is noted with the other pre-flight problems, not passed over in silence."""
+    missing = tmp_path / "absent.jsonl"
+    config = write_config(tmp_path, **{"workload.path": str(missing), "workload.sha256": None})
+    done = invoke("experiment", "plan", "--config", config)
+    assert done.exit_code == 0, done.stderr
+    notes = done.stdout.split("pre-flight on this machine, now (`run` refuses until fixed):\n")[1]
+    assert f"{config}: workload.path {missing}: no such file" in notes
+    done = invoke("experiment", "run", "--config", config, "--output", tmp_path / "out")
+    assert done.exit_code == 2 and str(missing) in done.stderr
+    assert not (tmp_path / "out").exists()
+    here = write_config(tmp_path, **{"workload.sha256": None})  # the smoke workload is here: no note
+    assert "workload.path" not in invoke("experiment", "plan", "--config", here).stdout
+
+
 def test_a_free_port_the_server_command_is_never_told_is_refused(tmp_path: Path) -> None:
     """server.port 0 picks a port for each arm; a command without {port} never passes it on, so the
     server listens elsewhere and every arm waited its whole startup_timeout_s (900 s by default) to fail

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asyncroll.errors import UsageError, no_directory
+from asyncroll.errors import UsageError, no_directory, no_file
 from asyncroll.experiment.config import ExperimentConfig
 from asyncroll.experiment.plan import client_environment, render_plan, server_command
 from asyncroll.experiment.port_busy import BOUND_ONLY, reserved
@@ -236,12 +236,17 @@ def checked_plan(cfg: ExperimentConfig, output: Path | None) -> str:
     the run's message, and not only when the run starts. Without a declared hash the workload is not
     read (a plan can be printed on a machine that does not hold it).
 
-    The pre-flight problems ``run`` would refuse (a server program not found, a fixed port in use) are
-    named after the plan, as notes about this machine now: the plan is often printed elsewhere."""
+    The pre-flight problems ``run`` would refuse (a server program not found, a fixed port in use, a
+    workload file not found here) are named after the plan, as notes about this machine now: the plan is
+    often printed elsewhere."""
     if cfg.workload.sha256 is not None:
         check_workload(cfg)
     text = render_plan(cfg, output)
     found = problems(cfg)
+    if cfg.workload.sha256 is None and not cfg.workload.path.is_file():  # run's first refusal
+        found.insert(
+            0, f"{cfg.named('workload.path')} {cfg.workload.path}: {no_file(cfg.workload.path, 'a workload')}"
+        )
     if found:
         text += "\n\npre-flight on this machine, now (`run` refuses until fixed):\n" + "\n".join(
             f"  {problem}" for problem in found
