@@ -340,6 +340,50 @@ def test_a_results_writer_thread_that_cannot_start_fails_the_run_in_its_receipt(
     assert len(os.listdir("/proc/self/fd")) == before  # results.jsonl and the directory closed again
 
 
+def test_an_event_log_writer_thread_that_cannot_start_fails_the_run_in_its_receipt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results writer started, the last thread the limit let start; events.jsonl's writer is refused.
+    It was a RuntimeError traceback from ``open_run_files``, run.json left saying "preparing" and
+    results.jsonl's writer running."""
+    import threading
+
+    from asyncroll import process_limits
+    from asyncroll.clock import SystemClock
+    from asyncroll.errors import OutputWriteError
+    from asyncroll.outputs.rundir import open_run_files
+
+    class FewProcesses:
+        RLIMIT_NPROC = resource.RLIMIT_NPROC
+        RLIM_INFINITY = resource.RLIM_INFINITY
+
+        @staticmethod
+        def getrlimit(which: int) -> tuple[int, int]:
+            return (2, 2) if which == resource.RLIMIT_NPROC else resource.getrlimit(which)
+
+    start = threading.Thread.start
+
+    def refused_for_events(self: threading.Thread) -> None:
+        if "events.jsonl" in self.name:
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(process_limits, "resource", FewProcesses)
+    monkeypatch.setattr(threading.Thread, "start", refused_for_events)
+    out = tmp_path / "run"
+    out.mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OutputWriteError) as raised:
+        open_run_files(out, {"config": {}}, SystemClock())
+    said = "events.jsonl: cannot start its writer thread (can't start new thread)"
+    assert str(raised.value) == f"{said} (this user may run 2 processes and threads: ulimit -u)"
+    receipt = json.loads((out / "run.json").read_text())
+    assert receipt["status"] == "failed" and receipt["exit_code"] == 1
+    assert receipt["error"] == str(raised.value)
+    assert len(os.listdir("/proc/self/fd")) == before  # events.jsonl, results.jsonl, the directory closed
+    assert not [t for t in threading.enumerate() if "results.jsonl" in t.name]  # its writer ended
+
+
 @NEEDS_A_USER
 def test_a_sweep_that_can_start_no_cell_process_names_the_process_limit(tmp_path: Path) -> None:
     out = tmp_path / "sweep"

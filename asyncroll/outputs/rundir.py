@@ -231,6 +231,9 @@ def open_run_files(
         return files, EventLog(clock, files.events_path)
     except OSError as exc:
         raise files.abandon(f"events.jsonl: cannot create ({exc.strerror or exc})", clock.wall()) from exc
+    except RuntimeError as exc:  # its writer thread ("can't start new thread": a process limit)
+        why = f"events.jsonl: cannot start its writer thread ({exc}){limit_note(exc)}"
+        raise files.abandon(why, clock.wall()) from exc
 
 
 def _open_directory(out: Path) -> int | None:
