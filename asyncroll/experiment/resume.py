@@ -73,26 +73,33 @@ def record_arm(
     echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
 
 
-def still_running(output: Path, plan: list[ArmPlan]) -> str:
+def still_running(output: Path, receipt: ExperimentReceipt) -> str:
     """The recorded processes of unfinished arms that still run (a dead runner's server, holding the GPU),
     in words, with how to stop them; "" when none does. For a resume that is refused before ``recover``
-    kills them: it touches nothing, but the user it sends to a new experiment must know of them."""
+    kills them: it touches nothing, but the user it sends to a new experiment must know of them. The arms
+    are those ``experiment.json`` records (the dead runner's plan: a changed plan may lack them); what
+    is not as the runner writes it (a non-object where an object belongs) is passed over."""
     found, groups = [], []
-    for arm in plan:
+    arms = receipt.data.get("arms")
+    for arm_id in arms if isinstance(arms, dict) else {}:
         try:
-            data = read_json(arm_dir(output, arm) / "arm.json")
+            data = read_json(output / "arms" / str(arm_id) / "arm.json")
         except (OSError, ValueError):
             continue
         if data.get("status") in (*TERMINAL, "interrupted"):
             continue
         for role in ("server", "client"):
-            record = data.get(role, {}).get("process") or {}
+            entry = data.get(role)
+            record = entry.get("process") if isinstance(entry, dict) else None
+            if not isinstance(record, dict):
+                continue
             pid = record.get("pid")
             if isinstance(pid, int) and same_process(
                 pid, record.get("start_mark"), record.get("create_time")
             ):
-                groups.append(f"-{record.get('pgid', pid)}")
-                found.append(f"pid {pid} ({arm.id}'s {role}, process group {groups[-1][1:]})")
+                pgid = record.get("pgid")
+                groups.append(f"-{pgid if isinstance(pgid, int) else pid}")
+                found.append(f"pid {pid} ({arm_id}'s {role}, process group {groups[-1][1:]})")
     if not found:
         return ""
     return (

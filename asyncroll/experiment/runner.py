@@ -261,7 +261,7 @@ class ExperimentRunner:
                         f"resume of {self.output}: the plan changed (arms, pairs, order or seeds)"
                     )
             except UsageError as exc:  # refused before recover: what the dead runner left still runs
-                raise UsageError(f"{exc}{still_running(self.output, self.plan)}") from None
+                raise UsageError(f"{exc}{still_running(self.output, receipt)}") from None
             recover(receipt, self.output, self.plan, self.echo)
             return receipt
         (self.output / "arms").mkdir(parents=True, exist_ok=True)
