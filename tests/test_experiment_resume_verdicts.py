@@ -10,9 +10,13 @@ from typing import Any
 
 import pytest
 
+import asyncroll.experiment.runner as runner_module
+from asyncroll.errors import UsageError
+from asyncroll.experiment.arms import ExperimentInterrupted
 from asyncroll.experiment.runner import ExperimentRunner
 from tests.experiments import kill_recorded, read
 from tests.lean_experiment import lean
+from tests.test_experiment_setup import fake_arms
 
 
 def as_left_by_a_killed_runner(arm_json: Path, *, failed: bool) -> dict[str, Any]:
@@ -67,3 +71,52 @@ def test_a_resume_ends_an_arm_whose_runner_died_while_stopping_it_with_its_verdi
     assert exp["resumes"][-1]["finished_arms_recorded"] == ["pair1-fifo", "pair1-asyncroll"]
     assert exp["resumes"][-1]["unfinished_arms_set_aside"] == []
     assert outcome.status == "complete" and outcome.exit_code == 1  # a failed arm: kept and reported
+
+
+def _killed_leaving(arm: str) -> Any:
+    """run_arm of a runner killed outright in its first arm, which leaves ``arm`` as its arm.json text."""
+
+    def run_arm(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        arm_dir.mkdir(parents=True)
+        (arm_dir / "arm.json").write_text(arm)
+        raise ExperimentInterrupted("SIGKILL")
+
+    return run_arm
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_passes_over_a_non_object_where_an_arm_json_holds_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An arm.json with its verdict whose server, client and transitions are not what the runner writes
+    (an older or hand-edited file): the arm is ended with its verdict, not a traceback (AttributeError)."""
+    arm: dict[str, Any] = {"status": "stopping_server", "server": None, "client": [], "transitions": None}
+    monkeypatch.setattr(
+        runner_module, "run_arm", _killed_leaving(json.dumps({**arm, "summary_status": "ok"}))
+    )
+    cfg, out = lean(tmp_path), tmp_path / "out"
+    assert ExperimentRunner(cfg, out, echo=lambda _: None).run().status == "interrupted"
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+    assert ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run().status == "complete"
+    assert calls == ["pair1-asyncroll"]  # the first arm was ended with its verdict, not run again
+    ended = read(out / "arms" / "pair1-fifo" / "arm.json")
+    assert ended["status"] == "complete" and ended["transitions"][-1]["status"] == "complete"
+    assert ended["stopped_by_resume"] == {"client": "none recorded", "server": "none recorded"}
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_refuses_an_arm_json_it_cannot_read_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A garbled arm.json (not JSON, not an object) is refused naming it, not a ValueError traceback:
+    the processes it recorded cannot be found from it."""
+    for text in ("{", "[1, 2]"):
+        out = tmp_path / f"out{len(text)}"
+        monkeypatch.setattr(runner_module, "run_arm", _killed_leaving(text))
+        cfg = lean(tmp_path)
+        assert ExperimentRunner(cfg, out, echo=lambda _: None).run().status == "interrupted"
+        with pytest.raises(UsageError) as refused:
+            ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+        assert str(out / "arms" / "pair1-fifo" / "arm.json") in str(refused.value)
+        assert "then --resume again" in str(refused.value)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asyncroll.errors import UsageError
 from asyncroll.experiment.orphans import sweep_orphan
 from asyncroll.experiment.plan import ArmPlan
 from asyncroll.experiment.receipts import (
@@ -50,10 +51,32 @@ def ended_with_verdict(path: Path, data: dict[str, Any], swept: dict[str, Any]) 
     if where in (*TERMINAL, "interrupted") or verdict is None:
         return data
     data["status"] = verdict
-    data.setdefault("transitions", []).append({"status": verdict, "at": now_iso()})
+    transitions = data.get("transitions")
+    data["transitions"] = [
+        *(transitions if isinstance(transitions, list) else []),
+        {"status": verdict, "at": now_iso()},
+    ]
     data.update(interrupted_while=where, stopped_by_resume=swept)
     write_json_atomic(path, data)
     return data
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """``value`` where it is an object, as the runner writes it; else (an older or edited file) none."""
+    return value if isinstance(value, dict) else {}
+
+
+def _arm_json(path: Path) -> dict[str, Any]:
+    """An unfinished arm's ``arm.json``; one that cannot be read is refused (UsageError), naming it: the
+    processes it records (a server holding the GPU, say) could not be found and killed."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError, RecursionError) as exc:
+        why = str(exc) if str(exc).startswith(str(path)) else f"{path}: cannot be read ({exc})"
+        raise UsageError(
+            f"{why}: the processes it records cannot be found from it; restore it, or stop them yourself "
+            "and remove it (its arm then runs afresh), then --resume again"
+        ) from None
 
 
 def record_arm(
@@ -68,7 +91,7 @@ def record_arm(
         failed_step=data.get("failed_step"),
         run_dir=str(arm_dir(output, arm) / "run"),
         finished_at=now_iso(),
-        server_evidence=data.get("server", {}).get("startup_evidence"),
+        server_evidence=_object(data.get("server")).get("startup_evidence"),
     )
     echo(f"[{arm.id}] {status}" + (f": {one_line(error)}" if error else ""))
 
@@ -129,11 +152,12 @@ def recover(
         where = arm_dir(output, arm)
         swept = {}
         if (where / "arm.json").is_file():
-            data = read_json(where / "arm.json")
+            data = _arm_json(where / "arm.json")
             for role in ("client", "server"):
                 # no process recorded: the runner was killed after the spawn, before its record of it
-                entry = data.get(role, {})
-                swept[role] = sweep_orphan(entry.get("process") or {"origin": entry.get("origin")})
+                entry = _object(data.get(role))
+                process = _object(entry.get("process"))
+                swept[role] = sweep_orphan(process or {"origin": entry.get("origin")})
             data = ended_with_verdict(where / "arm.json", data, swept)
             if data.get("status") in TERMINAL:  # it finished; the runner died before recording it
                 record_arm(receipt, output, echo, arm, data)
