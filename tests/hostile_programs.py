@@ -21,6 +21,24 @@ if os.fork() == 0:
 print(3)
 """
 
+# An escapee with a chain of descendants: killing each re-parents the next to the worker, after the sweep
+# that found it (the program waits until the whole chain exists).
+NESTED_ESCAPE = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    for _ in range(4):
+        if os.fork() != 0:
+            time.sleep(1000)
+    os.write(w, b"x")
+    time.sleep(1000)
+os.read(r, 1)
+print(3)
+"""
+
 HOLDS_STDOUT = """
 import subprocess
 subprocess.Popen(["sleep", "1000"], start_new_session=True)  # inherits stdout and never exits

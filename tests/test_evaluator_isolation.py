@@ -29,7 +29,7 @@ from tests.evaluations import (
     real_process,
     requires_isolation,
 )
-from tests.hostile_programs import HOLDS_STDOUT, SETSID_ESCAPE
+from tests.hostile_programs import HOLDS_STDOUT, NESTED_ESCAPE, SETSID_ESCAPE
 
 
 def test_missing_layers_are_refused_unless_weak_isolation_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +182,9 @@ print(results)
 
 @requires_isolation
 @real_process
-@pytest.mark.parametrize("program", [SETSID_ESCAPE, HOLDS_STDOUT], ids=["setsid", "stdout-holder"])
+@pytest.mark.parametrize(
+    "program", [SETSID_ESCAPE, HOLDS_STDOUT, NESTED_ESCAPE], ids=["setsid", "stdout-holder", "nested"]
+)
 def test_without_namespaces_or_cgroups_the_subreaper_sweep_still_kills_escapees(
     program: str, tmp_path: Path
 ) -> None:
