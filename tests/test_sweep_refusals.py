@@ -145,3 +145,30 @@ def test_a_sweep_reads_no_line_past_its_limit_as_simulate_does(tmp_path: Path) -
     for seed in (0, 1):  # the problems the cells ran, jittered; the same makespans as one run of each
         assert len((out / "workloads" / f"seed-{seed}.jsonl").read_text().splitlines()) == 1
     assert [row["completed"] for row in json.loads((out / "sweep.json").read_text())["rows"]] == [1, 1]
+
+
+def test_a_grid_of_too_many_simulations_is_refused_before_anything_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--active 1..20 --inflight 1..20 --workers 1..20 --seeds 1000`` (24 million simulations) wrote its
+    1,000 seed workloads (325 MB), then queued every cell at once with the stop signals blocked: 14 GB of
+    memory within ten minutes, deaf to Ctrl-C and SIGTERM. A grid past the limit is refused, its product
+    named; one at the limit runs."""
+    from asyncroll.simulation import sweep
+
+    def ran(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(sweep, "run_sweep", ran)
+    many = ",".join(str(n) for n in range(1, 21))
+    out = tmp_path / "huge"
+    args = ("--active", many, "--inflight", many, "--workers", many, "--seeds", "1000", "--jobs", "1")
+    result = simulate_here("--sweep", "--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(
+        "error: --sweep: 3 policies × 20 active × 20 inflight × 20 workers × 1000 seeds = 24,000,000 "
+        "simulations; at most 100,000 in one sweep"
+    ), result.stderr
+    assert not out.exists()
+    spec = sweep.SweepSpec(("fifo",), tuple(range(1, 101)), tuple(range(1, 11)), (1,), 100, 0.25)
+    assert spec.simulations == sweep.MAX_SIMULATIONS  # at the limit: accepted

@@ -67,6 +67,12 @@ COLUMNS = (
 #: trajectories of ``bench.synthetic``: ≈ 5 GB at this limit) and multiplies every cell; 10**9 was
 #: accepted and wrote ≈ 9,000 seed workloads in 20 s (the 3-problem smoke workload) before any cell ran.
 MAX_SEEDS = 1000
+#: The most simulations (policies × operating points × seeds) one sweep runs: every cell is queued at once,
+#: with the stop signals blocked, so 24 million took 14 GB of memory within minutes, deaf to Ctrl-C.
+MAX_SIMULATIONS = 100_000
+
+
+AXES = ("policies", "active", "inflight", "workers")
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,19 @@ class SweepSpec:
     workers: tuple[int, ...]
     seeds: int
     jitter: float
+
+    def __post_init__(self) -> None:
+        if self.simulations > MAX_SIMULATIONS:
+            sizes = (len(self.policies), len(self.active), len(self.inflight), len(self.workers))
+            grid = " × ".join(f"{n} {axis}" for n, axis in zip(sizes, AXES, strict=True))
+            raise UsageError(
+                f"--sweep: {grid} × {self.seeds} seeds = {self.simulations:,} simulations; at most "
+                f"{MAX_SIMULATIONS:,} in one sweep (split the grid over several sweeps)"
+            )
+
+    @property
+    def simulations(self) -> int:
+        return len(self.policies) * len(self.active) * len(self.inflight) * len(self.workers) * self.seeds
 
     def points(self) -> list[tuple[int, int, int]]:
         return list(itertools.product(self.active, self.inflight, self.workers))
