@@ -36,6 +36,7 @@ from asyncroll.paths import resolved
 from asyncroll.setting_names import unknown_setting, validation_message
 from asyncroll.tool_files import ToolFile
 from asyncroll.workload.checks import check_problem
+from asyncroll.workload.document import dataset_lines, one_document
 from asyncroll.workload.models import (
     MAX_REPORTED_PROBLEMS,
     ErrorStep,
@@ -373,6 +374,8 @@ def scan_workload(
                 scan.add_problem(f"{path}:{line_no}: {_clipped(fld)}: {_clipped(message)}")
             scan.invalid_lines += bool(issues)
             scan.count += 1
+        if scan.count and scan.invalid_lines == scan.count:  # a dataset's file or one JSON document?
+            _name_the_file(scan, path)
         if FileIdentity.of(os.fstat(handle.fileno())) != identity:
             scan.add_problem(f"{path}: changed while it was being validated; validate it again when stable")
     scan.sha256 = digest.hexdigest()
@@ -380,6 +383,18 @@ def scan_workload(
     if scan.count == 0 and not scan.problems:
         scan.add_problem(f"{path}:1: line: the workload holds no problems")
     return scan
+
+
+def _name_the_file(scan: WorkloadScan, path: Path) -> None:
+    """Where no line of ``path`` was valid: one JSON document over several lines is one error, not one a
+    line; a dataset's own rows get the command that converts them, after their lines' errors."""
+    whole = one_document(path, scan.count) if scan.count > 1 else None
+    if whole is not None:
+        scan.problems, scan.truncated = [whole], 0
+        return
+    kind = dataset_lines(path)
+    if kind is not None:
+        scan.add_problem(kind)
 
 
 def iter_problems(

@@ -1,0 +1,70 @@
+"""A workload that is a dataset's own file, or one JSON document over several lines, rather than JSON
+Lines: named once with the way to its lines (ToolMATH's JSON list was "not valid JSON" on each of its
+lines, a LiveCodeBench row a dozen "unknown field" errors, neither saying which converter reads it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from asyncroll.workload import scan_workload
+from tests.workload_scans import GOOD, _problems
+
+TOOL_RECORD = {
+    "name": "absolute_difference",
+    "description": "Calculate |x - y|.",
+    "inputs": {"x": "int", "y": "int"},
+    "function": "absolute_difference.py",
+    "source_problem": "What is |3 - 5|?",
+    "source_solution": "\\boxed{2}",
+    "level": "Level 1",
+    "type": "Algebra",
+}
+
+
+def test_a_toolmath_json_list_is_one_error_naming_its_converter(tmp_path: Path) -> None:
+    path = tmp_path / "ToolMATH.json"
+    path.write_text(json.dumps([TOOL_RECORD, TOOL_RECORD], indent=2))
+    lines = len(path.read_text().splitlines())
+    scan = scan_workload(path, tmp_path, scripted=True)
+    assert scan.count == lines and scan.invalid_lines == lines
+    assert scan.problems == [
+        f"{path}: one JSON document (an array of 2 items) over {lines} lines, not JSON Lines (one problem a "
+        f"line, each a JSON object): ToolMATH tool records: convert them with `asyncroll convert-toolmath "
+        f"--source {path} --functions-dir DIR --output workload.jsonl`"
+    ]
+
+
+def test_a_pretty_printed_problem_or_list_of_problems_says_how_to_write_it_as_lines(tmp_path: Path) -> None:
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(GOOD, indent=2))
+    (problem,) = scan_workload(one, tmp_path, scripted=True).problems
+    assert problem.startswith(f"{one}: one JSON document (an object) over ")
+    assert problem.endswith(f"if it is a problem, write it on one line (`jq -c . {one} > workload.jsonl`)")
+    many = tmp_path / "my list.json"  # a name the shell must have quoted
+    many.write_text(json.dumps([GOOD], indent=1))
+    (problem,) = scan_workload(many, tmp_path, scripted=True).problems
+    assert "(an array of 1 item)" in problem
+    assert problem.endswith("write one a line (`jq -c '.[]' '" + str(many) + "' > workload.jsonl`)")
+
+
+def test_a_livecodebench_row_keeps_its_errors_and_gains_its_converter(tmp_path: Path) -> None:
+    row = {"question_title": "t", "question_content": "Read n.", "public_test_cases": "[]"}
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    problems = scan_workload(path, tmp_path, scripted=True).problems
+    assert f"{path}:1: question_content: unknown field" in problems
+    assert problems[-1] == (
+        f"{path}: its lines are LiveCodeBench rows: convert them with `asyncroll convert-livecodebench "
+        f"--source {path} --output workload.jsonl`"
+    )
+
+
+def test_lines_that_are_each_json_keep_their_own_errors(tmp_path: Path) -> None:
+    """Every line wrong in its fields, or one good line among broken ones: each line's error, no hint."""
+    bad = {**GOOD, "prompt": 5}
+    assert _problems(tmp_path, [json.dumps(bad), json.dumps(bad)]) == [
+        f"{tmp_path / 'w.jsonl'}:{n}: prompt: Input should be a valid string" for n in (1, 2)
+    ]
+    problems = _problems(tmp_path, ["[", json.dumps(GOOD), "]"])
+    assert [p.split(": ", 1)[0] for p in problems] == [f"{tmp_path / 'w.jsonl'}:{n}" for n in (1, 3)]
