@@ -1,6 +1,7 @@
 """The clairvoyant optimum (CP-SAT) on hand-made instances whose optimum is known: solved exactly, a
-relaxation below the resolution, never below the analytic bound, a hint that fits the horizon, and a
-bound above the makespan by the events' rounding read as the makespan."""
+relaxation below the resolution, never below the analytic bound, a hint that fits the horizon, a
+bound above the makespan by the events' rounding read as the makespan, and a schedule at the analytic
+bound proven optimal."""
 
 from __future__ import annotations
 
@@ -93,3 +94,19 @@ def test_a_bound_above_the_makespan_by_the_events_rounding_is_the_makespan() -> 
     # beyond the rounding, the two disagree for real: shown as it is, not hidden
     beyond = solve(Instance((steps,), 1, 1, 1, makespan_s=0.0199), time_limit_s=10, threads=1)
     assert beyond.lower_bound_s == pytest.approx(0.020001) and not beyond.rounding_clamped
+
+
+def test_a_schedule_at_the_floored_analytic_bound_is_proven_optimal_at_once() -> None:
+    """examples/toolmath's run: 21 model turns of 5-9 ms at capacity 4, CPU jobs under a tick. CP-SAT's own
+    bound stayed at 25 ms for the whole time limit (60 s) against a schedule at 35 ms, the model work ÷
+    capacity: "feasible", never proven, on 8 trajectories."""
+    turns = [[6.16, 7.03, 7.28], [7.42, 7.28], [8.41, 7.39], [8.56, 7.46, 5.15, 5.9], [5.65, 5.29]]
+    turns += [[7.59, 5.39, 5.16], [8.36, 6.77], [8.52, 5.94, 5.37]]
+    chains = tuple(
+        chain(*[step for ms in row for step in (("m", ms / 1000), ("c", 0.00002))]) for row in turns
+    )
+    instance = Instance(chains, 16, 4, 2)
+    result = solve(instance, time_limit_s=10, threads=1)
+    assert result.status == "optimal", result  # was "feasible" after the whole 10 s, its bound 25 ms
+    assert result.solver_bound_s == pytest.approx(0.034)  # the floored turns: 133 ticks ÷ 4, rounded up
+    assert result.best_schedule_s == result.lower_bound_s == pytest.approx(analytic_bound(instance))
