@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from asyncroll.errors import WorkloadError
 from asyncroll.workload import scan_workload
+from tests.conftest import invoke
 from tests.workload_scans import GOOD, _problems
 
 TOOL_RECORD = {
@@ -48,15 +52,41 @@ def test_a_pretty_printed_problem_or_list_of_problems_says_how_to_write_it_as_li
     assert problem.endswith("write one a line (`jq -c '.[]' '" + str(many) + "' > workload.jsonl`)")
 
 
-def test_a_livecodebench_row_keeps_its_errors_and_gains_its_converter(tmp_path: Path) -> None:
+def test_livecodebench_rows_keep_their_errors_and_gain_their_converter_after_them(tmp_path: Path) -> None:
+    """The converter is said after the errors, also where there are more than are reported (it was one
+    of them: counted, and cut with them past the first 200)."""
     row = {"question_title": "t", "question_content": "Read n.", "public_test_cases": "[]"}
     path = tmp_path / "lcb.jsonl"
-    path.write_text(json.dumps(row) + "\n")
-    problems = scan_workload(path, tmp_path, scripted=True).problems
-    assert f"{path}:1: question_content: unknown field" in problems
-    assert problems[-1] == (
+    hint = (
         f"{path}: its lines are LiveCodeBench rows: convert them with `asyncroll convert-livecodebench "
         f"--source {path} --output workload.jsonl`"
+    )
+    for rows in (1, 150):  # 4 errors a row: 600, of which 200 are reported
+        path.write_text((json.dumps(row) + "\n") * rows)
+        scan = scan_workload(path, tmp_path, scripted=True)
+        assert f"{path}:1: question_content: unknown field" in scan.problems
+        assert scan.errors == 4 * rows and hint not in scan.problems
+        assert scan.messages()[-1] == hint
+        with pytest.raises(WorkloadError) as raised:
+            scan.raise_if_invalid()
+        lines = f"{rows} of {rows} workload line{'s' if rows > 1 else ''}"
+        assert str(raised.value).endswith(f"{hint}\n{path}: {4 * rows} errors in {lines}")
+    done = invoke("validate", path)
+    assert done.exit_code == 2 and done.stderr.endswith(
+        f"{hint}\n{path}: 600 errors in 150 of 150 workload lines\n"
+    )
+
+
+def test_a_livecodebench_row_cut_short_is_still_named_one(tmp_path: Path) -> None:
+    """A row without its statement (as a fragment of one is) is still a LiveCodeBench row by its id and tests:
+    the converter, given it, says what it lacks."""
+    row = {"question_id": "3708", "platform": "leetcode", "public_test_cases": "[]", "metadata": "{}"}
+    path = tmp_path / "fragment.json"
+    path.write_text(json.dumps(row, indent=2))
+    (problem,) = scan_workload(path, tmp_path, scripted=True).problems
+    assert problem.endswith(
+        f"LiveCodeBench rows: convert them with `asyncroll convert-livecodebench --source {path} "
+        "--output workload.jsonl`"
     )
 
 

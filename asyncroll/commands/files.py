@@ -39,10 +39,8 @@ def validate(
     root = resolved(root)  # a symlink loop: a workload in it is refused as unreadable by the scan
     scan = scan_workload(workload, root, scripted=backend == "scripted")
     if scan.problems:
-        for line in scan.problems:
+        for line in scan.messages():
             typer.echo(line, err=True)
-        if scan.truncated:
-            typer.echo(f"... and {scan.truncated} more errors", err=True)
         typer.echo(f"{workload}: {scan.error_summary()}", err=True)
         raise typer.Exit(2)
     problems = f"{scan.count} problem{'' if scan.count == 1 else 's'}"

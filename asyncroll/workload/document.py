@@ -16,7 +16,8 @@ from asyncroll.json_depth import json_loads
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
 _TOOLMATH_KEYS = frozenset({"function", "source_problem"})  # a ToolMATH tool record's own fields
-_LIVECODEBENCH_KEYS = frozenset({"question_content"})  # a LiveCodeBench row's statement
+#: a LiveCodeBench row's statement, or its id with its tests (a row cut short: the converter says what lacks)
+_LIVECODEBENCH_KEYS = (frozenset({"question_content"}), frozenset({"question_id", "public_test_cases"}))
 
 
 def dataset_kind(value: Any, path: Path) -> str | None:
@@ -30,7 +31,7 @@ def dataset_kind(value: Any, path: Path) -> str | None:
             f"ToolMATH tool records: convert them with `asyncroll convert-toolmath --source {source} "
             "--functions-dir DIR --output workload.jsonl`"
         )
-    if objects and all(item.keys() >= _LIVECODEBENCH_KEYS for item in objects):
+    if objects and all(any(item.keys() >= keys for keys in _LIVECODEBENCH_KEYS) for item in objects):
         return (
             f"LiveCodeBench rows: convert them with `asyncroll convert-livecodebench --source {source} "
             "--output workload.jsonl`"

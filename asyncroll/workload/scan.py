@@ -89,6 +89,8 @@ class WorkloadScan:
     """The errors found, each ``FILE:LINE: field: message`` (at most :data:`MAX_REPORTED_PROBLEMS`)."""
     truncated: int = 0
     invalid_lines: int = 0
+    hint: str | None = None
+    """Said after the errors, never counted nor cut among them: the converter that reads a dataset's rows."""
 
     def add_problem(self, message: str) -> None:
         if len(self.problems) < MAX_REPORTED_PROBLEMS:
@@ -114,9 +116,13 @@ class WorkloadScan:
         """Raise the errors found, ending with :meth:`error_summary`'s count as ``validate`` prints it
         (where lines were read: a file that could not be read has its one error)."""
         if self.problems:
-            extra = [f"... and {self.truncated} more errors"] if self.truncated else []
             count = f"{self.path}: {self.error_summary()}" if self.identity is not None else None
-            raise WorkloadError(self.problems + extra, count)
+            raise WorkloadError(self.messages(), count)
+
+    def messages(self) -> list[str]:
+        """The errors as said: those reported, how many more were not, then the :attr:`hint`."""
+        extra = [f"... and {self.truncated} more errors"] if self.truncated else []
+        return self.problems + extra + ([self.hint] if self.hint else [])
 
 
 def problem_id(problem: Problem, line_no: int) -> str:
@@ -392,9 +398,7 @@ def _name_the_file(scan: WorkloadScan, path: Path) -> None:
     if whole is not None:
         scan.problems, scan.truncated = [whole], 0
         return
-    kind = dataset_lines(path)
-    if kind is not None:
-        scan.add_problem(kind)
+    scan.hint = dataset_lines(path)
 
 
 def iter_problems(
