@@ -70,11 +70,11 @@ from asyncroll.experiment.preflight import check_workload
 from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, one_line
 from asyncroll.experiment.resume import arm_dir, finished_arm, record_arm, recover, still_running
 from asyncroll.experiment.signals import SignalGuard
+from asyncroll.outputs.receipt import EXIT_FAILED as EXIT_INCOMPLETE
+from asyncroll.outputs.receipt import EXIT_INTERRUPTED, EXIT_OK
 from asyncroll.proctree import is_subreaper, set_subreaper
 from asyncroll.runtime.prepare import refuse_unusable_umask, refuse_unwritable
 from asyncroll.workload import EVALUATOR_TOOL
-
-EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ from asyncroll.outputs.lines import clear_staged, open_staged, staging_path, wri
 
 Status = Literal["preparing", "running", "complete", "failed", "interrupted"]
 RECEIPT_SCHEMA_VERSION = 1
-#: A run's exit code (recorded in run.json): 0 complete, 1 failed, 2 usage error, 130 interrupted.
+#: A run's exit code (recorded in run.json): 0 complete, 1 failed, 2 usage error, 130 interrupted; an
+#: experiment's too (1: incomplete). The one table of them.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
