@@ -23,6 +23,10 @@ from collections.abc import Callable
 
 import httpx
 
+#: The most of an inference server's probe answer read (``/health``, ``/v1/models``, by a run's backend
+#: and by an experiment's readiness check): a model list of many adapters fits easily.
+MAX_PROBE_BYTES = 8 << 20
+
 
 def request_deadline_s(limit_s: float, min_margin_s: float = 1.0) -> float:
     """The whole-exchange deadline of a request whose per-phase timeout is ``limit_s``: ``limit_s`` plus

@@ -19,7 +19,7 @@ from asyncroll.backends.http_errors import (
 from asyncroll.config import ServerKind
 from asyncroll.errors import ModelError
 from asyncroll.http_proxy import environment_proxy
-from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
+from asyncroll.http_read import MAX_PROBE_BYTES, ResponseTooLarge, read_bounded, request_deadline_s
 
 
 class NotReady(ModelError):
@@ -34,8 +34,6 @@ class NotReady(ModelError):
 
 
 KIND_FROM_OWNER: dict[str, ServerKind] = {"vllm": "vllm", "sglang": "sglang"}
-#: The most of a ``/v1/models`` or ``/health`` answer read (a model list of many adapters fits easily).
-MAX_PROBE_BYTES = 8 << 20
 
 
 async def get_bounded(client: httpx.AsyncClient, path: str, limit_s: float) -> tuple[httpx.Response, bytes]:

@@ -28,16 +28,21 @@ import psutil
 from asyncroll.clock import SystemClock
 from asyncroll.experiment import listener
 from asyncroll.experiment.orphans import ORIGIN_ENV, adopted_from, adopted_orphans, kill_adopted
-from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
+from asyncroll.http_read import (
+    MAX_PROBE_BYTES,
+    ResponseTooLarge,
+    body_text,
+    read_bounded,
+    request_deadline_s,
+)
 from asyncroll.json_depth import json_loads
 from asyncroll.proctree import all_gone, children, descendants, signal_tree, start_mark
 
 if TYPE_CHECKING:
     import httpx
 
-#: A readiness probe's per-phase timeout, and the most of its answer read (a model list fits easily).
+#: A readiness probe's per-phase timeout (the most of its answer read: ``http_read.MAX_PROBE_BYTES``).
 PROBE_TIMEOUT_S = 5.0
-MAX_PROBE_BYTES = 8 << 20
 #: How long a stop waits for KILLed processes to be gone before it lists what is left as ``leftover``.
 KILL_SETTLE_S = 5.0
 
