@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from asyncroll.convert import MAX_REPORTED, raise_problems
 from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.selection import rank_key, select
 from asyncroll.errors import UsageError
@@ -21,6 +22,17 @@ from tests.conftest import REPO, invoke
 from tests.conversions import lcb_rows, write_jsonl
 
 # --- selection and boxed answers (pure) --------------------------------------------------------------
+
+
+def test_a_refusal_lists_the_first_problems_counts_the_rest_and_ends_with_the_hint() -> None:
+    raise_problems([])  # none: nothing raised
+    problems = [f"record [{i}]: bad" for i in range(MAX_REPORTED + 2)]
+    with pytest.raises(UsageError) as refused:
+        raise_problems(problems, "hint: see README")
+    assert str(refused.value).split("\n") == [*problems[:MAX_REPORTED], "... and 2 more", "hint: see README"]
+    with pytest.raises(UsageError) as exact:
+        raise_problems(problems[:MAX_REPORTED])
+    assert str(exact.value).split("\n") == problems[:MAX_REPORTED]
 
 
 def test_rank_is_sha256_of_seed_and_key_and_selection_ignores_order() -> None:

@@ -10,5 +10,20 @@
 
 Every converter validates its whole input before it writes anything and raises
 :class:`~asyncroll.errors.UsageError` (exit code 2) with messages that name the file, the record and the
-field. The same source and seed always give byte-identical output.
+field (:func:`raise_problems`). The same source and seed always give byte-identical output.
 """
+
+from __future__ import annotations
+
+from asyncroll.errors import UsageError
+
+#: The most problems one refusal lists; the rest are counted.
+MAX_REPORTED = 50
+
+
+def raise_problems(problems: list[str], hint: str | None = None) -> None:
+    """Refuse the input with every problem found (the first :data:`MAX_REPORTED`, the rest counted) and
+    ``hint`` last; nothing when there are none."""
+    if problems:
+        extra = [f"... and {len(problems) - MAX_REPORTED} more"] if len(problems) > MAX_REPORTED else []
+        raise UsageError("\n".join(problems[:MAX_REPORTED] + extra + ([hint] if hint else [])))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncroll.convert import raise_problems
 from asyncroll.convert.lcb_tests import WireFormatError, decode_private, decode_public
 from asyncroll.convert.output import check_destination, write_jsonl_atomic
 from asyncroll.convert.rows import RowRef, RowSource
@@ -39,7 +40,6 @@ OPTIONAL = (
     "difficulty",
     "metadata",
 )
-MAX_REPORTED = 50
 EVALUATE_TOOL = {
     "name": "lcb_evaluate",
     "description": "Run the submitted Python 3 program against the problem's hidden tests.",
@@ -151,7 +151,7 @@ def scan_rows(rows: RowSource) -> list[_Entry]:
             continue
         first_seen[problem.question_id] = ref.where
         entries.append(_Entry(problem.question_id, problem.functional, ref))
-    _raise(sorted(rows.problems + problems, key=_line_order))
+    raise_problems(sorted(rows.problems + problems, key=_line_order))
     return entries
 
 
@@ -272,9 +272,3 @@ def to_problem(problem: CodeProblem, seed: int, source_sha256: str) -> dict[str,
         "tools": [dict(EVALUATE_TOOL)],
         "metadata": metadata,
     }
-
-
-def _raise(problems: list[str]) -> None:
-    if problems:
-        extra = [f"... and {len(problems) - MAX_REPORTED} more"] if len(problems) > MAX_REPORTED else []
-        raise UsageError("\n".join(problems[:MAX_REPORTED] + extra))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.coerce import check_type_name
+from asyncroll.convert import raise_problems
 from asyncroll.convert.boxed import BoxedError, last_boxed
 from asyncroll.convert.output import check_destination, read_source, sha256_hex, write_jsonl_atomic
 from asyncroll.convert.selection import check_limit, select
@@ -50,7 +51,6 @@ from asyncroll.json_depth import json_loads
 
 FUNCTIONS_SUBDIR = "function_ToolMATH"
 STRING_FIELDS = ("name", "description", "function", "source_problem", "source_solution", "level", "type")
-MAX_REPORTED = 50
 DERIVED_LABEL = "derived: last \\boxed{} of source_solution (--answers-from-solution)"
 
 
@@ -168,7 +168,7 @@ def parse_records(
         if unsupported
         else None
     )
-    _raise(problems, hint)
+    raise_problems(problems, hint)
     return records
 
 
@@ -220,7 +220,7 @@ def group_problems(records: list[ToolRecord], source: Path) -> list[list[ToolRec
                     f"problem (also record [{seen[record.name]}]); tool names must be unique per problem"
                 )
             seen.setdefault(record.name, record.index)
-    _raise(problems)
+    raise_problems(problems)
     return list(groups.values())
 
 
@@ -302,7 +302,7 @@ def _check_loadable(lines: list[dict[str, Any]], tool_root: Path, source: Path) 
                 else rest
             )
             problems.append(f"{source}: record [{index}] ({name!r}): {rest}: {message}")
-    _raise(problems)
+    raise_problems(problems)
 
 
 _TOOL_FIELD = re.compile(r"tools\[(\d+)\](?:\.(.+))?", re.DOTALL)
@@ -311,12 +311,6 @@ _TOOL_FIELD = re.compile(r"tools\[(\d+)\](?:\.(.+))?", re.DOTALL)
 def _named(item: Any) -> str:
     name = item.get("name") if isinstance(item, dict) else None
     return f" ({name!r})" if isinstance(name, str) else ""
-
-
-def _raise(problems: list[str], hint: str | None = None) -> None:
-    if problems:
-        extra = [f"... and {len(problems) - MAX_REPORTED} more"] if len(problems) > MAX_REPORTED else []
-        raise UsageError("\n".join(problems[:MAX_REPORTED] + extra + ([hint] if hint else [])))
 
 
 def _record(index: int, item: Any, files: _FunctionFiles) -> tuple[ToolRecord | None, list[str]]:
