@@ -61,7 +61,7 @@ def make_queue(rng: random.Random) -> tuple[JobView, ...]:
 
 def snapshot(queue: tuple[JobView, ...], predictions: tuple[Prediction, ...]) -> QueueSnapshot:
     """Model supply low (0 outstanding, threshold 4), a problem waiting for admission: eligible."""
-    return QueueSnapshot(NOW, queue, 0, 4, 1, predictions, 4, True)
+    return QueueSnapshot(NOW, queue, 0, predictions, 4, True)
 
 
 def trajectory_events(rng: random.Random, name: str, first_job_id: int) -> Iterator[Event]:
@@ -133,7 +133,7 @@ def tail_snapshot(
     """The tail: no problem waits for admission; the remaining work of every queued job read as the
     dispatcher reads it (the estimator, given each job's prediction)."""
     remaining = estimator.estimate_queue(queue, [p.seconds for p in predictions])
-    return QueueSnapshot(NOW, queue, 0, 4, 1, predictions, 4, False, 2, remaining, 0.0)
+    return QueueSnapshot(NOW, queue, 0, predictions, 4, False, 2, remaining, 0.0)
 
 
 def one_repeat(seed: int, calls: int = 2000) -> tuple[float, ...]:

@@ -36,5 +36,5 @@ def snap(
     )
     predictions = tuple(Prediction(pred, "ridge") for _, pred, _ in jobs)
     return QueueSnapshot(
-        now, views, outstanding, 4, 1, predictions, threshold, pending, workers, remaining, running_left
+        now, views, outstanding, predictions, threshold, pending, workers, remaining, running_left
     )

@@ -13,7 +13,7 @@ def _snapshot(*kinds: JobKind) -> QueueSnapshot:
         JobView(job_id=10 + i, trajectory_id=f"t{i}", kind=k, tool="x", turn=0, enqueued_at=float(i))
         for i, k in enumerate(kinds)
     )
-    return QueueSnapshot(now=100.0, jobs=jobs, model_outstanding=0, inflight_capacity=4, free_workers=1)
+    return QueueSnapshot(now=100.0, jobs=jobs, model_outstanding=0)
 
 
 @pytest.mark.parametrize("name", ["fifo", "sync"])

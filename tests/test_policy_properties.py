@@ -48,13 +48,10 @@ def snapshots(draw: st.DrawFn) -> QueueSnapshot:
     remaining: tuple[float | None, ...] = ()
     if draw(st.booleans()):
         remaining = tuple(draw(st.none() | SECONDS) for _ in jobs)
-    inflight = draw(st.integers(1, 8))
     return QueueSnapshot(
         now=now,
         jobs=jobs,
         model_outstanding=draw(st.integers(0, 10)),
-        inflight_capacity=inflight,
-        free_workers=draw(st.integers(1, 4)),
         predictions=predictions,
         starvation_threshold=draw(st.integers(1, 8)),
         admission_pending=draw(st.booleans()),

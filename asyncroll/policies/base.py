@@ -46,8 +46,6 @@ class QueueSnapshot:
     now: float
     jobs: tuple[JobView, ...]
     model_outstanding: int
-    inflight_capacity: int
-    free_workers: int
     # aligned with ``jobs``; empty for a policy that never reads them (``Policy``)
     predictions: tuple[Prediction, ...] = ()
     starvation_threshold: int = 1

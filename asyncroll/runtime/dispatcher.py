@@ -253,8 +253,6 @@ class CpuDispatcher:
                 now,
                 jobs,
                 self._gate.outstanding,
-                self._gate.limit,
-                self._pool.idle + 1,
                 predictions,
                 self._threshold,
                 pending,
