@@ -4,6 +4,11 @@ click keeps the last of a repeated option silently: ``run --workload a.jsonl --w
 b.jsonl, ``--policy fifo --policy sync`` ran sync, ``--progress --no-progress`` was off. Each command of
 the app is a :class:`SingleValueCommand`, which refuses that as a usage error (exit 2) naming the option.
 Options meant to repeat (``multiple=True``: a ``list[...]`` parameter; ``count=True``) are not touched.
+
+The same command class does the app's other checks of a command line before the command runs: a path
+given as an empty string (:func:`empty_paths`), an unknown option (answered with
+:func:`likely_options`), and a current directory removed since (``uses_cwd``; :class:`PathlessCommand`
+takes no path and skips it).
 """
 
 from __future__ import annotations
