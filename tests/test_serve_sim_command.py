@@ -227,3 +227,48 @@ def test_a_stop_signal_while_waiting_never_takes_the_lock_the_wait_holds(
     monkeypatch.setattr(server, "stop", lambda running, timeout: None)
     assert server.serve_forever(SimConfig(), "127.0.0.1", 0) == 0
     assert capsys.readouterr().out.startswith("serve-sim listening on http://127.0.0.1:1 ")
+
+
+def test_the_commands_defaults_are_the_simulators_own() -> None:
+    """serve-sim's flags and simulate's help state the engine's defaults as literals (importing the
+    simulator would slow ``--help``); each must be the value the dataclasses hold, or --help lies."""
+    import inspect
+
+    from asyncroll.commands.serve import serve_sim
+    from asyncroll.commands.simulate import simulate
+    from asyncroll.simulation.engine import SimulationSettings
+
+    flags = {n: p.default for n, p in inspect.signature(serve_sim).parameters.items() if n != "ctx"}
+    sim, engine, faults = SimConfig(), ServerModelConfig(), FaultConfig()
+    held: dict[str, Any] = {
+        "model": sim.model,
+        "chars_per_token": sim.chars_per_token,
+        "kv_cache_tokens": sim.kv_cache_tokens,
+        "max_model_len": sim.max_model_len,
+        "metrics_flavor": sim.metrics_flavor,
+        "enforce_schema": sim.enforce_schema,
+        "seed": sim.seed,
+        "retry_after": faults.retry_after_s,
+    }
+    for name in ("max_num_seqs", "step_base_ms", "step_per_seq_ms", "prefill_ms_per_token"):
+        held[name] = getattr(engine, name)
+    for name in ("rate_429", "rate_500", "rate_503", "reset_rate", "truncate_rate", "malformed_rate"):
+        held[name] = getattr(faults, name)
+    for name in ("invalid_action_rate", "slow_rate", "slow_s", "reject_schema"):
+        held[name] = getattr(faults, name)
+    assert {name: flags[name] for name in held} == held
+    assert sim.engine == engine and SimulationSettings.__dataclass_fields__["chars_per_token"].default == 4.0
+
+    helps = {
+        name: p.default if isinstance(p.default, str) else p.annotation
+        for name, p in inspect.signature(simulate).parameters.items()
+    }
+    said = {
+        "max_num_seqs": f"({engine.max_num_seqs})",
+        "step_base_ms": f"({engine.step_base_ms:g} ms)",
+        "step_per_seq_ms": f"({engine.step_per_seq_ms:g} ms)",
+        "prefill_ms_per_token": f"({engine.prefill_ms_per_token:g} ms)",
+        "chars_per_token": f"({sim.chars_per_token:g};",
+    }
+    for name, text in said.items():
+        assert text in str(helps[name]), (name, helps[name])
