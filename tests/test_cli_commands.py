@@ -168,3 +168,25 @@ def test_run_help_names_every_defaulted_choice() -> None:
     shown = " ".join(CliRunner().invoke(app, ["run", "--help"], terminal_width=200).stdout.split())
     assert "scripted (the default) | vllm | openai" in shown
     assert "fifo (the default)" in shown
+
+
+def test_every_default_run_help_states_is_the_configs() -> None:
+    """``run --help`` states defaults as literals (``(default 16)``, ``(60)``): each must be RunConfig's."""
+    import re
+
+    import typer.main
+
+    from asyncroll.cli import app
+    from asyncroll.config import RunConfig
+
+    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    said, held = {}, {}
+    for param in run.params:
+        field = RunConfig.model_fields.get(param.name)
+        default = None if field is None else field.default
+        stated = re.search(r"\((?:default )?(\d[\d.]*)[;,)]", param.help or "")
+        if stated is None or not isinstance(default, int | float) or isinstance(default, bool):
+            continue
+        said[param.name], held[param.name] = float(stated.group(1).rstrip(".")), float(default)
+    assert len(said) >= 10, said  # the help states a dozen of them
+    assert said == held
