@@ -236,7 +236,9 @@ def test_the_commands_defaults_are_the_simulators_own() -> None:
 
     from asyncroll.commands.serve import serve_sim
     from asyncroll.commands.simulate import simulate
+    from asyncroll.commands.simulate_flags import DEFAULT_JITTER, DEFAULT_SEEDS, MAX_JITTER
     from asyncroll.simulation.engine import SimulationSettings
+    from asyncroll.simulation.sweep import MAX_SEEDS
 
     flags = {n: p.default for n, p in inspect.signature(serve_sim).parameters.items() if n != "ctx"}
     sim, engine, faults = SimConfig(), ServerModelConfig(), FaultConfig()
@@ -269,6 +271,8 @@ def test_the_commands_defaults_are_the_simulators_own() -> None:
         "step_per_seq_ms": f"({engine.step_per_seq_ms:g} ms)",
         "prefill_ms_per_token": f"({engine.prefill_ms_per_token:g} ms)",
         "chars_per_token": f"({sim.chars_per_token:g};",
+        "seeds": f"({DEFAULT_SEEDS}; at most {MAX_SEEDS})",
+        "jitter": f"({DEFAULT_JITTER:g}; at most {MAX_JITTER:g})",
     }
     for name, text in said.items():
         assert text in str(helps[name]), (name, helps[name])

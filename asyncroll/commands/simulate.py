@@ -24,6 +24,7 @@ from asyncroll.commands.common import (
 )
 from asyncroll.commands.simulate_flags import (
     DEFAULT_JITTER,
+    DEFAULT_SEEDS,
     SIMULATE_ONLY,
     cap_simulated_workers,
     check_numbers,
@@ -256,7 +257,7 @@ def simulate(
                 if inflight is not None
                 else (cfg0.max_inflight_model_requests,),
                 csv_list(workers, int, "--workers") if workers is not None else (cfg0.cpu_workers,),
-                5 if seeds is None else seeds,
+                DEFAULT_SEEDS if seeds is None else seeds,
                 DEFAULT_JITTER if jitter is None else jitter,
             )
             refuse_aliases(spec.policies)

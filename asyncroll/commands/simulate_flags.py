@@ -266,6 +266,8 @@ def refuse_single_run_forms(flags: Mapping[str, tuple[object, str]]) -> None:
 
 #: Jitter sigma by default, and the largest accepted (beyond it nearly every duration becomes ~0).
 DEFAULT_JITTER, MAX_JITTER = 0.25, 5.0
+#: A sweep's seeds per cell by default (the most: ``simulation.sweep.MAX_SEEDS``).
+DEFAULT_SEEDS = 5
 
 
 def check_numbers(**given: float | None) -> None:
