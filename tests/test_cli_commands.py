@@ -190,3 +190,20 @@ def test_every_default_run_help_states_is_the_configs() -> None:
         said[param.name], held[param.name] = float(stated.group(1).rstrip(".")), float(default)
     assert len(said) >= 10, said  # the help states a dozen of them
     assert said == held
+
+
+def test_the_policy_help_names_every_policy_the_default_and_the_rule_asyncroll_runs() -> None:
+    """``--policy``'s help is a literal (the registry stays unimported for ``--help``): it must name every
+    policy a config accepts, the config's default, and the rule ``asyncroll`` stands for."""
+    import re
+    from typing import get_args
+
+    from asyncroll.commands.common import POLICY_HELP
+    from asyncroll.config import PolicyName, RunConfig
+    from asyncroll.policies.registry import DEFAULT_PRESSURE
+
+    assert set(re.findall(r"\b(?:sync|fifo|\w+_first|asyncroll\w*)\b", POLICY_HELP)) == set(
+        get_args(PolicyName)
+    )
+    assert f"{RunConfig.model_fields['policy'].default} (the default)" in POLICY_HELP
+    assert f"asyncroll (the pressure-aware policy: {DEFAULT_PRESSURE})" in POLICY_HELP
