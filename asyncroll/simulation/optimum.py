@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from asyncroll.errors import UsageError
 from asyncroll.outputs.bounds import admission_order_makespan
+from asyncroll.simulation.left_shift import solver_hint
 from asyncroll.simulation.run_instance import (
     Instance,
     Step,
@@ -104,50 +105,36 @@ def solve(
         return max(0, math.floor(seconds / resolution_s + 1e-9))
 
     total = sum(ticks(s.seconds) for c in instance.chains for s in c)
-    # The recorded run's own schedule, as a hint: with floored times and durations it stays feasible
-    # (every interval only shrinks), so the best schedule found is never worse than the run itself.
-    hinted = instance.begins is not None and all(s.start is not None for c in instance.chains for s in c)
+    hint = solver_hint(instance, ticks)
     # The horizon holds every step run back to back (some optimal schedule fits in it) and the hint:
     # on a run that was close to serial, the floored start times end past the floored durations' sum
     # (each step's fraction of a tick adds up), and a hint clamped to a shorter horizon was infeasible:
     # CP-SAT found no schedule at all in 3 s on 200 trajectories at 1 active slot (status unknown).
-    hint_span = 0
-    if hinted and instance.begins is not None:
-        hint_span = max(
-            [ticks(max(0.0, b)) for b in instance.begins]
-            + [ticks(max(0.0, s.start or 0.0)) + ticks(s.seconds) for c in instance.chains for s in c]
-        )
-    horizon = max(total, hint_span) + 1
+    horizon = max(total, 0 if hint is None else hint.makespan) + 1
     model = cp_model.CpModel()
     model_steps: list[Any] = []
     cpu_steps: list[Any] = []
     slots: list[Any] = []
     starts: list[Any] = []
     ends: list[Any] = []
-    hint_ends: list[int] = []
     for i, chain in enumerate(instance.chains):
         begin = model.new_int_var(0, horizon, f"begin{i}")
         previous_end: Any = begin
-        hint_end = 0
-        if hinted and instance.begins is not None:
-            hint_end = min(horizon, ticks(max(0.0, instance.begins[i])))
-            model.add_hint(begin, hint_end)
         for k, step in enumerate(chain):
             start = model.new_int_var(0, horizon, f"s{i}_{k}")
             interval = model.new_fixed_size_interval_var(start, ticks(step.seconds), f"i{i}_{k}")
             (model_steps if step.kind == "model" else cpu_steps).append(interval)
             model.add(start >= previous_end)
             previous_end = start + ticks(step.seconds)
-            if hinted and step.start is not None:
-                at = min(horizon, ticks(max(0.0, step.start)))
-                model.add_hint(start, at)
-                hint_end = max(hint_end, at + ticks(step.seconds))
+            if hint is not None:
+                model.add_hint(start, hint.starts[i][k])
         end = model.new_int_var(0, horizon, f"end{i}")
         model.add(end >= previous_end)
-        if hinted:
-            model.add_hint(end, min(horizon, hint_end))
-            hint_ends.append(min(horizon, hint_end))
         size = model.new_int_var(0, horizon, f"held{i}")
+        if hint is not None:
+            model.add_hint(begin, hint.begins[i])
+            model.add_hint(end, hint.ends[i])
+            model.add_hint(size, hint.ends[i] - hint.begins[i])
         slots.append(model.new_interval_var(begin, size, end, f"slot{i}"))
         starts.append(begin)
         ends.append(end)
@@ -166,8 +153,8 @@ def solve(
     # stayed at 25 ms for the whole 60 s against a 35 ms schedule that met this one ("feasible", not
     # proven); a schedule that reaches it is now proven optimal at once.
     model.add(makespan >= _ticks_bound(instance, ticks))
-    if hint_ends:
-        model.add_hint(makespan, max(hint_ends))
+    if hint is not None:
+        model.add_hint(makespan, hint.makespan)
     model.minimize(makespan)
 
     solver = cp_model.CpSolver()
@@ -196,10 +183,19 @@ def solve(
     if instance.makespan_s is not None:
         clamped = instance.makespan_s < lower <= instance.makespan_s + rounding_slack_s(instance)
         lower = instance.makespan_s if clamped else lower
+    if hint is not None and hint.shifted and status in ("feasible", "unknown"):
+        # The left-shifted run is a schedule of this model by construction: a solve cut before it found
+        # as good a one still has it (a large run's solve can end with no schedule of its own).
+        best, status = min(math.inf if best is None else best, hint.makespan * resolution_s), "feasible"
     if best is not None:
         # The schedule is of the floored durations: on many sub-resolution steps it can fall below
         # what the real durations allow, even below the analytic bound. No schedule beats a proven bound.
         best = max(best, lower)
+        if status == "feasible" and best <= lower + 1e-9 * max(1.0, lower):
+            # A schedule at the proven bound is optimal, whoever proved the bound: on a simulated run
+            # at 1 active slot that met its analytic bound (the chains back to back) the status read
+            # "feasible" after the whole time limit, and a longer limit could change nothing.
+            best, status = lower, "optimal"
     return Optimum(
         status=status,  # type: ignore[arg-type]
         best_schedule_s=best,
