@@ -27,7 +27,10 @@ critical path; it is never reported below the proven bound.
 
 Optimality is proved only for small runs (20 trajectories at 4 active slots: often within 30 s; rarely
 at 8 or more active); otherwise the solver returns its best schedule and its proven bound at the time
-limit, still valid but possibly no better than the analytic one (``status`` says which).
+limit, still valid but possibly no better than the analytic one (``status`` says which). The solver
+starts from the run's schedule left-shifted (:mod:`asyncroll.simulation.left_shift`), which stays the best
+schedule where CP-SAT finds none better; a best schedule at the proven bound is ``optimal`` whoever proved
+the bound (CP-SAT, or the analytic bound): nothing is shorter, and a longer solve could change neither.
 """
 
 from __future__ import annotations
