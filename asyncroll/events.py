@@ -20,6 +20,12 @@ from asyncroll.errors import MAX_ERROR_CHARS as MAX_ERROR_CHARS
 from asyncroll.errors import error_text
 
 SCHEMA_VERSION: Final = 1
+#: The largest time stamp ``t`` (either sign: a run's start-up is before its window) a readable event holds,
+#: seconds from measurement start beyond any run (about 31.7 years): past it a line is damaged. Both exports
+#: draw whole microseconds, exact integers (in 64 bits, and in the page's JavaScript) that never overflow a
+#: float when subtracted (a time of 1e308 s failed both), and ``optimum`` keeps its schedule horizon within 64
+#: bits (a ``t`` of 1e20 s made CP-SAT raise a TypeError out of the command).
+MAX_EVENT_TIME_S: Final = 1e9
 #: An error's text as an event keeps it: its first :data:`MAX_ERROR_CHARS` characters (the schema says so).
 ErrorText = Annotated[
     str,

@@ -47,14 +47,9 @@ from asyncroll.outputs.activity_model import (
     Track,
 )
 
-#: Seconds from measurement start beyond any run (~32 years): an event time past it is a damaged line. Both
-#: views draw whole microseconds, which stay exact integers (in 64 bits, and in the page's JavaScript) and
-#: never overflow a float when subtracted (a time of 1e308 s did, failing both exports).
-MAX_ABS_T = 1e9
-
 
 def _time_ok(t: float) -> bool:
-    return math.isfinite(t) and abs(t) <= MAX_ABS_T
+    return math.isfinite(t) and abs(t) <= ev.MAX_EVENT_TIME_S
 
 
 KNOWN_EVENTS: frozenset[str] = frozenset(

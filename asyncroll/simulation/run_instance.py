@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncroll.errors import UsageError
+from asyncroll.events import MAX_EVENT_TIME_S
 from asyncroll.events import SCHEMA_VERSION as EVENTS_SCHEMA_VERSION
 from asyncroll.floats import left_to_right_sum
 from asyncroll.json_checks import INT64_MAX, json_kind, line_column
@@ -101,19 +102,13 @@ def _number(event: dict[str, Any], name: str, where: str) -> float:
     return float(value)
 
 
-#: The largest time stamp (either sign: a run's start-up is before its window) an event may hold, about
-#: 31 years. A damaged ``t`` of 1e20 s became a schedule horizon past 64 bits, and CP-SAT raised a
-#: TypeError out of the command.
-MAX_EVENT_TIME_S = 1e9
-
-
 def _time(event: dict[str, Any], where: str) -> float:
     """``event["t"]``: seconds from the run's clock origin, finite and within :data:`MAX_EVENT_TIME_S`."""
     value = _number(event, "t", where)
     if abs(value) > MAX_EVENT_TIME_S:
         raise UsageError(
             f"{where}: {event.get('event')} has t {value!r}: not a time in seconds of a run (at most "
-            f"{MAX_EVENT_TIME_S:.0e} s, about 31 years, either side of its start)"
+            f"{MAX_EVENT_TIME_S:.0e} s, about 31.7 years, either side of its start)"
         )
     return value
 
