@@ -307,20 +307,22 @@ def test_a_wall_clock_step_before_the_resume_still_finds_the_recorded_server(
         _kill_all(marker, server)
 
 
-@pytest.mark.timeout(60)
-def test_a_refused_resume_names_what_its_dead_runner_left_running(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A resume refused for a changed protocol kills nothing (it touches nothing), but the dead runner's
-    server still runs (holding the GPU, say) and the refusal sends the user to a new experiment, whose
-    arms would meet it: the refusal names it, with how to stop it."""
+def _refused_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changed: Any, odd_arm: dict[str, Any] | None = None
+) -> str:
+    """A runner killed while its first arm's server ran (``odd_arm``: the second arm's arm.json then), and
+    a resume under the ``changed`` config: the refusal's message (it names the server; nothing is killed)."""
     server = ManagedProcess(["sleep", "60"], tmp_path / "server.log", role="server")
 
     def killed_runner(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
         arm_dir.mkdir(parents=True)
         server.start()
-        arm = {"status": "running_client", "server": {"process": server.record()}}
+        arm = {"status": "running_client", "server": {"process": server.record()}, "client": None}
         (arm_dir / "arm.json").write_text(json.dumps(arm))
+        if odd_arm is not None:
+            odd = arm_dir.with_name("pair1-asyncroll")
+            odd.mkdir()
+            (odd / "arm.json").write_text(json.dumps(odd_arm))
         raise ExperimentInterrupted("SIGKILL")
 
     try:
@@ -328,7 +330,6 @@ def test_a_refused_resume_names_what_its_dead_runner_left_running(
         assert ExperimentRunner(lean(tmp_path), tmp_path / "out", echo=lambda _: None).run().status == (
             "interrupted"
         )
-        changed = lean(tmp_path, description="edited")
         with pytest.raises(UsageError) as refused:
             ExperimentRunner(changed, tmp_path / "out", resume=True, echo=lambda _: None).run()
         assert server.poll() is None  # refused: nothing killed
@@ -337,9 +338,20 @@ def test_a_refused_resume_names_what_its_dead_runner_left_running(
             os.killpg(server.pid, signal.SIGKILL)
         server.wait(10)
     message = str(refused.value)
-    assert "the protocol changed" in message
     assert f"pid {server.pid} (pair1-fifo's server, process group {server.pid})" in message, message
     assert f"(kill -- -{server.pid})" in message
+    return message
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_resume_names_what_its_dead_runner_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume refused for a changed protocol kills nothing (it touches nothing), but the dead runner's
+    server still runs (holding the GPU, say) and the refusal sends the user to a new experiment, whose
+    arms would meet it: the refusal names it, with how to stop it."""
+    message = _refused_resume(tmp_path, monkeypatch, lean(tmp_path, description="edited"))
+    assert "the protocol changed" in message
 
 
 @pytest.mark.timeout(60)
@@ -349,33 +361,8 @@ def test_a_resume_refused_for_a_changed_plan_names_the_server_of_an_arm_the_new_
     """The dead runner's arm was renamed in the config (the protocol changed): its server still runs, and
     the refusal names it (it looked only in the new plan's arm folders, so said nothing). An arm.json with
     a non-object where an object is expected is passed over, not a traceback in place of the refusal."""
-    server = ManagedProcess(["sleep", "60"], tmp_path / "server.log", role="server")
-
-    def killed_runner(cfg: Any, plan: Any, arm_dir: Path, *args: Any, **kwargs: Any) -> Any:
-        arm_dir.mkdir(parents=True)
-        server.start()
-        arm = {"status": "running_client", "server": {"process": server.record()}, "client": None}
-        (arm_dir / "arm.json").write_text(json.dumps(arm))
-        odd = arm_dir.with_name("pair1-asyncroll")
-        odd.mkdir()
-        (odd / "arm.json").write_text(json.dumps({"status": "starting_server", "server": {"process": 7}}))
-        raise ExperimentInterrupted("SIGKILL")
-
-    try:
-        monkeypatch.setattr(runner_module, "run_arm", killed_runner)
-        assert ExperimentRunner(lean(tmp_path), tmp_path / "out", echo=lambda _: None).run().status == (
-            "interrupted"
-        )
-        arms = [{"name": "fcfs", "policy": "fifo"}, {"name": "asyncroll", "policy": "asyncroll"}]
-        changed = lean(tmp_path, arms=arms, baseline="fcfs")
-        with pytest.raises(UsageError) as refused:
-            ExperimentRunner(changed, tmp_path / "out", resume=True, echo=lambda _: None).run()
-        assert server.poll() is None  # refused: nothing killed
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(10)
-    message = str(refused.value)
+    arms = [{"name": "fcfs", "policy": "fifo"}, {"name": "asyncroll", "policy": "asyncroll"}]
+    changed = lean(tmp_path, arms=arms, baseline="fcfs")
+    odd = {"status": "starting_server", "server": {"process": 7}}
+    message = _refused_resume(tmp_path, monkeypatch, changed, odd_arm=odd)
     assert "changed" in message
-    assert f"pid {server.pid} (pair1-fifo's server, process group {server.pid})" in message, message
-    assert f"(kill -- -{server.pid})" in message
