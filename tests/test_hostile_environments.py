@@ -302,6 +302,20 @@ def test_a_run_that_can_start_no_thread_nor_worker_names_the_process_limit(tmp_p
     assert receipt["error"] in done.stderr
 
 
+def _process_limit(n: int) -> type:
+    """``resource`` as the product reads it under ``ulimit -u n`` (which does not bind root)."""
+
+    class Limited:
+        RLIMIT_NPROC = resource.RLIMIT_NPROC
+        RLIM_INFINITY = resource.RLIM_INFINITY
+
+        @staticmethod
+        def getrlimit(which: int) -> tuple[int, int]:
+            return (n, n) if which == resource.RLIMIT_NPROC else resource.getrlimit(which)
+
+    return Limited
+
+
 def test_a_results_writer_thread_that_cannot_start_fails_the_run_in_its_receipt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -314,18 +328,10 @@ def test_a_results_writer_thread_that_cannot_start_fails_the_run_in_its_receipt(
     from asyncroll.errors import OutputWriteError
     from asyncroll.outputs.rundir import open_run_files
 
-    class OneProcess:
-        RLIMIT_NPROC = resource.RLIMIT_NPROC
-        RLIM_INFINITY = resource.RLIM_INFINITY
-
-        @staticmethod
-        def getrlimit(which: int) -> tuple[int, int]:
-            return (1, 1) if which == resource.RLIMIT_NPROC else resource.getrlimit(which)
-
     def refused(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(process_limits, "resource", OneProcess)
+    monkeypatch.setattr(process_limits, "resource", _process_limit(1))
     monkeypatch.setattr(threading.Thread, "start", refused)
     out = tmp_path / "run"
     out.mkdir()
@@ -353,14 +359,6 @@ def test_an_event_log_writer_thread_that_cannot_start_fails_the_run_in_its_recei
     from asyncroll.errors import OutputWriteError
     from asyncroll.outputs.rundir import open_run_files
 
-    class FewProcesses:
-        RLIMIT_NPROC = resource.RLIMIT_NPROC
-        RLIM_INFINITY = resource.RLIM_INFINITY
-
-        @staticmethod
-        def getrlimit(which: int) -> tuple[int, int]:
-            return (2, 2) if which == resource.RLIMIT_NPROC else resource.getrlimit(which)
-
     start = threading.Thread.start
 
     def refused_for_events(self: threading.Thread) -> None:
@@ -368,7 +366,7 @@ def test_an_event_log_writer_thread_that_cannot_start_fails_the_run_in_its_recei
             raise RuntimeError("can't start new thread")
         start(self)
 
-    monkeypatch.setattr(process_limits, "resource", FewProcesses)
+    monkeypatch.setattr(process_limits, "resource", _process_limit(2))
     monkeypatch.setattr(threading.Thread, "start", refused_for_events)
     out = tmp_path / "run"
     out.mkdir()
