@@ -334,6 +334,13 @@ def test_a_comparison_older_than_its_experiment_says_so(tmp_path: Path) -> None:
     assert said in done.stderr, done.stderr
     assert "--resume" in done.stderr
     assert "says the experiment is 'running'" in (tmp_path / "r" / "REPORT.md").read_text()
+    # a resume that ended but could not write its own (a full disk): not "still going or killed outright"
+    receipt.write_text(
+        json.dumps({"kind": "asyncroll.experiment", "status": "failed", "fingerprint": {"sha256": "f" * 64}})
+    )
+    done = invoke("report", "--comparison", path, "--output", tmp_path / "r")
+    assert "its last runner ended ('failed') and could not write comparison.json" in done.stderr
+    assert "killed outright" not in done.stderr, done.stderr
     for status, fingerprint in (("interrupted", "f" * 64), ("running", "0" * 64)):  # in step; another's
         receipt.write_text(
             json.dumps(
@@ -355,6 +362,16 @@ def test_a_missing_comparison_beside_an_experiment_says_why_and_what_writes_it(t
     assert done.exit_code == 2, done.output
     assert "No such file or directory" in done.stderr and str(tmp_path / "experiment.json") in done.stderr
     assert "`asyncroll experiment run --resume`" in done.stderr, done.stderr
+    # a runner that ended tried to write it, and could not (a full disk): not "still runs or killed"
+    (tmp_path / "experiment.json").write_text(
+        json.dumps(
+            {"kind": "asyncroll.experiment", "status": "failed", "error": "OSError: [Errno 28] No space"}
+        )
+    )
+    done = invoke("report", "--comparison", tmp_path / "comparison.json", "--output", tmp_path / "r")
+    assert done.exit_code == 2, done.output
+    assert "ended ('failed', its error: OSError: [Errno 28] No space) and could not write" in done.stderr
+    assert "killed outright" not in done.stderr and "--resume" in done.stderr, done.stderr
     (tmp_path / "experiment.json").unlink()  # a path with no experiment beside it: said as before
     done = invoke("report", "--comparison", tmp_path / "comparison.json", "--output", tmp_path / "r")
     assert done.exit_code == 2 and "--resume" not in done.stderr, done.stderr

@@ -52,12 +52,9 @@ def load_comparison(path: Path) -> dict[str, Any]:
         receipt = path.parent / "experiment.json"
         if os.path.lexists(path) or not receipt.is_file():
             raise
-        # a runner writes comparison.json as it ends: none yet, or it was killed outright (kill -9, the OOM
-        # killer, a reboot) before it did, while experiment.json holds the arms that finished
         raise UsageError(
-            f"{exc}; {receipt} is there: its runner has not written comparison.json (it writes it as it "
-            "ends: it still runs, or was killed outright: kill -9, the OOM killer, a reboot); "
-            "`asyncroll experiment run --resume` (the same --config and --output) writes it as it ends"
+            f"{exc}; {receipt} is there, and {_why_none(_experiment_beside(path))}; `asyncroll experiment "
+            "run --resume` (the same --config and --output) writes it as it ends"
         ) from None
     try:
         validate_comparison(data)
@@ -240,6 +237,34 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _experiment_beside(comparison_path: Path) -> dict[str, Any] | None:
+    """The experiment.json beside ``comparison_path``, or None (absent, unreadable, not an experiment's)."""
+    try:
+        receipt = read_json_file(comparison_path.parent / "experiment.json", limit=COMPARISON_MAX_BYTES)
+    except UsageError:
+        return None
+    return receipt if isinstance(receipt, dict) and receipt.get("kind") == "asyncroll.experiment" else None
+
+
+def _why_none(receipt: dict[str, Any] | None) -> str:
+    """Why the experiment's last runner left no comparison.json of its own, as far as ``receipt`` (its
+    experiment.json; None: unreadable) says. A runner writes comparison.json as it ends, so one still going,
+    or killed outright (kill -9, the OOM killer, a reboot), has written none; one that ended (a status
+    other than ``running``) tried and failed (a full disk), or the file was removed since."""
+    status = None if receipt is None else receipt.get("status")
+    if receipt is None or not isinstance(status, str) or status == "running":
+        return (
+            "its last runner has not written comparison.json (it writes it as it ends: it still runs, or was "
+            "killed outright: kill -9, the OOM killer, a reboot)"
+        )
+    error = receipt.get("error")
+    said = f", its error: {error[:300]}" if isinstance(error, str) and error else ""
+    return (
+        f"its last runner ended ({status[:40]!r}{said}) and could not write comparison.json (a full disk: "
+        "its last message said why), or the file was removed since"
+    )
+
+
 def older_than_experiment(comparison_path: Path, comparison: dict[str, Any]) -> str | None:
     """Why ``comparison`` is older than the experiment it is of: experiment.json beside it (of the same
     fingerprint) says another status. A runner writes comparison.json only as it ends, so a resume still
@@ -247,11 +272,8 @@ def older_than_experiment(comparison_path: Path, comparison: dict[str, Any]) -> 
     experiment.json holds the arms finished since. None when they agree or no such experiment.json is
     there (a comparison.json copied elsewhere, an experiment.json unreadable or of another experiment)."""
     path = comparison_path.parent / "experiment.json"
-    try:
-        receipt = read_json_file(path, limit=COMPARISON_MAX_BYTES)
-    except UsageError:
-        return None
-    if not isinstance(receipt, dict) or receipt.get("kind") != "asyncroll.experiment":
+    receipt = _experiment_beside(comparison_path)
+    if receipt is None:
         return None
     fingerprint = receipt.get("fingerprint")
     if not isinstance(fingerprint, dict) or fingerprint.get("sha256") != comparison.get("fingerprint"):
@@ -260,10 +282,9 @@ def older_than_experiment(comparison_path: Path, comparison: dict[str, Any]) -> 
     if not isinstance(status, str) or status == then:
         return None
     return (
-        f"{path} says the experiment is {status[:40]!r}, this comparison.json {then!r}: it was written "
-        "before the experiment's last runner ended (one still going, or killed outright: kill -9, the OOM "
-        "killer, a reboot), so arms finished since are not in this report; `asyncroll experiment run "
-        "--resume` (the same --config and --output) writes comparison.json again"
+        f"{path} says the experiment is {status[:40]!r}, this comparison.json {then!r}: it is an earlier "
+        f"runner's; {_why_none(receipt)}, so arms finished since are not in this report; `asyncroll "
+        "experiment run --resume` (the same --config and --output) writes comparison.json again"
     )
 
 
