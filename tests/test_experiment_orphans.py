@@ -166,6 +166,8 @@ def test_the_sweep_never_kills_the_group_of_a_process_that_reuses_a_recorded_pid
         reused = {"pid": innocent.pid, "pgid": innocent.pid, "create_time": earlier, "origin": "server:0"}
         assert sweep_orphan(reused) == "gone"
         assert sweep_orphan({**reused, "create_time": None}) == "gone"  # nothing proves it is ours
+        for pid in ("twelve", 12.0, True, -1):  # a hand-edited arm.json: said, never a traceback or a kill
+            assert sweep_orphan({**reused, "pid": pid}) == f"pid not readable ({str(pid)!r})"
         assert innocent.poll() is None and len(psutil.Process(innocent.pid).children()) == 1
         member = running(marker)[0].pid
         said = sweep_orphan(record)

@@ -41,7 +41,13 @@ def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
     if not record or (record.get("pid") is None and not record.get("origin")):
         return "none recorded"
     # only its origin: the runner died between the spawn and its record of the process
-    outcome = "no pid recorded" if record.get("pid") is None else _sweep_leader(record, grace_s)
+    pid = record.get("pid")
+    if pid is None:
+        outcome = "no pid recorded"
+    elif isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:  # a hand-edited arm.json
+        outcome = f"pid not readable ({str(pid)[:40]!r})"
+    else:
+        outcome = _sweep_leader(pid, record, grace_s)
     left = carrying(record.get("origin"))
     if left:
         killed = kill_adopted(left, grace_s)
@@ -50,8 +56,7 @@ def sweep_orphan(record: dict[str, Any] | None, grace_s: float = 5.0) -> str:
     return outcome
 
 
-def _sweep_leader(record: dict[str, Any], grace_s: float) -> str:
-    pid = int(record["pid"])
+def _sweep_leader(pid: int, record: dict[str, Any], grace_s: float) -> str:
     # none recorded: nothing proves the pid is still ours; a wall-clock step since the record moves
     # create_time, not the start mark (a record from before marks has only create_time)
     if not same_process(pid, record.get("start_mark"), record.get("create_time")):
