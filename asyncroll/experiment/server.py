@@ -311,7 +311,11 @@ class InferenceServer:
                         continue
                     if status == 200:
                         owner = self._owner()
-                        models = await self._models(client)
+                        try:
+                            models = await self._models(client)
+                        except ProbeFailed as exc:  # not yet (a proxy's 502, a 503): until the deadline
+                            last_error = str(exc)
+                            continue
                         ready_s = round(time.monotonic() - began, 3)
                         return {"ready_s": ready_s, "via": path, "models": models, "listener": owner}
                     last_error = f"{path}: HTTP {status}"
@@ -366,11 +370,15 @@ class InferenceServer:
         return response.status_code, body
 
     async def _models(self, client: httpx.AsyncClient) -> list[str]:
-        """The served model ids; the configured served name must be one of them."""
+        """The served model ids; the configured served name must be one of them. No answer, a 429 or a
+        5xx (a server behind a proxy still starting, an overloaded one) is :class:`ProbeFailed`: asked
+        again until the readiness deadline; any other answer that is not the list is final."""
         try:
             status, raw = await self._get(client, "/v1/models", PROBE_TIMEOUT_S)
         except ProbeFailed as exc:
-            raise ServerStartError(f"/v1/models: {exc}") from None
+            raise ProbeFailed(f"/v1/models: {exc}") from None
+        if status == 429 or status >= 500:
+            raise ProbeFailed(f"/v1/models: HTTP {status}")
         if status != 200:
             raise ServerStartError(f"/v1/models answered HTTP {status}")
         try:
