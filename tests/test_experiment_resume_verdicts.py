@@ -120,3 +120,32 @@ def test_a_resume_refuses_an_arm_json_it_cannot_read_naming_it(
             ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
         assert str(out / "arms" / "pair1-fifo" / "arm.json") in str(refused.value)
         assert "then --resume again" in str(refused.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_refused_for_an_unreadable_arm_json_moves_no_earlier_arm_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two unfinished arms, the second's arm.json garbled: the refusal touches nothing. The first arm's
+    folder was moved aside before the second was read, while experiment.json (written only once every arm
+    was seen) never said so: a folder set aside that no record listed."""
+    monkeypatch.setattr(runner_module, "run_arm", _killed_leaving(json.dumps({"status": "running_client"})))
+    cfg, out = lean(tmp_path), tmp_path / "out"
+    assert ExperimentRunner(cfg, out, echo=lambda _: None).run().status == "interrupted"
+    garbled = out / "arms" / "pair1-asyncroll" / "arm.json"
+    garbled.parent.mkdir()
+    garbled.write_text("{")
+    before = (out / "experiment.json").read_text()
+    with pytest.raises(UsageError, match="then --resume again"):
+        ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run()
+    assert sorted(p.name for p in (out / "arms").iterdir()) == ["pair1-asyncroll", "pair1-fifo"]
+    assert read(out / "arms" / "pair1-fifo" / "arm.json") == {"status": "running_client"}
+    assert (out / "experiment.json").read_text() == before
+    garbled.unlink()  # as the refusal says: its processes stopped by hand, the file removed
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "run_arm", fake_arms(calls))
+    assert ExperimentRunner(cfg, out, resume=True, echo=lambda _: None).run().status == "complete"
+    assert calls == ["pair1-fifo", "pair1-asyncroll"]
+    attempts = read(out / "experiment.json")["arms"]["pair1-fifo"]["attempts_interrupted"]
+    assert [Path(a["dir"]).name for a in attempts] == ["pair1-fifo.interrupted-1"]
+    assert read(out / "arms" / "pair1-fifo.interrupted-1" / "arm.json") == {"status": "running_client"}

@@ -138,6 +138,13 @@ def recover(
 
     Called under the lock: no live runner owns these arms."""
     moved, recorded = [], []
+    # Every unfinished arm's arm.json is read before anything is killed or moved: one that cannot be read
+    # is refused with the earlier arms' folders still in place (they were moved aside, unrecorded).
+    unfinished = {
+        arm.id: _arm_json(arm_dir(output, arm) / "arm.json")
+        for arm in plan
+        if receipt.arm(arm.id)["status"] not in TERMINAL and (arm_dir(output, arm) / "arm.json").is_file()
+    }
     for arm in plan:
         record = receipt.arm(arm.id)
         own = finished_arm(output, arm) if record["status"] == "failed" else None
@@ -151,8 +158,8 @@ def recover(
             continue
         where = arm_dir(output, arm)
         swept = {}
-        if (where / "arm.json").is_file():
-            data = _arm_json(where / "arm.json")
+        if arm.id in unfinished:
+            data = unfinished[arm.id]
             for role in ("client", "server"):
                 # no process recorded: the runner was killed after the spawn, before its record of it
                 entry = _object(data.get(role))
