@@ -98,3 +98,15 @@ def test_lines_that_are_each_json_keep_their_own_errors(tmp_path: Path) -> None:
     ]
     problems = _problems(tmp_path, ["[", json.dumps(GOOD), "]"])
     assert [p.split(": ", 1)[0] for p in problems] == [f"{tmp_path / 'w.jsonl'}:{n}" for n in (1, 3)]
+
+
+def test_a_json_document_read_under_a_limit_is_named_by_its_own_lines(tmp_path: Path) -> None:
+    """``--limit 4`` reads 4 of a 17-line document's lines, each failing: the whole file is still the one
+    document, over its 17 lines (it said "over 4 lines")."""
+    path = tmp_path / "ToolMATH.json"
+    path.write_text(json.dumps([TOOL_RECORD, TOOL_RECORD], indent=1))
+    lines = len(path.read_text().splitlines())
+    scan = scan_workload(path, tmp_path, scripted=True, limit=4)
+    assert scan.count == 4 and lines > 4
+    (problem,) = scan.problems
+    assert f"(an array of 2 items) over {lines} lines, not JSON Lines" in problem

@@ -39,18 +39,21 @@ def dataset_kind(value: Any, path: Path) -> str | None:
     return None
 
 
-def one_document(path: Path, lines: int) -> str | None:
-    """What ``path`` is when the whole file parses as one JSON document although none of its ``lines``
-    does alone: "one JSON document (an array of 3 items) over 39 lines, not JSON Lines …", with the way
-    to its lines. None where it does not parse whole (or is past :data:`MAX_DOCUMENT_BYTES`)."""
+def one_document(path: Path) -> str | None:
+    """What ``path`` is when the whole file parses as one JSON document although none of the lines read
+    does alone: "one JSON document (an array of 3 items) over 39 lines, not JSON Lines …" (its own
+    non-blank lines, not only those a ``--limit`` read), with the way to its lines. None where it does
+    not parse whole (or is past :data:`MAX_DOCUMENT_BYTES`)."""
     if _first_value(path) is not None:  # its first line is JSON alone: lines, each wrong in its fields
         return None
     try:
         if os.stat(path).st_size > MAX_DOCUMENT_BYTES:
             return None
-        value = json_loads(utf8_text(path.read_bytes()))
+        text = utf8_text(path.read_bytes())
+        value = json_loads(text)
     except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
+    lines = sum(1 for line in text.split("\n") if line.strip())
     source = shlex.quote(str(path))
     if isinstance(value, list):
         what = f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"

@@ -394,7 +394,7 @@ def scan_workload(
 def _name_the_file(scan: WorkloadScan, path: Path) -> None:
     """Where no line of ``path`` was valid: one JSON document over several lines is one error, not one a
     line; a dataset's own rows get the command that converts them, after their lines' errors."""
-    whole = one_document(path, scan.count) if scan.count > 1 else None
+    whole = one_document(path) if scan.count > 1 else None
     if whole is not None:
         scan.problems, scan.truncated = [whole], 0
         return
