@@ -109,4 +109,18 @@ def test_a_schedule_at_the_floored_analytic_bound_is_proven_optimal_at_once() ->
     result = solve(instance, time_limit_s=10, threads=1)
     assert result.status == "optimal", result  # was "feasible" after the whole 10 s, its bound 25 ms
     assert result.solver_bound_s == pytest.approx(0.034)  # the floored turns: 133 ticks ÷ 4, rounded up
-    assert result.best_schedule_s == result.lower_bound_s == pytest.approx(analytic_bound(instance))
+    assert result.lower_bound_s == pytest.approx(analytic_bound(instance))
+    # the floored schedule re-timed with the real durations: a schedule this long exists
+    assert result.best_schedule_s is not None
+    assert result.lower_bound_s <= result.best_schedule_s <= result.lower_bound_s + 0.002
+
+
+def test_the_best_schedule_is_one_of_the_real_durations_not_of_the_floored_ones() -> None:
+    """Floored to 1 ms, two trajectories of a 1.9 ms model turn then a 1.9 ms CPU job (one model slot, one
+    worker) fit in 3 ms, raised to the analytic bound, 3.8 ms: "optimal 0.0038 0.0038", while no schedule
+    of the real durations is shorter than 5.7 ms. The best schedule is now the solver's order re-timed
+    with the real durations; the proven bound is unchanged."""
+    steps = chain(("m", 0.0019), ("c", 0.0019))
+    result = solve(Instance((steps, steps), 2, 1, 1), time_limit_s=10, threads=1)
+    assert result.lower_bound_s == pytest.approx(0.0038)
+    assert result.best_schedule_s == pytest.approx(0.0057), result  # was 0.0038

@@ -13,9 +13,10 @@ by a microsecond), and no step of it starts later than the recorded one where th
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from asyncroll.simulation.run_instance import Instance
 
@@ -54,8 +55,12 @@ def _recorded(instance: Instance, ticks: Callable[[float], int]) -> Shifted | No
     return Shifted(begins, starts, ends, max(ends, default=0), shifted=False)
 
 
-def left_shifted(instance: Instance, ticks: Callable[[float], int]) -> Shifted | None:
-    """The run's schedule left-shifted (module doc), or None where it holds no recorded times."""
+def left_shifted(
+    instance: Instance, ticks: Callable[[float], int], sizes: Sequence[Sequence[int]] | None = None
+) -> Shifted | None:
+    """The run's schedule left-shifted (module doc), or None where it holds no recorded times. The order
+    on each unit is read from the recorded starts and durations; ``sizes`` (each step's, in ticks), when
+    given, are the durations the shift places instead of the floored recorded ones (:func:`retimed_s`)."""
     begins = instance.begins
     if begins is None or len(begins) != len(instance.chains):
         return None
@@ -64,10 +69,10 @@ def left_shifted(instance: Instance, ticks: Callable[[float], int]) -> Shifted |
     # Nodes: trajectory i's begin is node first[i], its k-th step's start first[i] + 1 + k.
     first: list[int] = []
     size: list[int] = []  # each node's duration in ticks (a begin: 0)
-    for chain in instance.chains:
+    for i, chain in enumerate(instance.chains):
         first.append(len(size))
         size.append(0)
-        size.extend(ticks(step.seconds) for step in chain)
+        size.extend([ticks(step.seconds) for step in chain] if sizes is None else sizes[i])
     edges: list[list[int]] = [[] for _ in size]  # u → v: v starts after u ends
     for i, chain in enumerate(instance.chains):
         for k in range(len(chain)):
@@ -125,6 +130,34 @@ def left_shifted(instance: Instance, ticks: Callable[[float], int]) -> Shifted |
         ends=ends,
         makespan=max(ends, default=0),
     )
+
+
+#: Ticks of the re-timed schedule: 1 µs, the events' own rounding of every duration.
+MICROSECOND = 1e-6
+
+
+def retimed_s(instance: Instance, schedule: Shifted, resolution_s: float) -> float | None:
+    """The makespan of ``schedule`` (a schedule of ``instance``'s durations floored to ``resolution_s``,
+    in those ticks: the solver's) re-timed with the real durations: the same order on every unit of every
+    resource, each step as early as that order allows. A real schedule of this work exists that is this
+    long, where the floored one can be shorter than any (a 1.9 ms step counts 1 ms). None on a cycle
+    (ties of zero-length steps the order cannot separate)."""
+    placed = Instance(
+        chains=tuple(
+            tuple(
+                replace(step, seconds=math.floor(step.seconds / resolution_s + 1e-9) * resolution_s, start=at)
+                for step, at in zip(chain, (t * resolution_s for t in starts), strict=True)
+            )
+            for chain, starts in zip(instance.chains, schedule.starts, strict=True)
+        ),
+        active=instance.active,
+        model_capacity=instance.model_capacity,
+        workers=instance.workers,
+        begins=tuple(b * resolution_s for b in schedule.begins),
+    )
+    real = [[math.ceil(step.seconds / MICROSECOND - 1e-6) for step in chain] for chain in instance.chains]
+    shifted = left_shifted(placed, lambda s: math.ceil(s / MICROSECOND - 1e-6), real)
+    return None if shifted is None else shifted.makespan * MICROSECOND
 
 
 def _longest_paths(edges: list[list[int]], size: list[int]) -> list[int] | None:

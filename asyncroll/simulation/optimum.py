@@ -21,9 +21,12 @@ So the model is a *relaxation* of what any asyncroll policy can do: its optimum,
 bound on it, are valid lower bounds on the run's makespan (the bound reported is never below the run's
 own analytic bound, which for a simulated batching server also counts the server's batch limit), under
 the same assumption as the analytic bound (a request or job would not have been faster at another
-concurrency). The best schedule found is what a clairvoyant dispatcher could reach on the same work — of
-the floored durations, so it can understate a real schedule by up to ``resolution_s`` per step on its
-critical path; it is never reported below the proven bound.
+concurrency). The best schedule reported is what a clairvoyant dispatcher could reach on the same work:
+the solver's best schedule of the floored durations, its order on every model slot, worker and active slot
+kept, re-timed with the real durations (:func:`~asyncroll.simulation.left_shift.retimed_s`), so a schedule
+that long exists (or the recorded run, where shorter); never reported below the proven bound.
+``optimal`` is of the floored durations: the real optimum lies between the proven bound and the best
+schedule, which the rounding alone separates (up to ``resolution_s`` a step).
 
 Optimality is proved only for small runs (20 trajectories at 4 active slots: often within 30 s; rarely
 at 8 or more active); otherwise the solver returns its best schedule and its proven bound at the time
@@ -43,7 +46,7 @@ from typing import Any, Literal
 
 from asyncroll.errors import UsageError
 from asyncroll.outputs.bounds import admission_order_makespan
-from asyncroll.simulation.left_shift import solver_hint
+from asyncroll.simulation.left_shift import Shifted, retimed_s, solver_hint
 from asyncroll.simulation.run_instance import (
     Instance,
     Step,
@@ -120,11 +123,14 @@ def solve(
     slots: list[Any] = []
     starts: list[Any] = []
     ends: list[Any] = []
+    step_starts: list[list[Any]] = []
     for i, chain in enumerate(instance.chains):
         begin = model.new_int_var(0, horizon, f"begin{i}")
         previous_end: Any = begin
+        step_starts.append([])
         for k, step in enumerate(chain):
             start = model.new_int_var(0, horizon, f"s{i}_{k}")
+            step_starts[-1].append(start)
             interval = model.new_fixed_size_interval_var(start, ticks(step.seconds), f"i{i}_{k}")
             (model_steps if step.kind == "model" else cpu_steps).append(interval)
             model.add(start >= previous_end)
@@ -186,22 +192,35 @@ def solve(
     if instance.makespan_s is not None:
         clamped = instance.makespan_s < lower <= instance.makespan_s + rounding_slack_s(instance)
         lower = instance.makespan_s if clamped else lower
+    schedules = []  # the best schedules of the floored durations, in ticks
+    if found:
+        begins = tuple(solver.value(b) for b in starts)
+        placed = tuple(tuple(solver.value(v) for v in row) for row in step_starts)
+        done = tuple(solver.value(e) for e in ends)
+        schedules.append(Shifted(begins, placed, done, max(done, default=0)))
     if hint is not None and hint.shifted and status in ("feasible", "unknown"):
         # The left-shifted run is a schedule of this model by construction: a solve cut before it found
         # as good a one still has it (a large run's solve can end with no schedule of its own).
         best, status = min(math.inf if best is None else best, hint.makespan * resolution_s), "feasible"
+        schedules.append(hint)
+    real = None
     if best is not None:
-        # The schedule is of the floored durations: on many sub-resolution steps it can fall below
-        # what the real durations allow, even below the analytic bound. No schedule beats a proven bound.
+        # A floored schedule can be shorter than any real one (two 1.9 ms steps in a row count 2 ms, not
+        # 3.8): the best schedule reported is the floored one's order re-timed with the real durations,
+        # so a schedule that long exists; or the recorded run, which is one, where it is shorter.
+        timed = [retimed_s(instance, one, resolution_s) for one in schedules] + [instance.makespan_s]
+        real = min((t for t in timed if t is not None), default=None)
+        # No schedule beats a proven bound: a batching server's term of the analytic bound can lie above
+        # every schedule of the recorded durations, which would each have been slower in its batch.
         best = max(best, lower)
         if status == "feasible" and best <= lower + 1e-9 * max(1.0, lower):
             # A schedule at the proven bound is optimal, whoever proved the bound: on a simulated run
             # at 1 active slot that met its analytic bound (the chains back to back) the status read
             # "feasible" after the whole time limit, and a longer limit could change nothing.
-            best, status = lower, "optimal"
+            status = "optimal"
     return Optimum(
         status=status,  # type: ignore[arg-type]
-        best_schedule_s=best,
+        best_schedule_s=None if real is None else max(real, lower),
         lower_bound_s=lower,
         solver_bound_s=solver_bound,
         wall_s=solver.wall_time,
