@@ -149,3 +149,21 @@ def test_a_simulated_run_at_one_slot_is_proven_at_once(tmp_path: Path) -> None:
     assert report["best_schedule_s"] == report["lower_bound_s"] == report["makespan_s"]
     plain = invoke("optimum", run, "--time-limit", "5", "--threads", "1")
     assert plain.stdout.startswith("optimal: 30 trajectories") and "a longer one may" not in plain.stdout
+
+
+def test_an_optimum_of_floored_durations_says_where_the_real_one_lies(tmp_path: Path) -> None:
+    """Two trajectories of a 1.9 ms model turn then a 1.9 ms CPU job on one model slot and one worker: the
+    floored model is solved exactly (3 ms, raised to the 3.8 ms bound), and the best schedule of the real
+    durations is 5.7 ms. The plain output says that the real optimum lies between the two."""
+    problems = [tool_problem(f"p{i}", model_ms=1.9, cpu_ms=1.9, final_ms=0.0) for i in range(2)]
+    run = tmp_path / "run"
+    limits = ["--max-inflight-model-requests", "1", "--cpu-workers", "1"]
+    done = invoke(
+        "simulate", "--workload", write_workload(tmp_path / "w.jsonl", problems), "--output", run, *limits
+    )
+    assert done.exit_code == 0, done.output
+    report = json.loads(invoke("optimum", run, "--time-limit", "5", "--threads", "1", "--json").stdout)
+    assert report["status"] == "optimal" and report["lower_bound_s"] == pytest.approx(0.0038), report
+    assert report["best_schedule_s"] == pytest.approx(0.0057), report
+    plain = invoke("optimum", run, "--time-limit", "5", "--threads", "1").stdout
+    assert "note: optimal for the durations floored to 1 ms" in plain and "between the proven bound" in plain

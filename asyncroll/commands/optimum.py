@@ -95,6 +95,12 @@ def optimum(
     )
     for note in result["notes"]:
         say(f"note: {note}")
+    best, lower = result["best_schedule_s"], result["lower_bound_s"]
+    if result["status"] == "optimal" and best is not None and best > lower:
+        say(
+            "note: optimal for the durations floored to 1 ms; the best schedule is its order re-timed with "
+            "the real ones, so the real optimum lies between the proven bound and it"
+        )
     if result["status"] in ("feasible", "unknown"):
         # a "feasible" schedule is above the proven bound (one at it is reported optimal): either may move
         found = "its best schedule is not proven optimal" if result["status"] == "feasible" else "no schedule"
