@@ -140,3 +140,61 @@ def test_closing_closes_every_pool_and_says_each_failure() -> None:
         asyncio.run(transport.aclose())
     assert closed == [0, 1, 2]
     assert failed.value.__notes__ == ["closing another pool failed too: OSError: pool 2 could not close"]
+
+
+@pytest.mark.timeout(60)
+def test_the_connections_a_server_sees_never_outnumber_the_inflight_limit() -> None:
+    """9 in flight over 2 pools, in two waves of 9 at once (the server holds each wave's replies until all
+    9 arrived): the pools take 5 and 4 of the first wave, and of the second, taken by fewest in flight, in
+    turn, 4 and 5 — a tenth connection, one more than SPEC §7's pool sized to the inflight limit. Each
+    pool's share of the limit (5 and 4) bounds what it holds, so the server sees 9 connections in all."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    from asyncroll.backends.base import ModelRequest
+    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+    from asyncroll.clock import SystemClock
+    from asyncroll.workload import Problem
+    from tests.http_backend import FINAL, completion
+    from tests.loopback import LoopbackServer
+
+    inflight = 9
+    wave = threading.Barrier(inflight, timeout=10)
+    ports: set[int] = set()
+    reply = json.dumps(completion(FINAL)).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: each connection is reused, as with vLLM's uvicorn
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            ports.add(self.client_address[1])
+            wave.wait()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    request = ModelRequest(
+        "t", Problem.model_validate({"prompt": "p"}), 0, [{"role": "user", "content": "p"}]
+    )
+
+    async def two_waves(url: str) -> None:
+        settings = HttpSettings(
+            endpoint=url, model="m", inflight=inflight, server_kind="vllm", request_timeout=20
+        )
+        backend = OpenAIBackend(settings, SystemClock())
+        try:
+            for _ in range(2):
+                await asyncio.gather(*(backend.complete(request) for _ in range(inflight)))
+        finally:
+            await backend.aclose()
+
+    with LoopbackServer(Handler) as server:
+        asyncio.run(asyncio.wait_for(two_waves(server.url), 30))
+    assert len(ports) == inflight

@@ -1,10 +1,15 @@
 """The HTTP backend's transport: the connections of its one ``httpx.AsyncClient`` split across a few
-connection pools, each request taken by the least busy.
+connection pools, each request taken by the least busy of those with room left of their share of the
+inflight limit.
 
 httpcore's pool walks all of its connections, and for each idle one all of them again, at every
 request's start and end, on the event loop: with 64 requests in flight one pool spent 58% of a loopback
 run's loop there (2.4 ms a pass), and the run took as long as at 16 in flight. Pools of up to
-:data:`POOL_SHARE` requests in flight each keep a pass short. The client (its base URL, headers,
+:data:`POOL_SHARE` requests in flight each keep a pass short. The shares add up to the inflight limit
+exactly, and no pool holds more than its share while the client holds no more than the limit: a pool opens
+no more connections than it holds requests, so a server sees at most the limit's connections (SPEC §7: the
+pool sized to the inflight limit), where pools taking the fewest in flight each opened up to the largest
+share (10 connections for 9 in flight over 2 pools: 5 and 4, then 4 and 5). The client (its base URL, headers,
 timeouts) is unchanged: one per run, as SPEC §7 asks. A client given a transport takes none of the
 environment's proxy variables, so the backend uses these pools only where none is in play
 (:meth:`asyncroll.backends.openai.OpenAIBackend._pools`).
@@ -23,21 +28,26 @@ POOL_SHARE = 8
 
 
 class PoolsTransport(httpx.AsyncBaseTransport):
-    """``pools`` transports, each request taken by the one with the fewest in flight (the next in turn
-    among equals); closing it closes them all. In turn regardless of how long each request took, a pool
-    could hold more than its share while another had room: longer passes, and more connections than
-    requests in flight (tests/test_transport_pools.py)."""
+    """``pools`` transports, each request taken by the one with the fewest in flight among those with room
+    left of their share (``shares``; none given: no share is ever full), the next in turn among equals;
+    closing it closes them all.
+    In turn regardless of how long each request took, a pool could hold more than its share while another
+    had room: longer passes, and more connections than requests in flight (tests/test_transport_pools.py)."""
 
-    def __init__(self, pools: list[httpx.AsyncBaseTransport]) -> None:
+    def __init__(self, pools: list[httpx.AsyncBaseTransport], shares: list[int] | None = None) -> None:
         if not pools:
             raise ValueError("at least one pool")
+        if shares is not None and len(shares) != len(pools):
+            raise ValueError(f"{len(shares)} shares for {len(pools)} pools")
         self.pools = pools
+        self.shares = shares or [0] * len(pools)
         self.in_flight = [0] * len(pools)  # a request counts until its response is closed
         self._turn = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        count, turn = len(self.pools), self._turn
-        i = min(range(count), key=lambda k: (self.in_flight[k], (k - turn) % count))
+        count, turn, shares, held = len(self.pools), self._turn, self.shares, self.in_flight
+        # a pool whose share is full last: while the client holds fewer than the shares' sum, one has room
+        i = min(range(count), key=lambda k: (0 < shares[k] <= held[k], held[k], (k - turn) % count))
         self._turn = (i + 1) % count
         self.in_flight[i] += 1
         try:
@@ -67,16 +77,36 @@ class PoolsTransport(httpx.AsyncBaseTransport):
             raise failures[0]
 
 
+def pool_shares(inflight: int) -> list[int]:
+    """``inflight`` split into one share per :data:`POOL_SHARE` of it, as even as can be (9: 5 and 4)."""
+    count = -(-inflight // POOL_SHARE)
+    return [inflight // count + (1 if k < inflight % count else 0) for k in range(count)]
+
+
 def pools_transport(inflight: int, limits: httpx.Limits, settings: dict[str, Any]) -> PoolsTransport:
-    """One pool per :data:`POOL_SHARE` of ``inflight`` requests, each with ``limits`` and the client's
+    """One pool per :data:`POOL_SHARE` of ``inflight`` requests (:func:`pool_shares`), each with ``limits``
+    (keeping at most its share of connections alive) and the client's
     TLS settings (``settings``: :func:`asyncroll.http_proxy.client_settings`'s ``verify`` and
     ``trust_env``, which decide the CA a pool trusts), made once and shared: a context per pool read the
     CA bundle again for each, 1.6 s on the event loop and 28 MB for the 38 pools of 300 in flight."""
     verify = settings.get("verify", True)
     if not isinstance(verify, ssl.SSLContext):
         verify = httpx.create_ssl_context(verify=verify, trust_env=settings.get("trust_env", True))
-    count = -(-inflight // POOL_SHARE)
-    return PoolsTransport([httpx.AsyncHTTPTransport(limits=limits, verify=verify) for _ in range(count)])
+    shares = pool_shares(inflight)
+    pools: list[httpx.AsyncBaseTransport] = [
+        httpx.AsyncHTTPTransport(limits=_kept_alive(limits, share), verify=verify) for share in shares
+    ]
+    return PoolsTransport(pools, shares)
+
+
+def _kept_alive(limits: httpx.Limits, share: int) -> httpx.Limits:
+    """``limits`` keeping no more idle connections alive than ``share``."""
+    kept = share if limits.max_keepalive_connections is None else min(share, limits.max_keepalive_connections)
+    return httpx.Limits(
+        max_connections=limits.max_connections,
+        max_keepalive_connections=kept,
+        keepalive_expiry=limits.keepalive_expiry,
+    )
 
 
 class _Counted(httpx.AsyncByteStream):
