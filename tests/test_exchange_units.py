@@ -82,7 +82,45 @@ def test_only_a_400_about_the_schema_to_a_structured_request_is_schema_rejected(
     assert failure(answer(400, refusal), SCHEMA_BODY).kind == "schema_rejected"
     assert failure(answer(400, refusal)).kind == "http_status"  # the request asked for no schema
     assert failure(answer(400, b"max_tokens too large"), SCHEMA_BODY).kind == "http_status"
-    assert failure(answer(422, refusal), SCHEMA_BODY).kind == "http_status"
+    assert failure(answer(422, refusal), SCHEMA_BODY).kind == "schema_rejected"  # transformers serve's
+    assert failure(answer(422, b"Unexpected keys: {'min_tokens'}"), SCHEMA_BODY).kind == "http_status"
+    assert failure(answer(500, refusal), SCHEMA_BODY).kind == "http_status"
+
+
+@pytest.mark.timeout(60)
+def test_a_422_refusing_response_format_is_schema_rejected_and_not_retried() -> None:
+    """``transformers serve`` refuses a field it does not use with 422, ``response_format`` among them
+    (4.x with ``--input_validation``: "Unused fields in the request"; a 5.x development version on any
+    request: "Unsupported fields in the request"): the schema refused, as vLLM's 400 says it, not a
+    plain HTTP status, and no retry asks again."""
+    from asyncroll.backends.base import ModelRequest
+    from asyncroll.backends.openai import HttpSettings, OpenAIBackend
+    from asyncroll.backends.retry import RetryPolicy
+    from asyncroll.clock import SystemClock
+    from asyncroll.errors import ModelError
+    from asyncroll.workload import Problem
+    from tests.hostile_http import HostileServer, raw_reply
+
+    detail = b'{"detail":"Unsupported fields in the request: {\'response_format\'}"}'
+    request = ModelRequest(
+        "t", Problem.model_validate({"prompt": "p"}), 0, [{"role": "user", "content": "p"}]
+    )
+
+    async def turn(url: str) -> ModelError:
+        retry = RetryPolicy(max_retries=2, base_delay=0.01)
+        settings = HttpSettings(endpoint=url, model="m", inflight=1, server_kind="transformers", retry=retry)
+        backend = OpenAIBackend(settings, SystemClock())
+        try:
+            with pytest.raises(ModelError) as caught:
+                await backend.complete(request)
+        finally:
+            await backend.aclose()
+        return caught.value
+
+    with HostileServer([raw_reply(422, {"content-type": "application/json"}, detail)]) as server:
+        error = asyncio.run(asyncio.wait_for(turn(server.url), 30))
+    assert (error.kind, error.status, error.attempts) == ("schema_rejected", 422, 1)
+    assert "response_format" in str(error)
 
 
 def test_no_response_is_a_transport_or_timeout_failure_and_only_no_connection_is_unavailable() -> None:

@@ -27,8 +27,12 @@ from asyncroll.backends.retry import means_unavailable
 from asyncroll.http_read import ResponseTooLarge, read_bounded, request_deadline_s
 from asyncroll.url_checks import masked_url
 
-#: Words in a 400 body that mean the server refused the structured-output request itself.
+#: Words in a 400 or 422 body that mean the server refused the structured-output request itself.
 _SCHEMA_WORDS = ("schema", "response_format", "grammar", "guided", "json_object", "structured")
+#: The statuses of such a refusal: vLLM's 400 (a schema its grammar engine cannot compile), and the 422
+#: with which ``transformers serve`` refuses a field it does not use, ``response_format`` among them (4.x
+#: with ``--input_validation``; a 5.x development version on every request).
+_SCHEMA_REFUSALS = (400, 422)
 #: The most of a chat-completion body read (decoded): a reply of a few thousand tokens is kilobytes, with
 #: per-token logprobs megabytes; past this a body is the server's failure, not a reply to parse.
 MAX_RESPONSE_BYTES = 64 << 20
@@ -146,7 +150,11 @@ async def post_chat(
     if not is_success(status):
         text = server_text(payload, 500, client.headers) or response.reason_phrase  # no body: its reason
         kind = "http_status"
-        if status == 400 and "response_format" in body and any(w in text.lower() for w in _SCHEMA_WORDS):
+        if (
+            status in _SCHEMA_REFUSALS
+            and "response_format" in body
+            and any(w in text.lower() for w in _SCHEMA_WORDS)
+        ):
             kind = "schema_rejected"
         if status == 404:  # a wrong --endpoint or model route: say which URL was asked
             text = f"{text} (POST {response.request.url})"
