@@ -152,10 +152,15 @@ def note_limit_past(limit: int | None, count: int, done: str) -> None:
 def open_files_for_requests(cfg: Any) -> None:
     """Before a run: room under ``ulimit -n`` for its workers' pipes and, against a server, a connection per
     request in flight (:func:`asyncroll.process_limits.open_files_for`), said on stderr where the hard limit
-    leaves none."""
+    leaves none. A trajectory has one request in flight at a time: no more than the active ones are."""
     from asyncroll.process_limits import open_files_for
 
-    inflight = 0 if cfg.backend == "scripted" else cfg.limits.max_inflight_model_requests
+    limits = cfg.limits
+    inflight = (
+        0
+        if cfg.backend == "scripted"
+        else min(limits.max_inflight_model_requests, limits.max_active_trajectories)
+    )
     warning = open_files_for(inflight, cfg.limits.cpu_workers)
     if warning is not None:
         typer.echo(warning, err=True)
