@@ -16,7 +16,7 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from asyncroll.evaluator.lcb_json import lcb_loads
+from asyncroll.evaluator.lcb_json import lcb_loads_value
 
 
 def stripped_lines(text: str) -> list[str]:
@@ -59,8 +59,9 @@ def compare_stdout(got: str, expected: str) -> str | None:
 
 def parse_expected(output: str) -> Any:
     """The expected value of a functional test (one JSON value, its ints of up to 50,000 digits as
-    LiveCodeBench reads them); ``ValueError`` if it is not JSON."""
-    return lcb_loads(output)
+    LiveCodeBench reads them, those past :data:`~.lcb_json.LONG_INT_DIGITS` kept as text as in the
+    program's result); ``ValueError`` if it is not JSON."""
+    return lcb_loads_value(output)
 
 
 def compare_value(got: Any, expected: Any) -> str | None:

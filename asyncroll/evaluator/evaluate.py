@@ -104,7 +104,7 @@ from asyncroll.evaluator.cases import Case, check_tests
 from asyncroll.evaluator.compare import compare_stdout, compare_value
 from asyncroll.evaluator.execution import Execution
 from asyncroll.evaluator.isolation import PROBE_PREFIX, IsolationReport, require
-from asyncroll.evaluator.lcb_json import lcb_dumps
+from asyncroll.evaluator.lcb_json import lcb_dumps_head
 from asyncroll.evaluator.sandbox import Limits, MiB, Sandbox
 from asyncroll.workers.results import without_addresses
 
@@ -358,6 +358,10 @@ def _judge(
             )
         got_value = done.get("result")
         why = compare_value(got_value, case.expected_value)
-        return None if why is None else fail("wrong_answer", got=lcb_dumps(got_value), detail=why)
+        return (
+            None
+            if why is None
+            else fail("wrong_answer", got=lcb_dumps_head(got_value, FIELD_LIMIT), detail=why)
+        )
     why = compare_stdout(got_text, case.output)
     return None if why is None else fail("wrong_answer", got=got_text, detail=why)

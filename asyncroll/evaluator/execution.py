@@ -9,7 +9,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from asyncroll.evaluator.lcb_json import lcb_digit_limit
+from asyncroll.evaluator.lcb_json import int_or_long, lcb_digit_limit
 
 
 @dataclass(slots=True)
@@ -57,7 +57,8 @@ def _record(line: bytes, kind: str) -> dict[str, object] | None:
     int past LiveCodeBench's 50,000 digits)."""
     try:
         with lcb_digit_limit():  # a returned int of up to 50,000 digits, as LiveCodeBench reads it
-            record = json.loads(line)
+            # long ints as text: the program can write this line itself, all of it 50,000-digit ints
+            record = json.loads(line, parse_int=int_or_long)
     except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) and record.get("kind") == kind else None

@@ -1,0 +1,69 @@
+"""Long ints in a functional result cost the worker time linear in their size: a done record the program
+writes itself, all of it 50,000-digit ints, once took the worker about 5 s to read and 12 s more to show as
+feedback (str <-> int is quadratic in CPython), outside every time limit of the test."""
+
+from __future__ import annotations
+
+import json
+
+from asyncroll.evaluator.compare import compare_value, parse_expected
+from asyncroll.evaluator.execution import Execution
+from asyncroll.evaluator.lcb_json import LONG_INT_DIGITS, LongInt, lcb_dumps_head
+from tests.evaluations import SLACK_S, evaluate, real_process, verdict
+from tests.hostile_programs import STATUS_FD
+
+BIG = "7" * 50_000
+_FORGED_LINE = "'{\"kind\": \"done\", \"ok\": true, \"result\": [' + ','.join(['7' * 50000] * 330) + ']}\\n'"
+FORGES_LONG_INTS = (
+    "def f(x):\n"
+    + "".join(f"    {line}\n" for line in STATUS_FD.strip().splitlines())
+    + f"    data = ({_FORGED_LINE}).encode()\n"
+    "    while data:\n"
+    "        data = data[os.write(fd, data):]\n"
+    "    os._exit(0)\n"
+)
+
+
+def _read(record: str) -> object:
+    execution = Execution()
+    execution.read_records(record.encode(), b"")
+    assert execution.done is not None
+    return execution.done["result"]
+
+
+def test_a_long_int_is_read_as_its_text_and_compared_exactly() -> None:
+    long_text = "-" + "12" * 600
+    got = _read(json.dumps({"kind": "done", "ok": True, "result": [1, 2.5, json.loads(long_text), {"a": 3}]}))
+    assert isinstance(got, list) and isinstance(got[2], LongInt) and got[2].text == long_text
+    assert compare_value(got, parse_expected(f'[1, 2.5, {long_text}, {{"a": 3}}]')) is None
+    assert compare_value(got, parse_expected(f'[1, 2.5, {long_text[:-1]}3, {{"a": 3}}]')) is not None
+    assert compare_value(got, parse_expected(f'[1, 2.5, "{long_text}", {{"a": 3}}]')) is not None
+    short = "9" * LONG_INT_DIGITS  # as long as a JSON int read as an int gets; 1e3 still equals 1000
+    assert _read(f'{{"kind": "done", "ok": true, "result": [{short}, 1000]}}') == [int(short), 1000]
+    assert compare_value(_read('{"kind": "done", "ok": true, "result": 1000}'), parse_expected("1e3")) is None
+
+
+def test_an_int_past_livecodebench_s_limit_still_makes_the_record_unreadable() -> None:
+    execution = Execution()
+    execution.read_records(f'{{"kind": "done", "ok": true, "result": {"1" * 50_001}}}'.encode(), b"")
+    assert execution.done is None and execution.status_garbled
+
+
+def test_the_feedback_shows_the_head_of_the_value_as_json_writes_it() -> None:
+    value = [1, "a\u00e9", {"k": [None, True, 2.5]}, list(range(500))]
+    for limit in (0, 5, 40, 1000, 10_000):
+        assert lcb_dumps_head(value, limit) == json.dumps(value)[: limit + 1]
+    record = '{"kind": "done", "ok": true, "result": {"x": [' + ", ".join([BIG] * 3) + "]}}"
+    assert lcb_dumps_head(_read(record), 1000) == ('{"x": [' + BIG)[:1001]
+
+
+@real_process
+def test_a_forged_record_of_long_ints_costs_the_worker_no_more_than_its_size() -> None:
+    """The program writes its own done record: 330 ints of 50,000 digits (16 MiB, under the record cap).
+    Reading it and showing it as feedback took the worker about 17 s on a 1 s test."""
+    result, elapsed = evaluate(
+        FORGES_LONG_INTS, [{"input": "1", "output": "2"}], func_name="f", time_limit_s=1.0
+    )
+    assert verdict(result) == "wrong_answer", result
+    assert result["feedback"]["got"].startswith("[7777777777"), result
+    assert elapsed < 1.0 + SLACK_S, elapsed
