@@ -82,10 +82,12 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -189,7 +191,31 @@ def remove_stale_scratch(base: Path | None = None) -> None:
         for path in base.glob(f"{prefix}*-*"):
             owner = path.name[len(prefix) :].split("-", 1)[0]
             if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove an evaluation's directory, whatever modes the program gave what it made there: without the
+    uid switch (weak isolation as a non-root user) the program owns its work directory, and a subdirectory
+    it made unreadable (``chmod 000``) kept ``shutil.rmtree`` out, so the directory, the program and the
+    hidden test inputs beside it stayed behind. Every directory of the tree gets its owner's ``rwx`` back
+    (a symbolic link is never followed) and removal is tried again."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    pending = [str(path)]
+    while pending:
+        directory = pending.pop()
+        try:
+            if not stat.S_ISDIR(os.lstat(directory).st_mode):
+                continue
+            with contextlib.suppress(OSError):  # another user's: perhaps readable all the same
+                os.chmod(directory, 0o700)
+            with os.scandir(directory) as entries:
+                pending += [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        except OSError:  # not ours, or gone: rmtree says nothing either way
+            continue
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_dead_workers_leftovers() -> None:
@@ -272,7 +298,7 @@ def lcb_evaluate(
                 timed_out = feedback["verdict"] == "time_limit_exceeded"
                 break
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_tree(scratch)
     return {
         "passed": feedback is None,
         "tests_run": tests_run,
