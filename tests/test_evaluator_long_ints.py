@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from asyncroll.evaluator.compare import compare_value, parse_expected
 from asyncroll.evaluator.execution import Execution
 from asyncroll.evaluator.lcb_json import LONG_INT_DIGITS, LongInt, lcb_dumps_head
@@ -13,15 +15,20 @@ from tests.evaluations import SLACK_S, evaluate, real_process, verdict
 from tests.hostile_programs import STATUS_FD
 
 BIG = "7" * 50_000
-_FORGED_LINE = "'{\"kind\": \"done\", \"ok\": true, \"result\": [' + ','.join(['7' * 50000] * 330) + ']}\\n'"
-FORGES_LONG_INTS = (
-    "def f(x):\n"
-    + "".join(f"    {line}\n" for line in STATUS_FD.strip().splitlines())
-    + f"    data = ({_FORGED_LINE}).encode()\n"
-    "    while data:\n"
-    "        data = data[os.write(fd, data):]\n"
-    "    os._exit(0)\n"
-)
+
+
+def _forges(fields: str) -> str:
+    """A functional program that writes its own done record, ``fields`` then 330 ints of 50,000 digits
+    (16 MiB, under the record cap), and ends."""
+    line = '\'{"kind": "done", ' + fields + " [' + ','.join(['7' * 50000] * 330) + ']}\\n'"
+    return (
+        "def f(x):\n"
+        + "".join(f"    {code}\n" for code in STATUS_FD.strip().splitlines())
+        + f"    data = ({line}).encode()\n"
+        "    while data:\n"
+        "        data = data[os.write(fd, data):]\n"
+        "    os._exit(0)\n"
+    )
 
 
 def _read(record: str) -> object:
@@ -58,12 +65,21 @@ def test_the_feedback_shows_the_head_of_the_value_as_json_writes_it() -> None:
 
 
 @real_process
-def test_a_forged_record_of_long_ints_costs_the_worker_no_more_than_its_size() -> None:
-    """The program writes its own done record: 330 ints of 50,000 digits (16 MiB, under the record cap).
-    Reading it and showing it as feedback took the worker about 17 s on a 1 s test."""
-    result, elapsed = evaluate(
-        FORGES_LONG_INTS, [{"input": "1", "output": "2"}], func_name="f", time_limit_s=1.0
-    )
-    assert verdict(result) == "wrong_answer", result
-    assert result["feedback"]["got"].startswith("[7777777777"), result
+@pytest.mark.parametrize(
+    ("fields", "expected", "field", "shown"),
+    [
+        ('"ok": true, "result":', "wrong_answer", "got", "[7777777777"),
+        ('"ok": false, "error":', "runtime_error", "error", "7777777777"),
+    ],
+    ids=["result", "error"],
+)
+def test_a_forged_record_of_long_ints_costs_the_worker_no_more_than_its_size(
+    fields: str, expected: str, field: str, shown: str
+) -> None:
+    """Reading such a record and showing it as feedback (a result's JSON, an error's text) took the worker
+    about 17 s on a 1 s test."""
+    program = _forges(fields)
+    result, elapsed = evaluate(program, [{"input": "1", "output": "2"}], func_name="f", time_limit_s=1.0)
+    assert verdict(result) == expected, result
+    assert shown in result["feedback"][field], result
     assert elapsed < 1.0 + SLACK_S, elapsed
