@@ -4,12 +4,11 @@ expected kind counts, and a line the program made unreadable is a fact too, neve
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from dataclasses import dataclass
 
-from asyncroll.evaluator.lcb_json import int_or_long, lcb_digit_limit
+from asyncroll.evaluator.lcb_json import lcb_loads_record
 
 
 @dataclass(slots=True)
@@ -56,9 +55,9 @@ def _record(line: bytes, kind: str) -> dict[str, object] | None:
     line the program made unreadable (not JSON, not UTF-8, nested past the parser's recursion limit, an
     int past LiveCodeBench's 50,000 digits)."""
     try:
-        with lcb_digit_limit():  # a returned int of up to 50,000 digits, as LiveCodeBench reads it
-            # long ints as text: the program can write this line itself, all of it 50,000-digit ints
-            record = json.loads(line, parse_int=int_or_long)
+        # a returned int of up to 50,000 digits, as LiveCodeBench reads it; long ones as text (the program
+        # can write this line itself, all of it 50,000-digit ints)
+        record = lcb_loads_record(line)
     except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) and record.get("kind") == kind else None
