@@ -106,3 +106,23 @@ def test_a_record_without_long_ints_is_read_at_the_c_parser_s_speed(monkeypatch:
     assert got == [1, LongInt(digits + "9")] and hooked == [False, True]
     # a long run inside a string sends a record the slow way, with the same values
     assert _read(f'{{"kind": "done", "ok": true, "result": [1, "{digits}9"]}}') == [1, digits + "9"]
+
+
+@real_process
+def test_a_stdin_program_s_done_record_is_capped_at_what_an_error_can_take() -> None:
+    """A stdin program's done record holds no result: a line past :data:`STDIN_RECORD_CAP` is not read
+    (the cap was twice the stdout cap, 16 MiB to 256 MiB of JSON the worker parsed and held)."""
+    forged = STATUS_FD + (
+        'data = (\'{"kind": "done", "ok": true, "pad": [\' + \'0,\' * 200000 + \'0]}\\n\').encode()\n'
+        "while data:\n"
+        "    data = data[os.write(fd, data):]\n"
+        "print(3)\n"
+    )
+    result, _ = evaluate(forged, [{"input": "", "output": "3"}], time_limit_s=6.0)
+    assert verdict(result) == "runtime_error", result
+    assert "could not be read back" in result["feedback"]["error"], result
+    long_error = "raise ValueError('\\U0001f600' * 10000)\n"  # every character 12 bytes as JSON
+    result, _ = evaluate(long_error, [{"input": "", "output": "3"}], time_limit_s=6.0)
+    error = result["feedback"]["error"]  # the traceback's end: the message; read back whole
+    assert verdict(result) == "runtime_error" and error.endswith("\U0001f600" * 10), result
+    assert "could not be read back" not in error, result

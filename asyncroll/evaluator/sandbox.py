@@ -55,6 +55,10 @@ HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="ut
 CLEANUP_S = 5.0
 _READ_CHUNK = 1 << 16
 _EXIT_RECORD_CAP = 4096  # {"kind": "exit", "status": N} and room to spare
+#: A stdin program's done record: an error of 4,000 characters, each up to 12 bytes as JSON (a functional
+#: one's holds the result: twice the stdout cap). The program can write the line itself: 16 MiB of ints
+#: took the worker seconds to parse, and up to 256 MiB where a large expected output raised the cap.
+STDIN_RECORD_CAP = 64 * 1024
 _RUNS = itertools.count(1)  # process-wide: file names in a scratch directory never collide
 
 
@@ -236,7 +240,8 @@ class Sandbox:
                 os.close(exit_w)
                 os.close(lifeline_r)
             started = time.monotonic()
-            self._collect(proc, group, status_r, exit_r, started + wall, limits, result)
+            cap = 2 * limits.output_bytes if func_name else STDIN_RECORD_CAP
+            self._collect(proc, group, (status_r, cap), exit_r, started + wall, limits, result)
             result.wall_s = time.monotonic() - started
         finally:
             try:
@@ -278,7 +283,7 @@ class Sandbox:
         self,
         proc: subprocess.Popen[bytes],
         group: TestGroup | None,
-        status_r: int,
+        status_pipe: tuple[int, int],
         exit_r: int,
         deadline: float,
         limits: Limits,
@@ -287,11 +292,12 @@ class Sandbox:
         """Read the four pipes until the launcher exits, the deadline passes or stdout overflows; then
         kill the whole tree and drain what the pipes still hold (bounded in time and size).
 
-        Only the first line of the status pipe is kept (the done record: a functional result may be as
-        large as the output cap, twice over as JSON), and of the exit pipe only a record's worth: the
-        program can write to the status pipe, and whatever it writes after its first line is read and
-        dropped, never stored or parsed."""
+        Only the first line of the status pipe (``status_pipe``: its fd and cap) is kept (the done record:
+        a functional result may be as large as the output cap, twice over as JSON), and of the exit pipe
+        only a record's worth: the program can write to the status pipe, and whatever it writes after its
+        first line is read and dropped, never stored or parsed."""
         assert proc.stdout is not None and proc.stderr is not None
+        status_r, record_cap = status_pipe
         stdout, stderr, status, exit_record = bytearray(), bytearray(), bytearray(), bytearray()
         buffers = {
             proc.stdout.fileno(): stdout,
@@ -302,7 +308,7 @@ class Sandbox:
         caps: dict[int, int | None] = {
             proc.stdout.fileno(): None,
             proc.stderr.fileno(): None,
-            status_r: 2 * limits.output_bytes,
+            status_r: record_cap,
             exit_r: _EXIT_RECORD_CAP,
         }
         pidfd = os.pidfd_open(proc.pid)
@@ -346,7 +352,7 @@ class Sandbox:
             os.close(pidfd)
         out.stdout = bytes(stdout[: limits.output_bytes])
         out.stderr = bytes(stderr[-limits.stderr_bytes :]).decode("utf-8", "replace")
-        out.record_exceeded = b"\n" not in status and len(status) >= 2 * limits.output_bytes
+        out.record_exceeded = b"\n" not in status and len(status) >= record_cap
         out.read_records(bytes(status), bytes(exit_record))
 
     def _kill_everything(self, proc: subprocess.Popen[bytes], group: TestGroup | None) -> None:
