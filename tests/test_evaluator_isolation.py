@@ -79,6 +79,31 @@ def test_every_layer_is_detected_and_the_report_is_json() -> None:
     assert report["python_version"] == version
 
 
+THREAD_POOL = """
+import threading
+started, go = [], threading.Event()
+def work():
+    started.append([bytearray(64) for _ in range(8)])  # this thread's first allocations: its malloc arena
+    go.wait()
+threads = [threading.Thread(target=work) for _ in range(32)]
+for thread in threads:
+    thread.start()
+go.set()
+for thread in threads:
+    thread.join()
+print(len(started))
+"""
+
+
+@real_process
+def test_a_program_with_a_pool_of_threads_runs_under_the_address_space_limit() -> None:
+    """glibc reserved 64 MiB of address space for each thread's malloc arena, so under the 768 MiB limit a
+    program could start 13 threads: a pool of 32 failed "can't start new thread" here, while LiveCodeBench
+    (no memory limit) runs it."""
+    result, _ = evaluate(THREAD_POOL, [{"input": "", "output": "32"}])
+    assert result["passed"], result["feedback"]
+
+
 @requires_isolation
 @real_process
 def test_the_program_sees_an_unprivileged_empty_world() -> None:
@@ -92,7 +117,7 @@ print(json.dumps([os.getuid(), os.getpid(), os.getppid(), sorted(os.environ), os
     seen = json.loads(result["feedback"]["got"])
     assert seen[0] == isolation.detect().config.uid
     assert seen[1:3] == [2, 1]  # the program's process is PID 2 under the harness as PID 1
-    assert seen[3] == ["HOME", "LANG", "LC_ALL", "PATH", "TMPDIR"]
+    assert seen[3] == ["HOME", "LANG", "LC_ALL", "MALLOC_ARENA_MAX", "PATH", "TMPDIR"]
     assert seen[4] == ["work"] and seen[5] == ["lo"]
     assert seen[7] == sorted(["dev", "proc", "tmp", "usr", "var", *HOST_ROOT_LINKS])
     assert seen[6] == [1, 2]  # /proc shows the namespace only: no host process, no secret to read

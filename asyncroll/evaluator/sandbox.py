@@ -277,6 +277,10 @@ class Sandbox:
             "LC_ALL": "C.UTF-8",
             "HOME": home,
             "TMPDIR": home,
+            # glibc reserves 64 MiB of address space for each thread's malloc arena: under the 768 MiB
+            # address-space limit a program could start 13 threads, a pool of 20 failing here and not in
+            # LiveCodeBench (no memory limit); two arenas leave the threads' stacks as the bound (≈ 85)
+            "MALLOC_ARENA_MAX": "2",
         }
 
     def _collect(
