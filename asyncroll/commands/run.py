@@ -129,8 +129,8 @@ def run(
         bool | None,
         Opt(
             "--progress/--no-progress",
-            help="Live progress line on stderr, drawn only when stderr is a terminal (a line redrawn with "
-            "\\r would garble a file or pipe); on by default, --no-progress turns it off.",
+            help="Live progress line on stderr, redrawn in place when stderr is a terminal; on by default, "
+            "--no-progress turns it off. Into a file or pipe only when given: one whole line every 30 s.",
         ),
     ] = None,
     metrics_port: Annotated[

@@ -8,6 +8,8 @@ snapshot, so what the line says is tested without a terminal.
 
 The line is drawn on stderr and only when stderr is a terminal: ``asyncroll run … > out.txt`` or a pipe
 gets no control characters (``\\r`` redraws, a final newline), and ``--no-progress`` turns it off anywhere.
+An explicit ``--progress`` into a file or pipe (a log under nohup or a batch scheduler) writes the same
+line whole every :data:`LOG_PERIOD_S` instead, and once more at the end.
 It is written by a thread of its own (:class:`Terminal`): a terminal paused with Ctrl-S, or an ssh session
 that stopped reading, blocks that thread's write and never the event loop.
 """
@@ -35,6 +37,9 @@ from asyncroll.runtime.pool import PoolSnapshot, WorkerPool
 
 #: Redraw period of the progress line, seconds (about twice a second: readable, and costs nothing).
 REDRAW_S = 0.5
+#: Period of the plain lines an explicit ``--progress`` writes into a file or pipe (a log under nohup or
+#: a batch scheduler), seconds: one line each, never redrawn.
+LOG_PERIOD_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +227,12 @@ def progress_enabled(setting: bool | None, stream: TextIO) -> bool:
         return False
 
 
+def progress_lines(setting: bool | None, stream: TextIO) -> bool:
+    """An explicit ``--progress`` (``True``) into a stream that is no terminal: plain lines, one every
+    :data:`LOG_PERIOD_S` (the default, ``None``, draws nothing there)."""
+    return setting is True and not progress_enabled(True, stream)
+
+
 class Terminal:
     """Draws progress lines on ``stream`` in place: ``\\r``, the line, blanks over the tail of the line drawn
     before it (:func:`redraw`), and a newline after the final one.
@@ -232,11 +243,12 @@ class Terminal:
     until the terminal was resumed. Now only this thread waits, and lines handed meanwhile replace each
     other. The tail to blank is the last line *written*, not the last handed over (one replaced before it
     was written was never on the screen). A stream that fails (closed terminal) ends the drawing, never
-    the run.
+    the run. Not ``in_place`` (a file or pipe): each line is written whole on a line of its own.
     """
 
-    def __init__(self, stream: TextIO, *, background: bool = True) -> None:
+    def __init__(self, stream: TextIO, *, background: bool = True, in_place: bool = True) -> None:
         self._stream = stream
+        self._in_place = in_place
         self._drawn = 0  # length of the last line written, to blank its tail on a shorter redraw
         self._broken = False
         self._ready = threading.Condition()
@@ -281,11 +293,11 @@ class Terminal:
             self._write(line, width, final)
 
     def _write(self, line: str, width: int, final: bool) -> None:
-        if self._broken or not in_foreground(self._stream):  # a background job leaves the terminal alone
-            return
-        text = redraw(line, self._drawn, width)
+        if self._broken or (self._in_place and not in_foreground(self._stream)):  # a background job
+            return  # leaves its terminal alone
+        text = redraw(line, self._drawn, width) if self._in_place else line
         try:
-            self._stream.write(text + "\n" if final else text)
+            self._stream.write(text + "\n" if final or not self._in_place else text)
             self._stream.flush()
         except (OSError, ValueError):  # a closed terminal: no more lines, the run goes on
             self._broken = True
@@ -294,7 +306,8 @@ class Terminal:
 
 
 class ProgressLine:
-    """Redraws :func:`render_progress` in place with ``\\r`` about twice a second until :meth:`stop`.
+    """Redraws :func:`render_progress` in place with ``\\r`` about twice a second until :meth:`stop` (not
+    ``in_place``: writes it whole, a line each ``period``).
 
     Snapshots are taken and rendered on the event loop; the :class:`Terminal` writes them (in the
     background unless ``background=False``)."""
@@ -306,16 +319,18 @@ class ProgressLine:
         period: float = REDRAW_S,
         *,
         background: bool = True,
+        in_place: bool = True,
     ) -> None:
         self._view = view
         self._stream = stream or sys.stderr
         self._period = period
         self._stop = asyncio.Event()
-        self._terminal = Terminal(self._stream, background=background)
+        self._in_place = in_place
+        self._terminal = Terminal(self._stream, background=background, in_place=in_place)
         self.redraws = 0
 
     def _width(self) -> int:
-        return line_width(self._stream)
+        return line_width(self._stream) if self._in_place else 1000  # a log's line is never cut
 
     def draw(self, *, final: bool = False) -> None:
         """Render the line once and hand it to the terminal, overwriting the previous one."""
@@ -362,7 +377,11 @@ class LiveView:
     ) -> None:
         self._view = view
         self._stream = stream or sys.stderr
-        self._line = ProgressLine(view, self._stream) if progress_enabled(progress, self._stream) else None
+        self._line: ProgressLine | None = None
+        if progress_enabled(progress, self._stream):
+            self._line = ProgressLine(view, self._stream)
+        elif progress_lines(progress, self._stream):
+            self._line = ProgressLine(view, self._stream, LOG_PERIOD_S, in_place=False)
         self._metrics = (metrics_port, metrics_host, info)
         self._exporter: Any = None
         self._task: asyncio.Task[None] | None = None
