@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncroll.simulation.left_shift import Shifted, retimed_s
 from asyncroll.simulation.optimum import Instance, Step, analytic_bound, solve
 from tests.solver_hints import _fix_the_hint
 
@@ -124,3 +125,16 @@ def test_the_best_schedule_is_one_of_the_real_durations_not_of_the_floored_ones(
     result = solve(Instance((steps, steps), 2, 1, 1), time_limit_s=10, threads=1)
     assert result.lower_bound_s == pytest.approx(0.0038)
     assert result.best_schedule_s == pytest.approx(0.0057), result  # was 0.0038
+
+
+def test_a_trajectory_of_sub_resolution_steps_still_gets_a_best_schedule_of_the_real_durations() -> None:
+    """A trajectory whose steps all floor to 0 ticks holds an active slot for no time in the solver's model,
+    so the solver may place it inside another's: its order re-timed with the real durations had a cycle
+    (the other's last step before its begin, its 0-tick model turn before the other's), and an ``optimal``
+    result came back with no best schedule at all. The real durations, one active slot: 5 + 0.5 ms."""
+    work = (chain(("m", 0.0015), ("c", 0.0035)), chain(("m", 0.0005)))
+    result = solve(Instance(work, 1, 1, 1), time_limit_s=10, threads=1)
+    assert result.status == "optimal", result
+    assert result.best_schedule_s == pytest.approx(0.0055), result  # was None
+    inside = Shifted(begins=(0, 0), starts=((0, 1), (0,)), ends=(4, 0), makespan=4)  # a floored schedule
+    assert retimed_s(Instance(work, 1, 1, 1), inside, 0.001) == pytest.approx(0.0055)  # was None

@@ -140,8 +140,8 @@ def retimed_s(instance: Instance, schedule: Shifted, resolution_s: float) -> flo
     """The makespan of ``schedule`` (a schedule of ``instance``'s durations floored to ``resolution_s``,
     in those ticks: the solver's) re-timed with the real durations: the same order on every unit of every
     resource, each step as early as that order allows. A real schedule of this work exists that is this
-    long, where the floored one can be shorter than any (a 1.9 ms step counts 1 ms). None on a cycle
-    (ties of zero-length steps the order cannot separate)."""
+    long, where the floored one can be shorter than any (a 1.9 ms step counts 1 ms). Where that order has a
+    cycle, the steps are listed in the schedule's order instead (:func:`_listed`)."""
     placed = Instance(
         chains=tuple(
             tuple(
@@ -157,7 +157,47 @@ def retimed_s(instance: Instance, schedule: Shifted, resolution_s: float) -> flo
     )
     real = [[math.ceil(step.seconds / MICROSECOND - 1e-6) for step in chain] for chain in instance.chains]
     shifted = left_shifted(placed, lambda s: math.ceil(s / MICROSECOND - 1e-6), real)
-    return None if shifted is None else shifted.makespan * MICROSECOND
+    if shifted is None:  # a trajectory of 0-tick steps held its slot for no time, inside another's
+        return _listed(instance, schedule, real)
+    return shifted.makespan * MICROSECOND
+
+
+def _listed(instance: Instance, schedule: Shifted, real: list[list[int]]) -> float | None:
+    """The makespan of a schedule of the real durations (``real``, in µs) built by placing the steps one at
+    a time, in the order of ``schedule``'s starts, each on the unit of its resource free first and after its
+    trajectory's previous step; a trajectory begins in workload order once an active slot is free. Always a
+    schedule of this work (None only where a resource it needs has no unit)."""
+    units = {"model": [0] * instance.model_capacity, "cpu": [0] * instance.workers}
+    slots = [0] * instance.active  # when each active slot is free
+    ready: list[tuple[int, int, int]] = [(schedule.begins[0], 0, -1)] if instance.chains else []
+    waiting: tuple[int, int, int] | None = None  # a begin with no free slot yet
+    end = [0] * len(instance.chains)  # each trajectory's end so far
+    admitted = 0  # the latest begin
+    while ready:
+        node = heapq.heappop(ready)
+        _, i, k = node
+        chain = instance.chains[i]
+        if k < 0:
+            if not slots:
+                waiting = node
+                continue
+            admitted = end[i] = max(admitted, heapq.heappop(slots))
+            if i + 1 < len(instance.chains):
+                heapq.heappush(ready, (schedule.begins[i + 1], i + 1, -1))
+        else:
+            free = units[chain[k].kind]
+            if not free:
+                return None
+            end[i] = max(end[i], heapq.heappop(free)) + real[i][k]
+            heapq.heappush(free, end[i])
+        if k + 1 < len(chain):
+            heapq.heappush(ready, (schedule.starts[i][k + 1], i, k + 1))
+            continue
+        heapq.heappush(slots, end[i])  # trajectory i has ended: its slot is free
+        if waiting is not None:
+            heapq.heappush(ready, waiting)
+            waiting = None
+    return None if waiting is not None else max(end, default=0) * MICROSECOND  # (no active slot)
 
 
 def _longest_paths(edges: list[list[int]], size: list[int]) -> list[int] | None:
