@@ -262,3 +262,40 @@ def test_a_server_that_died_says_how_the_client_ended(
     server = cast(InferenceServer, SimpleNamespace(process=SimpleNamespace(poll=lambda: -9, log=log)))
     text = arms._server_died(server, code, stopped=stopped)
     assert text.startswith(f"server was killed by SIGKILL (exit code -9) while the client ran; {said}"), text
+
+
+MODELS_HANG = """
+import http.server, sys, time
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/v1/models":
+            time.sleep(3600)  # never answers
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_model_list_that_never_comes_is_given_only_the_time_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/v1/models, asked again until the readiness deadline, was given a whole probe's time however little
+    was left: a server whose /health said ready and whose /v1/models never answered held the arm past
+    its deadline by up to a probe (here made 30 s, so that the two cannot be confused on a slow machine)."""
+    from asyncroll.experiment import server as server_module
+    from asyncroll.experiment.server import InferenceServer, ReadinessTimeout, free_port
+
+    monkeypatch.setattr(server_module, "PROBE_TIMEOUT_S", 30.0)
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-c", MODELS_HANG, str(port)]
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    server.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(ReadinessTimeout, match=r"\(last: /v1/models: "):
+            server.wait_ready(["/health"], 3.0)
+        assert time.monotonic() - began < 15.0  # 3 s and a probe's margin (max(1 s, 10%)); was over 30 s
+    finally:
+        server.stop(2.0)

@@ -311,8 +311,12 @@ class InferenceServer:
                         continue
                     if status == 200:
                         owner = self._owner()
-                        try:
-                            models = await self._models(client)
+                        left = deadline_s - (time.monotonic() - began)
+                        if left <= 0:
+                            last_error = f"{path}: HTTP 200, /v1/models not asked before the deadline"
+                            continue
+                        try:  # given at most the time left, as every probe
+                            models = await self._models(client, min(PROBE_TIMEOUT_S, left))
                         except ProbeFailed as exc:  # not yet (a proxy's 502, a 503): until the deadline
                             last_error = str(exc)
                             continue
@@ -369,12 +373,12 @@ class InferenceServer:
             raise ProbeFailed(str(exc)) from None
         return response.status_code, body
 
-    async def _models(self, client: httpx.AsyncClient) -> list[str]:
+    async def _models(self, client: httpx.AsyncClient, limit_s: float) -> list[str]:
         """The served model ids; the configured served name must be one of them. No answer, a 429 or a
         5xx (a server behind a proxy still starting, an overloaded one) is :class:`ProbeFailed`: asked
         again until the readiness deadline; any other answer that is not the list is final."""
         try:
-            status, raw = await self._get(client, "/v1/models", PROBE_TIMEOUT_S)
+            status, raw = await self._get(client, "/v1/models", limit_s)
         except ProbeFailed as exc:
             raise ProbeFailed(f"/v1/models: {exc}") from None
         if status == 429 or status >= 500:
