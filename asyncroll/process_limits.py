@@ -73,15 +73,20 @@ FILES_BESIDES = 64
 FILES_BESIDES_SCRIPTED = 16
 
 
-def open_files_for(inflight: int, workers: int) -> str | None:
+def open_files_for(inflight: int, workers: int, connections: int | None = None) -> str | None:
     """Lets a run hold its workers' pipes and, against a server, a connection per request in flight
-    (``inflight``; 0 for a scripted run): raises the soft open-files limit (``ulimit -n``) towards what
-    ``inflight`` connections and ``workers`` need, as far as the hard limit allows, and returns a warning
+    (``inflight``; 0 for a scripted run), or ``connections`` where given (those its client may keep open):
+    raises the soft open-files limit (``ulimit -n``) towards what they and ``workers`` need, as far as the
+    hard limit allows, and returns a warning
     where the hard limit is below that, else None. Under a common
     ``ulimit -n 1024`` a run with 1,024 requests in flight had requests past it fail mid-run as transport
     errors ('Too many open files'), which opened the circuit as if the server were down, and the
     trajectories they were for failed."""
-    needed = inflight + FILES_PER_WORKER * workers + (FILES_BESIDES if inflight else FILES_BESIDES_SCRIPTED)
+    needed = (
+        (inflight if connections is None else connections)
+        + FILES_PER_WORKER * workers
+        + (FILES_BESIDES if inflight else FILES_BESIDES_SCRIPTED)
+    )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return None

@@ -198,3 +198,45 @@ def test_the_connections_a_server_sees_never_outnumber_the_inflight_limit() -> N
     with LoopbackServer(Handler) as server:
         asyncio.run(asyncio.wait_for(two_waves(server.url), 30))
     assert len(ports) == inflight
+
+
+@pytest.mark.timeout(60)
+def test_the_room_made_for_connections_holds_what_the_pools_keep_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """600 active trajectories at --max-inflight-model-requests 2000: at most 600 requests in flight, over
+    the 250 pools of the limit, each taking a request while it has the fewest. A pool keeps alive as many
+    connections as it ever held at once (httpcore reuses an idle one, opens one where none is), and each
+    reaches one more than an even split: 750 connections, where room was made for 600 (``ulimit -n``)."""
+    from types import SimpleNamespace
+
+    from asyncroll import process_limits
+    from asyncroll.backends.transport import pool_shares
+    from asyncroll.commands.common import open_files_for_requests
+
+    most, active = 2000, 600
+    shares = pool_shares(most)
+    transport = PoolsTransport(
+        [httpx.MockTransport(lambda _: httpx.Response(200, stream=_Body(b""))) for _ in shares], shares
+    )
+    held = [0] * len(shares)  # the most each pool held at once: the connections it keeps
+    rng = random.Random(7)
+
+    async def churn() -> None:
+        responses: list[httpx.Response] = []
+        for step in range(active + 5000):
+            if step >= active:  # one ends, another starts: 600 in flight throughout
+                await responses.pop(rng.randrange(len(responses))).aclose()
+            responses.append(await transport.handle_async_request(httpx.Request("GET", "http://server/")))
+            held[:] = map(max, held, transport.in_flight)
+
+    asyncio.run(churn())
+    room: list[int] = []
+    monkeypatch.setattr(
+        process_limits,
+        "open_files_for",
+        lambda inflight, _workers, kept=None: room.append(inflight if kept is None else kept),
+    )
+    limits = SimpleNamespace(max_inflight_model_requests=most, max_active_trajectories=active, cpu_workers=1)
+    open_files_for_requests(SimpleNamespace(backend="vllm", limits=limits))
+    assert room and sum(held) <= room[0], (sum(held), room)  # was 600 for 750

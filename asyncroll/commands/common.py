@@ -152,16 +152,21 @@ def note_limit_past(limit: int | None, count: int, done: str) -> None:
 def open_files_for_requests(cfg: Any) -> None:
     """Before a run: room under ``ulimit -n`` for its workers' pipes and, against a server, a connection per
     request in flight (:func:`asyncroll.process_limits.open_files_for`), said on stderr where the hard limit
-    leaves none. A trajectory has one request in flight at a time: no more than the active ones are."""
+    leaves none. A trajectory has one request in flight at a time: no more than the active ones are. The
+    HTTP backend's pools (one per :data:`~asyncroll.backends.transport.POOL_SHARE` of the inflight limit)
+    each keep alive as many connections as they held at once, up to one more than an even split of those
+    in flight: 750 for 600 in flight over 250 pools (tests/test_transport_pools.py)."""
     from asyncroll.process_limits import open_files_for
 
     limits = cfg.limits
-    inflight = (
-        0
-        if cfg.backend == "scripted"
-        else min(limits.max_inflight_model_requests, limits.max_active_trajectories)
-    )
-    warning = open_files_for(inflight, cfg.limits.cpu_workers)
+    inflight = connections = 0
+    if cfg.backend != "scripted":
+        from asyncroll.backends.transport import POOL_SHARE
+
+        most = limits.max_inflight_model_requests
+        inflight = min(most, limits.max_active_trajectories)
+        connections = min(most, inflight + -(-most // POOL_SHARE))
+    warning = open_files_for(inflight, cfg.limits.cpu_workers, connections)
     if warning is not None:
         typer.echo(warning, err=True)
 
