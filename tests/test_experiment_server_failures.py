@@ -299,3 +299,32 @@ def test_a_model_list_that_never_comes_is_given_only_the_time_left(
         assert time.monotonic() - began < 15.0  # 3 s and a probe's margin (max(1 s, 10%)); was over 30 s
     finally:
         server.stop(2.0)
+
+
+@pytest.mark.timeout(60)
+def test_who_listens_is_not_looked_at_again_for_every_ask_of_the_model_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/v1/models asked again until the deadline looked at who listens on the port (a scan of every
+    process's sockets) before every ask: here 4 times for 3 answers of 502. Now at the first 200 (another's
+    server is said at once) and once more when the model is listed."""
+    from asyncroll.experiment.server import InferenceServer, free_port
+
+    looked: list[int] = []
+    owner = InferenceServer._owner
+
+    def counted(self: InferenceServer) -> dict[str, object]:
+        looked.append(1)
+        return owner(self)
+
+    monkeypatch.setattr(InferenceServer, "_owner", counted)
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-c", MODELS_NOT_YET, str(port), "3"]
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
+    server.start()
+    try:
+        ready = server.wait_ready(["/health"], 20.0)
+        assert ready["models"] == ["m"] and ready["listener"]["verified"] is not None, ready
+    finally:
+        server.stop(2.0)
+    assert len(looked) == 2, looked  # was 4

@@ -288,6 +288,8 @@ class InferenceServer:
 
         began = time.monotonic()
         last_error = "no answer yet"
+        owner: dict[str, Any] | None = None  # who listens on the port, once a probe answered 200
+        asked = False  # /v1/models asked before and not answered yet: who listens is looked at again
         limits = httpx.Limits(max_connections=None)  # see http_read: a deadline may leak a pool slot
         async with httpx.AsyncClient(trust_env=False, limits=limits) as client:
             while True:
@@ -310,7 +312,10 @@ class InferenceServer:
                         last_error = f"{path}: {exc}"
                         continue
                     if status == 200:
-                        owner = self._owner()
+                        # who listens: at the first 200 (another's server answered: said at once), then
+                        # once /v1/models lists the model, not at every ask (a scan of every process's
+                        # sockets, while a slow /v1/models is asked until the deadline)
+                        owner = self._owner() if owner is None else owner
                         left = deadline_s - (time.monotonic() - began)
                         if left <= 0:
                             last_error = f"{path}: HTTP 200, /v1/models not asked before the deadline"
@@ -318,8 +323,10 @@ class InferenceServer:
                         try:  # given at most the time left, as every probe
                             models = await self._models(client, min(PROBE_TIMEOUT_S, left))
                         except ProbeFailed as exc:  # not yet (a proxy's 502, a 503): until the deadline
-                            last_error = str(exc)
+                            last_error, asked = str(exc), True
                             continue
+                        if asked:
+                            owner = self._owner()
                         ready_s = round(time.monotonic() - began, 3)
                         return {"ready_s": ready_s, "via": path, "models": models, "listener": owner}
                     last_error = f"{path}: HTTP {status}"
