@@ -138,3 +138,12 @@ def test_a_trajectory_of_sub_resolution_steps_still_gets_a_best_schedule_of_the_
     assert result.best_schedule_s == pytest.approx(0.0055), result  # was None
     inside = Shifted(begins=(0, 0), starts=((0, 1), (0,)), ends=(4, 0), makespan=4)  # a floored schedule
     assert retimed_s(Instance(work, 1, 1, 1), inside, 0.001) == pytest.approx(0.0055)  # was None
+
+
+def test_a_best_schedule_at_the_bound_but_for_the_float_sum_s_last_bits_is_at_the_bound() -> None:
+    """One chain, one worker: the chain back to back is the analytic bound and a real schedule, but the
+    re-timed schedule (whole µs) read 0.006672 against the bound's float sum 0.006671999999999999, and the
+    command said the real optimum lay between the two."""
+    result = solve(Instance((chain(("c", 0.004833), ("c", 0.001839)),), 1, 1, 1), time_limit_s=10, threads=1)
+    assert result.status == "optimal", result
+    assert result.best_schedule_s == result.lower_bound_s, result  # was above it by 1e-18
