@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.conftest import REPO, invoke
 from tests.experiments import write_config
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
@@ -96,25 +96,11 @@ def test_a_replay_of_a_run_whose_workload_the_locale_cannot_spell_says_so(tmp_pa
     folder.mkdir()
     (folder / "w.jsonl").write_bytes(SMOKE.read_bytes())
     run = tmp_path / "run"
-    recorded = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asyncroll.cli",
-            "simulate",
-            "--workload",
-            folder / "w.jsonl",
-            "--output",
-            run,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env={**os.environ, "PYTHONUTF8": "1"},
-        check=False,
-    )
-    assert recorded.returncode == 0, recorded.stderr
+    # recorded in this process, whose file-name encoding spells 数据 (it made the folder): a new interpreter
+    # under a UTF-8 locale was seconds of the suite; the replay under the C locale is the one tested
+    assert sys.getfilesystemencoding() == "utf-8"
+    recorded = invoke("simulate", "--workload", folder / "w.jsonl", "--output", run)
+    assert recorded.exit_code == 0, recorded.output
     proc = ascii_cli("simulate", "--from-run", run, "--output", tmp_path / "replay", cwd=tmp_path)
     _refused(proc, "its workload (run.json's workload.path) ")
     assert "no longer exists" not in proc.stderr and "pass --workload with a copy" in proc.stderr
@@ -130,8 +116,8 @@ def test_help_and_optimum_write_their_own_non_ascii_text_under_an_ascii_locale(t
         proc = ascii_cli(command, "--help", cwd=tmp_path)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert "Usage: " in proc.stdout
-    run = tmp_path / "run"
-    assert ascii_cli("simulate", "--workload", SMOKE, "--output", run, cwd=tmp_path).returncode == 0
+    run = tmp_path / "run"  # recorded in this process: ``optimum`` is the command under the C locale here
+    assert invoke("simulate", "--workload", SMOKE, "--output", run).exit_code == 0
     proc = ascii_cli("optimum", run, cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "makespan ÷ proven bound" in proc.stdout
