@@ -126,6 +126,22 @@ def metrics_server() -> Iterator[Callable[..., MetricsServer]]:
 
 
 @pytest.fixture(scope="module")
+def versions_read_once() -> Iterator[None]:
+    """Each run's receipt (run.json's ``versions``) names the installed packages as this process first
+    read them, for a module of property tests that simulate hundreds of runs in this process and check
+    their events and summaries, never their receipt's versions: ``importlib.metadata`` read every
+    package's metadata again for each run (40–85 ms a run, a quarter of a round-trip example). The
+    product reads them afresh on purpose (an experiment's runner sees a package upgraded mid-way)."""
+    from asyncroll.outputs import receipt
+    from asyncroll.runtime import receipt_body
+
+    first = receipt.versions()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(receipt_body, "versions", lambda: dict(first))
+        yield
+
+
+@pytest.fixture(scope="module")
 def hypothesis_without_local_constants() -> Iterator[None]:
     """Derandomised Hypothesis tests that try the same examples whatever ran before them in the process.
 

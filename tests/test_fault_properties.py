@@ -37,7 +37,7 @@ from tests.test_properties import (
     check_summary,
 )
 
-pytestmark = pytest.mark.usefixtures("hypothesis_without_local_constants")
+pytestmark = pytest.mark.usefixtures("hypothesis_without_local_constants", "versions_read_once")
 
 #: Job costs around the timeouts drawn below: many jobs time out, many do not.
 FAULTY_MS = st.sampled_from([0, 10, 40, 60, 120, 200, 400])

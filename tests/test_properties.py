@@ -75,7 +75,7 @@ def event_validators() -> dict[str, jsonschema.Draft202012Validator]:
 
 
 EVENT_SCHEMAS = event_validators()
-pytestmark = pytest.mark.usefixtures("hypothesis_without_local_constants")
+pytestmark = pytest.mark.usefixtures("hypothesis_without_local_constants", "versions_read_once")
 
 
 def check_limits(events: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, int]:

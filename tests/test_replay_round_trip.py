@@ -30,7 +30,10 @@ from tests.conftest import write_workload
 from tests.property_runs import PROPS, code_problem
 from tests.simulations import simulate_here
 
-pytestmark = [pytest.mark.usefixtures("hypothesis_without_local_constants"), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.usefixtures("hypothesis_without_local_constants", "versions_read_once"),
+    pytest.mark.timeout(300),
+]
 
 #: Durations (ms) shared by many steps, so that events often fall on the same virtual instant, and
 #: around the tool timeouts drawn below (50 and 100 ms): some jobs time out, most do not.
