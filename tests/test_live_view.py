@@ -33,7 +33,7 @@ from asyncroll.runtime.model_gate import ModelGateSnapshot
 from asyncroll.runtime.pool import PoolSnapshot
 from asyncroll.runtime.progress import ProgressLine, RunSnapshot, progress_enabled, render_progress
 from tests.children import end
-from tests.conftest import REPO, tool_problem, write_workload
+from tests.conftest import REPO, invoke, tool_problem, write_workload
 
 SMOKE = REPO / "examples" / "smoke.jsonl"
 
@@ -279,7 +279,7 @@ def test_metrics_host_that_cannot_be_bound_is_a_usage_error_with_any_free_port_t
     """``--metrics-port 0`` skipped the check (0 is falsy): a host no local interface has started the run,
     which then failed (exit 1) and left a failed run directory, where a fixed port gave exit 2 and none."""
     host = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never a local address, refused at once, no name lookup
-    args = [
+    args: list[str | Path] = [
         "run",
         "--workload",
         SMOKE,
@@ -290,14 +290,9 @@ def test_metrics_host_that_cannot_be_bound_is_a_usage_error_with_any_free_port_t
         "--metrics-host",
         host,
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "asyncroll.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        cwd=REPO,
-    )
-    assert proc.returncode == 2, proc.stderr
+    # a refusal before anything starts: in this process (the test above refuses a port in its own)
+    proc = invoke(*args)
+    assert proc.exit_code == 2, proc.stderr
     assert f"--metrics-port 0 on {host}: cannot listen" in proc.stderr
     assert not (tmp_path / "r").exists()
 
