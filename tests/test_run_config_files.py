@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.cli_runs import REPO, SMOKE, cli, load_run, run_in_process
+from tests.conftest import invoke
 
 
 def test_config_file_with_flag_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -586,15 +587,16 @@ def test_a_simulations_run_json_is_run_for_real_and_said_to_be(
 ) -> None:
     """Simulate first, then run for real: a simulation's run.json re-runs its settings with real workers,
     and said nothing of its simulated server and virtual clock, which no setting of run carries."""
-    sim = tmp_path / "sim"
-    done = cli("simulate", "--workload", SMOKE, "--output", sim, "--policy", "fifo")
-    assert done.returncode == 0, done.stderr
+    sim, first = tmp_path / "sim", tmp_path / "first"
+    # the runs to re-run are recorded in this process (each a new interpreter was seconds of the suite),
+    # before run_in_process replaces the run with a recorder
+    done = invoke("simulate", "--workload", SMOKE, "--output", sim, "--policy", "fifo")
+    assert done.exit_code == 0, done.stderr
+    assert invoke("run", "--workload", SMOKE, "--output", first, "--no-progress").exit_code == 0
     real, seen = run_in_process(monkeypatch, "--config", sim / "run.json", "--output", tmp_path / "real")
     assert real.exit_code == 0 and seen[0].policy == "fifo", real.stderr
     said = f"warning: --config {sim / 'run.json'}: the run.json of a simulation: this run is real"
     assert said in real.stderr
-    first = tmp_path / "first"
-    assert cli("run", "--workload", SMOKE, "--output", first, "--no-progress").returncode == 0
     again, _ = run_in_process(monkeypatch, "--config", first / "run.json", "--output", tmp_path / "again")
     assert again.exit_code == 0 and "simulation" not in again.stderr, again.stderr
 
@@ -609,9 +611,9 @@ def test_a_receipt_of_an_older_asyncroll_run_runs_the_rule_that_ran(
     now it runs the rule that ran, by its own name (a flag still wins). A run of today's rule is unchanged."""
     from asyncroll.policies.registry import canonical_policy
 
-    first = tmp_path / "first"
-    done = cli("run", "--workload", SMOKE, "--output", first, "--policy", "asyncroll", "--no-progress")
-    assert done.returncode == 0, done.stderr
+    first = tmp_path / "first"  # the run, recorded in this process: the re-run from its run.json is tested
+    done = invoke("run", "--workload", SMOKE, "--output", first, "--policy", "asyncroll", "--no-progress")
+    assert done.exit_code == 0, done.stderr
     receipt = json.loads((first / "run.json").read_text())
     assert receipt["config"]["policy_canonical"] == canonical_policy("asyncroll") != "asyncroll_critical"
     today, seen = run_in_process(monkeypatch, "--config", first / "run.json", "--output", tmp_path / "b")
@@ -644,9 +646,9 @@ def test_a_receipt_written_before_run_json_named_the_rule_runs_the_rule_its_even
     run.json with no such events beside it says the rule is not recorded and today's runs."""
     from asyncroll.policies.registry import canonical_policy
 
-    first = tmp_path / "first"
-    done = cli("run", "--workload", SMOKE, "--output", first, "--policy", "asyncroll", "--no-progress")
-    assert done.returncode == 0, done.stderr
+    first = tmp_path / "first"  # the run, recorded in this process: the re-run from its run.json is tested
+    done = invoke("run", "--workload", SMOKE, "--output", first, "--policy", "asyncroll", "--no-progress")
+    assert done.exit_code == 0, done.stderr
     older = tmp_path / "older"  # as a run of 2026-12-02 (asyncroll_critical) wrote it
     older.mkdir()
     receipt = json.loads((first / "run.json").read_text())
@@ -711,10 +713,10 @@ def test_a_rerun_from_a_receipt_says_which_files_the_run_read_have_changed_since
     folder = tmp_path / "toolmath"
     shutil.copytree(REPO / "examples" / "toolmath", folder)
     first = tmp_path / "first"
-    done = cli(
+    done = invoke(  # recorded in this process: the re-run from its run.json is tested
         "run", "--workload", folder / "workload.jsonl", "--output", first, "--limit", "1", "--no-progress"
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     receipt = first / "run.json"
     same, seen = run_in_process(monkeypatch, "--config", receipt, "--output", tmp_path / "b")
     assert same.exit_code == 0 and seen and "changed since" not in same.stderr, same.stderr
