@@ -18,7 +18,7 @@ import pytest
 
 from tests.children import end
 from tests.cli_runs import SMOKE, cli
-from tests.conftest import REPO, tool_problem, write_workload
+from tests.conftest import REPO, invoke, tool_problem, write_workload
 
 #: ``asyncroll`` (argv from the fourth argument on) with two hooks: with argv[2] "run", the process sends
 #: itself SIGINT once its first result is written (the run is interrupted); and, with argv[3] "trace",
@@ -172,7 +172,7 @@ def test_a_signal_while_asyncroll_timeline_writes_says_so_and_keeps_the_exports_
     """``asyncroll timeline`` (half a minute on a large run) used to exit 130 on Ctrl-C without a word, and
     to say nothing while it wrote either."""
     out = tmp_path / "out"
-    assert cli("simulate", "--workload", SMOKE, "--output", out).returncode == 0
+    assert invoke("simulate", "--workload", SMOKE, "--output", out).exit_code == 0  # made in this process
     before = {name: (out / name).read_bytes() for name in ("trace.json", "timeline.html")}
     (out / "trace.json").write_bytes(b"{}")  # an old one, replaced only by a whole new one
     before["trace.json"] = b"{}"
@@ -196,7 +196,7 @@ def test_a_signal_after_timeline_rewrote_trace_json_records_it(
     from asyncroll.cli import app
 
     out = tmp_path / "out"
-    assert cli("simulate", "--workload", SMOKE, "--output", out).returncode == 0
+    assert invoke("simulate", "--workload", SMOKE, "--output", out).exit_code == 0  # made in this process
     page = (out / "timeline.html").read_bytes()
 
     def stopped(*_args: Any, **_kwargs: Any) -> None:

@@ -23,7 +23,7 @@ import pytest
 from tests.children import end
 from tests.cli_runs import SMOKE, cli
 from tests.cli_runs import _wait_for as wait_for
-from tests.conftest import REPO, tool_problem, write_workload
+from tests.conftest import REPO, invoke, tool_problem, write_workload
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,8 +50,8 @@ main()
 
 def test_two_timeline_commands_at_once_on_one_run_both_succeed(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    made = cli("simulate", "--workload", SMOKE, "--output", out)
-    assert made.returncode == 0, made.stderr
+    made = invoke("simulate", "--workload", SMOKE, "--output", out)  # the run: made in this process
+    assert made.exit_code == 0, made.stderr
     paused, go = tmp_path / "paused", tmp_path / "go"
     first = subprocess.Popen(
         [sys.executable, "-c", PAUSED, str(paused), str(go), str(out)],
@@ -112,8 +112,8 @@ def test_what_a_killed_writer_left_staged_is_cleared_by_the_next_writer(tmp_path
     one name per process the next writer no longer overwrote it, and it stayed beside the run for good (a
     trace can be hundreds of MB). One a live process is writing (a neighbour, now) is left alone."""
     out = tmp_path / "run"
-    made = cli("simulate", "--workload", SMOKE, "--output", out)
-    assert made.returncode == 0, made.stderr
+    made = invoke("simulate", "--workload", SMOKE, "--output", out)  # the run: made in this process
+    assert made.exit_code == 0, made.stderr
     never = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # a pid no process can have
     dead = [
         out / f".trace.json.{never}.tmp",
