@@ -15,8 +15,8 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
-from tests.cli_runs import cli, load_run
-from tests.conftest import tool_problem, write_workload
+from tests.cli_runs import load_run
+from tests.conftest import invoke, tool_problem, write_workload
 from tests.simulations import _edit_lines, simulate_here
 
 
@@ -158,8 +158,8 @@ def test_a_replay_of_a_real_run_takes_its_measured_replacement_start_ups(tmp_pat
     real = tmp_path / "real"
     args = ["--cpu-workers", "1", "--tool-timeout", "0.3", "--tool-errors", "observe", "--no-progress"]
     args += ["--policy", "fifo"]
-    result = cli("run", "--workload", workload, "--output", real, *args)
-    assert result.returncode == 0, result.stderr
+    result = invoke("run", "--workload", workload, "--output", real, *args)  # real workers, this process
+    assert result.exit_code == 0, result.stderr
     measured = _replacement_startups(real)
     assert len(measured) == 2 and all(s > 0 for s in measured)
     replay = tmp_path / "replay"
@@ -299,8 +299,8 @@ def test_a_real_workers_death_holding_a_job_is_replayed(tmp_path: Path) -> None:
     workload = write_workload(tmp_path / "w.jsonl", [*problems, tool_problem("ok", model_ms=5, cpu_ms=5)])
     real = tmp_path / "real"
     args = ["--tool-errors", "observe", "--no-progress"]
-    result = cli("run", "--workload", workload, "--output", real, *args)
-    assert result.returncode == 0, result.stderr
+    result = invoke("run", "--workload", workload, "--output", real, *args)  # real workers, this process
+    assert result.exit_code == 0, result.stderr
     _, real_summary, real_events = load_run(real)
     assert real_summary["workers"]["restarts_by_reason"] == {"died": 1}
     assert real_summary["counts"]["completed"] == 2
