@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,11 @@ def test_a_real_run_with_progress_into_a_pipe_writes_its_lines(tmp_path: Path) -
 def test_the_help_states_the_period_the_lines_are_written_at() -> None:
     shown = " ".join(invoke("run", "--help").output.split())
     assert f"Into a file or pipe only when given: one whole line every {LOG_PERIOD_S:g} s." in shown
+
+
+def test_an_explicit_progress_with_stderr_closed_writes_nowhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``2>&-`` Python's ``sys.stderr`` is None: no line, rather than a writer thread that dies on its
+    first write."""
+    monkeypatch.setattr(sys, "stderr", None)
+    view = LiveView(_Ticking(VirtualClock()), progress=True, metrics_port=None)  # type: ignore[arg-type]
+    assert view.progress is None

@@ -229,8 +229,9 @@ def progress_enabled(setting: bool | None, stream: TextIO) -> bool:
 
 def progress_lines(setting: bool | None, stream: TextIO) -> bool:
     """An explicit ``--progress`` (``True``) into a stream that is no terminal: plain lines, one every
-    :data:`LOG_PERIOD_S` (the default, ``None``, draws nothing there)."""
-    return setting is True and not progress_enabled(True, stream)
+    :data:`LOG_PERIOD_S` (the default, ``None``, draws nothing there). None under ``2>&-`` (Python's
+    ``sys.stderr`` is then None): nothing to write to."""
+    return setting is True and stream is not None and not progress_enabled(True, stream)
 
 
 class Terminal:
