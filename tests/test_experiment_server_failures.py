@@ -10,6 +10,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 import asyncroll
 from asyncroll.experiment.runner import ExperimentRunner
-from asyncroll.experiment.server import ManagedProcess
+from asyncroll.experiment.server import InferenceServer, ManagedProcess
 from tests.experiments import alive, kill_recorded, read, recorded_processes
 from tests.lean_experiment import lean
 
@@ -175,25 +176,34 @@ while True:
 """
 
 
+@contextlib.contextmanager
+def _serving(tmp_path: Path, script: str, *args: str) -> Iterator[InferenceServer]:
+    """``script`` (``python -c``) started as an arm's server on a free loopback port; stopped after."""
+    from asyncroll.experiment.server import InferenceServer, free_port
+
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-c", script, str(port), *args]
+    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / f"server-{port}.log", {}, "m")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(2.0)
+
+
 @pytest.mark.timeout(60)
 def test_a_server_that_trickles_its_readiness_answer_times_out_at_the_deadline(tmp_path: Path) -> None:
     """Readiness probes had only httpx's per-phase timeout, which each trickled byte resets: a server
     answering /health one byte at a time held the arm in ``starting_server`` for ever."""
-    from asyncroll.experiment.server import PROBE_TIMEOUT_S, InferenceServer, ReadinessTimeout, free_port
+    from asyncroll.experiment.server import PROBE_TIMEOUT_S, ReadinessTimeout
     from asyncroll.http_read import request_deadline_s
 
-    port = free_port("127.0.0.1")
-    command = [sys.executable, "-c", TRICKLING_HEALTH, str(port)]
-    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
-    server.start()
-    try:
+    with _serving(tmp_path, TRICKLING_HEALTH) as server:
         began = time.monotonic()
         with pytest.raises(ReadinessTimeout, match="no complete answer within"):
             server.wait_ready(["/health"], 3.0)  # room for a slow start: ConnectError until it listens
         # each probe gets at most the time left, and its deadline is at most max(1 s, 10%) more
         assert time.monotonic() - began < 3.0 + request_deadline_s(PROBE_TIMEOUT_S) - PROBE_TIMEOUT_S + 2.0
-    finally:
-        server.stop(2.0)
 
 
 MODELS_NOT_YET = """
@@ -222,14 +232,10 @@ def test_a_model_list_not_yet_served_is_asked_again_until_the_deadline(tmp_path:
     """/health said ready while /v1/models still answered 502 (a server behind a proxy still starting):
     the arm failed at once, "/v1/models answered HTTP 502", though its readiness deadline had time left.
     No answer, a 429 or a 5xx is now asked again until the deadline; a wrong answer is still final."""
-    from asyncroll.experiment.server import InferenceServer, ReadinessTimeout, free_port
+    from asyncroll.experiment.server import ReadinessTimeout
 
     for busy in (3, -1):
-        port = free_port("127.0.0.1")
-        command = [sys.executable, "-c", MODELS_NOT_YET, str(port), str(busy)]
-        server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / f"s{busy}.log", {}, "m")
-        server.start()
-        try:
+        with _serving(tmp_path, MODELS_NOT_YET, str(busy)) as server:
             if busy > 0:
                 ready = server.wait_ready(["/health"], 20.0)
                 assert ready["models"] == ["m"] and ready["via"] == "/health", ready
@@ -239,8 +245,6 @@ def test_a_model_list_not_yet_served_is_asked_again_until_the_deadline(tmp_path:
                 # asked again and again until the deadline; the last ask, given only the time left, may end
                 # with no answer (a loaded machine: ConnectTimeout) rather than its 502
                 assert str(timed_out.value).count('"GET /v1/models HTTP/1.1" 502') >= 2, timed_out.value
-        finally:
-            server.stop(2.0)
 
 
 @pytest.mark.parametrize(
@@ -288,20 +292,14 @@ def test_a_model_list_that_never_comes_is_given_only_the_time_left(
     was left: a server whose /health said ready and whose /v1/models never answered held the arm past
     its deadline by up to a probe (here made 30 s, so that the two cannot be confused on a slow machine)."""
     from asyncroll.experiment import server as server_module
-    from asyncroll.experiment.server import InferenceServer, ReadinessTimeout, free_port
+    from asyncroll.experiment.server import ReadinessTimeout
 
     monkeypatch.setattr(server_module, "PROBE_TIMEOUT_S", 30.0)
-    port = free_port("127.0.0.1")
-    command = [sys.executable, "-c", MODELS_HANG, str(port)]
-    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
-    server.start()
-    try:
+    with _serving(tmp_path, MODELS_HANG) as server:
         began = time.monotonic()
         with pytest.raises(ReadinessTimeout, match=r"\(last: /v1/models: "):
             server.wait_ready(["/health"], 3.0)
         assert time.monotonic() - began < 15.0  # 3 s and a probe's margin (max(1 s, 10%)); was over 30 s
-    finally:
-        server.stop(2.0)
 
 
 @pytest.mark.timeout(60)
@@ -311,8 +309,6 @@ def test_who_listens_is_not_looked_at_again_for_every_ask_of_the_model_list(
     """/v1/models asked again until the deadline looked at who listens on the port (a scan of every
     process's sockets) before every ask: here 4 times for 3 answers of 502. Now at the first 200 (another's
     server is said at once) and once more when the model is listed."""
-    from asyncroll.experiment.server import InferenceServer, free_port
-
     looked: list[int] = []
     owner = InferenceServer._owner
 
@@ -321,13 +317,7 @@ def test_who_listens_is_not_looked_at_again_for_every_ask_of_the_model_list(
         return owner(self)
 
     monkeypatch.setattr(InferenceServer, "_owner", counted)
-    port = free_port("127.0.0.1")
-    command = [sys.executable, "-c", MODELS_NOT_YET, str(port), "3"]
-    server = InferenceServer(command, f"http://127.0.0.1:{port}", tmp_path / "server.log", {}, "m")
-    server.start()
-    try:
+    with _serving(tmp_path, MODELS_NOT_YET, "3") as server:
         ready = server.wait_ready(["/health"], 20.0)
         assert ready["models"] == ["m"] and ready["listener"]["verified"] is not None, ready
-    finally:
-        server.stop(2.0)
     assert len(looked) == 2, looked  # was 4
