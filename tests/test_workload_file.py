@@ -214,3 +214,36 @@ def test_an_interrupt_inside_fdopen_is_not_turned_into_a_bad_file_descriptor_err
         scan_workload(path, REPO / "examples", scripted=True)
     with pytest.raises(KeyboardInterrupt):
         list(RowSource(path).scan())
+
+
+@pytest.mark.timeout(60)
+def test_a_run_stopped_before_its_workload_was_read_through_closes_the_workload(tmp_path: Path) -> None:
+    """The run streams its workload from a generator, which closes the file only when it is read through or
+    collected: a run stopped midway (SIGTERM) returned with the file still open, held for as long as its
+    outcome's traceback was (seen as a leaked descriptor across tests)."""
+    import asyncio
+    import signal
+    from unittest import mock
+
+    import psutil
+
+    from asyncroll.config import build_config
+    from asyncroll.event_log import EventLog
+    from asyncroll.simulation import engine
+    from tests.conftest import tool_problem, write_workload
+
+    workload = write_workload(
+        tmp_path / "w.jsonl", [tool_problem(f"p{i}", model_ms=100, cpu_ms=100) for i in range(40)]
+    )
+    cfg = build_config({"workload": workload, "output": tmp_path / "run", "max_active_trajectories": 2})
+    start = EventLog.start_measurement
+
+    def stop_soon(log: EventLog) -> float:  # a second of virtual time into the measured window
+        asyncio.get_running_loop().call_later(1.0, signal.raise_signal, signal.SIGTERM)
+        return start(log)
+
+    with mock.patch.object(EventLog, "start_measurement", stop_soon):
+        outcome = engine.simulate(cfg, engine.SimulationSettings(), ["test"], signals=True)
+    assert outcome.status == "interrupted", outcome.error
+    held = [f.path for f in psutil.Process().open_files() if Path(f.path) == workload]
+    assert held == [], held

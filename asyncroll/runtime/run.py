@@ -306,9 +306,12 @@ class Run:
                         events.emit(loop_watch.announce(), at=origin)
                         watch_handlers.enter_context(loop_watch.continued_handled())
                         watch = outer.create_task(loop_watch.run())
-                    async with OrderedTaskGroup() as tg:
-                        problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
-                        await admission.run(tg, problems, trajectory)
+                    # closed however the batch ends: a run stopped midway held the file open for as long as
+                    # its outcome's traceback lived (the generator closes it only when read through)
+                    problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
+                    with contextlib.closing(problems):
+                        async with OrderedTaskGroup() as tg:
+                            await admission.run(tg, problems, trajectory)
                     status = "complete"
                 finally:
                     # The measured window ends here, before any cleanup; read CPU while workers live.

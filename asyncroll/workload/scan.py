@@ -11,7 +11,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -403,7 +403,7 @@ def _name_the_file(scan: WorkloadScan, path: Path) -> None:
 
 def iter_problems(
     path: Path, limit: int | None = None, *, identity: FileIdentity | None = None
-) -> Iterator[tuple[int, str, Problem]]:
+) -> Generator[tuple[int, str, Problem], None, None]:
     """Stream ``(line number, id, problem)`` from a workload that :func:`scan_workload` accepted.
 
     With ``identity`` (the scan's), raise :class:`WorkloadError` instead of reading a file that is not
