@@ -102,11 +102,8 @@ def test_the_left_shift_is_a_schedule_never_later_than_the_run(tmp_path: Path) -
     assert left_shifted(Instance(instance.chains, 4, 4, 1), ticks) is None  # no recorded times: no shift
 
 
-def test_a_best_schedule_at_the_proven_bound_is_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batching server's analytic bound (in-batch time ÷ batch limit) can lie above every schedule of
-    the recorded durations: the best one is raised to it, and nothing shorter exists. The status said
-    "feasible" where CP-SAT had not proven its own optimum, and the plain output that a longer limit may
-    prove a higher bound. CP-SAT is stopped at its first schedule here, whatever the load."""
+def _first_schedule_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CP-SAT stopped at its first schedule, whatever the load: its own optimum is never proven."""
     from ortools.sat.python import cp_model
 
     class FirstSchedule(cp_model.CpSolver):  # type: ignore[misc]
@@ -115,6 +112,14 @@ def test_a_best_schedule_at_the_proven_bound_is_optimal(monkeypatch: pytest.Monk
             self.parameters.stop_after_first_solution = True
 
     monkeypatch.setattr(cp_model, "CpSolver", FirstSchedule)
+
+
+def test_a_best_schedule_at_the_proven_bound_is_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batching server's analytic bound (in-batch time ÷ batch limit) can lie above every schedule of
+    the recorded durations: the best one is raised to it, and nothing shorter exists. The status said
+    "feasible" where CP-SAT had not proven its own optimum, and the plain output that a longer limit may
+    prove a higher bound. CP-SAT is stopped at its first schedule here, whatever the load."""
+    _first_schedule_only(monkeypatch)
     durations = [[0.01 * (1 + (3 * i + 7 * k) % 9) for k in range(5)] for i in range(8)]
     chains = tuple(
         tuple(Step("model" if k % 2 == 0 else "cpu", s) for k, s in enumerate(row)) for row in durations
@@ -167,3 +172,17 @@ def test_an_optimum_of_floored_durations_says_where_the_real_one_lies(tmp_path: 
     assert report["best_schedule_s"] == pytest.approx(0.0057), report
     plain = invoke("optimum", run, "--time-limit", "5", "--threads", "1").stdout
     assert "note: optimal for the durations floored to 1 ms" in plain and "between the proven bound" in plain
+
+
+def test_a_floored_schedule_at_the_bound_is_not_called_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of 1.9 and 4.9 ms count 1 and 4 floored: a first floored schedule lies under the bound of the
+    real durations, and a solve cut there (CP-SAT's own optimum not proven) was called optimal, though the
+    real schedule of its order is longer. Only a real schedule at the bound is optimal."""
+    _first_schedule_only(monkeypatch)
+    chains = tuple(
+        tuple(Step("model" if k % 2 == 0 else "cpu", 0.0019 if (i + k) % 3 else 0.0049) for k in range(6))
+        for i in range(6)
+    )
+    result = solve(Instance(chains, 6, 1, 1), time_limit_s=10, threads=1)
+    assert result.best_schedule_s is not None and result.best_schedule_s > result.lower_bound_s, result
+    assert result.status == "feasible", result  # was "optimal"

@@ -216,11 +216,11 @@ def solve(
         real = min((t for t in timed if t is not None), default=None)
         # No schedule beats a proven bound: a batching server's term of the analytic bound can lie above
         # every schedule of the recorded durations, which would each have been slower in its batch.
-        best = max(best, lower)
-        if status == "feasible" and best <= lower + 1e-9 * max(1.0, lower):
-            # A schedule at the proven bound is optimal, whoever proved the bound: on a simulated run
+        if status == "feasible" and real is not None and real < lower + HALF_MICROSECOND:
+            # A real schedule at the proven bound is optimal, whoever proved the bound: on a simulated run
             # at 1 active slot that met its analytic bound (the chains back to back) the status read
-            # "feasible" after the whole time limit, and a longer limit could change nothing.
+            # "feasible" after the whole time limit, and a longer limit could change nothing. (A floored
+            # one at the bound proves nothing: the real durations' schedule of its order may be longer.)
             status = "optimal"
     return Optimum(
         status=status,  # type: ignore[arg-type]
