@@ -307,7 +307,10 @@ class SummaryBuilder:
         s = self.samples
         invalid = sum(self.model_failed[kind] for kind in RECEIVED_INVALID)
         responses = self.model_finished + invalid
-        hours = makespan_s / 3600.0
+        # rates and fractions are over the makespan as reported (to 1 µs), as the efficiency is: a window
+        # that rounds to 0.0 is empty, with no rate over it (not 18 billion an hour beside makespan 0.0)
+        shown = round(makespan_s, 6)
+        hours = shown / 3600.0
         phase_totals = {name: round(total, 6) for name, total in zip(PHASES, self.phase_totals, strict=True)}
         blocked = self.blocked.total(makespan_s) if measured else None
         trajectory_total = s["trajectory_s"].total()
@@ -317,7 +320,7 @@ class SummaryBuilder:
             "policy": policy,
             "limits": limits,
             "clock": "virtual" if virtual else "monotonic",
-            "makespan_s": round(makespan_s, 6) if measured else None,
+            "makespan_s": shown if measured else None,
             "counts": {
                 "trajectories": self.started,
                 "finished": finished,
@@ -340,7 +343,7 @@ class SummaryBuilder:
                 else "the measured window is empty (makespan 0)"
                 if measured
                 else "the measured window never opened",
-                **gpu_hour(completed, makespan_s, dedicated_gpu),
+                **gpu_hour(completed, shown, dedicated_gpu),
             },
             "accuracy": {
                 "exact": ratio(self.correct, self.graded),
@@ -422,7 +425,7 @@ class SummaryBuilder:
             else None,
             "client_cpu_blocked": {
                 "seconds": blocked,
-                "fraction_of_makespan": None if blocked is None else ratio(blocked, makespan_s),
+                "fraction_of_makespan": None if blocked is None else ratio(blocked, shown),
                 "intervals": self.blocked.intervals(makespan_s) if measured else None,
                 "definition": "≥1 active trajectory, 0 model requests outstanding, ≥1 CPU job pending",
             },
