@@ -478,3 +478,31 @@ def test_completions_per_hour_keep_their_significant_digits() -> None:
     assert "| 2.71 / 3.24 / 14.95 |" in table
     big = [{**rows[0], "completed_per_hour": 1830942935.61184}]
     assert "| 1,830,942,936 / 1,830,942,936 / 1,830,942,936 |" in markdown(aggregate(big))
+
+
+def test_a_change_against_fifo_on_fewer_seeds_than_its_cell_says_how_many() -> None:
+    """A sweep stopped part-way can hold a policy's seed whose fifo run never finished: its change against
+    fifo is paired over the seeds that have both, and the table said nothing of that (QA found a cell of
+    three seeds whose change stood on one)."""
+    from asyncroll.simulation.sweep_table import aggregate, markdown
+
+    def row(policy: str, seed: int, makespan: float) -> dict[str, Any]:
+        return {
+            "policy": policy, "active": 4, "inflight": 2, "workers": 1, "seed": seed, "makespan_s": makespan,
+            "efficiency": 0.9, "cpu_blocked_s": 1.0, "reorders": 0, "failed": 0, "completed_per_hour": 60.0,
+        }  # fmt: skip
+
+    rows = [
+        row("fifo", 0, 10.0),
+        row("tool_first", 0, 9.0),
+        row("tool_first", 1, 12.0),
+        row("tool_first", 2, 8.0),
+    ]
+    cells = {c["policy"]: c for c in aggregate(rows)}
+    assert cells["tool_first"]["seeds"] == 3 and cells["tool_first"]["paired_seeds"] == 1
+    assert cells["tool_first"]["vs_fifo"] == pytest.approx({"min": -0.1, "median": -0.1, "max": -0.1})
+    assert cells["fifo"]["paired_seeds"] is None
+    table = markdown(list(cells.values()))
+    assert "| -10.0% / -10.0% / -10.0% (1 of 3 seeds) |" in table
+    whole = [*rows, row("fifo", 1, 12.0), row("fifo", 2, 8.0)]  # every seed paired: nothing added
+    assert "seeds)" not in markdown(aggregate(whole))

@@ -53,7 +53,8 @@ def _shown_change(spread: Spread) -> str:
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (policy, point): each metric's spread over seeds (``{min, median, max}``, None when
     no seed has a value) and ``vs_fifo``, the paired change of makespan against fifo on the same seed
-    (a fraction; None for fifo itself or without fifo in the sweep)."""
+    (a fraction; None for fifo itself or without fifo in the sweep) over ``paired_seeds`` seeds: those with a
+    fifo run at the same point, fewer than ``seeds`` in a sweep stopped part-way."""
     fifo = {
         (r["active"], r["inflight"], r["workers"], r["seed"]): r["makespan_s"]
         for r in rows
@@ -81,6 +82,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cpu_blocked_s": _spread([r["cpu_blocked_s"] for r in group]),
                 "reorders": _spread([float(r["reorders"]) for r in group]),
                 "vs_fifo": None if policy == "fifo" else _spread(paired),
+                "paired_seeds": None if policy == "fifo" else len(paired),
                 "failed": sum(r["failed"] for r in group),  # over the seeds
                 # a seed with no completion has a measured 0 per hour: it counts (only null is left out)
                 "completed_per_hour": _spread(
@@ -109,7 +111,7 @@ def markdown(agg: list[dict[str, Any]]) -> str:
             + f"| {_shown(c['makespan_s'])} | {_shown_rate(c['completed_per_hour'])} "
             f"| {_shown(c['efficiency'])} "
             f"| {_shown(c['cpu_blocked_s'])} | {_shown_count(c['reorders'])} "
-            f"| {_shown_change(c['vs_fifo'])} |"
+            f"| {_shown_change(c['vs_fifo'])}{_paired_on(c)} |"
         )
     failing = [c for c in sorted(agg, key=_cell_order) if c.get("failed")]
     if failing:  # a failed trajectory ends early: its cell's makespan covers less work than the others'
@@ -127,6 +129,15 @@ def markdown(agg: list[dict[str, Any]]) -> str:
             "1 active trajectory (their numbers are those of active 1).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _paired_on(cell: dict[str, Any]) -> str:
+    """How many seeds a cell's change against fifo stands on, where fewer than the cell's own (a sweep
+    stopped before fifo ran on some of them)."""
+    paired = cell.get("paired_seeds")
+    if cell["vs_fifo"] is None or paired is None or paired >= cell["seeds"]:
+        return ""
+    return f" ({paired} of {cell['seeds']} seeds)"
 
 
 def _cell_order(c: dict[str, Any]) -> tuple[Any, ...]:
