@@ -199,7 +199,32 @@ def test_a_gate_on_a_ratio_over_no_event_reads_undefined_in_the_report_as_in_its
     text = markdown(
         aggregate(comparison([({}, {})], stages={"qualification": {"status": "failed", "gates": unmeasured}}))
     )
-    assert "accuracy.exact[a] = unknown (arm failed or metric not measured) >= 0.5: FAIL" in text
+    assert "accuracy.exact[a] = unknown (arm failed or its summary unreadable) >= 0.5: FAIL" in text
+
+
+def test_a_gate_on_a_null_metric_says_why_it_is_null() -> None:
+    """A metric null in a complete arm's summary was "unknown (arm failed or metric not measured)", though
+    the arm had not failed and the summary said why (QA): the summary's own reason beside the value, else
+    that it was null, else that the summary has no such value."""
+    from asyncroll.experiment.config import Gate
+    from asyncroll.experiment.gates import evaluate_gates
+
+    def note(metric: str, summary: dict[str, Any]) -> str:
+        return evaluate_gates([Gate(metric=metric, op=">=", value=1)], ["a"], {"a": summary})[0]["note"]
+
+    empty = {"completed_per_wall_hour": None, "per_wall_hour_reason": "the measured window never opened"}
+    assert note("throughput.completed_per_wall_hour", {"throughput": empty}) == (
+        "unknown (the measured window never opened)"
+    )
+    pearson = "scheduler.prediction.pearson_log_repairs"
+    reasons = {"pearson_log_repairs": "2 pairs (3 are needed)"}
+    prediction = {"pearson_log_repairs": None, "pearson_null_reasons": reasons}
+    assert note(pearson, {"scheduler": {"prediction": prediction}}) == "unknown (2 pairs (3 are needed))"
+    bare = {"scheduler": {"prediction": {"pearson_log_repairs": None}}}
+    assert note(pearson, bare) == "unknown (null: not measured in this run)"
+    assert note(pearson, {"scheduler": {"prediction": {}}}) == "unknown (not in the arm's summary.json)"
+    text = {"scheduler": {"prediction": {"pearson_log_repairs": "x"}}}
+    assert note(pearson, text) == "unknown (not a number: str)"
 
 
 @pytest.mark.parametrize(

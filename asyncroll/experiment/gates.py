@@ -32,9 +32,7 @@ def evaluate_gates(
             passed = observed is not None and OPS[gate.op](observed, gate.value)
             note = None
             if observed is None:
-                count = DENOMINATORS.get(gate.metric)
-                zero = summary is not None and count is not None and dig(summary, count) == 0
-                note = f"undefined ({count} = 0)" if zero else "unknown (arm failed or metric not measured)"
+                note = _why_unknown(summary, gate.metric)
             verdicts.append(
                 {
                     "metric": gate.metric,
@@ -47,6 +45,34 @@ def evaluate_gates(
                 }
             )
     return verdicts
+
+
+def _why_unknown(summary: dict[str, Any] | None, metric: str) -> str:
+    """Why a gate's metric has no value: the arm has no summary (it did not complete), the value's
+    denominator is 0, the summary gives its own reason (``…_reason`` beside it, e.g. ``per_wall_hour_reason``
+    for ``completed_per_wall_hour``, or a ``…null_reasons`` group naming it), it is null (not measured in this
+    run), or it is not in the summary."""
+    if summary is None:
+        return "unknown (arm failed or its summary unreadable)"
+    count = DENOMINATORS.get(metric)
+    if count is not None and dig(summary, count) == 0:
+        return f"undefined ({count} = 0)"
+    parent_path, _, leaf = metric.rpartition(".")
+    parent = dig(summary, parent_path) if parent_path else summary
+    if not isinstance(parent, dict) or leaf not in parent:
+        return "unknown (not in the arm's summary.json)"
+    if parent[leaf] is not None:
+        return f"unknown (not a number: {type(parent[leaf]).__name__})"
+    reasons = [
+        value
+        for key, value in parent.items()
+        if key.endswith("_reason") and leaf.endswith(key.removesuffix("_reason")) and isinstance(value, str)
+    ] + [  # a group's reasons by name (``pearson_null_reasons``)
+        value[leaf]
+        for key, value in parent.items()
+        if key.endswith("null_reasons") and isinstance(value, dict) and isinstance(value.get(leaf), str)
+    ]
+    return f"unknown ({reasons[0]})" if reasons else "unknown (null: not measured in this run)"
 
 
 def comparison_text(verdict: dict[str, Any], observed: str) -> str:
