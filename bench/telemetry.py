@@ -3,7 +3,7 @@
 Two measurements on a synthetic vLLM V1 exposition of realistic shape (two engines; the gauges and
 counters asyncroll reads, plus 14 histograms of 30 buckets each, as vLLM serves them):
 
-* ``parse``: :func:`asyncroll.telemetry.server_metrics.parse_metrics` (only the wanted lines reach
+* ``parse``: :func:`asyncroll.telemetry.exposition.parse_metrics` (only the wanted lines reach
   ``prometheus_client``'s parser) against parsing the whole exposition with that parser.
 * ``sample``: one whole server sample as the sampler takes it — ``GET`` on a loopback HTTP server
   (stdlib, in a thread of the same process, so the wall time includes the server's own work) and the
@@ -26,7 +26,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from asyncroll.telemetry.server_metrics import VLLM, ServerMetricsSource, parse_metrics
+from asyncroll.telemetry.exposition import VLLM, parse_metrics
+from asyncroll.telemetry.server_metrics import ServerMetricsSource
 from bench.common import machine, number_arg, quantiles
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from asyncroll.telemetry.server_metrics import SGLANG, VLLM, detect_flavor, parse_metrics
+from asyncroll.telemetry.exposition import SGLANG, VLLM, detect_flavor, parse_metrics
 from tests.metrics_expositions import MODEL, SGLANG_TEXT, VLLM_V0, VLLM_V1
 
 
@@ -89,7 +89,7 @@ def test_past_1024_lines_of_one_quantity_it_is_invalid_and_the_rest_is_not_parse
 ) -> None:
     """A server has a few dozen series of a quantity; 16 MiB of lines would cost seconds per sample.
     Counted in parser calls, not timed."""
-    from asyncroll.telemetry import server_metrics
+    from asyncroll.telemetry import exposition
 
     def series(name: str, n: int) -> str:
         return "".join(f'{name}{{engine="{i}",model_name="sim"}} 1\n' for i in range(n))
@@ -98,12 +98,12 @@ def test_past_1024_lines_of_one_quantity_it_is_invalid_and_the_rest_is_not_parse
     assert reading.running is None and reading.nulls["running"] == "invalid"
     assert reading.waiting == 1024.0
     parsed: list[str] = []
-    parse = server_metrics.text_string_to_metric_families
+    parse = exposition.text_string_to_metric_families
 
     def counting(text: str) -> Any:
         parsed.append(text)
         return parse(text)
 
-    monkeypatch.setattr(server_metrics, "text_string_to_metric_families", counting)
+    monkeypatch.setattr(exposition, "text_string_to_metric_families", counting)
     parse_metrics(series(VLLM.running, 20_000), VLLM, "sim")
-    assert len(parsed) == server_metrics.MAX_SERIES_LINES  # not 20,000 (~100 µs each)
+    assert len(parsed) == exposition.MAX_SERIES_LINES  # not 20,000 (~100 µs each)

@@ -13,7 +13,8 @@ import pytest
 
 from asyncroll.clock import SystemClock
 from asyncroll.telemetry.counter_rate import CounterRate
-from asyncroll.telemetry.server_metrics import VLLM, ServerMetricsSource, ServerSample
+from asyncroll.telemetry.exposition import VLLM
+from asyncroll.telemetry.server_metrics import ServerMetricsSource, ServerSample
 from tests.metrics_expositions import SGLANG_TEXT, VLLM_V1
 from tests.metrics_loopback import MetricsServer
 
@@ -246,7 +247,8 @@ def test_a_declared_kind_that_is_not_the_servers_says_which_names_it_serves(
     """``--backend vllm`` (it declares vLLM) against an SGLang server: the probe finds SGLang's names, so the
     reason says so and which --server-kind reads them, not the --disable-log-stats hint of a vLLM without
     stats (which sent the user looking for a flag the server never had)."""
-    from asyncroll.telemetry.server_metrics import NAMES, MetricsUnavailable, _probe_reading
+    from asyncroll.telemetry.exposition import NAMES
+    from asyncroll.telemetry.server_metrics import MetricsUnavailable, _probe_reading
 
     with pytest.raises(MetricsUnavailable) as info:
         _probe_reading("http://h/metrics", text, NAMES[declared], model=None)  # type: ignore[index]

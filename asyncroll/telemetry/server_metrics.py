@@ -1,26 +1,10 @@
-"""The inference server's own view of its load: vLLM or SGLang ``/metrics`` in Prometheus text format.
+"""The inference server's own view of its load: its vLLM or SGLang ``/metrics`` read at a probe and then
+once per sample. What an exposition holds, and when a quantity is missing or invalid, is
+:mod:`asyncroll.telemetry.exposition`'s (which names are read, per flavour).
 
-What is read (SPEC §10), per flavour:
-
-============================  ==============================  ===========================
-quantity                      vLLM                            SGLang
-============================  ==============================  ===========================
-requests running (Σ series)   ``vllm:num_requests_running``   ``sglang:num_running_reqs``
-requests waiting (Σ series)   ``vllm:num_requests_waiting``   ``sglang:num_queue_reqs``
-KV-cache usage (max series)   ``vllm:kv_cache_usage_perc``,   ``sglang:token_usage``
-                              else legacy
-                              ``vllm:gpu_cache_usage_perc``
-prompt tokens (counter)       ``vllm:prompt_tokens_total``    ``sglang:prompt_tokens_total``
-generated tokens (counter)    ``vllm:generation_tokens_total`` ``sglang:generation_tokens_total``
-============================  ==============================  ===========================
-
-Series whose ``model_name`` label names another model are ignored (one server may serve several);
-series without the label are kept. A server that reports exactly one model, not ``--model``, at the
-probe is read under that name, with a note (``model_filter_note``): vLLM and SGLang label the requests
-for a LoRA adapter, or for a second served name, with the base model's first served name. A quantity
-with no series is *missing*; one with a non-finite or negative value, a line the parser rejects, or two
-series with the same labels is *invalid*; both are ``None`` and reported by name, never replaced by zero
-(nor by the sum of the good series). Counters are turned into per-second rates by
+A server that reports exactly one model, not ``--model``, at the probe is read under that name, with a
+note (``model_filter_note``): vLLM and SGLang label the requests for a LoRA adapter, or for a second
+served name, with the base model's first served name. Counters are turned into per-second rates by
 :class:`~asyncroll.telemetry.counter_rate.CounterRate`, series by series: each good series advances, and
 a series that was invalid or absent keeps its last good reading, so its next increase spans the gap. A
 counter that falls to at most half its last reading was reset (a restarted server's counter starts again
@@ -33,33 +17,36 @@ timers forever); see :mod:`asyncroll.http_read`. Up to :data:`MAX_REDIRECTS` red
 within that deadline, each capped the same way; a GET the server hung up on or reset without an answer
 (a kept-alive connection it closed as the request went out) is sent once more. The body is decoded and
 parsed in a thread (:func:`asyncio.to_thread`), never on the event loop, so a large exposition does not
-stall the run (the thread still shares the GIL with the loop: MEASUREMENT.md, "Observer cost"). Only
-the lines of the wanted metrics are handed to ``prometheus_client``'s parser, at most
-:data:`MAX_SERIES_LINES` of each (more make the quantity invalid): a vLLM exposition is mostly histogram
-buckets, and parsing all of it on every sample would cost far more than the few lines it needs.
+stall the run (the thread still shares the GIL with the loop: MEASUREMENT.md, "Observer cost").
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.backends.http_errors import describe_transport_error, few_names
 from asyncroll.http_proxy import client_settings, environment_problem
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
-from asyncroll.telemetry.counter_rate import CounterRate, SeriesKey
+from asyncroll.telemetry.counter_rate import CounterRate
+from asyncroll.telemetry.exposition import (
+    NAMES,
+    SGLANG,
+    VLLM,
+    MetricNames,
+    NullReason,
+    ServerReading,
+    detect_flavor,
+    parse_metrics,
+    sample_name,
+)
 
 if TYPE_CHECKING:
     import httpx
 
-Flavor = Literal["vllm", "sglang"]
 FlavorSetting = Literal["auto", "vllm", "sglang"]
-NullReason = Literal["missing", "invalid"]
 
 #: The most of a ``/metrics`` body read, after content decoding. A real vLLM exposition is ~100 KB (two
 #: engines, a dozen histograms of ~30 buckets; ``bench/telemetry.py``); a body past 16 MiB is not an
@@ -67,175 +54,8 @@ NullReason = Literal["missing", "invalid"]
 MAX_METRICS_BYTES = 16 << 20
 #: The least a whole ``GET`` may run past its per-phase timeout (``http_read.request_deadline_s``).
 DEADLINE_MARGIN_S = 0.5
-#: The most sample lines of one wanted metric parsed in a reading. A server has one series per engine
-#: (vLLM) or rank (SGLang) and served model: a few dozen at most. Past this the quantity is invalid and
-#: its other lines are not parsed: each costs ``prometheus_client`` tens of µs, so 16 MiB of them would
-#: take seconds of CPU (and of the GIL, which the event loop needs too) on every sample.
-MAX_SERIES_LINES = 1024
 #: The most redirects one ``GET`` follows (Prometheus follows them too; 3xx is no metrics page).
 MAX_REDIRECTS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class MetricNames:
-    """The Prometheus sample names one server flavour uses for the quantities asyncroll reads."""
-
-    flavor: Flavor
-    running: str
-    waiting: str
-    kv_cache: tuple[str, ...]  # preferred first; later names are legacy fallbacks
-    prompt_tokens: str
-    generation_tokens: str
-
-    @property
-    def all(self) -> tuple[str, ...]:
-        return (self.running, self.waiting, *self.kv_cache, self.prompt_tokens, self.generation_tokens)
-
-
-VLLM = MetricNames(
-    "vllm",
-    running="vllm:num_requests_running",
-    waiting="vllm:num_requests_waiting",
-    kv_cache=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    prompt_tokens="vllm:prompt_tokens_total",
-    generation_tokens="vllm:generation_tokens_total",
-)
-SGLANG = MetricNames(
-    "sglang",
-    running="sglang:num_running_reqs",
-    waiting="sglang:num_queue_reqs",
-    kv_cache=("sglang:token_usage",),
-    prompt_tokens="sglang:prompt_tokens_total",
-    generation_tokens="sglang:generation_tokens_total",
-)
-NAMES: dict[Flavor, MetricNames] = {"vllm": VLLM, "sglang": SGLANG}
-
-
-@dataclass(frozen=True, slots=True)
-class ServerReading:
-    """One parsed exposition. Counters stay per series so that resets are detected series by series."""
-
-    flavor: Flavor
-    running: float | None
-    waiting: float | None
-    kv_cache_usage: float | None
-    kv_cache_metric: str | None  # which name supplied it (the legacy fallback is visible)
-    prompt_tokens: dict[SeriesKey, float]
-    generation_tokens: dict[SeriesKey, float]
-    nulls: dict[str, NullReason] = field(default_factory=dict)
-    other_models: tuple[str, ...] = ()
-
-
-def _sample_name(line: str) -> str:
-    """The metric name a sample line starts with (up to ``{`` or whitespace)."""
-    end = len(line)
-    for stop in ("{", " ", "\t"):
-        i = line.find(stop)
-        if 0 <= i < end:
-            end = i
-    return line[:end]
-
-
-def detect_flavor(text: str) -> Flavor | None:
-    """vLLM or SGLang, from which running-requests gauge the exposition has a sample of (vLLM first)."""
-    for names in (VLLM, SGLANG):
-        for line in text.splitlines():
-            if line.startswith(names.running) and _sample_name(line) == names.running:
-                return names.flavor
-    return None
-
-
-def _wanted_samples(text: str, names: Iterable[str]) -> Iterable[tuple[str, Any]]:
-    """(name, prometheus_client Sample or the ValueError a malformed line raised), wanted lines only;
-    past :data:`MAX_SERIES_LINES` lines of one name, one ValueError for it and no more of its lines."""
-    wanted = tuple(names)
-    exact = set(wanted)
-    lines: dict[str, int] = {}
-    for line in text.splitlines():
-        if not line.startswith(wanted):
-            continue
-        name = _sample_name(line)
-        if name not in exact:
-            continue
-        seen = lines[name] = lines.get(name, 0) + 1
-        if seen > MAX_SERIES_LINES:
-            if seen == MAX_SERIES_LINES + 1:
-                yield name, ValueError(f"more than {MAX_SERIES_LINES} lines of {name}")
-            continue
-        try:
-            for family in text_string_to_metric_families(line + "\n"):
-                for sample in family.samples:
-                    yield name, sample
-        except ValueError as exc:  # one malformed line spoils only its own quantity
-            yield name, exc
-
-
-def _finite(value: float) -> bool:
-    return math.isfinite(value) and value >= 0
-
-
-def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> ServerReading:
-    """Parse one exposition for the quantities in ``names``, keeping only ``model``'s series."""
-    series: dict[str, list[tuple[SeriesKey, float]]] = {n: [] for n in names.all}
-    broken: set[str] = set()
-    others: set[str] = set()
-    seen: set[tuple[str, SeriesKey]] = set()
-    duplicated: dict[str, set[SeriesKey]] = {}  # the same labels twice: which value is right is unknown
-    for name, sample in _wanted_samples(text, names.all):
-        if isinstance(sample, ValueError):
-            broken.add(name)
-            continue
-        labels: dict[str, str] = sample.labels
-        served = labels.get("model_name")
-        if model is not None and served is not None and served != model:
-            others.add(served)
-            continue
-        key = tuple(sorted(labels.items()))
-        if (name, key) in seen:
-            duplicated.setdefault(name, set()).add(key)
-        seen.add((name, key))
-        series[name].append((key, float(sample.value)))
-    nulls: dict[str, NullReason] = {}
-
-    def gauge(key: str, name: str, combine: Any, upper: float = math.inf) -> float | None:
-        values = [v for _, v in series[name]]
-        if name in broken or name in duplicated or any(not _finite(v) or v > upper for v in values):
-            nulls[key] = "invalid"
-            return None
-        if not values:
-            nulls[key] = "missing"
-            return None
-        return float(combine(values))
-
-    running = gauge("running", names.running, sum)
-    waiting = gauge("waiting", names.waiting, sum)
-    kv_metric = next((n for n in names.kv_cache if series[n] or n in broken), None)
-    if kv_metric is None:
-        kv, nulls["kv_cache_usage"] = None, "missing"
-    else:
-        kv = gauge("kv_cache_usage", kv_metric, max, upper=1.0)  # a fraction: above 1 is no usage
-
-    def counter(key: str, name: str) -> dict[SeriesKey, float]:
-        """The good series (the quantity itself is null when any series is not good: see ``nulls``)."""
-        twice = duplicated.get(name, set())
-        good = {k: v for k, v in series[name] if _finite(v) and k not in twice}
-        if name in broken or len(good) < len(series[name]):
-            nulls[key] = "invalid"
-        elif not good:
-            nulls[key] = "missing"
-        return good
-
-    return ServerReading(
-        names.flavor,
-        running,
-        waiting,
-        kv,
-        kv_metric if kv is not None else None,
-        counter("prompt_tokens", names.prompt_tokens),
-        counter("generation_tokens", names.generation_tokens),
-        nulls,
-        tuple(sorted(others)),
-    )
 
 
 @dataclass(slots=True)
@@ -273,7 +93,7 @@ def _probe_reading(
                 f"{NO_STATS_HINT}"
             )
         names = NAMES[found]
-    elif not any(_sample_name(line) == names.running for line in text.splitlines()):
+    elif not any(sample_name(line) == names.running for line in text.splitlines()):
         served = detect_flavor(text)  # the other server's names: the declared kind is not the server's
         if served is not None and served != names.flavor:
             other = NAMES[served]
