@@ -80,3 +80,22 @@ def test_an_explicit_progress_with_stderr_closed_writes_nowhere(monkeypatch: pyt
     monkeypatch.setattr(sys, "stderr", None)
     view = LiveView(_Ticking(VirtualClock()), progress=True, metrics_port=None)  # type: ignore[arg-type]
     assert view.progress is None
+
+
+@pytest.mark.timeout(60)
+def test_a_metrics_port_with_stderr_closed_serves_without_writing_its_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``2>&-`` a run with ``--metrics-port`` failed before its measurement (AttributeError: None
+    has no ``write``) where it would say the exporter's address: it now serves, and says nothing."""
+    monkeypatch.setattr(sys, "stderr", None)
+    view = LiveView(_Ticking(VirtualClock()), progress=None, metrics_port=0)  # type: ignore[arg-type]
+
+    async def start_and_close() -> dict[str, object] | None:
+        async with asyncio.TaskGroup() as tg:
+            described = view.start(tg)
+            await view.aclose()
+        return described
+
+    described = asyncio.run(start_and_close())
+    assert described is not None and view.progress is None, described
