@@ -268,6 +268,11 @@ class CpuEnqueued(Event):
     resubmission: bool = False
 
 
+#: Candidates a ``cpu_selected`` event logs at most: the oldest queued jobs, oldest first (the chosen job may
+#: be newer: its own prediction is the event's ``predicted_s``).
+MAX_CANDIDATES: Final = 8
+
+
 class Candidate(BaseModel):
     """A queued job as the policy saw it at one decision."""
 
@@ -300,7 +305,11 @@ class CpuSelected(Event):
     remaining_s: float | None = None
     # in the tail: the predicted seconds the running jobs still had (what the straggler guard weighs)
     running_left_s: float | None = None
-    candidates: list[Candidate] = Field(default_factory=list)
+    candidates: list[Candidate] = Field(
+        default_factory=list,
+        max_length=MAX_CANDIDATES,
+        description=f"the oldest {MAX_CANDIDATES} queued jobs at most, oldest first, as the policy saw them",
+    )
 
 
 class CpuStarted(Event):

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 from asyncroll.clock import Clock
 from asyncroll.errors import PolicyError, WorkerDied, WorkerTimeout
 from asyncroll.event_log import EventLog
+from asyncroll.events import MAX_CANDIDATES as MAX_CANDIDATES  # the oldest queued jobs a decision logs
 from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted
 from asyncroll.policies import JobView, Policy, QueueSnapshot
 from asyncroll.policies.base import JobKind, Prediction
@@ -30,7 +31,6 @@ from asyncroll.runtime.slot_wait import SlotWait
 from asyncroll.telemetry.nvtx import NO_RANGES, Ranges
 from asyncroll.workers.protocol import JobRequest
 
-MAX_CANDIDATES = 8  # candidates logged per decision (oldest first)
 _CANDIDATES: TypeAdapter[list[Candidate]] = TypeAdapter(list[Candidate])
 FailureReason = Literal["timeout", "worker_died", "cancelled"]
 
