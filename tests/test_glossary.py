@@ -129,3 +129,42 @@ def test_an_approximate_distribution_is_a_distribution_the_preamble_defines() ->
         ("latency", "model_latency_s"),
         ("latency", "trajectory_s"),
     ]
+
+
+def _decision_reasons() -> set[str]:
+    """Every reason a policy's ``Decision`` can carry: its literal, or the literals a name it passes was
+    given in the same function (``tool_first``'s ``"fifo" if … else "tool_before_grade"``)."""
+    import ast
+
+    reasons: set[str] = set()
+    for source in sorted((REPO / "asyncroll" / "policies").glob("*.py")):
+        for function in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            given: dict[str, list[ast.expr]] = {}
+            for node in ast.walk(function):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    target = node.targets[0]
+                    if isinstance(target, ast.Name):
+                        given.setdefault(target.id, []).append(node.value)
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Decision":
+                    arg = node.args[1]
+                    values = given.get(arg.id, []) if isinstance(arg, ast.Name) else [arg]
+                    for value in values:
+                        reasons |= {
+                            c.value
+                            for c in ast.walk(value)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                        }
+    return reasons
+
+
+def test_the_glossary_names_every_reason_a_decision_can_give() -> None:
+    """``scheduler.reasons`` and ``cpu_selected``'s ``reason`` are keyed by the policies' reasons;
+    ``not_eligible_model_supply_ok``, ``tool_before_grade`` and ``tail_guard_longest_predicted`` were in
+    no document (SPEC §6 names the first only as ``not_eligible_*``)."""
+    reasons = _decision_reasons()
+    assert {"fifo", "tool_before_grade", "hard_starvation_fifo", "tail_critical_path"} <= reasons, reasons
+    missing = sorted(r for r in reasons if f"`{r}`" not in GLOSSARY)
+    assert missing == [], missing
