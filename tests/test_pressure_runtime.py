@@ -362,7 +362,8 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
 
     from asyncroll.clock import VirtualClock
     from asyncroll.event_log import EventLog
-    from asyncroll.runtime.dispatcher import MAX_CANDIDATES, CpuDispatcher, JobSpec
+    from asyncroll.events import MAX_CANDIDATES
+    from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
     from asyncroll.runtime.model_gate import ModelGate
     from asyncroll.runtime.pool import WorkerPool
     from asyncroll.runtime.virtual_worker import VirtualWorker
