@@ -20,6 +20,7 @@ from asyncroll.commands import convert, experiment, files, optimum, run, serve, 
 from asyncroll.commands.common import say, stderr_keeps_paths, stderr_may_go, stdout_lost
 from asyncroll.commands.help_page import HelpGroup
 from asyncroll.commands.single_values import PathlessCommand, SingleValueCommand
+from asyncroll.std_fds import hold_standard_fds
 
 app = typer.Typer(
     name="asyncroll",
@@ -93,6 +94,7 @@ def _unhandled_interrupt(exc: SystemExit) -> bool:
 
 def main(typer_app: typer.Typer | None = None, prog_name: str | None = None) -> None:
     """Run ``typer_app`` (default: the whole ``asyncroll`` app) with the CLI's exit codes and signals."""
+    hold_standard_fds()  # already done by ``asyncroll``; not by ``python -m asyncroll.cli``
     cli_signals.guard()  # SIGTERM and SIGHUP stop the command as Ctrl-C does, from the first instant
     stderr_keeps_paths()
     stderr_may_go()

@@ -5,12 +5,14 @@ and no half-made directory behind."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import resource
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -683,3 +685,33 @@ def test_the_limit_notes_warnings_and_raises_under_each_limit(monkeypatch: pytes
     assert open_files_for_server() == 70000 and limits[fake.RLIMIT_NOFILE] == (70000, 80000)
     limits[fake.RLIMIT_NOFILE] = (unlimited, unlimited)
     assert open_files_for_server() == unlimited and limits[fake.RLIMIT_NOFILE] == (unlimited, unlimited)
+
+
+@pytest.mark.parametrize("entry", ["asyncroll", "asyncroll.cli"])
+def test_a_run_started_without_stderr_holds_descriptor_2_on_dev_null(tmp_path: Path, entry: str) -> None:
+    """Started with ``2>&-``, the process handed descriptor 2 to the next file it opened — the event loop's
+    epoll handle in a run (QA), and an output file, a pipe or a socket could take it as well, where a
+    signal handler's ``os.write(2, …)`` or a child inheriting it would write. ``/dev/null`` holds it from
+    the command's first instant, through both entry points."""
+    from tests.conftest import tool_problem, write_workload
+
+    workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p", model_ms=10, cpu_ms=2500)])
+    out = tmp_path / "run"
+    args = ["run", "--workload", str(workload), "--output", str(out), "--no-progress", "--policy", "fifo"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", entry, *args], stdout=subprocess.PIPE, text=True, preexec_fn=_close_stderr
+    )
+    try:
+        held: str | None = None
+        deadline = time.monotonic() + 60
+        while held is None and child.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):  # not written yet, or being replaced
+                if json.loads((out / "run.json").read_text())["status"] == "running":
+                    held = os.readlink(f"/proc/{child.pid}/fd/2")
+            time.sleep(0.02)
+        assert held == os.devnull, held
+        assert child.wait(timeout=60) == 0
+    finally:
+        child.kill()
+        child.communicate(timeout=60)
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
