@@ -4,8 +4,8 @@ serve-sim's server). The commands live in ``asyncroll/commands/``, one module pe
 assembles them into one app.
 
 Imports stay light at module level so that ``asyncroll --help`` starts fast; each command imports what
-it needs. ``asyncroll --version`` prints the installed package's version. Exit codes: 0 run
-complete, 1 run failed, 2 usage or validation error, 130 interrupted.
+it needs. ``asyncroll --version`` prints the running package's version (the one run.json records).
+Exit codes: 0 run complete, 1 run failed, 2 usage or validation error, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -36,13 +36,24 @@ app = typer.Typer(
 def _print_version(wanted: bool) -> None:
     if not wanted:
         return
+    # The code's own version, the one run.json and experiment.json record. The installed metadata can be
+    # another's: an editable install left from before the version changed, or a wheel in the environment
+    # while ``python -m asyncroll`` runs a checkout; it printed that version for code that was not it.
     from importlib.metadata import PackageNotFoundError, version
 
+    from asyncroll import __version__
+
+    say(f"asyncroll {__version__}")
     try:
         installed = version("asyncroll")
     except PackageNotFoundError:  # run from a checkout that was never installed
-        from asyncroll import __version__ as installed
-    say(f"asyncroll {installed}")
+        installed = __version__
+    if installed != __version__:
+        typer.echo(
+            f"note: the installed asyncroll's metadata says {installed}; the code running is {__version__}"
+            " (an install older than this code: pip install it again)",
+            err=True,
+        )
     raise typer.Exit(0)
 
 

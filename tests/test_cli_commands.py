@@ -71,6 +71,20 @@ def test_version_of_a_checkout_never_installed_is_the_package_own(monkeypatch: p
     assert result.exit_code == 0 and result.stdout == f"asyncroll {asyncroll.__version__}\n"
 
 
+def test_version_is_the_running_codes_not_stale_installed_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editable install's metadata keeps the version it was installed at (a wheel in the environment
+    while ``python -m asyncroll`` runs a checkout: that wheel's): ``--version`` printed it, while run.json
+    recorded the running code's ``__version__``. It prints the code's, and says the metadata differs."""
+    import importlib.metadata
+
+    import asyncroll
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.1")
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout == f"asyncroll {asyncroll.__version__}\n"
+    assert "metadata says 0.0.1" in result.stderr and "pip install it again" in result.stderr
+
+
 def test_no_help_text_shows_rst_markup() -> None:
     """The help is plain text (``rich_markup_mode=None``): a docstring's RST double backticks would be
     printed as they are; every command writes code as `this`, in single backticks."""
