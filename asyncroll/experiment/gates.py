@@ -49,16 +49,21 @@ def evaluate_gates(
 
 def _why_unknown(summary: dict[str, Any] | None, metric: str) -> str:
     """Why a gate's metric has no value: the arm has no summary (it did not complete), the value's
-    denominator is 0, the summary gives its own reason (``…_reason`` beside it, e.g. ``per_wall_hour_reason``
-    for ``completed_per_wall_hour``, or a ``…null_reasons`` group naming it), it is null (not measured in this
-    run), or it is not in the summary."""
+    denominator is 0, a section on its path is null, the summary gives its own reason (``…_reason``
+    beside it: ``per_wall_hour_reason`` for ``completed_per_wall_hour``, ``sampled_starvation_reason`` for
+    ``sampled_starvation_s``; a ``…null_reasons`` group naming it; a section's own ``reason``, as
+    ``cpu_cost``'s), it is null (not measured in this run), or it is not in the summary."""
     if summary is None:
         return "unknown (arm failed or its summary unreadable)"
     count = DENOMINATORS.get(metric)
     if count is not None and dig(summary, count) == 0:
         return f"undefined ({count} = 0)"
-    parent_path, _, leaf = metric.rpartition(".")
-    parent = dig(summary, parent_path) if parent_path else summary
+    *path, leaf = metric.split(".")
+    parent: Any = summary
+    for depth, part in enumerate(path):
+        if isinstance(parent, dict) and parent.get(part, ...) is None:
+            return f"unknown ({'.'.join(path[: depth + 1])} is null)"
+        parent = parent.get(part) if isinstance(parent, dict) else None
     if not isinstance(parent, dict) or leaf not in parent:
         return "unknown (not in the arm's summary.json)"
     if parent[leaf] is not None:
@@ -66,13 +71,24 @@ def _why_unknown(summary: dict[str, Any] | None, metric: str) -> str:
     reasons = [
         value
         for key, value in parent.items()
-        if key.endswith("_reason") and leaf.endswith(key.removesuffix("_reason")) and isinstance(value, str)
+        if key.endswith("_reason")
+        and isinstance(value, str)
+        and _reason_of(key.removesuffix("_reason"), leaf)
     ] + [  # a group's reasons by name (``pearson_null_reasons``)
         value[leaf]
         for key, value in parent.items()
         if key.endswith("null_reasons") and isinstance(value, dict) and isinstance(value.get(leaf), str)
     ]
+    if isinstance(parent.get("reason"), str):  # the whole section's (``cpu_cost``)
+        reasons.append(parent["reason"])
     return f"unknown ({reasons[0]})" if reasons else "unknown (null: not measured in this run)"
+
+
+def _reason_of(stem: str, leaf: str) -> bool:
+    """Whether ``<stem>_reason`` speaks for ``leaf``: the figure itself (``completed_per_gpu_hour``), the
+    figures it ends (``per_wall_hour``: ``completed_per_wall_hour``) or begins (``sampled_starvation``:
+    ``sampled_starvation_s``, ``sampled_starvation_fraction_of_coverage``)."""
+    return leaf == stem or leaf.endswith("_" + stem) or leaf.startswith(stem + "_")
 
 
 def comparison_text(verdict: dict[str, Any], observed: str) -> str:
