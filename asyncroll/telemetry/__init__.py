@@ -1,8 +1,8 @@
 """Telemetry: what the inference server and the GPU were doing while the run ran.
 
 * :mod:`~asyncroll.telemetry.server_metrics`: vLLM or SGLang ``/metrics`` (Prometheus text), fetched with
-  httpx and parsed with ``prometheus_client``'s parser; its counters become rates in
-  :mod:`~asyncroll.telemetry.counter_rate`.
+  httpx; parsed in :mod:`~asyncroll.telemetry.exposition` (``prometheus_client``'s parser, the wanted
+  lines only); its counters become rates in :mod:`~asyncroll.telemetry.counter_rate`.
 * :mod:`~asyncroll.telemetry.nvml`: GPU utilisation and memory through NVML (``nvidia-ml-py``).
 * :mod:`~asyncroll.telemetry.sampler`: probes the sources before the measurement clock starts
   (``resource_probe``) and samples them every ``--telemetry-interval`` (``resource_sample``).
