@@ -70,3 +70,33 @@ def test_a_gate_under_a_null_section_says_which_is_null() -> None:
     assert _note("accuracy.one_repair.pass_rate_final", summary) == "unknown (accuracy.one_repair is null)"
     del summary["accuracy"]["one_repair"]
     assert _note("accuracy.one_repair.pass_rate_final", summary) == "unknown (not in the arm's summary.json)"
+
+
+def test_a_gate_on_a_key_a_fixed_section_never_holds_is_refused_by_the_config() -> None:
+    """``throughput``, ``rates``, ``cpu_cost``, ``client_cpu_blocked``, ``latency`` and ``phases`` are
+    mappings in the schema, so any key was taken: a typo (``throughput.completed_per_wall_hr``) passed
+    ``experiment plan`` and failed its stage only after its arms had run, "not in the arm's summary.json"
+    (QA). Their keys are the ones the summary builder writes; sections whose keys vary stay open."""
+    from asyncroll.experiment.summary_paths import metric_problem
+
+    summary = _summary()
+    for section in ("throughput", "rates", "cpu_cost", "client_cpu_blocked"):
+        for key, value in summary[section].items():
+            if isinstance(value, int | float) or value is None:
+                assert metric_problem(f"{section}.{key}") is None, (section, key)
+    assert metric_problem("throughput.allocated_gpu_hours") is None  # written with --dedicated-gpu only
+    assert metric_problem("latency.trajectory_s.p95") is None
+    assert metric_problem("phases.fractions_of_trajectory_time.cpu_queue_s") is None
+    for typo, wrong in (
+        ("throughput.completed_per_wall_hr", "completed_per_wall_hr"),
+        ("rates.sucess_rate", "sucess_rate"),
+        ("cpu_cost.per_completion", "per_completion"),
+        ("client_cpu_blocked.fraction", "fraction"),
+        ("latency.trajectory.p95", "trajectory"),
+        ("phases.fractions_of_trajectory_time.cpu_queue", "cpu_queue"),
+    ):
+        problem = metric_problem(typo)
+        assert problem is not None and f"has no {wrong!r} (it has " in problem, (typo, problem)
+    assert "completed_per_wall_hour" in str(metric_problem("throughput.completed_per_wall_hr"))
+    for open_key in ("model.failed.transport", "tools.failures.timeout", "scheduler.reasons.fifo"):
+        assert metric_problem(open_key) is None, open_key
