@@ -73,10 +73,11 @@ def test_a_gate_under_a_null_section_says_which_is_null() -> None:
 
 
 def test_a_gate_on_a_key_a_fixed_section_never_holds_is_refused_by_the_config() -> None:
-    """``throughput``, ``rates``, ``cpu_cost``, ``client_cpu_blocked``, ``latency`` and ``phases`` are
-    mappings in the schema, so any key was taken: a typo (``throughput.completed_per_wall_hr``) passed
-    ``experiment plan`` and failed its stage only after its arms had run, "not in the arm's summary.json"
-    (QA). Their keys are the ones the summary builder writes; sections whose keys vary stay open."""
+    """``throughput``, ``rates``, ``cpu_cost``, ``client_cpu_blocked``, ``latency``, ``phases``,
+    ``bounds.terms`` and ``resources.windows`` are mappings in the schema, so any key was taken: a typo
+    (``throughput.completed_per_wall_hr``) passed ``experiment plan`` and failed its stage only after its
+    arms had run, "not in the arm's summary.json" (QA). Their keys are the ones the summary builder writes;
+    sections whose keys vary stay open."""
     from asyncroll.experiment.summary_paths import metric_problem
 
     summary = _summary()
@@ -87,6 +88,9 @@ def test_a_gate_on_a_key_a_fixed_section_never_holds_is_refused_by_the_config() 
     assert metric_problem("throughput.allocated_gpu_hours") is None  # written with --dedicated-gpu only
     assert metric_problem("latency.trajectory_s.p95") is None
     assert metric_problem("phases.fractions_of_trajectory_time.cpu_queue_s") is None
+    assert metric_problem("bounds.totals.server_batch_s") is None  # a simulated server's only
+    assert metric_problem("bounds.terms.admission_order_s") is None
+    assert metric_problem("resources.windows.server_covered") is None
     for typo, wrong in (
         ("throughput.completed_per_wall_hr", "completed_per_wall_hr"),
         ("rates.sucess_rate", "sucess_rate"),
@@ -94,6 +98,8 @@ def test_a_gate_on_a_key_a_fixed_section_never_holds_is_refused_by_the_config() 
         ("client_cpu_blocked.fraction", "fraction"),
         ("latency.trajectory.p95", "trajectory"),
         ("phases.fractions_of_trajectory_time.cpu_queue", "cpu_queue"),
+        ("bounds.terms.model_s", "model_s"),
+        ("resources.windows.totl", "totl"),
     ):
         problem = metric_problem(typo)
         assert problem is not None and f"has no {wrong!r} (it has " in problem, (typo, problem)

@@ -17,13 +17,17 @@ FIXED_KEYS = (
     "latency",
     "phases",
     "phases.fractions_of_trajectory_time",
+    "bounds.terms",
+    "bounds.totals",
+    "resources.windows",
 )
 
 
 @functools.cache
 def written_keys() -> dict[str, frozenset[str]]:
     """The keys of each :data:`FIXED_KEYS` section in a summary the builder writes (every optional one
-    included: ``throughput.allocated_gpu_hours`` is written with ``--dedicated-gpu``)."""
+    included: ``throughput.allocated_gpu_hours`` with ``--dedicated-gpu``, ``bounds.totals.server_batch_s``
+    for a simulated server)."""
     from asyncroll.outputs.cpu_cost import cpu_cost
     from asyncroll.outputs.summary import SummaryBuilder
 
@@ -37,6 +41,8 @@ def written_keys() -> dict[str, frozenset[str]]:
         peaks={},
         status="complete",
         dedicated_gpu=True,
+        model_capacity=1,
+        server_batch_s=0.0,
     )
     keys = {}
     for section in FIXED_KEYS:
