@@ -402,9 +402,10 @@ class LiveView:
             collector = RuntimeCollector(self._view, asyncio.get_running_loop(), info)
             self._exporter = MetricsExporter(collector, port, host).start()
             described = self._exporter.describe()
-            with contextlib.suppress(OSError, ValueError, AttributeError):  # None under 2>&-: not said
-                self._stream.write(f"metrics: {self._exporter.url}\n")
-                self._stream.flush()
+            if self._stream is not None:  # None under 2>&-: the address is not said
+                with contextlib.suppress(OSError, ValueError):
+                    self._stream.write(f"metrics: {self._exporter.url}\n")
+                    self._stream.flush()
         if self._line is not None:
             self._task = tg.create_task(self._line.run())
         return described
