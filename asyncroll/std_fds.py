@@ -15,10 +15,13 @@ import os
 
 
 def hold_standard_fds() -> None:
-    """Open ``/dev/null`` on each of descriptors 0, 1 and 2 that is closed."""
+    """Open ``/dev/null`` on each of descriptors 0, 1 and 2 that is closed (where it can be opened)."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:
-            held = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd``, the ones below are open
+            try:
+                held = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd``, those below are open
+            except OSError:  # no /dev/null (a bare chroot): left closed, as the command was started
+                return
             os.set_inheritable(held, True)

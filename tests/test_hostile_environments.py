@@ -715,3 +715,21 @@ def test_a_run_started_without_stderr_holds_descriptor_2_on_dev_null(tmp_path: P
         child.kill()
         child.communicate(timeout=60)
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
+
+
+def test_no_dev_null_to_hold_a_closed_descriptor_leaves_it_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a bare chroot without /dev/null, holding a closed standard descriptor raised at the command's
+    start (a traceback before anything ran); it is left closed, as the command was started."""
+    import types
+
+    from asyncroll import std_fds
+
+    def closed(fd: int) -> os.stat_result:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    def no_dev_null(path: str, flags: int) -> int:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+
+    fake = types.SimpleNamespace(fstat=closed, open=no_dev_null, devnull=os.devnull, O_RDWR=os.O_RDWR)
+    monkeypatch.setattr(std_fds, "os", fake)
+    std_fds.hold_standard_fds()  # no exception
