@@ -238,3 +238,63 @@ def test_what_a_functional_solution_prints_does_not_count() -> None:
     program = "class Solution:\n    def size(self, xs):\n        print('x' * (9 << 20))\n        return 3\n"
     result, _ = evaluate(program, tests, func_name="size")
     assert result["passed"], result
+
+
+#: (returned expression, expected output, LiveCodeBench's verdict): run through nvidia-livecodebench 26.3's
+#: ``check_correctness`` (``lcb_runner/evaluation/testing_util.py``), which compares with a bare ``==``.
+STDLIB_NUMBERS_AND_USER_TYPES = [
+    ("Fraction(6, 2)", "3", True),
+    ("Fraction(1, 2)", "0.5", True),
+    ("Fraction(1, 1)", "true", True),
+    ("Fraction(1, 3)", "0.3333333333333333", False),
+    ("[Fraction(1, 2), Fraction(4, 2)]", "[0.5, 2]", True),
+    ("Decimal('2.50')", "2.5", True),
+    ("Decimal(7)", "7", True),
+    ("Decimal('0.1')", "0.1", False),
+    ("Decimal('Infinity')", "Infinity", True),
+    ("Decimal('NaN')", "NaN", False),
+    ("complex(3, 0)", "3", True),
+    ("complex(3, 1)", "3", False),
+    ("UserList([1, 2])", "[1, 2]", True),
+    ("UserDict({'a': 1})", '{"a": 1}', True),
+    ("UserString('ab')", '"ab"', True),
+    ("deque([1])", "[1]", False),
+]
+
+
+@real_process
+@pytest.mark.parametrize(("returned", "output", "passes"), STDLIB_NUMBERS_AND_USER_TYPES)
+def test_stdlib_numbers_and_user_containers_compare_as_livecodebench_compares_them(
+    returned: str, output: str, passes: bool
+) -> None:
+    """LiveCodeBench's ``==`` accepts a ``Fraction``, ``Decimal`` or ``complex`` equal to the expected int or
+    float, and a ``UserList``, ``UserDict`` or ``UserString`` holding the expected value. Here every one was
+    judged 'can never equal a JSON value': a LeetCode solution computing with ``fractions`` failed."""
+    program = (
+        "from fractions import Fraction\nfrom decimal import Decimal\n"
+        f"class Solution:\n    def f(self):\n        return {returned}\n"
+    )
+    tests = [{"input": "", "output": output, "testtype": "functional"}]
+    result, _ = evaluate(program, tests, func_name="f")
+    assert result["passed"] is passes, result["feedback"]
+    if not passes:
+        assert verdict(result) == "wrong_answer"
+
+
+def test_a_number_is_sent_as_the_int_or_float_it_equals_exactly() -> None:
+    import fractions
+    from decimal import Decimal
+
+    from asyncroll.evaluator.harness import _plain
+
+    for value, plain in [
+        (fractions.Fraction(10**30, 1), 10**30),
+        (Decimal("-0.25"), -0.25),
+        (1.5 + 0j, 1.5),
+        (Decimal("1e400"), 10**400),
+    ]:
+        sent = _plain(value)
+        assert sent == plain and type(sent) is type(plain), (value, sent)
+    for never in (fractions.Fraction(1, 3), Decimal("sNaN"), Decimal("NaN"), 1j):
+        with pytest.raises(TypeError):
+            _plain(never)

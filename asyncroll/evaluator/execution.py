@@ -1,6 +1,20 @@
 """The facts of one sandboxed test run (:class:`Execution`), as the sandbox collected them and the
 evaluator turns them into a verdict, and how the harness's records are read: only a record of the
-expected kind counts, and a line the program made unreadable is a fact too, never an exception."""
+expected kind counts, and a line the program made unreadable is a fact too, never an exception.
+
+The harness (:mod:`~asyncroll.evaluator.harness`) writes them. A ``done`` record is ``{"kind": "done", "ok":
+true}`` (stdin mode), ``{"kind": "done", "ok": true, "result": <JSON>}`` (functional mode), ``{"kind": "done",
+"ok": false, "error": "<traceback>"}`` or, for a functional result that LiveCodeBench's ``==`` can never match
+against a JSON value (a nested tuple, a set, an int-keyed dict, an object, an int past the digit limit of str
+conversion), ``{"kind": "done", "ok": true, "unrepresentable": "<repr>"}``; one whose JSON does not fit in the
+memory left beside it, ``{"kind": "done", "ok": true, "too_large": true}``. A ``str``, ``list`` or ``dict``
+subclass (``defaultdict``, ``Counter``, ``OrderedDict``, an ``Enum`` mixed with ``str``, a dict keyed by
+``str`` subclasses), a ``UserList``, ``UserDict`` or ``UserString`` equals the plain value under ``==``, so it
+is sent as its plain string, list or dict; a ``Fraction``, ``Decimal``, ``complex`` (or a numpy scalar) that
+equals an int or a float exactly, as that int or float. The program can write to the status fd too; that can
+only claim an answer it could have produced honestly, so the runtime treats the records as facts about the
+program, not about the test.
+"""
 
 from __future__ import annotations
 
