@@ -41,33 +41,43 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
 * each test runs in a fresh sandboxed process (LiveCodeBench runs all tests in one process), so the
   wall deadline also covers interpreter start-up and the prelude imports (tens of milliseconds), and
   nothing carries over from one test to the next: LiveCodeBench calls one ``Solution()`` instance (one
-  module) for all of a problem's tests, so state kept on it or on the class leaks between tests there;
+  module) for all of a problem's tests, so state kept on it or on the class leaks between tests there.
+  A functional solution's module-level code (a table it precomputes) runs once there, under a time
+  limit of its own, and in every test here, inside that test's limit: a program whose set-up and call
+  each fit the limit but together do not passes there and times out here;
 * a stdin program runs as a script (``__main__``). LiveCodeBench moves its imports to the top and wraps
-  every other statement in a function it calls, so there a ``global x`` in one of the program's
-  functions names a module variable, not the program's top-level ``x`` (a ``NameError``), and an ``if
-  __name__ == "__main__":`` block runs only as the last statement; both run normally here, and so
-  does a ``from __future__`` import (a ``SyntaxError`` there, in both modes: LiveCodeBench puts its
-  import header before the program's text). A stdin program whose text holds ``class Solution``
-  anywhere (a comment included) also runs normally here; there it always fails, because its
-  ``compile_code`` then instantiates a module-level ``Solution``, which the wrapped program does not have;
+  every other statement in a function it calls, so there a ``global x`` in one of the program's functions
+  names a module variable, not the program's top-level ``x`` (a ``NameError``), and an ``if __name__ ==
+  "__main__":`` block runs only as the last statement (and ``globals()`` holds none of the program's
+  top-level names); all three work normally here, and so does a ``from __future__`` import (a
+  ``SyntaxError`` there, in both modes: LiveCodeBench puts its import header before the program's text). A
+  stdin program whose text holds ``class Solution`` anywhere (a comment included) also runs normally here;
+  there it always fails, because its ``compile_code`` then instantiates a module-level ``Solution``, which
+  the wrapped program does not have;
 * stdin and stdout are real files, so ``sys.stdin.buffer``, ``open(0)``, ``sys.stdout.buffer`` and
   ``os.write(1, …)`` work, and so does a ``stdout`` imported from ``sys`` (LiveCodeBench patches
   ``sys.stdin`` with a ``StringIO``, on which ``.buffer`` fails, and captures output by swapping
-  ``sys.stdout`` for one after the program's imports ran, so writes through an earlier-bound ``stdout``
-  or fd 1 are lost there);
+  ``sys.stdout`` for one after the program's imports ran, so writes through an earlier-bound ``stdout`` or
+  fd 1 are lost there; its ``open`` patch misses the ``open`` its header imports from ``io``, so
+  ``open(0)`` reads its worker's empty stdin there);
 * the sandbox, not a guard that disables functions, confines the program: ``quit()`` and
   ``os.getcwd()`` work here (LiveCodeBench's ``reliability_guard`` sets them, and other ``os``,
   ``shutil`` and ``subprocess`` functions, to ``None``, so calling them is a runtime error there);
-* a program's process ends when its code does: a thread it started and did not join is killed, and
-  only what was printed by then counts (LiveCodeBench's capture also ends when the code returns, so
-  there such a thread's later output is lost too, depending on timing);
+* a program's process ends when its code does: a thread it started and did not join is killed, and only
+  what was printed by then counts (LiveCodeBench's capture also ends when the code returns, so there such
+  a thread's later output is lost too, depending on timing: the ``threading.Thread(target=main).start()``
+  idiom passes there when the thread is done within moments, as one that reads and prints a number was in
+  the reference run, and fails here unless the program joins the thread);
 * a functional result is compared after a JSON round trip. A top-level tuple counts as a list (as in
   LiveCodeBench) and a subclass of ``int``, ``float``, ``str``, ``list`` or ``dict`` (``IntEnum``, a
   ``str`` ``Enum``, ``defaultdict``, ``Counter``, ``OrderedDict``; dict keys included, at any depth) as
-  its plain content, which is what its ``==`` compares; any other value that is not plain JSON data
-  is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which never equal
-  a JSON value under ``==``, but a numpy scalar that LiveCodeBench's ``==`` would accept is also judged
-  wrong (and so is a subclass whose overridden ``__eq__`` would accept a different value);
+  its plain content, which is what its ``==`` compares, and so is a ``UserList``, ``UserDict`` or
+  ``UserString``; a ``Fraction``, ``Decimal``, ``complex`` or numpy number counts as the int or float it
+  equals exactly (``Fraction(1, 2)`` as ``0.5``; ``Fraction(1, 3)`` equals none). Any other value that is
+  not plain JSON data is judged wrong — exact for nested tuples, sets, non-string dict keys and objects,
+  which never equal a JSON value under ``==``, but a numpy ``bool_`` that LiveCodeBench's ``==`` would
+  accept is also judged wrong (and so is a subclass whose overridden ``__eq__`` would accept a different
+  value);
 * a functional test's blank input lines (a trailing newline, say) are skipped, each other line being one
   argument; LiveCodeBench reads every line as JSON, a blank one included, so there a problem with such a
   test fails whatever the program (its grader errs before running any test), and here it is judged;
