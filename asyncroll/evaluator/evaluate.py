@@ -59,7 +59,11 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   ``sys.stdin`` with a ``StringIO``, on which ``.buffer`` fails, and captures output by swapping
   ``sys.stdout`` for one after the program's imports ran, so writes through an earlier-bound ``stdout`` or
   fd 1 are lost there; its ``open`` patch misses the ``open`` its header imports from ``io``, so
-  ``open(0)`` reads its worker's empty stdin there);
+  ``open(0)`` reads its worker's empty stdin there; and a ``stdin`` bound before the program runs —
+  ``from sys import stdin``, or the ``stdin`` its header's ``from sys import *`` binds — is that real stdin,
+  whose ``readline``, ``readlines`` and ``read`` it patches to give a line without its newline,
+  ``input.split("\\n")`` and the whole input, and which iterates as empty: ``stdin.readline()[:-1]`` and
+  ``for line in stdin`` fail there);
 * the sandbox, not a guard that disables functions, confines the program: ``quit()`` and
   ``os.getcwd()`` work here (LiveCodeBench's ``reliability_guard`` sets them, and other ``os``,
   ``shutil`` and ``subprocess`` functions, to ``None``, so calling them is a runtime error there);
@@ -82,6 +86,7 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   argument; LiveCodeBench reads every line as JSON, a blank one included, so there a problem with such a
   test fails whatever the program (its grader errs before running any test), and here it is judged;
 * the total budget is capped below the caller's tool timeout (above); LiveCodeBench's is not capped;
+  nor is its stdout: a program that writes megabytes of spaces before its answer passes there;
 * memory: 768 MiB of address space per process by default plus a cgroup cap on the whole tree
   (LiveCodeBench's ``run_test`` calls its guard without a memory limit);
 * the program runs on the sandbox's interpreter (the virtualenv's base Python, or a system one the
