@@ -35,6 +35,38 @@ def test_stdout_comparison_follows_livecodebench() -> None:
     assert compare_stdout("sNaN 1", "sNaN  1") is not None  # a signalling NaN refuses comparison
 
 
+#: (program's stdout, expected output, LiveCodeBench's verdict), each run through nvidia-livecodebench 26.3's
+#: ``check_correctness`` (``grade_stdio``: stripped lines, then ``Decimal`` tokens; no tolerance).
+LCB_STDOUT_VERDICTS = [
+    ("1 2   \n3\n\n\n", "1 2\n3\n", True),
+    ("1\n2\n", "1\r\n2\r\n", True),
+    ("1\r\n2\r\n", "1\n2", True),
+    ("1\n", "1\n\n\n\n", True),
+    ("1\n2\n", "1\n\n2\n", False),  # a blank line inside counts
+    ("1\r2\n", "1\n2\n", False),  # a lone CR ends no line
+    ("1.0\n", "1\n", True),
+    ("0.3333333333333333\n", "0.333333333\n", False),
+    ("", "", True),
+    ("", "\n \n", True),
+    ("", "0\n", False),
+    ("a  b\n", "a b\n", False),  # words: the line must match as text
+    ("1  2\n", "1 2\n", True),  # numbers: token by token
+    ("1\t2\n", "1 2\n", True),
+    ("NaN\n", "nan\n", False),
+    ("inf\n", "Infinity\n", True),
+    ("-0\n", "0\n", True),
+    ("1_000\n", "1000\n", True),
+    ("n? 5\n", "5\n", False),  # input()'s prompt goes to stdout in both
+]
+
+
+@pytest.mark.parametrize(("got", "expected", "passes"), LCB_STDOUT_VERDICTS)
+def test_stdout_verdicts_match_livecodebench_run_on_the_same_texts(
+    got: str, expected: str, passes: bool
+) -> None:
+    assert (compare_stdout(got, expected) is None) is passes
+
+
 def test_lines_with_different_token_counts_differ_without_parsing_a_number(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
