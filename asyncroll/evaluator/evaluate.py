@@ -58,7 +58,7 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   ``os.write(1, …)`` work, and so does a ``stdout`` imported from ``sys`` (LiveCodeBench patches
   ``sys.stdin`` with a ``StringIO``, on which ``.buffer`` fails, and captures output by swapping
   ``sys.stdout`` for one after the program's imports ran, so writes through an earlier-bound ``stdout`` or
-  fd 1 are lost there; its ``open`` patch misses the ``open`` its header imports from ``io``, so
+  fd 1 are lost there; its ``open`` patch misses the ``open`` its header already bound, so
   ``open(0)`` reads its worker's empty stdin there; and a ``stdin`` bound before the program runs —
   ``from sys import stdin``, or the ``stdin`` its header's ``from sys import *`` binds — is that real stdin,
   whose ``readline``, ``readlines`` and ``read`` it patches to give a line without its newline,
