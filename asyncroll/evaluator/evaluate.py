@@ -48,12 +48,12 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
 * a stdin program runs as a script (``__main__``). LiveCodeBench moves its imports to the top and wraps
   every other statement in a function it calls, so there a ``global x`` in one of the program's functions
   names a module variable, not the program's top-level ``x`` (a ``NameError``), and an ``if __name__ ==
-  "__main__":`` block runs only as the last statement (and ``globals()`` holds none of the program's
-  top-level names); all three work normally here, and so does a ``from __future__`` import (a
-  ``SyntaxError`` there, in both modes: LiveCodeBench puts its import header before the program's text). A
-  stdin program whose text holds ``class Solution`` anywhere (a comment included) also runs normally here;
-  there it always fails, because its ``compile_code`` then instantiates a module-level ``Solution``, which
-  the wrapped program does not have;
+  "__main__":`` block runs only as the last statement and only so spelled (``'__main__' == __name__``
+  never does; and ``globals()`` holds none of the program's top-level names); all three work normally
+  here, and so does a ``from __future__`` import (a ``SyntaxError`` there, in both modes: LiveCodeBench
+  puts its import header before the program's text). A stdin program whose text holds ``class Solution``
+  anywhere (a comment included) also runs normally here; there it always fails, because its
+  ``compile_code`` then instantiates a module-level ``Solution``, which the wrapped program does not have;
 * stdin and stdout are real files, so ``sys.stdin.buffer``, ``open(0)``, ``sys.stdout.buffer`` and
   ``os.write(1, …)`` work, and so does a ``stdout`` imported from ``sys`` (LiveCodeBench patches
   ``sys.stdin`` with a ``StringIO``, on which ``.buffer`` fails, and captures output by swapping
