@@ -47,12 +47,19 @@ def worker_pids(events: list[Any]) -> set[int]:
     return {e.pid for e in events if e.event == "worker_ready" and e.pid is not None}
 
 
+def _running(pid: int) -> bool:
+    """``pid`` runs and is no zombie; a process that exits between the two checks is not running (its
+    status read raised NoSuchProcess)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def assert_gone(pids: set[int]) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        alive = {
-            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        }
+        alive = {p for p in pids if _running(p)}
         if not alive:
             return
         time.sleep(0.05)
