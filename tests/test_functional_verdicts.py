@@ -298,3 +298,42 @@ def test_a_number_is_sent_as_the_int_or_float_it_equals_exactly() -> None:
     for never in (fractions.Fraction(1, 3), Decimal("sNaN"), Decimal("NaN"), 1j):
         with pytest.raises(TypeError):
             _plain(never)
+
+
+#: A ``numbers.Number`` the program registered, whose own ``==`` LiveCodeBench 26.3 called (every one of these
+#: passed there against ``3``), but whose ``.real``, ``__int__`` or ``__float__`` fails or is missing.
+BROKEN_NUMBERS = {
+    "no .real": "numbers.Number.register(N)\n",
+    ".real raises": "N.real = property(lambda self: {}['real'])\nnumbers.Number.register(N)\n",
+    "__int__ raises": "N.real = property(lambda self: self)\nN.__int__ = N.__float__ = lambda self: {}[0]\n"
+    "numbers.Number.register(N)\n",
+}
+
+
+@real_process
+@pytest.mark.parametrize("setup", BROKEN_NUMBERS.values(), ids=list(BROKEN_NUMBERS))
+def test_a_number_whose_own_conversions_fail_is_judged_wrong_not_a_runtime_error(setup: str) -> None:
+    """Such a value cannot be sent as an int or a float, so it is judged wrong like any object. Here the
+    harness's own ``value.real`` (or ``int()``) raised in the program's process: a ``runtime_error`` whose
+    traceback (``'N' object has no attribute 'real'``) was none of the program's doing."""
+    program = (
+        "import numbers\nclass N:\n    def __eq__(self, other):\n        return other == 3\n"
+        "    __hash__ = None\n"
+        f"{setup}class Solution:\n    def f(self, x):\n        return N()\n"
+    )
+    tests = [{"input": "0", "output": "3", "testtype": "functional"}]
+    result, _ = evaluate(program, tests, func_name="f")
+    assert verdict(result) == "wrong_answer", result["feedback"]
+    assert "N object" in result["feedback"]["got"]
+
+
+@real_process
+def test_a_decimal_past_the_digit_limit_is_judged_wrong_at_once_not_converted_until_the_time_limit() -> None:
+    """No expected value holds an int past 50,000 digits, and LiveCodeBench's ``==`` says so at once. Here
+    ``int(Decimal('1e1000000'))`` ran first (34 s on the reviewer's machine): a time-limit verdict."""
+    program = "from decimal import Decimal\nclass Solution:\n    def f(self, x):\n"
+    program += "        return Decimal('1e1000000')\n"
+    tests = [{"input": "0", "output": "1", "testtype": "functional"}]
+    result, _ = evaluate(program, tests, func_name="f", time_limit_s=3)
+    assert verdict(result) == "wrong_answer", result["feedback"]
+    assert result["feedback"]["got"] == "Decimal('1E+1000000')"

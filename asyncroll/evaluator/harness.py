@@ -166,9 +166,8 @@ def _plain(value: Any) -> Any:
     kind = type(value)
     if value is None or kind in (bool, str, int, float):
         return value
-    # A subclass (``IntEnum``, ``Counter``, ``class S(str)``) equals its plain content under LiveCodeBench's
-    # ``==``: send that content, read through the base type's own methods as its ``==`` does (a subclass may
-    # override ``__int__``, ``__float__``, ``__str__``, ``__iter__``; the base type's give a plain copy).
+    # A subclass (``IntEnum``, ``Counter``, ``class S(str)``) equals its plain content under LCB's ``==``:
+    # sent as read by the base type's own methods, as that ``==`` reads it (not an overridden ``__int__``).
     if isinstance(value, int):
         return int.__int__(value)
     if isinstance(value, float):
@@ -188,9 +187,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (UserList, UserDict, UserString)):  # a tuple: the sandbox's Python may be older
         return _plain(value.data)  # what their ``==`` compares
     for plain_type in (int, float) if isinstance(value, Number) else ():  # Fraction, Decimal, complex
-        try:
+        try:  # a NaN or infinity as an int, a signalling NaN, a registered Number without .real: not sent
+            if plain_type is int and getattr(value, "adjusted", int)() >= INT_MAX_STR_DIGITS:  # a Decimal
+                continue  # past the digit limit: as an int, Decimal('1e1000000') took 34 s to convert
             candidate = plain_type(value.real)  # a complex's real part; the others' own value
-        except (TypeError, ValueError, ArithmeticError):  # a NaN or infinity as an int, a signalling NaN
+        except Exception:  # noqa: BLE001 - whatever the program's own methods raise: judged wrong, not an error
             continue
         if candidate == value:  # exactly, as LiveCodeBench's ``==`` compares it with the expected value
             return candidate
