@@ -77,11 +77,13 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   ``str`` ``Enum``, ``defaultdict``, ``Counter``, ``OrderedDict``; dict keys included, at any depth) as
   its plain content, which is what its ``==`` compares, and so is a ``UserList``, ``UserDict`` or
   ``UserString``; a ``Fraction``, ``Decimal``, ``complex`` or numpy number counts as the int or float it
-  equals exactly (``Fraction(1, 2)`` as ``0.5``; ``Fraction(1, 3)`` equals none). Any other value that is
-  not plain JSON data is judged wrong — exact for nested tuples, sets, non-string dict keys and objects,
-  which never equal a JSON value under ``==``, but a numpy ``bool_`` that LiveCodeBench's ``==`` would
-  accept is also judged wrong (and so is a subclass whose overridden ``__eq__`` would accept a different
-  value);
+  equals exactly (``Fraction(1, 2)`` as ``0.5``; ``Fraction(1, 3)`` equals none), a numpy ``float32`` or
+  ``float16`` too, though numpy 2's ``==`` rounds the expected float to its precision first
+  (``np.float32(0.1) == 0.1`` there, with numpy 2.4; not here). Any other value that is not plain JSON
+  data is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which never
+  equal a JSON value under ``==``, but a numpy ``bool_``, 0-d array or one-element array that
+  LiveCodeBench's ``==`` would accept is also judged wrong (and so is a subclass, or a registered
+  ``numbers.Number``, whose own ``__eq__`` would accept a different value);
 * a functional test's blank input lines (a trailing newline, say) are skipped, each other line being one
   argument; LiveCodeBench reads every line as JSON, a blank one included, so there a problem with such a
   test fails whatever the program (its grader errs before running any test), and here it is judged;
