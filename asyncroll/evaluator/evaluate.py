@@ -72,16 +72,18 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   a thread's later output is lost too, depending on timing: the ``threading.Thread(target=main).start()``
   idiom passes there when the thread is done within moments, as one that reads and prints a number was in
   the reference run, and fails here unless the program joins the thread);
-* a functional result is compared after a JSON round trip. A top-level tuple counts as a list (as in
-  LiveCodeBench) and a subclass of ``int``, ``float``, ``str``, ``list`` or ``dict`` (``IntEnum``, a
-  ``str`` ``Enum``, ``defaultdict``, ``Counter``, ``OrderedDict``; dict keys included, at any depth) as
-  its plain content, which is what its ``==`` compares, and so is a ``UserList``, ``UserDict`` or
-  ``UserString``; a ``Fraction``, ``Decimal``, ``complex`` or numpy number counts as the int or float it
-  equals exactly (``Fraction(1, 2)`` as ``0.5``; ``Fraction(1, 3)`` equals none), a numpy ``float32`` or
-  ``float16`` too, though numpy 2's ``==`` rounds the expected float to its precision first
-  (``np.float32(0.1) == 0.1`` there, with numpy 2.4; not here). Any other value that is not plain JSON
-  data is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which never
-  equal a JSON value under ``==``, but a numpy ``bool_``, 0-d array or one-element array that
+* a functional result is compared after a JSON round trip, made in the program's process inside the test's
+  time limit (LiveCodeBench compares after its per-test alarm is off: a result of very many elements,
+  ``Fraction`` or ``Decimal`` ones above all, spends time of the limit here that it does not there). A
+  top-level tuple counts as a list (as in LiveCodeBench) and a subclass of ``int``, ``float``, ``str``,
+  ``list`` or ``dict`` (``IntEnum``, a ``str`` ``Enum``, ``defaultdict``, ``Counter``, ``OrderedDict``; dict
+  keys included, at any depth) as its plain content, which is what its ``==`` compares, and so is a
+  ``UserList``, ``UserDict`` or ``UserString``; a ``Fraction``, ``Decimal``, ``complex`` or numpy number
+  counts as the int or float it equals exactly (``Fraction(1, 2)`` as ``0.5``; ``Fraction(1, 3)`` equals
+  none), a numpy ``float32`` or ``float16`` too, though numpy 2's ``==`` rounds the expected float to its
+  precision first (``np.float32(0.1) == 0.1`` there, with numpy 2.4; not here). Any other value that is not
+  plain JSON data is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which
+  never equal a JSON value under ``==``, but a numpy ``bool_``, 0-d array or one-element array that
   LiveCodeBench's ``==`` would accept is also judged wrong (and so is a subclass, or a registered
   ``numbers.Number``, whose own ``__eq__`` would accept a different value);
 * a functional test's blank input lines (a trailing newline, say) are skipped, each other line being one
