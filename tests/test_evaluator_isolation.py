@@ -48,6 +48,33 @@ def test_missing_layers_are_refused_unless_weak_isolation_is_allowed(monkeypatch
     assert recorded["weak"] is True and recorded["missing"] == ["cgroup_pids"] and recorded["allowed_weak"]
 
 
+def test_an_interpreter_outside_the_system_dirs_keeps_the_private_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As root with the runtime's Python under ``/opt`` (conda's ``/opt/conda``, or a copy of 3.12.1 there,
+    readable by nobody), the harness binds that prefix into the private root, so the probe's ``/`` held
+    ``opt`` too: the check wanted exactly :data:`~.isolation.ROOT`, and full isolation was refused
+    (an IsolationError, unless weak isolation was allowed, which then ran without a private root)."""
+    seen: dict[str, object] = {"pid": 2, "ppid": 1, "tmp": ["work"], "interfaces": ["lo"], "ipc": "ipc:[1]"}
+    seen |= {"root": sorted([*isolation.ROOT, "opt"]), "prefix_tops": ["opt"]}
+    monkeypatch.setattr(isolation, "_probe", lambda layers: (seen, ""))
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: "/usr/bin/unshare")
+    _, layers = isolation._namespace_layers(Layers(python="/opt/conda/bin/python3.12"))
+    assert {layer.name: layer.active for layer in layers}["private_root"]
+    seen["root"] = sorted([*isolation.ROOT, "home", "opt"])  # anything more in sight is still refused
+    _, layers = isolation._namespace_layers(Layers(python="/opt/conda/bin/python3.12"))
+    assert not {layer.name: layer.active for layer in layers}["private_root"]
+    # the probe names the top directories of the prefixes the harness binds: here the runtime's own
+    probe = subprocess.run(
+        [sys.executable, "-I", "-c", isolation.PROBE_PROGRAM], capture_output=True, text=True, timeout=30
+    )
+    tops = {
+        p.split("/")[1]
+        for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)))
+    }
+    assert json.loads(probe.stdout)["prefix_tops"] == sorted(tops), probe.stderr
+
+
 @requires_isolation
 @real_process
 def test_the_isolation_report_prints_from_the_command_line() -> None:

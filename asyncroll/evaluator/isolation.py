@@ -75,7 +75,7 @@ LOSSES = {
     "cgroup_pids": "processes are bounded per user (RLIMIT_NPROC), not per test",
 }
 PROBE_PROGRAM = """
-import ctypes, errno, json, os, platform, resource, socket
+import ctypes, errno, json, os, platform, resource, socket, sys
 keyctl = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
 libc = ctypes.CDLL(None, use_errno=True)
 # KEYCTL_GET_KEYRING_ID of KEY_SPEC_USER_KEYRING: refused with EPERM when the keyring calls are denied
@@ -89,6 +89,9 @@ print(json.dumps({
     "interfaces": sorted(name for _, name in socket.if_nameindex()),
     "tmp": sorted(os.listdir("/tmp")),
     "root": sorted(set(os.listdir("/")) - {"lib32", "lib64", "libx32", "sbin", "bin", "lib"}),
+    # the harness also binds the interpreter's own prefix when it lives outside the system dirs (/opt/conda)
+    "prefix_tops": sorted({p.split("/")[1] for p in (sys.base_prefix, sys.prefix, os.path.dirname(
+        os.path.realpath(sys.executable)))}),
     "cgroup": open("/proc/self/cgroup").read(),
     "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
     "env": sorted(os.environ),
@@ -97,7 +100,8 @@ print(json.dumps({
 _PROBE_LIMITS = Limits(time_limit_s=10.0)
 ROOT = ["dev", "proc", "tmp", "usr", "var"]
 """What the program sees in ``/`` under ``private_root`` (besides the ``/bin``, ``/lib*``, ``/sbin`` that
-exist on the host)."""
+exist on the host, and the top directory of the interpreter's prefix when it lives elsewhere: ``opt`` holding
+only ``/opt/conda``)."""
 
 
 class IsolationError(AsyncrollError):
@@ -236,7 +240,7 @@ def _namespace_layers(base: Layers) -> tuple[Layers, list[Layer]]:
         and facts["pid"] == 2
         and facts["ppid"] == 1
         and facts["tmp"] == ["work"]
-        and facts["root"] == ROOT
+        and facts["root"] == sorted({*ROOT, *facts["prefix_tops"]})
     ):
         base = candidate
         out.append(Layer("pid_namespace", True, "unshare --pid --fork --kill-child --mount-proc"))
