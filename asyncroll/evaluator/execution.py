@@ -67,7 +67,8 @@ class Execution:
 def _record(line: bytes, kind: str) -> dict[str, object] | None:
     """The JSON object on ``line`` if it is a record of ``kind``; ``None`` for anything else, including a
     line the program made unreadable (not JSON, not UTF-8, nested past the parser's recursion limit, an
-    int past LiveCodeBench's 50,000 digits)."""
+    int past LiveCodeBench's 50,000 digits), except a returned value holding such an int: that can never
+    match (an ``unrepresentable`` record, as the harness writes it on Python 3.11)."""
     try:
         # a returned int of up to 50,000 digits, as LiveCodeBench reads it; long ones as text (the program
         # can write this line itself, all of it 50,000-digit ints)
