@@ -337,3 +337,19 @@ def test_a_decimal_past_the_digit_limit_is_judged_wrong_at_once_not_converted_un
     result, _ = evaluate(program, tests, func_name="f", time_limit_s=3)
     assert verdict(result) == "wrong_answer", result["feedback"]
     assert result["feedback"]["got"] == "Decimal('1E+1000000')"
+
+
+def test_numpy_scalars_are_sent_as_the_plain_value_they_equal() -> None:
+    """numpy registers its ints, floats and complexes as ``numbers`` types, not its ``bool_``: on a sandbox
+    interpreter with numpy, ``np.True_`` (which LiveCodeBench's ``==`` finds equal to ``true`` and to 1) was
+    'can never equal a JSON value', a wrong answer."""
+    np = pytest.importorskip("numpy")
+    from asyncroll.evaluator.compare import compare_value, parse_expected
+    from asyncroll.evaluator.harness import _plain
+
+    for value, expected in [(np.True_, "true"), (np.False_, "false"), (np.True_, "1"), (np.int64(3), "3")]:
+        assert value == json.loads(expected)  # LiveCodeBench's verdict: a pass
+        assert compare_value(json.loads(json.dumps(_plain(value))), parse_expected(expected)) is None, value
+    assert _plain([np.float32(0.5), np.complex128(2)]) == [0.5, 2]
+    with pytest.raises(TypeError):
+        _plain(np.array([1, 2]))  # no plain value: an array's == is elementwise

@@ -182,11 +182,11 @@ def _plain(value: Any) -> Any:
             raise TypeError(kind.__name__)
         return plain
     from collections import UserDict, UserList, UserString  # only here: _plain runs once per element
-    from numbers import Number
+    from numbers import Number  # Fraction, Decimal, complex; numpy's bool_ is none, yet == True
 
     if isinstance(value, (UserList, UserDict, UserString)):  # a tuple: the sandbox's Python may be older
         return _plain(value.data)  # what their ``==`` compares
-    for plain_type in (int, float) if isinstance(value, Number) else ():  # Fraction, Decimal, complex
+    for plain_type in (int, float) if isinstance(value, Number) or kind.__module__ == "numpy" else ():
         try:  # a NaN or infinity as an int, a signalling NaN, a registered Number without .real: not sent
             if plain_type is int and getattr(value, "adjusted", int)() >= INT_MAX_STR_DIGITS:  # a Decimal
                 continue  # past the digit limit: as an int, Decimal('1e1000000') took 34 s to convert
