@@ -83,10 +83,10 @@ Where this differs from LiveCodeBench's own harness (``lcb_runner/evaluation/tes
   none), a numpy ``float32`` or ``float16`` too, though numpy 2's ``==`` rounds the expected float to its
   precision first (``np.float32(0.1) == 0.1`` there, with numpy 2.4; not here). Any other value that is not
   plain JSON data is judged wrong — exact for nested tuples, sets, non-string dict keys and objects, which
-  never equal a JSON value under ``==`` (a numpy ``bool_``, 0-d or one-element array counts as the int it
-  equals, as a number), but an array that LiveCodeBench's ``==`` accepts by broadcasting (``[3] ==
-  np.array([3])``) is also judged wrong (and so is a subclass, or a registered ``numbers.Number``, whose
-  own ``__eq__`` would accept a different value);
+  never equal a JSON value under ``==`` (a numpy ``bool_`` or 0-d array counts as the number it equals),
+  but a one-element array that LiveCodeBench's ``==`` accepts by broadcasting (``3 == np.array([3])``;
+  numpy 2.4 converts no such array to a number) is also judged wrong (and so is a subclass, or a registered
+  ``numbers.Number``, whose own ``__eq__`` would accept a different value);
 * a functional test's blank input lines (a trailing newline, say) are skipped, each other line being one
   argument; LiveCodeBench reads every line as JSON, a blank one included, so there a problem with such a
   test fails whatever the program (its grader errs before running any test), and here it is judged;
