@@ -137,6 +137,18 @@ def test_a_functional_solution_runs_as_a_module_not_as_main(block: str) -> None:
     assert evaluate(script)[0]["passed"]  # a stdin program still runs as a script
 
 
+def _returning(head: str, returned: str, output: str, passes: bool) -> dict[str, Any]:
+    """A functional test of ``Solution().f()`` returning ``returned`` (after ``head``) against ``output``:
+    passed as ``passes`` says, a wrong answer otherwise; the evaluation's result."""
+    program = f"{head}class Solution:\n    def f(self):\n        return {returned}\n"
+    tests = [{"input": "", "output": output, "testtype": "functional"}]
+    result, _ = evaluate(program, tests, func_name="f")
+    assert result["passed"] is passes, result["feedback"]
+    if not passes:
+        assert verdict(result) == "wrong_answer"
+    return result
+
+
 @real_process
 @pytest.mark.parametrize(
     ("returned", "output", "passes"),
@@ -156,15 +168,8 @@ def test_list_and_dict_subclasses_compare_as_their_plain_content(
 ) -> None:
     """Under LiveCodeBench's ``==`` a ``defaultdict``, ``Counter``, ``OrderedDict``, list or str
     subclass equals the plain JSON value with the same content."""
-    program = (
-        "class L(list):\n    pass\n\nclass S(str):\n    pass\n\n"
-        f"class Solution:\n    def f(self):\n        return {returned}\n"
-    )
-    tests = [{"input": "", "output": output, "testtype": "functional"}]
-    result, _ = evaluate(program, tests, func_name="f")
-    assert result["passed"] is passes, result["feedback"]
+    result = _returning("class L(list):\n    pass\n\nclass S(str):\n    pass\n\n", returned, output, passes)
     if not passes:
-        assert verdict(result) == "wrong_answer"
         never = "can never equal" in result["feedback"]["detail"]
         assert never is returned.startswith("defaultdict")  # only the int key is unrepresentable
 
@@ -270,15 +275,7 @@ def test_stdlib_numbers_and_user_containers_compare_as_livecodebench_compares_th
     """LiveCodeBench's ``==`` accepts a ``Fraction``, ``Decimal`` or ``complex`` equal to the expected int or
     float, and a ``UserList``, ``UserDict`` or ``UserString`` holding the expected value. Here every one was
     judged 'can never equal a JSON value': a LeetCode solution computing with ``fractions`` failed."""
-    program = (
-        "from fractions import Fraction\nfrom decimal import Decimal\n"
-        f"class Solution:\n    def f(self):\n        return {returned}\n"
-    )
-    tests = [{"input": "", "output": output, "testtype": "functional"}]
-    result, _ = evaluate(program, tests, func_name="f")
-    assert result["passed"] is passes, result["feedback"]
-    if not passes:
-        assert verdict(result) == "wrong_answer"
+    _returning("from fractions import Fraction\nfrom decimal import Decimal\n", returned, output, passes)
 
 
 def test_a_number_is_sent_as_the_int_or_float_it_equals_exactly() -> None:
