@@ -173,7 +173,7 @@ def reap(pid: int) -> bool:
 def descendants(pid: int) -> list[psutil.Process]:
     """Every live descendant of ``pid`` (empty if ``pid`` is gone)."""
     try:
-        return psutil.Process(pid).children(recursive=True)
+        return list(psutil.Process(pid).children(recursive=True))
     except psutil.Error:
         return []
 

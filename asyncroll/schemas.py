@@ -238,7 +238,7 @@ def schemas() -> dict[str, Any]:
     from asyncroll.events import EVENT_ADAPTER
     from asyncroll.workload import Problem
 
-    return standard_bounds(
+    bounded: dict[str, Any] = standard_bounds(
         {
             "workload": Problem.model_json_schema(),
             "events": EVENT_ADAPTER.json_schema(),
@@ -247,3 +247,4 @@ def schemas() -> dict[str, Any]:
             "config": RunConfig.model_json_schema(),
         }
     )
+    return bounded

@@ -100,7 +100,9 @@ def engines() -> dict[str, tuple[Callable[[str], Any], Callable[[Any, str], bool
         tok = llg.LLTokenizer(llg.TokenizerWrapper(Bytes()))
 
         def llg_compile(schema: str) -> str:
-            grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": True})
+            grammar: str = llg.LLMatcher.grammar_from_json_schema(
+                schema, defaults={"whitespace_flexible": True}
+            )
             if error := llg.LLMatcher.validate_grammar(grammar, tok):
                 raise ValueError(error)
             return grammar

@@ -325,7 +325,7 @@ def stderr_may_go() -> None:
     """A reader of stderr that goes away silences stderr for the rest of the command
     (:class:`_StderrOrNothing`)."""
     if sys.stderr is not None and not isinstance(sys.stderr, _StderrOrNothing):
-        sys.stderr = _StderrOrNothing(sys.stderr)  # type: ignore[assignment]
+        sys.stderr = _StderrOrNothing(sys.stderr)
 
 
 def stdout_lost() -> bool:

@@ -276,7 +276,8 @@ def check_numbers(**given: float | None) -> None:
     NaN would silently corrupt every duration it touches and infinity (or a cost near float's limit)
     would stop virtual time; a per-turn, per-job, per-step or per-token cost over one day is refused."""
     from asyncroll.errors import UsageError
-    from asyncroll.simulation.engine import MAX_COST_MS, MIN_CHARS_PER_TOKEN
+    from asyncroll.serve_sim.sizes import MIN_CHARS_PER_TOKEN
+    from asyncroll.simulation.engine import MAX_COST_MS
 
     ranges = {
         "tool_timeout": (0.0, math.inf, False),

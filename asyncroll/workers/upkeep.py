@@ -203,7 +203,7 @@ def _running_descendants() -> list[psutil.Process]:
 
     def running(process: psutil.Process) -> bool:
         try:
-            return process.status() != psutil.STATUS_ZOMBIE
+            return bool(process.status() != psutil.STATUS_ZOMBIE)
         except psutil.Error:
             return False
 
