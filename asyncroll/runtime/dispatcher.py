@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import TypeAdapter
 
@@ -21,10 +21,11 @@ from asyncroll.event_log import EventLog
 from asyncroll.events import MAX_CANDIDATES as MAX_CANDIDATES  # the oldest queued jobs a decision logs
 from asyncroll.events import Candidate, CpuEnqueued, CpuFailed, CpuFinished, CpuSelected, CpuStarted
 from asyncroll.policies import JobView, Policy, QueueSnapshot
-from asyncroll.policies.base import JobKind, Prediction
+from asyncroll.policies.base import Prediction
 from asyncroll.policies.predictor import DurationPredictor
 from asyncroll.policies.queue_estimates import QueueEstimates
 from asyncroll.policies.remaining import RemainingEstimator
+from asyncroll.runtime.jobs import JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.runtime.slot_wait import SlotWait
@@ -33,36 +34,6 @@ from asyncroll.workers.protocol import JobRequest
 
 _CANDIDATES: TypeAdapter[list[Candidate]] = TypeAdapter(list[Candidate])
 FailureReason = Literal["timeout", "worker_died", "cancelled"]
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """A CPU job a trajectory wants run."""
-
-    trajectory_id: str
-    kind: JobKind
-    tool: str
-    arguments: dict[str, Any]
-    turn: int
-    arg_bytes: int = 0
-    cost_s: float | None = None  # declared duration, for simulated workers
-    resubmission: bool = False
-    n_tests: int = 0  # evaluation jobs: features the predictor may use (never the tests themselves)
-    test_bytes: int = 0
-    code_bytes: int = 0
-    declared: Any = None  # a declared result, returned by simulated workers (see JobRequest)
-    declared_error: str | None = None  # a declared error, raised by simulated workers (see JobRequest)
-    declared_death: str | None = None  # a declared worker death, by simulated workers (see JobRequest)
-    observation_chars: int | None = None  # a tool result the model reads: (text, chars) (see JobRequest)
-
-
-@dataclass(frozen=True, slots=True)
-class JobOutcome:
-    ok: bool
-    value: Any = None
-    error: str | None = None
-    failure: str | None = None  # "timeout" | "worker_died" when the job did not run to completion
-    execute_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -214,131 +185,158 @@ class CpuDispatcher:
         self._cancelled_waits += 1
 
     def _dispatch(self) -> None:
-        queue = self._queue
-        if not queue or not self._pool.idle:
+        """Hand each idle worker the job the policy chooses, while jobs wait (called when a job arrives and
+        when a worker becomes available)."""
+        if not self._queue or not self._pool.idle:
             # Nothing to decide (half the calls: a job arrives while every worker is busy). A cancelled
             # wait left in the queue is dropped below before any worker can be handed to it.
             return
-        # A stop cancels a queued job's wait at once, but the job leaves the queue only when its task runs
-        # again: one freed worker in between must not be handed to it. (Nothing below awaits, so no wait
-        # is cancelled while this runs.)
         if self._cancelled_waits:
-            self._cancelled_waits = 0
-            for job_id in [k for k, q in queue.items() if q.future.cancelled()]:
-                del self._views[job_id]
-                self._predicted.pop(job_id, None)
-                self._predictor.forget(queue.pop(job_id).view)
-        while queue:
+            self._drop_cancelled()
+        while self._queue:
             slot = self._pool.take_idle()
             if slot is None:
                 return
-            now = self._clock.now()
-            jobs = tuple(self._views.values())
-            known = self._predictions(jobs)  # the queue's, in its order
-            predictions = tuple(known.values()) if self._reads_predictions else ()
-            pending = self._admission_pending()
-            estimator = None if pending else self._remaining
-            # made when the policy first reads one (most tail decisions, hard aging's, read none); else
-            # estimated below for the logged jobs only (the same values)
-            remaining: QueueEstimates | tuple[()] = (
-                QueueEstimates(estimator, jobs, predictions or tuple(known.values()))
-                if estimator is not None and self._reads_remaining
-                else ()
+            self._decide(slot)
+
+    def _drop_cancelled(self) -> None:
+        """A stop cancels a queued job's wait at once, but the job leaves the queue only when its task runs
+        again: one freed worker in between must not be handed to it. (Nothing in :meth:`_dispatch` awaits,
+        so no wait is cancelled while it runs.)"""
+        self._cancelled_waits = 0
+        queue = self._queue
+        for job_id in [k for k, q in queue.items() if q.future.cancelled()]:
+            del self._views[job_id]
+            self._predicted.pop(job_id, None)
+            self._predictor.forget(queue.pop(job_id).view)
+
+    def _decide(self, slot: int) -> None:
+        """One decision: the policy picks a queued job for worker ``slot``; it is logged (``cpu_selected``,
+        ``cpu_started``) and its task given the worker."""
+        queue = self._queue
+        now = self._clock.now()
+        jobs = tuple(self._views.values())
+        known = self._predictions(jobs)  # the queue's, in its order
+        snapshot = self._snapshot(now, jobs, known)
+        decision = self._policy.choose(snapshot)
+        if decision.job_id not in queue:
+            shown = [str(j.job_id) for j in jobs[:MAX_CANDIDATES]] + ["..."] * (len(jobs) > MAX_CANDIDATES)
+            raise PolicyError(
+                f"policy {self._policy.name!r} chose job {decision.job_id!r}, not one of the {len(jobs)} "
+                f"queued job(s) it was shown (ids {', '.join(shown)})"
             )
-            running_left = 0.0
-            if estimator is not None:
-                for started, predicted in self._running.values():
-                    running_left += max(0.0, predicted - (now - started))
-            snapshot = QueueSnapshot(
-                now,
-                jobs,
-                self._gate.outstanding,
-                predictions,
-                self._threshold,
-                pending,
-                self._workers,
-                remaining,
-                running_left,
+        tail = not snapshot.admission_pending and self._remaining is not None  # remaining work is logged
+        # the chosen job's place in the queue, where the snapshot's estimates are read if the policy made
+        # them (the queue's keys are the jobs' ids, in order); else None: each logged job is estimated alone
+        remaining = snapshot.remaining
+        index = (
+            tuple(queue).index(decision.job_id)
+            if isinstance(remaining, QueueEstimates) and remaining.made
+            else None
+        )
+        candidates = [(j, known[j.job_id]) for j in jobs[:MAX_CANDIDATES]] if self._log_candidates else []
+        chosen = queue.pop(decision.job_id)
+        del self._views[decision.job_id]
+        prediction = known.pop(decision.job_id)
+        oldest = jobs[0]
+        reordered = chosen.view.job_id != oldest.job_id
+        self._decisions += 1
+        self._reorders += reordered
+        # The wait runs to the selection itself, so it includes the prediction and the decision (the
+        # snapshot's ``now``, before them, is what the policy and the candidates saw).
+        selected_at = self._clock.now()
+        self._events.emit(
+            CpuSelected(
+                id=chosen.spec.trajectory_id,
+                job_id=decision.job_id,
+                worker=slot,
+                policy=self._policy.name,
+                reason=decision.reason,
+                queue_depth=len(jobs),
+                model_outstanding=snapshot.model_outstanding,
+                waited_s=round(selected_at - chosen.view.enqueued_at, 6),
+                oldest_job_id=oldest.job_id,
+                reordered=reordered,
+                eligible=decision.eligible,
+                threshold=self._threshold,
+                predicted_s=round(prediction.seconds, 6),
+                prediction_source=prediction.source,
+                observations=self._predictor.observations,
+                remaining_s=_rounded(self._left(chosen.view, prediction, snapshot, index)) if tail else None,
+                running_left_s=round(snapshot.running_left, 6) if tail else None,
+                candidates=self._logged(candidates, snapshot, index, tail) if self._log_candidates else [],
+            ),
+            at=selected_at,
+        )
+        worker = self._pool.worker(slot)
+        self._events.emit(
+            CpuStarted(
+                id=chosen.spec.trajectory_id,
+                job_id=decision.job_id,
+                worker=slot,
+                pid=worker.pid,
+                generation=worker.generation,
             )
-            decision = self._policy.choose(snapshot)
-            if decision.job_id not in queue:
-                shown = [str(j.job_id) for j in jobs[:MAX_CANDIDATES]] + ["..."] * (
-                    len(jobs) > MAX_CANDIDATES
-                )
-                raise PolicyError(
-                    f"policy {self._policy.name!r} chose job {decision.job_id!r}, not one of the {len(jobs)} "
-                    f"queued job(s) it was shown (ids {', '.join(shown)})"
-                )
-            # the chosen job's place in the queue, where the snapshot's estimates are read if the policy
-            # made them (the queue's keys are the jobs' ids, in order); else None: each logged job is
-            # estimated alone
-            index = tuple(queue).index(decision.job_id) if remaining and remaining.made else None
-            candidates = [(j, known[j.job_id]) for j in jobs[:MAX_CANDIDATES]] if self._log_candidates else []
-            chosen = queue.pop(decision.job_id)
-            del self._views[decision.job_id]
-            prediction = known.pop(decision.job_id)
-            oldest = jobs[0]
-            reordered = chosen.view.job_id != oldest.job_id
-            self._decisions += 1
-            self._reorders += reordered
-            # The wait runs to the selection itself, so it includes the prediction and the decision (the
-            # snapshot's ``now``, before them, is what the policy and the candidates saw).
-            selected_at = self._clock.now()
-            self._events.emit(
-                CpuSelected(
-                    id=chosen.spec.trajectory_id,
-                    job_id=decision.job_id,
-                    worker=slot,
-                    policy=self._policy.name,
-                    reason=decision.reason,
-                    queue_depth=len(jobs),
-                    model_outstanding=snapshot.model_outstanding,
-                    waited_s=round(selected_at - chosen.view.enqueued_at, 6),
-                    oldest_job_id=oldest.job_id,
-                    reordered=reordered,
-                    eligible=decision.eligible,
-                    threshold=self._threshold,
-                    predicted_s=round(prediction.seconds, 6),
-                    prediction_source=prediction.source,
-                    observations=self._predictor.observations,
-                    remaining_s=None
-                    if estimator is None
-                    else _rounded(self._left(chosen.view, prediction, snapshot, index)),
-                    running_left_s=None if estimator is None else round(running_left, 6),
-                    # the candidates' fields validated into Candidates in one call: 8 Candidate(...) calls
-                    # took twice as long (each one a Python __init__ and a validation), the same records
-                    candidates=_CANDIDATES.validate_python(
-                        [
-                            {
-                                "job_id": j.job_id,
-                                "predicted_s": round(p.seconds, 6),
-                                "source": p.source,
-                                "waited_s": round(now - j.enqueued_at, 6),
-                                "remaining_s": None
-                                if estimator is None
-                                else _rounded(self._left(j, p, snapshot, None if index is None else i)),
-                            }
-                            for i, (j, p) in enumerate(candidates)
-                        ]
-                    )
-                    if self._log_candidates
-                    else [],
-                ),
-                at=selected_at,
-            )
-            worker = self._pool.worker(slot)
-            self._events.emit(
-                CpuStarted(
-                    id=chosen.spec.trajectory_id,
-                    job_id=decision.job_id,
-                    worker=slot,
-                    pid=worker.pid,
-                    generation=worker.generation,
-                )
-            )
-            # a job runs at most the tool timeout: a longer prediction would count time it cannot take
-            self._running[slot] = (selected_at, min(prediction.seconds, self._timeout))
-            chosen.future.set_result(slot)
+        )
+        # a job runs at most the tool timeout: a longer prediction would count time it cannot take
+        self._running[slot] = (selected_at, min(prediction.seconds, self._timeout))
+        chosen.future.set_result(slot)
+
+    def _snapshot(self, now: float, jobs: tuple[JobView, ...], known: dict[int, Prediction]) -> QueueSnapshot:
+        """What the policy sees: the queue, its predictions (if the policy reads them), the model gate's
+        count and, in the batch's tail (no problem waits for admission), the remaining-work estimates and
+        what the running jobs have left."""
+        predictions = tuple(known.values()) if self._reads_predictions else ()
+        pending = self._admission_pending()
+        estimator = None if pending else self._remaining
+        # made when the policy first reads one (most tail decisions, hard aging's, read none); else
+        # estimated for the logged jobs only (the same values)
+        remaining: QueueEstimates | tuple[()] = (
+            QueueEstimates(estimator, jobs, predictions or tuple(known.values()))
+            if estimator is not None and self._reads_remaining
+            else ()
+        )
+        running_left = 0.0
+        if estimator is not None:
+            for started, predicted in self._running.values():
+                running_left += max(0.0, predicted - (now - started))
+        return QueueSnapshot(
+            now,
+            jobs,
+            self._gate.outstanding,
+            predictions,
+            self._threshold,
+            pending,
+            self._workers,
+            remaining,
+            running_left,
+        )
+
+    def _logged(
+        self,
+        candidates: list[tuple[JobView, Prediction]],
+        snapshot: QueueSnapshot,
+        index: int | None,
+        tail: bool,
+    ) -> list[Candidate]:
+        """The oldest queued jobs as a decision logs them, with their remaining-work estimates in the tail
+        (validated into Candidates in one call: 8 Candidate(...) calls took twice as long, each one a
+        Python __init__ and a validation; the same records)."""
+        now = snapshot.now
+        return _CANDIDATES.validate_python(
+            [
+                {
+                    "job_id": j.job_id,
+                    "predicted_s": round(p.seconds, 6),
+                    "source": p.source,
+                    "waited_s": round(now - j.enqueued_at, 6),
+                    "remaining_s": _rounded(self._left(j, p, snapshot, None if index is None else i))
+                    if tail
+                    else None,
+                }
+                for i, (j, p) in enumerate(candidates)
+            ]
+        )
 
     def _predictions(self, jobs: tuple[JobView, ...]) -> dict[int, Prediction]:
         """The queued jobs' predictions (cached per job until the next refit), in the queue's order: only

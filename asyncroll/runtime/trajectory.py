@@ -19,7 +19,8 @@ from asyncroll.config import DEFAULT_MAX_OBSERVATION_CHARS
 from asyncroll.errors import InvalidActionError, ModelError, error_text
 from asyncroll.event_log import EventLog
 from asyncroll.events import TrajectoryFinished, TrajectoryStarted
-from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+from asyncroll.runtime.dispatcher import CpuDispatcher
+from asyncroll.runtime.jobs import JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.transcript import assistant_message, invalid_reply
 from asyncroll.workers.protocol import JSON_TEXT
