@@ -16,7 +16,7 @@ from tests.conftest import VirtualRun, tool_problem
 def test_a_repeated_tool_call_is_a_resubmission_and_a_grade_is_not(
     virtual_run: VirtualRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncroll.runtime import run as run_module
+    from asyncroll.runtime import assembly
 
     views: dict[int, JobView] = {}
     fifo = get_policy("fifo")
@@ -28,7 +28,7 @@ def test_a_repeated_tool_call_is_a_resubmission_and_a_grade_is_not(
             views.update((j.job_id, j) for j in snapshot.jobs)
             return fifo.choose(snapshot)
 
-    monkeypatch.setattr(run_module, "get_policy", lambda *a, **k: Spy())
+    monkeypatch.setattr(assembly, "get_policy", lambda *a, **k: Spy())
     problem = tool_problem("p", model_ms=1, cpu_ms=2, turns=3)
     problem["reference_answer"] = "ok"  # the final answer is graded: a CPU job of kind grade
     outcome, capture, _ = virtual_run([problem], policy="fifo")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import asyncroll.runtime.run as run_module
+import asyncroll.runtime.assembly as assembly
 from asyncroll.events import CpuSelected
 from asyncroll.policies import JobView, Prediction
 from asyncroll.policies.predictor import DurationPredictor
@@ -171,7 +171,7 @@ def test_a_run_forgets_each_trajectorys_first_evaluations_when_it_ends(
             super().__init__()
             made.append(self)
 
-    monkeypatch.setattr(run_module, "DurationPredictor", Kept)
+    monkeypatch.setattr(assembly, "DurationPredictor", Kept)
     problems = [tool_problem(f"p{i}", model_ms=50, cpu_ms=100 + 10 * i, turns=2) for i in range(8)]
     outcome, capture, _ = virtual_run(problems, max_active_trajectories=8, cpu_workers=1, policy="asyncroll")
     assert outcome.summary is not None and outcome.summary["counts"]["completed"] == 8

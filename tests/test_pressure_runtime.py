@@ -122,7 +122,7 @@ def test_the_balanced_rule_weighs_what_the_running_jobs_have_left(
     """The dispatcher tells the policy, in the tail, the predicted seconds the running jobs still have
     (Σ max(0, predicted − time since selected), recomputed here from the run's own cpu_selected and
     cpu_finished events), and the straggler guard fires in a real (virtual-clock) run with two workers."""
-    from asyncroll.runtime import run as run_module
+    from asyncroll.runtime import assembly
 
     seen: list[QueueSnapshot] = []
 
@@ -133,7 +133,7 @@ def test_the_balanced_rule_weighs_what_the_running_jobs_have_left(
             seen.append(snapshot)
             return BALANCED.choose(snapshot)
 
-    monkeypatch.setattr(run_module, "get_policy", lambda *a, **k: Spy())
+    monkeypatch.setattr(assembly, "get_policy", lambda *a, **k: Spy())
     problems, files = _synthetic(80)
     outcome, cap, _ = virtual_run(
         problems,
@@ -179,7 +179,7 @@ def test_what_the_running_jobs_have_left_is_capped_at_the_tool_timeout(
     """A running job is stopped at the tool timeout, so it cannot have more left than the timeout minus
     the time it has run, however long it was predicted (predictions go up to 60 s): the straggler guard
     must not wait for work that cannot happen."""
-    from asyncroll.runtime import run as run_module
+    from asyncroll.runtime import assembly
 
     seen: list[QueueSnapshot] = []
 
@@ -193,7 +193,7 @@ def test_what_the_running_jobs_have_left_is_capped_at_the_tool_timeout(
     def predict_long(self: DurationPredictor, jobs: Any) -> list[Prediction]:
         return [Prediction(50.0, "ridge") for _ in jobs]
 
-    monkeypatch.setattr(run_module, "get_policy", lambda *a, **k: Spy())
+    monkeypatch.setattr(assembly, "get_policy", lambda *a, **k: Spy())
     # every prediction the dispatcher gets, however it asks (``predict`` or ``update``)
     monkeypatch.setattr(DurationPredictor, "_compute", predict_long)
     problems, files = _synthetic(24)

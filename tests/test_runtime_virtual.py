@@ -566,12 +566,12 @@ def test_a_failure_while_the_run_is_assembled_closes_its_files(
     # Run.execute opened run.json, events.jsonl and results.jsonl (and its directory), then built the
     # policy, the pool and the rest before its try: a failure there left every one open, and run.json
     # saying "starting" for ever.
-    from asyncroll.runtime import run as run_module
+    from asyncroll.runtime import assembly
 
     def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise raised
 
-    monkeypatch.setattr(run_module, "get_policy", broken)
+    monkeypatch.setattr(assembly, "get_policy", broken)
     with pytest.raises(type(raised)):
         virtual_run([tool_problem("p", model_ms=1, cpu_ms=2, turns=1)])
     assert _open_under(tmp_path) == []

@@ -27,7 +27,7 @@ from asyncroll.backends.server_model import BatchingServer, ServerModelConfig
 from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.policies.base import Decision, Policy, QueueSnapshot
-from asyncroll.runtime import run as run_module
+from asyncroll.runtime import assembly
 from asyncroll.simulation.engine import SimulationSettings, simulate
 from tests.children import end
 from tests.cli_runs import load_run
@@ -115,7 +115,7 @@ def _simulate(
     init = BatchingServer.__init__
     start_next_step = BatchingServer._start_next_step
     generate = BatchingServer.generate
-    get_policy = run_module.get_policy
+    get_policy = assembly.get_policy
 
     def made(self: BatchingServer, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **{**kwargs, "stepping": stepping})
@@ -141,7 +141,7 @@ def _simulate(
         mp.setattr(BatchingServer, "__init__", made)
         mp.setattr(BatchingServer, "_start_next_step", counted)
         mp.setattr(BatchingServer, "generate", first_starts_the_stop)
-        mp.setattr(run_module, "get_policy", raising)
+        mp.setattr(assembly, "get_policy", raising)
         config = build_config(
             {
                 "workload": workload,

@@ -30,34 +30,24 @@ from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.lines import json_line
 from asyncroll.outputs.receipt import exit_code, file_sha256
 from asyncroll.outputs.rundir import ExportStop, RunDirectory, open_run_files
-from asyncroll.outputs.summary import SummaryBuilder
-from asyncroll.policies import get_policy
 from asyncroll.policies.base import Policy
-from asyncroll.policies.predictor import DurationPredictor, warm_import
-from asyncroll.policies.registry import estimator_for
+from asyncroll.policies.predictor import warm_import
 from asyncroll.process_limits import limit_note
-from asyncroll.runtime.admission import Admission
+from asyncroll.runtime.assembly import Window, assemble
 from asyncroll.runtime.cleanup import cleanup, shielded
 from asyncroll.runtime.collaborators import (
     default_backend,
-    evaluator_options,
     process_worker_factory,
-    worker_tool_keys,
 )
 from asyncroll.runtime.daemon_thread import in_daemon_thread
-from asyncroll.runtime.dispatcher import CpuDispatcher
-from asyncroll.runtime.loop_watch import LoopWatch
-from asyncroll.runtime.model_gate import ModelGate
-from asyncroll.runtime.pool import WorkerFactory, WorkerPool
+from asyncroll.runtime.pool import WorkerFactory
 from asyncroll.runtime.prepare import PreparedRun as PreparedRun  # re-exported: a run's entry points
 from asyncroll.runtime.prepare import prepare as prepare
-from asyncroll.runtime.progress import LiveView, RunView
 from asyncroll.runtime.receipt_body import receipt_body
 from asyncroll.runtime.task_group import OrderedTaskGroup
-from asyncroll.runtime.trajectory import TrajectoryResult, TrajectoryRunner
+from asyncroll.runtime.trajectory import TrajectoryResult
 from asyncroll.runtime.transcript import transcript_line
 from asyncroll.telemetry.nvtx import Ranges, make_ranges
-from asyncroll.telemetry.sampler import TelemetrySampler
 from asyncroll.workload import Problem, iter_problems
 
 Status = Literal["complete", "failed", "interrupted"]
@@ -167,88 +157,22 @@ class Run:
         except OutputWriteError as exc:  # no room for the run's files: nothing has started
             return RunOutcome("failed", exit_code("failed"), None, str(exc), opened=False)
         self._files = files
+        window = Window()  # the measured window's ends, once known
         try:  # a failure (or a stop) before the run's own try below: its files closed, run.json says why
-            summary = SummaryBuilder()
-            events.subscribe(summary)
-            for subscriber in self._subscribers:
-                events.subscribe(subscriber)
-            limits = cfg.limits
-            sampler = TelemetrySampler.from_config(cfg, clock, events)
-            max_rss = None if cfg.worker_max_rss_mb is None else cfg.worker_max_rss_mb << 20
-            pool = WorkerPool(limits.cpu_workers, self._factory, clock, events, max_rss_bytes=max_rss)
-            gate = ModelGate(limits.max_inflight_model_requests, clock, events, ranges=ranges)
-            admission = Admission(
-                limits.max_active_trajectories, getattr(self._backend, "wait_available", None)
-            )
-            bind_events = getattr(self._backend, "bind_events", None)
-            if bind_events is not None:
-                bind_events(events)
-            policy = self._policy or get_policy(
-                cfg.policy_name, aging_seconds=cfg.aging_seconds, aging_weight=cfg.aging_weight
-            )
-            remaining = estimator_for(policy.name)  # the chain rule's own; the default's for other policies
-            events.subscribe(remaining)
-            dispatcher = CpuDispatcher(
-                pool,
-                policy,
-                gate,
+            parts = assemble(
+                cfg,
                 clock,
                 events,
-                cfg.tool_timeout,
-                worker_tool_keys(self.scan),
-                predictor=DurationPredictor(),
-                remaining=remaining,
-                starvation_threshold=cfg.effective_starvation_threshold,
-                admission_pending=lambda: admission.pending,
+                factory=self._factory,
+                backend=self._backend,
+                scan=self.scan,
+                subscribers=self._subscribers,
+                policy=self._policy,
                 ranges=ranges,
-                log_candidates=self._record,
+                record=self._record,
+                out=self.out,
+                window=window,
             )
-            trajectories = TrajectoryRunner(
-                self._backend,
-                gate,
-                dispatcher,
-                clock,
-                events,
-                max_turns=cfg.max_turns,
-                tool_errors=cfg.tool_errors,
-                evaluator_options=evaluator_options(cfg),
-                max_observation_chars=cfg.max_observation_chars,
-                transcripts=cfg.transcripts and self._record,
-            )
-            status: Status = "failed"
-            error: str | None = None
-            origin: float | None = None
-            cpu_start: tuple[float, float | None] | None = None
-            cpu_end: tuple[float, float | None] | None = None
-            finished_at: float | None = None
-            run_range: Any = None
-            watch: asyncio.Task[None] | None = None
-            watch_handlers = contextlib.ExitStack()  # the watch's SIGCONT handler, while it watches
-
-            loop_watch = None if clock.virtual else LoopWatch(clock, events)
-            # The live view (progress line, --metrics-port) reads the limiters' snapshots; real time only.
-            view = RunView(
-                total=self.scan.count,
-                clock=clock,
-                admission=admission,
-                gate=gate,
-                dispatcher=dispatcher,
-                pool=pool,
-                finished=summary.status,
-                origin=lambda: origin,
-                ended=lambda: finished_at,
-                loop=loop_watch,
-            )
-            live = None
-            if not clock.virtual and self._record:
-                info = {"policy": cfg.policy_name, "backend": cfg.backend, "output": str(self.out)}
-                live = LiveView(
-                    view,
-                    progress=cfg.progress,
-                    metrics_port=cfg.metrics_port,
-                    metrics_host=cfg.metrics_host,
-                    info=info,
-                )
         except BaseException as exc:
             events.close()
             if isinstance(exc, Exception):
@@ -256,6 +180,19 @@ class Run:
             else:  # Ctrl-C, SIGTERM or SIGHUP, a cancellation: as the run's own try says it
                 files.abandon(f"interrupted by {self._stopped_by(exc)}", clock.wall(), "interrupted")
             raise
+        summary, sampler, pool, gate = parts.summary, parts.sampler, parts.pool, parts.gate
+        admission, dispatcher, trajectories = parts.admission, parts.dispatcher, parts.trajectories
+        loop_watch, live = parts.loop_watch, parts.live
+        limits = cfg.limits
+        status: Status = "failed"
+        error: str | None = None
+        origin: float | None = None
+        cpu_start: tuple[float, float | None] | None = None
+        cpu_end: tuple[float, float | None] | None = None
+        finished_at: float | None = None
+        run_range: Any = None
+        watch: asyncio.Task[None] | None = None
+        watch_handlers = contextlib.ExitStack()  # the watch's SIGCONT handler, while it watches
 
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
@@ -288,7 +225,7 @@ class Run:
                     files.transition("running", clock.wall())
                     # CPU read first (psutil takes ~1 ms per worker): measurement_started is at t = 0
                     cpu_start = (client_cpu(), pool.cpu_seconds())
-                    origin = events.start_measurement()
+                    origin = window.origin = events.start_measurement()
                     run_range = ranges.start("run")
                     events.emit(
                         MeasurementStarted(
@@ -315,7 +252,7 @@ class Run:
                     status = "complete"
                 finally:
                     # The measured window ends here, before any cleanup; read CPU while workers live.
-                    finished_at = trajectories.window_end(status == "complete")
+                    finished_at = window.finished_at = trajectories.window_end(status == "complete")
                     if watch is not None:
                         watch.cancel()
                     watch_handlers.close()
