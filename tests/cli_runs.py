@@ -69,10 +69,8 @@ def assert_gone(pids: set[int]) -> None:
 def run_in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[Any, list[Any]]:
     """``asyncroll run`` parsed and validated in this process (no subprocess, no workers): the run itself
     is replaced by a recorder of the validated config."""
-    from typer.testing import CliRunner
-
     import asyncroll.commands.run as run_command
-    from asyncroll.cli import app
+    from tests.conftest import invoke
 
     seen: list[Any] = []
 
@@ -81,7 +79,7 @@ def run_in_process(monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[
         return 0
 
     monkeypatch.setattr(run_command, "_run", record)
-    return CliRunner().invoke(app, ["run", *map(str, args)]), seen
+    return invoke("run", *args), seen
 
 
 def _wait_for(

@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import typer
+import typer.main
+import typer.testing
 from typer.testing import CliRunner, Result
 
 from asyncroll.clock import VirtualClock
@@ -55,12 +58,38 @@ def tool_problem(
     return {"id": pid, "prompt": f"problem {pid}", "tools": [{"name": tool}], "script": script}
 
 
+def _registered(typer_app: typer.Typer) -> tuple[int, ...]:
+    """The identities of every command and group registered on ``typer_app`` and its sub-apps."""
+    ids = [id(command) for command in typer_app.registered_commands]
+    for group in typer_app.registered_groups:
+        ids.append(id(group))
+        if isinstance(group.typer_instance, typer.Typer):
+            ids.extend(_registered(group.typer_instance))
+    return tuple(ids)
+
+
+_BUILT: dict[tuple[int, ...], Any] = {}
+
+
+def _command_built_once(typer_app: typer.Typer) -> Any:
+    """typer's click command for ``typer_app``, built once per set of registered commands. typer builds it
+    afresh at each ``CliRunner().invoke`` (every command's signature and annotations read again: ≈ 0.2 s,
+    most of an in-process ``simulate`` of a small workload, hundreds of them in the property tests); the
+    real CLI builds it once per process, as this does. A command registered later builds another."""
+    key = (id(typer_app), *_registered(typer_app))
+    if key not in _BUILT:
+        _BUILT[key] = typer.main.get_command(typer_app)
+    return _BUILT[key]
+
+
 def invoke(*args: str | Path) -> Result:
     """``asyncroll ARGS`` in this process: for what needs no interpreter of its own (refusals, warnings,
     virtual-clock commands); each command keeps at least one test through a real subprocess."""
     from asyncroll.cli import app
 
-    return CliRunner().invoke(app, [str(a) for a in args])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(typer.testing, "_get_command", _command_built_once)
+        return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
