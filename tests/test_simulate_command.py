@@ -456,11 +456,12 @@ def test_jobs_longer_than_the_tool_timeout_are_said_to_have_timed_out(tmp_path: 
         tmp_path / "w.jsonl",
         [tool_problem("long", model_ms=10, cpu_ms=5000), tool_problem("short", model_ms=10, cpu_ms=50)],
     )
-    done = cli("simulate", "--workload", workload, "--output", tmp_path / "s", "--tool-timeout", "1")
-    assert done.returncode == 0, done.stderr
+    # in this process: a virtual-clock warning (test_simulate_smoke_writes_a_simulated_run runs the command)
+    done = simulate_here("--workload", workload, "--output", tmp_path / "s", "--tool-timeout", "1")
+    assert done.exit_code == 0, done.stderr
     assert "warning: 1 tool job(s) ran past --tool-timeout 1 s and timed out, as in a real run" in done.stderr
-    done = cli("simulate", "--workload", workload, "--output", tmp_path / "t", "--tool-timeout", "6")
-    assert done.returncode == 0 and "timed out" not in done.stderr, done.stderr
+    done = simulate_here("--workload", workload, "--output", tmp_path / "t", "--tool-timeout", "6")
+    assert done.exit_code == 0 and "timed out" not in done.stderr, done.stderr
 
 
 #: sha256 of events.jsonl (``wall_time`` of measurement_started blanked: the one measured field),
