@@ -321,8 +321,8 @@ def test_an_existing_output_read_from_a_config_file_is_named_as_the_files_settin
     existing.mkdir()
     config = tmp_path / "run.toml"
     config.write_text(f'workload = "{SMOKE}"\noutput = "{existing}"\n')
-    refused = cli("run", "--config", config, "--no-progress")  # told as the run prepares, with the rest
-    assert refused.returncode == 2 and list(existing.iterdir()) == []
+    refused = invoke("run", "--config", config, "--no-progress")  # told as the run prepares, with the rest
+    assert refused.exit_code == 2 and list(existing.iterdir()) == []
     assert f"--config {config}: setting 'output' ({existing}) already exists" in refused.stderr
     assert "choose a new directory" in refused.stderr and "--output" not in refused.stderr
     result, seen = run_in_process(monkeypatch, "--config", config, "--output", tmp_path / "new")
@@ -455,8 +455,8 @@ def test_a_config_files_missing_tool_root_or_busy_metrics_port_is_blamed_on_the_
             {"workload": str(SMOKE), "output": str(tmp_path / "out"), "tool_root": str(tmp_path / "no")}
         )
     )
-    refused = cli("run", "--config", config, "--no-progress")  # told as the run prepares, with the rest
-    assert refused.returncode == 2 and not (tmp_path / "out").exists(), refused.stderr
+    refused = invoke("run", "--config", config, "--no-progress")  # told as the run prepares, with the rest
+    assert refused.exit_code == 2 and not (tmp_path / "out").exists(), refused.stderr
     assert f"--config {config}: setting 'tool_root': {tmp_path / 'no'}: does not exist" in refused.stderr
     assert "--tool-root" not in refused.stderr
     with socket.socket() as holder:
@@ -748,8 +748,9 @@ def test_a_receipt_says_which_settings_were_given_and_which_are_defaults(tmp_pat
     config = tmp_path / "settings.toml"
     config.write_text("cpu_workers = 1\nmax_turns = 8\n")
     out = tmp_path / "r"
-    done = cli("run", "--config", config, "--workload", SMOKE, "--output", out, "--policy", "tool_first")
-    assert done.returncode == 0, done.stderr
+    # in this process (test_config_file_with_flag_override runs ``run --config`` in its own)
+    done = invoke("run", "--config", config, "--workload", SMOKE, "--output", out, "--policy", "tool_first")
+    assert done.exit_code == 0, done.stderr
     receipt, _, _ = load_run(out)
     assert receipt["config_given"] == ["cpu_workers", "output", "policy", "workload"]
     assert receipt["config"]["max_turns"] == 8 and receipt["config"]["cpu_workers"] == 1
