@@ -11,7 +11,8 @@ import pytest
 
 from asyncroll.config import build_config
 from asyncroll.errors import UsageError
-from tests.cli_runs import SMOKE, cli, run_in_process
+from tests.cli_runs import SMOKE, run_in_process
+from tests.conftest import invoke
 
 
 def test_gpu_first_is_a_deprecated_alias_of_tool_first(
@@ -202,8 +203,9 @@ def test_evaluator_settings_for_a_workload_without_code_say_they_do_nothing(
     evaluates no code: a user tuning them saw nothing change."""
     from asyncroll.commands.common import warn_no_evaluations
 
-    result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--test-timeout", "2")
-    assert result.returncode == 0, result.stderr
+    # in this process, as the warnings below (tests/test_run_end_to_end.py runs the command in its own)
+    result = invoke("run", "--workload", SMOKE, "--output", tmp_path / "run", "--test-timeout", "2")
+    assert result.exit_code == 0, result.stderr
     want = "warning: --test-timeout has no effect: no problem of the workload evaluates code (lcb_evaluate)"
     assert want in result.stderr
     warn_no_evaluations({"test_timeout", "test_memory_mb", "policy"}, {"lcb_evaluate", "add"})
@@ -299,8 +301,8 @@ def test_an_inflight_limit_above_the_active_one_is_said_by_run(
 @pytest.mark.timeout(60)
 def test_a_limit_past_the_workload_is_said(tmp_path: Path) -> None:
     """``--limit 100`` on a 3-problem workload ran 3 without a word, where the converters say it."""
-    result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--limit", "100")
-    assert result.returncode == 0, result.stderr
+    result = invoke("run", "--workload", SMOKE, "--output", tmp_path / "run", "--limit", "100")
+    assert result.exit_code == 0, result.stderr
     assert "note: --limit 100 asked for more problems than the workload holds: 3 run" in result.stderr
 
 
@@ -337,8 +339,8 @@ def test_gpu_slots_is_a_deprecated_alias(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.mark.timeout(30)
 def test_more_worker_processes_than_the_cap_are_refused(tmp_path: Path) -> None:
-    result = cli("run", "--workload", SMOKE, "--output", tmp_path / "run", "--cpu-workers", "5000")
-    assert result.returncode == 2 and "at most 1024 worker processes" in result.stderr
+    result = invoke("run", "--workload", SMOKE, "--output", tmp_path / "run", "--cpu-workers", "5000")
+    assert result.exit_code == 2 and "at most 1024 worker processes" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
