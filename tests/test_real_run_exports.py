@@ -136,8 +136,9 @@ def test_a_run_that_fails_before_measurement_shows_its_final_status(tmp_path: Pa
     """The exports are written before the final receipt: the page must not say "preparing"."""
     out = tmp_path / "run"
     args = ("--backend", "vllm", "--model", "sim", "--endpoint", "http://127.0.0.1:9", "--replay")
-    result = cli("run", "--workload", SMOKE, "--output", out, *args)
-    assert result.returncode == 1, result.stderr
+    # in this process (the runs above are the command's own processes)
+    result = invoke("run", "--workload", SMOKE, "--output", out, *args)
+    assert result.exit_code == 1, result.stderr
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
     page = page_data((out / "timeline.html").read_text())
     status = dict(page["header"])["status"]
