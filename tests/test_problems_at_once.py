@@ -11,7 +11,8 @@ import pytest
 from asyncroll.config import build_config
 from asyncroll.errors import OutputExistsError, UsageError, WorkloadError
 from asyncroll.runtime.prepare import prepare
-from tests.cli_runs import SMOKE, cli, run_in_process
+from tests.cli_runs import SMOKE, run_in_process
+from tests.conftest import invoke
 
 
 def _refusal(values: dict[str, object]) -> list[str]:
@@ -127,8 +128,8 @@ def test_an_existing_output_alone_keeps_its_own_error(tmp_path: Path) -> None:
 def test_the_command_tells_every_problem_and_exits_2(tmp_path: Path) -> None:
     workload, output = _bad_workload(tmp_path), tmp_path / "taken"
     output.mkdir()
-    result = cli("run", "--workload", workload, "--output", output, "--no-progress")
-    assert result.returncode == 2, result.stderr
+    result = invoke("run", "--workload", workload, "--output", output, "--no-progress")
+    assert result.exit_code == 2, result.stderr
     assert "already exists" in result.stderr and "duplicate id '1'" in result.stderr
     assert list(output.iterdir()) == []
 
@@ -154,8 +155,8 @@ def test_a_config_files_taken_output_does_not_hide_the_workloads_errors(tmp_path
     output.mkdir()
     config = tmp_path / "run.toml"
     config.write_text(f'workload = "{workload}"\noutput = "{output}"\n')
-    result = cli("run", "--config", config, "--no-progress")
-    assert result.returncode == 2, result.stderr
+    result = invoke("run", "--config", config, "--no-progress")
+    assert result.exit_code == 2, result.stderr
     assert result.stderr.splitlines()[-3:] == [
         f"error: --config {config}: setting 'output' ({output}) already exists; asyncroll never overwrites "
         "a run (choose a new directory)",
@@ -189,8 +190,10 @@ def test_a_config_files_output_that_cannot_be_used_is_named_as_the_files_setting
 def test_simulate_tells_a_taken_output_with_a_settings_error(tmp_path: Path) -> None:
     """As run does: simulate's settings error hid the taken output, told only on the next try."""
     taken = f"--output {tmp_path} already exists; asyncroll never overwrites a run (choose a new directory)"
-    result = cli("simulate", "--workload", SMOKE, "--output", tmp_path, "--cpu-workers", "0", "--no-progress")
-    assert result.returncode == 2, result.stderr
+    result = invoke(
+        "simulate", "--workload", SMOKE, "--output", tmp_path, "--cpu-workers", "0", "--no-progress"
+    )
+    assert result.exit_code == 2, result.stderr
     assert result.stderr.splitlines() == [
         "error: --cpu-workers: Input should be greater than or equal to 1 (got 0)",
         taken,
@@ -202,8 +205,8 @@ def test_a_sweep_tells_a_taken_output_with_the_workloads_errors(tmp_path: Path) 
     try."""
     workload, output = _bad_workload(tmp_path), tmp_path / "taken"
     output.mkdir()
-    result = cli("simulate", "--sweep", "--workload", workload, "--output", output, "--policies", "fifo")
-    assert result.returncode == 2, result.stderr
+    result = invoke("simulate", "--sweep", "--workload", workload, "--output", output, "--policies", "fifo")
+    assert result.exit_code == 2, result.stderr
     assert result.stderr.splitlines()[-3:] == [
         f"error: --output {output} already exists; asyncroll never overwrites a run (choose a new directory)",
         f"{workload}:2: id: duplicate id '1' (first on line 1)",
