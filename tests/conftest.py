@@ -58,17 +58,21 @@ def tool_problem(
     return {"id": pid, "prompt": f"problem {pid}", "tools": [{"name": tool}], "script": script}
 
 
-def _registered(typer_app: typer.Typer) -> tuple[int, ...]:
-    """The identities of every command and group registered on ``typer_app`` and its sub-apps."""
-    ids = [id(command) for command in typer_app.registered_commands]
+def _registered(typer_app: typer.Typer) -> tuple[object, ...]:
+    """Every command and group registered on ``typer_app`` and its sub-apps, with the callback and class
+    of each (a test may replace them in place): the objects themselves, which the cache's key holds, so a
+    command registered later never matches one gone before it whose ``id`` it took."""
+    parts: list[object] = [typer_app, typer_app.registered_callback]
+    for command in typer_app.registered_commands:
+        parts += (command, command.callback, command.cls)
     for group in typer_app.registered_groups:
-        ids.append(id(group))
+        parts += (group, group.typer_instance)
         if isinstance(group.typer_instance, typer.Typer):
-            ids.extend(_registered(group.typer_instance))
-    return tuple(ids)
+            parts.extend(_registered(group.typer_instance))
+    return tuple(parts)
 
 
-_BUILT: dict[tuple[int, ...], Any] = {}
+_BUILT: dict[tuple[object, ...], Any] = {}
 
 
 def _command_built_once(typer_app: typer.Typer) -> Any:
@@ -76,7 +80,7 @@ def _command_built_once(typer_app: typer.Typer) -> Any:
     afresh at each ``CliRunner().invoke`` (every command's signature and annotations read again: ≈ 0.2 s,
     most of an in-process ``simulate`` of a small workload, hundreds of them in the property tests); the
     real CLI builds it once per process, as this does. A command registered later builds another."""
-    key = (id(typer_app), *_registered(typer_app))
+    key = _registered(typer_app)
     if key not in _BUILT:
         _BUILT[key] = typer.main.get_command(typer_app)
     return _BUILT[key]
