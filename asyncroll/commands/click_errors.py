@@ -9,7 +9,7 @@ from __future__ import annotations
 
 try:
     from typer._click.exceptions import ClickException, NoSuchOption, UsageError
-except ModuleNotFoundError:  # typer < 0.26
-    from click.exceptions import ClickException, NoSuchOption, UsageError  # type: ignore[assignment,no-redef]
+except ModuleNotFoundError:  # typer < 0.26 (the ignore is needed there only: hence unused-ignore)
+    from click.exceptions import ClickException, NoSuchOption, UsageError  # type: ignore[assignment,no-redef,unused-ignore]
 
 __all__ = ["ClickException", "NoSuchOption", "UsageError"]
