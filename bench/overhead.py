@@ -28,7 +28,8 @@ from asyncroll.backends.scripted import ScriptedBackend
 from asyncroll.clock import SystemClock
 from asyncroll.event_log import EventLog
 from asyncroll.policies import get_policy
-from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+from asyncroll.runtime.dispatcher import CpuDispatcher
+from asyncroll.runtime.jobs import JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerFactory, WorkerPool
 from asyncroll.runtime.trajectory import TrajectoryRunner

@@ -13,7 +13,8 @@ from asyncroll.clock import VirtualClock
 from asyncroll.event_log import EventCapture, EventLog
 from asyncroll.policies import QueueSnapshot
 from asyncroll.policies.base import Decision
-from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
+from asyncroll.runtime.dispatcher import CpuDispatcher
+from asyncroll.runtime.jobs import JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.runtime.virtual_worker import VirtualWorker

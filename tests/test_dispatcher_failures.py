@@ -11,7 +11,7 @@ import pytest
 
 from asyncroll.errors import WorkerDied
 from asyncroll.events import CpuFailed, CpuFinished, CpuSelected, WorkerRestarting
-from asyncroll.runtime.dispatcher import JobOutcome
+from asyncroll.runtime.jobs import JobOutcome
 from asyncroll.runtime.virtual_worker import VirtualWorker
 from asyncroll.workers.process import CallResult
 from asyncroll.workers.protocol import JobReply, JobRequest

@@ -16,7 +16,8 @@ from asyncroll.errors import WorkerDied, WorkerOverMemoryCap, WorkerStartupError
 from asyncroll.event_log import EventCapture, EventLog
 from asyncroll.events import CpuStarted, WorkerReady, WorkerRestarting
 from asyncroll.policies import get_policy
-from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
+from asyncroll.runtime.dispatcher import CpuDispatcher
+from asyncroll.runtime.jobs import JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.runtime.virtual_worker import VirtualWorker

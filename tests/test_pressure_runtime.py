@@ -279,7 +279,8 @@ def test_every_way_a_job_leaves_its_worker_clears_what_it_had_left() -> None:
     from asyncroll.clock import VirtualClock
     from asyncroll.event_log import EventLog
     from asyncroll.events import CpuStarted
-    from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+    from asyncroll.runtime.dispatcher import CpuDispatcher
+    from asyncroll.runtime.jobs import JobSpec
     from asyncroll.runtime.model_gate import ModelGate
     from asyncroll.runtime.pool import WorkerPool
     from asyncroll.runtime.virtual_worker import VirtualWorker
@@ -363,7 +364,8 @@ def test_only_a_policy_that_reads_the_tail_estimates_gets_every_queued_job_estim
     from asyncroll.clock import VirtualClock
     from asyncroll.event_log import EventLog
     from asyncroll.events import MAX_CANDIDATES
-    from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+    from asyncroll.runtime.dispatcher import CpuDispatcher
+    from asyncroll.runtime.jobs import JobSpec
     from asyncroll.runtime.model_gate import ModelGate
     from asyncroll.runtime.pool import WorkerPool
     from asyncroll.runtime.virtual_worker import VirtualWorker
@@ -447,7 +449,8 @@ def test_a_decision_predicts_only_the_jobs_queued_since_the_last_one(policy: str
 
     from asyncroll.clock import VirtualClock
     from asyncroll.event_log import EventLog
-    from asyncroll.runtime.dispatcher import CpuDispatcher, JobSpec
+    from asyncroll.runtime.dispatcher import CpuDispatcher
+    from asyncroll.runtime.jobs import JobSpec
     from asyncroll.runtime.model_gate import ModelGate
     from asyncroll.runtime.pool import WorkerPool
     from asyncroll.runtime.virtual_worker import VirtualWorker

@@ -30,7 +30,8 @@ from asyncroll.events import (
 )
 from asyncroll.policies import get_policy
 from asyncroll.runtime.cleanup import cleanup
-from asyncroll.runtime.dispatcher import CpuDispatcher, JobOutcome, JobSpec
+from asyncroll.runtime.dispatcher import CpuDispatcher
+from asyncroll.runtime.jobs import JobOutcome, JobSpec
 from asyncroll.runtime.model_gate import ModelGate
 from asyncroll.runtime.pool import WorkerPool
 from asyncroll.runtime.run import Run, RunOutcome, prepare
