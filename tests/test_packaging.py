@@ -59,10 +59,15 @@ def test_the_typer_and_pydantic_floors_are_versions_the_cli_runs_on() -> None:
     4.20.0; click 8.2.0, the dev extra's): the whole suite, 1564 passed and 12 failed. Since fixed: every
     command failed on typer 0.19-0.25 (``typer._click``, below); a gate on ``model.failed.transport`` was
     refused under pydantic 2.10; serve-sim stopped at start-up logged uvicorn 0.30's lifespan traceback;
-    and tests that read click 8.5's or scipy 1.15's wording or keywords now accept the floors' too."""
+    and tests that read click 8.5's or scipy 1.15's wording or keywords now accept the floors' too.
+
+    2026-12-07: pydantic 2.10.0 declares ``model_fields`` an instance property, so mypy read
+    ``RunConfig.model_fields`` as the property's getter and ``mypy asyncroll`` failed at the floors (5
+    errors where a class's fields are read) on code that ran; with 2.10.1 it is the class's dict of fields
+    (mypy clean with every other dependency at its floor), and ``.ci/run`` now runs mypy at the floors too."""
     floors = _floors()
     assert floors["typer"] >= (0, 19), floors["typer"]
-    assert floors["pydantic"] >= (2, 10), floors["pydantic"]
+    assert floors["pydantic"] >= (2, 10, 1), floors["pydantic"]
 
 
 def test_httpx_1_0_whose_api_the_http_backend_does_not_use_is_not_installed() -> None:
@@ -176,7 +181,7 @@ def test_the_license_text_is_in_the_repository_and_in_the_wheel_metadata() -> No
 
 
 def test_ci_pins_every_dependency_at_the_floor_pyproject_declares(tmp_path: Path) -> None:
-    """``.ci/run`` runs the suite again on ``scripts/dependency_floors.py``'s pins."""
+    """``.ci/run`` runs the suite and mypy again on ``scripts/dependency_floors.py``'s pins."""
     script = REPO / "scripts" / "dependency_floors.py"
     pins = subprocess.run(
         [sys.executable, script], cwd=REPO, capture_output=True, text=True, check=True, timeout=30
@@ -184,7 +189,9 @@ def test_ci_pins_every_dependency_at_the_floor_pyproject_declares(tmp_path: Path
     expected = {name: ".".join(map(str, version)) for name, version in _floors().items()}
     assert {p.split("==")[0].lower(): p.split("==")[1] for p in pins if not p.startswith("click")} == expected
     assert any(p.startswith("click==8.") for p in pins)
-    assert "dependency_floors.py" in (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "dependency_floors.py" in ci
+    assert ".venv-floors/bin/mypy asyncroll bench || exit 1" in ci  # the floors' types checked too
     loose = tmp_path / "pyproject.toml"
     loose.write_text('[project]\ndependencies = ["numpy"]\n[project.optional-dependencies]\ndev = []\n')
     refused = subprocess.run([sys.executable, script, loose], capture_output=True, text=True, timeout=30)
