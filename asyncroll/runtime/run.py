@@ -24,7 +24,7 @@ from typing import Any, Literal
 from asyncroll.backends.base import Backend
 from asyncroll.clock import Clock
 from asyncroll.errors import AsyncrollError, OutputWriteError
-from asyncroll.event_log import Subscriber
+from asyncroll.event_log import EventLog, Subscriber
 from asyncroll.events import MeasurementFinished, MeasurementStarted
 from asyncroll.outputs.cpu_cost import client_cpu, cpu_cost
 from asyncroll.outputs.lines import json_line
@@ -33,7 +33,7 @@ from asyncroll.outputs.rundir import ExportStop, RunDirectory, open_run_files
 from asyncroll.policies.base import Policy
 from asyncroll.policies.predictor import warm_import
 from asyncroll.process_limits import limit_note
-from asyncroll.runtime.assembly import Window, assemble
+from asyncroll.runtime.assembly import Parts, Window, assemble
 from asyncroll.runtime.cleanup import cleanup, shielded
 from asyncroll.runtime.collaborators import (
     default_backend,
@@ -73,6 +73,24 @@ class RunOutcome:
     def output(self, given: Path) -> Path:
         """Where the run's files are: ``given`` (``--output``), or where it was moved to."""
         return self.moved_to or given
+
+
+@dataclass
+class _Execution:
+    """One execution of a run: its parts and files, and how far it got (what its phases share)."""
+
+    parts: Parts
+    files: RunDirectory
+    events: EventLog
+    window: Window  # the measured window's ends, once known
+    ranges: Ranges
+    status: Status = "failed"  # until every trajectory has ended
+    error: str | None = None
+    cpu_start: tuple[float, float | None] | None = None  # (client, workers) CPU seconds as the window opens
+    cpu_end: tuple[float, float | None] | None = None  # and as it closes
+    run_range: Any = None  # the window's NVTX range
+    watch: asyncio.Task[None] | None = None  # the loop watch, while it watches
+    watch_handlers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # its SIGCONT handler
 
 
 class Run:
@@ -143,6 +161,8 @@ class Run:
         return self._sha256[path]
 
     async def execute(self) -> RunOutcome:
+        """The run's files opened and its parts assembled, then its phases: :meth:`_measure` (the start, the
+        measured window, the clean-up) and :meth:`_end` (the summary and the receipt, however it ended)."""
         cfg, clock = self.config, self.clock
         ranges = self._ranges or make_ranges(cfg.nvtx)  # before any output exists: it can refuse
         out = self.out if self._record else None
@@ -180,19 +200,38 @@ class Run:
             else:  # Ctrl-C, SIGTERM or SIGHUP, a cancellation: as the run's own try says it
                 files.abandon(f"interrupted by {self._stopped_by(exc)}", clock.wall(), "interrupted")
             raise
-        summary, sampler, pool, gate = parts.summary, parts.sampler, parts.pool, parts.gate
-        admission, dispatcher, trajectories = parts.admission, parts.dispatcher, parts.trajectories
-        loop_watch, live = parts.loop_watch, parts.live
-        limits = cfg.limits
-        status: Status = "failed"
-        error: str | None = None
-        origin: float | None = None
-        cpu_start: tuple[float, float | None] | None = None
-        cpu_end: tuple[float, float | None] | None = None
-        finished_at: float | None = None
-        run_range: Any = None
-        watch: asyncio.Task[None] | None = None
-        watch_handlers = contextlib.ExitStack()  # the watch's SIGCONT handler, while it watches
+        ex = _Execution(parts, files, events, window, ranges)
+        try:
+            async with OrderedTaskGroup() as outer:
+                await self._measure(ex, outer)
+        except asyncio.CancelledError:
+            if ex.status == "complete" and self.interrupt_reason is not None:
+                # The signal came after every trajectory had finished (the cleanup ran to its end anyway):
+                # the measurement is whole, so the run stays complete; the caller reports the signal.
+                _uncancel()
+            else:
+                ex.status = "interrupted"
+                ex.error = f"interrupted by {self.interrupt_reason or 'cancellation'}"
+                raise
+        except KeyboardInterrupt as exc:  # no handler of ours took the signal: Python's own raised it
+            if ex.status != "complete":  # after every trajectory finished the measurement is whole, as above
+                ex.status, ex.error = "interrupted", f"interrupted by {self._stopped_by(exc)}"
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
+            ex.status, ex.error = "failed", _describe(exc)
+        finally:
+            result = await self._end(ex)
+        outcome = RunOutcome(
+            ex.status, exit_code(ex.status), result, ex.error, exports_failed=self.exports_failed
+        )
+        outcome.moved_to, outcome.gone = self.moved_to, self.gone
+        return outcome
+
+    async def _measure(self, ex: _Execution, outer: OrderedTaskGroup) -> None:
+        """The workers' start to the clean-up after the last trajectory; ``ex.status`` is ``complete`` once
+        every trajectory has ended. The measured window's end is read before any clean-up."""
+        cfg, parts, files = self.config, ex.parts, ex.files
+        trajectories, admission = parts.trajectories, parts.admission
 
         async def trajectory(index: int, item: tuple[int, str, Problem]) -> None:
             _line, traj_id, problem = item
@@ -201,179 +240,187 @@ class Run:
             if result.messages is not None:  # --transcripts
                 files.write_transcript(json_line(transcript_line(result, result.messages)))
 
-        try:
-            async with OrderedTaskGroup() as outer:
-                if live is not None and (metrics := live.start(outer)) is not None:
-                    files.update(metrics=metrics)
-                # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
-                importing = outer.create_task(in_daemon_thread(warm_import))
-                try:  # from the first worker on, the cleanup below closes whatever was started
-                    await pool.start(outer)
-                    await importing
-                    describe = getattr(self._backend, "describe", None)
-                    try:  # run.json names the server, its probed kind and the warm-up's retries, also
-                        await self._backend.start(outer)  # when the start or the warm-up fails
-                        warm = await self._backend.warmup(cfg.warmup_requests)
-                    finally:  # a run.json that cannot be written must not hide why the start failed
-                        if describe is not None:
-                            files.update(backend=describe(), best_effort=sys.exception() is not None)
-                    files.update(warmup={"requested": cfg.warmup_requests, "sent": warm})
-                    await sampler.probe()
-                    files.update(telemetry=sampler.receipt())
-                    # run.json says "running" before the window opens: its write (fsync, rename) takes ~10 ms
-                    # on a local disk and seconds on a busy NFS, time no trajectory could use
-                    files.transition("running", clock.wall())
-                    # CPU read first (psutil takes ~1 ms per worker): measurement_started is at t = 0
-                    cpu_start = (client_cpu(), pool.cpu_seconds())
-                    origin = window.origin = events.start_measurement()
-                    run_range = ranges.start("run")
-                    events.emit(
-                        MeasurementStarted(
-                            wall_time=clock.wall(),
-                            policy=cfg.policy_name,
-                            max_active_trajectories=limits.max_active_trajectories,
-                            max_inflight_model_requests=limits.max_inflight_model_requests,
-                            cpu_workers=limits.cpu_workers,
-                            clock="virtual" if clock.virtual else "monotonic",
-                        ),
-                        at=origin,  # t = 0: every other t is seconds since this event
-                    )
-                    outer.create_task(sampler.run())
-                    if loop_watch is not None:
-                        events.emit(loop_watch.announce(), at=origin)
-                        watch_handlers.enter_context(loop_watch.continued_handled())
-                        watch = outer.create_task(loop_watch.run())
-                    # closed however the batch ends: a run stopped midway held the file open for as long as
-                    # its outcome's traceback lived (the generator closes it only when read through)
-                    problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
-                    with contextlib.closing(problems):
-                        async with OrderedTaskGroup() as tg:
-                            await admission.run(tg, problems, trajectory)
-                    status = "complete"
-                finally:
-                    # The measured window ends here, before any cleanup; read CPU while workers live.
-                    finished_at = window.finished_at = trajectories.window_end(status == "complete")
-                    if watch is not None:
-                        watch.cancel()
-                    watch_handlers.close()
-                    cpu_end = (client_cpu(), pool.cpu_seconds())
-                    if origin is not None:  # telemetry sampled during the cleanup is clipped to it
-                        summary.end_window(finished_at - origin)
-                    ranges.end(run_range)
-
-                    async def leftovers() -> None:
-                        if self._isolation is not None:  # real workers ran untrusted code
-                            from asyncroll.evaluator.evaluate import remove_dead_workers_leftovers
-
-                            remove_dead_workers_leftovers()
-
-                    await cleanup(
-                        None if live is None else live.aclose,
-                        sampler.stop,
-                        pool.aclose,
-                        leftovers,
-                        self._backend.aclose,
-                    )
-        except asyncio.CancelledError:
-            if status == "complete" and self.interrupt_reason is not None:
-                # The signal came after every trajectory had finished (the cleanup ran to its end anyway):
-                # the measurement is whole, so the run stays complete; the caller reports the signal.
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-            else:
-                status, error = "interrupted", f"interrupted by {self.interrupt_reason or 'cancellation'}"
-                raise
-        except KeyboardInterrupt as exc:  # no handler of ours took the signal: Python's own raised it
-            if status != "complete":  # after every trajectory finished the measurement is whole, as above
-                status, error = "interrupted", f"interrupted by {self._stopped_by(exc)}"
-            raise
-        except Exception as exc:  # noqa: BLE001 - recorded in run.json, then reported by the CLI
-            status, error = "failed", _describe(exc)
+        if parts.live is not None and (metrics := parts.live.start(outer)) is not None:
+            files.update(metrics=metrics)
+        # scikit-learn takes ~1 s to import: load it while the workers start, before the clock.
+        importing = outer.create_task(in_daemon_thread(warm_import))
+        try:  # from the first worker on, the cleanup below closes whatever was started
+            await self._start(ex, outer, importing)
+            self._open_window(ex, outer)
+            # closed however the batch ends: a run stopped midway held the file open for as long as
+            # its outcome's traceback lived (the generator closes it only when read through)
+            problems = iter_problems(cfg.workload, cfg.limit, identity=self.scan.identity)
+            with contextlib.closing(problems):
+                async with OrderedTaskGroup() as tg:
+                    await admission.run(tg, problems, trajectory)
+            ex.status = "complete"
         finally:
-            late: asyncio.CancelledError | None = None
-            if live is not None:  # idempotent; here for a failure before the inner cleanup ran
-                try:
-                    await shielded(live.aclose())
-                    # its final line drawn before the exports' note on stderr, unless the terminal holds it
-                    await shielded(live.drained(LINE_WAIT_S))
-                except asyncio.CancelledError as exc:  # the summary and the receipt are written first
-                    late = exc
-                    if status == "complete" and self.interrupt_reason is not None:
-                        task = asyncio.current_task()
-                        if task is not None:
-                            task.uncancel()
-                        late = None  # after every trajectory finished: the run stays complete
-                    elif status != "interrupted":
-                        status = "interrupted"
-                        error = f"interrupted by {self.interrupt_reason or 'cancellation'}"
-            # No trajectory writes results.jsonl (transcripts.jsonl) now: the last lines queued (a real run's,
-            # written by threads) are on disk, or failed, before measurement_finished says how the run ended.
-            closed = files.close_lines()
-            lost = events.write_error or closed  # an event's: swallowed where it was raised
-            if status == "complete" and lost is not None:
-                status, error = "failed", str(lost)
-            makespan = None if origin is None else (finished_at or clock.now()) - origin
-            cost = cpu_cost(cpu_start, cpu_end, pool.replaced_any, summary.status["completed"], clock.virtual)
-            if makespan is not None:
-                with contextlib.suppress(OutputWriteError):  # its line found no room: failed just below
-                    finished = MeasurementFinished(status=status, makespan_s=round(makespan, 6), reason=error)
-                    events.emit(finished)
-                if status == "complete" and events.write_error is not None:
-                    status, error = "failed", str(events.write_error)
-            events.close()  # before the summary: it counts the start-up events held when no window opened
-            if status == "complete" and events.write_error is not None:  # the last lines queued (a thread's)
-                status, error = "failed", str(events.write_error)
-            peaks = {
-                "active_trajectories": admission.snapshot().peak_holding,
-                "inflight_model_requests": gate.snapshot().peak_inflight,
-                "busy_workers": pool.snapshot().peak_busy,
-                "queued_cpu_jobs": dispatcher.snapshot().peak_queued,
-            }
-            result: dict[str, Any] | None = None
+            self._close_window(ex)
+
+            async def leftovers() -> None:
+                if self._isolation is not None:  # real workers ran untrusted code
+                    from asyncroll.evaluator.evaluate import remove_dead_workers_leftovers
+
+                    remove_dead_workers_leftovers()
+
+            await cleanup(
+                None if parts.live is None else parts.live.aclose,
+                parts.sampler.stop,
+                parts.pool.aclose,
+                leftovers,
+                self._backend.aclose,
+            )
+
+    async def _start(self, ex: _Execution, outer: OrderedTaskGroup, importing: asyncio.Task[None]) -> None:
+        """Workers started and warm, scikit-learn imported, the backend started and warmed up (untimed),
+        telemetry probed; run.json records each as it becomes known."""
+        files = ex.files
+        await ex.parts.pool.start(outer)
+        await importing
+        describe = getattr(self._backend, "describe", None)
+        try:  # run.json names the server, its probed kind and the warm-up's retries, also
+            await self._backend.start(outer)  # when the start or the warm-up fails
+            warm = await self._backend.warmup(self.config.warmup_requests)
+        finally:  # a run.json that cannot be written must not hide why the start failed
+            if describe is not None:
+                files.update(backend=describe(), best_effort=sys.exception() is not None)
+        files.update(warmup={"requested": self.config.warmup_requests, "sent": warm})
+        await ex.parts.sampler.probe()
+        files.update(telemetry=ex.parts.sampler.receipt())
+
+    def _open_window(self, ex: _Execution, outer: OrderedTaskGroup) -> None:
+        """run.json ``running``, the CPU read, ``measurement_started`` (t = 0), then telemetry sampling and
+        the loop watch."""
+        clock, limits, events, loop_watch = self.clock, self.config.limits, ex.events, ex.parts.loop_watch
+        # run.json says "running" before the window opens: its write (fsync, rename) takes ~10 ms
+        # on a local disk and seconds on a busy NFS, time no trajectory could use
+        ex.files.transition("running", clock.wall())
+        # CPU read first (psutil takes ~1 ms per worker): measurement_started is at t = 0
+        ex.cpu_start = (client_cpu(), ex.parts.pool.cpu_seconds())
+        origin = ex.window.origin = events.start_measurement()
+        ex.run_range = ex.ranges.start("run")
+        events.emit(
+            MeasurementStarted(
+                wall_time=clock.wall(),
+                policy=self.config.policy_name,
+                max_active_trajectories=limits.max_active_trajectories,
+                max_inflight_model_requests=limits.max_inflight_model_requests,
+                cpu_workers=limits.cpu_workers,
+                clock="virtual" if clock.virtual else "monotonic",
+            ),
+            at=origin,  # t = 0: every other t is seconds since this event
+        )
+        outer.create_task(ex.parts.sampler.run())
+        if loop_watch is not None:
+            events.emit(loop_watch.announce(), at=origin)
+            ex.watch_handlers.enter_context(loop_watch.continued_handled())
+            ex.watch = outer.create_task(loop_watch.run())
+
+    def _close_window(self, ex: _Execution) -> None:
+        """The measured window ends, however the batch ended: its end and the CPU read while workers live."""
+        parts, window = ex.parts, ex.window
+        window.finished_at = parts.trajectories.window_end(ex.status == "complete")
+        if ex.watch is not None:
+            ex.watch.cancel()
+        ex.watch_handlers.close()
+        ex.cpu_end = (client_cpu(), parts.pool.cpu_seconds())
+        if window.origin is not None:  # telemetry sampled during the cleanup is clipped to it
+            parts.summary.end_window(window.finished_at - window.origin)
+        ex.ranges.end(ex.run_range)
+
+    async def _end(self, ex: _Execution) -> dict[str, Any] | None:
+        """``measurement_finished``, the summary, run.json final, however the run ended (shielded where it
+        waits); the summary built, if it could be. A cancellation while the live view closed is raised
+        after the outputs are written."""
+        cfg, clock, files, events, parts = self.config, self.clock, ex.files, ex.events, ex.parts
+        live, window = parts.live, ex.window
+        late: asyncio.CancelledError | None = None
+        if live is not None:  # idempotent; here for a failure before the inner cleanup ran
             try:
-                result = summary.build(
-                    makespan_s=makespan,
-                    policy=cfg.policy_name,
-                    limits=limits.model_dump(),
-                    cpu_cost=cost,
-                    peaks=peaks,
-                    status=status,
-                    model_capacity=self._model_capacity,
-                    server_batch_s=getattr(self._backend, "batch_seconds", None),
-                    dedicated_gpu=cfg.dedicated_gpu,
-                    no_telemetry_source=sampler.no_source_note(),
-                    virtual=clock.virtual,
+                await shielded(live.aclose())
+                # its final line drawn before the exports' note on stderr, unless the terminal holds it
+                await shielded(live.drained(LINE_WAIT_S))
+            except asyncio.CancelledError as exc:  # the summary and the receipt are written first
+                late = exc
+                if ex.status == "complete" and self.interrupt_reason is not None:
+                    _uncancel()
+                    late = None  # after every trajectory finished: the run stays complete
+                elif ex.status != "interrupted":
+                    ex.status = "interrupted"
+                    ex.error = f"interrupted by {self.interrupt_reason or 'cancellation'}"
+        # No trajectory writes results.jsonl (transcripts.jsonl) now: the last lines queued (a real run's,
+        # written by threads) are on disk, or failed, before measurement_finished says how the run ended.
+        closed = files.close_lines()
+        lost = events.write_error or closed  # an event's: swallowed where it was raised
+        if ex.status == "complete" and lost is not None:
+            ex.status, ex.error = "failed", str(lost)
+        makespan = None if window.origin is None else (window.finished_at or clock.now()) - window.origin
+        completed = parts.summary.status["completed"]
+        cost = cpu_cost(ex.cpu_start, ex.cpu_end, parts.pool.replaced_any, completed, clock.virtual)
+        if makespan is not None:
+            with contextlib.suppress(OutputWriteError):  # its line found no room: failed just below
+                events.emit(
+                    MeasurementFinished(status=ex.status, makespan_s=round(makespan, 6), reason=ex.error)
                 )
-            except Exception as exc:  # noqa: BLE001 - no summary.json; run.json says why, events stay whole
-                status = "interrupted" if status == "interrupted" else "failed"
-                error = "; ".join(filter(None, (error, f"summary: cannot be built ({_describe(exc)})")))
-            telemetry = {} if sampler.probed else {"telemetry": sampler.receipt()}  # why not probed
-            unwritten = files.finish(result, status, clock.wall(), error, self.exports_stop, **telemetry)
-            self.exports_failed, self.moved_to, self.gone = files.exports_failed, files.moved_to, files.gone
-            if unwritten is not None:  # summary.json found no room on the disk
-                status, error = "interrupted" if status == "interrupted" else "failed", unwritten
-                if result is not None:
-                    result["status"] = status  # the summary printed says what run.json says
-            if live is not None:  # the final line on the terminal before anything the caller says there;
-                # after the outputs: a terminal paused with Ctrl-S held the run's end (no summary.json,
-                # run.json "running", its workers alive) until resumed
-                try:
-                    await shielded(live.drained())
-                except asyncio.CancelledError:
-                    if self.interrupt_reason is None:
-                        raise
-                    task = asyncio.current_task()  # the signal is recorded: the caller reports it, and the
-                    if task is not None:  # outcome written stays the outcome
-                        task.uncancel()
-            if late is not None:
-                raise late
-        outcome = RunOutcome(status, exit_code(status), result, error, exports_failed=self.exports_failed)
-        outcome.moved_to, outcome.gone = self.moved_to, self.gone
-        return outcome
+            if ex.status == "complete" and events.write_error is not None:
+                ex.status, ex.error = "failed", str(events.write_error)
+        events.close()  # before the summary: it counts the start-up events held when no window opened
+        if ex.status == "complete" and events.write_error is not None:  # the last lines queued (a thread's)
+            ex.status, ex.error = "failed", str(events.write_error)
+        peaks = {
+            "active_trajectories": parts.admission.snapshot().peak_holding,
+            "inflight_model_requests": parts.gate.snapshot().peak_inflight,
+            "busy_workers": parts.pool.snapshot().peak_busy,
+            "queued_cpu_jobs": parts.dispatcher.snapshot().peak_queued,
+        }
+        result: dict[str, Any] | None = None
+        try:
+            result = parts.summary.build(
+                makespan_s=makespan,
+                policy=cfg.policy_name,
+                limits=cfg.limits.model_dump(),
+                cpu_cost=cost,
+                peaks=peaks,
+                status=ex.status,
+                model_capacity=self._model_capacity,
+                server_batch_s=getattr(self._backend, "batch_seconds", None),
+                dedicated_gpu=cfg.dedicated_gpu,
+                no_telemetry_source=parts.sampler.no_source_note(),
+                virtual=clock.virtual,
+            )
+        except Exception as exc:  # noqa: BLE001 - no summary.json; run.json says why, events stay whole
+            ex.status = "interrupted" if ex.status == "interrupted" else "failed"
+            ex.error = "; ".join(filter(None, (ex.error, f"summary: cannot be built ({_describe(exc)})")))
+        telemetry = {} if parts.sampler.probed else {"telemetry": parts.sampler.receipt()}  # why not probed
+        unwritten = files.finish(result, ex.status, clock.wall(), ex.error, self.exports_stop, **telemetry)
+        self.exports_failed, self.moved_to, self.gone = files.exports_failed, files.moved_to, files.gone
+        if unwritten is not None:  # summary.json found no room on the disk
+            ex.status, ex.error = "interrupted" if ex.status == "interrupted" else "failed", unwritten
+            if result is not None:
+                result["status"] = ex.status  # the summary printed says what run.json says
+        if live is not None:  # the final line on the terminal before anything the caller says there;
+            # after the outputs: a terminal paused with Ctrl-S held the run's end (no summary.json,
+            # run.json "running", its workers alive) until resumed
+            try:
+                await shielded(live.drained())
+            except asyncio.CancelledError:
+                if self.interrupt_reason is None:
+                    raise
+                _uncancel()  # the signal is recorded: the caller reports it, and the outcome written stays
+        if late is not None:
+            raise late
+        return result
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     return str(exc) if isinstance(exc, AsyncrollError) else f"{type(exc).__name__}: {exc}{limit_note(exc)}"
+
+
+def _uncancel() -> None:
+    """This task's cancellation taken back: a stop signal that came after every trajectory had finished is
+    recorded (the caller reports it) and the outcome written stays the outcome."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
