@@ -4,6 +4,7 @@ and whether a response came; the body cap and the whole-request deadline of :mod
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from asyncroll.backends.exchange import AttemptFailed, is_success, post_chat
 from asyncroll.http_read import ResponseTooLarge, body_text, read_bounded, request_deadline_s
+from tests.hostile_http import HostileServer
 
 Handler = Callable[[httpx.Request], httpx.Response]
 SCHEMA_BODY: dict[str, Any] = {"model": "m", "messages": [], "response_format": {"type": "json_schema"}}
@@ -99,7 +101,7 @@ def test_a_422_refusing_response_format_is_schema_rejected_and_not_retried() -> 
     from asyncroll.clock import SystemClock
     from asyncroll.errors import ModelError
     from asyncroll.workload import Problem
-    from tests.hostile_http import HostileServer, raw_reply
+    from tests.hostile_http import raw_reply
 
     detail = b'{"detail":"Unsupported fields in the request: {\'response_format\'}"}'
     request = ModelRequest(
@@ -163,9 +165,10 @@ def chunks(*parts: bytes) -> AsyncIterator[bytes]:
 
 
 @pytest.mark.timeout(30)
-def test_a_reply_that_never_completes_ends_at_the_whole_request_deadline_as_no_response() -> None:
+def test_a_reply_that_never_completes_ends_at_the_whole_request_deadline_after_its_status() -> None:
     """Every phase in time (the mock applies no per-read timeout), the body never ends: the request's
-    whole-exchange deadline (0.1 s + the 1 s minimum margin) ends it, a timeout with no response."""
+    whole-exchange deadline (0.1 s + the 1 s minimum margin) ends it, a timeout with no response (its body
+    is incomplete) whose message says the status and headers had come (it said "no complete response")."""
 
     async def endless() -> AsyncIterator[bytes]:
         yield b'{"choices": ['
@@ -178,7 +181,47 @@ def test_a_reply_that_never_completes_ends_at_the_whole_request_deadline_as_no_r
         False,
         False,
     )
-    assert str(failed) == "no complete response within 1.1s"
+    assert str(failed) == "HTTP 200 and its headers came, then not the whole body within 1.1s"
+
+
+def cut_reply(stall: bool) -> Any:
+    """200 and headers announcing 100 bytes, 6 of them, then the connection closed (or held open)."""
+
+    def reply(handler: Any, stop: threading.Event) -> None:
+        handler.send_response(200)
+        handler.send_header("content-type", "application/json")
+        handler.send_header("content-length", "100")
+        handler.end_headers()
+        handler.wfile.write(b'{"choi')
+        handler.wfile.flush()
+        if stall:
+            stop.wait(30)
+
+    return reply
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stall", [False, True], ids=["closed", "stalled"])
+def test_a_reply_cut_after_its_headers_says_the_server_answered(stall: bool) -> None:
+    """A server (or proxy) that dies or stalls mid-reply, over a real socket: still a transport failure or
+    a timeout with no response received (the body is incomplete), but its message says the status and
+    headers had come; it said what a server that never answered gets ("no response within 0.5s")."""
+
+    async def go(url: str) -> tuple[int, bytes]:
+        async with httpx.AsyncClient(
+            base_url=url, timeout=0.5, trust_env=False
+        ) as client:  # as the backend's
+            return await post_chat(client, {"model": "m", "messages": []}, {}, 0.5)
+
+    with HostileServer([cut_reply(stall)]) as server, pytest.raises(AttemptFailed) as caught:
+        asyncio.run(asyncio.wait_for(go(server.url), 30))
+    failed = caught.value
+    kind = "timeout" if stall else "transport"
+    # a reset counts towards the circuit as one with no status did (means_unavailable); a read timeout not
+    assert (failed.kind, failed.status, failed.received, failed.unavailable) == (kind, None, False, not stall)
+    cut = "no more of its body within 0.5s (ReadTimeout)" if stall else "the connection failed before"
+    assert str(failed).startswith(f"HTTP 200 and its headers came, then {cut}"), str(failed)
+    assert stall or "RemoteProtocolError: peer closed connection" in str(failed)
 
 
 def not_gzip(status: int) -> Handler:

@@ -2,7 +2,8 @@
 
 :func:`post_chat` sends a body and returns the status and raw body of a success (a 2xx: 200 from every
 OpenAI-compatible server; SPEC §3 fails a non-2xx, as the OpenAI client does); anything else is raised
-as :class:`AttemptFailed` with its kind: ``transport`` and ``timeout`` (no response), ``http_status``
+as :class:`AttemptFailed` with its kind: ``transport`` and ``timeout`` (no response, or one whose body was
+cut short: its message says which), ``http_status``
 and ``schema_rejected`` (a response), ``bad_response`` (a body that could not be read). Whatever a
 hostile or broken server makes httpx or a codec raise, it is this attempt's failure, never the run's.
 
@@ -106,6 +107,13 @@ def request_body(body: dict[str, Any]) -> bytes:
         return encoded.encode()
 
 
+def _cut(head: list[httpx.Response], failure: str, cut: str) -> str:
+    """``failure``, or ``cut`` after the status where the status line and headers had come: the server
+    answered and its body was cut short (a server or proxy that died or stalled mid-reply), which is not the
+    same as no answer at all. Either way no response was received: its body is incomplete."""
+    return f"HTTP {head[0].status_code} and its headers came, then {cut}" if head else failure
+
+
 async def post_chat(
     client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], request_timeout: float
 ) -> tuple[int, bytes]:
@@ -127,7 +135,11 @@ async def post_chat(
     except httpx.TimeoutException as exc:  # a phase took longer than --request-timeout
         raise AttemptFailed(
             "timeout",
-            f"no response within {request_timeout:g}s ({type(exc).__name__})",
+            _cut(
+                head,
+                f"no response within {request_timeout:g}s ({type(exc).__name__})",
+                f"no more of its body within {request_timeout:g}s ({type(exc).__name__})",
+            ),
             None,
             None,
             False,
@@ -135,13 +147,15 @@ async def post_chat(
             no_connection=isinstance(exc, httpx.ConnectTimeout),
         ) from exc
     except TimeoutError as exc:  # every phase in time, the whole request not (a trickling server)
-        raise AttemptFailed(
-            "timeout", f"no complete response within {deadline:g}s", None, None, False
-        ) from exc
+        whole = f"no complete response within {deadline:g}s"
+        cut = f"not the whole body within {deadline:g}s"
+        raise AttemptFailed("timeout", _cut(head, whole, cut), None, None, False) from exc
     except ResponseTooLarge as exc:  # an endless body, or a compression bomb
         raise _unreadable(head, str(exc)) from exc
     except httpx.TransportError as exc:
-        raise AttemptFailed("transport", describe_transport_error(exc), None, None, False) from exc
+        described = describe_transport_error(exc)
+        cut = f"the connection failed before the body was complete ({described})"
+        raise AttemptFailed("transport", _cut(head, described, cut), None, None, False) from exc
     except Exception as exc:
         # its content-encoding, a redirect loop, anything a hostile reply makes a codec raise): this
         # trajectory's failure, not the run's
