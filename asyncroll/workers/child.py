@@ -70,6 +70,8 @@ PING = "__ping__"
 """The dummy call's tool name: answers the worker's pid."""
 #: A start-up failure's text (a tool's import error and its traceback): the run's error, no event's.
 STARTUP_ERROR_LIMIT = 4000
+#: The most characters of a failed job's traceback that the worker log gets (its error text has none).
+TRACEBACK_LOG_CHARS = 20_000
 
 _sigint_received = False
 """Set by the worker's SIGINT handler: tells a real SIGINT from a ``KeyboardInterrupt`` a tool raised."""
@@ -201,8 +203,9 @@ def _mark_sigint() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
-def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
-    """Decode one request, run it and return the encoded reply frame."""
+def run_job(tools: dict[str, Callable[..., Any]], payload: bytes, failures: list[str] | None = None) -> bytes:
+    """Decode one request, run it and return the encoded reply frame; a failure's traceback, for the
+    worker log, is appended to ``failures`` (:func:`serve` writes it once the job's fds are restored)."""
     t0 = time.monotonic()
     request = decode(payload)
     if not isinstance(request, JobRequest):
@@ -223,6 +226,8 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         if _signalled(exc):
             raise
         result, error = None, error_text(describe(exc) + _no_room(exc))
+        if failures is not None:
+            failures.append(_traceback_text(request, "failed", exc))
     finished = time.monotonic()
     if os.getpid() != pid:
         _leave_fork(request.tool, error)
@@ -237,6 +242,8 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         if _signalled(exc):
             raise
         ok, error, blob = False, error_text(f"its result could not be encoded: {describe(exc)}"), dumps(None)
+        if failures is not None:
+            failures.append(_traceback_text(request, "returned a result that could not be encoded", exc))
     serialize_s = decode_s + time.monotonic() - t1
     reply = JobReply(
         request.job_id,
@@ -252,6 +259,36 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes) -> bytes:
         outside_children(),
     )
     return encode(reply, value_blob=blob)
+
+
+def _traceback_text(request: JobRequest, what: str, exc: BaseException) -> str:
+    """A failed job's lines for the worker log: the traceback from the tool's own frame down (the error
+    text, ``ExcType: message``, says neither the file nor the line), at most ``TRACEBACK_LOG_CHARS``."""
+    import traceback  # only once a job fails: not at every (replacement) worker's start-up
+
+    try:
+        frames = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # not run_job's
+        text = "".join(traceback.format_exception(type(exc), exc, frames))
+    except BaseException as error:  # a broken __str__ (describe copes with it), or a stack too deep
+        if _signalled(error):
+            raise
+        text = describe(exc) + "\n"
+    if len(text) > TRACEBACK_LOG_CHARS:
+        text = (
+            text[:TRACEBACK_LOG_CHARS] + f"\n[traceback cut: the first {TRACEBACK_LOG_CHARS:,} characters]\n"
+        )
+    return f"asyncroll worker: job {request.job_id} ({request.tool}) {what}:\n{text}"
+
+
+def _log_failures(failures: list[str]) -> None:
+    """Write failed jobs' tracebacks to fd 2, the worker log, after what the tools printed (a full disk
+    or a closed log loses them, never the worker)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a stream the tool closed or replaced
+            stream.flush()
+    with contextlib.suppress(OSError):
+        write_all(2, "".join(failures).encode("utf-8", "backslashreplace"))
+    failures.clear()
 
 
 def _leave_fork(tool: str, error: str | None) -> NoReturn:
@@ -276,12 +313,15 @@ def _children_cpu() -> float:
 def serve(stream: BinaryIO, out_fd: int, tools: dict[str, Callable[..., Any]]) -> int:
     """Answer jobs until the input pipe reaches end of stream; return the exit status."""
     baseline = Baseline()
+    failures: list[str] = []
     while True:
         payload = read_payload(stream)
         if payload is None:
             return 0
-        write_all(out_fd, run_job(tools, payload))
+        write_all(out_fd, run_job(tools, payload, failures))
         baseline.restore()  # after the reply, as the reaping: four system calls when nothing changed
+        if failures:  # to the log itself, not to where the failed call left fd 2
+            _log_failures(failures)
         reap_orphans()  # one system call unless a child has exited
 
 

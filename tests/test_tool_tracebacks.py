@@ -1,0 +1,73 @@
+"""A failed tool call's traceback goes to the worker log: its error text (``ExcType: message``, what the
+trajectory and the model get) says neither the file nor the line, and nothing else did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncroll.workers import ToolSpec
+from tests.worker_processes import job, real_process, run, started
+
+TOOL = """import os, sys
+
+
+def helper(table):
+    return table["missing"]
+
+
+def lookup(x):
+    print("looking up", x)
+    return helper({})
+
+
+def hide_stderr(path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    os.dup2(fd, 2)
+    raise ValueError("with fd 2 elsewhere")
+
+
+class Broken(dict):
+    def items(self):
+        raise RuntimeError("no items")
+
+
+def unencodable():
+    return Broken()
+
+
+def fine():
+    return 1
+"""
+
+
+@real_process
+def test_a_failed_call_leaves_its_traceback_in_the_worker_log(tmp_path: Path) -> None:
+    tool = tmp_path / "lookups.py"
+    tool.write_text(TOOL)
+    log = tmp_path / "worker-0.log"
+    elsewhere = tmp_path / "elsewhere.txt"
+
+    async def main() -> None:
+        names = ("lookup", "hide_stderr", "unencodable", "fine")
+        worker = await started(*(ToolSpec(name, tool) for name in names), log_path=log)
+        failed = (await worker.call(job(1, f"{tool}::lookup", x=7), 5)).reply
+        assert (failed.ok, failed.error) == (False, "KeyError: 'missing'")  # the error text is unchanged
+        hidden = (await worker.call(job(2, f"{tool}::hide_stderr", path=str(elsewhere)), 5)).reply
+        assert hidden.error == "ValueError: with fd 2 elsewhere"
+        broken = (await worker.call(job(3, f"{tool}::unencodable"), 5)).reply
+        assert broken.error == "its result could not be encoded: RuntimeError: no items"
+        assert (await worker.call(job(4, f"{tool}::fine"), 5)).reply.value == 1
+        await worker.aclose()
+
+    run(main())
+    text = log.read_text()
+    first = text.index(
+        f"asyncroll worker: job 1 ({tool}::lookup) failed:\nTraceback (most recent call last):"
+    )
+    assert text.index("looking up 7") < first  # the tool's own print first
+    assert f'File "{tool}", line 10, in lookup' in text and f'File "{tool}", line 5, in helper' in text
+    assert "KeyError: 'missing'" in text and "in run_job" not in text  # from the tool's frame down
+    assert f"job 2 ({tool}::hide_stderr) failed:" in text  # in the log, not where the tool left fd 2
+    assert "Traceback" not in elsewhere.read_text()
+    assert f"job 3 ({tool}::unencodable) returned a result that could not be encoded:" in text
+    assert "RuntimeError: no items" in text and "job 4" not in text
