@@ -329,6 +329,40 @@ def test_a_tool_that_returns_a_coroutine_generator_or_awaitable_fails() -> None:
     assert ran == []
 
 
+def test_a_tool_that_returns_an_iterator_fails_where_an_array_with_tolist_does_not() -> None:
+    """``return map(str, xs)`` was a success whose observation read ``"<map object>"``: nothing of the
+    items. An iterator's items are not read for it (``itertools.count`` has no end)."""
+    import itertools
+    import re
+
+    class Array:  # numpy's flat iterator and the like: converted by their tolist
+        def __iter__(self) -> Array:
+            return self
+
+        def __next__(self) -> int:
+            raise StopIteration
+
+        def tolist(self) -> list[int]:
+            return [1, 2]
+
+    iterators = {
+        "map": lambda: map(str, [1, 2]),
+        "zip": lambda: zip([1], [2], strict=True),
+        "list_reverseiterator": lambda: reversed([1, 2]),
+        "count": itertools.count,
+        "callable_iterator": lambda: re.finditer("a", "aa"),
+    }
+    for name, tool in iterators.items():
+        reply = _in_process(tool)
+        assert (reply.ok, reply.value) == (False, None)
+        assert reply.error == (
+            f"TypeError: the tool returned an iterator ({name}), whose items a worker does not read (it "
+            "could have no end): return them as a list, e.g. list(...)"
+        )
+    assert _in_process(Array).value == [1, 2]
+    assert _in_process(lambda: {"a": 1}.keys()).value == "dict_keys(['a'])"  # an iterable: its repr
+
+
 def test_a_tool_that_met_a_full_disk_on_a_write_naming_no_file_is_told_its_prints_need_room() -> None:
     """A tool printing to a worker log at a full disk or a file size limit failed with a bare
     "OSError: [Errno 27] File too large", nothing saying the write was its print to the run's log."""

@@ -10,6 +10,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import Any
 
@@ -42,7 +43,8 @@ def without_addresses(text: str) -> str:
 def check_result(value: Any) -> None:
     """Refuse what a plain call cannot complete: a coroutine, a generator or another awaitable would be
     returned with the tool's body never run (validation refuses an ``async def`` or generator tool that
-    it can see; this catches the rest: decorated ones, assigned ones)."""
+    it can see; this catches the rest: decorated ones, assigned ones); and an iterator, whose ``repr``
+    (``<map object>``) the model would read as the result."""
     if isinstance(value, CoroutineType):
         value.close()  # no "never awaited" warning in the log
         what = "a coroutine (is the tool an async def?)"
@@ -53,6 +55,13 @@ def check_result(value: Any) -> None:
         what = "an async generator"
     elif hasattr(type(value), "__await__"):
         what = f"an awaitable {type(value).__name__}"
+    elif isinstance(value, Iterator) and not hasattr(value, "tolist"):
+        # map(), filter(), zip(), reversed(), iter(), re.finditer(), an open file: its repr ("<map object>")
+        # says nothing of its items, and reading them could run without end (itertools.count)
+        raise TypeError(
+            f"the tool returned an iterator ({type(value).__name__}), whose items a worker does not read "
+            "(it could have no end): return them as a list, e.g. list(...)"
+        )
     else:
         return
     raise TypeError(
