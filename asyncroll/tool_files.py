@@ -116,6 +116,8 @@ class ToolFile:
     functions: Mapping[str, ToolFunction] = field(default_factory=dict)
     literals: Mapping[str, tuple[int, str]] = field(default_factory=dict)
     """Names surely bound to a literal, never callable: ``(line, what it is)``, e.g. ``(3, "an int")``."""
+    main_only: frozenset[str] = frozenset()
+    """Names bound only in an ``if __name__ == "__main__":`` block, which a worker never runs."""
 
     def binds(self, name: str) -> bool:
         return self.dynamic or name in self.names
@@ -148,6 +150,7 @@ class ToolFile:
             bindings.dynamic,
             functions=bindings.known_functions(),
             literals=bindings.known_literals(),
+            main_only=frozenset(bindings.main_only) - frozenset(bindings.counts),
         )
 
 
@@ -165,11 +168,20 @@ class _Bindings:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
             if isinstance(target, ast.Name)
         }
-        todo: list[ast.AST] = list(tree.body)
+        self.main_only: Counter[str] = Counter()  # bound in an ``if __name__ == "__main__":`` block
+        todo: list[tuple[ast.AST, Counter[str]]] = [(node, self.counts) for node in tree.body]
         while todo:
-            node = todo.pop()
+            node, counts = todo.pop()
+            if isinstance(node, ast.If) and (runs := _main_guard(node.test)) is not None:
+                # a worker imports the file under another name (never __main__): one branch never runs
+                todo.append((node.test, counts))
+                todo.extend((n, counts if runs else self.main_only) for n in node.body)
+                todo.extend((n, self.main_only if runs else counts) for n in node.orelse)
+                continue
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                self.counts[node.name] += 1
+                counts[node.name] += 1
+                if counts is self.main_only:
+                    continue
                 if not isinstance(node, ast.ClassDef):
                     self.defs.append(node)
                 continue
@@ -178,16 +190,17 @@ class _Bindings:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 for alias in node.names:
                     if alias.name == "*":
-                        self.star_lines.append(node.lineno)
+                        if counts is self.counts:
+                            self.star_lines.append(node.lineno)
                     else:
-                        self.counts[alias.asname or alias.name.split(".")[0]] += 1
+                        counts[alias.asname or alias.name.split(".")[0]] += 1
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                self.counts[node.id] += 1
+                counts[node.id] += 1
             elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
-                self.counts[node.name] += 1
+                counts[node.name] += 1
             elif isinstance(node, ast.MatchMapping) and node.rest:
-                self.counts[node.rest] += 1
-            todo.extend(ast.iter_child_nodes(node))
+                counts[node.rest] += 1
+            todo.extend((child, counts) for child in ast.iter_child_nodes(node))
         # A function may bind a module-level name through ``global`` when it is called (at import, or by
         # a later tool call): one more place that binds it.
         self.counts.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
@@ -220,6 +233,19 @@ class _Bindings:
 
 #: Calls that may bind a module-level name no statement shows (``globals()["f"] = g``, ``setattr(...)``).
 _NAME_BINDERS = frozenset({"globals", "vars", "locals", "setattr", "exec"})
+
+
+def _main_guard(test: ast.expr) -> bool | None:
+    """For an ``if`` on ``__name__ == "__main__"`` (or ``!=``, either side first): whether its body runs
+    in a worker, which imports the file under a name of its own (False for ``==``); else None."""
+    if not (
+        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq | ast.NotEq)
+    ):
+        return None
+    sides = (test.left, test.comparators[0])
+    named = any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
+    main = any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides)
+    return isinstance(test.ops[0], ast.NotEq) if named and main else None
 
 
 def _binds_by_name(node: ast.AST) -> bool:

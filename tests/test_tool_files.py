@@ -195,6 +195,44 @@ def test_bindings_inside_functions_and_classes_do_not_count(tmp_path: Path, sour
 
 
 @pytest.mark.parametrize(
+    "source",
+    [
+        'if __name__ == "__main__":\n    def f(x):\n        return x\n',
+        "if '__main__' == __name__:\n    import math\n    f = math.floor\n",
+        'if __name__ != "__main__":\n    pass\nelse:\n    f = abs\n',
+    ],
+)
+def test_a_tool_bound_only_under_the_main_guard_fails_validation(tmp_path: Path, source: str) -> None:
+    """A worker imports the file under a name of its own, so an ``if __name__ == "__main__":`` block never
+    runs: validation said "ok" and the run failed at worker start-up ("no callable named 'f'")."""
+    (tmp_path / "t.py").write_text(source)
+    assert _problems(tmp_path, [_tool_line(1, "t.py")]) == [
+        f"{tmp_path / 'w.jsonl'}:1: tools[0].implementation: 't.py' binds 'f' only inside "
+        '`if __name__ == "__main__":`, which never runs in a worker (it imports the file as a module of '
+        "another name): define it outside"
+    ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'if __name__ == "__main__":\n    pass\nelse:\n    f = abs\n',
+        'if __name__ != "__main__":\n    from math import *\n',
+        'def f(x):\n    return x\n\nif __name__ == "__main__":\n    f = print\n',
+    ],
+)
+def test_what_runs_outside_the_main_guard_binds_the_tool(tmp_path: Path, source: str) -> None:
+    (tmp_path / "t.py").write_text(source)
+    assert _problems(tmp_path, [_tool_line(1, "t.py")]) == []
+
+
+def test_a_def_rebound_only_under_the_main_guard_has_its_signature_checked(tmp_path: Path) -> None:
+    source = 'def f(x, y):\n    return x\n\nif __name__ == "__main__":\n    f = print\n'
+    (problem,) = _tool_problems(tmp_path, source, {"x": "int"})
+    assert problem.startswith("tools[0].inputs: f(x, y) requires 'y', which is not in inputs"), problem
+
+
+@pytest.mark.parametrize(
     ("defined", "named"),
     [("cafe\u0301", "cafe\u0301"), ("\ufb01nd", "\ufb01nd"), ("find", "\ufb01nd")],
 )

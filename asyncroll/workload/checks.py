@@ -260,6 +260,11 @@ def _check_implementation(
                 f"NFKC-normalised, and the file binds {binds!r}, that name normalised; "
                 f"name the tool {binds!r}"
             ), None
+        if name in parsed.main_only:
+            return (
+                f'{implementation!r} binds {name!r} only inside `if __name__ == "__main__":`, which never '
+                "runs in a worker (it imports the file as a module of another name): define it outside"
+            ), None
         return (
             f"{implementation!r} defines no top-level {name!r} "
             "(no def, class, assignment or import at module level binds that name)"
