@@ -72,6 +72,8 @@ PING = "__ping__"
 STARTUP_ERROR_LIMIT = 4000
 #: The most characters of a failed job's traceback that the worker log gets (its error text has none).
 TRACEBACK_LOG_CHARS = 20_000
+Failure = tuple[JobRequest, str, BaseException]
+"""A failed job, what went wrong (``"failed"``...) and the exception, whose traceback the log gets."""
 
 _sigint_received = False
 """Set by the worker's SIGINT handler: tells a real SIGINT from a ``KeyboardInterrupt`` a tool raised."""
@@ -203,9 +205,12 @@ def _mark_sigint() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
-def run_job(tools: dict[str, Callable[..., Any]], payload: bytes, failures: list[str] | None = None) -> bytes:
-    """Decode one request, run it and return the encoded reply frame; a failure's traceback, for the
-    worker log, is appended to ``failures`` (:func:`serve` writes it once the job's fds are restored)."""
+def run_job(
+    tools: dict[str, Callable[..., Any]], payload: bytes, failures: list[Failure] | None = None
+) -> bytes:
+    """Decode one request, run it and return the encoded reply frame; a failure is appended to
+    ``failures``, for :func:`serve` to write its traceback to the worker log after the reply (not in the
+    job's time) and once the job's fds are restored."""
     t0 = time.monotonic()
     request = decode(payload)
     if not isinstance(request, JobRequest):
@@ -227,7 +232,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes, failures: list
             raise
         result, error = None, error_text(describe(exc) + _no_room(exc))
         if failures is not None:
-            failures.append(_traceback_text(request, "failed", exc))
+            failures.append((request, "failed", exc))
     finished = time.monotonic()
     if os.getpid() != pid:
         _leave_fork(request.tool, error)
@@ -243,7 +248,7 @@ def run_job(tools: dict[str, Callable[..., Any]], payload: bytes, failures: list
             raise
         ok, error, blob = False, error_text(f"its result could not be encoded: {describe(exc)}"), dumps(None)
         if failures is not None:
-            failures.append(_traceback_text(request, "returned a result that could not be encoded", exc))
+            failures.append((request, "returned a result that could not be encoded", exc))
     serialize_s = decode_s + time.monotonic() - t1
     reply = JobReply(
         request.job_id,
@@ -280,15 +285,18 @@ def _traceback_text(request: JobRequest, what: str, exc: BaseException) -> str:
     return f"asyncroll worker: job {request.job_id} ({request.tool}) {what}:\n{text}"
 
 
-def _log_failures(failures: list[str]) -> None:
+def _log_failures(failures: list[Failure]) -> None:
     """Write failed jobs' tracebacks to fd 2, the worker log, after what the tools printed (a full disk
     or a closed log loses them, never the worker)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a stream the tool closed or replaced
-            stream.flush()
-    with contextlib.suppress(OSError):
-        write_all(2, "".join(failures).encode("utf-8", "backslashreplace"))
-    failures.clear()
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a stream the tool closed or replaced
+                stream.flush()
+        text = "".join(_traceback_text(*failure) for failure in failures)
+        with contextlib.suppress(OSError):
+            write_all(2, text.encode("utf-8", "backslashreplace"))
+    finally:
+        failures.clear()  # the exceptions hold the tools' frames
 
 
 def _leave_fork(tool: str, error: str | None) -> NoReturn:
@@ -313,7 +321,7 @@ def _children_cpu() -> float:
 def serve(stream: BinaryIO, out_fd: int, tools: dict[str, Callable[..., Any]]) -> int:
     """Answer jobs until the input pipe reaches end of stream; return the exit status."""
     baseline = Baseline()
-    failures: list[str] = []
+    failures: list[Failure] = []
     while True:
         payload = read_payload(stream)
         if payload is None:
