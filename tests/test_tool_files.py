@@ -194,6 +194,22 @@ def test_bindings_inside_functions_and_classes_do_not_count(tmp_path: Path, sour
     assert "defines no top-level 'f'" in _problems(tmp_path, [_tool_line(1, "t.py")])[0]
 
 
+def test_a_missing_tool_name_says_which_names_the_file_binds_that_differ_only_in_case_or_underscores(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "t.py").write_text("def getWeather(x):\n    return x\n\n\nGet_Weather = getWeather\n")
+    (tmp_path / "u.py").write_text("def weather(x):\n    return x\n")
+    lines = [_tool_line(1, "t.py", "get_weather"), _tool_line(2, "u.py", "get_weather")]
+    at = f"{tmp_path / 'w.jsonl'}"
+    assert _problems(tmp_path, lines) == [
+        f"{at}:1: tools[0].implementation: 't.py' defines no top-level 'get_weather' (no def, class, "
+        "assignment or import at module level binds that name; it binds 'Get_Weather', 'getWeather': "
+        "names are exact)",
+        f"{at}:2: tools[0].implementation: 'u.py' defines no top-level 'get_weather' (no def, class, "
+        "assignment or import at module level binds that name)",
+    ]
+
+
 @pytest.mark.parametrize(
     "source",
     [

@@ -265,9 +265,12 @@ def _check_implementation(
                 f'{implementation!r} binds {name!r} only inside `if __name__ == "__main__":`, which never '
                 "runs in a worker (it imports the file as a module of another name): define it outside"
             ), None
+        near = sorted(bound for bound in parsed.names if _loose(bound) == _loose(name))
         return (
             f"{implementation!r} defines no top-level {name!r} "
-            "(no def, class, assignment or import at module level binds that name)"
+            "(no def, class, assignment or import at module level binds that name"
+            + (f"; it binds {', '.join(map(repr, near))}: names are exact" if near else "")
+            + ")"
         ), None
     if name in parsed.literals:
         line, kind = parsed.literals[name]
@@ -276,3 +279,8 @@ def _check_implementation(
             "a tool must be a function (a def) that a worker calls with the arguments"
         ), None
     return None, parsed.function(name)
+
+
+def _loose(name: str) -> str:
+    """A name as one might mistype it: ``Lookup``, ``look_up`` and ``lookUp`` are all ``lookup``."""
+    return name.casefold().replace("_", "")
