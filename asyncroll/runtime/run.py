@@ -84,7 +84,7 @@ class _Execution:
     events: EventLog
     window: Window  # the measured window's ends, once known
     ranges: Ranges
-    status: Status = "failed"  # until every trajectory has ended
+    status: Status = "failed"  # "complete" once every trajectory has ended (_end may still change it)
     error: str | None = None
     cpu_start: tuple[float, float | None] | None = None  # (client, workers) CPU seconds as the window opens
     cpu_end: tuple[float, float | None] | None = None  # and as it closes
@@ -335,7 +335,7 @@ class Run:
         cfg, clock, files, events, parts = self.config, self.clock, ex.files, ex.events, ex.parts
         live, window = parts.live, ex.window
         late: asyncio.CancelledError | None = None
-        if live is not None:  # idempotent; here for a failure before the inner cleanup ran
+        if live is not None:  # idempotent; here for a failure before _measure's clean-up ran
             try:
                 await shielded(live.aclose())
                 # its final line drawn before the exports' note on stderr, unless the terminal holds it
@@ -419,8 +419,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def _uncancel() -> None:
-    """This task's cancellation taken back: a stop signal that came after every trajectory had finished is
-    recorded (the caller reports it) and the outcome written stays the outcome."""
+    """This task's cancellation taken back, where a stop signal's is recorded (``interrupt_reason``: the
+    caller reports it) and the outcome written stays the outcome: one after every trajectory had finished,
+    or one while the final progress line is drawn."""
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
