@@ -2,8 +2,8 @@
 probe, run.json's ``running``, events.jsonl as the window opens, the live view's close and its final line.
 
 These pin the behaviour ``Run.execute`` had before it was split into phases (2a3b212) and still has
-(60b2be2): each test passes on both. A stop signal is what ``interruptible``'s handler does: the reason
-recorded, then the run's task cancelled.
+(60b2be2): each test passes on both, except the last (a window that ends at virtual time 0), a fix. A stop
+signal is what ``interruptible``'s handler does: the reason recorded, then the run's task cancelled.
 """
 
 from __future__ import annotations
@@ -259,3 +259,33 @@ def test_a_cancellation_while_the_final_line_is_drawn_is_raised_with_the_outputs
     )
     assert ended.receipt["status"] == "complete"  # written before the final line's wait
     assert ended.summary is not None and ended.summary["status"] == "complete"
+
+
+def test_a_window_that_ends_at_virtual_time_zero_is_not_stretched_over_the_clean_up(tmp_path: Path) -> None:
+    """A simulation's window opens at virtual time 0; one whose trajectories all take no time ends there too.
+    That end, 0.0, was read as "not known" (``finished_at or now``): the makespan then ran on to the end of
+    the clean-up, here a backend that takes 5 virtual seconds to close, though no trajectory ran past 0.
+    (Fails on 2a3b212 and 60b2be2 alike: not the phase split's.)"""
+
+    class SlowToClose(ScriptedBackend):
+        async def aclose(self) -> None:
+            await self._clock.sleep(5.0)
+
+    final = {"type": "final", "answer": "ok", "latency_ms": 0}
+    workload = write_workload(tmp_path / "w.jsonl", [{"id": "p0", "prompt": "x", "script": [final]}])
+    out = tmp_path / "run"
+    clock = VirtualClock()
+    run = Run(
+        prepare(build_config({"workload": workload, "output": out}), ["test"]),
+        clock,
+        worker_factory=virtual_factory(clock, builtin_duration),
+        backend=SlowToClose(clock),
+    )
+    outcome = clock.run(run.execute())
+    assert outcome.status == "complete" and outcome.summary is not None
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [e["t"] for e in events if e["event"] == "trajectory_finished"] == [0.0]
+    [finished] = [e for e in events if e["event"] == "measurement_finished"]
+    assert finished["makespan_s"] == 0.0
+    assert outcome.summary["makespan_s"] == 0.0
+    assert clock.now() == 5.0  # the clean-up did take its time, outside the window

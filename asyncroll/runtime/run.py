@@ -354,7 +354,9 @@ class Run:
         lost = events.write_error or closed  # an event's: swallowed where it was raised
         if ex.status == "complete" and lost is not None:
             ex.status, ex.error = "failed", str(lost)
-        makespan = None if window.origin is None else (window.finished_at or clock.now()) - window.origin
+        # a simulation's window can end at virtual time 0.0: an end all the same, not a missing one
+        end = clock.now() if window.finished_at is None else window.finished_at
+        makespan = None if window.origin is None else end - window.origin
         completed = parts.summary.status["completed"]
         cost = cpu_cost(ex.cpu_start, ex.cpu_end, parts.pool.replaced_any, completed, clock.virtual)
         if makespan is not None:
