@@ -2,8 +2,9 @@
 probe, run.json's ``running``, events.jsonl as the window opens, the live view's close and its final line.
 
 These pin the behaviour ``Run.execute`` had before it was split into phases (2a3b212) and still has
-(60b2be2): each test passes on both, except the last (a window that ends at virtual time 0), a fix. A stop
-signal is what ``interruptible``'s handler does: the reason recorded, then the run's task cancelled.
+(60b2be2): each test passes on both, except the last two (a window that ends at virtual time 0; a
+window end that cannot be read), fixes. A stop signal is what ``interruptible``'s handler does: the
+reason recorded, then the run's task cancelled.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from asyncroll.errors import OutputWriteError
 from asyncroll.outputs.rundir import RunDirectory
 from asyncroll.runtime.progress import LiveView
 from asyncroll.runtime.run import Run, RunOutcome, prepare
+from asyncroll.runtime.trajectory import TrajectoryRunner
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.telemetry.sampler import TelemetrySampler
 from tests.conftest import tool_problem, write_workload
@@ -289,3 +291,21 @@ def test_a_window_that_ends_at_virtual_time_zero_is_not_stretched_over_the_clean
     assert finished["makespan_s"] == 0.0
     assert outcome.summary["makespan_s"] == 0.0
     assert clock.now() == 5.0  # the clean-up did take its time, outside the window
+
+
+def test_a_window_end_that_cannot_be_read_still_closes_everything_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the window's end (and the CPU, the NVTX range) comes before the clean-up: whatever it
+    raised, the workers, the sampler and the backend are closed all the same and the run fails with it
+    (the clean-up was skipped: the backend stayed open, and a real run's workers until the process ended)."""
+
+    def window_end(self: TrajectoryRunner, complete: bool) -> float:
+        raise RuntimeError("no end")
+
+    monkeypatch.setattr(TrajectoryRunner, "window_end", window_end)
+    ended = _end(tmp_path, lambda stop: None)
+    assert ended.backend_closed
+    assert ended.outcome is not None and ended.raised is None
+    assert (ended.outcome.status, ended.receipt["status"]) == ("failed", "failed")
+    assert ended.receipt["error"] == "RuntimeError: no end"

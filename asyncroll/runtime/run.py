@@ -255,21 +255,23 @@ class Run:
                     await admission.run(tg, problems, trajectory)
             ex.status = "complete"
         finally:
-            self._close_window(ex)
+            try:
+                self._close_window(ex)
+            finally:  # whatever reading the window's end raised, everything started is closed
 
-            async def leftovers() -> None:
-                if self._isolation is not None:  # real workers ran untrusted code
-                    from asyncroll.evaluator.evaluate import remove_dead_workers_leftovers
+                async def leftovers() -> None:
+                    if self._isolation is not None:  # real workers ran untrusted code
+                        from asyncroll.evaluator.evaluate import remove_dead_workers_leftovers
 
-                    remove_dead_workers_leftovers()
+                        remove_dead_workers_leftovers()
 
-            await cleanup(
-                None if parts.live is None else parts.live.aclose,
-                parts.sampler.stop,
-                parts.pool.aclose,
-                leftovers,
-                self._backend.aclose,
-            )
+                await cleanup(
+                    None if parts.live is None else parts.live.aclose,
+                    parts.sampler.stop,
+                    parts.pool.aclose,
+                    leftovers,
+                    self._backend.aclose,
+                )
 
     async def _start(self, ex: _Execution, outer: OrderedTaskGroup, importing: asyncio.Task[None]) -> None:
         """Workers started and warm, scikit-learn imported, the backend started and warmed up (untimed),
