@@ -3,9 +3,17 @@ trajectory and the model get) says neither the file nor the line, and nothing el
 
 from __future__ import annotations
 
+import io
+import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from asyncroll.workers import ToolSpec
+import pytest
+
+from asyncroll.workers import JobReply, JobRequest, ToolSpec, child
+from asyncroll.workers.protocol import decode, encode
 from tests.worker_processes import job, real_process, run, started
 
 TOOL = """import os, sys
@@ -71,3 +79,58 @@ def test_a_failed_call_leaves_its_traceback_in_the_worker_log(tmp_path: Path) ->
     assert "Traceback" not in elsewhere.read_text()
     assert f"job 3 ({tool}::unencodable) returned a result that could not be encoded:" in text
     assert "RuntimeError: no items" in text and "job 4" not in text
+
+
+def _serve(
+    tools: dict[str, Callable[..., Any]],
+    names: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    pipe: tuple[int, int],
+) -> list[JobReply]:
+    """Jobs through the worker's own ``serve`` loop, in this process, replying on ``pipe``: its replies."""
+
+    class Kept:  # fds 0-2 as they are: the test process's own (pytest captures them)
+        def restore(self) -> None:
+            pass
+
+    monkeypatch.setattr(child, "Baseline", Kept)
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # whatever a tool puts there is undone after the test
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    stream = io.BytesIO(b"".join(encode(JobRequest(i, name, {})) for i, name in enumerate(names)))
+    reply_r, reply_w = pipe
+    with os.fdopen(reply_r, "rb") as replies, os.fdopen(reply_w, "wb") as out:
+        assert child.serve(stream, out.fileno(), tools) == 0
+        out.close()
+        frames = replies.read()
+    out_replies: list[JobReply] = []
+    while frames:
+        size = int.from_bytes(frames[:4], "big")
+        reply = decode(frames[4 : 4 + size])
+        assert isinstance(reply, JobReply)
+        out_replies.append(reply)
+        frames = frames[4 + size :]
+    return out_replies
+
+
+def test_a_tool_that_replaced_stderr_and_failed_leaves_the_worker_serving(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Before a failure's traceback is logged, the worker flushes ``sys.stdout`` and ``sys.stderr``: a
+    tool's stand-in whose flush raised ``SystemExit`` ended the worker after the reply, and the next call
+    (another trajectory's, perhaps) failed as one that lost its worker."""
+
+    class Quitting:
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            raise SystemExit(3)
+
+    def replace() -> None:
+        sys.stderr = Quitting()
+        raise ValueError("stderr replaced")
+
+    tools: dict[str, Callable[..., Any]] = {"replace": replace, "fine": lambda: 1}
+    replies = _serve(tools, ["replace", "fine"], monkeypatch, os.pipe())
+    assert [(r.ok, r.error) for r in replies] == [(False, "ValueError: stderr replaced"), (True, None)]
+    assert "job 0 (replace) failed:\nTraceback" in capfd.readouterr().err

@@ -290,8 +290,11 @@ def _log_failures(failures: list[Failure]) -> None:
     or a closed log loses them, never the worker)."""
     try:
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a stream the tool closed or replaced
+            try:
                 stream.flush()
+            except BaseException as error:  # a stream the tool closed or replaced: its flush may even exit
+                if _signalled(error):
+                    raise
         text = "".join(_traceback_text(*failure) for failure in failures)
         with contextlib.suppress(OSError):
             write_all(2, text.encode("utf-8", "backslashreplace"))
