@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -134,3 +135,29 @@ def test_a_tool_that_replaced_stderr_and_failed_leaves_the_worker_serving(
     replies = _serve(tools, ["replace", "fine"], monkeypatch, os.pipe())
     assert [(r.ok, r.error) for r in replies] == [(False, "ValueError: stderr replaced"), (True, None)]
     assert "job 0 (replace) failed:\nTraceback" in capfd.readouterr().err
+
+
+def test_a_failed_calls_traceback_is_formatted_before_its_reply_goes(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Formatting runs the chained exceptions' ``__str__`` (tool code) and walks the whole chain: done
+    after the reply, a ``__str__`` that hung (or a chain of thousands) held the worker outside any job's
+    timeout, and the next job sent to it waited and timed out in its place."""
+    reply_sent: list[bool] = []
+    reply_r, reply_w = os.pipe()
+
+    class Context(Exception):
+        def __str__(self) -> str:  # only the traceback reads it: the error text names the last exception
+            reply_sent.append(bool(select.select([reply_r], [], [], 0)[0]))
+            return "the context"
+
+    def chained() -> None:
+        try:
+            raise Context()
+        except Context:
+            raise ValueError("the last")  # noqa: B904 - its context is the point
+
+    (reply,) = _serve({"chained": chained}, ["chained"], monkeypatch, (reply_r, reply_w))
+    assert (reply.ok, reply.error) == (False, "ValueError: the last")
+    assert reply_sent == [False]
+    assert "the context" in capfd.readouterr().err

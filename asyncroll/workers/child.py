@@ -72,8 +72,6 @@ PING = "__ping__"
 STARTUP_ERROR_LIMIT = 4000
 #: The most characters of a failed job's traceback that the worker log gets (its error text has none).
 TRACEBACK_LOG_CHARS = 20_000
-Failure = tuple[JobRequest, str, BaseException]
-"""A failed job, what went wrong (``"failed"``...) and the exception, whose traceback the log gets."""
 
 _sigint_received = False
 """Set by the worker's SIGINT handler: tells a real SIGINT from a ``KeyboardInterrupt`` a tool raised."""
@@ -205,12 +203,10 @@ def _mark_sigint() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
-def run_job(
-    tools: dict[str, Callable[..., Any]], payload: bytes, failures: list[Failure] | None = None
-) -> bytes:
-    """Decode one request, run it and return the encoded reply frame; a failure is appended to
-    ``failures``, for :func:`serve` to write its traceback to the worker log after the reply (not in the
-    job's time) and once the job's fds are restored."""
+def run_job(tools: dict[str, Callable[..., Any]], payload: bytes, failures: list[str] | None = None) -> bytes:
+    """Decode one request, run it and return the encoded reply frame; a failure's traceback is appended
+    to ``failures``, formatted before the reply goes (in this job's time, not its ``execute_s``), for
+    :func:`serve` to write to the worker log once the job's fds are restored."""
     t0 = time.monotonic()
     request = decode(payload)
     if not isinstance(request, JobRequest):
@@ -218,6 +214,7 @@ def run_job(
     decode_s = time.monotonic() - t0
     function = tools.get(request.tool)
     ok, result, error = False, None, None
+    failed: list[tuple[str, BaseException]] = []  # what went wrong and its exception, for failures
     pid = os.getpid()
     cpu0, children0 = time.process_time(), _children_cpu()
     started = time.monotonic()
@@ -231,8 +228,7 @@ def run_job(
         if _signalled(exc):
             raise
         result, error = None, error_text(describe(exc) + _no_room(exc))
-        if failures is not None:
-            failures.append((request, "failed", exc))
+        failed.append(("failed", exc))
     finished = time.monotonic()
     if os.getpid() != pid:
         _leave_fork(request.tool, error)
@@ -247,9 +243,14 @@ def run_job(
         if _signalled(exc):
             raise
         ok, error, blob = False, error_text(f"its result could not be encoded: {describe(exc)}"), dumps(None)
-        if failures is not None:
-            failures.append((request, "returned a result that could not be encoded", exc))
+        failed.append(("returned a result that could not be encoded", exc))
     serialize_s = decode_s + time.monotonic() - t1
+    if failures is not None:
+        # Before the reply: a chained exception's __str__ that hangs (or a chain of thousands) times out
+        # this job; formatted after it, the worker was busy outside any job and the next one, another
+        # trajectory's perhaps, waited and timed out in its place.
+        failures.extend(_traceback_text(request, what, exc) for what, exc in failed)
+    failed.clear()  # the exceptions hold the tool's frames, and this frame, which holds them
     reply = JobReply(
         request.job_id,
         ok,
@@ -285,21 +286,19 @@ def _traceback_text(request: JobRequest, what: str, exc: BaseException) -> str:
     return f"asyncroll worker: job {request.job_id} ({request.tool}) {what}:\n{text}"
 
 
-def _log_failures(failures: list[Failure]) -> None:
+def _log_failures(failures: list[str]) -> None:
     """Write failed jobs' tracebacks to fd 2, the worker log, after what the tools printed (a full disk
     or a closed log loses them, never the worker)."""
-    try:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException as error:  # a stream the tool closed or replaced: its flush may even exit
-                if _signalled(error):
-                    raise
-        text = "".join(_traceback_text(*failure) for failure in failures)
-        with contextlib.suppress(OSError):
-            write_all(2, text.encode("utf-8", "backslashreplace"))
-    finally:
-        failures.clear()  # the exceptions hold the tools' frames
+    text = "".join(failures)
+    failures.clear()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException as error:  # a stream the tool closed or replaced: its flush may even exit
+            if _signalled(error):
+                raise
+    with contextlib.suppress(OSError):
+        write_all(2, text.encode("utf-8", "backslashreplace"))
 
 
 def _leave_fork(tool: str, error: str | None) -> NoReturn:
@@ -324,7 +323,7 @@ def _children_cpu() -> float:
 def serve(stream: BinaryIO, out_fd: int, tools: dict[str, Callable[..., Any]]) -> int:
     """Answer jobs until the input pipe reaches end of stream; return the exit status."""
     baseline = Baseline()
-    failures: list[Failure] = []
+    failures: list[str] = []
     while True:
         payload = read_payload(stream)
         if payload is None:
