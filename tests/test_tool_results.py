@@ -335,7 +335,7 @@ def test_a_tool_that_returns_an_iterator_fails_where_an_array_with_tolist_does_n
     import itertools
     import re
 
-    class Array:  # numpy's flat iterator and the like: converted by their tolist
+    class Array:  # an iterator with tolist (numpy's flatiter has none: it is refused), converted by it
         def __iter__(self) -> Array:
             return self
 
@@ -360,6 +360,23 @@ def test_a_tool_that_returns_an_iterator_fails_where_an_array_with_tolist_does_n
             "could have no end): return them as a list, e.g. list(...)"
         )
     assert _in_process(Array).value == [1, 2]
+
+    class Rows(list[int]):  # a list, and an iterator too: the docs' table reads it as a list
+        def __next__(self) -> int:
+            raise StopIteration
+
+    class Scalar:  # with .item() only: its item, as the table says
+        def __iter__(self) -> Scalar:
+            return self
+
+        def __next__(self) -> int:
+            raise StopIteration
+
+        def item(self) -> int:
+            return 3
+
+    assert _in_process(lambda: Rows([1, 2])).value == [1, 2]
+    assert _in_process(Scalar).value == 3
     assert _in_process(lambda: {"a": 1}.keys()).value == "dict_keys(['a'])"  # an iterable: its repr
 
 

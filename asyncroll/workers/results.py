@@ -55,7 +55,7 @@ def check_result(value: Any) -> None:
         what = "an async generator"
     elif hasattr(type(value), "__await__"):
         what = f"an awaitable {type(value).__name__}"
-    elif isinstance(value, Iterator) and not hasattr(value, "tolist"):
+    elif isinstance(value, Iterator) and not _converted(value):
         # map(), filter(), zip(), reversed(), iter(), re.finditer(), an open file: its repr ("<map object>")
         # says nothing of its items, and reading them could run without end (itertools.count)
         raise TypeError(
@@ -68,6 +68,14 @@ def check_result(value: Any) -> None:
         f"the tool returned {what}, which a worker does not run: a tool must be a plain function that "
         "returns its result"
     )
+
+
+def _converted(value: Any) -> bool:
+    """Whether :func:`to_jsonable` reads ``value`` as data, not its ``repr``: a subclass of a scalar or a
+    container (its items, whatever else it is), or an object with ``.tolist()`` or ``.item()``."""
+    if isinstance(value, str | int | float | dict | list | tuple | set | frozenset):
+        return True
+    return any(callable(getattr(value, method, None)) for method in ("tolist", "item"))
 
 
 def to_jsonable(value: Any) -> Any:
