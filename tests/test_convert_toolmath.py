@@ -206,6 +206,25 @@ def test_toolmath_records_of_one_problem_that_give_different_answers_leave_it_wi
     )
 
 
+def test_toolmath_records_whose_answers_differ_only_in_whitespace_agree(tmp_path: Path) -> None:
+    """Grading compares whitespace-normalised answers, so boxed answers that differ only in whitespace
+    (a record re-wrapped, as its problem text may be) are one answer, not a disagreement that left the
+    problem without a reference answer."""
+    out = tmp_path / "answers.jsonl"
+    records = tool_records()
+    records[3]["source_solution"] = records[3]["source_solution"].replace("\\boxed{5}", "\\boxed{x +\n 5}")
+    for other in records[4:6]:
+        assert other["source_problem"] == records[3]["source_problem"]
+        other["source_solution"] = other["source_solution"].replace("\\boxed{5}", "\\boxed{x + 5}")
+    report = convert_toolmath(
+        write_json(tmp_path / "s.json", records), TM_EXAMPLE, out, answers_from_solution=True
+    )
+    problem = {p["id"]: p for p in lines(out)}["toolmath-3"]
+    assert "toolmath-3" not in report.without_answer
+    assert problem["reference_answer"] == "x +\n 5"  # the first record's, as written
+    assert problem["metadata"]["reference_answer_source"].startswith("derived:")
+
+
 def _bad(records: list[dict[str, Any]], index: int, **changes: Any) -> list[dict[str, Any]]:
     records = copy.deepcopy(records)
     for key, value in changes.items():

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncroll import grading
 from asyncroll.coerce import check_type_name
 from asyncroll.convert import raise_problems
 from asyncroll.convert.boxed import BoxedError, last_boxed
@@ -260,18 +261,19 @@ def _problem(
 def _derived_answer(group: list[ToolRecord]) -> tuple[str | None, str]:
     """The last ``\\boxed{…}`` of the problem's solution and its label. Records of one problem whose
     solutions give different answers (or one gives none) leave it without one, named: taking the first
-    record's would pick a reference answer at random among them."""
-    derived: dict[str | None, int] = {}
+    record's would pick a reference answer at random among them. Answers are compared as the grader
+    compares them (whitespace-normalised), and the first record's text is kept."""
+    derived: dict[str | None, tuple[str | None, int]] = {}
     for record in group:
         try:
             answer = last_boxed(record.solution)
         except BoxedError as exc:
             return None, f"none: record [{record.index}]: {exc}"
-        derived.setdefault(answer, record.index)
+        derived.setdefault(None if answer is None else grading.normalise(answer), (answer, record.index))
     if len(derived) > 1:
-        (a, i), (b, j) = list(derived.items())[:2]
+        (a, i), (b, j) = list(derived.values())[:2]
         return None, f"none: the problem's records disagree: [{i}] gives {a!r}, [{j}] gives {b!r}"
-    [answer] = derived
+    [(answer, _)] = derived.values()
     return answer, DERIVED_LABEL if answer is not None else "none: source_solution has no \\boxed{}"
 
 
