@@ -183,7 +183,8 @@ def test_toolmath_answers_from_solution_are_labelled(tmp_path: Path) -> None:
         "--answers-from-solution",
     )
     assert said.exit_code == 0, said.output
-    assert "note: 1 problem(s) have no \\boxed{} answer and no reference_answer: toolmath-0\n" in said.stderr
+    assert "note: 1 problem(s) have no reference_answer (no \\boxed{} answer, " in said.stderr
+    assert said.stderr.endswith("metadata.reference_answer_source says which): toolmath-0\n")
 
 
 def test_toolmath_records_of_one_problem_that_give_different_answers_leave_it_without_one(
@@ -204,6 +205,14 @@ def test_toolmath_records_of_one_problem_that_give_different_answers_leave_it_wi
     assert problem["metadata"]["reference_answer_source"] == (
         "none: the problem's records disagree: [3] gives '5', [4] gives '6'"
     )
+    said = invoke(
+        "convert-toolmath",
+        *("--source", tmp_path / "s.json", "--functions-dir", TM_EXAMPLE, "--output", tmp_path / "cli.jsonl"),
+        "--answers-from-solution",
+    )
+    assert said.exit_code == 0, said.output
+    # the note named only a missing \boxed{}, which is not why this problem has no answer
+    assert "or their records box different ones" in said.stderr and "toolmath-3" in said.stderr
 
 
 def test_toolmath_records_whose_answers_differ_only_in_whitespace_agree(tmp_path: Path) -> None:

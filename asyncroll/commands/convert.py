@@ -73,9 +73,11 @@ def convert_toolmath(
             err=True,
         )
     if report.without_answer:
+        more = f", and {len(report.without_answer) - 10} more" if len(report.without_answer) > 10 else ""
         typer.echo(
-            f"note: {len(report.without_answer)} problem(s) have no \\boxed{{}} answer and no "
-            f"reference_answer: {', '.join(report.without_answer[:10])}",
+            f"note: {len(report.without_answer)} problem(s) have no reference_answer (no \\boxed{{}} "
+            "answer, or their records box different ones; metadata.reference_answer_source says which): "
+            f"{', '.join(report.without_answer[:10])}{more}",
             err=True,
         )
 
