@@ -73,6 +73,18 @@ def test_hostile_pickle_is_refused_without_running_anything(tmp_path: Path, monk
     assert not (tmp_path / "HOSTILE_MARKER").exists() and not (tmp_path / "w.jsonl").exists()
 
 
+def test_private_tests_in_base64_wrapped_over_lines_decode() -> None:
+    """`base64` (the tool) and MIME wrap their output at 76 columns, and LiveCodeBench's decoder skips
+    the line breaks; here they were "neither a JSON list nor base64: Only base64 data is allowed"."""
+    row = json.loads(LCB_ROW.read_text(encoding="utf-8"))
+    field = row["private_test_cases"]
+    wrapped = "\r\n".join(field[i : i + 76] for i in range(0, len(field), 76)) + "\n"
+    assert "\n" in wrapped.strip()
+    assert decode_private(wrapped) == decode_private(field)
+    with pytest.raises(WireFormatError, match="neither a JSON list nor base64"):
+        decode_private(field[:40] + "*" + field[40:])
+
+
 @pytest.mark.parametrize(
     ("field", "message"),
     [
