@@ -183,6 +183,35 @@ def test_an_output_through_a_folder_not_made_yet_that_names_an_existing_file_is_
     assert (tmp_path / "a.jsonl").is_file()
 
 
+def test_an_output_that_names_a_folder_is_refused_not_written_as_a_file(tmp_path: Path) -> None:
+    """``--output runs/lcb/`` (a folder, as ``run --output`` takes) wrote the workload to a file named
+    ``runs/lcb``: the trailing slash was lost when the option became a Path."""
+    source = REPO / "examples" / "livecodebench" / "test.jsonl"
+    functions = REPO / "examples" / "toolmath"
+    for given, example in (
+        ("new/", "new/workload.jsonl"),
+        ("new/.", "new/workload.jsonl"),
+        (".", "workload.jsonl"),
+    ):
+        output = f"{tmp_path}/{given}"
+        lcb = invoke("convert-livecodebench", "--source", source, "--output", output)
+        tm = invoke(
+            "convert-toolmath",
+            "--source",
+            functions / "ToolMATH.json",
+            "--functions-dir",
+            functions,
+            "--output",
+            output,
+        )
+        for result in (lcb, tm):
+            assert result.exit_code == 2, result.stderr or result.exception
+            said = f"error: --output {output} names a folder; give the workload's file name"
+            assert f"{said} (e.g. {tmp_path}/{example})" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert "--output is empty" in invoke("convert-livecodebench", "--source", source, "--output", "").stderr
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("umask", "mode"), [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)], ids=["077", "022", "002"]

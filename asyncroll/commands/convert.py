@@ -17,7 +17,9 @@ def convert_toolmath(
         Path,
         Opt("--functions-dir", help="Folder of the tool files (DIR/<function> or DIR/function_ToolMATH/…)."),
     ],
-    output: Annotated[Path, Opt("--output", help="Workload JSONL to create; must not exist.")],
+    output: Annotated[
+        str, Opt("--output", metavar="<path>", help="Workload JSONL to create; must not exist.")
+    ],
     limit: Annotated[int | None, Opt(help="Keep the first N problems in seeded order.")] = None,
     seed: Annotated[int, Opt(help="Seed of the order-independent selection.")] = 0,
     answers_from_solution: Annotated[
@@ -39,6 +41,7 @@ def convert_toolmath(
     ] = False,
 ) -> None:
     """Convert ToolMATH tool records: one problem per source problem, with all its tools."""
+    from asyncroll.convert.output import output_path
     from asyncroll.convert.toolmath import convert_toolmath as convert
     from asyncroll.errors import AsyncrollError
 
@@ -46,7 +49,7 @@ def convert_toolmath(
         report = convert(
             source,
             functions_dir,
-            output,
+            output_path(output),
             limit=limit,
             seed=seed,
             answers_from_solution=answers_from_solution,
@@ -56,12 +59,12 @@ def convert_toolmath(
         raise fail(str(exc), exc.exit_code) from None
     hint = (
         ""
-        if output.parent.resolve() == functions_dir.resolve()
+        if report.output.parent.resolve() == functions_dir.resolve()
         else f"; run with --tool-root {shlex.quote(str(functions_dir))}"
     )
     left_out = f", {report.skipped} left out by --skip-unsupported" if report.skipped else ""
     say(
-        f"{output}: {report.written} of {report.problems - report.skipped} problems "
+        f"{report.output}: {report.written} of {report.problems - report.skipped} problems "
         f"({report.records} tool records{left_out}), seed {seed}{hint}"
     )
     _fewer_than_limit(report.written, limit)
@@ -84,23 +87,26 @@ def convert_toolmath(
 
 def convert_livecodebench(
     source: Annotated[Path, Opt("--source", help="LiveCodeBench rows: JSON array, object or JSONL.")],
-    output: Annotated[Path, Opt("--output", help="Workload JSONL to create; must not exist.")],
+    output: Annotated[
+        str, Opt("--output", metavar="<path>", help="Workload JSONL to create; must not exist.")
+    ],
     limit: Annotated[int | None, Opt(help="Keep the first N problems in seeded order.")] = None,
     seed: Annotated[int, Opt(help="Seed of the order-independent selection.")] = 0,
     stdin_only: Annotated[bool, Opt("--stdin-only", help="Drop functional (LeetCode) problems.")] = False,
 ) -> None:
     """Convert LiveCodeBench code-generation rows to one-repair problems evaluated by lcb_evaluate."""
     from asyncroll.convert.livecodebench import convert_livecodebench as convert
+    from asyncroll.convert.output import output_path
     from asyncroll.errors import AsyncrollError
 
     try:
-        report = convert(source, output, limit=limit, seed=seed, stdin_only=stdin_only)
+        report = convert(source, output_path(output), limit=limit, seed=seed, stdin_only=stdin_only)
     except AsyncrollError as exc:  # a usage error (2), or a write that failed (a full disk: 1)
         raise fail(str(exc), exc.exit_code) from None
     kept = report.rows - report.skipped
     dropped = ", dropped by --stdin-only" if report.skipped else ""
     say(
-        f"{output}: {report.written} of {kept} problems ({report.rows} source row(s), "
+        f"{report.output}: {report.written} of {kept} problems ({report.rows} source row(s), "
         f"{report.functional} functional{dropped}), seed {seed}"
     )
     _fewer_than_limit(report.written, limit)

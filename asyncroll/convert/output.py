@@ -22,6 +22,20 @@ from asyncroll.outputs.lines import clear_staged, staging_path
 from asyncroll.paths import resolved
 
 
+def output_path(text: str) -> Path:
+    """``--output`` as given on the command line, refused when it names a folder: ``Path`` drops a
+    trailing slash, so ``--output runs/lcb/`` wrote the workload to a file named ``runs/lcb``."""
+    if not text:
+        raise UsageError("--output is empty; give the workload's file name")
+    if text.replace(os.sep, "/").rsplit("/", 1)[-1] in ("", ".", ".."):  # Path("a/.").name is "a"
+        folder = text.rstrip("/" + os.sep) or "/"
+        raise UsageError(
+            f"--output {text} names a folder; give the workload's file name "
+            f"(e.g. {Path(folder) / 'workload.jsonl'})"
+        )
+    return Path(text)
+
+
 def check_destination(source: Path, output: Path) -> None:
     """Refuse an output that is the source or that already exists; both are checked before any work."""
     try:
