@@ -212,6 +212,18 @@ def test_an_output_that_names_a_folder_is_refused_not_written_as_a_file(tmp_path
     assert "--output is empty" in invoke("convert-livecodebench", "--source", source, "--output", "").stderr
 
 
+def test_an_output_under_a_file_names_that_file(tmp_path: Path) -> None:
+    """``--output rows.jsonl/w.jsonl`` said "cannot create its folder: File exists", naming no file."""
+    source = REPO / "examples" / "livecodebench" / "test.jsonl"
+    blocker = tmp_path / "rows.jsonl"
+    blocker.write_text("kept\n")
+    for output in (blocker / "w.jsonl", blocker / "sub" / "w.jsonl"):
+        result = invoke("convert-livecodebench", "--source", source, "--output", output)
+        assert result.exit_code == 2, result.stderr or result.exception
+        assert f"error: --output {output}: {blocker} is a file, not a folder\n" == result.stderr
+    assert blocker.read_text() == "kept\n" and sorted(tmp_path.iterdir()) == [blocker]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("umask", "mode"), [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)], ids=["077", "022", "002"]

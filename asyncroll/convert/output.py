@@ -103,6 +103,9 @@ def write_jsonl_atomic(output: Path, objects: Iterable[Any]) -> int:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         _remove_empty(created)
+        blocking = next((d for d in (parent, *parent.parents) if d.exists() and not d.is_dir()), None)
+        if blocking is not None:  # mkdir says only "File exists" (or "Not a directory")
+            raise UsageError(f"--output {output}: {blocking} is a file, not a folder") from exc
         raise UsageError(f"--output {output}: cannot create its folder: {exc.strerror or exc}") from exc
     tmp = staging_path(output)  # this process's name: one a dead process with our pid left is stale
     try:
