@@ -335,6 +335,25 @@ def test_toolmath_file_level_errors(tmp_path: Path) -> None:
 
 
 @real_process
+def test_toolmath_records_one_per_line_get_the_way_to_a_json_list(tmp_path: Path) -> None:
+    """Records exported one per line (JSONL) were refused with "not valid JSON: Extra data" alone."""
+    records = tool_records()
+    jsonl = tmp_path / "records.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(UsageError) as refused:
+        convert_toolmath(jsonl, TM_EXAMPLE, tmp_path / "w.jsonl")
+    assert str(refused.value).split("\n") == [
+        f"{jsonl}:2:1: not valid JSON: Extra data",
+        "the source looks like JSONL (one record per line); convert-toolmath reads a JSON list of records, "
+        "as ToolMATH.json is: make one with `jq -s . FILE > records.json`",
+    ]
+    broken = tmp_path / "broken.json"  # a list with something after it is not JSONL: no hint
+    broken.write_text(json.dumps(records) + "\n]\n", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"Extra data$"):
+        convert_toolmath(broken, TM_EXAMPLE, tmp_path / "w.jsonl")
+    assert not (tmp_path / "w.jsonl").exists()
+
+
 def test_toolmath_cli_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
     out = tmp_path / "w.jsonl"
     result = invoke("convert-toolmath", "--source", TM_SAMPLE, "--functions-dir", tmp_path, "--output", out)

@@ -139,7 +139,8 @@ def parse_records(
     try:
         raw = json_loads(text, object_pairs_hook=unique_keys)  # a key given twice: json keeps the last
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+        jsonl = _jsonl_hint(text, exc)
+        raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}{jsonl}") from None
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
         raise UsageError(f"{source}: cannot be read as JSON: {json_error_text(exc)}") from None
     surrogate = lone_surrogate_at(raw) if may_hold_surrogate(data) else None
@@ -171,6 +172,23 @@ def parse_records(
     )
     raise_problems(problems, hint)
     return records
+
+
+def _jsonl_hint(text: str, exc: json.JSONDecodeError) -> str:
+    """For records one per line (JSONL, as a dataset library exports them), the way to the JSON list
+    this converter reads; "Extra data" at line 2 alone did not say what was wrong."""
+    if exc.msg != "Extra data":
+        return ""
+    try:
+        first = json_loads(text[: exc.pos])
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(first, dict):
+        return ""
+    return (
+        "\nthe source looks like JSONL (one record per line); convert-toolmath reads a JSON list of "
+        "records, as ToolMATH.json is: make one with `jq -s . FILE > records.json`"
+    )
 
 
 def _type_issues(inputs: dict[str, Any]) -> list[tuple[str, str]]:
