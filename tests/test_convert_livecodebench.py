@@ -85,6 +85,20 @@ def test_private_tests_in_base64_wrapped_over_lines_decode() -> None:
         decode_private(field[:40] + "*" + field[40:])
 
 
+def test_toolmath_records_given_to_the_lcb_converter_name_the_right_converter(tmp_path: Path) -> None:
+    """ToolMATH.json given to convert-livecodebench listed five missing fields per record, and no more."""
+    with pytest.raises(UsageError) as refused:
+        convert_livecodebench(TM_HARD, tmp_path / "w.jsonl")
+    said = str(refused.value).split("\n")
+    assert said[0] == f"{TM_HARD}: row [0]: question_id: missing"
+    assert said[-1] == "these rows look like ToolMATH tool records: convert them with convert-toolmath"
+    rows: list[Any] = lcb_rows()  # a LiveCodeBench file with one stray record is not taken for ToolMATH
+    rows.append(json.loads(TM_HARD.read_text(encoding="utf-8"))[0])
+    with pytest.raises(UsageError) as lcb_refused:
+        convert_livecodebench(write_jsonl(tmp_path / "rows.jsonl", rows), tmp_path / "w.jsonl")
+    assert "ToolMATH" not in str(lcb_refused.value)
+
+
 @pytest.mark.parametrize(
     ("field", "message"),
     [

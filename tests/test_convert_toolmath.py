@@ -21,6 +21,7 @@ from tests.cli_runs import cli
 from tests.conftest import invoke
 from tests.conversions import (
     _MISSING,
+    LCB_EXAMPLE,
     TM_EXAMPLE,
     TM_HARD,
     TM_SAMPLE,
@@ -352,6 +353,23 @@ def test_toolmath_records_one_per_line_get_the_way_to_a_json_list(tmp_path: Path
     with pytest.raises(UsageError, match=r"Extra data$"):
         convert_toolmath(broken, TM_EXAMPLE, tmp_path / "w.jsonl")
     assert not (tmp_path / "w.jsonl").exists()
+
+
+def test_livecodebench_rows_given_to_the_toolmath_converter_name_the_right_converter(tmp_path: Path) -> None:
+    """LiveCodeBench rows given to convert-toolmath: a JSONL file was "Extra data" (and then called
+    JSONL to put in a list), an array listed the missing record fields, neither named the converter."""
+    rows = [
+        json.loads(line) for line in (LCB_EXAMPLE / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    hint = "these look like LiveCodeBench rows: convert them with convert-livecodebench"
+    for source in (LCB_EXAMPLE / "test.jsonl", write_json(tmp_path / "rows.json", rows)):
+        with pytest.raises(UsageError) as refused:
+            convert_toolmath(source, TM_EXAMPLE, tmp_path / "w.jsonl")
+        assert str(refused.value).split("\n")[-1] == hint
+    records: list[Any] = tool_records()  # a ToolMATH file with one stray row is not taken for LiveCodeBench
+    with pytest.raises(UsageError) as tm_refused:
+        convert_toolmath(write_json(tmp_path / "mixed.json", [*records, rows[0]]), TM_EXAMPLE, tmp_path / "w")
+    assert "LiveCodeBench" not in str(tm_refused.value)
 
 
 def test_toolmath_cli_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:

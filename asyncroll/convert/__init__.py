@@ -5,6 +5,7 @@
     lcb_tests       the rows' test-case wire format (JSON, or base64 → zlib → pickle → JSON), decoded safely
     rows            LiveCodeBench source files: JSON array, object, or JSONL streamed in two passes
     boxed           the ``\\boxed{…}`` answer of a MATH solution (``--answers-from-solution``)
+    hints           the way out when a converter is given the other's source, or ToolMATH as JSONL
     selection       the seeded, order-independent selection both converters share
     output          destination checks and the atomic, byte-deterministic JSONL writer
 

@@ -138,7 +138,9 @@ def scan_rows(rows: RowSource) -> list[_Entry]:
     problems: list[str] = []
     entries: list[_Entry] = []
     first_seen: dict[str, str] = {}
+    toolmath = 0  # rows that are ToolMATH tool records (the other converter's source)
     for row, ref in rows.scan():
+        toolmath += isinstance(row, dict) and "source_problem" in row and "question_id" not in row
         problem, issues = parse_row(ref.where, row)
         problems.extend(issues)
         if problem is None:
@@ -151,7 +153,10 @@ def scan_rows(rows: RowSource) -> list[_Entry]:
             continue
         first_seen[problem.question_id] = ref.where
         entries.append(_Entry(problem.question_id, problem.functional, ref))
-    raise_problems(sorted(rows.problems + problems, key=_line_order))
+    hint = (
+        "these rows look like ToolMATH tool records: convert them with convert-toolmath" if toolmath else None
+    )
+    raise_problems(sorted(rows.problems + problems, key=_line_order), hint if not entries else None)
     return entries
 
 

@@ -35,6 +35,7 @@ from asyncroll import grading
 from asyncroll.coerce import check_type_name
 from asyncroll.convert import raise_problems
 from asyncroll.convert.boxed import BoxedError, last_boxed
+from asyncroll.convert.hints import LCB_ROWS, jsonl_hint, lcb_row
 from asyncroll.convert.output import check_destination, read_source, sha256_hex, write_jsonl_atomic
 from asyncroll.convert.selection import check_limit, select
 from asyncroll.errors import UsageError, no_directory
@@ -139,7 +140,7 @@ def parse_records(
     try:
         raw = json_loads(text, object_pairs_hook=unique_keys)  # a key given twice: json keeps the last
     except json.JSONDecodeError as exc:
-        jsonl = _jsonl_hint(text, exc)
+        jsonl = jsonl_hint(text, exc)
         raise UsageError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}{jsonl}") from None
     except (ValueError, RecursionError) as exc:  # an int past Python's digit limit, deep nesting
         raise UsageError(f"{source}: cannot be read as JSON: {json_error_text(exc)}") from None
@@ -170,25 +171,8 @@ def parse_records(
         if unsupported
         else None
     )
-    raise_problems(problems, hint)
+    raise_problems(problems, hint or (LCB_ROWS if not records and any(map(lcb_row, raw)) else None))
     return records
-
-
-def _jsonl_hint(text: str, exc: json.JSONDecodeError) -> str:
-    """For records one per line (JSONL, as a dataset library exports them), the way to the JSON list
-    this converter reads; "Extra data" at line 2 alone did not say what was wrong."""
-    if exc.msg != "Extra data":
-        return ""
-    try:
-        first = json_loads(text[: exc.pos])
-    except (ValueError, RecursionError):
-        return ""
-    if not isinstance(first, dict):
-        return ""
-    return (
-        "\nthe source looks like JSONL (one record per line); convert-toolmath reads a JSON list of "
-        "records, as ToolMATH.json is: make one with `jq -s . FILE > records.json`"
-    )
 
 
 def _type_issues(inputs: dict[str, Any]) -> list[tuple[str, str]]:
