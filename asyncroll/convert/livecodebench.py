@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.convert import raise_problems
+from asyncroll.convert.hints import TOOLMATH_RECORDS, toolmath_record
 from asyncroll.convert.lcb_tests import WireFormatError, decode_private, decode_public
 from asyncroll.convert.output import check_destination, write_jsonl_atomic
 from asyncroll.convert.rows import RowRef, RowSource
@@ -140,7 +141,7 @@ def scan_rows(rows: RowSource) -> list[_Entry]:
     first_seen: dict[str, str] = {}
     toolmath = 0  # rows that are ToolMATH tool records (the other converter's source)
     for row, ref in rows.scan():
-        toolmath += isinstance(row, dict) and "source_problem" in row and "question_id" not in row
+        toolmath += toolmath_record(row)
         problem, issues = parse_row(ref.where, row)
         problems.extend(issues)
         if problem is None:
@@ -153,10 +154,8 @@ def scan_rows(rows: RowSource) -> list[_Entry]:
             continue
         first_seen[problem.question_id] = ref.where
         entries.append(_Entry(problem.question_id, problem.functional, ref))
-    hint = (
-        "these rows look like ToolMATH tool records: convert them with convert-toolmath" if toolmath else None
-    )
-    raise_problems(sorted(rows.problems + problems, key=_line_order), hint if not entries else None)
+    hint = TOOLMATH_RECORDS if toolmath and not entries else None  # no usable row: the other converter's
+    raise_problems(sorted(rows.problems + problems, key=_line_order), hint)
     return entries
 
 
