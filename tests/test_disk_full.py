@@ -281,13 +281,13 @@ print(json.dumps({"error": error, "receipt": json.loads((out / "run.json").read_
 def test_a_run_whose_last_event_line_finds_no_room_fails_instead_of_raising(tmp_path: Path) -> None:
     # Every trajectory done, the disk full just then: measurement_finished, the first line that failed,
     # raised out of the run's cleanup (a traceback, no final run.json).
-    import os
 
     from asyncroll.clock import VirtualClock
     from asyncroll.config import build_config
     from asyncroll.runtime.run import Run, prepare
     from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
     from tests.conftest import tool_problem, write_workload
+    from tests.descriptors import make_writes_fail
 
     workload = write_workload(tmp_path / "w.jsonl", [tool_problem("p0", model_ms=5, cpu_ms=5)])
     out = tmp_path / "run"
@@ -296,15 +296,7 @@ def test_a_run_whose_last_event_line_finds_no_room_fails_instead_of_raising(tmp_
     def disk_full_after_the_last_trajectory(event: object) -> None:
         if getattr(event, "event", None) != "trajectory_finished":
             return
-        for fd in os.listdir("/proc/self/fd"):  # events.jsonl's descriptor: any later write fails
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if target == str(out / "events.jsonl"):
-                read_only = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(read_only, int(fd))
-                os.close(read_only)
+        make_writes_fail(out / "events.jsonl")  # any later write of an event fails
 
     run = Run(
         prepare(build_config({"workload": workload, "output": out}), ["test"]),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -31,6 +30,7 @@ from asyncroll.runtime.trajectory import TrajectoryRunner
 from asyncroll.runtime.virtual_worker import builtin_duration, virtual_factory
 from asyncroll.telemetry.sampler import TelemetrySampler
 from tests.conftest import tool_problem, write_workload
+from tests.descriptors import make_writes_fail
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -173,15 +173,8 @@ def test_an_event_log_with_no_room_as_the_window_opens_fails_the_run_with_no_mea
         real(self, status, wall, **fields)
         if status != "running":
             return
-        for fd in os.listdir("/proc/self/fd"):  # events.jsonl's descriptor: any later write fails
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if target == str(self.events_path):
-                read_only = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(read_only, int(fd))
-                os.close(read_only)
+        assert self.events_path is not None  # this run writes its files
+        make_writes_fail(self.events_path)  # any later write of an event fails
 
     monkeypatch.setattr(RunDirectory, "transition", transition_then_disk_full)
     ended = _end(tmp_path, lambda stop: None)
