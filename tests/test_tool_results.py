@@ -5,6 +5,7 @@ bounded when a result holds itself or shared parts; whatever the tool raises is 
 from __future__ import annotations
 
 import enum
+import io
 import json
 import math
 import sys
@@ -360,6 +361,13 @@ def test_a_tool_that_returns_an_iterator_fails_where_an_array_with_tolist_does_n
             "could have no end): return them as a list, e.g. list(...)"
         )
     assert _in_process(Array).value == [1, 2]
+    # a stream (StringIO, an open file) is an iterator of its lines: the way out is its contents
+    stream = _in_process(lambda: io.StringIO("a\nb"))
+    assert (stream.ok, stream.error) == (
+        False,
+        "TypeError: the tool returned an iterator (StringIO), whose items a worker does not read (it "
+        "could have no end): return what it holds, e.g. .read() or .getvalue()",
+    )
 
     class Rows(list[int]):  # a list, and an iterator too: the docs' table reads it as a list
         def __next__(self) -> int:

@@ -6,6 +6,7 @@ observation") is the table this module implements.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -58,9 +59,14 @@ def check_result(value: Any) -> None:
     elif isinstance(value, Iterator) and not _converted(value):
         # map(), filter(), zip(), reversed(), iter(), re.finditer(), an open file: its repr ("<map object>")
         # says nothing of its items, and reading them could run without end (itertools.count)
+        way = (
+            "return what it holds, e.g. .read() or .getvalue()"  # a file, StringIO: not its lines as a list
+            if isinstance(value, io.IOBase)
+            else "return them as a list, e.g. list(...)"
+        )
         raise TypeError(
             f"the tool returned an iterator ({type(value).__name__}), whose items a worker does not read "
-            "(it could have no end): return them as a list, e.g. list(...)"
+            f"(it could have no end): {way}"
         )
     else:
         return
