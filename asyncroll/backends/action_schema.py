@@ -10,9 +10,9 @@ The schema a turn asks the server to enforce:
 Every object is closed (``additionalProperties: false``) and lists every property as required. The
 keywords are the subset that xgrammar and llguidance, the grammar engines of vLLM and SGLang, both compile
 and enforce (``scripts/grammar_check.py`` checks them); OpenAI's hosted ``strict: true`` is narrower (no
-``anyOf`` at the root, no ``patternProperties``), and outlines has no ``patternProperties`` (README, "An
-inference server on a laptop"). Parsing checks the model's text against the same schema before it becomes
-an :data:`~asyncroll.workload.Action`, so a server that does not enforce the schema (``transformers
+``anyOf`` at the root, no ``patternProperties``), and outlines has no ``patternProperties``
+(docs/SERVERS.md, "Grammar engines"). Parsing checks the model's text against the same schema before
+it becomes an :data:`~asyncroll.workload.Action`, so a server that does not enforce the schema (``transformers
 serve``) fails the request visibly with :class:`InvalidActionError`.
 """
 

@@ -173,8 +173,8 @@ def isolation_problem(cfg: ExperimentConfig) -> str | None:
         f"workload: it runs untrusted code (lcb_evaluate), and this machine's sandbox lacks "
         f"{', '.join(report.get('missing') or ['its layers'])} (`python -m asyncroll.evaluator.isolation` "
         f"says why): the clients of {', '.join(strict)} would refuse to start, each once its server was up. "
-        "Run as root with util-linux and writable memory/pids cgroups (README: the sandbox), or add "
-        '"--allow-weak-isolation" to client.extra_args to run the programs with the layers that work'
+        "Run as root with util-linux and writable memory/pids cgroups (docs/CODE_PROBLEMS.md: the sandbox), "
+        'or add "--allow-weak-isolation" to client.extra_args to run the programs with the layers that work'
     )
 
 

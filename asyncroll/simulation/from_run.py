@@ -77,7 +77,7 @@ from asyncroll.simulation.measured import (
 )
 from asyncroll.workload import Problem, ScriptStep, SubmitAction, ToolAction, iter_problems
 
-#: The run's settings a replay keeps unless a flag overrides them: "the run's settings" of the README.
+#: The run's settings a replay keeps unless a flag overrides them: "the run's settings" of docs/SIMULATION.md.
 RUN_SETTINGS = (
     "policy",
     "max_active_trajectories",
