@@ -3,8 +3,8 @@ probe, run.json's ``running``, events.jsonl as the window opens, the live view's
 
 These pin the behaviour ``Run.execute`` had before it was split into phases (2a3b212) and still has
 (60b2be2): each test passes on both, except the last two (a window that ends at virtual time 0; a
-window end that cannot be read), fixes. A stop signal is what ``interruptible``'s handler does: the
-reason recorded, then the run's task cancelled.
+window end that cannot be read) and an error as the live view closes at the run's end, fixes. A stop
+signal is what ``interruptible``'s handler does: the reason recorded, then the run's task cancelled.
 """
 
 from __future__ import annotations
@@ -243,6 +243,41 @@ def test_a_stop_signal_as_the_live_view_closes_leaves_a_complete_run_complete(
     assert (ended.outcome.status, ended.outcome.error) == ("complete", None)
     assert ended.receipt["status"] == "complete" and ended.receipt.get("error") is None
     assert ended.summary is not None and ended.summary["status"] == "complete"
+
+
+class BrokenLive(Live):
+    """A live view whose ``n``-th close or final wait raises an error of its own (not a stop)."""
+
+    async def _maybe_stop(self, call: str) -> None:
+        self.calls.append(call)
+        if f"{call}{self.calls.count(call)}" == self._at:
+            raise RuntimeError(f"live view broke at {self._at}")
+
+
+@pytest.mark.parametrize("at", ["aclose2", "drained1"])
+def test_an_error_as_the_live_view_closes_at_the_end_fails_the_run_with_its_outputs_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    """The run's end closes the live view again (for a failure before the clean-up's close) and waits for
+    its final line before the outputs: an error there escaped before them, leaving run.json ``running``
+    and no summary.json. (The clean-up's own close, ``aclose1``, already failed the run.)"""
+
+    def rig(stop: Stop) -> None:
+        real = run_module.assemble
+
+        def assemble(*args: Any, **kwargs: Any) -> Any:
+            live = cast(LiveView, BrokenLive(lambda: None, at))
+            return dataclasses.replace(real(*args, **kwargs), live=live)
+
+        monkeypatch.setattr(run_module, "assemble", assemble)
+
+    ended = _end(tmp_path, rig)
+    error = f"live view: cannot be closed (RuntimeError: live view broke at {at})"
+    assert ended.raised is None and ended.outcome is not None
+    assert (ended.outcome.status, ended.outcome.error) == ("failed", error)
+    assert (ended.receipt["status"], ended.receipt["error"]) == ("failed", error)
+    assert _measured(ended) == ["measurement_started", "measurement_finished"]
+    assert ended.summary is not None and ended.summary["status"] == "failed"
 
 
 def test_a_cancellation_while_the_final_line_is_drawn_is_raised_with_the_outputs_written_complete(

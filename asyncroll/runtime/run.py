@@ -333,7 +333,7 @@ class Run:
     async def _end(self, ex: _Execution) -> dict[str, Any] | None:
         """``measurement_finished``, the summary, run.json final, however the run ended (shielded where it
         waits); the summary built, if it could be. A cancellation while the live view closed is raised
-        after the outputs are written."""
+        after the outputs are written; an error there fails the run, its outputs written all the same."""
         cfg, clock, files, events, parts = self.config, self.clock, ex.files, ex.events, ex.parts
         live, window = parts.live, ex.window
         late: asyncio.CancelledError | None = None
@@ -350,6 +350,11 @@ class Run:
                 elif ex.status != "interrupted":
                     ex.status = "interrupted"
                     ex.error = f"interrupted by {self.interrupt_reason or 'cancellation'}"
+            except Exception as exc:  # noqa: BLE001 - the outputs are still written, run.json saying why
+                ex.status = "interrupted" if ex.status == "interrupted" else "failed"
+                ex.error = "; ".join(
+                    filter(None, (ex.error, f"live view: cannot be closed ({_describe(exc)})"))
+                )
         # No trajectory writes results.jsonl (transcripts.jsonl) now: the last lines queued (a real run's,
         # written by threads) are on disk, or failed, before measurement_finished says how the run ended.
         closed = files.close_lines()
