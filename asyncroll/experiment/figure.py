@@ -2,10 +2,11 @@
 
 Panels: completions per allocated GPU-hour, sampled model starvation (fraction of covered time), and
 client + worker CPU-seconds per completion. The x axis is the arm (baseline first); each complete pair
-is one grey line joining its arms' values, and each arm's median is a black bar. A panel whose metric is
-unknown for every pair says "unknown" instead of drawing nothing; a value that is a ratio over a measured
-0 (CPU-s per completion of an arm that completed nothing) is named "undefined", as the report names it,
-never "unknown". matplotlib is the ``figures`` extra, imported only here.
+is one grey line joining its arms' values, and each arm's median is a black bar; the y axis starts at 0
+(the three metrics are never negative), so a change of 1% looks like one. A panel whose metric is
+unknown for every pair says "unknown" instead of drawing nothing ("no complete pair" when none is); a
+value that is a ratio over a measured 0 (CPU-s per completion of an arm that completed nothing) is named
+"undefined", as the report names it, never "unknown". matplotlib is the ``figures`` extra, imported only here.
 """
 
 from __future__ import annotations
@@ -105,10 +106,26 @@ def fit_note(note: str) -> str:
     return "\n".join(lines)
 
 
-def tick_label(arm: str, policy: str) -> str:
-    """An arm's x tick: its name, broken every :data:`TICK_WIDTH` characters (arm names have no length
-    limit and no spaces; a 60-character one collapsed the layout as a long note did), over its policy."""
-    return "\n".join([*textwrap.wrap(arm, TICK_WIDTH, break_on_hyphens=False), f"({policy})"])
+def tick_width(arms: int) -> int:
+    """Characters a line of a tick may take when ``arms`` ticks share a panel: :data:`TICK_WIDTH` for two,
+    less for more (three arms' unbroken policy labels ran into each other, unreadable)."""
+    return TICK_WIDTH if arms <= 2 else max(6, 48 // arms)  # at 8 pt (:func:`tick_size`)
+
+
+def tick_size(arms: int) -> float:
+    """The tick labels' font size in points: matplotlib's 10 for two arms, 8 for more."""
+    return 10.0 if arms <= 2 else 8.0
+
+
+def tick_label(arm: str, policy: str, width: int = TICK_WIDTH) -> str:
+    """An arm's x tick: its name, broken every ``width`` characters (arm names have no length limit and no
+    spaces; a 60-character one collapsed the layout as a long note did), over its policy, broken so too."""
+    return "\n".join(
+        [
+            *textwrap.wrap(arm, width, break_on_hyphens=False),
+            *textwrap.wrap(f"({policy})", width, break_on_hyphens=False),
+        ]
+    )
 
 
 def undefined_values(complete: list[dict[str, Any]], arms: list[str], key: str) -> dict[tuple[int, str], str]:
@@ -124,6 +141,13 @@ def undefined_values(complete: list[dict[str, Any]], arms: list[str], key: str) 
             if count is not None and entry["metrics"].get(key) is None and entry["counts"].get(count) == 0:
                 out[pair["pair"], arm] = f"{count} = 0"
     return out
+
+
+def y_limits(top: float) -> tuple[float, float]:
+    """A panel's y range for values from 0 to ``top``: from 0 (a margin below, so that a point at 0 is not
+    cut in half) to a fifth above ``top``, where the legend sits clear of the lines (all 0: up to 1)."""
+    high = top if top > 0 else 1.0
+    return -0.03 * high, 1.2 * high
 
 
 def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Path]:
@@ -194,7 +218,9 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 0.5,
                 f"undefined\n({every.pop()} in every complete pair)"
                 if all_undefined
-                else "unknown\n(not measured in any complete pair)",
+                else "unknown\n(not measured in any complete pair)"
+                if complete
+                else "no complete pair\n(each has a failed or unfinished arm)",
                 ha="center",
                 va="center",
                 transform=ax.transAxes,
@@ -202,12 +228,15 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 color="firebrick",
             )
             ax.set_yticks([])
-        ax.set_xticks(xs, [tick_label(a, policy_label(agg, a)) for a in arms])
+        ticks = [tick_label(a, policy_label(agg, a), tick_width(len(arms))) for a in arms]
+        ax.set_xticks(xs, ticks, fontsize=tick_size(len(arms)))
         ax.set_xlim(-0.5, len(arms) - 0.5)
         ax.set_title(label, fontsize=10)
         ax.grid(axis="y", color="0.9")
         if drawn:
-            ax.legend(loc="best", fontsize=7, frameon=False)
+            ax.legend(loc="upper left", fontsize=7, frameon=False)
+            if ax.dataLim.y0 >= 0:  # from 0: a 1% change must not fill the panel as a 100% one does
+                ax.set_ylim(*y_limits(ax.dataLim.y1))
     fig.suptitle(
         f"{agg['experiment']}: {agg['pairs_complete']} complete pair(s), one line per pair, bars = medians",
         fontsize=11,
