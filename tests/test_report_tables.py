@@ -169,3 +169,27 @@ def test_a_change_that_rounds_to_zero_is_never_written_negative() -> None:
         {"mean": -0.0, "low": None, "high": None, "n": 1, "note": "one pair"}, percent=False
     ) == ("+0 (n=1; no interval: one pair)")
     assert fmt(-0.0) == "0" and fmt(-1e-9) == "-1e-09"
+
+
+def test_with_no_complete_pair_the_medians_say_so_not_that_nothing_was_measured() -> None:
+    """Every pair had a failed arm (one arm failing in every pair does it): the medians table said
+    "unknown", which its legend defines as "a metric the run could not measure", though the other arms
+    were measured; it says "no complete pair", and a line above the tables says why nothing is computed."""
+    text = markdown(aggregate(comparison(ROWS, errors={"pair1-b": "boom", "pair2-b": "boom"})))
+    row = next(line for line in text.splitlines() if line.startswith("| makespan, s | "))
+    assert row == "| makespan, s | no complete pair | no complete pair |"
+    assert "**No complete pair**: every pair has a failed or unfinished arm" in text
+    assert "**No complete pair**" not in markdown(aggregate(comparison(ROWS)))
+
+
+def test_the_report_says_how_its_intervals_were_computed() -> None:
+    """The paired tables' headers said "[95% t]" and "[95% bootstrap]", and nothing said which bootstrap
+    (percentile, over pairs), with how many resamples or which seed: all in aggregate.json, none in
+    REPORT.md, so a reader could neither judge nor reproduce the interval."""
+    data = comparison(ROWS)
+    data["seed"], data["bootstrap_resamples"] = 7, 2000
+    text = markdown(aggregate(data))
+    assert (
+        '"bootstrap" a bootstrap of the mean (percentile, pairs resampled; 2,000 resamples, seed 7)' in text
+    )
+    assert "Student's t over the pairs (n − 1 degrees of freedom)" in text

@@ -103,6 +103,21 @@ def _run_order(agg: dict[str, Any]) -> list[str]:
     return [line, ""]
 
 
+def _intervals(agg: dict[str, Any]) -> list[str]:
+    """How the intervals were computed (aggregate.json's ``bootstrap``; absent in an older one: unsaid)."""
+    boot = agg.get("bootstrap")
+    if not isinstance(boot, dict):
+        return []
+    return [
+        'Intervals are 95%: "t" is Student\'s t over the pairs (n − 1 degrees of freedom), "bootstrap" a '
+        f"bootstrap of the mean ({boot.get('method')}; {boot.get('resamples'):,} resamples, seed "
+        f"{boot.get('seed')}). A t interval that spans 0 is no evidence of a change either way; one that "
+        "excludes 0 is evidence for that metric alone (many are shown: at 95%, one in twenty of them "
+        "excludes 0 by chance).",
+        "",
+    ]
+
+
 def policy_label(agg: dict[str, Any], arm: str) -> str:
     """``asyncroll = asyncroll_repair``: an arm's policy and, when the name differs from it, the rule its
     runs ran (from their summaries; ``asyncroll`` names the default rule of its version, which summaries
@@ -141,6 +156,17 @@ def markdown(agg: dict[str, Any]) -> str:
         "complete pairs enter medians and paired statistics; n is the number of pairs a statistic rests "
         "on, and any pair it leaves out is named.",
         "",
+        *_intervals(agg),
+        *(
+            [
+                "**No complete pair**: every pair has a failed or unfinished arm (listed under Failures), so "
+                "no median, paired statistic or pooled rate below could be computed, though arms were "
+                "measured.",
+                "",
+            ]
+            if agg["pairs_complete"] == 0
+            else []
+        ),
         *_run_order(agg),
         "Server versions seen in the arms' logs (and answered to their clients' GET /version): "
         + (
@@ -180,7 +206,7 @@ def markdown(agg: dict[str, Any]) -> str:
             note = agg.get("median_notes", {}).get(a, {}).get(key)
             left = agg.get("median_left_out", {}).get(a, {}).get(key)
             cells.append(
-                (note if value is None and note else fmt(value))
+                ("no complete pair" if not complete else note if value is None and note else fmt(value))
                 + (
                     f" (n={n} of {complete}{f': {left}' if left else ''})"
                     if value is not None and n < complete
