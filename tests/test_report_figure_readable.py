@@ -108,3 +108,22 @@ def test_a_panel_with_no_complete_pair_says_so_not_that_nothing_was_measured(tmp
     for ax in fig.axes:
         assert "no complete pair\n(each has a failed or unfinished arm)" in [t.get_text() for t in ax.texts]
     plt.close(fig)
+
+
+def test_past_a_few_pairs_the_lines_are_not_labelled_over_each_other(tmp_path: Path) -> None:
+    """20 pairs: each line's label ("p1" … "p20") was drawn at the last arm's tick, all within a few points
+    of each other, a blot no one could read; past :data:`figure.PAIR_LABELS` pairs none is drawn (REPORT.md
+    names each pair's ratio), below it each still is."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from asyncroll.experiment import figure
+
+    def labels(pairs: int) -> list[str]:
+        fig = drawn(comparison([({GPU_HOUR: 100.0}, {GPU_HOUR: 110.0})] * pairs), tmp_path / f"f{pairs}")
+        texts = [t.get_text() for t in fig.axes[0].texts]
+        plt.close(fig)
+        return [t for t in texts if t.startswith("p")]
+
+    assert labels(20) == []
+    assert labels(figure.PAIR_LABELS) == [f"p{k}" for k in range(1, figure.PAIR_LABELS + 1)]

@@ -2,11 +2,12 @@
 
 Panels: completions per allocated GPU-hour, sampled model starvation (fraction of covered time), and
 client + worker CPU-seconds per completion. The x axis is the arm (baseline first); each complete pair
-is one grey line joining its arms' values, and each arm's median is a black bar; the y axis starts at 0
-(the three metrics are never negative), so a change of 1% looks like one. A panel whose metric is
-unknown for every pair says "unknown" instead of drawing nothing ("no complete pair" when none is); a
-value that is a ratio over a measured 0 (CPU-s per completion of an arm that completed nothing) is named
-"undefined", as the report names it, never "unknown". matplotlib is the ``figures`` extra, imported only here.
+is one grey line joining its arms' values (named ``p<n>`` up to 8 pairs), each arm's median a black bar;
+the y axis starts at 0 (the three metrics are never negative), so a change of 1% looks like one. A panel
+whose metric is unknown for every pair says "unknown" instead of drawing nothing ("no complete pair" when
+none is); a value that is a ratio over a measured 0 (CPU-s per completion of an arm that completed
+nothing) is named "undefined", as the report names it, never "unknown". matplotlib is the ``figures``
+extra, imported only here.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ Values = list[float | None]
 #: matplotlib's constrained layout gave up ('axes sizes collapsed to zero'), leaving the notes off the page.
 NOTE_WIDTH = 48
 NOTE_LINES = 4
+#: Each pair's line is labelled with its number (``p3``) up to this many pairs; past it, the labels at the
+#: last arm's tick are printed over each other, so none is drawn (REPORT.md names each pair's ratio).
+PAIR_LABELS = 8
 #: An arm's name on its tick: at most this many characters a line (a policy label is up to about 30).
 TICK_WIDTH = 30
 
@@ -186,6 +190,9 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
             )
         for k, (number, ys) in enumerate(lines):
             ax.plot(xs, ys, "-o", color="0.55", lw=1.2, ms=4, zorder=2)
+            drawn = True
+            if len(lines) > PAIR_LABELS:  # 20 labels at one tick are printed over each other, unreadable
+                continue
             ax.annotate(
                 f"p{number}",
                 (xs[-1], ys[-1]),
@@ -195,7 +202,6 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 color="0.4",
                 va="center",
             )
-            drawn = True
         labelled = False
         for x, arm in zip(xs, arms, strict=True):
             med = agg["medians"][arm].get(key)
