@@ -160,8 +160,8 @@ def markdown(agg: dict[str, Any]) -> str:
         *(
             [
                 "**No complete pair**: every pair has a failed or unfinished arm (listed under Failures), so "
-                "no median, paired statistic or pooled rate below could be computed, though arms were "
-                "measured.",
+                "no median, paired statistic or pooled rate below could be computed (an arm's completed runs "
+                "keep their own summaries).",
                 "",
             ]
             if agg["pairs_complete"] == 0
