@@ -147,7 +147,8 @@ def test_a_slow_decision_counts_in_the_chosen_jobs_wait_not_in_the_candidates_wa
 
 def test_the_events_schema_bounds_the_candidates_a_decision_logs() -> None:
     """``asyncroll schema events`` said a ``cpu_selected`` event's candidates were an array of any length;
-    the dispatcher logs the oldest :data:`MAX_CANDIDATES` queued jobs at most (README, MEASUREMENT.md)."""
+    the dispatcher logs the oldest :data:`MAX_CANDIDATES` queued jobs at most (docs/RUNNING.md,
+    MEASUREMENT.md)."""
     from asyncroll.events import MAX_CANDIDATES
     from asyncroll.schemas import schemas
 

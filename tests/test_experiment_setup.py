@@ -682,7 +682,8 @@ def test_a_client_flag_every_arm_shares_is_named_once_with_its_arms(tmp_path: Pa
 def test_an_arm_under_the_deprecated_alias_is_warned_about_by_the_runner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """README: gpu_first is a deprecated alias of tool_first, with a warning; an arm's warning went only to
+    """docs/RUNNING.md: gpu_first is a deprecated alias of tool_first, with a warning; an arm's warning
+    went only to
     its client's log, which nobody reads when the arm completes."""
     monkeypatch.setattr(runner_module, "run_arm", fake_arms([]))
     arms = [{"name": "fifo", "policy": "fifo"}, {"name": "old", "policy": "gpu_first"}]

@@ -3,7 +3,8 @@ checks workloads that mostly succeed): tool jobs, evaluations and grade jobs tha
 timeout (their worker killed and replaced), scripts that run out (a model failure), under both
 ``--tool-errors``, run through the real runtime on the simulator's virtual clock.
 
-A simulation can express these failures only: a file tool is never run there (README), so a tool that
+A simulation can express these failures only: a file tool is never run there (docs/SIMULATION.md), so a
+tool that
 raises or kills its worker is checked against a real run (the last test).
 
 Checked, besides the invariants of ``tests/test_properties.py``: every failure is counted once in the

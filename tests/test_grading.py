@@ -1,5 +1,5 @@
-"""A final answer against its ``reference_answer`` (README, MEASUREMENT.md "Rates"): whitespace-normalised
-exact match, and an answer that is not a string compared as its JSON text."""
+"""A final answer against its ``reference_answer`` (docs/WORKLOADS.md, MEASUREMENT.md "Rates"):
+whitespace-normalised exact match, and an answer that is not a string compared as its JSON text."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_grade_collapses_whitespace_only(answer: str, reference: str, correct: b
     assert grade(answer, reference) is correct
 
 
-# README (Conversions, ToolMATH): no MATH-style answer equivalence. Each pair is right under the MATH
+# docs/CONVERTERS.md (ToolMATH): no MATH-style answer equivalence. Each pair is right under the MATH
 # benchmark's ``is_equiv`` (it canonicalises both sides) but wrong here, or wrong under both (last two).
 @pytest.mark.parametrize(
     ("answer", "reference"),
@@ -46,7 +46,8 @@ def test_grade_has_no_math_answer_equivalence(answer: str, reference: str) -> No
 @pytest.mark.timeout(60)
 def test_an_answer_that_is_not_a_string_is_graded_on_its_json_text(virtual_run: VirtualRun) -> None:
     """``true`` matches "true", ``1.0`` does not match "1", ``null`` is "null" (not Python's "None"), and
-    an object is its JSON text with ", " and ": " between items, as README and MEASUREMENT.md say."""
+    an object is its JSON text with ", " and ": " between items, as docs/WORKLOADS.md and MEASUREMENT.md
+    say."""
     cases: list[tuple[Any, str, bool]] = [
         (True, "true", True),
         (1.0, "1", False),

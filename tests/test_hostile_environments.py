@@ -274,7 +274,8 @@ def _one_process() -> None:  # `ulimit -u 1`: this process only, no thread nor c
     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
 
 
-#: OpenBLAS that cannot start its threads raises SIGINT in the process (README: it reads "interrupted by
+#: OpenBLAS that cannot start its threads raises SIGINT in the process (docs/RUNNING.md: it reads
+# "interrupted by
 #: SIGINT"); one BLAS thread starts none, so the limit is met by asyncroll's own threads and processes.
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
 NEEDS_A_USER = pytest.mark.skipif(
@@ -597,7 +598,8 @@ def test_a_scripted_run_raises_its_open_files_for_its_workers(tmp_path: Path) ->
 
 @pytest.mark.timeout(120)
 def test_a_scripted_run_that_fits_its_open_files_is_not_warned_about(tmp_path: Path) -> None:
-    """README's measured case: 2 workers start under ``ulimit -n 32``. The warning counted 64 files besides
+    """docs/RUNNING.md's measured case: 2 workers start under ``ulimit -n 32``. The warning counted 64
+    files besides
     the workers' (a run against a server's), so a scripted run that fits was told 'workers past it cannot
     start' (2 workers under 32, 8 under 64), and then completed."""
     args: list[str | Path] = ["run", "--workload", SMOKE, "--no-progress", "--cpu-workers"]

@@ -157,7 +157,7 @@ def test_only_a_host_on_this_machine_bypasses_the_environment_proxy() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_failed_warmup_still_records_the_backend_in_run_json(tmp_path: Path) -> None:
-    """README: warm-up retries are "counted in run.json as backend.warmup_retries" — but the backend
+    """docs/SERVERS.md: warm-up retries are "counted in run.json as backend.warmup_retries" — but the backend
     section was written only after a warm-up that succeeded, so the run whose warm-up failed (the one
     that needs it) recorded no endpoint, server kind or warm-up retries at all."""
     with serve(faults=FaultConfig(rate_503=1.0)) as running:

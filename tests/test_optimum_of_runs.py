@@ -489,7 +489,7 @@ def test_optimum_of_a_run_whose_event_loop_stalled_says_the_makespan_includes_it
     (run / "summary.json").write_text(json.dumps(summary))
     notes = instance_from_run(run).notes
     assert any("event loop stalled 0.050 s" in n and "33%" in n for n in notes), notes
-    # a loop with more work than it can run is late too: it waited, not 'nothing was admitted' (README)
+    # a loop with more work than it can run is late too: it waited, not 'nothing was admitted'
     assert any("waited for the loop" in n and "nothing was" not in n for n in notes), notes
 
 

@@ -137,7 +137,7 @@ def test_an_orphan_that_cleared_its_environment_is_left_to_whoever_owns_it(
 ) -> None:
     """An orphan whose environment was replaced carries no origin: nothing tells it from a child another
     part of the program started (a server in a session of its own), so the pool never kills it, at a
-    replacement or at close (the README's "not covered"). The test kills it itself."""
+    replacement or at close (docs/RUNNING.md's "not covered"). The test kills it itself."""
     duration = durations()
 
     async def main() -> psutil.Process:

@@ -423,7 +423,8 @@ def test_the_same_simulation_twice_writes_the_same_summary_and_events(
 def test_a_replay_of_a_fixed_latency_simulation_takes_its_latencies_and_its_makespan(
     problems: list[dict[str, Any]], values: dict[str, Any], turn_overhead_ms: float, job_overhead_ms: float
 ) -> None:
-    """``simulate --from-run`` replays each turn's recorded latency (README); a fixed-latency simulation
+    """``simulate --from-run`` replays each turn's recorded latency (docs/SIMULATION.md); a fixed-latency
+    simulation
     replayed under its own settings (its ``--job-overhead-ms`` given again: a job's recorded execute time
     leaves the overhead out, as a real one does; the turn overhead is inside the recorded latency) has the
     same schedule, so the same makespan and endings. Not promised, and not true, of a batching server,

@@ -744,7 +744,7 @@ def test_a_receipt_says_which_settings_were_given_and_which_are_defaults(tmp_pat
     """run.json's ``config`` holds every setting, given or not; which were given was told only by the
     command line, where ``--config FILE`` names a file that may have changed or gone since. Now
     ``config_given`` names them: the flags and the file's values (one equal to its default is as if
-    not written, README), the rest being defaults another version may change."""
+    not written, docs/RUNNING.md), the rest being defaults another version may change."""
     config = tmp_path / "settings.toml"
     config.write_text("cpu_workers = 1\nmax_turns = 8\n")
     out = tmp_path / "r"

@@ -60,7 +60,8 @@ def test_smoke_run_under_every_policy(tmp_path: Path, policy: str) -> None:
 @pytest.mark.timeout(60)
 def test_a_receipt_names_the_code_cpu_and_environment_that_change_a_result(tmp_path: Path) -> None:
     """run.json named asyncroll by its version alone (0.1.0 in every checkout, dirty or not), the machine
-    without its CPU model and none of the environment that changes what a run does: README's advice to
+    without its CPU model and none of the environment that changes what a run does: docs/RUNNING.md's
+    advice to
     set OMP_NUM_THREADS=1 for CPU-bound tools, PYTHONHASHSEED, TZ, a proxy. Now ``code`` is the package
     as an experiment's fingerprint names it (describe and commit of this checkout), ``host.cpu_model`` the
     CPU, and ``environment`` those variables where set, a proxy's password masked, nothing else (no key)."""

@@ -443,7 +443,8 @@ def test_a_camel_case_credential_in_a_urls_query_is_refused(query: str) -> None:
 @pytest.mark.parametrize("credential", ["http://alice:s3cret@127.0.0.1:8000/metrics", "?token=s3cret"])
 def test_a_metrics_url_refused_for_its_credential_gives_no_api_key_advice(credential: str) -> None:
     """``--metrics-url`` with a token was refused with the advice to give the key by ``--api-key-env``,
-    'sent as Authorization: Bearer': telemetry's scrape sends no key (README), so that advice led to a
+    'sent as Authorization: Bearer': telemetry's scrape sends no key (docs/SERVERS.md), so that advice led
+    to a
     scrape refused 401 with every metric missing. It now says so; ``--endpoint``'s advice is unchanged."""
     url = credential if credential.startswith("http") else "http://127.0.0.1:8000/metrics" + credential
     settings = {"workload": "w", "output": "o", "backend": "vllm", "model": "m", "metrics_url": url}

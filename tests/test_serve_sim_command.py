@@ -164,7 +164,7 @@ def test_an_ipv6_address_it_cannot_listen_on_is_written_in_brackets() -> None:
 
 def test_help_names_every_endpoint_the_server_routes() -> None:
     """`serve-sim --help` lists the endpoints: every route the app serves, with its method (it left out
-    GET /version and POST /sim/reset-stats, which README documents)."""
+    GET /version and POST /sim/reset-stats, which docs/SERVERS.md documents)."""
     from starlette.routing import Route
 
     from asyncroll.serve_sim.app import SimApp

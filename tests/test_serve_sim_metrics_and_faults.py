@@ -182,7 +182,8 @@ def test_fault_draws_are_seeded() -> None:
 
 
 def test_fault_rates_are_chances_of_a_draw_and_the_first_drawn_applies() -> None:
-    """README's example: --rate-429 0.6 --rate-500 0.6 answers about 60% 429 and 24% (0.4 × 0.6) 500, not
+    """docs/SERVERS.md's example: --rate-429 0.6 --rate-500 0.6 answers about 60% 429 and 24% (0.4 × 0.6)
+    500, not
     60% of each; every request draws every rate, so slowness comes on top of a fault."""
     from asyncroll.serve_sim.faults import FaultPlan
 

@@ -302,7 +302,7 @@ def test_a_signal_while_a_whole_sweeps_tables_are_written_leaves_them_whole(
     """Every cell had finished and the tables were being written when Ctrl-C came: its KeyboardInterrupt
     cut the writing short, and the CLI took the sweep for one stopped before any simulation finished:
     it removed the folder, tables already written with it, and said 'nothing written' (exit 130). A
-    signal after the last cell leaves the sweep whole (README): the tables are written, exit 0."""
+    signal after the last cell leaves the sweep whole (docs/SIMULATION.md): the tables are written, exit 0."""
     from asyncroll.simulation import sweep
 
     opened = sweep.open_staged

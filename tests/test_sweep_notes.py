@@ -93,7 +93,8 @@ def test_a_stop_while_a_seeds_workload_is_written_leaves_no_workload_cut_short(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C while a seed's jittered workload was being written left it cut short in ``workloads/`` (a
-    full disk removes it, README): a workload that reads as whole but holds only the first problems, one
+    full disk removes it, docs/SIMULATION.md): a workload that reads as whole but holds only the first
+    problems, one
     ``simulate --workload OUT/workloads/seed-N.jsonl`` away from a silently smaller simulation."""
     from asyncroll.simulation import perturb
     from asyncroll.simulation.engine import SimulationSettings

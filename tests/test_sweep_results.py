@@ -289,7 +289,7 @@ def test_sweep_json_records_what_produced_it(tmp_path: Path, monkeypatch: pytest
 
 
 def test_a_sweep_cell_reruns_from_its_seeds_workload_and_the_recorded_tool_root(tmp_path: Path) -> None:
-    """As README says: ``simulate --workload OUT/workloads/seed-N.jsonl --tool-root <sweep.json's
+    """As docs/SIMULATION.md says: ``simulate --workload OUT/workloads/seed-N.jsonl --tool-root <sweep.json's
     tool_root>`` with the cell's policy and limits reproduces the cell's row (the tool files stay where
     they were)."""
     tools = tmp_path / "tools"

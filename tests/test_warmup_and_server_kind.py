@@ -84,7 +84,7 @@ def test_the_engines_version_is_best_effort_and_says_why_it_is_missing() -> None
 
 def test_an_engine_version_that_is_no_printable_text_is_not_recorded() -> None:
     """A server's ``/version`` answer holding a lone UTF-16 surrogate (``"\\ud800"``) was recorded as it
-    was, and run.json written with it is no standard JSON (README: every output is, save a path's
+    was, and run.json written with it is no standard JSON (docs/OUTPUTS.md: every output is, save a path's
     undecodable bytes); a control character or line break in it would be printed as it is. Such an answer
     is no version string: null, and why."""
     import httpx
@@ -220,7 +220,7 @@ def test_the_kind_probe_is_retried_as_the_warmup_is() -> None:
 def test_the_kind_probe_honours_the_servers_retry_after() -> None:
     """The probe's retries waited their backoff whatever a 503 said: a server loading its weights that
     asked for 'retry-after: 30' was asked again at once, as the warm-up's requests and the turns never
-    are (README: retried the same way, honouring retry-after)."""
+    are (docs/SERVERS.md: retried the same way, honouring retry-after)."""
     import httpx
 
     from asyncroll.backends.openai import HttpSettings, OpenAIBackend
