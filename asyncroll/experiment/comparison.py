@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from asyncroll.experiment.config import MAX_BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_RESAMPLES
+from asyncroll.experiment.machines import experiment_settings, machine_groups
 from asyncroll.json_checks import LONE_SURROGATE, lone_surrogate_at
 from asyncroll.outputs.receipt import write_json_atomic
 from asyncroll.setting_names import validation_message
@@ -168,9 +169,11 @@ def build_comparison(
     experiment: dict[str, Any],
     summaries: Mapping[str, dict[str, Any] | None],
     reported: Mapping[str, str | None] | None = None,
+    machines: Mapping[str, dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """comparison.json from experiment.json's data and each comparison arm's summary (None if absent);
-    ``reported``: the engine's version each arm's client recorded (:func:`reported_version`)."""
+    ``reported``: the engine's version each arm's client recorded (:func:`reported_version`);
+    ``machines``: what each arm ran on (:func:`~asyncroll.experiment.machines.arm_machine`)."""
     config = experiment["config"]
     arm_names = [a["name"] for a in config["arms"]]
     policies = {a["name"]: a["policy"] for a in config["arms"]}
@@ -242,6 +245,10 @@ def build_comparison(
         "failed_arms": failed,
         "unfinished_arms": unfinished,
         "server_versions": versions,
+        "machines": machine_groups(
+            machines or {}, [e["id"] for k in sorted(pairs) for e in pairs[k]["arms"].values()]
+        ),
+        "settings": experiment_settings(config),
     }
 
 
@@ -325,6 +332,12 @@ class _UnfinishedArm(_FailedArm):
     status: str
 
 
+class _Machines(_Read):
+    client: dict[str, str | int | float | None] | None
+    gpu: dict[str, str | int | float | None] | None
+    arms: list[str]
+
+
 class ComparisonFile(_Read):
     """comparison.json as ``asyncroll report`` needs it: the types and the cross-references."""
 
@@ -346,6 +359,8 @@ class ComparisonFile(_Read):
     unfinished_arms: list[_UnfinishedArm] = Field(default_factory=list)
     stages: dict[str, _Stage] = Field(default_factory=dict)
     server_versions: dict[str, list[str]] = Field(default_factory=dict)
+    machines: list[_Machines] | None = None  # absent in a comparison.json written before it
+    settings: dict[str, Any] | None = None
 
     @field_validator("schema_version")
     @classmethod

@@ -232,6 +232,8 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "failed_arms": comparison.get("failed_arms", []),
         "unfinished_arms": unfinished,
         "server_versions": comparison.get("server_versions", {}),
+        "machines": comparison.get("machines"),  # None: a comparison.json written before they were recorded
+        "settings": comparison.get("settings"),
         "stages": comparison.get("stages", {}),
         "metrics": comparison["metrics"],
     }

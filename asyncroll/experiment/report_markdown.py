@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncroll.experiment.gates import comparison_text
+from asyncroll.experiment.machines import machine_lines
 from asyncroll.experiment.receipts import one_line
 
 
@@ -178,6 +179,7 @@ def markdown(agg: dict[str, Any]) -> str:
         )
         + ".",
         "",
+        *machine_lines(agg.get("machines"), agg.get("settings")),
         "## Stages",
         "",
         "| stage | status | gates |",

@@ -65,6 +65,7 @@ from asyncroll.experiment.config import STAGES, ExperimentConfig
 from asyncroll.experiment.fingerprint import fingerprint, require_same
 from asyncroll.experiment.gates import evaluate_gates, gate_text
 from asyncroll.experiment.lock import LOCK_NAME, OutputLock
+from asyncroll.experiment.machines import arm_machine
 from asyncroll.experiment.plan import COMPARISON, ArmPlan, build_plan
 from asyncroll.experiment.preflight import check_workload
 from asyncroll.experiment.receipts import TERMINAL, ExperimentReceipt, now_iso, one_line
@@ -421,14 +422,15 @@ class ExperimentRunner:
         return Outcome(status, code, message + f"\ncomparison: {self.output / 'comparison.json'}")
 
     def _write_comparison(self, receipt: ExperimentReceipt) -> None:
-        summaries, reported = {}, {}
+        summaries, reported, machines = {}, {}, {}
         for arm in self.plan:
             if arm.stage == COMPARISON and receipt.arm(arm.id)["status"] == "complete":
                 summaries[arm.id] = load_summary(arm_dir(self.output, arm))
             # every arm's, as the versions parsed from every arm's server log: a failed arm's server of
             # another version is flagged too
             reported[arm.id] = reported_version(arm_dir(self.output, arm))
-        comparison = build_comparison(receipt.data, summaries, reported)
+            machines[arm.id] = arm_machine(arm_dir(self.output, arm))
+        comparison = build_comparison(receipt.data, summaries, reported, machines)
         write_comparison(self.output / "comparison.json", comparison)
 
 
