@@ -153,3 +153,16 @@ def test_arms_that_left_no_run_json_make_the_machine_unknown() -> None:
         {"client": None, "gpu": None, "arms": ["pair1-a", "pair1-b", "pair2-a", "pair2-b"]}
     ]
     assert "Machine unknown: no comparison arm left a run.json." in markdown(aggregate(data))
+
+
+def test_the_figure_names_its_machine_in_one_line(tmp_path: Path) -> None:
+    from asyncroll.experiment.machines import machine_caption
+
+    one = _machines(tmp_path / "one", {})["machines"]
+    assert machine_caption(one) == (
+        "client: AMD EPYC, 8 usable CPUs, Python 3.11.7, asyncroll abc1234; GPU: none declared"
+    )
+    two = _machines(tmp_path / "two", {"pair1-a": "def5678"})["machines"]
+    assert machine_caption(two) == "the arms ran on 2 different machines, code or GPUs: REPORT.md names them"
+    assert machine_caption(None) == "machine not recorded (each arm's run.json has it)"
+    assert machine_caption(comparison(ROWS)["machines"]) == "machine unknown (no arm left a run.json)"

@@ -3,7 +3,8 @@
 Panels: completions per allocated GPU-hour, sampled model starvation (fraction of covered time), and
 client + worker CPU-seconds per completion. The x axis is the arm (baseline first); each complete pair
 is one grey line joining its arms' values (named ``p<n>`` up to 8 pairs), each arm's median a black bar;
-the y axis starts at 0 (the three metrics are never negative), so a change of 1% looks like one. A panel
+the y axis starts at 0 (the three metrics are never negative), so a change of 1% looks like one; a footer
+names the machine (:func:`~asyncroll.experiment.machines.machine_caption`). A panel
 whose metric is unknown for every pair says "unknown" instead of drawing nothing ("no complete pair" when
 none is); a value that is a ratio over a measured 0 (CPU-s per completion of an arm that completed
 nothing) is named "undefined", as the report names it, never "unknown". matplotlib is the ``figures``
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.errors import UsageError
+from asyncroll.experiment.machines import machine_caption
 from asyncroll.experiment.report_markdown import policy_label
 
 PANELS = (
@@ -247,6 +249,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
         f"{agg['experiment']}: {agg['pairs_complete']} complete pair(s), one line per pair, bars = medians",
         fontsize=11,
     )
+    fig.supxlabel(machine_caption(agg.get("machines")), fontsize=7, color="0.35")  # where it was measured
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     for path in paths:  # no creation date in the PDF: the same comparison draws the same bytes
         fig.savefig(path, dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)

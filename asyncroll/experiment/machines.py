@@ -140,6 +140,25 @@ def describe_gpu(gpu: dict[str, Any] | None) -> str:
     return f"{gpu.get('name') or 'declared, name unknown'}" + (f" ({details})" if details else "")
 
 
+def machine_caption(machines: list[dict[str, Any]] | None) -> str:
+    """The figure's one-line footer: the machine its numbers came from (REPORT.md says more)."""
+    if machines is None:
+        return "machine not recorded (each arm's run.json has it)"
+    known = [group for group in machines if group.get("client")]
+    if len(machines) > 1:
+        return f"the arms ran on {len(machines)} different machines, code or GPUs: REPORT.md names them"
+    if not known:
+        return "machine unknown (no arm left a run.json)"
+    client, gpu = known[0]["client"], known[0].get("gpu")
+    parts = [
+        client.get("cpu_model"),
+        f"{client['usable_cpus']} usable CPUs" if client.get("usable_cpus") is not None else None,
+        f"Python {client['python']}" if client.get("python") else None,
+        f"asyncroll {client['asyncroll']}" if client.get("asyncroll") else None,
+    ]
+    return f"client: {', '.join(str(p) for p in parts if p)}; GPU: {describe_gpu(gpu)}"
+
+
 def machine_lines(machines: list[dict[str, Any]] | None, settings: dict[str, Any] | None) -> list[str]:
     """REPORT.md's "Machine and settings" section."""
     lines = ["## Machine and settings", ""]
