@@ -197,7 +197,10 @@ def main() -> None:
     raw["load_average_after"] = os.getloadavg()
     print(f"machine: {raw['machine']}")
     print(f"load average (1/5/15 min) at the end: {raw['load_average_after']}")
-    print(f"repeats: {args.repeats}; sequential requests per repeat: {args.sequential}\n")
+    print(
+        f"repeats: {args.repeats}; sequential requests per repeat: {args.sequential}; requests per "
+        f"throughput measurement: {args.requests} (at least 2 × inflight)\n"
+    )
     print("| per request, inflight 1 | min | median | max |\n|---|---|---|---|")
     for key, label in (
         ("wall_ms", "round trip, wall (ms)"),

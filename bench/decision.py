@@ -136,7 +136,11 @@ def tail_snapshot(
     return QueueSnapshot(NOW, queue, 0, predictions, 4, False, 2, remaining, 0.0)
 
 
-def one_repeat(seed: int, calls: int = 2000) -> tuple[float, ...]:
+CALLS = 2000  # timed calls per measure in one repeat (the refit: REFITS)
+REFITS = 50
+
+
+def one_repeat(seed: int, calls: int = CALLS) -> tuple[float, ...]:
     rng = random.Random(seed)
     predictor = DurationPredictor()
     for i in range(500):
@@ -195,7 +199,7 @@ def one_repeat(seed: int, calls: int = 2000) -> tuple[float, ...]:
         policy.choose(tail_snapshot(queue, predictor.predict(queue), estimator))
         tail_warm.append((time.perf_counter() - began) * 1e6)
     refits = []
-    for i in range(50):
+    for i in range(REFITS):
         predictor.observe(JobView(5000 + i, "r", "tool", "crunch", 0, 0.0, arg_bytes=100), 0.1)
         began = time.perf_counter()
         predictor._refit()  # the refit alone is what this measures
@@ -219,6 +223,10 @@ def main() -> None:
     warm_import()
     runs = [one_repeat(seed) for seed in range(args.repeats)]
     print(f"machine: {machine()}")
+    print(
+        f"{args.repeats} repeats (seeds 0–{args.repeats - 1}) of {CALLS} timed calls per measure ({REFITS} "
+        f"refits); {QUEUED} queued jobs, a predictor warmed on 500 observations, the rule `asyncroll`"
+    )
     print("| measure (µs, median of calls) | min | median | max | target |\n|---|---:|---:|---:|---:|")
     for name, index, target in (
         ("predict 64 jobs + choose(), nothing cached (after a refit)", 0, "≤ 100"),

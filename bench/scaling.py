@@ -20,6 +20,7 @@ from collections import Counter
 from bench.common import events, final_only, incomplete, machine, number_arg, quantiles, run_once
 
 SETTINGS = (1, 2, 4, 8, 16, 64, 256)
+CPU_WORKERS = 2
 
 
 def one(n: int, inflight: int, latency_ms: float) -> tuple[float, list[tuple[str, str, str]], Counter[str]]:
@@ -27,7 +28,7 @@ def one(n: int, inflight: int, latency_ms: float) -> tuple[float, list[tuple[str
         final_only(n, latency_ms),
         max_active_trajectories=n,
         max_inflight_model_requests=inflight,
-        cpu_workers=2,
+        cpu_workers=CPU_WORKERS,
     )
     if outcome.summary is None or outcome.summary["counts"]["completed"] != n:
         raise SystemExit(incomplete("bench.scaling", f"{n} trajectories, {inflight} inflight", n, outcome))
@@ -49,7 +50,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(
         f"{n} one-turn trajectories, {args.latency_ms:g} ms scripted model latency, {args.repeats} repeats; "
-        "makespan = measured window"
+        f"{n} active, {CPU_WORKERS} (idle) workers; makespan = measured window"
     )
     print(
         "| inflight | makespan s (min / median / max) | speed-up (median) | ideal | results identical "

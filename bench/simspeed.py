@@ -171,6 +171,10 @@ def main() -> None:
     sizes: list[int] = args.sizes
     print(f"machine: {machine()}")
     print(
+        f"sizes {','.join(map(str, sizes))}, {args.repeats} repeats, each in a fresh process; virtual clock, "
+        "64 active / 16 inflight / 4 workers (--at-once: active = trajectories), max 6 turns, workload seed 0"
+    )
+    print(
         "| trajectories | mode | trajectories per CPU-second in the run (min / med / max) "
         "| CPU s incl. start-up (median) | RSS at end MB (max) | RSS growth during the run MB (max) "
         "| RSS growth per trajectory KB (min / max) | virtual makespan s |"
