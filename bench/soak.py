@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import statistics
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.workers.orphans import ORIGIN_ENV
-from bench.common import number_arg
+from bench.common import machine, number_arg
 
 TOOLS_SOURCE = '''"""Tools that misbehave, for bench.soak."""
 
@@ -218,30 +219,28 @@ def main(argv: list[str] | None = None) -> None:
     cmd = [sys.executable, "-m", "asyncroll", "run", "--workload", str(path), "--output"]
     cmd += [str(args.output / "run"), "--tool-timeout", str(args.tool_timeout), "--worker-max-rss-mb", "64"]
     cmd += ["--tool-errors", "observe", "--progress", "--cpu-workers", "2", "--max-active-trajectories", "16"]
-    server = None
-    if args.http:
-        port = _free_port()
-        serve = [
-            sys.executable,
-            "-m",
-            "asyncroll",
-            "serve-sim",
-            "--port",
-            str(port),
-            "--model",
-            "sim",
-            "--step-base-ms",
-            "1",
-        ]
-        server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(port, 60)
-        cmd += ["--backend", "vllm", "--model", "sim", "--endpoint", f"http://127.0.0.1:{port}", "--replay"]
-        cmd += ["--max-tokens", "4", "--max-inflight-model-requests", "16"]
-    with (args.output / "stderr.txt").open("w") as err:
-        run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    server: subprocess.Popen[bytes] | None = None
+    run: subprocess.Popen[bytes] | None = None
     samples: list[dict[str, float]] = []
-    deadline = time.monotonic() + args.minutes * 60
-    try:
+    try:  # serve-sim too is stopped however the soak ends (it was left running when it did not listen)
+        if args.http:
+            port = _free_port()
+            serve = [sys.executable, "-m", "asyncroll", "serve-sim", "--port", str(port), "--model", "sim"]
+            server = subprocess.Popen(
+                [*serve, "--step-base-ms", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            _wait_port(port, 60)
+            cmd += ["--backend", "vllm", "--model", "sim", "--endpoint", f"http://127.0.0.1:{port}"]
+            cmd += ["--replay", "--max-tokens", "4", "--max-inflight-model-requests", "16"]
+        print(f"machine: {machine()}")
+        print(
+            f"soak: up to {args.minutes:g} min, a sample every {args.interval:g} s, {args.trajectories} "
+            f"trajectories, faults {args.faults:g}, tool timeout {args.tool_timeout:g} s; {shlex.join(cmd)}",
+            flush=True,
+        )
+        with (args.output / "stderr.txt").open("w") as err:
+            run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + args.minutes * 60
         while run.poll() is None and time.monotonic() < deadline:
             time.sleep(args.interval)
             found = sample(run.pid, args.output / "run" / "events.jsonl")
@@ -252,11 +251,14 @@ def main(argv: list[str] | None = None) -> None:
             run.send_signal(signal.SIGINT)  # the run's own Ctrl-C path: it ends cleanly and writes its books
             run.wait(120)
     finally:
-        if run.poll() is None:
-            run.kill()
-        if server is not None:
-            server.terminate()
-            server.wait(30)
+        for process, stop in ((run, "kill"), (server, "terminate")):
+            if process is not None and process.poll() is None:
+                getattr(process, stop)()
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(30)
     report(samples)
     print(f"exit status {run.returncode}; left behind: {left_behind(run.pid) or 'nothing'}")
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,3 +99,50 @@ def test_the_client_bench_states_its_throughput_requests(
     _main(client, ["--repeats", "1", "--requests", "7", "--sequential", "3"], monkeypatch)
     out = capsys.readouterr().out
     assert "sequential requests per repeat: 3; requests per throughput measurement: 7" in out, out
+
+
+@pytest.mark.timeout(90)
+def test_the_soak_bench_states_the_machine_and_its_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.soak printed samples and their thirds with neither the machine nor the settings."""
+    from bench import soak
+
+    out_dir = tmp_path / "soak"
+    argv = ["--minutes", "0.01", "--interval", "0.1", "--trajectories", "20", "--output", str(out_dir)]
+    soak.main(argv)
+    out = capsys.readouterr().out
+    assert out.startswith("machine: "), out[:300]
+    assert "soak: up to 0.01 min, a sample every 0.1 s, 20 trajectories, faults 0.02" in out, out
+    assert "--cpu-workers 2 --max-active-trajectories 16" in out and "left behind: nothing" in out, out
+
+
+@pytest.mark.timeout(90)
+def test_the_soak_bench_stops_serve_sim_when_it_does_not_listen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--http``: serve-sim that did not listen in time ended the soak (SystemExit) with serve-sim left
+    running, as it was on any failure before the run started."""
+    from bench import soak
+
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def recording_popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    def never(port: int, limit: float) -> None:
+        raise SystemExit(f"serve-sim did not listen on {port} within {limit:g}s")
+
+    monkeypatch.setattr(soak.subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(soak, "_wait_port", never)
+    try:
+        with pytest.raises(SystemExit, match="did not listen"):
+            soak.main(["--trajectories", "5", "--http", "--output", str(tmp_path / "soak")])
+        assert len(started) == 1 and started[0].poll() is not None
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
