@@ -213,7 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.output.exists() or args.output.is_symlink():
         parser.error(f"--output {args.output} already exists; choose a new folder (nothing is overwritten)")
-    args.output.mkdir(parents=True)
+    try:
+        args.output.mkdir(parents=True)
+    except OSError as exc:  # a file on its path, no permission: said as the option's, not a traceback
+        parser.error(f"--output {args.output}: cannot create it: {exc.strerror or exc}")
     path = args.output / "workload.jsonl"
     workload(path, args.trajectories, args.faults, args.tool_timeout, 0)
     cmd = [sys.executable, "-m", "asyncroll", "run", "--workload", str(path), "--output"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -146,3 +147,23 @@ def test_the_soak_bench_stops_serve_sim_when_it_does_not_listen(
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
+
+
+@pytest.mark.parametrize("under", ["a_file", "unwritable"])
+def test_the_soak_bench_refuses_an_output_it_cannot_create(
+    under: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file on the --output path was a NotADirectoryError traceback, not the option's error."""
+    from bench import soak
+
+    parent = tmp_path / under
+    if under == "a_file":
+        parent.write_text("not a folder\n")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a folder without write permission")
+        parent.mkdir(mode=0o500)
+    with pytest.raises(SystemExit) as exit_info:
+        soak.main(["--output", str(parent / "soak")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"--output {parent / 'soak'}: cannot create it: " in err, err
