@@ -147,8 +147,14 @@ def main() -> None:
     print(f"repeats: {args.repeats}; {args.evals} evaluations per worker; {args.tests} runs per fixed cost")
     print(f"| {'measure':<56} | {'min':>7} | {'median':>7} | {'max':>7} |")
     print(f"|{'-' * 58}|{'-' * 9}|{'-' * 9}|{'-' * 9}|")
+    unmeasured = {  # the layers this machine lacks (the isolation line): their rows say so, not vanish
+        names[3]: None if with_cgroups else "no per-test cgroups here",
+        names[6]: None if report.config.pid_namespace else "no PID namespace here",
+    }
     for name, values in rows.items():
         if not values:
+            label = f"{name} ({unmeasured.get(name) or 'not measured'})"
+            print(f"| {label:<56} | {'n/a':>7} | {'n/a':>7} | {'n/a':>7} |")
             continue
         lo, mid, hi = quantiles(values)
         print(f"| {name:<56} | {lo:7.1f} | {mid:7.1f} | {hi:7.1f} |")

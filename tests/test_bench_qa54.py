@@ -167,3 +167,32 @@ def test_the_soak_bench_refuses_an_output_it_cannot_create(
         soak.main(["--output", str(parent / "soak")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and f"--output {parent / 'soak'}: cannot create it: " in err, err
+
+
+def test_the_evaluator_bench_shows_a_layer_it_could_not_measure_as_missing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without per-test cgroups or a PID namespace the two comparison rows vanished from the table: a
+    reader could not tell "not measured here" from a table that never had them."""
+    import dataclasses
+
+    from asyncroll.evaluator.isolation import detect
+    from bench import evaluator
+
+    real = detect()
+    bare = dataclasses.replace(
+        real.config, memory_cgroup=None, pids_cgroup=None, cgroup_v2=None, pid_namespace=False
+    )
+    monkeypatch.setattr(evaluator, "detect", lambda: dataclasses.replace(real, config=bare))
+
+    async def per_second(workers: int, evals: int, weak: bool) -> float:
+        return 8.0
+
+    monkeypatch.setattr(evaluator, "_evaluations_per_second", per_second)
+    monkeypatch.setattr(evaluator, "_fixed_cost_ms", lambda sandbox, tests: 120.0)
+    monkeypatch.setattr(evaluator, "_command_ms", lambda command, tests: 20.0)
+    _main(evaluator, ["--repeats", "1", "--evals", "1", "--tests", "1"], monkeypatch)
+    out = capsys.readouterr().out
+    assert "compare: same without the per-test cgroups, ms (no per-test cgroups here) |     n/a |" in out
+    assert "fresh pid+mount+net ns, ms (no PID namespace here) |     n/a |" in out, out
+    assert "fixed cost per test, ms (sandbox.run of `pass`)          |   120.0 |" in out, out
