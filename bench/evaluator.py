@@ -29,7 +29,6 @@ import asyncio
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import replace
@@ -39,7 +38,7 @@ from asyncroll.evaluator.harness import PRELUDE_MODULES
 from asyncroll.evaluator.isolation import detect
 from asyncroll.evaluator.sandbox import Sandbox
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
-from bench.common import machine, number_arg, quantiles
+from bench.common import machine, number_arg, quantiles, run_child
 
 PROGRAM = "print(sum(map(int, input().split())))\n"
 TESTS = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
@@ -87,7 +86,7 @@ def _command_ms(command: list[str], tests: int) -> float:
     out = []
     for _ in range(tests):
         began = time.perf_counter()
-        subprocess.run(command, check=True)
+        run_child(command)  # a failing command ends the bench with its reason (a prelude import missing)
         out.append((time.perf_counter() - began) * 1000)
     return statistics.median(out)
 

@@ -196,3 +196,17 @@ def test_the_evaluator_bench_shows_a_layer_it_could_not_measure_as_missing(
     assert "compare: same without the per-test cgroups, ms (no per-test cgroups here) |     n/a |" in out
     assert "fresh pid+mount+net ns, ms (no PID namespace here) |     n/a |" in out, out
     assert "fixed cost per test, ms (sandbox.run of `pass`)          |   120.0 |" in out, out
+
+
+def test_the_evaluator_bench_ends_with_a_failing_reference_commands_reason() -> None:
+    """A reference command that failed (the sandbox interpreter without one of LiveCodeBench's prelude
+    modules) was a CalledProcessError traceback after the evaluations were measured."""
+    from bench import evaluator
+
+    with pytest.raises(SystemExit) as exit_info:
+        evaluator._command_ms(
+            [sys.executable, "-c", "import sys; sys.exit('No module named sortedcontainers')"], 1
+        )
+    assert "exited with 1" in str(exit_info.value) and "No module named sortedcontainers" in str(
+        exit_info.value
+    )
