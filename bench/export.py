@@ -96,11 +96,15 @@ def draw_ms(page: Path, profile: Path) -> tuple[float, float] | None:
         "--dump-dom",
         page.as_uri() + "#redraws",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"bench.export: headless chromium did not draw {page} within 300 s") from None
     body = re.search(r"<body([^>]*)>", proc.stdout)
     attrs = dict(re.findall(r'data-([a-z]+)="([^"]*)"', body.group(1))) if body else {}
-    if "redrawms" not in attrs:
-        raise RuntimeError(f"the page did not render: {proc.stderr[-1000:]}")
+    if "redrawms" not in attrs:  # the bench's end with chromium's reason, not a RuntimeError traceback
+        tail = proc.stderr.strip()[-1000:] or f"(nothing on stderr; exit status {proc.returncode})"
+        raise SystemExit(f"bench.export: the page {page} did not render in headless chromium:\n{tail}")
     return float(attrs["firstdrawms"]), float(attrs["redrawms"])
 
 

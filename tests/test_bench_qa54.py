@@ -210,3 +210,22 @@ def test_the_evaluator_bench_ends_with_a_failing_reference_commands_reason() -> 
     assert "exited with 1" in str(exit_info.value) and "No module named sortedcontainers" in str(
         exit_info.value
     )
+
+
+def test_the_export_bench_ends_with_why_when_the_page_does_not_render(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page that headless Chromium did not draw ended bench.export on a RuntimeError traceback."""
+    from bench import export
+
+    chromium = tmp_path / "chromium"
+    chromium.write_text("#!/bin/sh\necho '<html><body></body></html>'\necho 'GPU process crashed' >&2\n")
+    chromium.chmod(0o755)
+    monkeypatch.setattr(export.shutil, "which", lambda name: str(chromium))
+    page = tmp_path / "timeline.html"
+    page.write_text("<html></html>")
+    with pytest.raises(SystemExit) as exit_info:
+        export.draw_ms(page, tmp_path / "profile")
+    message = str(exit_info.value.code)
+    assert message.startswith(f"bench.export: the page {page} did not render in headless chromium:"), message
+    assert message.endswith("GPU process crashed"), message
