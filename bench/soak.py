@@ -6,7 +6,8 @@ crash their worker, hang past ``--tool-timeout``, raise, return a large result o
 ``--http`` the vllm backend against ``asyncroll serve-sim`` on loopback) and samples from outside every
 ``--interval`` s: the run's RSS, open fds, threads, live children and zombies, its workers' summed RSS and
 the size of events.jsonl. Prints min/median/max of each per third of the run (the first third is warm-up):
-what grows from the second to the last third grows with jobs or with worker replacements.
+what grows from the second to the last third grows with jobs or with worker replacements. Ctrl-C stops
+the run as the time limit does and reports the samples so far (exit status 130).
 
 Run: ``python -m bench.soak --minutes 5 --faults 0.02 --output /tmp/soak``.
 """
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     server: subprocess.Popen[bytes] | None = None
     run: subprocess.Popen[bytes] | None = None
     samples: list[dict[str, float]] = []
+    interrupted = False
     try:  # serve-sim too is stopped however the soak ends (it was left running when it did not listen)
         if args.http:
             port = _free_port()
@@ -244,12 +246,16 @@ def main(argv: list[str] | None = None) -> None:
         with (args.output / "stderr.txt").open("w") as err:
             run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + args.minutes * 60
-        while run.poll() is None and time.monotonic() < deadline:
-            time.sleep(args.interval)
-            found = sample(run.pid, args.output / "run" / "events.jsonl")
-            if found is not None:
-                samples.append(found)
-                print(json.dumps({k: round(v, 1) for k, v in found.items()}), flush=True)
+        try:
+            while run.poll() is None and time.monotonic() < deadline:
+                time.sleep(args.interval)
+                found = sample(run.pid, args.output / "run" / "events.jsonl")
+                if found is not None:
+                    samples.append(found)
+                    print(json.dumps({k: round(v, 1) for k, v in found.items()}), flush=True)
+        except KeyboardInterrupt:  # Ctrl-C: the run stops as at the time limit; the samples are reported
+            interrupted = True
+            print("bench.soak: interrupted; stopping the run", file=sys.stderr, flush=True)
         if run.poll() is None:
             run.send_signal(signal.SIGINT)  # the run's own Ctrl-C path: it ends cleanly and writes its books
             run.wait(120)
@@ -264,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
                     process.wait(30)
     report(samples)
     print(f"exit status {run.returncode}; left behind: {left_behind(run.pid) or 'nothing'}")
+    if interrupted:
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

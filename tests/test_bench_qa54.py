@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,30 @@ def test_the_export_bench_ends_with_why_when_the_page_does_not_render(
     message = str(exit_info.value.code)
     assert message.startswith(f"bench.export: the page {page} did not render in headless chromium:"), message
     assert message.endswith("GPU process crashed"), message
+
+
+@pytest.mark.timeout(90)
+def test_a_soak_stopped_with_ctrl_c_stops_the_run_and_reports_its_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during a soak (minutes of samples) ended it on a KeyboardInterrupt traceback: no thirds, no
+    exit status of the run, no check of what it left behind."""
+    from bench import soak
+
+    sleeps = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 8:
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(soak.time, "sleep", sleep)
+    argv = ["--minutes", "1", "--interval", "0.25", "--trajectories", "2000", "--output", str(tmp_path / "s")]
+    with pytest.raises(SystemExit) as exit_info:
+        soak.main(argv)
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 130 and "bench.soak: interrupted; stopping the run" in err, err
+    assert "left behind: nothing" in out and ("quantity" in out or "too few samples" in out), out
+    assert "exit status None" not in out, out
