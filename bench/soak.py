@@ -172,14 +172,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, limit: float) -> None:
+def _wait_port(port: int, limit: float, server: subprocess.Popen[bytes], log: Path) -> None:
+    """Until serve-sim listens on ``port``; one that exits first ends the soak at once with its reason
+    (its stderr, in ``log``), not after the whole ``limit`` with none."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = (
+                "\n".join(log.read_text(errors="replace").strip().splitlines()[-10:]) or "(nothing on stderr)"
+            )
+            raise SystemExit(
+                f"bench.soak: serve-sim exited with {server.returncode} before it listened:\n{tail}"
+            )
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.2)
-    raise SystemExit(f"serve-sim did not listen on {port} within {limit:g}s")
+    raise SystemExit(f"bench.soak: serve-sim did not listen on {port} within {limit:g}s (its stderr: {log})")
 
 
 def report(samples: list[dict[str, float]]) -> None:
@@ -231,10 +240,12 @@ def main(argv: list[str] | None = None) -> None:
         if args.http:
             port = _free_port()
             serve = [sys.executable, "-m", "asyncroll", "serve-sim", "--port", str(port), "--model", "sim"]
-            server = subprocess.Popen(
-                [*serve, "--step-base-ms", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            _wait_port(port, 60)
+            log = args.output / "serve-sim.txt"
+            with log.open("wb") as server_err:
+                server = subprocess.Popen(
+                    [*serve, "--step-base-ms", "1"], stdout=subprocess.DEVNULL, stderr=server_err
+                )
+            _wait_port(port, 60, server, log)
             cmd += ["--backend", "vllm", "--model", "sim", "--endpoint", f"http://127.0.0.1:{port}"]
             cmd += ["--replay", "--max-tokens", "4", "--max-inflight-model-requests", "16"]
         print(f"machine: {machine()}")

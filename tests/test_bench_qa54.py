@@ -134,7 +134,7 @@ def test_the_soak_bench_stops_serve_sim_when_it_does_not_listen(
         started.append(popen(*args, **kwargs))
         return started[-1]
 
-    def never(port: int, limit: float) -> None:
+    def never(port: int, limit: float, server: Any, log: Path) -> None:
         raise SystemExit(f"serve-sim did not listen on {port} within {limit:g}s")
 
     monkeypatch.setattr(soak.subprocess, "Popen", recording_popen)
@@ -257,3 +257,24 @@ def test_a_soak_stopped_with_ctrl_c_stops_the_run_and_reports_its_samples(
     assert exit_info.value.code == 130 and "bench.soak: interrupted; stopping the run" in err, err
     assert "left behind: nothing" in out and ("quantity" in out or "too few samples" in out), out
     assert "exit status None" not in out, out
+
+
+@pytest.mark.timeout(60)
+def test_the_soak_bench_says_at_once_why_serve_sim_did_not_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--http`` with a serve-sim that exits at start (its stderr thrown away) waited the whole 60 s and
+    said only that it "did not listen"."""
+    from bench import soak
+
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho 'ModuleNotFoundError: no uvicorn' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(soak.sys, "executable", str(failing))
+    began = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        soak.main(["--trajectories", "5", "--http", "--output", str(tmp_path / "soak")])
+    assert time.monotonic() - began < 20
+    assert str(exit_info.value.code) == (
+        "bench.soak: serve-sim exited with 1 before it listened:\nModuleNotFoundError: no uvicorn"
+    )
