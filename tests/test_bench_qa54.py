@@ -278,3 +278,17 @@ def test_the_soak_bench_says_at_once_why_serve_sim_did_not_start(
     assert str(exit_info.value.code) == (
         "bench.soak: serve-sim exited with 1 before it listened:\nModuleNotFoundError: no uvicorn"
     )
+
+
+def test_the_startup_bench_shows_the_script_it_could_not_time_as_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no ``asyncroll`` script beside the interpreter the bench's headline row vanished."""
+    from bench import startup
+
+    monkeypatch.setattr(startup.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(startup, "run_child", lambda argv: None)
+    _main(startup, ["--repeats", "1"], monkeypatch)
+    out = capsys.readouterr().out
+    assert f"| `asyncroll --help` (no {tmp_path / 'asyncroll'}) | n/a | n/a | n/a | 0 |" in out, out
+    assert "| `python -m asyncroll.cli --help` |" in out, out
