@@ -1,4 +1,5 @@
-"""The bench scripts' smallest settings run to their table (bench.telemetry, bench.simspeed, …)."""
+"""The bench scripts (QA 54a): each states its settings, shows what it could not measure as n/a, ends on a
+failure or Ctrl-C with why, and leaves nothing running."""
 
 from __future__ import annotations
 
