@@ -32,7 +32,7 @@ from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.simulation.engine import SimulationSettings, backend_for, workers_for
 from bench import synthetic
-from bench.common import events, incomplete, machine, number_arg, quantiles, run_once, scratch
+from bench.common import events, incomplete, machine, number_arg, quantiles, run_main, run_once, scratch
 
 Point = tuple[int, int, int]
 POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2), (32, 4, 1))
@@ -241,4 +241,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.calibrate", main)

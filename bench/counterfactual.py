@@ -31,7 +31,7 @@ from asyncroll.simulation.engine import SimulationSettings, prepare_from_run, si
 from asyncroll.simulation.from_run import kept_settings
 from bench import synthetic
 from bench.calibrate import add_real_run_arguments, overheads, real_runs, verdicts
-from bench.common import incomplete, machine, points_arg, quantiles, scratch
+from bench.common import incomplete, machine, points_arg, quantiles, run_main, scratch
 
 Point = tuple[int, int, int]
 POINTS: tuple[Point, ...] = ((4, 2, 1), (8, 4, 1), (16, 8, 2))
@@ -203,4 +203,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.counterfactual", main)

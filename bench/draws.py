@@ -22,7 +22,7 @@ from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
 from bench import synthetic
 from bench.calibrate import POINTS, simulated
-from bench.common import number_arg, points_arg, quantiles, scratch
+from bench.common import number_arg, points_arg, quantiles, run_main, scratch
 
 POLICIES = ("fifo", "tool_first", "asyncroll", "asyncroll_chain")
 
@@ -102,4 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.draws", main)

@@ -29,7 +29,7 @@ from asyncroll.simulation.engine import SimulationSettings, simulate
 from asyncroll.simulation.optimum import Instance, instance_from_run, solve
 from asyncroll.simulation.perturb import perturb_workload
 from bench import synthetic
-from bench.common import machine, number_arg, policy_arg, scratch
+from bench.common import machine, number_arg, policy_arg, run_main, scratch
 from bench.paired import interval
 
 POINTS = ((4, 4, 1), (4, 4, 2), (8, 4, 2), (8, 4, 4), (16, 8, 2))
@@ -126,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.optimum_map", main)

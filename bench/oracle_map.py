@@ -42,7 +42,7 @@ from asyncroll.simulation.sweep import SweepSpec, run_sweep
 from asyncroll.simulation.sweep_cells import usable_cpus
 from asyncroll.workload import ToolAction, iter_problems
 from bench import synthetic
-from bench.common import cell_jobs, machine, number_arg, scratch
+from bench.common import cell_jobs, machine, number_arg, run_main, scratch
 from bench.pressure_map import MIXES
 
 CELLS = ((4, 4, 1), (4, 4, 2), (8, 4, 1), (8, 4, 2), (8, 4, 4), (16, 4, 2), (32, 4, 2), (16, 8, 2))
@@ -144,4 +144,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.oracle_map", main)

@@ -20,7 +20,7 @@ from typing import Any
 from asyncroll.experiment.stats import t_interval
 from asyncroll.runtime.run import RunOutcome
 from bench import common, synthetic
-from bench.common import machine, number_arg, points_arg, quantiles, run_once, scratch
+from bench.common import machine, number_arg, points_arg, quantiles, run_main, run_once, scratch
 
 POINTS = ((8, 4, 2), (8, 4, 1))
 POLICIES = ("fifo", "tool_first", "asyncroll")
@@ -127,4 +127,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.paired", main)

@@ -16,7 +16,7 @@ from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep
 from asyncroll.simulation.sweep_cells import usable_cpus
 from bench import synthetic
-from bench.common import cell_jobs, machine, quantiles, scratch
+from bench.common import cell_jobs, machine, quantiles, run_main, scratch
 
 POINTS = ((8, 1), (8, 2), (32, 1), (32, 2))
 
@@ -65,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.pressure_knobs", main)

@@ -30,7 +30,7 @@ from asyncroll.simulation.engine import SimulationSettings
 from asyncroll.simulation.sweep import SweepSpec, run_sweep
 from asyncroll.simulation.sweep_cells import usable_cpus
 from bench import synthetic
-from bench.common import cell_jobs, machine, number_arg, policies_arg, scratch
+from bench.common import cell_jobs, machine, number_arg, policies_arg, run_main, scratch
 from bench.paired import interval
 
 MIXES = (300.0, 500.0, 600.0)  # crunch ms; model ms is 400 throughout
@@ -140,4 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.pressure_map", main)

@@ -28,7 +28,7 @@ from typing import Any
 
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.workload import MAX_DURATION_MS
-from bench.common import number_arg
+from bench.common import number_arg, run_main
 
 MS_PER_KB = 20.0
 #: The largest mean crunch cost: its input is len = cpu_ms / MS_PER_KB KB of text (a minute: 3 MB per job).
@@ -215,4 +215,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.synthetic", main)

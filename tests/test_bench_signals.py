@@ -1,0 +1,64 @@
+"""A bench stopped mid-run by a stop signal (Ctrl-C; SIGTERM from ``timeout`` or ``kill``; SIGHUP) ends
+with exit 130 and one line on stderr, its scratch directory removed and no process of its runs left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_bench_stopped_by_a_signal_removes_its_scratch_and_says_so(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGTERM killed the process outright: its scratch directory (hundreds of MB for a map) stayed in
+    the temporary directory; Ctrl-C printed a KeyboardInterrupt traceback. bench.paired is stopped
+    during its real runs (worker processes up), after its machine line (its scratch made)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.paired", "--seeds", "1000", "--n", "40", "--points", "4/2/1"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(BENCH.parent), "TMPDIR": str(temp), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, signalled as a terminal's Ctrl-C signals one
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first.startswith("machine:"), first
+        assert any(p.name.startswith("asyncroll-bench-") for p in temp.iterdir())
+        deadline = time.monotonic() + 30
+        while not (workers := _children(process.pid)):  # a run's worker up: the signal lands in a run
+            assert time.monotonic() < deadline, "no worker process started"
+            time.sleep(0.05)
+        os.killpg(process.pid, sig)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines() == [
+        f"bench.paired: interrupted by {sig.name}; what it printed above is whole, the rest was not measured"
+    ]
+    assert list(temp.iterdir()) == []
+    listed = subprocess.run(["ps", "-eo", "pid="], capture_output=True, text=True).stdout.split()
+    assert not set(workers) & set(listed), "a run's worker process outlived the bench"
+
+
+def _children(pid: int) -> list[str]:
+    listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return listed.stdout.split()
