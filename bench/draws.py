@@ -22,7 +22,7 @@ from asyncroll.experiment.stats import t_interval
 from asyncroll.simulation.engine import SimulationSettings
 from bench import synthetic
 from bench.calibrate import POINTS, simulated
-from bench.common import number_arg, points_arg, quantiles, run_main, scratch
+from bench.common import machine, number_arg, points_arg, quantiles, run_main, scratch
 
 POLICIES = ("fifo", "tool_first", "asyncroll", "asyncroll_chain")
 
@@ -81,6 +81,7 @@ def main() -> None:
         seed: synthetic.write(tmp / f"s{seed}" / "w.jsonl", args.n, args.model_ms, args.cpu_ms, seed=seed)
         for seed in range(1, args.seeds + 1)
     }
+    print(f"machine: {machine()}")
     print(
         f"workload: bench.synthetic n={args.n} model_ms={args.model_ms:g} cpu_ms={args.cpu_ms:g}, "
         f"seeds 1..{args.seeds} (bench.calibrate's batch is seed 1); simulated"
