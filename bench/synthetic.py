@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -157,11 +158,22 @@ def write(path: Path, n: int, model_ms: float, cpu_ms: float, seed: int, **kw: A
             "lower --model-ms, --cpu-ms, --cpu-sigma or --noise"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not tools.exists():
-        tools.write_text(TOOLS_SOURCE)
-    with path.open("w") as handle:
-        for problem in problems:
-            handle.write(json.dumps(problem) + "\n")
+    made_tools = not tools.exists()
+    # Written beside it under another name, then renamed: a Ctrl-C or a full disk midway left the lines
+    # written so far as the workload (cut at a line's end, a smaller valid one), and the tools file.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        if made_tools:
+            tools.write_text(TOOLS_SOURCE)
+        with partial.open("x") as handle:
+            for problem in problems:
+                handle.write(json.dumps(problem) + "\n")
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        if made_tools:
+            tools.unlink(missing_ok=True)
+        raise
     return path
 
 

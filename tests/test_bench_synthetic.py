@@ -73,3 +73,31 @@ def test_synthetic_never_overwrites_another_tools_file(
         synthetic.main(["--n", "4", "--output", str(tmp_path / "a.jsonl")])
     assert exit_info.value.code == 2 and "already exists" in capsys.readouterr().err
     assert (tmp_path / "a.jsonl").read_bytes() == before
+
+
+def test_synthetic_interrupted_while_writing_leaves_no_partial_workload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while a large workload was written left the lines written so far as the workload (and
+    the tools file beside it): cut at a line's end it read as a smaller valid workload, and the next
+    run refused the path as existing. Now nothing is left: the workload appears whole or not at all."""
+    from bench import synthetic
+
+    dumps = synthetic.json.dumps
+    calls = []
+
+    def interrupted(obj: object) -> str:
+        calls.append(obj)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return dumps(obj)
+
+    monkeypatch.setattr(synthetic.json, "dumps", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.write(tmp_path / "w.jsonl", 5, 40.0, 25.0, 1)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / synthetic.TOOLS_FILE).write_text(synthetic.TOOLS_SOURCE)  # one that was there stays
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.write(tmp_path / "w.jsonl", 5, 40.0, 25.0, 1)
+    assert [p.name for p in tmp_path.iterdir()] == [synthetic.TOOLS_FILE]
