@@ -189,7 +189,7 @@ def cell_jobs(text: str) -> int:
 
 def points_arg(text: str) -> list[tuple[int, int, int]]:
     """An argparse type: comma-separated operating points, each ``active/inflight/workers``
-    (positive integers), e.g. ``8/4/2,32/4/1``."""
+    (positive integers), e.g. ``8/4/2,32/4/1``, none twice."""
     parse = number_arg(int, 1, 10_000)
     points = []
     for item in text.split(","):
@@ -199,6 +199,8 @@ def points_arg(text: str) -> list[tuple[int, int, int]]:
                 f"{item.strip()!r} is not an operating point active/inflight/workers (e.g. 8/4/2)"
             )
         active, inflight, workers = (parse(part.strip()) for part in parts)
+        if (active, inflight, workers) in points:  # run twice, it read as two points
+            raise argparse.ArgumentTypeError(f"operating point {active}/{inflight}/{workers} given twice")
         points.append((active, inflight, workers))
     return points
 

@@ -114,6 +114,17 @@ def test_operating_points_parse_in_order() -> None:
     assert points_arg("32/4/1, 8/4/2") == [(32, 4, 1), (8, 4, 2)]
 
 
+@pytest.mark.parametrize("text", ["8/4/2,8/4/2", "8/4/2, 32/4/1, 08/4/2"])
+def test_an_operating_point_given_twice_is_refused(text: str) -> None:
+    """bench.paired, draws and counterfactual ran it twice: a second table (or rows) of the same point,
+    with its own noise, read as another point (a policy named twice is refused for the same reason)."""
+    from bench.common import points_arg
+
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        points_arg(text)
+    assert str(refused.value) == "operating point 8/4/2 given twice"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
