@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=number_arg(float, 0, 86_400, low_open=True), default=30.0)
     parser.add_argument("--threads", type=number_arg(int, 1, 1_000_000), default=2)
     args = parser.parse_args()
+    if args.policy == "fifo":
+        parser.error("--policy: it is measured against fifo; fifo against itself says nothing")
     tmp = scratch("optimum-")
     print(f"machine: {machine()}")
     print(

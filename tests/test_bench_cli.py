@@ -70,6 +70,8 @@ RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main_
         ),
         ("pressure_map", ["--policies", "asyncroll,"], "--policies: unknown policy ''"),
         ("optimum_map", ["--policy", "nope"], "--policy: unknown policy 'nope'"),
+        # a table of zeros (as bench.pressure_map's --policies fifo, refused there)
+        ("optimum_map", ["--policy", "fifo"], "--policy: it is measured against fifo; fifo against itself"),
         # bench.transformers_serve parsed --inflight only with the engine up, and a missing
         # --hf-python was a FileNotFoundError traceback from the model build
         (
