@@ -33,7 +33,6 @@ def test_a_bench_stopped_by_a_signal_removes_its_scratch_and_says_so(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own group, signalled as a terminal's Ctrl-C signals one
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert process.stdout is not None
