@@ -71,14 +71,19 @@ def tool_chain(
 _SCRATCH: tempfile.TemporaryDirectory[str] | None = None
 
 
-def run_main(name: str, main: Callable[[], None]) -> None:
+def run_main(
+    name: str,
+    main: Callable[[], None],
+    stopped: str = "what it printed above is whole, the rest was not measured",
+) -> None:
     """Run a bench's ``main`` as ``python -m bench.X`` does: a stop signal (Ctrl-C; SIGTERM from
     ``timeout`` or ``kill``; SIGHUP) stops it as it stops the ``asyncroll`` command
     (:mod:`asyncroll.cli_signals`): its runs end and stop their workers, one line on stderr, exit 130, and
     the scratch directory is removed on the way out. SIGTERM and SIGHUP used to kill the process outright,
     leaving the scratch directory (hundreds of MB for a map) in the temporary directory; Ctrl-C printed a
     KeyboardInterrupt traceback.
-    The handlers in place before are put back after (a test runs ``main`` in its own process)."""
+    ``stopped`` says what the stop leaves. The handlers in place before are put back after (a test runs
+    ``main`` in its own process)."""
     stops = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
     before = {sig: signal.getsignal(sig) for sig in stops}
     cli_signals.guard()
@@ -86,10 +91,8 @@ def run_main(name: str, main: Callable[[], None]) -> None:
         main()
     except KeyboardInterrupt:
         sys.stdout.flush()
-        stopped_by = cli_signals.interrupted_by() or "SIGINT"
         print(
-            f"{name}: interrupted by {stopped_by}; what it printed above is whole, the rest was not measured",
-            file=sys.stderr,
+            f"{name}: interrupted by {cli_signals.interrupted_by() or 'SIGINT'}; {stopped}", file=sys.stderr
         )
         raise SystemExit(130) from None
     finally:

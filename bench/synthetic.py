@@ -227,4 +227,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_main("bench.synthetic", main)
+    run_main("bench.synthetic", main, "no workload written")

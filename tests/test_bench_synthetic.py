@@ -101,3 +101,26 @@ def test_synthetic_interrupted_while_writing_leaves_no_partial_workload(
     with pytest.raises(KeyboardInterrupt):
         synthetic.write(tmp_path / "w.jsonl", 5, 40.0, 25.0, 1)
     assert [p.name for p in tmp_path.iterdir()] == [synthetic.TOOLS_FILE]
+
+
+def test_a_stopped_bench_says_what_the_stop_leaves_and_puts_the_handlers_back(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench.common.run_main``: exit 130 and one line naming the signal and what is left (bench.synthetic:
+    no workload, as it writes one whole or not at all); the caller's handlers are back after."""
+    import signal
+
+    from asyncroll import cli_signals
+    from bench.common import run_main
+
+    monkeypatch.setattr(cli_signals, "_received", [])  # the signal it records is this test's alone
+    before = signal.getsignal(signal.SIGTERM)
+
+    def main() -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main("bench.synthetic", main, "no workload written")
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "bench.synthetic: interrupted by SIGTERM; no workload written\n"
+    assert signal.getsignal(signal.SIGTERM) == before
