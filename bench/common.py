@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any, get_args
 
 from asyncroll import cli_signals
@@ -77,23 +78,32 @@ def run_main(
     stopped: str = "what it printed above is whole, the rest was not measured",
 ) -> None:
     """Run a bench's ``main`` as ``python -m bench.X`` does: a stop signal (Ctrl-C; SIGTERM from
-    ``timeout`` or ``kill``; SIGHUP) stops it as it stops the ``asyncroll`` command
-    (:mod:`asyncroll.cli_signals`): its runs end and stop their workers, one line on stderr, exit 130, and
-    the scratch directory is removed on the way out. SIGTERM and SIGHUP used to kill the process outright,
-    leaving the scratch directory (hundreds of MB for a map) in the temporary directory; Ctrl-C printed a
-    KeyboardInterrupt traceback.
+    ``timeout`` or ``kill``; SIGHUP but under ``nohup``) stops it as Ctrl-C does — a run's event loop
+    cancels the run, which stops its workers — then one line on stderr, exit 130, and the scratch
+    directory is removed on the way out. SIGTERM and SIGHUP used to kill the process outright, leaving the
+    scratch directory (hundreds of MB for a map) in the temporary directory; Ctrl-C printed a
+    KeyboardInterrupt traceback. SIGINT keeps Python's own handler, which asyncio's runner replaces with
+    its cancelling one during a run (a handler raising KeyboardInterrupt inside the loop left a task's
+    exception unretrieved, printed at exit); SIGTERM and SIGHUP are passed on to it as a SIGINT.
     ``stopped`` says what the stop leaves. The handlers in place before are put back after (a test runs
-    ``main`` in its own process)."""
-    stops = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    before = {sig: signal.getsignal(sig) for sig in stops}
-    cli_signals.guard()
+    ``main`` in the test's process)."""
+    received: list[str] = []
+
+    def as_ctrl_c(signum: int, _frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
+        signal.raise_signal(signal.SIGINT)
+
+    others = [sig for sig in (getattr(signal, n, None) for n in ("SIGTERM", "SIGHUP")) if sig is not None]
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *others)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a script's background job starts ignoring it
+    for sig in others:
+        if not (sig == getattr(signal, "SIGHUP", None) and before[sig] == signal.SIG_IGN):  # nohup's stays
+            signal.signal(sig, as_ctrl_c)
     try:
         main()
     except KeyboardInterrupt:
         sys.stdout.flush()
-        print(
-            f"{name}: interrupted by {cli_signals.interrupted_by() or 'SIGINT'}; {stopped}", file=sys.stderr
-        )
+        print(f"{name}: interrupted by {received[0] if received else 'SIGINT'}; {stopped}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         for sig, handler in before.items():

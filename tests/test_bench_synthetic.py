@@ -104,16 +104,14 @@ def test_synthetic_interrupted_while_writing_leaves_no_partial_workload(
 
 
 def test_a_stopped_bench_says_what_the_stop_leaves_and_puts_the_handlers_back(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``bench.common.run_main``: exit 130 and one line naming the signal and what is left (bench.synthetic:
     no workload, as it writes one whole or not at all); the caller's handlers are back after."""
     import signal
 
-    from asyncroll import cli_signals
     from bench.common import run_main
 
-    monkeypatch.setattr(cli_signals, "_received", [])  # the signal it records is this test's alone
     before = signal.getsignal(signal.SIGTERM)
 
     def main() -> None:
