@@ -44,7 +44,7 @@ from asyncroll.clock import SystemClock
 from asyncroll.http_proxy import client_settings
 from asyncroll.outputs import result_file
 from asyncroll.workload import Problem
-from bench.common import machine, number_arg, quantiles
+from bench.common import machine, number_arg, quantiles, run_main
 
 PROBLEM = Problem.model_validate(
     {
@@ -229,4 +229,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.client", main)

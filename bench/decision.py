@@ -33,7 +33,7 @@ from asyncroll.policies import JobView, Prediction, QueueSnapshot, get_policy
 from asyncroll.policies.predictor import DurationPredictor, warm_import
 from asyncroll.policies.registry import estimator_for
 from asyncroll.policies.remaining import RemainingEstimator
-from bench.common import machine, number_arg, quantiles
+from bench.common import machine, number_arg, quantiles, run_main
 
 NOW = 100.0
 QUEUED = 64
@@ -243,4 +243,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.decision", main)

@@ -38,7 +38,7 @@ from asyncroll.evaluator.harness import PRELUDE_MODULES
 from asyncroll.evaluator.isolation import detect
 from asyncroll.evaluator.sandbox import Sandbox
 from asyncroll.workers import JobRequest, ProcessWorker, ToolSpec
-from bench.common import machine, number_arg, quantiles, run_child
+from bench.common import machine, number_arg, quantiles, run_child, run_main
 
 PROGRAM = "print(sum(map(int, input().split())))\n"
 TESTS = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
@@ -161,4 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.evaluator", main)

@@ -34,7 +34,7 @@ from asyncroll.clock import VirtualClock
 from asyncroll.config import build_config
 from asyncroll.runtime.run import Run, prepare
 from asyncroll.runtime.virtual_worker import virtual_factory
-from bench.common import machine, number_arg, quantiles, run_child, sizes_arg, write_workload
+from bench.common import machine, number_arg, quantiles, run_child, run_main, sizes_arg, write_workload
 from bench.simspeed import small_workload
 
 EVENTS_PER_TRAJECTORY = 20  # roughly, for this workload; the table reports the real count
@@ -198,4 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.export", main)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench.common import events, incomplete, machine, run_once, tool_chain
+from bench.common import events, incomplete, machine, run_main, run_once, tool_chain
 
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("active tight", {"max_active_trajectories": 3, "max_inflight_model_requests": 64, "cpu_workers": 8}),
@@ -66,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.limits", main)

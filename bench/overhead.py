@@ -38,7 +38,7 @@ from asyncroll.workers.builtin import BUILTIN_TOOLS
 from asyncroll.workers.process import ProcessWorker
 from asyncroll.workers.protocol import ToolSpec
 from asyncroll.workload import Problem
-from bench.common import machine, number_arg, quantiles, scratch
+from bench.common import machine, number_arg, quantiles, run_main, scratch
 
 PROBLEM = Problem.model_validate({"id": "p", "prompt": "answer", "script": [{"type": "final", "answer": 1}]})
 
@@ -157,4 +157,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.overhead", main)

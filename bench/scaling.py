@@ -17,7 +17,7 @@ import json
 import math
 from collections import Counter
 
-from bench.common import events, final_only, incomplete, machine, number_arg, quantiles, run_once
+from bench.common import events, final_only, incomplete, machine, number_arg, quantiles, run_main, run_once
 
 SETTINGS = (1, 2, 4, 8, 16, 64, 256)
 CPU_WORKERS = 2
@@ -74,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.scaling", main)

@@ -35,7 +35,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, number_arg, quantiles, run_child, scratch, sizes_arg, write_workload
+from bench.common import (
+    machine,
+    number_arg,
+    quantiles,
+    run_child,
+    run_main,
+    scratch,
+    sizes_arg,
+    write_workload,
+)
 
 CHILD = r"""
 import json, sys, tempfile, time
@@ -231,4 +240,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.simspeed", main)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncroll.workers.orphans import ORIGIN_ENV
-from bench.common import machine, number_arg
+from bench.common import machine, number_arg, run_main
 
 TOOLS_SOURCE = '''"""Tools that misbehave, for bench.soak."""
 
@@ -286,4 +286,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.soak", main)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import machine, number_arg, quantiles, run_child
+from bench.common import machine, number_arg, quantiles, run_child, run_main
 
 
 def main() -> None:
@@ -37,4 +37,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.startup", main)

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.telemetry.exposition import VLLM, parse_metrics
 from asyncroll.telemetry.server_metrics import ServerMetricsSource
-from bench.common import machine, number_arg, quantiles
+from bench.common import machine, number_arg, quantiles, run_main
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 HISTOGRAMS = [
@@ -154,4 +154,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.telemetry", main)

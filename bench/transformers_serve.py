@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from asyncroll.experiment import listener
-from bench.common import machine, number_arg, quantiles, scratch, sizes_arg, write_workload
+from bench.common import machine, number_arg, quantiles, run_main, scratch, sizes_arg, write_workload
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -278,4 +278,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main("bench.transformers_serve", main)

@@ -74,3 +74,16 @@ def _running(pid: str) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_every_bench_runs_its_main_under_the_stop_signal_guard() -> None:
+    """Each ``python -m bench.X`` that measures goes through ``run_main`` (tested above on bench.paired):
+    one still calling ``main()`` was killed outright by SIGTERM, its scratch directory left behind."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    unguarded = [
+        path.name
+        for path in sorted(bench.glob("*.py"))
+        if 'if __name__ == "__main__":' in (text := path.read_text(encoding="utf-8"))
+        and f'run_main("bench.{path.stem}", main' not in text
+    ]
+    assert unguarded == []
