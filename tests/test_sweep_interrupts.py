@@ -457,3 +457,46 @@ def test_an_unexpected_error_in_a_cell_keeps_the_simulations_that_finished(
     assert document["complete"] is False and document["simulations"]["done"] == 1
     assert document["stopped_by"] == "an unexpected error (RuntimeError)"
     assert len((out / "sweep.csv").read_text().splitlines()) == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_hangup_to_the_whole_process_group_leaves_no_traceback(tmp_path: Path) -> None:
+    """The terminal closing sends SIGHUP to the whole foreground process group: multiprocessing's resource
+    tracker, started as the `--jobs 2` pool was made, ignores only SIGINT and SIGTERM, so it died, was
+    relaunched, and printed a warning and a KeyError traceback for each semaphore the pool then released.
+    It now starts with the stop signals blocked, as the cell processes do."""
+    from tests.simulations import SLOW_CLI
+
+    problems = [tool_problem(f"p{i}", model_ms=10, cpu_ms=10, turns=2) for i in range(40)]
+    workload = write_workload(tmp_path / "w.jsonl", problems)
+    out = tmp_path / "sweep"
+    script = tmp_path / "slow_cli.py"
+    script.write_text(SLOW_CLI)
+    args = ["--workload", str(workload), "--output", str(out), "--policies", "fifo,sync", "--seeds", "4"]
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "simulate", "--sweep", *args, "--jobs", "2", "--no-progress"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job has
+    )
+    try:
+        import psutil
+
+        sweep = psutil.Process(proc.pid)  # in the try: should it raise, the Popen is still ended
+
+        def cells() -> int:
+            with contextlib.suppress(psutil.Error):
+                return sum("spawn_main" in " ".join(c.cmdline()) for c in sweep.children())
+            return 0
+
+        wait_until(lambda: cells() >= 2, "two cell processes", writer=proc)
+        os.killpg(proc.pid, signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        end(proc)
+    assert proc.returncode == 130, stderr
+    assert "interrupted by SIGHUP" in stderr, stderr
+    assert "Traceback" not in stderr and "resource_tracker" not in stderr, stderr

@@ -155,7 +155,9 @@ def run_sweep(
     stopped: BaseException | None = None
     try:
         if jobs > 1 and len(cells) > 1:
-            with starting(jobs, semaphores=True):
+            # blocked as the pool makes its queues: multiprocessing's resource tracker starts then and
+            # ignores only SIGINT and SIGTERM, so the terminal's SIGHUP to the process group killed it
+            with starting(jobs, semaphores=True), stop_signals_blocked():
                 context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
                 pool = ProcessPoolExecutor(min(jobs, len(cells)), context, cell_process, (os.getpid(),))
         with starting(jobs), stop_signals_blocked():  # the pool starts its processes as cells come
