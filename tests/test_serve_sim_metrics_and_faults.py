@@ -61,7 +61,8 @@ def test_metrics_use_the_servers_exact_names_under_load(flavor: str, names: tupl
         running_name, waiting_name, kv_name, prompt_name, gen_name = names
         idle = scrape(client)
         assert set(names) <= set(idle)
-        assert all(idle[n][0] == {"model_name": "sim"} for n in names)
+        labels = {"model_name": "sim"} | ({"engine": "0"} if flavor == "vllm" else {})
+        assert all(idle[n][0] == labels for n in names)
         assert idle[running_name][1] == 0 and idle[prompt_name][1] == 0
         with ThreadPoolExecutor(5) as pool:
             futures = [
@@ -82,6 +83,22 @@ def test_metrics_use_the_servers_exact_names_under_load(flavor: str, names: tupl
         done = scrape(client)
         assert done[prompt_name][1] == 50 and done[gen_name][1] == 100
         assert done[running_name][1] == 0 and done[kv_name][1] == 0
+
+
+@pytest.mark.timeout(30)
+def test_vllm_metrics_carry_model_name_and_engine_labels_as_vllm_v1_does() -> None:
+    with sim() as (_, client):
+        assert client.post("/v1/chat/completions", json=body()).status_code == 200
+        families = list(text_string_to_metric_families(client.get("/metrics").text))
+    samples = {s.name: s.labels for f in families for s in f.samples}
+    assert set(samples) == {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    }
+    assert all(labels == {"model_name": "sim", "engine": "0"} for labels in samples.values()), samples
 
 
 @pytest.mark.timeout(30)

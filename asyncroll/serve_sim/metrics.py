@@ -13,7 +13,8 @@ prompt tokens (counter)    ``vllm:prompt_tokens_total``       ``sglang:prompt_to
 generated tokens (ctr)     ``vllm:generation_tokens_total``   ``sglang:generation_tokens_total``
 =========================  =================================  =============================
 
-Every series carries a ``model_name`` label, as both servers do.
+Every series carries a ``model_name`` label, as both servers do, and vLLM's an ``engine`` label too (``"0"``:
+one engine core), as vLLM V1 labels each of them.
 """
 
 from __future__ import annotations
@@ -45,26 +46,31 @@ NAMES: dict[MetricsFlavor, dict[str, str]] = {
 }
 
 
+#: The labels besides ``model_name`` each flavour's series carry, with their values.
+EXTRA_LABELS: dict[MetricsFlavor, dict[str, str]] = {"vllm": {"engine": "0"}, "sglang": {}}
+
+
 class EngineCollector(Collector):
     def __init__(
         self, flavor: MetricsFlavor, model: str, read: Callable[[], tuple[ServerSnapshot, float]]
     ) -> None:
         """``read`` returns the engine snapshot and the KV-cache usage fraction, taken together."""
         self._names = NAMES[flavor]
-        self._model = model
+        self._label_names = ["model_name", *EXTRA_LABELS[flavor]]
+        self._labels = [model, *EXTRA_LABELS[flavor].values()]
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
         snap, kv = self._read()
-        n, labels = self._names, [self._model]
+        n, names, labels = self._names, self._label_names, self._labels
 
         def gauge(key: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(n[key], doc, labels=["model_name"])
+            family = GaugeMetricFamily(n[key], doc, labels=names)
             family.add_metric(labels, value)
             return family
 
         def counter(key: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(n[key], doc, labels=["model_name"])
+            family = CounterMetricFamily(n[key], doc, labels=names)
             family.add_metric(labels, value)
             return family
 
