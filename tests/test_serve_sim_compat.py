@@ -116,7 +116,7 @@ def test_a_schema_nested_too_deep_to_check_is_a_counted_400(depth: int, echo: bo
     """100 levels exhausted Python's recursion in jsonschema's metaschema check, 200 orjson's depth limit
     (a TypeError), with or without an echoed action: either was an HTTP 500 with a traceback, missing
     from ``/sim/stats`` and ending the connection, which a client that retries 5xx sends again and again."""
-    headers = {"content-type": "application/json", "x-asyncroll-action": '{"a": "x"}'} if echo else {}
+    headers = {"content-type": "application/json"} | ({"x-asyncroll-action": '{"a": "x"}'} if echo else {})
     with sim() as (running, client):
         fmt = (
             b'{"type": "json_schema", "json_schema": {"name": "deep", "schema": '

@@ -59,9 +59,11 @@ from asyncroll.serve_sim.metrics import EngineCollector, exposition, registry_fo
 from asyncroll.serve_sim.policy import UnsupportedSchema, draw
 from asyncroll.serve_sim.request import (
     BadRequest,
+    check_media_type,
     checked_messages,
     error_body,
     lengths,
+    no_route,
     parse_body,
     refuse_unsupported,
     response_schema,
@@ -145,6 +147,7 @@ class SimApp:
                 Route("/sim/reset-stats", self.reset_stats, methods=["POST"]),
             ],
             lifespan=self._lifespan,
+            exception_handlers={404: no_route, 405: no_route},
         )
 
     @contextlib.asynccontextmanager
@@ -245,6 +248,7 @@ class SimApp:
 
     async def _chat(self, request: Request, raw: bytes) -> Response:
         cfg = self.config
+        check_media_type(request.headers.get("content-type"))
         body = parse_body(raw)
         self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
         if body.get("model") not in (cfg.model, None, ""):  # none named: the served one, as in vLLM

@@ -9,6 +9,9 @@ from typing import Any
 
 import jsonschema
 import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 
 class BadRequest(Exception):
@@ -19,6 +22,26 @@ class BadRequest(Exception):
 
 def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+SERVED = "POST /v1/chat/completions, GET /v1/models, /health, /version, /metrics"
+
+
+async def no_route(request: Request, exc: Exception) -> JSONResponse:
+    """A path or method serve-sim does not serve (``/v1/completions``, ``/v1/embeddings``, a GET of the chat
+    path): an OpenAI error object naming it and what is served, as vLLM answers its own with an error
+    object. It was a bare ``Not Found`` in plain text, which the ``openai`` client showed as ``Error code:
+    404`` and nothing more."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    headers = exc.headers if isinstance(exc, HTTPException) else None
+    if status == 405:
+        allowed = (headers or {}).get("Allow")
+        message = f"{request.method} {request.url.path} is not allowed here (allowed: {allowed})"
+        kind = "MethodNotAllowedError"
+    else:
+        message = f"serve-sim does not serve {request.method} {request.url.path}; it serves {SERVED}"
+        kind = "NotFoundError"
+    return JSONResponse(error_body(message, status, kind), status, headers)
 
 
 def validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
@@ -32,6 +55,13 @@ def _cached_validator(schema_json: bytes) -> jsonschema.protocols.Validator:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
     return cls(schema)
+
+
+def check_media_type(content_type: str | None) -> None:
+    """vLLM refuses a body not sent as ``application/json`` (a form-encoded ``curl -d`` included) with a 400
+    in these words, before reading it; answering it anyway hid the client's mistake until it met vLLM."""
+    if (content_type or "").split(";", 1)[0].strip().lower() != "application/json":
+        raise BadRequest("Unsupported Media Type: Only 'application/json' is allowed")
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

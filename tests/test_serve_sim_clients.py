@@ -1,0 +1,89 @@
+"""serve-sim as other OpenAI clients meet it: the ``openai`` SDK, curl, Prometheus. A path or method it does
+not serve is a JSON error object naming it (not a plain-text ``Not Found``), a body not sent as JSON is
+refused as vLLM refuses it, and the SDK reads every answer and retries a 429 after its ``retry-after``."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from asyncroll.serve_sim.config import FaultConfig
+from tests.sim_servers import body, sim
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("method", "path", "status", "needle"),
+    [
+        ("POST", "/v1/completions", 404, "POST /v1/completions"),
+        ("POST", "/v1/embeddings", 404, "POST /v1/embeddings"),
+        ("GET", "/v1/nothing", 404, "GET /v1/nothing"),
+        ("GET", CHAT, 405, f"GET {CHAT}"),
+    ],
+)
+def test_a_path_or_method_not_served_is_an_error_object_naming_it(
+    method: str, path: str, status: int, needle: str
+) -> None:
+    with sim() as (_, client):
+        r = client.request(method, path, json={"model": "sim", "prompt": "hi", "input": "hi"})
+        assert r.status_code == status
+        assert r.headers["content-type"] == "application/json"
+        error = r.json()["error"]
+        assert needle in error["message"] and error["code"] == status
+        if status == 405:
+            assert r.headers["allow"] == "POST"
+        assert client.post(CHAT, json=body()).status_code == 200  # the server is fine
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "application/jsonl"]
+)
+def test_a_body_not_sent_as_json_is_a_400_as_vllm_answers_it(content_type: str | None) -> None:
+    """``curl -d`` without ``-H 'content-type: application/json'`` sends a form: vLLM refuses it."""
+    raw = httpx.Request("POST", "http://x", json=body()).content
+    headers = {"content-type": content_type} if content_type else {}
+    with sim() as (running, client):
+        r = client.post(CHAT, content=raw, headers=headers)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == "Unsupported Media Type: Only 'application/json' is allowed"
+        ok = client.post(CHAT, content=raw, headers={"content-type": "Application/JSON; charset=utf-8"})
+        assert ok.status_code == 200, ok.text
+        assert running.stats()["statuses"] == {"200": 1, "400": 1}
+
+
+@pytest.mark.timeout(60)
+def test_the_openai_sdk_reads_every_answer() -> None:
+    openai = pytest.importorskip("openai")
+    messages = [{"role": "user", "content": "hello"}]
+    with sim() as (running, _):
+        client = openai.OpenAI(base_url=running.url + "/v1", api_key="-", max_retries=0, timeout=20)
+        assert [m.id for m in client.models.list()] == ["sim"]
+        reply = client.chat.completions.create(
+            model="sim", messages=messages, max_completion_tokens=3, seed=1, n=1, temperature=0.5
+        )
+        assert reply.object == "chat.completion" and reply.model == "sim"
+        assert reply.choices[0].finish_reason == "length" and reply.usage is not None
+        assert reply.usage.completion_tokens == 3
+        reply = client.chat.completions.create(
+            model="sim", messages=messages, max_tokens=40, extra_body={"min_tokens": 30}
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens == 30
+        with pytest.raises(openai.BadRequestError, match="'stream'"):
+            client.chat.completions.create(model="sim", messages=messages, stream=True)
+        with pytest.raises(openai.NotFoundError, match="/v1/completions"):
+            client.completions.create(model="sim", prompt="hi")
+        with pytest.raises(openai.NotFoundError, match="/v1/embeddings"):
+            client.embeddings.create(model="sim", input="hi")
+
+
+@pytest.mark.timeout(60)
+def test_the_openai_sdk_retries_a_429_after_its_retry_after() -> None:
+    openai = pytest.importorskip("openai")
+    with sim(faults=FaultConfig(rate_429=1.0, retry_after_s=0.05)) as (running, _):
+        client = openai.OpenAI(base_url=running.url + "/v1", api_key="-", max_retries=2, timeout=20)
+        with pytest.raises(openai.RateLimitError, match="injected fault: HTTP 429"):
+            client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}])
+        assert running.stats()["statuses"] == {"429": 3}
