@@ -87,3 +87,42 @@ def test_the_openai_sdk_retries_a_429_after_its_retry_after() -> None:
         with pytest.raises(openai.RateLimitError, match="injected fault: HTTP 429"):
             client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}])
         assert running.stats()["statuses"] == {"429": 3}
+
+
+ACTION = '{"type": "final", "answer": "abc STOP def"}'
+UNTIL_STOP = ACTION[: ACTION.index("STOP")]
+STOP_END_TOKENS = -(-(len(UNTIL_STOP) + 4) // 4)  # the tokens out when STOP is complete (4 chars a token)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("extra", "content", "finish", "completion_tokens"),
+    [
+        ({"stop": "STOP"}, UNTIL_STOP, "stop", STOP_END_TOKENS),
+        ({"stop": ["zzz", "STOP", "def"]}, UNTIL_STOP, "stop", STOP_END_TOKENS),
+        ({"stop": "STOP", "ignore_eos": True, "max_tokens": 50}, UNTIL_STOP, "stop", STOP_END_TOKENS),
+        ({"stop": ["zzz"]}, ACTION, "stop", 11),
+        ({"stop": None}, ACTION, "stop", 11),
+        ({"stop": "STOP", "max_tokens": 50, "min_tokens": 20}, ACTION, "stop", 20),  # before min_tokens
+        ({"stop": "STOP", "max_tokens": 3}, ACTION[:12], "length", 3),  # max_tokens comes first
+    ],
+)
+def test_a_stop_string_ends_the_reply_as_in_vllm(
+    extra: dict[str, object], content: str, finish: str, completion_tokens: int
+) -> None:
+    """It was ignored: the reply went on past the stop string, which it held."""
+    with sim() as (_, client):
+        r = client.post(CHAT, json=body(**extra), headers={"x-asyncroll-action": ACTION})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert (choice["message"]["content"], choice["finish_reason"]) == (content, finish)
+        assert r.json()["usage"]["completion_tokens"] == completion_tokens
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stop", ["", ["a", ""], 3, ["a", 3], {"s": "a"}])
+def test_a_stop_that_is_not_strings_is_a_400_naming_it(stop: object) -> None:
+    with sim() as (running, client):
+        r = client.post(CHAT, json=body(stop=stop))
+        assert r.status_code == 400 and "'stop'" in r.json()["error"]["message"], r.text
+        assert running.stats()["engine"]["generated_tokens"] == 0

@@ -24,6 +24,7 @@ makes it exactly ``max_tokens``; a reply longer than ``max_tokens`` is cut there
 ``finish_reason: "length"``, as a real server cuts it. A reply that ends before ``max_tokens`` (``min_tokens``
 below it included: the model stops once it may) ends with ``"stop"``; one that reaches ``max_tokens`` —
 carried there by ``ignore_eos`` or ``min_tokens``, or exactly that long — with ``"length"``.
+A ``stop`` string the reply meets (once ``min_tokens`` are out) ends it there with ``"stop"``, as in vLLM.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ from asyncroll.serve_sim.request import (
     check_media_type,
     checked_messages,
     error_body,
+    first_stop,
     lengths,
     no_route,
     parse_body,
     refuse_unsupported,
     response_schema,
+    stop_strings,
     validator,
 )
 
@@ -256,6 +259,7 @@ class SimApp:
         refuse_unsupported(body)
         prompt_tokens = sizes.prompt_tokens(checked_messages(body.get("messages")), cfg.chars_per_token)
         max_tokens, min_tokens, ignore_eos = lengths(body, cfg.max_model_len - prompt_tokens)
+        stops = stop_strings(body.get("stop"))
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             if prompt_tokens >= cfg.max_model_len:  # no room for one token: vLLM's words for this case
                 raise BadRequest(
@@ -290,7 +294,11 @@ class SimApp:
         # "length" once max_tokens is reached (cut there; EOS ignored or held back by min_tokens up to it;
         # or a reply exactly that long: its EOS would have been one token more), else the model stopped
         finish = "length" if tokens == max_tokens else "stop"
-        if content_tokens > max_tokens:
+        stop = first_stop(content, stops, lambda end: sizes.tokens(end, cfg.chars_per_token) >= min_tokens)
+        if stop is not None and sizes.tokens(stop[1], cfg.chars_per_token) <= max_tokens:
+            # a stop string ends the reply (even with ignore_eos), left out of the text as vLLM leaves it
+            content, tokens, finish = content[: stop[0]], sizes.tokens(stop[1], cfg.chars_per_token), "stop"
+        elif content_tokens > max_tokens:
             content = content[: sizes.chars(max_tokens, cfg.chars_per_token)]
         self._seq += 1
         seq = self._seq

@@ -145,6 +145,31 @@ def lengths(body: dict[str, Any], room: int) -> tuple[int, int, bool]:
     return max_tokens, min_tokens, ignore_eos
 
 
+def stop_strings(value: Any) -> tuple[str, ...]:
+    """The request's ``stop``: a string or a list of them (none: ``null`` or ``[]``); an empty one is a 400,
+    as in vLLM."""
+    stops = [value] if isinstance(value, str) else value if isinstance(value, list) else None
+    if value is not None and (stops is None or not all(isinstance(s, str) for s in stops)):
+        raise BadRequest(f"'stop' must be a string or a list of strings, got {_shown(value)}")
+    if "" in (stops or ()):
+        raise BadRequest("'stop' cannot contain an empty string")
+    return tuple(stops or ())
+
+
+def first_stop(content: str, stops: tuple[str, ...], honoured: Any) -> tuple[int, int] | None:
+    """Where the reply meets a stop string first (its start and end characters), as vLLM stops there: the
+    occurrence that ends first among those ``honoured(end)`` accepts (vLLM looks for stop strings only
+    once ``min_tokens`` are out); None if it meets none."""
+    best: tuple[int, int] | None = None
+    for stop in stops:
+        at = content.find(stop)
+        while at >= 0 and not honoured(at + len(stop)):
+            at = content.find(stop, at + 1)
+        if at >= 0 and (best is None or at + len(stop) < best[1]):
+            best = (at, at + len(stop))
+    return best
+
+
 def response_schema(fmt: Any) -> dict[str, Any] | None:
     """The JSON schema a ``response_format`` asks for (None for text/json_object); 400 if malformed."""
     if fmt is None:
