@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 from asyncroll.experiment.comparison import build_comparison
+from asyncroll.experiment.report import aggregate
 
 
 def two_arms() -> dict[str, Any]:
@@ -71,3 +74,24 @@ def comparison(
         summaries[f"pair{p + 1}-a"] = nest({**base, **a})
         summaries[f"pair{p + 1}-b"] = nest({**base, **b})
     return build_comparison(experiment, summaries)
+
+
+def drawn(data: dict[str, Any], stem: Path) -> Any:
+    """The figure ``draw`` made of ``data`` (warnings are errors), kept open and laid out to read back what
+    it drew; the caller closes it."""
+    import matplotlib.pyplot as plt
+
+    from asyncroll.experiment import figure
+
+    kept: list[Any] = []
+    close = plt.close
+    try:
+        plt.close = kept.append  # type: ignore[assignment]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            figure.draw(data, aggregate(data), stem)
+    finally:
+        plt.close = close
+    fig = kept[0]
+    fig.canvas.draw()
+    return fig

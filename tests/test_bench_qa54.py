@@ -76,18 +76,7 @@ def test_the_client_bench_states_its_throughput_requests(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bench import client
-
-    class Stopped:
-        stdout = None
-
-        def terminate(self) -> None:
-            pass
-
-        def wait(self, timeout: float | None = None) -> int:
-            return 0
-
-        def poll(self) -> int:
-            return 0
+    from tests.test_bench_cli import _Stopped  # serve-sim's stand-in, already stopped
 
     async def sequential(url: str, n: int) -> dict[str, float]:
         return dict.fromkeys(("wall_ms", "client_cpu_us", "httpx_cpu_us", "asyncroll_cpu_us"), 1.0)
@@ -95,7 +84,7 @@ def test_the_client_bench_states_its_throughput_requests(
     async def throughput(url: str, inflight: int, n: int) -> float:
         return 100.0
 
-    monkeypatch.setattr(client, "start_server", lambda: (Stopped(), "http://127.0.0.1:9"))
+    monkeypatch.setattr(client, "start_server", lambda: (_Stopped(), "http://127.0.0.1:9"))
     monkeypatch.setattr(client, "in_process", lambda n: 150.0)
     monkeypatch.setattr(client, "sequential", sequential)
     monkeypatch.setattr(client, "throughput", throughput)

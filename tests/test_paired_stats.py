@@ -266,25 +266,14 @@ def test_a_long_unknown_note_is_wrapped_and_the_figure_keeps_its_layout(tmp_path
     sizes collapsed to zero' UserWarning, so `report --figure` under -W error crashed), and without the
     layout the notes were drawn below the figure's edge, cut off."""
     pytest.importorskip("matplotlib")
-    import warnings
-
     import matplotlib.pyplot as plt
 
     from asyncroll.experiment import figure
+    from tests.fake_comparison import drawn
 
     starved = "resources.sampled_starvation_fraction_of_coverage"
     data = comparison([({GPU_HOUR: 100.0, starved: None}, {GPU_HOUR: 110.0, starved: None})] * 20)
-    kept: list[Any] = []
-    close = plt.close
-    try:
-        plt.close = kept.append  # type: ignore[assignment]
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            figure.draw(data, aggregate(data), tmp_path / "figure")
-    finally:
-        plt.close = close
-    fig = kept[0]
-    fig.canvas.draw()
+    fig = drawn(data, tmp_path / "figure")
     [note] = [t for t in fig.axes[1].texts if t.get_text().startswith("unknown: p1 (a, b)")]
     lines = note.get_text().splitlines()
     assert 1 < len(lines) <= figure.NOTE_LINES and all(len(line) <= figure.NOTE_WIDTH for line in lines)

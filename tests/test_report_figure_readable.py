@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import copy
 import itertools
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from asyncroll.experiment.report import aggregate
-from tests.fake_comparison import comparison
+from tests.fake_comparison import comparison, drawn
 
 GPU_HOUR = "throughput.completed_per_gpu_hour"
 STARVED = "resources.sampled_starvation_fraction_of_coverage"
@@ -27,26 +25,6 @@ def with_arm(data: dict[str, Any], name: str, policy: str, like: str = "b") -> d
         pair["arms"][name] = {**copy.deepcopy(pair["arms"][like]), "id": f"pair{pair['pair']}-{name}"}
         pair["order"].append(name)
     return data
-
-
-def drawn(data: dict[str, Any], stem: Path) -> Any:
-    """The figure ``draw`` made, kept open (and laid out) to read back what it drew."""
-    import matplotlib.pyplot as plt
-
-    from asyncroll.experiment import figure
-
-    kept: list[Any] = []
-    close = plt.close
-    try:
-        plt.close = kept.append  # type: ignore[assignment]
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            figure.draw(data, aggregate(data), stem)
-    finally:
-        plt.close = close
-    fig = kept[0]
-    fig.canvas.draw()
-    return fig
 
 
 def test_three_arms_tick_labels_do_not_run_into_each_other(tmp_path: Path) -> None:
