@@ -25,7 +25,9 @@ def simulate_here(*args: str | Path) -> Result:
 
 
 #: The CLI with every virtual job also taking 50 ms of real time (in a sweep's spawned cell processes
-#: too, which import this module), so that a signal reliably lands while simulations are running.
+#: too, which import this module), so that a signal reliably lands while simulations are running. It runs
+#: ``asyncroll.cli.main`` as the ``asyncroll`` script does (it ran ``app`` alone, without the CLI's signal
+#: guard: a signal at the very end killed the process instead of ending it with 130 and its line).
 SLOW_CLI = """
 import sys
 import time
@@ -43,10 +45,10 @@ def slow(request):
 engine.builtin_duration = slow
 
 if __name__ == "__main__":
-    from asyncroll.cli import app
+    from asyncroll.cli import main
 
     sys.argv[0] = "asyncroll"
-    app()
+    main()  # as the asyncroll script runs it: the CLI's signal guard and exit codes included
 """
 
 
