@@ -106,8 +106,9 @@ def test_one_machine_and_the_settings_are_stated_once(tmp_path: Path) -> None:
     text = markdown(aggregate(data))
     section = text[text.index("## Machine and settings") : text.index("## Stages")]
     assert (
-        "Every comparison arm (4) ran its client on one machine and code: AMD EPYC, 16 logical CPUs (8 "
-        "usable), 128.0 GiB memory, Linux-6.1-x86_64, Python 3.11.7, asyncroll abc1234. GPU: none declared."
+        "Every comparison arm that left a run.json (4) ran its client on one machine and code: AMD EPYC, "
+        "16 logical CPUs (8 usable), 128.0 GiB memory, Linux-6.1-x86_64, Python 3.11.7, asyncroll abc1234. "
+        "GPU: none declared."
     ) in section
     assert "Model `qwen` (Qwen/Qwen2.5-7B, revision r1), server kind vllm" in section
     assert f"workload SHA-256 `{'a' * 64}` (eight problems)" in section
@@ -149,10 +150,26 @@ def test_a_comparison_written_before_them_says_they_were_not_recorded() -> None:
 
 def test_arms_that_left_no_run_json_make_the_machine_unknown() -> None:
     data = comparison(ROWS)  # built without machines: no arm's run.json was read
-    assert data["machines"] == [
-        {"client": None, "gpu": None, "arms": ["pair1-a", "pair1-b", "pair2-a", "pair2-b"]}
-    ]
-    assert "Machine unknown: no comparison arm left a run.json." in markdown(aggregate(data))
+    assert data["machines"] == []
+    text = markdown(aggregate(data))
+    assert "Machine unknown: no comparison arm left a run.json (none ran its client)." in text
+
+
+def test_an_arm_that_never_ran_its_client_is_no_other_machine(tmp_path: Path) -> None:
+    """An interrupted experiment's pending arm (no run.json; or an arm.json alone, its server never up)
+    was grouped as a machine of its own: the report said the arms ran on different machines."""
+    from asyncroll.experiment.comparison import build_comparison
+
+    data = comparison(ROWS)
+    machines: dict[str, Any] = {i: arm_machine(_arm(tmp_path, i)) for i in ("pair1-a", "pair1-b", "pair2-a")}
+    (tmp_path / "pair2-b").mkdir()
+    (tmp_path / "pair2-b" / "arm.json").write_text(json.dumps({"gpu": {"declared": False}}))
+    machines["pair2-b"] = arm_machine(tmp_path / "pair2-b")
+    assert machines["pair2-b"] == {"client": None, "gpu": None}
+    built = build_comparison(_experiment_of(data), _summaries_of(data), None, machines)
+    assert [group["arms"] for group in built["machines"]] == [["pair1-a", "pair1-b", "pair2-a"]]
+    text = markdown(aggregate(built))
+    assert "Every comparison arm that left a run.json (3) ran its client on one machine and code: " in text
 
 
 def test_the_figure_names_its_machine_in_one_line(tmp_path: Path) -> None:

@@ -61,11 +61,14 @@ def arm_machine(arm_dir: Path) -> dict[str, Any] | None:
 
 
 def machine_groups(machines: Mapping[str, dict[str, Any] | None], arm_ids: list[str]) -> list[dict[str, Any]]:
-    """The arms ``arm_ids`` grouped by the machine each ran on, in the order of their first arm; an arm with
-    no machine (``None``) is grouped under ``client: null, gpu: null``."""
+    """The arms ``arm_ids`` grouped by the machine each ran its client on, in the order of their first arm.
+    An arm that left no run.json (not run yet, or its server never came up) ran no client: no number of
+    the report's is its, and it is in no group (it would read as another machine)."""
     groups: list[dict[str, Any]] = []
     for arm_id in arm_ids:
-        machine = machines.get(arm_id) or {"client": None, "gpu": None}
+        machine = machines.get(arm_id)
+        if machine is None or not machine.get("client"):
+            continue
         for group in groups:
             if group["client"] == machine["client"] and group["gpu"] == machine["gpu"]:
                 group["arms"].append(arm_id)
@@ -144,12 +147,11 @@ def machine_caption(machines: list[dict[str, Any]] | None) -> str:
     """The figure's one-line footer: the machine its numbers came from (REPORT.md says more)."""
     if machines is None:
         return "machine not recorded (each arm's run.json has it)"
-    known = [group for group in machines if group.get("client")]
     if len(machines) > 1:
         return f"the arms ran on {len(machines)} different machines, code or GPUs: REPORT.md names them"
-    if not known:
+    if not machines or not isinstance(machines[0].get("client"), dict):
         return "machine unknown (no arm left a run.json)"
-    client, gpu = known[0]["client"], known[0].get("gpu")
+    client, gpu = machines[0]["client"], machines[0].get("gpu")
     parts = [
         client.get("cpu_model"),
         f"{client['usable_cpus']} usable CPUs" if client.get("usable_cpus") is not None else None,
@@ -171,14 +173,12 @@ def machine_lines(machines: list[dict[str, Any]] | None, settings: dict[str, Any
             "",
         ]
     if not machines:
-        lines += ["No comparison arm has run: no machine to name.", ""]
-    elif len(machines) == 1 and not machines[0].get("client"):
-        lines += ["Machine unknown: no comparison arm left a run.json.", ""]
+        lines += ["Machine unknown: no comparison arm left a run.json (none ran its client).", ""]
     elif len(machines) == 1:
         group = machines[0]
         n = len(group.get("arms") or [])
         lines += [
-            f"Every comparison arm ({n}) ran its client on one machine and code: "
+            f"Every comparison arm that left a run.json ({n}) ran its client on one machine and code: "
             f"{describe_client(group.get('client'))}. GPU: {describe_gpu(group.get('gpu'))}.",
             "",
         ]
