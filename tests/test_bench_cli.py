@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.children import end
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 RUNNABLE = sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
 
@@ -370,9 +372,7 @@ def test_the_transformers_bench_stops_the_engine_when_interrupted_while_it_start
         assert len(started) == 1 and started[0].poll() is not None
     finally:
         for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+            end(process)
 
 
 @pytest.mark.timeout(90)

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.children import end
+
 
 @pytest.mark.timeout(60)
 def test_the_telemetry_bench_runs_with_fewer_than_four_calls(
@@ -135,9 +137,7 @@ def test_the_soak_bench_stops_serve_sim_when_it_does_not_listen(
         assert len(started) == 1 and started[0].poll() is not None
     finally:
         for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+            end(process)
 
 
 @pytest.mark.parametrize("under", ["a_file", "unwritable"])
