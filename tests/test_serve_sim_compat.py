@@ -1,8 +1,8 @@
 """serve-sim as an OpenAI client meets it: request fields it cannot honour are refused with a 400 that
-names them, never silently ignored (a ``stream: true`` client read an empty stream, an ``n: 2`` client
-got one choice, a ``logprobs`` client got ``null``, a ``tool_choice: "required"`` client got no
-``tool_calls``); the length fields and ``finish_reason`` are as vLLM has them; a schema is refused with
-a 400 rather than broken or answered with a 500; a server that stops answers 503."""
+names them, never silently ignored (an ``n: 2`` client got one choice, a ``logprobs`` client got
+``null``, a ``tool_choice: "required"`` client got no ``tool_calls``; streams:
+test_serve_sim_stream.py); the length fields and ``finish_reason`` are as vLLM has them; a schema is
+refused with a 400 rather than broken or answered with a 500; a server that stops answers 503."""
 
 from __future__ import annotations
 
@@ -41,8 +41,6 @@ def sim() -> Iterator[tuple[RunningSim, httpx.Client]]:
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        ({"stream": True}, "'stream'"),
-        ({"stream": True, "stream_options": {"include_usage": True}}, "'stream'"),
         ({"n": 2}, "'n'"),
         ({"n": 0}, "'n'"),
         ({"logprobs": True}, "'logprobs'"),
@@ -252,12 +250,24 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _read_stream(client: httpx.Client, request: dict[str, Any]) -> tuple[list[str], Exception | None]:
+    """A streamed reply's lines, and the error that ended the read (None: the stream ended whole)."""
+    lines: list[str] = []
+    try:
+        with client.stream("POST", "/v1/chat/completions", json=request) as r:
+            lines.extend(line for line in r.iter_lines() if line)
+    except httpx.HTTPError as exc:
+        return lines, exc
+    return lines, None
+
+
 @pytest.mark.timeout(60)
 def test_requests_outliving_the_graceful_shutdown_get_a_503_not_a_500_and_a_traceback() -> None:
     """uvicorn gives in-flight requests 2 s when serve-sim stops (Ctrl-C, SIGTERM), then cancels them:
     each was an HTTP 500 and an 'Exception in ASGI application' traceback on the console, uncounted in
     ``/sim/stats``. A server going away answers 503, which a client's circuit breaker reads as the server
-    down (asyncroll's opens on 503, not on 500)."""
+    down (asyncroll's opens on 503, not on 500). A stream, whose status went out long before, is cut
+    (counted ``truncated``), without a traceback either."""
     slow = ServerModelConfig(max_num_seqs=8, step_base_ms=50.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
     sock = bind("127.0.0.1", 0)
     sim_app = SimApp(SimConfig(engine=slow))
@@ -268,25 +278,28 @@ def test_requests_outliving_the_graceful_shutdown_get_a_503_not_a_500_and_a_trac
     try:
         running = start_thread(sock, sim_app, server)
         long_request = body(max_tokens=2000, ignore_eos=True)  # 100 s of decode steps: never finishes here
-        with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=running.url, timeout=30) as client:
+        with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=running.url, timeout=30) as client:
             futures = [pool.submit(client.post, "/v1/chat/completions", json=long_request) for _ in range(3)]
+            streamed = pool.submit(_read_stream, client, {**long_request, "stream": True})
             deadline = time.monotonic() + 20
-            while running.stats()["engine"]["running"] < 3:  # all three in the running batch
+            while running.stats()["engine"]["running"] < 4:  # all four in the running batch
                 assert time.monotonic() < deadline, running.stats()
                 time.sleep(0.02)
             stop(running, 30.0)
             replies = [f.result(timeout=30) for f in futures]
+            lines, cut = streamed.result(timeout=30)
     finally:
         uvicorn_log.removeHandler(records)
         sock.close()
     assert [r.status_code for r in replies] == [503, 503, 503]
     error = replies[0].json()["error"]
     assert error["type"] == "ServiceUnavailableError" and "shutting down" in error["message"]
-    assert sim_app.statuses == {503: 3} and sim_app.inflight == 0
+    assert isinstance(cut, httpx.RemoteProtocolError) and lines and "data: [DONE]" not in lines  # cut short
+    assert sim_app.statuses == {503: 3, "truncated": 1} and sim_app.inflight == 0
     assert not [m for m in records.messages if "Exception in ASGI application" in m], records.messages
-    # uvicorn's "ERROR: Cancel 3 running task(s), timeout graceful shutdown exceeded": the documented stop
+    # uvicorn's "ERROR: Cancel 4 running task(s), timeout graceful shutdown exceeded": the documented stop
     assert (
-        "3 request(s) still running after the 2 s grace: answered 503 (serve-sim stopping)"
+        "4 request(s) still running after the 2 s grace: answered 503, or a stream cut (serve-sim stopping)"
         in records.messages
     )
     assert not [m for m in records.messages if m.startswith("Cancel")], records.messages

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asyncroll.clock import Clock, VirtualClock
@@ -101,6 +102,8 @@ class _Sequence:
     future: asyncio.Future[Generation] = field(repr=False)
     admitted: float | None = None
     first_token: float | None = None
+    #: called with the tokens generated so far at the end of every step that generated one (a stream)
+    on_token: Callable[[int], None] | None = field(default=None, repr=False)
 
 
 class BatchingServer:
@@ -128,6 +131,7 @@ class BatchingServer:
         self._next = (0.0, 0.0)  # the next step's time and lateness, as _next_sleep found them
         self._due: float | None = None  # when the step under way should end (back-to-back steps)
         self._steps = 0
+        self._watched = 0  # sequences in the engine with an ``on_token``: no steps in place while any
         self._busy = 0.0
         self._generated = 0
         self._prompt = 0
@@ -144,8 +148,12 @@ class BatchingServer:
             self._prompt,
         )
 
-    async def generate(self, prompt_tokens: int, output_tokens: int) -> Generation:
-        """Wait for a request of this size to be served; cancelling withdraws it."""
+    async def generate(
+        self, prompt_tokens: int, output_tokens: int, on_token: Callable[[int], None] | None = None
+    ) -> Generation:
+        """Wait for a request of this size to be served; cancelling withdraws it. ``on_token`` (a streamed
+        reply) is called with the number of tokens generated so far at the end of each step that added
+        one, the last call before the result."""
         tokens = max(1, output_tokens)
         seq = _Sequence(
             max(0, prompt_tokens),
@@ -153,9 +161,12 @@ class BatchingServer:
             tokens,
             self._clock.now(),
             asyncio.get_running_loop().create_future(),
+            on_token=on_token,
         )
         self._waiting.append(seq)
         self._wake.set()
+        if on_token is not None:
+            self._watched += 1
         try:
             return await seq.future
         except asyncio.CancelledError:  # awaiting cancels the future too: withdraw the sequence here
@@ -164,6 +175,9 @@ class BatchingServer:
             elif seq in self._running:
                 self._running.remove(seq)
             raise
+        finally:
+            if on_token is not None:
+                self._watched -= 1
 
     def close(self) -> None:
         self._closed = True
@@ -239,6 +253,8 @@ class BatchingServer:
             self._generated += 1
             if seq.first_token is None:
                 seq.first_token = now
+            if seq.on_token is not None:
+                seq.on_token(seq.output_tokens - seq.remaining)
             if seq.remaining > 0:
                 still.append(seq)
             elif not seq.future.done():
@@ -266,6 +282,7 @@ class BatchingServer:
         not closed; else None."""
         if (
             self._closed
+            or self._watched  # a stream sees every step's token as it ends
             or not self._running
             or (self._waiting and len(self._running) < self.config.max_num_seqs)
         ):

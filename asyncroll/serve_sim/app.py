@@ -3,7 +3,8 @@
 Request flow of ``POST /v1/chat/completions``: validate the body (400/404 with an OpenAI error object,
 as vLLM answers) → draw this request's faults → optional slow-down → choose the reply → run a sequence of
 the reply's size through :class:`~asyncroll.backends.server_model.BatchingServer` → answer with the
-OpenAI response shape, ``usage`` included. A client that disconnects first (a timeout, a cancelled
+OpenAI response shape, ``usage`` included — or, with ``"stream": true``, a stream of chunks as the engine
+decodes (:mod:`asyncroll.serve_sim.stream`). A client that disconnects first (a timeout, a cancelled
 trajectory, Ctrl-C) aborts its request as vLLM does: the sequence leaves the batch at once and the request
 is counted under status 499 in ``/sim/stats``. A connection the server itself drops (``--reset-rate``,
 ``--truncate-rate``) sent no complete response: it is counted under ``reset`` or ``truncated``, never
@@ -38,7 +39,7 @@ import socket
 import struct
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -71,6 +72,14 @@ from asyncroll.serve_sim.request import (
     response_schema,
     stop_strings,
     validator,
+)
+from asyncroll.serve_sim.stream import (
+    CLIENT_CLOSED,
+    Outcome,
+    StreamPlan,
+    StreamReply,
+    stream_settings,
+    until_disconnected,
 )
 
 ACTION_HEADER = "x-asyncroll-action"
@@ -224,12 +233,14 @@ class SimApp:
     # --- chat completions --------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
+        response: Response | None = None
         self.inflight += 1
         self.peak_inflight = max(self.peak_inflight, self.inflight)
         self.requests += 1
         try:
             raw = await request.body()
-            response = await _unless_disconnected(request, self._chat(request, raw))
+            answer = await until_disconnected(request.receive, self._chat(request, raw))
+            response = Response(status_code=CLIENT_CLOSED) if answer is None else answer
         except ClientDisconnect:  # gone while sending its body: aborted as any other client that left
             response = Response(status_code=CLIENT_CLOSED)
         except BadRequest as exc:
@@ -245,9 +256,29 @@ class SimApp:
             message = "serve-sim is shutting down: the request was aborted"
             response = JSONResponse(error_body(message, 503, "ServiceUnavailableError"), status_code=503)
         finally:
-            self.inflight -= 1
-        self.statuses[response.outcome if isinstance(response, _Abort) else response.status_code] += 1
+            if not isinstance(response, StreamReply):  # a stream is in flight until it ends: stream_ended
+                self.inflight -= 1
+        if not isinstance(response, StreamReply):
+            self.statuses[response.outcome if isinstance(response, _Abort) else response.status_code] += 1
         return response
+
+    def stream_ended(self, outcome: Outcome) -> None:
+        self.inflight -= 1
+        self.statuses[outcome] += 1
+
+    @contextlib.contextmanager
+    def reserve(self, seq: int, tokens: int) -> Iterator[None]:
+        """Request ``seq``'s prompt and output tokens, held in the KV cache while its sequence is in the
+        engine."""
+        self._in_engine[seq] = tokens
+        try:
+            yield
+        finally:
+            self._in_engine.pop(seq, None)
+
+    def close_connection(self, scope: Scope) -> None:
+        client = scope.get("client")
+        abort_connection(self.transports.get(tuple(client)) if client else None, reset=False)
 
     async def _chat(self, request: Request, raw: bytes) -> Response:
         cfg = self.config
@@ -257,6 +288,7 @@ class SimApp:
         if body.get("model") not in (cfg.model, None, ""):  # none named: the served one, as in vLLM
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
         refuse_unsupported(body)
+        stream, include_usage, continuous_usage = stream_settings(body)
         prompt_tokens = sizes.prompt_tokens(checked_messages(body.get("messages")), cfg.chars_per_token)
         max_tokens, min_tokens, ignore_eos = lengths(body, cfg.max_model_len - prompt_tokens)
         stops = stop_strings(body.get("stop"))
@@ -302,11 +334,15 @@ class SimApp:
             content = content[: sizes.chars(max_tokens, cfg.chars_per_token)]
         self._seq += 1
         seq = self._seq
-        self._in_engine[seq] = prompt_tokens + tokens
-        try:
+        if stream:
+            fault_now = fault if fault in ("truncate", "malformed") else None
+            plan = StreamPlan(
+                f"chatcmpl-sim-{seq}", int(time.time()), cfg.model, prompt_tokens, tokens, content, finish,
+                cfg.chars_per_token, include_usage, continuous_usage, fault_now,
+            )  # fmt: skip
+            return StreamReply(plan, seq, self)
+        with self.reserve(seq, prompt_tokens + tokens):
             generation = await self.engine.generate(prompt_tokens, tokens)
-        finally:
-            self._in_engine.pop(seq, None)
         payload = orjson.dumps(
             {
                 "id": f"chatcmpl-sim-{seq}",
@@ -383,32 +419,3 @@ class SimApp:
                 )
             return json.dumps(value)
         return json.dumps({"type": "final", "answer": f"answer-{self._rng.randrange(1000)}"})
-
-
-CLIENT_CLOSED = 499  # nginx's "client closed request"; never sent: nobody is left to read it
-
-
-async def _unless_disconnected(request: Request, handler: Coroutine[Any, Any, Response]) -> Response:
-    """Run ``handler`` until it answers or the client goes away, as vLLM aborts a request whose client
-    disconnected: the handler is cancelled, which withdraws its sequence from the engine's running batch
-    or waiting queue, so a dropped request stops costing decode steps at once.
-
-    The request body must already be read: after it, the ASGI ``receive`` returns only when the
-    connection is lost (``http.disconnect``)."""
-    task = asyncio.ensure_future(handler)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
-    if task.cancelled():
-        return Response(status_code=CLIENT_CLOSED)
-    return task.result()

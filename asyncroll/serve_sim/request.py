@@ -91,13 +91,9 @@ def checked_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def refuse_unsupported(body: dict[str, Any]) -> None:
-    """A 400 naming the field for what an OpenAI client may ask and serve-sim cannot give: a streamed
-    (SSE) reply, more than one choice, a forced native tool call, log-probabilities. Ignoring them
-    answered a reply that silently lacked them (the ``openai`` client read a JSON body sent to
-    ``stream=True`` as an empty stream)."""
-    stream = body.get("stream")
-    if stream not in (None, False):
-        raise BadRequest(f"serve-sim does not stream: 'stream' must be false or absent, got {_shown(stream)}")
+    """A 400 naming the field for what an OpenAI client may ask and serve-sim cannot give: more than one
+    choice, a forced native tool call, log-probabilities. Ignoring them answered a reply that silently
+    lacked them."""
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest(f"serve-sim answers one choice: 'n' must be 1 or absent, got {_shown(n)}")

@@ -65,11 +65,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 class _GraceNote(logging.Filter):
     """uvicorn's ``ERROR: Cancel N running task(s), timeout graceful shutdown exceeded`` is serve-sim's
-    documented stop (those requests are answered 503): said as a warning, in words of what happened."""
+    documented stop (those requests are answered 503, or their streams cut): said as a warning, in words
+    of what happened."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith("Cancel %s running task(s)"):
-            record.msg = "%s request(s) still running after the 2 s grace: answered 503 (serve-sim stopping)"
+            record.msg = (
+                "%s request(s) still running after the 2 s grace: answered 503, or a stream cut "
+                "(serve-sim stopping)"
+            )
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
