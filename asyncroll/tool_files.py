@@ -236,16 +236,40 @@ _NAME_BINDERS = frozenset({"globals", "vars", "locals", "setattr", "exec"})
 
 
 def _main_guard(test: ast.expr) -> bool | None:
-    """For an ``if`` on ``__name__ == "__main__"`` (or ``!=``, either side first): whether its body runs
-    in a worker, which imports the file under a name of its own (False for ``==``); else None."""
-    if not (
-        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq | ast.NotEq)
-    ):
+    """Whether an ``if`` on ``__name__`` runs its body in a worker, which imports the file under a name of
+    its own, never ``"__main__"``: False for ``__name__ == "__main__"`` (either side first) or
+    ``__name__ in ("__main__",)``, True for ``!=`` or ``not in``; ``not``, ``and`` and ``or`` of such tests
+    as Python evaluates them (``__name__ == "__main__" and x`` never runs). None where it is not known:
+    a test on anything else, or ``__name__ in`` names besides ``"__main__"``."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _main_guard(test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        known = [_main_guard(value) for value in test.values]
+        decisive = isinstance(test.op, ast.Or)  # one True decides an ``or``, one False an ``and``
+        if decisive in known:
+            return decisive
+        return None if None in known else not decisive
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         return None
-    sides = (test.left, test.comparators[0])
-    named = any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
-    main = any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides)
-    return isinstance(test.ops[0], ast.NotEq) if named and main else None
+    op, sides = test.ops[0], (test.left, test.comparators[0])
+    if isinstance(op, ast.Eq | ast.NotEq):
+        named = any(_is_name(side) for side in sides)
+        main = any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides)
+        return isinstance(op, ast.NotEq) if named and main else None
+    if isinstance(op, ast.In | ast.NotIn) and _is_name(test.left):
+        names = test.comparators[0]
+        only_main = (
+            isinstance(names, ast.Tuple | ast.List | ast.Set)
+            and names.elts
+            and all(isinstance(e, ast.Constant) and e.value == "__main__" for e in names.elts)
+        )
+        return isinstance(op, ast.NotIn) if only_main else None
+    return None
+
+
+def _is_name(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "__name__"
 
 
 def _binds_by_name(node: ast.AST) -> bool:

@@ -22,6 +22,7 @@ from asyncroll.workload.models import (
     ErrorStep,
     FinalAction,
     Problem,
+    ScriptStep,
     SubmitAction,
     Tool,
     ToolAction,
@@ -127,7 +128,38 @@ def check_problem(
                     "a 'final' answer would never be tested",
                 )
             )
+    out.extend(_unreachable_steps(problem, problem.script))
     return out
+
+
+def _unreachable_steps(problem: Problem, script: list[ScriptStep]) -> list[tuple[str, str]]:
+    """The steps after the one that surely ends the trajectory, which can never run: a 'final' answer, or
+    a one-repair problem's ``max_generations``-th submit (the protocol ends it whatever the verdict). As an
+    'error' step that is not the last, such a script cannot be followed as written."""
+    generations = None
+    if problem.protocol == "one_repair":
+        generations = problem.metadata["prompt_metadata"].get("max_generations", 2)
+        if isinstance(generations, bool) or not isinstance(generations, int):  # refused on its own
+            generations = None
+    submits = 0
+    for i, action in enumerate(script[:-1]):
+        if isinstance(action, FinalAction) and problem.protocol != "one_repair":
+            why = f"script[{i}] is a 'final' answer, which ends the trajectory: remove the"
+        elif isinstance(action, SubmitAction) and problem.protocol == "one_repair":
+            submits += 1
+            if submits != generations:
+                continue
+            why = (
+                f"the one-repair protocol ends the trajectory at its submit {submits} (script[{i}]; "
+                f"max_generations {generations}), whatever that program's verdict: remove the"
+            )
+        else:
+            continue
+        rest = f"{len(script) - i - 1} step(s) after it"
+        if isinstance(action, SubmitAction):
+            rest += ", or raise max_generations"
+        return [(f"script[{i + 1}]", f"never runs: {why} {rest}")]
+    return []
 
 
 #: Built-ins whose argument is a duration, taken as the job's cost by a simulation.

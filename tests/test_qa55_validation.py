@@ -1,0 +1,132 @@
+"""Workload and converter validation gaps: script steps that can never run, ``if __name__`` guards of
+other shapes, one tool file under several spellings, ToolMATH records that disagree on their problem's
+level or type, and LiveCodeBench ids that differ only in whitespace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import invoke
+from tests.workload_scans import _problems
+
+# --- script steps that can never run -------------------------------------------------------------------
+
+
+def _code_problem(steps: list[dict[str, Any]], generations: int = 2) -> str:
+    return json.dumps(
+        {
+            "id": "c",
+            "prompt": "write a program",
+            "tools": [{"name": "lcb_evaluate"}],
+            "script": steps,
+            "metadata": {
+                "reference_tests": [{"input": "1", "output": "1", "testtype": "stdin"}],
+                "prompt_metadata": {"protocol": "one_repair", "max_generations": generations},
+            },
+        }
+    )
+
+
+def _submit(passes: bool | None = False) -> dict[str, Any]:
+    return {"type": "submit", "code": "print(input())", "passes": passes}
+
+
+def test_submits_past_max_generations_are_refused(tmp_path: Path) -> None:
+    """The protocol ends a trajectory at its ``max_generations``-th judged program, whatever its verdict:
+    a third submit (the one that would pass) never ran, and validate said "ok"."""
+    at = f"{tmp_path / 'w.jsonl'}:1"
+    assert _problems(tmp_path, [_code_problem([_submit(), _submit(), _submit(True)])]) == [
+        f"{at}: script[2]: never runs: the one-repair protocol ends the trajectory at its submit 2 "
+        "(script[1]; max_generations 2), whatever that program's verdict: remove the 1 step(s) after it, "
+        "or raise max_generations"
+    ]
+    one = _code_problem([_submit(), _submit()], generations=1)
+    assert _problems(tmp_path, [one]) == [
+        f"{at}: script[1]: never runs: the one-repair protocol ends the trajectory at its submit 1 "
+        "(script[0]; max_generations 1), whatever that program's verdict: remove the 1 step(s) after it, "
+        "or raise max_generations"
+    ]
+    # as many submits as generations, or fewer (a passing first program ends it early): valid
+    assert _problems(tmp_path, [_code_problem([_submit(), _submit(True)])]) == []
+    assert _problems(tmp_path, [_code_problem([_submit(True)], generations=3)]) == []
+
+
+def test_steps_after_a_final_answer_are_refused(tmp_path: Path) -> None:
+    """A ``final`` answer ends the trajectory: steps after it never ran, as an ``error`` step that is not
+    the last is refused."""
+    line = json.dumps(
+        {
+            "id": "a",
+            "prompt": "p",
+            "tools": [{"name": "add"}],
+            "script": [
+                {"type": "final", "answer": "3"},
+                {"type": "tool", "name": "add", "arguments": {"a": 1, "b": 2}},
+                {"type": "final", "answer": "4"},
+            ],
+        }
+    )
+    assert _problems(tmp_path, [line]) == [
+        f"{tmp_path / 'w.jsonl'}:1: script[1]: never runs: script[0] is a 'final' answer, which ends the "
+        "trajectory: remove the 2 step(s) after it"
+    ]
+
+
+def test_the_cli_refuses_a_script_with_a_third_submit(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    path.write_text(_code_problem([_submit(), _submit(), _submit(True)]) + "\n")
+    result = invoke("validate", path)
+    assert result.exit_code != 0 and "script[2]: never runs" in result.stderr
+
+
+# --- if __name__ guards of other shapes ----------------------------------------------------------------
+
+
+def _tool_line(impl: str = "t.py", name: str = "f") -> str:
+    return json.dumps(
+        {
+            "id": 1,
+            "prompt": "p",
+            "tools": [{"name": name, "inputs": {"x": "int"}, "implementation": impl}],
+            "script": [{"type": "tool", "name": name, "arguments": {"x": 1}}, {"type": "final", "answer": 1}],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'if __name__ in ("__main__",):\n    def f(x):\n        return x\n',
+        'if __name__ in {"__main__"}:\n    f = abs\n',
+        'if not __name__ != "__main__":\n    f = abs\n',
+        'if not __name__ == "__main__":\n    pass\nelse:\n    f = abs\n',
+        'import sys\nif __name__ == "__main__" and len(sys.argv) > 1:\n    f = abs\n',
+        'if x := 0:\n    pass\nelif "__main__" == __name__:\n    f = abs\n',
+    ],
+)
+def test_other_main_guard_shapes_are_known_never_to_run(tmp_path: Path, source: str) -> None:
+    """A worker imports the file as ``_asyncroll_tool_N_stem``, never ``__main__``: a tool bound only under
+    ``__name__ in ("__main__",)``, ``not __name__ != "__main__"``, or ``__name__ == "__main__" and ...``
+    passed validation and failed every worker's start-up ("no callable named 'f'")."""
+    (tmp_path / "t.py").write_text(source)
+    (problem,) = _problems(tmp_path, [_tool_line()])
+    assert "binds 'f' only inside `if __name__ == \"__main__\":`" in problem, problem
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'if __name__ not in ("__main__",):\n    f = abs\n',
+        'if not __name__ == "__main__":\n    f = abs\n',
+        'if __name__ == "__main__" or True:\n    f = abs\n',
+        'if __name__ in ("__main__", "tools"):\n    f = abs\n',  # unknown: left to the worker
+        'import sys\nif __name__ == "__main__" or len(sys.argv) > 1:\n    f = abs\n',
+    ],
+)
+def test_guards_that_may_run_in_a_worker_bind_the_tool(tmp_path: Path, source: str) -> None:
+    (tmp_path / "t.py").write_text(source)
+    assert _problems(tmp_path, [_tool_line()]) == []
