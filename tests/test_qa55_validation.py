@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from asyncroll.workload import scan_workload
 from tests.conftest import invoke
 from tests.workload_scans import _problems
 
@@ -130,3 +131,55 @@ def test_other_main_guard_shapes_are_known_never_to_run(tmp_path: Path, source: 
 def test_guards_that_may_run_in_a_worker_bind_the_tool(tmp_path: Path, source: str) -> None:
     (tmp_path / "t.py").write_text(source)
     assert _problems(tmp_path, [_tool_line()]) == []
+
+
+# --- one tool file under several spellings -----------------------------------------------------------
+
+
+def test_one_tool_file_under_several_spellings_is_one_tool(tmp_path: Path) -> None:
+    """``tools/a.py``, ``./tools/a.py``, ``tools//a.py`` and ``tools/../tools/a.py`` name one file: the scan
+    counted four tools, run.json recorded four, and every event's ``tool`` (the predictor's and the
+    summary's key) split one tool's jobs four ways."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "a.py").write_text("def f(x):\n    return x\n")
+    spellings = ["tools/a.py", "./tools/a.py", "tools//a.py", "tools/../tools/a.py", "tools/./a.py"]
+    path = tmp_path / "w.jsonl"
+    path.write_text(
+        "".join(_tool_line(impl).replace('"id": 1', f'"id": {i}') + "\n" for i, impl in enumerate(spellings))
+    )
+    scan = scan_workload(path, tmp_path, scripted=True)
+    assert scan.problems == []
+    assert list(scan.tools) == ["tools/a.py:f"]
+
+
+def test_a_dotdot_after_a_symlink_is_refused_not_folded_into_another_file(tmp_path: Path) -> None:
+    """``link/../a.py`` opens the file next to the link's target, not ``a.py`` beside the link: the key,
+    folded by text, would give two files one name, so such a spelling is refused."""
+    (tmp_path / "a.py").write_text("def f(x):\n    return x\n")
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "a.py").write_text("def f(x):\n    return -x\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    (problem,) = _problems(tmp_path, [_tool_line("link/../a.py")])
+    assert problem.endswith(
+        f"tools[0].implementation: 'link/../a.py' goes up ('..') out of a symbolic link, to "
+        f"{tmp_path.resolve() / 'real' / 'a.py'}, not to the file its text names, 'a.py': "
+        "spell the path without '..'"
+    ), problem
+
+
+def test_a_run_recorded_with_the_spelled_key_still_replays(tmp_path: Path) -> None:
+    """Runs made before keys were normalised recorded ``./tools/a.py:f`` in events.jsonl and run.json:
+    ``simulate --from-run`` still matches their jobs to the workload's tool."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "a.py").write_text("def f(x):\n    return x\n")
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(_tool_line("./tools/a.py") + "\n")
+    run = tmp_path / "run"
+    result = invoke("run", "--workload", workload, "--output", run, "--cpu-workers", "1")
+    assert result.exit_code == 0, result.stderr
+    for name in ("events.jsonl", "run.json"):  # as an older asyncroll wrote them
+        text = (run / name).read_text()
+        assert '"tools/a.py:f"' in text
+        (run / name).write_text(text.replace('"tools/a.py:f"', '"./tools/a.py:f"'))
+    replay = invoke("simulate", "--from-run", run, "--output", tmp_path / "sim")
+    assert replay.exit_code == 0, replay.stderr

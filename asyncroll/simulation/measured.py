@@ -324,7 +324,8 @@ def check_against_script(problem: Problem, pid: str, measured: Measured) -> None
         action = script[turn] if turn < len(script) else None
         if job.kind == "tool":
             tool = problem.tool(action.name) if isinstance(action, ToolAction) else None
-            fits = tool is not None and tool.key == job.tool
+            # the spelled key: a run made before keys were normalised recorded the path as written
+            fits = tool is not None and job.tool in (tool.key, tool.spelled_key)
         else:
             fits = isinstance(action, SubmitAction)
         if not fits:

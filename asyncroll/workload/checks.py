@@ -4,6 +4,7 @@ inputs, and the one-repair protocol's metadata. Each check returns ``(field, mes
 
 from __future__ import annotations
 
+import posixpath
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,11 @@ def _check_implementation(
         resolved = (tool_root / rel).resolve()
         if not resolved.is_relative_to(tool_root):
             return f"{implementation!r} escapes the tool root {tool_root}", None
+        if ".." in rel.parts and (tool_root / posixpath.normpath(rel)).resolve() != resolved:
+            return (
+                f"{implementation!r} goes up ('..') out of a symbolic link, to {resolved}, not to the file "
+                f"its text names, {posixpath.normpath(rel)!r}: spell the path without '..'"
+            ), None
         if resolved.suffix != ".py":
             return f"{implementation!r} is not a .py file", None
         if not resolved.is_file():

@@ -3,6 +3,7 @@ what a line may declare (SPEC §5). Cross-field checks pydantic cannot express a
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -169,7 +170,17 @@ class Tool(_Strict):
 
     @property
     def key(self) -> str:
-        """How workers know this tool: its name for built-ins, ``path:name`` for trusted files."""
+        """How workers know this tool: its name for built-ins, ``path:name`` for trusted files, the path
+        normalised (``./t/a.py``, ``t//a.py`` and ``t/../t/a.py`` are all ``t/a.py``: one tool, not three
+        in events, run.json and the predictor; validation refuses a ``..`` that this would misread)."""
+        if self.implementation is None:
+            return self.name
+        return f"{posixpath.normpath(self.implementation)}:{self.name}"
+
+    @property
+    def spelled_key(self) -> str:
+        """:attr:`key` with the path as the workload spells it: what runs before the normalisation
+        recorded (in events.jsonl and run.json), which a replay of such a run still finds."""
         return self.name if self.implementation is None else f"{self.implementation}:{self.name}"
 
     @property
