@@ -10,8 +10,12 @@ from typing import Any
 
 import pytest
 
+from asyncroll.convert.livecodebench import convert_livecodebench
+from asyncroll.convert.toolmath import convert_toolmath
+from asyncroll.errors import UsageError
 from asyncroll.workload import scan_workload
 from tests.conftest import invoke
+from tests.conversions import LCB_ROW, TM_EXAMPLE, TM_HARD, lines, write_json, write_jsonl
 from tests.workload_scans import _problems
 
 # --- script steps that can never run -------------------------------------------------------------------
@@ -183,3 +187,59 @@ def test_a_run_recorded_with_the_spelled_key_still_replays(tmp_path: Path) -> No
         (run / name).write_text(text.replace('"tools/a.py:f"', '"./tools/a.py:f"'))
     replay = invoke("simulate", "--from-run", run, "--output", tmp_path / "sim")
     assert replay.exit_code == 0, replay.stderr
+
+
+# --- ToolMATH: records of one problem that disagree on level or type ------------------------------------
+
+
+def test_toolmath_records_that_disagree_on_level_or_type_keep_neither(tmp_path: Path) -> None:
+    """The first record's ``level`` was kept silently: per-level accuracy then counted the problem at a
+    level that another of its records contradicts. As with answers that disagree, it keeps none, named."""
+    records = json.loads(TM_HARD.read_text(encoding="utf-8"))
+    records[4]["level"] = "Level 5"
+    records[1]["type"] = "Geometry"
+    out = tmp_path / "out.jsonl"
+    report = convert_toolmath(write_json(tmp_path / "s.json", records), TM_EXAMPLE, out)
+    problems = {p["id"]: p["metadata"] for p in lines(out)}
+    assert problems["toolmath-3"]["level"] is None and problems["toolmath-3"]["type"] == records[3]["type"]
+    assert problems["toolmath-0"]["type"] is None and problems["toolmath-0"]["level"] == "Level 4"
+    assert report.disagreements == [
+        "toolmath-0 (type: [0] 'Algebra', [1] 'Geometry')",
+        f"toolmath-3 (level: [3] {records[3]['level']!r}, [4] 'Level 5')",
+    ]
+    cli_out = tmp_path / "cli.jsonl"
+    source = tmp_path / "s.json"
+    result = invoke(
+        "convert-toolmath", "--source", source, "--functions-dir", TM_EXAMPLE, "--output", cli_out
+    )
+    assert result.exit_code == 0, result.stderr
+    assert (
+        "note: 2 problem(s) have a null metadata level or type: their records disagree on it:"
+        in result.stderr
+    )
+    assert "toolmath-3 (level: [3]" in result.stderr
+
+
+def test_toolmath_level_differing_only_in_whitespace_agrees(tmp_path: Path) -> None:
+    records = json.loads(TM_HARD.read_text(encoding="utf-8"))
+    records[4]["level"] = f"  {records[3]['level']}\n"
+    out = tmp_path / "out.jsonl"
+    report = convert_toolmath(write_json(tmp_path / "s.json", records), TM_EXAMPLE, out)
+    problems = {p["id"]: p["metadata"] for p in lines(out)}
+    assert problems["toolmath-3"]["level"] == records[3]["level"] and report.disagreements == []
+
+
+# --- LiveCodeBench: ids that differ only in whitespace -----------------------------------------------
+
+
+@pytest.mark.parametrize("other", ["1873_A ", " 1873_A", "1873_A\n", "1873_A\u00a0"])
+def test_lcb_ids_differing_only_in_whitespace_are_duplicates(tmp_path: Path, other: str) -> None:
+    """``"1873_A"`` and ``"1873_A "`` became two output lines whose ids read the same in a terminal, the
+    timeline and every note: the duplicate check compares ids with their whitespace normalised."""
+    row = json.loads(LCB_ROW.read_text(encoding="utf-8"))
+    source = write_jsonl(tmp_path / "rows.jsonl", [row, {**row, "question_id": other}])
+    with pytest.raises(UsageError) as caught:
+        convert_livecodebench(source, tmp_path / "out.jsonl")
+    message = str(caught.value)
+    assert f"duplicate id {other!r}" in message and "differs from '1873_A' only in whitespace" in message
+    assert not (tmp_path / "out.jsonl").exists()

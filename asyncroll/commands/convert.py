@@ -75,6 +75,13 @@ def convert_toolmath(
             f"cannot declare: {'; '.join(report.left_out[:10])}{more}",
             err=True,
         )
+    if report.disagreements:
+        more = f", and {len(report.disagreements) - 10} more" if len(report.disagreements) > 10 else ""
+        typer.echo(
+            f"note: {len(report.disagreements)} problem(s) have a null metadata level or type: their "
+            f"records disagree on it: {'; '.join(report.disagreements[:10])}{more}",
+            err=True,
+        )
     if report.without_answer:
         more = f", and {len(report.without_answer) - 10} more" if len(report.without_answer) > 10 else ""
         typer.echo(

@@ -138,7 +138,7 @@ def scan_rows(rows: RowSource) -> list[_Entry]:
     """Validate every row; duplicate ids, invalid lines and malformed rows are reported together."""
     problems: list[str] = []
     entries: list[_Entry] = []
-    first_seen: dict[str, str] = {}
+    first_seen: dict[str, tuple[str, str]] = {}  # whitespace-normalised id → (where, id)
     toolmath = 0  # rows that are ToolMATH tool records (the other converter's source)
     for row, ref in rows.scan():
         toolmath += toolmath_record(row)
@@ -146,13 +146,20 @@ def scan_rows(rows: RowSource) -> list[_Entry]:
         problems.extend(issues)
         if problem is None:
             continue
-        if problem.question_id in first_seen:
+        # ids that differ only in whitespace ("abc", "abc ") read alike in a terminal, a note or the
+        # timeline: two output lines under them could not be told apart
+        key = " ".join(problem.question_id.split())
+        if key in first_seen:
+            where, first = first_seen[key]
+            alike = (
+                "" if first == problem.question_id else f", which differs from {first!r} only in whitespace"
+            )
             problems.append(
-                f"{problem.where}: question_id: duplicate id {problem.question_id!r} "
-                f"(first at {first_seen[problem.question_id]})"
+                f"{problem.where}: question_id: duplicate id {problem.question_id!r}{alike} "
+                f"(first at {where})"
             )
             continue
-        first_seen[problem.question_id] = ref.where
+        first_seen[key] = (ref.where, problem.question_id)
         entries.append(_Entry(problem.question_id, problem.functional, ref))
     hint = TOOLMATH_RECORDS if toolmath and not entries else None  # no usable row: the other converter's
     raise_problems(sorted(rows.problems + problems, key=_line_order), hint)

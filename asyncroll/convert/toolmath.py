@@ -89,6 +89,8 @@ class ConversionReport:
     without_answer: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     """Problems left out by ``skip_unsupported``: id and the record and input behind it."""
+    disagreements: list[str] = field(default_factory=list)
+    """Problems whose records disagree on ``level`` or ``type`` (kept as null): id and the values."""
 
 
 def normalise(text: str) -> str:
@@ -119,7 +121,9 @@ def convert_toolmath(
     digest = sha256_hex(data)
     # The whole source is checked, whatever --limit keeps: a bad record is an error in every sample.
     _check_loadable(
-        [_problem(g, seed, digest, False, report) for g in problems], functions_dir.resolve(), source
+        [_problem(g, seed, digest, False, ConversionReport(output)) for g in problems],
+        functions_dir.resolve(),
+        source,
     )
     chosen = select(problems, key=lambda group: group[0].problem_key, seed=seed, limit=limit)
     lines = [_problem(group, seed, digest, answers_from_solution, report) for group in chosen]
@@ -244,8 +248,7 @@ def _problem(
     metadata: dict[str, Any] = {
         "source": "ToolMATH",
         "source_indices": [r.index for r in group],
-        "level": first.level,
-        "type": first.type,
+        **_agreed(group, pid, report),
         "sample_seed": seed,
         "source_sha256": digest,
     }
@@ -258,6 +261,27 @@ def _problem(
             report.without_answer.append(pid)
     problem["metadata"] = metadata
     return problem
+
+
+def _agreed(group: list[ToolRecord], pid: str, report: ConversionReport) -> dict[str, str | None]:
+    """The problem's ``level`` and ``type``, each null where its records disagree (compared
+    whitespace-normalised, the first record's text kept), as answers that disagree give none: the first
+    record's would be a pick among contradicting values, silently. Disagreements go to ``report``."""
+    out: dict[str, str | None] = {}
+    said: list[str] = []
+    for name in ("level", "type"):
+        values: dict[str, tuple[str, int]] = {}
+        for record in group:
+            value = getattr(record, name)
+            values.setdefault(normalise(value), (value, record.index))
+        if len(values) == 1:
+            out[name] = getattr(group[0], name)
+            continue
+        out[name] = None
+        said.append(f"{name}: " + ", ".join(f"[{i}] {v!r}" for v, i in values.values()))
+    if said:
+        report.disagreements.append(f"{pid} ({'; '.join(said)})")
+    return out
 
 
 def _derived_answer(group: list[ToolRecord]) -> tuple[str | None, str]:
