@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +40,7 @@ from asyncroll.runtime.run import PreparedRun, Run
 from asyncroll.runtime.signals import interruptible, stop_signals_blocked
 from asyncroll.simulation.engine import Assumed, SimulationSettings, backend_for, workers_for
 from asyncroll.simulation.perturb import perturb_workload
-from asyncroll.simulation.sweep_cells import cell_process, died, starting, stop
+from asyncroll.simulation.sweep_cells import cell_process, died, finished, starting, stop
 from asyncroll.simulation.sweep_table import aggregate, markdown
 from asyncroll.workload import WorkloadScan, scan_workload
 
@@ -152,6 +152,7 @@ def run_sweep(
             cells.append(Cell(seeded, tool_root, base, settings, label, rule, point, seed))
     rows: list[dict[str, Any]] = []
     pool = None
+    futures: list[Future[tuple[dict[str, Any], Assumed]]] = []
     stopped: BaseException | None = None
     try:
         if jobs > 1 and len(cells) > 1:
@@ -161,12 +162,11 @@ def run_sweep(
                 context = multiprocessing.get_context("spawn")  # no inherited threads or event loops
                 pool = ProcessPoolExecutor(min(jobs, len(cells)), context, cell_process, (os.getpid(),))
         with starting(jobs), stop_signals_blocked():  # the pool starts its processes as cells come
-            results = map(run_cell, cells) if pool is None else pool.map(run_cell, cells)
+            futures = [] if pool is None else [pool.submit(run_cell, cell) for cell in cells]
+        results = map(run_cell, cells) if pool is None else (future.result() for future in futures)
         for row, cell_assumed in results:
             rows.append(row)
-            if assumed is not None:
-                assumed.untimed.update(cell_assumed.untimed)
-                assumed.passed += cell_assumed.passed
+            _add(assumed, cell_assumed)
             if progress is not None:
                 progress(len(rows), len(cells), row)
     except _FinishedThenStopped as exc:  # the signal came after this cell had finished: its row counts
@@ -181,6 +181,10 @@ def run_sweep(
         stopped = exc
     if pool is not None:
         stop(pool, kill=stopped is not None)  # a signal during this wait is one more reason to stop
+        if isinstance(stopped, KeyboardInterrupt):  # cells that finished while an earlier one still ran
+            for row, cell_assumed in finished(futures[len(rows) :]):
+                rows.append(row)
+                _add(assumed, cell_assumed)
     if stopped is not None and len(rows) == len(cells) and isinstance(stopped, KeyboardInterrupt):
         stopped = None  # every cell had finished: the sweep is whole
     if stopped is None:
@@ -219,6 +223,12 @@ def run_sweep(
         )
         stopped.add_note(f"the {kept} in {output} (sweep.md, marked partial)")
     raise stopped
+
+
+def _add(assumed: Assumed | None, cell: Assumed) -> None:
+    if assumed is not None:
+        assumed.untimed.update(cell.untimed)
+        assumed.passed += cell.passed
 
 
 class SweepInterrupted(KeyboardInterrupt):

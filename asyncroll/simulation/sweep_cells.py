@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 from asyncroll.cpus import usable_cpus as usable_cpus  # bench and the sweep read it here
@@ -69,6 +69,12 @@ def stop(pool: ProcessPoolExecutor, *, kill: bool) -> None:
             return
         except KeyboardInterrupt:
             kill_all(processes)
+
+
+def finished(futures: list[Future[Any]]) -> list[Any]:
+    """The results of the cells among ``futures`` that had finished, in cell order: with cells in several
+    processes, a later cell may finish while an earlier one still runs, and its row is as finished."""
+    return [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
 
 
 def kill_all(processes: list[Any]) -> None:
