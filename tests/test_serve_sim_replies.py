@@ -98,7 +98,7 @@ def test_enforcement_refuses_an_echo_that_violates_the_schema() -> None:
         (
             json.dumps(body(messages=[{"role": "user", "content": ["hello", 1]}])).encode(),
             400,
-            "messages[0].content[0] must be an object",
+            "messages[0].content[1] must be an object",
         ),
         (json.dumps(body(max_tokens=0)).encode(), 400, "'max_tokens' must be an integer >= 1"),
         (json.dumps(body(max_tokens=5, min_tokens=9)).encode(), 400, "'min_tokens' (9) must be <="),

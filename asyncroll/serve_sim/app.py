@@ -57,6 +57,7 @@ from asyncroll.json_depth import json_loads
 from asyncroll.serve_sim import sizes
 from asyncroll.serve_sim.config import SimConfig
 from asyncroll.serve_sim.faults import FaultPlan
+from asyncroll.serve_sim.fields import checked_fields
 from asyncroll.serve_sim.metrics import EngineCollector, exposition, registry_for
 from asyncroll.serve_sim.policy import UnsupportedSchema, draw
 from asyncroll.serve_sim.request import (
@@ -284,7 +285,8 @@ class SimApp:
         cfg = self.config
         check_media_type(request.headers.get("content-type"))
         body = parse_body(raw)
-        self.recent_requests.append({"body": body, "action_header": request.headers.get(ACTION_HEADER)})
+        self.recent_requests.append({"body": dict(body), "action_header": request.headers.get(ACTION_HEADER)})
+        checked_fields(body)  # vLLM's field types: 400 before anything else, as its pydantic model answers
         if body.get("model") not in (cfg.model, None, ""):  # none named: the served one, as in vLLM
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
         refuse_unsupported(body)

@@ -74,8 +74,26 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+#: The content part types vLLM's chat parser knows (``MM_PARSER_MAP`` in vllm/entrypoints/chat_utils.py):
+#: any other is its 400. serve-sim sizes the text of ``text``/``input_text``/``output_text`` parts and of
+#: plain-string parts; the others count nothing (serve-sim has no images or audio to count).
+PART_TYPES = frozenset(
+    {
+        "text", "input_text", "output_text", "refusal", "thinking", "image_url", "input_image", "image_pil",
+        "image_embeds", "audio_embeds", "prompt_embeds", "audio_url", "input_audio", "video_url",
+        "tool_reference",
+    }
+)  # fmt: skip
+#: A part without ``type`` is taken by the media field it holds, as vLLM takes it.
+_UNTYPED_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url",
+                 "input_audio", "video_url", "tool_reference")  # fmt: skip
+
+
 def checked_messages(messages: Any) -> list[dict[str, Any]]:
-    """The request's messages, checked before :func:`~asyncroll.serve_sim.sizes.prompt_tokens` sizes them."""
+    """The request's messages, checked before :func:`~asyncroll.serve_sim.sizes.prompt_tokens` sizes them.
+
+    Content is a string, null, or a list of parts: objects with a known ``type`` (vLLM's 400 names an
+    unknown one) or plain strings, which vLLM reads as text parts."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
     for i, message in enumerate(messages):
@@ -85,9 +103,28 @@ def checked_messages(messages: Any) -> list[dict[str, Any]]:
         if content is not None and not isinstance(content, str | list):
             raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
         for j, part in enumerate(content if isinstance(content, list) else ()):
-            if not isinstance(part, dict):  # sizing would count it as nothing; vLLM refuses it too
-                raise BadRequest(f"messages[{i}].content[{j}] must be an object (a content part)")
+            _check_part(part, f"messages[{i}].content[{j}]")
     return messages
+
+
+def _check_part(part: Any, where: str) -> None:
+    if isinstance(part, str):
+        return
+    if not isinstance(part, dict):  # sizing would count it as nothing; vLLM refuses it too
+        raise BadRequest(f"{where} must be an object (a content part) or a string")
+    kind = part.get("type")
+    if kind is None:
+        if not any(key in part for key in _UNTYPED_KEYS):
+            raise BadRequest(f"Missing 'type' field in multimodal part ({where}).")
+    elif not isinstance(kind, str):
+        raise BadRequest(f"Invalid 'type' field in multimodal part ({where}).")
+    elif kind not in PART_TYPES:
+        raise BadRequest(
+            f"Unsupported chat content part type: {kind!r} ({where}). Supported types: "
+            f"{', '.join(sorted(PART_TYPES))}."
+        )
+    elif kind in ("text", "input_text", "output_text") and not isinstance(part.get("text"), str | None):
+        raise BadRequest(f"{where}.text must be a string")
 
 
 def refuse_unsupported(body: dict[str, Any]) -> None:

@@ -23,17 +23,22 @@ MIN_CHARS_PER_TOKEN = 0.01
 
 
 def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
-    """Characters of every message's content: a string, or a list of parts whose ``text`` counts.
+    """Characters of every message's content: a string, or a list of parts whose ``text`` counts (a
+    plain-string part counts whole, as vLLM reads it as a text part).
 
-    Anything else (a missing or null content, a part that is not an object) counts nothing here;
-    serve-sim refuses a malformed message before it sizes one."""
+    Anything else (a missing or null content, an image part) counts nothing here; serve-sim refuses a
+    malformed message before it sizes one."""
     total = 0
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):
             total += len(content)
         elif isinstance(content, list):
-            total += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
+            for part in content:
+                if isinstance(part, str):
+                    total += len(part)
+                elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += len(part["text"])
     return total
 
 
