@@ -64,15 +64,18 @@ class Span:
 
 class SpanLog(Spool):
     """Spans (or instants) in a :class:`~asyncroll.outputs.spool.Spool`, as plain tuples, read back as
-    :class:`Span`; counts the trajectory spans on the way in (the timeline's layout needs that number)."""
+    :class:`Span`; counts the trajectory spans on the way in (the timeline's layout needs that number) and
+    the event loop's stalls and stops (``trace.json`` gives them a thread of their own when there are any)."""
 
     def __init__(self, dir: Path | None = None) -> None:
         super().__init__(dir)
         self.trajectory_spans = 0
+        self.loop_spans = 0
 
     def append(self, record: Any) -> None:
         span: Span = record
         self.trajectory_spans += span.cat == "trajectory"
+        self.loop_spans += span.cat == "loop_stall"
         super().append((span.track, span.cat, span.name, span.start, span.end, span.state, span.args))
 
     def __iter__(self) -> Iterator[Any]:

@@ -4,6 +4,11 @@ file that Perfetto and chrome://tracing load.
 Chrome's trace format has no way to say a counter is unknown (a counter track holds its last value until
 the next point), so ``trace.json`` emits counter points only where known and draws each telemetry gap as a
 "no data" slice on a thread of its own under the telemetry process, spanning the null samples.
+
+Perfetto keeps the slices of one thread as a stack and drops a slice that starts inside another and ends
+after it, so spans that can cross never share a thread: the event loop's stalls and stops (from the watch's
+asked wake-up to its late one) get an "event loop" thread beside the scheduler's, whose server-circuit span
+starts when the circuit opened (``server_unavailable`` is back-dated to it) and can cross a stall.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ COUNTER_PID = {"cpu_queue_depth": 2, "model_outstanding": 3, "active_trajectorie
 #: How deep a span's kind nests on its track: at equal start and duration the outer one is written first
 #: (Perfetto nests a slice in the one before it), whatever order the spans were closed in.
 DEPTH = {"trajectory": 0, "execute": 2, "circuit": 2}  # "circuit": a wait inside its model request
+#: The scheduler's second thread: the event loop's stalls and stops, which can cross the circuit's span.
+LOOP = "event loop"
 
 
 def _us(t: float, origin: float) -> int:
@@ -52,6 +59,8 @@ def _thread_label(kind: str, key: Any) -> str:
         return "(no trajectory)" if key is None else f"trajectory {key}"
     if kind == "telemetry":
         return f"no data: {RESOURCE_LABELS.get(key, key)}"
+    if kind == "scheduler" and key == LOOP:
+        return "event loop"
     return {"worker": f"worker {key}", "model": f"request slot {key}"}.get(kind, "scheduler")
 
 
@@ -67,6 +76,8 @@ def _events(a: Activity) -> tuple[Iterator[dict[str, Any]], Body]:
     tids: dict[Track, int] = {("trajectory", x): i + 1 for i, x in enumerate(a.trajectories)}
     tids |= {("worker", w): i + 1 for i, w in enumerate(sorted(a.workers))}
     tids |= {("model", n): n + 1 for n in range(a.model_lanes)} | {("scheduler", 0): 1}
+    if a.spans.loop_spans:
+        tids[("scheduler", LOOP)] = 2
     if "telemetry" in pids:  # one thread per counter with gaps, below the counters
         gapped = [k for k in RESOURCE_LABELS if any(g.name == k for g in a.counter_gaps)]
         tids |= {("telemetry", k): i + 1 for i, k in enumerate(gapped)}
@@ -84,7 +95,8 @@ def _events(a: Activity) -> tuple[Iterator[dict[str, Any]], Body]:
 
     def body(o: float) -> Body:
         for s in a.spans:
-            ts, pid, tid = _us(s.start, o), pids[s.track[0]], tids[s.track]
+            track = ("scheduler", LOOP) if s.cat == "loop_stall" else s.track
+            ts, pid, tid = _us(s.start, o), pids[track[0]], tids[track]
             args = s.args | ({"state": s.state} if s.state != "ok" else {})
             dur = max(0, _us(s.end, o) - ts)
             event = _ev("X", s.label, pid, tid, cat=s.cat, ts=ts, dur=dur, args=args)
