@@ -13,6 +13,8 @@ its trace processor's source rather than from the exporter (which it must not tr
   it is dropped (``slice_drop_overlapping_complete_event``); an ``E`` closes the innermost open ``B``, and
   an ``E`` with none open is lost; a negative ``dur`` is an import error.
 - JSON itself (RFC 8259): no ``NaN``/``Infinity`` literals.
+- The exporter's own contract (``asyncroll.outputs.trace``): ``ts`` 0 is the run's earliest event, so no
+  ``ts`` is negative (``CoerceToTs`` itself would take one).
 
 Events are replayed in the order the importer sorts them: by ``ts`` (the file order among equal ``ts``,
 which is why the exporter must already write a parent before the children that share its start).

@@ -197,3 +197,30 @@ def test_a_big_simulated_run_imports_cleanly(tmp_path: Path, server: str) -> Non
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert _problems(out) == []
+
+
+def _trajectory_lost_its_request_end() -> list[ev.Event]:
+    """A damaged log: trajectory ``a`` finished at 1 s, but the lines that ended its model request (queued
+    at 0.1 s) were lost, so the request is drawn "(incomplete)" to the run's last event at 5 s."""
+    return [
+        _start(0.0),
+        ev.TrajectoryStarted(t=0.0, id="a", index=0, prompt_chars=1, active=1),
+        ev.ModelEnqueued(t=0.1, id="a", request_id=1, turn=0, outstanding=1),
+        ev.TrajectoryFinished(
+            t=1.0, id="a", status="failed", turns=0, tool_calls=0, duration_s=1.0, error="x"
+        ),
+        ev.MeasurementFinished(t=5.0, status="complete", makespan_s=5.0),
+    ]
+
+
+def test_an_incomplete_span_that_outlives_its_finished_trajectory_is_clipped_not_dropped(
+    tmp_path: Path,
+) -> None:
+    """An incomplete span is drawn to the run's end, past the end of its trajectory's span when that one
+    did end: Perfetto dropped it (it crossed its parent), the one span that said something was lost. It is
+    drawn to its enclosing span's end instead, its own length kept in its args."""
+    trace = load_trace(make_run(tmp_path, _trajectory_lost_its_request_end(), run=RECEIPT))
+    assert perfetto_problems(trace) == []
+    queue = next(e for e in trace["traceEvents"] if e["name"] == "model queue (incomplete)")
+    assert (queue["ts"], queue["dur"]) == (100_000, 900_000)
+    assert queue["args"]["dur_before_clipping_us"] == 4_900_000

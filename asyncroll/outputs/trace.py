@@ -17,7 +17,7 @@ import heapq
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,12 +147,13 @@ def _stdlib(value: Any) -> bytes:
 def _sorted(events: Body, encode: Encoder, spool: Path) -> Iterator[bytes]:
     """The encoded events sorted by (ts, longest first, outer kind first), ties in their given order
     (counters in order), with memory bounded by ``SORT_CHUNK`` events: an external merge sort whose sorted
-    runs wait in temporary files beside the trace."""
+    runs wait in temporary files beside the trace; each slice then nested in its track (:func:`_nested`)."""
     runs: list[Spool] = []
-    chunk: list[tuple[int, int, int, int, bytes]] = []
+    chunk: list[tuple[int, int, int, int, Any, bytes]] = []
     for seq, (ts, dur, depth, event) in enumerate(events):
+        track = (event["pid"], event["tid"]) if event["ph"] == "X" else None
         # keys are unique, so the bytes are never compared; copied, as orjson's bytes keep a 4 KB buffer
-        chunk.append((ts, -dur, depth, seq, bytes(memoryview(encode(event)))))
+        chunk.append((ts, -dur, depth, seq, track, bytes(memoryview(encode(event)))))
         if len(chunk) >= SORT_CHUNK:
             chunk.sort()
             run = Spool(spool, batch=256)
@@ -161,11 +162,33 @@ def _sorted(events: Body, encode: Encoder, spool: Path) -> Iterator[bytes]:
             chunk = []
     chunk.sort()
     try:
-        for item in heapq.merge(*runs, chunk) if runs else chunk:
-            yield item[4]
+        yield from _nested(heapq.merge(*runs, chunk) if runs else chunk, encode)
     finally:
         for run in runs:
             run.close()
+
+
+def _nested(items: Iterable[tuple[int, int, int, int, Any, bytes]], encode: Encoder) -> Iterator[bytes]:
+    """The events' bytes, each slice (in ts order) ending by the end of the slice it starts in on its
+    thread: Perfetto keeps a thread's slices as a stack and drops one that starts inside another and ends
+    after it. Only a damaged log makes one (an "(incomplete)" span drawn to the run's end inside a span
+    that did end); it is drawn to its enclosing span's end, its own length in ``dur_before_clipping_us``."""
+    open_slices: dict[Any, list[tuple[int, int]]] = {}  # per thread: (start, end) of those open at ts
+    for ts, minus_dur, _depth, _seq, track, data in items:
+        if track is None:
+            yield data
+            continue
+        stack = open_slices.setdefault(track, [])
+        while stack and (stack[-1][1] < ts or (stack[-1][1] == ts and (stack[-1][0] < ts or minus_dur))):
+            stack.pop()  # ended by ts: closed on the left, open on the right (zero-length ones stack)
+        end = ts - minus_dur
+        if stack and end > stack[-1][1]:
+            event = json.loads(data)
+            event["args"] = event.get("args", {}) | {"dur_before_clipping_us": event["dur"]}
+            end, event["dur"] = stack[-1][1], stack[-1][1] - ts
+            data = encode(event)
+        stack.append((ts, end))
+        yield data
 
 
 def _write(path: Path, a: Activity, encode: Encoder, clock: str | None) -> None:
