@@ -224,3 +224,44 @@ def test_an_incomplete_span_that_outlives_its_finished_trajectory_is_clipped_not
     queue = next(e for e in trace["traceEvents"] if e["name"] == "model queue (incomplete)")
     assert (queue["ts"], queue["dur"]) == (100_000, 900_000)
     assert queue["args"]["dur_before_clipping_us"] == 4_900_000
+
+
+def test_an_http_run_with_failed_and_retried_requests_imports_cleanly(tmp_path: Path) -> None:
+    """The HTTP backend against a real serve-sim answering 429, 500 and connection resets: failed requests,
+    retries (instants inside their request), 8 requests at once on their slots, telemetry counters."""
+    server = subprocess.Popen(
+        [
+            sys.executable, "-m", "asyncroll.cli", "serve-sim", "--port", "0", "--step-base-ms", "2",
+            "--rate-429", "0.3", "--retry-after", "0.05", "--rate-500", "0.2", "--reset-rate", "0.1",
+            "--seed", "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[3]
+        workload = _spin_workload(tmp_path / "w.jsonl", 12, 20)
+        out = tmp_path / "run"
+        run = cli(
+            "run", "--workload", workload, "--output", out, "--backend", "vllm", "--model", "sim",
+            "--endpoint", url, "--replay", "--max-tokens", "16", "--cpu-workers", "2",
+            "--warmup-requests", "0",
+            "--max-retries", "3", "--retry-max-delay", "0.1", "--telemetry-interval", "0.02",
+            "--max-inflight-model-requests", "8", "--no-progress", timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        assert server.stdout is not None
+        server.stdout.close()
+    trace = load_strict(out / "trace.json")
+    names = [e["name"] for e in trace["traceEvents"]]
+    assert any(n.startswith("model retry") for n in names) and any(n.endswith("(failed)") for n in names)
+    assert perfetto_problems(trace) == []
