@@ -131,6 +131,11 @@ class StreamReply(Response):
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            # end the connection here, as the truncate fault does: uvicorn, finding a response neither
+            # complete nor disconnected, logged "ERROR: ASGI callable returned without completing
+            # response." for every stream the stop cut
+            self._host.close_connection(scope)
+            await asyncio.sleep(0)
         finally:
             self._end(outcome)
 
