@@ -277,9 +277,13 @@ class SimApp:
         finally:
             self._in_engine.pop(seq, None)
 
-    def close_connection(self, scope: Scope) -> None:
+    def close_connection(self, scope: Scope, *, now: bool = False) -> None:
+        """End the request's connection with a FIN after what was written; ``now``: with a reset if some
+        of it is still buffered (a reader that stopped reading would hold the FIN back for good)."""
         client = scope.get("client")
-        abort_connection(self.transports.get(tuple(client)) if client else None, reset=False)
+        transport = self.transports.get(tuple(client)) if client else None
+        buffered = isinstance(transport, asyncio.WriteTransport) and transport.get_write_buffer_size() > 0
+        abort_connection(transport, reset=now and buffered)
 
     async def _chat(self, request: Request, raw: bytes) -> Response:
         cfg = self.config

@@ -96,8 +96,9 @@ class StreamHost(Protocol):
     def stream_ended(self, outcome: Outcome) -> None:
         """Count the request (``/sim/stats``) and take it out of ``inflight``."""
 
-    def close_connection(self, scope: Scope) -> None:
-        """End the request's connection with a FIN (the ``truncate`` fault)."""
+    def close_connection(self, scope: Scope, *, now: bool = False) -> None:
+        """End the request's connection with a FIN (the ``truncate`` fault); ``now`` (the server stops):
+        with a reset where what was written is still buffered, held back by a reader that stopped."""
 
 
 class StreamReply(Response):
@@ -133,8 +134,9 @@ class StreamReply(Response):
                 task.uncancel()
             # end the connection here, as the truncate fault does: uvicorn, finding a response neither
             # complete nor disconnected, logged "ERROR: ASGI callable returned without completing
-            # response." for every stream the stop cut
-            self._host.close_connection(scope)
+            # response." for every stream the stop cut (a reset if a reader that stopped reading holds
+            # the FIN back: what it did not read is lost as the process exits anyway)
+            self._host.close_connection(scope, now=True)
             await asyncio.sleep(0)
         finally:
             self._end(outcome)
