@@ -5,7 +5,9 @@ requests that clients leave at every point."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import signal
 import socket
 import subprocess
@@ -16,9 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from asyncroll.backends.server_model import ServerModelConfig
+from asyncroll.serve_sim.config import FaultConfig
 from tests.children import end
 from tests.experiments import CLI, ROOT
-from tests.sim_servers import body
+from tests.sim_servers import body, sim
 
 CHAT = "/v1/chat/completions"
 
@@ -112,3 +116,85 @@ def test_a_stream_whose_reader_stopped_reading_is_cut_by_the_stop_without_an_err
     output = (tmp_path / "sim.log").read_text()
     assert "1 request(s) still running after the 2 s grace" in output, output
     assert "ERROR" not in output and "Traceback" not in output, output
+
+
+async def _send_and_leave(url: str, request: dict[str, object]) -> None:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    _, writer = await asyncio.open_connection(host, int(port))
+    payload = json.dumps(request)
+    head = f"POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    writer.write(f"{head}content-length: {len(payload)}\r\n\r\n{payload}".encode())
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+
+
+async def _mixed_load(url: str, requests: int, seed: int) -> None:
+    """``requests`` chat requests, 100 at a time: a third without ``stream``, the rest streamed and left by
+    their client before the headers, after the headers, after k chunks or never."""
+    rng = random.Random(seed)
+
+    async def one(client: httpx.AsyncClient, leave_after: int | None, stream: bool) -> None:
+        request = body(max_tokens=rng.randint(1, 40), ignore_eos=True, stream=stream)
+        try:
+            if not stream:
+                await client.post(CHAT, json=request)
+                return
+            if (
+                leave_after == -1
+            ):  # gone before the headers: the whole request sent, then the connection closed
+                await _send_and_leave(url, request)
+                return
+            async with client.stream("POST", CHAT, json=request) as r:
+                chunks = 0
+                async for line in r.aiter_lines():
+                    chunks += bool(line)
+                    if leave_after is not None and chunks >= leave_after:
+                        return  # closing the response mid-stream drops its connection
+        except httpx.TransportError:  # the reset and truncate faults
+            pass
+
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=url, timeout=20, limits=limits) as client:
+        gate = asyncio.Semaphore(100)
+
+        async def gated() -> None:
+            async with gate:
+                await one(client, rng.choice([-1, 0, 1, 3, None, None]), rng.random() > 0.33)
+
+        await asyncio.gather(*(gated() for _ in range(requests)))
+
+
+@pytest.mark.timeout(60)
+def test_streams_left_at_every_point_under_faults_leave_nothing_behind() -> None:
+    """600 requests, 100 at a time, streamed or not, their clients leaving at every point of a stream,
+    with every fault on: each request is counted once, and the server comes back to rest (nothing in
+    flight, no sequence in the engine or watched, no KV reserved, no connection or task left over)."""
+    faults = FaultConfig(
+        rate_503=0.05, reset_rate=0.05, truncate_rate=0.05, malformed_rate=0.05, slow_rate=0.05, slow_s=0.02
+    )
+    engine = ServerModelConfig(
+        max_num_seqs=32, step_base_ms=0.5, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
+    with sim(faults=faults, engine=engine) as (running, client):
+        asyncio.run(asyncio.wait_for(_mixed_load(running.url, 600, seed=3), 40))
+        client.close()
+        deadline = time.monotonic() + 10
+        while running.call(lambda: running.sim.inflight or len(running.sim.transports)):
+            assert time.monotonic() < deadline, running.stats()
+            time.sleep(0.02)
+        stats = running.stats()
+
+        def rest() -> tuple[int, int, list[str]]:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            names = sorted(getattr(t.get_coro(), "__qualname__", "?") for t in others)
+            return len(running.sim._in_engine), running.sim.engine._watched, names
+
+        in_engine, watched, tasks = running.call(rest)
+    assert stats["requests"] == sum(stats["statuses"].values()) == 600, stats
+    assert set(stats["statuses"]) <= {"200", "499", "503", "reset", "truncated"}, stats
+    assert stats["statuses"]["499"] > 0 and stats["statuses"]["truncated"] > 0, stats
+    assert stats["inflight"] == 0 and stats["kv_cache_usage"] == 0, stats
+    assert stats["engine"]["running"] == stats["engine"]["waiting"] == 0, stats
+    assert (in_engine, watched) == (0, 0)
+    assert tasks == ["BatchingServer.serve", "LifespanOn.main", "start_thread.<locals>.main.<locals>.serve"]
