@@ -198,3 +198,33 @@ def test_streams_left_at_every_point_under_faults_leave_nothing_behind() -> None
     assert stats["engine"]["running"] == stats["engine"]["waiting"] == 0, stats
     assert (in_engine, watched) == (0, 0)
     assert tasks == ["BatchingServer.serve", "LifespanOn.main", "start_thread.<locals>.main.<locals>.serve"]
+
+
+@pytest.mark.timeout(40)
+def test_a_stream_held_by_a_stopped_reader_reserves_no_kv_once_its_sequence_left_the_engine() -> None:
+    """The KV gauge counts the reservations of the oldest requests in the engine, as many as run. A stream
+    kept its reservation until its last byte went out: one whose reader stopped reading held it after its
+    sequence had finished, and the gauge counted it in place of a sequence still running."""
+    engine = ServerModelConfig(
+        max_num_seqs=8, step_base_ms=0.1, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
+    )
+    with sim(engine=engine) as (running, client):
+        host, port = running.url.removeprefix("http://").rsplit(":", 1)
+        options = {"include_usage": True, "continuous_usage_stats": True}  # ≈ 300 bytes a chunk: 6 MB
+        request = json.dumps(body(max_tokens=20000, ignore_eos=True, stream=True, stream_options=options))
+        head = f"POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        with socket.create_connection((host, int(port)), timeout=10) as reader:
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            reader.sendall(f"{head}content-length: {len(request)}\r\n\r\n{request}".encode())
+            deadline = time.monotonic() + 25
+            while (stats := running.stats())["engine"]["generated_tokens"] < 20000 or stats["inflight"] != 1:
+                assert time.monotonic() < deadline, stats
+                time.sleep(0.05)
+            with ThreadPoolExecutor(1) as pool:  # 2000 steps of 0.1 ms: 0.2 s running alone
+                later = pool.submit(client.post, CHAT, json=body(max_tokens=2000, ignore_eos=True))
+                while (stats := running.stats())["engine"]["running"] != 1:
+                    assert time.monotonic() < deadline and not later.done(), stats
+                    time.sleep(0.005)
+                kv = stats["kv_cache_usage"]
+                assert later.result(timeout=20).status_code == 200
+    assert kv == (10 + 2000) / 262_144, kv  # 10 prompt tokens (40 characters) and 2000 output tokens

@@ -121,9 +121,8 @@ class StreamReply(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: Outcome = "truncated"  # cut by anything unforeseen
         try:
-            with self._host.reserve(self._seq, self.plan.prompt_tokens + self.plan.tokens):
-                if not await until_disconnected(receive, self._stream(scope, send)):
-                    outcome = CLIENT_CLOSED
+            if not await until_disconnected(receive, self._stream(scope, send)):
+                outcome = CLIENT_CLOSED
         except asyncio.CancelledError:
             if not self._host.stopping:
                 raise
@@ -145,9 +144,7 @@ class StreamReply(Response):
         """True once the stream ended (whole or cut by a fault)."""
         plan = self.plan
         progress = _Progress()
-        generation = asyncio.ensure_future(
-            self._host.engine.generate(plan.prompt_tokens, plan.tokens, on_token=progress.advance)
-        )
+        generation = asyncio.ensure_future(self._generate(progress))
         generation.add_done_callback(lambda _: progress.changed.set())
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
         try:
@@ -193,6 +190,13 @@ class StreamReply(Response):
             if not generation.done():
                 generation.cancel()
             await asyncio.gather(generation, return_exceptions=True)
+
+    async def _generate(self, progress: _Progress) -> None:
+        """The sequence in the engine, its KV reserved while it is there: not while a slow reader is still
+        sent its last chunks (the KV gauge counts the oldest reservations, as many as run)."""
+        plan = self.plan
+        with self._host.reserve(self._seq, plan.prompt_tokens + plan.tokens):
+            await self._host.engine.generate(plan.prompt_tokens, plan.tokens, on_token=progress.advance)
 
     def _envelope(self) -> dict[str, Any]:
         plan = self.plan
