@@ -6,12 +6,14 @@ requests that clients leave at every point."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import pytest
 
 from asyncroll.backends.server_model import ServerModelConfig
 from asyncroll.serve_sim.config import FaultConfig
+from asyncroll.serve_sim.server import RunningSim
 from tests.children import end
 from tests.experiments import CLI, ROOT
 from tests.sim_servers import body, sim
@@ -118,6 +121,27 @@ def test_a_stream_whose_reader_stopped_reading_is_cut_by_the_stop_without_an_err
     assert "ERROR" not in output and "Traceback" not in output, output
 
 
+#: 0.1 ms a step: a stream of 20,000 tokens is decoded in 2 s
+FAST = ServerModelConfig(max_num_seqs=8, step_base_ms=0.1, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
+
+
+@contextlib.contextmanager
+def _stopped_reader(running: RunningSim, deadline: float) -> Iterator[None]:
+    """A stream of 20,000 tokens (6 MB) whose client stopped reading at once, open for the block: it is
+    entered once the engine is done with the sequence while the stream waits for the reader."""
+    host, port = running.url.removeprefix("http://").rsplit(":", 1)
+    options = {"include_usage": True, "continuous_usage_stats": True}  # ≈ 300 bytes a chunk
+    request = json.dumps(body(max_tokens=20000, ignore_eos=True, stream=True, stream_options=options))
+    head = f"POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as reader:
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.sendall(f"{head}content-length: {len(request)}\r\n\r\n{request}".encode())
+        while (stats := running.stats())["engine"]["generated_tokens"] < 20000 or stats["inflight"] != 1:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.05)
+        yield
+
+
 async def _send_and_leave(url: str, request: dict[str, object]) -> None:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     _, writer = await asyncio.open_connection(host, int(port))
@@ -205,26 +229,31 @@ def test_a_stream_held_by_a_stopped_reader_reserves_no_kv_once_its_sequence_left
     """The KV gauge counts the reservations of the oldest requests in the engine, as many as run. A stream
     kept its reservation until its last byte went out: one whose reader stopped reading held it after its
     sequence had finished, and the gauge counted it in place of a sequence still running."""
-    engine = ServerModelConfig(
-        max_num_seqs=8, step_base_ms=0.1, step_per_seq_ms=0.0, prefill_ms_per_token=0.0
-    )
-    with sim(engine=engine) as (running, client):
-        host, port = running.url.removeprefix("http://").rsplit(":", 1)
-        options = {"include_usage": True, "continuous_usage_stats": True}  # ≈ 300 bytes a chunk: 6 MB
-        request = json.dumps(body(max_tokens=20000, ignore_eos=True, stream=True, stream_options=options))
-        head = f"POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        with socket.create_connection((host, int(port)), timeout=10) as reader:
-            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            reader.sendall(f"{head}content-length: {len(request)}\r\n\r\n{request}".encode())
-            deadline = time.monotonic() + 25
-            while (stats := running.stats())["engine"]["generated_tokens"] < 20000 or stats["inflight"] != 1:
-                assert time.monotonic() < deadline, stats
-                time.sleep(0.05)
-            with ThreadPoolExecutor(1) as pool:  # 2000 steps of 0.1 ms: 0.2 s running alone
-                later = pool.submit(client.post, CHAT, json=body(max_tokens=2000, ignore_eos=True))
-                while (stats := running.stats())["engine"]["running"] != 1:
-                    assert time.monotonic() < deadline and not later.done(), stats
-                    time.sleep(0.005)
-                kv = stats["kv_cache_usage"]
-                assert later.result(timeout=20).status_code == 200
+    with sim(engine=FAST) as (running, client):
+        deadline = time.monotonic() + 25
+        with (
+            _stopped_reader(running, deadline),
+            ThreadPoolExecutor(1) as pool,
+        ):  # 2000 steps of 0.1 ms: 0.2 s running alone
+            later = pool.submit(client.post, CHAT, json=body(max_tokens=2000, ignore_eos=True))
+            while (stats := running.stats())["engine"]["running"] != 1:
+                assert time.monotonic() < deadline and not later.done(), stats
+                time.sleep(0.005)
+            kv = stats["kv_cache_usage"]
+            assert later.result(timeout=20).status_code == 200
     assert kv == (10 + 2000) / 262_144, kv  # 10 prompt tokens (40 characters) and 2000 output tokens
+
+
+@pytest.mark.timeout(40)
+def test_a_client_that_stopped_reading_and_left_aborted_its_stream() -> None:
+    """A stream waiting for a reader that stopped reading, its sequence done, went on when the reader
+    left: uvicorn drops what is sent after a disconnect, so it ran to ``[DONE]`` and counted 200 a reply
+    whose client read a small part of it. Counted 499, as any client that leaves mid-stream."""
+    with sim(engine=FAST) as (running, _):
+        deadline = time.monotonic() + 25
+        with _stopped_reader(running, deadline):
+            pass  # and the reader leaves
+        while (stats := running.stats())["inflight"]:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.01)
+    assert stats["statuses"] == {"499": 1}, stats

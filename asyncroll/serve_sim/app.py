@@ -277,11 +277,15 @@ class SimApp:
         finally:
             self._in_engine.pop(seq, None)
 
+    def transport(self, scope: Scope) -> asyncio.BaseTransport | None:
+        """The request's connection (None where the server does not track them; server.py does)."""
+        client = scope.get("client")
+        return self.transports.get(tuple(client)) if client else None
+
     def close_connection(self, scope: Scope, *, now: bool = False) -> None:
         """End the request's connection with a FIN after what was written; ``now``: with a reset if some
         of it is still buffered (a reader that stopped reading would hold the FIN back for good)."""
-        client = scope.get("client")
-        transport = self.transports.get(tuple(client)) if client else None
+        transport = self.transport(scope)
         buffered = isinstance(transport, asyncio.WriteTransport) and transport.get_write_buffer_size() > 0
         abort_connection(transport, reset=now and buffered)
 

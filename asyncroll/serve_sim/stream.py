@@ -96,6 +96,9 @@ class StreamHost(Protocol):
     def stream_ended(self, outcome: Outcome) -> None:
         """Count the request (``/sim/stats``) and take it out of ``inflight``."""
 
+    def transport(self, scope: Scope) -> asyncio.BaseTransport | None:
+        """The request's connection, if the server tracks it."""
+
     def close_connection(self, scope: Scope, *, now: bool = False) -> None:
         """End the request's connection with a FIN (the ``truncate`` fault); ``now`` (the server stops):
         with a reset where what was written is still buffered, held back by a reader that stopped."""
@@ -110,6 +113,7 @@ class StreamReply(Response):
         super().__init__()
         self.plan, self._seq, self._host = plan, seq, host
         self._told = False
+        self._transport: asyncio.BaseTransport | None = None
 
     def _end(self, outcome: Outcome) -> None:
         """Tell the outcome, once: before the stream's last bytes go out, as a reply without ``stream`` is
@@ -120,6 +124,7 @@ class StreamReply(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: Outcome = "truncated"  # cut by anything unforeseen
+        self._transport = self._host.transport(scope)
         try:
             if not await until_disconnected(receive, self._stream(scope, send)):
                 outcome = CLIENT_CLOSED
@@ -141,7 +146,7 @@ class StreamReply(Response):
             self._end(outcome)
 
     async def _stream(self, scope: Scope, send: Send) -> bool:
-        """True once the stream ended (whole or cut by a fault)."""
+        """True once the stream ended (whole or cut by a fault); False: the client left."""
         plan = self.plan
         progress = _Progress()
         generation = asyncio.ensure_future(self._generate(progress))
@@ -177,7 +182,11 @@ class StreamReply(Response):
                         b'data: {"id": "' + plan.request_id.encode() + b'", "cho<!-- upstream error -->'
                     )
                 await self._send(send, events, more=True)
+                if self._left():
+                    return False
             await generation
+            if self._left():
+                return False
             events = []
             if plan.include_usage:
                 usage = self._usage(plan.tokens)
@@ -190,6 +199,11 @@ class StreamReply(Response):
             if not generation.done():
                 generation.cancel()
             await asyncio.gather(generation, return_exceptions=True)
+
+    def _left(self) -> bool:
+        """The client closed the connection while a send waited for it to read (a stopped reader that
+        left): uvicorn drops what is sent after that, so the stream would otherwise run on to 200."""
+        return self._transport is not None and self._transport.is_closing()
 
     async def _generate(self, progress: _Progress) -> None:
         """The sequence in the engine, its KV reserved while it is there: not while a slow reader is still
