@@ -1,7 +1,8 @@
 """serve-sim's streamed replies under load, disconnects and shutdown: a ``serve-sim`` process stopped by a
-signal with streams open cuts them without an error line per stream; the bookkeeping (``inflight``, the
-statuses, the engine, the KV gauge, the watched sequences) comes back to rest after many streamed
-requests that clients leave at every point."""
+signal with streams open cuts them without an error line per stream, a stopped reader's included; the
+bookkeeping (``inflight``, the statuses, the engine, the KV gauge, the watched sequences) comes back to
+rest after many streamed requests that clients leave at every point; a stream held by a reader that
+stopped reading reserves no KV once its sequence is done, and counts 499 when that reader leaves."""
 
 from __future__ import annotations
 
