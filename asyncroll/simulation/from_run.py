@@ -310,7 +310,8 @@ def _root_from_tool_files(receipt: dict[str, Any], workload: Path, limit: int | 
     checked: list[tuple[str, str]] = []
     for _, _, problem in iter_problems(workload, limit):
         for tool in problem.tools:
-            path = files.pop(tool.key, files.pop(tool.spelled_key, None))
+            spelled = files.pop(tool.spelled_key, None)  # as a run before keys were normalised wrote it
+            path = files.pop(tool.key, spelled)
             if tool.implementation is None or not isinstance(path, str):
                 continue
             parts = Path(tool.implementation).parts
