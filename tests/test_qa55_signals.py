@@ -52,13 +52,18 @@ def test_a_stopped_jobs_sweep_keeps_a_simulation_that_finished_after_a_running_o
         return _HoldsSeed0(int(seeded.stem.split("-")[1]), mark)
 
     out = tmp_path / "s"
+    shown: list[tuple[int, int, str, int]] = []  # the progress line's cells, each as it is kept
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(SweepInterrupted) as stopped:
-            run_sweep(workload, tmp_path, {}, spec, SimulationSettings(), out, custom={"held": held}, jobs=2)
+            run_sweep(
+                workload, tmp_path, {}, spec, SimulationSettings(), out, custom={"held": held}, jobs=2,
+                progress=lambda done, total, row: shown.append((done, total, row["policy"], row["seed"])),
+            )  # fmt: skip
     finally:
         signal.signal(signal.SIGINT, previous)
     assert (stopped.value.done, stopped.value.total) == (2, 4)
+    assert shown == [(1, 4, "fifo", 0), (2, 4, "fifo", 1)]  # the kept one shown too, not only the first
     with (out / "sweep.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["policy"], r["seed"]) for r in rows] == [("fifo", "0"), ("fifo", "1")]

@@ -185,6 +185,8 @@ def run_sweep(
             for row, cell_assumed in finished(futures[len(rows) :]):
                 rows.append(row)
                 _add(assumed, cell_assumed)
+                if progress is not None:
+                    progress(len(rows), len(cells), row)
     if stopped is not None and len(rows) == len(cells) and isinstance(stopped, KeyboardInterrupt):
         stopped = None  # every cell had finished: the sweep is whole
     if stopped is None:
