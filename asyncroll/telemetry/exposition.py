@@ -15,6 +15,11 @@ prompt tokens (counter)       ``vllm:prompt_tokens_total``    ``sglang:prompt_to
 generated tokens (counter)    ``vllm:generation_tokens_total`` ``sglang:generation_tokens_total``
 ============================  ==============================  ===========================
 
+SGLang's running and waiting gauges are summed over the series that count each request once
+(:func:`sglang_request_series`): a ``priority="<n>"`` breakdown beside its ``priority=""`` total
+(``--enable-priority-scheduling``) is left out, and of pipeline stages (``pp_rank``), which all hold the
+same requests, only the lowest is read. Its token counters are labelled per request, so all are summed.
+
 Series whose ``model_name`` label names another model are ignored (one server may serve several);
 series without the label are kept. A quantity with no series is *missing*; one with a non-finite or
 negative value, a line the parser rejects, or two series with the same labels is *invalid*; both are
@@ -140,6 +145,32 @@ def _wanted_samples(text: str, names: Iterable[str]) -> Iterable[tuple[str, Any]
             yield name, exc
 
 
+def _label(key: SeriesKey, name: str) -> str | None:
+    return next((value for label, value in key if label == name), None)
+
+
+def _without(key: SeriesKey, name: str) -> SeriesKey:
+    return tuple(item for item in key if item[0] != name)
+
+
+def sglang_request_series(series: list[tuple[SeriesKey, float]]) -> list[tuple[SeriesKey, float]]:
+    """The series of an SGLang running or waiting gauge that count each request once (the module
+    docstring): a ``priority="<n>"`` breakdown beside its ``priority=""`` total is left out, and of
+    pipeline stages that report the same requests only the lowest ``pp_rank``'s series is kept."""
+    totals = {_without(k, "priority") for k, _ in series if _label(k, "priority") == ""}
+    kept = [(k, v) for k, v in series if not _label(k, "priority") or _without(k, "priority") not in totals]
+
+    def stage(key: SeriesKey) -> tuple[int, str]:
+        rank = _label(key, "pp_rank") or "0"
+        return (int(rank), rank) if rank.isdigit() else (1 << 62, rank)
+
+    first: dict[SeriesKey, tuple[int, str]] = {}
+    for key, _ in kept:
+        group = _without(key, "pp_rank")
+        first[group] = min(first.get(group, stage(key)), stage(key))
+    return [(k, v) for k, v in kept if stage(k) == first[_without(k, "pp_rank")]]
+
+
 def _finite(value: float) -> bool:
     return math.isfinite(value) and value >= 0
 
@@ -168,7 +199,10 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
     nulls: dict[str, NullReason] = {}
 
     def gauge(key: str, name: str, combine: Any, upper: float = math.inf) -> float | None:
-        values = [v for _, v in series[name]]
+        read = series[name]
+        if names.flavor == "sglang" and key in ("running", "waiting"):
+            read = sglang_request_series(read)
+        values = [v for _, v in read]
         if name in broken or name in duplicated or any(not _finite(v) or v > upper for v in values):
             nulls[key] = "invalid"
             return None
