@@ -16,10 +16,12 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.telemetry.exposition import SGLANG, parse_metrics
 from asyncroll.telemetry.server_metrics import ServerMetricsSource, ServerSample
 from tests.metrics_loopback import MetricsServer
+from tests.sim_servers import body, sim
 
 M = "Qwen/Qwen3-8B"
 R0 = f'dp_rank="0",engine_type="unified",model_name="{M}",moe_ep_rank="0",pp_rank="0"'
@@ -119,3 +121,27 @@ def test_the_metrics_source_reads_a_priority_scheduling_sglang_over_loopback(
     assert detail["flavor"] == "sglang" and detail["missing_at_probe"] == []
     assert [(s.running, s.waiting) for s in samples] == [(14.0, 4.0), (14.0, 4.0)]
     assert samples[1].prompt_tokens_per_s == 300.0 and samples[1].nulls == {}
+
+
+SCHEDULER_LABELS = {
+    "model_name": "sim",
+    "engine_type": "unified",
+    "tp_rank": "0",
+    "pp_rank": "0",
+    "moe_ep_rank": "0",
+}
+
+
+@pytest.mark.timeout(30)
+def test_serve_sim_sglang_flavour_carries_sglangs_labels_and_reads_back() -> None:
+    with sim(metrics_flavor="sglang") as (_, client):
+        assert client.post("/v1/chat/completions", json=body()).status_code == 200
+        text = client.get("/metrics").text
+    samples = {s.name: s.labels for f in text_string_to_metric_families(text) for s in f.samples}
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"):
+        assert samples[name] == SCHEDULER_LABELS, name
+    for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total"):
+        assert samples[name] == {"model_name": "sim", "engine_type": "unified"}, name
+    reading = parse_metrics(text, SGLANG, "sim")
+    assert reading.nulls == {} and reading.running == 0.0
+    assert sum(reading.prompt_tokens.values()) > 0

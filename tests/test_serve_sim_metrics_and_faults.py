@@ -61,8 +61,18 @@ def test_metrics_use_the_servers_exact_names_under_load(flavor: str, names: tupl
         running_name, waiting_name, kv_name, prompt_name, gen_name = names
         idle = scrape(client)
         assert set(names) <= set(idle)
-        labels = {"model_name": "sim"} | ({"engine": "0"} if flavor == "vllm" else {})
-        assert all(idle[n][0] == labels for n in names)
+        vllm = {"model_name": "sim", "engine": "0"}
+        # SGLang: the scheduler's gauges carry its ranks, the tokenizer's counters none
+        ranks = {
+            "model_name": "sim",
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
+        counters = {"model_name": "sim", "engine_type": "unified"}
+        labels = {n: vllm if flavor == "vllm" else ranks if i < 3 else counters for i, n in enumerate(names)}
+        assert all(idle[n][0] == labels[n] for n in names)
         assert idle[running_name][1] == 0 and idle[prompt_name][1] == 0
         with ThreadPoolExecutor(5) as pool:
             futures = [

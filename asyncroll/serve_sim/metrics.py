@@ -13,8 +13,12 @@ prompt tokens (counter)    ``vllm:prompt_tokens_total``       ``sglang:prompt_to
 generated tokens (ctr)     ``vllm:generation_tokens_total``   ``sglang:generation_tokens_total``
 =========================  =================================  =============================
 
-Every series carries a ``model_name`` label, as both servers do, and vLLM's an ``engine`` label too (``"0"``:
-one engine core), as vLLM V1 labels each of them.
+Every series carries a ``model_name`` label, as both servers do. vLLM's carry an ``engine`` label too
+(``"0"``: one engine core), as vLLM V1 labels each of them. SGLang's carry the labels of the process that
+counts them: the scheduler's gauges ``engine_type="unified"`` and the ranks of its one scheduler
+(``tp_rank``, ``pp_rank``, ``moe_ep_rank``: ``"0"``; no ``dp_rank``, which SGLang adds only with
+``--dp-size`` > 1), the tokenizer's counters ``engine_type="unified"`` alone, as SGLang's
+``SchedulerMetricsCollector`` and ``TokenizerMetricsCollector`` label them (MEASUREMENT.md, "Sources").
 """
 
 from __future__ import annotations
@@ -46,8 +50,16 @@ NAMES: dict[MetricsFlavor, dict[str, str]] = {
 }
 
 
-#: The labels besides ``model_name`` each flavour's series carry, with their values.
-EXTRA_LABELS: dict[MetricsFlavor, dict[str, str]] = {"vllm": {"engine": "0"}, "sglang": {}}
+#: The labels besides ``model_name`` each flavour's gauges carry, with their values.
+EXTRA_LABELS: dict[MetricsFlavor, dict[str, str]] = {
+    "vllm": {"engine": "0"},
+    "sglang": {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"},
+}
+#: The labels besides ``model_name`` each flavour's token counters carry (SGLang's tokenizer has no rank).
+COUNTER_LABELS: dict[MetricsFlavor, dict[str, str]] = {
+    "vllm": {"engine": "0"},
+    "sglang": {"engine_type": "unified"},
+}
 
 
 class EngineCollector(Collector):
@@ -56,22 +68,22 @@ class EngineCollector(Collector):
     ) -> None:
         """``read`` returns the engine snapshot and the KV-cache usage fraction, taken together."""
         self._names = NAMES[flavor]
-        self._label_names = ["model_name", *EXTRA_LABELS[flavor]]
-        self._labels = [model, *EXTRA_LABELS[flavor].values()]
+        self._gauge_labels = {"model_name": model, **EXTRA_LABELS[flavor]}
+        self._counter_labels = {"model_name": model, **COUNTER_LABELS[flavor]}
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
         snap, kv = self._read()
-        n, names, labels = self._names, self._label_names, self._labels
+        n, gauges, counters = self._names, self._gauge_labels, self._counter_labels
 
         def gauge(key: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(n[key], doc, labels=names)
-            family.add_metric(labels, value)
+            family = GaugeMetricFamily(n[key], doc, labels=list(gauges))
+            family.add_metric(list(gauges.values()), value)
             return family
 
         def counter(key: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(n[key], doc, labels=names)
-            family.add_metric(labels, value)
+            family = CounterMetricFamily(n[key], doc, labels=list(counters))
+            family.add_metric(list(counters.values()), value)
             return family
 
         yield gauge("running", "Number of requests in the running batch.", snap.running)
