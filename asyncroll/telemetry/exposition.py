@@ -20,6 +20,12 @@ SGLang's running and waiting gauges are summed over the series that count each r
 (``--enable-priority-scheduling``) is left out, and of pipeline stages (``pp_rank``), which all hold the
 same requests, only the lowest is read. Its token counters are labelled per request, so all are summed.
 
+A gauge whose series carry a ``pid`` label is invalid: ``prometheus_client``'s multiprocess mode (vLLM's
+with ``--api-server-count`` > 1) keeps one copy of a gauge per process when it was given no
+``multiprocess_mode`` (vLLM's ``vllm:kv_cache_usage_perc`` before its pull request #28792), each holding
+what that process last set, so neither their sum nor their max is the server's value; a legacy KV name
+without such copies is read instead. Counters are summed over the processes (no ``pid``).
+
 Series whose ``model_name`` label names another model are ignored (one server may serve several);
 series without the label are kept. A quantity with no series is *missing*; one with a non-finite or
 negative value, a line the parser rejects, or two series with the same labels is *invalid*; both are
@@ -198,12 +204,17 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
         series[name].append((key, float(sample.value)))
     nulls: dict[str, NullReason] = {}
 
+    def per_process(name: str) -> bool:
+        """A gauge with per-process copies (module docstring): which copy is current cannot be told."""
+        return any(_label(key, "pid") is not None for key, _ in series[name])
+
     def gauge(key: str, name: str, combine: Any, upper: float = math.inf) -> float | None:
         read = series[name]
         if names.flavor == "sglang" and key in ("running", "waiting"):
             read = sglang_request_series(read)
         values = [v for _, v in read]
-        if name in broken or name in duplicated or any(not _finite(v) or v > upper for v in values):
+        bad = name in broken or name in duplicated or per_process(name)
+        if bad or any(not _finite(v) or v > upper for v in values):
             nulls[key] = "invalid"
             return None
         if not values:
@@ -213,7 +224,8 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
 
     running = gauge("running", names.running, sum)
     waiting = gauge("waiting", names.waiting, sum)
-    kv_metric = next((n for n in names.kv_cache if series[n] or n in broken), None)
+    present = [n for n in names.kv_cache if series[n] or n in broken]
+    kv_metric = next((n for n in present if not per_process(n)), present[0] if present else None)
     if kv_metric is None:
         kv, nulls["kv_cache_usage"] = None, "missing"
     else:
