@@ -50,6 +50,23 @@ NAMES: dict[MetricsFlavor, dict[str, str]] = {
 }
 
 
+#: Each flavour's ``# HELP`` text; vLLM's are its ``PrometheusStatLogger``'s.
+HELP: dict[MetricsFlavor, dict[str, str]] = {
+    "vllm": {
+        "running": "Number of requests in model execution batches.",
+        "waiting": "Number of requests waiting to be processed.",
+        "kv": "KV-cache usage. 1 means 100 percent usage.",
+        "prompt": "Number of prefill tokens processed.",
+        "generation": "Number of generation tokens processed.",
+    },
+    "sglang": {
+        "running": "Number of requests in the running batch.",
+        "waiting": "Number of requests waiting to be scheduled.",
+        "kv": "KV-cache usage; 1 means 100 percent.",
+        "prompt": "Number of prefill tokens processed.",
+        "generation": "Number of generation tokens processed.",
+    },
+}
 #: The labels besides ``model_name`` each flavour's gauges carry, with their values.
 EXTRA_LABELS: dict[MetricsFlavor, dict[str, str]] = {
     "vllm": {"engine": "0"},
@@ -68,29 +85,30 @@ class EngineCollector(Collector):
     ) -> None:
         """``read`` returns the engine snapshot and the KV-cache usage fraction, taken together."""
         self._names = NAMES[flavor]
+        self._help = HELP[flavor]
         self._gauge_labels = {"model_name": model, **EXTRA_LABELS[flavor]}
         self._counter_labels = {"model_name": model, **COUNTER_LABELS[flavor]}
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
         snap, kv = self._read()
-        n, gauges, counters = self._names, self._gauge_labels, self._counter_labels
+        n, doc, gauges, counters = self._names, self._help, self._gauge_labels, self._counter_labels
 
-        def gauge(key: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(n[key], doc, labels=list(gauges))
+        def gauge(key: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(n[key], doc[key], labels=list(gauges))
             family.add_metric(list(gauges.values()), value)
             return family
 
-        def counter(key: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(n[key], doc, labels=list(counters))
+        def counter(key: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(n[key], doc[key], labels=list(counters))
             family.add_metric(list(counters.values()), value)
             return family
 
-        yield gauge("running", "Number of requests in the running batch.", snap.running)
-        yield gauge("waiting", "Number of requests waiting to be scheduled.", snap.waiting)
-        yield gauge("kv", "KV-cache usage; 1 means 100 percent.", kv)
-        yield counter("prompt", "Number of prefill tokens processed.", snap.prompt_tokens)
-        yield counter("generation", "Number of generation tokens processed.", snap.generated_tokens)
+        yield gauge("running", snap.running)
+        yield gauge("waiting", snap.waiting)
+        yield gauge("kv", kv)
+        yield counter("prompt", snap.prompt_tokens)
+        yield counter("generation", snap.generated_tokens)
 
 
 def registry_for(collector: EngineCollector) -> CollectorRegistry:
