@@ -3,8 +3,8 @@ flavour against the same names.
 
 vLLM V1's ``PrometheusStatLogger`` (``vllm/v1/metrics/loggers.py``) labels every engine metric
 ``model_name`` and ``engine`` (one series per engine core: per data-parallel rank); its running, waiting
-and KV gauges are ``multiprocess_mode="mostrecent"``. With ``--api-server-count`` > 1 (the default with
-``--data-parallel-size`` > 1) it runs ``prometheus_client`` in multiprocess mode
+and KV gauges are ``multiprocess_mode="mostrecent"``. With ``--api-server-count`` > 1 (recent vLLM's default
+with ``--data-parallel-size`` > 1) it runs ``prometheus_client`` in multiprocess mode
 (``setup_multiprocess_prometheus``): counters are summed over the API-server processes (no ``pid`` label,
 no ``_created`` samples), "mostrecent" gauges keep the latest value any process set, and a gauge with no
 ``multiprocess_mode`` keeps one series per process, labelled ``pid``: so did ``vllm:kv_cache_usage_perc``
@@ -112,6 +112,18 @@ def test_per_process_copies_of_the_kv_gauge_are_not_read_as_engines(engines: int
     assert reading.kv_cache_usage is None and reading.nulls == {"kv_cache_usage": "invalid"}
     assert reading.running == (7.0 if engines == 2 else 3.0)
     assert sum(reading.prompt_tokens.values()) == (420.0 if engines == 2 else 300.0)
+
+
+def test_a_pid_label_alone_is_no_copy() -> None:
+    """Processes that each report their own series (a ``pid`` beside distinct engines or ranks, or one API
+    server in multiprocess mode) are read as usual: only series that differ in ``pid`` alone are copies."""
+    text = DP2_API2.replace(f"{{{e(0)}}}", f'{{{e(0)},pid="7"}}').replace(
+        f"{{{e(1)}}}", f'{{{e(1)},pid="8"}}'
+    )
+    assert 'pid="8"' in text
+    reading = parse_metrics(text, VLLM, M)
+    assert (reading.running, reading.waiting, reading.kv_cache_usage) == (7.0, 3.0, 0.5)
+    assert reading.nulls == {}
 
 
 def test_the_legacy_kv_gauge_is_read_when_the_current_one_has_per_process_copies() -> None:

@@ -20,11 +20,13 @@ SGLang's running and waiting gauges are summed over the series that count each r
 (``--enable-priority-scheduling``) is left out, and of pipeline stages (``pp_rank``), which all hold the
 same requests, only the lowest is read. Its token counters are labelled per request, so all are summed.
 
-A gauge whose series carry a ``pid`` label is invalid: ``prometheus_client``'s multiprocess mode (vLLM's
-with ``--api-server-count`` > 1) keeps one copy of a gauge per process when it was given no
-``multiprocess_mode`` (vLLM's ``vllm:kv_cache_usage_perc`` before its pull request #28792), each holding
-what that process last set, so neither their sum nor their max is the server's value; a legacy KV name
-without such copies is read instead. Counters are summed over the processes (no ``pid``).
+A gauge with series that differ only in their ``pid`` label is invalid: ``prometheus_client``'s
+multiprocess mode (vLLM's with ``--api-server-count`` > 1) keeps one copy of a gauge per process when it
+was given no ``multiprocess_mode`` (vLLM's ``vllm:kv_cache_usage_perc`` before its pull request #28792),
+each holding what that process last set, so neither their sum nor their max is the server's value; a
+legacy KV name without such copies is read instead. Series of separate processes that each report their
+own labels (another ``engine`` or rank) are read as any others. Counters are summed over the processes
+(no ``pid``).
 
 Series whose ``model_name`` label names another model are ignored (one server may serve several);
 series without the label are kept. A quantity with no series is *missing*; one with a non-finite or
@@ -205,8 +207,10 @@ def parse_metrics(text: str, names: MetricNames, model: str | None = None) -> Se
     nulls: dict[str, NullReason] = {}
 
     def per_process(name: str) -> bool:
-        """A gauge with per-process copies (module docstring): which copy is current cannot be told."""
-        return any(_label(key, "pid") is not None for key, _ in series[name])
+        """A gauge with per-process copies of a series (the same labels but ``pid``; module docstring):
+        which copy is current cannot be told. Processes that each report their own series are read."""
+        keys = [_without(key, "pid") for key, _ in series[name] if _label(key, "pid") is not None]
+        return len(set(keys)) < len(keys)
 
     def gauge(key: str, name: str, combine: Any, upper: float = math.inf) -> float | None:
         read = series[name]
