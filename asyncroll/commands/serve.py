@@ -60,8 +60,8 @@ def serve_sim(
 ) -> None:
     """Serve an OpenAI-compatible inference-server simulator (batching engine in real time, faults, metrics).
 
-    Endpoints: POST /v1/chat/completions, GET /health, GET /v1/models, GET /version, GET /metrics,
-    GET /sim/stats, POST /sim/reset-stats.
+    Endpoints: POST /v1/chat/completions (streamed with "stream": true, as vLLM streams), GET /health,
+    GET /v1/models, GET /version, GET /metrics, GET /sim/stats, POST /sim/reset-stats.
     The first line printed is "serve-sim listening on http://HOST:PORT ...". Fault rates are drawn
     independently per request, in the order 429, 500, 503, reset, truncate, malformed, invalid action; the
     first drawn applies (--rate-429 0.6 --rate-500 0.6: about 60% 429 and 24% 500).
