@@ -68,28 +68,21 @@ def convert_toolmath(
         f"({report.records} tool records{left_out}), seed {seed}{hint}"
     )
     _fewer_than_limit(report.written, limit)
-    if report.left_out:
-        more = f", and {len(report.left_out) - 10} more" if len(report.left_out) > 10 else ""
-        typer.echo(
-            f"note: {len(report.left_out)} problem(s) left out: a tool takes an input type a workload "
-            f"cannot declare: {'; '.join(report.left_out[:10])}{more}",
-            err=True,
-        )
-    if report.disagreements:
-        more = f", and {len(report.disagreements) - 10} more" if len(report.disagreements) > 10 else ""
-        typer.echo(
-            f"note: {len(report.disagreements)} problem(s) have a null metadata level or type: their "
-            f"records disagree on it: {'; '.join(report.disagreements[:10])}{more}",
-            err=True,
-        )
-    if report.without_answer:
-        more = f", and {len(report.without_answer) - 10} more" if len(report.without_answer) > 10 else ""
-        typer.echo(
-            f"note: {len(report.without_answer)} problem(s) have no reference_answer (no \\boxed{{}} "
-            "answer, or their records box different ones; metadata.reference_answer_source says which): "
-            f"{', '.join(report.without_answer[:10])}{more}",
-            err=True,
-        )
+    _note(report.left_out, "left out: a tool takes an input type a workload cannot declare", "; ")
+    _note(report.disagreements, "have a null metadata level or type: their records disagree on it", "; ")
+    _note(
+        report.without_answer,
+        "have no reference_answer (no \\boxed{} answer, or their records box different ones; "
+        "metadata.reference_answer_source says which)",
+        ", ",
+    )
+
+
+def _note(problems: list[str], what: str, sep: str) -> None:
+    """``note: N problem(s) WHAT: the first ten, and M more`` on stderr, when there are any."""
+    if problems:
+        more = f", and {len(problems) - 10} more" if len(problems) > 10 else ""
+        typer.echo(f"note: {len(problems)} problem(s) {what}: {sep.join(problems[:10])}{more}", err=True)
 
 
 def convert_livecodebench(
