@@ -103,3 +103,21 @@ def real_clock_run(
 def trickle_metrics(handler: BaseHTTPRequestHandler, closing: threading.Event) -> bool:
     trickle(handler, closing, "text/plain; version=0.0.4", every_s=0.02)
     return True
+
+
+def probe_and_read(url: str, model: str, times: list[float]) -> tuple[dict[str, Any], list[Any]]:
+    """The real metrics source over loopback: its probe's detail, then one sample per time in ``times``
+    (the clock each read sees)."""
+    from asyncroll.telemetry.server_metrics import ServerMetricsSource
+
+    clock = iter(times)
+
+    async def go() -> tuple[dict[str, Any], list[Any]]:
+        source = ServerMetricsSource(url, model=model, timeout=5.0)
+        try:
+            detail = await source.probe(5.0)
+            return detail, [await source.read(lambda: next(clock)) for _ in times]
+        finally:
+            await source.aclose()
+
+    return asyncio.run(go())

@@ -12,15 +12,13 @@ gauges carry ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.telemetry.exposition import SGLANG, parse_metrics
-from asyncroll.telemetry.server_metrics import ServerMetricsSource, ServerSample
-from tests.metrics_loopback import MetricsServer
+from tests.metrics_loopback import MetricsServer, probe_and_read
 from tests.sim_servers import body, sim
 
 M = "Qwen/Qwen3-8B"
@@ -107,17 +105,7 @@ def test_the_metrics_source_reads_a_priority_scheduling_sglang_over_loopback(
     later = DP_PRIORITY.replace('priority="0"} 1000.0', 'priority="0"} 1300.0')
     assert later != DP_PRIORITY
     server = metrics_server(lambda n: (200, DP_PRIORITY if n <= 2 else later))
-    times = iter([0.0, 1.0])
-
-    async def go() -> tuple[dict[str, object], list[ServerSample]]:
-        source = ServerMetricsSource(server.url, model=M, timeout=5.0)
-        try:
-            detail = await source.probe(5.0)
-            return detail, [await source.read(lambda: next(times)) for _ in range(2)]
-        finally:
-            await source.aclose()
-
-    detail, samples = asyncio.run(go())
+    detail, samples = probe_and_read(server.url, M, [0.0, 1.0])
     assert detail["flavor"] == "sglang" and detail["missing_at_probe"] == []
     assert [(s.running, s.waiting) for s in samples] == [(14.0, 4.0), (14.0, 4.0)]
     assert samples[1].prompt_tokens_per_s == 300.0 and samples[1].nulls == {}

@@ -16,15 +16,13 @@ scheduler stats to one front-end per step). The fixtures below were produced by 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncroll.telemetry.exposition import VLLM, parse_metrics
-from asyncroll.telemetry.server_metrics import ServerMetricsSource, ServerSample
-from tests.metrics_loopback import MetricsServer
+from tests.metrics_loopback import MetricsServer, probe_and_read
 from tests.sim_servers import body, sim
 
 M = "Qwen/Qwen3-8B"
@@ -145,17 +143,7 @@ def test_the_metrics_source_reads_a_dp2_api2_vllm_over_loopback(
     )
     assert later != DP2_API2
     server = metrics_server(lambda n: (200, DP2_API2 if n <= 2 else later))
-    times = iter([0.0, 2.0])
-
-    async def go() -> tuple[dict[str, object], list[ServerSample]]:
-        source = ServerMetricsSource(server.url, model=M, timeout=5.0)
-        try:
-            detail = await source.probe(5.0)
-            return detail, [await source.read(lambda: next(times)) for _ in range(2)]
-        finally:
-            await source.aclose()
-
-    detail, samples = asyncio.run(go())
+    detail, samples = probe_and_read(server.url, M, [0.0, 2.0])
     assert detail["flavor"] == "vllm" and detail["missing_at_probe"] == []
     assert [(s.running, s.waiting, s.kv_cache_usage) for s in samples] == [(7.0, 3.0, 0.5)] * 2
     assert samples[1].prompt_tokens_per_s == 100.0 and samples[1].generation_tokens_per_s == 0.0
