@@ -4,6 +4,8 @@ refused as vLLM refuses it, and the SDK reads every answer and retries a 429 aft
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -92,6 +94,7 @@ def test_the_openai_sdk_retries_a_429_after_its_retry_after() -> None:
 
 
 ACTION = '{"type": "final", "answer": "abc STOP def"}'
+ACTION_HEADER = {"x-asyncroll-action": ACTION}
 UNTIL_STOP = ACTION[: ACTION.index("STOP")]
 STOP_END_TOKENS = -(-(len(UNTIL_STOP) + 4) // 4)  # the tokens out when STOP is complete (4 chars a token)
 
@@ -114,11 +117,18 @@ def test_a_stop_string_ends_the_reply_as_in_vllm(
 ) -> None:
     """It was ignored: the reply went on past the stop string, which it held."""
     with sim() as (_, client):
-        r = client.post(CHAT, json=body(**extra), headers={"x-asyncroll-action": ACTION})
+        r = client.post(CHAT, json=body(**extra), headers=ACTION_HEADER)
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         assert (choice["message"]["content"], choice["finish_reason"]) == (content, finish)
         assert r.json()["usage"]["completion_tokens"] == completion_tokens
+        # vLLM's stop_reason: the stop string that ended the reply, null where EOS or max_tokens did
+        assert choice["stop_reason"] == ("STOP" if content == UNTIL_STOP else None)
+        with client.stream("POST", CHAT, json=body(stream=True, **extra), headers=ACTION_HEADER) as streamed:
+            chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line[6:7] == "{"]
+        last = chunks[-1]["choices"][0]
+        assert (last["finish_reason"], last["stop_reason"]) == (finish, choice["stop_reason"])
+        assert all("stop_reason" not in c["choices"][0] for c in chunks[:-1])
 
 
 @pytest.mark.timeout(30)

@@ -337,8 +337,10 @@ class SimApp:
         # or a reply exactly that long: its EOS would have been one token more), else the model stopped
         finish = "length" if tokens == max_tokens else "stop"
         stop = first_stop(content, stops, lambda end: sizes.tokens(end, cfg.chars_per_token) >= min_tokens)
+        stop_reason = None  # as vLLM's: the stop string that ended the reply, else null
         if stop is not None and sizes.tokens(stop[1], cfg.chars_per_token) <= max_tokens:
             # a stop string ends the reply (even with ignore_eos), left out of the text as vLLM leaves it
+            stop_reason = content[stop[0] : stop[1]]
             content, tokens, finish = content[: stop[0]], sizes.tokens(stop[1], cfg.chars_per_token), "stop"
         elif content_tokens > max_tokens:
             content = content[: sizes.chars(max_tokens, cfg.chars_per_token)]
@@ -348,7 +350,7 @@ class SimApp:
             fault_now = fault if fault in ("truncate", "malformed") else None
             plan = StreamPlan(
                 f"chatcmpl-sim-{seq}", int(time.time()), cfg.model, prompt_tokens, tokens, content, finish,
-                cfg.chars_per_token, include_usage, continuous_usage, fault_now,
+                stop_reason, cfg.chars_per_token, include_usage, continuous_usage, fault_now,
             )  # fmt: skip
             return StreamReply(plan, seq, self)
         with self.reserve(seq, prompt_tokens + tokens):
@@ -365,6 +367,7 @@ class SimApp:
                         "message": {"role": "assistant", "content": content},
                         "logprobs": None,
                         "finish_reason": finish,
+                        "stop_reason": stop_reason,
                     }
                 ],
                 "usage": {

@@ -61,6 +61,7 @@ class StreamPlan:
     tokens: int
     content: str
     finish: str
+    stop_reason: str | None  # the stop string that ended the reply (vLLM's ``stop_reason``), else None
     chars_per_token: float
     include_usage: bool
     continuous_usage: bool
@@ -226,7 +227,9 @@ class StreamReply(Response):
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _chunk(self, delta: dict[str, str], finish: str | None, tokens: int) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish is not None:  # as vLLM: the finish chunk says which stop string ended the reply (or null)
+            choice["stop_reason"] = self.plan.stop_reason
         chunk: dict[str, Any] = {**self._envelope(), "choices": [choice]}
         if self.plan.continuous_usage:
             chunk["usage"] = self._usage(tokens)
