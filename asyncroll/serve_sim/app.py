@@ -340,8 +340,10 @@ class SimApp:
         stop_reason = None  # as vLLM's: the stop string that ended the reply, else null
         if stop is not None and sizes.tokens(stop[1], cfg.chars_per_token) <= max_tokens:
             # a stop string ends the reply (even with ignore_eos), left out of the text as vLLM leaves it
+            # unless include_stop_str_in_output (vLLM's own field) keeps it
             stop_reason = content[stop[0] : stop[1]]
-            content, tokens, finish = content[: stop[0]], sizes.tokens(stop[1], cfg.chars_per_token), "stop"
+            end = stop[1] if body.get("include_stop_str_in_output") else stop[0]
+            content, tokens, finish = content[:end], sizes.tokens(stop[1], cfg.chars_per_token), "stop"
         elif content_tokens > max_tokens:
             content = content[: sizes.chars(max_tokens, cfg.chars_per_token)]
         self._seq += 1

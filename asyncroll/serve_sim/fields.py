@@ -92,12 +92,13 @@ class _Fields(_Lax):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    include_stop_str_in_output: bool = False
 
 
 #: Fields whose coerced value replaces the client's in the body (the others are only checked).
 _WRITTEN_BACK = (
     "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens", "n", "stream", "ignore_eos",
-    "min_tokens",
+    "min_tokens", "include_stop_str_in_output",
 )  # fmt: skip
 
 #: SamplingParams' ranges, with vLLM's words (its ``_verify_args``).

@@ -1,0 +1,54 @@
+"""serve-sim as a newcomer meets it from other OpenAI clients: vLLM's ``include_stop_str_in_output``
+keeps the stop string in the reply, streamed or not (it was silently ignored: the string left out)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.sim_servers import body, sim
+
+CHAT = "/v1/chat/completions"
+ACTION = '{"type": "final", "answer": "the end of it all"}'
+SCRIPTED = {"x-asyncroll-action": ACTION}
+
+
+def streamed_text(client: httpx.Client, **extra: Any) -> tuple[str, str | None]:
+    text, finish = "", None
+    with client.stream("POST", CHAT, json=body(stream=True, **extra), headers=SCRIPTED) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                    text += choice["delta"].get("content") or ""
+                    finish = choice["finish_reason"] or finish
+    return text, finish
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("include", "expected"),
+    [(None, '{"type": "final", "answer": "the '), (True, '{"type": "final", "answer": "the end')],
+)
+def test_include_stop_str_in_output_keeps_the_stop_string_as_vllm_does(
+    include: bool | None, expected: str
+) -> None:
+    extra: dict[str, Any] = {"stop": ["end", "zzz"]}
+    if include is not None:
+        extra["include_stop_str_in_output"] = include
+    with sim() as (_, client):
+        whole = client.post(CHAT, json=body(**extra), headers=SCRIPTED).json()
+        choice = whole["choices"][0]
+        assert (choice["message"]["content"], choice["finish_reason"]) == (expected, "stop")
+        assert streamed_text(client, **extra) == (expected, "stop")
+        # the stop string's tokens are counted either way: the usage does not change with it
+        assert whole["usage"]["completion_tokens"] == -(-len('{"type": "final", "answer": "the end') // 4)
+
+
+@pytest.mark.timeout(30)
+def test_include_stop_str_in_output_that_is_not_a_boolean_is_a_400_naming_it() -> None:
+    with sim() as (_, client):
+        r = client.post(CHAT, json=body(stop="end", include_stop_str_in_output="maybe"), headers=SCRIPTED)
+        assert r.status_code == 400 and "include_stop_str_in_output" in r.json()["error"]["message"]
