@@ -52,3 +52,19 @@ def test_include_stop_str_in_output_that_is_not_a_boolean_is_a_400_naming_it() -
     with sim() as (_, client):
         r = client.post(CHAT, json=body(stop="end", include_stop_str_in_output="maybe"), headers=SCRIPTED)
         assert r.status_code == 400 and "include_stop_str_in_output" in r.json()["error"]["message"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "text", "text": "a" * 40},
+        {"type": "refusal", "refusal": "a" * 40},  # vLLM's chat parser reads both as text
+        {"type": "thinking", "thinking": "a" * 40},
+    ],
+)
+def test_refusal_and_thinking_parts_count_as_text_as_vllm_reads_them(part: dict[str, Any]) -> None:
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": [part]}]
+    with sim() as (_, client):
+        r = client.post(CHAT, json=body(messages=messages, max_tokens=1), headers=SCRIPTED)
+        assert r.json()["usage"]["prompt_tokens"] == 11  # 41 characters at 4 a token

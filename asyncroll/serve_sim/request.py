@@ -75,8 +75,9 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 #: The content part types vLLM's chat parser knows (``MM_PARSER_MAP`` in vllm/entrypoints/chat_utils.py):
-#: any other is its 400. serve-sim sizes the text of ``text``/``input_text``/``output_text`` parts and of
-#: plain-string parts; the others count nothing (serve-sim has no images or audio to count).
+#: any other is its 400. serve-sim sizes the text of ``text``/``input_text``/``output_text``/``refusal``/
+#: ``thinking`` parts and of plain-string parts; the others count nothing (serve-sim has no images or
+#: audio to count).
 PART_TYPES = frozenset(
     {
         "text", "input_text", "output_text", "refusal", "thinking", "image_url", "input_image", "image_pil",

@@ -24,7 +24,8 @@ MIN_CHARS_PER_TOKEN = 0.01
 
 def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
     """Characters of every message's content: a string, or a list of parts whose ``text`` counts (a
-    plain-string part counts whole, as vLLM reads it as a text part).
+    ``refusal`` part's ``refusal``, a ``thinking`` part's ``thinking``; a plain-string part counts whole,
+    as vLLM reads it as a text part).
 
     Anything else (a missing or null content, an image part) counts nothing here; serve-sim refuses a
     malformed message before it sizes one."""
@@ -37,9 +38,15 @@ def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
             for part in content:
                 if isinstance(part, str):
                     total += len(part)
-                elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += len(part["text"])
+                elif isinstance(part, dict):
+                    # vLLM reads a refusal or thinking part as text too (its chat parser's text types)
+                    text = part.get(_TEXT_KEYS.get(part.get("type"), "text"))
+                    total += len(text) if isinstance(text, str) else 0
     return total
+
+
+#: Part types whose text is not under ``text``.
+_TEXT_KEYS: dict[Any, str] = {"refusal": "refusal", "thinking": "thinking"}
 
 
 @lru_cache(maxsize=64)
