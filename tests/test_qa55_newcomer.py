@@ -68,3 +68,31 @@ def test_refusal_and_thinking_parts_count_as_text_as_vllm_reads_them(part: dict[
     with sim() as (_, client):
         r = client.post(CHAT, json=body(messages=messages, max_tokens=1), headers=SCRIPTED)
         assert r.json()["usage"]["prompt_tokens"] == 11  # 41 characters at 4 a token
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"guided_json": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}},
+        {"guided_choice": ["yes", "no"]},
+        {"guided_regex": "[0-9]+"},
+        {"guided_grammar": "root ::= 'a'"},
+        {"structured_outputs": {"choice": ["yes", "no"]}},
+    ],
+)
+def test_vllm_guided_decoding_fields_are_refused_naming_the_field_not_silently_ignored(
+    extra: dict[str, Any],
+) -> None:
+    """A client of vLLM's own structured-output fields got an unconstrained reply (one that broke its
+    schema or choice) with a 200; serve-sim constrains only ``response_format``."""
+    (name,) = extra
+    with sim() as (running, client):
+        for stream in (False, True):
+            r = client.post(CHAT, json=body(stream=stream, **extra))
+            assert r.status_code == 400, r.text
+            message = r.json()["error"]["message"]
+            assert name in message and "response_format" in message
+        assert running.stats()["engine"]["steps"] == 0
+        ok = client.post(CHAT, json=body(guided_json=None, structured_outputs=None, max_tokens=1))
+        assert ok.status_code == 200  # a null field asks for nothing

@@ -128,10 +128,16 @@ def _check_part(part: Any, where: str) -> None:
         raise BadRequest(f"{where}.text must be a string")
 
 
+#: vLLM's own structured-output fields (``extra_body``): serve-sim draws replies for ``response_format`` only
+_GUIDED = (
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "structured_outputs",
+)  # fmt: skip
+
+
 def refuse_unsupported(body: dict[str, Any]) -> None:
     """A 400 naming the field for what an OpenAI client may ask and serve-sim cannot give: more than one
-    choice, a forced native tool call, log-probabilities. Ignoring them answered a reply that silently
-    lacked them."""
+    choice, a forced native tool call, vLLM's own structured-output fields, log-probabilities. Ignoring
+    them answered a reply that silently lacked them."""
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest(f"serve-sim answers one choice: 'n' must be 1 or absent, got {_shown(n)}")
@@ -141,6 +147,12 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
             "serve-sim calls no tools natively (its replies are text, never tool_calls): 'tool_choice' must "
             f'be "auto", "none" or absent, got {_shown(choice)}'
         )
+    for name in _GUIDED:
+        if body.get(name) is not None:
+            raise BadRequest(
+                f"serve-sim constrains replies only by 'response_format' (json_schema or json_object): "
+                f"'{name}' (vLLM's own structured-output field) must be absent, got {_shown(body[name])}"
+            )
     for name, allowed in (("logprobs", (None, False)), ("top_logprobs", (None, 0))):
         value = body.get(name)
         if value not in allowed:
