@@ -34,6 +34,8 @@ def test_a_path_or_method_not_served_is_an_error_object_naming_it(
         assert r.headers["content-type"] == "application/json"
         error = r.json()["error"]
         assert needle in error["message"] and error["code"] == status
+        if status == 404:  # what is served, every route of the app named
+            assert error["message"].endswith("/metrics, /sim/stats, POST /sim/reset-stats")
         if status == 405:
             assert r.headers["allow"] == "POST"
         assert client.post(CHAT, json=body()).status_code == 200  # the server is fine

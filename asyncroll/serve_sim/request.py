@@ -24,7 +24,10 @@ def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
-SERVED = "POST /v1/chat/completions, GET /v1/models, /health, /version, /metrics"
+SERVED = (
+    "POST /v1/chat/completions, GET /v1/models, /health, /version, /metrics, /sim/stats, "
+    "POST /sim/reset-stats"
+)
 
 
 async def no_route(request: Request, exc: Exception) -> JSONResponse:
