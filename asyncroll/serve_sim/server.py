@@ -121,6 +121,9 @@ def make_server(sim: SimApp, *, log_level: str = "warning") -> uvicorn.Server:
         access_log=False,
         timeout_graceful_shutdown=2,
         timeout_keep_alive=30,
+        # scope["client"] stays the TCP peer: SimApp.transport finds a request's connection by it (a local
+        # proxy's X-Forwarded-For rewrote it by default, and the connection faults missed their connection)
+        proxy_headers=False,
     )
     log = logging.getLogger("uvicorn.error")  # configured by the Config just made
     if not any(isinstance(f, _GraceNote) for f in log.filters):
