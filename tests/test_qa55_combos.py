@@ -92,3 +92,22 @@ def test_a_tool_call_of_each_declared_input_type_is_served_and_drawn_to_its_sche
             assert reply.status_code == 200, reply.text[:600]
             action = json.loads(reply.json()["choices"][0]["message"]["content"])
             assert action["name"] == f"only_{arg}" and list(action["arguments"]) == [arg], action
+
+
+def test_a_run_whose_every_request_the_server_refused_does_not_ask_whether_it_is_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--max-tokens`` past the served context: the server answers every turn with vLLM's 400 ("This
+    model's maximum context length is ..."), and the run's warning asked "is the server up?" of a server
+    that answered each request."""
+    from asyncroll.commands.run_warnings import warn_server_down
+
+    circuit = {"open_at_end": False, "opened": 0, "paused_s": 0.0}
+    warn_server_down({"model": {"finished": 0, "failed": {"http_status": 8}, "circuit": circuit}})
+    said = capsys.readouterr().err
+    assert "no model request succeeded (8 failed: http_status 8)" in said, said
+    assert "is the server up?" not in said and "the server answered each with an error status" in said, said
+    warn_server_down(
+        {"model": {"finished": 0, "failed": {"http_status": 1, "timeout": 2}, "circuit": circuit}}
+    )
+    assert "is the server up?" in capsys.readouterr().err  # some went unanswered

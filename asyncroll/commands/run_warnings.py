@@ -101,9 +101,16 @@ def warn_server_down(summary: dict[str, Any] | None, error: str | None = None) -
         if not set(ended) <= {"transport", "timeout", "http_status"}:
             return
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(ended.items()))
+        # every one answered with an error status (a 400 for a --max-tokens past the served context): the
+        # server is up, and its answer is the trajectories' error
+        ask = (
+            "the server answered each with an error status"
+            if set(ended) == {"http_status"}
+            else "is the server up?"
+        )
         typer.echo(
-            f"warning: no model request succeeded ({sum(ended.values())} failed: {kinds}): is the server "
-            "up? (results.jsonl: each trajectory's error)",
+            f"warning: no model request succeeded ({sum(ended.values())} failed: {kinds}): {ask} "
+            "(results.jsonl: each trajectory's error)",
             err=True,
         )
 
