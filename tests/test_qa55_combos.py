@@ -107,7 +107,39 @@ def test_a_run_whose_every_request_the_server_refused_does_not_ask_whether_it_is
     said = capsys.readouterr().err
     assert "no model request succeeded (8 failed: http_status 8)" in said, said
     assert "is the server up?" not in said and "the server answered each with an error status" in said, said
+    statuses = {"400": 7, "422": 1}  # summary.json's model.failed_statuses: which status the server said
+    warn_server_down(
+        {
+            "model": {
+                "finished": 0,
+                "failed": {"http_status": 8},
+                "failed_statuses": statuses,
+                "circuit": circuit,
+            }
+        }
+    )
+    assert "answered each with an error status (400 ×7, 422 ×1)" in capsys.readouterr().err
     warn_server_down(
         {"model": {"finished": 0, "failed": {"http_status": 1, "timeout": 2}, "circuit": circuit}}
     )
     assert "is the server up?" in capsys.readouterr().err  # some went unanswered
+
+
+@pytest.mark.timeout(120)
+def test_a_run_refused_with_400s_counts_them_by_status_and_says_so(tmp_path: Path) -> None:
+    """A real run whose every turn serve-sim refuses (``--max-tokens`` past its 32,768-token context):
+    summary.json's ``model.failed_statuses`` says which status (``model.failed`` only said http_status),
+    and the warning repeats it."""
+    from tests.cli_runs import SMOKE, cli
+
+    with sim() as (running, _):
+        out = tmp_path / "run"
+        said = cli(
+            "run", "--workload", SMOKE, "--output", out, "--backend", "vllm", "--model", "sim",
+            "--endpoint", running.url, "--replay", "--max-tokens", "40000", "--warmup-requests", "0",
+            "--no-telemetry", "--no-progress",
+        )  # fmt: skip
+    assert said.returncode == 0, said.stderr
+    model = json.loads((out / "summary.json").read_text())["model"]
+    assert model["failed"] == {"http_status": 3} and model["failed_statuses"] == {"400": 3}
+    assert "the server answered each with an error status (400 ×3)" in said.stderr, said.stderr

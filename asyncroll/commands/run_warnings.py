@@ -103,8 +103,9 @@ def warn_server_down(summary: dict[str, Any] | None, error: str | None = None) -
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(ended.items()))
         # every one answered with an error status (a 400 for a --max-tokens past the served context): the
         # server is up, and its answer is the trajectories' error
+        statuses = ", ".join(f"{code} ×{n}" for code, n in (model.get("failed_statuses") or {}).items())
         ask = (
-            "the server answered each with an error status"
+            "the server answered each with an error status" + (f" ({statuses})" if statuses else "")
             if set(ended) == {"http_status"}
             else "is the server up?"
         )

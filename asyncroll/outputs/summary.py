@@ -77,6 +77,7 @@ class SummaryBuilder:
         self.model_finished = 0
         self.model_failed: Counter[str] = Counter()
         self.model_scripted: Counter[str] = Counter()  # of those, failed by a script's error step
+        self.model_statuses: Counter[str] = Counter()  # of those of kind http_status, by the status answered
         self.model_retries: Counter[str] = Counter()  # failed attempts that were retried, by error kind
         self.finish_reasons: Counter[str] = Counter()  # finished requests by the server's finish_reason
         self.circuit = CircuitMeter()  # the HTTP backend's server circuit
@@ -177,6 +178,8 @@ class SummaryBuilder:
     def _model_failed(self, event: ModelFailed) -> None:
         self._add_work(event.id, event.latency_s, model=True)
         self.model_failed[event.kind] += 1
+        if event.kind == "http_status" and event.status is not None:
+            self.model_statuses[str(event.status)] += 1
         if event.scripted:
             self.model_scripted[event.kind] += 1
 
@@ -364,6 +367,12 @@ class SummaryBuilder:
                 # of ``failed``, those a script's error step failed (no server did: it was never asked);
                 # absent where there were none, so a summary without them reads as it always did
                 **({"scripted_failures": dict(self.model_scripted)} if self.model_scripted else {}),
+                # of ``failed``'s http_status, by the status the server answered (absent where none)
+                **(
+                    {"failed_statuses": dict(sorted(self.model_statuses.items()))}
+                    if self.model_statuses
+                    else {}
+                ),
                 "retries": dict(self.model_retries),
                 "circuit": self.circuit.build(makespan_s if measured else None),
             },
