@@ -243,3 +243,20 @@ def test_lcb_ids_differing_only_in_whitespace_are_duplicates(tmp_path: Path, oth
     message = str(caught.value)
     assert f"duplicate id {other!r}" in message and "differs from '1873_A' only in whitespace" in message
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("other", ["abc ", " abc", "abc\n", "ab c", "abc\u00a0"])
+def test_workload_ids_differing_only_in_whitespace_are_duplicates(tmp_path: Path, other: str) -> None:
+    """A workload's ``"abc"`` and ``"abc "`` were two trajectories whose ids read the same in results,
+    events and the timeline (the converter already refused such ids): validate says they are duplicates."""
+    final = [{"type": "final", "answer": "x"}]
+    path = write_jsonl(
+        tmp_path / "w.jsonl", [{"id": i, "prompt": "p", "script": final} for i in ("abc", other)]
+    )
+    scan = scan_workload(path, tmp_path, scripted=True)
+    if other == "ab c":  # another id, not another spelling of one
+        assert scan.problems == [] and scan.count == 2
+        return
+    assert scan.problems == [
+        f"{path}:2: id: duplicate id {other!r}, which differs from 'abc' only in whitespace (first on line 1)"
+    ]

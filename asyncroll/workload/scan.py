@@ -345,7 +345,7 @@ def scan_workload(
     it as ``max_turns``; beyond, its trajectory fails with ``script_exhausted``, counted.)"""
     scan = WorkloadScan(path=path)
     digest = hashlib.sha256()
-    ids: dict[str, int] = {}
+    ids: dict[str, tuple[int, str]] = {}  # whitespace-normalised id → its first line and spelling
     tool_files: dict[Path, ToolFile] = {}
     tool_root = resolved(tool_root)  # a symlink loop: a workload in it is refused as unreadable below
     try:
@@ -367,10 +367,13 @@ def scan_workload(
             if problem is not None:
                 issues = check_problem(problem, tool_root, scripted, tool_files)
                 pid = problem_id(problem, line_no)
-                if pid in ids:
-                    issues.append(("id", f"duplicate id {pid!r} (first on line {ids[pid]})"))
+                # ids that differ only in whitespace ("abc", "abc ") read alike in results, events and the
+                # timeline, as the LiveCodeBench converter refuses them
+                if (first := ids.get(key := " ".join(pid.split()))) is not None:
+                    alike = "" if first[1] == pid else f", which differs from {first[1]!r} only in whitespace"
+                    issues.append(("id", f"duplicate id {pid!r}{alike} (first on line {first[0]})"))
                 else:
-                    ids[pid] = line_no
+                    ids[key] = (line_no, pid)
                 for tool in problem.tools if not issues else ():
                     impl = (
                         None if tool.implementation is None else (tool_root / tool.implementation).resolve()
