@@ -130,16 +130,17 @@ def test_a_run_refused_with_400s_counts_them_by_status_and_says_so(tmp_path: Pat
     """A real run whose every turn serve-sim refuses (``--max-tokens`` past its 32,768-token context):
     summary.json's ``model.failed_statuses`` says which status (``model.failed`` only said http_status),
     and the warning repeats it."""
-    from tests.cli_runs import SMOKE, cli
+    from tests.cli_runs import SMOKE
+    from tests.conftest import invoke
 
     with sim() as (running, _):
         out = tmp_path / "run"
-        said = cli(
+        said = invoke(  # in this process, as tests/test_scripted_failures.py runs its replays
             "run", "--workload", SMOKE, "--output", out, "--backend", "vllm", "--model", "sim",
             "--endpoint", running.url, "--replay", "--max-tokens", "40000", "--warmup-requests", "0",
-            "--no-telemetry", "--no-progress",
+            "--cpu-workers", "1", "--no-telemetry", "--no-progress",
         )  # fmt: skip
-    assert said.returncode == 0, said.stderr
+    assert said.exit_code == 0, said.output
     model = json.loads((out / "summary.json").read_text())["model"]
     assert model["failed"] == {"http_status": 3} and model["failed_statuses"] == {"400": 3}
     assert "the server answered each with an error status (400 ×3)" in said.stderr, said.stderr
