@@ -46,7 +46,7 @@ def test_a_paired_row_gives_each_pairs_ratio_and_the_mean_change_in_percent() ->
         "| makespan, s | p1 0.5000, p2 0.7500 | -37.50% [-196.33%, +121.33%] (n=2) "
         "| -37.50% [-50.00%, -25.00%] (n=2; 2 pairs: only 3 distinct resamples; at n=2 a percentile "
         "bootstrap's 95% interval covers the mean about 50% of the time (normal pairs): read the t "
-        "interval) | -1 [-1, -1] (n=2) |",
+        "interval) | -1 [-1, -1] (n=2) | no evidence of a change |",
     ]
 
 
@@ -57,7 +57,7 @@ def test_one_pair_of_whole_numbers_has_its_values_and_no_interval() -> None:
     why = "(n=1; no interval: an interval needs at least 2 pairs)"
     assert rows(markdown(aggregate(data)), "| makespan, s |") == [
         "| makespan, s | 2 | 1 |",
-        f"| makespan, s | p1 0.5000 | -50.00% {why} | -50.00% {why} | -1 {why} |",
+        f"| makespan, s | p1 0.5000 | -50.00% {why} | -50.00% {why} | -1 {why} | no verdict |",
     ]
 
 
@@ -66,7 +66,7 @@ def test_a_metric_no_pair_measured_is_unknown_in_every_column() -> None:
     assert rows(markdown(aggregate(comparison(ROWS))), "| completions per wall hour |") == [
         "| completions per wall hour | unknown | unknown |",
         "| completions per wall hour | p1 unknown (not measured), p2 unknown (not measured) "
-        f"| {unknown} | {unknown} | {unknown} |",
+        f"| {unknown} | {unknown} | {unknown} | no verdict |",
     ]
 
 

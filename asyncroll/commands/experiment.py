@@ -99,8 +99,17 @@ def report(
     from asyncroll.errors import AsyncrollError
     from asyncroll.experiment.report import write_report
 
+    verdicts: list[str] = []
     try:
-        files = write_report(comparison, output, figure=figure, warn=lambda text: typer.echo(text, err=True))
+        files = write_report(
+            comparison,
+            output,
+            figure=figure,
+            warn=lambda text: typer.echo(text, err=True),
+            tell=verdicts.append,
+        )
     except AsyncrollError as exc:  # a usage error (2), or a report that could not be written (1)
         raise fail(str(exc), exc.exit_code) from None
     say("wrote " + ", ".join(str(f) for f in files))
+    for line in verdicts:  # each arm's answer on its headline metric (REPORT.md's "Did it help?")
+        say(line)

@@ -3,6 +3,8 @@
 Panels: completions per allocated GPU-hour, sampled model starvation (fraction of covered time), and
 client + worker CPU-seconds per completion. The x axis is the arm (baseline first); each complete pair
 is one grey line joining its arms' values (named ``p<n>`` up to 8 pairs), each arm's median a black bar;
+under each arm other than the baseline, its mean change from the baseline with its 95% t interval and the
+verdict REPORT.md reads off it (better, worse, no evidence of a change, no verdict);
 the y axis starts at 0 (the three metrics are never negative), so a change of 1% looks like one; a footer
 names the machine (:func:`~asyncroll.experiment.machines.machine_caption`). A panel
 whose metric is unknown for every pair says "unknown" instead of drawing nothing ("no complete pair" when
@@ -123,15 +125,33 @@ def tick_size(arms: int) -> float:
     return 10.0 if arms <= 2 else 8.0
 
 
-def tick_label(arm: str, policy: str, width: int = TICK_WIDTH) -> str:
+def tick_label(arm: str, policy: str, width: int = TICK_WIDTH, verdict: str | None = None) -> str:
     """An arm's x tick: its name, broken every ``width`` characters (arm names have no length limit and no
-    spaces; a 60-character one collapsed the layout as a long note did), over its policy, broken so too."""
+    spaces; a 60-character one collapsed the layout as a long note did), over its policy, broken so too,
+    over the panel's verdict on it against the baseline (:func:`verdict_line`), if any."""
     return "\n".join(
         [
             *textwrap.wrap(arm, width, break_on_hyphens=False),
             *textwrap.wrap(f"({policy})", width, break_on_hyphens=False),
+            *(line for part in (verdict or "").splitlines() for line in textwrap.wrap(part, width)),
         ]
     )
+
+
+def verdict_line(agg: dict[str, Any], arm: str, key: str) -> str | None:
+    """The panel's verdict on ``arm`` against the baseline, as REPORT.md's paired table reads it: the
+    mean change with its 95% t interval over the word (``+4.55% [+3.14%, +5.96%]`` / ``better``);
+    ``baseline`` under the baseline; None for a report without verdicts."""
+    from asyncroll.experiment.verdict import change_text
+
+    if arm == agg["baseline"]:
+        return "baseline"
+    v = agg.get("verdicts", {}).get(arm, {}).get("metrics", {}).get(key)
+    if v is None:
+        return None
+    if v["mean"] is None or v["low"] is None:
+        return str(v["verdict"])
+    return f"{change_text(v).split(' (')[0]}\n{v['verdict']}"
 
 
 def undefined_values(complete: list[dict[str, Any]], arms: list[str], key: str) -> dict[tuple[int, str], str]:
@@ -236,7 +256,10 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 color="firebrick",
             )
             ax.set_yticks([])
-        ticks = [tick_label(a, policy_label(agg, a), tick_width(len(arms))) for a in arms]
+        ticks = [
+            tick_label(a, policy_label(agg, a), tick_width(len(arms)), verdict_line(agg, a, key))
+            for a in arms
+        ]
         ax.set_xticks(xs, ticks, fontsize=tick_size(len(arms)))
         ax.set_xlim(-0.5, len(arms) - 0.5)
         ax.set_title(label, fontsize=10)
@@ -246,7 +269,8 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
             if ax.dataLim.y0 >= 0:  # from 0: a 1% change must not fill the panel as a 100% one does
                 ax.set_ylim(*y_limits(ax.dataLim.y1))
     fig.suptitle(
-        f"{agg['experiment']}: {agg['pairs_complete']} complete pair(s), one line per pair, bars = medians",
+        f"{agg['experiment']}: {agg['pairs_complete']} complete pair(s), one line per pair, bars = medians; "
+        "under each arm, its mean change from the baseline [95% t] and the verdict",
         fontsize=11,
     )
     fig.supxlabel(machine_caption(agg.get("machines")), fontsize=7, color="0.35")  # where it was measured

@@ -29,6 +29,7 @@ from asyncroll.experiment.comparison import (
 from asyncroll.experiment.json_file import read_json_file
 from asyncroll.experiment.report_markdown import markdown
 from asyncroll.experiment.stats import median, paired_change
+from asyncroll.experiment.verdict import console_lines, verdicts
 from asyncroll.outputs.lines import clear_staged, remove_staged, staging_path
 
 #: Pooled rates: name → (numerator count, denominator count), both summed over the complete pairs.
@@ -200,7 +201,7 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
     unfinished = list(comparison.get("unfinished_arms", []))
     listed = {u["id"] for u in unfinished}
     unfinished += [f for f in failures if f["status"] != "failed" and f["id"] not in listed]
-    return {
+    agg = {
         "experiment": comparison.get("experiment"),
         "experiment_status": comparison.get("experiment_status"),
         "stop_reason": comparison.get("stop_reason"),
@@ -237,6 +238,8 @@ def aggregate(comparison: dict[str, Any]) -> dict[str, Any]:
         "stages": comparison.get("stages", {}),
         "metrics": comparison["metrics"],
     }
+    agg["verdicts"] = verdicts(agg)  # each arm's answer to "did it help?", read off the intervals above
+    return agg
 
 
 def _experiment_beside(comparison_path: Path) -> dict[str, Any] | None:
@@ -291,9 +294,15 @@ def older_than_experiment(comparison_path: Path, comparison: dict[str, Any]) -> 
 
 
 def write_report(
-    comparison_path: Path, output: Path, *, figure: bool, warn: Callable[[str], None] | None = None
+    comparison_path: Path,
+    output: Path,
+    *,
+    figure: bool,
+    warn: Callable[[str], None] | None = None,
+    tell: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """Write REPORT.md and aggregate.json (and the figure) into ``output``; returns the files written.
+    """Write REPORT.md and aggregate.json (and the figure) into ``output``; returns the files written, and
+    once they are, gives ``tell`` each arm's verdict on its headline metric (``verdict.console_lines``).
 
     Everything is computed, then written into a new hidden temporary folder next to ``output``; only
     when all of it succeeded does that folder become ``output`` (one rename), so a refused comparison or
@@ -384,4 +393,7 @@ def write_report(
         raise OutputWriteError(f"--output {output}: cannot write the report: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when it became output
+    if tell is not None:
+        for line in console_lines(agg):
+            tell(line)
     return [output / name for name in names]

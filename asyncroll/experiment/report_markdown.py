@@ -9,6 +9,8 @@ from typing import Any
 from asyncroll.experiment.gates import comparison_text
 from asyncroll.experiment.machines import machine_lines
 from asyncroll.experiment.receipts import one_line
+from asyncroll.experiment.verdict import cell as verdict_cell
+from asyncroll.experiment.verdict import markdown_lines as verdict_lines
 
 
 def fmt(value: Any, spec: str | None = None) -> str:
@@ -180,6 +182,7 @@ def markdown(agg: dict[str, Any]) -> str:
         + ".",
         "",
         *machine_lines(agg.get("machines"), agg.get("settings")),
+        *(verdict_lines(agg) if "verdicts" in agg else []),
         "## Stages",
         "",
         "| stage | status | gates |",
@@ -222,14 +225,14 @@ def markdown(agg: dict[str, Any]) -> str:
             f"## Paired: {arm} vs {base}",
             "",
             "| metric | ratio per pair | mean % change [95% t] | mean % change [95% bootstrap] "
-            f"| mean difference, {arm} − {base} [95% t] |",
-            "|---|---|---|---|---|",
+            f"| mean difference, {arm} − {base} [95% t] | verdict |",
+            "|---|---|---|---|---|---|",
         ]
         for key, d in per_metric.items():
             out.append(
                 f"| {labels[key]} | {_per_pair(d)} | {_interval(d['mean_percent_change_t95'])} "
                 f"| {_interval(d['mean_percent_change_bootstrap95'])} "
-                f"| {_interval(d['mean_difference_t95'], percent=False)} |"
+                f"| {_interval(d['mean_difference_t95'], percent=False)} | {verdict_cell(agg, arm, key)} |"
             )
     out += [
         "",
