@@ -105,3 +105,37 @@ def test_past_a_few_pairs_the_lines_are_not_labelled_over_each_other(tmp_path: P
 
     assert labels(20) == []
     assert labels(figure.PAIR_LABELS) == [f"p{k}" for k in range(1, figure.PAIR_LABELS + 1)]
+
+
+def test_pair_names_at_one_value_are_spread_apart_not_printed_over_each_other(tmp_path: Path) -> None:
+    """Four pairs ending at the same value named themselves at one place (two at +5 pt, two at -5 pt), and
+    a line under the median's bar had its name hidden by it: the names are spread at least LABEL_GAP
+    points apart, right of the bar."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from asyncroll.experiment import figure
+
+    fig = drawn(comparison([({GPU_HOUR: 100.0}, {GPU_HOUR: 110.0})] * 4), tmp_path / "f")
+    try:
+        ax = fig.axes[0]
+        names = sorted((t for t in ax.texts if t.get_text().startswith("p")), key=lambda t: t.get_text())
+        boxes = [t.get_window_extent() for t in names]
+        bar_end = ax.transData.transform((1 + figure.MEDIAN_HALF_WIDTH, 0))[0]
+        gap = figure.LABEL_GAP * fig.dpi / 72
+    finally:
+        plt.close(fig)
+    assert [t.get_text() for t in names] == ["p1", "p2", "p3", "p4"]
+    centres = sorted((b.y0 + b.y1) / 2 for b in boxes)
+    assert all(b - a >= gap - 0.01 for a, b in itertools.pairwise(centres))
+    assert all(b.x0 > bar_end for b in boxes)
+
+
+def test_spread_moves_only_what_overlaps_and_centres_each_run() -> None:
+    from asyncroll.experiment.figure import spread
+
+    assert spread([0.0, 100.0], 8.0) == [0.0, 100.0]
+    assert spread([10.0, 10.0, 10.0], 8.0) == [2.0, 10.0, 18.0]
+    assert spread([30.0, 0.0, 2.0], 8.0) == [30.0, -3.0, 5.0]  # the order given is kept
+    # 0 and 4 make a run at -2 and 6, which reaches 10: the three make one, centred on their mean (14 / 3)
+    assert spread([0.0, 4.0, 10.0], 8.0) == pytest.approx([14 / 3 - 8, 14 / 3, 14 / 3 + 8])

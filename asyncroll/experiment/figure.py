@@ -54,6 +54,10 @@ NOTE_LINES = 4
 #: Each pair's line is labelled with its number (``p3``) up to this many pairs; past it, the labels at the
 #: last arm's tick are printed over each other, so none is drawn (REPORT.md names each pair's ratio).
 PAIR_LABELS = 8
+#: Half the width of a median's bar, in arms (an arm's tick is 1 from the next).
+MEDIAN_HALF_WIDTH = 0.18
+#: Points between two pair names at one arm (their font is 7 pt).
+LABEL_GAP = 8.0
 #: An arm's name on its tick: at most this many characters a line (a policy label is up to about 30).
 TICK_WIDTH = 30
 
@@ -169,6 +173,46 @@ def undefined_values(complete: list[dict[str, Any]], arms: list[str], key: str) 
     return out
 
 
+def spread(positions: list[float], gap: float) -> list[float]:
+    """``positions`` (of labels, in one unit) moved apart to at least ``gap`` each, each run of labels
+    that would overlap centred on where its labels were (in the order given; the result is too)."""
+    order = sorted(range(len(positions)), key=lambda i: positions[i])
+    blocks: list[tuple[float, list[int]]] = []  # a run of labels: its first one's position, its labels
+    for i in order:
+        blocks.append((positions[i], [i]))
+        while len(blocks) > 1 and blocks[-2][0] + len(blocks[-2][1]) * gap > blocks[-1][0]:
+            members = blocks[-2][1] + blocks.pop()[1]
+            centre = sum(positions[m] for m in members) / len(members)
+            blocks[-1] = (centre - (len(members) - 1) * gap / 2, members)
+    out = list(positions)
+    for start, members in blocks:
+        for k, m in enumerate(members):
+            out[m] = start + k * gap
+    return out
+
+
+def place_labels(fig: Any, labels: list[tuple[Any, str, float, float | None]]) -> None:
+    """Each pair's name right of its line's last point, past the median's bar, the names of one panel at
+    least :data:`LABEL_GAP` points apart (lines ending at one value named them over each other,
+    unreadable); a name moved off its point is still beside it, in the run of names its neighbours make."""
+    per_point = fig.dpi / 72.0
+    for ax in {id(a): a for a, *_ in labels}.values():
+        mine = [(text, x, y) for a, text, x, y in labels if a is ax and y is not None]
+        at = [float(ax.transData.transform((x, y))[1]) / per_point for _, x, y in mine]
+        for (text, x, y), was, now in zip(mine, at, spread(at, LABEL_GAP), strict=True):
+            note = ax.annotate(
+                text,
+                (x + MEDIAN_HALF_WIDTH, y),  # past the median's bar, which hid the name of a line under it
+                xytext=(3, now - was),
+                textcoords="offset points",
+                fontsize=7,
+                color="0.4",
+                va="center",
+                annotation_clip=False,
+            )
+            note.set_in_layout(False)  # placed on this layout: it must not change it
+
+
 def y_limits(top: float) -> tuple[float, float]:
     """A panel's y range for values from 0 to ``top``: from 0 (a margin below, so that a point at 0 is not
     cut in half) to a fifth above ``top``, where the legend sits clear of the lines (all 0: up to 1)."""
@@ -187,6 +231,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
     arms: list[str] = [agg["baseline"], *[a for a in agg["arms"] if a != agg["baseline"]]]
     complete = [p for p in comparison["pairs"] if p.get("complete")]
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), constrained_layout=True)
+    labels: list[tuple[Any, str, float, float | None]] = []  # each pair's name at its last point
     xs = list(range(len(arms)))
     for ax, (key, label, direction) in zip(axes, PANELS, strict=True):
         drawn = False
@@ -210,28 +255,19 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 ha="center",
                 va="top",
             )
-        for k, (number, ys) in enumerate(lines):
+        for number, ys in lines:
             ax.plot(xs, ys, "-o", color="0.55", lw=1.2, ms=4, zorder=2)
             drawn = True
-            if len(lines) > PAIR_LABELS:  # 20 labels at one tick are printed over each other, unreadable
-                continue
-            ax.annotate(
-                f"p{number}",
-                (xs[-1], ys[-1]),
-                xytext=(5, 5 if k % 2 else -5),
-                textcoords="offset points",
-                fontsize=7,
-                color="0.4",
-                va="center",
-            )
+            if len(lines) <= PAIR_LABELS:  # 20 labels at one tick are unreadable however placed
+                labels.append((ax, f"p{number}", xs[-1], ys[-1]))
         labelled = False
         for x, arm in zip(xs, arms, strict=True):
             med = agg["medians"][arm].get(key)
             if med is not None:  # the first bar drawn carries the legend's label (the baseline's may be null)
                 ax.hlines(
                     med,
-                    x - 0.18,
-                    x + 0.18,
+                    x - MEDIAN_HALF_WIDTH,
+                    x + MEDIAN_HALF_WIDTH,
                     colors="black",
                     lw=2.5,
                     zorder=3,
@@ -274,6 +310,8 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
         fontsize=11,
     )
     fig.supxlabel(machine_caption(agg.get("machines")), fontsize=7, color="0.35")  # where it was measured
+    fig.canvas.draw()  # the layout settles the axes' sizes: the labels are spaced in points on it
+    place_labels(fig, labels)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     for path in paths:  # no creation date in the PDF: the same comparison draws the same bytes
         fig.savefig(path, dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
