@@ -12,7 +12,7 @@ import pytest
 
 from asyncroll.experiment.report import aggregate
 from asyncroll.experiment.report_markdown import markdown
-from asyncroll.experiment.verdict import BETTER, NO_EVIDENCE, NO_VERDICT, WORSE, read
+from asyncroll.experiment.verdict import BETTER, NO_EVIDENCE, NO_VERDICT, SAME, WORSE, read
 from tests.conftest import invoke
 from tests.fake_comparison import comparison, drawn
 
@@ -150,3 +150,11 @@ def test_the_figure_says_each_panels_verdict_under_the_arm(tmp_path: Path) -> No
         "b\n(asyncroll = rule not\nrecorded)\n+4.55% [+3.14%, +5.96%]\nbetter",
     ]
     assert ticks[1][1].endswith("\n(asyncroll = rule not\nrecorded)\nno verdict")  # starvation: not measured
+
+
+def test_no_change_in_any_pair_is_the_same_not_no_evidence() -> None:
+    """Neither arm starved in any pair: the difference is exactly 0 each time ([0, 0]), which is more than
+    'no evidence of a change'."""
+    key = "resources.sampled_starvation_fraction_of_coverage"
+    v = verdict(pairs(key, [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]), "sampled_starvation_fraction")
+    assert v["verdict"] == SAME and v["scale"] == "difference"

@@ -3,7 +3,8 @@ a better direction read off its 95% t interval of the paired change, and one hea
 
 A change is **better** or **worse** only when its interval lies wholly on one side of 0; an interval that
 spans 0 is *no evidence of a change* (either way: not evidence of no change), and a metric without an
-interval (fewer than two pairs with values, a value never measured) has *no verdict*. The % change is
+interval (fewer than two pairs with values, a value never measured) has *no verdict*; an interval of
+[0, 0] (both arms never starved) is *the same in every pair*. The % change is
 read where it is defined; where a baseline of 0 leaves it undefined (no starvation in the baseline's run),
 the mean difference is read instead. Where the bootstrap interval is trustworthy (about ten pairs or
 more) and lies on another side of 0, the verdict says so. The headline is completions per allocated
@@ -21,6 +22,8 @@ from asyncroll.experiment.stats import Interval, percentile_bootstrap_coverage
 HEADLINES = ("completed_per_gpu_hour", "completed_per_wall_hour")
 
 BETTER, WORSE, NO_EVIDENCE, NO_VERDICT = "better", "worse", "no evidence of a change", "no verdict"
+#: Every pair's change exactly 0 (both arms never starved, say): an interval of [0, 0], not "no evidence".
+SAME = "the same in every pair"
 
 
 def _interval(d: dict[str, Any] | None) -> Interval | None:
@@ -52,7 +55,9 @@ def read(paired: dict[str, Any], higher_is_better: bool) -> dict[str, Any]:
     if used.low is None or used.high is None:
         return out | {"why": used.note or "no interval"}
     side = 1 if used.low > 0 else -1 if used.high < 0 else 0
-    if side == 0:
+    if used.low == used.high == 0:
+        out["verdict"] = SAME
+    elif side == 0:
         out["verdict"] = NO_EVIDENCE
     else:
         out["verdict"] = BETTER if (side > 0) == higher_is_better else WORSE
@@ -123,6 +128,8 @@ def headline(agg: dict[str, Any], arm: str, labels: dict[str, str]) -> str:
     word = v["verdict"]
     if word == NO_VERDICT:
         return f"{versus}: **no verdict**: {labels[key]} {change_text(v)}"
+    if word == SAME:
+        return f"{versus}: **{word}**: {labels[key]} {change_text(v)}"
     side = "spans 0" if word == NO_EVIDENCE else "excludes 0"
     return (
         f"{versus}: **{word}**: {labels[key]} {change_text(v)}, a 95% t interval over the complete pairs "
@@ -143,7 +150,8 @@ def markdown_lines(agg: dict[str, Any]) -> list[str]:
         *out,
         "",
         "A verdict is read off the 95% t interval of the paired change: **better** or **worse** only when "
-        "it excludes 0; one that spans 0 is no evidence either way (not evidence of no change). The "
+        "it excludes 0; one that spans 0 is no evidence either way (not evidence of no change); one of "
+        "[0, 0] means every pair changed by exactly 0. The "
         "headline is the throughput the experiment is for (completions per GPU-hour; per wall hour where no "
         "arm declared a dedicated GPU). Each metric's verdict is in the last column of its arm's paired "
         "table; they are secondary: with so many read at once, one in twenty excludes 0 by chance. Where a "
