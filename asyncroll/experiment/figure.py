@@ -54,6 +54,8 @@ NOTE_LINES = 4
 #: Each pair's line is labelled with its number (``p3``) up to this many pairs; past it, the labels at the
 #: last arm's tick are printed over each other, so none is drawn (REPORT.md names each pair's ratio).
 PAIR_LABELS = 8
+#: Inches a line of a tick takes at 10 pt (matplotlib's line spacing, 1.2).
+TICK_LINE_IN = 10 * 1.2 / 72
 #: Half the width of a median's bar, in arms (an arm's tick is 1 from the next).
 MEDIAN_HALF_WIDTH = 0.18
 #: Points between two pair names at one arm (their font is 7 pt).
@@ -230,7 +232,17 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
 
     arms: list[str] = [agg["baseline"], *[a for a in agg["arms"] if a != agg["baseline"]]]
     complete = [p for p in comparison["pairs"] if p.get("complete")]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), constrained_layout=True)
+    ticks = {
+        key: [
+            tick_label(a, policy_label(agg, a), tick_width(len(arms)), verdict_line(agg, a, key))
+            for a in arms
+        ]
+        for key, _, _ in PANELS
+    }
+    tallest = max(label.count("\n") + 1 for labels in ticks.values() for label in labels)
+    # a tick's lines beyond the first five each make the figure taller: they took the panels' height
+    height = 4.2 + max(0, tallest - 5) * TICK_LINE_IN * tick_size(len(arms)) / 10
+    fig, axes = plt.subplots(1, 3, figsize=(12, height), constrained_layout=True)
     labels: list[tuple[Any, str, float, float | None]] = []  # each pair's name at its last point
     xs = list(range(len(arms)))
     for ax, (key, label, direction) in zip(axes, PANELS, strict=True):
@@ -292,11 +304,7 @@ def draw(comparison: dict[str, Any], agg: dict[str, Any], stem: Path) -> list[Pa
                 color="firebrick",
             )
             ax.set_yticks([])
-        ticks = [
-            tick_label(a, policy_label(agg, a), tick_width(len(arms)), verdict_line(agg, a, key))
-            for a in arms
-        ]
-        ax.set_xticks(xs, ticks, fontsize=tick_size(len(arms)))
+        ax.set_xticks(xs, ticks[key], fontsize=tick_size(len(arms)))
         ax.set_xlim(-0.5, len(arms) - 0.5)
         ax.set_title(label, fontsize=10)
         ax.grid(axis="y", color="0.9")
