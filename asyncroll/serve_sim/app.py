@@ -70,6 +70,7 @@ from asyncroll.serve_sim.request import (
     no_route,
     parse_body,
     refuse_unsupported,
+    reply_role_and_echo,
     response_schema,
     stop_strings,
     validator,
@@ -299,7 +300,9 @@ class SimApp:
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
         refuse_unsupported(body)
         stream, include_usage, continuous_usage = stream_settings(body)
-        prompt_tokens = sizes.prompt_tokens(checked_messages(body.get("messages")), cfg.chars_per_token)
+        messages = checked_messages(body.get("messages"))
+        prompt_tokens = sizes.prompt_tokens(messages, cfg.chars_per_token)
+        role, echo = reply_role_and_echo(body, messages)  # vLLM's echo: not generated, only sent first
         max_tokens, min_tokens, ignore_eos = lengths(body, cfg.max_model_len - prompt_tokens)
         stops = stop_strings(body.get("stop"))
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -352,7 +355,7 @@ class SimApp:
             fault_now = fault if fault in ("truncate", "malformed") else None
             plan = StreamPlan(
                 f"chatcmpl-sim-{seq}", int(time.time()), cfg.model, prompt_tokens, tokens, content, finish,
-                stop_reason, cfg.chars_per_token, include_usage, continuous_usage, fault_now,
+                stop_reason, cfg.chars_per_token, include_usage, continuous_usage, fault_now, role, echo,
             )  # fmt: skip
             return StreamReply(plan, seq, self)
         with self.reserve(seq, prompt_tokens + tokens):
@@ -366,7 +369,7 @@ class SimApp:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": content},
+                        "message": {"role": role, "content": echo + content},
                         "logprobs": None,
                         "finish_reason": finish,
                         "stop_reason": stop_reason,

@@ -93,12 +93,16 @@ class _Fields(_Lax):
     ignore_eos: bool = False
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
+    stop_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
+    echo: bool = False
+    add_generation_prompt: bool = True
 
 
 #: Fields whose coerced value replaces the client's in the body (the others are only checked).
 _WRITTEN_BACK = (
     "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens", "n", "stream", "ignore_eos",
-    "min_tokens", "include_stop_str_in_output",
+    "min_tokens", "include_stop_str_in_output", "prompt_logprobs", "echo", "add_generation_prompt",
 )  # fmt: skip
 
 #: SamplingParams' ranges, with vLLM's words (its ``_verify_args``).

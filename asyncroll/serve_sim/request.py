@@ -13,6 +13,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from asyncroll.serve_sim.sizes import text_of
+
 
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
@@ -93,11 +95,18 @@ _UNTYPED_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "prom
                  "input_audio", "video_url", "tool_reference")  # fmt: skip
 
 
+#: The roles whose message may say ``"content": null``: vLLM's message types (the OpenAI ones and its own
+#: custom-role one, ``vllm/entrypoints/chat_utils.py``) allow null only in an assistant message (one with
+#: ``tool_calls``) and the legacy function one; any other is its 400. A message without ``content`` is
+#: another matter: the custom-role type lets it out.
+NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
+
+
 def checked_messages(messages: Any) -> list[dict[str, Any]]:
     """The request's messages, checked before :func:`~asyncroll.serve_sim.sizes.prompt_tokens` sizes them.
 
-    Content is a string, null, or a list of parts: objects with a known ``type`` (vLLM's 400 names an
-    unknown one) or plain strings, which vLLM reads as text parts."""
+    Content is a string, a list of parts (objects with a known ``type``, vLLM's 400 naming an unknown one,
+    or plain strings, which vLLM reads as text parts), absent, or null where vLLM allows it."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
     for i, message in enumerate(messages):
@@ -106,6 +115,11 @@ def checked_messages(messages: Any) -> list[dict[str, Any]]:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
+        if content is None and "content" in message and message["role"] not in NULL_CONTENT_ROLES:
+            raise BadRequest(
+                f"messages[{i}].content may be null only in an assistant (or function) message, as vLLM's "
+                f"message types allow it; a {_shown(message['role'])} message needs a string or parts"
+            )
         for j, part in enumerate(content if isinstance(content, list) else ()):
             _check_part(part, f"messages[{i}].content[{j}]")
     return messages
@@ -139,8 +153,9 @@ _GUIDED = (
 
 def refuse_unsupported(body: dict[str, Any]) -> None:
     """A 400 naming the field for what an OpenAI client may ask and serve-sim cannot give: more than one
-    choice, a forced native tool call, vLLM's own structured-output fields, log-probabilities. Ignoring
-    them answered a reply that silently lacked them."""
+    choice, a forced native tool call, vLLM's own structured-output fields, log-probabilities (the
+    prompt's too: vLLM's ``prompt_logprobs`` puts them in its reply). Ignoring them answered a reply that
+    silently lacked them."""
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest(f"serve-sim answers one choice: 'n' must be 1 or absent, got {_shown(n)}")
@@ -156,13 +171,27 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
                 f"serve-sim constrains replies only by 'response_format' (json_schema or json_object): "
                 f"'{name}' (vLLM's own structured-output field) must be absent, got {_shown(body[name])}"
             )
-    for name, allowed in (("logprobs", (None, False)), ("top_logprobs", (None, 0))):
+    for name, allowed in (
+        ("logprobs", (None, False)),
+        ("top_logprobs", (None, 0)),
+        ("prompt_logprobs", (None,)),
+    ):
         value = body.get(name)
         if value not in allowed:
             raise BadRequest(
-                f"serve-sim computes no log-probabilities: '{name}' must be {_shown(allowed[1])} or "
+                f"serve-sim computes no log-probabilities: '{name}' must be {_shown(allowed[-1])} or "
                 f"absent, got {_shown(value)}"
             )
+
+
+def reply_role_and_echo(body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """The reply's role and the text vLLM's ``echo`` puts before it (``serving_chat.py``): the role is
+    ``assistant``, or with ``add_generation_prompt`` false the last message's (the model continues it);
+    with ``echo`` the last message's text comes first when its role is the reply's, else nothing."""
+    role = "assistant" if body.get("add_generation_prompt", True) else messages[-1]["role"]
+    last = messages[-1]
+    echo = text_of(last.get("content")) if body.get("echo") and last["role"] == role else ""
+    return role, echo
 
 
 def _shown(value: Any) -> str:

@@ -23,26 +23,31 @@ MIN_CHARS_PER_TOKEN = 0.01
 
 
 def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
-    """Characters of every message's content: a string, or a list of parts whose ``text`` counts (a
-    ``refusal`` part's ``refusal``, a ``thinking`` part's ``thinking``; a plain-string part counts whole,
-    as vLLM reads it as a text part).
+    """Characters of every message's content, as :func:`text_of` reads it."""
+    return sum(len(text_of(message.get("content"))) for message in messages)
 
-    Anything else (a missing or null content, an image part) counts nothing here; serve-sim refuses a
+
+def text_of(content: Any) -> str:
+    """A message's content as text: a string, or a list of parts whose texts vLLM joins with a newline
+    into the prompt (``chat_utils.py``, the "string" content format most chat templates take): a text
+    part's ``text``, a ``refusal`` part's ``refusal``, a ``thinking`` part's ``thinking``, a plain-string
+    part whole.
+
+    Anything else (a missing or null content, an image part) is no text here; serve-sim refuses a
     malformed message before it sizes one."""
-    total = 0
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, str):
-                    total += len(part)
-                elif isinstance(part, dict):
-                    # vLLM reads a refusal or thinking part as text too (its chat parser's text types)
-                    text = part.get(_TEXT_KEYS.get(part.get("type"), "text"))
-                    total += len(text) if isinstance(text, str) else 0
-    return total
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict):
+            text = part.get(_TEXT_KEYS.get(part.get("type"), "text"))
+            if isinstance(text, str):
+                texts.append(text)
+    return "\n".join(texts)
 
 
 #: Part types whose text is not under ``text``.

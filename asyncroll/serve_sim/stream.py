@@ -1,7 +1,8 @@
 """serve-sim's streamed replies (``"stream": true``): Server-Sent Events, one chunk per decode step.
 
 The shape is vLLM's (``chat_completion_stream_generator``): the status and headers go at once; at the
-first token a chunk with ``{"role": "assistant", "content": ""}``; then, at the end of every engine step
+first token a chunk with ``{"role": "assistant", "content": ""}`` (and with ``echo``, one with the echoed
+text); then, at the end of every engine step
 that generated a token for this request, a chunk with its text (``""`` for a token past the reply's text,
 as ``min_tokens`` or ``ignore_eos`` pad it); the last token's chunk carries ``finish_reason``; with
 ``stream_options.include_usage`` a chunk with no choices and the ``usage``; then ``data: [DONE]``.
@@ -66,6 +67,8 @@ class StreamPlan:
     include_usage: bool
     continuous_usage: bool
     fault: str | None  # "truncate", "malformed" or None
+    role: str = "assistant"  # the reply's: the last message's with ``add_generation_prompt`` false
+    echo: str = ""  # vLLM's ``echo``: sent in a chunk of its own after the role chunk (not a token)
 
     def text(self, done: int, now: int) -> str:
         """The characters of tokens ``done + 1 … now``; the last token holds the rest."""
@@ -167,7 +170,9 @@ class StreamReply(Response):
                     continue
                 events = []
                 if sent == 0:
-                    events.append(self._chunk({"role": "assistant", "content": ""}, None, 0))
+                    events.append(self._chunk({"role": plan.role, "content": ""}, None, 0))
+                    if plan.echo:
+                        events.append(self._chunk({"content": plan.echo}, None, 0))
                 finish = plan.finish if now >= plan.tokens else None
                 events.append(self._chunk({"content": plan.text(sent, now)}, finish, now))
                 faulty = cut is not None and sent < cut <= now
