@@ -106,7 +106,9 @@ def test_vllm_metrics_carry_model_name_and_engine_labels_as_vllm_v1_does() -> No
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
         "vllm:prompt_tokens_total",
+        "vllm:prompt_tokens_created",  # vLLM's one API server serves them (tests/test_qa56_serve_sim.py)
         "vllm:generation_tokens_total",
+        "vllm:generation_tokens_created",
     }
     assert all(labels == {"model_name": "sim", "engine": "0"} for labels in samples.values()), samples
 

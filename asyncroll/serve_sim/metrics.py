@@ -23,6 +23,7 @@ counts them: the scheduler's gauges ``engine_type="unified"`` and the ranks of i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -72,6 +73,11 @@ EXTRA_LABELS: dict[MetricsFlavor, dict[str, str]] = {
     "vllm": {"engine": "0"},
     "sglang": {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"},
 }
+#: Whether each flavour's counters have ``_created`` samples. vLLM with one API server (its default) serves
+#: ``prometheus_client``'s default registry, where every counter has one (``vllm/v1/metrics/prometheus.py``,
+#: ``get_prometheus_registry``; multiprocess mode, without them, only with ``--api-server-count`` > 1);
+#: SGLang always runs ``prometheus_client`` in multiprocess mode, which writes none.
+CREATED: dict[MetricsFlavor, bool] = {"vllm": True, "sglang": False}
 #: The labels besides ``model_name`` each flavour's token counters carry (SGLang's tokenizer has no rank).
 COUNTER_LABELS: dict[MetricsFlavor, dict[str, str]] = {
     "vllm": {"engine": "0"},
@@ -89,6 +95,8 @@ class EngineCollector(Collector):
         self._gauge_labels = {"model_name": model, **EXTRA_LABELS[flavor]}
         self._counter_labels = {"model_name": model, **COUNTER_LABELS[flavor]}
         self._read = read
+        #: when the counters were created, as a server creates them at start-up (``_created`` samples)
+        self._created = time.time() if CREATED[flavor] else None
 
     def collect(self) -> Iterator[Metric]:
         snap, kv = self._read()
@@ -101,7 +109,7 @@ class EngineCollector(Collector):
 
         def counter(key: str, value: float) -> CounterMetricFamily:
             family = CounterMetricFamily(n[key], doc[key], labels=list(counters))
-            family.add_metric(list(counters.values()), value)
+            family.add_metric(list(counters.values()), value, created=self._created)
             return family
 
         yield gauge("running", snap.running)
