@@ -224,7 +224,7 @@ def test_a_stop_signal_while_waiting_never_takes_the_lock_the_wait_holds(
 
     monkeypatch.setattr(server, "open_files_for_server", lambda: 0)
     monkeypatch.setattr(server, "start_thread", start_thread)
-    monkeypatch.setattr(server, "stop", lambda running, timeout: None)
+    monkeypatch.setattr(server, "stop", lambda running, timeout, **_: None)
     assert server.serve_forever(SimConfig(), "127.0.0.1", 0) == 0
     assert capsys.readouterr().out.startswith("serve-sim listening on http://127.0.0.1:1 ")
 

@@ -187,16 +187,31 @@ def start_thread(
     return running
 
 
-def stop(running: RunningSim, timeout: float) -> None:
+def _cancel_requests(server: uvicorn.Server) -> None:
+    """What uvicorn does to the requests still running when its graceful shutdown times out."""
+    for task in list(server.server_state.tasks):
+        task.cancel()
+
+
+def stop(running: RunningSim, timeout: float, *, hurry: Callable[[], bool] | None = None) -> None:
     """Stop gracefully within ``timeout``. A server still starting is let finish its start-up first:
     uvicorn 0.30 (the floor) told to exit mid-start-up cancelled the lifespan's receive and logged a
-    traceback (serve-sim whose listening line could not be written stopped at once)."""
+    traceback (serve-sim whose listening line could not be written stopped at once). Once ``hurry()``
+    says so (a second Ctrl-C), the grace is cut short, as uvicorn's own second Ctrl-C cuts it: the
+    requests still running are cancelled at once, as at the grace's end (503, or a stream cut), and the
+    app still shuts down (uvicorn's ``force_exit`` skipped that and logged the lifespan's traceback)."""
     deadline = time.monotonic() + timeout
     while not running.server.started and running.thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.005)
     running.sim.stopping = True  # before uvicorn can cancel a request: it answers 503 (SimApp.chat)
     running.server.should_exit = True
-    running.thread.join(max(0.0, deadline - time.monotonic()))
+    hurried = False
+    while running.thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        running.thread.join(min(left, 0.05) if hurry is not None else left)
+        if not hurried and hurry is not None and hurry() and running.loop is not None:
+            hurried = True
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to cancel
+                running.loop.call_soon_threadsafe(_cancel_requests, running.server)
     if running.thread.is_alive():
         raise RuntimeError(f"serve-sim at {running.url} did not stop within {timeout}s")
 
@@ -254,7 +269,7 @@ def serve_forever(config: SimConfig, host: str, port: int, *, log_level: str = "
             raise OutputWriteError(f"stdout: cannot write ({why}); serve-sim stopped") from exc
         while not signalled and not done.wait(0.1):  # a signal is seen within 0.1 s
             pass
-        stop(running, 30.0)
+        stop(running, 30.0, hurry=lambda: len(signalled) > 1)  # a second signal: no more grace
     finally:
         for sig, handler in previous.items():
             put_back(sig, handler)
